@@ -1,0 +1,22 @@
+#!/usr/bin/env bash
+# One-time (idempotent) setup on a Debian machine: system packages, then the Python package.
+# Installs only what is missing, so re-running is cheap.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+need_apt=()
+command -v redis-server >/dev/null 2>&1 || need_apt+=(redis-server)
+[ -x /usr/share/zookeeper/bin/zkServer.sh ] || need_apt+=(zookeeper)
+command -v java >/dev/null 2>&1 || need_apt+=(default-jre-headless)
+
+if ((${#need_apt[@]})); then
+  echo "setup: installing Debian packages: ${need_apt[*]}"
+  SUDO=""
+  [ "$(id -u)" -eq 0 ] || SUDO="sudo"
+  $SUDO apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends "${need_apt[@]}" >/dev/null
+fi
+
+echo "setup: installing the delayq Python package (editable, with dev tools)"
+python3 -m pip install -q --disable-pip-version-check --root-user-action=ignore -e '.[dev]'
+echo "setup: done"

@@ -1,0 +1,40 @@
+"""Shared fixtures: one real redis-server per test session, flushed between tests."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Iterator
+
+import pytest
+import redis
+import redis.asyncio
+
+from delayq.local.redis_server import RedisServer
+
+
+@pytest.fixture(scope="session")
+def redis_server() -> Iterator[RedisServer]:
+    server = RedisServer().start()
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+@pytest.fixture
+def redis_client(redis_server: RedisServer) -> Iterator[redis.Redis]:
+    client = redis.Redis.from_url(redis_server.url)
+    client.flushall()
+    try:
+        yield client
+    finally:
+        client.close()
+
+
+@pytest.fixture
+async def async_redis_client(redis_server: RedisServer) -> AsyncIterator[redis.asyncio.Redis]:
+    client = redis.asyncio.Redis.from_url(redis_server.url)
+    await client.flushall()
+    try:
+        yield client
+    finally:
+        await client.aclose()
