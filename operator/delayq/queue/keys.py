@@ -1,0 +1,56 @@
+"""The Redis key schema (DESIGN.md §3): every key of a slot shares one hash tag.
+
+`dq:{<ns>/<topic>/<slot>}:<part>` keeps a slot's keys on one Redis Cluster node, so each Lua
+transition touches exactly one node and a topic can move onto a cluster unchanged.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass
+
+from delayq.queue.topic import Topic
+
+
+class Part(enum.StrEnum):
+    """The per-slot keys and what each holds."""
+
+    STORE = "store"  # ZSET id -> due ms (scheduled messages)
+    PREPARE = "prepare"  # ZSET id -> lease deadline ms (claimed, not yet acked)
+    DEAD = "dead"  # ZSET id -> time of death ms
+    MSG = "msg"  # HASH id -> packed record (attempts, due, headers, payload)
+    REASON = "reason"  # HASH id -> why a dead message died (only dead ids)
+    EPOCH = "epoch"  # STRING fencing epoch of the slot's current owner
+    WAKE = "wake"  # LIST, at most one element: "the head of store moved earlier"
+    JOURNAL = "journal"  # STREAM lifecycle events (optional, bounded)
+
+
+@dataclass(frozen=True)
+class SlotKeys:
+    """All key names of one slot of one topic."""
+
+    namespace: str
+    topic: str
+    slot: int
+
+    @property
+    def tag(self) -> str:
+        return f"{{{self.namespace}/{self.topic}/{self.slot}}}"
+
+    def key(self, part: Part) -> str:
+        return f"dq:{self.tag}:{part.value}"
+
+    def keys(self, *parts: Part) -> list[str]:
+        return [self.key(part) for part in parts]
+
+
+def slot_keys(topic: Topic, slot: int) -> SlotKeys:
+    if not 0 <= slot < topic.slot_amount:
+        raise ValueError(f"slot {slot} is outside 0..{topic.slot_amount - 1} of topic {topic.name}")
+    return SlotKeys(topic.namespace, topic.name, slot)
+
+
+def parse_wake_key(key: str) -> int:
+    """The slot number of a `wake` key, as returned by a blocking pop."""
+    tag = key[key.index("{") + 1 : key.index("}")]
+    return int(tag.rsplit("/", 1)[1])

@@ -1,0 +1,86 @@
+"""Topic settings and slot routing: pure, shared by every client so routing never diverges.
+
+slot = CRC32(slot basis, default the message id) & (slotAmount - 1), as in the TOC design (seed
+004); the power-of-two slot count turns the modulo into a mask and lets the count double later.
+"""
+
+from __future__ import annotations
+
+import enum
+import re
+import zlib
+from dataclasses import dataclass
+
+MAX_SLOT_AMOUNT = 16384
+DEFAULT_MAX_RETRIES = 16
+DEFAULT_ACK_TIMEOUT_MS = 30_000
+DEFAULT_MAX_PAYLOAD_BYTES = 1024 * 1024
+MAX_ID_BYTES = 256
+MAX_DELAY_MS = 20 * 366 * 24 * 3600 * 1000  # twenty years: beyond the ten the contract promises
+NAME_PATTERN = re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")
+
+
+class TopicType(enum.StrEnum):
+    """How due messages leave the queue."""
+
+    PULL = "pull"
+    WEBHOOK = "webhook"
+    STREAM = "stream"
+
+
+class TopicError(ValueError):
+    """A topic setting is invalid; the message names the setting and the allowed range."""
+
+
+@dataclass(frozen=True)
+class Topic:
+    """One delay topic: a namespace-scoped name, a power-of-two slot count and delivery rules."""
+
+    name: str
+    namespace: str = "default"
+    slot_amount: int = 16
+    topic_type: TopicType = TopicType.PULL
+    max_retries: int = DEFAULT_MAX_RETRIES
+    ack_timeout_ms: int = DEFAULT_ACK_TIMEOUT_MS
+    max_payload_bytes: int = DEFAULT_MAX_PAYLOAD_BYTES
+    journal_maxlen: int = 0  # 0 = lifecycle journal off; else approximate per-slot stream cap
+
+    def __post_init__(self) -> None:
+        for field_name, value in (("name", self.name), ("namespace", self.namespace)):
+            if not NAME_PATTERN.match(value):
+                raise TopicError(
+                    f"topic {field_name} {value!r} must be a DNS label: lowercase letters, digits "
+                    "and '-', 1..63 characters, starting and ending with a letter or digit"
+                )
+        if not is_power_of_two(self.slot_amount) or not 1 <= self.slot_amount <= MAX_SLOT_AMOUNT:
+            raise TopicError(
+                f"slotAmount {self.slot_amount} must be a power of two between 1 and "
+                f"{MAX_SLOT_AMOUNT}"
+            )
+        object.__setattr__(self, "topic_type", TopicType(self.topic_type))
+        _check_range("maxRetries", self.max_retries, 0, 1000)
+        _check_range("ackTimeout (ms)", self.ack_timeout_ms, 1, 24 * 3600 * 1000)
+        _check_range("maxPayloadBytes", self.max_payload_bytes, 1, 64 * 1024 * 1024)
+        _check_range("journalMaxLen", self.journal_maxlen, 0, 100_000_000)
+
+    @property
+    def slots(self) -> range:
+        return range(self.slot_amount)
+
+    def slot_of(self, slot_basis: str | bytes) -> int:
+        return slot_of(slot_basis, self.slot_amount)
+
+
+def is_power_of_two(value: int) -> bool:
+    return value > 0 and value & (value - 1) == 0
+
+
+def slot_of(slot_basis: str | bytes, slot_amount: int) -> int:
+    """CRC32 (IEEE, as zlib and Java's java.util.zip.CRC32) of the UTF-8 basis, masked."""
+    data = slot_basis.encode() if isinstance(slot_basis, str) else slot_basis
+    return zlib.crc32(data) & (slot_amount - 1)
+
+
+def _check_range(name: str, value: int, low: int, high: int) -> None:
+    if not isinstance(value, int) or isinstance(value, bool) or not low <= value <= high:
+        raise TopicError(f"{name} {value!r} must be an integer between {low} and {high}")
