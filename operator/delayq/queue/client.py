@@ -1,0 +1,339 @@
+"""The engine's Python API: `Queue` (blocking) and `AsyncQueue` (asyncio).
+
+Both only execute the plans of `delayq.queue.plans`: one round trip per operation (a pipeline
+when a batch touches several slots), the Lua scripts loaded once per connection pool.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from typing import Any, TypeVar
+
+import redis
+import redis.asyncio
+
+from delayq.queue import plans
+from delayq.queue.codec import Headers
+from delayq.queue.model import (
+    ClaimBatch,
+    DeadPage,
+    Lease,
+    MessageInfo,
+    Mode,
+    Outcome,
+    ScheduleRequest,
+    ScheduleResult,
+    TopicStats,
+)
+from delayq.queue.plans import DeadBatchResult, Plan, Retry, Target
+from delayq.queue.scripts import Script, script_source
+from delayq.queue.topic import Topic
+
+T = TypeVar("T")
+DEFAULT_CLAIM_BATCH = 500
+
+
+class _Plans:
+    """Plan builders behind each public method, shared by both flavours."""
+
+    def __init__(self, topic: Topic) -> None:
+        self.topic = topic
+
+    def schedule(
+        self,
+        message_id: str,
+        payload: bytes | str,
+        delay_ms: int | None,
+        at_ms: int | None,
+        slot_basis: str | None,
+        headers: Headers | None,
+        mode: Mode,
+    ) -> Plan[ScheduleResult]:
+        request = ScheduleRequest(message_id, payload, delay_ms, at_ms, slot_basis, headers or {})
+        return plans.first(plans.schedule(self.topic, [request], mode))
+
+    def reschedule(
+        self, message_id: str, delay_ms: int | None, at_ms: int | None, slot_basis: str | None
+    ) -> Plan[Outcome]:
+        move = (Target(message_id, slot_basis), delay_ms, at_ms)
+        return plans.checked(plans.reschedule(self.topic, [move]), Script.RESCHEDULE)
+
+    def claim(
+        self, slot: int, epoch: int, max_count: int, lease_ms: int | None
+    ) -> Plan[ClaimBatch]:
+        return plans.claim(
+            self.topic, slot, epoch, max_count, lease_ms or self.topic.ack_timeout_ms
+        )
+
+
+class Queue:
+    """Blocking client of one topic."""
+
+    def __init__(self, client: redis.Redis, topic: Topic) -> None:
+        self.redis = client
+        self.topic = topic
+        self._plans = _Plans(topic)
+        self._scripts = {s: client.register_script(script_source(s)) for s in Script}
+
+    @classmethod
+    def from_url(cls, url: str, topic: Topic, **options: Any) -> Queue:
+        return cls(redis.Redis.from_url(url, **options), topic)
+
+    def run(self, plan: Plan[T]) -> T:
+        if len(plan.calls) == 1:
+            call = plan.calls[0]
+            return plan.combine([self._scripts[call.script](keys=call.keys, args=call.args)])
+        pipe = self.redis.pipeline(transaction=False)
+        for call in plan.calls:
+            self._scripts[call.script](keys=call.keys, args=call.args, client=pipe)
+        return plan.combine(pipe.execute())
+
+    def close(self) -> None:
+        self.redis.close()
+
+    # producing
+    def schedule(
+        self,
+        message_id: str,
+        payload: bytes | str = b"",
+        *,
+        delay_ms: int | None = None,
+        at_ms: int | None = None,
+        slot_basis: str | None = None,
+        headers: Headers | None = None,
+        mode: Mode = Mode.CREATE,
+    ) -> ScheduleResult:
+        return self.run(
+            self._plans.schedule(message_id, payload, delay_ms, at_ms, slot_basis, headers, mode)
+        )
+
+    def schedule_many(
+        self, requests: Sequence[ScheduleRequest], mode: Mode = Mode.CREATE
+    ) -> list[ScheduleResult]:
+        return self.run(plans.schedule(self.topic, requests, mode))
+
+    def cancel(self, message_id: str, slot_basis: str | None = None) -> Outcome:
+        return self.run(plans.first(plans.cancel(self.topic, [Target(message_id, slot_basis)])))
+
+    def cancel_many(self, targets: Sequence[Target]) -> list[Outcome]:
+        return self.run(plans.cancel(self.topic, targets))
+
+    def reschedule(
+        self,
+        message_id: str,
+        *,
+        delay_ms: int | None = None,
+        at_ms: int | None = None,
+        slot_basis: str | None = None,
+    ) -> Outcome:
+        return self.run(self._plans.reschedule(message_id, delay_ms, at_ms, slot_basis))
+
+    def get(self, message_id: str, slot_basis: str | None = None) -> MessageInfo:
+        return self.run(plans.first(plans.get(self.topic, [Target(message_id, slot_basis)])))
+
+    def get_many(self, targets: Sequence[Target]) -> list[MessageInfo]:
+        return self.run(plans.get(self.topic, targets))
+
+    # consuming
+    def take_over(self, slot: int) -> int:
+        return self.run(plans.fence(self.topic, slot))
+
+    def claim(
+        self,
+        slot: int,
+        epoch: int,
+        max_count: int = DEFAULT_CLAIM_BATCH,
+        lease_ms: int | None = None,
+    ) -> ClaimBatch:
+        return self.run(self._plans.claim(slot, epoch, max_count, lease_ms))
+
+    def ack(self, lease: Lease) -> Outcome:
+        return self.run(plans.checked(plans.ack(self.topic, [lease]), Script.ACK))
+
+    def ack_many(self, leases: Sequence[Lease]) -> list[Outcome]:
+        return self.run(plans.ack(self.topic, leases))
+
+    def nack(
+        self, lease: Lease, backoff_ms: int = 0, reason: str = "", kill: bool = False
+    ) -> Outcome:
+        retry = Retry(lease, backoff_ms, reason, kill)
+        return self.run(plans.checked(plans.nack(self.topic, [retry]), Script.NACK))
+
+    def nack_many(self, retries: Sequence[Retry]) -> list[Outcome]:
+        return self.run(plans.nack(self.topic, retries))
+
+    def extend(self, lease: Lease, lease_ms: int) -> Outcome:
+        return self.run(plans.checked(plans.extend(self.topic, [lease], lease_ms), Script.EXTEND))
+
+    def extend_many(self, leases: Sequence[Lease], lease_ms: int) -> list[Outcome]:
+        return self.run(plans.extend(self.topic, leases, lease_ms))
+
+    # dead letters
+    def dead_page(self, slot: int, offset: int = 0, count: int = 100) -> DeadPage:
+        return self.run(plans.dead_page(self.topic, slot, offset, count))
+
+    def redrive(self, slot: int, ids: Sequence[str]) -> list[Outcome]:
+        return self.run(plans.redrive(self.topic, slot, ids)).outcomes
+
+    def redrive_all(self, slots: Iterable[int] | None = None) -> int:
+        """Redrive every dead message, a bounded batch per call; returns how many moved."""
+        return sum(self._drain(plans.redrive, slot) for slot in self._slots(slots))
+
+    def purge(self, slot: int, ids: Sequence[str]) -> list[Outcome]:
+        return self.run(plans.purge(self.topic, slot, ids)).outcomes
+
+    def purge_all(self, slots: Iterable[int] | None = None) -> int:
+        return sum(self._drain(plans.purge, slot) for slot in self._slots(slots))
+
+    def _drain(self, build: plans.DeadBatchBuilder, slot: int) -> int:
+        moved = 0
+        while True:
+            result: DeadBatchResult = self.run(build(self.topic, slot, None))
+            moved += len(result.outcomes)
+            if not result.outcomes or result.remaining_dead == 0:
+                return moved
+
+    def _slots(self, slots: Iterable[int] | None) -> Iterable[int]:
+        return self.topic.slots if slots is None else slots
+
+    # reading
+    def stats(self, slots: Iterable[int] | None = None) -> TopicStats:
+        return self.run(plans.stats(self.topic, slots))
+
+
+class AsyncQueue:
+    """asyncio client of one topic; the same operations as `Queue`."""
+
+    def __init__(self, client: redis.asyncio.Redis, topic: Topic) -> None:
+        self.redis = client
+        self.topic = topic
+        self._plans = _Plans(topic)
+        self._scripts = {s: client.register_script(script_source(s)) for s in Script}
+
+    @classmethod
+    def from_url(cls, url: str, topic: Topic, **options: Any) -> AsyncQueue:
+        return cls(redis.asyncio.Redis.from_url(url, **options), topic)
+
+    async def run(self, plan: Plan[T]) -> T:
+        if len(plan.calls) == 1:
+            call = plan.calls[0]
+            return plan.combine([await self._scripts[call.script](keys=call.keys, args=call.args)])
+        pipe = self.redis.pipeline(transaction=False)
+        for call in plan.calls:
+            await self._scripts[call.script](keys=call.keys, args=call.args, client=pipe)
+        return plan.combine(await pipe.execute())
+
+    async def close(self) -> None:
+        await self.redis.aclose()
+
+    # producing
+    async def schedule(
+        self,
+        message_id: str,
+        payload: bytes | str = b"",
+        *,
+        delay_ms: int | None = None,
+        at_ms: int | None = None,
+        slot_basis: str | None = None,
+        headers: Headers | None = None,
+        mode: Mode = Mode.CREATE,
+    ) -> ScheduleResult:
+        return await self.run(
+            self._plans.schedule(message_id, payload, delay_ms, at_ms, slot_basis, headers, mode)
+        )
+
+    async def schedule_many(
+        self, requests: Sequence[ScheduleRequest], mode: Mode = Mode.CREATE
+    ) -> list[ScheduleResult]:
+        return await self.run(plans.schedule(self.topic, requests, mode))
+
+    async def cancel(self, message_id: str, slot_basis: str | None = None) -> Outcome:
+        return await self.run(
+            plans.first(plans.cancel(self.topic, [Target(message_id, slot_basis)]))
+        )
+
+    async def cancel_many(self, targets: Sequence[Target]) -> list[Outcome]:
+        return await self.run(plans.cancel(self.topic, targets))
+
+    async def reschedule(
+        self,
+        message_id: str,
+        *,
+        delay_ms: int | None = None,
+        at_ms: int | None = None,
+        slot_basis: str | None = None,
+    ) -> Outcome:
+        return await self.run(self._plans.reschedule(message_id, delay_ms, at_ms, slot_basis))
+
+    async def get(self, message_id: str, slot_basis: str | None = None) -> MessageInfo:
+        return await self.run(plans.first(plans.get(self.topic, [Target(message_id, slot_basis)])))
+
+    async def get_many(self, targets: Sequence[Target]) -> list[MessageInfo]:
+        return await self.run(plans.get(self.topic, targets))
+
+    # consuming
+    async def take_over(self, slot: int) -> int:
+        return await self.run(plans.fence(self.topic, slot))
+
+    async def claim(
+        self,
+        slot: int,
+        epoch: int,
+        max_count: int = DEFAULT_CLAIM_BATCH,
+        lease_ms: int | None = None,
+    ) -> ClaimBatch:
+        return await self.run(self._plans.claim(slot, epoch, max_count, lease_ms))
+
+    async def ack(self, lease: Lease) -> Outcome:
+        return await self.run(plans.checked(plans.ack(self.topic, [lease]), Script.ACK))
+
+    async def ack_many(self, leases: Sequence[Lease]) -> list[Outcome]:
+        return await self.run(plans.ack(self.topic, leases))
+
+    async def nack(
+        self, lease: Lease, backoff_ms: int = 0, reason: str = "", kill: bool = False
+    ) -> Outcome:
+        retry = Retry(lease, backoff_ms, reason, kill)
+        return await self.run(plans.checked(plans.nack(self.topic, [retry]), Script.NACK))
+
+    async def nack_many(self, retries: Sequence[Retry]) -> list[Outcome]:
+        return await self.run(plans.nack(self.topic, retries))
+
+    async def extend(self, lease: Lease, lease_ms: int) -> Outcome:
+        return await self.run(
+            plans.checked(plans.extend(self.topic, [lease], lease_ms), Script.EXTEND)
+        )
+
+    async def extend_many(self, leases: Sequence[Lease], lease_ms: int) -> list[Outcome]:
+        return await self.run(plans.extend(self.topic, leases, lease_ms))
+
+    # dead letters
+    async def dead_page(self, slot: int, offset: int = 0, count: int = 100) -> DeadPage:
+        return await self.run(plans.dead_page(self.topic, slot, offset, count))
+
+    async def redrive(self, slot: int, ids: Sequence[str]) -> list[Outcome]:
+        return (await self.run(plans.redrive(self.topic, slot, ids))).outcomes
+
+    async def redrive_all(self, slots: Iterable[int] | None = None) -> int:
+        return sum([await self._drain(plans.redrive, slot) for slot in self._slots(slots)])
+
+    async def purge(self, slot: int, ids: Sequence[str]) -> list[Outcome]:
+        return (await self.run(plans.purge(self.topic, slot, ids))).outcomes
+
+    async def purge_all(self, slots: Iterable[int] | None = None) -> int:
+        return sum([await self._drain(plans.purge, slot) for slot in self._slots(slots)])
+
+    async def _drain(self, build: plans.DeadBatchBuilder, slot: int) -> int:
+        moved = 0
+        while True:
+            result: DeadBatchResult = await self.run(build(self.topic, slot, None))
+            moved += len(result.outcomes)
+            if not result.outcomes or result.remaining_dead == 0:
+                return moved
+
+    def _slots(self, slots: Iterable[int] | None) -> Iterable[int]:
+        return self.topic.slots if slots is None else slots
+
+    # reading
+    async def stats(self, slots: Iterable[int] | None = None) -> TopicStats:
+        return await self.run(plans.stats(self.topic, slots))

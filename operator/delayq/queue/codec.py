@@ -1,0 +1,80 @@
+"""The packed message record stored in a slot's `msg` hash, and message validation (pure).
+
+Layout: b"<attempts>:<due_ms or empty>:<headers_len>:" + headers_json + payload. One hash field
+per message with the metadata packed in front of the payload keeps Redis memory per pending
+message low (no per-message key, no second hash entry); see lua/includes/common.lua.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+
+from delayq.queue.codes import InvalidMessageError
+from delayq.queue.topic import MAX_DELAY_MS, MAX_ID_BYTES
+
+Headers = dict[str, str]
+
+
+@dataclass(frozen=True)
+class Record:
+    attempts: int
+    due_ms: int | None  # set while leased: the due time the delivery was for
+    headers: Headers
+    payload: bytes
+
+
+def decode_record(raw: bytes) -> Record:
+    attempts, due, headers_len, rest = raw.split(b":", 3)
+    size = int(headers_len)
+    headers: Headers = json.loads(rest[:size]) if size else {}
+    return Record(int(attempts), int(due) if due else None, headers, rest[size:])
+
+
+def encode_headers(headers: Headers | None) -> bytes:
+    if not headers:
+        return b""
+    for key, value in headers.items():
+        if not isinstance(key, str) or not isinstance(value, str):
+            raise InvalidMessageError(f"header {key!r}: names and values must be strings")
+    return json.dumps(headers, separators=(",", ":"), sort_keys=True).encode()
+
+
+def validate_id(message_id: str) -> str:
+    if not isinstance(message_id, str) or not message_id:
+        raise InvalidMessageError("id must be a non-empty string")
+    if len(message_id.encode()) > MAX_ID_BYTES:
+        raise InvalidMessageError(f"id {message_id[:40]!r}... is longer than {MAX_ID_BYTES} bytes")
+    return message_id
+
+
+def validate_payload(payload: bytes | str, max_payload_bytes: int) -> bytes:
+    data = payload.encode() if isinstance(payload, str) else payload
+    if not isinstance(data, bytes | bytearray):
+        raise InvalidMessageError(f"payload must be bytes or str, not {type(payload).__name__}")
+    if len(data) > max_payload_bytes:
+        raise InvalidMessageError(
+            f"payload of {len(data)} bytes exceeds the topic limit of {max_payload_bytes} bytes"
+        )
+    return bytes(data)
+
+
+def when_argument(delay_ms: int | None, at_ms: int | None) -> tuple[str, int]:
+    """The (when_kind, when_ms) pair the scripts take: exactly one of a delay or an instant.
+
+    A delay is added to the Redis server's clock inside the script, so client clocks never
+    decide when anything fires.
+    """
+    if (delay_ms is None) == (at_ms is None):
+        raise InvalidMessageError("give exactly one of delay_ms or at_ms")
+    if delay_ms is not None:
+        _check_ms("delay_ms", delay_ms, MAX_DELAY_MS)
+        return "delay", delay_ms
+    assert at_ms is not None
+    _check_ms("at_ms", at_ms, 2**52)
+    return "at", at_ms
+
+
+def _check_ms(name: str, value: int, high: int) -> None:
+    if not isinstance(value, int) or isinstance(value, bool) or not 0 <= value <= high:
+        raise InvalidMessageError(f"{name} {value!r} must be an integer between 0 and {high}")

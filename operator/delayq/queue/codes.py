@@ -1,0 +1,91 @@
+"""Return codes of the Lua transitions and the exceptions they map to.
+
+The numbers are the contract with `lua/*.lua` (each script's header lists the codes it returns);
+`tests/queue/test_scripts.py` checks that every code named in a header exists here.
+"""
+
+from __future__ import annotations
+
+import enum
+
+
+class Code(enum.IntEnum):
+    """Per-message outcome of a script: positive is a transition, negative a refusal."""
+
+    OK = 0
+    CREATED = 1
+    EXISTS = 2
+    UPDATED = 3
+    CANCELLED = 4
+    RESCHEDULED = 5
+    ACKED = 7
+    RETRY_SCHEDULED = 8
+    DEAD = 9
+    EXTENDED = 10
+    REDRIVEN = 11
+    PURGED = 12
+    NOT_FOUND = -1
+    STALE_EPOCH = -2
+    LEASE_LOST = -3
+    TOO_FAR = -4
+    WRONG_STATE = -6
+
+    @property
+    def is_error(self) -> bool:
+        return self < 0
+
+
+class DelayqError(Exception):
+    """Base of every error delayq raises on purpose."""
+
+
+class InvalidMessageError(DelayqError, ValueError):
+    """A message was refused before reaching Redis; the text names the field and the bound."""
+
+
+class ScriptRefusedError(DelayqError):
+    """A Lua transition refused a message; names the script, the message id and the code."""
+
+    code: Code = Code.OK
+
+    def __init__(self, script: str, message_id: str, detail: str = "") -> None:
+        self.script = script
+        self.message_id = message_id
+        text = f"{script}: message {message_id!r}: {self.code.name}"
+        super().__init__(f"{text} ({detail})" if detail else text)
+
+
+class NotFoundError(ScriptRefusedError):
+    code = Code.NOT_FOUND
+
+
+class StaleEpochError(ScriptRefusedError):
+    """The slot has a newer owner: this process must stop consuming it."""
+
+    code = Code.STALE_EPOCH
+
+
+class LeaseLostError(ScriptRefusedError):
+    """The lease is gone (expired and claimed again, cancelled, rescheduled or already acked)."""
+
+    code = Code.LEASE_LOST
+
+
+class TooFarError(ScriptRefusedError):
+    code = Code.TOO_FAR
+
+
+class WrongStateError(ScriptRefusedError):
+    code = Code.WRONG_STATE
+
+
+_ERRORS: dict[Code, type[ScriptRefusedError]] = {
+    cls.code: cls
+    for cls in (NotFoundError, StaleEpochError, LeaseLostError, TooFarError, WrongStateError)
+}
+
+
+def raise_for_code(code: Code, script: str, message_id: str, detail: str = "") -> None:
+    """Raise the exception of a refusal code; do nothing for a transition code."""
+    if code.is_error:
+        raise _ERRORS[code](script, message_id, detail)

@@ -1,0 +1,51 @@
+--[[
+  Acknowledge leased messages (two-phase consumption, commit): the message is done and removed.
+
+  KEYS[1] prepare  ZSET id -> lease deadline ms
+  KEYS[2] msg      HASH id -> record
+  KEYS[3] epoch    STRING fencing epoch of the slot owner
+  KEYS[4] journal  STREAM lifecycle events
+
+  ARGV[1] epoch           the caller's fencing epoch
+  ARGV[2] journal_maxlen  0 = journal off
+  ARGV[3 + 2k], ARGV[4 + 2k]  per message: id, attempt (the lease token returned by claim)
+
+  Returns, per message:
+     7 ACKED       removed for good
+    -2 STALE_EPOCH the caller is not the current owner: nothing was changed (whole call)
+    -3 LEASE_LOST  not leased under that attempt any more (acked, cancelled, rescheduled, or
+                   expired and claimed again): nothing was changed for that id
+
+  Events: acked
+]]
+--@include common
+
+local prepare, msg, epoch_key, journal_key = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
+local journal_maxlen = tonumber(ARGV[2])
+local results = {}
+
+if not epoch_matches(epoch_key, ARGV[1]) then
+  for i = 3, #ARGV, 2 do results[#results + 1] = -2 end
+  return results
+end
+local now = now_ms()
+
+local done = {}
+for i = 3, #ARGV, 2 do
+  local id, attempt = ARGV[i], tonumber(ARGV[i + 1])
+  local record = redis.call('ZSCORE', prepare, id) and redis.call('HGET', msg, id)
+  local attempts, due = nil, nil
+  if record then attempts, due = record_fields(record) end
+  if attempts ~= nil and attempts == attempt then
+    done[#done + 1] = id
+    journal(journal_key, journal_maxlen, 'acked', id, now, due, attempts)
+    results[#results + 1] = 7
+  else
+    results[#results + 1] = -3
+  end
+end
+if #done > 0 then
+  call_chunked('ZREM', prepare, done)
+  call_chunked('HDEL', msg, done)
+end
+return results

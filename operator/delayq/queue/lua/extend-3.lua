@@ -1,0 +1,39 @@
+--[[
+  Extend leases (a consumer's heartbeat): the new deadline is server now + lease_ms.
+
+  KEYS[1] prepare  ZSET id -> lease deadline ms
+  KEYS[2] msg      HASH id -> record
+  KEYS[3] epoch    STRING fencing epoch of the slot owner
+
+  ARGV[1] epoch     the caller's fencing epoch
+  ARGV[2] lease_ms  new lease length from now
+  ARGV[3 + 2k], ARGV[4 + 2k]  per message: id, attempt
+
+  Returns, per message, a pair {code, deadline_ms}:
+    10 EXTENDED     leased until deadline_ms
+    -2 STALE_EPOCH  the caller is not the current owner: nothing was changed (whole call)
+    -3 LEASE_LOST   not leased under that attempt any more
+
+  Events: none (a heartbeat is not a lifecycle transition)
+]]
+--@include common
+
+local prepare, msg, epoch_key = KEYS[1], KEYS[2], KEYS[3]
+local results = {}
+if not epoch_matches(epoch_key, ARGV[1]) then
+  for i = 3, #ARGV, 2 do results[#results + 1] = {-2, 0} end
+  return results
+end
+local deadline = now_ms() + tonumber(ARGV[2])
+
+for i = 3, #ARGV, 2 do
+  local id, attempt = ARGV[i], tonumber(ARGV[i + 1])
+  local record = redis.call('ZSCORE', prepare, id) and redis.call('HGET', msg, id)
+  if record and record_fields(record) == attempt then
+    redis.call('ZADD', prepare, 'XX', deadline, id)
+    results[#results + 1] = {10, deadline}
+  else
+    results[#results + 1] = {-3, 0}
+  end
+end
+return results

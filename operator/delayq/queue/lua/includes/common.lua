@@ -1,0 +1,68 @@
+-- Shared helpers, inlined by the Python loader where a script says `--@include common`.
+--
+-- Record layout (the value of a message in the slot's `msg` hash):
+--   "<attempts>:<due_ms or empty>:<headers_len>:" .. headers .. payload
+-- `due` is empty while the message waits in `store` (its due time is the store score) and holds
+-- the due time it was delivered for while it is leased, so lateness can be reported.
+
+local function now_ms()
+  local t = redis.call('TIME')
+  return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+end
+
+-- attempts (number), due (string, maybe empty), offset of the text after the due field
+local function record_fields(record)
+  local p1 = string.find(record, ':', 1, true)
+  local p2 = string.find(record, ':', p1 + 1, true)
+  return tonumber(string.sub(record, 1, p1 - 1)), string.sub(record, p1 + 1, p2 - 1), p2
+end
+
+local function record_with(record, attempts, due)
+  local _, _, p2 = record_fields(record)
+  return tostring(attempts) .. ':' .. due .. string.sub(record, p2)
+end
+
+local function new_record(headers, payload)
+  return '0::' .. tostring(#headers) .. ':' .. headers .. payload
+end
+
+local function journal(key, maxlen, event, id, now, due, attempts)
+  if maxlen > 0 then
+    redis.call('XADD', key, 'MAXLEN', '~', maxlen, '*',
+      'e', event, 'id', id, 't', now, 'due', due, 'a', attempts)
+  end
+end
+
+-- Wake the slot's consumer when `due` is (one of) the earliest due times in the store.
+-- The wake list holds at most one element, so a burst of schedules costs one push.
+local function wake_if_earliest(store, wake, due)
+  local head = redis.call('ZRANGE', store, 0, 0, 'WITHSCORES')
+  if head[2] ~= nil and tonumber(head[2]) >= due and redis.call('LLEN', wake) == 0 then
+    redis.call('RPUSH', wake, '1')
+  end
+end
+
+-- The fencing check: only the slot's current owner (epoch set by fence-1) may move its messages.
+local function epoch_matches(epoch_key, epoch)
+  local current = redis.call('GET', epoch_key)
+  return current ~= false and current == epoch
+end
+
+-- Variadic commands in chunks, so a large batch never exceeds Lua's unpack limit.
+local UNPACK_CHUNK = 1000
+local function call_chunked(command, key, args)
+  for i = 1, #args, UNPACK_CHUNK do
+    redis.call(command, key, unpack(args, i, math.min(i + UNPACK_CHUNK - 1, #args)))
+  end
+end
+
+-- Where a message is: 'scheduled' | 'prepared' | 'dead' | false, with its score there.
+local function locate(store, prepare, dead, id)
+  local score = redis.call('ZSCORE', store, id)
+  if score then return 'scheduled', tonumber(score) end
+  score = redis.call('ZSCORE', prepare, id)
+  if score then return 'prepared', tonumber(score) end
+  score = redis.call('ZSCORE', dead, id)
+  if score then return 'dead', tonumber(score) end
+  return false, nil
+end

@@ -1,0 +1,70 @@
+--[[
+  Negatively acknowledge leased messages (two-phase consumption, roll back): the message waits
+  again for exactly backoff_ms after server now, or goes to dead when its attempts are exhausted
+  or the caller says it can never succeed (a poison message must not block its slot).
+
+  KEYS[1] store    ZSET id -> due ms
+  KEYS[2] prepare  ZSET id -> lease deadline ms
+  KEYS[3] dead     ZSET id -> time of death ms
+  KEYS[4] msg      HASH id -> record
+  KEYS[5] reason   HASH id -> dead reason
+  KEYS[6] epoch    STRING fencing epoch of the slot owner
+  KEYS[7] wake     LIST wake-up marker of the slot
+  KEYS[8] journal  STREAM lifecycle events
+
+  ARGV[1] epoch           the caller's fencing epoch
+  ARGV[2] max_retries     attempts beyond this are dead
+  ARGV[3] journal_maxlen  0 = journal off
+  ARGV[4 + 5k .. 8 + 5k]  per message: id, attempt, backoff_ms, reason, kill ('1' = dead now)
+
+  Returns, per message, a pair {code, due_ms}:
+     8 RETRY_SCHEDULED  waits in store until due_ms
+     9 DEAD             moved to dead at due_ms (= now)
+    -2 STALE_EPOCH      the caller is not the current owner: nothing was changed (whole call)
+    -3 LEASE_LOST       not leased under that attempt any more: nothing was changed for that id
+
+  Events: nacked, dead
+]]
+--@include common
+
+local store, prepare, dead, msg, reason, epoch_key, wake, journal_key =
+  KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6], KEYS[7], KEYS[8]
+local max_retries = tonumber(ARGV[2])
+local journal_maxlen = tonumber(ARGV[3])
+local results = {}
+
+if not epoch_matches(epoch_key, ARGV[1]) then
+  for i = 4, #ARGV, 5 do results[#results + 1] = {-2, 0} end
+  return results
+end
+local now = now_ms()
+local earliest = nil
+
+for i = 4, #ARGV, 5 do
+  local id, attempt, backoff_ms = ARGV[i], tonumber(ARGV[i + 1]), tonumber(ARGV[i + 2])
+  local why, kill = ARGV[i + 3], ARGV[i + 4] == '1'
+  local record = redis.call('ZSCORE', prepare, id) and redis.call('HGET', msg, id)
+  local attempts, due = nil, nil
+  if record then attempts, due = record_fields(record) end
+  if attempts == nil or attempts ~= attempt then
+    results[#results + 1] = {-3, 0}
+  else
+    redis.call('ZREM', prepare, id)
+    journal(journal_key, journal_maxlen, 'nacked', id, now, due, attempts)
+    if kill or attempts > max_retries then
+      redis.call('ZADD', dead, now, id)
+      redis.call('HSET', reason, id, why)
+      journal(journal_key, journal_maxlen, 'dead', id, now, due, attempts)
+      results[#results + 1] = {9, now}
+    else
+      local retry_due = now + backoff_ms
+      redis.call('HSET', msg, id, record_with(record, attempts, ''))
+      redis.call('ZADD', store, retry_due, id)
+      if earliest == nil or retry_due < earliest then earliest = retry_due end
+      results[#results + 1] = {8, retry_due}
+    end
+  end
+end
+
+if earliest then wake_if_earliest(store, wake, earliest) end
+return results

@@ -1,0 +1,47 @@
+--[[
+  Purge dead messages for good.
+
+  KEYS[1] dead     ZSET id -> time of death ms
+  KEYS[2] msg      HASH id -> record
+  KEYS[3] reason   HASH id -> dead reason
+  KEYS[4] journal  STREAM lifecycle events
+
+  ARGV[1] journal_maxlen  0 = journal off
+  ARGV[2] mode            'ids' (the ids that follow) | 'oldest' (up to max_count oldest dead)
+  ARGV[3] max_count       with mode 'oldest': how many at most
+  ARGV[4..] ids           with mode 'ids'
+
+  Returns {remaining_dead, id1, code1, id2, code2, ...}, codes:
+    12 PURGED       gone
+    -6 WRONG_STATE  with mode 'ids': the id is not dead
+
+  Events: purged
+]]
+--@include common
+
+local dead, msg, reason, journal_key = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
+local journal_maxlen = tonumber(ARGV[1])
+local now = now_ms()
+
+local ids = {}
+if ARGV[2] == 'oldest' then
+  ids = redis.call('ZRANGE', dead, 0, tonumber(ARGV[3]) - 1)
+else
+  for i = 4, #ARGV do ids[#ids + 1] = ARGV[i] end
+end
+
+local results = {0}
+for _, id in ipairs(ids) do
+  if redis.call('ZREM', dead, id) == 1 then
+    redis.call('HDEL', msg, id)
+    redis.call('HDEL', reason, id)
+    journal(journal_key, journal_maxlen, 'purged', id, now, '', '')
+    results[#results + 1] = id
+    results[#results + 1] = 12
+  else
+    results[#results + 1] = id
+    results[#results + 1] = -6
+  end
+end
+results[1] = redis.call('ZCARD', dead)
+return results

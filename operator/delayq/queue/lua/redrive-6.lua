@@ -1,0 +1,56 @@
+--[[
+  Redrive dead messages: back to store, due now, attempts reset.
+
+  KEYS[1] dead     ZSET id -> time of death ms
+  KEYS[2] store    ZSET id -> due ms
+  KEYS[3] msg      HASH id -> record
+  KEYS[4] reason   HASH id -> dead reason
+  KEYS[5] wake     LIST wake-up marker of the slot
+  KEYS[6] journal  STREAM lifecycle events
+
+  ARGV[1] journal_maxlen  0 = journal off
+  ARGV[2] mode            'ids' (the ids that follow) | 'oldest' (up to max_count oldest dead)
+  ARGV[3] max_count       with mode 'oldest': how many at most
+  ARGV[4..] ids           with mode 'ids'
+
+  Returns {remaining_dead, id1, code1, id2, code2, ...}, codes:
+    11 REDRIVEN     waits in store, due now
+    -6 WRONG_STATE  with mode 'ids': the id is not dead
+
+  Events: redriven
+]]
+--@include common
+
+local dead, store, msg, reason, wake, journal_key =
+  KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6]
+local journal_maxlen = tonumber(ARGV[1])
+local now = now_ms()
+
+local ids = {}
+if ARGV[2] == 'oldest' then
+  ids = redis.call('ZRANGE', dead, 0, tonumber(ARGV[3]) - 1)
+else
+  for i = 4, #ARGV do ids[#ids + 1] = ARGV[i] end
+end
+
+local results = {0}
+local moved = 0
+for _, id in ipairs(ids) do
+  local record = redis.call('ZSCORE', dead, id) and redis.call('HGET', msg, id)
+  if record then
+    redis.call('ZREM', dead, id)
+    redis.call('HDEL', reason, id)
+    redis.call('HSET', msg, id, record_with(record, 0, ''))
+    redis.call('ZADD', store, now, id)
+    journal(journal_key, journal_maxlen, 'redriven', id, now, now, 0)
+    moved = moved + 1
+    results[#results + 1] = id
+    results[#results + 1] = 11
+  else
+    results[#results + 1] = id
+    results[#results + 1] = -6
+  end
+end
+if moved > 0 then wake_if_earliest(store, wake, now) end
+results[1] = redis.call('ZCARD', dead)
+return results

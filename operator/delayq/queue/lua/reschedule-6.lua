@@ -1,0 +1,60 @@
+--[[
+  Move the due time of live messages by id (reschedule by (kind, id), seed 002). A leased message
+  loses its lease and waits again; a dead message must be redriven instead.
+
+  KEYS[1] store    ZSET id -> due ms
+  KEYS[2] prepare  ZSET id -> lease deadline ms
+  KEYS[3] dead     ZSET id -> time of death ms
+  KEYS[4] msg      HASH id -> record
+  KEYS[5] wake     LIST wake-up marker of the slot
+  KEYS[6] journal  STREAM lifecycle events
+
+  ARGV[1] max_delay_ms
+  ARGV[2] journal_maxlen  0 = journal off
+  ARGV[3 + 3k .. 5 + 3k]  per message: id, when_kind ('delay' | 'at'), when_ms
+
+  Returns, per message, a pair {code, due_ms}:
+     5 RESCHEDULED   waits in store until due_ms
+    -1 NOT_FOUND     no such message
+    -4 TOO_FAR       due beyond now + max_delay_ms, nothing changed
+    -6 WRONG_STATE   the message is dead (use redrive)
+
+  Events: rescheduled
+]]
+--@include common
+
+local store, prepare, dead, msg, wake, journal_key =
+  KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6]
+local max_delay_ms = tonumber(ARGV[1])
+local journal_maxlen = tonumber(ARGV[2])
+local now = now_ms()
+local results = {}
+local earliest = nil
+
+for i = 3, #ARGV, 3 do
+  local id, when_kind, when_ms = ARGV[i], ARGV[i + 1], tonumber(ARGV[i + 2])
+  local due = when_ms
+  if when_kind == 'delay' then due = now + when_ms end
+  local state = locate(store, prepare, dead, id)
+  if not state then
+    results[#results + 1] = {-1, due}
+  elseif state == 'dead' then
+    results[#results + 1] = {-6, due}
+  elseif due > now + max_delay_ms then
+    results[#results + 1] = {-4, due}
+  else
+    if state == 'prepared' then
+      redis.call('ZREM', prepare, id)
+      local record = redis.call('HGET', msg, id)
+      local attempts = record_fields(record)
+      redis.call('HSET', msg, id, record_with(record, attempts, ''))
+    end
+    redis.call('ZADD', store, due, id)
+    if earliest == nil or due < earliest then earliest = due end
+    journal(journal_key, journal_maxlen, 'rescheduled', id, now, due, '')
+    results[#results + 1] = {5, due}
+  end
+end
+
+if earliest then wake_if_earliest(store, wake, earliest) end
+return results

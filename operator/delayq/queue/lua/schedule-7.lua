@@ -1,0 +1,85 @@
+--[[
+  Schedule messages into one slot: create-only (Dyno-queues' `ensure`) or upsert (replace).
+
+  KEYS[1] store    ZSET id -> due ms
+  KEYS[2] prepare  ZSET id -> lease deadline ms
+  KEYS[3] dead     ZSET id -> time of death ms
+  KEYS[4] msg      HASH id -> record
+  KEYS[5] reason   HASH id -> dead reason
+  KEYS[6] wake     LIST wake-up marker of the slot
+  KEYS[7] journal  STREAM lifecycle events
+
+  ARGV[1] mode            'create' | 'upsert'
+  ARGV[2] max_delay_ms    due times beyond server now + this are refused
+  ARGV[3] journal_maxlen  0 = journal off
+  ARGV[4 + 5k .. 8 + 5k]  per message: id, when_kind ('delay' | 'at'), when_ms, headers, payload
+
+  Returns, per message in order, a triple {code, due_ms, state}:
+     1 CREATED   scheduled anew at due_ms                       state 'scheduled'
+     2 EXISTS    create mode: the live message is left as it is state and due_ms of that message
+     3 UPDATED   upsert: the message was replaced, due moved    state 'scheduled'
+    -4 TOO_FAR   due beyond now + max_delay_ms, nothing changed due_ms = the refused due
+
+  Events: scheduled (new or replaced)
+]]
+--@include common
+
+local store, prepare, dead, msg, reason, wake, journal_key =
+  KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6], KEYS[7]
+local upsert = ARGV[1] == 'upsert'
+local max_delay_ms = tonumber(ARGV[2])
+local journal_maxlen = tonumber(ARGV[3])
+local now = now_ms()
+
+local results = {}
+local zadd_args, hset_args = {}, {}
+local pending = {}  -- id -> due, for ids scheduled earlier in this same batch
+local earliest = nil
+
+for i = 4, #ARGV, 5 do
+  local id, when_kind, when_ms = ARGV[i], ARGV[i + 1], tonumber(ARGV[i + 2])
+  local due = when_ms
+  if when_kind == 'delay' then due = now + when_ms end
+  local state, score = nil, nil
+  if pending[id] then
+    state, score = 'scheduled', pending[id]
+  else
+    state, score = locate(store, prepare, dead, id)
+  end
+
+  if due > now + max_delay_ms then
+    results[#results + 1] = {-4, due, state or 'absent'}
+  elseif state and not upsert then
+    local shown = score
+    if state == 'prepared' then
+      local _, record_due = record_fields(redis.call('HGET', msg, id))
+      shown = tonumber(record_due) or score
+    end
+    results[#results + 1] = {2, shown, state}
+  else
+    if state == 'prepared' then redis.call('ZREM', prepare, id) end
+    if state == 'dead' then
+      redis.call('ZREM', dead, id)
+      redis.call('HDEL', reason, id)
+    end
+    zadd_args[#zadd_args + 1] = due
+    zadd_args[#zadd_args + 1] = id
+    hset_args[#hset_args + 1] = id
+    hset_args[#hset_args + 1] = new_record(ARGV[i + 3], ARGV[i + 4])
+    pending[id] = due
+    if earliest == nil or due < earliest then earliest = due end
+    journal(journal_key, journal_maxlen, 'scheduled', id, now, due, 0)
+    if state then
+      results[#results + 1] = {3, due, 'scheduled'}
+    else
+      results[#results + 1] = {1, due, 'scheduled'}
+    end
+  end
+end
+
+if #zadd_args > 0 then
+  call_chunked('ZADD', store, zadd_args)
+  call_chunked('HSET', msg, hset_args)
+  wake_if_earliest(store, wake, earliest)
+end
+return results

@@ -1,0 +1,161 @@
+"""The values the engine's API takes and returns (plain frozen dataclasses)."""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+
+from delayq.queue.codec import Headers
+from delayq.queue.codes import Code
+
+
+class State(enum.StrEnum):
+    SCHEDULED = "scheduled"
+    PREPARED = "prepared"
+    DEAD = "dead"
+    ABSENT = "absent"
+
+
+class Mode(enum.StrEnum):
+    """How schedule treats an id that is already live."""
+
+    CREATE = "create"  # no-op that reports the existing message (Dyno-queues' ensure)
+    UPSERT = "upsert"  # replace the message and move its due time
+
+
+@dataclass(frozen=True)
+class ScheduleRequest:
+    """One message to schedule: exactly one of `delay_ms` (from server now) or `at_ms`."""
+
+    id: str
+    payload: bytes | str = b""
+    delay_ms: int | None = None
+    at_ms: int | None = None
+    slot_basis: str | None = None
+    headers: Headers = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class ScheduleResult:
+    id: str
+    slot: int
+    code: Code
+    due_ms: int
+    state: State
+
+
+@dataclass(frozen=True)
+class Lease:
+    """The token of one delivery: acks, nacks and extends must present it.
+
+    `attempt` distinguishes this delivery from a later one of the same message; `epoch` is the
+    slot owner's fencing epoch under which it was claimed.
+    """
+
+    slot: int
+    id: str
+    attempt: int
+    epoch: int
+
+
+@dataclass(frozen=True)
+class Message:
+    """A claimed (leased) message."""
+
+    id: str
+    slot: int
+    payload: bytes
+    headers: Headers
+    attempt: int
+    due_ms: int
+    epoch: int
+
+    @property
+    def lease(self) -> Lease:
+        return Lease(self.slot, self.id, self.attempt, self.epoch)
+
+
+@dataclass(frozen=True)
+class ClaimBatch:
+    slot: int
+    now_ms: int
+    next_due_ms: int | None
+    next_deadline_ms: int | None
+    messages: list[Message]
+
+
+@dataclass(frozen=True)
+class MessageInfo:
+    id: str
+    slot: int
+    state: State
+    due_ms: int | None = None
+    lease_deadline_ms: int | None = None
+    died_ms: int | None = None
+    attempts: int = 0
+    payload: bytes = b""
+    headers: Headers = field(default_factory=dict)
+    dead_reason: str = ""
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """Per-message result of ack, nack, extend, cancel, reschedule, redrive or purge."""
+
+    id: str
+    code: Code
+    at_ms: int | None = None  # new due (reschedule, nack), lease deadline (extend), death (dead)
+
+
+@dataclass(frozen=True)
+class SlotStats:
+    slot: int
+    now_ms: int
+    scheduled: int
+    due: int
+    prepared: int
+    dead: int
+    next_due_ms: int | None
+    next_deadline_ms: int | None
+
+    @property
+    def oldest_overdue_ms(self) -> int:
+        """How long the oldest due-but-unclaimed message has waited (0 when none)."""
+        if self.due == 0 or self.next_due_ms is None:
+            return 0
+        return max(0, self.now_ms - self.next_due_ms)
+
+
+@dataclass(frozen=True)
+class TopicStats:
+    slots: list[SlotStats]
+
+    @property
+    def scheduled(self) -> int:
+        return sum(s.scheduled for s in self.slots)
+
+    @property
+    def due(self) -> int:
+        return sum(s.due for s in self.slots)
+
+    @property
+    def prepared(self) -> int:
+        return sum(s.prepared for s in self.slots)
+
+    @property
+    def dead(self) -> int:
+        return sum(s.dead for s in self.slots)
+
+    @property
+    def next_due_ms(self) -> int | None:
+        return min((s.next_due_ms for s in self.slots if s.next_due_ms is not None), default=None)
+
+    @property
+    def oldest_overdue_ms(self) -> int:
+        return max((s.oldest_overdue_ms for s in self.slots), default=0)
+
+
+@dataclass(frozen=True)
+class DeadPage:
+    total: int
+    messages: list[MessageInfo]

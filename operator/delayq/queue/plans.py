@@ -1,0 +1,538 @@
+"""Pure builders of script calls and parsers of their replies, shared by the sync and async clients.
+
+A `Plan` is the list of script calls one API operation needs (one per slot touched) and the
+function that turns their raw replies into typed results. The clients only execute plans, so
+the two flavours cannot drift apart and everything here is unit-testable without Redis.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
+from typing import Any, Generic, TypeVar
+
+from delayq.queue.codec import (
+    decode_record,
+    encode_headers,
+    validate_id,
+    validate_payload,
+    when_argument,
+)
+from delayq.queue.codes import Code, raise_for_code
+from delayq.queue.keys import Part, slot_keys
+from delayq.queue.model import (
+    ClaimBatch,
+    DeadPage,
+    Lease,
+    Message,
+    MessageInfo,
+    Mode,
+    Outcome,
+    ScheduleRequest,
+    ScheduleResult,
+    SlotStats,
+    State,
+    TopicStats,
+)
+from delayq.queue.scripts import Script
+from delayq.queue.topic import MAX_DELAY_MS, Topic
+
+T = TypeVar("T")
+Arg = str | bytes | int
+Reply = Any  # what redis-py returns for a script: nested lists of bytes and ints
+
+MAX_MESSAGES_PER_CALL = 1000  # keeps any one script call short, so Redis never stalls on a batch
+ROLLBACK_PER_CLAIM = 1000
+
+
+@dataclass(frozen=True)
+class ScriptCall:
+    script: Script
+    keys: list[str]
+    args: list[Arg]
+
+
+@dataclass(frozen=True)
+class Plan(Generic[T]):
+    calls: list[ScriptCall]
+    combine: Callable[[list[Reply]], T]
+
+
+@dataclass(frozen=True)
+class Target:
+    """A message addressed by id, routed by its slot basis (the id itself unless given)."""
+
+    id: str
+    slot_basis: str | None = None
+
+
+@dataclass(frozen=True)
+class Retry:
+    """A nack: retry after `backoff_ms`, or `kill` it into dead at once (a poison message)."""
+
+    lease: Lease
+    backoff_ms: int = 0
+    reason: str = ""
+    kill: bool = False
+
+
+@dataclass(frozen=True)
+class DeadBatchResult:
+    remaining_dead: int
+    outcomes: list[Outcome]
+
+
+def _text(value: bytes | str) -> str:
+    return value.decode() if isinstance(value, bytes) else value
+
+
+def _optional_ms(value: int) -> int | None:
+    return None if value < 0 else int(value)
+
+
+def _chunks(items: Sequence[T], size: int) -> Iterable[Sequence[T]]:
+    for start in range(0, len(items), size):
+        yield items[start : start + size]
+
+
+def _route(topic: Topic, target: Target) -> int:
+    return topic.slot_of(target.slot_basis if target.slot_basis is not None else target.id)
+
+
+def _per_slot_calls(
+    topic: Topic,
+    items: Sequence[T],
+    slot_of: Callable[[T], int],
+    build: Callable[[int, Sequence[T]], ScriptCall],
+) -> tuple[list[ScriptCall], list[list[int]]]:
+    """Group items by slot (one call per slot and chunk) and remember each item's position."""
+    positions: dict[int, list[int]] = defaultdict(list)
+    for index, item in enumerate(items):
+        positions[slot_of(item)].append(index)
+    calls: list[ScriptCall] = []
+    order: list[list[int]] = []
+    for slot, indexes in positions.items():
+        for chunk in _chunks(indexes, MAX_MESSAGES_PER_CALL):
+            calls.append(build(slot, [items[i] for i in chunk]))
+            order.append(list(chunk))
+    return calls, order
+
+
+def _scatter(order: list[list[int]], per_call: list[list[T]], size: int) -> list[T]:
+    """Put per-call results back in the order the caller gave the items."""
+    results: list[T | None] = [None] * size
+    for indexes, values in zip(order, per_call, strict=True):
+        for index, value in zip(indexes, values, strict=True):
+            results[index] = value
+    return [r for r in results if r is not None]
+
+
+def checked(plan: Plan[list[Outcome]], script: Script) -> Plan[Outcome]:
+    """The single outcome of a one-message plan, raising the exception of a refusal code."""
+
+    def combine(replies: list[Reply]) -> Outcome:
+        outcome = plan.combine(replies)[0]
+        raise_for_code(outcome.code, script.value, outcome.id)
+        return outcome
+
+    return Plan(plan.calls, combine)
+
+
+def first(plan: Plan[list[T]]) -> Plan[T]:
+    return Plan(plan.calls, lambda replies: plan.combine(replies)[0])
+
+
+# --- producing -------------------------------------------------------------------------------
+
+
+def schedule(
+    topic: Topic, requests: Sequence[ScheduleRequest], mode: Mode
+) -> Plan[list[ScheduleResult]]:
+    encoded = [_encode_request(topic, request) for request in requests]
+    slots = [topic.slot_of(r.slot_basis if r.slot_basis is not None else r.id) for r in requests]
+
+    def build(slot: int, chunk: Sequence[int]) -> ScriptCall:
+        keys = slot_keys(topic, slot).keys(
+            Part.STORE, Part.PREPARE, Part.DEAD, Part.MSG, Part.REASON, Part.WAKE, Part.JOURNAL
+        )
+        args: list[Arg] = [mode.value, MAX_DELAY_MS, topic.journal_maxlen]
+        for index in chunk:
+            args.extend(encoded[index])
+        return ScriptCall(Script.SCHEDULE, keys, args)
+
+    calls, order = _per_slot_calls(topic, range(len(requests)), lambda i: slots[i], build)
+
+    def combine(replies: list[Reply]) -> list[ScheduleResult]:
+        per_call = [
+            [
+                ScheduleResult(requests[i].id, slots[i], Code(code), int(due), State(_text(state)))
+                for i, (code, due, state) in zip(indexes, reply, strict=True)
+            ]
+            for indexes, reply in zip(order, replies, strict=True)
+        ]
+        return _scatter(order, per_call, len(requests))
+
+    return Plan(calls, combine)
+
+
+def _encode_request(topic: Topic, request: ScheduleRequest) -> list[Arg]:
+    when_kind, when_ms = when_argument(request.delay_ms, request.at_ms)
+    return [
+        validate_id(request.id),
+        when_kind,
+        when_ms,
+        encode_headers(request.headers),
+        validate_payload(request.payload, topic.max_payload_bytes),
+    ]
+
+
+def cancel(topic: Topic, targets: Sequence[Target]) -> Plan[list[Outcome]]:
+    def build(slot: int, chunk: Sequence[Target]) -> ScriptCall:
+        keys = slot_keys(topic, slot).keys(
+            Part.STORE, Part.PREPARE, Part.DEAD, Part.MSG, Part.REASON, Part.JOURNAL
+        )
+        return ScriptCall(Script.CANCEL, keys, [topic.journal_maxlen, *(t.id for t in chunk)])
+
+    for target in targets:
+        validate_id(target.id)
+    calls, order = _per_slot_calls(topic, targets, lambda t: _route(topic, t), build)
+
+    def combine(replies: list[Reply]) -> list[Outcome]:
+        per_call = [
+            [Outcome(targets[i].id, Code(code)) for i, code in zip(indexes, reply, strict=True)]
+            for indexes, reply in zip(order, replies, strict=True)
+        ]
+        return _scatter(order, per_call, len(targets))
+
+    return Plan(calls, combine)
+
+
+def reschedule(
+    topic: Topic, moves: Sequence[tuple[Target, int | None, int | None]]
+) -> Plan[list[Outcome]]:
+    """Each move is (target, delay_ms, at_ms) with exactly one of the two set."""
+    whens = [when_argument(delay_ms, at_ms) for _, delay_ms, at_ms in moves]
+
+    def build(slot: int, chunk: Sequence[int]) -> ScriptCall:
+        keys = slot_keys(topic, slot).keys(
+            Part.STORE, Part.PREPARE, Part.DEAD, Part.MSG, Part.WAKE, Part.JOURNAL
+        )
+        args: list[Arg] = [MAX_DELAY_MS, topic.journal_maxlen]
+        for index in chunk:
+            args.extend([validate_id(moves[index][0].id), *whens[index]])
+        return ScriptCall(Script.RESCHEDULE, keys, args)
+
+    calls, order = _per_slot_calls(
+        topic, range(len(moves)), lambda i: _route(topic, moves[i][0]), build
+    )
+
+    def combine(replies: list[Reply]) -> list[Outcome]:
+        per_call = [
+            [
+                Outcome(moves[i][0].id, Code(code), int(due))
+                for i, (code, due) in zip(indexes, reply, strict=True)
+            ]
+            for indexes, reply in zip(order, replies, strict=True)
+        ]
+        return _scatter(order, per_call, len(moves))
+
+    return Plan(calls, combine)
+
+
+# --- consuming -------------------------------------------------------------------------------
+
+
+def fence(topic: Topic, slot: int) -> Plan[int]:
+    call = ScriptCall(Script.FENCE, slot_keys(topic, slot).keys(Part.EPOCH), [])
+    return Plan([call], lambda replies: int(replies[0]))
+
+
+def claim(topic: Topic, slot: int, epoch: int, max_count: int, lease_ms: int) -> Plan[ClaimBatch]:
+    if max_count < 0 or lease_ms < 1:
+        raise ValueError(
+            f"claim needs max_count >= 0 and lease_ms >= 1, got {max_count}, {lease_ms}"
+        )
+    keys = slot_keys(topic, slot).keys(
+        Part.STORE, Part.PREPARE, Part.DEAD, Part.MSG, Part.REASON, Part.EPOCH, Part.JOURNAL
+    )
+    args: list[Arg] = [
+        epoch,
+        max_count,
+        lease_ms,
+        topic.max_retries,
+        topic.journal_maxlen,
+        ROLLBACK_PER_CLAIM,
+    ]
+
+    def combine(replies: list[Reply]) -> ClaimBatch:
+        reply = replies[0]
+        raise_for_code(Code(reply[0]), Script.CLAIM.value, f"<slot {slot}>", f"epoch {epoch}")
+        messages = []
+        for raw_id, raw_record in zip(reply[4::2], reply[5::2], strict=True):
+            record = decode_record(raw_record)
+            assert record.due_ms is not None
+            messages.append(
+                Message(
+                    _text(raw_id),
+                    slot,
+                    record.payload,
+                    record.headers,
+                    record.attempts,
+                    record.due_ms,
+                    epoch,
+                )
+            )
+        return ClaimBatch(
+            slot, int(reply[1]), _optional_ms(reply[2]), _optional_ms(reply[3]), messages
+        )
+
+    return Plan([ScriptCall(Script.CLAIM, keys, args)], combine)
+
+
+def _per_lease_calls(
+    topic: Topic,
+    items: Sequence[T],
+    lease_of: Callable[[T], Lease],
+    build: Callable[[int, int, Sequence[T]], ScriptCall],
+) -> tuple[list[ScriptCall], list[list[int]]]:
+    """Group by (slot, epoch): each call carries one slot's keys and one fencing epoch."""
+    groups: dict[tuple[int, int], list[int]] = defaultdict(list)
+    for index, item in enumerate(items):
+        lease = lease_of(item)
+        groups[(lease.slot, lease.epoch)].append(index)
+    calls: list[ScriptCall] = []
+    order: list[list[int]] = []
+    for (slot, epoch), indexes in groups.items():
+        slot_keys(topic, slot)  # validates the slot number
+        for chunk in _chunks(indexes, MAX_MESSAGES_PER_CALL):
+            calls.append(build(slot, epoch, [items[i] for i in chunk]))
+            order.append(list(chunk))
+    return calls, order
+
+
+def _outcomes(
+    order: list[list[int]], replies: list[Reply], ids: Sequence[str], has_time: bool
+) -> list[Outcome]:
+    per_call: list[list[Outcome]] = []
+    for indexes, reply in zip(order, replies, strict=True):
+        if has_time:
+            per_call.append(
+                [
+                    Outcome(ids[i], Code(c), int(t) or None)
+                    for i, (c, t) in zip(indexes, reply, strict=True)
+                ]
+            )
+        else:
+            per_call.append([Outcome(ids[i], Code(c)) for i, c in zip(indexes, reply, strict=True)])
+    return _scatter(order, per_call, len(ids))
+
+
+def ack(topic: Topic, leases: Sequence[Lease]) -> Plan[list[Outcome]]:
+    def build(slot: int, epoch: int, chunk: Sequence[Lease]) -> ScriptCall:
+        keys = slot_keys(topic, slot).keys(Part.PREPARE, Part.MSG, Part.EPOCH, Part.JOURNAL)
+        args: list[Arg] = [epoch, topic.journal_maxlen]
+        for lease in chunk:
+            args += [lease.id, lease.attempt]
+        return ScriptCall(Script.ACK, keys, args)
+
+    calls, order = _per_lease_calls(topic, leases, lambda lease: lease, build)
+    ids = [lease.id for lease in leases]
+    return Plan(calls, lambda replies: _outcomes(order, replies, ids, has_time=False))
+
+
+def nack(topic: Topic, retries: Sequence[Retry]) -> Plan[list[Outcome]]:
+    for retry in retries:
+        if not 0 <= retry.backoff_ms <= MAX_DELAY_MS:
+            raise ValueError(f"backoff_ms {retry.backoff_ms} must be between 0 and {MAX_DELAY_MS}")
+
+    def build(slot: int, epoch: int, chunk: Sequence[Retry]) -> ScriptCall:
+        keys = slot_keys(topic, slot).keys(
+            Part.STORE,
+            Part.PREPARE,
+            Part.DEAD,
+            Part.MSG,
+            Part.REASON,
+            Part.EPOCH,
+            Part.WAKE,
+            Part.JOURNAL,
+        )
+        args: list[Arg] = [epoch, topic.max_retries, topic.journal_maxlen]
+        for r in chunk:
+            args += [
+                r.lease.id,
+                r.lease.attempt,
+                r.backoff_ms,
+                r.reason[:1000],
+                "1" if r.kill else "0",
+            ]
+        return ScriptCall(Script.NACK, keys, args)
+
+    calls, order = _per_lease_calls(topic, retries, lambda r: r.lease, build)
+    ids = [r.lease.id for r in retries]
+    return Plan(calls, lambda replies: _outcomes(order, replies, ids, has_time=True))
+
+
+def extend(topic: Topic, leases: Sequence[Lease], lease_ms: int) -> Plan[list[Outcome]]:
+    if lease_ms < 1:
+        raise ValueError(f"lease_ms {lease_ms} must be at least 1")
+
+    def build(slot: int, epoch: int, chunk: Sequence[Lease]) -> ScriptCall:
+        keys = slot_keys(topic, slot).keys(Part.PREPARE, Part.MSG, Part.EPOCH)
+        args: list[Arg] = [epoch, lease_ms]
+        for lease in chunk:
+            args += [lease.id, lease.attempt]
+        return ScriptCall(Script.EXTEND, keys, args)
+
+    calls, order = _per_lease_calls(topic, leases, lambda lease: lease, build)
+    ids = [lease.id for lease in leases]
+    return Plan(calls, lambda replies: _outcomes(order, replies, ids, has_time=True))
+
+
+# --- dead letters ------------------------------------------------------------------------------
+
+
+def _dead_batch(
+    topic: Topic,
+    script: Script,
+    parts: list[Part],
+    slot: int,
+    ids: Sequence[str] | None,
+    max_count: int,
+) -> Plan[DeadBatchResult]:
+    keys = slot_keys(topic, slot).keys(*parts)
+    args: list[Arg] = [topic.journal_maxlen]
+    if ids is None:
+        args += ["oldest", max_count]
+    else:
+        args += ["ids", 0, *(validate_id(i) for i in ids)]
+
+    def combine(replies: list[Reply]) -> DeadBatchResult:
+        reply = replies[0]
+        outcomes = [
+            Outcome(_text(i), Code(c)) for i, c in zip(reply[1::2], reply[2::2], strict=True)
+        ]
+        return DeadBatchResult(int(reply[0]), outcomes)
+
+    return Plan([ScriptCall(script, keys, args)], combine)
+
+
+DeadBatchBuilder = Callable[[Topic, int, Sequence[str] | None], Plan[DeadBatchResult]]
+
+
+def redrive(
+    topic: Topic, slot: int, ids: Sequence[str] | None, max_count: int = 1000
+) -> Plan[DeadBatchResult]:
+    """Redrive the given dead ids of a slot, or (ids=None) up to max_count of its oldest."""
+    parts = [Part.DEAD, Part.STORE, Part.MSG, Part.REASON, Part.WAKE, Part.JOURNAL]
+    return _dead_batch(topic, Script.REDRIVE, parts, slot, ids, max_count)
+
+
+def purge(
+    topic: Topic, slot: int, ids: Sequence[str] | None, max_count: int = 1000
+) -> Plan[DeadBatchResult]:
+    parts = [Part.DEAD, Part.MSG, Part.REASON, Part.JOURNAL]
+    return _dead_batch(topic, Script.PURGE, parts, slot, ids, max_count)
+
+
+def dead_page(topic: Topic, slot: int, offset: int, count: int) -> Plan[DeadPage]:
+    if offset < 0 or not 1 <= count <= 1000:
+        raise ValueError(
+            f"dead page needs offset >= 0 and 1 <= count <= 1000, got {offset}, {count}"
+        )
+    keys = slot_keys(topic, slot).keys(Part.DEAD, Part.MSG, Part.REASON)
+
+    def combine(replies: list[Reply]) -> DeadPage:
+        reply = replies[0]
+        messages = []
+        for i in range(1, len(reply), 4):
+            record = decode_record(reply[i + 2])
+            messages.append(
+                MessageInfo(
+                    _text(reply[i]),
+                    slot,
+                    State.DEAD,
+                    died_ms=int(reply[i + 1]),
+                    attempts=record.attempts,
+                    payload=record.payload,
+                    headers=record.headers,
+                    dead_reason=_text(reply[i + 3]),
+                )
+            )
+        return DeadPage(int(reply[0]), messages)
+
+    return Plan([ScriptCall(Script.DEAD_PAGE, keys, [offset, count])], combine)
+
+
+# --- reading ---------------------------------------------------------------------------------
+
+
+def get(topic: Topic, targets: Sequence[Target]) -> Plan[list[MessageInfo]]:
+    def build(slot: int, chunk: Sequence[Target]) -> ScriptCall:
+        keys = slot_keys(topic, slot).keys(
+            Part.STORE, Part.PREPARE, Part.DEAD, Part.MSG, Part.REASON
+        )
+        return ScriptCall(Script.GET, keys, [validate_id(t.id) for t in chunk])
+
+    calls, order = _per_slot_calls(topic, targets, lambda t: _route(topic, t), build)
+
+    def combine(replies: list[Reply]) -> list[MessageInfo]:
+        per_call = [
+            [
+                _message_info(targets[i].id, _route(topic, targets[i]), row)
+                for i, row in zip(indexes, reply, strict=True)
+            ]
+            for indexes, reply in zip(order, replies, strict=True)
+        ]
+        return _scatter(order, per_call, len(targets))
+
+    return Plan(calls, combine)
+
+
+def _message_info(message_id: str, slot: int, row: Reply) -> MessageInfo:
+    state = State(_text(row[0]))
+    if state is State.ABSENT:
+        return MessageInfo(message_id, slot, state)
+    score = int(row[1])
+    record = decode_record(row[2])
+    return MessageInfo(
+        message_id,
+        slot,
+        state,
+        due_ms=score if state is State.SCHEDULED else record.due_ms,
+        lease_deadline_ms=score if state is State.PREPARED else None,
+        died_ms=score if state is State.DEAD else None,
+        attempts=record.attempts,
+        payload=record.payload,
+        headers=record.headers,
+        dead_reason=_text(row[3]),
+    )
+
+
+def stats(topic: Topic, slots: Iterable[int] | None = None) -> Plan[TopicStats]:
+    wanted = list(topic.slots if slots is None else slots)
+    calls = [
+        ScriptCall(
+            Script.STATS, slot_keys(topic, slot).keys(Part.STORE, Part.PREPARE, Part.DEAD), []
+        )
+        for slot in wanted
+    ]
+
+    def combine(replies: list[Reply]) -> TopicStats:
+        return TopicStats(
+            [
+                SlotStats(
+                    slot,
+                    int(r[0]),
+                    int(r[1]),
+                    int(r[2]),
+                    int(r[3]),
+                    int(r[4]),
+                    _optional_ms(r[5]),
+                    _optional_ms(r[6]),
+                )
+                for slot, r in zip(wanted, replies, strict=True)
+            ]
+        )
+
+    return Plan(calls, combine)
