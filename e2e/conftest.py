@@ -1,0 +1,123 @@
+"""Fixtures of the e2e tier: one Kubernetes cluster per session, one namespace per test.
+
+By default the session starts a local control plane (``e2e.harness``) from the binaries that
+``e2e/build.sh`` caches. With ``E2E_KUBECONFIG`` set, the same tests run against that existing
+cluster instead (kind, a real cluster) and nothing is started or built.
+
+In CI (``CI=true``) a skipped e2e test is reported as a failure: a tier that silently skips
+proves nothing, and the design requires that a skip in CI is a failure.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import secrets
+import shutil
+import subprocess
+import tempfile
+import time
+from collections.abc import Generator, Iterator
+from pathlib import Path
+
+import pytest
+
+from e2e.harness import Kube, Tools, local_control_plane
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def _in_ci() -> bool:
+    return os.environ.get("CI", "").lower() in {"1", "true", "yes"}
+
+
+def _bin_dir() -> Path | None:
+    """The pinned tool directory: ``E2E_BIN_DIR``, else whatever ``e2e/build.sh`` reports.
+
+    The build runs here, at session start, rather than inside a fixture so that a cold build
+    (tens of minutes) is not cut short by the per-test timeout; a warm run returns at once.
+    """
+    if explicit := os.environ.get("E2E_BIN_DIR"):
+        return Path(explicit)
+    start = time.monotonic()
+    result = subprocess.run(
+        ["bash", str(REPO / "e2e" / "build.sh")], stdout=subprocess.PIPE, text=True, check=False
+    )
+    if result.returncode != 0:
+        raise pytest.UsageError("e2e/build.sh failed; see its output above")
+    print(f"e2e: tools ready in {time.monotonic() - start:.1f}s")
+    return Path(result.stdout.strip().splitlines()[-1])
+
+
+_TOOLS: Tools | None = None
+
+
+def pytest_sessionstart(session: pytest.Session) -> None:
+    """Build or locate the tools once per session (only when a local cluster is needed)."""
+    global _TOOLS
+    if os.environ.get("E2E_KUBECONFIG"):
+        _TOOLS = Tools(Path(os.environ["E2E_BIN_DIR"]) if os.environ.get("E2E_BIN_DIR") else None)
+    else:
+        _TOOLS = Tools(_bin_dir())
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(
+    item: pytest.Item, call: pytest.CallInfo[None]
+) -> Generator[None, pytest.TestReport, pytest.TestReport]:
+    """In CI, turn every skip (but not an expected failure) into a failure."""
+    report = yield
+    if _in_ci() and report.skipped and not hasattr(report, "wasxfail"):
+        reason = report.longrepr[2] if isinstance(report.longrepr, tuple) else report.longrepr
+        report.outcome = "failed"
+        report.longrepr = f"skipped in CI, which counts as a failure for e2e: {reason}"
+    return report
+
+
+@pytest.fixture(scope="session")
+def tools() -> Tools:
+    """Paths of kubectl, helm and the control-plane binaries."""
+    assert _TOOLS is not None, "pytest_sessionstart did not run"
+    return _TOOLS
+
+
+@pytest.fixture(scope="session")
+def local_cluster() -> bool:
+    """True when this session started its own control plane (KWOK nodes, local operator)."""
+    return not os.environ.get("E2E_KUBECONFIG")
+
+
+@pytest.fixture(scope="session")
+def kube(tools: Tools, local_cluster: bool) -> Iterator[Kube]:
+    """A client for the session's cluster, started here unless ``E2E_KUBECONFIG`` names one.
+
+    The local cluster lives in a temporary directory that is removed afterwards unless
+    ``E2E_KEEP=1`` (then its logs and kubeconfig stay for inspection).
+    """
+    if not local_cluster:
+        yield Kube(Path(os.environ["E2E_KUBECONFIG"]), tools)
+        return
+    workdir = Path(tempfile.mkdtemp(prefix="delayq-e2e-"))
+    print(f"e2e: cluster directory {workdir}")
+    try:
+        nodes = int(os.environ.get("E2E_FAKE_NODES", "3"))
+        with local_control_plane(tools, workdir, fake_nodes=nodes) as client:
+            yield client
+    finally:
+        if os.environ.get("E2E_KEEP") != "1":
+            shutil.rmtree(workdir, ignore_errors=True)
+
+
+@pytest.fixture
+def namespace(kube: Kube, request: pytest.FixtureRequest) -> Iterator[str]:
+    """A fresh namespace per test, deleted (without waiting) afterwards.
+
+    The name carries the test's name so that leftovers on a shared cluster are attributable.
+    """
+    slug = re.sub(r"[^a-z0-9]+", "-", request.node.name.lower()).strip("-")[:40].strip("-")
+    name = f"e2e-{slug}-{secrets.token_hex(3)}"
+    kube.kubectl("create", "namespace", name)
+    kube.wait(lambda: kube.get("serviceaccount", "default", name), timeout=60,
+              what=f"the default ServiceAccount in {name}")
+    yield name
+    kube.kubectl("delete", "namespace", name, "--wait=false", "--ignore-not-found")
