@@ -24,6 +24,11 @@ class Record:
     payload: bytes
 
 
+def as_text(value: bytes | str) -> str:
+    """Redis replies are bytes; ids and states are UTF-8 text."""
+    return value.decode() if isinstance(value, bytes) else value
+
+
 def decode_record(raw: bytes) -> Record:
     attempts, due, headers_len, rest = raw.split(b":", 3)
     size = int(headers_len)

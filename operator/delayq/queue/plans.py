@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
 
 from delayq.queue.codec import (
+    as_text,
     decode_record,
     encode_headers,
     validate_id,
@@ -81,10 +82,6 @@ class Retry:
 class DeadBatchResult:
     remaining_dead: int
     outcomes: list[Outcome]
-
-
-def _text(value: bytes | str) -> str:
-    return value.decode() if isinstance(value, bytes) else value
 
 
 def _optional_ms(value: int) -> int | None:
@@ -166,7 +163,9 @@ def schedule(
     def combine(replies: list[Reply]) -> list[ScheduleResult]:
         per_call = [
             [
-                ScheduleResult(requests[i].id, slots[i], Code(code), int(due), State(_text(state)))
+                ScheduleResult(
+                    requests[i].id, slots[i], Code(code), int(due), State(as_text(state))
+                )
                 for i, (code, due, state) in zip(indexes, reply, strict=True)
             ]
             for indexes, reply in zip(order, replies, strict=True)
@@ -274,7 +273,7 @@ def claim(topic: Topic, slot: int, epoch: int, max_count: int, lease_ms: int) ->
             assert record.due_ms is not None
             messages.append(
                 Message(
-                    _text(raw_id),
+                    as_text(raw_id),
                     slot,
                     record.payload,
                     record.headers,
@@ -410,7 +409,7 @@ def _dead_batch(
     def combine(replies: list[Reply]) -> DeadBatchResult:
         reply = replies[0]
         outcomes = [
-            Outcome(_text(i), Code(c)) for i, c in zip(reply[1::2], reply[2::2], strict=True)
+            Outcome(as_text(i), Code(c)) for i, c in zip(reply[1::2], reply[2::2], strict=True)
         ]
         return DeadBatchResult(int(reply[0]), outcomes)
 
@@ -449,14 +448,14 @@ def dead_page(topic: Topic, slot: int, offset: int, count: int) -> Plan[DeadPage
             record = decode_record(reply[i + 2])
             messages.append(
                 MessageInfo(
-                    _text(reply[i]),
+                    as_text(reply[i]),
                     slot,
                     State.DEAD,
                     died_ms=int(reply[i + 1]),
                     attempts=record.attempts,
                     payload=record.payload,
                     headers=record.headers,
-                    dead_reason=_text(reply[i + 3]),
+                    dead_reason=as_text(reply[i + 3]),
                 )
             )
         return DeadPage(int(reply[0]), messages)
@@ -490,7 +489,7 @@ def get(topic: Topic, targets: Sequence[Target]) -> Plan[list[MessageInfo]]:
 
 
 def _message_info(message_id: str, slot: int, row: Reply) -> MessageInfo:
-    state = State(_text(row[0]))
+    state = State(as_text(row[0]))
     if state is State.ABSENT:
         return MessageInfo(message_id, slot, state)
     score = int(row[1])
@@ -505,7 +504,7 @@ def _message_info(message_id: str, slot: int, row: Reply) -> MessageInfo:
         attempts=record.attempts,
         payload=record.payload,
         headers=record.headers,
-        dead_reason=_text(row[3]),
+        dead_reason=as_text(row[3]),
     )
 
 

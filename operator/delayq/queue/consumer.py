@@ -1,0 +1,271 @@
+"""Deliver due messages of owned slots to a handler, waking at each due time and no later.
+
+Precise wake-up without polling: every claim returns the slot's next due time and lease
+deadline on the Redis server clock, so the consumer sleeps exactly until the earliest of them
+(measured as a duration, so client clock skew never matters). A producer that schedules a new
+earliest message pushes onto the slot's `wake` list (inside the schedule script); one blocking
+BLPOP over the wake lists of all owned slots cuts the sleep short. An idle slot therefore costs
+one key in one blocking call, and a message is claimed within the event loop's timer resolution
+of its due instant — never before it, since the claim script compares against server time.
+
+Flow control: at most `max_in_flight` messages are leased at once; when handlers are slow the
+consumer stops claiming rather than buffering (the seed's per-partition pause), and a burst of
+millions due at one instant is drained `batch_size` at a time.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import heapq
+import logging
+import time
+import uuid
+from collections.abc import Awaitable, Callable, Iterable
+from dataclasses import dataclass, field
+
+import redis.asyncio
+
+from delayq.queue.backoff import Backoff
+from delayq.queue.client import AsyncQueue
+from delayq.queue.codec import as_text
+from delayq.queue.codes import StaleEpochError
+from delayq.queue.keys import Part, parse_wake_key, slot_keys
+from delayq.queue.model import ClaimBatch, Message
+from delayq.queue.plans import Retry
+
+log = logging.getLogger(__name__)
+
+Handler = Callable[[Message], Awaitable[None]]
+WAKE_BLOCK_S = 30.0  # upper bound of one blocking wait; only a liveness refresh, not a poll
+
+
+class PoisonMessageError(Exception):
+    """Raised by a handler for a message that can never succeed: it goes to dead at once."""
+
+
+@dataclass
+class ConsumerSettings:
+    batch_size: int = 500
+    max_in_flight: int = 2000
+    lease_ms: int | None = None  # default: the topic's ack timeout
+    backoff: Backoff = field(default_factory=Backoff)
+
+
+@dataclass
+class _SlotState:
+    epoch: int
+    next_ms: int | None = 0  # server ms when the slot next needs a claim (0 = now)
+
+
+class Consumer:
+    """Owns a set of slots of one topic and runs the claim → handle → ack/nack loop."""
+
+    def __init__(
+        self,
+        queue: AsyncQueue,
+        handler: Handler,
+        settings: ConsumerSettings | None = None,
+        on_slot_lost: Callable[[int], None] | None = None,
+    ) -> None:
+        self.queue = queue
+        self.handler = handler
+        self.settings = settings or ConsumerSettings()
+        self.on_slot_lost = on_slot_lost
+        self._slots: dict[int, _SlotState] = {}
+        self._timers: list[tuple[int, int]] = []  # heap of (next_ms, slot); stale entries skipped
+        self._changed = asyncio.Event()
+        self._stopping = False
+        self._in_flight = 0
+        self._capacity = asyncio.Condition()
+        self._tasks: set[asyncio.Task[None]] = set()
+        # server clock estimate: server_ms ~= _server_base_ms + (monotonic - _local_base) * 1000
+        self._server_base_ms = 0
+        self._local_base = time.monotonic()
+        self._waker: redis.asyncio.Redis = queue.redis.client()
+        topic = queue.topic
+        self._control_key = f"dq:{{{topic.namespace}/{topic.name}}}:wake-control:{uuid.uuid4().hex}"
+
+    # ownership --------------------------------------------------------------------------------
+
+    @property
+    def owned_slots(self) -> list[int]:
+        return sorted(self._slots)
+
+    async def own(self, slots: Iterable[int]) -> None:
+        """Take over slots (bumping their fencing epochs) and start consuming them."""
+        for slot in slots:
+            if slot not in self._slots:
+                self._slots[slot] = _SlotState(await self.queue.take_over(slot))
+                self._set_next(slot, 0)
+        await self._interrupt_waker()
+
+    async def release(self, slots: Iterable[int]) -> None:
+        """Stop claiming from slots; leases already handed out finish or expire on their own."""
+        for slot in slots:
+            self._slots.pop(slot, None)
+        await self._interrupt_waker()
+
+    def epoch(self, slot: int) -> int | None:
+        state = self._slots.get(slot)
+        return state.epoch if state else None
+
+    # the loop ---------------------------------------------------------------------------------
+
+    async def run(self) -> None:
+        """Run until `stop()`; then wait for in-flight deliveries to finish."""
+        waker = asyncio.create_task(self._wait_for_wakes())
+        try:
+            while not self._stopping:
+                for slot in self._pop_due_slots():
+                    await self._drain(slot)
+                await self._sleep_until_next()
+        finally:
+            self._stopping = True
+            with contextlib.suppress(redis.RedisError):
+                await self._interrupt_waker()
+            with contextlib.suppress(redis.RedisError):
+                await waker
+            if self._tasks:
+                await asyncio.gather(*self._tasks, return_exceptions=True)
+            with contextlib.suppress(redis.RedisError):
+                await self.queue.redis.delete(self._control_key)
+            await self._waker.aclose()
+
+    def stop(self) -> None:
+        self._stopping = True
+        self._changed.set()
+
+    def _server_now_ms(self) -> int:
+        return self._server_base_ms + int((time.monotonic() - self._local_base) * 1000)
+
+    def _set_next(self, slot: int, next_ms: int | None) -> None:
+        state = self._slots.get(slot)
+        if state is None:
+            return
+        state.next_ms = next_ms
+        if next_ms is not None:
+            heapq.heappush(self._timers, (next_ms, slot))
+
+    def _is_current(self, entry: tuple[int, int]) -> bool:
+        state = self._slots.get(entry[1])
+        return state is not None and state.next_ms == entry[0]
+
+    def _next_timer(self) -> int | None:
+        while self._timers and not self._is_current(self._timers[0]):
+            heapq.heappop(self._timers)
+        return self._timers[0][0] if self._timers else None
+
+    def _pop_due_slots(self) -> list[int]:
+        now = self._server_now_ms()
+        due: list[int] = []
+        while (next_ms := self._next_timer()) is not None and next_ms <= now:
+            due.append(heapq.heappop(self._timers)[1])
+        return due
+
+    async def _drain(self, slot: int) -> None:
+        """Claim a slot's due messages batch by batch while there is room in flight."""
+        while not self._stopping and (state := self._slots.get(slot)) is not None:
+            room = min(await self._wait_for_capacity(), self.settings.batch_size)
+            if self._stopping or self._slots.get(slot) is not state:
+                return
+            try:
+                batch = await self.queue.claim(slot, state.epoch, room, self.settings.lease_ms)
+            except StaleEpochError:
+                self._lose(slot)
+                return
+            self._server_base_ms, self._local_base = batch.now_ms, time.monotonic()
+            if batch.messages:
+                self._deliver(batch)
+            if len(batch.messages) < room:
+                self._set_next(slot, _next_ms(batch))
+                return
+
+    async def _sleep_until_next(self) -> None:
+        self._changed.clear()
+        next_ms = self._next_timer()
+        timeout = None if next_ms is None else (next_ms - self._server_now_ms()) / 1000
+        if timeout is not None and timeout <= 0:
+            return
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self._changed.wait(), timeout)
+
+    async def _wait_for_capacity(self) -> int:
+        async with self._capacity:
+            await self._capacity.wait_for(
+                lambda: self._stopping or self._in_flight < self.settings.max_in_flight
+            )
+            return self.settings.max_in_flight - self._in_flight
+
+    def _lose(self, slot: int) -> None:
+        log.warning("slot %d has a newer owner: stopped consuming it", slot)
+        self._slots.pop(slot, None)
+        if self.on_slot_lost is not None:
+            self.on_slot_lost(slot)
+
+    # delivery ---------------------------------------------------------------------------------
+
+    def _deliver(self, batch: ClaimBatch) -> None:
+        self._in_flight += len(batch.messages)
+        task = asyncio.create_task(self._handle_batch(batch))
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def _handle_batch(self, batch: ClaimBatch) -> None:
+        try:
+            outcomes = await asyncio.gather(
+                *(self._handle(message) for message in batch.messages), return_exceptions=True
+            )
+            done = [m.lease for m, o in zip(batch.messages, outcomes, strict=True) if o is None]
+            retries = [
+                self._retry(m, o)
+                for m, o in zip(batch.messages, outcomes, strict=True)
+                if isinstance(o, BaseException)
+            ]
+            if done:
+                await self.queue.ack_many(done)
+            if retries:
+                await self.queue.nack_many(retries)
+        except redis.RedisError:
+            log.exception(
+                "slot %d: ack/nack failed; the leases will expire and redeliver", batch.slot
+            )
+        finally:
+            async with self._capacity:
+                self._in_flight -= len(batch.messages)
+                self._capacity.notify_all()
+
+    async def _handle(self, message: Message) -> None:
+        await self.handler(message)
+
+    def _retry(self, message: Message, error: BaseException) -> Retry:
+        reason = f"{type(error).__name__}: {error}"[:1000]
+        if isinstance(error, PoisonMessageError):
+            return Retry(message.lease, 0, reason, kill=True)
+        return Retry(message.lease, self.settings.backoff.delay_ms(message.attempt), reason)
+
+    # wake-ups ---------------------------------------------------------------------------------
+
+    async def _interrupt_waker(self) -> None:
+        """Unblock the blocking wait so it picks up a changed set of slots (or stops)."""
+        await self.queue.redis.rpush(self._control_key, "1")
+
+    async def _wait_for_wakes(self) -> None:
+        while not self._stopping:
+            keys = [self._control_key]
+            keys += [slot_keys(self.queue.topic, slot).key(Part.WAKE) for slot in self._slots]
+            try:
+                popped = await self._waker.blpop(keys, timeout=WAKE_BLOCK_S)
+            except redis.RedisError:
+                log.exception("wake-up wait failed; retrying")
+                await asyncio.sleep(0.1)
+                continue
+            if popped is None or as_text(popped[0]) == self._control_key:
+                continue
+            self._set_next(parse_wake_key(as_text(popped[0])), 0)
+            self._changed.set()
+
+
+def _next_ms(batch: ClaimBatch) -> int | None:
+    candidates = [t for t in (batch.next_due_ms, batch.next_deadline_ms) if t is not None]
+    return min(candidates) if candidates else None
