@@ -1,0 +1,86 @@
+"""Record packing and message validation (pure)."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from delayq.queue.codec import (
+    decode_record,
+    encode_headers,
+    validate_id,
+    validate_payload,
+    when_argument,
+)
+from delayq.queue.codes import InvalidMessageError
+from delayq.queue.topic import MAX_DELAY_MS, MAX_ID_BYTES
+
+TEN_YEARS_MS = 10 * 366 * 24 * 3600 * 1000
+
+
+@given(
+    st.integers(0, 10_000),
+    st.one_of(st.none(), st.integers(0, 2**50)),
+    st.dictionaries(st.text(), st.text(), max_size=4),
+    st.binary(),
+)
+def test_record_round_trip(
+    attempts: int, due: int | None, headers: dict[str, str], payload: bytes
+) -> None:
+    header_bytes = encode_headers(headers)
+    raw = (
+        f"{attempts}:{'' if due is None else due}:{len(header_bytes)}:".encode()
+        + header_bytes
+        + payload
+    )
+    record = decode_record(raw)
+    assert (record.attempts, record.due_ms, record.headers, record.payload) == (
+        attempts,
+        due,
+        headers,
+        payload,
+    )
+
+
+def test_ids_are_validated() -> None:
+    assert validate_id("a") == "a"
+    with pytest.raises(InvalidMessageError, match="non-empty"):
+        validate_id("")
+    with pytest.raises(InvalidMessageError, match=f"longer than {MAX_ID_BYTES} bytes"):
+        validate_id("x" * (MAX_ID_BYTES + 1))
+
+
+def test_payload_limit_names_sizes() -> None:
+    assert validate_payload("é", 2) == "é".encode()
+    with pytest.raises(
+        InvalidMessageError, match="payload of 3 bytes exceeds the topic limit of 2"
+    ):
+        validate_payload(b"abc", 2)
+
+
+def test_headers_must_be_strings() -> None:
+    with pytest.raises(InvalidMessageError, match="header"):
+        encode_headers({"a": 1})  # type: ignore[dict-item]
+
+
+def test_when_accepts_zero_to_beyond_ten_years() -> None:
+    assert when_argument(0, None) == ("delay", 0)
+    assert when_argument(TEN_YEARS_MS, None) == ("delay", TEN_YEARS_MS)
+    assert when_argument(None, 1_700_000_000_000) == ("at", 1_700_000_000_000)
+
+
+@pytest.mark.parametrize(
+    ("delay_ms", "at_ms", "message"),
+    [
+        (None, None, "exactly one"),
+        (1, 1, "exactly one"),
+        (-1, None, "delay_ms -1"),
+        (MAX_DELAY_MS + 1, None, "delay_ms"),
+        (None, -5, "at_ms -5"),
+        (1.5, None, "delay_ms 1.5"),
+    ],
+)
+def test_when_rejects_bad_times(delay_ms: object, at_ms: object, message: str) -> None:
+    with pytest.raises(InvalidMessageError, match=message):
+        when_argument(delay_ms, at_ms)  # type: ignore[arg-type]

@@ -1,0 +1,377 @@
+"""Every engine operation and return code against a real redis-server."""
+
+from __future__ import annotations
+
+import pytest
+import redis
+
+from delayq.queue.client import Queue
+from delayq.queue.codes import (
+    Code,
+    InvalidMessageError,
+    LeaseLostError,
+    NotFoundError,
+    StaleEpochError,
+    TooFarError,
+    WrongStateError,
+)
+from delayq.queue.keys import Part, slot_keys
+from delayq.queue.model import Mode, ScheduleRequest, State
+from delayq.queue.plans import Retry, Target
+from delayq.queue.topic import MAX_DELAY_MS, Topic
+
+from .conftest import TOPIC, server_ms, wait_for_server_ms
+
+HOUR_MS = 3_600_000
+TEN_YEARS_MS = 10 * 366 * 24 * HOUR_MS
+
+
+def claim_one(queue: Queue, message_id: str, lease_ms: int = 60_000):
+    slot = TOPIC.slot_of(message_id)
+    epoch = queue.take_over(slot)
+    batch = queue.claim(slot, epoch, 100, lease_ms)
+    [message] = [m for m in batch.messages if m.id == message_id]
+    return message
+
+
+def journal_events(client: redis.Redis, message_id: str) -> list[str]:
+    events = []
+    for slot in TOPIC.slots:
+        for _, fields in client.xrange(slot_keys(TOPIC, slot).key(Part.JOURNAL)):
+            if fields[b"id"].decode() == message_id:
+                events.append(fields[b"e"].decode())
+    return events
+
+
+def test_schedule_create_is_idempotent_and_reports_existing(queue: Queue) -> None:
+    first = queue.schedule("a", b"one", delay_ms=HOUR_MS, headers={"k": "v"})
+    assert first.code is Code.CREATED
+    assert first.state is State.SCHEDULED
+    again = queue.schedule("a", b"two", delay_ms=1)
+    assert again.code is Code.EXISTS
+    assert again.due_ms == first.due_ms
+    info = queue.get("a")
+    assert (info.payload, info.headers, info.due_ms) == (b"one", {"k": "v"}, first.due_ms)
+
+
+def test_upsert_replaces_payload_and_moves_due(queue: Queue) -> None:
+    first = queue.schedule("a", b"one", delay_ms=HOUR_MS)
+    moved = queue.schedule("a", b"two", delay_ms=10, mode=Mode.UPSERT)
+    assert moved.code is Code.UPDATED
+    assert moved.due_ms < first.due_ms
+    assert queue.get("a").payload == b"two"
+
+
+def test_due_time_comes_from_the_server_clock(queue: Queue, redis_client: redis.Redis) -> None:
+    before = server_ms(redis_client)
+    result = queue.schedule("a", delay_ms=5000)
+    after = server_ms(redis_client)
+    assert before + 5000 <= result.due_ms <= after + 5000
+
+
+def test_delays_from_zero_to_ten_years_and_absolute_times(
+    queue: Queue, redis_client: redis.Redis
+) -> None:
+    assert queue.schedule("now", delay_ms=0).code is Code.CREATED
+    far = queue.schedule("far", delay_ms=TEN_YEARS_MS)
+    assert far.code is Code.CREATED
+    assert far.due_ms >= server_ms(redis_client) + TEN_YEARS_MS - 1000
+    at = queue.schedule("at", at_ms=1_000)
+    assert (at.code, at.due_ms) == (Code.CREATED, 1_000)
+
+
+def test_an_absolute_time_beyond_the_maximum_is_refused(
+    queue: Queue, redis_client: redis.Redis
+) -> None:
+    too_far = server_ms(redis_client) + MAX_DELAY_MS + HOUR_MS
+    result = queue.schedule("x", at_ms=too_far)
+    assert result.code is Code.TOO_FAR
+    assert queue.get("x").state is State.ABSENT
+
+
+def test_invalid_messages_never_reach_redis(queue: Queue, redis_client: redis.Redis) -> None:
+    small = Queue(redis_client, Topic("small", max_payload_bytes=8))
+    with pytest.raises(InvalidMessageError, match="payload of 9 bytes"):
+        small.schedule("a", b"x" * 9, delay_ms=0)
+    with pytest.raises(InvalidMessageError, match="non-empty"):
+        queue.schedule("", delay_ms=0)
+    with pytest.raises(InvalidMessageError, match="exactly one"):
+        queue.schedule("a")
+    assert redis_client.dbsize() == 0
+
+
+def test_batch_schedule_preserves_order_and_per_message_results(queue: Queue) -> None:
+    queue.schedule("m3", delay_ms=HOUR_MS)
+    requests = [ScheduleRequest(f"m{i}", f"p{i}", delay_ms=HOUR_MS) for i in range(10)]
+    requests.append(ScheduleRequest("m1", "dup", delay_ms=1))
+    results = queue.schedule_many(requests)
+    assert [r.id for r in results] == [r.id for r in requests]
+    codes = [r.code for r in results]
+    assert codes[3] is Code.EXISTS
+    assert codes[10] is Code.EXISTS  # duplicate inside the same batch
+    assert codes.count(Code.CREATED) == 9
+    assert {r.slot for r in results} == {TOPIC.slot_of(f"m{i}") for i in range(10)}
+
+
+def test_batch_is_one_script_call_per_slot(queue: Queue, redis_client: redis.Redis) -> None:
+    redis_client.config_resetstat()
+    queue.schedule_many([ScheduleRequest(f"m{i}", delay_ms=HOUR_MS) for i in range(400)])
+    calls = redis_client.info("commandstats")["cmdstat_evalsha"]["calls"]
+    assert calls == TOPIC.slot_amount
+
+
+def test_slot_basis_routes_and_addresses_the_message(queue: Queue) -> None:
+    result = queue.schedule("a", delay_ms=HOUR_MS, slot_basis="customer-7")
+    assert result.slot == TOPIC.slot_of("customer-7")
+    assert queue.get("a", slot_basis="customer-7").state is State.SCHEDULED
+    assert queue.cancel("a", slot_basis="customer-7").code is Code.CANCELLED
+
+
+def test_cancel_in_every_state(queue: Queue) -> None:
+    queue.schedule("s", delay_ms=HOUR_MS)
+    queue.schedule("p", delay_ms=0)
+    leased = claim_one(queue, "p")
+    assert queue.cancel("s").code is Code.CANCELLED
+    assert queue.cancel("p").code is Code.CANCELLED
+    assert queue.cancel("s").code is Code.NOT_FOUND
+    with pytest.raises(LeaseLostError, match="ack-4: message 'p'"):
+        queue.ack(leased.lease)
+    assert queue.cancel_many([Target("nope")])[0].code is Code.NOT_FOUND
+
+
+def test_reschedule_moves_due_and_revokes_a_lease(queue: Queue) -> None:
+    queue.schedule("a", delay_ms=HOUR_MS)
+    outcome = queue.reschedule("a", delay_ms=0)
+    assert outcome.code is Code.RESCHEDULED
+    leased = claim_one(queue, "a")
+    moved = queue.reschedule("a", delay_ms=HOUR_MS)
+    assert queue.get("a").state is State.SCHEDULED
+    assert queue.get("a").due_ms == moved.at_ms
+    with pytest.raises(LeaseLostError):
+        queue.ack(leased.lease)
+    with pytest.raises(NotFoundError, match="reschedule-6: message 'zz'"):
+        queue.reschedule("zz", delay_ms=1)
+
+
+def test_reschedule_refuses_dead_and_too_far(queue: Queue, redis_client: redis.Redis) -> None:
+    queue.schedule("a", delay_ms=0)
+    queue.nack(claim_one(queue, "a").lease, kill=True, reason="poison")
+    with pytest.raises(WrongStateError):
+        queue.reschedule("a", delay_ms=1)
+    queue.schedule("b", delay_ms=0)
+    with pytest.raises(TooFarError):
+        queue.reschedule("b", at_ms=server_ms(redis_client) + MAX_DELAY_MS + HOUR_MS)
+
+
+def test_claim_never_returns_a_message_early(queue: Queue, redis_client: redis.Redis) -> None:
+    due = queue.schedule("a", delay_ms=150).due_ms
+    slot = TOPIC.slot_of("a")
+    epoch = queue.take_over(slot)
+    batch = queue.claim(slot, epoch)
+    assert batch.messages == []
+    assert batch.next_due_ms == due
+    wait_for_server_ms(redis_client, due - 1)
+    claimed = []
+    while not claimed:
+        batch = queue.claim(slot, epoch)
+        claimed = batch.messages
+        assert batch.now_ms >= due or not claimed
+    assert claimed[0].due_ms == due
+    assert claimed[0].attempt == 1
+
+
+def test_claim_is_bounded_and_in_due_order(queue: Queue) -> None:
+    queue.schedule_many([ScheduleRequest(f"m{i:03}", at_ms=1000 + i) for i in range(50)])
+    for slot in TOPIC.slots:
+        epoch = queue.take_over(slot)
+        batch = queue.claim(slot, epoch, max_count=3)
+        assert len(batch.messages) == 3
+        dues = [m.due_ms for m in batch.messages]
+        assert dues == sorted(dues)
+        assert batch.next_due_ms is not None
+        assert batch.next_due_ms >= dues[-1]
+
+
+def test_fencing_rejects_a_stale_owner(queue: Queue) -> None:
+    queue.schedule("a", delay_ms=0)
+    queue.schedule("b", delay_ms=0, slot_basis="a")
+    slot = TOPIC.slot_of("a")
+    old_epoch = queue.take_over(slot)
+    leased = queue.claim(slot, old_epoch).messages
+    new_epoch = queue.take_over(slot)
+    assert new_epoch == old_epoch + 1
+    with pytest.raises(StaleEpochError, match="claim-7"):
+        queue.claim(slot, old_epoch)
+    with pytest.raises(StaleEpochError):
+        queue.ack(leased[0].lease)
+    with pytest.raises(StaleEpochError):
+        queue.nack(leased[0].lease)
+    with pytest.raises(StaleEpochError):
+        queue.extend(leased[0].lease, 1000)
+    assert queue.get("a").state is State.PREPARED  # nothing moved
+
+
+def test_claim_before_any_takeover_is_stale(queue: Queue) -> None:
+    with pytest.raises(StaleEpochError):
+        queue.claim(0, 0)
+
+
+def test_ack_removes_and_checks_the_lease_token(queue: Queue, redis_client: redis.Redis) -> None:
+    queue.schedule("a", b"x", delay_ms=0)
+    message = claim_one(queue, "a")
+    wrong = type(message.lease)(message.slot, "a", message.attempt + 1, message.epoch)
+    with pytest.raises(LeaseLostError):
+        queue.ack(wrong)
+    assert queue.ack(message.lease).code is Code.ACKED
+    assert queue.get("a").state is State.ABSENT
+    assert redis_client.hlen(slot_keys(TOPIC, message.slot).key(Part.MSG)) == 0
+    with pytest.raises(LeaseLostError):
+        queue.ack(message.lease)
+
+
+def test_nack_backoff_is_honoured_exactly(queue: Queue, redis_client: redis.Redis) -> None:
+    queue.schedule("a", delay_ms=0)
+    message = claim_one(queue, "a")
+    outcome = queue.nack(message.lease, backoff_ms=200, reason="busy")
+    assert outcome.code is Code.RETRY_SCHEDULED
+    assert outcome.at_ms is not None
+    info = queue.get("a")
+    assert (info.state, info.due_ms, info.attempts) == (State.SCHEDULED, outcome.at_ms, 1)
+    epoch = queue.take_over(message.slot)
+    claimed = []
+    while not claimed:
+        batch = queue.claim(message.slot, epoch)
+        claimed = batch.messages
+        assert not claimed or batch.now_ms >= outcome.at_ms
+    assert [(m.id, m.attempt) for m in claimed] == [("a", 2)]
+
+
+def test_retries_exhausted_go_dead_then_redrive(queue: Queue) -> None:
+    queue.schedule("a", b"payload", delay_ms=0)
+    slot = TOPIC.slot_of("a")
+    epoch = queue.take_over(slot)
+    for attempt in range(1, TOPIC.max_retries + 2):
+        [message] = queue.claim(slot, epoch).messages
+        assert message.attempt == attempt
+        outcome = queue.nack(message.lease, reason=f"failure {attempt}")
+    assert outcome.code is Code.DEAD
+    info = queue.get("a")
+    assert (info.state, info.dead_reason, info.attempts) == (State.DEAD, "failure 3", 3)
+    page = queue.dead_page(slot)
+    assert (page.total, [m.id for m in page.messages]) == (1, ["a"])
+    assert page.messages[0].payload == b"payload"
+    assert queue.redrive(slot, ["a", "nope"])[1].code is Code.WRONG_STATE
+    info = queue.get("a")
+    assert (info.state, info.attempts) == (State.SCHEDULED, 0)
+    assert queue.claim(slot, epoch).messages[0].attempt == 1
+
+
+def test_poison_message_is_killed_at_once(queue: Queue) -> None:
+    queue.schedule("a", delay_ms=0)
+    outcome = queue.nack(claim_one(queue, "a").lease, reason="unparseable", kill=True)
+    assert outcome.code is Code.DEAD
+    assert queue.get("a").dead_reason == "unparseable"
+
+
+def test_expired_lease_rolls_back_and_counts_as_attempt(
+    queue: Queue, redis_client: redis.Redis
+) -> None:
+    queue.schedule("a", delay_ms=0)
+    slot = TOPIC.slot_of("a")
+    epoch = queue.take_over(slot)
+    [first] = queue.claim(slot, epoch, lease_ms=50).messages
+    batch = queue.claim(slot, epoch)
+    assert batch.messages == []
+    assert batch.next_deadline_ms is not None
+    wait_for_server_ms(redis_client, batch.next_deadline_ms)
+    [second] = queue.claim(slot, epoch).messages
+    assert (second.id, second.attempt) == ("a", 2)
+    with pytest.raises(LeaseLostError):
+        queue.ack(first.lease)  # the slow first delivery cannot ack the second
+    assert queue.ack(second.lease).code is Code.ACKED
+    assert journal_events(redis_client, "a") == [
+        "scheduled",
+        "claimed",
+        "expired",
+        "claimed",
+        "acked",
+    ]
+
+
+def test_expired_leases_past_max_retries_go_dead(queue: Queue, redis_client: redis.Redis) -> None:
+    queue.schedule("a", delay_ms=0)
+    slot = TOPIC.slot_of("a")
+    epoch = queue.take_over(slot)
+    for _ in range(TOPIC.max_retries + 1):
+        batch = queue.claim(slot, epoch, lease_ms=20)
+        assert len(batch.messages) == 1
+        assert batch.next_deadline_ms is not None
+        wait_for_server_ms(redis_client, batch.next_deadline_ms)
+    assert queue.claim(slot, epoch).messages == []
+    info = queue.get("a")
+    assert info.state is State.DEAD
+    assert info.dead_reason == f"lease expired on attempt {TOPIC.max_retries + 1}"
+
+
+def test_extend_moves_the_deadline(queue: Queue) -> None:
+    queue.schedule("a", delay_ms=0)
+    message = claim_one(queue, "a", lease_ms=1000)
+    before = queue.get("a").lease_deadline_ms
+    outcome = queue.extend(message.lease, 60_000)
+    assert outcome.code is Code.EXTENDED
+    assert before is not None
+    assert outcome.at_ms is not None
+    assert outcome.at_ms > before
+    assert queue.get("a").lease_deadline_ms == outcome.at_ms
+
+
+def test_redrive_all_and_purge(queue: Queue) -> None:
+    ids = [f"d{i}" for i in range(30)]
+    queue.schedule_many([ScheduleRequest(i, delay_ms=0) for i in ids])
+    for slot in TOPIC.slots:
+        epoch = queue.take_over(slot)
+        batch = queue.claim(slot, epoch)
+        queue.nack_many([Retry(m.lease, kill=True, reason="x") for m in batch.messages])
+    assert queue.stats().dead == 30
+    assert queue.redrive_all() == 30
+    assert queue.stats().dead == 0
+    assert queue.stats().scheduled == 30
+    for slot in TOPIC.slots:
+        epoch = queue.take_over(slot)
+        batch = queue.claim(slot, epoch)
+        queue.nack_many([Retry(m.lease, kill=True) for m in batch.messages])
+    slot = TOPIC.slot_of("d0")
+    assert queue.purge(slot, ["d0"])[0].code is Code.PURGED
+    assert queue.get("d0").state is State.ABSENT
+    assert queue.purge_all() == 29
+    assert queue.stats().dead == 0
+
+
+def test_stats_per_slot_and_topic(queue: Queue, redis_client: redis.Redis) -> None:
+    queue.schedule("due", at_ms=1000)
+    queue.schedule("later", delay_ms=HOUR_MS)
+    queue.schedule("leased", delay_ms=0)
+    claim_one(queue, "leased")
+    stats = queue.stats()
+    assert (stats.scheduled, stats.due, stats.prepared, stats.dead) == (2, 1, 1, 0)
+    assert stats.next_due_ms == 1000
+    assert stats.oldest_overdue_ms >= server_ms(redis_client) - 1000 - 1000
+    slot_stats = queue.stats([TOPIC.slot_of("later")]).slots[0]
+    assert slot_stats.slot == TOPIC.slot_of("later")
+
+
+def test_journal_is_off_by_default(redis_client: redis.Redis) -> None:
+    quiet = Queue(redis_client, Topic("quiet"))
+    quiet.schedule("a", delay_ms=0)
+    assert not [k for k in redis_client.keys("*") if k.endswith(b":journal")]
+
+
+def test_orphan_id_without_record_never_blocks_the_slot(
+    queue: Queue, redis_client: redis.Redis
+) -> None:
+    queue.schedule("good", at_ms=2000)
+    slot = TOPIC.slot_of("good")
+    redis_client.zadd(slot_keys(TOPIC, slot).key(Part.STORE), {"ghost": 1000})
+    epoch = queue.take_over(slot)
+    assert [m.id for m in queue.claim(slot, epoch).messages] == ["good"]
+    assert redis_client.zscore(slot_keys(TOPIC, slot).key(Part.STORE), "ghost") is None
