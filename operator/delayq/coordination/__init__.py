@@ -1,0 +1,1 @@
+"""Which process may consume which slot: ZooKeeper membership, assignment and ownership."""

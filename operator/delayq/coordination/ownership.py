@@ -1,0 +1,51 @@
+"""The contract between slot coordination and the delay service.
+
+The service never decides on its own which slots it consumes: an `Ownership` tells it, through
+`on_change`, the complete set of slots it may consume now. Handoff order is the safety rule:
+a slot is removed from a process's set (and the callback has returned, i.e. the process stopped
+claiming it) before the coordination releases it to another process; the new owner then bumps
+the slot's fencing epoch (`Consumer.own` → fence-1.lua), so even a process that missed the news
+(partition, paused VM) can move nothing in that slot any more.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+from typing import Protocol
+
+OnChange = Callable[[frozenset[int]], Awaitable[None]]
+
+
+class Ownership(Protocol):
+    """Source of truth for the slots this process may consume."""
+
+    async def start(self, on_change: OnChange) -> None:
+        """Join, and call `on_change` with the owned set now and whenever it changes."""
+
+    async def stop(self) -> None:
+        """Give every slot up (calling `on_change(frozenset())` first) and leave."""
+
+    @property
+    def ready(self) -> bool:
+        """True while this process holds its assignment (readiness probe)."""
+
+
+class EmbeddedOwnership:
+    """No ZooKeeper: this single process owns every slot (the local quick start and tests)."""
+
+    def __init__(self, slot_amount: int) -> None:
+        self._slots = frozenset(range(slot_amount))
+        self._on_change: OnChange | None = None
+
+    async def start(self, on_change: OnChange) -> None:
+        self._on_change = on_change
+        await on_change(self._slots)
+
+    async def stop(self) -> None:
+        if self._on_change is not None:
+            await self._on_change(frozenset())
+            self._on_change = None
+
+    @property
+    def ready(self) -> bool:
+        return self._on_change is not None
