@@ -1,0 +1,1 @@
+"""The delayq Kubernetes operator: DelayTopic CRD handlers, pure manifest builders, failover."""

@@ -1,0 +1,1 @@
+"""Pure manifest builders: a TopicSpec in, plain dicts out; no I/O, tested without a cluster."""

@@ -1,0 +1,68 @@
+"""Everything one DelayTopic owns, in apply order, adopted by the topic (owner references).
+
+Kept pure: the handler supplies the credentials (read from the existing Secret or freshly
+generated) and whether the ServiceMonitor CRD exists; this module only assembles manifests.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any, cast
+
+import kopf
+
+from delayq.kube.builders import redis, service
+from delayq.kube.builders.common import BuildContext, Manifest
+from delayq.kube.spec import TopicSpec
+
+
+@dataclass(frozen=True)
+class Credentials:
+    redis_password: str
+    api_token: str
+
+
+def build_all(
+    spec: TopicSpec,
+    ctx: BuildContext,
+    credentials: Credentials,
+    slot_amount: int,
+    with_service_monitor: bool,
+) -> list[Manifest]:
+    """All children, not yet owned: Secret and ConfigMap first, so pods find them at start."""
+    manifests: list[Manifest] = [
+        service.credentials_secret(spec, credentials.redis_password, credentials.api_token),
+        service.config_map(spec, ctx, slot_amount),
+        redis.redis_network_policy(spec, ctx),
+    ]
+    for broker in range(spec.brokers):
+        manifests += [
+            redis.redis_headless_service(spec, broker),
+            redis.redis_master_service(spec, broker),
+            redis.redis_statefulset(spec, broker, ctx),
+            redis.redis_pdb(spec, broker),
+        ]
+    manifests += [
+        service.service_headless_service(spec),
+        service.api_service(spec),
+        service.service_statefulset(spec, ctx, slot_amount),
+        service.service_pdb(spec),
+    ]
+    if with_service_monitor:
+        manifests.append(service.service_monitor(spec))
+    return manifests
+
+
+def render(
+    owner: Mapping[str, Any],
+    spec: TopicSpec,
+    ctx: BuildContext,
+    credentials: Credentials,
+    slot_amount: int,
+    with_service_monitor: bool,
+) -> list[Manifest]:
+    """build_all() with every child owned by the DelayTopic, so deleting it deletes them."""
+    manifests = build_all(spec, ctx, credentials, slot_amount, with_service_monitor)
+    kopf.adopt(manifests, owner=kopf.Body(cast(kopf.RawBody, dict(owner))), strict=True)
+    return manifests

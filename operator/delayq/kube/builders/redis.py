@@ -1,0 +1,235 @@
+"""The Redis side of a broker: StatefulSet (master + replicas, AOF, PVC), Services, PDB, policy.
+
+Who is master is decided by the operator, not by the pods: the operator sets the role label on
+exactly one pod per broker, and the master Service selects by that label. A pod reads its own
+labels (downward API) when it starts: the labelled master starts as master, every other pod
+starts as a replica of the master Service. A returning old master has lost the label during
+failover, so it restarts as a replica and resyncs from the new master (it never overwrites it);
+if it kept running, the operator demotes it with REPLICAOF (see failover.py).
+"""
+
+from __future__ import annotations
+
+from delayq.kube import naming
+from delayq.kube.builders.common import (
+    REDIS_UID,
+    BuildContext,
+    Manifest,
+    container_security_context,
+    env_from_field,
+    env_from_secret,
+    metadata,
+    pod_security_context,
+    preferred_term,
+    resources,
+    tmp_volume,
+)
+from delayq.kube.spec import TopicSpec
+
+# The role comes from the pod's own labels; the password reaches redis-server on stdin so it
+# never shows in the process list. appendfsync everysec: at most one second of writes at risk
+# on a crash of the master's node, the Redis default trade-off; RDB snapshots are off.
+REDIS_START_SCRIPT = """\
+set -eu
+args="--port 6379 --dir /data --appendonly yes --appendfsync everysec"
+args="$args --replica-announce-ip $POD_IP --protected-mode no --hz 100"
+if grep -q '^delayq.io/redis-role="master"$' /etc/podinfo/labels; then
+  echo "delayq: starting as master"
+else
+  echo "delayq: starting as replica of $MASTER_HOST"
+  args="$args --replicaof $MASTER_HOST 6379"
+fi
+exec redis-server - $args <<REDISCONF
+requirepass $REDIS_PASSWORD
+masterauth $REDIS_PASSWORD
+save ""
+REDISCONF
+"""
+
+
+def redis_labels(spec: TopicSpec, broker: int) -> dict[str, str]:
+    return {
+        **naming.topic_labels(spec.name, naming.COMPONENT_REDIS),
+        naming.LABEL_BROKER: str(broker),
+    }
+
+
+def redis_statefulset(spec: TopicSpec, broker: int, ctx: BuildContext) -> Manifest:
+    """Master + replicasPerBroker replicas of one broker; the PVCs follow deletionPolicy."""
+    name = naming.redis_statefulset(spec.name, broker)
+    labels = redis_labels(spec, broker)
+    tmp, tmp_mount = tmp_volume()
+    secret = naming.credentials_secret(spec.name)
+    master_host = f"{naming.redis_master_service(spec.name, broker)}.{spec.namespace}.svc"
+    volume_claim: Manifest = {
+        "metadata": {"name": "data", "labels": dict(labels)},
+        "spec": {
+            "accessModes": ["ReadWriteOnce"],
+            "resources": {"requests": {"storage": spec.storage_size}},
+        },
+    }
+    if spec.storage_class:
+        volume_claim["spec"]["storageClassName"] = spec.storage_class
+    container: Manifest = {
+        "name": "redis",
+        "image": ctx.redis_image,
+        "imagePullPolicy": ctx.image_pull_policy,
+        "command": ["sh", "-c", REDIS_START_SCRIPT],
+        "env": [
+            env_from_field("POD_IP", "status.podIP"),
+            {"name": "MASTER_HOST", "value": master_host},
+            env_from_secret("REDIS_PASSWORD", secret, naming.SECRET_REDIS_PASSWORD),
+            env_from_secret("REDISCLI_AUTH", secret, naming.SECRET_REDIS_PASSWORD),
+        ],
+        "ports": [{"name": "redis", "containerPort": naming.REDIS_PORT}],
+        "readinessProbe": {
+            "exec": {"command": ["redis-cli", "-p", str(naming.REDIS_PORT), "ping"]},
+            "periodSeconds": 5,
+            "timeoutSeconds": 2,
+            "failureThreshold": 3,
+        },
+        "livenessProbe": {
+            "tcpSocket": {"port": naming.REDIS_PORT},
+            "initialDelaySeconds": 10,
+            "periodSeconds": 10,
+            "failureThreshold": 6,
+        },
+        "resources": resources(
+            spec.redis_resources, {"cpu": "100m", "memory": "256Mi"}, {"memory": "512Mi"}
+        ),
+        "securityContext": container_security_context(),
+        "volumeMounts": [
+            {"name": "data", "mountPath": "/data"},
+            {"name": "podinfo", "mountPath": "/etc/podinfo", "readOnly": True},
+            tmp_mount,
+        ],
+    }
+    labels_file = {"path": "labels", "fieldRef": {"fieldPath": "metadata.labels"}}
+    return {
+        "apiVersion": "apps/v1",
+        "kind": "StatefulSet",
+        "metadata": metadata(name, spec.namespace, labels),
+        "spec": {
+            "serviceName": naming.redis_headless_service(spec.name, broker),
+            "replicas": spec.redis_pods_per_broker,
+            "podManagementPolicy": "Parallel",
+            "selector": {"matchLabels": naming.redis_selector(spec.name, broker)},
+            "persistentVolumeClaimRetentionPolicy": {
+                "whenDeleted": spec.deletion_policy,
+                "whenScaled": "Retain",
+            },
+            "template": {
+                "metadata": {"labels": dict(labels)},
+                "spec": {
+                    "securityContext": pod_security_context(REDIS_UID),
+                    "automountServiceAccountToken": False,
+                    "enableServiceLinks": False,
+                    "terminationGracePeriodSeconds": 30,
+                    "affinity": {
+                        "podAntiAffinity": {
+                            "preferredDuringSchedulingIgnoredDuringExecution": [
+                                preferred_term(
+                                    100,
+                                    naming.redis_selector(spec.name, broker),
+                                    "kubernetes.io/hostname",
+                                )
+                            ]
+                        }
+                    },
+                    "containers": [container],
+                    "volumes": [
+                        {"name": "podinfo", "downwardAPI": {"items": [labels_file]}},
+                        tmp,
+                    ],
+                },
+            },
+            "volumeClaimTemplates": [volume_claim],
+        },
+    }
+
+
+def redis_headless_service(spec: TopicSpec, broker: int) -> Manifest:
+    """Stable DNS per Redis pod (replication, the operator's probes)."""
+    return {
+        "apiVersion": "v1",
+        "kind": "Service",
+        "metadata": metadata(
+            naming.redis_headless_service(spec.name, broker),
+            spec.namespace,
+            redis_labels(spec, broker),
+        ),
+        "spec": {
+            "clusterIP": "None",
+            "publishNotReadyAddresses": True,
+            "selector": naming.redis_selector(spec.name, broker),
+            "ports": [{"name": "redis", "port": naming.REDIS_PORT, "targetPort": "redis"}],
+        },
+    }
+
+
+def redis_master_service(spec: TopicSpec, broker: int) -> Manifest:
+    """Always the current master: selects the role label that only failover moves."""
+    return {
+        "apiVersion": "v1",
+        "kind": "Service",
+        "metadata": metadata(
+            naming.redis_master_service(spec.name, broker),
+            spec.namespace,
+            redis_labels(spec, broker),
+        ),
+        "spec": {
+            "type": "ClusterIP",
+            "selector": naming.master_selector(spec.name, broker),
+            "ports": [{"name": "redis", "port": naming.REDIS_PORT, "targetPort": "redis"}],
+        },
+    }
+
+
+def redis_pdb(spec: TopicSpec, broker: int) -> Manifest:
+    """Voluntary disruptions (drains) take at most one pod of a broker at a time."""
+    return {
+        "apiVersion": "policy/v1",
+        "kind": "PodDisruptionBudget",
+        "metadata": metadata(
+            naming.redis_statefulset(spec.name, broker),
+            spec.namespace,
+            redis_labels(spec, broker),
+        ),
+        "spec": {
+            "maxUnavailable": 1,
+            "selector": {"matchLabels": naming.redis_selector(spec.name, broker)},
+        },
+    }
+
+
+def redis_network_policy(spec: TopicSpec, ctx: BuildContext) -> Manifest:
+    """Only the topic's delay-service pods, its own Redis pods (replication) and the operator."""
+    operator_peer = {
+        "namespaceSelector": {
+            "matchLabels": {"kubernetes.io/metadata.name": ctx.operator_namespace}
+        },
+        "podSelector": {"matchLabels": dict(naming.OPERATOR_POD_LABELS)},
+    }
+    return {
+        "apiVersion": "networking.k8s.io/v1",
+        "kind": "NetworkPolicy",
+        "metadata": metadata(
+            naming.network_policy(spec.name),
+            spec.namespace,
+            naming.topic_labels(spec.name, naming.COMPONENT_REDIS),
+        ),
+        "spec": {
+            "podSelector": {"matchLabels": naming.redis_selector(spec.name)},
+            "policyTypes": ["Ingress"],
+            "ingress": [
+                {
+                    "from": [
+                        {"podSelector": {"matchLabels": naming.service_selector(spec.name)}},
+                        {"podSelector": {"matchLabels": naming.redis_selector(spec.name)}},
+                        operator_peer,
+                    ],
+                    "ports": [{"protocol": "TCP", "port": naming.REDIS_PORT}],
+                }
+            ],
+        },
+    }

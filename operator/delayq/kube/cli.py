@@ -1,0 +1,49 @@
+"""`delayq operator`: run the DelayTopic operator (kopf) with settings from env and flags."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import dataclasses
+from typing import Any
+
+
+def register(subparsers: Any) -> None:
+    """Add the `operator` command; flags override the DELAYQ_* environment the chart sets."""
+    parser = subparsers.add_parser("operator", help="run the DelayTopic Kubernetes operator")
+    scope = parser.add_mutually_exclusive_group()
+    scope.add_argument(
+        "-n",
+        "--namespace",
+        action="append",
+        dest="namespaces",
+        metavar="NS",
+        help="watch this namespace (repeatable; default: DELAYQ_WATCH_NAMESPACES or all)",
+    )
+    scope.add_argument("-A", "--all-namespaces", action="store_true", help="watch every namespace")
+    parser.add_argument("--standalone", action="store_true", help="no peering (single replica)")
+    parser.add_argument("--peering", help="kopf peering name shared by the replicas")
+    parser.add_argument(
+        "--liveness", help="liveness endpoint URL, e.g. http://0.0.0.0:8080/healthz"
+    )
+    parser.set_defaults(handler=run_operator)
+
+
+def run_operator(args: argparse.Namespace) -> int:
+    from delayq.kube.config import OperatorConfig
+    from delayq.kube.operator import run
+
+    config = OperatorConfig.from_env()
+    changes: dict[str, Any] = {}
+    if args.namespaces:
+        changes["namespaces"] = tuple(args.namespaces)
+    if args.all_namespaces:
+        changes["namespaces"] = ()
+    if args.standalone:
+        changes["standalone"] = True
+    if args.peering:
+        changes["peering"] = args.peering
+    if args.liveness:
+        changes["liveness_endpoint"] = args.liveness
+    asyncio.run(run(dataclasses.replace(config, **changes)))
+    return 0

@@ -1,0 +1,61 @@
+"""Operator settings from the environment (the chart sets these) and CLI flags (which win)."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+from delayq.kube.builders.common import BuildContext
+
+
+@dataclass(frozen=True)
+class OperatorConfig:
+    """How one `delayq operator` process runs."""
+
+    namespaces: tuple[str, ...] = ()  # empty: watch every namespace (cluster-wide)
+    peering: str = "delayq"
+    standalone: bool = False
+    optional_finalizer: bool = False
+    health_interval_s: float = 10.0
+    failover_grace_s: float = 30.0
+    liveness_endpoint: str = "http://0.0.0.0:8080/healthz"
+    build: BuildContext = field(default_factory=BuildContext)
+
+    @property
+    def clusterwide(self) -> bool:
+        return not self.namespaces
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str] | None = None) -> OperatorConfig:
+        """DELAYQ_* variables; unset ones keep the defaults above."""
+        env = os.environ if env is None else env
+        defaults = cls()
+        build = BuildContext(
+            image=env.get("DELAYQ_IMAGE", defaults.build.image),
+            redis_image=env.get("DELAYQ_REDIS_IMAGE", defaults.build.redis_image),
+            image_pull_policy=env.get("DELAYQ_IMAGE_PULL_POLICY", defaults.build.image_pull_policy),
+            operator_namespace=env.get("POD_NAMESPACE", defaults.build.operator_namespace),
+            default_zookeeper=env.get("DELAYQ_ZOOKEEPER", defaults.build.default_zookeeper),
+        )
+        namespaces = tuple(
+            item.strip()
+            for item in env.get("DELAYQ_WATCH_NAMESPACES", "").split(",")
+            if item.strip()
+        )
+        return cls(
+            namespaces=namespaces,
+            peering=env.get("DELAYQ_PEERING", defaults.peering),
+            standalone=_flag(env.get("DELAYQ_STANDALONE")),
+            optional_finalizer=_flag(env.get("DELAYQ_OPTIONAL_FINALIZER")),
+            health_interval_s=float(
+                env.get("DELAYQ_HEALTH_INTERVAL_S", defaults.health_interval_s)
+            ),
+            failover_grace_s=float(env.get("DELAYQ_FAILOVER_GRACE_S", defaults.failover_grace_s)),
+            liveness_endpoint=env.get("DELAYQ_LIVENESS", defaults.liveness_endpoint),
+            build=build,
+        )
+
+
+def _flag(value: str | None) -> bool:
+    return (value or "").strip().lower() in ("1", "true", "yes", "on")

@@ -1,0 +1,106 @@
+"""Which Redis pod of a broker should be master: pure decisions, applied by handlers/health.py.
+
+Rules, in order:
+1. Exactly one pod carries the master role label. If it is ready, it stays master; any other pod
+   that still acts as a master (an old master that kept running through a partition) is demoted
+   to a replica of it, so it resyncs and can never overwrite the new master's data.
+2. When the labelled master is gone or not ready, wait `grace_s` (a restarting pod keeps its
+   data and role), then promote the ready, reachable pod with the highest replication offset
+   (ties: more keys, then the lowest ordinal) and move the label to it.
+3. A broker that never had a master (fresh topic) promotes at once: there is nothing to lose.
+A broker with no promotable pod waits and is reported unavailable.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class RedisPod:
+    """What the operator observed about one Redis pod of a broker."""
+
+    name: str
+    ordinal: int
+    ready: bool
+    labelled_master: bool
+    role: str | None = None  # "master" / "slave" from INFO replication; None if unreachable
+    offset: int = 0  # master_repl_offset (master) or slave_repl_offset (replica)
+    keys: int = 0
+
+    @property
+    def reachable(self) -> bool:
+        return self.role is not None
+
+
+@dataclass(frozen=True)
+class Decision:
+    """What to do for one broker now, and the state to remember until the next observation."""
+
+    master: str | None  # the pod that should carry the label after this decision
+    promote: str | None = None  # make it master: REPLICAOF NO ONE + move the label
+    demote: tuple[str, ...] = ()  # pods to point at the master (REPLICAOF master)
+    unlabel: tuple[str, ...] = ()  # pods that must lose the master label
+    missing_since: float | None = None  # when the master was first seen gone (for the grace)
+    reason: str = "MasterReady"
+    message: str = ""
+    failover: bool = False  # True when an existing master was replaced (not bootstrap/repair)
+
+
+def decide(
+    pods: Sequence[RedisPod],
+    now: float,
+    grace_s: float,
+    missing_since: float | None,
+    had_master: bool,
+) -> Decision:
+    """The decision for one broker given its pods; see the module docstring for the rules."""
+    labelled = sorted((pod for pod in pods if pod.labelled_master), key=_rank, reverse=True)
+    current = labelled[0] if labelled else None
+    if current is not None and current.ready:
+        strays = tuple(pod.name for pod in pods if pod is not current and pod.role == "master")
+        extra_labels = tuple(pod.name for pod in labelled[1:])
+        repair = current.role == "slave"
+        return Decision(
+            master=current.name,
+            promote=current.name if repair else None,
+            demote=tuple(sorted(set(strays) | set(extra_labels))),
+            unlabel=extra_labels,
+            reason="MasterRepaired" if repair or strays or extra_labels else "MasterReady",
+            message=f"{current.name} is master",
+        )
+    since = now if missing_since is None else missing_since
+    if had_master and now - since < grace_s:
+        left = grace_s - (now - since)
+        return Decision(
+            master=current.name if current else None,
+            missing_since=since,
+            reason="MasterMissing",
+            message=f"master not ready; failover in {left:.0f}s unless it returns",
+        )
+    candidates = sorted((p for p in pods if p.ready and p.reachable), key=_rank, reverse=True)
+    if not candidates:
+        return Decision(
+            master=None,
+            missing_since=since,
+            reason="NoPromotableReplica",
+            message="no ready, reachable Redis pod to promote",
+        )
+    chosen = candidates[0]
+    return Decision(
+        master=chosen.name,
+        promote=chosen.name,
+        demote=tuple(p.name for p in pods if p is not chosen and p.role == "master"),
+        unlabel=tuple(p.name for p in labelled if p is not chosen),
+        reason="FailedOver" if had_master else "MasterElected",
+        message=(
+            f"promoted {chosen.name} (replication offset {chosen.offset})"
+            + (f" after {current.name if current else 'the master'} was gone" if had_master else "")
+        ),
+        failover=had_master,
+    )
+
+
+def _rank(pod: RedisPod) -> tuple[int, int, int]:
+    return (pod.offset, pod.keys, -pod.ordinal)

@@ -1,0 +1,1 @@
+"""kopf handler bodies, one module per concern; operator.py only registers them."""

@@ -1,0 +1,72 @@
+"""Create-or-patch of one child manifest, touching only what the operator owns.
+
+Rules that keep updates safe on a real API server:
+- Secrets are create-only: credentials are generated once and never rotated by a reconcile.
+- StatefulSet fields the API server treats as immutable (selector, serviceName,
+  volumeClaimTemplates) are sent on create only; a changed volume size is documented, not forced.
+- A child already containing every desired field is not patched at all (no write, no event).
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Mapping
+from typing import Any
+
+from delayq.kube.builders.common import Manifest
+from delayq.kube.client import KubeClient
+
+CREATE_ONLY_KINDS = frozenset({"Secret"})
+IMMUTABLE_SPEC_FIELDS = {"StatefulSet": ("selector", "serviceName", "volumeClaimTemplates")}
+
+
+def contains(existing: Any, desired: Any) -> bool:
+    """Whether `existing` holds every field of `desired`; server-side defaults are ignored.
+
+    Lists must have the same length and contain each other element by element, so a defaulted
+    field inside a container does not count as a difference but a removed container does.
+    """
+    if isinstance(desired, Mapping):
+        return isinstance(existing, Mapping) and all(
+            contains(existing.get(key), value) for key, value in desired.items()
+        )
+    if isinstance(desired, list):
+        return (
+            isinstance(existing, list)
+            and len(existing) == len(desired)
+            and all(contains(old, new) for old, new in zip(existing, desired, strict=True))
+        )
+    return bool(existing == desired)
+
+
+def update_patch(manifest: Manifest) -> Manifest:
+    """The merge patch for an existing object: desired fields minus the immutable ones."""
+    patch = {key: copy.deepcopy(value) for key, value in manifest.items() if key != "status"}
+    patch["metadata"] = {
+        key: manifest["metadata"][key]
+        for key in ("labels", "annotations", "ownerReferences")
+        if key in manifest["metadata"]
+    }
+    for field in IMMUTABLE_SPEC_FIELDS.get(manifest["kind"], ()):
+        patch.get("spec", {}).pop(field, None)
+    return patch
+
+
+async def ensure(kube: KubeClient, manifest: Manifest) -> str:
+    """Make the child match `manifest`; returns "created", "patched" or "unchanged"."""
+    meta = manifest["metadata"]
+    existing = await kube.get(
+        manifest["apiVersion"], manifest["kind"], meta["namespace"], meta["name"]
+    )
+    if existing is None:
+        await kube.create(manifest)
+        return "created"
+    if manifest["kind"] in CREATE_ONLY_KINDS:
+        return "unchanged"
+    patch = update_patch(manifest)
+    if contains(existing, patch):
+        return "unchanged"
+    await kube.patch(
+        manifest["apiVersion"], manifest["kind"], meta["namespace"], meta["name"], patch
+    )
+    return "patched"

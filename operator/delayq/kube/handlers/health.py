@@ -1,0 +1,233 @@
+"""The periodic health pass: observe brokers, act on failover decisions, refresh status.
+
+Runs on a kopf timer for every provisioned, unpaused topic. It reads the Redis pods of each
+broker, lets failover.decide() pick the master, applies that decision (label moves and
+REPLICAOF commands), then reports per-broker state, slot ownership and depths. The status is
+patched only when it changed (status.status_patch).
+"""
+
+from __future__ import annotations
+
+import base64
+from collections.abc import Mapping
+from typing import Any
+
+from delayq.kube import naming
+from delayq.kube.builders.service import zookeeper_connect
+from delayq.kube.failover import Decision, RedisPod, decide
+from delayq.kube.handlers.deps import Deps, Logger
+from delayq.kube.handlers.reconcile import (
+    TRANSIENT_ERRORS,
+    now_iso,
+    parse_body,
+    with_conditions,
+)
+from delayq.kube.redisctl import Depths
+from delayq.kube.routing import Routing, initial_routing
+from delayq.kube.spec import SpecError, TopicSpec
+from delayq.kube.status import (
+    DEGRADED,
+    FALSE,
+    PROVISIONED,
+    TRUE,
+    UNKNOWN,
+    Condition,
+    ready_condition,
+)
+
+
+def pod_ready(pod: Mapping[str, Any]) -> bool:
+    conditions = (pod.get("status") or {}).get("conditions") or []
+    return any(c.get("type") == "Ready" and c.get("status") == "True" for c in conditions)
+
+
+def pod_ordinal(name: str) -> int:
+    return int(name.rsplit("-", 1)[1])
+
+
+async def refresh(deps: Deps, body: Mapping[str, Any], logger: Logger) -> dict[str, Any]:
+    """One health pass; returns the status patch (empty when nothing changed)."""
+    meta = body.get("metadata") or {}
+    status = body.get("status") or {}
+    if naming.is_paused(meta.get("annotations")) or not status.get("appliedSlotAmount"):
+        return {}
+    try:
+        spec = parse_body(body)
+    except SpecError:
+        return {}  # reconcile() already reported it; nothing here is safe to touch
+    applied = int(status["appliedSlotAmount"])
+    password = await redis_password(deps, spec)
+    routing, owned = await slot_view(deps, spec, applied, logger)
+    previous = {entry.get("index"): entry for entry in status.get("brokers") or []}
+    brokers: list[dict[str, Any]] = []
+    depths = Depths()
+    for broker in range(spec.brokers):
+        entry, broker_depths = await observe_broker(
+            deps, spec, broker, password, routing, previous.get(broker) or {}, logger
+        )
+        brokers.append(entry)
+        depths = depths + broker_depths
+    service_pods = await deps.kube.list(
+        "v1", "Pod", spec.namespace, naming.service_selector(spec.name)
+    )
+    services_ready = sum(1 for pod in service_pods if pod_ready(pod))
+    problems = degradations(spec, brokers, services_ready, owned, applied)
+    degraded = (
+        Condition(DEGRADED, TRUE, "Degraded", "; ".join(problems) + ".")
+        if problems
+        else Condition(DEGRADED, FALSE, "AllReplicasReady", "Every pod is ready.")
+    )
+    provisioned = current_condition(status, PROVISIONED)
+    serving = all(entry["state"] == "Ready" for entry in brokers)
+    ready = ready_condition(provisioned, degraded, serving)
+    return with_conditions(
+        deps,
+        body,
+        [degraded, ready],
+        brokers=brokers,
+        slots={"total": applied, "owned": owned, "unowned": max(applied - owned, 0)},
+        depths={"scheduled": depths.scheduled, "prepared": depths.prepared, "dead": depths.dead},
+    )
+
+
+def degradations(
+    spec: TopicSpec, brokers: list[dict[str, Any]], services_ready: int, owned: int, slots: int
+) -> list[str]:
+    problems = [
+        f"broker {entry['index']} has {entry['replicasReady']}/{entry['replicasDesired']} "
+        "replicas ready"
+        for entry in brokers
+        if entry["replicasReady"] < entry["replicasDesired"]
+    ]
+    if services_ready < spec.brokers:
+        problems.append(f"{services_ready}/{spec.brokers} delay-service pods ready")
+    if owned < slots:
+        problems.append(f"{slots - owned} of {slots} slots have no owner")
+    return problems
+
+
+def current_condition(status: Mapping[str, Any], kind: str) -> Condition:
+    for item in status.get("conditions") or []:
+        if item.get("type") == kind:
+            return Condition(kind, item["status"], item["reason"], item["message"])
+    return Condition(kind, UNKNOWN, "Unknown", "Not reconciled yet.")
+
+
+async def redis_password(deps: Deps, spec: TopicSpec) -> str:
+    secret = await deps.kube.get(
+        "v1", "Secret", spec.namespace, naming.credentials_secret(spec.name)
+    )
+    encoded = ((secret or {}).get("data") or {}).get(naming.SECRET_REDIS_PASSWORD, "")
+    return base64.b64decode(encoded).decode() if encoded else ""
+
+
+async def slot_view(
+    deps: Deps, spec: TopicSpec, applied: int, logger: Logger
+) -> tuple[Routing, int]:
+    """The published routing and owned-slot count; ZooKeeper trouble degrades, never fails."""
+    connect = zookeeper_connect(spec, deps.ctx)
+    try:
+        routing = await deps.store.read_routing(connect, spec.namespace, spec.name)
+        owned = await deps.store.owned_slots(connect, spec.namespace, spec.name)
+    except TRANSIENT_ERRORS as error:
+        logger.warning("ZooKeeper unavailable for the health pass: %r", error)
+        routing, owned = None, 0
+    return routing or initial_routing(applied, min(spec.brokers, applied)), owned
+
+
+async def observe_broker(
+    deps: Deps,
+    spec: TopicSpec,
+    broker: int,
+    password: str,
+    routing: Routing,
+    previous: Mapping[str, Any],
+    logger: Logger,
+) -> tuple[dict[str, Any], Depths]:
+    """Observe, decide, act for one broker; returns its status entry and its depths."""
+    raw_pods = await deps.kube.list(
+        "v1", "Pod", spec.namespace, naming.redis_selector(spec.name, broker)
+    )
+    pods, addresses = [], {}
+    for pod in raw_pods:
+        name = pod["metadata"]["name"]
+        address = (pod.get("status") or {}).get("podIP")
+        addresses[name] = address
+        info = await deps.redis.inspect(address, password) if address else None
+        pods.append(
+            RedisPod(
+                name=name,
+                ordinal=pod_ordinal(name),
+                ready=pod_ready(pod),
+                labelled_master=(pod["metadata"].get("labels") or {}).get(naming.LABEL_ROLE)
+                == naming.ROLE_MASTER,
+                role=info.role if info else None,
+                offset=info.offset if info else 0,
+                keys=info.keys if info else 0,
+            )
+        )
+    key = (spec.namespace, spec.name, broker)
+    had_master = bool(previous.get("masterPod")) or any(pod.labelled_master for pod in pods)
+    decision = decide(
+        pods, deps.clock(), deps.failover_grace_s, deps.master_missing_since.get(key), had_master
+    )
+    if decision.missing_since is None:
+        deps.master_missing_since.pop(key, None)
+    else:
+        deps.master_missing_since[key] = decision.missing_since
+    await apply_decision(deps, spec, broker, decision, addresses, password, logger)
+
+    ready_pods = {pod.name for pod in pods if pod.ready}
+    serving = decision.master is not None and decision.master in ready_pods
+    entry: dict[str, Any] = {
+        "index": broker,
+        "state": "Ready" if serving else decision.reason,
+        "masterPod": decision.master or "",
+        "replicasReady": len(ready_pods - {decision.master}),
+        "replicasDesired": spec.replicas_per_broker,
+        "slots": len(routing.slots_of(broker)) if broker < routing.broker_count else 0,
+    }
+    last = now_iso(deps) if decision.failover else previous.get("lastFailoverTime")
+    if last:
+        entry["lastFailoverTime"] = last
+    depths = Depths()
+    master_address = addresses.get(decision.master or "")
+    if serving and master_address and broker < routing.broker_count:
+        try:
+            depths = await deps.redis.depths(
+                master_address, password, spec.namespace, spec.name, routing.slots_of(broker)
+            )
+        except TRANSIENT_ERRORS as error:
+            logger.warning("depths of broker %d unavailable: %r", broker, error)
+    return entry, depths
+
+
+async def apply_decision(
+    deps: Deps,
+    spec: TopicSpec,
+    broker: int,
+    decision: Decision,
+    addresses: Mapping[str, str | None],
+    password: str,
+    logger: Logger,
+) -> None:
+    """Unlabel first (clients stop reaching the old master), then promote, then demote."""
+    for name in decision.unlabel:
+        await label_role(deps, spec, name, naming.ROLE_REPLICA)
+    if decision.promote:
+        address = addresses.get(decision.promote)
+        if address:
+            await deps.redis.promote(address, password)
+        await label_role(deps, spec, decision.promote, naming.ROLE_MASTER)
+        logger.warning("broker %d: %s (%s)", broker, decision.reason, decision.message)
+    master_host = f"{naming.redis_master_service(spec.name, broker)}.{spec.namespace}.svc"
+    for name in decision.demote:
+        address = addresses.get(name)
+        if address:
+            await deps.redis.demote(address, password, master_host)
+            logger.warning("broker %d: demoted stray master %s", broker, name)
+
+
+async def label_role(deps: Deps, spec: TopicSpec, pod: str, role: str) -> None:
+    patch = {"metadata": {"labels": {naming.LABEL_ROLE: role}}}
+    await deps.kube.patch("v1", "Pod", spec.namespace, pod, patch)

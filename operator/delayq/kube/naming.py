@@ -1,0 +1,118 @@
+"""Names, labels and annotations shared by the builders, the handlers and the chart.
+
+One module so that a selector written by a builder and a label patched by failover can never
+drift apart.
+"""
+
+from __future__ import annotations
+
+GROUP = "delayq.io"
+VERSION = "v1alpha1"
+PLURAL = "delaytopics"
+KIND = "DelayTopic"
+
+FINALIZER = "delayq.io/finalizer"
+PAUSED_ANNOTATION = "delayq.io/paused"
+CONFIG_HASH_ANNOTATION = "delayq.io/config-hash"
+LAST_FAILOVER_ANNOTATION = "delayq.io/last-failover"
+
+LABEL_NAME = "app.kubernetes.io/name"
+LABEL_INSTANCE = "app.kubernetes.io/instance"
+LABEL_COMPONENT = "app.kubernetes.io/component"
+LABEL_MANAGED_BY = "app.kubernetes.io/managed-by"
+LABEL_TOPIC = "delayq.io/topic"
+LABEL_BROKER = "delayq.io/broker"
+LABEL_ROLE = "delayq.io/redis-role"
+LABEL_ENDPOINT = "delayq.io/endpoint"
+
+APP_NAME = "delayq"
+MANAGED_BY = "delayq-operator"
+COMPONENT_REDIS = "redis"
+COMPONENT_SERVICE = "delay-service"
+ROLE_MASTER = "master"
+ROLE_REPLICA = "replica"
+OPERATOR_POD_LABELS = {LABEL_NAME: "delayq-operator"}
+
+REDIS_PORT = 6379
+SERVICE_HTTP_PORT = 8080
+SECRET_REDIS_PASSWORD = "redis-password"
+SECRET_API_TOKEN = "api-token"
+CONFIG_KEY = "topic.json"
+CONFIG_MOUNT = "/etc/delayq"
+
+
+def is_paused(annotations: dict[str, str] | None) -> bool:
+    """`delayq.io/paused: "true"` (any case) stops reconciliation; deletion still proceeds."""
+    return (annotations or {}).get(PAUSED_ANNOTATION, "").lower() == "true"
+
+
+def redis_statefulset(topic: str, broker: int) -> str:
+    return f"{topic}-redis-{broker}"
+
+
+def redis_headless_service(topic: str, broker: int) -> str:
+    return f"{topic}-redis-{broker}-headless"
+
+
+def redis_master_service(topic: str, broker: int) -> str:
+    """The Service that always points at the broker's current master (by role label)."""
+    return f"{topic}-redis-{broker}"
+
+
+def redis_pod(topic: str, broker: int, ordinal: int) -> str:
+    return f"{redis_statefulset(topic, broker)}-{ordinal}"
+
+
+def service_statefulset(topic: str) -> str:
+    return f"{topic}-service"
+
+
+def service_headless_service(topic: str) -> str:
+    return f"{topic}-service-headless"
+
+
+def api_service(topic: str) -> str:
+    return f"{topic}-api"
+
+
+def credentials_secret(topic: str) -> str:
+    return f"{topic}-credentials"
+
+
+def config_map(topic: str) -> str:
+    return f"{topic}-config"
+
+
+def network_policy(topic: str) -> str:
+    return f"{topic}-redis"
+
+
+def topic_labels(topic: str, component: str) -> dict[str, str]:
+    """Labels on every object of a topic; a subset selects its pods."""
+    return {
+        LABEL_NAME: APP_NAME,
+        LABEL_INSTANCE: topic,
+        LABEL_COMPONENT: component,
+        LABEL_MANAGED_BY: MANAGED_BY,
+        LABEL_TOPIC: topic,
+    }
+
+
+def service_selector(topic: str) -> dict[str, str]:
+    return {LABEL_TOPIC: topic, LABEL_COMPONENT: COMPONENT_SERVICE}
+
+
+def redis_selector(topic: str, broker: int | None = None) -> dict[str, str]:
+    selector = {LABEL_TOPIC: topic, LABEL_COMPONENT: COMPONENT_REDIS}
+    if broker is not None:
+        selector[LABEL_BROKER] = str(broker)
+    return selector
+
+
+def master_selector(topic: str, broker: int) -> dict[str, str]:
+    return {**redis_selector(topic, broker), LABEL_ROLE: ROLE_MASTER}
+
+
+def label_selector(labels: dict[str, str]) -> str:
+    """The `labelSelector` query string for a set of equality labels."""
+    return ",".join(f"{key}={value}" for key, value in sorted(labels.items()))

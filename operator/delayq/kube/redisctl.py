@@ -1,0 +1,110 @@
+"""The operator's few Redis commands: inspect replication, promote, demote, count depths.
+
+Behind a Protocol so handler tests inject a fake; the real one uses redis.asyncio against pod
+IPs (the topic's NetworkPolicy admits the operator's pods).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Protocol
+
+import redis.asyncio
+
+from delayq.kube import naming
+from delayq.queue.keys import Part, SlotKeys
+
+CONNECT_TIMEOUT_S = 2.0
+
+
+@dataclass(frozen=True)
+class Replication:
+    role: str  # "master" or "slave"
+    offset: int
+    keys: int
+
+
+@dataclass(frozen=True)
+class Depths:
+    scheduled: int = 0
+    prepared: int = 0
+    dead: int = 0
+
+    def __add__(self, other: Depths) -> Depths:
+        return Depths(
+            self.scheduled + other.scheduled,
+            self.prepared + other.prepared,
+            self.dead + other.dead,
+        )
+
+
+class RedisControl(Protocol):
+    async def inspect(self, host: str, password: str) -> Replication | None:
+        """Replication role/offset and key count, or None when the pod does not answer."""
+
+    async def promote(self, host: str, password: str) -> None:
+        """REPLICAOF NO ONE: the pod becomes a master keeping its data."""
+
+    async def demote(self, host: str, password: str, master_host: str) -> None:
+        """REPLICAOF master: the pod drops its data and resyncs from the master."""
+
+    async def depths(
+        self, host: str, password: str, namespace: str, topic: str, slots: Sequence[int]
+    ) -> Depths:
+        """Messages per state summed over the given slots of one master."""
+
+
+class RedisCommands:
+    """RedisControl over redis.asyncio; one short-lived connection per call keeps it simple."""
+
+    def _client(self, host: str, password: str) -> redis.asyncio.Redis:
+        return redis.asyncio.Redis(
+            host=host,
+            port=naming.REDIS_PORT,
+            password=password,
+            socket_connect_timeout=CONNECT_TIMEOUT_S,
+            socket_timeout=CONNECT_TIMEOUT_S,
+        )
+
+    async def inspect(self, host: str, password: str) -> Replication | None:
+        client = self._client(host, password)
+        try:
+            info = await client.info("replication")
+            keys = int(await client.dbsize())
+        except (redis.RedisError, OSError):
+            return None
+        finally:
+            await client.aclose()
+        role = str(info.get("role", ""))
+        offset_key = "master_repl_offset" if role == "master" else "slave_repl_offset"
+        return Replication(role=role, offset=int(info.get(offset_key, 0)), keys=keys)
+
+    async def promote(self, host: str, password: str) -> None:
+        client = self._client(host, password)
+        try:
+            await client.replicaof("NO", "ONE")
+        finally:
+            await client.aclose()
+
+    async def demote(self, host: str, password: str, master_host: str) -> None:
+        client = self._client(host, password)
+        try:
+            await client.replicaof(master_host, str(naming.REDIS_PORT))
+        finally:
+            await client.aclose()
+
+    async def depths(
+        self, host: str, password: str, namespace: str, topic: str, slots: Sequence[int]
+    ) -> Depths:
+        client = self._client(host, password)
+        try:
+            pipe = client.pipeline(transaction=False)
+            for slot in slots:
+                keys = SlotKeys(namespace, topic, slot)
+                for part in (Part.STORE, Part.PREPARE, Part.DEAD):
+                    pipe.zcard(keys.key(part))
+            counts = [int(value) for value in await pipe.execute()]
+        finally:
+            await client.aclose()
+        return Depths(sum(counts[0::3]), sum(counts[1::3]), sum(counts[2::3]))

@@ -1,0 +1,90 @@
+"""Slot -> broker routing (DESIGN.md §4 `routing`): pure and sticky.
+
+A slot's messages live on the Redis of the broker it is routed to, so routing a slot elsewhere
+without moving its data would hide those messages. Hence: a routing that already exists is never
+changed for an existing slot; new brokers start idle until resharding is implemented; the first
+routing spreads slots in contiguous, near-equal ranges (broker b serves a slot range, which keeps
+the ZooKeeper node small and humans able to read it).
+"""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+from dataclasses import dataclass
+
+ROUTING_FORMAT_VERSION = 1
+
+
+@dataclass(frozen=True)
+class Routing:
+    """`brokers[slot]` is the broker index that stores slot `slot`."""
+
+    slot_amount: int
+    broker_count: int
+    brokers: tuple[int, ...]
+
+    def __post_init__(self) -> None:
+        if len(self.brokers) != self.slot_amount:
+            raise ValueError(
+                f"routing has {len(self.brokers)} entries for {self.slot_amount} slots"
+            )
+        if any(not 0 <= broker < self.broker_count for broker in self.brokers):
+            raise ValueError(f"routing names a broker outside 0..{self.broker_count - 1}")
+
+    def slots_per_broker(self) -> dict[int, int]:
+        counts = Counter(self.brokers)
+        return {broker: counts.get(broker, 0) for broker in range(self.broker_count)}
+
+    def slots_of(self, broker: int) -> list[int]:
+        return [slot for slot, owner in enumerate(self.brokers) if owner == broker]
+
+    def to_json(self) -> bytes:
+        """The ZooKeeper payload: version, counts, and the slot -> broker array."""
+        document = {
+            "version": ROUTING_FORMAT_VERSION,
+            "slotAmount": self.slot_amount,
+            "brokers": self.broker_count,
+            "slots": list(self.brokers),
+        }
+        return json.dumps(document, separators=(",", ":")).encode()
+
+    @classmethod
+    def from_json(cls, payload: bytes) -> Routing:
+        document = json.loads(payload)
+        if document.get("version") != ROUTING_FORMAT_VERSION:
+            raise ValueError(f"unknown routing format version {document.get('version')!r}")
+        return cls(document["slotAmount"], document["brokers"], tuple(document["slots"]))
+
+
+class RoutingConflict(ValueError):
+    """The desired topology cannot keep every existing slot where its messages are."""
+
+
+def initial_routing(slot_amount: int, broker_count: int) -> Routing:
+    """Contiguous ranges: slot s -> floor(s * brokers / slots); sizes differ by at most one."""
+    if broker_count < 1 or slot_amount < broker_count:
+        raise RoutingConflict(f"cannot spread {slot_amount} slots over {broker_count} brokers")
+    brokers = tuple(slot * broker_count // slot_amount for slot in range(slot_amount))
+    return Routing(slot_amount, broker_count, brokers)
+
+
+def plan_routing(slot_amount: int, broker_count: int, current: Routing | None) -> Routing:
+    """The routing to publish: the current one extended to more brokers, never moved.
+
+    Raises RoutingConflict when the slot count changed (resharding is not implemented) or when
+    brokers that still hold slots would disappear.
+    """
+    if current is None:
+        return initial_routing(slot_amount, broker_count)
+    if current.slot_amount != slot_amount:
+        raise RoutingConflict(
+            f"slotAmount change {current.slot_amount} -> {slot_amount} needs resharding, which is "
+            "not implemented yet"
+        )
+    used = {broker for broker in current.brokers}
+    if max(used) >= broker_count:
+        raise RoutingConflict(
+            f"broker {max(used)} still holds slots; brokers cannot shrink to {broker_count}"
+        )
+    return Routing(slot_amount, broker_count, current.brokers)

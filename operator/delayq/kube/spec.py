@@ -1,0 +1,234 @@
+"""Parse a DelayTopic spec into a typed, defaulted `TopicSpec`.
+
+The CRD schema (with CEL) rejects bad specs at `kubectl apply`; this parser repeats every
+non-transition rule so that a spec which slipped past (an API server without CEL, a CRD applied
+late, hand-edited storage) becomes a clear `Ready=False` condition instead of broken resources.
+Defaults equal the CRD's defaults, so objects from servers that do not default (kmock) behave
+the same as objects from a real API server.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from delayq.queue.topic import MAX_SLOT_AMOUNT, Topic, TopicError, TopicType, is_power_of_two
+
+DURATION_PATTERN = re.compile(r"^(?:[0-9]{1,8}(?:ms|s|m|h))+$")
+DURATION_PART = re.compile(r"([0-9]+)(ms|s|m|h)")
+DURATION_UNIT_MS = {"ms": 1, "s": 1000, "m": 60_000, "h": 3_600_000}
+ZK_CONNECT_PATTERN = re.compile(
+    r"^[A-Za-z0-9.\-]+:[0-9]{1,5}(,[A-Za-z0-9.\-]+:[0-9]{1,5})*(/[A-Za-z0-9_./\-]*)?$"
+)
+MAX_BROKERS = 64
+MAX_REPLICAS_PER_BROKER = 5
+
+
+class SpecError(ValueError):
+    """The spec can never work as written; the message names the field and the fix."""
+
+
+@dataclass(frozen=True)
+class Resources:
+    """Container requests/limits exactly as the user wrote them (quantities stay strings)."""
+
+    requests: Mapping[str, str] = field(default_factory=dict)
+    limits: Mapping[str, str] = field(default_factory=dict)
+
+    def as_manifest(self) -> dict[str, dict[str, str]]:
+        return {"requests": dict(self.requests), "limits": dict(self.limits)}
+
+
+@dataclass(frozen=True)
+class Delivery:
+    """Delivery settings of the topic's type; the unused fields keep their defaults."""
+
+    webhook_url: str = ""
+    webhook_timeout_ms: int = 10_000
+    webhook_max_in_flight: int = 64
+    pull_max_lease_batch: int = 100
+    stream_key: str = ""
+    stream_max_len: int = 0
+
+
+@dataclass(frozen=True)
+class TopicSpec:
+    """Everything the operator needs from one DelayTopic, validated and defaulted."""
+
+    name: str
+    namespace: str
+    slot_amount: int = 16
+    topic_type: TopicType = TopicType.PULL
+    brokers: int = 1
+    replicas_per_broker: int = 1
+    max_retries: int = 16
+    ack_timeout_ms: int = 30_000
+    max_payload_bytes: int = 1024 * 1024
+    journal_max_len: int = 0
+    delivery: Delivery = field(default_factory=Delivery)
+    zookeeper_connect: str = ""
+    zookeeper_session_timeout_ms: int = 10_000
+    storage_size: str = "1Gi"
+    storage_class: str = ""
+    deletion_policy: str = "Retain"
+    worker_concurrency: int = 16
+    worker_resources: Resources = field(default_factory=Resources)
+    redis_resources: Resources = field(default_factory=Resources)
+
+    @property
+    def topic(self) -> Topic:
+        """The engine's view of this topic (same validation the clients use)."""
+        return Topic(
+            name=self.name,
+            namespace=self.namespace,
+            slot_amount=self.slot_amount,
+            topic_type=self.topic_type,
+            max_retries=self.max_retries,
+            ack_timeout_ms=self.ack_timeout_ms,
+            max_payload_bytes=self.max_payload_bytes,
+            journal_maxlen=self.journal_max_len,
+        )
+
+    @property
+    def redis_pods_per_broker(self) -> int:
+        return 1 + self.replicas_per_broker
+
+
+def parse_duration_ms(value: object, field_name: str, low_ms: int, high_ms: int) -> int:
+    """A Go-style duration ("500ms", "1m30s") in milliseconds, within [low_ms, high_ms]."""
+    if not isinstance(value, str) or not DURATION_PATTERN.match(value):
+        raise SpecError(f"{field_name} {value!r} must be a duration such as 500ms, 30s, 5m or 1h")
+    total = sum(int(n) * DURATION_UNIT_MS[unit] for n, unit in DURATION_PART.findall(value))
+    if not low_ms <= total <= high_ms:
+        raise SpecError(
+            f"{field_name} {value!r} must be between {_human_ms(low_ms)} and {_human_ms(high_ms)}"
+        )
+    return total
+
+
+def parse_spec(name: str, namespace: str, spec: Mapping[str, Any]) -> TopicSpec:
+    """Validate and default one DelayTopic spec; raise SpecError naming the first bad field."""
+    slot_amount = _int(spec, "slotAmount", 16, 1, MAX_SLOT_AMOUNT)
+    if not is_power_of_two(slot_amount):
+        raise SpecError(
+            f"slotAmount must be a power of two between 1 and {MAX_SLOT_AMOUNT}, got {slot_amount}"
+        )
+    raw_type = spec.get("topicType", "pull")
+    try:
+        topic_type = TopicType(raw_type)
+    except ValueError:
+        raise SpecError(f"topicType {raw_type!r} must be one of pull, webhook, stream") from None
+    brokers = _int(spec, "brokers", 1, 1, MAX_BROKERS)
+    if brokers > slot_amount:
+        raise SpecError(
+            f"brokers must not exceed slotAmount: every broker needs at least one slot "
+            f"(brokers={brokers}, slotAmount={slot_amount})"
+        )
+    zookeeper = _section(spec, "zookeeper")
+    connect = zookeeper.get("connect", "")
+    if connect and (not isinstance(connect, str) or not ZK_CONNECT_PATTERN.match(connect)):
+        raise SpecError(
+            f"zookeeper.connect {connect!r} must look like host:port[,host:port][/path]"
+        )
+    persistence = _section(spec, "persistence")
+    deletion_policy = spec.get("deletionPolicy", "Retain")
+    if deletion_policy not in ("Retain", "Delete"):
+        raise SpecError(f"deletionPolicy {deletion_policy!r} must be Retain or Delete")
+    worker = _section(spec, "worker")
+    parsed = TopicSpec(
+        name=name,
+        namespace=namespace,
+        slot_amount=slot_amount,
+        topic_type=topic_type,
+        brokers=brokers,
+        replicas_per_broker=_int(spec, "replicasPerBroker", 1, 0, MAX_REPLICAS_PER_BROKER),
+        max_retries=_int(spec, "maxRetries", 16, 0, 1000),
+        ack_timeout_ms=parse_duration_ms(
+            spec.get("ackTimeout", "30s"), "ackTimeout", 1, 86_400_000
+        ),
+        max_payload_bytes=_int(spec, "maxPayloadBytes", 1024 * 1024, 1, 64 * 1024 * 1024),
+        journal_max_len=_int(spec, "journalMaxLen", 0, 0, 100_000_000),
+        delivery=_delivery(topic_type, _section(spec, "delivery")),
+        zookeeper_connect=str(connect),
+        zookeeper_session_timeout_ms=parse_duration_ms(
+            zookeeper.get("sessionTimeout", "10s"), "zookeeper.sessionTimeout", 2000, 60_000
+        ),
+        storage_size=str(persistence.get("size", "1Gi")),
+        storage_class=str(persistence.get("storageClass", "")),
+        deletion_policy=deletion_policy,
+        worker_concurrency=_int(worker, "concurrency", 16, 1, 1024, prefix="worker."),
+        worker_resources=_resources(worker, "worker"),
+        redis_resources=_resources(_section(spec, "redis"), "redis"),
+    )
+    try:
+        parsed.topic  # noqa: B018 - the engine's own checks (name is a DNS label, ...)
+    except TopicError as error:
+        raise SpecError(str(error)) from None
+    return parsed
+
+
+def _delivery(topic_type: TopicType, section: Mapping[str, Any]) -> Delivery:
+    for other in ("pull", "webhook", "stream"):
+        if other in section and other != topic_type.value:
+            raise SpecError(
+                f"spec.delivery.{other} is only used by topicType {other}: remove it or set "
+                f"topicType: {other}"
+            )
+    webhook = _section(section, "webhook")
+    if topic_type is TopicType.WEBHOOK and not webhook.get("url"):
+        raise SpecError(
+            "a webhook topic needs spec.delivery.webhook.url: "
+            "the address due messages are POSTed to"
+        )
+    url = str(webhook.get("url", ""))
+    if url and not re.match(r"^https?://\S+$", url):
+        raise SpecError(f"delivery.webhook.url {url!r} must start with http:// or https://")
+    pull = _section(section, "pull")
+    stream = _section(section, "stream")
+    return Delivery(
+        webhook_url=url,
+        webhook_timeout_ms=parse_duration_ms(
+            webhook.get("timeout", "10s"), "delivery.webhook.timeout", 10, 300_000
+        ),
+        webhook_max_in_flight=_int(webhook, "maxInFlight", 64, 1, 10_000, "delivery.webhook."),
+        pull_max_lease_batch=_int(pull, "maxLeaseBatch", 100, 1, 10_000, "delivery.pull."),
+        stream_key=str(stream.get("streamKey", "")),
+        stream_max_len=_int(stream, "maxLen", 0, 0, 1_000_000_000, "delivery.stream."),
+    )
+
+
+def _resources(section: Mapping[str, Any], owner: str) -> Resources:
+    raw = _section(section, "resources")
+    parts: dict[str, dict[str, str]] = {}
+    for key in ("requests", "limits"):
+        values = raw.get(key) or {}
+        if not isinstance(values, Mapping):
+            raise SpecError(f"{owner}.resources.{key} must be a map such as {{cpu: 100m}}")
+        parts[key] = {str(k): str(v) for k, v in values.items()}
+    return Resources(requests=parts["requests"], limits=parts["limits"])
+
+
+def _section(spec: Mapping[str, Any], key: str) -> Mapping[str, Any]:
+    value = spec.get(key) or {}
+    if not isinstance(value, Mapping):
+        raise SpecError(f"{key} must be an object")
+    return value
+
+
+def _int(
+    spec: Mapping[str, Any], key: str, default: int, low: int, high: int, prefix: str = ""
+) -> int:
+    value = spec.get(key, default)
+    if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
+        raise SpecError(f"{prefix}{key} must be an integer between {low} and {high}, got {value!r}")
+    return value
+
+
+def _human_ms(value_ms: int) -> str:
+    for unit in ("h", "m", "s"):
+        size = DURATION_UNIT_MS[unit]
+        if value_ms % size == 0:
+            return f"{value_ms // size}{unit}"
+    return f"{value_ms}ms"

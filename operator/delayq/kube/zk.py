@@ -1,0 +1,109 @@
+"""Publishing a topic's routing and config to ZooKeeper (DESIGN.md §4), behind a Protocol.
+
+Paths under `/delayq/<namespace>/<topic>/`: `routing` (slot -> broker, see routing.py) and
+`config` (the same JSON the pods read). The delay services watch these; the operator only
+writes them, so slot failover keeps working while the operator is down. kazoo is synchronous,
+so calls run in a worker thread with a bounded timeout.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import threading
+from typing import Protocol
+
+from kazoo.client import KazooClient
+from kazoo.exceptions import NoNodeError
+
+from delayq.kube.routing import Routing
+
+TIMEOUT_S = 10.0
+
+
+def topic_root(namespace: str, topic: str) -> str:
+    return f"/delayq/{namespace}/{topic}"
+
+
+class TopicStore(Protocol):
+    async def read_routing(self, connect: str, namespace: str, topic: str) -> Routing | None:
+        """The published routing, or None when the topic has none yet."""
+
+    async def publish(
+        self, connect: str, namespace: str, topic: str, routing: Routing, config: bytes
+    ) -> None:
+        """Write routing and config (idempotent)."""
+
+    async def owned_slots(self, connect: str, namespace: str, topic: str) -> int:
+        """How many slots currently have an owner (ephemeral nodes under owners/)."""
+
+    async def delete(self, connect: str, namespace: str, topic: str) -> None:
+        """Remove the topic's whole tree (on DelayTopic deletion)."""
+
+
+class KazooTopicStore:
+    """TopicStore over kazoo, one started client per connection string."""
+
+    def __init__(self) -> None:
+        self._clients: dict[str, KazooClient] = {}
+        self._lock = threading.Lock()
+
+    def _client(self, connect: str) -> KazooClient:
+        with self._lock:
+            client = self._clients.get(connect)
+            if client is None:
+                client = KazooClient(hosts=connect, timeout=TIMEOUT_S)
+                client.start(timeout=TIMEOUT_S)
+                self._clients[connect] = client
+            return client
+
+    async def read_routing(self, connect: str, namespace: str, topic: str) -> Routing | None:
+        def read() -> Routing | None:
+            try:
+                data, _ = self._client(connect).get(f"{topic_root(namespace, topic)}/routing")
+            except NoNodeError:
+                return None
+            return Routing.from_json(data)
+
+        return await asyncio.wait_for(asyncio.to_thread(read), TIMEOUT_S)
+
+    async def publish(
+        self, connect: str, namespace: str, topic: str, routing: Routing, config: bytes
+    ) -> None:
+        def write() -> None:
+            client = self._client(connect)
+            root = topic_root(namespace, topic)
+            for node, payload in (("routing", routing.to_json()), ("config", config)):
+                path = f"{root}/{node}"
+                if client.exists(path):
+                    client.set(path, payload)
+                else:
+                    client.create(path, payload, makepath=True)
+
+        await asyncio.wait_for(asyncio.to_thread(write), TIMEOUT_S)
+
+    async def owned_slots(self, connect: str, namespace: str, topic: str) -> int:
+        def count() -> int:
+            try:
+                owners = self._client(connect).get_children(
+                    f"{topic_root(namespace, topic)}/owners"
+                )
+                return len(owners)
+            except NoNodeError:
+                return 0
+
+        return await asyncio.wait_for(asyncio.to_thread(count), TIMEOUT_S)
+
+    async def delete(self, connect: str, namespace: str, topic: str) -> None:
+        def remove() -> None:
+            with contextlib.suppress(NoNodeError):  # already gone: deletion is idempotent
+                self._client(connect).delete(topic_root(namespace, topic), recursive=True)
+
+        await asyncio.wait_for(asyncio.to_thread(remove), TIMEOUT_S)
+
+    def close(self) -> None:
+        with self._lock:
+            for client in self._clients.values():
+                client.stop()
+                client.close()
+            self._clients.clear()
