@@ -1,0 +1,134 @@
+"""`delayq pipeline ingest`: read a file, validate, route by slot, schedule into Redis.
+
+The job evaluates the writer exactly once (one `collect` of its small outcome rows), so a
+message is scheduled once per run, and create-only scheduling makes a re-run find every id
+already present (EXISTS) instead of scheduling it twice.
+"""
+
+from __future__ import annotations
+
+import sys
+import threading
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from delayq.pipeline import transforms as T
+from delayq.pipeline.io_redis import OUTCOME_SCHEMA, RedisTarget, partition_writer
+
+FORMATS = ("parquet", "csv", "json")
+REJECTS_SCHEMA = "id string, reason string, source string"
+PROGRESS_INTERVAL_S = 5.0
+
+
+@dataclass(frozen=True)
+class IngestSummary:
+    read: int
+    scheduled: int
+    already_present: int
+    rejected: int
+    seconds: float
+
+    @property
+    def rate(self) -> float:
+        """Rows written to Redis per second (scheduled + already present)."""
+        return (self.scheduled + self.already_present) / self.seconds if self.seconds else 0.0
+
+    def as_dict(self) -> dict[str, Any]:
+        return {**asdict(self), "rate_msg_per_s": round(self.rate, 1)}
+
+    def line(self) -> str:
+        return (
+            f"ingest: read {self.read}, scheduled {self.scheduled}, already present "
+            f"{self.already_present}, rejected {self.rejected} in {self.seconds:.1f} s "
+            f"({self.rate:,.0f} msg/s)"
+        )
+
+
+def read_input(spark: Any, path: str, fmt: str) -> Any:
+    """Parquet, CSV with a header line (all columns text), or JSON Lines."""
+    if fmt == "parquet":
+        return spark.read.parquet(path)
+    if fmt == "csv":
+        return spark.read.option("header", True).option("mode", "PERMISSIVE").csv(path)
+    if fmt == "json":
+        return spark.read.json(path)
+    raise ValueError(f"format {fmt!r} is not one of {', '.join(FORMATS)}")
+
+
+def default_partitions(spark: Any, slot_amount: int) -> int:
+    """A few tasks per core (progress, skew) but never more than there are slots."""
+    return max(1, min(slot_amount, 4 * int(spark.sparkContext.defaultParallelism)))
+
+
+def ingest(
+    spark: Any,
+    source: Any,
+    target: RedisTarget,
+    rejects_path: str,
+    mapping: Mapping[str, str] | None = None,
+    partitions: int | None = None,
+    now_ms: int | None = None,
+    report: Callable[[str], None] | None = None,
+) -> IngestSummary:
+    """Schedule the good rows of `source`, write every bad one with its reason to `rejects_path`.
+
+    `report` receives a progress line every few seconds (rows written so far and the rate).
+    """
+    started = time.monotonic()
+    validated = T.validate(
+        T.canonical(source, mapping or {}),
+        target.max_payload_bytes,
+        int(time.time() * 1000) if now_ms is None else now_ms,
+    )
+    good = T.by_slot(
+        T.good_rows(validated, target.slot_amount),
+        partitions or default_partitions(spark, target.slot_amount),
+    )
+    written = spark.sparkContext.accumulator(0)
+    writer = partition_writer(target, progress=written)
+    with _Progress(written, started, report):
+        outcomes = good.mapInArrow(writer, OUTCOME_SCHEMA).collect()
+    late = [(r.id, r.reason, r.source) for r in outcomes if r.kind == "reject"]
+    rejects = T.rejected_rows(validated).unionByName(spark.createDataFrame(late, REJECTS_SCHEMA))
+    rejects.coalesce(1).write.mode("overwrite").json(rejects_path)
+    rejected = spark.read.schema(REJECTS_SCHEMA).json(rejects_path).count()
+    summaries = [r for r in outcomes if r.kind == "summary"]
+    written_rows = sum(r.rows for r in summaries)
+    return IngestSummary(
+        read=written_rows + rejected - len(late),
+        scheduled=sum(r.scheduled for r in summaries),
+        already_present=sum(r.existing for r in summaries),
+        rejected=rejected,
+        seconds=time.monotonic() - started,
+    )
+
+
+class _Progress:
+    """Reports the accumulator's row count from a daemon thread while the job runs."""
+
+    def __init__(self, written: Any, started: float, report: Callable[[str], None] | None) -> None:
+        self.written, self.started, self.report = written, started, report
+        self.done = threading.Event()
+        self.thread = threading.Thread(target=self._run, daemon=True, name="ingest-progress")
+
+    def __enter__(self) -> _Progress:
+        if self.report is not None:
+            self.thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.done.set()
+        if self.thread.is_alive():
+            self.thread.join()
+
+    def _run(self) -> None:
+        assert self.report is not None
+        while not self.done.wait(PROGRESS_INTERVAL_S):
+            rows, seconds = self.written.value, time.monotonic() - self.started
+            self.report(f"ingest: {rows} rows written in {seconds:.0f} s ({rows / seconds:,.0f}/s)")
+
+
+def stderr_report(line: str) -> None:
+    print(line, file=sys.stderr, flush=True)

@@ -1,0 +1,137 @@
+"""The ingest's pure transforms on a real local Spark: routing and validation match the engine."""
+
+from __future__ import annotations
+
+import random
+import string
+from datetime import UTC, datetime
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from delayq.pipeline import transforms as T
+from delayq.queue import plans
+from delayq.queue.codes import InvalidMessageError
+from delayq.queue.model import Mode, ScheduleRequest
+from delayq.queue.topic import MAX_DELAY_MS, MAX_ID_BYTES, Topic, slot_of
+
+SLOT_AMOUNTS = (1, 2, 16, 1024, 16384)
+NOW_MS = 1_800_000_000_000
+LIMIT = 64
+
+
+def _random_ids(count: int) -> list[str]:
+    rng = random.Random(6)
+    alphabet = string.ascii_letters + string.digits + "-_:/.éüß中文🙂 "
+    return [
+        "".join(rng.choice(alphabet) for _ in range(rng.randint(1, 40))) for _ in range(count)
+    ] + ["", "a", "order-1", "\u0000", "x" * 300]
+
+
+def _spark_slots(spark, bases: list[str]) -> list[dict[int, int]]:
+    df = spark.createDataFrame([(b,) for b in bases], "basis string")
+    from pyspark.sql import functions as F
+
+    columns = [T.slot_column(F.col("basis"), n).alias(f"s{n}") for n in SLOT_AMOUNTS]
+    return [{n: row[f"s{n}"] for n in SLOT_AMOUNTS} for row in df.select(*columns).collect()]
+
+
+def test_slot_column_equals_engine_routing_on_fixed_ids(spark):
+    bases = _random_ids(3000)
+    for basis, slots in zip(bases, _spark_slots(spark, bases), strict=True):
+        assert slots == {n: slot_of(basis, n) for n in SLOT_AMOUNTS}, basis
+
+
+@settings(max_examples=8, deadline=None)
+@given(st.lists(st.text(min_size=0, max_size=30), min_size=1, max_size=100))
+def test_slot_column_equals_engine_routing_on_any_text(spark, bases):
+    for basis, slots in zip(bases, _spark_slots(spark, bases), strict=True):
+        assert slots == {n: slot_of(basis, n) for n in SLOT_AMOUNTS}, basis
+
+
+def test_slot_column_refuses_a_slot_amount_not_a_power_of_two():
+    with pytest.raises(ValueError, match="power of two"):
+        T.slot_column(None, 12)
+
+
+ROW_SCHEMA = "id string, payload string, due_at long, delay long"
+
+
+def _engine_accepts(message_id, payload, due_at, delay) -> bool:
+    topic = Topic("t", max_payload_bytes=LIMIT)
+    request = ScheduleRequest(message_id or "", payload or b"", delay_ms=delay, at_ms=due_at)
+    try:
+        plans.schedule(topic, [request], Mode.CREATE)
+    except InvalidMessageError:
+        return False
+    return True
+
+
+def test_validation_agrees_with_the_engine(spark):
+    rows = [
+        ("ok-delay", "p", None, 1000),
+        ("ok-due", "p", NOW_MS, None),
+        ("ok-empty-payload", None, None, 0),
+        (None, "p", None, 1),
+        ("", "p", None, 1),
+        ("x" * MAX_ID_BYTES, "p", None, 1),
+        ("x" * (MAX_ID_BYTES + 1), "p", None, 1),
+        ("é" * (MAX_ID_BYTES // 2 + 1), "p", None, 1),
+        ("both", "p", NOW_MS, 5),
+        ("neither", "p", None, None),
+        ("negative-delay", "p", None, -1),
+        ("max-delay", "p", None, MAX_DELAY_MS),
+        ("over-max-delay", "p", None, MAX_DELAY_MS + 1),
+        ("negative-due", "p", -5, None),
+        ("payload-at-limit", "x" * LIMIT, None, 1),
+        ("payload-over-limit", "x" * (LIMIT + 1), None, 1),
+        ("payload-multibyte-over", "é" * (LIMIT // 2 + 1), None, 1),
+    ]
+    df = spark.createDataFrame(rows, ROW_SCHEMA)
+    validated = T.validate(T.canonical(df, {}), LIMIT, NOW_MS).collect()
+    for row, result in zip(rows, validated, strict=True):
+        assert (result.reason is None) == _engine_accepts(*row), (row, result.reason)
+
+
+def test_validation_reasons_on_text_input(spark):
+    rows = [
+        ("a", "2026-11-22T10:00:00Z", None, '{"k": "v", "n": 1}'),
+        ("b", "2026-11-22 10:00:00", None, None),
+        ("c", "2026-11-22T11:00:00+01:00", None, None),
+        ("d", "1800000000000", None, None),
+        ("e", "yesterday-ish", None, None),
+        ("f", None, "soon", None),
+        ("g", None, "250", "not json"),
+        ("h", None, "250", "[1, 2]"),
+        ("i", "2999-01-01T00:00:00Z", None, None),
+    ]
+    df = spark.createDataFrame(rows, "key string, when string, wait string, meta string")
+    mapping = T.parse_mapping("id=key, due_at=when,delay=wait ,headers=meta")
+    result = {r.id: r for r in T.validate(T.canonical(df, mapping), LIMIT, NOW_MS).collect()}
+    ten = int(datetime(2026, 11, 22, 10, tzinfo=UTC).timestamp() * 1000)
+    assert [result[k].due_ms for k in "abcd"] == [ten, ten, ten, 1_800_000_000_000]
+    assert result["a"].headers == {"k": "v", "n": "1"}
+    assert all(result[k].reason is None for k in "abcd")
+    assert result["e"].reason == "unparseable due_at"
+    assert result["f"].reason == "unparseable delay"
+    assert result["g"].reason == result["h"].reason == "headers not a JSON object"
+    assert result["i"].reason.startswith("due_at beyond the maximum delay")
+    assert result["e"].source == '{"key":"e","when":"yesterday-ish"}'
+
+
+def test_canonical_refuses_inputs_without_id_or_time(spark):
+    df = spark.createDataFrame([("a", 1)], "key string, delay long")
+    with pytest.raises(T.MappingError, match="no id column"):
+        T.canonical(df, {})
+    with pytest.raises(T.MappingError, match="neither"):
+        T.canonical(df.withColumnRenamed("delay", "x"), {"id": "key"})
+    with pytest.raises(T.MappingError, match="bad mapping"):
+        T.parse_mapping("identifier=key")
+
+
+def test_good_rows_carry_the_engine_slot_of_the_basis(spark):
+    rows = [("m1", "p", None, 5, None), ("m2", "p", None, 5, "tenant-7")]
+    df = spark.createDataFrame(rows, ROW_SCHEMA + ", slot_basis string")
+    good = T.good_rows(T.validate(T.canonical(df, {}), LIMIT, NOW_MS), 64).collect()
+    assert [(r.id, r.slot) for r in good] == [("m1", slot_of("m1", 64)), ("m2", slot_of("tenant-7", 64))]
