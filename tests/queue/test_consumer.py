@@ -1,0 +1,227 @@
+"""The consumer loop against a real redis-server: wake-up, never early, retries, flow control."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
+
+import pytest
+import redis
+import redis.asyncio
+
+from delayq.queue.backoff import Backoff
+from delayq.queue.client import AsyncQueue
+from delayq.queue.consumer import Consumer, ConsumerSettings, PoisonMessageError
+from delayq.queue.model import Message, ScheduleRequest, State
+
+from .conftest import TOPIC
+
+HOUR_MS = 3_600_000
+
+
+async def server_ms(client: redis.asyncio.Redis) -> int:
+    seconds, micros = await client.time()
+    return int(seconds) * 1000 + int(micros) // 1000
+
+
+async def wait_for(condition: Callable[[], bool], timeout_s: float, what: str) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"timed out waiting for {what}")
+        await asyncio.sleep(0.005)
+
+
+async def wait_for_state(queue: AsyncQueue, message_id: str, state: State) -> None:
+    deadline = time.monotonic() + 10
+    while (await queue.get(message_id)).state is not state:
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"timed out waiting for {message_id} to be {state}")
+        await asyncio.sleep(0.01)
+
+
+@contextlib.asynccontextmanager
+async def running(
+    queue: AsyncQueue,
+    handler: Callable[[Message], Awaitable[None]],
+    settings: ConsumerSettings | None = None,
+    on_slot_lost: Callable[[int], None] | None = None,
+) -> AsyncIterator[Consumer]:
+    consumer = Consumer(queue, handler, settings, on_slot_lost)
+    await consumer.own(TOPIC.slots)
+    task = asyncio.create_task(consumer.run())
+    try:
+        yield consumer
+    finally:
+        consumer.stop()
+        await asyncio.wait_for(task, 10)
+
+
+async def test_delivers_each_due_message_once_never_early(async_queue: AsyncQueue) -> None:
+    seen: dict[str, int] = {}
+
+    async def handler(message: Message) -> None:
+        now = await server_ms(async_queue.redis)
+        assert now >= message.due_ms, f"{message.id} delivered {message.due_ms - now} ms early"
+        seen[message.id] = seen.get(message.id, 0) + 1
+
+    async with running(async_queue, handler):
+        for i in range(60):
+            await async_queue.schedule(f"m{i}", b"x", delay_ms=(i * 13) % 250)
+        await wait_for(lambda: len(seen) == 60, 10, "60 deliveries")
+    assert set(seen.values()) == {1}
+    assert (await async_queue.stats()).prepared == 0
+
+
+async def test_an_earlier_message_wakes_a_consumer_sleeping_until_later(
+    async_queue: AsyncQueue,
+) -> None:
+    seen: list[str] = []
+
+    async def handler(message: Message) -> None:
+        seen.append(message.id)
+
+    await async_queue.schedule("later", delay_ms=HOUR_MS)
+    async with running(async_queue, handler) as consumer:
+        await wait_for(
+            lambda: all(s.next_ms != 0 for s in consumer._slots.values()),
+            5,
+            "consumer asleep",
+        )
+        # the consumer's timer is an hour away: only the wake-up can deliver this in time
+        await async_queue.schedule("soon", delay_ms=30)
+        await wait_for(lambda: seen == ["soon"], 5, "the wake-up delivery")
+
+
+async def test_idle_slots_cost_one_blocking_call_and_no_claims(
+    async_queue: AsyncQueue, redis_client: redis.Redis
+) -> None:
+    async def handler(message: Message) -> None:
+        pass
+
+    async with running(async_queue, handler) as consumer:
+        await wait_for(
+            lambda: all(s.next_ms is None for s in consumer._slots.values()), 5, "initial claims"
+        )
+        await wait_for(
+            lambda: redis_client.info("clients")["blocked_clients"] == 1, 5, "the blocking wait"
+        )
+        before = redis_client.info("commandstats").get("cmdstat_evalsha", {}).get("calls", 0)
+        await asyncio.sleep(0.3)  # an observation window, not a wait for an outcome
+        after = redis_client.info("commandstats").get("cmdstat_evalsha", {}).get("calls", 0)
+        assert after == before
+
+
+async def test_failures_retry_with_exact_backoff_then_poison_goes_dead(
+    async_queue: AsyncQueue,
+) -> None:
+    deliveries: list[tuple[int, int]] = []
+
+    async def handler(message: Message) -> None:
+        deliveries.append((message.attempt, await server_ms(async_queue.redis)))
+        if message.id == "poison":
+            raise PoisonMessageError("cannot parse")
+        raise RuntimeError("sink down")
+
+    settings = ConsumerSettings(backoff=Backoff(base_ms=80, factor=2.0))
+    await async_queue.schedule("flaky", delay_ms=0)
+    async with running(async_queue, handler, settings):
+        await wait_for_state(async_queue, "flaky", State.DEAD)
+        info = await async_queue.get("flaky")
+        assert "RuntimeError: sink down" in info.dead_reason
+        await async_queue.schedule("poison", delay_ms=0)
+        await wait_for_state(async_queue, "poison", State.DEAD)
+        assert (await async_queue.get("poison")).dead_reason == "PoisonMessageError: cannot parse"
+    flaky = deliveries[: TOPIC.max_retries + 1]
+    assert [attempt for attempt, _ in flaky] == [1, 2, 3]
+    # each retry waited at least its backoff (80 ms, then 160 ms) on the server clock
+    assert flaky[1][1] - flaky[0][1] >= 80
+    assert flaky[2][1] - flaky[1][1] >= 160
+
+
+async def test_in_flight_is_bounded_and_claims_stop_while_the_sink_is_slow(
+    async_queue: AsyncQueue,
+) -> None:
+    gate = asyncio.Event()
+    running_now = 0
+    peak = 0
+    done: set[str] = set()
+
+    async def handler(message: Message) -> None:
+        nonlocal running_now, peak
+        running_now += 1
+        peak = max(peak, running_now)
+        await gate.wait()
+        running_now -= 1
+        done.add(message.id)
+
+    await async_queue.schedule_many([ScheduleRequest(f"m{i}", delay_ms=0) for i in range(50)])
+    settings = ConsumerSettings(batch_size=4, max_in_flight=10)
+    async with running(async_queue, handler, settings):
+        await wait_for(lambda: running_now == 10, 5, "the in-flight bound")
+        stats = await async_queue.stats()
+        assert stats.prepared == 10
+        assert stats.scheduled == 40
+        gate.set()
+        await wait_for(lambda: len(done) == 50, 10, "all deliveries")
+    assert peak == 10
+
+
+async def test_a_slot_taken_over_elsewhere_is_dropped(async_queue: AsyncQueue) -> None:
+    lost: list[int] = []
+    seen: list[str] = []
+
+    async def handler(message: Message) -> None:
+        seen.append(message.id)
+
+    async with running(async_queue, handler, on_slot_lost=lost.append) as consumer:
+        slot = TOPIC.slot_of("x")
+        await async_queue.take_over(slot)  # another process became the owner
+        await async_queue.schedule("x", delay_ms=0)
+        await wait_for(lambda: lost == [slot], 5, "the slot to be dropped")
+        assert slot not in consumer.owned_slots
+    assert seen == []
+    assert (await async_queue.get("x")).state is State.SCHEDULED
+
+
+@pytest.mark.slow
+async def test_herd_of_100k_due_at_one_instant_drains_in_bounded_batches(
+    async_queue: AsyncQueue,
+) -> None:
+    total = 100_000
+    at_ms = await server_ms(async_queue.redis) + 300
+    for start in range(0, total, 10_000):
+        await async_queue.schedule_many(
+            [ScheduleRequest(f"h{i}", b"x" * 32, at_ms=at_ms) for i in range(start, start + 10_000)]
+        )
+    claim_sizes: list[int] = []
+    original_claim = async_queue.claim
+
+    async def recording_claim(*args: object, **kwargs: object):  # type: ignore[no-untyped-def]
+        batch = await original_claim(*args, **kwargs)  # type: ignore[arg-type]
+        claim_sizes.append(len(batch.messages))
+        return batch
+
+    async_queue.claim = recording_claim  # type: ignore[method-assign]
+    seen: set[str] = set()
+    in_flight = 0
+    peak = 0
+
+    async def handler(message: Message) -> None:
+        nonlocal in_flight, peak
+        in_flight += 1
+        peak = max(peak, in_flight)
+        await asyncio.sleep(0)
+        assert message.due_ms == at_ms
+        seen.add(message.id)
+        in_flight -= 1
+
+    settings = ConsumerSettings(batch_size=500, max_in_flight=2000)
+    async with running(async_queue, handler, settings):
+        await wait_for(lambda: len(seen) == total, 120, "the herd to drain")
+    assert max(claim_sizes) <= 500
+    assert peak <= 2000
+    stats = await async_queue.stats()
+    assert (stats.scheduled, stats.prepared, stats.dead) == (0, 0, 0)
