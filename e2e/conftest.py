@@ -94,15 +94,15 @@ def kube(tools: Tools, local_cluster: bool) -> Iterator[Kube]:
     The local cluster lives in a temporary directory that is removed afterwards unless
     ``E2E_KEEP=1`` (then its logs and kubeconfig stay for inspection).
     """
-    if not local_cluster:
-        yield Kube(Path(os.environ["E2E_KUBECONFIG"]), tools)
-        return
     workdir = Path(tempfile.mkdtemp(prefix="delayq-e2e-"))
-    print(f"e2e: cluster directory {workdir}")
+    print(f"e2e: session directory {workdir}")
     try:
-        nodes = int(os.environ.get("E2E_FAKE_NODES", "3"))
-        with local_control_plane(tools, workdir, fake_nodes=nodes) as client:
-            yield client
+        if not local_cluster:
+            yield Kube(Path(os.environ["E2E_KUBECONFIG"]), tools, workdir / "client")
+        else:
+            nodes = int(os.environ.get("E2E_FAKE_NODES", "3"))
+            with local_control_plane(tools, workdir, fake_nodes=nodes) as client:
+                yield client
     finally:
         if os.environ.get("E2E_KEEP") != "1":
             shutil.rmtree(workdir, ignore_errors=True)

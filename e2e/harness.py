@@ -410,19 +410,27 @@ class Kube:
 
     kubeconfig: Path
     tools: Tools
+    #: Private kubectl discovery cache and helm home: every local cluster has a new random port,
+    #: which must not pile up entries in the user's ~/.kube/cache, and a stale cache must not
+    #: hide a CRD that was just installed.
+    state_dir: Path
     abort: Callable[[], str | None] | None = None
 
     def env(self) -> dict[str, str]:
-        """Environment for child tools: the cluster's kubeconfig and nothing from the user's."""
+        """Environment for child tools: this cluster's kubeconfig, helm state under state_dir."""
         env = dict(os.environ)
         env["KUBECONFIG"] = str(self.kubeconfig)
+        for var, sub in (("HELM_CACHE_HOME", "helm/cache"), ("HELM_CONFIG_HOME", "helm/config"),
+                         ("HELM_DATA_HOME", "helm/data")):
+            env[var] = str(self.state_dir / sub)
         return env
 
     def kubectl(
         self, *args: str, input: str | None = None, check: bool = True, timeout: float = 60
     ) -> subprocess.CompletedProcess[str]:
         """Run kubectl; raise :class:`KubectlError` on failure unless ``check`` is false."""
-        argv = [f"--kubeconfig={self.kubeconfig}", *args]
+        argv = [f"--kubeconfig={self.kubeconfig}",
+                f"--cache-dir={self.state_dir / 'kubectl-cache'}", *args]
         result = subprocess.run(
             [self.tools.path("kubectl"), *argv], input=input, capture_output=True, text=True,
             timeout=timeout, check=False,
@@ -503,7 +511,7 @@ def local_control_plane(tools: Tools, workdir: Path, fake_nodes: int) -> Iterato
     try:
         start = time.monotonic()
         plane.start()
-        kube = Kube(plane.kubeconfig, tools, abort=plane.first_crash)
+        kube = Kube(plane.kubeconfig, tools, workdir / "client", abort=plane.first_crash)
         for index in range(fake_nodes):
             kube.create(fake_node(f"kwok-node-{index}"))
         kube.wait(lambda: kube.get("serviceaccount", "default", "default"), timeout=90,
