@@ -1,0 +1,110 @@
+"""The HTTP API of `delayq serve` (aiohttp): app factory, middlewares, probes, metrics, OpenAPI.
+
+Topic routes live in `routes_messages`, `routes_pull` and `routes_dead`; this module adds what
+every route shares: JSON errors naming the field, the bearer token check, size limits.
+"""
+
+from __future__ import annotations
+
+import hmac
+import json
+import logging
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from aiohttp import web
+
+from delayq.queue.codes import (
+    InvalidMessageError,
+    LeaseLostError,
+    NotFoundError,
+    StaleEpochError,
+    TooFarError,
+    WrongStateError,
+)
+from delayq.service import routes_dead, routes_messages, routes_pull
+from delayq.service.openapi import openapi_document
+from delayq.service.parsing import FieldError
+from delayq.service.service import DelayService
+from delayq.service.web import SERVICE, error_response
+
+log = logging.getLogger(__name__)
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+PUBLIC_PATHS = frozenset({"/healthz", "/readyz", "/metrics", "/openapi.json"})
+
+
+def build_app(service: DelayService) -> web.Application:
+    app = web.Application(
+        client_max_size=service.config.max_body_bytes,
+        middlewares=[errors_middleware, auth_middleware],
+    )
+    app[SERVICE] = service
+    app.router.add_get("/healthz", healthz)
+    app.router.add_get("/readyz", readyz)
+    app.router.add_get("/metrics", metrics)
+    app.router.add_get("/openapi.json", openapi)
+    routes_messages.add_routes(app.router)
+    routes_pull.add_routes(app.router)
+    routes_dead.add_routes(app.router)
+    return app
+
+
+@web.middleware
+async def errors_middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
+    """Every error is JSON: `{"error": ..., "field": ...}` with the status that fits it."""
+    try:
+        return await handler(request)
+    except FieldError as error:
+        return error_response(error.status, str(error), error.field)
+    except InvalidMessageError as error:
+        return error_response(400, str(error))
+    except NotFoundError as error:
+        return error_response(404, str(error), "id")
+    except (LeaseLostError, StaleEpochError, WrongStateError) as error:
+        return error_response(409, str(error))
+    except TooFarError as error:
+        return error_response(400, str(error), "delayMs")
+    except web.HTTPException as error:
+        if error.status < 400:
+            raise
+        return error_response(error.status, error.reason)
+
+
+@web.middleware
+async def auth_middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
+    """The topic's bearer token, compared in constant time; probes and metrics stay open."""
+    token = request.app[SERVICE].config.api_token
+    if not token or request.path in PUBLIC_PATHS:
+        return await handler(request)
+    scheme, _, given = request.headers.get("Authorization", "").partition(" ")
+    if scheme.lower() != "bearer" or not hmac.compare_digest(given.encode(), token.encode()):
+        response = error_response(401, "missing or wrong bearer token", "Authorization")
+        response.headers["WWW-Authenticate"] = 'Bearer realm="delayq"'
+        return response
+    return await handler(request)
+
+
+async def healthz(request: web.Request) -> web.Response:
+    """Liveness: the event loop answers."""
+    return web.json_response({"status": "ok"})
+
+
+async def readyz(request: web.Request) -> web.Response:
+    """Readiness: connected to Redis and holding an assignment (and not shutting down)."""
+    service = request.app[SERVICE]
+    ready = await service.is_ready()
+    body: dict[str, Any] = {"ready": ready, "ownedSlots": len(service.owned_slots)}
+    return web.json_response(body, status=200 if ready else 503)
+
+
+async def metrics(request: web.Request) -> web.Response:
+    service = request.app[SERVICE]
+    try:
+        await service.refresh_depth()
+    except Exception:
+        log.exception("depth refresh failed; exposing the last values")
+    return web.Response(body=service.metrics.render(), content_type="text/plain", charset="utf-8")
+
+
+async def openapi(request: web.Request) -> web.Response:
+    return web.json_response(openapi_document(), dumps=lambda d: json.dumps(d, indent=2))

@@ -1,0 +1,216 @@
+"""Settings of one `delayq serve` process: a frozen dataclass read from env, then flags (pure).
+
+Every field is declared once; its environment variable (`DELAYQ_<FIELD>`) and its flag
+(`--field-name`) are derived from the name, so the chart, the CLI and the tests cannot drift.
+Precedence: defaults < environment < flags.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import os
+import socket
+import typing
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from delayq.queue.topic import (
+    DEFAULT_ACK_TIMEOUT_MS,
+    DEFAULT_MAX_PAYLOAD_BYTES,
+    DEFAULT_MAX_RETRIES,
+    Topic,
+    TopicError,
+    TopicType,
+)
+
+ENV_PREFIX = "DELAYQ_"
+
+
+class ConfigError(ValueError):
+    """A setting is missing or invalid; the text names the flag and the variable."""
+
+
+def _help(text: str) -> dict[str, str]:
+    return {"help": text}
+
+
+@dataclass(frozen=True)
+class ServiceConfig:
+    """What one delay-service process serves, where it delivers and how it is reached."""
+
+    redis_url: str = field(
+        default="redis://127.0.0.1:6379/0", metadata=_help("Redis of the topic's broker")
+    )
+    namespace: str = field(default="default", metadata=_help("namespace of the topic"))
+    topic: str = field(default="demo", metadata=_help("topic name"))
+    slot_amount: int = field(default=16, metadata=_help("slots of the topic (power of two)"))
+    topic_type: TopicType = field(
+        default=TopicType.PULL, metadata=_help("delivery: pull, webhook or stream")
+    )
+    max_retries: int = field(
+        default=DEFAULT_MAX_RETRIES, metadata=_help("attempts beyond this go to dead")
+    )
+    ack_timeout_ms: int = field(
+        default=DEFAULT_ACK_TIMEOUT_MS, metadata=_help("lease length of a delivery")
+    )
+    max_payload_bytes: int = field(
+        default=DEFAULT_MAX_PAYLOAD_BYTES, metadata=_help("largest accepted payload")
+    )
+    webhook_url: str = field(
+        default="", metadata=_help("webhook topics: URL each due message is POSTed to")
+    )
+    webhook_secret: str = field(
+        default="", metadata=_help("webhook topics: HMAC-SHA256 signing secret")
+    )
+    webhook_timeout_ms: int = field(
+        default=5000, metadata=_help("webhook topics: timeout of one POST")
+    )
+    webhook_concurrency: int = field(
+        default=64, metadata=_help("webhook topics: concurrent POSTs at most")
+    )
+    stream_url: str = field(
+        default="", metadata=_help("stream topics: Redis of the target stream (default: ours)")
+    )
+    stream_key: str = field(
+        default="", metadata=_help("stream topics: target stream key (default dq-out:<ns>/<t>)")
+    )
+    stream_maxlen: int = field(
+        default=0, metadata=_help("stream topics: approximate MAXLEN of the target (0: none)")
+    )
+    api_token: str = field(
+        default="", metadata=_help("bearer token of the topic's HTTP API (empty: no auth)")
+    )
+    host: str = field(default="127.0.0.1", metadata=_help("HTTP listen address"))
+    port: int = field(default=8080, metadata=_help("HTTP listen port (0: any free port)"))
+    zookeeper: str = field(
+        default="", metadata=_help("ZooKeeper hosts (empty: embedded, own every slot)")
+    )
+    broker_id: str = field(default="", metadata=_help("the broker this process is co-located with"))
+    member_id: str = field(
+        default="", metadata=_help("member name in ZooKeeper (default: host-pid)")
+    )
+    max_in_flight: int = field(
+        default=1000, metadata=_help("deliveries in flight per process at most")
+    )
+    batch_size: int = field(default=200, metadata=_help("messages per claim at most"))
+    backoff_base_ms: int = field(
+        default=1000, metadata=_help("first retry delay; doubles per attempt")
+    )
+    backoff_max_ms: int = field(default=3_600_000, metadata=_help("longest retry delay"))
+    max_body_bytes: int = field(
+        default=8 * 1024 * 1024, metadata=_help("largest HTTP request body")
+    )
+    grace_ms: int = field(
+        default=20_000, metadata=_help("SIGTERM: longest wait for in-flight deliveries")
+    )
+    log_level: str = field(default="INFO", metadata=_help("logging level"))
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "topic_type", TopicType(self.topic_type))
+        try:
+            self.to_topic()
+        except TopicError as error:
+            raise ConfigError(str(error)) from error
+        if self.topic_type is TopicType.WEBHOOK and not self.webhook_url:
+            raise ConfigError(_needs("webhook_url", "a webhook topic"))
+        for name in (
+            "webhook_timeout_ms",
+            "webhook_concurrency",
+            "max_in_flight",
+            "batch_size",
+            "backoff_base_ms",
+            "max_body_bytes",
+            "grace_ms",
+        ):
+            if getattr(self, name) < 1:
+                raise ConfigError(f"{_names(name)} must be at least 1")
+        if not 0 <= self.port <= 65535:
+            raise ConfigError(f"{_names('port')} must be between 0 and 65535")
+
+    def to_topic(self) -> Topic:
+        return Topic(
+            self.topic,
+            namespace=self.namespace,
+            slot_amount=self.slot_amount,
+            topic_type=self.topic_type,
+            max_retries=self.max_retries,
+            ack_timeout_ms=self.ack_timeout_ms,
+            max_payload_bytes=self.max_payload_bytes,
+        )
+
+    @property
+    def member(self) -> str:
+        return self.member_id or f"{socket.gethostname()}-{os.getpid()}"
+
+    @property
+    def target_stream(self) -> str:
+        return self.stream_key or f"dq-out:{self.namespace}/{self.topic}"
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str] | None = None) -> ServiceConfig:
+        env = os.environ if env is None else env
+        values = {
+            f.name: _convert(f.name, env[env_name(f.name)])
+            for f in dataclasses.fields(cls)
+            if env_name(f.name) in env
+        }
+        return cls(**values)
+
+    @classmethod
+    def from_args(
+        cls, args: argparse.Namespace, base: ServiceConfig | None = None
+    ) -> ServiceConfig:
+        """Flags given on the command line override `base` (by default, the environment)."""
+        base = cls.from_env() if base is None else base
+        changes = {
+            f.name: getattr(args, f.name)
+            for f in dataclasses.fields(cls)
+            if getattr(args, f.name, None) is not None
+        }
+        return dataclasses.replace(base, **changes)
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """One flag per setting; unset flags stay None so the environment and defaults apply."""
+    for f in dataclasses.fields(ServiceConfig):
+        kind = _HINTS[f.name]
+        parser.add_argument(
+            flag_name(f.name),
+            dest=f.name,
+            type=_parser_of(f.name),
+            choices=list(TopicType) if kind is TopicType else None,
+            help=f"{f.metadata['help']} (env {env_name(f.name)}, default {f.default!r})",
+        )
+
+
+def env_name(name: str) -> str:
+    return ENV_PREFIX + name.upper()
+
+
+def flag_name(name: str) -> str:
+    return "--" + name.replace("_", "-")
+
+
+def _names(name: str) -> str:
+    return f"{flag_name(name)} ({env_name(name)})"
+
+
+def _needs(name: str, what: str) -> str:
+    return f"{what} needs {_names(name)}"
+
+
+_HINTS: dict[str, Any] = typing.get_type_hints(ServiceConfig)
+
+
+def _parser_of(name: str) -> Any:
+    kind = _HINTS[name]
+    return TopicType if kind is TopicType else kind
+
+
+def _convert(name: str, raw: str) -> Any:
+    try:
+        return _parser_of(name)(raw)
+    except ValueError as error:
+        raise ConfigError(f"{env_name(name)}={raw!r}: {error}") from error

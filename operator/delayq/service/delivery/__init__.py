@@ -1,0 +1,1 @@
+"""Delivery of due messages by topic type: webhook and stream sinks (push) and pull leasing."""

@@ -1,0 +1,155 @@
+"""Pull delivery: claim from the owned slots only when a consumer asks for a lease.
+
+No push loop and no buffer: a lease request claims at most `max_count` messages, spread over the
+owned slots round-robin (an equal share per slot per round, one pipelined round trip per round),
+so one hot slot cannot starve the others and nothing is leased that nobody asked for. An empty
+request may wait (long poll) until the earliest due time the claims reported, cut short by the
+slots' wake lists when a producer schedules something earlier.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+
+import redis.asyncio
+
+from delayq.queue import plans
+from delayq.queue.client import AsyncQueue
+from delayq.queue.codes import StaleEpochError
+from delayq.queue.keys import Part, slot_keys
+from delayq.queue.model import ClaimBatch, Message
+from delayq.queue.plans import Plan, Reply
+
+MAX_LEASE_BATCH = 1000
+MIN_WAIT_S = 0.001
+
+
+@dataclass
+class _Round:
+    messages: list[Message] = field(default_factory=list)
+    full: list[int] = field(default_factory=list)  # slots that filled their share: maybe more
+    next_in_ms: int | None = None  # server ms until the earliest next due time or deadline
+
+
+class PullLeaser:
+    """Leases messages of the slots this process owns, on request."""
+
+    def __init__(self, queue: AsyncQueue) -> None:
+        self.queue = queue
+        self._epochs: dict[int, int] = {}
+        self._cursor = 0
+        self._stopping = False
+
+    @property
+    def owned_slots(self) -> list[int]:
+        return sorted(self._epochs)
+
+    async def own(self, slots: Iterable[int]) -> None:
+        for slot in slots:
+            if slot not in self._epochs:
+                self._epochs[slot] = await self.queue.take_over(slot)
+
+    async def release(self, slots: Iterable[int]) -> None:
+        for slot in slots:
+            self._epochs.pop(slot, None)
+
+    def stop(self) -> None:
+        self._stopping = True
+
+    async def lease(self, max_count: int, lease_ms: int, wait_ms: int = 0) -> list[Message]:
+        """Up to `max_count` due messages leased for `lease_ms`, waiting up to `wait_ms`."""
+        deadline = time.monotonic() + wait_ms / 1000
+        while True:
+            messages, next_in_ms = await self._claim(max_count, lease_ms)
+            remaining_s = deadline - time.monotonic()
+            if messages or remaining_s <= 0 or self._stopping:
+                return messages
+            wait_s = remaining_s if next_in_ms is None else min(remaining_s, next_in_ms / 1000)
+            await self._wait_for_wake(max(MIN_WAIT_S, wait_s))
+
+    async def _claim(self, max_count: int, lease_ms: int) -> tuple[list[Message], int | None]:
+        """Claim exactly up to `max_count`: shares per round never add up to more."""
+        pending = self._rotation()
+        messages: list[Message] = []
+        next_in_ms: int | None = None
+        while pending and len(messages) < max_count:
+            wanted = max_count - len(messages)
+            batch, rest = pending[:wanted], pending[wanted:]
+            result = await self._round(batch, _shares(wanted, len(batch)), lease_ms)
+            messages.extend(result.messages)
+            next_in_ms = _earliest(next_in_ms, result.next_in_ms)
+            pending = rest + result.full
+        return messages, next_in_ms
+
+    def _rotation(self) -> list[int]:
+        """Owned slots starting after where the previous request started."""
+        owned = self.owned_slots
+        if not owned:
+            return []
+        self._cursor = (self._cursor + 1) % len(owned)
+        return owned[self._cursor :] + owned[: self._cursor]
+
+    async def _round(self, slots: list[int], shares: list[int], lease_ms: int) -> _Round:
+        claimed = [
+            (slot, self._epochs[slot], share)
+            for slot, share in zip(slots, shares, strict=True)
+            if slot in self._epochs
+        ]
+        topic = self.queue.topic
+        claims = [
+            plans.claim(topic, slot, epoch, share, lease_ms) for slot, epoch, share in claimed
+        ]
+        outcomes = await self.queue.run(_combined(claims)) if claims else []
+        result = _Round()
+        for (slot, epoch, share), outcome in zip(claimed, outcomes, strict=True):
+            if isinstance(outcome, StaleEpochError):
+                if self._epochs.get(slot) == epoch:
+                    del self._epochs[slot]  # a newer owner fenced us out of this slot
+                continue
+            result.messages.extend(outcome.messages)
+            if len(outcome.messages) >= share:
+                result.full.append(slot)
+            upcoming = [t for t in (outcome.next_due_ms, outcome.next_deadline_ms) if t is not None]
+            if upcoming:
+                next_in = max(0, min(upcoming) - outcome.now_ms)
+                result.next_in_ms = _earliest(result.next_in_ms, next_in)
+        return result
+
+    async def _wait_for_wake(self, timeout_s: float) -> None:
+        """Block until a producer marks an owned slot's head earlier, or `timeout_s` passes."""
+        keys = [slot_keys(self.queue.topic, slot).key(Part.WAKE) for slot in self.owned_slots]
+        if not keys:
+            await asyncio.sleep(timeout_s)
+            return
+        try:
+            await self.queue.redis.blpop(keys, timeout=timeout_s)
+        except redis.RedisError:
+            await asyncio.sleep(min(timeout_s, 0.1))
+
+
+def _shares(total: int, parts: int) -> list[int]:
+    """`total` split over `parts` as evenly as possible (the first ones get the remainder)."""
+    quotient, remainder = divmod(total, parts)
+    return [quotient + (1 if index < remainder else 0) for index in range(parts)]
+
+
+def _earliest(a: int | None, b: int | None) -> int | None:
+    return b if a is None else a if b is None else min(a, b)
+
+
+def _combined(claims: list[Plan[ClaimBatch]]) -> Plan[list[ClaimBatch | StaleEpochError]]:
+    """All claims in one pipelined round trip; a fenced slot yields its error, not a failure."""
+
+    def combine(replies: list[Reply]) -> list[ClaimBatch | StaleEpochError]:
+        results: list[ClaimBatch | StaleEpochError] = []
+        for claim, reply in zip(claims, replies, strict=True):
+            try:
+                results.append(claim.combine([reply]))
+            except StaleEpochError as error:
+                results.append(error)
+        return results
+
+    return Plan([claim.calls[0] for claim in claims], combine)

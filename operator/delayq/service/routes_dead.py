@@ -1,0 +1,93 @@
+"""Dead-queue routes: list (paged across slots), redrive and purge (listed ids, or all)."""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Awaitable, Callable, Sequence
+
+from aiohttp import web
+
+from delayq.queue.model import MessageInfo, Outcome
+from delayq.queue.plans import Target
+from delayq.service.envelope import info_json
+from delayq.service.parsing import parse_all_or_ids, parse_count, parse_cursor
+from delayq.service.service import DelayService
+from delayq.service.web import json_body, service_for
+
+DEAD = "/v1/topics/{topic}/dead"
+MAX_PAGE = 1000
+
+PerSlot = Callable[[int, Sequence[str]], Awaitable[list[Outcome]]]
+AllSlots = Callable[[], Awaitable[int]]
+
+
+def add_routes(router: web.UrlDispatcher) -> None:
+    router.add_get(DEAD, list_dead)
+    router.add_post(DEAD + "/redrive", redrive)
+    router.add_post(DEAD + "/purge", purge)
+    router.add_get("/v1/topics/{topic}/stats", stats)
+
+
+async def list_dead(request: web.Request) -> web.Response:
+    """One page of dead messages, slot by slot; `nextCursor` is null after the last slot."""
+    service = service_for(request)
+    slot, offset = parse_cursor(request.query.get("cursor"), service.topic)
+    count = parse_count(request.query.get("count"), 100, MAX_PAGE)
+    found: list[MessageInfo] = []
+    while slot < service.topic.slot_amount and len(found) < count:
+        page = await service.queue.dead_page(slot, offset, count - len(found))
+        found.extend(page.messages)
+        offset += len(page.messages)
+        if offset >= page.total or not page.messages:
+            slot, offset = slot + 1, 0
+    cursor = f"{slot}:{offset}" if slot < service.topic.slot_amount else None
+    return web.json_response({"messages": [info_json(m) for m in found], "nextCursor": cursor})
+
+
+async def _by_slot(
+    service: DelayService, targets: list[Target], action: PerSlot
+) -> list[dict[str, str]]:
+    ids: dict[int, list[str]] = defaultdict(list)
+    for target in targets:
+        basis = target.slot_basis if target.slot_basis is not None else target.id
+        ids[service.topic.slot_of(basis)].append(target.id)
+    results = []
+    for slot, slot_ids in ids.items():
+        results += [
+            {"id": o.id, "result": o.code.name.lower()} for o in await action(slot, slot_ids)
+        ]
+    return results
+
+
+async def _dead_action(request: web.Request, per_slot: PerSlot, every: AllSlots) -> web.Response:
+    service = service_for(request)
+    targets = parse_all_or_ids(await json_body(request))
+    if targets is None:
+        return web.json_response({"moved": await every()})
+    return web.json_response({"results": await _by_slot(service, targets, per_slot)})
+
+
+async def redrive(request: web.Request) -> web.Response:
+    queue = service_for(request).queue
+    return await _dead_action(request, queue.redrive, queue.redrive_all)
+
+
+async def purge(request: web.Request) -> web.Response:
+    queue = service_for(request).queue
+    return await _dead_action(request, queue.purge, queue.purge_all)
+
+
+async def stats(request: web.Request) -> web.Response:
+    service = service_for(request)
+    topic_stats = await service.queue.stats()
+    return web.json_response(
+        {
+            "scheduled": topic_stats.scheduled,
+            "due": topic_stats.due,
+            "prepared": topic_stats.prepared,
+            "dead": topic_stats.dead,
+            "nextDueMs": topic_stats.next_due_ms,
+            "oldestOverdueMs": topic_stats.oldest_overdue_ms,
+            "ownedSlots": service.owned_slots,
+        }
+    )

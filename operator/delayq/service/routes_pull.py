@@ -1,0 +1,95 @@
+"""Pull-consumer routes: lease a batch, then ack, nack (with delay) or extend by lease token.
+
+Batch answers list a result per token; the status is 409 when any lease was lost or fenced
+(the consumer must not assume its work counted), 200 otherwise.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from aiohttp import web
+
+from delayq.queue.codes import Code
+from delayq.queue.model import Lease, Outcome
+from delayq.queue.topic import TopicType
+from delayq.service.delivery.pull import PullLeaser
+from delayq.service.delivery.webhook import wall_ms
+from delayq.service.envelope import message_json
+from delayq.service.parsing import parse_extend, parse_lease_request, parse_nack, parse_tokens
+from delayq.service.service import DelayService
+from delayq.service.tokens import encode_token
+from delayq.service.web import UnknownTopicError, json_body, service_for
+
+LEASES = "/v1/topics/{topic}/leases"
+CONFLICTS = frozenset({Code.LEASE_LOST, Code.STALE_EPOCH, Code.NOT_FOUND})
+
+
+def add_routes(router: web.UrlDispatcher) -> None:
+    router.add_post(LEASES, lease)
+    router.add_post(LEASES + "/ack", ack)
+    router.add_post(LEASES + "/nack", nack)
+    router.add_post(LEASES + "/extend", extend)
+
+
+def _leaser(service: DelayService) -> PullLeaser:
+    if service.leaser is None:
+        raise UnknownTopicError(
+            "topic",
+            f"topic {service.topic.name!r} is a {service.topic.topic_type} topic, "
+            f"leases are for {TopicType.PULL} topics",
+        )
+    return service.leaser
+
+
+async def lease(request: web.Request) -> web.Response:
+    service = service_for(request)
+    leaser = _leaser(service)
+    wanted = parse_lease_request(await json_body(request), service.topic)
+    messages = await leaser.lease(wanted.max_count, wanted.lease_ms, wanted.wait_ms)
+    now_ms = wall_ms()
+    for message in messages:
+        service.metrics.observe_lateness(now_ms - message.due_ms)
+    service.metrics.count_delivery("leased", len(messages))
+    leases = [{"token": encode_token(m.lease), **message_json(service.topic, m)} for m in messages]
+    return web.json_response({"leases": leases})
+
+
+def _answer(leases: Sequence[Lease], outcomes: Sequence[Outcome]) -> web.Response:
+    results: list[dict[str, Any]] = []
+    for given, outcome in zip(leases, outcomes, strict=True):
+        result: dict[str, Any] = {"id": outcome.id, "result": outcome.code.name.lower()}
+        if outcome.at_ms is not None:
+            result["atMs"] = outcome.at_ms
+        result["token"] = encode_token(given)
+        results.append(result)
+    conflict = any(outcome.code in CONFLICTS for outcome in outcomes)
+    return web.json_response({"results": results}, status=409 if conflict else 200)
+
+
+async def ack(request: web.Request) -> web.Response:
+    service = service_for(request)
+    _leaser(service)
+    leases = parse_tokens(await json_body(request))
+    outcomes = await service.queue.ack_many(leases)
+    service.metrics.count_delivery("acked", sum(o.code is Code.ACKED for o in outcomes))
+    return _answer(leases, outcomes)
+
+
+async def nack(request: web.Request) -> web.Response:
+    service = service_for(request)
+    _leaser(service)
+    retries = parse_nack(await json_body(request))
+    outcomes = await service.queue.nack_many(retries)
+    for outcome in outcomes:
+        if outcome.code in (Code.DEAD, Code.RETRY_SCHEDULED):
+            service.metrics.count_failure(dead=outcome.code is Code.DEAD)
+    return _answer([r.lease for r in retries], outcomes)
+
+
+async def extend(request: web.Request) -> web.Response:
+    service = service_for(request)
+    _leaser(service)
+    leases, lease_ms = parse_extend(await json_body(request))
+    return _answer(leases, await service.queue.extend_many(leases, lease_ms))

@@ -1,0 +1,68 @@
+"""`delayq serve`: run one delay-service process until SIGTERM or SIGINT, then exit 0.
+
+SIGTERM handling follows the Kubernetes contract: readiness turns false at once, the service
+stops claiming, in-flight deliveries get `grace_ms` to finish (pull leases are left to expire or
+be acked by their holders), ownership is released, and the HTTP server closes last so probes and
+acks keep working during the drain.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import signal
+
+from aiohttp import web
+
+from delayq.coordination.ownership import EmbeddedOwnership, Ownership
+from delayq.service import logs
+from delayq.service.api import build_app
+from delayq.service.config import ConfigError, ServiceConfig
+from delayq.service.service import DelayService
+
+log = logging.getLogger(__name__)
+
+
+def make_ownership(config: ServiceConfig) -> Ownership:
+    """Embedded (every slot) without ZooKeeper; the coordination module's ownership with it."""
+    if not config.zookeeper:
+        return EmbeddedOwnership(config.slot_amount)
+    raise ConfigError(
+        "--zookeeper (DELAYQ_ZOOKEEPER) needs delayq.coordination's ZooKeeper ownership, "
+        "which this build does not have yet"
+    )
+
+
+async def serve(config: ServiceConfig, stop: asyncio.Event | None = None) -> int:
+    """Serve until `stop` is set (by default: on SIGTERM or SIGINT)."""
+    stop = stop or _stop_on_signals()
+    service = DelayService(config, make_ownership(config))
+    await service.start()
+    runner = web.AppRunner(build_app(service), access_log=None, handle_signals=False)
+    await runner.setup()
+    site = web.TCPSite(runner, config.host, config.port)
+    await site.start()
+    log.info(
+        "listening",
+        extra={"host": config.host, "port": config.port, "member": config.member},
+    )
+    await stop.wait()
+    log.info("stopping")
+    try:
+        await service.stop()
+    finally:
+        await runner.cleanup()
+    return 0
+
+
+def _stop_on_signals() -> asyncio.Event:
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(signum, stop.set)
+    return stop
+
+
+def run(config: ServiceConfig) -> int:
+    logs.configure(config.log_level)
+    return asyncio.run(serve(config))

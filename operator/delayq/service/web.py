@@ -1,0 +1,44 @@
+"""Helpers every route module shares: the app key of the service, JSON bodies and errors."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from aiohttp import web
+
+from delayq.service.parsing import Body, FieldError, require_object
+from delayq.service.service import DelayService
+
+SERVICE = web.AppKey("service", DelayService)
+
+
+class UnknownTopicError(FieldError):
+    """The path names a topic this service does not serve (HTTP 404)."""
+
+    status = 404
+
+
+def error_response(status: int, message: str, field: str | None = None) -> web.Response:
+    body: dict[str, Any] = {"error": message}
+    if field is not None:
+        body["field"] = field
+    return web.json_response(body, status=status)
+
+
+async def json_body(request: web.Request) -> Body:
+    """The request's JSON object; 400 naming `body` when it is not one."""
+    try:
+        data = await request.json()
+    except ValueError:
+        raise FieldError("body", "body must be valid JSON") from None
+    return require_object(data)
+
+
+def service_for(request: web.Request) -> DelayService:
+    """The service, after checking the path names its topic (404 otherwise)."""
+    service = request.app[SERVICE]
+    topic = request.match_info.get("topic")
+    if topic is not None and topic != service.topic.name:
+        served = service.topic.name
+        raise UnknownTopicError("topic", f"this service serves topic {served!r}, not {topic!r}")
+    return service
