@@ -1,4 +1,4 @@
-"""Shared fixtures: one real redis-server per test session, flushed between tests."""
+"""Shared fixtures: one real redis-server (flushed between tests) and one ZooKeeper per session."""
 
 from __future__ import annotations
 
@@ -9,6 +9,7 @@ import redis
 import redis.asyncio
 
 from delayq.local.redis_server import RedisServer
+from delayq.local.zookeeper_server import ZooKeeperServer
 
 
 @pytest.fixture(scope="session")
@@ -38,3 +39,13 @@ async def async_redis_client(redis_server: RedisServer) -> AsyncIterator[redis.a
         yield client
     finally:
         await client.aclose()
+
+
+@pytest.fixture(scope="session")
+def zookeeper_server() -> Iterator[ZooKeeperServer]:
+    """One real standalone ZooKeeper per test session; tests isolate by topic path."""
+    server = ZooKeeperServer().start()
+    try:
+        yield server
+    finally:
+        server.stop()

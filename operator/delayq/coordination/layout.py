@@ -1,0 +1,137 @@
+"""The ZooKeeper tree of one topic (DESIGN.md §4) and the JSON stored in its nodes (pure).
+
+```
+/delayq/<namespace>/<topic>/
+    members/<member-id>   ephemeral  {"broker": "broker-1", "capacity": 1, "host": "pod-1"}
+    assignment            persistent {"version": 1, "generation": 7, "members": [ids],
+                                      "slots": [index into members, or -1, per slot]}
+    owners/<slot>         ephemeral  member id; whoever holds it may consume the slot
+    routing               persistent slot -> broker, written by the operator (kube/routing.py)
+```
+
+The assignment stores member ids once and one small integer per slot, so even 16384 slots stay
+far below ZooKeeper's 1 MB node limit.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from delayq.coordination.assignment import Assignment, Member
+from delayq.kube.routing import Routing
+
+ASSIGNMENT_FORMAT_VERSION = 1
+_TRAILING_NUMBER = re.compile(r"(\d+)$")
+
+
+@dataclass(frozen=True)
+class TopicPaths:
+    """Absolute node paths of one topic."""
+
+    namespace: str
+    topic: str
+
+    @property
+    def root(self) -> str:
+        return f"/delayq/{self.namespace}/{self.topic}"
+
+    @property
+    def members(self) -> str:
+        return f"{self.root}/members"
+
+    def member(self, member_id: str) -> str:
+        return f"{self.members}/{member_id}"
+
+    @property
+    def assignment(self) -> str:
+        return f"{self.root}/assignment"
+
+    @property
+    def owners(self) -> str:
+        return f"{self.root}/owners"
+
+    def owner(self, slot: int) -> str:
+        return f"{self.owners}/{slot}"
+
+    @property
+    def routing(self) -> str:
+        return f"{self.root}/routing"
+
+
+def broker_index(broker: str) -> int | None:
+    """The routing index of a broker name: its trailing number ("broker-2", "orders-redis-2",
+    "2" -> 2), the StatefulSet ordinal the operator routes by; None when it has none."""
+    match = _TRAILING_NUMBER.search(broker)
+    return int(match.group(1)) if match else None
+
+
+def encode_member(broker: str, capacity: int, host: str) -> bytes:
+    return json.dumps({"broker": broker, "capacity": capacity, "host": host}).encode()
+
+
+def decode_member(member_id: str, payload: bytes) -> Member:
+    """A member from its node; unreadable data counts as a brokerless member of capacity 1
+    (a member we cannot parse is still alive and must not be starved or crash the leader)."""
+    try:
+        document = json.loads(payload)
+        broker = str(document.get("broker") or "")
+        capacity = max(1, int(document.get("capacity", 1)))
+    except (ValueError, TypeError, AttributeError):
+        return Member(member_id)
+    return Member(member_id, broker_index(broker), capacity)
+
+
+@dataclass(frozen=True)
+class AssignmentDocument:
+    """The assignment node's content; `generation` counts the coordinator's writes and
+    `members` lists every member it was computed for (a member with no slot is still listed,
+    which is how it knows it has been considered and is ready)."""
+
+    generation: int
+    slots: Assignment
+    members: frozenset[str] = frozenset()
+
+    def encode(self, slot_amount: int) -> bytes:
+        member_ids = sorted(self.members | set(self.slots.values()))
+        index = {member_id: i for i, member_id in enumerate(member_ids)}
+        document = {
+            "version": ASSIGNMENT_FORMAT_VERSION,
+            "generation": self.generation,
+            "members": member_ids,
+            "slots": [index.get(self.slots.get(slot, ""), -1) for slot in range(slot_amount)],
+        }
+        return json.dumps(document, separators=(",", ":")).encode()
+
+    @classmethod
+    def decode(cls, payload: bytes) -> AssignmentDocument:
+        """Parse; an empty or foreign document reads as "nothing assigned yet"."""
+        try:
+            document = json.loads(payload) if payload else {}
+        except ValueError:
+            return cls(0, {})
+        if not isinstance(document, dict) or document.get("version") != ASSIGNMENT_FORMAT_VERSION:
+            return cls(0, {})
+        member_ids = [str(member_id) for member_id in document["members"]]
+        slots = {
+            slot: member_ids[i]
+            for slot, i in enumerate(document["slots"])
+            if 0 <= i < len(member_ids)
+        }
+        return cls(int(document["generation"]), slots, frozenset(member_ids))
+
+
+def decode_routing(payload: bytes, slot_amount: int) -> list[int] | None:
+    """slot -> broker index from the operator's routing node; None if absent or for another
+    slot count (locality is an optimisation: a bad routing must never stop the fleet)."""
+    try:
+        routing = Routing.from_json(payload)
+    except (ValueError, KeyError, TypeError):
+        return None
+    return list(routing.brokers) if routing.slot_amount == slot_amount else None
+
+
+def slots_of(assignment: Mapping[int, str], member_id: str) -> frozenset[int]:
+    return frozenset(slot for slot, owner in assignment.items() if owner == member_id)

@@ -1,0 +1,404 @@
+"""`ZkOwnership`: slot ownership through ZooKeeper membership, assignment and owner nodes.
+
+Every process runs the same level-triggered loop: any watch or session event wakes it, it reads
+the topic's tree (re-arming the one-shot watches it needs), and moves towards the state that
+tree asks for. Level-triggered because ZooKeeper watches fire once and kazoo drops client-side
+watchers on every disconnect: re-reading everything after any event cannot miss a change, and
+there is no timer anywhere (no polling).
+
+One pass:
+1. register: the ephemeral `members/<id>` node exists for the current session;
+2. coordinate: the member with the oldest member node (lowest czxid — the classic "oldest
+   ephemeral wins" election, without an extra node) computes `assign(...)` and writes it with
+   compare-and-set on the node version; a lost race just triggers another pass;
+3. give up: slots no longer assigned here leave the consumed set (`on_change` awaited, so the
+   service stopped claiming them) BEFORE their `owners/<slot>` nodes are deleted;
+4. take: create `owners/<slot>` for newly assigned slots; one still held by the previous owner
+   gets an exists-watch and is retried when that node disappears; slots whose node we hold join
+   the consumed set (`on_change`), and the service bumps their fencing epoch.
+
+Session loss: SUSPENDED or LOST publishes the empty set at once, before any other work. After
+SUSPENDED the same session may come back (its owner nodes are still ours); after LOST every
+ephemeral node is gone, so the next pass registers again and re-acquires from scratch. Anything
+a stale process still sends is rejected by the fencing epoch in Redis.
+
+kazoo's client is thread based: blocking calls run in worker threads (`asyncio.to_thread`), and
+its callbacks hop onto the event loop with `call_soon_threadsafe`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import socket
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+from kazoo.client import KazooClient, KazooState
+from kazoo.exceptions import (
+    BadVersionError,
+    KazooException,
+    NodeExistsError,
+    NoNodeError,
+)
+from kazoo.retry import KazooRetry
+
+from delayq.coordination.assignment import Member, assign, moved
+from delayq.coordination.layout import (
+    AssignmentDocument,
+    TopicPaths,
+    decode_member,
+    decode_routing,
+    encode_member,
+    slots_of,
+)
+from delayq.coordination.ownership import OnChange
+
+log = logging.getLogger(__name__)
+
+DEFAULT_SESSION_TIMEOUT_S = 10.0
+RETRY_AFTER_ERROR_S = 0.5  # an unexpected ZooKeeper error: try the pass again after this
+
+
+@dataclass(frozen=True)
+class ZkSettings:
+    """Where this process registers and what it tells the coordinator about itself."""
+
+    hosts: str
+    namespace: str
+    topic: str
+    slot_amount: int
+    member_id: str = field(default_factory=lambda: f"{socket.gethostname()}-{os.getpid()}")
+    broker: str = ""  # co-located broker ("broker-1"); its trailing number indexes the routing
+    capacity: int = 1
+    host: str = field(default_factory=socket.gethostname)
+    session_timeout_s: float = DEFAULT_SESSION_TIMEOUT_S
+    connect_timeout_s: float = 30.0
+
+    @property
+    def paths(self) -> TopicPaths:
+        return TopicPaths(self.namespace, self.topic)
+
+
+@dataclass
+class _View:
+    """What one pass read from ZooKeeper."""
+
+    members: list[Member]
+    coordinator: str | None
+    assignment: AssignmentDocument
+    assignment_version: int | None  # None: the node does not exist yet
+    routing: list[int] | None
+
+
+class ZkOwnership:
+    """The `Ownership` of one delay-service process in a ZooKeeper-coordinated fleet."""
+
+    def __init__(self, settings: ZkSettings) -> None:
+        self.settings = settings
+        self.paths = settings.paths
+        self._client = KazooClient(
+            hosts=settings.hosts,
+            timeout=settings.session_timeout_s,
+            connection_retry=KazooRetry(max_tries=-1, delay=0.1, backoff=2, max_delay=1.0),
+        )
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._on_change: OnChange | None = None
+        self._wake = asyncio.Event()
+        self._publish_lock = asyncio.Lock()
+        self._task: asyncio.Task[None] | None = None
+        self._first_pass = asyncio.Event()
+        self._stopping = False
+        self._connected = False
+        self._generation = 0  # bumped on every connection loss: results of older passes are void
+        self._held: set[int] = set()  # owner nodes this session holds
+        self._granted: frozenset[int] = frozenset()  # last set handed to on_change
+        self._assigned: frozenset[int] | None = None
+        self._revocations: set[asyncio.Task[bool]] = set()
+        self.is_coordinator = False
+
+    # the Ownership protocol -------------------------------------------------------------------
+
+    @property
+    def member_id(self) -> str:
+        return self.settings.member_id
+
+    @property
+    def owned(self) -> frozenset[int]:
+        return self._granted
+
+    @property
+    def ready(self) -> bool:
+        return (
+            self._connected
+            and self._assigned is not None
+            and self._granted == self._assigned
+            and not self._stopping
+        )
+
+    async def start(self, on_change: OnChange) -> None:
+        """Connect, join and run the first pass (which calls `on_change`, maybe with nothing)."""
+        self._loop = asyncio.get_running_loop()
+        self._on_change = on_change
+        self._client.add_listener(self._on_session_event)
+        try:
+            await asyncio.to_thread(self._client.start, self.settings.connect_timeout_s)
+        except Exception:
+            await asyncio.to_thread(self._close_client)
+            raise
+        self._connected = True
+        self._task = asyncio.create_task(self._run(), name=f"zk-ownership-{self.member_id}")
+        self._wake.set()
+        await self._first_pass.wait()
+
+    async def stop(self) -> None:
+        """Stop claiming everything, release the owner nodes, leave, close the session."""
+        self._stopping = True
+        self._wake.set()
+        if self._task is not None:
+            await self._task
+        await self._publish(frozenset(), None)
+        if self._connected:
+            with contextlib.suppress(KazooException):
+                await asyncio.to_thread(self._leave)
+        await asyncio.to_thread(self._close_client)
+        self._connected = False
+
+    # session events (kazoo thread -> loop) ----------------------------------------------------
+
+    def _on_session_event(self, state: str) -> None:
+        self._call_in_loop(self._session_changed, state)
+
+    def _on_watch(self, _event: Any) -> None:
+        self._call_in_loop(self._wake.set)
+
+    def _call_in_loop(self, callback: Any, *args: Any) -> None:
+        if self._loop is not None and not self._loop.is_closed():
+            with contextlib.suppress(RuntimeError):  # loop closing under us: nothing to tell
+                self._loop.call_soon_threadsafe(callback, *args)
+
+    def _session_changed(self, state: str) -> None:
+        if state == KazooState.CONNECTED:
+            log.info("%s: connected to ZooKeeper", self.member_id)
+            self._connected = True
+        else:
+            log.warning("%s: ZooKeeper session %s: stop claiming", self.member_id, state)
+            self._connected = False
+            self._generation += 1
+            if state == KazooState.LOST:
+                self._held.clear()  # the server deleted every ephemeral node of the session
+            if not self._stopping:
+                revoke = self._publish(frozenset(), None)
+                revocation = asyncio.get_running_loop().create_task(revoke)
+                self._revocations.add(revocation)
+                revocation.add_done_callback(self._revocations.discard)
+        self._wake.set()
+
+    # the loop ---------------------------------------------------------------------------------
+
+    async def _run(self) -> None:
+        while not self._stopping:
+            await self._wake.wait()
+            self._wake.clear()
+            if self._stopping:
+                break
+            try:
+                await self._pass()
+            except KazooException as error:
+                # connection trouble wakes us through the session listener; anything else is
+                # retried after a short pause rather than in a tight loop
+                log.warning("%s: ZooKeeper pass failed: %r", self.member_id, error)
+                self._retry_later()
+            except Exception:
+                log.exception("%s: ownership pass failed (on_change raised?)", self.member_id)
+                self._retry_later()
+            finally:
+                self._first_pass.set()
+
+    def _retry_later(self) -> None:
+        if self._connected and not self._stopping:
+            asyncio.get_running_loop().call_later(RETRY_AFTER_ERROR_S, self._wake.set)
+
+    async def _pass(self) -> None:
+        generation = self._generation
+        if not self._connected:
+            return
+        view = await asyncio.to_thread(self._read_view)
+        if generation != self._generation:
+            return
+        self.is_coordinator = view.coordinator == self.member_id
+        if self.is_coordinator and await asyncio.to_thread(self._coordinate, view):
+            return  # the assignment watch brings us back with the new version
+        mine = slots_of(view.assignment.slots, self.member_id)
+        self._assigned = mine if self.member_id in view.assignment.members else None
+        # give up first: the service stops claiming before anyone else may start
+        if not await self._publish(self._granted & mine, generation):
+            return
+        release = self._held - mine
+        if release:
+            await asyncio.to_thread(self._release, release)
+            if generation != self._generation:
+                return
+            self._held -= release
+        wanted = mine - self._held
+        if wanted:
+            taken = await asyncio.to_thread(self._acquire, wanted)
+            if generation != self._generation:
+                return
+            self._held |= taken
+        await self._publish(frozenset(mine & self._held), generation)
+
+    async def _publish(self, slots: frozenset[int], generation: int | None) -> bool:
+        """Hand `slots` to the service; False when the session changed since `generation`
+        (a revocation, with generation None, always goes through)."""
+        async with self._publish_lock:
+            if generation is not None and (generation != self._generation or self._stopping):
+                return False
+            if slots != self._granted and self._on_change is not None:
+                log.info("%s: consuming %d slots", self.member_id, len(slots))
+                previous, self._granted = self._granted, slots
+                try:
+                    await self._on_change(slots)
+                except BaseException:
+                    # unknown what the service took: the caller must not release anything,
+                    # and the next pass offers the change again
+                    self._granted = previous
+                    raise
+            return True
+
+    # ZooKeeper calls (worker threads) ---------------------------------------------------------
+
+    def _session_id(self) -> int | None:
+        client_id = self._client.client_id
+        return int(client_id[0]) if client_id else None
+
+    def _read_view(self) -> _View:
+        self._register()
+        client, paths = self._client, self.paths
+        candidates: list[tuple[int, Member]] = []
+        for child in client.get_children(paths.members, watch=self._on_watch):
+            try:
+                payload, stat = client.get(paths.member(child))
+            except NoNodeError:
+                continue
+            candidates.append((stat.czxid, decode_member(child, payload)))
+        candidates.sort(key=lambda entry: entry[0])
+        assignment, version = AssignmentDocument(0, {}), None
+        payload = self._get_or_watch(paths.assignment)
+        if payload is not None:
+            assignment, version = AssignmentDocument.decode(payload[0]), payload[1]
+        routing_payload = self._get_or_watch(paths.routing)
+        routing = (
+            decode_routing(routing_payload[0], self.settings.slot_amount)
+            if routing_payload is not None
+            else None
+        )
+        return _View(
+            members=[member for _, member in candidates],
+            coordinator=candidates[0][1].member_id if candidates else None,
+            assignment=assignment,
+            assignment_version=version,
+            routing=routing,
+        )
+
+    def _get_or_watch(self, path: str) -> tuple[bytes, int] | None:
+        """Data and version with a data watch, or None with an existence watch."""
+        try:
+            payload, stat = self._client.get(path, watch=self._on_watch)
+            return payload, stat.version
+        except NoNodeError:
+            if self._client.exists(path, watch=self._on_watch) is not None:
+                self._call_in_loop(self._wake.set)  # created in between: read it again
+            return None
+
+    def _register(self) -> None:
+        """Create our member node for this session (again after a session loss)."""
+        path = self.paths.member(self.member_id)
+        stat = self._client.exists(path)
+        if stat is not None and stat.ephemeralOwner == self._session_id():
+            return
+        payload = encode_member(self.settings.broker, self.settings.capacity, self.settings.host)
+        try:
+            self._client.create(path, payload, ephemeral=True, makepath=True)
+            log.info("%s: joined %s", self.member_id, self.paths.members)
+        except NodeExistsError:
+            # another session holds our id: a previous incarnation whose session has not
+            # expired yet (or a misconfigured twin). Wait for it to go.
+            log.warning("%s: member node held by another session; waiting", self.member_id)
+            if self._client.exists(path, watch=self._on_watch) is None:
+                self._call_in_loop(self._wake.set)
+
+    def _coordinate(self, view: _View) -> bool:
+        """As coordinator: write the assignment if it should change. True when written."""
+        target = assign(
+            self.settings.slot_amount, view.members, view.assignment.slots, view.routing
+        )
+        alive = frozenset(member.member_id for member in view.members)
+        current = view.assignment
+        unchanged = (target, alive) == (current.slots, current.members)
+        if unchanged and view.assignment_version is not None:
+            return False
+        document = AssignmentDocument(current.generation + 1, target, alive)
+        payload = document.encode(self.settings.slot_amount)
+        try:
+            if view.assignment_version is None:
+                self._client.create(self.paths.assignment, payload, makepath=True)
+            else:
+                self._client.set(self.paths.assignment, payload, version=view.assignment_version)
+        except (BadVersionError, NodeExistsError):
+            self._call_in_loop(self._wake.set)  # someone wrote first: re-read and decide again
+            return True
+        log.info(
+            "%s: assignment generation %d for %d members (%d slots moved from live members)",
+            self.member_id,
+            document.generation,
+            len(alive),
+            len(moved(current.slots, target, set(alive))),
+        )
+        return True
+
+    def _acquire(self, slots: Iterable[int]) -> set[int]:
+        """Create owner nodes; watch the ones another session still holds. Returns ours."""
+        taken: set[int] = set()
+        session = self._session_id()
+        for slot in sorted(slots):
+            path = self.paths.owner(slot)
+            try:
+                self._client.create(path, self.member_id.encode(), ephemeral=True, makepath=True)
+                taken.add(slot)
+                continue
+            except NodeExistsError:
+                pass
+            stat = self._client.exists(path, watch=self._on_watch)
+            if stat is None:
+                self._call_in_loop(self._wake.set)  # released in between: try again
+            elif stat.ephemeralOwner == session:
+                taken.add(slot)
+        return taken
+
+    def _release(self, slots: Iterable[int]) -> None:
+        """Delete owner nodes this session holds (never someone else's)."""
+        session = self._session_id()
+        for slot in sorted(slots):
+            path = self.paths.owner(slot)
+            stat = self._client.exists(path)
+            if stat is not None and stat.ephemeralOwner == session:
+                with contextlib.suppress(NoNodeError):
+                    self._client.delete(path, version=stat.version)
+
+    def _leave(self) -> None:
+        self._release(self._held)
+        self._held.clear()
+        path = self.paths.member(self.member_id)
+        stat = self._client.exists(path)
+        if stat is not None and stat.ephemeralOwner == self._session_id():
+            with contextlib.suppress(NoNodeError):
+                self._client.delete(path)
+
+    def _close_client(self) -> None:
+        self._client.remove_listener(self._on_session_event)
+        self._client.stop()
+        self._client.close()

@@ -1,0 +1,122 @@
+"""Membership, assignment and handoff on a real ZooKeeper with in-process members."""
+
+from __future__ import annotations
+
+import json
+
+from kazoo.client import KazooClient
+
+from delayq.coordination.assignment import moved
+from delayq.coordination.layout import AssignmentDocument, TopicPaths
+from delayq.kube.routing import initial_routing
+from delayq.local.zookeeper_server import ZooKeeperServer
+
+from .conftest import SLOTS, Fleet
+
+
+def read_tree(hosts: str, topic: str) -> tuple[AssignmentDocument, dict[int, str], list[str]]:
+    paths = TopicPaths("tests", topic)
+    client = KazooClient(hosts=hosts)
+    client.start(timeout=10)
+    try:
+        document = AssignmentDocument.decode(client.get(paths.assignment)[0])
+        owners = {
+            int(slot): client.get(paths.owner(int(slot)))[0].decode()
+            for slot in client.get_children(paths.owners)
+        }
+        members = sorted(client.get_children(paths.members))
+        return document, owners, members
+    finally:
+        client.stop()
+        client.close()
+
+
+async def test_three_members_share_every_slot_balanced(
+    fleet: Fleet, zookeeper_server: ZooKeeperServer
+) -> None:
+    for name in ("a", "b", "c"):
+        await fleet.join(name)
+    await fleet.settle()
+    assert fleet.sizes() == [5, 5, 6]
+    document, owners, members = read_tree(zookeeper_server.hosts, fleet.topic)
+    assert members == ["a", "b", "c"]
+    assert owners == document.slots  # every owner node matches the assignment
+    assert {m: fleet.members[m].owned for m in members} == {
+        m: frozenset(s for s, o in owners.items() if o == m) for m in members
+    }
+    assert sum(member.is_coordinator for member in fleet.members.values()) == 1
+    assert fleet.members["a"].is_coordinator  # the oldest member coordinates
+    assert fleet.timeline.overlaps == []
+
+
+async def test_join_and_leave_move_few_slots_and_never_share_one(fleet: Fleet) -> None:
+    for name in ("a", "b", "c"):
+        await fleet.join(name)
+    await fleet.settle()
+    before = {slot: m for m, slots in fleet.owned().items() for slot in slots}
+
+    await fleet.join("d")
+    await fleet.settle()
+    assert fleet.sizes() == [4, 4, 4, 4]
+    after_join = {slot: m for m, slots in fleet.owned().items() for slot in slots}
+    assert len(moved(before, after_join, {"a", "b", "c"})) == 4  # only d's share moved
+
+    await fleet.leave("a")  # the coordinator leaves: b takes over coordination
+    await fleet.settle()
+    assert fleet.sizes() == [5, 5, 6]
+    after_leave = {slot: m for m, slots in fleet.owned().items() for slot in slots}
+    assert moved(after_join, after_leave, {"b", "c", "d"}) == set()
+    assert fleet.members["b"].is_coordinator
+    assert fleet.timeline.overlaps == []
+
+
+async def test_slots_stay_with_the_pod_of_their_broker(
+    fleet: Fleet, zookeeper_server: ZooKeeperServer
+) -> None:
+    routing = initial_routing(SLOTS, 3)
+    client = KazooClient(hosts=zookeeper_server.hosts)
+    client.start(timeout=10)
+    try:
+        client.create(TopicPaths("tests", fleet.topic).routing, routing.to_json(), makepath=True)
+    finally:
+        client.stop()
+        client.close()
+    # joined in an order unrelated to the brokers, so locality is not an accident of ids
+    for name, broker in (("x", "broker-2"), ("y", "broker-0"), ("z", "broker-1")):
+        await fleet.join(name, broker)
+    await fleet.settle()
+    home = {"y": 0, "z": 1, "x": 2}
+    for name, slots in fleet.owned().items():
+        assert slots == frozenset(routing.slots_of(home[name]))
+
+    await fleet.leave("z")  # broker 1's pod dies: its slots spread over the others
+    await fleet.settle()
+    assert fleet.sizes() == [8, 8]
+    await fleet.join("z2", "broker-1")  # its replacement gets exactly broker 1's slots back
+    await fleet.settle()
+    assert fleet.members["z2"].owned == frozenset(routing.slots_of(1))
+    assert fleet.timeline.overlaps == []
+
+
+async def test_member_data_and_assignment_document(
+    fleet: Fleet, zookeeper_server: ZooKeeperServer
+) -> None:
+    await fleet.join("solo", "broker-0")
+    await fleet.settle()
+    client = KazooClient(hosts=zookeeper_server.hosts)
+    client.start(timeout=10)
+    try:
+        paths = TopicPaths("tests", fleet.topic)
+        data, stat = client.get(paths.member("solo"))
+        assert json.loads(data)["broker"] == "broker-0"
+        assert stat.ephemeralOwner != 0
+        document = json.loads(client.get(paths.assignment)[0])
+        assert document["members"] == ["solo"] and document["slots"] == [0] * SLOTS
+        assert client.get(paths.assignment)[1].ephemeralOwner == 0  # persistent
+    finally:
+        client.stop()
+        client.close()
+    await fleet.leave("solo")
+    # a graceful leave deletes its owner and member nodes at once, not at session expiry
+    _, owners, members = read_tree(zookeeper_server.hosts, fleet.topic)
+    assert owners == {} and members == []
