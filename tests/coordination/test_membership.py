@@ -111,7 +111,8 @@ async def test_member_data_and_assignment_document(
         assert json.loads(data)["broker"] == "broker-0"
         assert stat.ephemeralOwner != 0
         document = json.loads(client.get(paths.assignment)[0])
-        assert document["members"] == ["solo"] and document["slots"] == [0] * SLOTS
+        assert document["members"] == ["solo"]
+        assert document["slots"] == [0] * SLOTS
         assert client.get(paths.assignment)[1].ephemeralOwner == 0  # persistent
     finally:
         client.stop()
@@ -119,4 +120,5 @@ async def test_member_data_and_assignment_document(
     await fleet.leave("solo")
     # a graceful leave deletes its owner and member nodes at once, not at session expiry
     _, owners, members = read_tree(zookeeper_server.hosts, fleet.topic)
-    assert owners == {} and members == []
+    assert owners == {}
+    assert members == []
