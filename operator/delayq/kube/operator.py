@@ -100,7 +100,8 @@ def build_registry(runtime: Runtime) -> kopf.OperatorRegistry:
     @kopf.on.cleanup(registry=registry)
     async def cleanup(**_: Any) -> None:
         if runtime.deps is not None:
-            await runtime.deps.kube.close()
+            kube, runtime.deps = runtime.deps.kube, None
+            await kube.close()
 
     @kopf.on.login(registry=registry)
     def login(**_: Any) -> kopf.ConnectionInfo:

@@ -103,7 +103,8 @@ def parse_duration_ms(value: object, field_name: str, low_ms: int, high_ms: int)
     total = sum(int(n) * DURATION_UNIT_MS[unit] for n, unit in DURATION_PART.findall(value))
     if not low_ms <= total <= high_ms:
         raise SpecError(
-            f"{field_name} {value!r} must be between {_human_ms(low_ms)} and {_human_ms(high_ms)}"
+            f"{field_name} must be between {_human_ms(low_ms)} and {_human_ms(high_ms)} "
+            f"(got {value!r})"
         )
     return total
 

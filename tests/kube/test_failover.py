@@ -1,0 +1,100 @@
+"""Failover decisions (pure): who is master, when to promote, whom to fence."""
+
+from __future__ import annotations
+
+from delayq.kube.failover import RedisPod, decide
+
+NOW = 1000.0
+GRACE = 30.0
+
+
+def pod(
+    ordinal: int,
+    *,
+    ready: bool = True,
+    master: bool = False,
+    role: str | None = "slave",
+    offset: int = 0,
+    keys: int = 0,
+) -> RedisPod:
+    return RedisPod(f"t-redis-0-{ordinal}", ordinal, ready, master, role, offset, keys)
+
+
+def test_healthy_master_stays_and_nothing_happens() -> None:
+    decision = decide([pod(0, master=True, role="master"), pod(1)], NOW, GRACE, None, True)
+    assert decision.master == "t-redis-0-0"
+    assert (decision.promote, decision.demote, decision.unlabel) == (None, (), ())
+    assert decision.reason == "MasterReady"
+    assert decision.missing_since is None
+
+
+def test_fresh_broker_elects_at_once_without_grace() -> None:
+    decision = decide([pod(0), pod(1)], NOW, GRACE, None, had_master=False)
+    assert decision.promote == "t-redis-0-0"  # equal offsets: the lowest ordinal
+    assert decision.reason == "MasterElected"
+    assert not decision.failover
+
+
+def test_missing_master_waits_for_the_grace_period() -> None:
+    pods = [pod(0, master=True, ready=False, role=None), pod(1, offset=10)]
+    first = decide(pods, NOW, GRACE, None, True)
+    assert first.promote is None
+    assert first.missing_since == NOW
+    assert first.reason == "MasterMissing"
+    later = decide(pods, NOW + GRACE - 1, GRACE, first.missing_since, True)
+    assert later.promote is None
+
+
+def test_after_grace_the_replica_with_the_highest_offset_is_promoted() -> None:
+    pods = [
+        pod(0, master=True, ready=False, role=None),
+        pod(1, offset=100, keys=5),
+        pod(2, offset=250, keys=1),
+        pod(3, offset=900, ready=False),  # not ready: never promoted
+    ]
+    decision = decide(pods, NOW + GRACE, GRACE, NOW, True)
+    assert decision.promote == "t-redis-0-2"
+    assert decision.master == "t-redis-0-2"
+    assert decision.unlabel == ("t-redis-0-0",)  # the label moves away from the old master
+    assert decision.failover
+    assert decision.reason == "FailedOver"
+    assert decision.missing_since is None
+
+
+def test_ties_break_on_keys_then_lowest_ordinal() -> None:
+    pods = [pod(1, offset=5, keys=1), pod(2, offset=5, keys=9), pod(3, offset=5, keys=9)]
+    assert decide(pods, NOW, GRACE, None, False).promote == "t-redis-0-2"
+
+
+def test_returning_old_master_is_demoted_never_promoted() -> None:
+    # pod 1 was promoted; pod 0 came back still believing it is master (partition healed).
+    pods = [pod(0, role="master", offset=999), pod(1, master=True, role="master", offset=500)]
+    decision = decide(pods, NOW, GRACE, None, True)
+    assert decision.master == "t-redis-0-1"
+    assert decision.demote == ("t-redis-0-0",)
+    assert decision.promote is None
+    assert decision.reason == "MasterRepaired"
+
+
+def test_labelled_master_running_as_replica_is_promoted_again() -> None:
+    decision = decide([pod(0, master=True, role="slave"), pod(1)], NOW, GRACE, None, True)
+    assert decision.promote == "t-redis-0-0"
+
+
+def test_two_labelled_masters_keep_the_most_advanced() -> None:
+    pods = [
+        pod(0, master=True, role="master", offset=1),
+        pod(1, master=True, role="master", offset=7),
+    ]
+    decision = decide(pods, NOW, GRACE, None, True)
+    assert decision.master == "t-redis-0-1"
+    assert decision.unlabel == ("t-redis-0-0",)
+    assert decision.demote == ("t-redis-0-0",)
+
+
+def test_nothing_promotable_reports_and_waits() -> None:
+    pods = [pod(0, master=True, ready=False, role=None), pod(1, ready=False)]
+    decision = decide(pods, NOW + 100, GRACE, NOW, True)
+    assert decision.promote is None
+    assert decision.reason == "NoPromotableReplica"
+    assert decision.missing_since == NOW

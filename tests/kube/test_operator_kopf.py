@@ -1,0 +1,98 @@
+"""The whole operator (kopf + our registry) against the in-memory Kubernetes API (kmock)."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator, Callable
+
+import kmock
+import kopf
+import pytest
+
+from delayq.kube import naming
+from delayq.kube.builders.common import BuildContext
+from delayq.kube.config import OperatorConfig
+from delayq.kube.operator import Runtime, build_registry
+from tests.kube.conftest import DT, NAMESPACE
+from tests.kube.fakes import FakeRedis, FakeTopicStore
+
+TOPIC_PATH = f"/apis/delayq.io/v1alpha1/namespaces/{NAMESPACE}/delaytopics"
+
+
+def topic(name: str, **spec: object) -> dict[str, object]:
+    return {
+        "apiVersion": "delayq.io/v1alpha1",
+        "kind": "DelayTopic",
+        "metadata": {
+            "name": name,
+            "namespace": NAMESPACE,
+            "uid": f"uid-{name}",
+            "generation": 1,
+            "resourceVersion": "1",
+        },
+        "spec": spec,
+    }
+
+
+async def eventually(check: Callable[[], bool], what: str, timeout_s: float = 10.0) -> None:
+    deadline = asyncio.get_running_loop().time() + timeout_s
+    while not check():
+        if asyncio.get_running_loop().time() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        await asyncio.sleep(0.05)
+
+
+@contextlib.asynccontextmanager
+async def operator(
+    connection: kopf.ConnectionInfo, store: FakeTopicStore, redis_fake: FakeRedis, **config: object
+) -> AsyncIterator[None]:
+    settings = OperatorConfig(
+        standalone=True,
+        health_interval_s=0.2,
+        build=BuildContext(operator_namespace="delayq-system", default_zookeeper="zk:2181"),
+        **config,  # type: ignore[arg-type]
+    )
+    runtime = Runtime(settings, login=lambda: connection, store=store, redis=redis_fake)
+    stop = asyncio.Event()
+    task = asyncio.create_task(
+        kopf.operator(
+            registry=build_registry(runtime), clusterwide=True, standalone=True, stop_flag=stop
+        )
+    )
+    try:
+        yield
+    finally:
+        stop.set()
+        await asyncio.wait_for(task, timeout=15)
+
+
+def stored(api: kmock.KubernetesEmulator, resource: str, name: str) -> bool:
+    try:
+        return not api.objects[resource, NAMESPACE, name].deleted
+    except KeyError:
+        return False
+
+
+async def test_create_provisions_children_and_status(
+    api: kmock.KubernetesEmulator,
+    connection: kopf.ConnectionInfo,
+    store: FakeTopicStore,
+    redis_fake: FakeRedis,
+) -> None:
+    async with operator(connection, store, redis_fake):
+        response = await api.post(TOPIC_PATH, json=topic("orders", brokers=2, slotAmount=16))
+        assert response.status < 300
+        await eventually(lambda: stored(api, "apps/v1/statefulsets", "orders-service"), "children")
+        await eventually(
+            lambda: (
+                (api.objects[DT, NAMESPACE, "orders"].get("status") or {}).get("appliedSlotAmount")
+                == 16
+            ),
+            "status",
+        )
+    for broker in (0, 1):
+        assert stored(api, "apps/v1/statefulsets", f"orders-redis-{broker}")
+    dt = api.objects[DT, NAMESPACE, "orders"]
+    assert naming.FINALIZER in dt["metadata"]["finalizers"]
+    assert store.routing["zk:2181", NAMESPACE, "orders"].slots_per_broker() == {0: 8, 1: 8}
