@@ -15,7 +15,7 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from delayq.pipeline import transforms as T
-from delayq.pipeline.io_redis import OUTCOME_SCHEMA, RedisTarget, partition_writer
+from delayq.pipeline.io_redis import RedisTarget, partition_writer
 
 FORMATS = ("parquet", "csv", "json")
 REJECTS_SCHEMA = "id string, reason string, source string"
@@ -47,11 +47,11 @@ class IngestSummary:
 
 
 def read_input(spark: Any, path: str, fmt: str) -> Any:
-    """Parquet, CSV with a header line (all columns text), or JSON Lines."""
+    """Parquet, CSV (RFC 4180: header line, "" escapes a quote; all columns text) or JSON Lines."""
     if fmt == "parquet":
         return spark.read.parquet(path)
     if fmt == "csv":
-        return spark.read.option("header", True).option("mode", "PERMISSIVE").csv(path)
+        return spark.read.options(header=True, escape='"', mode="PERMISSIVE").csv(path)
     if fmt == "json":
         return spark.read.json(path)
     raise ValueError(f"format {fmt!r} is not one of {', '.join(FORMATS)}")
@@ -89,17 +89,15 @@ def ingest(
     written = spark.sparkContext.accumulator(0)
     writer = partition_writer(target, progress=written)
     with _Progress(written, started, report):
-        outcomes = good.mapInArrow(writer, OUTCOME_SCHEMA).collect()
-    late = [(r.id, r.reason, r.source) for r in outcomes if r.kind == "reject"]
+        results = good.rdd.mapPartitions(writer).collect()
+    late = [(r.id, r.reason, r.source) for result in results for r in result.rejects]
     rejects = T.rejected_rows(validated).unionByName(spark.createDataFrame(late, REJECTS_SCHEMA))
     rejects.coalesce(1).write.mode("overwrite").json(rejects_path)
     rejected = spark.read.schema(REJECTS_SCHEMA).json(rejects_path).count()
-    summaries = [r for r in outcomes if r.kind == "summary"]
-    written_rows = sum(r.rows for r in summaries)
     return IngestSummary(
-        read=written_rows + rejected - len(late),
-        scheduled=sum(r.scheduled for r in summaries),
-        already_present=sum(r.existing for r in summaries),
+        read=sum(r.rows for r in results) + rejected - len(late),
+        scheduled=sum(r.scheduled for r in results),
+        already_present=sum(r.existing for r in results),
         rejected=rejected,
         seconds=time.monotonic() - started,
     )

@@ -1,16 +1,17 @@
 """The ingest's Redis side: writes one Spark partition with the engine's batch schedule.
 
-Runs inside the Python workers (`mapInArrow`): Arrow batches in, `Queue.schedule_many` out, so
+Runs inside the Python workers (`mapPartitions`): rows in, `Queue.schedule_many` out, so
 routing, validation, encoding and the Lua calls are the engine's own (one call per slot per
-chunk, pipelined per batch). It returns its counts as rows, not only through an accumulator:
-accumulators may count a retried task twice, the rows of the collected result cannot.
+chunk, pipelined per batch). It returns its counts as a result object, not only through an accumulator:
+accumulators may count a retried task twice, the collected results cannot.
 """
 
 from __future__ import annotations
 
+import itertools
 import json
-from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
 from delayq.queue import plans
@@ -21,13 +22,6 @@ from delayq.queue.topic import Topic
 from delayq.pipeline import transforms as T
 
 DEFAULT_BATCH_ROWS = 5000  # rows per pipelined round trip: ~5 Lua calls of 1000 per slot
-
-# One summary row per partition (kind "summary") and one row per message the engine refused
-# (kind "reject", e.g. TOO_FAR against the server clock): the writer's whole result.
-OUTCOME_SCHEMA = (
-    "kind string, id string, reason string, source string, "
-    "rows long, scheduled long, existing long, rejected long"
-)
 TOO_FAR_REASON = "due beyond the Redis server's now + the maximum delay (TOO_FAR)"
 
 
@@ -52,28 +46,44 @@ class RedisTarget:
         )
 
 
+@dataclass(frozen=True)
+class Reject:
+    """A row the engine refused at write time, for the rejects file."""
+
+    id: str
+    reason: str
+    source: str
+
+
 @dataclass
-class _Counts:
+class PartitionResult:
+    """What one partition's writer did: the counts and the rows the engine refused."""
+
     rows: int = 0
     scheduled: int = 0
     existing: int = 0
-    rejected: int = 0
+    rejects: list[Reject] = field(default_factory=list)
 
 
-def requests_of(batch: Any) -> list[ScheduleRequest]:
-    """Arrow record batch of `transforms.GOOD_COLUMNS` -> engine schedule requests."""
-    columns = [batch.column(name).to_pylist() for name in T.GOOD_COLUMNS[:-1]]
+def requests_of(rows: Iterable[Any]) -> list[ScheduleRequest]:
+    """Spark rows of `transforms.GOOD_COLUMNS` -> engine schedule requests."""
     return [
         ScheduleRequest(
-            id=message_id,
-            payload=b"" if payload is None else payload,
-            delay_ms=delay_ms,
-            at_ms=due_ms,
-            slot_basis=slot_basis,
-            headers=dict(headers) if headers else {},
+            id=row[T.ID],
+            payload=_payload(row[T.PAYLOAD]),
+            delay_ms=row[T.DELAY_MS],
+            at_ms=row[T.DUE_MS],
+            slot_basis=row[T.SLOT_BASIS],
+            headers=row[T.HEADERS] or {},
         )
-        for message_id, payload, due_ms, delay_ms, slot_basis, headers in zip(*columns, strict=True)
+        for row in rows
     ]
+
+
+def _payload(value: str | bytes | bytearray | None) -> str | bytes:
+    if value is None:
+        return b""
+    return bytes(value) if isinstance(value, bytearray) else value
 
 
 def _source(request: ScheduleRequest) -> str:
@@ -98,62 +108,43 @@ def _refused(topic: Topic, requests: Sequence[ScheduleRequest]) -> dict[int, str
     return refused
 
 
-def _write(queue: Queue, requests: list[ScheduleRequest], counts: _Counts) -> list[dict[str, Any]]:
-    """Schedule one batch (create-only, so a re-run finds EXISTS); the rows it rejected."""
-    counts.rows += len(requests)
-    rejects: list[dict[str, Any]] = []
+def _write(queue: Queue, requests: list[ScheduleRequest], result: PartitionResult) -> None:
+    """Schedule one batch create-only, so a re-run finds EXISTS instead of scheduling twice."""
+    result.rows += len(requests)
     try:
-        results = queue.schedule_many(requests, Mode.CREATE)
+        outcomes = queue.schedule_many(requests, Mode.CREATE)
     except InvalidMessageError:
         refused = _refused(queue.topic, requests)
-        rejects = [
-            {"id": requests[i].id, "reason": reason, "source": _source(requests[i])}
-            for i, reason in refused.items()
+        result.rejects += [
+            Reject(requests[i].id, reason, _source(requests[i])) for i, reason in refused.items()
         ]
         requests = [r for i, r in enumerate(requests) if i not in refused]
-        results = queue.schedule_many(requests, Mode.CREATE) if requests else []
-    for request, result in zip(requests, results, strict=True):
-        if result.code is Code.CREATED:
-            counts.scheduled += 1
-        elif result.code is Code.EXISTS:
-            counts.existing += 1
+        outcomes = queue.schedule_many(requests, Mode.CREATE) if requests else []
+    for request, outcome in zip(requests, outcomes, strict=True):
+        if outcome.code is Code.CREATED:
+            result.scheduled += 1
+        elif outcome.code is Code.EXISTS:
+            result.existing += 1
         else:
-            reason = TOO_FAR_REASON if result.code is Code.TOO_FAR else result.code.name
-            rejects.append({"id": request.id, "reason": reason, "source": _source(request)})
-    counts.rejected += len(rejects)
-    return rejects
+            reason = TOO_FAR_REASON if outcome.code is Code.TOO_FAR else outcome.code.name
+            result.rejects.append(Reject(request.id, reason, _source(request)))
 
 
 def partition_writer(
     target: RedisTarget, batch_rows: int = DEFAULT_BATCH_ROWS, progress: Any = None
-) -> Callable[[Iterator[Any]], Iterator[Any]]:
-    """The `mapInArrow` function writing one partition; `progress` an optional accumulator."""
+) -> Callable[[Iterator[Any]], Iterator[PartitionResult]]:
+    """The `mapPartitions` function writing one partition; `progress` an optional accumulator."""
 
-    def write(batches: Iterator[Any]) -> Iterator[Any]:
-        import pyarrow as pa
-
-        counts = _Counts()
-        rejects: list[dict[str, Any]] = []
+    def write(rows: Iterator[Any]) -> Iterator[PartitionResult]:
+        result = PartitionResult()
         queue = Queue.from_url(target.url, target.to_topic())
         try:
-            for batch in batches:
-                for start in range(0, batch.num_rows, batch_rows):
-                    chunk = batch.slice(start, batch_rows)
-                    rejects += _write(queue, requests_of(chunk), counts)
-                    if progress is not None:
-                        progress.add(chunk.num_rows)
+            while batch := list(itertools.islice(rows, batch_rows)):
+                _write(queue, requests_of(batch), result)
+                if progress is not None:
+                    progress.add(len(batch))
         finally:
             queue.close()
-        summary = {"kind": "summary", **vars(counts)}
-        rows = [summary, *({"kind": "reject", **reject} for reject in rejects)]
-        yield pa.RecordBatch.from_pylist(rows, schema=_outcome_schema())
+        yield result
 
     return write
-
-
-def _outcome_schema() -> Any:
-    import pyarrow as pa
-
-    fields = [(name, kind) for name, kind in (f.split() for f in OUTCOME_SCHEMA.split(", "))]
-    types = {"string": pa.string(), "long": pa.int64()}
-    return pa.schema([(name, types[kind]) for name, kind in fields])

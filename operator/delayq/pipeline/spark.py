@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 DEFAULT_MASTER = "local[2]"
@@ -32,3 +34,21 @@ def session(
     spark = builder.getOrCreate()
     spark.sparkContext.setLogLevel("WARN")
     return spark
+
+
+@contextmanager
+def job_session(master: str, app_name: str) -> Iterator[Any]:
+    """A session for one CLI job, stopped afterwards unless it was already running.
+
+    Reusing a running session lets a caller (a notebook, the tests) run the commands in-process
+    without its own session being stopped under it.
+    """
+    from pyspark.sql import SparkSession
+
+    existing = SparkSession.getActiveSession()
+    spark = session(master, app_name)
+    try:
+        yield spark
+    finally:
+        if existing is None:
+            spark.stop()

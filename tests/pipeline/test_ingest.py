@@ -1,0 +1,132 @@
+"""`delayq pipeline ingest` end to end: local Spark into a real redis-server."""
+
+from __future__ import annotations
+
+import json
+import time
+
+import pytest
+
+from delayq.cli import main
+from delayq.pipeline.ingest import ingest
+from delayq.pipeline.io_redis import TOO_FAR_REASON, RedisTarget
+from delayq.queue.client import Queue
+from delayq.queue.keys import Part, slot_keys
+from delayq.queue.model import State
+from delayq.queue.topic import MAX_DELAY_MS, Topic
+
+SLOTS = 8
+LIMIT = 16
+
+CSV = """\
+id,payload,due_at,delay,headers
+m1,hello,,1000,
+m2,world,2026-01-01T00:00:00Z,,
+m3,x,,60000,"{""k"":""v""}"
+m1,again,,1000,
+,no-id,,5,
+m5,p,,,
+m6,p,2026-01-01T00:00:00Z,5,
+m7,p,garbage,,
+m8,this payload is longer than sixteen bytes,,5,
+m9,p,,99999999999999999,
+"""
+
+EXPECTED_REJECTS = {
+    None: "missing id",
+    "m5": "neither due_at nor delay given",
+    "m6": "both due_at and delay given",
+    "m7": "unparseable due_at",
+    "m8": f"payload of 41 bytes over the limit of {LIMIT} bytes",
+    "m9": f"delay beyond the maximum of {MAX_DELAY_MS} ms",
+}
+
+
+def _args(redis_server, path, rejects, fmt="csv", extra=()):
+    return [
+        "pipeline", "ingest", "--redis", redis_server.url, "--namespace", "shop",
+        "--topic", "orders", "--slots", str(SLOTS), "--max-payload-bytes", str(LIMIT),
+        "--input", str(path), "--format", fmt, "--rejects", str(rejects), *extra,
+    ]  # fmt: skip
+
+
+def _stored(redis_client, topic):
+    return sum(redis_client.zcard(slot_keys(topic, s).key(Part.STORE)) for s in topic.slots)
+
+
+def _rejects(spark, path):
+    return {r.id: r for r in spark.read.json(str(path)).collect()}
+
+
+def test_ingest_mixed_csv_then_rerun_schedules_nothing_twice(
+    spark, redis_server, redis_client, tmp_path, capsys
+):
+    path, rejects = tmp_path / "in.csv", tmp_path / "rejects"
+    path.write_text(CSV)
+    topic = Topic("orders", namespace="shop", slot_amount=SLOTS, max_payload_bytes=LIMIT)
+
+    assert main(_args(redis_server, path, rejects)) == 0
+    first = json.loads(capsys.readouterr().out)
+    assert (first["read"], first["scheduled"], first["already_present"], first["rejected"]) == (
+        10, 3, 1, 6,
+    )  # fmt: skip
+    assert _stored(redis_client, topic) == 3
+    found = _rejects(spark, rejects)
+    assert {k: r.reason for k, r in found.items()} == EXPECTED_REJECTS
+    assert json.loads(found["m7"].source) == {"id": "m7", "payload": "p", "due_at": "garbage"}
+
+    queue = Queue.from_url(redis_server.url, topic)
+    info = queue.get("m3")
+    assert (info.state, info.payload, info.headers) == (State.SCHEDULED, b"x", {"k": "v"})
+    assert queue.get("m2").due_ms == 1_767_225_600_000
+    queue.close()
+
+    assert main(_args(redis_server, path, rejects)) == 0
+    second = json.loads(capsys.readouterr().out)
+    assert (second["scheduled"], second["already_present"], second["rejected"]) == (0, 4, 6)
+    assert _stored(redis_client, topic) == 3
+    assert len(_rejects(spark, rejects)) == 6
+
+
+def test_ingest_json_lines_with_mapping_and_nested_headers(
+    spark, redis_server, redis_client, tmp_path, capsys
+):
+    path, rejects = tmp_path / "in.jsonl", tmp_path / "rejects"
+    rows = [
+        {"key": f"j{i}", "body": f"b{i}", "wait": 10_000, "tenant": "t1", "meta": {"n": str(i)}}
+        for i in range(20)
+    ]
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    extra = ["--map", "id=key,payload=body,delay=wait,slot_basis=tenant,headers=meta"]
+    assert main(_args(redis_server, path, rejects, "json", extra)) == 0
+    summary = json.loads(capsys.readouterr().out)
+    assert (summary["scheduled"], summary["rejected"]) == (20, 0)
+    topic = Topic("orders", namespace="shop", slot_amount=SLOTS)
+    store = slot_keys(topic, topic.slot_of("t1")).key(Part.STORE)
+    assert redis_client.zcard(store) == 20  # every id routed by its slot basis
+    assert Queue.from_url(redis_server.url, topic).get("j7", "t1").headers == {"n": "7"}
+
+
+def test_ingest_reports_what_the_server_clock_refuses(spark, redis_server, redis_client, tmp_path):
+    """A due time valid by the client's clock but too far by the server's is a reject too."""
+    now_ms = int(time.time() * 1000)
+    too_far = now_ms + MAX_DELAY_MS + 24 * 3600 * 1000
+    source = spark.createDataFrame(
+        [("near", None, 5000), ("far", too_far, None)], "id string, due_at long, delay long"
+    )
+    target = RedisTarget(redis_server.url, "shop", "orders", SLOTS, LIMIT)
+    rejects = tmp_path / "rejects"
+    summary = ingest(spark, source, target, str(rejects), now_ms=now_ms + 7 * 24 * 3600 * 1000)
+    assert (summary.read, summary.scheduled, summary.rejected) == (2, 1, 1)
+    assert _rejects(spark, rejects)["far"].reason == TOO_FAR_REASON
+
+
+@pytest.mark.parametrize("partitions", [1, 3])
+def test_ingest_parquet_counts_add_up(spark, redis_server, redis_client, tmp_path, partitions):
+    source = spark.range(500).selectExpr("concat('p', id) as id", "id * 10 as delay")
+    source.write.parquet(str(tmp_path / "in"))
+    target = RedisTarget(redis_server.url, "shop", "orders", SLOTS, LIMIT)
+    data = spark.read.parquet(str(tmp_path / "in"))
+    summary = ingest(spark, data, target, str(tmp_path / "rejects"), partitions=partitions)
+    assert (summary.read, summary.scheduled, summary.rejected) == (500, 500, 0)
+    assert _stored(redis_client, target.to_topic()) == 500
