@@ -43,6 +43,9 @@ class ServiceConfig:
     redis_url: str = field(
         default="redis://127.0.0.1:6379/0", metadata=_help("Redis of the topic's broker")
     )
+    redis_max_connections: int = field(
+        default=128, metadata=_help("Redis connections per process at most (then callers wait)")
+    )
     namespace: str = field(default="default", metadata=_help("namespace of the topic"))
     topic: str = field(default="demo", metadata=_help("topic name"))
     slot_amount: int = field(default=16, metadata=_help("slots of the topic (power of two)"))
@@ -119,6 +122,7 @@ class ServiceConfig:
             "webhook_timeout_ms",
             "webhook_concurrency",
             "max_in_flight",
+            "redis_max_connections",
             "batch_size",
             "backoff_base_ms",
             "max_body_bytes",

@@ -79,6 +79,9 @@ class ServiceMetrics:
             registry=self.registry,
         )
         self._labels = labels
+        # series with only the topic labels exist from the start (zero, not absent)
+        for metric in (self.owned_slots, self.retries, self.dead, self.lateness):
+            metric.labels(**labels)
 
     def labels(self, **extra: str) -> dict[str, str]:
         return {**self._labels, **extra}

@@ -20,7 +20,7 @@ import redis.asyncio
 from delayq.coordination.ownership import EmbeddedOwnership, Ownership
 from delayq.queue.backoff import Backoff
 from delayq.queue.client import AsyncQueue
-from delayq.queue.consumer import Consumer, ConsumerSettings
+from delayq.queue.consumer import WAKE_BLOCK_S, Consumer, ConsumerSettings
 from delayq.queue.model import Message
 from delayq.queue.topic import TopicType
 from delayq.service.config import ServiceConfig
@@ -32,6 +32,18 @@ from delayq.service.metrics import ServiceMetrics
 
 log = logging.getLogger(__name__)
 READY_PING_TIMEOUT_S = 1.0
+# Longer than the engine's blocking wake-up wait (WAKE_BLOCK_S), which redis-py 8's default
+# 5 s read timeout would cut short; still bounded, so a dead peer is noticed.
+SOCKET_TIMEOUT_S = WAKE_BLOCK_S + 10
+
+
+def connect(url: str, max_connections: int) -> redis.asyncio.Redis:
+    """A client whose pool waits for a free connection instead of failing when all are busy,
+    so a burst of deliveries queues for Redis rather than erroring into retries."""
+    pool = redis.asyncio.BlockingConnectionPool.from_url(
+        url, max_connections=max_connections, timeout=None, socket_timeout=SOCKET_TIMEOUT_S
+    )
+    return redis.asyncio.Redis(connection_pool=pool)
 
 
 class SlotEngine(Protocol):
@@ -50,7 +62,7 @@ class DelayService:
         self.config = config
         self.topic = config.to_topic()
         self.metrics = ServiceMetrics(self.topic.namespace, self.topic.name)
-        self.redis: redis.asyncio.Redis = redis.asyncio.Redis.from_url(config.redis_url)
+        self.redis = connect(config.redis_url, config.redis_max_connections)
         self.queue = AsyncQueue(self.redis, self.topic)
         self.ownership = ownership or EmbeddedOwnership(self.topic.slot_amount)
         self.leaser: PullLeaser | None = None
@@ -103,7 +115,7 @@ class DelayService:
                 self.metrics,
             )
         if config.stream_url:
-            client = redis.asyncio.Redis.from_url(config.stream_url)
+            client = connect(config.stream_url, config.redis_max_connections)
             return StreamSink(self.topic, client, config.target_stream, config.stream_maxlen, True)
         return StreamSink(self.topic, self.redis, config.target_stream, config.stream_maxlen, False)
 

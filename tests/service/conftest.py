@@ -1,0 +1,119 @@
+"""Service fixtures: in-process delay services on the session's real redis-server, a real local
+webhook receiver, and an async condition wait (never sleep-and-hope)."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import pytest
+import redis.asyncio
+from aiohttp import web
+from aiohttp.test_utils import TestClient, TestServer
+
+from delayq.local.redis_server import RedisServer
+from delayq.service.api import build_app
+from delayq.service.config import ServiceConfig
+from delayq.service.service import DelayService
+
+NAMESPACE, TOPIC = "shop", "orders"
+
+
+async def eventually(
+    condition: Callable[[], Awaitable[bool] | bool], timeout_s: float, what: str
+) -> None:
+    """Await until `condition` holds; fail naming `what` at the deadline."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        result = condition()
+        if isinstance(result, Awaitable):
+            result = await result
+        if result:
+            return
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout_s}s waiting for {what}")
+        await asyncio.sleep(0.01)
+
+
+@dataclass
+class Running:
+    service: DelayService
+    client: TestClient[web.Request, web.Application]
+
+    @property
+    def base(self) -> str:
+        return f"/v1/topics/{TOPIC}"
+
+
+StartService = Callable[..., Awaitable[Running]]
+
+
+@pytest.fixture
+async def start_service(
+    redis_server: RedisServer, async_redis_client: redis.asyncio.Redis
+) -> AsyncIterator[StartService]:
+    """Start services (config overrides as keywords); all are stopped at the end of the test."""
+    started: list[Running] = []
+
+    async def start(**overrides: Any) -> Running:
+        settings: dict[str, Any] = {
+            "redis_url": redis_server.url,
+            "namespace": NAMESPACE,
+            "topic": TOPIC,
+            "slot_amount": 4,
+            "port": 0,
+            "backoff_base_ms": 50,
+            **overrides,
+        }
+        service = DelayService(ServiceConfig(**settings))
+        await service.start()
+        client = TestClient(TestServer(build_app(service)))
+        await client.start_server()
+        running = Running(service, client)
+        started.append(running)
+        return running
+
+    yield start
+    for running in reversed(started):
+        if not running.service.closing:
+            await running.service.stop()
+        await running.client.close()
+
+
+@dataclass
+class Receiver:
+    """A real HTTP server on loopback that records webhook calls and answers as told."""
+
+    url: str = ""
+    requests: list[tuple[dict[str, str], bytes]] = field(default_factory=list)
+    answer: Callable[[int], Awaitable[int]] | None = None  # call number -> status
+
+    def bodies(self) -> list[bytes]:
+        return [body for _, body in self.requests]
+
+
+@pytest.fixture
+async def receiver() -> AsyncIterator[Receiver]:
+    recorded = Receiver()
+
+    async def handle(request: web.Request) -> web.Response:
+        body = await request.read()
+        recorded.requests.append((dict(request.headers), body))
+        status = 200 if recorded.answer is None else await recorded.answer(len(recorded.requests))
+        return web.Response(status=status)
+
+    app = web.Application()
+    app.router.add_post("/hook", handle)
+    runner = web.AppRunner(app, access_log=None)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+    recorded.url = f"http://127.0.0.1:{port}/hook"
+    try:
+        yield recorded
+    finally:
+        await runner.cleanup()

@@ -1,0 +1,158 @@
+"""The HTTP API of a real service on the session's redis-server: producer routes, errors,
+auth, size limits, probes, metrics and the OpenAPI document."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import yaml
+
+from tests.service.conftest import StartService
+
+DOCS = Path(__file__).resolve().parents[2] / "docs" / "openapi.yaml"
+
+
+async def test_schedule_get_reschedule_cancel(start_service: StartService):
+    running = await start_service()
+    client, base = running.client, running.base
+    created = await client.post(
+        f"{base}/messages",
+        json={"id": "a", "delayMs": 60_000, "payload": "hi", "headers": {"k": "v"}},
+    )
+    assert created.status == 201
+    body = await created.json()
+    assert (body["id"], body["result"], body["state"]) == ("a", "created", "scheduled")
+
+    again = await client.post(f"{base}/messages", json={"id": "a", "delayMs": 1})
+    assert (again.status, (await again.json())["result"]) == (200, "exists")
+
+    got = await (await client.get(f"{base}/messages/a")).json()
+    assert (got["payload"], got["encoding"], got["headers"]) == ("hi", "utf-8", {"k": "v"})
+    assert got["dueMs"] == body["dueMs"]
+
+    moved = await client.post(f"{base}/messages/a/reschedule", json={"atMs": 2**41})
+    assert moved.status == 200
+    assert (await moved.json())["dueMs"] == 2**41
+
+    cancelled = await client.delete(f"{base}/messages/a")
+    assert (cancelled.status, (await cancelled.json())["result"]) == (200, "cancelled")
+    assert (await client.get(f"{base}/messages/a")).status == 404
+
+
+async def test_batch_schedule_and_binary_payloads(start_service: StartService):
+    running = await start_service()
+    messages = [{"id": f"m{i}", "delayMs": 60_000} for i in range(50)]
+    messages.append({"id": "bin", "delayMs": 60_000, "payload": "/wA=", "encoding": "base64"})
+    answer = await running.client.post(
+        f"{running.base}/messages/batch", json={"messages": messages}
+    )
+    assert answer.status == 200
+    results = (await answer.json())["results"]
+    assert [r["id"] for r in results] == [m["id"] for m in messages]
+    got = await (await running.client.get(f"{running.base}/messages/bin")).json()
+    assert (got["payload"], got["encoding"]) == ("/wA=", "base64")
+    stats = await (await running.client.get(f"{running.base}/stats")).json()
+    assert stats["scheduled"] == 51
+
+
+async def test_bad_input_is_400_naming_the_field(start_service: StartService):
+    running = await start_service()
+    client, base = running.client, running.base
+    cases = [
+        ({"delayMs": 1}, "id"),
+        ({"id": "a"}, "delayMs"),
+        ({"id": "a", "delayMs": "soon"}, "delayMs"),
+        ({"id": "a", "delayMs": 1, "mode": "maybe"}, "mode"),
+    ]
+    for body, field in cases:
+        answer = await client.post(f"{base}/messages", json=body)
+        assert answer.status == 400, body
+        error = await answer.json()
+        assert error["field"] == field and field in error["error"]
+    not_json = await client.post(
+        f"{base}/messages", data=b"{nope", headers={"Content-Type": "application/json"}
+    )
+    assert (not_json.status, (await not_json.json())["field"]) == (400, "body")
+    not_object = await client.post(f"{base}/messages", json=[1, 2])
+    assert (await not_object.json())["field"] == "body"
+
+
+async def test_size_limits_are_413(start_service: StartService):
+    running = await start_service(max_payload_bytes=100, max_body_bytes=10_000)
+    client, base = running.client, running.base
+    too_big = await client.post(
+        f"{base}/messages", json={"id": "a", "delayMs": 1, "payload": "x" * 101}
+    )
+    assert (too_big.status, (await too_big.json())["field"]) == (413, "payload")
+    huge = await client.post(
+        f"{base}/messages", data=b"x" * 20_000, headers={"Content-Type": "application/json"}
+    )
+    assert huge.status == 413
+    assert "error" in await huge.json()
+
+
+async def test_unknown_ids_and_topics_are_404(start_service: StartService):
+    running = await start_service()
+    client, base = running.client, running.base
+    missing = await client.get(f"{base}/messages/nobody")
+    assert (missing.status, (await missing.json())["field"]) == (404, "id")
+    assert (await client.delete(f"{base}/messages/nobody")).status == 404
+    moved = await client.post(f"{base}/messages/nobody/reschedule", json={"delayMs": 5})
+    assert moved.status == 404
+    other = await client.get("/v1/topics/other/messages/a")
+    assert (other.status, (await other.json())["field"]) == (404, "topic")
+
+
+async def test_bearer_token(start_service: StartService):
+    running = await start_service(api_token="t0ken")
+    client, base = running.client, running.base
+    body = {"id": "a", "delayMs": 1000}
+    for headers in ({}, {"Authorization": "Bearer wrong"}, {"Authorization": "Basic t0ken"}):
+        answer = await client.post(f"{base}/messages", json=body, headers=headers)
+        assert answer.status == 401
+        assert answer.headers["WWW-Authenticate"].startswith("Bearer")
+        assert (await answer.json())["field"] == "Authorization"
+    ok = await client.post(f"{base}/messages", json=body, headers={"Authorization": "Bearer t0ken"})
+    assert ok.status == 201
+    for open_path in ("/healthz", "/readyz", "/metrics", "/openapi.json"):
+        assert (await client.get(open_path)).status == 200, open_path
+
+
+async def test_readiness_follows_the_service(start_service: StartService):
+    running = await start_service()
+    ready = await running.client.get("/readyz")
+    assert ready.status == 200
+    assert (await ready.json()) == {"ready": True, "ownedSlots": 4}
+    assert (await running.client.get("/healthz")).status == 200
+    await running.service.stop()
+    assert (await running.client.get("/readyz")).status == 503
+
+
+async def test_metrics_expose_depth_and_owned_slots(start_service: StartService):
+    running = await start_service()
+    await running.client.post(f"{running.base}/messages", json={"id": "a", "delayMs": 60_000})
+    text = await (await running.client.get("/metrics")).text()
+    labels = 'namespace="shop",state="scheduled",topic="orders"'
+    assert f"delayq_messages{{{labels}}} 1.0" in text
+    assert 'delayq_owned_slots{namespace="shop",topic="orders"} 4.0' in text
+    assert "delayq_delivery_lateness_seconds_bucket" in text
+
+
+async def test_served_openapi_equals_the_checked_in_document(start_service: StartService):
+    running = await start_service()
+    served = await (await running.client.get("/openapi.json")).json()
+    assert served == yaml.safe_load(DOCS.read_text()), (
+        "docs/openapi.yaml is stale: python -m delayq.service.openapi > docs/openapi.yaml"
+    )
+
+
+async def test_every_route_is_documented(start_service: StartService):
+    running = await start_service()
+    documented = yaml.safe_load(DOCS.read_text())["paths"]
+    app = running.client.server.app
+    assert app is not None
+    for route in app.router.routes():
+        path = route.resource.canonical if route.resource is not None else ""
+        if path == "/openapi.json" or route.method == "HEAD":
+            continue
+        assert route.method.lower() in documented.get(path, {}), f"{route.method} {path}"

@@ -1,0 +1,78 @@
+"""ServiceConfig: environment, flags and their precedence; errors that name the setting."""
+
+from __future__ import annotations
+
+import argparse
+
+import pytest
+
+from delayq.queue.topic import TopicType
+from delayq.service.config import ConfigError, ServiceConfig, add_arguments
+
+
+def parse(argv: list[str]) -> argparse.Namespace:
+    parser = argparse.ArgumentParser()
+    add_arguments(parser)
+    return parser.parse_args(argv)
+
+
+def test_defaults_are_a_pull_topic_on_local_redis():
+    config = ServiceConfig.from_env({})
+    assert config.topic_type is TopicType.PULL
+    assert config.redis_url == "redis://127.0.0.1:6379/0"
+    assert config.to_topic().slot_amount == 16
+
+
+def test_environment_is_typed():
+    config = ServiceConfig.from_env(
+        {
+            "DELAYQ_TOPIC": "orders",
+            "DELAYQ_SLOT_AMOUNT": "64",
+            "DELAYQ_TOPIC_TYPE": "webhook",
+            "DELAYQ_WEBHOOK_URL": "http://receiver/hook",
+            "UNRELATED": "x",
+        }
+    )
+    assert (config.topic, config.slot_amount, config.topic_type) == (
+        "orders",
+        64,
+        TopicType.WEBHOOK,
+    )
+
+
+def test_flags_override_the_environment():
+    base = ServiceConfig.from_env({"DELAYQ_TOPIC": "orders", "DELAYQ_PORT": "9000"})
+    config = ServiceConfig.from_args(parse(["--port", "9100", "--max-retries", "3"]), base)
+    assert (config.topic, config.port, config.max_retries) == ("orders", 9100, 3)
+
+
+def test_unset_flags_keep_the_base():
+    base = ServiceConfig(topic="kept", slot_amount=8)
+    assert ServiceConfig.from_args(parse([]), base) == base
+
+
+@pytest.mark.parametrize(
+    ("env", "named"),
+    [
+        ({"DELAYQ_SLOT_AMOUNT": "ten"}, "DELAYQ_SLOT_AMOUNT"),
+        ({"DELAYQ_SLOT_AMOUNT": "12"}, "slotAmount"),
+        ({"DELAYQ_TOPIC_TYPE": "webhook"}, "DELAYQ_WEBHOOK_URL"),
+        ({"DELAYQ_BATCH_SIZE": "0"}, "DELAYQ_BATCH_SIZE"),
+        ({"DELAYQ_TOPIC": "Not_A_Label"}, "topic name"),
+    ],
+)
+def test_bad_settings_name_the_setting(env, named):
+    with pytest.raises(ConfigError, match=named):
+        ServiceConfig.from_env(env)
+
+
+def test_bad_flag_choice_is_rejected_by_argparse():
+    with pytest.raises(SystemExit):
+        parse(["--topic-type", "carrier-pigeon"])
+
+
+def test_derived_names():
+    config = ServiceConfig(namespace="shop", topic="orders", member_id="")
+    assert config.target_stream == "dq-out:shop/orders"
+    assert config.member  # host-pid by default
+    assert ServiceConfig(member_id="pod-1").member == "pod-1"

@@ -1,0 +1,153 @@
+"""Pull topics over HTTP: lease batches, ack, nack with delay (and to dead), extend, fencing."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+from tests.service.conftest import Running, StartService, eventually
+
+
+async def schedule(running: Running, count: int, delay_ms: int = 0) -> None:
+    messages = [{"id": f"m{i}", "delayMs": delay_ms, "payload": f"p{i}"} for i in range(count)]
+    answer = await running.client.post(
+        f"{running.base}/messages/batch", json={"messages": messages}
+    )
+    assert answer.status == 200
+
+
+async def lease(running: Running, **body: int) -> list[dict[str, object]]:
+    answer = await running.client.post(f"{running.base}/leases", json=body)
+    assert answer.status == 200, await answer.text()
+    leases: list[dict[str, object]] = (await answer.json())["leases"]
+    return leases
+
+
+async def test_lease_is_bounded_and_spread_over_slots(start_service: StartService):
+    running = await start_service()
+    await schedule(running, 40)
+    first = await lease(running, max=10)
+    assert len(first) == 10
+    assert len({m["id"] for m in first}) == 10
+    rest = await lease(running, max=1000)
+    assert len(rest) == 30  # nothing leased twice, nothing over-claimed
+    assert {m["id"] for m in first} | {m["id"] for m in rest} == {f"m{i}" for i in range(40)}
+    assert await lease(running, max=10) == []
+
+
+async def test_ack_removes_and_a_second_ack_conflicts(start_service: StartService):
+    running = await start_service()
+    await schedule(running, 3)
+    leases = await lease(running, max=3)
+    tokens = [m["token"] for m in leases]
+    acked = await running.client.post(f"{running.base}/leases/ack", json={"tokens": tokens})
+    assert acked.status == 200
+    assert [r["result"] for r in (await acked.json())["results"]] == ["acked"] * 3
+    again = await running.client.post(f"{running.base}/leases/ack", json={"tokens": tokens[:1]})
+    assert again.status == 409
+    assert (await again.json())["results"][0]["result"] == "lease_lost"
+    stats = await (await running.client.get(f"{running.base}/stats")).json()
+    assert stats["scheduled"] + stats["prepared"] == 0
+
+
+async def test_nack_with_delay_redelivers_after_it(start_service: StartService):
+    running = await start_service()
+    await schedule(running, 1)
+    [first] = await lease(running)
+    nacked = await running.client.post(
+        f"{running.base}/leases/nack", json={"tokens": [first["token"]], "delayMs": 300}
+    )
+    body = await nacked.json()
+    assert body["results"][0]["result"] == "retry_scheduled"
+    assert await lease(running) == []  # not before the delay
+    started = time.monotonic()
+    [second] = await lease(running, waitMs=5000)  # long poll until it is due again
+    assert second["id"] == first["id"] and second["attempt"] == 2
+    assert second["dueMs"] >= body["results"][0]["atMs"]
+    assert time.monotonic() - started < 4.5
+
+
+async def test_nack_dead_and_redrive(start_service: StartService):
+    running = await start_service()
+    await schedule(running, 1)
+    [message] = await lease(running)
+    nacked = await running.client.post(
+        f"{running.base}/leases/nack",
+        json={"tokens": [message["token"]], "dead": True, "reason": "poison"},
+    )
+    assert (await nacked.json())["results"][0]["result"] == "dead"
+    page = await (await running.client.get(f"{running.base}/dead?count=10")).json()
+    assert [(m["id"], m["deadReason"]) for m in page["messages"]] == [("m0", "poison")]
+    assert page["nextCursor"] is None
+    redriven = await running.client.post(f"{running.base}/dead/redrive", json={"ids": ["m0"]})
+    assert (await redriven.json())["results"] == [{"id": "m0", "result": "redriven"}]
+    [again] = await lease(running, waitMs=2000)
+    assert again["id"] == "m0"
+
+
+async def test_dead_pages_purge_and_redrive_all(start_service: StartService):
+    running = await start_service(max_retries=0)
+    await schedule(running, 7)
+    tokens = [m["token"] for m in await lease(running, max=7)]
+    await running.client.post(f"{running.base}/leases/nack", json={"tokens": tokens})
+    seen, cursor = [], ""
+    while cursor is not None:
+        url = f"{running.base}/dead?count=3" + (f"&cursor={cursor}" if cursor else "")
+        page = await (await running.client.get(url)).json()
+        seen += [m["id"] for m in page["messages"]]
+        cursor = page["nextCursor"]
+    assert sorted(seen) == [f"m{i}" for i in range(7)]
+    purged = await running.client.post(f"{running.base}/dead/purge", json={"ids": ["m0", "m1"]})
+    assert [r["result"] for r in (await purged.json())["results"]] == ["purged", "purged"]
+    moved = await running.client.post(f"{running.base}/dead/redrive", json={"all": True})
+    assert (await moved.json()) == {"moved": 5}
+
+
+async def test_extend_keeps_the_lease(start_service: StartService):
+    running = await start_service()
+    await schedule(running, 1)
+    server_now = await running.service.redis.time()
+    [message] = await lease(running, leaseMs=200)
+    extended = await running.client.post(
+        f"{running.base}/leases/extend", json={"tokens": [message["token"]], "leaseMs": 60_000}
+    )
+    assert (await extended.json())["results"][0]["result"] == "extended"
+    first_deadline_ms = server_now[0] * 1000 + server_now[1] // 1000 + 200
+
+    async def past_first_deadline() -> bool:
+        seconds, micros = await running.service.redis.time()
+        return seconds * 1000 + micros // 1000 > first_deadline_ms
+
+    await eventually(past_first_deadline, 5, "the first lease deadline to pass")
+    assert await lease(running) == []
+    acked = await running.client.post(
+        f"{running.base}/leases/ack", json={"tokens": [message["token"]]}
+    )
+    assert acked.status == 200
+
+
+async def test_a_new_owner_fences_old_tokens(start_service: StartService):
+    old = await start_service()
+    await schedule(old, 1)
+    [message] = await lease(old, leaseMs=60_000)
+    await start_service()  # takes over every slot: epochs bump
+    answer = await old.client.post(f"{old.base}/leases/ack", json={"tokens": [message["token"]]})
+    assert answer.status == 409
+    assert (await answer.json())["results"][0]["result"] == "stale_epoch"
+
+
+async def test_long_poll_wakes_for_a_new_message(start_service: StartService):
+    running = await start_service()
+    waiting = asyncio.create_task(lease(running, waitMs=10_000))
+    await eventually(lambda: running.service.owned_slots != [], 5, "slots owned")
+    await asyncio.sleep(0.05)  # let the lease request block first
+    await schedule(running, 1)
+    leased = await asyncio.wait_for(waiting, 5)
+    assert [m["id"] for m in leased] == ["m0"]
+
+
+async def test_leases_on_a_push_topic_are_refused(start_service: StartService, receiver):
+    running = await start_service(topic_type="webhook", webhook_url=receiver.url)
+    answer = await running.client.post(f"{running.base}/leases", json={})
+    assert answer.status == 404
+    assert "pull" in (await answer.json())["error"]

@@ -1,0 +1,159 @@
+"""Webhook topics against a real local HTTP receiver: success, retries with backoff then dead,
+timeouts, signatures and the concurrency limit."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+
+from delayq.service.delivery.signing import SIGNATURE_HEADER, verify
+from tests.service.conftest import Receiver, Running, StartService, eventually
+
+SECRET = "hook-secret"
+
+
+async def schedule(running: Running, message_id: str, **fields: object) -> None:
+    body = {"id": message_id, "delayMs": 0, **fields}
+    answer = await running.client.post(f"{running.base}/messages", json=body)
+    assert answer.status == 201
+
+
+async def state_of(running: Running, message_id: str) -> str:
+    answer = await running.client.get(f"{running.base}/messages/{message_id}")
+    return "absent" if answer.status == 404 else str((await answer.json())["state"])
+
+
+async def test_success_posts_the_signed_message_and_acks(
+    start_service: StartService, receiver: Receiver
+):
+    running = await start_service(
+        topic_type="webhook", webhook_url=receiver.url, webhook_secret=SECRET
+    )
+    await schedule(running, "a", payload="hello", headers={"k": "v"})
+    await eventually(lambda: len(receiver.requests) == 1, 5, "one POST")
+    headers, body = receiver.requests[0]
+    message = json.loads(body)
+    assert (message["id"], message["payload"], message["headers"]) == ("a", "hello", {"k": "v"})
+    assert (message["attempt"], message["topic"], message["encoding"]) == (1, "orders", "utf-8")
+    assert verify(SECRET, headers[SIGNATURE_HEADER], body, int(time.time() * 1000))
+    assert not verify("wrong-secret", headers[SIGNATURE_HEADER], body, int(time.time() * 1000))
+    assert not verify(SECRET, headers[SIGNATURE_HEADER], body + b"x", int(time.time() * 1000))
+
+    async def acked() -> bool:
+        return await state_of(running, "a") == "absent"
+
+    await eventually(acked, 5, "the ack")
+
+
+async def test_server_errors_retry_with_backoff_then_dead(
+    start_service: StartService, receiver: Receiver
+):
+    async def always_500(call: int) -> int:
+        return 500
+
+    receiver.answer = always_500
+    running = await start_service(
+        topic_type="webhook", webhook_url=receiver.url, max_retries=2, backoff_base_ms=100
+    )
+    await schedule(running, "p")
+
+    async def dead() -> bool:
+        return await state_of(running, "p") == "dead"
+
+    await eventually(dead, 10, "the message to die after maxRetries")
+    attempts = [json.loads(body)["attempt"] for body in receiver.bodies()]
+    assert attempts == [1, 2, 3]
+    info = await (await running.client.get(f"{running.base}/messages/p")).json()
+    assert "HTTP 500" in info["deadReason"]
+    metrics = await (await running.client.get("/metrics")).text()
+    assert 'delayq_dead_total{namespace="shop",topic="orders"} 1.0' in metrics
+    assert 'delayq_retries_total{namespace="shop",topic="orders"} 2.0' in metrics
+
+
+async def test_backoff_spaces_the_retries(start_service: StartService, receiver: Receiver):
+    seen_at: list[float] = []
+
+    async def fail_twice(call: int) -> int:
+        seen_at.append(time.monotonic())
+        return 503 if call <= 2 else 204
+
+    receiver.answer = fail_twice
+    running = await start_service(
+        topic_type="webhook", webhook_url=receiver.url, backoff_base_ms=200
+    )
+    await schedule(running, "b")
+
+    async def acked() -> bool:
+        return len(seen_at) == 3 and await state_of(running, "b") == "absent"
+
+    await eventually(acked, 10, "delivery on the third attempt")
+    gaps = [later - earlier for earlier, later in zip(seen_at, seen_at[1:], strict=False)]
+    assert gaps[0] >= 0.19 and gaps[1] >= 0.39  # 200 ms, then 400 ms: never early
+
+
+async def test_a_timeout_is_a_failure(start_service: StartService, receiver: Receiver):
+    async def slow_first(call: int) -> int:
+        if call == 1:
+            await asyncio.sleep(1.0)  # the receiver hangs; the service gives up at 100 ms
+        return 200
+
+    receiver.answer = slow_first
+    running = await start_service(
+        topic_type="webhook", webhook_url=receiver.url, webhook_timeout_ms=100
+    )
+    await schedule(running, "t")
+
+    async def acked() -> bool:
+        return len(receiver.requests) == 2 and await state_of(running, "t") == "absent"
+
+    await eventually(acked, 10, "the retry after the timeout")
+    assert [json.loads(b)["attempt"] for b in receiver.bodies()] == [1, 2]
+    metrics = await (await running.client.get("/metrics")).text()
+    assert 'delayq_webhook_duration_seconds_count{namespace="shop",status="error"' in metrics
+
+
+async def test_concurrency_is_limited_per_topic(start_service: StartService, receiver: Receiver):
+    active, peak = 0, 0
+    release = asyncio.Event()
+
+    async def gated(call: int) -> int:
+        nonlocal active, peak
+        active += 1
+        peak = max(peak, active)
+        await release.wait()
+        active -= 1
+        return 200
+
+    receiver.answer = gated
+    running = await start_service(
+        topic_type="webhook", webhook_url=receiver.url, webhook_concurrency=2
+    )
+    messages = [{"id": f"c{i}", "delayMs": 0} for i in range(10)]
+    await running.client.post(f"{running.base}/messages/batch", json={"messages": messages})
+    await eventually(lambda: active == 2, 5, "two concurrent POSTs")
+    release.set()
+    await eventually(lambda: len(receiver.requests) == 10, 10, "all ten POSTs")
+    assert peak == 2
+
+
+async def test_shutdown_finishes_in_flight_deliveries(
+    start_service: StartService, receiver: Receiver
+):
+    release = asyncio.Event()
+
+    async def held(call: int) -> int:
+        await release.wait()
+        return 200
+
+    receiver.answer = held
+    running = await start_service(topic_type="webhook", webhook_url=receiver.url)
+    await schedule(running, "s")
+    await eventually(lambda: len(receiver.requests) == 1, 5, "the POST to start")
+    stopping = asyncio.create_task(running.service.stop())
+    await eventually(lambda: running.service.owned_slots == [], 5, "claiming to stop")
+    assert not stopping.done()  # waiting for the in-flight delivery
+    release.set()
+    await asyncio.wait_for(stopping, 10)
+    stats = await running.service.queue.stats() if not running.service.redis else None
+    assert stats is None or stats.prepared == 0
