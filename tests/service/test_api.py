@@ -68,7 +68,8 @@ async def test_bad_input_is_400_naming_the_field(start_service: StartService):
         answer = await client.post(f"{base}/messages", json=body)
         assert answer.status == 400, body
         error = await answer.json()
-        assert error["field"] == field and field in error["error"]
+        assert error["field"] == field
+        assert field in error["error"]
     not_json = await client.post(
         f"{base}/messages", data=b"{nope", headers={"Content-Type": "application/json"}
     )

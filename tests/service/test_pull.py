@@ -62,7 +62,8 @@ async def test_nack_with_delay_redelivers_after_it(start_service: StartService):
     assert await lease(running) == []  # not before the delay
     started = time.monotonic()
     [second] = await lease(running, waitMs=5000)  # long poll until it is due again
-    assert second["id"] == first["id"] and second["attempt"] == 2
+    assert second["id"] == first["id"]
+    assert second["attempt"] == 2
     assert second["dueMs"] >= body["results"][0]["atMs"]
     assert time.monotonic() - started < 4.5
 
