@@ -96,3 +96,72 @@ async def test_create_provisions_children_and_status(
     dt = api.objects[DT, NAMESPACE, "orders"]
     assert naming.FINALIZER in dt["metadata"]["finalizers"]
     assert store.routing["zk:2181", NAMESPACE, "orders"].slots_per_broker() == {0: 8, 1: 8}
+
+
+def ready_reason(api: kmock.KubernetesEmulator, name: str) -> str | None:
+    for item in (api.objects[DT, NAMESPACE, name].get("status") or {}).get("conditions", []):
+        if item["type"] == "Ready":
+            return str(item["reason"])
+    return None
+
+
+async def test_invalid_spec_gets_a_reason_and_no_retry_loop(
+    api: kmock.KubernetesEmulator,
+    connection: kopf.ConnectionInfo,
+    store: FakeTopicStore,
+    redis_fake: FakeRedis,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    def failures() -> int:
+        return sum("failed permanently" in record.getMessage() for record in caplog.records)
+
+    async with operator(connection, store, redis_fake):
+        await api.post(TOPIC_PATH, json=topic("bad", topicType="webhook"))
+        await eventually(lambda: ready_reason(api, "bad") == "InvalidSpec", "InvalidSpec")
+        await asyncio.sleep(1.0)  # let the emulator's duplicate watch events settle
+        settled = failures()
+        await asyncio.sleep(2.0)  # a retry loop would keep failing here
+        assert failures() == settled
+    assert not stored(api, "apps/v1/statefulsets", "bad-service")
+
+
+async def test_deletion_releases_the_finalizer_even_paused_and_without_zookeeper(
+    api: kmock.KubernetesEmulator,
+    connection: kopf.ConnectionInfo,
+    store: FakeTopicStore,
+    redis_fake: FakeRedis,
+) -> None:
+    async with operator(connection, store, redis_fake):
+        await api.post(TOPIC_PATH, json=topic("gone", deletionPolicy="Delete"))
+        await eventually(lambda: ready_reason(api, "gone") is not None, "provisioning")
+        await api.patch(
+            f"{TOPIC_PATH}/gone",
+            json={"metadata": {"annotations": {naming.PAUSED_ANNOTATION: "true"}}},
+            headers={"Content-Type": "application/merge-patch+json"},
+        )
+        store.fail = True
+        await api.delete(f"{TOPIC_PATH}/gone")
+        await eventually(lambda: api.objects[DT, NAMESPACE, "gone"].deleted, "deletion")
+
+
+async def test_paused_topic_is_left_alone(
+    api: kmock.KubernetesEmulator,
+    connection: kopf.ConnectionInfo,
+    store: FakeTopicStore,
+    redis_fake: FakeRedis,
+) -> None:
+    body = topic("quiet")
+    body["metadata"]["annotations"] = {naming.PAUSED_ANNOTATION: "true"}  # type: ignore[index]
+    async with operator(connection, store, redis_fake):
+        await api.post(TOPIC_PATH, json=body)
+        await eventually(
+            lambda: any(
+                c["reason"] == "Paused"
+                for c in (api.objects[DT, NAMESPACE, "quiet"].get("status") or {}).get(
+                    "conditions", []
+                )
+            ),
+            "Paused condition",
+        )
+    assert not stored(api, "apps/v1/statefulsets", "quiet-service")
+    assert store.routing == {}

@@ -1,0 +1,385 @@
+"""Handler bodies against kmock (the Kubernetes API) with fake ZooKeeper and Redis.
+
+The handlers are called directly, the way the kopf wrappers in operator.py call them, and the
+status patches they return are applied to the stored DelayTopic as kopf would.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+import kmock
+import pytest
+
+from delayq.kube import naming
+from delayq.kube.handlers.deletion import finalize
+from delayq.kube.handlers.deps import Deps
+from delayq.kube.handlers.errors import TopicFailure
+from delayq.kube.handlers.health import refresh
+from delayq.kube.handlers.reconcile import reconcile
+from delayq.kube.redisctl import Depths, Replication
+from tests.kube.conftest import DT, NAMESPACE, Clock
+from tests.kube.fakes import FakeRedis, FakeTopicStore
+
+STS = "apps/v1/statefulsets"
+ZK = ("zk:2181", NAMESPACE, "orders")
+
+
+def put_topic(api: kmock.KubernetesEmulator, name: str = "orders", **spec: Any) -> None:
+    api.objects[DT, NAMESPACE, name] = {
+        "apiVersion": "delayq.io/v1alpha1",
+        "kind": "DelayTopic",
+        "metadata": {"name": name, "namespace": NAMESPACE, "uid": f"uid-{name}", "generation": 1},
+        "spec": spec,
+    }
+
+
+def body(api: kmock.KubernetesEmulator, name: str = "orders") -> dict[str, Any]:
+    raw: dict[str, Any] = api.objects[DT, NAMESPACE, name].raw
+    return raw
+
+
+def update_spec(api: kmock.KubernetesEmulator, name: str = "orders", **spec: Any) -> None:
+    obj = api.objects[DT, NAMESPACE, name]
+    generation = obj.raw["metadata"]["generation"] + 1
+    obj.patch({"spec": spec, "metadata": {"generation": generation}})
+
+
+def write_status(
+    api: kmock.KubernetesEmulator, patch: dict[str, Any], name: str = "orders"
+) -> None:
+    if patch:
+        api.objects[DT, NAMESPACE, name].patch({"status": patch})
+
+
+def condition(api: kmock.KubernetesEmulator, kind: str, name: str = "orders") -> dict[str, Any]:
+    for item in body(api, name).get("status", {}).get("conditions", []):
+        if item["type"] == kind:
+            return dict(item)
+    raise AssertionError(f"no {kind} condition")
+
+
+def get(api: kmock.KubernetesEmulator, resource: str, name: str) -> dict[str, Any] | None:
+    try:
+        obj = api.objects[resource, NAMESPACE, name]
+    except KeyError:
+        return None
+    return None if obj.deleted else dict(obj.raw)
+
+
+async def provision(api: kmock.KubernetesEmulator, deps: Deps, logger: logging.Logger) -> None:
+    write_status(api, await reconcile(deps, body(api), logger))
+
+
+def add_redis_pods(
+    api: kmock.KubernetesEmulator,
+    redis_fake: FakeRedis,
+    broker: int,
+    count: int,
+    master: int | None = None,
+    offsets: tuple[int, ...] = (),
+) -> None:
+    for ordinal in range(count):
+        name = naming.redis_pod("orders", broker, ordinal)
+        labels = {
+            naming.LABEL_TOPIC: "orders",
+            naming.LABEL_COMPONENT: naming.COMPONENT_REDIS,
+            naming.LABEL_BROKER: str(broker),
+        }
+        if master == ordinal:
+            labels[naming.LABEL_ROLE] = naming.ROLE_MASTER
+        ip = f"10.0.{broker}.{ordinal}"
+        api.objects["v1/pods", NAMESPACE, name] = {
+            "metadata": {"name": name, "namespace": NAMESPACE, "labels": labels},
+            "status": {"podIP": ip, "conditions": [{"type": "Ready", "status": "True"}]},
+        }
+        offset = offsets[ordinal] if ordinal < len(offsets) else 0
+        role = "master" if master == ordinal else "slave"
+        redis_fake.nodes[ip] = Replication(role, offset, offset)
+
+
+def set_pod_ready(api: kmock.KubernetesEmulator, name: str, ready: bool) -> None:
+    status = "True" if ready else "False"
+    api.objects["v1/pods", NAMESPACE, name].patch(
+        {"status": {"conditions": [{"type": "Ready", "status": status}]}}
+    )
+
+
+def add_service_pods(api: kmock.KubernetesEmulator, count: int) -> None:
+    for ordinal in range(count):
+        name = f"orders-service-{ordinal}"
+        api.objects["v1/pods", NAMESPACE, name] = {
+            "metadata": {
+                "name": name,
+                "namespace": NAMESPACE,
+                "labels": naming.service_selector("orders"),
+            },
+            "status": {"conditions": [{"type": "Ready", "status": "True"}]},
+        }
+
+
+# --- create ---------------------------------------------------------------------------------
+
+
+async def test_create_provisions_everything_and_publishes_routing(
+    api: kmock.KubernetesEmulator, deps: Deps, store: FakeTopicStore, logger: logging.Logger
+) -> None:
+    put_topic(api, brokers=2, replicasPerBroker=1, slotAmount=8)
+    await provision(api, deps, logger)
+    for name in ("orders-redis-0", "orders-redis-1", "orders-service"):
+        assert get(api, STS, name) is not None
+    assert get(api, "v1/secrets", "orders-credentials") is not None
+    assert get(api, "networking.k8s.io/v1/networkpolicies", "orders-redis") is not None
+    assert get(api, "monitoring.coreos.com/v1/servicemonitors", "orders-api") is None
+    assert store.routing[ZK].brokers == (0, 0, 0, 0, 1, 1, 1, 1)
+    assert b'"slotAmount": 8' in store.config[ZK]
+    status = body(api)["status"]
+    assert status["observedGeneration"] == 1
+    assert status["appliedSlotAmount"] == 8
+    assert condition(api, "Provisioned")["reason"] == "ResourcesApplied"
+    assert condition(api, "Ready")["status"] == "False"
+
+
+async def test_service_monitor_is_created_when_its_crd_exists(
+    api: kmock.KubernetesEmulator, deps: Deps, logger: logging.Logger
+) -> None:
+    api.resources["monitoring.coreos.com/v1/servicemonitors"] = kmock.ResourceInfo(
+        kind="ServiceMonitor", namespaced=True, verbs={"list"}
+    )
+    put_topic(api)
+    await provision(api, deps, logger)
+    assert get(api, "monitoring.coreos.com/v1/servicemonitors", "orders-api") is not None
+
+
+async def test_credentials_are_generated_once_and_never_rotated(
+    api: kmock.KubernetesEmulator, deps: Deps, logger: logging.Logger
+) -> None:
+    put_topic(api)
+    await provision(api, deps, logger)
+    first = get(api, "v1/secrets", "orders-credentials")
+    update_spec(api, maxRetries=3)
+    await provision(api, deps, logger)
+    assert get(api, "v1/secrets", "orders-credentials") == first
+
+
+async def test_second_reconcile_writes_nothing(
+    api: kmock.KubernetesEmulator, deps: Deps, logger: logging.Logger
+) -> None:
+    put_topic(api)
+    await provision(api, deps, logger)
+    before = len(list(api))  # kmock iterates over the requests it served
+    assert await reconcile(deps, body(api), logger) == {}
+    writes = [r for r in list(api)[before:] if r.method.value in ("POST", "PATCH")]
+    assert writes == []
+
+
+# --- update ---------------------------------------------------------------------------------
+
+
+async def test_more_brokers_and_replicas_roll_out_without_moving_slots(
+    api: kmock.KubernetesEmulator, deps: Deps, store: FakeTopicStore, logger: logging.Logger
+) -> None:
+    put_topic(api, brokers=1, replicasPerBroker=0, slotAmount=4)
+    await provision(api, deps, logger)
+    update_spec(api, brokers=2, replicasPerBroker=2)
+    await provision(api, deps, logger)
+    assert get(api, STS, "orders-redis-0")["spec"]["replicas"] == 3
+    assert get(api, STS, "orders-redis-1")["spec"]["replicas"] == 3
+    assert get(api, STS, "orders-service")["spec"]["replicas"] == 2
+    assert store.routing[ZK].brokers == (0, 0, 0, 0)  # messages stay where they are
+    assert store.routing[ZK].broker_count == 2
+
+
+async def test_slot_amount_growth_is_refused_with_a_condition(
+    api: kmock.KubernetesEmulator, deps: Deps, store: FakeTopicStore, logger: logging.Logger
+) -> None:
+    put_topic(api, slotAmount=8)
+    await provision(api, deps, logger)
+    update_spec(api, slotAmount=16)
+    await provision(api, deps, logger)
+    provisioned = condition(api, "Provisioned")
+    assert provisioned["status"] == "False"
+    assert provisioned["reason"] == "ReshardingNotSupported"
+    assert "keeps serving 8 slots" in provisioned["message"]
+    assert body(api)["status"]["appliedSlotAmount"] == 8
+    assert store.routing[ZK].slot_amount == 8
+    assert body(api)["status"]["observedGeneration"] == 2
+
+
+async def test_worker_settings_roll_the_service_pods(
+    api: kmock.KubernetesEmulator, deps: Deps, logger: logging.Logger
+) -> None:
+    put_topic(api)
+    await provision(api, deps, logger)
+    template = get(api, STS, "orders-service")["spec"]["template"]
+    before = template["metadata"]["annotations"][naming.CONFIG_HASH_ANNOTATION]
+    update_spec(api, worker={"concurrency": 99})
+    await provision(api, deps, logger)
+    template = get(api, STS, "orders-service")["spec"]["template"]
+    assert template["metadata"]["annotations"][naming.CONFIG_HASH_ANNOTATION] != before
+    config = get(api, "v1/configmaps", "orders-config")["data"][naming.CONFIG_KEY]
+    assert '"concurrency": 99' in config
+
+
+# --- invalid spec, transient failures, pause --------------------------------------------------
+
+
+async def test_invalid_spec_is_a_permanent_failure_with_a_reason(
+    api: kmock.KubernetesEmulator, deps: Deps, logger: logging.Logger
+) -> None:
+    put_topic(api, topicType="webhook")
+    with pytest.raises(TopicFailure) as failure:
+        await reconcile(deps, body(api), logger)
+    assert failure.value.permanent
+    write_status(api, failure.value.status)
+    ready = condition(api, "Ready")
+    assert (ready["status"], ready["reason"]) == ("False", "InvalidSpec")
+    assert "webhook.url" in ready["message"]
+    assert get(api, STS, "orders-service") is None  # nothing half-built
+
+
+async def test_unreachable_zookeeper_is_transient_with_backoff(
+    api: kmock.KubernetesEmulator, deps: Deps, store: FakeTopicStore, logger: logging.Logger
+) -> None:
+    put_topic(api)
+    store.fail = True
+    with pytest.raises(TopicFailure) as failure:
+        await reconcile(deps, body(api), logger)
+    assert not failure.value.permanent
+    assert failure.value.delay_s > 0
+    write_status(api, failure.value.status)
+    assert condition(api, "Provisioned")["reason"] == "ZooKeeperUnavailable"
+
+
+async def test_paused_topic_is_not_reconciled(
+    api: kmock.KubernetesEmulator, deps: Deps, store: FakeTopicStore, logger: logging.Logger
+) -> None:
+    put_topic(api)
+    api.objects[DT, NAMESPACE, "orders"].patch(
+        {"metadata": {"annotations": {naming.PAUSED_ANNOTATION: "true"}}}
+    )
+    await provision(api, deps, logger)
+    assert get(api, STS, "orders-service") is None
+    assert store.routing == {}
+    assert condition(api, "Provisioned")["reason"] == "Paused"
+    assert await refresh(deps, body(api), logger) == {}
+
+
+# --- health and failover --------------------------------------------------------------------
+
+
+async def test_health_elects_masters_and_reports_ready(
+    api: kmock.KubernetesEmulator,
+    deps: Deps,
+    store: FakeTopicStore,
+    redis_fake: FakeRedis,
+    logger: logging.Logger,
+) -> None:
+    put_topic(api, brokers=2, slotAmount=4)
+    await provision(api, deps, logger)
+    add_redis_pods(api, redis_fake, 0, 2)
+    add_redis_pods(api, redis_fake, 1, 2)
+    add_service_pods(api, 2)
+    store.owners[ZK] = 4
+    redis_fake.depth = Depths(scheduled=5, prepared=1, dead=0)
+    write_status(api, await refresh(deps, body(api), logger))
+    assert ("promote", "10.0.0.0") in redis_fake.commands
+    pod = get(api, "v1/pods", "orders-redis-0-0")
+    assert pod["metadata"]["labels"][naming.LABEL_ROLE] == naming.ROLE_MASTER
+    status = body(api)["status"]
+    assert [b["masterPod"] for b in status["brokers"]] == ["orders-redis-0-0", "orders-redis-1-0"]
+    assert status["brokers"][0]["replicasReady"] == 1
+    assert status["slots"] == {"total": 4, "owned": 4, "unowned": 0}
+    assert status["depths"] == {"scheduled": 10, "prepared": 2, "dead": 0}
+    assert condition(api, "Ready")["reason"] == "Serving"
+    assert condition(api, "Degraded")["status"] == "False"
+    # A second pass with nothing changed writes nothing.
+    assert await refresh(deps, body(api), logger) == {}
+
+
+async def test_failover_promotes_highest_offset_after_grace_and_fences_old_master(
+    api: kmock.KubernetesEmulator,
+    deps: Deps,
+    redis_fake: FakeRedis,
+    clock: Clock,
+    logger: logging.Logger,
+) -> None:
+    put_topic(api, replicasPerBroker=2)
+    await provision(api, deps, logger)
+    add_redis_pods(api, redis_fake, 0, 3, master=0, offsets=(500, 300, 400))
+    add_service_pods(api, 1)
+    write_status(api, await refresh(deps, body(api), logger))
+    assert body(api)["status"]["brokers"][0]["masterPod"] == "orders-redis-0-0"
+
+    set_pod_ready(api, "orders-redis-0-0", False)
+    del redis_fake.nodes["10.0.0.0"]
+    write_status(api, await refresh(deps, body(api), logger))
+    assert condition(api, "Ready")["reason"] == "BrokersUnavailable"
+    assert body(api)["status"]["brokers"][0]["state"] == "MasterMissing"
+    assert ("promote", "10.0.0.2") not in redis_fake.commands  # still within the grace
+
+    clock.now += deps.failover_grace_s + 1
+    write_status(api, await refresh(deps, body(api), logger))
+    assert ("promote", "10.0.0.2") in redis_fake.commands  # offset 400 beats 300
+    labels = lambda name: get(api, "v1/pods", name)["metadata"]["labels"]  # noqa: E731
+    assert labels("orders-redis-0-2")[naming.LABEL_ROLE] == naming.ROLE_MASTER
+    assert labels("orders-redis-0-0")[naming.LABEL_ROLE] == naming.ROLE_REPLICA
+    broker = body(api)["status"]["brokers"][0]
+    assert broker["masterPod"] == "orders-redis-0-2"
+    assert broker["lastFailoverTime"]
+
+    # The old master returns, still acting as master: it is demoted, not promoted.
+    set_pod_ready(api, "orders-redis-0-0", True)
+    redis_fake.nodes["10.0.0.0"] = Replication("master", 500, 500)
+    write_status(api, await refresh(deps, body(api), logger))
+    assert ("demote", "10.0.0.0", "orders-redis-0.shop.svc") in redis_fake.commands
+    assert labels("orders-redis-0-2")[naming.LABEL_ROLE] == naming.ROLE_MASTER
+    assert condition(api, "Ready")["status"] == "True"
+
+
+# --- deletion -------------------------------------------------------------------------------
+
+
+def add_claim(api: kmock.KubernetesEmulator, name: str) -> None:
+    api.objects["v1/persistentvolumeclaims", NAMESPACE, name] = {
+        "metadata": {
+            "name": name,
+            "namespace": NAMESPACE,
+            "labels": naming.redis_selector("orders", 0),
+        }
+    }
+
+
+async def test_delete_policy_removes_volumes_and_zookeeper_tree(
+    api: kmock.KubernetesEmulator, deps: Deps, store: FakeTopicStore, logger: logging.Logger
+) -> None:
+    put_topic(api, deletionPolicy="Delete")
+    await provision(api, deps, logger)
+    add_claim(api, "data-orders-redis-0-0")
+    await finalize(deps, body(api), logger)
+    assert get(api, "v1/persistentvolumeclaims", "data-orders-redis-0-0") is None
+    assert store.deleted == [ZK]
+
+
+async def test_retain_policy_keeps_volumes(
+    api: kmock.KubernetesEmulator, deps: Deps, store: FakeTopicStore, logger: logging.Logger
+) -> None:
+    put_topic(api)
+    add_claim(api, "data-orders-redis-0-0")
+    await finalize(deps, body(api), logger)
+    assert get(api, "v1/persistentvolumeclaims", "data-orders-redis-0-0") is not None
+    assert store.deleted == [ZK]
+
+
+async def test_deletion_never_hangs_when_zookeeper_is_gone(
+    api: kmock.KubernetesEmulator,
+    deps: Deps,
+    store: FakeTopicStore,
+    logger: logging.Logger,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    put_topic(api, topicType="bogus")  # even an invalid spec must not block deletion
+    store.fail = True
+    await finalize(deps, body(api), logger)  # returns: the finalizer is released
+    assert "releasing the finalizer anyway" in caplog.text
