@@ -90,6 +90,9 @@ class ServiceConfig:
     zookeeper: str = field(
         default="", metadata=_help("ZooKeeper hosts (empty: embedded, own every slot)")
     )
+    zk_session_timeout_ms: int = field(
+        default=10_000, metadata=_help("ZooKeeper session timeout: bounds the failover time")
+    )
     broker_id: str = field(default="", metadata=_help("the broker this process is co-located with"))
     member_id: str = field(
         default="", metadata=_help("member name in ZooKeeper (default: host-pid)")
@@ -127,6 +130,7 @@ class ServiceConfig:
             "backoff_base_ms",
             "max_body_bytes",
             "grace_ms",
+            "zk_session_timeout_ms",
         ):
             if getattr(self, name) < 1:
                 raise ConfigError(f"{_names(name)} must be at least 1")

@@ -17,19 +17,28 @@ from aiohttp import web
 from delayq.coordination.ownership import EmbeddedOwnership, Ownership
 from delayq.service import logs
 from delayq.service.api import build_app
-from delayq.service.config import ConfigError, ServiceConfig
+from delayq.service.config import ServiceConfig
 from delayq.service.service import DelayService
 
 log = logging.getLogger(__name__)
 
 
 def make_ownership(config: ServiceConfig) -> Ownership:
-    """Embedded (every slot) without ZooKeeper; the coordination module's ownership with it."""
+    """Embedded (every slot) without ZooKeeper; ZooKeeper membership and ownership with it."""
     if not config.zookeeper:
         return EmbeddedOwnership(config.slot_amount)
-    raise ConfigError(
-        "--zookeeper (DELAYQ_ZOOKEEPER) needs delayq.coordination's ZooKeeper ownership, "
-        "which this build does not have yet"
+    from delayq.coordination.zookeeper import ZkOwnership, ZkSettings  # kazoo only when used
+
+    return ZkOwnership(
+        ZkSettings(
+            hosts=config.zookeeper,
+            namespace=config.namespace,
+            topic=config.topic,
+            slot_amount=config.slot_amount,
+            member_id=config.member,
+            broker=config.broker_id,
+            session_timeout_s=config.zk_session_timeout_ms / 1000,
+        )
     )
 
 

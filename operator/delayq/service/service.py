@@ -113,6 +113,7 @@ class DelayService:
                 config.webhook_timeout_ms,
                 config.webhook_concurrency,
                 self.metrics,
+                config.member,
             )
         if config.stream_url:
             client = connect(config.stream_url, config.redis_max_connections)

@@ -33,12 +33,14 @@ class WebhookSink:
         timeout_ms: int,
         concurrency: int,
         metrics: ServiceMetrics,
+        member: str = "",
         clock_ms: Callable[[], int] = wall_ms,
     ) -> None:
         self.topic = topic
         self.url = url
         self.secret = secret
         self.metrics = metrics
+        self.member = member
         self.clock_ms = clock_ms
         self._limit = asyncio.Semaphore(concurrency)
         self._session = aiohttp.ClientSession(
@@ -52,6 +54,7 @@ class WebhookSink:
             "Content-Type": "application/json",
             "X-Delayq-Id": message.id,
             "X-Delayq-Attempt": str(message.attempt),
+            "X-Delayq-Member": self.member,
         }
         if self.secret:
             headers[SIGNATURE_HEADER] = sign(self.secret, body, self.clock_ms())
