@@ -1,0 +1,197 @@
+"""A fleet of three real delay-service processes on the session's redis-server and ZooKeeper.
+
+Processes are started in their own sessions and stopped by PID (SIGTERM, then SIGKILL after a
+deadline). The test watches the fleet from outside, as an operator would: owner nodes in
+ZooKeeper, deliveries in the output stream (whose entry ids are Redis server milliseconds, the
+same clock as due times and the kill instant).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from collections import Counter
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+import redis.asyncio
+from kazoo.client import KazooClient
+from kazoo.exceptions import NoNodeError
+
+from delayq.coordination.layout import TopicPaths
+from delayq.local.redis_server import RedisServer
+from delayq.local.zookeeper_server import ZooKeeperServer
+from delayq.queue.client import AsyncQueue
+from delayq.queue.model import ScheduleRequest
+from delayq.queue.topic import Topic
+
+from .runner import output_stream
+
+REPO = Path(__file__).resolve().parents[2]
+NAMESPACE = "fleet"
+SLOTS = 16
+SESSION_TIMEOUT_S = 4.0
+ACK_TIMEOUT_MS = 2000
+STOP_TIMEOUT_S = 20.0
+RATE_PER_S = 200
+DELAY_MS = 300
+
+
+async def eventually(condition: Callable[[], bool], timeout_s: float, what: str) -> float:
+    """Wait for `condition` (checked every 20 ms) and return how long it took."""
+    started = time.monotonic()
+    while not condition():
+        if time.monotonic() - started > timeout_s:
+            raise TimeoutError(f"timed out after {timeout_s:.1f}s waiting for {what}")
+        await asyncio.sleep(0.02)
+    return time.monotonic() - started
+
+
+@dataclass
+class Delivery:
+    at_ms: int  # server ms of the XADD (the stream entry id)
+    message_id: str
+    attempt: int
+    member: str
+
+
+@dataclass
+class ProcessFleet:
+    redis_url: str
+    zookeeper: ZooKeeperServer
+    topic: Topic
+    log_dir: Path
+    processes: dict[str, subprocess.Popen[bytes]] = field(default_factory=dict)
+    deliveries: list[Delivery] = field(default_factory=list)
+    scheduled: set[str] = field(default_factory=set)
+    _last_entry: str = "-"
+
+    def start(self, member: str) -> None:
+        command = [
+            sys.executable, "-m", "tests.fleet.runner",
+            "--redis-url", self.redis_url,
+            "--zookeeper", self.zookeeper.hosts,
+            "--namespace", NAMESPACE,
+            "--topic", self.topic.name,
+            "--slots", str(SLOTS),
+            "--member", member,
+            "--session-timeout-s", str(SESSION_TIMEOUT_S),
+            "--ack-timeout-ms", str(ACK_TIMEOUT_MS),
+        ]  # fmt: skip
+        with open(self.log_dir / f"{member}.log", "ab") as log:
+            self.processes[member] = subprocess.Popen(
+                command, cwd=REPO, stdout=log, stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL, start_new_session=True,
+            )  # fmt: skip
+
+    def signal(self, member: str, signum: signal.Signals) -> None:
+        os.kill(self.processes[member].pid, signum)
+
+    def stop_all(self) -> None:
+        for process in self.processes.values():
+            if process.poll() is None:
+                os.kill(process.pid, signal.SIGTERM)
+        for process in self.processes.values():
+            try:
+                process.wait(STOP_TIMEOUT_S)
+            except subprocess.TimeoutExpired:
+                os.kill(process.pid, signal.SIGKILL)
+                process.wait()
+
+    def owners(self) -> dict[int, str]:
+        """slot -> member holding its owner node, read from ZooKeeper right now."""
+        paths = TopicPaths(NAMESPACE, self.topic.name)
+        client = KazooClient(hosts=self.zookeeper.hosts)
+        client.start(timeout=10)
+        try:
+            result = {}
+            for child in client.get_children(paths.owners):
+                try:
+                    result[int(child)] = client.get(paths.owner(int(child)))[0].decode()
+                except NoNodeError:
+                    continue
+            return result
+        except NoNodeError:
+            return {}
+        finally:
+            client.stop()
+            client.close()
+
+    async def read_deliveries(self, client: redis.asyncio.Redis) -> None:
+        """Append stream entries written since the last read."""
+        while True:
+            low = "-" if self._last_entry == "-" else f"({self._last_entry}"
+            entries = await client.xrange(output_stream(self.topic.name), low, "+", count=5000)
+            if not entries:
+                return
+            for entry_id, fields in entries:
+                self.deliveries.append(
+                    Delivery(
+                        int(entry_id.split(b"-")[0]),
+                        fields[b"id"].decode(),
+                        int(fields[b"attempt"]),
+                        fields[b"member"].decode(),
+                    )
+                )
+            self._last_entry = entries[-1][0].decode()
+
+    def missing(self) -> set[str]:
+        return self.scheduled - {delivery.message_id for delivery in self.deliveries}
+
+    def redeliveries(self) -> int:
+        return sum(1 for delivery in self.deliveries if delivery.attempt > 1)
+
+    def duplicates(self) -> int:
+        counts = Counter(delivery.message_id for delivery in self.deliveries)
+        return sum(count - 1 for count in counts.values())
+
+    async def produce(self, queue: AsyncQueue, stop: asyncio.Event) -> None:
+        """A steady stream at RATE_PER_S, each due DELAY_MS later, ids spread over all slots."""
+        tick_s = 0.05
+        per_tick = int(RATE_PER_S * tick_s)
+        started = time.monotonic()
+        ticks = 0
+        while not stop.is_set():
+            ids = [uuid.uuid4().hex for _ in range(per_tick)]
+            await queue.schedule_many([ScheduleRequest(i, b"x", delay_ms=DELAY_MS) for i in ids])
+            self.scheduled.update(ids)
+            ticks += 1
+            # pace by the schedule, not by sleeping a fixed amount after each batch
+            await asyncio.sleep(max(0.0, started + ticks * tick_s - time.monotonic()))
+
+
+FAILED = pytest.StashKey[bool]()
+
+
+@pytest.hookimpl(wrapper=True, tryfirst=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> object:
+    """Remember whether the test body failed, so the fixture shows process logs only then."""
+    report = yield
+    if call.when == "call":
+        item.stash[FAILED] = bool(getattr(report, "failed", False))
+    return report
+
+
+@pytest.fixture
+async def process_fleet(
+    request: pytest.FixtureRequest, redis_server: RedisServer, zookeeper_server: ZooKeeperServer
+) -> AsyncIterator[ProcessFleet]:
+    topic = Topic(f"f-{uuid.uuid4().hex[:10]}", namespace=NAMESPACE, slot_amount=SLOTS,
+                  ack_timeout_ms=ACK_TIMEOUT_MS)
+    with tempfile.TemporaryDirectory(prefix="delayq-fleet-") as log_dir:
+        fleet = ProcessFleet(redis_server.url, zookeeper_server, topic, Path(log_dir))
+        try:
+            yield fleet
+        finally:
+            await asyncio.to_thread(fleet.stop_all)
+            for member in fleet.processes if request.node.stash.get(FAILED, True) else ():
+                print(f"--- {member} log (tail) ---")
+                print((Path(log_dir) / f"{member}.log").read_text()[-3000:])
