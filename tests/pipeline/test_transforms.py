@@ -134,4 +134,7 @@ def test_good_rows_carry_the_engine_slot_of_the_basis(spark):
     rows = [("m1", "p", None, 5, None), ("m2", "p", None, 5, "tenant-7")]
     df = spark.createDataFrame(rows, ROW_SCHEMA + ", slot_basis string")
     good = T.good_rows(T.validate(T.canonical(df, {}), LIMIT, NOW_MS), 64).collect()
-    assert [(r.id, r.slot) for r in good] == [("m1", slot_of("m1", 64)), ("m2", slot_of("tenant-7", 64))]
+    assert [(r.id, r.slot) for r in good] == [
+        ("m1", slot_of("m1", 64)),
+        ("m2", slot_of("tenant-7", 64)),
+    ]

@@ -78,7 +78,11 @@ def run_ingest(args: argparse.Namespace) -> int:
     from delayq.pipeline.spark import job_session
 
     target = RedisTarget(
-        args.redis, args.namespace, args.topic, args.slots, args.max_payload_bytes,
+        args.redis,
+        args.namespace,
+        args.topic,
+        args.slots,
+        args.max_payload_bytes,
         args.journal_maxlen,
     )
     target.to_topic()  # validates the names and bounds before Spark starts

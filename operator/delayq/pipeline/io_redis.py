@@ -2,8 +2,8 @@
 
 Runs inside the Python workers (`mapPartitions`): rows in, `Queue.schedule_many` out, so
 routing, validation, encoding and the Lua calls are the engine's own (one call per slot per
-chunk, pipelined per batch). It returns its counts as a result object, not only through an accumulator:
-accumulators may count a retried task twice, the collected results cannot.
+chunk, pipelined per batch). It returns its counts as a result object, not only through an
+accumulator: accumulators may count a retried task twice, the collected results cannot.
 """
 
 from __future__ import annotations
@@ -14,12 +14,12 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from delayq.pipeline import transforms as T
 from delayq.queue import plans
 from delayq.queue.client import Queue
 from delayq.queue.codes import Code, InvalidMessageError
 from delayq.queue.model import Mode, ScheduleRequest
 from delayq.queue.topic import Topic
-from delayq.pipeline import transforms as T
 
 DEFAULT_BATCH_ROWS = 5000  # rows per pipelined round trip: ~5 Lua calls of 1000 per slot
 TOO_FAR_REASON = "due beyond the Redis server's now + the maximum delay (TOO_FAR)"

@@ -50,9 +50,8 @@ def parse_mapping(text: str | None) -> dict[str, str]:
         name, sep, source = item.partition("=")
         name, source = name.strip(), source.strip()
         if not sep or name not in CANONICAL or not source:
-            raise MappingError(
-                f"bad mapping {item!r}: expected NAME=COLUMN with NAME one of {', '.join(CANONICAL)}"
-            )
+            names = ", ".join(CANONICAL)
+            raise MappingError(f"bad mapping {item!r}: expected NAME=COLUMN, NAME one of {names}")
         mapping[name] = source
     return mapping
 

@@ -1,0 +1,256 @@
+"""`delayq pipeline archive`: per-slot journal streams -> Parquet, exactly once, then trimmed.
+
+Order of effects per page of a stream: write the Parquet file (atomic rename), then the
+checkpoint (atomic rename), then XTRIM MINID past the page. A crash anywhere leaves either
+nothing written, or a file without its checkpoint. The second case is recovered, not repeated:
+file names carry (namespace, slot, first id, last id), and before reading a stream the job rolls
+its checkpoint forward to the last id already present in the dataset. So a re-run exports
+nothing twice even when new entries moved the page boundaries, and nothing is trimmed from Redis
+before it is on disk.
+
+The stream is read on the driver with pyarrow, without Spark: it is one Redis, bounded per slot
+(MAXLEN), and a JVM would only add start-up time. The dataset is plain Hive-partitioned Parquet
+(`topic=<t>/date=<yyyy-mm-dd>/`) that Spark, pyarrow or DuckDB read as is.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+import time
+from collections import defaultdict
+from collections.abc import Iterable
+from dataclasses import asdict, dataclass
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any, cast
+
+import redis
+
+from delayq.queue.keys import Part, slot_keys
+from delayq.queue.topic import Topic
+
+DEFAULT_PAGE_SIZE = 10_000
+EntryId = tuple[int, int]  # (ms, seq) of a stream entry id, ordered as Redis orders them
+Entry = tuple[bytes, dict[bytes, bytes]]  # as redis-py returns one XRANGE entry
+
+COLUMNS = (
+    ("namespace", "string"),
+    ("slot", "int32"),
+    ("stream_id", "string"),
+    ("entry_ms", "int64"),
+    ("entry_seq", "int64"),
+    ("event", "string"),
+    ("id", "string"),
+    ("t", "int64"),
+    ("due", "int64"),
+    ("attempts", "int32"),
+)
+
+
+@dataclass
+class ArchiveSummary:
+    streams: int = 0
+    entries: int = 0
+    files: int = 0
+    trimmed: int = 0
+    recovered: int = 0  # streams whose checkpoint was rolled forward after a crash
+    seconds: float = 0.0
+
+    def as_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    def line(self) -> str:
+        return (
+            f"archive: {self.entries} entries from {self.streams} streams in {self.files} files, "
+            f"trimmed {self.trimmed}, {self.seconds:.1f} s"
+        )
+
+
+def parse_id(entry_id: str | bytes) -> EntryId:
+    text = entry_id.decode() if isinstance(entry_id, bytes) else entry_id
+    ms, _, seq = text.partition("-")
+    return int(ms), int(seq or 0)
+
+
+def format_id(entry_id: EntryId) -> str:
+    return f"{entry_id[0]}-{entry_id[1]}"
+
+
+def successor(entry_id: EntryId) -> EntryId:
+    """The smallest id after `entry_id`: XTRIM MINID keeps ids >= it, so trims up to entry_id."""
+    return entry_id[0], entry_id[1] + 1
+
+
+def file_name(namespace: str, slot: int, first: EntryId, last: EntryId) -> str:
+    """Deterministic per (namespace, slot, first id, last id): a rewrite replaces, never adds."""
+    return f"{namespace}_{slot:05d}_{format_id(first)}_{format_id(last)}.parquet"
+
+
+def _ms(value: bytes | None) -> int | None:
+    """A journal time field: empty for events without one (cancelled, purged)."""
+    if not value:
+        return None
+    text = value.decode()
+    return int(text) if text.lstrip("-").isdigit() else int(float(text))
+
+
+def rows_of(namespace: str, slot: int, entries: Iterable[Entry]) -> list[dict[str, Any]]:
+    """Journal entries (fields e, id, t, due, a of lua/includes/common.lua) as flat rows."""
+    rows = []
+    for raw_id, fields in entries:
+        ms, seq = parse_id(raw_id)
+        attempts = _ms(fields.get(b"a"))
+        rows.append(
+            {
+                "namespace": namespace,
+                "slot": slot,
+                "stream_id": format_id((ms, seq)),
+                "entry_ms": ms,
+                "entry_seq": seq,
+                "event": fields.get(b"e", b"").decode(),
+                "id": fields.get(b"id", b"").decode(),
+                "t": _ms(fields.get(b"t")),
+                "due": _ms(fields.get(b"due")),
+                "attempts": attempts,
+            }
+        )
+    return rows
+
+
+def utc_date(ms: int) -> str:
+    return datetime.fromtimestamp(ms / 1000, UTC).strftime("%Y-%m-%d")
+
+
+def _fsync_dir(directory: Path) -> None:
+    fd = os.open(directory, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _replace_durably(write: Any, target: Path) -> None:
+    """Write through `write(tmp_path)`, fsync, rename over `target`: all of it or nothing."""
+    target.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=".tmp-", suffix=target.suffix)
+    os.close(fd)
+    try:
+        write(tmp)
+        with open(tmp, "rb+") as handle:
+            os.fsync(handle.fileno())
+        os.replace(tmp, target)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    _fsync_dir(target.parent)
+
+
+class Checkpoint:
+    """Last archived entry id per stream key, one JSON file per topic."""
+
+    def __init__(self, directory: str | Path, topic: Topic) -> None:
+        self.path = Path(directory) / f"{topic.namespace}.{topic.name}.json"
+
+    def load(self) -> dict[str, str]:
+        if not self.path.exists():
+            return {}
+        data: dict[str, str] = json.loads(self.path.read_text())
+        return data
+
+    def save(self, positions: dict[str, str]) -> None:
+        text = json.dumps(positions, indent=1, sort_keys=True)
+        _replace_durably(lambda tmp: Path(tmp).write_text(text), self.path)
+
+
+class Dataset:
+    """The Parquet dataset of one topic: `<root>/topic=<name>/date=<day>/<file_name>`."""
+
+    def __init__(self, root: str | Path, topic: Topic) -> None:
+        self.topic = topic
+        self.directory = Path(root) / f"topic={topic.name}"
+
+    def write(self, slot: int, rows: list[dict[str, Any]]) -> int:
+        """One file per date the page spans; returns how many files were written."""
+        import pyarrow as pa
+        import pyarrow.parquet as pq
+
+        schema = pa.schema([(name, pa.type_for_alias(kind)) for name, kind in COLUMNS])
+        by_date: dict[str, list[dict[str, Any]]] = defaultdict(list)
+        for row in rows:
+            by_date[utc_date(row["entry_ms"])].append(row)
+        for day, day_rows in by_date.items():
+            first = (day_rows[0]["entry_ms"], day_rows[0]["entry_seq"])
+            last = (day_rows[-1]["entry_ms"], day_rows[-1]["entry_seq"])
+            name = file_name(self.topic.namespace, slot, first, last)
+            table = pa.Table.from_pylist(day_rows, schema=schema)
+            _replace_durably(
+                lambda tmp, t=table: pq.write_table(t, tmp), self.directory / f"date={day}" / name
+            )
+        return len(by_date)
+
+    def last_written(self, slot: int) -> EntryId | None:
+        """The highest entry id of this slot already in the dataset (from the file names)."""
+        pattern = f"date=*/{self.topic.namespace}_{slot:05d}_*.parquet"
+        ids = [parse_id(path.stem.rsplit("_", 1)[1]) for path in self.directory.glob(pattern)]
+        return max(ids, default=None)
+
+
+def archive_slot(
+    client: redis.Redis,
+    dataset: Dataset,
+    checkpoint: Checkpoint,
+    positions: dict[str, str],
+    slot: int,
+    page_size: int,
+    summary: ArchiveSummary,
+) -> None:
+    key = slot_keys(dataset.topic, slot).key(Part.JOURNAL)
+    saved = parse_id(positions[key]) if key in positions else None
+    written = dataset.last_written(slot)
+    last = max(filter(None, (saved, written)), default=None)
+    if last is not None and last != saved:  # a file landed but its checkpoint did not
+        positions[key] = format_id(last)
+        checkpoint.save(positions)
+        summary.recovered += 1
+    if not client.exists(key):
+        return
+    summary.streams += 1
+    while True:
+        start = f"({format_id(last)}" if last else "-"
+        entries = cast(list[Entry], client.xrange(key, min=start, max="+", count=page_size))
+        if not entries:
+            break
+        rows = rows_of(dataset.topic.namespace, slot, entries)
+        summary.files += dataset.write(slot, rows)
+        summary.entries += len(rows)
+        last = parse_id(entries[-1][0])
+        positions[key] = format_id(last)
+        checkpoint.save(positions)
+    if last is not None:
+        trim_to = format_id(successor(last))
+        summary.trimmed += int(client.xtrim(key, minid=trim_to, approximate=False))
+
+
+def archive(
+    url: str,
+    topic: Topic,
+    output: str | Path,
+    checkpoint_dir: str | Path,
+    page_size: int = DEFAULT_PAGE_SIZE,
+) -> ArchiveSummary:
+    """Export every slot's new journal entries of `topic`; see the module docstring."""
+    started = time.monotonic()
+    client = redis.Redis.from_url(url)
+    checkpoint = Checkpoint(checkpoint_dir, topic)
+    dataset = Dataset(output, topic)
+    positions = checkpoint.load()
+    summary = ArchiveSummary()
+    try:
+        for slot in topic.slots:
+            archive_slot(client, dataset, checkpoint, positions, slot, page_size, summary)
+    finally:
+        client.close()
+    summary.seconds = time.monotonic() - started
+    return summary
