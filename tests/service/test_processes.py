@@ -1,0 +1,199 @@
+"""Real `delayq serve` and `delayq dev` processes: graceful SIGTERM, JSON logs, ZooKeeper
+sharing of slots, and the quick start run briefly."""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import json
+import subprocess
+import sys
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import pytest
+import redis.asyncio
+
+from delayq.local.ports import free_port
+from delayq.local.redis_server import RedisServer
+from delayq.service.config import ServiceConfig
+from delayq.service.processes import ServeProcess
+from tests.service.conftest import Receiver, eventually
+
+TOPIC = "procs"
+
+
+@pytest.fixture
+async def session() -> AsyncIterator[aiohttp.ClientSession]:
+    async with aiohttp.ClientSession() as client:
+        yield client
+
+
+def config_for(redis_server: RedisServer, **overrides: Any) -> ServiceConfig:
+    base = ServiceConfig(
+        redis_url=redis_server.url, topic=TOPIC, slot_amount=8, port=free_port(), grace_ms=20_000
+    )
+    return dataclasses.replace(base, **overrides)
+
+
+async def readiness(session: aiohttp.ClientSession, process: ServeProcess) -> dict[str, Any]:
+    try:
+        async with session.get(process.url + "/readyz") as response:
+            body: dict[str, Any] = await response.json()
+            return body
+    except aiohttp.ClientError:
+        return {"ready": False, "ownedSlots": 0}
+
+
+async def ready(session: aiohttp.ClientSession, process: ServeProcess) -> bool:
+    assert process.running(), process.log_path.read_text()
+    return bool((await readiness(session, process))["ready"])
+
+
+async def exit_code(process: ServeProcess, timeout_s: float = 30) -> int:
+    return await asyncio.to_thread(process.wait, timeout_s)
+
+
+@pytest.fixture
+async def serving() -> AsyncIterator[list[ServeProcess]]:
+    started: list[ServeProcess] = []
+    yield started
+    for process in started:
+        process.kill()
+
+
+def start(started: list[ServeProcess], config: ServiceConfig, tmp_path: Path) -> ServeProcess:
+    process = ServeProcess(config, tmp_path / f"serve-{len(started)}.log").start()
+    started.append(process)
+    return process
+
+
+async def test_sigterm_finishes_the_in_flight_delivery_then_exits_0(
+    redis_server: RedisServer,
+    async_redis_client: redis.asyncio.Redis,
+    receiver: Receiver,
+    session: aiohttp.ClientSession,
+    serving: list[ServeProcess],
+    tmp_path: Path,
+):
+    release = asyncio.Event()
+
+    async def held(call: int) -> int:
+        await release.wait()
+        return 200
+
+    receiver.answer = held
+    config = config_for(redis_server, topic_type="webhook", webhook_url=receiver.url)
+    process = start(serving, config, tmp_path)
+    await eventually(lambda: ready(session, process), 30, "delayq serve ready")
+    url = f"{process.url}/v1/topics/{TOPIC}/messages"
+    async with session.post(url, json={"id": "a", "delayMs": 0}) as response:
+        assert response.status == 201
+    await eventually(lambda: len(receiver.requests) == 1, 10, "the delivery to start")
+
+    process.terminate()
+
+    async def draining() -> bool:
+        return (await readiness(session, process))["ownedSlots"] == 0
+
+    await eventually(draining, 10, "claiming to stop and readiness to drop")
+    assert process.running()  # still finishing the held delivery
+    release.set()
+    assert await exit_code(process) == 0
+    assert len(receiver.requests) == 1
+    assert await async_redis_client.exists(f"dq:{{default/{TOPIC}/0}}:prepare") == 0
+    logged = [json.loads(line) for line in process.log_path.read_text().splitlines()]
+    assert {"listening", "stopping", "service stopped"} <= {line["msg"] for line in logged}
+
+
+async def test_pull_over_real_http_and_sigterm_exit_0(
+    redis_server: RedisServer,
+    async_redis_client: redis.asyncio.Redis,
+    session: aiohttp.ClientSession,
+    serving: list[ServeProcess],
+    tmp_path: Path,
+):
+    process = start(serving, config_for(redis_server, api_token="secret"), tmp_path)
+    await eventually(lambda: ready(session, process), 30, "delayq serve ready")
+    auth = {"Authorization": "Bearer secret"}
+    base = f"{process.url}/v1/topics/{TOPIC}"
+    async with session.post(f"{base}/messages", json={"id": "x", "delayMs": 0}) as response:
+        assert response.status == 401
+    async with session.post(
+        f"{base}/messages", json={"id": "x", "delayMs": 0}, headers=auth
+    ) as response:
+        assert response.status == 201
+    async with session.post(f"{base}/leases", json={"waitMs": 5000}, headers=auth) as response:
+        [leased] = (await response.json())["leases"]
+    async with session.post(
+        f"{base}/leases/ack", json={"tokens": [leased["token"]]}, headers=auth
+    ) as response:
+        assert response.status == 200
+    process.terminate()
+    assert await exit_code(process) == 0
+
+
+@pytest.mark.slow
+async def test_zookeeper_fleet_shares_and_hands_over_slots(
+    redis_server: RedisServer,
+    async_redis_client: redis.asyncio.Redis,
+    zookeeper_server: Any,
+    session: aiohttp.ClientSession,
+    serving: list[ServeProcess],
+    tmp_path: Path,
+):
+    topic = f"zkshare{free_port()}"
+    configs = [
+        config_for(
+            redis_server,
+            topic=topic,
+            zookeeper=zookeeper_server.hosts,
+            member_id=f"m{i}",
+            port=free_port(),
+            zk_session_timeout_ms=4000,
+        )
+        for i in range(2)
+    ]
+    first, second = (start(serving, config, tmp_path) for config in configs)
+
+    async def shared() -> bool:
+        owned = [(await readiness(session, p))["ownedSlots"] for p in (first, second)]
+        return owned[0] > 0 and owned[1] > 0 and sum(owned) == 8
+
+    await eventually(shared, 60, "two members sharing the 8 slots")
+    first.terminate()
+    assert await exit_code(first) == 0
+
+    async def all_moved() -> bool:
+        return (await readiness(session, second))["ownedSlots"] == 8
+
+    await eventually(all_moved, 30, "the survivor to own every slot")
+
+
+@pytest.mark.slow
+def test_dev_quick_start_runs_and_delivers(tmp_path: Path):
+    result = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "delayq.cli",
+            "dev",
+            "--duration",
+            "12",
+            "--messages",
+            "10",
+            "--rate",
+            "20",
+            "--max-delay-ms",
+            "500",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=240,
+        check=False,
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "delivered 10 of 10" in result.stdout
+    assert "exit codes [0, 0, 0]" in result.stdout
