@@ -1,0 +1,256 @@
+"""Model-based test: random operation sequences against the real Redis and a pure reference model.
+
+Every message's due time is either "due now" (an instant in the past) or "a day away", so the
+model knows exactly what a claim must return without depending on wall-clock timing.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import redis
+from hypothesis import HealthCheck, settings
+from hypothesis import strategies as st
+from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule
+
+from delayq.local.ports import wait_until
+from delayq.queue import plans
+from delayq.queue.client import Queue
+from delayq.queue.codes import Code
+from delayq.queue.model import Lease, Mode, State
+from delayq.queue.plans import Retry, Target
+from delayq.queue.topic import Topic
+
+from .conftest import server_ms
+
+TOPIC = Topic("model", slot_amount=2, max_retries=1)
+ALL_IDS = ["a", "b", "c"]
+IDS = st.sampled_from(ALL_IDS)
+PAST_MS = 1_000
+DAY_MS = 86_400_000
+LONG_LEASE_MS = 600_000
+
+
+@dataclass
+class Ref:
+    """What the reference model believes about one message."""
+
+    state: State
+    due_now: bool = True
+    attempts: int = 0
+    payload: bytes = b""
+    lease: Lease | None = None
+    lease_expired: bool = False
+
+
+class QueueMachine(RuleBasedStateMachine):
+    client: redis.Redis  # set by the test function from the fixture
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.client.flushall()
+        self.queue = Queue(self.client, TOPIC)
+        self.model: dict[str, Ref] = {}
+        self.old_leases: list[Lease] = []
+        self.future_ms = server_ms(self.client) + DAY_MS
+        self.epochs: dict[int, int] = {}
+
+    @initialize()
+    def take_over_all_slots_and_seed(self) -> None:
+        """Start with every id due, so short runs already reach leases, retries and dead."""
+        self.epochs = {slot: self.queue.take_over(slot) for slot in TOPIC.slots}
+        for message_id in ALL_IDS:
+            self.queue.schedule(message_id, b"seed", at_ms=PAST_MS)
+            self.model[message_id] = Ref(State.SCHEDULED, True, 0, b"seed")
+
+    def _when(self, due_now: bool) -> int:
+        return PAST_MS if due_now else self.future_ms
+
+    def _forget_lease(self, ref: Ref) -> None:
+        if ref.lease is not None:
+            self.old_leases.append(ref.lease)
+        ref.lease, ref.lease_expired = None, False
+
+    @rule(
+        message_id=IDS, due_now=st.booleans(), upsert=st.booleans(), payload=st.binary(max_size=8)
+    )
+    def schedule(self, message_id: str, due_now: bool, upsert: bool, payload: bytes) -> None:
+        mode = Mode.UPSERT if upsert else Mode.CREATE
+        result = self.queue.schedule(message_id, payload, at_ms=self._when(due_now), mode=mode)
+        ref = self.model.get(message_id)
+        if ref is None:
+            assert result.code is Code.CREATED
+            self.model[message_id] = Ref(State.SCHEDULED, due_now, 0, payload)
+        elif not upsert:
+            assert (result.code, result.state) == (Code.EXISTS, ref.state)
+        else:
+            assert result.code is Code.UPDATED
+            self._forget_lease(ref)
+            self.model[message_id] = Ref(State.SCHEDULED, due_now, 0, payload)
+
+    @rule(message_id=IDS)
+    def cancel(self, message_id: str) -> None:
+        outcome = self.queue.cancel(message_id)
+        ref = self.model.pop(message_id, None)
+        assert outcome.code is (Code.CANCELLED if ref else Code.NOT_FOUND)
+        if ref:
+            self._forget_lease(ref)
+
+    @rule(message_id=IDS, due_now=st.booleans())
+    def reschedule(self, message_id: str, due_now: bool) -> None:
+        ref = self.model.get(message_id)
+        move = (Target(message_id), None, self._when(due_now))
+        result = self.queue.run(plans.reschedule(TOPIC, [move]))[0]
+        if ref is None:
+            assert result.code is Code.NOT_FOUND
+        elif ref.state is State.DEAD:
+            assert result.code is Code.WRONG_STATE
+        else:
+            assert result.code is Code.RESCHEDULED
+            self._forget_lease(ref)
+            ref.state, ref.due_now = State.SCHEDULED, due_now
+
+    @rule()
+    def claim_all(self) -> None:
+        for ref in self.model.values():
+            if ref.state is State.PREPARED and ref.lease_expired:
+                self._forget_lease(ref)
+                if ref.attempts > TOPIC.max_retries:
+                    ref.state = State.DEAD
+                else:
+                    ref.state, ref.due_now = State.SCHEDULED, True
+        expected = {i for i, r in self.model.items() if r.state is State.SCHEDULED and r.due_now}
+        claimed = {}
+        for slot in TOPIC.slots:
+            batch = self.queue.claim(slot, self.epochs[slot], 1000, LONG_LEASE_MS)
+            claimed.update({m.id: m for m in batch.messages})
+        assert set(claimed) == expected
+        for message_id, message in claimed.items():
+            ref = self.model[message_id]
+            ref.attempts += 1
+            assert (message.attempt, message.payload) == (ref.attempts, ref.payload)
+            ref.state, ref.lease, ref.lease_expired = State.PREPARED, message.lease, False
+
+    def _leased(self, message_id: str) -> Ref | None:
+        ref = self.model.get(message_id)
+        return ref if ref is not None and ref.state is State.PREPARED else None
+
+    def _pick(self, data: st.DataObject, state: State) -> str:
+        """Mostly an id in `state` (so the rule does real work), sometimes any id."""
+        in_state = sorted(i for i, r in self.model.items() if r.state is state)
+        if in_state and data.draw(st.integers(0, 4)) > 0:
+            return data.draw(st.sampled_from(in_state))
+        return data.draw(IDS)
+
+    @rule(data=st.data())
+    def ack(self, data: st.DataObject) -> None:
+        message_id = self._pick(data, State.PREPARED)
+        ref = self._leased(message_id)
+        if ref is None or ref.lease is None:
+            return
+        outcome = self.queue.ack_many([ref.lease])[0]
+        assert outcome.code is Code.ACKED
+        del self.model[message_id]
+
+    @rule(data=st.data())
+    def ack_with_a_stale_lease(self, data: st.DataObject) -> None:
+        if not self.old_leases:
+            return
+        lease = data.draw(st.sampled_from(self.old_leases))
+        ref = self.model.get(lease.id)
+        if ref is not None and ref.lease == lease:
+            return
+        assert self.queue.ack_many([lease])[0].code is Code.LEASE_LOST
+
+    @rule(data=st.data(), retry_now=st.booleans(), kill=st.booleans())
+    def nack(self, data: st.DataObject, retry_now: bool, kill: bool) -> None:
+        message_id = self._pick(data, State.PREPARED)
+        ref = self._leased(message_id)
+        if ref is None or ref.lease is None:
+            return
+        backoff_ms = 0 if retry_now else DAY_MS
+        outcome = self.queue.nack_many([Retry(ref.lease, backoff_ms, "no", kill)])[0]
+        self._forget_lease(ref)
+        if kill or ref.attempts > TOPIC.max_retries:
+            assert outcome.code is Code.DEAD
+            ref.state = State.DEAD
+        else:
+            assert outcome.code is Code.RETRY_SCHEDULED
+            ref.state, ref.due_now = State.SCHEDULED, retry_now
+
+    @rule(data=st.data())
+    def expire(self, data: st.DataObject) -> None:
+        message_id = self._pick(data, State.PREPARED)
+        ref = self._leased(message_id)
+        if ref is None or ref.lease is None:
+            return
+        outcome = self.queue.extend_many([ref.lease], 1)[0]
+        assert outcome.code is Code.EXTENDED
+        assert outcome.at_ms is not None
+        deadline = outcome.at_ms
+        wait_until(lambda: server_ms(self.client) > deadline, 5, "the lease deadline")
+        ref.lease_expired = True
+
+    @rule(data=st.data())
+    def extend(self, data: st.DataObject) -> None:
+        message_id = self._pick(data, State.PREPARED)
+        ref = self._leased(message_id)
+        if ref is None or ref.lease is None:
+            return
+        assert self.queue.extend_many([ref.lease], LONG_LEASE_MS)[0].code is Code.EXTENDED
+        ref.lease_expired = False
+
+    @rule(data=st.data())
+    def redrive(self, data: st.DataObject) -> None:
+        message_id = self._pick(data, State.DEAD)
+        outcome = self.queue.redrive(TOPIC.slot_of(message_id), [message_id])[0]
+        ref = self.model.get(message_id)
+        if ref is not None and ref.state is State.DEAD:
+            assert outcome.code is Code.REDRIVEN
+            ref.state, ref.due_now, ref.attempts = State.SCHEDULED, True, 0
+        else:
+            assert outcome.code is Code.WRONG_STATE
+
+    @rule(data=st.data())
+    def purge(self, data: st.DataObject) -> None:
+        message_id = self._pick(data, State.DEAD)
+        outcome = self.queue.purge(TOPIC.slot_of(message_id), [message_id])[0]
+        ref = self.model.get(message_id)
+        if ref is not None and ref.state is State.DEAD:
+            assert outcome.code is Code.PURGED
+            del self.model[message_id]
+        else:
+            assert outcome.code is Code.WRONG_STATE
+
+    @invariant()
+    def redis_agrees_with_the_model(self) -> None:
+        for message_id in ALL_IDS:
+            info = self.queue.get(message_id)
+            ref = self.model.get(message_id)
+            if ref is None:
+                assert info.state is State.ABSENT, message_id
+                continue
+            assert (info.state, info.attempts, info.payload) == (
+                ref.state,
+                ref.attempts,
+                ref.payload,
+            ), message_id
+        stats = self.queue.stats()
+        states = [r.state for r in self.model.values()]
+        assert (stats.scheduled, stats.prepared, stats.dead) == (
+            states.count(State.SCHEDULED),
+            states.count(State.PREPARED),
+            states.count(State.DEAD),
+        )
+
+
+def test_engine_matches_reference_model(redis_client: redis.Redis) -> None:
+    QueueMachine.client = redis_client
+    machine = QueueMachine.TestCase
+    machine.settings = settings(
+        max_examples=100,
+        stateful_step_count=40,
+        deadline=None,
+        suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture],
+    )
+    machine().runTest()
