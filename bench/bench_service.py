@@ -1,0 +1,348 @@
+"""End-to-end benchmark of `delayq serve`: three processes, webhook and pull delivery, failover.
+
+    python3 bench/bench_service.py --rate 2000 --duration 20 > result.json
+
+Brings up a redis-server, a ZooKeeper and three `delayq serve` processes sharing one topic's
+slots, then for each mode schedules `rate` messages per second through the HTTP batch API (due
+`--delay-ms` later) and measures, per delivered message, lateness = arrival at the consumer minus
+due time (same host, same wall clock). Modes:
+
+- webhook: the services POST to a receiver in this process;
+- pull: consumers in this process lease (long poll) and ack over HTTP, spread over the three;
+- failover: webhook at a lower rate; kill -9 one service and measure the gap from the kill to
+  the first delivery (and to the last slot's first delivery) from the slots it owned, and check
+  every scheduled message arrives.
+
+Prints one JSON object. The producer, receiver and consumers share this process and the
+machine's cores with the services: figures from a loaded machine are lower bounds.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import dataclasses
+import json
+import os
+import statistics
+import sys
+import tempfile
+import time
+from collections.abc import AsyncIterator, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+from aiohttp import web
+
+from delayq.local.ports import free_port
+from delayq.local.redis_server import RedisServer
+from delayq.local.zookeeper_server import ZooKeeperServer
+from delayq.queue.topic import TopicType, slot_of
+from delayq.service.config import ServiceConfig
+from delayq.service.delivery.webhook import wall_ms
+from delayq.service.processes import ServeProcess, stop_all
+
+SLOTS = 64
+TICK_S = 0.02
+READY_TIMEOUT_S = 120.0
+
+
+@dataclass
+class Tally:
+    """Arrivals seen by the receiver or the pull consumers."""
+
+    scheduled: int = 0
+    schedule_errors: int = 0
+    first_arrival: dict[str, float] = field(default_factory=dict)  # id -> monotonic
+    lateness_ms: list[int] = field(default_factory=list)
+    duplicates: int = 0
+    by_slot_member: dict[int, str] = field(default_factory=dict)  # last deliverer per slot
+    arrivals: list[tuple[float, int, str]] = field(default_factory=list)  # (t, slot, member)
+
+    def arrive(self, message: dict[str, Any], member: str) -> None:
+        now = time.monotonic()
+        if message["id"] in self.first_arrival:
+            self.duplicates += 1
+            return
+        self.first_arrival[message["id"]] = now
+        self.lateness_ms.append(wall_ms() - int(message["dueMs"]))
+        slot = slot_of(message["id"], SLOTS)
+        self.by_slot_member[slot] = member
+        self.arrivals.append((now, slot, member))
+
+    def report(self, rate: float, duration_s: float) -> dict[str, Any]:
+        values = sorted(self.lateness_ms)
+        times = sorted(self.first_arrival.values())
+        span = (times[-1] - times[0]) if len(times) > 1 else 0.0
+        return {
+            "target_rate_per_s": rate,
+            "duration_s": duration_s,
+            "scheduled": self.scheduled,
+            "schedule_errors": self.schedule_errors,
+            "delivered": len(values),
+            "duplicates": self.duplicates,
+            "delivered_per_s": round(len(values) / span, 1) if span else None,
+            "lateness_ms": _percentiles(values),
+        }
+
+
+def _percentiles(values: list[int]) -> dict[str, float] | None:
+    if not values:
+        return None
+
+    def at(q: float) -> float:
+        return float(values[min(len(values) - 1, int(len(values) * q))])
+
+    return {
+        "p50": statistics.median(values),
+        "p90": at(0.9),
+        "p99": at(0.99),
+        "max": float(values[-1]),
+    }
+
+
+@contextlib.asynccontextmanager
+async def receiver(tally: Tally) -> AsyncIterator[str]:
+    async def receive(request: web.Request) -> web.Response:
+        tally.arrive(await request.json(), request.headers.get("X-Delayq-Member", "?"))
+        return web.Response(status=204)
+
+    app = web.Application()
+    app.router.add_post("/hook", receive)
+    runner = web.AppRunner(app, access_log=None)
+    await runner.setup()
+    port = free_port()
+    await web.TCPSite(runner, "127.0.0.1", port).start()
+    try:
+        yield f"http://127.0.0.1:{port}/hook"
+    finally:
+        await runner.cleanup()
+
+
+@contextlib.contextmanager
+def fleet(
+    redis_url: str, zookeeper: str, topic_type: TopicType, webhook_url: str, workdir: Path
+) -> Iterator[list[ServeProcess]]:
+    base = ServiceConfig(
+        redis_url=redis_url,
+        namespace="bench",
+        topic=f"{topic_type.value}{free_port()}",
+        slot_amount=SLOTS,
+        topic_type=topic_type,
+        webhook_url=webhook_url,
+        webhook_concurrency=128,
+        zookeeper=zookeeper,
+        zk_session_timeout_ms=4000,
+        log_level="WARNING",
+        grace_ms=5000,
+    )
+    processes = [
+        ServeProcess(
+            dataclasses.replace(base, port=free_port(), member_id=f"s{i}", broker_id=f"broker-{i}"),
+            workdir / f"{base.topic}-s{i}.log",
+        ).start()
+        for i in range(3)
+    ]
+    try:
+        yield processes
+    finally:
+        stop_all(processes)
+
+
+async def wait_ready(session: aiohttp.ClientSession, processes: list[ServeProcess]) -> None:
+    deadline = time.monotonic() + READY_TIMEOUT_S
+    while True:
+        states = []
+        for process in processes:
+            if not process.running():
+                raise RuntimeError(f"serve exited: {process.log_path.read_text()[-2000:]}")
+            try:
+                async with session.get(process.url + "/readyz") as response:
+                    states.append((await response.json())["ownedSlots"])
+            except aiohttp.ClientError:
+                states.append(0)
+        if all(states) and sum(states) == SLOTS:
+            return
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"fleet not ready: owned slots {states}")
+        await asyncio.sleep(0.2)
+
+
+async def produce(
+    session: aiohttp.ClientSession,
+    processes: list[ServeProcess],
+    tally: Tally,
+    rate: float,
+    duration_s: float,
+    delay_ms: int,
+    prefix: str,
+) -> None:
+    """Schedule `rate` messages per second in ticks of TICK_S, batches round-robin."""
+    started = time.monotonic()
+    number = 0
+    tick = 0
+    pending: set[asyncio.Task[None]] = set()
+    while (elapsed := time.monotonic() - started) < duration_s:
+        target = int(elapsed * rate) + 1
+        batch = [
+            {"id": f"{prefix}-{i}", "delayMs": delay_ms, "payload": "x" * 64}
+            for i in range(number, target)
+        ]
+        number = target
+        if batch:
+            process = processes[tick % len(processes)]
+            task = asyncio.create_task(_post_batch(session, process, batch, tally))
+            pending.add(task)
+            task.add_done_callback(pending.discard)
+        tick += 1
+        await asyncio.sleep(TICK_S)
+    await asyncio.gather(*pending)
+
+
+async def _post_batch(
+    session: aiohttp.ClientSession,
+    process: ServeProcess,
+    batch: list[dict[str, Any]],
+    tally: Tally,
+) -> None:
+    url = f"{process.url}/v1/topics/{process.config.topic}/messages/batch"
+    try:
+        async with session.post(url, json={"messages": batch}) as response:
+            if response.status == 200:
+                tally.scheduled += len(batch)
+                return
+    except aiohttp.ClientError:
+        pass
+    tally.schedule_errors += len(batch)
+
+
+async def pull_consumer(
+    session: aiohttp.ClientSession, process: ServeProcess, tally: Tally, stop: asyncio.Event
+) -> None:
+    base = f"{process.url}/v1/topics/{process.config.topic}/leases"
+    while not stop.is_set():
+        async with session.post(base, json={"max": 200, "waitMs": 500}) as response:
+            leases = (await response.json())["leases"]
+        for message in leases:
+            tally.arrive(message, process.config.member)
+        if leases:
+            tokens = [m["token"] for m in leases]
+            async with session.post(base + "/ack", json={"tokens": tokens}) as response:
+                await response.read()
+
+
+async def drain(tally: Tally, timeout_s: float) -> None:
+    deadline = time.monotonic() + timeout_s
+    while len(tally.first_arrival) < tally.scheduled and time.monotonic() < deadline:
+        await asyncio.sleep(0.1)
+
+
+async def run_webhook(
+    args: argparse.Namespace, env: dict[str, str], workdir: Path
+) -> dict[str, Any]:
+    tally = Tally()
+    async with receiver(tally) as url, aiohttp.ClientSession() as session:
+        with fleet(env["redis"], env["zk"], TopicType.WEBHOOK, url, workdir) as processes:
+            await wait_ready(session, processes)
+            await produce(session, processes, tally, args.rate, args.duration, args.delay_ms, "w")
+            await drain(tally, args.delay_ms / 1000 + 30)
+    return tally.report(args.rate, args.duration)
+
+
+async def run_pull(args: argparse.Namespace, env: dict[str, str], workdir: Path) -> dict[str, Any]:
+    tally = Tally()
+    stop = asyncio.Event()
+    async with aiohttp.ClientSession() as session:
+        with fleet(env["redis"], env["zk"], TopicType.PULL, "", workdir) as processes:
+            await wait_ready(session, processes)
+            consumers = [
+                asyncio.create_task(pull_consumer(session, p, tally, stop))
+                for p in processes
+                for _ in range(2)
+            ]
+            await produce(session, processes, tally, args.rate, args.duration, args.delay_ms, "p")
+            await drain(tally, args.delay_ms / 1000 + 30)
+            stop.set()
+            await asyncio.gather(*consumers, return_exceptions=True)
+    return tally.report(args.rate, args.duration)
+
+
+async def run_failover(
+    args: argparse.Namespace, env: dict[str, str], workdir: Path
+) -> dict[str, Any]:
+    """kill -9 one of three services mid-run: gap until its slots deliver again elsewhere."""
+    tally = Tally()
+    rate, duration = args.failover_rate, args.failover_duration
+    async with receiver(tally) as url, aiohttp.ClientSession() as session:
+        with fleet(env["redis"], env["zk"], TopicType.WEBHOOK, url, workdir) as processes:
+            await wait_ready(session, processes)
+            producing = asyncio.create_task(
+                produce(session, processes, tally, rate, duration, 200, "f")
+            )
+            await asyncio.sleep(duration / 3)
+            victim = processes[0]
+            moved = {s for s, member in tally.by_slot_member.items() if member == "s0"}
+            killed_at = time.monotonic()
+            victim.kill()
+            processes.remove(victim)  # the producer goes on with the living ones
+            await producing
+            await drain(tally, 60)
+    after = [
+        (t - killed_at, slot)
+        for t, slot, member in tally.arrivals
+        if t > killed_at and slot in moved and member != "s0"
+    ]
+    firsts: dict[int, float] = {}
+    for gap, slot in after:
+        firsts.setdefault(slot, gap)
+    report = tally.report(rate, duration)
+    report.update(
+        {
+            "zk_session_timeout_s": 4.0,
+            "moved_slots": len(moved),
+            "gap_to_first_delivery_s": round(min(firsts.values()), 3) if firsts else None,
+            "gap_to_all_moved_slots_s": round(max(firsts.values()), 3)
+            if len(firsts) == len(moved)
+            else None,
+            "lost": tally.scheduled - len(tally.first_arrival),
+        }
+    )
+    return report
+
+
+async def main_async(args: argparse.Namespace) -> dict[str, Any]:
+    workdir = Path(tempfile.mkdtemp(prefix="delayq-bench-"))
+    result: dict[str, Any] = {
+        "machine": {"cpus": os.cpu_count(), "loadavg_before": os.getloadavg()},
+        "slots": SLOTS,
+        "processes": 3,
+        "delay_ms": args.delay_ms,
+    }
+    runners = {"webhook": run_webhook, "pull": run_pull, "failover": run_failover}
+    with RedisServer() as redis_server, ZooKeeperServer() as zookeeper:
+        env = {"redis": redis_server.url, "zk": zookeeper.hosts}
+        for mode in args.modes.split(","):
+            print(f"bench: {mode} ...", file=sys.stderr, flush=True)
+            result[mode] = await runners[mode](args, env, workdir)
+    result["machine"]["loadavg_after"] = os.getloadavg()
+    return result
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--rate", type=float, default=2000.0, help="messages scheduled per s")
+    parser.add_argument("--duration", type=float, default=20.0, help="seconds of scheduling")
+    parser.add_argument("--delay-ms", type=int, default=1000, help="delay of every message")
+    parser.add_argument("--modes", default="webhook,pull,failover")
+    parser.add_argument("--failover-rate", type=float, default=300.0)
+    parser.add_argument("--failover-duration", type=float, default=30.0)
+    args = parser.parse_args()
+    print(json.dumps(asyncio.run(main_async(args)), indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
