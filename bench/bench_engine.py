@@ -1,0 +1,277 @@
+"""Engine benchmark: one command, a throw-away redis-server, JSON on stdout.
+
+    python bench/bench_engine.py [--quick] [--output bench/results/engine.json]
+
+Every figure is measured in the same run as its baseline (a raw floor of pipelined ZADD+HSET
+from redis-py with hiredis), so ratios stay meaningful on a noisy machine. Lateness is delivery
+time minus the requested due instant; producer, Redis and consumer share this host, so the
+Redis clock (TIME) and the consumer's wall clock are the same clock.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import multiprocessing
+import os
+import random
+import statistics
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import redis
+
+from delayq.local.redis_server import RedisServer
+from delayq.queue.client import AsyncQueue, Queue
+from delayq.queue.consumer import Consumer, ConsumerSettings
+from delayq.queue.model import Message, ScheduleRequest
+from delayq.queue.topic import Topic
+
+PAYLOAD = b"x" * 32
+SLOTS = 16
+
+
+def now_ms() -> float:
+    return time.time() * 1000
+
+
+def percentiles(values: list[float]) -> dict[str, float]:
+    if not values:
+        return {"count": 0}
+    ordered = sorted(values)
+
+    def pick(q: float) -> float:
+        return round(ordered[min(len(ordered) - 1, int(q * len(ordered)))], 2)
+
+    return {
+        "count": len(ordered),
+        "p50_ms": pick(0.50),
+        "p95_ms": pick(0.95),
+        "p99_ms": pick(0.99),
+        "max_ms": round(ordered[-1], 2),
+        "mean_ms": round(statistics.fmean(ordered), 2),
+    }
+
+
+def fresh_topic(name: str) -> Topic:
+    return Topic(name, slot_amount=SLOTS)
+
+
+# --- enqueue -----------------------------------------------------------------------------------
+
+
+def raw_floor(client: redis.Redis, count: int, chunk: int) -> float:
+    """Pipelined ZADD + HSET per message: what a hand-rolled Redis delay queue costs."""
+    start = time.perf_counter()
+    for base in range(0, count, chunk):
+        pipe = client.pipeline(transaction=False)
+        for i in range(base, min(count, base + chunk)):
+            member = f"raw-{i:08d}"
+            pipe.zadd("raw:store", {member: 1_000})
+            pipe.hset("raw:msg", member, PAYLOAD)
+        pipe.execute()
+    return count / (time.perf_counter() - start)
+
+
+def batch_enqueue(queue: Queue, count: int, chunk: int) -> float:
+    start = time.perf_counter()
+    for base in range(0, count, chunk):
+        queue.schedule_many(
+            [
+                ScheduleRequest(f"b-{i:08d}", PAYLOAD, delay_ms=3_600_000)
+                for i in range(base, min(count, base + chunk))
+            ]
+        )
+    return count / (time.perf_counter() - start)
+
+
+def single_enqueue(queue: Queue, count: int) -> float:
+    start = time.perf_counter()
+    for i in range(count):
+        queue.schedule(f"s-{i:08d}", PAYLOAD, delay_ms=3_600_000)
+    return count / (time.perf_counter() - start)
+
+
+def memory_per_message(client: redis.Redis, topic: Topic, count: int, id_format: str) -> float:
+    client.flushall()
+    queue = Queue(client, topic)
+    queue.schedule_many([ScheduleRequest("warm", PAYLOAD, delay_ms=1)])
+    before = int(client.info("memory")["used_memory"])
+    for base in range(0, count, 5_000):
+        queue.schedule_many(
+            [
+                ScheduleRequest(id_format.format(i), PAYLOAD, delay_ms=3_600_000)
+                for i in range(base, min(count, base + 5_000))
+            ]
+        )
+    after = int(client.info("memory")["used_memory"])
+    return round((after - before) / count, 1)
+
+
+# --- delivery ----------------------------------------------------------------------------------
+
+
+@dataclass
+class Recorder:
+    lateness_ms: list[float] = field(default_factory=list)
+    delivered: int = 0
+    first_ms: float = 0.0
+    last_ms: float = 0.0
+
+    async def handle(self, message: Message) -> None:
+        now = now_ms()
+        if self.delivered == 0:
+            self.first_ms = now
+        self.delivered += 1
+        self.last_ms = now
+        self.lateness_ms.append(now - message.due_ms)
+
+
+async def consume_until(url: str, topic: Topic, expected: int, timeout_s: float) -> Recorder:
+    queue = AsyncQueue.from_url(url, topic)
+    recorder = Recorder()
+    consumer = Consumer(queue, recorder.handle, ConsumerSettings(batch_size=500, max_in_flight=5000))
+    await consumer.own(topic.slots)
+    task = asyncio.create_task(consumer.run())
+    deadline = time.monotonic() + timeout_s
+    while recorder.delivered < expected and time.monotonic() < deadline:
+        await asyncio.sleep(0.02)
+    consumer.stop()
+    await task
+    await queue.close()
+    return recorder
+
+
+def schedule_at(url: str, topic: Topic, dues: list[int], prefix: str) -> None:
+    queue = Queue.from_url(url, topic)
+    for base in range(0, len(dues), 5_000):
+        queue.schedule_many(
+            [
+                ScheduleRequest(f"{prefix}-{i:08d}", PAYLOAD, at_ms=dues[i])
+                for i in range(base, min(len(dues), base + 5_000))
+            ]
+        )
+    queue.close()
+
+
+def delivery_throughput(url: str, count: int) -> float:
+    topic = fresh_topic("throughput")
+    schedule_at(url, topic, [1_000] * count, "t")
+    recorder = asyncio.run(consume_until(url, topic, count, 120))
+    return recorder.delivered / max(1e-9, (recorder.last_ms - recorder.first_ms) / 1000)
+
+
+def herd(url: str, count: int) -> dict[str, Any]:
+    topic = fresh_topic("herd")
+    at = int(now_ms()) + 2_000
+    schedule_at(url, topic, [at] * count, "h")
+    recorder = asyncio.run(consume_until(url, topic, count, 120))
+    return {
+        "messages": count,
+        "drain_s": round((recorder.last_ms - at) / 1000, 3),
+        "lateness": percentiles(recorder.lateness_ms),
+    }
+
+
+def burst(url: str, count: int, window_s: float) -> dict[str, Any]:
+    topic = fresh_topic("burst")
+    start = int(now_ms()) + 2_000
+    dues = sorted(start + int(random.random() * window_s * 1000) for _ in range(count))
+    schedule_at(url, topic, dues, "u")
+    recorder = asyncio.run(consume_until(url, topic, count, window_s + 60))
+    return {"messages": count, "window_s": window_s, "lateness": percentiles(recorder.lateness_ms)}
+
+
+def steady_producer(url: str, rate: int, duration_s: float) -> None:
+    """A separate process, as real producers are: `rate` single schedules per second."""
+    topic = fresh_topic("steady")
+    queue = Queue.from_url(url, topic)
+    rng = random.Random(7)
+    start = time.monotonic()
+    sent = 0
+    while (elapsed := time.monotonic() - start) < duration_s:
+        target = int(elapsed * rate)
+        while sent < target:
+            queue.schedule(f"st-{sent:08d}", PAYLOAD, delay_ms=rng.randint(500, 1500))
+            sent += 1
+        time.sleep(0.001)
+    queue.close()
+
+
+def steady(url: str, rate: int, duration_s: float) -> dict[str, Any]:
+    producer = multiprocessing.get_context("spawn").Process(
+        target=steady_producer, args=(url, rate, duration_s)
+    )
+    producer.start()
+    expected = int(rate * duration_s)
+    recorder = asyncio.run(consume_until(url, fresh_topic("steady"), expected, duration_s + 10))
+    producer.join()
+    return {
+        "rate_per_s": rate,
+        "duration_s": duration_s,
+        "lateness": percentiles(recorder.lateness_ms),
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="smaller sizes, for a smoke run")
+    parser.add_argument("--output", type=Path, help="also write the JSON here")
+    args = parser.parse_args()
+    scale = 0.1 if args.quick else 1.0
+    n_enqueue = int(200_000 * scale)
+
+    with RedisServer() as server:
+        client = redis.Redis.from_url(server.url)
+        floor = raw_floor(client, n_enqueue, 1_000)
+        client.flushall()
+        batch = batch_enqueue(Queue(client, fresh_topic("batch")), n_enqueue, 1_000)
+        client.flushall()
+        single = single_enqueue(Queue(client, fresh_topic("single")), int(20_000 * scale))
+        client.flushall()
+        memory = {
+            "ids_12_bytes": memory_per_message(client, fresh_topic("mem"), n_enqueue, "msg-{:08d}"),
+            "ids_36_bytes_uuid_like": memory_per_message(
+                client, fresh_topic("mem"), n_enqueue, "{:08d}-aaaa-bbbb-cccc-dddddddddddd"
+            ),
+            "messages": n_enqueue,
+            "payload_bytes": len(PAYLOAD),
+            "slots": SLOTS,
+        }
+        client.flushall()
+        delivery = delivery_throughput(server.url, int(100_000 * scale))
+        client.flushall()
+        results: dict[str, Any] = {
+            "machine": {"cpus": os.cpu_count(), "loadavg_1m_at_start": os.getloadavg()[0]},
+            "redis_version": client.info("server")["redis_version"],
+            "enqueue": {
+                "raw_floor_zadd_hset_pipelined_msg_per_s": round(floor),
+                "batch_api_msg_per_s": round(batch),
+                "batch_ratio_to_raw_floor": round(batch / floor, 2),
+                "single_api_msg_per_s": round(single),
+                "single_ratio_to_raw_floor": round(single / floor, 3),
+            },
+            "delivery_claim_noop_ack_msg_per_s": round(delivery),
+            "memory_bytes_per_pending_message": memory,
+            "herd": herd(server.url, int(20_000 * scale)),
+        }
+        client.flushall()
+        results["burst"] = burst(server.url, int(50_000 * scale), 10.0 * max(scale, 0.2))
+        client.flushall()
+        results["steady"] = steady(server.url, 2_000, 20.0 * max(scale, 0.25))
+        results["machine"]["loadavg_1m_at_end"] = os.getloadavg()[0]
+        client.close()
+
+    text = json.dumps(results, indent=2)
+    print(text)
+    if args.output:
+        args.output.parent.mkdir(parents=True, exist_ok=True)
+        args.output.write_text(text + "\n")
+
+
+if __name__ == "__main__":
+    sys.exit(main())
