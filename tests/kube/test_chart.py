@@ -1,0 +1,239 @@
+"""The Helm chart: lint, render with several value sets, and check what it renders.
+
+helm is built into a per-user cache by scripts/install-helm.sh when missing (never skipped).
+Server-side validation of the rendered objects (and the CRD's CEL rules) is the e2e suite's job.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from delayq.kube import naming
+from delayq.kube.config import OperatorConfig
+from tests.kube.test_crd_schema import EXAMPLES, to_jsonschema
+
+ROOT = Path(__file__).resolve().parents[2]
+CHART = ROOT / "charts" / "delayq"
+pytestmark = pytest.mark.timeout(900)  # the first run may build helm from source
+
+CLUSTER_SCOPED = {
+    "ClusterRole",
+    "ClusterRoleBinding",
+    "CustomResourceDefinition",
+    "ClusterKopfPeering",
+}
+VALUE_SETS: dict[str, list[str]] = {
+    "defaults": [],
+    "single-replica-external-zk": [
+        "--set",
+        "operator.replicas=1",
+        "--set",
+        "zookeeper.enabled=false",
+        "--set-string",
+        r"zookeeper.address=zk-0.zk:2181\,zk-1.zk:2181/delayq",  # helm --set escapes commas
+    ],
+    "namespaced": ["--set", "operator.watchNamespaces={shop,billing}"],
+    "zookeeper-ensemble": ["--set", "zookeeper.replicas=3"],
+}
+
+
+@functools.cache
+def helm() -> str:
+    result = subprocess.run(
+        ["bash", str(ROOT / "scripts" / "install-helm.sh")],
+        check=True,
+        capture_output=True,
+        text=True,
+    )
+    return result.stdout.strip().splitlines()[-1]
+
+
+def run_helm(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([helm(), *args], capture_output=True, text=True, check=False)
+
+
+@functools.cache
+def render(value_set: str, include_crds: bool = False) -> tuple[dict[str, Any], ...]:
+    args = ["template", "rel", str(CHART), "--namespace", "delayq-system", *VALUE_SETS[value_set]]
+    if include_crds:
+        args.append("--include-crds")
+    result = run_helm(*args)
+    assert result.returncode == 0, result.stderr
+    return tuple(doc for doc in yaml.safe_load_all(result.stdout) if doc)
+
+
+def of_kind(docs: tuple[dict[str, Any], ...], kind: str) -> list[dict[str, Any]]:
+    return [doc for doc in docs if doc["kind"] == kind]
+
+
+def test_helm_lint_passes() -> None:
+    result = run_helm("lint", "--strict", str(CHART))
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+@pytest.mark.parametrize("value_set", sorted(VALUE_SETS))
+def test_every_rendered_object_is_well_formed(value_set: str) -> None:
+    docs = render(value_set)
+    assert docs
+    for doc in docs:
+        assert isinstance(doc.get("apiVersion"), str)
+        assert isinstance(doc.get("kind"), str)
+        assert doc["metadata"]["name"]
+        if doc["kind"] not in CLUSTER_SCOPED:
+            assert doc["metadata"].get("namespace"), f"{doc['kind']} without a namespace"
+
+
+def test_values_schema_rejects_bad_values() -> None:
+    for bad in (
+        ["--set", "operator.replicas=0"],
+        ["--set", "zookeeper.enabled=false"],  # then an address is required
+        ["--set", "zookeeper.replicas=2"],  # no quorum
+        ["--set", "operator.unknownKey=1"],
+    ):
+        result = run_helm("template", "rel", str(CHART), *bad)
+        assert result.returncode != 0, bad
+
+
+def test_chart_crds_are_the_repository_crds() -> None:
+    for source in (ROOT / "crds").glob("*.yaml"):
+        assert (CHART / "crds" / source.name).read_bytes() == source.read_bytes(), source.name
+    rendered = {
+        doc["metadata"]["name"]
+        for doc in of_kind(render("defaults", True), "CustomResourceDefinition")
+    }
+    assert rendered == {
+        "delaytopics.delayq.io",
+        "clusterkopfpeerings.kopf.dev",
+        "kopfpeerings.kopf.dev",
+    }
+
+
+def test_rendered_crd_schema_validates_the_examples() -> None:
+    import jsonschema
+
+    (crd,) = [
+        doc
+        for doc in of_kind(render("defaults", True), "CustomResourceDefinition")
+        if doc["metadata"]["name"] == "delaytopics.delayq.io"
+    ]
+    schema = to_jsonschema(crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"])
+    validator = jsonschema.Draft7Validator(schema)
+    for path in (EXAMPLES / "valid").glob("*.yaml"):
+        assert list(validator.iter_errors(yaml.safe_load(path.read_text()))) == [], path.name
+
+
+def test_operator_deployment_is_hardened_and_matches_the_network_policy() -> None:
+    (deployment,) = of_kind(render("defaults"), "Deployment")
+    pod = deployment["spec"]["template"]
+    assert naming.OPERATOR_POD_LABELS.items() <= pod["metadata"]["labels"].items()
+    assert pod["spec"]["securityContext"]["runAsNonRoot"] is True
+    (container,) = pod["spec"]["containers"]
+    assert container["args"] == ["operator"]
+    assert container["securityContext"]["readOnlyRootFilesystem"] is True
+    assert container["securityContext"]["capabilities"] == {"drop": ["ALL"]}
+    assert container["livenessProbe"]["httpGet"]["path"] == "/healthz"
+    assert deployment["spec"]["replicas"] == 2
+
+
+def operator_env(value_set: str) -> dict[str, str]:
+    (deployment,) = of_kind(render(value_set), "Deployment")
+    env = deployment["spec"]["template"]["spec"]["containers"][0]["env"]
+    values = {item["name"]: item["value"] for item in env if "value" in item}
+    values["POD_NAMESPACE"] = "delayq-system"  # from the downward API
+    return values
+
+
+def test_operator_env_is_what_the_operator_reads() -> None:
+    config = OperatorConfig.from_env(operator_env("defaults"))
+    assert config.clusterwide
+    assert not config.standalone
+    assert config.build.default_zookeeper == "rel-delayq-zookeeper.delayq-system.svc:2181"
+    assert config.build.operator_namespace == "delayq-system"
+    external = OperatorConfig.from_env(operator_env("single-replica-external-zk"))
+    assert external.standalone
+    assert external.build.default_zookeeper == "zk-0.zk:2181,zk-1.zk:2181/delayq"
+    namespaced = OperatorConfig.from_env(operator_env("namespaced"))
+    assert namespaced.namespaces == ("shop", "billing")
+
+
+# Exactly what the operator's code calls (client.py users and kopf); nothing more.
+TOPIC_RULES = {
+    ("delayq.io", "delaytopics"): {"get", "list", "watch", "patch"},
+    ("delayq.io", "delaytopics/status"): {"get", "patch"},
+    ("apps", "statefulsets"): {"get", "create", "patch"},
+    ("", "services"): {"get", "create", "patch"},
+    ("", "configmaps"): {"get", "create", "patch"},
+    ("", "secrets"): {"get", "create"},
+    ("", "pods"): {"list", "patch"},
+    ("", "persistentvolumeclaims"): {"list", "delete"},
+    ("", "events"): {"create"},
+    ("policy", "poddisruptionbudgets"): {"get", "create", "patch"},
+    ("networking.k8s.io", "networkpolicies"): {"get", "create", "patch"},
+    ("monitoring.coreos.com", "servicemonitors"): {"get", "create", "patch"},
+    ("kopf.dev", "kopfpeerings"): {"get", "list", "watch", "patch"},
+}
+CLUSTER_RULES = {
+    ("apiextensions.k8s.io", "customresourcedefinitions"): {"list", "watch"},
+    ("", "namespaces"): {"list", "watch"},
+    ("kopf.dev", "clusterkopfpeerings"): {"get", "list", "watch", "patch"},
+}
+
+
+def grants(role: dict[str, Any]) -> dict[tuple[str, str], set[str]]:
+    result: dict[tuple[str, str], set[str]] = {}
+    for rule in role["rules"]:
+        assert "*" not in rule["verbs"], "no wildcard verbs"
+        for group in rule["apiGroups"]:
+            for resource in rule["resources"]:
+                assert "*" not in resource, "no wildcard resources"
+                result.setdefault((group, resource), set()).update(rule["verbs"])
+    return result
+
+
+def test_cluster_wide_rbac_is_least_privilege() -> None:
+    (role,) = of_kind(render("defaults"), "ClusterRole")
+    assert grants(role) == {**CLUSTER_RULES, **TOPIC_RULES}
+
+
+def test_namespaced_rbac_uses_roles_per_namespace() -> None:
+    docs = render("namespaced")
+    (cluster_role,) = of_kind(docs, "ClusterRole")
+    assert grants(cluster_role) == CLUSTER_RULES
+    roles = of_kind(docs, "Role")
+    assert sorted(role["metadata"]["namespace"] for role in roles) == ["billing", "shop"]
+    for role in roles:
+        assert grants(role) == TOPIC_RULES
+    peerings = of_kind(docs, "KopfPeering")
+    assert sorted(p["metadata"]["namespace"] for p in peerings) == ["billing", "shop"]
+
+
+def test_peering_object_only_with_several_replicas() -> None:
+    assert len(of_kind(render("defaults"), "ClusterKopfPeering")) == 1
+    assert of_kind(render("single-replica-external-zk"), "ClusterKopfPeering") == []
+
+
+def test_zookeeper_is_optional_and_hardened() -> None:
+    assert of_kind(render("single-replica-external-zk"), "StatefulSet") == []
+    (zookeeper,) = of_kind(render("zookeeper-ensemble"), "StatefulSet")
+    assert zookeeper["spec"]["replicas"] == 3
+    (container,) = zookeeper["spec"]["template"]["spec"]["containers"]
+    assert container["securityContext"]["readOnlyRootFilesystem"] is True
+    servers = next(e["value"] for e in container["env"] if e["name"] == "ZOO_SERVERS").split()
+    assert len(servers) == 3
+    services = {s["metadata"]["name"] for s in of_kind(render("defaults"), "Service")}
+    assert services == {"rel-delayq-zookeeper", "rel-delayq-zookeeper-headless"}
+
+
+def test_values_schema_is_valid_json_schema() -> None:
+    import jsonschema
+
+    schema = json.loads((CHART / "values.schema.json").read_text())
+    jsonschema.Draft7Validator.check_schema(schema)
+    jsonschema.validate(yaml.safe_load((CHART / "values.yaml").read_text()), schema)
