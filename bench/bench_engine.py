@@ -134,7 +134,9 @@ class Recorder:
 async def consume_until(url: str, topic: Topic, expected: int, timeout_s: float) -> Recorder:
     queue = AsyncQueue.from_url(url, topic)
     recorder = Recorder()
-    consumer = Consumer(queue, recorder.handle, ConsumerSettings(batch_size=500, max_in_flight=5000))
+    consumer = Consumer(
+        queue, recorder.handle, ConsumerSettings(batch_size=500, max_in_flight=5000)
+    )
     await consumer.own(topic.slots)
     task = asyncio.create_task(consumer.run())
     deadline = time.monotonic() + timeout_s
@@ -233,6 +235,9 @@ def main() -> None:
         client.flushall()
         single = single_enqueue(Queue(client, fresh_topic("single")), int(20_000 * scale))
         client.flushall()
+        journaled_topic = Topic("journaled", slot_amount=SLOTS, journal_maxlen=10 * n_enqueue)
+        journaled = batch_enqueue(Queue(client, journaled_topic), n_enqueue, 1_000)
+        client.flushall()
         memory = {
             "ids_12_bytes": memory_per_message(client, fresh_topic("mem"), n_enqueue, "msg-{:08d}"),
             "ids_36_bytes_uuid_like": memory_per_message(
@@ -254,6 +259,8 @@ def main() -> None:
                 "batch_ratio_to_raw_floor": round(batch / floor, 2),
                 "single_api_msg_per_s": round(single),
                 "single_ratio_to_raw_floor": round(single / floor, 3),
+                "batch_api_with_journal_msg_per_s": round(journaled),
+                "journal_cost_ratio": round(journaled / batch, 2),
             },
             "delivery_claim_noop_ack_msg_per_s": round(delivery),
             "memory_bytes_per_pending_message": memory,
