@@ -47,7 +47,7 @@ class RedisControl(Protocol):
         """REPLICAOF NO ONE: the pod becomes a master keeping its data."""
 
     async def demote(self, host: str, password: str, master_host: str) -> None:
-        """REPLICAOF master: the pod drops its data and resyncs from the master."""
+        """REPLICAOF master ("host" or "host:port"): drop the data, resync from the master."""
 
     async def depths(
         self, host: str, password: str, namespace: str, topic: str, slots: Sequence[int]
@@ -56,12 +56,18 @@ class RedisControl(Protocol):
 
 
 class RedisCommands:
-    """RedisControl over redis.asyncio; one short-lived connection per call keeps it simple."""
+    """RedisControl over redis.asyncio; one short-lived connection per call keeps it simple.
+
+    `port` is the pods' Redis port; tests point it at a local redis-server.
+    """
+
+    def __init__(self, port: int = naming.REDIS_PORT) -> None:
+        self.port = port
 
     def _client(self, host: str, password: str) -> redis.asyncio.Redis:
         return redis.asyncio.Redis(
             host=host,
-            port=naming.REDIS_PORT,
+            port=self.port,
             password=password,
             socket_connect_timeout=CONNECT_TIMEOUT_S,
             socket_timeout=CONNECT_TIMEOUT_S,
@@ -90,7 +96,8 @@ class RedisCommands:
     async def demote(self, host: str, password: str, master_host: str) -> None:
         client = self._client(host, password)
         try:
-            await client.replicaof(master_host, str(naming.REDIS_PORT))
+            host, _, port = master_host.partition(":")  # "host" or "host:port"
+            await client.replicaof(host, port or str(self.port))
         finally:
             await client.aclose()
 

@@ -1,0 +1,90 @@
+"""The operator's real ZooKeeper and Redis adapters against real local servers."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Iterator
+
+import pytest
+import redis
+
+from delayq.kube.redisctl import Depths, RedisCommands
+from delayq.kube.routing import initial_routing
+from delayq.kube.zk import KazooTopicStore, topic_root
+from delayq.local.redis_server import RedisServer
+from delayq.local.zookeeper_server import ZooKeeperServer
+from delayq.queue.keys import Part, SlotKeys
+
+pytestmark = pytest.mark.timeout(120)
+
+
+@pytest.fixture
+async def zk_store() -> AsyncIterator[KazooTopicStore]:
+    store = KazooTopicStore()
+    yield store
+    await asyncio.to_thread(store.close)
+
+
+async def test_routing_and_config_round_trip_through_zookeeper(
+    zookeeper_server: ZooKeeperServer, zk_store: KazooTopicStore
+) -> None:
+    connect = zookeeper_server.hosts
+    assert await zk_store.read_routing(connect, "kube-it", "orders") is None
+    routing = initial_routing(8, 2)
+    await zk_store.publish(connect, "kube-it", "orders", routing, b'{"topic": "orders"}')
+    await zk_store.publish(connect, "kube-it", "orders", routing, b'{"topic": "orders"}')  # idem
+    assert await zk_store.read_routing(connect, "kube-it", "orders") == routing
+
+    client = zk_store._client(connect)
+    config, _ = client.get(f"{topic_root('kube-it', 'orders')}/config")
+    assert config == b'{"topic": "orders"}'
+    assert await zk_store.owned_slots(connect, "kube-it", "orders") == 0
+    for slot in (0, 3):
+        client.create(f"{topic_root('kube-it', 'orders')}/owners/{slot}", b"pod", makepath=True)
+    assert await zk_store.owned_slots(connect, "kube-it", "orders") == 2
+
+    await zk_store.delete(connect, "kube-it", "orders")
+    assert client.exists(topic_root("kube-it", "orders")) is None
+    await zk_store.delete(connect, "kube-it", "orders")  # deleting twice is fine
+
+
+@pytest.fixture
+def replica() -> Iterator[RedisServer]:
+    server = RedisServer().start()
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+async def test_redis_commands_inspect_demote_promote_and_count(
+    redis_server: RedisServer, redis_client: redis.Redis, replica: RedisServer
+) -> None:
+    commands = RedisCommands(port=redis_server.port)
+    keys = SlotKeys("kube-it", "orders", 1)
+    redis_client.zadd(keys.key(Part.STORE), {"a": 1, "b": 2})
+    redis_client.zadd(keys.key(Part.DEAD), {"c": 3})
+    master = await commands.inspect("127.0.0.1", "")
+    assert master is not None
+    assert master.role == "master"
+    assert master.keys == 2
+    assert await commands.depths("127.0.0.1", "", "kube-it", "orders", [0, 1]) == Depths(2, 0, 1)
+
+    on_replica = RedisCommands(port=replica.port)
+    await on_replica.demote("127.0.0.1", "", f"127.0.0.1:{redis_server.port}")
+    for _ in range(200):
+        info = await on_replica.inspect("127.0.0.1", "")
+        if info is not None and info.role == "slave" and info.keys == 2:
+            break
+        await asyncio.sleep(0.05)
+    assert info is not None
+    assert (info.role, info.keys) == ("slave", 2)  # fenced: it took the master's data
+    await on_replica.promote("127.0.0.1", "")
+    promoted = await on_replica.inspect("127.0.0.1", "")
+    assert promoted is not None
+    assert promoted.role == "master"
+    assert promoted.keys == 2
+
+
+async def test_unreachable_redis_is_reported_as_none() -> None:
+    assert await RedisCommands(port=1).inspect("127.0.0.1", "") is None
