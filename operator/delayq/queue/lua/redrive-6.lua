@@ -26,12 +26,7 @@ local dead, store, msg, reason, wake, journal_key =
 local journal_maxlen = tonumber(ARGV[1])
 local now = now_ms()
 
-local ids = {}
-if ARGV[2] == 'oldest' then
-  ids = redis.call('ZRANGE', dead, 0, tonumber(ARGV[3]) - 1)
-else
-  for i = 4, #ARGV do ids[#ids + 1] = ARGV[i] end
-end
+local ids = dead_batch_ids(dead)
 
 local results = {0}
 local moved = 0

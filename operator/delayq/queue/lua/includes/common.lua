@@ -66,3 +66,14 @@ local function locate(store, prepare, dead, id)
   if score then return 'dead', tonumber(score) end
   return false, nil
 end
+
+-- The ids a dead-letter call works on: ARGV[2] 'oldest' takes up to ARGV[3] of the oldest dead,
+-- 'ids' takes ARGV[4..] as given (redrive-6 and purge-4 share this argument layout).
+local function dead_batch_ids(dead)
+  if ARGV[2] == 'oldest' then
+    return redis.call('ZRANGE', dead, 0, tonumber(ARGV[3]) - 1)
+  end
+  local ids = {}
+  for i = 4, #ARGV do ids[#ids + 1] = ARGV[i] end
+  return ids
+end
