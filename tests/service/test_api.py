@@ -7,6 +7,7 @@ from pathlib import Path
 
 import yaml
 
+from delayq.local.redis_server import RedisServer
 from tests.service.conftest import StartService
 
 DOCS = Path(__file__).resolve().parents[2] / "docs" / "openapi.yaml"
@@ -157,3 +158,16 @@ async def test_every_route_is_documented(start_service: StartService):
         if path == "/openapi.json" or route.method == "HEAD":
             continue
         assert route.method.lower() in documented.get(path, {}), f"{route.method} {path}"
+
+
+async def test_redis_outage_is_503_and_not_ready(start_service: StartService):
+    own_redis = RedisServer().start()
+    try:
+        running = await start_service(redis_url=own_redis.url)
+        assert (await running.client.get("/readyz")).status == 200
+    finally:
+        own_redis.stop()
+    down = await running.client.post(f"{running.base}/messages", json={"id": "a", "delayMs": 1})
+    assert down.status == 503
+    assert "redis unavailable" in (await down.json())["error"]
+    assert (await running.client.get("/readyz")).status == 503

@@ -58,6 +58,14 @@ def test_unset_flags_keep_the_base():
         ({"DELAYQ_SLOT_AMOUNT": "12"}, "slotAmount"),
         ({"DELAYQ_TOPIC_TYPE": "webhook"}, "DELAYQ_WEBHOOK_URL"),
         ({"DELAYQ_BATCH_SIZE": "0"}, "DELAYQ_BATCH_SIZE"),
+        (
+            {
+                "DELAYQ_TOPIC_TYPE": "webhook",
+                "DELAYQ_WEBHOOK_URL": "http://r/h",
+                "DELAYQ_WEBHOOK_TIMEOUT_MS": "30000",
+            },
+            "shorter than --ack-timeout-ms",
+        ),
         ({"DELAYQ_TOPIC": "Not_A_Label"}, "topic name"),
     ],
 )

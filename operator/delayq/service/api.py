@@ -12,6 +12,7 @@ import logging
 from collections.abc import Awaitable, Callable
 from typing import Any
 
+import redis
 from aiohttp import web
 
 from delayq.queue.codes import (
@@ -64,6 +65,9 @@ async def errors_middleware(request: web.Request, handler: Handler) -> web.Strea
         return error_response(409, str(error))
     except TooFarError as error:
         return error_response(400, str(error), "delayMs")
+    except redis.RedisError as error:
+        log.warning("redis call failed", extra={"path": request.path, "error": str(error)})
+        return error_response(503, f"redis unavailable: {type(error).__name__}")
     except web.HTTPException as error:
         if error.status < 400:
             raise

@@ -134,6 +134,11 @@ class ServiceConfig:
         ):
             if getattr(self, name) < 1:
                 raise ConfigError(f"{_names(name)} must be at least 1")
+        if self.topic_type is TopicType.WEBHOOK and self.webhook_timeout_ms >= self.ack_timeout_ms:
+            raise ConfigError(
+                f"{_names('webhook_timeout_ms')} must be shorter than {_names('ack_timeout_ms')}: "
+                "a lease must outlive the POST it covers, or the message is delivered twice"
+            )
         if not 0 <= self.port <= 65535:
             raise ConfigError(f"{_names('port')} must be between 0 and 65535")
 

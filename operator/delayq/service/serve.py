@@ -55,13 +55,14 @@ async def serve(config: ServiceConfig, stop: asyncio.Event | None = None) -> int
         "listening",
         extra={"host": config.host, "port": config.port, "member": config.member},
     )
-    await stop.wait()
+    broken = asyncio.create_task(service.broken.wait())
+    await asyncio.wait([asyncio.create_task(stop.wait()), broken], return_when="FIRST_COMPLETED")
     log.info("stopping")
     try:
         await service.stop()
     finally:
         await runner.cleanup()
-    return 0
+    return 1 if broken.done() else 0
 
 
 def _stop_on_signals() -> asyncio.Event:

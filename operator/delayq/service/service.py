@@ -71,6 +71,7 @@ class DelayService:
         self._run_task: asyncio.Task[None] | None = None
         self._closing = False
         self._lock = asyncio.Lock()
+        self.broken = asyncio.Event()  # the delivery loop died: the process must restart
 
     @property
     def engine(self) -> SlotEngine:
@@ -100,6 +101,7 @@ class DelayService:
             )
             self.consumer = Consumer(self.queue, self._deliver, settings, self._on_slot_lost)
             self._run_task = asyncio.create_task(self.consumer.run())
+            self._run_task.add_done_callback(self._on_run_done)
         await self.ownership.start(self._on_change)
         log.info("service started", extra={"topic": self.topic.name, "type": self.topic.topic_type})
 
@@ -131,6 +133,15 @@ class DelayService:
                 await self.engine.own(wanted - owned)
             log.info("owned slots changed", extra={"owned": sorted(wanted)})
 
+    def _on_run_done(self, task: asyncio.Task[None]) -> None:
+        """The Consumer's loop ends only on stop(); anything else (a Redis outage it does not
+        survive) makes the service unready and `serve` exit non-zero, so it gets restarted."""
+        if self._closing or task.cancelled():
+            return
+        error = task.exception()
+        log.error("delivery loop ended unexpectedly", exc_info=error)
+        self.broken.set()
+
     def _on_slot_lost(self, slot: int) -> None:
         log.warning("fenced out of a slot by a newer owner", extra={"slot": slot})
 
@@ -157,7 +168,7 @@ class DelayService:
 
     async def is_ready(self) -> bool:
         """Ready while not stopping, holding an assignment and answering on Redis."""
-        if self._closing or not self.ownership.ready:
+        if self._closing or self.broken.is_set() or not self.ownership.ready:
             return False
         try:
             return bool(await asyncio.wait_for(self.redis.ping(), READY_PING_TIMEOUT_S))
@@ -179,6 +190,8 @@ class DelayService:
             self.consumer.stop()
             try:
                 await asyncio.wait_for(asyncio.shield(self._run_task), self.config.grace_ms / 1000)
+            except redis.RedisError:
+                log.exception("delivery loop failed while draining")
             except TimeoutError:
                 log.warning("grace period over: abandoning in-flight deliveries to their leases")
                 self._run_task.cancel()

@@ -1,0 +1,39 @@
+"""A webhook receiver for a delayq `webhook` topic that checks the signature.
+
+    DELAYQ_SECRET=s3cret python3 examples/service/webhook_receiver.py  # listens on :9000
+    delayq serve --topic-type webhook --webhook-url http://127.0.0.1:9000/hook \
+                 --webhook-secret s3cret
+
+Answer 2xx only once the message is safely handled: anything else (or no answer within the
+topic's webhook timeout) makes delayq retry with exponential backoff, and after maxRetries the
+message goes to the dead queue. Deliveries are at least once: dedupe by `id` (+ `attempt`).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+
+from aiohttp import web
+
+from delayq.service.delivery.signing import SIGNATURE_HEADER, verify
+
+SECRET = os.environ.get("DELAYQ_SECRET", "s3cret")
+
+
+async def hook(request: web.Request) -> web.Response:
+    body = await request.read()  # verify the exact bytes, before any JSON parsing
+    signature = request.headers.get(SIGNATURE_HEADER, "")
+    if not verify(SECRET, signature, body, int(time.time() * 1000)):
+        return web.Response(status=401, text="bad signature")
+    message = json.loads(body)
+    lateness_ms = int(time.time() * 1000) - message["dueMs"]
+    print(f"{message['id']} attempt {message['attempt']} late {lateness_ms} ms")
+    return web.Response(status=204)
+
+
+if __name__ == "__main__":
+    app = web.Application()
+    app.router.add_post("/hook", hook)
+    web.run_app(app, host="127.0.0.1", port=int(os.environ.get("PORT", "9000")))
