@@ -26,6 +26,7 @@ import dataclasses
 import json
 import os
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
@@ -55,23 +56,23 @@ class Tally:
     """Arrivals seen by the receiver or the pull consumers."""
 
     scheduled: int = 0
-    schedule_errors: int = 0
+    schedule_errors: dict[str, int] = field(default_factory=dict)  # kind -> messages
     first_arrival: dict[str, float] = field(default_factory=dict)  # id -> monotonic
     lateness_ms: list[int] = field(default_factory=list)
     duplicates: int = 0
     by_slot_member: dict[int, str] = field(default_factory=dict)  # last deliverer per slot
     arrivals: list[tuple[float, int, str]] = field(default_factory=list)  # (t, slot, member)
 
-    def arrive(self, message: dict[str, Any], member: str) -> None:
-        now = time.monotonic()
-        if message["id"] in self.first_arrival:
+    def arrive(self, message_id: str, member: str, at: float, lateness_ms: int) -> None:
+        """One arrival: `at` is time.monotonic() (system-wide, so comparable across processes)."""
+        if message_id in self.first_arrival:
             self.duplicates += 1
             return
-        self.first_arrival[message["id"]] = now
-        self.lateness_ms.append(wall_ms() - int(message["dueMs"]))
-        slot = slot_of(message["id"], SLOTS)
+        self.first_arrival[message_id] = at
+        self.lateness_ms.append(lateness_ms)
+        slot = slot_of(message_id, SLOTS)
         self.by_slot_member[slot] = member
-        self.arrivals.append((now, slot, member))
+        self.arrivals.append((at, slot, member))
 
     def report(self, rate: float, duration_s: float) -> dict[str, Any]:
         values = sorted(self.lateness_ms)
@@ -104,37 +105,79 @@ def _percentiles(values: list[int]) -> dict[str, float] | None:
     }
 
 
-@contextlib.asynccontextmanager
-async def receiver(tally: Tally) -> AsyncIterator[str]:
+def receiver_app() -> web.Application:
+    """The webhook receiver (run in its own process so it does not share a core with the
+    producer): records (id, member, monotonic time, lateness) and serves them incrementally."""
+    records: list[tuple[str, str, float, int]] = []
+
     async def receive(request: web.Request) -> web.Response:
-        tally.arrive(await request.json(), request.headers.get("X-Delayq-Member", "?"))
+        message = await request.json()
+        lateness = wall_ms() - int(message["dueMs"])
+        member = request.headers.get("X-Delayq-Member", "?")
+        records.append((message["id"], member, time.monotonic(), lateness))
         return web.Response(status=204)
+
+    async def since(request: web.Request) -> web.Response:
+        return web.json_response(records[int(request.query.get("from", "0")) :])
 
     app = web.Application()
     app.router.add_post("/hook", receive)
-    runner = web.AppRunner(app, access_log=None)
-    await runner.setup()
+    app.router.add_get("/arrivals", since)
+    return app
+
+
+@contextlib.asynccontextmanager
+async def receiver(tally: Tally, workdir: Path) -> AsyncIterator[str]:
+    """A receiver process, and a task copying its arrivals into `tally` every 50 ms."""
     port = free_port()
-    await web.TCPSite(runner, "127.0.0.1", port).start()
-    try:
-        yield f"http://127.0.0.1:{port}/hook"
-    finally:
-        await runner.cleanup()
+    log = (workdir / "receiver.log").open("wb")
+    process = subprocess.Popen(
+        [sys.executable, __file__, "--receiver-port", str(port)], stdout=log, stderr=log
+    )
+    base = f"http://127.0.0.1:{port}"
+
+    async def copy(session: aiohttp.ClientSession) -> None:
+        seen = 0
+        while True:
+            try:
+                async with session.get(f"{base}/arrivals?from={seen}") as response:
+                    for message_id, member, at, lateness in await response.json():
+                        tally.arrive(message_id, member, at, lateness)
+                        seen += 1
+            except aiohttp.ClientError:
+                pass  # not listening yet
+            await asyncio.sleep(0.05)
+
+    async with aiohttp.ClientSession() as session:
+        copying = asyncio.create_task(copy(session))
+        try:
+            yield f"{base}/hook"
+        finally:
+            copying.cancel()
+            process.terminate()
+            process.wait()
+            log.close()
 
 
 @contextlib.contextmanager
 def fleet(
-    redis_url: str, zookeeper: str, topic_type: TopicType, webhook_url: str, workdir: Path
+    args: argparse.Namespace,
+    env: dict[str, str],
+    topic_type: TopicType,
+    webhook_url: str,
+    workdir: Path,
 ) -> Iterator[list[ServeProcess]]:
     base = ServiceConfig(
-        redis_url=redis_url,
+        redis_url=env["redis"],
         namespace="bench",
         topic=f"{topic_type.value}{free_port()}",
         slot_amount=SLOTS,
         topic_type=topic_type,
         webhook_url=webhook_url,
         webhook_concurrency=128,
-        zookeeper=zookeeper,
+        webhook_timeout_ms=2000,
+        ack_timeout_ms=args.ack_timeout_ms,
+        zookeeper=env["zk"],
         zk_session_timeout_ms=4000,
         log_level="WARNING",
         grace_ms=5000,
@@ -214,9 +257,10 @@ async def _post_batch(
             if response.status == 200:
                 tally.scheduled += len(batch)
                 return
-    except aiohttp.ClientError:
-        pass
-    tally.schedule_errors += len(batch)
+            kind = f"HTTP {response.status}"
+    except aiohttp.ClientError as error:
+        kind = type(error).__name__
+    tally.schedule_errors[kind] = tally.schedule_errors.get(kind, 0) + len(batch)
 
 
 async def pull_consumer(
@@ -227,7 +271,8 @@ async def pull_consumer(
         async with session.post(base, json={"max": 200, "waitMs": 500}) as response:
             leases = (await response.json())["leases"]
         for message in leases:
-            tally.arrive(message, process.config.member)
+            lateness = wall_ms() - int(message["dueMs"])
+            tally.arrive(message["id"], process.config.member, time.monotonic(), lateness)
         if leases:
             tokens = [m["token"] for m in leases]
             async with session.post(base + "/ack", json={"tokens": tokens}) as response:
@@ -244,8 +289,8 @@ async def run_webhook(
     args: argparse.Namespace, env: dict[str, str], workdir: Path
 ) -> dict[str, Any]:
     tally = Tally()
-    async with receiver(tally) as url, aiohttp.ClientSession() as session:
-        with fleet(env["redis"], env["zk"], TopicType.WEBHOOK, url, workdir) as processes:
+    async with receiver(tally, workdir) as url, aiohttp.ClientSession() as session:
+        with fleet(args, env, TopicType.WEBHOOK, url, workdir) as processes:
             await wait_ready(session, processes)
             await produce(session, processes, tally, args.rate, args.duration, args.delay_ms, "w")
             await drain(tally, args.delay_ms / 1000 + 30)
@@ -256,7 +301,7 @@ async def run_pull(args: argparse.Namespace, env: dict[str, str], workdir: Path)
     tally = Tally()
     stop = asyncio.Event()
     async with aiohttp.ClientSession() as session:
-        with fleet(env["redis"], env["zk"], TopicType.PULL, "", workdir) as processes:
+        with fleet(args, env, TopicType.PULL, "", workdir) as processes:
             await wait_ready(session, processes)
             consumers = [
                 asyncio.create_task(pull_consumer(session, p, tally, stop))
@@ -276,8 +321,8 @@ async def run_failover(
     """kill -9 one of three services mid-run: gap until its slots deliver again elsewhere."""
     tally = Tally()
     rate, duration = args.failover_rate, args.failover_duration
-    async with receiver(tally) as url, aiohttp.ClientSession() as session:
-        with fleet(env["redis"], env["zk"], TopicType.WEBHOOK, url, workdir) as processes:
+    async with receiver(tally, workdir) as url, aiohttp.ClientSession() as session:
+        with fleet(args, env, TopicType.WEBHOOK, url, workdir) as processes:
             await wait_ready(session, processes)
             producing = asyncio.create_task(
                 produce(session, processes, tally, rate, duration, 200, "f")
@@ -302,6 +347,7 @@ async def run_failover(
     report.update(
         {
             "zk_session_timeout_s": 4.0,
+            "ack_timeout_s": args.ack_timeout_ms / 1000,
             "moved_slots": len(moved),
             "gap_to_first_delivery_s": round(min(firsts.values()), 3) if firsts else None,
             "gap_to_all_moved_slots_s": round(max(firsts.values()), 3)
@@ -339,7 +385,12 @@ def main() -> int:
     parser.add_argument("--modes", default="webhook,pull,failover")
     parser.add_argument("--failover-rate", type=float, default=300.0)
     parser.add_argument("--failover-duration", type=float, default=30.0)
+    parser.add_argument("--ack-timeout-ms", type=int, default=10_000, help="lease length")
+    parser.add_argument("--receiver-port", type=int, help=argparse.SUPPRESS)
     args = parser.parse_args()
+    if args.receiver_port:
+        web.run_app(receiver_app(), host="127.0.0.1", port=args.receiver_port, print=None)
+        return 0
     print(json.dumps(asyncio.run(main_async(args)), indent=2))
     return 0
 
