@@ -11,6 +11,7 @@ from typing import Any
 
 import kmock
 import pytest
+import redis
 
 from delayq.kube import naming
 from delayq.kube.handlers.deletion import finalize
@@ -383,3 +384,24 @@ async def test_deletion_never_hangs_when_zookeeper_is_gone(
     store.fail = True
     await finalize(deps, body(api), logger)  # returns: the finalizer is released
     assert "releasing the finalizer anyway" in caplog.text
+
+
+async def test_health_pass_failures_are_transient(
+    api: kmock.KubernetesEmulator,
+    deps: Deps,
+    redis_fake: FakeRedis,
+    logger: logging.Logger,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    put_topic(api)
+    await provision(api, deps, logger)
+    add_redis_pods(api, redis_fake, 0, 2)
+
+    async def unreachable(host: str, password: str) -> None:
+        raise redis.ConnectionError(f"{host} went away")
+
+    monkeypatch.setattr(redis_fake, "promote", unreachable)
+    with pytest.raises(TopicFailure) as failure:
+        await refresh(deps, body(api), logger)
+    assert not failure.value.permanent
+    assert failure.value.delay_s > 0

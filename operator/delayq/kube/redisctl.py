@@ -11,6 +11,8 @@ from dataclasses import dataclass
 from typing import Protocol
 
 import redis.asyncio
+from redis.asyncio.retry import Retry
+from redis.backoff import NoBackoff
 
 from delayq.kube import naming
 from delayq.queue.keys import Part, SlotKeys
@@ -71,6 +73,7 @@ class RedisCommands:
             password=password,
             socket_connect_timeout=CONNECT_TIMEOUT_S,
             socket_timeout=CONNECT_TIMEOUT_S,
+            retry=Retry(NoBackoff(), 0),  # a dead pod must not stall the health pass
         )
 
     async def inspect(self, host: str, password: str) -> Replication | None:

@@ -12,10 +12,14 @@ import base64
 from collections.abc import Mapping
 from typing import Any
 
+import redis
+
 from delayq.kube import naming
 from delayq.kube.builders.service import zookeeper_connect
+from delayq.kube.client import KubeApiError
 from delayq.kube.failover import Decision, RedisPod, decide
 from delayq.kube.handlers.deps import Deps, Logger
+from delayq.kube.handlers.errors import TopicFailure
 from delayq.kube.handlers.reconcile import (
     TRANSIENT_ERRORS,
     now_iso,
@@ -45,8 +49,24 @@ def pod_ordinal(name: str) -> int:
     return int(name.rsplit("-", 1)[1])
 
 
+HEALTH_RETRY_S = 15.0
+
+
 async def refresh(deps: Deps, body: Mapping[str, Any], logger: Logger) -> dict[str, Any]:
-    """One health pass; returns the status patch (empty when nothing changed)."""
+    """One health pass; returns the status patch (empty when nothing changed).
+
+    API, network and Redis command failures end the pass as a transient TopicFailure (kopf
+    retries the timer after a backoff); the next pass starts from fresh observations.
+    """
+    try:
+        return await health_pass(deps, body, logger)
+    except (KubeApiError, redis.RedisError, *TRANSIENT_ERRORS) as error:
+        message = f"health pass failed: {error!r}"
+        raise TopicFailure(message, {}, permanent=False, delay_s=HEALTH_RETRY_S) from None
+
+
+async def health_pass(deps: Deps, body: Mapping[str, Any], logger: Logger) -> dict[str, Any]:
+    """Observe every broker, act on failover decisions, and compute the new status."""
     meta = body.get("metadata") or {}
     status = body.get("status") or {}
     if naming.is_paused(meta.get("annotations")) or not status.get("appliedSlotAmount"):
