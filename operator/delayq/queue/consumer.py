@@ -37,7 +37,7 @@ from delayq.queue.plans import Retry
 log = logging.getLogger(__name__)
 
 Handler = Callable[[Message], Awaitable[None]]
-WAKE_BLOCK_S = 30.0  # upper bound of one blocking wait; only a liveness refresh, not a poll
+WAKE_BLOCK_S = 10.0  # upper bound of one blocking wait; only a liveness refresh, not a poll
 
 
 class PoisonMessageError(Exception):
@@ -82,7 +82,7 @@ class Consumer:
         # server clock estimate: server_ms ~= _server_base_ms + (monotonic - _local_base) * 1000
         self._server_base_ms = 0
         self._local_base = time.monotonic()
-        self._waker: redis.asyncio.Redis = queue.redis.client()
+        self._waker = _blocking_client(queue.redis, WAKE_BLOCK_S)
         topic = queue.topic
         self._control_key = f"dq:{{{topic.namespace}/{topic.name}}}:wake-control:{uuid.uuid4().hex}"
 
@@ -130,7 +130,7 @@ class Consumer:
                 await asyncio.gather(*self._tasks, return_exceptions=True)
             with contextlib.suppress(redis.RedisError):
                 await self.queue.redis.delete(self._control_key)
-            await self._waker.aclose()
+            await self._waker.aclose(close_connection_pool=True)
 
     def stop(self) -> None:
         self._stopping = True
@@ -269,3 +269,17 @@ class Consumer:
 def _next_ms(batch: ClaimBatch) -> int | None:
     candidates = [t for t in (batch.next_due_ms, batch.next_deadline_ms) if t is not None]
     return min(candidates) if candidates else None
+
+
+def _blocking_client(client: redis.asyncio.Redis, block_s: float) -> redis.asyncio.Redis:
+    """A one-connection client for the blocking wait, with a read timeout longer than the block.
+
+    The shared pool's socket timeout (redis-py defaults to 5 s) would cut a longer BLPOP short.
+    """
+    pool = client.connection_pool
+    options = {**pool.connection_kwargs, "socket_timeout": block_s + 5}
+    return redis.asyncio.Redis(
+        connection_pool=redis.asyncio.ConnectionPool(
+            connection_class=pool.connection_class, max_connections=1, **options
+        )
+    )
