@@ -22,6 +22,7 @@ from delayq.kube.handlers.reconcile import reconcile
 from delayq.kube.redisctl import Depths, Replication
 from tests.kube.conftest import DT, NAMESPACE, Clock
 from tests.kube.fakes import FakeRedis, FakeTopicStore
+from tests.kube.pods import add_redis_pods, add_service_pods, set_pod_ready
 
 STS = "apps/v1/statefulsets"
 ZK = ("zk:2181", NAMESPACE, "orders")
@@ -71,53 +72,6 @@ def get(api: kmock.KubernetesEmulator, resource: str, name: str) -> dict[str, An
 
 async def provision(api: kmock.KubernetesEmulator, deps: Deps, logger: logging.Logger) -> None:
     write_status(api, await reconcile(deps, body(api), logger))
-
-
-def add_redis_pods(
-    api: kmock.KubernetesEmulator,
-    redis_fake: FakeRedis,
-    broker: int,
-    count: int,
-    master: int | None = None,
-    offsets: tuple[int, ...] = (),
-) -> None:
-    for ordinal in range(count):
-        name = naming.redis_pod("orders", broker, ordinal)
-        labels = {
-            naming.LABEL_TOPIC: "orders",
-            naming.LABEL_COMPONENT: naming.COMPONENT_REDIS,
-            naming.LABEL_BROKER: str(broker),
-        }
-        if master == ordinal:
-            labels[naming.LABEL_ROLE] = naming.ROLE_MASTER
-        ip = f"10.0.{broker}.{ordinal}"
-        api.objects["v1/pods", NAMESPACE, name] = {
-            "metadata": {"name": name, "namespace": NAMESPACE, "labels": labels},
-            "status": {"podIP": ip, "conditions": [{"type": "Ready", "status": "True"}]},
-        }
-        offset = offsets[ordinal] if ordinal < len(offsets) else 0
-        role = "master" if master == ordinal else "slave"
-        redis_fake.nodes[ip] = Replication(role, offset, offset)
-
-
-def set_pod_ready(api: kmock.KubernetesEmulator, name: str, ready: bool) -> None:
-    status = "True" if ready else "False"
-    api.objects["v1/pods", NAMESPACE, name].patch(
-        {"status": {"conditions": [{"type": "Ready", "status": status}]}}
-    )
-
-
-def add_service_pods(api: kmock.KubernetesEmulator, count: int) -> None:
-    for ordinal in range(count):
-        name = f"orders-service-{ordinal}"
-        api.objects["v1/pods", NAMESPACE, name] = {
-            "metadata": {
-                "name": name,
-                "namespace": NAMESPACE,
-                "labels": naming.service_selector("orders"),
-            },
-            "status": {"conditions": [{"type": "Ready", "status": "True"}]},
-        }
 
 
 # --- create ---------------------------------------------------------------------------------

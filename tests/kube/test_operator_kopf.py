@@ -16,6 +16,7 @@ from delayq.kube.config import OperatorConfig
 from delayq.kube.operator import Runtime, build_registry
 from tests.kube.conftest import DT, NAMESPACE
 from tests.kube.fakes import FakeRedis, FakeTopicStore
+from tests.kube.pods import add_redis_pods, add_service_pods
 
 TOPIC_PATH = f"/apis/delayq.io/v1alpha1/namespaces/{NAMESPACE}/delaytopics"
 
@@ -91,11 +92,27 @@ async def test_create_provisions_children_and_status(
             ),
             "status",
         )
-    for broker in (0, 1):
-        assert stored(api, "apps/v1/statefulsets", f"orders-redis-{broker}")
-    dt = api.objects[DT, NAMESPACE, "orders"]
-    assert naming.FINALIZER in dt["metadata"]["finalizers"]
-    assert store.routing["zk:2181", NAMESPACE, "orders"].slots_per_broker() == {0: 8, 1: 8}
+        for broker in (0, 1):
+            assert stored(api, "apps/v1/statefulsets", f"orders-redis-{broker}")
+        dt = api.objects[DT, NAMESPACE, "orders"]
+        assert naming.FINALIZER in dt["metadata"]["finalizers"]
+        assert store.routing["zk:2181", NAMESPACE, "orders"].slots_per_broker() == {0: 8, 1: 8}
+
+        # The pods come up (a real cluster's controllers would do this): the timer elects
+        # masters and reports Ready.
+        for broker in (0, 1):
+            add_redis_pods(api, redis_fake, broker, 2)
+        add_service_pods(api, 2)
+        store.owners["zk:2181", NAMESPACE, "orders"] = 16
+        await eventually(lambda: ready_reason(api, "orders") == "Serving", "Ready=True")
+
+        # An update through the API adds a broker: kopf's update handler provisions it.
+        await api.patch(
+            f"{TOPIC_PATH}/orders",
+            json={"spec": {"brokers": 3}},
+            headers={"Content-Type": "application/merge-patch+json"},
+        )
+        await eventually(lambda: stored(api, "apps/v1/statefulsets", "orders-redis-2"), "broker 2")
 
 
 def ready_reason(api: kmock.KubernetesEmulator, name: str) -> str | None:
