@@ -31,7 +31,7 @@ from delayq.queue.client import AsyncQueue
 from delayq.queue.codec import as_text
 from delayq.queue.codes import StaleEpochError
 from delayq.queue.keys import Part, parse_wake_key, slot_keys
-from delayq.queue.model import ClaimBatch, Message
+from delayq.queue.model import ClaimBatch, Lease, Message
 from delayq.queue.plans import Retry
 
 log = logging.getLogger(__name__)
@@ -49,6 +49,7 @@ class ConsumerSettings:
     batch_size: int = 500
     max_in_flight: int = 2000
     lease_ms: int | None = None  # default: the topic's ack timeout
+    batch_concurrency: int = 64  # handlers running at once within one claimed batch
     backoff: Backoff = field(default_factory=Backoff)
 
 
@@ -212,16 +213,25 @@ class Consumer:
         task.add_done_callback(self._tasks.discard)
 
     async def _handle_batch(self, batch: ClaimBatch) -> None:
+        """Run the batch's handlers on at most `batch_concurrency` workers, then ack and nack
+        the batch in one call each. Workers share one iterator, so no task is created per
+        message: the per-message cost stays a plain await."""
+        remaining = iter(batch.messages)
+        done: list[Lease] = []
+        retries: list[Retry] = []
+
+        async def worker() -> None:
+            for message in remaining:
+                try:
+                    await self.handler(message)
+                except Exception as error:  # the handler's failure is the message's outcome
+                    retries.append(self._retry(message, error))
+                else:
+                    done.append(message.lease)
+
         try:
-            outcomes = await asyncio.gather(
-                *(self._handle(message) for message in batch.messages), return_exceptions=True
-            )
-            done = [m.lease for m, o in zip(batch.messages, outcomes, strict=True) if o is None]
-            retries = [
-                self._retry(m, o)
-                for m, o in zip(batch.messages, outcomes, strict=True)
-                if isinstance(o, BaseException)
-            ]
+            workers = min(self.settings.batch_concurrency, len(batch.messages))
+            await asyncio.gather(*(worker() for _ in range(workers)))
             if done:
                 await self.queue.ack_many(done)
             if retries:
@@ -234,9 +244,6 @@ class Consumer:
             async with self._capacity:
                 self._in_flight -= len(batch.messages)
                 self._capacity.notify_all()
-
-    async def _handle(self, message: Message) -> None:
-        await self.handler(message)
 
     def _retry(self, message: Message, error: BaseException) -> Retry:
         reason = f"{type(error).__name__}: {error}"[:1000]
