@@ -12,7 +12,7 @@ from delayq.pipeline.spark import session
 
 @pytest.fixture(scope="package")
 def spark() -> Iterator[Any]:
-    spark = session("local[2]", "delayq-pipeline-tests", shuffle_partitions=4)
+    spark = session("local[2]", "delayq-pipeline-tests", shuffle_partitions=2)
     try:
         yield spark
     finally:

@@ -130,4 +130,3 @@ def test_rows_of_parses_journal_fields():
     assert (rows[1]["due"], rows[1]["attempts"]) == (None, None)
     assert A.successor(A.parse_id("5-9")) == (5, 10)
     assert A.file_name("shop", 3, (1, 0), (2, 5)) == "shop_00003_1-0_2-5.parquet"
-
