@@ -25,6 +25,10 @@ from delayq.queue.plans import Plan, Reply
 
 MAX_LEASE_BATCH = 1000
 MIN_WAIT_S = 0.001
+# Long polls blocked on Redis at once; each holds a pooled connection, so beyond this the
+# waiters re-check every FALLBACK_WAIT_S instead of starving producers of connections.
+MAX_BLOCKING_WAITS = 32
+FALLBACK_WAIT_S = 0.05
 
 
 @dataclass
@@ -42,6 +46,8 @@ class PullLeaser:
         self._epochs: dict[int, int] = {}
         self._cursor = 0
         self._stopping = False
+        self._rounds: set[asyncio.Future[None]] = set()  # claims in flight
+        self._blocking = asyncio.Semaphore(MAX_BLOCKING_WAITS)
 
     @property
     def owned_slots(self) -> list[int]:
@@ -53,8 +59,13 @@ class PullLeaser:
                 self._epochs[slot] = await self.queue.take_over(slot)
 
     async def release(self, slots: Iterable[int]) -> None:
+        """Stop claiming the slots; returns once no claim that may include them is in flight,
+        which is what Ownership's handoff order requires before another process takes them."""
         for slot in slots:
             self._epochs.pop(slot, None)
+        in_flight = list(self._rounds)
+        if in_flight:
+            await asyncio.wait(in_flight)
 
     def stop(self) -> None:
         self._stopping = True
@@ -102,7 +113,13 @@ class PullLeaser:
         claims = [
             plans.claim(topic, slot, epoch, share, lease_ms) for slot, epoch, share in claimed
         ]
-        outcomes = await self.queue.run(_combined(claims)) if claims else []
+        done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._rounds.add(done)
+        try:
+            outcomes = await self.queue.run(_combined(claims)) if claims else []
+        finally:
+            self._rounds.discard(done)
+            done.set_result(None)
         result = _Round()
         for (slot, epoch, share), outcome in zip(claimed, outcomes, strict=True):
             if isinstance(outcome, StaleEpochError):
@@ -121,13 +138,14 @@ class PullLeaser:
     async def _wait_for_wake(self, timeout_s: float) -> None:
         """Block until a producer marks an owned slot's head earlier, or `timeout_s` passes."""
         keys = [slot_keys(self.queue.topic, slot).key(Part.WAKE) for slot in self.owned_slots]
-        if not keys:
-            await asyncio.sleep(timeout_s)
+        if not keys or self._blocking.locked():
+            await asyncio.sleep(timeout_s if not keys else min(timeout_s, FALLBACK_WAIT_S))
             return
-        try:
-            await self.queue.redis.blpop(keys, timeout=timeout_s)
-        except redis.RedisError:
-            await asyncio.sleep(min(timeout_s, 0.1))
+        async with self._blocking:
+            try:
+                await self.queue.redis.blpop(keys, timeout=timeout_s)
+            except redis.RedisError:
+                await asyncio.sleep(min(timeout_s, FALLBACK_WAIT_S))
 
 
 def _shares(total: int, parts: int) -> list[int]:
