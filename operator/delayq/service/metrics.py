@@ -7,7 +7,10 @@ gives the topic's totals without double counting.
 
 from __future__ import annotations
 
+from typing import Any
+
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client.metrics import MetricWrapperBase
 
 from delayq.queue.model import TopicStats
 
@@ -38,8 +41,7 @@ class ServiceMetrics:
 
     def __init__(self, namespace: str, topic: str) -> None:
         self.registry = CollectorRegistry()
-        labels = {"namespace": namespace, "topic": topic}
-        names = list(labels)
+        names = ["namespace", "topic"]
         self.depth = Gauge(
             "delayq_messages",
             "Messages in owned slots by state",
@@ -78,28 +80,37 @@ class ServiceMetrics:
             buckets=WEBHOOK_BUCKETS_S,
             registry=self.registry,
         )
-        self._labels = labels
+        self._topic_labels = (namespace, topic)
+        self._children: dict[tuple[int, tuple[str, ...]], Any] = {}
         # series with only the topic labels exist from the start (zero, not absent)
         for metric in (self.owned_slots, self.retries, self.dead, self.lateness):
-            metric.labels(**labels)
+            self._child(metric)
 
-    def labels(self, **extra: str) -> dict[str, str]:
-        return {**self._labels, **extra}
+    def _child(self, metric: MetricWrapperBase, *extra: str) -> Any:
+        """The labelled series, cached: label lookups would otherwise cost on every delivery."""
+        key = (id(metric), extra)
+        child = self._children.get(key)
+        if child is None:
+            child = self._children[key] = metric.labels(*self._topic_labels, *extra)
+        return child
 
     def set_depth(self, stats: TopicStats) -> None:
         for state in DEPTH_STATES:
-            self.depth.labels(**self.labels(state=state)).set(getattr(stats, state))
-        self.owned_slots.labels(**self._labels).set(len(stats.slots))
+            self._child(self.depth, state).set(getattr(stats, state))
+        self._child(self.owned_slots).set(len(stats.slots))
 
     def observe_lateness(self, lateness_ms: int) -> None:
-        self.lateness.labels(**self._labels).observe(max(0, lateness_ms) / 1000)
+        self._child(self.lateness).observe(max(0, lateness_ms) / 1000)
+
+    def observe_webhook(self, status: str, duration_s: float) -> None:
+        self._child(self.webhook_latency, status).observe(duration_s)
 
     def count_delivery(self, outcome: str, amount: int = 1) -> None:
-        self.deliveries.labels(**self.labels(outcome=outcome)).inc(amount)
+        self._child(self.deliveries, outcome).inc(amount)
 
     def count_failure(self, dead: bool) -> None:
         self.count_delivery("failed")
-        (self.dead if dead else self.retries).labels(**self._labels).inc()
+        self._child(self.dead if dead else self.retries).inc()
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

@@ -76,8 +76,7 @@ class WebhookSink:
         return status
 
     def _observe(self, status: str, started: float) -> None:
-        histogram = self.metrics.webhook_latency.labels(**self.metrics.labels(status=status))
-        histogram.observe(time.monotonic() - started)
+        self.metrics.observe_webhook(status, time.monotonic() - started)
 
     async def close(self) -> None:
         await self._session.close()
