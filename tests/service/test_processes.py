@@ -173,6 +173,57 @@ async def test_zookeeper_fleet_shares_and_hands_over_slots(
 
 
 @pytest.mark.slow
+async def test_kill_9_of_one_of_three_loses_nothing(
+    redis_server: RedisServer,
+    async_redis_client: redis.asyncio.Redis,
+    zookeeper_server: Any,
+    receiver: Receiver,
+    session: aiohttp.ClientSession,
+    serving: list[ServeProcess],
+    tmp_path: Path,
+):
+    topic = f"zkkill{free_port()}"
+    processes = [
+        start(
+            serving,
+            config_for(
+                redis_server,
+                topic=topic,
+                topic_type="webhook",
+                webhook_url=receiver.url,
+                webhook_timeout_ms=1000,
+                ack_timeout_ms=3000,
+                zookeeper=zookeeper_server.hosts,
+                zk_session_timeout_ms=2000,
+                member_id=f"k{i}",
+                port=free_port(),
+            ),
+            tmp_path,
+        )
+        for i in range(3)
+    ]
+
+    async def all_sharing() -> bool:
+        owned = [(await readiness(session, p))["ownedSlots"] for p in processes]
+        return all(owned) and sum(owned) == 8
+
+    await eventually(all_sharing, 60, "three members sharing the 8 slots")
+    messages = [{"id": f"k{i}", "delayMs": i * 20} for i in range(200)]
+    url = f"{processes[1].url}/v1/topics/{topic}/messages/batch"
+    async with session.post(url, json={"messages": messages}) as response:
+        assert response.status == 200
+    await eventually(lambda: len(receiver.requests) >= 20, 10, "deliveries under way")
+    processes[0].kill()
+
+    def delivered() -> set[str]:
+        return {json.loads(body)["id"] for body in receiver.bodies()}
+
+    await eventually(lambda: len(delivered()) == 200, 60, "every message after the kill")
+    members = {headers["X-Delayq-Member"] for headers, _ in receiver.requests[-20:]}
+    assert "k0" not in members
+
+
+@pytest.mark.slow
 def test_dev_quick_start_runs_and_delivers(tmp_path: Path):
     result = subprocess.run(
         [
