@@ -84,3 +84,14 @@ def test_derived_names():
     assert config.target_stream == "dq-out:shop/orders"
     assert config.member  # host-pid by default
     assert ServiceConfig(member_id="pod-1").member == "pod-1"
+
+
+def test_ownership_follows_the_zookeeper_setting():
+    from delayq.coordination.ownership import EmbeddedOwnership
+    from delayq.coordination.zookeeper import ZkOwnership
+    from delayq.service.serve import make_ownership
+
+    assert isinstance(make_ownership(ServiceConfig()), EmbeddedOwnership)
+    zk = make_ownership(ServiceConfig(zookeeper="127.0.0.1:2181", member_id="m-1"))
+    assert isinstance(zk, ZkOwnership)
+    assert zk.member_id == "m-1"

@@ -24,10 +24,10 @@ from delayq.queue.codes import (
     WrongStateError,
 )
 from delayq.service import routes_dead, routes_messages, routes_pull
+from delayq.service.http_support import SERVICE, error_response
 from delayq.service.openapi import openapi_document
 from delayq.service.parsing import FieldError
 from delayq.service.service import DelayService
-from delayq.service.web import SERVICE, error_response
 
 log = logging.getLogger(__name__)
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]

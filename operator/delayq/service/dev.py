@@ -28,6 +28,7 @@ from aiohttp import web
 
 from delayq.local.ports import free_port
 from delayq.local.redis_server import RedisServer
+from delayq.local.zookeeper_server import ZooKeeperServer
 from delayq.queue.topic import TopicType
 from delayq.service.config import ServiceConfig
 from delayq.service.delivery.signing import SIGNATURE_HEADER, verify
@@ -107,11 +108,8 @@ def _zookeeper(wanted: bool) -> Iterator[str]:
         yield ""
         return
     try:
-        from delayq.coordination import zookeeper  # noqa: F401  (available?)
-        from delayq.local.zookeeper_server import ZooKeeperServer
-
         server = ZooKeeperServer().start()
-    except (ImportError, FileNotFoundError) as error:
+    except (FileNotFoundError, RuntimeError, TimeoutError) as error:
         _say(f"no ZooKeeper ({error}): one process in embedded mode owns every slot")
         yield ""
         return

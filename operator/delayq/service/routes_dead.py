@@ -10,9 +10,9 @@ from aiohttp import web
 from delayq.queue.model import MessageInfo, Outcome
 from delayq.queue.plans import Target
 from delayq.service.envelope import info_json
+from delayq.service.http_support import json_body, service_for
 from delayq.service.parsing import parse_all_or_ids, parse_count, parse_cursor
 from delayq.service.service import DelayService
-from delayq.service.web import json_body, service_for
 
 DEAD = "/v1/topics/{topic}/dead"
 MAX_PAGE = 1000

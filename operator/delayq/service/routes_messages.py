@@ -10,8 +10,8 @@ from delayq.queue.codes import Code, NotFoundError, raise_for_code
 from delayq.queue.model import ScheduleResult, State
 from delayq.queue.plans import Target
 from delayq.service.envelope import info_json
+from delayq.service.http_support import json_body, service_for
 from delayq.service.parsing import parse_batch, parse_message, parse_mode, parse_when
-from delayq.service.web import json_body, service_for
 
 MESSAGES = "/v1/topics/{topic}/messages"
 MESSAGE = MESSAGES + "/{id}"

@@ -17,10 +17,10 @@ from delayq.queue.topic import TopicType
 from delayq.service.delivery.pull import PullLeaser
 from delayq.service.delivery.webhook import wall_ms
 from delayq.service.envelope import message_json
+from delayq.service.http_support import UnknownTopicError, json_body, service_for
 from delayq.service.parsing import parse_extend, parse_lease_request, parse_nack, parse_tokens
 from delayq.service.service import DelayService
 from delayq.service.tokens import encode_token
-from delayq.service.web import UnknownTopicError, json_body, service_for
 
 LEASES = "/v1/topics/{topic}/leases"
 CONFLICTS = frozenset({Code.LEASE_LOST, Code.STALE_EPOCH, Code.NOT_FOUND})

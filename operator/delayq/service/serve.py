@@ -55,14 +55,16 @@ async def serve(config: ServiceConfig, stop: asyncio.Event | None = None) -> int
         "listening",
         extra={"host": config.host, "port": config.port, "member": config.member},
     )
-    broken = asyncio.create_task(service.broken.wait())
-    await asyncio.wait([asyncio.create_task(stop.wait()), broken], return_when="FIRST_COMPLETED")
+    waits = [asyncio.create_task(stop.wait()), asyncio.create_task(service.broken.wait())]
+    await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
+    for wait in waits:
+        wait.cancel()
     log.info("stopping")
     try:
         await service.stop()
     finally:
         await runner.cleanup()
-    return 1 if broken.done() else 0
+    return 1 if service.broken.is_set() else 0
 
 
 def _stop_on_signals() -> asyncio.Event:
