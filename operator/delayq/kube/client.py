@@ -28,7 +28,6 @@ PLURALS = {
     "PodDisruptionBudget": "poddisruptionbudgets",
     "NetworkPolicy": "networkpolicies",
     "ServiceMonitor": "servicemonitors",
-    "DelayTopic": "delaytopics",
 }
 REQUEST_TIMEOUT_S = 30.0
 

@@ -9,12 +9,10 @@ from __future__ import annotations
 GROUP = "delayq.io"
 VERSION = "v1alpha1"
 PLURAL = "delaytopics"
-KIND = "DelayTopic"
 
 FINALIZER = "delayq.io/finalizer"
 PAUSED_ANNOTATION = "delayq.io/paused"
 CONFIG_HASH_ANNOTATION = "delayq.io/config-hash"
-LAST_FAILOVER_ANNOTATION = "delayq.io/last-failover"
 
 LABEL_NAME = "app.kubernetes.io/name"
 LABEL_INSTANCE = "app.kubernetes.io/instance"
@@ -112,7 +110,3 @@ def redis_selector(topic: str, broker: int | None = None) -> dict[str, str]:
 def master_selector(topic: str, broker: int) -> dict[str, str]:
     return {**redis_selector(topic, broker), LABEL_ROLE: ROLE_MASTER}
 
-
-def label_selector(labels: dict[str, str]) -> str:
-    """The `labelSelector` query string for a set of equality labels."""
-    return ",".join(f"{key}={value}" for key, value in sorted(labels.items()))

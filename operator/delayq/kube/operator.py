@@ -67,6 +67,10 @@ def configure(settings: kopf.OperatorSettings) -> None:
         prefix=naming.GROUP, key="last-handled-configuration"
     )
     settings.posting.level = logging.WARNING  # events for warnings and errors only
+    # Bounded watches: a silently dropped connection is noticed within minutes, not never.
+    settings.watching.server_timeout = 300
+    settings.watching.client_timeout = 330
+    settings.watching.connect_timeout = 30
 
 
 async def write_outcome(patch: kopf.Patch, work: Awaitable[dict[str, Any]]) -> None:
