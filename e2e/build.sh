@@ -87,23 +87,24 @@ step() {
   local name=$1; shift
   local start=$SECONDS
   log "$name ..."
-  nice -n 10 "$@" >&2
+  "$@" >&2
   log "$name took $((SECONDS - start))s"
 }
 
 
 step "download modules for kubernetes $K8S_VERSION + etcd $ETCD_VERSION" \
-  bash -c "cd '$MOD_DIR' && go mod download"
+  bash -c "cd '$MOD_DIR' && nice -n 10 go mod download"
 step "build kube-apiserver kube-controller-manager kube-scheduler $K8S_VERSION" \
-  bash -c "cd '$MOD_DIR' && go build -trimpath -ldflags '$LDFLAGS' -o '$BIN_DIR/' \
+  bash -c "cd '$MOD_DIR' && nice -n 10 go build -trimpath -ldflags '$LDFLAGS' -o '$BIN_DIR/' \
     k8s.io/kubernetes/cmd/kube-apiserver k8s.io/kubernetes/cmd/kube-controller-manager \
     k8s.io/kubernetes/cmd/kube-scheduler"
 step "build etcd $ETCD_VERSION" \
-  bash -c "cd '$MOD_DIR' && go build -trimpath -ldflags '-s -w' -o '$BIN_DIR/etcd' go.etcd.io/etcd/server/v3"
+  bash -c "cd '$MOD_DIR' && nice -n 10 go build -trimpath -ldflags '-s -w' -o '$BIN_DIR/etcd' \
+    go.etcd.io/etcd/server/v3"
 # kwok's go.mod has no replace directives, so a plain pinned `go install` works (checksum-verified);
 # `go install pkg@version` refuses -mod flags, hence the GOFLAGS override.
 step "build kwok $KWOK_VERSION" \
-  env GOBIN="$BIN_DIR" GOFLAGS=-buildvcs=false go install -trimpath -ldflags '-s -w' \
+  env GOBIN="$BIN_DIR" GOFLAGS=-buildvcs=false nice -n 10 go install -trimpath -ldflags '-s -w' \
     "sigs.k8s.io/kwok/cmd/kwok@$KWOK_VERSION"
 kubectl_ok || step "build kubectl $K8S_VERSION (none usable on PATH)" build_kubectl
 step "helm" link_helm
