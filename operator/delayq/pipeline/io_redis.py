@@ -14,7 +14,6 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from delayq.pipeline import transforms as T
 from delayq.queue import plans
 from delayq.queue.client import Queue
 from delayq.queue.codes import Code, InvalidMessageError
@@ -66,17 +65,20 @@ class PartitionResult:
 
 
 def requests_of(rows: Iterable[Any]) -> list[ScheduleRequest]:
-    """Spark rows of `transforms.GOOD_COLUMNS` -> engine schedule requests."""
+    """Spark rows of `transforms.GOOD_COLUMNS` -> engine schedule requests.
+
+    Rows are unpacked by position: a Row's by-name lookup searches its field list every time.
+    """
     return [
         ScheduleRequest(
-            id=row[T.ID],
-            payload=_payload(row[T.PAYLOAD]),
-            delay_ms=row[T.DELAY_MS],
-            at_ms=row[T.DUE_MS],
-            slot_basis=row[T.SLOT_BASIS],
-            headers=row[T.HEADERS] or {},
+            id=message_id,
+            payload=_payload(payload),
+            delay_ms=delay_ms,
+            at_ms=due_ms,
+            slot_basis=slot_basis,
+            headers=headers or {},
         )
-        for row in rows
+        for message_id, payload, due_ms, delay_ms, slot_basis, headers, _slot in rows
     ]
 
 
