@@ -115,6 +115,10 @@ class ZkOwnership:
         self._connected = False
         self._generation = 0  # bumped on every connection loss: results of older passes are void
         self._held: set[int] = set()  # owner nodes this session holds
+        # slots whose owner node another session holds, with an exists-watch armed on it: not
+        # retried until that watch fires (thousands of slots must not be re-created per pass)
+        self._waiting: set[int] = set()
+        self._freed: set[int] = set()  # owner watches fired while an acquire was under way
         self._granted: frozenset[int] = frozenset()  # last set handed to on_change
         self._assigned: frozenset[int] | None = None
         self._revocations: set[asyncio.Task[bool]] = set()
@@ -175,6 +179,15 @@ class ZkOwnership:
     def _on_watch(self, _event: Any) -> None:
         self._call_in_loop(self._wake.set)
 
+    def _on_owner_watch(self, event: Any) -> None:
+        slot = int(event.path.rsplit("/", 1)[1])
+        self._call_in_loop(self._owner_changed, slot)
+
+    def _owner_changed(self, slot: int) -> None:
+        self._waiting.discard(slot)
+        self._freed.add(slot)
+        self._wake.set()
+
     def _call_in_loop(self, callback: Any, *args: Any) -> None:
         if self._loop is not None and not self._loop.is_closed():
             with contextlib.suppress(RuntimeError):  # loop closing under us: nothing to tell
@@ -188,6 +201,7 @@ class ZkOwnership:
             log.warning("%s: ZooKeeper session %s: stop claiming", self.member_id, state)
             self._connected = False
             self._generation += 1
+            self._waiting.clear()  # kazoo drops its watchers on every disconnect
             if state == KazooState.LOST:
                 self._held.clear()  # the server deleted every ephemeral node of the session
             if not self._stopping:
@@ -243,12 +257,16 @@ class ZkOwnership:
             if generation != self._generation:
                 return
             self._held -= release
-        wanted = mine - self._held
+        self._waiting &= mine
+        wanted = mine - self._held - self._waiting
         if wanted:
-            taken = await asyncio.to_thread(self._acquire, wanted)
+            self._freed.clear()
+            taken, contested = await asyncio.to_thread(self._acquire, wanted)
             if generation != self._generation:
                 return
             self._held |= taken
+            # a watch may fire before its slot is recorded as waiting: never wait on those
+            self._waiting |= contested - self._freed
         await self._publish(frozenset(mine & self._held), generation)
 
     async def _publish(self, slots: frozenset[int], generation: int | None) -> bool:
@@ -278,10 +296,12 @@ class ZkOwnership:
     def _read_view(self) -> _View:
         self._register()
         client, paths = self._client, self.paths
+        children = client.get_children(paths.members, watch=self._on_watch)
+        reads = {child: client.get_async(paths.member(child)) for child in children}
         candidates: list[tuple[int, Member]] = []
-        for child in client.get_children(paths.members, watch=self._on_watch):
+        for child, request in reads.items():
             try:
-                payload, stat = client.get(paths.member(child))
+                payload, stat = request.get()
             except NoNodeError:
                 continue
             candidates.append((stat.czxid, decode_member(child, payload)))
@@ -360,34 +380,54 @@ class ZkOwnership:
         )
         return True
 
-    def _acquire(self, slots: Iterable[int]) -> set[int]:
-        """Create owner nodes; watch the ones another session still holds. Returns ours."""
+    def _acquire(self, slots: Iterable[int]) -> tuple[set[int], set[int]]:
+        """Create owner nodes; watch the ones another session still holds. Returns the slots
+        now ours and the ones being watched.
+
+        Requests are pipelined (all sent, then all awaited): thousands of slots cost a few
+        round trips, not thousands."""
+        client, session = self._client, self._session_id()
+        creates = {
+            slot: client.create_async(
+                self.paths.owner(slot), self.member_id.encode(), ephemeral=True, makepath=True
+            )
+            for slot in sorted(slots)
+        }
         taken: set[int] = set()
-        session = self._session_id()
-        for slot in sorted(slots):
-            path = self.paths.owner(slot)
+        contested: list[int] = []
+        for slot, request in creates.items():
             try:
-                self._client.create(path, self.member_id.encode(), ephemeral=True, makepath=True)
+                request.get()
                 taken.add(slot)
-                continue
             except NodeExistsError:
-                pass
-            stat = self._client.exists(path, watch=self._on_watch)
+                contested.append(slot)
+        checks = {
+            slot: client.exists_async(self.paths.owner(slot), watch=self._on_owner_watch)
+            for slot in contested
+        }
+        watched: set[int] = set()
+        for slot, request in checks.items():
+            stat = request.get()
             if stat is None:
                 self._call_in_loop(self._wake.set)  # released in between: try again
             elif stat.ephemeralOwner == session:
                 taken.add(slot)
-        return taken
+            else:
+                watched.add(slot)
+        return taken, watched
 
     def _release(self, slots: Iterable[int]) -> None:
-        """Delete owner nodes this session holds (never someone else's)."""
-        session = self._session_id()
-        for slot in sorted(slots):
-            path = self.paths.owner(slot)
-            stat = self._client.exists(path)
+        """Delete owner nodes this session holds (never someone else's), pipelined."""
+        client, session = self._client, self._session_id()
+        checks = {slot: client.exists_async(self.paths.owner(slot)) for slot in sorted(slots)}
+        deletes = []
+        for slot, request in checks.items():
+            stat = request.get()
             if stat is not None and stat.ephemeralOwner == session:
-                with contextlib.suppress(NoNodeError):
-                    self._client.delete(path, version=stat.version)
+                deletes.append(client.delete_async(self.paths.owner(slot), version=stat.version))
+        for request in deletes:
+            with contextlib.suppress(NoNodeError, BadVersionError):
+                request.get()
 
     def _leave(self) -> None:
         self._release(self._held)

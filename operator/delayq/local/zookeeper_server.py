@@ -92,6 +92,9 @@ class ZooKeeperServer:
             "admin.enableServer": "false",
             "4lw.commands.whitelist": "ruok,srvr,mntr",
             "autopurge.purgeInterval": "0",
+            # a throw-away server: no fsync per transaction (it survives a process restart,
+            # which the restart tests need, but not a machine crash, which they do not)
+            "forceSync": "no",
             **self.extra_config,
         }
         config_path = self.directory / "zoo.cfg"
