@@ -53,6 +53,14 @@ class Timeline:
         times = [t for t, m, slots in self.events if m == member and not slots]
         return times[-1] if times else None
 
+    def first_taken(self, slots: frozenset[int], by_other_than: str, after: float) -> float:
+        """When another member first consumed one of `slots` after `after` (inf: never)."""
+        times = [
+            t for t, m, owned in self.events
+            if t > after and m != by_other_than and owned & slots
+        ]  # fmt: skip
+        return min(times, default=float("inf"))
+
 
 @dataclass
 class Fleet:
@@ -62,9 +70,9 @@ class Fleet:
     members: dict[str, ZkOwnership] = field(default_factory=dict)
     session_timeout_s: float = TEST_SESSION_TIMEOUT_S
 
-    async def join(self, member_id: str, broker: str = "") -> ZkOwnership:
+    async def join(self, member_id: str, broker: str = "", hosts: str = "") -> ZkOwnership:
         settings = ZkSettings(
-            hosts=self.hosts,
+            hosts=hosts or self.hosts,
             namespace="tests",
             topic=self.topic,
             slot_amount=SLOTS,

@@ -12,36 +12,77 @@ import pytest
 from delayq.local.zookeeper_server import ZooKeeperServer
 
 from .conftest import SLOTS, TEST_SESSION_TIMEOUT_S, Fleet, eventually, expire_session
+from .proxy import FreezableProxy
 
 
+@pytest.mark.parametrize("victim_id", ["b", "a"], ids=["member", "coordinator"])
 async def test_expired_member_stops_at_once_and_the_others_take_its_slots(
-    fleet: Fleet, zookeeper_server: ZooKeeperServer
+    fleet: Fleet, zookeeper_server: ZooKeeperServer, victim_id: str
 ) -> None:
     for name in ("a", "b", "c"):
         await fleet.join(name)
     await fleet.settle()
-    victim = fleet.members["b"]
+    victim = fleet.members[victim_id]
+    others = [fleet.members[name] for name in ("a", "b", "c") if name != victim_id]
     lost = victim.owned
     assert lost
 
     expired_at = time.monotonic()
     await asyncio.to_thread(expire_session, zookeeper_server.hosts, victim)
     await eventually(
-        lambda: (fleet.timeline.last_empty("b") or 0) > expired_at, 5.0, "b to stop claiming"
+        lambda: (fleet.timeline.last_empty(victim_id) or 0) > expired_at, 5.0, "victim stopped"
     )
-    stopped_ms = ((fleet.timeline.last_empty("b") or 0) - expired_at) * 1000
-    print(f"\nexpired member stopped claiming {stopped_ms:.0f} ms after the expiry began")
-    # its slots move to the survivors; nobody shares a slot at any instant before b stopped
-    await eventually(
-        lambda: lost <= fleet.members["a"].owned | fleet.members["c"].owned, 10.0, "takeover"
-    )
-    stopped = fleet.timeline.last_empty("b")
+    stopped = fleet.timeline.last_empty(victim_id)
     assert stopped is not None
-    assert not [o for o in fleet.timeline.overlaps if o[0] < stopped]
-    # b comes back with a new session, registers again, and the fleet rebalances
+    print(f"\nexpired {victim_id} stopped claiming {(stopped - expired_at) * 1000:.0f} ms "
+          "after the expiry began")
+    # its slots move to the survivors (a new coordinator computes that when the coordinator
+    # was the victim); overlaps are possible only before the victim heard of its expiry,
+    # which is what the fencing epoch in Redis covers
+    await eventually(lambda: lost <= others[0].owned | others[1].owned, 10.0, "takeover")
+    assert not [o for o in fleet.timeline.overlaps if o[0] > stopped]
+    # the victim comes back with a new session, registers again, and the fleet rebalances
     await fleet.settle()
     assert fleet.sizes() == [5, 5, 6]
     assert victim.owned
+    assert sum(member.is_coordinator for member in fleet.members.values()) == 1
+
+
+async def test_partitioned_member_stops_before_anyone_else_starts(
+    fleet: Fleet, zookeeper_server: ZooKeeperServer
+) -> None:
+    proxy = await FreezableProxy(zookeeper_server.port).start()
+    try:
+        await fleet.join("a")
+        await fleet.join("b", hosts=proxy.hosts)  # b reaches ZooKeeper only through the proxy
+        await fleet.join("c")
+        await fleet.settle()
+        lost = fleet.members["b"].owned
+        partitioned_at = time.monotonic()
+        proxy.freeze()
+        await eventually(
+            lambda: lost <= fleet.members["a"].owned | fleet.members["c"].owned,
+            TEST_SESSION_TIMEOUT_S + 5,
+            "takeover",
+        )
+        stopped = fleet.timeline.last_empty("b")
+        assert stopped is not None
+        assert stopped > partitioned_at
+        taken = fleet.timeline.first_taken(lost, "b", partitioned_at)
+        print(
+            f"\npartition of b (session timeout {TEST_SESSION_TIMEOUT_S:.0f} s): b stopped "
+            f"claiming after {stopped - partitioned_at:.2f} s, the others started after "
+            f"{taken - partitioned_at:.2f} s"
+        )
+        assert stopped < taken  # b stopped on its own, before anyone else could start
+        assert fleet.timeline.overlaps == []
+        proxy.thaw()  # b learns its session expired, joins again with a new one
+        await fleet.settle(timeout_s=30.0)
+        assert fleet.sizes() == [5, 5, 6]
+        assert fleet.timeline.overlaps == []
+    finally:
+        await fleet.close()
+        await proxy.close()
 
 
 @pytest.fixture
