@@ -107,7 +107,7 @@ async def test_dead_pages_purge_and_redrive_all(start_service: StartService):
 async def test_extend_keeps_the_lease(start_service: StartService):
     running = await start_service()
     await schedule(running, 1)
-    server_now = await running.service.redis.time()
+    server_now = await running.service.queues[0].redis.time()
     [message] = await lease(running, leaseMs=200)
     extended = await running.client.post(
         f"{running.base}/leases/extend", json={"tokens": [message["token"]], "leaseMs": 60_000}
@@ -116,7 +116,7 @@ async def test_extend_keeps_the_lease(start_service: StartService):
     first_deadline_ms = server_now[0] * 1000 + server_now[1] // 1000 + 200
 
     async def past_first_deadline() -> bool:
-        seconds, micros = await running.service.redis.time()
+        seconds, micros = await running.service.queues[0].redis.time()
         return seconds * 1000 + micros // 1000 > first_deadline_ms
 
     await eventually(past_first_deadline, 5, "the first lease deadline to pass")

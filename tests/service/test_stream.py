@@ -26,7 +26,7 @@ async def test_every_message_reaches_the_stream_once(
     await eventually(all_added, 10, "300 stream entries")
 
     async def drained() -> bool:
-        stats = await running.service.queue.stats()
+        stats = await running.service.brokers.stats()
         return stats.scheduled + stats.prepared == 0
 
     await eventually(drained, 10, "every message acked")

@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from typing import Any
 
 from delayq.service.config import ConfigError, ServiceConfig, add_arguments
+from delayq.service.topic_file import read_topic_file
 
 
 def register(subparsers: Any) -> None:
@@ -34,7 +36,8 @@ def run_serve(args: argparse.Namespace) -> int:
     from delayq.service.serve import run
 
     try:
-        config = ServiceConfig.from_args(args)
+        base = read_topic_file(args.config, os.environ) if args.config else None
+        config = ServiceConfig.from_args(args, ServiceConfig.from_env(base=base))
     except ConfigError as error:
         print(f"delayq serve: {error}", file=sys.stderr)
         return 2

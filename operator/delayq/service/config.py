@@ -2,7 +2,7 @@
 
 Every field is declared once; its environment variable (`DELAYQ_<FIELD>`) and its flag
 (`--field-name`) are derived from the name, so the chart, the CLI and the tests cannot drift.
-Precedence: defaults < environment < flags.
+Precedence: defaults < the operator's topic file (`--config`) < environment < flags.
 """
 
 from __future__ import annotations
@@ -46,6 +46,9 @@ class ServiceConfig:
     redis_max_connections: int = field(
         default=128, metadata=_help("Redis connections per process at most (then callers wait)")
     )
+    broker_urls: str = field(
+        default="", metadata=_help("Redis of every broker, comma-separated by broker index")
+    )
     namespace: str = field(default="default", metadata=_help("namespace of the topic"))
     topic: str = field(default="demo", metadata=_help("topic name"))
     slot_amount: int = field(default=16, metadata=_help("slots of the topic (power of two)"))
@@ -61,6 +64,8 @@ class ServiceConfig:
     max_payload_bytes: int = field(
         default=DEFAULT_MAX_PAYLOAD_BYTES, metadata=_help("largest accepted payload")
     )
+    journal_maxlen: int = field(default=0, metadata=_help("lifecycle journal cap (0: off)"))
+    max_lease_batch: int = field(default=1000, metadata=_help("pull: messages per lease at most"))
     webhook_url: str = field(
         default="", metadata=_help("webhook topics: URL each due message is POSTed to")
     )
@@ -131,6 +136,7 @@ class ServiceConfig:
             "max_body_bytes",
             "grace_ms",
             "zk_session_timeout_ms",
+            "max_lease_batch",
         ):
             if getattr(self, name) < 1:
                 raise ConfigError(f"{_names(name)} must be at least 1")
@@ -151,7 +157,13 @@ class ServiceConfig:
             max_retries=self.max_retries,
             ack_timeout_ms=self.ack_timeout_ms,
             max_payload_bytes=self.max_payload_bytes,
+            journal_maxlen=self.journal_maxlen,
         )
+
+    @property
+    def brokers(self) -> list[str]:
+        """Redis URL of each broker by index; a single-broker topic is just `redis_url`."""
+        return [url for url in self.broker_urls.split(",") if url] or [self.redis_url]
 
     @property
     def member(self) -> str:
@@ -162,13 +174,19 @@ class ServiceConfig:
         return self.stream_key or f"dq-out:{self.namespace}/{self.topic}"
 
     @classmethod
-    def from_env(cls, env: Mapping[str, str] | None = None) -> ServiceConfig:
+    def from_env(
+        cls, env: Mapping[str, str] | None = None, base: Mapping[str, Any] | None = None
+    ) -> ServiceConfig:
+        """DELAYQ_* variables over `base` settings (e.g. the operator's topic file)."""
         env = os.environ if env is None else env
-        values = {
-            f.name: _convert(f.name, env[env_name(f.name)])
-            for f in dataclasses.fields(cls)
-            if env_name(f.name) in env
-        }
+        values = dict(base or {})
+        values.update(
+            {
+                f.name: _convert(f.name, env[env_name(f.name)])
+                for f in dataclasses.fields(cls)
+                if env_name(f.name) in env
+            }
+        )
         return cls(**values)
 
     @classmethod
@@ -187,6 +205,10 @@ class ServiceConfig:
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """One flag per setting; unset flags stay None so the environment and defaults apply."""
+    parser.add_argument(
+        "--config",
+        help="the operator's topic.json: settings below the environment and the flags",
+    )
     for f in dataclasses.fields(ServiceConfig):
         kind = _HINTS[f.name]
         parser.add_argument(

@@ -6,6 +6,7 @@ from typing import Any
 
 from aiohttp import web
 
+from delayq.queue.plans import Target
 from delayq.service.parsing import Body, FieldError, require_object
 from delayq.service.service import DelayService
 
@@ -16,6 +17,12 @@ class UnknownTopicError(FieldError):
     """The path names a topic this service does not serve (HTTP 404)."""
 
     status = 404
+
+
+def slot_of_target(service: DelayService, target: Target) -> int:
+    """The slot a message lives in: routed by its slot basis, the id itself by default."""
+    basis = target.slot_basis if target.slot_basis is not None else target.id
+    return service.topic.slot_of(basis)
 
 
 def error_response(status: int, message: str, field: str | None = None) -> web.Response:

@@ -7,18 +7,19 @@ from collections.abc import Awaitable, Callable, Sequence
 
 from aiohttp import web
 
+from delayq.queue.client import AsyncQueue
 from delayq.queue.model import MessageInfo, Outcome
 from delayq.queue.plans import Target
 from delayq.service.envelope import info_json
-from delayq.service.http_support import json_body, service_for
+from delayq.service.http_support import json_body, service_for, slot_of_target
 from delayq.service.parsing import parse_all_or_ids, parse_count, parse_cursor
 from delayq.service.service import DelayService
 
 DEAD = "/v1/topics/{topic}/dead"
 MAX_PAGE = 1000
 
-PerSlot = Callable[[int, Sequence[str]], Awaitable[list[Outcome]]]
-AllSlots = Callable[[], Awaitable[int]]
+PerSlot = Callable[[AsyncQueue, int, Sequence[str]], Awaitable[list[Outcome]]]
+AllSlots = Callable[[AsyncQueue, list[int]], Awaitable[int]]
 
 
 def add_routes(router: web.UrlDispatcher) -> None:
@@ -35,7 +36,7 @@ async def list_dead(request: web.Request) -> web.Response:
     count = parse_count(request.query.get("count"), 100, MAX_PAGE)
     found: list[MessageInfo] = []
     while slot < service.topic.slot_amount and len(found) < count:
-        page = await service.queue.dead_page(slot, offset, count - len(found))
+        page = await service.brokers.queue_for(slot).dead_page(slot, offset, count - len(found))
         found.extend(page.messages)
         offset += len(page.messages)
         if offset >= page.total or not page.messages:
@@ -49,13 +50,11 @@ async def _by_slot(
 ) -> list[dict[str, str]]:
     ids: dict[int, list[str]] = defaultdict(list)
     for target in targets:
-        basis = target.slot_basis if target.slot_basis is not None else target.id
-        ids[service.topic.slot_of(basis)].append(target.id)
+        ids[slot_of_target(service, target)].append(target.id)
     results = []
     for slot, slot_ids in ids.items():
-        results += [
-            {"id": o.id, "result": o.code.name.lower()} for o in await action(slot, slot_ids)
-        ]
+        outcomes = await action(service.brokers.queue_for(slot), slot, slot_ids)
+        results += [{"id": o.id, "result": o.code.name.lower()} for o in outcomes]
     return results
 
 
@@ -63,23 +62,21 @@ async def _dead_action(request: web.Request, per_slot: PerSlot, every: AllSlots)
     service = service_for(request)
     targets = parse_all_or_ids(await json_body(request))
     if targets is None:
-        return web.json_response({"moved": await every()})
+        return web.json_response({"moved": await service.brokers.each_broker(every)})
     return web.json_response({"results": await _by_slot(service, targets, per_slot)})
 
 
 async def redrive(request: web.Request) -> web.Response:
-    queue = service_for(request).queue
-    return await _dead_action(request, queue.redrive, queue.redrive_all)
+    return await _dead_action(request, AsyncQueue.redrive, AsyncQueue.redrive_all)
 
 
 async def purge(request: web.Request) -> web.Response:
-    queue = service_for(request).queue
-    return await _dead_action(request, queue.purge, queue.purge_all)
+    return await _dead_action(request, AsyncQueue.purge, AsyncQueue.purge_all)
 
 
 async def stats(request: web.Request) -> web.Response:
     service = service_for(request)
-    topic_stats = await service.queue.stats()
+    topic_stats = await service.brokers.stats()
     return web.json_response(
         {
             "scheduled": topic_stats.scheduled,

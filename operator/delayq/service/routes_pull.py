@@ -46,7 +46,8 @@ def _leaser(service: DelayService) -> PullLeaser:
 async def lease(request: web.Request) -> web.Response:
     service = service_for(request)
     leaser = _leaser(service)
-    wanted = parse_lease_request(await json_body(request), service.topic)
+    body = await json_body(request)
+    wanted = parse_lease_request(body, service.topic, service.config.max_lease_batch)
     messages = await leaser.lease(wanted.max_count, wanted.lease_ms, wanted.wait_ms)
     now_ms = wall_ms()
     for message in messages:
@@ -54,6 +55,10 @@ async def lease(request: web.Request) -> web.Response:
     service.metrics.count_delivery("leased", len(messages))
     leases = [{"token": encode_token(m.lease), **message_json(service.topic, m)} for m in messages]
     return web.json_response({"leases": leases})
+
+
+def _slot(lease: Lease) -> int:
+    return lease.slot
 
 
 def _answer(leases: Sequence[Lease], outcomes: Sequence[Outcome]) -> web.Response:
@@ -72,7 +77,7 @@ async def ack(request: web.Request) -> web.Response:
     service = service_for(request)
     _leaser(service)
     leases = parse_tokens(await json_body(request))
-    outcomes = await service.queue.ack_many(leases)
+    outcomes = await service.brokers.each(leases, _slot, lambda q, chunk: q.ack_many(chunk))
     service.metrics.count_delivery("acked", sum(o.code is Code.ACKED for o in outcomes))
     return _answer(leases, outcomes)
 
@@ -81,7 +86,9 @@ async def nack(request: web.Request) -> web.Response:
     service = service_for(request)
     _leaser(service)
     retries = parse_nack(await json_body(request))
-    outcomes = await service.queue.nack_many(retries)
+    outcomes = await service.brokers.each(
+        retries, lambda r: r.lease.slot, lambda q, chunk: q.nack_many(chunk)
+    )
     for outcome in outcomes:
         if outcome.code in (Code.DEAD, Code.RETRY_SCHEDULED):
             service.metrics.count_failure(dead=outcome.code is Code.DEAD)
@@ -92,4 +99,7 @@ async def extend(request: web.Request) -> web.Response:
     service = service_for(request)
     _leaser(service)
     leases, lease_ms = parse_extend(await json_body(request))
-    return _answer(leases, await service.queue.extend_many(leases, lease_ms))
+    outcomes = await service.brokers.each(
+        leases, _slot, lambda q, chunk: q.extend_many(chunk, lease_ms)
+    )
+    return _answer(leases, outcomes)

@@ -1,10 +1,11 @@
 """One delay-service process: takes the slots its Ownership grants and delivers their messages.
 
 The service never picks slots itself. `Ownership.on_change` hands it the complete owned set;
-the difference with the previous set goes to the delivery engine (`Consumer` for webhook and
-stream topics, `PullLeaser` for pull), which fences each new slot on takeover. Shutdown runs in
-the safe order: stop claiming, let in-flight deliveries finish (bounded), then give the slots
-back, so the next owner does not redeliver what was just acknowledged.
+the difference with the previous set goes to the delivery engine — one `Consumer` per broker for
+webhook and stream topics (each slot is consumed on the broker that stores it), the `PullLeaser`
+for pull — which fences each new slot on takeover. Shutdown runs in the safe order: stop
+claiming, let in-flight deliveries finish (bounded), then give the slots back, so the next owner
+does not redeliver what was just acknowledged.
 """
 
 from __future__ import annotations
@@ -13,16 +14,16 @@ import asyncio
 import contextlib
 import logging
 import time
-from typing import Protocol
 
 import redis.asyncio
 
 from delayq.coordination.ownership import EmbeddedOwnership, Ownership
 from delayq.queue.backoff import Backoff
 from delayq.queue.client import AsyncQueue
-from delayq.queue.consumer import WAKE_BLOCK_S, Consumer, ConsumerSettings
+from delayq.queue.consumer import Consumer, ConsumerSettings
 from delayq.queue.model import Message
 from delayq.queue.topic import TopicType
+from delayq.service.brokers import Brokers, connect, default_routing, read_routing
 from delayq.service.config import ServiceConfig
 from delayq.service.delivery.pull import PullLeaser
 from delayq.service.delivery.sinks import Sink
@@ -31,30 +32,7 @@ from delayq.service.delivery.webhook import WebhookSink, wall_ms
 from delayq.service.metrics import ServiceMetrics
 
 log = logging.getLogger(__name__)
-READY_PING_TIMEOUT_S = 1.0
-# Longer than the engine's blocking wake-up wait (WAKE_BLOCK_S), which redis-py 8's default
-# 5 s read timeout would cut short; still bounded, so a dead peer is noticed.
-SOCKET_TIMEOUT_S = WAKE_BLOCK_S + 10
-
-
-def connect(url: str, max_connections: int) -> redis.asyncio.Redis:
-    """A client whose pool waits for a free connection instead of failing when all are busy,
-    so a burst of deliveries queues for Redis rather than erroring into retries."""
-    pool = redis.asyncio.BlockingConnectionPool.from_url(
-        url, max_connections=max_connections, timeout=None, socket_timeout=SOCKET_TIMEOUT_S
-    )
-    return redis.asyncio.Redis(connection_pool=pool)
-
-
-class SlotEngine(Protocol):
-    """What consumes owned slots: the push Consumer or the PullLeaser."""
-
-    @property
-    def owned_slots(self) -> list[int]: ...
-
-    async def own(self, slots: frozenset[int]) -> None: ...
-
-    async def release(self, slots: frozenset[int]) -> None: ...
+OWNERSHIP_STOP_TIMEOUT_S = 10.0  # ephemeral owner nodes vanish with the session anyway
 
 
 class DelayService:
@@ -62,35 +40,36 @@ class DelayService:
         self.config = config
         self.topic = config.to_topic()
         self.metrics = ServiceMetrics(self.topic.namespace, self.topic.name)
-        self.redis = connect(config.redis_url, config.redis_max_connections)
-        self.queue = AsyncQueue(self.redis, self.topic)
+        self.queues = [
+            AsyncQueue(connect(url, config.redis_max_connections), self.topic)
+            for url in config.brokers
+        ]
+        self.brokers = Brokers(
+            self.queues, default_routing(self.topic.slot_amount, len(self.queues))
+        )
         self.ownership = ownership or EmbeddedOwnership(self.topic.slot_amount)
         self.leaser: PullLeaser | None = None
-        self.consumer: Consumer | None = None
+        self.consumers: list[Consumer] = []
         self._sink: Sink | None = None
-        self._run_task: asyncio.Task[None] | None = None
+        self._runs: list[asyncio.Task[None]] = []
         self._closing = False
         self._lock = asyncio.Lock()
-        self.broken = asyncio.Event()  # the delivery loop died: the process must restart
-
-    @property
-    def engine(self) -> SlotEngine:
-        engine: SlotEngine | None = self.consumer or self.leaser
-        if engine is None:
-            raise RuntimeError("the service is not started")
-        return engine
+        self.broken = asyncio.Event()  # a delivery loop died: the process must restart
 
     @property
     def owned_slots(self) -> list[int]:
-        return self.engine.owned_slots
+        if self.leaser is not None:
+            return self.leaser.owned_slots
+        return sorted(slot for c in self.consumers for slot in c.owned_slots)
 
     @property
     def closing(self) -> bool:
         return self._closing
 
     async def start(self) -> None:
+        await self._load_routing()
         if self.topic.topic_type is TopicType.PULL:
-            self.leaser = PullLeaser(self.queue)
+            self.leaser = PullLeaser(self.brokers)
         else:
             self._sink = self._open_sink()
             settings = ConsumerSettings(
@@ -99,11 +78,33 @@ class DelayService:
                 lease_ms=self.config.ack_timeout_ms,
                 backoff=Backoff(self.config.backoff_base_ms, 2.0, self.config.backoff_max_ms),
             )
-            self.consumer = Consumer(self.queue, self._deliver, settings, self._on_slot_lost)
-            self._run_task = asyncio.create_task(self.consumer.run())
-            self._run_task.add_done_callback(self._on_run_done)
+            self.consumers = [
+                Consumer(queue, self._deliver, settings, self._on_slot_lost)
+                for queue in self.queues
+            ]
+            for consumer in self.consumers:
+                run = asyncio.create_task(consumer.run())
+                run.add_done_callback(self._on_run_done)
+                self._runs.append(run)
         await self.ownership.start(self._on_change)
-        log.info("service started", extra={"topic": self.topic.name, "type": self.topic.topic_type})
+        log.info(
+            "service started",
+            extra={
+                "topic": self.topic.name,
+                "type": self.topic.topic_type,
+                "brokers": len(self.queues),
+            },
+        )
+
+    async def _load_routing(self) -> None:
+        """Multi-broker topics with ZooKeeper take the operator's (sticky) routing node."""
+        if len(self.queues) < 2 or not self.config.zookeeper:
+            return
+        routing = await read_routing(
+            self.config.zookeeper, self.topic.namespace, self.topic.name, self.topic.slot_amount
+        )
+        if routing is not None and max(routing) < len(self.queues):
+            self.brokers = Brokers(self.queues, routing)
 
     def _open_sink(self) -> Sink:
         config = self.config
@@ -120,26 +121,35 @@ class DelayService:
         if config.stream_url:
             client = connect(config.stream_url, config.redis_max_connections)
             return StreamSink(self.topic, client, config.target_stream, config.stream_maxlen, True)
-        return StreamSink(self.topic, self.redis, config.target_stream, config.stream_maxlen, False)
+        return StreamSink(
+            self.topic, self.queues[0].redis, config.target_stream, config.stream_maxlen, False
+        )
 
     async def _on_change(self, slots: frozenset[int]) -> None:
         """Apply the owned set: release first (stop claiming), then take over the new ones."""
         async with self._lock:
             wanted = frozenset() if self._closing else slots
-            owned = frozenset(self.engine.owned_slots)
+            owned = frozenset(self.owned_slots)
             if owned - wanted:
-                await self.engine.release(owned - wanted)
+                await self._apply(owned - wanted, release=True)
             if wanted - owned:
-                await self.engine.own(wanted - owned)
+                await self._apply(wanted - owned, release=False)
             log.info("owned slots changed", extra={"owned": sorted(wanted)})
 
+    async def _apply(self, slots: frozenset[int], release: bool) -> None:
+        if self.leaser is not None:
+            await (self.leaser.release(slots) if release else self.leaser.own(slots))
+            return
+        for broker, broker_slots in self.brokers.split(slots).items():
+            consumer = self.consumers[broker]
+            await (consumer.release(broker_slots) if release else consumer.own(broker_slots))
+
     def _on_run_done(self, task: asyncio.Task[None]) -> None:
-        """The Consumer's loop ends only on stop(); anything else (a Redis outage it does not
+        """A Consumer's loop ends only on stop(); anything else (a Redis outage it does not
         survive) makes the service unready and `serve` exit non-zero, so it gets restarted."""
         if self._closing or task.cancelled():
             return
-        error = task.exception()
-        log.error("delivery loop ended unexpectedly", exc_info=error)
+        log.error("delivery loop ended unexpectedly", exc_info=task.exception())
         self.broken.set()
 
     def _on_slot_lost(self, slot: int) -> None:
@@ -167,17 +177,13 @@ class DelayService:
         self.metrics.count_delivery("acked")
 
     async def is_ready(self) -> bool:
-        """Ready while not stopping, holding an assignment and answering on Redis."""
+        """Ready while not stopping, holding an assignment and reaching its slots' brokers."""
         if self._closing or self.broken.is_set() or not self.ownership.ready:
             return False
-        try:
-            return bool(await asyncio.wait_for(self.redis.ping(), READY_PING_TIMEOUT_S))
-        except (redis.RedisError, OSError, TimeoutError):
-            return False
+        return await self.brokers.reachable(self.owned_slots)
 
     async def refresh_depth(self) -> None:
-        stats = await self.queue.stats(self.owned_slots)
-        self.metrics.set_depth(stats)
+        self.metrics.set_depth(await self.brokers.stats(self.owned_slots))
 
     async def stop(self) -> None:
         """Stop claiming, finish in-flight deliveries within the grace period, release slots."""
@@ -186,19 +192,28 @@ class DelayService:
         await self._on_change(frozenset())
         if self.leaser is not None:
             self.leaser.stop()
-        if self.consumer is not None and self._run_task is not None:
-            self.consumer.stop()
-            try:
-                await asyncio.wait_for(asyncio.shield(self._run_task), self.config.grace_ms / 1000)
-            except redis.RedisError:
-                log.exception("delivery loop failed while draining")
-            except TimeoutError:
-                log.warning("grace period over: abandoning in-flight deliveries to their leases")
-                self._run_task.cancel()
-                with contextlib.suppress(asyncio.CancelledError):
-                    await self._run_task
-        await self.ownership.stop()
+        for consumer in self.consumers:
+            consumer.stop()
+        await self._drain(self.config.grace_ms / 1000)
+        try:
+            await asyncio.wait_for(self.ownership.stop(), OWNERSHIP_STOP_TIMEOUT_S)
+        except TimeoutError:
+            log.warning("ownership did not stop in time; its session expiry will free the slots")
         if self._sink is not None:
             await self._sink.close()
-        await self.redis.aclose()
+        await self.brokers.close()
         log.info("service stopped", extra={"took_ms": int((time.monotonic() - started) * 1000)})
+
+    async def _drain(self, grace_s: float) -> None:
+        if not self._runs:
+            return
+        done, pending = await asyncio.wait(self._runs, timeout=grace_s)
+        for run in done:
+            if not run.cancelled() and isinstance(run.exception(), redis.RedisError):
+                log.error("delivery loop failed while draining", exc_info=run.exception())
+        if pending:
+            log.warning("grace period over: abandoning in-flight deliveries to their leases")
+            for run in pending:
+                run.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await asyncio.gather(*pending, return_exceptions=True)

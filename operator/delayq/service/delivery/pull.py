@@ -1,8 +1,9 @@
 """Pull delivery: claim from the owned slots only when a consumer asks for a lease.
 
 No push loop and no buffer: a lease request claims at most `max_count` messages, spread over the
-owned slots round-robin (an equal share per slot per round, one pipelined round trip per round),
-so one hot slot cannot starve the others and nothing is leased that nobody asked for. An empty
+owned slots round-robin (an equal share per slot per round, one pipelined round trip per broker
+per round), so one hot slot cannot starve the others and nothing is leased that nobody asked
+for. An empty
 request may wait (long poll) until the earliest due time the claims reported, cut short by the
 slots' wake lists when a producer schedules something earlier.
 """
@@ -17,11 +18,11 @@ from dataclasses import dataclass, field
 import redis.asyncio
 
 from delayq.queue import plans
-from delayq.queue.client import AsyncQueue
 from delayq.queue.codes import StaleEpochError
 from delayq.queue.keys import Part, slot_keys
 from delayq.queue.model import ClaimBatch, Message
 from delayq.queue.plans import Plan, Reply
+from delayq.service.brokers import Brokers
 
 MAX_LEASE_BATCH = 1000
 MIN_WAIT_S = 0.001
@@ -41,8 +42,8 @@ class _Round:
 class PullLeaser:
     """Leases messages of the slots this process owns, on request."""
 
-    def __init__(self, queue: AsyncQueue) -> None:
-        self.queue = queue
+    def __init__(self, brokers: Brokers) -> None:
+        self.brokers = brokers
         self._epochs: dict[int, int] = {}
         self._cursor = 0
         self._stopping = False
@@ -56,7 +57,7 @@ class PullLeaser:
     async def own(self, slots: Iterable[int]) -> None:
         for slot in slots:
             if slot not in self._epochs:
-                self._epochs[slot] = await self.queue.take_over(slot)
+                self._epochs[slot] = await self.brokers.queue_for(slot).take_over(slot)
 
     async def release(self, slots: Iterable[int]) -> None:
         """Stop claiming the slots; returns once no claim that may include them is in flight,
@@ -104,24 +105,24 @@ class PullLeaser:
         return owned[self._cursor :] + owned[: self._cursor]
 
     async def _round(self, slots: list[int], shares: list[int], lease_ms: int) -> _Round:
-        claimed = [
-            (slot, self._epochs[slot], share)
+        claimed = {
+            slot: (self._epochs[slot], share)
             for slot, share in zip(slots, shares, strict=True)
             if slot in self._epochs
-        ]
-        topic = self.queue.topic
-        claims = [
-            plans.claim(topic, slot, epoch, share, lease_ms) for slot, epoch, share in claimed
-        ]
+        }
         done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         self._rounds.add(done)
         try:
-            outcomes = await self.queue.run(_combined(claims)) if claims else []
+            per_broker = self.brokers.split(claimed)
+            replies = await asyncio.gather(
+                *(self._claim_on(broker, s, claimed, lease_ms) for broker, s in per_broker.items())
+            )
         finally:
             self._rounds.discard(done)
             done.set_result(None)
         result = _Round()
-        for (slot, epoch, share), outcome in zip(claimed, outcomes, strict=True):
+        for slot, outcome in (pair for reply in replies for pair in reply):
+            epoch, share = claimed[slot]
             if isinstance(outcome, StaleEpochError):
                 if self._epochs.get(slot) == epoch:
                     del self._epochs[slot]  # a newer owner fenced us out of this slot
@@ -135,17 +136,37 @@ class PullLeaser:
                 result.next_in_ms = _earliest(result.next_in_ms, next_in)
         return result
 
+    async def _claim_on(
+        self, broker: int, slots: list[int], claimed: dict[int, tuple[int, int]], lease_ms: int
+    ) -> list[tuple[int, ClaimBatch | StaleEpochError]]:
+        """One pipelined round trip to one broker for all its slots in this round."""
+        queue = self.brokers.queues[broker]
+        claims = [plans.claim(queue.topic, slot, *claimed[slot], lease_ms) for slot in slots]
+        outcomes = await queue.run(_combined(claims))
+        return list(zip(slots, outcomes, strict=True))
+
     async def _wait_for_wake(self, timeout_s: float) -> None:
         """Block until a producer marks an owned slot's head earlier, or `timeout_s` passes."""
-        keys = [slot_keys(self.queue.topic, slot).key(Part.WAKE) for slot in self.owned_slots]
-        if not keys or self._blocking.locked():
-            await asyncio.sleep(timeout_s if not keys else min(timeout_s, FALLBACK_WAIT_S))
+        per_broker = self.brokers.split(self.owned_slots)
+        if not per_broker or self._blocking.locked():
+            await asyncio.sleep(timeout_s if not per_broker else min(timeout_s, FALLBACK_WAIT_S))
             return
         async with self._blocking:
-            try:
-                await self.queue.redis.blpop(keys, timeout=timeout_s)
-            except redis.RedisError:
-                await asyncio.sleep(min(timeout_s, FALLBACK_WAIT_S))
+            waits = [
+                asyncio.create_task(self._blpop(broker, slots, timeout_s))
+                for broker, slots in per_broker.items()
+            ]
+            await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
+            for wait in waits:
+                wait.cancel()
+
+    async def _blpop(self, broker: int, slots: list[int], timeout_s: float) -> None:
+        topic = self.brokers.topic
+        keys = [slot_keys(topic, slot).key(Part.WAKE) for slot in slots]
+        try:
+            await self.brokers.queues[broker].redis.blpop(keys, timeout=timeout_s)
+        except redis.RedisError:
+            await asyncio.sleep(min(timeout_s, FALLBACK_WAIT_S))
 
 
 def _shares(total: int, parts: int) -> list[int]:

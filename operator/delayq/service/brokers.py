@@ -1,0 +1,145 @@
+"""The topic's Redis brokers and the slot → broker routing the operator fixed.
+
+A slot's messages live on one broker (DESIGN.md §4 `routing`), whichever process owns the slot:
+after a failover the survivor claims the moved slots from *their* broker, and the HTTP API writes
+each message to the broker of its slot. Routing is sticky (an existing slot never moves), so the
+service reads it once at start: from ZooKeeper's `routing` node when there is one, else the
+operator's first routing (contiguous ranges).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections import defaultdict
+from collections.abc import Awaitable, Callable, Iterable, Sequence
+from typing import TypeVar
+
+import redis.asyncio
+
+from delayq.kube.routing import initial_routing
+from delayq.queue.client import AsyncQueue
+from delayq.queue.consumer import WAKE_BLOCK_S
+from delayq.queue.model import TopicStats
+from delayq.queue.topic import Topic
+
+log = logging.getLogger(__name__)
+T = TypeVar("T")
+R = TypeVar("R")
+
+# Longer than the engine's blocking wake-up wait (WAKE_BLOCK_S), which redis-py 8's default
+# 5 s read timeout would cut short; still bounded, so a dead peer is noticed.
+SOCKET_TIMEOUT_S = WAKE_BLOCK_S + 10
+PING_TIMEOUT_S = 1.0
+
+
+def connect(url: str, max_connections: int) -> redis.asyncio.Redis:
+    """A client whose pool waits for a free connection instead of failing when all are busy,
+    so a burst of deliveries queues for Redis rather than erroring into retries."""
+    pool = redis.asyncio.BlockingConnectionPool.from_url(
+        url, max_connections=max_connections, timeout=None, socket_timeout=SOCKET_TIMEOUT_S
+    )
+    return redis.asyncio.Redis(connection_pool=pool)
+
+
+def default_routing(slot_amount: int, broker_count: int) -> list[int]:
+    return list(initial_routing(slot_amount, broker_count).brokers)
+
+
+class Brokers:
+    """One engine client per broker, and the broker of every slot."""
+
+    def __init__(self, queues: Sequence[AsyncQueue], routing: Sequence[int]) -> None:
+        if not queues:
+            raise ValueError("a topic needs at least one broker")
+        topic = queues[0].topic
+        if len(routing) != topic.slot_amount or any(not 0 <= b < len(queues) for b in routing):
+            raise ValueError(f"routing does not map {topic.slot_amount} slots to brokers")
+        self.queues = list(queues)
+        self.routing = list(routing)
+        self.topic: Topic = topic
+
+    def queue_for(self, slot: int) -> AsyncQueue:
+        return self.queues[self.routing[slot]]
+
+    def split(self, slots: Iterable[int]) -> dict[int, list[int]]:
+        """broker index → the given slots it stores."""
+        grouped: dict[int, list[int]] = defaultdict(list)
+        for slot in slots:
+            grouped[self.routing[slot]].append(slot)
+        return grouped
+
+    async def each(
+        self,
+        items: Sequence[T],
+        slot_of: Callable[[T], int],
+        call: Callable[[AsyncQueue, list[T]], Awaitable[list[R]]],
+    ) -> list[R]:
+        """Run a batch operation on each broker with its items; results in the items' order."""
+        positions: dict[int, list[int]] = defaultdict(list)
+        for index, item in enumerate(items):
+            positions[self.routing[slot_of(item)]].append(index)
+        results: list[R | None] = [None] * len(items)
+        for broker, indexes in positions.items():
+            answers = await call(self.queues[broker], [items[i] for i in indexes])
+            for index, answer in zip(indexes, answers, strict=True):
+                results[index] = answer
+        return [r for r in results if r is not None]
+
+    async def stats(self, slots: Iterable[int] | None = None) -> TopicStats:
+        wanted = list(self.topic.slots if slots is None else slots)
+        parts = [
+            await self.queues[broker].stats(broker_slots)
+            for broker, broker_slots in self.split(wanted).items()
+        ]
+        return TopicStats(sorted((s for p in parts for s in p.slots), key=lambda s: s.slot))
+
+    async def each_broker(self, call: Callable[[AsyncQueue, list[int]], Awaitable[int]]) -> int:
+        """Sum of `call(queue, its slots)` over the brokers (redrive or purge everything)."""
+        return sum(
+            [await call(self.queues[b], slots) for b, slots in self.split(self.topic.slots).items()]
+        )
+
+    async def reachable(self, slots: Iterable[int]) -> bool:
+        """Every broker storing one of `slots` (or broker 0 when none) answers a PING."""
+        brokers = set(self.split(slots)) or {0}
+        try:
+            for broker in brokers:
+                pong = self.queues[broker].redis.ping()
+                if not await asyncio.wait_for(pong, PING_TIMEOUT_S):
+                    return False
+        except (redis.RedisError, OSError, TimeoutError):
+            return False
+        return True
+
+    async def close(self) -> None:
+        for queue in self.queues:
+            await queue.close()
+
+
+async def read_routing(
+    hosts: str, namespace: str, topic: str, slot_amount: int
+) -> list[int] | None:
+    """The operator's routing node, once (routing is sticky); None when absent or unreadable."""
+    from kazoo.client import KazooClient  # kazoo only with ZooKeeper
+
+    from delayq.coordination.layout import TopicPaths, decode_routing
+
+    def read() -> list[int] | None:
+        client = KazooClient(hosts=hosts, timeout=10.0)
+        client.start(timeout=10.0)
+        try:
+            path = TopicPaths(namespace, topic).routing
+            if not client.exists(path):
+                return None
+            payload, _ = client.get(path)
+            return decode_routing(payload, slot_amount)
+        finally:
+            client.stop()
+            client.close()
+
+    try:
+        return await asyncio.to_thread(read)
+    except Exception:
+        log.exception("could not read the routing from ZooKeeper; using the first routing")
+        return None

@@ -1,0 +1,107 @@
+"""Multi-broker topics: each slot's messages live on the broker the routing names, and the
+service schedules, claims, acks and counts them there."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+import redis
+
+from delayq.local.redis_server import RedisServer
+from delayq.queue.keys import Part, slot_keys
+from delayq.queue.topic import Topic
+from delayq.service.brokers import default_routing, read_routing
+from tests.service.conftest import NAMESPACE, TOPIC, Receiver, StartService, eventually
+
+SLOTS = 4
+
+
+@pytest.fixture
+def second_broker() -> Iterator[RedisServer]:
+    with RedisServer() as server:
+        yield server
+
+
+def stored_on(url: str, slot: int) -> int:
+    client = redis.Redis.from_url(url)
+    try:
+        key = slot_keys(Topic(TOPIC, namespace=NAMESPACE, slot_amount=SLOTS), slot).key(Part.STORE)
+        return int(client.zcard(key))
+    finally:
+        client.close()
+
+
+def test_first_routing_is_contiguous_ranges():
+    assert default_routing(4, 2) == [0, 0, 1, 1]
+    assert default_routing(4, 1) == [0, 0, 0, 0]
+
+
+async def test_messages_live_on_their_slots_broker_and_are_leased_from_it(
+    second_broker: RedisServer, redis_server: RedisServer, start_service: StartService
+):
+    urls = [redis_server.url, second_broker.url]
+    running = await start_service(slot_amount=SLOTS, broker_urls=",".join(urls))
+    messages = [{"id": f"b{i}", "delayMs": 0} for i in range(40)]
+    answer = await running.client.post(
+        f"{running.base}/messages/batch", json={"messages": messages}
+    )
+    slots = {r["id"]: r["slot"] for r in (await answer.json())["results"]}
+    for slot in range(SLOTS):
+        here, elsewhere = (urls[0], urls[1]) if slot < 2 else (urls[1], urls[0])
+        assert stored_on(here, slot) == sum(1 for s in slots.values() if s == slot)
+        assert stored_on(elsewhere, slot) == 0
+    got = await (await running.client.get(f"{running.base}/messages/b7")).json()
+    assert got["slot"] == slots["b7"]
+
+    leased = (
+        await (await running.client.post(f"{running.base}/leases", json={"max": 100})).json()
+    )["leases"]
+    assert sorted(m["id"] for m in leased) == sorted(slots)
+    tokens = [m["token"] for m in leased]
+    acked = await running.client.post(f"{running.base}/leases/ack", json={"tokens": tokens})
+    assert acked.status == 200
+    stats = await (await running.client.get(f"{running.base}/stats")).json()
+    assert stats["scheduled"] + stats["prepared"] == 0
+
+
+async def test_webhook_delivers_from_every_broker(
+    second_broker: RedisServer,  # first: torn down after the service stops
+    redis_server: RedisServer,
+    start_service: StartService,
+    receiver: Receiver,
+):
+    running = await start_service(
+        slot_amount=SLOTS,
+        broker_urls=f"{redis_server.url},{second_broker.url}",
+        topic_type="webhook",
+        webhook_url=receiver.url,
+    )
+    messages = [{"id": f"w{i}", "delayMs": i} for i in range(30)]
+    await running.client.post(f"{running.base}/messages/batch", json={"messages": messages})
+    await eventually(lambda: len(receiver.requests) == 30, 10, "30 deliveries")
+    assert {json.loads(b)["id"] for b in receiver.bodies()} == {m["id"] for m in messages}
+    assert stored_on(second_broker.url, 3) == 0
+
+
+@pytest.mark.slow
+async def test_routing_is_read_from_zookeeper_when_the_operator_wrote_it(zookeeper_server: Any):
+    from kazoo.client import KazooClient
+
+    from delayq.coordination.layout import TopicPaths
+    from delayq.kube.routing import Routing
+
+    topic = "routed"
+    assert await read_routing(zookeeper_server.hosts, "shop", topic, 4) is None
+    client = KazooClient(hosts=zookeeper_server.hosts)
+    client.start()
+    try:
+        path = TopicPaths("shop", topic).routing
+        client.create(path, Routing(4, 3, (2, 0, 1, 1)).to_json(), makepath=True)
+    finally:
+        client.stop()
+        client.close()
+    assert await read_routing(zookeeper_server.hosts, "shop", topic, 4) == [2, 0, 1, 1]
+    assert await read_routing(zookeeper_server.hosts, "shop", topic, 8) is None  # other size
