@@ -9,6 +9,7 @@ import pytest
 
 from delayq.cli import main
 from delayq.pipeline import archive as A
+from delayq.pipeline import audit, audit_job
 from delayq.queue.client import Queue
 from delayq.queue.keys import Part, slot_keys
 from delayq.queue.topic import Topic
@@ -130,3 +131,16 @@ def test_rows_of_parses_journal_fields():
     assert (rows[1]["due"], rows[1]["attempts"]) == (None, None)
     assert A.successor(A.parse_id("5-9")) == (5, 10)
     assert A.file_name("shop", 3, (1, 0), (2, 5)) == "shop_00003_1-0_2-5.parquet"
+
+
+def test_audit_of_a_real_archived_journal_finds_no_broken_promise(
+    spark, queue, redis_server, tmp_path
+):
+    _lifecycle(queue, "r", 24)
+    A.archive(redis_server.url, TOPIC, tmp_path / "out", tmp_path / "ck")
+    journal = audit_job.read_journal(spark, str(tmp_path / "out"))
+    [total] = audit.metrics(audit.events(journal), 60_000, audit.TOPIC_KEYS).collect()
+    assert (total.topic, total.namespace, total.scheduled) == ("orders", "shop", 24)
+    assert total.deliveries > 24  # the nacked half is delivered twice
+    assert (total.early, total.duplicates, total.lost, total.dead) == (0, 0, 0, 0)
+    assert 0 <= total.lateness_p50 <= total.lateness_max
