@@ -155,9 +155,7 @@ def parse_batch(body: Body, topic: Topic) -> list[ScheduleRequest]:
     return [parse_message(item, topic, f"messages[{i}].") for i, item in enumerate(items)]
 
 
-def parse_lease_request(
-    body: Body, topic: Topic, max_batch: int = MAX_LEASE_BATCH
-) -> LeaseRequest:
+def parse_lease_request(body: Body, topic: Topic, max_batch: int = MAX_LEASE_BATCH) -> LeaseRequest:
     return LeaseRequest(
         max_count=get_int(body, "max", 1, min(max_batch, MAX_LEASE_BATCH), default=1),
         lease_ms=get_int(body, "leaseMs", 1, MAX_LEASE_MS, default=topic.ack_timeout_ms),
