@@ -22,9 +22,10 @@ from pathlib import Path
 
 import pytest
 
-from e2e.harness import Kube, Tools, local_control_plane
+from e2e.harness import Kube, Release, Tools, local_control_plane
 
 REPO = Path(__file__).resolve().parent.parent
+CHART = REPO / "charts" / "delayq"
 
 
 def _in_ci() -> bool:
@@ -121,3 +122,25 @@ def namespace(kube: Kube, request: pytest.FixtureRequest) -> Iterator[str]:
               what=f"the default ServiceAccount in {name}")
     yield name
     kube.kubectl("delete", "namespace", name, "--wait=false", "--ignore-not-found")
+
+
+@pytest.fixture(scope="session")
+def chart_release(kube: Kube) -> Iterator[Release]:
+    """``helm install --wait`` of charts/delayq as shipped (default values), once per session.
+
+    ``--wait`` only returns when the operator Deployment and the bundled ZooKeeper StatefulSet
+    are ready and its claim is Bound: on the local cluster KWOK reports the pods Running (they
+    do not really run) and the claim binds to the harness's pre-created volumes. The release is
+    uninstalled at the end; the CRDs stay (helm never deletes CRDs).
+    """
+    name = "delayq"
+    namespace = f"e2e-delayq-system-{secrets.token_hex(3)}"
+    start = time.monotonic()
+    kube.helm("install", name, str(CHART), "--namespace", namespace, "--create-namespace",
+              "--wait", "--timeout", "5m")
+    print(f"e2e: helm install took {time.monotonic() - start:.1f}s")
+    # The chart names everything after the release, or "<release>-delayq" (see _helpers.tpl).
+    fullname = name if "delayq" in name else f"{name}-delayq"
+    yield Release(name, namespace, fullname, service_account=fullname)
+    kube.helm("uninstall", name, "--namespace", namespace, "--wait", "--timeout", "3m")
+    kube.kubectl("delete", "namespace", namespace, "--wait=false", "--ignore-not-found")

@@ -394,6 +394,43 @@ def fake_node(name: str) -> dict[str, Any]:
     }
 
 
+#: StorageClass of the local cluster's pre-created volumes (the default class).
+STORAGE_CLASS = "e2e-local"
+
+
+def storage_objects(count: int, size: str = "20Gi") -> list[dict[str, Any]]:
+    """A default StorageClass and a pool of ``count`` unbound PersistentVolumes.
+
+    The local cluster has no volume provisioner, yet the chart's ZooKeeper and every topic's
+    Redis StatefulSet claim volumes. controller-manager's PV binder binds each claim to one of
+    these pre-created volumes (``Immediate`` binding), so StatefulSets behave as on a real
+    cluster: the claim is Bound, the pod is scheduled. KWOK never mounts anything, so the host
+    paths are never touched.
+    """
+    objects: list[dict[str, Any]] = [{
+        "apiVersion": "storage.k8s.io/v1",
+        "kind": "StorageClass",
+        "metadata": {"name": STORAGE_CLASS, "annotations": {
+            "storageclass.kubernetes.io/is-default-class": "true"}},
+        "provisioner": "kubernetes.io/no-provisioner",
+        "volumeBindingMode": "Immediate",
+        "reclaimPolicy": "Retain",
+    }]
+    objects += [{
+        "apiVersion": "v1",
+        "kind": "PersistentVolume",
+        "metadata": {"name": f"e2e-pv-{index:03d}", "labels": {"type": "kwok"}},
+        "spec": {
+            "capacity": {"storage": size},
+            "accessModes": ["ReadWriteOnce"],
+            "persistentVolumeReclaimPolicy": "Retain",
+            "storageClassName": STORAGE_CLASS,
+            "hostPath": {"path": f"/nonexistent/delayq-e2e/pv-{index:03d}"},
+        },
+    } for index in range(count)]
+    return objects
+
+
 class KubectlError(E2EError):
     """``kubectl`` exited non-zero; ``stderr`` holds the server's message (what users see)."""
 
@@ -488,6 +525,16 @@ class Kube:
         return result
 
 
+@dataclass(frozen=True)
+class Release:
+    """A ``helm install`` of charts/delayq: where it lives and what its objects are called."""
+
+    name: str
+    namespace: str
+    fullname: str
+    service_account: str
+
+
 def condition(obj: dict[str, Any] | None, kind: str) -> str | None:
     """Status (``"True"``/``"False"``/``"Unknown"``) of condition ``kind`` of an object."""
     if not obj:
@@ -500,8 +547,10 @@ def condition(obj: dict[str, Any] | None, kind: str) -> str | None:
 
 
 @contextlib.contextmanager
-def local_control_plane(tools: Tools, workdir: Path, fake_nodes: int) -> Iterator[Kube]:
-    """Start a :class:`LocalControlPlane`, register its fake nodes, yield a client, tear down.
+def local_control_plane(
+    tools: Tools, workdir: Path, fake_nodes: int, volumes: int = 64
+) -> Iterator[Kube]:
+    """Start a :class:`LocalControlPlane`, register fake nodes and volumes, yield a client.
 
     The cluster counts as ready only when controller-manager has created the ``default``
     ServiceAccount (its token controller works, so pods are admitted) and every fake node is
@@ -512,8 +561,9 @@ def local_control_plane(tools: Tools, workdir: Path, fake_nodes: int) -> Iterato
         start = time.monotonic()
         plane.start()
         kube = Kube(plane.kubeconfig, tools, workdir / "client", abort=plane.first_crash)
-        for index in range(fake_nodes):
-            kube.create(fake_node(f"kwok-node-{index}"))
+        kube.create({"apiVersion": "v1", "kind": "List", "items": [
+            *(fake_node(f"kwok-node-{index}") for index in range(fake_nodes)),
+            *storage_objects(volumes)]})
         kube.wait(lambda: kube.get("serviceaccount", "default", "default"), timeout=90,
                   what="the default ServiceAccount (controller-manager working)")
         kube.wait(lambda: all(condition(node, "Ready") == "True"

@@ -1,0 +1,90 @@
+"""``helm install`` of charts/delayq on a real API server (issue 5, point 1).
+
+Template rendering is unit-tested; only a real API server proves that every rendered object is
+accepted (schemas, RBAC escalation checks, CRDs before the objects that use them), that the
+workloads become ready, and that the operator's ServiceAccount ends up with exactly the
+permissions the chart claims: everything the operator does, nothing more.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from e2e.harness import Kube, Release, condition
+
+
+def test_release_is_deployed(kube: Kube, chart_release: Release) -> None:
+    """helm reports the release deployed (``--wait`` succeeded, nothing failed to apply)."""
+    status = json.loads(kube.helm("status", chart_release.name, "-n", chart_release.namespace,
+                                  "-o", "json").stdout)
+    assert status["info"]["status"] == "deployed"
+
+
+@pytest.mark.parametrize("crd", ["delaytopics.delayq.io", "kopfpeerings.kopf.dev"])
+def test_chart_crds_are_established(kube: Kube, chart_release: Release, crd: str) -> None:
+    """The chart's crds/ were installed before its templates and are served."""
+    obj = kube.wait(lambda: kube.get("crd", crd), timeout=30, what=f"CRD {crd}")
+    assert condition(obj, "Established") == "True"
+
+
+def test_operator_deployment_is_available(kube: Kube, chart_release: Release) -> None:
+    """The operator Deployment is Available with every replica Running on a node."""
+    deployment = kube.get("deployment", f"{chart_release.fullname}-operator",
+                          chart_release.namespace)
+    assert deployment is not None
+    assert condition(deployment, "Available") == "True"
+    assert deployment["status"]["readyReplicas"] == deployment["spec"]["replicas"]
+    assert deployment["spec"]["template"]["spec"]["serviceAccountName"] == \
+        chart_release.service_account
+    pods = kube.items("pods", chart_release.namespace,
+                      selector="app.kubernetes.io/name=delayq-operator")
+    assert len(pods) == deployment["spec"]["replicas"]
+    assert all(p["status"]["phase"] == "Running" and p["spec"]["nodeName"] for p in pods)
+
+
+def test_bundled_zookeeper_is_ready_with_a_bound_volume(
+    kube: Kube, chart_release: Release
+) -> None:
+    """The bundled ZooKeeper StatefulSet is ready and its volume claim is Bound."""
+    sts = kube.get("statefulset", f"{chart_release.fullname}-zookeeper", chart_release.namespace)
+    assert sts is not None
+    assert sts["status"].get("readyReplicas") == sts["spec"]["replicas"]
+    claims = kube.items("pvc", chart_release.namespace)
+    assert claims
+    assert all(c["status"]["phase"] == "Bound" for c in claims)
+
+
+#: (verb, resource, expected) for the operator's ServiceAccount in a topic namespace: what
+#: it needs to provision a DelayTopic, and what least privilege says it must not have.
+PERMISSIONS = [
+    ("watch", "delaytopics.delayq.io", True),
+    ("patch", "delaytopics.delayq.io/status", True),
+    ("create", "statefulsets.apps", True),
+    ("patch", "statefulsets.apps", True),
+    ("create", "services", True),
+    ("create", "configmaps", True),
+    ("create", "secrets", True),
+    ("create", "poddisruptionbudgets.policy", True),
+    ("create", "networkpolicies.networking.k8s.io", True),
+    ("patch", "pods", True),
+    ("delete", "persistentvolumeclaims", True),
+    ("create", "events", True),
+    ("list", "secrets", False),
+    ("delete", "statefulsets.apps", False),
+    ("delete", "delaytopics.delayq.io", False),
+    ("create", "pods", False),
+]
+
+
+@pytest.mark.parametrize(("verb", "resource", "allowed"), PERMISSIONS,
+                         ids=[f"{v}-{r}" for v, r, _ in PERMISSIONS])
+def test_operator_service_account_permissions(
+    kube: Kube, chart_release: Release, namespace: str, verb: str, resource: str, allowed: bool
+) -> None:
+    """RBAC as evaluated by the API server for the chart's ServiceAccount (``auth can-i``)."""
+    subject = f"system:serviceaccount:{chart_release.namespace}:{chart_release.service_account}"
+    result = kube.kubectl("auth", "can-i", verb, resource, "-n", namespace, f"--as={subject}",
+                          check=False)
+    assert result.stdout.strip() == ("yes" if allowed else "no"), result.stderr
