@@ -8,7 +8,7 @@ message low (no per-message key, no second hash entry); see lua/includes/common.
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from typing import NamedTuple
 
 from delayq.queue.codes import InvalidMessageError
 from delayq.queue.topic import MAX_DELAY_MS, MAX_ID_BYTES
@@ -16,8 +16,7 @@ from delayq.queue.topic import MAX_DELAY_MS, MAX_ID_BYTES
 Headers = dict[str, str]
 
 
-@dataclass(frozen=True)
-class Record:
+class Record(NamedTuple):
     attempts: int
     due_ms: int | None  # set while leased: the due time the delivery was for
     headers: Headers
