@@ -92,7 +92,8 @@ def ingest(
         results = good.rdd.mapPartitions(writer).collect()
     late = [(r.id, r.reason, r.source) for result in results for r in result.rejects]
     rejects = T.rejected_rows(validated).unionByName(spark.createDataFrame(late, REJECTS_SCHEMA))
-    rejects.coalesce(1).write.mode("overwrite").json(rejects_path)
+    # repartition, not coalesce: coalesce(1) would also run the validating scan in one task
+    rejects.repartition(1).write.mode("overwrite").json(rejects_path)
     rejected = spark.read.schema(REJECTS_SCHEMA).json(rejects_path).count()
     return IngestSummary(
         read=sum(r.rows for r in results) + rejected - len(late),
