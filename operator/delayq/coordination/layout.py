@@ -114,13 +114,16 @@ class AssignmentDocument:
             return cls(0, {})
         if not isinstance(document, dict) or document.get("version") != ASSIGNMENT_FORMAT_VERSION:
             return cls(0, {})
-        member_ids = [str(member_id) for member_id in document["members"]]
-        slots = {
-            slot: member_ids[i]
-            for slot, i in enumerate(document["slots"])
-            if 0 <= i < len(member_ids)
-        }
-        return cls(int(document["generation"]), slots, frozenset(member_ids))
+        try:
+            member_ids = [str(member_id) for member_id in document["members"]]
+            slots = {
+                slot: member_ids[i]
+                for slot, i in enumerate(document["slots"])
+                if 0 <= i < len(member_ids)
+            }
+            return cls(int(document["generation"]), slots, frozenset(member_ids))
+        except (KeyError, TypeError, ValueError):
+            return cls(0, {})  # damaged: the coordinator rewrites it
 
 
 def decode_routing(payload: bytes, slot_amount: int) -> list[int] | None:
@@ -128,7 +131,7 @@ def decode_routing(payload: bytes, slot_amount: int) -> list[int] | None:
     slot count (locality is an optimisation: a bad routing must never stop the fleet)."""
     try:
         routing = Routing.from_json(payload)
-    except (ValueError, KeyError, TypeError):
+    except (ValueError, KeyError, TypeError, AttributeError):
         return None
     return list(routing.brokers) if routing.slot_amount == slot_amount else None
 

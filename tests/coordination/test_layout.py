@@ -1,0 +1,86 @@
+"""The ZooKeeper paths and node documents (pure)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from delayq.coordination.assignment import Member
+from delayq.coordination.layout import (
+    AssignmentDocument,
+    TopicPaths,
+    broker_index,
+    decode_member,
+    decode_routing,
+    encode_member,
+    slots_of,
+)
+from delayq.kube.routing import initial_routing
+
+
+def test_paths_follow_the_design() -> None:
+    paths = TopicPaths("shop", "orders")
+    assert paths.member("pod-1") == "/delayq/shop/orders/members/pod-1"
+    assert paths.assignment == "/delayq/shop/orders/assignment"
+    assert paths.owner(7) == "/delayq/shop/orders/owners/7"
+    assert paths.routing == "/delayq/shop/orders/routing"
+
+
+@pytest.mark.parametrize(
+    ("name", "index"),
+    [("broker-2", 2), ("orders-redis-12", 12), ("3", 3), ("", None), ("primary", None)],
+)
+def test_broker_index_is_the_trailing_number(name: str, index: int | None) -> None:
+    assert broker_index(name) == index
+
+
+def test_member_round_trip_and_garbage() -> None:
+    assert decode_member("m", encode_member("broker-1", 3, "pod")) == Member("m", 1, 3)
+    assert decode_member("m", b"not json") == Member("m")
+    assert decode_member("m", b'{"capacity": 0}') == Member("m", None, 1)
+    assert decode_member("m", b"[1, 2]") == Member("m")
+
+
+@given(
+    st.integers(1, 64).flatmap(
+        lambda amount: st.tuples(
+            st.just(amount),
+            st.dictionaries(
+                st.integers(0, amount - 1), st.sampled_from(["a", "b", "c-1"]), max_size=amount
+            ),
+        )
+    ),
+    st.frozensets(st.sampled_from(["a", "idle"])),
+)
+def test_assignment_document_round_trip(
+    case: tuple[int, dict[int, str]], extra_members: frozenset[str]
+) -> None:
+    amount, slots = case
+    members = frozenset(slots.values()) | extra_members
+    document = AssignmentDocument(4, slots, members)
+    assert AssignmentDocument.decode(document.encode(amount)) == document
+
+
+def test_assignment_document_is_compact_and_tolerates_foreign_content() -> None:
+    document = AssignmentDocument(1, dict.fromkeys(range(16384), "pod-with-a-long-name-0"))
+    assert len(document.encode(16384)) < 40_000
+    assert AssignmentDocument.decode(b"") == AssignmentDocument(0, {})
+    assert AssignmentDocument.decode(b"{") == AssignmentDocument(0, {})
+    assert AssignmentDocument.decode(json.dumps({"version": 99}).encode()).slots == {}
+    damaged = {"version": 1, "generation": 2, "members": ["a"], "slots": None}
+    assert AssignmentDocument.decode(json.dumps(damaged).encode()) == AssignmentDocument(0, {})
+
+
+def test_routing_for_another_slot_count_is_ignored() -> None:
+    payload = initial_routing(16, 2).to_json()
+    assert decode_routing(payload, 16) == [0] * 8 + [1] * 8
+    assert decode_routing(payload, 32) is None
+    assert decode_routing(b"garbage", 16) is None
+    assert decode_routing(b"[1]", 16) is None
+
+
+def test_slots_of() -> None:
+    assert slots_of({0: "a", 1: "b", 2: "a"}, "a") == frozenset({0, 2})
