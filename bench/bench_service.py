@@ -41,6 +41,7 @@ from aiohttp import web
 from delayq.local.ports import free_port
 from delayq.local.redis_server import RedisServer
 from delayq.local.zookeeper_server import ZooKeeperServer
+from delayq.queue.client import AsyncQueue
 from delayq.queue.topic import TopicType, slot_of
 from delayq.service.config import ServiceConfig
 from delayq.service.delivery.webhook import wall_ms
@@ -62,6 +63,8 @@ class Tally:
     duplicates: int = 0
     by_slot_member: dict[int, str] = field(default_factory=dict)  # last deliverer per slot
     arrivals: list[tuple[float, int, str]] = field(default_factory=list)  # (t, slot, member)
+    keep_ids: bool = False  # remember every scheduled id (to name lost ones)
+    ids: list[str] = field(default_factory=list)
 
     def arrive(self, message_id: str, member: str, at: float, lateness_ms: int) -> None:
         """One arrival: `at` is time.monotonic() (system-wide, so comparable across processes)."""
@@ -256,6 +259,8 @@ async def _post_batch(
         async with session.post(url, json={"messages": batch}) as response:
             if response.status == 200:
                 tally.scheduled += len(batch)
+                if tally.keep_ids:
+                    tally.ids.extend(m["id"] for m in batch)
                 return
             kind = f"HTTP {response.status}"
     except aiohttp.ClientError as error:
@@ -320,6 +325,7 @@ async def run_failover(
 ) -> dict[str, Any]:
     """kill -9 one of three services mid-run: gap until its slots deliver again elsewhere."""
     tally = Tally()
+    tally.keep_ids = True
     rate, duration = args.failover_rate, args.failover_duration
     async with receiver(tally, workdir) as url, aiohttp.ClientSession() as session:
         with fleet(args, env, TopicType.WEBHOOK, url, workdir) as processes:
@@ -335,6 +341,7 @@ async def run_failover(
             processes.remove(victim)  # the producer goes on with the living ones
             await producing
             await drain(tally, 60)
+            leftover = await remaining(env["redis"], processes[0].config)
     after = [
         (t - killed_at, slot)
         for t, slot, member in tally.arrivals
@@ -354,9 +361,27 @@ async def run_failover(
             if len(firsts) == len(moved)
             else None,
             "lost": tally.scheduled - len(tally.first_arrival),
+            "left_in_redis": leftover,
+            "lost_sample": sorted(set(tally.ids) - set(tally.first_arrival))[:10],
         }
     )
     return report
+
+
+async def remaining(redis_url: str, config: ServiceConfig) -> dict[str, Any]:
+    """What is still in the topic after the drain: depth by state and the slots holding it."""
+    queue = AsyncQueue.from_url(redis_url, config.to_topic())
+    try:
+        stats = await queue.stats()
+    finally:
+        await queue.close()
+    busy = [s.slot for s in stats.slots if s.scheduled + s.prepared + s.dead]
+    return {
+        "scheduled": stats.scheduled,
+        "prepared": stats.prepared,
+        "dead": stats.dead,
+        "slots": busy,
+    }
 
 
 async def main_async(args: argparse.Namespace) -> dict[str, Any]:

@@ -7,12 +7,17 @@ import asyncio
 import itertools
 import json
 import time
+from typing import Any
 
 import redis.asyncio
 
+from delayq.local.redis_server import RedisServer
 from delayq.queue.client import AsyncQueue
+from delayq.queue.keys import Part, slot_keys
 from delayq.queue.model import State
+from delayq.service.config import ServiceConfig
 from delayq.service.delivery.signing import SIGNATURE_HEADER, verify
+from delayq.service.service import DelayService
 from tests.service.conftest import Receiver, Running, StartService, eventually
 
 SECRET = "hook-secret"
@@ -164,3 +169,51 @@ async def test_shutdown_finishes_in_flight_deliveries(
     info = await AsyncQueue(async_redis_client, running.service.topic).get("s")
     assert info.state is State.ABSENT  # acked before the slots were given up
     assert len(receiver.requests) == 1
+
+
+class GrantedLater:
+    """An Ownership that grants slots when the test says so (a failover's takeover)."""
+
+    def __init__(self) -> None:
+        self.on_change: Any = None
+
+    async def start(self, on_change: Any) -> None:
+        self.on_change = on_change
+        await on_change(frozenset())
+
+    async def grant(self, slots: frozenset[int]) -> None:
+        await self.on_change(slots)
+
+    async def stop(self) -> None:
+        await self.on_change(frozenset())
+
+    @property
+    def ready(self) -> bool:
+        return self.on_change is not None
+
+
+async def test_a_taken_over_backlog_is_delivered_at_once(
+    receiver: Receiver, redis_server: RedisServer, async_redis_client: redis.asyncio.Redis
+):
+    """A slot taken over from a dead owner, its due backlog's wake marker already consumed,
+    on a process with nothing else to do: delivered right away, not at some later wake-up."""
+    config = ServiceConfig(
+        redis_url=redis_server.url,
+        topic="takeover",
+        slot_amount=4,
+        topic_type="webhook",
+        webhook_url=receiver.url,
+    )
+    ownership = GrantedLater()
+    service = DelayService(config, ownership)
+    await service.start()
+    try:
+        queue = AsyncQueue(async_redis_client, service.topic)
+        scheduled = await queue.schedule("backlog", b"", delay_ms=0)
+        for slot in service.topic.slots:
+            await async_redis_client.delete(slot_keys(service.topic, slot).key(Part.WAKE))
+        await ownership.grant(frozenset(service.topic.slots))
+        await eventually(lambda: len(receiver.requests) == 1, 5, "the backlog's delivery")
+        assert json.loads(receiver.bodies()[0])["id"] == scheduled.id
+    finally:
+        await service.stop()
