@@ -38,6 +38,27 @@ async def eventually(
         await asyncio.sleep(0.01)
 
 
+class GrantedLater:
+    """An Ownership that grants slots when the test says so (a failover's takeover)."""
+
+    def __init__(self) -> None:
+        self.on_change: Any = None
+
+    async def start(self, on_change: Any) -> None:
+        self.on_change = on_change
+        await on_change(frozenset())
+
+    async def grant(self, slots: frozenset[int]) -> None:
+        await self.on_change(slots)
+
+    async def stop(self) -> None:
+        await self.on_change(frozenset())
+
+    @property
+    def ready(self) -> bool:
+        return self.on_change is not None
+
+
 @dataclass
 class Running:
     service: DelayService

@@ -5,7 +5,15 @@ from __future__ import annotations
 import asyncio
 import time
 
-from tests.service.conftest import Running, StartService, eventually
+import redis.asyncio
+from aiohttp.test_utils import TestClient, TestServer
+
+from delayq.local.redis_server import RedisServer
+from delayq.queue.client import AsyncQueue
+from delayq.service.api import build_app
+from delayq.service.config import ServiceConfig
+from delayq.service.service import DelayService
+from tests.service.conftest import GrantedLater, Running, StartService, eventually
 
 
 async def schedule(running: Running, count: int, delay_ms: int = 0) -> None:
@@ -152,3 +160,29 @@ async def test_leases_on_a_push_topic_are_refused(start_service: StartService, r
     answer = await running.client.post(f"{running.base}/leases", json={})
     assert answer.status == 404
     assert "pull" in (await answer.json())["error"]
+
+
+async def test_a_long_poll_sees_slots_taken_over_while_it_waits(
+    redis_server: RedisServer, async_redis_client: redis.asyncio.Redis
+):
+    ownership = GrantedLater()
+    service = DelayService(
+        ServiceConfig(redis_url=redis_server.url, topic="moved", slot_amount=4), ownership
+    )
+    await service.start()
+    client = TestClient(TestServer(build_app(service)))
+    await client.start_server()
+    try:
+        await AsyncQueue(async_redis_client, service.topic).schedule("m", b"", delay_ms=0)
+        waiting = asyncio.create_task(
+            client.post("/v1/topics/moved/leases", json={"waitMs": 20_000})
+        )
+        await asyncio.sleep(0.1)  # the request is waiting with no slot owned
+        started = time.monotonic()
+        await ownership.grant(frozenset(service.topic.slots))
+        answer = await asyncio.wait_for(waiting, 10)
+        assert [m["id"] for m in (await answer.json())["leases"]] == ["m"]
+        assert time.monotonic() - started < 5  # not at the end of the 20 s poll
+    finally:
+        await service.stop()
+        await client.close()

@@ -7,7 +7,6 @@ import asyncio
 import itertools
 import json
 import time
-from typing import Any
 
 import redis.asyncio
 
@@ -18,7 +17,7 @@ from delayq.queue.model import State
 from delayq.service.config import ServiceConfig
 from delayq.service.delivery.signing import SIGNATURE_HEADER, verify
 from delayq.service.service import DelayService
-from tests.service.conftest import Receiver, Running, StartService, eventually
+from tests.service.conftest import GrantedLater, Receiver, Running, StartService, eventually
 
 SECRET = "hook-secret"
 
@@ -169,27 +168,6 @@ async def test_shutdown_finishes_in_flight_deliveries(
     info = await AsyncQueue(async_redis_client, running.service.topic).get("s")
     assert info.state is State.ABSENT  # acked before the slots were given up
     assert len(receiver.requests) == 1
-
-
-class GrantedLater:
-    """An Ownership that grants slots when the test says so (a failover's takeover)."""
-
-    def __init__(self) -> None:
-        self.on_change: Any = None
-
-    async def start(self, on_change: Any) -> None:
-        self.on_change = on_change
-        await on_change(frozenset())
-
-    async def grant(self, slots: frozenset[int]) -> None:
-        await self.on_change(slots)
-
-    async def stop(self) -> None:
-        await self.on_change(frozenset())
-
-    @property
-    def ready(self) -> bool:
-        return self.on_change is not None
 
 
 async def test_a_taken_over_backlog_is_delivered_at_once(

@@ -49,6 +49,7 @@ class PullLeaser:
         self._stopping = False
         self._rounds: set[asyncio.Future[None]] = set()  # claims in flight
         self._blocking = asyncio.Semaphore(MAX_BLOCKING_WAITS)
+        self._owned_more = asyncio.Event()  # wakes long polls: new slots may have a backlog
 
     @property
     def owned_slots(self) -> list[int]:
@@ -58,6 +59,8 @@ class PullLeaser:
         for slot in slots:
             if slot not in self._epochs:
                 self._epochs[slot] = await self.brokers.queue_for(slot).take_over(slot)
+        self._owned_more.set()
+        self._owned_more = asyncio.Event()
 
     async def release(self, slots: Iterable[int]) -> None:
         """Stop claiming the slots; returns once no claim that may include them is in flight,
@@ -70,6 +73,7 @@ class PullLeaser:
 
     def stop(self) -> None:
         self._stopping = True
+        self._owned_more.set()
 
     async def lease(self, max_count: int, lease_ms: int, wait_ms: int = 0) -> list[Message]:
         """Up to `max_count` due messages leased for `lease_ms`, waiting up to `wait_ms`."""
@@ -146,13 +150,17 @@ class PullLeaser:
         return list(zip(slots, outcomes, strict=True))
 
     async def _wait_for_wake(self, timeout_s: float) -> None:
-        """Block until a producer marks an owned slot's head earlier, or `timeout_s` passes."""
+        """Block until a producer marks an owned slot's head earlier, this process takes over
+        more slots (which may hold a due backlog), or `timeout_s` passes."""
         per_broker = self.brokers.split(self.owned_slots)
+        owned_more = asyncio.create_task(self._owned_more.wait())
         if not per_broker or self._blocking.locked():
-            await asyncio.sleep(timeout_s if not per_broker else min(timeout_s, FALLBACK_WAIT_S))
+            sleep_s = timeout_s if not per_broker else min(timeout_s, FALLBACK_WAIT_S)
+            await asyncio.wait([owned_more], timeout=sleep_s)
+            owned_more.cancel()
             return
         async with self._blocking:
-            waits = [
+            waits = [owned_more] + [
                 asyncio.create_task(self._blpop(broker, slots, timeout_s))
                 for broker, slots in per_broker.items()
             ]
