@@ -68,6 +68,7 @@ class ProcessFleet:
     deliveries: list[Delivery] = field(default_factory=list)
     scheduled: set[str] = field(default_factory=set)
     _last_entry: str = "-"
+    _observer: KazooClient | None = None  # the test's own view of ZooKeeper, opened on use
 
     def config(self, member: str) -> ServiceConfig:
         return ServiceConfig(
@@ -96,21 +97,27 @@ class ProcessFleet:
     def owners(self) -> dict[int, str]:
         """slot -> member holding its owner node, read from ZooKeeper right now."""
         paths = TopicPaths(NAMESPACE, self.topic.name)
-        client = KazooClient(hosts=self.zookeeper.hosts)
-        client.start(timeout=10)
+        if self._observer is None:
+            self._observer = KazooClient(hosts=self.zookeeper.hosts)
+            self._observer.start(timeout=10)
+        client = self._observer
         try:
-            result = {}
-            for child in client.get_children(paths.owners):
-                try:
-                    result[int(child)] = client.get(paths.owner(int(child)))[0].decode()
-                except NoNodeError:
-                    continue
-            return result
+            children = client.get_children(paths.owners)
         except NoNodeError:
             return {}
-        finally:
-            client.stop()
-            client.close()
+        result = {}
+        for child in children:
+            try:
+                result[int(child)] = client.get(paths.owner(int(child)))[0].decode()
+            except NoNodeError:
+                continue
+        return result
+
+    def close(self) -> None:
+        stop_all(list(self.processes.values()))
+        if self._observer is not None:
+            self._observer.stop()
+            self._observer.close()
 
     async def read_deliveries(self, client: redis.asyncio.Redis) -> None:
         """Append stream entries written since the last read."""
@@ -177,7 +184,7 @@ async def process_fleet(
         try:
             yield fleet
         finally:
-            await asyncio.to_thread(stop_all, list(fleet.processes.values()))
+            await asyncio.to_thread(fleet.close)
             for member in fleet.processes if request.node.stash.get(FAILED, True) else ():
                 print(f"--- {member} log (tail) ---")
                 print((Path(log_dir) / f"{member}.log").read_text()[-4000:])
