@@ -120,6 +120,14 @@ def test_validation_reasons_on_text_input(spark):
     assert result["e"].source == '{"key":"e","when":"yesterday-ish"}'
 
 
+def test_fractional_times_are_whole_milliseconds(spark):
+    rows = [("a", 1_800_000_000_000.7, None), ("b", None, 250.9), ("c", float("nan"), None)]
+    df = spark.createDataFrame(rows, "id string, due_at double, delay double")
+    result = {r.id: r for r in T.validate(T.canonical(df, {}), LIMIT, NOW_MS).collect()}
+    assert (result["a"].due_ms, result["b"].delay_ms) == (1_800_000_000_000, 250)
+    assert result["c"].reason == "unparseable due_at"
+
+
 def test_canonical_refuses_inputs_without_id_or_time(spark):
     df = spark.createDataFrame([("a", 1)], "key string, delay long")
     with pytest.raises(T.MappingError, match="no id column"):

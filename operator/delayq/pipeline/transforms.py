@@ -85,8 +85,8 @@ def _type_name(df: DataFrame, column: str) -> str:
 def _as_ms(df: DataFrame, column: str, timestamps: bool) -> Column:
     """Milliseconds as a long, or null when unparseable (never an error: ANSI mode is on).
 
-    Integers are ms already; text is an integer or (for due_at) an ISO-8601 timestamp, read in
-    the session time zone (UTC) unless it carries an offset.
+    Numbers are ms already (fractions dropped); text is an integer or (for due_at) an ISO-8601
+    timestamp, read in the session time zone (UTC) unless it carries an offset.
     """
     from pyspark.sql import functions as F
 
@@ -96,6 +96,8 @@ def _as_ms(df: DataFrame, column: str, timestamps: bool) -> Column:
         return F.unix_millis(value.cast("timestamp"))
     if kind in ("byte", "short", "integer", "long", "void"):
         return value.cast("long")
+    if kind in ("float", "double") or kind.startswith("decimal"):
+        return F.when(~F.isnan(value.cast("double")), F.floor(value).try_cast("long"))
     text = F.trim(value.cast("string"))
     as_long = text.try_cast("long")
     if not timestamps:
