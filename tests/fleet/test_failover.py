@@ -155,12 +155,6 @@ async def test_sigterm_hands_slots_over_without_redeliveries(
     assert not fleet.missing()
 
 
-@pytest.mark.xfail(
-    strict=False,  # the bug is a race: the joiner sometimes wakes on a stale wake-list entry
-    reason="engine bug: Consumer.own() on a consumer with no pending timer does not wake its "
-    "loop (it only interrupts the BLPOP, which ignores the control key), so a joining process "
-    "may never drain the backlog of the slots it takes; fix: set Consumer._changed in own()",
-)
 async def test_a_fourth_process_joining_takes_its_share_without_loss(
     process_fleet: ProcessFleet, async_redis_client: redis.asyncio.Redis
 ) -> None:

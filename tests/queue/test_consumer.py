@@ -14,6 +14,7 @@ import redis.asyncio
 from delayq.queue.backoff import Backoff
 from delayq.queue.client import AsyncQueue
 from delayq.queue.consumer import Consumer, ConsumerSettings, PoisonMessageError
+from delayq.queue.keys import Part, slot_keys
 from delayq.queue.model import Message, ScheduleRequest, State
 
 from .conftest import TOPIC
@@ -93,6 +94,28 @@ async def test_an_earlier_message_wakes_a_consumer_sleeping_until_later(
         # the consumer's timer is an hour away: only the wake-up can deliver this in time
         await async_queue.schedule("soon", delay_ms=30)
         await wait_for(lambda: seen == ["soon"], 5, "the wake-up delivery")
+
+
+async def test_slots_owned_while_the_loop_sleeps_without_a_timer_are_drained(
+    async_queue: AsyncQueue,
+) -> None:
+    await async_queue.schedule_many([ScheduleRequest(f"m{i}", delay_ms=0) for i in range(20)])
+    # as after a previous owner: its blocking wait consumed the wake-ups, the backlog remains
+    await async_queue.redis.delete(*(slot_keys(TOPIC, s).key(Part.WAKE) for s in TOPIC.slots))
+    seen: set[str] = set()
+
+    async def handler(message: Message) -> None:
+        seen.add(message.id)
+
+    consumer = Consumer(async_queue, handler)
+    task = asyncio.create_task(consumer.run())
+    try:
+        await asyncio.sleep(0.05)  # let the loop go to sleep with no slot and no timer
+        await consumer.own(TOPIC.slots)
+        await wait_for(lambda: len(seen) == 20, 5, "the backlog of newly owned slots")
+    finally:
+        consumer.stop()
+        await asyncio.wait_for(task, 10)
 
 
 async def test_idle_slots_cost_one_blocking_call_and_no_claims(

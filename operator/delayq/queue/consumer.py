@@ -99,6 +99,7 @@ class Consumer:
             if slot not in self._slots:
                 self._slots[slot] = _SlotState(await self.queue.take_over(slot))
                 self._set_next(slot, 0)
+        self._changed.set()  # the loop may be asleep with no timer at all: claim the new slots now
         await self._interrupt_waker()
 
     async def release(self, slots: Iterable[int]) -> None:
