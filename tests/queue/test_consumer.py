@@ -192,6 +192,28 @@ async def test_in_flight_is_bounded_and_claims_stop_while_the_sink_is_slow(
     assert peak == 10
 
 
+async def test_release_waits_for_in_flight_acks_of_the_released_slots(
+    async_queue: AsyncQueue,
+) -> None:
+    gate = asyncio.Event()
+    started: list[str] = []
+
+    async def handler(message: Message) -> None:
+        started.append(message.id)
+        await gate.wait()
+
+    await async_queue.schedule("x", delay_ms=0)
+    async with running(async_queue, handler) as consumer:
+        await wait_for(lambda: started == ["x"], 5, "the delivery to start")
+        release = asyncio.create_task(consumer.release([TOPIC.slot_of("x")]))
+        await asyncio.sleep(0.05)  # an observation window: release must still be waiting
+        assert not release.done()
+        gate.set()
+        await asyncio.wait_for(release, 5)
+        # acked under the epoch it was claimed with, before the slot was handed on
+        assert (await async_queue.get("x")).state is State.ABSENT
+
+
 async def test_a_slot_taken_over_elsewhere_is_dropped(async_queue: AsyncQueue) -> None:
     lost: list[int] = []
     seen: list[str] = []

@@ -50,6 +50,7 @@ class ConsumerSettings:
     max_in_flight: int = 2000
     lease_ms: int | None = None  # default: the topic's ack timeout
     batch_concurrency: int = 64  # handlers running at once within one claimed batch
+    release_drain_s: float = 10.0  # how long releasing a slot waits for its in-flight acks
     backoff: Backoff = field(default_factory=Backoff)
 
 
@@ -79,7 +80,7 @@ class Consumer:
         self._stopping = False
         self._in_flight = 0
         self._capacity = asyncio.Condition()
-        self._tasks: set[asyncio.Task[None]] = set()
+        self._tasks: dict[asyncio.Task[None], int] = {}  # delivery task -> its slot
         # server clock estimate: server_ms ~= _server_base_ms + (monotonic - _local_base) * 1000
         self._server_base_ms = 0
         self._local_base = time.monotonic()
@@ -103,10 +104,15 @@ class Consumer:
         await self._interrupt_waker()
 
     async def release(self, slots: Iterable[int]) -> None:
-        """Stop claiming from slots; leases already handed out finish or expire on their own."""
-        for slot in slots:
+        """Stop claiming from slots, then wait (at most `release_drain_s`) for their in-flight
+        deliveries to be acked: the next owner's fence would reject those acks and redeliver."""
+        released = set(slots)
+        for slot in released:
             self._slots.pop(slot, None)
         await self._interrupt_waker()
+        draining = [task for task, slot in self._tasks.items() if slot in released]
+        if draining:
+            await asyncio.wait(draining, timeout=self.settings.release_drain_s)
 
     def epoch(self, slot: int) -> int | None:
         state = self._slots.get(slot)
@@ -210,8 +216,8 @@ class Consumer:
     def _deliver(self, batch: ClaimBatch) -> None:
         self._in_flight += len(batch.messages)
         task = asyncio.create_task(self._handle_batch(batch))
-        self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
+        self._tasks[task] = batch.slot
+        task.add_done_callback(lambda done: self._tasks.pop(done, None))
 
     async def _handle_batch(self, batch: ClaimBatch) -> None:
         """Run the batch's handlers on at most `batch_concurrency` workers, then ack and nack
