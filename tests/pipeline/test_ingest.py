@@ -125,8 +125,21 @@ def test_ingest_reports_what_the_server_clock_refuses(spark, redis_server, redis
 def test_ingest_parquet_counts_add_up(spark, redis_server, redis_client, tmp_path, partitions):
     source = spark.range(500).selectExpr("concat('p', id) as id", "id * 10 as delay")
     source.write.parquet(str(tmp_path / "in"))
-    target = RedisTarget(redis_server.url, "shop", "orders", SLOTS, LIMIT)
+    target = RedisTarget(redis_server.url, "shop", "orders", SLOTS, LIMIT, journal_maxlen=1000)
     data = spark.read.parquet(str(tmp_path / "in"))
     summary = ingest(spark, data, target, str(tmp_path / "rejects"), partitions=partitions)
     assert (summary.read, summary.scheduled, summary.rejected) == (500, 500, 0)
-    assert _stored(redis_client, target.to_topic()) == 500
+    topic = target.to_topic()
+    assert _stored(redis_client, topic) == 500
+    journaled = sum(redis_client.xlen(slot_keys(topic, s).key(Part.JOURNAL)) for s in topic.slots)
+    assert journaled == 500  # ingested messages are journaled like any other
+
+
+def test_ingest_configuration_errors_are_one_line(redis_server, tmp_path, capsys):
+    path = tmp_path / "in.csv"
+    path.write_text("key,delay\na,1\n")
+    assert main(_args(redis_server, path, tmp_path / "rejects", extra=["--map", "x=y"])) == 2
+    assert "bad mapping 'x=y'" in capsys.readouterr().err
+    bad_slots = [*_args(redis_server, path, tmp_path / "rejects"), "--slots", "12"]
+    assert main(bad_slots) == 2
+    assert "power of two" in capsys.readouterr().err

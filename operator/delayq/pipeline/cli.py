@@ -8,12 +8,16 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
+import sys
+from collections.abc import Callable
 from typing import Any
 
 from delayq.pipeline.spark import DEFAULT_MASTER
 from delayq.queue.topic import DEFAULT_MAX_PAYLOAD_BYTES
 
 DEFAULT_GRACE_MS = 60_000
+REDIS_URL_ENV = "DELAYQ_REDIS_URL"
 
 
 def register(subparsers: Any) -> None:
@@ -40,25 +44,51 @@ def register(subparsers: Any) -> None:
     ingest.add_argument("--rejects", required=True, help="directory for rejected rows (JSON)")
     ingest.add_argument("--partitions", type=int, default=None, help="writer tasks")
     ingest.add_argument("--master", default=DEFAULT_MASTER)
-    ingest.set_defaults(handler=run_ingest)
+    ingest.set_defaults(handler=_reporting_errors("ingest", run_ingest))
 
     archive = commands.add_parser("archive", help="append the lifecycle journal to Parquet")
     _topic_arguments(archive)
     archive.add_argument("--output", required=True, help="Parquet dataset directory")
     archive.add_argument("--checkpoint", required=True, help="directory of checkpoint files")
     archive.add_argument("--page-size", type=int, default=10_000, help="entries per XRANGE")
-    archive.set_defaults(handler=run_archive)
+    archive.set_defaults(handler=_reporting_errors("archive", run_archive))
 
     audit = commands.add_parser("audit", help="delivery report over the archived journal")
     audit.add_argument("--input", required=True, help="the archive's Parquet dataset")
     audit.add_argument("--output", required=True, help="directory for audit.json, audit.html")
     audit.add_argument("--grace-ms", type=int, default=DEFAULT_GRACE_MS)
     audit.add_argument("--master", default=DEFAULT_MASTER)
-    audit.set_defaults(handler=run_audit)
+    audit.set_defaults(handler=_reporting_errors("audit", run_audit))
+
+
+Handler = Callable[[argparse.Namespace], int]
+
+
+def _reporting_errors(command: str, handler: Handler) -> Handler:
+    """A configuration error (bad mapping, topic setting) is one line and exit code 2."""
+
+    def run(args: argparse.Namespace) -> int:
+        from delayq.pipeline.transforms import MappingError
+        from delayq.queue.topic import TopicError
+
+        try:
+            return handler(args)
+        except (MappingError, TopicError) as error:
+            print(f"delayq pipeline {command}: {error}", file=sys.stderr)
+            return 2
+
+    return run
 
 
 def _topic_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--redis", required=True, help="redis://host:port/db")
+    url = os.environ.get(REDIS_URL_ENV)
+    parser.add_argument(
+        "--redis",
+        required=url is None,
+        default=url,
+        help=f"redis://[:password@]host:port/db (default ${REDIS_URL_ENV}: keeps a password "
+        "out of the process list)",
+    )
     parser.add_argument("--namespace", default="default")
     parser.add_argument("--topic", required=True)
     parser.add_argument("--slots", type=int, required=True, help="the topic's slotAmount")
