@@ -205,6 +205,7 @@ async def test_unreachable_zookeeper_is_transient_with_backoff(
     assert failure.value.delay_s > 0
     write_status(api, failure.value.status)
     assert condition(api, "Provisioned")["reason"] == "ZooKeeperUnavailable"
+    assert get(api, STS, "orders-redis-0") is not None  # the pods still come up
 
 
 async def test_paused_topic_is_not_reconciled(

@@ -13,7 +13,7 @@ import pytest
 from delayq.kube import naming
 from delayq.kube.builders.common import BuildContext
 from delayq.kube.config import OperatorConfig
-from delayq.kube.operator import Runtime, build_registry
+from delayq.kube.operator import Runtime, run
 from tests.kube.conftest import DT, NAMESPACE
 from tests.kube.fakes import FakeRedis, FakeTopicStore
 from tests.kube.pods import add_redis_pods, add_service_pods
@@ -51,16 +51,13 @@ async def operator(
     settings = OperatorConfig(
         standalone=True,
         health_interval_s=0.2,
+        liveness_endpoint="",
         build=BuildContext(operator_namespace="delayq-system", default_zookeeper="zk:2181"),
         **config,  # type: ignore[arg-type]
     )
     runtime = Runtime(settings, login=lambda: connection, store=store, redis=redis_fake)
     stop = asyncio.Event()
-    task = asyncio.create_task(
-        kopf.operator(
-            registry=build_registry(runtime), clusterwide=True, standalone=True, stop_flag=stop
-        )
-    )
+    task = asyncio.create_task(run(settings, stop_flag=stop, runtime=runtime))
     try:
         yield
     finally:

@@ -26,13 +26,19 @@ def register(subparsers: Any) -> None:
     parser.add_argument(
         "--liveness", help="liveness endpoint URL, e.g. http://0.0.0.0:8080/healthz"
     )
+    parser.add_argument("--verbose", action="store_true", help="debug logging")
+    parser.add_argument("--json-logs", action="store_true", help="one JSON object per log line")
     parser.set_defaults(handler=run_operator)
 
 
 def run_operator(args: argparse.Namespace) -> int:
+    import kopf
+
     from delayq.kube.config import OperatorConfig
     from delayq.kube.operator import run
 
+    log_format = kopf.LogFormat.JSON if args.json_logs else kopf.LogFormat.FULL
+    kopf.configure(verbose=args.verbose, log_format=log_format)
     config = OperatorConfig.from_env()
     changes: dict[str, Any] = {}
     if args.namespaces:

@@ -109,4 +109,3 @@ def redis_selector(topic: str, broker: int | None = None) -> dict[str, str]:
 
 def master_selector(topic: str, broker: int) -> dict[str, str]:
     return {**redis_selector(topic, broker), LABEL_ROLE: ROLE_MASTER}
-

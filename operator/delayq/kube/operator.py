@@ -128,15 +128,23 @@ def build_registry(runtime: Runtime) -> kopf.OperatorRegistry:
     return registry
 
 
-async def run(config: OperatorConfig, stop_flag: asyncio.Event | None = None) -> None:
-    """Run the operator until stopped (the `delayq operator` command)."""
-    runtime = Runtime(config)
+async def run(
+    config: OperatorConfig,
+    stop_flag: asyncio.Event | None = None,
+    runtime: Runtime | None = None,
+) -> None:
+    """Run the operator until stopped (the `delayq operator` command; tests pass a runtime).
+
+    A peering name makes kopf's peering mandatory, which pauses every watch of a standalone
+    operator (no peering resources are ever found), so it is passed only when peering is on.
+    """
+    runtime = runtime or Runtime(config)
     await kopf.operator(
         registry=build_registry(runtime),
         clusterwide=config.clusterwide,
         namespaces=config.namespaces,
         standalone=config.standalone,
-        peering_name=config.peering,
+        peering_name=None if config.standalone else config.peering,
         liveness_endpoint=config.liveness_endpoint or None,
         stop_flag=stop_flag,
     )

@@ -53,7 +53,12 @@ class KazooTopicStore:
             client = self._clients.get(connect)
             if client is None:
                 client = KazooClient(hosts=connect, timeout=TIMEOUT_S)
-                client.start(timeout=TIMEOUT_S)
+                try:
+                    client.start(timeout=TIMEOUT_S)
+                except Exception:
+                    client.stop()  # a failed start keeps reconnecting in the background
+                    client.close()
+                    raise
                 self._clients[connect] = client
             return client
 

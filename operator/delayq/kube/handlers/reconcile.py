@@ -88,8 +88,6 @@ async def reconcile(deps: Deps, body: Mapping[str, Any], logger: Logger) -> dict
     slot_condition = slot_amount_condition(spec.slot_amount, applied)
     connect = zookeeper_connect(spec, deps.ctx)
     try:
-        current = await deps.store.read_routing(connect, spec.namespace, spec.name)
-        routing = plan_routing(applied, spec.brokers, current)
         credentials = await read_or_generate_credentials(deps, spec)
         with_monitor = await deps.kube.has_resource("monitoring.coreos.com/v1", "servicemonitors")
         manifests = render(body, spec, deps.ctx, credentials, applied, with_monitor)
@@ -97,6 +95,9 @@ async def reconcile(deps: Deps, body: Mapping[str, Any], logger: Logger) -> dict
             outcome = await ensure(deps.kube, manifest)
             if outcome != "unchanged":
                 logger.info("%s %s/%s", outcome, manifest["kind"], manifest["metadata"]["name"])
+        # ZooKeeper last: an unreachable ensemble must not stop the pods from coming up.
+        current = await deps.store.read_routing(connect, spec.namespace, spec.name)
+        routing = plan_routing(applied, spec.brokers, current)
         config = config_json(spec, deps.ctx, applied).encode()
         await deps.store.publish(connect, spec.namespace, spec.name, routing, config)
     except RoutingConflict as error:
