@@ -1,6 +1,7 @@
 """`delayq pipeline ingest | archive | audit`: argument parsing and wiring, nothing else.
 
-Spark and pyarrow are imported inside the handlers so the rest of the CLI starts fast.
+Spark and pyarrow are imported inside the handlers (the modules imported here load neither),
+so the rest of the CLI starts fast.
 Each command prints a human line on stderr and its summary as one JSON object on stdout.
 """
 
@@ -13,6 +14,8 @@ import sys
 from collections.abc import Callable
 from typing import Any
 
+from delayq.pipeline.archive import DEFAULT_PAGE_SIZE
+from delayq.pipeline.ingest import FORMATS
 from delayq.pipeline.spark import DEFAULT_MASTER
 from delayq.queue.topic import DEFAULT_MAX_PAYLOAD_BYTES
 
@@ -35,7 +38,7 @@ def register(subparsers: Any) -> None:
         help="the topic's journal bound (0 = off); pass the topic's value to journal the ingest",
     )
     ingest.add_argument("--input", required=True, help="file or directory to read")
-    ingest.add_argument("--format", required=True, choices=("parquet", "csv", "json"))
+    ingest.add_argument("--format", required=True, choices=FORMATS)
     ingest.add_argument(
         "--map",
         default="",
@@ -50,7 +53,9 @@ def register(subparsers: Any) -> None:
     _topic_arguments(archive)
     archive.add_argument("--output", required=True, help="Parquet dataset directory")
     archive.add_argument("--checkpoint", required=True, help="directory of checkpoint files")
-    archive.add_argument("--page-size", type=int, default=10_000, help="entries per XRANGE")
+    archive.add_argument(
+        "--page-size", type=int, default=DEFAULT_PAGE_SIZE, help="entries per XRANGE and file"
+    )
     archive.set_defaults(handler=_reporting_errors("archive", run_archive))
 
     audit = commands.add_parser("audit", help="delivery report over the archived journal")
