@@ -206,6 +206,7 @@ def archive_slot(
     page_size: int,
     summary: ArchiveSummary,
 ) -> None:
+    """Recover the slot's position, export its new entries page by page, then trim them."""
     key = slot_keys(dataset.topic, slot).key(Part.JOURNAL)
     saved = parse_id(positions[key]) if key in positions else None
     written = dataset.last_written(slot)
