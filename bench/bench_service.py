@@ -182,7 +182,7 @@ def fleet(
         ack_timeout_ms=args.ack_timeout_ms,
         zookeeper=env["zk"],
         zk_session_timeout_ms=4000,
-        log_level="WARNING",
+        log_level=args.log_level,
         grace_ms=5000,
     )
     processes = [
@@ -386,6 +386,7 @@ async def remaining(redis_url: str, config: ServiceConfig) -> dict[str, Any]:
 
 async def main_async(args: argparse.Namespace) -> dict[str, Any]:
     workdir = Path(tempfile.mkdtemp(prefix="delayq-bench-"))
+    print(f"bench: logs in {workdir}", file=sys.stderr, flush=True)
     result: dict[str, Any] = {
         "machine": {"cpus": os.cpu_count(), "loadavg_before": os.getloadavg()},
         "slots": SLOTS,
@@ -411,6 +412,7 @@ def main() -> int:
     parser.add_argument("--failover-rate", type=float, default=300.0)
     parser.add_argument("--failover-duration", type=float, default=30.0)
     parser.add_argument("--ack-timeout-ms", type=int, default=10_000, help="lease length")
+    parser.add_argument("--log-level", default="WARNING", help="of the serve processes")
     parser.add_argument("--receiver-port", type=int, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.receiver_port:
