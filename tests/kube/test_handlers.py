@@ -6,19 +6,24 @@ status patches they return are applied to the stored DelayTopic as kopf would.
 
 from __future__ import annotations
 
+import asyncio
+import copy
 import logging
 from typing import Any
 
 import kmock
+import kopf
 import pytest
 import redis
 
 from delayq.kube import naming
+from delayq.kube.config import OperatorConfig
 from delayq.kube.handlers.deletion import finalize
 from delayq.kube.handlers.deps import Deps
 from delayq.kube.handlers.errors import TopicFailure
 from delayq.kube.handlers.health import refresh
 from delayq.kube.handlers.reconcile import reconcile
+from delayq.kube.operator import Runtime, serialized
 from delayq.kube.redisctl import Depths, Replication
 from tests.kube.conftest import DT, NAMESPACE, Clock
 from tests.kube.fakes import FakeRedis, FakeTopicStore
@@ -360,3 +365,22 @@ async def test_health_pass_failures_are_transient(
         await refresh(deps, body(api), logger)
     assert not failure.value.permanent
     assert failure.value.delay_s > 0
+
+
+async def test_handlers_run_one_at_a_time_on_a_fresh_copy(
+    api: kmock.KubernetesEmulator, deps: Deps, redis_fake: FakeRedis, logger: logging.Logger
+) -> None:
+    put_topic(api, slotAmount=8)
+    await provision(api, deps, logger)
+    add_redis_pods(api, redis_fake, 0, 2)
+    stale = copy.deepcopy(body(api))  # what a timer started before the update would hold
+    update_spec(api, slotAmount=16)
+    runtime = Runtime(OperatorConfig(), store=deps.store, redis=deps.redis)
+    runtime.deps = deps
+    await asyncio.gather(
+        serialized(runtime, kopf.Body(stale), logger, refresh),
+        serialized(runtime, kopf.Body(stale), logger, reconcile),
+        serialized(runtime, kopf.Body(stale), logger, refresh),
+    )
+    assert condition(api, "Provisioned")["reason"] == "ReshardingNotSupported"
+    assert condition(api, "Ready")["reason"] == "ServingDegraded"

@@ -28,6 +28,7 @@ PLURALS = {
     "PodDisruptionBudget": "poddisruptionbudgets",
     "NetworkPolicy": "networkpolicies",
     "ServiceMonitor": "servicemonitors",
+    "DelayTopic": "delaytopics",
 }
 REQUEST_TIMEOUT_S = 30.0
 
@@ -118,6 +119,18 @@ class KubeClient:
         result: Manifest = await self._request(
             "PATCH",
             resource_path(api_version, kind, namespace, name),
+            patch,
+            content_type="application/merge-patch+json",
+        )
+        return result
+
+    async def patch_status(
+        self, api_version: str, kind: str, namespace: str, name: str, patch: Mapping[str, Any]
+    ) -> Manifest:
+        """Merge-patch the status subresource (the main resource ignores status changes)."""
+        result: Manifest = await self._request(
+            "PATCH",
+            resource_path(api_version, kind, namespace, name) + "/status",
             patch,
             content_type="application/merge-patch+json",
         )

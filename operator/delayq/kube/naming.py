@@ -9,6 +9,7 @@ from __future__ import annotations
 GROUP = "delayq.io"
 VERSION = "v1alpha1"
 PLURAL = "delaytopics"
+KIND = "DelayTopic"
 
 FINALIZER = "delayq.io/finalizer"
 PAUSED_ANNOTATION = "delayq.io/paused"

@@ -4,14 +4,15 @@ Everything is registered on a registry built here (not kopf's global one), so te
 own operator against the in-memory API with fake ZooKeeper and Redis, and the CLI builds the
 real one. Handler outcomes map to kopf as follows: a returned status patch is written; a
 permanent failure writes its status and raises kopf.PermanentError (no retry loop); a transient
-one writes its status and raises kopf.TemporaryError with a backoff delay.
+one writes its status and raises kopf.TemporaryError with a backoff delay. Status is written by
+the operator itself, serialized per topic (see `serialized`).
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -30,6 +31,7 @@ from delayq.kube.zk import KazooTopicStore, TopicStore
 
 Login = Callable[[], kopf.ConnectionInfo]
 RESOURCE = (naming.GROUP, naming.VERSION, naming.PLURAL)
+API_VERSION = f"{naming.GROUP}/{naming.VERSION}"
 
 
 def default_login() -> kopf.ConnectionInfo:
@@ -73,16 +75,36 @@ def configure(settings: kopf.OperatorSettings) -> None:
     settings.watching.connect_timeout = 30
 
 
-async def write_outcome(patch: kopf.Patch, work: Awaitable[dict[str, Any]]) -> None:
-    """Run `work`; write its status patch; translate TopicFailure for kopf."""
-    try:
-        status = await work
-    except TopicFailure as failure:
-        patch.status.update(failure.status)
-        if failure.permanent:
-            raise kopf.PermanentError(str(failure)) from None
-        raise kopf.TemporaryError(str(failure), delay=failure.delay_s) from None
-    patch.status.update(status)
+Work = Callable[[Deps, Mapping[str, Any], Logger], Awaitable[dict[str, Any]]]
+
+
+async def serialized(runtime: Runtime, body: kopf.Body, logger: Logger, work: Work) -> None:
+    """Run `work` on a fresh copy of the topic, one at a time per topic, and write its status.
+
+    kopf runs timers concurrently with change handlers, and both compute the whole condition
+    list from the body they were given; without the lock and the fresh read, a health pass that
+    started before a reconcile could write back the reconcile's old Provisioned condition.
+    The status is patched inside the lock (not through kopf's patch, which lands later).
+    """
+    deps = runtime.require()
+    namespace, name = body["metadata"]["namespace"], body["metadata"]["name"]
+    async with deps.lock(namespace, name):
+        fresh = await deps.kube.get(API_VERSION, naming.KIND, namespace, name)
+        if fresh is None or (fresh.get("metadata") or {}).get("deletionTimestamp"):
+            return  # deleted meanwhile: nothing left to reconcile or report
+        try:
+            status = await work(deps, fresh, logger)
+        except TopicFailure as failure:
+            await write_status(deps, namespace, name, failure.status)
+            if failure.permanent:
+                raise kopf.PermanentError(str(failure)) from None
+            raise kopf.TemporaryError(str(failure), delay=failure.delay_s) from None
+        await write_status(deps, namespace, name, status)
+
+
+async def write_status(deps: Deps, namespace: str, name: str, status: dict[str, Any]) -> None:
+    if status:
+        await deps.kube.patch_status(API_VERSION, naming.KIND, namespace, name, {"status": status})
 
 
 def build_registry(runtime: Runtime) -> kopf.OperatorRegistry:
@@ -114,12 +136,12 @@ def build_registry(runtime: Runtime) -> kopf.OperatorRegistry:
     @kopf.on.create(*RESOURCE, registry=registry, id="reconcile")
     @kopf.on.update(*RESOURCE, registry=registry, id="reconcile")
     @kopf.on.resume(*RESOURCE, registry=registry, id="reconcile")
-    async def on_change(body: kopf.Body, patch: kopf.Patch, logger: Logger, **_: Any) -> None:
-        await write_outcome(patch, reconcile(runtime.require(), body, logger))
+    async def on_change(body: kopf.Body, logger: Logger, **_: Any) -> None:
+        await serialized(runtime, body, logger, reconcile)
 
     @kopf.on.timer(*RESOURCE, registry=registry, id="health", interval=config.health_interval_s)
-    async def on_timer(body: kopf.Body, patch: kopf.Patch, logger: Logger, **_: Any) -> None:
-        await write_outcome(patch, refresh(runtime.require(), body, logger))
+    async def on_timer(body: kopf.Body, logger: Logger, **_: Any) -> None:
+        await serialized(runtime, body, logger, refresh)
 
     @kopf.on.delete(*RESOURCE, registry=registry, id="finalize", optional=config.optional_finalizer)
     async def on_delete(body: kopf.Body, logger: Logger, **_: Any) -> None:

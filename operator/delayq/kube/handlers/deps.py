@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import secrets
 import time
@@ -35,3 +36,8 @@ class Deps:
     generate: Callable[[], str] = generate_secret
     # (namespace, topic, broker) -> when its master was first seen missing (grace period start)
     master_missing_since: dict[tuple[str, str, int], float] = field(default_factory=dict)
+    locks: dict[tuple[str, str], asyncio.Lock] = field(default_factory=dict)
+
+    def lock(self, namespace: str, name: str) -> asyncio.Lock:
+        """One lock per topic: its handlers and timer never compute status concurrently."""
+        return self.locks.setdefault((namespace, name), asyncio.Lock())
