@@ -22,6 +22,7 @@ import signal
 import socket
 import ssl
 import subprocess
+import sys
 import time
 import urllib.error
 import urllib.request
@@ -577,3 +578,93 @@ def local_control_plane(
         raise
     finally:
         plane.stop()
+
+
+def service_account_kubeconfig(kube: Kube, namespace: str, account: str, path: Path) -> Path:
+    """A kubeconfig that authenticates as a ServiceAccount with a freshly issued token.
+
+    The local operator runs with exactly the chart's RBAC this way, so a missing permission
+    fails the e2e test the same way it would fail in a cluster.
+    """
+    admin = yaml.safe_load(kube.kubeconfig.read_text())
+    context = next(c["context"] for c in admin["contexts"]
+                   if c["name"] == admin["current-context"])
+    cluster = next(c["cluster"] for c in admin["clusters"] if c["name"] == context["cluster"])
+    token = kube.kubectl("create", "token", account, "-n", namespace,
+                         "--duration=6h").stdout.strip()
+    config = {
+        "apiVersion": "v1", "kind": "Config",
+        "clusters": [{"name": "e2e", "cluster": cluster}],
+        "users": [{"name": account, "user": {"token": token}}],
+        "contexts": [{"name": "e2e", "context": {"cluster": "e2e", "user": account,
+                                                 "namespace": namespace}}],
+        "current-context": "e2e",
+    }
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(yaml.safe_dump(config, sort_keys=False))
+    path.chmod(0o600)
+    return path
+
+
+@dataclass
+class LocalOperator:
+    """``delayq operator`` as a local process: the documented test-only way to run it.
+
+    Pods do not run under KWOK, so the operator Deployment the chart creates never executes;
+    this process does its job against the same API server, with the chart's ServiceAccount
+    token, watching only the given namespaces. It runs the checkout's code (``PYTHONPATH``), so
+    a fresh clone tests itself rather than whatever ``delayq`` happens to be installed.
+    """
+
+    repo: Path
+    kubeconfig: Path
+    namespaces: Sequence[str]
+    log_path: Path
+    env_overrides: dict[str, str] = field(default_factory=dict)
+    process: ManagedProcess | None = None
+
+    def start(self) -> LocalOperator:
+        """Start the operator and wait until its liveness endpoint answers."""
+        port = free_port()
+        env = dict(os.environ)
+        env.update({
+            "KUBECONFIG": str(self.kubeconfig),
+            "PYTHONPATH": os.pathsep.join(
+                [str(self.repo / "operator"), *filter(None, [env.get("PYTHONPATH")])]),
+            "PYTHONUNBUFFERED": "1",
+            **self.env_overrides,
+        })
+        # `delayq operator` leaves logging to its host (the container runtime collects
+        # stderr); here the log file is the only witness of what it did, so turn it on.
+        bootstrap = ("import logging, sys; logging.basicConfig(level=logging.INFO, "
+                     "format='%(asctime)s %(levelname)s %(name)s: %(message)s'); "
+                     "from delayq.cli import main; sys.exit(main())")
+        argv = [sys.executable, "-c", bootstrap,
+                "operator", "--standalone", f"--liveness=http://127.0.0.1:{port}/healthz"]
+        for namespace in self.namespaces:
+            argv += ["--namespace", namespace]
+        self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        with self.log_path.open("ab") as log:
+            popen = subprocess.Popen(
+                argv, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
+                env=env, start_new_session=True,
+            )
+        self.process = ManagedProcess("delayq-operator", popen, self.log_path)
+        wait_until(lambda: _http_ok(f"http://127.0.0.1:{port}/healthz"), timeout=60,
+                   what="the local operator's liveness endpoint", abort=self.process.exited)
+        return self
+
+    def kill(self) -> None:
+        """SIGKILL: a crash, with no chance to finish what it was doing."""
+        if self.process is not None and self.process.popen.poll() is None:
+            os.kill(self.process.pid, signal.SIGKILL)
+            self.process.popen.wait(timeout=15)
+
+    def stop(self) -> None:
+        """Graceful stop by PID (SIGTERM, then SIGKILL after the grace period)."""
+        if self.process is not None:
+            self.process.stop(grace=20)
+
+    def tail(self) -> str:
+        """The operator's log tail, for failure messages."""
+        return self.process.tail(60) if self.process is not None else "(not started)"
