@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import json
+import re
 import time
 
 import pytest
 
 from delayq.cli import main
+from delayq.pipeline import ingest as ingest_module
 from delayq.pipeline.ingest import ingest
 from delayq.pipeline.io_redis import TOO_FAR_REASON, RedisTarget
 from delayq.queue.client import Queue
@@ -122,12 +124,20 @@ def test_ingest_reports_what_the_server_clock_refuses(spark, redis_server, redis
 
 
 @pytest.mark.parametrize("partitions", [1, 3])
-def test_ingest_parquet_counts_add_up(spark, redis_server, redis_client, tmp_path, partitions):
+def test_ingest_parquet_counts_add_up(
+    spark, redis_server, redis_client, tmp_path, partitions, monkeypatch
+):
     source = spark.range(500).selectExpr("concat('p', id) as id", "id * 10 as delay")
     source.write.parquet(str(tmp_path / "in"))
     target = RedisTarget(redis_server.url, "shop", "orders", SLOTS, LIMIT, journal_maxlen=1000)
     data = spark.read.parquet(str(tmp_path / "in"))
-    summary = ingest(spark, data, target, str(tmp_path / "rejects"), partitions=partitions)
+    lines: list[str] = []
+    monkeypatch.setattr(ingest_module, "PROGRESS_INTERVAL_S", 0.01)
+    summary = ingest(
+        spark, data, target, str(tmp_path / "rejects"), partitions=partitions, report=lines.append
+    )
+    assert lines  # a Spark job lasts far longer than 10 ms
+    assert all(re.fullmatch(r"ingest: \d+ rows written in .* tasks \d+/\d+", x) for x in lines)
     assert (summary.read, summary.scheduled, summary.rejected) == (500, 500, 0)
     topic = target.to_topic()
     assert _stored(redis_client, topic) == 500

@@ -94,6 +94,21 @@ def test_validation_agrees_with_the_engine(spark):
         assert (result.reason is None) == _engine_accepts(*row), (row, result.reason)
 
 
+texts = st.text(alphabet=st.sampled_from("aé中🙂"), max_size=MAX_ID_BYTES // 2 + 8)
+delays = st.one_of(st.none(), st.integers(-2, 2), st.integers(MAX_DELAY_MS - 2, MAX_DELAY_MS + 2))
+
+
+@settings(max_examples=6, deadline=None)
+@given(st.lists(st.tuples(texts, st.integers(LIMIT - 4, LIMIT + 4), delays, delays), max_size=40))
+def test_validation_agrees_with_the_engine_on_generated_rows(spark, cases):
+    rows = [(i or None, "é" * (n // 2) + "x" * (n % 2), due, d) for i, n, due, d in cases]
+    if not rows:
+        return
+    validated = T.validate(T.canonical(spark.createDataFrame(rows, ROW_SCHEMA), {}), LIMIT, NOW_MS)
+    for row, result in zip(rows, validated.collect(), strict=True):
+        assert (result.reason is None) == _engine_accepts(*row), (row, result.reason)
+
+
 def test_validation_reasons_on_text_input(spark):
     rows = [
         ("a", "2026-11-22T10:00:00Z", None, '{"k": "v", "n": 1}'),

@@ -88,7 +88,7 @@ def ingest(
     )
     written = spark.sparkContext.accumulator(0)
     writer = partition_writer(target, progress=written)
-    with _Progress(written, started, report):
+    with _Progress(spark, written, started, report):
         results = good.rdd.mapPartitions(writer).collect()
     late = [(r.id, r.reason, r.source) for result in results for r in result.rejects]
     rejects = T.rejected_rows(validated).unionByName(spark.createDataFrame(late, REJECTS_SCHEMA))
@@ -105,9 +105,13 @@ def ingest(
 
 
 class _Progress:
-    """Reports the accumulator's row count from a daemon thread while the job runs."""
+    """Reports rows written (an accumulator: live, approximate) and task progress while the job
+    runs; the final counts come from the writers' results instead."""
 
-    def __init__(self, written: Any, started: float, report: Callable[[str], None] | None) -> None:
+    def __init__(
+        self, spark: Any, written: Any, started: float, report: Callable[[str], None] | None
+    ) -> None:
+        self.tracker = spark.sparkContext.statusTracker()
         self.written, self.started, self.report = written, started, report
         self.done = threading.Event()
         self.thread = threading.Thread(target=self._run, daemon=True, name="ingest-progress")
@@ -126,7 +130,17 @@ class _Progress:
         assert self.report is not None
         while not self.done.wait(PROGRESS_INTERVAL_S):
             rows, seconds = self.written.value, time.monotonic() - self.started
-            self.report(f"ingest: {rows} rows written in {seconds:.0f} s ({rows / seconds:,.0f}/s)")
+            self.report(
+                f"ingest: {rows} rows written in {seconds:.0f} s ({rows / seconds:,.0f}/s), "
+                f"tasks {self._tasks()}"
+            )
+
+    def _tasks(self) -> str:
+        """Done/total tasks of the running stages: moves before the first writer task ends."""
+        stages = [self.tracker.getStageInfo(i) for i in self.tracker.getActiveStageIds()]
+        stages = [stage for stage in stages if stage is not None]
+        done = sum(stage.numCompletedTasks for stage in stages)
+        return f"{done}/{sum(stage.numTasks for stage in stages)}"
 
 
 def stderr_report(line: str) -> None:
