@@ -143,6 +143,14 @@ def test_fractional_times_are_whole_milliseconds(spark):
     assert result["c"].reason == "unparseable due_at"
 
 
+def test_numeric_ids_and_payloads_are_their_text(spark):
+    df = spark.createDataFrame(
+        [(42, 7, 1000, 3)], "id long, payload int, delay long, slot_basis int"
+    )
+    [row] = T.good_rows(T.validate(T.canonical(df, {}), LIMIT, NOW_MS), 16).collect()
+    assert (row.id, row.payload, row.slot) == ("42", "7", slot_of("3", 16))
+
+
 def test_canonical_refuses_inputs_without_id_or_time(spark):
     df = spark.createDataFrame([("a", 1)], "key string, delay long")
     with pytest.raises(T.MappingError, match="no id column"):

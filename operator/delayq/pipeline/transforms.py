@@ -70,10 +70,17 @@ def canonical(df: DataFrame, mapping: Mapping[str, str]) -> DataFrame:
         raise MappingError(f"no id column {mapping.get(ID, ID)!r} in {df.columns}")
     if DUE_AT not in present and DELAY not in present:
         raise MappingError(f"neither a due_at nor a delay column in {df.columns}")
-    columns = [
-        F.col(f"`{present[name]}`").alias(name) if name in present else F.lit(None).alias(name)
-        for name in CANONICAL
-    ]
+
+    def column(name: str) -> Column:
+        if name not in present:
+            return F.lit(None).alias(name)
+        value = F.col(f"`{present[name]}`")
+        kind = df.schema[present[name]].dataType.typeName()
+        if name in (ID, SLOT_BASIS) or (name == PAYLOAD and kind != "binary"):
+            value = value.cast("string")  # a numeric id or payload means its decimal text
+        return value.alias(name)
+
+    columns = [column(name) for name in CANONICAL]
     source = F.to_json(F.struct(*[F.col(f"`{c}`") for c in df.columns])).alias(SOURCE)
     return df.select(*columns, source)
 
@@ -157,11 +164,11 @@ def validate(df: DataFrame, max_payload_bytes: int, now_ms: int) -> DataFrame:
     for failed, text in reversed(rules):  # the first failing rule names the reason
         reason = F.when(failed, text).otherwise(reason)
     return df.select(
-        F.col(ID).cast("string").alias(ID),
+        ID,
         PAYLOAD,
         F.when(has_due, due_ms).alias(DUE_MS),
         F.when(has_delay, delay_ms).alias(DELAY_MS),
-        F.col(SLOT_BASIS).cast("string").alias(SLOT_BASIS),
+        SLOT_BASIS,
         headers.alias(HEADERS),
         SOURCE,
         reason.alias(REASON),
