@@ -127,7 +127,9 @@ def test_ingest_reports_what_the_server_clock_refuses(spark, redis_server, redis
 def test_ingest_parquet_counts_add_up(
     spark, redis_server, redis_client, tmp_path, partitions, monkeypatch
 ):
-    source = spark.range(500).selectExpr("concat('p', id) as id", "id * 10 as delay")
+    source = spark.range(500).selectExpr(
+        "concat('p', id) as id", "id * 10 as delay", "cast(concat('b', id) as binary) as payload"
+    )
     source.write.parquet(str(tmp_path / "in"))
     target = RedisTarget(redis_server.url, "shop", "orders", SLOTS, LIMIT, journal_maxlen=1000)
     data = spark.read.parquet(str(tmp_path / "in"))
@@ -141,6 +143,7 @@ def test_ingest_parquet_counts_add_up(
     assert (summary.read, summary.scheduled, summary.rejected) == (500, 500, 0)
     topic = target.to_topic()
     assert _stored(redis_client, topic) == 500
+    assert Queue.from_url(redis_server.url, topic).get("p7").payload == b"b7"
     journaled = sum(redis_client.xlen(slot_keys(topic, s).key(Part.JOURNAL)) for s in topic.slots)
     assert journaled == 500  # ingested messages are journaled like any other
 
