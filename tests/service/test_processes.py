@@ -136,10 +136,11 @@ async def test_pull_over_real_http_and_sigterm_exit_0(
 
 
 @pytest.mark.slow
-async def test_zookeeper_fleet_shares_and_hands_over_slots(
+async def test_zookeeper_fleet_shares_then_hands_over_without_redelivery(
     redis_server: RedisServer,
     async_redis_client: redis.asyncio.Redis,
     zookeeper_server: Any,
+    receiver: Receiver,
     session: aiohttp.ClientSession,
     serving: list[ServeProcess],
     tmp_path: Path,
@@ -149,6 +150,8 @@ async def test_zookeeper_fleet_shares_and_hands_over_slots(
         config_for(
             redis_server,
             topic=topic,
+            topic_type="webhook",
+            webhook_url=receiver.url,
             zookeeper=zookeeper_server.hosts,
             member_id=f"m{i}",
             port=free_port(),
@@ -163,13 +166,21 @@ async def test_zookeeper_fleet_shares_and_hands_over_slots(
         return owned[0] > 0 and owned[1] > 0 and sum(owned) == 8
 
     await eventually(shared, 60, "two members sharing the 8 slots")
-    first.terminate()
+    messages = [{"id": f"g{i}", "delayMs": i * 10} for i in range(300)]
+    url = f"{second.url}/v1/topics/{topic}/messages/batch"
+    async with session.post(url, json={"messages": messages}) as response:
+        assert response.status == 200
+    await eventually(lambda: len(receiver.requests) >= 30, 10, "deliveries under way")
+    first.terminate()  # graceful: finish in flight, ack, then release the slots
     assert await exit_code(first) == 0
 
     async def all_moved() -> bool:
         return (await readiness(session, second))["ownedSlots"] == 8
 
     await eventually(all_moved, 30, "the survivor to own every slot")
+    await eventually(lambda: len(receiver.requests) >= 300, 30, "every message")
+    ids = [json.loads(body)["id"] for body in receiver.bodies()]
+    assert sorted(ids) == sorted(m["id"] for m in messages)  # each exactly once
 
 
 @pytest.mark.slow

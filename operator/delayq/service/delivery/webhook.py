@@ -46,7 +46,8 @@ class WebhookSink:
         self._session = aiohttp.ClientSession(
             timeout=aiohttp.ClientTimeout(total=timeout_ms / 1000),
             connector=aiohttp.TCPConnector(limit=concurrency),
-        )
+            cookie_jar=aiohttp.DummyCookieJar(),  # a receiver's cookies must not leak into
+        )  # later deliveries (and storing them costs time on every POST)
 
     async def deliver(self, message: Message) -> None:
         body = message_body(self.topic, message)
