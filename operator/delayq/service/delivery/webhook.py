@@ -43,11 +43,12 @@ class WebhookSink:
         self.member = member
         self.clock_ms = clock_ms
         self._limit = asyncio.Semaphore(concurrency)
+        # No cookie jar: a receiver's cookies must not ride along on later deliveries.
         self._session = aiohttp.ClientSession(
             timeout=aiohttp.ClientTimeout(total=timeout_ms / 1000),
             connector=aiohttp.TCPConnector(limit=concurrency),
-            cookie_jar=aiohttp.DummyCookieJar(),  # a receiver's cookies must not leak into
-        )  # later deliveries (and storing them costs time on every POST)
+            cookie_jar=aiohttp.DummyCookieJar(),
+        )
 
     async def deliver(self, message: Message) -> None:
         body = message_body(self.topic, message)
