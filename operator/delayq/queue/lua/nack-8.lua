@@ -23,7 +23,7 @@
     -2 STALE_EPOCH      the caller is not the current owner: nothing was changed (whole call)
     -3 LEASE_LOST       not leased under that attempt any more: nothing was changed for that id
 
-  Events: nacked, dead
+  Events: nacked (due = the retry's due time; the delivered due when it dies), dead
 ]]
 --@include common
 
@@ -50,8 +50,8 @@ for i = 4, #ARGV, 5 do
     results[#results + 1] = {-3, 0}
   else
     redis.call('ZREM', prepare, id)
-    journal(journal_key, journal_maxlen, 'nacked', id, now, due, attempts)
     if kill or attempts > max_retries then
+      journal(journal_key, journal_maxlen, 'nacked', id, now, due, attempts)
       redis.call('ZADD', dead, now, id)
       redis.call('HSET', reason, id, why)
       journal(journal_key, journal_maxlen, 'dead', id, now, due, attempts)
@@ -60,6 +60,7 @@ for i = 4, #ARGV, 5 do
       local retry_due = now + backoff_ms
       redis.call('HSET', msg, id, record_with(record, attempts, ''))
       redis.call('ZADD', store, retry_due, id)
+      journal(journal_key, journal_maxlen, 'nacked', id, now, retry_due, attempts)
       if earliest == nil or retry_due < earliest then earliest = retry_due end
       results[#results + 1] = {8, retry_due}
     end
