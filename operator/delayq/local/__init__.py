@@ -1,1 +1,1 @@
-"""Real server processes (redis-server, ZooKeeper) started on loopback for tests and `delayq dev`."""
+"""Real server processes (redis-server, ZooKeeper) on loopback, for tests and `delayq dev`."""

@@ -66,7 +66,10 @@ class RedisServer:
         config_path = self.directory / "redis.conf"
         config_path.write_text("".join(f"{key} {value}\n" for key, value in config.items()))
         self.process = subprocess.Popen(
-            [redis_server_binary(), str(config_path)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True
+            [redis_server_binary(), str(config_path)],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+            start_new_session=True,
         )
         wait_until(self._answers_ping, START_TIMEOUT_S, f"redis-server on port {self.port}")
         return self
