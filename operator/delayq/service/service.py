@@ -21,7 +21,6 @@ from delayq.coordination.ownership import EmbeddedOwnership, Ownership
 from delayq.queue.backoff import Backoff
 from delayq.queue.client import AsyncQueue
 from delayq.queue.consumer import Consumer, ConsumerSettings
-from delayq.queue.keys import Part, slot_keys
 from delayq.queue.model import Message
 from delayq.queue.topic import TopicType
 from delayq.service.brokers import Brokers, connect, default_routing, read_routing
@@ -143,25 +142,7 @@ class DelayService:
             return
         for broker, broker_slots in self.brokers.split(slots).items():
             consumer = self.consumers[broker]
-            if release:
-                await consumer.release(broker_slots)
-            else:
-                await consumer.own(broker_slots)
-                await self._wake(consumer, broker_slots)
-
-    async def _wake(self, consumer: Consumer, slots: list[int]) -> None:
-        """Mark newly owned slots on their wake lists so the Consumer claims them now.
-
-        `Consumer.own` schedules an immediate claim but does not wake a loop that is sleeping
-        with nothing else due, so a taken-over slot whose backlog is already due (its wake
-        marker consumed by the previous owner) would wait for an unrelated wake-up — forever on
-        an idle process. The marker is the engine's own wake-up signal; a spare one costs one
-        empty claim.
-        """
-        pipe = consumer.queue.redis.pipeline(transaction=False)
-        for slot in slots:
-            pipe.rpush(slot_keys(self.topic, slot).key(Part.WAKE), "1")
-        await pipe.execute()
+            await (consumer.release(broker_slots) if release else consumer.own(broker_slots))
 
     def _on_run_done(self, task: asyncio.Task[None]) -> None:
         """A Consumer's loop ends only on stop(); anything else (a Redis outage it does not
