@@ -1,21 +1,39 @@
-"""Fixtures for the operator tests: kmock as the Kubernetes API, fake ZooKeeper and Redis."""
+"""Fixtures for the operator tests: kmock as the Kubernetes API, real ZooKeeper and Redis.
+
+ZooKeeper is the session's real server (tests/conftest.py); the topics' trees are removed
+before each test. Redis pods are played by a module-wide pool of real redis-servers (see
+tests/kube/pods.py), reached through RedisCommands' test-only address map.
+"""
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import logging
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
 
 import kmock
 import kopf
 import pytest
+from kazoo.client import KazooClient
+from kazoo.exceptions import NoNodeError
 
 from delayq.kube.builders.common import BuildContext
 from delayq.kube.client import KubeClient
 from delayq.kube.handlers.deps import Deps
-from tests.kube.fakes import FakeRedis, FakeTopicStore
+from delayq.kube.redisctl import RedisCommands
+from delayq.kube.routing import Routing
+from delayq.kube.zk import KazooTopicStore, topic_root
+from delayq.local.ports import free_port
+from delayq.local.redis_server import RedisServer
+from delayq.local.zookeeper_server import ZooKeeperServer
+from tests.kube.pods import NAMESPACE, RedisPods
 
 DT = "delayq.io/v1alpha1/delaytopics"
-NAMESPACE = "shop"
+TOPICS = ("orders", "bad", "gone", "quiet")  # every topic name these tests create
+POOL_SIZE = 4  # the most Redis pods one test runs: 2 brokers x (master + 1 replica)
+# Bounds connecting to ZooKeeper and each call: an unreachable ensemble fails this fast.
+ZK_TIMEOUT_S = 2.0
 
 
 class Clock:
@@ -72,14 +90,100 @@ def connection(api: kmock.KubernetesEmulator) -> kopf.ConnectionInfo:
     return kopf.ConnectionInfo(server=str(api.url).rstrip("/"))
 
 
-@pytest.fixture
-def store() -> FakeTopicStore:
-    return FakeTopicStore()
+@pytest.fixture(scope="module")
+def redis_pool() -> Iterator[list[RedisServer]]:
+    """Real redis-servers for one test module; no diskless-sync delay, so replicas sync at once."""
+    servers: list[RedisServer] = []
+    try:
+        for _ in range(POOL_SIZE):
+            servers.append(RedisServer(extra_config={"repl-diskless-sync-delay": "0"}).start())
+        yield servers
+    finally:
+        for server in servers:
+            server.stop()
 
 
 @pytest.fixture
-def redis_fake() -> FakeRedis:
-    return FakeRedis()
+def redis_pods(api: kmock.KubernetesEmulator, redis_pool: list[RedisServer]) -> Iterator[RedisPods]:
+    pods = RedisPods(api, redis_pool)
+    try:
+        yield pods
+    finally:
+        pods.reset()
+
+
+@pytest.fixture
+def redis_commands(redis_pods: RedisPods) -> RedisCommands:
+    """The operator's real Redis client, with pod addresses mapped to the local servers."""
+    return RedisCommands(addresses=redis_pods)
+
+
+@pytest.fixture(scope="session")
+def zk_client(zookeeper_server: ZooKeeperServer) -> Iterator[KazooClient]:
+    """The tests' own view of ZooKeeper, to check what the operator really wrote."""
+    client = KazooClient(hosts=zookeeper_server.hosts)
+    client.start(timeout=30)
+    try:
+        yield client
+    finally:
+        client.stop()
+        client.close()
+
+
+@pytest.fixture
+def zk(zk_client: KazooClient) -> KazooClient:
+    """The ZooKeeper client, with the trees of this suite's topics removed first."""
+    for topic in TOPICS:
+        with contextlib.suppress(NoNodeError):
+            zk_client.delete(topic_root(NAMESPACE, topic), recursive=True)
+    return zk_client
+
+
+@pytest.fixture
+async def store(zk: KazooClient) -> AsyncIterator[KazooTopicStore]:
+    """The operator's real ZooKeeper writer."""
+    topic_store = KazooTopicStore(timeout_s=ZK_TIMEOUT_S)
+    yield topic_store
+    await asyncio.to_thread(topic_store.close)
+
+
+@pytest.fixture
+def zk_connect(zookeeper_server: ZooKeeperServer) -> str:
+    return zookeeper_server.hosts
+
+
+@pytest.fixture
+def dead_zookeeper() -> str:
+    """A connection string to a closed loopback port: an ensemble nobody can reach."""
+    return f"127.0.0.1:{free_port()}"
+
+
+def published_routing(zk: KazooClient, topic: str = "orders") -> Routing | None:
+    try:
+        data, _ = zk.get(f"{topic_root(NAMESPACE, topic)}/routing")
+    except NoNodeError:
+        return None
+    return Routing.from_json(data)
+
+
+def published_config(zk: KazooClient, topic: str = "orders") -> bytes:
+    data, _ = zk.get(f"{topic_root(NAMESPACE, topic)}/config")
+    return bytes(data)
+
+
+def topic_tree_exists(zk: KazooClient, topic: str = "orders") -> bool:
+    return zk.exists(topic_root(NAMESPACE, topic)) is not None
+
+
+def own_slots(zk: KazooClient, slots: int, topic: str = "orders") -> None:
+    """Owner nodes as the delay services create them when they take over slots."""
+    for slot in range(slots):
+        zk.create(
+            f"{topic_root(NAMESPACE, topic)}/owners/{slot}",
+            b"orders-service-0",
+            ephemeral=True,
+            makepath=True,
+        )
 
 
 @pytest.fixture
@@ -89,15 +193,19 @@ def clock() -> Clock:
 
 @pytest.fixture
 async def deps(
-    connection: kopf.ConnectionInfo, store: FakeTopicStore, redis_fake: FakeRedis, clock: Clock
+    connection: kopf.ConnectionInfo,
+    store: KazooTopicStore,
+    redis_commands: RedisCommands,
+    zk_connect: str,
+    clock: Clock,
 ) -> AsyncIterator[Deps]:
     secrets = iter(f"generated-{index}" for index in range(1000))
     kube = KubeClient(connection)
     yield Deps(
         kube=kube,
         store=store,
-        redis=redis_fake,
-        ctx=BuildContext(operator_namespace="delayq-system", default_zookeeper="zk:2181"),
+        redis=redis_commands,
+        ctx=BuildContext(operator_namespace="delayq-system", default_zookeeper=zk_connect),
         failover_grace_s=30.0,
         clock=clock,
         generate=lambda: next(secrets),

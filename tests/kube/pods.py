@@ -1,40 +1,201 @@
-"""Pods as a real cluster's controllers would create them (kmock runs no controllers)."""
+"""Pods as a real cluster's controllers would create them, each played by a real redis-server.
+
+kmock runs no controllers and there is no pod network, so `RedisPods` does what the kubelet and
+the cluster DNS would: it stores the pod in kmock with a pod IP, starts "its" Redis the way the
+chart's start script does (the labelled master as master, every other pod as a replica of the
+broker's master Service, with the Secret's password), and maps pod IPs and master Service names
+to the local servers for the operator's `RedisCommands(addresses=...)` (a test-only setting).
+"""
 
 from __future__ import annotations
 
+import base64
+import time
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
 import kmock
+import redis
 
 from delayq.kube import naming
-from delayq.kube.redisctl import Replication
-from tests.kube.conftest import NAMESPACE
-from tests.kube.fakes import FakeRedis
+from delayq.local.ports import free_port
+from delayq.local.redis_server import RedisServer
+from delayq.queue.client import Queue
+from delayq.queue.topic import Topic, slot_of
+
+NAMESPACE = "shop"
+LOOPBACK = "127.0.0.1"
+SYNC_TIMEOUT_S = 10.0
 
 
-def add_redis_pods(
-    api: kmock.KubernetesEmulator,
-    redis_fake: FakeRedis,
-    broker: int,
-    count: int,
-    master: int | None = None,
-    offsets: tuple[int, ...] = (),
+@dataclass
+class RedisPod:
+    name: str
+    broker: int
+    ip: str
+    server: RedisServer
+    reachable: bool = True
+
+
+class RedisPods(Mapping[str, tuple[str, int]]):
+    """The Redis pods of topic `orders`; as a Mapping: pod IP / Service host -> local address.
+
+    A pod's servers come from a pool of real redis-servers shared by the test module; `reset()`
+    restarts the ones a test used (Redis has no command that forgets a replication offset, and
+    a fresh process is what a fresh pod is), so every test starts from pristine servers.
+    """
+
+    def __init__(self, api: kmock.KubernetesEmulator, pool: Sequence[RedisServer]) -> None:
+        self.api = api
+        self.pool = list(pool)
+        self.pods: dict[str, RedisPod] = {}
+        self.closed_port = free_port()  # nothing listens here: an unreachable address
+
+    # --- the address map RedisCommands reads on every call ----------------------------------
+
+    def __getitem__(self, host: str) -> tuple[str, int]:
+        for pod in self.pods.values():
+            if pod.ip == host:
+                return (LOOPBACK, pod.server.port if pod.reachable else self.closed_port)
+        for broker in {pod.broker for pod in self.pods.values()}:
+            if host == master_service_host(broker):
+                master = self.labelled_master(broker)  # the Service selects by the role label
+                return self[master.ip] if master else (LOOPBACK, self.closed_port)
+        raise KeyError(host)
+
+    def __iter__(self) -> Iterator[str]:
+        yield from (pod.ip for pod in self.pods.values())
+        yield from sorted({master_service_host(pod.broker) for pod in self.pods.values()})
+
+    def __len__(self) -> int:
+        return len(list(iter(self)))
+
+    # --- pods -------------------------------------------------------------------------------
+
+    def add(self, broker: int, count: int, master: int | None = None) -> list[RedisPod]:
+        """Pods 0..count-1 of a broker, Ready, started as the chart's start script would."""
+        password = self.password()
+        added = []
+        for ordinal in range(count):
+            name = naming.redis_pod("orders", broker, ordinal)
+            labels = {
+                naming.LABEL_TOPIC: "orders",
+                naming.LABEL_COMPONENT: naming.COMPONENT_REDIS,
+                naming.LABEL_BROKER: str(broker),
+            }
+            if master == ordinal:
+                labels[naming.LABEL_ROLE] = naming.ROLE_MASTER
+            ip = f"10.0.{broker}.{ordinal}"
+            self.api.objects["v1/pods", NAMESPACE, name] = {
+                "metadata": {"name": name, "namespace": NAMESPACE, "labels": labels},
+                "status": {"podIP": ip, "conditions": [{"type": "Ready", "status": "True"}]},
+            }
+            if len(self.pods) >= len(self.pool):
+                raise AssertionError(f"only {len(self.pool)} redis-servers in the pool")
+            server = self.pool[len(self.pods)]
+            pod = self.pods[name] = RedisPod(name, broker, ip, server)
+            admin = redis.Redis(port=server.port)
+            admin.config_set("masterauth", password)
+            admin.config_set("requirepass", password)
+            admin.close()
+            added.append(pod)
+        for ordinal, pod in enumerate(added):
+            with self.client(pod.name) as client:
+                if ordinal == master:
+                    client.replicaof("NO", "ONE")
+                else:  # a replica of the master Service: of nothing while no pod is labelled
+                    client.replicaof(*self[master_service_host(broker)])
+        return added
+
+    def password(self) -> str:
+        """The Redis password from the Secret the operator generated (what the pods mount)."""
+        secret = self.api.objects["v1/secrets", NAMESPACE, naming.credentials_secret("orders")]
+        return base64.b64decode(secret.raw["data"][naming.SECRET_REDIS_PASSWORD]).decode()
+
+    def labelled_master(self, broker: int) -> RedisPod | None:
+        for pod in self.pods.values():
+            labels = self.api.objects["v1/pods", NAMESPACE, pod.name].raw["metadata"]["labels"]
+            if pod.broker == broker and labels.get(naming.LABEL_ROLE) == naming.ROLE_MASTER:
+                return pod
+        return None
+
+    def client(self, name: str) -> redis.Redis:
+        """A test's own connection to a pod's Redis (bypasses `reachable`)."""
+        return redis.Redis(port=self.pods[name].server.port, password=self.password())
+
+    def replication(self, name: str) -> dict[str, Any]:
+        """INFO replication of a pod's Redis, as it really is."""
+        with self.client(name) as client:
+            return dict(client.info("replication"))
+
+    def offset(self, name: str) -> int:
+        info = self.replication(name)
+        key = "master_repl_offset" if info["role"] == "master" else "slave_repl_offset"
+        return int(info.get(key, 0))
+
+    def replicates_from(self, name: str, master: str) -> bool:
+        info = self.replication(name)
+        return info["role"] == "slave" and int(info["master_port"]) == (
+            self.pods[master].server.port
+        )
+
+    def wait_for_offset(self, name: str, offset: int) -> None:
+        deadline = time.monotonic() + SYNC_TIMEOUT_S
+        while self.offset(name) < offset:
+            if time.monotonic() > deadline:
+                raise AssertionError(f"{name} did not replicate up to offset {offset}")
+            time.sleep(0.02)
+
+    def partition(self, name: str) -> None:
+        """The operator can no longer reach this pod's Redis; the server keeps running."""
+        self.pods[name].reachable = False
+
+    def heal(self, name: str) -> None:
+        self.pods[name].reachable = True
+
+    def cut_from_master(self, name: str) -> None:
+        """The replica's link to its master breaks: it stays a replica, its offset freezes."""
+        with self.client(name) as client:
+            client.replicaof(LOOPBACK, self.closed_port)
+
+    def reset(self) -> None:
+        """Restart the servers this test used: fresh pods for the next test."""
+        for pod in self.pods.values():
+            pod.server.stop()
+            pod.server.start()
+        self.pods.clear()
+
+    # --- data -------------------------------------------------------------------------------
+
+    def queue(self, name: str, slot_amount: int) -> Queue:
+        topic = Topic("orders", namespace=NAMESPACE, slot_amount=slot_amount)
+        return Queue(self.client(name), topic)
+
+
+def master_service_host(broker: int) -> str:
+    return f"{naming.redis_master_service('orders', broker)}.{NAMESPACE}.svc"
+
+
+def basis_for(slot: int, slot_amount: int) -> str:
+    """A slot basis that routes to `slot`."""
+    return next(f"k{i}" for i in range(10_000) if slot_of(f"k{i}", slot_amount) == slot)
+
+
+def fill(
+    queue: Queue, slots: Sequence[int], scheduled: int, prepared: int, prefix: str = "m"
 ) -> None:
-    for ordinal in range(count):
-        name = naming.redis_pod("orders", broker, ordinal)
-        labels = {
-            naming.LABEL_TOPIC: "orders",
-            naming.LABEL_COMPONENT: naming.COMPONENT_REDIS,
-            naming.LABEL_BROKER: str(broker),
-        }
-        if master == ordinal:
-            labels[naming.LABEL_ROLE] = naming.ROLE_MASTER
-        ip = f"10.0.{broker}.{ordinal}"
-        api.objects["v1/pods", NAMESPACE, name] = {
-            "metadata": {"name": name, "namespace": NAMESPACE, "labels": labels},
-            "status": {"podIP": ip, "conditions": [{"type": "Ready", "status": "True"}]},
-        }
-        offset = offsets[ordinal] if ordinal < len(offsets) else 0
-        role = "master" if master == ordinal else "slave"
-        redis_fake.nodes[ip] = Replication(role, offset, offset)
+    """Real messages on a master: `scheduled` still delayed, `prepared` claimed by a worker."""
+    slot_amount = queue.topic.slot_amount
+    for index in range(scheduled):
+        basis = basis_for(slots[index % len(slots)], slot_amount)
+        queue.schedule(f"{prefix}-later-{index}", b"x", delay_ms=3_600_000, slot_basis=basis)
+    for index in range(prepared):
+        slot = slots[index % len(slots)]
+        basis = basis_for(slot, slot_amount)
+        queue.schedule(f"{prefix}-due-{index}", b"x", delay_ms=0, slot_basis=basis)
+        epoch = queue.take_over(slot)
+        assert len(queue.claim(slot, epoch, max_count=1).messages) == 1
 
 
 def set_pod_ready(api: kmock.KubernetesEmulator, name: str, ready: bool) -> None:

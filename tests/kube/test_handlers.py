@@ -1,20 +1,23 @@
-"""Handler bodies against kmock (the Kubernetes API) with fake ZooKeeper and Redis.
+"""Handler bodies against kmock (the Kubernetes API) with real ZooKeeper and Redis servers.
 
 The handlers are called directly, the way the kopf wrappers in operator.py call them, and the
-status patches they return are applied to the stored DelayTopic as kopf would.
+status patches they return are applied to the stored DelayTopic as kopf would. What they did
+outside Kubernetes is read back from the real servers: the nodes in ZooKeeper, and each Redis
+pod's `INFO replication` (its pods are local redis-servers, see pods.py).
 """
 
 from __future__ import annotations
 
 import asyncio
 import copy
+import dataclasses
 import logging
 from typing import Any
 
 import kmock
 import kopf
 import pytest
-import redis
+from kazoo.client import KazooClient
 
 from delayq.kube import naming
 from delayq.kube.config import OperatorConfig
@@ -24,13 +27,19 @@ from delayq.kube.handlers.errors import TopicFailure
 from delayq.kube.handlers.health import refresh
 from delayq.kube.handlers.reconcile import reconcile
 from delayq.kube.operator import Runtime, serialized
-from delayq.kube.redisctl import Depths, Replication
-from tests.kube.conftest import DT, NAMESPACE, Clock
-from tests.kube.fakes import FakeRedis, FakeTopicStore
-from tests.kube.pods import add_redis_pods, add_service_pods, set_pod_ready
+from delayq.kube.zk import topic_root
+from tests.kube.conftest import (
+    DT,
+    NAMESPACE,
+    Clock,
+    own_slots,
+    published_config,
+    published_routing,
+    topic_tree_exists,
+)
+from tests.kube.pods import RedisPods, add_service_pods, fill, set_pod_ready
 
 STS = "apps/v1/statefulsets"
-ZK = ("zk:2181", NAMESPACE, "orders")
 
 
 def put_topic(api: kmock.KubernetesEmulator, name: str = "orders", **spec: Any) -> None:
@@ -83,7 +92,7 @@ async def provision(api: kmock.KubernetesEmulator, deps: Deps, logger: logging.L
 
 
 async def test_create_provisions_everything_and_publishes_routing(
-    api: kmock.KubernetesEmulator, deps: Deps, store: FakeTopicStore, logger: logging.Logger
+    api: kmock.KubernetesEmulator, deps: Deps, zk: KazooClient, logger: logging.Logger
 ) -> None:
     put_topic(api, brokers=2, replicasPerBroker=1, slotAmount=8)
     await provision(api, deps, logger)
@@ -92,8 +101,10 @@ async def test_create_provisions_everything_and_publishes_routing(
     assert get(api, "v1/secrets", "orders-credentials") is not None
     assert get(api, "networking.k8s.io/v1/networkpolicies", "orders-redis") is not None
     assert get(api, "monitoring.coreos.com/v1/servicemonitors", "orders-api") is None
-    assert store.routing[ZK].brokers == (0, 0, 0, 0, 1, 1, 1, 1)
-    assert b'"slotAmount": 8' in store.config[ZK]
+    routing = published_routing(zk)
+    assert routing is not None
+    assert routing.brokers == (0, 0, 0, 0, 1, 1, 1, 1)
+    assert b'"slotAmount": 8' in published_config(zk)
     status = body(api)["status"]
     assert status["observedGeneration"] == 1
     assert status["appliedSlotAmount"] == 8
@@ -138,7 +149,7 @@ async def test_second_reconcile_writes_nothing(
 
 
 async def test_more_brokers_and_replicas_roll_out_without_moving_slots(
-    api: kmock.KubernetesEmulator, deps: Deps, store: FakeTopicStore, logger: logging.Logger
+    api: kmock.KubernetesEmulator, deps: Deps, zk: KazooClient, logger: logging.Logger
 ) -> None:
     put_topic(api, brokers=1, replicasPerBroker=0, slotAmount=4)
     await provision(api, deps, logger)
@@ -147,12 +158,14 @@ async def test_more_brokers_and_replicas_roll_out_without_moving_slots(
     assert get(api, STS, "orders-redis-0")["spec"]["replicas"] == 3
     assert get(api, STS, "orders-redis-1")["spec"]["replicas"] == 3
     assert get(api, STS, "orders-service")["spec"]["replicas"] == 2
-    assert store.routing[ZK].brokers == (0, 0, 0, 0)  # messages stay where they are
-    assert store.routing[ZK].broker_count == 2
+    routing = published_routing(zk)
+    assert routing is not None
+    assert routing.brokers == (0, 0, 0, 0)  # messages stay where they are
+    assert routing.broker_count == 2
 
 
 async def test_slot_amount_growth_is_refused_with_a_condition(
-    api: kmock.KubernetesEmulator, deps: Deps, store: FakeTopicStore, logger: logging.Logger
+    api: kmock.KubernetesEmulator, deps: Deps, zk: KazooClient, logger: logging.Logger
 ) -> None:
     put_topic(api, slotAmount=8)
     await provision(api, deps, logger)
@@ -163,7 +176,10 @@ async def test_slot_amount_growth_is_refused_with_a_condition(
     assert provisioned["reason"] == "ReshardingNotSupported"
     assert "keeps serving 8 slots" in provisioned["message"]
     assert body(api)["status"]["appliedSlotAmount"] == 8
-    assert store.routing[ZK].slot_amount == 8
+    routing = published_routing(zk)
+    assert routing is not None
+    assert routing.slot_amount == 8
+    assert b'"slotAmount": 8' in published_config(zk)
     assert body(api)["status"]["observedGeneration"] == 2
 
 
@@ -200,10 +216,9 @@ async def test_invalid_spec_is_a_permanent_failure_with_a_reason(
 
 
 async def test_unreachable_zookeeper_is_transient_with_backoff(
-    api: kmock.KubernetesEmulator, deps: Deps, store: FakeTopicStore, logger: logging.Logger
+    api: kmock.KubernetesEmulator, deps: Deps, dead_zookeeper: str, logger: logging.Logger
 ) -> None:
-    put_topic(api)
-    store.fail = True
+    put_topic(api, zookeeper={"connect": dead_zookeeper})
     with pytest.raises(TopicFailure) as failure:
         await reconcile(deps, body(api), logger)
     assert not failure.value.permanent
@@ -214,7 +229,7 @@ async def test_unreachable_zookeeper_is_transient_with_backoff(
 
 
 async def test_paused_topic_is_not_reconciled(
-    api: kmock.KubernetesEmulator, deps: Deps, store: FakeTopicStore, logger: logging.Logger
+    api: kmock.KubernetesEmulator, deps: Deps, zk: KazooClient, logger: logging.Logger
 ) -> None:
     put_topic(api)
     api.objects[DT, NAMESPACE, "orders"].patch(
@@ -222,7 +237,7 @@ async def test_paused_topic_is_not_reconciled(
     )
     await provision(api, deps, logger)
     assert get(api, STS, "orders-service") is None
-    assert store.routing == {}
+    assert not topic_tree_exists(zk)  # nothing published
     assert condition(api, "Provisioned")["reason"] == "Paused"
     assert await refresh(deps, body(api), logger) == {}
 
@@ -233,56 +248,77 @@ async def test_paused_topic_is_not_reconciled(
 async def test_health_elects_masters_and_reports_ready(
     api: kmock.KubernetesEmulator,
     deps: Deps,
-    store: FakeTopicStore,
-    redis_fake: FakeRedis,
+    zk: KazooClient,
+    redis_pods: RedisPods,
     logger: logging.Logger,
 ) -> None:
     put_topic(api, brokers=2, slotAmount=4)
     await provision(api, deps, logger)
-    add_redis_pods(api, redis_fake, 0, 2)
-    add_redis_pods(api, redis_fake, 1, 2)
+    redis_pods.add(0, 2)  # fresh pods: replicas of a master Service that selects nothing yet
+    redis_pods.add(1, 2)
     add_service_pods(api, 2)
-    store.owners[ZK] = 4
-    redis_fake.depth = Depths(scheduled=5, prepared=1, dead=0)
+    own_slots(zk, 4)
     write_status(api, await refresh(deps, body(api), logger))
-    assert ("promote", "10.0.0.0") in redis_fake.commands
+    assert redis_pods.replication("orders-redis-0-0")["role"] == "master"  # promoted
+    assert redis_pods.replication("orders-redis-0-1")["role"] == "slave"
     pod = get(api, "v1/pods", "orders-redis-0-0")
     assert pod["metadata"]["labels"][naming.LABEL_ROLE] == naming.ROLE_MASTER
     status = body(api)["status"]
     assert [b["masterPod"] for b in status["brokers"]] == ["orders-redis-0-0", "orders-redis-1-0"]
     assert status["brokers"][0]["replicasReady"] == 1
     assert status["slots"] == {"total": 4, "owned": 4, "unowned": 0}
-    assert status["depths"] == {"scheduled": 10, "prepared": 2, "dead": 0}
     assert condition(api, "Ready")["reason"] == "Serving"
     assert condition(api, "Degraded")["status"] == "False"
-    # A second pass with nothing changed writes nothing.
+
+    # Real messages on each elected master: 5 still delayed and 1 claimed by a worker.
+    routing = published_routing(zk)
+    assert routing is not None
+    for broker, master in enumerate(("orders-redis-0-0", "orders-redis-1-0")):
+        queue = redis_pods.queue(master, slot_amount=4)
+        fill(queue, routing.slots_of(broker), scheduled=5, prepared=1)
+        queue.close()
+    write_status(api, await refresh(deps, body(api), logger))
+    assert body(api)["status"]["depths"] == {"scheduled": 10, "prepared": 2, "dead": 0}
+    # A pass with nothing changed writes nothing.
     assert await refresh(deps, body(api), logger) == {}
 
 
 async def test_failover_promotes_highest_offset_after_grace_and_fences_old_master(
     api: kmock.KubernetesEmulator,
     deps: Deps,
-    redis_fake: FakeRedis,
+    redis_pods: RedisPods,
     clock: Clock,
     logger: logging.Logger,
 ) -> None:
     put_topic(api, replicasPerBroker=2)
     await provision(api, deps, logger)
-    add_redis_pods(api, redis_fake, 0, 3, master=0, offsets=(500, 300, 400))
+    redis_pods.add(0, 3, master=0)
     add_service_pods(api, 1)
+    # Real replication offsets: both replicas sync, 0-1 loses its link, 0-2 follows further.
+    queue = redis_pods.queue("orders-redis-0-0", body(api)["status"]["appliedSlotAmount"])
+    fill(queue, [0], scheduled=3, prepared=0, prefix="first")
+    for replica in ("orders-redis-0-1", "orders-redis-0-2"):
+        redis_pods.wait_for_offset(replica, redis_pods.offset("orders-redis-0-0"))
+    redis_pods.cut_from_master("orders-redis-0-1")
+    fill(queue, [0], scheduled=3, prepared=0, prefix="second")
+    queue.close()
+    redis_pods.wait_for_offset("orders-redis-0-2", redis_pods.offset("orders-redis-0-0"))
+    assert redis_pods.offset("orders-redis-0-2") > redis_pods.offset("orders-redis-0-1")
     write_status(api, await refresh(deps, body(api), logger))
     assert body(api)["status"]["brokers"][0]["masterPod"] == "orders-redis-0-0"
 
+    # The master's pod is not ready and the operator cannot reach its Redis (a partition).
     set_pod_ready(api, "orders-redis-0-0", False)
-    del redis_fake.nodes["10.0.0.0"]
+    redis_pods.partition("orders-redis-0-0")
     write_status(api, await refresh(deps, body(api), logger))
     assert condition(api, "Ready")["reason"] == "BrokersUnavailable"
     assert body(api)["status"]["brokers"][0]["state"] == "MasterMissing"
-    assert ("promote", "10.0.0.2") not in redis_fake.commands  # still within the grace
+    assert redis_pods.replication("orders-redis-0-2")["role"] == "slave"  # still within grace
 
     clock.now += deps.failover_grace_s + 1
     write_status(api, await refresh(deps, body(api), logger))
-    assert ("promote", "10.0.0.2") in redis_fake.commands  # offset 400 beats 300
+    assert redis_pods.replication("orders-redis-0-2")["role"] == "master"  # its offset is higher
+    assert redis_pods.replication("orders-redis-0-1")["role"] == "slave"
     labels = lambda name: get(api, "v1/pods", name)["metadata"]["labels"]  # noqa: E731
     assert labels("orders-redis-0-2")[naming.LABEL_ROLE] == naming.ROLE_MASTER
     assert labels("orders-redis-0-0")[naming.LABEL_ROLE] == naming.ROLE_REPLICA
@@ -290,11 +326,15 @@ async def test_failover_promotes_highest_offset_after_grace_and_fences_old_maste
     assert broker["masterPod"] == "orders-redis-0-2"
     assert broker["lastFailoverTime"]
 
-    # The old master returns, still acting as master: it is demoted, not promoted.
+    # The old master returns, still acting as master with the most data: it is demoted to a
+    # replica of the new master (through the master Service), not promoted.
     set_pod_ready(api, "orders-redis-0-0", True)
-    redis_fake.nodes["10.0.0.0"] = Replication("master", 500, 500)
+    redis_pods.heal("orders-redis-0-0")
+    assert redis_pods.replication("orders-redis-0-0")["role"] == "master"
+    assert redis_pods.offset("orders-redis-0-0") >= redis_pods.offset("orders-redis-0-2")
     write_status(api, await refresh(deps, body(api), logger))
-    assert ("demote", "10.0.0.0", "orders-redis-0.shop.svc") in redis_fake.commands
+    assert redis_pods.replicates_from("orders-redis-0-0", "orders-redis-0-2")
+    assert redis_pods.replication("orders-redis-0-2")["role"] == "master"
     assert labels("orders-redis-0-2")[naming.LABEL_ROLE] == naming.ROLE_MASTER
     assert condition(api, "Ready")["status"] == "True"
 
@@ -313,66 +353,63 @@ def add_claim(api: kmock.KubernetesEmulator, name: str) -> None:
 
 
 async def test_delete_policy_removes_volumes_and_zookeeper_tree(
-    api: kmock.KubernetesEmulator, deps: Deps, store: FakeTopicStore, logger: logging.Logger
+    api: kmock.KubernetesEmulator, deps: Deps, zk: KazooClient, logger: logging.Logger
 ) -> None:
     put_topic(api, deletionPolicy="Delete")
     await provision(api, deps, logger)
+    assert topic_tree_exists(zk)
     add_claim(api, "data-orders-redis-0-0")
     await finalize(deps, body(api), logger)
     assert get(api, "v1/persistentvolumeclaims", "data-orders-redis-0-0") is None
-    assert store.deleted == [ZK]
+    assert not topic_tree_exists(zk)
 
 
 async def test_retain_policy_keeps_volumes(
-    api: kmock.KubernetesEmulator, deps: Deps, store: FakeTopicStore, logger: logging.Logger
+    api: kmock.KubernetesEmulator, deps: Deps, zk: KazooClient, logger: logging.Logger
 ) -> None:
     put_topic(api)
     add_claim(api, "data-orders-redis-0-0")
+    zk.create(f"{topic_root(NAMESPACE, 'orders')}/routing", b"{}", makepath=True)
     await finalize(deps, body(api), logger)
     assert get(api, "v1/persistentvolumeclaims", "data-orders-redis-0-0") is not None
-    assert store.deleted == [ZK]
+    assert not topic_tree_exists(zk)  # the ZooKeeper tree goes with either policy
 
 
 async def test_deletion_never_hangs_when_zookeeper_is_gone(
     api: kmock.KubernetesEmulator,
     deps: Deps,
-    store: FakeTopicStore,
+    dead_zookeeper: str,
     logger: logging.Logger,
     caplog: pytest.LogCaptureFixture,
 ) -> None:
     put_topic(api, topicType="bogus")  # even an invalid spec must not block deletion
-    store.fail = True
+    deps.ctx = dataclasses.replace(deps.ctx, default_zookeeper=dead_zookeeper)
     await finalize(deps, body(api), logger)  # returns: the finalizer is released
     assert "releasing the finalizer anyway" in caplog.text
 
 
 async def test_health_pass_failures_are_transient(
-    api: kmock.KubernetesEmulator,
-    deps: Deps,
-    redis_fake: FakeRedis,
-    logger: logging.Logger,
-    monkeypatch: pytest.MonkeyPatch,
+    api: kmock.KubernetesEmulator, deps: Deps, redis_pods: RedisPods, logger: logging.Logger
 ) -> None:
     put_topic(api)
     await provision(api, deps, logger)
-    add_redis_pods(api, redis_fake, 0, 2)
-
-    async def unreachable(host: str, password: str) -> None:
-        raise redis.ConnectionError(f"{host} went away")
-
-    monkeypatch.setattr(redis_fake, "promote", unreachable)
+    redis_pods.add(0, 2)
+    # The pod answers INFO but its Redis refuses the promotion: a real command failure.
+    with redis_pods.client("orders-redis-0-0") as client:
+        client.execute_command("ACL", "SETUSER", "default", "-replicaof")
     with pytest.raises(TopicFailure) as failure:
         await refresh(deps, body(api), logger)
     assert not failure.value.permanent
     assert failure.value.delay_s > 0
+    assert redis_pods.replication("orders-redis-0-0")["role"] == "slave"
 
 
 async def test_handlers_run_one_at_a_time_on_a_fresh_copy(
-    api: kmock.KubernetesEmulator, deps: Deps, redis_fake: FakeRedis, logger: logging.Logger
+    api: kmock.KubernetesEmulator, deps: Deps, redis_pods: RedisPods, logger: logging.Logger
 ) -> None:
     put_topic(api, slotAmount=8)
     await provision(api, deps, logger)
-    add_redis_pods(api, redis_fake, 0, 2)
+    redis_pods.add(0, 2)
     stale = copy.deepcopy(body(api))  # what a timer started before the update would hold
     update_spec(api, slotAmount=16)
     runtime = Runtime(OperatorConfig(), store=deps.store, redis=deps.redis)

@@ -1,4 +1,6 @@
-"""The whole operator (kopf + our registry) against the in-memory Kubernetes API (kmock)."""
+"""The whole operator (kopf + our registry) against the in-memory Kubernetes API (kmock).
+
+ZooKeeper and the Redis pods are real servers (see conftest.py and pods.py)."""
 
 from __future__ import annotations
 
@@ -9,14 +11,22 @@ from collections.abc import AsyncIterator, Callable
 import kmock
 import kopf
 import pytest
+from kazoo.client import KazooClient
 
 from delayq.kube import naming
 from delayq.kube.builders.common import BuildContext
 from delayq.kube.config import OperatorConfig
 from delayq.kube.operator import Runtime, run
-from tests.kube.conftest import DT, NAMESPACE
-from tests.kube.fakes import FakeRedis, FakeTopicStore
-from tests.kube.pods import add_redis_pods, add_service_pods
+from delayq.kube.redisctl import RedisCommands
+from delayq.kube.zk import KazooTopicStore
+from tests.kube.conftest import (
+    DT,
+    NAMESPACE,
+    own_slots,
+    published_routing,
+    topic_tree_exists,
+)
+from tests.kube.pods import RedisPods, add_service_pods
 
 TOPIC_PATH = f"/apis/delayq.io/v1alpha1/namespaces/{NAMESPACE}/delaytopics"
 
@@ -46,16 +56,20 @@ async def eventually(check: Callable[[], bool], what: str, timeout_s: float = 10
 
 @contextlib.asynccontextmanager
 async def operator(
-    connection: kopf.ConnectionInfo, store: FakeTopicStore, redis_fake: FakeRedis, **config: object
+    connection: kopf.ConnectionInfo,
+    store: KazooTopicStore,
+    redis_commands: RedisCommands,
+    zk_connect: str,
+    **config: object,
 ) -> AsyncIterator[None]:
     settings = OperatorConfig(
         standalone=True,
         health_interval_s=0.2,
         liveness_endpoint="",
-        build=BuildContext(operator_namespace="delayq-system", default_zookeeper="zk:2181"),
+        build=BuildContext(operator_namespace="delayq-system", default_zookeeper=zk_connect),
         **config,  # type: ignore[arg-type]
     )
-    runtime = Runtime(settings, login=lambda: connection, store=store, redis=redis_fake)
+    runtime = Runtime(settings, login=lambda: connection, store=store, redis=redis_commands)
     stop = asyncio.Event()
     task = asyncio.create_task(run(settings, stop_flag=stop, runtime=runtime))
     try:
@@ -75,10 +89,13 @@ def stored(api: kmock.KubernetesEmulator, resource: str, name: str) -> bool:
 async def test_create_provisions_children_and_status(
     api: kmock.KubernetesEmulator,
     connection: kopf.ConnectionInfo,
-    store: FakeTopicStore,
-    redis_fake: FakeRedis,
+    store: KazooTopicStore,
+    redis_commands: RedisCommands,
+    redis_pods: RedisPods,
+    zk: KazooClient,
+    zk_connect: str,
 ) -> None:
-    async with operator(connection, store, redis_fake):
+    async with operator(connection, store, redis_commands, zk_connect):
         response = await api.post(TOPIC_PATH, json=topic("orders", brokers=2, slotAmount=16))
         assert response.status < 300
         await eventually(lambda: stored(api, "apps/v1/statefulsets", "orders-service"), "children")
@@ -93,15 +110,19 @@ async def test_create_provisions_children_and_status(
             assert stored(api, "apps/v1/statefulsets", f"orders-redis-{broker}")
         dt = api.objects[DT, NAMESPACE, "orders"]
         assert naming.FINALIZER in dt["metadata"]["finalizers"]
-        assert store.routing["zk:2181", NAMESPACE, "orders"].slots_per_broker() == {0: 8, 1: 8}
+        routing = published_routing(zk)
+        assert routing is not None
+        assert routing.slots_per_broker() == {0: 8, 1: 8}
 
         # The pods come up (a real cluster's controllers would do this): the timer elects
         # masters and reports Ready.
         for broker in (0, 1):
-            add_redis_pods(api, redis_fake, broker, 2)
+            redis_pods.add(broker, 2)
         add_service_pods(api, 2)
-        store.owners["zk:2181", NAMESPACE, "orders"] = 16
+        own_slots(zk, 16)
         await eventually(lambda: ready_reason(api, "orders") == "Serving", "Ready=True")
+        for broker in (0, 1):
+            assert redis_pods.replication(f"orders-redis-{broker}-0")["role"] == "master"
 
         # An update through the API adds a broker: kopf's update handler provisions it.
         await api.patch(
@@ -122,14 +143,15 @@ def ready_reason(api: kmock.KubernetesEmulator, name: str) -> str | None:
 async def test_invalid_spec_gets_a_reason_and_no_retry_loop(
     api: kmock.KubernetesEmulator,
     connection: kopf.ConnectionInfo,
-    store: FakeTopicStore,
-    redis_fake: FakeRedis,
+    store: KazooTopicStore,
+    redis_commands: RedisCommands,
+    zk_connect: str,
     caplog: pytest.LogCaptureFixture,
 ) -> None:
     def failures() -> int:
         return sum("failed permanently" in record.getMessage() for record in caplog.records)
 
-    async with operator(connection, store, redis_fake):
+    async with operator(connection, store, redis_commands, zk_connect):
         await api.post(TOPIC_PATH, json=topic("bad", topicType="webhook"))
         await eventually(lambda: ready_reason(api, "bad") == "InvalidSpec", "InvalidSpec")
         await asyncio.sleep(1.0)  # let the emulator's duplicate watch events settle
@@ -142,18 +164,27 @@ async def test_invalid_spec_gets_a_reason_and_no_retry_loop(
 async def test_deletion_releases_the_finalizer_even_paused_and_without_zookeeper(
     api: kmock.KubernetesEmulator,
     connection: kopf.ConnectionInfo,
-    store: FakeTopicStore,
-    redis_fake: FakeRedis,
+    store: KazooTopicStore,
+    redis_commands: RedisCommands,
+    zk: KazooClient,
+    zk_connect: str,
+    dead_zookeeper: str,
 ) -> None:
-    async with operator(connection, store, redis_fake):
+    async with operator(connection, store, redis_commands, zk_connect):
         await api.post(TOPIC_PATH, json=topic("gone", deletionPolicy="Delete"))
         await eventually(lambda: ready_reason(api, "gone") is not None, "provisioning")
+        assert topic_tree_exists(zk, "gone")
         await api.patch(
             f"{TOPIC_PATH}/gone",
             json={"metadata": {"annotations": {naming.PAUSED_ANNOTATION: "true"}}},
             headers={"Content-Type": "application/merge-patch+json"},
         )
-        store.fail = True
+        # The topic's ensemble becomes unreachable: its connection string now leads nowhere.
+        await api.patch(
+            f"{TOPIC_PATH}/gone",
+            json={"spec": {"zookeeper": {"connect": dead_zookeeper}}},
+            headers={"Content-Type": "application/merge-patch+json"},
+        )
         await api.delete(f"{TOPIC_PATH}/gone")
         await eventually(lambda: api.objects[DT, NAMESPACE, "gone"].deleted, "deletion")
 
@@ -161,12 +192,14 @@ async def test_deletion_releases_the_finalizer_even_paused_and_without_zookeeper
 async def test_paused_topic_is_left_alone(
     api: kmock.KubernetesEmulator,
     connection: kopf.ConnectionInfo,
-    store: FakeTopicStore,
-    redis_fake: FakeRedis,
+    store: KazooTopicStore,
+    redis_commands: RedisCommands,
+    zk: KazooClient,
+    zk_connect: str,
 ) -> None:
     body = topic("quiet")
     body["metadata"]["annotations"] = {naming.PAUSED_ANNOTATION: "true"}  # type: ignore[index]
-    async with operator(connection, store, redis_fake):
+    async with operator(connection, store, redis_commands, zk_connect):
         await api.post(TOPIC_PATH, json=body)
         await eventually(
             lambda: any(
@@ -178,4 +211,4 @@ async def test_paused_topic_is_left_alone(
             "Paused condition",
         )
     assert not stored(api, "apps/v1/statefulsets", "quiet-service")
-    assert store.routing == {}
+    assert not topic_tree_exists(zk, "quiet")

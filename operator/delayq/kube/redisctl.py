@@ -1,12 +1,13 @@
 """The operator's few Redis commands: inspect replication, promote, demote, count depths.
 
-Behind a Protocol so handler tests inject a fake; the real one uses redis.asyncio against pod
-IPs (the topic's NetworkPolicy admits the operator's pods).
+Behind a Protocol; the real one uses redis.asyncio against pod IPs (the topic's NetworkPolicy
+admits the operator's pods). Tests run it against local redis-servers through its test-only
+`addresses` map.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -61,15 +62,30 @@ class RedisCommands:
     """RedisControl over redis.asyncio; one short-lived connection per call keeps it simple.
 
     `port` is the pods' Redis port; tests point it at a local redis-server.
+
+    `addresses` is TEST-ONLY and never set by the operator: it rewrites a pod IP or a master
+    Service host name to the (host, port) of a local redis-server playing that pod, both where
+    the operator connects and in the REPLICAOF target it sends, because tests have no pod
+    network or cluster DNS. It is read on every call, so a live mapping can follow label moves
+    (a Service) or make a pod unreachable (a partition). Unmapped hosts are used as given.
     """
 
-    def __init__(self, port: int = naming.REDIS_PORT) -> None:
+    def __init__(
+        self,
+        port: int = naming.REDIS_PORT,
+        addresses: Mapping[str, tuple[str, int]] | None = None,
+    ) -> None:
         self.port = port
+        self.addresses: Mapping[str, tuple[str, int]] = {} if addresses is None else addresses
+
+    def _target(self, host: str, port: int | None = None) -> tuple[str, int]:
+        return self.addresses.get(host) or (host, self.port if port is None else port)
 
     def _client(self, host: str, password: str) -> redis.asyncio.Redis:
+        host, port = self._target(host)
         return redis.asyncio.Redis(
             host=host,
-            port=self.port,
+            port=port,
             password=password,
             socket_connect_timeout=CONNECT_TIMEOUT_S,
             socket_timeout=CONNECT_TIMEOUT_S,
@@ -99,8 +115,9 @@ class RedisCommands:
     async def demote(self, host: str, password: str, master_host: str) -> None:
         client = self._client(host, password)
         try:
-            host, _, port = master_host.partition(":")  # "host" or "host:port"
-            await client.replicaof(host, port or str(self.port))
+            name, _, port = master_host.partition(":")  # "host" or "host:port"
+            target, target_port = self._target(name, int(port) if port else None)
+            await client.replicaof(target, str(target_port))
         finally:
             await client.aclose()
 

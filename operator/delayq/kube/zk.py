@@ -15,6 +15,7 @@ from typing import Protocol
 
 from kazoo.client import KazooClient
 from kazoo.exceptions import NoNodeError
+from kazoo.handlers.threading import KazooTimeoutError
 
 from delayq.kube.routing import Routing
 
@@ -42,9 +43,16 @@ class TopicStore(Protocol):
 
 
 class KazooTopicStore:
-    """TopicStore over kazoo, one started client per connection string."""
+    """TopicStore over kazoo, one started client per connection string.
 
-    def __init__(self) -> None:
+    `timeout_s` bounds connecting and each call (the session timeout stays TIMEOUT_S); tests
+    shorten it so an unreachable ensemble fails fast. A client that cannot connect raises the
+    builtin TimeoutError (not kazoo's own timeout class, which is no KazooException), so callers
+    see the same transient error whichever of the two timeouts fires first.
+    """
+
+    def __init__(self, timeout_s: float = TIMEOUT_S) -> None:
+        self.timeout_s = timeout_s
         self._clients: dict[str, KazooClient] = {}
         self._lock = threading.Lock()
 
@@ -54,10 +62,12 @@ class KazooTopicStore:
             if client is None:
                 client = KazooClient(hosts=connect, timeout=TIMEOUT_S)
                 try:
-                    client.start(timeout=TIMEOUT_S)
-                except Exception:
+                    client.start(timeout=self.timeout_s)
+                except Exception as error:
                     client.stop()  # a failed start keeps reconnecting in the background
                     client.close()
+                    if isinstance(error, KazooTimeoutError):
+                        raise TimeoutError(f"ZooKeeper {connect} unreachable") from error
                     raise
                 self._clients[connect] = client
             return client
@@ -70,7 +80,7 @@ class KazooTopicStore:
                 return None
             return Routing.from_json(data)
 
-        return await asyncio.wait_for(asyncio.to_thread(read), TIMEOUT_S)
+        return await asyncio.wait_for(asyncio.to_thread(read), self.timeout_s)
 
     async def publish(
         self, connect: str, namespace: str, topic: str, routing: Routing, config: bytes
@@ -85,7 +95,7 @@ class KazooTopicStore:
                 else:
                     client.create(path, payload, makepath=True)
 
-        await asyncio.wait_for(asyncio.to_thread(write), TIMEOUT_S)
+        await asyncio.wait_for(asyncio.to_thread(write), self.timeout_s)
 
     async def owned_slots(self, connect: str, namespace: str, topic: str) -> int:
         def count() -> int:
@@ -97,14 +107,14 @@ class KazooTopicStore:
             except NoNodeError:
                 return 0
 
-        return await asyncio.wait_for(asyncio.to_thread(count), TIMEOUT_S)
+        return await asyncio.wait_for(asyncio.to_thread(count), self.timeout_s)
 
     async def delete(self, connect: str, namespace: str, topic: str) -> None:
         def remove() -> None:
             with contextlib.suppress(NoNodeError):  # already gone: deletion is idempotent
                 self._client(connect).delete(topic_root(namespace, topic), recursive=True)
 
-        await asyncio.wait_for(asyncio.to_thread(remove), TIMEOUT_S)
+        await asyncio.wait_for(asyncio.to_thread(remove), self.timeout_s)
 
     def close(self) -> None:
         with self._lock:
