@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import json
+import os
 import subprocess
 import sys
 from collections.abc import AsyncIterator
@@ -259,3 +260,65 @@ def test_dev_quick_start_runs_and_delivers(tmp_path: Path):
     assert result.returncode == 0, result.stdout + result.stderr
     assert "delivered 10 of 10" in result.stdout
     assert "exit codes [0, 0, 0]" in result.stdout
+
+
+async def test_serve_with_the_operators_topic_file(
+    redis_server: RedisServer, session: aiohttp.ClientSession, tmp_path: Path
+):
+    """The pod's command line: `delayq serve --config topic.json`, secrets and name in env."""
+    port = free_port()
+    redis_port = int(redis_server.url.rsplit(":", 1)[1].split("/")[0])
+    document = {
+        "namespace": "shop",
+        "topic": "filed",
+        "slotAmount": 4,
+        "topicType": "pull",
+        "brokers": 1,
+        "maxRetries": 3,
+        "ackTimeoutMs": 5000,
+        "maxPayloadBytes": 1024,
+        "journalMaxLen": 0,
+        "delivery": {"pullMaxLeaseBatch": 10, "streamKey": "", "streamMaxLen": 0},
+        "zookeeper": {"connect": "", "sessionTimeoutMs": 10000},
+        "redis": {"masterHostTemplate": "127.0.0.1", "port": redis_port},
+        "worker": {"concurrency": 16},
+        "http": {"port": port},
+    }
+    path = tmp_path / "topic.json"
+    path.write_text(json.dumps(document))
+    env = {k: v for k, v in os.environ.items() if not k.startswith("DELAYQ_")}
+    env.update(
+        {"POD_NAME": "filed-service-0", "DELAYQ_API_TOKEN": "tok", "DELAYQ_HOST": "127.0.0.1"}
+    )
+    log = (tmp_path / "serve.log").open("wb")
+    process = subprocess.Popen(
+        [sys.executable, "-m", "delayq.cli", "serve", "--config", str(path)],
+        env=env,
+        stdout=log,
+        stderr=subprocess.STDOUT,
+    )
+    try:
+        url = f"http://127.0.0.1:{port}"
+
+        async def ready() -> bool:
+            assert process.poll() is None, (tmp_path / "serve.log").read_text()
+            try:
+                async with session.get(url + "/readyz") as response:
+                    return response.status == 200
+            except aiohttp.ClientError:
+                return False
+
+        await eventually(ready, 30, "delayq serve --config ready")
+        headers = {"Authorization": "Bearer tok"}
+        async with session.post(
+            f"{url}/v1/topics/filed/leases", json={"max": 11}, headers=headers
+        ) as response:
+            assert response.status == 400  # pullMaxLeaseBatch from the file
+        process.terminate()
+        assert await asyncio.to_thread(process.wait, 30) == 0
+        lines = [json.loads(line) for line in (tmp_path / "serve.log").read_text().splitlines()]
+        assert any(line.get("member") == "filed-service-0" for line in lines)
+    finally:
+        if process.poll() is None:
+            process.kill()
+        log.close()
