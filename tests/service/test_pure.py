@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import logging
+import sys
 
 import pytest
 from hypothesis import given
@@ -14,6 +16,7 @@ from delayq.service.delivery.pull import _shares
 from delayq.service.delivery.signing import sign, verify
 from delayq.service.delivery.stream import stream_fields
 from delayq.service.envelope import decode_payload, encode_payload, message_body
+from delayq.service.logs import JsonFormatter
 from delayq.service.parsing import (
     FieldError,
     PayloadTooLargeError,
@@ -154,3 +157,17 @@ def test_shares_add_up_exactly(total, parts):
     shares = _shares(total, parts)
     assert sum(shares) == total
     assert max(shares) - min(shares) <= 1
+
+
+def test_json_log_lines_carry_extra_fields_and_exceptions():
+    record = logging.makeLogRecord(
+        {"name": "delayq.x", "levelname": "WARNING", "msg": "slot %d lost", "args": (3,), "slot": 3}
+    )
+    line = json.loads(JsonFormatter().format(record))
+    assert (line["msg"], line["level"], line["slot"]) == ("slot 3 lost", "WARNING", 3)
+    assert line["ts"].endswith("Z")
+    try:
+        raise ValueError("boom")
+    except ValueError:
+        record.exc_info = sys.exc_info()
+    assert "ValueError: boom" in json.loads(JsonFormatter().format(record))["exc"]
