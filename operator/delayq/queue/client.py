@@ -49,7 +49,7 @@ class _Plans:
         headers: Headers | None,
         mode: Mode,
     ) -> Plan[ScheduleResult]:
-        request = ScheduleRequest(message_id, payload, delay_ms, at_ms, slot_basis, headers or {})
+        request = ScheduleRequest(message_id, payload, delay_ms, at_ms, slot_basis, headers)
         return plans.first(plans.schedule(self.topic, [request], mode))
 
     def reschedule(

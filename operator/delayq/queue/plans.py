@@ -43,6 +43,8 @@ T = TypeVar("T")
 Arg = str | bytes | int
 Reply = Any  # what redis-py returns for a script: nested lists of bytes and ints
 
+CODES = {code.value: code for code in Code}  # faster than Code(n) per message
+STATES = {state.value.encode(): state for state in State}
 MAX_MESSAGES_PER_CALL = 1000  # keeps any one script call short, so Redis never stalls on a batch
 ROLLBACK_PER_CLAIM = 1000
 
@@ -164,9 +166,9 @@ def schedule(
         per_call = [
             [
                 ScheduleResult(
-                    requests[i].id, slots[i], Code(code), int(due), State(as_text(state))
+                    requests[i].id, slots[i], CODES[reply[k]], reply[k + 1], STATES[reply[k + 2]]
                 )
-                for i, (code, due, state) in zip(indexes, reply, strict=True)
+                for i, k in zip(indexes, range(0, len(reply), 3), strict=True)
             ]
             for indexes, reply in zip(order, replies, strict=True)
         ]
@@ -199,7 +201,7 @@ def cancel(topic: Topic, targets: Sequence[Target]) -> Plan[list[Outcome]]:
 
     def combine(replies: list[Reply]) -> list[Outcome]:
         per_call = [
-            [Outcome(targets[i].id, Code(code)) for i, code in zip(indexes, reply, strict=True)]
+            [Outcome(targets[i].id, CODES[code]) for i, code in zip(indexes, reply, strict=True)]
             for indexes, reply in zip(order, replies, strict=True)
         ]
         return _scatter(order, per_call, len(targets))
@@ -229,7 +231,7 @@ def reschedule(
     def combine(replies: list[Reply]) -> list[Outcome]:
         per_call = [
             [
-                Outcome(moves[i][0].id, Code(code), int(due))
+                Outcome(moves[i][0].id, CODES[code], int(due))
                 for i, (code, due) in zip(indexes, reply, strict=True)
             ]
             for indexes, reply in zip(order, replies, strict=True)
@@ -318,12 +320,14 @@ def _outcomes(
         if has_time:
             per_call.append(
                 [
-                    Outcome(ids[i], Code(c), int(t) or None)
+                    Outcome(ids[i], CODES[c], int(t) or None)
                     for i, (c, t) in zip(indexes, reply, strict=True)
                 ]
             )
         else:
-            per_call.append([Outcome(ids[i], Code(c)) for i, c in zip(indexes, reply, strict=True)])
+            per_call.append(
+                [Outcome(ids[i], CODES[c]) for i, c in zip(indexes, reply, strict=True)]
+            )
     return _scatter(order, per_call, len(ids))
 
 
@@ -409,7 +413,7 @@ def _dead_batch(
     def combine(replies: list[Reply]) -> DeadBatchResult:
         reply = replies[0]
         outcomes = [
-            Outcome(as_text(i), Code(c)) for i, c in zip(reply[1::2], reply[2::2], strict=True)
+            Outcome(as_text(i), CODES[c]) for i, c in zip(reply[1::2], reply[2::2], strict=True)
         ]
         return DeadBatchResult(int(reply[0]), outcomes)
 

@@ -14,7 +14,7 @@
   ARGV[3] journal_maxlen  0 = journal off
   ARGV[4 + 5k .. 8 + 5k]  per message: id, when_kind ('delay' | 'at'), when_ms, headers, payload
 
-  Returns, per message in order, a triple {code, due_ms, state}:
+  Returns a flat array, per message in order the triple code, due_ms, state:
      1 CREATED   scheduled anew at due_ms                       state 'scheduled'
      2 EXISTS    create mode: the live message is left as it is state and due_ms of that message
      3 UPDATED   upsert: the message was replaced, due moved    state 'scheduled'
@@ -31,7 +31,13 @@ local max_delay_ms = tonumber(ARGV[2])
 local journal_maxlen = tonumber(ARGV[3])
 local now = now_ms()
 
+-- one flat reply (code, due, state per message): no Lua table per message
 local results = {}
+local function push_result(out, code, due, state)
+  out[#out + 1] = code
+  out[#out + 1] = due
+  out[#out + 1] = state
+end
 local zadd_args, hset_args = {}, {}
 local pending = {}  -- id -> due, for ids scheduled earlier in this same batch
 local earliest = nil
@@ -40,22 +46,22 @@ for i = 4, #ARGV, 5 do
   local id, when_kind, when_ms = ARGV[i], ARGV[i + 1], tonumber(ARGV[i + 2])
   local due = when_ms
   if when_kind == 'delay' then due = now + when_ms end
-  local state, score = nil, nil
+  local state, score = false, nil
   if pending[id] then
     state, score = 'scheduled', pending[id]
-  else
+  elseif redis.call('HEXISTS', msg, id) == 1 then  -- a live message always has its record
     state, score = locate(store, prepare, dead, id)
   end
 
   if due > now + max_delay_ms then
-    results[#results + 1] = {-4, due, state or 'absent'}
+    push_result(results, -4, due, state or 'absent')
   elseif state and not upsert then
     local shown = score
     if state == 'prepared' then
       local _, record_due = record_fields(redis.call('HGET', msg, id))
       shown = tonumber(record_due) or score
     end
-    results[#results + 1] = {2, shown, state}
+    push_result(results, 2, shown, state)
   else
     if state == 'prepared' then redis.call('ZREM', prepare, id) end
     if state == 'dead' then
@@ -70,9 +76,9 @@ for i = 4, #ARGV, 5 do
     if earliest == nil or due < earliest then earliest = due end
     journal(journal_key, journal_maxlen, 'scheduled', id, now, due, 0)
     if state then
-      results[#results + 1] = {3, due, 'scheduled'}
+      push_result(results, 3, due, 'scheduled')
     else
-      results[#results + 1] = {1, due, 'scheduled'}
+      push_result(results, 1, due, 'scheduled')
     end
   end
 end
