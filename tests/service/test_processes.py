@@ -322,3 +322,19 @@ async def test_serve_with_the_operators_topic_file(
         if process.poll() is None:
             process.kill()
         log.close()
+
+
+def test_serve_exits_1_with_a_clear_error_when_its_broker_is_down(tmp_path: Path):
+    env = {k: v for k, v in os.environ.items() if not k.startswith("DELAYQ_")}
+    env.update({"DELAYQ_REDIS_URL": f"redis://127.0.0.1:{free_port()}/0", "DELAYQ_PORT": "0"})
+    result = subprocess.run(
+        [sys.executable, "-m", "delayq.cli", "serve"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert result.returncode == 1
+    errors = [json.loads(line) for line in result.stderr.splitlines() if '"ERROR"' in line]
+    assert errors[0]["msg"] == "cannot start: a broker is unreachable"

@@ -9,9 +9,11 @@ acks keep working during the drain.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import signal
 
+import redis
 from aiohttp import web
 
 from delayq.coordination.ownership import EmbeddedOwnership, Ownership
@@ -46,7 +48,13 @@ async def serve(config: ServiceConfig, stop: asyncio.Event | None = None) -> int
     """Serve until `stop` is set (by default: on SIGTERM or SIGINT)."""
     stop = stop or _stop_on_signals()
     service = DelayService(config, make_ownership(config))
-    await service.start()
+    try:
+        await service.start()
+    except (redis.RedisError, OSError) as error:
+        log.error("cannot start: a broker is unreachable", extra={"error": str(error)})
+        with contextlib.suppress(redis.RedisError, OSError):
+            await service.stop()
+        return 1  # the pod restarts with backoff until its brokers answer
     runner = web.AppRunner(build_app(service), access_log=None, handle_signals=False)
     await runner.setup()
     site = web.TCPSite(runner, config.host, config.port)
