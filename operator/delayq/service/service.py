@@ -76,6 +76,8 @@ class DelayService:
                 batch_size=self.config.batch_size,
                 max_in_flight=self.config.max_in_flight,
                 lease_ms=self.config.ack_timeout_ms,
+                # as many handlers per batch as POSTs may run at once (the sink's semaphore)
+                batch_concurrency=self.config.webhook_concurrency,
                 backoff=Backoff(self.config.backoff_base_ms, 2.0, self.config.backoff_max_ms),
             )
             self.consumers = [
