@@ -74,7 +74,13 @@ class RedisPods(Mapping[str, tuple[str, int]]):
     # --- pods -------------------------------------------------------------------------------
 
     def add(self, broker: int, count: int, master: int | None = None) -> list[RedisPod]:
-        """Pods 0..count-1 of a broker, Ready, started as the chart's start script would."""
+        """Pods 0..count-1 of a broker, Ready, started as the chart's start script would.
+
+        The password is set with CONFIG SET once the server runs (RedisServer's readiness ping
+        does not authenticate). A replica's REPLICAOF target is the master Service as resolved
+        now; unlike cluster DNS it does not follow later label moves (the operator's demotions
+        resolve the Service again when they run).
+        """
         password = self.password()
         added = []
         for ordinal in range(count):

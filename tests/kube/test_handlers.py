@@ -258,6 +258,7 @@ async def test_health_elects_masters_and_reports_ready(
     redis_pods.add(1, 2)
     add_service_pods(api, 2)
     own_slots(zk, 4)
+    assert redis_pods.replication("orders-redis-0-0")["role"] == "slave"
     write_status(api, await refresh(deps, body(api), logger))
     assert redis_pods.replication("orders-redis-0-0")["role"] == "master"  # promoted
     assert redis_pods.replication("orders-redis-0-1")["role"] == "slave"

@@ -60,6 +60,7 @@ def replica() -> Iterator[RedisServer]:
 async def test_redis_commands_inspect_demote_promote_and_count(
     redis_server: RedisServer, redis_client: redis.Redis, replica: RedisServer
 ) -> None:
+    redis_client.config_set("repl-diskless-sync-delay", 0)  # the replica syncs at once, not in 5 s
     commands = RedisCommands(port=redis_server.port)
     keys = SlotKeys("kube-it", "orders", 1)
     redis_client.zadd(keys.key(Part.STORE), {"a": 1, "b": 2})
