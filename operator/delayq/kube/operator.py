@@ -1,11 +1,11 @@
 """kopf registration: which handler runs when; the work itself lives in handlers/.
 
-Everything is registered on a registry built here (not kopf's global one), so tests build their
-own operator against the in-memory API with fake ZooKeeper and Redis, and the CLI builds the
-real one. Handler outcomes map to kopf as follows: a returned status patch is written; a
-permanent failure writes its status and raises kopf.PermanentError (no retry loop); a transient
-one writes its status and raises kopf.TemporaryError with a backoff delay. Status is written by
-the operator itself, serialized per topic (see `serialized`).
+Everything is registered on a registry built here (not kopf's global one), so tests build their own
+operator against the in-memory API (kmock) with a real ZooKeeper and real redis-servers, and the
+CLI builds the real one. Handler outcomes map to kopf as follows: a returned status patch is
+written; a permanent failure writes its status and raises kopf.PermanentError (no retry loop); a
+transient one writes its status and raises kopf.TemporaryError with a backoff delay. Status is
+written by the operator itself, serialized per topic (see `serialized`).
 """
 
 from __future__ import annotations

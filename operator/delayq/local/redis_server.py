@@ -80,7 +80,9 @@ class RedisServer:
             detail = log.read_text() if log and log.exists() else ""
             raise RuntimeError(f"redis-server exited with {self.process.returncode}: {detail}")
         try:
-            return bool(redis.Redis(port=self.port, socket_timeout=0.5).ping())
+            password = self.extra_config.get("requirepass")
+            client = redis.Redis(port=self.port, password=password, socket_timeout=0.5)
+            return bool(client.ping())
         except redis.ConnectionError:
             return False
 
