@@ -621,6 +621,9 @@ class LocalOperator:
     namespaces: Sequence[str]
     log_path: Path
     env_overrides: dict[str, str] = field(default_factory=dict)
+    #: When set, run e2e/operator_main.py (the same operator plus the test-only Redis address
+    #: map read from this JSON file) instead of the ``delayq operator`` command.
+    addresses_file: Path | None = None
     process: ManagedProcess | None = None
 
     def start(self) -> LocalOperator:
@@ -641,6 +644,10 @@ class LocalOperator:
                      "from delayq.cli import main; sys.exit(main())")
         argv = [sys.executable, "-c", bootstrap,
                 "operator", "--standalone", f"--liveness=http://127.0.0.1:{port}/healthz"]
+        if self.addresses_file is not None:
+            argv = [sys.executable, str(self.repo / "e2e" / "operator_main.py"),
+                    f"--addresses={self.addresses_file}",
+                    f"--liveness=http://127.0.0.1:{port}/healthz"]
         for namespace in self.namespaces:
             argv += ["--namespace", namespace]
         self.log_path.parent.mkdir(parents=True, exist_ok=True)

@@ -300,6 +300,62 @@ def webhook_receiver() -> Iterator[tuple[str, list[tuple[int, dict[str, Any]]]]]
         thread.join(timeout=10)
 
 
+def _topic_credentials(kube: Kube, namespace: str, topic: str) -> tuple[str, str]:
+    """(Redis password, API token) from the Secret the operator created for the topic."""
+    secret = kube.get("secret", f"{topic}-credentials", namespace)
+    assert secret is not None
+    return (base64.b64decode(secret["data"]["redis-password"]).decode(),
+            base64.b64decode(secret["data"]["api-token"]).decode())
+
+
+def _start_serve(kube: Kube, namespace: str, topic: str, workdir: Path,
+                 broker_url: str) -> tuple[ManagedProcess, str]:
+    """``delayq serve`` from the topic's ConfigMap, on a local port, against a local broker.
+
+    Only the broker URL and the listen address are overridden: pods do not run under KWOK,
+    so the process plays the topic's first delay-service pod. Returns it and its base URL.
+    """
+    config_map = kube.get("configmap", f"{topic}-config", namespace)
+    assert config_map is not None
+    topic_file = workdir / "topic.json"
+    topic_file.write_text(config_map["data"]["topic.json"])
+    password, token = _topic_credentials(kube, namespace, topic)
+    port = free_port()
+    env = {**os.environ, "DELAYQ_REDIS_PASSWORD": password, "DELAYQ_API_TOKEN": token,
+           "POD_NAME": f"{topic}-service-0", "PYTHONUNBUFFERED": "1",
+           "PYTHONPATH": os.pathsep.join(
+               [str(REPO / "operator"), *filter(None, [os.environ.get("PYTHONPATH")])])}
+    log_path = workdir / f"serve-{port}.log"
+    with log_path.open("wb") as log:
+        popen = subprocess.Popen(
+            [sys.executable, "-c", "import sys; from delayq.cli import main; sys.exit(main())",
+             "serve", "--config", str(topic_file), "--host", "127.0.0.1", "--port", str(port),
+             "--redis-url", broker_url, "--broker-urls", broker_url],
+            stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, env=env,
+            start_new_session=True,
+        )
+    serve = ManagedProcess("delayq-serve", popen, log_path)
+    base = f"http://127.0.0.1:{port}"
+    wait_until(lambda: urllib.request.urlopen(f"{base}/readyz", timeout=5).status == 200,
+               timeout=60, what="delayq serve to be ready", abort=serve.exited)
+    return serve, base
+
+
+def _schedule(base: str, topic: str, token: str, message_id: str, delay_ms: int) -> None:
+    """POST one message to the topic's HTTP API; any non-2xx answer fails the test."""
+    request = urllib.request.Request(
+        f"{base}/v1/topics/{topic}/messages", method="POST",
+        data=json.dumps({"id": message_id, "delayMs": delay_ms, "payload": "hello"}).encode(),
+        headers={"Authorization": f"Bearer {token}", "Content-Type": "application/json"})
+    with urllib.request.urlopen(request, timeout=10) as response:
+        assert 200 <= response.status < 300
+
+
+def _received(received: list[tuple[int, dict[str, Any]]],
+              message_id: str) -> tuple[int, dict[str, Any]] | None:
+    return next(((t, m) for t, m in received if m.get("id") == message_id), None)
+
+
 def test_message_end_to_end_through_the_provisioned_topic(
     kube: Kube, operator: LocalOperator, topics_ns: str, tmp_path_factory: pytest.TempPathFactory,
     webhook_receiver: tuple[str, list[tuple[int, dict[str, Any]]]],
@@ -316,50 +372,19 @@ def test_message_end_to_end_through_the_provisioned_topic(
     kube.apply(_topic("hooks", slotAmount=16, brokers=1, replicasPerBroker=1,
                       topicType="webhook", delivery={"webhook": {"url": url}}), topics_ns)
     _wait_reconciled(kube, operator, topics_ns, "hooks")
-    config_map = kube.get("configmap", "hooks-config", topics_ns)
-    secret = kube.get("secret", "hooks-credentials", topics_ns)
-    assert config_map is not None
-    assert secret is not None
-    password = base64.b64decode(secret["data"]["redis-password"]).decode()
-    token = base64.b64decode(secret["data"]["api-token"]).decode()
+    password, token = _topic_credentials(kube, topics_ns, "hooks")
     workdir = tmp_path_factory.mktemp("dataplane")
-    topic_file = workdir / "topic.json"
-    topic_file.write_text(config_map["data"]["topic.json"])
-    assert json.loads(topic_file.read_text())["delivery"]["webhookUrl"] == url
 
     broker = RedisServer().start()
     serve: ManagedProcess | None = None
     try:
         redis.Redis(port=broker.port).config_set("requirepass", password)
-        broker_url = f"redis://:{password}@127.0.0.1:{broker.port}/0"
-        port = free_port()
-        env = {**os.environ, "DELAYQ_REDIS_PASSWORD": password, "DELAYQ_API_TOKEN": token,
-               "POD_NAME": "hooks-service-0", "PYTHONUNBUFFERED": "1",
-               "PYTHONPATH": os.pathsep.join(
-                   [str(REPO / "operator"), *filter(None, [os.environ.get("PYTHONPATH")])])}
-        log_path = workdir / "serve.log"
-        with log_path.open("wb") as log:
-            popen = subprocess.Popen(
-                [sys.executable, "-c", "import sys; from delayq.cli import main; sys.exit(main())",
-                 "serve", "--config", str(topic_file), "--host", "127.0.0.1", "--port", str(port),
-                 "--redis-url", broker_url, "--broker-urls", broker_url],
-                stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, env=env,
-                start_new_session=True,
-            )
-        serve = ManagedProcess("delayq-serve", popen, log_path)
-        base = f"http://127.0.0.1:{port}"
-        wait_until(lambda: urllib.request.urlopen(f"{base}/readyz", timeout=5).status == 200,
-                   timeout=60, what="delayq serve to be ready", abort=serve.exited)
-
-        request = urllib.request.Request(
-            f"{base}/v1/topics/hooks/messages", method="POST",
-            data=json.dumps({"id": "e2e-1", "delayMs": 2000, "payload": "hello"}).encode(),
-            headers={"Authorization": f"Bearer {token}", "Content-Type": "application/json"})
-        with urllib.request.urlopen(request, timeout=10) as response:
-            assert 200 <= response.status < 300
-        arrival_ms, message = wait_until(
-            lambda: next(((t, m) for t, m in received if m.get("id") == "e2e-1"), None),
-            timeout=60, what="the message at the webhook receiver", abort=serve.exited)
+        serve, base = _start_serve(kube, topics_ns, "hooks", workdir,
+                                   f"redis://:{password}@127.0.0.1:{broker.port}/0")
+        _schedule(base, "hooks", token, "e2e-1", delay_ms=2000)
+        arrival_ms, message = wait_until(lambda: _received(received, "e2e-1"), timeout=60,
+                                         what="the message at the webhook receiver",
+                                         abort=serve.exited)
         assert message["dueMs"] <= arrival_ms, "delivered before it was due"
         print(f"e2e: message delivered {arrival_ms - message['dueMs']} ms after due")
     except Exception:
@@ -370,6 +395,139 @@ def test_message_end_to_end_through_the_provisioned_topic(
         if serve is not None:
             serve.stop()
         broker.stop()
+
+
+#: The topic status right after the failover test's promotion, for the test that follows it.
+_FAILOVER_STATUS: dict[str, Any] = {}
+
+
+def _replication(port: int, password: str) -> dict[str, Any]:
+    info: dict[str, Any] = redis.Redis(port=port, password=password).info("replication")
+    return info
+
+
+def test_failover_promotes_the_replica_and_keeps_scheduled_messages(
+    kube: Kube, operator: LocalOperator, chart_release: Release, zookeeper: ZooKeeperServer,
+    tmp_path_factory: pytest.TempPathFactory,
+    webhook_receiver: tuple[str, list[tuple[int, dict[str, Any]]]],
+) -> None:
+    """Point 5: the master pod is deleted; the operator promotes the replica; nothing is lost.
+
+    Two local redis-servers play the broker's two pods (replica replicating from master) via
+    the operator's test-only address map (e2e/operator_main.py). With both answering, the
+    topic reaches Ready=True (point 3). A message is scheduled and replicated; then the master
+    pod is deleted and its Redis killed. After the failover grace the operator must promote the
+    replica (REPLICAOF NO ONE on the right process, role label, status with lastFailoverTime)
+    and, once delayq serve runs against the new master, the message is delivered, never early.
+    """
+    url, received = webhook_receiver
+    ns = f"e2e-failover-{secrets.token_hex(3)}"
+    kube.kubectl("create", "namespace", ns)
+    workdir = tmp_path_factory.mktemp("failover")
+    addresses = workdir / "addresses.json"
+    closed = ["127.0.0.1", free_port()]  # nothing listens: unmapped pods fail fast
+    addresses.write_text(json.dumps({"*": closed}))
+    op = LocalOperator(
+        repo=REPO, kubeconfig=operator.kubeconfig, namespaces=[ns],
+        log_path=workdir / "operator.log", addresses_file=addresses,
+        env_overrides={"DELAYQ_ZOOKEEPER": zookeeper.hosts,
+                       "POD_NAMESPACE": chart_release.namespace,
+                       "DELAYQ_HEALTH_INTERVAL_S": "1", "DELAYQ_FAILOVER_GRACE_S": "3"},
+    ).start()
+    master, replica = RedisServer(), RedisServer()
+    serve: ManagedProcess | None = None
+    try:
+        kube.apply(_topic("fo", slotAmount=16, brokers=1, replicasPerBroker=1,
+                          topicType="webhook", delivery={"webhook": {"url": url}}), ns)
+        _wait_reconciled(kube, op, ns, "fo")
+        pods = kube.wait(lambda: _all_pods_running(kube, ns, "fo"), timeout=120,
+                         what="the topic's pods Running")
+        ips = {p["metadata"]["name"]: p["status"]["podIP"] for p in pods}
+        password, token = _topic_credentials(kube, ns, "fo")
+        master.start()
+        replica.start()
+        for server in (master, replica):
+            redis.Redis(port=server.port).config_set("masterauth", password)
+            redis.Redis(port=server.port).config_set("requirepass", password)
+        redis.Redis(port=replica.port, password=password).replicaof("127.0.0.1", master.port)
+        service_host = f"fo-redis-0.{ns}.svc"
+        addresses.write_text(json.dumps({
+            "*": closed, ips["fo-redis-0-0"]: ["127.0.0.1", master.port],
+            ips["fo-redis-0-1"]: ["127.0.0.1", replica.port],
+            service_host: ["127.0.0.1", master.port]}))
+
+        def serving_with(master_pod: str) -> dict[str, Any] | None:
+            topic = kube.get("dt", "fo", ns)
+            brokers = (topic or {}).get("status", {}).get("brokers") or [{}]
+            ok = condition(topic, "Ready") == "True" and brokers[0].get("masterPod") == master_pod
+            return topic if ok else None
+
+        kube.wait(lambda: serving_with("fo-redis-0-0"), timeout=90,
+                  what="Ready=True with fo-redis-0-0 as master")
+
+        serve, base = _start_serve(kube, ns, "fo", workdir,
+                                   f"redis://:{password}@127.0.0.1:{master.port}/0")
+        _schedule(base, "fo", token, "before-failover", delay_ms=15000)
+        wait_until(lambda: _replication(replica.port, password).get("master_link_status") == "up"
+                   and _replication(replica.port, password).get("slave_repl_offset")
+                   == _replication(master.port, password).get("master_repl_offset"),
+                   timeout=30, what="the replica to have replicated the message")
+        serve.stop()
+        serve = None
+
+        master.stop()
+        kube.kubectl("delete", "pod", "fo-redis-0-0", "-n", ns, "--wait=false")
+        addresses.write_text(json.dumps({
+            "*": closed, ips["fo-redis-0-1"]: ["127.0.0.1", replica.port],
+            service_host: ["127.0.0.1", replica.port]}))
+        topic = kube.wait(lambda: serving_with("fo-redis-0-1"), timeout=120,
+                          what="the replica fo-redis-0-1 promoted and Ready=True")
+        _FAILOVER_STATUS.update(topic["status"])
+        assert _replication(replica.port, password)["role"] == "master"
+        promoted = kube.get("pod", "fo-redis-0-1", ns)
+        assert promoted is not None
+        assert promoted["metadata"]["labels"].get("delayq.io/redis-role") == "master"
+
+        serve, base = _start_serve(kube, ns, "fo", workdir,
+                                   f"redis://:{password}@127.0.0.1:{replica.port}/0")
+        arrival_ms, message = wait_until(lambda: _received(received, "before-failover"),
+                                         timeout=90, what="the pre-failover message delivered",
+                                         abort=serve.exited)
+        assert message["dueMs"] <= arrival_ms, "delivered before it was due"
+    except Exception:
+        print(f"--- failover operator log tail:\n{op.tail()}")
+        if serve is not None:
+            print(f"--- delayq serve log tail:\n{serve.tail(60)}")
+        raise
+    finally:
+        if serve is not None:
+            serve.stop()
+        kube.kubectl("delete", "dt", "fo", "-n", ns, "--wait=false", check=False)
+        try:
+            kube.wait(lambda: kube.get("dt", "fo", ns) is None, timeout=60,
+                      what="the failover topic to be finalized")
+        finally:
+            op.stop()
+            master.stop()
+            replica.stop()
+            kube.kubectl("delete", "namespace", ns, "--wait=false")
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="known gap (issue 5, point 5): when the master pod is replaced by an unlabelled one, a health "
+    "pass writes masterPod '' (MasterMissing) and the next no longer knows there was a master "
+    "and reports MasterElected instead of FailedOver, so lastFailoverTime is never set (and the "
+    "failover grace is cut to one health interval)",
+)
+def test_failover_is_recorded_in_the_status() -> None:
+    """Point 5: the promotion after the master's loss is reported as a failover in the status.
+
+    Reads the status the failover test captured right after the promotion.
+    """
+    assert _FAILOVER_STATUS, "the failover test did not get as far as the promotion"
+    broker = _FAILOVER_STATUS["brokers"][0]
+    assert broker.get("lastFailoverTime")
 
 
 @pytest.mark.xfail(
