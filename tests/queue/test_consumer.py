@@ -11,6 +11,7 @@ import pytest
 import redis
 import redis.asyncio
 
+from delayq.local.redis_server import RedisServer
 from delayq.queue.backoff import Backoff
 from delayq.queue.client import AsyncQueue
 from delayq.queue.consumer import Consumer, ConsumerSettings, PoisonMessageError
@@ -212,6 +213,48 @@ async def test_release_waits_for_in_flight_acks_of_the_released_slots(
         await asyncio.wait_for(release, 5)
         # acked under the epoch it was claimed with, before the slot was handed on
         assert (await async_queue.get("x")).state is State.ABSENT
+
+
+async def test_one_slow_handler_delays_only_its_own_ack(async_queue: AsyncQueue) -> None:
+    gate = asyncio.Event()
+
+    async def handler(message: Message) -> None:
+        if message.id == "slow":
+            await gate.wait()
+
+    ids = ["slow", "a", "b", "c"]
+    await async_queue.schedule_many(
+        [ScheduleRequest(i, at_ms=1_000, slot_basis="one") for i in ids]
+    )
+    async with running(async_queue, handler, ConsumerSettings(batch_concurrency=2)):
+        for message_id in ["a", "b", "c"]:
+            await wait_for_state(async_queue, message_id, State.ABSENT)
+        assert (await async_queue.get("slow", slot_basis="one")).state is State.PREPARED
+        gate.set()
+        for _ in range(500):
+            if (await async_queue.get("slow", slot_basis="one")).state is State.ABSENT:
+                break
+            await asyncio.sleep(0.01)
+        assert (await async_queue.get("slow", slot_basis="one")).state is State.ABSENT
+
+
+async def test_claims_that_fail_are_retried_and_the_loop_survives(
+    redis_server: RedisServer, async_queue: AsyncQueue, redis_client: redis.Redis
+) -> None:
+    impatient = AsyncQueue(
+        redis.asyncio.Redis.from_url(redis_server.url, socket_timeout=0.05), TOPIC
+    )
+    seen: list[str] = []
+
+    async def handler(message: Message) -> None:
+        seen.append(message.id)
+
+    async with running(impatient, handler) as consumer:
+        await wait_for(lambda: all(s.next_ms != 0 for s in consumer._slots.values()), 5, "idle")
+        redis_client.client_pause(400)  # every command blocks: the consumer's claims time out
+        await async_queue.schedule("after-the-outage", delay_ms=0)
+        await wait_for(lambda: seen == ["after-the-outage"], 10, "delivery after the outage")
+    await impatient.close()
 
 
 async def test_a_slot_taken_over_elsewhere_is_dropped(async_queue: AsyncQueue) -> None:

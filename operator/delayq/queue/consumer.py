@@ -37,6 +37,7 @@ from delayq.queue.plans import Retry
 log = logging.getLogger(__name__)
 
 Handler = Callable[[Message], Awaitable[None]]
+RETRY_MS = 200  # after a failed claim, the slot is tried again this much later
 WAKE_BLOCK_S = 10.0  # upper bound of one blocking wait; only a liveness refresh, not a poll
 
 
@@ -50,6 +51,7 @@ class ConsumerSettings:
     max_in_flight: int = 2000
     lease_ms: int | None = None  # default: the topic's ack timeout
     batch_concurrency: int = 64  # handlers running at once within one claimed batch
+    ack_group_size: int = 256  # acks (and nacks) sent together once this many are ready
     release_drain_s: float = 10.0  # how long releasing a slot waits for its in-flight acks
     backoff: Backoff = field(default_factory=Backoff)
 
@@ -182,6 +184,11 @@ class Consumer:
             except StaleEpochError:
                 self._lose(slot)
                 return
+            except redis.RedisError as error:
+                # Redis unreachable or failing over: keep the slot and try again shortly
+                log.warning("slot %d: claim failed (%s); retrying in %d ms", slot, error, RETRY_MS)
+                self._set_next(slot, self._server_now_ms() + RETRY_MS)
+                return
             self._server_base_ms, self._local_base = batch.now_ms, time.monotonic()
             if batch.messages:
                 self._deliver(batch)
@@ -220,12 +227,33 @@ class Consumer:
         task.add_done_callback(lambda done: self._tasks.pop(done, None))
 
     async def _handle_batch(self, batch: ClaimBatch) -> None:
-        """Run the batch's handlers on at most `batch_concurrency` workers, then ack and nack
-        the batch in one call each. Workers share one iterator, so no task is created per
-        message: the per-message cost stays a plain await."""
+        """Run the batch's handlers on at most `batch_concurrency` workers sharing one iterator
+        (no task per message), acking and nacking in groups: a group is sent when it reaches
+        `ack_group_size`, and each worker sends what is left once the batch has no more
+        messages to start, so one slow handler delays only its own ack, never its batch's."""
         remaining = iter(batch.messages)
         done: list[Lease] = []
         retries: list[Retry] = []
+
+        sending = asyncio.Lock()  # one ack/nack call of a batch at a time
+
+        async def send(threshold: int) -> None:
+            nonlocal done, retries
+            if len(done) < max(threshold, 1) and len(retries) < max(threshold, 1):
+                return  # the common case after a message: nothing to send yet, no lock taken
+            async with sending:
+                try:
+                    if done and len(done) >= threshold:
+                        leases, done = done, []
+                        await self.queue.ack_many(leases)
+                    if retries and len(retries) >= threshold:
+                        failed, retries = retries, []
+                        await self.queue.nack_many(failed)
+                except redis.RedisError:
+                    log.exception(
+                        "slot %d: ack/nack failed; the leases will expire and redeliver",
+                        batch.slot,
+                    )
 
         async def worker() -> None:
             for message in remaining:
@@ -235,18 +263,12 @@ class Consumer:
                     retries.append(self._retry(message, error))
                 else:
                     done.append(message.lease)
+                await send(self.settings.ack_group_size)
+            await send(1)
 
         try:
             workers = min(self.settings.batch_concurrency, len(batch.messages))
             await asyncio.gather(*(worker() for _ in range(workers)))
-            if done:
-                await self.queue.ack_many(done)
-            if retries:
-                await self.queue.nack_many(retries)
-        except redis.RedisError:
-            log.exception(
-                "slot %d: ack/nack failed; the leases will expire and redeliver", batch.slot
-            )
         finally:
             async with self._capacity:
                 self._in_flight -= len(batch.messages)
