@@ -515,8 +515,9 @@ def test_failover_promotes_the_replica_and_keeps_scheduled_messages(
 
 @pytest.mark.xfail(
     strict=True,
-    reason="known gap (issue 5, point 5): when the master pod is replaced by an unlabelled one, a health "
-    "pass writes masterPod '' (MasterMissing) and the next no longer knows there was a master "
+    reason="known gap (issue 5, point 5): when the master pod is replaced by an unlabelled "
+    "one, a health pass writes masterPod '' (MasterMissing) and the next no longer knows there "
+    "was a master "
     "and reports MasterElected instead of FailedOver, so lastFailoverTime is never set (and the "
     "failover grace is cut to one health interval)",
 )
