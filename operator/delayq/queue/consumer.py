@@ -206,11 +206,15 @@ class Consumer:
             await asyncio.wait_for(self._changed.wait(), timeout)
 
     async def _wait_for_capacity(self) -> int:
+        """Wait until a worthwhile claim fits in flight: at least a quarter batch of room, so a
+        backlog is not drained in slivers (each sliver would cost its own claim and ack calls)."""
+        limit = self.settings.max_in_flight
+        wanted = max(1, min(self.settings.batch_size, limit) // 4)
         async with self._capacity:
             await self._capacity.wait_for(
-                lambda: self._stopping or self._in_flight < self.settings.max_in_flight
+                lambda: self._stopping or limit - self._in_flight >= wanted
             )
-            return self.settings.max_in_flight - self._in_flight
+            return limit - self._in_flight
 
     def _lose(self, slot: int) -> None:
         log.warning("slot %d has a newer owner: stopped consuming it", slot)
