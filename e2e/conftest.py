@@ -13,6 +13,7 @@ from __future__ import annotations
 import os
 import re
 import secrets
+import shlex
 import shutil
 import subprocess
 import tempfile
@@ -136,8 +137,11 @@ def chart_release(kube: Kube) -> Iterator[Release]:
     name = "delayq"
     namespace = f"e2e-delayq-system-{secrets.token_hex(3)}"
     start = time.monotonic()
+    # E2E_HELM_ARGS adds install flags, e.g. "--set image.repository=kind.local/delayq" for a
+    # cluster whose nodes really pull and run the operator image.
+    extra = shlex.split(os.environ.get("E2E_HELM_ARGS", ""))
     kube.helm("install", name, str(CHART), "--namespace", namespace, "--create-namespace",
-              "--wait", "--timeout", "5m")
+              "--wait", "--timeout", "5m", *extra)
     print(f"e2e: helm install took {time.monotonic() - start:.1f}s")
     # The chart names everything after the release, or "<release>-delayq" (see _helpers.tpl).
     fullname = name if "delayq" in name else f"{name}-delayq"
