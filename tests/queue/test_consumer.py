@@ -285,14 +285,14 @@ async def test_herd_of_100k_due_at_one_instant_drains_in_bounded_batches(
             [ScheduleRequest(f"h{i}", b"x" * 32, at_ms=at_ms) for i in range(start, start + 10_000)]
         )
     claim_sizes: list[int] = []
-    original_claim = async_queue.claim
+    original_claim_slots = async_queue.claim_slots
 
-    async def recording_claim(*args: object, **kwargs: object):  # type: ignore[no-untyped-def]
-        batch = await original_claim(*args, **kwargs)  # type: ignore[arg-type]
-        claim_sizes.append(len(batch.messages))
-        return batch
+    async def recording_claim_slots(*args: object, **kwargs: object):  # type: ignore[no-untyped-def]
+        results = await original_claim_slots(*args, **kwargs)  # type: ignore[arg-type]
+        claim_sizes.extend(len(r.messages) for r in results if not isinstance(r, Exception))
+        return results
 
-    async_queue.claim = recording_claim  # type: ignore[method-assign]
+    async_queue.claim_slots = recording_claim_slots  # type: ignore[method-assign]
     seen: set[str] = set()
     in_flight = 0
     peak = 0

@@ -14,6 +14,7 @@ import redis.asyncio
 
 from delayq.queue import plans
 from delayq.queue.codec import Headers
+from delayq.queue.codes import StaleEpochError
 from delayq.queue.model import (
     ClaimBatch,
     DeadPage,
@@ -64,6 +65,12 @@ class _Plans:
         return plans.claim(
             self.topic, slot, epoch, max_count, lease_ms or self.topic.ack_timeout_ms
         )
+
+    def claim_slots(
+        self, owned: Sequence[tuple[int, int]], max_count: int, lease_ms: int | None
+    ) -> Plan[list[ClaimBatch | StaleEpochError]]:
+        lease = lease_ms or self.topic.ack_timeout_ms
+        return plans.claim_slots(self.topic, owned, max_count, lease)
 
 
 class Queue:
@@ -146,6 +153,14 @@ class Queue:
         lease_ms: int | None = None,
     ) -> ClaimBatch:
         return self.run(self._plans.claim(slot, epoch, max_count, lease_ms))
+
+    def claim_slots(
+        self,
+        owned: Sequence[tuple[int, int]],
+        max_count: int = DEFAULT_CLAIM_BATCH,
+        lease_ms: int | None = None,
+    ) -> list[ClaimBatch | StaleEpochError]:
+        return self.run(self._plans.claim_slots(owned, max_count, lease_ms))
 
     def ack(self, lease: Lease) -> Outcome:
         return self.run(plans.checked(plans.ack(self.topic, [lease]), Script.ACK))
@@ -283,6 +298,14 @@ class AsyncQueue:
         lease_ms: int | None = None,
     ) -> ClaimBatch:
         return await self.run(self._plans.claim(slot, epoch, max_count, lease_ms))
+
+    async def claim_slots(
+        self,
+        owned: Sequence[tuple[int, int]],
+        max_count: int = DEFAULT_CLAIM_BATCH,
+        lease_ms: int | None = None,
+    ) -> list[ClaimBatch | StaleEpochError]:
+        return await self.run(self._plans.claim_slots(owned, max_count, lease_ms))
 
     async def ack(self, lease: Lease) -> Outcome:
         return await self.run(plans.checked(plans.ack(self.topic, [lease]), Script.ACK))

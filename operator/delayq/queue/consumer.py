@@ -127,8 +127,7 @@ class Consumer:
         waker = asyncio.create_task(self._wait_for_wakes())
         try:
             while not self._stopping:
-                for slot in self._pop_due_slots():
-                    await self._drain(slot)
+                await self._drain(self._pop_due_slots())
                 await self._sleep_until_next()
         finally:
             self._stopping = True
@@ -173,28 +172,42 @@ class Consumer:
             due.append(heapq.heappop(self._timers)[1])
         return due
 
-    async def _drain(self, slot: int) -> None:
-        """Claim a slot's due messages batch by batch while there is room in flight."""
-        while not self._stopping and (state := self._slots.get(slot)) is not None:
-            room = min(await self._wait_for_capacity(), self.settings.batch_size)
-            if self._stopping or self._slots.get(slot) is not state:
+    async def _drain(self, slots: list[int]) -> None:
+        """Claim the due messages of these slots, all slots in one pipelined round trip per
+        round, while there is room in flight; a slot whose claim came back full goes again."""
+        pending = slots
+        while pending and not self._stopping:
+            room = await self._wait_for_capacity()
+            owned = [(slot, state) for slot in pending if (state := self._slots.get(slot))]
+            if self._stopping or not owned:
                 return
+            waiting = [slot for slot, _ in owned[room:]]  # more due slots than room: next round
+            owned = owned[:room]
+            share = min(self.settings.batch_size, room // len(owned))  # shares add up to <= room
             try:
-                batch = await self.queue.claim(slot, state.epoch, room, self.settings.lease_ms)
-            except StaleEpochError:
-                self._lose(slot)
-                return
+                results = await self.queue.claim_slots(
+                    [(slot, state.epoch) for slot, state in owned], share, self.settings.lease_ms
+                )
             except redis.RedisError as error:
-                # Redis unreachable or failing over: keep the slot and try again shortly
-                log.warning("slot %d: claim failed (%s); retrying in %d ms", slot, error, RETRY_MS)
-                self._set_next(slot, self._server_now_ms() + RETRY_MS)
+                # Redis unreachable or failing over: keep the slots and try again shortly
+                log.warning("claim failed (%s); retrying in %d ms", error, RETRY_MS)
+                for slot, _ in owned:
+                    self._set_next(slot, self._server_now_ms() + RETRY_MS)
                 return
-            self._server_base_ms, self._local_base = batch.now_ms, time.monotonic()
-            if batch.messages:
-                self._deliver(batch)
-            if len(batch.messages) < room:
-                self._set_next(slot, _next_ms(batch))
-                return
+            pending = waiting
+            for (slot, state), result in zip(owned, results, strict=True):
+                if self._slots.get(slot) is not state:
+                    continue  # released while the claim was in flight
+                if isinstance(result, StaleEpochError):
+                    self._lose(slot)
+                    continue
+                self._server_base_ms, self._local_base = result.now_ms, time.monotonic()
+                if result.messages:
+                    self._deliver(result)
+                if len(result.messages) < share:
+                    self._set_next(slot, _next_ms(result))
+                else:
+                    pending.append(slot)
 
     async def _sleep_until_next(self) -> None:
         self._changed.clear()

@@ -20,7 +20,7 @@ from delayq.queue.codec import (
     validate_payload,
     when_argument,
 )
-from delayq.queue.codes import Code, raise_for_code
+from delayq.queue.codes import Code, StaleEpochError, raise_for_code
 from delayq.queue.keys import Part, slot_keys
 from delayq.queue.model import (
     ClaimBatch,
@@ -250,6 +250,32 @@ def fence(topic: Topic, slot: int) -> Plan[int]:
 
 
 def claim(topic: Topic, slot: int, epoch: int, max_count: int, lease_ms: int) -> Plan[ClaimBatch]:
+    def combine(replies: list[Reply]) -> ClaimBatch:
+        batch = _claim_batch(replies[0], slot, epoch)
+        if isinstance(batch, StaleEpochError):
+            raise batch
+        return batch
+
+    return Plan([_claim_call(topic, slot, epoch, max_count, lease_ms)], combine)
+
+
+def claim_slots(
+    topic: Topic, owned: Sequence[tuple[int, int]], max_count: int, lease_ms: int
+) -> Plan[list[ClaimBatch | StaleEpochError]]:
+    """Claim from several (slot, epoch) pairs in one round trip; a slot with a newer owner
+    yields its StaleEpochError in place instead of failing the others."""
+    calls = [_claim_call(topic, slot, epoch, max_count, lease_ms) for slot, epoch in owned]
+
+    def combine(replies: list[Reply]) -> list[ClaimBatch | StaleEpochError]:
+        return [
+            _claim_batch(reply, slot, epoch)
+            for (slot, epoch), reply in zip(owned, replies, strict=True)
+        ]
+
+    return Plan(calls, combine)
+
+
+def _claim_call(topic: Topic, slot: int, epoch: int, max_count: int, lease_ms: int) -> ScriptCall:
     if max_count < 0 or lease_ms < 1:
         raise ValueError(
             f"claim needs max_count >= 0 and lease_ms >= 1, got {max_count}, {lease_ms}"
@@ -265,30 +291,18 @@ def claim(topic: Topic, slot: int, epoch: int, max_count: int, lease_ms: int) ->
         topic.journal_maxlen,
         ROLLBACK_PER_CLAIM,
     ]
+    return ScriptCall(Script.CLAIM, keys, args)
 
-    def combine(replies: list[Reply]) -> ClaimBatch:
-        reply = replies[0]
-        raise_for_code(Code(reply[0]), Script.CLAIM.value, f"<slot {slot}>", f"epoch {epoch}")
-        messages = []
-        for raw_id, raw_record in zip(reply[4::2], reply[5::2], strict=True):
-            record = decode_record(raw_record)
-            assert record.due_ms is not None
-            messages.append(
-                Message(
-                    as_text(raw_id),
-                    slot,
-                    record.payload,
-                    record.headers,
-                    record.attempts,
-                    record.due_ms,
-                    epoch,
-                )
-            )
-        return ClaimBatch(
-            slot, int(reply[1]), _optional_ms(reply[2]), _optional_ms(reply[3]), messages
-        )
 
-    return Plan([ScriptCall(Script.CLAIM, keys, args)], combine)
+def _claim_batch(reply: Reply, slot: int, epoch: int) -> ClaimBatch | StaleEpochError:
+    if reply[0] == Code.STALE_EPOCH:
+        return StaleEpochError(Script.CLAIM.value, f"<slot {slot}>", f"epoch {epoch}")
+    messages = []
+    for raw_id, raw_record in zip(reply[4::2], reply[5::2], strict=True):
+        attempts, due, headers, payload = decode_record(raw_record)
+        assert due is not None
+        messages.append(Message(as_text(raw_id), slot, payload, headers, attempts, due, epoch))
+    return ClaimBatch(slot, int(reply[1]), _optional_ms(reply[2]), _optional_ms(reply[3]), messages)
 
 
 def _per_lease_calls(
