@@ -87,6 +87,9 @@ class Consumer:
         self._server_base_ms = 0
         self._local_base = time.monotonic()
         self._waker = _blocking_client(queue.redis, WAKE_BLOCK_S)
+        # the smallest claim worth a round trip: a quarter batch (never more than fits in flight)
+        batch_limit = min(self.settings.batch_size, self.settings.max_in_flight)
+        self._min_batch = max(1, batch_limit // 4)
         topic = queue.topic
         self._control_key = f"dq:{{{topic.namespace}/{topic.name}}}:wake-control:{uuid.uuid4().hex}"
 
@@ -181,9 +184,12 @@ class Consumer:
             owned = [(slot, state) for slot in pending if (state := self._slots.get(slot))]
             if self._stopping or not owned:
                 return
-            waiting = [slot for slot, _ in owned[room:]]  # more due slots than room: next round
-            owned = owned[:room]
-            share = min(self.settings.batch_size, room // len(owned))  # shares add up to <= room
+            # Few slots with worthwhile batches rather than many slivers: each claimed batch
+            # costs its own Lua call, ack call and workers. Slots left out go first next round.
+            count = max(1, min(len(owned), room // self._min_batch))
+            waiting = [slot for slot, _ in owned[count:]]
+            owned = owned[:count]
+            share = min(self.settings.batch_size, room // count)  # shares add up to <= room
             try:
                 results = await self.queue.claim_slots(
                     [(slot, state.epoch) for slot, state in owned], share, self.settings.lease_ms
@@ -222,10 +228,9 @@ class Consumer:
         """Wait until a worthwhile claim fits in flight: at least a quarter batch of room, so a
         backlog is not drained in slivers (each sliver would cost its own claim and ack calls)."""
         limit = self.settings.max_in_flight
-        wanted = max(1, min(self.settings.batch_size, limit) // 4)
         async with self._capacity:
             await self._capacity.wait_for(
-                lambda: self._stopping or limit - self._in_flight >= wanted
+                lambda: self._stopping or limit - self._in_flight >= self._min_batch
             )
             return limit - self._in_flight
 
