@@ -517,14 +517,6 @@ def test_failover_promotes_the_replica_and_keeps_scheduled_messages(
             kube.kubectl("delete", "namespace", ns, "--wait=false")
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="known gap (issue 5, point 5): when the master pod is replaced by an unlabelled "
-    "one, a health pass writes masterPod '' (MasterMissing) and the next no longer knows there "
-    "was a master "
-    "and reports MasterElected instead of FailedOver, so lastFailoverTime is never set (and the "
-    "failover grace is cut to one health interval)",
-)
 def test_failover_is_recorded_in_the_status() -> None:
     """Point 5: the promotion after the master's loss is reported as a failover in the status.
 
@@ -535,12 +527,6 @@ def test_failover_is_recorded_in_the_status() -> None:
     assert broker.get("lastFailoverTime")
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="known gap (issue 5, point 6): with the chart's default mandatory finalizer "
-    "(operator.optionalFinalizer=false) a namespace holding a DelayTopic stays Terminating "
-    "while no operator runs; strict, so the fix turns this into a failure to remove the mark",
-)
 def test_namespace_deletion_never_hangs_with_the_operator_stopped(
     kube: Kube, operator: LocalOperator, chart_release: Release, zookeeper: ZooKeeperServer,
     tmp_path_factory: pytest.TempPathFactory,

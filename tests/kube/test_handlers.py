@@ -422,3 +422,44 @@ async def test_handlers_run_one_at_a_time_on_a_fresh_copy(
     )
     assert condition(api, "Provisioned")["reason"] == "ReshardingNotSupported"
     assert condition(api, "Ready")["reason"] == "ServingDegraded"
+
+
+async def test_master_replaced_by_unlabelled_pod_keeps_the_grace_and_records_the_failover(
+    api: kmock.KubernetesEmulator,
+    deps: Deps,
+    redis_pods: RedisPods,
+    clock: Clock,
+    logger: logging.Logger,
+) -> None:
+    put_topic(api, replicasPerBroker=1)
+    await provision(api, deps, logger)
+    redis_pods.add(0, 2, master=0)
+    add_service_pods(api, 1)
+    write_status(api, await refresh(deps, body(api), logger))
+    assert body(api)["status"]["brokers"][0]["masterPod"] == "orders-redis-0-0"
+
+    # The StatefulSet recreates the deleted master's pod: same name, no role label, not ready.
+    old = get(api, "v1/pods", "orders-redis-0-0")
+    assert old is not None
+    labels = {k: v for k, v in old["metadata"]["labels"].items() if k != naming.LABEL_ROLE}
+    api.objects["v1/pods", NAMESPACE, "orders-redis-0-0"] = {
+        "metadata": {"name": "orders-redis-0-0", "namespace": NAMESPACE, "labels": labels},
+        "status": {"podIP": old["status"]["podIP"],
+                   "conditions": [{"type": "Ready", "status": "False"}]},
+    }
+    redis_pods.partition("orders-redis-0-0")
+    for _ in range(2):  # several passes within the grace: the lost master is remembered
+        write_status(api, await refresh(deps, body(api), logger))
+        broker = body(api)["status"]["brokers"][0]
+        assert broker["state"] == "MasterMissing"
+        assert broker["masterPod"] == "orders-redis-0-0"
+        assert redis_pods.replication("orders-redis-0-1")["role"] == "slave"
+        clock.now += deps.failover_grace_s / 3
+
+    clock.now += deps.failover_grace_s
+    write_status(api, await refresh(deps, body(api), logger))
+    assert redis_pods.replication("orders-redis-0-1")["role"] == "master"
+    broker = body(api)["status"]["brokers"][0]
+    assert broker["masterPod"] == "orders-redis-0-1"
+    assert broker["lastFailoverTime"]
+    assert broker["state"] == "Ready"

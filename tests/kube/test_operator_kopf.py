@@ -212,3 +212,29 @@ async def test_paused_topic_is_left_alone(
         )
     assert not stored(api, "apps/v1/statefulsets", "quiet-service")
     assert not topic_tree_exists(zk, "quiet")
+
+
+def finalizers(api: kmock.KubernetesEmulator, name: str) -> list[str]:
+    return list(api.objects[DT, NAMESPACE, name]["metadata"].get("finalizers") or [])
+
+
+async def test_stopping_operator_releases_its_finalizers_and_a_restart_restores_them(
+    api: kmock.KubernetesEmulator,
+    connection: kopf.ConnectionInfo,
+    store: KazooTopicStore,
+    redis_commands: RedisCommands,
+    zk_connect: str,
+) -> None:
+    async with operator(connection, store, redis_commands, zk_connect):
+        for name in ("kept", "doomed"):
+            await api.post(TOPIC_PATH, json=topic(name))
+        for name in ("kept", "doomed"):
+            await eventually(
+                lambda name=name: naming.FINALIZER in finalizers(api, name),  # type: ignore[misc]
+                "finalizer",
+            )
+    # No operator runs: nothing of it may block a deletion (a namespace's, for instance).
+    assert finalizers(api, "kept") == finalizers(api, "doomed") == []
+
+    async with operator(connection, store, redis_commands, zk_connect):
+        await eventually(lambda: naming.FINALIZER in finalizers(api, "kept"), "finalizer back")

@@ -21,7 +21,7 @@ import kopf
 from delayq.kube import naming
 from delayq.kube.client import KubeClient
 from delayq.kube.config import OperatorConfig
-from delayq.kube.handlers.deletion import finalize
+from delayq.kube.handlers.deletion import finalize, release_finalizers
 from delayq.kube.handlers.deps import Deps, Logger
 from delayq.kube.handlers.errors import TopicFailure
 from delayq.kube.handlers.health import refresh
@@ -124,10 +124,17 @@ def build_registry(runtime: Runtime) -> kopf.OperatorRegistry:
         )
 
     @kopf.on.cleanup(registry=registry)
-    async def cleanup(**_: Any) -> None:
+    async def cleanup(logger: Logger, **_: Any) -> None:
         if runtime.deps is not None:
             kube, runtime.deps = runtime.deps.kube, None
-            await kube.close()
+            try:
+                # No finalizer may outlive the operator: with none running, a namespace
+                # deletion would hang on it (see handlers/deletion.py).
+                released = await release_finalizers(kube, config.namespaces, logger)
+                if released:
+                    logger.info("released the finalizer of %d topics", released)
+            finally:
+                await kube.close()
 
     @kopf.on.login(registry=registry)
     def login(**_: Any) -> kopf.ConnectionInfo:

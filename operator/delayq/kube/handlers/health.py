@@ -199,10 +199,14 @@ async def observe_broker(
 
     ready_pods = {pod.name for pod in pods if pod.ready}
     serving = decision.master is not None and decision.master in ready_pods
+    # While a lost master is awaited (or no replica can replace it yet), keep naming it: the
+    # status is what tells the next pass (and a restarted operator) that there was a master,
+    # so that it keeps the grace and reports the promotion as a failover.
+    lost_master = previous.get("masterPod") if decision.missing_since is not None else None
     entry: dict[str, Any] = {
         "index": broker,
         "state": "Ready" if serving else decision.reason,
-        "masterPod": decision.master or "",
+        "masterPod": decision.master or lost_master or "",
         "replicasReady": len(ready_pods - {decision.master}),
         "replicasDesired": spec.replicas_per_broker,
         "slots": len(routing.slots_of(broker)) if broker < routing.broker_count else 0,
