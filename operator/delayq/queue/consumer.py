@@ -119,10 +119,6 @@ class Consumer:
         if draining:
             await asyncio.wait(draining, timeout=self.settings.release_drain_s)
 
-    def epoch(self, slot: int) -> int | None:
-        state = self._slots.get(slot)
-        return state.epoch if state else None
-
     # the loop ---------------------------------------------------------------------------------
 
     async def run(self) -> None:
