@@ -37,6 +37,7 @@ from delayq.queue.plans import Retry
 log = logging.getLogger(__name__)
 
 Handler = Callable[[Message], Awaitable[None]]
+STOP_WAKER_S = 2.0  # how long stopping waits for the blocking wait to take its interrupt
 RETRY_MS = 200  # after a failed claim, the slot is tried again this much later
 WAKE_BLOCK_S = 10.0  # upper bound of one blocking wait; only a liveness refresh, not a poll
 
@@ -60,6 +61,7 @@ class ConsumerSettings:
 class _SlotState:
     epoch: int
     next_ms: int | None = 0  # server ms when the slot next needs a claim (0 = now)
+    wakes: int = 0  # wake-ups received; one arriving during a claim invalidates its next_ms
 
 
 class Consumer:
@@ -83,6 +85,7 @@ class Consumer:
         self._in_flight = 0
         self._capacity = asyncio.Condition()
         self._tasks: dict[asyncio.Task[None], int] = {}  # delivery task -> its slot
+        self._stop_notice: asyncio.Task[None] | None = None
         # server clock estimate: server_ms ~= _server_base_ms + (monotonic - _local_base) * 1000
         self._server_base_ms = 0
         self._local_base = time.monotonic()
@@ -132,8 +135,10 @@ class Consumer:
             self._stopping = True
             with contextlib.suppress(redis.RedisError):
                 await self._interrupt_waker()
-            with contextlib.suppress(redis.RedisError):
-                await waker
+            try:
+                await asyncio.wait_for(waker, STOP_WAKER_S)
+            except (TimeoutError, redis.RedisError):
+                waker.cancel()  # the interrupt did not get through; its connection is closed below
             if self._tasks:
                 await asyncio.gather(*self._tasks, return_exceptions=True)
             with contextlib.suppress(redis.RedisError):
@@ -143,6 +148,13 @@ class Consumer:
     def stop(self) -> None:
         self._stopping = True
         self._changed.set()
+        with contextlib.suppress(RuntimeError):  # no running loop: nothing can be waiting
+            self._stop_notice = asyncio.get_running_loop().create_task(self._notify_capacity())
+
+    async def _notify_capacity(self) -> None:
+        """Wake a claim waiting for room in flight, so stopping never waits on slow handlers."""
+        async with self._capacity:
+            self._capacity.notify_all()
 
     def _server_now_ms(self) -> int:
         return self._server_base_ms + int((time.monotonic() - self._local_base) * 1000)
@@ -178,6 +190,7 @@ class Consumer:
         while pending and not self._stopping:
             room = await self._wait_for_capacity()
             owned = [(slot, state) for slot in pending if (state := self._slots.get(slot))]
+            wakes_before = {slot: state.wakes for slot, state in owned}
             if self._stopping or not owned:
                 return
             # Few slots with worthwhile batches rather than many slivers: each claimed batch
@@ -206,7 +219,11 @@ class Consumer:
                 self._server_base_ms, self._local_base = result.now_ms, time.monotonic()
                 if result.messages:
                     self._deliver(result)
-                if len(result.messages) < share:
+                if state.wakes != wakes_before[slot]:
+                    # woken while the claim was in flight: the reply's next due time predates
+                    # the message that caused the wake-up, so claim again rather than trust it
+                    self._set_next(slot, 0)
+                elif len(result.messages) < share:
                     self._set_next(slot, _next_ms(result))
                 else:
                     pending.append(slot)
@@ -316,8 +333,11 @@ class Consumer:
                 continue
             if popped is None or as_text(popped[0]) == self._control_key:
                 continue
-            self._set_next(parse_wake_key(as_text(popped[0])), 0)
-            self._changed.set()
+            slot = parse_wake_key(as_text(popped[0]))
+            if (state := self._slots.get(slot)) is not None:
+                state.wakes += 1
+                self._set_next(slot, 0)
+                self._changed.set()
 
 
 def _next_ms(batch: ClaimBatch) -> int | None:
