@@ -6,9 +6,7 @@ real server with the same settings.
 
 from __future__ import annotations
 
-import os
 import shutil
-import signal
 import subprocess
 import tempfile
 from dataclasses import dataclass, field
@@ -17,6 +15,7 @@ from pathlib import Path
 import redis
 
 from delayq.local.ports import free_port, wait_until
+from delayq.local.process import stop_by_pid
 
 START_TIMEOUT_S = 10.0
 STOP_TIMEOUT_S = 10.0
@@ -87,13 +86,8 @@ class RedisServer:
             return False
 
     def stop(self) -> None:
-        if self.process is not None and self.process.poll() is None:
-            os.kill(self.process.pid, signal.SIGTERM)
-            try:
-                self.process.wait(STOP_TIMEOUT_S)
-            except subprocess.TimeoutExpired:
-                os.kill(self.process.pid, signal.SIGKILL)
-                self.process.wait()
+        if self.process is not None:
+            stop_by_pid(self.process, STOP_TIMEOUT_S)
         if self.directory is not None:
             shutil.rmtree(self.directory, ignore_errors=True)
 

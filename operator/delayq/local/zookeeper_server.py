@@ -15,7 +15,6 @@ from __future__ import annotations
 import glob
 import os
 import shutil
-import signal
 import socket
 import subprocess
 import tempfile
@@ -23,6 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from delayq.local.ports import free_port, wait_until
+from delayq.local.process import stop_by_pid
 
 START_TIMEOUT_S = 60.0  # a cold JVM on a loaded two-core machine can take a while
 STOP_TIMEOUT_S = 10.0
@@ -125,13 +125,8 @@ class ZooKeeperServer:
 
     def stop(self, keep_data: bool = False) -> None:
         """Stop the process by PID; remove the data directory unless `keep_data`."""
-        if self.process is not None and self.process.poll() is None:
-            os.kill(self.process.pid, signal.SIGTERM)
-            try:
-                self.process.wait(STOP_TIMEOUT_S)
-            except subprocess.TimeoutExpired:
-                os.kill(self.process.pid, signal.SIGKILL)
-                self.process.wait()
+        if self.process is not None:
+            stop_by_pid(self.process, STOP_TIMEOUT_S)
         self.process = None
         if not keep_data and self.directory is not None:
             shutil.rmtree(self.directory, ignore_errors=True)
