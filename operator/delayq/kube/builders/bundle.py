@@ -30,11 +30,21 @@ def build_all(
     slot_amount: int,
     with_service_monitor: bool,
 ) -> list[Manifest]:
-    """All children, not yet owned: Secret and ConfigMap first, so pods find them at start."""
+    """All children, not yet owned, in apply order.
+
+    Secret and ConfigMap first, so pods find them at start. The delay-service StatefulSet
+    before the Redis ones: Redis pod placement looks for service pod `i` (redis_affinity), so
+    it must already be placed; the service pods restart with backoff until their broker answers
+    and stay unready meanwhile, which is harmless.
+    """
     manifests: list[Manifest] = [
         service.credentials_secret(spec, credentials.redis_password, credentials.api_token),
         service.config_map(spec, ctx, slot_amount),
         redis.redis_network_policy(spec, ctx),
+        service.service_headless_service(spec),
+        service.api_service(spec),
+        service.service_statefulset(spec, ctx, slot_amount),
+        service.service_pdb(spec),
     ]
     for broker in range(spec.brokers):
         manifests += [
@@ -43,12 +53,6 @@ def build_all(
             redis.redis_statefulset(spec, broker, ctx),
             redis.redis_pdb(spec, broker),
         ]
-    manifests += [
-        service.service_headless_service(spec),
-        service.api_service(spec),
-        service.service_statefulset(spec, ctx, slot_amount),
-        service.service_pdb(spec),
-    ]
     if with_service_monitor:
         manifests.append(service.service_monitor(spec))
     return manifests

@@ -16,6 +16,11 @@ Manifest = dict[str, Any]
 REDIS_UID = 999  # the `redis` user of the official image
 SERVICE_UID = 10001  # the `delayq` user of the project image (see the Dockerfile)
 
+HOSTNAME_TOPOLOGY = "kubernetes.io/hostname"
+# Set by the StatefulSet controller on every pod it creates: the one label that tells one pod of
+# a StatefulSet from its siblings, so an affinity term can aim at a single pod.
+POD_NAME_LABEL = "statefulset.kubernetes.io/pod-name"
+
 
 @dataclass(frozen=True)
 class BuildContext:

@@ -12,6 +12,8 @@ from __future__ import annotations
 
 from delayq.kube import naming
 from delayq.kube.builders.common import (
+    HOSTNAME_TOPOLOGY,
+    POD_NAME_LABEL,
     REDIS_UID,
     BuildContext,
     Manifest,
@@ -25,6 +27,14 @@ from delayq.kube.builders.common import (
     tmp_volume,
 )
 from delayq.kube.spec import TopicSpec
+
+# Placement weights (the scheduler adds them per node). Spreading a broker's own pods is the
+# stronger preference: a node loss must not take the master and its replica together.
+BROKER_SPREAD_WEIGHT = 100
+# Weaker pull of every pod of broker i towards delay-service pod i: the broker pod scheduled
+# first (pod 0, created first and elected first master) lands next to it, and the spread still
+# sends the replicas elsewhere (on that node: +50 for the pair, -100 twice for the spread).
+SERVICE_PAIR_WEIGHT = 50
 
 # The role comes from the pod's own labels; the password reaches redis-server on stdin so it
 # never shows in the process list. appendfsync everysec: at most one second of writes at risk
@@ -125,17 +135,7 @@ def redis_statefulset(spec: TopicSpec, broker: int, ctx: BuildContext) -> Manife
                     "automountServiceAccountToken": False,
                     "enableServiceLinks": False,
                     "terminationGracePeriodSeconds": 30,
-                    "affinity": {
-                        "podAntiAffinity": {
-                            "preferredDuringSchedulingIgnoredDuringExecution": [
-                                preferred_term(
-                                    100,
-                                    naming.redis_selector(spec.name, broker),
-                                    "kubernetes.io/hostname",
-                                )
-                            ]
-                        }
-                    },
+                    "affinity": redis_affinity(spec, broker),
                     "containers": [container],
                     "volumes": [
                         {"name": "podinfo", "downwardAPI": {"items": [labels_file]}},
@@ -144,6 +144,36 @@ def redis_statefulset(spec: TopicSpec, broker: int, ctx: BuildContext) -> Manife
                 },
             },
             "volumeClaimTemplates": [volume_claim],
+        },
+    }
+
+
+def redis_affinity(spec: TopicSpec, broker: int) -> Manifest:
+    """Next to delay-service pod `broker` (which works this broker's slots), apart from each other.
+
+    The pairing is written on the Redis side because the service pods share one template and
+    cannot name their broker; a Redis StatefulSet exists per broker and can name its service pod
+    by the pod-name label. The service StatefulSet is applied first (builders/bundle.py) so that
+    its pods are already placed when these are scheduled.
+    """
+    service_pod = {
+        **naming.service_selector(spec.name),
+        POD_NAME_LABEL: f"{naming.service_statefulset(spec.name)}-{broker}",
+    }
+    return {
+        "podAffinity": {
+            "preferredDuringSchedulingIgnoredDuringExecution": [
+                preferred_term(SERVICE_PAIR_WEIGHT, service_pod, HOSTNAME_TOPOLOGY)
+            ]
+        },
+        "podAntiAffinity": {
+            "preferredDuringSchedulingIgnoredDuringExecution": [
+                preferred_term(
+                    BROKER_SPREAD_WEIGHT,
+                    naming.redis_selector(spec.name, broker),
+                    HOSTNAME_TOPOLOGY,
+                )
+            ]
         },
     }
 

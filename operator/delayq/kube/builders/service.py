@@ -1,9 +1,12 @@
 """The delay-service side of a topic: StatefulSet, Services, config, credentials, PDB, monitor.
 
 One StatefulSet with one pod per broker: pod `<topic>-service-<i>` prefers the slots of broker
-`i` (ZooKeeper decides ownership). Scheduling prefers nodes running a Redis master of the topic
-and spreads the service pods across nodes. The pod template carries a hash of everything the
-process reads at start, so a config or worker change rolls the pods.
+`i` (ZooKeeper decides ownership). Scheduling spreads the service pods across nodes and prefers
+nodes running a Redis master of the topic (a pod rescheduled later goes where a master is); the
+specific pairing of service pod `i` with broker `i`'s first master is made from the Redis side
+(redis.redis_affinity), because one pod template cannot name a different broker per pod. The
+pod template carries a hash of everything the process reads at start, so a config or worker
+change rolls the pods.
 """
 
 from __future__ import annotations

@@ -1,0 +1,107 @@
+"""Placement: broker i's first master next to delay-service pod i, its replicas elsewhere.
+
+The manifests carry the preferences; the apply order makes them effective (the Redis pods look
+for a service pod that must already exist). The real scheduler's verdict is in
+e2e/test_placement.py.
+"""
+
+from __future__ import annotations
+
+import logging
+
+import kmock
+
+from delayq.kube import naming
+from delayq.kube.builders.bundle import build_all
+from delayq.kube.builders.common import HOSTNAME_TOPOLOGY, POD_NAME_LABEL, Manifest
+from delayq.kube.builders.redis import BROKER_SPREAD_WEIGHT, SERVICE_PAIR_WEIGHT
+from delayq.kube.handlers.deps import Deps
+from delayq.kube.handlers.reconcile import reconcile
+from tests.kube.conftest import DT, NAMESPACE
+from tests.kube.test_builders import CREDS, CTX, by_kind_name, spec_of
+
+
+def redis_affinity(broker: int, brokers: int = 3) -> Manifest:
+    manifests = build_all(spec_of(brokers=brokers, replicasPerBroker=1), CTX, CREDS, 16, False)
+    sts = by_kind_name(manifests)["StatefulSet", f"orders-redis-{broker}"]
+    affinity: Manifest = sts["spec"]["template"]["spec"]["affinity"]
+    return affinity
+
+
+def only_term(affinity: Manifest, kind: str) -> Manifest:
+    (term,) = affinity[kind]["preferredDuringSchedulingIgnoredDuringExecution"]
+    return dict(term)
+
+
+def test_each_broker_prefers_the_node_of_its_own_service_pod() -> None:
+    for broker in range(3):
+        term = only_term(redis_affinity(broker), "podAffinity")
+        selector = term["podAffinityTerm"]["labelSelector"]["matchLabels"]
+        assert selector == {
+            naming.LABEL_TOPIC: "orders",
+            naming.LABEL_COMPONENT: naming.COMPONENT_SERVICE,
+            POD_NAME_LABEL: f"orders-service-{broker}",
+        }
+        assert term["podAffinityTerm"]["topologyKey"] == HOSTNAME_TOPOLOGY
+
+
+def test_spreading_a_broker_outweighs_the_pairing() -> None:
+    """Otherwise the replica would follow the master onto the service pod's node."""
+    affinity = redis_affinity(1)
+    near = only_term(affinity, "podAffinity")
+    apart = only_term(affinity, "podAntiAffinity")
+    assert near["weight"] == SERVICE_PAIR_WEIGHT < apart["weight"] == BROKER_SPREAD_WEIGHT
+    assert apart["podAffinityTerm"]["labelSelector"]["matchLabels"] == naming.redis_selector(
+        "orders", 1
+    )
+    assert apart["podAffinityTerm"]["topologyKey"] == HOSTNAME_TOPOLOGY
+
+
+def test_service_pods_keep_their_master_preference_and_spread() -> None:
+    manifests = build_all(spec_of(brokers=3), CTX, CREDS, 16, False)
+    pod = by_kind_name(manifests)["StatefulSet", "orders-service"]["spec"]["template"]["spec"]
+    near = only_term(pod["affinity"], "podAffinity")["podAffinityTerm"]
+    assert near["labelSelector"]["matchLabels"][naming.LABEL_ROLE] == naming.ROLE_MASTER
+    apart = only_term(pod["affinity"], "podAntiAffinity")["podAffinityTerm"]
+    assert apart["labelSelector"]["matchLabels"] == naming.service_selector("orders")
+    assert pod["topologySpreadConstraints"]
+
+
+def statefulset_order(names: list[tuple[str, str]]) -> list[str]:
+    return [name for kind, name in names if kind == "StatefulSet"]
+
+
+def test_bundle_lists_the_service_statefulset_before_every_redis_one() -> None:
+    manifests = build_all(spec_of(brokers=3), CTX, CREDS, 16, False)
+    names = [(m["kind"], m["metadata"]["name"]) for m in manifests]
+    assert statefulset_order(names) == [
+        "orders-service",
+        "orders-redis-0",
+        "orders-redis-1",
+        "orders-redis-2",
+    ]
+    assert names.index(("ConfigMap", "orders-config")) < names.index(
+        ("StatefulSet", "orders-service")
+    )
+
+
+async def test_reconcile_creates_the_service_statefulset_first(
+    api: kmock.KubernetesEmulator, deps: Deps, logger: logging.Logger
+) -> None:
+    """The order of the real create calls, not only of the list the builders return."""
+    created: list[tuple[str, str]] = []
+    create = deps.kube.create
+
+    async def recording_create(manifest: Manifest) -> Manifest:
+        created.append((manifest["kind"], manifest["metadata"]["name"]))
+        return await create(manifest)
+
+    deps.kube.create = recording_create  # type: ignore[method-assign]
+    api.objects[DT, NAMESPACE, "orders"] = {
+        "apiVersion": "delayq.io/v1alpha1",
+        "kind": "DelayTopic",
+        "metadata": {"name": "orders", "namespace": NAMESPACE, "uid": "uid-o", "generation": 1},
+        "spec": {"brokers": 2, "slotAmount": 4},
+    }
+    await reconcile(deps, dict(api.objects[DT, NAMESPACE, "orders"].raw), logger)
+    assert statefulset_order(created) == ["orders-service", "orders-redis-0", "orders-redis-1"]
