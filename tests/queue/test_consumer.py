@@ -257,6 +257,28 @@ async def test_claims_that_fail_are_retried_and_the_loop_survives(
     await impatient.close()
 
 
+async def test_stop_during_a_claim_ends_the_loop_at_once(async_queue: AsyncQueue) -> None:
+    """A stop that lands while a claim is in flight must not be lost: the loop would otherwise
+    sleep until its next timer (here an hour away) before noticing it."""
+    await async_queue.schedule("now", delay_ms=0)
+    await async_queue.schedule("later", delay_ms=HOUR_MS)
+    consumer = Consumer(async_queue, _ignore)
+    claim_slots = async_queue.claim_slots
+
+    async def claim_then_stop(*args: object, **kwargs: object) -> object:
+        consumer.stop()
+        return await claim_slots(*args, **kwargs)  # type: ignore[arg-type]
+
+    async_queue.claim_slots = claim_then_stop  # type: ignore[method-assign]
+    await consumer.own(TOPIC.slots)
+    await asyncio.wait_for(consumer.run(), 10)  # before the fix: asleep for an hour
+    assert (await async_queue.get("later")).state is State.SCHEDULED
+
+
+async def _ignore(message: Message) -> None:
+    del message
+
+
 async def test_a_slot_taken_over_elsewhere_is_dropped(async_queue: AsyncQueue) -> None:
     lost: list[int] = []
     seen: list[str] = []

@@ -26,6 +26,7 @@ from delayq.queue.model import (
     ScheduleResult,
     TopicStats,
 )
+from delayq.queue.packing import use_hiredis_packing
 from delayq.queue.plans import DeadBatchResult, Plan, Retry, Target
 from delayq.queue.scripts import Script, script_source
 from delayq.queue.topic import Topic
@@ -227,7 +228,7 @@ class AsyncQueue:
 
     @classmethod
     def from_url(cls, url: str, topic: Topic, **options: Any) -> AsyncQueue:
-        return cls(redis.asyncio.Redis.from_url(url, **options), topic)
+        return cls(use_hiredis_packing(redis.asyncio.Redis.from_url(url, **options)), topic)
 
     async def run(self, plan: Plan[T]) -> T:
         if len(plan.calls) == 1:

@@ -230,6 +230,8 @@ class Consumer:
 
     async def _sleep_until_next(self) -> None:
         self._changed.clear()
+        if self._stopping:
+            return  # stop() came during the claim: its signal was just cleared with the others
         next_ms = self._next_timer()
         timeout = None if next_ms is None else (next_ms - self._server_now_ms()) / 1000
         if timeout is not None and timeout <= 0:

@@ -21,6 +21,7 @@ from delayq.kube.routing import initial_routing
 from delayq.queue.client import AsyncQueue
 from delayq.queue.consumer import WAKE_BLOCK_S
 from delayq.queue.model import TopicStats
+from delayq.queue.packing import use_hiredis_packing
 from delayq.queue.topic import Topic
 
 log = logging.getLogger(__name__)
@@ -39,7 +40,7 @@ def connect(url: str, max_connections: int) -> redis.asyncio.Redis:
     pool = redis.asyncio.BlockingConnectionPool.from_url(
         url, max_connections=max_connections, timeout=None, socket_timeout=SOCKET_TIMEOUT_S
     )
-    return redis.asyncio.Redis(connection_pool=pool)
+    return use_hiredis_packing(redis.asyncio.Redis(connection_pool=pool))
 
 
 def default_routing(slot_amount: int, broker_count: int) -> list[int]:

@@ -30,10 +30,13 @@ if not epoch_matches(epoch_key, ARGV[1]) then
 end
 local now = now_ms()
 
+local ids = {}
+for i = 3, #ARGV, 2 do ids[#ids + 1] = ARGV[i] end
+local leased = read_chunked('ZMSCORE', prepare, ids)
+local records = read_chunked('HMGET', msg, ids)
 local done = {}
-for i = 3, #ARGV, 2 do
-  local id, attempt = ARGV[i], tonumber(ARGV[i + 1])
-  local record = redis.call('ZSCORE', prepare, id) and redis.call('HGET', msg, id)
+for k = 1, #ids do
+  local id, attempt, record = ids[k], tonumber(ARGV[2 * k + 2]), leased[k] and records[k]
   local attempts, due = nil, nil
   if record then attempts, due = record_fields(record) end
   if attempts ~= nil and attempts == attempt then

@@ -68,13 +68,14 @@ local due_ids = redis.call('ZRANGEBYSCORE', store, '-inf', now, 'WITHSCORES', 'L
 if #due_ids > 0 then
   local deadline = now + lease_ms
   local ids, zadd_args, hset_args = {}, {}, {}
-  for i = 1, #due_ids, 2 do
-    local id, due = due_ids[i], due_ids[i + 1]
-    ids[#ids + 1] = id
-    local record = redis.call('HGET', msg, id)
+  for i = 1, #due_ids, 2 do ids[#ids + 1] = due_ids[i] end
+  local records = read_chunked('HMGET', msg, ids)
+  for k = 1, #ids do
+    local id, due, record = ids[k], due_ids[2 * k], records[k]
     if record then
-      local attempts = record_fields(record) + 1
-      local leased = record_with(record, attempts, due)
+      local attempts, _, p2 = record_fields(record)
+      attempts = attempts + 1
+      local leased = record_with(record, attempts, due, p2)
       zadd_args[#zadd_args + 1] = deadline
       zadd_args[#zadd_args + 1] = id
       hset_args[#hset_args + 1] = id

@@ -17,8 +17,9 @@ local function record_fields(record)
   return tonumber(string.sub(record, 1, p1 - 1)), string.sub(record, p1 + 1, p2 - 1), p2
 end
 
-local function record_with(record, attempts, due)
-  local _, _, p2 = record_fields(record)
+-- The record with new attempts and due fields; `p2` (from record_fields) saves a second parse.
+local function record_with(record, attempts, due, p2)
+  if p2 == nil then p2 = select(3, record_fields(record)) end
   return tostring(attempts) .. ':' .. due .. string.sub(record, p2)
 end
 
@@ -54,6 +55,17 @@ local function call_chunked(command, key, args)
   for i = 1, #args, UNPACK_CHUNK do
     redis.call(command, key, unpack(args, i, math.min(i + UNPACK_CHUNK - 1, #args)))
   end
+end
+
+-- A multi-key read (HMGET, ZMSCORE) over many members in chunks, as one flat list in order:
+-- one Redis call per chunk instead of one per message keeps the hot scripts' cost in C.
+local function read_chunked(command, key, members)
+  local out = {}
+  for i = 1, #members, UNPACK_CHUNK do
+    local part = redis.call(command, key, unpack(members, i, math.min(i + UNPACK_CHUNK - 1, #members)))
+    for j = 1, #part do out[#out + 1] = part[j] end
+  end
+  return out
 end
 
 -- Where a message is: 'scheduled' | 'prepared' | 'dead' | false, with its score there.
