@@ -24,6 +24,11 @@ ZK_CONNECT_PATTERN = re.compile(
 )
 MAX_BROKERS = 64
 MAX_REPLICAS_PER_BROKER = 5
+MAX_MIN_REPLICAS_MAX_LAG_S = 3600
+MIN_REPLICAS_EXCEED_MESSAGE = (
+    "redis.minReplicasToWrite must not exceed replicasPerBroker: a master cannot have more "
+    "replicas in sync than its broker has, so it would refuse every write"
+)
 
 
 class SpecError(ValueError):
@@ -76,6 +81,10 @@ class TopicSpec:
     worker_concurrency: int = 16
     worker_resources: Resources = field(default_factory=Resources)
     redis_resources: Resources = field(default_factory=Resources)
+    # Redis min-replicas-to-write / min-replicas-max-lag on every broker pod: 0 keeps plain
+    # asynchronous replication (writes never refused, a failover can lose the last ones).
+    redis_min_replicas_to_write: int = 0
+    redis_min_replicas_max_lag_s: int = 10
 
     @property
     def topic(self) -> Topic:
@@ -138,13 +147,16 @@ def parse_spec(name: str, namespace: str, spec: Mapping[str, Any]) -> TopicSpec:
     if deletion_policy not in ("Retain", "Delete"):
         raise SpecError(f"deletionPolicy {deletion_policy!r} must be Retain or Delete")
     worker = _section(spec, "worker")
+    replicas_per_broker = _int(spec, "replicasPerBroker", 1, 0, MAX_REPLICAS_PER_BROKER)
+    redis = _section(spec, "redis")
+    min_replicas_to_write = _min_replicas_to_write(redis, replicas_per_broker)
     parsed = TopicSpec(
         name=name,
         namespace=namespace,
         slot_amount=slot_amount,
         topic_type=topic_type,
         brokers=brokers,
-        replicas_per_broker=_int(spec, "replicasPerBroker", 1, 0, MAX_REPLICAS_PER_BROKER),
+        replicas_per_broker=replicas_per_broker,
         max_retries=_int(spec, "maxRetries", 16, 0, 1000),
         ack_timeout_ms=parse_duration_ms(
             spec.get("ackTimeout", "30s"), "ackTimeout", 1, 86_400_000
@@ -161,7 +173,11 @@ def parse_spec(name: str, namespace: str, spec: Mapping[str, Any]) -> TopicSpec:
         deletion_policy=deletion_policy,
         worker_concurrency=_int(worker, "concurrency", 16, 1, 1024, prefix="worker."),
         worker_resources=_resources(worker, "worker"),
-        redis_resources=_resources(_section(spec, "redis"), "redis"),
+        redis_resources=_resources(redis, "redis"),
+        redis_min_replicas_to_write=min_replicas_to_write,
+        redis_min_replicas_max_lag_s=_int(
+            redis, "minReplicasMaxLagSeconds", 10, 1, MAX_MIN_REPLICAS_MAX_LAG_S, "redis."
+        ),
     )
     try:
         parsed.topic  # noqa: B018 - the engine's own checks (name is a DNS label, ...)
@@ -198,6 +214,17 @@ def _delivery(topic_type: TopicType, section: Mapping[str, Any]) -> Delivery:
         stream_key=str(stream.get("streamKey", "")),
         stream_max_len=_int(stream, "maxLen", 0, 0, 1_000_000_000, "delivery.stream."),
     )
+
+
+def _min_replicas_to_write(redis: Mapping[str, Any], replicas_per_broker: int) -> int:
+    """Bounded by the broker's replicas: more could never be in sync, so no write would pass."""
+    value = _int(redis, "minReplicasToWrite", 0, 0, MAX_REPLICAS_PER_BROKER, "redis.")
+    if value > replicas_per_broker:
+        raise SpecError(
+            f"{MIN_REPLICAS_EXCEED_MESSAGE} (minReplicasToWrite={value}, "
+            f"replicasPerBroker={replicas_per_broker})"
+        )
+    return value
 
 
 def _resources(section: Mapping[str, Any], owner: str) -> Resources:

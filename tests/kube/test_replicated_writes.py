@@ -1,0 +1,113 @@
+"""spec.redis.minReplicasToWrite: parsed, bounded, rendered, and refused by a real Redis.
+
+The last test starts redis-server with exactly the options the pod script would pass, so a
+misspelt option (redis-server refuses to start) or a write that slips through fails here.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+import redis
+
+from delayq.kube.builders.redis import REDIS_START_SCRIPT
+from delayq.kube.spec import MIN_REPLICAS_EXCEED_MESSAGE, SpecError
+from delayq.local.ports import wait_until
+from delayq.local.redis_server import RedisServer
+from delayq.queue.client import Queue
+from delayq.queue.model import State
+from tests.kube.test_builders import by_kind_name, rendered, spec_of
+
+pytestmark = pytest.mark.timeout(60)
+
+
+def redis_env(**spec: Any) -> dict[str, str]:
+    sts = by_kind_name(rendered(spec_of(**spec)))["StatefulSet", "orders-redis-0"]
+    (container,) = sts["spec"]["template"]["spec"]["containers"]
+    return {item["name"]: item.get("value", "") for item in container["env"]}
+
+
+def min_replicas_options(env: dict[str, str]) -> dict[str, str]:
+    """redis-server options the start script builds from the container's environment."""
+    pairs = re.findall(r"--(min-replicas-[a-z-]+) \$([A-Z_]+)", REDIS_START_SCRIPT)
+    assert len(pairs) == 2, REDIS_START_SCRIPT
+    return {option: env[variable] for option, variable in pairs}
+
+
+def test_default_keeps_asynchronous_replication() -> None:
+    spec = spec_of()
+    assert (spec.redis_min_replicas_to_write, spec.redis_min_replicas_max_lag_s) == (0, 10)
+    assert min_replicas_options(redis_env()) == {
+        "min-replicas-to-write": "0",
+        "min-replicas-max-lag": "10",
+    }
+
+
+def test_settings_reach_every_broker_pod() -> None:
+    redis_spec = {"minReplicasToWrite": 2, "minReplicasMaxLagSeconds": 5}
+    manifests = by_kind_name(rendered(spec_of(brokers=2, replicasPerBroker=2, redis=redis_spec)))
+    for broker in (0, 1):
+        pod = manifests["StatefulSet", f"orders-redis-{broker}"]["spec"]["template"]["spec"]
+        env = {item["name"]: item.get("value") for item in pod["containers"][0]["env"]}
+        assert (env["MIN_REPLICAS_TO_WRITE"], env["MIN_REPLICAS_MAX_LAG_S"]) == ("2", "5")
+
+
+@pytest.mark.parametrize(("replicas", "minimum"), [(0, 1), (1, 2), (2, 5)])
+def test_more_than_the_broker_has_is_rejected(replicas: int, minimum: int) -> None:
+    with pytest.raises(SpecError) as error:
+        spec_of(replicasPerBroker=replicas, redis={"minReplicasToWrite": minimum})
+    assert MIN_REPLICAS_EXCEED_MESSAGE in str(error.value)
+    assert f"minReplicasToWrite={minimum}, replicasPerBroker={replicas}" in str(error.value)
+
+
+@pytest.mark.parametrize(
+    ("redis_spec", "field"),
+    [
+        ({"minReplicasToWrite": -1}, "redis.minReplicasToWrite"),
+        ({"minReplicasToWrite": "1"}, "redis.minReplicasToWrite"),
+        ({"minReplicasMaxLagSeconds": 0}, "redis.minReplicasMaxLagSeconds"),
+        ({"minReplicasMaxLagSeconds": 3601}, "redis.minReplicasMaxLagSeconds"),
+    ],
+)
+def test_out_of_bounds_values_name_the_field(redis_spec: dict[str, Any], field: str) -> None:
+    with pytest.raises(SpecError, match=f"^{re.escape(field)} must be an integer between"):
+        spec_of(replicasPerBroker=5, redis=redis_spec)
+
+
+def test_equal_to_the_replicas_is_accepted() -> None:
+    spec = spec_of(replicasPerBroker=2, redis={"minReplicasToWrite": 2})
+    assert spec.redis_min_replicas_to_write == 2
+
+
+@pytest.fixture
+def master() -> Iterator[RedisServer]:
+    """A master started with the options a pod with minReplicasToWrite=1 gets."""
+    env = redis_env(replicasPerBroker=1, redis={"minReplicasToWrite": 1})
+    with RedisServer(extra_config=min_replicas_options(env)) as server:
+        yield server
+
+
+def good_replicas(server: RedisServer) -> int:
+    info = redis.Redis.from_url(server.url).info("replication")
+    return int(info.get("min_slaves_good_slaves", 0))
+
+
+def test_writes_are_refused_with_noreplicas_until_a_replica_is_in_sync(
+    master: RedisServer,
+) -> None:
+    """Producers get an error (the API answers 503 for any Redis error) instead of a write that
+    a failover could lose; once a replica acknowledges replication, writes pass again."""
+    queue = Queue.from_url(master.url, spec_of().topic)
+    try:
+        with pytest.raises(redis.ResponseError, match="NOREPLICAS"):
+            queue.schedule("m-1", b"payload", delay_ms=1000)
+        assert queue.get("m-1").state is State.ABSENT
+        with RedisServer(extra_config={"replicaof": f"127.0.0.1 {master.port}"}):
+            wait_until(lambda: good_replicas(master) == 1, 20, "the replica in sync")
+            queue.schedule("m-1", b"payload", delay_ms=1000)
+            assert queue.get("m-1").state is State.SCHEDULED
+    finally:
+        queue.close()
