@@ -19,6 +19,7 @@ from delayq.queue.model import (
     ClaimBatch,
     DeadPage,
     Lease,
+    Leased,
     MessageInfo,
     Mode,
     Outcome,
@@ -166,7 +167,7 @@ class Queue:
     def ack(self, lease: Lease) -> Outcome:
         return self.run(plans.checked(plans.ack(self.topic, [lease]), Script.ACK))
 
-    def ack_many(self, leases: Sequence[Lease]) -> list[Outcome]:
+    def ack_many(self, leases: Sequence[Leased]) -> list[Outcome]:
         return self.run(plans.ack(self.topic, leases))
 
     def nack(
@@ -311,7 +312,7 @@ class AsyncQueue:
     async def ack(self, lease: Lease) -> Outcome:
         return await self.run(plans.checked(plans.ack(self.topic, [lease]), Script.ACK))
 
-    async def ack_many(self, leases: Sequence[Lease]) -> list[Outcome]:
+    async def ack_many(self, leases: Sequence[Leased]) -> list[Outcome]:
         return await self.run(plans.ack(self.topic, leases))
 
     async def nack(

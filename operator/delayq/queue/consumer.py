@@ -31,7 +31,7 @@ from delayq.queue.client import AsyncQueue
 from delayq.queue.codec import as_text
 from delayq.queue.codes import StaleEpochError
 from delayq.queue.keys import Part, parse_wake_key, slot_keys
-from delayq.queue.model import ClaimBatch, Lease, Message
+from delayq.queue.model import ClaimBatch, Message
 from delayq.queue.plans import Retry
 
 log = logging.getLogger(__name__)
@@ -269,15 +269,14 @@ class Consumer:
         `ack_group_size`, and each worker sends what is left once the batch has no more
         messages to start, so one slow handler delays only its own ack, never its batch's."""
         remaining = iter(batch.messages)
-        done: list[Lease] = []
+        done: list[Message] = []  # acked by their lease fields (model.Leased)
         retries: list[Retry] = []
+        group = self.settings.ack_group_size
 
         sending = asyncio.Lock()  # one ack/nack call of a batch at a time
 
         async def send(threshold: int) -> None:
             nonlocal done, retries
-            if len(done) < max(threshold, 1) and len(retries) < max(threshold, 1):
-                return  # the common case after a message: nothing to send yet, no lock taken
             async with sending:
                 try:
                     if done and len(done) >= threshold:
@@ -299,9 +298,11 @@ class Consumer:
                 except Exception as error:  # the handler's failure is the message's outcome
                     retries.append(self._retry(message, error))
                 else:
-                    done.append(message.lease)
-                await send(self.settings.ack_group_size)
-            await send(1)
+                    done.append(message)
+                if len(done) >= group or len(retries) >= group:  # checked inline: per message
+                    await send(group)
+            if done or retries:
+                await send(1)
 
         try:
             workers = min(self.settings.batch_concurrency, len(batch.messages))

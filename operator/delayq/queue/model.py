@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass, field
-from typing import NamedTuple
+from typing import NamedTuple, Protocol
 
 from delayq.queue.codec import Headers
 from delayq.queue.codes import Code
@@ -41,6 +41,20 @@ class ScheduleResult(NamedTuple):
     code: Code
     due_ms: int
     state: State
+
+
+class Leased(Protocol):
+    """Whatever carries a lease token: a `Lease`, or the `Message` it was claimed as (acking
+    the message itself spares the consumer's hot path one tuple per delivery)."""
+
+    @property
+    def slot(self) -> int: ...
+    @property
+    def id(self) -> str: ...
+    @property
+    def attempt(self) -> int: ...
+    @property
+    def epoch(self) -> int: ...
 
 
 class Lease(NamedTuple):

@@ -26,6 +26,7 @@ from delayq.queue.model import (
     ClaimBatch,
     DeadPage,
     Lease,
+    Leased,
     Message,
     MessageInfo,
     Mode,
@@ -308,7 +309,7 @@ def _claim_batch(reply: Reply, slot: int, epoch: int) -> ClaimBatch | StaleEpoch
 def _per_lease_calls(
     topic: Topic,
     items: Sequence[T],
-    lease_of: Callable[[T], Lease],
+    lease_of: Callable[[T], Leased],
     build: Callable[[int, int, Sequence[T]], ScriptCall],
 ) -> tuple[list[ScriptCall], list[list[int]]]:
     """Group by (slot, epoch): each call carries one slot's keys and one fencing epoch."""
@@ -345,8 +346,8 @@ def _outcomes(
     return _scatter(order, per_call, len(ids))
 
 
-def ack(topic: Topic, leases: Sequence[Lease]) -> Plan[list[Outcome]]:
-    def build(slot: int, epoch: int, chunk: Sequence[Lease]) -> ScriptCall:
+def ack(topic: Topic, leases: Sequence[Leased]) -> Plan[list[Outcome]]:
+    def build(slot: int, epoch: int, chunk: Sequence[Leased]) -> ScriptCall:
         keys = slot_keys(topic, slot).keys(Part.PREPARE, Part.MSG, Part.EPOCH, Part.JOURNAL)
         args: list[Arg] = [epoch, topic.journal_maxlen]
         for lease in chunk:
