@@ -60,7 +60,7 @@ class ConsumerSettings:
 @dataclass
 class _SlotState:
     epoch: int
-    next_ms: int | None = 0  # server ms when the slot next needs a claim (0 = now)
+    next_ms: float | None = 0  # server ms when the slot next needs a claim (0 = now)
     wakes: int = 0  # wake-ups received; one arriving during a claim invalidates its next_ms
 
 
@@ -79,15 +79,16 @@ class Consumer:
         self.settings = settings or ConsumerSettings()
         self.on_slot_lost = on_slot_lost
         self._slots: dict[int, _SlotState] = {}
-        self._timers: list[tuple[int, int]] = []  # heap of (next_ms, slot); stale entries skipped
+        self._timers: list[tuple[float, int]] = []  # heap of (next_ms, slot); stale ones skipped
         self._changed = asyncio.Event()
         self._stopping = False
         self._in_flight = 0
         self._capacity = asyncio.Condition()
         self._tasks: dict[asyncio.Task[None], int] = {}  # delivery task -> its slot
         self._stop_notice: asyncio.Task[None] | None = None
-        # server clock estimate: server_ms ~= _server_base_ms + (monotonic - _local_base) * 1000
-        self._server_base_ms = 0
+        # server clock estimate: server_ms ~= _server_base_ms + (monotonic - _local_base) * 1000,
+        # in fractional ms (claims report µs): a floored estimate would wake up to 1 ms late
+        self._server_base_ms = 0.0
         self._local_base = time.monotonic()
         self._waker = _blocking_client(queue.redis, WAKE_BLOCK_S)
         # the smallest claim worth a round trip: a quarter batch (never more than fits in flight)
@@ -156,10 +157,10 @@ class Consumer:
         async with self._capacity:
             self._capacity.notify_all()
 
-    def _server_now_ms(self) -> int:
-        return self._server_base_ms + int((time.monotonic() - self._local_base) * 1000)
+    def _server_now_ms(self) -> float:
+        return self._server_base_ms + (time.monotonic() - self._local_base) * 1000
 
-    def _set_next(self, slot: int, next_ms: int | None) -> None:
+    def _set_next(self, slot: int, next_ms: float | None) -> None:
         state = self._slots.get(slot)
         if state is None:
             return
@@ -167,11 +168,11 @@ class Consumer:
         if next_ms is not None:
             heapq.heappush(self._timers, (next_ms, slot))
 
-    def _is_current(self, entry: tuple[int, int]) -> bool:
+    def _is_current(self, entry: tuple[float, int]) -> bool:
         state = self._slots.get(entry[1])
         return state is not None and state.next_ms == entry[0]
 
-    def _next_timer(self) -> int | None:
+    def _next_timer(self) -> float | None:
         while self._timers and not self._is_current(self._timers[0]):
             heapq.heappop(self._timers)
         return self._timers[0][0] if self._timers else None
@@ -216,7 +217,7 @@ class Consumer:
                 if isinstance(result, StaleEpochError):
                     self._lose(slot)
                     continue
-                self._server_base_ms, self._local_base = result.now_ms, time.monotonic()
+                self._server_base_ms, self._local_base = result.now_us / 1000, time.monotonic()
                 if result.messages:
                     self._deliver(result)
                 if state.wakes != wakes_before[slot]:

@@ -94,10 +94,14 @@ class Message(NamedTuple):
 @dataclass(frozen=True)
 class ClaimBatch:
     slot: int
-    now_ms: int
+    now_us: int  # the server clock at the claim, in µs: the consumer's clock estimate
     next_due_ms: int | None
     next_deadline_ms: int | None
     messages: list[Message]
+
+    @property
+    def now_ms(self) -> int:
+        return self.now_us // 1000
 
 
 @dataclass(frozen=True)

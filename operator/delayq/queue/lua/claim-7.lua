@@ -20,10 +20,12 @@
   ARGV[5] journal_maxlen  0 = journal off
   ARGV[6] rollback_max    at most this many expired leases rolled back in this call
 
-  Returns {code, now_ms, next_due_ms, next_deadline_ms, id1, record1, id2, record2, ...}
+  Returns {code, now_us, next_due_ms, next_deadline_ms, id1, record1, id2, record2, ...}
      0 OK           next_due_ms / next_deadline_ms are -1 when store / prepare is empty;
                     each record carries the incremented attempt count and the due time
     -2 STALE_EPOCH  the caller is not the current owner: nothing was changed
+                    now_us is the server clock in microseconds (due times are compared in whole
+                    ms): consumers time their next wake-up from it without flooring error
 
   Events: expired (lease rolled back), dead (attempts exhausted), claimed, orphan (an id with no
   record: removed so it can never block the slot)
@@ -41,7 +43,8 @@ local rollback_max = tonumber(ARGV[6])
 if not epoch_matches(epoch_key, ARGV[1]) then
   return {-2, 0, -1, -1}
 end
-local now = now_ms()
+local now_micros = now_us()
+local now = math.floor(now_micros / 1000)
 
 -- 1. Roll back expired leases.
 local expired = redis.call('ZRANGEBYSCORE', prepare, '-inf', now, 'LIMIT', 0, rollback_max)
@@ -63,7 +66,7 @@ for _, id in ipairs(expired) do
 end
 
 -- 2. Claim what is due.
-local claimed = {0, now, -1, -1}
+local claimed = {0, now_micros, -1, -1}
 local due_ids = redis.call('ZRANGEBYSCORE', store, '-inf', now, 'WITHSCORES', 'LIMIT', 0, max_count)
 if #due_ids > 0 then
   local deadline = now + lease_ms

@@ -42,14 +42,20 @@ local zadd_args, hset_args = {}, {}
 local pending = {}  -- id -> due, for ids scheduled earlier in this same batch
 local earliest = nil
 
-for i = 4, #ARGV, 5 do
-  local id, when_kind, when_ms = ARGV[i], ARGV[i + 1], tonumber(ARGV[i + 2])
+-- a live message always has its record: one HMGET tells which ids exist (new ids cost no copy)
+local ids = {}
+for i = 4, #ARGV, 5 do ids[#ids + 1] = ARGV[i] end
+local records = read_chunked('HMGET', msg, ids)
+
+for k = 1, #ids do
+  local i = 5 * k - 1
+  local id, when_kind, when_ms = ids[k], ARGV[i + 1], tonumber(ARGV[i + 2])
   local due = when_ms
   if when_kind == 'delay' then due = now + when_ms end
   local state, score = false, nil
   if pending[id] then
     state, score = 'scheduled', pending[id]
-  elseif redis.call('HEXISTS', msg, id) == 1 then  -- a live message always has its record
+  elseif records[k] then
     state, score = locate(store, prepare, dead, id)
   end
 
@@ -58,7 +64,7 @@ for i = 4, #ARGV, 5 do
   elseif state and not upsert then
     local shown = score
     if state == 'prepared' then
-      local _, record_due = record_fields(redis.call('HGET', msg, id))
+      local _, record_due = record_fields(records[k])
       shown = tonumber(record_due) or score
     end
     push_result(results, 2, shown, state)

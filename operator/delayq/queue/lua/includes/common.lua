@@ -5,9 +5,13 @@
 -- `due` is empty while the message waits in `store` (its due time is the store score) and holds
 -- the due time it was delivered for while it is leased, so lateness can be reported.
 
-local function now_ms()
+local function now_us()
   local t = redis.call('TIME')
-  return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+  return tonumber(t[1]) * 1000000 + tonumber(t[2])
+end
+
+local function now_ms()
+  return math.floor(now_us() / 1000)
 end
 
 -- attempts (number), due (string, maybe empty), offset of the text after the due field
