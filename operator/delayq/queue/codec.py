@@ -45,11 +45,18 @@ def encode_headers(headers: Headers | None) -> bytes:
 
 
 def validate_id(message_id: str) -> str:
+    encode_id(message_id)
+    return message_id
+
+
+def encode_id(message_id: str) -> bytes:
+    """The id's UTF-8 bytes, validated; schedule sends and hashes these (encoded once)."""
     if not isinstance(message_id, str) or not message_id:
         raise InvalidMessageError("id must be a non-empty string")
-    if len(message_id.encode()) > MAX_ID_BYTES:
+    data = message_id.encode()
+    if len(data) > MAX_ID_BYTES:
         raise InvalidMessageError(f"id {message_id[:40]!r}... is longer than {MAX_ID_BYTES} bytes")
-    return message_id
+    return data
 
 
 def validate_payload(payload: bytes | str, max_payload_bytes: int) -> bytes:

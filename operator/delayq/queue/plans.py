@@ -16,6 +16,7 @@ from delayq.queue.codec import (
     as_text,
     decode_record,
     encode_headers,
+    encode_id,
     validate_id,
     validate_payload,
     when_argument,
@@ -150,7 +151,7 @@ def schedule(
     topic: Topic, requests: Sequence[ScheduleRequest], mode: Mode
 ) -> Plan[list[ScheduleResult]]:
     encoded = [_encode_request(topic, request) for request in requests]
-    slots = [topic.slot_of(r.slot_basis if r.slot_basis is not None else r.id) for r in requests]
+    slots = [slot for slot, _ in encoded]
 
     def build(slot: int, chunk: Sequence[int]) -> ScriptCall:
         keys = slot_keys(topic, slot).keys(
@@ -158,10 +159,10 @@ def schedule(
         )
         args: list[Arg] = [mode.value, MAX_DELAY_MS, topic.journal_maxlen]
         for index in chunk:
-            args.extend(encoded[index])
+            args += encoded[index][1]
         return ScriptCall(Script.SCHEDULE, keys, args)
 
-    calls, order = _per_slot_calls(topic, range(len(requests)), lambda i: slots[i], build)
+    calls, order = _per_slot_calls(topic, range(len(requests)), slots.__getitem__, build)
 
     def combine(replies: list[Reply]) -> list[ScheduleResult]:
         per_call = [
@@ -178,10 +179,13 @@ def schedule(
     return Plan(calls, combine)
 
 
-def _encode_request(topic: Topic, request: ScheduleRequest) -> list[Arg]:
+def _encode_request(topic: Topic, request: ScheduleRequest) -> tuple[int, list[Arg]]:
+    """The request's slot and script arguments; the id is encoded once for both."""
+    message_id = encode_id(request.id)
+    basis = message_id if request.slot_basis is None else request.slot_basis
     when_kind, when_ms = when_argument(request.delay_ms, request.at_ms)
-    return [
-        validate_id(request.id),
+    return topic.slot_of(basis), [
+        message_id,
         when_kind,
         when_ms,
         encode_headers(request.headers),
