@@ -624,6 +624,8 @@ class LocalOperator:
     #: When set, run e2e/operator_main.py (the same operator plus the test-only Redis address
     #: map read from this JSON file) instead of the ``delayq operator`` command.
     addresses_file: Path | None = None
+    #: False: campaign for the chart's leader Lease like a replica of the Deployment would.
+    standalone: bool = True
     process: ManagedProcess | None = None
 
     def start(self) -> LocalOperator:
@@ -642,8 +644,9 @@ class LocalOperator:
         bootstrap = ("import logging, sys; logging.basicConfig(level=logging.INFO, "
                      "format='%(asctime)s %(levelname)s %(name)s: %(message)s'); "
                      "from delayq.cli import main; sys.exit(main())")
-        argv = [sys.executable, "-c", bootstrap,
-                "operator", "--standalone", f"--liveness=http://127.0.0.1:{port}/healthz"]
+        argv = [sys.executable, "-c", bootstrap, "operator",
+                *(["--standalone"] if self.standalone else []),
+                f"--liveness=http://127.0.0.1:{port}/healthz"]
         if self.addresses_file is not None:
             argv = [sys.executable, str(self.repo / "e2e" / "operator_main.py"),
                     f"--addresses={self.addresses_file}",

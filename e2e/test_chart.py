@@ -22,10 +22,10 @@ def test_release_is_deployed(kube: Kube, chart_release: Release) -> None:
     assert status["info"]["status"] == "deployed"
 
 
-@pytest.mark.parametrize("crd", ["delaytopics.delayq.io", "kopfpeerings.kopf.dev"])
-def test_chart_crds_are_established(kube: Kube, chart_release: Release, crd: str) -> None:
+def test_chart_crds_are_established(kube: Kube, chart_release: Release) -> None:
     """The chart's crds/ were installed before its templates and are served."""
-    obj = kube.wait(lambda: kube.get("crd", crd), timeout=30, what=f"CRD {crd}")
+    obj = kube.wait(lambda: kube.get("crd", "delaytopics.delayq.io"), timeout=30,
+                    what="CRD delaytopics.delayq.io")
     assert condition(obj, "Established") == "True"
 
 
@@ -76,6 +76,30 @@ PERMISSIONS = [
     ("delete", "delaytopics.delayq.io", False),
     ("create", "pods", False),
 ]
+
+
+#: The leader Lease, in the release's namespace only, and only the chart's Lease by name.
+LEASE_PERMISSIONS = [
+    ("get", "leases.coordination.k8s.io/delayq-operator", True),
+    ("patch", "leases.coordination.k8s.io/delayq-operator", True),
+    ("create", "leases.coordination.k8s.io", True),
+    ("patch", "leases.coordination.k8s.io/another", False),
+    ("delete", "leases.coordination.k8s.io/delayq-operator", False),
+    ("list", "leases.coordination.k8s.io", False),
+]
+
+
+@pytest.mark.parametrize(("verb", "resource", "allowed"), LEASE_PERMISSIONS,
+                         ids=[f"{v}-{r}" for v, r, _ in LEASE_PERMISSIONS])
+def test_operator_may_only_use_its_leader_lease(
+    kube: Kube, chart_release: Release, namespace: str, verb: str, resource: str, allowed: bool
+) -> None:
+    """The Lease grants hold in the release's namespace and nowhere else."""
+    subject = f"system:serviceaccount:{chart_release.namespace}:{chart_release.service_account}"
+    for ns, expected in ((chart_release.namespace, allowed), (namespace, False)):
+        result = kube.kubectl("auth", "can-i", verb, resource, "-n", ns, f"--as={subject}",
+                              check=False)
+        assert result.stdout.strip() == ("yes" if expected else "no"), (ns, result.stderr)
 
 
 @pytest.mark.parametrize(("verb", "resource", "allowed"), PERMISSIONS,

@@ -559,3 +559,74 @@ def test_namespace_deletion_never_hangs_with_the_operator_stopped(
     finally:
         kube.kubectl("patch", "dt", "doomed", "-n", name, "--type=merge",
                      "-p", '{"metadata":{"finalizers":null}}', check=False)
+
+
+#: The chart's leader Lease (its Role allows exactly this name) and the LeaseTiming defaults.
+LEASE_NAME = "delayq-operator"
+LEASE_DURATION_S = 15
+RETRY_INTERVAL_S = 2
+
+
+def _lease_holder(kube: Kube, namespace: str) -> str:
+    lease = kube.get("lease", LEASE_NAME, namespace)
+    return str(((lease or {}).get("spec") or {}).get("holderIdentity") or "")
+
+
+def _replica(name: str, namespace: str, operator: LocalOperator, chart_release: Release,
+             zookeeper: ZooKeeperServer, workdir: Path) -> LocalOperator:
+    """One replica of the chart's Deployment, as a local process: it campaigns for the Lease."""
+    return LocalOperator(
+        repo=REPO, kubeconfig=operator.kubeconfig, namespaces=[namespace],
+        log_path=workdir / f"{name}.log", standalone=False,
+        env_overrides={"DELAYQ_ZOOKEEPER": zookeeper.hosts,
+                       "POD_NAMESPACE": chart_release.namespace, "POD_NAME": name,
+                       "DELAYQ_HEALTH_INTERVAL_S": "2"},
+    )
+
+
+def test_one_leader_reconciles_and_a_standby_takes_over_after_kill_9(
+    kube: Kube, operator: LocalOperator, chart_release: Release, zookeeper: ZooKeeperServer,
+    tmp_path_factory: pytest.TempPathFactory,
+) -> None:
+    """Two replicas: exactly one holds the Lease and reconciles; SIGKILL it and the other
+    reconciles the next change within the lease duration plus a few seconds."""
+    ns = f"e2e-leader-{secrets.token_hex(3)}"
+    kube.kubectl("create", "namespace", ns)
+    workdir = tmp_path_factory.mktemp("leader")
+    replicas = {name: _replica(name, ns, operator, chart_release, zookeeper, workdir)
+                for name in ("op-a", "op-b")}
+    try:
+        for replica in replicas.values():
+            replica.start()
+        holder = kube.wait(lambda: _lease_holder(kube, chart_release.namespace), timeout=60,
+                           what="one replica to hold the leader Lease")
+        leader_name = holder.rsplit("_", 1)[0]
+        (standby_name,) = set(replicas) - {leader_name}
+        leader, standby = replicas[leader_name], replicas[standby_name]
+
+        kube.apply(_topic("elected", slotAmount=16, brokers=1), ns)
+        _wait_reconciled(kube, leader, ns, "elected")
+        assert "Handler 'reconcile' succeeded" in leader.log_path.read_text()
+        standby_log = standby.log_path.read_text()
+        assert "campaigning for the lease" in standby_log
+        assert "Handler" not in standby_log, "the standby ran a kopf handler"
+        assert _lease_holder(kube, chart_release.namespace) == holder
+
+        leader.kill()
+        killed = time.monotonic()
+        kube.apply(_topic("elected", slotAmount=16, brokers=2), ns)
+        _wait_reconciled(kube, standby, ns, "elected",
+                         timeout=LEASE_DURATION_S + RETRY_INTERVAL_S + 60)
+        takeover_s = time.monotonic() - killed
+        print(f"e2e: after kill -9 of the leader, the standby reconciled in {takeover_s:.1f}s")
+        assert _lease_holder(kube, chart_release.namespace).startswith(f"{standby_name}_")
+        assert takeover_s <= LEASE_DURATION_S + RETRY_INTERVAL_S + 8
+        assert len(_redis_statefulsets(kube, ns, "elected")) == 2
+    except Exception:
+        for name, replica in replicas.items():
+            print(f"--- {name} log tail:\n{replica.tail()}")
+        raise
+    finally:
+        for replica in replicas.values():
+            replica.stop()  # SIGTERM: the leader releases the Lease for the next test
+        kube.kubectl("delete", "namespace", ns, "--wait=false")

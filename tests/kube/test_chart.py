@@ -23,12 +23,7 @@ ROOT = Path(__file__).resolve().parents[2]
 CHART = ROOT / "charts" / "delayq"
 pytestmark = pytest.mark.timeout(900)  # the first run may build helm from source
 
-CLUSTER_SCOPED = {
-    "ClusterRole",
-    "ClusterRoleBinding",
-    "CustomResourceDefinition",
-    "ClusterKopfPeering",
-}
+CLUSTER_SCOPED = {"ClusterRole", "ClusterRoleBinding", "CustomResourceDefinition"}
 VALUE_SETS: dict[str, list[str]] = {
     "defaults": [],
     "single-replica-external-zk": [
@@ -108,11 +103,7 @@ def test_chart_crds_are_the_repository_crds() -> None:
         doc["metadata"]["name"]
         for doc in of_kind(render("defaults", True), "CustomResourceDefinition")
     }
-    assert rendered == {
-        "delaytopics.delayq.io",
-        "clusterkopfpeerings.kopf.dev",
-        "kopfpeerings.kopf.dev",
-    }
+    assert rendered == {"delaytopics.delayq.io"}  # no kopf peering: a Lease elects the leader
 
 
 def test_rendered_crd_schema_validates_the_examples() -> None:
@@ -140,6 +131,13 @@ def test_operator_deployment_is_hardened_and_matches_the_network_policy() -> Non
     assert container["securityContext"]["capabilities"] == {"drop": ["ALL"]}
     assert container["livenessProbe"]["httpGet"]["path"] == "/healthz"
     assert deployment["spec"]["replicas"] == 2
+    downward = {
+        item["name"]: item["valueFrom"]["fieldRef"]["fieldPath"]
+        for item in container["env"]
+        if "valueFrom" in item
+    }
+    # The Lease lives in the operator's namespace; its holder is named after the pod.
+    assert downward == {"POD_NAMESPACE": "metadata.namespace", "POD_NAME": "metadata.name"}
 
 
 def operator_env(value_set: str) -> dict[str, str]:
@@ -153,11 +151,12 @@ def operator_env(value_set: str) -> dict[str, str]:
 def test_operator_env_is_what_the_operator_reads() -> None:
     config = OperatorConfig.from_env(operator_env("defaults"))
     assert config.clusterwide
-    assert not config.standalone
+    assert not config.standalone  # every replica campaigns for the Lease, even a single one
+    assert config.lease_name == "delayq-operator"
     assert config.build.default_zookeeper == "rel-delayq-zookeeper.delayq-system.svc:2181"
     assert config.build.operator_namespace == "delayq-system"
     external = OperatorConfig.from_env(operator_env("single-replica-external-zk"))
-    assert external.standalone
+    assert not external.standalone
     assert external.build.default_zookeeper == "zk-0.zk:2181,zk-1.zk:2181/delayq"
     namespaced = OperatorConfig.from_env(operator_env("namespaced"))
     assert namespaced.namespaces == ("shop", "billing")
@@ -177,12 +176,10 @@ TOPIC_RULES = {
     ("policy", "poddisruptionbudgets"): {"get", "create", "patch"},
     ("networking.k8s.io", "networkpolicies"): {"get", "create", "patch"},
     ("monitoring.coreos.com", "servicemonitors"): {"get", "create", "patch"},
-    ("kopf.dev", "kopfpeerings"): {"get", "list", "watch", "patch"},
 }
 CLUSTER_RULES = {
     ("apiextensions.k8s.io", "customresourcedefinitions"): {"list", "watch"},
     ("", "namespaces"): {"list", "watch"},
-    ("kopf.dev", "clusterkopfpeerings"): {"get", "list", "watch", "patch"},
 }
 
 
@@ -206,17 +203,33 @@ def test_namespaced_rbac_uses_roles_per_namespace() -> None:
     docs = render("namespaced")
     (cluster_role,) = of_kind(docs, "ClusterRole")
     assert grants(cluster_role) == CLUSTER_RULES
-    roles = of_kind(docs, "Role")
+    roles = [role for role in of_kind(docs, "Role") if role["metadata"]["name"] == "rel-delayq"]
     assert sorted(role["metadata"]["namespace"] for role in roles) == ["billing", "shop"]
     for role in roles:
         assert grants(role) == TOPIC_RULES
-    peerings = of_kind(docs, "KopfPeering")
-    assert sorted(p["metadata"]["namespace"] for p in peerings) == ["billing", "shop"]
 
 
-def test_peering_object_only_with_several_replicas() -> None:
-    assert len(of_kind(render("defaults"), "ClusterKopfPeering")) == 1
-    assert of_kind(render("single-replica-external-zk"), "ClusterKopfPeering") == []
+@pytest.mark.parametrize("value_set", sorted(VALUE_SETS))
+def test_the_leader_lease_role_is_namespaced_and_limited_to_the_lease(value_set: str) -> None:
+    docs = render(value_set)
+    (role,) = [r for r in of_kind(docs, "Role") if r["metadata"]["name"] == "rel-delayq-leader"]
+    assert role["metadata"]["namespace"] == "delayq-system"  # the release's, where it runs
+    assert grants(role) == {("coordination.k8s.io", "leases"): {"get", "create", "patch"}}
+    named = [rule for rule in role["rules"] if rule.get("resourceNames")]
+    assert named == [
+        {
+            "apiGroups": ["coordination.k8s.io"],
+            "resources": ["leases"],
+            "resourceNames": ["delayq-operator"],
+            "verbs": ["get", "patch"],
+        }
+    ]
+    (binding,) = [
+        b for b in of_kind(docs, "RoleBinding") if b["metadata"]["name"] == "rel-delayq-leader"
+    ]
+    assert binding["roleRef"]["name"] == "rel-delayq-leader"
+    assert binding["metadata"]["namespace"] == "delayq-system"
+    assert not [doc for doc in docs if doc["apiVersion"].startswith("kopf.dev/")]
 
 
 def test_zookeeper_is_optional_and_hardened() -> None:

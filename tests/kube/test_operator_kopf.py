@@ -15,7 +15,10 @@ from kazoo.client import KazooClient
 
 from delayq.kube import naming
 from delayq.kube.builders.common import BuildContext
+from delayq.kube.client import KubeClient
 from delayq.kube.config import OperatorConfig
+from delayq.kube.leader import LeadershipLost, LeaseElector
+from delayq.kube.lease import LeaseTiming
 from delayq.kube.operator import Runtime, run
 from delayq.kube.redisctl import RedisCommands
 from delayq.kube.zk import KazooTopicStore
@@ -63,11 +66,13 @@ async def operator(
     **config: object,
 ) -> AsyncIterator[None]:
     settings = OperatorConfig(
-        standalone=True,
-        health_interval_s=0.2,
-        liveness_endpoint="",
-        build=BuildContext(operator_namespace="delayq-system", default_zookeeper=zk_connect),
-        **config,  # type: ignore[arg-type]
+        **{
+            "standalone": True,
+            "health_interval_s": 0.2,
+            "liveness_endpoint": "",
+            "build": BuildContext(operator_namespace="delayq-system", default_zookeeper=zk_connect),
+            **config,
+        }  # type: ignore[arg-type]
     )
     runtime = Runtime(settings, login=lambda: connection, store=store, redis=redis_commands)
     stop = asyncio.Event()
@@ -238,3 +243,74 @@ async def test_stopping_operator_releases_its_finalizers_and_a_restart_restores_
 
     async with operator(connection, store, redis_commands, zk_connect):
         await eventually(lambda: naming.FINALIZER in finalizers(api, "kept"), "finalizer back")
+
+
+LEASES = "coordination.k8s.io/v1/leases"
+FAST_LEASE = LeaseTiming(
+    lease_duration_s=2.0, renew_deadline_s=1.5, renew_interval_s=0.3, retry_interval_s=0.1
+)
+
+
+def lease_holder(api: kmock.KubernetesEmulator) -> str | None:
+    try:
+        lease = api.objects[LEASES, "delayq-system", "delayq-operator"]
+    except KeyError:
+        return None
+    return str(lease["spec"]["holderIdentity"])
+
+
+async def test_only_the_lease_holder_reconciles_and_a_clean_stop_releases_the_lease(
+    api: kmock.KubernetesEmulator,
+    connection: kopf.ConnectionInfo,
+    store: KazooTopicStore,
+    redis_commands: RedisCommands,
+    zk_connect: str,
+) -> None:
+    kube = KubeClient(connection)
+    rival = LeaseElector(kube, "delayq-system", "delayq-operator", "rival", FAST_LEASE)
+    try:
+        assert await rival.acquire(asyncio.Event())
+        renewing = asyncio.create_task(rival.hold())
+        async with operator(
+            connection, store, redis_commands, zk_connect, standalone=False, lease=FAST_LEASE
+        ):
+            await api.post(TOPIC_PATH, json=topic("orders"))
+            await asyncio.sleep(1.0)  # a standby that reconciled would have created children
+            assert not stored(api, "apps/v1/statefulsets", "orders-service")
+            assert lease_holder(api) == "rival"
+
+            renewing.cancel()
+            await rival.release()
+            await eventually(lambda: stored(api, "apps/v1/statefulsets", "orders-service"), "lead")
+            assert lease_holder(api) not in ("", "rival")
+        assert lease_holder(api) == ""  # released on the way out: a standby may take over at once
+    finally:
+        await kube.close()
+
+
+async def test_a_leader_that_loses_the_lease_stops_kopf_and_raises(
+    api: kmock.KubernetesEmulator,
+    connection: kopf.ConnectionInfo,
+    store: KazooTopicStore,
+    redis_commands: RedisCommands,
+    zk_connect: str,
+) -> None:
+    settings = OperatorConfig(
+        lease=FAST_LEASE,
+        health_interval_s=0.2,
+        liveness_endpoint="",
+        build=BuildContext(operator_namespace="delayq-system", default_zookeeper=zk_connect),
+    )
+    runtime = Runtime(settings, login=lambda: connection, store=store, redis=redis_commands)
+    task = asyncio.create_task(run(settings, stop_flag=asyncio.Event(), runtime=runtime))
+    await eventually(lambda: lease_holder(api) == runtime.identity, "leadership")
+    await api.post(TOPIC_PATH, json=topic("orders"))
+    await eventually(lambda: stored(api, "apps/v1/statefulsets", "orders-service"), "reconcile")
+
+    api.objects[LEASES, "delayq-system", "delayq-operator"].patch(
+        {"spec": {"holderIdentity": "usurper"}}
+    )
+    with pytest.raises(LeadershipLost, match="usurper holds the lease"):
+        await asyncio.wait_for(task, FAST_LEASE.lease_duration_s + 3.0)
+    assert runtime.deps is None  # kopf and the leader's clients are gone
+    assert lease_holder(api) == "usurper"  # never touched again

@@ -5,7 +5,11 @@ from __future__ import annotations
 import argparse
 import asyncio
 import dataclasses
+import logging
+import os
 from typing import Any
+
+LEADERSHIP_LOST_EXIT_CODE = 3
 
 
 def register(subparsers: Any) -> None:
@@ -21,8 +25,12 @@ def register(subparsers: Any) -> None:
         help="watch this namespace (repeatable; default: DELAYQ_WATCH_NAMESPACES or all)",
     )
     scope.add_argument("-A", "--all-namespaces", action="store_true", help="watch every namespace")
-    parser.add_argument("--standalone", action="store_true", help="no peering (single replica)")
-    parser.add_argument("--peering", help="kopf peering name shared by the replicas")
+    parser.add_argument(
+        "--standalone",
+        action="store_true",
+        help="no leader election: only when no other operator replica can run",
+    )
+    parser.add_argument("--lease-name", help="the leader Lease shared by the replicas")
     parser.add_argument(
         "--liveness", help="liveness endpoint URL, e.g. http://0.0.0.0:8080/healthz"
     )
@@ -35,6 +43,7 @@ def run_operator(args: argparse.Namespace) -> int:
     import kopf
 
     from delayq.kube.config import OperatorConfig
+    from delayq.kube.leader import LeadershipLost
     from delayq.kube.operator import run
 
     log_format = kopf.LogFormat.JSON if args.json_logs else kopf.LogFormat.FULL
@@ -47,9 +56,20 @@ def run_operator(args: argparse.Namespace) -> int:
         changes["namespaces"] = ()
     if args.standalone:
         changes["standalone"] = True
-    if args.peering:
-        changes["peering"] = args.peering
+    if args.lease_name:
+        changes["lease_name"] = args.lease_name
     if args.liveness:
         changes["liveness_endpoint"] = args.liveness
-    asyncio.run(run(dataclasses.replace(config, **changes)))
+    async def operate() -> None:
+        try:
+            await run(dataclasses.replace(config, **changes))
+        except LeadershipLost as lost:
+            # Exit at once, from inside the loop: asyncio.run's teardown would wait for what the
+            # old leader still has in flight (a worker thread, a handler) while a replacement
+            # may already act. The pod restarts and campaigns again as a new candidate.
+            logging.getLogger(__name__).error("lost the leadership (%s): exiting", lost)
+            logging.shutdown()
+            os._exit(LEADERSHIP_LOST_EXIT_CODE)
+
+    asyncio.run(operate())
     return 0

@@ -29,6 +29,7 @@ PLURALS = {
     "NetworkPolicy": "networkpolicies",
     "ServiceMonitor": "servicemonitors",
     "DelayTopic": "delaytopics",
+    "Lease": "leases",
 }
 REQUEST_TIMEOUT_S = 30.0
 

@@ -7,6 +7,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from delayq.kube.builders.common import BuildContext
+from delayq.kube.lease import LeaseTiming
 
 
 @dataclass(frozen=True)
@@ -14,8 +15,9 @@ class OperatorConfig:
     """How one `delayq operator` process runs."""
 
     namespaces: tuple[str, ...] = ()  # empty: watch every namespace (cluster-wide)
-    peering: str = "delayq"
-    standalone: bool = False
+    lease_name: str = "delayq-operator"  # the Lease in the operator's namespace (POD_NAMESPACE)
+    standalone: bool = False  # no leader election: only when exactly one operator ever runs
+    lease: LeaseTiming = field(default_factory=LeaseTiming)
     optional_finalizer: bool = False
     health_interval_s: float = 10.0
     failover_grace_s: float = 30.0
@@ -45,7 +47,7 @@ class OperatorConfig:
         )
         return cls(
             namespaces=namespaces,
-            peering=env.get("DELAYQ_PEERING", defaults.peering),
+            lease_name=env.get("DELAYQ_LEASE_NAME", defaults.lease_name),
             standalone=_flag(env.get("DELAYQ_STANDALONE")),
             optional_finalizer=_flag(env.get("DELAYQ_OPTIONAL_FINALIZER")),
             health_interval_s=float(

@@ -11,8 +11,11 @@ written by the operator itself, serialized per topic (see `serialized`).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
-from collections.abc import Awaitable, Callable, Mapping
+import signal
+import threading
+from collections.abc import Awaitable, Callable, Coroutine, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -26,10 +29,14 @@ from delayq.kube.handlers.deps import Deps, Logger
 from delayq.kube.handlers.errors import TopicFailure
 from delayq.kube.handlers.health import refresh
 from delayq.kube.handlers.reconcile import reconcile
+from delayq.kube.leader import LeadershipLost, LeaseElector, make_identity
+from delayq.kube.liveness import liveness_server
 from delayq.kube.redisctl import RedisCommands, RedisControl
 from delayq.kube.zk import KazooTopicStore, TopicStore
 
 Login = Callable[[], kopf.ConnectionInfo]
+STOP_GRACE_S = 3.0  # how long a replica that lost the lease lets kopf wind down
+KOPF_STOP_TIMEOUT_S = 30.0  # how long a clean stop waits for kopf (cleanup handlers included)
 RESOURCE = (naming.GROUP, naming.VERSION, naming.PLURAL)
 API_VERSION = f"{naming.GROUP}/{naming.VERSION}"
 
@@ -47,12 +54,13 @@ def default_login() -> kopf.ConnectionInfo:
 
 @dataclass
 class Runtime:
-    """The pieces the handlers share; `deps` exists from operator startup to cleanup."""
+    """The pieces the handlers share; `deps` exists while this replica leads."""
 
     config: OperatorConfig
     login: Login = default_login
     store: TopicStore = field(default_factory=KazooTopicStore)
     redis: RedisControl = field(default_factory=RedisCommands)
+    identity: str = field(default_factory=make_identity)  # this replica's name in the Lease
     deps: Deps | None = None
 
     def require(self) -> Deps:
@@ -115,26 +123,15 @@ def build_registry(runtime: Runtime) -> kopf.OperatorRegistry:
     @kopf.on.startup(registry=registry)
     async def startup(settings: kopf.OperatorSettings, **_: Any) -> None:
         configure(settings)
-        runtime.deps = Deps(
-            kube=KubeClient(runtime.login()),
-            store=runtime.store,
-            redis=runtime.redis,
-            ctx=config.build,
-            failover_grace_s=config.failover_grace_s,
-        )
 
     @kopf.on.cleanup(registry=registry)
     async def cleanup(logger: Logger, **_: Any) -> None:
         if runtime.deps is not None:
-            kube, runtime.deps = runtime.deps.kube, None
-            try:
-                # No finalizer may outlive the operator: with none running, a namespace
-                # deletion would hang on it (see handlers/deletion.py).
-                released = await release_finalizers(kube, config.namespaces, logger)
-                if released:
-                    logger.info("released the finalizer of %d topics", released)
-            finally:
-                await kube.close()
+            # No finalizer may outlive the operator: with none running, a namespace
+            # deletion would hang on it (see handlers/deletion.py).
+            released = await release_finalizers(runtime.deps.kube, config.namespaces, logger)
+            if released:
+                logger.info("released the finalizer of %d topics", released)
 
     @kopf.on.login(registry=registry)
     def login(**_: Any) -> kopf.ConnectionInfo:
@@ -164,16 +161,100 @@ async def run(
 ) -> None:
     """Run the operator until stopped (the `delayq operator` command; tests pass a runtime).
 
-    A peering name makes kopf's peering mandatory, which pauses every watch of a standalone
-    operator (no peering resources are ever found), so it is passed only when peering is on.
+    Every replica campaigns for the leader Lease (leader.py); only the holder runs kopf, which
+    therefore never needs its own peering. Raises LeadershipLost when the lease is lost: the
+    caller must stop acting at once (the CLI exits non-zero). Without `stop_flag`, SIGTERM and
+    SIGINT stop it (a leader then releases the Lease so that a standby takes over at once).
     """
     runtime = runtime or Runtime(config)
-    await kopf.operator(
-        registry=build_registry(runtime),
-        clusterwide=config.clusterwide,
-        namespaces=config.namespaces,
-        standalone=config.standalone,
-        peering_name=None if config.standalone else config.peering,
-        liveness_endpoint=config.liveness_endpoint or None,
-        stop_flag=stop_flag,
+    stop = stop_flag or stop_on_signals()
+    async with contextlib.AsyncExitStack() as stack:
+        if config.liveness_endpoint:
+            await stack.enter_async_context(liveness_server(config.liveness_endpoint))
+        if config.standalone:
+            await lead(runtime, stop)
+            return
+        kube = KubeClient(runtime.login())
+        stack.push_async_callback(kube.close)
+        elector = LeaseElector(
+            kube,
+            config.build.operator_namespace,
+            config.lease_name,
+            runtime.identity,
+            config.lease,
+        )
+        if not await elector.acquire(stop):
+            return
+        try:
+            await lead(runtime, stop, elector.hold())
+        except LeadershipLost:
+            raise  # exit without touching the Lease again: it may be someone else's already
+        except BaseException:
+            await elector.release()  # kopf failed: let a standby take over at once
+            raise
+        await elector.release()
+
+
+def stop_on_signals() -> asyncio.Event:
+    """An event set by SIGTERM/SIGINT (kopf installs its own handlers while it runs)."""
+    stop = asyncio.Event()
+    if threading.current_thread() is threading.main_thread():
+        loop = asyncio.get_running_loop()
+        for number in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(number, stop.set)
+    return stop
+
+
+async def lead(
+    runtime: Runtime, stop: asyncio.Event, holding: Coroutine[Any, Any, None] | None = None
+) -> None:
+    """Act as the leader: run kopf until `stop`, a signal (kopf returns) or the end of `holding`.
+
+    `holding` is the lease renewal loop; when it raises LeadershipLost, kopf is told to stop,
+    given a moment (STOP_GRACE_S, well inside the lease's safety margin), and the loss is
+    raised without waiting longer.
+    """
+    config = runtime.config
+    runtime.deps = Deps(
+        kube=KubeClient(runtime.login()),
+        store=runtime.store,
+        redis=runtime.redis,
+        ctx=config.build,
+        failover_grace_s=config.failover_grace_s,
     )
+    kopf_stop = asyncio.Event()
+    # Created before kopf starts, so that kopf's shutdown never counts them as its own tasks.
+    stopped = asyncio.create_task(stop.wait(), name="delayq stop")
+    lease: asyncio.Task[None] | None = None
+    if holding is not None:
+        lease = asyncio.create_task(holding, name="delayq lease")
+    operator = asyncio.create_task(
+        kopf.operator(
+            registry=build_registry(runtime),
+            clusterwide=config.clusterwide,
+            namespaces=config.namespaces,
+            standalone=True,  # the Lease elects the leader; kopf's peering stays off
+            stop_flag=kopf_stop,
+        ),
+        name="delayq kopf",
+    )
+    watched: list[asyncio.Task[Any]] = [operator, stopped, *([lease] if lease else [])]
+    try:
+        await asyncio.wait(watched, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        kopf_stop.set()
+        stopped.cancel()
+        lost = lease is not None and lease.done() and not lease.cancelled()
+        if lease is not None and not lost:
+            lease.cancel()
+        try:
+            await asyncio.wait_for(
+                asyncio.shield(operator), STOP_GRACE_S if lost else KOPF_STOP_TIMEOUT_S
+            )
+        except TimeoutError:
+            operator.cancel()
+        finally:
+            kube, runtime.deps = runtime.deps.kube, None
+            await kube.close()
+    if lease is not None and lease.done() and not lease.cancelled():
+        await lease  # raises LeadershipLost
