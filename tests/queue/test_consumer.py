@@ -215,6 +215,42 @@ async def test_release_waits_for_in_flight_acks_of_the_released_slots(
         assert (await async_queue.get("x")).state is State.ABSENT
 
 
+async def test_handlers_that_wait_run_batch_concurrency_at_a_time(
+    async_queue: AsyncQueue,
+) -> None:
+    """Workers are added lazily (one per loop turn while handlers wait): waiting handlers
+    still reach exactly `batch_concurrency` at once, never more, and all finish."""
+    gate = asyncio.Event()
+    active, most, finished = 0, 0, []
+
+    async def handler(message: Message) -> None:
+        nonlocal active, most
+        active += 1
+        most = max(most, active)
+        await gate.wait()
+        active -= 1
+        finished.append(message.id)
+
+    ids = [f"m{i}" for i in range(10)]
+    await async_queue.schedule_many(
+        [ScheduleRequest(i, at_ms=1_000, slot_basis="one") for i in ids]
+    )
+    async with running(async_queue, handler, ConsumerSettings(batch_concurrency=4)):
+        await wait_for(lambda: active == 4, 5, "four handlers waiting at once")
+        for _ in range(20):  # loop turns in which a fifth worker could start
+            await asyncio.sleep(0)
+        assert most == 4
+        gate.set()
+        await wait_for(lambda: len(finished) == 10, 5, "every handler to finish")
+        deadline = time.monotonic() + 10
+        while (await async_queue.stats()).prepared:
+            assert time.monotonic() < deadline, "the acks never landed"
+            await asyncio.sleep(0.01)
+        assert (await async_queue.stats()).scheduled == 0
+    assert most == 4
+    assert sorted(finished) == sorted(ids)
+
+
 async def test_one_slow_handler_delays_only_its_own_ack(async_queue: AsyncQueue) -> None:
     gate = asyncio.Event()
 

@@ -268,11 +268,19 @@ class Consumer:
         """Run the batch's handlers on at most `batch_concurrency` workers sharing one iterator
         (no task per message), acking and nacking in groups: a group is sent when it reaches
         `ack_group_size`, and each worker sends what is left once the batch has no more
-        messages to start, so one slow handler delays only its own ack, never its batch's."""
+        messages to start, so one slow handler delays only its own ack, never its batch's.
+
+        Workers are added one event-loop turn at a time, and only while handlers give the loop
+        a turn: a handler that waits on I/O gets up to `batch_concurrency` workers within as
+        many turns, while handlers that never suspend are served by one worker instead of
+        creating tasks that would find the batch already done."""
         remaining = iter(batch.messages)
         done: list[Message] = []  # acked by their lease fields (model.Leased)
         retries: list[Retry] = []
         group = self.settings.ack_group_size
+        helpers: list[asyncio.Task[None]] = []
+        helper_starting = False  # a helper was created and has not run yet
+        max_helpers = min(self.settings.batch_concurrency, len(batch.messages)) - 1
 
         sending = asyncio.Lock()  # one ack/nack call of a batch at a time
 
@@ -293,7 +301,12 @@ class Consumer:
                     )
 
         async def worker() -> None:
+            nonlocal helper_starting
+            helper_starting = False
             for message in remaining:
+                if not helper_starting and len(helpers) < max_helpers:
+                    helper_starting = True
+                    helpers.append(asyncio.create_task(worker()))
                 try:
                     await self.handler(message)
                 except Exception as error:  # the handler's failure is the message's outcome
@@ -306,9 +319,14 @@ class Consumer:
                 await send(1)
 
         try:
-            workers = min(self.settings.batch_concurrency, len(batch.messages))
-            await asyncio.gather(*(worker() for _ in range(workers)))
+            await worker()
+            started = 0
+            while started < len(helpers):  # a helper may add helpers while it is awaited
+                await helpers[started]
+                started += 1
         finally:
+            for helper in helpers:
+                helper.cancel()  # only if this batch itself was cancelled: else all are done
             async with self._capacity:
                 self._in_flight -= len(batch.messages)
                 self._capacity.notify_all()
