@@ -6,6 +6,7 @@ when a batch touches several slots), the Lua scripts loaded once per connection 
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterable, Sequence
 from typing import Any, TypeVar
 
@@ -28,7 +29,17 @@ from delayq.queue.model import (
     TopicStats,
 )
 from delayq.queue.packing import use_hiredis_packing
-from delayq.queue.plans import DeadBatchResult, Plan, Retry, Target
+from delayq.queue.plans import (
+    DeadBatchResult,
+    Plan,
+    Retry,
+    ScriptCall,
+    Target,
+    not_loaded,
+    raise_first_error,
+    received,
+    received_all,
+)
 from delayq.queue.scripts import Script, script_source
 from delayq.queue.topic import Topic
 
@@ -89,13 +100,29 @@ class Queue:
         return cls(redis.Redis.from_url(url, **options), topic)
 
     def run(self, plan: Plan[T]) -> T:
+        return plan.combine(self._replies(plan))
+
+    def _replies(self, plan: Plan[T]) -> list[Any]:
+        """One call through its Script (which loads it when missing); several in one pipeline
+        of bare EVALSHAs, reloading only on NOSCRIPT: redis-py's pipelined scripts would ask
+        SCRIPT EXISTS first, one more round trip on every multi-slot claim."""
         if len(plan.calls) == 1:
             call = plan.calls[0]
-            return plan.combine([self._scripts[call.script](keys=call.keys, args=call.args)])
+            return [self._scripts[call.script](keys=call.keys, args=call.args)]
+        replies = self._pipelined(plan.calls)
+        if missing := not_loaded(replies):
+            for script in {plan.calls[i].script for i in missing}:
+                self.redis.script_load(script_source(script))
+            again = self._pipelined([plan.calls[i] for i in missing])
+            for index, reply in zip(missing, again, strict=True):
+                replies[index] = reply
+        return raise_first_error(replies)
+
+    def _pipelined(self, calls: Sequence[ScriptCall]) -> list[Any]:
         pipe = self.redis.pipeline(transaction=False)
-        for call in plan.calls:
-            self._scripts[call.script](keys=call.keys, args=call.args, client=pipe)
-        return plan.combine(pipe.execute())
+        for call in calls:
+            pipe.evalsha(self._scripts[call.script].sha, len(call.keys), *call.keys, *call.args)
+        return pipe.execute(raise_on_error=False)
 
     def close(self) -> None:
         self.redis.close()
@@ -154,7 +181,10 @@ class Queue:
         max_count: int = DEFAULT_CLAIM_BATCH,
         lease_ms: int | None = None,
     ) -> ClaimBatch:
-        return self.run(self._plans.claim(slot, epoch, max_count, lease_ms))
+        plan = self._plans.claim(slot, epoch, max_count, lease_ms)
+        replies = self._replies(plan)
+        received_s = time.monotonic()  # before decoding, which can take milliseconds
+        return received(plan.combine(replies), received_s)
 
     def claim_slots(
         self,
@@ -162,7 +192,10 @@ class Queue:
         max_count: int = DEFAULT_CLAIM_BATCH,
         lease_ms: int | None = None,
     ) -> list[ClaimBatch | StaleEpochError]:
-        return self.run(self._plans.claim_slots(owned, max_count, lease_ms))
+        plan = self._plans.claim_slots(owned, max_count, lease_ms)
+        replies = self._replies(plan)
+        received_s = time.monotonic()  # before decoding, which can take milliseconds
+        return received_all(plan.combine(replies), received_s)
 
     def ack(self, lease: Lease) -> Outcome:
         return self.run(plans.checked(plans.ack(self.topic, [lease]), Script.ACK))
@@ -232,13 +265,27 @@ class AsyncQueue:
         return cls(use_hiredis_packing(redis.asyncio.Redis.from_url(url, **options)), topic)
 
     async def run(self, plan: Plan[T]) -> T:
+        return plan.combine(await self._replies(plan))
+
+    async def _replies(self, plan: Plan[T]) -> list[Any]:
+        """As Queue._replies."""
         if len(plan.calls) == 1:
             call = plan.calls[0]
-            return plan.combine([await self._scripts[call.script](keys=call.keys, args=call.args)])
+            return [await self._scripts[call.script](keys=call.keys, args=call.args)]
+        replies = await self._pipelined(plan.calls)
+        if missing := not_loaded(replies):
+            for script in {plan.calls[i].script for i in missing}:
+                await self.redis.script_load(script_source(script))
+            again = await self._pipelined([plan.calls[i] for i in missing])
+            for index, reply in zip(missing, again, strict=True):
+                replies[index] = reply
+        return raise_first_error(replies)
+
+    async def _pipelined(self, calls: Sequence[ScriptCall]) -> list[Any]:
         pipe = self.redis.pipeline(transaction=False)
-        for call in plan.calls:
-            await self._scripts[call.script](keys=call.keys, args=call.args, client=pipe)
-        return plan.combine(await pipe.execute())
+        for call in calls:
+            pipe.evalsha(self._scripts[call.script].sha, len(call.keys), *call.keys, *call.args)
+        return await pipe.execute(raise_on_error=False)
 
     async def close(self) -> None:
         await self.redis.aclose()
@@ -299,7 +346,10 @@ class AsyncQueue:
         max_count: int = DEFAULT_CLAIM_BATCH,
         lease_ms: int | None = None,
     ) -> ClaimBatch:
-        return await self.run(self._plans.claim(slot, epoch, max_count, lease_ms))
+        plan = self._plans.claim(slot, epoch, max_count, lease_ms)
+        replies = await self._replies(plan)
+        received_s = time.monotonic()  # before decoding, which can take milliseconds
+        return received(plan.combine(replies), received_s)
 
     async def claim_slots(
         self,
@@ -307,7 +357,10 @@ class AsyncQueue:
         max_count: int = DEFAULT_CLAIM_BATCH,
         lease_ms: int | None = None,
     ) -> list[ClaimBatch | StaleEpochError]:
-        return await self.run(self._plans.claim_slots(owned, max_count, lease_ms))
+        plan = self._plans.claim_slots(owned, max_count, lease_ms)
+        replies = await self._replies(plan)
+        received_s = time.monotonic()  # before decoding, which can take milliseconds
+        return received_all(plan.combine(replies), received_s)
 
     async def ack(self, lease: Lease) -> Outcome:
         return await self.run(plans.checked(plans.ack(self.topic, [lease]), Script.ACK))

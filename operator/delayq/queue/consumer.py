@@ -217,7 +217,7 @@ class Consumer:
                 if isinstance(result, StaleEpochError):
                     self._lose(slot)
                     continue
-                self._server_base_ms, self._local_base = result.now_us / 1000, time.monotonic()
+                self._server_base_ms, self._local_base = result.now_us / 1000, result.received_s
                 if result.messages:
                     self._deliver(result)
                 if state.wakes != wakes_before[slot]:

@@ -98,6 +98,9 @@ class ClaimBatch:
     next_due_ms: int | None
     next_deadline_ms: int | None
     messages: list[Message]
+    # time.monotonic() when the reply arrived, taken before decoding it (a large claim takes
+    # milliseconds to decode): with now_us, the consumer's estimate of the server clock
+    received_s: float = 0.0
 
     @property
     def now_ms(self) -> int:

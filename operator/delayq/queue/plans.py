@@ -7,10 +7,13 @@ the two flavours cannot drift apart and everything here is unit-testable without
 
 from __future__ import annotations
 
+import dataclasses
 from collections import defaultdict
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
+
+from redis.exceptions import NoScriptError
 
 from delayq.queue.codec import (
     as_text,
@@ -297,6 +300,31 @@ def _claim_call(topic: Topic, slot: int, epoch: int, max_count: int, lease_ms: i
         ROLLBACK_PER_CLAIM,
     ]
     return ScriptCall(Script.CLAIM, keys, args)
+
+
+def not_loaded(replies: Sequence[Any]) -> list[int]:
+    """Indexes of pipelined replies that failed with NOSCRIPT (the call did not run at all,
+    so running it again after loading the script is safe)."""
+    return [i for i, reply in enumerate(replies) if isinstance(reply, NoScriptError)]
+
+
+def raise_first_error(replies: list[Any]) -> list[Any]:
+    """The replies, or the first error among them raised (as a plain pipeline would)."""
+    for reply in replies:
+        if isinstance(reply, Exception):
+            raise reply
+    return replies
+
+
+def received(batch: ClaimBatch, received_s: float) -> ClaimBatch:
+    """The batch stamped with the monotonic time its reply arrived (see ClaimBatch)."""
+    return dataclasses.replace(batch, received_s=received_s)
+
+
+def received_all(
+    batches: list[ClaimBatch | StaleEpochError], received_s: float
+) -> list[ClaimBatch | StaleEpochError]:
+    return [b if isinstance(b, StaleEpochError) else received(b, received_s) for b in batches]
 
 
 def _claim_batch(reply: Reply, slot: int, epoch: int) -> ClaimBatch | StaleEpochError:
