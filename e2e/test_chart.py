@@ -69,7 +69,7 @@ PERMISSIONS = [
     ("create", "poddisruptionbudgets.policy", True),
     ("create", "networkpolicies.networking.k8s.io", True),
     ("patch", "pods", True),
-    ("delete", "persistentvolumeclaims", True),
+    ("delete", "persistentvolumeclaims", False),  # the StatefulSet controller deletes them
     ("create", "events", True),
     ("list", "secrets", False),
     ("delete", "statefulsets.apps", False),

@@ -24,6 +24,7 @@ from typing import Any
 
 import pytest
 import redis
+from kazoo.client import KazooClient
 
 from delayq.local.redis_server import RedisServer
 from delayq.local.zookeeper_server import ZooKeeperServer
@@ -108,12 +109,12 @@ def operator(
     try:
         yield op
     finally:
-        # Delete the topics while the operator still runs, so that their finalizers are
-        # released and the namespace can go (on a shared cluster nothing stays Terminating).
+        # Delete the topics while the operator still runs, so that it collects their ZooKeeper
+        # trees (topics carry no finalizer: they would go without it too).
         kube.kubectl("delete", "dt", "--all", "-n", topics_ns, "--wait=false", check=False)
         try:
             kube.wait(lambda: not kube.items("dt", topics_ns), timeout=90,
-                      what="the module's DelayTopics to be finalized")
+                      what="the module's DelayTopics to be deleted")
         finally:
             print(f"--- local operator log tail ({op.log_path}):\n{op.tail()}")
             op.stop()
@@ -171,7 +172,7 @@ def test_topic_is_provisioned_with_owned_children(
     kube.apply(_topic("orders", slotAmount=16, brokers=2, replicasPerBroker=1), topics_ns)
     topic = _wait_reconciled(kube, operator, topics_ns, "orders")
     uid = topic["metadata"]["uid"]
-    assert "delayq.io/finalizer" in topic["metadata"].get("finalizers", [])
+    assert not topic["metadata"].get("finalizers"), "a finalizer would need a running operator"
     assert topic["status"]["observedGeneration"] == topic["metadata"]["generation"]
     assert condition(topic, "Ready") is not None
 
@@ -253,10 +254,10 @@ def test_operator_restart_mid_reconcile_converges_without_duplicates(
         assert secret_after["metadata"]["uid"] == secret_before["metadata"]["uid"]
 
 
-def test_deleting_the_topic_removes_children_and_finalizer(
+def test_deleting_the_topic_removes_children(
     kube: Kube, operator: LocalOperator, topics_ns: str
 ) -> None:
-    """Point 6: the operator releases its finalizer; controller-manager collects the children.
+    """Point 6: the topic goes at once (no finalizer); controller-manager collects the children.
 
     With the default deletionPolicy Retain the Redis volume claims stay behind on purpose.
     """
@@ -264,7 +265,7 @@ def test_deleting_the_topic_removes_children_and_finalizer(
     claims_before = kube.items("pvc", topics_ns, selector=f"{TOPIC_LABEL}=restart")
     kube.kubectl("delete", "dt", "restart", "-n", topics_ns, "--wait=false")
     kube.wait(lambda: kube.get("dt", "restart", topics_ns) is None, timeout=120,
-              what="the DelayTopic to be gone (finalizer released)")
+              what="the DelayTopic to be gone")
     kube.wait(lambda: not _children(kube, topics_ns, "restart"), timeout=120,
               what="the children to be garbage-collected")
     kube.wait(lambda: not kube.items("pods", topics_ns, selector=f"{TOPIC_LABEL}=restart"),
@@ -509,7 +510,7 @@ def test_failover_promotes_the_replica_and_keeps_scheduled_messages(
         kube.kubectl("delete", "dt", "fo", "-n", ns, "--wait=false", check=False)
         try:
             kube.wait(lambda: kube.get("dt", "fo", ns) is None, timeout=60,
-                      what="the failover topic to be finalized")
+                      what="the failover topic to be deleted")
         finally:
             op.stop()
             master.stop()
@@ -525,40 +526,6 @@ def test_failover_is_recorded_in_the_status() -> None:
     assert _FAILOVER_STATUS, "the failover test did not get as far as the promotion"
     broker = _FAILOVER_STATUS["brokers"][0]
     assert broker.get("lastFailoverTime")
-
-
-def test_namespace_deletion_never_hangs_with_the_operator_stopped(
-    kube: Kube, operator: LocalOperator, chart_release: Release, zookeeper: ZooKeeperServer,
-    tmp_path_factory: pytest.TempPathFactory,
-) -> None:
-    """Point 6: a namespace holding a provisioned topic is deleted although no operator runs.
-
-    The topic carries the operator's finalizer; with no operator to release it, a namespace
-    deletion must still complete rather than hang in Terminating. Whatever the outcome, the
-    finalizer is removed by hand at the end so that no namespace is left behind.
-    """
-    name = f"e2e-nsdel-{secrets.token_hex(3)}"
-    kube.kubectl("create", "namespace", name)
-    workdir = tmp_path_factory.mktemp("operator-nsdel")
-    op = LocalOperator(
-        repo=REPO, kubeconfig=operator.kubeconfig, namespaces=[name],
-        log_path=workdir / "operator.log",
-        env_overrides={"DELAYQ_ZOOKEEPER": zookeeper.hosts,
-                       "POD_NAMESPACE": chart_release.namespace},
-    ).start()
-    try:
-        kube.apply(_topic("doomed", brokers=1), name)
-        _wait_reconciled(kube, op, name, "doomed")
-    finally:
-        op.stop()
-    try:
-        kube.kubectl("delete", "namespace", name, "--wait=false")
-        # Namespace deletion of a topic's children takes seconds here; 90 s is ample.
-        kube.wait(lambda: kube.get("namespace", name) is None, timeout=90,
-                  what=f"namespace {name} to be deleted with the operator stopped")
-    finally:
-        kube.kubectl("patch", "dt", "doomed", "-n", name, "--type=merge",
-                     "-p", '{"metadata":{"finalizers":null}}', check=False)
 
 
 #: The chart's leader Lease (its Role allows exactly this name) and the LeaseTiming defaults.
@@ -630,3 +597,74 @@ def test_one_leader_reconciles_and_a_standby_takes_over_after_kill_9(
         for replica in replicas.values():
             replica.stop()  # SIGTERM: the leader releases the Lease for the next test
         kube.kubectl("delete", "namespace", ns, "--wait=false")
+
+
+def _tree_exists(zookeeper: ZooKeeperServer, namespace: str, topic: str) -> bool:
+    client = KazooClient(hosts=zookeeper.hosts)
+    client.start(timeout=30)
+    try:
+        return client.exists(f"/delayq/{namespace}/{topic}") is not None
+    finally:
+        client.stop()
+        client.close()
+
+
+def test_deletions_never_hang_with_every_operator_killed_and_a_restart_collects_zookeeper(
+    kube: Kube, operator: LocalOperator, chart_release: Release, zookeeper: ZooKeeperServer,
+    tmp_path_factory: pytest.TempPathFactory,
+) -> None:
+    """Point 6: with every operator killed -9, deleting a topic and then its namespace
+    completes (no finalizer: owner references and the StatefulSets' volume claim retention
+    policy clean up); a restarted operator garbage-collects the topics' ZooKeeper trees. The
+    finalizer of an older operator version is removed by the first operator that sees it."""
+    ns = f"e2e-nsdel-{secrets.token_hex(3)}"
+    kube.kubectl("create", "namespace", ns)
+    workdir = tmp_path_factory.mktemp("operator-nsdel")
+    first = _replica("op-first", ns, operator, chart_release, zookeeper, workdir).start()
+    restarted: LocalOperator | None = None
+    try:
+        legacy = _topic("legacy", brokers=1)
+        legacy["metadata"]["finalizers"] = ["delayq.io/finalizer", "example.com/keep"]
+        kube.apply(legacy, ns)
+        kube.wait(lambda: (kube.get("dt", "legacy", ns) or {})["metadata"].get("finalizers")
+                  == ["example.com/keep"], timeout=60, what="the old finalizer to be removed")
+        kube.kubectl("patch", "dt", "legacy", "-n", ns, "--type=merge",
+                     "-p", '{"metadata":{"finalizers":null}}')
+        kube.apply(_topic("doomed", brokers=1, deletionPolicy="Delete"), ns)
+        kube.apply(_topic("bystander", brokers=1), ns)
+        for name in ("doomed", "bystander"):
+            _wait_reconciled(kube, first, ns, name)
+            assert _tree_exists(zookeeper, ns, name)
+        kube.wait(lambda: _all_pods_running(kube, ns, "doomed"), timeout=120,
+                  what="the doomed topic's pods Running (their volume claims created)")
+        assert kube.items("pvc", ns, selector=f"{TOPIC_LABEL}=doomed")
+        first.kill()
+
+        kube.kubectl("delete", "dt", "doomed", "-n", ns, "--wait=false")
+        kube.wait(lambda: kube.get("dt", "doomed", ns) is None, timeout=30,
+                  what="the topic to be deleted with every operator killed")
+        kube.wait(lambda: not kube.items("pvc", ns, selector=f"{TOPIC_LABEL}=doomed"),
+                  timeout=120, what="deletionPolicy Delete: the volume claims removed by "
+                  "the StatefulSet controller")
+        kube.kubectl("delete", "namespace", ns, "--wait=false")
+        kube.wait(lambda: kube.get("namespace", ns) is None, timeout=90,
+                  what=f"namespace {ns} to be deleted with every operator killed")
+        assert _tree_exists(zookeeper, ns, "doomed")  # nobody could collect it yet
+
+        # The restart waits out the killed leader's Lease, then its health loop collects.
+        restarted = _replica("op-restarted", ns, operator, chart_release, zookeeper,
+                             workdir).start()
+        kube.wait(lambda: not _tree_exists(zookeeper, ns, "doomed")
+                  and not _tree_exists(zookeeper, ns, "bystander"),
+                  timeout=LEASE_DURATION_S + 60,
+                  what="the restarted operator to remove the deleted topics' ZooKeeper trees")
+    except Exception:
+        for replica in (first, restarted):
+            if replica is not None:
+                print(f"--- {replica.log_path.name} tail:\n{replica.tail()}")
+        raise
+    finally:
+        first.kill()
+        if restarted is not None:
+            restarted.stop()
+        kube.kubectl("delete", "namespace", ns, "--wait=false", "--ignore-not-found")

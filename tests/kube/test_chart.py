@@ -171,7 +171,6 @@ TOPIC_RULES = {
     ("", "configmaps"): {"get", "create", "patch"},
     ("", "secrets"): {"get", "create"},
     ("", "pods"): {"list", "patch"},
-    ("", "persistentvolumeclaims"): {"list", "delete"},
     ("", "events"): {"create"},
     ("policy", "poddisruptionbudgets"): {"get", "create", "patch"},
     ("networking.k8s.io", "networkpolicies"): {"get", "create", "patch"},

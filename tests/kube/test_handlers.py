@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import asyncio
 import copy
-import dataclasses
 import logging
 from typing import Any
 
@@ -21,13 +20,11 @@ from kazoo.client import KazooClient
 
 from delayq.kube import naming
 from delayq.kube.config import OperatorConfig
-from delayq.kube.handlers.deletion import finalize
 from delayq.kube.handlers.deps import Deps
 from delayq.kube.handlers.errors import TopicFailure
 from delayq.kube.handlers.health import refresh
 from delayq.kube.handlers.reconcile import reconcile
 from delayq.kube.operator import Runtime, serialized
-from delayq.kube.zk import topic_root
 from tests.kube.conftest import (
     DT,
     NAMESPACE,
@@ -340,53 +337,7 @@ async def test_failover_promotes_highest_offset_after_grace_and_fences_old_maste
     assert condition(api, "Ready")["status"] == "True"
 
 
-# --- deletion -------------------------------------------------------------------------------
-
-
-def add_claim(api: kmock.KubernetesEmulator, name: str) -> None:
-    api.objects["v1/persistentvolumeclaims", NAMESPACE, name] = {
-        "metadata": {
-            "name": name,
-            "namespace": NAMESPACE,
-            "labels": naming.redis_selector("orders", 0),
-        }
-    }
-
-
-async def test_delete_policy_removes_volumes_and_zookeeper_tree(
-    api: kmock.KubernetesEmulator, deps: Deps, zk: KazooClient, logger: logging.Logger
-) -> None:
-    put_topic(api, deletionPolicy="Delete")
-    await provision(api, deps, logger)
-    assert topic_tree_exists(zk)
-    add_claim(api, "data-orders-redis-0-0")
-    await finalize(deps, body(api), logger)
-    assert get(api, "v1/persistentvolumeclaims", "data-orders-redis-0-0") is None
-    assert not topic_tree_exists(zk)
-
-
-async def test_retain_policy_keeps_volumes(
-    api: kmock.KubernetesEmulator, deps: Deps, zk: KazooClient, logger: logging.Logger
-) -> None:
-    put_topic(api)
-    add_claim(api, "data-orders-redis-0-0")
-    zk.create(f"{topic_root(NAMESPACE, 'orders')}/routing", b"{}", makepath=True)
-    await finalize(deps, body(api), logger)
-    assert get(api, "v1/persistentvolumeclaims", "data-orders-redis-0-0") is not None
-    assert not topic_tree_exists(zk)  # the ZooKeeper tree goes with either policy
-
-
-async def test_deletion_never_hangs_when_zookeeper_is_gone(
-    api: kmock.KubernetesEmulator,
-    deps: Deps,
-    dead_zookeeper: str,
-    logger: logging.Logger,
-    caplog: pytest.LogCaptureFixture,
-) -> None:
-    put_topic(api, topicType="bogus")  # even an invalid spec must not block deletion
-    deps.ctx = dataclasses.replace(deps.ctx, default_zookeeper=dead_zookeeper)
-    await finalize(deps, body(api), logger)  # returns: the finalizer is released
-    assert "releasing the finalizer anyway" in caplog.text
+# --- health pass failures, serialization ----------------------------------------------------
 
 
 async def test_health_pass_failures_are_transient(

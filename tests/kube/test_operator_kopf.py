@@ -114,12 +114,12 @@ async def test_create_provisions_children_and_status(
         for broker in (0, 1):
             assert stored(api, "apps/v1/statefulsets", f"orders-redis-{broker}")
         dt = api.objects[DT, NAMESPACE, "orders"]
-        assert naming.FINALIZER in dt["metadata"]["finalizers"]
+        assert not dt["metadata"].get("finalizers")  # nothing that needs a running operator
         routing = published_routing(zk)
         assert routing is not None
         assert routing.slots_per_broker() == {0: 8, 1: 8}
 
-        # The pods come up (a real cluster's controllers would do this): the timer elects
+        # The pods come up (a real cluster's controllers would do this): the health loop elects
         # masters and reports Ready.
         for broker in (0, 1):
             redis_pods.add(broker, 2)
@@ -166,32 +166,21 @@ async def test_invalid_spec_gets_a_reason_and_no_retry_loop(
     assert not stored(api, "apps/v1/statefulsets", "bad-service")
 
 
-async def test_deletion_releases_the_finalizer_even_paused_and_without_zookeeper(
+async def test_deletion_is_immediate_and_the_health_loop_collects_the_zookeeper_tree(
     api: kmock.KubernetesEmulator,
     connection: kopf.ConnectionInfo,
     store: KazooTopicStore,
     redis_commands: RedisCommands,
     zk: KazooClient,
     zk_connect: str,
-    dead_zookeeper: str,
 ) -> None:
     async with operator(connection, store, redis_commands, zk_connect):
         await api.post(TOPIC_PATH, json=topic("gone", deletionPolicy="Delete"))
         await eventually(lambda: ready_reason(api, "gone") is not None, "provisioning")
         assert topic_tree_exists(zk, "gone")
-        await api.patch(
-            f"{TOPIC_PATH}/gone",
-            json={"metadata": {"annotations": {naming.PAUSED_ANNOTATION: "true"}}},
-            headers={"Content-Type": "application/merge-patch+json"},
-        )
-        # The topic's ensemble becomes unreachable: its connection string now leads nowhere.
-        await api.patch(
-            f"{TOPIC_PATH}/gone",
-            json={"spec": {"zookeeper": {"connect": dead_zookeeper}}},
-            headers={"Content-Type": "application/merge-patch+json"},
-        )
         await api.delete(f"{TOPIC_PATH}/gone")
-        await eventually(lambda: api.objects[DT, NAMESPACE, "gone"].deleted, "deletion")
+        assert api.objects[DT, NAMESPACE, "gone"].deleted  # at once: no finalizer to wait for
+        await eventually(lambda: not topic_tree_exists(zk, "gone"), "the tree collected")
 
 
 async def test_paused_topic_is_left_alone(
@@ -223,26 +212,28 @@ def finalizers(api: kmock.KubernetesEmulator, name: str) -> list[str]:
     return list(api.objects[DT, NAMESPACE, name]["metadata"].get("finalizers") or [])
 
 
-async def test_stopping_operator_releases_its_finalizers_and_a_restart_restores_them(
+async def test_the_finalizer_of_older_versions_is_removed_on_resume(
     api: kmock.KubernetesEmulator,
     connection: kopf.ConnectionInfo,
     store: KazooTopicStore,
     redis_commands: RedisCommands,
     zk_connect: str,
 ) -> None:
-    async with operator(connection, store, redis_commands, zk_connect):
-        for name in ("kept", "doomed"):
-            await api.post(TOPIC_PATH, json=topic(name))
-        for name in ("kept", "doomed"):
-            await eventually(
-                lambda name=name: naming.FINALIZER in finalizers(api, name),  # type: ignore[misc]
-                "finalizer",
-            )
-    # No operator runs: nothing of it may block a deletion (a namespace's, for instance).
-    assert finalizers(api, "kept") == finalizers(api, "doomed") == []
+    """Topics created by an older operator carry its finalizer; none may keep blocking.
 
+    (kmock applies kopf's JSON patch of the finalizer list only roughly, so other finalizers
+    are left out here; e2e removes it next to another finalizer on a real API server.)
+    """
+    for name in ("kept", "doomed"):
+        old = topic(name)
+        old["metadata"]["finalizers"] = [naming.FINALIZER]  # type: ignore[index]
+        api.objects[DT, NAMESPACE, name] = old
+    api.objects[DT, NAMESPACE, "doomed"].patch(
+        {"metadata": {"deletionTimestamp": "2026-01-01T00:00:00Z"}}  # deleted while none ran
+    )
     async with operator(connection, store, redis_commands, zk_connect):
-        await eventually(lambda: naming.FINALIZER in finalizers(api, "kept"), "finalizer back")
+        await eventually(lambda: finalizers(api, "kept") == [], "the old finalizer removed")
+        await eventually(lambda: api.objects[DT, NAMESPACE, "doomed"].deleted, "deletion done")
 
 
 LEASES = "coordination.k8s.io/v1/leases"

@@ -23,7 +23,6 @@ PLURALS = {
     "Secret": "secrets",
     "Service": "services",
     "Pod": "pods",
-    "PersistentVolumeClaim": "persistentvolumeclaims",
     "StatefulSet": "statefulsets",
     "PodDisruptionBudget": "poddisruptionbudgets",
     "NetworkPolicy": "networkpolicies",
@@ -54,7 +53,7 @@ def resource_path(api_version: str, kind: str, namespace: str | None, name: str 
 
 
 class KubeClient:
-    """get/list/create/patch/delete on namespaced objects, plus API discovery."""
+    """get/list/create/patch on namespaced objects, plus API discovery."""
 
     def __init__(self, info: kopf.ConnectionInfo) -> None:
         self._server = info.server.rstrip("/")
@@ -136,13 +135,6 @@ class KubeClient:
             content_type="application/merge-patch+json",
         )
         return result
-
-    async def delete(self, api_version: str, kind: str, namespace: str, name: str) -> None:
-        try:
-            await self._request("DELETE", resource_path(api_version, kind, namespace, name))
-        except KubeApiError as error:
-            if error.status != 404:
-                raise
 
     async def has_resource(self, group_version: str, plural: str) -> bool:
         """Whether the API server serves `plural` in `group_version` (e.g. ServiceMonitor)."""

@@ -18,7 +18,6 @@ class OperatorConfig:
     lease_name: str = "delayq-operator"  # the Lease in the operator's namespace (POD_NAMESPACE)
     standalone: bool = False  # no leader election: only when exactly one operator ever runs
     lease: LeaseTiming = field(default_factory=LeaseTiming)
-    optional_finalizer: bool = False
     health_interval_s: float = 10.0
     failover_grace_s: float = 30.0
     liveness_endpoint: str = "http://0.0.0.0:8080/healthz"
@@ -49,7 +48,6 @@ class OperatorConfig:
             namespaces=namespaces,
             lease_name=env.get("DELAYQ_LEASE_NAME", defaults.lease_name),
             standalone=_flag(env.get("DELAYQ_STANDALONE")),
-            optional_finalizer=_flag(env.get("DELAYQ_OPTIONAL_FINALIZER")),
             health_interval_s=float(
                 env.get("DELAYQ_HEALTH_INTERVAL_S", defaults.health_interval_s)
             ),

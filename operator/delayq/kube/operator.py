@@ -1,5 +1,8 @@
-"""kopf registration: which handler runs when; the work itself lives in handlers/.
+"""kopf registration and the leader's run: which handler runs when; the work lives in handlers/.
 
+kopf handles the changes of DelayTopics (create, update, resume); the periodic health pass runs
+in the leader's own loop (healthloop.py), not on a kopf timer, and there is no deletion handler:
+either would make kopf put a finalizer on every topic (see handlers/deletion.py for why none).
 Everything is registered on a registry built here (not kopf's global one), so tests build their own
 operator against the in-memory API (kmock) with a real ZooKeeper and real redis-servers, and the
 CLI builds the real one. Handler outcomes map to kopf as follows: a returned status patch is
@@ -24,16 +27,17 @@ import kopf
 from delayq.kube import naming
 from delayq.kube.client import KubeClient
 from delayq.kube.config import OperatorConfig
-from delayq.kube.handlers.deletion import finalize, release_finalizers
 from delayq.kube.handlers.deps import Deps, Logger
 from delayq.kube.handlers.errors import TopicFailure
 from delayq.kube.handlers.health import refresh
 from delayq.kube.handlers.reconcile import reconcile
+from delayq.kube.healthloop import HealthLoop
 from delayq.kube.leader import LeadershipLost, LeaseElector, make_identity
 from delayq.kube.liveness import liveness_server
 from delayq.kube.redisctl import RedisCommands, RedisControl
 from delayq.kube.zk import KazooTopicStore, TopicStore
 
+LOGGER = logging.getLogger(__name__)
 Login = Callable[[], kopf.ConnectionInfo]
 STOP_GRACE_S = 3.0  # how long a replica that lost the lease lets kopf wind down
 KOPF_STOP_TIMEOUT_S = 30.0  # how long a clean stop waits for kopf (cleanup handlers included)
@@ -70,7 +74,9 @@ class Runtime:
 
 
 def configure(settings: kopf.OperatorSettings) -> None:
-    """Finalizer and bookkeeping under delayq.io, so nothing collides with other operators."""
+    """Bookkeeping under delayq.io, so nothing collides with other operators."""
+    # Migration: older versions put this finalizer on every topic. Naming it kopf's finalizer
+    # makes kopf remove it from each topic it sees (resume included), as no handler needs one.
     settings.persistence.finalizer = naming.FINALIZER
     settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix=naming.GROUP)
     settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(
@@ -86,12 +92,15 @@ def configure(settings: kopf.OperatorSettings) -> None:
 Work = Callable[[Deps, Mapping[str, Any], Logger], Awaitable[dict[str, Any]]]
 
 
-async def serialized(runtime: Runtime, body: kopf.Body, logger: Logger, work: Work) -> None:
+async def serialized(
+    runtime: Runtime, body: Mapping[str, Any], logger: Logger, work: Work
+) -> None:
     """Run `work` on a fresh copy of the topic, one at a time per topic, and write its status.
 
-    kopf runs timers concurrently with change handlers, and both compute the whole condition
-    list from the body they were given; without the lock and the fresh read, a health pass that
-    started before a reconcile could write back the reconcile's old Provisioned condition.
+    The health loop runs concurrently with kopf's change handlers, and both compute the whole
+    condition list from the body they were given; without the lock and the fresh read, a health
+    pass that started before a reconcile could write back the reconcile's old Provisioned
+    condition.
     The status is patched inside the lock (not through kopf's patch, which lands later).
     """
     deps = runtime.require()
@@ -118,20 +127,10 @@ async def write_status(deps: Deps, namespace: str, name: str, status: dict[str, 
 def build_registry(runtime: Runtime) -> kopf.OperatorRegistry:
     """All handlers of the operator on a fresh registry."""
     registry = kopf.OperatorRegistry()
-    config = runtime.config
 
     @kopf.on.startup(registry=registry)
     async def startup(settings: kopf.OperatorSettings, **_: Any) -> None:
         configure(settings)
-
-    @kopf.on.cleanup(registry=registry)
-    async def cleanup(logger: Logger, **_: Any) -> None:
-        if runtime.deps is not None:
-            # No finalizer may outlive the operator: with none running, a namespace
-            # deletion would hang on it (see handlers/deletion.py).
-            released = await release_finalizers(runtime.deps.kube, config.namespaces, logger)
-            if released:
-                logger.info("released the finalizer of %d topics", released)
 
     @kopf.on.login(registry=registry)
     def login(**_: Any) -> kopf.ConnectionInfo:
@@ -142,14 +141,6 @@ def build_registry(runtime: Runtime) -> kopf.OperatorRegistry:
     @kopf.on.resume(*RESOURCE, registry=registry, id="reconcile")
     async def on_change(body: kopf.Body, logger: Logger, **_: Any) -> None:
         await serialized(runtime, body, logger, reconcile)
-
-    @kopf.on.timer(*RESOURCE, registry=registry, id="health", interval=config.health_interval_s)
-    async def on_timer(body: kopf.Body, logger: Logger, **_: Any) -> None:
-        await serialized(runtime, body, logger, refresh)
-
-    @kopf.on.delete(*RESOURCE, registry=registry, id="finalize", optional=config.optional_finalizer)
-    async def on_delete(body: kopf.Body, logger: Logger, **_: Any) -> None:
-        await finalize(runtime.require(), body, logger)
 
     return registry
 
@@ -225,6 +216,7 @@ async def lead(
     kopf_stop = asyncio.Event()
     # Created before kopf starts, so that kopf's shutdown never counts them as its own tasks.
     stopped = asyncio.create_task(stop.wait(), name="delayq stop")
+    health = asyncio.create_task(health_loop(runtime).run(), name="delayq health loop")
     lease: asyncio.Task[None] | None = None
     if holding is not None:
         lease = asyncio.create_task(holding, name="delayq lease")
@@ -238,12 +230,13 @@ async def lead(
         ),
         name="delayq kopf",
     )
-    watched: list[asyncio.Task[Any]] = [operator, stopped, *([lease] if lease else [])]
+    watched: list[asyncio.Task[Any]] = [operator, stopped, health, *([lease] if lease else [])]
     try:
         await asyncio.wait(watched, return_when=asyncio.FIRST_COMPLETED)
     finally:
         kopf_stop.set()
         stopped.cancel()
+        health.cancel()
         lost = lease is not None and lease.done() and not lease.cancelled()
         if lease is not None and not lost:
             lease.cancel()
@@ -258,3 +251,17 @@ async def lead(
             await kube.close()
     if lease is not None and lease.done() and not lease.cancelled():
         await lease  # raises LeadershipLost
+    if health.done() and not health.cancelled():
+        await health  # it only ends by a bug: never hide it
+
+
+def health_loop(runtime: Runtime) -> HealthLoop:
+    """The leader's health passes (serialized with the change handlers per topic) and ZK GC."""
+
+    async def run_pass(topic: Mapping[str, Any], logger: Logger) -> None:
+        await serialized(runtime, topic, logger, refresh)
+
+    config = runtime.config
+    return HealthLoop(
+        runtime.require, config.namespaces, config.health_interval_s, run_pass, LOGGER
+    )

@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import threading
+from collections.abc import Sequence
 from typing import Protocol
 
 from kazoo.client import KazooClient
@@ -20,10 +21,11 @@ from kazoo.handlers.threading import KazooTimeoutError
 from delayq.kube.routing import Routing
 
 TIMEOUT_S = 10.0
+ROOT = "/delayq"
 
 
 def topic_root(namespace: str, topic: str) -> str:
-    return f"/delayq/{namespace}/{topic}"
+    return f"{ROOT}/{namespace}/{topic}"
 
 
 class TopicStore(Protocol):
@@ -39,7 +41,12 @@ class TopicStore(Protocol):
         """How many slots currently have an owner (ephemeral nodes under owners/)."""
 
     async def delete(self, connect: str, namespace: str, topic: str) -> None:
-        """Remove the topic's whole tree (on DelayTopic deletion)."""
+        """Remove the topic's whole tree (its DelayTopic is gone)."""
+
+    async def topic_trees(
+        self, connect: str, namespaces: Sequence[str]
+    ) -> list[tuple[str, str]]:
+        """(namespace, topic) of every tree under /delayq in `namespaces` (all when empty)."""
 
 
 class KazooTopicStore:
@@ -115,6 +122,24 @@ class KazooTopicStore:
                 self._client(connect).delete(topic_root(namespace, topic), recursive=True)
 
         await asyncio.wait_for(asyncio.to_thread(remove), self.timeout_s)
+
+    async def topic_trees(
+        self, connect: str, namespaces: Sequence[str]
+    ) -> list[tuple[str, str]]:
+        def read() -> list[tuple[str, str]]:
+            client = self._client(connect)
+            try:
+                spaces = list(namespaces) or client.get_children(ROOT)
+            except NoNodeError:
+                return []
+            trees: list[tuple[str, str]] = []
+            for namespace in spaces:
+                with contextlib.suppress(NoNodeError):  # no topic of it was ever published
+                    topics = client.get_children(f"{ROOT}/{namespace}")
+                    trees += [(namespace, topic) for topic in topics]
+            return trees
+
+        return await asyncio.wait_for(asyncio.to_thread(read), self.timeout_s)
 
     def close(self) -> None:
         with self._lock:

@@ -1,122 +1,101 @@
-"""Deletion: clean up what owner references cannot, and never hang the finalizer.
+"""Deletion without a finalizer: the cleanup owner references cannot do.
 
-Children are owned by the DelayTopic, so Kubernetes garbage-collects them. What remains:
-- the Redis volumes: with deletionPolicy Delete they are deleted here (and, independently of the
-  operator, by the StatefulSets' persistentVolumeClaimRetentionPolicy); with Retain they stay;
-- the topic's ZooKeeper tree.
-Every failure is logged as a warning and the finalizer is released anyway: a stuck DelayTopic
-would block its namespace's deletion, which is worse than a leftover ZooKeeper node.
-
-Nothing can release a finalizer while no operator runs, so a stopping operator releases its own
-(release_finalizers, from kopf's cleanup, after the watches ended): a topic deleted while no
-operator runs (for instance with its namespace) goes at once, and owner references and the
-StatefulSets' volume claim retention policy clean up after it; only its ZooKeeper tree is left.
-A starting operator puts the finalizer back on every topic it handles (kopf does so on resume).
+DelayTopics carry no finalizer. A finalizer needs a running operator to go away, so one left by
+an operator that died without SIGTERM (kill -9, node loss) blocked the topic's deletion, and its
+namespace's, until an operator ran again. Instead every part of a topic goes by itself:
+- its children (StatefulSets, Services, Secret, ConfigMap, ...) through their owner references,
+  collected by the Kubernetes garbage collector;
+- its Redis volume claims through the StatefulSets' persistentVolumeClaimRetentionPolicy
+  (`whenDeleted` = `spec.deletionPolicy`), applied by the StatefulSet controller;
+- its ZooKeeper tree `/delayq/<ns>/<topic>` through `collect_orphans`, run by the leader's health
+  loop: a tree whose DelayTopic no longer exists, in a namespace the operator watches, is removed
+  (also after an operator was down while topics or whole namespaces were deleted).
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 from delayq.kube import naming
+from delayq.kube.builders.common import Manifest
 from delayq.kube.builders.service import zookeeper_connect
 from delayq.kube.client import KubeApiError, KubeClient
 from delayq.kube.handlers.deps import Deps, Logger
-from delayq.kube.handlers.reconcile import TRANSIENT_ERRORS
-from delayq.kube.spec import parse_spec
-
-
-async def finalize(deps: Deps, body: Mapping[str, Any], logger: Logger) -> None:
-    """Best-effort cleanup; always returns so kopf removes the finalizer."""
-    meta = body.get("metadata") or {}
-    name, namespace = meta["name"], meta["namespace"]
-    raw_spec = body.get("spec") or {}
-    if raw_spec.get("deletionPolicy", "Retain") == "Delete":
-        await delete_volumes(deps, namespace, name, logger)
-    else:
-        logger.info("deletionPolicy Retain: keeping the Redis volumes of %s", name)
-    try:
-        connect = zookeeper_connect(parse_spec(name, namespace, raw_spec), deps.ctx)
-    except ValueError:
-        connect = deps.ctx.default_zookeeper
-    try:
-        await deps.store.delete(connect, namespace, name)
-    except TRANSIENT_ERRORS as error:
-        logger.warning(
-            "could not remove /delayq/%s/%s from ZooKeeper (%r); releasing the finalizer anyway",
-            namespace,
-            name,
-            error,
-        )
-
-
-async def delete_volumes(deps: Deps, namespace: str, name: str, logger: Logger) -> None:
-    try:
-        claims = await deps.kube.list(
-            "v1", "PersistentVolumeClaim", namespace, naming.redis_selector(name)
-        )
-        for claim in claims:
-            await deps.kube.delete(
-                "v1", "PersistentVolumeClaim", namespace, claim["metadata"]["name"]
-            )
-            logger.info("deleted volume claim %s", claim["metadata"]["name"])
-    except (KubeApiError, *TRANSIENT_ERRORS) as error:
-        logger.warning("could not delete the volumes of %s (%r); releasing anyway", name, error)
-
+from delayq.kube.handlers.reconcile import TRANSIENT_ERRORS, parse_body
+from delayq.kube.spec import SpecError
 
 TOPIC_API_VERSION = f"{naming.GROUP}/{naming.VERSION}"
-RELEASE_ATTEMPTS = 3
+TopicKey = tuple[str, str]  # (namespace, name)
 
 
-async def release_finalizers(
-    kube: KubeClient, namespaces: Sequence[str], logger: Logger
-) -> int:
-    """Remove the operator's finalizer from every topic it watches; returns how many it released.
-
-    Called when the operator stops. Best-effort: failures are logged, never raised. Each patch
-    carries the resourceVersion it was computed from, so a concurrent change of the finalizer
-    list is never overwritten (the topic is read again instead).
-    """
-    released = 0
-    for namespace in namespaces or ("",):  # "": every namespace
-        try:
-            topics = await kube.list(TOPIC_API_VERSION, naming.KIND, namespace, {})
-        except (KubeApiError, *TRANSIENT_ERRORS) as error:
-            logger.warning("could not list topics to release their finalizers: %r", error)
-            continue
-        for topic in topics:
-            released += await release_finalizer(kube, topic, logger)
-    return released
+async def list_topics(kube: KubeClient, namespaces: Sequence[str]) -> list[Manifest]:
+    """Every DelayTopic in `namespaces` (every namespace when empty)."""
+    topics: list[Manifest] = []
+    for namespace in namespaces or ("",):  # "": the cluster-wide listing
+        topics += await kube.list(TOPIC_API_VERSION, naming.KIND, namespace, {})
+    return topics
 
 
-async def release_finalizer(kube: KubeClient, topic: Mapping[str, Any], logger: Logger) -> int:
+def topic_key(topic: Mapping[str, Any]) -> TopicKey:
     meta = topic["metadata"]
-    for _ in range(RELEASE_ATTEMPTS):
-        finalizers = list(meta.get("finalizers") or [])
-        if naming.FINALIZER not in finalizers:
-            return 0
-        rest = [item for item in finalizers if item != naming.FINALIZER]
-        patch = {"metadata": {"finalizers": rest, "resourceVersion": meta["resourceVersion"]}}
+    return (str(meta["namespace"]), str(meta["name"]))
+
+
+def orphaned_trees(
+    trees: Iterable[TopicKey], topics: Iterable[TopicKey], watched: Sequence[str]
+) -> list[TopicKey]:
+    """The ZooKeeper trees to remove: no DelayTopic of that name, in a watched namespace.
+
+    `trees` must have been read BEFORE `topics` was listed: a tree is only ever created for a
+    topic that exists, so a topic created after the tree listing cannot be missed by the topic
+    listing. An empty `watched` means every namespace (the cluster-wide operator).
+    """
+    existing = set(topics)
+    return sorted(
+        tree
+        for tree in set(trees)
+        if tree not in existing and (not watched or tree[0] in watched)
+    )
+
+
+def ensembles(deps: Deps, topics: Iterable[Mapping[str, Any]]) -> list[str]:
+    """The operator's default ensemble and every ensemble a listed topic uses."""
+    found = {deps.ctx.default_zookeeper}
+    for topic in topics:
         try:
-            await kube.patch(TOPIC_API_VERSION, naming.KIND, meta["namespace"], meta["name"], patch)
-            return 1
-        except KubeApiError as error:
-            if error.status == 404:
-                return 0
-            if error.status != 409:
-                logger.warning("could not release the finalizer of %s: %r", meta["name"], error)
-                return 0
+            found.add(zookeeper_connect(parse_body(topic), deps.ctx))
+        except SpecError:
+            continue  # reconcile reports it; its tree can only be on a known ensemble
+    return sorted(found)
+
+
+async def collect_orphans(
+    deps: Deps, namespaces: Sequence[str], listed: Sequence[Mapping[str, Any]], logger: Logger
+) -> int:
+    """Remove the ZooKeeper trees of deleted topics; returns how many were removed.
+
+    `listed` (a recent topic listing) only names the ensembles to look at. Per ensemble the
+    trees are read first and the topics listed second (see orphaned_trees); each removal then
+    re-checks, under the topic's lock, that the topic still does not exist, so a topic created
+    meanwhile under the same name keeps its tree (its reconcile waits for the lock).
+    """
+    removed = 0
+    for connect in ensembles(deps, listed):
+        try:
+            trees = await deps.store.topic_trees(connect, namespaces)
         except TRANSIENT_ERRORS as error:
-            logger.warning("could not release the finalizer of %s: %r", meta["name"], error)
-            return 0
+            logger.warning("ZooKeeper %s unavailable for garbage collection: %r", connect, error)
+            continue
         try:
-            fresh = await kube.get(TOPIC_API_VERSION, naming.KIND, meta["namespace"], meta["name"])
+            topics = [topic_key(topic) for topic in await list_topics(deps.kube, namespaces)]
+            for namespace, name in orphaned_trees(trees, topics, namespaces):
+                async with deps.lock(namespace, name):
+                    if await deps.kube.get(TOPIC_API_VERSION, naming.KIND, namespace, name):
+                        continue  # created again since the listing
+                    await deps.store.delete(connect, namespace, name)
+                logger.info("removed the ZooKeeper tree of deleted topic %s/%s", namespace, name)
+                removed += 1
         except (KubeApiError, *TRANSIENT_ERRORS) as error:
-            logger.warning("could not release the finalizer of %s: %r", meta["name"], error)
-            return 0
-        if fresh is None:
-            return 0
-        meta = fresh["metadata"]
-    logger.warning("could not release the finalizer of %s: it kept changing", meta["name"])
-    return 0
+            logger.warning("ZooKeeper garbage collection in %s interrupted: %r", connect, error)
+    return removed

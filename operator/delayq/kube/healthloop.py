@@ -1,0 +1,110 @@
+"""The leader's periodic work: a health pass per topic, then the ZooKeeper garbage collection.
+
+This replaces a kopf timer on purpose: kopf puts a finalizer on every object that has a timer or
+a daemon, even when no deletion handler needs one (nolar/kopf#1074), and the finalizer of an
+operator that died without SIGTERM blocks the deletion of the topic, and of its namespace, until
+an operator runs again. Here nothing is attached to the topics.
+
+Every `interval_s` the loop lists the topics of the watched namespaces and starts a pass for each
+topic that has none in flight and is not backing off, each in its own task: a slow or failing
+topic never delays the others, and its errors are logged. The pass itself (`run_pass`) goes
+through operator.serialized, so it never overlaps a change handler of the same topic.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Awaitable, Callable, Mapping, MutableMapping, Sequence
+from typing import Any
+
+import kopf
+
+from delayq.kube.client import KubeApiError
+from delayq.kube.handlers.deletion import collect_orphans, list_topics
+from delayq.kube.handlers.deps import Deps, Logger
+from delayq.kube.handlers.reconcile import TRANSIENT_ERRORS
+
+TopicKey = tuple[str, str]  # (namespace, name)
+RunPass = Callable[[Mapping[str, Any], Logger], Awaitable[None]]
+
+
+class TopicLogger(logging.LoggerAdapter[logging.Logger]):
+    """Prefixes `[namespace/name]`, as kopf's per-object logger does in handlers."""
+
+    def process(self, msg: Any, kwargs: MutableMapping[str, Any]) -> tuple[Any, Any]:
+        return f"[{self.extra['topic'] if self.extra else '?'}] {msg}", kwargs
+
+
+class HealthLoop:
+    """Health passes and ZooKeeper GC for the topics of `namespaces` (all when empty)."""
+
+    def __init__(
+        self,
+        deps: Callable[[], Deps],
+        namespaces: Sequence[str],
+        interval_s: float,
+        run_pass: RunPass,
+        logger: logging.Logger,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.deps, self.namespaces, self.interval_s = deps, namespaces, interval_s
+        self.run_pass, self.logger, self.clock = run_pass, logger, clock
+        self.passes: dict[TopicKey, asyncio.Task[None]] = {}
+        self.retry_at: dict[TopicKey, float] = {}  # backoff after a transient failure
+        self.gc: asyncio.Task[None] | None = None
+
+    async def run(self) -> None:
+        """Tick until cancelled; in-flight passes are cancelled with it."""
+        try:
+            while True:
+                await self.tick()
+                await asyncio.sleep(self.interval_s)
+        finally:
+            tasks = [*self.passes.values(), *([self.gc] if self.gc else [])]
+            for task in tasks:
+                task.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+
+    async def tick(self) -> None:
+        """Start the passes that are due and, unless one still runs, a garbage collection."""
+        deps = self.deps()
+        try:
+            topics = await list_topics(deps.kube, self.namespaces)
+        except (KubeApiError, *TRANSIENT_ERRORS) as error:
+            self.logger.warning("health loop: cannot list the DelayTopics: %r", error)
+            return
+        now_s = self.clock()
+        listed = set()
+        for topic in topics:
+            meta = topic["metadata"]
+            key = (meta["namespace"], meta["name"])
+            listed.add(key)
+            if key not in self.passes and self.retry_at.get(key, now_s) <= now_s:
+                self.passes[key] = asyncio.create_task(self.one_pass(key, topic))
+        self.retry_at = {key: at for key, at in self.retry_at.items() if key in listed}
+        if self.gc is None or self.gc.done():
+            self.gc = asyncio.create_task(self.collect(deps, topics))
+
+    async def one_pass(self, key: TopicKey, topic: Mapping[str, Any]) -> None:
+        logger = TopicLogger(self.logger, {"topic": "/".join(key)})
+        try:
+            await self.run_pass(topic, logger)
+            self.retry_at.pop(key, None)
+        except kopf.TemporaryError as error:
+            delay_s = float(error.delay or 0)
+            self.retry_at[key] = self.clock() + delay_s
+            logger.warning("health pass failed, next one in %g s: %s", delay_s, error)
+        except kopf.PermanentError as error:
+            logger.error("health pass failed: %s", error)
+        except Exception:  # one broken topic must never stop the others' passes
+            logger.exception("health pass failed unexpectedly")
+        finally:
+            self.passes.pop(key, None)
+
+    async def collect(self, deps: Deps, topics: Sequence[Mapping[str, Any]]) -> None:
+        try:
+            await collect_orphans(deps, self.namespaces, topics, self.logger)
+        except Exception:  # logged; the next tick tries again
+            self.logger.exception("ZooKeeper garbage collection failed")
