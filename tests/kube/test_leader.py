@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import datetime
 
+import aiohttp
 import kmock
 import kopf
 import pytest
@@ -23,6 +24,8 @@ from delayq.kube.lease import (
     still_leading,
     write_patch,
 )
+from delayq.kube.liveness import liveness_server
+from delayq.local.ports import free_port
 
 LEASES = "coordination.k8s.io/v1/leases"
 LEASE_NS = "delayq-system"
@@ -185,3 +188,14 @@ async def test_the_leader_gives_up_at_the_renew_deadline_when_the_api_is_gone(
     with pytest.raises(LeadershipLost, match=r"within 1\.5 s"):
         await asyncio.wait_for(leader.hold(), 5.0)
     assert loop.time() - started < FAST.lease_duration_s  # before anyone may take over
+
+
+async def test_every_replica_answers_its_liveness_probe_while_it_runs() -> None:
+    """Standbys run no kopf, so the process serves the probe itself (else kubelet kills them)."""
+    port = free_port()
+    url = f"http://127.0.0.1:{port}/healthz"
+    async with liveness_server(url), aiohttp.ClientSession() as s, s.get(url) as response:
+        assert response.status == 200
+    with pytest.raises(aiohttp.ClientConnectionError):
+        async with aiohttp.ClientSession() as s, s.get(url):
+            pass

@@ -247,6 +247,7 @@ async def lead(
         except TimeoutError:
             operator.cancel()
         finally:
+            await asyncio.wait([health])  # its passes end before the clients they use close
             kube, runtime.deps = runtime.deps.kube, None
             await kube.close()
     if lease is not None and lease.done() and not lease.cancelled():
