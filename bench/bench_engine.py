@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import gc
 import json
 import multiprocessing
 import os
@@ -160,6 +161,7 @@ class Recorder:
 
 
 async def consume_until(url: str, topic: Topic, expected: int, timeout_s: float) -> Recorder:
+    gc.freeze()  # as `delayq serve` does at start (see service/serve.py)
     queue = AsyncQueue.from_url(url, topic)
     recorder = Recorder()
     consumer = Consumer(
