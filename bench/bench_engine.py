@@ -25,11 +25,13 @@ from pathlib import Path
 from typing import Any
 
 import redis
+import redis.asyncio
 
 from delayq.local.redis_server import RedisServer
 from delayq.queue.client import AsyncQueue, Queue
 from delayq.queue.consumer import Consumer, ConsumerSettings
 from delayq.queue.model import Message, ScheduleRequest
+from delayq.queue.packing import use_hiredis_packing
 from delayq.queue.topic import Topic
 
 PAYLOAD = b"x" * 32
@@ -77,6 +79,32 @@ def raw_floor(client: redis.Redis, count: int, chunk: int) -> float:
             pipe.hset("raw:msg", member, PAYLOAD)
         pipe.execute()
     return count / (time.perf_counter() - start)
+
+
+def raw_floor_concurrent(url: str, count: int, chunk: int, concurrency: int) -> float:
+    """The raw floor from asyncio with `concurrency` pipelines in flight: the fair baseline of
+    the concurrent batch figure (same client library, same overlap)."""
+
+    async def produce() -> float:
+        client = use_hiredis_packing(redis.asyncio.Redis.from_url(url))
+        bases = iter(range(0, count, chunk))
+
+        async def producer() -> None:
+            for base in bases:
+                pipe = client.pipeline(transaction=False)
+                for i in range(base, min(count, base + chunk)):
+                    member = f"rawc-{i:08d}"
+                    pipe.zadd("rawc:store", {member: 1_000})
+                    pipe.hset("rawc:msg", member, PAYLOAD)
+                await pipe.execute()
+
+        start = time.perf_counter()
+        await asyncio.gather(*(producer() for _ in range(concurrency)))
+        rate = count / (time.perf_counter() - start)
+        await client.aclose()
+        return rate
+
+    return asyncio.run(produce())
 
 
 def batch_enqueue(queue: Queue, count: int, chunk: int) -> float:
@@ -263,6 +291,8 @@ def main() -> None:
         client.flushall()
         batch = batch_enqueue(Queue(client, fresh_topic("batch")), n_enqueue, 1_000)
         client.flushall()
+        concurrent_floor = raw_floor_concurrent(server.url, n_enqueue, 1_000, CONCURRENT_CALLS)
+        client.flushall()
         concurrent = concurrent_batch_enqueue(server.url, n_enqueue, 1_000, CONCURRENT_CALLS)
         client.flushall()
         single = single_enqueue(Queue(client, fresh_topic("single")), int(20_000 * scale))
@@ -290,7 +320,10 @@ def main() -> None:
                 "batch_api_msg_per_s": round(batch),
                 "batch_ratio_to_raw_floor": round(batch / floor, 2),
                 f"batch_api_async_{CONCURRENT_CALLS}_calls_in_flight_msg_per_s": round(concurrent),
-                "batch_async_ratio_to_raw_floor": round(concurrent / floor, 2),
+                f"raw_floor_async_{CONCURRENT_CALLS}_pipelines_in_flight_msg_per_s": round(
+                    concurrent_floor
+                ),
+                "batch_async_ratio_to_async_raw_floor": round(concurrent / concurrent_floor, 2),
                 "single_api_msg_per_s": round(single),
                 "single_ratio_to_raw_floor": round(single / floor, 3),
                 "batch_api_with_journal_msg_per_s": round(journaled),
