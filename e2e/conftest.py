@@ -23,6 +23,7 @@ from pathlib import Path
 
 import pytest
 
+from delayq.local.zookeeper_server import ZooKeeperServer
 from e2e.harness import Kube, Release, Tools, local_control_plane
 
 REPO = Path(__file__).resolve().parent.parent
@@ -148,3 +149,14 @@ def chart_release(kube: Kube) -> Iterator[Release]:
     yield Release(name, namespace, fullname, service_account=fullname)
     kube.helm("uninstall", name, "--namespace", namespace, "--wait", "--timeout", "3m")
     kube.kubectl("delete", "namespace", namespace, "--wait=false", "--ignore-not-found")
+
+
+@pytest.fixture(scope="module")
+def zookeeper() -> Iterator[ZooKeeperServer]:
+    """A real standalone ZooKeeper on a free loopback port, for the locally run operator's
+    routing tables (one per test module)."""
+    server = ZooKeeperServer().start()
+    try:
+        yield server
+    finally:
+        server.stop()

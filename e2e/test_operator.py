@@ -53,16 +53,6 @@ def _topic(name: str, **spec: Any) -> dict[str, Any]:
 
 
 @pytest.fixture(scope="module")
-def zookeeper() -> Iterator[ZooKeeperServer]:
-    """A real standalone ZooKeeper on a free loopback port for the operator's routing tables."""
-    server = ZooKeeperServer().start()
-    try:
-        yield server
-    finally:
-        server.stop()
-
-
-@pytest.fixture(scope="module")
 def topics_ns(kube: Kube) -> Iterator[str]:
     """The namespace the local operator watches (and only that one)."""
     name = f"e2e-topics-{secrets.token_hex(3)}"

@@ -26,16 +26,6 @@ MIN_NODES = 3
 
 
 @pytest.fixture(scope="module")
-def zookeeper() -> Iterator[ZooKeeperServer]:
-    """A real standalone ZooKeeper: the operator publishes the topic's routing there."""
-    server = ZooKeeperServer().start()
-    try:
-        yield server
-    finally:
-        server.stop()
-
-
-@pytest.fixture(scope="module")
 def crd(kube: Kube) -> None:
     """The DelayTopic CRD applied and served (idempotent with the other modules' fixtures)."""
     kube.kubectl("apply", "--server-side", "--force-conflicts", "-f", str(CRD_FILE))
