@@ -48,8 +48,10 @@ class RedisServer:
         return f"redis://127.0.0.1:{self.port}/0"
 
     def start(self) -> RedisServer:
-        self.directory = Path(tempfile.mkdtemp(prefix="delayq-redis-"))
-        self.port = free_port()
+        """Start the server; after `crash()` it starts again on the same port and data."""
+        if self.directory is None:
+            self.directory = Path(tempfile.mkdtemp(prefix="delayq-redis-"))
+            self.port = free_port()
         config = {
             "bind": "127.0.0.1",
             "port": str(self.port),
@@ -85,11 +87,18 @@ class RedisServer:
         except redis.ConnectionError:
             return False
 
+    def crash(self) -> None:
+        """kill -9, keeping the data directory (for crash-recovery tests)."""
+        if self.process is not None and self.process.poll() is None:
+            self.process.kill()
+            self.process.wait()
+
     def stop(self) -> None:
         if self.process is not None:
             stop_by_pid(self.process, STOP_TIMEOUT_S)
         if self.directory is not None:
             shutil.rmtree(self.directory, ignore_errors=True)
+            self.directory = None
 
     def __enter__(self) -> RedisServer:
         return self.start()
