@@ -25,6 +25,7 @@ ZK_CONNECT_PATTERN = re.compile(
 MAX_BROKERS = 64
 MAX_REPLICAS_PER_BROKER = 5
 MAX_MIN_REPLICAS_MAX_LAG_S = 3600
+APPEND_FSYNC_POLICIES = ("everysec", "always")
 MIN_REPLICAS_EXCEED_MESSAGE = (
     "redis.minReplicasToWrite must not exceed replicasPerBroker: a master cannot have more "
     "replicas in sync than its broker has, so it would refuse every write"
@@ -85,6 +86,7 @@ class TopicSpec:
     # asynchronous replication (writes never refused, a failover can lose the last ones).
     redis_min_replicas_to_write: int = 0
     redis_min_replicas_max_lag_s: int = 10
+    redis_append_fsync: str = "everysec"  # or "always"
 
     @property
     def topic(self) -> Topic:
@@ -178,6 +180,7 @@ def parse_spec(name: str, namespace: str, spec: Mapping[str, Any]) -> TopicSpec:
         redis_min_replicas_max_lag_s=_int(
             redis, "minReplicasMaxLagSeconds", 10, 1, MAX_MIN_REPLICAS_MAX_LAG_S, "redis."
         ),
+        redis_append_fsync=_append_fsync(redis),
     )
     try:
         parsed.topic  # noqa: B018 - the engine's own checks (name is a DNS label, ...)
@@ -214,6 +217,14 @@ def _delivery(topic_type: TopicType, section: Mapping[str, Any]) -> Delivery:
         stream_key=str(stream.get("streamKey", "")),
         stream_max_len=_int(stream, "maxLen", 0, 0, 1_000_000_000, "delivery.stream."),
     )
+
+
+def _append_fsync(redis: Mapping[str, Any]) -> str:
+    value = redis.get("appendFsync", "everysec")
+    if value not in APPEND_FSYNC_POLICIES:
+        choices = " or ".join(APPEND_FSYNC_POLICIES)
+        raise SpecError(f"redis.appendFsync {value!r} must be {choices}")
+    return str(value)
 
 
 def _min_replicas_to_write(redis: Mapping[str, Any], replicas_per_broker: int) -> int:

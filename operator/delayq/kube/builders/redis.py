@@ -37,13 +37,14 @@ BROKER_SPREAD_WEIGHT = 100
 SERVICE_PAIR_WEIGHT = 50
 
 # The role comes from the pod's own labels; the password reaches redis-server on stdin so it
-# never shows in the process list. appendfsync everysec: at most one second of writes at risk
-# on a crash of the master's node, the Redis default trade-off; RDB snapshots are off.
+# never shows in the process list. appendfsync from spec.redis.appendFsync: everysec (default,
+# Redis's own) risks the last second of writes on a crash of the master's node, always syncs
+# each write before its reply; RDB snapshots are off.
 # min-replicas-* is set on every pod, not only the first master, because failover promotes a
 # replica without restarting it; Redis applies it only while the pod is a master.
 REDIS_START_SCRIPT = """\
 set -eu
-args="--port 6379 --dir /data --appendonly yes --appendfsync everysec"
+args="--port 6379 --dir /data --appendonly yes --appendfsync $APPEND_FSYNC"
 args="$args --replica-announce-ip $POD_IP --protected-mode no --hz 100"
 args="$args --min-replicas-to-write $MIN_REPLICAS_TO_WRITE"
 args="$args --min-replicas-max-lag $MIN_REPLICAS_MAX_LAG_S"
@@ -94,6 +95,7 @@ def redis_statefulset(spec: TopicSpec, broker: int, ctx: BuildContext) -> Manife
             {"name": "MASTER_HOST", "value": master_host},
             {"name": "MIN_REPLICAS_TO_WRITE", "value": str(spec.redis_min_replicas_to_write)},
             {"name": "MIN_REPLICAS_MAX_LAG_S", "value": str(spec.redis_min_replicas_max_lag_s)},
+            {"name": "APPEND_FSYNC", "value": spec.redis_append_fsync},
             env_from_secret("REDIS_PASSWORD", secret, naming.SECRET_REDIS_PASSWORD),
             env_from_secret("REDISCLI_AUTH", secret, naming.SECRET_REDIS_PASSWORD),
         ],
