@@ -35,6 +35,7 @@ from delayq.queue.plans import (
     Retry,
     ScriptCall,
     Target,
+    merged,
     not_loaded,
     raise_first_error,
     received,
@@ -114,8 +115,7 @@ class Queue:
             for script in {plan.calls[i].script for i in missing}:
                 self.redis.script_load(script_source(script))
             again = self._pipelined([plan.calls[i] for i in missing])
-            for index, reply in zip(missing, again, strict=True):
-                replies[index] = reply
+            replies = merged(replies, missing, again)
         return raise_first_error(replies)
 
     def _pipelined(self, calls: Sequence[ScriptCall]) -> list[Any]:
@@ -277,8 +277,7 @@ class AsyncQueue:
             for script in {plan.calls[i].script for i in missing}:
                 await self.redis.script_load(script_source(script))
             again = await self._pipelined([plan.calls[i] for i in missing])
-            for index, reply in zip(missing, again, strict=True):
-                replies[index] = reply
+            replies = merged(replies, missing, again)
         return raise_first_error(replies)
 
     async def _pipelined(self, calls: Sequence[ScriptCall]) -> list[Any]:

@@ -308,6 +308,14 @@ def not_loaded(replies: Sequence[Any]) -> list[int]:
     return [i for i, reply in enumerate(replies) if isinstance(reply, NoScriptError)]
 
 
+def merged(replies: Sequence[Any], indexes: Sequence[int], again: Sequence[Any]) -> list[Any]:
+    """The replies with those at `indexes` replaced by `again` (their calls, run again)."""
+    result = list(replies)
+    for index, reply in zip(indexes, again, strict=True):
+        result[index] = reply
+    return result
+
+
 def raise_first_error(replies: list[Any]) -> list[Any]:
     """The replies, or the first error among them raised (as a plain pipeline would)."""
     for reply in replies:
