@@ -678,3 +678,20 @@ class LocalOperator:
     def tail(self) -> str:
         """The operator's log tail, for failure messages."""
         return self.process.tail(60) if self.process is not None else "(not started)"
+
+    @contextlib.contextmanager
+    def running(self, kube: Kube, namespace: str) -> Iterator[LocalOperator]:
+        """Run it for a fixture; at the end delete the namespace's DelayTopics while it still
+        runs (so it collects their ZooKeeper trees; they carry no finalizer and would go
+        without it too), then stop it and print its log tail."""
+        self.start()
+        try:
+            yield self
+        finally:
+            kube.kubectl("delete", "dt", "--all", "-n", namespace, "--wait=false", check=False)
+            try:
+                kube.wait(lambda: not kube.items("dt", namespace), timeout=90,
+                          what=f"the DelayTopics of {namespace} to be deleted")
+            finally:
+                print(f"--- local operator log tail ({self.log_path}):\n{self.tail()}")
+                self.stop()

@@ -95,19 +95,8 @@ def operator(
                        "POD_NAMESPACE": chart_release.namespace,
                        "DELAYQ_HEALTH_INTERVAL_S": "2"},
     )
-    op.start()
-    try:
+    with op.running(kube, topics_ns):
         yield op
-    finally:
-        # Delete the topics while the operator still runs, so that it collects their ZooKeeper
-        # trees (topics carry no finalizer: they would go without it too).
-        kube.kubectl("delete", "dt", "--all", "-n", topics_ns, "--wait=false", check=False)
-        try:
-            kube.wait(lambda: not kube.items("dt", topics_ns), timeout=90,
-                      what="the module's DelayTopics to be deleted")
-        finally:
-            print(f"--- local operator log tail ({op.log_path}):\n{op.tail()}")
-            op.stop()
 
 
 def _children(kube: Kube, namespace: str, topic: str) -> list[dict[str, Any]]:

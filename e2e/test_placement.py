@@ -62,17 +62,8 @@ def operator(
         log_path=tmp_path / "operator.log",
         env_overrides={"DELAYQ_ZOOKEEPER": zookeeper.hosts},
     )
-    op.start()
-    try:
+    with op.running(kube, namespace):
         yield op
-    finally:
-        kube.kubectl("delete", "dt", "--all", "-n", namespace, "--wait=false", check=False)
-        try:
-            kube.wait(lambda: not kube.items("dt", namespace), timeout=90,
-                      what="the test's DelayTopic to be finalized")
-        finally:
-            print(f"--- local operator log tail ({op.log_path}):\n{op.tail()}")
-            op.stop()
 
 
 def _placed_pods(kube: Kube, namespace: str) -> dict[str, str] | None:
