@@ -5,7 +5,7 @@ FROM python:3.11-slim AS build
 WORKDIR /src
 COPY pyproject.toml README.md ./
 COPY operator ./operator
-RUN pip install --no-cache-dir --disable-pip-version-check --prefix=/install .
+RUN pip install --no-cache-dir --disable-pip-version-check --prefix=/install ".[operator]"
 
 FROM python:3.11-slim
 ENV PYTHONDONTWRITEBYTECODE=1 \

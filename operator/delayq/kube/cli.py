@@ -1,4 +1,7 @@
-"""`delayq operator`: run the DelayTopic operator (kopf) with settings from env and flags."""
+"""`delayq operator`: run the DelayTopic operator (kopf) with settings from env and flags.
+
+kopf comes with the `operator` extra; without it the command is a one-line error (exit code 2).
+"""
 
 from __future__ import annotations
 
@@ -7,7 +10,10 @@ import asyncio
 import dataclasses
 import logging
 import os
+import sys
 from typing import Any
+
+from delayq.extras import missing_extra
 
 LEADERSHIP_LOST_EXIT_CODE = 3
 
@@ -40,6 +46,9 @@ def register(subparsers: Any) -> None:
 
 
 def run_operator(args: argparse.Namespace) -> int:
+    if (missing := missing_extra("operator", ("kopf",))) is not None:
+        print(f"delayq operator: {missing}", file=sys.stderr)
+        return 2
     import kopf
 
     from delayq.kube.config import OperatorConfig

@@ -1,7 +1,8 @@
 """`delayq pipeline ingest | archive | audit`: argument parsing and wiring, nothing else.
 
 Spark and pyarrow are imported inside the handlers (the modules imported here load neither),
-so the rest of the CLI starts fast.
+so the rest of the CLI starts fast; they come with the `pipeline` extra, and a command whose
+modules are missing says so in one line (exit code 2).
 Each command prints a human line on stderr and its summary as one JSON object on stdout.
 """
 
@@ -14,6 +15,7 @@ import sys
 from collections.abc import Callable
 from typing import Any
 
+from delayq.extras import missing_extra
 from delayq.pipeline.archive import DEFAULT_PAGE_SIZE
 from delayq.pipeline.ingest import FORMATS
 from delayq.pipeline.spark import DEFAULT_MASTER
@@ -21,6 +23,9 @@ from delayq.queue.topic import DEFAULT_MAX_PAYLOAD_BYTES
 
 DEFAULT_GRACE_MS = 60_000
 REDIS_URL_ENV = "DELAYQ_REDIS_URL"
+EXTRA = "pipeline"
+SPARK = ("pyspark",)  # what a command imports from the `pipeline` extra
+ARROW = ("pyarrow",)
 
 
 def register(subparsers: Any) -> None:
@@ -47,7 +52,7 @@ def register(subparsers: Any) -> None:
     ingest.add_argument("--rejects", required=True, help="directory for rejected rows (JSON)")
     ingest.add_argument("--partitions", type=int, default=None, help="writer tasks")
     ingest.add_argument("--master", default=DEFAULT_MASTER)
-    ingest.set_defaults(handler=_reporting_errors("ingest", run_ingest))
+    ingest.set_defaults(handler=_reporting_errors("ingest", run_ingest, SPARK))
 
     archive = commands.add_parser("archive", help="append the lifecycle journal to Parquet")
     _topic_arguments(archive)
@@ -56,26 +61,30 @@ def register(subparsers: Any) -> None:
     archive.add_argument(
         "--page-size", type=int, default=DEFAULT_PAGE_SIZE, help="entries per XRANGE and file"
     )
-    archive.set_defaults(handler=_reporting_errors("archive", run_archive))
+    archive.set_defaults(handler=_reporting_errors("archive", run_archive, ARROW))
 
     audit = commands.add_parser("audit", help="delivery report over the archived journal")
     audit.add_argument("--input", required=True, help="the archive's Parquet dataset")
     audit.add_argument("--output", required=True, help="directory for audit.json, audit.html")
     audit.add_argument("--grace-ms", type=int, default=DEFAULT_GRACE_MS)
     audit.add_argument("--master", default=DEFAULT_MASTER)
-    audit.set_defaults(handler=_reporting_errors("audit", run_audit))
+    audit.set_defaults(handler=_reporting_errors("audit", run_audit, SPARK))
 
 
 Handler = Callable[[argparse.Namespace], int]
 
 
-def _reporting_errors(command: str, handler: Handler) -> Handler:
-    """A configuration error (bad mapping, topic setting) is one line and exit code 2."""
+def _reporting_errors(command: str, handler: Handler, modules: tuple[str, ...]) -> Handler:
+    """A missing extra or a configuration error (bad mapping, topic setting) is one line and
+    exit code 2."""
 
     def run(args: argparse.Namespace) -> int:
         from delayq.pipeline.transforms import MappingError
         from delayq.queue.topic import TopicError
 
+        if (missing := missing_extra(EXTRA, modules)) is not None:
+            print(f"delayq pipeline {command}: {missing}", file=sys.stderr)
+            return 2
         try:
             return handler(args)
         except (MappingError, TopicError) as error:

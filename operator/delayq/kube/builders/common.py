@@ -9,6 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from delayq import __version__
 from delayq.kube.spec import Resources
 
 Manifest = dict[str, Any]
@@ -26,7 +27,7 @@ POD_NAME_LABEL = "statefulset.kubernetes.io/pod-name"
 class BuildContext:
     """Operator-wide inputs to the builders (images, where the operator runs, ZooKeeper)."""
 
-    image: str = "ghcr.io/delayq/delayq:0.1.0"
+    image: str = f"ghcr.io/delayq/delayq:{__version__}"
     redis_image: str = "redis:7.4-bookworm"
     image_pull_policy: str = "IfNotPresent"
     operator_namespace: str = "delayq-system"

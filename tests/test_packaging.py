@@ -1,0 +1,46 @@
+"""Packaging: one version everywhere, and a missing extra is a one-line error naming it."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+import delayq
+from delayq.cli import main
+from delayq.kube.builders.common import BuildContext
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def test_chart_and_image_carry_the_package_version():
+    chart = yaml.safe_load((ROOT / "charts" / "delayq" / "Chart.yaml").read_text())
+    assert chart["version"] == delayq.__version__
+    assert chart["appVersion"] == delayq.__version__
+    assert BuildContext().image.endswith(f":{delayq.__version__}")
+
+
+@pytest.mark.parametrize(
+    ("argv", "module", "extra"),
+    [
+        (["operator"], "kopf", "operator"),
+        (["pipeline", "audit", "--input", "in", "--output", "out"], "pyspark", "pipeline"),
+        (
+            [
+                *["pipeline", "archive", "--redis", "redis://127.0.0.1:1/0", "--topic", "t"],
+                *["--slots", "1", "--output", "out", "--checkpoint", "cp"],
+            ],
+            "pyarrow",
+            "pipeline",
+        ),
+    ],
+)
+def test_a_missing_extra_is_one_line_naming_it(monkeypatch, capsys, argv, module, extra):
+    monkeypatch.setitem(sys.modules, module, None)  # what find_spec reports for an absent module
+    assert main(argv) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1
+    assert module in err
+    assert f"delayq[{extra}]" in err
