@@ -3,7 +3,7 @@
 # filesystem in Kubernetes (the pods mount an in-memory /tmp).
 FROM python:3.11-slim AS build
 WORKDIR /src
-COPY pyproject.toml README.md ./
+COPY pyproject.toml README.md LICENSE ./
 COPY operator ./operator
 RUN pip install --no-cache-dir --disable-pip-version-check --prefix=/install ".[operator]"
 
