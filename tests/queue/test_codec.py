@@ -22,25 +22,18 @@ TEN_YEARS_MS = 10 * 366 * 24 * 3600 * 1000
 @given(
     st.integers(0, 10_000),
     st.one_of(st.none(), st.integers(0, 2**50)),
+    st.one_of(st.none(), st.integers(1, 2**62)),
     st.dictionaries(st.text(), st.text(), max_size=4),
     st.binary(),
 )
 def test_record_round_trip(
-    attempts: int, due: int | None, headers: dict[str, str], payload: bytes
+    attempts: int, due: int | None, lease: int | None, headers: dict[str, str], payload: bytes
 ) -> None:
     header_bytes = encode_headers(headers)
-    raw = (
-        f"{attempts}:{'' if due is None else due}:{len(header_bytes)}:".encode()
-        + header_bytes
-        + payload
-    )
+    optional = ["" if value is None else str(value) for value in (due, lease)]
+    raw = f"{attempts}:{':'.join(optional)}:{len(header_bytes)}:".encode() + header_bytes + payload
     record = decode_record(raw)
-    assert (record.attempts, record.due_ms, record.headers, record.payload) == (
-        attempts,
-        due,
-        headers,
-        payload,
-    )
+    assert record == (attempts, due, lease, headers, payload)
 
 
 def test_ids_are_validated() -> None:

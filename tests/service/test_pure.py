@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import logging
 import sys
+from urllib.parse import unquote
 
 import pytest
 from hypothesis import given
@@ -15,7 +16,7 @@ from delayq.queue.topic import Topic
 from delayq.service.delivery.pull import _shares
 from delayq.service.delivery.signing import sign, verify
 from delayq.service.delivery.stream import stream_fields
-from delayq.service.envelope import decode_payload, encode_payload, message_body
+from delayq.service.envelope import decode_payload, encode_payload, header_id, message_body
 from delayq.service.logs import JsonFormatter
 from delayq.service.parsing import (
     FieldError,
@@ -26,6 +27,8 @@ from delayq.service.parsing import (
     parse_lease_request,
     parse_message,
     parse_nack,
+    parse_target,
+    parse_tokens,
 )
 from delayq.service.tokens import TokenError, decode_token, encode_token
 
@@ -74,7 +77,7 @@ def test_payloads_travel_as_text_or_base64():
 
 
 def test_webhook_body_and_stream_entry():
-    message = Message("a", 2, b"\xff", {"k": "v"}, 3, 1234, 7)
+    message = Message("a", 2, b"\xff", {"k": "v"}, 3, 1234, 7, 9)
     body = json.loads(message_body(TOPIC, message))
     assert body == {
         "id": "a",
@@ -136,10 +139,10 @@ def test_lease_and_nack_requests():
         parse_lease_request({"max": 1001}, TOPIC)
     assert caught.value.field == "max"
     token = encode_token(Lease(1, "a", 2, 3))
-    [retry] = parse_nack({"tokens": [token], "delayMs": 500, "dead": True})
+    [retry] = parse_nack({"tokens": [token], "delayMs": 500, "dead": True}, TOPIC)
     assert (retry.lease, retry.backoff_ms, retry.kill) == (Lease(1, "a", 2, 3), 500, True)
     with pytest.raises(FieldError) as caught:
-        parse_nack({"tokens": [token, "nope"]})
+        parse_nack({"tokens": [token, "nope"]}, TOPIC)
     assert caught.value.field == "tokens[1]"
 
 
@@ -171,3 +174,67 @@ def test_json_log_lines_carry_extra_fields_and_exceptions():
     except ValueError:
         record.exc_info = sys.exc_info()
     assert "ValueError: boom" in json.loads(JsonFormatter().format(record))["exc"]
+
+
+@given(st.text(min_size=1))
+def test_header_ids_are_ascii_and_decode_back(message_id):
+    value = header_id(message_id.encode("utf-8", "surrogatepass").decode("utf-8", "replace"))
+    assert value.isascii()
+    assert all("!" <= c <= "~" for c in value)  # no space, nothing a header parser strips
+    assert unquote(value) == message_id.encode("utf-8", "surrogatepass").decode("utf-8", "replace")
+
+
+def test_header_ids_keep_plain_ids_and_escape_the_escape():
+    assert header_id("order-42/a{b}") == "order-42/a{b}"
+    assert (header_id("é 1"), header_id("%41")) == ("%C3%A9%201", "%2541")
+
+
+@pytest.mark.parametrize("bad", ["a\x00", "a\r\nX-Evil: 1", "a\x7f", "a\x85", "\ud800"])
+@pytest.mark.parametrize("field", ["id", "slotBasis"])
+def test_ids_and_slot_bases_refuse_control_characters_and_lone_surrogates(bad, field):
+    body = {"id": "a", "delayMs": 1, field: bad}
+    with pytest.raises(FieldError) as caught:
+        parse_message(body, TOPIC)
+    assert caught.value.field == field
+    assert "control character" in str(caught.value) or "surrogate" in str(caught.value)
+    with pytest.raises(FieldError) as caught:
+        parse_all_or_ids({"ids": [{"id": "a", field: bad}]})
+    assert caught.value.field == f"ids[0].{field}"
+    with pytest.raises(FieldError):
+        parse_target(bad, None) if field == "id" else parse_target("a", bad)
+
+
+def test_lone_surrogates_anywhere_in_text_are_400():
+    for body, field in [
+        ({"id": "a", "delayMs": 1, "payload": "\ud800"}, "payload"),
+        ({"id": "a", "delayMs": 1, "headers": {"k": "\udfff"}}, "headers.k"),
+        ({"id": "a", "delayMs": 1, "headers": {"\udfff": "v"}}, "headers"),
+    ]:
+        with pytest.raises(FieldError) as caught:
+            parse_message(body, TOPIC)
+        assert caught.value.field == field
+
+
+def test_one_id_with_two_slot_bases_in_a_batch_is_refused():
+    same = [{"id": "a", "delayMs": 1, "slotBasis": "x"}, {"id": "a", "delayMs": 1}]
+    with pytest.raises(FieldError, match="one id, one slot basis") as caught:
+        parse_batch({"messages": same}, TOPIC)
+    assert caught.value.field == "messages[1].slotBasis"
+    twice = [{"id": "a", "delayMs": 1, "slotBasis": "x"}] * 2
+    assert len(parse_batch({"messages": twice}, TOPIC)) == 2
+
+
+@pytest.mark.parametrize("slot", [-1, 4, 10**6])
+def test_forged_token_slots_are_400(slot):
+    token = encode_token(Lease(slot, "a", 1, 1))
+    with pytest.raises(FieldError, match=r"outside 0\.\.3") as caught:
+        parse_tokens({"tokens": [token]}, TOPIC)
+    assert caught.value.field == "tokens[0]"
+
+
+@pytest.mark.parametrize(
+    "cursor", ["1e20", "0:100000000000000000000", "0:-1", "-1:0", " 1:0", "+1:0", "1:٥", "0:0:0"]
+)
+def test_malformed_cursors_are_400(cursor):
+    with pytest.raises(FieldError, match="cursor"):
+        parse_cursor(cursor, TOPIC)

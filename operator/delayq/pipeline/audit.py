@@ -10,8 +10,8 @@ Definitions (docs/pipeline.md repeats them for readers of the report):
   early = lateness < 0, which the engine promises never happens;
 - duplicate = a `claimed` event after an `acked` of the same id with no new `scheduled` between;
 - lost = an id whose last event leaves it waiting in `store` (scheduled, rescheduled, redriven,
-  expired, nacked: a nack's `due` is its retry's due) with its due more than `grace_ms` before
-  the end of the topic's journal;
+  expired, nacked, givenback: a nack's `due` is its retry's due) with its due more than
+  `grace_ms` before the end of the topic's journal;
 - retry rate = claims with attempts > 1 / claims; dead-letter rate = ids dead / ids scheduled;
 - deliveries per minute = claims / the topic journal's time span in minutes (at least one).
 """
@@ -29,7 +29,7 @@ MESSAGE_KEYS = ("namespace", "topic", "slot", "id")
 QUANTILES = (0.5, 0.95, 0.99)
 PERCENTILE_ACCURACY = 10_000  # exact below 10k values per group, 0.01% rank error above
 # events that leave the id waiting in store
-WAITING_EVENTS = ("scheduled", "rescheduled", "redriven", "expired", "nacked")
+WAITING_EVENTS = ("scheduled", "rescheduled", "redriven", "expired", "nacked", "givenback")
 
 
 def _pos() -> Column:

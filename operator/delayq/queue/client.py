@@ -116,7 +116,7 @@ class Queue:
                 self.redis.script_load(script_source(script))
             again = self._pipelined([plan.calls[i] for i in missing])
             replies = merged(replies, missing, again)
-        return raise_first_error(replies)
+        return replies if plan.partial else raise_first_error(replies)
 
     def _pipelined(self, calls: Sequence[ScriptCall]) -> list[Any]:
         pipe = self.redis.pipeline(transaction=False)
@@ -146,6 +146,9 @@ class Queue:
     def schedule_many(
         self, requests: Sequence[ScheduleRequest], mode: Mode = Mode.CREATE
     ) -> list[ScheduleResult]:
+        """A result per request, in order. When Redis refuses some slots' chunks after others
+        were stored, raises `PartlyStoredError` whose `results` say which (resend only its
+        `failures`); when nothing was stored, the Redis error itself."""
         return self.run(plans.schedule(self.topic, requests, mode))
 
     def cancel(self, message_id: str, slot_basis: str | None = None) -> Outcome:
@@ -215,8 +218,12 @@ class Queue:
     def extend(self, lease: Lease, lease_ms: int) -> Outcome:
         return self.run(plans.checked(plans.extend(self.topic, [lease], lease_ms), Script.EXTEND))
 
-    def extend_many(self, leases: Sequence[Lease], lease_ms: int) -> list[Outcome]:
+    def extend_many(self, leases: Sequence[Leased], lease_ms: int) -> list[Outcome]:
         return self.run(plans.extend(self.topic, leases, lease_ms))
+
+    def giveback_many(self, leases: Sequence[Leased]) -> list[Outcome]:
+        """Give leased messages back undelivered (see `plans.giveback`)."""
+        return self.run(plans.giveback(self.topic, leases))
 
     # dead letters
     def dead_page(self, slot: int, offset: int = 0, count: int = 100) -> DeadPage:
@@ -278,7 +285,7 @@ class AsyncQueue:
                 await self.redis.script_load(script_source(script))
             again = await self._pipelined([plan.calls[i] for i in missing])
             replies = merged(replies, missing, again)
-        return raise_first_error(replies)
+        return replies if plan.partial else raise_first_error(replies)
 
     async def _pipelined(self, calls: Sequence[ScriptCall]) -> list[Any]:
         pipe = self.redis.pipeline(transaction=False)
@@ -308,6 +315,7 @@ class AsyncQueue:
     async def schedule_many(
         self, requests: Sequence[ScheduleRequest], mode: Mode = Mode.CREATE
     ) -> list[ScheduleResult]:
+        """As Queue.schedule_many."""
         return await self.run(plans.schedule(self.topic, requests, mode))
 
     async def cancel(self, message_id: str, slot_basis: str | None = None) -> Outcome:
@@ -381,8 +389,12 @@ class AsyncQueue:
             plans.checked(plans.extend(self.topic, [lease], lease_ms), Script.EXTEND)
         )
 
-    async def extend_many(self, leases: Sequence[Lease], lease_ms: int) -> list[Outcome]:
+    async def extend_many(self, leases: Sequence[Leased], lease_ms: int) -> list[Outcome]:
         return await self.run(plans.extend(self.topic, leases, lease_ms))
+
+    async def giveback_many(self, leases: Sequence[Leased]) -> list[Outcome]:
+        """Give leased messages back undelivered (see `plans.giveback`)."""
+        return await self.run(plans.giveback(self.topic, leases))
 
     # dead letters
     async def dead_page(self, slot: int, offset: int = 0, count: int = 100) -> DeadPage:

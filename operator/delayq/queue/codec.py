@@ -1,13 +1,14 @@
 """The packed message record stored in a slot's `msg` hash, and message validation (pure).
 
-Layout: b"<attempts>:<due_ms or empty>:<headers_len>:" + headers_json + payload. One hash field
-per message with the metadata packed in front of the payload keeps Redis memory per pending
-message low (no per-message key, no second hash entry); see lua/includes/common.lua.
+Layout: b"<attempts>:<due_ms or empty>:<lease or empty>:<headers_len>:" + headers_json + payload.
+One hash field per message with the metadata packed in front of the payload keeps Redis memory
+per pending message low (no per-message key, no second hash entry); see lua/includes/common.lua.
 """
 
 from __future__ import annotations
 
 import json
+import re
 from typing import NamedTuple
 
 from delayq.queue.codes import InvalidMessageError
@@ -15,10 +16,19 @@ from delayq.queue.topic import MAX_DELAY_MS, MAX_ID_BYTES
 
 Headers = dict[str, str]
 
+# C0, DEL and C1: an id travels as an HTTP header (webhook `X-Delayq-Id`), a log field and a
+# stream entry; a control character breaks the first and corrupts the others.
+CONTROL_CHARACTERS = re.compile("[\x00-\x1f\x7f-\x9f]")
+ID_RULE = (
+    f"1 to {MAX_ID_BYTES} bytes of UTF-8 without control characters (C0, DEL or C1: "
+    "U+0000-U+001F, U+007F-U+009F)"
+)
+
 
 class Record(NamedTuple):
     attempts: int
     due_ms: int | None  # set while leased: the due time the delivery was for
+    lease_id: int | None  # set while leased: the lease number its token must name
     headers: Headers
     payload: bytes
 
@@ -29,10 +39,11 @@ def as_text(value: bytes | str) -> str:
 
 
 def decode_record(raw: bytes) -> Record:
-    attempts, due, headers_len, rest = raw.split(b":", 3)
+    attempts, due, lease, headers_len, rest = raw.split(b":", 4)
     size = int(headers_len)
     headers: Headers = json.loads(rest[:size]) if size else {}
-    return Record(int(attempts), int(due) if due else None, headers, rest[size:])
+    due_ms, lease_id = (int(due) if due else None), (int(lease) if lease else None)
+    return Record(int(attempts), due_ms, lease_id, headers, rest[size:])
 
 
 def encode_headers(headers: Headers | None) -> bytes:
@@ -44,18 +55,30 @@ def encode_headers(headers: Headers | None) -> bytes:
     return json.dumps(headers, separators=(",", ":"), sort_keys=True).encode()
 
 
-def validate_id(message_id: str) -> str:
-    encode_id(message_id)
+def validate_id(message_id: str, field: str = "id") -> str:
+    encode_id(message_id, field)
     return message_id
 
 
-def encode_id(message_id: str) -> bytes:
-    """The id's UTF-8 bytes, validated; schedule sends and hashes these (encoded once)."""
+def encode_id(message_id: str, field: str = "id") -> bytes:
+    """The UTF-8 bytes of an id (or a slot basis, same rule), validated; schedule sends and
+    hashes these (encoded once). Every id accepted here can be delivered by every topic type."""
     if not isinstance(message_id, str) or not message_id:
-        raise InvalidMessageError("id must be a non-empty string")
-    data = message_id.encode()
+        raise InvalidMessageError(f"{field} must be a non-empty string: {ID_RULE}")
+    try:
+        data = message_id.encode()
+    except UnicodeEncodeError:
+        raise InvalidMessageError(
+            f"{field} {message_id[:40]!r} is not valid Unicode (a lone surrogate): {ID_RULE}"
+        ) from None
     if len(data) > MAX_ID_BYTES:
-        raise InvalidMessageError(f"id {message_id[:40]!r}... is longer than {MAX_ID_BYTES} bytes")
+        raise InvalidMessageError(f"{field} {message_id[:40]!r}... is longer than {ID_RULE}")
+    # isprintable() is a fast pass for every ordinary id; only the rest are searched
+    if not message_id.isprintable() and (found := CONTROL_CHARACTERS.search(message_id)):
+        raise InvalidMessageError(
+            f"{field} {message_id[:40]!r} contains the control character "
+            f"U+{ord(found.group()):04X}: {ID_RULE}"
+        )
     return data
 
 

@@ -24,6 +24,7 @@ class Code(enum.IntEnum):
     EXTENDED = 10
     REDRIVEN = 11
     PURGED = 12
+    GIVEN_BACK = 13
     NOT_FOUND = -1
     STALE_EPOCH = -2
     LEASE_LOST = -3

@@ -23,6 +23,7 @@ class Part(enum.StrEnum):
     EPOCH = "epoch"  # STRING fencing epoch of the slot's current owner
     WAKE = "wake"  # LIST, at most one element: "the head of store moved earlier"
     JOURNAL = "journal"  # STREAM lifecycle events (optional, bounded)
+    LEASES = "leases"  # STRING the last lease number drawn by a claim (never repeats)
 
 
 @dataclass(frozen=True)

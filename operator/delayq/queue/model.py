@@ -52,21 +52,23 @@ class Leased(Protocol):
     @property
     def id(self) -> str: ...
     @property
-    def attempt(self) -> int: ...
+    def lease_id(self) -> int: ...
     @property
     def epoch(self) -> int: ...
 
 
 class Lease(NamedTuple):
-    """The token of one delivery: acks, nacks and extends must present it.
+    """The token of one delivery: acks, nacks, extends and give-backs must present it.
 
-    `attempt` distinguishes this delivery from a later one of the same message; `epoch` is the
-    slot owner's fencing epoch under which it was claimed.
+    `lease_id` is the number the claim drew from the slot's `leases` counter: it never repeats
+    in a slot, so this token names exactly one lease (a stale token cannot touch a later lease
+    of the same id, even after an upsert, a redrive or a new schedule reset its attempts);
+    `epoch` is the slot owner's fencing epoch under which it was claimed.
     """
 
     slot: int
     id: str
-    attempt: int
+    lease_id: int
     epoch: int
 
 
@@ -85,10 +87,11 @@ class Message(NamedTuple):
     attempt: int
     due_ms: int
     epoch: int
+    lease_id: int
 
     @property
     def lease(self) -> Lease:
-        return Lease(self.slot, self.id, self.attempt, self.epoch)
+        return Lease(self.slot, self.id, self.lease_id, self.epoch)
 
 
 @dataclass(frozen=True)

@@ -11,7 +11,7 @@ import dataclasses
 from collections import defaultdict
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
-from typing import Any, Generic, TypeVar
+from typing import Any, Generic, NamedTuple, TypeVar, cast
 
 from redis.exceptions import NoScriptError
 
@@ -24,7 +24,7 @@ from delayq.queue.codec import (
     validate_payload,
     when_argument,
 )
-from delayq.queue.codes import Code, StaleEpochError, raise_for_code
+from delayq.queue.codes import Code, DelayqError, StaleEpochError, raise_for_code
 from delayq.queue.keys import Part, slot_keys
 from delayq.queue.model import (
     ClaimBatch,
@@ -52,6 +52,7 @@ CODES = {code.value: code for code in Code}  # faster than Code(n) per message
 STATES = {state.value.encode(): state for state in State}
 MAX_MESSAGES_PER_CALL = 1000  # keeps any one script call short, so Redis never stalls on a batch
 ROLLBACK_PER_CLAIM = 1000
+SLOT_BASIS = "slot_basis"  # a slot basis follows the id rule: it is hashed and sent like one
 
 
 @dataclass(frozen=True)
@@ -63,8 +64,13 @@ class ScriptCall:
 
 @dataclass(frozen=True)
 class Plan(Generic[T]):
+    """`partial`: the calls are independent (schedule's per-slot chunks), so `combine` gets a
+    failed call's exception in place of its reply and reports which items were stored; any
+    other plan's replies are raised at the first error."""
+
     calls: list[ScriptCall]
     combine: Callable[[list[Reply]], T]
+    partial: bool = False
 
 
 @dataclass(frozen=True)
@@ -101,7 +107,9 @@ def _chunks(items: Sequence[T], size: int) -> Iterable[Sequence[T]]:
 
 
 def _route(topic: Topic, target: Target) -> int:
-    return topic.slot_of(target.slot_basis if target.slot_basis is not None else target.id)
+    if target.slot_basis is None:
+        return topic.slot_of(target.id)
+    return topic.slot_of(encode_id(target.slot_basis, SLOT_BASIS))
 
 
 def _per_slot_calls(
@@ -150,9 +158,41 @@ def first(plan: Plan[list[T]]) -> Plan[T]:
 # --- producing -------------------------------------------------------------------------------
 
 
+class ScheduleFailure(NamedTuple):
+    """A batch item whose slot's call failed (`error`, as Redis answered it): not stored."""
+
+    id: str
+    slot: int
+    error: Exception
+
+
+class PartlyStoredError(DelayqError):
+    """Some slots' calls of a batch failed after others had stored their messages.
+
+    `results` has, in the batch's order, a ScheduleResult for each stored item and a
+    ScheduleFailure for each other: resend exactly the failures (a resend of the whole batch
+    would create again the stored messages that were delivered meanwhile).
+    """
+
+    def __init__(self, results: list[ScheduleResult | ScheduleFailure]) -> None:
+        self.results = results
+        failures = self.failures
+        super().__init__(
+            f"{len(results) - len(failures)} of {len(results)} messages stored, "
+            f"{len(failures)} not: {failures[0].error}"
+        )
+
+    @property
+    def failures(self) -> list[ScheduleFailure]:
+        return [r for r in self.results if isinstance(r, ScheduleFailure)]
+
+
 def schedule(
     topic: Topic, requests: Sequence[ScheduleRequest], mode: Mode
 ) -> Plan[list[ScheduleResult]]:
+    """One call per slot (and chunk). A call that fails stores nothing of its chunk (a script
+    is refused before its first write, e.g. out of memory); when some calls fail and others
+    stored, the plan raises PartlyStoredError, and when all fail, the first error."""
     encoded = [_encode_request(topic, request) for request in requests]
     slots = [slot for slot, _ in encoded]
 
@@ -167,25 +207,33 @@ def schedule(
 
     calls, order = _per_slot_calls(topic, range(len(requests)), slots.__getitem__, build)
 
-    def combine(replies: list[Reply]) -> list[ScheduleResult]:
-        per_call = [
-            [
-                ScheduleResult(
-                    requests[i].id, slots[i], CODES[reply[k]], reply[k + 1], STATES[reply[k + 2]]
-                )
-                for i, k in zip(indexes, range(0, len(reply), 3), strict=True)
-            ]
-            for indexes, reply in zip(order, replies, strict=True)
+    def call_results(indexes: list[int], reply: Reply) -> list[ScheduleResult | ScheduleFailure]:
+        if isinstance(reply, Exception):
+            return [ScheduleFailure(requests[i].id, slots[i], reply) for i in indexes]
+        return [
+            ScheduleResult(
+                requests[i].id, slots[i], CODES[reply[k]], reply[k + 1], STATES[reply[k + 2]]
+            )
+            for i, k in zip(indexes, range(0, len(reply), 3), strict=True)
         ]
-        return _scatter(order, per_call, len(requests))
 
-    return Plan(calls, combine)
+    def combine(replies: list[Reply]) -> list[ScheduleResult]:
+        per_call = [call_results(i, reply) for i, reply in zip(order, replies, strict=True)]
+        results = _scatter(order, per_call, len(requests))
+        errors = [reply for reply in replies if isinstance(reply, Exception)]
+        if not errors:
+            return cast(list[ScheduleResult], results)
+        if len(errors) == len(replies):
+            raise errors[0]  # nothing was stored
+        raise PartlyStoredError(results)
+
+    return Plan(calls, combine, partial=True)
 
 
 def _encode_request(topic: Topic, request: ScheduleRequest) -> tuple[int, list[Arg]]:
     """The request's slot and script arguments; the id is encoded once for both."""
     message_id = encode_id(request.id)
-    basis = message_id if request.slot_basis is None else request.slot_basis
+    basis = message_id if request.slot_basis is None else encode_id(request.slot_basis, SLOT_BASIS)
     when_kind, when_ms = when_argument(request.delay_ms, request.at_ms)
     return topic.slot_of(basis), [
         message_id,
@@ -289,7 +337,14 @@ def _claim_call(topic: Topic, slot: int, epoch: int, max_count: int, lease_ms: i
             f"claim needs max_count >= 0 and lease_ms >= 1, got {max_count}, {lease_ms}"
         )
     keys = slot_keys(topic, slot).keys(
-        Part.STORE, Part.PREPARE, Part.DEAD, Part.MSG, Part.REASON, Part.EPOCH, Part.JOURNAL
+        Part.STORE,
+        Part.PREPARE,
+        Part.DEAD,
+        Part.MSG,
+        Part.REASON,
+        Part.EPOCH,
+        Part.JOURNAL,
+        Part.LEASES,
     )
     args: list[Arg] = [
         epoch,
@@ -340,9 +395,12 @@ def _claim_batch(reply: Reply, slot: int, epoch: int) -> ClaimBatch | StaleEpoch
         return StaleEpochError(Script.CLAIM.value, f"<slot {slot}>", f"epoch {epoch}")
     messages = []
     for raw_id, raw_record in zip(reply[4::2], reply[5::2], strict=True):
-        attempts, due, headers, payload = decode_record(raw_record)
+        attempts, due, lease_id, headers, payload = decode_record(raw_record)
         assert due is not None
-        messages.append(Message(as_text(raw_id), slot, payload, headers, attempts, due, epoch))
+        assert lease_id is not None
+        messages.append(
+            Message(as_text(raw_id), slot, payload, headers, attempts, due, epoch, lease_id)
+        )
     return ClaimBatch(slot, int(reply[1]), _optional_ms(reply[2]), _optional_ms(reply[3]), messages)
 
 
@@ -391,7 +449,7 @@ def ack(topic: Topic, leases: Sequence[Leased]) -> Plan[list[Outcome]]:
         keys = slot_keys(topic, slot).keys(Part.PREPARE, Part.MSG, Part.EPOCH, Part.JOURNAL)
         args: list[Arg] = [epoch, topic.journal_maxlen]
         for lease in chunk:
-            args += [lease.id, lease.attempt]
+            args += [lease.id, lease.lease_id]
         return ScriptCall(Script.ACK, keys, args)
 
     calls, order = _per_lease_calls(topic, leases, lambda lease: lease, build)
@@ -419,7 +477,7 @@ def nack(topic: Topic, retries: Sequence[Retry]) -> Plan[list[Outcome]]:
         for r in chunk:
             args += [
                 r.lease.id,
-                r.lease.attempt,
+                r.lease.lease_id,
                 r.backoff_ms,
                 r.reason[:1000],
                 "1" if r.kill else "0",
@@ -431,20 +489,37 @@ def nack(topic: Topic, retries: Sequence[Retry]) -> Plan[list[Outcome]]:
     return Plan(calls, lambda replies: _outcomes(order, replies, ids, has_time=True))
 
 
-def extend(topic: Topic, leases: Sequence[Lease], lease_ms: int) -> Plan[list[Outcome]]:
+def extend(topic: Topic, leases: Sequence[Leased], lease_ms: int) -> Plan[list[Outcome]]:
     if lease_ms < 1:
         raise ValueError(f"lease_ms {lease_ms} must be at least 1")
 
-    def build(slot: int, epoch: int, chunk: Sequence[Lease]) -> ScriptCall:
+    def build(slot: int, epoch: int, chunk: Sequence[Leased]) -> ScriptCall:
         keys = slot_keys(topic, slot).keys(Part.PREPARE, Part.MSG, Part.EPOCH)
         args: list[Arg] = [epoch, lease_ms]
         for lease in chunk:
-            args += [lease.id, lease.attempt]
+            args += [lease.id, lease.lease_id]
         return ScriptCall(Script.EXTEND, keys, args)
 
     calls, order = _per_lease_calls(topic, leases, lambda lease: lease, build)
     ids = [lease.id for lease in leases]
     return Plan(calls, lambda replies: _outcomes(order, replies, ids, has_time=True))
+
+
+def giveback(topic: Topic, leases: Sequence[Leased]) -> Plan[list[Outcome]]:
+    """Leased messages back to store undelivered, attempt not counted (a graceful handoff)."""
+
+    def build(slot: int, epoch: int, chunk: Sequence[Leased]) -> ScriptCall:
+        keys = slot_keys(topic, slot).keys(
+            Part.STORE, Part.PREPARE, Part.MSG, Part.EPOCH, Part.WAKE, Part.JOURNAL
+        )
+        args: list[Arg] = [epoch, topic.journal_maxlen]
+        for lease in chunk:
+            args += [lease.id, lease.lease_id]
+        return ScriptCall(Script.GIVEBACK, keys, args)
+
+    calls, order = _per_lease_calls(topic, leases, lambda lease: lease, build)
+    ids = [lease.id for lease in leases]
+    return Plan(calls, lambda replies: _outcomes(order, replies, ids, has_time=False))
 
 
 # --- dead letters ------------------------------------------------------------------------------

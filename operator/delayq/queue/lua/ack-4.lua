@@ -1,3 +1,4 @@
+#!lua flags=allow-oom
 --[[
   Acknowledge leased messages (two-phase consumption, commit): the message is done and removed.
 
@@ -8,13 +9,16 @@
 
   ARGV[1] epoch           the caller's fencing epoch
   ARGV[2] journal_maxlen  0 = journal off
-  ARGV[3 + 2k], ARGV[4 + 2k]  per message: id, attempt (the lease token returned by claim)
+  ARGV[3 + 2k], ARGV[4 + 2k]  per message: id, lease (the lease number claim wrote in its record)
 
   Returns, per message:
      7 ACKED       removed for good
     -2 STALE_EPOCH the caller is not the current owner: nothing was changed (whole call)
-    -3 LEASE_LOST  not leased under that attempt any more (acked, cancelled, rescheduled, or
-                   expired and claimed again): nothing was changed for that id
+    -3 LEASE_LOST  not leased under that lease any more (acked, cancelled, rescheduled,
+                   replaced, given back, or expired and claimed again): nothing was changed
+                   for that id
+
+  Runs under maxmemory (allow-oom): an ack frees memory.
 
   Events: acked
 ]]
@@ -36,10 +40,10 @@ local leased = read_chunked('ZMSCORE', prepare, ids)
 local records = read_chunked('HMGET', msg, ids)
 local done = {}
 for k = 1, #ids do
-  local id, attempt, record = ids[k], tonumber(ARGV[2 * k + 2]), leased[k] and records[k]
-  local attempts, due = nil, nil
-  if record then attempts, due = record_fields(record) end
-  if attempts ~= nil and attempts == attempt then
+  local id, record = ids[k], leased[k] and records[k]
+  local attempts, due, lease = nil, nil, nil
+  if record then attempts, due, lease = record_fields(record) end
+  if lease ~= nil and lease == ARGV[2 * k + 2] then
     done[#done + 1] = id
     journal(journal_key, journal_maxlen, 'acked', id, now, due, attempts)
     results[#results + 1] = 7

@@ -1,3 +1,4 @@
+#!lua flags=allow-oom
 --[[
   Extend leases (a consumer's heartbeat): the new deadline is server now + lease_ms.
 
@@ -7,12 +8,14 @@
 
   ARGV[1] epoch     the caller's fencing epoch
   ARGV[2] lease_ms  new lease length from now
-  ARGV[3 + 2k], ARGV[4 + 2k]  per message: id, attempt
+  ARGV[3 + 2k], ARGV[4 + 2k]  per message: id, lease
 
   Returns, per message, a pair {code, deadline_ms}:
     10 EXTENDED     leased until deadline_ms
     -2 STALE_EPOCH  the caller is not the current owner: nothing was changed (whole call)
-    -3 LEASE_LOST   not leased under that attempt any more
+    -3 LEASE_LOST   not leased under that lease any more
+
+  Runs under maxmemory (allow-oom): it only moves a deadline.
 
   Events: none (a heartbeat is not a lifecycle transition)
 ]]
@@ -27,9 +30,8 @@ end
 local deadline = now_ms() + tonumber(ARGV[2])
 
 for i = 3, #ARGV, 2 do
-  local id, attempt = ARGV[i], tonumber(ARGV[i + 1])
-  local record = redis.call('ZSCORE', prepare, id) and redis.call('HGET', msg, id)
-  if record and record_fields(record) == attempt then
+  local id = ARGV[i]
+  if leased_record(prepare, msg, id, ARGV[i + 1]) then
     redis.call('ZADD', prepare, 'XX', deadline, id)
     results[#results + 1] = {10, deadline}
   else

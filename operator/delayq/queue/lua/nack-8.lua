@@ -1,3 +1,4 @@
+#!lua flags=allow-oom
 --[[
   Negatively acknowledge leased messages (two-phase consumption, roll back): the message waits
   again for exactly backoff_ms after server now, or goes to dead when its attempts are exhausted
@@ -15,13 +16,16 @@
   ARGV[1] epoch           the caller's fencing epoch
   ARGV[2] max_retries     attempts beyond this are dead
   ARGV[3] journal_maxlen  0 = journal off
-  ARGV[4 + 5k .. 8 + 5k]  per message: id, attempt, backoff_ms, reason, kill ('1' = dead now)
+  ARGV[4 + 5k .. 8 + 5k]  per message: id, lease, backoff_ms, reason, kill ('1' = dead now)
 
   Returns, per message, a pair {code, due_ms}:
      8 RETRY_SCHEDULED  waits in store until due_ms
      9 DEAD             moved to dead at due_ms (= now)
     -2 STALE_EPOCH      the caller is not the current owner: nothing was changed (whole call)
-    -3 LEASE_LOST       not leased under that attempt any more: nothing was changed for that id
+    -3 LEASE_LOST       not leased under that lease any more: nothing was changed for that id
+
+  Runs under maxmemory (allow-oom): a retry moves the message back to store (a few bytes at
+  most), and a full Redis must keep failing deliveries into their retries.
 
   Events: nacked (due = the retry's due time; the delivered due when it dies), dead
 ]]
@@ -41,14 +45,13 @@ local now = now_ms()
 local earliest = nil
 
 for i = 4, #ARGV, 5 do
-  local id, attempt, backoff_ms = ARGV[i], tonumber(ARGV[i + 1]), tonumber(ARGV[i + 2])
+  local id, backoff_ms = ARGV[i], tonumber(ARGV[i + 2])
   local why, kill = ARGV[i + 3], ARGV[i + 4] == '1'
-  local record = redis.call('ZSCORE', prepare, id) and redis.call('HGET', msg, id)
-  local attempts, due = nil, nil
-  if record then attempts, due = record_fields(record) end
-  if attempts == nil or attempts ~= attempt then
+  local record = leased_record(prepare, msg, id, ARGV[i + 1])
+  if not record then
     results[#results + 1] = {-3, 0}
   else
+    local attempts, due = record_fields(record)
     redis.call('ZREM', prepare, id)
     if kill or attempts > max_retries then
       journal(journal_key, journal_maxlen, 'nacked', id, now, due, attempts)
@@ -58,7 +61,7 @@ for i = 4, #ARGV, 5 do
       results[#results + 1] = {9, now}
     else
       local retry_due = now + backoff_ms
-      redis.call('HSET', msg, id, record_with(record, attempts, ''))
+      redis.call('HSET', msg, id, record_with(record, attempts, '', ''))
       redis.call('ZADD', store, retry_due, id)
       journal(journal_key, journal_maxlen, 'nacked', id, now, retry_due, attempts)
       if earliest == nil or retry_due < earliest then earliest = retry_due end

@@ -35,7 +35,7 @@ for _, id in ipairs(ids) do
   if record then
     redis.call('ZREM', dead, id)
     redis.call('HDEL', reason, id)
-    redis.call('HSET', msg, id, record_with(record, 0, ''))
+    redis.call('HSET', msg, id, record_with(record, 0, '', ''))
     redis.call('ZADD', store, now, id)
     journal(journal_key, journal_maxlen, 'redriven', id, now, now, 0)
     moved = moved + 1

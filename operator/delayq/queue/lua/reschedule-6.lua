@@ -47,7 +47,7 @@ for i = 3, #ARGV, 3 do
       redis.call('ZREM', prepare, id)
       local record = redis.call('HGET', msg, id)
       local attempts = record_fields(record)
-      redis.call('HSET', msg, id, record_with(record, attempts, ''))
+      redis.call('HSET', msg, id, record_with(record, attempts, '', ''))
     end
     redis.call('ZADD', store, due, id)
     if earliest == nil or due < earliest then earliest = due end

@@ -1,9 +1,13 @@
 -- Shared helpers, inlined by the Python loader where a script says `--@include common`.
 --
 -- Record layout (the value of a message in the slot's `msg` hash):
---   "<attempts>:<due_ms or empty>:<headers_len>:" .. headers .. payload
+--   "<attempts>:<due_ms or empty>:<lease or empty>:<headers_len>:" .. headers .. payload
 -- `due` is empty while the message waits in `store` (its due time is the store score) and holds
--- the due time it was delivered for while it is leased, so lateness can be reported.
+-- the due time it was delivered for while it is leased, so lateness can be reported. `lease` is
+-- empty unless leased; then it holds the number the claim drew from the slot's `leases`
+-- counter, which never repeats in a slot: a lease token names exactly one lease, so a stale
+-- token can never ack, nack or extend a later lease of the same id (after an upsert, redrive,
+-- or an ack and a new schedule of the same id, `attempts` starts again but `lease` does not).
 
 local function now_us()
   local t = redis.call('TIME')
@@ -14,21 +18,32 @@ local function now_ms()
   return math.floor(now_us() / 1000)
 end
 
--- attempts (number), due (string, maybe empty), offset of the text after the due field
+-- attempts (number), due (string, maybe empty), lease (string, maybe empty), and the offset
+-- of the ':' that ends the lease field
 local function record_fields(record)
   local p1 = string.find(record, ':', 1, true)
   local p2 = string.find(record, ':', p1 + 1, true)
-  return tonumber(string.sub(record, 1, p1 - 1)), string.sub(record, p1 + 1, p2 - 1), p2
+  local p3 = string.find(record, ':', p2 + 1, true)
+  return tonumber(string.sub(record, 1, p1 - 1)), string.sub(record, p1 + 1, p2 - 1),
+    string.sub(record, p2 + 1, p3 - 1), p3
 end
 
--- The record with new attempts and due fields; `p2` (from record_fields) saves a second parse.
-local function record_with(record, attempts, due, p2)
-  if p2 == nil then p2 = select(3, record_fields(record)) end
-  return tostring(attempts) .. ':' .. due .. string.sub(record, p2)
+-- The record with new attempts, due and lease fields; `p3` (from record_fields) saves a parse.
+local function record_with(record, attempts, due, lease, p3)
+  if p3 == nil then p3 = select(4, record_fields(record)) end
+  return tostring(attempts) .. ':' .. due .. ':' .. lease .. string.sub(record, p3)
+end
+
+-- The record of a leased message, when `lease` (the token's lease number, a string) is the
+-- lease it holds now; false otherwise (acked, rolled back, given back, rescheduled, replaced).
+local function leased_record(prepare, msg, id, lease)
+  local record = redis.call('ZSCORE', prepare, id) and redis.call('HGET', msg, id)
+  if record and select(3, record_fields(record)) == lease then return record end
+  return false
 end
 
 local function new_record(headers, payload)
-  return '0::' .. tostring(#headers) .. ':' .. headers .. payload
+  return '0:::' .. tostring(#headers) .. ':' .. headers .. payload
 end
 
 local function journal(key, maxlen, event, id, now, due, attempts)

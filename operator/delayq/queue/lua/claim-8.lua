@@ -1,3 +1,4 @@
+#!lua flags=allow-oom
 --[[
   Claim due messages of one slot (two-phase consumption, phase one): store -> prepare with a lease.
   First rolls expired leases back (each expiry counts as a failed attempt; past max_retries the
@@ -12,6 +13,7 @@
   KEYS[5] reason   HASH id -> dead reason
   KEYS[6] epoch    STRING fencing epoch of the slot owner
   KEYS[7] journal  STREAM lifecycle events
+  KEYS[8] leases   STRING the last lease number drawn in the slot (never repeats)
 
   ARGV[1] epoch           the caller's fencing epoch
   ARGV[2] max_count       at most this many messages claimed
@@ -22,18 +24,22 @@
 
   Returns {code, now_us, next_due_ms, next_deadline_ms, id1, record1, id2, record2, ...}
      0 OK           next_due_ms / next_deadline_ms are -1 when store / prepare is empty;
-                    each record carries the incremented attempt count and the due time
+                    each record carries the incremented attempt count, the due time and
+                    the lease number of this claim (the lease token's `lease`)
     -2 STALE_EPOCH  the caller is not the current owner: nothing was changed
                     now_us is the server clock in microseconds (due times are compared in whole
                     ms): consumers time their next wake-up from it without flooring error
+
+  Runs under maxmemory (allow-oom): a claim moves messages between the slot's keys and grows
+  nothing but the bounded journal, and a full Redis must keep delivering (acks free memory).
 
   Events: expired (lease rolled back), dead (attempts exhausted), claimed, orphan (an id with no
   record: removed so it can never block the slot)
 ]]
 --@include common
 
-local store, prepare, dead, msg, reason, epoch_key, journal_key =
-  KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6], KEYS[7]
+local store, prepare, dead, msg, reason, epoch_key, journal_key, leases_key =
+  KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6], KEYS[7], KEYS[8]
 local max_count = tonumber(ARGV[2])
 local lease_ms = tonumber(ARGV[3])
 local max_retries = tonumber(ARGV[4])
@@ -59,7 +65,7 @@ for _, id in ipairs(expired) do
       redis.call('HSET', reason, id, 'lease expired on attempt ' .. attempts)
       journal(journal_key, journal_maxlen, 'dead', id, now, due, attempts)
     else
-      redis.call('HSET', msg, id, record_with(record, attempts, ''))
+      redis.call('HSET', msg, id, record_with(record, attempts, '', ''))
       redis.call('ZADD', store, now, id)
     end
   end
@@ -70,15 +76,16 @@ local claimed = {0, now_micros, -1, -1}
 local due_ids = redis.call('ZRANGEBYSCORE', store, '-inf', now, 'WITHSCORES', 'LIMIT', 0, max_count)
 if #due_ids > 0 then
   local deadline = now + lease_ms
+  local lease = tostring(redis.call('INCR', leases_key))
   local ids, zadd_args, hset_args = {}, {}, {}
   for i = 1, #due_ids, 2 do ids[#ids + 1] = due_ids[i] end
   local records = read_chunked('HMGET', msg, ids)
   for k = 1, #ids do
     local id, due, record = ids[k], due_ids[2 * k], records[k]
     if record then
-      local attempts, _, p2 = record_fields(record)
+      local attempts, _, _, p3 = record_fields(record)
       attempts = attempts + 1
-      local leased = record_with(record, attempts, due, p2)
+      local leased = record_with(record, attempts, due, lease, p3)
       zadd_args[#zadd_args + 1] = deadline
       zadd_args[#zadd_args + 1] = id
       hset_args[#hset_args + 1] = id
