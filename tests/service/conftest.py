@@ -43,16 +43,22 @@ class GrantedLater:
 
     def __init__(self) -> None:
         self.on_change: Any = None
+        self.owned: frozenset[int] = frozenset()
 
     async def start(self, on_change: Any) -> None:
         self.on_change = on_change
         await on_change(frozenset())
 
     async def grant(self, slots: frozenset[int]) -> None:
+        self.owned = slots
         await self.on_change(slots)
 
     async def stop(self) -> None:
+        self.owned = frozenset()
         await self.on_change(frozenset())
+
+    async def holds(self, slot: int) -> bool:
+        return slot in self.owned
 
     @property
     def ready(self) -> bool:

@@ -8,7 +8,8 @@ from pathlib import Path
 import yaml
 
 from delayq.local.redis_server import RedisServer
-from tests.service.conftest import StartService
+from delayq.service.readiness import PROBE_INTERVAL_S, UNREADY_AFTER_S
+from tests.service.conftest import StartService, eventually
 
 DOCS = Path(__file__).resolve().parents[2] / "docs" / "openapi.yaml"
 
@@ -170,4 +171,9 @@ async def test_redis_outage_is_503_and_not_ready(start_service: StartService):
     down = await running.client.post(f"{running.base}/messages", json={"id": "a", "delayMs": 1})
     assert down.status == 503
     assert "redis unavailable" in (await down.json())["error"]
-    assert (await running.client.get("/readyz")).status == 503
+
+    async def unready() -> bool:
+        return (await running.client.get("/readyz")).status == 503
+
+    # hysteresis: unready once the outage has lasted UNREADY_AFTER_S (a probe a second)
+    await eventually(unready, UNREADY_AFTER_S + 3 * PROBE_INTERVAL_S, "readyz to answer 503")

@@ -29,6 +29,14 @@ class Ownership(Protocol):
     def ready(self) -> bool:
         """True while this process holds its assignment (readiness probe)."""
 
+    @property
+    def owned(self) -> frozenset[int]:
+        """The set last handed to `on_change`: what the service should be consuming."""
+
+    async def holds(self, slot: int) -> bool:
+        """Whether the coordination itself (not a cached view) says this process owns the
+        slot now: asked before taking a slot back after a fencing conflict."""
+
 
 class EmbeddedOwnership:
     """No ZooKeeper: this single process owns every slot (the local quick start and tests)."""
@@ -49,3 +57,10 @@ class EmbeddedOwnership:
     @property
     def ready(self) -> bool:
         return self._on_change is not None
+
+    @property
+    def owned(self) -> frozenset[int]:
+        return self._slots if self._on_change is not None else frozenset()
+
+    async def holds(self, slot: int) -> bool:
+        return slot in self.owned

@@ -120,8 +120,11 @@ class ZkOwnership:
         self._waiting: set[int] = set()
         self._freed: set[int] = set()  # owner watches fired while an acquire was under way
         self._granted: frozenset[int] = frozenset()  # last set handed to on_change
+        # on_change raised: what the service consumes is unknown, so the next publish hands
+        # the set over even when it equals `_granted` (the service applies differences only)
+        self._unsure = False
         self._assigned: frozenset[int] | None = None
-        self._revocations: set[asyncio.Task[bool]] = set()
+        self._revocations: set[asyncio.Task[None]] = set()
         self.is_coordinator = False
 
     # the Ownership protocol -------------------------------------------------------------------
@@ -140,8 +143,20 @@ class ZkOwnership:
             self._connected
             and self._assigned is not None
             and self._granted == self._assigned
+            and not self._unsure
             and not self._stopping
         )
+
+    async def holds(self, slot: int) -> bool:
+        """Ask ZooKeeper (not this process's view) whether this session owns the slot now: a
+        read on a session that has expired fails, so True means the owner node is ours."""
+        if slot not in self._granted or not self._connected:
+            return False
+        try:
+            stat = await asyncio.to_thread(self._client.exists, self.paths.owner(slot))
+        except KazooException:
+            return False
+        return stat is not None and stat.ephemeralOwner == self._session_id()
 
     async def start(self, on_change: OnChange) -> None:
         """Connect, join and run the first pass (which calls `on_change`, maybe with nothing)."""
@@ -205,11 +220,19 @@ class ZkOwnership:
             if state == KazooState.LOST:
                 self._held.clear()  # the server deleted every ephemeral node of the session
             if not self._stopping:
-                revoke = self._publish(frozenset(), None)
+                revoke = self._revoke()
                 revocation = asyncio.get_running_loop().create_task(revoke)
                 self._revocations.add(revocation)
                 revocation.add_done_callback(self._revocations.discard)
         self._wake.set()
+
+    async def _revoke(self) -> None:
+        """Publish the empty set after a session loss; a failure is retried by the next pass
+        (`_unsure`), so it is logged here instead of left as an unretrieved task exception."""
+        try:
+            await self._publish(frozenset(), None)
+        except Exception:
+            log.exception("%s: revoking the slots failed; retried on the next pass", self.member_id)
 
     # the loop ---------------------------------------------------------------------------------
 
@@ -275,16 +298,18 @@ class ZkOwnership:
         async with self._publish_lock:
             if generation is not None and (generation != self._generation or self._stopping):
                 return False
-            if slots != self._granted and self._on_change is not None:
+            if (slots != self._granted or self._unsure) and self._on_change is not None:
                 log.info("%s: consuming %d slots", self.member_id, len(slots))
                 previous, self._granted = self._granted, slots
                 try:
                     await self._on_change(slots)
                 except BaseException:
                     # unknown what the service took: the caller must not release anything,
-                    # and the next pass offers the change again
-                    self._granted = previous
+                    # and a later pass hands the set over again, equal or not
+                    self._granted, self._unsure = previous, True
+                    self._retry_later()
                     raise
+                self._unsure = False
             return True
 
     # ZooKeeper calls (worker threads) ---------------------------------------------------------

@@ -10,7 +10,23 @@ of its due instant — never before it, since the claim script compares against 
 
 Flow control: at most `max_in_flight` messages are leased at once; when handlers are slow the
 consumer stops claiming rather than buffering (the seed's per-partition pause), and a burst of
-millions due at one instant is drained `batch_size` at a time.
+millions due at one instant is drained `batch_size` at a time. Room is given back per message as
+its handler finishes.
+
+Honest leases: a lease covers the time a message really waits for and spends in its handler. A
+heartbeat extends the leases of every claimed message not finished yet before they run out (so
+queueing behind `batch_concurrency`, or a long handler, never lets a lease expire while Redis is
+reachable), and before each handler call the consumer checks that the slot is still its own and
+the lease still valid: a message that fails the check is not handed to the handler but given back
+(prepare -> store, attempt not counted), so the slot's owner delivers it at once.
+
+Never stuck: a slot this consumer owns is either being claimed or has a timer (every path that
+takes a slot off the timer heap puts it back), and a watchdog checks that invariant against Redis
+once a second: a slot whose head is overdue while the consumer believes otherwise (a lost wake-up)
+is claimed again and counted (`counters.stalled_slots_recovered`).
+
+Release never depends on Redis: it stops claiming at once, waits (bounded) for claims in flight to
+come back and gives their messages back, lets running handlers finish and give back the rest.
 """
 
 from __future__ import annotations
@@ -29,9 +45,9 @@ import redis.asyncio
 from delayq.queue.backoff import Backoff
 from delayq.queue.client import AsyncQueue
 from delayq.queue.codec import as_text
-from delayq.queue.codes import StaleEpochError
+from delayq.queue.codes import Code, StaleEpochError
 from delayq.queue.keys import Part, parse_wake_key, slot_keys
-from delayq.queue.model import ClaimBatch, Message
+from delayq.queue.model import ClaimBatch, Message, Outcome
 from delayq.queue.plans import Retry
 
 log = logging.getLogger(__name__)
@@ -40,10 +56,18 @@ Handler = Callable[[Message], Awaitable[None]]
 STOP_WAKER_S = 2.0  # how long stopping waits for the blocking wait to take its interrupt
 RETRY_MS = 200  # after a failed claim, the slot is tried again this much later
 WAKE_BLOCK_S = 10.0  # upper bound of one blocking wait; only a liveness refresh, not a poll
+WATCHDOG_S = 1.0  # how often owned slots are checked against Redis for a missed wake-up
+STALL_BOUND_MS = 1000  # a head overdue this long that the consumer does not expect is a stall
 
 
 class PoisonMessageError(Exception):
     """Raised by a handler for a message that can never succeed: it goes to dead at once."""
+
+
+class LeaseGoneError(Exception):
+    """Raised by a handler that found, before it started delivering, that the message's lease
+    is no longer valid (`Consumer.holds` is false): the message was not delivered, so it is
+    given back rather than nacked (no attempt is counted)."""
 
 
 @dataclass
@@ -58,10 +82,33 @@ class ConsumerSettings:
 
 
 @dataclass
+class ConsumerCounters:
+    """What went wrong and was handled, for metrics (monotonic counts since start)."""
+
+    stalled_slots_recovered: int = 0  # the watchdog found a slot overdue and claimed it again
+    acks_lease_lost: int = 0  # acks or nacks refused: the lease had expired or moved on
+    deliveries_skipped: int = 0  # claimed messages not handed over: slot or lease gone
+    given_back: int = 0  # claimed messages returned undelivered to store
+
+
+@dataclass
 class _SlotState:
     epoch: int
     next_ms: float | None = 0  # server ms when the slot next needs a claim (0 = now)
     wakes: int = 0  # wake-ups received; one arriving during a claim invalidates its next_ms
+    wakes_at_claim: int = 0  # `wakes` when the slot's latest claim was sent
+
+
+@dataclass
+class _Batch:
+    """A claimed batch while any of its messages is not finished: what the heartbeat extends
+    and what `holds` checks before each handler call."""
+
+    slot: int
+    epoch: int
+    deadline_ms: float  # server ms the leases of its unfinished messages run out
+    pending: dict[str, Message]  # claimed, not finished yet (waiting or in its handler)
+    lost: set[str] = field(default_factory=set)  # ids whose lease an extend found gone
 
 
 class Consumer:
@@ -78,14 +125,18 @@ class Consumer:
         self.handler = handler
         self.settings = settings or ConsumerSettings()
         self.on_slot_lost = on_slot_lost
+        self.counters = ConsumerCounters()
+        self._lease_ms = self.settings.lease_ms or queue.topic.ack_timeout_ms
         self._slots: dict[int, _SlotState] = {}
         self._timers: list[tuple[float, int]] = []  # heap of (next_ms, slot); stale ones skipped
         self._changed = asyncio.Event()
         self._stopping = False
         self._in_flight = 0
-        self._capacity = asyncio.Condition()
+        self._room = asyncio.Event()  # set when a worthwhile claim fits in flight again
         self._tasks: dict[asyncio.Task[None], int] = {}  # delivery task -> its slot
-        self._stop_notice: asyncio.Task[None] | None = None
+        self._batches: dict[tuple[int, int], _Batch] = {}  # (slot, lease_id) -> batch
+        self._claiming: set[int] = set()  # slots in a claim call right now
+        self._claimed = asyncio.Event()  # set whenever a claim call returns
         # server clock estimate: server_ms ~= _server_base_ms + (monotonic - _local_base) * 1000,
         # in fractional ms (claims report µs): a floored estimate would wake up to 1 ms late
         self._server_base_ms = 0.0
@@ -113,35 +164,58 @@ class Consumer:
         await self._interrupt_waker()
 
     async def release(self, slots: Iterable[int]) -> None:
-        """Stop claiming from slots, then wait (at most `release_drain_s`) for their in-flight
-        deliveries to be acked: the next owner's fence would reject those acks and redeliver."""
-        released = set(slots)
-        for slot in released:
-            self._slots.pop(slot, None)
+        """Stop claiming from slots, give back what was claimed and not started, and wait (at
+        most `release_drain_s`) for running handlers to be acked: the next owner's fence would
+        reject those acks and redeliver. Never raises, whatever the state of Redis: the caller
+        (the ownership handoff) must be able to give the slots up in any case."""
+        released = {slot for slot in slots if self._slots.pop(slot, None) is not None}
+        if not released:
+            return
         await self._interrupt_waker()
+        deadline = time.monotonic() + self.settings.release_drain_s
+        while self._claiming & released and (left := deadline - time.monotonic()) > 0:
+            self._claimed.clear()  # the claim gives its messages back before it returns
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._claimed.wait(), left)
         draining = [task for task, slot in self._tasks.items() if slot in released]
         if draining:
-            await asyncio.wait(draining, timeout=self.settings.release_drain_s)
+            await asyncio.wait(draining, timeout=max(0.0, deadline - time.monotonic()))
+
+    def holds(self, message: Message) -> bool:
+        """True while this consumer may still deliver the message: its slot is owned under the
+        epoch it was claimed with and its lease is neither lost nor past its deadline."""
+        batch = self._batches.get((message.slot, message.lease_id))
+        state = self._slots.get(message.slot)
+        return (
+            batch is not None
+            and state is not None
+            and state.epoch == batch.epoch
+            and batch.deadline_ms > self.server_now_ms()
+            and message.id not in batch.lost
+        )
 
     # the loop ---------------------------------------------------------------------------------
 
     async def run(self) -> None:
         """Run until `stop()`; then wait for in-flight deliveries to finish."""
         waker = asyncio.create_task(self._wait_for_wakes())
+        upkeep = asyncio.create_task(self._keep_up())
         try:
             while not self._stopping:
                 await self._drain(self._pop_due_slots())
                 await self._sleep_until_next()
         finally:
             self._stopping = True
-            with contextlib.suppress(redis.RedisError):
-                await self._interrupt_waker()
+            await self._interrupt_waker()
             try:
                 await asyncio.wait_for(waker, STOP_WAKER_S)
             except (TimeoutError, redis.RedisError):
                 waker.cancel()  # the interrupt did not get through; its connection is closed below
             if self._tasks:
                 await asyncio.gather(*self._tasks, return_exceptions=True)
+            upkeep.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await upkeep
             with contextlib.suppress(redis.RedisError):
                 await self.queue.redis.delete(self._control_key)
             await self._waker.aclose(close_connection_pool=True)
@@ -149,15 +223,11 @@ class Consumer:
     def stop(self) -> None:
         self._stopping = True
         self._changed.set()
-        with contextlib.suppress(RuntimeError):  # no running loop: nothing can be waiting
-            self._stop_notice = asyncio.get_running_loop().create_task(self._notify_capacity())
+        self._room.set()  # a claim waiting for room in flight: stopping never waits on handlers
 
-    async def _notify_capacity(self) -> None:
-        """Wake a claim waiting for room in flight, so stopping never waits on slow handlers."""
-        async with self._capacity:
-            self._capacity.notify_all()
-
-    def _server_now_ms(self) -> float:
+    def server_now_ms(self) -> float:
+        """The Redis server clock as estimated from the last claim (µs precise, skew-free):
+        what lateness and every other user-facing time is measured on."""
         return self._server_base_ms + (time.monotonic() - self._local_base) * 1000
 
     def _set_next(self, slot: int, next_ms: float | None) -> None:
@@ -178,7 +248,7 @@ class Consumer:
         return self._timers[0][0] if self._timers else None
 
     def _pop_due_slots(self) -> list[int]:
-        now = self._server_now_ms()
+        now = self.server_now_ms()
         due: list[int] = []
         while (next_ms := self._next_timer()) is not None and next_ms <= now:
             due.append(heapq.heappop(self._timers)[1])
@@ -186,55 +256,94 @@ class Consumer:
 
     async def _drain(self, slots: list[int]) -> None:
         """Claim the due messages of these slots, all slots in one pipelined round trip per
-        round, while there is room in flight; a slot whose claim came back full goes again."""
+        round, while there is room in flight; a slot whose claim came back full goes again.
+
+        Every slot taken off the timer heap gets a timer back on every way out (the finally):
+        a slot that is neither claimed nor timed would never be claimed again."""
         pending = slots
-        while pending and not self._stopping:
-            room = await self._wait_for_capacity()
-            owned = [(slot, state) for slot in pending if (state := self._slots.get(slot))]
-            wakes_before = {slot: state.wakes for slot, state in owned}
-            if self._stopping or not owned:
-                return
-            # Few slots with worthwhile batches rather than many slivers: each claimed batch
-            # costs its own Lua call, ack call and workers. Slots left out go first next round.
-            count = max(1, min(len(owned), room // self._min_batch))
-            waiting = [slot for slot, _ in owned[count:]]
-            owned = owned[:count]
-            share = min(self.settings.batch_size, room // count)  # shares add up to <= room
-            try:
-                results = await self.queue.claim_slots(
-                    [(slot, state.epoch) for slot, state in owned], share, self.settings.lease_ms
-                )
-            except redis.RedisError as error:
-                # Redis unreachable or failing over: keep the slots and try again shortly
-                log.warning("claim failed (%s); retrying in %d ms", error, RETRY_MS)
-                for slot, _ in owned:
-                    self._set_next(slot, self._server_now_ms() + RETRY_MS)
-                return
-            pending = waiting
-            for (slot, state), result in zip(owned, results, strict=True):
-                if self._slots.get(slot) is not state:
-                    continue  # released while the claim was in flight
-                if isinstance(result, StaleEpochError):
-                    self._lose(slot)
-                    continue
-                self._server_base_ms, self._local_base = result.now_us / 1000, result.received_s
-                if result.messages:
-                    self._deliver(result)
-                if state.wakes != wakes_before[slot]:
-                    # woken while the claim was in flight: the reply's next due time predates
-                    # the message that caused the wake-up, so claim again rather than trust it
-                    self._set_next(slot, 0)
-                elif len(result.messages) < share:
-                    self._set_next(slot, _next_ms(result))
-                else:
-                    pending.append(slot)
+        retry_in_ms = 0
+        try:
+            while pending and not self._stopping:
+                room = await self._wait_for_capacity()
+                owned = [(slot, state) for slot in pending if (state := self._slots.get(slot))]
+                if self._stopping or not owned:
+                    return
+                # Few slots with worthwhile batches rather than many slivers: each claimed batch
+                # costs its own Lua call, ack call and workers. Slots left out go first next round.
+                count = max(1, min(len(owned), room // self._min_batch))
+                pending = [slot for slot, _ in owned]
+                owned = owned[:count]
+                share = min(self.settings.batch_size, room // count)  # shares add up to <= room
+                try:
+                    results = await self._claim(owned, share)
+                except redis.RedisError as error:
+                    # Redis unreachable or failing over: keep the slots and try again shortly
+                    log.warning("claim failed (%s); retrying in %d ms", error, RETRY_MS)
+                    retry_in_ms = RETRY_MS
+                    return
+                pending = pending[count:]
+                for (slot, state), result in zip(owned, results, strict=True):
+                    if self._take_result(slot, state, result, share):
+                        pending.append(slot)
+        finally:
+            now = self.server_now_ms()
+            for slot in pending:
+                self._set_next(slot, now + retry_in_ms)
+
+    async def _claim(
+        self, owned: list[tuple[int, _SlotState]], share: int
+    ) -> list[ClaimBatch | StaleEpochError]:
+        """One pipelined claim; a batch whose slot was released meanwhile is given back before
+        the claim counts as returned (release waits for that)."""
+        for slot, state in owned:
+            state.wakes_at_claim = state.wakes
+            self._claiming.add(slot)
+        try:
+            results = await self.queue.claim_slots(
+                [(slot, state.epoch) for slot, state in owned], share, self._lease_ms
+            )
+            orphans = [
+                message
+                for (slot, state), result in zip(owned, results, strict=True)
+                if self._slots.get(slot) is not state and isinstance(result, ClaimBatch)
+                for message in result.messages
+            ]
+            if orphans:
+                await self._give_back(orphans)
+        finally:
+            self._claiming.difference_update(slot for slot, _ in owned)
+            self._claimed.set()
+        return results
+
+    def _take_result(
+        self, slot: int, state: _SlotState, result: ClaimBatch | StaleEpochError, share: int
+    ) -> bool:
+        """Start delivering a claim's messages and time the slot's next claim; True when the
+        slot should be claimed again in this drain (its batch came back full)."""
+        if self._slots.get(slot) is not state:
+            return False  # released while the claim was in flight (its messages given back)
+        if isinstance(result, StaleEpochError):
+            self._lose(slot)
+            return False
+        self._server_base_ms, self._local_base = result.now_us / 1000, result.received_s
+        if result.messages:
+            self._deliver(result)
+        if state.wakes != state.wakes_at_claim:
+            # woken while the claim was in flight: the reply's next due time predates the
+            # message that caused the wake-up, so claim again rather than trust it
+            self._set_next(slot, 0)
+        elif len(result.messages) < share:
+            self._set_next(slot, _next_ms(result))
+        else:
+            return True
+        return False
 
     async def _sleep_until_next(self) -> None:
         self._changed.clear()
         if self._stopping:
             return  # stop() came during the claim: its signal was just cleared with the others
         next_ms = self._next_timer()
-        timeout = None if next_ms is None else (next_ms - self._server_now_ms()) / 1000
+        timeout = None if next_ms is None else (next_ms - self.server_now_ms()) / 1000
         if timeout is not None and timeout <= 0:
             return
         with contextlib.suppress(TimeoutError):
@@ -244,11 +353,15 @@ class Consumer:
         """Wait until a worthwhile claim fits in flight: at least a quarter batch of room, so a
         backlog is not drained in slivers (each sliver would cost its own claim and ack calls)."""
         limit = self.settings.max_in_flight
-        async with self._capacity:
-            await self._capacity.wait_for(
-                lambda: self._stopping or limit - self._in_flight >= self._min_batch
-            )
-            return limit - self._in_flight
+        while not self._stopping and limit - self._in_flight < self._min_batch:
+            self._room.clear()
+            await self._room.wait()
+        return limit - self._in_flight
+
+    def _give_room(self, count: int) -> None:
+        self._in_flight -= count
+        if self.settings.max_in_flight - self._in_flight >= self._min_batch:
+            self._room.set()
 
     def _lose(self, slot: int) -> None:
         log.warning("slot %d has a newer owner: stopped consuming it", slot)
@@ -258,29 +371,42 @@ class Consumer:
 
     # delivery ---------------------------------------------------------------------------------
 
-    def _deliver(self, batch: ClaimBatch) -> None:
-        self._in_flight += len(batch.messages)
-        task = asyncio.create_task(self._handle_batch(batch))
-        self._tasks[task] = batch.slot
+    def _deliver(self, claimed: ClaimBatch) -> None:
+        messages = claimed.messages
+        batch = _Batch(
+            claimed.slot,
+            messages[0].epoch,
+            claimed.now_us / 1000 + self._lease_ms,
+            {message.id: message for message in messages},
+        )
+        key = (claimed.slot, messages[0].lease_id)  # one claim draws one lease number
+        self._batches[key] = batch
+        self._in_flight += len(messages)
+        task = asyncio.create_task(self._handle_batch(messages, batch))
+        self._tasks[task] = claimed.slot
         task.add_done_callback(lambda done: self._tasks.pop(done, None))
+        task.add_done_callback(lambda _: self._batches.pop(key, None))
 
-    async def _handle_batch(self, batch: ClaimBatch) -> None:
+    async def _handle_batch(self, messages: list[Message], batch: _Batch) -> None:
         """Run the batch's handlers on at most `batch_concurrency` workers sharing one iterator
         (no task per message), acking and nacking in groups: a group is sent when it reaches
         `ack_group_size`, and each worker sends what is left once the batch has no more
         messages to start, so one slow handler delays only its own ack, never its batch's.
+        A message this consumer no longer holds (slot released, lease gone) is given back
+        instead of handled.
 
         Workers are added one event-loop turn at a time, and only while handlers give the loop
         a turn: a handler that waits on I/O gets up to `batch_concurrency` workers within as
         many turns, while handlers that never suspend are served by one worker instead of
         creating tasks that would find the batch already done."""
-        remaining = iter(batch.messages)
+        remaining = iter(messages)
         done: list[Message] = []  # acked by their lease fields (model.Leased)
         retries: list[Retry] = []
+        skipped: list[Message] = []  # not handed over: given back
         group = self.settings.ack_group_size
         helpers: list[asyncio.Task[None]] = []
         helper_starting = False  # a helper was created and has not run yet
-        max_helpers = min(self.settings.batch_concurrency, len(batch.messages)) - 1
+        max_helpers = min(self.settings.batch_concurrency, len(messages)) - 1
 
         sending = asyncio.Lock()  # one ack/nack call of a batch at a time
 
@@ -290,14 +416,15 @@ class Consumer:
                 try:
                     if done and len(done) >= threshold:
                         leases, done = done, []
-                        await self.queue.ack_many(leases)
+                        self._count_lost(await self.queue.ack_many(leases))
                     if retries and len(retries) >= threshold:
                         failed, retries = retries, []
-                        await self.queue.nack_many(failed)
-                except redis.RedisError:
-                    log.exception(
-                        "slot %d: ack/nack failed; the leases will expire and redeliver",
+                        self._count_lost(await self.queue.nack_many(failed))
+                except redis.RedisError as error:
+                    log.warning(
+                        "slot %d: ack/nack failed (%s); the leases will expire and redeliver",
                         batch.slot,
+                        error,
                     )
 
         async def worker() -> None:
@@ -307,12 +434,19 @@ class Consumer:
                 if not helper_starting and len(helpers) < max_helpers:
                     helper_starting = True
                     helpers.append(asyncio.create_task(worker()))
-                try:
-                    await self.handler(message)
-                except Exception as error:  # the handler's failure is the message's outcome
-                    retries.append(self._retry(message, error))
+                if not self.holds(message):
+                    skipped.append(message)
                 else:
-                    done.append(message)
+                    try:
+                        await self.handler(message)
+                    except LeaseGoneError:
+                        skipped.append(message)
+                    except Exception as error:  # the handler's failure is the message's outcome
+                        retries.append(self._retry(message, error))
+                    else:
+                        done.append(message)
+                del batch.pending[message.id]
+                self._give_room(1)
                 if len(done) >= group or len(retries) >= group:  # checked inline: per message
                     await send(group)
             if done or retries:
@@ -327,9 +461,11 @@ class Consumer:
         finally:
             for helper in helpers:
                 helper.cancel()  # only if this batch itself was cancelled: else all are done
-            async with self._capacity:
-                self._in_flight -= len(batch.messages)
-                self._capacity.notify_all()
+            self._give_room(len(batch.pending))  # only if cancelled: else all were counted
+            batch.pending.clear()
+        if skipped:
+            self.counters.deliveries_skipped += len(skipped)
+            await self._give_back(skipped)
 
     def _retry(self, message: Message, error: BaseException) -> Retry:
         reason = f"{type(error).__name__}: {error}"[:1000]
@@ -337,11 +473,95 @@ class Consumer:
             return Retry(message.lease, 0, reason, kill=True)
         return Retry(message.lease, self.settings.backoff.delay_ms(message.attempt), reason)
 
+    def _count_lost(self, outcomes: list[Outcome]) -> None:
+        lost = sum(1 for outcome in outcomes if outcome.code.is_error)
+        if lost:
+            self.counters.acks_lease_lost += lost
+            log.warning("%d acks or nacks found their lease gone (expired or moved on)", lost)
+
+    async def _give_back(self, messages: list[Message]) -> None:
+        """Return claimed messages undelivered, so the slot's owner (this process or the next)
+        delivers them at once; if Redis refuses, their leases expire and they come back anyway."""
+        try:
+            outcomes = await self.queue.giveback_many(messages)
+        except redis.RedisError as error:
+            log.warning(
+                "giving back %d messages failed (%s); their leases will expire",
+                len(messages),
+                error,
+            )
+            return
+        self.counters.given_back += sum(1 for o in outcomes if o.code is Code.GIVEN_BACK)
+
+    # upkeep: lease heartbeat and stall watchdog -------------------------------------------------
+
+    async def _keep_up(self) -> None:
+        """Extend the leases of unfinished messages before they run out (every third of a
+        lease), and once a second check every owned slot against Redis for a stall."""
+        period_s = min(WATCHDOG_S, self._lease_ms / 3000)
+        watched_s = time.monotonic()
+        while not self._stopping:
+            await asyncio.sleep(period_s)
+            try:
+                await self._extend_leases()
+                if time.monotonic() - watched_s >= WATCHDOG_S:
+                    watched_s = time.monotonic()
+                    await self._watch_slots()
+            except redis.RedisError as error:
+                log.warning("lease heartbeat or slot watchdog failed: %s", error)
+
+    async def _extend_leases(self) -> None:
+        now = self.server_now_ms()
+        half = self._lease_ms / 2
+        batches = [b for b in self._batches.values() if b.pending and b.deadline_ms - now < half]
+        messages = [m for b in batches for m in b.pending.values() if m.id not in b.lost]
+        if not messages:
+            return
+        outcomes = await self.queue.extend_many(messages, self._lease_ms)
+        for message, outcome in zip(messages, outcomes, strict=True):
+            batch = self._batches.get((message.slot, message.lease_id))
+            if batch is None:
+                continue
+            if outcome.code is Code.EXTENDED and outcome.at_ms is not None:
+                batch.deadline_ms = max(batch.deadline_ms, outcome.at_ms)
+            else:
+                batch.lost.add(message.id)
+
+    async def _watch_slots(self) -> None:
+        """Re-arm a slot whose oldest message is overdue while the consumer neither claims it
+        nor expects it (a lost wake-up, a timer dropped by a bug): the invariant, checked."""
+        slots = [slot for slot in self._slots if slot not in self._claiming]
+        if not slots:
+            return
+        stats = await self.queue.stats(slots)
+        for slot_stats in stats.slots:
+            state = self._slots.get(slot_stats.slot)
+            heads = [t for t in (slot_stats.next_due_ms, slot_stats.next_deadline_ms) if t]
+            if state is None or not heads or slot_stats.slot in self._claiming:
+                continue
+            head = min(heads)
+            overdue = slot_stats.now_ms - head >= STALL_BOUND_MS
+            expected = state.next_ms is not None and state.next_ms <= head + STALL_BOUND_MS
+            if overdue and not expected:
+                self.counters.stalled_slots_recovered += 1
+                log.warning(
+                    "slot %d stalled: head overdue %d ms with no claim; claiming it again",
+                    slot_stats.slot,
+                    slot_stats.now_ms - head,
+                )
+                self._set_next(slot_stats.slot, 0)
+                self._changed.set()
+
     # wake-ups ---------------------------------------------------------------------------------
 
     async def _interrupt_waker(self) -> None:
-        """Unblock the blocking wait so it picks up a changed set of slots (or stops)."""
-        await self.queue.redis.rpush(self._control_key, "1")
+        """Unblock the blocking wait so it picks up a changed set of slots (or stops). Best
+        effort: if Redis refuses, the wait ends by itself within WAKE_BLOCK_S (and a failing
+        Redis ends it sooner), and ownership must never depend on Redis being up."""
+        try:
+            await self.queue.redis.rpush(self._control_key, "1")
+        except redis.RedisError as error:
+            log.info("could not interrupt the wake-up wait (%s)", error)
 
     async def _wait_for_wakes(self) -> None:
         while not self._stopping:
@@ -349,8 +569,8 @@ class Consumer:
             keys += [slot_keys(self.queue.topic, slot).key(Part.WAKE) for slot in self._slots]
             try:
                 popped = await self._waker.blpop(keys, timeout=WAKE_BLOCK_S)
-            except redis.RedisError:
-                log.exception("wake-up wait failed; retrying")
+            except redis.RedisError as error:
+                log.warning("wake-up wait failed (%s); retrying", error)
                 await asyncio.sleep(0.1)
                 continue
             if popped is None or as_text(popped[0]) == self._control_key:

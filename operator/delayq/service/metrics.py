@@ -7,11 +7,16 @@ gives the topic's totals without double counting.
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterator
+from dataclasses import fields
 from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.metrics import MetricWrapperBase
+from prometheus_client.metrics_core import CounterMetricFamily, Metric
+from prometheus_client.registry import Collector
 
+from delayq.queue.consumer import ConsumerCounters
 from delayq.queue.model import TopicStats
 
 # Lateness: delivery start minus due time. Millisecond buckets, expressed in seconds.
@@ -99,7 +104,11 @@ class ServiceMetrics:
             self._child(self.depth, state).set(getattr(stats, state))
         self._child(self.owned_slots).set(len(stats.slots))
 
-    def observe_lateness(self, lateness_ms: int) -> None:
+    def watch_counters(self, counters: Callable[[], ConsumerCounters]) -> None:
+        """Expose the delivery engine's counters, read at scrape time."""
+        self.registry.register(_CountersCollector(counters, self._topic_labels))
+
+    def observe_lateness(self, lateness_ms: float) -> None:
         self._child(self.lateness).observe(max(0, lateness_ms) / 1000)
 
     def observe_webhook(self, status: str, duration_s: float) -> None:
@@ -114,3 +123,30 @@ class ServiceMetrics:
 
     def render(self) -> bytes:
         return generate_latest(self.registry)
+
+
+# What each engine counter means to an operator (metric `delayq_<name>_total`).
+COUNTER_HELP = {
+    "stalled_slots_recovered": "Owned slots found overdue with no claim and claimed again",
+    "acks_lease_lost": "Acks or nacks refused because the lease had expired or moved on",
+    "deliveries_skipped": "Claimed messages not delivered: slot released or lease gone first",
+    "given_back": "Claimed messages given back undelivered (no attempt counted)",
+}
+
+
+class _CountersCollector(Collector):
+    """The engine's `ConsumerCounters` as Prometheus counters, without copying them on every
+    delivery: the consumer increments plain ints, the scrape reads them."""
+
+    def __init__(self, counters: Callable[[], ConsumerCounters], labels: tuple[str, str]) -> None:
+        self._counters = counters
+        self._labels = labels
+
+    def collect(self) -> Iterator[Metric]:
+        values = self._counters()
+        for item in fields(ConsumerCounters):
+            family = CounterMetricFamily(
+                f"delayq_{item.name}", COUNTER_HELP[item.name], labels=["namespace", "topic"]
+            )
+            family.add_metric(list(self._labels), getattr(values, item.name))
+            yield family

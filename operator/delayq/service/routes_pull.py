@@ -15,7 +15,6 @@ from delayq.queue.codes import Code
 from delayq.queue.model import Lease, Outcome
 from delayq.queue.topic import TopicType
 from delayq.service.delivery.pull import PullLeaser
-from delayq.service.delivery.webhook import wall_ms
 from delayq.service.envelope import message_json
 from delayq.service.http_support import UnknownTopicError, json_body, service_for
 from delayq.service.parsing import parse_extend, parse_lease_request, parse_nack, parse_tokens
@@ -49,7 +48,7 @@ async def lease(request: web.Request) -> web.Response:
     body = await json_body(request)
     wanted = parse_lease_request(body, service.topic, service.config.max_lease_batch)
     messages = await leaser.lease(wanted.max_count, wanted.lease_ms, wanted.wait_ms)
-    now_ms = wall_ms()
+    now_ms = leaser.server_now_ms()
     for message in messages:
         service.metrics.observe_lateness(now_ms - message.due_ms)
     service.metrics.count_delivery("leased", len(messages))
@@ -76,7 +75,7 @@ def _answer(leases: Sequence[Lease], outcomes: Sequence[Outcome]) -> web.Respons
 async def ack(request: web.Request) -> web.Response:
     service = service_for(request)
     _leaser(service)
-    leases = parse_tokens(await json_body(request))
+    leases = parse_tokens(await json_body(request), service.topic)
     outcomes = await service.brokers.each(leases, _slot, lambda q, chunk: q.ack_many(chunk))
     service.metrics.count_delivery("acked", sum(o.code is Code.ACKED for o in outcomes))
     return _answer(leases, outcomes)
@@ -85,7 +84,7 @@ async def ack(request: web.Request) -> web.Response:
 async def nack(request: web.Request) -> web.Response:
     service = service_for(request)
     _leaser(service)
-    retries = parse_nack(await json_body(request))
+    retries = parse_nack(await json_body(request), service.topic)
     outcomes = await service.brokers.each(
         retries, lambda r: r.lease.slot, lambda q, chunk: q.nack_many(chunk)
     )
@@ -98,7 +97,7 @@ async def nack(request: web.Request) -> web.Response:
 async def extend(request: web.Request) -> web.Response:
     service = service_for(request)
     _leaser(service)
-    leases, lease_ms = parse_extend(await json_body(request))
+    leases, lease_ms = parse_extend(await json_body(request), service.topic)
     outcomes = await service.brokers.each(
         leases, _slot, lambda q, chunk: q.extend_many(chunk, lease_ms)
     )

@@ -6,6 +6,13 @@ webhook and stream topics (each slot is consumed on the broker that stores it), 
 for pull — which fences each new slot on takeover. Shutdown runs in the safe order: stop
 claiming, let in-flight deliveries finish (bounded), then give the slots back, so the next owner
 does not redeliver what was just acknowledged.
+
+Readiness tells the truth about delivery: a background probe (once a second) checks that the
+slots the delivery engine really consumes are the ones the ownership grants and that their
+brokers answer; `/readyz` answers the cached verdict with hysteresis (`readiness.py`). The same
+probe takes back a granted slot the engine dropped (fenced out by an epoch that a Redis failover
+rolled back, or an own that failed while Redis was down), once ZooKeeper confirms the slot is
+still this process's.
 """
 
 from __future__ import annotations
@@ -20,7 +27,7 @@ import redis.asyncio
 from delayq.coordination.ownership import EmbeddedOwnership, Ownership
 from delayq.queue.backoff import Backoff
 from delayq.queue.client import AsyncQueue
-from delayq.queue.consumer import Consumer, ConsumerSettings
+from delayq.queue.consumer import Consumer, ConsumerCounters, ConsumerSettings
 from delayq.queue.model import Message
 from delayq.queue.topic import TopicType
 from delayq.service.brokers import Brokers, connect, default_routing, read_routing
@@ -28,8 +35,9 @@ from delayq.service.config import ServiceConfig
 from delayq.service.delivery.pull import PullLeaser
 from delayq.service.delivery.sinks import Sink
 from delayq.service.delivery.stream import StreamSink
-from delayq.service.delivery.webhook import WebhookSink, wall_ms
+from delayq.service.delivery.webhook import WebhookSink
 from delayq.service.metrics import ServiceMetrics
+from delayq.service.readiness import PROBE_INTERVAL_S, Readiness
 
 log = logging.getLogger(__name__)
 OWNERSHIP_STOP_TIMEOUT_S = 10.0  # ephemeral owner nodes vanish with the session anyway
@@ -55,6 +63,9 @@ class DelayService:
         self._closing = False
         self._lock = asyncio.Lock()
         self.broken = asyncio.Event()  # a delivery loop died: the process must restart
+        self.readiness = Readiness()
+        self._prober: asyncio.Task[None] | None = None
+        self.metrics.watch_counters(self.counters)
 
     @property
     def owned_slots(self) -> list[int]:
@@ -65,6 +76,23 @@ class DelayService:
     @property
     def closing(self) -> bool:
         return self._closing
+
+    def counters(self) -> ConsumerCounters:
+        """The delivery engine's counters, summed over the brokers' consumers (for metrics)."""
+        total = ConsumerCounters()
+        for consumer in self.consumers:
+            for name, value in vars(consumer.counters).items():
+                setattr(total, name, getattr(total, name) + value)
+        return total
+
+    def server_ms(self, slot: int) -> float:
+        """The clock of the Redis server storing the slot, as its consumer estimates it: every
+        user-facing time (lateness, signature timestamps) is on it, never on this pod's clock."""
+        return self.consumers[self.brokers.routing[slot]].server_now_ms()
+
+    def holds(self, message: Message) -> bool:
+        """Whether the message may still be delivered (checked again right before a POST)."""
+        return self.consumers[self.brokers.routing[message.slot]].holds(message)
 
     async def start(self) -> None:
         await self._load_routing()
@@ -89,6 +117,8 @@ class DelayService:
                 run.add_done_callback(self._on_run_done)
                 self._runs.append(run)
         await self.ownership.start(self._on_change)
+        self.readiness.observe(await self._probe(), time.monotonic())  # ready as soon as it is
+        self._prober = asyncio.create_task(self._probe_forever())
         log.info(
             "service started",
             extra={
@@ -119,6 +149,8 @@ class DelayService:
                 config.webhook_concurrency,
                 self.metrics,
                 config.member,
+                self.server_ms,
+                self.holds,
             )
         if config.stream_url:
             client = connect(config.stream_url, config.redis_max_connections)
@@ -155,12 +187,50 @@ class DelayService:
         self.broken.set()
 
     def _on_slot_lost(self, slot: int) -> None:
-        log.warning("fenced out of a slot by a newer owner", extra={"slot": slot})
+        """Fenced out: a newer owner, or an epoch rolled back by a Redis failover. The probe
+        takes the slot back if ZooKeeper still says it is ours (run it now, not in a second)."""
+        log.warning("fenced out of a slot", extra={"slot": slot})
+        if not self._closing:
+            asyncio.get_running_loop().create_task(self._take_back_missing())
+
+    async def _take_back_missing(self) -> None:
+        """Own again every slot the ownership grants but the engine does not consume, after
+        asking the coordination itself (a stale view must not steal a slot back)."""
+        async with self._lock:
+            if self._closing:
+                return
+            missing = self.ownership.owned - frozenset(self.owned_slots)
+            confirmed = frozenset(
+                [slot for slot in sorted(missing) if await self.ownership.holds(slot)]
+            )
+            if confirmed:
+                log.warning("taking back granted slots", extra={"slots": sorted(confirmed)})
+                await self._apply(confirmed, release=False)
+
+    async def _probe_forever(self) -> None:
+        while not self._closing:
+            await asyncio.sleep(PROBE_INTERVAL_S)
+            self.readiness.observe(await self._probe(), time.monotonic())
+
+    async def _probe(self) -> str | None:
+        """What keeps this process from delivering what it was granted (None: nothing)."""
+        if not self.ownership.ready:
+            return "ownership not settled (ZooKeeper unreachable or assignment changing)"
+        if frozenset(self.owned_slots) != self.ownership.owned:
+            try:
+                await self._take_back_missing()
+            except (redis.RedisError, OSError) as error:
+                log.warning("could not take back granted slots", extra={"error": str(error)})
+            if frozenset(self.owned_slots) != self.ownership.owned:
+                return "granted slots not consumed"
+        if not await self.brokers.reachable(self.owned_slots):
+            return "a broker does not answer"
+        return None
 
     async def _deliver(self, message: Message) -> None:
         """The Consumer's handler: return acks, raise retries (dead past maxRetries)."""
         assert self._sink is not None
-        self.metrics.observe_lateness(wall_ms() - message.due_ms)
+        self.metrics.observe_lateness(self.server_ms(message.slot) - message.due_ms)
         try:
             await self._sink.deliver(message)
         except Exception as error:
@@ -179,10 +249,11 @@ class DelayService:
         self.metrics.count_delivery("acked")
 
     async def is_ready(self) -> bool:
-        """Ready while not stopping, holding an assignment and reaching its slots' brokers."""
-        if self._closing or self.broken.is_set() or not self.ownership.ready:
-            return False
-        return await self.brokers.reachable(self.owned_slots)
+        """The probe's cached verdict (never waits on Redis); false at once while stopping or
+        after a delivery loop died."""
+        if self._closing or self.broken.is_set():
+            self.readiness.fail_now("stopping" if self._closing else "delivery loop died")
+        return self.readiness.ready
 
     async def refresh_depth(self) -> None:
         self.metrics.set_depth(await self.brokers.stats(self.owned_slots))
@@ -191,6 +262,8 @@ class DelayService:
         """Stop claiming, finish in-flight deliveries within the grace period, release slots."""
         self._closing = True
         started = time.monotonic()
+        if self._prober is not None:
+            self._prober.cancel()
         await self._on_change(frozenset())
         if self.leaser is not None:
             self.leaser.stop()

@@ -50,6 +50,9 @@ class PullLeaser:
         self._rounds: set[asyncio.Future[None]] = set()  # claims in flight
         self._blocking = asyncio.Semaphore(MAX_BLOCKING_WAITS)
         self._owned_more = asyncio.Event()  # wakes long polls: new slots may have a backlog
+        # the Redis server clock as of the latest claim (server ms, monotonic s): lateness is
+        # measured on it, never on this pod's clock
+        self._clock = (time.time() * 1000, time.monotonic())
 
     @property
     def owned_slots(self) -> list[int]:
@@ -74,6 +77,10 @@ class PullLeaser:
     def stop(self) -> None:
         self._stopping = True
         self._owned_more.set()
+
+    def server_now_ms(self) -> float:
+        server_ms, local_s = self._clock
+        return server_ms + (time.monotonic() - local_s) * 1000
 
     async def lease(self, max_count: int, lease_ms: int, wait_ms: int = 0) -> list[Message]:
         """Up to `max_count` due messages leased for `lease_ms`, waiting up to `wait_ms`."""
@@ -132,6 +139,7 @@ class PullLeaser:
                     del self._epochs[slot]  # a newer owner fenced us out of this slot
                 continue
             result.messages.extend(outcome.messages)
+            self._clock = (outcome.now_us / 1000, time.monotonic())
             if len(outcome.messages) >= share:
                 result.full.append(slot)
             upcoming = [t for t in (outcome.next_due_ms, outcome.next_deadline_ms) if t is not None]

@@ -2,6 +2,11 @@
 
 One pooled aiohttp session per topic, a semaphore bounding concurrent POSTs (the per-topic
 concurrency limit), and a total timeout per POST so a hung receiver costs a retry, not a slot.
+
+A message may wait for the semaphore; once it has a turn, the sink asks `holds` whether its lease
+is still valid and its slot still owned, and sends nothing otherwise (`LeaseGoneError`: the
+consumer gives it back). The signature's timestamp is taken then, on the Redis server clock the
+consumer estimates (`clock_ms`), so a pod whose own clock is off never fails receivers' checks.
 """
 
 from __future__ import annotations
@@ -12,16 +17,28 @@ from collections.abc import Callable
 
 import aiohttp
 
+from delayq.queue.consumer import LeaseGoneError
 from delayq.queue.model import Message
 from delayq.queue.topic import Topic
 from delayq.service.delivery.signing import SIGNATURE_HEADER, sign
 from delayq.service.delivery.sinks import DeliveryError
-from delayq.service.envelope import message_body
+from delayq.service.envelope import header_id, message_body
 from delayq.service.metrics import ServiceMetrics
+
+SlotClock = Callable[[int], float]  # slot -> ms on the clock of the Redis server storing it
 
 
 def wall_ms() -> int:
     return int(time.time() * 1000)
+
+
+def host_clock(_slot: int) -> float:
+    """This host's clock, for a sink used outside a delay service (tests, tools)."""
+    return time.time() * 1000
+
+
+def always(_message: Message) -> bool:
+    return True
 
 
 class WebhookSink:
@@ -34,7 +51,8 @@ class WebhookSink:
         concurrency: int,
         metrics: ServiceMetrics,
         member: str = "",
-        clock_ms: Callable[[], int] = wall_ms,
+        clock_ms: SlotClock = host_clock,
+        holds: Callable[[Message], bool] = always,
     ) -> None:
         self.topic = topic
         self.url = url
@@ -42,6 +60,7 @@ class WebhookSink:
         self.metrics = metrics
         self.member = member
         self.clock_ms = clock_ms
+        self.holds = holds
         self._limit = asyncio.Semaphore(concurrency)
         # No cookie jar: a receiver's cookies must not ride along on later deliveries.
         self._session = aiohttp.ClientSession(
@@ -54,13 +73,16 @@ class WebhookSink:
         body = message_body(self.topic, message)
         headers = {
             "Content-Type": "application/json",
-            "X-Delayq-Id": message.id,
+            "X-Delayq-Id": header_id(message.id),
             "X-Delayq-Attempt": str(message.attempt),
             "X-Delayq-Member": self.member,
         }
-        if self.secret:
-            headers[SIGNATURE_HEADER] = sign(self.secret, body, self.clock_ms())
         async with self._limit:
+            if not self.holds(message):
+                raise LeaseGoneError(f"{message.id}: lease gone while waiting for a POST slot")
+            if self.secret:
+                timestamp_ms = int(self.clock_ms(message.slot))
+                headers[SIGNATURE_HEADER] = sign(self.secret, body, timestamp_ms)
             started = time.monotonic()
             status = await self._post(body, headers, started)
         if not 200 <= status < 300:
