@@ -18,7 +18,7 @@ from delayq.coordination.layout import (
     encode_member,
     slots_of,
 )
-from delayq.kube.routing import initial_routing
+from delayq.coordination.routing import initial_routing
 
 
 def test_paths_follow_the_design() -> None:

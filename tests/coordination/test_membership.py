@@ -8,7 +8,7 @@ from kazoo.client import KazooClient
 
 from delayq.coordination.assignment import moved
 from delayq.coordination.layout import AssignmentDocument, TopicPaths
-from delayq.kube.routing import initial_routing
+from delayq.coordination.routing import initial_routing
 from delayq.local.zookeeper_server import ZooKeeperServer
 
 from .conftest import SLOTS, Fleet

@@ -18,11 +18,11 @@ import pytest
 from kazoo.client import KazooClient
 from kazoo.exceptions import NoNodeError
 
+from delayq.coordination.routing import Routing
 from delayq.kube.builders.common import BuildContext
 from delayq.kube.client import KubeClient
 from delayq.kube.handlers.deps import Deps
 from delayq.kube.redisctl import RedisCommands
-from delayq.kube.routing import Routing
 from delayq.kube.zk import KazooTopicStore, topic_root
 from delayq.local.ports import free_port
 from delayq.local.redis_server import RedisServer

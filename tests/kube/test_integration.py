@@ -8,8 +8,8 @@ from collections.abc import AsyncIterator, Iterator
 import pytest
 import redis
 
+from delayq.coordination.routing import initial_routing
 from delayq.kube.redisctl import Depths, RedisCommands
-from delayq.kube.routing import initial_routing
 from delayq.kube.zk import KazooTopicStore, topic_root
 from delayq.local.redis_server import RedisServer
 from delayq.local.zookeeper_server import ZooKeeperServer

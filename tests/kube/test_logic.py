@@ -1,4 +1,4 @@
-"""Pure operator logic: spec parsing, routing, status diffs and conditions, apply decisions."""
+"""Pure operator logic: spec parsing, status diffs and conditions, apply decisions."""
 
 from __future__ import annotations
 
@@ -6,7 +6,6 @@ import pytest
 
 from delayq.kube.config import OperatorConfig
 from delayq.kube.handlers.apply import contains, update_patch
-from delayq.kube.routing import Routing, RoutingConflict, initial_routing, plan_routing
 from delayq.kube.spec import SpecError, parse_duration_ms, parse_spec
 from delayq.kube.status import (
     DEGRADED,
@@ -66,37 +65,6 @@ def test_topic_name_must_be_a_dns_label() -> None:
 )
 def test_durations(value: str, expected: int) -> None:
     assert parse_duration_ms(value, "x", 1, 86_400_000) == expected
-
-
-def test_initial_routing_is_contiguous_and_balanced() -> None:
-    routing = initial_routing(16, 3)
-    assert routing.brokers == (0,) * 6 + (1,) * 5 + (2,) * 5
-    assert routing.slots_per_broker() == {0: 6, 1: 5, 2: 5}
-    assert initial_routing(1, 1).brokers == (0,)
-    with pytest.raises(RoutingConflict):
-        initial_routing(2, 4)
-
-
-def test_routing_is_sticky_when_brokers_grow() -> None:
-    current = initial_routing(8, 2)
-    grown = plan_routing(8, 4, current)
-    assert grown.brokers == current.brokers  # no slot moves without its messages
-    assert grown.slots_per_broker() == {0: 4, 1: 4, 2: 0, 3: 0}
-
-
-def test_routing_refuses_resharding_and_losing_brokers() -> None:
-    current = initial_routing(8, 2)
-    with pytest.raises(RoutingConflict, match="needs resharding"):
-        plan_routing(16, 2, current)
-    with pytest.raises(RoutingConflict, match="still holds slots"):
-        plan_routing(8, 1, current)
-
-
-def test_routing_json_round_trip() -> None:
-    routing = initial_routing(4, 2)
-    assert Routing.from_json(routing.to_json()) == routing
-    with pytest.raises(ValueError, match="format version"):
-        Routing.from_json(b'{"version": 9}')
 
 
 def test_status_patch_is_empty_when_unchanged_and_minimal_otherwise() -> None:

@@ -91,7 +91,7 @@ async def test_routing_is_read_from_zookeeper_when_the_operator_wrote_it(zookeep
     from kazoo.client import KazooClient
 
     from delayq.coordination.layout import TopicPaths
-    from delayq.kube.routing import Routing
+    from delayq.coordination.routing import Routing
 
     topic = "routed"
     assert await read_routing(zookeeper_server.hosts, "shop", topic, 4) is None

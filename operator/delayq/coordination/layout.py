@@ -6,7 +6,7 @@
     assignment            persistent {"version": 1, "generation": 7, "members": [ids],
                                       "slots": [index into members, or -1, per slot]}
     owners/<slot>         ephemeral  member id; whoever holds it may consume the slot
-    routing               persistent slot -> broker, written by the operator (kube/routing.py)
+    routing               persistent slot -> broker, written by the operator (routing.py)
 ```
 
 The assignment stores member ids once and one small integer per slot, so even 16384 slots stay
@@ -21,7 +21,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from delayq.coordination.assignment import Assignment, Member
-from delayq.kube.routing import Routing
+from delayq.coordination.routing import Routing
 
 ASSIGNMENT_FORMAT_VERSION = 1
 _TRAILING_NUMBER = re.compile(r"(\d+)$")

@@ -1,9 +1,9 @@
 """Publishing a topic's routing and config to ZooKeeper (DESIGN.md §4), behind a Protocol.
 
-Paths under `/delayq/<namespace>/<topic>/`: `routing` (slot -> broker, see routing.py) and
-`config` (the same JSON the pods read). The delay services watch these; the operator only
-writes them, so slot failover keeps working while the operator is down. kazoo is synchronous,
-so calls run in a worker thread with a bounded timeout.
+Paths under `/delayq/<namespace>/<topic>/`: `routing` (slot -> broker, see
+delayq.coordination.routing) and `config` (the same JSON the pods read). The delay services
+watch these; the operator only writes them, so slot failover keeps working while the operator
+is down. kazoo is synchronous, so calls run in a worker thread with a bounded timeout.
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from kazoo.client import KazooClient
 from kazoo.exceptions import NoNodeError
 from kazoo.handlers.threading import KazooTimeoutError
 
-from delayq.kube.routing import Routing
+from delayq.coordination.routing import Routing
 
 TIMEOUT_S = 10.0
 ROOT = "/delayq"

@@ -17,7 +17,7 @@ from typing import TypeVar
 
 import redis.asyncio
 
-from delayq.kube.routing import initial_routing
+from delayq.coordination.routing import initial_routing
 from delayq.queue.client import AsyncQueue
 from delayq.queue.consumer import WAKE_BLOCK_S
 from delayq.queue.model import TopicStats

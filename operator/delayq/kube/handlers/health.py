@@ -14,6 +14,7 @@ from typing import Any
 
 import redis
 
+from delayq.coordination.routing import Routing, initial_routing
 from delayq.kube import naming
 from delayq.kube.builders.service import zookeeper_connect
 from delayq.kube.client import KubeApiError
@@ -27,7 +28,6 @@ from delayq.kube.handlers.reconcile import (
     with_conditions,
 )
 from delayq.kube.redisctl import Depths
-from delayq.kube.routing import Routing, initial_routing
 from delayq.kube.spec import SpecError, TopicSpec
 from delayq.kube.status import (
     DEGRADED,

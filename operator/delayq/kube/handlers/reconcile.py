@@ -15,6 +15,7 @@ from typing import Any
 import aiohttp
 from kazoo.exceptions import KazooException
 
+from delayq.coordination.routing import RoutingConflict, plan_routing
 from delayq.kube import naming
 from delayq.kube.builders.bundle import Credentials, render
 from delayq.kube.builders.service import config_json, zookeeper_connect
@@ -22,7 +23,6 @@ from delayq.kube.client import KubeApiError
 from delayq.kube.handlers.apply import ensure
 from delayq.kube.handlers.deps import Deps, Logger
 from delayq.kube.handlers.errors import TopicFailure
-from delayq.kube.routing import RoutingConflict, plan_routing
 from delayq.kube.spec import SpecError, TopicSpec, parse_spec
 from delayq.kube.status import (
     FALSE,
