@@ -39,13 +39,13 @@ import aiohttp
 from aiohttp import web
 
 from delayq.local.ports import free_port
+from delayq.local.processes import ServeProcess, stop_all
 from delayq.local.redis_server import RedisServer
 from delayq.local.zookeeper_server import ZooKeeperServer
 from delayq.queue.client import AsyncQueue
 from delayq.queue.topic import TopicType, slot_of
 from delayq.service.config import ServiceConfig
 from delayq.service.delivery.webhook import wall_ms
-from delayq.service.processes import ServeProcess, stop_all
 
 SLOTS = 64
 TICK_S = 0.02

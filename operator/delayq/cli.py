@@ -12,6 +12,7 @@ import argparse
 from collections.abc import Sequence
 
 from delayq.kube import cli as operator_cli
+from delayq.local import cli as local_cli
 from delayq.pipeline import cli as pipeline_cli
 from delayq.service import cli as service_cli
 
@@ -22,6 +23,7 @@ def build_parser() -> argparse.ArgumentParser:
     pipeline_cli.register(subparsers)
     operator_cli.register(subparsers)
     service_cli.register(subparsers)
+    local_cli.register(subparsers)
     return parser
 
 

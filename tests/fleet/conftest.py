@@ -1,7 +1,7 @@
 """A fleet of three real `delayq serve` processes on the session's redis-server and ZooKeeper.
 
 Each process serves one `stream` topic (deliveries are XADDed to the topic's output stream) with
-a 4 s ZooKeeper session timeout; they are started by `delayq.service.processes` in their own
+a 4 s ZooKeeper session timeout; they are started by `delayq.local.processes` in their own
 process groups and stopped by PID (SIGTERM, then SIGKILL after a deadline). The test watches
 the fleet from outside, as an operator would: owner nodes in ZooKeeper, deliveries in the
 output stream (whose entry ids are Redis server milliseconds, the same clock as due times and
@@ -25,13 +25,13 @@ from kazoo.client import KazooClient
 from kazoo.exceptions import NoNodeError
 
 from delayq.coordination.layout import TopicPaths
+from delayq.local.processes import ServeProcess, stop_all
 from delayq.local.redis_server import RedisServer
 from delayq.local.zookeeper_server import ZooKeeperServer
 from delayq.queue.client import AsyncQueue
 from delayq.queue.model import ScheduleRequest
 from delayq.queue.topic import Topic, TopicType
 from delayq.service.config import ServiceConfig
-from delayq.service.processes import ServeProcess, stop_all
 
 NAMESPACE = "fleet"
 SLOTS = 16

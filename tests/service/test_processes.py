@@ -18,9 +18,9 @@ import pytest
 import redis.asyncio
 
 from delayq.local.ports import free_port
+from delayq.local.processes import ServeProcess
 from delayq.local.redis_server import RedisServer
 from delayq.service.config import ServiceConfig
-from delayq.service.processes import ServeProcess
 from tests.service.conftest import Receiver, eventually
 
 TOPIC = "procs"

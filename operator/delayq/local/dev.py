@@ -27,13 +27,13 @@ import aiohttp
 from aiohttp import web
 
 from delayq.local.ports import free_port
+from delayq.local.processes import ServeProcess, stop_all
 from delayq.local.redis_server import RedisServer
 from delayq.local.zookeeper_server import ZooKeeperServer
 from delayq.queue.topic import TopicType
 from delayq.service.config import ServiceConfig
 from delayq.service.delivery.signing import SIGNATURE_HEADER, verify
 from delayq.service.delivery.webhook import wall_ms
-from delayq.service.processes import ServeProcess, stop_all
 
 READY_TIMEOUT_S = 90.0
 SECRET = "dev-secret"
