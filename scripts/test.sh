@@ -14,6 +14,7 @@ tier() {
 
 tier "ruff" python3 -m ruff check operator tests bench
 tier "mypy --strict" python3 -m mypy
+tier "import layers" lint-imports --no-cache  # the layer contract in pyproject.toml
 tier "tests (unit + integration)" python3 -m pytest -q -p no:cacheprovider tests "$@"
 
 # e2e: a real control plane (etcd, kube-apiserver, controller-manager, scheduler, KWOK) built from
