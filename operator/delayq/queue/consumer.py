@@ -107,7 +107,7 @@ class _Batch:
     slot: int
     epoch: int
     deadline_ms: float  # server ms the leases of its unfinished messages run out
-    pending: dict[str, Message]  # claimed, not finished yet (waiting or in its handler)
+    pending: dict[str, Message]  # claimed, not acked or nacked yet (waiting, handled, unsent)
     lost: set[str] = field(default_factory=set)  # ids whose lease an extend found gone
 
 
@@ -408,18 +408,25 @@ class Consumer:
         helper_starting = False  # a helper was created and has not run yet
         max_helpers = min(self.settings.batch_concurrency, len(messages)) - 1
 
+        handled = 0  # messages whose handler ran or that were skipped: their room is given back
         sending = asyncio.Lock()  # one ack/nack call of a batch at a time
 
         async def send(threshold: int) -> None:
+            # a handled message stays in `pending` (its lease kept by the heartbeat) until its
+            # ack or nack is sent: acks wait for the batch, which may take longer than a lease
             nonlocal done, retries
             async with sending:
                 try:
                     if done and len(done) >= threshold:
                         leases, done = done, []
                         self._count_lost(await self.queue.ack_many(leases))
+                        for message in leases:
+                            del batch.pending[message.id]
                     if retries and len(retries) >= threshold:
                         failed, retries = retries, []
                         self._count_lost(await self.queue.nack_many(failed))
+                        for retry in failed:
+                            del batch.pending[retry.lease.id]
                 except redis.RedisError as error:
                     log.warning(
                         "slot %d: ack/nack failed (%s); the leases will expire and redeliver",
@@ -428,7 +435,7 @@ class Consumer:
                     )
 
         async def worker() -> None:
-            nonlocal helper_starting
+            nonlocal helper_starting, handled
             helper_starting = False
             for message in remaining:
                 if not helper_starting and len(helpers) < max_helpers:
@@ -436,16 +443,18 @@ class Consumer:
                     helpers.append(asyncio.create_task(worker()))
                 if not self.holds(message):
                     skipped.append(message)
+                    del batch.pending[message.id]
                 else:
                     try:
                         await self.handler(message)
                     except LeaseGoneError:
                         skipped.append(message)
+                        del batch.pending[message.id]
                     except Exception as error:  # the handler's failure is the message's outcome
                         retries.append(self._retry(message, error))
                     else:
                         done.append(message)
-                del batch.pending[message.id]
+                handled += 1
                 self._give_room(1)
                 if len(done) >= group or len(retries) >= group:  # checked inline: per message
                     await send(group)
@@ -461,7 +470,7 @@ class Consumer:
         finally:
             for helper in helpers:
                 helper.cancel()  # only if this batch itself was cancelled: else all are done
-            self._give_room(len(batch.pending))  # only if cancelled: else all were counted
+            self._give_room(len(messages) - handled)  # only if cancelled: else all were counted
             batch.pending.clear()
         if skipped:
             self.counters.deliveries_skipped += len(skipped)
