@@ -9,6 +9,7 @@ from collections.abc import Iterator
 
 import pytest
 
+from delayq.coordination.zookeeper import ZkOwnership, ZkSettings
 from delayq.local.zookeeper_server import ZooKeeperServer
 
 from .conftest import SLOTS, TEST_SESSION_TIMEOUT_S, Fleet, eventually, expire_session
@@ -117,3 +118,44 @@ async def test_fleet_recovers_after_zookeeper_restart(private_zookeeper: ZooKeep
         assert fleet.timeline.overlaps == []
     finally:
         await fleet.close()
+
+
+async def test_a_revocation_that_fails_is_handed_over_again(
+    zookeeper_server: ZooKeeperServer,
+) -> None:
+    """The service drops its slots on a session suspension and then fails (its Redis is down
+    too); when the same session comes back with the same slots, they must be handed over again
+    — an equal set compared with the one before the failed revocation hid them for good."""
+    proxy = await FreezableProxy(zookeeper_server.port).start()
+    consumed: set[int] = set()
+    fail_revocation = True
+
+    async def on_change(slots: frozenset[int]) -> None:
+        nonlocal fail_revocation
+        consumed.clear()
+        consumed.update(slots)  # the service applied the change, then a Redis call failed
+        if not slots and fail_revocation:
+            fail_revocation = False
+            raise ConnectionError("redis down while releasing")
+
+    member = ZkOwnership(
+        ZkSettings(
+            hosts=proxy.hosts,
+            namespace="tests",
+            topic=f"revoke-{uuid.uuid4().hex[:8]}",
+            slot_amount=SLOTS,
+            member_id="only",
+            session_timeout_s=TEST_SESSION_TIMEOUT_S,
+        )
+    )
+    try:
+        await member.start(on_change)
+        await eventually(lambda: len(consumed) == SLOTS, 10.0, "every slot consumed")
+        proxy.freeze()  # shorter than the session timeout: SUSPENDED, then the same session
+        await eventually(lambda: not consumed, TEST_SESSION_TIMEOUT_S, "slots revoked")
+        proxy.thaw()
+        await eventually(lambda: len(consumed) == SLOTS, 10.0, "slots handed over again")
+        await eventually(lambda: member.ready, 5.0, "ready again")
+    finally:
+        await member.stop()
+        await proxy.close()
