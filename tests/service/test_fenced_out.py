@@ -1,0 +1,33 @@
+"""A slot fenced out from under its owner is taken back while ZooKeeper (here: the embedded
+ownership) still grants it — never abandoned while readiness says all is well.
+
+Reachable in production when a Redis failover or an `everysec` AOF loss rolls a slot's epoch
+back, or when a stale process fences a slot it no longer owns: the rightful owner's claim is
+refused with STALE_EPOCH. The service used to drop the slot for good (its messages undelivered,
+`/readyz` 200); now its probe sees granted != consumed and, once the ownership confirms the slot
+is still this process's, fences it again and consumes it.
+"""
+
+from __future__ import annotations
+
+import redis.asyncio
+
+from delayq.queue.client import AsyncQueue
+from delayq.queue.topic import Topic
+from tests.service.conftest import NAMESPACE, TOPIC, Receiver, StartService, eventually
+from tests.service.test_webhook import schedule
+
+
+async def test_a_fenced_out_slot_is_taken_back_and_delivered(
+    start_service: StartService, receiver: Receiver, async_redis_client: redis.asyncio.Redis
+) -> None:
+    running = await start_service(topic_type="webhook", webhook_url=receiver.url)
+    service = running.service
+    assert service.owned_slots == [0, 1, 2, 3]
+    slot = service.topic.slot_of("fenced")
+    outsider = AsyncQueue(async_redis_client, Topic(TOPIC, namespace=NAMESPACE, slot_amount=4))
+    await outsider.take_over(slot)  # the epoch moves on without the owner knowing
+    await schedule(running, "fenced")  # due now: the owner's claim meets STALE_EPOCH
+    await eventually(lambda: len(receiver.requests) == 1, 10, "the message delivered")
+    assert service.owned_slots == [0, 1, 2, 3]
+    assert await service.is_ready()
