@@ -110,7 +110,9 @@ kubectl_ok || step "build kubectl $K8S_VERSION (none usable on PATH)" build_kube
 step "helm" link_helm
 
 "$BIN_DIR/kube-apiserver" --version >&2
-"$BIN_DIR/etcd" --version | head -n1 >&2
+# sed reads all of it: `head -n1` may exit first, and etcd's SIGPIPE fails the script (pipefail)
+# before the stamp is written, so every later run would build everything again
+"$BIN_DIR/etcd" --version | sed -n 1p >&2
 "$BIN_DIR/kwok" --version >&2 || true
 echo "$WANT_STAMP" > "$STAMP"
 log "cold build took $((SECONDS - TOTAL_START))s"

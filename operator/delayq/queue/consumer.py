@@ -46,7 +46,7 @@ from delayq.queue.backoff import Backoff
 from delayq.queue.client import AsyncQueue
 from delayq.queue.codec import as_text
 from delayq.queue.codes import Code, StaleEpochError
-from delayq.queue.keys import Part, parse_wake_key, slot_keys
+from delayq.queue.keys import Part, control_key, parse_wake_key, slot_keys
 from delayq.queue.model import ClaimBatch, Message, Outcome
 from delayq.queue.plans import Retry
 
@@ -145,8 +145,7 @@ class Consumer:
         # the smallest claim worth a round trip: a quarter batch (never more than fits in flight)
         batch_limit = min(self.settings.batch_size, self.settings.max_in_flight)
         self._min_batch = max(1, batch_limit // 4)
-        topic = queue.topic
-        self._control_key = f"dq:{{{topic.namespace}/{topic.name}}}:wake-control:{uuid.uuid4().hex}"
+        self._control_key = control_key(queue.topic, uuid.uuid4().hex)
 
     # ownership --------------------------------------------------------------------------------
 

@@ -51,6 +51,12 @@ def slot_keys(topic: Topic, slot: int) -> SlotKeys:
     return SlotKeys(topic.namespace, topic.name, slot)
 
 
+def control_key(topic: Topic, consumer: str) -> str:
+    """A consumer's own wake-up list, outside every slot: pushed to interrupt its blocking wait
+    when its set of slots changes or it stops (same topic tag as the slots' keys)."""
+    return f"dq:{{{topic.namespace}/{topic.name}}}:wake-control:{consumer}"
+
+
 def parse_wake_key(key: str) -> int:
     """The slot number of a `wake` key, as returned by a blocking pop."""
     tag = key[key.index("{") + 1 : key.index("}")]
