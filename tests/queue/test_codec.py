@@ -6,6 +6,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from delayq.queue import plans
 from delayq.queue.codec import (
     decode_record,
     encode_headers,
@@ -14,8 +15,10 @@ from delayq.queue.codec import (
     when_argument,
 )
 from delayq.queue.codes import InvalidMessageError
-from delayq.queue.topic import MAX_DELAY_MS, MAX_ID_BYTES
+from delayq.queue.model import Mode, ScheduleRequest
+from delayq.queue.topic import MAX_DELAY_MS, MAX_ID_BYTES, Topic
 
+TOPIC = Topic("orders", slot_amount=4)
 TEN_YEARS_MS = 10 * 366 * 24 * 3600 * 1000
 
 
@@ -42,6 +45,16 @@ def test_ids_are_validated() -> None:
         validate_id("")
     with pytest.raises(InvalidMessageError, match=f"longer than {MAX_ID_BYTES} bytes"):
         validate_id("x" * (MAX_ID_BYTES + 1))
+
+
+@pytest.mark.parametrize("bad", ["a\x00", "a\r\n", "\x1f", "a\x7f", "a\x80", "a\x9f", "\ud800"])
+def test_ids_refuse_control_characters_and_lone_surrogates(bad: str) -> None:
+    """Such ids were accepted, then could not be sent as a webhook header (dead after retries)."""
+    with pytest.raises(InvalidMessageError, match=r"control character|lone surrogate"):
+        validate_id(bad)
+    with pytest.raises(InvalidMessageError, match="slot_basis"):
+        plans.schedule(TOPIC, [ScheduleRequest("a", delay_ms=1, slot_basis=bad)], Mode.CREATE)
+    assert validate_id("é a\xa0{b}/%") == "é a\xa0{b}/%"  # printable non-ASCII, braces, spaces
 
 
 def test_payload_limit_names_sizes() -> None:

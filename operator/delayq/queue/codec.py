@@ -72,7 +72,9 @@ def encode_id(message_id: str, field: str = "id") -> bytes:
             f"{field} {message_id[:40]!r} is not valid Unicode (a lone surrogate): {ID_RULE}"
         ) from None
     if len(data) > MAX_ID_BYTES:
-        raise InvalidMessageError(f"{field} {message_id[:40]!r}... is longer than {ID_RULE}")
+        raise InvalidMessageError(
+            f"{field} {message_id[:40]!r}... is longer than {MAX_ID_BYTES} bytes: {ID_RULE}"
+        )
     # isprintable() is a fast pass for every ordinary id; only the rest are searched
     if not message_id.isprintable() and (found := CONTROL_CHARACTERS.search(message_id)):
         raise InvalidMessageError(

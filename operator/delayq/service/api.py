@@ -24,7 +24,7 @@ from delayq.queue.codes import (
     WrongStateError,
 )
 from delayq.service import routes_dead, routes_messages, routes_pull
-from delayq.service.http_support import SERVICE, error_response
+from delayq.service.http_support import RETRY_AFTER_S, SERVICE, error_response
 from delayq.service.openapi import openapi_document
 from delayq.service.parsing import FieldError
 from delayq.service.service import DelayService
@@ -67,11 +67,25 @@ async def errors_middleware(request: web.Request, handler: Handler) -> web.Strea
         return error_response(400, str(error), "delayMs")
     except redis.RedisError as error:
         log.warning("redis call failed", extra={"path": request.path, "error": str(error)})
-        return error_response(503, f"redis unavailable: {type(error).__name__}")
+        return redis_error_response(error)
     except web.HTTPException as error:
         if error.status < 400:
             raise
-        return error_response(error.status, error.reason)
+        response = error_response(error.status, error.reason)
+        if "Allow" in error.headers:  # 405 names the methods the path has
+            response.headers["Allow"] = error.headers["Allow"]
+        return response
+
+
+def redis_error_response(error: redis.RedisError) -> web.Response:
+    """Nothing was stored: 507 when Redis is out of memory (maxmemory with noeviction), else
+    503; both are worth retrying, so both say when (Retry-After)."""
+    if isinstance(error, redis.exceptions.OutOfMemoryError):
+        response = error_response(507, f"redis is out of memory, nothing stored: {error}")
+    else:
+        response = error_response(503, f"redis unavailable: {type(error).__name__}")
+    response.headers["Retry-After"] = str(RETRY_AFTER_S)
+    return response
 
 
 @web.middleware

@@ -113,6 +113,13 @@ class ServiceConfig:
     max_body_bytes: int = field(
         default=8 * 1024 * 1024, metadata=_help("largest HTTP request body")
     )
+    read_timeout_ms: int = field(
+        default=10_000,
+        metadata=_help(
+            "HTTP: a request's headers, and then its body, must arrive within this; "
+            "idle keep-alive connections close after it"
+        ),
+    )
     grace_ms: int = field(
         default=20_000, metadata=_help("SIGTERM: longest wait for in-flight deliveries")
     )
@@ -134,6 +141,7 @@ class ServiceConfig:
             "batch_size",
             "backoff_base_ms",
             "max_body_bytes",
+            "read_timeout_ms",
             "grace_ms",
             "zk_session_timeout_ms",
             "max_lease_batch",

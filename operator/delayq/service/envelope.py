@@ -11,6 +11,7 @@ import base64
 import binascii
 import json
 from typing import Any
+from urllib.parse import quote
 
 from delayq.queue.model import Message, MessageInfo
 from delayq.queue.topic import Topic
@@ -18,6 +19,9 @@ from delayq.queue.topic import Topic
 UTF8 = "utf-8"
 BASE64 = "base64"
 ENCODINGS = (UTF8, BASE64)
+# Kept as they are in a header id: visible ASCII except "%", the escape itself (space, which a
+# header parser would strip at either end, and everything else is percent-encoded)
+_HEADER_SAFE = "".join(chr(c) for c in range(0x21, 0x7F) if chr(c) != "%")
 
 
 def encode_payload(payload: bytes) -> tuple[str, str]:
@@ -36,6 +40,14 @@ def decode_payload(text: str, encoding: str) -> bytes:
         except binascii.Error as error:
             raise ValueError(f"not valid base64: {error}") from error
     return text.encode(UTF8)
+
+
+def header_id(message_id: str) -> str:
+    """The id as an HTTP header value (webhook `X-Delayq-Id`): RFC 3986 percent-encoding of
+    its UTF-8 bytes outside visible ASCII, and of "%" itself, so the header is ASCII and
+    `urllib.parse.unquote(value)` (any RFC 3986 percent-decoder) gives the id back exactly.
+    An id of visible ASCII without "%" is sent unchanged."""
+    return quote(message_id, safe=_HEADER_SAFE)
 
 
 def message_json(topic: Topic, message: Message) -> dict[str, Any]:

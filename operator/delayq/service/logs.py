@@ -7,6 +7,8 @@ import logging
 import time
 from typing import Any
 
+from aiohttp.http_exceptions import HttpProcessingError
+
 _STANDARD = set(vars(logging.makeLogRecord({}))) | {"message", "asctime"}
 
 
@@ -27,6 +29,20 @@ class JsonFormatter(logging.Formatter):
         return json.dumps(line, default=str)
 
 
+class MalformedRequests(logging.Filter):
+    """aiohttp logs a request it cannot parse (bad request line, header, chunking) at ERROR
+    with a traceback, as if the server had failed: a client's mistake becomes one WARNING line
+    naming it, without the traceback. A failure of our own handlers stays an ERROR."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        error = record.exc_info[1] if record.exc_info else None
+        if isinstance(error, HttpProcessingError) and record.levelno > logging.WARNING:
+            record.levelno, record.levelname = logging.WARNING, "WARNING"
+            record.msg, record.args, record.exc_info = "malformed HTTP request", (), None
+            record.error = f"{type(error).__name__}: {error.message}"
+        return True
+
+
 def configure(level: str) -> None:
     """Route the root logger to stderr as JSON at `level`."""
     handler = logging.StreamHandler()
@@ -34,3 +50,4 @@ def configure(level: str) -> None:
     root = logging.getLogger()
     root.handlers[:] = [handler]
     root.setLevel(level.upper())
+    logging.getLogger("aiohttp.server").addFilter(MalformedRequests())

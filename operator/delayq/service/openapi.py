@@ -2,6 +2,8 @@
 
 Served at `/openapi.json` and checked into `docs/openapi.yaml`; regenerate the latter with
 `python -m delayq.service.openapi > docs/openapi.yaml` (a test asserts the two are equal).
+Every bound comes from the constant the parser enforces (`parsing`, `topic`), so the document
+cannot promise what the server refuses.
 """
 
 from __future__ import annotations
@@ -11,16 +13,52 @@ from typing import Any
 
 import yaml
 
+from delayq.queue.model import State
+from delayq.queue.topic import MAX_DELAY_MS, MAX_ID_BYTES, MAX_SLOT_AMOUNT
+from delayq.service.delivery.pull import MAX_LEASE_BATCH
+from delayq.service.parsing import (
+    CURSOR_PATTERN,
+    MAX_AT_MS,
+    MAX_BATCH,
+    MAX_LEASE_MS,
+    MAX_PAGE,
+    MAX_REASON_CHARS,
+    MAX_WAIT_MS,
+)
+
 Schema = dict[str, Any]
 
+# no C0, DEL or C1 control character (codec.CONTROL_CHARACTERS); 1..256 bytes of UTF-8, which
+# maxLength (in characters) bounds from above for ASCII
+ID_SCHEMA: Schema = {
+    "type": "string",
+    "minLength": 1,
+    "maxLength": MAX_ID_BYTES,
+    "pattern": "^[^\\u0000-\\u001f\\u007f-\\u009f]+$",
+    "description": f"1 to {MAX_ID_BYTES} bytes of UTF-8 without control characters "
+    "(U+0000-U+001F, U+007F-U+009F)",
+}
 TOPIC = {"name": "topic", "in": "path", "required": True, "schema": {"type": "string"}}
-ID = {"name": "id", "in": "path", "required": True, "schema": {"type": "string"}}
+ID = {
+    "name": "id",
+    "in": "path",
+    "required": True,
+    "description": "the message id, percent-encoded (a '/' as %2F)",
+    "schema": ID_SCHEMA,
+}
 SLOT_BASIS = {
     "name": "slotBasis",
     "in": "query",
     "required": False,
-    "description": "the slot basis the message was scheduled with, if not its id",
-    "schema": {"type": "string"},
+    "description": "the slot basis the message was scheduled with: a message is addressed by "
+    "(slotBasis, id), so one scheduled with a slotBasis is found only with it",
+    "schema": ID_SCHEMA,
+}
+RETRY_AFTER = {
+    "Retry-After": {
+        "description": "seconds to wait before resending",
+        "schema": {"type": "integer"},
+    }
 }
 
 
@@ -35,16 +73,22 @@ def obj(required: list[str], **properties: Schema) -> Schema:
     return schema
 
 
-def integer(description: str, minimum: int = 0) -> Schema:
-    return {"type": "integer", "minimum": minimum, "description": description}
+def integer(description: str, minimum: int = 0, maximum: int | None = None) -> Schema:
+    schema: Schema = {"type": "integer", "minimum": minimum, "description": description}
+    if maximum is not None:
+        schema["maximum"] = maximum
+    return schema
 
 
 def string(description: str = "") -> Schema:
     return {"type": "string", "description": description} if description else {"type": "string"}
 
 
-def array(items: Schema, max_items: int = 1000) -> Schema:
-    return {"type": "array", "items": items, "maxItems": max_items}
+def array(items: Schema, max_items: int, min_items: int = 0) -> Schema:
+    schema: Schema = {"type": "array", "items": items, "maxItems": max_items}
+    if min_items:
+        schema["minItems"] = min_items
+    return schema
 
 
 def json_content(schema: Schema) -> Schema:
@@ -56,11 +100,17 @@ def ok(description: str, schema: Schema, status: str = "200") -> Schema:
 
 
 ERRORS: Schema = {
-    "400": {"$ref": "#/components/responses/BadRequest"},
-    "401": {"$ref": "#/components/responses/Unauthorized"},
-    "404": {"$ref": "#/components/responses/NotFound"},
-    "409": {"$ref": "#/components/responses/Conflict"},
-    "413": {"$ref": "#/components/responses/TooLarge"},
+    str(status): {"$ref": f"#/components/responses/{name}"}
+    for status, name in (
+        (400, "BadRequest"),
+        (401, "Unauthorized"),
+        (404, "NotFound"),
+        (408, "RequestTimeout"),
+        (409, "Conflict"),
+        (413, "TooLarge"),
+        (503, "Unavailable"),
+        (507, "OutOfMemory"),
+    )
 }
 
 
@@ -81,33 +131,73 @@ def operation(
 
 
 WHEN = {
-    "delayMs": integer("delay from the Redis server's now; exactly one of delayMs and atMs"),
-    "atMs": integer("instant, Unix epoch milliseconds; exactly one of delayMs and atMs"),
+    "delayMs": integer(
+        "delay from the Redis server's now; exactly one of delayMs and atMs", 0, MAX_DELAY_MS
+    ),
+    "atMs": integer(
+        "instant, Unix epoch milliseconds; exactly one of delayMs and atMs; at most "
+        f"{MAX_DELAY_MS} ms after the Redis server's now (else 400)",
+        0,
+        MAX_AT_MS,
+    ),
 }
+EXACTLY_ONE_WHEN = [{"required": ["delayMs"]}, {"required": ["atMs"]}]
+
+
+def when(required: list[str], **properties: Schema) -> Schema:
+    """An object with exactly one of delayMs and atMs (parse_when)."""
+    return {**obj(required, **WHEN, **properties), "oneOf": EXACTLY_ONE_WHEN}
+
+
 PAYLOAD = {
     "payload": string("UTF-8 text, or base64 when encoding is base64"),
     "encoding": {"type": "string", "enum": ["utf-8", "base64"], "default": "utf-8"},
     "headers": {"type": "object", "additionalProperties": {"type": "string"}},
 }
-TOKENS = {"tokens": array(string("lease token from a lease answer"))}
+TOKENS = {"tokens": array(string("lease token from a lease answer"), MAX_LEASE_BATCH, 1)}
+MODE = {"type": "string", "enum": ["create", "upsert"], "default": "create"}
 
 SCHEMAS: dict[str, Schema] = {
     "Error": obj(["error"], error=string(), field=string("the request field at fault")),
-    "ScheduleRequest": obj(
+    "ScheduleRequest": when(
         ["id"],
-        id=string("message id (idempotency key), 1..256 bytes"),
-        slotBasis=string("routes the message instead of its id"),
-        mode={"type": "string", "enum": ["create", "upsert"], "default": "create"},
-        **WHEN,
+        id={
+            **ID_SCHEMA,
+            "description": "message id (idempotency key within its slot basis): "
+            + ID_SCHEMA["description"],
+        },
+        slotBasis={
+            **ID_SCHEMA,
+            "description": "routes the message instead of its id; the "
+            "message is then addressed by (slotBasis, id)",
+        },
+        mode=MODE,
         **PAYLOAD,
     ),
     "ScheduleResult": obj(
         ["id", "slot", "result", "dueMs", "state"],
         id=string(),
         slot=integer("slot of the message"),
-        result={"type": "string", "enum": ["created", "exists", "updated"]},
+        result={
+            "type": "string",
+            "enum": ["created", "exists", "updated", "too_far"],
+            "description": "too_far (batches only): atMs lies more than 20 years ahead; not "
+            "stored (state absent)",
+        },
         dueMs=integer("due instant, server epoch ms"),
-        state=string(),
+        state={"type": "string", "enum": [s.value for s in State]},
+    ),
+    "ScheduleFailure": obj(
+        ["id", "slot", "result", "error"],
+        id=string(),
+        slot=integer("slot of the message"),
+        result={
+            "type": "string",
+            "enum": ["failed", "unknown"],
+            "description": "failed: Redis refused its slot's chunk, not stored; unknown: the "
+            "broker did not answer, it may be stored. Resend both (create mode).",
+        },
+        error=string("what Redis answered"),
     ),
     "Message": obj(
         ["id", "slot", "state", "attempts", "payload", "encoding", "headers"],
@@ -138,19 +228,30 @@ SCHEMAS: dict[str, Schema] = {
         atMs=integer("new due time (nack) or lease deadline (extend)"),
         token=string(),
     ),
-    "Outcomes": obj(["results"], results=array(ref("Outcome"))),
-    "Ids": obj(
-        [],
-        ids=array(
-            {"oneOf": [string(), obj(["id"], id=string(), slotBasis=string())]},
+    "Outcomes": obj(["results"], results=array(ref("Outcome"), MAX_BATCH)),
+    "Ids": {
+        **obj(
+            [],
+            ids=array(
+                {"oneOf": [ID_SCHEMA, obj(["id"], id=ID_SCHEMA, slotBasis=ID_SCHEMA)]},
+                MAX_BATCH,
+                1,
+            ),
+            all={"type": "boolean", "description": "every dead message instead of ids"},
         ),
-        all={"type": "boolean", "description": "every dead message instead of ids"},
-    ),
+        "anyOf": [
+            {"required": ["ids"]},
+            {"required": ["all"], "properties": {"all": {"enum": [True]}}},
+        ],
+    },
 }
 
 
-def _error_response(description: str) -> Schema:
-    return {"description": description, **json_content(ref("Error"))}
+def _error_response(description: str, headers: Schema | None = None) -> Schema:
+    response = {"description": description, **json_content(ref("Error"))}
+    if headers:
+        response["headers"] = headers
+    return response
 
 
 def _paths() -> dict[str, Schema]:
@@ -158,6 +259,10 @@ def _paths() -> dict[str, Schema]:
     leases = "/v1/topics/{topic}/leases"
     dead = "/v1/topics/{topic}/dead"
     outcomes = ok("one result per token; 409 when any lease was lost", ref("Outcomes"))
+    results = obj(
+        ["results"],
+        results=array({"oneOf": [ref("ScheduleResult"), ref("ScheduleFailure")]}, MAX_BATCH),
+    )
     return {
         messages: {
             "post": operation(
@@ -171,12 +276,21 @@ def _paths() -> dict[str, Schema]:
         },
         messages + "/batch": {
             "post": operation(
-                "Schedule up to 1000 messages",
-                ok(
-                    "a result per message, in order",
-                    obj(["results"], results=array(ref("ScheduleResult"))),
+                f"Schedule 1 to {MAX_BATCH} messages",
+                {
+                    **ok("every message stored: a result per message, in order", results),
+                    "207": {
+                        "description": "some slots' chunks refused after others were stored: "
+                        "a result per message says which; resend the failed and unknown ones",
+                        "headers": RETRY_AFTER,
+                        **json_content(results),
+                    },
+                },
+                obj(
+                    ["messages"],
+                    messages=array(ref("ScheduleRequest"), MAX_BATCH, 1),
+                    mode=MODE,
                 ),
-                obj(["messages"], messages=array(ref("ScheduleRequest")), mode=string()),
             )
         },
         messages + "/{id}": {
@@ -191,7 +305,7 @@ def _paths() -> dict[str, Schema]:
             "post": operation(
                 "Move a message's due time",
                 ok("rescheduled", ref("Outcome")),
-                obj([], **WHEN),
+                when([]),
                 [ID, SLOT_BASIS],
             ),
         },
@@ -199,13 +313,20 @@ def _paths() -> dict[str, Schema]:
             "post": operation(
                 "Lease due messages (pull topics)",
                 ok(
-                    "leased messages, possibly none", obj(["leases"], leases=array(ref("Delivery")))
+                    "leased messages, possibly none",
+                    obj(["leases"], leases=array(ref("Delivery"), MAX_LEASE_BATCH)),
                 ),
                 obj(
                     [],
-                    max={**integer("messages at most", 1), "maximum": 1000, "default": 1},
-                    leaseMs=integer("lease length; default the topic's ackTimeout", 1),
-                    waitMs={**integer("long poll when nothing is due"), "maximum": 30000},
+                    max={
+                        **integer("messages at most (and at most --max-lease-batch)", 1),
+                        "maximum": MAX_LEASE_BATCH,
+                        "default": 1,
+                    },
+                    leaseMs=integer(
+                        "lease length; default the topic's ackTimeout", 1, MAX_LEASE_MS
+                    ),
+                    waitMs=integer("long poll when nothing is due", 0, MAX_WAIT_MS),
                 ),
             )
         },
@@ -218,8 +339,10 @@ def _paths() -> dict[str, Schema]:
                 outcomes,
                 obj(
                     ["tokens"],
-                    delayMs=integer("retry after this delay"),
-                    reason=string("why, kept with a dead message"),
+                    delayMs=integer("retry after this delay", 0, MAX_DELAY_MS),
+                    reason=string(
+                        f"why, kept with a dead message (its first {MAX_REASON_CHARS} characters)"
+                    ),
                     dead={"type": "boolean", "description": "dead at once (poison message)"},
                     **TOKENS,
                 ),
@@ -229,7 +352,11 @@ def _paths() -> dict[str, Schema]:
             "post": operation(
                 "Extend leases",
                 outcomes,
-                obj(["tokens", "leaseMs"], leaseMs=integer("new lease length", 1), **TOKENS),
+                obj(
+                    ["tokens", "leaseMs"],
+                    leaseMs=integer("new lease length", 1, MAX_LEASE_MS),
+                    **TOKENS,
+                ),
             )
         },
         dead: {
@@ -239,18 +366,19 @@ def _paths() -> dict[str, Schema]:
                     "a page",
                     obj(
                         ["messages", "nextCursor"],
-                        messages=array(ref("Message")),
+                        messages=array(ref("Message"), MAX_PAGE),
                         nextCursor={"type": "string", "nullable": True},
                     ),
                 ),
                 None,
                 [
-                    {"name": "cursor", "in": "query", "schema": string("<slot>:<offset>")},
                     {
-                        "name": "count",
+                        "name": "cursor",
                         "in": "query",
-                        "schema": {**integer("page size", 1), "maximum": 1000},
+                        "description": "<slot>:<offset>, as a previous page's nextCursor",
+                        "schema": {"type": "string", "pattern": CURSOR_PATTERN},
                     },
+                    {"name": "count", "in": "query", "schema": integer("page size", 1, MAX_PAGE)},
                 ],
             )
         },
@@ -284,7 +412,7 @@ def _paths() -> dict[str, Schema]:
                         dead=integer("dead"),
                         nextDueMs={"type": "integer", "nullable": True},
                         oldestOverdueMs=integer("age of the oldest due message"),
-                        ownedSlots=array({"type": "integer"}, 16384),
+                        ownedSlots=array({"type": "integer"}, MAX_SLOT_AMOUNT),
                     ),
                 ),
             )
@@ -324,6 +452,15 @@ def openapi_document() -> Schema:
                 "NotFound": _error_response("unknown topic or message id"),
                 "Conflict": _error_response("lease lost, fenced by a newer owner, wrong state"),
                 "TooLarge": _error_response("body or payload over the limit"),
+                "RequestTimeout": _error_response(
+                    "the body did not arrive within the read timeout"
+                ),
+                "Unavailable": _error_response(
+                    "Redis unreachable (the outcome of a write may be unknown)", RETRY_AFTER
+                ),
+                "OutOfMemory": _error_response(
+                    "Redis is out of memory (maxmemory): nothing was stored", RETRY_AFTER
+                ),
             },
         },
     }

@@ -6,14 +6,16 @@ which field (`messages[3].delayMs`) and why; the engine's own checks remain the 
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from delayq.queue.codec import Headers
+from delayq.queue.codec import Headers, encode_id
+from delayq.queue.codes import InvalidMessageError
 from delayq.queue.model import Lease, Mode, ScheduleRequest
 from delayq.queue.plans import Retry, Target
-from delayq.queue.topic import MAX_DELAY_MS, MAX_ID_BYTES, Topic
+from delayq.queue.topic import MAX_DELAY_MS, Topic
 from delayq.service.delivery.pull import MAX_LEASE_BATCH
 from delayq.service.envelope import ENCODINGS, UTF8, decode_payload
 from delayq.service.tokens import TokenError, decode_token
@@ -23,6 +25,11 @@ MAX_AT_MS = 2**52
 MAX_WAIT_MS = 30_000
 MAX_LEASE_MS = 24 * 3600 * 1000
 MAX_REASON_CHARS = 1000
+MAX_PAGE = 1000
+# `<slot>:<offset>`: a slot below 16384 and an offset Redis can take (well inside a signed 64-bit
+# integer), so a forged cursor is a 400 here, never an error from Redis
+CURSOR_PATTERN = "^[0-9]{1,5}:[0-9]{1,15}$"
+_CURSOR = re.compile(CURSOR_PATTERN, re.ASCII)
 
 Body = Mapping[str, Any]
 
@@ -69,16 +76,38 @@ def get_int(
     return value
 
 
-def get_str(
-    body: Body, name: str, default: str | None = None, prefix: str = "", max_bytes: int = 0
-) -> str:
+def get_str(body: Body, name: str, default: str | None = None, prefix: str = "") -> str:
     value = body.get(name, default)
     if value is None:
         raise FieldError(prefix + name, f"{prefix + name} is required")
     if not isinstance(value, str):
         raise FieldError(prefix + name, f"{prefix + name} must be a string")
-    if max_bytes and (not value or len(value.encode()) > max_bytes):
-        raise FieldError(prefix + name, f"{prefix + name} must have 1 to {max_bytes} bytes")
+    return check_text(value, prefix + name)
+
+
+def check_text(value: str, field: str) -> str:
+    """JSON can carry a lone surrogate (`"\\ud800"`), which no UTF-8 encoder (Redis, a receiver)
+    accepts: refuse it here. ASCII, the common case, is known without encoding."""
+    if not value.isascii():
+        try:
+            value.encode()
+        except UnicodeEncodeError:
+            raise FieldError(
+                field, f"{field} is not valid Unicode: it has a lone surrogate (U+D800-U+DFFF)"
+            ) from None
+    return value
+
+
+def get_id(body: Body, name: str, prefix: str = "", default: str | None = None) -> str:
+    """An id or a slot basis, by the engine's own rule (codec.encode_id), naming the field."""
+    return check_id(get_str(body, name, default, prefix), prefix + name)
+
+
+def check_id(value: str, field: str) -> str:
+    try:
+        encode_id(value, field)
+    except InvalidMessageError as error:
+        raise FieldError(field, str(error)) from None
     return value
 
 
@@ -101,10 +130,14 @@ def parse_when(body: Body, prefix: str = "") -> tuple[int | None, int | None]:
 
 def parse_headers(body: Body, prefix: str = "") -> Headers:
     value = body.get("headers", {})
+    field = prefix + "headers"
     if not isinstance(value, Mapping) or not all(
         isinstance(k, str) and isinstance(v, str) for k, v in value.items()
     ):
-        raise FieldError(prefix + "headers", f"{prefix}headers must map strings to strings")
+        raise FieldError(field, f"{field} must map strings to strings")
+    for key, text in value.items():
+        check_text(key, field)
+        check_text(text, f"{field}.{key}")
     return dict(value)
 
 
@@ -139,9 +172,9 @@ def parse_message(body: Any, topic: Topic, prefix: str = "") -> ScheduleRequest:
     delay_ms, at_ms = parse_when(body, prefix)
     slot_basis = body.get("slotBasis")
     if slot_basis is not None:
-        get_str(body, "slotBasis", prefix=prefix, max_bytes=MAX_ID_BYTES)
+        get_id(body, "slotBasis", prefix)
     return ScheduleRequest(
-        id=get_str(body, "id", prefix=prefix, max_bytes=MAX_ID_BYTES),
+        id=get_id(body, "id", prefix),
         payload=parse_payload(body, topic, prefix),
         delay_ms=delay_ms,
         at_ms=at_ms,
@@ -152,7 +185,25 @@ def parse_message(body: Any, topic: Topic, prefix: str = "") -> ScheduleRequest:
 
 def parse_batch(body: Body, topic: Topic) -> list[ScheduleRequest]:
     items = get_list(body, "messages", MAX_BATCH)
-    return [parse_message(item, topic, f"messages[{i}].") for i, item in enumerate(items)]
+    messages = [parse_message(item, topic, f"messages[{i}].") for i, item in enumerate(items)]
+    _refuse_two_bases(messages)
+    return messages
+
+
+def _refuse_two_bases(messages: list[ScheduleRequest]) -> None:
+    """A message is (slot basis, id): the same id under two bases would be two messages in two
+    slots that GET, cancel and the receivers' dedupe by id cannot tell apart — surely a
+    mistake when one batch says both."""
+    bases: dict[str, tuple[int, str | None]] = {}
+    for index, message in enumerate(messages):
+        first, basis = bases.setdefault(message.id, (index, message.slot_basis))
+        if basis != message.slot_basis:
+            field = f"messages[{index}].slotBasis"
+            raise FieldError(
+                field,
+                f"{field} {message.slot_basis!r} differs from messages[{first}].slotBasis "
+                f"{basis!r} for the same id {message.id!r}: one id, one slot basis",
+            )
 
 
 def parse_lease_request(body: Body, topic: Topic, max_batch: int = MAX_LEASE_BATCH) -> LeaseRequest:
@@ -163,31 +214,39 @@ def parse_lease_request(body: Body, topic: Topic, max_batch: int = MAX_LEASE_BAT
     )
 
 
-def parse_tokens(body: Body) -> list[Lease]:
+def parse_tokens(body: Body, topic: Topic) -> list[Lease]:
     tokens = get_list(body, "tokens", MAX_LEASE_BATCH)
-    leases = []
-    for index, token in enumerate(tokens):
-        field = f"tokens[{index}]"
-        if not isinstance(token, str):
-            raise FieldError(field, f"{field} must be a string")
-        try:
-            leases.append(decode_token(token))
-        except TokenError as error:
-            raise FieldError(field, f"{field}: {error}") from error
-    return leases
+    return [_lease(token, f"tokens[{index}]", topic) for index, token in enumerate(tokens)]
 
 
-def parse_nack(body: Body) -> list[Retry]:
+def _lease(token: Any, field: str, topic: Topic) -> Lease:
+    """A token decoded and checked against this topic: tokens are not signed, so a forged slot
+    must be refused here (the slot's keys do not exist outside 0..slotAmount-1)."""
+    if not isinstance(token, str):
+        raise FieldError(field, f"{field} must be a string")
+    try:
+        lease = decode_token(token)
+    except TokenError as error:
+        raise FieldError(field, f"{field}: {error}") from error
+    if not 0 <= lease.slot < topic.slot_amount:
+        raise FieldError(
+            field, f"{field} names slot {lease.slot}, outside 0..{topic.slot_amount - 1}: forged"
+        )
+    check_id(lease.id, field)
+    return lease
+
+
+def parse_nack(body: Body, topic: Topic) -> list[Retry]:
     backoff_ms = get_int(body, "delayMs", 0, MAX_DELAY_MS, default=0)
     reason = get_str(body, "reason", "")[:MAX_REASON_CHARS]
     dead = body.get("dead", False)
     if not isinstance(dead, bool):
         raise FieldError("dead", "dead must be a boolean")
-    return [Retry(lease, backoff_ms, reason, dead) for lease in parse_tokens(body)]
+    return [Retry(lease, backoff_ms, reason, dead) for lease in parse_tokens(body, topic)]
 
 
-def parse_extend(body: Body) -> tuple[list[Lease], int]:
-    return parse_tokens(body), get_int(body, "leaseMs", 1, MAX_LEASE_MS)
+def parse_extend(body: Body, topic: Topic) -> tuple[list[Lease], int]:
+    return parse_tokens(body, topic), get_int(body, "leaseMs", 1, MAX_LEASE_MS)
 
 
 def parse_targets(body: Body) -> list[Target]:
@@ -200,11 +259,17 @@ def parse_targets(body: Body) -> list[Target]:
         item = require_object(item, prefix)
         basis = item.get("slotBasis")
         if basis is not None:
-            get_str(item, "slotBasis", prefix=prefix + ".", max_bytes=MAX_ID_BYTES)
-        targets.append(
-            Target(get_str(item, "id", prefix=prefix + ".", max_bytes=MAX_ID_BYTES), basis)
-        )
+            get_id(item, "slotBasis", prefix + ".")
+        targets.append(Target(get_id(item, "id", prefix + "."), basis))
     return targets
+
+
+def parse_target(message_id: str, slot_basis: str | None) -> Target:
+    """The message a path names: `{id}` and, for one scheduled with a slot basis, the
+    `slotBasis` query parameter (without it, the id routes itself)."""
+    if slot_basis is not None:
+        check_id(check_text(slot_basis, "slotBasis"), "slotBasis")
+    return Target(check_id(check_text(message_id, "id"), "id"), slot_basis)
 
 
 def parse_all_or_ids(body: Body) -> list[Target] | None:
@@ -220,21 +285,20 @@ def parse_cursor(raw: str | None, topic: Topic) -> tuple[int, int]:
     """A dead-page cursor `<slot>:<offset>` (start: `0:0`)."""
     if not raw:
         return 0, 0
-    try:
-        slot_text, offset_text = raw.split(":", 1)
-        slot, offset = int(slot_text), int(offset_text)
-    except ValueError:
-        raise FieldError("cursor", "cursor must be <slot>:<offset> as returned") from None
-    if not 0 <= slot < topic.slot_amount or offset < 0:
+    if not _CURSOR.match(raw):
+        raise FieldError("cursor", f"cursor must be <slot>:<offset> as returned ({CURSOR_PATTERN})")
+    slot_text, offset_text = raw.split(":")
+    slot = int(slot_text)
+    if not slot < topic.slot_amount:
         raise FieldError("cursor", f"cursor slot must be in 0..{topic.slot_amount - 1}")
-    return slot, offset
+    return slot, int(offset_text)
 
 
-def parse_count(raw: str | None, default: int, high: int) -> int:
-    try:
-        count = default if raw is None else int(raw)
-    except ValueError:
-        raise FieldError("count", "count must be an integer") from None
-    if not 1 <= count <= high:
-        raise FieldError("count", f"count must be between 1 and {high}")
+def parse_count(raw: str | None, default: int) -> int:
+    # digits only, and few: int() would take " 5", "+5", non-ASCII digits and fail on 5,000 digits
+    if raw is not None and not (raw.isascii() and raw.isdigit() and len(raw) <= 9):
+        raise FieldError("count", f"count must be an integer between 1 and {MAX_PAGE}")
+    count = default if raw is None else int(raw)
+    if not 1 <= count <= MAX_PAGE:
+        raise FieldError("count", f"count must be an integer between 1 and {MAX_PAGE}")
     return count

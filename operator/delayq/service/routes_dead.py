@@ -16,7 +16,6 @@ from delayq.service.parsing import parse_all_or_ids, parse_count, parse_cursor
 from delayq.service.service import DelayService
 
 DEAD = "/v1/topics/{topic}/dead"
-MAX_PAGE = 1000
 
 PerSlot = Callable[[AsyncQueue, int, Sequence[str]], Awaitable[list[Outcome]]]
 AllSlots = Callable[[AsyncQueue, list[int]], Awaitable[int]]
@@ -33,7 +32,7 @@ async def list_dead(request: web.Request) -> web.Response:
     """One page of dead messages, slot by slot; `nextCursor` is null after the last slot."""
     service = service_for(request)
     slot, offset = parse_cursor(request.query.get("cursor"), service.topic)
-    count = parse_count(request.query.get("count"), 100, MAX_PAGE)
+    count = parse_count(request.query.get("count"), 100)
     found: list[MessageInfo] = []
     while slot < service.topic.slot_amount and len(found) < count:
         page = await service.brokers.queue_for(slot).dead_page(slot, offset, count - len(found))

@@ -4,19 +4,29 @@ from __future__ import annotations
 
 from typing import Any
 
+import redis
 from aiohttp import web
 
 from delayq.queue.client import AsyncQueue
 from delayq.queue.codes import Code, NotFoundError, raise_for_code
 from delayq.queue.model import Mode, ScheduleRequest, ScheduleResult, State
-from delayq.queue.plans import Target
+from delayq.queue.plans import PartlyStoredError, ScheduleFailure, Target
 from delayq.service.envelope import info_json
-from delayq.service.http_support import json_body, service_for, slot_of_target
-from delayq.service.parsing import parse_batch, parse_message, parse_mode, parse_when
+from delayq.service.http_support import RETRY_AFTER_S, json_body, service_for, slot_of_target
+from delayq.service.parsing import (
+    parse_batch,
+    parse_message,
+    parse_mode,
+    parse_target,
+    parse_when,
+)
 from delayq.service.service import DelayService
 
 MESSAGES = "/v1/topics/{topic}/messages"
-MESSAGE = MESSAGES + "/{id}"
+# aiohttp's default `{id}` pattern is [^{}/]+: ids with braces would be schedulable yet answer
+# 404 on every route that names them. Any id matches here (a "/" travels as %2F).
+MESSAGE = MESSAGES + "/{id:[^/]+}"
+Result = ScheduleResult | ScheduleFailure
 
 
 def add_routes(router: web.UrlDispatcher) -> None:
@@ -27,7 +37,9 @@ def add_routes(router: web.UrlDispatcher) -> None:
     router.add_post(MESSAGE + "/reschedule", reschedule)
 
 
-def result_json(result: ScheduleResult) -> dict[str, Any]:
+def result_json(result: Result) -> dict[str, Any]:
+    if isinstance(result, ScheduleFailure):
+        return failure_json(result)
     return {
         "id": result.id,
         "slot": result.slot,
@@ -37,12 +49,26 @@ def result_json(result: ScheduleResult) -> dict[str, Any]:
     }
 
 
+def failure_json(failure: ScheduleFailure) -> dict[str, Any]:
+    """`failed`: Redis answered that the item's slot call was refused, so it is not stored;
+    `unknown`: the broker did not answer, so it may be. Resend both (create mode answers
+    `exists` for what is stored)."""
+    refused = isinstance(failure.error, redis.ResponseError)
+    return {
+        "id": failure.id,
+        "slot": failure.slot,
+        "result": "failed" if refused else "unknown",
+        "error": f"{type(failure.error).__name__}: {failure.error}",
+    }
+
+
 async def schedule(request: web.Request) -> web.Response:
     """201 when created, 200 when it existed (create) or was replaced (upsert)."""
     service = service_for(request)
     body = await json_body(request)
     message = parse_message(body, service.topic)
     [result] = await _schedule(service, [message], parse_mode(body))
+    assert isinstance(result, ScheduleResult)  # one message: stored, or _schedule raised
     raise_for_code(result.code, "schedule", result.id)
     return web.json_response(
         result_json(result), status=201 if result.code is Code.CREATED else 200
@@ -50,27 +76,52 @@ async def schedule(request: web.Request) -> web.Response:
 
 
 async def schedule_batch(request: web.Request) -> web.Response:
+    """200 when every message is stored; 207 (with Retry-After) when some slots' chunks were
+    refused after others were stored: each result says which, resend the others."""
     service = service_for(request)
     body = await json_body(request)
     messages = parse_batch(body, service.topic)
     results = await _schedule(service, messages, parse_mode(body))
-    return web.json_response({"results": [result_json(r) for r in results]})
+    answer = web.json_response({"results": [result_json(r) for r in results]})
+    if any(isinstance(r, ScheduleFailure) for r in results):
+        answer.set_status(207)
+        answer.headers["Retry-After"] = str(RETRY_AFTER_S)
+    return answer
 
 
 async def _schedule(
     service: DelayService, messages: list[ScheduleRequest], mode: Mode
-) -> list[ScheduleResult]:
+) -> list[Result]:
+    """A result per message, in order, failures included; raises the Redis error when nothing
+    was stored (a plain 507/503: resend the whole request)."""
+
     def slot_of(message: ScheduleRequest) -> int:
         return slot_of_target(service, Target(message.id, message.slot_basis))
 
-    async def call(queue: AsyncQueue, chunk: list[ScheduleRequest]) -> list[ScheduleResult]:
-        return await queue.schedule_many(chunk, mode)
+    async def call(queue: AsyncQueue, chunk: list[ScheduleRequest]) -> list[Result]:
+        try:
+            return list(await queue.schedule_many(chunk, mode))
+        except PartlyStoredError as error:
+            return error.results
+        except redis.RedisError as error:  # the broker's call failed as a whole
+            return [ScheduleFailure(m.id, slot_of(m), error) for m in chunk]
 
-    return await service.brokers.each(messages, slot_of, call)
+    results = await service.brokers.each(messages, slot_of, call)
+    failures = [r for r in results if isinstance(r, ScheduleFailure)]
+    if len(failures) == len(results):
+        raise failures[0].error
+    return results
 
 
 def _target(request: web.Request) -> Target:
-    return Target(request.match_info["id"], request.query.get("slotBasis"))
+    return parse_target(request.match_info["id"], request.query.get("slotBasis"))
+
+
+def _where(target: Target) -> str:
+    """Why a 404 may be the address, not the message: a message is (slot basis, id)."""
+    if target.slot_basis is None:
+        return "looked up by its id alone; add ?slotBasis= if it was scheduled with one"
+    return f"looked up with slotBasis {target.slot_basis!r}"
 
 
 async def get(request: web.Request) -> web.Response:
@@ -78,7 +129,7 @@ async def get(request: web.Request) -> web.Response:
     target = _target(request)
     [info] = await service.brokers.queue_for(slot_of_target(service, target)).get_many([target])
     if info.state is State.ABSENT:
-        raise NotFoundError("get", target.id)
+        raise NotFoundError("get", target.id, _where(target))
     return web.json_response(info_json(info))
 
 
@@ -87,7 +138,7 @@ async def cancel(request: web.Request) -> web.Response:
     target = _target(request)
     queue = service.brokers.queue_for(slot_of_target(service, target))
     [outcome] = await queue.cancel_many([target])
-    raise_for_code(outcome.code, "cancel", outcome.id)
+    raise_for_code(outcome.code, "cancel", outcome.id, _where(target))
     return web.json_response({"id": outcome.id, "result": outcome.code.name.lower()})
 
 

@@ -56,7 +56,14 @@ async def serve(config: ServiceConfig, stop: asyncio.Event | None = None) -> int
         with contextlib.suppress(redis.RedisError, OSError):
             await service.stop()
         return 1  # the pod restarts with backoff until its brokers answer
-    runner = web.AppRunner(build_app(service), access_log=None, handle_signals=False)
+    # the keep-alive timer also runs from a connection's start until its request's headers
+    # are complete: it is the header read timeout too (json_body bounds the body)
+    runner = web.AppRunner(
+        build_app(service),
+        access_log=None,
+        handle_signals=False,
+        keepalive_timeout=config.read_timeout_ms / 1000,
+    )
     await runner.setup()
     site = web.TCPSite(runner, config.host, config.port)
     await site.start()

@@ -1,0 +1,34 @@
+"""Make a real redis-server run out of memory part-way through a write (maxmemory with
+noeviction, set for one test and restored after), so partial batches are tested for real."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+
+import redis
+
+
+def footprint(client: redis.Redis, namespace: str, write: Callable[[], object]) -> int:
+    """How many bytes of memory `write()` takes in Redis; it must write only keys of topics in
+    `namespace`, which are deleted after (synchronously, so the memory is back)."""
+    before = int(client.info("memory")["used_memory"])
+    write()
+    grown = int(client.info("memory")["used_memory"]) - before
+    keys = list(client.scan_iter(match=f"dq:{{{namespace}/*", count=1000))
+    if keys:
+        client.delete(*keys)
+    return grown
+
+
+@contextmanager
+def memory_for(client: redis.Redis, extra_bytes: int) -> Iterator[None]:
+    """Redis refuses writes once it uses `extra_bytes` more than now (noeviction)."""
+    saved = client.config_get("maxmemory*")
+    client.config_set("maxmemory-policy", "noeviction")
+    client.config_set("maxmemory", int(client.info("memory")["used_memory"]) + extra_bytes)
+    try:
+        yield
+    finally:
+        client.config_set("maxmemory", saved["maxmemory"])
+        client.config_set("maxmemory-policy", saved["maxmemory-policy"])

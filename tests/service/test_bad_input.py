@@ -1,0 +1,215 @@
+"""Bad input to a real service (in process, on the session's redis-server) is a 400 that names
+the field and the rule — never a 5xx, never accepted-but-undeliverable — and the OpenAPI
+document states every bound the parser enforces; partly stored batches say what was stored."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import redis
+
+from delayq.queue.client import Queue
+from delayq.queue.model import Lease, ScheduleRequest
+from delayq.queue.topic import Topic
+from delayq.service.tokens import encode_token
+from tests.redis_memory import footprint, memory_for
+from tests.service.conftest import Running, StartService
+
+
+async def post(running: Running, path: str, body: Any) -> tuple[int, dict[str, Any]]:
+    answer = await running.client.post(running.base + path, json=body)
+    return answer.status, await answer.json()
+
+
+async def test_control_characters_in_ids_and_slot_bases_are_400(start_service: StartService):
+    running = await start_service()
+    for bad in ("a\x00", "a\r\nX-Evil: 1", "a\x7f", "a\x9b"):
+        for field in ("id", "slotBasis"):
+            status, error = await post(running, "/messages", {"id": "a", "delayMs": 1, field: bad})
+            assert (status, error["field"]) == (400, field), (bad, error)
+            assert "control character" in error["error"]
+    status, error = await post(running, "/dead/redrive", {"ids": ["ok", "a\nb"]})
+    assert (status, error["field"]) == (400, "ids[1].id")
+
+
+async def test_lone_surrogates_are_400(start_service: StartService):
+    running = await start_service()
+    for body, field in [
+        (b'{"id": "\\ud800", "delayMs": 1}', "id"),
+        (b'{"id": "a", "slotBasis": "\\udc00", "delayMs": 1}', "slotBasis"),
+    ]:
+        answer = await running.client.post(
+            f"{running.base}/messages", data=body, headers={"Content-Type": "application/json"}
+        )
+        assert (answer.status, (await answer.json())["field"]) == (400, field)
+    status, error = await post(running, "/dead/purge", {"ids": ["\ud800"]})
+    assert (status, error["field"]) == (400, "ids[0].id")
+
+
+async def test_ids_with_braces_and_slashes_are_addressable(start_service: StartService):
+    """aiohttp's default `{id}` pattern refused braces: such ids were stored, then 404."""
+    running = await start_service()
+    client, base = running.client, running.base
+    for message_id, path_id in (("a{b}", "a%7Bb%7D"), ("x/y", "x%2Fy"), ("é %", "%C3%A9%20%25")):
+        status, _ = await post(running, "/messages", {"id": message_id, "delayMs": 60_000})
+        assert status == 201
+        got = await client.get(f"{base}/messages/{path_id}")
+        assert (got.status, (await got.json())["id"]) == (200, message_id)
+        moved = await client.post(f"{base}/messages/{path_id}/reschedule", json={"delayMs": 5000})
+        assert moved.status == 200
+        assert (await client.delete(f"{base}/messages/{path_id}")).status == 200
+
+
+async def test_a_message_with_a_slot_basis_is_addressed_with_it(start_service: StartService):
+    running = await start_service(slot_amount=64)
+    client, base = running.client, running.base
+    status, created = await post(
+        running, "/messages", {"id": "a", "slotBasis": "customer-1", "delayMs": 60_000}
+    )
+    assert status == 201
+    missing = await client.get(f"{base}/messages/a")
+    assert missing.status == 404
+    assert "slotBasis" in (await missing.json())["error"]
+    found = await client.get(f"{base}/messages/a", params={"slotBasis": "customer-1"})
+    assert (found.status, (await found.json())["slot"]) == (200, created["slot"])
+    empty = await client.get(f"{base}/messages/a", params={"slotBasis": ""})
+    assert (empty.status, (await empty.json())["field"]) == (400, "slotBasis")
+    two = [
+        {"id": "b", "slotBasis": "customer-1", "delayMs": 1},
+        {"id": "b", "slotBasis": "customer-2", "delayMs": 1},
+    ]
+    status, error = await post(running, "/messages/batch", {"messages": two})
+    assert (status, error["field"]) == (400, "messages[1].slotBasis")
+
+
+async def test_deeply_nested_json_is_400(start_service: StartService):
+    running = await start_service()
+    answer = await running.client.post(
+        f"{running.base}/messages",
+        data=b"[" * 100_000 + b"]" * 100_000,
+        headers={"Content-Type": "application/json"},
+    )
+    assert (answer.status, (await answer.json())["field"]) == (400, "body")
+
+
+async def test_forged_lease_slots_are_400(start_service: StartService):
+    running = await start_service()
+    for slot in (-1, 4, 2**40):
+        token = encode_token(Lease(slot, "a", 1, 1))
+        for action in ("ack", "nack", "extend"):
+            status, error = await post(
+                running, f"/leases/{action}", {"tokens": [token], "leaseMs": 1000}
+            )
+            assert (status, error["field"]) == (400, "tokens[0]"), (slot, action, error)
+            assert "outside 0..3" in error["error"]
+
+
+async def test_huge_dead_cursors_are_400_not_503(start_service: StartService):
+    running = await start_service()
+    for cursor in ("0:100000000000000000000", "1e20", "0:-1", "\u0663:0"):
+        answer = await running.client.get(f"{running.base}/dead", params={"cursor": cursor})
+        assert (answer.status, (await answer.json())["field"]) == (400, "cursor"), cursor
+    answer = await running.client.get(f"{running.base}/dead", params={"count": "9" * 5000})
+    assert (answer.status, (await answer.json())["field"]) == (400, "count")
+
+
+async def test_405_names_the_allowed_methods(start_service: StartService):
+    running = await start_service()
+    answer = await running.client.request("TRACE", f"{running.base}/messages")
+    assert answer.status == 405
+    assert answer.headers["Allow"] == "POST"
+    assert "error" in await answer.json()
+
+
+def _body_for(path: str, field: str, value: Any) -> tuple[str, dict[str, Any]]:
+    """A request that is valid except, possibly, `field` = `value`."""
+    message = {"id": "bound", "delayMs": 1}
+    if field in ("delayMs", "atMs"):
+        return "/messages", {"id": "bound", field: value}
+    if field == "messages":
+        return "/messages/batch", {"messages": [message] * value}
+    if field == "id":
+        return "/messages", {**message, "id": "x" * value}
+    return path, {field: value}
+
+
+async def test_every_documented_bound_is_the_enforced_bound(start_service: StartService):
+    """Values at each bound the OpenAPI document states pass the parser; one beyond it is a
+    400 naming the field: the document and the parser share their constants."""
+    running = await start_service(topic_type="pull", max_lease_batch=1000)
+    document = await (await running.client.get("/openapi.json")).json()
+    schemas = document["components"]["schemas"]
+    paths = document["paths"]
+    lease = paths["/v1/topics/{topic}/leases"]["post"]["requestBody"]["content"]
+    lease_props = lease["application/json"]["schema"]["properties"]
+    batch = paths["/v1/topics/{topic}/messages/batch"]["post"]["requestBody"]["content"]
+    bounds = [
+        ("/messages", "delayMs", schemas["ScheduleRequest"]["properties"]["delayMs"]),
+        ("/messages", "atMs", schemas["ScheduleRequest"]["properties"]["atMs"]),
+        ("/leases", "leaseMs", lease_props["leaseMs"]),
+        ("/leases", "waitMs", lease_props["waitMs"]),
+        ("/leases", "max", lease_props["max"]),
+    ]
+    for path, field, schema in bounds:
+        low, high = schema["minimum"], schema["maximum"]
+        for value, accepted in ((low, True), (high, True), (low - 1, False), (high + 1, False)):
+            if field in ("waitMs", "atMs") and value == high:
+                continue  # a 30 s long poll; an instant past now + 20 years (TOO_FAR, a 400)
+            status, answer = await post(running, *_body_for(path, field, value))
+            assert (status < 400) is accepted, (field, value, answer)
+            if not accepted:
+                assert answer["field"] == field
+    items = batch["application/json"]["schema"]["properties"]["messages"]
+    id_schema = schemas["ScheduleRequest"]["properties"]["id"]
+    for field, low, high in (
+        ("messages", items["minItems"], items["maxItems"]),
+        ("id", id_schema["minLength"], id_schema["maxLength"]),
+    ):
+        for value, accepted in ((low, True), (high, True), (low - 1, False), (high + 1, False)):
+            status, answer = await post(running, *_body_for("", field, value))
+            assert (status < 400) is accepted, (field, value, answer)
+    cursor = paths["/v1/topics/{topic}/dead"]["get"]["parameters"][1]["schema"]["pattern"]
+    assert cursor == "^[0-9]{1,5}:[0-9]{1,15}$"
+    for value, status in (("3:" + "9" * 15, 200), ("3:" + "9" * 16, 400), ("4:0", 400)):
+        answer = await running.client.get(f"{running.base}/dead", params={"cursor": value})
+        assert answer.status == status, value
+
+
+async def test_a_partly_stored_batch_says_which_items_to_resend(
+    start_service: StartService, redis_client: redis.Redis
+):
+    """Redis out of memory part-way through a batch over 64 slots: 207, each item stored or
+    failed as it really is, Retry-After; a batch of which nothing fits is 507."""
+    running = await start_service(slot_amount=64)
+    messages = [{"id": f"m{i}", "delayMs": 60_000, "payload": "x" * 1024} for i in range(640)]
+    same_shape = [ScheduleRequest(m["id"], m["payload"], delay_ms=60_000) for m in messages]
+    probe = Queue(redis_client, Topic("probe", namespace="probe", slot_amount=64))
+    half = footprint(redis_client, "probe", lambda: probe.schedule_many(same_shape)) // 2
+    with memory_for(redis_client, half):
+        answer = await running.client.post(
+            f"{running.base}/messages/batch", json={"messages": messages}
+        )
+        assert answer.status == 207
+        assert int(answer.headers["Retry-After"]) > 0
+        results = (await answer.json())["results"]
+    assert [r["id"] for r in results] == [m["id"] for m in messages]
+    assert {r["result"] for r in results} == {"created", "failed"}
+    failed = {r["id"] for r in results if r["result"] == "failed"}
+    for result in results:
+        got = await running.client.get(f"{running.base}/messages/{result['id']}")
+        assert got.status == (404 if result["id"] in failed else 200)
+    resend = [m for m in messages if m["id"] in failed]
+    status, again = await post(running, "/messages/batch", {"messages": resend})
+    assert (status, {r["result"] for r in again["results"]}) == (200, {"created"})
+    with memory_for(redis_client, -1):
+        for path, body in (
+            (
+                "/messages/batch",
+                {"messages": [{"id": "n1", "delayMs": 1}, {"id": "n2", "delayMs": 1}]},
+            ),
+            ("/messages", {"id": "n3", "delayMs": 1}),
+        ):
+            full = await running.client.post(running.base + path, json=body)
+            assert full.status == 507, path
+            assert int(full.headers["Retry-After"]) > 0
+            assert "out of memory" in (await full.json())["error"]

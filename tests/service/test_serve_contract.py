@@ -1,0 +1,140 @@
+"""A real `delayq serve` process against its own OpenAPI document (Schemathesis: no 5xx, every
+answer conforms), and against clients that stall or send malformed HTTP: bounded read times,
+one WARNING line per malformed request, no traceback."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import requests
+import schemathesis
+from hypothesis import HealthCheck, given, settings
+from schemathesis.checks import not_a_server_error
+from schemathesis.specs.openapi.checks import (
+    content_type_conformance,
+    response_schema_conformance,
+    status_code_conformance,
+)
+
+from delayq.local.ports import free_port, wait_until
+from delayq.local.processes import ServeProcess
+from delayq.local.redis_server import RedisServer
+from delayq.service.config import ServiceConfig
+
+TOKEN = "t0ken"
+READ_TIMEOUT_MS = 1000
+AUTH = {"Authorization": f"Bearer {TOKEN}"}
+
+
+@pytest.fixture(scope="module")
+def served(
+    redis_server: RedisServer, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[ServeProcess]:
+    config = ServiceConfig(
+        redis_url=redis_server.url,
+        namespace="contract",
+        topic="orders",
+        slot_amount=8,
+        topic_type="pull",
+        port=free_port(),
+        api_token=TOKEN,
+        read_timeout_ms=READ_TIMEOUT_MS,
+        max_body_bytes=256 * 1024,
+    )
+    process = ServeProcess(config, tmp_path_factory.mktemp("serve") / "serve.log").start()
+    try:
+        wait_until(lambda: _ready(process), 30, "delayq serve ready")
+        yield process
+    finally:
+        process.terminate()
+        process.wait()
+
+
+def _ready(process: ServeProcess) -> bool:
+    assert process.running(), process.log_path.read_text()
+    try:
+        return requests.get(process.url + "/readyz", timeout=1).status_code == 200
+    except requests.RequestException:
+        return False
+
+
+CHECKS = [
+    not_a_server_error,
+    status_code_conformance,
+    content_type_conformance,
+    response_schema_conformance,
+]
+
+
+def test_the_served_api_keeps_its_contract(served: ServeProcess) -> None:
+    """Every operation of the served document, with generated valid requests: no 5xx, and
+    every status, content type and body is one the document declares."""
+    api = schemathesis.openapi.from_url(served.url + "/openapi.json")
+    operations = [result.ok() for result in api.get_all_operations()]
+    assert len(operations) >= 15
+    for operation in operations:
+
+        @given(case=operation.as_strategy())
+        @settings(max_examples=25, deadline=None, suppress_health_check=list(HealthCheck))
+        def keeps_the_contract(case: Any) -> None:
+            if case.path_parameters and "topic" in case.path_parameters:
+                case.path_parameters["topic"] = "orders"  # the served one: else every answer is 404
+            if isinstance(case.body, dict) and isinstance(case.body.get("waitMs"), int):
+                case.body["waitMs"] = min(case.body["waitMs"], 50)  # no 30 s long polls
+            case.call_and_validate(headers=AUTH, timeout=10, checks=CHECKS)
+
+        keeps_the_contract()
+
+
+async def _exchange(process: ServeProcess, data: bytes) -> tuple[bytes, float]:
+    """Send `data` and never more; what the server answers until it closes, and when."""
+    reader, writer = await asyncio.open_connection(process.config.host, process.config.port)
+    started = time.monotonic()
+    writer.write(data)
+    try:
+        answer = await asyncio.wait_for(reader.read(), timeout=30)
+    finally:
+        writer.close()
+    return answer, time.monotonic() - started
+
+
+async def test_a_request_with_unfinished_headers_is_dropped(served: ServeProcess) -> None:
+    answer, elapsed = await _exchange(
+        served, b"POST /v1/topics/orders/messages HTTP/1.1\r\nHost: a\r\n"
+    )
+    assert answer == b""
+    assert READ_TIMEOUT_MS / 1000 <= elapsed < READ_TIMEOUT_MS / 1000 + 5
+
+
+async def test_a_request_with_an_unfinished_body_is_408(served: ServeProcess) -> None:
+    head = (
+        b"POST /v1/topics/orders/messages HTTP/1.1\r\nHost: a\r\nAuthorization: Bearer t0ken\r\n"
+        b'Content-Type: application/json\r\nContent-Length: 100\r\n\r\n{"id": '
+    )
+    answer, elapsed = await _exchange(served, head)
+    assert answer.startswith(b"HTTP/1.1 408")
+    assert json.loads(answer.split(b"\r\n\r\n", 1)[1])["field"] == "body"
+    assert elapsed < READ_TIMEOUT_MS / 1000 + 15  # the read timeout, then aiohttp's lingering
+
+
+async def test_a_malformed_request_is_one_warning_without_traceback(served: ServeProcess) -> None:
+    answer, _ = await _exchange(
+        served, b"GET /healthz HTTP/1.1\r\nHost: a\r\nno colon here\r\n\r\n"
+    )
+    assert answer.split(b"\r\n")[0].endswith(b" 400 Bad Request")
+
+    def logged() -> list[dict[str, Any]]:
+        lines = Path(served.log_path).read_text().splitlines()
+        return [json.loads(line) for line in lines if line.startswith("{") and "malformed" in line]
+
+    wait_until(lambda: bool(logged()), 10, "the malformed request logged")
+    [line] = logged()
+    assert (line["level"], line["msg"]) == ("WARNING", "malformed HTTP request")
+    assert "exc" not in line
+    assert "Traceback" not in Path(served.log_path).read_text()
