@@ -8,6 +8,8 @@ need_apt=()
 command -v redis-server >/dev/null 2>&1 || need_apt+=(redis-server)
 [ -x /usr/share/zookeeper/bin/zkServer.sh ] || need_apt+=(zookeeper)
 command -v java >/dev/null 2>&1 || need_apt+=(default-jre-headless)
+# libfaketime: the chaos suite runs serve processes with their clocks skewed (tests/chaos)
+command -v faketime >/dev/null 2>&1 || need_apt+=(faketime)
 
 if ((${#need_apt[@]})); then
   echo "setup: installing Debian packages: ${need_apt[*]}"
