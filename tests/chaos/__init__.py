@@ -1,0 +1,8 @@
+"""The chaos suite: real redis-server, ZooKeeper and `delayq serve` processes under seeded faults.
+
+`run.run_chaos` is the one entry point: `test_chaos.py` calls it with short bounded plans and
+`bench/chaos.py` with a long soak. Modules: `proxy` (freezable and cuttable TCP links), `cluster`
+(the processes, each behind its own links), `receiver` (the webhook that records every POST),
+`producer` (HTTP batch scheduling), `faults` (the menu, the seeded plan, injection), `probes`
+(readiness against ZooKeeper's grants), `checker` (the rules, pure).
+"""

@@ -1,0 +1,371 @@
+"""The counting checker (pure): what the receiver saw, judged against what the API accepted and
+the fault windows the injector recorded.
+
+Rules (each a `Rule` with its figure and a few examples):
+- lost: every accepted id answered 2xx at least once by the end;
+- early: no POST more than `EARLY_TOLERANCE_MS` before the due time the API returned;
+- unexplained_duplicates: a second 2xx copy is explained only when the first one arrived in or
+  near a window of a fault that can lose an ack (a crash, freeze, cut or outage);
+- stalled: a message due outside every fault's reach (start - 1 s .. restored + session timeout
+  + 2 s, or start + lease + 2 s for the leases a fault strands) arrives within `LATE_LIMIT_MS`;
+- after_lease: no POST arrives after its attempt's lease deadline, except from a process that
+  was frozen meanwhile. The deadline is the service's header when it sends one, else the
+  signature's timestamp (taken after the claim, on the Redis clock as the sender estimates it,
+  so a skewed host does not shift it) plus the lease length: an upper bound, so a flagged POST
+  is surely late;
+- skipped_attempts: an attempt k > 1 whose attempt k - 1 never arrived means a lease ran out
+  with nothing delivered; only a lossy fault may cause that (a graceful handoff must not);
+- readiness: no process said ready while granted a slot it did not consume, for longer than the
+  service's documented readiness hysteresis (a stall must last UNREADY_AFTER_S to count).
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from dataclasses import dataclass, field
+from typing import Any
+
+from delayq.service.readiness import PROBE_INTERVAL_S, UNREADY_AFTER_S
+
+from .faults import LOSSY, Window
+from .probes import PERIOD_S, ReadinessViolation
+from .receiver import Arrival
+
+EARLY_TOLERANCE_MS = 5
+LATE_LIMIT_MS = 1000  # lateness allowed to a message no fault could have touched
+IN_FLIGHT_MS = 1000  # how long before a fault a message may still have been in flight
+DUPLICATE_AFTER_MS = 2000  # an ack lost in a fault can show up as a copy this long after it
+LATE_ARRIVAL_MS = 100  # lateness that counts as "stuck" for the gap figure
+EXAMPLES = 5
+
+
+@dataclass(frozen=True)
+class Timing:
+    """The fleet's timeouts, which the bounds are made of."""
+
+    session_ms: int
+    lease_ms: int
+    webhook_timeout_ms: int
+    backoff_max_ms: int
+
+
+@dataclass
+class Rule:
+    name: str
+    violations: int
+    total: int = 0  # what was examined (or counted before explanations)
+    examples: list[str] = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        return self.violations == 0
+
+    def add(self, example: str) -> None:
+        self.violations += 1
+        if len(self.examples) < EXAMPLES:
+            self.examples.append(example)
+
+
+@dataclass
+class Evidence:
+    accepted: dict[str, int]  # id -> due ms the API returned
+    arrivals: list[Arrival]
+    windows: list[Window]
+    skew_ms: dict[str, float]  # member -> its clock's offset from the real one
+    readiness: list[ReadinessViolation]
+    readiness_samples: int
+
+
+@dataclass
+class Verdict:
+    rules: list[Rule]
+    figures: dict[str, Any]
+
+    @property
+    def failed(self) -> list[Rule]:
+        return [rule for rule in self.rules if not rule.ok]
+
+    def summary(self) -> dict[str, Any]:
+        return {
+            rule.name: {"violations": rule.violations, "of": rule.total, "e.g.": rule.examples}
+            for rule in self.rules
+        }
+
+
+def ok_2xx(arrival: Arrival) -> bool:
+    return 200 <= arrival.status < 300
+
+
+def check(evidence: Evidence, timing: Timing) -> Verdict:
+    by_id: dict[str, list[Arrival]] = defaultdict(list)
+    for arrival in sorted(evidence.arrivals, key=lambda a: a.at_ms):
+        by_id[arrival.message_id].append(arrival)
+    first = {mid: arrivals[0].at_ms for mid, arrivals in by_id.items()}
+    rules = [
+        _lost(evidence, by_id),
+        _early(evidence),
+        _duplicates(evidence, by_id, timing),
+        _stalled(evidence, first, timing),
+        _after_lease(evidence, timing),
+        _skipped(evidence, by_id, timing),
+        _readiness(evidence),
+    ]
+    return Verdict(rules, _figures(evidence, by_id, first, timing))
+
+
+def _lost(evidence: Evidence, by_id: dict[str, list[Arrival]]) -> Rule:
+    rule = Rule("lost", 0, len(evidence.accepted))
+    for message_id in sorted(evidence.accepted):
+        if not any(ok_2xx(a) for a in by_id.get(message_id, ())):
+            seen = len(by_id.get(message_id, ()))
+            rule.add(f"{message_id} due {evidence.accepted[message_id]:.0f}: {seen} POSTs, no 2xx")
+    return rule
+
+
+def _early(evidence: Evidence) -> Rule:
+    rule = Rule("early", 0, len(evidence.arrivals))
+    for arrival in evidence.arrivals:
+        due = evidence.accepted.get(arrival.message_id, arrival.due_ms)
+        if arrival.at_ms < due - EARLY_TOLERANCE_MS:
+            rule.add(
+                f"{arrival.message_id} attempt {arrival.attempt} by {arrival.member} "
+                f"{due - arrival.at_ms:.0f} ms early"
+            )
+    return rule
+
+
+def _near(windows: list[Window], at_ms: float, before_ms: float, after_ms: float) -> Window | None:
+    for window in windows:
+        if window.start_ms - before_ms <= at_ms <= window.end_ms + after_ms:
+            return window
+    return None
+
+
+def lossy(windows: list[Window]) -> list[Window]:
+    return [w for w in windows if w.kind in LOSSY]
+
+
+def duplicate_cause(
+    windows: list[Window], first_ok: Arrival, timing: Timing
+) -> Window | None:
+    """The lossy fault that explains a second 2xx copy, judged by the first copy's arrival."""
+    before = timing.webhook_timeout_ms + IN_FLIGHT_MS
+    return _near(lossy(windows), first_ok.at_ms, before, DUPLICATE_AFTER_MS)
+
+
+def _duplicates(
+    evidence: Evidence, by_id: dict[str, list[Arrival]], timing: Timing
+) -> Rule:
+    rule = Rule("unexplained_duplicates", 0)
+    for message_id, arrivals in by_id.items():
+        answered = [a for a in arrivals if ok_2xx(a)]
+        for copy in answered[1:]:
+            rule.total += 1
+            if duplicate_cause(evidence.windows, answered[0], timing) is None:
+                rule.add(
+                    f"{message_id}: 2xx by {answered[0].member} a{answered[0].attempt} at "
+                    f"{answered[0].at_ms:.0f}, again by {copy.member} a{copy.attempt} "
+                    f"{copy.at_ms - answered[0].at_ms:.0f} ms later"
+                )
+    return rule
+
+
+def reach(window: Window, timing: Timing) -> tuple[float, float]:
+    """Due times a fault may delay: from just before it until the fleet must have recovered."""
+    recovered = window.end_ms + timing.session_ms + 2000
+    stranded = window.start_ms + timing.lease_ms + 2000
+    return window.start_ms - IN_FLIGHT_MS, max(recovered, stranded)
+
+
+def _stalled(evidence: Evidence, first: dict[str, float], timing: Timing) -> Rule:
+    reaches = [reach(w, timing) for w in evidence.windows]
+    rule = Rule("stalled", 0)
+    for message_id, due in evidence.accepted.items():
+        if message_id not in first or any(lo <= due <= hi for lo, hi in reaches):
+            continue
+        rule.total += 1
+        if first[message_id] - due > LATE_LIMIT_MS:
+            rule.add(f"{message_id} due {due} arrived {first[message_id] - due:.0f} ms late")
+    return rule
+
+
+def lease_deadline(arrival: Arrival, timing: Timing) -> float:
+    if arrival.lease_deadline_ms is not None:
+        return float(arrival.lease_deadline_ms)
+    return arrival.signed_ms + timing.lease_ms
+
+
+def _after_lease(evidence: Evidence, timing: Timing) -> Rule:
+    rule = Rule("after_lease", 0)
+    frozen = [w for w in evidence.windows if w.kind == "serve_sigstop"]
+    for arrival in evidence.arrivals:
+        deadline = lease_deadline(arrival, timing)
+        if arrival.at_ms <= deadline + EARLY_TOLERANCE_MS:
+            continue
+        rule.total += 1
+        signed = deadline - timing.lease_ms
+        if any(
+            w.target == arrival.member and w.start_ms <= arrival.at_ms and w.end_ms >= signed
+            for w in frozen
+        ):
+            continue
+        rule.add(
+            f"{arrival.message_id} a{arrival.attempt} by {arrival.member}: "
+            f"{arrival.at_ms - deadline:.0f} ms after its lease"
+        )
+    return rule
+
+
+def _skipped(evidence: Evidence, by_id: dict[str, list[Arrival]], timing: Timing) -> Rule:
+    rule = Rule("skipped_attempts", 0)
+    lookback = timing.lease_ms + timing.backoff_max_ms + 3000
+    faults = lossy(evidence.windows)
+    for message_id, arrivals in by_id.items():
+        attempts = {a.attempt for a in arrivals}
+        for arrival in arrivals:
+            if arrival.attempt < 2 or arrival.attempt - 1 in attempts:
+                continue
+            attempts.add(arrival.attempt - 1)  # count each gap once
+            rule.total += 1
+            if _near(faults, arrival.at_ms - lookback, 0, lookback) is None:
+                graceful = _near(
+                    [w for w in evidence.windows if w.kind == "serve_sigterm"],
+                    arrival.at_ms - lookback,
+                    0,
+                    lookback,
+                )
+                why = f" (graceful handoff of {graceful.target})" if graceful else ""
+                rule.add(
+                    f"{message_id}: attempt {arrival.attempt} by {arrival.member} but no "
+                    f"attempt {arrival.attempt - 1}{why}"
+                )
+    return rule
+
+
+def _readiness(evidence: Evidence) -> Rule:
+    """Episodes of consecutive violating samples per member; one longer than the tolerance
+    (the service's readiness hysteresis plus one probe and one sample period) breaks the rule."""
+    rule = Rule("readiness", 0, evidence.readiness_samples)
+    tolerance_ms = (UNREADY_AFTER_S + PROBE_INTERVAL_S + 2 * PERIOD_S) * 1000
+    by_member: dict[str, list[ReadinessViolation]] = defaultdict(list)
+    for sample in sorted(evidence.readiness, key=lambda v: v.at_ms):
+        by_member[sample.member].append(sample)
+    episodes: list[list[ReadinessViolation]] = []
+    for samples in by_member.values():
+        episodes.append([samples[0]])
+        for sample in samples[1:]:
+            if sample.at_ms - episodes[-1][-1].at_ms <= 2 * PERIOD_S * 1000:
+                episodes[-1].append(sample)
+            else:
+                episodes.append([sample])
+    for episode in episodes:
+        length = episode[-1].at_ms - episode[0].at_ms
+        if length > tolerance_ms:
+            v = episode[0]
+            rule.add(
+                f"{v.member} ready for {length / 1000:.1f} s from {v.at_ms:.0f} with "
+                f"{v.granted} slots granted, {v.consumed} consumed"
+            )
+    return rule
+
+
+# figures ---------------------------------------------------------------------------------------
+
+
+def percentile(values: list[float], q: float) -> float | None:
+    if not values:
+        return None
+    ordered = sorted(values)
+    return round(ordered[min(len(ordered) - 1, int(len(ordered) * q))], 1)
+
+
+def _figures(
+    evidence: Evidence,
+    by_id: dict[str, list[Arrival]],
+    first: dict[str, float],
+    timing: Timing,
+) -> dict[str, Any]:
+    lateness = [first[m] - due for m, due in evidence.accepted.items() if m in first]
+    answered = [sum(1 for a in arrivals if ok_2xx(a)) for arrivals in by_id.values()]
+    duplicates = sum(max(0, count - 1) for count in answered)
+    return {
+        "accepted": len(evidence.accepted),
+        "posts": len(evidence.arrivals),
+        "delivered": sum(1 for arrivals in by_id.values() if any(ok_2xx(a) for a in arrivals)),
+        "duplicates": duplicates,
+        "bad_signatures": sum(1 for a in evidence.arrivals if not a.signature_ok),
+        "unknown_ids": sum(1 for m in by_id if m not in evidence.accepted),
+        "readiness_samples_in_violation": len(evidence.readiness),  # before the tolerance
+        "lateness_ms": {
+            "p50": percentile(lateness, 0.5),
+            "p99": percentile(lateness, 0.99),
+            "max": percentile(lateness, 1.0),
+        },
+        "per_kind": per_kind(evidence, by_id, first, timing),
+        "per_member": per_member(evidence),
+    }
+
+
+def per_window(
+    window: Window, evidence: Evidence, first: dict[str, float]
+) -> tuple[float, list[float]]:
+    """(gap s, lateness of the messages due in the window): the gap is how long after the
+    fault began the last message that fell due during it, and was held up, arrived."""
+    lateness: list[float] = []
+    gap = 0.0
+    for message_id, due in evidence.accepted.items():
+        if not window.start_ms <= due <= window.end_ms or message_id not in first:
+            continue
+        late = first[message_id] - due
+        lateness.append(late)
+        if late > LATE_ARRIVAL_MS:
+            gap = max(gap, (first[message_id] - window.start_ms) / 1000)
+    return gap, lateness
+
+
+def per_kind(
+    evidence: Evidence,
+    by_id: dict[str, list[Arrival]],
+    first: dict[str, float],
+    timing: Timing,
+) -> dict[str, Any]:
+    duplicates: dict[str, int] = defaultdict(int)
+    for arrivals in by_id.values():
+        answered = [a for a in arrivals if ok_2xx(a)]
+        if len(answered) > 1:
+            cause = duplicate_cause(evidence.windows, answered[0], timing)
+            duplicates[cause.kind if cause else "unexplained"] += len(answered) - 1
+    result: dict[str, Any] = {}
+    for kind in sorted({w.kind for w in evidence.windows}):
+        gaps: list[float] = []
+        lateness: list[float] = []
+        for window in (w for w in evidence.windows if w.kind == kind):
+            gap, late = per_window(window, evidence, first)
+            gaps.append(gap)
+            lateness.extend(late)
+        result[kind] = {
+            "windows": len(gaps),
+            "gap_s_max": round(max(gaps), 2),
+            "gap_s_median": percentile(gaps, 0.5),
+            "due_in_window": len(lateness),
+            "lateness_p99_ms": percentile(lateness, 0.99),
+            "duplicates": duplicates.get(kind, 0),
+        }
+    if duplicates.get("unexplained"):
+        result["unexplained"] = {"duplicates": duplicates["unexplained"]}
+    return result
+
+
+def per_member(evidence: Evidence) -> dict[str, Any]:
+    """Per serve process (clock skew shows here): POSTs, early ones, first attempts' lateness."""
+    result: dict[str, Any] = {}
+    for member in sorted({a.member for a in evidence.arrivals}):
+        mine = [a for a in evidence.arrivals if a.member == member and a.attempt == 1]
+        late = [a.at_ms - evidence.accepted.get(a.message_id, a.due_ms) for a in mine]
+        result[member] = {
+            "skew_s": evidence.skew_ms.get(member, 0.0) / 1000,
+            "posts": len(mine),
+            "early": sum(1 for x in late if x < -EARLY_TOLERANCE_MS),
+            "lateness_p99_ms": percentile(late, 0.99),
+        }
+    return result

@@ -1,0 +1,295 @@
+"""The fault menu, the seeded plan of overlapping faults, and their injection.
+
+A plan is pure (seed -> list of `FaultSpec`): every kind of the menu at least once in a random
+order, then random extra faults until the fault phase is full. Faults overlap (the next one
+starts before the previous one ends) but never two on the same target at once, and at most
+`MAX_CONCURRENT` run together, so the fleet always has someone left to fail over to. Each
+injection is bounded and returns the `Window` it really covered, on the real wall clock in ms,
+which is what the checker explains duplicates and stalls with.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import random
+import signal
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+
+import redis.asyncio
+
+from .cluster import GRACE_MS, Cluster, Member
+from .proxy import Link
+from .receiver import Behaviour, Receiver
+
+MAX_CONCURRENT = 2
+RESTART_WAIT_S = 60.0
+
+# kind -> (duration range in s, target kind). Durations: how long the fault lasts (an outage,
+# a freeze, a cut) or how long a killed process stays down before its restart.
+MENU: dict[str, tuple[tuple[float, float], str]] = {
+    "serve_kill9": ((0.5, 3.0), "serve"),
+    "serve_sigterm": ((0.5, 2.0), "serve"),
+    "serve_sigstop": ((1.0, 7.0), "serve"),  # beyond 4 s the ZooKeeper session expires
+    "serve_cut_all": ((2.0, 7.0), "serve"),
+    "serve_cut_zk": ((2.0, 7.0), "serve"),
+    "redis_kill9": ((0.5, 2.0), "redis"),
+    "redis_pause": ((1.0, 3.0), "redis"),
+    "redis_sleep": ((1.0, 3.0), "redis"),
+    "redis_full": ((2.0, 5.0), "redis"),
+    "zk_kill9": ((0.5, 2.0), "zk"),
+    "zk_sigstop": ((1.0, 6.0), "zk"),
+    "receiver_slow": ((3.0, 8.0), "receiver"),
+    "receiver_5xx": ((1.0, 4.0), "receiver"),
+}
+KINDS = tuple(MENU)
+# faults that may cost an in-flight delivery its ack (so explain a duplicate or a skipped
+# attempt); a graceful SIGTERM and 5xx answers must not
+LOSSY = frozenset(KINDS) - {"serve_sigterm", "receiver_5xx"}
+SERVES = ("c0", "c1", "c2")
+
+
+@dataclass(frozen=True)
+class FaultSpec:
+    at_s: float  # offset from the start of the fault phase
+    kind: str
+    target: str  # c0..c2, redis, zk, receiver
+    duration_s: float
+    mode: str = ""  # serve_cut_*: "freeze" (silence) or "reset" (connections closed)
+
+
+@dataclass(frozen=True)
+class Window:
+    """When a fault really was active (wall ms), as the injector measured it."""
+
+    kind: str
+    target: str
+    start_ms: float
+    end_ms: float
+    mode: str = ""
+
+
+def plan(seed: int, phase_s: float, kinds: tuple[str, ...] = KINDS) -> list[FaultSpec]:
+    """Seeded faults for a phase of `phase_s` seconds: each of `kinds` once, then extras."""
+    rng = random.Random(seed)
+    order = list(kinds)
+    rng.shuffle(order)
+    busy_until: dict[str, float] = {}
+    running: list[float] = []  # end times of planned faults
+    specs: list[FaultSpec] = []
+    cursor = 1.0
+    while True:
+        required = len(specs) < len(order)
+        kind = order[len(specs)] if required else rng.choice(kinds)
+        (low, high), target_kind = MENU[kind]
+        duration = round(rng.uniform(low, high), 2)
+        targets = SERVES if target_kind == "serve" else (target_kind,)
+        target = min(targets, key=lambda t: (busy_until.get(t, 0.0), rng.random()))
+        start = max(cursor, busy_until.get(target, 0.0))
+        running = [end for end in running if end > start]
+        if len(running) >= MAX_CONCURRENT:
+            start = max(start, min(running))
+        if not required and start + duration > phase_s:
+            return sorted(specs, key=lambda s: s.at_s)
+        mode = rng.choice(("freeze", "reset")) if kind.startswith("serve_cut") else ""
+        specs.append(FaultSpec(round(start, 2), kind, target, duration, mode))
+        end = start + duration + recovery_s(kind)
+        busy_until[target] = end
+        running.append(end)
+        cursor = start + rng.uniform(0.3, 1.0) * duration
+
+
+def recovery_s(kind: str) -> float:
+    """Time a target needs after a fault before the next one on it makes sense."""
+    return {"serve_kill9": 6.0, "serve_sigterm": 6.0, "zk_kill9": 8.0, "redis_kill9": 2.0}.get(
+        kind, 1.0
+    )
+
+
+def wall_ms() -> float:
+    return time.time() * 1000
+
+
+@dataclass
+class Injector:
+    cluster: Cluster
+    receiver: Receiver
+    windows: list[Window]
+    notes: list[str]
+
+    async def run(self, specs: list[FaultSpec]) -> None:
+        """Inject every spec at its time; returns when all are over and restored."""
+        started = time.monotonic()
+        locks = {target: asyncio.Lock() for target in (*SERVES, "redis", "zk", "receiver")}
+
+        async def one(spec: FaultSpec) -> None:
+            await asyncio.sleep(max(0.0, started + spec.at_s - time.monotonic()))
+            async with locks[spec.target]:
+                begun = wall_ms()
+                try:
+                    ended = await self.inject(spec)
+                except Exception as error:  # a harness problem: record it, keep going
+                    self.notes.append(f"{spec}: {type(error).__name__}: {error}")
+                    ended = wall_ms()
+                self.windows.append(Window(spec.kind, spec.target, begun, ended, spec.mode))
+
+        await asyncio.gather(*(one(spec) for spec in specs))
+
+    async def inject(self, spec: FaultSpec) -> float:
+        """Apply one fault for its duration and undo it; returns when it was restored (ms)."""
+        handler: Callable[[FaultSpec], Awaitable[float]] = getattr(self, spec.kind)
+        return await handler(spec)
+
+    # serve processes --------------------------------------------------------------------------
+
+    def _member(self, spec: FaultSpec) -> Member:
+        return self.cluster.member(spec.target)
+
+    async def serve_kill9(self, spec: FaultSpec) -> float:
+        member = self._member(spec)
+        member.held_down = True
+        await asyncio.to_thread(member.serve.kill)
+        await asyncio.sleep(spec.duration_s)
+        return self._restart(member)
+
+    async def serve_sigterm(self, spec: FaultSpec) -> float:
+        member = self._member(spec)
+        member.held_down = True
+        member.serve.terminate()
+        code = await asyncio.to_thread(member.serve.wait, GRACE_MS / 1000 + 15)
+        if code != 0:
+            self.notes.append(f"{member.name} exited {code} after SIGTERM")
+        await asyncio.sleep(spec.duration_s)
+        return self._restart(member)
+
+    def _restart(self, member: Member) -> float:
+        member.serve.start()
+        member.held_down = False
+        return wall_ms()
+
+    async def serve_sigstop(self, spec: FaultSpec) -> float:
+        member = self._member(spec)
+        member.held_down = True  # a stopped process is not an exited one, but be explicit
+        member.signal(signal.SIGSTOP)
+        try:
+            await asyncio.sleep(spec.duration_s)
+        finally:
+            member.signal(signal.SIGCONT)
+            member.held_down = False
+        return wall_ms()
+
+    async def serve_cut_all(self, spec: FaultSpec) -> float:
+        member = self._member(spec)
+        return await self._cut(spec, (member.zk_link, member.redis_link))
+
+    async def serve_cut_zk(self, spec: FaultSpec) -> float:
+        return await self._cut(spec, (self._member(spec).zk_link,))
+
+    async def _cut(self, spec: FaultSpec, links: tuple[Link, ...]) -> float:
+        for link in links:
+            if spec.mode == "freeze":
+                link.freeze()
+            else:
+                link.cut()
+        try:
+            await asyncio.sleep(spec.duration_s)
+        finally:
+            for link in links:
+                link.restore()
+        return wall_ms()
+
+    # redis-server -----------------------------------------------------------------------------
+
+    def _control(self) -> redis.asyncio.Redis:
+        """A fresh direct connection (not through a link): an old one may predate a crash."""
+        return redis.asyncio.Redis(port=self.cluster.redis.port, socket_timeout=30)
+
+    async def redis_kill9(self, spec: FaultSpec) -> float:
+        self.cluster.redis.crash()
+        await asyncio.sleep(spec.duration_s)
+        await asyncio.to_thread(self.cluster.redis.start)  # replays the AOF, answers PING
+        return wall_ms()
+
+    async def redis_pause(self, spec: FaultSpec) -> float:
+        client = self._control()
+        try:
+            await client.client_pause(int(spec.duration_s * 1000), all=True)
+            await asyncio.sleep(spec.duration_s)
+            await _answers(client)  # PING is paused too: returns once the pause is over
+        finally:
+            await client.aclose()
+        return wall_ms()
+
+    async def redis_sleep(self, spec: FaultSpec) -> float:
+        client = self._control()  # DEBUG SLEEP blocks the whole server, this connection too
+        try:
+            await client.execute_command(  # type: ignore[no-untyped-call]
+                "DEBUG", "SLEEP", spec.duration_s
+            )
+        finally:
+            await client.aclose()
+        return wall_ms()
+
+    async def redis_full(self, spec: FaultSpec) -> float:
+        """maxmemory under the current use, noeviction: every write is refused with OOM."""
+        client = self._control()
+        try:
+            used = int((await client.info("memory"))["used_memory"])
+            await client.config_set("maxmemory-policy", "noeviction")
+            await client.config_set("maxmemory", max(1024 * 1024, used // 2))
+            try:
+                await asyncio.sleep(spec.duration_s)
+            finally:
+                await client.config_set("maxmemory", 0)
+        finally:
+            await client.aclose()
+        return wall_ms()
+
+    # ZooKeeper --------------------------------------------------------------------------------
+
+    async def zk_kill9(self, spec: FaultSpec) -> float:
+        server = self.cluster.zookeeper
+        if server.process is not None:
+            server.process.kill()
+            await asyncio.to_thread(server.process.wait)
+        await asyncio.sleep(spec.duration_s)
+        await asyncio.to_thread(server.start)  # same port and data; waits for imok
+        return wall_ms()
+
+    async def zk_sigstop(self, spec: FaultSpec) -> float:
+        process = self.cluster.zookeeper.process
+        assert process is not None
+        os.kill(process.pid, signal.SIGSTOP)
+        try:
+            await asyncio.sleep(spec.duration_s)
+        finally:
+            os.kill(process.pid, signal.SIGCONT)
+        return wall_ms()
+
+    # the receiver -----------------------------------------------------------------------------
+
+    async def receiver_slow(self, spec: FaultSpec) -> float:
+        return await self._behave(spec, Behaviour(slow_s=(0.4, 3.0)))
+
+    async def receiver_5xx(self, spec: FaultSpec) -> float:
+        return await self._behave(spec, Behaviour(error_rate=0.8))
+
+    async def _behave(self, spec: FaultSpec, behaviour: Behaviour) -> float:
+        self.receiver.behaviour = behaviour
+        try:
+            await asyncio.sleep(spec.duration_s)
+        finally:
+            self.receiver.behaviour = Behaviour()
+        return wall_ms()
+
+
+async def _answers(client: redis.asyncio.Redis) -> None:
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        with contextlib.suppress(redis.RedisError, OSError):
+            if await client.ping():
+                return
+        await asyncio.sleep(0.05)

@@ -1,0 +1,113 @@
+"""The webhook receiver of the chaos suite: records every POST and answers per a behaviour.
+
+It runs in the test process on the real clock (the Redis server's clock too: same machine), so
+an arrival can be compared with the due time the API returned. Every POST is recorded when it
+arrives, before the behaviour delays or fails it: a POST that arrives too early or after its
+lease must be seen even if nobody ever gets an answer.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import random
+import time
+from dataclasses import dataclass, field
+
+from aiohttp import web
+
+from delayq.local.ports import free_port
+from delayq.service.delivery.signing import SIGNATURE_HEADER, verify
+
+SECRET = "chaos-secret"
+LEASE_DEADLINE_HEADER = "X-Delayq-Lease-Deadline"  # hook asked of the service (optional)
+
+
+def now_ms() -> float:
+    return time.time() * 1000
+
+
+@dataclass
+class Arrival:
+    """One POST as the receiver saw it."""
+
+    message_id: str
+    attempt: int
+    member: str
+    at_ms: float  # arrival on the receiver's (real) clock
+    signed_ms: int  # the signature's timestamp: the sender's wall clock (maybe skewed)
+    due_ms: int  # dueMs from the body
+    lease_deadline_ms: int | None  # from the service's header, when it sends one
+    status: int = 0  # the answer; 0 while pending, -1 when the sender hung up first
+    answered_ms: float = 0.0
+    signature_ok: bool = True
+
+
+@dataclass
+class Behaviour:
+    """How the receiver answers right now; the fault injector flips it."""
+
+    slow_s: tuple[float, float] | None = None  # sleep uniformly in this range, then 204
+    error_rate: float = 0.0  # answer 503 with this probability
+
+
+@dataclass
+class Receiver:
+    behaviour: Behaviour = field(default_factory=Behaviour)
+    arrivals: list[Arrival] = field(default_factory=list)
+    rng: random.Random = field(default_factory=random.Random)
+    port: int = 0
+    _runner: web.AppRunner | None = None
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}/hook"
+
+    async def start(self) -> Receiver:
+        app = web.Application()
+        app.router.add_post("/hook", self._receive)
+        self._runner = web.AppRunner(app, access_log=None, handler_cancellation=True)
+        await self._runner.setup()
+        self.port = free_port()
+        await web.TCPSite(self._runner, "127.0.0.1", self.port).start()
+        return self
+
+    async def stop(self) -> None:
+        if self._runner is not None:
+            await self._runner.cleanup()
+
+    async def _receive(self, request: web.Request) -> web.Response:
+        at = now_ms()
+        body = await request.read()
+        signature = request.headers.get(SIGNATURE_HEADER, "")
+        message = json.loads(body)
+        deadline = request.headers.get(LEASE_DEADLINE_HEADER)
+        arrival = Arrival(
+            message_id=message["id"],
+            attempt=int(message["attempt"]),
+            member=request.headers.get("X-Delayq-Member", "?"),
+            at_ms=at,
+            signed_ms=_signed_ms(signature),
+            due_ms=int(message["dueMs"]),
+            lease_deadline_ms=int(deadline) if deadline else None,
+            signature_ok=verify(SECRET, signature, body, int(at)),
+        )
+        self.arrivals.append(arrival)
+        status = -1
+        try:
+            behaviour = self.behaviour
+            if behaviour.slow_s is not None:
+                await asyncio.sleep(self.rng.uniform(*behaviour.slow_s))
+            status = 503 if self.rng.random() < behaviour.error_rate else 204
+            return web.Response(status=status)
+        finally:
+            arrival.status = status
+            arrival.answered_ms = now_ms()
+
+
+def _signed_ms(header: str) -> int:
+    fields = dict(part.split("=", 1) for part in header.split(",") if "=" in part)
+    try:
+        return int(fields["t"])
+    except (KeyError, ValueError):
+        return 0
