@@ -21,12 +21,18 @@ def footprint(client: redis.Redis, namespace: str, write: Callable[[], object]) 
     return grown
 
 
+# A limit of 1 byte: every write is refused, even if Redis frees memory meanwhile (a lazy free
+# of an earlier test's data, client buffers), which a bound of "used - 1 byte" does not guarantee.
+FULL = -(1 << 62)
+
+
 @contextmanager
 def memory_for(client: redis.Redis, extra_bytes: int) -> Iterator[None]:
     """Redis refuses writes once it uses `extra_bytes` more than now (noeviction)."""
     saved = client.config_get("maxmemory*")
     client.config_set("maxmemory-policy", "noeviction")
-    client.config_set("maxmemory", int(client.info("memory")["used_memory"]) + extra_bytes)
+    limit = max(1, int(client.info("memory")["used_memory"]) + extra_bytes)
+    client.config_set("maxmemory", limit)
     try:
         yield
     finally:

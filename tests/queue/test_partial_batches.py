@@ -11,7 +11,7 @@ from delayq.queue.client import AsyncQueue, Queue
 from delayq.queue.model import ScheduleRequest, State
 from delayq.queue.plans import PartlyStoredError, ScheduleFailure
 from delayq.queue.topic import Topic
-from tests.redis_memory import footprint, memory_for
+from tests.redis_memory import FULL, footprint, memory_for
 
 PROBE = Topic("probe", namespace="probe", slot_amount=64)
 TOPIC = Topic("orders", namespace="shop", slot_amount=64)
@@ -41,7 +41,7 @@ def test_sync_schedule_many_reports_which_items_were_stored(redis_client: redis.
     with memory_for(redis_client, half), pytest.raises(PartlyStoredError) as caught:
         queue.schedule_many(BATCH)
     check_report(redis_client, caught.value)
-    with memory_for(redis_client, -1), pytest.raises(redis.exceptions.OutOfMemoryError):
+    with memory_for(redis_client, FULL), pytest.raises(redis.exceptions.OutOfMemoryError):
         # every call writes, so every call is refused: nothing stored, the error itself
         queue.schedule_many([r._replace(id=f"new-{r.id}") for r in BATCH])
     assert queue.stats().scheduled == len(BATCH) - len(caught.value.failures)

@@ -12,7 +12,7 @@ from delayq.queue.client import Queue
 from delayq.queue.model import Lease, ScheduleRequest
 from delayq.queue.topic import Topic
 from delayq.service.tokens import encode_token
-from tests.redis_memory import footprint, memory_for
+from tests.redis_memory import FULL, footprint, memory_for
 from tests.service.conftest import Running, StartService
 
 
@@ -201,7 +201,7 @@ async def test_a_partly_stored_batch_says_which_items_to_resend(
     resend = [m for m in messages if m["id"] in failed]
     status, again = await post(running, "/messages/batch", {"messages": resend})
     assert (status, {r["result"] for r in again["results"]}) == (200, {"created"})
-    with memory_for(redis_client, -1):
+    with memory_for(redis_client, FULL):
         for path, body in (
             (
                 "/messages/batch",
