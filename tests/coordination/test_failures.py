@@ -159,3 +159,12 @@ async def test_a_revocation_that_fails_is_handed_over_again(
     finally:
         await member.stop()
         await proxy.close()
+
+
+def test_an_owner_watch_fired_by_a_session_event_is_harmless() -> None:
+    """kazoo fires every pending watch with `path=None` when the session is lost (seen in
+    chaos runs as an AttributeError in its callback thread): it only wakes the pass."""
+    from kazoo.protocol.states import EventType, KazooState, WatchedEvent
+
+    member = ZkOwnership(ZkSettings(hosts="127.0.0.1:1", namespace="t", topic="t", slot_amount=1))
+    member._on_owner_watch(WatchedEvent(EventType.NONE, KazooState.LOST, None))

@@ -195,6 +195,10 @@ class ZkOwnership:
         self._call_in_loop(self._wake.set)
 
     def _on_owner_watch(self, event: Any) -> None:
+        if not event.path:
+            # kazoo fires watches with no path on a session event: the listener handles that
+            self._call_in_loop(self._wake.set)
+            return
         slot = int(event.path.rsplit("/", 1)[1])
         self._call_in_loop(self._owner_changed, slot)
 
