@@ -125,7 +125,13 @@ async def test_readiness_follows_the_service(start_service: StartService):
     running = await start_service()
     ready = await running.client.get("/readyz")
     assert ready.status == 200
-    assert (await ready.json()) == {"ready": True, "ownedSlots": 4}
+    assert (await ready.json()) == {
+        "ready": True,
+        "reason": "ready",
+        "ownedSlots": 4,
+        "consumedSlots": [0, 1, 2, 3],
+        "grantedSlots": [0, 1, 2, 3],
+    }
     assert (await running.client.get("/healthz")).status == 200
     await running.service.stop()
     assert (await running.client.get("/readyz")).status == 503

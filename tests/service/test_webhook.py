@@ -48,6 +48,10 @@ async def test_success_posts_the_signed_message_and_acks(
     assert verify(SECRET, headers[SIGNATURE_HEADER], body, int(time.time() * 1000))
     assert not verify("wrong-secret", headers[SIGNATURE_HEADER], body, int(time.time() * 1000))
     assert not verify(SECRET, headers[SIGNATURE_HEADER], body + b"x", int(time.time() * 1000))
+    # the receiver is told when the lease runs out (Redis clock = this host's clock here)
+    deadline_ms = int(headers["X-Delayq-Lease-Deadline"])
+    lease_ms = running.service.config.ack_timeout_ms
+    assert message["dueMs"] < deadline_ms <= time.time() * 1000 + lease_ms
 
     async def acked() -> bool:
         return await state_of(running, "a") == "absent"

@@ -183,15 +183,22 @@ class Consumer:
     def holds(self, message: Message) -> bool:
         """True while this consumer may still deliver the message: its slot is owned under the
         epoch it was claimed with and its lease is neither lost nor past its deadline."""
+        return self.lease_deadline_ms(message) is not None
+
+    def lease_deadline_ms(self, message: Message) -> float | None:
+        """When the message's lease runs out (server ms, as far as this consumer knows: the
+        heartbeat may still move it later), or None when `holds` is false."""
         batch = self._batches.get((message.slot, message.lease_id))
         state = self._slots.get(message.slot)
-        return (
-            batch is not None
-            and state is not None
-            and state.epoch == batch.epoch
-            and batch.deadline_ms > self.server_now_ms()
-            and message.id not in batch.lost
-        )
+        if (
+            batch is None
+            or state is None
+            or state.epoch != batch.epoch
+            or batch.deadline_ms <= self.server_now_ms()
+            or message.id in batch.lost
+        ):
+            return None
+        return batch.deadline_ms
 
     # the loop ---------------------------------------------------------------------------------
 

@@ -111,7 +111,13 @@ async def readyz(request: web.Request) -> web.Response:
     """Readiness: connected to Redis and holding an assignment (and not shutting down)."""
     service = request.app[SERVICE]
     ready = await service.is_ready()
-    body: dict[str, Any] = {"ready": ready, "ownedSlots": len(service.owned_slots)}
+    body: dict[str, Any] = {
+        "ready": ready,
+        "reason": service.readiness.reason,
+        "ownedSlots": len(service.owned_slots),
+        "consumedSlots": service.owned_slots,
+        "grantedSlots": sorted(service.ownership.owned),
+    }
     return web.json_response(body, status=200 if ready else 503)
 
 

@@ -90,9 +90,10 @@ class DelayService:
         user-facing time (lateness, signature timestamps) is on it, never on this pod's clock."""
         return self.consumers[self.brokers.routing[slot]].server_now_ms()
 
-    def holds(self, message: Message) -> bool:
-        """Whether the message may still be delivered (checked again right before a POST)."""
-        return self.consumers[self.brokers.routing[message.slot]].holds(message)
+    def lease_deadline_ms(self, message: Message) -> float | None:
+        """The message's lease deadline, None when it may not be delivered any more (checked
+        again right before a POST, and sent along so a receiver knows how long it has)."""
+        return self.consumers[self.brokers.routing[message.slot]].lease_deadline_ms(message)
 
     async def start(self) -> None:
         await self._load_routing()
@@ -150,7 +151,7 @@ class DelayService:
                 self.metrics,
                 config.member,
                 self.server_ms,
-                self.holds,
+                self.lease_deadline_ms,
             )
         if config.stream_url:
             client = connect(config.stream_url, config.redis_max_connections)

@@ -3,10 +3,12 @@
 One pooled aiohttp session per topic, a semaphore bounding concurrent POSTs (the per-topic
 concurrency limit), and a total timeout per POST so a hung receiver costs a retry, not a slot.
 
-A message may wait for the semaphore; once it has a turn, the sink asks `holds` whether its lease
-is still valid and its slot still owned, and sends nothing otherwise (`LeaseGoneError`: the
-consumer gives it back). The signature's timestamp is taken then, on the Redis server clock the
-consumer estimates (`clock_ms`), so a pod whose own clock is off never fails receivers' checks.
+A message may wait for the semaphore; once it has a turn, the sink asks `lease_deadline` whether
+its lease is still valid and its slot still owned, and sends nothing otherwise (`LeaseGoneError`:
+the consumer gives it back); the deadline travels in `X-Delayq-Lease-Deadline` (unix ms, Redis
+clock) so a receiver knows how long its answer may take before the message is redelivered. The
+signature's timestamp is taken then, on the Redis server clock the consumer estimates
+(`clock_ms`), so a pod whose own clock is off never fails receivers' checks.
 """
 
 from __future__ import annotations
@@ -37,8 +39,9 @@ def host_clock(_slot: int) -> float:
     return time.time() * 1000
 
 
-def always(_message: Message) -> bool:
-    return True
+def no_deadline(_message: Message) -> float | None:
+    """For a sink used outside a delay service: no lease to honour, sent as 0."""
+    return 0.0
 
 
 class WebhookSink:
@@ -52,7 +55,7 @@ class WebhookSink:
         metrics: ServiceMetrics,
         member: str = "",
         clock_ms: SlotClock = host_clock,
-        holds: Callable[[Message], bool] = always,
+        lease_deadline: Callable[[Message], float | None] = no_deadline,
     ) -> None:
         self.topic = topic
         self.url = url
@@ -60,7 +63,7 @@ class WebhookSink:
         self.metrics = metrics
         self.member = member
         self.clock_ms = clock_ms
-        self.holds = holds
+        self.lease_deadline = lease_deadline
         self._limit = asyncio.Semaphore(concurrency)
         # No cookie jar: a receiver's cookies must not ride along on later deliveries.
         self._session = aiohttp.ClientSession(
@@ -78,8 +81,10 @@ class WebhookSink:
             "X-Delayq-Member": self.member,
         }
         async with self._limit:
-            if not self.holds(message):
+            deadline_ms = self.lease_deadline(message)
+            if deadline_ms is None:
                 raise LeaseGoneError(f"{message.id}: lease gone while waiting for a POST slot")
+            headers["X-Delayq-Lease-Deadline"] = str(int(deadline_ms))
             if self.secret:
                 timestamp_ms = int(self.clock_ms(message.slot))
                 headers[SIGNATURE_HEADER] = sign(self.secret, body, timestamp_ms)
