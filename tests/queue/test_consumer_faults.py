@@ -210,3 +210,32 @@ async def test_no_handler_starts_after_its_lease_ran_out(client: redis.asyncio.R
     assert len(starts[first_lease]) < 8  # the rest of the batch was skipped, not delivered late
     assert max(starts[first_lease]) < paused_at + 0.6 + 0.1  # lease + clock-estimate tolerance
     assert consumer.counters.deliveries_skipped > 0
+
+
+async def test_the_watchdog_claims_a_slot_whose_wake_up_was_lost(
+    client: redis.asyncio.Redis,
+) -> None:
+    """A message lands in an owned, idle slot without its wake-up (written around the schedule
+    script, as a lost RPUSH would leave it): the consumer expects nothing there, so only the
+    watchdog can notice; it claims the slot within its bounds and counts the stall."""
+    topic = Topic("lost-wake", slot_amount=1, ack_timeout_ms=5_000)
+    queue = AsyncQueue(client, topic)
+    seen: list[str] = []
+
+    async def handler(message: Message) -> None:
+        seen.append(message.id)
+
+    consumer = Consumer(queue, handler)
+    await consumer.own([0])
+    running = asyncio.create_task(consumer.run())
+    try:
+        await eventually(lambda: consumer._slots[0].next_ms is None, 5.0, "the slot idle")
+        keys = slot_keys(topic, 0)
+        seconds, micros = await client.time()
+        due_ms = int(seconds) * 1000 + int(micros) // 1000
+        await client.zadd(keys.key(Part.STORE), {"lost": due_ms})
+        await client.hset(keys.key(Part.MSG), "lost", b"0:::0:p")
+        await eventually(lambda: seen == ["lost"], 5.0, "the watchdog's claim")
+    finally:
+        await stopped(consumer, running)
+    assert consumer.counters.stalled_slots_recovered == 1

@@ -186,3 +186,25 @@ async def test_a_long_poll_sees_slots_taken_over_while_it_waits(
     finally:
         await service.stop()
         await client.close()
+
+
+async def test_a_stale_token_cannot_ack_the_upserted_version(start_service: StartService):
+    """Lease v1, upsert v2, lease v2: both leases are attempt 1, yet v1's token must not ack
+    (and so delete) v2, which was never processed."""
+    running = await start_service()
+    put = f"{running.base}/messages"
+    assert (await running.client.post(put, json={"id": "u", "delayMs": 0, "payload": "v1"})).ok
+    [v1] = await lease(running, max=1)
+    replaced = await running.client.post(
+        put, json={"id": "u", "delayMs": 0, "payload": "v2", "mode": "upsert"}
+    )
+    assert replaced.ok, await replaced.text()
+    [v2] = await lease(running, max=1)
+    assert (v1["payload"], v2["payload"], v1["attempt"], v2["attempt"]) == ("v1", "v2", 1, 1)
+    assert v1["token"] != v2["token"]
+    stale = await running.client.post(f"{running.base}/leases/ack", json={"tokens": [v1["token"]]})
+    assert stale.status == 409
+    info = await (await running.client.get(f"{put}/u")).json()
+    assert (info["state"], info["payload"]) == ("prepared", "v2")
+    fresh = await running.client.post(f"{running.base}/leases/ack", json={"tokens": [v2["token"]]})
+    assert fresh.status == 200

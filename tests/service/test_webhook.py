@@ -199,3 +199,38 @@ async def test_a_taken_over_backlog_is_delivered_at_once(
         assert json.loads(receiver.bodies()[0])["id"] == scheduled.id
     finally:
         await service.stop()
+
+
+async def test_a_slow_receiver_gets_each_message_once_and_nothing_dies(
+    start_service: StartService, receiver: Receiver
+):
+    """The duplicate storm of a slow receiver, without any fault: 4 POSTs at a time of 100 ms
+    each, up to 200 leased, leases of 1 s. Messages queued behind the concurrency limit wait
+    far longer than a lease; their leases are extended, so each is POSTed exactly once and,
+    with max_retries 1, none goes dead although every POST succeeded."""
+
+    async def slow(call: int) -> int:
+        await asyncio.sleep(0.1)
+        return 204
+
+    receiver.answer = slow
+    running = await start_service(
+        topic_type="webhook",
+        webhook_url=receiver.url,
+        webhook_concurrency=4,
+        webhook_timeout_ms=500,
+        max_in_flight=200,
+        ack_timeout_ms=1_000,
+        max_retries=1,
+    )
+    messages = [{"id": f"s{i}", "delayMs": 0} for i in range(120)]
+    batch = await running.client.post(f"{running.base}/messages/batch", json={"messages": messages})
+    assert batch.status == 200
+
+    async def drained() -> bool:
+        stats = await (await running.client.get(f"{running.base}/stats")).json()
+        return bool(stats["scheduled"] + stats["prepared"] + stats["dead"] == 0)
+
+    await eventually(drained, 30, "every message acked")
+    ids = [json.loads(body)["id"] for body in receiver.bodies()]
+    assert sorted(ids) == sorted(m["id"] for m in messages)  # each exactly once
