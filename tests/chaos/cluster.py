@@ -13,8 +13,6 @@ import asyncio
 import contextlib
 import os
 import signal
-import subprocess
-import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -25,11 +23,12 @@ from kazoo.handlers.threading import KazooTimeoutError
 
 from delayq.coordination.layout import TopicPaths
 from delayq.local.ports import free_port
-from delayq.local.processes import ServeProcess, config_env
+from delayq.local.processes import ServeProcess
 from delayq.local.redis_server import RedisServer
 from delayq.local.zookeeper_server import ZooKeeperServer
 from delayq.queue.topic import TopicType
 from delayq.service.config import ServiceConfig
+from tests.faketime import faketime_env
 
 from .proxy import Link
 from .receiver import SECRET
@@ -44,44 +43,7 @@ BACKOFF_BASE_MS = 250
 BACKOFF_MAX_MS = 2000
 GRACE_MS = 3000
 SKEWS_S = (0.0, 5.0, -5.0)  # member c0 real, c1 ahead, c2 behind
-FAKETIME_LIBRARY = "/usr/lib/x86_64-linux-gnu/faketime/libfaketime.so.1"
 RESTART_BACKOFF_S = 1.0
-SKEWED_SITE = Path(__file__).parent / "skewed_site"  # its sitecustomize works around libfaketime
-
-
-def faketime_env(skew_s: float) -> dict[str, str]:
-    """LD_PRELOAD settings that shift a process's wall clock by `skew_s` (monotonic stays)."""
-    if not skew_s:
-        return {}
-    if not Path(FAKETIME_LIBRARY).exists():
-        raise FileNotFoundError("libfaketime not found: run scripts/setup.sh (Debian faketime)")
-    path = os.pathsep.join(p for p in (str(SKEWED_SITE), os.environ.get("PYTHONPATH", "")) if p)
-    return {
-        "PYTHONPATH": path,
-        "LD_PRELOAD": FAKETIME_LIBRARY,
-        "FAKETIME": f"{skew_s:+.0f}s",
-        "FAKETIME_DONT_FAKE_MONOTONIC": "1",
-        "FAKETIME_NO_CACHE": "1",
-    }
-
-
-@dataclass
-class SkewedServe(ServeProcess):
-    """A `delayq serve` process with extra environment (libfaketime) on top of its config."""
-
-    extra_env: dict[str, str] = field(default_factory=dict)
-
-    def start(self) -> SkewedServe:
-        env = {**os.environ, **config_env(self.config), **self.extra_env}
-        with self.log_path.open("ab") as log:
-            self.process = subprocess.Popen(
-                [sys.executable, "-m", "delayq.cli", "serve"],
-                env=env,
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                start_new_session=True,
-            )
-        return self
 
 
 @dataclass
@@ -92,7 +54,7 @@ class Member:
     skew_s: float
     zk_link: Link
     redis_link: Link
-    serve: SkewedServe
+    serve: ServeProcess
     held_down: bool = False  # stopped on purpose: the supervisor leaves it alone
     unexpected_exits: list[tuple[float, int]] = field(default_factory=list)  # (wall ms, code)
 
@@ -154,7 +116,7 @@ class Cluster:
             await zk_link.start()
             await redis_link.start()
             config = self.config(name, zk_link.port, redis_link.port, free_port())
-            serve = SkewedServe(config, self.workdir / f"{name}.log", extra_env=faketime_env(skew))
+            serve = ServeProcess(config, self.workdir / f"{name}.log", extra_env=faketime_env(skew))
             self.members.append(Member(name, skew, zk_link, redis_link, serve))
         for member in self.members:
             member.serve.start()
@@ -218,7 +180,7 @@ class Cluster:
         await asyncio.to_thread(self.redis.stop)
 
 
-def _stop_serves(serves: list[SkewedServe]) -> None:
+def _stop_serves(serves: list[ServeProcess]) -> None:
     for serve in serves:
         serve.terminate()
     for serve in serves:

@@ -6,14 +6,9 @@ them), and a +5 min pod measures every delivery 300 s late (the histogram's +Inf
 
 from __future__ import annotations
 
-import dataclasses
-import os
-import subprocess
-import sys
 import time
 from collections.abc import AsyncIterator
 from email.utils import parsedate_to_datetime
-from glob import glob
 from pathlib import Path
 
 import aiohttp
@@ -22,11 +17,12 @@ import redis.asyncio
 from prometheus_client.parser import text_string_to_metric_families
 
 from delayq.local.ports import free_port
-from delayq.local.processes import ServeProcess, config_env
+from delayq.local.processes import ServeProcess
 from delayq.local.redis_server import RedisServer
 from delayq.queue.topic import TopicType
 from delayq.service.config import ServiceConfig
 from delayq.service.delivery.signing import SIGNATURE_HEADER, verify
+from tests.faketime import faketime_env, faketime_library
 from tests.service.conftest import Receiver, eventually
 
 TOPIC = "skewed"
@@ -38,42 +34,6 @@ CLOSE_S = 3.0  # how near the real time a signature timestamp must be
 LATENESS = "delayq_delivery_lateness_seconds"
 
 
-def faketime_library() -> str | None:
-    """libfaketime (Debian package `faketime`, installed by scripts/setup.sh), if present."""
-    found = sorted(glob("/usr/lib/*/faketime/libfaketime.so.1"))
-    return found[0] if found else None
-
-
-@dataclasses.dataclass
-class SkewedServe(ServeProcess):
-    """`delayq serve` with a wall clock `skew_s` off the real one (monotonic stays real).
-
-    ServeProcess has no hook for extra environment, so `start` repeats its command."""
-
-    skew_s: int = 0
-
-    def start(self) -> SkewedServe:
-        library = faketime_library()
-        assert library is not None
-        env = {
-            **os.environ,
-            **config_env(self.config),
-            "LD_PRELOAD": library,
-            "FAKETIME": f"{self.skew_s:+d}s",
-            "FAKETIME_DONT_FAKE_MONOTONIC": "1",
-            "FAKETIME_NO_CACHE": "1",
-        }
-        with self.log_path.open("ab") as log:
-            self.process = subprocess.Popen(
-                [sys.executable, "-m", "delayq.cli", "serve"],
-                env=env,
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                start_new_session=True,
-            )
-        return self
-
-
 @pytest.fixture
 async def session() -> AsyncIterator[aiohttp.ClientSession]:
     async with aiohttp.ClientSession() as client:
@@ -81,8 +41,8 @@ async def session() -> AsyncIterator[aiohttp.ClientSession]:
 
 
 @pytest.fixture
-async def serving() -> AsyncIterator[list[SkewedServe]]:
-    started: list[SkewedServe] = []
+async def serving() -> AsyncIterator[list[ServeProcess]]:
+    started: list[ServeProcess] = []
     yield started
     for process in started:
         process.terminate()
@@ -110,7 +70,7 @@ async def test_signatures_and_lateness_use_the_redis_clock_not_the_pod_clock(
     async_redis_client: redis.asyncio.Redis,
     receiver: Receiver,
     session: aiohttp.ClientSession,
-    serving: list[SkewedServe],
+    serving: list[ServeProcess],
     tmp_path: Path,
 ):
     if faketime_library() is None:
@@ -132,7 +92,7 @@ async def test_signatures_and_lateness_use_the_redis_clock_not_the_pod_clock(
         webhook_secret=SECRET,
         grace_ms=2000,
     )
-    process = SkewedServe(config, tmp_path / "serve.log", skew_s=skew_s).start()
+    process = ServeProcess(config, tmp_path / "serve.log", extra_env=faketime_env(skew_s)).start()
     serving.append(process)
 
     async def ready() -> bool:

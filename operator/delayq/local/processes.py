@@ -11,7 +11,7 @@ import os
 import signal
 import subprocess
 import sys
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 
 from delayq.service.config import ServiceConfig, env_name
@@ -29,6 +29,8 @@ class ServeProcess:
     config: ServiceConfig
     log_path: Path
     process: subprocess.Popen[bytes] | None = None
+    # on top of the config's variables: e.g. libfaketime's, for a process with a skewed clock
+    extra_env: dict[str, str] = field(default_factory=dict)
 
     @property
     def url(self) -> str:
@@ -40,7 +42,7 @@ class ServeProcess:
         return self.process.pid
 
     def start(self) -> ServeProcess:
-        env = {**os.environ, **config_env(self.config)}
+        env = {**os.environ, **config_env(self.config), **self.extra_env}
         with self.log_path.open("ab") as log:
             self.process = subprocess.Popen(
                 [sys.executable, "-m", "delayq.cli", "serve"],
