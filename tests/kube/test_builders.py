@@ -13,6 +13,7 @@ from delayq.kube.builders.common import BuildContext
 from delayq.kube.builders.redis import REDIS_START_SCRIPT
 from delayq.kube.builders.service import config_hash
 from delayq.kube.spec import TopicSpec, parse_spec
+from delayq.service.topic_file import TopicFile
 
 CTX = BuildContext(image="delayq:test", redis_image="redis:test", operator_namespace="ops")
 CREDS = Credentials(redis_password="pw", api_token="tok")
@@ -202,11 +203,13 @@ def test_config_map_carries_the_topic_contract() -> None:
     )
     assert config["topic"] == "orders"
     assert config["namespace"] == "shop"
-    assert config["slotAmount"] == 16
-    assert config["maxRetries"] == 3
-    assert config["delivery"]["webhookUrl"] == "https://x.example/h"
-    assert config["zookeeper"]["root"] == "/delayq/shop/orders"
-    assert config["zookeeper"]["connect"] == CTX.default_zookeeper
+    assert config["slot_amount"] == 16
+    assert config["max_retries"] == 3
+    assert config["webhook_url"] == "https://x.example/h"
+    assert config["zookeeper_connect"] == CTX.default_zookeeper
+    assert config["redis_master_host_template"] == "orders-redis-{broker}.shop.svc"
+    text = by_kind_name(rendered(spec))["ConfigMap", "orders-config"]["data"]["topic.json"]
+    assert TopicFile.from_json(text).to_json() == text  # what `delayq serve --config` reads
 
 
 def test_worker_settings_change_the_config_hash_and_so_roll_the_pods() -> None:

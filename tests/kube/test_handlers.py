@@ -101,7 +101,7 @@ async def test_create_provisions_everything_and_publishes_routing(
     routing = published_routing(zk)
     assert routing is not None
     assert routing.brokers == (0, 0, 0, 0, 1, 1, 1, 1)
-    assert b'"slotAmount": 8' in published_config(zk)
+    assert b'"slot_amount": 8' in published_config(zk)
     status = body(api)["status"]
     assert status["observedGeneration"] == 1
     assert status["appliedSlotAmount"] == 8
@@ -176,7 +176,7 @@ async def test_slot_amount_growth_is_refused_with_a_condition(
     routing = published_routing(zk)
     assert routing is not None
     assert routing.slot_amount == 8
-    assert b'"slotAmount": 8' in published_config(zk)
+    assert b'"slot_amount": 8' in published_config(zk)
     assert body(api)["status"]["observedGeneration"] == 2
 
 
@@ -192,7 +192,7 @@ async def test_worker_settings_roll_the_service_pods(
     template = get(api, STS, "orders-service")["spec"]["template"]
     assert template["metadata"]["annotations"][naming.CONFIG_HASH_ANNOTATION] != before
     config = get(api, "v1/configmaps", "orders-config")["data"][naming.CONFIG_KEY]
-    assert '"concurrency": 99' in config
+    assert '"worker_concurrency": 99' in config
 
 
 # --- invalid spec, transient failures, pause --------------------------------------------------

@@ -20,7 +20,9 @@ import redis.asyncio
 from delayq.local.ports import free_port
 from delayq.local.processes import ServeProcess
 from delayq.local.redis_server import RedisServer
+from delayq.queue.topic import TopicType
 from delayq.service.config import ServiceConfig
+from delayq.service.topic_file import TopicFile
 from tests.service.conftest import Receiver, eventually
 
 TOPIC = "procs"
@@ -268,24 +270,31 @@ async def test_serve_with_the_operators_topic_file(
     """The pod's command line: `delayq serve --config topic.json`, secrets and name in env."""
     port = free_port()
     redis_port = int(redis_server.url.rsplit(":", 1)[1].split("/")[0])
-    document = {
-        "namespace": "shop",
-        "topic": "filed",
-        "slotAmount": 4,
-        "topicType": "pull",
-        "brokers": 1,
-        "maxRetries": 3,
-        "ackTimeoutMs": 5000,
-        "maxPayloadBytes": 1024,
-        "journalMaxLen": 0,
-        "delivery": {"pullMaxLeaseBatch": 10, "streamKey": "", "streamMaxLen": 0},
-        "zookeeper": {"connect": "", "sessionTimeoutMs": 10000},
-        "redis": {"masterHostTemplate": "127.0.0.1", "port": redis_port},
-        "worker": {"concurrency": 16},
-        "http": {"port": port},
-    }
+    document = TopicFile(
+        namespace="shop",
+        topic="filed",
+        slot_amount=4,
+        topic_type=TopicType.PULL,
+        brokers=1,
+        max_retries=3,
+        ack_timeout_ms=5000,
+        max_payload_bytes=1024,
+        journal_max_len=0,
+        webhook_url="",
+        webhook_timeout_ms=10_000,
+        webhook_max_in_flight=64,
+        pull_max_lease_batch=10,
+        stream_key="",
+        stream_max_len=0,
+        zookeeper_connect="",
+        zookeeper_session_timeout_ms=10_000,
+        worker_concurrency=16,
+        redis_master_host_template="127.0.0.1",
+        redis_port=redis_port,
+        http_port=port,
+    )
     path = tmp_path / "topic.json"
-    path.write_text(json.dumps(document))
+    path.write_text(document.to_json())
     env = {k: v for k, v in os.environ.items() if not k.startswith("DELAYQ_")}
     env.update(
         {"POD_NAME": "filed-service-0", "DELAYQ_API_TOKEN": "tok", "DELAYQ_HOST": "127.0.0.1"}
@@ -313,7 +322,7 @@ async def test_serve_with_the_operators_topic_file(
         async with session.post(
             f"{url}/v1/topics/filed/leases", json={"max": 11}, headers=headers
         ) as response:
-            assert response.status == 400  # pullMaxLeaseBatch from the file
+            assert response.status == 400  # pull_max_lease_batch from the file
         process.terminate()
         assert await asyncio.to_thread(process.wait, 30) == 0
         lines = [json.loads(line) for line in (tmp_path / "serve.log").read_text().splitlines()]

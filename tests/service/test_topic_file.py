@@ -3,6 +3,7 @@ the example DelayTopics) becomes a valid ServiceConfig, secrets and identity fro
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 
@@ -10,37 +11,62 @@ import pytest
 import yaml
 
 from delayq.kube.builders.common import BuildContext
-from delayq.kube.builders.service import topic_config
+from delayq.kube.builders.service import config_map, topic_file
+from delayq.kube.naming import CONFIG_KEY
 from delayq.kube.spec import parse_spec
+from delayq.queue.topic import TopicType
 from delayq.service.config import ConfigError, ServiceConfig
-from delayq.service.topic_file import read_topic_file, settings_from_topic
+from delayq.service.topic_file import TopicFile, read_topic_file
 
 EXAMPLES = sorted((Path(__file__).resolve().parents[2] / "examples" / "valid").glob("*.yaml"))
 POD_ENV = {"POD_NAME": "orders-service-2", "DELAYQ_REDIS_PASSWORD": "p@ss/word"}
 
 
-def operator_document(path: Path) -> dict[str, object]:
+def operator_file(path: Path) -> TopicFile:
     manifest = yaml.safe_load(path.read_text())
     metadata = manifest["metadata"]
     spec = parse_spec(metadata["name"], metadata.get("namespace", "default"), manifest["spec"])
-    return topic_config(spec, BuildContext(), spec.slot_amount)
+    return topic_file(spec, BuildContext(), spec.slot_amount)
+
+
+def service_config(file: TopicFile) -> ServiceConfig:
+    return ServiceConfig.from_env({}, file.service_settings(POD_ENV))
 
 
 @pytest.mark.parametrize("example", EXAMPLES, ids=lambda p: p.stem)
 def test_every_example_topic_makes_a_valid_service_config(example: Path):
-    document = operator_document(example)
-    config = ServiceConfig.from_env({}, settings_from_topic(document, POD_ENV))
-    assert config.topic == document["topic"]
-    assert config.slot_amount == document["slotAmount"]
-    assert config.topic_type.value == document["topicType"]
-    assert len(config.brokers) == document["brokers"]
+    file = operator_file(example)
+    config = service_config(TopicFile.from_json(file.to_json()))
+    assert config.topic == file.topic
+    assert config.slot_amount == file.slot_amount
+    assert config.topic_type is file.topic_type
+    assert len(config.brokers) == file.brokers
     assert config.member == "orders-service-2"
     assert config.host == "0.0.0.0"
 
 
+@pytest.mark.parametrize("example", EXAMPLES, ids=lambda p: p.stem)
+def test_the_config_map_the_operator_writes_parses_back_to_the_same_file(example: Path):
+    manifest = yaml.safe_load(example.read_text())
+    metadata = manifest["metadata"]
+    spec = parse_spec(metadata["name"], metadata.get("namespace", "default"), manifest["spec"])
+    text = config_map(spec, BuildContext(), spec.slot_amount)["data"][CONFIG_KEY]
+    parsed = TopicFile.from_json(text)
+    assert parsed == topic_file(spec, BuildContext(), spec.slot_amount)
+    assert parsed.to_json() == text
+
+
+def test_the_json_keys_are_the_field_names_and_the_serve_settings():
+    file = operator_file(EXAMPLES[0])
+    document = json.loads(file.to_json())
+    assert list(document) == sorted(f.name for f in dataclasses.fields(TopicFile))
+    assert document["topic_type"] == file.topic_type.value
+    settings = {f.name for f in dataclasses.fields(ServiceConfig)}
+    assert set(file.service_settings(POD_ENV)) <= settings
+
+
 def test_broker_urls_carry_the_escaped_password_and_the_template():
-    document = operator_document(next(p for p in EXAMPLES if "webhook" in p.stem))
-    config = ServiceConfig.from_env({}, settings_from_topic(document, POD_ENV))
+    config = service_config(operator_file(next(p for p in EXAMPLES if "webhook" in p.stem)))
     assert config.brokers[1] == "redis://:p%40ss%2Fword@callbacks-redis-1.default.svc:6379/0"
     assert config.redis_url == config.brokers[0]
     assert config.zookeeper.startswith("zk-0.zk:2181")
@@ -48,16 +74,39 @@ def test_broker_urls_carry_the_escaped_password_and_the_template():
 
 
 def test_environment_and_flags_still_override_the_file(tmp_path: Path):
-    document = operator_document(EXAMPLES[0])
     path = tmp_path / "topic.json"
-    path.write_text(json.dumps(document))
+    path.write_text(operator_file(EXAMPLES[0]).to_json())
     base = read_topic_file(path, {})
     config = ServiceConfig.from_env({"DELAYQ_API_TOKEN": "t", "DELAYQ_PORT": "9999"}, base)
     assert (config.api_token, config.port) == ("t", 9999)
 
 
-def test_a_broken_file_names_what_is_missing(tmp_path: Path):
-    with pytest.raises(ConfigError, match="topic"):
-        settings_from_topic({"namespace": "x"}, {})
+def test_a_broken_file_is_one_line_naming_the_key(tmp_path: Path):
+    document = json.loads(operator_file(EXAMPLES[0]).to_json())
+    cases = {
+        "missing key 'topic'": {k: v for k, v in document.items() if k != "topic"},
+        "unknown key 'zookeeper'": {**document, "zookeeper": {"root": "/delayq"}},
+        "key 'slot_amount' must be an integer": {**document, "slot_amount": "16"},
+        "key 'brokers' must be an integer": {**document, "brokers": True},
+        "key 'webhook_url' must be a string": {**document, "webhook_url": None},
+        "key 'topic_type' must be one of pull, webhook, stream": {**document, "topic_type": "x"},
+    }
+    for expected, broken in cases.items():
+        with pytest.raises(ConfigError, match=expected) as raised:
+            TopicFile.from_json(json.dumps(broken))
+        assert "\n" not in str(raised.value)
+    with pytest.raises(ConfigError, match="must be a JSON object"):
+        TopicFile.from_json("[]")
+    with pytest.raises(ConfigError, match="not JSON"):
+        TopicFile.from_json("{")
     with pytest.raises(ConfigError, match="--config"):
         read_topic_file(tmp_path / "absent.json", {})
+    path = tmp_path / "topic.json"
+    path.write_text(json.dumps({**document, "extra": 1}))
+    with pytest.raises(ConfigError, match=f"--config {path}: topic file: unknown key 'extra'"):
+        read_topic_file(path, {})
+
+
+def test_a_pull_file_round_trips_its_topic_type():
+    file = dataclasses.replace(operator_file(EXAMPLES[0]), topic_type=TopicType.STREAM)
+    assert TopicFile.from_json(file.to_json()) == file

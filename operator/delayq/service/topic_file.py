@@ -1,77 +1,151 @@
-"""The operator's `topic.json` (`delayq serve --config`) → ServiceConfig settings (pure).
+"""`topic.json`: the operator's description of one topic for `delayq serve --config` (pure).
 
-Contract (docs/operator.md, built by `delayq.kube.builders.service.topic_config`): the topic's
-settings, its brokers (`redis.masterHostTemplate` with `{broker}` = 0..brokers-1), ZooKeeper and
-the HTTP port. Secrets are not in the file: the pod's environment carries
-`DELAYQ_REDIS_PASSWORD` and `DELAYQ_API_TOKEN`, and `POD_NAME` (`<topic>-service-<i>`) names the
-member and, by its ordinal, the broker it prefers.
+`TopicFile` is the whole contract: the operator's builder (`delayq.kube.builders.service`)
+constructs one and writes `to_json()` into the topic's ConfigMap; `delayq serve --config` reads
+it back with `from_json()`. The JSON object has exactly one key per field, named like the field,
+which is also the `delayq serve` setting, flag and environment variable of the same name (see
+docs/architecture.md, "One name per setting"). Reading is strict: an unknown, missing or
+mistyped key is a one-line `ConfigError` naming the key, never a silent default.
+
+Secrets are not in the file: the pod's environment carries `DELAYQ_REDIS_PASSWORD` and
+`DELAYQ_API_TOKEN`, and `POD_NAME` (`<topic>-service-<i>`) names the member and, by its ordinal,
+the broker it prefers.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
+import typing
 from collections.abc import Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 from urllib.parse import quote
 
+from delayq.queue.topic import TopicType
 from delayq.service.config import ConfigError
 
-DEFAULT_REDIS_PORT = 6379
+
+@dataclass(frozen=True)
+class TopicFile:
+    """Everything `delayq serve` needs from the operator about one topic (no secrets)."""
+
+    namespace: str
+    topic: str
+    slot_amount: int
+    topic_type: TopicType
+    brokers: int
+    max_retries: int
+    ack_timeout_ms: int
+    max_payload_bytes: int
+    journal_max_len: int
+    webhook_url: str
+    webhook_timeout_ms: int
+    webhook_max_in_flight: int
+    pull_max_lease_batch: int
+    stream_key: str
+    stream_max_len: int
+    zookeeper_connect: str
+    zookeeper_session_timeout_ms: int
+    worker_concurrency: int
+    # broker b's master is `redis_master_host_template.format(broker=b)`, b = 0..brokers-1
+    redis_master_host_template: str
+    redis_port: int
+    http_port: int
+
+    def to_json(self) -> str:
+        """The ConfigMap's `topic.json`: stable (sorted keys), so its hash rolls pods only on a
+        real change."""
+        document = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
+        document["topic_type"] = self.topic_type.value
+        return json.dumps(document, indent=2, sort_keys=True)
+
+    @classmethod
+    def from_json(cls, text: str | bytes) -> TopicFile:
+        """Parse strictly; a ConfigError names the first unknown, missing or bad key."""
+        try:
+            document = json.loads(text)
+        except ValueError as error:
+            raise ConfigError(f"topic file: not JSON: {error}") from None
+        if not isinstance(document, dict):
+            raise ConfigError("topic file: must be a JSON object")
+        known = [f.name for f in dataclasses.fields(cls)]
+        for key in document:
+            if key not in known:
+                raise ConfigError(f"topic file: unknown key {key!r}")
+        values: dict[str, Any] = {}
+        for name in known:
+            if name not in document:
+                raise ConfigError(f"topic file: missing key {name!r}")
+            values[name] = _typed(name, _FIELD_TYPES[name], document[name])
+        return cls(**values)
+
+    def service_settings(self, env: Mapping[str, str]) -> dict[str, Any]:
+        """ServiceConfig keyword arguments: this file plus the pod's environment."""
+        urls = self.broker_urls(env.get("DELAYQ_REDIS_PASSWORD", ""))
+        settings: dict[str, Any] = {
+            "namespace": self.namespace,
+            "topic": self.topic,
+            "slot_amount": self.slot_amount,
+            "topic_type": self.topic_type,
+            "max_retries": self.max_retries,
+            "ack_timeout_ms": self.ack_timeout_ms,
+            "max_payload_bytes": self.max_payload_bytes,
+            "journal_maxlen": self.journal_max_len,
+            "webhook_url": self.webhook_url,
+            "webhook_timeout_ms": self.webhook_timeout_ms,
+            "webhook_concurrency": self.webhook_max_in_flight,
+            "max_lease_batch": self.pull_max_lease_batch,
+            "stream_key": self.stream_key,
+            "stream_maxlen": self.stream_max_len,
+            "zookeeper": self.zookeeper_connect,
+            "zk_session_timeout_ms": self.zookeeper_session_timeout_ms,
+            "max_in_flight": self.worker_concurrency,
+            "port": self.http_port,
+            "host": "0.0.0.0",  # in a pod: reachable by probes, the Service and Prometheus
+            "redis_url": urls[0],
+            "broker_urls": ",".join(urls),
+        }
+        if env.get("POD_NAME"):
+            settings["member_id"] = env["POD_NAME"]
+            settings["broker_id"] = env["POD_NAME"]  # its ordinal is the preferred broker
+        return settings
+
+    def broker_urls(self, password: str) -> list[str]:
+        """One Redis URL per broker index, from the master host template."""
+        auth = f":{quote(password, safe='')}@" if password else ""
+        template = self.redis_master_host_template
+        return [
+            f"redis://{auth}{template.format(broker=b)}:{self.redis_port}/0"
+            for b in range(self.brokers)
+        ]
+
+
+_FIELD_TYPES: dict[str, Any] = typing.get_type_hints(TopicFile)
+
+
+def _typed(name: str, kind: Any, value: object) -> Any:
+    if kind is TopicType:
+        try:
+            return TopicType(str(value))
+        except ValueError:
+            choices = ", ".join(t.value for t in TopicType)
+            raise ConfigError(f"topic file: key {name!r} must be one of {choices}") from None
+    if kind is int and (isinstance(value, bool) or not isinstance(value, int)):
+        raise ConfigError(f"topic file: key {name!r} must be an integer, got {value!r}")
+    if kind is str and not isinstance(value, str):
+        raise ConfigError(f"topic file: key {name!r} must be a string, got {value!r}")
+    return value
 
 
 def read_topic_file(path: str | Path, env: Mapping[str, str]) -> dict[str, Any]:
+    """`delayq serve --config PATH`: ServiceConfig keyword arguments from the file and env."""
     try:
-        document = json.loads(Path(path).read_text())
-    except (OSError, ValueError) as error:
+        text = Path(path).read_text()
+    except OSError as error:
         raise ConfigError(f"--config {path}: {error}") from error
-    return settings_from_topic(document, env)
-
-
-def settings_from_topic(document: Mapping[str, Any], env: Mapping[str, str]) -> dict[str, Any]:
-    """ServiceConfig keyword arguments from the operator's document and the pod environment."""
     try:
-        delivery = document.get("delivery", {})
-        zookeeper = document.get("zookeeper", {})
-        settings: dict[str, Any] = {
-            "namespace": document["namespace"],
-            "topic": document["topic"],
-            "slot_amount": int(document["slotAmount"]),
-            "topic_type": document["topicType"],
-            "max_retries": int(document["maxRetries"]),
-            "ack_timeout_ms": int(document["ackTimeoutMs"]),
-            "max_payload_bytes": int(document["maxPayloadBytes"]),
-            "journal_maxlen": int(document.get("journalMaxLen", 0)),
-            "webhook_url": delivery.get("webhookUrl") or "",
-            "webhook_timeout_ms": int(delivery.get("webhookTimeoutMs", 5000)),
-            "webhook_concurrency": int(delivery.get("webhookMaxInFlight", 64)),
-            "max_lease_batch": int(delivery.get("pullMaxLeaseBatch", 1000)),
-            "stream_key": delivery.get("streamKey") or "",
-            "stream_maxlen": int(delivery.get("streamMaxLen") or 0),
-            "zookeeper": zookeeper.get("connect", ""),
-            "zk_session_timeout_ms": int(zookeeper.get("sessionTimeoutMs", 10_000)),
-            "port": int(document.get("http", {}).get("port", 8080)),
-            "host": "0.0.0.0",  # in a pod: reachable by probes, the Service and Prometheus
-        }
-        worker = document.get("worker", {})
-        if "concurrency" in worker:
-            settings["max_in_flight"] = int(worker["concurrency"])
-        urls = broker_urls(document, env.get("DELAYQ_REDIS_PASSWORD", ""))
-    except (KeyError, TypeError, ValueError) as error:
-        raise ConfigError(f"topic file: missing or invalid {error}") from error
-    settings["redis_url"] = urls[0]
-    settings["broker_urls"] = ",".join(urls)
-    if env.get("POD_NAME"):
-        settings["member_id"] = env["POD_NAME"]
-        settings["broker_id"] = env["POD_NAME"]  # its ordinal is the preferred broker
-    return settings
-
-
-def broker_urls(document: Mapping[str, Any], password: str) -> list[str]:
-    """One Redis URL per broker index, from the master host template."""
-    redis = document["redis"]
-    template = redis["masterHostTemplate"]
-    port = int(redis.get("port", DEFAULT_REDIS_PORT))
-    auth = f":{quote(password, safe='')}@" if password else ""
-    count = int(document.get("brokers", 1))
-    return [f"redis://{auth}{template.format(broker=b)}:{port}/0" for b in range(count)]
+        return TopicFile.from_json(text).service_settings(env)
+    except ConfigError as error:
+        raise ConfigError(f"--config {path}: {error}") from None

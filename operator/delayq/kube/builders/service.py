@@ -14,7 +14,6 @@ from __future__ import annotations
 import base64
 import hashlib
 import json
-from typing import Any
 
 from delayq.kube import naming
 from delayq.kube.builders.common import (
@@ -31,52 +30,46 @@ from delayq.kube.builders.common import (
     tmp_volume,
 )
 from delayq.kube.spec import TopicSpec
+from delayq.service.topic_file import TopicFile
 
 
 def zookeeper_connect(spec: TopicSpec, ctx: BuildContext) -> str:
     return spec.zookeeper_connect or ctx.default_zookeeper
 
 
-def topic_config(spec: TopicSpec, ctx: BuildContext, slot_amount: int) -> dict[str, Any]:
-    """What `delayq serve` reads from /etc/delayq/topic.json (contract in docs/operator.md).
+def topic_file(spec: TopicSpec, ctx: BuildContext, slot_amount: int) -> TopicFile:
+    """What `delayq serve` reads from /etc/delayq/topic.json (contract: `TopicFile`).
 
     `slot_amount` is the applied amount, which lags the spec while a growth is rejected.
     """
     delivery = spec.delivery
-    return {
-        "namespace": spec.namespace,
-        "topic": spec.name,
-        "slotAmount": slot_amount,
-        "topicType": spec.topic_type.value,
-        "brokers": spec.brokers,
-        "maxRetries": spec.max_retries,
-        "ackTimeoutMs": spec.ack_timeout_ms,
-        "maxPayloadBytes": spec.max_payload_bytes,
-        "journalMaxLen": spec.journal_max_len,
-        "delivery": {
-            "webhookUrl": delivery.webhook_url,
-            "webhookTimeoutMs": delivery.webhook_timeout_ms,
-            "webhookMaxInFlight": delivery.webhook_max_in_flight,
-            "pullMaxLeaseBatch": delivery.pull_max_lease_batch,
-            "streamKey": delivery.stream_key or f"dq-out:{spec.namespace}/{spec.name}",
-            "streamMaxLen": delivery.stream_max_len,
-        },
-        "zookeeper": {
-            "connect": zookeeper_connect(spec, ctx),
-            "sessionTimeoutMs": spec.zookeeper_session_timeout_ms,
-            "root": f"/delayq/{spec.namespace}/{spec.name}",
-        },
-        "redis": {
-            "masterHostTemplate": (f"{spec.name}-redis-{{broker}}.{spec.namespace}.svc"),
-            "port": naming.REDIS_PORT,
-        },
-        "worker": {"concurrency": spec.worker_concurrency},
-        "http": {"port": naming.SERVICE_HTTP_PORT},
-    }
+    return TopicFile(
+        namespace=spec.namespace,
+        topic=spec.name,
+        slot_amount=slot_amount,
+        topic_type=spec.topic_type,
+        brokers=spec.brokers,
+        max_retries=spec.max_retries,
+        ack_timeout_ms=spec.ack_timeout_ms,
+        max_payload_bytes=spec.max_payload_bytes,
+        journal_max_len=spec.journal_max_len,
+        webhook_url=delivery.webhook_url,
+        webhook_timeout_ms=delivery.webhook_timeout_ms,
+        webhook_max_in_flight=delivery.webhook_max_in_flight,
+        pull_max_lease_batch=delivery.pull_max_lease_batch,
+        stream_key=delivery.stream_key or f"dq-out:{spec.namespace}/{spec.name}",
+        stream_max_len=delivery.stream_max_len,
+        zookeeper_connect=zookeeper_connect(spec, ctx),
+        zookeeper_session_timeout_ms=spec.zookeeper_session_timeout_ms,
+        worker_concurrency=spec.worker_concurrency,
+        redis_master_host_template=f"{spec.name}-redis-{{broker}}.{spec.namespace}.svc",
+        redis_port=naming.REDIS_PORT,
+        http_port=naming.SERVICE_HTTP_PORT,
+    )
 
 
 def config_json(spec: TopicSpec, ctx: BuildContext, slot_amount: int) -> str:
-    return json.dumps(topic_config(spec, ctx, slot_amount), indent=2, sort_keys=True)
+    return topic_file(spec, ctx, slot_amount).to_json()
 
 
 def config_hash(spec: TopicSpec, ctx: BuildContext, slot_amount: int) -> str:
