@@ -4,7 +4,7 @@ Pods do not run under KWOK, so the Redis "inside" a broker pod is a local redis-
 operator's ``RedisCommands`` has a TEST-ONLY ``addresses`` map for exactly this (pod IP or master
 Service host -> local host and port, both for its connections and for the REPLICAOF targets it
 sends), but ``delayq operator`` has no switch for it. This launcher runs the same
-``delayq.kube.operator.run`` with a runtime whose map is read from a JSON file on every lookup, so
+``delayq.kube.operator.run`` with a context whose map is read from a JSON file on every lookup, so
 a test can re-point it while the operator runs (a pod that moved, a master that died).
 
     python3 e2e/operator_main.py --addresses FILE --liveness URL --namespace NS [--namespace ...]
@@ -56,14 +56,15 @@ def main() -> None:
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
 
     from delayq.kube.config import OperatorConfig
-    from delayq.kube.operator import Runtime, run
+    from delayq.kube.context import OperatorContext
+    from delayq.kube.operator import run
     from delayq.kube.redisctl import RedisCommands
 
     config = dataclasses.replace(
         OperatorConfig.from_env(), namespaces=tuple(args.namespaces), standalone=True,
         liveness_endpoint=args.liveness)
     redis_control = RedisCommands(addresses=FileAddresses(args.addresses))  # type: ignore[arg-type]
-    asyncio.run(run(config, runtime=Runtime(config, redis=redis_control)))
+    asyncio.run(run(config, ctx=OperatorContext(config, redis=redis_control)))
 
 if __name__ == "__main__":
     main()

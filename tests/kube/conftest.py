@@ -21,7 +21,8 @@ from kazoo.exceptions import NoNodeError
 from delayq.coordination.routing import Routing
 from delayq.kube.builders.common import BuildContext
 from delayq.kube.client import KubeClient
-from delayq.kube.handlers.deps import Deps
+from delayq.kube.config import OperatorConfig
+from delayq.kube.context import OperatorContext
 from delayq.kube.redisctl import RedisCommands
 from delayq.kube.zk import KazooTopicStore, topic_root
 from delayq.local.ports import free_port
@@ -193,23 +194,23 @@ def clock() -> Clock:
 
 
 @pytest.fixture
-async def deps(
+async def ctx(
     connection: kopf.ConnectionInfo,
     store: KazooTopicStore,
     redis_commands: RedisCommands,
     zk_connect: str,
     clock: Clock,
-) -> AsyncIterator[Deps]:
+) -> AsyncIterator[OperatorContext]:
     secrets = iter(f"generated-{index}" for index in range(1000))
     kube = KubeClient(connection)
-    yield Deps(
-        kube=kube,
+    build = BuildContext(operator_namespace="delayq-system", default_zookeeper=zk_connect)
+    yield OperatorContext(
+        OperatorConfig(build=build, failover_grace_s=30.0),
         store=store,
         redis=redis_commands,
-        ctx=BuildContext(operator_namespace="delayq-system", default_zookeeper=zk_connect),
-        failover_grace_s=30.0,
         clock=clock,
         generate=lambda: next(secrets),
+        client=kube,
     )
     await kube.close()
 

@@ -13,9 +13,9 @@ import pytest
 from kazoo.client import KazooClient
 from kazoo.exceptions import NoNodeError
 
-from delayq.kube.handlers.deletion import collect_orphans, orphaned_trees
-from delayq.kube.handlers.deps import Deps
+from delayq.kube.context import OperatorContext
 from delayq.kube.zk import KazooTopicStore, topic_root
+from delayq.kube.zk_gc import collect_orphans, orphaned_trees
 from tests.kube.conftest import DT, NAMESPACE
 
 OTHER_NS = "elsewhere"  # a namespace the operator under test does not watch
@@ -76,29 +76,29 @@ def trees(zk_client: KazooClient) -> KazooClient:
 
 
 async def test_trees_of_deleted_topics_in_watched_namespaces_are_removed(
-    api: kmock.KubernetesEmulator, deps: Deps, trees: KazooClient, logger: logging.Logger
+    api: kmock.KubernetesEmulator, ctx: OperatorContext, trees: KazooClient, logger: logging.Logger
 ) -> None:
     put_topic(api, "kept")
     kept, gone, foreign = tree(trees, "kept"), tree(trees, "gone"), tree(trees, "gone", OTHER_NS)
-    assert await collect_orphans(deps, [NAMESPACE], [], logger) == 1
+    assert await collect_orphans(ctx, [NAMESPACE], [], logger) == 1
     assert trees.exists(kept)
     assert not trees.exists(gone)
     assert trees.exists(foreign)  # never touched: that namespace is not watched
 
 
 async def test_cluster_wide_collection_reads_every_namespace(
-    api: kmock.KubernetesEmulator, deps: Deps, trees: KazooClient, logger: logging.Logger
+    api: kmock.KubernetesEmulator, ctx: OperatorContext, trees: KazooClient, logger: logging.Logger
 ) -> None:
     put_topic(api, "kept")
     tree(trees, "kept")
     foreign = tree(trees, "gone", OTHER_NS)
-    assert await collect_orphans(deps, [], [], logger) >= 1
+    assert await collect_orphans(ctx, [], [], logger) >= 1
     assert not trees.exists(foreign)
     assert trees.exists(topic_root(NAMESPACE, "kept"))
 
 
 async def test_a_topic_created_after_the_tree_listing_keeps_its_tree(
-    api: kmock.KubernetesEmulator, deps: Deps, trees: KazooClient, logger: logging.Logger
+    api: kmock.KubernetesEmulator, ctx: OperatorContext, trees: KazooClient, logger: logging.Logger
 ) -> None:
     """The trees are read first, the topics second: a topic created in between is listed."""
     path = tree(trees, "late")
@@ -113,7 +113,7 @@ async def test_a_topic_created_after_the_tree_listing_keeps_its_tree(
 
     store = CreatedInBetween(timeout_s=2.0)
     try:
-        late_deps = dataclasses.replace(deps, store=store)
+        late_deps = dataclasses.replace(ctx, store=store)
         assert await collect_orphans(late_deps, [NAMESPACE], [], logger) == 0
     finally:
         store.close()
@@ -122,7 +122,7 @@ async def test_a_topic_created_after_the_tree_listing_keeps_its_tree(
 
 async def test_every_ensemble_in_use_is_collected_and_a_dead_one_is_only_logged(
     api: kmock.KubernetesEmulator,
-    deps: Deps,
+    ctx: OperatorContext,
     trees: KazooClient,
     dead_zookeeper: str,
     logger: logging.Logger,
@@ -133,6 +133,6 @@ async def test_every_ensemble_in_use_is_collected_and_a_dead_one_is_only_logged(
         "metadata": {"name": "remote", "namespace": NAMESPACE},
         "spec": {"zookeeper": {"connect": dead_zookeeper}},
     }
-    assert await collect_orphans(deps, [NAMESPACE], [elsewhere], logger) == 1
+    assert await collect_orphans(ctx, [NAMESPACE], [elsewhere], logger) == 1
     assert not trees.exists(gone)
     assert f"ZooKeeper {dead_zookeeper} unavailable for garbage collection" in caplog.text

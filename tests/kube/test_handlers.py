@@ -19,12 +19,11 @@ import pytest
 from kazoo.client import KazooClient
 
 from delayq.kube import naming
-from delayq.kube.config import OperatorConfig
-from delayq.kube.handlers.deps import Deps
-from delayq.kube.handlers.errors import TopicFailure
+from delayq.kube.context import OperatorContext
+from delayq.kube.errors import TopicFailure
 from delayq.kube.handlers.health import refresh
 from delayq.kube.handlers.reconcile import reconcile
-from delayq.kube.operator import Runtime, serialized
+from delayq.kube.operator import serialized
 from tests.kube.conftest import (
     DT,
     NAMESPACE,
@@ -81,18 +80,20 @@ def get(api: kmock.KubernetesEmulator, resource: str, name: str) -> dict[str, An
     return None if obj.deleted else dict(obj.raw)
 
 
-async def provision(api: kmock.KubernetesEmulator, deps: Deps, logger: logging.Logger) -> None:
-    write_status(api, await reconcile(deps, body(api), logger))
+async def provision(
+    api: kmock.KubernetesEmulator, ctx: OperatorContext, logger: logging.Logger
+) -> None:
+    write_status(api, await reconcile(ctx, body(api), logger))
 
 
 # --- create ---------------------------------------------------------------------------------
 
 
 async def test_create_provisions_everything_and_publishes_routing(
-    api: kmock.KubernetesEmulator, deps: Deps, zk: KazooClient, logger: logging.Logger
+    api: kmock.KubernetesEmulator, ctx: OperatorContext, zk: KazooClient, logger: logging.Logger
 ) -> None:
     put_topic(api, brokers=2, replicasPerBroker=1, slotAmount=8)
-    await provision(api, deps, logger)
+    await provision(api, ctx, logger)
     for name in ("orders-redis-0", "orders-redis-1", "orders-service"):
         assert get(api, STS, name) is not None
     assert get(api, "v1/secrets", "orders-credentials") is not None
@@ -110,34 +111,34 @@ async def test_create_provisions_everything_and_publishes_routing(
 
 
 async def test_service_monitor_is_created_when_its_crd_exists(
-    api: kmock.KubernetesEmulator, deps: Deps, logger: logging.Logger
+    api: kmock.KubernetesEmulator, ctx: OperatorContext, logger: logging.Logger
 ) -> None:
     api.resources["monitoring.coreos.com/v1/servicemonitors"] = kmock.ResourceInfo(
         kind="ServiceMonitor", namespaced=True, verbs={"list"}
     )
     put_topic(api)
-    await provision(api, deps, logger)
+    await provision(api, ctx, logger)
     assert get(api, "monitoring.coreos.com/v1/servicemonitors", "orders-api") is not None
 
 
 async def test_credentials_are_generated_once_and_never_rotated(
-    api: kmock.KubernetesEmulator, deps: Deps, logger: logging.Logger
+    api: kmock.KubernetesEmulator, ctx: OperatorContext, logger: logging.Logger
 ) -> None:
     put_topic(api)
-    await provision(api, deps, logger)
+    await provision(api, ctx, logger)
     first = get(api, "v1/secrets", "orders-credentials")
     update_spec(api, maxRetries=3)
-    await provision(api, deps, logger)
+    await provision(api, ctx, logger)
     assert get(api, "v1/secrets", "orders-credentials") == first
 
 
 async def test_second_reconcile_writes_nothing(
-    api: kmock.KubernetesEmulator, deps: Deps, logger: logging.Logger
+    api: kmock.KubernetesEmulator, ctx: OperatorContext, logger: logging.Logger
 ) -> None:
     put_topic(api)
-    await provision(api, deps, logger)
+    await provision(api, ctx, logger)
     before = len(list(api))  # kmock iterates over the requests it served
-    assert await reconcile(deps, body(api), logger) == {}
+    assert await reconcile(ctx, body(api), logger) == {}
     writes = [r for r in list(api)[before:] if r.method.value in ("POST", "PATCH")]
     assert writes == []
 
@@ -146,12 +147,12 @@ async def test_second_reconcile_writes_nothing(
 
 
 async def test_more_brokers_and_replicas_roll_out_without_moving_slots(
-    api: kmock.KubernetesEmulator, deps: Deps, zk: KazooClient, logger: logging.Logger
+    api: kmock.KubernetesEmulator, ctx: OperatorContext, zk: KazooClient, logger: logging.Logger
 ) -> None:
     put_topic(api, brokers=1, replicasPerBroker=0, slotAmount=4)
-    await provision(api, deps, logger)
+    await provision(api, ctx, logger)
     update_spec(api, brokers=2, replicasPerBroker=2)
-    await provision(api, deps, logger)
+    await provision(api, ctx, logger)
     assert get(api, STS, "orders-redis-0")["spec"]["replicas"] == 3
     assert get(api, STS, "orders-redis-1")["spec"]["replicas"] == 3
     assert get(api, STS, "orders-service")["spec"]["replicas"] == 2
@@ -162,12 +163,12 @@ async def test_more_brokers_and_replicas_roll_out_without_moving_slots(
 
 
 async def test_slot_amount_growth_is_refused_with_a_condition(
-    api: kmock.KubernetesEmulator, deps: Deps, zk: KazooClient, logger: logging.Logger
+    api: kmock.KubernetesEmulator, ctx: OperatorContext, zk: KazooClient, logger: logging.Logger
 ) -> None:
     put_topic(api, slotAmount=8)
-    await provision(api, deps, logger)
+    await provision(api, ctx, logger)
     update_spec(api, slotAmount=16)
-    await provision(api, deps, logger)
+    await provision(api, ctx, logger)
     provisioned = condition(api, "Provisioned")
     assert provisioned["status"] == "False"
     assert provisioned["reason"] == "ReshardingNotSupported"
@@ -181,14 +182,14 @@ async def test_slot_amount_growth_is_refused_with_a_condition(
 
 
 async def test_worker_settings_roll_the_service_pods(
-    api: kmock.KubernetesEmulator, deps: Deps, logger: logging.Logger
+    api: kmock.KubernetesEmulator, ctx: OperatorContext, logger: logging.Logger
 ) -> None:
     put_topic(api)
-    await provision(api, deps, logger)
+    await provision(api, ctx, logger)
     template = get(api, STS, "orders-service")["spec"]["template"]
     before = template["metadata"]["annotations"][naming.CONFIG_HASH_ANNOTATION]
     update_spec(api, worker={"concurrency": 99})
-    await provision(api, deps, logger)
+    await provision(api, ctx, logger)
     template = get(api, STS, "orders-service")["spec"]["template"]
     assert template["metadata"]["annotations"][naming.CONFIG_HASH_ANNOTATION] != before
     config = get(api, "v1/configmaps", "orders-config")["data"][naming.CONFIG_KEY]
@@ -199,11 +200,11 @@ async def test_worker_settings_roll_the_service_pods(
 
 
 async def test_invalid_spec_is_a_permanent_failure_with_a_reason(
-    api: kmock.KubernetesEmulator, deps: Deps, logger: logging.Logger
+    api: kmock.KubernetesEmulator, ctx: OperatorContext, logger: logging.Logger
 ) -> None:
     put_topic(api, topicType="webhook")
     with pytest.raises(TopicFailure) as failure:
-        await reconcile(deps, body(api), logger)
+        await reconcile(ctx, body(api), logger)
     assert failure.value.permanent
     write_status(api, failure.value.status)
     ready = condition(api, "Ready")
@@ -213,11 +214,11 @@ async def test_invalid_spec_is_a_permanent_failure_with_a_reason(
 
 
 async def test_unreachable_zookeeper_is_transient_with_backoff(
-    api: kmock.KubernetesEmulator, deps: Deps, dead_zookeeper: str, logger: logging.Logger
+    api: kmock.KubernetesEmulator, ctx: OperatorContext, dead_zookeeper: str, logger: logging.Logger
 ) -> None:
     put_topic(api, zookeeper={"connect": dead_zookeeper})
     with pytest.raises(TopicFailure) as failure:
-        await reconcile(deps, body(api), logger)
+        await reconcile(ctx, body(api), logger)
     assert not failure.value.permanent
     assert failure.value.delay_s > 0
     write_status(api, failure.value.status)
@@ -226,17 +227,17 @@ async def test_unreachable_zookeeper_is_transient_with_backoff(
 
 
 async def test_paused_topic_is_not_reconciled(
-    api: kmock.KubernetesEmulator, deps: Deps, zk: KazooClient, logger: logging.Logger
+    api: kmock.KubernetesEmulator, ctx: OperatorContext, zk: KazooClient, logger: logging.Logger
 ) -> None:
     put_topic(api)
     api.objects[DT, NAMESPACE, "orders"].patch(
         {"metadata": {"annotations": {naming.PAUSED_ANNOTATION: "true"}}}
     )
-    await provision(api, deps, logger)
+    await provision(api, ctx, logger)
     assert get(api, STS, "orders-service") is None
     assert not topic_tree_exists(zk)  # nothing published
     assert condition(api, "Provisioned")["reason"] == "Paused"
-    assert await refresh(deps, body(api), logger) == {}
+    assert await refresh(ctx, body(api), logger) == {}
 
 
 # --- health and failover --------------------------------------------------------------------
@@ -244,19 +245,19 @@ async def test_paused_topic_is_not_reconciled(
 
 async def test_health_elects_masters_and_reports_ready(
     api: kmock.KubernetesEmulator,
-    deps: Deps,
+    ctx: OperatorContext,
     zk: KazooClient,
     redis_pods: RedisPods,
     logger: logging.Logger,
 ) -> None:
     put_topic(api, brokers=2, slotAmount=4)
-    await provision(api, deps, logger)
+    await provision(api, ctx, logger)
     redis_pods.add(0, 2)  # fresh pods: replicas of a master Service that selects nothing yet
     redis_pods.add(1, 2)
     add_service_pods(api, 2)
     own_slots(zk, 4)
     assert redis_pods.replication("orders-redis-0-0")["role"] == "slave"
-    write_status(api, await refresh(deps, body(api), logger))
+    write_status(api, await refresh(ctx, body(api), logger))
     assert redis_pods.replication("orders-redis-0-0")["role"] == "master"  # promoted
     assert redis_pods.replication("orders-redis-0-1")["role"] == "slave"
     pod = get(api, "v1/pods", "orders-redis-0-0")
@@ -275,21 +276,21 @@ async def test_health_elects_masters_and_reports_ready(
         queue = redis_pods.queue(master, slot_amount=4)
         fill(queue, routing.slots_of(broker), scheduled=5, prepared=1)
         queue.close()
-    write_status(api, await refresh(deps, body(api), logger))
+    write_status(api, await refresh(ctx, body(api), logger))
     assert body(api)["status"]["depths"] == {"scheduled": 10, "prepared": 2, "dead": 0}
     # A pass with nothing changed writes nothing.
-    assert await refresh(deps, body(api), logger) == {}
+    assert await refresh(ctx, body(api), logger) == {}
 
 
 async def test_failover_promotes_highest_offset_after_grace_and_fences_old_master(
     api: kmock.KubernetesEmulator,
-    deps: Deps,
+    ctx: OperatorContext,
     redis_pods: RedisPods,
     clock: Clock,
     logger: logging.Logger,
 ) -> None:
     put_topic(api, replicasPerBroker=2)
-    await provision(api, deps, logger)
+    await provision(api, ctx, logger)
     redis_pods.add(0, 3, master=0)
     add_service_pods(api, 1)
     # Real replication offsets: both replicas sync, 0-1 loses its link, 0-2 follows further.
@@ -302,19 +303,19 @@ async def test_failover_promotes_highest_offset_after_grace_and_fences_old_maste
     queue.close()
     redis_pods.wait_for_offset("orders-redis-0-2", redis_pods.offset("orders-redis-0-0"))
     assert redis_pods.offset("orders-redis-0-2") > redis_pods.offset("orders-redis-0-1")
-    write_status(api, await refresh(deps, body(api), logger))
+    write_status(api, await refresh(ctx, body(api), logger))
     assert body(api)["status"]["brokers"][0]["masterPod"] == "orders-redis-0-0"
 
     # The master's pod is not ready and the operator cannot reach its Redis (a partition).
     set_pod_ready(api, "orders-redis-0-0", False)
     redis_pods.partition("orders-redis-0-0")
-    write_status(api, await refresh(deps, body(api), logger))
+    write_status(api, await refresh(ctx, body(api), logger))
     assert condition(api, "Ready")["reason"] == "BrokersUnavailable"
     assert body(api)["status"]["brokers"][0]["state"] == "MasterMissing"
     assert redis_pods.replication("orders-redis-0-2")["role"] == "slave"  # still within grace
 
-    clock.now += deps.failover_grace_s + 1
-    write_status(api, await refresh(deps, body(api), logger))
+    clock.now += ctx.failover_grace_s + 1
+    write_status(api, await refresh(ctx, body(api), logger))
     assert redis_pods.replication("orders-redis-0-2")["role"] == "master"  # its offset is higher
     assert redis_pods.replication("orders-redis-0-1")["role"] == "slave"
     labels = lambda name: get(api, "v1/pods", name)["metadata"]["labels"]  # noqa: E731
@@ -330,7 +331,7 @@ async def test_failover_promotes_highest_offset_after_grace_and_fences_old_maste
     redis_pods.heal("orders-redis-0-0")
     assert redis_pods.replication("orders-redis-0-0")["role"] == "master"
     assert redis_pods.offset("orders-redis-0-0") >= redis_pods.offset("orders-redis-0-2")
-    write_status(api, await refresh(deps, body(api), logger))
+    write_status(api, await refresh(ctx, body(api), logger))
     assert redis_pods.replicates_from("orders-redis-0-0", "orders-redis-0-2")
     assert redis_pods.replication("orders-redis-0-2")["role"] == "master"
     assert labels("orders-redis-0-2")[naming.LABEL_ROLE] == naming.ROLE_MASTER
@@ -341,35 +342,39 @@ async def test_failover_promotes_highest_offset_after_grace_and_fences_old_maste
 
 
 async def test_health_pass_failures_are_transient(
-    api: kmock.KubernetesEmulator, deps: Deps, redis_pods: RedisPods, logger: logging.Logger
+    api: kmock.KubernetesEmulator,
+    ctx: OperatorContext,
+    redis_pods: RedisPods,
+    logger: logging.Logger,
 ) -> None:
     put_topic(api)
-    await provision(api, deps, logger)
+    await provision(api, ctx, logger)
     redis_pods.add(0, 2)
     # The pod answers INFO but its Redis refuses the promotion: a real command failure.
     with redis_pods.client("orders-redis-0-0") as client:
         client.execute_command("ACL", "SETUSER", "default", "-replicaof")
     with pytest.raises(TopicFailure) as failure:
-        await refresh(deps, body(api), logger)
+        await refresh(ctx, body(api), logger)
     assert not failure.value.permanent
     assert failure.value.delay_s > 0
     assert redis_pods.replication("orders-redis-0-0")["role"] == "slave"
 
 
 async def test_handlers_run_one_at_a_time_on_a_fresh_copy(
-    api: kmock.KubernetesEmulator, deps: Deps, redis_pods: RedisPods, logger: logging.Logger
+    api: kmock.KubernetesEmulator,
+    ctx: OperatorContext,
+    redis_pods: RedisPods,
+    logger: logging.Logger,
 ) -> None:
     put_topic(api, slotAmount=8)
-    await provision(api, deps, logger)
+    await provision(api, ctx, logger)
     redis_pods.add(0, 2)
     stale = copy.deepcopy(body(api))  # what a timer started before the update would hold
     update_spec(api, slotAmount=16)
-    runtime = Runtime(OperatorConfig(), store=deps.store, redis=deps.redis)
-    runtime.deps = deps
     await asyncio.gather(
-        serialized(runtime, kopf.Body(stale), logger, refresh),
-        serialized(runtime, kopf.Body(stale), logger, reconcile),
-        serialized(runtime, kopf.Body(stale), logger, refresh),
+        serialized(ctx, kopf.Body(stale), logger, refresh),
+        serialized(ctx, kopf.Body(stale), logger, reconcile),
+        serialized(ctx, kopf.Body(stale), logger, refresh),
     )
     assert condition(api, "Provisioned")["reason"] == "ReshardingNotSupported"
     assert condition(api, "Ready")["reason"] == "ServingDegraded"
@@ -377,16 +382,16 @@ async def test_handlers_run_one_at_a_time_on_a_fresh_copy(
 
 async def test_master_replaced_by_unlabelled_pod_keeps_the_grace_and_records_the_failover(
     api: kmock.KubernetesEmulator,
-    deps: Deps,
+    ctx: OperatorContext,
     redis_pods: RedisPods,
     clock: Clock,
     logger: logging.Logger,
 ) -> None:
     put_topic(api, replicasPerBroker=1)
-    await provision(api, deps, logger)
+    await provision(api, ctx, logger)
     redis_pods.add(0, 2, master=0)
     add_service_pods(api, 1)
-    write_status(api, await refresh(deps, body(api), logger))
+    write_status(api, await refresh(ctx, body(api), logger))
     assert body(api)["status"]["brokers"][0]["masterPod"] == "orders-redis-0-0"
 
     # The StatefulSet recreates the deleted master's pod: same name, no role label, not ready.
@@ -400,15 +405,15 @@ async def test_master_replaced_by_unlabelled_pod_keeps_the_grace_and_records_the
     }
     redis_pods.partition("orders-redis-0-0")
     for _ in range(2):  # several passes within the grace: the lost master is remembered
-        write_status(api, await refresh(deps, body(api), logger))
+        write_status(api, await refresh(ctx, body(api), logger))
         broker = body(api)["status"]["brokers"][0]
         assert broker["state"] == "MasterMissing"
         assert broker["masterPod"] == "orders-redis-0-0"
         assert redis_pods.replication("orders-redis-0-1")["role"] == "slave"
-        clock.now += deps.failover_grace_s / 3
+        clock.now += ctx.failover_grace_s / 3
 
-    clock.now += deps.failover_grace_s
-    write_status(api, await refresh(deps, body(api), logger))
+    clock.now += ctx.failover_grace_s
+    write_status(api, await refresh(ctx, body(api), logger))
     assert redis_pods.replication("orders-redis-0-1")["role"] == "master"
     broker = body(api)["status"]["brokers"][0]
     assert broker["masterPod"] == "orders-redis-0-1"

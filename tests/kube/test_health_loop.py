@@ -12,7 +12,7 @@ import kmock
 import kopf
 import pytest
 
-from delayq.kube.handlers.deps import Deps, Logger
+from delayq.kube.context import Logger, OperatorContext
 from delayq.kube.healthloop import HealthLoop
 from tests.kube.conftest import DT, NAMESPACE
 from tests.kube.test_deletion import put_topic
@@ -20,7 +20,7 @@ from tests.kube.test_deletion import put_topic
 
 async def test_a_hanging_or_failing_topic_never_stops_the_others(
     api: kmock.KubernetesEmulator,
-    deps: Deps,
+    ctx: OperatorContext,
     logger: logging.Logger,
     caplog: pytest.LogCaptureFixture,
 ) -> None:
@@ -37,7 +37,7 @@ async def test_a_hanging_or_failing_topic_never_stops_the_others(
         if name == "broken":
             raise RuntimeError("a bug in one topic's pass")
 
-    loop = HealthLoop(lambda: deps, [NAMESPACE], 0.05, run_pass, logger)
+    loop = HealthLoop(ctx, [NAMESPACE], 0.05, run_pass, logger)
     task = asyncio.create_task(loop.run())
     try:
         deadline = asyncio.get_running_loop().time() + 10
@@ -53,7 +53,7 @@ async def test_a_hanging_or_failing_topic_never_stops_the_others(
 
 
 async def test_a_transient_failure_backs_off_and_deleted_topics_are_forgotten(
-    api: kmock.KubernetesEmulator, deps: Deps, logger: logging.Logger
+    api: kmock.KubernetesEmulator, ctx: OperatorContext, logger: logging.Logger
 ) -> None:
     put_topic(api, "flaky")
     passes: Counter[str] = Counter()
@@ -62,7 +62,7 @@ async def test_a_transient_failure_backs_off_and_deleted_topics_are_forgotten(
         passes[topic["metadata"]["name"]] += 1
         raise kopf.TemporaryError("ZooKeeper down", delay=60)
 
-    loop = HealthLoop(lambda: deps, [NAMESPACE], 0.01, run_pass, logger)
+    loop = HealthLoop(ctx, [NAMESPACE], 0.01, run_pass, logger)
     for _ in range(20):
         await loop.tick()
         await asyncio.sleep(0.01)

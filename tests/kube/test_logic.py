@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
+from delayq.kube.apply import contains, update_patch
 from delayq.kube.config import OperatorConfig
-from delayq.kube.handlers.apply import contains, update_patch
 from delayq.kube.spec import SpecError, parse_duration_ms, parse_spec
 from delayq.kube.status import (
     DEGRADED,

@@ -17,9 +17,10 @@ from delayq.kube import naming
 from delayq.kube.builders.common import BuildContext
 from delayq.kube.client import KubeClient
 from delayq.kube.config import OperatorConfig
+from delayq.kube.context import OperatorContext
 from delayq.kube.leader import LeadershipLost, LeaseElector
 from delayq.kube.lease import LeaseTiming
-from delayq.kube.operator import Runtime, run
+from delayq.kube.operator import run
 from delayq.kube.redisctl import RedisCommands
 from delayq.kube.zk import KazooTopicStore
 from tests.kube.conftest import (
@@ -74,9 +75,9 @@ async def operator(
             **config,
         }  # type: ignore[arg-type]
     )
-    runtime = Runtime(settings, login=lambda: connection, store=store, redis=redis_commands)
+    ctx = OperatorContext(settings, login=lambda: connection, store=store, redis=redis_commands)
     stop = asyncio.Event()
-    task = asyncio.create_task(run(settings, stop_flag=stop, runtime=runtime))
+    task = asyncio.create_task(run(settings, stop_flag=stop, ctx=ctx))
     try:
         yield
     finally:
@@ -292,9 +293,9 @@ async def test_a_leader_that_loses_the_lease_stops_kopf_and_raises(
         liveness_endpoint="",
         build=BuildContext(operator_namespace="delayq-system", default_zookeeper=zk_connect),
     )
-    runtime = Runtime(settings, login=lambda: connection, store=store, redis=redis_commands)
-    task = asyncio.create_task(run(settings, stop_flag=asyncio.Event(), runtime=runtime))
-    await eventually(lambda: lease_holder(api) == runtime.identity, "leadership")
+    ctx = OperatorContext(settings, login=lambda: connection, store=store, redis=redis_commands)
+    task = asyncio.create_task(run(settings, stop_flag=asyncio.Event(), ctx=ctx))
+    await eventually(lambda: lease_holder(api) == ctx.identity, "leadership")
     await api.post(TOPIC_PATH, json=topic("orders"))
     await eventually(lambda: stored(api, "apps/v1/statefulsets", "orders-service"), "reconcile")
 
@@ -303,5 +304,5 @@ async def test_a_leader_that_loses_the_lease_stops_kopf_and_raises(
     )
     with pytest.raises(LeadershipLost, match="usurper holds the lease"):
         await asyncio.wait_for(task, FAST_LEASE.lease_duration_s + 3.0)
-    assert runtime.deps is None  # kopf and the leader's clients are gone
+    assert ctx.client is None  # kopf and the leader's clients are gone
     assert lease_holder(api) == "usurper"  # never touched again

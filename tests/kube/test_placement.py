@@ -15,7 +15,7 @@ from delayq.kube import naming
 from delayq.kube.builders.bundle import build_all
 from delayq.kube.builders.common import HOSTNAME_TOPOLOGY, POD_NAME_LABEL, Manifest
 from delayq.kube.builders.redis import BROKER_SPREAD_WEIGHT, SERVICE_PAIR_WEIGHT
-from delayq.kube.handlers.deps import Deps
+from delayq.kube.context import OperatorContext
 from delayq.kube.handlers.reconcile import reconcile
 from tests.kube.conftest import DT, NAMESPACE
 from tests.kube.test_builders import CREDS, CTX, by_kind_name, spec_of
@@ -86,22 +86,22 @@ def test_bundle_lists_the_service_statefulset_before_every_redis_one() -> None:
 
 
 async def test_reconcile_creates_the_service_statefulset_first(
-    api: kmock.KubernetesEmulator, deps: Deps, logger: logging.Logger
+    api: kmock.KubernetesEmulator, ctx: OperatorContext, logger: logging.Logger
 ) -> None:
     """The order of the real create calls, not only of the list the builders return."""
     created: list[tuple[str, str]] = []
-    create = deps.kube.create
+    create = ctx.kube.create
 
     async def recording_create(manifest: Manifest) -> Manifest:
         created.append((manifest["kind"], manifest["metadata"]["name"]))
         return await create(manifest)
 
-    deps.kube.create = recording_create  # type: ignore[method-assign]
+    ctx.kube.create = recording_create  # type: ignore[method-assign]
     api.objects[DT, NAMESPACE, "orders"] = {
         "apiVersion": "delayq.io/v1alpha1",
         "kind": "DelayTopic",
         "metadata": {"name": "orders", "namespace": NAMESPACE, "uid": "uid-o", "generation": 1},
         "spec": {"brokers": 2, "slotAmount": 4},
     }
-    await reconcile(deps, dict(api.objects[DT, NAMESPACE, "orders"].raw), logger)
+    await reconcile(ctx, dict(api.objects[DT, NAMESPACE, "orders"].raw), logger)
     assert statefulset_order(created) == ["orders-service", "orders-redis-0", "orders-redis-1"]

@@ -22,11 +22,11 @@ from typing import Any
 import kopf
 
 from delayq.kube.client import KubeApiError
-from delayq.kube.handlers.deletion import collect_orphans, list_topics
-from delayq.kube.handlers.deps import Deps, Logger
-from delayq.kube.handlers.reconcile import TRANSIENT_ERRORS
+from delayq.kube.context import Logger, OperatorContext
+from delayq.kube.errors import TRANSIENT_ERRORS
+from delayq.kube.topics import TopicKey, list_topics, topic_key
+from delayq.kube.zk_gc import collect_orphans
 
-TopicKey = tuple[str, str]  # (namespace, name)
 RunPass = Callable[[Mapping[str, Any], Logger], Awaitable[None]]
 
 
@@ -42,14 +42,14 @@ class HealthLoop:
 
     def __init__(
         self,
-        deps: Callable[[], Deps],
+        ctx: OperatorContext,
         namespaces: Sequence[str],
         interval_s: float,
         run_pass: RunPass,
         logger: logging.Logger,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
-        self.deps, self.namespaces, self.interval_s = deps, namespaces, interval_s
+        self.ctx, self.namespaces, self.interval_s = ctx, namespaces, interval_s
         self.run_pass, self.logger, self.clock = run_pass, logger, clock
         self.passes: dict[TopicKey, asyncio.Task[None]] = {}
         self.retry_at: dict[TopicKey, float] = {}  # backoff after a transient failure
@@ -69,23 +69,21 @@ class HealthLoop:
 
     async def tick(self) -> None:
         """Start the passes that are due and, unless one still runs, a garbage collection."""
-        deps = self.deps()
         try:
-            topics = await list_topics(deps.kube, self.namespaces)
+            topics = await list_topics(self.ctx.kube, self.namespaces)
         except (KubeApiError, *TRANSIENT_ERRORS) as error:
             self.logger.warning("health loop: cannot list the DelayTopics: %r", error)
             return
         now_s = self.clock()
         listed = set()
         for topic in topics:
-            meta = topic["metadata"]
-            key = (meta["namespace"], meta["name"])
+            key = topic_key(topic)
             listed.add(key)
             if key not in self.passes and self.retry_at.get(key, now_s) <= now_s:
                 self.passes[key] = asyncio.create_task(self.one_pass(key, topic))
         self.retry_at = {key: at for key, at in self.retry_at.items() if key in listed}
         if self.gc is None or self.gc.done():
-            self.gc = asyncio.create_task(self.collect(deps, topics))
+            self.gc = asyncio.create_task(self.collect(topics))
 
     async def one_pass(self, key: TopicKey, topic: Mapping[str, Any]) -> None:
         logger = TopicLogger(self.logger, {"topic": "/".join(key)})
@@ -103,8 +101,8 @@ class HealthLoop:
         finally:
             self.passes.pop(key, None)
 
-    async def collect(self, deps: Deps, topics: Sequence[Mapping[str, Any]]) -> None:
+    async def collect(self, topics: Sequence[Mapping[str, Any]]) -> None:
         try:
-            await collect_orphans(deps, self.namespaces, topics, self.logger)
+            await collect_orphans(self.ctx, self.namespaces, topics, self.logger)
         except Exception:  # logged; the next tick tries again
             self.logger.exception("ZooKeeper garbage collection failed")

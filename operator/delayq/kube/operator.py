@@ -2,7 +2,7 @@
 
 kopf handles the changes of DelayTopics (create, update, resume); the periodic health pass runs
 in the leader's own loop (healthloop.py), not on a kopf timer, and there is no deletion handler:
-either would make kopf put a finalizer on every topic (see handlers/deletion.py for why none).
+either would make kopf put a finalizer on every topic (see zk_gc.py for why none).
 Everything is registered on a registry built here (not kopf's global one), so tests build their own
 operator against the in-memory API (kmock) with a real ZooKeeper and real redis-servers, and the
 CLI builds the real one. Handler outcomes map to kopf as follows: a returned status patch is
@@ -19,7 +19,6 @@ import logging
 import signal
 import threading
 from collections.abc import Awaitable, Callable, Coroutine, Mapping
-from dataclasses import dataclass, field
 from typing import Any
 
 import kopf
@@ -27,50 +26,19 @@ import kopf
 from delayq.kube import naming
 from delayq.kube.client import KubeClient
 from delayq.kube.config import OperatorConfig
-from delayq.kube.handlers.deps import Deps, Logger
-from delayq.kube.handlers.errors import TopicFailure
+from delayq.kube.context import Logger, OperatorContext
+from delayq.kube.errors import TopicFailure
 from delayq.kube.handlers.health import refresh
 from delayq.kube.handlers.reconcile import reconcile
 from delayq.kube.healthloop import HealthLoop
-from delayq.kube.leader import LeadershipLost, LeaseElector, make_identity
+from delayq.kube.leader import LeadershipLost, LeaseElector
 from delayq.kube.liveness import liveness_server
-from delayq.kube.redisctl import RedisCommands, RedisControl
-from delayq.kube.zk import KazooTopicStore, TopicStore
+from delayq.kube.topics import API_VERSION
 
 LOGGER = logging.getLogger(__name__)
-Login = Callable[[], kopf.ConnectionInfo]
 STOP_GRACE_S = 3.0  # how long a replica that lost the lease lets kopf wind down
 KOPF_STOP_TIMEOUT_S = 30.0  # how long a clean stop waits for kopf (cleanup handlers included)
 RESOURCE = (naming.GROUP, naming.VERSION, naming.PLURAL)
-API_VERSION = f"{naming.GROUP}/{naming.VERSION}"
-
-
-def default_login() -> kopf.ConnectionInfo:
-    """In-cluster service account first, then a kubeconfig (for running outside the cluster)."""
-    settings = kopf.OperatorSettings()
-    info = kopf.login_with_service_account(settings=settings) or kopf.login_with_kubeconfig(
-        settings=settings
-    )
-    if info is None:
-        raise kopf.LoginError("no service account and no kubeconfig: cannot reach Kubernetes")
-    return info
-
-
-@dataclass
-class Runtime:
-    """The pieces the handlers share; `deps` exists while this replica leads."""
-
-    config: OperatorConfig
-    login: Login = default_login
-    store: TopicStore = field(default_factory=KazooTopicStore)
-    redis: RedisControl = field(default_factory=RedisCommands)
-    identity: str = field(default_factory=make_identity)  # this replica's name in the Lease
-    deps: Deps | None = None
-
-    def require(self) -> Deps:
-        if self.deps is None:
-            raise kopf.TemporaryError("operator is still starting", delay=1)
-        return self.deps
 
 
 def configure(settings: kopf.OperatorSettings) -> None:
@@ -89,11 +57,11 @@ def configure(settings: kopf.OperatorSettings) -> None:
     settings.watching.connect_timeout = 30
 
 
-Work = Callable[[Deps, Mapping[str, Any], Logger], Awaitable[dict[str, Any]]]
+Work = Callable[[OperatorContext, Mapping[str, Any], Logger], Awaitable[dict[str, Any]]]
 
 
 async def serialized(
-    runtime: Runtime, body: Mapping[str, Any], logger: Logger, work: Work
+    ctx: OperatorContext, body: Mapping[str, Any], logger: Logger, work: Work
 ) -> None:
     """Run `work` on a fresh copy of the topic, one at a time per topic, and write its status.
 
@@ -103,28 +71,30 @@ async def serialized(
     condition.
     The status is patched inside the lock (not through kopf's patch, which lands later).
     """
-    deps = runtime.require()
+    kube = ctx.kube  # raises kopf.TemporaryError while this replica does not lead
     namespace, name = body["metadata"]["namespace"], body["metadata"]["name"]
-    async with deps.lock(namespace, name):
-        fresh = await deps.kube.get(API_VERSION, naming.KIND, namespace, name)
+    async with ctx.lock(namespace, name):
+        fresh = await kube.get(API_VERSION, naming.KIND, namespace, name)
         if fresh is None or (fresh.get("metadata") or {}).get("deletionTimestamp"):
             return  # deleted meanwhile: nothing left to reconcile or report
         try:
-            status = await work(deps, fresh, logger)
+            status = await work(ctx, fresh, logger)
         except TopicFailure as failure:
-            await write_status(deps, namespace, name, failure.status)
+            await write_status(ctx, namespace, name, failure.status)
             if failure.permanent:
                 raise kopf.PermanentError(str(failure)) from None
             raise kopf.TemporaryError(str(failure), delay=failure.delay_s) from None
-        await write_status(deps, namespace, name, status)
+        await write_status(ctx, namespace, name, status)
 
 
-async def write_status(deps: Deps, namespace: str, name: str, status: dict[str, Any]) -> None:
+async def write_status(
+    ctx: OperatorContext, namespace: str, name: str, status: dict[str, Any]
+) -> None:
     if status:
-        await deps.kube.patch_status(API_VERSION, naming.KIND, namespace, name, {"status": status})
+        await ctx.kube.patch_status(API_VERSION, naming.KIND, namespace, name, {"status": status})
 
 
-def build_registry(runtime: Runtime) -> kopf.OperatorRegistry:
+def build_registry(ctx: OperatorContext) -> kopf.OperatorRegistry:
     """All handlers of the operator on a fresh registry."""
     registry = kopf.OperatorRegistry()
 
@@ -134,13 +104,13 @@ def build_registry(runtime: Runtime) -> kopf.OperatorRegistry:
 
     @kopf.on.login(registry=registry)
     def login(**_: Any) -> kopf.ConnectionInfo:
-        return runtime.login()
+        return ctx.login()
 
     @kopf.on.create(*RESOURCE, registry=registry, id="reconcile")
     @kopf.on.update(*RESOURCE, registry=registry, id="reconcile")
     @kopf.on.resume(*RESOURCE, registry=registry, id="reconcile")
     async def on_change(body: kopf.Body, logger: Logger, **_: Any) -> None:
-        await serialized(runtime, body, logger, reconcile)
+        await serialized(ctx, body, logger, reconcile)
 
     return registry
 
@@ -148,36 +118,36 @@ def build_registry(runtime: Runtime) -> kopf.OperatorRegistry:
 async def run(
     config: OperatorConfig,
     stop_flag: asyncio.Event | None = None,
-    runtime: Runtime | None = None,
+    ctx: OperatorContext | None = None,
 ) -> None:
-    """Run the operator until stopped (the `delayq operator` command; tests pass a runtime).
+    """Run the operator until stopped (the `delayq operator` command; tests pass a context).
 
     Every replica campaigns for the leader Lease (leader.py); only the holder runs kopf, which
     therefore never needs its own peering. Raises LeadershipLost when the lease is lost: the
     caller must stop acting at once (the CLI exits non-zero). Without `stop_flag`, SIGTERM and
     SIGINT stop it (a leader then releases the Lease so that a standby takes over at once).
     """
-    runtime = runtime or Runtime(config)
+    ctx = ctx or OperatorContext(config)
     stop = stop_flag or stop_on_signals()
     async with contextlib.AsyncExitStack() as stack:
         if config.liveness_endpoint:
             await stack.enter_async_context(liveness_server(config.liveness_endpoint))
         if config.standalone:
-            await lead(runtime, stop)
+            await lead(ctx, stop)
             return
-        kube = KubeClient(runtime.login())
+        kube = KubeClient(ctx.login())
         stack.push_async_callback(kube.close)
         elector = LeaseElector(
             kube,
             config.build.operator_namespace,
             config.lease_name,
-            runtime.identity,
+            ctx.identity,
             config.lease,
         )
         if not await elector.acquire(stop):
             return
         try:
-            await lead(runtime, stop, elector.hold())
+            await lead(ctx, stop, elector.hold())
         except LeadershipLost:
             raise  # exit without touching the Lease again: it may be someone else's already
         except BaseException:
@@ -197,7 +167,7 @@ def stop_on_signals() -> asyncio.Event:
 
 
 async def lead(
-    runtime: Runtime, stop: asyncio.Event, holding: Coroutine[Any, Any, None] | None = None
+    ctx: OperatorContext, stop: asyncio.Event, holding: Coroutine[Any, Any, None] | None = None
 ) -> None:
     """Act as the leader: run kopf until `stop`, a signal (kopf returns) or the end of `holding`.
 
@@ -205,24 +175,18 @@ async def lead(
     given a moment (STOP_GRACE_S, well inside the lease's safety margin), and the loss is
     raised without waiting longer.
     """
-    config = runtime.config
-    runtime.deps = Deps(
-        kube=KubeClient(runtime.login()),
-        store=runtime.store,
-        redis=runtime.redis,
-        ctx=config.build,
-        failover_grace_s=config.failover_grace_s,
-    )
+    config = ctx.config
+    ctx.start_leading()
     kopf_stop = asyncio.Event()
     # Created before kopf starts, so that kopf's shutdown never counts them as its own tasks.
     stopped = asyncio.create_task(stop.wait(), name="delayq stop")
-    health = asyncio.create_task(health_loop(runtime).run(), name="delayq health loop")
+    health = asyncio.create_task(health_loop(ctx).run(), name="delayq health loop")
     lease: asyncio.Task[None] | None = None
     if holding is not None:
         lease = asyncio.create_task(holding, name="delayq lease")
     operator = asyncio.create_task(
         kopf.operator(
-            registry=build_registry(runtime),
+            registry=build_registry(ctx),
             clusterwide=config.clusterwide,
             namespaces=config.namespaces,
             standalone=True,  # the Lease elects the leader; kopf's peering stays off
@@ -248,21 +212,20 @@ async def lead(
             operator.cancel()
         finally:
             await asyncio.wait([health])  # its passes end before the clients they use close
-            kube, runtime.deps = runtime.deps.kube, None
-            await kube.close()
+            client = ctx.stop_leading()
+            if client is not None:
+                await client.close()
     if lease is not None and lease.done() and not lease.cancelled():
         await lease  # raises LeadershipLost
     if health.done() and not health.cancelled():
         await health  # it only ends by a bug: never hide it
 
 
-def health_loop(runtime: Runtime) -> HealthLoop:
+def health_loop(ctx: OperatorContext) -> HealthLoop:
     """The leader's health passes (serialized with the change handlers per topic) and ZK GC."""
 
     async def run_pass(topic: Mapping[str, Any], logger: Logger) -> None:
-        await serialized(runtime, topic, logger, refresh)
+        await serialized(ctx, topic, logger, refresh)
 
-    config = runtime.config
-    return HealthLoop(
-        runtime.require, config.namespaces, config.health_interval_s, run_pass, LOGGER
-    )
+    config = ctx.config
+    return HealthLoop(ctx, config.namespaces, config.health_interval_s, run_pass, LOGGER)

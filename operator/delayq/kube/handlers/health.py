@@ -1,6 +1,7 @@
 """The periodic health pass: observe brokers, act on failover decisions, refresh status.
 
-Runs on a kopf timer for every provisioned, unpaused topic. It reads the Redis pods of each
+Runs from the leader's health loop (healthloop.py) for every provisioned, unpaused topic (not
+on a kopf timer: see healthloop.py). It reads the Redis pods of each
 broker, lets failover.decide() pick the master, applies that decision (label moves and
 REPLICAOF commands), then reports per-broker state, slot ownership and depths. The status is
 patched only when it changed (status.status_patch).
@@ -18,15 +19,9 @@ from delayq.coordination.routing import Routing, initial_routing
 from delayq.kube import naming
 from delayq.kube.builders.service import zookeeper_connect
 from delayq.kube.client import KubeApiError
+from delayq.kube.context import Logger, OperatorContext
+from delayq.kube.errors import TRANSIENT_ERRORS, TopicFailure
 from delayq.kube.failover import Decision, RedisPod, decide
-from delayq.kube.handlers.deps import Deps, Logger
-from delayq.kube.handlers.errors import TopicFailure
-from delayq.kube.handlers.reconcile import (
-    TRANSIENT_ERRORS,
-    now_iso,
-    parse_body,
-    with_conditions,
-)
 from delayq.kube.redisctl import Depths
 from delayq.kube.spec import SpecError, TopicSpec
 from delayq.kube.status import (
@@ -38,6 +33,7 @@ from delayq.kube.status import (
     Condition,
     ready_condition,
 )
+from delayq.kube.topics import now_iso, parse_body, with_conditions
 
 
 def pod_ready(pod: Mapping[str, Any]) -> bool:
@@ -52,20 +48,22 @@ def pod_ordinal(name: str) -> int:
 HEALTH_RETRY_S = 15.0
 
 
-async def refresh(deps: Deps, body: Mapping[str, Any], logger: Logger) -> dict[str, Any]:
+async def refresh(ctx: OperatorContext, body: Mapping[str, Any], logger: Logger) -> dict[str, Any]:
     """One health pass; returns the status patch (empty when nothing changed).
 
     API, network and Redis command failures end the pass as a transient TopicFailure (kopf
     retries the timer after a backoff); the next pass starts from fresh observations.
     """
     try:
-        return await health_pass(deps, body, logger)
+        return await health_pass(ctx, body, logger)
     except (KubeApiError, redis.RedisError, *TRANSIENT_ERRORS) as error:
         message = f"health pass failed: {error!r}"
         raise TopicFailure(message, {}, permanent=False, delay_s=HEALTH_RETRY_S) from None
 
 
-async def health_pass(deps: Deps, body: Mapping[str, Any], logger: Logger) -> dict[str, Any]:
+async def health_pass(
+    ctx: OperatorContext, body: Mapping[str, Any], logger: Logger
+) -> dict[str, Any]:
     """Observe every broker, act on failover decisions, and compute the new status."""
     meta = body.get("metadata") or {}
     status = body.get("status") or {}
@@ -76,18 +74,18 @@ async def health_pass(deps: Deps, body: Mapping[str, Any], logger: Logger) -> di
     except SpecError:
         return {}  # reconcile() already reported it; nothing here is safe to touch
     applied = int(status["appliedSlotAmount"])
-    password = await redis_password(deps, spec)
-    routing, owned = await slot_view(deps, spec, applied, logger)
+    password = await redis_password(ctx, spec)
+    routing, owned = await slot_view(ctx, spec, applied, logger)
     previous = {entry.get("index"): entry for entry in status.get("brokers") or []}
     brokers: list[dict[str, Any]] = []
     depths = Depths()
     for broker in range(spec.brokers):
         entry, broker_depths = await observe_broker(
-            deps, spec, broker, password, routing, previous.get(broker) or {}, logger
+            ctx, spec, broker, password, routing, previous.get(broker) or {}, logger
         )
         brokers.append(entry)
         depths = depths + broker_depths
-    service_pods = await deps.kube.list(
+    service_pods = await ctx.kube.list(
         "v1", "Pod", spec.namespace, naming.service_selector(spec.name)
     )
     services_ready = sum(1 for pod in service_pods if pod_ready(pod))
@@ -101,7 +99,7 @@ async def health_pass(deps: Deps, body: Mapping[str, Any], logger: Logger) -> di
     serving = all(entry["state"] == "Ready" for entry in brokers)
     ready = ready_condition(provisioned, degraded, serving)
     return with_conditions(
-        deps,
+        ctx,
         body,
         [degraded, ready],
         brokers=brokers,
@@ -133,8 +131,8 @@ def current_condition(status: Mapping[str, Any], kind: str) -> Condition:
     return Condition(kind, UNKNOWN, "Unknown", "Not reconciled yet.")
 
 
-async def redis_password(deps: Deps, spec: TopicSpec) -> str:
-    secret = await deps.kube.get(
+async def redis_password(ctx: OperatorContext, spec: TopicSpec) -> str:
+    secret = await ctx.kube.get(
         "v1", "Secret", spec.namespace, naming.credentials_secret(spec.name)
     )
     encoded = ((secret or {}).get("data") or {}).get(naming.SECRET_REDIS_PASSWORD, "")
@@ -142,13 +140,13 @@ async def redis_password(deps: Deps, spec: TopicSpec) -> str:
 
 
 async def slot_view(
-    deps: Deps, spec: TopicSpec, applied: int, logger: Logger
+    ctx: OperatorContext, spec: TopicSpec, applied: int, logger: Logger
 ) -> tuple[Routing, int]:
     """The published routing and owned-slot count; ZooKeeper trouble degrades, never fails."""
-    connect = zookeeper_connect(spec, deps.ctx)
+    connect = zookeeper_connect(spec, ctx.build)
     try:
-        routing = await deps.store.read_routing(connect, spec.namespace, spec.name)
-        owned = await deps.store.owned_slots(connect, spec.namespace, spec.name)
+        routing = await ctx.store.read_routing(connect, spec.namespace, spec.name)
+        owned = await ctx.store.owned_slots(connect, spec.namespace, spec.name)
     except TRANSIENT_ERRORS as error:
         logger.warning("ZooKeeper unavailable for the health pass: %r", error)
         routing, owned = None, 0
@@ -156,7 +154,7 @@ async def slot_view(
 
 
 async def observe_broker(
-    deps: Deps,
+    ctx: OperatorContext,
     spec: TopicSpec,
     broker: int,
     password: str,
@@ -165,7 +163,7 @@ async def observe_broker(
     logger: Logger,
 ) -> tuple[dict[str, Any], Depths]:
     """Observe, decide, act for one broker; returns its status entry and its depths."""
-    raw_pods = await deps.kube.list(
+    raw_pods = await ctx.kube.list(
         "v1", "Pod", spec.namespace, naming.redis_selector(spec.name, broker)
     )
     pods, addresses = [], {}
@@ -173,7 +171,7 @@ async def observe_broker(
         name = pod["metadata"]["name"]
         address = (pod.get("status") or {}).get("podIP")
         addresses[name] = address
-        info = await deps.redis.inspect(address, password) if address else None
+        info = await ctx.redis.inspect(address, password) if address else None
         pods.append(
             RedisPod(
                 name=name,
@@ -189,13 +187,13 @@ async def observe_broker(
     key = (spec.namespace, spec.name, broker)
     had_master = bool(previous.get("masterPod")) or any(pod.labelled_master for pod in pods)
     decision = decide(
-        pods, deps.clock(), deps.failover_grace_s, deps.master_missing_since.get(key), had_master
+        pods, ctx.clock(), ctx.failover_grace_s, ctx.master_missing_since.get(key), had_master
     )
     if decision.missing_since is None:
-        deps.master_missing_since.pop(key, None)
+        ctx.master_missing_since.pop(key, None)
     else:
-        deps.master_missing_since[key] = decision.missing_since
-    await apply_decision(deps, spec, broker, decision, addresses, password, logger)
+        ctx.master_missing_since[key] = decision.missing_since
+    await apply_decision(ctx, spec, broker, decision, addresses, password, logger)
 
     ready_pods = {pod.name for pod in pods if pod.ready}
     serving = decision.master is not None and decision.master in ready_pods
@@ -211,14 +209,14 @@ async def observe_broker(
         "replicasDesired": spec.replicas_per_broker,
         "slots": len(routing.slots_of(broker)) if broker < routing.broker_count else 0,
     }
-    last = now_iso(deps) if decision.failover else previous.get("lastFailoverTime")
+    last = now_iso(ctx) if decision.failover else previous.get("lastFailoverTime")
     if last:
         entry["lastFailoverTime"] = last
     depths = Depths()
     master_address = addresses.get(decision.master or "")
     if serving and master_address and broker < routing.broker_count:
         try:
-            depths = await deps.redis.depths(
+            depths = await ctx.redis.depths(
                 master_address, password, spec.namespace, spec.name, routing.slots_of(broker)
             )
         except TRANSIENT_ERRORS as error:
@@ -227,7 +225,7 @@ async def observe_broker(
 
 
 async def apply_decision(
-    deps: Deps,
+    ctx: OperatorContext,
     spec: TopicSpec,
     broker: int,
     decision: Decision,
@@ -237,21 +235,21 @@ async def apply_decision(
 ) -> None:
     """Unlabel first (clients stop reaching the old master), then promote, then demote."""
     for name in decision.unlabel:
-        await label_role(deps, spec, name, naming.ROLE_REPLICA)
+        await label_role(ctx, spec, name, naming.ROLE_REPLICA)
     if decision.promote:
         address = addresses.get(decision.promote)
         if address:
-            await deps.redis.promote(address, password)
-        await label_role(deps, spec, decision.promote, naming.ROLE_MASTER)
+            await ctx.redis.promote(address, password)
+        await label_role(ctx, spec, decision.promote, naming.ROLE_MASTER)
         logger.warning("broker %d: %s (%s)", broker, decision.reason, decision.message)
     master_host = f"{naming.redis_master_service(spec.name, broker)}.{spec.namespace}.svc"
     for name in decision.demote:
         address = addresses.get(name)
         if address:
-            await deps.redis.demote(address, password, master_host)
+            await ctx.redis.demote(address, password, master_host)
             logger.warning("broker %d: demoted stray master %s", broker, name)
 
 
-async def label_role(deps: Deps, spec: TopicSpec, pod: str, role: str) -> None:
+async def label_role(ctx: OperatorContext, spec: TopicSpec, pod: str, role: str) -> None:
     patch = {"metadata": {"labels": {naming.LABEL_ROLE: role}}}
-    await deps.kube.patch("v1", "Pod", spec.namespace, pod, patch)
+    await ctx.kube.patch("v1", "Pod", spec.namespace, pod, patch)

@@ -6,114 +6,79 @@ so it does not matter which change triggered it). Returns the status patch to wr
 
 from __future__ import annotations
 
-import asyncio
 import base64
-import datetime
 from collections.abc import Mapping
 from typing import Any
 
-import aiohttp
-from kazoo.exceptions import KazooException
-
 from delayq.coordination.routing import RoutingConflict, plan_routing
 from delayq.kube import naming
+from delayq.kube.apply import ensure
 from delayq.kube.builders.bundle import Credentials, render
 from delayq.kube.builders.service import config_json, zookeeper_connect
 from delayq.kube.client import KubeApiError
-from delayq.kube.handlers.apply import ensure
-from delayq.kube.handlers.deps import Deps, Logger
-from delayq.kube.handlers.errors import TopicFailure
-from delayq.kube.spec import SpecError, TopicSpec, parse_spec
-from delayq.kube.status import (
-    FALSE,
-    PROVISIONED,
-    READY,
-    TRUE,
-    UNKNOWN,
-    Condition,
-    merge_conditions,
-    status_patch,
-)
+from delayq.kube.context import Logger, OperatorContext
+from delayq.kube.errors import TRANSIENT_ERRORS, TopicFailure
+from delayq.kube.spec import SpecError, TopicSpec
+from delayq.kube.status import FALSE, PROVISIONED, READY, TRUE, UNKNOWN, Condition
+from delayq.kube.topics import parse_body, with_conditions
 
-TRANSIENT_ERRORS = (aiohttp.ClientError, asyncio.TimeoutError, KazooException, OSError)
 TRANSIENT_DELAY_S = 15.0
 APPLY_FAILED_DELAY_S = 60.0
 
 
-def now_iso(deps: Deps) -> str:
-    moment = datetime.datetime.fromtimestamp(deps.clock(), tz=datetime.UTC)
-    return moment.strftime("%Y-%m-%dT%H:%M:%SZ")
-
-
-def with_conditions(
-    deps: Deps, body: Mapping[str, Any], updates: list[Condition], **fields: Any
-) -> dict[str, Any]:
-    """The status patch: old status + new fields + merged conditions, diffed against old."""
-    old = dict(body.get("status") or {})
-    generation = (body.get("metadata") or {}).get("generation")
-    new = {**old, **fields}
-    new["conditions"] = merge_conditions(
-        old.get("conditions") or [], updates, now_iso(deps), generation
-    )
-    return status_patch(old, new)
-
-
-def parse_body(body: Mapping[str, Any]) -> TopicSpec:
-    meta = body.get("metadata") or {}
-    return parse_spec(meta["name"], meta["namespace"], body.get("spec") or {})
-
-
-def paused_patch(deps: Deps, body: Mapping[str, Any]) -> dict[str, Any]:
+def paused_patch(ctx: OperatorContext, body: Mapping[str, Any]) -> dict[str, Any]:
     message = f"Reconciliation is paused by the {naming.PAUSED_ANNOTATION} annotation."
-    return with_conditions(deps, body, [Condition(PROVISIONED, UNKNOWN, "Paused", message)])
+    return with_conditions(ctx, body, [Condition(PROVISIONED, UNKNOWN, "Paused", message)])
 
 
-async def reconcile(deps: Deps, body: Mapping[str, Any], logger: Logger) -> dict[str, Any]:
+async def reconcile(
+    ctx: OperatorContext, body: Mapping[str, Any], logger: Logger
+) -> dict[str, Any]:
     """Provision everything; raise TopicFailure (with its status patch) when it cannot."""
     meta = body.get("metadata") or {}
     if naming.is_paused(meta.get("annotations")):
         logger.info("paused: not reconciling")
-        return paused_patch(deps, body)
+        return paused_patch(ctx, body)
     generation = meta.get("generation")
     try:
         spec = parse_body(body)
     except SpecError as error:
         failed = Condition(PROVISIONED, FALSE, "InvalidSpec", str(error))
         not_ready = Condition(READY, FALSE, "InvalidSpec", str(error))
-        patch = with_conditions(deps, body, [failed, not_ready], observedGeneration=generation)
+        patch = with_conditions(ctx, body, [failed, not_ready], observedGeneration=generation)
         raise TopicFailure(str(error), patch, permanent=True) from None
 
     status = body.get("status") or {}
     applied = int(status.get("appliedSlotAmount") or spec.slot_amount)
     slot_condition = slot_amount_condition(spec.slot_amount, applied)
-    connect = zookeeper_connect(spec, deps.ctx)
+    connect = zookeeper_connect(spec, ctx.build)
     try:
-        credentials = await read_or_generate_credentials(deps, spec)
-        with_monitor = await deps.kube.has_resource("monitoring.coreos.com/v1", "servicemonitors")
-        manifests = render(body, spec, deps.ctx, credentials, applied, with_monitor)
+        credentials = await read_or_generate_credentials(ctx, spec)
+        with_monitor = await ctx.kube.has_resource("monitoring.coreos.com/v1", "servicemonitors")
+        manifests = render(body, spec, ctx.build, credentials, applied, with_monitor)
         for manifest in manifests:
-            outcome = await ensure(deps.kube, manifest)
+            outcome = await ensure(ctx.kube, manifest)
             if outcome != "unchanged":
                 logger.info("%s %s/%s", outcome, manifest["kind"], manifest["metadata"]["name"])
         # ZooKeeper last: an unreachable ensemble must not stop the pods from coming up.
-        current = await deps.store.read_routing(connect, spec.namespace, spec.name)
+        current = await ctx.store.read_routing(connect, spec.namespace, spec.name)
         routing = plan_routing(applied, spec.brokers, current)
-        config = config_json(spec, deps.ctx, applied).encode()
-        await deps.store.publish(connect, spec.namespace, spec.name, routing, config)
+        config = config_json(spec, ctx.build, applied).encode()
+        await ctx.store.publish(connect, spec.namespace, spec.name, routing, config)
     except RoutingConflict as error:
         failed = Condition(PROVISIONED, FALSE, "RoutingConflict", str(error))
         not_ready = Condition(READY, FALSE, "RoutingConflict", str(error))
-        patch = with_conditions(deps, body, [failed, not_ready], observedGeneration=generation)
+        patch = with_conditions(ctx, body, [failed, not_ready], observedGeneration=generation)
         raise TopicFailure(str(error), patch, permanent=True) from None
     except KubeApiError as error:
         reason = "ApiUnavailable" if error.transient else "ApplyFailed"
         delay = TRANSIENT_DELAY_S if error.transient else APPLY_FAILED_DELAY_S
-        patch = with_conditions(deps, body, [Condition(PROVISIONED, FALSE, reason, str(error))])
+        patch = with_conditions(ctx, body, [Condition(PROVISIONED, FALSE, reason, str(error))])
         raise TopicFailure(str(error), patch, permanent=False, delay_s=delay) from None
     except TRANSIENT_ERRORS as error:
         message = f"ZooKeeper or the network failed: {error!r}; retrying"
         condition = Condition(PROVISIONED, FALSE, "ZooKeeperUnavailable", message)
-        patch = with_conditions(deps, body, [condition])
+        patch = with_conditions(ctx, body, [condition])
         raise TopicFailure(message, patch, False, TRANSIENT_DELAY_S) from None
 
     conditions = [slot_condition]
@@ -122,7 +87,7 @@ async def reconcile(deps: Deps, body: Mapping[str, Any], logger: Logger) -> dict
             Condition(READY, FALSE, "WaitingForBrokers", "Waiting for Redis masters.")
         )
     return with_conditions(
-        deps, body, conditions, observedGeneration=generation, appliedSlotAmount=applied
+        ctx, body, conditions, observedGeneration=generation, appliedSlotAmount=applied
     )
 
 
@@ -147,15 +112,15 @@ def slot_amount_condition(desired: int, applied: int) -> Condition:
     return Condition(PROVISIONED, TRUE, "ResourcesApplied", "All resources are applied.")
 
 
-async def read_or_generate_credentials(deps: Deps, spec: TopicSpec) -> Credentials:
+async def read_or_generate_credentials(ctx: OperatorContext, spec: TopicSpec) -> Credentials:
     """The existing Secret's values, so a reconcile never rotates a live password."""
-    secret = await deps.kube.get(
+    secret = await ctx.kube.get(
         "v1", "Secret", spec.namespace, naming.credentials_secret(spec.name)
     )
     data = (secret or {}).get("data") or {}
     password = data.get(naming.SECRET_REDIS_PASSWORD)
     token = data.get(naming.SECRET_API_TOKEN)
     return Credentials(
-        redis_password=base64.b64decode(password).decode() if password else deps.generate(),
-        api_token=base64.b64decode(token).decode() if token else deps.generate(),
+        redis_password=base64.b64decode(password).decode() if password else ctx.generate(),
+        api_token=base64.b64decode(token).decode() if token else ctx.generate(),
     )

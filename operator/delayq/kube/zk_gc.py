@@ -1,4 +1,4 @@
-"""Deletion without a finalizer: the cleanup owner references cannot do.
+"""ZooKeeper garbage collection, the part of deleting a topic that owner references cannot do.
 
 DelayTopics carry no finalizer. A finalizer needs a running operator to go away, so one left by
 an operator that died without SIGTERM (kill -9, node loss) blocked the topic's deletion, and its
@@ -18,28 +18,12 @@ from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 from delayq.kube import naming
-from delayq.kube.builders.common import Manifest
 from delayq.kube.builders.service import zookeeper_connect
-from delayq.kube.client import KubeApiError, KubeClient
-from delayq.kube.handlers.deps import Deps, Logger
-from delayq.kube.handlers.reconcile import TRANSIENT_ERRORS, parse_body
+from delayq.kube.client import KubeApiError
+from delayq.kube.context import Logger, OperatorContext
+from delayq.kube.errors import TRANSIENT_ERRORS
 from delayq.kube.spec import SpecError
-
-TOPIC_API_VERSION = f"{naming.GROUP}/{naming.VERSION}"
-TopicKey = tuple[str, str]  # (namespace, name)
-
-
-async def list_topics(kube: KubeClient, namespaces: Sequence[str]) -> list[Manifest]:
-    """Every DelayTopic in `namespaces` (every namespace when empty)."""
-    topics: list[Manifest] = []
-    for namespace in namespaces or ("",):  # "": the cluster-wide listing
-        topics += await kube.list(TOPIC_API_VERSION, naming.KIND, namespace, {})
-    return topics
-
-
-def topic_key(topic: Mapping[str, Any]) -> TopicKey:
-    meta = topic["metadata"]
-    return (str(meta["namespace"]), str(meta["name"]))
+from delayq.kube.topics import API_VERSION, TopicKey, list_topics, parse_body, topic_key
 
 
 def orphaned_trees(
@@ -53,25 +37,26 @@ def orphaned_trees(
     """
     existing = set(topics)
     return sorted(
-        tree
-        for tree in set(trees)
-        if tree not in existing and (not watched or tree[0] in watched)
+        tree for tree in set(trees) if tree not in existing and (not watched or tree[0] in watched)
     )
 
 
-def ensembles(deps: Deps, topics: Iterable[Mapping[str, Any]]) -> list[str]:
+def ensembles(ctx: OperatorContext, topics: Iterable[Mapping[str, Any]]) -> list[str]:
     """The operator's default ensemble and every ensemble a listed topic uses."""
-    found = {deps.ctx.default_zookeeper}
+    found = {ctx.build.default_zookeeper}
     for topic in topics:
         try:
-            found.add(zookeeper_connect(parse_body(topic), deps.ctx))
+            found.add(zookeeper_connect(parse_body(topic), ctx.build))
         except SpecError:
             continue  # reconcile reports it; its tree can only be on a known ensemble
     return sorted(found)
 
 
 async def collect_orphans(
-    deps: Deps, namespaces: Sequence[str], listed: Sequence[Mapping[str, Any]], logger: Logger
+    ctx: OperatorContext,
+    namespaces: Sequence[str],
+    listed: Sequence[Mapping[str, Any]],
+    logger: Logger,
 ) -> int:
     """Remove the ZooKeeper trees of deleted topics; returns how many were removed.
 
@@ -81,19 +66,19 @@ async def collect_orphans(
     meanwhile under the same name keeps its tree (its reconcile waits for the lock).
     """
     removed = 0
-    for connect in ensembles(deps, listed):
+    for connect in ensembles(ctx, listed):
         try:
-            trees = await deps.store.topic_trees(connect, namespaces)
+            trees = await ctx.store.topic_trees(connect, namespaces)
         except TRANSIENT_ERRORS as error:
             logger.warning("ZooKeeper %s unavailable for garbage collection: %r", connect, error)
             continue
         try:
-            topics = [topic_key(topic) for topic in await list_topics(deps.kube, namespaces)]
+            topics = [topic_key(topic) for topic in await list_topics(ctx.kube, namespaces)]
             for namespace, name in orphaned_trees(trees, topics, namespaces):
-                async with deps.lock(namespace, name):
-                    if await deps.kube.get(TOPIC_API_VERSION, naming.KIND, namespace, name):
+                async with ctx.lock(namespace, name):
+                    if await ctx.kube.get(API_VERSION, naming.KIND, namespace, name):
                         continue  # created again since the listing
-                    await deps.store.delete(connect, namespace, name)
+                    await ctx.store.delete(connect, namespace, name)
                 logger.info("removed the ZooKeeper tree of deleted topic %s/%s", namespace, name)
                 removed += 1
         except (KubeApiError, *TRANSIENT_ERRORS) as error:

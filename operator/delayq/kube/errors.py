@@ -1,4 +1,7 @@
-"""Handler outcomes that carry a status patch: the wrapper writes it, then tells kopf how to retry.
+"""Failures the operator tells apart: handler outcomes carrying a status patch, transient errors.
+
+TopicFailure is a handler outcome that carries a status patch: the wrapper (operator.serialized)
+writes it, then tells kopf how to retry.
 
 A permanent failure (the spec can never work) becomes kopf.PermanentError: no retry loop, the
 user sees Ready=False with the reason until the spec changes. A transient one (API server or
@@ -7,7 +10,14 @@ ZooKeeper unreachable, conflicts) becomes kopf.TemporaryError with a backoff del
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any
+
+import aiohttp
+from kazoo.exceptions import KazooException
+
+# What the API server, ZooKeeper or the network raise when they are briefly unavailable.
+TRANSIENT_ERRORS = (aiohttp.ClientError, asyncio.TimeoutError, KazooException, OSError)
 
 
 class TopicFailure(Exception):

@@ -1,0 +1,93 @@
+"""The operator's one context object: settings, clients and the little state kept between passes.
+
+Every replica builds one OperatorContext; the change handlers, the health loop and the leader's
+run all receive it, so tests swap any part of it (the Kubernetes login, the ZooKeeper store, the
+Redis control, the clocks). The API client and the per-topic state exist only while the replica
+leads: `start_leading` opens a term with fresh state, `stop_leading` ends it and hands back the
+client to close; `kube` outside a term raises kopf.TemporaryError (kopf retries shortly).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import secrets
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import kopf
+
+from delayq.kube.builders.common import BuildContext
+from delayq.kube.client import KubeClient
+from delayq.kube.config import OperatorConfig
+from delayq.kube.leader import make_identity
+from delayq.kube.redisctl import RedisCommands, RedisControl
+from delayq.kube.zk import KazooTopicStore, TopicStore
+
+# kopf hands handlers either a Logger or a LoggerAdapter (with the object in context).
+Logger = logging.Logger | logging.LoggerAdapter[Any]
+Login = Callable[[], kopf.ConnectionInfo]
+
+
+def default_login() -> kopf.ConnectionInfo:
+    """In-cluster service account first, then a kubeconfig (for running outside the cluster)."""
+    settings = kopf.OperatorSettings()
+    info = kopf.login_with_service_account(settings=settings) or kopf.login_with_kubeconfig(
+        settings=settings
+    )
+    if info is None:
+        raise kopf.LoginError("no service account and no kubeconfig: cannot reach Kubernetes")
+    return info
+
+
+def generate_secret() -> str:
+    return secrets.token_urlsafe(32)
+
+
+@dataclass
+class OperatorContext:
+    """What the handlers, the health loop and the leader's run share; one per operator process."""
+
+    config: OperatorConfig = field(default_factory=OperatorConfig)
+    login: Login = default_login
+    store: TopicStore = field(default_factory=KazooTopicStore)
+    redis: RedisControl = field(default_factory=RedisCommands)
+    identity: str = field(default_factory=make_identity)  # this replica's name in the Lease
+    clock: Callable[[], float] = time.time
+    generate: Callable[[], str] = generate_secret
+    # The leader's API client: set for a term by start_leading (tests pass one directly).
+    client: KubeClient | None = None
+    # (namespace, topic, broker) -> when its master was first seen missing (grace period start)
+    master_missing_since: dict[tuple[str, str, int], float] = field(default_factory=dict)
+    locks: dict[tuple[str, str], asyncio.Lock] = field(default_factory=dict)
+
+    @property
+    def kube(self) -> KubeClient:
+        if self.client is None:
+            raise kopf.TemporaryError("operator is still starting", delay=1)
+        return self.client
+
+    @property
+    def build(self) -> BuildContext:
+        return self.config.build
+
+    @property
+    def failover_grace_s(self) -> float:
+        return self.config.failover_grace_s
+
+    def lock(self, namespace: str, name: str) -> asyncio.Lock:
+        """One lock per topic: its handlers and health passes never compute status concurrently."""
+        return self.locks.setdefault((namespace, name), asyncio.Lock())
+
+    def start_leading(self) -> None:
+        """Open a term: a new API client, and no grace timer or lock left from an earlier one."""
+        self.client = KubeClient(self.login())
+        self.master_missing_since = {}
+        self.locks = {}
+
+    def stop_leading(self) -> KubeClient | None:
+        """End the term; returns the API client for the caller to close."""
+        client, self.client = self.client, None
+        return client
