@@ -7,6 +7,7 @@ which repeats each non-transition CEL rule.
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 from typing import Any
 
@@ -14,7 +15,8 @@ import jsonschema
 import pytest
 import yaml
 
-from delayq.kube.spec import SpecError, parse_spec
+from delayq.kube.spec import SpecError, parse_duration_ms, parse_spec
+from delayq.service.defaults import DEFAULTS, TopicDefaults, crd_default, crd_path
 
 ROOT = Path(__file__).resolve().parents[2]
 CRD_PATH = ROOT / "crds" / "delaytopics.delayq.io.yaml"
@@ -161,3 +163,40 @@ def test_transition_examples_are_individually_valid(path: Path) -> None:
         assert parser_error(document) is None
     message = expected_error(path)
     assert any(rule["message"].startswith(message) for rule in walk_rules(crd()))
+
+
+def crd_defaults(properties: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    """Every `default:` under the spec, by its dotted path (`delivery.webhook.timeout`)."""
+    found: dict[str, Any] = {}
+    for name, node in properties.items():
+        path = f"{prefix}{name}"
+        if "default" in node:
+            found[path] = node["default"]
+        found.update(crd_defaults(node.get("properties", {}), f"{path}."))
+    return found
+
+
+def test_every_crd_default_is_the_one_of_the_defaults_table() -> None:
+    spec = crd()["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["spec"]
+    in_crd = crd_defaults(spec["properties"])
+    table = {crd_path(f.name): f.name for f in dataclasses.fields(TopicDefaults)}
+    assert sorted(in_crd) == sorted(table)
+    for path, value in in_crd.items():
+        name = table[path]
+        if name.endswith("_ms"):
+            assert parse_duration_ms(value, path, 0, 10**9) == getattr(DEFAULTS, name), path
+        assert value == crd_default(name), path
+
+
+def test_the_parser_defaults_an_empty_spec_from_the_table() -> None:
+    parsed = parse_spec("orders", "shop", {})
+    for name in ("slot_amount", "topic_type", "brokers", "replicas_per_broker", "max_retries",
+                 "ack_timeout_ms", "max_payload_bytes", "journal_max_len",
+                 "zookeeper_session_timeout_ms", "deletion_policy", "worker_concurrency",
+                 "redis_min_replicas_to_write", "redis_append_fsync"):
+        assert getattr(parsed, name) == getattr(DEFAULTS, name), name
+    assert parsed.storage_size == DEFAULTS.persistence_size
+    assert parsed.redis_min_replicas_max_lag_s == DEFAULTS.redis_min_replicas_max_lag_seconds
+    for name in ("webhook_timeout_ms", "webhook_max_in_flight", "pull_max_lease_batch",
+                 "stream_max_len"):
+        assert getattr(parsed.delivery, name) == getattr(DEFAULTS, name), name

@@ -8,6 +8,7 @@ import pytest
 
 from delayq.queue.topic import TopicType
 from delayq.service.config import ConfigError, ServiceConfig, add_arguments
+from delayq.service.defaults import DEFAULTS
 
 
 def parse(argv: list[str]) -> argparse.Namespace:
@@ -21,6 +22,18 @@ def test_defaults_are_a_pull_topic_on_local_redis():
     assert config.topic_type is TopicType.PULL
     assert config.redis_url == "redis://127.0.0.1:6379/0"
     assert config.to_topic().slot_amount == 16
+
+
+def test_topic_settings_default_from_the_table():
+    config = ServiceConfig()
+    assert config.webhook_timeout_ms == DEFAULTS.webhook_timeout_ms == 10_000
+    assert config.max_lease_batch == DEFAULTS.pull_max_lease_batch == 1000
+    assert config.max_in_flight == DEFAULTS.worker_concurrency
+    assert config.webhook_concurrency == DEFAULTS.webhook_max_in_flight
+    assert config.zk_session_timeout_ms == DEFAULTS.zookeeper_session_timeout_ms
+    # a webhook topic with every default is valid: the lease outlives the POST it covers
+    webhook = ServiceConfig(topic_type=TopicType.WEBHOOK, webhook_url="http://127.0.0.1/h")
+    assert webhook.webhook_timeout_ms < webhook.ack_timeout_ms
 
 
 def test_environment_is_typed():

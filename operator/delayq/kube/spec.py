@@ -3,8 +3,9 @@
 The CRD schema (with CEL) rejects bad specs at `kubectl apply`; this parser repeats every
 non-transition rule so that a spec which slipped past (an API server without CEL, a CRD applied
 late, hand-edited storage) becomes a clear `Ready=False` condition instead of broken resources.
-Defaults equal the CRD's defaults, so objects from servers that do not default (kmock) behave
-the same as objects from a real API server.
+Defaults come from `delayq.service.defaults` (the table the CRD's `default:` values are
+checked against), so objects from servers that do not default (kmock) behave the same as
+objects from a real API server.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from delayq.queue.topic import MAX_SLOT_AMOUNT, Topic, TopicError, TopicType, is_power_of_two
+from delayq.service.defaults import DEFAULTS, crd_default
 
 DURATION_PATTERN = re.compile(r"^(?:[0-9]{1,8}(?:ms|s|m|h))+$")
 DURATION_PART = re.compile(r"([0-9]+)(ms|s|m|h)")
@@ -52,11 +54,11 @@ class Delivery:
     """Delivery settings of the topic's type; the unused fields keep their defaults."""
 
     webhook_url: str = ""
-    webhook_timeout_ms: int = 10_000
-    webhook_max_in_flight: int = 64
-    pull_max_lease_batch: int = 100
+    webhook_timeout_ms: int = DEFAULTS.webhook_timeout_ms
+    webhook_max_in_flight: int = DEFAULTS.webhook_max_in_flight
+    pull_max_lease_batch: int = DEFAULTS.pull_max_lease_batch
     stream_key: str = ""
-    stream_max_len: int = 0
+    stream_max_len: int = DEFAULTS.stream_max_len
 
 
 @dataclass(frozen=True)
@@ -65,28 +67,28 @@ class TopicSpec:
 
     name: str
     namespace: str
-    slot_amount: int = 16
-    topic_type: TopicType = TopicType.PULL
-    brokers: int = 1
-    replicas_per_broker: int = 1
-    max_retries: int = 16
-    ack_timeout_ms: int = 30_000
-    max_payload_bytes: int = 1024 * 1024
-    journal_max_len: int = 0
+    slot_amount: int = DEFAULTS.slot_amount
+    topic_type: TopicType = DEFAULTS.topic_type
+    brokers: int = DEFAULTS.brokers
+    replicas_per_broker: int = DEFAULTS.replicas_per_broker
+    max_retries: int = DEFAULTS.max_retries
+    ack_timeout_ms: int = DEFAULTS.ack_timeout_ms
+    max_payload_bytes: int = DEFAULTS.max_payload_bytes
+    journal_max_len: int = DEFAULTS.journal_max_len
     delivery: Delivery = field(default_factory=Delivery)
     zookeeper_connect: str = ""
-    zookeeper_session_timeout_ms: int = 10_000
-    storage_size: str = "1Gi"
+    zookeeper_session_timeout_ms: int = DEFAULTS.zookeeper_session_timeout_ms
+    storage_size: str = DEFAULTS.persistence_size
     storage_class: str = ""
-    deletion_policy: str = "Retain"
-    worker_concurrency: int = 16
+    deletion_policy: str = DEFAULTS.deletion_policy
+    worker_concurrency: int = DEFAULTS.worker_concurrency
     worker_resources: Resources = field(default_factory=Resources)
     redis_resources: Resources = field(default_factory=Resources)
     # Redis min-replicas-to-write / min-replicas-max-lag on every broker pod: 0 keeps plain
     # asynchronous replication (writes never refused, a failover can lose the last ones).
-    redis_min_replicas_to_write: int = 0
-    redis_min_replicas_max_lag_s: int = 10
-    redis_append_fsync: str = "everysec"  # or "always"
+    redis_min_replicas_to_write: int = DEFAULTS.redis_min_replicas_to_write
+    redis_min_replicas_max_lag_s: int = DEFAULTS.redis_min_replicas_max_lag_seconds
+    redis_append_fsync: str = DEFAULTS.redis_append_fsync  # or "always"
 
     @property
     def topic(self) -> Topic:
@@ -122,17 +124,17 @@ def parse_duration_ms(value: object, field_name: str, low_ms: int, high_ms: int)
 
 def parse_spec(name: str, namespace: str, spec: Mapping[str, Any]) -> TopicSpec:
     """Validate and default one DelayTopic spec; raise SpecError naming the first bad field."""
-    slot_amount = _int(spec, "slotAmount", 16, 1, MAX_SLOT_AMOUNT)
+    slot_amount = _int(spec, "slotAmount", DEFAULTS.slot_amount, 1, MAX_SLOT_AMOUNT)
     if not is_power_of_two(slot_amount):
         raise SpecError(
             f"slotAmount must be a power of two between 1 and {MAX_SLOT_AMOUNT}, got {slot_amount}"
         )
-    raw_type = spec.get("topicType", "pull")
+    raw_type = spec.get("topicType", DEFAULTS.topic_type.value)
     try:
         topic_type = TopicType(raw_type)
     except ValueError:
         raise SpecError(f"topicType {raw_type!r} must be one of pull, webhook, stream") from None
-    brokers = _int(spec, "brokers", 1, 1, MAX_BROKERS)
+    brokers = _int(spec, "brokers", DEFAULTS.brokers, 1, MAX_BROKERS)
     if brokers > slot_amount:
         raise SpecError(
             f"brokers must not exceed slotAmount: every broker needs at least one slot "
@@ -145,11 +147,13 @@ def parse_spec(name: str, namespace: str, spec: Mapping[str, Any]) -> TopicSpec:
             f"zookeeper.connect {connect!r} must look like host:port[,host:port][/path]"
         )
     persistence = _section(spec, "persistence")
-    deletion_policy = spec.get("deletionPolicy", "Retain")
+    deletion_policy = spec.get("deletionPolicy", DEFAULTS.deletion_policy)
     if deletion_policy not in ("Retain", "Delete"):
         raise SpecError(f"deletionPolicy {deletion_policy!r} must be Retain or Delete")
     worker = _section(spec, "worker")
-    replicas_per_broker = _int(spec, "replicasPerBroker", 1, 0, MAX_REPLICAS_PER_BROKER)
+    replicas_per_broker = _int(
+        spec, "replicasPerBroker", DEFAULTS.replicas_per_broker, 0, MAX_REPLICAS_PER_BROKER
+    )
     redis = _section(spec, "redis")
     min_replicas_to_write = _min_replicas_to_write(redis, replicas_per_broker)
     parsed = TopicSpec(
@@ -159,26 +163,38 @@ def parse_spec(name: str, namespace: str, spec: Mapping[str, Any]) -> TopicSpec:
         topic_type=topic_type,
         brokers=brokers,
         replicas_per_broker=replicas_per_broker,
-        max_retries=_int(spec, "maxRetries", 16, 0, 1000),
+        max_retries=_int(spec, "maxRetries", DEFAULTS.max_retries, 0, 1000),
         ack_timeout_ms=parse_duration_ms(
-            spec.get("ackTimeout", "30s"), "ackTimeout", 1, 86_400_000
+            spec.get("ackTimeout", crd_default("ack_timeout_ms")), "ackTimeout", 1, 86_400_000
         ),
-        max_payload_bytes=_int(spec, "maxPayloadBytes", 1024 * 1024, 1, 64 * 1024 * 1024),
-        journal_max_len=_int(spec, "journalMaxLen", 0, 0, 100_000_000),
+        max_payload_bytes=_int(
+            spec, "maxPayloadBytes", DEFAULTS.max_payload_bytes, 1, 64 * 1024 * 1024
+        ),
+        journal_max_len=_int(spec, "journalMaxLen", DEFAULTS.journal_max_len, 0, 100_000_000),
         delivery=_delivery(topic_type, _section(spec, "delivery")),
         zookeeper_connect=str(connect),
         zookeeper_session_timeout_ms=parse_duration_ms(
-            zookeeper.get("sessionTimeout", "10s"), "zookeeper.sessionTimeout", 2000, 60_000
+            zookeeper.get("sessionTimeout", crd_default("zookeeper_session_timeout_ms")),
+            "zookeeper.sessionTimeout",
+            2000,
+            60_000,
         ),
-        storage_size=str(persistence.get("size", "1Gi")),
+        storage_size=str(persistence.get("size", DEFAULTS.persistence_size)),
         storage_class=str(persistence.get("storageClass", "")),
         deletion_policy=deletion_policy,
-        worker_concurrency=_int(worker, "concurrency", 16, 1, 1024, prefix="worker."),
+        worker_concurrency=_int(
+            worker, "concurrency", DEFAULTS.worker_concurrency, 1, 1024, prefix="worker."
+        ),
         worker_resources=_resources(worker, "worker"),
         redis_resources=_resources(redis, "redis"),
         redis_min_replicas_to_write=min_replicas_to_write,
         redis_min_replicas_max_lag_s=_int(
-            redis, "minReplicasMaxLagSeconds", 10, 1, MAX_MIN_REPLICAS_MAX_LAG_S, "redis."
+            redis,
+            "minReplicasMaxLagSeconds",
+            DEFAULTS.redis_min_replicas_max_lag_seconds,
+            1,
+            MAX_MIN_REPLICAS_MAX_LAG_S,
+            "redis.",
         ),
         redis_append_fsync=_append_fsync(redis),
     )
@@ -210,17 +226,31 @@ def _delivery(topic_type: TopicType, section: Mapping[str, Any]) -> Delivery:
     return Delivery(
         webhook_url=url,
         webhook_timeout_ms=parse_duration_ms(
-            webhook.get("timeout", "10s"), "delivery.webhook.timeout", 10, 300_000
+            webhook.get("timeout", crd_default("webhook_timeout_ms")),
+            "delivery.webhook.timeout",
+            10,
+            300_000,
         ),
-        webhook_max_in_flight=_int(webhook, "maxInFlight", 64, 1, 10_000, "delivery.webhook."),
-        pull_max_lease_batch=_int(pull, "maxLeaseBatch", 100, 1, 10_000, "delivery.pull."),
+        webhook_max_in_flight=_int(
+            webhook,
+            "maxInFlight",
+            DEFAULTS.webhook_max_in_flight,
+            1,
+            10_000,
+            "delivery.webhook.",
+        ),
+        pull_max_lease_batch=_int(
+            pull, "maxLeaseBatch", DEFAULTS.pull_max_lease_batch, 1, 10_000, "delivery.pull."
+        ),
         stream_key=str(stream.get("streamKey", "")),
-        stream_max_len=_int(stream, "maxLen", 0, 0, 1_000_000_000, "delivery.stream."),
+        stream_max_len=_int(
+            stream, "maxLen", DEFAULTS.stream_max_len, 0, 1_000_000_000, "delivery.stream."
+        ),
     )
 
 
 def _append_fsync(redis: Mapping[str, Any]) -> str:
-    value = redis.get("appendFsync", "everysec")
+    value = redis.get("appendFsync", DEFAULTS.redis_append_fsync)
     if value not in APPEND_FSYNC_POLICIES:
         choices = " or ".join(APPEND_FSYNC_POLICIES)
         raise SpecError(f"redis.appendFsync {value!r} must be {choices}")
@@ -229,7 +259,14 @@ def _append_fsync(redis: Mapping[str, Any]) -> str:
 
 def _min_replicas_to_write(redis: Mapping[str, Any], replicas_per_broker: int) -> int:
     """Bounded by the broker's replicas: more could never be in sync, so no write would pass."""
-    value = _int(redis, "minReplicasToWrite", 0, 0, MAX_REPLICAS_PER_BROKER, "redis.")
+    value = _int(
+        redis,
+        "minReplicasToWrite",
+        DEFAULTS.redis_min_replicas_to_write,
+        0,
+        MAX_REPLICAS_PER_BROKER,
+        "redis.",
+    )
     if value > replicas_per_broker:
         raise SpecError(
             f"{MIN_REPLICAS_EXCEED_MESSAGE} (minReplicasToWrite={value}, "

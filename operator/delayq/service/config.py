@@ -16,14 +16,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from delayq.queue.topic import (
-    DEFAULT_ACK_TIMEOUT_MS,
-    DEFAULT_MAX_PAYLOAD_BYTES,
-    DEFAULT_MAX_RETRIES,
-    Topic,
-    TopicError,
-    TopicType,
-)
+from delayq.queue.topic import Topic, TopicError, TopicType
+from delayq.service.defaults import DEFAULTS
 
 ENV_PREFIX = "DELAYQ_"
 
@@ -51,21 +45,27 @@ class ServiceConfig:
     )
     namespace: str = field(default="default", metadata=_help("namespace of the topic"))
     topic: str = field(default="demo", metadata=_help("topic name"))
-    slot_amount: int = field(default=16, metadata=_help("slots of the topic (power of two)"))
+    slot_amount: int = field(
+        default=DEFAULTS.slot_amount, metadata=_help("slots of the topic (power of two)")
+    )
     topic_type: TopicType = field(
-        default=TopicType.PULL, metadata=_help("delivery: pull, webhook or stream")
+        default=DEFAULTS.topic_type, metadata=_help("delivery: pull, webhook or stream")
     )
     max_retries: int = field(
-        default=DEFAULT_MAX_RETRIES, metadata=_help("attempts beyond this go to dead")
+        default=DEFAULTS.max_retries, metadata=_help("attempts beyond this go to dead")
     )
     ack_timeout_ms: int = field(
-        default=DEFAULT_ACK_TIMEOUT_MS, metadata=_help("lease length of a delivery")
+        default=DEFAULTS.ack_timeout_ms, metadata=_help("lease length of a delivery")
     )
     max_payload_bytes: int = field(
-        default=DEFAULT_MAX_PAYLOAD_BYTES, metadata=_help("largest accepted payload")
+        default=DEFAULTS.max_payload_bytes, metadata=_help("largest accepted payload")
     )
-    journal_maxlen: int = field(default=0, metadata=_help("lifecycle journal cap (0: off)"))
-    max_lease_batch: int = field(default=1000, metadata=_help("pull: messages per lease at most"))
+    journal_maxlen: int = field(
+        default=DEFAULTS.journal_max_len, metadata=_help("lifecycle journal cap (0: off)")
+    )
+    max_lease_batch: int = field(
+        default=DEFAULTS.pull_max_lease_batch, metadata=_help("pull: messages per lease at most")
+    )
     webhook_url: str = field(
         default="", metadata=_help("webhook topics: URL each due message is POSTed to")
     )
@@ -73,10 +73,11 @@ class ServiceConfig:
         default="", metadata=_help("webhook topics: HMAC-SHA256 signing secret")
     )
     webhook_timeout_ms: int = field(
-        default=5000, metadata=_help("webhook topics: timeout of one POST")
+        default=DEFAULTS.webhook_timeout_ms, metadata=_help("webhook topics: timeout of one POST")
     )
     webhook_concurrency: int = field(
-        default=64, metadata=_help("webhook topics: concurrent POSTs at most")
+        default=DEFAULTS.webhook_max_in_flight,
+        metadata=_help("webhook topics: concurrent POSTs at most"),
     )
     stream_url: str = field(
         default="", metadata=_help("stream topics: Redis of the target stream (default: ours)")
@@ -85,7 +86,8 @@ class ServiceConfig:
         default="", metadata=_help("stream topics: target stream key (default dq-out:<ns>/<t>)")
     )
     stream_maxlen: int = field(
-        default=0, metadata=_help("stream topics: approximate MAXLEN of the target (0: none)")
+        default=DEFAULTS.stream_max_len,
+        metadata=_help("stream topics: approximate MAXLEN of the target (0: none)"),
     )
     api_token: str = field(
         default="", metadata=_help("bearer token of the topic's HTTP API (empty: no auth)")
@@ -96,14 +98,16 @@ class ServiceConfig:
         default="", metadata=_help("ZooKeeper hosts (empty: embedded, own every slot)")
     )
     zk_session_timeout_ms: int = field(
-        default=10_000, metadata=_help("ZooKeeper session timeout: bounds the failover time")
+        default=DEFAULTS.zookeeper_session_timeout_ms,
+        metadata=_help("ZooKeeper session timeout: bounds the failover time"),
     )
     broker_id: str = field(default="", metadata=_help("the broker this process is co-located with"))
     member_id: str = field(
         default="", metadata=_help("member name in ZooKeeper (default: host-pid)")
     )
     max_in_flight: int = field(
-        default=1000, metadata=_help("deliveries in flight per process at most")
+        default=DEFAULTS.worker_concurrency,
+        metadata=_help("deliveries in flight per process at most"),
     )
     batch_size: int = field(default=200, metadata=_help("messages per claim at most"))
     backoff_base_ms: int = field(

@@ -1,0 +1,88 @@
+"""The default of every DelayTopic setting, defined once (pure).
+
+The CRD's `default:` values, the operator's spec parser (`delayq.kube.spec`), `delayq serve`'s
+settings and flags (`delayq.service.config`) and the docs all take their defaults from
+`DEFAULTS`; `tests/kube/test_crd_schema.py` checks every `default:` in the CRD against it.
+
+A setting's name is the snake_case of its path under the DelayTopic's `spec`, without the
+`delivery.` section (`delivery.webhook.maxInFlight` -> `webhook_max_in_flight`); a duration
+ends in `_ms` and holds milliseconds (the CRD writes it as a duration string such as `10s`).
+The same name is the `delayq serve` setting, its flag and its `topic.json` key.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+
+from delayq.queue.topic import (
+    DEFAULT_ACK_TIMEOUT_MS,
+    DEFAULT_MAX_PAYLOAD_BYTES,
+    DEFAULT_MAX_RETRIES,
+    TopicType,
+)
+
+
+def _crd(path: str) -> dict[str, str]:
+    return {"crd": path}
+
+
+@dataclass(frozen=True)
+class TopicDefaults:
+    """One field per setting: its default, and (metadata `crd`) its path in the CRD's spec."""
+
+    slot_amount: int = field(default=16, metadata=_crd("slotAmount"))
+    topic_type: TopicType = field(default=TopicType.PULL, metadata=_crd("topicType"))
+    brokers: int = field(default=1, metadata=_crd("brokers"))
+    replicas_per_broker: int = field(default=1, metadata=_crd("replicasPerBroker"))
+    max_retries: int = field(default=DEFAULT_MAX_RETRIES, metadata=_crd("maxRetries"))
+    ack_timeout_ms: int = field(default=DEFAULT_ACK_TIMEOUT_MS, metadata=_crd("ackTimeout"))
+    max_payload_bytes: int = field(
+        default=DEFAULT_MAX_PAYLOAD_BYTES, metadata=_crd("maxPayloadBytes")
+    )
+    journal_max_len: int = field(default=0, metadata=_crd("journalMaxLen"))
+    # the service's hard cap per lease request (delivery.pull.MAX_LEASE_BATCH) is 1000 too
+    pull_max_lease_batch: int = field(default=1000, metadata=_crd("delivery.pull.maxLeaseBatch"))
+    webhook_timeout_ms: int = field(default=10_000, metadata=_crd("delivery.webhook.timeout"))
+    webhook_max_in_flight: int = field(default=64, metadata=_crd("delivery.webhook.maxInFlight"))
+    stream_max_len: int = field(default=0, metadata=_crd("delivery.stream.maxLen"))
+    zookeeper_session_timeout_ms: int = field(
+        default=10_000, metadata=_crd("zookeeper.sessionTimeout")
+    )
+    persistence_size: str = field(default="1Gi", metadata=_crd("persistence.size"))
+    deletion_policy: str = field(default="Retain", metadata=_crd("deletionPolicy"))
+    worker_concurrency: int = field(default=16, metadata=_crd("worker.concurrency"))
+    redis_min_replicas_to_write: int = field(default=0, metadata=_crd("redis.minReplicasToWrite"))
+    redis_min_replicas_max_lag_seconds: int = field(
+        default=10, metadata=_crd("redis.minReplicasMaxLagSeconds")
+    )
+    redis_append_fsync: str = field(default="everysec", metadata=_crd("redis.appendFsync"))
+
+
+DEFAULTS = TopicDefaults()
+
+
+def crd_path(name: str) -> str:
+    """The setting's path under the CRD's `spec` (e.g. `delivery.webhook.timeout`)."""
+    return str(_FIELDS[name].metadata["crd"])
+
+
+def crd_default(name: str) -> int | str:
+    """The default as the CRD writes it: durations as a string (`10s`), enums by value."""
+    value = getattr(DEFAULTS, name)
+    if name.endswith("_ms"):
+        return human_duration(int(value))
+    if isinstance(value, TopicType):
+        return value.value
+    return value  # type: ignore[no-any-return]
+
+
+def human_duration(value_ms: int) -> str:
+    """The shortest whole-unit duration string: 30000 -> `30s`, 90000 -> `90s`, 1500 -> `1500ms`."""
+    for unit, size in (("h", 3_600_000), ("m", 60_000), ("s", 1000)):
+        if value_ms % size == 0:
+            return f"{value_ms // size}{unit}"
+    return f"{value_ms}ms"
+
+
+_FIELDS = {f.name: f for f in dataclasses.fields(TopicDefaults)}
