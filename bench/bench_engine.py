@@ -28,11 +28,16 @@ import redis
 import redis.asyncio
 
 from delayq.local.redis_server import RedisServer
-from delayq.queue.client import AsyncQueue, Queue
-from delayq.queue.consumer import Consumer, ConsumerSettings
-from delayq.queue.model import Message, ScheduleRequest
+from delayq.queue import (
+    AsyncQueue,
+    Consumer,
+    ConsumerSettings,
+    Message,
+    Queue,
+    ScheduleRequest,
+    Topic,
+)
 from delayq.queue.packing import use_hiredis_packing
-from delayq.queue.topic import Topic
 
 PAYLOAD = b"x" * 32
 SLOTS = 16

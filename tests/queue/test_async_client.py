@@ -6,8 +6,7 @@ import pytest
 
 from delayq.queue.client import AsyncQueue
 from delayq.queue.codes import Code, LeaseLostError, NotFoundError
-from delayq.queue.model import ScheduleRequest, State
-from delayq.queue.plans import Target
+from delayq.queue.model import ScheduleRequest, State, Target
 
 from .conftest import TOPIC
 

@@ -16,8 +16,7 @@ from delayq.queue.codes import (
     WrongStateError,
 )
 from delayq.queue.keys import Part, slot_keys
-from delayq.queue.model import Mode, ScheduleRequest, State
-from delayq.queue.plans import Retry, Target
+from delayq.queue.model import Mode, Retry, ScheduleRequest, State, Target
 from delayq.queue.topic import MAX_DELAY_MS, Topic
 
 from .conftest import TOPIC, server_ms, wait_for_server_ms

@@ -9,8 +9,7 @@ import redis
 
 from delayq.queue.client import Queue
 from delayq.queue.codes import Code, LeaseLostError
-from delayq.queue.model import Message, Mode, ScheduleRequest, State
-from delayq.queue.plans import Retry
+from delayq.queue.model import Message, Mode, Retry, ScheduleRequest, State
 
 from .conftest import TOPIC
 

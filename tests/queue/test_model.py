@@ -17,8 +17,7 @@ from delayq.local.ports import wait_until
 from delayq.queue import plans
 from delayq.queue.client import Queue
 from delayq.queue.codes import Code
-from delayq.queue.model import Lease, Mode, State
-from delayq.queue.plans import Retry, Target
+from delayq.queue.model import Lease, Mode, Retry, State, Target
 from delayq.queue.topic import Topic
 
 from .conftest import server_ms

@@ -8,8 +8,7 @@ import redis
 import redis.asyncio
 
 from delayq.queue.client import AsyncQueue, Queue
-from delayq.queue.model import ScheduleRequest, State
-from delayq.queue.plans import PartlyStoredError, ScheduleFailure
+from delayq.queue.model import PartlyStoredError, ScheduleFailure, ScheduleRequest, State
 from delayq.queue.topic import Topic
 from tests.redis_memory import FULL, footprint, memory_for
 

@@ -12,40 +12,55 @@ from typing import Any, TypeVar
 
 import redis
 import redis.asyncio
+from redis.exceptions import NoScriptError
 
 from delayq.queue import plans
 from delayq.queue.codec import Headers
 from delayq.queue.codes import StaleEpochError
 from delayq.queue.model import (
     ClaimBatch,
+    DeadBatchResult,
     DeadPage,
     Lease,
     Leased,
     MessageInfo,
     Mode,
     Outcome,
+    Retry,
     ScheduleRequest,
     ScheduleResult,
+    Target,
     TopicStats,
 )
 from delayq.queue.packing import use_hiredis_packing
-from delayq.queue.plans import (
-    DeadBatchResult,
-    Plan,
-    Retry,
-    ScriptCall,
-    Target,
-    merged,
-    not_loaded,
-    raise_first_error,
-    received,
-    received_all,
-)
+from delayq.queue.plans import Plan, ScriptCall, received, received_all
 from delayq.queue.scripts import Script, script_source
 from delayq.queue.topic import Topic
 
 T = TypeVar("T")
 DEFAULT_CLAIM_BATCH = 500
+
+
+def _not_loaded(replies: Sequence[Any]) -> list[int]:
+    """Indexes of pipelined replies that failed with NOSCRIPT (the call did not run at all,
+    so running it again after loading the script is safe)."""
+    return [i for i, reply in enumerate(replies) if isinstance(reply, NoScriptError)]
+
+
+def _merged(replies: Sequence[Any], indexes: Sequence[int], again: Sequence[Any]) -> list[Any]:
+    """The replies with those at `indexes` replaced by `again` (their calls, run again)."""
+    result = list(replies)
+    for index, reply in zip(indexes, again, strict=True):
+        result[index] = reply
+    return result
+
+
+def _raise_first_error(replies: list[Any]) -> list[Any]:
+    """The replies, or the first error among them raised (as a plain pipeline would)."""
+    for reply in replies:
+        if isinstance(reply, Exception):
+            raise reply
+    return replies
 
 
 class _Plans:
@@ -111,12 +126,12 @@ class Queue:
             call = plan.calls[0]
             return [self._scripts[call.script](keys=call.keys, args=call.args)]
         replies = self._pipelined(plan.calls)
-        if missing := not_loaded(replies):
+        if missing := _not_loaded(replies):
             for script in {plan.calls[i].script for i in missing}:
                 self.redis.script_load(script_source(script))
             again = self._pipelined([plan.calls[i] for i in missing])
-            replies = merged(replies, missing, again)
-        return replies if plan.partial else raise_first_error(replies)
+            replies = _merged(replies, missing, again)
+        return replies if plan.partial else _raise_first_error(replies)
 
     def _pipelined(self, calls: Sequence[ScriptCall]) -> list[Any]:
         pipe = self.redis.pipeline(transaction=False)
@@ -280,12 +295,12 @@ class AsyncQueue:
             call = plan.calls[0]
             return [await self._scripts[call.script](keys=call.keys, args=call.args)]
         replies = await self._pipelined(plan.calls)
-        if missing := not_loaded(replies):
+        if missing := _not_loaded(replies):
             for script in {plan.calls[i].script for i in missing}:
                 await self.redis.script_load(script_source(script))
             again = await self._pipelined([plan.calls[i] for i in missing])
-            replies = merged(replies, missing, again)
-        return replies if plan.partial else raise_first_error(replies)
+            replies = _merged(replies, missing, again)
+        return replies if plan.partial else _raise_first_error(replies)
 
     async def _pipelined(self, calls: Sequence[ScriptCall]) -> list[Any]:
         pipe = self.redis.pipeline(transaction=False)

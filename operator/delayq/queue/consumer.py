@@ -47,8 +47,7 @@ from delayq.queue.client import AsyncQueue
 from delayq.queue.codec import as_text
 from delayq.queue.codes import Code, StaleEpochError
 from delayq.queue.keys import Part, control_key, parse_wake_key, slot_keys
-from delayq.queue.model import ClaimBatch, Message, Outcome
-from delayq.queue.plans import Retry
+from delayq.queue.model import ClaimBatch, Message, Outcome, Retry
 
 log = logging.getLogger(__name__)
 

@@ -6,8 +6,11 @@ import enum
 from dataclasses import dataclass, field
 from typing import NamedTuple, Protocol
 
-from delayq.queue.codec import Headers
-from delayq.queue.codes import Code
+from delayq.queue.codec import Headers, encode_id
+from delayq.queue.codes import Code, DelayqError
+from delayq.queue.topic import Topic
+
+SLOT_BASIS = "slot_basis"  # a slot basis follows the id rule: it is hashed and sent like one
 
 
 class State(enum.StrEnum):
@@ -41,6 +44,50 @@ class ScheduleResult(NamedTuple):
     code: Code
     due_ms: int
     state: State
+
+
+class ScheduleFailure(NamedTuple):
+    """A batch item whose slot's call failed (`error`, as Redis answered it): not stored."""
+
+    id: str
+    slot: int
+    error: Exception
+
+
+class PartlyStoredError(DelayqError):
+    """Some slots' calls of a batch failed after others had stored their messages.
+
+    `results` has, in the batch's order, a ScheduleResult for each stored item and a
+    ScheduleFailure for each other: resend exactly the failures (a resend of the whole batch
+    would create again the stored messages that were delivered meanwhile).
+    """
+
+    def __init__(self, results: list[ScheduleResult | ScheduleFailure]) -> None:
+        self.results = results
+        failures = self.failures
+        super().__init__(
+            f"{len(results) - len(failures)} of {len(results)} messages stored, "
+            f"{len(failures)} not: {failures[0].error}"
+        )
+
+    @property
+    def failures(self) -> list[ScheduleFailure]:
+        return [r for r in self.results if isinstance(r, ScheduleFailure)]
+
+
+@dataclass(frozen=True)
+class Target:
+    """A message addressed by id, routed by its slot basis (the id itself unless given)."""
+
+    id: str
+    slot_basis: str | None = None
+
+    def slot(self, topic: Topic) -> int:
+        """The slot of `topic` the message lives in (the routing every client uses); raises
+        InvalidMessageError for a slot basis that breaks the id rule."""
+        if self.slot_basis is None:
+            return topic.slot_of(self.id)
+        return topic.slot_of(encode_id(self.slot_basis, SLOT_BASIS))
 
 
 class Leased(Protocol):
@@ -92,6 +139,16 @@ class Message(NamedTuple):
     @property
     def lease(self) -> Lease:
         return Lease(self.slot, self.id, self.lease_id, self.epoch)
+
+
+@dataclass(frozen=True)
+class Retry:
+    """A nack: retry after `backoff_ms`, or `kill` it into dead at once (a poison message)."""
+
+    lease: Lease
+    backoff_ms: int = 0
+    reason: str = ""
+    kill: bool = False
 
 
 @dataclass(frozen=True)
@@ -178,6 +235,14 @@ class TopicStats:
     @property
     def oldest_overdue_ms(self) -> int:
         return max((s.oldest_overdue_ms for s in self.slots), default=0)
+
+
+@dataclass(frozen=True)
+class DeadBatchResult:
+    """What one bounded redrive or purge call did, and how many dead messages the slot has left."""
+
+    remaining_dead: int
+    outcomes: list[Outcome]
 
 
 @dataclass(frozen=True)

@@ -11,9 +11,7 @@ import dataclasses
 from collections import defaultdict
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
-from typing import Any, Generic, NamedTuple, TypeVar, cast
-
-from redis.exceptions import NoScriptError
+from typing import Any, Generic, TypeVar, cast
 
 from delayq.queue.codec import (
     as_text,
@@ -24,21 +22,26 @@ from delayq.queue.codec import (
     validate_payload,
     when_argument,
 )
-from delayq.queue.codes import Code, DelayqError, StaleEpochError, raise_for_code
+from delayq.queue.codes import Code, StaleEpochError, raise_for_code
 from delayq.queue.keys import Part, slot_keys
 from delayq.queue.model import (
+    SLOT_BASIS,
     ClaimBatch,
+    DeadBatchResult,
     DeadPage,
-    Lease,
     Leased,
     Message,
     MessageInfo,
     Mode,
     Outcome,
+    PartlyStoredError,
+    Retry,
+    ScheduleFailure,
     ScheduleRequest,
     ScheduleResult,
     SlotStats,
     State,
+    Target,
     TopicStats,
 )
 from delayq.queue.scripts import Script
@@ -52,7 +55,6 @@ CODES = {code.value: code for code in Code}  # faster than Code(n) per message
 STATES = {state.value.encode(): state for state in State}
 MAX_MESSAGES_PER_CALL = 1000  # keeps any one script call short, so Redis never stalls on a batch
 ROLLBACK_PER_CLAIM = 1000
-SLOT_BASIS = "slot_basis"  # a slot basis follows the id rule: it is hashed and sent like one
 
 
 @dataclass(frozen=True)
@@ -73,30 +75,6 @@ class Plan(Generic[T]):
     partial: bool = False
 
 
-@dataclass(frozen=True)
-class Target:
-    """A message addressed by id, routed by its slot basis (the id itself unless given)."""
-
-    id: str
-    slot_basis: str | None = None
-
-
-@dataclass(frozen=True)
-class Retry:
-    """A nack: retry after `backoff_ms`, or `kill` it into dead at once (a poison message)."""
-
-    lease: Lease
-    backoff_ms: int = 0
-    reason: str = ""
-    kill: bool = False
-
-
-@dataclass(frozen=True)
-class DeadBatchResult:
-    remaining_dead: int
-    outcomes: list[Outcome]
-
-
 def _optional_ms(value: int) -> int | None:
     return None if value < 0 else int(value)
 
@@ -104,12 +82,6 @@ def _optional_ms(value: int) -> int | None:
 def _chunks(items: Sequence[T], size: int) -> Iterable[Sequence[T]]:
     for start in range(0, len(items), size):
         yield items[start : start + size]
-
-
-def _route(topic: Topic, target: Target) -> int:
-    if target.slot_basis is None:
-        return topic.slot_of(target.id)
-    return topic.slot_of(encode_id(target.slot_basis, SLOT_BASIS))
 
 
 def _per_slot_calls(
@@ -156,35 +128,6 @@ def first(plan: Plan[list[T]]) -> Plan[T]:
 
 
 # --- producing -------------------------------------------------------------------------------
-
-
-class ScheduleFailure(NamedTuple):
-    """A batch item whose slot's call failed (`error`, as Redis answered it): not stored."""
-
-    id: str
-    slot: int
-    error: Exception
-
-
-class PartlyStoredError(DelayqError):
-    """Some slots' calls of a batch failed after others had stored their messages.
-
-    `results` has, in the batch's order, a ScheduleResult for each stored item and a
-    ScheduleFailure for each other: resend exactly the failures (a resend of the whole batch
-    would create again the stored messages that were delivered meanwhile).
-    """
-
-    def __init__(self, results: list[ScheduleResult | ScheduleFailure]) -> None:
-        self.results = results
-        failures = self.failures
-        super().__init__(
-            f"{len(results) - len(failures)} of {len(results)} messages stored, "
-            f"{len(failures)} not: {failures[0].error}"
-        )
-
-    @property
-    def failures(self) -> list[ScheduleFailure]:
-        return [r for r in self.results if isinstance(r, ScheduleFailure)]
 
 
 def schedule(
@@ -253,7 +196,7 @@ def cancel(topic: Topic, targets: Sequence[Target]) -> Plan[list[Outcome]]:
 
     for target in targets:
         validate_id(target.id)
-    calls, order = _per_slot_calls(topic, targets, lambda t: _route(topic, t), build)
+    calls, order = _per_slot_calls(topic, targets, lambda t: t.slot(topic), build)
 
     def combine(replies: list[Reply]) -> list[Outcome]:
         per_call = [
@@ -281,7 +224,7 @@ def reschedule(
         return ScriptCall(Script.RESCHEDULE, keys, args)
 
     calls, order = _per_slot_calls(
-        topic, range(len(moves)), lambda i: _route(topic, moves[i][0]), build
+        topic, range(len(moves)), lambda i: moves[i][0].slot(topic), build
     )
 
     def combine(replies: list[Reply]) -> list[Outcome]:
@@ -355,28 +298,6 @@ def _claim_call(topic: Topic, slot: int, epoch: int, max_count: int, lease_ms: i
         ROLLBACK_PER_CLAIM,
     ]
     return ScriptCall(Script.CLAIM, keys, args)
-
-
-def not_loaded(replies: Sequence[Any]) -> list[int]:
-    """Indexes of pipelined replies that failed with NOSCRIPT (the call did not run at all,
-    so running it again after loading the script is safe)."""
-    return [i for i, reply in enumerate(replies) if isinstance(reply, NoScriptError)]
-
-
-def merged(replies: Sequence[Any], indexes: Sequence[int], again: Sequence[Any]) -> list[Any]:
-    """The replies with those at `indexes` replaced by `again` (their calls, run again)."""
-    result = list(replies)
-    for index, reply in zip(indexes, again, strict=True):
-        result[index] = reply
-    return result
-
-
-def raise_first_error(replies: list[Any]) -> list[Any]:
-    """The replies, or the first error among them raised (as a plain pipeline would)."""
-    for reply in replies:
-        if isinstance(reply, Exception):
-            raise reply
-    return replies
 
 
 def received(batch: ClaimBatch, received_s: float) -> ClaimBatch:
@@ -607,12 +528,12 @@ def get(topic: Topic, targets: Sequence[Target]) -> Plan[list[MessageInfo]]:
         )
         return ScriptCall(Script.GET, keys, [validate_id(t.id) for t in chunk])
 
-    calls, order = _per_slot_calls(topic, targets, lambda t: _route(topic, t), build)
+    calls, order = _per_slot_calls(topic, targets, lambda t: t.slot(topic), build)
 
     def combine(replies: list[Reply]) -> list[MessageInfo]:
         per_call = [
             [
-                _message_info(targets[i].id, _route(topic, targets[i]), row)
+                _message_info(targets[i].id, targets[i].slot(topic), row)
                 for i, row in zip(indexes, reply, strict=True)
             ]
             for indexes, reply in zip(order, replies, strict=True)

@@ -8,7 +8,7 @@ from typing import Any
 
 from aiohttp import web
 
-from delayq.queue.plans import Target
+from delayq.queue.model import Target
 from delayq.service.parsing import Body, FieldError, require_object
 from delayq.service.service import DelayService
 

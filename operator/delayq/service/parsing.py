@@ -13,8 +13,7 @@ from typing import Any
 
 from delayq.queue.codec import Headers, encode_id
 from delayq.queue.codes import InvalidMessageError
-from delayq.queue.model import Lease, Mode, ScheduleRequest
-from delayq.queue.plans import Retry, Target
+from delayq.queue.model import Lease, Mode, Retry, ScheduleRequest, Target
 from delayq.queue.topic import MAX_DELAY_MS, Topic
 from delayq.service.delivery.pull import MAX_LEASE_BATCH
 from delayq.service.envelope import ENCODINGS, UTF8, decode_payload

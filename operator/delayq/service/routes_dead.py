@@ -8,8 +8,7 @@ from collections.abc import Awaitable, Callable, Sequence
 from aiohttp import web
 
 from delayq.queue.client import AsyncQueue
-from delayq.queue.model import MessageInfo, Outcome
-from delayq.queue.plans import Target
+from delayq.queue.model import MessageInfo, Outcome, Target
 from delayq.service.envelope import info_json
 from delayq.service.http_support import json_body, service_for, slot_of_target
 from delayq.service.parsing import parse_all_or_ids, parse_count, parse_cursor

@@ -9,8 +9,15 @@ from aiohttp import web
 
 from delayq.queue.client import AsyncQueue
 from delayq.queue.codes import Code, NotFoundError, raise_for_code
-from delayq.queue.model import Mode, ScheduleRequest, ScheduleResult, State
-from delayq.queue.plans import PartlyStoredError, ScheduleFailure, Target
+from delayq.queue.model import (
+    Mode,
+    PartlyStoredError,
+    ScheduleFailure,
+    ScheduleRequest,
+    ScheduleResult,
+    State,
+    Target,
+)
 from delayq.service.envelope import info_json
 from delayq.service.http_support import RETRY_AFTER_S, json_body, service_for, slot_of_target
 from delayq.service.parsing import (
