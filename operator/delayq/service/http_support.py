@@ -30,9 +30,8 @@ class BodyTimeoutError(FieldError):
 
 
 def slot_of_target(service: DelayService, target: Target) -> int:
-    """The slot a message lives in: routed by its slot basis, the id itself by default."""
-    basis = target.slot_basis if target.slot_basis is not None else target.id
-    return service.topic.slot_of(basis)
+    """The slot a message lives in, by the engine's own routing (`Target.slot`)."""
+    return target.slot(service.topic)
 
 
 def error_response(status: int, message: str, field: str | None = None) -> web.Response:
