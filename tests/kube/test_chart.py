@@ -152,7 +152,7 @@ def test_operator_env_is_what_the_operator_reads() -> None:
     config = OperatorConfig.from_env(operator_env("defaults"))
     assert config.clusterwide
     assert not config.standalone  # every replica campaigns for the Lease, even a single one
-    assert config.lease_name == "delayq-operator"
+    assert config.leader_lease_name == "delayq-operator"
     assert config.build.default_zookeeper == "rel-delayq-zookeeper.delayq-system.svc:2181"
     assert config.build.operator_namespace == "delayq-system"
     external = OperatorConfig.from_env(operator_env("single-replica-external-zk"))

@@ -11,14 +11,14 @@ import kopf
 import pytest
 
 from delayq.kube.client import KubeClient
-from delayq.kube.leader import LeadershipLost, LeaseElector, make_identity
-from delayq.kube.lease import (
+from delayq.kube.leader_election import LeaderElector, LeadershipLost, make_identity
+from delayq.kube.leader_lease import (
     Action,
-    LeaseRecord,
-    LeaseTiming,
+    LeaderLeaseRecord,
+    LeaderLeaseTiming,
     Observation,
     decide,
-    new_lease,
+    new_leader_lease,
     observe,
     release_patch,
     still_leading,
@@ -32,8 +32,12 @@ LEASE_NS = "delayq-system"
 NOW = datetime.datetime(2026, 1, 2, 3, 4, 5, 678901, tzinfo=datetime.UTC)
 
 
-def record(holder: str = "other", duration_s: float = 15, version: str | None = "7") -> LeaseRecord:
-    return LeaseRecord(holder, duration_s, transitions=2, renew_time="t", resource_version=version)
+def record(
+    holder: str = "other", duration_s: float = 15, version: str | None = "7"
+) -> LeaderLeaseRecord:
+    return LeaderLeaseRecord(
+        holder, duration_s, transitions=2, renew_time="t", resource_version=version
+    )
 
 
 # --- pure decisions -------------------------------------------------------------------------
@@ -41,7 +45,7 @@ def record(holder: str = "other", duration_s: float = 15, version: str | None = 
 
 def test_no_lease_is_acquired_by_creating_it() -> None:
     assert decide(None, "me", 100.0) is Action.ACQUIRE
-    lease = new_lease(LEASE_NS, "delayq-operator", "me", LeaseTiming(), NOW)
+    lease = new_leader_lease(LEASE_NS, "delayq-operator", "me", LeaderLeaseTiming(), NOW)
     assert lease["metadata"] == {"name": "delayq-operator", "namespace": LEASE_NS}
     assert lease["spec"] == {
         "holderIdentity": "me",
@@ -75,7 +79,7 @@ def test_expiry_counts_from_when_the_record_last_changed_not_from_its_renew_time
 
 
 def test_the_leader_stops_acting_at_the_renew_deadline() -> None:
-    timing = LeaseTiming()
+    timing = LeaderLeaseTiming()
     assert still_leading(100.0, 109.9, timing)
     assert not still_leading(100.0, 110.0, timing)
 
@@ -87,11 +91,11 @@ def test_timing_keeps_the_renew_deadline_inside_the_lease() -> None:
         {"renew_interval_s": 0.0},
     ):
         with pytest.raises(ValueError, match="renew_deadline_s"):
-            LeaseTiming(**bad)  # type: ignore[arg-type]
+            LeaderLeaseTiming(**bad)  # type: ignore[arg-type]
 
 
 def test_writes_are_fenced_by_the_resource_version_they_were_decided_on() -> None:
-    timing = LeaseTiming(lease_duration_s=2.5, renew_deadline_s=2, renew_interval_s=1)
+    timing = LeaderLeaseTiming(lease_duration_s=2.5, renew_deadline_s=2, renew_interval_s=1)
     acquire = write_patch(Action.ACQUIRE, record(), "me", timing, NOW)
     assert acquire["metadata"] == {"resourceVersion": "7"}
     assert acquire["spec"]["holderIdentity"] == "me"
@@ -114,7 +118,7 @@ def test_identity_is_the_pod_name_and_unique_per_process() -> None:
 
 # --- the elector against kmock ---------------------------------------------------------------
 
-FAST = LeaseTiming(
+FAST = LeaderLeaseTiming(
     lease_duration_s=2.0, renew_deadline_s=1.5, renew_interval_s=0.3, retry_interval_s=0.1
 )
 
@@ -130,8 +134,8 @@ def holder(api: kmock.KubernetesEmulator) -> str:
     return str(api.objects[LEASES, LEASE_NS, "delayq-operator"]["spec"]["holderIdentity"])
 
 
-def elector(kube: KubeClient, identity: str) -> LeaseElector:
-    return LeaseElector(kube, LEASE_NS, "delayq-operator", identity, FAST)
+def elector(kube: KubeClient, identity: str) -> LeaderElector:
+    return LeaderElector(kube, LEASE_NS, "delayq-operator", identity, FAST)
 
 
 async def test_first_candidate_creates_the_lease_the_second_waits_until_released(

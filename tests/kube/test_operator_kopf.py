@@ -18,8 +18,8 @@ from delayq.kube.builders.common import BuildContext
 from delayq.kube.client import KubeClient
 from delayq.kube.config import OperatorConfig
 from delayq.kube.context import OperatorContext
-from delayq.kube.leader import LeadershipLost, LeaseElector
-from delayq.kube.lease import LeaseTiming
+from delayq.kube.leader_election import LeaderElector, LeadershipLost
+from delayq.kube.leader_lease import LeaderLeaseTiming
 from delayq.kube.operator import run
 from delayq.kube.redisctl import RedisCommands
 from delayq.kube.zk import KazooTopicStore
@@ -238,12 +238,12 @@ async def test_the_finalizer_of_older_versions_is_removed_on_resume(
 
 
 LEASES = "coordination.k8s.io/v1/leases"
-FAST_LEASE = LeaseTiming(
+FAST_LEADER_LEASE = LeaderLeaseTiming(
     lease_duration_s=2.0, renew_deadline_s=1.5, renew_interval_s=0.3, retry_interval_s=0.1
 )
 
 
-def lease_holder(api: kmock.KubernetesEmulator) -> str | None:
+def leader_lease_holder(api: kmock.KubernetesEmulator) -> str | None:
     try:
         lease = api.objects[LEASES, "delayq-system", "delayq-operator"]
     except KeyError:
@@ -259,23 +259,29 @@ async def test_only_the_lease_holder_reconciles_and_a_clean_stop_releases_the_le
     zk_connect: str,
 ) -> None:
     kube = KubeClient(connection)
-    rival = LeaseElector(kube, "delayq-system", "delayq-operator", "rival", FAST_LEASE)
+    rival = LeaderElector(kube, "delayq-system", "delayq-operator", "rival", FAST_LEADER_LEASE)
     try:
         assert await rival.acquire(asyncio.Event())
         renewing = asyncio.create_task(rival.hold())
         async with operator(
-            connection, store, redis_commands, zk_connect, standalone=False, lease=FAST_LEASE
+            connection,
+            store,
+            redis_commands,
+            zk_connect,
+            standalone=False,
+            leader_lease=FAST_LEADER_LEASE,
         ):
             await api.post(TOPIC_PATH, json=topic("orders"))
             await asyncio.sleep(1.0)  # a standby that reconciled would have created children
             assert not stored(api, "apps/v1/statefulsets", "orders-service")
-            assert lease_holder(api) == "rival"
+            assert leader_lease_holder(api) == "rival"
 
             renewing.cancel()
             await rival.release()
             await eventually(lambda: stored(api, "apps/v1/statefulsets", "orders-service"), "lead")
-            assert lease_holder(api) not in ("", "rival")
-        assert lease_holder(api) == ""  # released on the way out: a standby may take over at once
+            assert leader_lease_holder(api) not in ("", "rival")
+        # Released on the way out: a standby may take over at once.
+        assert leader_lease_holder(api) == ""
     finally:
         await kube.close()
 
@@ -288,14 +294,14 @@ async def test_a_leader_that_loses_the_lease_stops_kopf_and_raises(
     zk_connect: str,
 ) -> None:
     settings = OperatorConfig(
-        lease=FAST_LEASE,
+        leader_lease=FAST_LEADER_LEASE,
         health_interval_s=0.2,
         liveness_endpoint="",
         build=BuildContext(operator_namespace="delayq-system", default_zookeeper=zk_connect),
     )
     ctx = OperatorContext(settings, login=lambda: connection, store=store, redis=redis_commands)
     task = asyncio.create_task(run(settings, stop_flag=asyncio.Event(), ctx=ctx))
-    await eventually(lambda: lease_holder(api) == ctx.identity, "leadership")
+    await eventually(lambda: leader_lease_holder(api) == ctx.identity, "leadership")
     await api.post(TOPIC_PATH, json=topic("orders"))
     await eventually(lambda: stored(api, "apps/v1/statefulsets", "orders-service"), "reconcile")
 
@@ -303,6 +309,6 @@ async def test_a_leader_that_loses_the_lease_stops_kopf_and_raises(
         {"spec": {"holderIdentity": "usurper"}}
     )
     with pytest.raises(LeadershipLost, match="usurper holds the lease"):
-        await asyncio.wait_for(task, FAST_LEASE.lease_duration_s + 3.0)
+        await asyncio.wait_for(task, FAST_LEADER_LEASE.lease_duration_s + 3.0)
     assert ctx.client is None  # kopf and the leader's clients are gone
-    assert lease_holder(api) == "usurper"  # never touched again
+    assert leader_lease_holder(api) == "usurper"  # never touched again

@@ -52,7 +52,7 @@ def run_operator(args: argparse.Namespace) -> int:
     import kopf
 
     from delayq.kube.config import OperatorConfig
-    from delayq.kube.leader import LeadershipLost
+    from delayq.kube.leader_election import LeadershipLost
     from delayq.kube.operator import run
 
     log_format = kopf.LogFormat.JSON if args.json_logs else kopf.LogFormat.FULL
@@ -66,7 +66,7 @@ def run_operator(args: argparse.Namespace) -> int:
     if args.standalone:
         changes["standalone"] = True
     if args.lease_name:
-        changes["lease_name"] = args.lease_name
+        changes["leader_lease_name"] = args.lease_name
     if args.liveness:
         changes["liveness_endpoint"] = args.liveness
     async def operate() -> None:

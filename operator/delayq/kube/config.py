@@ -7,7 +7,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from delayq.kube.builders.common import BuildContext
-from delayq.kube.lease import LeaseTiming
+from delayq.kube.leader_lease import LeaderLeaseTiming
 
 
 @dataclass(frozen=True)
@@ -15,9 +15,9 @@ class OperatorConfig:
     """How one `delayq operator` process runs."""
 
     namespaces: tuple[str, ...] = ()  # empty: watch every namespace (cluster-wide)
-    lease_name: str = "delayq-operator"  # the Lease in the operator's namespace (POD_NAMESPACE)
+    leader_lease_name: str = "delayq-operator"  # in the operator's namespace (POD_NAMESPACE)
     standalone: bool = False  # no leader election: only when exactly one operator ever runs
-    lease: LeaseTiming = field(default_factory=LeaseTiming)
+    leader_lease: LeaderLeaseTiming = field(default_factory=LeaderLeaseTiming)
     health_interval_s: float = 10.0
     failover_grace_s: float = 30.0
     liveness_endpoint: str = "http://0.0.0.0:8080/healthz"
@@ -46,7 +46,7 @@ class OperatorConfig:
         )
         return cls(
             namespaces=namespaces,
-            lease_name=env.get("DELAYQ_LEASE_NAME", defaults.lease_name),
+            leader_lease_name=env.get("DELAYQ_LEASE_NAME", defaults.leader_lease_name),
             standalone=_flag(env.get("DELAYQ_STANDALONE")),
             health_interval_s=float(
                 env.get("DELAYQ_HEALTH_INTERVAL_S", defaults.health_interval_s)

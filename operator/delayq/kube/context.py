@@ -22,7 +22,7 @@ import kopf
 from delayq.kube.builders.common import BuildContext
 from delayq.kube.client import KubeClient
 from delayq.kube.config import OperatorConfig
-from delayq.kube.leader import make_identity
+from delayq.kube.leader_election import make_identity
 from delayq.kube.redisctl import RedisCommands, RedisControl
 from delayq.kube.zk import KazooTopicStore, TopicStore
 

@@ -31,12 +31,12 @@ from delayq.kube.errors import TopicFailure
 from delayq.kube.handlers.health import refresh
 from delayq.kube.handlers.reconcile import reconcile
 from delayq.kube.healthloop import HealthLoop
-from delayq.kube.leader import LeadershipLost, LeaseElector
+from delayq.kube.leader_election import LeaderElector, LeadershipLost
 from delayq.kube.liveness import liveness_server
 from delayq.kube.topics import API_VERSION
 
 LOGGER = logging.getLogger(__name__)
-STOP_GRACE_S = 3.0  # how long a replica that lost the lease lets kopf wind down
+STOP_GRACE_S = 3.0  # how long a replica that lost the leader Lease lets kopf wind down
 KOPF_STOP_TIMEOUT_S = 30.0  # how long a clean stop waits for kopf (cleanup handlers included)
 RESOURCE = (naming.GROUP, naming.VERSION, naming.PLURAL)
 
@@ -122,8 +122,8 @@ async def run(
 ) -> None:
     """Run the operator until stopped (the `delayq operator` command; tests pass a context).
 
-    Every replica campaigns for the leader Lease (leader.py); only the holder runs kopf, which
-    therefore never needs its own peering. Raises LeadershipLost when the lease is lost: the
+    Every replica campaigns for the leader Lease (leader_election.py); only the holder runs kopf,
+    which therefore never needs its own peering. Raises LeadershipLost when the Lease is lost: the
     caller must stop acting at once (the CLI exits non-zero). Without `stop_flag`, SIGTERM and
     SIGINT stop it (a leader then releases the Lease so that a standby takes over at once).
     """
@@ -137,12 +137,12 @@ async def run(
             return
         kube = KubeClient(ctx.login())
         stack.push_async_callback(kube.close)
-        elector = LeaseElector(
+        elector = LeaderElector(
             kube,
             config.build.operator_namespace,
-            config.lease_name,
+            config.leader_lease_name,
             ctx.identity,
-            config.lease,
+            config.leader_lease,
         )
         if not await elector.acquire(stop):
             return
@@ -171,8 +171,8 @@ async def lead(
 ) -> None:
     """Act as the leader: run kopf until `stop`, a signal (kopf returns) or the end of `holding`.
 
-    `holding` is the lease renewal loop; when it raises LeadershipLost, kopf is told to stop,
-    given a moment (STOP_GRACE_S, well inside the lease's safety margin), and the loss is
+    `holding` is the leader Lease renewal loop; when it raises LeadershipLost, kopf is told to stop,
+    given a moment (STOP_GRACE_S, well inside the leader Lease's safety margin), and the loss is
     raised without waiting longer.
     """
     config = ctx.config
@@ -181,9 +181,9 @@ async def lead(
     # Created before kopf starts, so that kopf's shutdown never counts them as its own tasks.
     stopped = asyncio.create_task(stop.wait(), name="delayq stop")
     health = asyncio.create_task(health_loop(ctx).run(), name="delayq health loop")
-    lease: asyncio.Task[None] | None = None
+    renewal: asyncio.Task[None] | None = None
     if holding is not None:
-        lease = asyncio.create_task(holding, name="delayq lease")
+        renewal = asyncio.create_task(holding, name="delayq leader lease renewal")
     operator = asyncio.create_task(
         kopf.operator(
             registry=build_registry(ctx),
@@ -194,16 +194,16 @@ async def lead(
         ),
         name="delayq kopf",
     )
-    watched: list[asyncio.Task[Any]] = [operator, stopped, health, *([lease] if lease else [])]
+    watched: list[asyncio.Task[Any]] = [operator, stopped, health, *([renewal] if renewal else [])]
     try:
         await asyncio.wait(watched, return_when=asyncio.FIRST_COMPLETED)
     finally:
         kopf_stop.set()
         stopped.cancel()
         health.cancel()
-        lost = lease is not None and lease.done() and not lease.cancelled()
-        if lease is not None and not lost:
-            lease.cancel()
+        lost = renewal is not None and renewal.done() and not renewal.cancelled()
+        if renewal is not None and not lost:
+            renewal.cancel()
         try:
             await asyncio.wait_for(
                 asyncio.shield(operator), STOP_GRACE_S if lost else KOPF_STOP_TIMEOUT_S
@@ -215,8 +215,8 @@ async def lead(
             client = ctx.stop_leading()
             if client is not None:
                 await client.close()
-    if lease is not None and lease.done() and not lease.cancelled():
-        await lease  # raises LeadershipLost
+    if renewal is not None and renewal.done() and not renewal.cancelled():
+        await renewal  # raises LeadershipLost
     if health.done() and not health.cancelled():
         await health  # it only ends by a bug: never hide it
 

@@ -1,4 +1,4 @@
-"""Leader election: the I/O around the pure decisions of lease.py, over the operator's KubeClient.
+"""Leader election: the I/O around the pure decisions of leader_lease.py, over a KubeClient.
 
 Every replica campaigns (`acquire`); the winner leads while `hold` keeps renewing, and `hold`
 raises LeadershipLost as soon as the renew deadline passes without a successful renewal or
@@ -18,19 +18,21 @@ import secrets
 import socket
 import time
 from collections.abc import Callable, Mapping
+from typing import Any
 
 import aiohttp
 
+from delayq.kube.builders.common import Manifest
 from delayq.kube.client import KubeApiError, KubeClient
-from delayq.kube.lease import (
-    API_VERSION,
-    KIND,
+from delayq.kube.leader_lease import (
+    LEADER_LEASE_API_VERSION,
+    LEADER_LEASE_KIND,
     Action,
-    LeaseRecord,
-    LeaseTiming,
+    LeaderLeaseRecord,
+    LeaderLeaseTiming,
     Observation,
     decide,
-    new_lease,
+    new_leader_lease,
     observe,
     release_patch,
     still_leading,
@@ -57,7 +59,7 @@ def utc_now() -> datetime.datetime:
     return datetime.datetime.now(datetime.UTC)
 
 
-class LeaseElector:
+class LeaderElector:
     """One candidate's view of the Lease `namespace/name`."""
 
     def __init__(
@@ -66,7 +68,7 @@ class LeaseElector:
         namespace: str,
         name: str,
         identity: str,
-        timing: LeaseTiming,
+        timing: LeaderLeaseTiming,
         clock: Callable[[], float] = time.monotonic,
         wall: Callable[[], datetime.datetime] = utc_now,
     ) -> None:
@@ -76,22 +78,34 @@ class LeaseElector:
         self.observation: Observation | None = None
         self.renewed_at_s = float("-inf")  # when the last successful write was *sent*
 
+    async def read(self) -> Manifest | None:
+        """The Lease as stored, or None when it does not exist."""
+        return await self.kube.get(
+            LEADER_LEASE_API_VERSION, LEADER_LEASE_KIND, self.namespace, self.name
+        )
+
+    async def write(self, patch: Mapping[str, Any]) -> Manifest:
+        """Merge-patch the Lease; fenced when the patch carries a resourceVersion."""
+        return await self.kube.patch(
+            LEADER_LEASE_API_VERSION, LEADER_LEASE_KIND, self.namespace, self.name, patch
+        )
+
     async def attempt(self) -> bool:
         """One round: read the Lease, decide, write if due. True when we hold it afterwards."""
         sent_s = self.clock()
-        lease = await self.kube.get(API_VERSION, KIND, self.namespace, self.name)
+        found = await self.read()
         now_s = self.clock()
         self.observation = (
             None
-            if lease is None
-            else observe(self.observation, LeaseRecord.from_lease(lease), now_s)
+            if found is None
+            else observe(self.observation, LeaderLeaseRecord.from_object(found), now_s)
         )
         action = decide(self.observation, self.identity, now_s)
         if action is Action.WAIT:
             return False
         try:
             if self.observation is None:
-                manifest = new_lease(
+                manifest = new_leader_lease(
                     self.namespace, self.name, self.identity, self.timing, self.wall()
                 )
                 written = await self.kube.create(manifest)
@@ -99,17 +113,15 @@ class LeaseElector:
                 patch = write_patch(
                     action, self.observation.record, self.identity, self.timing, self.wall()
                 )
-                written = await self.kube.patch(API_VERSION, KIND, self.namespace, self.name, patch)
+                written = await self.write(patch)
         except KubeApiError as error:
             if error.status in (404, 409):
                 return False  # someone else wrote first (or deleted it): read again next round
             raise
-        self.observation = Observation(LeaseRecord.from_lease(written), self.clock())
+        self.observation = Observation(LeaderLeaseRecord.from_object(written), self.clock())
         self.renewed_at_s = sent_s
         if action is Action.ACQUIRE:
-            logger.info(
-                "acquired the lease %s/%s as %s", self.namespace, self.name, self.identity
-            )
+            logger.info("acquired the lease %s/%s as %s", self.namespace, self.name, self.identity)
         return True
 
     async def acquire(self, stop: asyncio.Event) -> bool:
@@ -157,19 +169,14 @@ class LeaseElector:
     async def release(self) -> None:
         """Clear the holder if it is still us (fenced; best effort: failures are logged)."""
         try:
-            lease = await asyncio.wait_for(
-                self.kube.get(API_VERSION, KIND, self.namespace, self.name), RELEASE_TIMEOUT_S
-            )
-            if lease is None:
+            found = await asyncio.wait_for(self.read(), RELEASE_TIMEOUT_S)
+            if found is None:
                 return
-            record = LeaseRecord.from_lease(lease)
+            record = LeaderLeaseRecord.from_object(found)
             if record.holder != self.identity:
                 return
             await asyncio.wait_for(
-                self.kube.patch(
-                    API_VERSION, KIND, self.namespace, self.name, release_patch(record, self.wall())
-                ),
-                RELEASE_TIMEOUT_S,
+                self.write(release_patch(record, self.wall())), RELEASE_TIMEOUT_S
             )
             logger.info("released the lease %s/%s", self.namespace, self.name)
         except ROUND_ERRORS as error:

@@ -2,9 +2,9 @@
 
 The pattern is client-go's (controller-runtime's) leader election. Every operator replica is a
 candidate; the one named in `spec.holderIdentity` is the leader and the only one running kopf.
-Expiry is judged on the candidate's own monotonic clock: a lease counts as expired when the
+Expiry is judged on the candidate's own monotonic clock: the Lease counts as expired when the
 record has not changed for `leaseDurationSeconds` since this candidate first saw it, so clock
-skew between nodes never shortens a lease (the `renewTime` written into it is informative only).
+skew between nodes never shortens a term (the `renewTime` written into it is informative only).
 
 Split brain is excluded by the timing: the leader stops acting once `renew_deadline_s` has passed
 since it last *sent* a successful renewal, and nobody else may take over before
@@ -21,12 +21,12 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-API_VERSION = "coordination.k8s.io/v1"
-KIND = "Lease"
+LEADER_LEASE_API_VERSION = "coordination.k8s.io/v1"
+LEADER_LEASE_KIND = "Lease"
 
 
 @dataclass(frozen=True)
-class LeaseTiming:
+class LeaderLeaseTiming:
     """client-go's defaults; `renew_deadline_s` must stay below `lease_duration_s`."""
 
     lease_duration_s: float = 15.0
@@ -40,7 +40,7 @@ class LeaseTiming:
 
 
 @dataclass(frozen=True)
-class LeaseRecord:
+class LeaderLeaseRecord:
     """The fields of a Lease that the election reads."""
 
     holder: str
@@ -50,7 +50,7 @@ class LeaseRecord:
     resource_version: str | None
 
     @classmethod
-    def from_lease(cls, lease: Mapping[str, Any]) -> LeaseRecord:
+    def from_object(cls, lease: Mapping[str, Any]) -> LeaderLeaseRecord:
         spec = lease.get("spec") or {}
         return cls(
             holder=str(spec.get("holderIdentity") or ""),
@@ -65,11 +65,11 @@ class LeaseRecord:
 class Observation:
     """A record and when (monotonic seconds) this candidate first saw it unchanged."""
 
-    record: LeaseRecord
+    record: LeaderLeaseRecord
     seen_at_s: float
 
 
-def observe(previous: Observation | None, record: LeaseRecord, now_s: float) -> Observation:
+def observe(previous: Observation | None, record: LeaderLeaseRecord, now_s: float) -> Observation:
     """Keep the first-seen time while the record stays the same; restart it on any change."""
     if previous is not None and previous.record == record:
         return previous
@@ -79,7 +79,7 @@ def observe(previous: Observation | None, record: LeaseRecord, now_s: float) -> 
 class Action(enum.Enum):
     ACQUIRE = "acquire"  # write ourselves as holder (create the Lease when it is missing)
     RENEW = "renew"  # we hold it: refresh renewTime
-    WAIT = "wait"  # someone else holds a live lease
+    WAIT = "wait"  # someone else holds the Lease and it has not expired
 
 
 def decide(observation: Observation | None, identity: str, now_s: float) -> Action:
@@ -96,7 +96,7 @@ def decide(observation: Observation | None, identity: str, now_s: float) -> Acti
     return Action.WAIT
 
 
-def still_leading(renewed_at_s: float, now_s: float, timing: LeaseTiming) -> bool:
+def still_leading(renewed_at_s: float, now_s: float, timing: LeaderLeaseTiming) -> bool:
     """Whether a leader may keep acting: its last successful renewal is within the deadline."""
     return now_s - renewed_at_s < timing.renew_deadline_s
 
@@ -106,13 +106,13 @@ def micro_time(now: datetime.datetime) -> str:
     return now.astimezone(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
 
 
-def new_lease(
-    namespace: str, name: str, identity: str, timing: LeaseTiming, now: datetime.datetime
+def new_leader_lease(
+    namespace: str, name: str, identity: str, timing: LeaderLeaseTiming, now: datetime.datetime
 ) -> dict[str, Any]:
     """The Lease a candidate creates when none exists (it is the first leader)."""
     return {
-        "apiVersion": API_VERSION,
-        "kind": KIND,
+        "apiVersion": LEADER_LEASE_API_VERSION,
+        "kind": LEADER_LEASE_KIND,
         "metadata": {"name": name, "namespace": namespace},
         "spec": holder_spec(identity, timing, now, transitions=0, acquired=True),
     }
@@ -120,9 +120,9 @@ def new_lease(
 
 def write_patch(
     action: Action,
-    record: LeaseRecord,
+    record: LeaderLeaseRecord,
     identity: str,
-    timing: LeaseTiming,
+    timing: LeaderLeaseTiming,
     now: datetime.datetime,
 ) -> dict[str, Any]:
     """The merge patch for ACQUIRE or RENEW, fenced by the resourceVersion it was decided on.
@@ -138,7 +138,7 @@ def write_patch(
     return patch
 
 
-def release_patch(record: LeaseRecord, now: datetime.datetime) -> dict[str, Any]:
+def release_patch(record: LeaderLeaseRecord, now: datetime.datetime) -> dict[str, Any]:
     """Clear the holder (client-go's ReleaseOnCancel) so that a standby acquires at once."""
     patch: dict[str, Any] = {
         "spec": {"holderIdentity": "", "leaseDurationSeconds": 1, "renewTime": micro_time(now)}
@@ -149,7 +149,11 @@ def release_patch(record: LeaseRecord, now: datetime.datetime) -> dict[str, Any]
 
 
 def holder_spec(
-    identity: str, timing: LeaseTiming, now: datetime.datetime, transitions: int, acquired: bool
+    identity: str,
+    timing: LeaderLeaseTiming,
+    now: datetime.datetime,
+    transitions: int,
+    acquired: bool,
 ) -> dict[str, Any]:
     spec: dict[str, Any] = {
         "holderIdentity": identity,
