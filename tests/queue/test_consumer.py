@@ -14,7 +14,12 @@ import redis.asyncio
 from delayq.local.redis_server import RedisServer
 from delayq.queue.backoff import Backoff
 from delayq.queue.client import AsyncQueue
-from delayq.queue.consumer import Consumer, ConsumerSettings, PoisonMessageError
+from delayq.queue.consumer import (
+    Consumer,
+    ConsumerSettings,
+    NoSlotsError,
+    PoisonMessageError,
+)
 from delayq.queue.keys import Part, slot_keys
 from delayq.queue.model import Message, ScheduleRequest, State
 
@@ -108,7 +113,7 @@ async def test_slots_owned_while_the_loop_sleeps_without_a_timer_are_drained(
     async def handler(message: Message) -> None:
         seen.add(message.id)
 
-    consumer = Consumer(async_queue, handler)
+    consumer = Consumer(async_queue, handler, managed=True)  # slots granted later, as by ZK
     task = asyncio.create_task(consumer.run())
     try:
         await asyncio.sleep(0.05)  # let the loop go to sleep with no slot and no timer
@@ -117,6 +122,34 @@ async def test_slots_owned_while_the_loop_sleeps_without_a_timer_are_drained(
     finally:
         consumer.stop()
         await asyncio.wait_for(task, 10)
+
+
+async def test_run_owns_the_slots_it_is_given(async_queue: AsyncQueue) -> None:
+    seen: list[str] = []
+
+    async def handler(message: Message) -> None:
+        seen.append(message.id)
+
+    await async_queue.schedule("now", delay_ms=0)
+    consumer = Consumer(async_queue, handler)
+    task = asyncio.create_task(consumer.run(slots=TOPIC.slots))
+    try:
+        await wait_for(lambda: seen == ["now"], 5, "a delivery from the slots run() owned")
+        assert consumer.owned_slots == list(TOPIC.slots)
+    finally:
+        consumer.stop()
+        await asyncio.wait_for(task, 10)
+
+
+async def test_run_with_no_slot_and_no_ownership_source_refuses_loudly(
+    async_queue: AsyncQueue,
+) -> None:
+    consumer = Consumer(async_queue, _ignore)
+    with pytest.raises(NoSlotsError, match="managed=True"):
+        await asyncio.wait_for(consumer.run(), 5)  # at once, rather than idling for ever
+    with pytest.raises(NoSlotsError):
+        await asyncio.wait_for(consumer.run(slots=[]), 5)
+    assert consumer.owned_slots == []
 
 
 async def test_idle_slots_cost_one_blocking_call_and_no_claims(

@@ -26,6 +26,7 @@ from delayq.queue.consumer import (
     ConsumerSettings,
     Handler,
     LeaseGoneError,
+    NoSlotsError,
     PoisonMessageError,
 )
 from delayq.queue.model import (
@@ -71,6 +72,7 @@ __all__ = [
     "Message",
     "MessageInfo",
     "Mode",
+    "NoSlotsError",
     "NotFoundError",
     "Outcome",
     "PartlyStoredError",

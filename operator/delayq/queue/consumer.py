@@ -45,7 +45,7 @@ import redis.asyncio
 from delayq.queue.backoff import Backoff
 from delayq.queue.client import AsyncQueue
 from delayq.queue.codec import as_text
-from delayq.queue.codes import Code, StaleEpochError
+from delayq.queue.codes import Code, DelayqError, StaleEpochError
 from delayq.queue.keys import Part, control_key, parse_wake_key, slot_keys
 from delayq.queue.model import ClaimBatch, Message, Outcome, Retry
 
@@ -61,6 +61,12 @@ STALL_BOUND_MS = 1000  # a head overdue this long that the consumer does not exp
 
 class PoisonMessageError(Exception):
     """Raised by a handler for a message that can never succeed: it goes to dead at once."""
+
+
+class NoSlotsError(DelayqError, ValueError):
+    """`Consumer.run()` was started with no slot to consume and nobody to grant one: it would
+    idle for ever. Pass the slots (`run(slots=...)`), `own()` them first, or construct the
+    consumer with `managed=True` when an ownership source grants them later."""
 
 
 class LeaseGoneError(Exception):
@@ -111,7 +117,20 @@ class _Batch:
 
 
 class Consumer:
-    """Owns a set of slots of one topic and runs the claim → handle → ack/nack loop."""
+    """Owns a set of slots of one topic and runs the claim → handle → ack/nack loop.
+
+    Which slots it consumes, two ways:
+
+    * standalone (the default): `await consumer.run(slots=topic.slots)` takes the slots over
+      (fencing out any previous owner) and consumes them until `stop()`; `own()` before `run()`
+      does the same. `run()` with no slot owned and none given raises `NoSlotsError` at once
+      instead of idling silently.
+    * `managed=True`: an ownership source outside the consumer (the delay service's ZooKeeper
+      assignment) calls `own()` and `release()` while `run()` is going, and `run()` may start
+      with no slot at all, waiting for the first grant.
+
+    A slot taken over by another consumer is dropped (logged, `on_slot_lost`) in both modes.
+    """
 
     def __init__(
         self,
@@ -119,11 +138,14 @@ class Consumer:
         handler: Handler,
         settings: ConsumerSettings | None = None,
         on_slot_lost: Callable[[int], None] | None = None,
+        *,
+        managed: bool = False,
     ) -> None:
         self.queue = queue
         self.handler = handler
         self.settings = settings or ConsumerSettings()
         self.on_slot_lost = on_slot_lost
+        self.managed = managed
         self.counters = ConsumerCounters()
         self._lease_ms = self.settings.lease_ms or queue.topic.ack_timeout_ms
         self._slots: dict[int, _SlotState] = {}
@@ -201,8 +223,18 @@ class Consumer:
 
     # the loop ---------------------------------------------------------------------------------
 
-    async def run(self) -> None:
-        """Run until `stop()`; then wait for in-flight deliveries to finish."""
+    async def run(self, slots: Iterable[int] | None = None) -> None:
+        """Own `slots` (if given), then run until `stop()`; then wait for in-flight deliveries
+        to finish. Raises NoSlotsError, before doing anything, when the consumer is not
+        `managed` and would own no slot (see the class docstring)."""
+        if slots is not None:
+            await self.own(slots)
+        if not self._slots and not self.managed:
+            raise NoSlotsError(
+                "Consumer.run() has no slot to consume: pass run(slots=...), own() slots "
+                "first, or construct the consumer with managed=True when an ownership source "
+                "grants slots later"
+            )
         waker = asyncio.create_task(self._wait_for_wakes())
         upkeep = asyncio.create_task(self._keep_up())
         try:

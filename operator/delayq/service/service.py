@@ -110,7 +110,7 @@ class DelayService:
                 backoff=Backoff(self.config.backoff_base_ms, 2.0, self.config.backoff_max_ms),
             )
             self.consumers = [
-                Consumer(queue, self._deliver, settings, self._on_slot_lost)
+                Consumer(queue, self._deliver, settings, self._on_slot_lost, managed=True)
                 for queue in self.queues
             ]
             for consumer in self.consumers:
