@@ -177,17 +177,19 @@ def fleet(
         slot_amount=SLOTS,
         topic_type=topic_type,
         webhook_url=webhook_url,
-        webhook_concurrency=128,
+        webhook_max_in_flight=128,
         webhook_timeout_ms=2000,
         ack_timeout_ms=args.ack_timeout_ms,
-        zookeeper=env["zk"],
-        zk_session_timeout_ms=4000,
+        zookeeper_connect=env["zk"],
+        zookeeper_session_timeout_ms=4000,
         log_level=args.log_level,
         grace_ms=5000,
     )
     processes = [
         ServeProcess(
-            dataclasses.replace(base, port=free_port(), member_id=f"s{i}", broker_id=f"broker-{i}"),
+            dataclasses.replace(
+                base, port=free_port(), member_id=f"s{i}", preferred_broker=f"broker-{i}"
+            ),
             workdir / f"{base.topic}-s{i}.log",
         ).start()
         for i in range(3)

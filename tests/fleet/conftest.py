@@ -79,8 +79,8 @@ class ProcessFleet:
             topic_type=TopicType.STREAM,
             ack_timeout_ms=ACK_TIMEOUT_MS,
             port=0,
-            zookeeper=self.zookeeper.hosts,
-            zk_session_timeout_ms=int(SESSION_TIMEOUT_S * 1000),
+            zookeeper_connect=self.zookeeper.hosts,
+            zookeeper_session_timeout_ms=int(SESSION_TIMEOUT_S * 1000),
             member_id=member,
             log_level="INFO",
         )

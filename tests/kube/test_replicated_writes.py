@@ -39,7 +39,7 @@ def min_replicas_options(env: dict[str, str]) -> dict[str, str]:
 
 def test_default_keeps_asynchronous_replication() -> None:
     spec = spec_of()
-    assert (spec.redis_min_replicas_to_write, spec.redis_min_replicas_max_lag_s) == (0, 10)
+    assert (spec.redis_min_replicas_to_write, spec.redis_min_replicas_max_lag_seconds) == (0, 10)
     assert min_replicas_options(redis_env()) == {
         "min-replicas-to-write": "0",
         "min-replicas-max-lag": "10",

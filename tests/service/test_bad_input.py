@@ -136,7 +136,7 @@ def _body_for(path: str, field: str, value: Any) -> tuple[str, dict[str, Any]]:
 async def test_every_documented_bound_is_the_enforced_bound(start_service: StartService):
     """Values at each bound the OpenAPI document states pass the parser; one beyond it is a
     400 naming the field: the document and the parser share their constants."""
-    running = await start_service(topic_type="pull", max_lease_batch=1000)
+    running = await start_service(topic_type="pull", pull_max_lease_batch=1000)
     document = await (await running.client.get("/openapi.json")).json()
     schemas = document["components"]["schemas"]
     paths = document["paths"]

@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 
 import pytest
 
 from delayq.queue.topic import TopicType
 from delayq.service.config import ConfigError, ServiceConfig, add_arguments
-from delayq.service.defaults import DEFAULTS
+from delayq.service.defaults import DEFAULTS, TopicDefaults
 
 
 def parse(argv: list[str]) -> argparse.Namespace:
@@ -25,12 +26,20 @@ def test_defaults_are_a_pull_topic_on_local_redis():
 
 
 def test_topic_settings_default_from_the_table():
+    """The settings a DelayTopic sets are named as in the table, with its defaults."""
     config = ServiceConfig()
-    assert config.webhook_timeout_ms == DEFAULTS.webhook_timeout_ms == 10_000
-    assert config.max_lease_batch == DEFAULTS.pull_max_lease_batch == 1000
-    assert config.max_in_flight == DEFAULTS.worker_concurrency
-    assert config.webhook_concurrency == DEFAULTS.webhook_max_in_flight
-    assert config.zk_session_timeout_ms == DEFAULTS.zookeeper_session_timeout_ms
+    shared = {f.name for f in dataclasses.fields(ServiceConfig)} & {
+        f.name for f in dataclasses.fields(TopicDefaults)
+    }
+    assert shared == {
+        "slot_amount", "topic_type", "max_retries", "ack_timeout_ms", "max_payload_bytes",
+        "journal_max_len", "pull_max_lease_batch", "webhook_timeout_ms", "webhook_max_in_flight",
+        "stream_max_len", "zookeeper_session_timeout_ms", "worker_concurrency",
+    }  # fmt: skip
+    for name in shared:
+        assert getattr(config, name) == getattr(DEFAULTS, name), name
+    assert config.webhook_timeout_ms == 10_000
+    assert config.pull_max_lease_batch == 1000
     # a webhook topic with every default is valid: the lease outlives the POST it covers
     webhook = ServiceConfig(topic_type=TopicType.WEBHOOK, webhook_url="http://127.0.0.1/h")
     assert webhook.webhook_timeout_ms < webhook.ack_timeout_ms
@@ -105,6 +114,6 @@ def test_ownership_follows_the_zookeeper_setting():
     from delayq.service.serve import make_ownership
 
     assert isinstance(make_ownership(ServiceConfig()), EmbeddedOwnership)
-    zk = make_ownership(ServiceConfig(zookeeper="127.0.0.1:2181", member_id="m-1"))
+    zk = make_ownership(ServiceConfig(zookeeper_connect="127.0.0.1:2181", member_id="m-1"))
     assert isinstance(zk, ZkOwnership)
     assert zk.member_id == "m-1"

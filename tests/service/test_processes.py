@@ -155,10 +155,10 @@ async def test_zookeeper_fleet_shares_then_hands_over_without_redelivery(
             topic=topic,
             topic_type="webhook",
             webhook_url=receiver.url,
-            zookeeper=zookeeper_server.hosts,
+            zookeeper_connect=zookeeper_server.hosts,
             member_id=f"m{i}",
             port=free_port(),
-            zk_session_timeout_ms=4000,
+            zookeeper_session_timeout_ms=4000,
         )
         for i in range(2)
     ]
@@ -207,8 +207,8 @@ async def test_kill_9_of_one_of_three_loses_nothing(
                 webhook_url=receiver.url,
                 webhook_timeout_ms=1000,
                 ack_timeout_ms=3000,
-                zookeeper=zookeeper_server.hosts,
-                zk_session_timeout_ms=2000,
+                zookeeper_connect=zookeeper_server.hosts,
+                zookeeper_session_timeout_ms=2000,
                 member_id=f"k{i}",
                 port=free_port(),
             ),

@@ -13,7 +13,7 @@ from tests.service.conftest import StartService, eventually
 async def test_every_message_reaches_the_stream_once(
     start_service: StartService, async_redis_client: redis.asyncio.Redis
 ):
-    running = await start_service(topic_type="stream", stream_key="out", stream_maxlen=10_000)
+    running = await start_service(topic_type="stream", stream_key="out", stream_max_len=10_000)
     messages = [
         {"id": f"s{i}", "delayMs": i % 50, "payload": f"p{i}", "headers": {"n": str(i)}}
         for i in range(300)

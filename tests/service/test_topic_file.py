@@ -63,14 +63,18 @@ def test_the_json_keys_are_the_field_names_and_the_serve_settings():
     assert document["topic_type"] == file.topic_type.value
     settings = {f.name for f in dataclasses.fields(ServiceConfig)}
     assert set(file.service_settings(POD_ENV)) <= settings
+    # one name per setting: every field is the serve setting of that name, except where the
+    # brokers and the HTTP port are
+    not_settings = {"brokers", "redis_master_host_template", "redis_port", "http_port"}
+    assert {f.name for f in dataclasses.fields(TopicFile)} - settings == not_settings
 
 
 def test_broker_urls_carry_the_escaped_password_and_the_template():
     config = service_config(operator_file(next(p for p in EXAMPLES if "webhook" in p.stem)))
     assert config.brokers[1] == "redis://:p%40ss%2Fword@callbacks-redis-1.default.svc:6379/0"
     assert config.redis_url == config.brokers[0]
-    assert config.zookeeper.startswith("zk-0.zk:2181")
-    assert config.max_in_flight == 32  # worker.concurrency
+    assert config.zookeeper_connect.startswith("zk-0.zk:2181")
+    assert config.worker_concurrency == 32  # worker.concurrency
 
 
 def test_environment_and_flags_still_override_the_file(tmp_path: Path):

@@ -141,7 +141,7 @@ async def test_concurrency_is_limited_per_topic(start_service: StartService, rec
 
     receiver.answer = gated
     running = await start_service(
-        topic_type="webhook", webhook_url=receiver.url, webhook_concurrency=2
+        topic_type="webhook", webhook_url=receiver.url, webhook_max_in_flight=2
     )
     messages = [{"id": f"c{i}", "delayMs": 0} for i in range(10)]
     await running.client.post(f"{running.base}/messages/batch", json={"messages": messages})
@@ -217,9 +217,9 @@ async def test_a_slow_receiver_gets_each_message_once_and_nothing_dies(
     running = await start_service(
         topic_type="webhook",
         webhook_url=receiver.url,
-        webhook_concurrency=4,
+        webhook_max_in_flight=4,
         webhook_timeout_ms=500,
-        max_in_flight=200,
+        worker_concurrency=200,
         ack_timeout_ms=1_000,
         max_retries=1,
     )

@@ -78,8 +78,8 @@ class TopicSpec:
     delivery: Delivery = field(default_factory=Delivery)
     zookeeper_connect: str = ""
     zookeeper_session_timeout_ms: int = DEFAULTS.zookeeper_session_timeout_ms
-    storage_size: str = DEFAULTS.persistence_size
-    storage_class: str = ""
+    persistence_size: str = DEFAULTS.persistence_size
+    persistence_storage_class: str = ""
     deletion_policy: str = DEFAULTS.deletion_policy
     worker_concurrency: int = DEFAULTS.worker_concurrency
     worker_resources: Resources = field(default_factory=Resources)
@@ -87,7 +87,7 @@ class TopicSpec:
     # Redis min-replicas-to-write / min-replicas-max-lag on every broker pod: 0 keeps plain
     # asynchronous replication (writes never refused, a failover can lose the last ones).
     redis_min_replicas_to_write: int = DEFAULTS.redis_min_replicas_to_write
-    redis_min_replicas_max_lag_s: int = DEFAULTS.redis_min_replicas_max_lag_seconds
+    redis_min_replicas_max_lag_seconds: int = DEFAULTS.redis_min_replicas_max_lag_seconds
     redis_append_fsync: str = DEFAULTS.redis_append_fsync  # or "always"
 
     @property
@@ -179,8 +179,8 @@ def parse_spec(name: str, namespace: str, spec: Mapping[str, Any]) -> TopicSpec:
             2000,
             60_000,
         ),
-        storage_size=str(persistence.get("size", DEFAULTS.persistence_size)),
-        storage_class=str(persistence.get("storageClass", "")),
+        persistence_size=str(persistence.get("size", DEFAULTS.persistence_size)),
+        persistence_storage_class=str(persistence.get("storageClass", "")),
         deletion_policy=deletion_policy,
         worker_concurrency=_int(
             worker, "concurrency", DEFAULTS.worker_concurrency, 1, 1024, prefix="worker."
@@ -188,7 +188,7 @@ def parse_spec(name: str, namespace: str, spec: Mapping[str, Any]) -> TopicSpec:
         worker_resources=_resources(worker, "worker"),
         redis_resources=_resources(redis, "redis"),
         redis_min_replicas_to_write=min_replicas_to_write,
-        redis_min_replicas_max_lag_s=_int(
+        redis_min_replicas_max_lag_seconds=_int(
             redis,
             "minReplicasMaxLagSeconds",
             DEFAULTS.redis_min_replicas_max_lag_seconds,

@@ -135,12 +135,14 @@ def serve_configs(
         api_token=TOKEN,
         max_retries=3,
         backoff_base_ms=500,
-        zookeeper=zk,
+        zookeeper_connect=zk,
         grace_ms=5000,
     )
     count = options.processes if zk else 1
     return [
-        dataclasses.replace(base, port=free_port(), member_id=f"dev-{i}", broker_id=f"broker-{i}")
+        dataclasses.replace(
+            base, port=free_port(), member_id=f"dev-{i}", preferred_broker=f"broker-{i}"
+        )
         for i in range(count)
     ]
 

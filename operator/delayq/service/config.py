@@ -60,10 +60,10 @@ class ServiceConfig:
     max_payload_bytes: int = field(
         default=DEFAULTS.max_payload_bytes, metadata=_help("largest accepted payload")
     )
-    journal_maxlen: int = field(
+    journal_max_len: int = field(
         default=DEFAULTS.journal_max_len, metadata=_help("lifecycle journal cap (0: off)")
     )
-    max_lease_batch: int = field(
+    pull_max_lease_batch: int = field(
         default=DEFAULTS.pull_max_lease_batch, metadata=_help("pull: messages per lease at most")
     )
     webhook_url: str = field(
@@ -75,7 +75,7 @@ class ServiceConfig:
     webhook_timeout_ms: int = field(
         default=DEFAULTS.webhook_timeout_ms, metadata=_help("webhook topics: timeout of one POST")
     )
-    webhook_concurrency: int = field(
+    webhook_max_in_flight: int = field(
         default=DEFAULTS.webhook_max_in_flight,
         metadata=_help("webhook topics: concurrent POSTs at most"),
     )
@@ -85,7 +85,7 @@ class ServiceConfig:
     stream_key: str = field(
         default="", metadata=_help("stream topics: target stream key (default dq-out:<ns>/<t>)")
     )
-    stream_maxlen: int = field(
+    stream_max_len: int = field(
         default=DEFAULTS.stream_max_len,
         metadata=_help("stream topics: approximate MAXLEN of the target (0: none)"),
     )
@@ -94,18 +94,24 @@ class ServiceConfig:
     )
     host: str = field(default="127.0.0.1", metadata=_help("HTTP listen address"))
     port: int = field(default=8080, metadata=_help("HTTP listen port (0: any free port)"))
-    zookeeper: str = field(
+    zookeeper_connect: str = field(
         default="", metadata=_help("ZooKeeper hosts (empty: embedded, own every slot)")
     )
-    zk_session_timeout_ms: int = field(
+    zookeeper_session_timeout_ms: int = field(
         default=DEFAULTS.zookeeper_session_timeout_ms,
         metadata=_help("ZooKeeper session timeout: bounds the failover time"),
     )
-    broker_id: str = field(default="", metadata=_help("the broker this process is co-located with"))
+    preferred_broker: str = field(
+        default="",
+        metadata=_help(
+            "the broker whose slots this process prefers: its index or a name ending in it "
+            "(broker-1; in a pod its name, <topic>-service-1)"
+        ),
+    )
     member_id: str = field(
         default="", metadata=_help("member name in ZooKeeper (default: host-pid)")
     )
-    max_in_flight: int = field(
+    worker_concurrency: int = field(
         default=DEFAULTS.worker_concurrency,
         metadata=_help("deliveries in flight per process at most"),
     )
@@ -139,16 +145,16 @@ class ServiceConfig:
             raise ConfigError(_needs("webhook_url", "a webhook topic"))
         for name in (
             "webhook_timeout_ms",
-            "webhook_concurrency",
-            "max_in_flight",
+            "webhook_max_in_flight",
+            "worker_concurrency",
             "redis_max_connections",
             "batch_size",
             "backoff_base_ms",
             "max_body_bytes",
             "read_timeout_ms",
             "grace_ms",
-            "zk_session_timeout_ms",
-            "max_lease_batch",
+            "zookeeper_session_timeout_ms",
+            "pull_max_lease_batch",
         ):
             if getattr(self, name) < 1:
                 raise ConfigError(f"{_names(name)} must be at least 1")
@@ -169,7 +175,7 @@ class ServiceConfig:
             max_retries=self.max_retries,
             ack_timeout_ms=self.ack_timeout_ms,
             max_payload_bytes=self.max_payload_bytes,
-            journal_maxlen=self.journal_maxlen,
+            journal_maxlen=self.journal_max_len,
         )
 
     @property

@@ -319,7 +319,7 @@ def _paths() -> dict[str, Schema]:
                 obj(
                     [],
                     max={
-                        **integer("messages at most (and at most --max-lease-batch)", 1),
+                        **integer("messages at most (and at most --pull-max-lease-batch)", 1),
                         "maximum": MAX_LEASE_BATCH,
                         "default": 1,
                     },

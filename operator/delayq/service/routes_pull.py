@@ -46,7 +46,7 @@ async def lease(request: web.Request) -> web.Response:
     service = service_for(request)
     leaser = _leaser(service)
     body = await json_body(request)
-    wanted = parse_lease_request(body, service.topic, service.config.max_lease_batch)
+    wanted = parse_lease_request(body, service.topic, service.config.pull_max_lease_batch)
     messages = await leaser.lease(wanted.max_count, wanted.lease_ms, wanted.wait_ms)
     now_ms = leaser.server_now_ms()
     for message in messages:

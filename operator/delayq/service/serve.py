@@ -28,19 +28,19 @@ log = logging.getLogger(__name__)
 
 def make_ownership(config: ServiceConfig) -> Ownership:
     """Embedded (every slot) without ZooKeeper; ZooKeeper membership and ownership with it."""
-    if not config.zookeeper:
+    if not config.zookeeper_connect:
         return EmbeddedOwnership(config.slot_amount)
     from delayq.coordination.zookeeper import ZkOwnership, ZkSettings  # kazoo only when used
 
     return ZkOwnership(
         ZkSettings(
-            hosts=config.zookeeper,
+            hosts=config.zookeeper_connect,
             namespace=config.namespace,
             topic=config.topic,
             slot_amount=config.slot_amount,
             member_id=config.member,
-            broker=config.broker_id,
-            session_timeout_s=config.zk_session_timeout_ms / 1000,
+            broker=config.preferred_broker,
+            session_timeout_s=config.zookeeper_session_timeout_ms / 1000,
         )
     )
 

@@ -103,10 +103,10 @@ class DelayService:
             self._sink = self._open_sink()
             settings = ConsumerSettings(
                 batch_size=self.config.batch_size,
-                max_in_flight=self.config.max_in_flight,
+                max_in_flight=self.config.worker_concurrency,
                 lease_ms=self.config.ack_timeout_ms,
                 # as many handlers per batch as POSTs may run at once (the sink's semaphore)
-                batch_concurrency=self.config.webhook_concurrency,
+                batch_concurrency=self.config.webhook_max_in_flight,
                 backoff=Backoff(self.config.backoff_base_ms, 2.0, self.config.backoff_max_ms),
             )
             self.consumers = [
@@ -131,10 +131,13 @@ class DelayService:
 
     async def _load_routing(self) -> None:
         """Multi-broker topics with ZooKeeper take the operator's (sticky) routing node."""
-        if len(self.queues) < 2 or not self.config.zookeeper:
+        if len(self.queues) < 2 or not self.config.zookeeper_connect:
             return
         routing = await read_routing(
-            self.config.zookeeper, self.topic.namespace, self.topic.name, self.topic.slot_amount
+            self.config.zookeeper_connect,
+            self.topic.namespace,
+            self.topic.name,
+            self.topic.slot_amount,
         )
         if routing is not None and max(routing) < len(self.queues):
             self.brokers = Brokers(self.queues, routing)
@@ -147,7 +150,7 @@ class DelayService:
                 config.webhook_url,
                 config.webhook_secret,
                 config.webhook_timeout_ms,
-                config.webhook_concurrency,
+                config.webhook_max_in_flight,
                 self.metrics,
                 config.member,
                 self.server_ms,
@@ -155,9 +158,9 @@ class DelayService:
             )
         if config.stream_url:
             client = connect(config.stream_url, config.redis_max_connections)
-            return StreamSink(self.topic, client, config.target_stream, config.stream_maxlen, True)
+            return StreamSink(self.topic, client, config.target_stream, config.stream_max_len, True)
         return StreamSink(
-            self.topic, self.queues[0].redis, config.target_stream, config.stream_maxlen, False
+            self.topic, self.queues[0].redis, config.target_stream, config.stream_max_len, False
         )
 
     async def _on_change(self, slots: frozenset[int]) -> None:

@@ -24,7 +24,7 @@ from typing import Any
 from urllib.parse import quote
 
 from delayq.queue.topic import TopicType
-from delayq.service.config import ConfigError
+from delayq.service.config import ConfigError, ServiceConfig
 
 
 @dataclass(frozen=True)
@@ -85,31 +85,17 @@ class TopicFile:
         """ServiceConfig keyword arguments: this file plus the pod's environment."""
         urls = self.broker_urls(env.get("DELAYQ_REDIS_PASSWORD", ""))
         settings: dict[str, Any] = {
-            "namespace": self.namespace,
-            "topic": self.topic,
-            "slot_amount": self.slot_amount,
-            "topic_type": self.topic_type,
-            "max_retries": self.max_retries,
-            "ack_timeout_ms": self.ack_timeout_ms,
-            "max_payload_bytes": self.max_payload_bytes,
-            "journal_maxlen": self.journal_max_len,
-            "webhook_url": self.webhook_url,
-            "webhook_timeout_ms": self.webhook_timeout_ms,
-            "webhook_concurrency": self.webhook_max_in_flight,
-            "max_lease_batch": self.pull_max_lease_batch,
-            "stream_key": self.stream_key,
-            "stream_maxlen": self.stream_max_len,
-            "zookeeper": self.zookeeper_connect,
-            "zk_session_timeout_ms": self.zookeeper_session_timeout_ms,
-            "max_in_flight": self.worker_concurrency,
-            "port": self.http_port,
-            "host": "0.0.0.0",  # in a pod: reachable by probes, the Service and Prometheus
-            "redis_url": urls[0],
-            "broker_urls": ",".join(urls),
+            name: getattr(self, name) for name in _FIELD_TYPES if name in _SERVICE_SETTINGS
         }
+        settings.update(
+            port=self.http_port,
+            host="0.0.0.0",  # in a pod: reachable by probes, the Service and Prometheus
+            redis_url=urls[0],
+            broker_urls=",".join(urls),
+        )
         if env.get("POD_NAME"):
             settings["member_id"] = env["POD_NAME"]
-            settings["broker_id"] = env["POD_NAME"]  # its ordinal is the preferred broker
+            settings["preferred_broker"] = env["POD_NAME"]  # its ordinal is the preferred broker
         return settings
 
     def broker_urls(self, password: str) -> list[str]:
@@ -123,6 +109,8 @@ class TopicFile:
 
 
 _FIELD_TYPES: dict[str, Any] = typing.get_type_hints(TopicFile)
+# fields that are `delayq serve` settings of the same name (the others locate brokers and port)
+_SERVICE_SETTINGS = frozenset(f.name for f in dataclasses.fields(ServiceConfig))
 
 
 def _typed(name: str, kind: Any, value: object) -> Any:

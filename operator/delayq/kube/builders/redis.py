@@ -80,11 +80,11 @@ def redis_statefulset(spec: TopicSpec, broker: int, ctx: BuildContext) -> Manife
         "metadata": {"name": "data", "labels": dict(labels)},
         "spec": {
             "accessModes": ["ReadWriteOnce"],
-            "resources": {"requests": {"storage": spec.storage_size}},
+            "resources": {"requests": {"storage": spec.persistence_size}},
         },
     }
-    if spec.storage_class:
-        volume_claim["spec"]["storageClassName"] = spec.storage_class
+    if spec.persistence_storage_class:
+        volume_claim["spec"]["storageClassName"] = spec.persistence_storage_class
     container: Manifest = {
         "name": "redis",
         "image": ctx.redis_image,
@@ -94,7 +94,10 @@ def redis_statefulset(spec: TopicSpec, broker: int, ctx: BuildContext) -> Manife
             env_from_field("POD_IP", "status.podIP"),
             {"name": "MASTER_HOST", "value": master_host},
             {"name": "MIN_REPLICAS_TO_WRITE", "value": str(spec.redis_min_replicas_to_write)},
-            {"name": "MIN_REPLICAS_MAX_LAG_S", "value": str(spec.redis_min_replicas_max_lag_s)},
+            {
+                "name": "MIN_REPLICAS_MAX_LAG_S",
+                "value": str(spec.redis_min_replicas_max_lag_seconds),
+            },
             {"name": "APPEND_FSYNC", "value": spec.redis_append_fsync},
             env_from_secret("REDIS_PASSWORD", secret, naming.SECRET_REDIS_PASSWORD),
             env_from_secret("REDISCLI_AUTH", secret, naming.SECRET_REDIS_PASSWORD),
