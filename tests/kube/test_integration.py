@@ -9,11 +9,12 @@ import pytest
 import redis
 
 from delayq.coordination.routing import initial_routing
-from delayq.kube.redisctl import Depths, RedisCommands
+from delayq.kube.redisctl import RedisCommands
 from delayq.kube.zk import KazooTopicStore, topic_root
 from delayq.local.redis_server import RedisServer
 from delayq.local.zookeeper_server import ZooKeeperServer
 from delayq.queue.keys import Part, SlotKeys
+from delayq.queue.topic import Topic
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -69,7 +70,9 @@ async def test_redis_commands_inspect_demote_promote_and_count(
     assert master is not None
     assert master.role == "master"
     assert master.keys == 2
-    assert await commands.depths("127.0.0.1", "", "kube-it", "orders", [0, 1]) == Depths(2, 0, 1)
+    topic = Topic("orders", namespace="kube-it", slot_amount=2)
+    depths = await commands.depths("127.0.0.1", "", topic, [0, 1])  # the engine's stats
+    assert (depths.scheduled, depths.prepared, depths.dead) == (2, 0, 1)
 
     on_replica = RedisCommands(port=replica.port)
     await on_replica.demote("127.0.0.1", "", f"127.0.0.1:{redis_server.port}")

@@ -1,4 +1,7 @@
-"""The operator's few Redis commands: inspect replication, promote, demote, count depths.
+"""The operator's few Redis commands: inspect replication, promote, demote, read depths.
+
+Depths are the engine's own stats (`AsyncQueue.stats`, the read-only stats script), so the
+operator counts messages exactly as the delay service's metrics and API do.
 
 Behind a Protocol; the real one uses redis.asyncio against pod IPs (the topic's NetworkPolicy
 admits the operator's pods). Tests run it against local redis-servers through its test-only
@@ -16,7 +19,9 @@ from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
 
 from delayq.kube import naming
-from delayq.queue.keys import Part, SlotKeys
+from delayq.queue.client import AsyncQueue
+from delayq.queue.model import TopicStats
+from delayq.queue.topic import Topic
 
 CONNECT_TIMEOUT_S = 2.0
 
@@ -26,20 +31,6 @@ class Replication:
     role: str  # "master" or "slave"
     offset: int
     keys: int
-
-
-@dataclass(frozen=True)
-class Depths:
-    scheduled: int = 0
-    prepared: int = 0
-    dead: int = 0
-
-    def __add__(self, other: Depths) -> Depths:
-        return Depths(
-            self.scheduled + other.scheduled,
-            self.prepared + other.prepared,
-            self.dead + other.dead,
-        )
 
 
 class RedisControl(Protocol):
@@ -53,9 +44,9 @@ class RedisControl(Protocol):
         """REPLICAOF master ("host" or "host:port"): drop the data, resync from the master."""
 
     async def depths(
-        self, host: str, password: str, namespace: str, topic: str, slots: Sequence[int]
-    ) -> Depths:
-        """Messages per state summed over the given slots of one master."""
+        self, host: str, password: str, topic: Topic, slots: Sequence[int]
+    ) -> TopicStats:
+        """The engine's stats of the given slots of `topic` on one master."""
 
 
 class RedisCommands:
@@ -122,16 +113,10 @@ class RedisCommands:
             await client.aclose()
 
     async def depths(
-        self, host: str, password: str, namespace: str, topic: str, slots: Sequence[int]
-    ) -> Depths:
-        client = self._client(host, password)
+        self, host: str, password: str, topic: Topic, slots: Sequence[int]
+    ) -> TopicStats:
+        queue = AsyncQueue(self._client(host, password), topic)
         try:
-            pipe = client.pipeline(transaction=False)
-            for slot in slots:
-                keys = SlotKeys(namespace, topic, slot)
-                for part in (Part.STORE, Part.PREPARE, Part.DEAD):
-                    pipe.zcard(keys.key(part))
-            counts = [int(value) for value in await pipe.execute()]
+            return await queue.stats(slots)
         finally:
-            await client.aclose()
-        return Depths(sum(counts[0::3]), sum(counts[1::3]), sum(counts[2::3]))
+            await queue.close()

@@ -22,7 +22,6 @@ from delayq.kube.client import KubeApiError
 from delayq.kube.context import Logger, OperatorContext
 from delayq.kube.errors import TRANSIENT_ERRORS, TopicFailure
 from delayq.kube.failover import Decision, RedisPod, decide
-from delayq.kube.redisctl import Depths
 from delayq.kube.spec import SpecError, TopicSpec
 from delayq.kube.status import (
     DEGRADED,
@@ -34,6 +33,8 @@ from delayq.kube.status import (
     ready_condition,
 )
 from delayq.kube.topics import now_iso, parse_body, with_conditions
+from delayq.queue.model import SlotStats, TopicStats
+from delayq.queue.topic import Topic
 
 
 def pod_ready(pod: Mapping[str, Any]) -> bool:
@@ -78,13 +79,14 @@ async def health_pass(
     routing, owned = await slot_view(ctx, spec, applied, logger)
     previous = {entry.get("index"): entry for entry in status.get("brokers") or []}
     brokers: list[dict[str, Any]] = []
-    depths = Depths()
+    slot_stats: list[SlotStats] = []
     for broker in range(spec.brokers):
-        entry, broker_depths = await observe_broker(
+        entry, broker_stats = await observe_broker(
             ctx, spec, broker, password, routing, previous.get(broker) or {}, logger
         )
         brokers.append(entry)
-        depths = depths + broker_depths
+        slot_stats += broker_stats.slots
+    depths = TopicStats(slot_stats)
     service_pods = await ctx.kube.list(
         "v1", "Pod", spec.namespace, naming.service_selector(spec.name)
     )
@@ -161,8 +163,8 @@ async def observe_broker(
     routing: Routing,
     previous: Mapping[str, Any],
     logger: Logger,
-) -> tuple[dict[str, Any], Depths]:
-    """Observe, decide, act for one broker; returns its status entry and its depths."""
+) -> tuple[dict[str, Any], TopicStats]:
+    """Observe, decide, act for one broker; returns its status entry and its slots' stats."""
     raw_pods = await ctx.kube.list(
         "v1", "Pod", spec.namespace, naming.redis_selector(spec.name, broker)
     )
@@ -212,16 +214,19 @@ async def observe_broker(
     last = now_iso(ctx) if decision.failover else previous.get("lastFailoverTime")
     if last:
         entry["lastFailoverTime"] = last
-    depths = Depths()
+    stats = TopicStats([])
     master_address = addresses.get(decision.master or "")
     if serving and master_address and broker < routing.broker_count:
+        # The routing's slot amount is the applied one (status.appliedSlotAmount, which the
+        # routing was planned with); taking it from the routing keeps every slot in range.
+        topic = Topic(spec.name, namespace=spec.namespace, slot_amount=routing.slot_amount)
         try:
-            depths = await ctx.redis.depths(
-                master_address, password, spec.namespace, spec.name, routing.slots_of(broker)
+            stats = await ctx.redis.depths(
+                master_address, password, topic, routing.slots_of(broker)
             )
         except TRANSIENT_ERRORS as error:
             logger.warning("depths of broker %d unavailable: %r", broker, error)
-    return entry, depths
+    return entry, stats
 
 
 async def apply_decision(
