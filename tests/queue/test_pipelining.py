@@ -8,7 +8,8 @@ import redis
 import redis.asyncio
 
 from delayq.queue.client import AsyncQueue, Queue
-from delayq.queue.model import ScheduleRequest, State
+from delayq.queue.codes import StaleEpochError
+from delayq.queue.model import ClaimBatch, ScheduleRequest, SlotClaim, State
 
 from .conftest import TOPIC
 
@@ -35,9 +36,9 @@ def test_a_flushed_script_cache_is_reloaded_and_each_call_runs_once(
 def test_pipelines_never_ask_script_exists(queue: Queue, redis_client: redis.Redis) -> None:
     queue.schedule_many([ScheduleRequest(i, b"x", delay_ms=0) for i in IDS])
     before = exists_calls(redis_client)
-    epochs = [(slot, queue.take_over(slot)) for slot in TOPIC.slots]
+    claims = [SlotClaim(slot, queue.take_over(slot), 5) for slot in TOPIC.slots]
     for _ in range(3):
-        queue.claim_slots(epochs, 5)
+        queue.claim_slots(claims)
     assert exists_calls(redis_client) == before
 
 
@@ -50,3 +51,18 @@ async def test_the_async_client_reloads_too(
     )
     assert {r.code.name for r in results} == {"CREATED"}
     assert (await async_queue.get(IDS[-1])).state is State.SCHEDULED
+
+
+def test_a_multi_slot_claim_takes_each_slot_its_own_count(queue: Queue) -> None:
+    queue.schedule_many([ScheduleRequest(i, b"x", delay_ms=0) for i in IDS])
+    per_slot = {slot: sum(1 for i in IDS if TOPIC.slot_of(i) == slot) for slot in TOPIC.slots}
+    a, b, c = [slot for slot in TOPIC.slots if per_slot[slot] >= 2][:3]
+    epoch_a, epoch_b = queue.take_over(a), queue.take_over(b)
+    fenced = queue.take_over(c) - 1  # a newer owner: its error in place, the others unharmed
+    claims = [SlotClaim(a, epoch_a, 2), SlotClaim(b, epoch_b, 1), SlotClaim(c, fenced, 2)]
+    first, second, third = queue.claim_slots(claims)
+    assert isinstance(first, ClaimBatch)
+    assert (first.slot, len(first.messages)) == (a, 2)
+    assert isinstance(second, ClaimBatch)
+    assert (second.slot, len(second.messages)) == (b, 1)
+    assert isinstance(third, StaleEpochError)

@@ -29,6 +29,7 @@ from delayq.queue.model import (
     Retry,
     ScheduleRequest,
     ScheduleResult,
+    SlotClaim,
     Target,
     TopicStats,
 )
@@ -96,10 +97,9 @@ class _Plans:
         )
 
     def claim_slots(
-        self, owned: Sequence[tuple[int, int]], max_count: int, lease_ms: int | None
+        self, claims: Sequence[SlotClaim], lease_ms: int | None
     ) -> Plan[list[ClaimBatch | StaleEpochError]]:
-        lease = lease_ms or self.topic.ack_timeout_ms
-        return plans.claim_slots(self.topic, owned, max_count, lease)
+        return plans.claim_slots(self.topic, claims, lease_ms or self.topic.ack_timeout_ms)
 
 
 class Queue:
@@ -205,12 +205,11 @@ class Queue:
         return received(plan.combine(replies), received_s)
 
     def claim_slots(
-        self,
-        owned: Sequence[tuple[int, int]],
-        max_count: int = DEFAULT_CLAIM_BATCH,
-        lease_ms: int | None = None,
+        self, claims: Sequence[SlotClaim], lease_ms: int | None = None
     ) -> list[ClaimBatch | StaleEpochError]:
-        plan = self._plans.claim_slots(owned, max_count, lease_ms)
+        """Claim from several slots in one round trip, each `SlotClaim` (slot, epoch, max_count)
+        with its own count; a fenced-out slot yields its StaleEpochError in its place."""
+        plan = self._plans.claim_slots(claims, lease_ms)
         replies = self._replies(plan)
         received_s = time.monotonic()  # before decoding, which can take milliseconds
         return received_all(plan.combine(replies), received_s)
@@ -374,12 +373,11 @@ class AsyncQueue:
         return received(plan.combine(replies), received_s)
 
     async def claim_slots(
-        self,
-        owned: Sequence[tuple[int, int]],
-        max_count: int = DEFAULT_CLAIM_BATCH,
-        lease_ms: int | None = None,
+        self, claims: Sequence[SlotClaim], lease_ms: int | None = None
     ) -> list[ClaimBatch | StaleEpochError]:
-        plan = self._plans.claim_slots(owned, max_count, lease_ms)
+        """Claim from several slots in one round trip, each `SlotClaim` (slot, epoch, max_count)
+        with its own count; a fenced-out slot yields its StaleEpochError in its place."""
+        plan = self._plans.claim_slots(claims, lease_ms)
         replies = await self._replies(plan)
         received_s = time.monotonic()  # before decoding, which can take milliseconds
         return received_all(plan.combine(replies), received_s)

@@ -47,7 +47,7 @@ from delayq.queue.client import AsyncQueue
 from delayq.queue.codec import as_text
 from delayq.queue.codes import Code, DelayqError, StaleEpochError
 from delayq.queue.keys import Part, control_key, parse_wake_key, slot_keys
-from delayq.queue.model import ClaimBatch, Message, Outcome, Retry
+from delayq.queue.model import ClaimBatch, Message, Outcome, Retry, SlotClaim
 
 log = logging.getLogger(__name__)
 
@@ -337,7 +337,7 @@ class Consumer:
             self._claiming.add(slot)
         try:
             results = await self.queue.claim_slots(
-                [(slot, state.epoch) for slot, state in owned], share, self._lease_ms
+                [SlotClaim(slot, state.epoch, share) for slot, state in owned], self._lease_ms
             )
             orphans = [
                 message

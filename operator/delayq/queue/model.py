@@ -151,6 +151,15 @@ class Retry:
     kill: bool = False
 
 
+class SlotClaim(NamedTuple):
+    """One slot's part of a multi-slot claim: claim up to `max_count` due messages of `slot`
+    under the owner's fencing `epoch`."""
+
+    slot: int
+    epoch: int
+    max_count: int
+
+
 @dataclass(frozen=True)
 class ClaimBatch:
     slot: int

@@ -39,6 +39,7 @@ from delayq.queue.model import (
     ScheduleFailure,
     ScheduleRequest,
     ScheduleResult,
+    SlotClaim,
     SlotStats,
     State,
     Target,
@@ -259,16 +260,16 @@ def claim(topic: Topic, slot: int, epoch: int, max_count: int, lease_ms: int) ->
 
 
 def claim_slots(
-    topic: Topic, owned: Sequence[tuple[int, int]], max_count: int, lease_ms: int
+    topic: Topic, claims: Sequence[SlotClaim], lease_ms: int
 ) -> Plan[list[ClaimBatch | StaleEpochError]]:
-    """Claim from several (slot, epoch) pairs in one round trip; a slot with a newer owner
-    yields its StaleEpochError in place instead of failing the others."""
-    calls = [_claim_call(topic, slot, epoch, max_count, lease_ms) for slot, epoch in owned]
+    """Claim from several slots in one round trip, each (slot, epoch, max_count) its own count;
+    a slot with a newer owner yields its StaleEpochError in place instead of failing the others."""
+    calls = [_claim_call(topic, slot, epoch, count, lease_ms) for slot, epoch, count in claims]
 
     def combine(replies: list[Reply]) -> list[ClaimBatch | StaleEpochError]:
         return [
-            _claim_batch(reply, slot, epoch)
-            for (slot, epoch), reply in zip(owned, replies, strict=True)
+            _claim_batch(reply, claim.slot, claim.epoch)
+            for claim, reply in zip(claims, replies, strict=True)
         ]
 
     return Plan(calls, combine)

@@ -17,11 +17,9 @@ from dataclasses import dataclass, field
 
 import redis.asyncio
 
-from delayq.queue import plans
 from delayq.queue.codes import StaleEpochError
 from delayq.queue.keys import Part, slot_keys
-from delayq.queue.model import ClaimBatch, Message
-from delayq.queue.plans import Plan, Reply
+from delayq.queue.model import ClaimBatch, Message, SlotClaim
 from delayq.service.brokers import Brokers
 
 MAX_LEASE_BATCH = 1000
@@ -152,9 +150,8 @@ class PullLeaser:
         self, broker: int, slots: list[int], claimed: dict[int, tuple[int, int]], lease_ms: int
     ) -> list[tuple[int, ClaimBatch | StaleEpochError]]:
         """One pipelined round trip to one broker for all its slots in this round."""
-        queue = self.brokers.queues[broker]
-        claims = [plans.claim(queue.topic, slot, *claimed[slot], lease_ms) for slot in slots]
-        outcomes = await queue.run(_combined(claims))
+        claims = [SlotClaim(slot, *claimed[slot]) for slot in slots]
+        outcomes = await self.brokers.queues[broker].claim_slots(claims, lease_ms)
         return list(zip(slots, outcomes, strict=True))
 
     async def _wait_for_wake(self, timeout_s: float) -> None:
@@ -194,17 +191,3 @@ def _shares(total: int, parts: int) -> list[int]:
 def _earliest(a: int | None, b: int | None) -> int | None:
     return b if a is None else a if b is None else min(a, b)
 
-
-def _combined(claims: list[Plan[ClaimBatch]]) -> Plan[list[ClaimBatch | StaleEpochError]]:
-    """All claims in one pipelined round trip; a fenced slot yields its error, not a failure."""
-
-    def combine(replies: list[Reply]) -> list[ClaimBatch | StaleEpochError]:
-        results: list[ClaimBatch | StaleEpochError] = []
-        for claim, reply in zip(claims, replies, strict=True):
-            try:
-                results.append(claim.combine([reply]))
-            except StaleEpochError as error:
-                results.append(error)
-        return results
-
-    return Plan([claim.calls[0] for claim in claims], combine)
