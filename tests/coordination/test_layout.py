@@ -10,12 +10,14 @@ from hypothesis import strategies as st
 
 from delayq.coordination.assignment import Member
 from delayq.coordination.layout import (
+    ROOT,
     AssignmentDocument,
     TopicPaths,
     broker_index,
     decode_member,
     decode_routing,
     encode_member,
+    namespace_root,
     slots_of,
 )
 from delayq.coordination.routing import initial_routing
@@ -27,6 +29,7 @@ def test_paths_follow_the_design() -> None:
     assert paths.assignment == "/delayq/shop/orders/assignment"
     assert paths.owner(7) == "/delayq/shop/orders/owners/7"
     assert paths.routing == "/delayq/shop/orders/routing"
+    assert paths.root == f"{namespace_root('shop')}/orders" == f"{ROOT}/shop/orders"
 
 
 @pytest.mark.parametrize(

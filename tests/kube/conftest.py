@@ -168,11 +168,6 @@ def published_routing(zk: KazooClient, topic: str = "orders") -> Routing | None:
     return Routing.from_json(data)
 
 
-def published_config(zk: KazooClient, topic: str = "orders") -> bytes:
-    data, _ = zk.get(f"{topic_root(NAMESPACE, topic)}/config")
-    return bytes(data)
-
-
 def topic_tree_exists(zk: KazooClient, topic: str = "orders") -> bool:
     return zk.exists(topic_root(NAMESPACE, topic)) is not None
 

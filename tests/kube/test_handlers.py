@@ -29,7 +29,6 @@ from tests.kube.conftest import (
     NAMESPACE,
     Clock,
     own_slots,
-    published_config,
     published_routing,
     topic_tree_exists,
 )
@@ -102,7 +101,8 @@ async def test_create_provisions_everything_and_publishes_routing(
     routing = published_routing(zk)
     assert routing is not None
     assert routing.brokers == (0, 0, 0, 0, 1, 1, 1, 1)
-    assert b'"slot_amount": 8' in published_config(zk)
+    config_map = get(api, "v1/configmaps", "orders-config")
+    assert '"slot_amount": 8' in config_map["data"][naming.CONFIG_KEY]  # what pods read
     status = body(api)["status"]
     assert status["observedGeneration"] == 1
     assert status["appliedSlotAmount"] == 8
@@ -177,7 +177,8 @@ async def test_slot_amount_growth_is_refused_with_a_condition(
     routing = published_routing(zk)
     assert routing is not None
     assert routing.slot_amount == 8
-    assert b'"slot_amount": 8' in published_config(zk)
+    config_map = get(api, "v1/configmaps", "orders-config")
+    assert '"slot_amount": 8' in config_map["data"][naming.CONFIG_KEY]  # what pods read
     assert body(api)["status"]["observedGeneration"] == 2
 
 

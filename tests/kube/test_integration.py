@@ -37,8 +37,11 @@ async def test_routing_and_config_round_trip_through_zookeeper(
     assert await zk_store.read_routing(connect, "kube-it", "orders") == routing
 
     client = zk_store._client(connect)
-    config, _ = client.get(f"{topic_root('kube-it', 'orders')}/config")
-    assert config == b'{"topic": "orders"}'
+    root = topic_root("kube-it", "orders")
+    assert client.get_children(root) == ["routing"]  # no `config` node: nothing read it
+    client.create(f"{root}/config", b"{}")  # as an older operator left it
+    await zk_store.publish(connect, "kube-it", "orders", routing, b"")
+    assert client.get_children(root) == ["routing"]
     assert await zk_store.owned_slots(connect, "kube-it", "orders") == 0
     for slot in (0, 3):
         client.create(f"{topic_root('kube-it', 'orders')}/owners/{slot}", b"pod", makepath=True)

@@ -9,6 +9,9 @@
     routing               persistent slot -> broker, written by the operator (routing.py)
 ```
 
+The operator (`delayq.kube.zk`) writes `routing`, counts `owners/` and removes whole trees; the
+services (`delayq.coordination.zookeeper`) use the rest. Both take every path from `TopicPaths`.
+
 The assignment stores member ids once and one small integer per slot, so even 16384 slots stay
 far below ZooKeeper's 1 MB node limit.
 """
@@ -23,20 +26,26 @@ from dataclasses import dataclass
 from delayq.coordination.assignment import Assignment, Member
 from delayq.coordination.routing import Routing
 
+ROOT = "/delayq"
 ASSIGNMENT_FORMAT_VERSION = 1
 _TRAILING_NUMBER = re.compile(r"(\d+)$")
 
 
+def namespace_root(namespace: str) -> str:
+    """The parent of every topic tree of a namespace."""
+    return f"{ROOT}/{namespace}"
+
+
 @dataclass(frozen=True)
 class TopicPaths:
-    """Absolute node paths of one topic."""
+    """Absolute node paths of one topic: the only place the tree's layout is spelled out."""
 
     namespace: str
     topic: str
 
     @property
     def root(self) -> str:
-        return f"/delayq/{self.namespace}/{self.topic}"
+        return f"{namespace_root(self.namespace)}/{self.topic}"
 
     @property
     def members(self) -> str:

@@ -1,9 +1,10 @@
-"""Publishing a topic's routing and config to ZooKeeper (DESIGN.md §4), behind a Protocol.
+"""Publishing a topic's routing to ZooKeeper (DESIGN.md §4), behind a Protocol.
 
-Paths under `/delayq/<namespace>/<topic>/`: `routing` (slot -> broker, see
-delayq.coordination.routing) and `config` (the same JSON the pods read). The delay services
-watch these; the operator only writes them, so slot failover keeps working while the operator
-is down. kazoo is synchronous, so calls run in a worker thread with a bounded timeout.
+The tree is `delayq.coordination.layout.TopicPaths`: the operator writes `routing` (slot ->
+broker, see delayq.coordination.routing), counts `owners/` and removes trees of deleted topics.
+The delay services read `routing`; the operator only writes it, so slot failover keeps working
+while the operator is down. kazoo is synchronous, so calls run in a worker thread with a
+bounded timeout.
 """
 
 from __future__ import annotations
@@ -18,14 +19,16 @@ from kazoo.client import KazooClient
 from kazoo.exceptions import NoNodeError
 from kazoo.handlers.threading import KazooTimeoutError
 
+from delayq.coordination.layout import ROOT, TopicPaths, namespace_root
 from delayq.coordination.routing import Routing
 
 TIMEOUT_S = 10.0
-ROOT = "/delayq"
+# a node older operators wrote (the ConfigMap's JSON again) and nothing ever read
+_UNREAD_CONFIG_NODE = "config"
 
 
 def topic_root(namespace: str, topic: str) -> str:
-    return f"{ROOT}/{namespace}/{topic}"
+    return TopicPaths(namespace, topic).root
 
 
 class TopicStore(Protocol):
@@ -35,7 +38,8 @@ class TopicStore(Protocol):
     async def publish(
         self, connect: str, namespace: str, topic: str, routing: Routing, config: bytes
     ) -> None:
-        """Write routing and config (idempotent)."""
+        """Write routing (idempotent). `config` is ignored: it was written to a `config` node
+        nothing read, which this removes where an older operator left it."""
 
     async def owned_slots(self, connect: str, namespace: str, topic: str) -> int:
         """How many slots currently have an owner (ephemeral nodes under owners/)."""
@@ -82,7 +86,7 @@ class KazooTopicStore:
     async def read_routing(self, connect: str, namespace: str, topic: str) -> Routing | None:
         def read() -> Routing | None:
             try:
-                data, _ = self._client(connect).get(f"{topic_root(namespace, topic)}/routing")
+                data, _ = self._client(connect).get(TopicPaths(namespace, topic).routing)
             except NoNodeError:
                 return None
             return Routing.from_json(data)
@@ -94,22 +98,20 @@ class KazooTopicStore:
     ) -> None:
         def write() -> None:
             client = self._client(connect)
-            root = topic_root(namespace, topic)
-            for node, payload in (("routing", routing.to_json()), ("config", config)):
-                path = f"{root}/{node}"
-                if client.exists(path):
-                    client.set(path, payload)
-                else:
-                    client.create(path, payload, makepath=True)
+            paths = TopicPaths(namespace, topic)
+            if client.exists(paths.routing):
+                client.set(paths.routing, routing.to_json())
+            else:
+                client.create(paths.routing, routing.to_json(), makepath=True)
+            with contextlib.suppress(NoNodeError):
+                client.delete(f"{paths.root}/{_UNREAD_CONFIG_NODE}")
 
         await asyncio.wait_for(asyncio.to_thread(write), self.timeout_s)
 
     async def owned_slots(self, connect: str, namespace: str, topic: str) -> int:
         def count() -> int:
             try:
-                owners = self._client(connect).get_children(
-                    f"{topic_root(namespace, topic)}/owners"
-                )
+                owners = self._client(connect).get_children(TopicPaths(namespace, topic).owners)
                 return len(owners)
             except NoNodeError:
                 return 0
@@ -135,7 +137,7 @@ class KazooTopicStore:
             trees: list[tuple[str, str]] = []
             for namespace in spaces:
                 with contextlib.suppress(NoNodeError):  # no topic of it was ever published
-                    topics = client.get_children(f"{ROOT}/{namespace}")
+                    topics = client.get_children(namespace_root(namespace))
                     trees += [(namespace, topic) for topic in topics]
             return trees
 
