@@ -19,9 +19,7 @@ from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
 
 from delayq.kube import naming
-from delayq.queue.client import AsyncQueue
-from delayq.queue.model import TopicStats
-from delayq.queue.topic import Topic
+from delayq.queue import AsyncQueue, Topic, TopicStats
 
 CONNECT_TIMEOUT_S = 2.0
 

@@ -33,8 +33,7 @@ from delayq.kube.status import (
     ready_condition,
 )
 from delayq.kube.topics import now_iso, parse_body, with_conditions
-from delayq.queue.model import SlotStats, TopicStats
-from delayq.queue.topic import Topic
+from delayq.queue import SlotStats, Topic, TopicStats
 
 
 def pod_ready(pod: Mapping[str, Any]) -> bool:
