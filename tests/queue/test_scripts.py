@@ -1,13 +1,65 @@
-"""The Lua files honour their naming and header contract (pure: reads the files)."""
+"""The Lua files honour their naming, header and include contract (pure: reads the files)."""
 
 from __future__ import annotations
 
 import re
+from importlib import resources
 
 import pytest
 
 from delayq.queue.codes import Code
-from delayq.queue.scripts import INCLUDE_LINE, Script, script_header, script_source
+from delayq.queue.scripts import (
+    CODES_INCLUDE,
+    INCLUDE_LINE,
+    Script,
+    ScriptSourceError,
+    assemble,
+    inline_includes,
+    lua_code_table,
+    read_include,
+    script_file,
+    script_header,
+    script_source,
+)
+
+INCLUDES_DIR = resources.files("delayq.queue") / "lua" / "includes"
+HELPERS = sorted(
+    [p.name.removesuffix(".lua") for p in INCLUDES_DIR.iterdir() if p.name.endswith(".lua")]
+    + [CODES_INCLUDE]
+)
+DEFINITION = re.compile(r"^local (?:function )?(\w+)\b", re.MULTILINE)
+
+
+def code_of(text: str) -> str:
+    """Lua text without comments and string literals: what remains is what the code uses."""
+    text = re.sub(r"--\[\[.*?\]\]", "", text, flags=re.DOTALL)
+    text = re.sub(r"--[^\n]*", "", text)
+    return re.sub(r"'[^'\n]*'", "''", text)
+
+
+def defined_name(helper: str) -> str:
+    text = read_include(helper)
+    assert text is not None, helper
+    names = DEFINITION.findall(code_of(text))
+    assert len(names) == 1, f"{helper}: one helper per include file, found {names}"
+    return names[0]
+
+
+def listed_includes(text: str) -> list[str]:
+    return INCLUDE_LINE.findall(text)
+
+
+def used_helpers(text: str, itself: str | None = None) -> set[str]:
+    code = code_of(text)
+    return {
+        helper
+        for helper in HELPERS
+        if helper != itself and re.search(rf"\b{defined_name(helper)}\b", code)
+    }
+
+
+def header_codes(script: Script) -> set[str]:
+    return {name for _, name in re.findall(r"(-?\d+) ([A-Z][A-Z_]+)\b", script_header(script))}
 
 
 @pytest.mark.parametrize("script", list(Script))
@@ -22,13 +74,103 @@ def test_header_lists_exactly_num_keys_keys(script: Script) -> None:
 
 @pytest.mark.parametrize("script", list(Script))
 def test_every_return_code_named_in_a_header_exists(script: Script) -> None:
-    for number, name in re.findall(r"^\s+(-?\d+) ([A-Z_]+)\b", script_header(script), re.MULTILINE):
+    for number, name in re.findall(r"(-?\d+) ([A-Z][A-Z_]+)\b", script_header(script)):
         assert Code[name] == int(number), f"{script}: {number} {name}"
 
 
 @pytest.mark.parametrize("script", list(Script))
-def test_includes_are_inlined(script: Script) -> None:
-    source = script_source(script)
+def test_a_script_returns_by_name_exactly_the_codes_its_header_lists(script: Script) -> None:
+    used = set(re.findall(r"\bCODE\.(\w+)", code_of(script_file(script))))
+    assert used == header_codes(script)
+
+
+@pytest.mark.parametrize("script", list(Script))
+def test_includes_are_inlined_after_the_header(script: Script) -> None:
+    text, source = script_file(script), script_source(script)
     assert not INCLUDE_LINE.search(source)
-    if "now_ms()" in source:
-        assert "local function now_ms()" in source
+    assert source.startswith(script_header(script))  # `#!lua flags=...` stays the first line
+    assert all(m.start() > len(script_header(script)) for m in INCLUDE_LINE.finditer(text))
+
+
+@pytest.mark.parametrize("script", list(Script))
+def test_a_script_lists_exactly_the_helpers_it_uses(script: Script) -> None:
+    listed = listed_includes(script_file(script))
+    assert len(listed) == len(set(listed)), listed
+    assert set(listed) == used_helpers(script_file(script)), script
+
+
+@pytest.mark.parametrize("helper", HELPERS)
+def test_a_helper_lists_exactly_the_helpers_it_uses(helper: str) -> None:
+    text = read_include(helper)
+    assert text is not None
+    named = "code" if helper == CODES_INCLUDE else helper  # codes defines the table CODE
+    assert defined_name(helper).lower() == named  # one helper per file, named after it
+    assert set(listed_includes(text)) == used_helpers(text, itself=helper)
+
+
+@pytest.mark.parametrize("script", list(Script))
+def test_each_helper_is_inlined_once_after_those_it_uses(script: Script) -> None:
+    source = code_of(script_source(script))
+    positions = {}
+    for helper in HELPERS:
+        definitions = re.findall(rf"^local (?:function )?{defined_name(helper)}\b", source, re.M)
+        assert len(definitions) <= 1, helper
+        if definitions:
+            positions[helper] = source.index(definitions[0])
+    for helper, at in positions.items():
+        text = read_include(helper)
+        assert text is not None
+        assert all(positions[dep] < at for dep in listed_includes(text)), helper
+    assert set(positions) >= used_helpers(script_file(script))
+
+
+def test_the_code_table_is_generated_from_the_enum() -> None:
+    table = dict(re.findall(r"^\s+([A-Z_]+) = (-?\d+),$", lua_code_table(), re.MULTILINE))
+    assert {name: int(value) for name, value in table.items()} == {c.name: c.value for c in Code}
+    assert not (INCLUDES_DIR / f"{CODES_INCLUDE}.lua").is_file()  # never a file that can drift
+
+
+def test_the_inliner_resolves_includes_recursively_once_in_dependency_order() -> None:
+    files = {
+        "a": "--@include b\n--@include c\nA\n",
+        "b": "--@include c\nB\n",
+        "c": "C\n",
+    }
+    source = inline_includes("s.lua", "HEAD\n--@include a\n--@include c\nBODY\n", files.get)
+    assert source == "HEAD\nC\n\nB\n\nA\n\nBODY\n"
+
+
+def test_the_inliner_names_a_cycle() -> None:
+    files = {"a": "--@include b\nA\n", "b": "--@include a\nB\n"}
+    with pytest.raises(ScriptSourceError, match=r"s\.lua: include cycle: a -> b -> a"):
+        inline_includes("s.lua", "--@include a\n", files.get)
+
+
+def test_the_inliner_names_a_missing_include_and_who_wants_it() -> None:
+    files = {"a": "--@include gone\nA\n"}
+    with pytest.raises(ScriptSourceError, match=r"--@include gone in includes/a\.lua"):
+        inline_includes("s.lua", "--@include a\n", files.get)
+    with pytest.raises(ScriptSourceError, match=r"--@include nope in s\.lua"):
+        inline_includes("s.lua", "--@include nope\n", files.get)
+
+
+@pytest.mark.parametrize("script", list(Script))
+def test_a_loaded_script_builds_a_table_of_just_the_codes_it_returns(script: Script) -> None:
+    source = script_source(script)
+    tables = re.findall(r"^local CODE = \{\n(.*?)^\}$", source, re.MULTILINE | re.DOTALL)
+    used = set(re.findall(r"\bCODE\.(\w+)", source))
+    assert len(tables) == (1 if used else 0)
+    if used:
+        entries = dict(re.findall(r"^\s+([A-Z_]+) = (-?\d+),$", tables[0], re.MULTILINE))
+        assert {name: int(value) for name, value in entries.items()} == {n: Code[n] for n in used}
+
+
+def test_assembling_refuses_an_unknown_code_or_a_missing_code_table() -> None:
+    codes = {CODES_INCLUDE: lua_code_table()}
+    with pytest.raises(ScriptSourceError, match=r"s\.lua: not a .*Code: \['ACKD'\]"):
+        assemble("s.lua", "--@include codes\nreturn CODE.ACKD\n", codes.get)
+    with pytest.raises(ScriptSourceError, match=r"s\.lua: uses CODE without --@include codes"):
+        assemble("s.lua", "return CODE.ACKED\n", codes.get)
+    assert assemble("s.lua", "--@include codes\nreturn CODE.ACKED\n", codes.get).endswith(
+        "local CODE = {\n  ACKED = 7,\n}\n\nreturn CODE.ACKED\n"
+    )

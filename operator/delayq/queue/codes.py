@@ -1,7 +1,9 @@
 """Return codes of the Lua transitions and the exceptions they map to.
 
-The numbers are the contract with `lua/*.lua` (each script's header lists the codes it returns);
-`tests/queue/test_scripts.py` checks that every code named in a header exists here.
+The numbers are the contract with `lua/*.lua`: the scripts return them by name (`CODE.ACKED`)
+from a table `scripts.lua_code_table` generates from this enum at load time, so add or renumber
+a code here only. Each script's header lists the codes it returns; `tests/queue/test_scripts.py`
+checks those against this enum and against the `CODE.*` names the script uses.
 """
 
 from __future__ import annotations

@@ -1,7 +1,14 @@
 """The Lua transitions: one file per transition in `lua/`, named `<verb>-<numKeys>.lua`.
 
-`--@include <name>` lines are replaced by `lua/includes/<name>.lua` when a script is loaded, as
-BullMQ does, so shared helpers are written once and every script still runs as one atomic call.
+Shared helpers live one per file in `lua/includes/<name>.lua`, as BullMQ keeps them. A script
+(or a helper) names each helper it uses on an `--@include <name>` line after its header comment;
+loading inlines the helpers recursively, each once per script and after the helpers it needs, so
+every transition still runs as one atomic script. The `codes` include is not a file: it is
+generated from the `Code` enum (`lua_code_table`), so the Lua return codes can never drift from
+the Python ones, and holds only the codes the script returns (`CODE.ACKED`).
+
+Assembly happens once per process (`script_source` is cached). Per call a script pays for the
+Lua locals its includes define (a closure per helper, one small code table) and nothing else.
 """
 
 from __future__ import annotations
@@ -9,9 +16,19 @@ from __future__ import annotations
 import enum
 import functools
 import re
+from collections.abc import Callable, Iterable
 from importlib import resources
 
+from delayq.queue.codes import Code
+
 INCLUDE_LINE = re.compile(r"^--@include (\w+)$", re.MULTILINE)
+_INCLUDE_WITH_NEWLINE = re.compile(r"^--@include (\w+)(?:\n|$)", re.MULTILINE)
+CODES_INCLUDE = "codes"
+CODE_REFERENCE = re.compile(r"\bCODE\.(\w+)")
+
+
+class ScriptSourceError(LookupError):
+    """A script cannot be assembled: a missing include, an include cycle or an unknown code."""
 
 
 class Script(enum.StrEnum):
@@ -41,18 +58,81 @@ class Script(enum.StrEnum):
         return int(self.value.rsplit("-", 1)[1])
 
 
+def lua_code_table(names: Iterable[str] | None = None) -> str:
+    """The `codes` include: `local CODE = {OK = 0, ...}`, from the `Code` enum.
+
+    With `names`, only those members (in enum order): a script builds its table on every call,
+    so it carries just the codes it returns.
+    """
+    wanted = set(Code.__members__) if names is None else set(names)
+    entries = "".join(f"  {code.name} = {code.value},\n" for code in Code if code.name in wanted)
+    return (
+        "-- Return codes, generated from delayq.queue.codes.Code at load time (never edit here).\n"
+        f"local CODE = {{\n{entries}}}\n"
+    )
+
+
+def inline_includes(origin: str, text: str, read_include: Callable[[str], str | None]) -> str:
+    """`text` with each `--@include` line replaced by that helper and the helpers it includes.
+
+    Every helper appears once, after those it includes (a later line naming one already inlined
+    becomes empty). `read_include` returns a helper's text, or None when there is no such helper;
+    `origin` names the script in errors.
+    """
+    inlined: set[str] = set()
+
+    def expand(name: str, chain: tuple[str, ...]) -> str:
+        if name in chain:
+            raise ScriptSourceError(f"{origin}: include cycle: {' -> '.join((*chain, name))}")
+        if name in inlined:
+            return ""
+        body = read_include(name)
+        if body is None:
+            where = f"includes/{chain[-1]}.lua" if chain else origin
+            raise ScriptSourceError(f"{origin}: --@include {name} in {where}: no such include")
+        body = _INCLUDE_WITH_NEWLINE.sub(lambda m: expand(m[1], (*chain, name)), body)
+        inlined.add(name)
+        return re.sub(r"\n{3,}", "\n\n", body).strip("\n") + "\n\n"
+
+    return _INCLUDE_WITH_NEWLINE.sub(lambda m: expand(m[1], ()), text)
+
+
 def _lua_dir() -> resources.abc.Traversable:
     return resources.files("delayq.queue") / "lua"
 
 
+def read_include(name: str) -> str | None:
+    """A helper's text: `lua/includes/<name>.lua`, or the generated code table for `codes`."""
+    if name == CODES_INCLUDE:
+        return lua_code_table()
+    path = _lua_dir() / "includes" / f"{name}.lua"
+    return path.read_text() if path.is_file() else None
+
+
+def script_file(script: Script) -> str:
+    """The script's file as written, its include lines not inlined."""
+    return (_lua_dir() / f"{script.value}.lua").read_text()
+
+
+def assemble(origin: str, text: str, read_include: Callable[[str], str | None]) -> str:
+    """A script's loadable source: includes inlined, its code table cut to the codes it uses."""
+    source = inline_includes(origin, text, read_include)
+    used = CODE_REFERENCE.findall(source)
+    unknown = sorted(set(used) - set(Code.__members__))
+    if unknown:
+        raise ScriptSourceError(f"{origin}: not a delayq.queue.codes.Code: {unknown}")
+    if used and lua_code_table() not in source:
+        raise ScriptSourceError(f"{origin}: uses CODE without --@include {CODES_INCLUDE}")
+    return source.replace(lua_code_table(), lua_code_table(used))
+
+
 @functools.cache
 def script_source(script: Script) -> str:
-    """The script's text with its includes inlined."""
-    text = (_lua_dir() / f"{script.value}.lua").read_text()
-    return INCLUDE_LINE.sub(lambda m: (_lua_dir() / "includes" / f"{m[1]}.lua").read_text(), text)
+    """The script's text as loaded into Redis (`assemble`)."""
+    return assemble(f"{script.value}.lua", script_file(script), read_include)
 
 
 def script_header(script: Script) -> str:
     """The opening comment block: the KEYS/ARGV/returns contract of the script."""
-    text = (_lua_dir() / f"{script.value}.lua").read_text()
+    text = script_file(script)
     return text[: text.index("]]") + 2]

@@ -22,14 +22,20 @@
 
   Events: acked
 ]]
---@include common
+--@include call_chunked
+--@include codes
+--@include epoch_matches
+--@include journal
+--@include now_ms
+--@include read_chunked
+--@include record_fields
 
 local prepare, msg, epoch_key, journal_key = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
 local journal_maxlen = tonumber(ARGV[2])
 local results = {}
 
 if not epoch_matches(epoch_key, ARGV[1]) then
-  for i = 3, #ARGV, 2 do results[#results + 1] = -2 end
+  for i = 3, #ARGV, 2 do results[#results + 1] = CODE.STALE_EPOCH end
   return results
 end
 local now = now_ms()
@@ -46,9 +52,9 @@ for k = 1, #ids do
   if lease ~= nil and lease == ARGV[2 * k + 2] then
     done[#done + 1] = id
     journal(journal_key, journal_maxlen, 'acked', id, now, due, attempts)
-    results[#results + 1] = 7
+    results[#results + 1] = CODE.ACKED
   else
-    results[#results + 1] = -3
+    results[#results + 1] = CODE.LEASE_LOST
   end
 end
 if #done > 0 then

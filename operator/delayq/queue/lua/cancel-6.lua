@@ -15,7 +15,10 @@
 
   Events: cancelled
 ]]
---@include common
+--@include codes
+--@include journal
+--@include locate
+--@include now_ms
 
 local store, prepare, dead, msg, reason, journal_key =
   KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6]
@@ -33,9 +36,9 @@ for i = 2, #ARGV do
     redis.call('HDEL', reason, id)
     redis.call('HDEL', msg, id)
     journal(journal_key, journal_maxlen, 'cancelled', id, now, '', '')
-    results[#results + 1] = 4
+    results[#results + 1] = CODE.CANCELLED
   else
-    results[#results + 1] = -1
+    results[#results + 1] = CODE.NOT_FOUND
   end
 end
 return results

@@ -36,7 +36,14 @@
   Events: expired (lease rolled back), dead (attempts exhausted), claimed, orphan (an id with no
   record: removed so it can never block the slot)
 ]]
---@include common
+--@include call_chunked
+--@include codes
+--@include epoch_matches
+--@include journal
+--@include now_us
+--@include read_chunked
+--@include record_fields
+--@include record_with
 
 local store, prepare, dead, msg, reason, epoch_key, journal_key, leases_key =
   KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6], KEYS[7], KEYS[8]
@@ -47,7 +54,7 @@ local journal_maxlen = tonumber(ARGV[5])
 local rollback_max = tonumber(ARGV[6])
 
 if not epoch_matches(epoch_key, ARGV[1]) then
-  return {-2, 0, -1, -1}
+  return {CODE.STALE_EPOCH, 0, -1, -1}
 end
 local now_micros = now_us()
 local now = math.floor(now_micros / 1000)
@@ -72,7 +79,7 @@ for _, id in ipairs(expired) do
 end
 
 -- 2. Claim what is due.
-local claimed = {0, now_micros, -1, -1}
+local claimed = {CODE.OK, now_micros, -1, -1}
 local due_ids = redis.call('ZRANGEBYSCORE', store, '-inf', now, 'WITHSCORES', 'LIMIT', 0, max_count)
 if #due_ids > 0 then
   local deadline = now + lease_ms

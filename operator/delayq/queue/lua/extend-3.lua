@@ -19,12 +19,15 @@
 
   Events: none (a heartbeat is not a lifecycle transition)
 ]]
---@include common
+--@include codes
+--@include epoch_matches
+--@include leased_record
+--@include now_ms
 
 local prepare, msg, epoch_key = KEYS[1], KEYS[2], KEYS[3]
 local results = {}
 if not epoch_matches(epoch_key, ARGV[1]) then
-  for i = 3, #ARGV, 2 do results[#results + 1] = {-2, 0} end
+  for i = 3, #ARGV, 2 do results[#results + 1] = {CODE.STALE_EPOCH, 0} end
   return results
 end
 local deadline = now_ms() + tonumber(ARGV[2])
@@ -33,9 +36,9 @@ for i = 3, #ARGV, 2 do
   local id = ARGV[i]
   if leased_record(prepare, msg, id, ARGV[i + 1]) then
     redis.call('ZADD', prepare, 'XX', deadline, id)
-    results[#results + 1] = {10, deadline}
+    results[#results + 1] = {CODE.EXTENDED, deadline}
   else
-    results[#results + 1] = {-3, 0}
+    results[#results + 1] = {CODE.LEASE_LOST, 0}
   end
 end
 return results

@@ -15,7 +15,7 @@
 
   Events: none
 ]]
---@include common
+--@include locate
 
 local store, prepare, dead, msg, reason = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
 local results = {}

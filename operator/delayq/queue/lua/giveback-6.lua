@@ -25,7 +25,14 @@
 
   Events: givenback
 ]]
---@include common
+--@include codes
+--@include epoch_matches
+--@include journal
+--@include leased_record
+--@include now_ms
+--@include record_fields
+--@include record_with
+--@include wake_if_earliest
 
 local store, prepare, msg, epoch_key, wake, journal_key =
   KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6]
@@ -33,7 +40,7 @@ local journal_maxlen = tonumber(ARGV[2])
 local results = {}
 
 if not epoch_matches(epoch_key, ARGV[1]) then
-  for i = 3, #ARGV, 2 do results[#results + 1] = -2 end
+  for i = 3, #ARGV, 2 do results[#results + 1] = CODE.STALE_EPOCH end
   return results
 end
 local now = now_ms()
@@ -43,7 +50,7 @@ for i = 3, #ARGV, 2 do
   local id = ARGV[i]
   local record = leased_record(prepare, msg, id, ARGV[i + 1])
   if not record then
-    results[#results + 1] = -3
+    results[#results + 1] = CODE.LEASE_LOST
   else
     local attempts, due = record_fields(record)
     local due_ms = tonumber(due) or now
@@ -52,7 +59,7 @@ for i = 3, #ARGV, 2 do
     redis.call('ZADD', store, due_ms, id)
     journal(journal_key, journal_maxlen, 'givenback', id, now, due_ms, attempts - 1)
     if earliest == nil or due_ms < earliest then earliest = due_ms end
-    results[#results + 1] = 13
+    results[#results + 1] = CODE.GIVEN_BACK
   end
 end
 

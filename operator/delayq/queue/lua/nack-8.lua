@@ -29,7 +29,14 @@
 
   Events: nacked (due = the retry's due time; the delivered due when it dies), dead
 ]]
---@include common
+--@include codes
+--@include epoch_matches
+--@include journal
+--@include leased_record
+--@include now_ms
+--@include record_fields
+--@include record_with
+--@include wake_if_earliest
 
 local store, prepare, dead, msg, reason, epoch_key, wake, journal_key =
   KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6], KEYS[7], KEYS[8]
@@ -38,7 +45,7 @@ local journal_maxlen = tonumber(ARGV[3])
 local results = {}
 
 if not epoch_matches(epoch_key, ARGV[1]) then
-  for i = 4, #ARGV, 5 do results[#results + 1] = {-2, 0} end
+  for i = 4, #ARGV, 5 do results[#results + 1] = {CODE.STALE_EPOCH, 0} end
   return results
 end
 local now = now_ms()
@@ -49,7 +56,7 @@ for i = 4, #ARGV, 5 do
   local why, kill = ARGV[i + 3], ARGV[i + 4] == '1'
   local record = leased_record(prepare, msg, id, ARGV[i + 1])
   if not record then
-    results[#results + 1] = {-3, 0}
+    results[#results + 1] = {CODE.LEASE_LOST, 0}
   else
     local attempts, due = record_fields(record)
     redis.call('ZREM', prepare, id)
@@ -58,14 +65,14 @@ for i = 4, #ARGV, 5 do
       redis.call('ZADD', dead, now, id)
       redis.call('HSET', reason, id, why)
       journal(journal_key, journal_maxlen, 'dead', id, now, due, attempts)
-      results[#results + 1] = {9, now}
+      results[#results + 1] = {CODE.DEAD, now}
     else
       local retry_due = now + backoff_ms
       redis.call('HSET', msg, id, record_with(record, attempts, '', ''))
       redis.call('ZADD', store, retry_due, id)
       journal(journal_key, journal_maxlen, 'nacked', id, now, retry_due, attempts)
       if earliest == nil or retry_due < earliest then earliest = retry_due end
-      results[#results + 1] = {8, retry_due}
+      results[#results + 1] = {CODE.RETRY_SCHEDULED, retry_due}
     end
   end
 end

@@ -17,13 +17,16 @@
 
   Events: purged
 ]]
---@include common
+--@include codes
+--@include dead_batch_ids
+--@include journal
+--@include now_ms
 
 local dead, msg, reason, journal_key = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
 local journal_maxlen = tonumber(ARGV[1])
 local now = now_ms()
 
-local ids = dead_batch_ids(dead)
+local ids = dead_batch_ids(dead, ARGV[2], ARGV[3], ARGV, 4)
 
 local results = {0}
 for _, id in ipairs(ids) do
@@ -32,10 +35,10 @@ for _, id in ipairs(ids) do
     redis.call('HDEL', reason, id)
     journal(journal_key, journal_maxlen, 'purged', id, now, '', '')
     results[#results + 1] = id
-    results[#results + 1] = 12
+    results[#results + 1] = CODE.PURGED
   else
     results[#results + 1] = id
-    results[#results + 1] = -6
+    results[#results + 1] = CODE.WRONG_STATE
   end
 end
 results[1] = redis.call('ZCARD', dead)

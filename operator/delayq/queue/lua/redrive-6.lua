@@ -19,14 +19,19 @@
 
   Events: redriven
 ]]
---@include common
+--@include codes
+--@include dead_batch_ids
+--@include journal
+--@include now_ms
+--@include record_with
+--@include wake_if_earliest
 
 local dead, store, msg, reason, wake, journal_key =
   KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6]
 local journal_maxlen = tonumber(ARGV[1])
 local now = now_ms()
 
-local ids = dead_batch_ids(dead)
+local ids = dead_batch_ids(dead, ARGV[2], ARGV[3], ARGV, 4)
 
 local results = {0}
 local moved = 0
@@ -40,10 +45,10 @@ for _, id in ipairs(ids) do
     journal(journal_key, journal_maxlen, 'redriven', id, now, now, 0)
     moved = moved + 1
     results[#results + 1] = id
-    results[#results + 1] = 11
+    results[#results + 1] = CODE.REDRIVEN
   else
     results[#results + 1] = id
-    results[#results + 1] = -6
+    results[#results + 1] = CODE.WRONG_STATE
   end
 end
 if moved > 0 then wake_if_earliest(store, wake, now) end

@@ -21,7 +21,13 @@
 
   Events: rescheduled
 ]]
---@include common
+--@include codes
+--@include journal
+--@include locate
+--@include now_ms
+--@include record_fields
+--@include record_with
+--@include wake_if_earliest
 
 local store, prepare, dead, msg, wake, journal_key =
   KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6]
@@ -37,11 +43,11 @@ for i = 3, #ARGV, 3 do
   if when_kind == 'delay' then due = now + when_ms end
   local state = locate(store, prepare, dead, id)
   if not state then
-    results[#results + 1] = {-1, due}
+    results[#results + 1] = {CODE.NOT_FOUND, due}
   elseif state == 'dead' then
-    results[#results + 1] = {-6, due}
+    results[#results + 1] = {CODE.WRONG_STATE, due}
   elseif due > now + max_delay_ms then
-    results[#results + 1] = {-4, due}
+    results[#results + 1] = {CODE.TOO_FAR, due}
   else
     if state == 'prepared' then
       redis.call('ZREM', prepare, id)
@@ -52,7 +58,7 @@ for i = 3, #ARGV, 3 do
     redis.call('ZADD', store, due, id)
     if earliest == nil or due < earliest then earliest = due end
     journal(journal_key, journal_maxlen, 'rescheduled', id, now, due, '')
-    results[#results + 1] = {5, due}
+    results[#results + 1] = {CODE.RESCHEDULED, due}
   end
 end
 

@@ -22,7 +22,15 @@
 
   Events: scheduled (new or replaced)
 ]]
---@include common
+--@include call_chunked
+--@include codes
+--@include journal
+--@include locate
+--@include new_record
+--@include now_ms
+--@include read_chunked
+--@include record_fields
+--@include wake_if_earliest
 
 local store, prepare, dead, msg, reason, wake, journal_key =
   KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6], KEYS[7]
@@ -60,14 +68,14 @@ for k = 1, #ids do
   end
 
   if due > now + max_delay_ms then
-    push_result(results, -4, due, state or 'absent')
+    push_result(results, CODE.TOO_FAR, due, state or 'absent')
   elseif state and not upsert then
     local shown = score
     if state == 'prepared' then
       local _, record_due = record_fields(records[k])
       shown = tonumber(record_due) or score
     end
-    push_result(results, 2, shown, state)
+    push_result(results, CODE.EXISTS, shown, state)
   else
     if state == 'prepared' then redis.call('ZREM', prepare, id) end
     if state == 'dead' then
@@ -82,9 +90,9 @@ for k = 1, #ids do
     if earliest == nil or due < earliest then earliest = due end
     journal(journal_key, journal_maxlen, 'scheduled', id, now, due, 0)
     if state then
-      push_result(results, 3, due, 'scheduled')
+      push_result(results, CODE.UPDATED, due, 'scheduled')
     else
-      push_result(results, 1, due, 'scheduled')
+      push_result(results, CODE.CREATED, due, 'scheduled')
     end
   end
 end

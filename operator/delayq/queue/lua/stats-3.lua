@@ -12,7 +12,7 @@
 
   Events: none
 ]]
---@include common
+--@include now_ms
 
 local store, prepare, dead = KEYS[1], KEYS[2], KEYS[3]
 local now = now_ms()
