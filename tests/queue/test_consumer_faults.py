@@ -10,6 +10,7 @@ handlers started after their lease had run out.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 from collections import Counter, defaultdict
 from collections.abc import AsyncIterator, Callable, Iterator
@@ -239,3 +240,46 @@ async def test_the_watchdog_claims_a_slot_whose_wake_up_was_lost(
     finally:
         await stopped(consumer, running)
     assert consumer.counters.stalled_slots_recovered == 1
+
+
+async def test_a_wake_up_taken_by_a_former_owner_goes_to_the_new_one(
+    client: redis.asyncio.Redis, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The old owner's blocking wait still listens on a released slot (its interrupt was lost):
+    it is served first and takes the new owner's wake-up. It must hand it back, so the new
+    owner claims at the due time and not a watchdog round later."""
+    topic = Topic("steal", slot_amount=1, ack_timeout_ms=5_000)
+    queue = AsyncQueue(client, topic)
+    seen: list[str] = []
+
+    async def ignore(message: Message) -> None:
+        raise AssertionError("the old owner delivered")
+
+    async def handler(message: Message) -> None:
+        seen.append(message.id)
+
+    old, new = Consumer(queue, ignore), Consumer(queue, handler)
+    await old.own([0])
+    old_running = asyncio.create_task(old.run())
+    new_running: asyncio.Task[None] | None = None
+    try:
+        await eventually(lambda: old._slots[0].next_ms is None, 5.0, "the old owner idle")
+
+        async def lost() -> None:
+            return None
+
+        monkeypatch.setattr(old, "_interrupt_waker", lost)  # its wait keeps the slot's key
+        await old.release([0])
+        await new.own([0])
+        new_running = asyncio.create_task(new.run())
+        await eventually(lambda: new._slots[0].next_ms is None, 5.0, "the new owner idle")
+        await queue.schedule("w", b"p", delay_ms=0)  # pushes the slot's wake-up
+        await eventually(lambda: seen == ["w"], 0.8, "the new owner's delivery")
+        assert new.counters.stalled_slots_recovered == 0
+    finally:
+        if new_running is not None:
+            await stopped(new, new_running)
+        old.stop()
+        old_running.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await old_running

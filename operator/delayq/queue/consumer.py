@@ -610,22 +610,42 @@ class Consumer:
             log.info("could not interrupt the wake-up wait (%s)", error)
 
     async def _wait_for_wakes(self) -> None:
+        woken_all_s = 0.0  # monotonic time of the last claim-everything after a failed wait
         while not self._stopping:
             keys = [self._control_key]
             keys += [slot_keys(self.queue.topic, slot).key(Part.WAKE) for slot in self._slots]
             try:
                 popped = await self._waker.blpop(keys, timeout=WAKE_BLOCK_S)
             except redis.RedisError as error:
+                # Redis may have popped a wake-up whose reply died with the connection: claim
+                # every owned slot once rather than wait for the watchdog to notice
+                # (at most once a second: failed claims retry on their own until Redis is back)
                 log.warning("wake-up wait failed (%s); retrying", error)
+                if time.monotonic() - woken_all_s >= WATCHDOG_S:
+                    woken_all_s = time.monotonic()
+                    self._wake_all()
                 await asyncio.sleep(0.1)
                 continue
             if popped is None or as_text(popped[0]) == self._control_key:
                 continue
-            slot = parse_wake_key(as_text(popped[0]))
+            key = as_text(popped[0])
+            slot = parse_wake_key(key)
             if (state := self._slots.get(slot)) is not None:
                 state.wakes += 1
                 self._set_next(slot, 0)
                 self._changed.set()
+            else:
+                # released while this wait was blocked on its key: the slot's new owner needs
+                # the wake-up this wait took, so it goes back
+                with contextlib.suppress(redis.RedisError):
+                    await self.queue.redis.rpush(key, "1")
+
+    def _wake_all(self) -> None:
+        for state in self._slots.values():
+            state.wakes += 1
+        for slot in self._slots:
+            self._set_next(slot, 0)
+        self._changed.set()
 
 
 def _next_ms(batch: ClaimBatch) -> int | None:
