@@ -5,7 +5,9 @@ Rules (each a `Rule` with its figure and a few examples):
 - lost: every accepted id answered 2xx at least once by the end;
 - early: no POST more than `EARLY_TOLERANCE_MS` before the due time the API returned;
 - unexplained_duplicates: a second 2xx copy is explained only when the first one arrived in or
-  near a window of a fault that can lose an ack (a crash, freeze, cut or outage);
+  near a window of a fault that can lose an ack (a crash, freeze, cut or outage), or arrived
+  after its sender had given up on it (later than its signature time + the POST timeout: the
+  receiver took the bytes from its socket late, after the sender timed out and retried);
 - stalled: a message due outside every fault's reach (start - 1 s .. restored + session timeout
   + 2 s, or start + lease + 2 s for the leases a fault strands) arrives within `LATE_LIMIT_MS`;
 - after_lease: no POST arrives after its attempt's lease deadline, except from a process that
@@ -37,6 +39,7 @@ IN_FLIGHT_MS = 1000  # how long before a fault a message may still have been in 
 DUPLICATE_AFTER_MS = 2000  # an ack lost in a fault can show up as a copy this long after it
 LATE_ARRIVAL_MS = 100  # lateness that counts as "stuck" for the gap figure
 EXAMPLES = 5
+SIGNED_SLACK_MS = 100  # the signature time is the sender's estimate of the Redis clock
 
 
 @dataclass(frozen=True)
@@ -153,6 +156,12 @@ def duplicate_cause(
     return _near(lossy(windows), first_ok.at_ms, before, DUPLICATE_AFTER_MS)
 
 
+def sender_gave_up(first_ok: Arrival, timing: Timing) -> bool:
+    """The first copy reached the receiver after the sender's POST timeout had run out (the
+    signature time is taken right before the POST): the sender counted it failed."""
+    return first_ok.at_ms - first_ok.signed_ms > timing.webhook_timeout_ms + SIGNED_SLACK_MS
+
+
 def _duplicates(
     evidence: Evidence, by_id: dict[str, list[Arrival]], timing: Timing
 ) -> Rule:
@@ -161,7 +170,8 @@ def _duplicates(
         answered = [a for a in arrivals if ok_2xx(a)]
         for copy in answered[1:]:
             rule.total += 1
-            if duplicate_cause(evidence.windows, answered[0], timing) is None:
+            explained = duplicate_cause(evidence.windows, answered[0], timing) is not None
+            if not explained and not sender_gave_up(answered[0], timing):
                 rule.add(
                     f"{message_id}: 2xx by {answered[0].member} a{answered[0].attempt} at "
                     f"{answered[0].at_ms:.0f}, again by {copy.member} a{copy.attempt} "
@@ -334,7 +344,10 @@ def per_kind(
         answered = [a for a in arrivals if ok_2xx(a)]
         if len(answered) > 1:
             cause = duplicate_cause(evidence.windows, answered[0], timing)
-            duplicates[cause.kind if cause else "unexplained"] += len(answered) - 1
+            kind = cause.kind if cause else None
+            if kind is None and sender_gave_up(answered[0], timing):
+                kind = "answered_after_sender_timeout"
+            duplicates[kind or "unexplained"] += len(answered) - 1
     result: dict[str, Any] = {}
     for kind in sorted({w.kind for w in evidence.windows}):
         gaps: list[float] = []
@@ -351,8 +364,9 @@ def per_kind(
             "lateness_p99_ms": percentile(lateness, 0.99),
             "duplicates": duplicates.get(kind, 0),
         }
-    if duplicates.get("unexplained"):
-        result["unexplained"] = {"duplicates": duplicates["unexplained"]}
+    for kind in ("answered_after_sender_timeout", "unexplained"):
+        if duplicates.get(kind):
+            result[kind] = {"duplicates": duplicates[kind]}
     return result
 
 

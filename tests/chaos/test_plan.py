@@ -53,6 +53,17 @@ def test_a_duplicate_is_explained_only_near_a_lossy_fault() -> None:
     assert rules["lost"].violations == 0
 
 
+def test_a_duplicate_whose_first_copy_outlived_the_senders_timeout_is_explained() -> None:
+    """The receiver took the first copy from its socket after the sender's POST timeout (the
+    sender had counted it failed and retried): at-least-once, not a bug."""
+    late = Arrival("c", 1, "c0", 30_000, 30_000 - TIMING.webhook_timeout_ms - 500, 1000, None)
+    late.status = 204
+    arrivals = [late, arrival("c", 2, 34_000)]
+    verdict = check(Evidence({"c": 1000}, arrivals, [], {}, [], 0), TIMING)
+    rules = {rule.name: rule for rule in verdict.rules}
+    assert rules["unexplained_duplicates"].violations == 0
+
+
 def test_early_lost_and_after_lease_are_counted() -> None:
     accepted = {"early": 10_000, "lost": 10_000, "late": 10_000}
     arrivals = [
