@@ -44,3 +44,16 @@ def test_a_missing_extra_is_one_line_naming_it(monkeypatch, capsys, argv, module
     assert len(err.splitlines()) == 1
     assert module in err
     assert f"delayq[{extra}]" in err
+
+
+def test_package_data_ships_every_lua_file():
+    """A wheel (the image installs one) must carry every script and every include it inlines:
+    the package-data globs of pyproject.toml cover each .lua file of the package."""
+    import tomllib
+
+    globs = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"][
+        "package-data"
+    ]["delayq"]
+    package = ROOT / "operator" / "delayq"
+    shipped = {path for pattern in globs for path in package.glob(pattern)}
+    assert set(package.rglob("*.lua")) <= shipped

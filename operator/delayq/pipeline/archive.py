@@ -97,7 +97,7 @@ def _ms(value: bytes | None) -> int | None:
 
 
 def rows_of(namespace: str, slot: int, entries: Iterable[Entry]) -> list[dict[str, Any]]:
-    """Journal entries (fields e, id, t, due, a of lua/includes/common.lua) as flat rows."""
+    """Journal entries (fields e, id, t, due, a of lua/includes/journal.lua) as flat rows."""
     rows = []
     for raw_id, fields in entries:
         ms, seq = parse_id(raw_id)
