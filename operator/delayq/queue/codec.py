@@ -2,7 +2,8 @@
 
 Layout: b"<attempts>:<due_ms or empty>:<lease or empty>:<headers_len>:" + headers_json + payload.
 One hash field per message with the metadata packed in front of the payload keeps Redis memory
-per pending message low (no per-message key, no second hash entry); see lua/includes/common.lua.
+per pending message low (no per-message key, no second hash entry); see
+lua/includes/record_fields.lua.
 """
 
 from __future__ import annotations
