@@ -41,6 +41,7 @@ from aiohttp import web
 from delayq.local.ports import free_port
 from delayq.local.processes import ServeProcess, stop_all
 from delayq.local.redis_server import RedisServer
+from delayq.local.waiting import eventually
 from delayq.local.zookeeper_server import ZooKeeperServer
 from delayq.queue.client import AsyncQueue
 from delayq.queue.topic import TopicType, slot_of
@@ -201,9 +202,10 @@ def fleet(
 
 
 async def wait_ready(session: aiohttp.ClientSession, processes: list[ServeProcess]) -> None:
-    deadline = time.monotonic() + READY_TIMEOUT_S
-    while True:
-        states = []
+    states: list[int] = []
+
+    async def every_slot_owned() -> bool:
+        states.clear()
         for process in processes:
             if not process.running():
                 raise RuntimeError(f"serve exited: {process.log_path.read_text()[-2000:]}")
@@ -212,11 +214,14 @@ async def wait_ready(session: aiohttp.ClientSession, processes: list[ServeProces
                     states.append((await response.json())["ownedSlots"])
             except aiohttp.ClientError:
                 states.append(0)
-        if all(states) and sum(states) == SLOTS:
-            return
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"fleet not ready: owned slots {states}")
-        await asyncio.sleep(0.2)
+        return all(states) and sum(states) == SLOTS
+
+    try:
+        await eventually(
+            every_slot_owned, READY_TIMEOUT_S, "the fleet to own every slot", interval_s=0.2
+        )
+    except TimeoutError as error:
+        raise TimeoutError(f"fleet not ready: owned slots {states}") from error
 
 
 async def produce(

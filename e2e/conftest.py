@@ -120,7 +120,7 @@ def namespace(kube: Kube, request: pytest.FixtureRequest) -> Iterator[str]:
     slug = re.sub(r"[^a-z0-9]+", "-", request.node.name.lower()).strip("-")[:40].strip("-")
     name = f"e2e-{slug}-{secrets.token_hex(3)}"
     kube.kubectl("create", "namespace", name)
-    kube.wait(lambda: kube.get("serviceaccount", "default", name), timeout=60,
+    kube.wait(lambda: kube.get("serviceaccount", "default", name), timeout_s=60,
               what=f"the default ServiceAccount in {name}")
     yield name
     kube.kubectl("delete", "namespace", name, "--wait=false", "--ignore-not-found")

@@ -19,7 +19,6 @@ import os
 import secrets
 import shutil
 import signal
-import socket
 import ssl
 import subprocess
 import sys
@@ -33,6 +32,9 @@ from typing import Any, TypeVar
 
 import yaml
 
+from delayq.local.ports import free_port
+from delayq.local.waiting import wait_until
+
 T = TypeVar("T")
 
 #: Annotation KWOK selects its nodes by; also the value the fake nodes carry.
@@ -44,44 +46,10 @@ class E2EError(RuntimeError):
     """A harness step failed; the message carries the relevant log tail."""
 
 
-def free_port() -> int:
-    """Return a currently free TCP port on 127.0.0.1 (the kernel picks it, so no guessing)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
-def wait_until(
-    probe: Callable[[], T | None],
-    *,
-    timeout: float,
-    what: str,
-    interval: float = 0.25,
-    abort: Callable[[], str | None] | None = None,
-) -> T:
-    """Poll ``probe`` until it returns a truthy value, or fail after ``timeout`` seconds.
-
-    Polling with a deadline is the only way to wait here: the API server, controllers and KWOK
-    converge asynchronously and none of them can notify a test process. ``abort`` is consulted on
-    every round so that a crashed server fails the wait at once with its log instead of after the
-    full deadline. Exceptions from ``probe`` count as "not yet" and the last one is reported.
-    """
-    deadline = time.monotonic() + timeout
-    last_error = "probe returned nothing"
-    while True:
-        if abort is not None and (reason := abort()) is not None:
-            raise E2EError(f"gave up waiting for {what}: {reason}")
-        try:
-            result = probe()
-        except Exception as exc:  # any failure of a probe means "not ready yet"
-            last_error = f"{type(exc).__name__}: {exc}"
-        else:
-            if result:
-                return result
-            last_error = f"last value: {result!r}"
-        if time.monotonic() >= deadline:
-            raise E2EError(f"timed out after {timeout:.0f}s waiting for {what} ({last_error})")
-        time.sleep(interval)
+#: How e2e waits poll: the control plane converges over seconds, and a probe that raises
+#: (connection refused, a kubectl error while the API is still coming up) only means "not yet".
+INTERVAL_S = 0.25
+NOT_YET: tuple[type[Exception], ...] = (Exception,)
 
 
 def _http_ok(url: str, context: ssl.SSLContext | None = None, token: str | None = None) -> str:
@@ -251,8 +219,8 @@ class LocalControlPlane:
 
     def _await(self, process: ManagedProcess, probe: Callable[[], Any], timeout: float) -> None:
         start = time.monotonic()
-        wait_until(probe, timeout=timeout, what=f"{process.name} to become ready",
-                   abort=process.exited)
+        wait_until(probe, timeout, f"{process.name} to become ready",
+                   interval_s=INTERVAL_S, not_yet=NOT_YET, abort=process.exited)
         print(f"e2e: {process.name} ready in {time.monotonic() - start:.1f}s (pid {process.pid})")
 
     def start(self) -> None:
@@ -510,9 +478,11 @@ class Kube:
         items: list[dict[str, Any]] = json.loads(self.kubectl(*args).stdout)["items"]
         return items
 
-    def wait(self, probe: Callable[[], T | None], *, timeout: float, what: str) -> T:
-        """:func:`wait_until`, aborted early if a control-plane component has crashed."""
-        return wait_until(probe, timeout=timeout, what=what, abort=self.abort)
+    def wait(self, condition: Callable[[], T | None], timeout_s: float, what: str) -> T:
+        """``delayq.local.waiting.wait_until`` at the e2e pace (exceptions mean "not yet"),
+        aborted early if a control-plane component has crashed."""
+        return wait_until(condition, timeout_s, what, interval_s=INTERVAL_S, not_yet=NOT_YET,
+                          abort=self.abort)
 
     def helm(self, *args: str, timeout: float = 300) -> subprocess.CompletedProcess[str]:
         """Run helm against this cluster; raise with its stderr on failure."""
@@ -565,11 +535,11 @@ def local_control_plane(
         kube.create({"apiVersion": "v1", "kind": "List", "items": [
             *(fake_node(f"kwok-node-{index}") for index in range(fake_nodes)),
             *storage_objects(volumes)]})
-        kube.wait(lambda: kube.get("serviceaccount", "default", "default"), timeout=90,
+        kube.wait(lambda: kube.get("serviceaccount", "default", "default"), timeout_s=90,
                   what="the default ServiceAccount (controller-manager working)")
         kube.wait(lambda: all(condition(node, "Ready") == "True"
                               for node in kube.items("nodes", selector="type=kwok")),
-                  timeout=90, what="every KWOK node to be Ready")
+                  timeout_s=90, what="every KWOK node to be Ready")
         print(f"e2e: control plane up in {time.monotonic() - start:.1f}s at {plane.server}")
         yield kube
     except BaseException:
@@ -660,8 +630,9 @@ class LocalOperator:
                 env=env, start_new_session=True,
             )
         self.process = ManagedProcess("delayq-operator", popen, self.log_path)
-        wait_until(lambda: _http_ok(f"http://127.0.0.1:{port}/healthz"), timeout=60,
-                   what="the local operator's liveness endpoint", abort=self.process.exited)
+        wait_until(lambda: _http_ok(f"http://127.0.0.1:{port}/healthz"), 60,
+                   "the local operator's liveness endpoint", interval_s=INTERVAL_S,
+                   not_yet=NOT_YET, abort=self.process.exited)
         return self
 
     def kill(self) -> None:
@@ -690,7 +661,7 @@ class LocalOperator:
         finally:
             kube.kubectl("delete", "dt", "--all", "-n", namespace, "--wait=false", check=False)
             try:
-                kube.wait(lambda: not kube.items("dt", namespace), timeout=90,
+                kube.wait(lambda: not kube.items("dt", namespace), timeout_s=90,
                           what=f"the DelayTopics of {namespace} to be deleted")
             finally:
                 print(f"--- local operator log tail ({self.log_path}):\n{self.tail()}")

@@ -24,7 +24,7 @@ def test_release_is_deployed(kube: Kube, chart_release: Release) -> None:
 
 def test_chart_crds_are_established(kube: Kube, chart_release: Release) -> None:
     """The chart's crds/ were installed before its templates and are served."""
-    obj = kube.wait(lambda: kube.get("crd", "delaytopics.delayq.io"), timeout=30,
+    obj = kube.wait(lambda: kube.get("crd", "delaytopics.delayq.io"), timeout_s=30,
                     what="CRD delaytopics.delayq.io")
     assert condition(obj, "Established") == "True"
 

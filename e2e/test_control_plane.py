@@ -49,12 +49,12 @@ def test_deployment_pods_are_scheduled_and_running(kube: Kube, namespace: str) -
                    and condition(p, "Ready") == "True"]
         return running if len(running) == 2 else None
 
-    pods = kube.wait(running_pods, timeout=120, what="2 Running pods of the Deployment")
+    pods = kube.wait(running_pods, timeout_s=120, what="2 Running pods of the Deployment")
     assert all(pod["spec"].get("nodeName") for pod in pods)
     deployment = kube.wait(
         lambda: (d := kube.get("deployment", "pause", namespace))
         and d["status"].get("readyReplicas") == 2 and d,
-        timeout=60, what="Deployment readyReplicas=2")
+        timeout_s=60, what="Deployment readyReplicas=2")
     assert condition(deployment, "Available") == "True"
 
 
@@ -77,7 +77,7 @@ def test_owned_configmap_is_garbage_collected(kube: Kube, namespace: str) -> Non
         "data": {"k": "v"},
     }, namespace)
     kube.kubectl("delete", "configmap", "owner", "-n", namespace, "--wait=true")
-    kube.wait(lambda: kube.get("configmap", "child", namespace) is None, timeout=90,
+    kube.wait(lambda: kube.get("configmap", "child", namespace) is None, timeout_s=90,
               what="the owned ConfigMap to be garbage-collected")
 
 
@@ -86,12 +86,12 @@ def test_namespace_deletion_completes(kube: Kube) -> None:
     name = "e2e-ns-deletion"
     kube.kubectl("delete", "namespace", name, "--ignore-not-found", "--wait=true", timeout=120)
     kube.kubectl("create", "namespace", name)
-    kube.wait(lambda: kube.get("serviceaccount", "default", name), timeout=60,
+    kube.wait(lambda: kube.get("serviceaccount", "default", name), timeout_s=60,
               what="the default ServiceAccount")
     kube.apply(_deployment("pause", replicas=1), name)
     kube.create({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "cm"}}, name)
-    kube.wait(lambda: kube.items("pods", name, selector="app=pause"), timeout=60,
+    kube.wait(lambda: kube.items("pods", name, selector="app=pause"), timeout_s=60,
               what="the Deployment's pod to exist")
     kube.kubectl("delete", "namespace", name, "--wait=false")
-    kube.wait(lambda: kube.get("namespace", name) is None, timeout=120,
+    kube.wait(lambda: kube.get("namespace", name) is None, timeout_s=120,
               what=f"namespace {name} to be deleted")

@@ -92,11 +92,11 @@ def crd(kube: Kube) -> dict[str, Any]:
         obj = kube.get("crd", CRD_NAME)
         return obj if condition(obj, "Established") == "True" else None
 
-    established = kube.wait(established_crd, timeout=60,
+    established = kube.wait(established_crd, timeout_s=60,
                             what=f"CRD {CRD_NAME} to be Established")
     # Discovery must serve the new kind before kubectl can resolve "dt"; wait for it, not sleep.
     kube.wait(lambda: kube.kubectl("get", "dt", "-A", check=False).returncode == 0,
-              timeout=60, what="kubectl to resolve the short name dt")
+              timeout_s=60, what="kubectl to resolve the short name dt")
     return established
 
 

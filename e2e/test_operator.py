@@ -26,17 +26,19 @@ import pytest
 import redis
 from kazoo.client import KazooClient
 
+from delayq.local.ports import free_port
 from delayq.local.redis_server import RedisServer
+from delayq.local.waiting import wait_until
 from delayq.local.zookeeper_server import ZooKeeperServer
 from e2e.harness import (
+    INTERVAL_S,
+    NOT_YET,
     Kube,
     LocalOperator,
     ManagedProcess,
     Release,
     condition,
-    free_port,
     service_account_kubeconfig,
-    wait_until,
 )
 
 REPO = Path(__file__).resolve().parent.parent
@@ -57,7 +59,7 @@ def topics_ns(kube: Kube) -> Iterator[str]:
     """The namespace the local operator watches (and only that one)."""
     name = f"e2e-topics-{secrets.token_hex(3)}"
     kube.kubectl("create", "namespace", name)
-    kube.wait(lambda: kube.get("serviceaccount", "default", name), timeout=60,
+    kube.wait(lambda: kube.get("serviceaccount", "default", name), timeout_s=60,
               what=f"the default ServiceAccount in {name}")
     yield name
     kube.kubectl("delete", "namespace", name, "--wait=false", "--ignore-not-found")
@@ -87,7 +89,7 @@ def operator(
         as_operator.kubectl("auth", "can-i", verb, resource,
                             *(["-n", ns] if ns else []), check=False).stdout.strip() == "yes"
         for verb, resource, ns in grants),
-        timeout=60, what="the chart's RBAC to be in effect for the operator's token")
+        timeout_s=60, what="the chart's RBAC to be in effect for the operator's token")
     op = LocalOperator(
         repo=REPO, kubeconfig=kubeconfig, namespaces=[topics_ns],
         log_path=workdir / "operator.log",
@@ -119,7 +121,7 @@ def _reconciled(kube: Kube, namespace: str, name: str) -> dict[str, Any] | None:
 def _wait_reconciled(kube: Kube, op: LocalOperator, namespace: str, name: str,
                      timeout: float = 180) -> dict[str, Any]:
     try:
-        return kube.wait(lambda: _reconciled(kube, namespace, name), timeout=timeout,
+        return kube.wait(lambda: _reconciled(kube, namespace, name), timeout_s=timeout,
                          what=f"DelayTopic {name} reconciled (observedGeneration, Provisioned)")
     except Exception:
         print(f"--- operator log tail:\n{op.tail()}\n--- topic: {kube.get('dt', name, namespace)}")
@@ -165,7 +167,7 @@ def test_topic_is_provisioned_with_owned_children(
             f"{child['kind']}/{child['metadata']['name']} is not controlled by the topic"
     assert len(_redis_statefulsets(kube, topics_ns, "orders")) == 2
 
-    pods = kube.wait(lambda: _all_pods_running(kube, topics_ns, "orders"), timeout=180,
+    pods = kube.wait(lambda: _all_pods_running(kube, topics_ns, "orders"), timeout_s=180,
                      what="every pod of the topic Running (KWOK)")
     assert all(p["spec"].get("nodeName") for p in pods)
     claims = kube.items("pvc", topics_ns, selector=f"{TOPIC_LABEL}=orders")
@@ -200,8 +202,8 @@ def test_scaling_and_worker_change_roll_out(
                 and status.get("updatedReplicas") == sts["spec"]["replicas"])
         return sts if done else None
 
-    kube.wait(rolled, timeout=180, what="the delay-service StatefulSet to roll out")
-    kube.wait(lambda: _all_pods_running(kube, topics_ns, "orders"), timeout=180,
+    kube.wait(rolled, timeout_s=180, what="the delay-service StatefulSet to roll out")
+    kube.wait(lambda: _all_pods_running(kube, topics_ns, "orders"), timeout_s=180,
               what="every pod Running after the change")
 
 
@@ -213,7 +215,7 @@ def test_operator_restart_mid_reconcile_converges_without_duplicates(
     kube.apply(_topic("restart", slotAmount=16, brokers=3, replicasPerBroker=1), topics_ns)
     operator.start()
     # Kill it again as soon as it has started creating children: mid-reconcile.
-    kube.wait(lambda: _children(kube, topics_ns, "restart"), timeout=60,
+    kube.wait(lambda: _children(kube, topics_ns, "restart"), timeout_s=60,
               what="the first child of the topic")
     operator.kill()
     secret_before = kube.get("secret", "restart-credentials", topics_ns)
@@ -243,12 +245,12 @@ def test_deleting_the_topic_removes_children(
     _wait_reconciled(kube, operator, topics_ns, "restart")
     claims_before = kube.items("pvc", topics_ns, selector=f"{TOPIC_LABEL}=restart")
     kube.kubectl("delete", "dt", "restart", "-n", topics_ns, "--wait=false")
-    kube.wait(lambda: kube.get("dt", "restart", topics_ns) is None, timeout=120,
+    kube.wait(lambda: kube.get("dt", "restart", topics_ns) is None, timeout_s=120,
               what="the DelayTopic to be gone")
-    kube.wait(lambda: not _children(kube, topics_ns, "restart"), timeout=120,
+    kube.wait(lambda: not _children(kube, topics_ns, "restart"), timeout_s=120,
               what="the children to be garbage-collected")
     kube.wait(lambda: not kube.items("pods", topics_ns, selector=f"{TOPIC_LABEL}=restart"),
-              timeout=120, what="the pods to be gone")
+              timeout_s=120, what="the pods to be gone")
     claims_after = kube.items("pvc", topics_ns, selector=f"{TOPIC_LABEL}=restart")
     assert {c["metadata"]["name"] for c in claims_after} == \
         {c["metadata"]["name"] for c in claims_before}
@@ -321,7 +323,8 @@ def _start_serve(kube: Kube, namespace: str, topic: str, workdir: Path,
     serve = ManagedProcess("delayq-serve", popen, log_path)
     base = f"http://127.0.0.1:{port}"
     wait_until(lambda: urllib.request.urlopen(f"{base}/readyz", timeout=5).status == 200,
-               timeout=60, what="delayq serve to be ready", abort=serve.exited)
+               timeout_s=60, what="delayq serve to be ready", abort=serve.exited,
+               interval_s=INTERVAL_S, not_yet=NOT_YET)
     return serve, base
 
 
@@ -366,9 +369,10 @@ def test_message_end_to_end_through_the_provisioned_topic(
         serve, base = _start_serve(kube, topics_ns, "hooks", workdir,
                                    f"redis://:{password}@127.0.0.1:{broker.port}/0")
         _schedule(base, "hooks", token, "e2e-1", delay_ms=2000)
-        arrival_ms, message = wait_until(lambda: _received(received, "e2e-1"), timeout=60,
+        arrival_ms, message = wait_until(lambda: _received(received, "e2e-1"), timeout_s=60,
                                          what="the message at the webhook receiver",
-                                         abort=serve.exited)
+                                         abort=serve.exited, interval_s=INTERVAL_S,
+                                         not_yet=NOT_YET)
         assert message["dueMs"] <= arrival_ms, "delivered before it was due"
         print(f"e2e: message delivered {arrival_ms - message['dueMs']} ms after due")
     except Exception:
@@ -424,7 +428,7 @@ def test_failover_promotes_the_replica_and_keeps_scheduled_messages(
         kube.apply(_topic("fo", slotAmount=16, brokers=1, replicasPerBroker=1,
                           topicType="webhook", delivery={"webhook": {"url": url}}), ns)
         _wait_reconciled(kube, op, ns, "fo")
-        pods = kube.wait(lambda: _all_pods_running(kube, ns, "fo"), timeout=120,
+        pods = kube.wait(lambda: _all_pods_running(kube, ns, "fo"), timeout_s=120,
                          what="the topic's pods Running")
         ips = {p["metadata"]["name"]: p["status"]["podIP"] for p in pods}
         password, token = _topic_credentials(kube, ns, "fo")
@@ -446,7 +450,7 @@ def test_failover_promotes_the_replica_and_keeps_scheduled_messages(
             ok = condition(topic, "Ready") == "True" and brokers[0].get("masterPod") == master_pod
             return topic if ok else None
 
-        kube.wait(lambda: serving_with("fo-redis-0-0"), timeout=90,
+        kube.wait(lambda: serving_with("fo-redis-0-0"), timeout_s=90,
                   what="Ready=True with fo-redis-0-0 as master")
 
         serve, base = _start_serve(kube, ns, "fo", workdir,
@@ -455,7 +459,8 @@ def test_failover_promotes_the_replica_and_keeps_scheduled_messages(
         wait_until(lambda: _replication(replica.port, password).get("master_link_status") == "up"
                    and _replication(replica.port, password).get("slave_repl_offset")
                    == _replication(master.port, password).get("master_repl_offset"),
-                   timeout=30, what="the replica to have replicated the message")
+                   timeout_s=30, what="the replica to have replicated the message",
+                   interval_s=INTERVAL_S, not_yet=NOT_YET)
         serve.stop()
         serve = None
 
@@ -464,7 +469,7 @@ def test_failover_promotes_the_replica_and_keeps_scheduled_messages(
         addresses.write_text(json.dumps({
             "*": closed, ips["fo-redis-0-1"]: ["127.0.0.1", replica.port],
             service_host: ["127.0.0.1", replica.port]}))
-        topic = kube.wait(lambda: serving_with("fo-redis-0-1"), timeout=120,
+        topic = kube.wait(lambda: serving_with("fo-redis-0-1"), timeout_s=120,
                           what="the replica fo-redis-0-1 promoted and Ready=True")
         _FAILOVER_STATUS.update(topic["status"])
         assert _replication(replica.port, password)["role"] == "master"
@@ -475,8 +480,9 @@ def test_failover_promotes_the_replica_and_keeps_scheduled_messages(
         serve, base = _start_serve(kube, ns, "fo", workdir,
                                    f"redis://:{password}@127.0.0.1:{replica.port}/0")
         arrival_ms, message = wait_until(lambda: _received(received, "before-failover"),
-                                         timeout=90, what="the pre-failover message delivered",
-                                         abort=serve.exited)
+                                         timeout_s=90, what="the pre-failover message delivered",
+                                         abort=serve.exited, interval_s=INTERVAL_S,
+                                         not_yet=NOT_YET)
         assert message["dueMs"] <= arrival_ms, "delivered before it was due"
     except Exception:
         print(f"--- failover operator log tail:\n{op.tail()}")
@@ -488,7 +494,7 @@ def test_failover_promotes_the_replica_and_keeps_scheduled_messages(
             serve.stop()
         kube.kubectl("delete", "dt", "fo", "-n", ns, "--wait=false", check=False)
         try:
-            kube.wait(lambda: kube.get("dt", "fo", ns) is None, timeout=60,
+            kube.wait(lambda: kube.get("dt", "fo", ns) is None, timeout_s=60,
                       what="the failover topic to be deleted")
         finally:
             op.stop()
@@ -544,7 +550,7 @@ def test_one_leader_reconciles_and_a_standby_takes_over_after_kill_9(
     try:
         for replica in replicas.values():
             replica.start()
-        holder = kube.wait(lambda: _lease_holder(kube, chart_release.namespace), timeout=60,
+        holder = kube.wait(lambda: _lease_holder(kube, chart_release.namespace), timeout_s=60,
                            what="one replica to hold the leader Lease")
         leader_name = holder.rsplit("_", 1)[0]
         (standby_name,) = set(replicas) - {leader_name}
@@ -606,7 +612,7 @@ def test_deletions_never_hang_with_every_operator_killed_and_a_restart_collects_
         legacy["metadata"]["finalizers"] = ["delayq.io/finalizer", "example.com/keep"]
         kube.apply(legacy, ns)
         kube.wait(lambda: (kube.get("dt", "legacy", ns) or {})["metadata"].get("finalizers")
-                  == ["example.com/keep"], timeout=60, what="the old finalizer to be removed")
+                  == ["example.com/keep"], timeout_s=60, what="the old finalizer to be removed")
         kube.kubectl("patch", "dt", "legacy", "-n", ns, "--type=merge",
                      "-p", '{"metadata":{"finalizers":null}}')
         kube.apply(_topic("doomed", brokers=1, deletionPolicy="Delete"), ns)
@@ -614,19 +620,19 @@ def test_deletions_never_hang_with_every_operator_killed_and_a_restart_collects_
         for name in ("doomed", "bystander"):
             _wait_reconciled(kube, first, ns, name)
             assert _tree_exists(zookeeper, ns, name)
-        kube.wait(lambda: _all_pods_running(kube, ns, "doomed"), timeout=120,
+        kube.wait(lambda: _all_pods_running(kube, ns, "doomed"), timeout_s=120,
                   what="the doomed topic's pods Running (their volume claims created)")
         assert kube.items("pvc", ns, selector=f"{TOPIC_LABEL}=doomed")
         first.kill()
 
         kube.kubectl("delete", "dt", "doomed", "-n", ns, "--wait=false")
-        kube.wait(lambda: kube.get("dt", "doomed", ns) is None, timeout=30,
+        kube.wait(lambda: kube.get("dt", "doomed", ns) is None, timeout_s=30,
                   what="the topic to be deleted with every operator killed")
         kube.wait(lambda: not kube.items("pvc", ns, selector=f"{TOPIC_LABEL}=doomed"),
-                  timeout=120, what="deletionPolicy Delete: the volume claims removed by "
+                  timeout_s=120, what="deletionPolicy Delete: the volume claims removed by "
                   "the StatefulSet controller")
         kube.kubectl("delete", "namespace", ns, "--wait=false")
-        kube.wait(lambda: kube.get("namespace", ns) is None, timeout=90,
+        kube.wait(lambda: kube.get("namespace", ns) is None, timeout_s=90,
                   what=f"namespace {ns} to be deleted with every operator killed")
         assert _tree_exists(zookeeper, ns, "doomed")  # nobody could collect it yet
 
@@ -635,7 +641,7 @@ def test_deletions_never_hang_with_every_operator_killed_and_a_restart_collects_
                              workdir).start()
         kube.wait(lambda: not _tree_exists(zookeeper, ns, "doomed")
                   and not _tree_exists(zookeeper, ns, "bystander"),
-                  timeout=LEASE_DURATION_S + 60,
+                  timeout_s=LEASE_DURATION_S + 60,
                   what="the restarted operator to remove the deleted topics' ZooKeeper trees")
     except Exception:
         for replica in (first, restarted):

@@ -30,9 +30,9 @@ def crd(kube: Kube) -> None:
     """The DelayTopic CRD applied and served (idempotent with the other modules' fixtures)."""
     kube.kubectl("apply", "--server-side", "--force-conflicts", "-f", str(CRD_FILE))
     kube.wait(lambda: condition(kube.get("crd", "delaytopics.delayq.io"), "Established") == "True",
-              timeout=60, what="the DelayTopic CRD to be Established")
+              timeout_s=60, what="the DelayTopic CRD to be Established")
     kube.wait(lambda: kube.kubectl("get", "dt", "-A", check=False).returncode == 0,
-              timeout=60, what="kubectl to resolve the short name dt")
+              timeout_s=60, what="kubectl to resolve the short name dt")
 
 
 @pytest.fixture
@@ -86,7 +86,7 @@ def test_each_broker_master_lands_with_its_service_pod_and_replica_elsewhere(
                 "spec": {"slotAmount": 16, "brokers": BROKERS,
                          "replicasPerBroker": REPLICAS_PER_BROKER}}, namespace)
     try:
-        placed = kube.wait(lambda: _placed_pods(kube, namespace), timeout=180,
+        placed = kube.wait(lambda: _placed_pods(kube, namespace), timeout_s=180,
                            what=f"all {BROKERS * (2 + REPLICAS_PER_BROKER)} pods scheduled")
     except Exception:
         print(f"--- operator log tail:\n{operator.tail()}")

@@ -7,30 +7,20 @@ check the handoff rule exactly: no slot is ever in two members' consumed sets at
 
 from __future__ import annotations
 
-import asyncio
 import time
 import uuid
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 
 import pytest
 from kazoo.client import KazooClient
 
 from delayq.coordination.zookeeper import ZkOwnership, ZkSettings
+from delayq.local.waiting import eventually
 from delayq.local.zookeeper_server import ZooKeeperServer
 
 SLOTS = 16
 TEST_SESSION_TIMEOUT_S = 4.0
-
-
-async def eventually(condition: Callable[[], bool], timeout_s: float, what: str) -> float:
-    """Wait for `condition` (checked every 10 ms) and return how long it took."""
-    started = time.monotonic()
-    while not condition():
-        if time.monotonic() - started > timeout_s:
-            raise TimeoutError(f"timed out after {timeout_s:.1f}s waiting for {what}")
-        await asyncio.sleep(0.01)
-    return time.monotonic() - started
 
 
 @dataclass
@@ -105,7 +95,10 @@ class Fleet:
         )
 
     async def settle(self, timeout_s: float = 15.0) -> float:
-        return await eventually(self.settled, timeout_s, f"fleet {sorted(self.members)} settled")
+        """Wait until the fleet has settled and return how long it took."""
+        started = time.monotonic()
+        await eventually(self.settled, timeout_s, f"fleet {sorted(self.members)} settled")
+        return time.monotonic() - started
 
     def sizes(self) -> list[int]:
         return sorted(len(slots) for slots in self.owned().values())

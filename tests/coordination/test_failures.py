@@ -10,9 +10,10 @@ from collections.abc import Iterator
 import pytest
 
 from delayq.coordination.zookeeper import ZkOwnership, ZkSettings
+from delayq.local.waiting import eventually
 from delayq.local.zookeeper_server import ZooKeeperServer
 
-from .conftest import SLOTS, TEST_SESSION_TIMEOUT_S, Fleet, eventually, expire_session
+from .conftest import SLOTS, TEST_SESSION_TIMEOUT_S, Fleet, expire_session
 from .proxy import FreezableProxy
 
 

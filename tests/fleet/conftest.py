@@ -15,7 +15,7 @@ import tempfile
 import time
 import uuid
 from collections import Counter
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -39,16 +39,6 @@ SESSION_TIMEOUT_S = 4.0
 ACK_TIMEOUT_MS = 2000
 RATE_PER_S = 200
 DELAY_MS = 300
-
-
-async def eventually(condition: Callable[[], bool], timeout_s: float, what: str) -> float:
-    """Wait for `condition` (checked every 20 ms) and return how long it took."""
-    started = time.monotonic()
-    while not condition():
-        if time.monotonic() - started > timeout_s:
-            raise TimeoutError(f"timed out after {timeout_s:.1f}s waiting for {what}")
-        await asyncio.sleep(0.02)
-    return time.monotonic() - started
 
 
 @dataclass

@@ -11,15 +11,12 @@ from collections.abc import AsyncIterator, Callable
 import pytest
 import redis.asyncio
 
+from delayq.local.waiting import eventually
 from delayq.queue.client import AsyncQueue
 
-from .conftest import (
-    ACK_TIMEOUT_MS,
-    SESSION_TIMEOUT_S,
-    SLOTS,
-    ProcessFleet,
-    eventually,
-)
+from .conftest import ACK_TIMEOUT_MS, SESSION_TIMEOUT_S, SLOTS, ProcessFleet
+
+POLL_S = 0.02  # each check reads the owner nodes from ZooKeeper
 
 MEMBERS = ("fleet-0", "fleet-1", "fleet-2")
 VICTIM = "fleet-1"
@@ -38,7 +35,7 @@ async def running(fleet: ProcessFleet, client: redis.asyncio.Redis) -> AsyncIter
         owners.update(fleet.owners())
         return len(owners) == SLOTS and set(owners.values()) == set(MEMBERS)
 
-    await eventually(all_owned, 60.0, "three processes owning every slot")
+    await eventually(all_owned, 60.0, "three processes owning every slot", interval_s=POLL_S)
     stop = asyncio.Event()
     producer = asyncio.create_task(fleet.produce(AsyncQueue(client, fleet.topic), stop))
     try:
@@ -64,14 +61,11 @@ async def wait_for_deliveries(
     what: str,
     timeout_s: float = 20.0,
 ) -> None:
-    deadline = time.monotonic() + timeout_s
-    while True:
+    async def read_then_check() -> bool:
         await fleet.read_deliveries(client)
-        if condition():
-            return
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"timed out waiting for {what}")
-        await asyncio.sleep(0.05)
+        return condition()
+
+    await eventually(read_then_check, timeout_s, what, interval_s=0.05)
 
 
 async def slots_of(fleet: ProcessFleet, member: str) -> set[int]:
@@ -102,9 +96,14 @@ async def test_kill_9_fails_over_within_session_timeout_and_loses_nothing(
         assert victim_slots
         killed_ms = await server_ms(client)
         fleet.processes[VICTIM].kill()
-        owned_s = await eventually(
-            moved_away(fleet, victim_slots, VICTIM), SESSION_TIMEOUT_S + 10, "slots moved"
+        killed_at = time.monotonic()
+        await eventually(
+            moved_away(fleet, victim_slots, VICTIM),
+            SESSION_TIMEOUT_S + 10,
+            "slots moved",
+            interval_s=POLL_S,
         )
+        owned_s = time.monotonic() - killed_at
         first: dict[int, int] = {}
 
         def delivering() -> bool:
@@ -137,7 +136,9 @@ async def test_sigterm_hands_slots_over_without_redeliveries(
         started = time.monotonic()
         fleet.processes[VICTIM].terminate()
         assert await asyncio.to_thread(fleet.processes[VICTIM].wait, 20.0) == 0
-        await eventually(moved_away(fleet, victim_slots, VICTIM), 10.0, "slots moved")
+        await eventually(
+            moved_away(fleet, victim_slots, VICTIM), 10.0, "slots moved", interval_s=POLL_S
+        )
         handoff_s = time.monotonic() - started
         delivered = len(fleet.deliveries)
         await wait_for_deliveries(
@@ -167,7 +168,7 @@ async def test_a_fourth_process_joining_takes_its_share_without_loss(
             counts = Counter(fleet.owners().values())
             return len(counts) == 4 and sorted(counts.values()) == [4, 4, 4, 4]
 
-        await eventually(balanced, 30.0, "four processes with four slots each")
+        await eventually(balanced, 30.0, "four processes with four slots each", interval_s=POLL_S)
         rebalance_s = time.monotonic() - started
         delivered = len(fleet.deliveries)
         await wait_for_deliveries(

@@ -10,7 +10,6 @@ to the local servers for the operator's `RedisCommands(addresses=...)` (a test-o
 from __future__ import annotations
 
 import base64
-import time
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -21,6 +20,7 @@ import redis
 from delayq.kube import naming
 from delayq.local.ports import free_port
 from delayq.local.redis_server import RedisServer
+from delayq.local.waiting import wait_until
 from delayq.queue.client import Queue
 from delayq.queue.topic import Topic, slot_of
 
@@ -147,11 +147,12 @@ class RedisPods(Mapping[str, tuple[str, int]]):
         )
 
     def wait_for_offset(self, name: str, offset: int) -> None:
-        deadline = time.monotonic() + SYNC_TIMEOUT_S
-        while self.offset(name) < offset:
-            if time.monotonic() > deadline:
-                raise AssertionError(f"{name} did not replicate up to offset {offset}")
-            time.sleep(0.02)
+        wait_until(
+            lambda: self.offset(name) >= offset,
+            SYNC_TIMEOUT_S,
+            f"{name} to replicate up to offset {offset}",
+            interval_s=0.02,
+        )
 
     def partition(self, name: str) -> None:
         """The operator can no longer reach this pod's Redis; the server keeps running."""

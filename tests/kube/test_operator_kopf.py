@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 
 import kmock
 import kopf
@@ -23,6 +23,7 @@ from delayq.kube.leader_lease import LeaderLeaseTiming
 from delayq.kube.operator import run
 from delayq.kube.redisctl import RedisCommands
 from delayq.kube.zk import KazooTopicStore
+from delayq.local.waiting import eventually
 from tests.kube.conftest import (
     DT,
     NAMESPACE,
@@ -50,12 +51,7 @@ def topic(name: str, **spec: object) -> dict[str, object]:
     }
 
 
-async def eventually(check: Callable[[], bool], what: str, timeout_s: float = 10.0) -> None:
-    deadline = asyncio.get_running_loop().time() + timeout_s
-    while not check():
-        if asyncio.get_running_loop().time() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        await asyncio.sleep(0.05)
+WAIT_S = 10.0  # how long the operator may take to act on a change
 
 
 @contextlib.asynccontextmanager
@@ -104,12 +100,15 @@ async def test_create_provisions_children_and_status(
     async with operator(connection, store, redis_commands, zk_connect):
         response = await api.post(TOPIC_PATH, json=topic("orders", brokers=2, slotAmount=16))
         assert response.status < 300
-        await eventually(lambda: stored(api, "apps/v1/statefulsets", "orders-service"), "children")
+        await eventually(
+            lambda: stored(api, "apps/v1/statefulsets", "orders-service"), WAIT_S, "children"
+        )
         await eventually(
             lambda: (
                 (api.objects[DT, NAMESPACE, "orders"].get("status") or {}).get("appliedSlotAmount")
                 == 16
             ),
+            WAIT_S,
             "status",
         )
         for broker in (0, 1):
@@ -126,7 +125,7 @@ async def test_create_provisions_children_and_status(
             redis_pods.add(broker, 2)
         add_service_pods(api, 2)
         own_slots(zk, 16)
-        await eventually(lambda: ready_reason(api, "orders") == "Serving", "Ready=True")
+        await eventually(lambda: ready_reason(api, "orders") == "Serving", WAIT_S, "Ready=True")
         for broker in (0, 1):
             assert redis_pods.replication(f"orders-redis-{broker}-0")["role"] == "master"
 
@@ -136,7 +135,9 @@ async def test_create_provisions_children_and_status(
             json={"spec": {"brokers": 3}},
             headers={"Content-Type": "application/merge-patch+json"},
         )
-        await eventually(lambda: stored(api, "apps/v1/statefulsets", "orders-redis-2"), "broker 2")
+        await eventually(
+            lambda: stored(api, "apps/v1/statefulsets", "orders-redis-2"), WAIT_S, "broker 2"
+        )
 
 
 def ready_reason(api: kmock.KubernetesEmulator, name: str) -> str | None:
@@ -159,7 +160,7 @@ async def test_invalid_spec_gets_a_reason_and_no_retry_loop(
 
     async with operator(connection, store, redis_commands, zk_connect):
         await api.post(TOPIC_PATH, json=topic("bad", topicType="webhook"))
-        await eventually(lambda: ready_reason(api, "bad") == "InvalidSpec", "InvalidSpec")
+        await eventually(lambda: ready_reason(api, "bad") == "InvalidSpec", WAIT_S, "InvalidSpec")
         await asyncio.sleep(1.0)  # let the emulator's duplicate watch events settle
         settled = failures()
         await asyncio.sleep(2.0)  # a retry loop would keep failing here
@@ -177,11 +178,11 @@ async def test_deletion_is_immediate_and_the_health_loop_collects_the_zookeeper_
 ) -> None:
     async with operator(connection, store, redis_commands, zk_connect):
         await api.post(TOPIC_PATH, json=topic("gone", deletionPolicy="Delete"))
-        await eventually(lambda: ready_reason(api, "gone") is not None, "provisioning")
+        await eventually(lambda: ready_reason(api, "gone") is not None, WAIT_S, "provisioning")
         assert topic_tree_exists(zk, "gone")
         await api.delete(f"{TOPIC_PATH}/gone")
         assert api.objects[DT, NAMESPACE, "gone"].deleted  # at once: no finalizer to wait for
-        await eventually(lambda: not topic_tree_exists(zk, "gone"), "the tree collected")
+        await eventually(lambda: not topic_tree_exists(zk, "gone"), WAIT_S, "the tree collected")
 
 
 async def test_paused_topic_is_left_alone(
@@ -203,6 +204,7 @@ async def test_paused_topic_is_left_alone(
                     "conditions", []
                 )
             ),
+            WAIT_S,
             "Paused condition",
         )
     assert not stored(api, "apps/v1/statefulsets", "quiet-service")
@@ -233,8 +235,10 @@ async def test_the_finalizer_of_older_versions_is_removed_on_resume(
         {"metadata": {"deletionTimestamp": "2026-01-01T00:00:00Z"}}  # deleted while none ran
     )
     async with operator(connection, store, redis_commands, zk_connect):
-        await eventually(lambda: finalizers(api, "kept") == [], "the old finalizer removed")
-        await eventually(lambda: api.objects[DT, NAMESPACE, "doomed"].deleted, "deletion done")
+        await eventually(lambda: finalizers(api, "kept") == [], WAIT_S, "the old finalizer removed")
+        await eventually(
+            lambda: api.objects[DT, NAMESPACE, "doomed"].deleted, WAIT_S, "deletion done"
+        )
 
 
 LEASES = "coordination.k8s.io/v1/leases"
@@ -278,7 +282,9 @@ async def test_only_the_lease_holder_reconciles_and_a_clean_stop_releases_the_le
 
             renewing.cancel()
             await rival.release()
-            await eventually(lambda: stored(api, "apps/v1/statefulsets", "orders-service"), "lead")
+            await eventually(
+                lambda: stored(api, "apps/v1/statefulsets", "orders-service"), WAIT_S, "lead"
+            )
             assert leader_lease_holder(api) not in ("", "rival")
         # Released on the way out: a standby may take over at once.
         assert leader_lease_holder(api) == ""
@@ -301,9 +307,11 @@ async def test_a_leader_that_loses_the_lease_stops_kopf_and_raises(
     )
     ctx = OperatorContext(settings, login=lambda: connection, store=store, redis=redis_commands)
     task = asyncio.create_task(run(settings, stop_flag=asyncio.Event(), ctx=ctx))
-    await eventually(lambda: leader_lease_holder(api) == ctx.identity, "leadership")
+    await eventually(lambda: leader_lease_holder(api) == ctx.identity, WAIT_S, "leadership")
     await api.post(TOPIC_PATH, json=topic("orders"))
-    await eventually(lambda: stored(api, "apps/v1/statefulsets", "orders-service"), "reconcile")
+    await eventually(
+        lambda: stored(api, "apps/v1/statefulsets", "orders-service"), WAIT_S, "reconcile"
+    )
 
     api.objects[LEASES, "delayq-system", "delayq-operator"].patch(
         {"spec": {"holderIdentity": "usurper"}}

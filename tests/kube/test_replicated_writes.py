@@ -15,8 +15,8 @@ import redis
 
 from delayq.kube.builders.redis import REDIS_START_SCRIPT
 from delayq.kube.spec import MIN_REPLICAS_EXCEED_MESSAGE, SpecError
-from delayq.local.ports import wait_until
 from delayq.local.redis_server import RedisServer
+from delayq.local.waiting import wait_until
 from delayq.queue.client import Queue
 from delayq.queue.model import State
 from tests.kube.test_builders import by_kind_name, rendered, spec_of

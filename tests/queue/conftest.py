@@ -6,7 +6,7 @@ import pytest
 import redis
 import redis.asyncio
 
-from delayq.local.ports import wait_until
+from delayq.local.waiting import wait_until
 from delayq.queue.client import AsyncQueue, Queue
 from delayq.queue.topic import Topic
 

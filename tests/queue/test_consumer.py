@@ -12,6 +12,7 @@ import redis
 import redis.asyncio
 
 from delayq.local.redis_server import RedisServer
+from delayq.local.waiting import eventually
 from delayq.queue.backoff import Backoff
 from delayq.queue.client import AsyncQueue
 from delayq.queue.consumer import (
@@ -33,20 +34,11 @@ async def server_ms(client: redis.asyncio.Redis) -> int:
     return int(seconds) * 1000 + int(micros) // 1000
 
 
-async def wait_for(condition: Callable[[], bool], timeout_s: float, what: str) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not condition():
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"timed out waiting for {what}")
-        await asyncio.sleep(0.005)
-
-
 async def wait_for_state(queue: AsyncQueue, message_id: str, state: State) -> None:
-    deadline = time.monotonic() + 10
-    while (await queue.get(message_id)).state is not state:
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"timed out waiting for {message_id} to be {state}")
-        await asyncio.sleep(0.01)
+    async def in_state() -> bool:
+        return (await queue.get(message_id)).state is state
+
+    await eventually(in_state, 10, f"{message_id} to be {state}")
 
 
 @contextlib.asynccontextmanager
@@ -77,7 +69,7 @@ async def test_delivers_each_due_message_once_never_early(async_queue: AsyncQueu
     async with running(async_queue, handler):
         for i in range(60):
             await async_queue.schedule(f"m{i}", b"x", delay_ms=(i * 13) % 250)
-        await wait_for(lambda: len(seen) == 60, 10, "60 deliveries")
+        await eventually(lambda: len(seen) == 60, 10, "60 deliveries")
     assert set(seen.values()) == {1}
     assert (await async_queue.stats()).prepared == 0
 
@@ -92,14 +84,14 @@ async def test_an_earlier_message_wakes_a_consumer_sleeping_until_later(
 
     await async_queue.schedule("later", delay_ms=HOUR_MS)
     async with running(async_queue, handler) as consumer:
-        await wait_for(
+        await eventually(
             lambda: all(s.next_ms != 0 for s in consumer._slots.values()),
             5,
             "consumer asleep",
         )
         # the consumer's timer is an hour away: only the wake-up can deliver this in time
         await async_queue.schedule("soon", delay_ms=30)
-        await wait_for(lambda: seen == ["soon"], 5, "the wake-up delivery")
+        await eventually(lambda: seen == ["soon"], 5, "the wake-up delivery")
 
 
 async def test_slots_owned_while_the_loop_sleeps_without_a_timer_are_drained(
@@ -118,7 +110,7 @@ async def test_slots_owned_while_the_loop_sleeps_without_a_timer_are_drained(
     try:
         await asyncio.sleep(0.05)  # let the loop go to sleep with no slot and no timer
         await consumer.own(TOPIC.slots)
-        await wait_for(lambda: len(seen) == 20, 5, "the backlog of newly owned slots")
+        await eventually(lambda: len(seen) == 20, 5, "the backlog of newly owned slots")
     finally:
         consumer.stop()
         await asyncio.wait_for(task, 10)
@@ -134,7 +126,7 @@ async def test_run_owns_the_slots_it_is_given(async_queue: AsyncQueue) -> None:
     consumer = Consumer(async_queue, handler)
     task = asyncio.create_task(consumer.run(slots=TOPIC.slots))
     try:
-        await wait_for(lambda: seen == ["now"], 5, "a delivery from the slots run() owned")
+        await eventually(lambda: seen == ["now"], 5, "a delivery from the slots run() owned")
         assert consumer.owned_slots == list(TOPIC.slots)
     finally:
         consumer.stop()
@@ -159,10 +151,10 @@ async def test_idle_slots_cost_one_blocking_call_and_no_claims(
         pass
 
     async with running(async_queue, handler) as consumer:
-        await wait_for(
+        await eventually(
             lambda: all(s.next_ms is None for s in consumer._slots.values()), 5, "initial claims"
         )
-        await wait_for(
+        await eventually(
             lambda: redis_client.info("clients")["blocked_clients"] == 1, 5, "the blocking wait"
         )
         before = redis_client.info("commandstats").get("cmdstat_evalsha", {}).get("calls", 0)
@@ -217,12 +209,12 @@ async def test_in_flight_is_bounded_and_claims_stop_while_the_sink_is_slow(
     await async_queue.schedule_many([ScheduleRequest(f"m{i}", delay_ms=0) for i in range(50)])
     settings = ConsumerSettings(batch_size=4, max_in_flight=10)
     async with running(async_queue, handler, settings):
-        await wait_for(lambda: running_now == 10, 5, "the in-flight bound")
+        await eventually(lambda: running_now == 10, 5, "the in-flight bound")
         stats = await async_queue.stats()
         assert stats.prepared == 10
         assert stats.scheduled == 40
         gate.set()
-        await wait_for(lambda: len(done) == 50, 10, "all deliveries")
+        await eventually(lambda: len(done) == 50, 10, "all deliveries")
     assert peak == 10
 
 
@@ -238,7 +230,7 @@ async def test_release_waits_for_in_flight_acks_of_the_released_slots(
 
     await async_queue.schedule("x", delay_ms=0)
     async with running(async_queue, handler) as consumer:
-        await wait_for(lambda: started == ["x"], 5, "the delivery to start")
+        await eventually(lambda: started == ["x"], 5, "the delivery to start")
         release = asyncio.create_task(consumer.release([TOPIC.slot_of("x")]))
         await asyncio.sleep(0.05)  # an observation window: release must still be waiting
         assert not release.done()
@@ -269,12 +261,12 @@ async def test_handlers_that_wait_run_batch_concurrency_at_a_time(
         [ScheduleRequest(i, at_ms=1_000, slot_basis="one") for i in ids]
     )
     async with running(async_queue, handler, ConsumerSettings(batch_concurrency=4)):
-        await wait_for(lambda: active == 4, 5, "four handlers waiting at once")
+        await eventually(lambda: active == 4, 5, "four handlers waiting at once")
         for _ in range(20):  # loop turns in which a fifth worker could start
             await asyncio.sleep(0)
         assert most == 4
         gate.set()
-        await wait_for(lambda: len(finished) == 10, 5, "every handler to finish")
+        await eventually(lambda: len(finished) == 10, 5, "every handler to finish")
         deadline = time.monotonic() + 10
         while (await async_queue.stats()).prepared:
             assert time.monotonic() < deadline, "the acks never landed"
@@ -319,10 +311,10 @@ async def test_claims_that_fail_are_retried_and_the_loop_survives(
         seen.append(message.id)
 
     async with running(impatient, handler) as consumer:
-        await wait_for(lambda: all(s.next_ms != 0 for s in consumer._slots.values()), 5, "idle")
+        await eventually(lambda: all(s.next_ms != 0 for s in consumer._slots.values()), 5, "idle")
         redis_client.client_pause(400)  # every command blocks: the consumer's claims time out
         await async_queue.schedule("after-the-outage", delay_ms=0)
-        await wait_for(lambda: seen == ["after-the-outage"], 10, "delivery after the outage")
+        await eventually(lambda: seen == ["after-the-outage"], 10, "delivery after the outage")
     await impatient.close()
 
 
@@ -359,7 +351,7 @@ async def test_a_slot_taken_over_elsewhere_is_dropped(async_queue: AsyncQueue) -
         slot = TOPIC.slot_of("x")
         await async_queue.take_over(slot)  # another process became the owner
         await async_queue.schedule("x", delay_ms=0)
-        await wait_for(lambda: lost == [slot], 5, "the slot to be dropped")
+        await eventually(lambda: lost == [slot], 5, "the slot to be dropped")
         assert slot not in consumer.owned_slots
     assert seen == []
     assert (await async_queue.get("x")).state is State.SCHEDULED
@@ -399,7 +391,7 @@ async def test_herd_of_100k_due_at_one_instant_drains_in_bounded_batches(
 
     settings = ConsumerSettings(batch_size=500, max_in_flight=2000)
     async with running(async_queue, handler, settings):
-        await wait_for(lambda: len(seen) == total, 120, "the herd to drain")
+        await eventually(lambda: len(seen) == total, 120, "the herd to drain")
     assert max(claim_sizes) <= 500
     assert peak <= 2000
     stats = await async_queue.stats()

@@ -13,26 +13,19 @@ import asyncio
 import contextlib
 import time
 from collections import Counter, defaultdict
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import AsyncIterator, Iterator
 
 import pytest
 import redis
 import redis.asyncio
 
 from delayq.local.redis_server import RedisServer
+from delayq.local.waiting import eventually
 from delayq.queue.client import AsyncQueue, Queue
 from delayq.queue.consumer import Consumer, ConsumerSettings
 from delayq.queue.keys import Part, slot_keys
 from delayq.queue.model import Message, ScheduleRequest
 from delayq.queue.topic import Topic
-
-
-async def eventually(condition: Callable[[], bool], timeout_s: float, what: str) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not condition():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout_s}s waiting for {what}")
-        await asyncio.sleep(0.01)
 
 
 @pytest.fixture

@@ -17,6 +17,7 @@ import redis
 import redis.asyncio
 
 from delayq.local.redis_server import RedisServer
+from delayq.local.waiting import eventually
 from delayq.queue.client import AsyncQueue, Queue
 from delayq.queue.consumer import Consumer, ConsumerSettings
 from delayq.queue.model import Message, ScheduleRequest
@@ -33,14 +34,6 @@ def durable_redis() -> Iterator[RedisServer]:
         yield server
     finally:
         server.stop()
-
-
-async def wait_for(condition: object, timeout_s: float, what: str) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not condition():  # type: ignore[operator]
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"timed out waiting for {what}")
-        await asyncio.sleep(0.02)
 
 
 def schedule(url: str, prefix: str, count: int, spread_ms: int) -> set[str]:
@@ -69,14 +62,14 @@ async def test_a_redis_crash_loses_no_scheduled_message(durable_redis: RedisServ
     await consumer.own(TOPIC.slots)
     running = asyncio.create_task(consumer.run())
     try:
-        await wait_for(lambda: len(seen) >= BEFORE // 3, 20, "a third delivered")
+        await eventually(lambda: len(seen) >= BEFORE // 3, 20, "a third delivered")
         durable_redis.crash()  # mid-stream: claims, acks and the wake-up wait all fail now
         delivered_at_crash = len(seen)
         durable_redis.start()
         expected |= await asyncio.to_thread(
             schedule, durable_redis.url, "after", AFTER, spread_ms=500
         )
-        await wait_for(lambda: expected <= set(seen), 60, "every message delivered")
+        await eventually(lambda: expected <= set(seen), 60, "every message delivered")
         # acks lost in the crash leave leases behind: they expire, redeliver and get acked
         queue = AsyncQueue(client, TOPIC)
         deadline = time.monotonic() + 30

@@ -13,7 +13,7 @@ from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule
 
-from delayq.local.ports import wait_until
+from delayq.local.waiting import wait_until
 from delayq.queue import plans
 from delayq.queue.client import Queue
 from delayq.queue.codes import Code

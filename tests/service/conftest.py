@@ -1,10 +1,8 @@
 """Service fixtures: in-process delay services on the session's real redis-server, a real local
-webhook receiver, and an async condition wait (never sleep-and-hope)."""
+webhook receiver (tests wait with `delayq.local.waiting.eventually`, never sleep-and-hope)."""
 
 from __future__ import annotations
 
-import asyncio
-import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -20,22 +18,6 @@ from delayq.service.config import ServiceConfig
 from delayq.service.service import DelayService
 
 NAMESPACE, TOPIC = "shop", "orders"
-
-
-async def eventually(
-    condition: Callable[[], Awaitable[bool] | bool], timeout_s: float, what: str
-) -> None:
-    """Await until `condition` holds; fail naming `what` at the deadline."""
-    deadline = time.monotonic() + timeout_s
-    while True:
-        result = condition()
-        if isinstance(result, Awaitable):
-            result = await result
-        if result:
-            return
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout_s}s waiting for {what}")
-        await asyncio.sleep(0.01)
 
 
 class GrantedLater:

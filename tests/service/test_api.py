@@ -8,8 +8,9 @@ from pathlib import Path
 import yaml
 
 from delayq.local.redis_server import RedisServer
+from delayq.local.waiting import eventually
 from delayq.service.readiness import PROBE_INTERVAL_S, UNREADY_AFTER_S
-from tests.service.conftest import StartService, eventually
+from tests.service.conftest import StartService
 
 DOCS = Path(__file__).resolve().parents[2] / "docs" / "openapi.yaml"
 

@@ -11,10 +11,11 @@ import pytest
 import redis
 
 from delayq.local.redis_server import RedisServer
+from delayq.local.waiting import eventually
 from delayq.queue.keys import Part, slot_keys
 from delayq.queue.topic import Topic
 from delayq.service.brokers import default_routing, read_routing
-from tests.service.conftest import NAMESPACE, TOPIC, Receiver, StartService, eventually
+from tests.service.conftest import NAMESPACE, TOPIC, Receiver, StartService
 
 SLOTS = 4
 

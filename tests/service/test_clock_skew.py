@@ -19,11 +19,12 @@ from prometheus_client.parser import text_string_to_metric_families
 from delayq.local.ports import free_port
 from delayq.local.processes import ServeProcess
 from delayq.local.redis_server import RedisServer
+from delayq.local.waiting import eventually
 from delayq.queue.topic import TopicType
 from delayq.service.config import ServiceConfig
 from delayq.service.delivery.signing import SIGNATURE_HEADER, verify
 from tests.faketime import faketime_env, faketime_library
-from tests.service.conftest import Receiver, eventually
+from tests.service.conftest import Receiver
 
 TOPIC = "skewed"
 SECRET = "skew-secret"

@@ -12,9 +12,10 @@ from __future__ import annotations
 
 import redis.asyncio
 
+from delayq.local.waiting import eventually
 from delayq.queue.client import AsyncQueue
 from delayq.queue.topic import Topic
-from tests.service.conftest import NAMESPACE, TOPIC, Receiver, StartService, eventually
+from tests.service.conftest import NAMESPACE, TOPIC, Receiver, StartService
 from tests.service.test_webhook import schedule
 
 

@@ -20,10 +20,11 @@ import redis.asyncio
 from delayq.local.ports import free_port
 from delayq.local.processes import ServeProcess
 from delayq.local.redis_server import RedisServer
+from delayq.local.waiting import eventually
 from delayq.queue.topic import TopicType
 from delayq.service.config import ServiceConfig
 from delayq.service.topic_file import TopicFile
-from tests.service.conftest import Receiver, eventually
+from tests.service.conftest import Receiver
 
 TOPIC = "procs"
 

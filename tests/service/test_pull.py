@@ -9,11 +9,12 @@ import redis.asyncio
 from aiohttp.test_utils import TestClient, TestServer
 
 from delayq.local.redis_server import RedisServer
+from delayq.local.waiting import eventually
 from delayq.queue.client import AsyncQueue
 from delayq.service.api import build_app
 from delayq.service.config import ServiceConfig
 from delayq.service.service import DelayService
-from tests.service.conftest import GrantedLater, Running, StartService, eventually
+from tests.service.conftest import GrantedLater, Running, StartService
 
 
 async def schedule(running: Running, count: int, delay_ms: int = 0) -> None:

@@ -9,8 +9,9 @@ import time
 import redis.asyncio
 
 from delayq.local.redis_server import RedisServer
+from delayq.local.waiting import eventually
 from delayq.service.readiness import PROBE_INTERVAL_S, READY_AFTER, UNREADY_AFTER_S, Readiness
-from tests.service.conftest import StartService, eventually
+from tests.service.conftest import StartService
 
 BROKEN = "a broker does not answer"
 

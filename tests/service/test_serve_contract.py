@@ -22,9 +22,10 @@ from schemathesis.specs.openapi.checks import (
     status_code_conformance,
 )
 
-from delayq.local.ports import free_port, wait_until
+from delayq.local.ports import free_port
 from delayq.local.processes import ServeProcess
 from delayq.local.redis_server import RedisServer
+from delayq.local.waiting import wait_until
 from delayq.service.config import ServiceConfig
 
 TOKEN = "t0ken"

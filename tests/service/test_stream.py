@@ -7,7 +7,8 @@ import json
 import redis.asyncio
 
 from delayq.local.redis_server import RedisServer
-from tests.service.conftest import StartService, eventually
+from delayq.local.waiting import eventually
+from tests.service.conftest import StartService
 
 
 async def test_every_message_reaches_the_stream_once(

@@ -11,13 +11,14 @@ import time
 import redis.asyncio
 
 from delayq.local.redis_server import RedisServer
+from delayq.local.waiting import eventually
 from delayq.queue.client import AsyncQueue
 from delayq.queue.keys import Part, slot_keys
 from delayq.queue.model import State
 from delayq.service.config import ServiceConfig
 from delayq.service.delivery.signing import SIGNATURE_HEADER, verify
 from delayq.service.service import DelayService
-from tests.service.conftest import GrantedLater, Receiver, Running, StartService, eventually
+from tests.service.conftest import GrantedLater, Receiver, Running, StartService
 
 SECRET = "hook-secret"
 

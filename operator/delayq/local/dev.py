@@ -18,7 +18,6 @@ import signal
 import statistics
 import sys
 import tempfile
-import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -29,6 +28,7 @@ from aiohttp import web
 from delayq.local.ports import free_port
 from delayq.local.processes import ServeProcess, stop_all
 from delayq.local.redis_server import RedisServer
+from delayq.local.waiting import eventually
 from delayq.local.zookeeper_server import ZooKeeperServer
 from delayq.queue.topic import TopicType
 from delayq.service.config import ServiceConfig
@@ -158,11 +158,10 @@ async def _ready(session: aiohttp.ClientSession, process: ServeProcess) -> bool:
 
 
 async def _wait_ready(session: aiohttp.ClientSession, processes: list[ServeProcess]) -> None:
-    deadline = time.monotonic() + READY_TIMEOUT_S
-    while not all([await _ready(session, p) for p in processes]):
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"delayq serve not ready after {READY_TIMEOUT_S:.0f}s")
-        await asyncio.sleep(0.1)
+    async def all_ready() -> bool:
+        return all([await _ready(session, p) for p in processes])
+
+    await eventually(all_ready, READY_TIMEOUT_S, "delayq serve ready", interval_s=0.1)
 
 
 async def _produce(

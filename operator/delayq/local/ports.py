@@ -1,10 +1,8 @@
-"""Free loopback ports and condition waits shared by every local server launcher."""
+"""Free loopback ports shared by every local server launcher."""
 
 from __future__ import annotations
 
 import socket
-import time
-from collections.abc import Callable
 
 
 def free_port() -> int:
@@ -14,11 +12,3 @@ def free_port() -> int:
         port: int = sock.getsockname()[1]
         return port
 
-
-def wait_until(condition: Callable[[], bool], timeout_s: float, what: str) -> None:
-    """Poll `condition` until it holds; raise TimeoutError naming `what` at the deadline."""
-    deadline = time.monotonic() + timeout_s
-    while not condition():
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"timed out after {timeout_s:.1f}s waiting for {what}")
-        time.sleep(0.01)

@@ -14,8 +14,9 @@ from pathlib import Path
 
 import redis
 
-from delayq.local.ports import free_port, wait_until
+from delayq.local.ports import free_port
 from delayq.local.process import stop_by_pid
+from delayq.local.waiting import wait_until
 
 START_TIMEOUT_S = 10.0
 STOP_TIMEOUT_S = 10.0

@@ -21,8 +21,9 @@ import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from delayq.local.ports import free_port, wait_until
+from delayq.local.ports import free_port
 from delayq.local.process import stop_by_pid
+from delayq.local.waiting import wait_until
 
 START_TIMEOUT_S = 60.0  # a cold JVM on a loaded two-core machine can take a while
 STOP_TIMEOUT_S = 10.0
