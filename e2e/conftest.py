@@ -24,7 +24,9 @@ from pathlib import Path
 import pytest
 
 from delayq.local.zookeeper_server import ZooKeeperServer
-from e2e.harness import Kube, Release, Tools, local_control_plane
+from e2e.harness.control_plane import local_control_plane
+from e2e.harness.kube import Kube, Release
+from e2e.harness.process import Tools
 
 REPO = Path(__file__).resolve().parent.parent
 CHART = REPO / "charts" / "delayq"

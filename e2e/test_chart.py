@@ -12,7 +12,7 @@ import json
 
 import pytest
 
-from e2e.harness import Kube, Release, condition
+from e2e.harness.kube import Kube, Release, condition
 
 
 def test_release_is_deployed(kube: Kube, chart_release: Release) -> None:

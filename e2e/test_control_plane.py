@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from e2e.harness import Kube, condition
+from e2e.harness.kube import Kube, condition
 
 PAUSE_IMAGE = "registry.k8s.io/pause:3.10"
 

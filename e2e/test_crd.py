@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 import yaml
 
-from e2e.harness import Kube, KubectlError, condition
+from e2e.harness.kube import Kube, KubectlError, condition
 
 REPO = Path(__file__).resolve().parent.parent
 CRD_FILE = REPO / "crds" / "delaytopics.delayq.io.yaml"

@@ -30,16 +30,9 @@ from delayq.local.ports import free_port
 from delayq.local.redis_server import RedisServer
 from delayq.local.waiting import wait_until
 from delayq.local.zookeeper_server import ZooKeeperServer
-from e2e.harness import (
-    INTERVAL_S,
-    NOT_YET,
-    Kube,
-    LocalOperator,
-    ManagedProcess,
-    Release,
-    condition,
-    service_account_kubeconfig,
-)
+from e2e.harness.kube import Kube, Release, condition, service_account_kubeconfig
+from e2e.harness.operator import LocalOperator
+from e2e.harness.process import INTERVAL_S, NOT_YET, ManagedProcess
 
 REPO = Path(__file__).resolve().parent.parent
 TOPIC_LABEL = "delayq.io/topic"

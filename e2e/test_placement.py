@@ -15,7 +15,8 @@ from typing import Any
 import pytest
 
 from delayq.local.zookeeper_server import ZooKeeperServer
-from e2e.harness import Kube, LocalOperator, condition
+from e2e.harness.kube import Kube, condition
+from e2e.harness.operator import LocalOperator
 
 REPO = Path(__file__).resolve().parent.parent
 CRD_FILE = REPO / "crds" / "delaytopics.delayq.io.yaml"

@@ -1,0 +1,109 @@
+"""``delayq operator`` run as a local process against the e2e cluster."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import subprocess
+import sys
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from delayq.local.ports import free_port
+from delayq.local.waiting import wait_until
+from e2e.harness.kube import Kube
+from e2e.harness.process import INTERVAL_S, NOT_YET, ManagedProcess, http_ok
+
+
+@dataclass
+class LocalOperator:
+    """``delayq operator`` as a local process: the documented test-only way to run it.
+
+    Pods do not run under KWOK, so the operator Deployment the chart creates never executes;
+    this process does its job against the same API server, with the chart's ServiceAccount
+    token, watching only the given namespaces. It runs the checkout's code (``PYTHONPATH``), so
+    a fresh clone tests itself rather than whatever ``delayq`` happens to be installed.
+    """
+
+    repo: Path
+    kubeconfig: Path
+    namespaces: Sequence[str]
+    log_path: Path
+    env_overrides: dict[str, str] = field(default_factory=dict)
+    #: When set, run e2e/operator_main.py (the same operator plus the test-only Redis address
+    #: map read from this JSON file) instead of the ``delayq operator`` command.
+    addresses_file: Path | None = None
+    #: False: campaign for the chart's leader Lease like a replica of the Deployment would.
+    standalone: bool = True
+    process: ManagedProcess | None = None
+
+    def start(self) -> LocalOperator:
+        """Start the operator and wait until its liveness endpoint answers."""
+        port = free_port()
+        env = dict(os.environ)
+        env.update({
+            "KUBECONFIG": str(self.kubeconfig),
+            "PYTHONPATH": os.pathsep.join(
+                [str(self.repo / "operator"), *filter(None, [env.get("PYTHONPATH")])]),
+            "PYTHONUNBUFFERED": "1",
+            **self.env_overrides,
+        })
+        # `delayq operator` leaves logging to its host (the container runtime collects
+        # stderr); here the log file is the only witness of what it did, so turn it on.
+        bootstrap = ("import logging, sys; logging.basicConfig(level=logging.INFO, "
+                     "format='%(asctime)s %(levelname)s %(name)s: %(message)s'); "
+                     "from delayq.cli import main; sys.exit(main())")
+        argv = [sys.executable, "-c", bootstrap, "operator",
+                *(["--standalone"] if self.standalone else []),
+                f"--liveness=http://127.0.0.1:{port}/healthz"]
+        if self.addresses_file is not None:
+            argv = [sys.executable, str(self.repo / "e2e" / "operator_main.py"),
+                    f"--addresses={self.addresses_file}",
+                    f"--liveness=http://127.0.0.1:{port}/healthz"]
+        for namespace in self.namespaces:
+            argv += ["--namespace", namespace]
+        self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        with self.log_path.open("ab") as log:
+            popen = subprocess.Popen(
+                argv, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
+                env=env, start_new_session=True,
+            )
+        self.process = ManagedProcess("delayq-operator", popen, self.log_path)
+        wait_until(lambda: http_ok(f"http://127.0.0.1:{port}/healthz"), 60,
+                   "the local operator's liveness endpoint", interval_s=INTERVAL_S,
+                   not_yet=NOT_YET, abort=self.process.exited)
+        return self
+
+    def kill(self) -> None:
+        """SIGKILL: a crash, with no chance to finish what it was doing."""
+        if self.process is not None and self.process.popen.poll() is None:
+            os.kill(self.process.pid, signal.SIGKILL)
+            self.process.popen.wait(timeout=15)
+
+    def stop(self) -> None:
+        """Graceful stop by PID (SIGTERM, then SIGKILL after the grace period)."""
+        if self.process is not None:
+            self.process.stop(grace=20)
+
+    def tail(self) -> str:
+        """The operator's log tail, for failure messages."""
+        return self.process.tail(60) if self.process is not None else "(not started)"
+
+    @contextlib.contextmanager
+    def running(self, kube: Kube, namespace: str) -> Iterator[LocalOperator]:
+        """Run it for a fixture; at the end delete the namespace's DelayTopics while it still
+        runs (so it collects their ZooKeeper trees; they carry no finalizer and would go
+        without it too), then stop it and print its log tail."""
+        self.start()
+        try:
+            yield self
+        finally:
+            kube.kubectl("delete", "dt", "--all", "-n", namespace, "--wait=false", check=False)
+            try:
+                kube.wait(lambda: not kube.items("dt", namespace), timeout_s=90,
+                          what=f"the DelayTopics of {namespace} to be deleted")
+            finally:
+                print(f"--- local operator log tail ({self.log_path}):\n{self.tail()}")
+                self.stop()
