@@ -13,7 +13,7 @@ tier() {
 }
 
 tier "ruff" python3 -m ruff check operator tests bench
-tier "mypy --strict" python3 -m mypy
+tier "mypy (--strict over delayq; tests, e2e, bench)" python3 -m mypy
 tier "import layers" lint-imports --no-cache  # the layer contract in pyproject.toml
 tier "tests (unit + integration)" python3 -m pytest -q -p no:cacheprovider tests "$@"
 

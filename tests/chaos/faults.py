@@ -226,7 +226,7 @@ class Injector:
     async def redis_sleep(self, spec: FaultSpec) -> float:
         client = self._control()  # DEBUG SLEEP blocks the whole server, this connection too
         try:
-            await client.execute_command(  # type: ignore[no-untyped-call]
+            await client.execute_command(
                 "DEBUG", "SLEEP", spec.duration_s
             )
         finally:

@@ -6,7 +6,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import logging
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 
 import kmock
 import pytest
@@ -16,7 +16,8 @@ from kazoo.exceptions import NoNodeError
 from delayq.kube.context import OperatorContext
 from delayq.kube.zk import KazooTopicStore, topic_root
 from delayq.kube.zk_gc import collect_orphans, orphaned_trees
-from tests.kube.conftest import DT, NAMESPACE
+from tests.kube.conftest import DT
+from tests.kube.pods import NAMESPACE
 
 OTHER_NS = "elsewhere"  # a namespace the operator under test does not watch
 
@@ -63,7 +64,7 @@ def tree(zk: KazooClient, name: str, namespace: str = NAMESPACE) -> str:
 
 
 @pytest.fixture
-def trees(zk_client: KazooClient) -> KazooClient:
+def trees(zk_client: KazooClient) -> Iterator[KazooClient]:
     """ZooKeeper with this module's trees removed first (and after)."""
     def clear() -> None:
         for namespace in (NAMESPACE, OTHER_NS):
@@ -71,7 +72,7 @@ def trees(zk_client: KazooClient) -> KazooClient:
                 zk_client.delete(f"/delayq/{namespace}", recursive=True)
 
     clear()
-    yield zk_client  # type: ignore[misc]
+    yield zk_client
     clear()
 
 

@@ -26,13 +26,12 @@ from delayq.kube.handlers.reconcile import reconcile
 from delayq.kube.operator import serialized
 from tests.kube.conftest import (
     DT,
-    NAMESPACE,
     Clock,
     own_slots,
     published_routing,
     topic_tree_exists,
 )
-from tests.kube.pods import RedisPods, add_service_pods, fill, set_pod_ready
+from tests.kube.pods import NAMESPACE, RedisPods, add_service_pods, fill, set_pod_ready
 
 STS = "apps/v1/statefulsets"
 

@@ -14,7 +14,8 @@ import pytest
 
 from delayq.kube.context import Logger, OperatorContext
 from delayq.kube.healthloop import HealthLoop
-from tests.kube.conftest import DT, NAMESPACE
+from tests.kube.conftest import DT
+from tests.kube.pods import NAMESPACE
 from tests.kube.test_deletion import put_topic
 
 

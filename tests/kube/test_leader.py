@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import datetime
+from collections.abc import AsyncIterator
 
 import aiohttp
 import kmock
@@ -91,7 +92,7 @@ def test_timing_keeps_the_renew_deadline_inside_the_lease() -> None:
         {"renew_interval_s": 0.0},
     ):
         with pytest.raises(ValueError, match="renew_deadline_s"):
-            LeaderLeaseTiming(**bad)  # type: ignore[arg-type]
+            LeaderLeaseTiming(**bad)
 
 
 def test_writes_are_fenced_by_the_resource_version_they_were_decided_on() -> None:
@@ -124,9 +125,9 @@ FAST = LeaderLeaseTiming(
 
 
 @pytest.fixture
-async def kube(connection: kopf.ConnectionInfo) -> KubeClient:
+async def kube(connection: kopf.ConnectionInfo) -> AsyncIterator[KubeClient]:
     client = KubeClient(connection)
-    yield client  # type: ignore[misc]
+    yield client
     await client.close()
 
 

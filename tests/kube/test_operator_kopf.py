@@ -26,12 +26,11 @@ from delayq.kube.zk import KazooTopicStore
 from delayq.local.waiting import eventually
 from tests.kube.conftest import (
     DT,
-    NAMESPACE,
     own_slots,
     published_routing,
     topic_tree_exists,
 )
-from tests.kube.pods import RedisPods, add_service_pods
+from tests.kube.pods import NAMESPACE, RedisPods, add_service_pods
 
 TOPIC_PATH = f"/apis/delayq.io/v1alpha1/namespaces/{NAMESPACE}/delaytopics"
 

@@ -17,7 +17,8 @@ from delayq.kube.builders.common import HOSTNAME_TOPOLOGY, POD_NAME_LABEL, Manif
 from delayq.kube.builders.redis import BROKER_SPREAD_WEIGHT, SERVICE_PAIR_WEIGHT
 from delayq.kube.context import OperatorContext
 from delayq.kube.handlers.reconcile import reconcile
-from tests.kube.conftest import DT, NAMESPACE
+from tests.kube.conftest import DT
+from tests.kube.pods import NAMESPACE
 from tests.kube.test_builders import CREDS, CTX, by_kind_name, spec_of
 
 

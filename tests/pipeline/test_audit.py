@@ -24,7 +24,7 @@ class Journal:
     """Builds journal rows in order, one stream entry id per event and slot."""
 
     def __init__(self) -> None:
-        self.rows: list[tuple] = []
+        self.rows: list[tuple[object, ...]] = []
         self.seq = 0
 
     def add(self, slot, event, message_id, t, due=None, attempts=None):

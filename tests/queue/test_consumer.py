@@ -330,7 +330,7 @@ async def test_stop_during_a_claim_ends_the_loop_at_once(async_queue: AsyncQueue
         consumer.stop()
         return await claim_slots(*args, **kwargs)  # type: ignore[arg-type]
 
-    async_queue.claim_slots = claim_then_stop  # type: ignore[method-assign]
+    async_queue.claim_slots = claim_then_stop  # type: ignore[method-assign, assignment]
     await consumer.own(TOPIC.slots)
     await asyncio.wait_for(consumer.run(), 10)  # before the fix: asleep for an hour
     assert (await async_queue.get("later")).state is State.SCHEDULED
@@ -370,7 +370,7 @@ async def test_herd_of_100k_due_at_one_instant_drains_in_bounded_batches(
     claim_sizes: list[int] = []
     original_claim_slots = async_queue.claim_slots
 
-    async def recording_claim_slots(*args: object, **kwargs: object):  # type: ignore[no-untyped-def]
+    async def recording_claim_slots(*args: object, **kwargs: object):
         results = await original_claim_slots(*args, **kwargs)  # type: ignore[arg-type]
         claim_sizes.extend(len(r.messages) for r in results if not isinstance(r, Exception))
         return results
