@@ -112,7 +112,8 @@ def _reject_message(kube: Kube, manifest: dict[str, Any] | str, namespace: str) 
 
 
 def test_crd_is_established_with_names(crd: dict[str, Any]) -> None:
-    """Established and NamesAccepted, with the plural, kind and short name of DESIGN §5."""
+    """Established and NamesAccepted, with the plural, kind and short name of the contract
+    (docs/contracts.md §3)."""
     assert condition(crd, "NamesAccepted") == "True"
     names = crd["spec"]["names"]
     assert names["kind"] == "DelayTopic"

@@ -1,4 +1,4 @@
-"""The ZooKeeper tree of one topic (DESIGN.md §4) and the JSON stored in its nodes (pure).
+"""The ZooKeeper tree of one topic (docs/contracts.md §2) and the JSON stored in its nodes (pure).
 
 ```
 /delayq/<namespace>/<topic>/

@@ -1,4 +1,4 @@
-"""Slot -> broker routing (DESIGN.md §4 `routing`): pure and sticky.
+"""Slot -> broker routing (docs/contracts.md §2 `routing`): pure and sticky.
 
 A slot's messages live on the Redis of the broker it is routed to, so routing a slot elsewhere
 without moving its data would hide those messages. Hence: a routing that already exists is never

@@ -1,4 +1,4 @@
-"""Publishing a topic's routing to ZooKeeper (DESIGN.md §4), behind a Protocol.
+"""Publishing a topic's routing to ZooKeeper (docs/contracts.md §2), behind a Protocol.
 
 The tree is `delayq.coordination.layout.TopicPaths`: the operator writes `routing` (slot ->
 broker, see delayq.coordination.routing), counts `owners/` and removes trees of deleted topics.

@@ -1,4 +1,4 @@
-"""The Redis key schema (DESIGN.md §3): every key of a slot shares one hash tag.
+"""The Redis key schema (docs/contracts.md §1): every key of a slot shares one hash tag.
 
 `dq:{<ns>/<topic>/<slot>}:<part>` keeps a slot's keys on one Redis Cluster node, so each Lua
 transition touches exactly one node and a topic can move onto a cluster unchanged.

@@ -1,6 +1,6 @@
 """The topic's Redis brokers and the slot → broker routing the operator fixed.
 
-A slot's messages live on one broker (DESIGN.md §4 `routing`), whichever process owns the slot:
+A slot's messages live on one broker (docs/contracts.md §2), whichever process owns the slot:
 after a failover the survivor claims the moved slots from *their* broker, and the HTTP API writes
 each message to the broker of its slot. Routing is sticky (an existing slot never moves), so the
 service reads it once at start: from ZooKeeper's `routing` node when there is one, else the
