@@ -506,7 +506,7 @@ def test_failover_is_recorded_in_the_status() -> None:
     assert broker.get("lastFailoverTime")
 
 
-#: The chart's leader Lease (its Role allows exactly this name) and the LeaseTiming defaults.
+#: The chart's leader Lease (its Role allows exactly this name) and the LeaderLeaseTiming defaults.
 LEASE_NAME = "delayq-operator"
 LEASE_DURATION_S = 15
 RETRY_INTERVAL_S = 2

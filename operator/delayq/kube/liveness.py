@@ -3,7 +3,7 @@
 kopf's own endpoint only exists while kopf runs, which is on the leader alone: a standby would
 fail its probe and be restarted forever. This server runs for the whole process instead. It
 answers from the event loop that also runs the election and kopf, so an answer proves the loop
-is not wedged; a leader that loses its lease exits by itself rather than through the probe.
+is not wedged; a leader that loses its leader lease exits by itself rather than through the probe.
 """
 
 from __future__ import annotations
