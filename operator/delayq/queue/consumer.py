@@ -413,7 +413,7 @@ class Consumer:
         batch = _Batch(
             claimed.slot,
             messages[0].epoch,
-            claimed.now_us / 1000 + self._lease_ms,
+            claimed.now_ms + self._lease_ms,  # as the script computed it (whole ms)
             {message.id: message for message in messages},
         )
         key = (claimed.slot, messages[0].lease_id)  # one claim draws one lease number
