@@ -274,7 +274,7 @@ def _readiness(evidence: Evidence) -> Rule:
             v = episode[0]
             rule.add(
                 f"{v.member} ready for {length / 1000:.1f} s from {v.at_ms:.0f} with "
-                f"{v.granted} slots granted, {v.consumed} consumed"
+                f"{v.granted} slots granted, {v.consumed} consumed, not consumed: {list(v.missing)}"
             )
     return rule
 

@@ -1,11 +1,9 @@
 """Readiness against grants: a process that says ready must consume every slot it was granted.
 
 Every `PERIOD_S` the prober reads the owner nodes from ZooKeeper (the grants), then every
-process's /readyz (ready, and how many slots it consumes), then the owner nodes again. A sample
-counts only when both reads of ZooKeeper agree, so a handoff between the reads is never taken
-for a violation. Violation: ready while granted more slots than consumed. /readyz reports a
-count, not the set: a process consuming the wrong slots of the right number would pass (the
-hook asked of the service is `ownedSlots` as a list, or `/debug/slots`).
+process's /readyz (ready, and the slot numbers it consumes: `consumedSlots`), then the owner nodes
+again. A sample counts only when both reads of ZooKeeper agree, so a handoff between the reads is
+never taken for a violation. Violation: ready while a slot ZooKeeper grants it is not consumed.
 """
 
 from __future__ import annotations
@@ -28,6 +26,7 @@ class ReadinessViolation:
     member: str
     granted: int
     consumed: int
+    missing: tuple[int, ...]  # granted slots it did not consume
 
 
 @dataclass
@@ -55,17 +54,23 @@ class Prober:
                 continue
             self.samples += 1
             ready, consumed = answer
-            granted = sum(1 for owner in before.values() if owner == member.name)
-            if ready and granted > consumed:
-                self.violations.append(ReadinessViolation(at_ms, member.name, granted, consumed))
+            granted = {slot for slot, owner in before.items() if owner == member.name}
+            missing = tuple(sorted(granted - consumed))
+            if ready and missing:
+                self.violations.append(
+                    ReadinessViolation(at_ms, member.name, len(granted), len(consumed), missing)
+                )
 
 
-async def _readyz(session: aiohttp.ClientSession, member: Member) -> tuple[bool, int] | None:
+async def _readyz(
+    session: aiohttp.ClientSession, member: Member
+) -> tuple[bool, set[int]] | None:
     """(ready, consumed slots), or None when the process does not answer (down, frozen)."""
     try:
         timeout = aiohttp.ClientTimeout(total=PROBE_TIMEOUT_S)
         async with session.get(member.url + "/readyz", timeout=timeout) as response:
             body = await response.json()
-            return response.status == 200 and bool(body["ready"]), int(body["ownedSlots"])
-    except (aiohttp.ClientError, TimeoutError, ValueError, KeyError):
+            consumed = {int(slot) for slot in body["consumedSlots"]}
+            return response.status == 200 and bool(body["ready"]), consumed
+    except (aiohttp.ClientError, TimeoutError, ValueError, KeyError, TypeError):
         return None
