@@ -10,8 +10,9 @@ import pytest
 from delayq.kube import naming
 from delayq.kube.builders.bundle import Credentials, build_all, render
 from delayq.kube.builders.common import BuildContext
-from delayq.kube.builders.redis import REDIS_START_SCRIPT
+from delayq.kube.builders.redis import REDIS_START_SCRIPT, redis_maxmemory
 from delayq.kube.builders.service import config_hash
+from delayq.kube.quantity import memory_bytes, parse_quantity
 from delayq.kube.spec import TopicSpec, parse_spec
 from delayq.service.topic_file import TopicFile
 
@@ -151,6 +152,70 @@ def test_redis_statefulset_master_plus_replicas_with_aof_and_volume() -> None:
         "key": naming.SECRET_REDIS_PASSWORD,
     }
     assert env["MASTER_HOST"]["value"] == "orders-redis-1.shop.svc"
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        ("512Mi", 512 * 2**20),
+        ("1Gi", 2**30),
+        ("1.5Gi", 3 * 2**29),
+        ("2Ki", 2048),
+        ("1G", 10**9),
+        ("500M", 5 * 10**8),
+        ("1k", 1000),
+        ("1e3", 1000),
+        ("1E3", 1000),
+        ("1E", 10**18),
+        ("2Ei", 2 * 2**60),
+        ("134217728", 2**27),
+        (".5Ki", 512),
+        ("100m", 1),  # 0.1 byte, rounded up as Kubernetes does
+        (" 1Mi ", 2**20),
+    ],
+)
+def test_memory_quantities_in_bytes(text: str, expected: int) -> None:
+    assert memory_bytes(text) == expected
+
+
+@pytest.mark.parametrize("text", ["", "Mi", "1MB", "1 Gi", "1gi", "0x10", "1.2.3", "e3", "1e"])
+def test_not_a_quantity_is_refused_naming_it(text: str) -> None:
+    with pytest.raises(ValueError, match="not a Kubernetes quantity"):
+        parse_quantity(text)
+
+
+def test_maxmemory_is_80_percent_of_the_memory_limit_or_unbounded_without_one() -> None:
+    assert redis_maxmemory({"memory": "512Mi"}) == 429496729
+    assert redis_maxmemory({"memory": "1Gi", "cpu": "2"}) == 858993459
+    assert redis_maxmemory({"memory": "1G"}) == 800_000_000
+    assert redis_maxmemory({"cpu": "2"}) == 0
+    assert redis_maxmemory({}) == 0
+    assert redis_maxmemory({"memory": "lots"}) == 0  # the API server refuses it, naming it
+
+
+def redis_container(spec: TopicSpec, broker: int = 0) -> dict[str, Any]:
+    sts = by_kind_name(rendered(spec))["StatefulSet", f"orders-redis-{broker}"]
+    container: dict[str, Any] = sts["spec"]["template"]["spec"]["containers"][0]
+    return container
+
+
+@pytest.mark.parametrize(
+    ("redis", "maxmemory"),
+    [
+        ({}, "429496729"),  # the default limit, 512Mi
+        ({"resources": {"limits": {"memory": "2Gi"}}}, "1717986918"),
+        ({"resources": {"requests": {"memory": "4Gi"}, "limits": {"cpu": "1"}}}, "0"),
+    ],
+)
+def test_redis_maxmemory_follows_the_memory_limit_with_noeviction(
+    redis: dict[str, Any], maxmemory: str
+) -> None:
+    container = redis_container(spec_of(brokers=2, redis=redis), broker=1)
+    env = {item["name"]: item.get("value") for item in container["env"]}
+    assert env["MAXMEMORY"] == maxmemory
+    script = container["command"][2]
+    assert "--maxmemory $MAXMEMORY --maxmemory-policy noeviction" in script
+    assert script == REDIS_START_SCRIPT
 
 
 def test_redis_start_script_reads_role_from_labels_and_hides_password() -> None:

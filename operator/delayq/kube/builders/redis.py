@@ -10,6 +10,8 @@ if it kept running, the operator demotes it with REPLICAOF (see failover.py).
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 from delayq.kube import naming
 from delayq.kube.builders.common import (
     HOSTNAME_TOPOLOGY,
@@ -26,6 +28,7 @@ from delayq.kube.builders.common import (
     resources,
     tmp_volume,
 )
+from delayq.kube.quantity import memory_bytes
 from delayq.kube.spec import TopicSpec
 
 # Placement weights (the scheduler adds them per node). Spreading a broker's own pods is the
@@ -36,15 +39,27 @@ BROKER_SPREAD_WEIGHT = 100
 # sends the replicas elsewhere (on that node: +50 for the pair, -100 twice for the spread).
 SERVICE_PAIR_WEIGHT = 50
 
+# Redis's maxmemory as a share of the container's memory limit: the rest is for what maxmemory
+# does not count or cannot bound (replication and client output buffers, the AOF buffer,
+# allocator fragmentation, copy-on-write pages of an AOF rewrite's fork). Without it a full
+# broker is OOM-killed, restarts, replays its AOF and fills up again; with it (and noeviction,
+# below) it refuses new messages and keeps serving deliveries, which free memory.
+MAXMEMORY_PERCENT = 80
+REDIS_DEFAULT_REQUESTS = {"cpu": "100m", "memory": "256Mi"}
+REDIS_DEFAULT_LIMITS = {"memory": "512Mi"}
+
 # The role comes from the pod's own labels; the password reaches redis-server on stdin so it
 # never shows in the process list. appendfsync from spec.redis.appendFsync: everysec (default,
 # Redis's own) risks the last second of writes on a crash of the master's node, always syncs
 # each write before its reply; RDB snapshots are off.
 # min-replicas-* is set on every pod, not only the first master, because failover promotes a
 # replica without restarting it; Redis applies it only while the pod is a master.
+# maxmemory-policy is always noeviction: evicting keys of a delay queue loses messages, so a full
+# Redis must refuse writes (OOM) instead; MAXMEMORY is 0 (no bound) without a memory limit.
 REDIS_START_SCRIPT = """\
 set -eu
 args="--port 6379 --dir /data --appendonly yes --appendfsync $APPEND_FSYNC"
+args="$args --maxmemory $MAXMEMORY --maxmemory-policy noeviction"
 args="$args --replica-announce-ip $POD_IP --protected-mode no --hz 100"
 args="$args --min-replicas-to-write $MIN_REPLICAS_TO_WRITE"
 args="$args --min-replicas-max-lag $MIN_REPLICAS_MAX_LAG_S"
@@ -69,6 +84,20 @@ def redis_labels(spec: TopicSpec, broker: int) -> dict[str, str]:
     }
 
 
+def redis_maxmemory(limits: Mapping[str, str]) -> int:
+    """maxmemory in bytes for a Redis container with these limits: MAXMEMORY_PERCENT of the
+    memory limit, 0 (unbounded) when there is none. A limit that is not a quantity is left to
+    the API server, which refuses the StatefulSet naming it; here it means no bound."""
+    limit = limits.get("memory")
+    if limit is None:
+        return 0
+    try:
+        limit_bytes = memory_bytes(limit)
+    except ValueError:
+        return 0
+    return max(1, limit_bytes * MAXMEMORY_PERCENT // 100) if limit_bytes > 0 else 0
+
+
 def redis_statefulset(spec: TopicSpec, broker: int, ctx: BuildContext) -> Manifest:
     """Master + replicasPerBroker replicas of one broker; the PVCs follow deletionPolicy."""
     name = naming.redis_statefulset(spec.name, broker)
@@ -85,6 +114,9 @@ def redis_statefulset(spec: TopicSpec, broker: int, ctx: BuildContext) -> Manife
     }
     if spec.persistence_storage_class:
         volume_claim["spec"]["storageClassName"] = spec.persistence_storage_class
+    container_resources = resources(
+        spec.redis_resources, REDIS_DEFAULT_REQUESTS, REDIS_DEFAULT_LIMITS
+    )
     container: Manifest = {
         "name": "redis",
         "image": ctx.redis_image,
@@ -99,6 +131,7 @@ def redis_statefulset(spec: TopicSpec, broker: int, ctx: BuildContext) -> Manife
                 "value": str(spec.redis_min_replicas_max_lag_seconds),
             },
             {"name": "APPEND_FSYNC", "value": spec.redis_append_fsync},
+            {"name": "MAXMEMORY", "value": str(redis_maxmemory(container_resources["limits"]))},
             env_from_secret("REDIS_PASSWORD", secret, naming.SECRET_REDIS_PASSWORD),
             env_from_secret("REDISCLI_AUTH", secret, naming.SECRET_REDIS_PASSWORD),
         ],
@@ -115,9 +148,7 @@ def redis_statefulset(spec: TopicSpec, broker: int, ctx: BuildContext) -> Manife
             "periodSeconds": 10,
             "failureThreshold": 6,
         },
-        "resources": resources(
-            spec.redis_resources, {"cpu": "100m", "memory": "256Mi"}, {"memory": "512Mi"}
-        ),
+        "resources": container_resources,
         "securityContext": container_security_context(),
         "volumeMounts": [
             {"name": "data", "mountPath": "/data"},
