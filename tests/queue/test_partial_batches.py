@@ -1,5 +1,6 @@
 """A batch whose later slots' calls are refused (Redis out of memory) after earlier ones stored
-their messages: `schedule_many` says exactly which items are stored, in both clients."""
+their messages: `schedule_many` says exactly which items are stored, in both clients; a full
+broker is a BrokerFullError (still a redis-py OutOfMemoryError) wherever it shows."""
 
 from __future__ import annotations
 
@@ -7,7 +8,9 @@ import pytest
 import redis
 import redis.asyncio
 
+from delayq.queue import BrokerFullError
 from delayq.queue.client import AsyncQueue, Queue
+from delayq.queue.codes import as_broker_full
 from delayq.queue.model import PartlyStoredError, ScheduleFailure, ScheduleRequest, State
 from delayq.queue.topic import Topic
 from tests.redis_memory import FULL, footprint, memory_for
@@ -23,7 +26,9 @@ def check_report(client: redis.Redis, error: PartlyStoredError) -> None:
     assert [r.id for r in error.results] == [r.id for r in BATCH]
     failures = error.failures
     assert 0 < len(failures) < len(BATCH)
+    assert all(isinstance(f.error, BrokerFullError) for f in failures)
     assert all(isinstance(f.error, redis.exceptions.OutOfMemoryError) for f in failures)
+    assert "maxmemory" in str(error)
     for result in error.results:
         state = queue.get(result.id).state
         assert state is (State.ABSENT if isinstance(result, ScheduleFailure) else State.SCHEDULED)
@@ -40,7 +45,7 @@ def test_sync_schedule_many_reports_which_items_were_stored(redis_client: redis.
     with memory_for(redis_client, half), pytest.raises(PartlyStoredError) as caught:
         queue.schedule_many(BATCH)
     check_report(redis_client, caught.value)
-    with memory_for(redis_client, FULL), pytest.raises(redis.exceptions.OutOfMemoryError):
+    with memory_for(redis_client, FULL), pytest.raises(BrokerFullError, match="maxmemory"):
         # every call writes, so every call is refused: nothing stored, the error itself
         queue.schedule_many([r._replace(id=f"new-{r.id}") for r in BATCH])
     assert queue.stats().scheduled == len(BATCH) - len(caught.value.failures)
@@ -59,3 +64,50 @@ async def test_async_schedule_many_reports_which_items_were_stored(
     resent = await queue.schedule_many([r for r in BATCH if r.id in failed])
     assert {r.state for r in resent} == {State.SCHEDULED}
     assert Queue(redis_client, TOPIC).stats().scheduled == len(BATCH)
+
+
+def test_a_full_broker_refuses_with_broker_full_in_both_clients(
+    redis_client: redis.Redis, async_redis_client: redis.asyncio.Redis
+) -> None:
+    """One message (one script call) and a multi-slot batch (a pipeline) on a full Redis:
+    BrokerFullError carrying Redis's words and its original error; nothing stored."""
+    queue = Queue(redis_client, TOPIC)
+    batch = BATCH[:100]
+    with memory_for(redis_client, FULL):
+        with pytest.raises(BrokerFullError, match="maxmemory") as one:
+            queue.schedule("one", b"x", delay_ms=1000)
+        assert isinstance(one.value.__cause__, redis.exceptions.OutOfMemoryError)
+        with pytest.raises(BrokerFullError):
+            queue.schedule_many(batch)
+    assert queue.stats().scheduled == 0
+
+
+async def test_a_full_broker_refuses_with_broker_full_in_the_async_client(
+    redis_client: redis.Redis, async_redis_client: redis.asyncio.Redis
+) -> None:
+    queue = AsyncQueue(async_redis_client, TOPIC)
+    with memory_for(redis_client, FULL):
+        with pytest.raises(BrokerFullError, match="maxmemory"):
+            await queue.schedule("one", b"x", delay_ms=1000)
+        with pytest.raises(BrokerFullError):
+            await queue.schedule_many(BATCH[:100])
+    assert Queue(redis_client, TOPIC).stats().scheduled == 0
+
+
+def test_broker_full_is_recognised_by_the_words_of_redis() -> None:
+    """redis-py maps "OOM ..." to OutOfMemoryError; servers that wrap a script's refusal in
+    "ERR Error running script" give a plain ResponseError with the same words."""
+    wrapped = redis.exceptions.ResponseError(
+        "Error running script (call to f_0): @user_script:12: -OOM command not allowed "
+        "when used memory > 'maxmemory'."
+    )
+    oom = redis.exceptions.OutOfMemoryError("command not allowed when used memory > 'maxmemory'.")
+    for error in (wrapped, oom):
+        typed = as_broker_full(error)
+        assert isinstance(typed, BrokerFullError)
+        assert typed.__cause__ is error
+        assert str(typed) == str(error)
+        assert as_broker_full(typed) is typed
+    other = redis.exceptions.ResponseError("NOREPLICAS Not enough good replicas to write.")
+    assert as_broker_full(other) is other
+    assert as_broker_full(ValueError("x")).__class__ is ValueError

@@ -179,7 +179,7 @@ async def test_a_partly_stored_batch_says_which_items_to_resend(
     start_service: StartService, redis_client: redis.Redis
 ):
     """Redis out of memory part-way through a batch over 64 slots: 207, each item stored or
-    failed as it really is, Retry-After; a batch of which nothing fits is 507."""
+    failed as it really is, Retry-After; a batch of which nothing fits is 429 (broker full)."""
     running = await start_service(slot_amount=64)
     messages = [{"id": f"m{i}", "delayMs": 60_000, "payload": "x" * 1024} for i in range(640)]
     same_shape = [ScheduleRequest(m["id"], m["payload"], delay_ms=60_000) for m in messages]
@@ -195,6 +195,8 @@ async def test_a_partly_stored_batch_says_which_items_to_resend(
     assert [r["id"] for r in results] == [m["id"] for m in messages]
     assert {r["result"] for r in results} == {"created", "failed"}
     failed = {r["id"] for r in results if r["result"] == "failed"}
+    errors = {r["error"].partition(":")[0] for r in results if r["result"] == "failed"}
+    assert errors == {"BrokerFullError"}
     for result in results:
         got = await running.client.get(f"{running.base}/messages/{result['id']}")
         assert got.status == (404 if result["id"] in failed else 200)
@@ -210,6 +212,6 @@ async def test_a_partly_stored_batch_says_which_items_to_resend(
             ("/messages", {"id": "n3", "delayMs": 1}),
         ):
             full = await running.client.post(running.base + path, json=body)
-            assert full.status == 507, path
+            assert full.status == 429, path
             assert int(full.headers["Retry-After"]) > 0
-            assert "out of memory" in (await full.json())["error"]
+            assert "broker is full" in (await full.json())["error"]

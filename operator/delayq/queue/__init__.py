@@ -10,6 +10,7 @@ from delayq.queue.backoff import Backoff
 from delayq.queue.client import AsyncQueue, Queue
 from delayq.queue.codec import Headers
 from delayq.queue.codes import (
+    BrokerFullError,
     Code,
     DelayqError,
     InvalidMessageError,
@@ -55,6 +56,7 @@ from delayq.queue.topic import Topic, TopicError, TopicType
 __all__ = [
     "AsyncQueue",
     "Backoff",
+    "BrokerFullError",
     "ClaimBatch",
     "Code",
     "Consumer",

@@ -16,7 +16,7 @@ from redis.exceptions import NoScriptError
 
 from delayq.queue import plans
 from delayq.queue.codec import Headers
-from delayq.queue.codes import StaleEpochError
+from delayq.queue.codes import StaleEpochError, as_broker_full
 from delayq.queue.model import (
     ClaimBatch,
     DeadBatchResult,
@@ -56,11 +56,16 @@ def _merged(replies: Sequence[Any], indexes: Sequence[int], again: Sequence[Any]
     return result
 
 
+def _typed(replies: list[Any]) -> list[Any]:
+    """The replies with Redis's out-of-memory refusals as BrokerFullError."""
+    return [as_broker_full(r) if isinstance(r, Exception) else r for r in replies]
+
+
 def _raise_first_error(replies: list[Any]) -> list[Any]:
     """The replies, or the first error among them raised (as a plain pipeline would)."""
     for reply in replies:
         if isinstance(reply, Exception):
-            raise reply
+            raise as_broker_full(reply)
     return replies
 
 
@@ -124,14 +129,19 @@ class Queue:
         SCRIPT EXISTS first, one more round trip on every multi-slot claim."""
         if len(plan.calls) == 1:
             call = plan.calls[0]
-            return [self._scripts[call.script](keys=call.keys, args=call.args)]
+            try:
+                return [self._scripts[call.script](keys=call.keys, args=call.args)]
+            except redis.ResponseError as error:
+                if (typed := as_broker_full(error)) is error:
+                    raise
+                raise typed from error
         replies = self._pipelined(plan.calls)
         if missing := _not_loaded(replies):
             for script in {plan.calls[i].script for i in missing}:
                 self.redis.script_load(script_source(script))
             again = self._pipelined([plan.calls[i] for i in missing])
             replies = _merged(replies, missing, again)
-        return replies if plan.partial else _raise_first_error(replies)
+        return _typed(replies) if plan.partial else _raise_first_error(replies)
 
     def _pipelined(self, calls: Sequence[ScriptCall]) -> list[Any]:
         pipe = self.redis.pipeline(transaction=False)
@@ -292,14 +302,19 @@ class AsyncQueue:
         """As Queue._replies."""
         if len(plan.calls) == 1:
             call = plan.calls[0]
-            return [await self._scripts[call.script](keys=call.keys, args=call.args)]
+            try:
+                return [await self._scripts[call.script](keys=call.keys, args=call.args)]
+            except redis.ResponseError as error:
+                if (typed := as_broker_full(error)) is error:
+                    raise
+                raise typed from error
         replies = await self._pipelined(plan.calls)
         if missing := _not_loaded(replies):
             for script in {plan.calls[i].script for i in missing}:
                 await self.redis.script_load(script_source(script))
             again = await self._pipelined([plan.calls[i] for i in missing])
             replies = _merged(replies, missing, again)
-        return replies if plan.partial else _raise_first_error(replies)
+        return _typed(replies) if plan.partial else _raise_first_error(replies)
 
     async def _pipelined(self, calls: Sequence[ScriptCall]) -> list[Any]:
         pipe = self.redis.pipeline(transaction=False)

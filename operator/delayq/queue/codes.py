@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import enum
 
+import redis
+
 
 class Code(enum.IntEnum):
     """Per-message outcome of a script: positive is a transition, negative a refusal."""
@@ -40,6 +42,33 @@ class Code(enum.IntEnum):
 
 class DelayqError(Exception):
     """Base of every error delayq raises on purpose."""
+
+
+class BrokerFullError(DelayqError, redis.exceptions.OutOfMemoryError):
+    """The broker's Redis is full (`maxmemory` with `noeviction`) and refused the write: nothing
+    of that call is stored. Retry later: deliveries drain the broker and free memory.
+
+    Still a redis-py `OutOfMemoryError` (a `ResponseError`), so code written against the Redis
+    error keeps catching it; the text is Redis's own.
+    """
+
+
+# Redis's words for a write refused over maxmemory: "OOM command not allowed when used memory >
+# 'maxmemory'." (redis-py: OutOfMemoryError), with a "script: ..." tail when a script's call was
+# refused; older servers wrap a script's refusal in "ERR Error running script ...".
+OUT_OF_MEMORY_TEXT = "command not allowed when used memory > 'maxmemory'"
+
+
+def as_broker_full(error: Exception) -> Exception:
+    """`error` as a BrokerFullError when it is Redis refusing a write over maxmemory, else
+    `error` itself."""
+    if isinstance(error, BrokerFullError) or not isinstance(error, redis.ResponseError):
+        return error
+    if isinstance(error, redis.exceptions.OutOfMemoryError) or OUT_OF_MEMORY_TEXT in str(error):
+        typed = BrokerFullError(str(error))
+        typed.__cause__ = error
+        return typed
+    return error
 
 
 class InvalidMessageError(DelayqError, ValueError):

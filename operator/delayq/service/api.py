@@ -78,10 +78,13 @@ async def errors_middleware(request: web.Request, handler: Handler) -> web.Strea
 
 
 def redis_error_response(error: redis.RedisError) -> web.Response:
-    """Nothing was stored: 507 when Redis is out of memory (maxmemory with noeviction), else
-    503; both are worth retrying, so both say when (Retry-After)."""
+    """Nothing was stored: 429 when the broker is full (Redis out of memory: maxmemory with
+    noeviction; the clients raise BrokerFullError, a redis-py OutOfMemoryError), else 503;
+    both are worth retrying, so both say when (Retry-After)."""
     if isinstance(error, redis.exceptions.OutOfMemoryError):
-        response = error_response(507, f"redis is out of memory, nothing stored: {error}")
+        response = error_response(
+            429, f"broker is full (redis out of memory), nothing stored: {error}"
+        )
     else:
         response = error_response(503, f"redis unavailable: {type(error).__name__}")
     response.headers["Retry-After"] = str(RETRY_AFTER_S)

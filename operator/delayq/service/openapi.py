@@ -108,8 +108,8 @@ ERRORS: Schema = {
         (408, "RequestTimeout"),
         (409, "Conflict"),
         (413, "TooLarge"),
+        (429, "BrokerFull"),
         (503, "Unavailable"),
-        (507, "OutOfMemory"),
     )
 }
 
@@ -197,7 +197,10 @@ SCHEMAS: dict[str, Schema] = {
             "description": "failed: Redis refused its slot's chunk, not stored; unknown: the "
             "broker did not answer, it may be stored. Resend both (create mode).",
         },
-        error=string("what Redis answered"),
+        error=string(
+            "what Redis answered, as `<error type>: <text>` (BrokerFullError: the broker is "
+            "full, resend after Retry-After)"
+        ),
     ),
     "Message": obj(
         ["id", "slot", "state", "attempts", "payload", "encoding", "headers"],
@@ -458,8 +461,10 @@ def openapi_document() -> Schema:
                 "Unavailable": _error_response(
                     "Redis unreachable (the outcome of a write may be unknown)", RETRY_AFTER
                 ),
-                "OutOfMemory": _error_response(
-                    "Redis is out of memory (maxmemory): nothing was stored", RETRY_AFTER
+                "BrokerFull": _error_response(
+                    "the broker is full (Redis at maxmemory, noeviction): nothing was stored; "
+                    "retry after Retry-After, deliveries free memory",
+                    RETRY_AFTER,
                 ),
             },
         },

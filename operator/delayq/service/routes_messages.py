@@ -100,7 +100,7 @@ async def _schedule(
     service: DelayService, messages: list[ScheduleRequest], mode: Mode
 ) -> list[Result]:
     """A result per message, in order, failures included; raises the Redis error when nothing
-    was stored (a plain 507/503: resend the whole request)."""
+    was stored (a plain 429 broker full / 503: resend the whole request)."""
 
     def slot_of(message: ScheduleRequest) -> int:
         return slot_of_target(service, Target(message.id, message.slot_basis))
