@@ -1,0 +1,107 @@
+"""Broker memory per pending message: a throw-away redis-server, JSON on stdout.
+
+    python bench/bench_memory.py [--count 100000] [--slots 16]
+
+For each payload size (32, 256, 1024 bytes) and id length (12 and 36 bytes: a short key and a
+UUID), schedules `count` messages (no headers, due times spread over a day, so they stay
+pending) into an empty topic with `Queue.schedule_many`, and reads `used_memory` from INFO
+memory before and after: the difference over `count` is what one pending message costs,
+everything included (the message hash, its due-index entry, its share of the slot's keys).
+`messages_per_gib` is 1 GiB over that, and `messages_per_broker_at_<limit>` what a broker
+pod whose container has that memory limit holds before it refuses writes: its `maxmemory`
+(80% of the limit, `delayq.kube.builders.redis.redis_maxmemory`) minus the empty server's use.
+The docs' sizing table (docs/operator.md, "Sizing broker memory") comes from this script.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import uuid
+from typing import Any
+
+import redis
+
+from delayq.kube.builders.redis import redis_maxmemory
+from delayq.local.redis_server import RedisServer
+from delayq.queue import Queue, ScheduleRequest, Topic
+
+PAYLOADS = (32, 256, 1024)
+ID_LENGTHS = (12, 36)
+LIMITS = ("512Mi", "1Gi", "4Gi")
+BATCH = 1000
+DAY_MS = 86_400_000
+GIB = 1 << 30
+
+
+def ids(count: int, length: int, rng: random.Random) -> list[str]:
+    """`count` distinct ids of `length` bytes: UUIDs for 36, zero-padded numbers otherwise."""
+    if length == 36:
+        return [str(uuid.UUID(int=rng.getrandbits(128), version=4)) for _ in range(count)]
+    return [f"{i:0{length}d}" for i in range(count)]
+
+
+def used_memory(client: redis.Redis) -> int:
+    return int(client.info("memory")["used_memory"])
+
+
+def measure(
+    client: redis.Redis, count: int, slots: int, payload_bytes: int, id_length: int
+) -> dict[str, Any]:
+    client.flushall()
+    baseline = used_memory(client)
+    queue = Queue(client, Topic("memory", namespace="bench", slot_amount=slots))
+    rng = random.Random(payload_bytes * 100 + id_length)
+    payload = b"x" * payload_bytes
+    message_ids = ids(count, id_length, rng)
+    for start in range(0, count, BATCH):
+        queue.schedule_many(
+            [
+                ScheduleRequest(message_id, payload, delay_ms=3_600_000 + rng.randrange(DAY_MS))
+                for message_id in message_ids[start : start + BATCH]
+            ]
+        )
+    assert queue.stats().scheduled == count
+    per_message = (used_memory(client) - baseline) / count
+    result: dict[str, Any] = {
+        "payload_bytes": payload_bytes,
+        "id_bytes": id_length,
+        "messages": count,
+        "bytes_per_message": round(per_message),
+        "overhead_bytes": round(per_message - payload_bytes - id_length),
+        "messages_per_gib": int(GIB / per_message),
+    }
+    for limit in LIMITS:
+        room = redis_maxmemory({"memory": limit}) - baseline
+        result[f"messages_per_broker_at_{limit}"] = int(room / per_message)
+    return result
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--count", type=int, default=100_000, help="messages per measurement")
+    parser.add_argument("--slots", type=int, default=16, help="slots of the topic (default 16)")
+    args = parser.parse_args()
+    with RedisServer() as server:
+        client = redis.Redis.from_url(server.url)
+        info = client.info("server")
+        results = [
+            measure(client, args.count, args.slots, payload, id_length)
+            for payload in PAYLOADS
+            for id_length in ID_LENGTHS
+        ]
+        client.flushall()
+        report = {
+            "redis_version": info["redis_version"],
+            "empty_used_memory": used_memory(client),
+            "slots": args.slots,
+            "maxmemory_of_limit": {limit: redis_maxmemory({"memory": limit}) for limit in LIMITS},
+            "results": results,
+        }
+        client.close()
+    print(json.dumps(report, indent=1))
+
+
+if __name__ == "__main__":
+    main()
