@@ -56,6 +56,13 @@ INVALID_SPECS: dict[str, tuple[dict[str, Any], str]] = {
     "brokers-65": ({"brokers": 65, "slotAmount": 128}, "spec.brokers"),
     "brokers-exceed-slots": ({"brokers": 8, "slotAmount": 4},
                              "brokers must not exceed slotAmount"),
+    "brokers-exceed-slots-at-field": ({"brokers": 8, "slotAmount": 4},
+                                      "spec.brokers: Invalid value"),
+    "brokers-exceed-slots-values": ({"brokers": 8, "slotAmount": 4},
+                                    "(brokers=8, slotAmount=4)"),
+    "webhook-section-on-pull-at-field": ({"topicType": "pull",
+                                          "delivery": {"webhook": {"url": "http://x/h"}}},
+                                         "spec.delivery.webhook: Invalid value"),
     "replicas-per-broker-6": ({"replicasPerBroker": 6}, "spec.replicasPerBroker"),
     "max-retries-negative": ({"maxRetries": -1}, "spec.maxRetries"),
     "max-retries-1001": ({"maxRetries": 1001}, "spec.maxRetries"),
@@ -64,10 +71,23 @@ INVALID_SPECS: dict[str, tuple[dict[str, Any], str]] = {
     "unknown-topic-type": ({"topicType": "kafka"}, "spec.topicType"),
 }
 
+#: Names whose derived names (``<name>-redis-63-headless``, the StatefulSet ``<name>-redis-63``)
+#: would be invalid, with the rejection; the rule's fieldPath puts it at metadata.name.
+INVALID_NAMES: dict[str, tuple[str, str]] = {
+    "name-44-characters": ("t" * 44, "metadata.name must be at most 43 characters"),
+    "name-length-shown": ("t" * 50, "(length=50)"),
+    "name-dotted": ("orders.eu", "metadata.name must be a DNS label that Services accept"),
+    "name-digit-first": ("1orders", "metadata.name must be a DNS label that Services accept"),
+    "name-at-the-field": ("orders.eu", "metadata.name: Invalid value"),
+}
+
 #: (first spec, second spec, message): the second, applied over the first, must be rejected.
 INVALID_TRANSITIONS: dict[str, tuple[dict[str, Any], dict[str, Any], str]] = {
     "slot-shrink": ({"slotAmount": 32}, {"slotAmount": 16},
-                    "slotAmount may grow but never shrink"),
+                    "slotAmount cannot change (stored 32, requested 16): it never shrinks"),
+    "slot-growth": ({"slotAmount": 16}, {"slotAmount": 32},
+                    "slotAmount cannot change (stored 16, requested 32): resharding is not "
+                    "supported yet"),
     "broker-shrink": ({"brokers": 2}, {"brokers": 1},
                       "brokers may grow but never shrink"),
     "type-change": ({"topicType": "pull"},
@@ -152,6 +172,22 @@ def test_invalid_spec_is_rejected_with_its_message(
     assert expected in message, message
 
 
+@pytest.mark.parametrize(("name", "expected"), INVALID_NAMES.values(), ids=INVALID_NAMES.keys())
+def test_invalid_name_is_rejected_with_its_message(
+    kube: Kube, crd: dict[str, Any], namespace: str, name: str, expected: str
+) -> None:
+    """A name the operator could not derive valid object names from is refused at apply,
+    instead of an ApplyFailed retried forever."""
+    message = _reject_message(kube, _topic(name), namespace)
+    assert expected in message, message
+
+
+def test_name_at_the_bound_is_accepted(kube: Kube, crd: dict[str, Any], namespace: str) -> None:
+    """43 characters is the longest name whose derived names are all valid."""
+    kube.kubectl("apply", "--dry-run=server", "-n", namespace, "-f", "-",
+                 input=yaml.safe_dump(_topic("t" * 43)))
+
+
 def _apply_transition(kube: Kube, namespace: str, first: dict[str, Any] | str,
                       second: dict[str, Any] | str, name: str) -> str:
     """Create ``first`` for real, apply ``second`` over it, return the rejection message.
@@ -182,7 +218,8 @@ def test_invalid_transition_is_rejected(
     kube: Kube, crd: dict[str, Any], namespace: str,
     first: dict[str, Any], second: dict[str, Any], expected: str,
 ) -> None:
-    """Shrinking slots or brokers and changing the topic type are refused on update."""
+    """Changing slots (until resharding exists), shrinking brokers and changing the topic
+    type are refused on update."""
     message = _apply_transition(kube, namespace, _topic("t", **first), _topic("t", **second), "t")
     assert expected in message, message
 
@@ -198,8 +235,9 @@ def test_transition_example_is_rejected(
 
 
 def test_growth_is_accepted(kube: Kube, crd: dict[str, Any], namespace: str) -> None:
-    """The counterpart of the shrink rules: growing slots and brokers is a valid update."""
-    kube.apply(_topic("grow", slotAmount=16, brokers=1), namespace)
+    """The counterpart of the shrink rule: growing brokers is a valid update (slotAmount is
+    immutable until resharding exists; test_invalid_transition_is_rejected[slot-growth])."""
+    kube.apply(_topic("grow", slotAmount=64, brokers=1), namespace)
     kube.apply(_topic("grow", slotAmount=64, brokers=4), namespace)
     stored = kube.get("dt", "grow", namespace)
     assert stored is not None
@@ -212,18 +250,23 @@ def test_printer_columns_and_status_subresource(
 ) -> None:
     """``kubectl get dt`` shows the printer columns; status is stored through its subresource.
 
+    Unowned slots, scheduled and dead messages (and, wide, the applied slots) come from status.
+
     A status write must not bump ``metadata.generation`` (that is what makes
     ``status.observedGeneration == generation`` a meaningful "reconciled" signal).
     """
     kube.apply(_topic("orders", slotAmount=64, brokers=2, topicType="pull"), namespace)
     table = kube.kubectl("get", "dt", "-n", namespace).stdout.splitlines()
-    assert table[0].split() == ["NAME", "SLOTS", "TYPE", "BROKERS", "READY", "AGE"]
+    assert table[0].split() == ["NAME", "SLOTS", "TYPE", "BROKERS", "READY", "UNOWNED",
+                                "SCHEDULED", "DEAD", "AGE"]
     assert table[1].split()[:4] == ["orders", "64", "pull", "2"]
 
     generation = kube.get("dt", "orders", namespace)["metadata"]["generation"]  # type: ignore[index]
     status = {"status": {"observedGeneration": generation, "conditions": [{
         "type": "Ready", "status": "True", "reason": "AllBrokersReady",
-        "message": "2/2 brokers ready", "lastTransitionTime": "2026-01-01T00:00:00Z"}]}}
+        "message": "2/2 brokers ready", "lastTransitionTime": "2026-01-01T00:00:00Z"}],
+        "appliedSlotAmount": 64, "slots": {"total": 64, "owned": 61, "unowned": 3},
+        "depths": {"scheduled": 1234, "prepared": 5, "dead": 7}}}
     kube.kubectl("patch", "dt", "orders", "-n", namespace, "--subresource=status",
                  "--type=merge", "-p", json.dumps(status))
     stored = kube.get("dt", "orders", namespace)
@@ -232,6 +275,11 @@ def test_printer_columns_and_status_subresource(
     assert stored["metadata"]["generation"] == generation
     assert condition(stored, "Ready") == "True"
 
+    table = kube.kubectl("get", "dt", "orders", "-n", namespace).stdout.splitlines()
+    assert table[1].split()[:8] == ["orders", "64", "pull", "2", "True", "3", "1234", "7"]
+
     wide = kube.kubectl("get", "dt", "orders", "-n", namespace, "-o", "wide").stdout.splitlines()
-    assert wide[0].split() == ["NAME", "SLOTS", "TYPE", "BROKERS", "READY", "REASON", "AGE"]
-    assert wide[1].split()[:6] == ["orders", "64", "pull", "2", "True", "AllBrokersReady"]
+    assert wide[0].split() == ["NAME", "SLOTS", "APPLIED", "TYPE", "BROKERS", "READY", "REASON",
+                               "UNOWNED", "SCHEDULED", "DEAD", "AGE"]
+    assert wide[1].split()[:10] == ["orders", "64", "64", "pull", "2", "True", "AllBrokersReady",
+                                    "3", "1234", "7"]

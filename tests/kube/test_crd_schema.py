@@ -8,6 +8,7 @@ which repeats each non-transition CEL rule.
 from __future__ import annotations
 
 import dataclasses
+import re
 from pathlib import Path
 from typing import Any
 
@@ -15,7 +16,21 @@ import jsonschema
 import pytest
 import yaml
 
-from delayq.kube.spec import SpecError, parse_duration_ms, parse_spec
+from delayq.kube.builders.bundle import Credentials, build_all
+from delayq.kube.builders.common import BuildContext
+from delayq.kube.spec import (
+    MAX_BROKERS,
+    MAX_REPLICAS_PER_BROKER,
+    MAX_TOPIC_NAME_LENGTH,
+    MIN_REPLICAS_EXCEED_MESSAGE,
+    NAME_NOT_DNS_1035_MESSAGE,
+    NAME_TOO_LONG_MESSAGE,
+    SpecError,
+    TopicSpec,
+    parse_duration_ms,
+    parse_spec,
+)
+from delayq.queue.topic import MAX_SLOT_AMOUNT
 from delayq.service.defaults import DEFAULTS, TopicDefaults, crd_default, crd_path
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -27,6 +42,16 @@ EXAMPLES = ROOT / "examples"
 def crd() -> dict[str, Any]:
     document: dict[str, Any] = yaml.safe_load(CRD_PATH.read_text())
     return document
+
+
+def root_schema() -> dict[str, Any]:
+    schema: dict[str, Any] = crd()["spec"]["versions"][0]["schema"]["openAPIV3Schema"]
+    return schema
+
+
+def spec_schema() -> dict[str, Any]:
+    spec: dict[str, Any] = root_schema()["properties"]["spec"]
+    return spec
 
 
 def openapi_schema() -> dict[str, Any]:
@@ -80,9 +105,61 @@ def test_names_scope_and_printer_columns() -> None:
     version = spec["versions"][0]
     assert version["name"] == "v1alpha1"
     assert version["subresources"] == {"status": {}}
-    columns = [column["name"] for column in version["additionalPrinterColumns"]]
-    assert columns[:4] == ["Slots", "Type", "Brokers", "Ready"]
-    assert "Age" in columns
+
+
+#: `kubectl get dt` (priority 0) and `-o wide` (priority 1), in order, with their sources.
+PRINTER_COLUMNS = [
+    ("Slots", ".spec.slotAmount", 0),
+    ("Applied", ".status.appliedSlotAmount", 1),
+    ("Type", ".spec.topicType", 0),
+    ("Brokers", ".spec.brokers", 0),
+    ("Ready", '.status.conditions[?(@.type=="Ready")].status', 0),
+    ("Reason", '.status.conditions[?(@.type=="Ready")].reason', 1),
+    ("Unowned", ".status.slots.unowned", 0),
+    ("Scheduled", ".status.depths.scheduled", 0),
+    ("Dead", ".status.depths.dead", 0),
+    ("Age", ".metadata.creationTimestamp", 0),
+]
+
+
+def test_printer_columns_show_what_is_served_from_status() -> None:
+    """Applied slots, unowned slots, scheduled and dead come from status fields the schema
+    declares (and the operator writes: status.py / the health loop), not from the spec."""
+    columns = crd()["spec"]["versions"][0]["additionalPrinterColumns"]
+    assert [(c["name"], c["jsonPath"], c.get("priority", 0)) for c in columns] == PRINTER_COLUMNS
+    for column in columns:
+        path = column["jsonPath"]
+        if "[" in path or path.startswith(".metadata"):
+            continue
+        node: dict[str, Any] = root_schema()
+        for part in path.strip(".").split("."):
+            assert part in node.get("properties", {}), f"{path} is not in the schema"
+            node = node["properties"][part]
+        assert node["type"] == column["type"], path
+        if column["name"] != "Age":
+            assert column.get("description"), column["name"]
+
+
+def test_every_property_is_described() -> None:
+    """`kubectl explain dt.spec...` shows a description for every field. The root metadata is
+    the one exception: the API server forbids a description there (only name/generateName)."""
+    missing: list[str] = []
+
+    def walk(node: dict[str, Any], path: str) -> None:
+        for name, child in node.get("properties", {}).items():
+            where = f"{path}.{name}" if path else name
+            if not child.get("description") and where != "metadata":
+                missing.append(where)
+            walk(child, where)
+        if isinstance(node.get("items"), dict):
+            walk(node["items"], f"{path}[]")
+
+    schema = root_schema()
+    assert schema.get("description")
+    walk(schema, "")
+    assert missing == []
+    assert "description" not in schema["properties"]["metadata"]
+    assert set(schema["properties"]["metadata"]["properties"]) <= {"name", "generateName"}
 
 
 def walk_rules(node: Any) -> list[dict[str, str]]:
@@ -104,19 +181,134 @@ def test_every_cel_rule_has_a_message() -> None:
         assert len(rule.get("message", "")) > 20, rule
 
 
+def test_message_expressions_say_the_message_and_add_the_values() -> None:
+    """A messageExpression is the static message plus the offending values, so the examples'
+    expect-error texts (a prefix of the message) match both, and the fallback says the same.
+    Only the slotAmount transition rule words shrink and growth differently."""
+    with_expression = [rule for rule in walk_rules(crd()) if "messageExpression" in rule]
+    assert len(with_expression) >= 8
+    for rule in with_expression:
+        expression = rule["messageExpression"]
+        assert expression.startswith("'"), expression
+        assert expression.count("'") % 2 == 0, expression
+        assert "self" in expression, expression
+        if rule["rule"] == "self == oldSelf" and "slotAmount" in rule["message"]:
+            assert expression.startswith("'slotAmount cannot change"), expression
+            continue
+        assert expression.startswith("'" + rule["message"] + " ("), expression
+
+
+def resolves(schema: dict[str, Any], field_path: str) -> bool:
+    node = schema
+    for part in field_path.strip(".").split("."):
+        if part not in node.get("properties", {}):
+            return False
+        node = node["properties"][part]
+    return True
+
+
+def test_spec_rules_point_at_the_offending_field() -> None:
+    """Every spec-level rule names its field (fieldPath), so kubectl reports spec.brokers
+    rather than spec; the path must exist in the schema or the API server refuses the CRD."""
+    rules = spec_schema()["x-kubernetes-validations"]
+    assert len(rules) == 6
+    for rule in rules:
+        assert resolves(spec_schema(), rule["fieldPath"]), rule
+    by_path = {rule["fieldPath"]: rule for rule in rules}
+    assert "string(self.brokers)" in by_path[".brokers"]["messageExpression"]
+    assert "string(self.slotAmount)" in by_path[".brokers"]["messageExpression"]
+    minimum = by_path[".redis.minReplicasToWrite"]
+    assert minimum["message"] == MIN_REPLICAS_EXCEED_MESSAGE
+    for rule in root_schema()["x-kubernetes-validations"]:
+        assert rule["fieldPath"] == ".metadata.name"
+        assert resolves(root_schema(), rule["fieldPath"])
+
+
+def longest_valid_topic_name() -> int:
+    """The longest name for which every object the builders make at the CRD's maxima
+    (64 brokers, 5 replicas each, every slot) has a valid name: at most 63 characters, a
+    DNS-1035 label for Services, StatefulSets at most 52 (the controller-revision-hash label
+    is `<statefulset>-<hash of up to 10>`), and each StatefulSet pod `<statefulset>-<ordinal>`
+    at most 63 (its hostname and `statefulset.kubernetes.io/pod-name` label)."""
+    dns_1035 = re.compile(r"^[a-z]([-a-z0-9]*[a-z0-9])?$")
+    ctx = BuildContext(image="delayq:test", redis_image="redis:test")
+    longest = 0
+    for length in range(1, 64):
+        spec = TopicSpec(
+            name="t" * length,
+            namespace="shop",
+            slot_amount=MAX_SLOT_AMOUNT,
+            brokers=MAX_BROKERS,
+            replicas_per_broker=MAX_REPLICAS_PER_BROKER,
+        )
+        manifests = build_all(spec, ctx, Credentials("pw", "tok"), MAX_SLOT_AMOUNT, True)
+        valid = True
+        for manifest in manifests:
+            name = manifest["metadata"]["name"]
+            labels = list(manifest["metadata"].get("labels", {}).values())
+            valid &= len(name) <= 63 and bool(dns_1035.match(name))
+            valid &= all(len(str(value)) <= 63 for value in labels)
+            if manifest["kind"] == "StatefulSet":
+                last_pod = f"{name}-{manifest['spec']['replicas'] - 1}"
+                valid &= len(name) <= 52 and len(last_pod) <= 63
+        if not valid:
+            break
+        longest = length
+    return longest
+
+
+def test_the_name_bound_is_derived_from_the_builders() -> None:
+    """43 today: <name>-redis-63 is the longest StatefulSet. The CRD rule, its message and the
+    parser's constant all carry the same number, so they cannot drift from the builders."""
+    assert longest_valid_topic_name() == MAX_TOPIC_NAME_LENGTH == 43
+    length_rule, pattern_rule = root_schema()["x-kubernetes-validations"]
+    assert length_rule["rule"] == f"self.metadata.name.size() <= {MAX_TOPIC_NAME_LENGTH}"
+    assert length_rule["message"] == NAME_TOO_LONG_MESSAGE
+    assert pattern_rule["rule"] == "self.metadata.name.matches('^[a-z]([-a-z0-9]*[a-z0-9])?$')"
+    assert pattern_rule["message"] == NAME_NOT_DNS_1035_MESSAGE
+
+
+@pytest.mark.parametrize(
+    ("name", "expected"),
+    [
+        ("t" * 44, f"{NAME_TOO_LONG_MESSAGE} (length=44)"),
+        ("orders.eu", f"{NAME_NOT_DNS_1035_MESSAGE} (name=orders.eu)"),
+        ("1orders", f"{NAME_NOT_DNS_1035_MESSAGE} (name=1orders)"),
+    ],
+)
+def test_the_parser_repeats_the_name_rules(name: str, expected: str) -> None:
+    """What the CEL messageExpression prints, the operator's InvalidSpec says too."""
+    with pytest.raises(SpecError) as raised:
+        parse_spec(name, "shop", {})
+    assert str(raised.value) == expected
+
+
+def test_a_name_at_the_bound_is_accepted() -> None:
+    assert parse_spec("t" * MAX_TOPIC_NAME_LENGTH, "shop", {}).name == "t" * 43
+
+
 def test_transition_rules_cover_immutability_and_growth() -> None:
-    properties = crd()["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["spec"][
-        "properties"
-    ]
+    properties = spec_schema()["properties"]
     assert {"rule": "self == oldSelf"}.items() <= properties["topicType"][
         "x-kubernetes-validations"
     ][0].items()
     assert any(
-        r["rule"] == "self >= oldSelf" for r in properties["slotAmount"]["x-kubernetes-validations"]
-    )
-    assert any(
         r["rule"] == "self >= oldSelf" for r in properties["brokers"]["x-kubernetes-validations"]
     )
+
+
+def test_slot_amount_is_immutable_until_resharding_exists() -> None:
+    """Growth used to be accepted and then refused by reconcile (ReshardingNotSupported) while
+    Ready stayed True; now the API server refuses any change, shrinking included. When
+    resharding lands, the rule becomes `self >= oldSelf` again."""
+    rules = spec_schema()["properties"]["slotAmount"]["x-kubernetes-validations"]
+    transitions = [rule for rule in rules if "oldSelf" in rule["rule"]]
+    assert [rule["rule"] for rule in transitions] == ["self == oldSelf"]
+    (rule,) = transitions
+    assert rule["message"].startswith("slotAmount cannot change: resharding is not supported yet")
+    assert "string(oldSelf)" in rule["messageExpression"]
+    assert "string(self)" in rule["messageExpression"]
+    assert "self < oldSelf ?" in rule["messageExpression"]
 
 
 def test_every_number_is_bounded() -> None:

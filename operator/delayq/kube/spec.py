@@ -28,6 +28,23 @@ MAX_BROKERS = 64
 MAX_REPLICAS_PER_BROKER = 5
 MAX_MIN_REPLICAS_MAX_LAG_S = 3600
 APPEND_FSYNC_POLICIES = ("everysec", "always")
+#: Longest topic name whose derived names all stay valid: the StatefulSet <name>-redis-63 must
+#: fit 52 characters (its controller-revision-hash label appends 11) and the Service
+#: <name>-redis-63-headless 63. tests/kube/test_crd_schema.py derives it from the builders; the
+#: CRD's root CEL rule carries the same number and message.
+MAX_TOPIC_NAME_LENGTH = 43
+#: Services need DNS-1035 labels (a letter first, no dots); a DelayTopic name only has to be a
+#: DNS-1123 subdomain, so the CRD narrows it.
+TOPIC_NAME_PATTERN = re.compile(r"^[a-z]([-a-z0-9]*[a-z0-9])?$")
+NAME_TOO_LONG_MESSAGE = (
+    f"metadata.name must be at most {MAX_TOPIC_NAME_LENGTH} characters: the operator derives "
+    "names such as <name>-redis-63-headless from it, which Kubernetes limits to 63 characters "
+    "(52 for a StatefulSet)"
+)
+NAME_NOT_DNS_1035_MESSAGE = (
+    "metadata.name must be a DNS label that Services accept (RFC 1035): lowercase letters, "
+    "digits and hyphens, starting with a letter and ending with a letter or digit, no dots"
+)
 MIN_REPLICAS_EXCEED_MESSAGE = (
     "redis.minReplicasToWrite must not exceed replicasPerBroker: a master cannot have more "
     "replicas in sync than its broker has, so it would refuse every write"
@@ -124,6 +141,7 @@ def parse_duration_ms(value: object, field_name: str, low_ms: int, high_ms: int)
 
 def parse_spec(name: str, namespace: str, spec: Mapping[str, Any]) -> TopicSpec:
     """Validate and default one DelayTopic spec; raise SpecError naming the first bad field."""
+    _check_name(name)
     slot_amount = _int(spec, "slotAmount", DEFAULTS.slot_amount, 1, MAX_SLOT_AMOUNT)
     if not is_power_of_two(slot_amount):
         raise SpecError(
@@ -203,6 +221,14 @@ def parse_spec(name: str, namespace: str, spec: Mapping[str, Any]) -> TopicSpec:
     except TopicError as error:
         raise SpecError(str(error)) from None
     return parsed
+
+
+def _check_name(name: str) -> None:
+    """The CRD's root rules on metadata.name, with the same messages (values appended)."""
+    if len(name) > MAX_TOPIC_NAME_LENGTH:
+        raise SpecError(f"{NAME_TOO_LONG_MESSAGE} (length={len(name)})")
+    if not TOPIC_NAME_PATTERN.match(name):
+        raise SpecError(f"{NAME_NOT_DNS_1035_MESSAGE} (name={name})")
 
 
 def _delivery(topic_type: TopicType, section: Mapping[str, Any]) -> Delivery:
