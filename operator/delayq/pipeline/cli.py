@@ -18,7 +18,7 @@ from typing import Any
 from delayq.extras import missing_extra
 from delayq.pipeline.archive import DEFAULT_PAGE_SIZE
 from delayq.pipeline.ingest import FORMATS
-from delayq.pipeline.spark import DEFAULT_MASTER
+from delayq.pipeline.spark import FALLBACK_MASTER
 from delayq.queue.topic import DEFAULT_MAX_PAYLOAD_BYTES
 
 DEFAULT_GRACE_MS = 60_000
@@ -35,7 +35,12 @@ def register(subparsers: Any) -> None:
 
     ingest = commands.add_parser("ingest", help="bulk-schedule messages from a file")
     _topic_arguments(ingest)
-    ingest.add_argument("--max-payload-bytes", type=int, default=DEFAULT_MAX_PAYLOAD_BYTES)
+    ingest.add_argument(
+        "--max-payload-bytes",
+        type=int,
+        default=DEFAULT_MAX_PAYLOAD_BYTES,
+        help="the topic's payload limit: larger payloads are rejected (default %(default)s)",
+    )
     ingest.add_argument(
         "--journal-maxlen",
         type=int,
@@ -43,15 +48,22 @@ def register(subparsers: Any) -> None:
         help="the topic's journal bound (0 = off); pass the topic's value to journal the ingest",
     )
     ingest.add_argument("--input", required=True, help="file or directory to read")
-    ingest.add_argument("--format", required=True, choices=FORMATS)
+    ingest.add_argument(
+        "--format", required=True, choices=FORMATS, help="input format (json = JSON Lines)"
+    )
     ingest.add_argument(
         "--map",
         default="",
         help="column mapping NAME=COLUMN,... for id, payload, due_at, delay, slot_basis, headers",
     )
     ingest.add_argument("--rejects", required=True, help="directory for rejected rows (JSON)")
-    ingest.add_argument("--partitions", type=int, default=None, help="writer tasks")
-    ingest.add_argument("--master", default=DEFAULT_MASTER)
+    ingest.add_argument(
+        "--partitions",
+        type=int,
+        default=None,
+        help="writer tasks (default: 4 per core, at most one per slot)",
+    )
+    _master_argument(ingest)
     ingest.set_defaults(handler=_reporting_errors("ingest", run_ingest, SPARK))
 
     archive = commands.add_parser("archive", help="append the lifecycle journal to Parquet")
@@ -66,17 +78,37 @@ def register(subparsers: Any) -> None:
     audit = commands.add_parser("audit", help="delivery report over the archived journal")
     audit.add_argument("--input", required=True, help="the archive's Parquet dataset")
     audit.add_argument("--output", required=True, help="directory for audit.json, audit.html")
-    audit.add_argument("--grace-ms", type=int, default=DEFAULT_GRACE_MS)
-    audit.add_argument("--master", default=DEFAULT_MASTER)
+    audit.add_argument(
+        "--grace-ms",
+        type=int,
+        default=DEFAULT_GRACE_MS,
+        help="a waiting id counts as lost once its due is this far before the journal's end "
+        "(default %(default)s)",
+    )
+    _master_argument(audit)
     audit.set_defaults(handler=_reporting_errors("audit", run_audit, SPARK))
 
 
 Handler = Callable[[argparse.Namespace], int]
 
 
+class JobError(Exception):
+    """A job cannot run (Redis unreachable, input unreadable): one line, exit code 1."""
+
+
+def _master_argument(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--master",
+        default=None,
+        help="Spark master (local[4], spark://host:7077, k8s://...); default: what spark-submit "
+        f"or spark-defaults.conf set, else {FALLBACK_MASTER}",
+    )
+
+
 def _reporting_errors(command: str, handler: Handler, modules: tuple[str, ...]) -> Handler:
     """A missing extra or a configuration error (bad mapping, topic setting) is one line and
-    exit code 2."""
+    exit code 2; a job that cannot run (Redis unreachable, input missing) one line and exit
+    code 1. Never a traceback for these."""
 
     def run(args: argparse.Namespace) -> int:
         from delayq.pipeline.transforms import MappingError
@@ -90,8 +122,80 @@ def _reporting_errors(command: str, handler: Handler, modules: tuple[str, ...]) 
         except (MappingError, TopicError) as error:
             print(f"delayq pipeline {command}: {error}", file=sys.stderr)
             return 2
+        except JobError as error:
+            print(f"delayq pipeline {command}: {error}", file=sys.stderr)
+            return 1
+        except Exception as error:
+            if (line := _known_failure(error, args)) is None:
+                raise
+            print(f"delayq pipeline {command}: {line}", file=sys.stderr)
+            return 1
 
     return run
+
+
+def _known_failure(error: Exception, args: argparse.Namespace) -> str | None:
+    """One line for the failures an operator fixes outside the code: Redis not reachable, a
+    path Spark cannot read. Anything else keeps its traceback (it is a bug)."""
+    import redis
+
+    url = redacted(getattr(args, "redis", None) or "")
+    if isinstance(error, redis.ConnectionError | redis.TimeoutError):
+        return f"cannot reach Redis at {url}: {_first_line(error)}"
+    if isinstance(error, redis.AuthenticationError | redis.ResponseError):
+        return f"Redis at {url} refused: {_first_line(error)}"
+    if "pyspark" in sys.modules:
+        from pyspark.errors import AnalysisException
+
+        if isinstance(error, AnalysisException):
+            if "PATH_NOT_FOUND" in str(error):
+                return f"cannot read --input {getattr(args, 'input', '')}: {_first_line(error)}"
+            return _first_line(error)
+    return None
+
+
+def _first_line(error: BaseException) -> str:
+    text = str(error).strip()
+    return text.splitlines()[0] if text else type(error).__name__
+
+
+def redacted(url: str) -> str:
+    """The Redis URL without its password, for messages."""
+    from urllib.parse import urlsplit, urlunsplit
+
+    parts = urlsplit(url)
+    if parts.password is None:
+        return url
+    user = parts.username or ""
+    host = parts.hostname or ""
+    port = f":{parts.port}" if parts.port is not None else ""
+    return urlunsplit(parts._replace(netloc=f"{user}:***@{host}{port}"))
+
+
+def _check_redis(url: str) -> None:
+    """PING the topic's Redis from the driver, so an unreachable one fails in a second, before
+    Spark starts (the executors, which write, must reach it too)."""
+    import redis
+
+    client = redis.Redis.from_url(url, socket_connect_timeout=5, socket_timeout=5)
+    try:
+        client.ping()
+    except (redis.ConnectionError, redis.TimeoutError) as error:
+        raise JobError(f"cannot reach Redis at {redacted(url)}: {_first_line(error)}") from error
+    finally:
+        client.close()
+
+
+def _check_input(path: str) -> None:
+    """A local input that does not exist fails before Spark starts; remote paths (hdfs://,
+    s3a://, ...) and glob patterns are Spark's to read."""
+    from urllib.parse import urlsplit
+
+    parts = urlsplit(path)
+    if any(char in path for char in "*?[{"):
+        return
+    if parts.scheme in ("", "file") and not os.path.exists(parts.path if parts.scheme else path):
+        raise JobError(f"cannot read --input {path}: no such file or directory")
 
 
 def _topic_arguments(parser: argparse.ArgumentParser) -> None:
@@ -103,8 +207,10 @@ def _topic_arguments(parser: argparse.ArgumentParser) -> None:
         help=f"redis://[:password@]host:port/db (default ${REDIS_URL_ENV}: keeps a password "
         "out of the process list)",
     )
-    parser.add_argument("--namespace", default="default")
-    parser.add_argument("--topic", required=True)
+    parser.add_argument(
+        "--namespace", default="default", help="the topic's namespace (default %(default)s)"
+    )
+    parser.add_argument("--topic", required=True, help="the topic's name")
     parser.add_argument("--slots", type=int, required=True, help="the topic's slotAmount")
 
 
@@ -131,6 +237,8 @@ def run_ingest(args: argparse.Namespace) -> int:
     )
     target.to_topic()  # validates the names and bounds before Spark starts
     mapping = transforms.parse_mapping(args.map)
+    _check_input(args.input)
+    _check_redis(args.redis)
     with job_session(args.master, "delayq-pipeline-ingest") as spark:
         source = read_input(spark, args.input, args.format)
         summary = ingest(
@@ -145,6 +253,7 @@ def run_archive(args: argparse.Namespace) -> int:
     from delayq.queue.topic import Topic
 
     topic = Topic(args.topic, namespace=args.namespace, slot_amount=args.slots)
+    _check_redis(args.redis)
     summary = archive(args.redis, topic, args.output, args.checkpoint, args.page_size)
     _emit(summary.line(), summary.as_dict())
     return 0
@@ -154,6 +263,7 @@ def run_audit(args: argparse.Namespace) -> int:
     from delayq.pipeline.audit_job import run
     from delayq.pipeline.spark import job_session
 
+    _check_input(args.input)
     with job_session(args.master, "delayq-pipeline-audit") as spark:
         report = run(spark, args.input, args.output, args.grace_ms)
     _emit(f"audit: wrote {args.output}/audit.json and audit.html", report)
