@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 from collections.abc import Sequence
 
+from delayq import __version__
 from delayq.kube import cli as operator_cli
 from delayq.local import cli as local_cli
 from delayq.pipeline import cli as pipeline_cli
@@ -19,6 +20,9 @@ from delayq.service import cli as service_cli
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="delayq", description="Kubernetes-native delay queue.")
+    parser.add_argument(
+        "--version", action="version", version=f"delayq {__version__}", help="print the version"
+    )
     subparsers = parser.add_subparsers(dest="command", required=True)
     pipeline_cli.register(subparsers)
     operator_cli.register(subparsers)

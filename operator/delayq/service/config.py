@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import enum
 import os
 import socket
 import typing
@@ -234,8 +235,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
             dest=f.name,
             type=_parser_of(f.name),
             choices=list(TopicType) if kind is TopicType else None,
-            help=f"{f.metadata['help']} (env {env_name(f.name)}, default {f.default!r})",
+            help=f"{f.metadata['help']} (env {env_name(f.name)}, default {_shown(f.default)})",
         )
+
+
+def _shown(default: Any) -> str:
+    """A default as a user types it: `pull`, not `<TopicType.PULL: 'pull'>`; `''` for empty."""
+    if isinstance(default, enum.Enum):
+        return str(default.value)
+    return repr(default)
 
 
 def env_name(name: str) -> str:
