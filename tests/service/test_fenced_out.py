@@ -15,6 +15,7 @@ import redis.asyncio
 from delayq.local.waiting import eventually
 from delayq.queue.client import AsyncQueue
 from delayq.queue.topic import Topic
+from delayq.service.readiness import PROBE_INTERVAL_S, UNREADY_AFTER_S
 from tests.service.conftest import NAMESPACE, TOPIC, Receiver, StartService
 from tests.service.test_webhook import schedule
 
@@ -32,3 +33,23 @@ async def test_a_fenced_out_slot_is_taken_back_and_delivered(
     await eventually(lambda: len(receiver.requests) == 1, 10, "the message delivered")
     assert service.owned_slots == [0, 1, 2, 3]
     assert await service.is_ready()
+
+
+async def test_readiness_is_not_frozen_by_an_ownership_change_in_progress(
+    start_service: StartService,
+) -> None:
+    """A slot not consumed while an ownership change holds the service's lock (own() stuck on
+    a slow Redis): the probe reports it instead of waiting for the lock, so readiness turns false
+    within its hysteresis, and comes back once the change is through."""
+    running = await start_service()
+    service = running.service
+    await service._apply(frozenset({0}), release=True)  # granted, no longer consumed
+    async with service._lock:  # the change that would fix it is still running
+        await eventually(
+            lambda: not service.readiness.ready,
+            UNREADY_AFTER_S + 3 * PROBE_INTERVAL_S,
+            "unready while a granted slot is not consumed",
+        )
+        assert service.readiness.reason == "granted slots not consumed"
+    await eventually(lambda: service.readiness.ready, 5 * PROBE_INTERVAL_S, "ready again")
+    assert service.owned_slots == [0, 1, 2, 3]

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 UNREADY_AFTER_S = 3.0  # failing this long (about three probes) makes the process unready
 READY_AFTER = 2  # successes in a row that make an unready process ready again
 PROBE_INTERVAL_S = 1.0
+PROBE_TIMEOUT_S = 2.0  # a probe taking longer counts as failed (it must never freeze the verdict)
 
 
 @dataclass

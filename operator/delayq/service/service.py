@@ -37,7 +37,7 @@ from delayq.service.delivery.sinks import Sink
 from delayq.service.delivery.stream import StreamSink
 from delayq.service.delivery.webhook import WebhookSink
 from delayq.service.metrics import ServiceMetrics
-from delayq.service.readiness import PROBE_INTERVAL_S, Readiness
+from delayq.service.readiness import PROBE_INTERVAL_S, PROBE_TIMEOUT_S, Readiness
 
 log = logging.getLogger(__name__)
 OWNERSHIP_STOP_TIMEOUT_S = 10.0  # ephemeral owner nodes vanish with the session anyway
@@ -212,19 +212,28 @@ class DelayService:
                 await self._apply(confirmed, release=False)
 
     async def _probe_forever(self) -> None:
+        """A verdict every PROBE_INTERVAL_S whatever happens: a probe that hangs (Redis or
+        ZooKeeper not answering) is a failure, never a stale "ready"."""
         while not self._closing:
             await asyncio.sleep(PROBE_INTERVAL_S)
-            self.readiness.observe(await self._probe(), time.monotonic())
+            try:
+                failure = await asyncio.wait_for(self._probe(), PROBE_TIMEOUT_S)
+            except TimeoutError:
+                failure = "probe timed out (a broker or ZooKeeper does not answer)"
+            self.readiness.observe(failure, time.monotonic())
 
     async def _probe(self) -> str | None:
         """What keeps this process from delivering what it was granted (None: nothing)."""
         if not self.ownership.ready:
             return "ownership not settled (ZooKeeper unreachable or assignment changing)"
         if frozenset(self.owned_slots) != self.ownership.owned:
-            try:
-                await self._take_back_missing()
-            except (redis.RedisError, OSError) as error:
-                log.warning("could not take back granted slots", extra={"error": str(error)})
+            # an ownership change still being applied holds the lock: that is the mismatch
+            # this probe reports, not something to wait for
+            if not self._lock.locked():
+                try:
+                    await self._take_back_missing()
+                except (redis.RedisError, OSError) as error:
+                    log.warning("could not take back granted slots", extra={"error": str(error)})
             if frozenset(self.owned_slots) != self.ownership.owned:
                 return "granted slots not consumed"
         if not await self.brokers.reachable(self.owned_slots):
