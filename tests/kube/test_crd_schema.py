@@ -270,10 +270,23 @@ def test_the_name_bound_is_derived_from_the_builders() -> None:
     parser's constant all carry the same number, so they cannot drift from the builders."""
     assert longest_valid_topic_name() == MAX_TOPIC_NAME_LENGTH == 43
     length_rule, pattern_rule = root_schema()["x-kubernetes-validations"]
-    assert length_rule["rule"] == f"self.metadata.name.size() <= {MAX_TOPIC_NAME_LENGTH}"
+    assert length_rule["rule"] == (
+        f"oldSelf.hasValue() || self.metadata.name.size() <= {MAX_TOPIC_NAME_LENGTH}"
+    )
     assert length_rule["message"] == NAME_TOO_LONG_MESSAGE
-    assert pattern_rule["rule"] == "self.metadata.name.matches('^[a-z]([-a-z0-9]*[a-z0-9])?$')"
+    assert pattern_rule["rule"] == (
+        "oldSelf.hasValue() || self.metadata.name.matches('^[a-z]([-a-z0-9]*[a-z0-9])?$')"
+    )
     assert pattern_rule["message"] == NAME_NOT_DNS_1035_MESSAGE
+
+
+def test_the_name_rules_run_on_create_only() -> None:
+    """A name never changes, so checking it on create is enough; evaluating the root rule on
+    every update would make the API server refuse status patches (and labels, finalizers) of a
+    topic created before the rule existed, so the operator could not even say InvalidSpec."""
+    for rule in root_schema()["x-kubernetes-validations"]:
+        assert rule["optionalOldSelf"] is True
+        assert rule["rule"].startswith("oldSelf.hasValue() || ")
 
 
 @pytest.mark.parametrize(
