@@ -24,7 +24,7 @@ from delayq.local.waiting import eventually
 from delayq.queue.client import AsyncQueue, Queue
 from delayq.queue.consumer import Consumer, ConsumerSettings
 from delayq.queue.keys import Part, slot_keys
-from delayq.queue.model import Message, ScheduleRequest
+from delayq.queue.model import Message, ScheduleRequest, State
 from delayq.queue.topic import Topic
 
 
@@ -276,3 +276,34 @@ async def test_a_wake_up_taken_by_a_former_owner_goes_to_the_new_one(
         old_running.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await old_running
+
+
+async def test_a_slow_batch_does_not_hold_finished_acks_back(client: redis.asyncio.Redis) -> None:
+    """One handler at a time, 100 ms each, 10 messages in one batch: the first message's ack is
+    in Redis long before the batch ends (an unsent ack is a redelivery if the process or Redis
+    dies meanwhile — seen in chaos soaks as duplicates around a Redis crash)."""
+    topic = Topic("flush", slot_amount=1, ack_timeout_ms=30_000)
+    queue = AsyncQueue(client, topic)
+    await queue.schedule_many([ScheduleRequest(f"f{i}", b"p", delay_ms=0) for i in range(10)])
+    started: list[str] = []
+    first_acked_at: list[int] = []
+
+    async def handler(message: Message) -> None:
+        started.append(message.id)
+        if (
+            len(started) > 1
+            and not first_acked_at
+            and (await queue.get(started[0])).state is State.ABSENT
+        ):
+            first_acked_at.append(len(started))
+        await asyncio.sleep(0.1)
+
+    settings = ConsumerSettings(batch_size=10, max_in_flight=10, batch_concurrency=1)
+    consumer = Consumer(queue, handler, settings)
+    running = asyncio.create_task(consumer.run(slots=[0]))
+    try:
+        await eventually(lambda: len(started) == 10, 10.0, "every message handled")
+    finally:
+        await stopped(consumer, running)
+    assert first_acked_at, "the first ack waited for the whole batch"
+    assert first_acked_at[0] <= 3, first_acked_at

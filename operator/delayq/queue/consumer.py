@@ -55,6 +55,7 @@ Handler = Callable[[Message], Awaitable[None]]
 STOP_WAKER_S = 2.0  # how long stopping waits for the blocking wait to take its interrupt
 RETRY_MS = 200  # after a failed claim, the slot is tried again this much later
 WAKE_BLOCK_S = 10.0  # upper bound of one blocking wait; only a liveness refresh, not a poll
+ACK_FLUSH_S = 0.05  # a handled message's ack waits for its group at most this long
 WATCHDOG_S = 1.0  # how often owned slots are checked against Redis for a missed wake-up
 STALL_BOUND_MS = 1000  # a head overdue this long that the consumer does not expect is a stall
 
@@ -446,12 +447,14 @@ class Consumer:
         max_helpers = min(self.settings.batch_concurrency, len(messages)) - 1
 
         handled = 0  # messages whose handler ran or that were skipped: their room is given back
+        unsent_since = 0.0  # monotonic time the oldest unsent ack or nack was ready (0: none)
         sending = asyncio.Lock()  # one ack/nack call of a batch at a time
 
         async def send(threshold: int) -> None:
             # a handled message stays in `pending` (its lease kept by the heartbeat) until its
             # ack or nack is sent: acks wait for the batch, which may take longer than a lease
-            nonlocal done, retries
+            nonlocal done, retries, unsent_since
+            unsent_since = 0.0
             async with sending:
                 try:
                     if done and len(done) >= threshold:
@@ -472,7 +475,7 @@ class Consumer:
                     )
 
         async def worker() -> None:
-            nonlocal helper_starting, handled
+            nonlocal helper_starting, handled, unsent_since
             helper_starting = False
             for message in remaining:
                 if not helper_starting and len(helpers) < max_helpers:
@@ -495,6 +498,14 @@ class Consumer:
                 self._give_room(1)
                 if len(done) >= group or len(retries) >= group:  # checked inline: per message
                     await send(group)
+                elif done or retries:
+                    # slow batches must not hold finished acks back: an ack not yet sent is a
+                    # redelivery if the process or Redis dies meanwhile
+                    now_s = time.monotonic()
+                    if not unsent_since:
+                        unsent_since = now_s
+                    elif now_s - unsent_since >= ACK_FLUSH_S:
+                        await send(1)
             if done or retries:
                 await send(1)
 
