@@ -2,15 +2,28 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+
 import pytest
 import redis
 import redis.asyncio
 
+from delayq.local.redis_server import RedisServer
 from delayq.local.waiting import wait_until
 from delayq.queue.client import AsyncQueue, Queue
 from delayq.queue.topic import Topic
 
 TOPIC = Topic("orders", namespace="shop", slot_amount=4, max_retries=2, journal_maxlen=10_000)
+
+
+@pytest.fixture
+def durable_redis() -> Iterator[RedisServer]:
+    """A redis-server of the test's own that survives kill -9 (AOF, fsync on every write)."""
+    server = RedisServer(appendonly=True, extra_config={"appendfsync": "always"}).start()
+    try:
+        yield server
+    finally:
+        server.stop()
 
 
 @pytest.fixture

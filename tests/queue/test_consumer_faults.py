@@ -13,7 +13,6 @@ import asyncio
 import contextlib
 import time
 from collections import Counter, defaultdict
-from collections.abc import AsyncIterator, Iterator
 
 import pytest
 import redis
@@ -26,23 +25,6 @@ from delayq.queue.consumer import Consumer, ConsumerSettings
 from delayq.queue.keys import Part, slot_keys
 from delayq.queue.model import Message, ScheduleRequest, State
 from delayq.queue.topic import Topic
-
-
-@pytest.fixture
-def durable_redis() -> Iterator[RedisServer]:
-    server = RedisServer(appendonly=True, extra_config={"appendfsync": "always"}).start()
-    try:
-        yield server
-    finally:
-        server.stop()
-
-
-@pytest.fixture
-async def client(redis_server: RedisServer) -> AsyncIterator[redis.asyncio.Redis]:
-    connection = redis.asyncio.Redis.from_url(redis_server.url)
-    await connection.flushall()
-    yield connection
-    await connection.aclose()
 
 
 async def stopped(consumer: Consumer, running: asyncio.Task[None]) -> None:
@@ -94,12 +76,12 @@ async def test_a_failed_claim_keeps_every_waiting_slot_timed(durable_redis: Redi
         await client.aclose()
 
 
-async def test_slow_handlers_keep_their_leases(client: redis.asyncio.Redis) -> None:
+async def test_slow_handlers_keep_their_leases(async_redis_client: redis.asyncio.Redis) -> None:
     """Handlers of 100 ms, 4 at a time, batches of 15, 60 in flight, 300 ms leases: messages
     queued in a batch wait far longer than a lease. The heartbeat keeps their leases, so every
     message is delivered exactly once and none goes dead (max_retries 1)."""
     topic = Topic("slow", slot_amount=1, ack_timeout_ms=300, max_retries=1)
-    queue = AsyncQueue(client, topic)
+    queue = AsyncQueue(async_redis_client, topic)
     await queue.schedule_many([ScheduleRequest(f"s{i}", b"p", delay_ms=0) for i in range(60)])
     calls: Counter[str] = Counter()
 
@@ -129,11 +111,13 @@ async def test_slow_handlers_keep_their_leases(client: redis.asyncio.Redis) -> N
     assert consumer.counters.acks_lease_lost == 0
 
 
-async def test_a_claim_answered_after_release_is_given_back(client: redis.asyncio.Redis) -> None:
+async def test_a_claim_answered_after_release_is_given_back(
+    async_redis_client: redis.asyncio.Redis,
+) -> None:
     """A claim is in flight (Redis paused) when the slot is released: its messages go back to
     store at once, so the next owner delivers them without waiting for a 30 s lease."""
     topic = Topic("handoff", slot_amount=1, ack_timeout_ms=30_000)
-    queue = AsyncQueue(client, topic)
+    queue = AsyncQueue(async_redis_client, topic)
     await queue.schedule_many([ScheduleRequest(f"h{i}", b"p", delay_ms=300) for i in range(20)])
     first: list[Message] = []
     second: list[Message] = []
@@ -147,7 +131,7 @@ async def test_a_claim_answered_after_release_is_given_back(client: redis.asynci
     old = Consumer(queue, first_handler)
     await old.own([0])
     running = asyncio.create_task(old.run())
-    admin = client.client()
+    admin = async_redis_client.client()
     try:
         await asyncio.sleep(0.1)
         await admin.execute_command("CLIENT", "PAUSE", 1200, "ALL")  # the due claim will wait
@@ -173,11 +157,13 @@ async def test_a_claim_answered_after_release_is_given_back(client: redis.asynci
     assert old.counters.given_back == 20
 
 
-async def test_no_handler_starts_after_its_lease_ran_out(client: redis.asyncio.Redis) -> None:
+async def test_no_handler_starts_after_its_lease_ran_out(
+    async_redis_client: redis.asyncio.Redis,
+) -> None:
     """Redis stalls (so the heartbeat cannot extend) while messages wait behind one slow
     handler: once a lease has run out, its remaining messages are not handed to the handler."""
     topic = Topic("expiry", slot_amount=1, ack_timeout_ms=600)
-    queue = AsyncQueue(client, topic)
+    queue = AsyncQueue(async_redis_client, topic)
     await queue.schedule_many([ScheduleRequest(f"e{i}", b"p", delay_ms=0) for i in range(8)])
     starts: dict[int, list[float]] = defaultdict(list)  # lease_id -> handler start times
     handled: set[str] = set()
@@ -190,7 +176,7 @@ async def test_no_handler_starts_after_its_lease_ran_out(client: redis.asyncio.R
     settings = ConsumerSettings(batch_size=8, max_in_flight=8, batch_concurrency=1)
     consumer = Consumer(queue, handler, settings)
     await consumer.own([0])
-    admin = client.client()
+    admin = async_redis_client.client()
     running = asyncio.create_task(consumer.run())
     try:
         await eventually(lambda: bool(starts), 5.0, "the first delivery")
@@ -207,13 +193,13 @@ async def test_no_handler_starts_after_its_lease_ran_out(client: redis.asyncio.R
 
 
 async def test_the_watchdog_claims_a_slot_whose_wake_up_was_lost(
-    client: redis.asyncio.Redis,
+    async_redis_client: redis.asyncio.Redis,
 ) -> None:
     """A message lands in an owned, idle slot without its wake-up (written around the schedule
     script, as a lost RPUSH would leave it): the consumer expects nothing there, so only the
     watchdog can notice; it claims the slot within its bounds and counts the stall."""
     topic = Topic("lost-wake", slot_amount=1, ack_timeout_ms=5_000)
-    queue = AsyncQueue(client, topic)
+    queue = AsyncQueue(async_redis_client, topic)
     seen: list[str] = []
 
     async def handler(message: Message) -> None:
@@ -225,10 +211,10 @@ async def test_the_watchdog_claims_a_slot_whose_wake_up_was_lost(
     try:
         await eventually(lambda: consumer._slots[0].next_ms is None, 5.0, "the slot idle")
         keys = slot_keys(topic, 0)
-        seconds, micros = await client.time()
+        seconds, micros = await async_redis_client.time()
         due_ms = int(seconds) * 1000 + int(micros) // 1000
-        await client.zadd(keys.key(Part.STORE), {"lost": due_ms})
-        await client.hset(keys.key(Part.MSG), "lost", b"0:::0:p")
+        await async_redis_client.zadd(keys.key(Part.STORE), {"lost": due_ms})
+        await async_redis_client.hset(keys.key(Part.MSG), "lost", b"0:::0:p")
         await eventually(lambda: seen == ["lost"], 5.0, "the watchdog's claim")
     finally:
         await stopped(consumer, running)
@@ -236,13 +222,13 @@ async def test_the_watchdog_claims_a_slot_whose_wake_up_was_lost(
 
 
 async def test_a_wake_up_taken_by_a_former_owner_goes_to_the_new_one(
-    client: redis.asyncio.Redis, monkeypatch: pytest.MonkeyPatch
+    async_redis_client: redis.asyncio.Redis, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """The old owner's blocking wait still listens on a released slot (its interrupt was lost):
     it is served first and takes the new owner's wake-up. It must hand it back, so the new
     owner claims at the due time and not a watchdog round later."""
     topic = Topic("steal", slot_amount=1, ack_timeout_ms=5_000)
-    queue = AsyncQueue(client, topic)
+    queue = AsyncQueue(async_redis_client, topic)
     seen: list[str] = []
 
     async def ignore(message: Message) -> None:
@@ -278,12 +264,14 @@ async def test_a_wake_up_taken_by_a_former_owner_goes_to_the_new_one(
             await old_running
 
 
-async def test_a_slow_batch_does_not_hold_finished_acks_back(client: redis.asyncio.Redis) -> None:
+async def test_a_slow_batch_does_not_hold_finished_acks_back(
+    async_redis_client: redis.asyncio.Redis,
+) -> None:
     """One handler at a time, 100 ms each, 10 messages in one batch: the first message's ack is
     in Redis long before the batch ends (an unsent ack is a redelivery if the process or Redis
     dies meanwhile — seen in chaos soaks as duplicates around a Redis crash)."""
     topic = Topic("flush", slot_amount=1, ack_timeout_ms=30_000)
-    queue = AsyncQueue(client, topic)
+    queue = AsyncQueue(async_redis_client, topic)
     await queue.schedule_many([ScheduleRequest(f"f{i}", b"p", delay_ms=0) for i in range(10)])
     started: list[str] = []
     first_acked_at: list[int] = []

@@ -10,9 +10,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections import Counter
-from collections.abc import Iterator
 
-import pytest
 import redis
 import redis.asyncio
 
@@ -25,15 +23,6 @@ from delayq.queue.topic import Topic
 
 TOPIC = Topic("crash", slot_amount=8, ack_timeout_ms=1_500)
 BEFORE, AFTER = 3_000, 1_000  # messages scheduled before the crash and after the restart
-
-
-@pytest.fixture
-def durable_redis() -> Iterator[RedisServer]:
-    server = RedisServer(appendonly=True, extra_config={"appendfsync": "always"}).start()
-    try:
-        yield server
-    finally:
-        server.stop()
 
 
 def schedule(url: str, prefix: str, count: int, spread_ms: int) -> set[str]:

@@ -366,17 +366,31 @@ def _outcomes(
     return _scatter(order, per_call, len(ids))
 
 
-def ack(topic: Topic, leases: Sequence[Leased]) -> Plan[list[Outcome]]:
+def _token_plan(
+    topic: Topic,
+    leases: Sequence[Leased],
+    script: Script,
+    parts: tuple[Part, ...],
+    head: list[Arg],
+    has_time: bool,
+) -> Plan[list[Outcome]]:
+    """A transition whose arguments are `[epoch, *head]` then `id, lease_id` per lease (ack,
+    extend, give-back): one call per slot, epoch and chunk."""
+
     def build(slot: int, epoch: int, chunk: Sequence[Leased]) -> ScriptCall:
-        keys = slot_keys(topic, slot).keys(Part.PREPARE, Part.MSG, Part.EPOCH, Part.JOURNAL)
-        args: list[Arg] = [epoch, topic.journal_maxlen]
+        args: list[Arg] = [epoch, *head]
         for lease in chunk:
             args += [lease.id, lease.lease_id]
-        return ScriptCall(Script.ACK, keys, args)
+        return ScriptCall(script, slot_keys(topic, slot).keys(*parts), args)
 
     calls, order = _per_lease_calls(topic, leases, lambda lease: lease, build)
     ids = [lease.id for lease in leases]
-    return Plan(calls, lambda replies: _outcomes(order, replies, ids, has_time=False))
+    return Plan(calls, lambda replies: _outcomes(order, replies, ids, has_time=has_time))
+
+
+def ack(topic: Topic, leases: Sequence[Leased]) -> Plan[list[Outcome]]:
+    parts = (Part.PREPARE, Part.MSG, Part.EPOCH, Part.JOURNAL)
+    return _token_plan(topic, leases, Script.ACK, parts, [topic.journal_maxlen], has_time=False)
 
 
 def nack(topic: Topic, retries: Sequence[Retry]) -> Plan[list[Outcome]]:
@@ -414,34 +428,16 @@ def nack(topic: Topic, retries: Sequence[Retry]) -> Plan[list[Outcome]]:
 def extend(topic: Topic, leases: Sequence[Leased], lease_ms: int) -> Plan[list[Outcome]]:
     if lease_ms < 1:
         raise ValueError(f"lease_ms {lease_ms} must be at least 1")
-
-    def build(slot: int, epoch: int, chunk: Sequence[Leased]) -> ScriptCall:
-        keys = slot_keys(topic, slot).keys(Part.PREPARE, Part.MSG, Part.EPOCH)
-        args: list[Arg] = [epoch, lease_ms]
-        for lease in chunk:
-            args += [lease.id, lease.lease_id]
-        return ScriptCall(Script.EXTEND, keys, args)
-
-    calls, order = _per_lease_calls(topic, leases, lambda lease: lease, build)
-    ids = [lease.id for lease in leases]
-    return Plan(calls, lambda replies: _outcomes(order, replies, ids, has_time=True))
+    parts = (Part.PREPARE, Part.MSG, Part.EPOCH)
+    return _token_plan(topic, leases, Script.EXTEND, parts, [lease_ms], has_time=True)
 
 
 def giveback(topic: Topic, leases: Sequence[Leased]) -> Plan[list[Outcome]]:
     """Leased messages back to store undelivered, attempt not counted (a graceful handoff)."""
-
-    def build(slot: int, epoch: int, chunk: Sequence[Leased]) -> ScriptCall:
-        keys = slot_keys(topic, slot).keys(
-            Part.STORE, Part.PREPARE, Part.MSG, Part.EPOCH, Part.WAKE, Part.JOURNAL
-        )
-        args: list[Arg] = [epoch, topic.journal_maxlen]
-        for lease in chunk:
-            args += [lease.id, lease.lease_id]
-        return ScriptCall(Script.GIVEBACK, keys, args)
-
-    calls, order = _per_lease_calls(topic, leases, lambda lease: lease, build)
-    ids = [lease.id for lease in leases]
-    return Plan(calls, lambda replies: _outcomes(order, replies, ids, has_time=False))
+    parts = (Part.STORE, Part.PREPARE, Part.MSG, Part.EPOCH, Part.WAKE, Part.JOURNAL)
+    return _token_plan(
+        topic, leases, Script.GIVEBACK, parts, [topic.journal_maxlen], has_time=False
+    )
 
 
 # --- dead letters ------------------------------------------------------------------------------
