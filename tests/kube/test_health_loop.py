@@ -74,3 +74,31 @@ async def test_a_transient_failure_backs_off_and_deleted_topics_are_forgotten(
     assert loop.retry_at == {}
     if loop.gc is not None:
         await loop.gc
+
+
+async def test_a_pass_stuck_on_an_unanswered_call_is_abandoned_and_run_again(
+    api: kmock.KubernetesEmulator,
+    ctx: OperatorContext,
+    logger: logging.Logger,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A pass that never returns (a call nobody answers) must not stop that topic's passes,
+    and with them its failovers, for good: it is abandoned after the bound and run again."""
+    put_topic(api, "stuck")
+    passes: Counter[str] = Counter()
+
+    async def run_pass(topic: Mapping[str, Any], log: Logger) -> None:
+        passes[topic["metadata"]["name"]] += 1
+        await asyncio.Event().wait()  # never answered
+
+    loop = HealthLoop(ctx, [NAMESPACE], 0.02, run_pass, logger, pass_timeout_s=0.1)
+    task = asyncio.create_task(loop.run())
+    try:
+        deadline = asyncio.get_running_loop().time() + 10
+        while passes["stuck"] < 3:
+            assert asyncio.get_running_loop().time() < deadline, passes
+            await asyncio.sleep(0.02)
+    finally:
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+    assert f"[{NAMESPACE}/stuck] health pass took over 0.1 s: abandoned" in caplog.text

@@ -28,6 +28,7 @@ from delayq.kube.topics import TopicKey, list_topics, topic_key
 from delayq.kube.zk_gc import collect_orphans
 
 RunPass = Callable[[Mapping[str, Any], Logger], Awaitable[None]]
+PASS_TIMEOUT_S = 30.0
 
 
 class TopicLogger(logging.LoggerAdapter[logging.Logger]):
@@ -48,8 +49,10 @@ class HealthLoop:
         run_pass: RunPass,
         logger: logging.Logger,
         clock: Callable[[], float] = time.monotonic,
+        pass_timeout_s: float = PASS_TIMEOUT_S,
     ) -> None:
         self.ctx, self.namespaces, self.interval_s = ctx, namespaces, interval_s
+        self.pass_timeout_s = pass_timeout_s
         self.run_pass, self.logger, self.clock = run_pass, logger, clock
         self.passes: dict[TopicKey, asyncio.Task[None]] = {}
         self.retry_at: dict[TopicKey, float] = {}  # backoff after a transient failure
@@ -88,8 +91,12 @@ class HealthLoop:
     async def one_pass(self, key: TopicKey, topic: Mapping[str, Any]) -> None:
         logger = TopicLogger(self.logger, {"topic": "/".join(key)})
         try:
-            await self.run_pass(topic, logger)
+            # bounded: a pass stuck on an unanswered call must not stop this topic's passes
+            # (and with them its failovers) for good
+            await asyncio.wait_for(self.run_pass(topic, logger), self.pass_timeout_s)
             self.retry_at.pop(key, None)
+        except TimeoutError:
+            logger.warning("health pass took over %g s: abandoned", self.pass_timeout_s)
         except kopf.TemporaryError as error:
             delay_s = float(error.delay or 0)
             self.retry_at[key] = self.clock() + delay_s

@@ -223,7 +223,9 @@ async def observe_broker(
             stats = await ctx.redis.depths(
                 master_address, password, topic, routing.slots_of(broker)
             )
-        except TRANSIENT_ERRORS as error:
+        except (redis.RedisError, *TRANSIENT_ERRORS) as error:
+            # depths are informative: a master dying under the read must not fail the pass
+            # (which would hold back its status, failover included, by a retry delay)
             logger.warning("depths of broker %d unavailable: %r", broker, error)
     return entry, stats
 
