@@ -47,13 +47,6 @@ def _topic(name: str, **spec: Any) -> dict[str, Any]:
             "metadata": {"name": name}, "spec": spec}
 
 
-FAILOVER_REGRESSION = (
-    "known regression, open: in the full e2e tier the failover operator stops running health "
-    "passes after the master pod is deleted (no log, no promotion; passes when run alone) - "
-    "see the session note on issue 13"
-)
-
-
 @pytest.fixture(scope="module")
 def topics_ns(kube: Kube) -> Iterator[str]:
     """The namespace the local operator watches (and only that one)."""
@@ -394,7 +387,6 @@ def _replication(port: int, password: str) -> dict[str, Any]:
     return info
 
 
-@pytest.mark.skip(reason=FAILOVER_REGRESSION)
 def test_failover_promotes_the_replica_and_keeps_scheduled_messages(
     kube: Kube, operator: LocalOperator, chart_release: Release, zookeeper: ZooKeeperServer,
     tmp_path_factory: pytest.TempPathFactory,
@@ -504,7 +496,6 @@ def test_failover_promotes_the_replica_and_keeps_scheduled_messages(
             kube.kubectl("delete", "namespace", ns, "--wait=false")
 
 
-@pytest.mark.skip(reason=FAILOVER_REGRESSION)
 def test_failover_is_recorded_in_the_status() -> None:
     """Point 5: the promotion after the master's loss is reported as a failover in the status.
 
