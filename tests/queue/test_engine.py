@@ -324,6 +324,19 @@ def test_extend_moves_the_deadline(queue: Queue) -> None:
     assert queue.get("a").lease_deadline_ms == outcome.at_ms
 
 
+def test_extend_never_revives_an_expired_lease(queue: Queue, redis_client: redis.Redis) -> None:
+    """A heartbeat held up past the deadline (Redis paused, a slow network) must not extend a
+    lease the consumer has already stopped delivering under, even though nobody reclaimed it."""
+    queue.schedule("a", delay_ms=0)
+    message = claim_one(queue, "a", lease_ms=20)
+    deadline_ms = queue.get("a").lease_deadline_ms
+    assert deadline_ms is not None
+    wait_for_server_ms(redis_client, deadline_ms + 1)
+    with pytest.raises(LeaseLostError):
+        queue.extend(message.lease, 60_000)
+    assert queue.get("a").lease_deadline_ms == deadline_ms  # left for a claim to take back
+
+
 def test_redrive_all_and_purge(queue: Queue) -> None:
     ids = [f"d{i}" for i in range(30)]
     queue.schedule_many([ScheduleRequest(i, delay_ms=0) for i in ids])

@@ -184,6 +184,9 @@ class QueueMachine(RuleBasedStateMachine):
         if ref is None or ref.lease is None:
             return
         outcome = self.queue.extend_many([ref.lease], 1)[0]
+        if ref.lease_expired:  # an expired lease is never revived, not even to expire it again
+            assert outcome.code is Code.LEASE_LOST
+            return
         assert outcome.code is Code.EXTENDED
         assert outcome.at_ms is not None
         deadline = outcome.at_ms
@@ -196,8 +199,8 @@ class QueueMachine(RuleBasedStateMachine):
         ref = self._leased(message_id)
         if ref is None or ref.lease is None:
             return
-        assert self.queue.extend_many([ref.lease], LONG_LEASE_MS)[0].code is Code.EXTENDED
-        ref.lease_expired = False
+        outcome = self.queue.extend_many([ref.lease], LONG_LEASE_MS)[0]
+        assert outcome.code is (Code.LEASE_LOST if ref.lease_expired else Code.EXTENDED)
 
     @rule(data=st.data())
     def redrive(self, data: st.DataObject) -> None:

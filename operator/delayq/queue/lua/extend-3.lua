@@ -13,7 +13,10 @@
   Returns, per message, a pair {code, deadline_ms}:
     10 EXTENDED     leased until deadline_ms
     -2 STALE_EPOCH  the caller is not the current owner: nothing was changed (whole call)
-    -3 LEASE_LOST   not leased under that lease any more
+    -3 LEASE_LOST   not leased under that lease any more, or its deadline has passed: an
+                    expired lease is never revived, even before anyone reclaims the message
+                    (a heartbeat held up past the deadline must not extend what the caller
+                    has already stopped delivering)
 
   Runs under maxmemory (allow-oom): it only moves a deadline.
 
@@ -30,11 +33,13 @@ if not epoch_matches(epoch_key, ARGV[1]) then
   for i = 3, #ARGV, 2 do results[#results + 1] = {CODE.STALE_EPOCH, 0} end
   return results
 end
-local deadline = now_ms() + tonumber(ARGV[2])
+local now = now_ms()
+local deadline = now + tonumber(ARGV[2])
 
 for i = 3, #ARGV, 2 do
   local id = ARGV[i]
-  if leased_record(prepare, msg, id, ARGV[i + 1]) then
+  if leased_record(prepare, msg, id, ARGV[i + 1])
+      and tonumber(redis.call('ZSCORE', prepare, id)) > now then
     redis.call('ZADD', prepare, 'XX', deadline, id)
     results[#results + 1] = {CODE.EXTENDED, deadline}
   else
