@@ -479,6 +479,8 @@ def test_failover_promotes_the_replica_and_keeps_scheduled_messages(
         assert message["dueMs"] <= arrival_ms, "delivered before it was due"
     except Exception:
         print(f"--- failover operator log tail:\n{op.tail()}")
+        for what in (["get", "pods,nodes", "-o", "wide", "-n", ns], ["get", "events", "-n", ns]):
+            print(f"--- kubectl {' '.join(what)}:\n{kube.kubectl(*what, check=False).stdout}")
         if serve is not None:
             print(f"--- delayq serve log tail:\n{serve.tail(60)}")
         raise

@@ -142,7 +142,12 @@ class LocalControlPlane:
         kwok_port = free_port()
         kwok_config = self.workdir / "kwok.yaml"
         # An explicit (empty) configuration keeps a developer's ~/.kwok/kwok.yaml out of the run;
-        # KWOK then uses its default node and pod stages (heartbeat with lease, pods Running).
+        # KWOK then uses its default node and pod stages (pods Running). The node lease must be
+        # asked for: without it KWOK heart-beats through the node status only every ~55 s,
+        # past controller-manager's 50 s node-monitor grace, so every node flapped NotReady
+        # for a few seconds each minute; the node lifecycle controller then set every pod's
+        # Ready=False, and with no kubelet nothing ever set it back (a Redis pod that can never
+        # be promoted: the failover test failed whenever it ran a minute into the session).
         kwok_config.write_text(
             "apiVersion: config.kwok.x-k8s.io/v1alpha1\nkind: KwokConfiguration\noptions: {}\n")
         kwok = self._spawn("kwok", [
@@ -153,6 +158,7 @@ class LocalControlPlane:
             f"--server-address=127.0.0.1:{kwok_port}",
             "--node-ip=127.0.0.1",
             "--cidr=10.244.0.0/16",
+            "--node-lease-duration-seconds=40",  # renewed every 10 s: the node heartbeat
         ])
         self._await(kwok, lambda: http_ok(f"http://127.0.0.1:{kwok_port}/healthz"), 60)
 
