@@ -111,7 +111,8 @@ async def test_bearer_token(start_service: StartService):
     running = await start_service(api_token="t0ken")
     client, base = running.client, running.base
     body = {"id": "a", "delayMs": 1000}
-    for headers in ({}, {"Authorization": "Bearer wrong"}, {"Authorization": "Basic t0ken"}):
+    wrong = ("Bearer wrong", "Bearer ", "Basic t0ken")  # "Bearer ": no empty token matches
+    for headers in ({}, *({"Authorization": header} for header in wrong)):
         answer = await client.post(f"{base}/messages", json=body, headers=headers)
         assert answer.status == 401
         assert answer.headers["WWW-Authenticate"].startswith("Bearer")
@@ -120,6 +121,40 @@ async def test_bearer_token(start_service: StartService):
     assert ok.status == 201
     for open_path in ("/healthz", "/readyz", "/metrics", "/openapi.json"):
         assert (await client.get(open_path)).status == 200, open_path
+
+
+async def test_rotation_accepts_the_current_and_the_previous_token(
+    start_service: StartService,
+):
+    running = await start_service(api_token="new-token", api_token_previous="old-token")
+    client, base = running.client, running.base
+    for number, token in enumerate(("new-token", "old-token")):
+        answer = await client.post(
+            f"{base}/messages",
+            json={"id": f"m{number}", "delayMs": 1000},
+            headers={"Authorization": f"Bearer {token}"},
+        )
+        assert answer.status == 201, token
+    for wrong in ("Bearer wrong", "Bearer ", "Bearer old-token2", "Basic old-token"):
+        answer = await client.get(f"{base}/stats", headers={"Authorization": wrong})
+        assert answer.status == 401, wrong
+
+
+async def test_metrics_token_guards_metrics_only(start_service: StartService):
+    running = await start_service(api_token="api-token", metrics_token="scrape-token")
+    client = running.client
+    for headers in ({}, {"Authorization": "Bearer wrong"}):
+        answer = await client.get("/metrics", headers=headers)
+        assert answer.status == 401, headers
+        assert answer.headers["WWW-Authenticate"].startswith("Bearer")
+    for token in ("scrape-token", "api-token"):
+        answer = await client.get("/metrics", headers={"Authorization": f"Bearer {token}"})
+        assert answer.status == 200, token
+        assert "delayq_owned_slots" in await answer.text()
+    scrape = {"Authorization": "Bearer scrape-token"}
+    assert (await client.get(f"{running.base}/stats", headers=scrape)).status == 401
+    for probe in ("/healthz", "/readyz", "/openapi.json"):
+        assert (await client.get(probe)).status == 200, probe
 
 
 async def test_readiness_follows_the_service(start_service: StartService):

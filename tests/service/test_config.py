@@ -7,8 +7,9 @@ import dataclasses
 
 import pytest
 
+from delayq.local.processes import config_env
 from delayq.queue.topic import TopicType
-from delayq.service.config import ConfigError, ServiceConfig, add_arguments
+from delayq.service.config import ConfigError, ServiceConfig, add_arguments, check_exposure
 from delayq.service.defaults import DEFAULTS, TopicDefaults
 
 
@@ -89,6 +90,8 @@ def test_unset_flags_keep_the_base():
             "shorter than --ack-timeout-ms",
         ),
         ({"DELAYQ_TOPIC": "Not_A_Label"}, "topic name"),
+        ({"DELAYQ_API_TOKEN_PREVIOUS": "old"}, "needs --api-token"),
+        ({"DELAYQ_INSECURE_NO_AUTH": "maybe"}, "DELAYQ_INSECURE_NO_AUTH"),
     ],
 )
 def test_bad_settings_name_the_setting(env, named):
@@ -117,3 +120,32 @@ def test_ownership_follows_the_zookeeper_setting():
     zk = make_ownership(ServiceConfig(zookeeper_connect="127.0.0.1:2181", member_id="m-1"))
     assert isinstance(zk, ZkOwnership)
     assert zk.member_id == "m-1"
+
+
+@pytest.mark.parametrize(
+    ("raw", "expected"), [("true", True), ("1", True), ("False", False), ("no", False)]
+)
+def test_a_boolean_variable_is_read_as_words(raw, expected):
+    assert ServiceConfig.from_env({"DELAYQ_INSECURE_NO_AUTH": raw}).insecure_no_auth is expected
+
+
+def test_a_boolean_flag_is_a_switch_and_survives_the_processes_environment():
+    assert ServiceConfig.from_args(parse(["--insecure-no-auth"]), ServiceConfig()).insecure_no_auth
+    assert not ServiceConfig.from_args(parse([]), ServiceConfig()).insecure_no_auth
+    on = ServiceConfig(insecure_no_auth=True)
+    assert ServiceConfig.from_env(config_env(on)) == on  # how `delayq dev` passes settings
+    assert ServiceConfig.from_env(config_env(ServiceConfig())) == ServiceConfig()
+
+
+@pytest.mark.parametrize("host", ["127.0.0.1", "127.8.9.10", "::1", "localhost", "LocalHost"])
+def test_loopback_may_serve_without_a_token(host):
+    check_exposure(ServiceConfig(host=host))
+
+
+@pytest.mark.parametrize("host", ["0.0.0.0", "::", "", "10.1.2.3", "fe80::1", "delayq.example"])
+def test_beyond_loopback_a_token_or_the_insecure_switch_is_needed(host):
+    with pytest.raises(ConfigError, match="--insecure-no-auth") as refused:
+        check_exposure(ServiceConfig(host=host))
+    assert "--api-token" in str(refused.value)
+    check_exposure(ServiceConfig(host=host, api_token="t"))
+    check_exposure(ServiceConfig(host=host, insecure_no_auth=True))

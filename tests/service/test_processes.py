@@ -348,3 +348,45 @@ def test_serve_exits_1_with_a_clear_error_when_its_broker_is_down(tmp_path: Path
     assert result.returncode == 1
     errors = [json.loads(line) for line in result.stderr.splitlines() if '"ERROR"' in line]
     assert errors[0]["msg"] == "cannot start: a broker is unreachable"
+
+
+def test_serve_refuses_a_non_loopback_host_without_a_token_in_one_line(tmp_path: Path):
+    env = {k: v for k, v in os.environ.items() if not k.startswith("DELAYQ_")}
+    env["DELAYQ_HOST"] = "0.0.0.0"
+    result = subprocess.run(
+        [sys.executable, "-m", "delayq.cli", "serve", "--port", str(free_port())],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert result.returncode == 2
+    [line] = result.stderr.splitlines()
+    assert line.startswith("delayq serve: --host (DELAYQ_HOST) is '0.0.0.0', not loopback")
+    assert "--insecure-no-auth" in line
+
+
+async def test_serve_with_insecure_no_auth_listens_beyond_loopback_without_a_token(
+    redis_server: RedisServer,
+    session: aiohttp.ClientSession,
+    serving: list[ServeProcess],
+    tmp_path: Path,
+):
+    config = config_for(redis_server, host="0.0.0.0", insecure_no_auth=True)
+    process = start(serving, config, tmp_path)
+    url = f"http://127.0.0.1:{config.port}"
+
+    async def listening() -> bool:
+        assert process.running(), process.log_path.read_text()
+        try:
+            async with session.get(url + "/readyz") as response:
+                return response.status == 200
+        except aiohttp.ClientError:
+            return False
+
+    await eventually(listening, 30, "delayq serve --insecure-no-auth ready")
+    async with session.get(f"{url}/v1/topics/{TOPIC}/stats") as response:
+        assert response.status == 200  # open, as asked
+    process.terminate()
+    assert await exit_code(process) == 0

@@ -24,6 +24,7 @@ from delayq.queue.codes import (
     WrongStateError,
 )
 from delayq.service import routes_dead, routes_messages, routes_pull
+from delayq.service.config import ServiceConfig
 from delayq.service.http_support import RETRY_AFTER_S, SERVICE, error_response
 from delayq.service.openapi import openapi_document
 from delayq.service.parsing import FieldError
@@ -31,7 +32,8 @@ from delayq.service.service import DelayService
 
 log = logging.getLogger(__name__)
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
-PUBLIC_PATHS = frozenset({"/healthz", "/readyz", "/metrics", "/openapi.json"})
+OPEN_PATHS = frozenset({"/healthz", "/readyz", "/openapi.json"})  # kubelet probes have no token
+METRICS_PATH = "/metrics"
 
 
 def build_app(service: DelayService) -> web.Application:
@@ -42,7 +44,7 @@ def build_app(service: DelayService) -> web.Application:
     app[SERVICE] = service
     app.router.add_get("/healthz", healthz)
     app.router.add_get("/readyz", readyz)
-    app.router.add_get("/metrics", metrics)
+    app.router.add_get(METRICS_PATH, metrics)
     app.router.add_get("/openapi.json", openapi)
     routes_messages.add_routes(app.router)
     routes_pull.add_routes(app.router)
@@ -93,16 +95,37 @@ def redis_error_response(error: redis.RedisError) -> web.Response:
 
 @web.middleware
 async def auth_middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
-    """The topic's bearer token, compared in constant time; probes and metrics stay open."""
-    token = request.app[SERVICE].config.api_token
-    if not token or request.path in PUBLIC_PATHS:
-        return await handler(request)
-    scheme, _, given = request.headers.get("Authorization", "").partition(" ")
-    if scheme.lower() != "bearer" or not hmac.compare_digest(given.encode(), token.encode()):
+    """The topic's bearer tokens, compared in constant time; probes always stay open."""
+    tokens = accepted_tokens(request.app[SERVICE].config, request.path)
+    if tokens and not bearer_matches(request.headers.get("Authorization", ""), tokens):
         response = error_response(401, "missing or wrong bearer token", "Authorization")
         response.headers["WWW-Authenticate"] = 'Bearer realm="delayq"'
         return response
     return await handler(request)
+
+
+def accepted_tokens(config: ServiceConfig, path: str) -> tuple[str, ...]:
+    """The tokens any one of which opens `path`; none: the path is open.
+
+    Topic routes take the API token and, while clients rotate to it, the previous one.
+    `/metrics` is open for in-namespace scraping unless it has a token of its own; then the API
+    tokens open it too, so a client holding one needs no second secret."""
+    if path in OPEN_PATHS:
+        return ()
+    api = tuple(token for token in (config.api_token, config.api_token_previous) if token)
+    if path == METRICS_PATH:
+        return (config.metrics_token, *api) if config.metrics_token else ()
+    return api
+
+
+def bearer_matches(authorization: str, tokens: tuple[str, ...]) -> bool:
+    """`Bearer <one of tokens>`: every token is compared, each in constant time, so neither the
+    answer's timing nor an early exit tells which token (or how much of one) matched."""
+    scheme, _, given = authorization.partition(" ")
+    matched = False
+    for token in tokens:
+        matched |= hmac.compare_digest(given.encode(), token.encode())
+    return scheme.lower() == "bearer" and matched
 
 
 async def healthz(request: web.Request) -> web.Response:

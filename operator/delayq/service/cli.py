@@ -7,7 +7,7 @@ import os
 import sys
 from typing import Any
 
-from delayq.service.config import ConfigError, ServiceConfig, add_arguments
+from delayq.service.config import ConfigError, ServiceConfig, add_arguments, check_exposure
 from delayq.service.topic_file import read_topic_file
 
 
@@ -27,6 +27,7 @@ def run_serve(args: argparse.Namespace) -> int:
     try:
         base = read_topic_file(args.config, os.environ) if args.config else None
         config = ServiceConfig.from_args(args, ServiceConfig.from_env(base=base))
+        check_exposure(config)
     except ConfigError as error:
         print(f"delayq serve: {error}", file=sys.stderr)
         return 2

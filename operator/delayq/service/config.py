@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import enum
+import ipaddress
 import os
 import socket
 import typing
@@ -93,6 +94,21 @@ class ServiceConfig:
     api_token: str = field(
         default="", metadata=_help("bearer token of the topic's HTTP API (empty: no auth)")
     )
+    api_token_previous: str = field(
+        default="",
+        metadata=_help(
+            "rotation: the former API token, accepted alongside the current one until every "
+            "client has the new token (empty: only the current one)"
+        ),
+    )
+    metrics_token: str = field(
+        default="",
+        metadata=_help("bearer token of /metrics, the API tokens also accepted (empty: open)"),
+    )
+    insecure_no_auth: bool = field(
+        default=False,
+        metadata=_help("serve without an API token on a non-loopback host (the API is open)"),
+    )
     host: str = field(default="127.0.0.1", metadata=_help("HTTP listen address"))
     port: int = field(default=8080, metadata=_help("HTTP listen port (0: any free port)"))
     zookeeper_connect: str = field(
@@ -144,6 +160,8 @@ class ServiceConfig:
             raise ConfigError(str(error)) from error
         if self.topic_type is TopicType.WEBHOOK and not self.webhook_url:
             raise ConfigError(_needs("webhook_url", "a webhook topic"))
+        if self.api_token_previous and not self.api_token:  # else the API would be open
+            raise ConfigError(_needs("api_token", _names("api_token_previous")))
         for name in (
             "webhook_timeout_ms",
             "webhook_max_in_flight",
@@ -229,21 +247,56 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="the operator's topic.json: settings below the environment and the flags",
     )
     for f in dataclasses.fields(ServiceConfig):
-        kind = _HINTS[f.name]
         parser.add_argument(
             flag_name(f.name),
             dest=f.name,
-            type=_parser_of(f.name),
-            choices=list(TopicType) if kind is TopicType else None,
             help=f"{f.metadata['help']} (env {env_name(f.name)}, default {_shown(f.default)})",
+            **_value_options(f.name),
         )
+
+
+def _value_options(name: str) -> dict[str, Any]:
+    """A boolean's flag is a switch (given: true; absent: None, so the environment applies);
+    every other flag takes one value of the field's type."""
+    kind = _HINTS[name]
+    if kind is bool:
+        return {"action": "store_const", "const": True}
+    return {"type": _parser_of(name), "choices": list(TopicType) if kind is TopicType else None}
 
 
 def _shown(default: Any) -> str:
     """A default as a user types it: `pull`, not `<TopicType.PULL: 'pull'>`; `''` for empty."""
     if isinstance(default, enum.Enum):
         return str(default.value)
+    if isinstance(default, bool):
+        return str(default).lower()
     return repr(default)
+
+
+def is_loopback(host: str) -> bool:
+    """127.0.0.0/8, ::1 or localhost: only this machine can connect. Any other name, and the
+    empty host (every interface), counts as reachable from the network."""
+    if host.lower() == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def check_exposure(config: ServiceConfig) -> None:
+    """Refuse to serve the API without a token to anything beyond this machine unless told so:
+    an empty token (the default) would otherwise open every topic route to the network.
+
+    Not in `__post_init__`: the environment and the flags are applied one after the other, and
+    the token may come only with the flags."""
+    if config.api_token or config.insecure_no_auth or is_loopback(config.host):
+        return
+    raise ConfigError(
+        f"{_names('host')} is {config.host!r}, not loopback, and {_names('api_token')} is "
+        f"empty: set a token, or pass {flag_name('insecure_no_auth')} "
+        f"({env_name('insecure_no_auth')}=true) to serve the API without auth"
+    )
 
 
 def env_name(name: str) -> str:
@@ -267,7 +320,20 @@ _HINTS: dict[str, Any] = typing.get_type_hints(ServiceConfig)
 
 def _parser_of(name: str) -> Any:
     kind = _HINTS[name]
+    if kind is bool:
+        return _parse_bool
     return TopicType if kind is TopicType else kind
+
+
+_BOOLEANS = {"true": True, "1": True, "yes": True, "false": False, "0": False, "no": False}
+
+
+def _parse_bool(raw: str) -> bool:
+    """`bool("false")` is True: a variable says true or false in words (or 1/0, yes/no)."""
+    try:
+        return _BOOLEANS[raw.strip().lower()]
+    except KeyError:
+        raise ValueError(f"expected one of {', '.join(_BOOLEANS)}") from None
 
 
 def _convert(name: str, raw: str) -> Any:

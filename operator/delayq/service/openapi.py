@@ -425,8 +425,13 @@ def _paths() -> dict[str, Schema]:
         "/metrics": {
             "get": {
                 "summary": "Prometheus metrics",
-                "security": [],
-                "responses": {"200": {"description": "text exposition format"}},
+                "description": "Open unless the service has a metrics token (--metrics-token); "
+                "then it needs that token or an API token as the bearer token.",
+                "security": [{}, {"bearer": []}],
+                "responses": {
+                    "200": {"description": "text exposition format"},
+                    "401": {"$ref": "#/components/responses/Unauthorized"},
+                },
             }
         },
     }
@@ -447,7 +452,15 @@ def openapi_document() -> Schema:
         "security": [{"bearer": []}],
         "paths": _paths(),
         "components": {
-            "securitySchemes": {"bearer": {"type": "http", "scheme": "bearer"}},
+            "securitySchemes": {
+                "bearer": {
+                    "type": "http",
+                    "scheme": "bearer",
+                    "description": "the topic's API token (--api-token) or, during a rotation, "
+                    "the previous one (--api-token-previous); none needed when the service has "
+                    "no API token",
+                }
+            },
             "schemas": SCHEMAS,
             "responses": {
                 "BadRequest": _error_response("a field is missing or invalid (see field)"),
