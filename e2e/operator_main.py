@@ -64,7 +64,7 @@ def main() -> None:
         OperatorConfig.from_env(), namespaces=tuple(args.namespaces), standalone=True,
         liveness_endpoint=args.liveness)
     redis_control = RedisCommands(addresses=FileAddresses(args.addresses))  # type: ignore[arg-type]
-    asyncio.run(run(config, ctx=OperatorContext(config, redis=redis_control)))
+    asyncio.run(run(config, ctx=OperatorContext.from_config(config, redis=redis_control)))
 
 if __name__ == "__main__":
     main()

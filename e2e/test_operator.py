@@ -25,6 +25,7 @@ from typing import Any
 import pytest
 import redis
 from kazoo.client import KazooClient
+from kazoo.exceptions import NoAuthError
 
 from delayq.local.ports import free_port
 from delayq.local.redis_server import RedisServer
@@ -58,6 +59,18 @@ def topics_ns(kube: Kube) -> Iterator[str]:
     kube.kubectl("delete", "namespace", name, "--wait=false", "--ignore-not-found")
 
 
+def _chart_env(kube: Kube, chart_release: Release, zookeeper: ZooKeeperServer) -> dict[str, str]:
+    """What the chart's operator Deployment gives its container, with the local ZooKeeper: the
+    release namespace and the ZooKeeper admin password from the chart's Secret (so every topic
+    tree gets its ACLs, as in a real install)."""
+    secret = kube.get("secret", f"{chart_release.fullname}-zookeeper-admin",
+                      chart_release.namespace)
+    assert secret is not None, "the chart's ZooKeeper admin Secret"
+    return {"DELAYQ_ZOOKEEPER": zookeeper.hosts, "POD_NAMESPACE": chart_release.namespace,
+            "DELAYQ_ZOOKEEPER_ADMIN_PASSWORD":
+                base64.b64decode(secret["data"]["admin-password"]).decode()}
+
+
 @pytest.fixture(scope="module")
 def operator(
     kube: Kube, chart_release: Release, zookeeper: ZooKeeperServer, topics_ns: str,
@@ -86,8 +99,7 @@ def operator(
     op = LocalOperator(
         repo=REPO, kubeconfig=kubeconfig, namespaces=[topics_ns],
         log_path=workdir / "operator.log",
-        env_overrides={"DELAYQ_ZOOKEEPER": zookeeper.hosts,
-                       "POD_NAMESPACE": chart_release.namespace,
+        env_overrides={**_chart_env(kube, chart_release, zookeeper),
                        "DELAYQ_HEALTH_INTERVAL_S": "2"},
     )
     with op.running(kube, topics_ns):
@@ -279,12 +291,17 @@ def webhook_receiver() -> Iterator[tuple[str, list[tuple[int, dict[str, Any]]]]]
         thread.join(timeout=10)
 
 
-def _topic_credentials(kube: Kube, namespace: str, topic: str) -> tuple[str, str]:
-    """(Redis password, API token) from the Secret the operator created for the topic."""
+def _topic_secret(kube: Kube, namespace: str, topic: str, key: str) -> str:
+    """One value of the Secret the operator created for the topic."""
     secret = kube.get("secret", f"{topic}-credentials", namespace)
     assert secret is not None
-    return (base64.b64decode(secret["data"]["redis-password"]).decode(),
-            base64.b64decode(secret["data"]["api-token"]).decode())
+    return base64.b64decode(secret["data"][key]).decode()
+
+
+def _topic_credentials(kube: Kube, namespace: str, topic: str) -> tuple[str, str]:
+    """(Redis password, API token) from the Secret the operator created for the topic."""
+    return (_topic_secret(kube, namespace, topic, "redis-password"),
+            _topic_secret(kube, namespace, topic, "api-token"))
 
 
 def _start_serve(kube: Kube, namespace: str, topic: str, workdir: Path,
@@ -301,6 +318,8 @@ def _start_serve(kube: Kube, namespace: str, topic: str, workdir: Path,
     password, token = _topic_credentials(kube, namespace, topic)
     port = free_port()
     env = {**os.environ, "DELAYQ_REDIS_PASSWORD": password, "DELAYQ_API_TOKEN": token,
+           "DELAYQ_ZOOKEEPER_PASSWORD": _topic_secret(kube, namespace, topic,
+                                                      "zookeeper-password"),
            "POD_NAME": f"{topic}-service-0", "PYTHONUNBUFFERED": "1",
            "PYTHONPATH": os.pathsep.join(
                [str(REPO / "operator"), *filter(None, [os.environ.get("PYTHONPATH")])])}
@@ -336,9 +355,26 @@ def _received(received: list[tuple[int, dict[str, Any]]],
     return next(((t, m) for t, m in received if m.get("id") == message_id), None)
 
 
+def _assert_tree_closed_to_strangers(zookeeper: ZooKeeperServer, namespace: str,
+                                     topic: str) -> None:
+    """A client without the topic's credentials can read and write none of its nodes."""
+    root = f"/delayq/{namespace}/{topic}"
+    client = KazooClient(hosts=zookeeper.hosts)
+    client.start(timeout=30)
+    try:
+        for node in (f"{root}/routing", f"{root}/assignment", f"{root}/members"):
+            with pytest.raises(NoAuthError):
+                client.get(node)
+            with pytest.raises(NoAuthError):
+                client.set(node, b"hijacked")
+    finally:
+        client.stop()
+        client.close()
+
+
 def test_message_end_to_end_through_the_provisioned_topic(
     kube: Kube, operator: LocalOperator, topics_ns: str, tmp_path_factory: pytest.TempPathFactory,
-    webhook_receiver: tuple[str, list[tuple[int, dict[str, Any]]]],
+    webhook_receiver: tuple[str, list[tuple[int, dict[str, Any]]]], zookeeper: ZooKeeperServer,
 ) -> None:
     """Point 8: schedule through the provisioned topic's API, receive it on the webhook.
 
@@ -346,7 +382,8 @@ def test_message_end_to_end_through_the_provisioned_topic(
     real redis-server protected by the password from the topic's Secret, and ``delayq serve``
     started from the topic.json the operator wrote into the topic's ConfigMap, with only the
     broker address and listen port overridden to local ones. ZooKeeper routing is the one the
-    operator published. The message must arrive, never before its due time.
+    operator published. The message must arrive, never before its due time. The topic's
+    ZooKeeper tree, written by the operator and by the service, is closed to anyone else.
     """
     url, received = webhook_receiver
     kube.apply(_topic("hooks", slotAmount=16, brokers=1, replicasPerBroker=1,
@@ -361,6 +398,7 @@ def test_message_end_to_end_through_the_provisioned_topic(
         redis.Redis(port=broker.port).config_set("requirepass", password)
         serve, base = _start_serve(kube, topics_ns, "hooks", workdir,
                                    f"redis://:{password}@127.0.0.1:{broker.port}/0")
+        _assert_tree_closed_to_strangers(zookeeper, topics_ns, "hooks")
         _schedule(base, "hooks", token, "e2e-1", delay_ms=2000)
         arrival_ms, message = wait_until(lambda: _received(received, "e2e-1"), timeout_s=60,
                                          what="the message at the webhook receiver",
@@ -411,8 +449,7 @@ def test_failover_promotes_the_replica_and_keeps_scheduled_messages(
     op = LocalOperator(
         repo=REPO, kubeconfig=operator.kubeconfig, namespaces=[ns],
         log_path=workdir / "operator.log", addresses_file=addresses,
-        env_overrides={"DELAYQ_ZOOKEEPER": zookeeper.hosts,
-                       "POD_NAMESPACE": chart_release.namespace,
+        env_overrides={**_chart_env(kube, chart_release, zookeeper),
                        "DELAYQ_HEALTH_INTERVAL_S": "1", "DELAYQ_FAILOVER_GRACE_S": "3"},
     ).start()
     master, replica = RedisServer(), RedisServer()
@@ -519,14 +556,13 @@ def _lease_holder(kube: Kube, namespace: str) -> str:
     return str(((lease or {}).get("spec") or {}).get("holderIdentity") or "")
 
 
-def _replica(name: str, namespace: str, operator: LocalOperator, chart_release: Release,
-             zookeeper: ZooKeeperServer, workdir: Path) -> LocalOperator:
+def _replica(name: str, namespace: str, kube: Kube, operator: LocalOperator,
+             chart_release: Release, zookeeper: ZooKeeperServer, workdir: Path) -> LocalOperator:
     """One replica of the chart's Deployment, as a local process: it campaigns for the Lease."""
     return LocalOperator(
         repo=REPO, kubeconfig=operator.kubeconfig, namespaces=[namespace],
         log_path=workdir / f"{name}.log", standalone=False,
-        env_overrides={"DELAYQ_ZOOKEEPER": zookeeper.hosts,
-                       "POD_NAMESPACE": chart_release.namespace, "POD_NAME": name,
+        env_overrides={**_chart_env(kube, chart_release, zookeeper), "POD_NAME": name,
                        "DELAYQ_HEALTH_INTERVAL_S": "2"},
     )
 
@@ -540,7 +576,7 @@ def test_one_leader_reconciles_and_a_standby_takes_over_after_kill_9(
     ns = f"e2e-leader-{secrets.token_hex(3)}"
     kube.kubectl("create", "namespace", ns)
     workdir = tmp_path_factory.mktemp("leader")
-    replicas = {name: _replica(name, ns, operator, chart_release, zookeeper, workdir)
+    replicas = {name: _replica(name, ns, kube, operator, chart_release, zookeeper, workdir)
                 for name in ("op-a", "op-b")}
     try:
         for replica in replicas.values():
@@ -600,7 +636,7 @@ def test_deletions_never_hang_with_every_operator_killed_and_a_restart_collects_
     ns = f"e2e-nsdel-{secrets.token_hex(3)}"
     kube.kubectl("create", "namespace", ns)
     workdir = tmp_path_factory.mktemp("operator-nsdel")
-    first = _replica("op-first", ns, operator, chart_release, zookeeper, workdir).start()
+    first = _replica("op-first", ns, kube, operator, chart_release, zookeeper, workdir).start()
     restarted: LocalOperator | None = None
     try:
         legacy = _topic("legacy", brokers=1)
@@ -632,8 +668,8 @@ def test_deletions_never_hang_with_every_operator_killed_and_a_restart_collects_
         assert _tree_exists(zookeeper, ns, "doomed")  # nobody could collect it yet
 
         # The restart waits out the killed leader's Lease, then its health loop collects.
-        restarted = _replica("op-restarted", ns, operator, chart_release, zookeeper,
-                             workdir).start()
+        restarted = _replica("op-restarted", ns, kube, operator, chart_release,
+                             zookeeper, workdir).start()
         kube.wait(lambda: not _tree_exists(zookeeper, ns, "doomed")
                   and not _tree_exists(zookeeper, ns, "bystander"),
                   timeout_s=LEASE_DURATION_S + 60,

@@ -32,15 +32,15 @@ async def test_routing_and_config_round_trip_through_zookeeper(
     connect = zookeeper_server.hosts
     assert await zk_store.read_routing(connect, "kube-it", "orders") is None
     routing = initial_routing(8, 2)
-    await zk_store.publish(connect, "kube-it", "orders", routing, b'{"topic": "orders"}')
-    await zk_store.publish(connect, "kube-it", "orders", routing, b'{"topic": "orders"}')  # idem
+    await zk_store.publish(connect, "kube-it", "orders", routing, "zk-password")
+    await zk_store.publish(connect, "kube-it", "orders", routing, "zk-password")  # idem
     assert await zk_store.read_routing(connect, "kube-it", "orders") == routing
 
     client = zk_store._client(connect)
     root = topic_root("kube-it", "orders")
     assert client.get_children(root) == ["routing"]  # no `config` node: nothing read it
     client.create(f"{root}/config", b"{}")  # as an older operator left it
-    await zk_store.publish(connect, "kube-it", "orders", routing, b"")
+    await zk_store.publish(connect, "kube-it", "orders", routing, "zk-password")
     assert client.get_children(root) == ["routing"]
     assert await zk_store.owned_slots(connect, "kube-it", "orders") == 0
     for slot in (0, 3):

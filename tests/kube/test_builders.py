@@ -8,8 +8,8 @@ from typing import Any
 import pytest
 
 from delayq.kube import naming
-from delayq.kube.builders.bundle import Credentials, build_all, render
-from delayq.kube.builders.common import BuildContext
+from delayq.kube.builders.bundle import build_all, render
+from delayq.kube.builders.common import BuildContext, Credentials
 from delayq.kube.builders.redis import REDIS_START_SCRIPT, redis_maxmemory
 from delayq.kube.builders.service import config_hash
 from delayq.kube.quantity import memory_bytes, parse_quantity
@@ -17,7 +17,7 @@ from delayq.kube.spec import TopicSpec, parse_spec
 from delayq.service.topic_file import TopicFile
 
 CTX = BuildContext(image="delayq:test", redis_image="redis:test", operator_namespace="ops")
-CREDS = Credentials(redis_password="pw", api_token="tok")
+CREDS = Credentials(redis_password="pw", api_token="tok", zookeeper_password="zk")
 OWNER = {
     "apiVersion": "delayq.io/v1alpha1",
     "kind": "DelayTopic",
@@ -288,9 +288,13 @@ def test_worker_settings_change_the_config_hash_and_so_roll_the_pods() -> None:
     assert hash_of(spec_of()) == hash_of(base)  # deterministic
 
 
-def test_secret_holds_both_credentials_base64() -> None:
+def test_secret_holds_every_credential_base64() -> None:
     secret = by_kind_name(rendered())["Secret", "orders-credentials"]
-    assert secret["data"] == {naming.SECRET_REDIS_PASSWORD: "cHc=", naming.SECRET_API_TOKEN: "dG9r"}
+    assert secret["data"] == {
+        naming.SECRET_REDIS_PASSWORD: "cHc=",
+        naming.SECRET_API_TOKEN: "dG9r",
+        naming.SECRET_ZOOKEEPER_PASSWORD: "ems=",
+    }
 
 
 def test_network_policy_admits_only_service_pods_redis_peers_and_operator() -> None:

@@ -6,6 +6,7 @@ Server-side validation of the rendered objects (and the CRD's CEL rules) is the 
 
 from __future__ import annotations
 
+import base64
 import functools
 import json
 import subprocess
@@ -36,6 +37,8 @@ VALUE_SETS: dict[str, list[str]] = {
     ],
     "namespaced": ["--set", "operator.watchNamespaces={shop,billing}"],
     "zookeeper-ensemble": ["--set", "zookeeper.replicas=3"],
+    "zookeeper-without-acl": ["--set", "zookeeper.acl.enabled=false"],
+    "zookeeper-acl-own-secret": ["--set", "zookeeper.acl.existingSecret=my-zk-admin"],
 }
 
 
@@ -134,7 +137,7 @@ def test_operator_deployment_is_hardened_and_matches_the_network_policy() -> Non
     downward = {
         item["name"]: item["valueFrom"]["fieldRef"]["fieldPath"]
         for item in container["env"]
-        if "valueFrom" in item
+        if "fieldRef" in item.get("valueFrom", {})
     }
     # The Lease lives in the operator's namespace; its holder is named after the pod.
     assert downward == {"POD_NAMESPACE": "metadata.namespace", "POD_NAME": "metadata.name"}
@@ -241,6 +244,49 @@ def test_zookeeper_is_optional_and_hardened() -> None:
     assert len(servers) == 3
     services = {s["metadata"]["name"] for s in of_kind(render("defaults"), "Service")}
     assert services == {"rel-delayq-zookeeper", "rel-delayq-zookeeper-headless"}
+
+
+def admin_password_ref(value_set: str) -> dict[str, str] | None:
+    (deployment,) = of_kind(render(value_set), "Deployment")
+    env = deployment["spec"]["template"]["spec"]["containers"][0]["env"]
+    refs = [e["valueFrom"]["secretKeyRef"] for e in env
+            if e["name"] == "DELAYQ_ZOOKEEPER_ADMIN_PASSWORD"]
+    return refs[0] if refs else None
+
+
+def test_the_operator_gets_its_zookeeper_admin_password_from_a_kept_secret() -> None:
+    ref = admin_password_ref("defaults")
+    assert ref == {"name": "rel-delayq-zookeeper-admin", "key": "admin-password"}
+    (secret,) = [s for s in of_kind(render("defaults"), "Secret")
+                 if s["metadata"]["name"] == ref["name"]]
+    assert len(base64.b64decode(secret["data"]["admin-password"])) >= 32
+    assert secret["metadata"]["annotations"]["helm.sh/resource-policy"] == "keep"
+    own = admin_password_ref("zookeeper-acl-own-secret")
+    assert own == {"name": "my-zk-admin", "key": "admin-password"}
+    assert of_kind(render("zookeeper-acl-own-secret"), "Secret") == []
+    assert admin_password_ref("zookeeper-without-acl") is None
+    assert of_kind(render("zookeeper-without-acl"), "Secret") == []
+
+
+def test_only_the_operator_service_pods_and_peers_reach_the_bundled_zookeeper() -> None:
+    docs = render("defaults")
+    (policy,) = [p for p in of_kind(docs, "NetworkPolicy")
+                 if p["metadata"]["name"] == "rel-delayq-zookeeper"]
+    (zookeeper,) = of_kind(docs, "StatefulSet")
+    pod_labels = zookeeper["spec"]["template"]["metadata"]["labels"]
+    assert policy["spec"]["podSelector"]["matchLabels"].items() <= pod_labels.items()
+    clients, peers = policy["spec"]["ingress"]
+    assert [p["port"] for p in clients["ports"]] == [2181]
+    operator_peer, service_peer = clients["from"]
+    assert operator_peer["podSelector"]["matchLabels"].items() >= naming.OPERATOR_POD_LABELS.items()
+    # the delay-service pods of any topic in any namespace, by the labels the builders set
+    assert service_peer["namespaceSelector"] == {}
+    service_labels = naming.topic_labels("any-topic", naming.COMPONENT_SERVICE)
+    assert service_peer["podSelector"]["matchLabels"].items() <= service_labels.items()
+    assert [p["port"] for p in peers["ports"]] == [2181, 2888, 3888]
+    assert peers["from"][0]["podSelector"]["matchLabels"].items() <= pod_labels.items()
+    assert [p for p in of_kind(render("single-replica-external-zk"), "NetworkPolicy")
+            if p["metadata"]["name"] == "rel-delayq-zookeeper"] == []
 
 
 def test_values_schema_is_valid_json_schema() -> None:

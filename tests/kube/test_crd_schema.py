@@ -16,8 +16,8 @@ import jsonschema
 import pytest
 import yaml
 
-from delayq.kube.builders.bundle import Credentials, build_all
-from delayq.kube.builders.common import BuildContext
+from delayq.kube.builders.bundle import build_all
+from delayq.kube.builders.common import BuildContext, Credentials
 from delayq.kube.spec import (
     MAX_BROKERS,
     MAX_REPLICAS_PER_BROKER,
@@ -249,7 +249,7 @@ def longest_valid_topic_name() -> int:
             brokers=MAX_BROKERS,
             replicas_per_broker=MAX_REPLICAS_PER_BROKER,
         )
-        manifests = build_all(spec, ctx, Credentials("pw", "tok"), MAX_SLOT_AMOUNT, True)
+        manifests = build_all(spec, ctx, Credentials("pw", "tok", "zk"), MAX_SLOT_AMOUNT, True)
         valid = True
         for manifest in manifests:
             name = manifest["metadata"]["name"]

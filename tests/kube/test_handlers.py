@@ -131,6 +131,23 @@ async def test_credentials_are_generated_once_and_never_rotated(
     assert get(api, "v1/secrets", "orders-credentials") == first
 
 
+async def test_a_credential_an_older_operator_did_not_create_is_added_and_none_rotated(
+    api: kmock.KubernetesEmulator, ctx: OperatorContext, logger: logging.Logger
+) -> None:
+    put_topic(api)
+    await provision(api, ctx, logger)
+    first = get(api, "v1/secrets", "orders-credentials")
+    assert first is not None
+    older = {k: v for k, v in first["data"].items() if k != naming.SECRET_ZOOKEEPER_PASSWORD}
+    api.objects["v1/secrets", NAMESPACE, "orders-credentials"] = {**first, "data": older}
+    update_spec(api, maxRetries=3)
+    await provision(api, ctx, logger)
+    after = get(api, "v1/secrets", "orders-credentials")
+    assert after is not None
+    assert after["data"][naming.SECRET_ZOOKEEPER_PASSWORD]  # the pods' env needs the key
+    assert {k: after["data"][k] for k in older} == older  # no live credential rotated
+
+
 async def test_second_reconcile_writes_nothing(
     api: kmock.KubernetesEmulator, ctx: OperatorContext, logger: logging.Logger
 ) -> None:

@@ -289,6 +289,7 @@ async def test_serve_with_the_operators_topic_file(
         stream_max_len=0,
         zookeeper_connect="",
         zookeeper_session_timeout_ms=10_000,
+        zookeeper_admin_acl="",
         worker_concurrency=16,
         redis_master_host_template="127.0.0.1",
         redis_port=redis_port,

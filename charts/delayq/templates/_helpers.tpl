@@ -63,3 +63,8 @@ privileged: false
 capabilities:
   drop: [ALL]
 {{- end -}}
+
+{{/* The Secret holding the operator's ZooKeeper admin password (key admin-password). */}}
+{{- define "delayq.zookeeperAdminSecret" -}}
+{{- .Values.zookeeper.acl.existingSecret | default (printf "%s-zookeeper-admin" (include "delayq.fullname" .)) -}}
+{{- end -}}

@@ -45,7 +45,9 @@ from kazoo.exceptions import (
     NoNodeError,
 )
 from kazoo.retry import KazooRetry
+from kazoo.security import ACL
 
+from delayq.coordination.acl import ZkIdentity, tree_acl
 from delayq.coordination.assignment import Member, assign, moved
 from delayq.coordination.layout import (
     AssignmentDocument,
@@ -77,6 +79,22 @@ class ZkSettings:
     host: str = field(default_factory=socket.gethostname)
     session_timeout_s: float = DEFAULT_SESSION_TIMEOUT_S
     connect_timeout_s: float = 30.0
+    # The topic's ZooKeeper login and the operator's ACL id (coordination/acl.py): with both,
+    # every node this process creates is readable and writable by the topic and the operator
+    # only. Without an admin ACL id the tree stays open (a local cluster without an operator).
+    identity: ZkIdentity | None = None
+    admin_acl_id: str = ""
+
+    def __post_init__(self) -> None:
+        if self.admin_acl_id and self.identity is None:
+            raise ValueError("a ZooKeeper admin ACL id needs the topic's ZooKeeper password")
+
+    @property
+    def default_acl(self) -> list[ACL] | None:
+        """The ACL of the nodes this process creates (None: ZooKeeper's open default)."""
+        if self.identity is None or not self.admin_acl_id:
+            return None
+        return tree_acl(self.identity.acl_id, self.admin_acl_id)
 
     @property
     def paths(self) -> TopicPaths:
@@ -104,6 +122,8 @@ class ZkOwnership:
             hosts=settings.hosts,
             timeout=settings.session_timeout_s,
             connection_retry=KazooRetry(max_tries=-1, delay=0.1, backoff=2, max_delay=1.0),
+            auth_data=[settings.identity.auth_data] if settings.identity else None,
+            default_acl=settings.default_acl,
         )
         self._loop: asyncio.AbstractEventLoop | None = None
         self._on_change: OnChange | None = None

@@ -1,7 +1,8 @@
 """Create-or-patch of one child manifest, touching only what the operator owns.
 
 Rules that keep updates safe on a real API server:
-- Secrets are create-only: credentials are generated once and never rotated by a reconcile.
+- Secrets keep their values: credentials are generated once and never rotated by a reconcile;
+  only a key the Secret lacks (a credential a newer operator introduced) is added.
 - StatefulSet fields the API server treats as immutable (selector, serviceName,
   volumeClaimTemplates) are sent on create only; a changed volume size is documented, not forced.
 - A child already containing every desired field is not patched at all (no write, no event).
@@ -16,7 +17,7 @@ from typing import Any
 from delayq.kube.builders.common import Manifest
 from delayq.kube.client import KubeClient
 
-CREATE_ONLY_KINDS = frozenset({"Secret"})
+VALUE_KEEPING_KINDS = frozenset({"Secret"})
 IMMUTABLE_SPEC_FIELDS = {"StatefulSet": ("selector", "serviceName", "volumeClaimTemplates")}
 
 
@@ -61,11 +62,16 @@ async def ensure(kube: KubeClient, manifest: Manifest) -> str:
     if existing is None:
         await kube.create(manifest)
         return "created"
-    if manifest["kind"] in CREATE_ONLY_KINDS:
-        return "unchanged"
-    patch = update_patch(manifest)
-    if contains(existing, patch):
-        return "unchanged"
+    if manifest["kind"] in VALUE_KEEPING_KINDS:
+        present = existing.get("data") or {}
+        missing = {k: v for k, v in (manifest.get("data") or {}).items() if k not in present}
+        if not missing:
+            return "unchanged"
+        patch: Manifest = {"data": missing}
+    else:
+        patch = update_patch(manifest)
+        if contains(existing, patch):
+            return "unchanged"
     await kube.patch(
         manifest["apiVersion"], manifest["kind"], meta["namespace"], meta["name"], patch
     )

@@ -6,6 +6,7 @@ import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
+from delayq.coordination.acl import ADMIN_USER, ZkIdentity
 from delayq.kube.builders.common import BuildContext
 from delayq.kube.leader_lease import LeaderLeaseTiming
 
@@ -22,6 +23,9 @@ class OperatorConfig:
     failover_grace_s: float = 30.0
     liveness_endpoint: str = "http://0.0.0.0:8080/healthz"
     build: BuildContext = field(default_factory=BuildContext)
+    # The operator's ZooKeeper password (user `delayq-operator`). Set, every topic tree gets
+    # ACLs (coordination/acl.py); empty, the trees stay open (a single-tenant or test install).
+    zookeeper_admin_password: str = field(default="", repr=False)
 
     @property
     def clusterwide(self) -> bool:
@@ -32,12 +36,15 @@ class OperatorConfig:
         """DELAYQ_* variables; unset ones keep the defaults above."""
         env = os.environ if env is None else env
         defaults = cls()
+        admin_password = env.get("DELAYQ_ZOOKEEPER_ADMIN_PASSWORD", "")
+        admin_acl = ZkIdentity(ADMIN_USER, admin_password).acl_id if admin_password else ""
         build = BuildContext(
             image=env.get("DELAYQ_IMAGE", defaults.build.image),
             redis_image=env.get("DELAYQ_REDIS_IMAGE", defaults.build.redis_image),
             image_pull_policy=env.get("DELAYQ_IMAGE_PULL_POLICY", defaults.build.image_pull_policy),
             operator_namespace=env.get("POD_NAMESPACE", defaults.build.operator_namespace),
             default_zookeeper=env.get("DELAYQ_ZOOKEEPER", defaults.build.default_zookeeper),
+            zookeeper_admin_acl=admin_acl,
         )
         namespaces = tuple(
             item.strip()
@@ -54,6 +61,7 @@ class OperatorConfig:
             failover_grace_s=float(env.get("DELAYQ_FAILOVER_GRACE_S", defaults.failover_grace_s)),
             liveness_endpoint=env.get("DELAYQ_LIVENESS", defaults.liveness_endpoint),
             build=build,
+            zookeeper_admin_password=admin_password,
         )
 
 

@@ -63,6 +63,15 @@ class OperatorContext:
     master_missing_since: dict[tuple[str, str, int], float] = field(default_factory=dict)
     locks: dict[tuple[str, str], asyncio.Lock] = field(default_factory=dict)
 
+    @classmethod
+    def from_config(cls, config: OperatorConfig, **parts: Any) -> OperatorContext:
+        """The context of a real operator: its ZooKeeper store logs in with the configured
+        admin password (unless `parts` brings a store); other `parts` replace defaults."""
+        parts.setdefault(
+            "store", KazooTopicStore(admin_password=config.zookeeper_admin_password)
+        )
+        return cls(config, **parts)
+
     @property
     def kube(self) -> KubeClient:
         if self.client is None:

@@ -36,6 +36,7 @@ REDIS_PORT = 6379
 SERVICE_HTTP_PORT = 8080
 SECRET_REDIS_PASSWORD = "redis-password"
 SECRET_API_TOKEN = "api-token"
+SECRET_ZOOKEEPER_PASSWORD = "zookeeper-password"
 CONFIG_KEY = "topic.json"
 CONFIG_MOUNT = "/etc/delayq"
 

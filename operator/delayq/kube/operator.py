@@ -127,7 +127,7 @@ async def run(
     caller must stop acting at once (the CLI exits non-zero). Without `stop_flag`, SIGTERM and
     SIGINT stop it (a leader then releases the Lease so that a standby takes over at once).
     """
-    ctx = ctx or OperatorContext(config)
+    ctx = ctx or OperatorContext.from_config(config)
     stop = stop_flag or stop_on_signals()
     async with contextlib.AsyncExitStack() as stack:
         if config.liveness_endpoint:

@@ -5,6 +5,12 @@ broker, see delayq.coordination.routing), counts `owners/` and removes trees of 
 The delay services read `routing`; the operator only writes it, so slot failover keeps working
 while the operator is down. kazoo is synchronous, so calls run in a worker thread with a
 bounded timeout.
+
+With an admin identity (the operator's `zookeeper_admin_password`) the store logs in as
+`delayq-operator` and `publish` puts the ACLs of coordination/acl.py in place: the parents are
+the operator's, the topic's root and its container nodes belong to the topic and the operator
+only. Publishing re-applies them, which also closes a tree an older operator left open (the
+services' own ephemeral nodes follow when their pods roll with the new credentials).
 """
 
 from __future__ import annotations
@@ -16,9 +22,11 @@ from collections.abc import Sequence
 from typing import Protocol
 
 from kazoo.client import KazooClient
-from kazoo.exceptions import NoNodeError
+from kazoo.exceptions import NodeExistsError, NoNodeError
 from kazoo.handlers.threading import KazooTimeoutError
+from kazoo.security import ACL
 
+from delayq.coordination.acl import ADMIN_USER, ZkIdentity, parent_acl, topic_user, tree_acl
 from delayq.coordination.layout import ROOT, TopicPaths, namespace_root
 from delayq.coordination.routing import Routing
 
@@ -36,10 +44,11 @@ class TopicStore(Protocol):
         """The published routing, or None when the topic has none yet."""
 
     async def publish(
-        self, connect: str, namespace: str, topic: str, routing: Routing, config: bytes
+        self, connect: str, namespace: str, topic: str, routing: Routing, topic_password: str
     ) -> None:
-        """Write routing (idempotent). `config` is ignored: it was written to a `config` node
-        nothing read, which this removes where an older operator left it."""
+        """Write routing and, with an admin identity, the tree's ACLs (idempotent); removes the
+        unread `config` node an older operator left. `topic_password` is the topic's ZooKeeper
+        password (its Secret's `zookeeper-password`)."""
 
     async def owned_slots(self, connect: str, namespace: str, topic: str) -> int:
         """How many slots currently have an owner (ephemeral nodes under owners/)."""
@@ -62,8 +71,9 @@ class KazooTopicStore:
     see the same transient error whichever of the two timeouts fires first.
     """
 
-    def __init__(self, timeout_s: float = TIMEOUT_S) -> None:
+    def __init__(self, timeout_s: float = TIMEOUT_S, admin_password: str = "") -> None:
         self.timeout_s = timeout_s
+        self.admin = ZkIdentity(ADMIN_USER, admin_password) if admin_password else None
         self._clients: dict[str, KazooClient] = {}
         self._lock = threading.Lock()
 
@@ -71,7 +81,11 @@ class KazooTopicStore:
         with self._lock:
             client = self._clients.get(connect)
             if client is None:
-                client = KazooClient(hosts=connect, timeout=TIMEOUT_S)
+                client = KazooClient(
+                    hosts=connect,
+                    timeout=TIMEOUT_S,
+                    auth_data=[self.admin.auth_data] if self.admin else None,
+                )
                 try:
                     client.start(timeout=self.timeout_s)
                 except Exception as error:
@@ -94,12 +108,22 @@ class KazooTopicStore:
         return await asyncio.wait_for(asyncio.to_thread(read), self.timeout_s)
 
     async def publish(
-        self, connect: str, namespace: str, topic: str, routing: Routing, config: bytes
+        self, connect: str, namespace: str, topic: str, routing: Routing, topic_password: str
     ) -> None:
         def write() -> None:
             client = self._client(connect)
             paths = TopicPaths(namespace, topic)
-            if client.exists(paths.routing):
+            if self.admin is not None:
+                identity = ZkIdentity(topic_user(namespace, topic), topic_password)
+                acl = tree_acl(identity.acl_id, self.admin.acl_id)
+                for parent in (ROOT, namespace_root(namespace)):
+                    _ensure(client, parent, parent_acl(self.admin.acl_id))
+                for node in (paths.root, paths.members, paths.owners):
+                    _ensure(client, node, acl)
+                _ensure(client, paths.routing, acl, routing.to_json())
+                with contextlib.suppress(NoNodeError):  # the coordinator writes it later
+                    client.set_acls(paths.assignment, acl)
+            elif client.exists(paths.routing):
                 client.set(paths.routing, routing.to_json())
             else:
                 client.create(paths.routing, routing.to_json(), makepath=True)
@@ -149,3 +173,16 @@ class KazooTopicStore:
                 client.stop()
                 client.close()
             self._clients.clear()
+
+
+def _ensure(client: KazooClient, path: str, acl: list[ACL], data: bytes | None = None) -> None:
+    """`path` exists with exactly `acl` (and `data`, when given); its parent must exist."""
+    try:
+        client.create(path, data or b"", acl=acl)
+        return
+    except NodeExistsError:
+        pass
+    if data is not None:
+        client.set(path, data)
+    if list(client.get_acls(path)[0]) != acl:
+        client.set_acls(path, acl)

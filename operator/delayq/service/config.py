@@ -118,6 +118,17 @@ class ServiceConfig:
         default=DEFAULTS.zookeeper_session_timeout_ms,
         metadata=_help("ZooKeeper session timeout: bounds the failover time"),
     )
+    zookeeper_password: str = field(
+        default="",
+        metadata=_help("the topic's ZooKeeper password, user <namespace>.<topic> (empty: none)"),
+    )
+    zookeeper_admin_acl: str = field(
+        default="",
+        metadata=_help(
+            "the operator's ZooKeeper ACL id (delayq-operator:<hash>): the nodes this process "
+            "creates are then the topic's and the operator's only (empty: open nodes)"
+        ),
+    )
     preferred_broker: str = field(
         default="",
         metadata=_help(
@@ -160,6 +171,8 @@ class ServiceConfig:
             raise ConfigError(str(error)) from error
         if self.topic_type is TopicType.WEBHOOK and not self.webhook_url:
             raise ConfigError(_needs("webhook_url", "a webhook topic"))
+        if self.zookeeper_admin_acl and not self.zookeeper_password:
+            raise ConfigError(_needs("zookeeper_password", _names("zookeeper_admin_acl")))
         if self.api_token_previous and not self.api_token:  # else the API would be open
             raise ConfigError(_needs("api_token", _names("api_token_previous")))
         for name in (

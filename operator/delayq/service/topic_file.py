@@ -7,9 +7,9 @@ which is also the `delayq serve` setting, flag and environment variable of the s
 docs/architecture.md, "One name per setting"). Reading is strict: an unknown, missing or
 mistyped key is a one-line `ConfigError` naming the key, never a silent default.
 
-Secrets are not in the file: the pod's environment carries `DELAYQ_REDIS_PASSWORD` and
-`DELAYQ_API_TOKEN`, and `POD_NAME` (`<topic>-service-<i>`) names the member and, by its ordinal,
-the broker it prefers.
+Secrets are not in the file: the pod's environment carries `DELAYQ_REDIS_PASSWORD`,
+`DELAYQ_API_TOKEN` and `DELAYQ_ZOOKEEPER_PASSWORD`, and `POD_NAME` (`<topic>-service-<i>`)
+names the member and, by its ordinal, the broker it prefers.
 """
 
 from __future__ import annotations
@@ -48,6 +48,7 @@ class TopicFile:
     stream_max_len: int
     zookeeper_connect: str
     zookeeper_session_timeout_ms: int
+    zookeeper_admin_acl: str  # the operator's ACL id; the password comes from the environment
     worker_concurrency: int
     # broker b's master is `redis_master_host_template.format(broker=b)`, b = 0..brokers-1
     redis_master_host_template: str

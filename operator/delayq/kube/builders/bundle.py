@@ -7,20 +7,13 @@ generated) and whether the ServiceMonitor CRD exists; this module only assembles
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
 from typing import Any, cast
 
 import kopf
 
 from delayq.kube.builders import redis, service
-from delayq.kube.builders.common import BuildContext, Manifest
+from delayq.kube.builders.common import BuildContext, Credentials, Manifest
 from delayq.kube.spec import TopicSpec
-
-
-@dataclass(frozen=True)
-class Credentials:
-    redis_password: str
-    api_token: str
 
 
 def build_all(
@@ -38,7 +31,7 @@ def build_all(
     and stay unready meanwhile, which is harmless.
     """
     manifests: list[Manifest] = [
-        service.credentials_secret(spec, credentials.redis_password, credentials.api_token),
+        service.credentials_secret(spec, credentials),
         service.config_map(spec, ctx, slot_amount),
         redis.redis_network_policy(spec, ctx),
         service.service_headless_service(spec),

@@ -32,6 +32,18 @@ class BuildContext:
     image_pull_policy: str = "IfNotPresent"
     operator_namespace: str = "delayq-system"
     default_zookeeper: str = "zookeeper.delayq-system.svc:2181"
+    # the operator's ZooKeeper ACL id (`delayq-operator:<hash>`, no secret): topic.json hands
+    # it to the services so the nodes they create stay the operator's too; empty: no ACLs
+    zookeeper_admin_acl: str = ""
+
+
+@dataclass(frozen=True)
+class Credentials:
+    """A topic's generated secrets (its Secret's values), supplied by the reconcile handler."""
+
+    redis_password: str
+    api_token: str
+    zookeeper_password: str
 
 
 def metadata(name: str, namespace: str, labels: dict[str, str]) -> Manifest:

@@ -19,6 +19,7 @@ from delayq.kube import naming
 from delayq.kube.builders.common import (
     SERVICE_UID,
     BuildContext,
+    Credentials,
     Manifest,
     container_security_context,
     env_from_field,
@@ -61,6 +62,7 @@ def topic_file(spec: TopicSpec, ctx: BuildContext, slot_amount: int) -> TopicFil
         stream_max_len=delivery.stream_max_len,
         zookeeper_connect=zookeeper_connect(spec, ctx),
         zookeeper_session_timeout_ms=spec.zookeeper_session_timeout_ms,
+        zookeeper_admin_acl=ctx.zookeeper_admin_acl,
         worker_concurrency=spec.worker_concurrency,
         redis_master_host_template=f"{spec.name}-redis-{{broker}}.{spec.namespace}.svc",
         redis_port=naming.REDIS_PORT,
@@ -90,8 +92,9 @@ def config_map(spec: TopicSpec, ctx: BuildContext, slot_amount: int) -> Manifest
     }
 
 
-def credentials_secret(spec: TopicSpec, redis_password: str, api_token: str) -> Manifest:
-    """The topic's Redis password and API token; created once, never rewritten by the operator."""
+def credentials_secret(spec: TopicSpec, credentials: Credentials) -> Manifest:
+    """The topic's Redis password, API token and ZooKeeper password; their values are never
+    rewritten by the operator (apply.py adds a missing key only)."""
     labels = naming.topic_labels(spec.name, naming.COMPONENT_SERVICE)
     return {
         "apiVersion": "v1",
@@ -99,8 +102,9 @@ def credentials_secret(spec: TopicSpec, redis_password: str, api_token: str) -> 
         "type": "Opaque",
         "metadata": metadata(naming.credentials_secret(spec.name), spec.namespace, labels),
         "data": {
-            naming.SECRET_REDIS_PASSWORD: _b64(redis_password),
-            naming.SECRET_API_TOKEN: _b64(api_token),
+            naming.SECRET_REDIS_PASSWORD: _b64(credentials.redis_password),
+            naming.SECRET_API_TOKEN: _b64(credentials.api_token),
+            naming.SECRET_ZOOKEEPER_PASSWORD: _b64(credentials.zookeeper_password),
         },
     }
 
@@ -124,6 +128,9 @@ def service_statefulset(spec: TopicSpec, ctx: BuildContext, slot_amount: int) ->
             env_from_field("POD_NAMESPACE", "metadata.namespace"),
             env_from_secret("DELAYQ_REDIS_PASSWORD", secret, naming.SECRET_REDIS_PASSWORD),
             env_from_secret("DELAYQ_API_TOKEN", secret, naming.SECRET_API_TOKEN),
+            env_from_secret(
+                "DELAYQ_ZOOKEEPER_PASSWORD", secret, naming.SECRET_ZOOKEEPER_PASSWORD
+            ),
         ],
         "ports": [{"name": "http", "containerPort": naming.SERVICE_HTTP_PORT}],
         "readinessProbe": {

@@ -13,8 +13,9 @@ from typing import Any
 from delayq.coordination.routing import RoutingConflict, plan_routing
 from delayq.kube import naming
 from delayq.kube.apply import ensure
-from delayq.kube.builders.bundle import Credentials, render
-from delayq.kube.builders.service import config_json, zookeeper_connect
+from delayq.kube.builders.bundle import render
+from delayq.kube.builders.common import Credentials
+from delayq.kube.builders.service import zookeeper_connect
 from delayq.kube.client import KubeApiError
 from delayq.kube.context import Logger, OperatorContext
 from delayq.kube.errors import TRANSIENT_ERRORS, TopicFailure
@@ -63,8 +64,9 @@ async def reconcile(
         # ZooKeeper last: an unreachable ensemble must not stop the pods from coming up.
         current = await ctx.store.read_routing(connect, spec.namespace, spec.name)
         routing = plan_routing(applied, spec.brokers, current)
-        config = config_json(spec, ctx.build, applied).encode()
-        await ctx.store.publish(connect, spec.namespace, spec.name, routing, config)
+        await ctx.store.publish(
+            connect, spec.namespace, spec.name, routing, credentials.zookeeper_password
+        )
     except RoutingConflict as error:
         failed = Condition(PROVISIONED, FALSE, "RoutingConflict", str(error))
         not_ready = Condition(READY, FALSE, "RoutingConflict", str(error))
@@ -118,9 +120,13 @@ async def read_or_generate_credentials(ctx: OperatorContext, spec: TopicSpec) ->
         "v1", "Secret", spec.namespace, naming.credentials_secret(spec.name)
     )
     data = (secret or {}).get("data") or {}
-    password = data.get(naming.SECRET_REDIS_PASSWORD)
-    token = data.get(naming.SECRET_API_TOKEN)
+
+    def kept_or_new(key: str) -> str:
+        value = data.get(key)
+        return base64.b64decode(value).decode() if value else ctx.generate()
+
     return Credentials(
-        redis_password=base64.b64decode(password).decode() if password else ctx.generate(),
-        api_token=base64.b64decode(token).decode() if token else ctx.generate(),
+        redis_password=kept_or_new(naming.SECRET_REDIS_PASSWORD),
+        api_token=kept_or_new(naming.SECRET_API_TOKEN),
+        zookeeper_password=kept_or_new(naming.SECRET_ZOOKEEPER_PASSWORD),
     )
