@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
 
 import pytest
 import redis
@@ -10,6 +10,7 @@ import redis.asyncio
 
 from delayq.local.redis_server import RedisServer
 from delayq.local.waiting import wait_until
+from delayq.queue.acl import service_user_rules
 from delayq.queue.client import AsyncQueue, Queue
 from delayq.queue.topic import Topic
 
@@ -26,14 +27,45 @@ def durable_redis() -> Iterator[RedisServer]:
         server.stop()
 
 
-@pytest.fixture
-def queue(redis_client: redis.Redis) -> Queue:
-    return Queue(redis_client, TOPIC)
+#: The engine fixtures connect as the topic's restricted ACL user (delayq.queue.acl), as the
+#: delay services do in a cluster: every test using them proves the rules are sufficient.
+ENGINE_USER, ENGINE_PASSWORD = "shop.orders", "engine-secret"
+
+
+def engine_user(admin: redis.Redis, topic: Topic = TOPIC) -> None:
+    """Create (or reset) the topic's restricted user."""
+    admin.execute_command(
+        "ACL", "SETUSER", ENGINE_USER, *service_user_rules(topic, ENGINE_PASSWORD)
+    )
+
+
+def engine_client(server: RedisServer, admin: redis.Redis) -> redis.Redis:
+    """A client logged in as the topic's restricted user."""
+    engine_user(admin)
+    return redis.Redis.from_url(server.url, username=ENGINE_USER, password=ENGINE_PASSWORD)
 
 
 @pytest.fixture
-async def async_queue(async_redis_client: redis.asyncio.Redis) -> AsyncQueue:
-    return AsyncQueue(async_redis_client, TOPIC)
+def queue(redis_server: RedisServer, redis_client: redis.Redis) -> Iterator[Queue]:
+    client = engine_client(redis_server, redis_client)
+    try:
+        yield Queue(client, TOPIC)
+    finally:
+        client.close()
+
+
+@pytest.fixture
+async def async_queue(
+    redis_server: RedisServer, redis_client: redis.Redis
+) -> AsyncIterator[AsyncQueue]:
+    engine_user(redis_client)
+    client = redis.asyncio.Redis.from_url(
+        redis_server.url, username=ENGINE_USER, password=ENGINE_PASSWORD
+    )
+    try:
+        yield AsyncQueue(client, TOPIC)
+    finally:
+        await client.aclose()
 
 
 def server_ms(client: redis.Redis) -> int:

@@ -1,0 +1,83 @@
+"""The Redis ACL user a topic's delay services need, and nothing more (pure).
+
+The engine knows which commands it sends and which keys it touches, so it owns the rules: the
+Kubernetes builders and the tests only render them. A user created with `service_user_rules`
+can run every engine operation of its topic (the Lua transitions, the wake-up lists, the stats)
+but cannot run CONFIG, FLUSHALL, KEYS, SCRIPT FLUSH, CLIENT or any other command, nor read or
+write a key of another topic, even from inside a Lua script (Redis checks every `redis.call`
+against the caller's ACL).
+
+The commands are the ones the client sends (`CLIENT_COMMANDS`) plus every command the Lua
+scripts call (`SCRIPT_COMMANDS`); `tests/queue/test_acl.py` checks the latter against the
+scripts' source, so a new `redis.call` cannot ship without its permission.
+"""
+
+from __future__ import annotations
+
+from delayq.queue.topic import Topic
+
+#: Sent by the Python client: scripts by hash (loaded once), the consumer's blocking wake-up
+#: wait and its interrupts, the stream delivery's XADD, the server clock, health checks and the
+#: RESP3 handshake. Not CLIENT SETINFO, which redis-py sends on connect and whose refusal it
+#: ignores (and which Redis 7.0 does not know: naming it would fail the whole SETUSER).
+CLIENT_COMMANDS = (
+    "evalsha",
+    "script|load",
+    "blpop",
+    "rpush",
+    "del",
+    "xadd",
+    "time",
+    "ping",
+    "hello",
+)
+
+#: Called from the Lua transitions (directly or through the chunked helpers).
+SCRIPT_COMMANDS = (
+    "get",
+    "set",
+    "incr",
+    "llen",
+    "rpush",
+    "hget",
+    "hmget",
+    "hset",
+    "hdel",
+    "zadd",
+    "zrem",
+    "zcard",
+    "zcount",
+    "zrange",
+    "zrangebyscore",
+    "zscore",
+    "zmscore",
+    "xadd",
+    "time",
+)
+
+
+def key_patterns(topic: Topic, stream_key: str = "") -> list[str]:
+    """Every key the topic's services may touch: its slots' keys (`dq:{<ns>/<topic>/<slot>}:*`),
+    its consumers' control lists (`dq:{<ns>/<topic>}:*`) and, for a stream topic, the target
+    stream. `{` and `}` are literal in ACL patterns."""
+    prefix = f"dq:{{{topic.namespace}/{topic.name}"
+    patterns = [f"{prefix}/*", f"{prefix}}}:*"]
+    if stream_key:
+        patterns.append(stream_key)
+    return patterns
+
+
+def service_user_rules(topic: Topic, password: str, stream_key: str = "") -> list[str]:
+    """`ACL SETUSER <user> <rules...>` for the topic's delay services: the password, the key
+    patterns, no pub/sub channel and exactly the engine's commands. Starts from a reset, so
+    applying it again replaces whatever the user had."""
+    commands = sorted(set(CLIENT_COMMANDS) | set(SCRIPT_COMMANDS))
+    return [
+        "reset",
+        "on",
+        f">{password}",
+        *(f"~{pattern}" for pattern in key_patterns(topic, stream_key)),
+        "resetchannels",
+        "-@all",
+        *(f"+{command}" for command in commands),
+    ]

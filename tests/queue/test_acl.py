@@ -1,0 +1,95 @@
+"""The topic's restricted Redis user (delayq.queue.acl) on a real redis-server: it can run the
+engine (every test using the `queue` fixtures connects as it) and nothing else."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import redis
+from redis.exceptions import NoPermissionError
+
+from delayq.local.redis_server import RedisServer
+from delayq.queue import acl
+from delayq.queue.client import Queue
+from delayq.queue.model import Retry, ScheduleRequest
+from delayq.queue.topic import Topic
+
+from .conftest import TOPIC, engine_client
+
+LUA = Path(acl.__file__).parent / "lua"
+OTHER = Topic("payments", namespace="billing", slot_amount=4)
+
+
+@pytest.fixture
+def restricted(redis_server: RedisServer, redis_client: redis.Redis) -> Iterator[redis.Redis]:
+    client = engine_client(redis_server, redis_client)
+    try:
+        yield client
+    finally:
+        client.close()
+
+
+def test_every_command_the_scripts_call_is_granted_and_no_other() -> None:
+    called: set[str] = set()
+    for path in LUA.rglob("*.lua"):
+        source = path.read_text()
+        called |= {name.lower() for name in re.findall(r"redis\.p?call\('([A-Z]+)'", source)}
+        called |= {name.lower() for name in re.findall(r"_chunked\('([A-Z]+)'", source)}
+    assert called == set(acl.SCRIPT_COMMANDS)
+
+
+def test_the_engine_runs_as_the_restricted_user(restricted: redis.Redis) -> None:
+    queue = Queue(restricted, TOPIC)
+    queue.schedule_many([ScheduleRequest(f"m{i}", b"p", delay_ms=0) for i in range(8)])
+    for slot in TOPIC.slots:
+        batch = queue.claim(slot, queue.take_over(slot))
+        queue.extend_many([m.lease for m in batch.messages], 60_000)
+        queue.nack_many([Retry(m.lease, kill=True, reason="x") for m in batch.messages])
+    assert queue.stats().dead == 8
+    assert queue.redrive_all() == 8
+    assert queue.purge_all() == 0  # nothing dead any more
+    assert queue.stats().scheduled == 8
+
+
+@pytest.mark.parametrize(
+    "command",
+    [
+        ("CONFIG", "GET", "maxmemory"),
+        ("CONFIG", "SET", "appendonly", "no"),
+        ("FLUSHALL",),
+        ("FLUSHDB",),
+        ("KEYS", "*"),
+        ("SCAN", "0"),
+        ("SCRIPT", "FLUSH"),
+        ("CLIENT", "LIST"),
+        ("CLIENT", "PAUSE", "1000"),
+        ("SHUTDOWN", "NOSAVE"),
+        ("REPLICAOF", "NO", "ONE"),
+        ("ACL", "LIST"),
+        ("EVAL", "return 1", "0"),
+        ("SUBSCRIBE", "anything"),
+        ("MONITOR",),
+    ],
+    ids=lambda c: "-".join(c[:2]),
+)
+def test_the_restricted_user_cannot_administer_redis(
+    restricted: redis.Redis, command: tuple[str, ...]
+) -> None:
+    with pytest.raises(NoPermissionError):
+        restricted.execute_command(*command)
+
+
+def test_the_restricted_user_cannot_touch_another_topics_keys(
+    restricted: redis.Redis, redis_client: redis.Redis
+) -> None:
+    Queue(redis_client, OTHER).schedule("theirs", b"secret", delay_ms=60_000)
+    their_key = next(iter(redis_client.keys("dq:{billing/payments/*")))
+    for command in (("TYPE", their_key), ("DEL", their_key), ("SET", "dq:{billing/x", "1")):
+        with pytest.raises(NoPermissionError):
+            restricted.execute_command(*command)
+    with pytest.raises(NoPermissionError):  # the engine's scripts are checked per key, too
+        Queue(restricted, OTHER).get("theirs")
+    assert Queue(redis_client, OTHER).get("theirs").payload == b"secret"
