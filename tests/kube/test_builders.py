@@ -13,7 +13,7 @@ from delayq.kube.builders.common import BuildContext, Credentials
 from delayq.kube.builders.redis import REDIS_START_SCRIPT, redis_maxmemory
 from delayq.kube.builders.service import config_hash
 from delayq.kube.quantity import memory_bytes, parse_quantity
-from delayq.kube.spec import TopicSpec, parse_spec
+from delayq.kube.spec import SpecError, TopicSpec, parse_spec
 from delayq.service.topic_file import TopicFile
 
 CTX = BuildContext(image="delayq:test", redis_image="redis:test", operator_namespace="ops")
@@ -275,6 +275,53 @@ def test_config_map_carries_the_topic_contract() -> None:
     assert config["redis_master_host_template"] == "orders-redis-{broker}.shop.svc"
     text = by_kind_name(rendered(spec))["ConfigMap", "orders-config"]["data"]["topic.json"]
     assert TopicFile.from_json(text).to_json() == text  # what `delayq serve --config` reads
+
+
+def topic_json(spec: TopicSpec) -> dict[str, Any]:
+    text = by_kind_name(rendered(spec))["ConfigMap", "orders-config"]["data"]["topic.json"]
+    document: dict[str, Any] = json.loads(text)
+    return document
+
+
+def test_webhook_targets_are_refused_unless_the_topic_allows_them() -> None:
+    """The SSRF guard's settings reach `delayq serve`: written always, false by default, so a
+    pod never falls back to serve's own default (which allows private targets)."""
+    hook = {"url": "http://receiver.shop.svc/h"}
+    default = topic_json(spec_of(topicType="webhook", delivery={"webhook": hook}))
+    assert default["webhook_allow_private_targets"] is False
+    assert default["webhook_allowed_cidrs"] == ""
+    allowing = spec_of(
+        topicType="webhook",
+        delivery={
+            "webhook": {
+                **hook,
+                "allowPrivateTargets": True,
+                "allowedCidrs": ["10.96.0.0/12", "fd00::/8"],
+            }
+        },
+    )
+    written = topic_json(allowing)
+    assert written["webhook_allow_private_targets"] is True
+    assert written["webhook_allowed_cidrs"] == "10.96.0.0/12,fd00::/8"
+    settings = TopicFile.from_json(json.dumps(written)).service_settings({})
+    assert settings["webhook_allow_private_targets"] is True
+    assert settings["webhook_allowed_cidrs"] == "10.96.0.0/12,fd00::/8"
+
+
+@pytest.mark.parametrize(
+    ("webhook", "message"),
+    [
+        ({"allowedCidrs": ["10.0.0.0/8", "10.0.0.0/33"]}, r"allowedCidrs\[1\]: '10.0.0.0/33'"),
+        ({"allowedCidrs": ["office-lan"]}, r"allowedCidrs\[0\]: 'office-lan' is not a CIDR"),
+        ({"allowedCidrs": ["10.0.0.1"]}, r"allowedCidrs\[0\]: '10.0.0.1' is not a CIDR"),
+        ({"allowedCidrs": [8]}, r"allowedCidrs\[0\] must be a string"),
+        ({"allowedCidrs": "10.0.0.0/8"}, r"allowedCidrs must be a list"),
+        ({"allowPrivateTargets": "yes"}, r"allowPrivateTargets must be true or false"),
+    ],
+)
+def test_bad_webhook_target_settings_name_the_field(webhook: dict[str, Any], message: str) -> None:
+    with pytest.raises(SpecError, match=rf"delivery\.webhook\.{message}"):
+        spec_of(topicType="webhook", delivery={"webhook": {"url": "http://x/h", **webhook}})
 
 
 def test_worker_settings_change_the_config_hash_and_so_roll_the_pods() -> None:

@@ -36,8 +36,12 @@ def test_topic_settings_default_from_the_table():
         "slot_amount", "topic_type", "max_retries", "ack_timeout_ms", "max_payload_bytes",
         "journal_max_len", "pull_max_lease_batch", "webhook_timeout_ms", "webhook_max_in_flight",
         "stream_max_len", "zookeeper_session_timeout_ms", "worker_concurrency",
+        "webhook_allow_private_targets",
     }  # fmt: skip
-    for name in shared:
+    # the one deliberate difference (docs/service.md): run by hand, serve may reach this machine;
+    # the operator always writes the topic's value, which defaults to false
+    assert config.webhook_allow_private_targets is not DEFAULTS.webhook_allow_private_targets
+    for name in shared - {"webhook_allow_private_targets"}:
         assert getattr(config, name) == getattr(DEFAULTS, name), name
     assert config.webhook_timeout_ms == 10_000
     assert config.pull_max_lease_batch == 1000
@@ -149,3 +153,26 @@ def test_beyond_loopback_a_token_or_the_insecure_switch_is_needed(host):
     assert "--api-token" in str(refused.value)
     check_exposure(ServiceConfig(host=host, api_token="t"))
     check_exposure(ServiceConfig(host=host, insecure_no_auth=True))
+
+
+def test_private_targets_are_allowed_by_default_and_a_flag_or_variable_refuses_them():
+    assert ServiceConfig().webhook_targets.refusal("127.0.0.1") is None
+    off = ServiceConfig.from_args(
+        parse(["--webhook-allow-private-targets", "false"]), ServiceConfig()
+    )
+    assert "loopback" in str(off.webhook_targets.refusal("127.0.0.1"))
+    on = ServiceConfig.from_args(parse(["--webhook-allow-private-targets"]), off)
+    assert on.webhook_allow_private_targets
+    from_env = ServiceConfig.from_env({"DELAYQ_WEBHOOK_ALLOW_PRIVATE_TARGETS": "false"})
+    assert from_env.webhook_targets.refusal("10.0.0.5") is not None
+
+
+def test_allowed_cidrs_are_comma_separated_and_checked():
+    config = ServiceConfig(
+        webhook_allow_private_targets=False, webhook_allowed_cidrs="10.96.0.0/12, fd00::/8"
+    )
+    assert config.webhook_targets.refusal("10.96.0.10") is None
+    assert config.webhook_targets.refusal("fd00::1") is None
+    assert config.webhook_targets.refusal("10.0.0.5") is not None
+    with pytest.raises(ConfigError, match=r"--webhook-allowed-cidrs .*'10\.0\.0\.0/33'"):
+        ServiceConfig(webhook_allowed_cidrs="10.0.0.0/8,10.0.0.0/33")

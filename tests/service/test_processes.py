@@ -284,6 +284,8 @@ async def test_serve_with_the_operators_topic_file(
         webhook_url="",
         webhook_timeout_ms=10_000,
         webhook_max_in_flight=64,
+        webhook_allow_private_targets=False,
+        webhook_allowed_cidrs="",
         pull_max_lease_batch=10,
         stream_key="",
         stream_max_len=0,

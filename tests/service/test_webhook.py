@@ -8,7 +8,10 @@ import itertools
 import json
 import time
 
+import pytest
 import redis.asyncio
+from aiohttp import web
+from aiohttp.test_utils import TestServer
 
 from delayq.local.redis_server import RedisServer
 from delayq.local.waiting import eventually
@@ -235,3 +238,105 @@ async def test_a_slow_receiver_gets_each_message_once_and_nothing_dies(
     await eventually(drained, 30, "every message acked")
     ids = [json.loads(body)["id"] for body in receiver.bodies()]
     assert sorted(ids) == sorted(m["id"] for m in messages)  # each exactly once
+
+
+async def dead_reason(running: Running, message_id: str) -> str:
+    info = await (await running.client.get(f"{running.base}/messages/{message_id}")).json()
+    return str(info["deadReason"])
+
+
+@pytest.mark.parametrize("host", ["127.0.0.1", "localhost"])  # an IP literal, a resolved name
+async def test_a_private_target_is_refused_retried_with_backoff_and_named(
+    start_service: StartService, receiver: Receiver, host: str
+):
+    url = receiver.url.replace("127.0.0.1", host)
+    running = await start_service(
+        topic_type="webhook",
+        webhook_url=url,
+        webhook_allow_private_targets=False,
+        max_retries=2,
+        backoff_base_ms=100,
+    )
+    started = time.monotonic()
+    await schedule(running, "r")
+
+    async def dead() -> bool:
+        return await state_of(running, "r") == "dead"
+
+    await eventually(dead, 10, "the refused message to die after maxRetries")
+    assert time.monotonic() - started >= 0.29  # retried with backoff (100 + 200 ms), no spin
+    assert receiver.requests == []  # nothing was sent
+    reason = await dead_reason(running, "r")
+    assert "webhook target 127.0.0.1 refused: loopback address" in reason
+    assert "allowPrivateTargets" in reason
+    metrics = await (await running.client.get("/metrics")).text()
+    assert 'delayq_retries_total{namespace="shop",topic="orders"} 2.0' in metrics
+    assert 'delayq_webhook_duration_seconds_count{namespace="shop",status="refused"' in metrics
+
+
+async def test_a_fixed_topic_delivers_what_was_refused(
+    start_service: StartService, receiver: Receiver
+):
+    """The refusal is an ordinary failure: the message waits for its retry, and a service
+    started with the target allowed (the tenant fixed the topic) delivers it."""
+    refusing = await start_service(
+        topic_type="webhook",
+        webhook_url=receiver.url,
+        webhook_allow_private_targets=False,
+        backoff_base_ms=300,
+    )
+    await schedule(refusing, "f")
+    labels = {"namespace": "shop", "topic": "orders"}
+    registry = refusing.service.metrics.registry
+    await eventually(
+        lambda: (registry.get_sample_value("delayq_retries_total", labels) or 0) >= 1,
+        5,
+        "a refused attempt",
+    )
+    await refusing.service.stop()
+    assert receiver.requests == []
+    fixed = await start_service(
+        topic_type="webhook",
+        webhook_url=receiver.url,
+        webhook_allow_private_targets=False,
+        webhook_allowed_cidrs="127.0.0.0/8",
+    )
+    await eventually(lambda: len(receiver.requests) == 1, 10, "delivery once allowed")
+
+    async def acked() -> bool:
+        return await state_of(fixed, "f") == "absent"
+
+    await eventually(acked, 5, "the ack")
+
+
+async def test_a_redirect_is_not_followed_and_counts_as_a_failure(start_service: StartService):
+    """A receiver answering 3xx cannot send the POST on (to an address of its choosing)."""
+    hits: list[str] = []
+
+    async def redirect(request: web.Request) -> web.Response:
+        hits.append(request.path)
+        raise web.HTTPTemporaryRedirect("/elsewhere")
+
+    async def elsewhere(request: web.Request) -> web.Response:
+        hits.append(request.path)
+        return web.Response(status=200)
+
+    app = web.Application()
+    app.router.add_post("/hook", redirect)
+    app.router.add_post("/elsewhere", elsewhere)
+    server = TestServer(app, host="127.0.0.1")
+    await server.start_server()
+    try:
+        running = await start_service(
+            topic_type="webhook", webhook_url=str(server.make_url("/hook")), max_retries=1
+        )
+        await schedule(running, "d")
+
+        async def dead() -> bool:
+            return await state_of(running, "d") == "dead"
+
+        await eventually(dead, 10, "the redirected message to die after maxRetries")
+        assert hits == ["/hook", "/hook"]  # two attempts, never the redirect's target
+        assert "HTTP 307" in await dead_reason(running, "d")
+    finally:
+        await server.close()

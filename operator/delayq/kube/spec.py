@@ -17,6 +17,7 @@ from typing import Any
 
 from delayq.queue.topic import MAX_SLOT_AMOUNT, Topic, TopicError, TopicType, is_power_of_two
 from delayq.service.defaults import DEFAULTS, crd_default
+from delayq.service.delivery.targets import parse_cidrs
 
 DURATION_PATTERN = re.compile(r"^(?:[0-9]{1,8}(?:ms|s|m|h))+$")
 DURATION_PART = re.compile(r"([0-9]+)(ms|s|m|h)")
@@ -33,6 +34,8 @@ APPEND_FSYNC_POLICIES = ("everysec", "always")
 #: <name>-redis-63-headless 63. tests/kube/test_crd_schema.py derives it from the builders; the
 #: CRD's root CEL rule carries the same number and message.
 MAX_TOPIC_NAME_LENGTH = 43
+#: delivery.webhook.allowedCidrs: the CRD's maxItems (a topic names networks, not hosts).
+MAX_ALLOWED_CIDRS = 32
 #: Services need DNS-1035 labels (a letter first, no dots); a DelayTopic name only has to be a
 #: DNS-1123 subdomain, so the CRD narrows it.
 TOPIC_NAME_PATTERN = re.compile(r"^[a-z]([-a-z0-9]*[a-z0-9])?$")
@@ -73,6 +76,8 @@ class Delivery:
     webhook_url: str = ""
     webhook_timeout_ms: int = DEFAULTS.webhook_timeout_ms
     webhook_max_in_flight: int = DEFAULTS.webhook_max_in_flight
+    webhook_allow_private_targets: bool = DEFAULTS.webhook_allow_private_targets
+    webhook_allowed_cidrs: tuple[str, ...] = ()
     pull_max_lease_batch: int = DEFAULTS.pull_max_lease_batch
     stream_key: str = ""
     stream_max_len: int = DEFAULTS.stream_max_len
@@ -265,6 +270,13 @@ def _delivery(topic_type: TopicType, section: Mapping[str, Any]) -> Delivery:
             10_000,
             "delivery.webhook.",
         ),
+        webhook_allow_private_targets=_bool(
+            webhook,
+            "allowPrivateTargets",
+            DEFAULTS.webhook_allow_private_targets,
+            "delivery.webhook.",
+        ),
+        webhook_allowed_cidrs=_allowed_cidrs(webhook),
         pull_max_lease_batch=_int(
             pull, "maxLeaseBatch", DEFAULTS.pull_max_lease_batch, 1, 10_000, "delivery.pull."
         ),
@@ -273,6 +285,22 @@ def _delivery(topic_type: TopicType, section: Mapping[str, Any]) -> Delivery:
             stream, "maxLen", DEFAULTS.stream_max_len, 0, 1_000_000_000, "delivery.stream."
         ),
     )
+
+
+def _allowed_cidrs(webhook: Mapping[str, Any]) -> tuple[str, ...]:
+    """The webhook's CIDR allow-list, each entry checked (the CRD's pattern is only a shape)."""
+    field_name = "delivery.webhook.allowedCidrs"
+    values = webhook.get("allowedCidrs") or []
+    if not isinstance(values, list) or len(values) > MAX_ALLOWED_CIDRS:
+        raise SpecError(f"{field_name} must be a list of at most {MAX_ALLOWED_CIDRS} CIDRs")
+    for index, value in enumerate(values):
+        if not isinstance(value, str):
+            raise SpecError(f"{field_name}[{index}] must be a string such as 10.0.0.0/8")
+        try:
+            parse_cidrs([value])
+        except ValueError as error:
+            raise SpecError(f"{field_name}[{index}]: {error}") from None
+    return tuple(values)
 
 
 def _append_fsync(redis: Mapping[str, Any]) -> str:
@@ -316,6 +344,13 @@ def _section(spec: Mapping[str, Any], key: str) -> Mapping[str, Any]:
     value = spec.get(key) or {}
     if not isinstance(value, Mapping):
         raise SpecError(f"{key} must be an object")
+    return value
+
+
+def _bool(spec: Mapping[str, Any], key: str, default: bool, prefix: str = "") -> bool:
+    value = spec.get(key, default)
+    if not isinstance(value, bool):
+        raise SpecError(f"{prefix}{key} must be true or false, got {value!r}")
     return value
 
 

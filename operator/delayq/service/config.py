@@ -20,6 +20,7 @@ from typing import Any
 
 from delayq.queue.topic import Topic, TopicError, TopicType
 from delayq.service.defaults import DEFAULTS
+from delayq.service.delivery.targets import TargetPolicy, parse_cidrs, split_cidrs
 
 ENV_PREFIX = "DELAYQ_"
 
@@ -80,6 +81,22 @@ class ServiceConfig:
     webhook_max_in_flight: int = field(
         default=DEFAULTS.webhook_max_in_flight,
         metadata=_help("webhook topics: concurrent POSTs at most"),
+    )
+    # True, unlike the CRD's false: run by hand, the process and its URL are the platform's own
+    # (often a receiver on this machine); the operator writes the topic's value into topic.json
+    webhook_allow_private_targets: bool = field(
+        default=True,
+        metadata=_help(
+            "webhook topics: also POST to loopback, private, link-local (cloud metadata) and "
+            "other non-public addresses"
+        ),
+    )
+    webhook_allowed_cidrs: str = field(
+        default="",
+        metadata=_help(
+            "webhook topics: CIDRs POSTed to even when not public, comma-separated "
+            "(10.96.0.0/12,fd00::/8)"
+        ),
     )
     stream_url: str = field(
         default="", metadata=_help("stream topics: Redis of the target stream (default: ours)")
@@ -175,6 +192,10 @@ class ServiceConfig:
             raise ConfigError(_needs("zookeeper_password", _names("zookeeper_admin_acl")))
         if self.api_token_previous and not self.api_token:  # else the API would be open
             raise ConfigError(_needs("api_token", _names("api_token_previous")))
+        try:
+            parse_cidrs(split_cidrs(self.webhook_allowed_cidrs))
+        except ValueError as error:
+            raise ConfigError(f"{_names('webhook_allowed_cidrs')}: {error}") from None
         for name in (
             "webhook_timeout_ms",
             "webhook_max_in_flight",
@@ -214,6 +235,14 @@ class ServiceConfig:
     def brokers(self) -> list[str]:
         """Redis URL of each broker by index; a single-broker topic is just `redis_url`."""
         return [url for url in self.broker_urls.split(",") if url] or [self.redis_url]
+
+    @property
+    def webhook_targets(self) -> TargetPolicy:
+        """The addresses the webhook sink may connect to (its SSRF guard)."""
+        return TargetPolicy(
+            self.webhook_allow_private_targets,
+            parse_cidrs(split_cidrs(self.webhook_allowed_cidrs)),
+        )
 
     @property
     def member(self) -> str:
@@ -269,11 +298,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def _value_options(name: str) -> dict[str, Any]:
-    """A boolean's flag is a switch (given: true; absent: None, so the environment applies);
+    """A boolean's flag is a switch that may take a value (given alone: true; `--flag false`
+    turns off a setting that defaults to true; absent: None, so the environment applies);
     every other flag takes one value of the field's type."""
     kind = _HINTS[name]
     if kind is bool:
-        return {"action": "store_const", "const": True}
+        return {"nargs": "?", "const": True, "type": _parse_bool, "metavar": "true|false"}
     return {"type": _parser_of(name), "choices": list(TopicType) if kind is TopicType else None}
 
 

@@ -45,6 +45,11 @@ class TopicDefaults:
     pull_max_lease_batch: int = field(default=1000, metadata=_crd("delivery.pull.maxLeaseBatch"))
     webhook_timeout_ms: int = field(default=10_000, metadata=_crd("delivery.webhook.timeout"))
     webhook_max_in_flight: int = field(default=64, metadata=_crd("delivery.webhook.maxInFlight"))
+    # a tenant's webhook reaches only public addresses unless its topic says otherwise (the SSRF
+    # guard, delivery/targets.py); `delayq serve` run by hand defaults to true (config.py)
+    webhook_allow_private_targets: bool = field(
+        default=False, metadata=_crd("delivery.webhook.allowPrivateTargets")
+    )
     stream_max_len: int = field(default=0, metadata=_crd("delivery.stream.maxLen"))
     zookeeper_session_timeout_ms: int = field(
         default=10_000, metadata=_crd("zookeeper.sessionTimeout")

@@ -155,6 +155,7 @@ class DelayService:
                 config.member,
                 self.server_ms,
                 self.lease_deadline_ms,
+                targets=config.webhook_targets,
             )
         if config.stream_url:
             client = connect(config.stream_url, config.redis_max_connections)

@@ -43,6 +43,8 @@ class TopicFile:
     webhook_url: str
     webhook_timeout_ms: int
     webhook_max_in_flight: int
+    webhook_allow_private_targets: bool  # always written: a pod never falls back to serve's true
+    webhook_allowed_cidrs: str  # comma-separated, as the setting
     pull_max_lease_batch: int
     stream_key: str
     stream_max_len: int
@@ -121,6 +123,8 @@ def _typed(name: str, kind: Any, value: object) -> Any:
         except ValueError:
             choices = ", ".join(t.value for t in TopicType)
             raise ConfigError(f"topic file: key {name!r} must be one of {choices}") from None
+    if kind is bool and not isinstance(value, bool):
+        raise ConfigError(f"topic file: key {name!r} must be true or false, got {value!r}")
     if kind is int and (isinstance(value, bool) or not isinstance(value, int)):
         raise ConfigError(f"topic file: key {name!r} must be an integer, got {value!r}")
     if kind is str and not isinstance(value, str):

@@ -57,6 +57,8 @@ def topic_file(spec: TopicSpec, ctx: BuildContext, slot_amount: int) -> TopicFil
         webhook_url=delivery.webhook_url,
         webhook_timeout_ms=delivery.webhook_timeout_ms,
         webhook_max_in_flight=delivery.webhook_max_in_flight,
+        webhook_allow_private_targets=delivery.webhook_allow_private_targets,
+        webhook_allowed_cidrs=",".join(delivery.webhook_allowed_cidrs),
         pull_max_lease_batch=delivery.pull_max_lease_batch,
         stream_key=delivery.stream_key or f"dq-out:{spec.namespace}/{spec.name}",
         stream_max_len=delivery.stream_max_len,

@@ -9,21 +9,35 @@ the consumer gives it back); the deadline travels in `X-Delayq-Lease-Deadline` (
 clock) so a receiver knows how long its answer may take before the message is redelivered. The
 signature's timestamp is taken then, on the Redis server clock the consumer estimates
 (`clock_ms`), so a pod whose own clock is off never fails receivers' checks.
+
+SSRF guard: the session's resolver (`GuardedResolver`) drops every resolved address the topic's
+`TargetPolicy` refuses, so each connection goes to an address that was checked, with no second
+lookup in between (DNS rebinding cannot slip a private address past the check). aiohttp does
+not resolve an IP literal, so a URL whose host is one is checked on that literal. Redirects are
+not followed: a 3xx is a failed delivery like any non-2xx, so a receiver cannot send the POST on
+to an address of its choosing. A refused target is a failed delivery naming the address: the
+message is retried with the usual backoff, so a tenant who fixes the topic sees it recover.
 """
 
 from __future__ import annotations
 
 import asyncio
+import ipaddress
+import socket
 import time
 from collections.abc import Callable
 
 import aiohttp
+from aiohttp.abc import AbstractResolver, ResolveResult
+from aiohttp.resolver import DefaultResolver
+from yarl import URL
 
 from delayq.queue.consumer import LeaseGoneError
 from delayq.queue.model import Message
 from delayq.queue.topic import Topic
 from delayq.service.delivery.signing import SIGNATURE_HEADER, sign
 from delayq.service.delivery.sinks import DeliveryError
+from delayq.service.delivery.targets import TargetPolicy
 from delayq.service.envelope import header_id, message_body
 from delayq.service.metrics import ServiceMetrics
 
@@ -44,6 +58,50 @@ def no_deadline(_message: Message) -> float | None:
     return 0.0
 
 
+class TargetRefusedError(OSError):
+    """Every address of a webhook host is refused. An OSError, because that is what aiohttp's
+    connector turns into a connection error (`ClientConnectorError.os_error`)."""
+
+
+class GuardedResolver(AbstractResolver):
+    """The default resolver, minus the addresses `policy` refuses: the connector only ever
+    sees, and so only connects to, addresses that passed the check."""
+
+    def __init__(self, policy: TargetPolicy, resolver: AbstractResolver | None = None) -> None:
+        self.policy = policy
+        self._resolver = resolver or DefaultResolver()
+
+    async def resolve(
+        self, host: str, port: int = 0, family: socket.AddressFamily = socket.AF_INET
+    ) -> list[ResolveResult]:
+        results = await self._resolver.resolve(host, port, family)
+        allowed: list[ResolveResult] = []
+        refusals: list[str] = []
+        for result in results:
+            refused = self.policy.refusal(result["host"])
+            if refused is None:
+                allowed.append(result)
+            else:
+                refusals.append(refused)
+        if not allowed:
+            raise TargetRefusedError(f"{host}: {refusals[0] if refusals else 'no address'}")
+        return allowed
+
+    async def close(self) -> None:
+        await self._resolver.close()
+
+
+def literal_refusal(url: str, policy: TargetPolicy) -> str | None:
+    """The refusal of a URL whose host is an IP literal, which aiohttp connects to without
+    asking the resolver; None for a host name (the resolver checks what it resolves to)."""
+    host = URL(url).host or ""  # aiohttp's own URL parser, so both read the same host
+    try:
+        ipaddress.ip_address(host)
+    except ValueError:
+        return None
+    return policy.refusal(host)
+
+
 class WebhookSink:
     def __init__(
         self,
@@ -56,6 +114,8 @@ class WebhookSink:
         member: str = "",
         clock_ms: SlotClock = host_clock,
         lease_deadline: Callable[[Message], float | None] = no_deadline,
+        *,
+        targets: TargetPolicy,
     ) -> None:
         self.topic = topic
         self.url = url
@@ -65,10 +125,11 @@ class WebhookSink:
         self.clock_ms = clock_ms
         self.lease_deadline = lease_deadline
         self._limit = asyncio.Semaphore(concurrency)
+        self._literal_refusal = literal_refusal(url, targets)
         # No cookie jar: a receiver's cookies must not ride along on later deliveries.
         self._session = aiohttp.ClientSession(
             timeout=aiohttp.ClientTimeout(total=timeout_ms / 1000),
-            connector=aiohttp.TCPConnector(limit=concurrency),
+            connector=aiohttp.TCPConnector(limit=concurrency, resolver=GuardedResolver(targets)),
             cookie_jar=aiohttp.DummyCookieJar(),
         )
 
@@ -94,10 +155,21 @@ class WebhookSink:
             raise DeliveryError(f"POST {self.url}: HTTP {status}")
 
     async def _post(self, body: bytes, headers: dict[str, str], started: float) -> int:
+        if self._literal_refusal:
+            self._observe("refused", started)
+            raise DeliveryError(f"POST {self.url}: {self._literal_refusal}")
         try:
-            async with self._session.post(self.url, data=body, headers=headers) as response:
+            async with self._session.post(
+                self.url, data=body, headers=headers, allow_redirects=False
+            ) as response:
                 await response.read()
                 status = response.status
+        except aiohttp.ClientConnectorError as error:
+            if isinstance(error.os_error, TargetRefusedError):
+                self._observe("refused", started)
+                raise DeliveryError(f"POST {self.url}: {error.os_error}") from error
+            self._observe("error", started)
+            raise DeliveryError(f"POST {self.url}: {type(error).__name__}: {error}") from error
         except (aiohttp.ClientError, TimeoutError) as error:
             self._observe("error", started)
             raise DeliveryError(f"POST {self.url}: {type(error).__name__}: {error}") from error

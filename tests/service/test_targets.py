@@ -1,0 +1,125 @@
+"""The webhook SSRF guard's decision on resolved addresses (pure), and its resolver."""
+
+from __future__ import annotations
+
+import re
+import socket
+
+import pytest
+from aiohttp.abc import AbstractResolver, ResolveResult
+
+from delayq.service.delivery.targets import TargetPolicy, parse_cidrs, split_cidrs
+from delayq.service.delivery.webhook import GuardedResolver, TargetRefusedError, literal_refusal
+
+REFUSED = [
+    ("127.0.0.1", "loopback"),
+    ("127.8.9.10", "loopback"),
+    ("::1", "loopback"),
+    ("169.254.169.254", "link-local"),  # the cloud metadata address
+    ("fe80::1", "link-local"),
+    ("fe80::1%eth0", "link-local"),  # as getaddrinfo reports a scoped address
+    ("0.0.0.0", "unspecified"),
+    ("::", "unspecified"),
+    ("224.0.0.1", "multicast"),
+    ("ff02::1", "multicast"),
+    ("240.0.0.1", "reserved"),
+    ("255.255.255.255", "reserved"),
+    ("10.0.0.5", "private"),
+    ("172.16.3.4", "private"),
+    ("192.168.1.1", "private"),
+    ("100.64.0.1", "private"),  # CGNAT, often a cluster's pod range
+    ("fc00::1", "private"),
+    ("fd12:3456::1", "private"),
+    ("192.0.2.1", "private"),  # documentation range: not globally routable
+    ("::ffff:127.0.0.1", "loopback"),  # IPv4-mapped: judged by the IPv4 address
+    ("::ffff:169.254.169.254", "link-local"),
+    ("::ffff:10.0.0.5", "private"),
+    ("64:ff9b::a9fe:a9fe", "link-local"),  # NAT64 of 169.254.169.254
+]
+PUBLIC = ["8.8.8.8", "1.1.1.1", "2606:4700::1111", "::ffff:8.8.8.8", "64:ff9b::808:808"]
+
+
+@pytest.mark.parametrize(("address", "kind"), REFUSED)
+def test_every_non_public_category_is_refused_with_a_reason_naming_it(address: str, kind: str):
+    reason = TargetPolicy().refusal(address)
+    assert reason is not None
+    assert reason.startswith(f"webhook target {address} refused: {kind} address")
+    assert "allowPrivateTargets" in reason
+    assert "allowedCidrs" in reason
+
+
+@pytest.mark.parametrize("address", PUBLIC)
+def test_public_addresses_are_admitted(address: str):
+    assert TargetPolicy().refusal(address) is None
+
+
+@pytest.mark.parametrize(("address", "kind"), REFUSED)
+def test_allow_private_admits_everything(address: str, kind: str):
+    assert TargetPolicy(allow_private=True).refusal(address) is None
+
+
+def test_the_allow_list_admits_its_networks_only():
+    policy = TargetPolicy(allowed=parse_cidrs(["10.96.0.0/12", "fd00::/8", "127.0.0.1/32"]))
+    for admitted in ("10.96.0.10", "10.111.255.255", "fd00::5", "127.0.0.1", "::ffff:10.96.0.1"):
+        assert policy.refusal(admitted) is None, admitted
+    for refused in ("10.95.255.255", "10.0.0.5", "169.254.169.254", "127.0.0.2", "fc00::1"):
+        assert policy.refusal(refused) is not None, refused
+
+
+def test_something_that_is_not_an_address_is_refused():
+    assert "not an IP address" in str(TargetPolicy(allow_private=True).refusal("example.com"))
+
+
+def test_cidrs_are_parsed_strictly_but_accept_host_bits():
+    assert [str(n) for n in parse_cidrs(split_cidrs(" 10.1.2.3/8 , fd00::/8,"))] == [
+        "10.0.0.0/8",
+        "fd00::/8",
+    ]
+    for bad in ("10.0.0.0/33", "10.0.0.1", "office-lan", "fd00::/129", ""):
+        with pytest.raises(ValueError, match="is not a CIDR"):
+            parse_cidrs([bad])
+
+
+class Answers(AbstractResolver):
+    """A resolver answering fixed addresses, as DNS would for a name the tenant controls."""
+
+    def __init__(self, *addresses: str) -> None:
+        self.addresses = addresses
+
+    async def resolve(
+        self, host: str, port: int = 0, family: socket.AddressFamily = socket.AF_INET
+    ) -> list[ResolveResult]:
+        return [
+            ResolveResult(
+                hostname=host, host=a, port=port, family=family, proto=0, flags=0
+            )
+            for a in self.addresses
+        ]
+
+    async def close(self) -> None:
+        pass
+
+
+async def test_the_resolver_drops_refused_addresses_and_keeps_the_others():
+    resolver = GuardedResolver(TargetPolicy(), Answers("10.0.0.5", "8.8.8.8", "169.254.169.254"))
+    results = await resolver.resolve("hooks.example.com", 443)
+    assert [r["host"] for r in results] == ["8.8.8.8"]
+
+
+async def test_the_resolver_refuses_a_name_with_only_refused_addresses():
+    resolver = GuardedResolver(TargetPolicy(), Answers("169.254.169.254"))
+    expected = "rebind.example: webhook target 169.254.169.254 refused: link-local"
+    with pytest.raises(TargetRefusedError, match=re.escape(expected)):
+        await resolver.resolve("rebind.example", 80)
+    allowed = GuardedResolver(TargetPolicy(allow_private=True), Answers("169.254.169.254"))
+    assert len(await allowed.resolve("rebind.example", 80)) == 1
+
+
+def test_an_ip_literal_in_the_url_is_checked_itself():
+    """aiohttp never asks the resolver about an IP literal, so the sink checks it."""
+    policy = TargetPolicy()
+    assert "loopback" in str(literal_refusal("http://127.0.0.1:8080/hook", policy))
+    assert "loopback" in str(literal_refusal("http://[::ffff:127.0.0.1]/hook", policy))
+    assert "link-local" in str(literal_refusal("http://169.254.169.254/latest/", policy))
+    assert literal_refusal("http://8.8.8.8/hook", policy) is None
+    assert literal_refusal("http://localhost:8080/hook", policy) is None  # the resolver's job
