@@ -31,6 +31,7 @@ from delayq.local.ports import free_port
 from delayq.local.redis_server import RedisServer
 from delayq.local.waiting import wait_until
 from delayq.local.zookeeper_server import ZooKeeperServer
+from delayq.queue import acl
 from e2e.harness.kube import Kube, Release, condition, service_account_kubeconfig
 from e2e.harness.operator import LocalOperator
 from e2e.harness.process import INTERVAL_S, NOT_YET, ManagedProcess
@@ -304,6 +305,30 @@ def _topic_credentials(kube: Kube, namespace: str, topic: str) -> tuple[str, str
             _topic_secret(kube, namespace, topic, "api-token"))
 
 
+def _like_a_broker_pod(kube: Kube, namespace: str, topic: str, port: int) -> None:
+    """Give a local redis-server the users a broker pod of the topic starts with: the rules
+    from the Redis StatefulSet's environment, the passwords from the topic's Secret."""
+    statefulset = kube.get("statefulset", f"{topic}-redis-0", namespace)
+    assert statefulset is not None
+    env = {item["name"]: item.get("value", "") for item in
+           statefulset["spec"]["template"]["spec"]["containers"][0]["env"]}
+    admin_password = _topic_secret(kube, namespace, topic, "redis-admin-password")
+    with redis.Redis(port=port) as server:
+        server.execute_command("ACL", "SETUSER", env["ADMIN_USER"],
+                               *env["ADMIN_USER_RULES"].split(), f">{admin_password}")
+        server.execute_command("ACL", "SETUSER", env["SERVICE_USER"],
+                               *env["SERVICE_USER_RULES"].split(),
+                               f">{_topic_secret(kube, namespace, topic, 'redis-password')}")
+        server.config_set("masteruser", env["ADMIN_USER"])
+        server.config_set("masterauth", admin_password)
+        server.execute_command("ACL", "SETUSER", "default", "off")
+
+
+def _service_url(password: str, port: int) -> str:
+    """The broker URL `delayq serve` gets in a pod (topic.json), pointed at a local port."""
+    return f"redis://{acl.SERVICE_USER}:{password}@127.0.0.1:{port}/0"
+
+
 def _start_serve(kube: Kube, namespace: str, topic: str, workdir: Path,
                  broker_url: str) -> tuple[ManagedProcess, str]:
     """``delayq serve`` from the topic's ConfigMap, on a local port, against a local broker.
@@ -396,9 +421,9 @@ def test_message_end_to_end_through_the_provisioned_topic(
     broker = RedisServer().start()
     serve: ManagedProcess | None = None
     try:
-        redis.Redis(port=broker.port).config_set("requirepass", password)
+        _like_a_broker_pod(kube, topics_ns, "hooks", broker.port)
         serve, base = _start_serve(kube, topics_ns, "hooks", workdir,
-                                   f"redis://:{password}@127.0.0.1:{broker.port}/0")
+                                   _service_url(password, broker.port))
         _assert_tree_closed_to_strangers(zookeeper, topics_ns, "hooks")
         _schedule(base, "hooks", token, "e2e-1", delay_ms=2000)
         arrival_ms, message = wait_until(lambda: _received(received, "e2e-1"), timeout_s=60,
@@ -421,8 +446,13 @@ def test_message_end_to_end_through_the_provisioned_topic(
 _FAILOVER_STATUS: dict[str, Any] = {}
 
 
-def _replication(port: int, password: str) -> dict[str, Any]:
-    info: dict[str, Any] = redis.Redis(port=port, password=password).info("replication")
+def _admin(port: int, admin_password: str) -> redis.Redis:
+    return redis.Redis(port=port, username=acl.ADMIN_USER, password=admin_password)
+
+
+def _replication(port: int, admin_password: str) -> dict[str, Any]:
+    with _admin(port, admin_password) as client:
+        info: dict[str, Any] = client.info("replication")
     return info
 
 
@@ -466,10 +496,11 @@ def test_failover_promotes_the_replica_and_keeps_scheduled_messages(
         password, token = _topic_credentials(kube, ns, "fo")
         master.start()
         replica.start()
+        admin_password = _topic_secret(kube, ns, "fo", "redis-admin-password")
         for server in (master, replica):
-            redis.Redis(port=server.port).config_set("masterauth", password)
-            redis.Redis(port=server.port).config_set("requirepass", password)
-        redis.Redis(port=replica.port, password=password).replicaof("127.0.0.1", master.port)
+            _like_a_broker_pod(kube, ns, "fo", server.port)
+        with _admin(replica.port, admin_password) as client:
+            client.replicaof("127.0.0.1", master.port)
         service_host = f"fo-redis-0.{ns}.svc"
         addresses.write_text(json.dumps({
             "*": closed, ips["fo-redis-0-0"]: ["127.0.0.1", master.port],
@@ -486,11 +517,11 @@ def test_failover_promotes_the_replica_and_keeps_scheduled_messages(
                   what="Ready=True with fo-redis-0-0 as master")
 
         serve, base = _start_serve(kube, ns, "fo", workdir,
-                                   f"redis://:{password}@127.0.0.1:{master.port}/0")
+                                   _service_url(password, master.port))
         _schedule(base, "fo", token, "before-failover", delay_ms=15000)
-        wait_until(lambda: _replication(replica.port, password).get("master_link_status") == "up"
-                   and _replication(replica.port, password).get("slave_repl_offset")
-                   == _replication(master.port, password).get("master_repl_offset"),
+        wait_until(lambda: _replication(replica.port, admin_password).get("master_link_status")
+                   == "up" and _replication(replica.port, admin_password).get("slave_repl_offset")
+                   == _replication(master.port, admin_password).get("master_repl_offset"),
                    timeout_s=30, what="the replica to have replicated the message",
                    interval_s=INTERVAL_S, not_yet=NOT_YET)
         serve.stop()
@@ -504,13 +535,13 @@ def test_failover_promotes_the_replica_and_keeps_scheduled_messages(
         topic = kube.wait(lambda: serving_with("fo-redis-0-1"), timeout_s=120,
                           what="the replica fo-redis-0-1 promoted and Ready=True")
         _FAILOVER_STATUS.update(topic["status"])
-        assert _replication(replica.port, password)["role"] == "master"
+        assert _replication(replica.port, admin_password)["role"] == "master"
         promoted = kube.get("pod", "fo-redis-0-1", ns)
         assert promoted is not None
         assert promoted["metadata"]["labels"].get("delayq.io/redis-role") == "master"
 
         serve, base = _start_serve(kube, ns, "fo", workdir,
-                                   f"redis://:{password}@127.0.0.1:{replica.port}/0")
+                                   _service_url(password, replica.port))
         arrival_ms, message = wait_until(lambda: _received(received, "before-failover"),
                                          timeout_s=90, what="the pre-failover message delivered",
                                          abort=serve.exited, interval_s=INTERVAL_S,

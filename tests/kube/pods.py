@@ -21,6 +21,7 @@ from delayq.kube import naming
 from delayq.local.ports import free_port
 from delayq.local.redis_server import RedisServer
 from delayq.local.waiting import wait_until
+from delayq.queue import acl
 from delayq.queue.client import Queue
 from delayq.queue.topic import Topic, slot_of
 
@@ -76,12 +77,13 @@ class RedisPods(Mapping[str, tuple[str, int]]):
     def add(self, broker: int, count: int, master: int | None = None) -> list[RedisPod]:
         """Pods 0..count-1 of a broker, Ready, started as the chart's start script would.
 
-        The password is set with CONFIG SET once the server runs (RedisServer's readiness ping
-        does not authenticate). A replica's REPLICAOF target is the master Service as resolved
-        now; unlike cluster DNS it does not follow later label moves (the operator's demotions
-        resolve the Service again when they run).
+        The users of the start script (delayq.queue.acl: the operator's admin user, the
+        services' restricted user, `default` off) are set once the server runs (RedisServer's
+        readiness ping does not authenticate). A replica's REPLICAOF target is the master
+        Service as resolved now; unlike cluster DNS it does not follow later label moves (the
+        operator's demotions resolve the Service again when they run).
         """
-        password = self.password()
+        password, admin_password = self.password(), self.admin_password()
         added = []
         for ordinal in range(count):
             name = naming.redis_pod("orders", broker, ordinal)
@@ -102,8 +104,16 @@ class RedisPods(Mapping[str, tuple[str, int]]):
             server = self.pool[len(self.pods)]
             pod = self.pods[name] = RedisPod(name, broker, ip, server)
             admin = redis.Redis(port=server.port)
-            admin.config_set("masterauth", password)
-            admin.config_set("requirepass", password)
+            topic = Topic("orders", namespace=NAMESPACE, slot_amount=1)
+            admin.execute_command(
+                "ACL", "SETUSER", acl.SERVICE_USER, *acl.service_user_rules(topic), f">{password}"
+            )
+            admin.config_set("masteruser", acl.ADMIN_USER)
+            admin.config_set("masterauth", admin_password)
+            admin.execute_command(
+                "ACL", "SETUSER", acl.ADMIN_USER, *acl.ADMIN_RULES, f">{admin_password}"
+            )
+            admin.execute_command("ACL", "SETUSER", "default", "off")
             admin.close()
             added.append(pod)
         for ordinal, pod in enumerate(added):
@@ -119,6 +129,11 @@ class RedisPods(Mapping[str, tuple[str, int]]):
         secret = self.api.objects["v1/secrets", NAMESPACE, naming.credentials_secret("orders")]
         return base64.b64decode(secret.raw["data"][naming.SECRET_REDIS_PASSWORD]).decode()
 
+    def admin_password(self) -> str:
+        """The operator's Redis password, from the same Secret."""
+        secret = self.api.objects["v1/secrets", NAMESPACE, naming.credentials_secret("orders")]
+        return base64.b64decode(secret.raw["data"][naming.SECRET_REDIS_ADMIN_PASSWORD]).decode()
+
     def labelled_master(self, broker: int) -> RedisPod | None:
         for pod in self.pods.values():
             labels = self.api.objects["v1/pods", NAMESPACE, pod.name].raw["metadata"]["labels"]
@@ -128,7 +143,11 @@ class RedisPods(Mapping[str, tuple[str, int]]):
 
     def client(self, name: str) -> redis.Redis:
         """A test's own connection to a pod's Redis (bypasses `reachable`)."""
-        return redis.Redis(port=self.pods[name].server.port, password=self.password())
+        return redis.Redis(
+            port=self.pods[name].server.port,
+            username=acl.ADMIN_USER,
+            password=self.admin_password(),
+        )
 
     def replication(self, name: str) -> dict[str, Any]:
         """INFO replication of a pod's Redis, as it really is."""

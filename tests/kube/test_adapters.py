@@ -13,6 +13,7 @@ from delayq.kube.redisctl import RedisCommands
 from delayq.kube.zk import KazooTopicStore, topic_root
 from delayq.local.redis_server import RedisServer
 from delayq.local.zookeeper_server import ZooKeeperServer
+from delayq.queue import acl
 from delayq.queue.keys import Part, SlotKeys
 from delayq.queue.topic import Topic
 
@@ -65,33 +66,42 @@ async def test_redis_commands_inspect_demote_promote_and_count(
     redis_server: RedisServer, redis_client: redis.Redis, replica: RedisServer
 ) -> None:
     redis_client.config_set("repl-diskless-sync-delay", 0)  # the replica syncs at once, not in 5 s
+    for port in (redis_server.port, replica.port):  # the users a broker pod starts with
+        admin = redis.Redis(port=port)
+        admin.execute_command("ACL", "SETUSER", acl.ADMIN_USER, *acl.ADMIN_RULES, ">admin")
+        admin.close()
+    replica_admin = redis.Redis(port=replica.port)
+    replica_admin.config_set("masteruser", acl.ADMIN_USER)
+    replica_admin.config_set("masterauth", "admin")
+    replica_admin.execute_command("ACL", "SETUSER", "default", "off")  # as in a pod
+    replica_admin.close()
     commands = RedisCommands(port=redis_server.port)
     keys = SlotKeys("kube-it", "orders", 1)
     redis_client.zadd(keys.key(Part.STORE), {"a": 1, "b": 2})
     redis_client.zadd(keys.key(Part.DEAD), {"c": 3})
-    master = await commands.inspect("127.0.0.1", "")
+    master = await commands.inspect("127.0.0.1", "admin")
     assert master is not None
     assert master.role == "master"
     assert master.keys == 2
     topic = Topic("orders", namespace="kube-it", slot_amount=2)
-    depths = await commands.depths("127.0.0.1", "", topic, [0, 1])  # the engine's stats
+    depths = await commands.depths("127.0.0.1", "admin", topic, [0, 1])  # the engine's stats
     assert (depths.scheduled, depths.prepared, depths.dead) == (2, 0, 1)
 
     on_replica = RedisCommands(port=replica.port)
-    await on_replica.demote("127.0.0.1", "", f"127.0.0.1:{redis_server.port}")
+    await on_replica.demote("127.0.0.1", "admin", f"127.0.0.1:{redis_server.port}")
     for _ in range(200):
-        info = await on_replica.inspect("127.0.0.1", "")
+        info = await on_replica.inspect("127.0.0.1", "admin")
         if info is not None and info.role == "slave" and info.keys == 2:
             break
         await asyncio.sleep(0.05)
     assert info is not None
     assert (info.role, info.keys) == ("slave", 2)  # fenced: it took the master's data
-    await on_replica.promote("127.0.0.1", "")
-    promoted = await on_replica.inspect("127.0.0.1", "")
+    await on_replica.promote("127.0.0.1", "admin")
+    promoted = await on_replica.inspect("127.0.0.1", "admin")
     assert promoted is not None
     assert promoted.role == "master"
     assert promoted.keys == 2
 
 
 async def test_unreachable_redis_is_reported_as_none() -> None:
-    assert await RedisCommands(port=1).inspect("127.0.0.1", "") is None
+    assert await RedisCommands(port=1).inspect("127.0.0.1", "admin") is None

@@ -17,7 +17,9 @@ from delayq.kube.spec import SpecError, TopicSpec, parse_spec
 from delayq.service.topic_file import TopicFile
 
 CTX = BuildContext(image="delayq:test", redis_image="redis:test", operator_namespace="ops")
-CREDS = Credentials(redis_password="pw", api_token="tok", zookeeper_password="zk")
+CREDS = Credentials(
+    redis_password="pw", api_token="tok", zookeeper_password="zk", redis_admin_password="admin"
+)
 OWNER = {
     "apiVersion": "delayq.io/v1alpha1",
     "kind": "DelayTopic",
@@ -341,6 +343,7 @@ def test_secret_holds_every_credential_base64() -> None:
         naming.SECRET_REDIS_PASSWORD: "cHc=",
         naming.SECRET_API_TOKEN: "dG9r",
         naming.SECRET_ZOOKEEPER_PASSWORD: "ems=",
+        naming.SECRET_REDIS_ADMIN_PASSWORD: "YWRtaW4=",
     }
 
 

@@ -249,7 +249,8 @@ def longest_valid_topic_name() -> int:
             brokers=MAX_BROKERS,
             replicas_per_broker=MAX_REPLICAS_PER_BROKER,
         )
-        manifests = build_all(spec, ctx, Credentials("pw", "tok", "zk"), MAX_SLOT_AMOUNT, True)
+        credentials = Credentials("pw", "tok", "zk", "admin")
+        manifests = build_all(spec, ctx, credentials, MAX_SLOT_AMOUNT, True)
         valid = True
         for manifest in manifests:
             name = manifest["metadata"]["name"]

@@ -24,6 +24,7 @@ from delayq.kube.errors import TopicFailure
 from delayq.kube.handlers.health import refresh
 from delayq.kube.handlers.reconcile import reconcile
 from delayq.kube.operator import serialized
+from delayq.queue import acl
 from tests.kube.conftest import (
     DT,
     Clock,
@@ -369,7 +370,7 @@ async def test_health_pass_failures_are_transient(
     redis_pods.add(0, 2)
     # The pod answers INFO but its Redis refuses the promotion: a real command failure.
     with redis_pods.client("orders-redis-0-0") as client:
-        client.execute_command("ACL", "SETUSER", "default", "-replicaof")
+        client.execute_command("ACL", "SETUSER", acl.ADMIN_USER, "-replicaof")
     with pytest.raises(TopicFailure) as failure:
         await refresh(ctx, body(api), logger)
     assert not failure.value.permanent

@@ -34,9 +34,8 @@ ENGINE_USER, ENGINE_PASSWORD = "shop.orders", "engine-secret"
 
 def engine_user(admin: redis.Redis, topic: Topic = TOPIC) -> None:
     """Create (or reset) the topic's restricted user."""
-    admin.execute_command(
-        "ACL", "SETUSER", ENGINE_USER, *service_user_rules(topic, ENGINE_PASSWORD)
-    )
+    rules = service_user_rules(topic)
+    admin.execute_command("ACL", "SETUSER", ENGINE_USER, *rules, f">{ENGINE_PASSWORD}")
 
 
 def engine_client(server: RedisServer, admin: redis.Redis) -> redis.Redis:

@@ -34,7 +34,8 @@ OPERATOR_POD_LABELS = {LABEL_NAME: "delayq-operator"}
 
 REDIS_PORT = 6379
 SERVICE_HTTP_PORT = 8080
-SECRET_REDIS_PASSWORD = "redis-password"
+SECRET_REDIS_PASSWORD = "redis-password"  # the delay services' Redis user
+SECRET_REDIS_ADMIN_PASSWORD = "redis-admin-password"  # the operator's and replication's user
 SECRET_API_TOKEN = "api-token"
 SECRET_ZOOKEEPER_PASSWORD = "zookeeper-password"
 CONFIG_KEY = "topic.json"

@@ -19,7 +19,7 @@ from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
 
 from delayq.kube import naming
-from delayq.queue import AsyncQueue, Topic, TopicStats
+from delayq.queue import AsyncQueue, Topic, TopicStats, acl
 
 CONNECT_TIMEOUT_S = 2.0
 
@@ -75,6 +75,7 @@ class RedisCommands:
         return redis.asyncio.Redis(
             host=host,
             port=port,
+            username=acl.ADMIN_USER,
             password=password,
             socket_connect_timeout=CONNECT_TIMEOUT_S,
             socket_timeout=CONNECT_TIMEOUT_S,

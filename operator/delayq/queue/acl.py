@@ -16,6 +16,13 @@ from __future__ import annotations
 
 from delayq.queue.topic import Topic
 
+#: The Redis user of a topic's delay services (password: the topic Secret's `redis-password`).
+SERVICE_USER = "delayq-service"
+#: The Redis user of the operator and of replication (`redis-admin-password`): every command.
+ADMIN_USER = "delayq-operator"
+#: Its rules (add `>password`): every key, channel and command.
+ADMIN_RULES = ("reset", "on", "~*", "&*", "+@all")
+
 #: Sent by the Python client: scripts by hash (loaded once), the consumer's blocking wake-up
 #: wait and its interrupts, the stream delivery's XADD, the server clock, health checks and the
 #: RESP3 handshake. Not CLIENT SETINFO, which redis-py sends on connect and whose refusal it
@@ -67,15 +74,14 @@ def key_patterns(topic: Topic, stream_key: str = "") -> list[str]:
     return patterns
 
 
-def service_user_rules(topic: Topic, password: str, stream_key: str = "") -> list[str]:
-    """`ACL SETUSER <user> <rules...>` for the topic's delay services: the password, the key
-    patterns, no pub/sub channel and exactly the engine's commands. Starts from a reset, so
-    applying it again replaces whatever the user had."""
+def service_user_rules(topic: Topic, stream_key: str = "") -> list[str]:
+    """`ACL SETUSER` rules of the topic's delay services, without the password (add
+    `>password`): the key patterns, no pub/sub channel and exactly the engine's commands.
+    Starts from a reset, so applying them again replaces whatever the user had."""
     commands = sorted(set(CLIENT_COMMANDS) | set(SCRIPT_COMMANDS))
     return [
         "reset",
         "on",
-        f">{password}",
         *(f"~{pattern}" for pattern in key_patterns(topic, stream_key)),
         "resetchannels",
         "-@all",

@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import quote
 
+from delayq.queue import acl
 from delayq.queue.topic import TopicType
 from delayq.service.config import ConfigError, ServiceConfig
 
@@ -102,8 +103,9 @@ class TopicFile:
         return settings
 
     def broker_urls(self, password: str) -> list[str]:
-        """One Redis URL per broker index, from the master host template."""
-        auth = f":{quote(password, safe='')}@" if password else ""
+        """One Redis URL per broker index, from the master host template, logged in as the
+        topic's restricted Redis user (delayq.queue.acl)."""
+        auth = f"{acl.SERVICE_USER}:{quote(password, safe='')}@" if password else ""
         template = self.redis_master_host_template
         return [
             f"redis://{auth}{template.format(broker=b)}:{self.redis_port}/0"

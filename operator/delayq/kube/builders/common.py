@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from delayq import __version__
-from delayq.kube.spec import Resources
+from delayq.kube.spec import Resources, TopicSpec
 
 Manifest = dict[str, Any]
 
@@ -44,6 +44,12 @@ class Credentials:
     redis_password: str
     api_token: str
     zookeeper_password: str
+    redis_admin_password: str
+
+
+def delivery_stream_key(spec: TopicSpec) -> str:
+    """The target stream of a stream topic: `spec.delivery.stream.streamKey` or the default."""
+    return spec.delivery.stream_key or f"dq-out:{spec.namespace}/{spec.name}"
 
 
 def metadata(name: str, namespace: str, labels: dict[str, str]) -> Manifest:

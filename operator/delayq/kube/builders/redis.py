@@ -20,6 +20,7 @@ from delayq.kube.builders.common import (
     BuildContext,
     Manifest,
     container_security_context,
+    delivery_stream_key,
     env_from_field,
     env_from_secret,
     metadata,
@@ -30,6 +31,7 @@ from delayq.kube.builders.common import (
 )
 from delayq.kube.quantity import memory_bytes
 from delayq.kube.spec import TopicSpec
+from delayq.queue import Topic, TopicType, acl
 
 # Placement weights (the scheduler adds them per node). Spreading a broker's own pods is the
 # stronger preference: a node loss must not take the master and its replica together.
@@ -54,6 +56,9 @@ REDIS_DEFAULT_LIMITS = {"memory": "512Mi"}
 # each write before its reply; RDB snapshots are off.
 # min-replicas-* is set on every pod, not only the first master, because failover promotes a
 # replica without restarting it; Redis applies it only while the pod is a master.
+# Users (Redis ACLs, delayq.queue.acl): `default` is off; the delay services log in as
+# SERVICE_USER, limited to the topic's keys and the engine's commands (SERVICE_USER_RULES, no
+# password in it); the operator and the replicas (masteruser) as ADMIN_USER with every command.
 # maxmemory-policy is always noeviction: evicting keys of a delay queue loses messages, so a full
 # Redis must refuse writes (OOM) instead; MAXMEMORY is 0 (no bound) without a memory limit.
 REDIS_START_SCRIPT = """\
@@ -70,11 +75,21 @@ else
   args="$args --replicaof $MASTER_HOST 6379"
 fi
 exec redis-server - $args <<REDISCONF
-requirepass $REDIS_PASSWORD
-masterauth $REDIS_PASSWORD
+user default off
+user $ADMIN_USER $ADMIN_USER_RULES >$REDIS_ADMIN_PASSWORD
+user $SERVICE_USER $SERVICE_USER_RULES >$REDIS_PASSWORD
+masteruser $ADMIN_USER
+masterauth $REDIS_ADMIN_PASSWORD
 save ""
 REDISCONF
 """
+
+
+def service_user_rules(spec: TopicSpec) -> list[str]:
+    """The ACL rules of the topic's delay-service user (the engine's, for this topic)."""
+    topic = Topic(spec.name, namespace=spec.namespace, slot_amount=spec.slot_amount)
+    stream_key = delivery_stream_key(spec) if spec.topic_type is TopicType.STREAM else ""
+    return acl.service_user_rules(topic, stream_key)
 
 
 def redis_labels(spec: TopicSpec, broker: int) -> dict[str, str]:
@@ -132,12 +147,21 @@ def redis_statefulset(spec: TopicSpec, broker: int, ctx: BuildContext) -> Manife
             },
             {"name": "APPEND_FSYNC", "value": spec.redis_append_fsync},
             {"name": "MAXMEMORY", "value": str(redis_maxmemory(container_resources["limits"]))},
+            {"name": "ADMIN_USER", "value": acl.ADMIN_USER},
+            {"name": "ADMIN_USER_RULES", "value": " ".join(acl.ADMIN_RULES)},
+            {"name": "SERVICE_USER", "value": acl.SERVICE_USER},
+            {"name": "SERVICE_USER_RULES", "value": " ".join(service_user_rules(spec))},
             env_from_secret("REDIS_PASSWORD", secret, naming.SECRET_REDIS_PASSWORD),
+            env_from_secret("REDIS_ADMIN_PASSWORD", secret, naming.SECRET_REDIS_ADMIN_PASSWORD),
             env_from_secret("REDISCLI_AUTH", secret, naming.SECRET_REDIS_PASSWORD),
         ],
         "ports": [{"name": "redis", "containerPort": naming.REDIS_PORT}],
         "readinessProbe": {
-            "exec": {"command": ["redis-cli", "-p", str(naming.REDIS_PORT), "ping"]},
+            "exec": {
+                "command": [
+                    "redis-cli", "--user", acl.SERVICE_USER, "-p", str(naming.REDIS_PORT), "ping"
+                ]
+            },
             "periodSeconds": 5,
             "timeoutSeconds": 2,
             "failureThreshold": 3,

@@ -22,6 +22,7 @@ from delayq.kube.builders.common import (
     Credentials,
     Manifest,
     container_security_context,
+    delivery_stream_key,
     env_from_field,
     env_from_secret,
     metadata,
@@ -60,7 +61,7 @@ def topic_file(spec: TopicSpec, ctx: BuildContext, slot_amount: int) -> TopicFil
         webhook_allow_private_targets=delivery.webhook_allow_private_targets,
         webhook_allowed_cidrs=",".join(delivery.webhook_allowed_cidrs),
         pull_max_lease_batch=delivery.pull_max_lease_batch,
-        stream_key=delivery.stream_key or f"dq-out:{spec.namespace}/{spec.name}",
+        stream_key=delivery_stream_key(spec),
         stream_max_len=delivery.stream_max_len,
         zookeeper_connect=zookeeper_connect(spec, ctx),
         zookeeper_session_timeout_ms=spec.zookeeper_session_timeout_ms,
@@ -95,8 +96,8 @@ def config_map(spec: TopicSpec, ctx: BuildContext, slot_amount: int) -> Manifest
 
 
 def credentials_secret(spec: TopicSpec, credentials: Credentials) -> Manifest:
-    """The topic's Redis password, API token and ZooKeeper password; their values are never
-    rewritten by the operator (apply.py adds a missing key only)."""
+    """The topic's Redis passwords (service and admin user), API token and ZooKeeper password;
+    their values are never rewritten by the operator (apply.py adds a missing key only)."""
     labels = naming.topic_labels(spec.name, naming.COMPONENT_SERVICE)
     return {
         "apiVersion": "v1",
@@ -107,6 +108,7 @@ def credentials_secret(spec: TopicSpec, credentials: Credentials) -> Manifest:
             naming.SECRET_REDIS_PASSWORD: _b64(credentials.redis_password),
             naming.SECRET_API_TOKEN: _b64(credentials.api_token),
             naming.SECRET_ZOOKEEPER_PASSWORD: _b64(credentials.zookeeper_password),
+            naming.SECRET_REDIS_ADMIN_PASSWORD: _b64(credentials.redis_admin_password),
         },
     }
 

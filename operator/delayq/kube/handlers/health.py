@@ -74,7 +74,7 @@ async def health_pass(
     except SpecError:
         return {}  # reconcile() already reported it; nothing here is safe to touch
     applied = int(status["appliedSlotAmount"])
-    password = await redis_password(ctx, spec)
+    password = await redis_admin_password(ctx, spec)
     routing, owned = await slot_view(ctx, spec, applied, logger)
     previous = {entry.get("index"): entry for entry in status.get("brokers") or []}
     brokers: list[dict[str, Any]] = []
@@ -132,11 +132,12 @@ def current_condition(status: Mapping[str, Any], kind: str) -> Condition:
     return Condition(kind, UNKNOWN, "Unknown", "Not reconciled yet.")
 
 
-async def redis_password(ctx: OperatorContext, spec: TopicSpec) -> str:
+async def redis_admin_password(ctx: OperatorContext, spec: TopicSpec) -> str:
+    """The password of the operator's Redis user (delayq.queue.acl.ADMIN_USER)."""
     secret = await ctx.kube.get(
         "v1", "Secret", spec.namespace, naming.credentials_secret(spec.name)
     )
-    encoded = ((secret or {}).get("data") or {}).get(naming.SECRET_REDIS_PASSWORD, "")
+    encoded = ((secret or {}).get("data") or {}).get(naming.SECRET_REDIS_ADMIN_PASSWORD, "")
     return base64.b64decode(encoded).decode() if encoded else ""
 
 
