@@ -19,6 +19,9 @@ import yaml
 from delayq.kube.builders.bundle import build_all
 from delayq.kube.builders.common import BuildContext, Credentials
 from delayq.kube.spec import (
+    ALLOW_FROM_EMPTY_PEER_MESSAGE,
+    ALLOW_FROM_IP_BLOCK_ALONE_MESSAGE,
+    MAX_ALLOW_FROM,
     MAX_BROKERS,
     MAX_REPLICAS_PER_BROKER,
     MAX_TOPIC_NAME_LENGTH,
@@ -279,6 +282,20 @@ def test_the_name_bound_is_derived_from_the_builders() -> None:
         "oldSelf.hasValue() || self.metadata.name.matches('^[a-z]([-a-z0-9]*[a-z0-9])?$')"
     )
     assert pattern_rule["message"] == NAME_NOT_DNS_1035_MESSAGE
+
+
+def test_allow_from_peer_rules_are_the_parsers() -> None:
+    """Each networkPolicy.allowFrom entry: the CEL rules (what kubectl shows) and the parser
+    (InvalidSpec where CEL did not run) refuse the same peers with the same words."""
+    allow_from = spec_schema()["properties"]["networkPolicy"]["properties"]["allowFrom"]
+    assert allow_from["maxItems"] == MAX_ALLOW_FROM
+    rules = allow_from["items"]["x-kubernetes-validations"]
+    assert [rule["message"] for rule in rules] == [
+        ALLOW_FROM_EMPTY_PEER_MESSAGE,
+        ALLOW_FROM_IP_BLOCK_ALONE_MESSAGE,
+    ]
+    peer = allow_from["items"]["properties"]
+    assert set(peer) == {"namespaceSelector", "podSelector", "ipBlock"}
 
 
 def test_the_name_rules_run_on_create_only() -> None:

@@ -96,7 +96,8 @@ async def test_create_provisions_everything_and_publishes_routing(
     for name in ("orders-redis-0", "orders-redis-1", "orders-service"):
         assert get(api, STS, name) is not None
     assert get(api, "v1/secrets", "orders-credentials") is not None
-    assert get(api, "networking.k8s.io/v1/networkpolicies", "orders-redis") is not None
+    for policy in ("orders-redis", "orders-service"):
+        assert get(api, "networking.k8s.io/v1/networkpolicies", policy) is not None
     assert get(api, "monitoring.coreos.com/v1/servicemonitors", "orders-api") is None
     routing = published_routing(zk)
     assert routing is not None

@@ -14,6 +14,8 @@ KIND = "DelayTopic"
 FINALIZER = "delayq.io/finalizer"
 PAUSED_ANNOTATION = "delayq.io/paused"
 CONFIG_HASH_ANNOTATION = "delayq.io/config-hash"
+# on the delay-service NetworkPolicy: changes with every rule, so a loosened rule is patched too
+POLICY_HASH_ANNOTATION = "delayq.io/policy-hash"
 
 LABEL_NAME = "app.kubernetes.io/name"
 LABEL_INSTANCE = "app.kubernetes.io/instance"
@@ -84,8 +86,12 @@ def config_map(topic: str) -> str:
     return f"{topic}-config"
 
 
-def network_policy(topic: str) -> str:
+def redis_network_policy(topic: str) -> str:
     return f"{topic}-redis"
+
+
+def service_network_policy(topic: str) -> str:
+    return f"{topic}-service"
 
 
 def topic_labels(topic: str, component: str) -> dict[str, str]:

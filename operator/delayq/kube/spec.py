@@ -36,6 +36,21 @@ APPEND_FSYNC_POLICIES = ("everysec", "always")
 MAX_TOPIC_NAME_LENGTH = 43
 #: delivery.webhook.allowedCidrs: the CRD's maxItems (a topic names networks, not hosts).
 MAX_ALLOWED_CIDRS = 32
+#: networkPolicy.allowFrom: the CRD's maxItems (peers are selectors, a handful per topic).
+MAX_ALLOW_FROM = 32
+#: ZooKeeper's client port, which kazoo assumes for a host written without one.
+ZOOKEEPER_DEFAULT_PORT = 2181
+LABEL_SELECTOR_OPERATORS = ("In", "NotIn", "Exists", "DoesNotExist")
+#: The CRD's CEL rules on each networkPolicy.allowFrom entry, repeated by the parser (which
+#: prefixes the entry, as the API server does); Kubernetes refuses both shapes in a policy.
+ALLOW_FROM_EMPTY_PEER_MESSAGE = (
+    "an allowFrom peer needs namespaceSelector, podSelector or ipBlock: an empty one is refused "
+    "by Kubernetes (use namespaceSelector: {} for every namespace)"
+)
+ALLOW_FROM_IP_BLOCK_ALONE_MESSAGE = (
+    "an allowFrom peer with ipBlock cannot also have namespaceSelector or podSelector: "
+    "Kubernetes refuses the combination, write them as separate peers"
+)
 #: Services need DNS-1035 labels (a letter first, no dots); a DelayTopic name only has to be a
 #: DNS-1123 subdomain, so the CRD narrows it.
 TOPIC_NAME_PATTERN = re.compile(r"^[a-z]([-a-z0-9]*[a-z0-9])?$")
@@ -111,6 +126,9 @@ class TopicSpec:
     redis_min_replicas_to_write: int = DEFAULTS.redis_min_replicas_to_write
     redis_min_replicas_max_lag_seconds: int = DEFAULTS.redis_min_replicas_max_lag_seconds
     redis_append_fsync: str = DEFAULTS.redis_append_fsync  # or "always"
+    # spec.networkPolicy.allowFrom: NetworkPolicyPeers admitted to the service pods' API port
+    # besides the topic's namespace and the operator, checked and copied as plain dicts
+    network_policy_allow_from: tuple[dict[str, Any], ...] = ()
 
     @property
     def topic(self) -> Topic:
@@ -169,6 +187,9 @@ def parse_spec(name: str, namespace: str, spec: Mapping[str, Any]) -> TopicSpec:
         raise SpecError(
             f"zookeeper.connect {connect!r} must look like host:port[,host:port][/path]"
         )
+    for port in zookeeper_ports(connect) if connect else ():
+        if not 1 <= port <= 65535:
+            raise SpecError(f"zookeeper.connect port {port} must be between 1 and 65535")
     persistence = _section(spec, "persistence")
     deletion_policy = spec.get("deletionPolicy", DEFAULTS.deletion_policy)
     if deletion_policy not in ("Retain", "Delete"):
@@ -220,12 +241,24 @@ def parse_spec(name: str, namespace: str, spec: Mapping[str, Any]) -> TopicSpec:
             "redis.",
         ),
         redis_append_fsync=_append_fsync(redis),
+        network_policy_allow_from=_allow_from(_section(spec, "networkPolicy")),
     )
     try:
         parsed.topic  # noqa: B018 - the engine's own checks (name is a DNS label, ...)
     except TopicError as error:
         raise SpecError(str(error)) from None
     return parsed
+
+
+def zookeeper_ports(connect: str) -> tuple[int, ...]:
+    """The client ports of a connection string `host[:port],...[/chroot]`, sorted, each once;
+    ZOOKEEPER_DEFAULT_PORT where a host names none (the operator's default is not checked
+    against ZK_CONNECT_PATTERN, and kazoo accepts a bare host)."""
+    ports = set()
+    for host in connect.split("/", 1)[0].split(","):
+        _, colon, port = host.rpartition(":")
+        ports.add(int(port) if colon and port.isdigit() else ZOOKEEPER_DEFAULT_PORT)
+    return tuple(sorted(ports))
 
 
 def _check_name(name: str) -> None:
@@ -301,6 +334,113 @@ def _allowed_cidrs(webhook: Mapping[str, Any]) -> tuple[str, ...]:
         except ValueError as error:
             raise SpecError(f"{field_name}[{index}]: {error}") from None
     return tuple(values)
+
+
+def _allow_from(section: Mapping[str, Any]) -> tuple[dict[str, Any], ...]:
+    """networkPolicy.allowFrom: each entry a NetworkPolicyPeer, shape checked here (the API
+    server checks label syntax when the policy is applied), copied as plain JSON values."""
+    field_name = "networkPolicy.allowFrom"
+    values = section.get("allowFrom") or []
+    if not isinstance(values, list) or len(values) > MAX_ALLOW_FROM:
+        raise SpecError(
+            f"{field_name} must be a list of at most {MAX_ALLOW_FROM} NetworkPolicy peers"
+        )
+    peers: list[dict[str, Any]] = []
+    for index, value in enumerate(values):
+        where = f"{field_name}[{index}]"
+        if not isinstance(value, Mapping):
+            raise SpecError(f"{where} must be an object such as {{namespaceSelector: {{...}}}}")
+        unknown = sorted(set(value) - {"namespaceSelector", "podSelector", "ipBlock"})
+        if unknown:
+            raise SpecError(
+                f"{where}: unknown field {unknown[0]!r} "
+                "(a peer has namespaceSelector, podSelector and/or ipBlock)"
+            )
+        if not value:
+            raise SpecError(f"{where}: {ALLOW_FROM_EMPTY_PEER_MESSAGE}")
+        if "ipBlock" in value and len(value) > 1:
+            raise SpecError(f"{where}: {ALLOW_FROM_IP_BLOCK_ALONE_MESSAGE}")
+        peer: dict[str, Any] = {}
+        for key in ("namespaceSelector", "podSelector"):
+            if key in value:
+                peer[key] = _label_selector(value[key], f"{where}.{key}")
+        if "ipBlock" in value:
+            peer["ipBlock"] = _ip_block(value["ipBlock"], f"{where}.ipBlock")
+        peers.append(peer)
+    return tuple(peers)
+
+
+def _label_selector(value: object, where: str) -> dict[str, Any]:
+    """A Kubernetes LabelSelector: matchLabels and/or matchExpressions; {} selects all."""
+    if not isinstance(value, Mapping):
+        raise SpecError(f"{where} must be a label selector such as {{matchLabels: {{a: b}}}}")
+    unknown = sorted(set(value) - {"matchLabels", "matchExpressions"})
+    if unknown:
+        raise SpecError(
+            f"{where}: unknown field {unknown[0]!r} (matchLabels and/or matchExpressions)"
+        )
+    selector: dict[str, Any] = {}
+    if "matchLabels" in value:
+        labels = value["matchLabels"]
+        if not isinstance(labels, Mapping) or not all(
+            isinstance(k, str) and isinstance(v, str) for k, v in labels.items()
+        ):
+            raise SpecError(f"{where}.matchLabels must map label names to string values")
+        selector["matchLabels"] = dict(labels)
+    if "matchExpressions" in value:
+        expressions = value["matchExpressions"]
+        if not isinstance(expressions, list):
+            raise SpecError(f"{where}.matchExpressions must be a list")
+        selector["matchExpressions"] = [
+            _label_requirement(item, f"{where}.matchExpressions[{n}]")
+            for n, item in enumerate(expressions)
+        ]
+    return selector
+
+
+def _label_requirement(value: object, where: str) -> dict[str, Any]:
+    """{key, operator, values}: values for In/NotIn only, as the API server requires."""
+    if not isinstance(value, Mapping) or not isinstance(value.get("key"), str):
+        raise SpecError(f"{where} must be an object with a key, an operator and values")
+    operator = value.get("operator")
+    if operator not in LABEL_SELECTOR_OPERATORS:
+        raise SpecError(
+            f"{where}.operator {operator!r} must be one of {', '.join(LABEL_SELECTOR_OPERATORS)}"
+        )
+    values = value.get("values") or []
+    if not isinstance(values, list) or not all(isinstance(v, str) for v in values):
+        raise SpecError(f"{where}.values must be a list of strings")
+    if (operator in ("In", "NotIn")) != bool(values):
+        raise SpecError(f"{where}.values must be non-empty for In and NotIn and empty otherwise")
+    requirement: dict[str, Any] = {"key": value["key"], "operator": operator}
+    if values:
+        requirement["values"] = list(values)
+    return requirement
+
+
+def _ip_block(value: object, where: str) -> dict[str, Any]:
+    """{cidr, except}: every except range inside cidr, as the API server requires."""
+    if not isinstance(value, Mapping) or not isinstance(value.get("cidr"), str):
+        raise SpecError(f"{where} must be an object with a cidr such as 203.0.113.0/24")
+    try:
+        (network,) = parse_cidrs([value["cidr"]])
+    except ValueError as error:
+        raise SpecError(f"{where}.cidr: {error}") from None
+    excepted = value.get("except") or []
+    if not isinstance(excepted, list) or not all(isinstance(v, str) for v in excepted):
+        raise SpecError(f"{where}.except must be a list of CIDRs")
+    block: dict[str, Any] = {"cidr": value["cidr"]}
+    for n, text in enumerate(excepted):
+        try:
+            (inner,) = parse_cidrs([text])
+        except ValueError as error:
+            raise SpecError(f"{where}.except[{n}]: {error}") from None
+        inside = inner.version == network.version and inner.subnet_of(network)  # type: ignore[arg-type]
+        if not inside or inner == network:
+            raise SpecError(f"{where}.except[{n}] {text!r} must lie strictly inside {network}")
+    if excepted:
+        block["except"] = list(excepted)
+    return block
 
 
 def _append_fsync(redis: Mapping[str, Any]) -> str:

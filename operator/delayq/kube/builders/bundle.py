@@ -34,6 +34,7 @@ def build_all(
         service.credentials_secret(spec, credentials),
         service.config_map(spec, ctx, slot_amount),
         redis.redis_network_policy(spec, ctx),
+        service.service_network_policy(spec, ctx),
         service.service_headless_service(spec),
         service.api_service(spec),
         service.service_statefulset(spec, ctx, slot_amount),

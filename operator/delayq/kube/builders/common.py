@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from delayq import __version__
+from delayq.kube import naming
 from delayq.kube.spec import Resources, TopicSpec
 
 Manifest = dict[str, Any]
@@ -100,6 +101,16 @@ def env_from_field(name: str, field_path: str) -> Manifest:
 
 def env_from_secret(name: str, secret: str, key: str) -> Manifest:
     return {"name": name, "valueFrom": {"secretKeyRef": {"name": secret, "key": key}}}
+
+
+def operator_peer(ctx: BuildContext) -> Manifest:
+    """The operator's pods as a NetworkPolicy peer (failover commands, health checks)."""
+    return {
+        "namespaceSelector": {
+            "matchLabels": {"kubernetes.io/metadata.name": ctx.operator_namespace}
+        },
+        "podSelector": {"matchLabels": dict(naming.OPERATOR_POD_LABELS)},
+    }
 
 
 def preferred_term(weight: int, labels: dict[str, str], topology_key: str) -> Manifest:

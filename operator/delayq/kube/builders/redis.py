@@ -24,6 +24,7 @@ from delayq.kube.builders.common import (
     env_from_field,
     env_from_secret,
     metadata,
+    operator_peer,
     pod_security_context,
     preferred_term,
     resources,
@@ -300,17 +301,11 @@ def redis_pdb(spec: TopicSpec, broker: int) -> Manifest:
 
 def redis_network_policy(spec: TopicSpec, ctx: BuildContext) -> Manifest:
     """Only the topic's delay-service pods, its own Redis pods (replication) and the operator."""
-    operator_peer = {
-        "namespaceSelector": {
-            "matchLabels": {"kubernetes.io/metadata.name": ctx.operator_namespace}
-        },
-        "podSelector": {"matchLabels": dict(naming.OPERATOR_POD_LABELS)},
-    }
     return {
         "apiVersion": "networking.k8s.io/v1",
         "kind": "NetworkPolicy",
         "metadata": metadata(
-            naming.network_policy(spec.name),
+            naming.redis_network_policy(spec.name),
             spec.namespace,
             naming.topic_labels(spec.name, naming.COMPONENT_REDIS),
         ),
@@ -322,7 +317,7 @@ def redis_network_policy(spec: TopicSpec, ctx: BuildContext) -> Manifest:
                     "from": [
                         {"podSelector": {"matchLabels": naming.service_selector(spec.name)}},
                         {"podSelector": {"matchLabels": naming.redis_selector(spec.name)}},
-                        operator_peer,
+                        operator_peer(ctx),
                     ],
                     "ports": [{"protocol": "TCP", "port": naming.REDIS_PORT}],
                 }

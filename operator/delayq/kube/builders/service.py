@@ -26,13 +26,31 @@ from delayq.kube.builders.common import (
     env_from_field,
     env_from_secret,
     metadata,
+    operator_peer,
     pod_security_context,
     preferred_term,
     resources,
     tmp_volume,
 )
-from delayq.kube.spec import TopicSpec
+from delayq.kube.spec import TopicSpec, zookeeper_ports
+from delayq.queue import TopicType
+from delayq.service.delivery.targets import parse_cidrs
 from delayq.service.topic_file import TopicFile
+
+# What a webhook's egress rule leaves out unless the topic allows non-public targets: the
+# ranges of the SSRF guard (service/delivery/targets.py) that a NetworkPolicy can name, i.e.
+# the cluster's pod and Service networks in every common setup, the node, the cloud metadata
+# address. The guard in the process also refuses the rest (multicast, reserved, mapped forms);
+# this is the second line, which holds even if the process is compromised.
+NON_PUBLIC_IPV4 = (
+    "10.0.0.0/8",
+    "172.16.0.0/12",
+    "192.168.0.0/16",
+    "169.254.0.0/16",
+    "127.0.0.0/8",
+    "100.64.0.0/10",
+)
+NON_PUBLIC_IPV6 = ("fc00::/7", "fe80::/10")
 
 
 def zookeeper_connect(spec: TopicSpec, ctx: BuildContext) -> str:
@@ -211,6 +229,85 @@ def service_statefulset(spec: TopicSpec, ctx: BuildContext, slot_amount: int) ->
             },
         },
     }
+
+
+def service_network_policy(spec: TopicSpec, ctx: BuildContext) -> Manifest:
+    """What the delay-service pods may receive and send: nothing else.
+
+    Ingress, port 8080 only (API, /metrics, probes; the kubelet's probes come from the node,
+    which a NetworkPolicy always admits): pods of the topic's own namespace, the operator, and
+    the tenant's `networkPolicy.allowFrom` peers (a Prometheus in another namespace).
+    Egress: DNS, the topic's Redis pods, ZooKeeper and, for webhook topics, public addresses.
+    """
+    port = {"protocol": "TCP", "port": naming.SERVICE_HTTP_PORT}
+    rules: Manifest = {
+        "podSelector": {"matchLabels": naming.service_selector(spec.name)},
+        "policyTypes": ["Ingress", "Egress"],
+        "ingress": [
+            {
+                "from": [
+                    {"podSelector": {}},
+                    operator_peer(ctx),
+                    *spec.network_policy_allow_from,
+                ],
+                "ports": [port],
+            }
+        ],
+        "egress": _service_egress(spec, ctx),
+    }
+    policy_hash = hashlib.sha256(json.dumps(rules, sort_keys=True).encode()).hexdigest()[:16]
+    labels = naming.topic_labels(spec.name, naming.COMPONENT_SERVICE)
+    meta = metadata(naming.service_network_policy(spec.name), spec.namespace, labels)
+    # apply.contains() cannot see a removed field (an `except` dropped when the topic allows
+    # private targets, a narrower selector), so the hash makes every change a patch
+    meta["annotations"] = {naming.POLICY_HASH_ANNOTATION: policy_hash}
+    return {
+        "apiVersion": "networking.k8s.io/v1",
+        "kind": "NetworkPolicy",
+        "metadata": meta,
+        "spec": rules,
+    }
+
+
+def _service_egress(spec: TopicSpec, ctx: BuildContext) -> list[Manifest]:
+    # DNS to any address rather than to `k8s-app: kube-dns` pods: clusters differ (NodeLocal
+    # DNSCache answers on a link-local node address no pod selector matches, OpenShift and
+    # some managed clusters label their resolver otherwise), and a wrong guess breaks every
+    # name lookup, the Redis master Service's included. What it leaves open is port 53 only.
+    rules: list[Manifest] = [
+        {"ports": [{"protocol": "UDP", "port": 53}, {"protocol": "TCP", "port": 53}]},
+        {
+            "to": [{"podSelector": {"matchLabels": naming.redis_selector(spec.name)}}],
+            "ports": [{"protocol": "TCP", "port": naming.REDIS_PORT}],
+        },
+        # ZooKeeper is a connection string of names, often outside the cluster (bring your
+        # own ensemble): its addresses are unknown here, its ports are not
+        {
+            "ports": [
+                {"protocol": "TCP", "port": port}
+                for port in zookeeper_ports(zookeeper_connect(spec, ctx))
+            ]
+        },
+    ]
+    if spec.topic_type is TopicType.WEBHOOK:
+        rules.append({"to": _webhook_targets(spec), "ports": [{"protocol": "TCP"}]})
+    return rules
+
+
+def _webhook_targets(spec: TopicSpec) -> list[Manifest]:
+    """Every address but the non-public ones (all of them with allowPrivateTargets), plus the
+    topic's allowedCidrs (any TCP port: the URL names the receiver's, the SSRF guard checks
+    the address it resolves to)."""
+    delivery = spec.delivery
+    if delivery.webhook_allow_private_targets:
+        return [{"ipBlock": {"cidr": "0.0.0.0/0"}}, {"ipBlock": {"cidr": "::/0"}}]
+    # written as networks: the guard accepts host bits (10.1.2.3/8), a policy's cidr may not
+    allowed = parse_cidrs(delivery.webhook_allowed_cidrs)
+    return [
+        {"ipBlock": {"cidr": "0.0.0.0/0", "except": list(NON_PUBLIC_IPV4)}},
+        {"ipBlock": {"cidr": "::/0", "except": list(NON_PUBLIC_IPV6)}},
+        *({"ipBlock": {"cidr": str(network)}} for network in allowed),
+    ]
 
 
 def service_headless_service(spec: TopicSpec) -> Manifest:
