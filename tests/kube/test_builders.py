@@ -23,6 +23,7 @@ from delayq.kube.spec import (
     TopicSpec,
     parse_spec,
 )
+from delayq.service.config import env_name
 from delayq.service.delivery.targets import TargetPolicy
 from delayq.service.topic_file import TopicFile
 
@@ -356,6 +357,31 @@ def test_secret_holds_every_credential_base64() -> None:
         naming.SECRET_ZOOKEEPER_PASSWORD: "ems=",
         naming.SECRET_REDIS_ADMIN_PASSWORD: "YWRtaW4=",
     }
+
+
+def test_service_pods_take_the_optional_rotation_and_metrics_tokens() -> None:
+    """api-token-previous and metrics-token are keys the tenant may add to the Secret (the
+    operator never writes them): optional, so a pod starts without them, unset then."""
+    sts = by_kind_name(rendered())["StatefulSet", "orders-service"]
+    (container,) = sts["spec"]["template"]["spec"]["containers"]
+    refs = {
+        entry["name"]: entry["valueFrom"]["secretKeyRef"]
+        for entry in container["env"]
+        if "secretKeyRef" in entry.get("valueFrom", {})
+    }
+    assert refs[env_name("api_token_previous")] == {
+        "name": "orders-credentials",
+        "key": "api-token-previous",
+        "optional": True,
+    }
+    assert refs[env_name("metrics_token")] == {
+        "name": "orders-credentials",
+        "key": "metrics-token",
+        "optional": True,
+    }
+    assert refs[env_name("api_token")] == {"name": "orders-credentials", "key": "api-token"}
+    secret = by_kind_name(rendered())["Secret", "orders-credentials"]
+    assert not {"api-token-previous", "metrics-token"} & set(secret["data"])
 
 
 def test_network_policy_admits_only_service_pods_redis_peers_and_operator() -> None:

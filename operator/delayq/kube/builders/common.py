@@ -99,8 +99,13 @@ def env_from_field(name: str, field_path: str) -> Manifest:
     return {"name": name, "valueFrom": {"fieldRef": {"fieldPath": field_path}}}
 
 
-def env_from_secret(name: str, secret: str, key: str) -> Manifest:
-    return {"name": name, "valueFrom": {"secretKeyRef": {"name": secret, "key": key}}}
+def env_from_secret(name: str, secret: str, key: str, *, optional: bool = False) -> Manifest:
+    """`optional`: a key the Secret may lack (the variable is then unset); otherwise the pod
+    does not start without it."""
+    selector: Manifest = {"name": secret, "key": key}
+    if optional:
+        selector["optional"] = True
+    return {"name": name, "valueFrom": {"secretKeyRef": selector}}
 
 
 def operator_peer(ctx: BuildContext) -> Manifest:

@@ -115,7 +115,8 @@ def config_map(spec: TopicSpec, ctx: BuildContext, slot_amount: int) -> Manifest
 
 def credentials_secret(spec: TopicSpec, credentials: Credentials) -> Manifest:
     """The topic's Redis passwords (service and admin user), API token and ZooKeeper password;
-    their values are never rewritten by the operator (apply.py adds a missing key only)."""
+    their values are never rewritten by the operator (apply.py adds a missing key only), and
+    keys it does not write (api-token-previous, metrics-token) are left to the tenant."""
     labels = naming.topic_labels(spec.name, naming.COMPONENT_SERVICE)
     return {
         "apiVersion": "v1",
@@ -150,6 +151,17 @@ def service_statefulset(spec: TopicSpec, ctx: BuildContext, slot_amount: int) ->
             env_from_field("POD_NAMESPACE", "metadata.namespace"),
             env_from_secret("DELAYQ_REDIS_PASSWORD", secret, naming.SECRET_REDIS_PASSWORD),
             env_from_secret("DELAYQ_API_TOKEN", secret, naming.SECRET_API_TOKEN),
+            # keys the tenant adds to rotate the token or to close /metrics (docs/operator.md,
+            # "Rotating the API token"); absent, serve runs with neither
+            env_from_secret(
+                "DELAYQ_API_TOKEN_PREVIOUS",
+                secret,
+                naming.SECRET_API_TOKEN_PREVIOUS,
+                optional=True,
+            ),
+            env_from_secret(
+                "DELAYQ_METRICS_TOKEN", secret, naming.SECRET_METRICS_TOKEN, optional=True
+            ),
             env_from_secret(
                 "DELAYQ_ZOOKEEPER_PASSWORD", secret, naming.SECRET_ZOOKEEPER_PASSWORD
             ),
