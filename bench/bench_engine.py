@@ -301,7 +301,7 @@ def main() -> None:
         client.flushall()
         single = single_enqueue(Queue(client, fresh_topic("single")), int(20_000 * scale))
         client.flushall()
-        journaled_topic = Topic("journaled", slot_amount=SLOTS, journal_maxlen=10 * n_enqueue)
+        journaled_topic = Topic("journaled", slot_amount=SLOTS, journal_max_len=10 * n_enqueue)
         journaled = batch_enqueue(Queue(client, journaled_topic), n_enqueue, 1_000)
         client.flushall()
         memory = {

@@ -14,7 +14,7 @@ from delayq.queue.client import Queue
 from delayq.queue.keys import Part, slot_keys
 from delayq.queue.topic import Topic
 
-TOPIC = Topic("orders", namespace="shop", slot_amount=4, journal_maxlen=10_000)
+TOPIC = Topic("orders", namespace="shop", slot_amount=4, journal_max_len=10_000)
 
 
 def _lifecycle(queue: Queue, prefix: str, count: int) -> None:

@@ -131,7 +131,7 @@ def test_ingest_parquet_counts_add_up(
         "concat('p', id) as id", "id * 10 as delay", "cast(concat('b', id) as binary) as payload"
     )
     source.write.parquet(str(tmp_path / "in"))
-    target = RedisTarget(redis_server.url, "shop", "orders", SLOTS, LIMIT, journal_maxlen=1000)
+    target = RedisTarget(redis_server.url, "shop", "orders", SLOTS, LIMIT, journal_max_len=1000)
     data = spark.read.parquet(str(tmp_path / "in"))
     lines: list[str] = []
     monkeypatch.setattr(ingest_module, "PROGRESS_INTERVAL_S", 0.01)

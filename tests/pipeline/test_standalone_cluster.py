@@ -130,7 +130,7 @@ def test_ingest_and_audit_run_on_the_standalone_cluster(
     )
     topic = ["--namespace", "shop", "--topic", "orders", "--slots", str(SLOTS)]
     ingest = cluster.submit(
-        *["pipeline", "ingest", "--redis", redis_server.url, *topic, "--journal-maxlen", "1000"],
+        *["pipeline", "ingest", "--redis", redis_server.url, *topic, "--journal-max-len", "1000"],
         *["--input", str(source), "--format", "json", "--rejects", str(tmp_path / "rejects")],
     )
     summary = _summary(ingest)

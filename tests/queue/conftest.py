@@ -14,7 +14,7 @@ from delayq.queue.acl import service_user_rules
 from delayq.queue.client import AsyncQueue, Queue
 from delayq.queue.topic import Topic
 
-TOPIC = Topic("orders", namespace="shop", slot_amount=4, max_retries=2, journal_maxlen=10_000)
+TOPIC = Topic("orders", namespace="shop", slot_amount=4, max_retries=2, journal_max_len=10_000)
 
 
 @pytest.fixture

@@ -141,7 +141,7 @@ class TopicSpec:
             max_retries=self.max_retries,
             ack_timeout_ms=self.ack_timeout_ms,
             max_payload_bytes=self.max_payload_bytes,
-            journal_maxlen=self.journal_max_len,
+            journal_max_len=self.journal_max_len,
         )
 
     @property

@@ -42,7 +42,7 @@ def register(subparsers: Any) -> None:
         help="the topic's payload limit: larger payloads are rejected (default %(default)s)",
     )
     ingest.add_argument(
-        "--journal-maxlen",
+        "--journal-max-len",
         type=int,
         default=0,
         help="the topic's journal bound (0 = off); pass the topic's value to journal the ingest",
@@ -233,7 +233,7 @@ def run_ingest(args: argparse.Namespace) -> int:
         args.topic,
         args.slots,
         args.max_payload_bytes,
-        args.journal_maxlen,
+        args.journal_max_len,
     )
     target.to_topic()  # validates the names and bounds before Spark starts
     mapping = transforms.parse_mapping(args.map)

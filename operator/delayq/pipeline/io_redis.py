@@ -33,7 +33,7 @@ class RedisTarget:
     topic: str
     slot_amount: int
     max_payload_bytes: int
-    journal_maxlen: int = 0
+    journal_max_len: int = 0
 
     def to_topic(self) -> Topic:
         return Topic(
@@ -41,7 +41,7 @@ class RedisTarget:
             namespace=self.namespace,
             slot_amount=self.slot_amount,
             max_payload_bytes=self.max_payload_bytes,
-            journal_maxlen=self.journal_maxlen,
+            journal_max_len=self.journal_max_len,
         )
 
 

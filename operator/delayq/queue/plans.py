@@ -144,7 +144,7 @@ def schedule(
         keys = slot_keys(topic, slot).keys(
             Part.STORE, Part.PREPARE, Part.DEAD, Part.MSG, Part.REASON, Part.WAKE, Part.JOURNAL
         )
-        args: list[Arg] = [mode.value, MAX_DELAY_MS, topic.journal_maxlen]
+        args: list[Arg] = [mode.value, MAX_DELAY_MS, topic.journal_max_len]
         for index in chunk:
             args += encoded[index][1]
         return ScriptCall(Script.SCHEDULE, keys, args)
@@ -193,7 +193,7 @@ def cancel(topic: Topic, targets: Sequence[Target]) -> Plan[list[Outcome]]:
         keys = slot_keys(topic, slot).keys(
             Part.STORE, Part.PREPARE, Part.DEAD, Part.MSG, Part.REASON, Part.JOURNAL
         )
-        return ScriptCall(Script.CANCEL, keys, [topic.journal_maxlen, *(t.id for t in chunk)])
+        return ScriptCall(Script.CANCEL, keys, [topic.journal_max_len, *(t.id for t in chunk)])
 
     for target in targets:
         validate_id(target.id)
@@ -219,7 +219,7 @@ def reschedule(
         keys = slot_keys(topic, slot).keys(
             Part.STORE, Part.PREPARE, Part.DEAD, Part.MSG, Part.WAKE, Part.JOURNAL
         )
-        args: list[Arg] = [MAX_DELAY_MS, topic.journal_maxlen]
+        args: list[Arg] = [MAX_DELAY_MS, topic.journal_max_len]
         for index in chunk:
             args.extend([validate_id(moves[index][0].id), *whens[index]])
         return ScriptCall(Script.RESCHEDULE, keys, args)
@@ -295,7 +295,7 @@ def _claim_call(topic: Topic, slot: int, epoch: int, max_count: int, lease_ms: i
         max_count,
         lease_ms,
         topic.max_retries,
-        topic.journal_maxlen,
+        topic.journal_max_len,
         ROLLBACK_PER_CLAIM,
     ]
     return ScriptCall(Script.CLAIM, keys, args)
@@ -390,7 +390,7 @@ def _token_plan(
 
 def ack(topic: Topic, leases: Sequence[Leased]) -> Plan[list[Outcome]]:
     parts = (Part.PREPARE, Part.MSG, Part.EPOCH, Part.JOURNAL)
-    return _token_plan(topic, leases, Script.ACK, parts, [topic.journal_maxlen], has_time=False)
+    return _token_plan(topic, leases, Script.ACK, parts, [topic.journal_max_len], has_time=False)
 
 
 def nack(topic: Topic, retries: Sequence[Retry]) -> Plan[list[Outcome]]:
@@ -409,7 +409,7 @@ def nack(topic: Topic, retries: Sequence[Retry]) -> Plan[list[Outcome]]:
             Part.WAKE,
             Part.JOURNAL,
         )
-        args: list[Arg] = [epoch, topic.max_retries, topic.journal_maxlen]
+        args: list[Arg] = [epoch, topic.max_retries, topic.journal_max_len]
         for r in chunk:
             args += [
                 r.lease.id,
@@ -436,7 +436,7 @@ def giveback(topic: Topic, leases: Sequence[Leased]) -> Plan[list[Outcome]]:
     """Leased messages back to store undelivered, attempt not counted (a graceful handoff)."""
     parts = (Part.STORE, Part.PREPARE, Part.MSG, Part.EPOCH, Part.WAKE, Part.JOURNAL)
     return _token_plan(
-        topic, leases, Script.GIVEBACK, parts, [topic.journal_maxlen], has_time=False
+        topic, leases, Script.GIVEBACK, parts, [topic.journal_max_len], has_time=False
     )
 
 
@@ -452,7 +452,7 @@ def _dead_batch(
     max_count: int,
 ) -> Plan[DeadBatchResult]:
     keys = slot_keys(topic, slot).keys(*parts)
-    args: list[Arg] = [topic.journal_maxlen]
+    args: list[Arg] = [topic.journal_max_len]
     if ids is None:
         args += ["oldest", max_count]
     else:

@@ -43,7 +43,7 @@ class Topic:
     max_retries: int = DEFAULT_MAX_RETRIES
     ack_timeout_ms: int = DEFAULT_ACK_TIMEOUT_MS
     max_payload_bytes: int = DEFAULT_MAX_PAYLOAD_BYTES
-    journal_maxlen: int = 0  # 0 = lifecycle journal off; else approximate per-slot stream cap
+    journal_max_len: int = 0  # 0 = lifecycle journal off; else approximate per-slot stream cap
 
     def __post_init__(self) -> None:
         for field_name, value in (("name", self.name), ("namespace", self.namespace)):
@@ -61,7 +61,7 @@ class Topic:
         _check_range("maxRetries", self.max_retries, 0, 1000)
         _check_range("ackTimeout (ms)", self.ack_timeout_ms, 1, 24 * 3600 * 1000)
         _check_range("maxPayloadBytes", self.max_payload_bytes, 1, 64 * 1024 * 1024)
-        _check_range("journalMaxLen", self.journal_maxlen, 0, 100_000_000)
+        _check_range("journalMaxLen", self.journal_max_len, 0, 100_000_000)
 
     @property
     def slots(self) -> range:

@@ -8,7 +8,7 @@
   KEYS[4] journal  STREAM lifecycle events
 
   ARGV[1] epoch           the caller's fencing epoch
-  ARGV[2] journal_maxlen  0 = journal off
+  ARGV[2] journal_max_len  0 = journal off
   ARGV[3 + 2k], ARGV[4 + 2k]  per message: id, lease (the lease number claim wrote in its record)
 
   Returns, per message:
@@ -31,7 +31,7 @@
 --@include record_fields
 
 local prepare, msg, epoch_key, journal_key = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
-local journal_maxlen = tonumber(ARGV[2])
+local journal_max_len = tonumber(ARGV[2])
 local results = {}
 
 if not epoch_matches(epoch_key, ARGV[1]) then
@@ -51,7 +51,7 @@ for k = 1, #ids do
   if record then attempts, due, lease = record_fields(record) end
   if lease ~= nil and lease == ARGV[2 * k + 2] then
     done[#done + 1] = id
-    journal(journal_key, journal_maxlen, 'acked', id, now, due, attempts)
+    journal(journal_key, journal_max_len, 'acked', id, now, due, attempts)
     results[#results + 1] = CODE.ACKED
   else
     results[#results + 1] = CODE.LEASE_LOST

@@ -8,7 +8,7 @@
   KEYS[5] reason   HASH id -> dead reason
   KEYS[6] journal  STREAM lifecycle events
 
-  ARGV[1] journal_maxlen  0 = journal off
+  ARGV[1] journal_max_len  0 = journal off
   ARGV[2..] ids
 
   Returns, per id: 4 CANCELLED | -1 NOT_FOUND
@@ -22,7 +22,7 @@
 
 local store, prepare, dead, msg, reason, journal_key =
   KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6]
-local journal_maxlen = tonumber(ARGV[1])
+local journal_max_len = tonumber(ARGV[1])
 local now = now_ms()
 local results = {}
 
@@ -35,7 +35,7 @@ for i = 2, #ARGV do
     redis.call('ZREM', dead, id)
     redis.call('HDEL', reason, id)
     redis.call('HDEL', msg, id)
-    journal(journal_key, journal_maxlen, 'cancelled', id, now, '', '')
+    journal(journal_key, journal_max_len, 'cancelled', id, now, '', '')
     results[#results + 1] = CODE.CANCELLED
   else
     results[#results + 1] = CODE.NOT_FOUND

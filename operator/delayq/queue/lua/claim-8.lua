@@ -19,7 +19,7 @@
   ARGV[2] max_count       at most this many messages claimed
   ARGV[3] lease_ms        lease length; the deadline is server now + lease_ms
   ARGV[4] max_retries     attempts beyond this are dead
-  ARGV[5] journal_maxlen  0 = journal off
+  ARGV[5] journal_max_len  0 = journal off
   ARGV[6] rollback_max    at most this many expired leases rolled back in this call
 
   Returns {code, now_us, next_due_ms, next_deadline_ms, id1, record1, id2, record2, ...}
@@ -50,7 +50,7 @@ local store, prepare, dead, msg, reason, epoch_key, journal_key, leases_key =
 local max_count = tonumber(ARGV[2])
 local lease_ms = tonumber(ARGV[3])
 local max_retries = tonumber(ARGV[4])
-local journal_maxlen = tonumber(ARGV[5])
+local journal_max_len = tonumber(ARGV[5])
 local rollback_max = tonumber(ARGV[6])
 
 if not epoch_matches(epoch_key, ARGV[1]) then
@@ -66,11 +66,11 @@ for _, id in ipairs(expired) do
   local record = redis.call('HGET', msg, id)
   if record then
     local attempts, due = record_fields(record)
-    journal(journal_key, journal_maxlen, 'expired', id, now, due, attempts)
+    journal(journal_key, journal_max_len, 'expired', id, now, due, attempts)
     if attempts > max_retries then
       redis.call('ZADD', dead, now, id)
       redis.call('HSET', reason, id, 'lease expired on attempt ' .. attempts)
-      journal(journal_key, journal_maxlen, 'dead', id, now, due, attempts)
+      journal(journal_key, journal_max_len, 'dead', id, now, due, attempts)
     else
       redis.call('HSET', msg, id, record_with(record, attempts, '', ''))
       redis.call('ZADD', store, now, id)
@@ -99,9 +99,9 @@ if #due_ids > 0 then
       hset_args[#hset_args + 1] = leased
       claimed[#claimed + 1] = id
       claimed[#claimed + 1] = leased
-      journal(journal_key, journal_maxlen, 'claimed', id, now, due, attempts)
+      journal(journal_key, journal_max_len, 'claimed', id, now, due, attempts)
     else
-      journal(journal_key, journal_maxlen, 'orphan', id, now, due, '')
+      journal(journal_key, journal_max_len, 'orphan', id, now, due, '')
     end
   end
   call_chunked('ZREM', store, ids)

@@ -13,7 +13,7 @@
   KEYS[6] journal  STREAM lifecycle events
 
   ARGV[1] epoch           the caller's fencing epoch
-  ARGV[2] journal_maxlen  0 = journal off
+  ARGV[2] journal_max_len  0 = journal off
   ARGV[3 + 2k], ARGV[4 + 2k]  per message: id, lease
 
   Returns, per message:
@@ -36,7 +36,7 @@
 
 local store, prepare, msg, epoch_key, wake, journal_key =
   KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6]
-local journal_maxlen = tonumber(ARGV[2])
+local journal_max_len = tonumber(ARGV[2])
 local results = {}
 
 if not epoch_matches(epoch_key, ARGV[1]) then
@@ -57,7 +57,7 @@ for i = 3, #ARGV, 2 do
     redis.call('ZREM', prepare, id)
     redis.call('HSET', msg, id, record_with(record, math.max(attempts - 1, 0), '', ''))
     redis.call('ZADD', store, due_ms, id)
-    journal(journal_key, journal_maxlen, 'givenback', id, now, due_ms, attempts - 1)
+    journal(journal_key, journal_max_len, 'givenback', id, now, due_ms, attempts - 1)
     if earliest == nil or due_ms < earliest then earliest = due_ms end
     results[#results + 1] = CODE.GIVEN_BACK
   end

@@ -15,7 +15,7 @@
 
   ARGV[1] epoch           the caller's fencing epoch
   ARGV[2] max_retries     attempts beyond this are dead
-  ARGV[3] journal_maxlen  0 = journal off
+  ARGV[3] journal_max_len  0 = journal off
   ARGV[4 + 5k .. 8 + 5k]  per message: id, lease, backoff_ms, reason, kill ('1' = dead now)
 
   Returns, per message, a pair {code, due_ms}:
@@ -41,7 +41,7 @@
 local store, prepare, dead, msg, reason, epoch_key, wake, journal_key =
   KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6], KEYS[7], KEYS[8]
 local max_retries = tonumber(ARGV[2])
-local journal_maxlen = tonumber(ARGV[3])
+local journal_max_len = tonumber(ARGV[3])
 local results = {}
 
 if not epoch_matches(epoch_key, ARGV[1]) then
@@ -61,16 +61,16 @@ for i = 4, #ARGV, 5 do
     local attempts, due = record_fields(record)
     redis.call('ZREM', prepare, id)
     if kill or attempts > max_retries then
-      journal(journal_key, journal_maxlen, 'nacked', id, now, due, attempts)
+      journal(journal_key, journal_max_len, 'nacked', id, now, due, attempts)
       redis.call('ZADD', dead, now, id)
       redis.call('HSET', reason, id, why)
-      journal(journal_key, journal_maxlen, 'dead', id, now, due, attempts)
+      journal(journal_key, journal_max_len, 'dead', id, now, due, attempts)
       results[#results + 1] = {CODE.DEAD, now}
     else
       local retry_due = now + backoff_ms
       redis.call('HSET', msg, id, record_with(record, attempts, '', ''))
       redis.call('ZADD', store, retry_due, id)
-      journal(journal_key, journal_maxlen, 'nacked', id, now, retry_due, attempts)
+      journal(journal_key, journal_max_len, 'nacked', id, now, retry_due, attempts)
       if earliest == nil or retry_due < earliest then earliest = retry_due end
       results[#results + 1] = {CODE.RETRY_SCHEDULED, retry_due}
     end

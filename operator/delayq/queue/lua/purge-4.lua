@@ -6,7 +6,7 @@
   KEYS[3] reason   HASH id -> dead reason
   KEYS[4] journal  STREAM lifecycle events
 
-  ARGV[1] journal_maxlen  0 = journal off
+  ARGV[1] journal_max_len  0 = journal off
   ARGV[2] mode            'ids' (the ids that follow) | 'oldest' (up to max_count oldest dead)
   ARGV[3] max_count       with mode 'oldest': how many at most
   ARGV[4..] ids           with mode 'ids'
@@ -23,7 +23,7 @@
 --@include now_ms
 
 local dead, msg, reason, journal_key = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
-local journal_maxlen = tonumber(ARGV[1])
+local journal_max_len = tonumber(ARGV[1])
 local now = now_ms()
 
 local ids = dead_batch_ids(dead, ARGV[2], ARGV[3], ARGV, 4)
@@ -33,7 +33,7 @@ for _, id in ipairs(ids) do
   if redis.call('ZREM', dead, id) == 1 then
     redis.call('HDEL', msg, id)
     redis.call('HDEL', reason, id)
-    journal(journal_key, journal_maxlen, 'purged', id, now, '', '')
+    journal(journal_key, journal_max_len, 'purged', id, now, '', '')
     results[#results + 1] = id
     results[#results + 1] = CODE.PURGED
   else

@@ -8,7 +8,7 @@
   KEYS[5] wake     LIST wake-up marker of the slot
   KEYS[6] journal  STREAM lifecycle events
 
-  ARGV[1] journal_maxlen  0 = journal off
+  ARGV[1] journal_max_len  0 = journal off
   ARGV[2] mode            'ids' (the ids that follow) | 'oldest' (up to max_count oldest dead)
   ARGV[3] max_count       with mode 'oldest': how many at most
   ARGV[4..] ids           with mode 'ids'
@@ -28,7 +28,7 @@
 
 local dead, store, msg, reason, wake, journal_key =
   KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6]
-local journal_maxlen = tonumber(ARGV[1])
+local journal_max_len = tonumber(ARGV[1])
 local now = now_ms()
 
 local ids = dead_batch_ids(dead, ARGV[2], ARGV[3], ARGV, 4)
@@ -42,7 +42,7 @@ for _, id in ipairs(ids) do
     redis.call('HDEL', reason, id)
     redis.call('HSET', msg, id, record_with(record, 0, '', ''))
     redis.call('ZADD', store, now, id)
-    journal(journal_key, journal_maxlen, 'redriven', id, now, now, 0)
+    journal(journal_key, journal_max_len, 'redriven', id, now, now, 0)
     moved = moved + 1
     results[#results + 1] = id
     results[#results + 1] = CODE.REDRIVEN

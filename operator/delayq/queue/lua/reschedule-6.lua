@@ -10,7 +10,7 @@
   KEYS[6] journal  STREAM lifecycle events
 
   ARGV[1] max_delay_ms
-  ARGV[2] journal_maxlen  0 = journal off
+  ARGV[2] journal_max_len  0 = journal off
   ARGV[3 + 3k .. 5 + 3k]  per message: id, when_kind ('delay' | 'at'), when_ms
 
   Returns, per message, a pair {code, due_ms}:
@@ -32,7 +32,7 @@
 local store, prepare, dead, msg, wake, journal_key =
   KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6]
 local max_delay_ms = tonumber(ARGV[1])
-local journal_maxlen = tonumber(ARGV[2])
+local journal_max_len = tonumber(ARGV[2])
 local now = now_ms()
 local results = {}
 local earliest = nil
@@ -57,7 +57,7 @@ for i = 3, #ARGV, 3 do
     end
     redis.call('ZADD', store, due, id)
     if earliest == nil or due < earliest then earliest = due end
-    journal(journal_key, journal_maxlen, 'rescheduled', id, now, due, '')
+    journal(journal_key, journal_max_len, 'rescheduled', id, now, due, '')
     results[#results + 1] = {CODE.RESCHEDULED, due}
   end
 end

@@ -11,7 +11,7 @@
 
   ARGV[1] mode            'create' | 'upsert'
   ARGV[2] max_delay_ms    due times beyond server now + this are refused
-  ARGV[3] journal_maxlen  0 = journal off
+  ARGV[3] journal_max_len  0 = journal off
   ARGV[4 + 5k .. 8 + 5k]  per message: id, when_kind ('delay' | 'at'), when_ms, headers, payload
 
   Returns a flat array, per message in order the triple code, due_ms, state:
@@ -36,7 +36,7 @@ local store, prepare, dead, msg, reason, wake, journal_key =
   KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6], KEYS[7]
 local upsert = ARGV[1] == 'upsert'
 local max_delay_ms = tonumber(ARGV[2])
-local journal_maxlen = tonumber(ARGV[3])
+local journal_max_len = tonumber(ARGV[3])
 local now = now_ms()
 
 -- one flat reply (code, due, state per message): no Lua table per message
@@ -88,7 +88,7 @@ for k = 1, #ids do
     hset_args[#hset_args + 1] = new_record(ARGV[i + 3], ARGV[i + 4])
     pending[id] = due
     if earliest == nil or due < earliest then earliest = due end
-    journal(journal_key, journal_maxlen, 'scheduled', id, now, due, 0)
+    journal(journal_key, journal_max_len, 'scheduled', id, now, due, 0)
     if state then
       push_result(results, CODE.UPDATED, due, 'scheduled')
     else
