@@ -432,6 +432,15 @@ def test_service_api_admits_the_namespace_the_operator_and_allow_from_peers() ->
     assert rule["ports"] == [{"protocol": "TCP", "port": naming.SERVICE_HTTP_PORT}]
 
 
+def test_allow_from_ip_blocks_reach_the_policy_normalized() -> None:
+    """The API server rejects host bits in an ipBlock; the tenant's text is normalized."""
+    block = {"ipBlock": {"cidr": "203.0.113.7/24", "except": ["203.0.113.200/25"]}}
+    (rule,) = service_policy(spec_of(networkPolicy={"allowFrom": [block]}))["spec"]["ingress"]
+    assert rule["from"][2:] == [
+        {"ipBlock": {"cidr": "203.0.113.0/24", "except": ["203.0.113.128/25"]}}
+    ]
+
+
 def egress_of(spec: TopicSpec) -> list[dict[str, Any]]:
     rules: list[dict[str, Any]] = service_policy(spec)["spec"]["egress"]
     return rules
@@ -476,7 +485,7 @@ def test_webhook_egress_reaches_public_addresses_only() -> None:
         "10.0.0.0/8", "172.16.0.0/12", "192.168.0.0/16", "169.254.0.0/16", "127.0.0.0/8",
         "100.64.0.0/10",
     }
-    assert set(v6["ipBlock"]["except"]) == {"fc00::/7", "fe80::/10"}
+    assert set(v6["ipBlock"]["except"]) == {"fc00::/7", "fe80::/10", "64:ff9b::/96"}
 
 
 def test_the_excepted_ranges_are_ones_the_ssrf_guard_refuses() -> None:
@@ -580,3 +589,17 @@ def test_build_all_is_pure_and_unowned() -> None:
     first = build_all(spec, CTX, CREDS, 16, False)
     assert first == build_all(spec, CTX, CREDS, 16, False)
     assert all("ownerReferences" not in m["metadata"] for m in first)
+
+
+@pytest.mark.parametrize("key", ["a b", 'a"b', "a'b", "a\\b", "dq:*", "a?", "a[0]", "tab\there"])
+def test_a_stream_key_that_would_break_the_redis_acl_line_is_refused(key: str) -> None:
+    with pytest.raises(SpecError, match=r"^delivery\.stream\.streamKey must not contain"):
+        spec_of(topicType="stream", delivery={"stream": {"streamKey": key}})
+
+
+def test_the_stream_key_is_the_service_users_only_extra_key() -> None:
+    spec = spec_of(topicType="stream", delivery={"stream": {"streamKey": "orders:due"}})
+    env = {item["name"]: item.get("value", "") for item in by_kind_name(rendered(spec))[
+        "StatefulSet", "orders-redis-0"]["spec"]["template"]["spec"]["containers"][0]["env"]}
+    patterns = [rule for rule in env["SERVICE_USER_RULES"].split() if rule.startswith("~")]
+    assert patterns == ["~dq:{shop/orders/*", "~dq:{shop/orders}:*", "~orders:due"]

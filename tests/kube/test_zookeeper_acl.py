@@ -26,6 +26,7 @@ from delayq.coordination.zookeeper import ZkOwnership, ZkSettings
 from delayq.kube.zk import KazooTopicStore
 from delayq.local.waiting import eventually
 from delayq.local.zookeeper_server import ZooKeeperServer
+from delayq.service.brokers import read_routing
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -185,3 +186,17 @@ async def test_a_service_cannot_start_a_tree_the_operator_has_not_created(
                          "alice owning every slot once the operator published her tree")
     finally:
         await member.stop()
+
+
+async def test_the_services_read_the_routing_as_the_topic_and_fail_closed(
+    hosts: str, store: KazooTopicStore
+) -> None:
+    """A multi-broker service reads the operator's routing once at start: as the topic it gets
+    it; refused, it must not fall back to the first routing (messages to the wrong broker)."""
+    routing = initial_routing(SLOTS, 2)
+    await store.publish(hosts, NAMESPACE, ALICE.topic, routing, ALICE.identity.password)
+    read = await read_routing(hosts, NAMESPACE, ALICE.topic, SLOTS, ALICE.identity)
+    assert read == list(routing.brokers)
+    for stranger in (None, BOB.identity):
+        with pytest.raises(NoAuthError):
+            await read_routing(hosts, NAMESPACE, ALICE.topic, SLOTS, stranger)

@@ -95,7 +95,7 @@ async def test_routing_is_read_from_zookeeper_when_the_operator_wrote_it(zookeep
     from delayq.coordination.routing import Routing
 
     topic = "routed"
-    assert await read_routing(zookeeper_server.hosts, "shop", topic, 4) is None
+    assert await read_routing(zookeeper_server.hosts, "shop", topic, 4, None) is None
     client = KazooClient(hosts=zookeeper_server.hosts)
     client.start()
     try:
@@ -104,5 +104,5 @@ async def test_routing_is_read_from_zookeeper_when_the_operator_wrote_it(zookeep
     finally:
         client.stop()
         client.close()
-    assert await read_routing(zookeeper_server.hosts, "shop", topic, 4) == [2, 0, 1, 1]
-    assert await read_routing(zookeeper_server.hosts, "shop", topic, 8) is None  # other size
+    assert await read_routing(zookeeper_server.hosts, "shop", topic, 4, None) == [2, 0, 1, 1]
+    assert await read_routing(zookeeper_server.hosts, "shop", topic, 8, None) is None  # other size

@@ -123,3 +123,18 @@ def test_an_ip_literal_in_the_url_is_checked_itself():
     assert "link-local" in str(literal_refusal("http://169.254.169.254/latest/", policy))
     assert literal_refusal("http://8.8.8.8/hook", policy) is None
     assert literal_refusal("http://localhost:8080/hook", policy) is None  # the resolver's job
+
+
+@pytest.mark.parametrize(
+    ("url", "refused"),
+    [
+        ("http://127.1/hook", "loopback"),
+        ("http://2130706433/hook", "loopback"),  # 127.0.0.1 as one number
+        ("http://012.0.0.1/hook", "private"),  # octal: 10.0.0.1
+        ("http://0x7f.1/hook", "loopback"),
+    ],
+)
+def test_the_c_librarys_ipv4_shorthands_are_literals_too(url: str, refused: str) -> None:
+    """`connect` reads these as addresses; a guard that only knows `ipaddress`'s forms would
+    let them through whenever aiohttp skips the resolver for a digits-and-dots host."""
+    assert refused in str(literal_refusal(url, TargetPolicy()))

@@ -26,7 +26,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from kazoo.security import ACL, Id, Permissions, make_digest_acl, make_digest_acl_credential
+from kazoo.security import ACL, Id, Permissions, make_digest_acl_credential
 
 #: The operator's ZooKeeper user; its password is the operator's `zookeeper_admin_password`.
 ADMIN_USER = "delayq-operator"
@@ -54,9 +54,6 @@ class ZkIdentity:
     def acl_id(self) -> str:
         """`user:base64(sha1(user:password))`: how an ACL names this identity."""
         return str(make_digest_acl_credential(self.user, self.password))
-
-    def acl(self) -> ACL:
-        return make_digest_acl(self.user, self.password, all=True)
 
 
 def digest_acl(acl_id: str) -> ACL:

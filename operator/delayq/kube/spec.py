@@ -313,11 +313,28 @@ def _delivery(topic_type: TopicType, section: Mapping[str, Any]) -> Delivery:
         pull_max_lease_batch=_int(
             pull, "maxLeaseBatch", DEFAULTS.pull_max_lease_batch, 1, 10_000, "delivery.pull."
         ),
-        stream_key=str(stream.get("streamKey", "")),
+        stream_key=_stream_key(stream),
         stream_max_len=_int(
             stream, "maxLen", DEFAULTS.stream_max_len, 0, 1_000_000_000, "delivery.stream."
         ),
     )
+
+
+#: What a stream key must not hold: it is written into the broker's Redis ACL rules (a key
+#: pattern, space separated in redis.conf), where whitespace, quotes or a backslash break the
+#: config line (the broker would not start) and glob characters would grant more keys.
+STREAM_KEY_FORBIDDEN = re.compile(r"""[\s"'\\*?\[\]]""")
+STREAM_KEY_MESSAGE = (
+    "delivery.stream.streamKey must not contain whitespace, quotes, backslashes or the glob "
+    "characters * ? [ ] (it becomes a Redis ACL key pattern)"
+)
+
+
+def _stream_key(stream: Mapping[str, Any]) -> str:
+    key = str(stream.get("streamKey", ""))
+    if STREAM_KEY_FORBIDDEN.search(key):
+        raise SpecError(f"{STREAM_KEY_MESSAGE} (streamKey={key!r})")
+    return key
 
 
 def _allowed_cidrs(webhook: Mapping[str, Any]) -> tuple[str, ...]:
@@ -429,7 +446,10 @@ def _ip_block(value: object, where: str) -> dict[str, Any]:
     excepted = value.get("except") or []
     if not isinstance(excepted, list) or not all(isinstance(v, str) for v in excepted):
         raise SpecError(f"{where}.except must be a list of CIDRs")
-    block: dict[str, Any] = {"cidr": value["cidr"]}
+    # normalized (host bits cleared), as the policy builder does with allowedCidrs: the API
+    # server rejects an ipBlock whose cidr or except has host bits set
+    block: dict[str, Any] = {"cidr": str(network)}
+    normalized: list[str] = []
     for n, text in enumerate(excepted):
         try:
             (inner,) = parse_cidrs([text])
@@ -438,8 +458,9 @@ def _ip_block(value: object, where: str) -> dict[str, Any]:
         inside = inner.version == network.version and inner.subnet_of(network)  # type: ignore[arg-type]
         if not inside or inner == network:
             raise SpecError(f"{where}.except[{n}] {text!r} must lie strictly inside {network}")
-    if excepted:
-        block["except"] = list(excepted)
+        normalized.append(str(inner))
+    if normalized:
+        block["except"] = normalized
     return block
 
 

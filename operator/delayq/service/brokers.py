@@ -17,6 +17,7 @@ from typing import TypeVar
 
 import redis.asyncio
 
+from delayq.coordination.acl import ZkIdentity
 from delayq.coordination.routing import initial_routing
 from delayq.queue.client import AsyncQueue
 from delayq.queue.consumer import WAKE_BLOCK_S
@@ -119,15 +120,22 @@ class Brokers:
 
 
 async def read_routing(
-    hosts: str, namespace: str, topic: str, slot_amount: int
+    hosts: str, namespace: str, topic: str, slot_amount: int, identity: ZkIdentity | None
 ) -> list[int] | None:
-    """The operator's routing node, once (routing is sticky); None when absent or unreadable."""
+    """The operator's routing node, once (routing is sticky); None when absent or unreadable.
+
+    Logs in as the topic (`identity`): with ZooKeeper ACLs the node is readable by the topic and
+    the operator only. A refusal (wrong or missing credentials) raises instead of falling back
+    to the first routing: on a topic whose brokers were added later that routing sends messages
+    to the wrong broker, stranding the ones stored where the operator's routing put them."""
     from kazoo.client import KazooClient  # kazoo only with ZooKeeper
+    from kazoo.exceptions import NoAuthError
 
     from delayq.coordination.layout import TopicPaths, decode_routing
 
     def read() -> list[int] | None:
-        client = KazooClient(hosts=hosts, timeout=10.0)
+        auth = [identity.auth_data] if identity else None
+        client = KazooClient(hosts=hosts, timeout=10.0, auth_data=auth)
         client.start(timeout=10.0)
         try:
             path = TopicPaths(namespace, topic).routing
@@ -141,6 +149,8 @@ async def read_routing(
 
     try:
         return await asyncio.to_thread(read)
+    except NoAuthError:
+        raise
     except Exception:
         log.exception("could not read the routing from ZooKeeper; using the first routing")
         return None

@@ -18,6 +18,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from delayq.coordination.acl import ZkIdentity, topic_user
 from delayq.queue.topic import Topic, TopicError, TopicType
 from delayq.service.defaults import DEFAULTS
 from delayq.service.delivery.targets import TargetPolicy, parse_cidrs, split_cidrs
@@ -218,6 +219,13 @@ class ServiceConfig:
             )
         if not 0 <= self.port <= 65535:
             raise ConfigError(f"{_names('port')} must be between 0 and 65535")
+
+    @property
+    def zookeeper_identity(self) -> ZkIdentity | None:
+        """The topic's ZooKeeper login (user `<namespace>.<topic>`), when it has a password."""
+        if not self.zookeeper_password:
+            return None
+        return ZkIdentity(topic_user(self.namespace, self.topic), self.zookeeper_password)
 
     def to_topic(self) -> Topic:
         return Topic(

@@ -30,14 +30,8 @@ def make_ownership(config: ServiceConfig) -> Ownership:
     """Embedded (every slot) without ZooKeeper; ZooKeeper membership and ownership with it."""
     if not config.zookeeper_connect:
         return EmbeddedOwnership(config.slot_amount)
-    from delayq.coordination.acl import ZkIdentity, topic_user  # kazoo only when used
-    from delayq.coordination.zookeeper import ZkOwnership, ZkSettings
+    from delayq.coordination.zookeeper import ZkOwnership, ZkSettings  # kazoo only when used
 
-    identity = (
-        ZkIdentity(topic_user(config.namespace, config.topic), config.zookeeper_password)
-        if config.zookeeper_password
-        else None
-    )
     return ZkOwnership(
         ZkSettings(
             hosts=config.zookeeper_connect,
@@ -47,7 +41,7 @@ def make_ownership(config: ServiceConfig) -> Ownership:
             member_id=config.member,
             broker=config.preferred_broker,
             session_timeout_s=config.zookeeper_session_timeout_ms / 1000,
-            identity=identity,
+            identity=config.zookeeper_identity,
             admin_acl_id=config.zookeeper_admin_acl,
         )
     )

@@ -138,6 +138,7 @@ class DelayService:
             self.topic.namespace,
             self.topic.name,
             self.topic.slot_amount,
+            self.config.zookeeper_identity,
         )
         if routing is not None and max(routing) < len(self.queues):
             self.brokers = Brokers(self.queues, routing)

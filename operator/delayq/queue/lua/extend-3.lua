@@ -38,8 +38,8 @@ local deadline = now + tonumber(ARGV[2])
 
 for i = 3, #ARGV, 2 do
   local id = ARGV[i]
-  if leased_record(prepare, msg, id, ARGV[i + 1])
-      and tonumber(redis.call('ZSCORE', prepare, id)) > now then
+  local record, lease_deadline = leased_record(prepare, msg, id, ARGV[i + 1])
+  if record and lease_deadline > now then
     redis.call('ZADD', prepare, 'XX', deadline, id)
     results[#results + 1] = {CODE.EXTENDED, deadline}
   else

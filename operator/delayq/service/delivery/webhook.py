@@ -93,13 +93,20 @@ class GuardedResolver(AbstractResolver):
 
 def literal_refusal(url: str, policy: TargetPolicy) -> str | None:
     """The refusal of a URL whose host is an IP literal, which aiohttp connects to without
-    asking the resolver; None for a host name (the resolver checks what it resolves to)."""
+    asking the resolver; None for a host name (the resolver checks what it resolves to).
+
+    The C library's IPv4 forms count as literals too (`127.1`, `2130706433`, `012.0.0.1`):
+    `ipaddress` rejects them, but an aiohttp that takes any digits-and-dots host for an address
+    hands them to `connect`, which reads them as 127.0.0.1 and 10.0.0.1."""
     host = URL(url).host or ""  # aiohttp's own URL parser, so both read the same host
     try:
-        ipaddress.ip_address(host)
+        address = str(ipaddress.ip_address(host))
     except ValueError:
-        return None
-    return policy.refusal(host)
+        try:
+            address = str(ipaddress.IPv4Address(socket.inet_aton(host)))
+        except OSError:
+            return None
+    return policy.refusal(address)
 
 
 class WebhookSink:
