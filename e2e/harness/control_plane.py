@@ -109,13 +109,7 @@ class LocalControlPlane:
 
         kcm_port = free_port()
         kcm = self._spawn("kube-controller-manager", [
-            self.tools.path("kube-controller-manager"),
-            f"--kubeconfig={self.kubeconfig}",
-            f"--authentication-kubeconfig={self.kubeconfig}",
-            f"--authorization-kubeconfig={self.kubeconfig}",
-            "--bind-address=127.0.0.1", f"--secure-port={kcm_port}",
-            f"--cert-dir={self.workdir / 'kcm-certs'}",
-            "--leader-elect=false",
+            *self._controller_args("kube-controller-manager", kcm_port, "kcm-certs"),
             f"--service-account-private-key-file={pki / 'sa.key'}",
             f"--root-ca-file={pki / 'ca.crt'}",
             "--use-service-account-credentials=true",
@@ -127,15 +121,9 @@ class LocalControlPlane:
             f"https://127.0.0.1:{kcm_port}/healthz", unverified_tls()), 90)
 
         scheduler_port = free_port()
-        scheduler = self._spawn("kube-scheduler", [
-            self.tools.path("kube-scheduler"),
-            f"--kubeconfig={self.kubeconfig}",
-            f"--authentication-kubeconfig={self.kubeconfig}",
-            f"--authorization-kubeconfig={self.kubeconfig}",
-            "--bind-address=127.0.0.1", f"--secure-port={scheduler_port}",
-            f"--cert-dir={self.workdir / 'scheduler-certs'}",
-            "--leader-elect=false",
-        ])
+        scheduler = self._spawn(
+            "kube-scheduler",
+            self._controller_args("kube-scheduler", scheduler_port, "scheduler-certs"))
         self._await(scheduler, lambda: http_ok(
             f"https://127.0.0.1:{scheduler_port}/healthz", unverified_tls()), 90)
 
@@ -161,6 +149,19 @@ class LocalControlPlane:
             "--node-lease-duration-seconds=40",  # renewed every 10 s: the node heartbeat
         ])
         self._await(kwok, lambda: http_ok(f"http://127.0.0.1:{kwok_port}/healthz"), 60)
+
+    def _controller_args(self, binary: str, port: int, certs: str) -> list[str]:
+        """The command line controller-manager and scheduler share: the cluster's kubeconfig for
+        everything, a loopback secure port with its own certificates, no leader election."""
+        return [
+            self.tools.path(binary),
+            f"--kubeconfig={self.kubeconfig}",
+            f"--authentication-kubeconfig={self.kubeconfig}",
+            f"--authorization-kubeconfig={self.kubeconfig}",
+            "--bind-address=127.0.0.1", f"--secure-port={port}",
+            f"--cert-dir={self.workdir / certs}",
+            "--leader-elect=false",
+        ]
 
     def first_crash(self) -> str | None:
         """Report the first component that has died, if any (used to abort waits early)."""

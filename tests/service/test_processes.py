@@ -337,16 +337,22 @@ async def test_serve_with_the_operators_topic_file(
         log.close()
 
 
-def test_serve_exits_1_with_a_clear_error_when_its_broker_is_down(tmp_path: Path):
-    env = {k: v for k, v in os.environ.items() if not k.startswith("DELAYQ_")}
-    env.update({"DELAYQ_REDIS_URL": f"redis://127.0.0.1:{free_port()}/0", "DELAYQ_PORT": "0"})
-    result = subprocess.run(
-        [sys.executable, "-m", "delayq.cli", "serve"],
-        env=env,
+def serve_once(env: dict[str, str], *flags: str) -> subprocess.CompletedProcess[str]:
+    """`delayq serve` with only `env` among the DELAYQ_* variables, expected to exit by itself."""
+    clean = {k: v for k, v in os.environ.items() if not k.startswith("DELAYQ_")}
+    return subprocess.run(
+        [sys.executable, "-m", "delayq.cli", "serve", *flags],
+        env={**clean, **env},
         capture_output=True,
         text=True,
         timeout=60,
         check=False,
+    )
+
+
+def test_serve_exits_1_with_a_clear_error_when_its_broker_is_down(tmp_path: Path):
+    result = serve_once(
+        {"DELAYQ_REDIS_URL": f"redis://127.0.0.1:{free_port()}/0", "DELAYQ_PORT": "0"}
     )
     assert result.returncode == 1
     errors = [json.loads(line) for line in result.stderr.splitlines() if '"ERROR"' in line]
@@ -354,16 +360,7 @@ def test_serve_exits_1_with_a_clear_error_when_its_broker_is_down(tmp_path: Path
 
 
 def test_serve_refuses_a_non_loopback_host_without_a_token_in_one_line(tmp_path: Path):
-    env = {k: v for k, v in os.environ.items() if not k.startswith("DELAYQ_")}
-    env["DELAYQ_HOST"] = "0.0.0.0"
-    result = subprocess.run(
-        [sys.executable, "-m", "delayq.cli", "serve", "--port", str(free_port())],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
-    )
+    result = serve_once({"DELAYQ_HOST": "0.0.0.0"}, "--port", str(free_port()))
     assert result.returncode == 2
     [line] = result.stderr.splitlines()
     assert line.startswith("delayq serve: --host (DELAYQ_HOST) is '0.0.0.0', not loopback")
