@@ -50,6 +50,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--addresses", type=Path, required=True)
     parser.add_argument("--liveness", required=True)
+    parser.add_argument("--metrics", default="")
     parser.add_argument("--namespace", action="append", dest="namespaces", required=True)
     args = parser.parse_args()
     logging.basicConfig(level=os.environ.get("E2E_OPERATOR_LOG_LEVEL", "INFO"),
@@ -62,7 +63,7 @@ def main() -> None:
 
     config = dataclasses.replace(
         OperatorConfig.from_env(), namespaces=tuple(args.namespaces), standalone=True,
-        liveness_endpoint=args.liveness)
+        liveness_endpoint=args.liveness, metrics_endpoint=args.metrics)
     redis_control = RedisCommands(addresses=FileAddresses(args.addresses))  # type: ignore[arg-type]
     asyncio.run(run(config, ctx=OperatorContext.from_config(config, redis=redis_control)))
 

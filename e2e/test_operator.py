@@ -162,6 +162,10 @@ def test_topic_is_provisioned_with_owned_children(
     assert not topic["metadata"].get("finalizers"), "a finalizer would need a running operator"
     assert topic["status"]["observedGeneration"] == topic["metadata"]["generation"]
     assert condition(topic, "Ready") is not None
+    # The API server accepted the operator's Event: `kubectl describe dt` shows it.
+    wait_until(lambda: _described_with(kube, topics_ns, "orders", ("ResourcesApplied",)),
+               timeout_s=30, what="the ResourcesApplied Event in kubectl describe",
+               interval_s=INTERVAL_S, not_yet=NOT_YET)
 
     children = _children(kube, topics_ns, "orders")
     kinds = {c["kind"] for c in children}
@@ -539,6 +543,19 @@ def test_failover_promotes_the_replica_and_keeps_scheduled_messages(
         promoted = kube.get("pod", "fo-redis-0-1", ns)
         assert promoted is not None
         assert promoted["metadata"]["labels"].get("delayq.io/redis-role") == "master"
+        # What a user sees: the failover in `kubectl describe dt`, once each, and in /metrics.
+        described = wait_until(
+            lambda: _described_with(kube, ns, "fo", ("FailoverStarted", "FailoverPromoted")),
+            timeout_s=30, what="the failover Events in kubectl describe", interval_s=INTERVAL_S,
+            not_yet=NOT_YET)
+        assert "promoted fo-redis-0-1 to master after fo-redis-0-0 was gone" in described
+        events = kube.items("events", ns)
+        reasons = [e["reason"] for e in events if e["involvedObject"]["name"] == "fo"]
+        assert reasons.count("FailoverPromoted") == 1
+        assert reasons.count("FailoverStarted") == 1
+        assert _operator_metric(op, "delayq_operator_failovers_total",
+                                {"topic_namespace": ns, "topic": "fo"}) == 1
+        assert _operator_metric(op, "delayq_operator_is_leader", {}) == 1
 
         serve, base = _start_serve(kube, ns, "fo", workdir,
                                    _service_url(password, replica.port))
@@ -566,6 +583,27 @@ def test_failover_promotes_the_replica_and_keeps_scheduled_messages(
             master.stop()
             replica.stop()
             kube.kubectl("delete", "namespace", ns, "--wait=false")
+
+
+def _described_with(kube: Kube, namespace: str, topic: str, reasons: tuple[str, ...]) -> str | None:
+    """`kubectl describe dt` once its Events section lists every one of `reasons`."""
+    text = kube.kubectl("describe", "dt", topic, "-n", namespace).stdout
+    events = text.partition("\nEvents:")[2]
+    return text if all(reason in events for reason in reasons) else None
+
+
+def _operator_metric(op: LocalOperator, name: str, labels: dict[str, str]) -> float | None:
+    """One sample of the local operator's /metrics, or None."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    url = f"http://127.0.0.1:{op.metrics_port}/metrics"
+    with urllib.request.urlopen(url, timeout=10) as response:
+        text = response.read().decode()
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            if sample.name == name and sample.labels == labels:
+                return float(sample.value)
+    return None
 
 
 def test_failover_is_recorded_in_the_status() -> None:

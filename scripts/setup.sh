@@ -10,6 +10,10 @@ command -v redis-server >/dev/null 2>&1 || need_apt+=(redis-server)
 command -v java >/dev/null 2>&1 || need_apt+=(default-jre-headless)
 # libfaketime: the chaos suite runs serve processes with their clocks skewed (tests/chaos)
 command -v faketime >/dev/null 2>&1 || need_apt+=(faketime)
+# headless Chromium and its driver: the dashboard's browser tests (tests/service/test_dashboard.py)
+# and scripts/screenshots.py; Selenium is pointed at /usr/bin/chromedriver, never a download
+[ -x /usr/bin/chromium ] || need_apt+=(chromium)
+[ -x /usr/bin/chromedriver ] || need_apt+=(chromium-driver)
 
 if ((${#need_apt[@]})); then
   echo "setup: installing Debian packages: ${need_apt[*]}"

@@ -30,11 +30,14 @@ FULL = -(1 << 62)
 def memory_for(client: redis.Redis, extra_bytes: int) -> Iterator[None]:
     """Redis refuses writes once it uses `extra_bytes` more than now (noeviction)."""
     saved = client.config_get("maxmemory*")
+    memory, policy = saved["maxmemory"], saved["maxmemory-policy"]
+    assert memory is not None  # redis-py types every value as optional
+    assert policy is not None
     client.config_set("maxmemory-policy", "noeviction")
     limit = max(1, int(client.info("memory")["used_memory"]) + extra_bytes)
     client.config_set("maxmemory", limit)
     try:
         yield
     finally:
-        client.config_set("maxmemory", saved["maxmemory"])
-        client.config_set("maxmemory-policy", saved["maxmemory-policy"])
+        client.config_set("maxmemory", memory)
+        client.config_set("maxmemory-policy", policy)

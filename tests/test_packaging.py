@@ -57,3 +57,23 @@ def test_package_data_ships_every_lua_file():
     package = ROOT / "operator" / "delayq"
     shipped = {path for pattern in globs for path in package.glob(pattern)}
     assert set(package.rglob("*.lua")) <= shipped
+
+
+def test_package_data_ships_the_dashboard():
+    """`delayq serve` serves /ui from the installed package (no CDN, no network): the wheel
+    must carry every file of service/ui, and every file the page loads must be there."""
+    import re
+    import tomllib
+
+    globs = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"][
+        "package-data"
+    ]["delayq"]
+    package = ROOT / "operator" / "delayq"
+    shipped = {path for pattern in globs for path in package.glob(pattern)}
+    ui = package / "service" / "ui"
+    assert {p for p in ui.iterdir() if p.is_file()} <= shipped
+    page = (ui / "index.html").read_text()
+    loaded = set(re.findall(r'(?:src|href)="ui/([^"]+)"', page))
+    assert loaded == {"app.js", "app.css"}
+    assert all((ui / name).is_file() for name in loaded)
+    assert not re.search(r'(?:src|href)="(?:https?:)?//', page)  # nothing from elsewhere

@@ -38,10 +38,14 @@ class LocalOperator:
     #: False: campaign for the chart's leader Lease like a replica of the Deployment would.
     standalone: bool = True
     process: ManagedProcess | None = None
+    #: The port of its /metrics (a free one per process: replicas run side by side here).
+    metrics_port: int = 0
 
     def start(self) -> LocalOperator:
         """Start the operator and wait until its liveness endpoint answers."""
         port = free_port()
+        self.metrics_port = free_port()
+        metrics = f"--metrics=http://127.0.0.1:{self.metrics_port}/metrics"
         env = dict(os.environ)
         env.update({
             "KUBECONFIG": str(self.kubeconfig),
@@ -57,11 +61,11 @@ class LocalOperator:
                      "from delayq.cli import main; sys.exit(main())")
         argv = [sys.executable, "-c", bootstrap, "operator",
                 *(["--standalone"] if self.standalone else []),
-                f"--liveness=http://127.0.0.1:{port}/healthz"]
+                f"--liveness=http://127.0.0.1:{port}/healthz", metrics]
         if self.addresses_file is not None:
             argv = [sys.executable, str(self.repo / "e2e" / "operator_main.py"),
                     f"--addresses={self.addresses_file}",
-                    f"--liveness=http://127.0.0.1:{port}/healthz"]
+                    f"--liveness=http://127.0.0.1:{port}/healthz", metrics]
         for namespace in self.namespaces:
             argv += ["--namespace", namespace]
         self.log_path.parent.mkdir(parents=True, exist_ok=True)

@@ -15,6 +15,7 @@ from delayq import __version__
 from delayq.kube import cli as operator_cli
 from delayq.local import cli as local_cli
 from delayq.pipeline import cli as pipeline_cli
+from delayq.service import admin_cli
 from delayq.service import cli as service_cli
 
 
@@ -28,6 +29,7 @@ def build_parser() -> argparse.ArgumentParser:
     operator_cli.register(subparsers)
     service_cli.register(subparsers)
     local_cli.register(subparsers)
+    admin_cli.register(subparsers)
     return parser
 
 

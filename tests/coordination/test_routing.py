@@ -9,9 +9,9 @@ from delayq.coordination.routing import Routing, RoutingConflict, initial_routin
 
 def test_initial_routing_is_contiguous_and_balanced() -> None:
     routing = initial_routing(16, 3)
-    assert routing.brokers == (0,) * 6 + (1,) * 5 + (2,) * 5
+    assert routing.broker_of_slot == (0,) * 6 + (1,) * 5 + (2,) * 5
     assert routing.slots_per_broker() == {0: 6, 1: 5, 2: 5}
-    assert initial_routing(1, 1).brokers == (0,)
+    assert initial_routing(1, 1).broker_of_slot == (0,)
     with pytest.raises(RoutingConflict):
         initial_routing(2, 4)
 
@@ -19,7 +19,7 @@ def test_initial_routing_is_contiguous_and_balanced() -> None:
 def test_routing_is_sticky_when_brokers_grow() -> None:
     current = initial_routing(8, 2)
     grown = plan_routing(8, 4, current)
-    assert grown.brokers == current.brokers  # no slot moves without its messages
+    assert grown.broker_of_slot == current.broker_of_slot  # no slot moves without its messages
     assert grown.slots_per_broker() == {0: 4, 1: 4, 2: 0, 3: 0}
 
 

@@ -18,6 +18,7 @@ from collections import Counter
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import cast
 
 import pytest
 import redis.asyncio
@@ -113,7 +114,9 @@ class ProcessFleet:
         """Append stream entries written since the last read."""
         while True:
             low = "-" if self._last_entry == "-" else f"({self._last_entry}"
-            entries = await client.xrange(self.output, low, "+", count=5000)
+            answer = await client.xrange(self.output, low, "+", count=5000)
+            # redis-py types the answer loosely; a client without decode_responses reads bytes.
+            entries = cast(list[tuple[bytes, dict[bytes, bytes]]], answer)
             if not entries:
                 return
             for entry_id, fields in entries:

@@ -39,6 +39,31 @@ VALUE_SETS: dict[str, list[str]] = {
     "zookeeper-ensemble": ["--set", "zookeeper.replicas=3"],
     "zookeeper-without-acl": ["--set", "zookeeper.acl.enabled=false"],
     "zookeeper-acl-own-secret": ["--set", "zookeeper.acl.existingSecret=my-zk-admin"],
+    "metrics-monitored": [
+        "--set",
+        "operator.metrics.serviceMonitor.enabled=true",
+        "--set",
+        "operator.metrics.serviceMonitor.labels.release=prom",
+        "--set",
+        "operator.metrics.port=9102",
+    ],
+    "metrics-off": ["--set", "operator.metrics.enabled=false"],
+    "topic-monitors": [
+        "--set",
+        "topics.serviceMonitor.labels.release=prom",
+        "--set",
+        "topics.serviceMonitor.labels.team=ops",
+        "--set",
+        "topics.serviceMonitor.interval=1m",
+    ],
+    "alerts": ["--set", "alerts.enabled=true", "--set", "alerts.labels.release=prom"],
+    "dashboards": ["--set", "dashboards.enabled=true", "--set", "dashboards.namespace=monitoring"],
+    "topic-monitors-off": [
+        "--set",
+        "topics.serviceMonitor.enabled=false",
+        "--set",
+        "operator.logFormat=text",
+    ],
 }
 
 
@@ -53,7 +78,14 @@ def helm() -> str:
     return result.stdout.strip().splitlines()[-1]
 
 
+# helm built by `go install` assumes Kubernetes v1.20 (release builds set the default at link
+# time), below the chart's kubeVersion: render for the version the e2e tier runs.
+KUBE_VERSION = "1.33.13"
+
+
 def run_helm(*args: str) -> subprocess.CompletedProcess[str]:
+    if args[0] in ("template", "lint") and "--kube-version" not in args:
+        args = (*args, "--kube-version", KUBE_VERSION)
     return subprocess.run([helm(), *args], capture_output=True, text=True, check=False)
 
 
@@ -94,6 +126,10 @@ def test_values_schema_rejects_bad_values() -> None:
         ["--set", "zookeeper.enabled=false"],  # then an address is required
         ["--set", "zookeeper.replicas=2"],  # no quorum
         ["--set", "operator.unknownKey=1"],
+        ["--set", "operator.metrics.port=8080"],  # the liveness probe's port
+        ["--set", "operator.metrics.serviceMonitor.interval=often"],
+        ["--set", "operator.logFormat=xml"],
+        ["--set", "topics.serviceMonitor.labels.release=1"],  # labels are strings
     ):
         result = run_helm("template", "rel", str(CHART), *bad)
         assert result.returncode != 0, bad
@@ -129,7 +165,7 @@ def test_operator_deployment_is_hardened_and_matches_the_network_policy() -> Non
     assert naming.OPERATOR_POD_LABELS.items() <= pod["metadata"]["labels"].items()
     assert pod["spec"]["securityContext"]["runAsNonRoot"] is True
     (container,) = pod["spec"]["containers"]
-    assert container["args"] == ["operator"]
+    assert container["args"] == ["operator", "--json-logs"]  # like the delay-service pods
     assert container["securityContext"]["readOnlyRootFilesystem"] is True
     assert container["securityContext"]["capabilities"] == {"drop": ["ALL"]}
     assert container["livenessProbe"]["httpGet"]["path"] == "/healthz"
@@ -243,7 +279,8 @@ def test_zookeeper_is_optional_and_hardened() -> None:
     servers = next(e["value"] for e in container["env"] if e["name"] == "ZOO_SERVERS").split()
     assert len(servers) == 3
     services = {s["metadata"]["name"] for s in of_kind(render("defaults"), "Service")}
-    assert services == {"rel-delayq-zookeeper", "rel-delayq-zookeeper-headless"}
+    zookeeper_services = {"rel-delayq-zookeeper", "rel-delayq-zookeeper-headless"}
+    assert services == {*zookeeper_services, "rel-delayq-operator-metrics"}
 
 
 def admin_password_ref(value_set: str) -> dict[str, str] | None:
@@ -295,3 +332,200 @@ def test_values_schema_is_valid_json_schema() -> None:
     schema = json.loads((CHART / "values.schema.json").read_text())
     jsonschema.Draft7Validator.check_schema(schema)
     jsonschema.validate(yaml.safe_load((CHART / "values.yaml").read_text()), schema)
+
+
+def operator_container(value_set: str) -> dict[str, Any]:
+    (deployment,) = of_kind(render(value_set), "Deployment")
+    container: dict[str, Any] = deployment["spec"]["template"]["spec"]["containers"][0]
+    return container
+
+
+def test_operator_metrics_are_served_and_exposed_on_the_configured_port() -> None:
+    config = OperatorConfig.from_env(operator_env("defaults"))
+    assert config.metrics_endpoint == "http://0.0.0.0:8081/metrics"
+    container = operator_container("defaults")
+    ports = {port["name"]: port["containerPort"] for port in container["ports"]}
+    assert ports == {"health": 8080, "metrics": 8081}
+    docs = render("defaults")
+    (service,) = [s for s in of_kind(docs, "Service") if s["metadata"]["name"].endswith("metrics")]
+    assert service["metadata"]["name"] == "rel-delayq-operator-metrics"
+    assert service["spec"]["ports"] == [{"name": "metrics", "port": 8081, "targetPort": "metrics"}]
+    (deployment,) = of_kind(docs, "Deployment")
+    pod_labels = deployment["spec"]["template"]["metadata"]["labels"]
+    assert service["spec"]["selector"].items() <= pod_labels.items()
+    assert of_kind(docs, "ServiceMonitor") == []  # off unless asked: it needs the CRD
+
+
+def test_the_operator_service_monitor_is_labelled_and_selects_the_metrics_service() -> None:
+    docs = render("metrics-monitored")
+    assert OperatorConfig.from_env(operator_env("metrics-monitored")).metrics_endpoint == (
+        "http://0.0.0.0:9102/metrics"
+    )
+    (monitor,) = of_kind(docs, "ServiceMonitor")
+    assert monitor["metadata"]["labels"]["release"] == "prom"
+    assert monitor["metadata"]["namespace"] == "delayq-system"
+    selected = [
+        service
+        for service in of_kind(docs, "Service")
+        if monitor["spec"]["selector"]["matchLabels"].items()
+        <= service["metadata"]["labels"].items()
+    ]
+    assert [service["metadata"]["name"] for service in selected] == [
+        "rel-delayq-operator-metrics"
+    ]
+    (endpoint,) = monitor["spec"]["endpoints"]
+    assert endpoint["port"] in {port["name"] for port in selected[0]["spec"]["ports"]}
+    assert (endpoint["path"], endpoint["interval"]) == ("/metrics", "30s")
+    assert selected[0]["spec"]["ports"][0]["port"] == 9102
+
+
+def test_operator_metrics_can_be_switched_off() -> None:
+    docs = render("metrics-off")
+    assert OperatorConfig.from_env(operator_env("metrics-off")).metrics_endpoint == ""
+    assert [p["name"] for p in operator_container("metrics-off")["ports"]] == ["health"]
+    assert not [s for s in of_kind(docs, "Service") if "metrics" in s["metadata"]["name"]]
+    assert of_kind(docs, "ServiceMonitor") == []
+
+
+def test_the_chart_refuses_clusters_without_the_crd_features_it_needs() -> None:
+    for version, ok in (("1.29.9", False), ("1.30.0", True), ("1.33.13", True)):
+        result = run_helm("template", "rel", str(CHART), "--kube-version", version)
+        assert (result.returncode == 0) == ok, (version, result.stderr)
+        if not ok:
+            assert "kubeVersion" in result.stderr or "incompatible" in result.stderr
+
+
+def test_helm_test_scrapes_the_operator_metrics_service_for_a_leader() -> None:
+    docs = render("metrics-monitored")
+    tests = [d for d in docs if d["metadata"].get("annotations", {}).get("helm.sh/hook") == "test"]
+    (pod,) = tests
+    assert pod["kind"] == "Pod"
+    assert pod["spec"]["restartPolicy"] == "Never"
+    assert pod["spec"]["securityContext"]["runAsNonRoot"] is True
+    (container,) = pod["spec"]["containers"]
+    assert container["securityContext"]["readOnlyRootFilesystem"] is True
+    script = container["args"][0]
+    assert "http://rel-delayq-operator-metrics.delayq-system.svc:9102/metrics" in script
+    assert "delayq_operator_is_leader 1.0" in script
+    compile(script, "helm-test", "exec")  # the script the pod runs is valid Python
+    assert not [
+        d for d in render("metrics-off")
+        if d["metadata"].get("annotations", {}).get("helm.sh/hook") == "test"
+    ]
+
+
+def test_topic_service_monitors_follow_the_chart_values() -> None:
+    default = OperatorConfig.from_env(operator_env("defaults")).build.service_monitor
+    assert (default.enabled, default.labels, default.interval) == (True, (), "30s")
+    configured = OperatorConfig.from_env(operator_env("topic-monitors")).build.service_monitor
+    assert configured.labels == (("release", "prom"), ("team", "ops"))
+    assert configured.interval == "1m"
+    off = OperatorConfig.from_env(operator_env("topic-monitors-off"))
+    assert not off.build.service_monitor.enabled
+
+
+def test_operator_logs_json_unless_text_is_asked_for() -> None:
+    assert operator_container("topic-monitors-off")["args"] == ["operator"]
+
+
+def exported_series() -> dict[str, set[str]]:
+    """Every sample name the operator and a delay service export, with its label names (also
+    of labelled metrics that have no series yet)."""
+    from prometheus_client.metrics import MetricWrapperBase
+
+    from delayq.kube.metrics import OperatorMetrics
+    from delayq.service.metrics import ServiceMetrics
+
+    suffixes = {"counter": ("_total",), "histogram": ("_bucket", "_count", "_sum"), "gauge": ("",)}
+    series: dict[str, set[str]] = {}
+    for metrics in (OperatorMetrics(), ServiceMetrics("ns", "t")):
+        for wrapper in vars(metrics).values():
+            if isinstance(wrapper, MetricWrapperBase):
+                kind = str(wrapper._type)
+                labels = set(wrapper._labelnames) | ({"le"} if kind == "histogram" else set())
+                for suffix in suffixes.get(kind, ("",)):
+                    series.setdefault(wrapper._name + suffix, set()).update(labels)
+        for family in metrics.registry.collect():
+            for sample in family.samples:
+                series.setdefault(sample.name, set()).update(sample.labels)
+    return series
+
+
+def test_alerts_name_only_series_the_code_exports() -> None:
+    import re
+
+    assert of_kind(render("defaults"), "PrometheusRule") == []  # off unless asked
+    (rule,) = of_kind(render("alerts"), "PrometheusRule")
+    assert rule["metadata"]["labels"]["release"] == "prom"
+    rules = [r for group in rule["spec"]["groups"] for r in group["rules"]]
+    assert {r["alert"] for r in rules} >= {
+        "DelayqOperatorNoLeader", "DelayqBrokerMemoryHigh", "DelayqBrokerFull",
+        "DelayqSlotsUnowned", "DelayqDeadMessages", "DelayqBrokerFailover",
+    }
+    series = exported_series()
+    target_labels = {"namespace"}  # set by Prometheus' discovery on every series
+    for alert in rules:
+        assert alert["labels"]["severity"] in ("warning", "critical")
+        expr = alert["expr"]
+        names = re.findall(r"delayq_[a-z_]+", expr)
+        assert names, alert["alert"]
+        for name in names:
+            assert name in series, f"{alert['alert']}: {name} is not exported"
+        for grouping in re.findall(r"by \(([^)]*)\)", expr):
+            for label in (item.strip() for item in grouping.split(",")):
+                assert label in target_labels or all(
+                    label in series[name] for name in names
+                ), f"{alert['alert']}: no {label} label on {names}"
+
+
+def test_the_grafana_dashboard_queries_series_the_code_exports() -> None:
+    import re
+
+    defaults = of_kind(render("defaults"), "ConfigMap")
+    assert not [c for c in defaults if "dashboards" in c["metadata"]["name"]]
+    (config_map,) = [
+        c for c in of_kind(render("dashboards"), "ConfigMap")
+        if c["metadata"]["name"] == "rel-delayq-dashboards"
+    ]
+    assert config_map["metadata"]["labels"]["grafana_dashboard"] == "1"  # the sidecar's label
+    assert config_map["metadata"]["namespace"] == "monitoring"
+    dashboard = json.loads(config_map["data"]["delayq.json"])
+    assert dashboard == json.loads((CHART / "dashboards" / "delayq.json").read_text())
+    series = exported_series()
+    queries = [t["expr"] for p in dashboard["panels"] for t in p.get("targets", [])]
+    variables = dashboard["templating"]["list"]
+    queries += [v["query"]["query"] for v in variables if v["type"] == "query"]
+    assert len(queries) >= 10
+    for query in queries:
+        names = re.findall(r"delayq_[a-z_]+", query)
+        assert names, query
+        for name in names:
+            assert name in series, f"{name} is not exported: {query}"
+        used = set(re.findall(r"([a-z_]+)=~", query)) | {
+            label.strip()
+            for grouping in re.findall(r"by \(([^)]*)\)", query)
+            for label in grouping.split(",")
+        }
+        for label in used - {"namespace"}:  # namespace: Prometheus' target label
+            assert any(label in series[name] for name in names), f"no {label}: {query}"
+
+
+def test_the_zookeeper_transaction_log_is_on_the_data_volume() -> None:
+    (zookeeper,) = of_kind(render("defaults"), "StatefulSet")
+    pod = zookeeper["spec"]["template"]["spec"]
+    (container,) = pod["containers"]
+    env = {item["name"]: item.get("value") for item in container["env"]}
+    log_dir = env["ZOO_DATA_LOG_DIR"]
+    mounts = {m["mountPath"]: m["name"] for m in container["volumeMounts"]}
+    # the deepest mount holding the log directory is the claim template's volume, not an emptyDir
+    holder = max((path for path in mounts if log_dir.startswith(path.rstrip("/") + "/")), key=len)
+    assert mounts[holder] == "data"
+    assert {t["metadata"]["name"] for t in zookeeper["spec"]["volumeClaimTemplates"]} == {"data"}
+    assert "data" not in {volume["name"] for volume in pod["volumes"]}
+
+
+def test_the_chart_works_as_a_subchart_with_global_values() -> None:
+    # A parent chart passes `global` to every subchart; a schema refusing it makes the chart
+    # unusable as a dependency.
+    result = run_helm("template", "rel", str(CHART), "--set", "global.imageRegistry=r.example")
+    assert result.returncode == 0, result.stderr

@@ -28,6 +28,7 @@ from delayq.kube.spec import (
     MIN_REPLICAS_EXCEED_MESSAGE,
     NAME_NOT_DNS_1035_MESSAGE,
     NAME_TOO_LONG_MESSAGE,
+    SYNC_REPLICAS_EXCEED_MESSAGE,
     SpecError,
     TopicSpec,
     parse_duration_ms,
@@ -221,7 +222,7 @@ def test_spec_rules_point_at_the_offending_field() -> None:
     """Every spec-level rule names its field (fieldPath), so kubectl reports spec.brokers
     rather than spec; the path must exist in the schema or the API server refuses the CRD."""
     rules = spec_schema()["x-kubernetes-validations"]
-    assert len(rules) == 6
+    assert len(rules) == 7
     for rule in rules:
         assert resolves(spec_schema(), rule["fieldPath"]), rule
     by_path = {rule["fieldPath"]: rule for rule in rules}
@@ -230,6 +231,7 @@ def test_spec_rules_point_at_the_offending_field() -> None:
     )
     minimum = by_path[".redis.minReplicasToWrite"]
     assert minimum["message"] == MIN_REPLICAS_EXCEED_MESSAGE
+    assert by_path[".redis.syncReplicas"]["message"] == SYNC_REPLICAS_EXCEED_MESSAGE
     for rule in root_schema()["x-kubernetes-validations"]:
         assert rule["fieldPath"] == ".metadata.name"
         assert resolves(root_schema(), rule["fieldPath"])

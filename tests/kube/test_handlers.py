@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 import copy
 import logging
-from typing import Any
+from typing import Any, cast
 
 import kmock
 import kopf
@@ -79,6 +79,12 @@ def get(api: kmock.KubernetesEmulator, resource: str, name: str) -> dict[str, An
     return None if obj.deleted else dict(obj.raw)
 
 
+def existing(api: kmock.KubernetesEmulator, resource: str, name: str) -> dict[str, Any]:
+    obj = get(api, resource, name)
+    assert obj is not None, f"no {resource} {name}"
+    return obj
+
+
 async def provision(
     api: kmock.KubernetesEmulator, ctx: OperatorContext, logger: logging.Logger
 ) -> None:
@@ -101,8 +107,8 @@ async def test_create_provisions_everything_and_publishes_routing(
     assert get(api, "monitoring.coreos.com/v1/servicemonitors", "orders-api") is None
     routing = published_routing(zk)
     assert routing is not None
-    assert routing.brokers == (0, 0, 0, 0, 1, 1, 1, 1)
-    config_map = get(api, "v1/configmaps", "orders-config")
+    assert routing.broker_of_slot == (0, 0, 0, 0, 1, 1, 1, 1)
+    config_map = existing(api, "v1/configmaps", "orders-config")
     assert '"slot_amount": 8' in config_map["data"][naming.CONFIG_KEY]  # what pods read
     status = body(api)["status"]
     assert status["observedGeneration"] == 1
@@ -171,12 +177,12 @@ async def test_more_brokers_and_replicas_roll_out_without_moving_slots(
     await provision(api, ctx, logger)
     update_spec(api, brokers=2, replicasPerBroker=2)
     await provision(api, ctx, logger)
-    assert get(api, STS, "orders-redis-0")["spec"]["replicas"] == 3
-    assert get(api, STS, "orders-redis-1")["spec"]["replicas"] == 3
-    assert get(api, STS, "orders-service")["spec"]["replicas"] == 2
+    assert existing(api, STS, "orders-redis-0")["spec"]["replicas"] == 3
+    assert existing(api, STS, "orders-redis-1")["spec"]["replicas"] == 3
+    assert existing(api, STS, "orders-service")["spec"]["replicas"] == 2
     routing = published_routing(zk)
     assert routing is not None
-    assert routing.brokers == (0, 0, 0, 0)  # messages stay where they are
+    assert routing.broker_of_slot == (0, 0, 0, 0)  # messages stay where they are
     assert routing.broker_count == 2
 
 
@@ -195,7 +201,7 @@ async def test_slot_amount_growth_is_refused_with_a_condition(
     routing = published_routing(zk)
     assert routing is not None
     assert routing.slot_amount == 8
-    config_map = get(api, "v1/configmaps", "orders-config")
+    config_map = existing(api, "v1/configmaps", "orders-config")
     assert '"slot_amount": 8' in config_map["data"][naming.CONFIG_KEY]  # what pods read
     assert body(api)["status"]["observedGeneration"] == 2
 
@@ -205,13 +211,13 @@ async def test_worker_settings_roll_the_service_pods(
 ) -> None:
     put_topic(api)
     await provision(api, ctx, logger)
-    template = get(api, STS, "orders-service")["spec"]["template"]
+    template = existing(api, STS, "orders-service")["spec"]["template"]
     before = template["metadata"]["annotations"][naming.CONFIG_HASH_ANNOTATION]
     update_spec(api, worker={"concurrency": 99})
     await provision(api, ctx, logger)
-    template = get(api, STS, "orders-service")["spec"]["template"]
+    template = existing(api, STS, "orders-service")["spec"]["template"]
     assert template["metadata"]["annotations"][naming.CONFIG_HASH_ANNOTATION] != before
-    config = get(api, "v1/configmaps", "orders-config")["data"][naming.CONFIG_KEY]
+    config = existing(api, "v1/configmaps", "orders-config")["data"][naming.CONFIG_KEY]
     assert '"worker_concurrency": 99' in config
 
 
@@ -279,7 +285,7 @@ async def test_health_elects_masters_and_reports_ready(
     write_status(api, await refresh(ctx, body(api), logger))
     assert redis_pods.replication("orders-redis-0-0")["role"] == "master"  # promoted
     assert redis_pods.replication("orders-redis-0-1")["role"] == "slave"
-    pod = get(api, "v1/pods", "orders-redis-0-0")
+    pod = existing(api, "v1/pods", "orders-redis-0-0")
     assert pod["metadata"]["labels"][naming.LABEL_ROLE] == naming.ROLE_MASTER
     status = body(api)["status"]
     assert [b["masterPod"] for b in status["brokers"]] == ["orders-redis-0-0", "orders-redis-1-0"]
@@ -337,7 +343,7 @@ async def test_failover_promotes_highest_offset_after_grace_and_fences_old_maste
     write_status(api, await refresh(ctx, body(api), logger))
     assert redis_pods.replication("orders-redis-0-2")["role"] == "master"  # its offset is higher
     assert redis_pods.replication("orders-redis-0-1")["role"] == "slave"
-    labels = lambda name: get(api, "v1/pods", name)["metadata"]["labels"]  # noqa: E731
+    labels = lambda name: existing(api, "v1/pods", name)["metadata"]["labels"]  # noqa: E731
     assert labels("orders-redis-0-2")[naming.LABEL_ROLE] == naming.ROLE_MASTER
     assert labels("orders-redis-0-0")[naming.LABEL_ROLE] == naming.ROLE_REPLICA
     broker = body(api)["status"]["brokers"][0]
@@ -388,7 +394,8 @@ async def test_handlers_run_one_at_a_time_on_a_fresh_copy(
     put_topic(api, slotAmount=8)
     await provision(api, ctx, logger)
     redis_pods.add(0, 2)
-    stale = copy.deepcopy(body(api))  # what a timer started before the update would hold
+    # What a timer started before the update would hold.
+    stale = cast(kopf.RawBody, copy.deepcopy(body(api)))
     update_spec(api, slotAmount=16)
     await asyncio.gather(
         serialized(ctx, kopf.Body(stale), logger, refresh),

@@ -60,12 +60,13 @@ async def operator(
     redis_commands: RedisCommands,
     zk_connect: str,
     **config: object,
-) -> AsyncIterator[None]:
+) -> AsyncIterator[OperatorContext]:
     settings = OperatorConfig(
         **{
             "standalone": True,
             "health_interval_s": 0.2,
             "liveness_endpoint": "",
+            "metrics_endpoint": "",
             "build": BuildContext(operator_namespace="delayq-system", default_zookeeper=zk_connect),
             **config,
         }  # type: ignore[arg-type]
@@ -74,7 +75,7 @@ async def operator(
     stop = asyncio.Event()
     task = asyncio.create_task(run(settings, stop_flag=stop, ctx=ctx))
     try:
-        yield
+        yield ctx
     finally:
         stop.set()
         await asyncio.wait_for(task, timeout=15)
@@ -302,6 +303,7 @@ async def test_a_leader_that_loses_the_lease_stops_kopf_and_raises(
         leader_lease=FAST_LEADER_LEASE,
         health_interval_s=0.2,
         liveness_endpoint="",
+        metrics_endpoint="",
         build=BuildContext(operator_namespace="delayq-system", default_zookeeper=zk_connect),
     )
     ctx = OperatorContext(settings, login=lambda: connection, store=store, redis=redis_commands)

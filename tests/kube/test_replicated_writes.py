@@ -13,12 +13,16 @@ from typing import Any
 import pytest
 import redis
 
+from delayq.kube.builders.common import BuildContext
 from delayq.kube.builders.redis import REDIS_START_SCRIPT
-from delayq.kube.spec import MIN_REPLICAS_EXCEED_MESSAGE, SpecError
+from delayq.kube.builders.service import topic_file
+from delayq.kube.spec import MIN_REPLICAS_EXCEED_MESSAGE, SYNC_REPLICAS_EXCEED_MESSAGE, SpecError
 from delayq.local.redis_server import RedisServer
 from delayq.local.waiting import wait_until
 from delayq.queue.client import Queue
 from delayq.queue.model import State
+from delayq.service.config import ServiceConfig
+from delayq.service.topic_file import TopicFile
 from tests.kube.test_builders import by_kind_name, rendered, spec_of
 
 pytestmark = pytest.mark.timeout(60)
@@ -111,3 +115,30 @@ def test_writes_are_refused_with_noreplicas_until_a_replica_is_in_sync(
             assert queue.get("m-1").state is State.SCHEDULED
     finally:
         queue.close()
+
+
+def test_sync_replicas_reach_the_engine_topic_of_every_service_pod() -> None:
+    """spec.redis.syncReplicas / syncTimeout → TopicSpec → topic.json → ServiceConfig → Topic:
+    the engine's WAIT is what the tenant asked for (tests/queue/test_sync_replication.py proves
+    the WAIT itself on a real master and replica)."""
+    spec = spec_of(replicasPerBroker=2, redis={"syncReplicas": 2, "syncTimeout": "250ms"})
+    assert (spec.redis_sync_replicas, spec.redis_sync_timeout_ms) == (2, 250)
+    file = TopicFile.from_json(topic_file(spec, BuildContext(), spec.slot_amount).to_json())
+    config = ServiceConfig.from_env({}, file.service_settings({}))
+    topic = config.to_topic()
+    assert (topic.redis_sync_replicas, topic.redis_sync_timeout_ms) == (2, 250)
+    assert spec_of().topic.redis_sync_replicas == 0  # asynchronous unless asked
+
+
+@pytest.mark.parametrize(("replicas", "wanted"), [(0, 1), (1, 2)])
+def test_more_sync_replicas_than_the_broker_has_is_rejected(replicas: int, wanted: int) -> None:
+    with pytest.raises(SpecError) as error:
+        spec_of(replicasPerBroker=replicas, redis={"syncReplicas": wanted})
+    assert SYNC_REPLICAS_EXCEED_MESSAGE in str(error.value)
+    assert f"syncReplicas={wanted}, replicasPerBroker={replicas}" in str(error.value)
+
+
+@pytest.mark.parametrize("timeout", ["5ms", "61s", "soon"])
+def test_sync_timeout_out_of_bounds_names_the_field(timeout: str) -> None:
+    with pytest.raises(SpecError, match=r"redis\.syncTimeout"):
+        spec_of(replicasPerBroker=1, redis={"syncReplicas": 1, "syncTimeout": timeout})

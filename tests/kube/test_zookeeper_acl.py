@@ -196,7 +196,7 @@ async def test_the_services_read_the_routing_as_the_topic_and_fail_closed(
     routing = initial_routing(SLOTS, 2)
     await store.publish(hosts, NAMESPACE, ALICE.topic, routing, ALICE.identity.password)
     read = await read_routing(hosts, NAMESPACE, ALICE.topic, SLOTS, ALICE.identity)
-    assert read == list(routing.brokers)
+    assert read == list(routing.broker_of_slot)
     for stranger in (None, BOB.identity):
         with pytest.raises(NoAuthError):
             await read_routing(hosts, NAMESPACE, ALICE.topic, SLOTS, stranger)

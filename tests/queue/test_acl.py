@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterator
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -14,6 +15,7 @@ from redis.exceptions import NoPermissionError
 from delayq.local.redis_server import RedisServer
 from delayq.queue import acl
 from delayq.queue.client import Queue
+from delayq.queue.codes import ReplicationTimeoutError
 from delayq.queue.model import Retry, ScheduleRequest
 from delayq.queue.topic import Topic
 
@@ -47,11 +49,16 @@ def test_the_engine_runs_as_the_restricted_user(restricted: redis.Redis) -> None
     for slot in TOPIC.slots:
         batch = queue.claim(slot, queue.take_over(slot))
         queue.extend_many([m.lease for m in batch.messages], 60_000)
-        queue.nack_many([Retry(m.lease, kill=True, reason="x") for m in batch.messages])
+        queue.nack_many([Retry(m.lease, dead=True, reason="x") for m in batch.messages])
     assert queue.stats().dead == 8
     assert queue.redrive_all() == 8
     assert queue.purge_all() == 0  # nothing dead any more
     assert queue.stats().scheduled == 8
+    # a topic replicating synchronously sends WAIT: refused, every write would fail
+    sync = Queue(restricted, replace(TOPIC, redis_sync_replicas=1, redis_sync_timeout_ms=20))
+    with pytest.raises(ReplicationTimeoutError) as caught:  # no replica here, but no NOPERM
+        sync.schedule("w", b"p", delay_ms=0)
+    assert caught.value.confirmed == 0
 
 
 @pytest.mark.parametrize(

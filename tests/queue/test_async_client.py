@@ -30,7 +30,7 @@ async def test_async_lifecycle(async_queue: AsyncQueue) -> None:
     [message] = [m for m in (await async_queue.claim(slot, epoch)).messages if m.id == "a"]
     assert message.headers == {"h": "1"}
     assert (await async_queue.extend(message.lease, 60_000)).code is Code.EXTENDED
-    assert (await async_queue.nack(message.lease, kill=True, reason="bad")).code is Code.DEAD
+    assert (await async_queue.nack(message.lease, dead=True, reason="bad")).code is Code.DEAD
     with pytest.raises(LeaseLostError):
         await async_queue.ack(message.lease)
     page = await async_queue.dead_page(slot)

@@ -13,16 +13,16 @@ import redis.asyncio
 
 from delayq.local.redis_server import RedisServer
 from delayq.local.waiting import eventually
-from delayq.queue.backoff import Backoff
+from delayq.queue.backoff import Backoff, Jitter
 from delayq.queue.client import AsyncQueue
 from delayq.queue.consumer import (
     Consumer,
     ConsumerSettings,
+    DeadLetterError,
     NoSlotsError,
-    PoisonMessageError,
 )
 from delayq.queue.keys import Part, slot_keys
-from delayq.queue.model import Message, ScheduleRequest, State
+from delayq.queue.model import Message, ScheduleRequest, State, Target
 
 from .conftest import TOPIC
 
@@ -85,7 +85,7 @@ async def test_an_earlier_message_wakes_a_consumer_sleeping_until_later(
     await async_queue.schedule("later", delay_ms=HOUR_MS)
     async with running(async_queue, handler) as consumer:
         await eventually(
-            lambda: all(s.next_ms != 0 for s in consumer._slots.values()),
+            lambda: all(s.next_ms != 0 for s in consumer._owned),
             5,
             "consumer asleep",
         )
@@ -152,7 +152,7 @@ async def test_idle_slots_cost_one_blocking_call_and_no_claims(
 
     async with running(async_queue, handler) as consumer:
         await eventually(
-            lambda: all(s.next_ms is None for s in consumer._slots.values()), 5, "initial claims"
+            lambda: all(s.next_ms is None for s in consumer._owned), 5, "initial claims"
         )
         await eventually(
             lambda: redis_client.info("clients")["blocked_clients"] == 1, 5, "the blocking wait"
@@ -171,10 +171,10 @@ async def test_failures_retry_with_exact_backoff_then_poison_goes_dead(
     async def handler(message: Message) -> None:
         deliveries.append((message.attempt, await server_ms(async_queue.redis)))
         if message.id == "poison":
-            raise PoisonMessageError("cannot parse")
+            raise DeadLetterError("cannot parse")
         raise RuntimeError("sink down")
 
-    settings = ConsumerSettings(backoff=Backoff(base_ms=80, factor=2.0))
+    settings = ConsumerSettings(backoff=Backoff(base_ms=80, multiplier=2.0))
     await async_queue.schedule("flaky", delay_ms=0)
     async with running(async_queue, handler, settings):
         await wait_for_state(async_queue, "flaky", State.DEAD)
@@ -182,7 +182,7 @@ async def test_failures_retry_with_exact_backoff_then_poison_goes_dead(
         assert "RuntimeError: sink down" in info.dead_reason
         await async_queue.schedule("poison", delay_ms=0)
         await wait_for_state(async_queue, "poison", State.DEAD)
-        assert (await async_queue.get("poison")).dead_reason == "PoisonMessageError: cannot parse"
+        assert (await async_queue.get("poison")).dead_reason == "DeadLetterError: cannot parse"
     flaky = deliveries[: TOPIC.max_retries + 1]
     assert [attempt for attempt, _ in flaky] == [1, 2, 3]
     # each retry waited at least its backoff (80 ms, then 160 ms) on the server clock
@@ -311,7 +311,7 @@ async def test_claims_that_fail_are_retried_and_the_loop_survives(
         seen.append(message.id)
 
     async with running(impatient, handler) as consumer:
-        await eventually(lambda: all(s.next_ms != 0 for s in consumer._slots.values()), 5, "idle")
+        await eventually(lambda: all(s.next_ms != 0 for s in consumer._owned), 5, "idle")
         redis_client.client_pause(400)  # every command blocks: the consumer's claims time out
         await async_queue.schedule("after-the-outage", delay_ms=0)
         await eventually(lambda: seen == ["after-the-outage"], 10, "delivery after the outage")
@@ -396,3 +396,80 @@ async def test_herd_of_100k_due_at_one_instant_drains_in_bounded_batches(
     assert peak <= 2000
     stats = await async_queue.stats()
     assert (stats.scheduled, stats.prepared, stats.dead) == (0, 0, 0)
+
+
+async def test_full_jitter_retries_are_spread_and_honoured_on_server_time(
+    async_queue: AsyncQueue,
+) -> None:
+    """Forty messages failing at once with full jitter (1 s ceiling): each retry waits in store
+    until failure time + its own random delay, on the Redis server clock, within [0, 1 s]; the
+    retries do not come back as one herd."""
+    topic = async_queue.topic
+    await async_queue.schedule_many(
+        [ScheduleRequest(f"j{i}", b"p", delay_ms=0) for i in range(40)]
+    )
+    failed_at_ms: dict[str, int] = {}
+
+    async def handler(message: Message) -> None:
+        seconds, micros = await async_queue.redis.time()
+        failed_at_ms[message.id] = int(seconds) * 1000 + int(micros) // 1000
+        raise RuntimeError("receiver down")
+
+    backoff = Backoff(base_ms=1000, max_ms=1000, jitter=Jitter.FULL)
+    consumer = Consumer(async_queue, handler, ConsumerSettings(backoff=backoff))
+    running = asyncio.create_task(consumer.run(slots=topic.slots))
+    try:
+        await eventually(lambda: len(failed_at_ms) == 40, 5.0, "every first attempt")
+        consumer.stop()
+        await running
+        infos = await async_queue.get_many([Target(f"j{i}") for i in range(40)])
+    finally:
+        consumer.stop()
+        await running
+    waits = []
+    for info in infos:
+        assert info.attempts == 1
+        assert info.due_ms is not None
+        waits.append(info.due_ms - failed_at_ms[info.id])
+    assert all(-1 <= wait <= 1000 + 300 for wait in waits), waits  # ms rounding, nack sent late
+    assert max(waits) - min(waits) > 400, waits  # spread, not a herd
+
+
+async def test_a_paused_topic_is_not_claimed_and_resume_drains_the_backlog(
+    async_queue: AsyncQueue,
+) -> None:
+    """Pause on the broker: a consumer started afterwards claims nothing of a due backlog while
+    scheduling goes on; resume delivers every message. Checked on Redis: while paused nothing
+    is leased (prepare stays empty) and the watchdog does not count the waiting slots as
+    stalls."""
+    topic = async_queue.topic
+    await async_queue.pause()
+    await async_queue.schedule_many(
+        [ScheduleRequest(f"p{i}", b"p", delay_ms=0) for i in range(30)]
+    )
+    seen: list[str] = []
+
+    async def handler(message: Message) -> None:
+        seen.append(message.id)
+
+    consumer = Consumer(async_queue, handler)
+    running = asyncio.create_task(consumer.run(slots=topic.slots))
+    try:
+        await eventually(lambda: consumer.paused, 5.0, "the pause read")
+        await async_queue.schedule("later", b"p", delay_ms=0)  # scheduling goes on
+        # two upkeep rounds (each reads the flag and would run the watchdog): still nothing
+        rounds = [0]
+
+        async def two_rounds_passed() -> bool:
+            rounds[0] += 1
+            return rounds[0] > 2 and (await async_queue.stats()).prepared == 0
+
+        await eventually(two_rounds_passed, 10.0, "upkeep rounds while paused", interval_s=1.0)
+        assert seen == []
+        assert consumer.counters.stalled_slots_recovered == 0
+        await async_queue.resume()
+        await eventually(lambda: len(seen) == 31, 5.0, "the backlog after resume")
+        assert not consumer.paused
+    finally:
+        consumer.stop()
+        await running

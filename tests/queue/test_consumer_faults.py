@@ -209,7 +209,9 @@ async def test_the_watchdog_claims_a_slot_whose_wake_up_was_lost(
     await consumer.own([0])
     running = asyncio.create_task(consumer.run())
     try:
-        await eventually(lambda: consumer._slots[0].next_ms is None, 5.0, "the slot idle")
+        await eventually(
+            lambda: all(s.next_ms is None for s in consumer._owned), 5.0, "the slot idle"
+        )
         keys = slot_keys(topic, 0)
         seconds, micros = await async_redis_client.time()
         due_ms = int(seconds) * 1000 + int(micros) // 1000
@@ -242,16 +244,20 @@ async def test_a_wake_up_taken_by_a_former_owner_goes_to_the_new_one(
     old_running = asyncio.create_task(old.run())
     new_running: asyncio.Task[None] | None = None
     try:
-        await eventually(lambda: old._slots[0].next_ms is None, 5.0, "the old owner idle")
+        await eventually(
+            lambda: all(s.next_ms is None for s in old._owned), 5.0, "the old owner idle"
+        )
 
         async def lost() -> None:
             return None
 
-        monkeypatch.setattr(old, "_interrupt_waker", lost)  # its wait keeps the slot's key
+        monkeypatch.setattr(old._owned, "interrupt", lost)  # its wait keeps the slot's key
         await old.release([0])
         await new.own([0])
         new_running = asyncio.create_task(new.run())
-        await eventually(lambda: new._slots[0].next_ms is None, 5.0, "the new owner idle")
+        await eventually(
+            lambda: all(s.next_ms is None for s in new._owned), 5.0, "the new owner idle"
+        )
         await queue.schedule("w", b"p", delay_ms=0)  # pushes the slot's wake-up
         await eventually(lambda: seen == ["w"], 0.8, "the new owner's delivery")
         assert new.counters.stalled_slots_recovered == 0

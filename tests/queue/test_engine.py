@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import cast
+
 import pytest
 import redis
 
@@ -16,7 +18,7 @@ from delayq.queue.codes import (
     WrongStateError,
 )
 from delayq.queue.keys import Part, slot_keys
-from delayq.queue.model import Mode, Retry, ScheduleRequest, State, Target
+from delayq.queue.model import Message, Mode, Retry, ScheduleRequest, State, Target
 from delayq.queue.topic import MAX_DELAY_MS, Topic
 
 from .conftest import TOPIC, server_ms, wait_for_server_ms
@@ -36,7 +38,9 @@ def claim_one(queue: Queue, message_id: str, lease_ms: int = 60_000):
 def journal_events(client: redis.Redis, message_id: str) -> list[str]:
     events = []
     for slot in TOPIC.slots:
-        for _, fields in client.xrange(slot_keys(TOPIC, slot).key(Part.JOURNAL)):
+        entries = client.xrange(slot_keys(TOPIC, slot).key(Part.JOURNAL))
+        # redis-py types the answer loosely; a client without decode_responses reads bytes.
+        for _, fields in cast(list[tuple[bytes, dict[bytes, bytes]]], entries):
             if fields[b"id"].decode() == message_id:
                 events.append(fields[b"e"].decode())
     return events
@@ -154,7 +158,7 @@ def test_reschedule_moves_due_and_revokes_a_lease(queue: Queue) -> None:
 
 def test_reschedule_refuses_dead_and_too_far(queue: Queue, redis_client: redis.Redis) -> None:
     queue.schedule("a", delay_ms=0)
-    queue.nack(claim_one(queue, "a").lease, kill=True, reason="poison")
+    queue.nack(claim_one(queue, "a").lease, dead=True, reason="poison")
     with pytest.raises(WrongStateError):
         queue.reschedule("a", delay_ms=1)
     queue.schedule("b", delay_ms=0)
@@ -170,7 +174,7 @@ def test_claim_never_returns_a_message_early(queue: Queue, redis_client: redis.R
     assert batch.messages == []
     assert batch.next_due_ms == due
     wait_for_server_ms(redis_client, due - 1)
-    claimed = []
+    claimed: list[Message] = []
     while not claimed:
         batch = queue.claim(slot, epoch)
         claimed = batch.messages
@@ -231,13 +235,13 @@ def test_ack_removes_and_checks_the_lease_token(queue: Queue, redis_client: redi
 def test_nack_backoff_is_honoured_exactly(queue: Queue, redis_client: redis.Redis) -> None:
     queue.schedule("a", delay_ms=0)
     message = claim_one(queue, "a")
-    outcome = queue.nack(message.lease, backoff_ms=200, reason="busy")
+    outcome = queue.nack(message.lease, delay_ms=200, reason="busy")
     assert outcome.code is Code.RETRY_SCHEDULED
     assert outcome.at_ms is not None
     info = queue.get("a")
     assert (info.state, info.due_ms, info.attempts) == (State.SCHEDULED, outcome.at_ms, 1)
     epoch = queue.take_over(message.slot)
-    claimed = []
+    claimed: list[Message] = []
     while not claimed:
         batch = queue.claim(message.slot, epoch)
         claimed = batch.messages
@@ -267,7 +271,7 @@ def test_retries_exhausted_go_dead_then_redrive(queue: Queue) -> None:
 
 def test_poison_message_is_killed_at_once(queue: Queue) -> None:
     queue.schedule("a", delay_ms=0)
-    outcome = queue.nack(claim_one(queue, "a").lease, reason="unparseable", kill=True)
+    outcome = queue.nack(claim_one(queue, "a").lease, reason="unparseable", dead=True)
     assert outcome.code is Code.DEAD
     assert queue.get("a").dead_reason == "unparseable"
 
@@ -343,7 +347,7 @@ def test_redrive_all_and_purge(queue: Queue) -> None:
     for slot in TOPIC.slots:
         epoch = queue.take_over(slot)
         batch = queue.claim(slot, epoch)
-        queue.nack_many([Retry(m.lease, kill=True, reason="x") for m in batch.messages])
+        queue.nack_many([Retry(m.lease, dead=True, reason="x") for m in batch.messages])
     assert queue.stats().dead == 30
     assert queue.redrive_all() == 30
     assert queue.stats().dead == 0
@@ -351,7 +355,7 @@ def test_redrive_all_and_purge(queue: Queue) -> None:
     for slot in TOPIC.slots:
         epoch = queue.take_over(slot)
         batch = queue.claim(slot, epoch)
-        queue.nack_many([Retry(m.lease, kill=True) for m in batch.messages])
+        queue.nack_many([Retry(m.lease, dead=True) for m in batch.messages])
     slot = TOPIC.slot_of("d0")
     assert queue.purge(slot, ["d0"])[0].code is Code.PURGED
     assert queue.get("d0").state is State.ABSENT
@@ -375,7 +379,7 @@ def test_stats_per_slot_and_topic(queue: Queue, redis_client: redis.Redis) -> No
 def test_journal_is_off_by_default(redis_client: redis.Redis) -> None:
     quiet = Queue(redis_client, Topic("quiet"))
     quiet.schedule("a", delay_ms=0)
-    assert not [k for k in redis_client.keys("*") if k.endswith(b":journal")]
+    assert not [k for k in cast(list[bytes], redis_client.keys("*")) if k.endswith(b":journal")]
 
 
 def test_orphan_id_without_record_never_blocks_the_slot(

@@ -82,6 +82,8 @@ def full_redis(redis_client: redis.Redis) -> Iterator[redis.Redis]:
     """maxmemory just above what is used, noeviction: writes that grow memory are refused."""
     before = redis_client.config_get("maxmemory")["maxmemory"]
     policy = redis_client.config_get("maxmemory-policy")["maxmemory-policy"]
+    assert before is not None  # redis-py types every value as optional
+    assert policy is not None
     redis_client.config_set("maxmemory-policy", "noeviction")
     try:
         yield redis_client

@@ -161,16 +161,16 @@ class QueueMachine(RuleBasedStateMachine):
             return
         assert self.queue.ack_many([lease])[0].code is Code.LEASE_LOST
 
-    @rule(data=st.data(), retry_now=st.booleans(), kill=st.booleans())
-    def nack(self, data: st.DataObject, retry_now: bool, kill: bool) -> None:
+    @rule(data=st.data(), retry_now=st.booleans(), dead=st.booleans())
+    def nack(self, data: st.DataObject, retry_now: bool, dead: bool) -> None:
         message_id = self._pick(data, State.PREPARED)
         ref = self._leased(message_id)
         if ref is None or ref.lease is None:
             return
-        backoff_ms = 0 if retry_now else DAY_MS
-        outcome = self.queue.nack_many([Retry(ref.lease, backoff_ms, "no", kill)])[0]
+        delay_ms = 0 if retry_now else DAY_MS
+        outcome = self.queue.nack_many([Retry(ref.lease, delay_ms, "no", dead)])[0]
         self._forget_lease(ref)
-        if kill or ref.attempts > TOPIC.max_retries:
+        if dead or ref.attempts > TOPIC.max_retries:
             assert outcome.code is Code.DEAD
             ref.state = State.DEAD
         else:

@@ -6,6 +6,7 @@ import pytest
 import redis.asyncio
 from redis.asyncio.connection import Connection, UnixDomainSocketConnection
 from redis.exceptions import DataError
+from redis.typing import EncodableT
 
 from delayq.local.redis_server import RedisServer
 from delayq.queue.packing import (
@@ -15,7 +16,7 @@ from delayq.queue.packing import (
     use_hiredis_packing,
 )
 
-COMMANDS: list[tuple[object, ...]] = [
+COMMANDS: list[tuple[EncodableT, ...]] = [
     ("EVALSHA", "abc", 2, "k1", "k2", 7, -3, 1.5, b"\x00\xff", "é", bytearray(b"ba")),
     ("CONFIG GET", "maxmemory"),
     (b"SET", memoryview(b"key"), b""),
@@ -23,7 +24,7 @@ COMMANDS: list[tuple[object, ...]] = [
 
 
 @pytest.mark.parametrize("command", COMMANDS)
-def test_the_bytes_equal_redis_pys_python_packer(command: tuple[object, ...]) -> None:
+def test_the_bytes_equal_redis_pys_python_packer(command: tuple[EncodableT, ...]) -> None:
     reference = b"".join(Connection().pack_command(*command))
     assert pack(command) == reference
     assert b"".join(HiredisConnection().pack_commands([command, command])) == reference * 2
@@ -48,6 +49,7 @@ async def test_a_packed_client_talks_to_a_real_server(redis_server: RedisServer)
     await client.set("packing:é", b"\x00value")
     assert await client.get("packing:é") == b"\x00value"
     pipe = client.pipeline(transaction=False)
-    pipe.incrby("packing:n", 5).incrby("packing:n", 2)
+    pipe.incrby("packing:n", 5)
+    pipe.incrby("packing:n", 2)
     assert await pipe.execute() == [5, 7]
     await client.aclose()

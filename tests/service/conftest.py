@@ -74,7 +74,7 @@ async def start_service(
             "topic": TOPIC,
             "slot_amount": 4,
             "port": 0,
-            "backoff_base_ms": 50,
+            "retry_backoff_base_ms": 50,
             **overrides,
         }
         service = DelayService(ServiceConfig(**settings))

@@ -6,6 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import yaml
+from aiohttp.test_utils import TestServer
 
 from delayq.local.redis_server import RedisServer
 from delayq.local.waiting import eventually
@@ -194,7 +195,9 @@ async def test_served_openapi_equals_the_checked_in_document(start_service: Star
 async def test_every_route_is_documented(start_service: StartService):
     running = await start_service()
     documented = yaml.safe_load(DOCS.read_text())["paths"]
-    app = running.client.server.app
+    server = running.client.server
+    assert isinstance(server, TestServer)  # the client's server is typed as its base class
+    app = server.app
     assert app is not None
     for route in app.router.routes():
         path = route.resource.canonical if route.resource is not None else ""
@@ -219,3 +222,18 @@ async def test_redis_outage_is_503_and_not_ready(start_service: StartService):
 
     # hysteresis: unready once the outage has lasted UNREADY_AFTER_S (a probe a second)
     await eventually(unready, UNREADY_AFTER_S + 3 * PROBE_INTERVAL_S, "readyz to answer 503")
+
+
+async def test_a_write_no_replica_confirmed_is_a_retryable_503(start_service: StartService):
+    """redis_sync_replicas 1 on a master with no replica: the schedule happened on the master
+    but is not answered as done (503 + Retry-After, saying so); reads and the pull path's
+    claims never wait."""
+    running = await start_service(redis_sync_replicas=1, redis_sync_timeout_ms=50)
+    client, base = running.client, running.base
+    answer = await client.post(f"{base}/messages", json={"id": "w", "delayMs": 0})
+    assert answer.status == 503
+    assert answer.headers["Retry-After"]
+    assert "confirmed by 0 of 1 replicas" in (await answer.json())["error"]
+    assert (await client.get(f"{base}/messages/w")).status == 200  # it is on the master
+    leased = await client.post(f"{base}/leases", json={"max": 1})
+    assert [lease["id"] for lease in (await leased.json())["leases"]] == ["w"]

@@ -171,8 +171,8 @@ async def test_every_documented_bound_is_the_enforced_bound(start_service: Start
     cursor = paths["/v1/topics/{topic}/dead"]["get"]["parameters"][1]["schema"]["pattern"]
     assert cursor == "^[0-9]{1,5}:[0-9]{1,15}$"
     for value, status in (("3:" + "9" * 15, 200), ("3:" + "9" * 16, 400), ("4:0", 400)):
-        answer = await running.client.get(f"{running.base}/dead", params={"cursor": value})
-        assert answer.status == status, value
+        response = await running.client.get(f"{running.base}/dead", params={"cursor": value})
+        assert response.status == status, value
 
 
 async def test_a_partly_stored_batch_says_which_items_to_resend(
@@ -181,7 +181,9 @@ async def test_a_partly_stored_batch_says_which_items_to_resend(
     """Redis out of memory part-way through a batch over 64 slots: 207, each item stored or
     failed as it really is, Retry-After; a batch of which nothing fits is 429 (broker full)."""
     running = await start_service(slot_amount=64)
-    messages = [{"id": f"m{i}", "delayMs": 60_000, "payload": "x" * 1024} for i in range(640)]
+    messages: list[dict[str, Any]] = [
+        {"id": f"m{i}", "delayMs": 60_000, "payload": "x" * 1024} for i in range(640)
+    ]
     same_shape = [ScheduleRequest(m["id"], m["payload"], delay_ms=60_000) for m in messages]
     probe = Queue(redis_client, Topic("probe", namespace="probe", slot_amount=64))
     half = footprint(redis_client, "probe", lambda: probe.schedule_many(same_shape)) // 2

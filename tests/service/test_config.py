@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+from typing import Any
 
 import pytest
 
 from delayq.local.processes import config_env
-from delayq.queue.topic import TopicType
+from delayq.queue.topic import Topic, TopicType
 from delayq.service.config import ConfigError, ServiceConfig, add_arguments, check_exposure
 from delayq.service.defaults import DEFAULTS, TopicDefaults
 
@@ -36,7 +37,9 @@ def test_topic_settings_default_from_the_table():
         "slot_amount", "topic_type", "max_retries", "ack_timeout_ms", "max_payload_bytes",
         "journal_max_len", "pull_max_lease_batch", "webhook_timeout_ms", "webhook_max_in_flight",
         "stream_max_len", "zookeeper_session_timeout_ms", "worker_concurrency",
-        "webhook_allow_private_targets",
+        "webhook_allow_private_targets", "redis_sync_replicas", "redis_sync_timeout_ms",
+        "retry_backoff_base_ms", "retry_backoff_max_ms", "retry_backoff_multiplier",
+        "retry_jitter",
     }  # fmt: skip
     # the one deliberate difference (docs/service.md): run by hand, serve may reach this machine;
     # the operator always writes the topic's value, which defaults to false
@@ -176,3 +179,27 @@ def test_allowed_cidrs_are_comma_separated_and_checked():
     assert config.webhook_targets.refusal("10.0.0.5") is not None
     with pytest.raises(ConfigError, match=r"--webhook-allowed-cidrs .*'10\.0\.0\.0/33'"):
         ServiceConfig(webhook_allowed_cidrs="10.0.0.0/8,10.0.0.0/33")
+
+
+def test_every_engine_topic_setting_is_a_service_setting_carried_to_the_topic():
+    """ServiceConfig is the flat settings surface (one field per flag and DELAYQ_* variable);
+    the engine's Topic is built from it in one place, `to_topic`. Every Topic field but the
+    name (the `topic` setting) is a setting of the same name, and a non-default value of each
+    reaches the Topic: adding a Topic field without its setting fails here."""
+    changed: dict[str, Any] = {
+        "namespace": "shop",
+        "slot_amount": 64,
+        "topic_type": TopicType.WEBHOOK,
+        "max_retries": 3,
+        "ack_timeout_ms": 45_000,
+        "max_payload_bytes": 2048,
+        "journal_max_len": 500,
+        "redis_sync_replicas": 1,
+        "redis_sync_timeout_ms": 250,
+    }
+    topic_fields = {f.name for f in dataclasses.fields(Topic)} - {"name"}
+    assert topic_fields == set(changed)
+    config = ServiceConfig(topic="orders", webhook_url="https://example.com/hook", **changed)
+    topic = config.to_topic()
+    assert topic.name == "orders"
+    assert {name: getattr(topic, name) for name in changed} == changed

@@ -21,6 +21,7 @@ from delayq.local.ports import free_port
 from delayq.local.processes import ServeProcess
 from delayq.local.redis_server import RedisServer
 from delayq.local.waiting import eventually
+from delayq.queue.backoff import Jitter
 from delayq.queue.topic import TopicType
 from delayq.service.config import ServiceConfig
 from delayq.service.topic_file import TopicFile
@@ -170,7 +171,7 @@ async def test_zookeeper_fleet_shares_then_hands_over_without_redelivery(
         return owned[0] > 0 and owned[1] > 0 and sum(owned) == 8
 
     await eventually(shared, 60, "two members sharing the 8 slots")
-    messages = [{"id": f"g{i}", "delayMs": i * 10} for i in range(300)]
+    messages: list[dict[str, Any]] = [{"id": f"g{i}", "delayMs": i * 10} for i in range(300)]
     url = f"{second.url}/v1/topics/{topic}/messages/batch"
     async with session.post(url, json={"messages": messages}) as response:
         assert response.status == 200
@@ -263,6 +264,7 @@ def test_dev_quick_start_runs_and_delivers(tmp_path: Path):
     assert result.returncode == 0, result.stdout + result.stderr
     assert "delivered 10 of 10" in result.stdout
     assert "exit codes [0, 0, 0]" in result.stdout
+    assert "/ui (token dev-token" in result.stdout  # the dashboard's URL
 
 
 async def test_serve_with_the_operators_topic_file(
@@ -281,6 +283,12 @@ async def test_serve_with_the_operators_topic_file(
         ack_timeout_ms=5000,
         max_payload_bytes=1024,
         journal_max_len=0,
+        redis_sync_replicas=0,
+        redis_sync_timeout_ms=1000,
+        retry_backoff_base_ms=1000,
+        retry_backoff_max_ms=3_600_000,
+        retry_backoff_multiplier=2.0,
+        retry_jitter=Jitter.NONE,
         webhook_url="",
         webhook_timeout_ms=10_000,
         webhook_max_in_flight=64,

@@ -7,12 +7,15 @@ import time
 
 import redis.asyncio
 from aiohttp.test_utils import TestClient, TestServer
+from hypothesis import given
+from hypothesis import strategies as st
 
 from delayq.local.redis_server import RedisServer
 from delayq.local.waiting import eventually
 from delayq.queue.client import AsyncQueue
 from delayq.service.api import build_app
 from delayq.service.config import ServiceConfig
+from delayq.service.delivery.pull import _shares
 from delayq.service.service import DelayService
 from tests.service.conftest import GrantedLater, Running, StartService
 
@@ -209,3 +212,69 @@ async def test_a_stale_token_cannot_ack_the_upserted_version(start_service: Star
     assert (info["state"], info["payload"]) == ("prepared", "v2")
     fresh = await running.client.post(f"{running.base}/leases/ack", json={"tokens": [v2["token"]]})
     assert fresh.status == 200
+
+
+async def _claims_run(client: redis.asyncio.Redis) -> int:
+    """Script calls Redis has served so far (claims and the prober's few reads)."""
+    stats = await client.info("commandstats")
+    return sum(int(stats.get(f"cmdstat_{cmd}", {}).get("calls", 0)) for cmd in ("evalsha", "eval"))
+
+
+async def test_long_polls_wait_without_polling(
+    start_service: StartService, async_redis_client: redis.asyncio.Redis
+) -> None:
+    """Forty one-second long polls on an empty topic (more than could each hold a Redis
+    connection) wait on the brokers' one wake-up wait: each claims when it starts and once more
+    at its deadline (4 slots: one claim call each), never on a timer in between."""
+    running = await start_service()
+    before = await _claims_run(async_redis_client)
+    polls = [lease(running, max=1, waitMs=1000) for _ in range(40)]
+    assert await asyncio.wait_for(asyncio.gather(*polls), 10.0) == [[]] * 40
+    assert await _claims_run(async_redis_client) - before <= 40 * 2 * 4 + 20
+
+
+async def test_a_schedule_wakes_the_long_polls_at_once(
+    start_service: StartService, async_redis_client: redis.asyncio.Redis
+) -> None:
+    """A message scheduled while forty 30-second long polls wait is leased by one of them long
+    before their wait ends; stopping the service ends the others at once, empty."""
+    running = await start_service()
+    before = await _claims_run(async_redis_client)
+    polls = [asyncio.create_task(lease(running, max=1, waitMs=30_000)) for _ in range(40)]
+
+    async def all_claimed_once() -> bool:
+        return await _claims_run(async_redis_client) - before >= 40 * 4
+
+    await eventually(all_claimed_once, 5.0, "every poll's first claim")
+    await schedule(running, 1)
+    done, waiting = await asyncio.wait(polls, timeout=5.0, return_when=asyncio.FIRST_COMPLETED)
+    assert [len(task.result()) for task in done] == [1], "no poll was woken with the message"
+    await running.service.stop()
+    rest = await asyncio.wait_for(asyncio.gather(*waiting), 5.0)
+    assert rest == [[]] * 39
+
+
+@given(total=st.integers(1, 5000), parts=st.integers(1, 300))
+def test_shares_add_up_exactly(total, parts):
+    shares = _shares(total, parts)
+    assert sum(shares) == total
+    assert max(shares) - min(shares) <= 1
+
+
+async def test_pause_stops_leasing_and_resume_drains_the_backlog(start_service: StartService):
+    """POST /pause: due messages are not leased (scheduling goes on), /stats and /metrics say
+    paused; POST /resume: they are leased again."""
+    running = await start_service()
+    client, base = running.client, running.base
+    paused = await client.post(f"{base}/pause")
+    assert (paused.status, await paused.json()) == (200, {"paused": True})
+    await schedule(running, 5)
+    assert await lease(running, max=10) == []
+    stats = await (await client.get(f"{base}/stats")).json()
+    assert (stats["paused"], stats["due"]) == (True, 5)
+    metrics = await (await client.get("/metrics")).text()
+    assert 'delayq_paused{namespace="shop",topic="orders"} 1.0' in metrics
+    resumed = await client.post(f"{base}/resume")
+    assert (await resumed.json()) == {"paused": False}
+    assert len(await lease(running, max=10)) == 5
+    assert (await (await client.get(f"{base}/stats")).json())["paused"] is False

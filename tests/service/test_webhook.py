@@ -7,6 +7,7 @@ import asyncio
 import itertools
 import json
 import time
+from typing import Any
 
 import pytest
 import redis.asyncio
@@ -18,6 +19,7 @@ from delayq.local.waiting import eventually
 from delayq.queue.client import AsyncQueue
 from delayq.queue.keys import Part, slot_keys
 from delayq.queue.model import State
+from delayq.queue.topic import TopicType
 from delayq.service.config import ServiceConfig
 from delayq.service.delivery.signing import SIGNATURE_HEADER, verify
 from delayq.service.service import DelayService
@@ -71,7 +73,7 @@ async def test_server_errors_retry_with_backoff_then_dead(
 
     receiver.answer = always_500
     running = await start_service(
-        topic_type="webhook", webhook_url=receiver.url, max_retries=2, backoff_base_ms=100
+        topic_type="webhook", webhook_url=receiver.url, max_retries=2, retry_backoff_base_ms=100
     )
     await schedule(running, "p")
 
@@ -97,7 +99,7 @@ async def test_backoff_spaces_the_retries(start_service: StartService, receiver:
 
     receiver.answer = fail_twice
     running = await start_service(
-        topic_type="webhook", webhook_url=receiver.url, backoff_base_ms=200
+        topic_type="webhook", webhook_url=receiver.url, retry_backoff_base_ms=200
     )
     await schedule(running, "b")
 
@@ -187,7 +189,7 @@ async def test_a_taken_over_backlog_is_delivered_at_once(
         redis_url=redis_server.url,
         topic="takeover",
         slot_amount=4,
-        topic_type="webhook",
+        topic_type=TopicType.WEBHOOK,
         webhook_url=receiver.url,
     )
     ownership = GrantedLater()
@@ -227,7 +229,7 @@ async def test_a_slow_receiver_gets_each_message_once_and_nothing_dies(
         ack_timeout_ms=1_000,
         max_retries=1,
     )
-    messages = [{"id": f"s{i}", "delayMs": 0} for i in range(120)]
+    messages: list[dict[str, Any]] = [{"id": f"s{i}", "delayMs": 0} for i in range(120)]
     batch = await running.client.post(f"{running.base}/messages/batch", json={"messages": messages})
     assert batch.status == 200
 
@@ -255,7 +257,7 @@ async def test_a_private_target_is_refused_retried_with_backoff_and_named(
         webhook_url=url,
         webhook_allow_private_targets=False,
         max_retries=2,
-        backoff_base_ms=100,
+        retry_backoff_base_ms=100,
     )
     started = time.monotonic()
     await schedule(running, "r")
@@ -283,7 +285,7 @@ async def test_a_fixed_topic_delivers_what_was_refused(
         topic_type="webhook",
         webhook_url=receiver.url,
         webhook_allow_private_targets=False,
-        backoff_base_ms=300,
+        retry_backoff_base_ms=300,
     )
     await schedule(refusing, "f")
     labels = {"namespace": "shop", "topic": "orders"}

@@ -142,7 +142,7 @@ def decode_routing(payload: bytes, slot_amount: int) -> list[int] | None:
         routing = Routing.from_json(payload)
     except (ValueError, KeyError, TypeError, AttributeError):
         return None
-    return list(routing.brokers) if routing.slot_amount == slot_amount else None
+    return list(routing.broker_of_slot) if routing.slot_amount == slot_amount else None
 
 
 def slots_of(assignment: Mapping[int, str], member_id: str) -> frozenset[int]:

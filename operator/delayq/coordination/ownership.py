@@ -10,8 +10,9 @@ the slot's fencing epoch (`Consumer.own` → fence-1.lua), so even a process tha
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable
-from typing import Protocol
+from collections.abc import Awaitable, Callable, Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Protocol, runtime_checkable
 
 OnChange = Callable[[frozenset[int]], Awaitable[None]]
 
@@ -36,6 +37,32 @@ class Ownership(Protocol):
     async def holds(self, slot: int) -> bool:
         """Whether the coordination itself (not a cached view) says this process owns the
         slot now: asked before taking a slot back after a fencing conflict."""
+
+
+@dataclass(frozen=True)
+class FleetView:
+    """Who holds which slot across the whole fleet, as the coordination sees it now (read-only:
+    the dashboard's slot map and `delayq slots`). A process only knows its own slots; an
+    operator asking "why is this slot not delivering?" needs everyone's.
+
+    `assigned` maps each slot to the member the coordinator gave it, `held` is the set of slots
+    whose owner node exists (someone may consume them now: a slot outside it is unowned), and
+    `holders` names the holding member of the slots it was asked for (reading a holder costs
+    one request per slot, so only a page of slots is read; the two differ from `assigned` while
+    a handoff is under way)."""
+
+    members: tuple[str, ...]
+    assigned: Mapping[int, str] = field(default_factory=dict)
+    held: frozenset[int] = frozenset()
+    holders: Mapping[int, str] = field(default_factory=dict)
+
+
+@runtime_checkable
+class FleetReader(Protocol):
+    """An ownership that can read every member's slots, not just its own (ZooKeeper)."""
+
+    async def fleet(self, holders_of: Iterable[int] = ()) -> FleetView:
+        """The fleet now, with the holder of each slot of `holders_of`."""
 
 
 class EmbeddedOwnership:

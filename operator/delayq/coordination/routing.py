@@ -18,26 +18,26 @@ ROUTING_FORMAT_VERSION = 1
 
 @dataclass(frozen=True)
 class Routing:
-    """`brokers[slot]` is the broker index that stores slot `slot`."""
+    """`broker_of_slot[slot]` is the index of the broker that stores slot `slot`."""
 
     slot_amount: int
     broker_count: int
-    brokers: tuple[int, ...]
+    broker_of_slot: tuple[int, ...]
 
     def __post_init__(self) -> None:
-        if len(self.brokers) != self.slot_amount:
+        if len(self.broker_of_slot) != self.slot_amount:
             raise ValueError(
-                f"routing has {len(self.brokers)} entries for {self.slot_amount} slots"
+                f"routing has {len(self.broker_of_slot)} entries for {self.slot_amount} slots"
             )
-        if any(not 0 <= broker < self.broker_count for broker in self.brokers):
+        if any(not 0 <= broker < self.broker_count for broker in self.broker_of_slot):
             raise ValueError(f"routing names a broker outside 0..{self.broker_count - 1}")
 
     def slots_per_broker(self) -> dict[int, int]:
-        counts = Counter(self.brokers)
+        counts = Counter(self.broker_of_slot)
         return {broker: counts.get(broker, 0) for broker in range(self.broker_count)}
 
     def slots_of(self, broker: int) -> list[int]:
-        return [slot for slot, owner in enumerate(self.brokers) if owner == broker]
+        return [slot for slot, owner in enumerate(self.broker_of_slot) if owner == broker]
 
     def to_json(self) -> bytes:
         """The ZooKeeper payload: version, counts, and the slot -> broker array."""
@@ -45,7 +45,7 @@ class Routing:
             "version": ROUTING_FORMAT_VERSION,
             "slotAmount": self.slot_amount,
             "brokers": self.broker_count,
-            "slots": list(self.brokers),
+            "slots": list(self.broker_of_slot),
         }
         return json.dumps(document, separators=(",", ":")).encode()
 
@@ -82,9 +82,9 @@ def plan_routing(slot_amount: int, broker_count: int, current: Routing | None) -
             f"slotAmount change {current.slot_amount} -> {slot_amount} needs resharding, which is "
             "not implemented yet"
         )
-    used = {broker for broker in current.brokers}
+    used = {broker for broker in current.broker_of_slot}
     if max(used) >= broker_count:
         raise RoutingConflict(
             f"broker {max(used)} still holds slots; brokers cannot shrink to {broker_count}"
         )
-    return Routing(slot_amount, broker_count, current.brokers)
+    return Routing(slot_amount, broker_count, current.broker_of_slot)

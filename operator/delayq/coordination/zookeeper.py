@@ -57,7 +57,7 @@ from delayq.coordination.layout import (
     encode_member,
     slots_of,
 )
-from delayq.coordination.ownership import OnChange
+from delayq.coordination.ownership import FleetView, OnChange
 
 log = logging.getLogger(__name__)
 
@@ -177,6 +177,35 @@ class ZkOwnership:
         except KazooException:
             return False
         return stat is not None and stat.ephemeralOwner == self._session_id()
+
+    async def fleet(self, holders_of: Iterable[int] = ()) -> FleetView:
+        """Every member's slots, read from the tree now (not this process's view): the
+        assignment node, the owner nodes that exist, and who holds each slot of `holders_of`.
+        A handful of requests whatever the slot count, plus one pipelined read per holder
+        asked for; raises KazooException when ZooKeeper does not answer."""
+        return await asyncio.to_thread(self._read_fleet, sorted(set(holders_of)))
+
+    def _read_fleet(self, holders_of: list[int]) -> FleetView:
+        client, paths = self._client, self.paths
+        try:
+            members = tuple(sorted(client.get_children(paths.members)))
+        except NoNodeError:
+            members = ()
+        try:
+            assignment = AssignmentDocument.decode(client.get(paths.assignment)[0])
+        except NoNodeError:
+            assignment = AssignmentDocument(0, {})
+        try:
+            children = client.get_children(paths.owners)
+            held = frozenset(int(child) for child in children if child.isdigit())
+        except NoNodeError:
+            held = frozenset()
+        reads = {slot: client.get_async(paths.owner(slot)) for slot in holders_of if slot in held}
+        holders: dict[int, str] = {}
+        for slot, request in reads.items():
+            with contextlib.suppress(NoNodeError):  # released since the listing
+                holders[slot] = request.get()[0].decode("utf-8", "replace")
+        return FleetView(members, dict(assignment.slots), held, holders)
 
     async def start(self, on_change: OnChange) -> None:
         """Connect, join and run the first pass (which calls `on_change`, maybe with nothing)."""

@@ -40,6 +40,9 @@ def register(subparsers: Any) -> None:
     parser.add_argument(
         "--liveness", help="liveness endpoint URL, e.g. http://0.0.0.0:8080/healthz"
     )
+    parser.add_argument(
+        "--metrics", help="Prometheus endpoint URL, e.g. http://0.0.0.0:8081/metrics ('' off)"
+    )
     parser.add_argument("--verbose", action="store_true", help="debug logging")
     parser.add_argument("--json-logs", action="store_true", help="one JSON object per log line")
     parser.set_defaults(handler=run_operator)
@@ -69,6 +72,8 @@ def run_operator(args: argparse.Namespace) -> int:
         changes["leader_lease_name"] = args.lease_name
     if args.liveness:
         changes["liveness_endpoint"] = args.liveness
+    if args.metrics is not None:
+        changes["metrics_endpoint"] = args.metrics
     async def operate() -> None:
         try:
             await run(dataclasses.replace(config, **changes))

@@ -29,6 +29,7 @@ PLURALS = {
     "ServiceMonitor": "servicemonitors",
     "DelayTopic": "delaytopics",
     "Lease": "leases",
+    "Event": "events",
 }
 REQUEST_TIMEOUT_S = 30.0
 

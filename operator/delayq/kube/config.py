@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+import json
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from delayq.coordination.acl import ADMIN_USER, ZkIdentity
-from delayq.kube.builders.common import BuildContext
+from delayq.kube.builders.common import BuildContext, ServiceMonitorSettings
 from delayq.kube.leader_lease import LeaderLeaseTiming
 
 
@@ -22,6 +23,7 @@ class OperatorConfig:
     health_interval_s: float = 10.0
     failover_grace_s: float = 30.0
     liveness_endpoint: str = "http://0.0.0.0:8080/healthz"
+    metrics_endpoint: str = "http://0.0.0.0:8081/metrics"  # empty: no /metrics server
     build: BuildContext = field(default_factory=BuildContext)
     # The operator's ZooKeeper password (user `delayq-operator`). Set, every topic tree gets
     # ACLs (coordination/acl.py); empty, the trees stay open (a single-tenant or test install).
@@ -45,6 +47,7 @@ class OperatorConfig:
             operator_namespace=env.get("POD_NAMESPACE", defaults.build.operator_namespace),
             default_zookeeper=env.get("DELAYQ_ZOOKEEPER", defaults.build.default_zookeeper),
             zookeeper_admin_acl=admin_acl,
+            service_monitor=service_monitor_from_env(env, defaults.build.service_monitor),
         )
         namespaces = tuple(
             item.strip()
@@ -60,9 +63,25 @@ class OperatorConfig:
             ),
             failover_grace_s=float(env.get("DELAYQ_FAILOVER_GRACE_S", defaults.failover_grace_s)),
             liveness_endpoint=env.get("DELAYQ_LIVENESS", defaults.liveness_endpoint),
+            metrics_endpoint=env.get("DELAYQ_METRICS", defaults.metrics_endpoint),
             build=build,
             zookeeper_admin_password=admin_password,
         )
+
+
+def service_monitor_from_env(
+    env: Mapping[str, str], defaults: ServiceMonitorSettings
+) -> ServiceMonitorSettings:
+    """DELAYQ_SERVICE_MONITOR (on/off), _LABELS (a JSON object of strings), _INTERVAL."""
+    labels = json.loads(env.get("DELAYQ_SERVICE_MONITOR_LABELS") or "{}")
+    if not isinstance(labels, dict) or not all(isinstance(v, str) for v in labels.values()):
+        raise ValueError("DELAYQ_SERVICE_MONITOR_LABELS must be a JSON object of strings")
+    enabled = env.get("DELAYQ_SERVICE_MONITOR")
+    return ServiceMonitorSettings(
+        enabled=defaults.enabled if enabled is None else _flag(enabled),
+        labels=tuple(sorted(labels.items())),
+        interval=env.get("DELAYQ_SERVICE_MONITOR_INTERVAL", defaults.interval),
+    )
 
 
 def _flag(value: str | None) -> bool:

@@ -23,6 +23,8 @@ from delayq.kube.builders.common import BuildContext
 from delayq.kube.client import KubeClient
 from delayq.kube.config import OperatorConfig
 from delayq.kube.leader_election import make_identity
+from delayq.kube.metrics import OperatorMetrics
+from delayq.kube.recorder import EventRecorder
 from delayq.kube.redisctl import RedisCommands, RedisControl
 from delayq.kube.zk import KazooTopicStore, TopicStore
 
@@ -61,7 +63,16 @@ class OperatorContext:
     client: KubeClient | None = None
     # (namespace, topic, broker) -> when its master was first seen missing (grace period start)
     master_missing_since: dict[tuple[str, str, int], float] = field(default_factory=dict)
+    # (namespace, topic) -> since when some slot of it has had no owner (SlotsUnowned)
+    unowned_since: dict[tuple[str, str], float] = field(default_factory=dict)
     locks: dict[tuple[str, str], asyncio.Lock] = field(default_factory=dict)
+    # Posts the topics' Events; what it posted recently is forgotten with the term.
+    recorder: EventRecorder = field(init=False)
+    # The process's Prometheus metrics (served by every replica, see metrics_server.py).
+    metrics: OperatorMetrics = field(default_factory=OperatorMetrics)
+
+    def __post_init__(self) -> None:
+        self.recorder = EventRecorder(self.identity, self.clock)
 
     @classmethod
     def from_config(cls, config: OperatorConfig, **parts: Any) -> OperatorContext:
@@ -94,9 +105,14 @@ class OperatorContext:
         """Open a term: a new API client, and no grace timer or lock left from an earlier one."""
         self.client = KubeClient(self.login())
         self.master_missing_since = {}
+        self.unowned_since = {}
         self.locks = {}
+        self.recorder = EventRecorder(self.identity, self.clock)
+        self.metrics.is_leader.set(1)
 
     def stop_leading(self) -> KubeClient | None:
         """End the term; returns the API client for the caller to close."""
         client, self.client = self.client, None
+        self.metrics.is_leader.set(0)
+        self.metrics.keep_topics(())  # a standby exports no topic figures
         return client

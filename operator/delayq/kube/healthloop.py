@@ -85,6 +85,7 @@ class HealthLoop:
             if key not in self.passes and self.retry_at.get(key, now_s) <= now_s:
                 self.passes[key] = asyncio.create_task(self.one_pass(key, topic))
         self.retry_at = {key: at for key, at in self.retry_at.items() if key in listed}
+        self.ctx.metrics.keep_topics(listed)  # a deleted topic's figures go with it
         if self.gc is None or self.gc.done():
             self.gc = asyncio.create_task(self.collect(topics))
 

@@ -28,11 +28,14 @@ from delayq.kube.client import KubeClient
 from delayq.kube.config import OperatorConfig
 from delayq.kube.context import Logger, OperatorContext
 from delayq.kube.errors import TopicFailure
+from delayq.kube.events import WARNING, TopicEvent, status_events
 from delayq.kube.handlers.health import refresh
 from delayq.kube.handlers.reconcile import reconcile
 from delayq.kube.healthloop import HealthLoop
 from delayq.kube.leader_election import LeaderElector, LeadershipLost
 from delayq.kube.liveness import liveness_server
+from delayq.kube.metrics_server import metrics_server
+from delayq.kube.status import patched
 from delayq.kube.topics import API_VERSION
 
 LOGGER = logging.getLogger(__name__)
@@ -50,7 +53,9 @@ def configure(settings: kopf.OperatorSettings) -> None:
     settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(
         prefix=naming.GROUP, key="last-handled-configuration"
     )
-    settings.posting.level = logging.WARNING  # events for warnings and errors only
+    # The operator posts its own Events on status transitions (events.py, recorder.py); kopf's
+    # would add one per failed retry of a handler (every 15-60 s while a topic is stuck).
+    settings.posting.enabled = False
     # Bounded watches: a silently dropped connection is noticed within minutes, not never.
     settings.watching.server_timeout = 300
     settings.watching.client_timeout = 330
@@ -80,18 +85,46 @@ async def serialized(
         try:
             status = await work(ctx, fresh, logger)
         except TopicFailure as failure:
-            await write_status(ctx, namespace, name, failure.status)
+            await write_status(ctx, fresh, failure.status)
             if failure.permanent:
                 raise kopf.PermanentError(str(failure)) from None
             raise kopf.TemporaryError(str(failure), delay=failure.delay_s) from None
-        await write_status(ctx, namespace, name, status)
+        except Exception as error:  # a bug or an unforeseen answer: say so on the topic too
+            event = TopicEvent(WARNING, "OperatorError", f"{type(error).__name__}: {error}")
+            await ctx.recorder.post(kube, fresh, [event])
+            raise
+        await write_status(ctx, fresh, status)
 
 
 async def write_status(
-    ctx: OperatorContext, namespace: str, name: str, status: dict[str, Any]
+    ctx: OperatorContext, topic: Mapping[str, Any], status: dict[str, Any]
 ) -> None:
-    if status:
-        await ctx.kube.patch_status(API_VERSION, naming.KIND, namespace, name, {"status": status})
+    """Patch the topic's status, then post the Events its transitions mean (events.py)."""
+    if not status:
+        return
+    meta = topic["metadata"]
+    await ctx.kube.patch_status(
+        API_VERSION, naming.KIND, meta["namespace"], meta["name"], {"status": status}
+    )
+    old = topic.get("status") or {}
+    await ctx.recorder.post(ctx.kube, topic, status_events(old, patched(old, status)))
+
+
+async def counted_reconcile(ctx: OperatorContext, body: Mapping[str, Any], logger: Logger) -> None:
+    """One run of the change handler, counted in the operator's metrics by outcome."""
+    metrics = ctx.metrics
+    metrics.reconciles.inc()
+    try:
+        await serialized(ctx, body, logger, reconcile)
+    except kopf.TemporaryError:
+        metrics.reconcile_errors.labels("transient").inc()
+        raise
+    except kopf.PermanentError:
+        metrics.reconcile_errors.labels("permanent").inc()
+        raise
+    except Exception:
+        metrics.reconcile_errors.labels("unexpected").inc()
+        raise
 
 
 def build_registry(ctx: OperatorContext) -> kopf.OperatorRegistry:
@@ -110,7 +143,7 @@ def build_registry(ctx: OperatorContext) -> kopf.OperatorRegistry:
     @kopf.on.update(*RESOURCE, registry=registry, id="reconcile")
     @kopf.on.resume(*RESOURCE, registry=registry, id="reconcile")
     async def on_change(body: kopf.Body, logger: Logger, **_: Any) -> None:
-        await serialized(ctx, body, logger, reconcile)
+        await counted_reconcile(ctx, body, logger)
 
     return registry
 
@@ -132,6 +165,10 @@ async def run(
     async with contextlib.AsyncExitStack() as stack:
         if config.liveness_endpoint:
             await stack.enter_async_context(liveness_server(config.liveness_endpoint))
+        if config.metrics_endpoint:
+            await stack.enter_async_context(
+                metrics_server(config.metrics_endpoint, ctx.metrics)
+            )
         if config.standalone:
             await lead(ctx, stop)
             return
@@ -225,7 +262,8 @@ def health_loop(ctx: OperatorContext) -> HealthLoop:
     """The leader's health passes (serialized with the change handlers per topic) and ZK GC."""
 
     async def run_pass(topic: Mapping[str, Any], logger: Logger) -> None:
-        await serialized(ctx, topic, logger, refresh)
+        with ctx.metrics.health_pass_seconds.time():
+            await serialized(ctx, topic, logger, refresh)
 
     config = ctx.config
     return HealthLoop(ctx, config.namespaces, config.health_interval_s, run_pass, LOGGER)

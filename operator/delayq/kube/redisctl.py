@@ -1,4 +1,4 @@
-"""The operator's few Redis commands: inspect replication, promote, demote, read depths.
+"""The operator's few Redis commands: inspect replication, promote, demote, depths, memory.
 
 Depths are the engine's own stats (`AsyncQueue.stats`, the read-only stats script), so the
 operator counts messages exactly as the delay service's metrics and API do.
@@ -31,6 +31,21 @@ class Replication:
     keys: int
 
 
+@dataclass(frozen=True)
+class BrokerMemory:
+    """A master's `INFO memory`: what it holds, and where it starts refusing writes."""
+
+    used_memory_bytes: int
+    max_memory_bytes: int  # 0: no maxmemory (the pod has no memory limit): never refuses
+
+    @property
+    def used_ratio(self) -> float | None:
+        """used / max, or None when unbounded."""
+        if self.max_memory_bytes <= 0:
+            return None
+        return self.used_memory_bytes / self.max_memory_bytes
+
+
 class RedisControl(Protocol):
     async def inspect(self, host: str, password: str) -> Replication | None:
         """Replication role/offset and key count, or None when the pod does not answer."""
@@ -45,6 +60,9 @@ class RedisControl(Protocol):
         self, host: str, password: str, topic: Topic, slots: Sequence[int]
     ) -> TopicStats:
         """The engine's stats of the given slots of `topic` on one master."""
+
+    async def memory(self, host: str, password: str) -> BrokerMemory:
+        """used_memory and maxmemory from INFO memory; raises on a Redis or network error."""
 
 
 class RedisCommands:
@@ -119,3 +137,14 @@ class RedisCommands:
             return await queue.stats(slots)
         finally:
             await queue.close()
+
+    async def memory(self, host: str, password: str) -> BrokerMemory:
+        client = self._client(host, password)
+        try:
+            info = await client.info("memory")
+        finally:
+            await client.aclose()
+        return BrokerMemory(
+            used_memory_bytes=int(info.get("used_memory", 0)),
+            max_memory_bytes=int(info.get("maxmemory", 0)),
+        )

@@ -15,6 +15,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from delayq.queue.backoff import Jitter
 from delayq.queue.topic import MAX_SLOT_AMOUNT, Topic, TopicError, TopicType, is_power_of_two
 from delayq.service.defaults import DEFAULTS, crd_default
 from delayq.service.delivery.targets import parse_cidrs
@@ -62,6 +63,11 @@ NAME_TOO_LONG_MESSAGE = (
 NAME_NOT_DNS_1035_MESSAGE = (
     "metadata.name must be a DNS label that Services accept (RFC 1035): lowercase letters, "
     "digits and hyphens, starting with a letter and ending with a letter or digit, no dots"
+)
+MAX_RETRY_BACKOFF_MS = 7 * 24 * 3600 * 1000  # a week between two attempts at most
+SYNC_REPLICAS_EXCEED_MESSAGE = (
+    "redis.syncReplicas must not exceed replicasPerBroker: a write cannot be confirmed by more "
+    "replicas than its broker has, so every write would time out"
 )
 MIN_REPLICAS_EXCEED_MESSAGE = (
     "redis.minReplicasToWrite must not exceed replicasPerBroker: a master cannot have more "
@@ -126,6 +132,15 @@ class TopicSpec:
     redis_min_replicas_to_write: int = DEFAULTS.redis_min_replicas_to_write
     redis_min_replicas_max_lag_seconds: int = DEFAULTS.redis_min_replicas_max_lag_seconds
     redis_append_fsync: str = DEFAULTS.redis_append_fsync  # or "always"
+    # replicas that confirm an acknowledged write (WAIT) before delayq answers it, and how long
+    # it waits for them (then HTTP 503, retryable): 0 keeps asynchronous replication
+    redis_sync_replicas: int = DEFAULTS.redis_sync_replicas
+    # spec.retry: the retry policy of failed deliveries (delayq.queue.backoff.Backoff)
+    retry_backoff_base_ms: int = DEFAULTS.retry_backoff_base_ms
+    retry_backoff_max_ms: int = DEFAULTS.retry_backoff_max_ms
+    retry_backoff_multiplier: float = DEFAULTS.retry_backoff_multiplier
+    retry_jitter: Jitter = DEFAULTS.retry_jitter
+    redis_sync_timeout_ms: int = DEFAULTS.redis_sync_timeout_ms
     # spec.networkPolicy.allowFrom: NetworkPolicyPeers admitted to the service pods' API port
     # besides the topic's namespace and the operator, checked and copied as plain dicts
     network_policy_allow_from: tuple[dict[str, Any], ...] = ()
@@ -142,6 +157,8 @@ class TopicSpec:
             ack_timeout_ms=self.ack_timeout_ms,
             max_payload_bytes=self.max_payload_bytes,
             journal_max_len=self.journal_max_len,
+            redis_sync_replicas=self.redis_sync_replicas,
+            redis_sync_timeout_ms=self.redis_sync_timeout_ms,
         )
 
     @property
@@ -200,6 +217,15 @@ def parse_spec(name: str, namespace: str, spec: Mapping[str, Any]) -> TopicSpec:
     )
     redis = _section(spec, "redis")
     min_replicas_to_write = _min_replicas_to_write(redis, replicas_per_broker)
+    sync_replicas = _sync_replicas(redis, replicas_per_broker)
+    retry = _section(spec, "retry")
+    backoff_base_ms = _retry_duration_ms(retry, "backoffBase", "retry_backoff_base_ms")
+    backoff_max_ms = _retry_duration_ms(retry, "backoffMax", "retry_backoff_max_ms")
+    if backoff_max_ms < backoff_base_ms:
+        raise SpecError(
+            f"retry.backoffMax ({_human_ms(backoff_max_ms)}) must not be shorter than "
+            f"retry.backoffBase ({_human_ms(backoff_base_ms)})"
+        )
     parsed = TopicSpec(
         name=name,
         namespace=namespace,
@@ -232,6 +258,17 @@ def parse_spec(name: str, namespace: str, spec: Mapping[str, Any]) -> TopicSpec:
         worker_resources=_resources(worker, "worker"),
         redis_resources=_resources(redis, "redis"),
         redis_min_replicas_to_write=min_replicas_to_write,
+        redis_sync_replicas=sync_replicas,
+        retry_backoff_base_ms=backoff_base_ms,
+        retry_backoff_max_ms=backoff_max_ms,
+        retry_backoff_multiplier=_multiplier(retry),
+        retry_jitter=_jitter(retry),
+        redis_sync_timeout_ms=parse_duration_ms(
+            redis.get("syncTimeout", crd_default("redis_sync_timeout_ms")),
+            "redis.syncTimeout",
+            10,
+            60_000,
+        ),
         redis_min_replicas_max_lag_seconds=_int(
             redis,
             "minReplicasMaxLagSeconds",
@@ -485,6 +522,42 @@ def _min_replicas_to_write(redis: Mapping[str, Any], replicas_per_broker: int) -
     if value > replicas_per_broker:
         raise SpecError(
             f"{MIN_REPLICAS_EXCEED_MESSAGE} (minReplicasToWrite={value}, "
+            f"replicasPerBroker={replicas_per_broker})"
+        )
+    return value
+
+
+def _retry_duration_ms(retry: Mapping[str, Any], key: str, setting: str) -> int:
+    return parse_duration_ms(
+        retry.get(key, crd_default(setting)), f"retry.{key}", 1, MAX_RETRY_BACKOFF_MS
+    )
+
+
+def _multiplier(retry: Mapping[str, Any]) -> float:
+    value = retry.get("backoffMultiplier", DEFAULTS.retry_backoff_multiplier)
+    if isinstance(value, bool) or not isinstance(value, int | float) or not 1 <= value <= 10:
+        raise SpecError(f"retry.backoffMultiplier must be a number between 1 and 10, got {value!r}")
+    return float(value)
+
+
+def _jitter(retry: Mapping[str, Any]) -> Jitter:
+    value = retry.get("jitter", DEFAULTS.retry_jitter.value)
+    try:
+        return Jitter(value)
+    except ValueError:
+        choices = " or ".join(j.value for j in Jitter)
+        raise SpecError(f"retry.jitter {value!r} must be {choices}") from None
+
+
+def _sync_replicas(redis: Mapping[str, Any], replicas_per_broker: int) -> int:
+    """Bounded by the broker's replicas: more could never confirm, so every write would wait
+    its whole timeout and fail."""
+    value = _int(
+        redis, "syncReplicas", DEFAULTS.redis_sync_replicas, 0, MAX_REPLICAS_PER_BROKER, "redis."
+    )
+    if value > replicas_per_broker:
+        raise SpecError(
+            f"{SYNC_REPLICAS_EXCEED_MESSAGE} (syncReplicas={value}, "
             f"replicasPerBroker={replicas_per_broker})"
         )
     return value

@@ -15,7 +15,9 @@ from typing import Any
 READY = "Ready"
 PROVISIONED = "Provisioned"
 DEGRADED = "Degraded"
-CONDITION_TYPES = (READY, PROVISIONED, DEGRADED)
+BROKER_FULL = "BrokerFull"  # a broker's master near or at its maxmemory (kube/conditions.py)
+SLOTS_UNOWNED = "SlotsUnowned"  # slots without an owner for longer than a moment
+CONDITION_TYPES = (READY, PROVISIONED, DEGRADED, BROKER_FULL, SLOTS_UNOWNED)
 
 TRUE = "True"
 FALSE = "False"
@@ -72,6 +74,12 @@ def status_patch(old: Mapping[str, Any], new: Mapping[str, Any]) -> dict[str, An
         if key not in new:
             patch[key] = None
     return patch
+
+
+def patched(old: Mapping[str, Any], patch: Mapping[str, Any]) -> dict[str, Any]:
+    """`old` after the top-level merge patch `patch` (the inverse of status_patch)."""
+    new = {**old, **patch}
+    return {key: value for key, value in new.items() if value is not None}
 
 
 # A refused change leaves the topic serving its previous shape: not a reason to be un-Ready.

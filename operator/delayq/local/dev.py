@@ -134,7 +134,7 @@ def serve_configs(
         webhook_secret=SECRET,
         api_token=TOKEN,
         max_retries=3,
-        backoff_base_ms=500,
+        retry_backoff_base_ms=500,
         zookeeper_connect=zk,
         grace_ms=5000,
     )
@@ -204,6 +204,11 @@ async def _run(options: DevOptions, stop: asyncio.Event) -> int:
                 _say(f"delayq serve {process.config.member_id} pid {process.pid} on {process.url}")
             async with aiohttp.ClientSession() as session:
                 await _wait_ready(session, processes)
+                _say(
+                    f"dashboard: {processes[0].url}/ui (token {TOKEN}; any process serves it); "
+                    f"admin: DELAYQ_URL={processes[0].url} DELAYQ_TOPIC=demo "
+                    f"DELAYQ_API_TOKEN={TOKEN} delayq topic stats"
+                )
                 _say(
                     f"ready; scheduling {options.messages} messages (delays up to "
                     f"{options.max_delay_ms} ms) through the HTTP API"

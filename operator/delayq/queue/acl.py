@@ -24,7 +24,8 @@ ADMIN_USER = "delayq-operator"
 ADMIN_RULES = ("reset", "on", "~*", "&*", "+@all")
 
 #: Sent by the Python client: scripts by hash (loaded once), the consumer's blocking wake-up
-#: wait and its interrupts, the stream delivery's XADD, the server clock, health checks and the
+#: wait and its interrupts, the stream delivery's XADD, the server clock, WAIT after an
+#: acknowledged write of a topic with `redis_sync_replicas`, health checks and the
 #: RESP3 handshake. Not CLIENT SETINFO, which redis-py sends on connect and whose refusal it
 #: ignores (and which Redis 7.0 does not know: naming it would fail the whole SETUSER).
 CLIENT_COMMANDS = (
@@ -35,6 +36,7 @@ CLIENT_COMMANDS = (
     "del",
     "xadd",
     "time",
+    "wait",
     "ping",
     "hello",
 )

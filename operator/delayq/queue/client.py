@@ -16,7 +16,8 @@ from redis.exceptions import NoScriptError
 
 from delayq.queue import plans
 from delayq.queue.codec import Headers
-from delayq.queue.codes import StaleEpochError, as_broker_full
+from delayq.queue.codes import DelayqError, ReplicationTimeoutError, StaleEpochError, as_broker_full
+from delayq.queue.keys import paused_key
 from delayq.queue.model import (
     ClaimBatch,
     DeadBatchResult,
@@ -56,6 +57,18 @@ def _merged(replies: Sequence[Any], indexes: Sequence[int], again: Sequence[Any]
     return result
 
 
+def _split_wait(replies: list[Any], wait: int) -> tuple[list[Any], int | None]:
+    """The scripts' replies and, when the pipeline ended with WAIT, the replicas it counted.
+    WAIT refused (a Redis user without the command) is raised: every acknowledged write would
+    otherwise look unreplicated, silently."""
+    if not wait:
+        return replies, None
+    *scripts, confirmed = replies
+    if isinstance(confirmed, Exception):
+        raise confirmed
+    return scripts, int(confirmed)
+
+
 def _typed(replies: list[Any]) -> list[Any]:
     """The replies with Redis's out-of-memory refusals as BrokerFullError."""
     return [as_broker_full(r) if isinstance(r, Exception) else r for r in replies]
@@ -67,6 +80,32 @@ def _raise_first_error(replies: list[Any]) -> list[Any]:
         if isinstance(reply, Exception):
             raise as_broker_full(reply)
     return replies
+
+
+def _replicas_to_wait(topic: Topic, plan: Plan[Any]) -> int:
+    """Replicas the plan's answer waits for: the topic's `redis_sync_replicas` when the plan
+    acknowledges a write, else none."""
+    if topic.redis_sync_replicas and any(call.script.acknowledges_a_write for call in plan.calls):
+        return topic.redis_sync_replicas
+    return 0
+
+
+def _combined(plan: Plan[T], replies: list[Any], confirmed: int | None, topic: Topic) -> T:
+    """The plan's result, or ReplicationTimeoutError carrying it when fewer replicas than the
+    topic asks for confirmed the writes in time (`confirmed` None: nothing was waited for)."""
+    if confirmed is None or confirmed >= topic.redis_sync_replicas:
+        return plan.combine(replies)
+    result: object
+    try:
+        result = plan.combine(replies)
+    except DelayqError as refusal:
+        result = refusal
+    wanted, timeout_ms = topic.redis_sync_replicas, topic.redis_sync_timeout_ms
+    raise ReplicationTimeoutError(wanted, confirmed, timeout_ms, result)
+
+
+def _least(a: int | None, b: int | None) -> int | None:
+    return b if a is None else a if b is None else min(a, b)
 
 
 class _Plans:
@@ -121,33 +160,43 @@ class Queue:
         return cls(redis.Redis.from_url(url, **options), topic)
 
     def run(self, plan: Plan[T]) -> T:
-        return plan.combine(self._replies(plan))
+        replies, confirmed = self._replies(plan)
+        return _combined(plan, replies, confirmed, self.topic)
 
-    def _replies(self, plan: Plan[T]) -> list[Any]:
+    def _replies(self, plan: Plan[T]) -> tuple[list[Any], int | None]:
         """One call through its Script (which loads it when missing); several in one pipeline
         of bare EVALSHAs, reloading only on NOSCRIPT: redis-py's pipelined scripts would ask
-        SCRIPT EXISTS first, one more round trip on every multi-slot claim."""
-        if len(plan.calls) == 1:
+        SCRIPT EXISTS first, one more round trip on every multi-slot claim.
+
+        A write the topic replicates synchronously ends its pipeline with WAIT, on the same
+        connection (WAIT covers that connection's writes): the replicas that confirmed them,
+        the fewest over the pipelines a NOSCRIPT reload needed, come back with the replies."""
+        wait = _replicas_to_wait(self.topic, plan)
+        if len(plan.calls) == 1 and not wait:
             call = plan.calls[0]
             try:
-                return [self._scripts[call.script](keys=call.keys, args=call.args)]
+                return [self._scripts[call.script](keys=call.keys, args=call.args)], None
             except redis.ResponseError as error:
                 if (typed := as_broker_full(error)) is error:
                     raise
                 raise typed from error
-        replies = self._pipelined(plan.calls)
+        replies, confirmed = self._pipelined(plan.calls, wait)
         if missing := _not_loaded(replies):
             for script in {plan.calls[i].script for i in missing}:
                 self.redis.script_load(script_source(script))
-            again = self._pipelined([plan.calls[i] for i in missing])
+            again, confirmed_again = self._pipelined([plan.calls[i] for i in missing], wait)
             replies = _merged(replies, missing, again)
-        return _typed(replies) if plan.partial else _raise_first_error(replies)
+            confirmed = _least(confirmed, confirmed_again)
+        return (_typed(replies) if plan.partial else _raise_first_error(replies)), confirmed
 
-    def _pipelined(self, calls: Sequence[ScriptCall]) -> list[Any]:
+    def _pipelined(self, calls: Sequence[ScriptCall], wait: int) -> tuple[list[Any], int | None]:
         pipe = self.redis.pipeline(transaction=False)
         for call in calls:
             pipe.evalsha(self._scripts[call.script].sha, len(call.keys), *call.keys, *call.args)
-        return pipe.execute(raise_on_error=False)
+        if wait:
+            pipe.wait(wait, self.topic.redis_sync_timeout_ms)
+        replies = pipe.execute(raise_on_error=False)
+        return _split_wait(replies, wait)
 
     def close(self) -> None:
         self.redis.close()
@@ -199,6 +248,18 @@ class Queue:
         return self.run(plans.get(self.topic, targets))
 
     # consuming
+    def pause(self) -> None:
+        """Pause the topic's delivery on this broker: its consumers stop claiming within a
+        second (what is claimed finishes); scheduling goes on. Idempotent."""
+        self.redis.set(paused_key(self.topic), "1")
+
+    def resume(self) -> None:
+        """Undo `pause`: consumers claim again within a second. Idempotent."""
+        self.redis.delete(paused_key(self.topic))
+
+    def is_paused(self) -> bool:
+        return self.redis.get(paused_key(self.topic)) is not None
+
     def take_over(self, slot: int) -> int:
         return self.run(plans.fence(self.topic, slot))
 
@@ -210,7 +271,7 @@ class Queue:
         lease_ms: int | None = None,
     ) -> ClaimBatch:
         plan = self._plans.claim(slot, epoch, max_count, lease_ms)
-        replies = self._replies(plan)
+        replies, _ = self._replies(plan)  # claims never wait for replicas
         received_s = time.monotonic()  # before decoding, which can take milliseconds
         return received(plan.combine(replies), received_s)
 
@@ -220,7 +281,7 @@ class Queue:
         """Claim from several slots in one round trip, each `SlotClaim` (slot, epoch, max_count)
         with its own count; a fenced-out slot yields its StaleEpochError in its place."""
         plan = self._plans.claim_slots(claims, lease_ms)
-        replies = self._replies(plan)
+        replies, _ = self._replies(plan)  # claims never wait for replicas
         received_s = time.monotonic()  # before decoding, which can take milliseconds
         return received_all(plan.combine(replies), received_s)
 
@@ -231,9 +292,9 @@ class Queue:
         return self.run(plans.ack(self.topic, leases))
 
     def nack(
-        self, lease: Lease, backoff_ms: int = 0, reason: str = "", kill: bool = False
+        self, lease: Lease, delay_ms: int = 0, reason: str = "", dead: bool = False
     ) -> Outcome:
-        retry = Retry(lease, backoff_ms, reason, kill)
+        retry = Retry(lease, delay_ms, reason, dead)
         return self.run(plans.checked(plans.nack(self.topic, [retry]), Script.NACK))
 
     def nack_many(self, retries: Sequence[Retry]) -> list[Outcome]:
@@ -296,31 +357,38 @@ class AsyncQueue:
         return cls(use_hiredis_packing(redis.asyncio.Redis.from_url(url, **options)), topic)
 
     async def run(self, plan: Plan[T]) -> T:
-        return plan.combine(await self._replies(plan))
+        replies, confirmed = await self._replies(plan)
+        return _combined(plan, replies, confirmed, self.topic)
 
-    async def _replies(self, plan: Plan[T]) -> list[Any]:
+    async def _replies(self, plan: Plan[T]) -> tuple[list[Any], int | None]:
         """As Queue._replies."""
-        if len(plan.calls) == 1:
+        wait = _replicas_to_wait(self.topic, plan)
+        if len(plan.calls) == 1 and not wait:
             call = plan.calls[0]
             try:
-                return [await self._scripts[call.script](keys=call.keys, args=call.args)]
+                return [await self._scripts[call.script](keys=call.keys, args=call.args)], None
             except redis.ResponseError as error:
                 if (typed := as_broker_full(error)) is error:
                     raise
                 raise typed from error
-        replies = await self._pipelined(plan.calls)
+        replies, confirmed = await self._pipelined(plan.calls, wait)
         if missing := _not_loaded(replies):
             for script in {plan.calls[i].script for i in missing}:
                 await self.redis.script_load(script_source(script))
-            again = await self._pipelined([plan.calls[i] for i in missing])
+            again, confirmed_again = await self._pipelined([plan.calls[i] for i in missing], wait)
             replies = _merged(replies, missing, again)
-        return _typed(replies) if plan.partial else _raise_first_error(replies)
+            confirmed = _least(confirmed, confirmed_again)
+        return (_typed(replies) if plan.partial else _raise_first_error(replies)), confirmed
 
-    async def _pipelined(self, calls: Sequence[ScriptCall]) -> list[Any]:
+    async def _pipelined(
+        self, calls: Sequence[ScriptCall], wait: int
+    ) -> tuple[list[Any], int | None]:
         pipe = self.redis.pipeline(transaction=False)
         for call in calls:
             pipe.evalsha(self._scripts[call.script].sha, len(call.keys), *call.keys, *call.args)
-        return await pipe.execute(raise_on_error=False)
+        if wait:
+            pipe.wait(wait, self.topic.redis_sync_timeout_ms)
+        return _split_wait(await pipe.execute(raise_on_error=False), wait)
 
     async def close(self) -> None:
         await self.redis.aclose()
@@ -372,6 +440,17 @@ class AsyncQueue:
         return await self.run(plans.get(self.topic, targets))
 
     # consuming
+    async def pause(self) -> None:
+        """As Queue.pause."""
+        await self.redis.set(paused_key(self.topic), "1")
+
+    async def resume(self) -> None:
+        """As Queue.resume."""
+        await self.redis.delete(paused_key(self.topic))
+
+    async def is_paused(self) -> bool:
+        return await self.redis.get(paused_key(self.topic)) is not None
+
     async def take_over(self, slot: int) -> int:
         return await self.run(plans.fence(self.topic, slot))
 
@@ -383,7 +462,7 @@ class AsyncQueue:
         lease_ms: int | None = None,
     ) -> ClaimBatch:
         plan = self._plans.claim(slot, epoch, max_count, lease_ms)
-        replies = await self._replies(plan)
+        replies, _ = await self._replies(plan)  # claims never wait for replicas
         received_s = time.monotonic()  # before decoding, which can take milliseconds
         return received(plan.combine(replies), received_s)
 
@@ -393,7 +472,7 @@ class AsyncQueue:
         """Claim from several slots in one round trip, each `SlotClaim` (slot, epoch, max_count)
         with its own count; a fenced-out slot yields its StaleEpochError in its place."""
         plan = self._plans.claim_slots(claims, lease_ms)
-        replies = await self._replies(plan)
+        replies, _ = await self._replies(plan)  # claims never wait for replicas
         received_s = time.monotonic()  # before decoding, which can take milliseconds
         return received_all(plan.combine(replies), received_s)
 
@@ -404,9 +483,9 @@ class AsyncQueue:
         return await self.run(plans.ack(self.topic, leases))
 
     async def nack(
-        self, lease: Lease, backoff_ms: int = 0, reason: str = "", kill: bool = False
+        self, lease: Lease, delay_ms: int = 0, reason: str = "", dead: bool = False
     ) -> Outcome:
-        retry = Retry(lease, backoff_ms, reason, kill)
+        retry = Retry(lease, delay_ms, reason, dead)
         return await self.run(plans.checked(plans.nack(self.topic, [retry]), Script.NACK))
 
     async def nack_many(self, retries: Sequence[Retry]) -> list[Outcome]:

@@ -53,6 +53,26 @@ class BrokerFullError(DelayqError, redis.exceptions.OutOfMemoryError):
     """
 
 
+class ReplicationTimeoutError(DelayqError):
+    """A topic with `redis_sync_replicas` N: the write ran on the broker's master, but fewer than N
+    replicas confirmed it within `redis_sync_timeout_ms`, so a master failing now may lose it.
+
+    The write may have happened (it did on the master): retrying is safe, since every write is
+    idempotent or answers its own repeat (create-only schedule answers EXISTS, a second ack
+    LEASE_LOST). `result` is what the call answered on the master (or the refusal it raised);
+    `confirmed` how many replicas had it in time.
+    """
+
+    def __init__(self, wanted: int, confirmed: int, timeout_ms: int, result: object) -> None:
+        super().__init__(
+            f"written on the broker's master but confirmed by {confirmed} of {wanted} replicas "
+            f"within {timeout_ms} ms: it may be lost if the master fails now; retrying is safe"
+        )
+        self.wanted = wanted
+        self.confirmed = confirmed
+        self.result = result
+
+
 # Redis's words for a write refused over maxmemory: "OOM command not allowed when used memory >
 # 'maxmemory'." (redis-py: OutOfMemoryError), with a "script: ..." tail when a script's call was
 # refused; older servers wrap a script's refusal in "ERR Error running script ...".

@@ -3,10 +3,10 @@
 Precise wake-up without polling: every claim returns the slot's next due time and lease
 deadline on the Redis server clock, so the consumer sleeps exactly until the earliest of them
 (measured as a duration, so client clock skew never matters). A producer that schedules a new
-earliest message pushes onto the slot's `wake` list (inside the schedule script); one blocking
-BLPOP over the wake lists of all owned slots cuts the sleep short. An idle slot therefore costs
-one key in one blocking call, and a message is claimed within the event loop's timer resolution
-of its due instant — never before it, since the claim script compares against server time.
+earliest message wakes the slot (`slots.OwnedSlots`, the ownership and wake-up core shared with
+pull delivery), which cuts the sleep short. A message is therefore claimed within the event
+loop's timer resolution of its due instant — never before it, since the claim script compares
+against server time.
 
 Flow control: at most `max_in_flight` messages are leased at once; when handlers are slow the
 consumer stops claiming rather than buffering (the seed's per-partition pause), and a burst of
@@ -36,31 +36,29 @@ import contextlib
 import heapq
 import logging
 import time
-import uuid
 from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass, field
+from typing import cast
 
 import redis.asyncio
 
 from delayq.queue.backoff import Backoff
 from delayq.queue.client import AsyncQueue
-from delayq.queue.codec import as_text
-from delayq.queue.codes import Code, DelayqError, StaleEpochError
-from delayq.queue.keys import Part, control_key, parse_wake_key, slot_keys
+from delayq.queue.codes import Code, DelayqError, ReplicationTimeoutError, StaleEpochError
 from delayq.queue.model import ClaimBatch, Message, Outcome, Retry, SlotClaim
+from delayq.queue.slots import OwnedSlot, OwnedSlots
 
 log = logging.getLogger(__name__)
 
 Handler = Callable[[Message], Awaitable[None]]
-STOP_WAKER_S = 2.0  # how long stopping waits for the blocking wait to take its interrupt
 RETRY_MS = 200  # after a failed claim, the slot is tried again this much later
-WAKE_BLOCK_S = 10.0  # upper bound of one blocking wait; only a liveness refresh, not a poll
 ACK_FLUSH_S = 0.05  # a handled message's ack waits for its group at most this long
 WATCHDOG_S = 1.0  # how often owned slots are checked against Redis for a missed wake-up
 STALL_BOUND_MS = 1000  # a head overdue this long that the consumer does not expect is a stall
+PAUSED_RETRY_MS = 1000  # while the topic is paused, due slots look again this much later
 
 
-class PoisonMessageError(Exception):
+class DeadLetterError(Exception):
     """Raised by a handler for a message that can never succeed: it goes to dead at once."""
 
 
@@ -95,13 +93,12 @@ class ConsumerCounters:
     acks_lease_lost: int = 0  # acks or nacks refused: the lease had expired or moved on
     deliveries_skipped: int = 0  # claimed messages not handed over: slot or lease gone
     given_back: int = 0  # claimed messages returned undelivered to store
+    acks_unreplicated: int = 0  # acks or nacks done on the master, not confirmed by replicas
 
 
-@dataclass
-class _SlotState:
-    epoch: int
+@dataclass(eq=False)
+class _SlotState(OwnedSlot):
     next_ms: float | None = 0  # server ms when the slot next needs a claim (0 = now)
-    wakes: int = 0  # wake-ups received; one arriving during a claim invalidates its next_ms
     wakes_at_claim: int = 0  # `wakes` when the slot's latest claim was sent
 
 
@@ -149,10 +146,11 @@ class Consumer:
         self.managed = managed
         self.counters = ConsumerCounters()
         self._lease_ms = self.settings.lease_ms or queue.topic.ack_timeout_ms
-        self._slots: dict[int, _SlotState] = {}
+        self._owned = OwnedSlots(queue, _SlotState, self._claim_now)
         self._timers: list[tuple[float, int]] = []  # heap of (next_ms, slot); stale ones skipped
         self._changed = asyncio.Event()
         self._stopping = False
+        self._paused = False  # the broker's pause flag as last read (Queue.pause)
         self._in_flight = 0
         self._room = asyncio.Event()  # set when a worthwhile claim fits in flight again
         self._tasks: dict[asyncio.Task[None], int] = {}  # delivery task -> its slot
@@ -163,36 +161,28 @@ class Consumer:
         # in fractional ms (claims report µs): a floored estimate would wake up to 1 ms late
         self._server_base_ms = 0.0
         self._local_base = time.monotonic()
-        self._waker = _blocking_client(queue.redis, WAKE_BLOCK_S)
         # the smallest claim worth a round trip: a quarter batch (never more than fits in flight)
         batch_limit = min(self.settings.batch_size, self.settings.max_in_flight)
         self._min_batch = max(1, batch_limit // 4)
-        self._control_key = control_key(queue.topic, uuid.uuid4().hex)
 
     # ownership --------------------------------------------------------------------------------
 
     @property
     def owned_slots(self) -> list[int]:
-        return sorted(self._slots)
+        return self._owned.slots
 
     async def own(self, slots: Iterable[int]) -> None:
         """Take over slots (bumping their fencing epochs) and start consuming them."""
-        for slot in slots:
-            if slot not in self._slots:
-                self._slots[slot] = _SlotState(await self.queue.take_over(slot))
-                self._set_next(slot, 0)
-        self._changed.set()  # the loop may be asleep with no timer at all: claim the new slots now
-        await self._interrupt_waker()
+        await self._owned.own(slots)
 
     async def release(self, slots: Iterable[int]) -> None:
         """Stop claiming from slots, give back what was claimed and not started, and wait (at
         most `release_drain_s`) for running handlers to be acked: the next owner's fence would
         reject those acks and redeliver. Never raises, whatever the state of Redis: the caller
         (the ownership handoff) must be able to give the slots up in any case."""
-        released = {slot for slot in slots if self._slots.pop(slot, None) is not None}
+        released = await self._owned.release(slots)
         if not released:
             return
-        await self._interrupt_waker()
         deadline = time.monotonic() + self.settings.release_drain_s
         while self._claiming & released and (left := deadline - time.monotonic()) > 0:
             self._claimed.clear()  # the claim gives its messages back before it returns
@@ -211,7 +201,7 @@ class Consumer:
         """When the message's lease runs out (server ms, as far as this consumer knows: the
         heartbeat may still move it later), or None when `holds` is false."""
         batch = self._batches.get((message.slot, message.lease_id))
-        state = self._slots.get(message.slot)
+        state = self._owned.get(message.slot)
         if (
             batch is None
             or state is None
@@ -230,13 +220,15 @@ class Consumer:
         `managed` and would own no slot (see the class docstring)."""
         if slots is not None:
             await self.own(slots)
-        if not self._slots and not self.managed:
+        if not len(self._owned) and not self.managed:
             raise NoSlotsError(
                 "Consumer.run() has no slot to consume: pass run(slots=...), own() slots "
                 "first, or construct the consumer with managed=True when an ownership source "
                 "grants slots later"
             )
-        waker = asyncio.create_task(self._wait_for_wakes())
+        self._owned.start()
+        with contextlib.suppress(redis.RedisError):  # a paused topic stays paused across restarts
+            await self.refresh_paused()
         upkeep = asyncio.create_task(self._keep_up())
         try:
             while not self._stopping:
@@ -244,32 +236,48 @@ class Consumer:
                 await self._sleep_until_next()
         finally:
             self._stopping = True
-            await self._interrupt_waker()
-            try:
-                await asyncio.wait_for(waker, STOP_WAKER_S)
-            except (TimeoutError, redis.RedisError):
-                waker.cancel()  # the interrupt did not get through; its connection is closed below
             if self._tasks:
                 await asyncio.gather(*self._tasks, return_exceptions=True)
             upkeep.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await upkeep
-            with contextlib.suppress(redis.RedisError):
-                await self.queue.redis.delete(self._control_key)
-            await self._waker.aclose(close_connection_pool=True)
+            await self._owned.close()
 
     def stop(self) -> None:
         self._stopping = True
         self._changed.set()
         self._room.set()  # a claim waiting for room in flight: stopping never waits on handlers
 
+    @property
+    def paused(self) -> bool:
+        """The topic's delivery is paused on this broker (as last read): nothing is claimed."""
+        return self._paused
+
+    async def refresh_paused(self) -> None:
+        """Read the broker's pause flag now (the upkeep does it every second); on resume every
+        owned slot is claimed at once."""
+        paused = await self.queue.is_paused()
+        if paused == self._paused:
+            return
+        self._paused = paused
+        log.warning("delivery %s", "paused: claiming stopped" if paused else "resumed")
+        if not paused:
+            for state in self._owned:
+                self._claim_now(state)
+
     def server_now_ms(self) -> float:
         """The Redis server clock as estimated from the last claim (µs precise, skew-free):
         what lateness and every other user-facing time is measured on."""
         return self._server_base_ms + (time.monotonic() - self._local_base) * 1000
 
+    def _claim_now(self, state: _SlotState) -> None:
+        """The slot was just owned or woken: claim it at once (the loop may be asleep with no
+        timer at all)."""
+        self._set_next(state.slot, 0)
+        self._changed.set()
+
     def _set_next(self, slot: int, next_ms: float | None) -> None:
-        state = self._slots.get(slot)
+        state = self._owned.get(slot)
         if state is None:
             return
         state.next_ms = next_ms
@@ -277,7 +285,7 @@ class Consumer:
             heapq.heappush(self._timers, (next_ms, slot))
 
     def _is_current(self, entry: tuple[float, int]) -> bool:
-        state = self._slots.get(entry[1])
+        state = self._owned.get(entry[1])
         return state is not None and state.next_ms == entry[0]
 
     def _next_timer(self) -> float | None:
@@ -302,8 +310,11 @@ class Consumer:
         retry_in_ms = 0
         try:
             while pending and not self._stopping:
+                if self._paused:
+                    retry_in_ms = PAUSED_RETRY_MS  # resuming claims them at once anyway
+                    return
                 room = await self._wait_for_capacity()
-                owned = [(slot, state) for slot in pending if (state := self._slots.get(slot))]
+                owned = [(slot, state) for slot in pending if (state := self._owned.get(slot))]
                 if self._stopping or not owned:
                     return
                 # Few slots with worthwhile batches rather than many slivers: each claimed batch
@@ -343,7 +354,7 @@ class Consumer:
             orphans = [
                 message
                 for (slot, state), result in zip(owned, results, strict=True)
-                if self._slots.get(slot) is not state and isinstance(result, ClaimBatch)
+                if self._owned.get(slot) is not state and isinstance(result, ClaimBatch)
                 for message in result.messages
             ]
             if orphans:
@@ -358,10 +369,10 @@ class Consumer:
     ) -> bool:
         """Start delivering a claim's messages and time the slot's next claim; True when the
         slot should be claimed again in this drain (its batch came back full)."""
-        if self._slots.get(slot) is not state:
+        if self._owned.get(slot) is not state:
             return False  # released while the claim was in flight (its messages given back)
         if isinstance(result, StaleEpochError):
-            self._lose(slot)
+            self._lose(state)
             return False
         self._server_base_ms, self._local_base = result.now_us / 1000, result.received_s
         if result.messages:
@@ -401,11 +412,12 @@ class Consumer:
         if self.settings.max_in_flight - self._in_flight >= self._min_batch:
             self._room.set()
 
-    def _lose(self, slot: int) -> None:
-        log.warning("slot %d has a newer owner: stopped consuming it", slot)
-        self._slots.pop(slot, None)
+    def _lose(self, state: _SlotState) -> None:
+        if not self._owned.lose(state):
+            return
+        log.warning("slot %d has a newer owner: stopped consuming it", state.slot)
         if self.on_slot_lost is not None:
-            self.on_slot_lost(slot)
+            self.on_slot_lost(state.slot)
 
     # delivery ---------------------------------------------------------------------------------
 
@@ -459,12 +471,12 @@ class Consumer:
                 try:
                     if done and len(done) >= threshold:
                         leases, done = done, []
-                        self._count_lost(await self.queue.ack_many(leases))
+                        self._count_lost(await self._settled(self.queue.ack_many(leases)))
                         for message in leases:
                             del batch.pending[message.id]
                     if retries and len(retries) >= threshold:
                         failed, retries = retries, []
-                        self._count_lost(await self.queue.nack_many(failed))
+                        self._count_lost(await self._settled(self.queue.nack_many(failed)))
                         for retry in failed:
                             del batch.pending[retry.lease.id]
                 except redis.RedisError as error:
@@ -526,9 +538,21 @@ class Consumer:
 
     def _retry(self, message: Message, error: BaseException) -> Retry:
         reason = f"{type(error).__name__}: {error}"[:1000]
-        if isinstance(error, PoisonMessageError):
-            return Retry(message.lease, 0, reason, kill=True)
+        if isinstance(error, DeadLetterError):
+            return Retry(message.lease, 0, reason, dead=True)
         return Retry(message.lease, self.settings.backoff.delay_ms(message.attempt), reason)
+
+    async def _settled(self, call: Awaitable[list[Outcome]]) -> list[Outcome]:
+        """The outcomes of an ack or nack call, also when the topic's replicas did not confirm
+        it in time: it still happened on the master, and sending it again would change nothing
+        (the lease is spent), so it is counted and logged rather than retried."""
+        try:
+            return await call
+        except ReplicationTimeoutError as error:
+            outcomes = cast(list[Outcome], error.result) if isinstance(error.result, list) else []
+            self.counters.acks_unreplicated += len(outcomes)
+            log.warning("%s (%d acks or nacks)", error, len(outcomes))
+            return outcomes
 
     def _count_lost(self, outcomes: list[Outcome]) -> None:
         lost = sum(1 for outcome in outcomes if outcome.code.is_error)
@@ -563,7 +587,9 @@ class Consumer:
                 await self._extend_leases()
                 if time.monotonic() - watched_s >= WATCHDOG_S:
                     watched_s = time.monotonic()
-                    await self._watch_slots()
+                    await self.refresh_paused()
+                    if not self._paused:  # paused slots are overdue on purpose
+                        await self._watch_slots()
             except redis.RedisError as error:
                 log.warning("lease heartbeat or slot watchdog failed: %s", error)
 
@@ -587,12 +613,12 @@ class Consumer:
     async def _watch_slots(self) -> None:
         """Re-arm a slot whose oldest message is overdue while the consumer neither claims it
         nor expects it (a lost wake-up, a timer dropped by a bug): the invariant, checked."""
-        slots = [slot for slot in self._slots if slot not in self._claiming]
+        slots = [state.slot for state in self._owned if state.slot not in self._claiming]
         if not slots:
             return
         stats = await self.queue.stats(slots)
         for slot_stats in stats.slots:
-            state = self._slots.get(slot_stats.slot)
+            state = self._owned.get(slot_stats.slot)
             heads = [t for t in (slot_stats.next_due_ms, slot_stats.next_deadline_ms) if t]
             if state is None or not heads or slot_stats.slot in self._claiming:
                 continue
@@ -609,70 +635,7 @@ class Consumer:
                 self._set_next(slot_stats.slot, 0)
                 self._changed.set()
 
-    # wake-ups ---------------------------------------------------------------------------------
-
-    async def _interrupt_waker(self) -> None:
-        """Unblock the blocking wait so it picks up a changed set of slots (or stops). Best
-        effort: if Redis refuses, the wait ends by itself within WAKE_BLOCK_S (and a failing
-        Redis ends it sooner), and ownership must never depend on Redis being up."""
-        try:
-            await self.queue.redis.rpush(self._control_key, "1")
-        except redis.RedisError as error:
-            log.info("could not interrupt the wake-up wait (%s)", error)
-
-    async def _wait_for_wakes(self) -> None:
-        woken_all_s = 0.0  # monotonic time of the last claim-everything after a failed wait
-        while not self._stopping:
-            keys = [self._control_key]
-            keys += [slot_keys(self.queue.topic, slot).key(Part.WAKE) for slot in self._slots]
-            try:
-                popped = await self._waker.blpop(keys, timeout=WAKE_BLOCK_S)
-            except redis.RedisError as error:
-                # Redis may have popped a wake-up whose reply died with the connection: claim
-                # every owned slot once rather than wait for the watchdog to notice
-                # (at most once a second: failed claims retry on their own until Redis is back)
-                log.warning("wake-up wait failed (%s); retrying", error)
-                if time.monotonic() - woken_all_s >= WATCHDOG_S:
-                    woken_all_s = time.monotonic()
-                    self._wake_all()
-                await asyncio.sleep(0.1)
-                continue
-            if popped is None or as_text(popped[0]) == self._control_key:
-                continue
-            key = as_text(popped[0])
-            slot = parse_wake_key(key)
-            if (state := self._slots.get(slot)) is not None:
-                state.wakes += 1
-                self._set_next(slot, 0)
-                self._changed.set()
-            else:
-                # released while this wait was blocked on its key: the slot's new owner needs
-                # the wake-up this wait took, so it goes back
-                with contextlib.suppress(redis.RedisError):
-                    await self.queue.redis.rpush(key, "1")
-
-    def _wake_all(self) -> None:
-        for state in self._slots.values():
-            state.wakes += 1
-        for slot in self._slots:
-            self._set_next(slot, 0)
-        self._changed.set()
-
 
 def _next_ms(batch: ClaimBatch) -> int | None:
     candidates = [t for t in (batch.next_due_ms, batch.next_deadline_ms) if t is not None]
     return min(candidates) if candidates else None
-
-
-def _blocking_client(client: redis.asyncio.Redis, block_s: float) -> redis.asyncio.Redis:
-    """A one-connection client for the blocking wait, with a read timeout longer than the block.
-
-    The shared pool's socket timeout (redis-py defaults to 5 s) would cut a longer BLPOP short.
-    """
-    pool = client.connection_pool
-    options = {**pool.connection_kwargs, "socket_timeout": block_s + 5}
-    return redis.asyncio.Redis(
-        connection_pool=redis.asyncio.ConnectionPool(
-            connection_class=pool.connection_class, max_connections=1, **options
-        )
-    )

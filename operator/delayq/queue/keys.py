@@ -57,6 +57,12 @@ def control_key(topic: Topic, consumer: str) -> str:
     return f"dq:{{{topic.namespace}/{topic.name}}}:wake-control:{consumer}"
 
 
+def paused_key(topic: Topic) -> str:
+    """Present while the topic's delivery is paused on this broker: its consumers stop claiming
+    (scheduling goes on). Outside every slot, with the topic tag."""
+    return f"dq:{{{topic.namespace}/{topic.name}}}:paused"
+
+
 def parse_wake_key(key: str) -> int:
     """The slot number of a `wake` key, as returned by a blocking pop."""
     tag = key[key.index("{") + 1 : key.index("}")]

@@ -143,12 +143,13 @@ class Message(NamedTuple):
 
 @dataclass(frozen=True)
 class Retry:
-    """A nack: retry after `backoff_ms`, or `kill` it into dead at once (a poison message)."""
+    """A nack: deliver again `delay_ms` after the server's now, or straight to `dead` (a message
+    that can never succeed)."""
 
     lease: Lease
-    backoff_ms: int = 0
+    delay_ms: int = 0
     reason: str = ""
-    kill: bool = False
+    dead: bool = False
 
 
 class SlotClaim(NamedTuple):

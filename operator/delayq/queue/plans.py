@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections import defaultdict
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any, Generic, TypeVar, cast
 
@@ -78,6 +78,14 @@ class Plan(Generic[T]):
 
 def _optional_ms(value: int) -> int | None:
     return None if value < 0 else int(value)
+
+
+def _groups(reply: Reply, stride: int, head: int = 0) -> Iterator[tuple[Any, ...]]:
+    """The per-message groups of a flat script reply: after `head` leading values, one tuple of
+    `stride` values per message or row (every list reply has this one shape, lua/includes/
+    append.lua)."""
+    values = iter(reply[head:])
+    return zip(*[values] * stride, strict=True)
 
 
 def _chunks(items: Sequence[T], size: int) -> Iterable[Sequence[T]]:
@@ -155,10 +163,8 @@ def schedule(
         if isinstance(reply, Exception):
             return [ScheduleFailure(requests[i].id, slots[i], reply) for i in indexes]
         return [
-            ScheduleResult(
-                requests[i].id, slots[i], CODES[reply[k]], reply[k + 1], STATES[reply[k + 2]]
-            )
-            for i, k in zip(indexes, range(0, len(reply), 3), strict=True)
+            ScheduleResult(requests[i].id, slots[i], CODES[code], due, STATES[state])
+            for i, (code, due, state) in zip(indexes, _groups(reply, 3), strict=True)
         ]
 
     def combine(replies: list[Reply]) -> list[ScheduleResult]:
@@ -232,7 +238,7 @@ def reschedule(
         per_call = [
             [
                 Outcome(moves[i][0].id, CODES[code], int(due))
-                for i, (code, due) in zip(indexes, reply, strict=True)
+                for i, (code, due) in zip(indexes, _groups(reply, 2), strict=True)
             ]
             for indexes, reply in zip(order, replies, strict=True)
         ]
@@ -316,7 +322,7 @@ def _claim_batch(reply: Reply, slot: int, epoch: int) -> ClaimBatch | StaleEpoch
     if reply[0] == Code.STALE_EPOCH:
         return StaleEpochError(Script.CLAIM.value, f"<slot {slot}>", f"epoch {epoch}")
     messages = []
-    for raw_id, raw_record in zip(reply[4::2], reply[5::2], strict=True):
+    for raw_id, raw_record in _groups(reply, 2, head=4):
         attempts, due, lease_id, headers, payload = decode_record(raw_record)
         assert due is not None
         assert lease_id is not None
@@ -356,7 +362,7 @@ def _outcomes(
             per_call.append(
                 [
                     Outcome(ids[i], CODES[c], int(t) or None)
-                    for i, (c, t) in zip(indexes, reply, strict=True)
+                    for i, (c, t) in zip(indexes, _groups(reply, 2), strict=True)
                 ]
             )
         else:
@@ -395,8 +401,8 @@ def ack(topic: Topic, leases: Sequence[Leased]) -> Plan[list[Outcome]]:
 
 def nack(topic: Topic, retries: Sequence[Retry]) -> Plan[list[Outcome]]:
     for retry in retries:
-        if not 0 <= retry.backoff_ms <= MAX_DELAY_MS:
-            raise ValueError(f"backoff_ms {retry.backoff_ms} must be between 0 and {MAX_DELAY_MS}")
+        if not 0 <= retry.delay_ms <= MAX_DELAY_MS:
+            raise ValueError(f"delay_ms {retry.delay_ms} must be between 0 and {MAX_DELAY_MS}")
 
     def build(slot: int, epoch: int, chunk: Sequence[Retry]) -> ScriptCall:
         keys = slot_keys(topic, slot).keys(
@@ -414,9 +420,9 @@ def nack(topic: Topic, retries: Sequence[Retry]) -> Plan[list[Outcome]]:
             args += [
                 r.lease.id,
                 r.lease.lease_id,
-                r.backoff_ms,
+                r.delay_ms,
                 r.reason[:1000],
-                "1" if r.kill else "0",
+                "1" if r.dead else "0",
             ]
         return ScriptCall(Script.NACK, keys, args)
 
@@ -460,9 +466,7 @@ def _dead_batch(
 
     def combine(replies: list[Reply]) -> DeadBatchResult:
         reply = replies[0]
-        outcomes = [
-            Outcome(as_text(i), CODES[c]) for i, c in zip(reply[1::2], reply[2::2], strict=True)
-        ]
+        outcomes = [Outcome(as_text(i), CODES[c]) for i, c in _groups(reply, 2, head=1)]
         return DeadBatchResult(int(reply[0]), outcomes)
 
     return Plan([ScriptCall(script, keys, args)], combine)
@@ -496,18 +500,18 @@ def dead_page(topic: Topic, slot: int, offset: int, count: int) -> Plan[DeadPage
     def combine(replies: list[Reply]) -> DeadPage:
         reply = replies[0]
         messages = []
-        for i in range(1, len(reply), 4):
-            record = decode_record(reply[i + 2])
+        for raw_id, died_ms, raw_record, reason in _groups(reply, 4, head=1):
+            record = decode_record(raw_record)
             messages.append(
                 MessageInfo(
-                    as_text(reply[i]),
+                    as_text(raw_id),
                     slot,
                     State.DEAD,
-                    died_ms=int(reply[i + 1]),
+                    died_ms=int(died_ms),
                     attempts=record.attempts,
                     payload=record.payload,
                     headers=record.headers,
-                    dead_reason=as_text(reply[i + 3]),
+                    dead_reason=as_text(reason),
                 )
             )
         return DeadPage(int(reply[0]), messages)
@@ -531,7 +535,7 @@ def get(topic: Topic, targets: Sequence[Target]) -> Plan[list[MessageInfo]]:
         per_call = [
             [
                 _message_info(targets[i].id, targets[i].slot(topic), row)
-                for i, row in zip(indexes, reply, strict=True)
+                for i, row in zip(indexes, _groups(reply, 4), strict=True)
             ]
             for indexes, reply in zip(order, replies, strict=True)
         ]
@@ -540,7 +544,7 @@ def get(topic: Topic, targets: Sequence[Target]) -> Plan[list[MessageInfo]]:
     return Plan(calls, combine)
 
 
-def _message_info(message_id: str, slot: int, row: Reply) -> MessageInfo:
+def _message_info(message_id: str, slot: int, row: tuple[Any, ...]) -> MessageInfo:
     state = State(as_text(row[0]))
     if state is State.ABSENT:
         return MessageInfo(message_id, slot, state)

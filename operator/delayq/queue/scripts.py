@@ -50,6 +50,14 @@ class Script(enum.StrEnum):
     DEAD_PAGE = "deadpage-3"
 
     @property
+    def acknowledges_a_write(self) -> bool:
+        """Its answer tells the caller a change is made for good (scheduled, cancelled, acked,
+        ...): on a topic with `redis_sync_replicas` the answer waits until replicas have it. Claims,
+        extends, give-backs and fences do not wait: losing one in a failover only redelivers
+        (at least once) or raises the epoch again, and they sit on the delivery path."""
+        return self in _ACKNOWLEDGED_WRITES
+
+    @property
     def verb(self) -> str:
         return self.value.rsplit("-", 1)[0]
 
@@ -57,6 +65,18 @@ class Script(enum.StrEnum):
     def num_keys(self) -> int:
         return int(self.value.rsplit("-", 1)[1])
 
+
+_ACKNOWLEDGED_WRITES = frozenset(
+    {
+        Script.SCHEDULE,
+        Script.CANCEL,
+        Script.RESCHEDULE,
+        Script.ACK,
+        Script.NACK,
+        Script.REDRIVE,
+        Script.PURGE,
+    }
+)
 
 def lua_code_table(names: Iterable[str] | None = None) -> str:
     """The `codes` include: `local CODE = {OK = 0, ...}`, from the `Code` enum.

@@ -17,6 +17,7 @@ DEFAULT_ACK_TIMEOUT_MS = 30_000
 DEFAULT_MAX_PAYLOAD_BYTES = 1024 * 1024
 MAX_ID_BYTES = 256
 MAX_DELAY_MS = 20 * 366 * 24 * 3600 * 1000  # twenty years: beyond the ten the contract promises
+MAX_SYNC_REPLICAS = 16
 NAME_PATTERN = re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")
 
 
@@ -44,6 +45,10 @@ class Topic:
     ack_timeout_ms: int = DEFAULT_ACK_TIMEOUT_MS
     max_payload_bytes: int = DEFAULT_MAX_PAYLOAD_BYTES
     journal_max_len: int = 0  # 0 = lifecycle journal off; else approximate per-slot stream cap
+    # replicas that must confirm an acknowledged write before it is answered (0: asynchronous
+    # replication), and how long to wait for them (then ReplicationTimeoutError)
+    redis_sync_replicas: int = 0
+    redis_sync_timeout_ms: int = 1000
 
     def __post_init__(self) -> None:
         for field_name, value in (("name", self.name), ("namespace", self.namespace)):
@@ -62,6 +67,8 @@ class Topic:
         _check_range("ackTimeout (ms)", self.ack_timeout_ms, 1, 24 * 3600 * 1000)
         _check_range("maxPayloadBytes", self.max_payload_bytes, 1, 64 * 1024 * 1024)
         _check_range("journalMaxLen", self.journal_max_len, 0, 100_000_000)
+        _check_range("syncReplicas", self.redis_sync_replicas, 0, MAX_SYNC_REPLICAS)
+        _check_range("syncTimeout (ms)", self.redis_sync_timeout_ms, 1, 60_000)
 
     @property
     def slots(self) -> range:

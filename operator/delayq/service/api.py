@@ -1,7 +1,8 @@
 """The HTTP API of `delayq serve` (aiohttp): app factory, middlewares, probes, metrics, OpenAPI.
 
-Topic routes live in `routes_messages`, `routes_pull` and `routes_dead`; this module adds what
-every route shares: JSON errors naming the field, the bearer token check, size limits.
+Topic routes live in `routes_messages`, `routes_pull`, `routes_dead` and `routes_overview`, the
+dashboard's static files in `routes_ui`; this module adds what every route shares: JSON errors
+naming the field, the bearer token check, size limits.
 """
 
 from __future__ import annotations
@@ -19,14 +20,16 @@ from delayq.queue.codes import (
     InvalidMessageError,
     LeaseLostError,
     NotFoundError,
+    ReplicationTimeoutError,
     StaleEpochError,
     TooFarError,
     WrongStateError,
 )
-from delayq.service import routes_dead, routes_messages, routes_pull
+from delayq.service import routes_dead, routes_messages, routes_overview, routes_pull, routes_ui
 from delayq.service.config import ServiceConfig
 from delayq.service.http_support import RETRY_AFTER_S, SERVICE, error_response
 from delayq.service.openapi import openapi_document
+from delayq.service.overview import TopicViews
 from delayq.service.parsing import FieldError
 from delayq.service.service import DelayService
 
@@ -34,6 +37,7 @@ log = logging.getLogger(__name__)
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 OPEN_PATHS = frozenset({"/healthz", "/readyz", "/openapi.json"})  # kubelet probes have no token
 METRICS_PATH = "/metrics"
+READ_METHODS = frozenset({"GET", "HEAD"})
 
 
 def build_app(service: DelayService) -> web.Application:
@@ -49,6 +53,8 @@ def build_app(service: DelayService) -> web.Application:
     routes_messages.add_routes(app.router)
     routes_pull.add_routes(app.router)
     routes_dead.add_routes(app.router)
+    routes_overview.setup(app, TopicViews(service))
+    routes_ui.add_routes(app.router)
     return app
 
 
@@ -67,6 +73,10 @@ async def errors_middleware(request: web.Request, handler: Handler) -> web.Strea
         return error_response(409, str(error))
     except TooFarError as error:
         return error_response(400, str(error), "delayMs")
+    except ReplicationTimeoutError as error:
+        response = error_response(503, str(error))
+        response.headers["Retry-After"] = str(RETRY_AFTER_S)
+        return response
     except redis.RedisError as error:
         log.warning("redis call failed", extra={"path": request.path, "error": str(error)})
         return redis_error_response(error)
@@ -95,27 +105,41 @@ def redis_error_response(error: redis.RedisError) -> web.Response:
 
 @web.middleware
 async def auth_middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
-    """The topic's bearer tokens, compared in constant time; probes always stay open."""
-    tokens = accepted_tokens(request.app[SERVICE].config, request.path)
-    if tokens and not bearer_matches(request.headers.get("Authorization", ""), tokens):
+    """The topic's bearer tokens, compared in constant time; probes always stay open. The
+    read-only token opens reads only: a write presenting it is a 403 saying so, not a 401 that
+    would send its holder looking for a typo."""
+    config = request.app[SERVICE].config
+    authorization = request.headers.get("Authorization", "")
+    tokens = accepted_tokens(config, request.path, request.method)
+    if tokens and not bearer_matches(authorization, tokens):
+        if config.read_token and bearer_matches(authorization, (config.read_token,)):
+            return error_response(
+                403,
+                "the read-only token cannot change anything: use the API token",
+                "Authorization",
+            )
         response = error_response(401, "missing or wrong bearer token", "Authorization")
         response.headers["WWW-Authenticate"] = 'Bearer realm="delayq"'
         return response
     return await handler(request)
 
 
-def accepted_tokens(config: ServiceConfig, path: str) -> tuple[str, ...]:
-    """The tokens any one of which opens `path`; none: the path is open.
+def accepted_tokens(config: ServiceConfig, path: str, method: str = "GET") -> tuple[str, ...]:
+    """The tokens any one of which opens `method path`; none: it is open.
 
-    Topic routes take the API token and, while clients rotate to it, the previous one.
+    Topic routes take the API token and, while clients rotate to it, the previous one; their
+    reads also take the read-only token (a dashboard for people who must not act).
     `/metrics` is open for in-namespace scraping unless it has a token of its own; then the API
-    tokens open it too, so a client holding one needs no second secret."""
-    if path in OPEN_PATHS:
+    and read-only tokens open it too, so a client holding one needs no second secret. The
+    dashboard's files (`/ui`) are open: they hold no data, and the page asks for a token
+    before it reads any."""
+    if path in OPEN_PATHS or routes_ui.is_ui_path(path):
         return ()
     api = tuple(token for token in (config.api_token, config.api_token_previous) if token)
+    reads = (*api, config.read_token) if config.read_token and api else api
     if path == METRICS_PATH:
-        return (config.metrics_token, *api) if config.metrics_token else ()
-    return api
+        return (config.metrics_token, *reads) if config.metrics_token else ()
+    return reads if method in READ_METHODS else api
 
 
 def bearer_matches(authorization: str, tokens: tuple[str, ...]) -> bool:

@@ -20,7 +20,6 @@ import redis.asyncio
 from delayq.coordination.acl import ZkIdentity
 from delayq.coordination.routing import initial_routing
 from delayq.queue.client import AsyncQueue
-from delayq.queue.consumer import WAKE_BLOCK_S
 from delayq.queue.model import TopicStats
 from delayq.queue.packing import use_hiredis_packing
 from delayq.queue.topic import Topic
@@ -29,9 +28,10 @@ log = logging.getLogger(__name__)
 T = TypeVar("T")
 R = TypeVar("R")
 
-# Longer than the engine's blocking wake-up wait (WAKE_BLOCK_S), which redis-py 8's default
-# 5 s read timeout would cut short; still bounded, so a dead peer is noticed.
-SOCKET_TIMEOUT_S = WAKE_BLOCK_S + 10
+# A bound on one reply, so a dead peer is noticed; generous, because a Redis busy with a large
+# claim or a failover may answer late without being dead. (No blocking command uses these
+# pools: the wake-up waits have their own connections, `delayq.queue.slots`.)
+SOCKET_TIMEOUT_S = 20.0
 PING_TIMEOUT_S = 1.0
 
 
@@ -45,7 +45,7 @@ def connect(url: str, max_connections: int) -> redis.asyncio.Redis:
 
 
 def default_routing(slot_amount: int, broker_count: int) -> list[int]:
-    return list(initial_routing(slot_amount, broker_count).brokers)
+    return list(initial_routing(slot_amount, broker_count).broker_of_slot)
 
 
 class Brokers:

@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from delayq.coordination.acl import ZkIdentity, topic_user
+from delayq.queue.backoff import Backoff, Jitter
 from delayq.queue.topic import Topic, TopicError, TopicType
 from delayq.service.defaults import DEFAULTS
 from delayq.service.delivery.targets import TargetPolicy, parse_cidrs, split_cidrs
@@ -66,6 +67,14 @@ class ServiceConfig:
     )
     journal_max_len: int = field(
         default=DEFAULTS.journal_max_len, metadata=_help("lifecycle journal cap (0: off)")
+    )
+    redis_sync_replicas: int = field(
+        default=DEFAULTS.redis_sync_replicas,
+        metadata=_help("replicas that confirm each acknowledged write before it is answered"),
+    )
+    redis_sync_timeout_ms: int = field(
+        default=DEFAULTS.redis_sync_timeout_ms,
+        metadata=_help("how long an acknowledged write waits for those replicas (then 503)"),
     )
     pull_max_lease_batch: int = field(
         default=DEFAULTS.pull_max_lease_batch, metadata=_help("pull: messages per lease at most")
@@ -123,6 +132,13 @@ class ServiceConfig:
         default="",
         metadata=_help("bearer token of /metrics, the API tokens also accepted (empty: open)"),
     )
+    read_token: str = field(
+        default="",
+        metadata=_help(
+            "bearer token that opens the topic's read-only routes (GETs, the dashboard's "
+            "views) and /metrics but no write (empty: none)"
+        ),
+    )
     insecure_no_auth: bool = field(
         default=False,
         metadata=_help("serve without an API token on a non-loopback host (the API is open)"),
@@ -162,10 +178,20 @@ class ServiceConfig:
         metadata=_help("deliveries in flight per process at most"),
     )
     batch_size: int = field(default=200, metadata=_help("messages per claim at most"))
-    backoff_base_ms: int = field(
-        default=1000, metadata=_help("first retry delay; doubles per attempt")
+    retry_backoff_base_ms: int = field(
+        default=DEFAULTS.retry_backoff_base_ms, metadata=_help("first retry delay")
     )
-    backoff_max_ms: int = field(default=3_600_000, metadata=_help("longest retry delay"))
+    retry_backoff_max_ms: int = field(
+        default=DEFAULTS.retry_backoff_max_ms, metadata=_help("longest retry delay")
+    )
+    retry_backoff_multiplier: float = field(
+        default=DEFAULTS.retry_backoff_multiplier,
+        metadata=_help("each retry waits this many times the previous one (1..10)"),
+    )
+    retry_jitter: Jitter = field(
+        default=DEFAULTS.retry_jitter,
+        metadata=_help("none: wait the exponential delay; full: a random time up to it"),
+    )
     max_body_bytes: int = field(
         default=8 * 1024 * 1024, metadata=_help("largest HTTP request body")
     )
@@ -184,6 +210,18 @@ class ServiceConfig:
     def __post_init__(self) -> None:
         object.__setattr__(self, "topic_type", TopicType(self.topic_type))
         try:
+            object.__setattr__(self, "retry_jitter", Jitter(self.retry_jitter))
+        except ValueError:
+            choices = " or ".join(j.value for j in Jitter)
+            raise ConfigError(f"{_names('retry_jitter')} must be {choices}") from None
+        if not 1.0 <= self.retry_backoff_multiplier <= 10.0:
+            raise ConfigError(f"{_names('retry_backoff_multiplier')} must be between 1 and 10")
+        if self.retry_backoff_max_ms < self.retry_backoff_base_ms:
+            raise ConfigError(
+                f"{_names('retry_backoff_max_ms')} must not be shorter than "
+                f"{_names('retry_backoff_base_ms')}"
+            )
+        try:
             self.to_topic()
         except TopicError as error:
             raise ConfigError(str(error)) from error
@@ -193,6 +231,8 @@ class ServiceConfig:
             raise ConfigError(_needs("zookeeper_password", _names("zookeeper_admin_acl")))
         if self.api_token_previous and not self.api_token:  # else the API would be open
             raise ConfigError(_needs("api_token", _names("api_token_previous")))
+        if self.read_token and not self.api_token:  # a read-only token of an open API
+            raise ConfigError(_needs("api_token", _names("read_token")))
         try:
             parse_cidrs(split_cidrs(self.webhook_allowed_cidrs))
         except ValueError as error:
@@ -203,7 +243,7 @@ class ServiceConfig:
             "worker_concurrency",
             "redis_max_connections",
             "batch_size",
-            "backoff_base_ms",
+            "retry_backoff_base_ms",
             "max_body_bytes",
             "read_timeout_ms",
             "grace_ms",
@@ -237,12 +277,24 @@ class ServiceConfig:
             ack_timeout_ms=self.ack_timeout_ms,
             max_payload_bytes=self.max_payload_bytes,
             journal_max_len=self.journal_max_len,
+            redis_sync_replicas=self.redis_sync_replicas,
+            redis_sync_timeout_ms=self.redis_sync_timeout_ms,
         )
 
     @property
-    def brokers(self) -> list[str]:
+    def broker_redis_urls(self) -> list[str]:
         """Redis URL of each broker by index; a single-broker topic is just `redis_url`."""
         return [url for url in self.broker_urls.split(",") if url] or [self.redis_url]
+
+    @property
+    def backoff(self) -> Backoff:
+        """The retry policy of failed deliveries."""
+        return Backoff(
+            self.retry_backoff_base_ms,
+            self.retry_backoff_multiplier,
+            self.retry_backoff_max_ms,
+            self.retry_jitter,
+        )
 
     @property
     def webhook_targets(self) -> TargetPolicy:
@@ -312,7 +364,8 @@ def _value_options(name: str) -> dict[str, Any]:
     kind = _HINTS[name]
     if kind is bool:
         return {"nargs": "?", "const": True, "type": _parse_bool, "metavar": "true|false"}
-    return {"type": _parser_of(name), "choices": list(TopicType) if kind is TopicType else None}
+    choices = list(kind) if isinstance(kind, type) and issubclass(kind, enum.Enum) else None
+    return {"type": _parser_of(name), "choices": choices}
 
 
 def _shown(default: Any) -> str:
@@ -373,7 +426,7 @@ def _parser_of(name: str) -> Any:
     kind = _HINTS[name]
     if kind is bool:
         return _parse_bool
-    return TopicType if kind is TopicType else kind
+    return kind
 
 
 _BOOLEANS = {"true": True, "1": True, "yes": True, "false": False, "0": False, "no": False}

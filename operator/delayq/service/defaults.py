@@ -13,8 +13,10 @@ The same name is the `delayq serve` setting, its flag and its `topic.json` key.
 from __future__ import annotations
 
 import dataclasses
+import enum
 from dataclasses import dataclass, field
 
+from delayq.queue.backoff import Jitter
 from delayq.queue.topic import (
     DEFAULT_ACK_TIMEOUT_MS,
     DEFAULT_MAX_PAYLOAD_BYTES,
@@ -64,6 +66,15 @@ class TopicDefaults:
         default=10, metadata=_crd("redis.minReplicasMaxLagSeconds")
     )
     redis_append_fsync: str = field(default="everysec", metadata=_crd("redis.appendFsync"))
+    # the retry policy of failed deliveries (queue/backoff.py): base * multiplier^(attempt-1),
+    # capped, then jittered; maxRetries bounds the attempts
+    retry_backoff_base_ms: int = field(default=1000, metadata=_crd("retry.backoffBase"))
+    retry_backoff_max_ms: int = field(default=3_600_000, metadata=_crd("retry.backoffMax"))
+    retry_backoff_multiplier: float = field(default=2.0, metadata=_crd("retry.backoffMultiplier"))
+    retry_jitter: Jitter = field(default=Jitter.NONE, metadata=_crd("retry.jitter"))
+    # replicas that confirm every acknowledged write before it is answered (0: asynchronous)
+    redis_sync_replicas: int = field(default=0, metadata=_crd("redis.syncReplicas"))
+    redis_sync_timeout_ms: int = field(default=1000, metadata=_crd("redis.syncTimeout"))
 
 
 DEFAULTS = TopicDefaults()
@@ -74,13 +85,13 @@ def crd_path(name: str) -> str:
     return str(_FIELDS[name].metadata["crd"])
 
 
-def crd_default(name: str) -> int | str:
+def crd_default(name: str) -> int | float | str:
     """The default as the CRD writes it: durations as a string (`10s`), enums by value."""
     value = getattr(DEFAULTS, name)
     if name.endswith("_ms"):
         return human_duration(int(value))
-    if isinstance(value, TopicType):
-        return value.value
+    if isinstance(value, enum.Enum):
+        return str(value.value)
     return value  # type: ignore[no-any-return]
 
 

@@ -8,13 +8,14 @@ gives the topic's totals without double counting.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
-from dataclasses import fields
+from dataclasses import dataclass, fields
 from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.metrics import MetricWrapperBase
 from prometheus_client.metrics_core import CounterMetricFamily, Metric
 from prometheus_client.registry import Collector
+from prometheus_client.samples import Sample
 
 from delayq.queue.consumer import ConsumerCounters
 from delayq.queue.model import TopicStats
@@ -56,6 +57,12 @@ class ServiceMetrics:
         self.owned_slots = Gauge(
             "delayq_owned_slots", "Slots this process consumes", names, registry=self.registry
         )
+        self.paused = Gauge(
+            "delayq_paused",
+            "1 while the topic's delivery is paused (nothing is claimed), else 0",
+            names,
+            registry=self.registry,
+        )
         self.deliveries = Counter(
             "delayq_deliveries",
             "Delivery attempts by outcome (acked, failed, leased)",
@@ -88,7 +95,7 @@ class ServiceMetrics:
         self._topic_labels = (namespace, topic)
         self._children: dict[tuple[int, tuple[str, ...]], Any] = {}
         # series with only the topic labels exist from the start (zero, not absent)
-        for metric in (self.owned_slots, self.retries, self.dead, self.lateness):
+        for metric in (self.owned_slots, self.paused, self.retries, self.dead, self.lateness):
             self._child(metric)
 
     def _child(self, metric: MetricWrapperBase, *extra: str) -> Any:
@@ -99,10 +106,11 @@ class ServiceMetrics:
             child = self._children[key] = metric.labels(*self._topic_labels, *extra)
         return child
 
-    def set_depth(self, stats: TopicStats) -> None:
+    def set_depth(self, stats: TopicStats, paused: bool) -> None:
         for state in DEPTH_STATES:
             self._child(self.depth, state).set(getattr(stats, state))
         self._child(self.owned_slots).set(len(stats.slots))
+        self._child(self.paused).set(1 if paused else 0)
 
     def watch_counters(self, counters: Callable[[], ConsumerCounters]) -> None:
         """Expose the delivery engine's counters, read at scrape time."""
@@ -124,6 +132,42 @@ class ServiceMetrics:
     def render(self) -> bytes:
         return generate_latest(self.registry)
 
+    def activity(self) -> Activity:
+        """What this process delivered since it started, read from its own series (the
+        dashboard and `delayq topic stats` turn two readings into a rate and a lateness
+        quantile over the time between them)."""
+        deliveries: dict[str, int] = {}
+        for sample in self._samples(self.deliveries, "_total"):
+            outcome = sample.labels["outcome"]
+            deliveries[outcome] = deliveries.get(outcome, 0) + int(sample.value)
+        buckets = {
+            float(sample.labels["le"]): int(sample.value)
+            for sample in self._samples(self.lateness, "_bucket")
+        }
+        return Activity(
+            deliveries=deliveries,
+            retries=sum(int(s.value) for s in self._samples(self.retries, "_total")),
+            dead=sum(int(s.value) for s in self._samples(self.dead, "_total")),
+            lateness_bounds_s=tuple(sorted(buckets)),
+            lateness_counts=tuple(buckets[bound] for bound in sorted(buckets)),
+        )
+
+    @staticmethod
+    def _samples(metric: MetricWrapperBase, suffix: str) -> list[Sample]:
+        return [s for family in metric.collect() for s in family.samples if s.name.endswith(suffix)]
+
+
+@dataclass(frozen=True)
+class Activity:
+    """Counters of one process since its start; `lateness_counts[i]` is the cumulative count of
+    deliveries at most `lateness_bounds_s[i]` late (Prometheus buckets, +Inf last)."""
+
+    deliveries: dict[str, int]
+    retries: int
+    dead: int
+    lateness_bounds_s: tuple[float, ...]
+    lateness_counts: tuple[int, ...]
+
 
 # What each engine counter means to an operator (metric `delayq_<name>_total`).
 COUNTER_HELP = {
@@ -131,6 +175,7 @@ COUNTER_HELP = {
     "acks_lease_lost": "Acks or nacks refused because the lease had expired or moved on",
     "deliveries_skipped": "Claimed messages not delivered: slot released or lease gone first",
     "given_back": "Claimed messages given back undelivered (no attempt counted)",
+    "acks_unreplicated": "Acks or nacks done on the master but not confirmed by syncReplicas",
 }
 
 

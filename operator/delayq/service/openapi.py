@@ -14,8 +14,9 @@ from typing import Any
 import yaml
 
 from delayq.queue.model import State
-from delayq.queue.topic import MAX_DELAY_MS, MAX_ID_BYTES, MAX_SLOT_AMOUNT
+from delayq.queue.topic import MAX_DELAY_MS, MAX_ID_BYTES, MAX_SLOT_AMOUNT, TopicType
 from delayq.service.delivery.pull import MAX_LEASE_BATCH
+from delayq.service.overview import DUE_WINDOWS, MAX_LISTED, MAX_SLOT_PAGE, STALLED_AFTER_MS
 from delayq.service.parsing import (
     CURSOR_PATTERN,
     MAX_AT_MS,
@@ -232,6 +233,101 @@ SCHEMAS: dict[str, Schema] = {
         token=string(),
     ),
     "Outcomes": obj(["results"], results=array(ref("Outcome"), MAX_BATCH)),
+    "Overview": obj(
+        ["topic", "nowMs", "depth", "dueHistogram", "fleet", "process"],
+        namespace=string(),
+        topic=string(),
+        topicType={"type": "string", "enum": [t.value for t in TopicType]},
+        slotAmount=integer("slots of the topic", 1, MAX_SLOT_AMOUNT),
+        nowMs=integer("the Redis server's clock when read"),
+        ageMs=integer("how old this reading is (answers are cached for a second)"),
+        depth=obj(
+            ["scheduled", "due", "prepared", "dead"],
+            scheduled=integer("in store (waiting, due included)"),
+            due=integer("due, not yet claimed"),
+            prepared=integer("leased (in flight)"),
+            dead=integer("dead"),
+        ),
+        nextDueMs={"type": "integer", "nullable": True},
+        oldestOverdueMs=integer("how long the oldest due, unclaimed message has waited"),
+        dueHistogram=obj(
+            ["overdue", *(name for name, _ in DUE_WINDOWS), "later"],
+            overdue=integer("due already, not claimed"),
+            **{
+                name: integer(f"due within {ms} ms after now, after the previous window")
+                for name, ms in DUE_WINDOWS
+            },
+            later=integer("due after the last window"),
+        ),
+        fleet=obj(
+            ["members", "heldSlots", "unownedSlots", "stalledSlots"],
+            members=array(string("member id of a live process"), MAX_SLOT_AMOUNT),
+            heldSlots={
+                **integer("slots some process holds (null: ZooKeeper unreadable)"),
+                "nullable": True,
+            },
+            unownedSlots={
+                **integer("slots nobody holds (null: ZooKeeper unreadable)"),
+                "nullable": True,
+            },
+            error=string("why the ownership is unknown (ZooKeeper unreachable)"),
+            unowned=array({"type": "integer"}, MAX_LISTED),
+            stalledSlots=integer(
+                f"slots with a due message unclaimed for {STALLED_AFTER_MS} ms or more"
+            ),
+            stalled=array({"type": "integer"}, MAX_LISTED),
+            stalledAfterMs=integer("the stall threshold"),
+        ),
+        process=obj(
+            ["member", "deliveries", "lateness"],
+            member=string("the process that answered"),
+            deliveries={
+                "type": "object",
+                "additionalProperties": {"type": "integer"},
+                "description": "deliveries by outcome since the process started",
+            },
+            retries=integer("retries scheduled"),
+            dead=integer("sent to dead"),
+            ownedSlots=integer("slots this process consumes"),
+            lateness=obj(
+                ["boundsMs", "counts"],
+                boundsMs=array({"type": "number"}, 64),
+                counts=array({"type": "integer"}, 65),
+            ),
+            latenessP50Ms={"type": "number", "nullable": True},
+            latenessP99Ms={"type": "number", "nullable": True},
+        ),
+    ),
+    "SlotMap": obj(
+        ["slotAmount", "members", "slots", "nextStart"],
+        slotAmount=integer("slots of the topic", 1, MAX_SLOT_AMOUNT),
+        members=array(string(), MAX_SLOT_AMOUNT),
+        ageMs=integer("how old the depths are"),
+        slots=array(
+            obj(
+                ["slot", "broker", "held", "scheduled", "due", "prepared", "dead", "stalled"],
+                slot=integer("slot"),
+                broker=integer("broker index storing it"),
+                owner={"type": "string", "nullable": True, "description": "holding member"},
+                assigned={
+                    "type": "string",
+                    "nullable": True,
+                    "description": "member the assignment gives it",
+                },
+                held={"type": "boolean"},
+                epoch={"type": "integer", "nullable": True, "description": "fencing epoch"},
+                scheduled=integer("in store"),
+                due=integer("due, not claimed"),
+                prepared=integer("leased"),
+                dead=integer("dead"),
+                nextDueMs={"type": "integer", "nullable": True},
+                oldestOverdueMs=integer("age of the oldest due message"),
+                stalled={"type": "boolean"},
+            ),
+            MAX_SLOT_PAGE,
+        ),
+        nextStart={"type": "integer", "nullable": True},
+    ),
     "Ids": {
         **obj(
             [],
@@ -416,9 +512,71 @@ def _paths() -> dict[str, Schema]:
                         nextDueMs={"type": "integer", "nullable": True},
                         oldestOverdueMs=integer("age of the oldest due message"),
                         ownedSlots=array({"type": "integer"}, MAX_SLOT_AMOUNT),
+                        paused={"type": "boolean"},
                     ),
                 ),
             )
+        },
+        "/v1/topics/{topic}/pause": {
+            "post": operation(
+                "Pause delivery: claims stop within a second, scheduling goes on",
+                ok("paused", obj(["paused"], paused={"type": "boolean"})),
+            )
+        },
+        "/v1/topics/{topic}/resume": {
+            "post": operation(
+                "Resume delivery: the backlog drains under the usual flow control",
+                ok("resumed", obj(["paused"], paused={"type": "boolean"})),
+            )
+        },
+        "/v1/topics/{topic}/overview": {
+            "get": operation(
+                "The whole topic at a glance (read-only; at most a second old)",
+                ok("overview", ref("Overview")),
+            )
+        },
+        "/v1/topics/{topic}/slots": {
+            "get": operation(
+                "The slot map: owner, epoch and depths per slot, a page at a time (read-only)",
+                ok("a page of slots", ref("SlotMap")),
+                None,
+                [
+                    {
+                        "name": "start",
+                        "in": "query",
+                        "description": "first slot of the page (a previous page's nextStart)",
+                        "schema": integer("slot", 0, MAX_SLOT_AMOUNT - 1),
+                    },
+                    {
+                        "name": "count",
+                        "in": "query",
+                        "schema": integer("slots per page", 1, MAX_SLOT_PAGE),
+                    },
+                    {
+                        "name": "only",
+                        "in": "query",
+                        "description": "attention: only stalled or unowned slots",
+                        "schema": {"type": "string", "enum": ["all", "attention"]},
+                    },
+                ],
+            )
+        },
+        "/ui": {"get": _ui("The dashboard page (HTML; it asks for a token before reading)")},
+        "/ui/{asset}": {
+            "get": {
+                **_ui(
+                    "A file of the dashboard (script, style sheet)",
+                    ("text/javascript", "text/css", "image/svg+xml"),
+                ),
+                "parameters": [
+                    {
+                        "name": "asset",
+                        "in": "path",
+                        "required": True,
+                        "schema": {"type": "string", "pattern": "^[A-Za-z0-9][A-Za-z0-9_.-]*$"},
+                    }
+                ],
+            }
         },
         "/healthz": {"get": _probe("Liveness")},
         "/readyz": {"get": _probe("Readiness: Redis connected and slots assigned (503 if not)")},
@@ -433,6 +591,17 @@ def _paths() -> dict[str, Schema]:
                     "401": {"$ref": "#/components/responses/Unauthorized"},
                 },
             }
+        },
+    }
+
+
+def _ui(summary: str, types: tuple[str, ...] = ("text/html",)) -> Schema:
+    return {
+        "summary": summary,
+        "security": [],
+        "responses": {
+            "200": {"description": "the file", "content": {t: {} for t in types}},
+            "404": {"$ref": "#/components/responses/NotFound"},
         },
     }
 

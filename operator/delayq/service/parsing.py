@@ -236,12 +236,12 @@ def _lease(token: Any, field: str, topic: Topic) -> Lease:
 
 
 def parse_nack(body: Body, topic: Topic) -> list[Retry]:
-    backoff_ms = get_int(body, "delayMs", 0, MAX_DELAY_MS, default=0)
+    delay_ms = get_int(body, "delayMs", 0, MAX_DELAY_MS, default=0)
     reason = get_str(body, "reason", "")[:MAX_REASON_CHARS]
     dead = body.get("dead", False)
     if not isinstance(dead, bool):
         raise FieldError("dead", "dead must be a boolean")
-    return [Retry(lease, backoff_ms, reason, dead) for lease in parse_tokens(body, topic)]
+    return [Retry(lease, delay_ms, reason, dead) for lease in parse_tokens(body, topic)]
 
 
 def parse_extend(body: Body, topic: Topic) -> tuple[list[Lease], int]:

@@ -25,6 +25,8 @@ def add_routes(router: web.UrlDispatcher) -> None:
     router.add_post(DEAD + "/redrive", redrive)
     router.add_post(DEAD + "/purge", purge)
     router.add_get("/v1/topics/{topic}/stats", stats)
+    router.add_post("/v1/topics/{topic}/pause", pause)
+    router.add_post("/v1/topics/{topic}/resume", resume)
 
 
 async def list_dead(request: web.Request) -> web.Response:
@@ -84,5 +86,20 @@ async def stats(request: web.Request) -> web.Response:
             "nextDueMs": topic_stats.next_due_ms,
             "oldestOverdueMs": topic_stats.oldest_overdue_ms,
             "ownedSlots": service.owned_slots,
+            "paused": service.paused,
         }
     )
+
+
+async def pause(request: web.Request) -> web.Response:
+    """Stop delivering (claims stop within a second on every process; scheduling goes on)."""
+    service = service_for(request)
+    await service.pause(True)
+    return web.json_response({"paused": True})
+
+
+async def resume(request: web.Request) -> web.Response:
+    """Deliver again: the backlog drains under the usual flow control."""
+    service = service_for(request)
+    await service.pause(False)
+    return web.json_response({"paused": False})

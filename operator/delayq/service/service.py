@@ -25,7 +25,6 @@ import time
 import redis.asyncio
 
 from delayq.coordination.ownership import EmbeddedOwnership, Ownership
-from delayq.queue.backoff import Backoff
 from delayq.queue.client import AsyncQueue
 from delayq.queue.consumer import Consumer, ConsumerCounters, ConsumerSettings
 from delayq.queue.model import Message
@@ -50,7 +49,7 @@ class DelayService:
         self.metrics = ServiceMetrics(self.topic.namespace, self.topic.name)
         self.queues = [
             AsyncQueue(connect(url, config.redis_max_connections), self.topic)
-            for url in config.brokers
+            for url in config.broker_redis_urls
         ]
         self.brokers = Brokers(
             self.queues, default_routing(self.topic.slot_amount, len(self.queues))
@@ -99,6 +98,7 @@ class DelayService:
         await self._load_routing()
         if self.topic.topic_type is TopicType.PULL:
             self.leaser = PullLeaser(self.brokers)
+            self.leaser.start()
         else:
             self._sink = self._open_sink()
             settings = ConsumerSettings(
@@ -107,7 +107,7 @@ class DelayService:
                 lease_ms=self.config.ack_timeout_ms,
                 # as many handlers per batch as POSTs may run at once (the sink's semaphore)
                 batch_concurrency=self.config.webhook_max_in_flight,
-                backoff=Backoff(self.config.backoff_base_ms, 2.0, self.config.backoff_max_ms),
+                backoff=self.config.backoff,
             )
             self.consumers = [
                 Consumer(queue, self._deliver, settings, self._on_slot_lost, managed=True)
@@ -271,7 +271,25 @@ class DelayService:
         return self.readiness.ready
 
     async def refresh_depth(self) -> None:
-        self.metrics.set_depth(await self.brokers.stats(self.owned_slots))
+        self.metrics.set_depth(await self.brokers.stats(self.owned_slots), self.paused)
+
+    @property
+    def paused(self) -> bool:
+        """The topic's delivery is paused (as this process last read it, at most a second ago)."""
+        if self.leaser is not None:
+            return self.leaser.paused
+        return any(consumer.paused for consumer in self.consumers)
+
+    async def pause(self, paused: bool) -> None:
+        """Pause (or resume) the topic's delivery on every broker, and make this process's own
+        consumers see it at once; the topic's other processes see it within a second.
+        Scheduling goes on; what is claimed already is delivered (or its lease runs out)."""
+        for queue in self.queues:
+            await (queue.pause() if paused else queue.resume())
+        if self.leaser is not None:
+            await self.leaser.refresh_paused()
+        for consumer in self.consumers:
+            await consumer.refresh_paused()
 
     async def stop(self) -> None:
         """Stop claiming, finish in-flight deliveries within the grace period, release slots."""
@@ -289,6 +307,8 @@ class DelayService:
             await asyncio.wait_for(self.ownership.stop(), OWNERSHIP_STOP_TIMEOUT_S)
         except TimeoutError:
             log.warning("ownership did not stop in time; its session expiry will free the slots")
+        if self.leaser is not None:
+            await self.leaser.close()
         if self._sink is not None:
             await self._sink.close()
         await self.brokers.close()

@@ -24,6 +24,7 @@ from typing import Any
 from urllib.parse import quote
 
 from delayq.queue import acl
+from delayq.queue.backoff import Jitter
 from delayq.queue.topic import TopicType
 from delayq.service.config import ConfigError, ServiceConfig
 
@@ -41,6 +42,12 @@ class TopicFile:
     ack_timeout_ms: int
     max_payload_bytes: int
     journal_max_len: int
+    redis_sync_replicas: int
+    redis_sync_timeout_ms: int
+    retry_backoff_base_ms: int
+    retry_backoff_max_ms: int
+    retry_backoff_multiplier: float
+    retry_jitter: Jitter
     webhook_url: str
     webhook_timeout_ms: int
     webhook_max_in_flight: int
@@ -63,6 +70,7 @@ class TopicFile:
         real change."""
         document = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
         document["topic_type"] = self.topic_type.value
+        document["retry_jitter"] = self.retry_jitter.value
         return json.dumps(document, indent=2, sort_keys=True)
 
     @classmethod
@@ -119,12 +127,16 @@ _SERVICE_SETTINGS = frozenset(f.name for f in dataclasses.fields(ServiceConfig))
 
 
 def _typed(name: str, kind: Any, value: object) -> Any:
-    if kind is TopicType:
+    if kind in (TopicType, Jitter):
         try:
-            return TopicType(str(value))
+            return kind(str(value))
         except ValueError:
-            choices = ", ".join(t.value for t in TopicType)
+            choices = ", ".join(t.value for t in kind)
             raise ConfigError(f"topic file: key {name!r} must be one of {choices}") from None
+    if kind is float:
+        if isinstance(value, bool) or not isinstance(value, int | float):
+            raise ConfigError(f"topic file: key {name!r} must be a number, got {value!r}")
+        return float(value)
     if kind is bool and not isinstance(value, bool):
         raise ConfigError(f"topic file: key {name!r} must be true or false, got {value!r}")
     if kind is int and (isinstance(value, bool) or not isinstance(value, int)):

@@ -12,7 +12,12 @@ from typing import Any, cast
 import kopf
 
 from delayq.kube.builders import redis, service
-from delayq.kube.builders.common import BuildContext, Credentials, Manifest
+from delayq.kube.builders.common import (
+    BuildContext,
+    Credentials,
+    Manifest,
+    ServiceMonitorSettings,
+)
 from delayq.kube.spec import TopicSpec
 
 
@@ -47,9 +52,24 @@ def build_all(
             redis.redis_statefulset(spec, broker, ctx),
             redis.redis_pdb(spec, broker),
         ]
-    if with_service_monitor:
-        manifests.append(service.service_monitor(spec))
+    if with_service_monitor and ctx.service_monitor.enabled:
+        manifests.append(configured_monitor(service.service_monitor(spec), ctx.service_monitor))
     return manifests
+
+
+def configured_monitor(monitor: Manifest, settings: ServiceMonitorSettings) -> Manifest:
+    """The topic's ServiceMonitor with the operator's labels and interval; the topic's own
+    labels win a clash (the operator finds its children by them)."""
+    metadata = monitor["metadata"]
+    labels = {**dict(settings.labels), **metadata["labels"]}
+    endpoints = [
+        {**endpoint, "interval": settings.interval} for endpoint in monitor["spec"]["endpoints"]
+    ]
+    return {
+        **monitor,
+        "metadata": {**metadata, "labels": labels},
+        "spec": {**monitor["spec"], "endpoints": endpoints},
+    }
 
 
 def render(

@@ -6,7 +6,7 @@ anything that must write gets an explicit volume.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from delayq import __version__
@@ -25,6 +25,19 @@ POD_NAME_LABEL = "statefulset.kubernetes.io/pod-name"
 
 
 @dataclass(frozen=True)
+class ServiceMonitorSettings:
+    """The ServiceMonitor of each topic's delay-service pods (rendered when its CRD is served).
+
+    `labels` are what the cluster's Prometheus selects ServiceMonitors by (e.g. `release`);
+    `enabled` False renders none, for clusters that scrape another way or not at all.
+    """
+
+    enabled: bool = True
+    labels: tuple[tuple[str, str], ...] = ()
+    interval: str = "30s"
+
+
+@dataclass(frozen=True)
 class BuildContext:
     """Operator-wide inputs to the builders (images, where the operator runs, ZooKeeper)."""
 
@@ -36,6 +49,7 @@ class BuildContext:
     # the operator's ZooKeeper ACL id (`delayq-operator:<hash>`, no secret): topic.json hands
     # it to the services so the nodes they create stay the operator's too; empty: no ACLs
     zookeeper_admin_acl: str = ""
+    service_monitor: ServiceMonitorSettings = field(default_factory=ServiceMonitorSettings)
 
 
 @dataclass(frozen=True)

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import base64
 from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any
 
 import redis
@@ -19,14 +20,18 @@ from delayq.coordination.routing import Routing, initial_routing
 from delayq.kube import naming
 from delayq.kube.builders.service import zookeeper_connect
 from delayq.kube.client import KubeApiError
+from delayq.kube.conditions import broker_full_condition, slots_unowned_condition
 from delayq.kube.context import Logger, OperatorContext
 from delayq.kube.errors import TRANSIENT_ERRORS, TopicFailure
+from delayq.kube.events import WARNING, TopicEvent
 from delayq.kube.failover import Decision, RedisPod, decide
+from delayq.kube.redisctl import BrokerMemory
 from delayq.kube.spec import SpecError, TopicSpec
 from delayq.kube.status import (
     DEGRADED,
     FALSE,
     PROVISIONED,
+    SLOTS_UNOWNED,
     TRUE,
     UNKNOWN,
     Condition,
@@ -75,38 +80,76 @@ async def health_pass(
         return {}  # reconcile() already reported it; nothing here is safe to touch
     applied = int(status["appliedSlotAmount"])
     password = await redis_admin_password(ctx, spec)
-    routing, owned = await slot_view(ctx, spec, applied, logger)
+    routing, owned = await slot_view(ctx, spec, applied, logger)  # owned None: ZooKeeper down
     previous = {entry.get("index"): entry for entry in status.get("brokers") or []}
     brokers: list[dict[str, Any]] = []
     slot_stats: list[SlotStats] = []
+    memory: dict[int, BrokerMemory] = {}  # of the brokers whose master answered
+    actions: list[TopicEvent] = []
     for broker in range(spec.brokers):
-        entry, broker_stats = await observe_broker(
+        seen = await observe_broker(
             ctx, spec, broker, password, routing, previous.get(broker) or {}, logger
         )
-        brokers.append(entry)
-        slot_stats += broker_stats.slots
+        brokers.append(seen.entry)
+        slot_stats += seen.stats.slots
+        actions += seen.events
+        if seen.memory is not None:
+            memory[broker] = seen.memory
+    # What the pass did that the status does not show (a demotion): told now, once.
+    await ctx.recorder.post(ctx.kube, body, actions)
     depths = TopicStats(slot_stats)
     service_pods = await ctx.kube.list(
         "v1", "Pod", spec.namespace, naming.service_selector(spec.name)
     )
     services_ready = sum(1 for pod in service_pods if pod_ready(pod))
-    problems = degradations(spec, brokers, services_ready, owned, applied)
+    problems = degradations(
+        spec, brokers, services_ready, applied if owned is None else owned, applied
+    )
+    if owned is None:
+        connect = zookeeper_connect(spec, ctx.build)
+        problems.insert(0, f"ZooKeeper {connect} is unreachable: slot ownership is unknown")
     degraded = (
-        Condition(DEGRADED, TRUE, "Degraded", "; ".join(problems) + ".")
+        Condition(
+            DEGRADED,
+            TRUE,
+            "ZooKeeperUnreachable" if owned is None else "Degraded",
+            "; ".join(problems) + ".",
+        )
         if problems
         else Condition(DEGRADED, FALSE, "AllReplicasReady", "Every pod is ready.")
     )
     provisioned = current_condition(status, PROVISIONED)
     serving = all(entry["state"] == "Ready" for entry in brokers)
     ready = ready_condition(provisioned, degraded, serving)
-    return with_conditions(
-        ctx,
-        body,
-        [degraded, ready],
-        brokers=brokers,
-        slots={"total": applied, "owned": owned, "unowned": max(applied - owned, 0)},
-        depths={"scheduled": depths.scheduled, "prepared": depths.prepared, "dead": depths.dead},
+    conditions = [degraded, ready]
+    if (full := broker_full_condition(memory)) is not None:
+        conditions.append(full)
+    fields: dict[str, Any] = {
+        "brokers": brokers,
+        "depths": {"scheduled": depths.scheduled, "prepared": depths.prepared, "dead": depths.dead},
+    }
+    ctx.metrics.observe_topic(
+        (spec.namespace, spec.name), memory, None if owned is None else max(applied - owned, 0)
     )
+    if owned is not None:  # unknown: the last known ownership stays, and so does its condition
+        unowned = max(applied - owned, 0)
+        conditions.append(slots_condition(ctx, spec, status, unowned, applied))
+        fields["slots"] = {"total": applied, "owned": owned, "unowned": unowned}
+    return with_conditions(ctx, body, conditions, **fields)
+
+
+def slots_condition(
+    ctx: OperatorContext, spec: TopicSpec, status: Mapping[str, Any], unowned: int, total: int
+) -> Condition:
+    """SlotsUnowned, timed from when this leader first saw a slot without an owner."""
+    key = (spec.namespace, spec.name)
+    if unowned:
+        since = ctx.unowned_since.setdefault(key, ctx.clock())
+    else:
+        ctx.unowned_since.pop(key, None)
+        since = ctx.clock()
+    previous = find_condition(status, SLOTS_UNOWNED)
+    return slots_unowned_condition(previous, unowned, total, ctx.clock() - since)
 
 
 def degradations(
@@ -125,11 +168,16 @@ def degradations(
     return problems
 
 
-def current_condition(status: Mapping[str, Any], kind: str) -> Condition:
+def find_condition(status: Mapping[str, Any], kind: str) -> Condition | None:
     for item in status.get("conditions") or []:
         if item.get("type") == kind:
             return Condition(kind, item["status"], item["reason"], item["message"])
-    return Condition(kind, UNKNOWN, "Unknown", "Not reconciled yet.")
+    return None
+
+
+def current_condition(status: Mapping[str, Any], kind: str) -> Condition:
+    found = find_condition(status, kind)
+    return found or Condition(kind, UNKNOWN, "Unknown", "Not reconciled yet.")
 
 
 async def redis_admin_password(ctx: OperatorContext, spec: TopicSpec) -> str:
@@ -143,16 +191,29 @@ async def redis_admin_password(ctx: OperatorContext, spec: TopicSpec) -> str:
 
 async def slot_view(
     ctx: OperatorContext, spec: TopicSpec, applied: int, logger: Logger
-) -> tuple[Routing, int]:
-    """The published routing and owned-slot count; ZooKeeper trouble degrades, never fails."""
+) -> tuple[Routing, int | None]:
+    """The published routing and owned-slot count (None: ZooKeeper unreachable, not a failure:
+    the brokers still get their health pass and failovers)."""
     connect = zookeeper_connect(spec, ctx.build)
+    owned: int | None
     try:
         routing = await ctx.store.read_routing(connect, spec.namespace, spec.name)
         owned = await ctx.store.owned_slots(connect, spec.namespace, spec.name)
     except TRANSIENT_ERRORS as error:
         logger.warning("ZooKeeper unavailable for the health pass: %r", error)
-        routing, owned = None, 0
+        routing, owned = None, None
     return routing or initial_routing(applied, min(spec.brokers, applied)), owned
+
+
+@dataclass(frozen=True)
+class BrokerObservation:
+    """One broker after its pass: status entry, its slots' stats, its master's memory (None
+    without a serving master or when the read failed), Events for what was done to it."""
+
+    entry: dict[str, Any]
+    stats: TopicStats
+    memory: BrokerMemory | None
+    events: list[TopicEvent]
 
 
 async def observe_broker(
@@ -163,8 +224,8 @@ async def observe_broker(
     routing: Routing,
     previous: Mapping[str, Any],
     logger: Logger,
-) -> tuple[dict[str, Any], TopicStats]:
-    """Observe, decide, act for one broker; returns its status entry and its slots' stats."""
+) -> BrokerObservation:
+    """Observe, decide, act for one broker."""
     raw_pods = await ctx.kube.list(
         "v1", "Pod", spec.namespace, naming.redis_selector(spec.name, broker)
     )
@@ -195,7 +256,7 @@ async def observe_broker(
         ctx.master_missing_since.pop(key, None)
     else:
         ctx.master_missing_since[key] = decision.missing_since
-    await apply_decision(ctx, spec, broker, decision, addresses, password, logger)
+    events = await apply_decision(ctx, spec, broker, decision, addresses, password, logger)
 
     ready_pods = {pod.name for pod in pods if pod.ready}
     serving = decision.master is not None and decision.master in ready_pods
@@ -228,7 +289,13 @@ async def observe_broker(
             # depths are informative: a master dying under the read must not fail the pass
             # (which would hold back its status, failover included, by a retry delay)
             logger.warning("depths of broker %d unavailable: %r", broker, error)
-    return entry, stats
+    memory = None
+    if serving and master_address:
+        try:
+            memory = await ctx.redis.memory(master_address, password)
+        except (redis.RedisError, *TRANSIENT_ERRORS) as error:  # informative, as depths
+            logger.warning("memory of broker %d unavailable: %r", broker, error)
+    return BrokerObservation(entry, stats, memory, events)
 
 
 async def apply_decision(
@@ -239,8 +306,13 @@ async def apply_decision(
     addresses: Mapping[str, str | None],
     password: str,
     logger: Logger,
-) -> None:
-    """Unlabel first (clients stop reaching the old master), then promote, then demote."""
+) -> list[TopicEvent]:
+    """Unlabel first (clients stop reaching the old master), then promote, then demote.
+
+    Returns the Events of the actions the status does not show: a stray master demoted, a
+    labelled master found running as a replica and promoted again (failovers and elections
+    are told from the status, events.broker_events)."""
+    events: list[TopicEvent] = []
     for name in decision.unlabel:
         await label_role(ctx, spec, name, naming.ROLE_REPLICA)
     if decision.promote:
@@ -248,6 +320,14 @@ async def apply_decision(
         if address:
             await ctx.redis.promote(address, password)
         await label_role(ctx, spec, decision.promote, naming.ROLE_MASTER)
+        if decision.failover:
+            ctx.metrics.failovers.labels(spec.namespace, spec.name).inc()
+        elif decision.reason == "MasterRepaired":
+            events.append(TopicEvent(
+                WARNING, "MasterRepaired",
+                f"Broker {broker}: {decision.promote} carries the master label but ran as a "
+                "replica; it was made master again.",
+            ))
         logger.warning("broker %d: %s (%s)", broker, decision.reason, decision.message)
     master_host = f"{naming.redis_master_service(spec.name, broker)}.{spec.namespace}.svc"
     for name in decision.demote:
@@ -255,6 +335,12 @@ async def apply_decision(
         if address:
             await ctx.redis.demote(address, password, master_host)
             logger.warning("broker %d: demoted stray master %s", broker, name)
+            events.append(TopicEvent(
+                WARNING, "StrayMasterDemoted",
+                f"Broker {broker}: {name} still acted as a master; it now replicates from "
+                f"{decision.master} and drops what it wrote since it lost the role.",
+            ))
+    return events
 
 
 async def label_role(ctx: OperatorContext, spec: TopicSpec, pod: str, role: str) -> None:

@@ -55,7 +55,9 @@ async def reconcile(
     connect = zookeeper_connect(spec, ctx.build)
     try:
         credentials = await read_or_generate_credentials(ctx, spec)
-        with_monitor = await ctx.kube.has_resource("monitoring.coreos.com/v1", "servicemonitors")
+        with_monitor = ctx.build.service_monitor.enabled and await ctx.kube.has_resource(
+            "monitoring.coreos.com/v1", "servicemonitors"
+        )
         manifests = render(body, spec, ctx.build, credentials, applied, with_monitor)
         for manifest in manifests:
             outcome = await ensure(ctx.kube, manifest)

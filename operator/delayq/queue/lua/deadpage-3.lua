@@ -12,6 +12,7 @@
 
   Events: none
 ]]
+--@include append
 
 local dead, msg, reason = KEYS[1], KEYS[2], KEYS[3]
 local offset, count = tonumber(ARGV[1]), tonumber(ARGV[2])
@@ -19,9 +20,7 @@ local page = redis.call('ZRANGE', dead, offset, offset + count - 1, 'WITHSCORES'
 local results = {redis.call('ZCARD', dead)}
 for i = 1, #page, 2 do
   local id = page[i]
-  results[#results + 1] = id
-  results[#results + 1] = tonumber(page[i + 1])
-  results[#results + 1] = redis.call('HGET', msg, id) or ''
-  results[#results + 1] = redis.call('HGET', reason, id) or ''
+  append(results, id, tonumber(page[i + 1]),
+    redis.call('HGET', msg, id) or '', redis.call('HGET', reason, id) or '')
 end
 return results

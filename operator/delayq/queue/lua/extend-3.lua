@@ -10,7 +10,7 @@
   ARGV[2] lease_ms  new lease length from now
   ARGV[3 + 2k], ARGV[4 + 2k]  per message: id, lease
 
-  Returns, per message, a pair {code, deadline_ms}:
+  Returns, flat, per message: code, deadline_ms
     10 EXTENDED     leased until deadline_ms
     -2 STALE_EPOCH  the caller is not the current owner: nothing was changed (whole call)
     -3 LEASE_LOST   not leased under that lease any more, or its deadline has passed: an
@@ -22,6 +22,7 @@
 
   Events: none (a heartbeat is not a lifecycle transition)
 ]]
+--@include append
 --@include codes
 --@include epoch_matches
 --@include leased_record
@@ -30,7 +31,7 @@
 local prepare, msg, epoch_key = KEYS[1], KEYS[2], KEYS[3]
 local results = {}
 if not epoch_matches(epoch_key, ARGV[1]) then
-  for i = 3, #ARGV, 2 do results[#results + 1] = {CODE.STALE_EPOCH, 0} end
+  for i = 3, #ARGV, 2 do append(results, CODE.STALE_EPOCH, 0) end
   return results
 end
 local now = now_ms()
@@ -41,9 +42,9 @@ for i = 3, #ARGV, 2 do
   local record, lease_deadline = leased_record(prepare, msg, id, ARGV[i + 1])
   if record and lease_deadline > now then
     redis.call('ZADD', prepare, 'XX', deadline, id)
-    results[#results + 1] = {CODE.EXTENDED, deadline}
+    append(results, CODE.EXTENDED, deadline)
   else
-    results[#results + 1] = {CODE.LEASE_LOST, 0}
+    append(results, CODE.LEASE_LOST, 0)
   end
 end
 return results

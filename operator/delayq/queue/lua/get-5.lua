@@ -9,12 +9,13 @@
 
   ARGV[1..] ids
 
-  Returns, per id, {state, score_ms, record, reason}: state 'scheduled' (score = due),
+  Returns, flat, per id: state, score_ms, record, reason: state 'scheduled' (score = due),
   'prepared' (score = lease deadline), 'dead' (score = time of death, reason set) or 'absent'
   (score -1, empty record and reason).
 
   Events: none
 ]]
+--@include append
 --@include locate
 
 local store, prepare, dead, msg, reason = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
@@ -23,10 +24,10 @@ for i = 1, #ARGV do
   local id = ARGV[i]
   local state, score = locate(store, prepare, dead, id)
   if state then
-    results[#results + 1] = {state, score, redis.call('HGET', msg, id) or '',
-      redis.call('HGET', reason, id) or ''}
+    append(results, state, score, redis.call('HGET', msg, id) or '',
+      redis.call('HGET', reason, id) or '')
   else
-    results[#results + 1] = {'absent', -1, '', ''}
+    append(results, 'absent', -1, '', '')
   end
 end
 return results

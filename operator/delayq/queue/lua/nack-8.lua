@@ -1,7 +1,7 @@
 #!lua flags=allow-oom
 --[[
   Negatively acknowledge leased messages (two-phase consumption, roll back): the message waits
-  again for exactly backoff_ms after server now, or goes to dead when its attempts are exhausted
+  again for exactly delay_ms after server now, or goes to dead when its attempts are exhausted
   or the caller says it can never succeed (a poison message must not block its slot).
 
   KEYS[1] store    ZSET id -> due ms
@@ -16,9 +16,9 @@
   ARGV[1] epoch           the caller's fencing epoch
   ARGV[2] max_retries     attempts beyond this are dead
   ARGV[3] journal_max_len  0 = journal off
-  ARGV[4 + 5k .. 8 + 5k]  per message: id, lease, backoff_ms, reason, kill ('1' = dead now)
+  ARGV[4 + 5k .. 8 + 5k]  per message: id, lease, delay_ms, reason, dead ('1' = dead now)
 
-  Returns, per message, a pair {code, due_ms}:
+  Returns, flat, per message: code, due_ms
      8 RETRY_SCHEDULED  waits in store until due_ms
      9 DEAD             moved to dead at due_ms (= now)
     -2 STALE_EPOCH      the caller is not the current owner: nothing was changed (whole call)
@@ -29,6 +29,7 @@
 
   Events: nacked (due = the retry's due time; the delivered due when it dies), dead
 ]]
+--@include append
 --@include codes
 --@include epoch_matches
 --@include journal
@@ -45,34 +46,34 @@ local journal_max_len = tonumber(ARGV[3])
 local results = {}
 
 if not epoch_matches(epoch_key, ARGV[1]) then
-  for i = 4, #ARGV, 5 do results[#results + 1] = {CODE.STALE_EPOCH, 0} end
+  for i = 4, #ARGV, 5 do append(results, CODE.STALE_EPOCH, 0) end
   return results
 end
 local now = now_ms()
 local earliest = nil
 
 for i = 4, #ARGV, 5 do
-  local id, backoff_ms = ARGV[i], tonumber(ARGV[i + 2])
-  local why, kill = ARGV[i + 3], ARGV[i + 4] == '1'
+  local id, delay_ms = ARGV[i], tonumber(ARGV[i + 2])
+  local why, dead_now = ARGV[i + 3], ARGV[i + 4] == '1'
   local record = leased_record(prepare, msg, id, ARGV[i + 1])
   if not record then
-    results[#results + 1] = {CODE.LEASE_LOST, 0}
+    append(results, CODE.LEASE_LOST, 0)
   else
     local attempts, due = record_fields(record)
     redis.call('ZREM', prepare, id)
-    if kill or attempts > max_retries then
+    if dead_now or attempts > max_retries then
       journal(journal_key, journal_max_len, 'nacked', id, now, due, attempts)
       redis.call('ZADD', dead, now, id)
       redis.call('HSET', reason, id, why)
       journal(journal_key, journal_max_len, 'dead', id, now, due, attempts)
-      results[#results + 1] = {CODE.DEAD, now}
+      append(results, CODE.DEAD, now)
     else
-      local retry_due = now + backoff_ms
+      local retry_due = now + delay_ms
       redis.call('HSET', msg, id, record_with(record, attempts, '', ''))
       redis.call('ZADD', store, retry_due, id)
       journal(journal_key, journal_max_len, 'nacked', id, now, retry_due, attempts)
       if earliest == nil or retry_due < earliest then earliest = retry_due end
-      results[#results + 1] = {CODE.RETRY_SCHEDULED, retry_due}
+      append(results, CODE.RETRY_SCHEDULED, retry_due)
     end
   end
 end

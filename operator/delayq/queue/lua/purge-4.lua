@@ -17,6 +17,7 @@
 
   Events: purged
 ]]
+--@include append
 --@include codes
 --@include dead_batch_ids
 --@include journal
@@ -34,11 +35,9 @@ for _, id in ipairs(ids) do
     redis.call('HDEL', msg, id)
     redis.call('HDEL', reason, id)
     journal(journal_key, journal_max_len, 'purged', id, now, '', '')
-    results[#results + 1] = id
-    results[#results + 1] = CODE.PURGED
+    append(results, id, CODE.PURGED)
   else
-    results[#results + 1] = id
-    results[#results + 1] = CODE.WRONG_STATE
+    append(results, id, CODE.WRONG_STATE)
   end
 end
 results[1] = redis.call('ZCARD', dead)

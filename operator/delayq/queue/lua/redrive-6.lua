@@ -19,6 +19,7 @@
 
   Events: redriven
 ]]
+--@include append
 --@include codes
 --@include dead_batch_ids
 --@include journal
@@ -44,11 +45,9 @@ for _, id in ipairs(ids) do
     redis.call('ZADD', store, now, id)
     journal(journal_key, journal_max_len, 'redriven', id, now, now, 0)
     moved = moved + 1
-    results[#results + 1] = id
-    results[#results + 1] = CODE.REDRIVEN
+    append(results, id, CODE.REDRIVEN)
   else
-    results[#results + 1] = id
-    results[#results + 1] = CODE.WRONG_STATE
+    append(results, id, CODE.WRONG_STATE)
   end
 end
 if moved > 0 then wake_if_earliest(store, wake, now) end

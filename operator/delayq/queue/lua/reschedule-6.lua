@@ -13,7 +13,7 @@
   ARGV[2] journal_max_len  0 = journal off
   ARGV[3 + 3k .. 5 + 3k]  per message: id, when_kind ('delay' | 'at'), when_ms
 
-  Returns, per message, a pair {code, due_ms}:
+  Returns, flat, per message: code, due_ms
      5 RESCHEDULED   waits in store until due_ms
     -1 NOT_FOUND     no such message
     -4 TOO_FAR       due beyond now + max_delay_ms, nothing changed
@@ -21,6 +21,7 @@
 
   Events: rescheduled
 ]]
+--@include append
 --@include codes
 --@include journal
 --@include locate
@@ -43,11 +44,11 @@ for i = 3, #ARGV, 3 do
   if when_kind == 'delay' then due = now + when_ms end
   local state = locate(store, prepare, dead, id)
   if not state then
-    results[#results + 1] = {CODE.NOT_FOUND, due}
+    append(results, CODE.NOT_FOUND, due)
   elseif state == 'dead' then
-    results[#results + 1] = {CODE.WRONG_STATE, due}
+    append(results, CODE.WRONG_STATE, due)
   elseif due > now + max_delay_ms then
-    results[#results + 1] = {CODE.TOO_FAR, due}
+    append(results, CODE.TOO_FAR, due)
   else
     if state == 'prepared' then
       redis.call('ZREM', prepare, id)
@@ -58,7 +59,7 @@ for i = 3, #ARGV, 3 do
     redis.call('ZADD', store, due, id)
     if earliest == nil or due < earliest then earliest = due end
     journal(journal_key, journal_max_len, 'rescheduled', id, now, due, '')
-    results[#results + 1] = {CODE.RESCHEDULED, due}
+    append(results, CODE.RESCHEDULED, due)
   end
 end
 

@@ -22,6 +22,7 @@
 
   Events: scheduled (new or replaced)
 ]]
+--@include append
 --@include call_chunked
 --@include codes
 --@include journal
@@ -39,13 +40,7 @@ local max_delay_ms = tonumber(ARGV[2])
 local journal_max_len = tonumber(ARGV[3])
 local now = now_ms()
 
--- one flat reply (code, due, state per message): no Lua table per message
 local results = {}
-local function push_result(out, code, due, state)
-  out[#out + 1] = code
-  out[#out + 1] = due
-  out[#out + 1] = state
-end
 local zadd_args, hset_args = {}, {}
 local pending = {}  -- id -> due, for ids scheduled earlier in this same batch
 local earliest = nil
@@ -68,14 +63,14 @@ for k = 1, #ids do
   end
 
   if due > now + max_delay_ms then
-    push_result(results, CODE.TOO_FAR, due, state or 'absent')
+    append(results, CODE.TOO_FAR, due, state or 'absent')
   elseif state and not upsert then
     local shown = score
     if state == 'prepared' then
       local _, record_due = record_fields(records[k])
       shown = tonumber(record_due) or score
     end
-    push_result(results, CODE.EXISTS, shown, state)
+    append(results, CODE.EXISTS, shown, state)
   else
     if state == 'prepared' then redis.call('ZREM', prepare, id) end
     if state == 'dead' then
@@ -90,9 +85,9 @@ for k = 1, #ids do
     if earliest == nil or due < earliest then earliest = due end
     journal(journal_key, journal_max_len, 'scheduled', id, now, due, 0)
     if state then
-      push_result(results, CODE.UPDATED, due, 'scheduled')
+      append(results, CODE.UPDATED, due, 'scheduled')
     else
-      push_result(results, CODE.CREATED, due, 'scheduled')
+      append(results, CODE.CREATED, due, 'scheduled')
     end
   end
 end

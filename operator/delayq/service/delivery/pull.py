@@ -3,31 +3,30 @@
 No push loop and no buffer: a lease request claims at most `max_count` messages, spread over the
 owned slots round-robin (an equal share per slot per round, one pipelined round trip per broker
 per round), so one hot slot cannot starve the others and nothing is leased that nobody asked
-for. An empty
-request may wait (long poll) until the earliest due time the claims reported, cut short by the
-slots' wake lists when a producer schedules something earlier.
+for. An empty request may wait (long poll) until the earliest due time the claims reported, cut
+short when a producer schedules something earlier or this process takes over more slots.
+
+Ownership and wake-ups are the engine's `OwnedSlots`, one per broker (the core the push
+`Consumer` uses too): its one blocking wait per broker wakes every long poll at once, so a long
+poll holds no Redis connection and costs nothing while it waits.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
-import redis.asyncio
-
 from delayq.queue.codes import StaleEpochError
-from delayq.queue.keys import Part, slot_keys
 from delayq.queue.model import ClaimBatch, Message, SlotClaim
+from delayq.queue.slots import OwnedSlot, OwnedSlots
 from delayq.service.brokers import Brokers
 
 MAX_LEASE_BATCH = 1000
 MIN_WAIT_S = 0.001
-# Long polls blocked on Redis at once; each holds a pooled connection, so beyond this the
-# waiters re-check every FALLBACK_WAIT_S instead of starving producers of connections.
-MAX_BLOCKING_WAITS = 32
-FALLBACK_WAIT_S = 0.05
+PAUSE_CHECK_S = 1.0  # the brokers' pause flags are read again when older than this
 
 
 @dataclass
@@ -42,39 +41,66 @@ class PullLeaser:
 
     def __init__(self, brokers: Brokers) -> None:
         self.brokers = brokers
-        self._epochs: dict[int, int] = {}
+        self._owned = [OwnedSlots(queue, OwnedSlot, self._wake) for queue in brokers.queues]
         self._cursor = 0
         self._stopping = False
         self._rounds: set[asyncio.Future[None]] = set()  # claims in flight
-        self._blocking = asyncio.Semaphore(MAX_BLOCKING_WAITS)
-        self._owned_more = asyncio.Event()  # wakes long polls: new slots may have a backlog
+        # set (and replaced) when an owned slot may have something due now: wakes long polls
+        self._woken = asyncio.Event()
         # the Redis server clock as of the latest claim (server ms, monotonic s): lateness is
         # measured on it, never on this pod's clock
         self._clock = (time.time() * 1000, time.monotonic())
+        self._paused = [False] * len(brokers.queues)  # per broker, as last read
+        self._paused_read_s = -PAUSE_CHECK_S  # monotonic time of that read
 
     @property
     def owned_slots(self) -> list[int]:
-        return sorted(self._epochs)
+        return sorted(slot for owned in self._owned for slot in owned.slots)
+
+    def start(self) -> None:
+        """Start the brokers' wake-up waits (`close` ends them)."""
+        for owned in self._owned:
+            owned.start()
+
+    async def close(self) -> None:
+        await asyncio.gather(*(owned.close() for owned in self._owned))
 
     async def own(self, slots: Iterable[int]) -> None:
-        for slot in slots:
-            if slot not in self._epochs:
-                self._epochs[slot] = await self.brokers.queue_for(slot).take_over(slot)
-        self._owned_more.set()
-        self._owned_more = asyncio.Event()
+        for broker, broker_slots in self.brokers.split(slots).items():
+            await self._owned[broker].own(broker_slots)
 
     async def release(self, slots: Iterable[int]) -> None:
         """Stop claiming the slots; returns once no claim that may include them is in flight,
         which is what Ownership's handoff order requires before another process takes them."""
-        for slot in slots:
-            self._epochs.pop(slot, None)
+        for broker, broker_slots in self.brokers.split(slots).items():
+            await self._owned[broker].release(broker_slots)
         in_flight = list(self._rounds)
         if in_flight:
             await asyncio.wait(in_flight)
 
     def stop(self) -> None:
         self._stopping = True
-        self._owned_more.set()
+        self._wake(None)
+
+    def _wake(self, _state: OwnedSlot | None) -> None:
+        """A slot was owned or woken (or the leaser stops): every long poll claims again."""
+        self._woken.set()
+        self._woken = asyncio.Event()
+
+    @property
+    def paused(self) -> bool:
+        """Delivery is paused on some broker of the topic (as last read)."""
+        return any(self._paused)
+
+    async def refresh_paused(self) -> None:
+        """Read every broker's pause flag now (leases do it when the last read is a second
+        old): the slots of a paused broker are not claimed."""
+        queues = self.brokers.queues
+        self._paused = list(await asyncio.gather(*(queue.is_paused() for queue in queues)))
+        self._paused_read_s = time.monotonic()
+
+    def _state(self, slot: int) -> OwnedSlot | None:
+        return self._owned[self.brokers.routing[slot]].get(slot)
 
     def server_now_ms(self) -> float:
         server_ms, local_s = self._clock
@@ -84,12 +110,18 @@ class PullLeaser:
         """Up to `max_count` due messages leased for `lease_ms`, waiting up to `wait_ms`."""
         deadline = time.monotonic() + wait_ms / 1000
         while True:
+            if time.monotonic() - self._paused_read_s >= PAUSE_CHECK_S:
+                await self.refresh_paused()
+            woken = self._woken  # taken before the claim: a wake-up during it ends the wait
             messages, next_in_ms = await self._claim(max_count, lease_ms)
             remaining_s = deadline - time.monotonic()
             if messages or remaining_s <= 0 or self._stopping:
                 return messages
             wait_s = remaining_s if next_in_ms is None else min(remaining_s, next_in_ms / 1000)
-            await self._wait_for_wake(max(MIN_WAIT_S, wait_s))
+            if self.paused:
+                wait_s = min(wait_s, PAUSE_CHECK_S)  # a resume is seen within a second
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(woken.wait(), max(MIN_WAIT_S, wait_s))
 
     async def _claim(self, max_count: int, lease_ms: int) -> tuple[list[Message], int | None]:
         """Claim exactly up to `max_count`: shares per round never add up to more."""
@@ -107,7 +139,7 @@ class PullLeaser:
 
     def _rotation(self) -> list[int]:
         """Owned slots starting after where the previous request started."""
-        owned = self.owned_slots
+        owned = [s for s in self.owned_slots if not self._paused[self.brokers.routing[s]]]
         if not owned:
             return []
         self._cursor = (self._cursor + 1) % len(owned)
@@ -115,9 +147,9 @@ class PullLeaser:
 
     async def _round(self, slots: list[int], shares: list[int], lease_ms: int) -> _Round:
         claimed = {
-            slot: (self._epochs[slot], share)
+            slot: (state, share)
             for slot, share in zip(slots, shares, strict=True)
-            if slot in self._epochs
+            if (state := self._state(slot)) is not None
         }
         done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         self._rounds.add(done)
@@ -131,10 +163,9 @@ class PullLeaser:
             done.set_result(None)
         result = _Round()
         for slot, outcome in (pair for reply in replies for pair in reply):
-            epoch, share = claimed[slot]
+            state, share = claimed[slot]
             if isinstance(outcome, StaleEpochError):
-                if self._epochs.get(slot) == epoch:
-                    del self._epochs[slot]  # a newer owner fenced us out of this slot
+                self._owned[self.brokers.routing[slot]].lose(state)  # fenced out by a newer owner
                 continue
             result.messages.extend(outcome.messages)
             self._clock = (outcome.now_us / 1000, time.monotonic())
@@ -147,39 +178,16 @@ class PullLeaser:
         return result
 
     async def _claim_on(
-        self, broker: int, slots: list[int], claimed: dict[int, tuple[int, int]], lease_ms: int
+        self,
+        broker: int,
+        slots: list[int],
+        claimed: dict[int, tuple[OwnedSlot, int]],
+        lease_ms: int,
     ) -> list[tuple[int, ClaimBatch | StaleEpochError]]:
         """One pipelined round trip to one broker for all its slots in this round."""
-        claims = [SlotClaim(slot, *claimed[slot]) for slot in slots]
+        claims = [SlotClaim(slot, claimed[slot][0].epoch, claimed[slot][1]) for slot in slots]
         outcomes = await self.brokers.queues[broker].claim_slots(claims, lease_ms)
         return list(zip(slots, outcomes, strict=True))
-
-    async def _wait_for_wake(self, timeout_s: float) -> None:
-        """Block until a producer marks an owned slot's head earlier, this process takes over
-        more slots (which may hold a due backlog), or `timeout_s` passes."""
-        per_broker = self.brokers.split(self.owned_slots)
-        owned_more = asyncio.create_task(self._owned_more.wait())
-        if not per_broker or self._blocking.locked():
-            sleep_s = timeout_s if not per_broker else min(timeout_s, FALLBACK_WAIT_S)
-            await asyncio.wait([owned_more], timeout=sleep_s)
-            owned_more.cancel()
-            return
-        async with self._blocking:
-            waits = [owned_more] + [
-                asyncio.create_task(self._blpop(broker, slots, timeout_s))
-                for broker, slots in per_broker.items()
-            ]
-            await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
-            for wait in waits:
-                wait.cancel()
-
-    async def _blpop(self, broker: int, slots: list[int], timeout_s: float) -> None:
-        topic = self.brokers.topic
-        keys = [slot_keys(topic, slot).key(Part.WAKE) for slot in slots]
-        try:
-            await self.brokers.queues[broker].redis.blpop(keys, timeout=timeout_s)
-        except redis.RedisError:
-            await asyncio.sleep(min(timeout_s, FALLBACK_WAIT_S))
 
 
 def _shares(total: int, parts: int) -> list[int]:

@@ -1,23 +1,11 @@
-"""Pure pieces: lease tokens, signatures, payload envelopes, request parsing, pull shares."""
+"""Request parsing: every bad input names its field and maps to a 4xx."""
 
 from __future__ import annotations
 
-import json
-import logging
-import sys
-from urllib.parse import unquote
-
 import pytest
-from hypothesis import given
-from hypothesis import strategies as st
 
-from delayq.queue.model import Lease, Message
+from delayq.queue.model import Lease
 from delayq.queue.topic import Topic
-from delayq.service.delivery.pull import _shares
-from delayq.service.delivery.signing import sign, verify
-from delayq.service.delivery.stream import stream_fields
-from delayq.service.envelope import decode_payload, encode_payload, header_id, message_body
-from delayq.service.logs import JsonFormatter
 from delayq.service.parsing import (
     FieldError,
     PayloadTooLargeError,
@@ -28,70 +16,10 @@ from delayq.service.parsing import (
     parse_message,
     parse_nack,
     parse_target,
-    parse_tokens,
 )
-from delayq.service.tokens import TokenError, decode_token, encode_token
+from delayq.service.tokens import encode_token
 
 TOPIC = Topic("orders", namespace="shop", slot_amount=4, max_payload_bytes=16)
-
-
-@given(
-    slot=st.integers(0, 16383),
-    epoch=st.integers(0, 2**40),
-    attempt=st.integers(1, 1000),
-    message_id=st.text(min_size=1, max_size=64),
-)
-def test_tokens_round_trip(slot, epoch, attempt, message_id):
-    lease = Lease(slot, message_id, attempt, epoch)
-    token = encode_token(lease)
-    assert token.isascii()
-    assert decode_token(token) == lease
-
-
-@pytest.mark.parametrize(
-    "token", ["", "!!!", "bm90IGEgdG9rZW4", encode_token(Lease(1, "a", 1, 1))[:-3]]
-)
-def test_malformed_tokens_are_refused(token):
-    with pytest.raises(TokenError):
-        decode_token(token)
-
-
-def test_signature_verifies_and_detects_tampering():
-    body = b'{"id":"a"}'
-    header = sign("s3cret", body, 1_000_000)
-    assert header.startswith("t=1000000,v1=")
-    assert verify("s3cret", header, body, now_ms=1_000_500)
-    assert not verify("s3cret", header, body + b" ", now_ms=1_000_500)
-    assert not verify("other", header, body, now_ms=1_000_500)
-    assert not verify("s3cret", header, body, now_ms=1_000_000 + 10 * 60 * 1000)  # replayed
-    assert not verify("s3cret", "garbage", body, now_ms=1_000_000)
-
-
-def test_payloads_travel_as_text_or_base64():
-    assert encode_payload("héllo".encode()) == ("héllo", "utf-8")
-    text, encoding = encode_payload(b"\xff\x00")
-    assert encoding == "base64"
-    assert decode_payload(text, encoding) == b"\xff\x00"
-    with pytest.raises(ValueError, match="base64"):
-        decode_payload("***", "base64")
-
-
-def test_webhook_body_and_stream_entry():
-    message = Message("a", 2, b"\xff", {"k": "v"}, 3, 1234, 7, 9)
-    body = json.loads(message_body(TOPIC, message))
-    assert body == {
-        "id": "a",
-        "topic": "orders",
-        "namespace": "shop",
-        "payload": "/w==",
-        "encoding": "base64",
-        "headers": {"k": "v"},
-        "attempt": 3,
-        "dueMs": 1234,
-    }
-    fields = stream_fields(TOPIC, message)
-    assert fields["payload"] == b"\xff"
-    assert fields["attempt"] == 3
 
 
 @pytest.mark.parametrize(
@@ -140,7 +68,7 @@ def test_lease_and_nack_requests():
     assert caught.value.field == "max"
     token = encode_token(Lease(1, "a", 2, 3))
     [retry] = parse_nack({"tokens": [token], "delayMs": 500, "dead": True}, TOPIC)
-    assert (retry.lease, retry.backoff_ms, retry.kill) == (Lease(1, "a", 2, 3), 500, True)
+    assert (retry.lease, retry.delay_ms, retry.dead) == (Lease(1, "a", 2, 3), 500, True)
     with pytest.raises(FieldError) as caught:
         parse_nack({"tokens": [token, "nope"]}, TOPIC)
     assert caught.value.field == "tokens[1]"
@@ -153,40 +81,6 @@ def test_dead_targets_and_cursor():
     assert parse_cursor("2:5", TOPIC) == (2, 5)
     with pytest.raises(FieldError, match="cursor"):
         parse_cursor("9:0", TOPIC)
-
-
-@given(total=st.integers(1, 5000), parts=st.integers(1, 300))
-def test_shares_add_up_exactly(total, parts):
-    shares = _shares(total, parts)
-    assert sum(shares) == total
-    assert max(shares) - min(shares) <= 1
-
-
-def test_json_log_lines_carry_extra_fields_and_exceptions():
-    record = logging.makeLogRecord(
-        {"name": "delayq.x", "levelname": "WARNING", "msg": "slot %d lost", "args": (3,), "slot": 3}
-    )
-    line = json.loads(JsonFormatter().format(record))
-    assert (line["msg"], line["level"], line["slot"]) == ("slot 3 lost", "WARNING", 3)
-    assert line["ts"].endswith("Z")
-    try:
-        raise ValueError("boom")
-    except ValueError:
-        record.exc_info = sys.exc_info()
-    assert "ValueError: boom" in json.loads(JsonFormatter().format(record))["exc"]
-
-
-@given(st.text(min_size=1))
-def test_header_ids_are_ascii_and_decode_back(message_id):
-    value = header_id(message_id.encode("utf-8", "surrogatepass").decode("utf-8", "replace"))
-    assert value.isascii()
-    assert all("!" <= c <= "~" for c in value)  # no space, nothing a header parser strips
-    assert unquote(value) == message_id.encode("utf-8", "surrogatepass").decode("utf-8", "replace")
-
-
-def test_header_ids_keep_plain_ids_and_escape_the_escape():
-    assert header_id("order-42/a{b}") == "order-42/a{b}"
-    assert (header_id("é 1"), header_id("%41")) == ("%C3%A9%201", "%2541")
 
 
 @pytest.mark.parametrize("bad", ["a\x00", "a\r\nX-Evil: 1", "a\x7f", "a\x85", "\ud800"])
@@ -222,14 +116,6 @@ def test_one_id_with_two_slot_bases_in_a_batch_is_refused():
     assert caught.value.field == "messages[1].slotBasis"
     twice = [{"id": "a", "delayMs": 1, "slotBasis": "x"}] * 2
     assert len(parse_batch({"messages": twice}, TOPIC)) == 2
-
-
-@pytest.mark.parametrize("slot", [-1, 4, 10**6])
-def test_forged_token_slots_are_400(slot):
-    token = encode_token(Lease(slot, "a", 1, 1))
-    with pytest.raises(FieldError, match=r"outside 0\.\.3") as caught:
-        parse_tokens({"tokens": [token]}, TOPIC)
-    assert caught.value.field == "tokens[0]"
 
 
 @pytest.mark.parametrize(

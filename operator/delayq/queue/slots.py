@@ -1,0 +1,198 @@
+"""The slots one process consumes on one broker: ownership under fencing epochs, and wake-ups.
+
+The push `Consumer` and the service's pull delivery need the same two things and must get them
+exactly right, so they share this one core:
+
+* **Ownership.** Taking a slot over bumps its fencing epoch on the broker
+  (`AsyncQueue.take_over`); every claim carries the epoch its slot was owned under. A claim
+  refused as stale means a newer owner fenced this one out: the slot is dropped (`lose`), but
+  only if it is still the same ownership (a release and re-own meanwhile drew a new epoch and a
+  new `OwnedSlot` object, so identity, not the slot number, says which ownership a reply is for).
+* **Wake-ups.** A producer scheduling a slot's new earliest message pushes to the slot's `wake`
+  list inside the schedule script. One blocking BLPOP per broker over the wake lists of all owned
+  slots, plus a private control key pushed to interrupt the wait when the set of slots changes or
+  on close, turns those pushes into `claim_now(slot)` calls. An idle slot therefore costs one key
+  in one blocking call and no polling. A wake-up popped for a slot released while the wait was
+  blocked goes back to its list, for the slot's new owner. A failed wait (Redis restarting) may
+  have eaten a wake-up whose reply died with the connection, so then every owned slot is reported
+  (at most once a second) rather than waiting for a watchdog.
+
+Ownership changes never depend on Redis: interrupting the wait is best effort (a wait that keeps
+listening on a released slot hands its wake-ups back, and ends by itself within `WAKE_BLOCK_S`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+import uuid
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass
+from typing import Generic, TypeVar
+
+import redis.asyncio
+
+from delayq.queue.client import AsyncQueue
+from delayq.queue.codec import as_text
+from delayq.queue.keys import Part, control_key, parse_wake_key, slot_keys
+
+log = logging.getLogger(__name__)
+
+WAKE_BLOCK_S = 10.0  # upper bound of one blocking wait; only a liveness refresh, not a poll
+WAIT_FAILED_ALL_S = 1.0  # after a failed wait, every owned slot is reported at most this often
+WAIT_RETRY_S = 0.1  # pause before waiting again after a failed wait
+CLOSE_WAIT_S = 2.0  # how long closing waits for the blocking wait to take its interrupt
+
+
+@dataclass(eq=False)
+class OwnedSlot:
+    """One ownership of one slot: the epoch its take-over drew, and the wake-ups received since
+    (a wake-up arriving while a claim is in flight makes that claim's next due time stale)."""
+
+    slot: int
+    epoch: int
+    wakes: int = 0
+
+
+S = TypeVar("S", bound=OwnedSlot)
+
+
+class OwnedSlots(Generic[S]):
+    """The slots owned on one broker, each as an `S` made by `new_slot(slot, epoch)` (callers
+    extend `OwnedSlot` with their own per-slot state), and the one blocking wait over their wake
+    lists. `claim_now(state)` is called whenever a slot may have something due now: when it is
+    owned (it may hold a backlog) and when a producer wakes it."""
+
+    def __init__(
+        self,
+        queue: AsyncQueue,
+        new_slot: Callable[[int, int], S],
+        claim_now: Callable[[S], None],
+    ) -> None:
+        self.queue = queue
+        self._new_slot = new_slot
+        self._claim_now = claim_now
+        self._slots: dict[int, S] = {}
+        self._control_key = control_key(queue.topic, uuid.uuid4().hex)
+        self._waker = _blocking_client(queue.redis, WAKE_BLOCK_S)
+        self._waiting: asyncio.Task[None] | None = None
+        self._closing = False
+
+    def get(self, slot: int) -> S | None:
+        return self._slots.get(slot)
+
+    def __iter__(self) -> Iterator[S]:
+        return iter(list(self._slots.values()))
+
+    def __len__(self) -> int:
+        return len(self._slots)
+
+    @property
+    def slots(self) -> list[int]:
+        return sorted(self._slots)
+
+    async def own(self, slots: Iterable[int]) -> None:
+        """Take over the slots not owned yet, each reported to `claim_now` as soon as it is
+        owned (a take-over failing halfway leaves the slots before it owned and claimed)."""
+        try:
+            for slot in slots:
+                if slot not in self._slots:
+                    state = self._new_slot(slot, await self.queue.take_over(slot))
+                    self._slots[slot] = state
+                    self._claim_now(state)
+        finally:
+            await self.interrupt()  # the wait picks up the new slots' wake lists
+
+    async def release(self, slots: Iterable[int]) -> set[int]:
+        """Stop owning the slots; returns those that were owned. Never raises."""
+        released = {slot for slot in slots if self._slots.pop(slot, None) is not None}
+        if released:
+            await self.interrupt()
+        return released
+
+    def lose(self, state: S) -> bool:
+        """Drop a slot a newer owner fenced this one out of, if `state` is still its ownership;
+        True when it was."""
+        if self._slots.get(state.slot) is not state:
+            return False
+        del self._slots[state.slot]
+        return True
+
+    # the wake-up wait --------------------------------------------------------------------------
+
+    def start(self) -> None:
+        """Start the blocking wait (once; `close` ends it)."""
+        if self._waiting is None:
+            self._waiting = asyncio.create_task(self._wait_for_wakes())
+
+    async def close(self) -> None:
+        """End the wait and free its connection and control key. Best effort against Redis."""
+        self._closing = True
+        await self.interrupt()
+        if self._waiting is not None:
+            try:
+                await asyncio.wait_for(self._waiting, CLOSE_WAIT_S)
+            except (TimeoutError, redis.RedisError):
+                self._waiting.cancel()  # the interrupt did not get through
+                with contextlib.suppress(asyncio.CancelledError, redis.RedisError):
+                    await self._waiting
+        with contextlib.suppress(redis.RedisError):
+            await self.queue.redis.delete(self._control_key)
+        await self._waker.aclose(close_connection_pool=True)
+
+    async def interrupt(self) -> None:
+        """Unblock the wait so it picks up a changed set of slots (or ends). Best effort: if
+        Redis refuses, the wait ends by itself within WAKE_BLOCK_S (a failing Redis ends it
+        sooner), and ownership must never depend on Redis being up."""
+        try:
+            await self.queue.redis.rpush(self._control_key, "1")
+        except redis.RedisError as error:
+            log.info("could not interrupt the wake-up wait (%s)", error)
+
+    async def _wait_for_wakes(self) -> None:
+        reported_all_s = 0.0  # monotonic time every slot was last reported after a failed wait
+        while not self._closing:
+            keys = [self._control_key]
+            keys += [slot_keys(self.queue.topic, slot).key(Part.WAKE) for slot in self._slots]
+            try:
+                popped = await self._waker.blpop(keys, timeout=WAKE_BLOCK_S)
+            except redis.RedisError as error:
+                log.warning("wake-up wait failed (%s); retrying", error)
+                if time.monotonic() - reported_all_s >= WAIT_FAILED_ALL_S:
+                    reported_all_s = time.monotonic()
+                    for owned in self:
+                        self._wake(owned)
+                await asyncio.sleep(WAIT_RETRY_S)
+                continue
+            if popped is None or as_text(popped[0]) == self._control_key:
+                continue
+            key = as_text(popped[0])
+            state = self._slots.get(parse_wake_key(key))
+            if state is not None:
+                self._wake(state)
+            else:
+                # released while this wait was blocked on its key: the slot's new owner needs
+                # the wake-up this wait took, so it goes back
+                with contextlib.suppress(redis.RedisError):
+                    await self.queue.redis.rpush(key, "1")
+
+    def _wake(self, state: S) -> None:
+        state.wakes += 1
+        self._claim_now(state)
+
+
+def _blocking_client(client: redis.asyncio.Redis, block_s: float) -> redis.asyncio.Redis:
+    """A one-connection client for the blocking wait, with a read timeout longer than the block.
+
+    The shared pool's socket timeout (redis-py defaults to 5 s) would cut a longer BLPOP short,
+    and a wait holding a pooled connection would take it from producers and claims.
+    """
+    pool = client.connection_pool
+    options = {**pool.connection_kwargs, "socket_timeout": block_s + 5}
+    return redis.asyncio.Redis(
+        connection_pool=redis.asyncio.ConnectionPool(
+            connection_class=pool.connection_class, max_connections=1, **options
+        )
+    )

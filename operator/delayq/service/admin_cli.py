@@ -1,0 +1,560 @@
+"""Admin commands over a delay service's HTTP API: `delayq topic stats`, `delayq msg
+get|cancel|reschedule`, `delayq dead list|redrive|purge` and `delayq slots`.
+
+They answer "why didn't my message fire?" without hand-written curl calls, and behave the same
+against a laptop's `delayq dev` and a cluster's Service: `--url` (or `DELAYQ_URL`) names any
+process of the topic, the token comes from `DELAYQ_API_TOKEN` (never a flag: flags end up in
+shell history and `ps`). Tables for people by default, `--json` for scripts (the API's own
+answer), and exit codes scripts can rely on (EXIT_CODES). Only the standard library: the
+commands must start fast and work wherever `delayq` is installed.
+
+Text that came from the service (ids, payloads, reasons) is printed with control characters
+escaped, so a message cannot rewrite the operator's terminal.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import sys
+import threading
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any, TextIO
+from urllib.parse import quote, urlencode, urlsplit
+
+OK, NOT_FOUND, BAD_INPUT, UNREACHABLE, CONFLICT = 0, 1, 2, 3, 4
+EXIT_CODES = {
+    OK: "done",
+    NOT_FOUND: "not found (the message, or one of the listed ids)",
+    BAD_INPUT: "usage error or input the service refused (400, 413)",
+    UNREACHABLE: "service unreachable, token refused (401, 403), or unavailable (429, 5xx)",
+    CONFLICT: "conflict: the message is not in a state that allows it (409)",
+}
+TOKEN_VARIABLE = "DELAYQ_API_TOKEN"
+URL_VARIABLE = "DELAYQ_URL"
+TOPIC_VARIABLE = "DELAYQ_TOPIC"
+DEFAULT_URL = "http://127.0.0.1:8080"
+TIMEOUT_S = 30.0
+PREVIEW_CHARS = 200  # payload characters `msg get` prints (the whole payload: --json)
+IDS_PER_CALL = 1000  # the API's batch limit (parsing.MAX_BATCH)
+PROGRESS_INTERVAL_S = 0.5
+
+
+class AdminError(Exception):
+    """A command failed; `code` is its exit code, the text its one line on stderr."""
+
+    def __init__(self, code: int, message: str) -> None:
+        super().__init__(message)
+        self.code = code
+
+
+def status_code(status: int) -> int:
+    """The exit code of an HTTP error status."""
+    if status == 404:
+        return NOT_FOUND
+    if status == 409:
+        return CONFLICT
+    if status in (400, 405, 408, 413):
+        return BAD_INPUT
+    return UNREACHABLE
+
+
+@dataclass(frozen=True)
+class Api:
+    """The topic routes of one delay service, with the token from the environment."""
+
+    url: str
+    topic: str
+    token: str
+    timeout_s: float = TIMEOUT_S
+
+    def call(self, method: str, path: str, body: Any = None, timeout_s: float | None = None) -> Any:
+        """The JSON answer of `method /v1/topics/<topic><path>`; AdminError otherwise."""
+        target = f"{self.url}/v1/topics/{quote(self.topic, safe='')}{path}"
+        data = None if body is None else json.dumps(body).encode()
+        request = urllib.request.Request(target, data=data, method=method)
+        request.add_header("Accept", "application/json")
+        if data is not None:
+            request.add_header("Content-Type", "application/json")
+        if self.token:
+            request.add_header("Authorization", f"Bearer {self.token}")
+        try:
+            with urllib.request.urlopen(request, timeout=timeout_s or self.timeout_s) as answer:
+                raw = answer.read()
+        except urllib.error.HTTPError as error:
+            raise AdminError(status_code(error.code), _error_text(error)) from None
+        except (urllib.error.URLError, OSError) as error:
+            reason = getattr(error, "reason", error)
+            raise AdminError(UNREACHABLE, f"{self.url} unreachable: {reason}") from None
+        try:
+            return json.loads(raw)
+        except ValueError:
+            raise AdminError(UNREACHABLE, f"{self.url} did not answer JSON") from None
+
+
+def _error_text(error: urllib.error.HTTPError) -> str:
+    try:
+        body = json.loads(error.read())
+        text = str(body["error"])
+        field = body.get("field")
+    except (ValueError, KeyError, TypeError, OSError):
+        text, field = error.reason, None
+    hint = ""
+    if error.code == 401:
+        hint = f" (set {TOKEN_VARIABLE})"
+    where = f" [{field}]" if field else ""
+    return f"HTTP {error.code}{where}: {text}{hint}"
+
+
+# ---- output ----------------------------------------------------------------------------------
+
+
+def safe(value: Any) -> str:
+    """Text from the service, printable: control characters as escapes, so a payload or id
+    cannot move the cursor, recolour or retitle the terminal."""
+    text = "" if value is None else str(value)
+    return "".join(c if c.isprintable() else repr(c)[1:-1] for c in text)
+
+
+def table(rows: Sequence[Sequence[Any]], header: Sequence[str], out: TextIO) -> None:
+    cells = [[safe(c) for c in row] for row in rows]
+    widths = [len(h) for h in header]
+    for row in cells:
+        widths = [max(w, len(c)) for w, c in zip(widths, row, strict=True)]
+    print("  ".join(h.ljust(w) for h, w in zip(header, widths, strict=True)).rstrip(), file=out)
+    for row in cells:
+        print("  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)).rstrip(), file=out)
+
+
+def pairs(rows: Sequence[tuple[str, Any]], out: TextIO) -> None:
+    width = max(len(name) for name, _ in rows)
+    for name, value in rows:
+        print(f"{name.ljust(width)}  {safe(value)}", file=out)
+
+
+def instant(ms: int | None, now_ms: float | None = None) -> str:
+    if ms is None:
+        return "-"
+    text = datetime.fromtimestamp(ms / 1000, UTC).strftime("%Y-%m-%d %H:%M:%S.%f")[:-3] + " UTC"
+    if now_ms is None:
+        return text
+    delta = ms - now_ms
+    return f"{text} ({'in ' + duration(delta) if delta >= 0 else duration(-delta) + ' ago'})"
+
+
+def duration(ms: float | None) -> str:
+    if ms is None:
+        return "-"
+    if ms < 1000:
+        return f"{ms:.0f} ms"
+    if ms < 60_000:
+        return f"{ms / 1000:.1f} s"
+    seconds = int(ms // 1000)
+    parts: list[str] = []
+    for unit, name in ((86400, "d"), (3600, "h"), (60, "min"), (1, "s")):
+        if seconds >= unit and len(parts) < 2:
+            parts.append(f"{seconds // unit} {name}")
+            seconds %= unit
+    return " ".join(parts)
+
+
+def emit_json(value: Any, out: TextIO) -> None:
+    json.dump(value, out, indent=2, sort_keys=True)  # ensure_ascii: control characters escaped
+    print(file=out)
+
+
+# ---- commands --------------------------------------------------------------------------------
+
+
+def topic_stats(api: Api, args: argparse.Namespace, out: TextIO) -> int:
+    overview = api.call("GET", "/overview")
+    if args.json:
+        emit_json(overview, out)
+        return OK
+    depth, fleet, histogram = overview["depth"], overview["fleet"], overview["dueHistogram"]
+    now = overview["nowMs"]
+    pairs(
+        [
+            ("topic", f"{overview['namespace']}/{overview['topic']} ({overview['topicType']})"),
+            ("waiting (not yet due)", depth["scheduled"] - depth["due"]),
+            ("due, not claimed", depth["due"]),
+            ("in flight (leased)", depth["prepared"]),
+            ("dead", depth["dead"]),
+            ("next due", instant(overview["nextDueMs"], now)),
+            ("oldest overdue", duration(overview["oldestOverdueMs"] or None)),
+            ("due in next minute", histogram["nextMinute"]),
+            ("due in next hour", histogram["nextHour"]),
+            ("due in next day", histogram["nextDay"]),
+            ("due later", histogram["later"]),
+            *_fleet_rows(fleet, overview["slotAmount"]),
+            ("stalled slots", _listed(fleet["stalledSlots"], fleet.get("stalled", []))),
+        ],
+        out,
+    )
+    return OK
+
+
+def _fleet_rows(fleet: dict[str, Any], slot_amount: int) -> list[tuple[str, Any]]:
+    if fleet.get("error"):
+        return [("ownership", f"unknown ({fleet['error']})")]
+    return [
+        ("processes", ", ".join(fleet["members"]) or "none"),
+        ("slots held", f"{fleet['heldSlots']} of {slot_amount}"),
+        ("unowned slots", _listed(fleet["unownedSlots"], fleet.get("unowned", []))),
+    ]
+
+
+def _listed(count: int, slots: list[int]) -> str:
+    if not count:
+        return "none"
+    more = ", ..." if count > len(slots) else ""
+    return f"{count}: {', '.join(str(s) for s in slots)}{more}"
+
+
+def _message_path(message_id: str, slot_basis: str | None, suffix: str = "") -> str:
+    if not message_id:
+        raise AdminError(BAD_INPUT, "a message id cannot be empty")
+    query = "?" + urlencode({"slotBasis": slot_basis}) if slot_basis else ""
+    return f"/messages/{quote(message_id, safe='')}{suffix}{query}"
+
+
+def msg_get(api: Api, args: argparse.Namespace, out: TextIO) -> int:
+    message = api.call("GET", _message_path(args.id, args.slot_basis))
+    if args.json:
+        emit_json(message, out)
+        return OK
+    now = time.time() * 1000
+    payload = message.get("payload", "")
+    preview = payload[:PREVIEW_CHARS] + (" ..." if len(payload) > PREVIEW_CHARS else "")
+    rows: list[tuple[str, Any]] = [
+        ("id", message["id"]),
+        ("state", message["state"]),
+        ("slot", message["slot"]),
+        ("due", instant(message.get("dueMs"), now)),
+        ("attempts", message["attempts"]),
+        ("lease deadline", instant(message.get("leaseDeadlineMs"), now)),
+        ("died", instant(message.get("diedMs"), now)),
+        ("last error", message.get("deadReason", "-")),
+        ("encoding", message["encoding"]),
+        ("payload", f"{preview} ({len(payload)} characters)"),
+    ]
+    rows += [(f"header {name}", value) for name, value in message.get("headers", {}).items()]
+    pairs(rows, out)
+    return OK
+
+
+def msg_cancel(api: Api, args: argparse.Namespace, out: TextIO) -> int:
+    answer = api.call("DELETE", _message_path(args.id, args.slot_basis))
+    if args.json:
+        emit_json(answer, out)
+    else:
+        print(f"{safe(answer['id'])}: {answer['result']}", file=out)
+    return OK
+
+
+def msg_reschedule(api: Api, args: argparse.Namespace, out: TextIO) -> int:
+    body = {"delayMs": args.delay_ms} if args.delay_ms is not None else {"atMs": args.at_ms}
+    answer = api.call("POST", _message_path(args.id, args.slot_basis, "/reschedule"), body)
+    if args.json:
+        emit_json(answer, out)
+    else:
+        print(f"{safe(answer['id'])}: {answer['result']}, due {instant(answer['dueMs'])}", file=out)
+    return OK
+
+
+def dead_list(api: Api, args: argparse.Namespace, out: TextIO) -> int:
+    query = {"count": str(args.count)}
+    if args.cursor:
+        query["cursor"] = args.cursor
+    page = api.call("GET", f"/dead?{urlencode(query)}")
+    if args.json:
+        emit_json(page, out)
+        return OK
+    now = time.time() * 1000
+    rows = [
+        (
+            m["id"],
+            m["slot"],
+            m["attempts"],
+            instant(m.get("diedMs"), now),
+            (m.get("deadReason") or "-")[:80],
+        )
+        for m in page["messages"]
+    ]
+    table(rows, ("ID", "SLOT", "ATTEMPTS", "DIED", "REASON"), out)
+    if page["nextCursor"] is not None:
+        print(f"more: --cursor {page['nextCursor']}", file=sys.stderr)
+    return OK
+
+
+class Progress:
+    """A progress line on stderr, redrawn in place; silent unless asked for or on a terminal
+    (a script's log must not fill with carriage returns)."""
+
+    def __init__(self, verb: str, total: int, enabled: bool, err: TextIO) -> None:
+        self.verb, self.total, self.enabled, self.err = verb, total, enabled, err
+        self.last = -1
+
+    def show(self, done: int) -> None:
+        if not self.enabled or done == self.last:
+            return
+        self.last = done
+        total = max(self.total, done, 1)
+        width = 30
+        filled = int(width * done / total)
+        bar = "#" * filled + "-" * (width - filled)
+        self.err.write(f"\r{self.verb} [{bar}] {done}/{total}")
+        self.err.flush()
+
+    def finish(self) -> None:
+        if self.enabled and self.last >= 0:
+            self.err.write("\n")
+            self.err.flush()
+
+
+def dead_action(action: str) -> Callable[[Api, argparse.Namespace, TextIO], int]:
+    """`dead redrive` or `dead purge`: listed ids (batches of IDS_PER_CALL) or `--all`."""
+
+    def run(api: Api, args: argparse.Namespace, out: TextIO) -> int:
+        if bool(args.ids) == args.all:
+            raise AdminError(BAD_INPUT, "give dead message ids or --all, not both or neither")
+        if args.all and action == "purge" and not args.yes:
+            raise AdminError(BAD_INPUT, "purge --all deletes every dead message: add --yes")
+        show = args.progress or sys.stderr.isatty()
+        verb = "redriven" if action == "redrive" else "purged"
+        if args.all:
+            return _dead_all(api, action, verb, show, args.json, out)
+        progress = Progress(verb, len(args.ids), show, sys.stderr)
+        results: list[dict[str, Any]] = []
+        for start in range(0, len(args.ids), IDS_PER_CALL):
+            chunk = args.ids[start : start + IDS_PER_CALL]
+            results += api.call("POST", f"/dead/{action}", {"ids": chunk})["results"]
+            progress.show(len(results))
+        progress.finish()
+        missing = [r for r in results if r["result"] != verb]
+        if args.json:
+            emit_json({"results": results}, out)
+        else:
+            print(f"{len(results) - len(missing)} of {len(results)} {verb}", file=out)
+            for result in missing:
+                print(f"{safe(result['id'])}: {result['result']}", file=out)
+        return NOT_FOUND if missing else OK
+
+    return run
+
+
+def _dead_all(api: Api, action: str, verb: str, show: bool, as_json: bool, out: TextIO) -> int:
+    """One `{"all": true}` call (the service drains slot by slot); while it runs, the dead
+    count read from /stats drives the progress bar."""
+    total = int(api.call("GET", "/stats")["dead"])
+    progress = Progress(verb, total, show, sys.stderr)
+    answer: dict[str, Any] = {}
+    failure: list[AdminError] = []
+
+    def request() -> None:
+        try:
+            answer.update(api.call("POST", f"/dead/{action}", {"all": True}, timeout_s=3600))
+        except AdminError as error:
+            failure.append(error)
+
+    worker = threading.Thread(target=request, daemon=True)
+    worker.start()
+    while worker.is_alive():
+        worker.join(PROGRESS_INTERVAL_S)
+        if worker.is_alive() and show:
+            # the count only drives the bar; the action's own answer decides the outcome
+            with contextlib.suppress(AdminError):
+                progress.show(max(0, total - int(api.call("GET", "/stats")["dead"])))
+    if failure:
+        progress.finish()
+        raise failure[0]
+    progress.show(int(answer["moved"]))
+    progress.finish()
+    if as_json:
+        emit_json(answer, out)
+    else:
+        print(f"{answer['moved']} {verb}", file=out)
+    return OK
+
+
+def slots(api: Api, args: argparse.Namespace, out: TextIO) -> int:
+    query = {"start": str(args.start), "count": str(args.count), "only": args.only}
+    page = api.call("GET", f"/slots?{urlencode(query)}")
+    if args.json:
+        emit_json(page, out)
+        return OK
+    rows = []
+    for s in page["slots"]:
+        status = "UNOWNED" if not s["held"] else "STALLED" if s["stalled"] else "ok"
+        owner = s["owner"] or (f"none (assigned {s['assigned']})" if s["assigned"] else "none")
+        rows.append(
+            (
+                s["slot"],
+                status,
+                owner,
+                s["epoch"] if s["epoch"] is not None else "-",
+                s["broker"],
+                s["scheduled"],
+                s["due"],
+                s["prepared"],
+                s["dead"],
+                duration(s["oldestOverdueMs"]) if s["oldestOverdueMs"] else "-",
+            )
+        )
+    header = ("SLOT", "STATUS", "OWNER", "EPOCH", "BROKER", "SCHEDULED", "DUE", "IN-FLIGHT")
+    table(rows, (*header, "DEAD", "OLDEST-OVERDUE"), out)
+    if page["nextStart"] is not None:
+        print(f"more: --start {page['nextStart']}", file=sys.stderr)
+    return OK
+
+
+# ---- parsing ---------------------------------------------------------------------------------
+
+
+def _non_negative(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"{text} is negative")
+    return value
+
+
+def _positive(text: str) -> int:
+    value = _non_negative(text)
+    if value == 0:
+        raise argparse.ArgumentTypeError("must be at least 1")
+    return value
+
+
+def _common(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--url",
+        default=os.environ.get(URL_VARIABLE, DEFAULT_URL),
+        help=f"any delay service of the topic (env {URL_VARIABLE}; default {DEFAULT_URL})",
+    )
+    parser.add_argument(
+        "--topic",
+        default=os.environ.get(TOPIC_VARIABLE, ""),
+        help=f"the topic (env {TOPIC_VARIABLE})",
+    )
+    parser.add_argument("--json", action="store_true", help="the API's JSON answer, for scripts")
+    parser.add_argument(
+        "--timeout", type=float, default=TIMEOUT_S, help="seconds per request (default 30)"
+    )
+
+
+def _message(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("id", help="message id (as scheduled; any characters)")
+    parser.add_argument("--slot-basis", help="the slot basis it was scheduled with, if any")
+
+
+EPILOG = (
+    f"The token comes from ${TOKEN_VARIABLE}. Exit codes: "
+    + "; ".join(f"{code} {text}" for code, text in EXIT_CODES.items())
+    + "."
+)
+
+
+def register(subparsers: Any) -> None:
+    """Add `topic`, `msg`, `dead` and `slots` to the `delayq` command."""
+
+    def leaf(group: Any, name: str, help_text: str, run: Any) -> argparse.ArgumentParser:
+        parser: argparse.ArgumentParser = group.add_parser(
+            name, help=help_text, description=help_text, epilog=EPILOG
+        )
+        _common(parser)
+        parser.set_defaults(handler=handler(run))
+        return parser
+
+    def group(name: str, help_text: str) -> Any:
+        parser = subparsers.add_parser(name, help=help_text, description=help_text, epilog=EPILOG)
+        return parser.add_subparsers(dest=f"{name}_command", required=True)
+
+    topic = group("topic", "a topic's state over its delay service's HTTP API")
+    leaf(
+        topic, "stats", "depths, due-time histogram, next due, slots held and stalled", topic_stats
+    )
+
+    msg = group("msg", "one message by id: look it up, cancel or reschedule it")
+    _message(leaf(msg, "get", "state, due time, attempts, last error, headers, payload", msg_get))
+    _message(leaf(msg, "cancel", "cancel a scheduled message", msg_cancel))
+    reschedule = leaf(msg, "reschedule", "move a message's due time", msg_reschedule)
+    _message(reschedule)
+    when = reschedule.add_mutually_exclusive_group(required=True)
+    when.add_argument("--delay-ms", type=_non_negative, help="due this long from now")
+    when.add_argument("--at-ms", type=_non_negative, help="due at this Unix time (ms)")
+
+    dead = group("dead", "the dead letters: list, redrive, purge")
+    listing = leaf(dead, "list", "one page of dead messages with reason and attempts", dead_list)
+    listing.add_argument("--count", type=_positive, default=100, help="page size (max 1000)")
+    listing.add_argument("--cursor", help="continue from a previous page's cursor")
+    for action, text in (
+        ("redrive", "schedule dead messages again (delivered now)"),
+        ("purge", "delete dead messages for good"),
+    ):
+        parser = leaf(dead, action, text, dead_action(action))
+        parser.add_argument("ids", nargs="*", help="dead message ids")
+        parser.add_argument("--all", action="store_true", help="every dead message of the topic")
+        parser.add_argument("--yes", action="store_true", help="purge --all: yes, really")
+        parser.add_argument(
+            "--progress", action="store_true", help="progress bar even when not on a terminal"
+        )
+
+    slot_map = leaf(
+        subparsers, "slots", "the slot map: owner, epoch, depth, oldest overdue per slot", slots
+    )
+    slot_map.add_argument("--start", type=_non_negative, default=0, help="first slot")
+    slot_map.add_argument("--count", type=_positive, default=1024, help="slots (max 1024)")
+    slot_map.add_argument(
+        "--only", choices=("all", "attention"), default="all", help="attention: stalled, unowned"
+    )
+
+
+def handler(run: Callable[[Api, argparse.Namespace, TextIO], int]) -> Any:
+    """The parsed arguments → the command, with every failure one line on stderr."""
+
+    def handle(args: argparse.Namespace) -> int:
+        name = _command_name(args)
+        try:
+            api = Api(_checked_url(args.url), _checked_topic(args.topic), _token(), args.timeout)
+            return run(api, args, sys.stdout)
+        except AdminError as error:
+            print(f"{name}: {error}", file=sys.stderr)
+            return error.code
+        except KeyboardInterrupt:
+            print(f"{name}: interrupted", file=sys.stderr)
+            return UNREACHABLE
+
+    return handle
+
+
+def _command_name(args: argparse.Namespace) -> str:
+    words = ["delayq", args.command]
+    words += [str(v) for k, v in vars(args).items() if k.endswith("_command") and v]
+    return " ".join(words)
+
+
+def _checked_url(url: str) -> str:
+    parts = urlsplit(url)
+    if parts.scheme not in ("http", "https") or not parts.netloc:
+        raise AdminError(BAD_INPUT, f"--url must be http(s)://host:port, not {url!r}")
+    return url.rstrip("/")
+
+
+def _checked_topic(topic: str) -> str:
+    if not topic:
+        raise AdminError(BAD_INPUT, f"name the topic: --topic or {TOPIC_VARIABLE}")
+    return topic
+
+
+def _token() -> str:
+    return os.environ.get(TOKEN_VARIABLE, "")

@@ -1,0 +1,624 @@
+// delayq dashboard: vanilla JavaScript, no dependencies, no network beyond this service.
+//
+// Rules this file keeps (tests/service/test_dashboard.py checks them in a real browser):
+// - data from the API is only ever written with textContent / text nodes, never as markup, so
+//   an id, payload, header or reason is shown, never run (the CSP forbids inline scripts too);
+// - a payload is shown only up to PREVIEW_CHARS characters;
+// - only the visible page polls, one request at a time, and not while the tab is hidden: an
+//   open dashboard costs the service one cached read every few seconds.
+"use strict";
+
+(() => {
+  const topic = document.querySelector('meta[name="delayq-topic"]').content;
+  const API = `v1/topics/${encodeURIComponent(topic)}`;
+  const TOKEN_KEY = "delayq-token";
+  const POLL_MS = { overview: 5000, slots: 10000 };
+  const PREVIEW_CHARS = 2000;
+  const LIST_PREVIEW_CHARS = 80;
+  const REASON_CHARS = 200;
+  const SLOT_PAGE = 256;
+  const DEAD_PAGE = 50;
+  const HISTORY = 60;
+
+  const $ = (id) => document.getElementById(id);
+  let token = sessionStorage.getItem(TOKEN_KEY) || "";
+  let timer = null;
+  let busy = false;
+
+  // ---- helpers ---------------------------------------------------------------------------
+
+  /** An element with attributes and children; strings become text nodes (never markup). */
+  function el(tag, attrs = {}, ...children) {
+    const node = document.createElement(tag);
+    for (const [name, value] of Object.entries(attrs)) {
+      if (name === "className") node.className = value;
+      else node.setAttribute(name, value);
+    }
+    for (const child of children) {
+      if (child === null || child === undefined) continue;
+      node.append(child instanceof Node ? child : document.createTextNode(String(child)));
+    }
+    return node;
+  }
+
+  function fill(list, pairs) {
+    list.replaceChildren(
+      ...pairs.flatMap(([term, value]) => [el("dt", {}, term), el("dd", {}, value)]),
+    );
+  }
+
+  const number = (n) => (n === null || n === undefined ? "—" : Number(n).toLocaleString("en-US"));
+
+  function duration(ms) {
+    if (ms === null || ms === undefined) return "—";
+    const abs = Math.abs(ms);
+    if (abs < 1000) return `${Math.round(ms)} ms`;
+    if (abs < 60000) return `${(ms / 1000).toFixed(1)} s`;
+    const s = Math.round(abs / 1000);
+    const parts = [[86400, "d"], [3600, "h"], [60, "min"], [1, "s"]];
+    const out = [];
+    let rest = s;
+    for (const [unit, name] of parts) {
+      if (rest >= unit && out.length < 2) {
+        out.push(`${Math.floor(rest / unit)} ${name}`);
+        rest %= unit;
+      }
+    }
+    return (ms < 0 ? "-" : "") + out.join(" ");
+  }
+
+  function instant(ms, nowMs) {
+    if (ms === null || ms === undefined) return "—";
+    const text = new Date(ms).toISOString().replace("T", " ").replace("Z", " UTC");
+    if (nowMs === undefined) return text;
+    const delta = ms - nowMs;
+    return `${text} (${delta >= 0 ? "in " + duration(delta) : duration(-delta) + " ago"})`;
+  }
+
+  function clip(text, limit) {
+    return text.length > limit ? text.slice(0, limit) + "…" : text;
+  }
+
+  function showError(message) {
+    const box = $("error");
+    box.textContent = message;
+    box.hidden = false;
+  }
+
+  function clearError() {
+    $("error").hidden = true;
+    $("error").textContent = "";
+  }
+
+  class ApiError extends Error {
+    constructor(status, message, field) {
+      super(message);
+      this.status = status;
+      this.field = field;
+    }
+  }
+
+  /** One JSON call with the bearer token; errors carry the API's message and field. */
+  async function call(method, path, body) {
+    const headers = { Accept: "application/json" };
+    if (token) headers.Authorization = `Bearer ${token}`;
+    const init = { method, headers, cache: "no-store" };
+    if (body !== undefined) {
+      headers["Content-Type"] = "application/json";
+      init.body = JSON.stringify(body);
+    }
+    let response;
+    try {
+      response = await fetch(path, init);
+    } catch (error) {
+      throw new ApiError(0, `the service does not answer (${error.message})`);
+    }
+    let data = null;
+    try {
+      data = await response.json();
+    } catch (error) {
+      data = null;
+    }
+    if (!response.ok) {
+      const message = data && data.error ? data.error : `HTTP ${response.status}`;
+      throw new ApiError(response.status, message, data && data.field);
+    }
+    return data;
+  }
+
+  function explain(error) {
+    if (error.status === 401) {
+      $("token-input").focus();
+      return "this service needs a token: enter the API token (or the read-only token) above";
+    }
+    return error.message + (error.field ? ` (field: ${error.field})` : "");
+  }
+
+  function stamp(id) {
+    $(id).textContent = `updated ${new Date().toLocaleTimeString("en-GB")}`;
+  }
+
+  function markLoaded(section) {
+    const node = $(section);
+    node.dataset.loads = String(Number(node.dataset.loads || 0) + 1);
+  }
+
+  /** A modal confirmation; resolves true only on the explicit "Do it" (Escape keeps). */
+  function confirmAction(text, verb) {
+    const dialog = $("confirm");
+    return new Promise((resolve) => {
+      $("confirm-text").textContent = text;
+      $("confirm-yes").textContent = verb;
+      const finish = (answer) => {
+        $("confirm-yes").onclick = null;
+        $("confirm-no").onclick = null;
+        dialog.oncancel = null;
+        if (dialog.open) dialog.close();
+        resolve(answer);
+      };
+      $("confirm-yes").onclick = () => finish(true);
+      $("confirm-no").onclick = () => finish(false);
+      dialog.oncancel = () => finish(false);
+      dialog.showModal();
+      $("confirm-no").focus();
+    });
+  }
+
+  // ---- overview --------------------------------------------------------------------------
+
+  let previous = null; // the last process reading, for rates over the poll window
+  const history = [];
+
+  function windowQuantile(bounds, before, after, q) {
+    const counts = after.map((c, i) => c - (before ? before[i] : 0));
+    const total = counts[counts.length - 1];
+    if (!total) return null;
+    for (let i = 0; i < counts.length; i++) {
+      if (counts[i] >= q * total) return i < bounds.length ? bounds[i] : bounds[bounds.length - 1];
+    }
+    return bounds[bounds.length - 1];
+  }
+
+  function delivered(process) {
+    const d = process.deliveries;
+    return (d.acked || 0) + (d.leased || 0);
+  }
+
+  async function loadOverview() {
+    const o = await call("GET", `${API}/overview`);
+    const d = o.depth;
+    fill($("depth"), [
+      ["Waiting (not yet due)", number(d.scheduled - d.due)],
+      ["Due, not yet claimed", number(d.due)],
+      ["In flight (leased)", number(d.prepared)],
+      ["Dead", number(d.dead)],
+      ["Total", number(d.scheduled + d.prepared + d.dead)],
+    ]);
+    fill($("timing"), [
+      ["Next due", instant(o.nextDueMs, o.nowMs)],
+      ["Oldest overdue", o.oldestOverdueMs ? duration(o.oldestOverdueMs) : "none"],
+      ["Redis time", instant(o.nowMs)],
+      ["Delivery", `${o.topicType}, ${number(o.slotAmount)} slots`],
+    ]);
+    const f = o.fleet;
+    const listed = (count, slots) =>
+      `⚠ ${number(count)}: ${slots.join(", ")}${count > slots.length ? ", …" : ""}`;
+    fill($("fleet"), f.error ? [
+      ["Ownership", `⚠ unknown (${f.error})`],
+      ["Stalled slots", f.stalledSlots ? listed(f.stalledSlots, f.stalled) : "none"],
+    ] : [
+      ["Processes", `${f.members.length}: ${f.members.join(", ") || "none"}`],
+      ["Slots held", `${number(f.heldSlots)} of ${number(o.slotAmount)}`],
+      ["Unowned slots", f.unownedSlots ? listed(f.unownedSlots, f.unowned) : "none"],
+      ["Stalled slots", f.stalledSlots ? listed(f.stalledSlots, f.stalled) : "none"],
+    ]);
+    const p = o.process;
+    const lateness = p.lateness;
+    let rate = "— (next poll)";
+    let window = null;
+    if (previous && previous.member === p.member) {
+      const seconds = (Date.now() - previous.at) / 1000;
+      if (seconds > 0) rate = `${(Math.max(0, delivered(p) - delivered(previous.p)) / seconds).toFixed(1)} /s`;
+      window = {
+        p50: windowQuantile(lateness.boundsMs, previous.p.lateness.counts, lateness.counts, 0.5),
+        p99: windowQuantile(lateness.boundsMs, previous.p.lateness.counts, lateness.counts, 0.99),
+        n: lateness.counts[lateness.counts.length - 1] - previous.p.lateness.counts[lateness.counts.length - 1],
+      };
+      history.push({ p50: window.p50, p99: window.p99 });
+      if (history.length > HISTORY) history.shift();
+    }
+    previous = { member: p.member, p, at: Date.now() };
+    fill($("process"), [
+      ["Process", p.member],
+      ["Delivery rate", rate],
+      ["Delivered", number(delivered(p))],
+      ["Failed attempts", number(p.deliveries.failed || 0)],
+      ["Sent to dead", number(p.dead)],
+      ["Lateness p50 / p99", `≤ ${p.latenessP50Ms ?? "—"} ms / ≤ ${p.latenessP99Ms ?? "—"} ms`],
+    ]);
+    renderHistogram(o.dueHistogram);
+    renderLateness(window);
+    stamp("overview-updated");
+    markLoaded("page-overview");
+    return o;
+  }
+
+  function renderHistogram(h) {
+    const rows = [
+      ["Overdue (due, not claimed)", h.overdue],
+      ["Next minute", h.nextMinute],
+      ["Next hour", h.nextHour],
+      ["Next day", h.nextDay],
+      ["Later", h.later],
+    ];
+    const max = Math.max(1, ...rows.map((r) => r[1]));
+    $("histogram").tBodies[0].replaceChildren(
+      ...rows.map(([label, count]) => {
+        const bar = el("span", { className: "bar-fill" });
+        bar.style.width = `${(100 * count) / max}%`;
+        return el(
+          "tr", {},
+          el("th", { scope: "row" }, label),
+          el("td", { className: "num" }, number(count)),
+          el("td", { className: "bar", "aria-hidden": "true" }, bar),
+        );
+      }),
+    );
+  }
+
+  function renderLateness(window) {
+    const svg = $("lateness-chart");
+    const ns = "http://www.w3.org/2000/svg";
+    const values = history.flatMap((h) => [h.p50, h.p99]).filter((v) => v !== null);
+    const top = Math.max(1, ...values);
+    const line = (key, cls) => {
+      const points = history
+        .map((h, i) => (h[key] === null ? null : `${(i * 600) / (HISTORY - 1)},${120 - (h[key] / top) * 110}`))
+        .filter((p) => p !== null)
+        .join(" ");
+      const node = document.createElementNS(ns, "polyline");
+      node.setAttribute("points", points);
+      node.setAttribute("class", cls);
+      return node;
+    };
+    svg.replaceChildren(line("p50", "p50"), line("p99", "p99"));
+    $("lateness-summary").textContent = window && window.n > 0
+      ? `Last poll window: ${number(window.n)} deliveries, p50 ≤ ${window.p50} ms (solid line), ` +
+        `p99 ≤ ${window.p99} ms (dashed line); chart top ${top} ms.`
+      : "No deliveries by this process in the last poll window.";
+  }
+
+  // ---- slots -----------------------------------------------------------------------------
+
+  let slotStart = 0;
+  const slotStarts = [];
+
+  async function loadSlots() {
+    const only = $("slots-only").value;
+    const [page, o] = await Promise.all([
+      call("GET", `${API}/slots?start=${slotStart}&count=${SLOT_PAGE}&only=${only}`),
+      call("GET", `${API}/overview`),
+    ]);
+    const f = o.fleet;
+    $("slots-summary").textContent =
+      `${number(o.slotAmount)} slots, ${number(f.heldSlots)} held by ${f.members.length} ` +
+      `process(es); unowned: ${number(f.unownedSlots)}; stalled (due unclaimed for ` +
+      `${duration(f.stalledAfterMs)} or more): ${number(f.stalledSlots)}.`;
+    $("slots-table").tBodies[0].replaceChildren(
+      ...page.slots.map((s) => {
+        const status = !s.held ? "⚠ unowned" : s.stalled ? "⚠ stalled" : "ok";
+        const owner = s.owner ?? (s.assigned ? `none (assigned to ${s.assigned})` : "none");
+        return el(
+          "tr", { className: !s.held ? "unowned" : s.stalled ? "stalled" : "", "data-slot": String(s.slot) },
+          el("th", { scope: "row" }, String(s.slot)),
+          el("td", {}, status),
+          el("td", {}, owner),
+          el("td", { className: "num" }, s.epoch === null ? "—" : String(s.epoch)),
+          el("td", { className: "num" }, String(s.broker)),
+          el("td", { className: "num" }, number(s.scheduled)),
+          el("td", { className: "num" }, number(s.due)),
+          el("td", { className: "num" }, number(s.prepared)),
+          el("td", { className: "num" }, number(s.dead)),
+          el("td", { className: "num" }, s.oldestOverdueMs ? duration(s.oldestOverdueMs) : "—"),
+        );
+      }),
+    );
+    $("slots-next").disabled = page.nextStart === null;
+    $("slots-next").dataset.next = page.nextStart === null ? "" : String(page.nextStart);
+    $("slots-prev").disabled = slotStarts.length === 0;
+    stamp("slots-updated");
+    markLoaded("page-slots");
+  }
+
+  // ---- message ---------------------------------------------------------------------------
+
+  let shown = null; // {id, basis} of the message on screen
+
+  function messagePath(id, basis, suffix = "") {
+    const query = basis ? `?slotBasis=${encodeURIComponent(basis)}` : "";
+    return `${API}/messages/${encodeURIComponent(id)}${suffix}${query}`;
+  }
+
+  async function lookUp(id, basis) {
+    $("message-status").textContent = "";
+    $("message-result").hidden = true;
+    shown = null;
+    let m;
+    try {
+      m = await call("GET", messagePath(id, basis));
+    } catch (error) {
+      if (error.status === 404) {
+        $("message-status").textContent = `Not found: ${error.message}`;
+        return;
+      }
+      throw error;
+    }
+    shown = { id, basis };
+    const nowMs = Date.now();
+    fill($("message-fields"), [
+      ["Id", m.id],
+      ["State", m.state],
+      ["Slot", String(m.slot)],
+      ["Due", instant(m.dueMs, nowMs)],
+      ["Attempts", number(m.attempts)],
+      ["Lease deadline", instant(m.leaseDeadlineMs, nowMs)],
+      ["Died", instant(m.diedMs, nowMs)],
+      ["Last error", m.deadReason ?? "—"],
+    ]);
+    $("message-headers").tBodies[0].replaceChildren(
+      ...Object.entries(m.headers || {}).map(([name, value]) =>
+        el("tr", {}, el("td", { className: "id" }, name), el("td", { className: "id" }, value)),
+      ),
+    );
+    const payload = m.payload || "";
+    $("message-payload").textContent = clip(payload, PREVIEW_CHARS);
+    $("payload-note").textContent =
+      `(${m.encoding}, ${number(payload.length)} characters` +
+      (payload.length > PREVIEW_CHARS ? `, first ${number(PREVIEW_CHARS)} shown)` : ")");
+    $("reschedule-form").hidden = m.state !== "scheduled";
+    $("redrive-button").hidden = m.state !== "dead";
+    $("cancel-button").hidden = m.state === "dead";
+    $("message-result").hidden = false;
+    markLoaded("page-message");
+  }
+
+  async function cancelShown() {
+    if (!shown) return;
+    const ok = await confirmAction(`Cancel message “${shown.id}”? It will never be delivered.`, "Cancel message");
+    if (!ok) return;
+    const answer = await call("DELETE", messagePath(shown.id, shown.basis));
+    $("message-result").hidden = true;
+    $("message-status").textContent = `Message “${answer.id}”: ${answer.result}.`;
+    shown = null;
+  }
+
+  async function redriveShown() {
+    if (!shown) return;
+    const ok = await confirmAction(`Redrive dead message “${shown.id}”? It is delivered again now.`, "Redrive");
+    if (!ok) return;
+    const target = shown.basis ? { id: shown.id, slotBasis: shown.basis } : shown.id;
+    const answer = await call("POST", `${API}/dead/redrive`, { ids: [target] });
+    const { id, basis } = shown;
+    await lookUp(id, basis);
+    $("message-status").textContent = `Message “${answer.results[0].id}”: ${answer.results[0].result}.`;
+  }
+
+  async function rescheduleShown(seconds) {
+    if (!shown) return;
+    const answer = await call("POST", messagePath(shown.id, shown.basis, "/reschedule"), {
+      delayMs: Math.round(seconds * 1000),
+    });
+    const { id, basis } = shown;
+    await lookUp(id, basis);
+    $("message-status").textContent = `Message “${answer.id}”: ${answer.result}, due ${instant(answer.dueMs)}.`;
+  }
+
+  // ---- dead letters ----------------------------------------------------------------------
+
+  let deadCursor = null;
+  let deadNext = null;
+
+  async function loadDead() {
+    const cursor = deadCursor ? `&cursor=${encodeURIComponent(deadCursor)}` : "";
+    const [page, stats] = await Promise.all([
+      call("GET", `${API}/dead?count=${DEAD_PAGE}${cursor}`),
+      call("GET", `${API}/stats`),
+    ]);
+    deadNext = page.nextCursor;
+    $("dead-count").textContent = `${number(stats.dead)} dead in the topic`;
+    const nowMs = Date.now();
+    $("dead-table").tBodies[0].replaceChildren(
+      ...page.messages.map((m) => {
+        const box = el("input", { type: "checkbox", "aria-label": `Select ${clip(m.id, 80)}` });
+        box.dataset.id = m.id;
+        const link = el("a", { href: `#/message/${encodeURIComponent(m.id)}`, className: "id" }, clip(m.id, 120));
+        return el(
+          "tr", {},
+          el("td", {}, box),
+          el("td", {}, link),
+          el("td", { className: "num" }, String(m.slot)),
+          el("td", { className: "num" }, number(m.attempts)),
+          el("td", {}, instant(m.diedMs, nowMs)),
+          el("td", {}, clip(m.deadReason || "—", REASON_CHARS)),
+          el("td", { className: "preview" }, clip(m.payload || "", LIST_PREVIEW_CHARS)),
+        );
+      }),
+    );
+    $("dead-select-all").checked = false;
+    $("dead-next").disabled = deadNext === null;
+    markLoaded("page-dead");
+  }
+
+  function selectedDead() {
+    return [...$("dead-table").tBodies[0].querySelectorAll("input[type=checkbox]:checked")].map(
+      (box) => box.dataset.id,
+    );
+  }
+
+  async function deadAction(action, all) {
+    const ids = all ? [] : selectedDead();
+    if (!all && ids.length === 0) {
+      $("dead-status").textContent = "Select dead messages first.";
+      return;
+    }
+    const what = all ? "every dead message of the topic" : `${ids.length} selected dead message(s)`;
+    const text = action === "redrive"
+      ? `Redrive ${what}? They are scheduled again and delivered now.`
+      : `Purge ${what}? They are deleted for good.`;
+    const verb = action === "redrive" ? "Redrive" : "Purge";
+    if (!(await confirmAction(text, verb))) return;
+    const answer = await call("POST", `${API}/dead/${action}`, all ? { all: true } : { ids });
+    if (all) {
+      $("dead-status").textContent = `${verb}: ${number(answer.moved)} message(s).`;
+    } else {
+      const done = answer.results.filter((r) => r.result === "redriven" || r.result === "purged" || r.result === "ok").length;
+      const other = answer.results.filter((r) => !(r.result === "redriven" || r.result === "purged" || r.result === "ok"));
+      $("dead-status").textContent =
+        `${verb}: ${done} of ${answer.results.length}` +
+        (other.length ? `; not done: ${other.map((r) => `${clip(r.id, 60)} (${r.result})`).join(", ")}` : ".");
+    }
+    deadCursor = null;
+    await loadDead();
+  }
+
+  // ---- pages and polling -----------------------------------------------------------------
+
+  const PAGES = ["overview", "slots", "message", "dead"];
+
+  function route() {
+    const hash = location.hash.replace(/^#\/?/, "");
+    const [page, ...rest] = hash.split("/");
+    return { page: PAGES.includes(page) ? page : "overview", arg: rest.join("/") };
+  }
+
+  async function refresh() {
+    const { page } = route();
+    if (busy) return;
+    busy = true;
+    try {
+      if (page === "overview") await loadOverview();
+      else if (page === "slots") await loadSlots();
+      else if (page === "dead") await loadDead();
+      clearError();
+    } catch (error) {
+      showError(explain(error));
+    } finally {
+      busy = false;
+    }
+  }
+
+  function schedulePoll() {
+    clearTimeout(timer);
+    const every = POLL_MS[route().page];
+    if (every) timer = setTimeout(tick, every);
+  }
+
+  async function tick() {
+    if (document.visibilityState === "visible") await refresh();
+    schedulePoll();
+  }
+
+  async function show() {
+    const { page, arg } = route();
+    for (const name of PAGES) {
+      $(`page-${name}`).hidden = name !== page;
+      const link = $(`nav-${name}`);
+      if (name === page) link.setAttribute("aria-current", "page");
+      else link.removeAttribute("aria-current");
+    }
+    if (page === "message" && arg) {
+      let id = null;
+      try {
+        id = decodeURIComponent(arg);
+      } catch (error) {
+        showError("the message id in the address is not valid percent-encoding");
+      }
+      if (id !== null) {
+        $("lookup-id").value = id;
+        $("lookup-basis").value = "";
+        await guarded(() => lookUp(id, ""));
+      }
+    }
+    await refresh();
+    schedulePoll();
+  }
+
+  /** Run an action; show its error in the alert region instead of the console. */
+  async function guarded(action) {
+    try {
+      await action();
+      clearError();
+    } catch (error) {
+      showError(explain(error));
+    }
+  }
+
+  function updateTokenState() {
+    $("token-state").textContent = token ? "token set" : "no token";
+  }
+
+  function wire() {
+    $("token-form").addEventListener("submit", (event) => {
+      event.preventDefault();
+      token = $("token-input").value.trim();
+      $("token-input").value = "";
+      if (token) sessionStorage.setItem(TOKEN_KEY, token);
+      else sessionStorage.removeItem(TOKEN_KEY);
+      updateTokenState();
+      show();
+    });
+    $("lookup-form").addEventListener("submit", (event) => {
+      event.preventDefault();
+      const id = $("lookup-id").value;
+      guarded(() => lookUp(id, $("lookup-basis").value));
+    });
+    $("reschedule-form").addEventListener("submit", (event) => {
+      event.preventDefault();
+      guarded(() => rescheduleShown(Number($("reschedule-delay").value)));
+    });
+    $("cancel-button").addEventListener("click", () => guarded(cancelShown));
+    $("redrive-button").addEventListener("click", () => guarded(redriveShown));
+    $("slots-only").addEventListener("change", () => {
+      slotStart = 0;
+      slotStarts.length = 0;
+      refresh();
+    });
+    $("slots-next").addEventListener("click", () => {
+      if (!$("slots-next").dataset.next) return;
+      slotStarts.push(slotStart);
+      slotStart = Number($("slots-next").dataset.next);
+      refresh();
+    });
+    $("slots-prev").addEventListener("click", () => {
+      if (slotStarts.length === 0) return;
+      slotStart = slotStarts.pop();
+      refresh();
+    });
+    $("dead-refresh").addEventListener("click", () => {
+      deadCursor = null;
+      refresh();
+    });
+    $("dead-next").addEventListener("click", () => {
+      if (deadNext === null) return;
+      deadCursor = deadNext;
+      refresh();
+    });
+    $("dead-select-all").addEventListener("change", (event) => {
+      for (const box of $("dead-table").tBodies[0].querySelectorAll("input[type=checkbox]")) {
+        box.checked = event.target.checked;
+      }
+    });
+    $("dead-redrive-selected").addEventListener("click", () => guarded(() => deadAction("redrive", false)));
+    $("dead-purge-selected").addEventListener("click", () => guarded(() => deadAction("purge", false)));
+    $("dead-redrive-all").addEventListener("click", () => guarded(() => deadAction("redrive", true)));
+    $("dead-purge-all").addEventListener("click", () => guarded(() => deadAction("purge", true)));
+    window.addEventListener("hashchange", show);
+    document.addEventListener("visibilitychange", () => {
+      if (document.visibilityState === "visible") tick();
+    });
+  }
+
+  wire();
+  updateTokenState();
+  show();
+})();

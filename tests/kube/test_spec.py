@@ -1,0 +1,94 @@
+"""Parsing a DelayTopic spec: defaults as in the CRD, and one-line errors naming the field."""
+
+from __future__ import annotations
+
+import pytest
+
+from delayq.kube.builders.common import BuildContext
+from delayq.kube.builders.service import topic_file
+from delayq.kube.spec import SpecError, parse_duration_ms, parse_spec
+from delayq.queue.backoff import Backoff, Jitter
+from delayq.queue.topic import TopicType
+from delayq.service.config import ServiceConfig
+from delayq.service.topic_file import TopicFile
+
+
+def test_spec_defaults_match_the_crd() -> None:
+    spec = parse_spec("orders", "shop", {})
+    assert (spec.slot_amount, spec.topic_type, spec.brokers, spec.replicas_per_broker) == (
+        16,
+        TopicType.PULL,
+        1,
+        1,
+    )
+    assert (spec.max_retries, spec.ack_timeout_ms, spec.deletion_policy) == (16, 30_000, "Retain")
+    assert spec.topic.slot_amount == 16
+
+
+@pytest.mark.parametrize(
+    ("spec", "message"),
+    [
+        ({"slotAmount": 12}, "power of two"),
+        ({"slotAmount": 0}, "slotAmount must be an integer between 1 and 16384"),
+        ({"topicType": "kafka"}, "topicType 'kafka' must be one of"),
+        ({"brokers": 8, "slotAmount": 4}, "brokers must not exceed slotAmount"),
+        ({"topicType": "webhook"}, "needs spec.delivery.webhook.url"),
+        ({"delivery": {"stream": {}}}, "spec.delivery.stream is only used by topicType stream"),
+        ({"ackTimeout": "0ms"}, "ackTimeout must be between 1ms and 24h"),
+        ({"maxRetries": True}, "maxRetries must be an integer"),
+        ({"zookeeper": {"connect": "not a host"}}, "zookeeper.connect"),
+        ({"deletionPolicy": "Orphan"}, "deletionPolicy 'Orphan' must be Retain or Delete"),
+        ({"worker": {"concurrency": 0}}, "worker.concurrency must be an integer between 1"),
+    ],
+)
+def test_invalid_specs_name_the_field(spec: dict[str, object], message: str) -> None:
+    with pytest.raises(SpecError, match=None) as error:
+        parse_spec("orders", "shop", spec)
+    assert message in str(error.value)
+
+
+def test_topic_name_must_be_a_dns_label() -> None:
+    with pytest.raises(SpecError, match="DNS label"):
+        parse_spec("Orders_1", "shop", {})
+
+
+@pytest.mark.parametrize(
+    ("value", "expected"), [("500ms", 500), ("30s", 30_000), ("1m30s", 90_000), ("1h", 3_600_000)]
+)
+def test_durations(value: str, expected: int) -> None:
+    assert parse_duration_ms(value, "x", 1, 86_400_000) == expected
+
+
+def test_retry_policy_reaches_the_delay_service() -> None:
+    """spec.retry → TopicSpec → topic.json → ServiceConfig.backoff, with the CRD's defaults when
+    absent (doubling from 1 s up to 1 h, no jitter)."""
+    spec = parse_spec(
+        "orders",
+        "shop",
+        {"retry": {"backoffBase": "250ms", "backoffMax": "2m", "backoffMultiplier": 1.5,
+                   "jitter": "full"}},
+    )  # fmt: skip
+    file = TopicFile.from_json(topic_file(spec, BuildContext(), spec.slot_amount).to_json())
+    backoff = ServiceConfig.from_env({}, file.service_settings({})).backoff
+    assert backoff == Backoff(250, 1.5, 120_000, Jitter.FULL)
+    assert parse_spec("orders", "shop", {}).retry_jitter is Jitter.NONE
+    assert (parse_spec("o", "shop", {}).retry_backoff_base_ms, ServiceConfig().backoff) == (
+        1000,
+        Backoff(1000, 2.0, 3_600_000, Jitter.NONE),
+    )
+
+
+@pytest.mark.parametrize(
+    ("retry", "message"),
+    [
+        ({"backoffBase": "2h", "backoffMax": "1h"}, "retry.backoffMax (1h) must not be shorter"),
+        ({"backoffMultiplier": 0.5}, "retry.backoffMultiplier must be a number between 1 and 10"),
+        ({"backoffMultiplier": "2"}, "retry.backoffMultiplier must be a number"),
+        ({"jitter": "some"}, "retry.jitter 'some' must be none or full"),
+        ({"backoffBase": "8d"}, "retry.backoffBase"),
+    ],
+)
+def test_bad_retry_policies_name_the_field(retry: dict[str, object], message: str) -> None:
+    with pytest.raises(SpecError) as error:
+        parse_spec("orders", "shop", {"retry": retry})
+    assert message in str(error.value)

@@ -1,0 +1,254 @@
+"""The admin commands (`delayq topic stats`, `msg`, `dead`, `slots`) against a real `delayq
+serve` process on the session's real redis-server: tables, `--json`, exit codes, one-line
+errors, and that the actions change what Redis holds."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import subprocess
+import sys
+import urllib.request
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+import redis
+
+from delayq.cli import main
+from delayq.local.ports import free_port
+from delayq.local.processes import ServeProcess
+from delayq.local.redis_server import RedisServer
+from delayq.local.waiting import wait_until
+from delayq.queue.keys import Part, SlotKeys
+from delayq.queue.topic import TopicType
+from delayq.service.admin_cli import BAD_INPUT, NOT_FOUND, OK, UNREACHABLE
+from delayq.service.config import ServiceConfig
+
+NAMESPACE, TOPIC, TOKEN, SLOTS = "ops", "admin", "admin-token", 8
+
+
+@dataclasses.dataclass
+class Served:
+    process: ServeProcess
+    redis: redis.Redis
+
+    @property
+    def url(self) -> str:
+        return self.process.url
+
+    def api(self, method: str, path: str, body: Any = None) -> Any:
+        data = None if body is None else json.dumps(body).encode()
+        request = urllib.request.Request(
+            f"{self.url}/v1/topics/{TOPIC}{path}", data=data, method=method
+        )
+        request.add_header("Authorization", f"Bearer {TOKEN}")
+        request.add_header("Content-Type", "application/json")
+        with urllib.request.urlopen(request, timeout=10) as answer:
+            return json.loads(answer.read())
+
+    def key(self, slot: int, part: Part) -> str:
+        return SlotKeys(NAMESPACE, TOPIC, slot).key(part)
+
+    def to_dead(self, ids: list[str]) -> None:
+        for message_id in ids:
+            self.api("POST", "/messages", {"id": message_id, "delayMs": 0, "payload": "p"})
+        leased: list[dict[str, Any]] = []
+
+        def lease() -> bool:
+            leased.extend(self.api("POST", "/leases", {"max": len(ids) - len(leased)})["leases"])
+            return len(leased) == len(ids)
+
+        wait_until(lease, 10, "the messages leased", interval_s=0.05)
+        tokens = [lease["token"] for lease in leased]
+        self.api("POST", "/leases/nack", {"tokens": tokens, "dead": True, "reason": "boom"})
+
+
+@pytest.fixture(scope="module")
+def served(redis_server: RedisServer, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
+    config = ServiceConfig(
+        redis_url=redis_server.url,
+        namespace=NAMESPACE,
+        topic=TOPIC,
+        slot_amount=SLOTS,
+        topic_type=TopicType.PULL,
+        api_token=TOKEN,
+        port=free_port(),
+        grace_ms=2000,
+    )
+    log = tmp_path_factory.mktemp("admin") / "serve.log"
+    process = ServeProcess(config, log).start()
+    client = redis.Redis.from_url(redis_server.url)
+
+    def ready() -> bool:
+        assert process.running(), log.read_text()
+        try:
+            with urllib.request.urlopen(process.url + "/readyz", timeout=2) as answer:
+                return bool(answer.status == 200)
+        except OSError:
+            return False
+
+    try:
+        wait_until(ready, 30, "delayq serve ready", interval_s=0.05)
+        yield Served(process, client)
+    finally:
+        process.terminate()
+        process.wait()
+        client.close()
+
+
+@pytest.fixture
+def run(served: Served, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]):
+    """`delayq <argv>` in this process against the served topic: (exit code, stdout, stderr)."""
+    monkeypatch.setenv("DELAYQ_API_TOKEN", TOKEN)
+    monkeypatch.setenv("DELAYQ_URL", served.url)
+    monkeypatch.setenv("DELAYQ_TOPIC", TOPIC)
+
+    def invoke(*argv: str) -> tuple[int, str, str]:
+        try:
+            code = main(list(argv))
+        except SystemExit as exit_:  # argparse
+            code = int(exit_.code or 0)
+        out, err = capsys.readouterr()
+        return code, out, err
+
+    return invoke
+
+
+def test_topic_stats_table_and_json_match_the_api(served: Served, run):
+    served.api("POST", "/messages", {"id": "stats-1", "delayMs": 30_000})
+    served.api("POST", "/messages", {"id": "stats-2", "delayMs": 7_200_000})
+    code, out, err = run("topic", "stats", "--json")
+    assert (code, err) == (OK, "")
+    overview = json.loads(out)
+    api = served.api("GET", "/overview")
+    assert overview["depth"] == api["depth"]
+    assert overview["dueHistogram"] == api["dueHistogram"]
+    code, out, _ = run("topic", "stats")
+    assert code == OK
+    lines = dict(line.split("  ", 1) for line in out.splitlines())
+    assert lines["due in next minute"].strip() == str(api["dueHistogram"]["nextMinute"])
+    assert lines["slots held"].strip() == f"{SLOTS} of {SLOTS}"
+
+
+def test_msg_get_reschedule_cancel_change_redis(served: Served, run):
+    scheduled = served.api("POST", "/messages", {"id": "m/1", "delayMs": 60_000, "payload": "hi"})
+    store = served.key(scheduled["slot"], Part.STORE)
+    code, out, _ = run("msg", "get", "m/1")
+    assert code == OK
+    assert "scheduled" in out
+    assert "hi (2 characters)" in out
+    code, out, _ = run("msg", "get", "m/1", "--json")
+    assert json.loads(out) == served.api("GET", "/messages/m%2F1")
+
+    code, out, _ = run("msg", "reschedule", "m/1", "--delay-ms", "3600000")
+    assert (code, "rescheduled") == (OK, out.split(": ")[1].split(",")[0])
+    due = served.redis.zscore(store, "m/1")
+    assert due is not None
+    assert due > scheduled["dueMs"] + 3_000_000
+
+    code, out, _ = run("msg", "cancel", "m/1")
+    assert (code, out.strip()) == (OK, "m/1: cancelled")
+    assert served.redis.zscore(store, "m/1") is None
+    code, out, err = run("msg", "cancel", "m/1")
+    assert code == NOT_FOUND
+    assert out == ""
+    assert len(err.strip().splitlines()) == 1
+    assert "404" in err
+
+
+def test_text_from_the_service_cannot_drive_the_terminal(served: Served, run):
+    served.api("POST", "/messages", {"id": "esc", "delayMs": 60_000, "payload": "\x1b]0;pwn\x07x"})
+    code, out, _ = run("msg", "get", "esc")
+    assert code == OK
+    assert "\x1b" not in out
+    assert "\\x1b]0;pwn\\x07x" in out
+
+
+def test_bad_input_is_one_line_and_exit_2(served: Served, run, monkeypatch):
+    for argv in (
+        ("msg", "get", "a\x01b"),  # the service refuses the control character: 400
+        ("msg", "get", "x", "--url", "nope"),
+        ("msg", "get", ""),
+        ("dead", "redrive"),
+        ("dead", "redrive", "a", "--all"),
+        ("dead", "purge", "--all"),  # without --yes
+        ("slots", "--count", "5000"),  # the service's bound: 400 naming count
+    ):
+        code, out, err = run(*argv)
+        assert code == BAD_INPUT, argv
+        assert out == ""
+        assert len(err.strip().splitlines()) == 1, (argv, err)
+        assert "Traceback" not in err
+    code, _, err = run("msg", "reschedule", "x", "--delay-ms", "-5")
+    assert code == BAD_INPUT  # argparse: usage on stderr, never a traceback
+    assert "negative" in err
+    monkeypatch.delenv("DELAYQ_TOPIC")
+    code, _, err = run("topic", "stats")
+    assert code == BAD_INPUT
+    assert "--topic" in err
+
+
+def test_unreachable_and_refused_token_exit_3(served: Served, run, monkeypatch):
+    code, _, err = run("topic", "stats", "--url", f"http://127.0.0.1:{free_port()}")
+    assert code == UNREACHABLE
+    assert "unreachable" in err
+    monkeypatch.setenv("DELAYQ_API_TOKEN", "wrong")
+    code, _, err = run("slots")
+    assert code == UNREACHABLE
+    assert "401" in err
+    assert "DELAYQ_API_TOKEN" in err
+
+
+def test_dead_list_redrive_purge(served: Served, run):
+    served.api("POST", "/dead/purge", {"all": True})
+    served.to_dead(["d1", "d2", "d3"])
+    code, out, _ = run("dead", "list")
+    assert code == OK
+    listed = {line.split()[0] for line in out.splitlines()[1:]}
+    assert listed == {"d1", "d2", "d3"}
+    assert "boom" in out
+
+    code, out, err = run("dead", "redrive", "d1", "nobody", "--progress")
+    assert code == NOT_FOUND  # one of the ids was not dead
+    assert out.splitlines()[0] == "1 of 2 redriven"
+    assert "redriven [" in err  # the progress bar
+    slot = served.api("GET", "/messages/d1")["slot"]
+    assert served.redis.zscore(served.key(slot, Part.DEAD), "d1") is None
+    assert served.redis.zscore(served.key(slot, Part.STORE), "d1") is not None
+
+    code, out, err = run("dead", "purge", "--all", "--yes", "--progress")
+    assert (code, out.strip()) == (OK, "2 purged")
+    assert "2/2" in err
+    assert sum(served.redis.zcard(served.key(s, Part.DEAD)) for s in range(SLOTS)) == 0
+
+
+def test_slots_table_names_the_owner(served: Served, run):
+    code, out, _ = run("slots", "--count", "3")
+    assert code == OK
+    rows = out.splitlines()
+    assert rows[0].split()[:3] == ["SLOT", "STATUS", "OWNER"]
+    assert [row.split()[0] for row in rows[1:]] == ["0", "1", "2"]
+    member = served.api("GET", "/overview")["process"]["member"]
+    assert all(row.split()[1:3] == ["ok", member] for row in rows[1:])
+    code, out, _ = run("slots", "--json", "--only", "attention")
+    assert json.loads(out)["slots"] == []
+
+
+def test_the_installed_command_exits_with_the_code(served: Served):
+    """The console script itself (a new process): the code is the process's exit status."""
+    env = {"DELAYQ_API_TOKEN": TOKEN, "PATH": "/usr/bin:/bin"}
+    argv = [sys.executable, "-m", "delayq.cli", "msg", "get", "absent"]
+    argv += ["--url", served.url, "--topic", TOPIC]
+    done = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=60)
+    assert done.returncode == NOT_FOUND
+    assert done.stdout == ""
+    assert done.stderr.startswith("delayq msg get: HTTP 404")
+
+
+def test_every_exit_code_is_documented_in_help(capsys):
+    with pytest.raises(SystemExit):
+        main(["dead", "purge", "--help"])
+    text = " ".join(capsys.readouterr().out.split())
+    for code in (OK, NOT_FOUND, BAD_INPUT, UNREACHABLE):
+        assert f"{code} " in text

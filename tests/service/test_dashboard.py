@@ -1,0 +1,317 @@
+"""The dashboard (`/ui`) used as a person would: headless Chromium (Debian's, driven by
+Selenium through /usr/bin/chromedriver) against two real `delayq serve` processes sharing a
+pull topic through a real ZooKeeper, on the session's real redis-server.
+
+What is checked: pages load without console errors, the numbers shown are the API's, cancel,
+reschedule, redrive and purge change what Redis holds, XSS attempts in ids, payloads, headers
+and reasons render as inert text, the read-only token can look but not act, and the page is
+usable from the keyboard. Every wait has a deadline (WebDriverWait or `wait_until`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pytest
+import redis
+from selenium import webdriver
+from selenium.webdriver.common.by import By
+from selenium.webdriver.common.keys import Keys
+from selenium.webdriver.support.ui import WebDriverWait
+
+from delayq.local.redis_server import RedisServer
+from delayq.local.waiting import wait_until
+from delayq.local.zookeeper_server import ZooKeeperServer
+from delayq.queue.keys import Part, SlotKeys
+from delayq.service.overview import STALLED_AFTER_MS
+from tests.service.dashboard_support import (
+    NAMESPACE,
+    READ_TOKEN,
+    TOPIC,
+    WAIT_S,
+    Fleet,
+    chrome,
+    console_errors,
+    definitions,
+    fleet,
+    loads,
+    message_hash,
+    open_dashboard,
+    wait_for_load,
+)
+
+SLOTS = 16
+
+
+@pytest.fixture(scope="module")
+def served(
+    redis_server: RedisServer,
+    zookeeper_server: ZooKeeperServer,
+    tmp_path_factory: pytest.TempPathFactory,
+) -> Iterator[Fleet]:
+    workdir = tmp_path_factory.mktemp("dashboard")
+    with fleet(redis_server.url, zookeeper_server.hosts, workdir, 2, SLOTS) as started:
+        yield started
+
+
+@pytest.fixture(scope="module")
+def driver() -> Iterator[webdriver.Chrome]:
+    browser = chrome()
+    try:
+        yield browser
+    finally:
+        browser.quit()
+
+
+@pytest.fixture
+def store(redis_server: RedisServer) -> Iterator[redis.Redis]:
+    client = redis.Redis.from_url(redis_server.url, decode_responses=True)
+    try:
+        yield client
+    finally:
+        client.close()
+
+
+def key(slot: int, part: Part) -> str:
+    return SlotKeys(NAMESPACE, TOPIC, slot).key(part)
+
+
+def dead_total(store: redis.Redis) -> int:
+    return sum(int(store.zcard(key(slot, Part.DEAD))) for slot in range(SLOTS))
+
+
+def confirm(driver: webdriver.Chrome) -> None:
+    WebDriverWait(driver, WAIT_S).until(
+        lambda d: d.find_element(By.ID, "confirm").get_attribute("open") is not None,
+        "the confirmation dialog",
+    )
+    driver.find_element(By.ID, "confirm-yes").click()
+
+
+def status_text(driver: webdriver.Chrome, element_id: str, contains: str) -> str:
+    def shown(d: webdriver.Chrome) -> str | None:
+        text: str = d.find_element(By.ID, element_id).text
+        return text if contains in text else None
+
+    return str(WebDriverWait(driver, WAIT_S).until(shown, f"{element_id} to say {contains!r}"))
+
+
+def test_overview_shows_the_apis_numbers_without_console_errors(
+    served: Fleet, driver: webdriver.Chrome
+):
+    served.api("POST", "/dead/purge", {"all": True})
+    for number, delay_ms in enumerate((0, 0, 20_000, 600_000, 7_200_000, 3 * 86_400_000)):
+        served.schedule(f"ov-{number}", delay_ms, payload=f"p{number}")
+    served.kill_to_dead(1, "receiver answered 500")
+    open_dashboard(driver, served.url)
+
+    def agrees(d: webdriver.Chrome) -> bool:
+        api = served.api("GET", "/overview")
+        depth, histogram = api["depth"], api["dueHistogram"]
+        shown = definitions(d, "depth")
+        expected = {
+            "Waiting (not yet due)": str(depth["scheduled"] - depth["due"]),
+            "Due, not yet claimed": str(depth["due"]),
+            "In flight (leased)": str(depth["prepared"]),
+            "Dead": str(depth["dead"]),
+        }
+        rows = d.find_elements(By.CSS_SELECTOR, "#histogram tbody tr")
+        bars = [row.find_element(By.CSS_SELECTOR, "td.num").text for row in rows]
+        keys = ("overdue", "nextMinute", "nextHour", "nextDay", "later")
+        return all(shown[k] == v for k, v in expected.items()) and bars == [
+            str(histogram[k]) for k in keys
+        ]
+
+    WebDriverWait(driver, WAIT_S).until(agrees, "the overview to show the API's numbers")
+    api = served.api("GET", "/overview")
+    assert api["depth"]["dead"] == 1
+    assert api["dueHistogram"]["nextMinute"] == 1
+    assert api["dueHistogram"]["later"] == 1
+    shown_fleet = definitions(driver, "fleet")
+    assert shown_fleet["Slots held"] == f"{SLOTS} of {SLOTS}"
+    assert shown_fleet["Processes"] == "2: web-0, web-1"
+    assert console_errors(driver) == []
+    for number in range(6):  # the due ones would stall their slots for the next tests
+        served.api("DELETE", f"/messages/ov-{number}")
+
+
+def test_slot_map_matches_the_api_and_a_stalled_slot_stands_out(
+    served: Fleet, driver: webdriver.Chrome, store: redis.Redis
+):
+    scheduled = served.schedule("stuck", 60_000)
+    slot = scheduled["slot"]
+    now_s, now_us = store.time()
+    store.zadd(key(slot, Part.STORE), {"stuck": now_s * 1000 + now_us // 1000 - 60_000})
+    open_dashboard(driver, served.url, page="slots")
+
+    def stalled_row(d: webdriver.Chrome) -> bool:
+        row = d.find_element(By.CSS_SELECTOR, f'#slots-table tr[data-slot="{slot}"]')
+        return "stalled" in (row.get_attribute("class") or "")
+
+    WebDriverWait(driver, WAIT_S).until(stalled_row, "the stalled slot to be marked")
+    row = driver.find_element(By.CSS_SELECTOR, f'#slots-table tr[data-slot="{slot}"]')
+    cells = row.find_elements(By.CSS_SELECTOR, "th, td")
+    assert cells[1].text == "⚠ stalled"  # a word and a symbol, not only a colour
+    api = served.api("GET", "/slots")
+    shown = {
+        int(r.get_attribute("data-slot") or -1): r.find_elements(By.CSS_SELECTOR, "td")[1].text
+        for r in driver.find_elements(By.CSS_SELECTOR, "#slots-table tbody tr")
+    }
+    assert shown == {s["slot"]: s["owner"] for s in api["slots"]}
+    assert set(shown.values()) == {"web-0", "web-1"}
+    epoch = store.get(key(slot, Part.EPOCH))
+    assert cells[3].text == epoch
+    assert api["slots"][slot]["oldestOverdueMs"] >= STALLED_AFTER_MS
+    select = driver.find_element(By.ID, "slots-only")
+    select.send_keys("only")  # keyboard: pick "only stalled or unowned"
+    WebDriverWait(driver, WAIT_S).until(
+        lambda d: len(d.find_elements(By.CSS_SELECTOR, "#slots-table tbody tr")) == 1,
+        "only the stalled slot listed",
+    )
+    served.api("DELETE", "/messages/stuck")
+    assert console_errors(driver) == []
+
+
+def test_message_lookup_reschedule_and_cancel_change_redis(
+    served: Fleet, driver: webdriver.Chrome, store: redis.Redis
+):
+    scheduled = served.schedule("order 7/é", 60_000, payload="{}", headers={"tenant": "acme"})
+    store_key = key(scheduled["slot"], Part.STORE)
+    open_dashboard(driver, served.url, page="overview")
+    before = loads(driver, "message")
+    driver.get(f"{served.url}/ui{message_hash('order 7/é')}")
+    wait_for_load(driver, "message", before + 1)
+    fields = definitions(driver, "message-fields")
+    assert (fields["Id"], fields["State"], fields["Slot"]) == (
+        "order 7/é",
+        "scheduled",
+        str(scheduled["slot"]),
+    )
+    assert fields["Attempts"] == "0"
+
+    delay = driver.find_element(By.ID, "reschedule-delay")
+    delay.send_keys("3600", Keys.ENTER)  # the keyboard submits the form
+    status_text(driver, "message-status", "rescheduled")
+    due = store.zscore(store_key, "order 7/é")
+    assert due is not None
+    assert due >= scheduled["dueMs"] + 3_500_000
+
+    # keyboard: the dialog opens on "Keep", so Enter keeps the message
+    driver.find_element(By.ID, "cancel-button").send_keys(Keys.ENTER)
+    WebDriverWait(driver, WAIT_S).until(
+        lambda d: d.switch_to.active_element.get_attribute("id") == "confirm-no",
+        "focus on Keep",
+    )
+    driver.switch_to.active_element.send_keys(Keys.ENTER)
+    WebDriverWait(driver, WAIT_S).until(
+        lambda d: d.find_element(By.ID, "confirm").get_attribute("open") is None, "dialog closed"
+    )
+    assert store.zscore(store_key, "order 7/é") == due
+
+    driver.find_element(By.ID, "cancel-button").click()
+    confirm(driver)
+    status_text(driver, "message-status", "cancelled")
+    wait_until(lambda: store.zscore(store_key, "order 7/é") is None, WAIT_S, "the message gone")
+    assert console_errors(driver) == []
+
+
+def test_dead_letters_redrive_selected_then_purge_all(
+    served: Fleet, driver: webdriver.Chrome, store: redis.Redis
+):
+    served.api("POST", "/dead/purge", {"all": True})
+    for name in ("dl-a", "dl-b", "dl-c"):
+        served.schedule(name, 0)
+    killed = served.kill_to_dead(3, "HTTP 500 from receiver")
+    assert dead_total(store) == 3
+    open_dashboard(driver, served.url, page="dead")
+    rows = driver.find_elements(By.CSS_SELECTOR, "#dead-table tbody tr")
+    assert sorted(r.find_elements(By.CSS_SELECTOR, "td")[1].text for r in rows) == sorted(killed)
+    assert all("HTTP 500 from receiver" in r.text for r in rows)
+    assert driver.find_element(By.ID, "dead-count").text == "3 dead in the topic"
+
+    box = driver.find_element(By.CSS_SELECTOR, '#dead-table input[data-id="dl-b"]')
+    box.send_keys(Keys.SPACE)  # keyboard selection
+    assert box.is_selected()
+    driver.find_element(By.ID, "dead-redrive-selected").click()
+    confirm(driver)
+    status_text(driver, "dead-status", "Redrive: 1 of 1")
+    slot = served.api("GET", "/messages/dl-b")["slot"]
+    assert store.zscore(key(slot, Part.DEAD), "dl-b") is None
+    assert store.zscore(key(slot, Part.STORE), "dl-b") is not None
+    assert dead_total(store) == 2
+
+    driver.find_element(By.ID, "dead-purge-all").click()
+    confirm(driver)
+    status_text(driver, "dead-status", "Purge: 2 message(s)")
+    assert dead_total(store) == 0
+    assert driver.find_elements(By.CSS_SELECTOR, "#dead-table tbody tr") == []
+    assert console_errors(driver) == []
+
+
+XSS_ID = '<img src=x onerror="window.__xss=1">'
+XSS_PAYLOAD = "<script>window.__xss=2</script><b>bold</b>"
+XSS_HEADER = ('<i onmouseover="window.__xss=3">h</i>', '"><svg onload="window.__xss=4">')
+XSS_REASON = "<iframe src=javascript:window.__xss=5></iframe>"
+
+
+def test_xss_attempts_in_ids_payloads_headers_and_reasons_render_inert(
+    served: Fleet, driver: webdriver.Chrome
+):
+    served.api("POST", "/dead/purge", {"all": True})
+    served.schedule(XSS_ID, 120_000, payload=XSS_PAYLOAD, headers=dict([XSS_HEADER]))
+    served.schedule("xss-dead", 0, payload=XSS_PAYLOAD)
+    served.kill_to_dead(1, XSS_REASON, including="xss-dead")
+    open_dashboard(driver, served.url, page="dead")
+    # an earlier test's message may have gone to dead beside ours: pick ours
+    dead_row = next(
+        row
+        for row in driver.find_elements(By.CSS_SELECTOR, "#dead-table tbody tr")
+        if "xss-dead" in row.text
+    )
+    assert XSS_REASON in dead_row.text
+    assert XSS_PAYLOAD[:40] in dead_row.text
+
+    before = loads(driver, "message")
+    driver.get(f"{served.url}/ui{message_hash(XSS_ID)}")
+    wait_for_load(driver, "message", before + 1)
+    assert definitions(driver, "message-fields")["Id"] == XSS_ID
+    assert driver.find_element(By.ID, "message-payload").text == XSS_PAYLOAD
+    header_cells = driver.find_elements(By.CSS_SELECTOR, "#message-headers td")
+    assert [c.text for c in header_cells] == list(XSS_HEADER)
+
+    injected = "main img, main script, main iframe, main b, main i, #message-result svg"
+    assert driver.find_elements(By.CSS_SELECTOR, injected) == []
+    assert driver.execute_script("return window.__xss") is None
+    assert console_errors(driver) == []  # a blocked inline script would log a CSP violation
+
+
+def test_read_only_token_looks_but_cannot_act(
+    served: Fleet, driver: webdriver.Chrome, store: redis.Redis
+):
+    scheduled = served.schedule("keep-me", 60_000)
+    open_dashboard(driver, served.url, token=READ_TOKEN)
+    assert definitions(driver, "depth")["Waiting (not yet due)"] != ""
+    before = loads(driver, "message")
+    driver.get(f"{served.url}/ui{message_hash('keep-me')}")
+    wait_for_load(driver, "message", before + 1)
+    driver.find_element(By.ID, "cancel-button").click()
+    confirm(driver)
+    assert "read-only token" in status_text(driver, "error", "read-only")
+    assert store.zscore(key(scheduled["slot"], Part.STORE), "keep-me") is not None
+    errors = console_errors(driver)
+    assert [e for e in errors if "403" not in e["message"]] == []  # the refused DELETE only
+
+
+def test_every_control_has_a_name_for_assistive_technology(served: Fleet, driver):
+    """Keyboard and screen-reader users need a label on every control."""
+    open_dashboard(driver, served.url)
+    unnamed = driver.execute_script(
+        """
+        return [...document.querySelectorAll('input, select, button, a[href]')].filter((el) => {
+          const label = el.labels && el.labels.length > 0;
+          const text = (el.textContent || '').trim() !== '';
+          return !label && !text && !el.getAttribute('aria-label');
+        }).map((el) => el.outerHTML);
+        """
+    )
+    assert unnamed == []
