@@ -29,7 +29,11 @@ from delayq.service.topic_file import TopicFile
 
 CTX = BuildContext(image="delayq:test", redis_image="redis:test", operator_namespace="ops")
 CREDS = Credentials(
-    redis_password="pw", api_token="tok", zookeeper_password="zk", redis_admin_password="admin"
+    redis_password="pw",
+    api_token="tok",
+    zookeeper_password="zk",
+    redis_admin_password="admin",
+    read_token="viewer",
 )
 OWNER = {
     "apiVersion": "delayq.io/v1alpha1",
@@ -356,6 +360,7 @@ def test_secret_holds_every_credential_base64() -> None:
         naming.SECRET_API_TOKEN: "dG9r",
         naming.SECRET_ZOOKEEPER_PASSWORD: "ems=",
         naming.SECRET_REDIS_ADMIN_PASSWORD: "YWRtaW4=",
+        naming.SECRET_READ_TOKEN: "dmlld2Vy",
     }
 
 
@@ -382,6 +387,15 @@ def test_service_pods_take_the_optional_rotation_and_metrics_tokens() -> None:
     assert refs[env_name("api_token")] == {"name": "orders-credentials", "key": "api-token"}
     secret = by_kind_name(rendered())["Secret", "orders-credentials"]
     assert not {"api-token-previous", "metrics-token"} & set(secret["data"])
+
+
+def test_service_pods_take_the_read_token_the_operator_generates() -> None:
+    """The read-only token is the Secret's own key (generated, not optional): every pod
+    serves the dashboard to its holder, and serve reads it from the variable it documents."""
+    sts = by_kind_name(rendered())["StatefulSet", "orders-service"]
+    (container,) = sts["spec"]["template"]["spec"]["containers"]
+    (entry,) = [e for e in container["env"] if e["name"] == env_name("read_token")]
+    assert entry["valueFrom"]["secretKeyRef"] == {"name": "orders-credentials", "key": "read-token"}
 
 
 def test_network_policy_admits_only_service_pods_redis_peers_and_operator() -> None:

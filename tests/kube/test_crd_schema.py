@@ -254,7 +254,7 @@ def longest_valid_topic_name() -> int:
             brokers=MAX_BROKERS,
             replicas_per_broker=MAX_REPLICAS_PER_BROKER,
         )
-        credentials = Credentials("pw", "tok", "zk", "admin")
+        credentials = Credentials("pw", "tok", "zk", "admin", "viewer")
         manifests = build_all(spec, ctx, credentials, MAX_SLOT_AMOUNT, True)
         valid = True
         for manifest in manifests:

@@ -134,25 +134,29 @@ async def test_credentials_are_generated_once_and_never_rotated(
     put_topic(api)
     await provision(api, ctx, logger)
     first = get(api, "v1/secrets", "orders-credentials")
+    assert first is not None
+    tokens = {first["data"][k] for k in (naming.SECRET_API_TOKEN, naming.SECRET_READ_TOKEN)}
+    assert len(tokens) == 2  # the read-only token is its own secret, never the API token
     update_spec(api, maxRetries=3)
     await provision(api, ctx, logger)
     assert get(api, "v1/secrets", "orders-credentials") == first
 
 
+@pytest.mark.parametrize("added", [naming.SECRET_ZOOKEEPER_PASSWORD, naming.SECRET_READ_TOKEN])
 async def test_a_credential_an_older_operator_did_not_create_is_added_and_none_rotated(
-    api: kmock.KubernetesEmulator, ctx: OperatorContext, logger: logging.Logger
+    api: kmock.KubernetesEmulator, ctx: OperatorContext, logger: logging.Logger, added: str
 ) -> None:
     put_topic(api)
     await provision(api, ctx, logger)
     first = get(api, "v1/secrets", "orders-credentials")
     assert first is not None
-    older = {k: v for k, v in first["data"].items() if k != naming.SECRET_ZOOKEEPER_PASSWORD}
+    older = {k: v for k, v in first["data"].items() if k != added}
     api.objects["v1/secrets", NAMESPACE, "orders-credentials"] = {**first, "data": older}
     update_spec(api, maxRetries=3)
     await provision(api, ctx, logger)
     after = get(api, "v1/secrets", "orders-credentials")
     assert after is not None
-    assert after["data"][naming.SECRET_ZOOKEEPER_PASSWORD]  # the pods' env needs the key
+    assert after["data"][added]  # the pods' env needs the key
     assert {k: after["data"][k] for k in older} == older  # no live credential rotated
 
 

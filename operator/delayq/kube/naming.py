@@ -39,6 +39,8 @@ SERVICE_HTTP_PORT = 8080
 SECRET_REDIS_PASSWORD = "redis-password"  # the delay services' Redis user
 SECRET_REDIS_ADMIN_PASSWORD = "redis-admin-password"  # the operator's and replication's user
 SECRET_API_TOKEN = "api-token"
+# generated like api-token: reads and /metrics only (the dashboard for people who only look)
+SECRET_READ_TOKEN = "read-token"
 # set by the tenant, never by the operator: the token being rotated out, the /metrics token
 SECRET_API_TOKEN_PREVIOUS = "api-token-previous"
 SECRET_METRICS_TOKEN = "metrics-token"

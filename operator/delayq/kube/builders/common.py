@@ -60,6 +60,7 @@ class Credentials:
     api_token: str
     zookeeper_password: str
     redis_admin_password: str
+    read_token: str
 
 
 def delivery_stream_key(spec: TopicSpec) -> str:

@@ -122,9 +122,10 @@ def config_map(spec: TopicSpec, ctx: BuildContext, slot_amount: int) -> Manifest
 
 
 def credentials_secret(spec: TopicSpec, credentials: Credentials) -> Manifest:
-    """The topic's Redis passwords (service and admin user), API token and ZooKeeper password;
-    their values are never rewritten by the operator (apply.py adds a missing key only), and
-    keys it does not write (api-token-previous, metrics-token) are left to the tenant."""
+    """The topic's Redis passwords (service and admin user), API and read-only tokens and
+    ZooKeeper password; their values are never rewritten by the operator (apply.py adds a
+    missing key only), and keys it does not write (api-token-previous, metrics-token) are left
+    to the tenant."""
     labels = naming.topic_labels(spec.name, naming.COMPONENT_SERVICE)
     return {
         "apiVersion": "v1",
@@ -136,6 +137,7 @@ def credentials_secret(spec: TopicSpec, credentials: Credentials) -> Manifest:
             naming.SECRET_API_TOKEN: _b64(credentials.api_token),
             naming.SECRET_ZOOKEEPER_PASSWORD: _b64(credentials.zookeeper_password),
             naming.SECRET_REDIS_ADMIN_PASSWORD: _b64(credentials.redis_admin_password),
+            naming.SECRET_READ_TOKEN: _b64(credentials.read_token),
         },
     }
 
@@ -159,6 +161,7 @@ def service_statefulset(spec: TopicSpec, ctx: BuildContext, slot_amount: int) ->
             env_from_field("POD_NAMESPACE", "metadata.namespace"),
             env_from_secret("DELAYQ_REDIS_PASSWORD", secret, naming.SECRET_REDIS_PASSWORD),
             env_from_secret("DELAYQ_API_TOKEN", secret, naming.SECRET_API_TOKEN),
+            env_from_secret("DELAYQ_READ_TOKEN", secret, naming.SECRET_READ_TOKEN),
             # keys the tenant adds to rotate the token or to close /metrics (docs/operator.md,
             # "Rotating the API token"); absent, serve runs with neither
             env_from_secret(

@@ -132,4 +132,5 @@ async def read_or_generate_credentials(ctx: OperatorContext, spec: TopicSpec) ->
         api_token=kept_or_new(naming.SECRET_API_TOKEN),
         zookeeper_password=kept_or_new(naming.SECRET_ZOOKEEPER_PASSWORD),
         redis_admin_password=kept_or_new(naming.SECRET_REDIS_ADMIN_PASSWORD),
+        read_token=kept_or_new(naming.SECRET_READ_TOKEN),
     )
