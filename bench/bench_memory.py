@@ -11,6 +11,11 @@ everything included (the message hash, its due-index entry, its share of the slo
 pod whose container has that memory limit holds before it refuses writes: its `maxmemory`
 (80% of the limit, `delayq.kube.builders.redis.redis_maxmemory`) minus the empty server's use.
 The docs' sizing table (docs/operator.md, "Sizing broker memory") comes from this script.
+
+`outcomes`: what one remembered finished id costs on a topic with `outcome_retention_ms` (per
+id length): `count` messages are scheduled and cancelled (so only their outcomes stay), and
+the memory left over the empty server's, over `count`, is the cost of one id remembered
+(its `outcome` hash field and its `finished` zset entry). docs/service.md quotes it.
 """
 
 from __future__ import annotations
@@ -25,7 +30,7 @@ import redis
 
 from delayq.kube.builders.redis import redis_maxmemory
 from delayq.local.redis_server import RedisServer
-from delayq.queue import Queue, ScheduleRequest, Topic
+from delayq.queue import Queue, ScheduleRequest, Target, Topic
 
 PAYLOADS = (32, 256, 1024)
 ID_LENGTHS = (12, 36)
@@ -78,6 +83,26 @@ def measure(
     return result
 
 
+def measure_outcome(client: redis.Redis, count: int, slots: int, id_length: int) -> dict[str, Any]:
+    client.flushall()
+    baseline = used_memory(client)
+    topic = Topic("memory", namespace="bench", slot_amount=slots, outcome_retention_ms=DAY_MS)
+    queue = Queue(client, topic)
+    message_ids = ids(count, id_length, random.Random(id_length))
+    for start in range(0, count, BATCH):
+        chunk = message_ids[start : start + BATCH]
+        queue.schedule_many([ScheduleRequest(i, b"", delay_ms=DAY_MS) for i in chunk])
+        queue.cancel_many([Target(i) for i in chunk])
+    assert queue.stats().scheduled == 0
+    per_id = (used_memory(client) - baseline) / count
+    return {
+        "id_bytes": id_length,
+        "remembered": count,
+        "bytes_per_remembered_id": round(per_id),
+        "remembered_per_gib": int(GIB / per_id),
+    }
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--count", type=int, default=100_000, help="messages per measurement")
@@ -91,6 +116,7 @@ def main() -> None:
             for payload in PAYLOADS
             for id_length in ID_LENGTHS
         ]
+        outcomes = [measure_outcome(client, args.count, args.slots, n) for n in ID_LENGTHS]
         client.flushall()
         report = {
             "redis_version": info["redis_version"],
@@ -98,6 +124,7 @@ def main() -> None:
             "slots": args.slots,
             "maxmemory_of_limit": {limit: redis_maxmemory({"memory": limit}) for limit in LIMITS},
             "results": results,
+            "outcomes": outcomes,
         }
         client.close()
     print(json.dumps(report, indent=1))

@@ -90,6 +90,29 @@ def test_ingest_mixed_csv_then_rerun_schedules_nothing_twice(
     assert len(_rejects(spark, rejects)) == 6
 
 
+def test_a_rerun_after_delivery_finds_the_delivered_ids_already_done(
+    spark, redis_server, redis_client, tmp_path, capsys
+):
+    """With the topic's outcomeRetention passed, an id delivered and acked since the first run
+    is remembered: the re-run counts it as already done instead of delivering it again."""
+    path, rejects = tmp_path / "in.csv", tmp_path / "rejects"
+    path.write_text(CSV)
+    hour = ["--outcome-retention-ms", "3600000"]
+    assert main(_args(redis_server, path, rejects, extra=hour)) == 0
+    assert json.loads(capsys.readouterr().out)["scheduled"] == 3
+    topic = Topic("orders", namespace="shop", slot_amount=SLOTS, outcome_retention_ms=3_600_000)
+    queue = Queue.from_url(redis_server.url, topic)
+    slot = topic.slot_of("m2")  # due 2026-01-01: due now
+    [message] = queue.claim(slot, queue.take_over(slot), 10, 60_000).messages
+    queue.ack(message.lease)
+    queue.close()
+
+    assert main(_args(redis_server, path, rejects, extra=hour)) == 0
+    second = json.loads(capsys.readouterr().out)
+    assert (second["scheduled"], second["already_present"], second["already_done"]) == (0, 3, 1)
+    assert _stored(redis_client, topic) == 2
+
+
 def test_ingest_json_lines_with_mapping_and_nested_headers(
     spark, redis_server, redis_client, tmp_path, capsys
 ):

@@ -137,7 +137,7 @@ def test_cancel_in_every_state(queue: Queue) -> None:
     assert queue.cancel("s").code is Code.CANCELLED
     assert queue.cancel("p").code is Code.CANCELLED
     assert queue.cancel("s").code is Code.NOT_FOUND
-    with pytest.raises(LeaseLostError, match="ack-4: message 'p'"):
+    with pytest.raises(LeaseLostError, match="ack-6: message 'p'"):
         queue.ack(leased.lease)
     assert queue.cancel_many([Target("nope")])[0].code is Code.NOT_FOUND
 

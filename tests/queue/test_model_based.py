@@ -1,7 +1,9 @@
 """Model-based test: random operation sequences against the real Redis and a pure reference model.
 
 Every message's due time is either "due now" (an instant in the past) or "a day away", so the
-model knows exactly what a claim must return without depending on wall-clock timing.
+model knows exactly what a claim must return without depending on wall-clock timing. The topic
+remembers finished ids for a day (outcome retention), so the model also holds what each acked,
+cancelled or purged id finished as, and create-only scheduling must answer it.
 """
 
 from __future__ import annotations
@@ -22,11 +24,11 @@ from delayq.queue.topic import Topic
 
 from .conftest import server_ms
 
-TOPIC = Topic("model", slot_amount=2, max_retries=1)
-ALL_IDS = ["a", "b", "c"]
-IDS = st.sampled_from(ALL_IDS)
 PAST_MS = 1_000
 DAY_MS = 86_400_000
+TOPIC = Topic("model", slot_amount=2, max_retries=1, outcome_retention_ms=DAY_MS)
+ALL_IDS = ["a", "b", "c"]
+IDS = st.sampled_from(ALL_IDS)
 LONG_LEASE_MS = 600_000
 
 
@@ -50,6 +52,8 @@ class QueueMachine(RuleBasedStateMachine):
         self.client.flushall()
         self.queue = Queue(self.client, TOPIC)
         self.model: dict[str, Ref] = {}
+        # what each finished id finished as, and its attempts then (consulted while not live)
+        self.finished: dict[str, tuple[State, int]] = {}
         self.old_leases: list[Lease] = []
         self.future_ms = server_ms(self.client) + DAY_MS
         self.epochs: dict[int, int] = {}
@@ -65,6 +69,11 @@ class QueueMachine(RuleBasedStateMachine):
     def _when(self, due_now: bool) -> int:
         return PAST_MS if due_now else self.future_ms
 
+    def _finish(self, message_id: str, state: State) -> None:
+        ref = self.model.pop(message_id)
+        self._forget_lease(ref)
+        self.finished[message_id] = (state, ref.attempts)
+
     def _forget_lease(self, ref: Ref) -> None:
         if ref.lease is not None:
             self.old_leases.append(ref.lease)
@@ -77,7 +86,9 @@ class QueueMachine(RuleBasedStateMachine):
         mode = Mode.UPSERT if upsert else Mode.CREATE
         result = self.queue.schedule(message_id, payload, at_ms=self._when(due_now), mode=mode)
         ref = self.model.get(message_id)
-        if ref is None:
+        if ref is None and not upsert and message_id in self.finished:
+            assert (result.code, result.state) == (Code.ALREADY_DONE, self.finished[message_id][0])
+        elif ref is None:
             assert result.code is Code.CREATED
             self.model[message_id] = Ref(State.SCHEDULED, due_now, 0, payload)
         elif not upsert:
@@ -90,10 +101,10 @@ class QueueMachine(RuleBasedStateMachine):
     @rule(message_id=IDS)
     def cancel(self, message_id: str) -> None:
         outcome = self.queue.cancel(message_id)
-        ref = self.model.pop(message_id, None)
-        assert outcome.code is (Code.CANCELLED if ref else Code.NOT_FOUND)
-        if ref:
-            self._forget_lease(ref)
+        live = message_id in self.model
+        assert outcome.code is (Code.CANCELLED if live else Code.NOT_FOUND)
+        if live:
+            self._finish(message_id, State.CANCELLED)
 
     @rule(message_id=IDS, due_now=st.booleans())
     def reschedule(self, message_id: str, due_now: bool) -> None:
@@ -149,7 +160,7 @@ class QueueMachine(RuleBasedStateMachine):
             return
         outcome = self.queue.ack_many([ref.lease])[0]
         assert outcome.code is Code.ACKED
-        del self.model[message_id]
+        self._finish(message_id, State.DONE)
 
     @rule(data=st.data())
     def ack_with_a_stale_lease(self, data: st.DataObject) -> None:
@@ -220,7 +231,7 @@ class QueueMachine(RuleBasedStateMachine):
         ref = self.model.get(message_id)
         if ref is not None and ref.state is State.DEAD:
             assert outcome.code is Code.PURGED
-            del self.model[message_id]
+            self._finish(message_id, State.PURGED)
         else:
             assert outcome.code is Code.WRONG_STATE
 
@@ -230,7 +241,8 @@ class QueueMachine(RuleBasedStateMachine):
             info = self.queue.get(message_id)
             ref = self.model.get(message_id)
             if ref is None:
-                assert info.state is State.ABSENT, message_id
+                state, attempts = self.finished.get(message_id, (State.ABSENT, 0))
+                assert (info.state, info.attempts) == (state, attempts), message_id
                 continue
             assert (info.state, info.attempts, info.payload) == (
                 ref.state,

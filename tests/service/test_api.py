@@ -43,6 +43,31 @@ async def test_schedule_get_reschedule_cancel(start_service: StartService):
     assert (await client.get(f"{base}/messages/a")).status == 404
 
 
+async def test_a_finished_id_is_remembered_over_http(start_service: StartService):
+    """outcomeRetention on: GET answers a cancelled id's outcome, a create-only retry of it
+    answers already_done (200) without scheduling it, an upsert schedules it anew."""
+    running = await start_service(outcome_retention_ms=3_600_000)
+    client, base = running.client, running.base
+    await client.post(f"{base}/messages", json={"id": "once", "delayMs": 60_000})
+    assert (await client.delete(f"{base}/messages/once")).status == 200
+
+    got = await client.get(f"{base}/messages/once")
+    assert got.status == 200
+    body = await got.json()
+    assert (body["state"], body["attempts"]) == ("cancelled", 0)
+    assert "dueMs" not in body
+
+    retried = await client.post(f"{base}/messages", json={"id": "once", "delayMs": 0})
+    answer = await retried.json()
+    assert (retried.status, answer["result"], answer["state"]) == (200, "already_done", "cancelled")
+    assert answer["dueMs"] == body["finishedMs"]
+    assert (await client.delete(f"{base}/messages/once")).status == 404  # nothing live
+
+    upsert = {"id": "once", "delayMs": 60_000, "mode": "upsert"}
+    replaced = await client.post(f"{base}/messages", json=upsert)
+    assert (replaced.status, (await replaced.json())["result"]) == (201, "created")
+
+
 async def test_batch_schedule_and_binary_payloads(start_service: StartService):
     running = await start_service()
     messages = [{"id": f"m{i}", "delayMs": 60_000} for i in range(50)]

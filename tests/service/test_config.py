@@ -39,7 +39,7 @@ def test_topic_settings_default_from_the_table():
         "stream_max_len", "zookeeper_session_timeout_ms", "worker_concurrency",
         "webhook_allow_private_targets", "redis_sync_replicas", "redis_sync_timeout_ms",
         "retry_backoff_base_ms", "retry_backoff_max_ms", "retry_backoff_multiplier",
-        "retry_jitter",
+        "retry_jitter", "outcome_retention_ms",
     }  # fmt: skip
     # the one deliberate difference (docs/service.md): run by hand, serve may reach this machine;
     # the operator always writes the topic's value, which defaults to false
@@ -196,6 +196,7 @@ def test_every_engine_topic_setting_is_a_service_setting_carried_to_the_topic():
         "journal_max_len": 500,
         "redis_sync_replicas": 1,
         "redis_sync_timeout_ms": 250,
+        "outcome_retention_ms": 3_600_000,
     }
     topic_fields = {f.name for f in dataclasses.fields(Topic)} - {"name"}
     assert topic_fields == set(changed)

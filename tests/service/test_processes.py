@@ -283,6 +283,7 @@ async def test_serve_with_the_operators_topic_file(
         ack_timeout_ms=5000,
         max_payload_bytes=1024,
         journal_max_len=0,
+        outcome_retention_ms=0,
         redis_sync_replicas=0,
         redis_sync_timeout_ms=1000,
         retry_backoff_base_ms=1000,

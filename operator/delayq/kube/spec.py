@@ -16,7 +16,14 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from delayq.queue.backoff import Jitter
-from delayq.queue.topic import MAX_SLOT_AMOUNT, Topic, TopicError, TopicType, is_power_of_two
+from delayq.queue.topic import (
+    MAX_OUTCOME_RETENTION_MS,
+    MAX_SLOT_AMOUNT,
+    Topic,
+    TopicError,
+    TopicType,
+    is_power_of_two,
+)
 from delayq.service.defaults import DEFAULTS, crd_default
 from delayq.service.delivery.targets import parse_cidrs
 
@@ -118,6 +125,7 @@ class TopicSpec:
     ack_timeout_ms: int = DEFAULTS.ack_timeout_ms
     max_payload_bytes: int = DEFAULTS.max_payload_bytes
     journal_max_len: int = DEFAULTS.journal_max_len
+    outcome_retention_ms: int = DEFAULTS.outcome_retention_ms
     delivery: Delivery = field(default_factory=Delivery)
     zookeeper_connect: str = ""
     zookeeper_session_timeout_ms: int = DEFAULTS.zookeeper_session_timeout_ms
@@ -159,6 +167,7 @@ class TopicSpec:
             journal_max_len=self.journal_max_len,
             redis_sync_replicas=self.redis_sync_replicas,
             redis_sync_timeout_ms=self.redis_sync_timeout_ms,
+            outcome_retention_ms=self.outcome_retention_ms,
         )
 
     @property
@@ -241,6 +250,12 @@ def parse_spec(name: str, namespace: str, spec: Mapping[str, Any]) -> TopicSpec:
             spec, "maxPayloadBytes", DEFAULTS.max_payload_bytes, 1, 64 * 1024 * 1024
         ),
         journal_max_len=_int(spec, "journalMaxLen", DEFAULTS.journal_max_len, 0, 100_000_000),
+        outcome_retention_ms=parse_duration_ms(
+            spec.get("outcomeRetention", crd_default("outcome_retention_ms")),
+            "outcomeRetention",
+            0,
+            MAX_OUTCOME_RETENTION_MS,
+        ),
         delivery=_delivery(topic_type, _section(spec, "delivery")),
         zookeeper_connect=str(connect),
         zookeeper_session_timeout_ms=parse_duration_ms(

@@ -47,6 +47,13 @@ def register(subparsers: Any) -> None:
         default=0,
         help="the topic's journal bound (0 = off); pass the topic's value to journal the ingest",
     )
+    ingest.add_argument(
+        "--outcome-retention-ms",
+        type=int,
+        default=0,
+        help="the topic's outcomeRetention in ms (0 = off); pass it so a re-run finds the ids "
+        "delivered since (already done) instead of scheduling them again",
+    )
     ingest.add_argument("--input", required=True, help="file or directory to read")
     ingest.add_argument(
         "--format", required=True, choices=FORMATS, help="input format (json = JSON Lines)"
@@ -234,6 +241,7 @@ def run_ingest(args: argparse.Namespace) -> int:
         args.slots,
         args.max_payload_bytes,
         args.journal_max_len,
+        args.outcome_retention_ms,
     )
     target.to_topic()  # validates the names and bounds before Spark starts
     mapping = transforms.parse_mapping(args.map)

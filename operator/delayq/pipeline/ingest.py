@@ -27,13 +27,15 @@ class IngestSummary:
     read: int
     scheduled: int
     already_present: int
+    already_done: int  # finished within the topic's outcomeRetention: not scheduled again
     rejected: int
     seconds: float
 
     @property
     def rate(self) -> float:
-        """Rows written to Redis per second (scheduled + already present)."""
-        return (self.scheduled + self.already_present) / self.seconds if self.seconds else 0.0
+        """Rows written to Redis per second (scheduled, already present or already done)."""
+        written = self.scheduled + self.already_present + self.already_done
+        return written / self.seconds if self.seconds else 0.0
 
     def as_dict(self) -> dict[str, Any]:
         return {**asdict(self), "rate_msg_per_s": round(self.rate, 1)}
@@ -41,7 +43,8 @@ class IngestSummary:
     def line(self) -> str:
         return (
             f"ingest: read {self.read}, scheduled {self.scheduled}, already present "
-            f"{self.already_present}, rejected {self.rejected} in {self.seconds:.1f} s "
+            f"{self.already_present}, already done {self.already_done}, rejected "
+            f"{self.rejected} in {self.seconds:.1f} s "
             f"({self.rate:,.0f} msg/s)"
         )
 
@@ -99,6 +102,7 @@ def ingest(
         read=sum(r.rows for r in results) + rejected - len(late),
         scheduled=sum(r.scheduled for r in results),
         already_present=sum(r.existing for r in results),
+        already_done=sum(r.already_done for r in results),
         rejected=rejected,
         seconds=time.monotonic() - started,
     )

@@ -34,6 +34,7 @@ class RedisTarget:
     slot_amount: int
     max_payload_bytes: int
     journal_max_len: int = 0
+    outcome_retention_ms: int = 0
 
     def to_topic(self) -> Topic:
         return Topic(
@@ -42,6 +43,7 @@ class RedisTarget:
             slot_amount=self.slot_amount,
             max_payload_bytes=self.max_payload_bytes,
             journal_max_len=self.journal_max_len,
+            outcome_retention_ms=self.outcome_retention_ms,
         )
 
 
@@ -61,6 +63,7 @@ class PartitionResult:
     rows: int = 0
     scheduled: int = 0
     existing: int = 0
+    already_done: int = 0
     rejects: list[Reject] = field(default_factory=list)
 
 
@@ -127,6 +130,8 @@ def _write(queue: Queue, requests: list[ScheduleRequest], result: PartitionResul
             result.scheduled += 1
         elif outcome.code is Code.EXISTS:
             result.existing += 1
+        elif outcome.code is Code.ALREADY_DONE:
+            result.already_done += 1
         else:
             reason = TOO_FAR_REASON if outcome.code is Code.TOO_FAR else outcome.code.name
             result.rejects.append(Reject(request.id, reason, _source(request)))

@@ -22,6 +22,7 @@ class Code(enum.IntEnum):
     UPDATED = 3
     CANCELLED = 4
     RESCHEDULED = 5
+    ALREADY_DONE = 6
     ACKED = 7
     RETRY_SCHEDULED = 8
     DEAD = 9

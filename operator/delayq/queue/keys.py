@@ -24,6 +24,9 @@ class Part(enum.StrEnum):
     WAKE = "wake"  # LIST, at most one element: "the head of store moved earlier"
     JOURNAL = "journal"  # STREAM lifecycle events (optional, bounded)
     LEASES = "leases"  # STRING the last lease number drawn by a claim (never repeats)
+    # a finished id remembered for the topic's outcome retention (acked, cancelled, purged)
+    OUTCOME = "outcome"  # HASH id -> "<state>:<finished ms>:<attempts>"
+    FINISHED = "finished"  # ZSET id -> finished ms (the order outcomes are forgotten in)
 
 
 @dataclass(frozen=True)

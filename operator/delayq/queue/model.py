@@ -14,16 +14,28 @@ SLOT_BASIS = "slot_basis"  # a slot basis follows the id rule: it is hashed and 
 
 
 class State(enum.StrEnum):
+    """Where a message is: live (scheduled, prepared, dead), finished within the topic's
+    outcome retention (done, cancelled, purged), or absent (never scheduled, or forgotten)."""
+
     SCHEDULED = "scheduled"
     PREPARED = "prepared"
     DEAD = "dead"
+    DONE = "done"
+    CANCELLED = "cancelled"
+    PURGED = "purged"
     ABSENT = "absent"
+
+    @property
+    def is_finished(self) -> bool:
+        return self in (State.DONE, State.CANCELLED, State.PURGED)
 
 
 class Mode(enum.StrEnum):
     """How schedule treats an id that is already live."""
 
-    CREATE = "create"  # no-op that reports the existing message (Dyno-queues' ensure)
+    # no-op that reports the existing message (Dyno-queues' ensure), or the outcome of one that
+    # finished within the topic's outcome retention (ALREADY_DONE)
+    CREATE = "create"
     UPSERT = "upsert"  # replace the message and move its due time
 
 
@@ -189,6 +201,7 @@ class MessageInfo:
     payload: bytes = b""
     headers: Headers = field(default_factory=dict)
     dead_reason: str = ""
+    finished_ms: int | None = None  # done, cancelled or purged: when
 
 
 class Outcome(NamedTuple):

@@ -150,9 +150,21 @@ def schedule(
 
     def build(slot: int, chunk: Sequence[int]) -> ScriptCall:
         keys = slot_keys(topic, slot).keys(
-            Part.STORE, Part.PREPARE, Part.DEAD, Part.MSG, Part.REASON, Part.WAKE, Part.JOURNAL
+            Part.STORE,
+            Part.PREPARE,
+            Part.DEAD,
+            Part.MSG,
+            Part.REASON,
+            Part.WAKE,
+            Part.JOURNAL,
+            Part.OUTCOME,
         )
-        args: list[Arg] = [mode.value, MAX_DELAY_MS, topic.journal_max_len]
+        args: list[Arg] = [
+            mode.value,
+            MAX_DELAY_MS,
+            topic.journal_max_len,
+            topic.outcome_retention_ms,
+        ]
         for index in chunk:
             args += encoded[index][1]
         return ScriptCall(Script.SCHEDULE, keys, args)
@@ -197,9 +209,17 @@ def _encode_request(topic: Topic, request: ScheduleRequest) -> tuple[int, list[A
 def cancel(topic: Topic, targets: Sequence[Target]) -> Plan[list[Outcome]]:
     def build(slot: int, chunk: Sequence[Target]) -> ScriptCall:
         keys = slot_keys(topic, slot).keys(
-            Part.STORE, Part.PREPARE, Part.DEAD, Part.MSG, Part.REASON, Part.JOURNAL
+            Part.STORE,
+            Part.PREPARE,
+            Part.DEAD,
+            Part.MSG,
+            Part.REASON,
+            Part.JOURNAL,
+            Part.OUTCOME,
+            Part.FINISHED,
         )
-        return ScriptCall(Script.CANCEL, keys, [topic.journal_max_len, *(t.id for t in chunk)])
+        args: list[Arg] = [topic.journal_max_len, topic.outcome_retention_ms]
+        return ScriptCall(Script.CANCEL, keys, [*args, *(t.id for t in chunk)])
 
     for target in targets:
         validate_id(target.id)
@@ -395,8 +415,9 @@ def _token_plan(
 
 
 def ack(topic: Topic, leases: Sequence[Leased]) -> Plan[list[Outcome]]:
-    parts = (Part.PREPARE, Part.MSG, Part.EPOCH, Part.JOURNAL)
-    return _token_plan(topic, leases, Script.ACK, parts, [topic.journal_max_len], has_time=False)
+    parts = (Part.PREPARE, Part.MSG, Part.EPOCH, Part.JOURNAL, Part.OUTCOME, Part.FINISHED)
+    head: list[Arg] = [topic.journal_max_len, topic.outcome_retention_ms]
+    return _token_plan(topic, leases, Script.ACK, parts, head, has_time=False)
 
 
 def nack(topic: Topic, retries: Sequence[Retry]) -> Plan[list[Outcome]]:
@@ -453,12 +474,14 @@ def _dead_batch(
     topic: Topic,
     script: Script,
     parts: list[Part],
+    head: list[Arg],
     slot: int,
     ids: Sequence[str] | None,
     max_count: int,
 ) -> Plan[DeadBatchResult]:
+    """`head` then the mode: 'oldest', max_count or 'ids', 0, ids."""
     keys = slot_keys(topic, slot).keys(*parts)
-    args: list[Arg] = [topic.journal_max_len]
+    args = list(head)
     if ids is None:
         args += ["oldest", max_count]
     else:
@@ -480,14 +503,16 @@ def redrive(
 ) -> Plan[DeadBatchResult]:
     """Redrive the given dead ids of a slot, or (ids=None) up to max_count of its oldest."""
     parts = [Part.DEAD, Part.STORE, Part.MSG, Part.REASON, Part.WAKE, Part.JOURNAL]
-    return _dead_batch(topic, Script.REDRIVE, parts, slot, ids, max_count)
+    head: list[Arg] = [topic.journal_max_len]
+    return _dead_batch(topic, Script.REDRIVE, parts, head, slot, ids, max_count)
 
 
 def purge(
     topic: Topic, slot: int, ids: Sequence[str] | None, max_count: int = 1000
 ) -> Plan[DeadBatchResult]:
-    parts = [Part.DEAD, Part.MSG, Part.REASON, Part.JOURNAL]
-    return _dead_batch(topic, Script.PURGE, parts, slot, ids, max_count)
+    parts = [Part.DEAD, Part.MSG, Part.REASON, Part.JOURNAL, Part.OUTCOME, Part.FINISHED]
+    head: list[Arg] = [topic.journal_max_len, topic.outcome_retention_ms]
+    return _dead_batch(topic, Script.PURGE, parts, head, slot, ids, max_count)
 
 
 def dead_page(topic: Topic, slot: int, offset: int, count: int) -> Plan[DeadPage]:
@@ -525,9 +550,10 @@ def dead_page(topic: Topic, slot: int, offset: int, count: int) -> Plan[DeadPage
 def get(topic: Topic, targets: Sequence[Target]) -> Plan[list[MessageInfo]]:
     def build(slot: int, chunk: Sequence[Target]) -> ScriptCall:
         keys = slot_keys(topic, slot).keys(
-            Part.STORE, Part.PREPARE, Part.DEAD, Part.MSG, Part.REASON
+            Part.STORE, Part.PREPARE, Part.DEAD, Part.MSG, Part.REASON, Part.OUTCOME
         )
-        return ScriptCall(Script.GET, keys, [validate_id(t.id) for t in chunk])
+        args: list[Arg] = [topic.outcome_retention_ms, *(validate_id(t.id) for t in chunk)]
+        return ScriptCall(Script.GET, keys, args)
 
     calls, order = _per_slot_calls(topic, targets, lambda t: t.slot(topic), build)
 
@@ -557,6 +583,7 @@ def _message_info(message_id: str, slot: int, row: tuple[Any, ...]) -> MessageIn
         due_ms=score if state is State.SCHEDULED else record.due_ms,
         lease_deadline_ms=score if state is State.PREPARED else None,
         died_ms=score if state is State.DEAD else None,
+        finished_ms=score if state.is_finished else None,
         attempts=record.attempts,
         payload=record.payload,
         headers=record.headers,

@@ -34,18 +34,18 @@ class ScriptSourceError(LookupError):
 class Script(enum.StrEnum):
     """Every transition, valued by its file stem."""
 
-    SCHEDULE = "schedule-7"
-    CANCEL = "cancel-6"
+    SCHEDULE = "schedule-8"
+    CANCEL = "cancel-8"
     RESCHEDULE = "reschedule-6"
     CLAIM = "claim-8"
-    ACK = "ack-4"
+    ACK = "ack-6"
     NACK = "nack-8"
     EXTEND = "extend-3"
     FENCE = "fence-1"
     GIVEBACK = "giveback-6"
     REDRIVE = "redrive-6"
-    PURGE = "purge-4"
-    GET = "get-5"
+    PURGE = "purge-6"
+    GET = "get-6"
     STATS = "stats-3"
     DEAD_PAGE = "deadpage-3"
 

@@ -18,6 +18,7 @@ DEFAULT_MAX_PAYLOAD_BYTES = 1024 * 1024
 MAX_ID_BYTES = 256
 MAX_DELAY_MS = 20 * 366 * 24 * 3600 * 1000  # twenty years: beyond the ten the contract promises
 MAX_SYNC_REPLICAS = 16
+MAX_OUTCOME_RETENTION_MS = 30 * 24 * 3600 * 1000
 NAME_PATTERN = re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")
 
 
@@ -49,6 +50,9 @@ class Topic:
     # replication), and how long to wait for them (then ReplicationTimeoutError)
     redis_sync_replicas: int = 0
     redis_sync_timeout_ms: int = 1000
+    # how long a finished (acked, cancelled, purged) id is remembered: `get` answers its outcome
+    # and create-only scheduling answers ALREADY_DONE instead of scheduling it again (0: off)
+    outcome_retention_ms: int = 0
 
     def __post_init__(self) -> None:
         for field_name, value in (("name", self.name), ("namespace", self.namespace)):
@@ -69,6 +73,9 @@ class Topic:
         _check_range("journalMaxLen", self.journal_max_len, 0, 100_000_000)
         _check_range("syncReplicas", self.redis_sync_replicas, 0, MAX_SYNC_REPLICAS)
         _check_range("syncTimeout (ms)", self.redis_sync_timeout_ms, 1, 60_000)
+        _check_range(
+            "outcomeRetention (ms)", self.outcome_retention_ms, 0, MAX_OUTCOME_RETENTION_MS
+        )
 
     @property
     def slots(self) -> range:

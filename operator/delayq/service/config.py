@@ -68,6 +68,10 @@ class ServiceConfig:
     journal_max_len: int = field(
         default=DEFAULTS.journal_max_len, metadata=_help("lifecycle journal cap (0: off)")
     )
+    outcome_retention_ms: int = field(
+        default=DEFAULTS.outcome_retention_ms,
+        metadata=_help("how long a finished id is remembered: get, create-only dedup (0: off)"),
+    )
     redis_sync_replicas: int = field(
         default=DEFAULTS.redis_sync_replicas,
         metadata=_help("replicas that confirm each acknowledged write before it is answered"),
@@ -279,6 +283,7 @@ class ServiceConfig:
             journal_max_len=self.journal_max_len,
             redis_sync_replicas=self.redis_sync_replicas,
             redis_sync_timeout_ms=self.redis_sync_timeout_ms,
+            outcome_retention_ms=self.outcome_retention_ms,
         )
 
     @property

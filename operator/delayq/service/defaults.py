@@ -43,6 +43,8 @@ class TopicDefaults:
         default=DEFAULT_MAX_PAYLOAD_BYTES, metadata=_crd("maxPayloadBytes")
     )
     journal_max_len: int = field(default=0, metadata=_crd("journalMaxLen"))
+    # finished ids remembered for deduplication and `get` (0: off; memory in docs/service.md)
+    outcome_retention_ms: int = field(default=0, metadata=_crd("outcomeRetention"))
     # the service's hard cap per lease request (delivery.pull.MAX_LEASE_BATCH) is 1000 too
     pull_max_lease_batch: int = field(default=1000, metadata=_crd("delivery.pull.maxLeaseBatch"))
     webhook_timeout_ms: int = field(default=10_000, metadata=_crd("delivery.webhook.timeout"))
@@ -96,7 +98,10 @@ def crd_default(name: str) -> int | float | str:
 
 
 def human_duration(value_ms: int) -> str:
-    """The shortest whole-unit duration string: 30000 -> `30s`, 90000 -> `90s`, 1500 -> `1500ms`."""
+    """The shortest whole-unit duration string: 30000 -> `30s`, 90000 -> `90s`, 1500 -> `1500ms`,
+    0 -> `0s`."""
+    if value_ms == 0:
+        return "0s"
     for unit, size in (("h", 3_600_000), ("m", 60_000), ("s", 1000)):
         if value_ms % size == 0:
             return f"{value_ms // size}{unit}"

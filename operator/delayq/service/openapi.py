@@ -181,11 +181,13 @@ SCHEMAS: dict[str, Schema] = {
         slot=integer("slot of the message"),
         result={
             "type": "string",
-            "enum": ["created", "exists", "updated", "too_far"],
-            "description": "too_far (batches only): atMs lies more than 20 years ahead; not "
-            "stored (state absent)",
+            "enum": ["created", "exists", "updated", "already_done", "too_far"],
+            "description": "already_done (create mode): the id finished (state done, cancelled "
+            "or purged) within the topic's outcomeRetention, at dueMs; not scheduled again. "
+            "too_far (batches only): atMs lies more than 20 years ahead; not stored (state "
+            "absent)",
         },
-        dueMs=integer("due instant, server epoch ms"),
+        dueMs=integer("due instant, server epoch ms (already_done: when it finished)"),
         state={"type": "string", "enum": [s.value for s in State]},
     ),
     "ScheduleFailure": obj(
@@ -207,11 +209,17 @@ SCHEMAS: dict[str, Schema] = {
         ["id", "slot", "state", "attempts", "payload", "encoding", "headers"],
         id=string(),
         slot=integer("slot"),
-        state={"type": "string", "enum": ["scheduled", "prepared", "dead"]},
+        state={
+            "type": "string",
+            "enum": [s.value for s in State if s is not State.ABSENT],
+            "description": "done, cancelled, purged: finished within the topic's "
+            "outcomeRetention (attempts and finishedMs only)",
+        },
         attempts=integer("deliveries so far"),
         dueMs=integer("due instant"),
         leaseDeadlineMs=integer("lease deadline while prepared"),
         diedMs=integer("time of death while dead"),
+        finishedMs=integer("when it was acked, cancelled or purged"),
         deadReason=string(),
         **PAYLOAD,
     ),
@@ -332,7 +340,22 @@ SCHEMAS: dict[str, Schema] = {
         **obj(
             [],
             ids=array(
-                {"oneOf": [ID_SCHEMA, obj(["id"], id=ID_SCHEMA, slotBasis=ID_SCHEMA)]},
+                {
+                    "oneOf": [
+                        ID_SCHEMA,
+                        obj(
+                            ["id"],
+                            id=ID_SCHEMA,
+                            slotBasis=ID_SCHEMA,
+                            slot=integer(
+                                "the slot a dead page reports (instead of slotBasis: a "
+                                "message scheduled with one is found by its slot)",
+                                0,
+                                MAX_SLOT_AMOUNT - 1,
+                            ),
+                        ),
+                    ]
+                },
                 MAX_BATCH,
                 1,
             ),

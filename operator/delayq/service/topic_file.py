@@ -42,6 +42,7 @@ class TopicFile:
     ack_timeout_ms: int
     max_payload_bytes: int
     journal_max_len: int
+    outcome_retention_ms: int
     redis_sync_replicas: int
     redis_sync_timeout_ms: int
     retry_backoff_base_ms: int

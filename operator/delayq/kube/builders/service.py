@@ -75,6 +75,7 @@ def topic_file(spec: TopicSpec, ctx: BuildContext, slot_amount: int) -> TopicFil
         ack_timeout_ms=spec.ack_timeout_ms,
         max_payload_bytes=spec.max_payload_bytes,
         journal_max_len=spec.journal_max_len,
+        outcome_retention_ms=spec.outcome_retention_ms,
         redis_sync_replicas=spec.redis_sync_replicas,
         redis_sync_timeout_ms=spec.redis_sync_timeout_ms,
         retry_backoff_base_ms=spec.retry_backoff_base_ms,

@@ -6,13 +6,17 @@
   KEYS[2] msg      HASH id -> record
   KEYS[3] epoch    STRING fencing epoch of the slot owner
   KEYS[4] journal  STREAM lifecycle events
+  KEYS[5] outcome  HASH id -> remembered outcome of a finished message
+  KEYS[6] finished ZSET id -> finished ms (the order remembered outcomes are forgotten in)
 
-  ARGV[1] epoch           the caller's fencing epoch
-  ARGV[2] journal_max_len  0 = journal off
-  ARGV[3 + 2k], ARGV[4 + 2k]  per message: id, lease (the lease number claim wrote in its record)
+  ARGV[1] epoch                 the caller's fencing epoch
+  ARGV[2] journal_max_len       0 = journal off
+  ARGV[3] outcome_retention_ms  0 = finished messages are not remembered
+  ARGV[4 + 2k], ARGV[5 + 2k]    per message: id, lease (the lease number claim wrote in its
+                                record)
 
   Returns, per message:
-     7 ACKED       removed for good
+     7 ACKED       removed for good (remembered as 'done' for the retention)
     -2 STALE_EPOCH the caller is not the current owner: nothing was changed (whole call)
     -3 LEASE_LOST  not leased under that lease any more (acked, cancelled, rescheduled,
                    replaced, given back, or expired and claimed again): nothing was changed
@@ -25,23 +29,26 @@
 --@include call_chunked
 --@include codes
 --@include epoch_matches
+--@include forget_expired
 --@include journal
 --@include now_ms
 --@include read_chunked
 --@include record_fields
+--@include remember
 
-local prepare, msg, epoch_key, journal_key = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
-local journal_max_len = tonumber(ARGV[2])
+local prepare, msg, epoch_key, journal_key, outcome, finished =
+  KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6]
+local journal_max_len, retention_ms = tonumber(ARGV[2]), tonumber(ARGV[3])
 local results = {}
 
 if not epoch_matches(epoch_key, ARGV[1]) then
-  for i = 3, #ARGV, 2 do results[#results + 1] = CODE.STALE_EPOCH end
+  for i = 4, #ARGV, 2 do results[#results + 1] = CODE.STALE_EPOCH end
   return results
 end
 local now = now_ms()
 
 local ids = {}
-for i = 3, #ARGV, 2 do ids[#ids + 1] = ARGV[i] end
+for i = 4, #ARGV, 2 do ids[#ids + 1] = ARGV[i] end
 local leased = read_chunked('ZMSCORE', prepare, ids)
 local records = read_chunked('HMGET', msg, ids)
 local done = {}
@@ -49,9 +56,10 @@ for k = 1, #ids do
   local id, record = ids[k], leased[k] and records[k]
   local attempts, due, lease = nil, nil, nil
   if record then attempts, due, lease = record_fields(record) end
-  if lease ~= nil and lease == ARGV[2 * k + 2] then
+  if lease ~= nil and lease == ARGV[2 * k + 3] then
     done[#done + 1] = id
     journal(journal_key, journal_max_len, 'acked', id, now, due, attempts)
+    remember(outcome, finished, retention_ms, now, id, 'done', attempts)
     results[#results + 1] = CODE.ACKED
   else
     results[#results + 1] = CODE.LEASE_LOST
@@ -61,4 +69,5 @@ if #done > 0 then
   call_chunked('ZREM', prepare, done)
   call_chunked('HDEL', msg, done)
 end
+forget_expired(outcome, finished, retention_ms, now, #done)
 return results

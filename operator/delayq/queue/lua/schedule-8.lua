@@ -1,5 +1,7 @@
 --[[
   Schedule messages into one slot: create-only (Dyno-queues' `ensure`) or upsert (replace).
+  Create-only also refuses an id that finished within the topic's outcome retention, so a
+  producer's retry (or a re-run ingest) after its message fired does not fire it again.
 
   KEYS[1] store    ZSET id -> due ms
   KEYS[2] prepare  ZSET id -> lease deadline ms
@@ -8,15 +10,20 @@
   KEYS[5] reason   HASH id -> dead reason
   KEYS[6] wake     LIST wake-up marker of the slot
   KEYS[7] journal  STREAM lifecycle events
+  KEYS[8] outcome  HASH id -> remembered outcome of a finished message
 
-  ARGV[1] mode            'create' | 'upsert'
-  ARGV[2] max_delay_ms    due times beyond server now + this are refused
-  ARGV[3] journal_max_len  0 = journal off
-  ARGV[4 + 5k .. 8 + 5k]  per message: id, when_kind ('delay' | 'at'), when_ms, headers, payload
+  ARGV[1] mode                  'create' | 'upsert'
+  ARGV[2] max_delay_ms          due times beyond server now + this are refused
+  ARGV[3] journal_max_len       0 = journal off
+  ARGV[4] outcome_retention_ms  0 = finished messages are not remembered
+  ARGV[5 + 5k .. 9 + 5k]        per message: id, when_kind ('delay' | 'at'), when_ms, headers,
+                                payload
 
   Returns a flat array, per message in order the triple code, due_ms, state:
      1 CREATED   scheduled anew at due_ms                       state 'scheduled'
      2 EXISTS    create mode: the live message is left as it is state and due_ms of that message
+     6 ALREADY_DONE create mode: the id finished within the   state 'done' | 'cancelled' |
+                 retention; nothing was scheduled            'purged', due_ms = finished ms
      3 UPDATED   upsert: the message was replaced, due moved    state 'scheduled'
     -4 TOO_FAR   due beyond now + max_delay_ms, nothing changed due_ms = the refused due
 
@@ -31,13 +38,15 @@
 --@include now_ms
 --@include read_chunked
 --@include record_fields
+--@include remembered
 --@include wake_if_earliest
 
-local store, prepare, dead, msg, reason, wake, journal_key =
-  KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6], KEYS[7]
+local store, prepare, dead, msg, reason, wake, journal_key, outcome =
+  KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6], KEYS[7], KEYS[8]
 local upsert = ARGV[1] == 'upsert'
 local max_delay_ms = tonumber(ARGV[2])
 local journal_max_len = tonumber(ARGV[3])
+local retention_ms = tonumber(ARGV[4])
 local now = now_ms()
 
 local results = {}
@@ -47,11 +56,14 @@ local earliest = nil
 
 -- a live message always has its record: one HMGET tells which ids exist (new ids cost no copy)
 local ids = {}
-for i = 4, #ARGV, 5 do ids[#ids + 1] = ARGV[i] end
+for i = 5, #ARGV, 5 do ids[#ids + 1] = ARGV[i] end
 local records = read_chunked('HMGET', msg, ids)
+-- create-only asks what finished ids left behind; upsert replaces whatever there was
+local outcomes = {}
+if retention_ms > 0 and not upsert then outcomes = read_chunked('HMGET', outcome, ids) end
 
 for k = 1, #ids do
-  local i = 5 * k - 1
+  local i = 5 * k
   local id, when_kind, when_ms = ids[k], ARGV[i + 1], tonumber(ARGV[i + 2])
   local due = when_ms
   if when_kind == 'delay' then due = now + when_ms end
@@ -62,8 +74,13 @@ for k = 1, #ids do
     state, score = locate(store, prepare, dead, id)
   end
 
+  local finished_state, finished_ms = nil, nil
+  if not state then finished_state, finished_ms = remembered(outcomes[k], retention_ms, now) end
+
   if due > now + max_delay_ms then
     append(results, CODE.TOO_FAR, due, state or 'absent')
+  elseif finished_state then
+    append(results, CODE.ALREADY_DONE, finished_ms, finished_state)
   elseif state and not upsert then
     local shown = score
     if state == 'prepared' then

@@ -1,0 +1,57 @@
+--[[
+  Purge dead messages for good.
+
+  KEYS[1] dead     ZSET id -> time of death ms
+  KEYS[2] msg      HASH id -> record
+  KEYS[3] reason   HASH id -> dead reason
+  KEYS[4] journal  STREAM lifecycle events
+  KEYS[5] outcome  HASH id -> remembered outcome of a finished message
+  KEYS[6] finished ZSET id -> finished ms (the order remembered outcomes are forgotten in)
+
+  ARGV[1] journal_max_len       0 = journal off
+  ARGV[2] outcome_retention_ms  0 = finished messages are not remembered
+  ARGV[3] mode                  'ids' (the ids that follow) | 'oldest' (up to max_count oldest)
+  ARGV[4] max_count             with mode 'oldest': how many at most
+  ARGV[5..] ids                 with mode 'ids'
+
+  Returns {remaining_dead, id1, code1, id2, code2, ...}, codes:
+    12 PURGED       gone (remembered as 'purged' for the retention)
+    -6 WRONG_STATE  with mode 'ids': the id is not dead
+
+  Events: purged
+]]
+--@include append
+--@include codes
+--@include dead_batch_ids
+--@include forget_expired
+--@include journal
+--@include now_ms
+--@include record_fields
+--@include remember
+
+local dead, msg, reason, journal_key, outcome, finished =
+  KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6]
+local journal_max_len, retention_ms = tonumber(ARGV[1]), tonumber(ARGV[2])
+local now = now_ms()
+
+local ids = dead_batch_ids(dead, ARGV[3], ARGV[4], ARGV, 5)
+
+local results = {0}
+local purged = 0
+for _, id in ipairs(ids) do
+  if redis.call('ZREM', dead, id) == 1 then
+    local record = redis.call('HGET', msg, id)
+    remember(outcome, finished, retention_ms, now, id, 'purged',
+      record and record_fields(record) or 0)
+    purged = purged + 1
+    redis.call('HDEL', msg, id)
+    redis.call('HDEL', reason, id)
+    journal(journal_key, journal_max_len, 'purged', id, now, '', '')
+    append(results, id, CODE.PURGED)
+  else
+    append(results, id, CODE.WRONG_STATE)
+  end
+end
+forget_expired(outcome, finished, retention_ms, now, purged)
+results[1] = redis.call('ZCARD', dead)
+return results
