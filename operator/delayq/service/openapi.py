@@ -250,6 +250,8 @@ SCHEMAS: dict[str, Schema] = {
         ),
         nextDueMs={"type": "integer", "nullable": True},
         oldestOverdueMs=integer("how long the oldest due, unclaimed message has waited"),
+        paused={"type": "boolean", "description": "delivery is paused on some broker"},
+        pausedBrokers=array(integer("a broker whose delivery is paused"), MAX_SLOT_AMOUNT),
         dueHistogram=obj(
             ["overdue", *(name for name, _ in DUE_WINDOWS), "later"],
             overdue=integer("due already, not claimed"),
@@ -273,7 +275,8 @@ SCHEMAS: dict[str, Schema] = {
             error=string("why the ownership is unknown (ZooKeeper unreachable)"),
             unowned=array({"type": "integer"}, MAX_LISTED),
             stalledSlots=integer(
-                f"slots with a due message unclaimed for {STALLED_AFTER_MS} ms or more"
+                f"slots with a due message unclaimed for {STALLED_AFTER_MS} ms or more, "
+                "delivery not paused"
             ),
             stalled=array({"type": "integer"}, MAX_LISTED),
             stalledAfterMs=integer("the stall threshold"),
@@ -323,6 +326,7 @@ SCHEMAS: dict[str, Schema] = {
                 nextDueMs={"type": "integer", "nullable": True},
                 oldestOverdueMs=integer("age of the oldest due message"),
                 stalled={"type": "boolean"},
+                paused={"type": "boolean", "description": "its broker's delivery is paused"},
             ),
             MAX_SLOT_PAGE,
         ),
@@ -332,7 +336,22 @@ SCHEMAS: dict[str, Schema] = {
         **obj(
             [],
             ids=array(
-                {"oneOf": [ID_SCHEMA, obj(["id"], id=ID_SCHEMA, slotBasis=ID_SCHEMA)]},
+                {
+                    "oneOf": [
+                        ID_SCHEMA,
+                        obj(
+                            ["id"],
+                            id=ID_SCHEMA,
+                            slotBasis=ID_SCHEMA,
+                            slot=integer(
+                                "the slot a dead page reports (instead of slotBasis: a "
+                                "message scheduled with one is found by its slot)",
+                                0,
+                                MAX_SLOT_AMOUNT - 1,
+                            ),
+                        ),
+                    ]
+                },
                 MAX_BATCH,
                 1,
             ),
