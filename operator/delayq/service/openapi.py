@@ -239,6 +239,7 @@ SCHEMAS: dict[str, Schema] = {
         topic=string(),
         topicType={"type": "string", "enum": [t.value for t in TopicType]},
         slotAmount=integer("slots of the topic", 1, MAX_SLOT_AMOUNT),
+        brokers=integer("Redis brokers of the topic", 1),
         nowMs=integer("the Redis server's clock when read"),
         ageMs=integer("how old this reading is (answers are cached for a second)"),
         depth=obj(

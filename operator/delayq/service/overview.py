@@ -364,6 +364,7 @@ def overview_json(service: DelayService, view: TopicView, age_s: float) -> dict[
         "topic": service.topic.name,
         "topicType": str(service.topic.topic_type),
         "slotAmount": service.topic.slot_amount,
+        "brokers": len(service.brokers.queues),
         "nowMs": max((s.now_ms for s in slots), default=0),
         "ageMs": int(age_s * 1000),
         "depth": {
