@@ -1,6 +1,6 @@
-"""The admin commands (`delayq topic stats`, `msg`, `dead`, `slots`) against a real `delayq
-serve` process on the session's real redis-server: tables, `--json`, exit codes, one-line
-errors, and that the actions change what Redis holds."""
+"""The admin commands (`delayq topic stats|pause|resume`, `msg`, `dead`, `slots`) against a
+real `delayq serve` process on the session's real redis-server: tables, `--json`, exit codes,
+one-line errors, and that the actions change what Redis holds."""
 
 from __future__ import annotations
 
@@ -20,7 +20,8 @@ from delayq.local.ports import free_port
 from delayq.local.processes import ServeProcess
 from delayq.local.redis_server import RedisServer
 from delayq.local.waiting import wait_until
-from delayq.queue.keys import Part, SlotKeys
+from delayq.queue import Target, Topic
+from delayq.queue.keys import Part, SlotKeys, paused_key
 from delayq.queue.topic import TopicType
 from delayq.service.admin_cli import BAD_INPUT, NOT_FOUND, OK, UNREACHABLE
 from delayq.service.config import ServiceConfig
@@ -50,18 +51,23 @@ class Served:
     def key(self, slot: int, part: Part) -> str:
         return SlotKeys(NAMESPACE, TOPIC, slot).key(part)
 
-    def to_dead(self, ids: list[str]) -> None:
+    def to_dead(self, ids: list[str], **extra: str) -> None:
+        """Schedule `ids` due now and nack them straight to dead; leases until every one of
+        them was leased (an earlier test's due message may come first: it dies too)."""
         for message_id in ids:
-            self.api("POST", "/messages", {"id": message_id, "delayMs": 0, "payload": "p"})
-        leased: list[dict[str, Any]] = []
+            message = {"id": message_id, "delayMs": 0, "payload": "p", **extra}
+            self.api("POST", "/messages", message)
+        killed: set[str] = set()
 
-        def lease() -> bool:
-            leased.extend(self.api("POST", "/leases", {"max": len(ids) - len(leased)})["leases"])
-            return len(leased) == len(ids)
+        def lease_and_kill() -> bool:
+            leased = self.api("POST", "/leases", {"max": 100})["leases"]
+            if leased:
+                tokens = [lease["token"] for lease in leased]
+                self.api("POST", "/leases/nack", {"tokens": tokens, "dead": True, "reason": "boom"})
+                killed.update(lease["id"] for lease in leased)
+            return killed >= set(ids)
 
-        wait_until(lease, 10, "the messages leased", interval_s=0.05)
-        tokens = [lease["token"] for lease in leased]
-        self.api("POST", "/leases/nack", {"tokens": tokens, "dead": True, "reason": "boom"})
+        wait_until(lease_and_kill, 10, "the messages sent to dead", interval_s=0.05)
 
 
 @pytest.fixture(scope="module")
@@ -221,6 +227,50 @@ def test_dead_list_redrive_purge(served: Served, run):
     assert (code, out.strip()) == (OK, "2 purged")
     assert "2/2" in err
     assert sum(served.redis.zcard(served.key(s, Part.DEAD)) for s in range(SLOTS)) == 0
+
+
+def test_dead_redrive_by_the_listed_slot_finds_a_slot_basis_message(served: Served, run):
+    """Its id alone routes to another slot (the record keeps no basis): `--slot` from `dead
+    list` or `--slot-basis` finds it."""
+    served.api("POST", "/dead/purge", {"all": True})
+    topic = Topic(TOPIC, namespace=NAMESPACE, slot_amount=SLOTS)
+    bases = (f"customer-{n}" for n in range(100))
+    basis = next(b for b in bases if Target("sb", b).slot(topic) != topic.slot_of("sb"))
+    served.to_dead(["sb", "sb2"], slotBasis=basis)
+    code, out, _ = run("dead", "list")
+    slot = {line.split()[0]: line.split()[1] for line in out.splitlines()[1:]}["sb"]
+    code, out, _ = run("dead", "redrive", "sb")
+    assert (code, out.splitlines()[0]) == (NOT_FOUND, "0 of 1 redriven")
+    code, out, _ = run("dead", "redrive", "sb", "--slot", slot)
+    assert (code, out.strip()) == (OK, "1 of 1 redriven")
+    assert served.redis.zscore(served.key(int(slot), Part.STORE), "sb") is not None
+    code, out, _ = run("dead", "purge", "sb2", "--slot-basis", basis)
+    assert (code, out.strip()) == (OK, "1 of 1 purged")
+    code, _, err = run("dead", "purge", "--all", "--yes", "--slot", slot)
+    assert (code, len(err.strip().splitlines())) == (BAD_INPUT, 1)
+    served.api("DELETE", f"/messages/sb?slotBasis={basis}")  # due now: nobody leases it
+
+
+def test_topic_pause_and_resume_show_in_stats_and_slots(served: Served, run):
+    flag = paused_key(Topic(TOPIC, namespace=NAMESPACE, slot_amount=SLOTS))
+    try:
+        code, out, _ = run("topic", "pause")
+        assert (code, out.strip()) == (OK, f"{TOPIC}: delivery paused")
+        assert served.redis.exists(flag)
+        code, out, _ = run("topic", "stats")
+        lines = dict(line.split("  ", 1) for line in out.splitlines())
+        assert lines["delivery"].strip().startswith("PAUSED")
+        code, out, _ = run("slots", "--count", "1")
+        assert out.splitlines()[1].split()[1] == "PAUSED"
+        code, out, _ = run("topic", "resume", "--json")
+        assert (code, json.loads(out)) == (OK, {"paused": False})
+        assert not served.redis.exists(flag)
+        code, out, _ = run("topic", "stats")
+        assert dict(line.split("  ", 1) for line in out.splitlines())["delivery"].strip() == (
+            "running"
+        )
+    finally:
+        served.redis.delete(flag)  # never leave the module's topic paused
 
 
 def test_slots_table_names_the_owner(served: Served, run):

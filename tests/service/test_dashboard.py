@@ -3,9 +3,10 @@ Selenium through /usr/bin/chromedriver) against two real `delayq serve` processe
 pull topic through a real ZooKeeper, on the session's real redis-server.
 
 What is checked: pages load without console errors, the numbers shown are the API's, cancel,
-reschedule, redrive and purge change what Redis holds, XSS attempts in ids, payloads, headers
-and reasons render as inert text, the read-only token can look but not act, and the page is
-usable from the keyboard. Every wait has a deadline (WebDriverWait or `wait_until`).
+reschedule, redrive (a message scheduled with a slot basis included), purge, pause and resume
+change what Redis holds, XSS attempts in ids, payloads, headers and reasons render as inert
+text, the read-only token can look but not act, and the page is usable from the keyboard.
+Every wait has a deadline (WebDriverWait or `wait_until`).
 """
 
 from __future__ import annotations
@@ -22,7 +23,8 @@ from selenium.webdriver.support.ui import WebDriverWait
 from delayq.local.redis_server import RedisServer
 from delayq.local.waiting import wait_until
 from delayq.local.zookeeper_server import ZooKeeperServer
-from delayq.queue.keys import Part, SlotKeys
+from delayq.queue import Target, Topic
+from delayq.queue.keys import Part, SlotKeys, paused_key
 from delayq.service.overview import STALLED_AFTER_MS
 from tests.service.dashboard_support import (
     NAMESPACE,
@@ -41,6 +43,7 @@ from tests.service.dashboard_support import (
 )
 
 SLOTS = 16
+PAUSED_KEY = paused_key(Topic(TOPIC, namespace=NAMESPACE, slot_amount=SLOTS))
 
 
 @pytest.fixture(scope="module")
@@ -248,6 +251,61 @@ def test_dead_letters_redrive_selected_then_purge_all(
     assert console_errors(driver) == []
 
 
+def test_a_dead_message_scheduled_with_a_slot_basis_is_redriven_from_the_list(
+    served: Fleet, driver: webdriver.Chrome, store: redis.Redis
+):
+    """Its id alone routes elsewhere (the record does not keep the basis): the page sends the
+    slot it lists, and the message moves from that slot's dead set to its store."""
+    topic = Topic(TOPIC, namespace=NAMESPACE, slot_amount=SLOTS)
+    basis = next(
+        f"customer-{n}"
+        for n in range(100)
+        if Target("dl-basis", f"customer-{n}").slot(topic) != topic.slot_of("dl-basis")
+    )
+    slot = served.schedule("dl-basis", 0, slotBasis=basis)["slot"]
+    served.kill_to_dead(1, "HTTP 503 from receiver", including="dl-basis")
+    assert store.zscore(key(slot, Part.DEAD), "dl-basis") is not None
+    open_dashboard(driver, served.url, page="dead")
+    driver.find_element(By.CSS_SELECTOR, '#dead-table input[data-id="dl-basis"]').click()
+    driver.find_element(By.ID, "dead-redrive-selected").click()
+    confirm(driver)
+    status_text(driver, "dead-status", "Redrive: 1 of 1")
+    assert store.zscore(key(slot, Part.DEAD), "dl-basis") is None
+    assert store.zscore(key(slot, Part.STORE), "dl-basis") is not None
+    served.api("DELETE", f"/messages/dl-basis?slotBasis={basis}")  # due now: would stall
+    served.api("POST", "/dead/purge", {"all": True})  # what kill_to_dead took beside it
+    assert console_errors(driver) == []
+
+
+def delivery_state(driver: webdriver.Chrome, contains: str) -> str:
+    return status_text(driver, "delivery-state", contains)
+
+
+def test_pause_and_resume_from_the_overview_say_so_in_words(
+    served: Fleet, driver: webdriver.Chrome, store: redis.Redis
+):
+    open_dashboard(driver, served.url)
+    delivery_state(driver, "running")
+    assert not driver.find_element(By.ID, "pause-button").get_attribute("hidden")
+    assert driver.find_element(By.ID, "resume-button").get_attribute("hidden") is not None
+    try:
+        driver.find_element(By.ID, "pause-button").click()
+        confirm(driver)
+        assert "nothing is claimed" in delivery_state(driver, "⏸ paused")
+        assert store.exists(PAUSED_KEY)
+        wait_until(  # the other process's overview too (its view is at most a second old)
+            lambda: served.api("GET", "/overview", process=1)["paused"], WAIT_S, "web-1 paused"
+        )
+        assert driver.find_element(By.ID, "pause-button").get_attribute("hidden") is not None
+        driver.find_element(By.ID, "resume-button").click()
+        confirm(driver)
+        delivery_state(driver, "running")
+        assert not store.exists(PAUSED_KEY)
+    finally:
+        store.delete(PAUSED_KEY)  # never leave the shared fleet paused for the next tests
+    assert console_errors(driver) == []
+
+
 XSS_ID = '<img src=x onerror="window.__xss=1">'
 XSS_PAYLOAD = "<script>window.__xss=2</script><b>bold</b>"
 XSS_HEADER = ('<i onmouseover="window.__xss=3">h</i>', '"><svg onload="window.__xss=4">')
@@ -298,8 +356,23 @@ def test_read_only_token_looks_but_cannot_act(
     confirm(driver)
     assert "read-only token" in status_text(driver, "error", "read-only")
     assert store.zscore(key(scheduled["slot"], Part.STORE), "keep-me") is not None
+    driver.get(f"{served.url}/ui#/overview")
+    delivery_state(driver, "running")
+    WebDriverWait(driver, WAIT_S).until(
+        lambda d: not d.find_element(By.ID, "error").is_displayed(), "the cancel's error gone"
+    )
+    driver.find_element(By.ID, "pause-button").click()
+    confirm(driver)
+    WebDriverWait(driver, WAIT_S).until(
+        lambda d: (
+            "read-only" in d.find_element(By.ID, "error").text
+            and "running" in d.find_element(By.ID, "delivery-state").text
+        ),
+        "the pause refused",
+    )
+    assert not store.exists(PAUSED_KEY)
     errors = console_errors(driver)
-    assert [e for e in errors if "403" not in e["message"]] == []  # the refused DELETE only
+    assert [e for e in errors if "403" not in e["message"]] == []  # the refused writes only
 
 
 def test_every_control_has_a_name_for_assistive_technology(served: Fleet, driver):

@@ -24,6 +24,17 @@ async def schedule(running, message_id: str, delay_ms: int, **extra) -> dict[str
     return await answer.json()
 
 
+async def make_stalled(running, async_redis_client: redis.asyncio.Redis) -> int:
+    """Schedule "late" and make it overdue by more than the stall threshold, as if nobody had
+    claimed it for long; its slot."""
+    slot: int = (await schedule(running, "late", 60_000))["slot"]
+    store = slot_keys(running.service.topic, slot).key(Part.STORE)
+    now_s, now_us = await async_redis_client.time()
+    overdue_at = now_s * 1000 + now_us // 1000 - STALLED_AFTER_MS - 5_000
+    await async_redis_client.zadd(store, {"late": overdue_at})
+    return slot
+
+
 async def test_overview_counts_depth_and_due_windows(start_service: StartService):
     running = await start_service(topic_type="pull")
     for number, delay_ms in enumerate((30_000, 50_000, 600_000, 7_200_000, 3 * 86_400_000)):
@@ -69,13 +80,7 @@ async def test_slots_show_epoch_owner_and_flag_stalled_slots(
     start_service: StartService, async_redis_client: redis.asyncio.Redis
 ):
     running = await start_service(topic_type="pull")
-    scheduled = await schedule(running, "late", 60_000)
-    slot = scheduled["slot"]
-    # make it overdue by more than the stall threshold, as if nobody had claimed it for long
-    store = slot_keys(running.service.topic, slot).key(Part.STORE)
-    now_s, now_us = await async_redis_client.time()
-    overdue_at = now_s * 1000 + now_us // 1000 - STALLED_AFTER_MS - 5_000
-    await async_redis_client.zadd(store, {"late": overdue_at})
+    slot = await make_stalled(running, async_redis_client)
     page = await (await running.client.get(f"{running.base}/slots?only=attention")).json()
     assert [s["slot"] for s in page["slots"]] == [slot]
     row = page["slots"][0]
@@ -89,6 +94,35 @@ async def test_slots_show_epoch_owner_and_flag_stalled_slots(
     everything = await (await running.client.get(f"{running.base}/slots?count=3")).json()
     assert [s["slot"] for s in everything["slots"]] == [0, 1, 2]
     assert everything["nextStart"] == 3
+
+
+async def test_pause_shows_on_the_overview_at_once_and_a_paused_slot_is_not_stalled(
+    start_service: StartService, async_redis_client: redis.asyncio.Redis
+):
+    """Paused is read from Redis by the view (every process answers the same), the cached
+    view is dropped by pause and resume (no second of stale state), and a slot that waits
+    because delivery is paused is not reported stalled: it waits on purpose."""
+    running = await start_service(topic_type="pull")
+    client, base = running.client, running.base
+    slot = await make_stalled(running, async_redis_client)
+    before = await (await client.get(f"{base}/overview")).json()
+    assert (before["paused"], before["pausedBrokers"], before["fleet"]["stalled"]) == (
+        False,
+        [],
+        [slot],
+    )
+    assert (await client.post(f"{base}/pause")).status == 200
+    paused = await (await client.get(f"{base}/overview")).json()
+    assert (paused["paused"], paused["pausedBrokers"], paused["fleet"]["stalledSlots"]) == (
+        True,
+        [0],
+        0,
+    )
+    [row] = (await (await client.get(f"{base}/slots?start={slot}&count=1")).json())["slots"]
+    assert (row["paused"], row["stalled"], row["due"]) == (True, False, 1)
+    assert (await client.post(f"{base}/resume")).status == 200
+    resumed = await (await client.get(f"{base}/overview")).json()
+    assert (resumed["paused"], resumed["pausedBrokers"]) == (False, [])
 
 
 async def test_slots_refuse_bad_paging_naming_the_parameter(start_service: StartService):

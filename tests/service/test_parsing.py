@@ -4,14 +4,15 @@ from __future__ import annotations
 
 import pytest
 
-from delayq.queue.model import Lease
+from delayq.queue.model import Lease, Target
 from delayq.queue.topic import Topic
 from delayq.service.parsing import (
+    DeadTarget,
     FieldError,
     PayloadTooLargeError,
-    parse_all_or_ids,
     parse_batch,
     parse_cursor,
+    parse_dead_targets,
     parse_lease_request,
     parse_message,
     parse_nack,
@@ -75,12 +76,31 @@ def test_lease_and_nack_requests():
 
 
 def test_dead_targets_and_cursor():
-    assert parse_all_or_ids({"all": True}) is None
-    targets = parse_all_or_ids({"ids": ["a", {"id": "b", "slotBasis": "k"}]})
-    assert [(t.id, t.slot_basis) for t in targets or []] == [("a", None), ("b", "k")]
+    assert parse_dead_targets({"all": True}, TOPIC) is None
+    body = {"ids": ["a", {"id": "b", "slotBasis": "k"}, {"id": "c", "slot": 3}]}
+    assert parse_dead_targets(body, TOPIC) == [
+        DeadTarget(TOPIC.slot_of("a"), "a"),
+        DeadTarget(Target("b", "k").slot(TOPIC), "b"),
+        DeadTarget(3, "c"),  # as a dead page reports it: no slot basis needed
+    ]
     assert parse_cursor("2:5", TOPIC) == (2, 5)
     with pytest.raises(FieldError, match="cursor"):
         parse_cursor("9:0", TOPIC)
+
+
+@pytest.mark.parametrize(
+    ("item", "field"),
+    [
+        ({"id": "c", "slot": 4}, "ids[0].slot"),
+        ({"id": "c", "slot": "3"}, "ids[0].slot"),
+        ({"id": "c", "slot": 3, "slotBasis": "k"}, "ids[0].slot"),
+        ({"slot": 3}, "ids[0].id"),
+    ],
+)
+def test_dead_targets_refuse_a_slot_outside_the_topic_or_beside_a_basis(item, field):
+    with pytest.raises(FieldError) as caught:
+        parse_dead_targets({"ids": [item]}, TOPIC)
+    assert caught.value.field == field
 
 
 @pytest.mark.parametrize("bad", ["a\x00", "a\r\nX-Evil: 1", "a\x7f", "a\x85", "\ud800"])
@@ -92,7 +112,7 @@ def test_ids_and_slot_bases_refuse_control_characters_and_lone_surrogates(bad, f
     assert caught.value.field == field
     assert "control character" in str(caught.value) or "surrogate" in str(caught.value)
     with pytest.raises(FieldError) as caught:
-        parse_all_or_ids({"ids": [{"id": "a", field: bad}]})
+        parse_dead_targets({"ids": [{"id": "a", field: bad}]}, TOPIC)
     assert caught.value.field == f"ids[0].{field}"
     with pytest.raises(FieldError):
         parse_target(bad, None) if field == "id" else parse_target("a", bad)

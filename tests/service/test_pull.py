@@ -98,6 +98,35 @@ async def test_nack_dead_and_redrive(start_service: StartService):
     assert again["id"] == "m0"
 
 
+async def test_a_dead_message_with_a_slot_basis_is_redriven_by_the_slot_its_page_lists(
+    start_service: StartService,
+):
+    """The record does not keep the slot basis: routed by its id the message is missed; by
+    the slot the dead page reports (what the dashboard and `delayq dead` send) it is found."""
+    running = await start_service()
+    topic = running.service.topic
+    basis = next(
+        b for b in (f"customer-{i}" for i in range(64)) if topic.slot_of(b) != topic.slot_of("x")
+    )
+    message = {"id": "x", "slotBasis": basis, "delayMs": 0}
+    assert (await running.client.post(f"{running.base}/messages", json=message)).status == 201
+    [leased] = await lease(running)
+    await running.client.post(
+        f"{running.base}/leases/nack", json={"tokens": [leased["token"]], "dead": True}
+    )
+    [listed] = (await (await running.client.get(f"{running.base}/dead")).json())["messages"]
+    assert listed["slot"] == topic.slot_of(basis)
+    by_id = await running.client.post(f"{running.base}/dead/redrive", json={"ids": ["x"]})
+    [missed] = (await by_id.json())["results"]
+    assert missed["result"] != "redriven"  # looked for in the id's own slot
+    by_slot = {"ids": [{"id": "x", "slot": listed["slot"]}]}
+    redriven = await running.client.post(f"{running.base}/dead/redrive", json=by_slot)
+    assert (await redriven.json())["results"] == [{"id": "x", "result": "redriven"}]
+    assert (await (await running.client.get(f"{running.base}/stats")).json())["dead"] == 0
+    [again] = await lease(running, waitMs=2000)
+    assert again["id"] == "x"
+
+
 async def test_dead_pages_purge_and_redrive_all(start_service: StartService):
     running = await start_service(max_retries=0)
     await schedule(running, 7)

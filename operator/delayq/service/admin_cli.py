@@ -1,5 +1,5 @@
-"""Admin commands over a delay service's HTTP API: `delayq topic stats`, `delayq msg
-get|cancel|reschedule`, `delayq dead list|redrive|purge` and `delayq slots`.
+"""Admin commands over a delay service's HTTP API: `delayq topic stats|pause|resume`, `delayq
+msg get|cancel|reschedule`, `delayq dead list|redrive|purge` and `delayq slots`.
 
 They answer "why didn't my message fire?" without hand-written curl calls, and behave the same
 against a laptop's `delayq dev` and a cluster's Service: `--url` (or `DELAYQ_URL`) names any
@@ -170,6 +170,15 @@ def emit_json(value: Any, out: TextIO) -> None:
     print(file=out)
 
 
+def answer(value: Any, as_json: bool, text: str, out: TextIO) -> None:
+    """An action's outcome: the API's answer for scripts (`--json`), else `text` for people
+    (service text in it already passed through `safe`)."""
+    if as_json:
+        emit_json(value, out)
+    else:
+        print(text, file=out)
+
+
 # ---- commands --------------------------------------------------------------------------------
 
 
@@ -187,6 +196,7 @@ def topic_stats(api: Api, args: argparse.Namespace, out: TextIO) -> int:
             ("due, not claimed", depth["due"]),
             ("in flight (leased)", depth["prepared"]),
             ("dead", depth["dead"]),
+            ("delivery", _delivery(overview["pausedBrokers"], overview["brokers"])),
             ("next due", instant(overview["nextDueMs"], now)),
             ("oldest overdue", duration(overview["oldestOverdueMs"] or None)),
             ("due in next minute", histogram["nextMinute"]),
@@ -199,6 +209,26 @@ def topic_stats(api: Api, args: argparse.Namespace, out: TextIO) -> int:
         out,
     )
     return OK
+
+
+def _delivery(paused_brokers: list[int], brokers: int) -> str:
+    if not paused_brokers:
+        return "running"
+    if len(paused_brokers) < brokers:
+        return f"PAUSED on broker(s) {', '.join(map(str, paused_brokers))} of {brokers}"
+    return "PAUSED (nothing is claimed; scheduling goes on)"
+
+
+def topic_pause(paused: bool) -> Callable[[Api, argparse.Namespace, TextIO], int]:
+    """`topic pause` or `topic resume`: every process of the topic follows within a second."""
+
+    def run(api: Api, args: argparse.Namespace, out: TextIO) -> int:
+        done = api.call("POST", "/pause" if paused else "/resume")
+        state = "paused" if paused else "resumed"
+        answer(done, args.json, f"{safe(api.topic)}: delivery {state}", out)
+        return OK
+
+    return run
 
 
 def _fleet_rows(fleet: dict[str, Any], slot_amount: int) -> list[tuple[str, Any]]:
@@ -251,21 +281,16 @@ def msg_get(api: Api, args: argparse.Namespace, out: TextIO) -> int:
 
 
 def msg_cancel(api: Api, args: argparse.Namespace, out: TextIO) -> int:
-    answer = api.call("DELETE", _message_path(args.id, args.slot_basis))
-    if args.json:
-        emit_json(answer, out)
-    else:
-        print(f"{safe(answer['id'])}: {answer['result']}", file=out)
+    done = api.call("DELETE", _message_path(args.id, args.slot_basis))
+    answer(done, args.json, f"{safe(done['id'])}: {done['result']}", out)
     return OK
 
 
 def msg_reschedule(api: Api, args: argparse.Namespace, out: TextIO) -> int:
     body = {"delayMs": args.delay_ms} if args.delay_ms is not None else {"atMs": args.at_ms}
-    answer = api.call("POST", _message_path(args.id, args.slot_basis, "/reschedule"), body)
-    if args.json:
-        emit_json(answer, out)
-    else:
-        print(f"{safe(answer['id'])}: {answer['result']}, due {instant(answer['dueMs'])}", file=out)
+    done = api.call("POST", _message_path(args.id, args.slot_basis, "/reschedule"), body)
+    text = f"{safe(done['id'])}: {done['result']}, due {instant(done['dueMs'])}"
+    answer(done, args.json, text, out)
     return OK
 
 
@@ -319,69 +344,87 @@ class Progress:
             self.err.flush()
 
 
-def dead_action(action: str) -> Callable[[Api, argparse.Namespace, TextIO], int]:
-    """`dead redrive` or `dead purge`: listed ids (batches of IDS_PER_CALL) or `--all`."""
+@dataclass(frozen=True)
+class DeadAction:
+    """`dead redrive` or `dead purge`: the one thing that differs between the two commands is
+    the route and the word its per-message result says when done."""
 
-    def run(api: Api, args: argparse.Namespace, out: TextIO) -> int:
+    route: str  # /dead/<route>
+    done: str  # the result of a message it was done to
+
+    def __call__(self, api: Api, args: argparse.Namespace, out: TextIO) -> int:
+        """Listed ids (batches of IDS_PER_CALL), or `--all` in one call."""
         if bool(args.ids) == args.all:
             raise AdminError(BAD_INPUT, "give dead message ids or --all, not both or neither")
-        if args.all and action == "purge" and not args.yes:
+        if args.all and (args.slot is not None or args.slot_basis is not None):
+            raise AdminError(BAD_INPUT, "--slot and --slot-basis go with listed ids, not --all")
+        if args.all and self.route == "purge" and not args.yes:
             raise AdminError(BAD_INPUT, "purge --all deletes every dead message: add --yes")
-        show = args.progress or sys.stderr.isatty()
-        verb = "redriven" if action == "redrive" else "purged"
+        progress_shown = args.progress or sys.stderr.isatty()
         if args.all:
-            return _dead_all(api, action, verb, show, args.json, out)
-        progress = Progress(verb, len(args.ids), show, sys.stderr)
+            moved = self._all(api, progress_shown)
+            answer(moved, args.json, f"{moved['moved']} {self.done}", out)
+            return OK
+        targets = _dead_targets(args)
+        progress = Progress(self.done, len(targets), progress_shown, sys.stderr)
         results: list[dict[str, Any]] = []
-        for start in range(0, len(args.ids), IDS_PER_CALL):
-            chunk = args.ids[start : start + IDS_PER_CALL]
-            results += api.call("POST", f"/dead/{action}", {"ids": chunk})["results"]
+        for start in range(0, len(targets), IDS_PER_CALL):
+            chunk = targets[start : start + IDS_PER_CALL]
+            results += api.call("POST", f"/dead/{self.route}", {"ids": chunk})["results"]
             progress.show(len(results))
         progress.finish()
-        missing = [r for r in results if r["result"] != verb]
-        if args.json:
-            emit_json({"results": results}, out)
-        else:
-            print(f"{len(results) - len(missing)} of {len(results)} {verb}", file=out)
-            for result in missing:
-                print(f"{safe(result['id'])}: {result['result']}", file=out)
+        missing = [r for r in results if r["result"] != self.done]
+        summary = f"{len(results) - len(missing)} of {len(results)} {self.done}"
+        lines = [summary, *(f"{safe(r['id'])}: {r['result']}" for r in missing)]
+        answer({"results": results}, args.json, "\n".join(lines), out)
         return NOT_FOUND if missing else OK
 
-    return run
+    def _all(self, api: Api, progress_shown: bool) -> dict[str, Any]:
+        """One `{"all": true}` call (the service drains slot by slot); while it runs, the dead
+        count read from /stats drives the progress bar."""
+        total = int(api.call("GET", "/stats")["dead"])
+        progress = Progress(self.done, total, progress_shown, sys.stderr)
+        moved: dict[str, Any] = {}
+        failure: list[AdminError] = []
 
+        def request() -> None:
+            try:
+                body = {"all": True}
+                moved.update(api.call("POST", f"/dead/{self.route}", body, timeout_s=3600))
+            except AdminError as error:
+                failure.append(error)
 
-def _dead_all(api: Api, action: str, verb: str, show: bool, as_json: bool, out: TextIO) -> int:
-    """One `{"all": true}` call (the service drains slot by slot); while it runs, the dead
-    count read from /stats drives the progress bar."""
-    total = int(api.call("GET", "/stats")["dead"])
-    progress = Progress(verb, total, show, sys.stderr)
-    answer: dict[str, Any] = {}
-    failure: list[AdminError] = []
-
-    def request() -> None:
-        try:
-            answer.update(api.call("POST", f"/dead/{action}", {"all": True}, timeout_s=3600))
-        except AdminError as error:
-            failure.append(error)
-
-    worker = threading.Thread(target=request, daemon=True)
-    worker.start()
-    while worker.is_alive():
-        worker.join(PROGRESS_INTERVAL_S)
-        if worker.is_alive() and show:
-            # the count only drives the bar; the action's own answer decides the outcome
-            with contextlib.suppress(AdminError):
-                progress.show(max(0, total - int(api.call("GET", "/stats")["dead"])))
-    if failure:
+        worker = threading.Thread(target=request, daemon=True)
+        worker.start()
+        while worker.is_alive():
+            worker.join(PROGRESS_INTERVAL_S)
+            if worker.is_alive() and progress.enabled:
+                # the count only drives the bar; the action's own answer decides the outcome
+                with contextlib.suppress(AdminError):
+                    dead = int(api.call("GET", "/stats")["dead"])
+                    progress.show(max(0, total - dead))
+        if failure:
+            progress.finish()
+            raise failure[0]
+        progress.show(int(moved["moved"]))
         progress.finish()
-        raise failure[0]
-    progress.show(int(answer["moved"]))
-    progress.finish()
-    if as_json:
-        emit_json(answer, out)
-    else:
-        print(f"{answer['moved']} {verb}", file=out)
-    return OK
+        return moved
+
+
+DEAD_ACTIONS = {
+    "redrive": (DeadAction("redrive", "redriven"), "schedule dead messages again (delivered now)"),
+    "purge": (DeadAction("purge", "purged"), "delete dead messages for good"),
+}
+
+
+def _dead_targets(args: argparse.Namespace) -> list[Any]:
+    """The listed ids as the API takes them: with the `--slot` that `dead list` shows, or the
+    `--slot-basis` they were scheduled with (their ids alone would route elsewhere)."""
+    if args.slot is not None:
+        return [{"id": message_id, "slot": args.slot} for message_id in args.ids]
+    if args.slot_basis is not None:
+        return [{"id": message_id, "slotBasis": args.slot_basis} for message_id in args.ids]
+    return list(args.ids)
 
 
 def slots(api: Api, args: argparse.Namespace, out: TextIO) -> int:
@@ -393,6 +436,7 @@ def slots(api: Api, args: argparse.Namespace, out: TextIO) -> int:
     rows = []
     for s in page["slots"]:
         status = "UNOWNED" if not s["held"] else "STALLED" if s["stalled"] else "ok"
+        status = "PAUSED" if status == "ok" and s["paused"] else status
         owner = s["owner"] or (f"none (assigned {s['assigned']})" if s["assigned"] else "none")
         rows.append(
             (
@@ -481,8 +525,18 @@ def register(subparsers: Any) -> None:
 
     topic = group("topic", "a topic's state over its delay service's HTTP API")
     leaf(
-        topic, "stats", "depths, due-time histogram, next due, slots held and stalled", topic_stats
+        topic,
+        "stats",
+        "depths, paused or not, due-time histogram, next due, slots held and stalled",
+        topic_stats,
     )
+    leaf(
+        topic,
+        "pause",
+        "stop delivering (nothing is claimed; scheduling goes on)",
+        topic_pause(True),
+    )
+    leaf(topic, "resume", "deliver again (the backlog of due messages drains)", topic_pause(False))
 
     msg = group("msg", "one message by id: look it up, cancel or reschedule it")
     _message(leaf(msg, "get", "state, due time, attempts, last error, headers, payload", msg_get))
@@ -497,13 +551,15 @@ def register(subparsers: Any) -> None:
     listing = leaf(dead, "list", "one page of dead messages with reason and attempts", dead_list)
     listing.add_argument("--count", type=_positive, default=100, help="page size (max 1000)")
     listing.add_argument("--cursor", help="continue from a previous page's cursor")
-    for action, text in (
-        ("redrive", "schedule dead messages again (delivered now)"),
-        ("purge", "delete dead messages for good"),
-    ):
-        parser = leaf(dead, action, text, dead_action(action))
+    for name, (action, text) in DEAD_ACTIONS.items():
+        parser = leaf(dead, name, text, action)
         parser.add_argument("ids", nargs="*", help="dead message ids")
         parser.add_argument("--all", action="store_true", help="every dead message of the topic")
+        where = parser.add_mutually_exclusive_group()
+        where.add_argument(
+            "--slot", type=_non_negative, help="the ids' slot, as `dead list` shows it"
+        )
+        where.add_argument("--slot-basis", help="the slot basis the ids were scheduled with")
         parser.add_argument("--yes", action="store_true", help="purge --all: yes, really")
         parser.add_argument(
             "--progress", action="store_true", help="progress bar even when not on a terminal"

@@ -247,6 +247,7 @@ SCHEMAS: dict[str, Schema] = {
         topic=string(),
         topicType={"type": "string", "enum": [t.value for t in TopicType]},
         slotAmount=integer("slots of the topic", 1, MAX_SLOT_AMOUNT),
+        brokers=integer("Redis brokers of the topic", 1),
         nowMs=integer("the Redis server's clock when read"),
         ageMs=integer("how old this reading is (answers are cached for a second)"),
         depth=obj(
@@ -258,6 +259,8 @@ SCHEMAS: dict[str, Schema] = {
         ),
         nextDueMs={"type": "integer", "nullable": True},
         oldestOverdueMs=integer("how long the oldest due, unclaimed message has waited"),
+        paused={"type": "boolean", "description": "delivery is paused on some broker"},
+        pausedBrokers=array(integer("a broker whose delivery is paused"), MAX_SLOT_AMOUNT),
         dueHistogram=obj(
             ["overdue", *(name for name, _ in DUE_WINDOWS), "later"],
             overdue=integer("due already, not claimed"),
@@ -281,7 +284,8 @@ SCHEMAS: dict[str, Schema] = {
             error=string("why the ownership is unknown (ZooKeeper unreachable)"),
             unowned=array({"type": "integer"}, MAX_LISTED),
             stalledSlots=integer(
-                f"slots with a due message unclaimed for {STALLED_AFTER_MS} ms or more"
+                f"slots with a due message unclaimed for {STALLED_AFTER_MS} ms or more, "
+                "delivery not paused"
             ),
             stalled=array({"type": "integer"}, MAX_LISTED),
             stalledAfterMs=integer("the stall threshold"),
@@ -331,6 +335,7 @@ SCHEMAS: dict[str, Schema] = {
                 nextDueMs={"type": "integer", "nullable": True},
                 oldestOverdueMs=integer("age of the oldest due message"),
                 stalled={"type": "boolean"},
+                paused={"type": "boolean", "description": "its broker's delivery is paused"},
             ),
             MAX_SLOT_PAGE,
         ),

@@ -76,7 +76,8 @@ _FIELDS = 7 + len(DUE_WINDOWS)  # values per slot in a reply
 @dataclass(slots=True)
 class SlotView:
     """One slot as its broker holds it now. `due_in` counts the messages due in each of
-    DUE_WINDOWS after `overdue` (due already, not claimed), then `later`."""
+    DUE_WINDOWS after `overdue` (due already, not claimed), then `later`; `paused`: its
+    broker's delivery is paused (AsyncQueue.pause), so nobody claims it on purpose."""
 
     slot: int
     broker: int
@@ -89,6 +90,7 @@ class SlotView:
     prepared: int
     dead: int
     next_due_ms: int | None
+    paused: bool = False
 
     @property
     def oldest_overdue_ms(self) -> int:
@@ -98,7 +100,9 @@ class SlotView:
 
     @property
     def stalled(self) -> bool:
-        return self.oldest_overdue_ms >= STALLED_AFTER_MS
+        """Due messages unclaimed for a while although delivery is not paused: a paused
+        slot waits on purpose, and marking it would hide the slots that are really stuck."""
+        return not self.paused and self.oldest_overdue_ms >= STALLED_AFTER_MS
 
 
 async def read_slots(service: DelayService, per_call: int = SLOTS_PER_CALL) -> list[SlotView]:
@@ -113,17 +117,32 @@ async def read_slots(service: DelayService, per_call: int = SLOTS_PER_CALL) -> l
         chunks = [slots[i : i + per_call] for i in range(0, len(slots), per_call)]
         size = -(-len(chunks) // PIPELINES_PER_BROKER)
         parts += [(broker, chunks[i : i + size]) for i in range(0, len(chunks), size)]
-    answers = await asyncio.gather(
-        *(_pipelined(service.brokers.queues[broker], chunks, windows) for broker, chunks in parts)
+    answers, paused = await asyncio.gather(
+        asyncio.gather(
+            *(
+                _pipelined(service.brokers.queues[broker], chunks, windows)
+                for broker, chunks in parts
+            )
+        ),
+        read_paused(service),
     )
     views: list[SlotView] = []
     for (broker, chunks), replies in zip(parts, answers, strict=True):
-        views += _views(broker, chunks, replies)
+        views += _views(broker, chunks, replies, broker in paused)
     views.sort(key=lambda view: view.slot)
     return views
 
 
-def _views(broker: int, chunks: list[list[int]], replies: list[Any]) -> list[SlotView]:
+async def read_paused(service: DelayService) -> frozenset[int]:
+    """The brokers whose delivery is paused, read from Redis (every process sees the same;
+    a process's own consumers may lag it by a second)."""
+    flags = await asyncio.gather(*(queue.is_paused() for queue in service.brokers.queues))
+    return frozenset(broker for broker, flag in enumerate(flags) if flag)
+
+
+def _views(
+    broker: int, chunks: list[list[int]], replies: list[Any], paused: bool
+) -> list[SlotView]:
     n = len(DUE_WINDOWS)
     views: list[SlotView] = []
     for chunk, reply in zip(chunks, replies, strict=True):  # Lua numbers arrive as ints
@@ -143,6 +162,7 @@ def _views(broker: int, chunks: list[list[int]], replies: list[Any]) -> list[Slo
                     v[4 + n],
                     v[5 + n],
                     v[6 + n] if v[6 + n] >= 0 else None,
+                    paused,
                 )
             )
     return views
@@ -225,16 +245,28 @@ class Cached(Generic[T]):
     def __init__(self, compute: Callable[[], Awaitable[T]], max_age_s: float = CACHE_S) -> None:
         self._compute = compute
         self._max_age_s = max_age_s
-        self._value: tuple[float, T] | None = None
+        self._value: tuple[float, int, T] | None = None
+        self._generation = 0  # bumped by forget: a value computed before it is stale
         self._lock = asyncio.Lock()
+
+    def forget(self) -> None:
+        """The next `get` computes afresh: after a change the view must show at once (pause
+        and resume), not up to `max_age_s` later — even when a computation that started
+        before the change is still running."""
+        self._generation += 1
 
     async def get(self) -> tuple[T, float]:
         """The value and its age in seconds."""
         async with self._lock:
             now = time.monotonic()
-            if self._value is None or now - self._value[0] > self._max_age_s:
-                self._value = (time.monotonic(), await self._compute())
-            taken, value = self._value
+            if (
+                self._value is None
+                or self._value[1] != self._generation
+                or now - self._value[0] > self._max_age_s
+            ):
+                generation = self._generation
+                self._value = (time.monotonic(), generation, await self._compute())
+            taken, _, value = self._value
             return value, time.monotonic() - taken
 
 
@@ -308,6 +340,7 @@ def overview_json(service: DelayService, view: TopicView, age_s: float) -> dict[
         histogram[name] = sum(s.due_in[index] for s in slots)
     histogram["later"] = sum(s.later for s in slots)
     next_due = [s.next_due_ms for s in slots if s.next_due_ms is not None]
+    paused = sorted({s.broker for s in slots if s.paused})
     stalled = [s.slot for s in slots if s.stalled]
     fleet_json: dict[str, Any] = {
         "stalledSlots": len(stalled),
@@ -331,6 +364,7 @@ def overview_json(service: DelayService, view: TopicView, age_s: float) -> dict[
         "topic": service.topic.name,
         "topicType": str(service.topic.topic_type),
         "slotAmount": service.topic.slot_amount,
+        "brokers": len(service.brokers.queues),
         "nowMs": max((s.now_ms for s in slots), default=0),
         "ageMs": int(age_s * 1000),
         "depth": {
@@ -341,6 +375,8 @@ def overview_json(service: DelayService, view: TopicView, age_s: float) -> dict[
         },
         "nextDueMs": min(next_due, default=None),
         "oldestOverdueMs": max((s.oldest_overdue_ms for s in slots), default=0),
+        "paused": bool(paused),
+        "pausedBrokers": paused,
         "dueHistogram": histogram,
         "fleet": fleet_json,
         "process": {
@@ -366,4 +402,5 @@ def slot_json(view: SlotView, fleet: FleetView) -> dict[str, Any]:
         "nextDueMs": view.next_due_ms,
         "oldestOverdueMs": view.oldest_overdue_ms,
         "stalled": view.stalled,
+        "paused": view.paused,
     }

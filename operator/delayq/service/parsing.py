@@ -248,21 +248,6 @@ def parse_extend(body: Body, topic: Topic) -> tuple[list[Lease], int]:
     return parse_tokens(body, topic), get_int(body, "leaseMs", 1, MAX_LEASE_MS)
 
 
-def parse_targets(body: Body) -> list[Target]:
-    """`ids`: message ids, or objects {id, slotBasis} for messages routed by a slot basis."""
-    targets = []
-    for index, item in enumerate(get_list(body, "ids", MAX_BATCH)):
-        prefix = f"ids[{index}]"
-        if isinstance(item, str):
-            item = {"id": item}
-        item = require_object(item, prefix)
-        basis = item.get("slotBasis")
-        if basis is not None:
-            get_id(item, "slotBasis", prefix + ".")
-        targets.append(Target(get_id(item, "id", prefix + "."), basis))
-    return targets
-
-
 def parse_target(message_id: str, slot_basis: str | None) -> Target:
     """The message a path names: `{id}` and, for one scheduled with a slot basis, the
     `slotBasis` query parameter (without it, the id routes itself)."""
@@ -271,13 +256,45 @@ def parse_target(message_id: str, slot_basis: str | None) -> Target:
     return Target(check_id(check_text(message_id, "id"), "id"), slot_basis)
 
 
-def parse_all_or_ids(body: Body) -> list[Target] | None:
-    """None for `{"all": true}` (every dead message), else the listed targets."""
+@dataclass(frozen=True)
+class DeadTarget:
+    """A dead message to redrive or purge, by the slot that holds it."""
+
+    slot: int
+    id: str
+
+
+def parse_dead_targets(body: Body, topic: Topic) -> list[DeadTarget] | None:
+    """None for `{"all": true}` (every dead message), else the listed `ids`: each an id, or
+    an object {id} with its `slotBasis` or the `slot` a dead page reports. The slot is what a
+    dead page can offer for a message scheduled with a slot basis: its record does not keep
+    the basis, so without the slot only whoever remembers the basis could redrive it. A wrong
+    slot is harmless: the message is not found there."""
     if body.get("all") is True:
         return None
     if "all" in body and body["all"] is not False:
         raise FieldError("all", "all must be a boolean")
-    return parse_targets(body)
+    return [
+        _dead_target(
+            require_object({"id": item} if isinstance(item, str) else item, f"ids[{index}]"),
+            f"ids[{index}].",
+            topic,
+        )
+        for index, item in enumerate(get_list(body, "ids", MAX_BATCH))
+    ]
+
+
+def _dead_target(fields: Body, prefix: str, topic: Topic) -> DeadTarget:
+    message_id = get_id(fields, "id", prefix)
+    slot, basis = fields.get("slot"), fields.get("slotBasis")
+    if slot is not None and basis is not None:
+        raise FieldError(prefix + "slot", f"give {prefix}slot or {prefix}slotBasis, not both")
+    if slot is not None:
+        last = topic.slot_amount - 1
+        return DeadTarget(get_int(fields, "slot", 0, last, prefix=prefix), message_id)
+    if basis is not None:
+        get_id(fields, "slotBasis", prefix)
+    return DeadTarget(Target(message_id, basis).slot(topic), message_id)
 
 
 def parse_cursor(raw: str | None, topic: Topic) -> tuple[int, int]:

@@ -8,10 +8,11 @@ from collections.abc import Awaitable, Callable, Sequence
 from aiohttp import web
 
 from delayq.queue.client import AsyncQueue
-from delayq.queue.model import MessageInfo, Outcome, Target
+from delayq.queue.model import MessageInfo, Outcome
 from delayq.service.envelope import info_json
-from delayq.service.http_support import json_body, service_for, slot_of_target
-from delayq.service.parsing import parse_all_or_ids, parse_count, parse_cursor
+from delayq.service.http_support import json_body, service_for
+from delayq.service.parsing import DeadTarget, parse_count, parse_cursor, parse_dead_targets
+from delayq.service.routes_overview import VIEWS
 from delayq.service.service import DelayService
 
 DEAD = "/v1/topics/{topic}/dead"
@@ -46,11 +47,11 @@ async def list_dead(request: web.Request) -> web.Response:
 
 
 async def _by_slot(
-    service: DelayService, targets: list[Target], action: PerSlot
+    service: DelayService, targets: list[DeadTarget], action: PerSlot
 ) -> list[dict[str, str]]:
     ids: dict[int, list[str]] = defaultdict(list)
     for target in targets:
-        ids[slot_of_target(service, target)].append(target.id)
+        ids[target.slot].append(target.id)
     results = []
     for slot, slot_ids in ids.items():
         outcomes = await action(service.brokers.queue_for(slot), slot, slot_ids)
@@ -60,7 +61,7 @@ async def _by_slot(
 
 async def _dead_action(request: web.Request, per_slot: PerSlot, every: AllSlots) -> web.Response:
     service = service_for(request)
-    targets = parse_all_or_ids(await json_body(request))
+    targets = parse_dead_targets(await json_body(request), service.topic)
     if targets is None:
         return web.json_response({"moved": await service.brokers.each_broker(every)})
     return web.json_response({"results": await _by_slot(service, targets, per_slot)})
@@ -93,13 +94,15 @@ async def stats(request: web.Request) -> web.Response:
 
 async def pause(request: web.Request) -> web.Response:
     """Stop delivering (claims stop within a second on every process; scheduling goes on)."""
-    service = service_for(request)
-    await service.pause(True)
-    return web.json_response({"paused": True})
+    return await _set_paused(request, True)
 
 
 async def resume(request: web.Request) -> web.Response:
     """Deliver again: the backlog drains under the usual flow control."""
-    service = service_for(request)
-    await service.pause(False)
-    return web.json_response({"paused": False})
+    return await _set_paused(request, False)
+
+
+async def _set_paused(request: web.Request, paused: bool) -> web.Response:
+    await service_for(request).pause(paused)
+    request.app[VIEWS].topic.forget()  # this process's overview shows it at its next read
+    return web.json_response({"paused": paused})

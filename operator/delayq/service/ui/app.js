@@ -236,11 +236,36 @@
       ["Sent to dead", number(p.dead)],
       ["Lateness p50 / p99", `≤ ${p.latenessP50Ms ?? "—"} ms / ≤ ${p.latenessP99Ms ?? "—"} ms`],
     ]);
+    renderDelivery(o.pausedBrokers, o.brokers);
     renderHistogram(o.dueHistogram);
     renderLateness(window);
     stamp("overview-updated");
     markLoaded("page-overview");
     return o;
+  }
+
+  /** Paused or running, in words (the colour only repeats it), and the button that changes
+   *  it: a topic paused on some brokers only (a pause that failed half-way) offers both. */
+  function renderDelivery(pausedBrokers, brokers) {
+    const paused = pausedBrokers.length > 0;
+    const partly = paused && pausedBrokers.length < brokers;
+    $("delivery-state").textContent = !paused
+      ? "▶ running"
+      : `⏸ paused${partly ? ` on broker(s) ${pausedBrokers.join(", ")}` : ""} — nothing is ` +
+        "claimed; scheduling goes on";
+    $("delivery").classList.toggle("paused", paused);
+    $("pause-button").hidden = paused && !partly;
+    $("resume-button").hidden = !paused;
+  }
+
+  async function setPaused(paused) {
+    const text = paused
+      ? "Pause delivery of the whole topic? Nothing is claimed until it is resumed; " +
+        "scheduling goes on and what is in flight finishes."
+      : "Resume delivery? The backlog of due messages is delivered now.";
+    if (!(await confirmAction(text, paused ? "Pause" : "Resume"))) return;
+    await call("POST", `${API}/${paused ? "pause" : "resume"}`);
+    await loadOverview();
   }
 
   function renderHistogram(h) {
@@ -306,7 +331,7 @@
       `${duration(f.stalledAfterMs)} or more): ${number(f.stalledSlots)}.`;
     $("slots-table").tBodies[0].replaceChildren(
       ...page.slots.map((s) => {
-        const status = !s.held ? "⚠ unowned" : s.stalled ? "⚠ stalled" : "ok";
+        const status = !s.held ? "⚠ unowned" : s.stalled ? "⚠ stalled" : s.paused ? "⏸ paused" : "ok";
         const owner = s.owner ?? (s.assigned ? `none (assigned to ${s.assigned})` : "none");
         return el(
           "tr", { className: !s.held ? "unowned" : s.stalled ? "stalled" : "", "data-slot": String(s.slot) },
@@ -431,6 +456,7 @@
       ...page.messages.map((m) => {
         const box = el("input", { type: "checkbox", "aria-label": `Select ${clip(m.id, 80)}` });
         box.dataset.id = m.id;
+        box.dataset.slot = String(m.slot);
         const link = el("a", { href: `#/message/${encodeURIComponent(m.id)}`, className: "id" }, clip(m.id, 120));
         return el(
           "tr", {},
@@ -449,9 +475,11 @@
     markLoaded("page-dead");
   }
 
+  /** The checked rows as {id, slot}: the slot the page lists routes a message scheduled
+   *  with a slot basis, which its id alone would not find. */
   function selectedDead() {
     return [...$("dead-table").tBodies[0].querySelectorAll("input[type=checkbox]:checked")].map(
-      (box) => box.dataset.id,
+      (box) => ({ id: box.dataset.id, slot: Number(box.dataset.slot) }),
     );
   }
 
@@ -578,6 +606,8 @@
     });
     $("cancel-button").addEventListener("click", () => guarded(cancelShown));
     $("redrive-button").addEventListener("click", () => guarded(redriveShown));
+    $("pause-button").addEventListener("click", () => guarded(() => setPaused(true)));
+    $("resume-button").addEventListener("click", () => guarded(() => setPaused(false)));
     $("slots-only").addEventListener("change", () => {
       slotStart = 0;
       slotStarts.length = 0;
