@@ -120,6 +120,7 @@ PRINTER_COLUMNS = [
     ("Ready", '.status.conditions[?(@.type=="Ready")].status', 0),
     ("Reason", '.status.conditions[?(@.type=="Ready")].reason', 1),
     ("Unowned", ".status.slots.unowned", 0),
+    ("Paused", ".status.paused", 1),
     ("Scheduled", ".status.depths.scheduled", 0),
     ("Dead", ".status.depths.dead", 0),
     ("Age", ".metadata.creationTimestamp", 0),

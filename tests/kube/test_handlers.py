@@ -311,6 +311,48 @@ async def test_health_elects_masters_and_reports_ready(
     assert await refresh(ctx, body(api), logger) == {}
 
 
+async def test_delivery_paused_is_held_on_every_master_and_reported(
+    api: kmock.KubernetesEmulator,
+    ctx: OperatorContext,
+    zk: KazooClient,
+    redis_pods: RedisPods,
+    logger: logging.Logger,
+) -> None:
+    """spec.delivery.paused true pauses every master (and pauses it again after an API resume),
+    false resumes; unset leaves the API's pause alone. The status reports what Redis holds."""
+    put_topic(api, brokers=2, slotAmount=4, delivery={"paused": True})
+    await provision(api, ctx, logger)
+    redis_pods.add(0, 1)
+    redis_pods.add(1, 1)
+    add_service_pods(api, 2)
+    own_slots(zk, 4)
+    masters = [redis_pods.queue(f"orders-redis-{b}-0", slot_amount=4) for b in (0, 1)]
+    try:
+        write_status(api, await refresh(ctx, body(api), logger))
+        assert [queue.is_paused() for queue in masters] == [True, True]
+        assert body(api)["status"]["paused"] is True
+        assert [b["paused"] for b in body(api)["status"]["brokers"]] == [True, True]
+
+        masters[1].resume()  # the API's resume does not outlast the spec
+        write_status(api, await refresh(ctx, body(api), logger))
+        assert masters[1].is_paused()
+
+        update_spec(api, delivery={"paused": False})
+        write_status(api, await refresh(ctx, body(api), logger))
+        assert [queue.is_paused() for queue in masters] == [False, False]
+        assert body(api)["status"]["paused"] is False
+
+        update_spec(api, delivery={"paused": None})  # unset: pausing is the API's
+        masters[0].pause()
+        write_status(api, await refresh(ctx, body(api), logger))
+        assert [queue.is_paused() for queue in masters] == [True, False]
+        assert body(api)["status"]["paused"] is True
+        assert [b["paused"] for b in body(api)["status"]["brokers"]] == [True, False]
+    finally:
+        for queue in masters:
+            queue.close()
+
+
 async def test_failover_promotes_highest_offset_after_grace_and_fences_old_master(
     api: kmock.KubernetesEmulator,
     ctx: OperatorContext,

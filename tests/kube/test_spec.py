@@ -35,6 +35,8 @@ def test_spec_defaults_match_the_crd() -> None:
         ({"topicType": "webhook"}, "needs spec.delivery.webhook.url"),
         ({"delivery": {"stream": {}}}, "spec.delivery.stream is only used by topicType stream"),
         ({"ackTimeout": "0ms"}, "ackTimeout must be between 1ms and 24h"),
+        ({"outcomeRetention": "721h"}, "outcomeRetention must be between 0s and 720h"),
+        ({"delivery": {"paused": "yes"}}, "delivery.paused must be true or false"),
         ({"maxRetries": True}, "maxRetries must be an integer"),
         ({"zookeeper": {"connect": "not a host"}}, "zookeeper.connect"),
         ({"deletionPolicy": "Orphan"}, "deletionPolicy 'Orphan' must be Retain or Delete"),

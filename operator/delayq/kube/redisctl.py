@@ -1,4 +1,5 @@
-"""The operator's few Redis commands: inspect replication, promote, demote, depths, memory.
+"""The operator's few Redis commands: inspect replication, promote, demote, depths, memory,
+pause.
 
 Depths are the engine's own stats (`AsyncQueue.stats`, the read-only stats script), so the
 operator counts messages exactly as the delay service's metrics and API do.
@@ -63,6 +64,10 @@ class RedisControl(Protocol):
 
     async def memory(self, host: str, password: str) -> BrokerMemory:
         """used_memory and maxmemory from INFO memory; raises on a Redis or network error."""
+
+    async def pause(self, host: str, password: str, topic: Topic, paused: bool | None) -> bool:
+        """Pause (True) or resume (False) the topic's delivery on one master, or (None) leave
+        it; returns whether it is paused now (the engine's own `AsyncQueue.pause` key)."""
 
 
 class RedisCommands:
@@ -148,3 +153,14 @@ class RedisCommands:
             used_memory_bytes=int(info.get("used_memory", 0)),
             max_memory_bytes=int(info.get("maxmemory", 0)),
         )
+
+    async def pause(self, host: str, password: str, topic: Topic, paused: bool | None) -> bool:
+        queue = AsyncQueue(self._client(host, password), topic)
+        try:
+            if paused is True:
+                await queue.pause()
+            elif paused is False:
+                await queue.resume()
+            return await queue.is_paused()
+        finally:
+            await queue.close()

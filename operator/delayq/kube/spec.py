@@ -24,7 +24,7 @@ from delayq.queue.topic import (
     TopicType,
     is_power_of_two,
 )
-from delayq.service.defaults import DEFAULTS, crd_default
+from delayq.service.defaults import DEFAULTS, crd_default, human_duration
 from delayq.service.delivery.targets import parse_cidrs
 
 DURATION_PATTERN = re.compile(r"^(?:[0-9]{1,8}(?:ms|s|m|h))+$")
@@ -109,6 +109,9 @@ class Delivery:
     pull_max_lease_batch: int = DEFAULTS.pull_max_lease_batch
     stream_key: str = ""
     stream_max_len: int = DEFAULTS.stream_max_len
+    # spec.delivery.paused: True pauses every broker's delivery, False resumes it; None (unset)
+    # leaves pausing to the API and the dashboard (`POST .../pause`)
+    paused: bool | None = None
 
 
 @dataclass(frozen=True)
@@ -182,7 +185,7 @@ def parse_duration_ms(value: object, field_name: str, low_ms: int, high_ms: int)
     total = sum(int(n) * DURATION_UNIT_MS[unit] for n, unit in DURATION_PART.findall(value))
     if not low_ms <= total <= high_ms:
         raise SpecError(
-            f"{field_name} must be between {_human_ms(low_ms)} and {_human_ms(high_ms)} "
+            f"{field_name} must be between {human_duration(low_ms)} and {human_duration(high_ms)} "
             f"(got {value!r})"
         )
     return total
@@ -232,8 +235,8 @@ def parse_spec(name: str, namespace: str, spec: Mapping[str, Any]) -> TopicSpec:
     backoff_max_ms = _retry_duration_ms(retry, "backoffMax", "retry_backoff_max_ms")
     if backoff_max_ms < backoff_base_ms:
         raise SpecError(
-            f"retry.backoffMax ({_human_ms(backoff_max_ms)}) must not be shorter than "
-            f"retry.backoffBase ({_human_ms(backoff_base_ms)})"
+            f"retry.backoffMax ({human_duration(backoff_max_ms)}) must not be shorter than "
+            f"retry.backoffBase ({human_duration(backoff_base_ms)})"
         )
     parsed = TopicSpec(
         name=name,
@@ -369,6 +372,9 @@ def _delivery(topic_type: TopicType, section: Mapping[str, Any]) -> Delivery:
         stream_max_len=_int(
             stream, "maxLen", DEFAULTS.stream_max_len, 0, 1_000_000_000, "delivery.stream."
         ),
+        paused=None
+        if section.get("paused") is None
+        else _bool(section, "paused", False, "delivery."),
     )
 
 
@@ -610,11 +616,3 @@ def _int(
     if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
         raise SpecError(f"{prefix}{key} must be an integer between {low} and {high}, got {value!r}")
     return value
-
-
-def _human_ms(value_ms: int) -> str:
-    for unit in ("h", "m", "s"):
-        size = DURATION_UNIT_MS[unit]
-        if value_ms % size == 0:
-            return f"{value_ms // size}{unit}"
-    return f"{value_ms}ms"

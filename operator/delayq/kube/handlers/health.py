@@ -125,6 +125,7 @@ async def health_pass(
     if (full := broker_full_condition(memory)) is not None:
         conditions.append(full)
     fields: dict[str, Any] = {
+        "paused": any(entry.get("paused") for entry in brokers),
         "brokers": brokers,
         "depths": {"scheduled": depths.scheduled, "prepared": depths.prepared, "dead": depths.dead},
     }
@@ -295,7 +296,29 @@ async def observe_broker(
             memory = await ctx.redis.memory(master_address, password)
         except (redis.RedisError, *TRANSIENT_ERRORS) as error:  # informative, as depths
             logger.warning("memory of broker %d unavailable: %r", broker, error)
+        paused = await enforce_pause(ctx, spec, broker, master_address, password, logger)
+        if paused is not None:
+            entry["paused"] = paused
     return BrokerObservation(entry, stats, memory, events)
+
+
+async def enforce_pause(
+    ctx: OperatorContext,
+    spec: TopicSpec,
+    broker: int,
+    master_address: str,
+    password: str,
+    logger: Logger,
+) -> bool | None:
+    """Hold the master to `spec.delivery.paused` (unset: whatever the API set) and return
+    whether its delivery is paused; None when the master did not answer (the next pass
+    tries again: setting the key is idempotent)."""
+    topic = Topic(spec.name, namespace=spec.namespace, slot_amount=spec.slot_amount)
+    try:
+        return await ctx.redis.pause(master_address, password, topic, spec.delivery.paused)
+    except (redis.RedisError, *TRANSIENT_ERRORS) as error:
+        logger.warning("pause state of broker %d unavailable: %r", broker, error)
+        return None
 
 
 async def apply_decision(
