@@ -9,26 +9,16 @@ is not wedged; a leader that loses its leader lease exits by itself rather than 
 from __future__ import annotations
 
 import contextlib
-import urllib.parse
-from collections.abc import AsyncIterator
 
 from aiohttp import web
 
+from delayq.kube.endpoint import endpoint_server
 
-@contextlib.asynccontextmanager
-async def liveness_server(endpoint: str) -> AsyncIterator[None]:
+
+async def _healthz(_: web.Request) -> web.Response:
+    return web.Response(text="ok")
+
+
+def liveness_server(endpoint: str) -> contextlib.AbstractAsyncContextManager[None]:
     """Serve GET on the endpoint's path (e.g. http://0.0.0.0:8080/healthz) until the exit."""
-    url = urllib.parse.urlsplit(endpoint)
-
-    async def healthz(_: web.Request) -> web.Response:
-        return web.Response(text="ok")
-
-    app = web.Application()
-    app.router.add_get(url.path or "/", healthz)
-    runner = web.AppRunner(app, access_log=None)
-    await runner.setup()
-    try:
-        await web.TCPSite(runner, url.hostname or "0.0.0.0", url.port or 8080).start()
-        yield
-    finally:
-        await runner.cleanup()
+    return endpoint_server(endpoint, _healthz, "/", 8080)
