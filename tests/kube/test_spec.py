@@ -8,7 +8,7 @@ from delayq.kube.builders.common import BuildContext
 from delayq.kube.builders.service import topic_file
 from delayq.kube.spec import SpecError, parse_duration_ms, parse_spec
 from delayq.queue.backoff import Backoff, Jitter
-from delayq.queue.topic import TopicType
+from delayq.queue.topic import EndAction, TopicType
 from delayq.service.config import ServiceConfig
 from delayq.service.topic_file import TopicFile
 
@@ -80,6 +80,24 @@ def test_retry_policy_reaches_the_delay_service() -> None:
     )
 
 
+def test_end_of_retries_and_expiry_reach_the_engine_topic() -> None:
+    """spec.retry.for / exhaustedAction and spec.expiry → topic.json → the served Topic."""
+    spec = parse_spec(
+        "orders",
+        "shop",
+        {"retry": {"for": "2h", "exhaustedAction": "drop"},
+         "expiry": {"ttl": "10m", "action": "drop"}, "outcomeRetention": "1h"},
+    )  # fmt: skip
+    file = TopicFile.from_json(topic_file(spec, BuildContext(), spec.slot_amount).to_json())
+    topic = ServiceConfig.from_env({}, file.service_settings({})).to_topic()
+    assert (topic.retry_for_ms, topic.retry_exhausted_action) == (7_200_000, EndAction.DROP)
+    assert (topic.expiry_ttl_ms, topic.expiry_action) == (600_000, EndAction.DROP)
+    assert topic.outcome_retention_ms == 3_600_000
+    default = parse_spec("orders", "shop", {}).topic
+    assert (default.retry_for_ms, default.expiry_ttl_ms) == (0, 0)
+    assert (default.retry_exhausted_action, default.expiry_action) == (EndAction.DEAD,) * 2
+
+
 @pytest.mark.parametrize(
     ("retry", "message"),
     [
@@ -87,6 +105,8 @@ def test_retry_policy_reaches_the_delay_service() -> None:
         ({"backoffMultiplier": 0.5}, "retry.backoffMultiplier must be a number between 1 and 10"),
         ({"backoffMultiplier": "2"}, "retry.backoffMultiplier must be a number"),
         ({"jitter": "some"}, "retry.jitter 'some' must be none or full"),
+        ({"exhaustedAction": "keep"}, "retry.exhaustedAction 'keep' must be dead or drop"),
+        ({"for": "1 hour"}, "retry.for"),
         ({"backoffBase": "8d"}, "retry.backoffBase"),
     ],
 )

@@ -8,6 +8,7 @@ from hypothesis import strategies as st
 
 from delayq.queue import plans
 from delayq.queue.codec import (
+    Record,
     decode_record,
     encode_headers,
     validate_id,
@@ -26,17 +27,34 @@ TEN_YEARS_MS = 10 * 366 * 24 * 3600 * 1000
     st.integers(0, 10_000),
     st.one_of(st.none(), st.integers(0, 2**50)),
     st.one_of(st.none(), st.integers(1, 2**62)),
+    st.one_of(st.none(), st.integers(0, 2**50)),
+    st.one_of(st.none(), st.integers(0, 2**50)),
     st.dictionaries(st.text(), st.text(), max_size=4),
     st.binary(),
 )
 def test_record_round_trip(
-    attempts: int, due: int | None, lease: int | None, headers: dict[str, str], payload: bytes
+    attempts: int,
+    due: int | None,
+    lease: int | None,
+    expire: int | None,
+    first: int | None,
+    headers: dict[str, str],
+    payload: bytes,
 ) -> None:
+    """The layout of lua/includes/record_fields.lua, the optional tagged fields included (a
+    record without them, as written before they existed, still reads)."""
     header_bytes = encode_headers(headers)
     optional = ["" if value is None else str(value) for value in (due, lease)]
-    raw = f"{attempts}:{':'.join(optional)}:{len(header_bytes)}:".encode() + header_bytes + payload
+    extras = "".join(
+        f"{tag}{value}:" for tag, value in (("x", expire), ("f", first)) if value is not None
+    )
+    raw = (
+        f"{attempts}:{':'.join(optional)}:{extras}{len(header_bytes)}:".encode()
+        + header_bytes
+        + payload
+    )
     record = decode_record(raw)
-    assert record == (attempts, due, lease, headers, payload)
+    assert record == Record(attempts, due, lease, headers, payload, expire, first)
 
 
 def test_ids_are_validated() -> None:

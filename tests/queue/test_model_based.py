@@ -8,8 +8,10 @@ cancelled or purged id finished as, and create-only scheduling must answer it.
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
+import pytest
 import redis
 from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
@@ -20,7 +22,7 @@ from delayq.queue import plans
 from delayq.queue.client import Queue
 from delayq.queue.codes import Code
 from delayq.queue.model import Lease, Mode, Retry, State, Target
-from delayq.queue.topic import Topic
+from delayq.queue.topic import EndAction, Topic
 
 from .conftest import server_ms
 
@@ -46,11 +48,13 @@ class Ref:
 
 class QueueMachine(RuleBasedStateMachine):
     client: redis.Redis  # set by the test function from the fixture
+    exhausted: EndAction  # the topic's retry_exhausted_action, set by the test function
 
     def __init__(self) -> None:
         super().__init__()
         self.client.flushall()
-        self.queue = Queue(self.client, TOPIC)
+        self.topic = dataclasses.replace(TOPIC, retry_exhausted_action=self.exhausted)
+        self.queue = Queue(self.client, self.topic)
         self.model: dict[str, Ref] = {}
         # what each finished id finished as, and its attempts then (consulted while not live)
         self.finished: dict[str, tuple[State, int]] = {}
@@ -61,7 +65,7 @@ class QueueMachine(RuleBasedStateMachine):
     @initialize()
     def take_over_all_slots_and_seed(self) -> None:
         """Start with every id due, so short runs already reach leases, retries and dead."""
-        self.epochs = {slot: self.queue.take_over(slot) for slot in TOPIC.slots}
+        self.epochs = {slot: self.queue.take_over(slot) for slot in self.topic.slots}
         for message_id in ALL_IDS:
             self.queue.schedule(message_id, b"seed", at_ms=PAST_MS)
             self.model[message_id] = Ref(State.SCHEDULED, True, 0, b"seed")
@@ -110,7 +114,7 @@ class QueueMachine(RuleBasedStateMachine):
     def reschedule(self, message_id: str, due_now: bool) -> None:
         ref = self.model.get(message_id)
         move = (Target(message_id), None, self._when(due_now))
-        result = self.queue.run(plans.reschedule(TOPIC, [move]))[0]
+        result = self.queue.run(plans.reschedule(self.topic, [move]))[0]
         if ref is None:
             assert result.code is Code.NOT_FOUND
         elif ref.state is State.DEAD:
@@ -122,16 +126,18 @@ class QueueMachine(RuleBasedStateMachine):
 
     @rule()
     def claim_all(self) -> None:
-        for ref in self.model.values():
+        for message_id, ref in list(self.model.items()):
             if ref.state is State.PREPARED and ref.lease_expired:
                 self._forget_lease(ref)
-                if ref.attempts > TOPIC.max_retries:
-                    ref.state = State.DEAD
-                else:
+                if ref.attempts <= self.topic.max_retries:
                     ref.state, ref.due_now = State.SCHEDULED, True
+                elif self.exhausted is EndAction.DROP:
+                    self._finish(message_id, State.DROPPED)
+                else:
+                    ref.state = State.DEAD
         expected = {i for i, r in self.model.items() if r.state is State.SCHEDULED and r.due_now}
         claimed = {}
-        for slot in TOPIC.slots:
+        for slot in self.topic.slots:
             batch = self.queue.claim(slot, self.epochs[slot], 1000, LONG_LEASE_MS)
             claimed.update({m.id: m for m in batch.messages})
         assert set(claimed) == expected
@@ -181,7 +187,10 @@ class QueueMachine(RuleBasedStateMachine):
         delay_ms = 0 if retry_now else DAY_MS
         outcome = self.queue.nack_many([Retry(ref.lease, delay_ms, "no", dead)])[0]
         self._forget_lease(ref)
-        if dead or ref.attempts > TOPIC.max_retries:
+        if not dead and ref.attempts > self.topic.max_retries and self.exhausted is EndAction.DROP:
+            assert outcome.code is Code.DROPPED
+            self._finish(message_id, State.DROPPED)
+        elif dead or ref.attempts > self.topic.max_retries:
             assert outcome.code is Code.DEAD
             ref.state = State.DEAD
         else:
@@ -216,7 +225,7 @@ class QueueMachine(RuleBasedStateMachine):
     @rule(data=st.data())
     def redrive(self, data: st.DataObject) -> None:
         message_id = self._pick(data, State.DEAD)
-        outcome = self.queue.redrive(TOPIC.slot_of(message_id), [message_id])[0]
+        outcome = self.queue.redrive(self.topic.slot_of(message_id), [message_id])[0]
         ref = self.model.get(message_id)
         if ref is not None and ref.state is State.DEAD:
             assert outcome.code is Code.REDRIVEN
@@ -227,7 +236,7 @@ class QueueMachine(RuleBasedStateMachine):
     @rule(data=st.data())
     def purge(self, data: st.DataObject) -> None:
         message_id = self._pick(data, State.DEAD)
-        outcome = self.queue.purge(TOPIC.slot_of(message_id), [message_id])[0]
+        outcome = self.queue.purge(self.topic.slot_of(message_id), [message_id])[0]
         ref = self.model.get(message_id)
         if ref is not None and ref.state is State.DEAD:
             assert outcome.code is Code.PURGED
@@ -258,8 +267,10 @@ class QueueMachine(RuleBasedStateMachine):
         )
 
 
-def test_engine_matches_reference_model(redis_client: redis.Redis) -> None:
+@pytest.mark.parametrize("exhausted", list(EndAction))
+def test_engine_matches_reference_model(redis_client: redis.Redis, exhausted: EndAction) -> None:
     QueueMachine.client = redis_client
+    QueueMachine.exhausted = exhausted
     machine = QueueMachine.TestCase
     machine.settings = settings(
         max_examples=100,

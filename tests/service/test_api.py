@@ -68,6 +68,29 @@ async def test_a_finished_id_is_remembered_over_http(start_service: StartService
     assert (replaced.status, (await replaced.json())["result"]) == (201, "created")
 
 
+async def test_expiry_over_http(start_service: StartService):
+    """ttlMs and expireAtMs reach the message (GET shows expireAtMs); both at once, or an
+    expiry not after the due time, are 400 naming the field; batches answer per message."""
+    running = await start_service()
+    client, base = running.client, running.base
+    created = await client.post(
+        f"{base}/messages", json={"id": "t", "atMs": 2**41, "ttlMs": 60_000}
+    )
+    assert created.status == 201
+    got = await (await client.get(f"{base}/messages/t")).json()
+    assert got["expireAtMs"] == 2**41 + 60_000
+
+    both = {"id": "b", "delayMs": 0, "ttlMs": 5, "expireAtMs": 2**41}
+    answer = await client.post(f"{base}/messages", json=both)
+    assert (answer.status, (await answer.json())["field"]) == (400, "ttlMs")
+    early = {"id": "e", "atMs": 2**41, "expireAtMs": 2**41}
+    answer = await client.post(f"{base}/messages", json=early)
+    assert (answer.status, (await answer.json())["field"]) == (400, "expireAtMs")
+    batch = await client.post(f"{base}/messages/batch", json={"messages": [early]})
+    assert [r["result"] for r in (await batch.json())["results"]] == ["expires_before_due"]
+    assert (await client.get(f"{base}/messages/e")).status == 404
+
+
 async def test_batch_schedule_and_binary_payloads(start_service: StartService):
     running = await start_service()
     messages = [{"id": f"m{i}", "delayMs": 60_000} for i in range(50)]

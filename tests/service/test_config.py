@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 
 from delayq.local.processes import config_env
-from delayq.queue.topic import Topic, TopicType
+from delayq.queue.topic import EndAction, Topic, TopicType
 from delayq.service.config import ConfigError, ServiceConfig, add_arguments, check_exposure
 from delayq.service.defaults import DEFAULTS, TopicDefaults
 
@@ -39,7 +39,8 @@ def test_topic_settings_default_from_the_table():
         "stream_max_len", "zookeeper_session_timeout_ms", "worker_concurrency",
         "webhook_allow_private_targets", "redis_sync_replicas", "redis_sync_timeout_ms",
         "retry_backoff_base_ms", "retry_backoff_max_ms", "retry_backoff_multiplier",
-        "retry_jitter", "outcome_retention_ms",
+        "retry_jitter", "outcome_retention_ms", "retry_for_ms", "retry_exhausted_action",
+        "expiry_ttl_ms", "expiry_action",
     }  # fmt: skip
     # the one deliberate difference (docs/service.md): run by hand, serve may reach this machine;
     # the operator always writes the topic's value, which defaults to false
@@ -197,6 +198,10 @@ def test_every_engine_topic_setting_is_a_service_setting_carried_to_the_topic():
         "redis_sync_replicas": 1,
         "redis_sync_timeout_ms": 250,
         "outcome_retention_ms": 3_600_000,
+        "retry_for_ms": 7_200_000,
+        "retry_exhausted_action": EndAction.DROP,
+        "expiry_ttl_ms": 600_000,
+        "expiry_action": EndAction.DROP,
     }
     topic_fields = {f.name for f in dataclasses.fields(Topic)} - {"name"}
     assert topic_fields == set(changed)

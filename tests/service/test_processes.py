@@ -22,7 +22,7 @@ from delayq.local.processes import ServeProcess
 from delayq.local.redis_server import RedisServer
 from delayq.local.waiting import eventually
 from delayq.queue.backoff import Jitter
-from delayq.queue.topic import TopicType
+from delayq.queue.topic import EndAction, TopicType
 from delayq.service.config import ServiceConfig
 from delayq.service.topic_file import TopicFile
 from tests.service.conftest import Receiver
@@ -290,6 +290,10 @@ async def test_serve_with_the_operators_topic_file(
         retry_backoff_max_ms=3_600_000,
         retry_backoff_multiplier=2.0,
         retry_jitter=Jitter.NONE,
+        retry_for_ms=0,
+        retry_exhausted_action=EndAction.DEAD,
+        expiry_ttl_ms=0,
+        expiry_action=EndAction.DEAD,
         webhook_url="",
         webhook_timeout_ms=10_000,
         webhook_max_in_flight=64,

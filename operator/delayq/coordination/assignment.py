@@ -51,8 +51,13 @@ def quotas(
     def priority(member: Member) -> tuple[int, int, int, int, str]:
         fraction = slot_amount * member.capacity % total_capacity
         wants_local = int(local_counts.get(member.member_id, 0) > result[member.member_id])
-        return (-fraction, -wants_local, -held_counts.get(member.member_id, 0),
-                -member.capacity, member.member_id)
+        return (
+            -fraction,
+            -wants_local,
+            -held_counts.get(member.member_id, 0),
+            -member.capacity,
+            member.member_id,
+        )
 
     for member in sorted(members, key=priority)[:left]:
         result[member.member_id] += 1

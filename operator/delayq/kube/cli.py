@@ -74,6 +74,7 @@ def run_operator(args: argparse.Namespace) -> int:
         changes["liveness_endpoint"] = args.liveness
     if args.metrics is not None:
         changes["metrics_endpoint"] = args.metrics
+
     async def operate() -> None:
         try:
             await run(dataclasses.replace(config, **changes))

@@ -64,9 +64,7 @@ def broker_full_condition(memory: Mapping[int, BrokerMemory]) -> Condition | Non
             "new messages before the node runs out of memory.",
         )
     full = [b for b, m in bounded.items() if m.used_memory_bytes >= m.max_memory_bytes]
-    pressed = [
-        b for b, m in bounded.items() if (m.used_ratio or 0) >= MEMORY_PRESSURE_RATIO
-    ]
+    pressed = [b for b, m in bounded.items() if (m.used_ratio or 0) >= MEMORY_PRESSURE_RATIO]
     if full:
         return Condition(
             BROKER_FULL,

@@ -78,9 +78,7 @@ class OperatorContext:
     def from_config(cls, config: OperatorConfig, **parts: Any) -> OperatorContext:
         """The context of a real operator: its ZooKeeper store logs in with the configured
         admin password (unless `parts` brings a store); other `parts` replace defaults."""
-        parts.setdefault(
-            "store", KazooTopicStore(admin_password=config.zookeeper_admin_password)
-        )
+        parts.setdefault("store", KazooTopicStore(admin_password=config.zookeeper_admin_password))
         return cls(config, **parts)
 
     @property

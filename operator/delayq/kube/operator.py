@@ -166,9 +166,7 @@ async def run(
         if config.liveness_endpoint:
             await stack.enter_async_context(liveness_server(config.liveness_endpoint))
         if config.metrics_endpoint:
-            await stack.enter_async_context(
-                metrics_server(config.metrics_endpoint, ctx.metrics)
-            )
+            await stack.enter_async_context(metrics_server(config.metrics_endpoint, ctx.metrics))
         if config.standalone:
             await lead(ctx, stop)
             return

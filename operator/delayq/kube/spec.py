@@ -13,12 +13,14 @@ from __future__ import annotations
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
 from delayq.queue.backoff import Jitter
 from delayq.queue.topic import (
+    MAX_DELAY_MS,
     MAX_OUTCOME_RETENTION_MS,
     MAX_SLOT_AMOUNT,
+    EndAction,
     Topic,
     TopicError,
     TopicType,
@@ -151,6 +153,11 @@ class TopicSpec:
     retry_backoff_max_ms: int = DEFAULTS.retry_backoff_max_ms
     retry_backoff_multiplier: float = DEFAULTS.retry_backoff_multiplier
     retry_jitter: Jitter = DEFAULTS.retry_jitter
+    retry_for_ms: int = DEFAULTS.retry_for_ms
+    retry_exhausted_action: EndAction = DEFAULTS.retry_exhausted_action
+    # spec.expiry: the default expiry of messages, and what becomes of one past it
+    expiry_ttl_ms: int = DEFAULTS.expiry_ttl_ms
+    expiry_action: EndAction = DEFAULTS.expiry_action
     redis_sync_timeout_ms: int = DEFAULTS.redis_sync_timeout_ms
     # spec.networkPolicy.allowFrom: NetworkPolicyPeers admitted to the service pods' API port
     # besides the topic's namespace and the operator, checked and copied as plain dicts
@@ -171,6 +178,10 @@ class TopicSpec:
             redis_sync_replicas=self.redis_sync_replicas,
             redis_sync_timeout_ms=self.redis_sync_timeout_ms,
             outcome_retention_ms=self.outcome_retention_ms,
+            retry_for_ms=self.retry_for_ms,
+            retry_exhausted_action=self.retry_exhausted_action,
+            expiry_ttl_ms=self.expiry_ttl_ms,
+            expiry_action=self.expiry_action,
         )
 
     @property
@@ -231,6 +242,7 @@ def parse_spec(name: str, namespace: str, spec: Mapping[str, Any]) -> TopicSpec:
     min_replicas_to_write = _min_replicas_to_write(redis, replicas_per_broker)
     sync_replicas = _sync_replicas(redis, replicas_per_broker)
     retry = _section(spec, "retry")
+    expiry = _section(spec, "expiry")
     backoff_base_ms = _retry_duration_ms(retry, "backoffBase", "retry_backoff_base_ms")
     backoff_max_ms = _retry_duration_ms(retry, "backoffMax", "retry_backoff_max_ms")
     if backoff_max_ms < backoff_base_ms:
@@ -280,7 +292,17 @@ def parse_spec(name: str, namespace: str, spec: Mapping[str, Any]) -> TopicSpec:
         retry_backoff_base_ms=backoff_base_ms,
         retry_backoff_max_ms=backoff_max_ms,
         retry_backoff_multiplier=_multiplier(retry),
-        retry_jitter=_jitter(retry),
+        retry_jitter=_choice(retry, "jitter", Jitter, DEFAULTS.retry_jitter, "retry."),
+        retry_for_ms=parse_duration_ms(
+            retry.get("for", crd_default("retry_for_ms")), "retry.for", 0, MAX_DELAY_MS
+        ),
+        retry_exhausted_action=_choice(
+            retry, "exhaustedAction", EndAction, DEFAULTS.retry_exhausted_action, "retry."
+        ),
+        expiry_ttl_ms=parse_duration_ms(
+            expiry.get("ttl", crd_default("expiry_ttl_ms")), "expiry.ttl", 0, MAX_DELAY_MS
+        ),
+        expiry_action=_choice(expiry, "action", EndAction, DEFAULTS.expiry_action, "expiry."),
         redis_sync_timeout_ms=parse_duration_ms(
             redis.get("syncTimeout", crd_default("redis_sync_timeout_ms")),
             "redis.syncTimeout",
@@ -561,13 +583,18 @@ def _multiplier(retry: Mapping[str, Any]) -> float:
     return float(value)
 
 
-def _jitter(retry: Mapping[str, Any]) -> Jitter:
-    value = retry.get("jitter", DEFAULTS.retry_jitter.value)
+Choice = TypeVar("Choice", Jitter, EndAction)
+
+
+def _choice(
+    section: Mapping[str, Any], key: str, kind: type[Choice], default: Choice, prefix: str
+) -> Choice:
+    value = section.get(key, default.value)
     try:
-        return Jitter(value)
+        return kind(value)
     except ValueError:
-        choices = " or ".join(j.value for j in Jitter)
-        raise SpecError(f"retry.jitter {value!r} must be {choices}") from None
+        choices = " or ".join(choice.value for choice in kind)
+        raise SpecError(f"{prefix}{key} {value!r} must be {choices}") from None
 
 
 def _sync_replicas(redis: Mapping[str, Any], replicas_per_broker: int) -> int:

@@ -56,9 +56,7 @@ class TopicStore(Protocol):
     async def delete(self, connect: str, namespace: str, topic: str) -> None:
         """Remove the topic's whole tree (its DelayTopic is gone)."""
 
-    async def topic_trees(
-        self, connect: str, namespaces: Sequence[str]
-    ) -> list[tuple[str, str]]:
+    async def topic_trees(self, connect: str, namespaces: Sequence[str]) -> list[tuple[str, str]]:
         """(namespace, topic) of every tree under /delayq in `namespaces` (all when empty)."""
 
 
@@ -149,9 +147,7 @@ class KazooTopicStore:
 
         await asyncio.wait_for(asyncio.to_thread(remove), self.timeout_s)
 
-    async def topic_trees(
-        self, connect: str, namespaces: Sequence[str]
-    ) -> list[tuple[str, str]]:
+    async def topic_trees(self, connect: str, namespaces: Sequence[str]) -> list[tuple[str, str]]:
         def read() -> list[tuple[str, str]]:
             client = self._client(connect)
             try:

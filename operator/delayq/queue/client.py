@@ -123,8 +123,12 @@ class _Plans:
         slot_basis: str | None,
         headers: Headers | None,
         mode: Mode,
+        expire_at_ms: int | None = None,
+        ttl_ms: int | None = None,
     ) -> Plan[ScheduleResult]:
-        request = ScheduleRequest(message_id, payload, delay_ms, at_ms, slot_basis, headers)
+        request = ScheduleRequest(
+            message_id, payload, delay_ms, at_ms, slot_basis, headers, expire_at_ms, ttl_ms
+        )
         return plans.first(plans.schedule(self.topic, [request], mode))
 
     def reschedule(
@@ -212,9 +216,22 @@ class Queue:
         slot_basis: str | None = None,
         headers: Headers | None = None,
         mode: Mode = Mode.CREATE,
+        expire_at_ms: int | None = None,
+        ttl_ms: int | None = None,
     ) -> ScheduleResult:
+        """Schedule one message (see ScheduleRequest for the fields)."""
         return self.run(
-            self._plans.schedule(message_id, payload, delay_ms, at_ms, slot_basis, headers, mode)
+            self._plans.schedule(
+                message_id,
+                payload,
+                delay_ms,
+                at_ms,
+                slot_basis,
+                headers,
+                mode,
+                expire_at_ms,
+                ttl_ms,
+            )
         )
 
     def schedule_many(
@@ -404,9 +421,22 @@ class AsyncQueue:
         slot_basis: str | None = None,
         headers: Headers | None = None,
         mode: Mode = Mode.CREATE,
+        expire_at_ms: int | None = None,
+        ttl_ms: int | None = None,
     ) -> ScheduleResult:
+        """Schedule one message (see ScheduleRequest for the fields)."""
         return await self.run(
-            self._plans.schedule(message_id, payload, delay_ms, at_ms, slot_basis, headers, mode)
+            self._plans.schedule(
+                message_id,
+                payload,
+                delay_ms,
+                at_ms,
+                slot_basis,
+                headers,
+                mode,
+                expire_at_ms,
+                ttl_ms,
+            )
         )
 
     async def schedule_many(

@@ -1,6 +1,7 @@
 """The packed message record stored in a slot's `msg` hash, and message validation (pure).
 
-Layout: b"<attempts>:<due_ms or empty>:<lease or empty>:<headers_len>:" + headers_json + payload.
+Layout: b"<attempts>:<due_ms or empty>:<lease or empty>:[x<expire ms>:][f<first attempt ms>:]"
+b"<headers_len>:" + headers_json + payload (the bracketed fields are optional and tagged).
 One hash field per message with the metadata packed in front of the payload keeps Redis memory
 per pending message low (no per-message key, no second hash entry); see
 lua/includes/record_fields.lua.
@@ -32,6 +33,8 @@ class Record(NamedTuple):
     lease_id: int | None  # set while leased: the lease number its token must name
     headers: Headers
     payload: bytes
+    expire_ms: int | None = None  # not delivered after this instant
+    first_attempt_ms: int | None = None  # when its first delivery was claimed
 
 
 def as_text(value: bytes | str) -> str:
@@ -39,12 +42,28 @@ def as_text(value: bytes | str) -> str:
     return value.decode() if isinstance(value, bytes) else value
 
 
+_EXTRA_TAGS = (ord("x"), ord("f"))
+
+
 def decode_record(raw: bytes) -> Record:
-    attempts, due, lease, headers_len, rest = raw.split(b":", 4)
+    attempts, due, lease, rest = raw.split(b":", 3)
+    extras: dict[int, int] = {}
+    while rest and rest[0] in _EXTRA_TAGS:  # the optional tagged fields, x then f
+        field, rest = rest.split(b":", 1)
+        extras[field[0]] = int(field[1:])
+    headers_len, rest = rest.split(b":", 1)
     size = int(headers_len)
     headers: Headers = json.loads(rest[:size]) if size else {}
     due_ms, lease_id = (int(due) if due else None), (int(lease) if lease else None)
-    return Record(int(attempts), due_ms, lease_id, headers, rest[size:])
+    return Record(
+        int(attempts),
+        due_ms,
+        lease_id,
+        headers,
+        rest[size:],
+        extras.get(ord("x")),
+        extras.get(ord("f")),
+    )
 
 
 def encode_headers(headers: Headers | None) -> bytes:
@@ -110,6 +129,24 @@ def when_argument(delay_ms: int | None, at_ms: int | None) -> tuple[str, int]:
     assert at_ms is not None
     _check_ms("at_ms", at_ms, 2**52)
     return "at", at_ms
+
+
+def expiry_argument(expire_at_ms: int | None, ttl_ms: int | None) -> tuple[str, int]:
+    """The (expire_kind, expire_ms) pair schedule takes: an instant ('at'), a time after the
+    due time ('ttl'), or neither ('', 0: the topic's default expiry applies)."""
+    if expire_at_ms is not None and ttl_ms is not None:
+        raise InvalidMessageError("give at most one of expire_at_ms or ttl_ms")
+    if expire_at_ms is not None:
+        _check_ms("expire_at_ms", expire_at_ms, 2**52)
+        return "at", expire_at_ms
+    if ttl_ms is not None:
+        _check_ms("ttl_ms", ttl_ms, MAX_DELAY_MS)
+        if ttl_ms < 1:
+            raise InvalidMessageError(
+                "ttl_ms 0 must be at least 1: a message needs time to be delivered"
+            )
+        return "ttl", ttl_ms
+    return "", 0
 
 
 def _check_ms(name: str, value: int, high: int) -> None:

@@ -30,11 +30,13 @@ class Code(enum.IntEnum):
     REDRIVEN = 11
     PURGED = 12
     GIVEN_BACK = 13
+    DROPPED = 14
     NOT_FOUND = -1
     STALE_EPOCH = -2
     LEASE_LOST = -3
     TOO_FAR = -4
     WRONG_STATE = -6
+    EXPIRES_BEFORE_DUE = -7
 
     @property
     def is_error(self) -> bool:
@@ -132,9 +134,22 @@ class WrongStateError(ScriptRefusedError):
     code = Code.WRONG_STATE
 
 
+class ExpiresBeforeDueError(ScriptRefusedError):
+    """The message's expiry is not after its due time: it could never be delivered."""
+
+    code = Code.EXPIRES_BEFORE_DUE
+
+
 _ERRORS: dict[Code, type[ScriptRefusedError]] = {
     cls.code: cls
-    for cls in (NotFoundError, StaleEpochError, LeaseLostError, TooFarError, WrongStateError)
+    for cls in (
+        NotFoundError,
+        StaleEpochError,
+        LeaseLostError,
+        TooFarError,
+        WrongStateError,
+        ExpiresBeforeDueError,
+    )
 }
 
 

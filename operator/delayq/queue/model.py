@@ -23,11 +23,16 @@ class State(enum.StrEnum):
     DONE = "done"
     CANCELLED = "cancelled"
     PURGED = "purged"
+    DROPPED = "dropped"  # retries exhausted on a topic whose retry.exhaustedAction is drop
+    EXPIRED = "expired"  # past its expiry on a topic whose expiry.action is drop
     ABSENT = "absent"
 
     @property
     def is_finished(self) -> bool:
-        return self in (State.DONE, State.CANCELLED, State.PURGED)
+        return self in _FINISHED
+
+
+_FINISHED = frozenset({State.DONE, State.CANCELLED, State.PURGED, State.DROPPED, State.EXPIRED})
 
 
 class Mode(enum.StrEnum):
@@ -40,7 +45,9 @@ class Mode(enum.StrEnum):
 
 
 class ScheduleRequest(NamedTuple):
-    """One message to schedule: exactly one of `delay_ms` (from server now) or `at_ms`."""
+    """One message to schedule: exactly one of `delay_ms` (from server now) or `at_ms`; and at
+    most one of `expire_at_ms` (an instant) or `ttl_ms` (after its due time), past which it is
+    not delivered (without either, the topic's `expiry_ttl_ms` applies)."""
 
     id: str
     payload: bytes | str = b""
@@ -48,6 +55,8 @@ class ScheduleRequest(NamedTuple):
     at_ms: int | None = None
     slot_basis: str | None = None
     headers: Headers | None = None
+    expire_at_ms: int | None = None
+    ttl_ms: int | None = None
 
 
 class ScheduleResult(NamedTuple):
@@ -201,7 +210,8 @@ class MessageInfo:
     payload: bytes = b""
     headers: Headers = field(default_factory=dict)
     dead_reason: str = ""
-    finished_ms: int | None = None  # done, cancelled or purged: when
+    finished_ms: int | None = None  # done, cancelled, purged, dropped or expired: when
+    expire_at_ms: int | None = None  # not delivered after this instant
 
 
 class Outcome(NamedTuple):

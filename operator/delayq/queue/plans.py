@@ -18,6 +18,7 @@ from delayq.queue.codec import (
     decode_record,
     encode_headers,
     encode_id,
+    expiry_argument,
     validate_id,
     validate_payload,
     when_argument,
@@ -164,6 +165,7 @@ def schedule(
             MAX_DELAY_MS,
             topic.journal_max_len,
             topic.outcome_retention_ms,
+            topic.expiry_ttl_ms,
         ]
         for index in chunk:
             args += encoded[index][1]
@@ -197,10 +199,13 @@ def _encode_request(topic: Topic, request: ScheduleRequest) -> tuple[int, list[A
     message_id = encode_id(request.id)
     basis = message_id if request.slot_basis is None else encode_id(request.slot_basis, SLOT_BASIS)
     when_kind, when_ms = when_argument(request.delay_ms, request.at_ms)
+    expire_kind, expire_ms = expiry_argument(request.expire_at_ms, request.ttl_ms)
     return topic.slot_of(basis), [
         message_id,
         when_kind,
         when_ms,
+        expire_kind,
+        expire_ms,
         encode_headers(request.headers),
         validate_payload(request.payload, topic.max_payload_bytes),
     ]
@@ -315,6 +320,8 @@ def _claim_call(topic: Topic, slot: int, epoch: int, max_count: int, lease_ms: i
         Part.EPOCH,
         Part.JOURNAL,
         Part.LEASES,
+        Part.OUTCOME,
+        Part.FINISHED,
     )
     args: list[Arg] = [
         epoch,
@@ -323,6 +330,10 @@ def _claim_call(topic: Topic, slot: int, epoch: int, max_count: int, lease_ms: i
         topic.max_retries,
         topic.journal_max_len,
         ROLLBACK_PER_CLAIM,
+        topic.retry_for_ms,
+        topic.retry_exhausted_action.value,
+        topic.expiry_action.value,
+        topic.outcome_retention_ms,
     ]
     return ScriptCall(Script.CLAIM, keys, args)
 
@@ -343,7 +354,7 @@ def _claim_batch(reply: Reply, slot: int, epoch: int) -> ClaimBatch | StaleEpoch
         return StaleEpochError(Script.CLAIM.value, f"<slot {slot}>", f"epoch {epoch}")
     messages = []
     for raw_id, raw_record in _groups(reply, 2, head=4):
-        attempts, due, lease_id, headers, payload = decode_record(raw_record)
+        attempts, due, lease_id, headers, payload, _, _ = decode_record(raw_record)
         assert due is not None
         assert lease_id is not None
         messages.append(
@@ -435,8 +446,18 @@ def nack(topic: Topic, retries: Sequence[Retry]) -> Plan[list[Outcome]]:
             Part.EPOCH,
             Part.WAKE,
             Part.JOURNAL,
+            Part.OUTCOME,
+            Part.FINISHED,
         )
-        args: list[Arg] = [epoch, topic.max_retries, topic.journal_max_len]
+        args: list[Arg] = [
+            epoch,
+            topic.max_retries,
+            topic.journal_max_len,
+            topic.retry_for_ms,
+            topic.retry_exhausted_action.value,
+            topic.expiry_action.value,
+            topic.outcome_retention_ms,
+        ]
         for r in chunk:
             args += [
                 r.lease.id,
@@ -584,6 +605,7 @@ def _message_info(message_id: str, slot: int, row: tuple[Any, ...]) -> MessageIn
         lease_deadline_ms=score if state is State.PREPARED else None,
         died_ms=score if state is State.DEAD else None,
         finished_ms=score if state.is_finished else None,
+        expire_at_ms=record.expire_ms,
         attempts=record.attempts,
         payload=record.payload,
         headers=record.headers,

@@ -37,9 +37,9 @@ class Script(enum.StrEnum):
     SCHEDULE = "schedule-8"
     CANCEL = "cancel-8"
     RESCHEDULE = "reschedule-6"
-    CLAIM = "claim-8"
+    CLAIM = "claim-10"
     ACK = "ack-6"
-    NACK = "nack-8"
+    NACK = "nack-10"
     EXTEND = "extend-3"
     FENCE = "fence-1"
     GIVEBACK = "giveback-6"
@@ -77,6 +77,7 @@ _ACKNOWLEDGED_WRITES = frozenset(
         Script.PURGE,
     }
 )
+
 
 def lua_code_table(names: Iterable[str] | None = None) -> str:
     """The `codes` include: `local CODE = {OK = 0, ...}`, from the `Code` enum.

@@ -30,6 +30,14 @@ class TopicType(enum.StrEnum):
     STREAM = "stream"
 
 
+class EndAction(enum.StrEnum):
+    """What happens to a message that will not be delivered: its retries are exhausted
+    (maxRetries, retry.for) or it expired."""
+
+    DEAD = "dead"  # kept in the slot's dead set with its reason: inspect, redrive or purge
+    DROP = "drop"  # deleted (remembered as 'dropped' / 'expired' with outcome retention)
+
+
 class TopicError(ValueError):
     """A topic setting is invalid; the message names the setting and the allowed range."""
 
@@ -53,6 +61,14 @@ class Topic:
     # how long a finished (acked, cancelled, purged) id is remembered: `get` answers its outcome
     # and create-only scheduling answers ALREADY_DONE instead of scheduling it again (0: off)
     outcome_retention_ms: int = 0
+    # retries end this long after the first attempt even below max_retries (0: no window), and
+    # what then happens to the message (also after max_retries)
+    retry_for_ms: int = 0
+    retry_exhausted_action: EndAction = EndAction.DEAD
+    # a message without its own expiry expires this long after its due time (0: never), and
+    # what happens to one past its expiry (it is never delivered after it)
+    expiry_ttl_ms: int = 0
+    expiry_action: EndAction = EndAction.DEAD
 
     def __post_init__(self) -> None:
         for field_name, value in (("name", self.name), ("namespace", self.namespace)):
@@ -67,6 +83,8 @@ class Topic:
                 f"{MAX_SLOT_AMOUNT}"
             )
         object.__setattr__(self, "topic_type", TopicType(self.topic_type))
+        object.__setattr__(self, "retry_exhausted_action", EndAction(self.retry_exhausted_action))
+        object.__setattr__(self, "expiry_action", EndAction(self.expiry_action))
         _check_range("maxRetries", self.max_retries, 0, 1000)
         _check_range("ackTimeout (ms)", self.ack_timeout_ms, 1, 24 * 3600 * 1000)
         _check_range("maxPayloadBytes", self.max_payload_bytes, 1, 64 * 1024 * 1024)
@@ -76,6 +94,8 @@ class Topic:
         _check_range(
             "outcomeRetention (ms)", self.outcome_retention_ms, 0, MAX_OUTCOME_RETENTION_MS
         )
+        _check_range("retry.for (ms)", self.retry_for_ms, 0, MAX_DELAY_MS)
+        _check_range("expiry.ttl (ms)", self.expiry_ttl_ms, 0, MAX_DELAY_MS)
 
     @property
     def slots(self) -> range:

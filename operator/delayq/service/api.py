@@ -17,6 +17,7 @@ import redis
 from aiohttp import web
 
 from delayq.queue.codes import (
+    ExpiresBeforeDueError,
     InvalidMessageError,
     LeaseLostError,
     NotFoundError,
@@ -73,6 +74,10 @@ async def errors_middleware(request: web.Request, handler: Handler) -> web.Strea
         return error_response(409, str(error))
     except TooFarError as error:
         return error_response(400, str(error), "delayMs")
+    except ExpiresBeforeDueError as error:
+        return error_response(
+            400, f"{error}: its expiry must come after its due time", "expireAtMs"
+        )
     except ReplicationTimeoutError as error:
         response = error_response(503, str(error))
         response.headers["Retry-After"] = str(RETRY_AFTER_S)

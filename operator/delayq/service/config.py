@@ -20,7 +20,7 @@ from typing import Any
 
 from delayq.coordination.acl import ZkIdentity, topic_user
 from delayq.queue.backoff import Backoff, Jitter
-from delayq.queue.topic import Topic, TopicError, TopicType
+from delayq.queue.topic import EndAction, Topic, TopicError, TopicType
 from delayq.service.defaults import DEFAULTS
 from delayq.service.delivery.targets import TargetPolicy, parse_cidrs, split_cidrs
 
@@ -196,6 +196,22 @@ class ServiceConfig:
         default=DEFAULTS.retry_jitter,
         metadata=_help("none: wait the exponential delay; full: a random time up to it"),
     )
+    retry_for_ms: int = field(
+        default=DEFAULTS.retry_for_ms,
+        metadata=_help("retries end this long after the first attempt (0: maxRetries only)"),
+    )
+    retry_exhausted_action: EndAction = field(
+        default=DEFAULTS.retry_exhausted_action,
+        metadata=_help("dead: keep a message whose retries ended in dead; drop: delete it"),
+    )
+    expiry_ttl_ms: int = field(
+        default=DEFAULTS.expiry_ttl_ms,
+        metadata=_help("a message without its own expiry expires this long after its due time"),
+    )
+    expiry_action: EndAction = field(
+        default=DEFAULTS.expiry_action,
+        metadata=_help("dead: move a message past its expiry to dead; drop: delete it"),
+    )
     max_body_bytes: int = field(
         default=8 * 1024 * 1024, metadata=_help("largest HTTP request body")
     )
@@ -213,11 +229,12 @@ class ServiceConfig:
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "topic_type", TopicType(self.topic_type))
-        try:
-            object.__setattr__(self, "retry_jitter", Jitter(self.retry_jitter))
-        except ValueError:
-            choices = " or ".join(j.value for j in Jitter)
-            raise ConfigError(f"{_names('retry_jitter')} must be {choices}") from None
+        for name, kind in _CHOICES.items():
+            try:
+                object.__setattr__(self, name, kind(getattr(self, name)))
+            except ValueError:
+                choices = " or ".join(choice.value for choice in kind)
+                raise ConfigError(f"{_names(name)} must be {choices}") from None
         if not 1.0 <= self.retry_backoff_multiplier <= 10.0:
             raise ConfigError(f"{_names('retry_backoff_multiplier')} must be between 1 and 10")
         if self.retry_backoff_max_ms < self.retry_backoff_base_ms:
@@ -284,6 +301,10 @@ class ServiceConfig:
             redis_sync_replicas=self.redis_sync_replicas,
             redis_sync_timeout_ms=self.redis_sync_timeout_ms,
             outcome_retention_ms=self.outcome_retention_ms,
+            retry_for_ms=self.retry_for_ms,
+            retry_exhausted_action=self.retry_exhausted_action,
+            expiry_ttl_ms=self.expiry_ttl_ms,
+            expiry_action=self.expiry_action,
         )
 
     @property
@@ -414,6 +435,14 @@ def env_name(name: str) -> str:
 
 def flag_name(name: str) -> str:
     return "--" + name.replace("_", "-")
+
+
+#: The settings that take one of an enum's values, checked (and converted) on construction.
+_CHOICES: dict[str, type[Jitter] | type[EndAction]] = {
+    "retry_jitter": Jitter,
+    "retry_exhausted_action": EndAction,
+    "expiry_action": EndAction,
+}
 
 
 def _names(name: str) -> str:

@@ -21,6 +21,7 @@ from delayq.queue.topic import (
     DEFAULT_ACK_TIMEOUT_MS,
     DEFAULT_MAX_PAYLOAD_BYTES,
     DEFAULT_MAX_RETRIES,
+    EndAction,
     TopicType,
 )
 
@@ -74,6 +75,16 @@ class TopicDefaults:
     retry_backoff_max_ms: int = field(default=3_600_000, metadata=_crd("retry.backoffMax"))
     retry_backoff_multiplier: float = field(default=2.0, metadata=_crd("retry.backoffMultiplier"))
     retry_jitter: Jitter = field(default=Jitter.NONE, metadata=_crd("retry.jitter"))
+    # retries also end this long after the first attempt (0: only maxRetries ends them), and
+    # what becomes of a message whose retries ended
+    retry_for_ms: int = field(default=0, metadata=_crd("retry.for"))
+    retry_exhausted_action: EndAction = field(
+        default=EndAction.DEAD, metadata=_crd("retry.exhaustedAction")
+    )
+    # a message without its own expiry is not delivered later than this after its due time (0:
+    # never expires), and what becomes of one past its expiry
+    expiry_ttl_ms: int = field(default=0, metadata=_crd("expiry.ttl"))
+    expiry_action: EndAction = field(default=EndAction.DEAD, metadata=_crd("expiry.action"))
     # replicas that confirm every acknowledged write before it is answered (0: asynchronous)
     redis_sync_replicas: int = field(default=0, metadata=_crd("redis.syncReplicas"))
     redis_sync_timeout_ms: int = field(default=1000, metadata=_crd("redis.syncTimeout"))

@@ -76,7 +76,10 @@ class ServiceMetrics:
             registry=self.registry,
         )
         self.dead = Counter(
-            "delayq_dead", "Messages this process sent to dead", names, registry=self.registry
+            "delayq_dead",
+            "Failed deliveries this process gave up: to dead, or dropped per the topic",
+            names,
+            registry=self.registry,
         )
         self.lateness = Histogram(
             "delayq_delivery_lateness_seconds",

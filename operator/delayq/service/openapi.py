@@ -150,6 +150,11 @@ def when(required: list[str], **properties: Schema) -> Schema:
     return {**obj(required, **WHEN, **properties), "oneOf": EXACTLY_ONE_WHEN}
 
 
+def at_most_one_expiry(required: list[str], **properties: Schema) -> Schema:
+    """`when`, and not both expireAtMs and ttlMs (parse_expiry)."""
+    return {**when(required, **properties), "not": {"required": ["expireAtMs", "ttlMs"]}}
+
+
 PAYLOAD = {
     "payload": string("UTF-8 text, or base64 when encoding is base64"),
     "encoding": {"type": "string", "enum": ["utf-8", "base64"], "default": "utf-8"},
@@ -160,8 +165,19 @@ MODE = {"type": "string", "enum": ["create", "upsert"], "default": "create"}
 
 SCHEMAS: dict[str, Schema] = {
     "Error": obj(["error"], error=string(), field=string("the request field at fault")),
-    "ScheduleRequest": when(
+    "ScheduleRequest": at_most_one_expiry(
         ["id"],
+        expireAtMs=integer(
+            "not delivered after this instant (Unix epoch ms, after the due time); at most one "
+            "of expireAtMs and ttlMs, neither: the topic's expiry.ttl",
+            0,
+            MAX_AT_MS,
+        ),
+        ttlMs=integer(
+            "not delivered later than this after its due time; at most one of expireAtMs and ttlMs",
+            1,
+            MAX_DELAY_MS,
+        ),
         id={
             **ID_SCHEMA,
             "description": "message id (idempotency key within its slot basis): "
@@ -181,10 +197,18 @@ SCHEMAS: dict[str, Schema] = {
         slot=integer("slot of the message"),
         result={
             "type": "string",
-            "enum": ["created", "exists", "updated", "already_done", "too_far"],
-            "description": "already_done (create mode): the id finished (state done, cancelled "
-            "or purged) within the topic's outcomeRetention, at dueMs; not scheduled again. "
-            "too_far (batches only): atMs lies more than 20 years ahead; not stored (state "
+            "enum": [
+                "created",
+                "exists",
+                "updated",
+                "already_done",
+                "too_far",
+                "expires_before_due",
+            ],
+            "description": "already_done (create mode): the id finished (state done, cancelled, "
+            "purged, dropped or expired) within the topic's outcomeRetention, at dueMs; not "
+            "scheduled again. too_far and expires_before_due (batches only): atMs lies more "
+            "than 20 years ahead, or the expiry is not after the due time; not stored (state "
             "absent)",
         },
         dueMs=integer("due instant, server epoch ms (already_done: when it finished)"),
@@ -212,14 +236,15 @@ SCHEMAS: dict[str, Schema] = {
         state={
             "type": "string",
             "enum": [s.value for s in State if s is not State.ABSENT],
-            "description": "done, cancelled, purged: finished within the topic's "
-            "outcomeRetention (attempts and finishedMs only)",
+            "description": "done, cancelled, purged, dropped, expired: finished within the "
+            "topic's outcomeRetention (attempts and finishedMs only)",
         },
         attempts=integer("deliveries so far"),
         dueMs=integer("due instant"),
         leaseDeadlineMs=integer("lease deadline while prepared"),
         diedMs=integer("time of death while dead"),
-        finishedMs=integer("when it was acked, cancelled or purged"),
+        finishedMs=integer("when it was acked, cancelled, purged, dropped or expired"),
+        expireAtMs=integer("not delivered after this instant"),
         deadReason=string(),
         **PAYLOAD,
     ),

@@ -127,6 +127,21 @@ def parse_when(body: Body, prefix: str = "") -> tuple[int | None, int | None]:
     return None, get_int(body, "atMs", 0, MAX_AT_MS, prefix=prefix)
 
 
+def parse_expiry(body: Body, prefix: str = "") -> tuple[int | None, int | None]:
+    """At most one of expireAtMs (epoch ms) or ttlMs (after the due time); neither: the
+    topic's default expiry applies."""
+    has_at, has_ttl = body.get("expireAtMs") is not None, body.get("ttlMs") is not None
+    if has_at and has_ttl:
+        raise FieldError(
+            prefix + "ttlMs", f"give at most one of {prefix}expireAtMs or {prefix}ttlMs"
+        )
+    if has_at:
+        return get_int(body, "expireAtMs", 0, MAX_AT_MS, prefix=prefix), None
+    if has_ttl:
+        return None, get_int(body, "ttlMs", 1, MAX_DELAY_MS, prefix=prefix)
+    return None, None
+
+
 def parse_headers(body: Body, prefix: str = "") -> Headers:
     value = body.get("headers", {})
     field = prefix + "headers"
@@ -169,6 +184,7 @@ def parse_mode(body: Body) -> Mode:
 def parse_message(body: Any, topic: Topic, prefix: str = "") -> ScheduleRequest:
     body = require_object(body, prefix.rstrip(".") or "body")
     delay_ms, at_ms = parse_when(body, prefix)
+    expire_at_ms, ttl_ms = parse_expiry(body, prefix)
     slot_basis = body.get("slotBasis")
     if slot_basis is not None:
         get_id(body, "slotBasis", prefix)
@@ -179,6 +195,8 @@ def parse_message(body: Any, topic: Topic, prefix: str = "") -> ScheduleRequest:
         at_ms=at_ms,
         slot_basis=slot_basis,
         headers=parse_headers(body, prefix),
+        expire_at_ms=expire_at_ms,
+        ttl_ms=ttl_ms,
     )
 
 

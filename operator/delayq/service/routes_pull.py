@@ -89,8 +89,8 @@ async def nack(request: web.Request) -> web.Response:
         retries, lambda r: r.lease.slot, lambda q, chunk: q.nack_many(chunk)
     )
     for outcome in outcomes:
-        if outcome.code in (Code.DEAD, Code.RETRY_SCHEDULED):
-            service.metrics.count_failure(dead=outcome.code is Code.DEAD)
+        if outcome.code in (Code.DEAD, Code.DROPPED, Code.RETRY_SCHEDULED):
+            service.metrics.count_failure(dead=outcome.code is not Code.RETRY_SCHEDULED)
     return _answer([r.lease for r in retries], outcomes)
 
 

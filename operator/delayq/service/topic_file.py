@@ -15,6 +15,7 @@ names the member and, by its ordinal, the broker it prefers.
 from __future__ import annotations
 
 import dataclasses
+import enum
 import json
 import typing
 from collections.abc import Mapping
@@ -25,7 +26,7 @@ from urllib.parse import quote
 
 from delayq.queue import acl
 from delayq.queue.backoff import Jitter
-from delayq.queue.topic import TopicType
+from delayq.queue.topic import EndAction, TopicType
 from delayq.service.config import ConfigError, ServiceConfig
 
 
@@ -49,6 +50,10 @@ class TopicFile:
     retry_backoff_max_ms: int
     retry_backoff_multiplier: float
     retry_jitter: Jitter
+    retry_for_ms: int
+    retry_exhausted_action: EndAction
+    expiry_ttl_ms: int
+    expiry_action: EndAction
     webhook_url: str
     webhook_timeout_ms: int
     webhook_max_in_flight: int
@@ -70,8 +75,9 @@ class TopicFile:
         """The ConfigMap's `topic.json`: stable (sorted keys), so its hash rolls pods only on a
         real change."""
         document = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
-        document["topic_type"] = self.topic_type.value
-        document["retry_jitter"] = self.retry_jitter.value
+        for name, value in document.items():
+            if isinstance(value, enum.Enum):
+                document[name] = value.value
         return json.dumps(document, indent=2, sort_keys=True)
 
     @classmethod
@@ -128,7 +134,7 @@ _SERVICE_SETTINGS = frozenset(f.name for f in dataclasses.fields(ServiceConfig))
 
 
 def _typed(name: str, kind: Any, value: object) -> Any:
-    if kind in (TopicType, Jitter):
+    if isinstance(kind, type) and issubclass(kind, enum.Enum):
         try:
             return kind(str(value))
         except ValueError:

@@ -160,7 +160,12 @@ def redis_statefulset(spec: TopicSpec, broker: int, ctx: BuildContext) -> Manife
         "readinessProbe": {
             "exec": {
                 "command": [
-                    "redis-cli", "--user", acl.SERVICE_USER, "-p", str(naming.REDIS_PORT), "ping"
+                    "redis-cli",
+                    "--user",
+                    acl.SERVICE_USER,
+                    "-p",
+                    str(naming.REDIS_PORT),
+                    "ping",
                 ]
             },
             "periodSeconds": 5,

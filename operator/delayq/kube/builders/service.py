@@ -82,6 +82,10 @@ def topic_file(spec: TopicSpec, ctx: BuildContext, slot_amount: int) -> TopicFil
         retry_backoff_max_ms=spec.retry_backoff_max_ms,
         retry_backoff_multiplier=spec.retry_backoff_multiplier,
         retry_jitter=spec.retry_jitter,
+        retry_for_ms=spec.retry_for_ms,
+        retry_exhausted_action=spec.retry_exhausted_action,
+        expiry_ttl_ms=spec.expiry_ttl_ms,
+        expiry_action=spec.expiry_action,
         webhook_url=delivery.webhook_url,
         webhook_timeout_ms=delivery.webhook_timeout_ms,
         webhook_max_in_flight=delivery.webhook_max_in_flight,
@@ -174,9 +178,7 @@ def service_statefulset(spec: TopicSpec, ctx: BuildContext, slot_amount: int) ->
             env_from_secret(
                 "DELAYQ_METRICS_TOKEN", secret, naming.SECRET_METRICS_TOKEN, optional=True
             ),
-            env_from_secret(
-                "DELAYQ_ZOOKEEPER_PASSWORD", secret, naming.SECRET_ZOOKEEPER_PASSWORD
-            ),
+            env_from_secret("DELAYQ_ZOOKEEPER_PASSWORD", secret, naming.SECRET_ZOOKEEPER_PASSWORD),
         ],
         "ports": [{"name": "http", "containerPort": naming.SERVICE_HTTP_PORT}],
         "readinessProbe": {

@@ -346,11 +346,14 @@ async def apply_decision(
         if decision.failover:
             ctx.metrics.failovers.labels(spec.namespace, spec.name).inc()
         elif decision.reason == "MasterRepaired":
-            events.append(TopicEvent(
-                WARNING, "MasterRepaired",
-                f"Broker {broker}: {decision.promote} carries the master label but ran as a "
-                "replica; it was made master again.",
-            ))
+            events.append(
+                TopicEvent(
+                    WARNING,
+                    "MasterRepaired",
+                    f"Broker {broker}: {decision.promote} carries the master label but ran as a "
+                    "replica; it was made master again.",
+                )
+            )
         logger.warning("broker %d: %s (%s)", broker, decision.reason, decision.message)
     master_host = f"{naming.redis_master_service(spec.name, broker)}.{spec.namespace}.svc"
     for name in decision.demote:
@@ -358,11 +361,14 @@ async def apply_decision(
         if address:
             await ctx.redis.demote(address, password, master_host)
             logger.warning("broker %d: demoted stray master %s", broker, name)
-            events.append(TopicEvent(
-                WARNING, "StrayMasterDemoted",
-                f"Broker {broker}: {name} still acted as a master; it now replicates from "
-                f"{decision.master} and drops what it wrote since it lost the role.",
-            ))
+            events.append(
+                TopicEvent(
+                    WARNING,
+                    "StrayMasterDemoted",
+                    f"Broker {broker}: {name} still acted as a master; it now replicates from "
+                    f"{decision.master} and drops what it wrote since it lost the role.",
+                )
+            )
     return events
 
 

@@ -1,5 +1,6 @@
 --[[
-  Redrive dead messages: back to store, due now, attempts reset.
+  Redrive dead messages: back to store, due now, attempts reset, and without an expiry or a
+  retry window (a fresh start: record_extras).
 
   KEYS[1] dead     ZSET id -> time of death ms
   KEYS[2] store    ZSET id -> due ms
@@ -26,6 +27,7 @@
 --@include now_ms
 --@include record_with
 --@include wake_if_earliest
+--@include without_extras
 
 local dead, store, msg, reason, wake, journal_key =
   KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6]
@@ -41,7 +43,7 @@ for _, id in ipairs(ids) do
   if record then
     redis.call('ZREM', dead, id)
     redis.call('HDEL', reason, id)
-    redis.call('HSET', msg, id, record_with(record, 0, '', ''))
+    redis.call('HSET', msg, id, without_extras(record_with(record, 0, '', '')))
     redis.call('ZADD', store, now, id)
     journal(journal_key, journal_max_len, 'redriven', id, now, now, 0)
     moved = moved + 1

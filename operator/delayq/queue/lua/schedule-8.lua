@@ -16,8 +16,11 @@
   ARGV[2] max_delay_ms          due times beyond server now + this are refused
   ARGV[3] journal_max_len       0 = journal off
   ARGV[4] outcome_retention_ms  0 = finished messages are not remembered
-  ARGV[5 + 5k .. 9 + 5k]        per message: id, when_kind ('delay' | 'at'), when_ms, headers,
-                                payload
+  ARGV[5] expiry_ttl_ms         the topic's default: a message without its own expiry expires
+                                this long after its due time (0 = never)
+  ARGV[6 + 7k .. 12 + 7k]       per message: id, when_kind ('delay' | 'at'), when_ms,
+                                expire_kind ('' | 'at' | 'ttl': after the due time),
+                                expire_ms, headers, payload
 
   Returns a flat array, per message in order the triple code, due_ms, state:
      1 CREATED   scheduled anew at due_ms                       state 'scheduled'
@@ -26,6 +29,8 @@
                  retention; nothing was scheduled            'purged', due_ms = finished ms
      3 UPDATED   upsert: the message was replaced, due moved    state 'scheduled'
     -4 TOO_FAR   due beyond now + max_delay_ms, nothing changed due_ms = the refused due
+    -7 EXPIRES_BEFORE_DUE  its expiry is not after its due    due_ms = the refused due
+                 time: it could never be delivered, nothing changed
 
   Events: scheduled (new or replaced)
 ]]
@@ -47,6 +52,7 @@ local upsert = ARGV[1] == 'upsert'
 local max_delay_ms = tonumber(ARGV[2])
 local journal_max_len = tonumber(ARGV[3])
 local retention_ms = tonumber(ARGV[4])
+local default_ttl_ms = tonumber(ARGV[5])
 local now = now_ms()
 
 local results = {}
@@ -56,17 +62,26 @@ local earliest = nil
 
 -- a live message always has its record: one HMGET tells which ids exist (new ids cost no copy)
 local ids = {}
-for i = 5, #ARGV, 5 do ids[#ids + 1] = ARGV[i] end
+for i = 6, #ARGV, 7 do ids[#ids + 1] = ARGV[i] end
 local records = read_chunked('HMGET', msg, ids)
 -- create-only asks what finished ids left behind; upsert replaces whatever there was
 local outcomes = {}
 if retention_ms > 0 and not upsert then outcomes = read_chunked('HMGET', outcome, ids) end
 
 for k = 1, #ids do
-  local i = 5 * k
+  local i = 7 * k - 1
   local id, when_kind, when_ms = ids[k], ARGV[i + 1], tonumber(ARGV[i + 2])
+  local expire_kind, expire_value = ARGV[i + 3], tonumber(ARGV[i + 4])
   local due = when_ms
   if when_kind == 'delay' then due = now + when_ms end
+  local expire_ms = nil
+  if expire_kind == 'at' then
+    expire_ms = expire_value
+  elseif expire_kind == 'ttl' then
+    expire_ms = due + expire_value
+  elseif default_ttl_ms > 0 then
+    expire_ms = due + default_ttl_ms
+  end
   local state, score = false, nil
   if pending[id] then
     state, score = 'scheduled', pending[id]
@@ -79,6 +94,8 @@ for k = 1, #ids do
 
   if due > now + max_delay_ms then
     append(results, CODE.TOO_FAR, due, state or 'absent')
+  elseif expire_ms and expire_ms <= due then
+    append(results, CODE.EXPIRES_BEFORE_DUE, due, state or 'absent')
   elseif finished_state then
     append(results, CODE.ALREADY_DONE, finished_ms, finished_state)
   elseif state and not upsert then
@@ -97,7 +114,7 @@ for k = 1, #ids do
     zadd_args[#zadd_args + 1] = due
     zadd_args[#zadd_args + 1] = id
     hset_args[#hset_args + 1] = id
-    hset_args[#hset_args + 1] = new_record(ARGV[i + 3], ARGV[i + 4])
+    hset_args[#hset_args + 1] = new_record(ARGV[i + 5], ARGV[i + 6], expire_ms)
     pending[id] = due
     if earliest == nil or due < earliest then earliest = due end
     journal(journal_key, journal_max_len, 'scheduled', id, now, due, 0)

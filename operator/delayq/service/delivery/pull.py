@@ -198,4 +198,3 @@ def _shares(total: int, parts: int) -> list[int]:
 
 def _earliest(a: int | None, b: int | None) -> int | None:
     return b if a is None else a if b is None else min(a, b)
-

@@ -1,5 +1,7 @@
 -- Record layout (the value of a message in the slot's `msg` hash):
---   "<attempts>:<due_ms or empty>:<lease or empty>:<headers_len>:" .. headers .. payload
+--   "<attempts>:<due_ms or empty>:<lease or empty>:[x<expire ms>:][f<first attempt ms>:]"
+--   .. "<headers_len>:" .. headers .. payload
+-- (the optional tagged fields: record_extras).
 -- `due` is empty while the message waits in `store` (its due time is the store score) and holds
 -- the due time it was delivered for while it is leased, so lateness can be reported. `lease` is
 -- empty unless leased; then it holds the number the claim drew from the slot's `leases`

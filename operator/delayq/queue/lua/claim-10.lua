@@ -1,10 +1,11 @@
 #!lua flags=allow-oom
 --[[
   Claim due messages of one slot (two-phase consumption, phase one): store -> prepare with a lease.
-  First rolls expired leases back (each expiry counts as a failed attempt; past max_retries the
-  message goes to dead), then moves at most max_count messages whose due time has passed on the
-  server clock — never one that is early. The batch bound keeps a burst of millions due at one
-  instant from ever loading more than max_count messages into memory.
+  First rolls expired leases back (each expiry counts as a failed attempt; past max_retries or
+  the retry window the message is given up: dead or dropped), then moves at most max_count
+  messages whose due time has passed on the server clock — never one that is early — and gives
+  up instead those whose expiry has passed (never delivered after it). The batch bound keeps a
+  burst of millions due at one instant from ever loading more than max_count into memory.
 
   KEYS[1] store    ZSET id -> due ms
   KEYS[2] prepare  ZSET id -> lease deadline ms
@@ -14,6 +15,8 @@
   KEYS[6] epoch    STRING fencing epoch of the slot owner
   KEYS[7] journal  STREAM lifecycle events
   KEYS[8] leases   STRING the last lease number drawn in the slot (never repeats)
+  KEYS[9] outcome  HASH id -> remembered outcome of a finished message
+  KEYS[10] finished ZSET id -> finished ms (the order remembered outcomes are forgotten in)
 
   ARGV[1] epoch           the caller's fencing epoch
   ARGV[2] max_count       at most this many messages claimed
@@ -21,6 +24,10 @@
   ARGV[4] max_retries     attempts beyond this are dead
   ARGV[5] journal_max_len  0 = journal off
   ARGV[6] rollback_max    at most this many expired leases rolled back in this call
+  ARGV[7] retry_for_ms    retries end this long after the first attempt (0 = no window)
+  ARGV[8] retry_exhausted_action  'dead' | 'drop' once retries are exhausted
+  ARGV[9] expiry_action   'dead' | 'drop' for a message past its expiry
+  ARGV[10] outcome_retention_ms  0 = dropped messages are not remembered
 
   Returns {code, now_us, next_due_ms, next_deadline_ms, id1, record1, id2, record2, ...}
      0 OK           next_due_ms / next_deadline_ms are -1 when store / prepare is empty;
@@ -33,25 +40,37 @@
   Runs under maxmemory (allow-oom): a claim moves messages between the slot's keys and grows
   nothing but the bounded journal, and a full Redis must keep delivering (acks free memory).
 
-  Events: expired (lease rolled back), dead (attempts exhausted), claimed, orphan (an id with no
-  record: removed so it can never block the slot)
+  Events: expired (lease rolled back), dead or dropped (attempts exhausted, or the message
+  expired: reason 'expired'), claimed, orphan (an id with no record: removed so it can never
+  block the slot)
 ]]
 --@include call_chunked
 --@include codes
 --@include epoch_matches
+--@include forget_expired
+--@include give_up
 --@include journal
 --@include now_us
 --@include read_chunked
+--@include record_extras
 --@include record_fields
 --@include record_with
+--@include with_first_attempt
 
-local store, prepare, dead, msg, reason, epoch_key, journal_key, leases_key =
-  KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6], KEYS[7], KEYS[8]
+local store, prepare, msg, epoch_key, journal_key, leases_key =
+  KEYS[1], KEYS[2], KEYS[4], KEYS[6], KEYS[7], KEYS[8]
 local max_count = tonumber(ARGV[2])
 local lease_ms = tonumber(ARGV[3])
 local max_retries = tonumber(ARGV[4])
 local journal_max_len = tonumber(ARGV[5])
 local rollback_max = tonumber(ARGV[6])
+local retry_for_ms = tonumber(ARGV[7])
+local exhausted_action, expiry_action = ARGV[8], ARGV[9]
+local slot = {
+  dead = KEYS[3], reason = KEYS[5], msg = msg, journal = journal_key, outcome = KEYS[9],
+  finished = KEYS[10], journal_max_len = journal_max_len, retention_ms = tonumber(ARGV[10]),
+}
+local given_up = 0
 
 if not epoch_matches(epoch_key, ARGV[1]) then
   return {CODE.STALE_EPOCH, 0, -1, -1}
@@ -65,14 +84,16 @@ for _, id in ipairs(expired) do
   redis.call('ZREM', prepare, id)
   local record = redis.call('HGET', msg, id)
   if record then
-    local attempts, due = record_fields(record)
+    local attempts, due, _, p3 = record_fields(record)
+    local _, first_ms = record_extras(record, p3)
     journal(journal_key, journal_max_len, 'expired', id, now, due, attempts)
-    if attempts > max_retries then
-      redis.call('ZADD', dead, now, id)
-      redis.call('HSET', reason, id, 'lease expired on attempt ' .. attempts)
-      journal(journal_key, journal_max_len, 'dead', id, now, due, attempts)
+    local window_over = retry_for_ms > 0 and first_ms and now > first_ms + retry_for_ms
+    if attempts > max_retries or window_over then
+      give_up(slot, id, exhausted_action, 'lease expired on attempt ' .. attempts, 'dropped', now,
+        due, attempts)
+      given_up = given_up + 1
     else
-      redis.call('HSET', msg, id, record_with(record, attempts, '', ''))
+      redis.call('HSET', msg, id, record_with(record, attempts, '', '', p3))
       redis.call('ZADD', store, now, id)
     end
   end
@@ -89,10 +110,18 @@ if #due_ids > 0 then
   local records = read_chunked('HMGET', msg, ids)
   for k = 1, #ids do
     local id, due, record = ids[k], due_ids[2 * k], records[k]
+    local attempts, _, p3, expire_ms = nil, nil, nil, nil
     if record then
-      local attempts, _, _, p3 = record_fields(record)
+      attempts, _, _, p3 = record_fields(record)
+      expire_ms = record_extras(record, p3)
+    end
+    if record and expire_ms and now > expire_ms then
+      give_up(slot, id, expiry_action, 'expired', 'expired', now, due, attempts)
+      given_up = given_up + 1
+    elseif record then
       attempts = attempts + 1
       local leased = record_with(record, attempts, due, lease, p3)
+      if attempts == 1 then leased = with_first_attempt(leased, now) end
       zadd_args[#zadd_args + 1] = deadline
       zadd_args[#zadd_args + 1] = id
       hset_args[#hset_args + 1] = id
@@ -109,6 +138,10 @@ if #due_ids > 0 then
     call_chunked('ZADD', prepare, zadd_args)
     call_chunked('HSET', msg, hset_args)
   end
+end
+
+if given_up > 0 then
+  forget_expired(slot.outcome, slot.finished, slot.retention_ms, now, given_up)
 end
 
 local head = redis.call('ZRANGE', store, 0, 0, 'WITHSCORES')

@@ -1,0 +1,114 @@
+#!lua flags=allow-oom
+--[[
+  Negatively acknowledge leased messages (two-phase consumption, roll back): the message waits
+  again for exactly delay_ms after server now, or is given up — to dead, or dropped, per the
+  topic — when its attempts are exhausted (max_retries, or the retry would fall after the retry
+  window), or when the retry would fall after its expiry; a message the caller says can never
+  succeed goes to dead (a poison message must not block its slot).
+
+  KEYS[1] store    ZSET id -> due ms
+  KEYS[2] prepare  ZSET id -> lease deadline ms
+  KEYS[3] dead     ZSET id -> time of death ms
+  KEYS[4] msg      HASH id -> record
+  KEYS[5] reason   HASH id -> dead reason
+  KEYS[6] epoch    STRING fencing epoch of the slot owner
+  KEYS[7] wake     LIST wake-up marker of the slot
+  KEYS[8] journal  STREAM lifecycle events
+  KEYS[9] outcome  HASH id -> remembered outcome of a finished message
+  KEYS[10] finished ZSET id -> finished ms (the order remembered outcomes are forgotten in)
+
+  ARGV[1] epoch           the caller's fencing epoch
+  ARGV[2] max_retries     attempts beyond this are exhausted
+  ARGV[3] journal_max_len  0 = journal off
+  ARGV[4] retry_for_ms    retries end this long after the first attempt (0 = no window)
+  ARGV[5] retry_exhausted_action  'dead' | 'drop' once retries are exhausted
+  ARGV[6] expiry_action   'dead' | 'drop' for a retry that would fall after the expiry
+  ARGV[7] outcome_retention_ms  0 = dropped messages are not remembered
+  ARGV[8 + 5k .. 12 + 5k] per message: id, lease, delay_ms, reason, dead ('1' = dead now)
+
+  Returns, flat, per message: code, due_ms
+     8 RETRY_SCHEDULED  waits in store until due_ms
+     9 DEAD             moved to dead at due_ms (= now)
+    14 DROPPED          given up and deleted (remembered as 'dropped' or 'expired')
+    -2 STALE_EPOCH      the caller is not the current owner: nothing was changed (whole call)
+    -3 LEASE_LOST       not leased under that lease any more: nothing was changed for that id
+
+  Runs under maxmemory (allow-oom): a retry moves the message back to store (a few bytes at
+  most), and a full Redis must keep failing deliveries into their retries.
+
+  Events: nacked (due = the retry's due time; the delivered due when it is given up), dead,
+  dropped
+]]
+--@include append
+--@include codes
+--@include epoch_matches
+--@include forget_expired
+--@include give_up
+--@include journal
+--@include leased_record
+--@include now_ms
+--@include record_extras
+--@include record_fields
+--@include record_with
+--@include wake_if_earliest
+
+local store, prepare, msg, epoch_key, wake, journal_key =
+  KEYS[1], KEYS[2], KEYS[4], KEYS[6], KEYS[7], KEYS[8]
+local max_retries = tonumber(ARGV[2])
+local journal_max_len = tonumber(ARGV[3])
+local retry_for_ms = tonumber(ARGV[4])
+local exhausted_action, expiry_action = ARGV[5], ARGV[6]
+local slot = {
+  dead = KEYS[3], reason = KEYS[5], msg = msg, journal = journal_key, outcome = KEYS[9],
+  finished = KEYS[10], journal_max_len = journal_max_len, retention_ms = tonumber(ARGV[7]),
+}
+local results = {}
+
+if not epoch_matches(epoch_key, ARGV[1]) then
+  for i = 8, #ARGV, 5 do append(results, CODE.STALE_EPOCH, 0) end
+  return results
+end
+local now = now_ms()
+local earliest = nil
+local given_up = 0
+
+for i = 8, #ARGV, 5 do
+  local id, delay_ms = ARGV[i], tonumber(ARGV[i + 2])
+  local why, dead_now = ARGV[i + 3], ARGV[i + 4] == '1'
+  local record = leased_record(prepare, msg, id, ARGV[i + 1])
+  if not record then
+    append(results, CODE.LEASE_LOST, 0)
+  else
+    local attempts, due, _, p3 = record_fields(record)
+    local expire_ms, first_ms = record_extras(record, p3)
+    local retry_due = now + delay_ms
+    redis.call('ZREM', prepare, id)
+    local action, dropped_state = nil, nil
+    if dead_now then
+      action = 'dead'
+    elseif attempts > max_retries
+        or (retry_for_ms > 0 and first_ms and retry_due > first_ms + retry_for_ms) then
+      action, dropped_state = exhausted_action, 'dropped'
+    elseif expire_ms and retry_due > expire_ms then
+      action, dropped_state, why = expiry_action, 'expired', 'expired'
+    end
+    if action then
+      journal(journal_key, journal_max_len, 'nacked', id, now, due, attempts)
+      local to_dead = give_up(slot, id, action, why, dropped_state, now, due, attempts)
+      given_up = given_up + 1
+      append(results, to_dead and CODE.DEAD or CODE.DROPPED, now)
+    else
+      redis.call('HSET', msg, id, record_with(record, attempts, '', '', p3))
+      redis.call('ZADD', store, retry_due, id)
+      journal(journal_key, journal_max_len, 'nacked', id, now, retry_due, attempts)
+      if earliest == nil or retry_due < earliest then earliest = retry_due end
+      append(results, CODE.RETRY_SCHEDULED, retry_due)
+    end
+  end
+end
+
+if earliest then wake_if_earliest(store, wake, earliest) end
+if given_up > 0 then
+  forget_expired(slot.outcome, slot.finished, slot.retention_ms, now, given_up)
+end
+return results
