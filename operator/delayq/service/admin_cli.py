@@ -346,11 +346,12 @@ class Progress:
 
 @dataclass(frozen=True)
 class DeadAction:
-    """`dead redrive` or `dead purge`: the one thing that differs between the two commands is
-    the route and the word its per-message result says when done."""
+    """`dead redrive` or `dead purge`: what differs between the two commands is the route
+    (also the command's name), the word its per-message result says when done, and the help."""
 
     route: str  # /dead/<route>
     done: str  # the result of a message it was done to
+    help: str
 
     def __call__(self, api: Api, args: argparse.Namespace, out: TextIO) -> int:
         """Listed ids (batches of IDS_PER_CALL), or `--all` in one call."""
@@ -411,10 +412,10 @@ class DeadAction:
         return moved
 
 
-DEAD_ACTIONS = {
-    "redrive": (DeadAction("redrive", "redriven"), "schedule dead messages again (delivered now)"),
-    "purge": (DeadAction("purge", "purged"), "delete dead messages for good"),
-}
+DEAD_ACTIONS = (
+    DeadAction("redrive", "redriven", "schedule dead messages again (delivered now)"),
+    DeadAction("purge", "purged", "delete dead messages for good"),
+)
 
 
 def _dead_targets(args: argparse.Namespace) -> list[Any]:
@@ -551,8 +552,8 @@ def register(subparsers: Any) -> None:
     listing = leaf(dead, "list", "one page of dead messages with reason and attempts", dead_list)
     listing.add_argument("--count", type=_positive, default=100, help="page size (max 1000)")
     listing.add_argument("--cursor", help="continue from a previous page's cursor")
-    for name, (action, text) in DEAD_ACTIONS.items():
-        parser = leaf(dead, name, text, action)
+    for action in DEAD_ACTIONS:
+        parser = leaf(dead, action.route, action.help, action)
         parser.add_argument("ids", nargs="*", help="dead message ids")
         parser.add_argument("--all", action="store_true", help="every dead message of the topic")
         where = parser.add_mutually_exclusive_group()
