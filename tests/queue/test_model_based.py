@@ -44,16 +44,19 @@ class Ref:
     payload: bytes = b""
     lease: Lease | None = None
     lease_expired: bool = False
+    expired: bool = False  # scheduled with an expiry in the past: given up when claimed
 
 
 class QueueMachine(RuleBasedStateMachine):
     client: redis.Redis  # set by the test function from the fixture
-    exhausted: EndAction  # the topic's retry_exhausted_action, set by the test function
+    exhausted: EndAction  # the topic's retry_exhausted_action and expiry_action, set by the test
 
     def __init__(self) -> None:
         super().__init__()
         self.client.flushall()
-        self.topic = dataclasses.replace(TOPIC, retry_exhausted_action=self.exhausted)
+        self.topic = dataclasses.replace(
+            TOPIC, retry_exhausted_action=self.exhausted, expiry_action=self.exhausted
+        )
         self.queue = Queue(self.client, self.topic)
         self.model: dict[str, Ref] = {}
         # what each finished id finished as, and its attempts then (consulted while not live)
@@ -84,23 +87,36 @@ class QueueMachine(RuleBasedStateMachine):
         ref.lease, ref.lease_expired = None, False
 
     @rule(
-        message_id=IDS, due_now=st.booleans(), upsert=st.booleans(), payload=st.binary(max_size=8)
+        message_id=IDS,
+        due_now=st.booleans(),
+        upsert=st.booleans(),
+        payload=st.binary(max_size=8),
+        expired=st.booleans(),
     )
-    def schedule(self, message_id: str, due_now: bool, upsert: bool, payload: bytes) -> None:
+    def schedule(
+        self, message_id: str, due_now: bool, upsert: bool, payload: bytes, expired: bool
+    ) -> None:
+        """`expired`: an expiry just after PAST_MS, already over (a due-now message is given
+        up when claimed; one due in a day expires before its due time and is refused)."""
         mode = Mode.UPSERT if upsert else Mode.CREATE
-        result = self.queue.schedule(message_id, payload, at_ms=self._when(due_now), mode=mode)
+        expire_at_ms = PAST_MS + 1 if expired else None
+        result = self.queue.schedule(
+            message_id, payload, at_ms=self._when(due_now), mode=mode, expire_at_ms=expire_at_ms
+        )
         ref = self.model.get(message_id)
-        if ref is None and not upsert and message_id in self.finished:
+        if expired and not due_now:
+            assert result.code is Code.EXPIRES_BEFORE_DUE
+        elif ref is None and not upsert and message_id in self.finished:
             assert (result.code, result.state) == (Code.ALREADY_DONE, self.finished[message_id][0])
         elif ref is None:
             assert result.code is Code.CREATED
-            self.model[message_id] = Ref(State.SCHEDULED, due_now, 0, payload)
+            self.model[message_id] = Ref(State.SCHEDULED, due_now, 0, payload, expired=expired)
         elif not upsert:
             assert (result.code, result.state) == (Code.EXISTS, ref.state)
         else:
             assert result.code is Code.UPDATED
             self._forget_lease(ref)
-            self.model[message_id] = Ref(State.SCHEDULED, due_now, 0, payload)
+            self.model[message_id] = Ref(State.SCHEDULED, due_now, 0, payload, expired=expired)
 
     @rule(message_id=IDS)
     def cancel(self, message_id: str) -> None:
@@ -133,6 +149,12 @@ class QueueMachine(RuleBasedStateMachine):
                     ref.state, ref.due_now = State.SCHEDULED, True
                 elif self.exhausted is EndAction.DROP:
                     self._finish(message_id, State.DROPPED)
+                else:
+                    ref.state = State.DEAD
+        for message_id, ref in list(self.model.items()):
+            if ref.state is State.SCHEDULED and ref.due_now and ref.expired:
+                if self.exhausted is EndAction.DROP:
+                    self._finish(message_id, State.EXPIRED)
                 else:
                     ref.state = State.DEAD
         expected = {i for i, r in self.model.items() if r.state is State.SCHEDULED and r.due_now}
@@ -230,6 +252,7 @@ class QueueMachine(RuleBasedStateMachine):
         if ref is not None and ref.state is State.DEAD:
             assert outcome.code is Code.REDRIVEN
             ref.state, ref.due_now, ref.attempts = State.SCHEDULED, True, 0
+            ref.expired = False  # a redrive starts afresh, without the expiry
         else:
             assert outcome.code is Code.WRONG_STATE
 
