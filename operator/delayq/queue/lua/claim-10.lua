@@ -121,7 +121,8 @@ if #due_ids > 0 then
     elseif record then
       attempts = attempts + 1
       local leased = record_with(record, attempts, due, lease, p3)
-      if attempts == 1 then leased = with_first_attempt(leased, now) end
+      -- the retry window's start, kept only where a window is set (no bytes otherwise)
+      if attempts == 1 and retry_for_ms > 0 then leased = with_first_attempt(leased, now) end
       zadd_args[#zadd_args + 1] = deadline
       zadd_args[#zadd_args + 1] = id
       hset_args[#hset_args + 1] = id
