@@ -148,9 +148,7 @@ def lossy(windows: list[Window]) -> list[Window]:
     return [w for w in windows if w.kind in LOSSY]
 
 
-def duplicate_cause(
-    windows: list[Window], first_ok: Arrival, timing: Timing
-) -> Window | None:
+def duplicate_cause(windows: list[Window], first_ok: Arrival, timing: Timing) -> Window | None:
     """The lossy fault that explains a second 2xx copy, judged by the first copy's arrival."""
     before = timing.webhook_timeout_ms + IN_FLIGHT_MS
     return _near(lossy(windows), first_ok.at_ms, before, DUPLICATE_AFTER_MS)
@@ -162,9 +160,7 @@ def sender_gave_up(first_ok: Arrival, timing: Timing) -> bool:
     return first_ok.at_ms - first_ok.signed_ms > timing.webhook_timeout_ms + SIGNED_SLACK_MS
 
 
-def _duplicates(
-    evidence: Evidence, by_id: dict[str, list[Arrival]], timing: Timing
-) -> Rule:
+def _duplicates(evidence: Evidence, by_id: dict[str, list[Arrival]], timing: Timing) -> Rule:
     rule = Rule("unexplained_duplicates", 0)
     for message_id, arrivals in by_id.items():
         answered = [a for a in arrivals if ok_2xx(a)]

@@ -226,9 +226,7 @@ class Injector:
     async def redis_sleep(self, spec: FaultSpec) -> float:
         client = self._control()  # DEBUG SLEEP blocks the whole server, this connection too
         try:
-            await client.execute_command(
-                "DEBUG", "SLEEP", spec.duration_s
-            )
+            await client.execute_command("DEBUG", "SLEEP", spec.duration_s)
         finally:
             await client.aclose()
         return wall_ms()

@@ -62,9 +62,7 @@ class Prober:
                 )
 
 
-async def _readyz(
-    session: aiohttp.ClientSession, member: Member
-) -> tuple[bool, set[int]] | None:
+async def _readyz(session: aiohttp.ClientSession, member: Member) -> tuple[bool, set[int]] | None:
     """(ready, consumed slots), or None when the process does not answer (down, frozen)."""
     try:
         timeout = aiohttp.ClientTimeout(total=PROBE_TIMEOUT_S)

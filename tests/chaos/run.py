@@ -173,8 +173,10 @@ async def settle(cluster: Cluster, session: aiohttp.ClientSession) -> Rule:
         answers = {m.name: await _readyz(session, m) for m in cluster.members}
         owners = await asyncio.to_thread(cluster.owners)
         held = Counter(owners.values()) if owners is not None else None
-        rule.add(f"not ready {SETTLE_TIMEOUT_S:.0f} s after the faults: readyz {answers}, "
-                 f"owner nodes per member {held}")
+        rule.add(
+            f"not ready {SETTLE_TIMEOUT_S:.0f} s after the faults: readyz {answers}, "
+            f"owner nodes per member {held}"
+        )
     return rule
 
 

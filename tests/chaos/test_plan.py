@@ -42,8 +42,10 @@ def arrival(message_id: str, attempt: int, at_ms: float, status: int = 204) -> A
 def test_a_duplicate_is_explained_only_near_a_lossy_fault() -> None:
     accepted = {"a": 1000, "b": 1000}
     arrivals = [
-        arrival("a", 1, 10_000), arrival("a", 2, 16_000),  # first copy inside a kill: explained
-        arrival("b", 1, 60_000), arrival("b", 2, 66_000),  # far from any fault: not explained
+        arrival("a", 1, 10_000),
+        arrival("a", 2, 16_000),  # first copy inside a kill: explained
+        arrival("b", 1, 60_000),
+        arrival("b", 2, 66_000),  # far from any fault: not explained
     ]
     windows = [Window("serve_kill9", "c0", 9_000, 11_000), Window("receiver_5xx", "r", 0, 70_000)]
     verdict = check(Evidence(accepted, arrivals, windows, {}, [], 0), TIMING)

@@ -10,8 +10,9 @@ from hypothesis import strategies as st
 from delayq.coordination.assignment import Member, assign, moved, quotas
 
 SLOT_AMOUNTS = st.sampled_from([1, 2, 4, 8, 16, 64, 256])
-IDS = st.lists(st.from_regex(r"[a-z]{1,6}-[0-9]", fullmatch=True), min_size=1, max_size=9,
-               unique=True)
+IDS = st.lists(
+    st.from_regex(r"[a-z]{1,6}-[0-9]", fullmatch=True), min_size=1, max_size=9, unique=True
+)
 
 
 def sizes(assignment: dict[int, str]) -> Counter[str]:
@@ -36,8 +37,10 @@ def scenarios(draw: st.DrawFn) -> tuple[int, list[Member], dict[int, str]]:
 
 def lower_bound_moves(amount: int, member_ids: list[str], current: dict[int, str]) -> int:
     """Fewest live-owner moves any balanced assignment needs (computed independently)."""
-    held = sorted((Counter(o for o in current.values() if o in member_ids).get(m, 0)
-                   for m in member_ids), reverse=True)
+    held = sorted(
+        (Counter(o for o in current.values() if o in member_ids).get(m, 0) for m in member_ids),
+        reverse=True,
+    )
     floor, extra = divmod(amount, len(member_ids))
     allowed = [floor + 1] * extra + [floor] * (len(member_ids) - extra)
     return sum(max(0, h - a) for h, a in zip(held, allowed, strict=True))
@@ -83,8 +86,9 @@ def test_quota_remainders_prefer_members_with_local_slots() -> None:
 
 def test_members_sharing_a_broker_split_its_slots() -> None:
     routing = [0] * 8 + [1] * 8
-    result = assign(16, [Member("x", broker=0), Member("y", broker=0), Member("z", broker=1)],
-                    {}, routing)
+    result = assign(
+        16, [Member("x", broker=0), Member("y", broker=0), Member("z", broker=1)], {}, routing
+    )
     assert {result[s] for s in range(8)} == {"x", "y"}  # broker 0's slots stay on broker 0
     assert {routing[s] for s, o in result.items() if o == "z"} == {1}
     assert sizes(result) == Counter({"z": 6, "x": 5, "y": 5})
@@ -160,9 +164,11 @@ def test_broker_local_whenever_the_quota_allows(
     amount, members, routing, current = scenario
     result = assign(amount, members, current, routing)
     counts = sizes(result)
-    assert max(counts.get(m.member_id, 0) for m in members) - min(
-        counts.get(m.member_id, 0) for m in members
-    ) <= 1
+    assert (
+        max(counts.get(m.member_id, 0) for m in members)
+        - min(counts.get(m.member_id, 0) for m in members)
+        <= 1
+    )
     floor = amount // len(members)
     for member in members:
         if member.broker is None:

@@ -36,8 +36,10 @@ async def test_expired_member_stops_at_once_and_the_others_take_its_slots(
     )
     stopped = fleet.timeline.last_empty(victim_id)
     assert stopped is not None
-    print(f"\nexpired {victim_id} stopped claiming {(stopped - expired_at) * 1000:.0f} ms "
-          "after the expiry began")
+    print(
+        f"\nexpired {victim_id} stopped claiming {(stopped - expired_at) * 1000:.0f} ms "
+        "after the expiry began"
+    )
     # its slots move to the survivors (a new coordinator computes that when the coordinator
     # was the victim); overlaps are possible only before the victim heard of its expiry,
     # which is what the fencing epoch in Redis covers

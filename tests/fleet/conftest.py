@@ -170,8 +170,12 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) ->
 async def process_fleet(
     request: pytest.FixtureRequest, redis_server: RedisServer, zookeeper_server: ZooKeeperServer
 ) -> AsyncIterator[ProcessFleet]:
-    topic = Topic(f"f-{uuid.uuid4().hex[:10]}", namespace=NAMESPACE, slot_amount=SLOTS,
-                  ack_timeout_ms=ACK_TIMEOUT_MS)
+    topic = Topic(
+        f"f-{uuid.uuid4().hex[:10]}",
+        namespace=NAMESPACE,
+        slot_amount=SLOTS,
+        ack_timeout_ms=ACK_TIMEOUT_MS,
+    )
     with tempfile.TemporaryDirectory(prefix="delayq-fleet-") as log_dir:
         fleet = ProcessFleet(redis_server.url, zookeeper_server, topic, Path(log_dir))
         try:

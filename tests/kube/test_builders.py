@@ -496,7 +496,11 @@ def test_webhook_egress_reaches_public_addresses_only() -> None:
     assert v4 == {"ipBlock": {"cidr": "0.0.0.0/0", "except": list(NON_PUBLIC_IPV4)}}
     assert v6 == {"ipBlock": {"cidr": "::/0", "except": list(NON_PUBLIC_IPV6)}}
     assert set(v4["ipBlock"]["except"]) == {
-        "10.0.0.0/8", "172.16.0.0/12", "192.168.0.0/16", "169.254.0.0/16", "127.0.0.0/8",
+        "10.0.0.0/8",
+        "172.16.0.0/12",
+        "192.168.0.0/16",
+        "169.254.0.0/16",
+        "127.0.0.0/8",
         "100.64.0.0/10",
     }
     assert set(v6["ipBlock"]["except"]) == {"fc00::/7", "fe80::/10", "64:ff9b::/96"}
@@ -613,7 +617,11 @@ def test_a_stream_key_that_would_break_the_redis_acl_line_is_refused(key: str) -
 
 def test_the_stream_key_is_the_service_users_only_extra_key() -> None:
     spec = spec_of(topicType="stream", delivery={"stream": {"streamKey": "orders:due"}})
-    env = {item["name"]: item.get("value", "") for item in by_kind_name(rendered(spec))[
-        "StatefulSet", "orders-redis-0"]["spec"]["template"]["spec"]["containers"][0]["env"]}
+    env = {
+        item["name"]: item.get("value", "")
+        for item in by_kind_name(rendered(spec))["StatefulSet", "orders-redis-0"]["spec"][
+            "template"
+        ]["spec"]["containers"][0]["env"]
+    }
     patterns = [rule for rule in env["SERVICE_USER_RULES"].split() if rule.startswith("~")]
     assert patterns == ["~dq:{shop/orders/*", "~dq:{shop/orders}:*", "~orders:due"]

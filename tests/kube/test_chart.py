@@ -286,16 +286,20 @@ def test_zookeeper_is_optional_and_hardened() -> None:
 def admin_password_ref(value_set: str) -> dict[str, str] | None:
     (deployment,) = of_kind(render(value_set), "Deployment")
     env = deployment["spec"]["template"]["spec"]["containers"][0]["env"]
-    refs = [e["valueFrom"]["secretKeyRef"] for e in env
-            if e["name"] == "DELAYQ_ZOOKEEPER_ADMIN_PASSWORD"]
+    refs = [
+        e["valueFrom"]["secretKeyRef"]
+        for e in env
+        if e["name"] == "DELAYQ_ZOOKEEPER_ADMIN_PASSWORD"
+    ]
     return refs[0] if refs else None
 
 
 def test_the_operator_gets_its_zookeeper_admin_password_from_a_kept_secret() -> None:
     ref = admin_password_ref("defaults")
     assert ref == {"name": "rel-delayq-zookeeper-admin", "key": "admin-password"}
-    (secret,) = [s for s in of_kind(render("defaults"), "Secret")
-                 if s["metadata"]["name"] == ref["name"]]
+    (secret,) = [
+        s for s in of_kind(render("defaults"), "Secret") if s["metadata"]["name"] == ref["name"]
+    ]
     assert len(base64.b64decode(secret["data"]["admin-password"])) >= 32
     assert secret["metadata"]["annotations"]["helm.sh/resource-policy"] == "keep"
     own = admin_password_ref("zookeeper-acl-own-secret")
@@ -307,8 +311,9 @@ def test_the_operator_gets_its_zookeeper_admin_password_from_a_kept_secret() -> 
 
 def test_only_the_operator_service_pods_and_peers_reach_the_bundled_zookeeper() -> None:
     docs = render("defaults")
-    (policy,) = [p for p in of_kind(docs, "NetworkPolicy")
-                 if p["metadata"]["name"] == "rel-delayq-zookeeper"]
+    (policy,) = [
+        p for p in of_kind(docs, "NetworkPolicy") if p["metadata"]["name"] == "rel-delayq-zookeeper"
+    ]
     (zookeeper,) = of_kind(docs, "StatefulSet")
     pod_labels = zookeeper["spec"]["template"]["metadata"]["labels"]
     assert policy["spec"]["podSelector"]["matchLabels"].items() <= pod_labels.items()
@@ -322,8 +327,11 @@ def test_only_the_operator_service_pods_and_peers_reach_the_bundled_zookeeper() 
     assert service_peer["podSelector"]["matchLabels"].items() <= service_labels.items()
     assert [p["port"] for p in peers["ports"]] == [2181, 2888, 3888]
     assert peers["from"][0]["podSelector"]["matchLabels"].items() <= pod_labels.items()
-    assert [p for p in of_kind(render("single-replica-external-zk"), "NetworkPolicy")
-            if p["metadata"]["name"] == "rel-delayq-zookeeper"] == []
+    assert [
+        p
+        for p in of_kind(render("single-replica-external-zk"), "NetworkPolicy")
+        if p["metadata"]["name"] == "rel-delayq-zookeeper"
+    ] == []
 
 
 def test_values_schema_is_valid_json_schema() -> None:
@@ -370,9 +378,7 @@ def test_the_operator_service_monitor_is_labelled_and_selects_the_metrics_servic
         if monitor["spec"]["selector"]["matchLabels"].items()
         <= service["metadata"]["labels"].items()
     ]
-    assert [service["metadata"]["name"] for service in selected] == [
-        "rel-delayq-operator-metrics"
-    ]
+    assert [service["metadata"]["name"] for service in selected] == ["rel-delayq-operator-metrics"]
     (endpoint,) = monitor["spec"]["endpoints"]
     assert endpoint["port"] in {port["name"] for port in selected[0]["spec"]["ports"]}
     assert (endpoint["path"], endpoint["interval"]) == ("/metrics", "30s")
@@ -409,7 +415,8 @@ def test_helm_test_scrapes_the_operator_metrics_service_for_a_leader() -> None:
     assert "delayq_operator_is_leader 1.0" in script
     compile(script, "helm-test", "exec")  # the script the pod runs is valid Python
     assert not [
-        d for d in render("metrics-off")
+        d
+        for d in render("metrics-off")
         if d["metadata"].get("annotations", {}).get("helm.sh/hook") == "test"
     ]
 
@@ -459,8 +466,12 @@ def test_alerts_name_only_series_the_code_exports() -> None:
     assert rule["metadata"]["labels"]["release"] == "prom"
     rules = [r for group in rule["spec"]["groups"] for r in group["rules"]]
     assert {r["alert"] for r in rules} >= {
-        "DelayqOperatorNoLeader", "DelayqBrokerMemoryHigh", "DelayqBrokerFull",
-        "DelayqSlotsUnowned", "DelayqDeadMessages", "DelayqBrokerFailover",
+        "DelayqOperatorNoLeader",
+        "DelayqBrokerMemoryHigh",
+        "DelayqBrokerFull",
+        "DelayqSlotsUnowned",
+        "DelayqDeadMessages",
+        "DelayqBrokerFailover",
     }
     series = exported_series()
     target_labels = {"namespace"}  # set by Prometheus' discovery on every series
@@ -473,9 +484,9 @@ def test_alerts_name_only_series_the_code_exports() -> None:
             assert name in series, f"{alert['alert']}: {name} is not exported"
         for grouping in re.findall(r"by \(([^)]*)\)", expr):
             for label in (item.strip() for item in grouping.split(",")):
-                assert label in target_labels or all(
-                    label in series[name] for name in names
-                ), f"{alert['alert']}: no {label} label on {names}"
+                assert label in target_labels or all(label in series[name] for name in names), (
+                    f"{alert['alert']}: no {label} label on {names}"
+                )
 
 
 def test_the_grafana_dashboard_queries_series_the_code_exports() -> None:
@@ -484,7 +495,8 @@ def test_the_grafana_dashboard_queries_series_the_code_exports() -> None:
     defaults = of_kind(render("defaults"), "ConfigMap")
     assert not [c for c in defaults if "dashboards" in c["metadata"]["name"]]
     (config_map,) = [
-        c for c in of_kind(render("dashboards"), "ConfigMap")
+        c
+        for c in of_kind(render("dashboards"), "ConfigMap")
         if c["metadata"]["name"] == "rel-delayq-dashboards"
     ]
     assert config_map["metadata"]["labels"]["grafana_dashboard"] == "1"  # the sidecar's label

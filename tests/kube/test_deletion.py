@@ -39,9 +39,7 @@ def test_cluster_wide_every_namespace_is_watched() -> None:
 
 
 def test_a_topic_of_the_same_name_elsewhere_does_not_keep_a_tree() -> None:
-    assert orphaned_trees([("shop", "orders")], [("billing", "orders")], []) == [
-        ("shop", "orders")
-    ]
+    assert orphaned_trees([("shop", "orders")], [("billing", "orders")], []) == [("shop", "orders")]
 
 
 # --- collection against real ZooKeeper ---------------------------------------------------------
@@ -66,6 +64,7 @@ def tree(zk: KazooClient, name: str, namespace: str = NAMESPACE) -> str:
 @pytest.fixture
 def trees(zk_client: KazooClient) -> Iterator[KazooClient]:
     """ZooKeeper with this module's trees removed first (and after)."""
+
     def clear() -> None:
         for namespace in (NAMESPACE, OTHER_NS):
             with contextlib.suppress(NoNodeError):

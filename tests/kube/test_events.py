@@ -56,8 +56,12 @@ def test_good_reasons_that_change_and_good_news_about_nothing_are_quiet() -> Non
     degraded = {"conditions": [cond("Ready", "True", "ServingDegraded")]}
     assert status_events(serving, degraded) == []  # Degraded tells it
     # a new topic that is not full and has every slot owned: nothing to say
-    quiet = {"conditions": [cond("BrokerFull", "False", "MemoryAvailable"),
-                            cond("SlotsUnowned", "False", "AllSlotsOwned")]}
+    quiet = {
+        "conditions": [
+            cond("BrokerFull", "False", "MemoryAvailable"),
+            cond("SlotsUnowned", "False", "AllSlotsOwned"),
+        ]
+    }
     assert status_events({}, quiet) == []
     waiting = {"conditions": [cond("Ready", "False", "WaitingForBrokers")]}
     assert reasons(status_events({}, waiting)) == [("Normal", "WaitingForBrokers")]

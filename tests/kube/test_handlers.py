@@ -472,8 +472,10 @@ async def test_master_replaced_by_unlabelled_pod_keeps_the_grace_and_records_the
     labels = {k: v for k, v in old["metadata"]["labels"].items() if k != naming.LABEL_ROLE}
     api.objects["v1/pods", NAMESPACE, "orders-redis-0-0"] = {
         "metadata": {"name": "orders-redis-0-0", "namespace": NAMESPACE, "labels": labels},
-        "status": {"podIP": old["status"]["podIP"],
-                   "conditions": [{"type": "Ready", "status": "False"}]},
+        "status": {
+            "podIP": old["status"]["podIP"],
+            "conditions": [{"type": "Ready", "status": "False"}],
+        },
     }
     redis_pods.partition("orders-redis-0-0")
     for _ in range(2):  # several passes within the grace: the lost master is remembered

@@ -137,8 +137,9 @@ async def test_reconcile_outcomes_and_failovers_are_counted(
     await run(ctx, api, logger, refresh)
     assert sample(metrics, "delayq_operator_failovers_total", **ORDERS) == 1
     # the figure is now the promoted master's
-    assert (sample(metrics, "delayq_operator_broker_used_memory_bytes", **ORDERS, broker="0")
-            or 0) > 100_000
+    assert (
+        sample(metrics, "delayq_operator_broker_used_memory_bytes", **ORDERS, broker="0") or 0
+    ) > 100_000
 
 
 def test_series_of_gone_brokers_and_topics_are_dropped() -> None:
@@ -146,14 +147,38 @@ def test_series_of_gone_brokers_and_topics_are_dropped() -> None:
     figures = BrokerMemory(used_memory_bytes=10, max_memory_bytes=100)
     metrics.observe_topic(("a", "t"), {0: figures, 1: figures}, 3)
     metrics.observe_topic(("b", "t"), {0: figures}, 0)
-    assert sample(metrics, "delayq_operator_broker_max_memory_bytes",
-                  topic_namespace="a", topic="t", broker="1") == 100
+    assert (
+        sample(
+            metrics,
+            "delayq_operator_broker_max_memory_bytes",
+            topic_namespace="a",
+            topic="t",
+            broker="1",
+        )
+        == 100
+    )
     metrics.observe_topic(("a", "t"), {0: figures}, None)  # broker 1's master did not answer
-    assert sample(metrics, "delayq_operator_broker_used_memory_bytes",
-                  topic_namespace="a", topic="t", broker="1") is None
+    assert (
+        sample(
+            metrics,
+            "delayq_operator_broker_used_memory_bytes",
+            topic_namespace="a",
+            topic="t",
+            broker="1",
+        )
+        is None
+    )
     assert sample(metrics, "delayq_operator_unowned_slots", topic_namespace="a", topic="t") == 3
     metrics.keep_topics([("b", "t")])
     assert sample(metrics, "delayq_operator_unowned_slots", topic_namespace="a", topic="t") is None
-    assert sample(metrics, "delayq_operator_broker_used_memory_bytes",
-                  topic_namespace="a", topic="t", broker="0") is None
+    assert (
+        sample(
+            metrics,
+            "delayq_operator_broker_used_memory_bytes",
+            topic_namespace="a",
+            topic="t",
+            broker="0",
+        )
+        is None
+    )
     assert sample(metrics, "delayq_operator_unowned_slots", topic_namespace="b", topic="t") == 0

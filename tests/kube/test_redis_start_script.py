@@ -49,10 +49,17 @@ def start_pod(
     )
     for pod_only in ("6379", "/data", "/etc/podinfo", "$MASTER_HOST 6379"):  # all replaced
         assert pod_only not in script
-    env = {**os.environ, **redis_env(), "POD_IP": "127.0.0.1", "REDIS_PASSWORD": PASSWORD,
-           "REDIS_ADMIN_PASSWORD": ADMIN_PASSWORD, "REDISCLI_AUTH": PASSWORD}
-    process = subprocess.Popen(["sh", "-c", script], env=env, stdout=subprocess.DEVNULL,
-                               stderr=subprocess.DEVNULL)
+    env = {
+        **os.environ,
+        **redis_env(),
+        "POD_IP": "127.0.0.1",
+        "REDIS_PASSWORD": PASSWORD,
+        "REDIS_ADMIN_PASSWORD": ADMIN_PASSWORD,
+        "REDISCLI_AUTH": PASSWORD,
+    }
+    process = subprocess.Popen(
+        ["sh", "-c", script], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+    )
     return process, port
 
 
@@ -99,6 +106,9 @@ def test_the_users_of_the_start_script(pods: tuple[int, int]) -> None:
         with pytest.raises(NoPermissionError):
             service.set("dq:{shop/other/0}:epoch", "1")
     # the replica logs in to the master as the admin user (masteruser/masterauth)
-    wait_until(lambda: _replication(replica_port).get("master_link_status") == "up", 60,
-               "the replica's link to the master")
+    wait_until(
+        lambda: _replication(replica_port).get("master_link_status") == "up",
+        60,
+        "the replica's link to the master",
+    )
     assert _replication(master_port)["role"] == "master"

@@ -93,6 +93,8 @@ def test_end_of_retries_and_expiry_reach_the_engine_topic() -> None:
     assert (topic.retry_for_ms, topic.retry_exhausted_action) == (7_200_000, EndAction.DROP)
     assert (topic.expiry_ttl_ms, topic.expiry_action) == (600_000, EndAction.DROP)
     assert topic.outcome_retention_ms == 3_600_000
+    limited = parse_spec("orders", "shop", {"slotAmount": 4, "limits": {"maxPending": 10}})
+    assert (limited.topic.limits_max_pending, limited.topic.max_pending_per_slot) == (10, 3)
     default = parse_spec("orders", "shop", {}).topic
     assert (default.retry_for_ms, default.expiry_ttl_ms) == (0, 0)
     assert (default.retry_exhausted_action, default.expiry_action) == (EndAction.DEAD,) * 2

@@ -49,11 +49,13 @@ def test_the_operator_settings_label_the_monitor_and_set_its_interval() -> None:
 def test_the_settings_come_from_the_environment_the_chart_sets() -> None:
     default = OperatorConfig.from_env({}).build.service_monitor
     assert default == ServiceMonitorSettings()  # on when the CRD exists, as before
-    config = OperatorConfig.from_env({
-        "DELAYQ_SERVICE_MONITOR": "false",
-        "DELAYQ_SERVICE_MONITOR_LABELS": '{"release": "prom", "team": "ops"}',
-        "DELAYQ_SERVICE_MONITOR_INTERVAL": "1m",
-    })
+    config = OperatorConfig.from_env(
+        {
+            "DELAYQ_SERVICE_MONITOR": "false",
+            "DELAYQ_SERVICE_MONITOR_LABELS": '{"release": "prom", "team": "ops"}',
+            "DELAYQ_SERVICE_MONITOR_INTERVAL": "1m",
+        }
+    )
     assert config.build.service_monitor == ServiceMonitorSettings(
         enabled=False, labels=(("release", "prom"), ("team", "ops")), interval="1m"
     )

@@ -89,9 +89,14 @@ async def serving(hosts: str, tenant: Tenant) -> ZkOwnership:
     """One delay service of `tenant`, logged in as the topic, holding every slot."""
     member = ZkOwnership(
         ZkSettings(
-            hosts=hosts, namespace=NAMESPACE, topic=tenant.topic, slot_amount=SLOTS,
-            member_id=f"{tenant.topic}-0", session_timeout_s=4.0,
-            identity=tenant.identity, admin_acl_id=ADMIN.acl_id,
+            hosts=hosts,
+            namespace=NAMESPACE,
+            topic=tenant.topic,
+            slot_amount=SLOTS,
+            member_id=f"{tenant.topic}-0",
+            session_timeout_s=4.0,
+            identity=tenant.identity,
+            admin_acl_id=ADMIN.acl_id,
         )
     )
 
@@ -99,8 +104,11 @@ async def serving(hosts: str, tenant: Tenant) -> ZkOwnership:
         return None
 
     await member.start(on_change)
-    await eventually(lambda: member.ready and len(member.owned) == SLOTS, 15.0,
-                     f"{tenant.topic} owning every slot")
+    await eventually(
+        lambda: member.ready and len(member.owned) == SLOTS,
+        15.0,
+        f"{tenant.topic} owning every slot",
+    )
     return member
 
 
@@ -108,13 +116,21 @@ async def test_another_topic_and_anonymous_clients_can_neither_read_nor_write_a_
     hosts: str, store: KazooTopicStore, client_for: dict[str, KazooClient]
 ) -> None:
     for tenant in (ALICE, BOB):
-        await store.publish(hosts, NAMESPACE, tenant.topic, initial_routing(SLOTS, 1),
-                            tenant.identity.password)
+        await store.publish(
+            hosts, NAMESPACE, tenant.topic, initial_routing(SLOTS, 1), tenant.identity.password
+        )
     alice = await serving(hosts, ALICE)
     try:
         paths = ALICE.paths
-        nodes = [paths.root, paths.routing, paths.assignment, paths.members,
-                 paths.member("alice-0"), paths.owners, paths.owner(0)]
+        nodes = [
+            paths.root,
+            paths.routing,
+            paths.assignment,
+            paths.members,
+            paths.member("alice-0"),
+            paths.owners,
+            paths.owner(0),
+        ]
         for intruder in ("bob", "nobody"):
             client = client_for[intruder]
             for node in nodes:
@@ -152,8 +168,9 @@ async def test_publishing_closes_a_tree_an_older_operator_left_open(
     paths = ALICE.paths
     for node in (paths.routing, paths.members, paths.owners):
         open_client.create(node, b"{}", makepath=True)  # world-writable, as before ACLs
-    await store.publish(hosts, NAMESPACE, ALICE.topic, initial_routing(SLOTS, 1),
-                        ALICE.identity.password)
+    await store.publish(
+        hosts, NAMESPACE, ALICE.topic, initial_routing(SLOTS, 1), ALICE.identity.password
+    )
     for node in (ROOT, namespace_root(NAMESPACE), paths.root, paths.routing, paths.members):
         with pytest.raises(NoAuthError):
             open_client.set(node, b"hijacked")
@@ -166,11 +183,19 @@ async def test_a_service_cannot_start_a_tree_the_operator_has_not_created(
 ) -> None:
     """The namespace node is the operator's: a service whose topic is not published yet waits
     (not ready) instead of creating a root that the operator would not own."""
-    await store.publish(hosts, NAMESPACE, BOB.topic, initial_routing(SLOTS, 1),
-                        BOB.identity.password)  # the namespace node exists, locked
+    await store.publish(
+        hosts, NAMESPACE, BOB.topic, initial_routing(SLOTS, 1), BOB.identity.password
+    )  # the namespace node exists, locked
     member = ZkOwnership(
-        ZkSettings(hosts=hosts, namespace=NAMESPACE, topic=ALICE.topic, slot_amount=SLOTS,
-                   member_id="alice-0", identity=ALICE.identity, admin_acl_id=ADMIN.acl_id)
+        ZkSettings(
+            hosts=hosts,
+            namespace=NAMESPACE,
+            topic=ALICE.topic,
+            slot_amount=SLOTS,
+            member_id="alice-0",
+            identity=ALICE.identity,
+            admin_acl_id=ADMIN.acl_id,
+        )
     )
 
     async def on_change(slots: frozenset[int]) -> None:
@@ -180,10 +205,14 @@ async def test_a_service_cannot_start_a_tree_the_operator_has_not_created(
     try:
         assert not member.ready
         assert member.owned == frozenset()
-        await store.publish(hosts, NAMESPACE, ALICE.topic, initial_routing(SLOTS, 1),
-                            ALICE.identity.password)
-        await eventually(lambda: member.ready and len(member.owned) == SLOTS, 15.0,
-                         "alice owning every slot once the operator published her tree")
+        await store.publish(
+            hosts, NAMESPACE, ALICE.topic, initial_routing(SLOTS, 1), ALICE.identity.password
+        )
+        await eventually(
+            lambda: member.ready and len(member.owned) == SLOTS,
+            15.0,
+            "alice owning every slot once the operator published her tree",
+        )
     finally:
         await member.stop()
 

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Iterator
+import dataclasses
+from collections.abc import AsyncIterator, Callable, Iterator
 
 import pytest
 import redis
@@ -12,6 +13,7 @@ from delayq.local.redis_server import RedisServer
 from delayq.local.waiting import wait_until
 from delayq.queue.acl import service_user_rules
 from delayq.queue.client import AsyncQueue, Queue
+from delayq.queue.model import Message
 from delayq.queue.topic import Topic
 
 TOPIC = Topic("orders", namespace="shop", slot_amount=4, max_retries=2, journal_max_len=10_000)
@@ -75,3 +77,24 @@ def server_ms(client: redis.Redis) -> int:
 def wait_for_server_ms(client: redis.Redis, instant_ms: int) -> None:
     """Wait (by condition, with a deadline) until the Redis clock has passed `instant_ms`."""
     wait_until(lambda: server_ms(client) > instant_ms, 5.0, f"server time past {instant_ms}")
+
+
+MakeQueue = Callable[..., Queue]
+
+
+@pytest.fixture
+def make_queue(redis_server: RedisServer, redis_client: redis.Redis) -> Iterator[MakeQueue]:
+    """Queues of TOPIC with some settings changed (keywords of Topic), as the topic's
+    restricted ACL user."""
+    client = engine_client(redis_server, redis_client)
+    try:
+        yield lambda **changes: Queue(client, dataclasses.replace(TOPIC, **changes))
+    finally:
+        client.close()
+
+
+def claim(queue: Queue, message_id: str, lease_ms: int = 60_000) -> list[Message]:
+    """Take the slot of `message_id` over and claim: the message if it was delivered."""
+    slot = queue.topic.slot_of(message_id)
+    batch = queue.claim(slot, queue.take_over(slot), 100, lease_ms)
+    return [m for m in batch.messages if m.id == message_id]

@@ -9,38 +9,13 @@ retry_for_ms; then the message goes to dead or is dropped, per the topic.
 
 from __future__ import annotations
 
-import dataclasses
-from collections.abc import Callable, Iterator
-
-import pytest
-import redis
-
-from delayq.local.redis_server import RedisServer
-from delayq.queue.client import Queue
 from delayq.queue.codes import Code
-from delayq.queue.model import Message, ScheduleRequest, State
+from delayq.queue.model import ScheduleRequest, State
 from delayq.queue.topic import EndAction
 
-from .conftest import TOPIC, engine_client, server_ms, wait_for_server_ms
+from .conftest import MakeQueue, claim, server_ms, wait_for_server_ms
 
 HOUR_MS = 3_600_000
-MakeQueue = Callable[..., Queue]
-
-
-@pytest.fixture
-def make_queue(redis_server: RedisServer, redis_client: redis.Redis) -> Iterator[MakeQueue]:
-    """A queue of TOPIC with some settings changed, as the topic's restricted ACL user."""
-    client = engine_client(redis_server, redis_client)
-    try:
-        yield lambda **changes: Queue(client, dataclasses.replace(TOPIC, **changes))
-    finally:
-        client.close()
-
-
-def claim(queue: Queue, message_id: str, lease_ms: int = 60_000) -> list[Message]:
-    slot = queue.topic.slot_of(message_id)
-    batch = queue.claim(slot, queue.take_over(slot), 100, lease_ms)
-    return [m for m in batch.messages if m.id == message_id]
 
 
 def test_a_message_past_its_expiry_is_never_delivered_but_goes_to_dead(

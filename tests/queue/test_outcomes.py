@@ -8,13 +8,9 @@ finishing call). With retention 0 nothing is remembered and nothing is left behi
 
 from __future__ import annotations
 
-import dataclasses
-from collections.abc import Iterator
-
 import pytest
 import redis
 
-from delayq.local.redis_server import RedisServer
 from delayq.local.waiting import wait_until
 from delayq.queue.client import Queue
 from delayq.queue.codes import Code
@@ -22,24 +18,15 @@ from delayq.queue.keys import Part, slot_keys
 from delayq.queue.model import Mode, ScheduleRequest, State, Target
 from delayq.queue.topic import Topic
 
-from .conftest import TOPIC, engine_client, server_ms
+from .conftest import TOPIC, MakeQueue, server_ms
 from .test_engine import claim_one
 
 HOUR_MS = 3_600_000
-REMEMBERING = dataclasses.replace(TOPIC, outcome_retention_ms=HOUR_MS)
-
-
-def queue_of(server: RedisServer, admin: redis.Redis, topic: Topic) -> Iterator[Queue]:
-    client = engine_client(server, admin)  # the topic's restricted ACL user
-    try:
-        yield Queue(client, topic)
-    finally:
-        client.close()
 
 
 @pytest.fixture
-def remembering(redis_server: RedisServer, redis_client: redis.Redis) -> Iterator[Queue]:
-    yield from queue_of(redis_server, redis_client, REMEMBERING)
+def remembering(make_queue: MakeQueue) -> Queue:
+    return make_queue(outcome_retention_ms=HOUR_MS)
 
 
 def outcome_keys(topic: Topic) -> list[str]:
@@ -126,10 +113,10 @@ def test_a_retry_within_one_batch_is_not_mistaken_for_a_finished_id(remembering:
 
 
 def test_past_the_retention_an_id_is_forgotten_and_trimmed(
-    redis_server: RedisServer, redis_client: redis.Redis
+    make_queue: MakeQueue, redis_client: redis.Redis
 ) -> None:
-    short = dataclasses.replace(TOPIC, outcome_retention_ms=300)
-    [queue] = queue_of(redis_server, redis_client, short)
+    queue = make_queue(outcome_retention_ms=300)
+    short = queue.topic
     queue.schedule("brief", b"x", delay_ms=HOUR_MS)
     queue.cancel("brief")
     assert queue.get("brief").state is State.CANCELLED
@@ -146,11 +133,11 @@ def test_past_the_retention_an_id_is_forgotten_and_trimmed(
     assert queue.schedule("brief", b"x", delay_ms=HOUR_MS).code is Code.CREATED
 
 
-def test_trimming_is_bounded_per_call(redis_server: RedisServer, redis_client: redis.Redis) -> None:
+def test_trimming_is_bounded_per_call(make_queue: MakeQueue, redis_client: redis.Redis) -> None:
     """A backlog of expired outcomes drains a bounded batch per finishing call: a call that
     finishes n messages forgets at most n + 64."""
-    short = dataclasses.replace(TOPIC, slot_amount=1, outcome_retention_ms=200)
-    [queue] = queue_of(redis_server, redis_client, short)
+    queue = make_queue(slot_amount=1, outcome_retention_ms=200)
+    short = queue.topic
     ids = [f"bulk-{n}" for n in range(500)]
     queue.schedule_many([ScheduleRequest(i, b"", delay_ms=HOUR_MS) for i in ids], Mode.CREATE)
     queue.cancel_many([Target(i) for i in ids])

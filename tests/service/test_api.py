@@ -91,6 +91,24 @@ async def test_expiry_over_http(start_service: StartService):
     assert (await client.get(f"{base}/messages/e")).status == 404
 
 
+async def test_over_quota_is_429_with_retry_after(start_service: StartService):
+    """limits.maxPending 4 over 4 slots: one message per slot; a second new one in a slot is
+    429 with Retry-After, in a batch `over_quota` per message."""
+    running = await start_service(limits_max_pending=4)
+    client, base = running.client, running.base
+    topic = running.service.topic
+    first, second = [i for i in (f"m{n}" for n in range(100)) if topic.slot_of(i) == 0][:2]
+    assert (await client.post(f"{base}/messages", json={"id": first, "delayMs": 0})).status == 201
+    refused = await client.post(f"{base}/messages", json={"id": second, "delayMs": 0})
+    assert refused.status == 429
+    assert refused.headers["Retry-After"]
+    assert "maxPending" in (await refused.json())["error"]
+    batch = await client.post(
+        f"{base}/messages/batch", json={"messages": [{"id": second, "delayMs": 0}]}
+    )
+    assert [r["result"] for r in (await batch.json())["results"]] == ["over_quota"]
+
+
 async def test_batch_schedule_and_binary_payloads(start_service: StartService):
     running = await start_service()
     messages = [{"id": f"m{i}", "delayMs": 60_000} for i in range(50)]

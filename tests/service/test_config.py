@@ -40,7 +40,7 @@ def test_topic_settings_default_from_the_table():
         "webhook_allow_private_targets", "redis_sync_replicas", "redis_sync_timeout_ms",
         "retry_backoff_base_ms", "retry_backoff_max_ms", "retry_backoff_multiplier",
         "retry_jitter", "outcome_retention_ms", "retry_for_ms", "retry_exhausted_action",
-        "expiry_ttl_ms", "expiry_action",
+        "expiry_ttl_ms", "expiry_action", "limits_max_pending",
     }  # fmt: skip
     # the one deliberate difference (docs/service.md): run by hand, serve may reach this machine;
     # the operator always writes the topic's value, which defaults to false
@@ -202,6 +202,7 @@ def test_every_engine_topic_setting_is_a_service_setting_carried_to_the_topic():
         "retry_exhausted_action": EndAction.DROP,
         "expiry_ttl_ms": 600_000,
         "expiry_action": EndAction.DROP,
+        "limits_max_pending": 1_000_000,
     }
     topic_fields = {f.name for f in dataclasses.fields(Topic)} - {"name"}
     assert topic_fields == set(changed)

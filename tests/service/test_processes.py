@@ -294,6 +294,7 @@ async def test_serve_with_the_operators_topic_file(
         retry_exhausted_action=EndAction.DEAD,
         expiry_ttl_ms=0,
         expiry_action=EndAction.DEAD,
+        limits_max_pending=0,
         webhook_url="",
         webhook_timeout_ms=10_000,
         webhook_max_in_flight=64,

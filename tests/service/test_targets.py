@@ -90,9 +90,7 @@ class Answers(AbstractResolver):
         self, host: str, port: int = 0, family: socket.AddressFamily = socket.AF_INET
     ) -> list[ResolveResult]:
         return [
-            ResolveResult(
-                hostname=host, host=a, port=port, family=family, proto=0, flags=0
-            )
+            ResolveResult(hostname=host, host=a, port=port, family=family, proto=0, flags=0)
             for a in self.addresses
         ]
 

@@ -71,7 +71,10 @@ def test_the_json_keys_are_the_field_names_and_the_serve_settings():
 
 def test_broker_urls_carry_the_escaped_password_and_the_template():
     config = service_config(operator_file(next(p for p in EXAMPLES if "webhook" in p.stem)))
-    assert config.broker_redis_urls[1] == "redis://delayq-service:p%40ss%2Fword@callbacks-redis-1.default.svc:6379/0"
+    assert (
+        config.broker_redis_urls[1]
+        == "redis://delayq-service:p%40ss%2Fword@callbacks-redis-1.default.svc:6379/0"
+    )
     assert config.redis_url == config.broker_redis_urls[0]
     assert config.zookeeper_connect.startswith("zk-0.zk:2181")
     assert config.worker_concurrency == 32  # worker.concurrency

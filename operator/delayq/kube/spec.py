@@ -19,6 +19,7 @@ from delayq.queue.backoff import Jitter
 from delayq.queue.topic import (
     MAX_DELAY_MS,
     MAX_OUTCOME_RETENTION_MS,
+    MAX_PENDING,
     MAX_SLOT_AMOUNT,
     EndAction,
     Topic,
@@ -158,6 +159,8 @@ class TopicSpec:
     # spec.expiry: the default expiry of messages, and what becomes of one past it
     expiry_ttl_ms: int = DEFAULTS.expiry_ttl_ms
     expiry_action: EndAction = DEFAULTS.expiry_action
+    # spec.limits.maxPending: messages scheduled or in flight at most (0: no limit)
+    limits_max_pending: int = DEFAULTS.limits_max_pending
     redis_sync_timeout_ms: int = DEFAULTS.redis_sync_timeout_ms
     # spec.networkPolicy.allowFrom: NetworkPolicyPeers admitted to the service pods' API port
     # besides the topic's namespace and the operator, checked and copied as plain dicts
@@ -182,6 +185,7 @@ class TopicSpec:
             retry_exhausted_action=self.retry_exhausted_action,
             expiry_ttl_ms=self.expiry_ttl_ms,
             expiry_action=self.expiry_action,
+            limits_max_pending=self.limits_max_pending,
         )
 
     @property
@@ -303,6 +307,14 @@ def parse_spec(name: str, namespace: str, spec: Mapping[str, Any]) -> TopicSpec:
             expiry.get("ttl", crd_default("expiry_ttl_ms")), "expiry.ttl", 0, MAX_DELAY_MS
         ),
         expiry_action=_choice(expiry, "action", EndAction, DEFAULTS.expiry_action, "expiry."),
+        limits_max_pending=_int(
+            _section(spec, "limits"),
+            "maxPending",
+            DEFAULTS.limits_max_pending,
+            0,
+            MAX_PENDING,
+            "limits.",
+        ),
         redis_sync_timeout_ms=parse_duration_ms(
             redis.get("syncTimeout", crd_default("redis_sync_timeout_ms")),
             "redis.syncTimeout",

@@ -37,6 +37,7 @@ class Code(enum.IntEnum):
     TOO_FAR = -4
     WRONG_STATE = -6
     EXPIRES_BEFORE_DUE = -7
+    OVER_QUOTA = -8
 
     @property
     def is_error(self) -> bool:
@@ -140,6 +141,13 @@ class ExpiresBeforeDueError(ScriptRefusedError):
     code = Code.EXPIRES_BEFORE_DUE
 
 
+class OverQuotaError(ScriptRefusedError):
+    """The topic's limits.maxPending is reached (its share in the message's slot): nothing was
+    stored. Retry later: deliveries make room."""
+
+    code = Code.OVER_QUOTA
+
+
 _ERRORS: dict[Code, type[ScriptRefusedError]] = {
     cls.code: cls
     for cls in (
@@ -149,6 +157,7 @@ _ERRORS: dict[Code, type[ScriptRefusedError]] = {
         TooFarError,
         WrongStateError,
         ExpiresBeforeDueError,
+        OverQuotaError,
     )
 }
 

@@ -166,6 +166,7 @@ def schedule(
             topic.journal_max_len,
             topic.outcome_retention_ms,
             topic.expiry_ttl_ms,
+            topic.max_pending_per_slot,
         ]
         for index in chunk:
             args += encoded[index][1]

@@ -19,6 +19,7 @@ MAX_ID_BYTES = 256
 MAX_DELAY_MS = 20 * 366 * 24 * 3600 * 1000  # twenty years: beyond the ten the contract promises
 MAX_SYNC_REPLICAS = 16
 MAX_OUTCOME_RETENTION_MS = 30 * 24 * 3600 * 1000
+MAX_PENDING = 10_000_000_000
 NAME_PATTERN = re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")
 
 
@@ -69,6 +70,9 @@ class Topic:
     # what happens to one past its expiry (it is never delivered after it)
     expiry_ttl_ms: int = 0
     expiry_action: EndAction = EndAction.DEAD
+    # at most this many messages scheduled or in flight (0: no limit), enforced per slot at its
+    # share, ceil(limits_max_pending / slot_amount), atomically in the schedule script
+    limits_max_pending: int = 0
 
     def __post_init__(self) -> None:
         for field_name, value in (("name", self.name), ("namespace", self.namespace)):
@@ -96,6 +100,12 @@ class Topic:
         )
         _check_range("retry.for (ms)", self.retry_for_ms, 0, MAX_DELAY_MS)
         _check_range("expiry.ttl (ms)", self.expiry_ttl_ms, 0, MAX_DELAY_MS)
+        _check_range("limits.maxPending", self.limits_max_pending, 0, MAX_PENDING)
+
+    @property
+    def max_pending_per_slot(self) -> int:
+        """Each slot's share of limits_max_pending (0: no limit)."""
+        return -(-self.limits_max_pending // self.slot_amount)
 
     @property
     def slots(self) -> range:

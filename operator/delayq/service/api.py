@@ -21,6 +21,7 @@ from delayq.queue.codes import (
     InvalidMessageError,
     LeaseLostError,
     NotFoundError,
+    OverQuotaError,
     ReplicationTimeoutError,
     StaleEpochError,
     TooFarError,
@@ -74,6 +75,10 @@ async def errors_middleware(request: web.Request, handler: Handler) -> web.Strea
         return error_response(409, str(error))
     except TooFarError as error:
         return error_response(400, str(error), "delayMs")
+    except OverQuotaError as error:
+        response = error_response(429, f"{error}: the topic's limits.maxPending is reached")
+        response.headers["Retry-After"] = str(RETRY_AFTER_S)
+        return response
     except ExpiresBeforeDueError as error:
         return error_response(
             400, f"{error}: its expiry must come after its due time", "expireAtMs"

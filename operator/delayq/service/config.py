@@ -212,6 +212,10 @@ class ServiceConfig:
         default=DEFAULTS.expiry_action,
         metadata=_help("dead: move a message past its expiry to dead; drop: delete it"),
     )
+    limits_max_pending: int = field(
+        default=DEFAULTS.limits_max_pending,
+        metadata=_help("at most this many messages scheduled or in flight, 0: no limit"),
+    )
     max_body_bytes: int = field(
         default=8 * 1024 * 1024, metadata=_help("largest HTTP request body")
     )
@@ -305,6 +309,7 @@ class ServiceConfig:
             retry_exhausted_action=self.retry_exhausted_action,
             expiry_ttl_ms=self.expiry_ttl_ms,
             expiry_action=self.expiry_action,
+            limits_max_pending=self.limits_max_pending,
         )
 
     @property

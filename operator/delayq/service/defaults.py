@@ -85,6 +85,8 @@ class TopicDefaults:
     # never expires), and what becomes of one past its expiry
     expiry_ttl_ms: int = field(default=0, metadata=_crd("expiry.ttl"))
     expiry_action: EndAction = field(default=EndAction.DEAD, metadata=_crd("expiry.action"))
+    # a quota on the messages scheduled or in flight (0: none; each slot holds its share)
+    limits_max_pending: int = field(default=0, metadata=_crd("limits.maxPending"))
     # replicas that confirm every acknowledged write before it is answered (0: asynchronous)
     redis_sync_replicas: int = field(default=0, metadata=_crd("redis.syncReplicas"))
     redis_sync_timeout_ms: int = field(default=1000, metadata=_crd("redis.syncTimeout"))

@@ -204,12 +204,14 @@ SCHEMAS: dict[str, Schema] = {
                 "already_done",
                 "too_far",
                 "expires_before_due",
+                "over_quota",
             ],
             "description": "already_done (create mode): the id finished (state done, cancelled, "
             "purged, dropped or expired) within the topic's outcomeRetention, at dueMs; not "
             "scheduled again. too_far and expires_before_due (batches only): atMs lies more "
-            "than 20 years ahead, or the expiry is not after the due time; not stored (state "
-            "absent)",
+            "than 20 years ahead, or the expiry is not after the due time; over_quota (batches "
+            "only): the topic's limits.maxPending is reached in its slot, resend later; none of "
+            "these stored (state absent)",
         },
         dueMs=integer("due instant, server epoch ms (already_done: when it finished)"),
         state={"type": "string", "enum": [s.value for s in State]},
@@ -697,8 +699,9 @@ def openapi_document() -> Schema:
                     "Redis unreachable (the outcome of a write may be unknown)", RETRY_AFTER
                 ),
                 "BrokerFull": _error_response(
-                    "the broker is full (Redis at maxmemory, noeviction): nothing was stored; "
-                    "retry after Retry-After, deliveries free memory",
+                    "the broker is full (Redis at maxmemory, noeviction), or the topic's "
+                    "limits.maxPending is reached in the message's slot: nothing was stored; "
+                    "retry after Retry-After, deliveries make room",
                     RETRY_AFTER,
                 ),
             },

@@ -54,6 +54,7 @@ class TopicFile:
     retry_exhausted_action: EndAction
     expiry_ttl_ms: int
     expiry_action: EndAction
+    limits_max_pending: int
     webhook_url: str
     webhook_timeout_ms: int
     webhook_max_in_flight: int

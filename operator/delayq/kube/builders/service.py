@@ -86,6 +86,7 @@ def topic_file(spec: TopicSpec, ctx: BuildContext, slot_amount: int) -> TopicFil
         retry_exhausted_action=spec.retry_exhausted_action,
         expiry_ttl_ms=spec.expiry_ttl_ms,
         expiry_action=spec.expiry_action,
+        limits_max_pending=spec.limits_max_pending,
         webhook_url=delivery.webhook_url,
         webhook_timeout_ms=delivery.webhook_timeout_ms,
         webhook_max_in_flight=delivery.webhook_max_in_flight,

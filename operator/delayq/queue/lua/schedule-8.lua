@@ -18,7 +18,10 @@
   ARGV[4] outcome_retention_ms  0 = finished messages are not remembered
   ARGV[5] expiry_ttl_ms         the topic's default: a message without its own expiry expires
                                 this long after its due time (0 = never)
-  ARGV[6 + 7k .. 12 + 7k]       per message: id, when_kind ('delay' | 'at'), when_ms,
+  ARGV[6] max_pending           the slot's share of the topic's limits.maxPending: a new
+                                message beyond this many scheduled + prepared is refused
+                                (0 = no limit)
+  ARGV[7 + 7k .. 13 + 7k]       per message: id, when_kind ('delay' | 'at'), when_ms,
                                 expire_kind ('' | 'at' | 'ttl': after the due time),
                                 expire_ms, headers, payload
 
@@ -31,6 +34,8 @@
     -4 TOO_FAR   due beyond now + max_delay_ms, nothing changed due_ms = the refused due
     -7 EXPIRES_BEFORE_DUE  its expiry is not after its due    due_ms = the refused due
                  time: it could never be delivered, nothing changed
+    -8 OVER_QUOTA a new message beyond max_pending,          due_ms = the refused due
+                 nothing changed (replacing a live one is not refused)
 
   Events: scheduled (new or replaced)
 ]]
@@ -53,6 +58,7 @@ local max_delay_ms = tonumber(ARGV[2])
 local journal_max_len = tonumber(ARGV[3])
 local retention_ms = tonumber(ARGV[4])
 local default_ttl_ms = tonumber(ARGV[5])
+local max_pending = tonumber(ARGV[6])
 local now = now_ms()
 
 local results = {}
@@ -62,14 +68,18 @@ local earliest = nil
 
 -- a live message always has its record: one HMGET tells which ids exist (new ids cost no copy)
 local ids = {}
-for i = 6, #ARGV, 7 do ids[#ids + 1] = ARGV[i] end
+for i = 7, #ARGV, 7 do ids[#ids + 1] = ARGV[i] end
+local pending_count = nil  -- scheduled + prepared, counted when a limit is set
+if max_pending > 0 then
+  pending_count = redis.call('ZCARD', store) + redis.call('ZCARD', prepare)
+end
 local records = read_chunked('HMGET', msg, ids)
 -- create-only asks what finished ids left behind; upsert replaces whatever there was
 local outcomes = {}
 if retention_ms > 0 and not upsert then outcomes = read_chunked('HMGET', outcome, ids) end
 
 for k = 1, #ids do
-  local i = 7 * k - 1
+  local i = 7 * k
   local id, when_kind, when_ms = ids[k], ARGV[i + 1], tonumber(ARGV[i + 2])
   local expire_kind, expire_value = ARGV[i + 3], tonumber(ARGV[i + 4])
   local due = when_ms
@@ -96,6 +106,8 @@ for k = 1, #ids do
     append(results, CODE.TOO_FAR, due, state or 'absent')
   elseif expire_ms and expire_ms <= due then
     append(results, CODE.EXPIRES_BEFORE_DUE, due, state or 'absent')
+  elseif pending_count and not state and not finished_state and pending_count >= max_pending then
+    append(results, CODE.OVER_QUOTA, due, 'absent')
   elseif finished_state then
     append(results, CODE.ALREADY_DONE, finished_ms, finished_state)
   elseif state and not upsert then
@@ -116,6 +128,7 @@ for k = 1, #ids do
     hset_args[#hset_args + 1] = id
     hset_args[#hset_args + 1] = new_record(ARGV[i + 5], ARGV[i + 6], expire_ms)
     pending[id] = due
+    if pending_count and not state then pending_count = pending_count + 1 end
     if earliest == nil or due < earliest then earliest = due end
     journal(journal_key, journal_max_len, 'scheduled', id, now, due, 0)
     if state then

@@ -5,7 +5,8 @@
 -- `remembered`, and one left by a retention turned off drains on the slot's next finishes.
 local function forget_expired(outcome, finished, retention_ms, now, finished_count)
   local budget = math.min(finished_count + 64, 1000)
-  local old = redis.call('ZRANGE', finished, '-inf', '(' .. (now - retention_ms), 'BYSCORE',
+  -- inclusive: `remembered` forgets an outcome at exactly now - retention_ms too
+  local old = redis.call('ZRANGE', finished, '-inf', now - retention_ms, 'BYSCORE',
     'LIMIT', 0, budget)
   if #old > 0 then
     redis.call('ZREM', finished, unpack(old))
