@@ -17,6 +17,7 @@ import subprocess
 import sys
 import threading
 import time
+import urllib.error
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
@@ -328,6 +329,27 @@ def _like_a_broker_pod(kube: Kube, namespace: str, topic: str, port: int) -> Non
         server.execute_command("ACL", "SETUSER", "default", "off")
 
 
+def _pod_env_from_secret(kube: Kube, namespace: str, topic: str) -> dict[str, str]:
+    """What a delay-service pod's environment takes from the topic's Secret: each
+    secretKeyRef of the service StatefulSet resolved the way the kubelet would (an optional
+    key the Secret lacks is left out), so the process gets exactly what the operator wires."""
+    statefulset = kube.get("statefulset", f"{topic}-service", namespace)
+    secret = kube.get("secret", f"{topic}-credentials", namespace)
+    assert statefulset is not None
+    assert secret is not None
+    env: dict[str, str] = {}
+    for item in statefulset["spec"]["template"]["spec"]["containers"][0]["env"]:
+        ref = item.get("valueFrom", {}).get("secretKeyRef")
+        if ref is None:
+            continue
+        assert ref["name"] == f"{topic}-credentials", ref
+        value = secret["data"].get(ref["key"])
+        assert value is not None or ref.get("optional"), f"the Secret lacks {ref['key']}"
+        if value is not None:
+            env[item["name"]] = base64.b64decode(value).decode()
+    return env
+
+
 def _service_url(password: str, port: int) -> str:
     """The broker URL `delayq serve` gets in a pod (topic.json), pointed at a local port."""
     return f"redis://{acl.SERVICE_USER}:{password}@127.0.0.1:{port}/0"
@@ -335,7 +357,8 @@ def _service_url(password: str, port: int) -> str:
 
 def _start_serve(kube: Kube, namespace: str, topic: str, workdir: Path,
                  broker_url: str) -> tuple[ManagedProcess, str]:
-    """``delayq serve`` from the topic's ConfigMap, on a local port, against a local broker.
+    """``delayq serve`` from the topic's ConfigMap and the Secret's keys its StatefulSet
+    names, on a local port, against a local broker.
 
     Only the broker URL and the listen address are overridden: pods do not run under KWOK,
     so the process plays the topic's first delay-service pod. Returns it and its base URL.
@@ -344,11 +367,8 @@ def _start_serve(kube: Kube, namespace: str, topic: str, workdir: Path,
     assert config_map is not None
     topic_file = workdir / "topic.json"
     topic_file.write_text(config_map["data"]["topic.json"])
-    password, token = _topic_credentials(kube, namespace, topic)
     port = free_port()
-    env = {**os.environ, "DELAYQ_REDIS_PASSWORD": password, "DELAYQ_API_TOKEN": token,
-           "DELAYQ_ZOOKEEPER_PASSWORD": _topic_secret(kube, namespace, topic,
-                                                      "zookeeper-password"),
+    env = {**os.environ, **_pod_env_from_secret(kube, namespace, topic),
            "POD_NAME": f"{topic}-service-0", "PYTHONUNBUFFERED": "1",
            "PYTHONPATH": os.pathsep.join(
                [str(REPO / "operator"), *filter(None, [os.environ.get("PYTHONPATH")])])}
@@ -371,12 +391,29 @@ def _start_serve(kube: Kube, namespace: str, topic: str, workdir: Path,
 
 def _schedule(base: str, topic: str, token: str, message_id: str, delay_ms: int) -> None:
     """POST one message to the topic's HTTP API; any non-2xx answer fails the test."""
+    assert 200 <= _schedule_status(base, topic, token, message_id, delay_ms) < 300
+
+
+def _schedule_status(base: str, topic: str, token: str, message_id: str, delay_ms: int) -> int:
     request = urllib.request.Request(
         f"{base}/v1/topics/{topic}/messages", method="POST",
         data=json.dumps({"id": message_id, "delayMs": delay_ms, "payload": "hello"}).encode(),
         headers={"Authorization": f"Bearer {token}", "Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(request, timeout=10) as response:
+            return int(response.status)
+    except urllib.error.HTTPError as error:
+        return error.code
+
+
+def _assert_read_token_reads_only(base: str, topic: str, read_token: str) -> None:
+    """The Secret's read-only token, as the pods get it: the overview answers, a write is a
+    403 (the dashboard's viewers on Kubernetes)."""
+    request = urllib.request.Request(f"{base}/v1/topics/{topic}/overview",
+                                     headers={"Authorization": f"Bearer {read_token}"})
     with urllib.request.urlopen(request, timeout=10) as response:
-        assert 200 <= response.status < 300
+        assert response.status == 200
+    assert _schedule_status(base, topic, read_token, "viewer-write", 1000) == 403
 
 
 def _received(received: list[tuple[int, dict[str, Any]]],
@@ -413,6 +450,7 @@ def test_message_end_to_end_through_the_provisioned_topic(
     broker address and listen port overridden to local ones. ZooKeeper routing is the one the
     operator published. The message must arrive, never before its due time. The topic's
     ZooKeeper tree, written by the operator and by the service, is closed to anyone else.
+    The Secret's read-only token reads and cannot write.
     """
     url, received = webhook_receiver
     kube.apply(_topic("hooks", slotAmount=16, brokers=1, replicasPerBroker=1,
@@ -429,6 +467,8 @@ def test_message_end_to_end_through_the_provisioned_topic(
         serve, base = _start_serve(kube, topics_ns, "hooks", workdir,
                                    _service_url(password, broker.port))
         _assert_tree_closed_to_strangers(zookeeper, topics_ns, "hooks")
+        _assert_read_token_reads_only(base, "hooks",
+                                      _topic_secret(kube, topics_ns, "hooks", "read-token"))
         _schedule(base, "hooks", token, "e2e-1", delay_ms=2000)
         arrival_ms, message = wait_until(lambda: _received(received, "e2e-1"), timeout_s=60,
                                          what="the message at the webhook receiver",
