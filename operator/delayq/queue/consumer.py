@@ -47,6 +47,7 @@ from delayq.queue.client import AsyncQueue
 from delayq.queue.codes import Code, DelayqError, ReplicationTimeoutError, StaleEpochError
 from delayq.queue.model import ClaimBatch, Message, Outcome, Retry, SlotClaim
 from delayq.queue.slots import OwnedSlot, OwnedSlots
+from delayq.queue.topups import TopUps
 
 log = logging.getLogger(__name__)
 
@@ -147,6 +148,7 @@ class Consumer:
         self.counters = ConsumerCounters()
         self._lease_ms = self.settings.lease_ms or queue.topic.ack_timeout_ms
         self._owned = OwnedSlots(queue, _SlotState, self._claim_now)
+        self.top_ups = TopUps(queue)  # recurring schedules' next occurrences its claims owe
         self._timers: list[tuple[float, int]] = []  # heap of (next_ms, slot); stale ones skipped
         self._changed = asyncio.Event()
         self._stopping = False
@@ -241,6 +243,7 @@ class Consumer:
             upkeep.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await upkeep
+            await self.top_ups.close()
             await self._owned.close()
 
     def stop(self) -> None:
@@ -375,6 +378,7 @@ class Consumer:
             self._lose(state)
             return False
         self._server_base_ms, self._local_base = result.now_us / 1000, result.received_s
+        self.top_ups.note(result)
         if result.messages:
             self._deliver(result)
         if state.wakes != state.wakes_at_claim:
@@ -588,6 +592,7 @@ class Consumer:
                 if time.monotonic() - watched_s >= WATCHDOG_S:
                     watched_s = time.monotonic()
                     await self.refresh_paused()
+                    self.top_ups.retry_failed()
                     if not self._paused:  # paused slots are overdue on purpose
                         await self._watch_slots()
             except redis.RedisError as error:
