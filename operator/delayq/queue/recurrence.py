@@ -27,6 +27,8 @@ MIN_EVERY_MS = 1
 MAX_INSTANT_MS = 2**52  # as a message's at_ms
 # a cron expression that matches nothing within this many years is refused (`0 0 30 2 *`)
 _CRON_HORIZON_S = 5 * 366 * 86400
+# a cron search that runs off the calendar (past year 9999, or no match at all): no occurrence
+_BEYOND_CALENDAR = (StopIteration, CronSimError, OverflowError, ValueError, OSError)
 
 
 class CatchUp(enum.StrEnum):
@@ -66,7 +68,7 @@ class Recurrence:
             return
         try:
             zone = ZoneInfo(self.time_zone)
-        except (ZoneInfoNotFoundError, ValueError, TypeError):
+        except (ZoneInfoNotFoundError, ValueError, TypeError, OSError):  # OSError: a directory
             raise InvalidMessageError(
                 f"time_zone {self.time_zone!r} is not an IANA time zone (e.g. Europe/Berlin)"
             ) from None
@@ -109,21 +111,25 @@ class Recurrence:
             due = start + ((at_ms - start) // self.every_ms - (count - 1)) * self.every_ms
             return due if due >= start else None
         zone = ZoneInfo(self.time_zone)
-        # cronsim's reverse iteration is strictly before its instant: start one second later
-        it = CronSim(str(self.cron), datetime.fromtimestamp(at_ms // 1000 + 1, zone), reverse=True)
         due_ms = None
-        for _ in range(count):
-            due_ms = int(next(it).timestamp()) * 1000
-            if due_ms < start:
-                return None
+        try:
+            # cronsim's reverse iteration is strictly before its instant: one second later
+            at = datetime.fromtimestamp(at_ms // 1000 + 1, zone)
+            it = CronSim(str(self.cron), at, reverse=True)
+            for _ in range(count):
+                due_ms = int(next(it).timestamp()) * 1000
+                if due_ms < start:
+                    return None
+        except _BEYOND_CALENDAR:
+            return None
         return due_ms
 
     def _cron_after(self, after_ms: int) -> int | None:
         zone = ZoneInfo(self.time_zone)
-        after = datetime.fromtimestamp(after_ms // 1000, zone)  # cron has whole seconds
         try:
+            after = datetime.fromtimestamp(after_ms // 1000, zone)  # cron has whole seconds
             due = next(CronSim(str(self.cron), after))
-        except (StopIteration, CronSimError):
+        except _BEYOND_CALENDAR:
             return None
         if due.timestamp() - after.timestamp() > _CRON_HORIZON_S:
             return None

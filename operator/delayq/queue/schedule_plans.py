@@ -106,8 +106,8 @@ def define(topic: Topic, schedule: Schedule) -> Steps[DefineResult]:
             )
         if first > now_ms + MAX_DELAY_MS:
             raise InvalidMessageError(
-                f"schedule {schedule.id!r}: its first occurrence {first} is more than "
-                f"{MAX_DELAY_MS} ms away"
+                f"schedule {schedule.id!r}: its first occurrence {first} (start_ms) is more "
+                f"than {MAX_DELAY_MS} ms away"
             )
         second = recurrence.next_after(first)
         value = encode_schedule(topic, anchored, first, ENDED if second is None else str(second))
