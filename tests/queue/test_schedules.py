@@ -112,8 +112,11 @@ async def test_a_consumer_delivers_an_every_n_series_on_time(async_queue: AsyncQ
     first = (
         await async_queue.put_schedule(Schedule("tick", Recurrence(every_ms=EVERY_MS)))
     ).first_due_ms
-    async with running(async_queue, handler):
+    async with running(async_queue, handler) as consumer:
         await eventually(lambda: len(seen) >= 6, 10, "six occurrences")
+        await eventually(
+            lambda: consumer.counters.schedules_topped_up >= 6, 10, "six top-ups counted"
+        )
     ids = [message_id for message_id, _ in seen[:6]]
     assert ids == [occurrence_id("tick", first + k * EVERY_MS) for k in range(6)]
     lateness = [at - due_of(message_id) for message_id, at in seen[:6]]

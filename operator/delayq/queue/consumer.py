@@ -95,6 +95,7 @@ class ConsumerCounters:
     deliveries_skipped: int = 0  # claimed messages not handed over: slot or lease gone
     given_back: int = 0  # claimed messages returned undelivered to store
     acks_unreplicated: int = 0  # acks or nacks done on the master, not confirmed by replicas
+    schedules_topped_up: int = 0  # recurring schedules' next-but-one due precomputed
 
 
 @dataclass(eq=False)
@@ -148,7 +149,7 @@ class Consumer:
         self.counters = ConsumerCounters()
         self._lease_ms = self.settings.lease_ms or queue.topic.ack_timeout_ms
         self._owned = OwnedSlots(queue, _SlotState, self._claim_now)
-        self.top_ups = TopUps(queue)  # recurring schedules' next occurrences its claims owe
+        self.top_ups = TopUps(queue, self._count_topped_up)  # what claims owe schedules
         self._timers: list[tuple[float, int]] = []  # heap of (next_ms, slot); stale ones skipped
         self._changed = asyncio.Event()
         self._stopping = False
@@ -267,6 +268,9 @@ class Consumer:
         if not paused:
             for state in self._owned:
                 self._claim_now(state)
+
+    def _count_topped_up(self, count: int) -> None:
+        self.counters.schedules_topped_up += count
 
     def server_now_ms(self) -> float:
         """The Redis server clock as estimated from the last claim (µs precise, skew-free):

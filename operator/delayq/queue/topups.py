@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Callable
 
 import redis
 
@@ -23,9 +24,11 @@ log = logging.getLogger(__name__)
 
 
 class TopUps:
-    def __init__(self, queue: AsyncQueue) -> None:
+    def __init__(
+        self, queue: AsyncQueue, on_topped_up: Callable[[int], None] | None = None
+    ) -> None:
         self.queue = queue
-        self.topped_up = 0  # schedules topped up since start (a metric)
+        self.on_topped_up = on_topped_up  # gets how many schedules each pass topped up
         self._running: dict[int, asyncio.Task[None]] = {}
         self._failed: set[int] = set()
 
@@ -52,7 +55,9 @@ class TopUps:
 
     async def _top_up(self, slot: int) -> None:
         try:
-            self.topped_up += await self.queue.top_up_schedules(slot)
+            topped_up = await self.queue.top_up_schedules(slot)
+            if self.on_topped_up is not None:
+                self.on_topped_up(topped_up)
             self._failed.discard(slot)
         except redis.RedisError as error:
             log.warning("top-up of slot %d's schedules failed (%s); retrying", slot, error)
