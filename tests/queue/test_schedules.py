@@ -241,3 +241,18 @@ def test_a_cron_schedule_fires_on_its_instants(queue: Queue, redis_client: redis
     wait_for_server_ms(redis_client, first)
     assert drain(queue, slot, epoch, redis_client) == [occurrence_id("second", first)]
     assert queue.get_schedule("second").next_due_ms == first + 2000
+
+
+async def test_the_async_client_has_the_same_schedule_operations(async_queue: AsyncQueue) -> None:
+    cron = Recurrence(cron="0 9 * * 1-5", time_zone="Europe/Berlin")
+    created = await async_queue.put_schedule(Schedule("report", cron, headers={"kind": "r"}))
+    assert created.code is Code.CREATED
+    [listed] = await async_queue.list_schedules()
+    assert (listed.schedule.recurrence, listed.current_due_ms) == (cron, created.first_due_ms)
+    waiting = await async_queue.get_many([occurrence_target("report", created.first_due_ms)])
+    assert (waiting[0].state, waiting[0].headers) == (State.SCHEDULED, {"kind": "r"})
+    assert await async_queue.top_up_schedules(listed.slot) == 0  # nothing owed yet
+    assert (await async_queue.delete_schedule("report")).code is Code.CANCELLED
+    assert await async_queue.list_schedules() == []
+    with pytest.raises(NotFoundError):
+        await async_queue.get_schedule("report")
