@@ -256,3 +256,24 @@ async def test_the_async_client_has_the_same_schedule_operations(async_queue: As
     assert await async_queue.list_schedules() == []
     with pytest.raises(NotFoundError):
         await async_queue.get_schedule("report")
+
+
+def test_a_missed_occurrence_retried_before_its_top_up_does_not_hold_the_series(
+    queue: Queue, redis_client: redis.Redis
+) -> None:
+    """`once`: the claim of a missed occurrence materialises nothing (the top-up resumes after
+    now). When its handler fails first, the retry waits in the store again: it is not the
+    unclaimed occurrence the series waits for, so the top-up still moves the series on."""
+    first = queue.put_schedule(Schedule("tick", Recurrence(every_ms=EVERY_MS))).first_due_ms
+    slot = queue.get_schedule("tick").slot
+    epoch = queue.take_over(slot)
+    wait_for_server_ms(redis_client, first + 2 * EVERY_MS)
+    [missed] = queue.claim(slot, epoch).messages
+    queue.nack(missed.lease, delay_ms=3_600_000)  # before the top-up
+    assert queue.get_schedule("tick").waiting is False
+    queue.top_up_schedules(slot)
+    resumed = queue.get_schedule("tick")
+    assert resumed.current_due_ms > first + 2 * EVERY_MS
+    assert resumed.waiting
+    assert resumed.next_due_ms == resumed.current_due_ms + EVERY_MS
+    assert queue.get(missed.id, slot_basis="tick").attempts == 1  # its retry goes on apart

@@ -146,11 +146,12 @@ def following_due_ms(
 ) -> int | None:
     """The occurrence to precompute after `current_due_ms` (None: the series ends there).
 
-    `waiting`: the current occurrence still waits in the slot's store. Then the claim that takes
-    it decides what a missed successor means (the claim sees whether the successor is due), so
-    the true successor is returned. When the current occurrence was already claimed (or skipped)
-    and the successor is overdue, this is a catch-up: `once` and `skip` resume at the first
-    occurrence after now; `all` delivers missed ones, at most `catch_up_max` of the latest.
+    `waiting`: the current occurrence waits in the slot's store, never claimed. Then the claim
+    that takes it decides what a missed successor means (the claim sees whether the successor
+    is due), so the true successor is returned. When the current occurrence was already claimed
+    (or skipped) and the successor is overdue, this is a catch-up: `once` and `skip` resume at
+    the first occurrence after now; `all` delivers missed ones, at most `catch_up_max` of the
+    latest.
     """
     following = recurrence.next_after(current_due_ms)
     if following is None or following > now_ms:

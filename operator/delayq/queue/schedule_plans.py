@@ -49,7 +49,7 @@ MAX_TOP_UP_PAGES = 100
 
 @dataclass(frozen=True)
 class SlotSchedules:
-    """What schedules-3 read: the server clock and the schedules found (absent ids left out)."""
+    """What schedules-4 read: the server clock and the schedules found (absent ids left out)."""
 
     now_ms: int
     schedules: list[ScheduleInfo]
@@ -59,7 +59,7 @@ def read(
     topic: Topic, slot: int, ids: Sequence[str] | None = None, owed: bool = False
 ) -> Plan[SlotSchedules]:
     """The slot's schedules: those with `ids`, those owing a top-up (`owed`), or all."""
-    keys = slot_keys(topic, slot).keys(Part.SCHEDULES, Part.TOPUP, Part.STORE)
+    keys = slot_keys(topic, slot).keys(Part.SCHEDULES, Part.TOPUP, Part.STORE, Part.MSG)
     args: list[Arg]
     if owed:
         args = ["owed", MAX_MESSAGES_PER_CALL]

@@ -65,9 +65,10 @@ class Schedule:
 class ScheduleInfo:
     """A stored schedule and where its series stands.
 
-    `current_due_ms` is the occurrence materialised last: still waiting in the store
-    (`waiting`) or already claimed. `next_due_ms` is its precomputed successor, None while a
-    top-up is owed or once the series has `ended`."""
+    `current_due_ms` is the occurrence materialised last: waiting in the store, never claimed
+    (`waiting`), or claimed at least once (a retry waiting again is not `waiting`).
+    `next_due_ms` is its precomputed successor, None while a top-up is owed or once the series
+    has `ended`."""
 
     schedule: Schedule
     slot: int

@@ -51,7 +51,7 @@ class Script(enum.StrEnum):
     DEFINE = "define-7"
     DROP = "drop-5"
     TOPUP = "topup-6"
-    SCHEDULES = "schedules-3"
+    SCHEDULES = "schedules-4"
 
     @property
     def acknowledges_a_write(self) -> bool:

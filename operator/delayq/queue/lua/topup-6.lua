@@ -1,11 +1,11 @@
 --[[
   Top up recurring schedules: store each one's precomputed next occurrence (Python computed it
-  from what schedules-3 read), compare-and-set on what was read, so a top-up computed from a
+  from what schedules-4 read), compare-and-set on what was read, so a top-up computed from a
   stale read changes nothing and a repeated one is a no-op. Not fenced: any process may run it,
   and running it twice is harmless.
 
-  When the current occurrence no longer waits in the store (it was claimed while the top-up was
-  owed, or skipped), the next occurrence is materialised here instead and the schedule still
+  When the current occurrence no longer waits unclaimed in the store (it was claimed while the
+  top-up was owed, skipped, or is a retry), the next occurrence is materialised here instead and the schedule still
   owes a top-up (ADVANCED): the caller reads it again and tops it up from there.
 
   KEYS[1] schedules HASH schedule id -> packed schedule (series_fields)
@@ -16,7 +16,8 @@
   KEYS[6] journal  STREAM lifecycle events
 
   ARGV[1] journal_max_len  0 = journal off
-  ARGV[2 + 4k .. 5 + 4k]  per schedule: id, current due ms as read, waiting as read ('1' | '0'),
+  ARGV[2 + 4k .. 5 + 4k]  per schedule: id, current due ms as read, waiting (unclaimed) as read
+                          ('1' | '0'),
                           the following due ms or 'end'
 
   Returns a flat array, per schedule the pair code, due_ms:
@@ -34,6 +35,7 @@
 --@include occurrence_record
 --@include series_fields
 --@include series_with
+--@include unclaimed
 --@include wake_if_earliest
 
 local schedules, topup, store, msg, wake, journal_key =
@@ -49,7 +51,7 @@ for i = 2, #ARGV, 4 do
     append(results, CODE.NOT_FOUND, 0)
   else
     local current, nxt = series_fields(value)
-    local waiting = redis.call('ZSCORE', store, sid .. '@' .. current) and '1' or '0'
+    local waiting = unclaimed(store, msg, sid .. '@' .. current) and '1' or '0'
     if current ~= expected or waiting ~= expected_waiting then
       append(results, CODE.WRONG_STATE, tonumber(current))
     elseif nxt ~= '' or waiting == '1' or following == 'end' then
