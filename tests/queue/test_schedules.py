@@ -277,3 +277,23 @@ def test_a_missed_occurrence_retried_before_its_top_up_does_not_hold_the_series(
     assert resumed.waiting
     assert resumed.next_due_ms == resumed.current_due_ms + EVERY_MS
     assert queue.get(missed.id, slot_basis="tick").attempts == 1  # its retry goes on apart
+
+
+async def test_cancelling_the_waiting_occurrence_skips_just_that_one(
+    async_queue: AsyncQueue,
+) -> None:
+    schedule = Schedule("tick", Recurrence(every_ms=EVERY_MS))
+    first = (await async_queue.put_schedule(schedule)).first_due_ms
+    cancelled = await async_queue.cancel_many([occurrence_target("tick", first)])
+    assert cancelled[0].code is Code.CANCELLED
+    owed = await async_queue.get_schedule("tick")
+    assert (owed.current_due_ms, owed.next_due_ms, owed.waiting) == (first, None, False)
+    seen: list[str] = []
+
+    async def handler(message: Message) -> None:
+        seen.append(message.id)
+
+    # the cancel woke the slot: the consumer's first claim reports the top-up and runs it
+    async with running(async_queue, handler):
+        await eventually(lambda: len(seen) >= 3, 10, "the series going on")
+    assert seen[:3] == [occurrence_id("tick", first + k * EVERY_MS) for k in (1, 2, 3)]

@@ -222,6 +222,9 @@ def cancel(topic: Topic, targets: Sequence[Target]) -> Plan[list[Outcome]]:
             Part.JOURNAL,
             Part.OUTCOME,
             Part.FINISHED,
+            Part.SCHEDULES,
+            Part.TOPUP,
+            Part.WAKE,
         )
         args: list[Arg] = [topic.journal_max_len, topic.outcome_retention_ms]
         return ScriptCall(Script.CANCEL, keys, [*args, *(t.id for t in chunk)])

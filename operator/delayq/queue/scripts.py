@@ -35,7 +35,7 @@ class Script(enum.StrEnum):
     """Every transition, valued by its file stem."""
 
     SCHEDULE = "schedule-8"
-    CANCEL = "cancel-8"
+    CANCEL = "cancel-11"
     RESCHEDULE = "reschedule-6"
     CLAIM = "claim-12"
     ACK = "ack-6"
