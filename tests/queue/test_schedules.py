@@ -297,3 +297,14 @@ async def test_cancelling_the_waiting_occurrence_skips_just_that_one(
     async with running(async_queue, handler):
         await eventually(lambda: len(seen) >= 3, 10, "the series going on")
     assert seen[:3] == [occurrence_id("tick", first + k * EVERY_MS) for k in (1, 2, 3)]
+
+
+def test_a_first_occurrence_a_millisecond_away_is_still_ahead_when_stored(
+    queue: Queue, redis_client: redis.Redis
+) -> None:
+    """The first occurrence is computed with a margin over the server's now: even every 1 ms,
+    it is still in the future when define-7 checks it after the round trip."""
+    before = server_ms(redis_client)
+    result = queue.put_schedule(Schedule("fast", Recurrence(every_ms=1)))
+    assert result.code is Code.CREATED
+    assert result.first_due_ms > before + 100

@@ -8,6 +8,7 @@ generators of plans (`Steps`): a client runs each plan it is handed and sends th
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Generator, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeVar
@@ -38,9 +39,10 @@ from delayq.queue.topic import MAX_DELAY_MS, Topic
 
 T = TypeVar("T")
 Steps = Generator[Plan[Any], Any, T]
-#: a define whose first occurrence turned out not to be after the server's now is computed
-#: again from a fresh clock; two tries suffice unless the clock jumps
-MAX_DEFINE_TRIES = 3
+#: the first occurrence of a schedule is at least this far after the server's now when it is
+#: computed, so it is still ahead when define-7 runs; a try that missed anyway (a slow round
+#: trip) is computed again from a fresh clock with ten times the margin
+DEFINE_MARGINS_MS = (100, 1_000, 10_000)
 #: rounds of one page of top-ups: a catch-up needs two (materialise, then precompute)
 MAX_TOP_UP_ROUNDS = 4
 #: pages of owed top-ups (MAX_MESSAGES_PER_CALL each) one pass works through at most
@@ -88,18 +90,11 @@ def define(topic: Topic, schedule: Schedule) -> Steps[DefineResult]:
         Part.SCHEDULES, Part.TOPUP, Part.STORE, Part.MSG, Part.WAKE, Part.JOURNAL, Part.PREPARE
     )
     encode_schedule(topic, schedule, 0, PENDING)  # refuses a bad payload before any round trip
-    for _ in range(MAX_DEFINE_TRIES):
+    for margin_ms in DEFINE_MARGINS_MS:
         now_ms = (yield read(topic, slot, [])).now_ms
         recurrence = schedule.recurrence.anchored(now_ms)
-        anchored = Schedule(
-            schedule.id,
-            recurrence,
-            schedule.payload,
-            schedule.headers,
-            schedule.catch_up,
-            schedule.catch_up_max,
-        )
-        first = recurrence.next_after(now_ms)
+        anchored = dataclasses.replace(schedule, recurrence=recurrence)
+        first = recurrence.next_after(now_ms + margin_ms)
         if first is None:
             raise InvalidMessageError(
                 f"schedule {schedule.id!r} has no occurrence after now (its end_ms is past)"
@@ -115,7 +110,9 @@ def define(topic: Topic, schedule: Schedule) -> Steps[DefineResult]:
         code, due_ms = yield Plan([call], lambda replies: replies[0])
         if CODES[code] is not Code.WRONG_STATE:
             return DefineResult(schedule.id, slot, CODES[code], int(due_ms))
-    raise WrongStateError(Script.DEFINE.value, schedule.id, "the server clock kept moving back")
+    raise WrongStateError(
+        Script.DEFINE.value, schedule.id, "its first occurrence was never ahead of the server clock"
+    )
 
 
 def drop(topic: Topic, schedule_id: str) -> Plan[Outcome]:
