@@ -203,7 +203,7 @@ def test_fencing_rejects_a_stale_owner(queue: Queue) -> None:
     leased = queue.claim(slot, old_epoch).messages
     new_epoch = queue.take_over(slot)
     assert new_epoch > old_epoch
-    with pytest.raises(StaleEpochError, match="claim-10"):
+    with pytest.raises(StaleEpochError, match="claim-12"):
         queue.claim(slot, old_epoch)
     with pytest.raises(StaleEpochError):
         queue.ack(leased[0].lease)

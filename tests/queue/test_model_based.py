@@ -3,7 +3,10 @@
 Every message's due time is either "due now" (an instant in the past) or "a day away", so the
 model knows exactly what a claim must return without depending on wall-clock timing. The topic
 remembers finished ids for a day (outcome retention), so the model also holds what each acked,
-cancelled or purged id finished as, and create-only scheduling must answer it.
+cancelled or purged id finished as, and create-only scheduling must answer it. Recurring
+schedules (daily, starting a day away, so their occurrences never fall due here) are put,
+replaced and deleted among the messages: their waiting occurrences must be exactly the model's,
+and claims of slots holding schedules must go on answering as for plain messages.
 """
 
 from __future__ import annotations
@@ -20,8 +23,10 @@ from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, ru
 from delayq.local.waiting import wait_until
 from delayq.queue import plans
 from delayq.queue.client import Queue
-from delayq.queue.codes import Code
+from delayq.queue.codes import Code, NotFoundError
 from delayq.queue.model import Lease, Mode, Retry, State, Target
+from delayq.queue.recurrence import Recurrence
+from delayq.queue.schedules import Schedule, occurrence_target
 from delayq.queue.topic import EndAction, Topic
 
 from .conftest import server_ms
@@ -31,6 +36,7 @@ DAY_MS = 86_400_000
 TOPIC = Topic("model", slot_amount=2, max_retries=1, outcome_retention_ms=DAY_MS)
 ALL_IDS = ["a", "b", "c"]
 IDS = st.sampled_from(ALL_IDS)
+SCHEDULE_IDS = st.sampled_from(["s1", "s2"])
 LONG_LEASE_MS = 600_000
 
 
@@ -64,6 +70,7 @@ class QueueMachine(RuleBasedStateMachine):
         self.old_leases: list[Lease] = []
         self.future_ms = server_ms(self.client) + DAY_MS
         self.epochs: dict[int, int] = {}
+        self.schedules: dict[str, bytes] = {}  # schedule id -> payload of its occurrences
 
     @initialize()
     def take_over_all_slots_and_seed(self) -> None:
@@ -267,6 +274,47 @@ class QueueMachine(RuleBasedStateMachine):
         else:
             assert outcome.code is Code.WRONG_STATE
 
+    @rule(schedule_id=SCHEDULE_IDS, payload=st.binary(max_size=8))
+    def put_schedule(self, schedule_id: str, payload: bytes) -> None:
+        recurrence = Recurrence(every_ms=DAY_MS, start_ms=self.future_ms)
+        result = self.queue.put_schedule(Schedule(schedule_id, recurrence, payload))
+        replaced = schedule_id in self.schedules
+        assert result.code is (Code.UPDATED if replaced else Code.CREATED)
+        assert result.first_due_ms == self.future_ms
+        self.schedules[schedule_id] = payload
+
+    @rule(schedule_id=SCHEDULE_IDS)
+    def delete_schedule(self, schedule_id: str) -> None:
+        if schedule_id in self.schedules:
+            assert self.queue.delete_schedule(schedule_id).code is Code.CANCELLED
+            del self.schedules[schedule_id]
+            return
+        try:
+            self.queue.delete_schedule(schedule_id)
+        except NotFoundError:
+            return
+        raise AssertionError(f"{schedule_id} deleted twice")
+
+    @invariant()
+    def schedules_agree_with_the_model(self) -> None:
+        listed = {info.schedule.id: info for info in self.queue.list_schedules()}
+        assert set(listed) == set(self.schedules)
+        for schedule_id in ("s1", "s2"):
+            occurrence = self.queue.get_many([occurrence_target(schedule_id, self.future_ms)])[0]
+            if schedule_id in self.schedules:
+                assert (occurrence.state, occurrence.payload) == (
+                    State.SCHEDULED,
+                    self.schedules[schedule_id],
+                )
+                info = listed[schedule_id]
+                assert (info.current_due_ms, info.next_due_ms, info.waiting) == (
+                    self.future_ms,
+                    self.future_ms + DAY_MS,
+                    True,
+                )
+            else:
+                assert occurrence.state is State.ABSENT
+
     @invariant()
     def redis_agrees_with_the_model(self) -> None:
         for message_id in ALL_IDS:
@@ -284,7 +332,7 @@ class QueueMachine(RuleBasedStateMachine):
         stats = self.queue.stats()
         states = [r.state for r in self.model.values()]
         assert (stats.scheduled, stats.prepared, stats.dead) == (
-            states.count(State.SCHEDULED),
+            states.count(State.SCHEDULED) + len(self.schedules),
             states.count(State.PREPARED),
             states.count(State.DEAD),
         )

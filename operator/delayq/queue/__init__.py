@@ -52,12 +52,15 @@ from delayq.queue.model import (
     Target,
     TopicStats,
 )
+from delayq.queue.recurrence import CatchUp, Recurrence
+from delayq.queue.schedules import DefineResult, Schedule, ScheduleInfo, occurrence_target
 from delayq.queue.topic import Topic, TopicError, TopicType
 
 __all__ = [
     "AsyncQueue",
     "Backoff",
     "BrokerFullError",
+    "CatchUp",
     "ClaimBatch",
     "Code",
     "Consumer",
@@ -66,6 +69,7 @@ __all__ = [
     "DeadBatchResult",
     "DeadLetterError",
     "DeadPage",
+    "DefineResult",
     "DelayqError",
     "Handler",
     "Headers",
@@ -82,9 +86,12 @@ __all__ = [
     "Outcome",
     "PartlyStoredError",
     "Queue",
+    "Recurrence",
     "ReplicationTimeoutError",
     "Retry",
+    "Schedule",
     "ScheduleFailure",
+    "ScheduleInfo",
     "ScheduleRequest",
     "ScheduleResult",
     "ScriptRefusedError",
@@ -99,4 +106,5 @@ __all__ = [
     "TopicStats",
     "TopicType",
     "WrongStateError",
+    "occurrence_target",
 ]

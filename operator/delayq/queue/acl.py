@@ -52,6 +52,8 @@ SCRIPT_COMMANDS = (
     "hmget",
     "hset",
     "hdel",
+    "hlen",
+    "hgetall",
     "zadd",
     "zrem",
     "zcard",

@@ -8,13 +8,13 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterable, Sequence
-from typing import Any, TypeVar
+from typing import Any, TypeVar, cast
 
 import redis
 import redis.asyncio
 from redis.exceptions import NoScriptError
 
-from delayq.queue import plans
+from delayq.queue import plans, schedule_plans
 from delayq.queue.codec import Headers
 from delayq.queue.codes import DelayqError, ReplicationTimeoutError, StaleEpochError, as_broker_full
 from delayq.queue.keys import paused_key
@@ -36,6 +36,8 @@ from delayq.queue.model import (
 )
 from delayq.queue.packing import use_hiredis_packing
 from delayq.queue.plans import Plan, ScriptCall, received, received_all
+from delayq.queue.schedule_plans import Steps
+from delayq.queue.schedules import DefineResult, Schedule, ScheduleInfo
 from delayq.queue.scripts import Script, script_source
 from delayq.queue.topic import Topic
 
@@ -355,6 +357,38 @@ class Queue:
     def _slots(self, slots: Iterable[int] | None) -> Iterable[int]:
         return self.topic.slots if slots is None else slots
 
+    # recurring schedules
+    def run_steps(self, steps: Steps[T]) -> T:
+        """Run a chain of plans (schedule_plans.Steps), each fed the previous one's result."""
+        try:
+            plan = next(steps)
+            while True:
+                plan = steps.send(self.run(plan))
+        except StopIteration as done:
+            return cast(T, done.value)
+
+    def put_schedule(self, schedule: Schedule) -> DefineResult:
+        """Create or replace a recurring schedule; its first occurrence is the first after the
+        server's now (CREATED or UPDATED)."""
+        return self.run_steps(schedule_plans.define(self.topic, schedule))
+
+    def get_schedule(self, schedule_id: str) -> ScheduleInfo:
+        """Raises NotFoundError when there is no such schedule."""
+        return self.run(schedule_plans.get(self.topic, schedule_id))
+
+    def delete_schedule(self, schedule_id: str) -> Outcome:
+        """Delete the schedule and its waiting occurrence (CANCELLED); an occurrence being
+        delivered finishes. Raises NotFoundError when there is no such schedule."""
+        return self.run(schedule_plans.drop(self.topic, schedule_id))
+
+    def list_schedules(self, slots: Iterable[int] | None = None) -> list[ScheduleInfo]:
+        return self.run(schedule_plans.read_slots(self.topic, self._slots(slots)))
+
+    def top_up_schedules(self, slot: int) -> int:
+        """Precompute the next occurrence of the slot's schedules that owe it (a claim reports
+        them: `ClaimBatch.topups_owed`); the consumer calls this, any process may."""
+        return self.run_steps(schedule_plans.top_up(self.topic, slot))
+
     # reading
     def stats(self, slots: Iterable[int] | None = None) -> TopicStats:
         return self.run(plans.stats(self.topic, slots))
@@ -559,6 +593,34 @@ class AsyncQueue:
 
     def _slots(self, slots: Iterable[int] | None) -> Iterable[int]:
         return self.topic.slots if slots is None else slots
+
+    # recurring schedules
+    async def run_steps(self, steps: Steps[T]) -> T:
+        """As Queue.run_steps."""
+        try:
+            plan = next(steps)
+            while True:
+                plan = steps.send(await self.run(plan))
+        except StopIteration as done:
+            return cast(T, done.value)
+
+    async def put_schedule(self, schedule: Schedule) -> DefineResult:
+        """As Queue.put_schedule."""
+        return await self.run_steps(schedule_plans.define(self.topic, schedule))
+
+    async def get_schedule(self, schedule_id: str) -> ScheduleInfo:
+        return await self.run(schedule_plans.get(self.topic, schedule_id))
+
+    async def delete_schedule(self, schedule_id: str) -> Outcome:
+        """As Queue.delete_schedule."""
+        return await self.run(schedule_plans.drop(self.topic, schedule_id))
+
+    async def list_schedules(self, slots: Iterable[int] | None = None) -> list[ScheduleInfo]:
+        return await self.run(schedule_plans.read_slots(self.topic, self._slots(slots)))
+
+    async def top_up_schedules(self, slot: int) -> int:
+        """As Queue.top_up_schedules."""
+        return await self.run_steps(schedule_plans.top_up(self.topic, slot))
 
     # reading
     async def stats(self, slots: Iterable[int] | None = None) -> TopicStats:

@@ -31,6 +31,8 @@ class Code(enum.IntEnum):
     PURGED = 12
     GIVEN_BACK = 13
     DROPPED = 14
+    TOPPED_UP = 15
+    ADVANCED = 16
     NOT_FOUND = -1
     STALE_EPOCH = -2
     LEASE_LOST = -3

@@ -47,6 +47,7 @@ from delayq.queue.client import AsyncQueue
 from delayq.queue.codes import Code, DelayqError, ReplicationTimeoutError, StaleEpochError
 from delayq.queue.model import ClaimBatch, Message, Outcome, Retry, SlotClaim
 from delayq.queue.slots import OwnedSlot, OwnedSlots
+from delayq.queue.topups import TopUps
 
 log = logging.getLogger(__name__)
 
@@ -94,6 +95,7 @@ class ConsumerCounters:
     deliveries_skipped: int = 0  # claimed messages not handed over: slot or lease gone
     given_back: int = 0  # claimed messages returned undelivered to store
     acks_unreplicated: int = 0  # acks or nacks done on the master, not confirmed by replicas
+    schedules_topped_up: int = 0  # recurring schedules' next-but-one due precomputed
 
 
 @dataclass(eq=False)
@@ -147,6 +149,7 @@ class Consumer:
         self.counters = ConsumerCounters()
         self._lease_ms = self.settings.lease_ms or queue.topic.ack_timeout_ms
         self._owned = OwnedSlots(queue, _SlotState, self._claim_now)
+        self.top_ups = TopUps(queue, self._count_topped_up)  # what claims owe schedules
         self._timers: list[tuple[float, int]] = []  # heap of (next_ms, slot); stale ones skipped
         self._changed = asyncio.Event()
         self._stopping = False
@@ -241,6 +244,7 @@ class Consumer:
             upkeep.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await upkeep
+            await self.top_ups.close()
             await self._owned.close()
 
     def stop(self) -> None:
@@ -264,6 +268,9 @@ class Consumer:
         if not paused:
             for state in self._owned:
                 self._claim_now(state)
+
+    def _count_topped_up(self, count: int) -> None:
+        self.counters.schedules_topped_up += count
 
     def server_now_ms(self) -> float:
         """The Redis server clock as estimated from the last claim (µs precise, skew-free):
@@ -375,6 +382,7 @@ class Consumer:
             self._lose(state)
             return False
         self._server_base_ms, self._local_base = result.now_us / 1000, result.received_s
+        self.top_ups.note(result)
         if result.messages:
             self._deliver(result)
         if state.wakes != state.wakes_at_claim:
@@ -588,6 +596,7 @@ class Consumer:
                 if time.monotonic() - watched_s >= WATCHDOG_S:
                     watched_s = time.monotonic()
                     await self.refresh_paused()
+                    self.top_ups.retry_failed()
                     if not self._paused:  # paused slots are overdue on purpose
                         await self._watch_slots()
             except redis.RedisError as error:

@@ -27,6 +27,8 @@ class Part(enum.StrEnum):
     # a finished id remembered for the topic's outcome retention (acked, cancelled, purged)
     OUTCOME = "outcome"  # HASH id -> "<state>:<finished ms>:<attempts>"
     FINISHED = "finished"  # ZSET id -> finished ms (the order outcomes are forgotten in)
+    SCHEDULES = "schedules"  # HASH schedule id -> packed recurring schedule (queue/schedules.py)
+    TOPUP = "topup"  # ZSET schedule id -> ms since it owes a top-up (its next due precomputed)
 
 
 @dataclass(frozen=True)

@@ -189,6 +189,8 @@ class ClaimBatch:
     next_due_ms: int | None
     next_deadline_ms: int | None
     messages: list[Message]
+    # recurring schedules of the slot owing a top-up (`Queue.top_up_schedules`) after the claim
+    topups_owed: int = 0
     # time.monotonic() when the reply arrived, taken before decoding it (a large claim takes
     # milliseconds to decode): with now_us, the consumer's estimate of the server clock
     received_s: float = 0.0

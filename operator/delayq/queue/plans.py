@@ -81,7 +81,7 @@ def _optional_ms(value: int) -> int | None:
     return None if value < 0 else int(value)
 
 
-def _groups(reply: Reply, stride: int, head: int = 0) -> Iterator[tuple[Any, ...]]:
+def groups(reply: Reply, stride: int, head: int = 0) -> Iterator[tuple[Any, ...]]:
     """The per-message groups of a flat script reply: after `head` leading values, one tuple of
     `stride` values per message or row (every list reply has this one shape, lua/includes/
     append.lua)."""
@@ -179,7 +179,7 @@ def schedule(
             return [ScheduleFailure(requests[i].id, slots[i], reply) for i in indexes]
         return [
             ScheduleResult(requests[i].id, slots[i], CODES[code], due, STATES[state])
-            for i, (code, due, state) in zip(indexes, _groups(reply, 3), strict=True)
+            for i, (code, due, state) in zip(indexes, groups(reply, 3), strict=True)
         ]
 
     def combine(replies: list[Reply]) -> list[ScheduleResult]:
@@ -223,6 +223,9 @@ def cancel(topic: Topic, targets: Sequence[Target]) -> Plan[list[Outcome]]:
             Part.JOURNAL,
             Part.OUTCOME,
             Part.FINISHED,
+            Part.SCHEDULES,
+            Part.TOPUP,
+            Part.WAKE,
         )
         args: list[Arg] = [topic.journal_max_len, topic.outcome_retention_ms]
         return ScriptCall(Script.CANCEL, keys, [*args, *(t.id for t in chunk)])
@@ -264,7 +267,7 @@ def reschedule(
         per_call = [
             [
                 Outcome(moves[i][0].id, CODES[code], int(due))
-                for i, (code, due) in zip(indexes, _groups(reply, 2), strict=True)
+                for i, (code, due) in zip(indexes, groups(reply, 2), strict=True)
             ]
             for indexes, reply in zip(order, replies, strict=True)
         ]
@@ -323,6 +326,8 @@ def _claim_call(topic: Topic, slot: int, epoch: int, max_count: int, lease_ms: i
         Part.LEASES,
         Part.OUTCOME,
         Part.FINISHED,
+        Part.SCHEDULES,
+        Part.TOPUP,
     )
     args: list[Arg] = [
         epoch,
@@ -354,14 +359,16 @@ def _claim_batch(reply: Reply, slot: int, epoch: int) -> ClaimBatch | StaleEpoch
     if reply[0] == Code.STALE_EPOCH:
         return StaleEpochError(Script.CLAIM.value, f"<slot {slot}>", f"epoch {epoch}")
     messages = []
-    for raw_id, raw_record in _groups(reply, 2, head=4):
+    for raw_id, raw_record in groups(reply, 2, head=5):
         attempts, due, lease_id, headers, payload, _, _ = decode_record(raw_record)
         assert due is not None
         assert lease_id is not None
         messages.append(
             Message(as_text(raw_id), slot, payload, headers, attempts, due, epoch, lease_id)
         )
-    return ClaimBatch(slot, int(reply[1]), _optional_ms(reply[2]), _optional_ms(reply[3]), messages)
+    return ClaimBatch(
+        slot, int(reply[1]), _optional_ms(reply[2]), _optional_ms(reply[3]), messages, int(reply[4])
+    )
 
 
 def _per_lease_calls(
@@ -371,13 +378,13 @@ def _per_lease_calls(
     build: Callable[[int, int, Sequence[T]], ScriptCall],
 ) -> tuple[list[ScriptCall], list[list[int]]]:
     """Group by (slot, epoch): each call carries one slot's keys and one fencing epoch."""
-    groups: dict[tuple[int, int], list[int]] = defaultdict(list)
+    by_lease: dict[tuple[int, int], list[int]] = defaultdict(list)
     for index, item in enumerate(items):
         lease = lease_of(item)
-        groups[(lease.slot, lease.epoch)].append(index)
+        by_lease[(lease.slot, lease.epoch)].append(index)
     calls: list[ScriptCall] = []
     order: list[list[int]] = []
-    for (slot, epoch), indexes in groups.items():
+    for (slot, epoch), indexes in by_lease.items():
         slot_keys(topic, slot)  # validates the slot number
         for chunk in _chunks(indexes, MAX_MESSAGES_PER_CALL):
             calls.append(build(slot, epoch, [items[i] for i in chunk]))
@@ -394,7 +401,7 @@ def _outcomes(
             per_call.append(
                 [
                     Outcome(ids[i], CODES[c], int(t) or None)
-                    for i, (c, t) in zip(indexes, _groups(reply, 2), strict=True)
+                    for i, (c, t) in zip(indexes, groups(reply, 2), strict=True)
                 ]
             )
         else:
@@ -511,7 +518,7 @@ def _dead_batch(
 
     def combine(replies: list[Reply]) -> DeadBatchResult:
         reply = replies[0]
-        outcomes = [Outcome(as_text(i), CODES[c]) for i, c in _groups(reply, 2, head=1)]
+        outcomes = [Outcome(as_text(i), CODES[c]) for i, c in groups(reply, 2, head=1)]
         return DeadBatchResult(int(reply[0]), outcomes)
 
     return Plan([ScriptCall(script, keys, args)], combine)
@@ -547,7 +554,7 @@ def dead_page(topic: Topic, slot: int, offset: int, count: int) -> Plan[DeadPage
     def combine(replies: list[Reply]) -> DeadPage:
         reply = replies[0]
         messages = []
-        for raw_id, died_ms, raw_record, reason in _groups(reply, 4, head=1):
+        for raw_id, died_ms, raw_record, reason in groups(reply, 4, head=1):
             record = decode_record(raw_record)
             messages.append(
                 MessageInfo(
@@ -583,7 +590,7 @@ def get(topic: Topic, targets: Sequence[Target]) -> Plan[list[MessageInfo]]:
         per_call = [
             [
                 _message_info(targets[i].id, targets[i].slot(topic), row)
-                for i, row in zip(indexes, _groups(reply, 4), strict=True)
+                for i, row in zip(indexes, groups(reply, 4), strict=True)
             ]
             for indexes, reply in zip(order, replies, strict=True)
         ]

@@ -35,9 +35,9 @@ class Script(enum.StrEnum):
     """Every transition, valued by its file stem."""
 
     SCHEDULE = "schedule-8"
-    CANCEL = "cancel-8"
+    CANCEL = "cancel-11"
     RESCHEDULE = "reschedule-6"
-    CLAIM = "claim-10"
+    CLAIM = "claim-12"
     ACK = "ack-6"
     NACK = "nack-10"
     EXTEND = "extend-3"
@@ -48,6 +48,10 @@ class Script(enum.StrEnum):
     GET = "get-6"
     STATS = "stats-3"
     DEAD_PAGE = "deadpage-3"
+    DEFINE = "define-7"
+    DROP = "drop-5"
+    TOPUP = "topup-6"
+    SCHEDULES = "schedules-4"
 
     @property
     def acknowledges_a_write(self) -> bool:
@@ -75,6 +79,8 @@ _ACKNOWLEDGED_WRITES = frozenset(
         Script.NACK,
         Script.REDRIVE,
         Script.PURGE,
+        Script.DEFINE,
+        Script.DROP,
     }
 )
 

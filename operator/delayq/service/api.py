@@ -27,7 +27,14 @@ from delayq.queue.codes import (
     TooFarError,
     WrongStateError,
 )
-from delayq.service import routes_dead, routes_messages, routes_overview, routes_pull, routes_ui
+from delayq.service import (
+    routes_dead,
+    routes_messages,
+    routes_overview,
+    routes_pull,
+    routes_schedules,
+    routes_ui,
+)
 from delayq.service.config import ServiceConfig
 from delayq.service.http_support import RETRY_AFTER_S, SERVICE, error_response
 from delayq.service.openapi import openapi_document
@@ -55,6 +62,7 @@ def build_app(service: DelayService) -> web.Application:
     routes_messages.add_routes(app.router)
     routes_pull.add_routes(app.router)
     routes_dead.add_routes(app.router)
+    routes_schedules.add_routes(app.router)
     routes_overview.setup(app, TopicViews(service))
     routes_ui.add_routes(app.router)
     return app

@@ -179,6 +179,7 @@ COUNTER_HELP = {
     "deliveries_skipped": "Claimed messages not delivered: slot released or lease gone first",
     "given_back": "Claimed messages given back undelivered (no attempt counted)",
     "acks_unreplicated": "Acks or nacks done on the master but not confirmed by syncReplicas",
+    "schedules_topped_up": "Recurring schedules whose next-but-one occurrence was precomputed",
 }
 
 

@@ -14,6 +14,8 @@ from typing import Any
 import yaml
 
 from delayq.queue.model import State
+from delayq.queue.recurrence import MAX_CATCH_UP, MAX_INSTANT_MS, CatchUp
+from delayq.queue.schedules import DEFAULT_CATCH_UP_MAX, MAX_SCHEDULE_ID_BYTES
 from delayq.queue.topic import MAX_DELAY_MS, MAX_ID_BYTES, MAX_SLOT_AMOUNT, TopicType
 from delayq.service.delivery.pull import MAX_LEASE_BATCH
 from delayq.service.overview import DUE_WINDOWS, MAX_LISTED, MAX_SLOT_PAGE, STALLED_AFTER_MS
@@ -26,6 +28,7 @@ from delayq.service.parsing import (
     MAX_REASON_CHARS,
     MAX_WAIT_MS,
 )
+from delayq.service.schedule_parsing import MAX_CRON_CHARS
 
 Schema = dict[str, Any]
 
@@ -163,6 +166,46 @@ PAYLOAD = {
 TOKENS = {"tokens": array(string("lease token from a lease answer"), MAX_LEASE_BATCH, 1)}
 MODE = {"type": "string", "enum": ["create", "upsert"], "default": "create"}
 
+SCHEDULE_ID = {
+    **ID,
+    "description": "the schedule id, percent-encoded; at most "
+    f"{MAX_SCHEDULE_ID_BYTES} bytes (its occurrences' ids append @<due ms>)",
+}
+RECURRENCE: dict[str, Schema] = {
+    "cron": {
+        "type": "string",
+        "maxLength": MAX_CRON_CHARS,
+        "description": "cron expression, 5 fields (minute first) or 6 (seconds first), in "
+        "timeZone; DST as Debian cron: a local time the spring-forward gap skips fires right "
+        "after the gap, one the fall-back repeats fires once. Exactly one of cron and everyMs",
+    },
+    "timeZone": {
+        "type": "string",
+        "default": "UTC",
+        "description": "IANA time zone of cron (e.g. Europe/Berlin)",
+    },
+    "everyMs": integer(
+        "period in ms; occurrences at startMs + k * everyMs (startMs defaults to one period "
+        "after the schedule is put). Exactly one of cron and everyMs",
+        1,
+        MAX_INSTANT_MS,
+    ),
+    "startMs": integer("no occurrence before this instant (epoch ms)", 0, MAX_INSTANT_MS),
+    "endMs": integer("no occurrence after this instant (epoch ms)", 0, MAX_INSTANT_MS),
+    "catchUp": {
+        "type": "string",
+        "enum": [c.value for c in CatchUp],
+        "default": CatchUp.ONCE.value,
+        "description": "occurrences missed while nobody claimed the slot: once = deliver the "
+        "first missed one and resume after now; all = deliver them, at most catchUpMax of the "
+        "latest; skip = deliver none",
+    },
+    "catchUpMax": {
+        **integer("bound of catchUp all", 1, MAX_CATCH_UP),
+        "default": DEFAULT_CATCH_UP_MAX,
+    },
+}
+
 SCHEMAS: dict[str, Schema] = {
     "Error": obj(["error"], error=string(), field=string("the request field at fault")),
     "ScheduleRequest": at_most_one_expiry(
@@ -268,6 +311,40 @@ SCHEMAS: dict[str, Schema] = {
         token=string(),
     ),
     "Outcomes": obj(["results"], results=array(ref("Outcome"), MAX_BATCH)),
+    "ScheduleDefinition": {
+        **obj([], **RECURRENCE, **PAYLOAD),
+        "additionalProperties": False,
+    },
+    "Schedule": obj(
+        [
+            "id",
+            "slot",
+            "catchUp",
+            "catchUpMax",
+            "payload",
+            "encoding",
+            "headers",
+            "currentId",
+            "currentDueMs",
+            "waiting",
+            "nextDueMs",
+            "ended",
+        ],
+        id=string(),
+        slot=integer("slot of the schedule and its occurrences"),
+        currentId=string(
+            "message id of the latest occurrence (<id>@<due ms>, slot basis the schedule id)"
+        ),
+        currentDueMs=integer("due instant of the latest occurrence"),
+        waiting={"type": "boolean", "description": "the latest occurrence is not claimed yet"},
+        nextDueMs={
+            **integer("the precomputed occurrence after it; null while being computed or ended"),
+            "nullable": True,
+        },
+        ended={"type": "boolean", "description": "no occurrence after the latest one"},
+        **RECURRENCE,
+        **PAYLOAD,
+    ),
     "Overview": obj(
         ["topic", "nowMs", "depth", "dueHistogram", "fleet", "process"],
         namespace=string(),
@@ -412,6 +489,7 @@ def _paths() -> dict[str, Schema]:
     messages = "/v1/topics/{topic}/messages"
     leases = "/v1/topics/{topic}/leases"
     dead = "/v1/topics/{topic}/dead"
+    schedules = "/v1/topics/{topic}/schedules"
     outcomes = ok("one result per token; 409 when any lease was lost", ref("Outcomes"))
     results = obj(
         ["results"],
@@ -512,6 +590,34 @@ def _paths() -> dict[str, Schema]:
                     **TOKENS,
                 ),
             )
+        },
+        schedules: {
+            "get": operation(
+                "Every recurring schedule of the topic",
+                ok(
+                    "the schedules", obj(["schedules"], schedules=array(ref("Schedule"), 1_000_000))
+                ),
+            )
+        },
+        schedules + "/{id}": {
+            "put": operation(
+                "Create or replace a recurring schedule (its waiting occurrence is replaced)",
+                {
+                    **ok("created", ref("Schedule"), "201"),
+                    **ok("replaced", ref("Schedule")),
+                },
+                ref("ScheduleDefinition"),
+                [SCHEDULE_ID],
+            ),
+            "get": operation(
+                "A recurring schedule", ok("found", ref("Schedule")), None, [SCHEDULE_ID]
+            ),
+            "delete": operation(
+                "Delete a recurring schedule and its waiting occurrence",
+                ok("deleted", ref("Outcome")),
+                None,
+                [SCHEDULE_ID],
+            ),
         },
         dead: {
             "get": operation(

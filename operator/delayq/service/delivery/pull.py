@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 from delayq.queue.codes import StaleEpochError
 from delayq.queue.model import ClaimBatch, Message, SlotClaim
 from delayq.queue.slots import OwnedSlot, OwnedSlots
+from delayq.queue.topups import TopUps
 from delayq.service.brokers import Brokers
 
 MAX_LEASE_BATCH = 1000
@@ -42,6 +43,7 @@ class PullLeaser:
     def __init__(self, brokers: Brokers) -> None:
         self.brokers = brokers
         self._owned = [OwnedSlots(queue, OwnedSlot, self._wake) for queue in brokers.queues]
+        self._top_ups = [TopUps(queue) for queue in brokers.queues]
         self._cursor = 0
         self._stopping = False
         self._rounds: set[asyncio.Future[None]] = set()  # claims in flight
@@ -63,6 +65,7 @@ class PullLeaser:
             owned.start()
 
     async def close(self) -> None:
+        await asyncio.gather(*(top_ups.close() for top_ups in self._top_ups))
         await asyncio.gather(*(owned.close() for owned in self._owned))
 
     async def own(self, slots: Iterable[int]) -> None:
@@ -167,6 +170,9 @@ class PullLeaser:
             if isinstance(outcome, StaleEpochError):
                 self._owned[self.brokers.routing[slot]].lose(state)  # fenced out by a newer owner
                 continue
+            top_ups = self._top_ups[self.brokers.routing[slot]]
+            top_ups.retry_failed()
+            top_ups.note(outcome)
             result.messages.extend(outcome.messages)
             self._clock = (outcome.now_us / 1000, time.monotonic())
             if len(outcome.messages) >= share:

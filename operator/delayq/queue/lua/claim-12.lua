@@ -7,6 +7,15 @@
   up instead those whose expiry has passed (never delivered after it). The batch bound keeps a
   burst of millions due at one instant from ever loading more than max_count into memory.
 
+  Recurring schedules: claiming the current occurrence of a schedule (`<sid>@<due>` whose
+  schedule names `due` as its current one) materialises its precomputed successor in this same
+  call, so the series goes on whatever becomes of this delivery (handler failure, crash). The
+  schedule then owes a top-up (the successor's successor, computed in Python): its id joins
+  `topup`, and the reply's topups_owed tells the owner to run topup-6. A successor already
+  due when its predecessor is claimed means the predecessor was missed (downtime): with catch-up
+  `once` it is delivered and no successor is materialised (the top-up resumes after now), with
+  `skip` it is dropped as well (event `skipped`), with `all` everything is delivered.
+
   KEYS[1] store    ZSET id -> due ms
   KEYS[2] prepare  ZSET id -> lease deadline ms
   KEYS[3] dead     ZSET id -> time of death ms
@@ -17,6 +26,8 @@
   KEYS[8] leases   STRING the last lease number drawn in the slot (never repeats)
   KEYS[9] outcome  HASH id -> remembered outcome of a finished message
   KEYS[10] finished ZSET id -> finished ms (the order remembered outcomes are forgotten in)
+  KEYS[11] schedules HASH schedule id -> packed schedule (series_fields)
+  KEYS[12] topup   ZSET schedule id -> ms since its top-up is owed
 
   ARGV[1] epoch           the caller's fencing epoch
   ARGV[2] max_count       at most this many messages claimed
@@ -29,10 +40,11 @@
   ARGV[9] expiry_action   'dead' | 'drop' for a message past its expiry
   ARGV[10] outcome_retention_ms  0 = dropped messages are not remembered
 
-  Returns {code, now_us, next_due_ms, next_deadline_ms, id1, record1, id2, record2, ...}
+  Returns {code, now_us, next_due_ms, next_deadline_ms, topups_owed, id1, record1, ...}
      0 OK           next_due_ms / next_deadline_ms are -1 when store / prepare is empty;
                     each record carries the incremented attempt count, the due time and
-                    the lease number of this claim (the lease token's `lease`)
+                    the lease number of this claim (the lease token's `lease`);
+                    topups_owed counts the slot's schedules waiting for topup-6
     -2 STALE_EPOCH  the caller is not the current owner: nothing was changed
                     now_us is the server clock in microseconds (due times are compared in whole
                     ms): consumers time their next wake-up from it without flooring error
@@ -42,7 +54,8 @@
 
   Events: expired (lease rolled back), dead or dropped (attempts exhausted, or the message
   expired: reason 'expired'), claimed, orphan (an id with no record: removed so it can never
-  block the slot)
+  block the slot), scheduled (a schedule's next occurrence), skipped (a missed occurrence of a
+  schedule with catch-up `skip`)
 ]]
 --@include call_chunked
 --@include codes
@@ -50,15 +63,20 @@
 --@include forget_expired
 --@include give_up
 --@include journal
+--@include materialize
 --@include now_us
+--@include occurrence_record
 --@include read_chunked
 --@include record_extras
 --@include record_fields
 --@include record_with
+--@include series_fields
+--@include series_with
 --@include with_first_attempt
 
 local store, prepare, msg, epoch_key, journal_key, leases_key =
   KEYS[1], KEYS[2], KEYS[4], KEYS[6], KEYS[7], KEYS[8]
+local schedules, topup = KEYS[11], KEYS[12]
 local max_count = tonumber(ARGV[2])
 local lease_ms = tonumber(ARGV[3])
 local max_retries = tonumber(ARGV[4])
@@ -73,10 +91,30 @@ local slot = {
 local given_up = 0
 
 if not epoch_matches(epoch_key, ARGV[1]) then
-  return {CODE.STALE_EPOCH, 0, -1, -1}
+  return {CODE.STALE_EPOCH, 0, -1, -1, 0}
 end
 local now_micros = now_us()
 local now = math.floor(now_micros / 1000)
+
+-- The claimed message `id` as an occurrence of a recurring schedule (header): materialise the
+-- successor, or note a missed occurrence. True when the occurrence is to be skipped.
+local function advance_series(id)
+  local sid, due = string.match(id, '^(.+)@(%d+)$')
+  local value = sid and redis.call('HGET', schedules, sid)
+  if not value then return false end
+  local current, nxt, catch_up = series_fields(value)
+  if current ~= due or nxt == '' or nxt == 'end' then return false end
+  local missed = tonumber(nxt) <= now and catch_up ~= 'all'
+  if missed then
+    value = series_with(value, current, '')
+  else
+    materialize(store, msg, journal_key, journal_max_len, sid, nxt, occurrence_record(value), now)
+    value = series_with(value, nxt, '')
+  end
+  redis.call('HSET', schedules, sid, value)
+  redis.call('ZADD', topup, now, sid)
+  return missed and catch_up == 'skip'
+end
 
 -- 1. Roll back expired leases.
 local expired = redis.call('ZRANGEBYSCORE', prepare, '-inf', now, 'LIMIT', 0, rollback_max)
@@ -100,9 +138,10 @@ for _, id in ipairs(expired) do
 end
 
 -- 2. Claim what is due.
-local claimed = {CODE.OK, now_micros, -1, -1}
+local claimed = {CODE.OK, now_micros, -1, -1, 0}
 local due_ids = redis.call('ZRANGEBYSCORE', store, '-inf', now, 'WITHSCORES', 'LIMIT', 0, max_count)
 if #due_ids > 0 then
+  local has_series = redis.call('HLEN', schedules) > 0
   local deadline = now + lease_ms
   local lease = tostring(redis.call('INCR', leases_key))
   local ids, zadd_args, hset_args = {}, {}, {}
@@ -118,6 +157,9 @@ if #due_ids > 0 then
     if record and expire_ms and now > expire_ms then
       give_up(slot, id, expiry_action, 'expired', 'expired', now, due, attempts)
       given_up = given_up + 1
+    elseif record and has_series and advance_series(id) then
+      redis.call('HDEL', msg, id)
+      journal(journal_key, journal_max_len, 'skipped', id, now, due, '')
     elseif record then
       attempts = attempts + 1
       local leased = record_with(record, attempts, due, lease, p3)
@@ -149,4 +191,5 @@ local head = redis.call('ZRANGE', store, 0, 0, 'WITHSCORES')
 if head[2] then claimed[3] = tonumber(head[2]) end
 local lease_head = redis.call('ZRANGE', prepare, 0, 0, 'WITHSCORES')
 if lease_head[2] then claimed[4] = tonumber(lease_head[2]) end
+claimed[5] = redis.call('ZCARD', topup)
 return claimed

@@ -1,6 +1,10 @@
 --[[
   Cancel messages by id, whatever their state (a leased message's later ack then fails).
 
+  Cancelling the occurrence a recurring schedule waits for (its current one, never claimed)
+  skips just that occurrence: the schedule then owes a top-up, which materialises the next one,
+  and the slot's wake list makes its owner claim, see the top-up owed and run it.
+
   KEYS[1] store    ZSET id -> due ms
   KEYS[2] prepare  ZSET id -> lease deadline ms
   KEYS[3] dead     ZSET id -> time of death ms
@@ -9,6 +13,9 @@
   KEYS[6] journal  STREAM lifecycle events
   KEYS[7] outcome  HASH id -> remembered outcome of a finished message
   KEYS[8] finished ZSET id -> finished ms (the order remembered outcomes are forgotten in)
+  KEYS[9] schedules HASH schedule id -> packed schedule (series_fields)
+  KEYS[10] topup   ZSET schedule id -> ms since its top-up is owed
+  KEYS[11] wake    LIST wake-up marker of the slot
 
   ARGV[1] journal_max_len       0 = journal off
   ARGV[2] outcome_retention_ms  0 = finished messages are not remembered
@@ -25,18 +32,36 @@
 --@include now_ms
 --@include record_fields
 --@include remember
+--@include series_fields
+--@include series_with
+--@include unclaimed
 
 local store, prepare, dead, msg, reason, journal_key, outcome, finished =
   KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6], KEYS[7], KEYS[8]
+local schedules, topup, wake = KEYS[9], KEYS[10], KEYS[11]
 local journal_max_len, retention_ms = tonumber(ARGV[1]), tonumber(ARGV[2])
 local now = now_ms()
 local results = {}
 local cancelled = 0
+local has_series = redis.call('HLEN', schedules) > 0
+local owes_top_up = false
+
+-- Before `id` is cancelled: when it is the occurrence its schedule waits for, the schedule
+-- owes a top-up (its precomputed next is cleared, so the top-up materialises the next one).
+local function release_series(id)
+  local sid, due = string.match(id, '^(.+)@(%d+)$')
+  local value = sid and redis.call('HGET', schedules, sid)
+  if not value or series_fields(value) ~= due or not unclaimed(store, msg, id) then return end
+  redis.call('HSET', schedules, sid, series_with(value, due, ''))
+  redis.call('ZADD', topup, now, sid)
+  owes_top_up = true
+end
 
 for i = 3, #ARGV do
   local id = ARGV[i]
   local state = locate(store, prepare, dead, id)
   if state then
+    if has_series then release_series(id) end
     local record = redis.call('HGET', msg, id)
     redis.call('ZREM', store, id)
     redis.call('ZREM', prepare, id)
@@ -53,4 +78,5 @@ for i = 3, #ARGV do
   end
 end
 forget_expired(outcome, finished, retention_ms, now, cancelled)
+if owes_top_up and redis.call('LLEN', wake) == 0 then redis.call('RPUSH', wake, '1') end
 return results

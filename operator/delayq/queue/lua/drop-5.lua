@@ -1,0 +1,37 @@
+--[[
+  Delete a recurring schedule and its waiting occurrence. An occurrence already claimed is
+  delivered and acked as usual; it no longer has a schedule, so it materialises nothing.
+
+  KEYS[1] schedules HASH schedule id -> packed schedule (series_fields)
+  KEYS[2] topup    ZSET schedule id -> ms since its top-up is owed
+  KEYS[3] store    ZSET id -> due ms
+  KEYS[4] msg      HASH id -> record
+  KEYS[5] journal  STREAM lifecycle events
+
+  ARGV[1] journal_max_len  0 = journal off
+  ARGV[2] schedule id
+
+  Returns {code}
+     4 CANCELLED   the schedule is gone, with its waiting occurrence
+    -1 NOT_FOUND   no such schedule in this slot
+
+  Events: cancelled (the waiting occurrence)
+]]
+--@include codes
+--@include journal
+--@include now_ms
+--@include series_fields
+
+local schedules, topup, store, msg, journal_key = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
+local journal_max_len = tonumber(ARGV[1])
+local sid = ARGV[2]
+local value = redis.call('HGET', schedules, sid)
+if not value then return {CODE.NOT_FOUND} end
+local waiting = sid .. '@' .. series_fields(value)
+if redis.call('ZREM', store, waiting) == 1 then
+  redis.call('HDEL', msg, waiting)
+  journal(journal_key, journal_max_len, 'cancelled', waiting, now_ms(), '', '')
+end
+redis.call('HDEL', schedules, sid)
+redis.call('ZREM', topup, sid)
+return {CODE.CANCELLED}
