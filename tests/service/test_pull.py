@@ -307,3 +307,18 @@ async def test_pause_stops_leasing_and_resume_drains_the_backlog(start_service: 
     assert (await resumed.json()) == {"paused": False}
     assert len(await lease(running, max=10)) == 5
     assert (await (await client.get(f"{base}/stats")).json())["paused"] is False
+
+
+async def test_an_idle_pull_process_reports_a_pause_set_elsewhere(start_service: StartService):
+    """Paused by another process (here: the engine API on the broker), an idle pull process
+    that serves no lease request still says so in /stats and /metrics."""
+    running = await start_service()
+    client, base = running.client, running.base
+    [queue] = running.service.queues
+    await queue.pause()
+    assert (await (await client.get(f"{base}/stats")).json())["paused"] is True
+    await running.service.refresh_depth()
+    metrics = await (await client.get("/metrics")).text()
+    assert 'delayq_paused{namespace="shop",topic="orders"} 1.0' in metrics
+    await queue.resume()
+    assert (await (await client.get(f"{base}/stats")).json())["paused"] is False

@@ -87,7 +87,7 @@ async def stats(request: web.Request) -> web.Response:
             "nextDueMs": topic_stats.next_due_ms,
             "oldestOverdueMs": topic_stats.oldest_overdue_ms,
             "ownedSlots": service.owned_slots,
-            "paused": service.paused,
+            "paused": await service.read_paused(),
         }
     )
 

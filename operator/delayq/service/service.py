@@ -271,7 +271,7 @@ class DelayService:
         return self.readiness.ready
 
     async def refresh_depth(self) -> None:
-        self.metrics.set_depth(await self.brokers.stats(self.owned_slots), self.paused)
+        self.metrics.set_depth(await self.brokers.stats(self.owned_slots), await self.read_paused())
 
     @property
     def paused(self) -> bool:
@@ -279,6 +279,14 @@ class DelayService:
         if self.leaser is not None:
             return self.leaser.paused
         return any(consumer.paused for consumer in self.consumers)
+
+    async def read_paused(self) -> bool:
+        """`paused`, read from the brokers now where this process would otherwise read it only
+        on a lease request (an idle pull process would report a stale flag); consumers read it
+        every second on their own."""
+        if self.leaser is not None:
+            await self.leaser.refresh_paused()
+        return self.paused
 
     async def pause(self, paused: bool) -> None:
         """Pause (or resume) the topic's delivery on every broker, and make this process's own
