@@ -472,6 +472,7 @@ def test_alerts_name_only_series_the_code_exports() -> None:
         "DelayqSlotsUnowned",
         "DelayqDeadMessages",
         "DelayqBrokerFailover",
+        "DelayqDeliveryOverdue",
     }
     series = exported_series()
     target_labels = {"namespace"}  # set by Prometheus' discovery on every series

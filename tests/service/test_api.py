@@ -248,6 +248,13 @@ async def test_metrics_expose_depth_and_owned_slots(start_service: StartService)
     assert f"delayq_messages{{{labels}}} 1.0" in text
     assert 'delayq_owned_slots{namespace="shop",topic="orders"} 4.0' in text
     assert "delayq_delivery_lateness_seconds_bucket" in text
+    assert 'delayq_oldest_overdue_seconds{namespace="shop",topic="orders"} 0.0' in text
+
+    # due since 1970 and not leased (a pull topic nobody polls): overdue, for the alert
+    await running.client.post(f"{running.base}/messages", json={"id": "old", "atMs": 1000})
+    text = await (await running.client.get("/metrics")).text()
+    [line] = [row for row in text.splitlines() if row.startswith("delayq_oldest_overdue_seconds{")]
+    assert float(line.rsplit(" ", 1)[1]) > 1e9
 
 
 async def test_served_openapi_equals_the_checked_in_document(start_service: StartService):

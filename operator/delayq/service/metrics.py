@@ -63,6 +63,12 @@ class ServiceMetrics:
             names,
             registry=self.registry,
         )
+        self.oldest_overdue = Gauge(
+            "delayq_oldest_overdue_seconds",
+            "How long the oldest due, unclaimed message of the owned slots has waited (0: none)",
+            names,
+            registry=self.registry,
+        )
         self.deliveries = Counter(
             "delayq_deliveries",
             "Delivery attempts by outcome (acked, failed, leased)",
@@ -114,6 +120,7 @@ class ServiceMetrics:
             self._child(self.depth, state).set(getattr(stats, state))
         self._child(self.owned_slots).set(len(stats.slots))
         self._child(self.paused).set(1 if paused else 0)
+        self._child(self.oldest_overdue).set(stats.oldest_overdue_ms / 1000)
 
     def watch_counters(self, counters: Callable[[], ConsumerCounters]) -> None:
         """Expose the delivery engine's counters, read at scrape time."""
