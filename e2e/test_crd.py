@@ -266,7 +266,7 @@ def test_printer_columns_and_status_subresource(
         "type": "Ready", "status": "True", "reason": "AllBrokersReady",
         "message": "2/2 brokers ready", "lastTransitionTime": "2026-01-01T00:00:00Z"}],
         "appliedSlotAmount": 64, "slots": {"total": 64, "owned": 61, "unowned": 3},
-        "depths": {"scheduled": 1234, "prepared": 5, "dead": 7}}}
+        "depths": {"scheduled": 1234, "prepared": 5, "dead": 7}, "paused": True}}
     kube.kubectl("patch", "dt", "orders", "-n", namespace, "--subresource=status",
                  "--type=merge", "-p", json.dumps(status))
     stored = kube.get("dt", "orders", namespace)
@@ -280,6 +280,6 @@ def test_printer_columns_and_status_subresource(
 
     wide = kube.kubectl("get", "dt", "orders", "-n", namespace, "-o", "wide").stdout.splitlines()
     assert wide[0].split() == ["NAME", "SLOTS", "APPLIED", "TYPE", "BROKERS", "READY", "REASON",
-                               "UNOWNED", "SCHEDULED", "DEAD", "AGE"]
-    assert wide[1].split()[:10] == ["orders", "64", "64", "pull", "2", "True", "AllBrokersReady",
-                                    "3", "1234", "7"]
+                               "UNOWNED", "PAUSED", "SCHEDULED", "DEAD", "AGE"]
+    assert wide[1].split()[:11] == ["orders", "64", "64", "pull", "2", "True", "AllBrokersReady",
+                                    "3", "true", "1234", "7"]
