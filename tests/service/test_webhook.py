@@ -85,9 +85,45 @@ async def test_server_errors_retry_with_backoff_then_dead(
     assert attempts == [1, 2, 3]
     info = await (await running.client.get(f"{running.base}/messages/p")).json()
     assert "HTTP 500" in info["deadReason"]
+    # counted from the engine's answer to the nack, which reaches the process just after
+    await eventually(
+        lambda: counted(running, dead=1.0, retries=2.0), 5, "the failures in the metrics"
+    )
+
+
+async def counted(running: Running, *, dead: float, retries: float) -> bool:
     metrics = await (await running.client.get("/metrics")).text()
-    assert 'delayq_dead_total{namespace="shop",topic="orders"} 1.0' in metrics
-    assert 'delayq_retries_total{namespace="shop",topic="orders"} 2.0' in metrics
+    labels = '{namespace="shop",topic="orders"}'
+    return (
+        f"delayq_dead_total{labels} {dead}" in metrics
+        and f"delayq_retries_total{labels} {retries}" in metrics
+    )
+
+
+async def test_a_give_up_before_max_retries_is_counted_as_dead(
+    start_service: StartService, receiver: Receiver
+):
+    """retry.for 1 ms: the first failure's retry would fall after the window, so the engine
+    gives the message up at once, well below maxRetries. The metrics say what the engine did
+    (dead 1, retries 0), not what the attempt number predicts."""
+
+    async def always_500(call: int) -> int:
+        return 500
+
+    receiver.answer = always_500
+    running = await start_service(
+        topic_type="webhook", webhook_url=receiver.url, max_retries=5, retry_for_ms=1
+    )
+    await schedule(running, "g")
+
+    async def dead() -> bool:
+        return await state_of(running, "g") == "dead"
+
+    await eventually(dead, 10, "the message given up after its first attempt")
+    assert [json.loads(body)["attempt"] for body in receiver.bodies()] == [1]
+    await eventually(
+        lambda: counted(running, dead=1.0, retries=0.0), 5, "the give-up in the metrics"
+    )
 
 
 async def test_backoff_spaces_the_retries(start_service: StartService, receiver: Receiver):

@@ -140,11 +140,15 @@ class Consumer:
         on_slot_lost: Callable[[int], None] | None = None,
         *,
         managed: bool = False,
+        on_nacked: Callable[[list[Outcome]], None] | None = None,
     ) -> None:
         self.queue = queue
         self.handler = handler
         self.settings = settings or ConsumerSettings()
         self.on_slot_lost = on_slot_lost
+        # told the engine's answer to every nack sent (retried, dead or dropped): only the
+        # scripts know whether a failure ended the message (maxRetries, retry.for, expiry)
+        self.on_nacked = on_nacked
         self.managed = managed
         self.counters = ConsumerCounters()
         self._lease_ms = self.settings.lease_ms or queue.topic.ack_timeout_ms
@@ -484,7 +488,10 @@ class Consumer:
                             del batch.pending[message.id]
                     if retries and len(retries) >= threshold:
                         failed, retries = retries, []
-                        self._count_lost(await self._settled(self.queue.nack_many(failed)))
+                        nacked = await self._settled(self.queue.nack_many(failed))
+                        self._count_lost(nacked)
+                        if self.on_nacked is not None:
+                            self.on_nacked(nacked)
                         for retry in failed:
                             del batch.pending[retry.lease.id]
                 except redis.RedisError as error:

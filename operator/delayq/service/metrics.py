@@ -17,8 +17,9 @@ from prometheus_client.metrics_core import CounterMetricFamily, Metric
 from prometheus_client.registry import Collector
 from prometheus_client.samples import Sample
 
+from delayq.queue.codes import Code
 from delayq.queue.consumer import ConsumerCounters
-from delayq.queue.model import TopicStats
+from delayq.queue.model import Outcome, TopicStats
 
 # Lateness: delivery start minus due time. Millisecond buckets, expressed in seconds.
 LATENESS_BUCKETS_S = (
@@ -135,9 +136,16 @@ class ServiceMetrics:
     def count_delivery(self, outcome: str, amount: int = 1) -> None:
         self._child(self.deliveries, outcome).inc(amount)
 
-    def count_failure(self, dead: bool) -> None:
-        self.count_delivery("failed")
-        self._child(self.dead if dead else self.retries).inc()
+    def count_nacked(self, outcomes: list[Outcome]) -> None:
+        """Failed deliveries by the engine's answer to their nack: retried, or given up (dead
+        or dropped); refused nacks (lease lost) count nothing here."""
+        for outcome in outcomes:
+            if outcome.code is Code.RETRY_SCHEDULED:
+                self.count_delivery("failed")
+                self._child(self.retries).inc()
+            elif outcome.code in (Code.DEAD, Code.DROPPED):
+                self.count_delivery("failed")
+                self._child(self.dead).inc()
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

@@ -88,9 +88,7 @@ async def nack(request: web.Request) -> web.Response:
     outcomes = await service.brokers.each(
         retries, lambda r: r.lease.slot, lambda q, chunk: q.nack_many(chunk)
     )
-    for outcome in outcomes:
-        if outcome.code in (Code.DEAD, Code.DROPPED, Code.RETRY_SCHEDULED):
-            service.metrics.count_failure(dead=outcome.code is not Code.RETRY_SCHEDULED)
+    service.metrics.count_nacked(outcomes)
     return _answer([r.lease for r in retries], outcomes)
 
 

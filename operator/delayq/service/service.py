@@ -110,7 +110,14 @@ class DelayService:
                 backoff=self.config.backoff,
             )
             self.consumers = [
-                Consumer(queue, self._deliver, settings, self._on_slot_lost, managed=True)
+                Consumer(
+                    queue,
+                    self._deliver,
+                    settings,
+                    self._on_slot_lost,
+                    managed=True,
+                    on_nacked=self.metrics.count_nacked,
+                )
                 for queue in self.queues
             ]
             for consumer in self.consumers:
@@ -243,22 +250,16 @@ class DelayService:
         return None
 
     async def _deliver(self, message: Message) -> None:
-        """The Consumer's handler: return acks, raise retries (dead past maxRetries)."""
+        """The Consumer's handler: return acks, raise retries (the engine's nack decides
+        whether the message is retried or given up; `on_nacked` counts which)."""
         assert self._sink is not None
         self.metrics.observe_lateness(self.server_ms(message.slot) - message.due_ms)
         try:
             await self._sink.deliver(message)
         except Exception as error:
-            dead = message.attempt > self.topic.max_retries
-            self.metrics.count_failure(dead)
             log.warning(
                 "delivery failed",
-                extra={
-                    "id": message.id,
-                    "attempt": message.attempt,
-                    "dead": dead,
-                    "error": str(error),
-                },
+                extra={"id": message.id, "attempt": message.attempt, "error": str(error)},
             )
             raise
         self.metrics.count_delivery("acked")
