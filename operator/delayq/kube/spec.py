@@ -27,7 +27,7 @@ from delayq.queue.topic import (
     TopicType,
     is_power_of_two,
 )
-from delayq.service.defaults import DEFAULTS, crd_default, human_duration
+from delayq.service.defaults import DEFAULTS, crd_default, crd_path, human_duration
 from delayq.service.delivery.targets import parse_cidrs
 
 DURATION_PATTERN = re.compile(r"^(?:[0-9]{1,8}(?:ms|s|m|h))+$")
@@ -209,7 +209,7 @@ def parse_duration_ms(value: object, field_name: str, low_ms: int, high_ms: int)
 def parse_spec(name: str, namespace: str, spec: Mapping[str, Any]) -> TopicSpec:
     """Validate and default one DelayTopic spec; raise SpecError naming the first bad field."""
     _check_name(name)
-    slot_amount = _int(spec, "slotAmount", DEFAULTS.slot_amount, 1, MAX_SLOT_AMOUNT)
+    slot_amount = _int(spec, "slot_amount", 1, MAX_SLOT_AMOUNT)
     if not is_power_of_two(slot_amount):
         raise SpecError(
             f"slotAmount must be a power of two between 1 and {MAX_SLOT_AMOUNT}, got {slot_amount}"
@@ -219,7 +219,7 @@ def parse_spec(name: str, namespace: str, spec: Mapping[str, Any]) -> TopicSpec:
         topic_type = TopicType(raw_type)
     except ValueError:
         raise SpecError(f"topicType {raw_type!r} must be one of pull, webhook, stream") from None
-    brokers = _int(spec, "brokers", DEFAULTS.brokers, 1, MAX_BROKERS)
+    brokers = _int(spec, "brokers", 1, MAX_BROKERS)
     if brokers > slot_amount:
         raise SpecError(
             f"brokers must not exceed slotAmount: every broker needs at least one slot "
@@ -239,16 +239,14 @@ def parse_spec(name: str, namespace: str, spec: Mapping[str, Any]) -> TopicSpec:
     if deletion_policy not in ("Retain", "Delete"):
         raise SpecError(f"deletionPolicy {deletion_policy!r} must be Retain or Delete")
     worker = _section(spec, "worker")
-    replicas_per_broker = _int(
-        spec, "replicasPerBroker", DEFAULTS.replicas_per_broker, 0, MAX_REPLICAS_PER_BROKER
-    )
+    replicas_per_broker = _int(spec, "replicas_per_broker", 0, MAX_REPLICAS_PER_BROKER)
     redis = _section(spec, "redis")
     min_replicas_to_write = _min_replicas_to_write(redis, replicas_per_broker)
     sync_replicas = _sync_replicas(redis, replicas_per_broker)
     retry = _section(spec, "retry")
     expiry = _section(spec, "expiry")
-    backoff_base_ms = _retry_duration_ms(retry, "backoffBase", "retry_backoff_base_ms")
-    backoff_max_ms = _retry_duration_ms(retry, "backoffMax", "retry_backoff_max_ms")
+    backoff_base_ms = _duration(retry, "retry_backoff_base_ms", 1, MAX_RETRY_BACKOFF_MS)
+    backoff_max_ms = _duration(retry, "retry_backoff_max_ms", 1, MAX_RETRY_BACKOFF_MS)
     if backoff_max_ms < backoff_base_ms:
         raise SpecError(
             f"retry.backoffMax ({human_duration(backoff_max_ms)}) must not be shorter than "
@@ -261,34 +259,20 @@ def parse_spec(name: str, namespace: str, spec: Mapping[str, Any]) -> TopicSpec:
         topic_type=topic_type,
         brokers=brokers,
         replicas_per_broker=replicas_per_broker,
-        max_retries=_int(spec, "maxRetries", DEFAULTS.max_retries, 0, 1000),
-        ack_timeout_ms=parse_duration_ms(
-            spec.get("ackTimeout", crd_default("ack_timeout_ms")), "ackTimeout", 1, 86_400_000
-        ),
-        max_payload_bytes=_int(
-            spec, "maxPayloadBytes", DEFAULTS.max_payload_bytes, 1, 64 * 1024 * 1024
-        ),
-        journal_max_len=_int(spec, "journalMaxLen", DEFAULTS.journal_max_len, 0, 100_000_000),
-        outcome_retention_ms=parse_duration_ms(
-            spec.get("outcomeRetention", crd_default("outcome_retention_ms")),
-            "outcomeRetention",
-            0,
-            MAX_OUTCOME_RETENTION_MS,
-        ),
+        max_retries=_int(spec, "max_retries", 0, 1000),
+        ack_timeout_ms=_duration(spec, "ack_timeout_ms", 1, 86_400_000),
+        max_payload_bytes=_int(spec, "max_payload_bytes", 1, 64 * 1024 * 1024),
+        journal_max_len=_int(spec, "journal_max_len", 0, 100_000_000),
+        outcome_retention_ms=_duration(spec, "outcome_retention_ms", 0, MAX_OUTCOME_RETENTION_MS),
         delivery=_delivery(topic_type, _section(spec, "delivery")),
         zookeeper_connect=str(connect),
-        zookeeper_session_timeout_ms=parse_duration_ms(
-            zookeeper.get("sessionTimeout", crd_default("zookeeper_session_timeout_ms")),
-            "zookeeper.sessionTimeout",
-            2000,
-            60_000,
+        zookeeper_session_timeout_ms=_duration(
+            zookeeper, "zookeeper_session_timeout_ms", 2000, 60_000
         ),
         persistence_size=str(persistence.get("size", DEFAULTS.persistence_size)),
         persistence_storage_class=str(persistence.get("storageClass", "")),
         deletion_policy=deletion_policy,
-        worker_concurrency=_int(
-            worker, "concurrency", DEFAULTS.worker_concurrency, 1, 1024, prefix="worker."
-        ),
+        worker_concurrency=_int(worker, "worker_concurrency", 1, 1024),
         worker_resources=_resources(worker, "worker"),
         redis_resources=_resources(redis, "redis"),
         redis_min_replicas_to_write=min_replicas_to_write,
@@ -297,37 +281,16 @@ def parse_spec(name: str, namespace: str, spec: Mapping[str, Any]) -> TopicSpec:
         retry_backoff_max_ms=backoff_max_ms,
         retry_backoff_multiplier=_multiplier(retry),
         retry_jitter=_choice(retry, "jitter", Jitter, DEFAULTS.retry_jitter, "retry."),
-        retry_for_ms=parse_duration_ms(
-            retry.get("for", crd_default("retry_for_ms")), "retry.for", 0, MAX_DELAY_MS
-        ),
+        retry_for_ms=_duration(retry, "retry_for_ms", 0, MAX_DELAY_MS),
         retry_exhausted_action=_choice(
             retry, "exhaustedAction", EndAction, DEFAULTS.retry_exhausted_action, "retry."
         ),
-        expiry_ttl_ms=parse_duration_ms(
-            expiry.get("ttl", crd_default("expiry_ttl_ms")), "expiry.ttl", 0, MAX_DELAY_MS
-        ),
+        expiry_ttl_ms=_duration(expiry, "expiry_ttl_ms", 0, MAX_DELAY_MS),
         expiry_action=_choice(expiry, "action", EndAction, DEFAULTS.expiry_action, "expiry."),
-        limits_max_pending=_int(
-            _section(spec, "limits"),
-            "maxPending",
-            DEFAULTS.limits_max_pending,
-            0,
-            MAX_PENDING,
-            "limits.",
-        ),
-        redis_sync_timeout_ms=parse_duration_ms(
-            redis.get("syncTimeout", crd_default("redis_sync_timeout_ms")),
-            "redis.syncTimeout",
-            10,
-            60_000,
-        ),
+        limits_max_pending=_int(_section(spec, "limits"), "limits_max_pending", 0, MAX_PENDING),
+        redis_sync_timeout_ms=_duration(redis, "redis_sync_timeout_ms", 10, 60_000),
         redis_min_replicas_max_lag_seconds=_int(
-            redis,
-            "minReplicasMaxLagSeconds",
-            DEFAULTS.redis_min_replicas_max_lag_seconds,
-            1,
-            MAX_MIN_REPLICAS_MAX_LAG_S,
-            "redis.",
+            redis, "redis_min_replicas_max_lag_seconds", 1, MAX_MIN_REPLICAS_MAX_LAG_S
         ),
         redis_append_fsync=_append_fsync(redis),
         network_policy_allow_from=_allow_from(_section(spec, "networkPolicy")),
@@ -378,20 +341,8 @@ def _delivery(topic_type: TopicType, section: Mapping[str, Any]) -> Delivery:
     stream = _section(section, "stream")
     return Delivery(
         webhook_url=url,
-        webhook_timeout_ms=parse_duration_ms(
-            webhook.get("timeout", crd_default("webhook_timeout_ms")),
-            "delivery.webhook.timeout",
-            10,
-            300_000,
-        ),
-        webhook_max_in_flight=_int(
-            webhook,
-            "maxInFlight",
-            DEFAULTS.webhook_max_in_flight,
-            1,
-            10_000,
-            "delivery.webhook.",
-        ),
+        webhook_timeout_ms=_duration(webhook, "webhook_timeout_ms", 10, 300_000),
+        webhook_max_in_flight=_int(webhook, "webhook_max_in_flight", 1, 10_000),
         webhook_allow_private_targets=_bool(
             webhook,
             "allowPrivateTargets",
@@ -399,13 +350,9 @@ def _delivery(topic_type: TopicType, section: Mapping[str, Any]) -> Delivery:
             "delivery.webhook.",
         ),
         webhook_allowed_cidrs=_allowed_cidrs(webhook),
-        pull_max_lease_batch=_int(
-            pull, "maxLeaseBatch", DEFAULTS.pull_max_lease_batch, 1, 10_000, "delivery.pull."
-        ),
+        pull_max_lease_batch=_int(pull, "pull_max_lease_batch", 1, 10_000),
         stream_key=_stream_key(stream),
-        stream_max_len=_int(
-            stream, "maxLen", DEFAULTS.stream_max_len, 0, 1_000_000_000, "delivery.stream."
-        ),
+        stream_max_len=_int(stream, "stream_max_len", 0, 1_000_000_000),
         paused=None
         if section.get("paused") is None
         else _bool(section, "paused", False, "delivery."),
@@ -566,14 +513,7 @@ def _append_fsync(redis: Mapping[str, Any]) -> str:
 
 def _min_replicas_to_write(redis: Mapping[str, Any], replicas_per_broker: int) -> int:
     """Bounded by the broker's replicas: more could never be in sync, so no write would pass."""
-    value = _int(
-        redis,
-        "minReplicasToWrite",
-        DEFAULTS.redis_min_replicas_to_write,
-        0,
-        MAX_REPLICAS_PER_BROKER,
-        "redis.",
-    )
+    value = _int(redis, "redis_min_replicas_to_write", 0, MAX_REPLICAS_PER_BROKER)
     if value > replicas_per_broker:
         raise SpecError(
             f"{MIN_REPLICAS_EXCEED_MESSAGE} (minReplicasToWrite={value}, "
@@ -582,10 +522,12 @@ def _min_replicas_to_write(redis: Mapping[str, Any], replicas_per_broker: int) -
     return value
 
 
-def _retry_duration_ms(retry: Mapping[str, Any], key: str, setting: str) -> int:
-    return parse_duration_ms(
-        retry.get(key, crd_default(setting)), f"retry.{key}", 1, MAX_RETRY_BACKOFF_MS
-    )
+def _duration(section: Mapping[str, Any], setting: str, low_ms: int, high_ms: int) -> int:
+    """The duration setting `setting` (a TopicDefaults name) read from its CRD `section` under
+    the last part of its path, defaulted as the CRD defaults it, named by its whole path."""
+    path = crd_path(setting)
+    key = path.rsplit(".", 1)[-1]
+    return parse_duration_ms(section.get(key, crd_default(setting)), path, low_ms, high_ms)
 
 
 def _multiplier(retry: Mapping[str, Any]) -> float:
@@ -612,9 +554,7 @@ def _choice(
 def _sync_replicas(redis: Mapping[str, Any], replicas_per_broker: int) -> int:
     """Bounded by the broker's replicas: more could never confirm, so every write would wait
     its whole timeout and fail."""
-    value = _int(
-        redis, "syncReplicas", DEFAULTS.redis_sync_replicas, 0, MAX_REPLICAS_PER_BROKER, "redis."
-    )
+    value = _int(redis, "redis_sync_replicas", 0, MAX_REPLICAS_PER_BROKER)
     if value > replicas_per_broker:
         raise SpecError(
             f"{SYNC_REPLICAS_EXCEED_MESSAGE} (syncReplicas={value}, "
@@ -648,10 +588,11 @@ def _bool(spec: Mapping[str, Any], key: str, default: bool, prefix: str = "") ->
     return value
 
 
-def _int(
-    spec: Mapping[str, Any], key: str, default: int, low: int, high: int, prefix: str = ""
-) -> int:
-    value = spec.get(key, default)
+def _int(section: Mapping[str, Any], setting: str, low: int, high: int) -> int:
+    """The integer setting `setting` (a TopicDefaults name) read from its CRD `section` under
+    the last part of its path, defaulted from DEFAULTS, named by its whole path."""
+    path = crd_path(setting)
+    value = section.get(path.rsplit(".", 1)[-1], getattr(DEFAULTS, setting))
     if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
-        raise SpecError(f"{prefix}{key} must be an integer between {low} and {high}, got {value!r}")
+        raise SpecError(f"{path} must be an integer between {low} and {high}, got {value!r}")
     return value
