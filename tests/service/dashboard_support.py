@@ -200,5 +200,7 @@ def console_errors(driver: webdriver.Chrome) -> list[dict[str, Any]]:
     return [entry for entry in driver.get_log("browser") if entry["level"] == "SEVERE"]
 
 
-def message_hash(message_id: str) -> str:
-    return "#/message/" + quote(message_id, safe="")
+def message_hash(message_id: str, slot: int | None = None) -> str:
+    """The message page's address: the percent-encoded id, and `?slot=N` when the page should
+    look in that slot (as the dead list's links do)."""
+    return "#/message/" + quote(message_id, safe="") + ("" if slot is None else f"?slot={slot}")
