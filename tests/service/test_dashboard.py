@@ -311,7 +311,7 @@ def test_a_dead_message_scheduled_with_a_slot_basis_opens_from_the_list_and_is_r
     assert store.zscore(key(slot, Part.STORE), "dl-open") is not None
     served.api("DELETE", f"/messages/dl-open?slot={slot}")  # due now: would stall
     served.api("POST", "/dead/purge", {"all": True})  # what kill_to_dead took beside it
-    assert console_errors(driver) == []
+    assert [error["message"] for error in console_errors(driver)] == []
 
 
 def delivery_state(driver: webdriver.Chrome, contains: str) -> str:

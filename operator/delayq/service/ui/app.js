@@ -508,6 +508,9 @@
     const verb = action === "redrive" ? "Redrive" : "Purge";
     if (!(await confirmAction(text, verb))) return;
     const answer = await call("POST", `${API}/dead/${action}`, all ? { all: true } : { ids });
+    // the list is reloaded before the outcome is told, so what the status says is on screen
+    deadCursor = null;
+    await loadDead();
     if (all) {
       $("dead-status").textContent = `${verb}: ${number(answer.moved)} message(s).`;
     } else {
@@ -517,8 +520,6 @@
         `${verb}: ${done} of ${answer.results.length}` +
         (other.length ? `; not done: ${other.map((r) => `${clip(r.id, 60)} (${r.result})`).join(", ")}` : ".");
     }
-    deadCursor = null;
-    await loadDead();
   }
 
   // ---- pages and polling -----------------------------------------------------------------
