@@ -130,6 +130,35 @@ def test_slot_basis_routes_and_addresses_the_message(queue: Queue) -> None:
     assert queue.cancel("a", slot_basis="customer-7").code is Code.CANCELLED
 
 
+def test_an_explicit_slot_addresses_a_message_without_its_basis(queue: Queue) -> None:
+    """What a dead page offers: the slot that holds the message, its basis being unknown."""
+    basis = next(
+        b for b in (f"c-{n}" for n in range(100)) if TOPIC.slot_of(b) != TOPIC.slot_of("a")
+    )
+    slot = queue.schedule("a", delay_ms=HOUR_MS, slot_basis=basis).slot
+    assert Target("a", explicit_slot=slot).slot(TOPIC) == slot
+    [found, elsewhere] = queue.get_many([Target("a", explicit_slot=slot), Target("a")])
+    assert (found.state, found.slot, elsewhere.state) == (State.SCHEDULED, slot, State.ABSENT)
+    moved = queue.reschedule("a", delay_ms=2 * HOUR_MS, slot=slot)
+    assert moved.code is Code.RESCHEDULED
+    assert queue.cancel_many([Target("a", explicit_slot=slot)])[0].code is Code.CANCELLED
+
+
+@pytest.mark.parametrize(
+    "target", [Target("a", explicit_slot=-1), Target("a", "k", explicit_slot=0)]
+)
+def test_an_explicit_slot_outside_the_topic_or_beside_a_basis_is_refused(
+    queue: Queue, target: Target
+) -> None:
+    with pytest.raises(InvalidMessageError, match="slot"):
+        target.slot(TOPIC)
+    with pytest.raises(InvalidMessageError):
+        queue.get_many([target])
+    outside = Target("a", explicit_slot=TOPIC.slot_amount)
+    with pytest.raises(InvalidMessageError, match=f"outside 0..{TOPIC.slot_amount - 1}"):
+        outside.slot(TOPIC)
+
+
 def test_cancel_in_every_state(queue: Queue) -> None:
     queue.schedule("s", delay_ms=HOUR_MS)
     queue.schedule("p", delay_ms=0)

@@ -231,7 +231,7 @@ def test_dead_list_redrive_purge(served: Served, run):
 
 def test_dead_redrive_by_the_listed_slot_finds_a_slot_basis_message(served: Served, run):
     """Its id alone routes to another slot (the record keeps no basis): `--slot` from `dead
-    list` or `--slot-basis` finds it."""
+    list` or `--slot-basis` finds it, for `dead` and for `msg get|reschedule|cancel`."""
     served.api("POST", "/dead/purge", {"all": True})
     topic = Topic(TOPIC, namespace=NAMESPACE, slot_amount=SLOTS)
     bases = (f"customer-{n}" for n in range(100))
@@ -241,14 +241,23 @@ def test_dead_redrive_by_the_listed_slot_finds_a_slot_basis_message(served: Serv
     slot = {line.split()[0]: line.split()[1] for line in out.splitlines()[1:]}["sb"]
     code, out, _ = run("dead", "redrive", "sb")
     assert (code, out.splitlines()[0]) == (NOT_FOUND, "0 of 1 redriven")
+    code, out, _ = run("msg", "get", "sb")
+    assert code == NOT_FOUND
+    code, out, _ = run("msg", "get", "sb", "--slot", slot)
+    assert (code, out.splitlines()[1].split()) == (OK, ["state", "dead"])
     code, out, _ = run("dead", "redrive", "sb", "--slot", slot)
     assert (code, out.strip()) == (OK, "1 of 1 redriven")
     assert served.redis.zscore(served.key(int(slot), Part.STORE), "sb") is not None
+    code, out, _ = run("msg", "reschedule", "sb", "--slot", slot, "--delay-ms", "3600000")
+    assert (code, out.split(",")[0]) == (OK, "sb: rescheduled")
+    code, _, err = run("msg", "get", "sb", "--slot", slot, "--slot-basis", basis)
+    assert (code, "not allowed with argument" in err) == (BAD_INPUT, True)
     code, out, _ = run("dead", "purge", "sb2", "--slot-basis", basis)
     assert (code, out.strip()) == (OK, "1 of 1 purged")
     code, _, err = run("dead", "purge", "--all", "--yes", "--slot", slot)
     assert (code, len(err.strip().splitlines())) == (BAD_INPUT, 1)
-    served.api("DELETE", f"/messages/sb?slotBasis={basis}")  # due now: nobody leases it
+    code, out, _ = run("msg", "cancel", "sb", "--slot", slot)
+    assert (code, out.strip()) == (OK, "sb: cancelled")
 
 
 def test_topic_pause_and_resume_show_in_stats_and_slots(served: Served, run):

@@ -43,6 +43,42 @@ async def test_schedule_get_reschedule_cancel(start_service: StartService):
     assert (await client.get(f"{base}/messages/a")).status == 404
 
 
+async def test_the_slot_that_holds_a_message_addresses_it(start_service: StartService):
+    """What the dashboard's dead list knows of a message scheduled with a slot basis: its
+    slot. `?slot=` finds it where the id alone does not; a wrong slot is a 404 that says
+    where it looked; a slot beside a slotBasis, or outside the topic, is a 400 on `slot`."""
+    running = await start_service()  # 4 slots
+    client, base = running.client, running.base
+    topic = running.service.topic
+    basis = next(
+        b for b in (f"c-{n}" for n in range(100)) if topic.slot_of(b) != topic.slot_of("m")
+    )
+    created = await client.post(
+        f"{base}/messages", json={"id": "m", "slotBasis": basis, "delayMs": 60_000}
+    )
+    slot = (await created.json())["slot"]
+    assert (await client.get(f"{base}/messages/m")).status == 404
+    got = await client.get(f"{base}/messages/m", params={"slot": str(slot)})
+    assert (got.status, (await got.json())["slot"]) == (200, slot)
+
+    wrong = (slot + 1) % topic.slot_amount
+    missing = await client.get(f"{base}/messages/m", params={"slot": str(wrong)})
+    assert missing.status == 404
+    assert f"looked up in slot {wrong}" in (await missing.json())["error"]
+
+    for params in ({"slot": str(slot), "slotBasis": basis}, {"slot": "4"}, {"slot": "-1"}):
+        refused = await client.get(f"{base}/messages/m", params=params)
+        assert (refused.status, (await refused.json())["field"]) == (400, "slot"), params
+        assert (await client.delete(f"{base}/messages/m", params=params)).status == 400
+
+    moved = await client.post(
+        f"{base}/messages/m/reschedule", params={"slot": str(slot)}, json={"atMs": 2**41}
+    )
+    assert (moved.status, (await moved.json())["dueMs"]) == (200, 2**41)
+    cancelled = await client.delete(f"{base}/messages/m", params={"slot": str(slot)})
+    assert (cancelled.status, (await cancelled.json())["result"]) == (200, "cancelled")
+
+
 async def test_a_finished_id_is_remembered_over_http(start_service: StartService):
     """outcomeRetention on: GET answers a cancelled id's outcome, a create-only retry of it
     answers already_done (200) without scheduling it, an upsert schedules it anew."""

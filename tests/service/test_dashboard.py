@@ -3,10 +3,11 @@ Selenium through /usr/bin/chromedriver) against two real `delayq serve` processe
 pull topic through a real ZooKeeper, on the session's real redis-server.
 
 What is checked: pages load without console errors, the numbers shown are the API's, cancel,
-reschedule, redrive (a message scheduled with a slot basis included), purge, pause and resume
-change what Redis holds, XSS attempts in ids, payloads, headers and reasons render as inert
-text, the read-only token can look but not act, and the page is usable from the keyboard.
-Every wait has a deadline (WebDriverWait or `wait_until`).
+reschedule, redrive (a message scheduled with a slot basis included, from the list and from its
+own page opened through the list's link), purge, pause and resume change what Redis holds, XSS
+attempts in ids, payloads, headers and reasons render as inert text, the read-only token can
+look but not act, and the page is usable from the keyboard. Every wait has a deadline
+(WebDriverWait or `wait_until`).
 """
 
 from __future__ import annotations
@@ -275,6 +276,42 @@ def test_a_dead_message_scheduled_with_a_slot_basis_is_redriven_from_the_list(
     served.api("DELETE", f"/messages/dl-basis?slotBasis={basis}")  # due now: would stall
     served.api("POST", "/dead/purge", {"all": True})  # what kill_to_dead took beside it
     assert console_errors(driver) == []
+
+
+def test_a_dead_message_scheduled_with_a_slot_basis_opens_from_the_list_and_is_redriven(
+    served: Fleet, driver: webdriver.Chrome, store: redis.Redis
+):
+    """Its id alone would look in another slot and find nothing: the list links to the message
+    page with the slot it lists, and the page's redrive addresses that slot too."""
+    topic = Topic(TOPIC, namespace=NAMESPACE, slot_amount=SLOTS)
+    basis = next(
+        f"tenant-{n}"
+        for n in range(100)
+        if Target("dl-open", f"tenant-{n}").slot(topic) != topic.slot_of("dl-open")
+    )
+    slot = served.schedule("dl-open", 0, slotBasis=basis, payload="order 9")["slot"]
+    served.kill_to_dead(1, "HTTP 410 from receiver", including="dl-open")
+    open_dashboard(driver, served.url, page="dead")
+    link = driver.find_element(By.XPATH, '//*[@id="dead-table"]//a[text()="dl-open"]')
+    assert link.get_attribute("href") == f"{served.url}/ui{message_hash('dl-open', slot)}"
+    before = loads(driver, "message")
+    link.click()
+    wait_for_load(driver, "message", before + 1)
+    fields = definitions(driver, "message-fields")
+    assert (fields["Id"], fields["State"], fields["Slot"]) == ("dl-open", "dead", str(slot))
+    assert fields["Last error"] == "HTTP 410 from receiver"
+    assert driver.find_element(By.ID, "message-payload").text == "order 9"
+    assert driver.find_element(By.ID, "lookup-slot").get_attribute("value") == str(slot)
+
+    driver.find_element(By.ID, "redrive-button").click()
+    confirm(driver)
+    status_text(driver, "message-status", "redriven")
+    assert definitions(driver, "message-fields")["State"] == "scheduled"
+    assert store.zscore(key(slot, Part.DEAD), "dl-open") is None
+    assert store.zscore(key(slot, Part.STORE), "dl-open") is not None
+    served.api("DELETE", f"/messages/dl-open?slot={slot}")  # due now: would stall
+    served.api("POST", "/dead/purge", {"all": True})  # what kill_to_dead took beside it
+    assert [error["message"] for error in console_errors(driver)] == []
 
 
 def delivery_state(driver: webdriver.Chrome, contains: str) -> str:

@@ -7,7 +7,6 @@ import pytest
 from delayq.queue.model import Lease, Target
 from delayq.queue.topic import Topic
 from delayq.service.parsing import (
-    DeadTarget,
     FieldError,
     PayloadTooLargeError,
     parse_batch,
@@ -79,9 +78,9 @@ def test_dead_targets_and_cursor():
     assert parse_dead_targets({"all": True}, TOPIC) is None
     body = {"ids": ["a", {"id": "b", "slotBasis": "k"}, {"id": "c", "slot": 3}]}
     assert parse_dead_targets(body, TOPIC) == [
-        DeadTarget(TOPIC.slot_of("a"), "a"),
-        DeadTarget(Target("b", "k").slot(TOPIC), "b"),
-        DeadTarget(3, "c"),  # as a dead page reports it: no slot basis needed
+        Target("a"),
+        Target("b", "k"),
+        Target("c", explicit_slot=3),  # as a dead page reports it: no slot basis needed
     ]
     assert parse_cursor("2:5", TOPIC) == (2, 5)
     with pytest.raises(FieldError, match="cursor"):
@@ -103,6 +102,22 @@ def test_dead_targets_refuse_a_slot_outside_the_topic_or_beside_a_basis(item, fi
     assert caught.value.field == field
 
 
+def test_a_path_target_takes_the_slot_that_holds_it():
+    assert parse_target("c", None, "3", TOPIC) == Target("c", explicit_slot=3)
+    assert parse_target("c", "k", None, TOPIC) == Target("c", "k")
+    assert parse_target("c", None, None, TOPIC).slot(TOPIC) == TOPIC.slot_of("c")
+
+
+@pytest.mark.parametrize(
+    ("basis", "slot"),
+    [(None, "4"), (None, "-1"), (None, "+3"), (None, " 3"), (None, "x"), (None, ""), ("k", "3")],
+)
+def test_a_path_slot_outside_the_topic_or_beside_a_basis_is_refused(basis, slot):
+    with pytest.raises(FieldError) as caught:
+        parse_target("c", basis, slot, TOPIC)
+    assert (caught.value.field, caught.value.status) == ("slot", 400)
+
+
 @pytest.mark.parametrize("bad", ["a\x00", "a\r\nX-Evil: 1", "a\x7f", "a\x85", "\ud800"])
 @pytest.mark.parametrize("field", ["id", "slotBasis"])
 def test_ids_and_slot_bases_refuse_control_characters_and_lone_surrogates(bad, field):
@@ -115,7 +130,9 @@ def test_ids_and_slot_bases_refuse_control_characters_and_lone_surrogates(bad, f
         parse_dead_targets({"ids": [{"id": "a", field: bad}]}, TOPIC)
     assert caught.value.field == f"ids[0].{field}"
     with pytest.raises(FieldError):
-        parse_target(bad, None) if field == "id" else parse_target("a", bad)
+        parse_target(bad, None, None, TOPIC) if field == "id" else parse_target(
+            "a", bad, None, TOPIC
+        )
 
 
 def test_lone_surrogates_anywhere_in_text_are_400():

@@ -133,10 +133,8 @@ class _Plans:
         )
         return plans.first(plans.schedule(self.topic, [request], mode))
 
-    def reschedule(
-        self, message_id: str, delay_ms: int | None, at_ms: int | None, slot_basis: str | None
-    ) -> Plan[Outcome]:
-        move = (Target(message_id, slot_basis), delay_ms, at_ms)
+    def reschedule(self, target: Target, delay_ms: int | None, at_ms: int | None) -> Plan[Outcome]:
+        move = (target, delay_ms, at_ms)
         return plans.checked(plans.reschedule(self.topic, [move]), Script.RESCHEDULE)
 
     def claim(
@@ -257,8 +255,12 @@ class Queue:
         delay_ms: int | None = None,
         at_ms: int | None = None,
         slot_basis: str | None = None,
+        slot: int | None = None,
     ) -> Outcome:
-        return self.run(self._plans.reschedule(message_id, delay_ms, at_ms, slot_basis))
+        """Move a scheduled message's due time; `slot` (the slot known to hold it, as a dead
+        page lists) routes it instead of `slot_basis`."""
+        target = Target(message_id, slot_basis, slot)
+        return self.run(self._plans.reschedule(target, delay_ms, at_ms))
 
     def get(self, message_id: str, slot_basis: str | None = None) -> MessageInfo:
         return self.run(plans.first(plans.get(self.topic, [Target(message_id, slot_basis)])))
@@ -494,8 +496,12 @@ class AsyncQueue:
         delay_ms: int | None = None,
         at_ms: int | None = None,
         slot_basis: str | None = None,
+        slot: int | None = None,
     ) -> Outcome:
-        return await self.run(self._plans.reschedule(message_id, delay_ms, at_ms, slot_basis))
+        """Move a scheduled message's due time; `slot` (the slot known to hold it, as a dead
+        page lists) routes it instead of `slot_basis`."""
+        target = Target(message_id, slot_basis, slot)
+        return await self.run(self._plans.reschedule(target, delay_ms, at_ms))
 
     async def get(self, message_id: str, slot_basis: str | None = None) -> MessageInfo:
         return await self.run(plans.first(plans.get(self.topic, [Target(message_id, slot_basis)])))

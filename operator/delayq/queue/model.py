@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 from typing import NamedTuple, Protocol
 
 from delayq.queue.codec import Headers, encode_id
-from delayq.queue.codes import Code, DelayqError
+from delayq.queue.codes import Code, DelayqError, InvalidMessageError
 from delayq.queue.topic import Topic
 
 SLOT_BASIS = "slot_basis"  # a slot basis follows the id rule: it is hashed and sent like one
@@ -98,14 +98,26 @@ class PartlyStoredError(DelayqError):
 
 @dataclass(frozen=True)
 class Target:
-    """A message addressed by id, routed by its slot basis (the id itself unless given)."""
+    """A message addressed by id, routed by its slot basis (the id itself unless given) or,
+    instead of the basis, by `explicit_slot`, the slot known to hold it: a dead record does
+    not keep its basis, so the slot a dead page lists is all a reader of that page has."""
 
     id: str
     slot_basis: str | None = None
+    explicit_slot: int | None = None
 
     def slot(self, topic: Topic) -> int:
         """The slot of `topic` the message lives in (the routing every client uses); raises
-        InvalidMessageError for a slot basis that breaks the id rule."""
+        InvalidMessageError for a slot basis that breaks the id rule, an explicit slot outside
+        the topic, or both given (they could disagree)."""
+        if self.explicit_slot is not None:
+            if self.slot_basis is not None:
+                raise InvalidMessageError("give a slot basis or an explicit slot, not both")
+            if not 0 <= self.explicit_slot < topic.slot_amount:
+                raise InvalidMessageError(
+                    f"slot {self.explicit_slot} is outside 0..{topic.slot_amount - 1}"
+                )
+            return self.explicit_slot
         if self.slot_basis is None:
             return topic.slot_of(self.id)
         return topic.slot_of(encode_id(self.slot_basis, SLOT_BASIS))

@@ -248,15 +248,20 @@ def _listed(count: int, slots: list[int]) -> str:
     return f"{count}: {', '.join(str(s) for s in slots)}{more}"
 
 
-def _message_path(message_id: str, slot_basis: str | None, suffix: str = "") -> str:
-    if not message_id:
+def _message_path(args: argparse.Namespace, suffix: str = "") -> str:
+    """The message's path, with the `--slot` that holds it (as `dead list` shows it) or the
+    `--slot-basis` it was scheduled with (at most one: `_message` makes them exclusive)."""
+    if not args.id:
         raise AdminError(BAD_INPUT, "a message id cannot be empty")
-    query = "?" + urlencode({"slotBasis": slot_basis}) if slot_basis else ""
-    return f"/messages/{quote(message_id, safe='')}{suffix}{query}"
+    if args.slot is not None:
+        query = "?" + urlencode({"slot": args.slot})
+    else:
+        query = "?" + urlencode({"slotBasis": args.slot_basis}) if args.slot_basis else ""
+    return f"/messages/{quote(args.id, safe='')}{suffix}{query}"
 
 
 def msg_get(api: Api, args: argparse.Namespace, out: TextIO) -> int:
-    message = api.call("GET", _message_path(args.id, args.slot_basis))
+    message = api.call("GET", _message_path(args))
     if args.json:
         emit_json(message, out)
         return OK
@@ -281,14 +286,14 @@ def msg_get(api: Api, args: argparse.Namespace, out: TextIO) -> int:
 
 
 def msg_cancel(api: Api, args: argparse.Namespace, out: TextIO) -> int:
-    done = api.call("DELETE", _message_path(args.id, args.slot_basis))
+    done = api.call("DELETE", _message_path(args))
     answer(done, args.json, f"{safe(done['id'])}: {done['result']}", out)
     return OK
 
 
 def msg_reschedule(api: Api, args: argparse.Namespace, out: TextIO) -> int:
     body = {"delayMs": args.delay_ms} if args.delay_ms is not None else {"atMs": args.at_ms}
-    done = api.call("POST", _message_path(args.id, args.slot_basis, "/reschedule"), body)
+    done = api.call("POST", _message_path(args, "/reschedule"), body)
     text = f"{safe(done['id'])}: {done['result']}, due {instant(done['dueMs'])}"
     answer(done, args.json, text, out)
     return OK
@@ -499,7 +504,11 @@ def _common(parser: argparse.ArgumentParser) -> None:
 
 def _message(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("id", help="message id (as scheduled; any characters)")
-    parser.add_argument("--slot-basis", help="the slot basis it was scheduled with, if any")
+    where = parser.add_mutually_exclusive_group()
+    where.add_argument("--slot-basis", help="the slot basis it was scheduled with, if any")
+    where.add_argument(
+        "--slot", type=_non_negative, help="instead, the slot that holds it (as `dead list` shows)"
+    )
 
 
 EPILOG = (

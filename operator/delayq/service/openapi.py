@@ -58,6 +58,15 @@ SLOT_BASIS = {
     "(slotBasis, id), so one scheduled with a slotBasis is found only with it",
     "schema": ID_SCHEMA,
 }
+SLOT = {
+    "name": "slot",
+    "in": "query",
+    "required": False,
+    "description": "instead of slotBasis, the slot that holds the message (0..slotAmount-1), "
+    "as a dead page lists it: a dead record does not keep its slot basis; a wrong slot is a "
+    "404, a slot outside the topic or beside slotBasis a 400",
+    "schema": {"type": "integer", "minimum": 0, "maximum": MAX_SLOT_AMOUNT - 1},
+}
 RETRY_AFTER = {
     "Retry-After": {
         "description": "seconds to wait before resending",
@@ -527,10 +536,10 @@ def _paths() -> dict[str, Schema]:
         },
         messages + "/{id}": {
             "get": operation(
-                "A message's state", ok("found", ref("Message")), None, [ID, SLOT_BASIS]
+                "A message's state", ok("found", ref("Message")), None, [ID, SLOT_BASIS, SLOT]
             ),
             "delete": operation(
-                "Cancel a message", ok("cancelled", ref("Outcome")), None, [ID, SLOT_BASIS]
+                "Cancel a message", ok("cancelled", ref("Outcome")), None, [ID, SLOT_BASIS, SLOT]
             ),
         },
         messages + "/{id}/reschedule": {
@@ -538,7 +547,7 @@ def _paths() -> dict[str, Schema]:
                 "Move a message's due time",
                 ok("rescheduled", ref("Outcome")),
                 when([]),
-                [ID, SLOT_BASIS],
+                [ID, SLOT_BASIS, SLOT],
             ),
         },
         leases: {

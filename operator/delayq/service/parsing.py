@@ -69,10 +69,12 @@ def get_int(
     if value is None:
         raise FieldError(prefix + name, f"{prefix + name} is required")
     if not isinstance(value, int) or isinstance(value, bool) or not low <= value <= high:
-        raise FieldError(
-            prefix + name, f"{prefix + name} must be an integer between {low} and {high}"
-        )
+        raise FieldError(prefix + name, _int_rule(prefix + name, low, high))
     return value
+
+
+def _int_rule(field: str, low: int, high: int) -> str:
+    return f"{field} must be an integer between {low} and {high}"
 
 
 def get_str(body: Body, name: str, default: str | None = None, prefix: str = "") -> str:
@@ -266,23 +268,27 @@ def parse_extend(body: Body, topic: Topic) -> tuple[list[Lease], int]:
     return parse_tokens(body, topic), get_int(body, "leaseMs", 1, MAX_LEASE_MS)
 
 
-def parse_target(message_id: str, slot_basis: str | None) -> Target:
+def parse_target(message_id: str, slot_basis: str | None, slot: str | None, topic: Topic) -> Target:
     """The message a path names: `{id}` and, for one scheduled with a slot basis, the
-    `slotBasis` query parameter (without it, the id routes itself)."""
-    if slot_basis is not None:
-        check_id(check_text(slot_basis, "slotBasis"), "slotBasis")
-    return Target(check_id(check_text(message_id, "id"), "id"), slot_basis)
+    `slotBasis` query parameter or, instead, the `slot` that holds it (what a dead page
+    lists); with neither, the id routes itself."""
+    check_id(check_text(message_id, "id"), "id")
+    basis = None if slot_basis is None else check_text(slot_basis, "slotBasis")
+    in_slot = _query_int(slot, "slot", 0, topic.slot_amount - 1)
+    return _routed(message_id, basis, in_slot)
 
 
-@dataclass(frozen=True)
-class DeadTarget:
-    """A dead message to redrive or purge, by the slot that holds it."""
+def _routed(message_id: str, basis: str | None, slot: int | None, prefix: str = "") -> Target:
+    """A target by at most one of `basis` and a `slot` already checked in range (they could
+    disagree), checked here so that the engine's own check (`Target.slot`) never fails later."""
+    if slot is not None and basis is not None:
+        raise FieldError(prefix + "slot", f"give {prefix}slot or {prefix}slotBasis, not both")
+    if basis is not None:
+        check_id(basis, prefix + "slotBasis")
+    return Target(message_id, basis, slot)
 
-    slot: int
-    id: str
 
-
-def parse_dead_targets(body: Body, topic: Topic) -> list[DeadTarget] | None:
+def parse_dead_targets(body: Body, topic: Topic) -> list[Target] | None:
     """None for `{"all": true}` (every dead message), else the listed `ids`: each an id, or
     an object {id} with its `slotBasis` or the `slot` a dead page reports. The slot is what a
     dead page can offer for a message scheduled with a slot basis: its record does not keep
@@ -302,17 +308,14 @@ def parse_dead_targets(body: Body, topic: Topic) -> list[DeadTarget] | None:
     ]
 
 
-def _dead_target(fields: Body, prefix: str, topic: Topic) -> DeadTarget:
-    message_id = get_id(fields, "id", prefix)
+def _dead_target(fields: Body, prefix: str, topic: Topic) -> Target:
     slot, basis = fields.get("slot"), fields.get("slotBasis")
-    if slot is not None and basis is not None:
-        raise FieldError(prefix + "slot", f"give {prefix}slot or {prefix}slotBasis, not both")
-    if slot is not None:
-        last = topic.slot_amount - 1
-        return DeadTarget(get_int(fields, "slot", 0, last, prefix=prefix), message_id)
-    if basis is not None:
-        get_id(fields, "slotBasis", prefix)
-    return DeadTarget(Target(message_id, basis).slot(topic), message_id)
+    return _routed(
+        get_id(fields, "id", prefix),
+        None if basis is None else get_str(fields, "slotBasis", prefix=prefix),
+        None if slot is None else get_int(fields, "slot", 0, topic.slot_amount - 1, prefix=prefix),
+        prefix,
+    )
 
 
 def parse_cursor(raw: str | None, topic: Topic) -> tuple[int, int]:
@@ -329,10 +332,15 @@ def parse_cursor(raw: str | None, topic: Topic) -> tuple[int, int]:
 
 
 def parse_count(raw: str | None, default: int) -> int:
+    count = _query_int(raw, "count", 1, MAX_PAGE)
+    return default if count is None else count
+
+
+def _query_int(raw: str | None, field: str, low: int, high: int) -> int | None:
+    """A query parameter's integer in low..high (None when absent)."""
+    if raw is None:
+        return None
     # digits only, and few: int() would take " 5", "+5", non-ASCII digits and fail on 5,000 digits
-    if raw is not None and not (raw.isascii() and raw.isdigit() and len(raw) <= 9):
-        raise FieldError("count", f"count must be an integer between 1 and {MAX_PAGE}")
-    count = default if raw is None else int(raw)
-    if not 1 <= count <= MAX_PAGE:
-        raise FieldError("count", f"count must be an integer between 1 and {MAX_PAGE}")
-    return count
+    if not (raw.isascii() and raw.isdigit() and len(raw) <= 9) or not low <= int(raw) <= high:
+        raise FieldError(field, _int_rule(field, low, high))
+    return int(raw)

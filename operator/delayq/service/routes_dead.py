@@ -8,10 +8,10 @@ from collections.abc import Awaitable, Callable, Sequence
 from aiohttp import web
 
 from delayq.queue.client import AsyncQueue
-from delayq.queue.model import MessageInfo, Outcome
+from delayq.queue.model import MessageInfo, Outcome, Target
 from delayq.service.envelope import info_json
-from delayq.service.http_support import json_body, service_for
-from delayq.service.parsing import DeadTarget, parse_count, parse_cursor, parse_dead_targets
+from delayq.service.http_support import json_body, service_for, slot_of_target
+from delayq.service.parsing import parse_count, parse_cursor, parse_dead_targets
 from delayq.service.routes_overview import VIEWS
 from delayq.service.service import DelayService
 
@@ -47,11 +47,11 @@ async def list_dead(request: web.Request) -> web.Response:
 
 
 async def _by_slot(
-    service: DelayService, targets: list[DeadTarget], action: PerSlot
+    service: DelayService, targets: list[Target], action: PerSlot
 ) -> list[dict[str, str]]:
     ids: dict[int, list[str]] = defaultdict(list)
     for target in targets:
-        ids[target.slot].append(target.id)
+        ids[slot_of_target(service, target)].append(target.id)
     results = []
     for slot, slot_ids in ids.items():
         outcomes = await action(service.brokers.queue_for(slot), slot, slot_ids)

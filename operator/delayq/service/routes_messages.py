@@ -120,20 +120,28 @@ async def _schedule(
     return results
 
 
-def _target(request: web.Request) -> Target:
-    return parse_target(request.match_info["id"], request.query.get("slotBasis"))
+def _target(request: web.Request, service: DelayService) -> Target:
+    query = request.query
+    return parse_target(
+        request.match_info["id"], query.get("slotBasis"), query.get("slot"), service.topic
+    )
 
 
 def _where(target: Target) -> str:
     """Why a 404 may be the address, not the message: a message is (slot basis, id)."""
+    if target.explicit_slot is not None:
+        return f"looked up in slot {target.explicit_slot}"
     if target.slot_basis is None:
-        return "looked up by its id alone; add ?slotBasis= if it was scheduled with one"
+        return (
+            "looked up by its id alone; add ?slotBasis= (or the ?slot= that holds it) if it "
+            "was scheduled with one"
+        )
     return f"looked up with slotBasis {target.slot_basis!r}"
 
 
 async def get(request: web.Request) -> web.Response:
     service = service_for(request)
-    target = _target(request)
+    target = _target(request, service)
     [info] = await service.brokers.queue_for(slot_of_target(service, target)).get_many([target])
     if info.state is State.ABSENT:
         raise NotFoundError("get", target.id, _where(target))
@@ -142,7 +150,7 @@ async def get(request: web.Request) -> web.Response:
 
 async def cancel(request: web.Request) -> web.Response:
     service = service_for(request)
-    target = _target(request)
+    target = _target(request, service)
     queue = service.brokers.queue_for(slot_of_target(service, target))
     [outcome] = await queue.cancel_many([target])
     raise_for_code(outcome.code, "cancel", outcome.id, _where(target))
@@ -151,11 +159,15 @@ async def cancel(request: web.Request) -> web.Response:
 
 async def reschedule(request: web.Request) -> web.Response:
     service = service_for(request)
-    target = _target(request)
+    target = _target(request, service)
     delay_ms, at_ms = parse_when(await json_body(request))
     queue = service.brokers.queue_for(slot_of_target(service, target))
     outcome = await queue.reschedule(
-        target.id, delay_ms=delay_ms, at_ms=at_ms, slot_basis=target.slot_basis
+        target.id,
+        delay_ms=delay_ms,
+        at_ms=at_ms,
+        slot_basis=target.slot_basis,
+        slot=target.explicit_slot,
     )
     return web.json_response(
         {"id": outcome.id, "result": outcome.code.name.lower(), "dueMs": outcome.at_ms}

@@ -357,20 +357,33 @@
 
   // ---- message ---------------------------------------------------------------------------
 
-  let shown = null; // {id, basis} of the message on screen
+  // {id, slot} of the message on screen: its actions address it by the slot the lookup
+  // answered, whether it was found by id, slot basis or slot
+  let shown = null;
 
-  function messagePath(id, basis, suffix = "") {
-    const query = basis ? `?slotBasis=${encodeURIComponent(basis)}` : "";
-    return `${API}/messages/${encodeURIComponent(id)}${suffix}${query}`;
+  /** The API path of a message, addressed by at most one of `where.basis` and `where.slot`
+   *  (strings; empty when not given). */
+  function messagePath(id, where, suffix = "") {
+    const query = new URLSearchParams();
+    if (where.basis) query.set("slotBasis", where.basis);
+    if (where.slot !== "") query.set("slot", where.slot);
+    const text = query.toString();
+    return `${API}/messages/${encodeURIComponent(id)}${suffix}${text ? "?" + text : ""}`;
   }
 
-  async function lookUp(id, basis) {
+  /** The message page's address for a message in a known slot (the dead list's links):
+   *  `#/message/<percent-encoded id>?slot=N`; `#/message/<id>` alone looks it up by id. */
+  function messageHash(id, slot) {
+    return `#/message/${encodeURIComponent(id)}?slot=${slot}`;
+  }
+
+  async function lookUp(id, where) {
     $("message-status").textContent = "";
     $("message-result").hidden = true;
     shown = null;
     let m;
     try {
-      m = await call("GET", messagePath(id, basis));
+      m = await call("GET", messagePath(id, where));
     } catch (error) {
       if (error.status === 404) {
         $("message-status").textContent = `Not found: ${error.message}`;
@@ -378,7 +391,7 @@
       }
       throw error;
     }
-    shown = { id, basis };
+    shown = { id, slot: String(m.slot) };
     const nowMs = Date.now();
     fill($("message-fields"), [
       ["Id", m.id],
@@ -411,7 +424,7 @@
     if (!shown) return;
     const ok = await confirmAction(`Cancel message “${shown.id}”? It will never be delivered.`, "Cancel message");
     if (!ok) return;
-    const answer = await call("DELETE", messagePath(shown.id, shown.basis));
+    const answer = await call("DELETE", messagePath(shown.id, shown));
     $("message-result").hidden = true;
     $("message-status").textContent = `Message “${answer.id}”: ${answer.result}.`;
     shown = null;
@@ -421,20 +434,18 @@
     if (!shown) return;
     const ok = await confirmAction(`Redrive dead message “${shown.id}”? It is delivered again now.`, "Redrive");
     if (!ok) return;
-    const target = shown.basis ? { id: shown.id, slotBasis: shown.basis } : shown.id;
+    const target = { id: shown.id, slot: Number(shown.slot) };
     const answer = await call("POST", `${API}/dead/redrive`, { ids: [target] });
-    const { id, basis } = shown;
-    await lookUp(id, basis);
+    await lookUp(shown.id, shown);
     $("message-status").textContent = `Message “${answer.results[0].id}”: ${answer.results[0].result}.`;
   }
 
   async function rescheduleShown(seconds) {
     if (!shown) return;
-    const answer = await call("POST", messagePath(shown.id, shown.basis, "/reschedule"), {
+    const answer = await call("POST", messagePath(shown.id, shown, "/reschedule"), {
       delayMs: Math.round(seconds * 1000),
     });
-    const { id, basis } = shown;
-    await lookUp(id, basis);
+    await lookUp(shown.id, shown);
     $("message-status").textContent = `Message “${answer.id}”: ${answer.result}, due ${instant(answer.dueMs)}.`;
   }
 
@@ -457,7 +468,8 @@
         const box = el("input", { type: "checkbox", "aria-label": `Select ${clip(m.id, 80)}` });
         box.dataset.id = m.id;
         box.dataset.slot = String(m.slot);
-        const link = el("a", { href: `#/message/${encodeURIComponent(m.id)}`, className: "id" }, clip(m.id, 120));
+        // with its slot: the dead record does not keep a slot basis, so the id may not find it
+        const link = el("a", { href: messageHash(m.id, m.slot), className: "id" }, clip(m.id, 120));
         return el(
           "tr", {},
           el("td", {}, box),
@@ -496,6 +508,9 @@
     const verb = action === "redrive" ? "Redrive" : "Purge";
     if (!(await confirmAction(text, verb))) return;
     const answer = await call("POST", `${API}/dead/${action}`, all ? { all: true } : { ids });
+    // the list is reloaded before the outcome is told, so what the status says is on screen
+    deadCursor = null;
+    await loadDead();
     if (all) {
       $("dead-status").textContent = `${verb}: ${number(answer.moved)} message(s).`;
     } else {
@@ -505,8 +520,6 @@
         `${verb}: ${done} of ${answer.results.length}` +
         (other.length ? `; not done: ${other.map((r) => `${clip(r.id, 60)} (${r.result})`).join(", ")}` : ".");
     }
-    deadCursor = null;
-    await loadDead();
   }
 
   // ---- pages and polling -----------------------------------------------------------------
@@ -555,16 +568,20 @@
       else link.removeAttribute("aria-current");
     }
     if (page === "message" && arg) {
+      // the id is percent-encoded, so the first "?" starts the query (`?slot=N`)
+      const [encoded, query = ""] = arg.split("?", 2);
       let id = null;
       try {
-        id = decodeURIComponent(arg);
+        id = decodeURIComponent(encoded);
       } catch (error) {
         showError("the message id in the address is not valid percent-encoding");
       }
       if (id !== null) {
+        const slot = new URLSearchParams(query).get("slot") ?? "";
         $("lookup-id").value = id;
         $("lookup-basis").value = "";
-        await guarded(() => lookUp(id, ""));
+        $("lookup-slot").value = slot;
+        await guarded(() => lookUp(id, { basis: "", slot }));
       }
     }
     await refresh();
@@ -598,7 +615,7 @@
     $("lookup-form").addEventListener("submit", (event) => {
       event.preventDefault();
       const id = $("lookup-id").value;
-      guarded(() => lookUp(id, $("lookup-basis").value));
+      guarded(() => lookUp(id, { basis: $("lookup-basis").value, slot: $("lookup-slot").value }));
     });
     $("reschedule-form").addEventListener("submit", (event) => {
       event.preventDefault();
