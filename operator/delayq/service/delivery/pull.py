@@ -3,18 +3,22 @@
 No push loop and no buffer: a lease request claims at most `max_count` messages, spread over the
 owned slots round-robin (an equal share per slot per round, one pipelined round trip per broker
 per round), so one hot slot cannot starve the others and nothing is leased that nobody asked
-for. An empty request may wait (long poll) until the earliest due time the claims reported, cut
-short when a producer schedules something earlier or this process takes over more slots.
+for. Each claim reply tells when its slot next has something to claim (its earliest due message
+or lease deadline), so a request claims only the slots due by then, woken since, or just owned:
+not every owned slot, which with many slots and a small `max` took several sequential rounds.
+An empty request may wait (long poll) until the earliest of those times, cut short when a
+producer schedules something earlier or this process takes over more slots.
 
 Ownership and wake-ups are the engine's `OwnedSlots`, one per broker (the core the push
-`Consumer` uses too): its one blocking wait per broker wakes every long poll at once, so a long
-poll holds no Redis connection and costs nothing while it waits.
+`Consumer` uses too): its one blocking wait per broker, and the timer at the next due time,
+hand the claim to one waiting long poll at a time (`LongPolls`), so a long poll holds no Redis
+connection and costs nothing while it waits, and a due message costs a claim, not one per
+waiting poll.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import time
 from collections.abc import Iterable
 from dataclasses import dataclass, field
@@ -24,17 +28,26 @@ from delayq.queue.model import ClaimBatch, Message, SlotClaim
 from delayq.queue.slots import OwnedSlot, OwnedSlots
 from delayq.queue.topups import TopUps
 from delayq.service.brokers import Brokers
+from delayq.service.delivery.long_polls import LongPolls
 
 MAX_LEASE_BATCH = 1000
-MIN_WAIT_S = 0.001
 PAUSE_CHECK_S = 1.0  # the brokers' pause flags are read again when older than this
+
+
+@dataclass(eq=False)
+class PullSlot(OwnedSlot):
+    """An owned slot and when it next has something to claim."""
+
+    # server ms from which a claim may find something (a due message or an expired lease);
+    # None: nothing until a wake-up; 0: now (just owned, woken, or it filled its share)
+    due_ms: float | None = 0.0
+    claiming: bool = False  # a claim is in flight: its reply sets due_ms
 
 
 @dataclass
 class _Round:
     messages: list[Message] = field(default_factory=list)
     full: list[int] = field(default_factory=list)  # slots that filled their share: maybe more
-    next_in_ms: int | None = None  # server ms until the earliest next due time or deadline
 
 
 class PullLeaser:
@@ -42,13 +55,12 @@ class PullLeaser:
 
     def __init__(self, brokers: Brokers) -> None:
         self.brokers = brokers
-        self._owned = [OwnedSlots(queue, OwnedSlot, self._wake) for queue in brokers.queues]
+        self._owned = [OwnedSlots(queue, PullSlot, self._wake) for queue in brokers.queues]
         self._top_ups = [TopUps(queue) for queue in brokers.queues]
         self._cursor = 0
         self._stopping = False
         self._rounds: set[asyncio.Future[None]] = set()  # claims in flight
-        # set (and replaced) when an owned slot may have something due now: wakes long polls
-        self._woken = asyncio.Event()
+        self._polls = LongPolls()
         # the Redis server clock as of the latest claim (server ms, monotonic s): lateness is
         # measured on it, never on this pod's clock
         self._clock = (time.time() * 1000, time.monotonic())
@@ -67,6 +79,7 @@ class PullLeaser:
     async def close(self) -> None:
         await asyncio.gather(*(top_ups.close() for top_ups in self._top_ups))
         await asyncio.gather(*(owned.close() for owned in self._owned))
+        self._polls.close()
 
     async def own(self, slots: Iterable[int]) -> None:
         for broker, broker_slots in self.brokers.split(slots).items():
@@ -83,12 +96,18 @@ class PullLeaser:
 
     def stop(self) -> None:
         self._stopping = True
-        self._wake(None)
+        self._polls.wake_all()
 
-    def _wake(self, _state: OwnedSlot | None) -> None:
-        """A slot was owned or woken (or the leaser stops): every long poll claims again."""
-        self._woken.set()
-        self._woken = asyncio.Event()
+    def _wake(self, state: PullSlot) -> None:
+        """A slot was owned or woken: it may have something due now (a claim in flight on it
+        sees `wakes` move and leaves it due)."""
+        state.due_ms = 0.0
+        self._polls.wake_one()
+
+    @property
+    def waiting(self) -> int:
+        """Long polls waiting now for something to be due."""
+        return len(self._polls)
 
     @property
     def paused(self) -> bool:
@@ -102,7 +121,7 @@ class PullLeaser:
         self._paused = list(await asyncio.gather(*(queue.is_paused() for queue in queues)))
         self._paused_read_s = time.monotonic()
 
-    def _state(self, slot: int) -> OwnedSlot | None:
+    def _state(self, slot: int) -> PullSlot | None:
         return self._owned[self.brokers.routing[slot]].get(slot)
 
     def server_now_ms(self) -> float:
@@ -115,58 +134,87 @@ class PullLeaser:
         while True:
             if time.monotonic() - self._paused_read_s >= PAUSE_CHECK_S:
                 await self.refresh_paused()
-            woken = self._woken  # taken before the claim: a wake-up during it ends the wait
-            messages, next_in_ms = await self._claim(max_count, lease_ms)
-            remaining_s = deadline - time.monotonic()
-            if messages or remaining_s <= 0 or self._stopping:
+            messages = await self._claim(max_count, lease_ms)
+            due_now = self._arm()
+            if messages:
+                if due_now:
+                    self._polls.wake_one()  # more is due: the next waiting poll claims it
                 return messages
-            wait_s = remaining_s if next_in_ms is None else min(remaining_s, next_in_ms / 1000)
-            if self.paused:
-                wait_s = min(wait_s, PAUSE_CHECK_S)  # a resume is seen within a second
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(woken.wait(), max(MIN_WAIT_S, wait_s))
+            remaining_s = deadline - time.monotonic()
+            if remaining_s <= 0 or self._stopping:
+                return []
+            if not due_now:
+                wait_s = min(remaining_s, PAUSE_CHECK_S) if self.paused else remaining_s
+                await self._polls.wait(wait_s)  # a resume is seen within a second
 
-    async def _claim(self, max_count: int, lease_ms: int) -> tuple[list[Message], int | None]:
+    def _idle(self) -> list[PullSlot]:
+        """The owned slots of unpaused brokers that no claim is in flight on."""
+        return [
+            state
+            for owned, paused in zip(self._owned, self._paused, strict=True)
+            if not paused
+            for state in owned
+            if not state.claiming
+        ]
+
+    def _arm(self) -> bool:
+        """Set the timer at the earliest time an idle slot has something to claim; True when
+        that is now. (A slot with a claim in flight is its claimer's to look at afterwards.)"""
+        times = [state.due_ms for state in self._idle() if state.due_ms is not None]
+        in_ms = min(times) - self.server_now_ms() if times else None
+        if in_ms is not None and in_ms <= 0:
+            return True
+        self._polls.arm(None if in_ms is None else in_ms / 1000)
+        return False
+
+    async def _claim(self, max_count: int, lease_ms: int) -> list[Message]:
         """Claim exactly up to `max_count`: shares per round never add up to more."""
         pending = self._rotation()
         messages: list[Message] = []
-        next_in_ms: int | None = None
         while pending and len(messages) < max_count:
             wanted = max_count - len(messages)
             batch, rest = pending[:wanted], pending[wanted:]
             result = await self._round(batch, _shares(wanted, len(batch)), lease_ms)
             messages.extend(result.messages)
-            next_in_ms = _earliest(next_in_ms, result.next_in_ms)
             pending = rest + result.full
-        return messages, next_in_ms
+        return messages
 
     def _rotation(self) -> list[int]:
-        """Owned slots starting after where the previous request started."""
-        owned = [s for s in self.owned_slots if not self._paused[self.brokers.routing[s]]]
-        if not owned:
+        """The idle slots due by now, starting after where the previous request started."""
+        now_ms = self.server_now_ms()
+        due = sorted(
+            state.slot
+            for state in self._idle()
+            if state.due_ms is not None and state.due_ms <= now_ms
+        )
+        if not due:
             return []
-        self._cursor = (self._cursor + 1) % len(owned)
-        return owned[self._cursor :] + owned[: self._cursor]
+        self._cursor = (self._cursor + 1) % len(due)
+        return due[self._cursor :] + due[: self._cursor]
 
     async def _round(self, slots: list[int], shares: list[int], lease_ms: int) -> _Round:
         claimed = {
-            slot: (state, share)
+            slot: (state, share, state.wakes)
             for slot, share in zip(slots, shares, strict=True)
-            if (state := self._state(slot)) is not None
+            if (state := self._state(slot)) is not None and not state.claiming
         }
         done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         self._rounds.add(done)
+        for state, _, _ in claimed.values():
+            state.claiming = True
         try:
             per_broker = self.brokers.split(claimed)
             replies = await asyncio.gather(
                 *(self._claim_on(broker, s, claimed, lease_ms) for broker, s in per_broker.items())
             )
         finally:
+            for state, _, _ in claimed.values():
+                state.claiming = False
             self._rounds.discard(done)
             done.set_result(None)
         result = _Round()
         for slot, outcome in (pair for reply in replies for pair in reply):
-            state, share = claimed[slot]
+            state, share, wakes = claimed[slot]
             if isinstance(outcome, StaleEpochError):
                 self._owned[self.brokers.routing[slot]].lose(state)  # fenced out by a newer owner
                 continue
@@ -175,19 +223,20 @@ class PullLeaser:
             top_ups.note(outcome)
             result.messages.extend(outcome.messages)
             self._clock = (outcome.now_us / 1000, time.monotonic())
+            upcoming = [t for t in (outcome.next_due_ms, outcome.next_deadline_ms) if t is not None]
+            state.due_ms = min(upcoming) if upcoming else None
             if len(outcome.messages) >= share:
                 result.full.append(slot)
-            upcoming = [t for t in (outcome.next_due_ms, outcome.next_deadline_ms) if t is not None]
-            if upcoming:
-                next_in = max(0, min(upcoming) - outcome.now_ms)
-                result.next_in_ms = _earliest(result.next_in_ms, next_in)
+                state.due_ms = 0.0  # maybe more due now
+            elif state.wakes != wakes:
+                state.due_ms = 0.0  # woken while the claim was in flight: it may have missed it
         return result
 
     async def _claim_on(
         self,
         broker: int,
         slots: list[int],
-        claimed: dict[int, tuple[OwnedSlot, int]],
+        claimed: dict[int, tuple[PullSlot, int, int]],
         lease_ms: int,
     ) -> list[tuple[int, ClaimBatch | StaleEpochError]]:
         """One pipelined round trip to one broker for all its slots in this round."""
@@ -201,6 +250,3 @@ def _shares(total: int, parts: int) -> list[int]:
     quotient, remainder = divmod(total, parts)
     return [quotient + (1 if index < remainder else 0) for index in range(parts)]
 
-
-def _earliest(a: int | None, b: int | None) -> int | None:
-    return b if a is None else a if b is None else min(a, b)
