@@ -222,7 +222,7 @@ class PullLeaser:
             top_ups.retry_failed()
             top_ups.note(outcome)
             result.messages.extend(outcome.messages)
-            self._clock = (outcome.now_us / 1000, time.monotonic())
+            self._clock = (outcome.now_us / 1000, outcome.received_s)  # as the Consumer's
             upcoming = [t for t in (outcome.next_due_ms, outcome.next_deadline_ms) if t is not None]
             state.due_ms = min(upcoming) if upcoming else None
             if len(outcome.messages) >= share:
