@@ -8,7 +8,8 @@ slots, then for each mode schedules `rate` messages per second through the HTTP 
 due time (same host, same wall clock). Modes:
 
 - webhook: the services POST to a receiver in this process;
-- pull: consumers in this process lease (long poll) and ack over HTTP, spread over the three;
+- pull: consumers in this process lease (long poll) and ack over HTTP, `--pull-consumers` per
+  service (more of them waiting at once is what a wake-up must not pay for per poll);
 - failover: webhook at a lower rate; kill -9 one service and measure the gap from the kill to
   the first delivery (and to the last slot's first delivery) from the slots it owned, and check
   every scheduled message arrives.
@@ -318,13 +319,13 @@ async def run_pull(args: argparse.Namespace, env: dict[str, str], workdir: Path)
             consumers = [
                 asyncio.create_task(pull_consumer(session, p, tally, stop))
                 for p in processes
-                for _ in range(2)
+                for _ in range(args.pull_consumers)
             ]
             await produce(session, processes, tally, args.rate, args.duration, args.delay_ms, "p")
             await drain(tally, args.delay_ms / 1000 + 30)
             stop.set()
             await asyncio.gather(*consumers, return_exceptions=True)
-    return tally.report(args.rate, args.duration)
+    return {**tally.report(args.rate, args.duration), "consumers_per_service": args.pull_consumers}
 
 
 async def run_failover(
@@ -416,6 +417,7 @@ def main() -> int:
     parser.add_argument("--duration", type=float, default=20.0, help="seconds of scheduling")
     parser.add_argument("--delay-ms", type=int, default=1000, help="delay of every message")
     parser.add_argument("--modes", default="webhook,pull,failover")
+    parser.add_argument("--pull-consumers", type=int, default=2, help="long polls per service")
     parser.add_argument("--failover-rate", type=float, default=300.0)
     parser.add_argument("--failover-duration", type=float, default=30.0)
     parser.add_argument("--ack-timeout-ms", type=int, default=10_000, help="lease length")
