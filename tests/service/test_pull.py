@@ -80,6 +80,18 @@ async def test_nack_with_delay_redelivers_after_it(start_service: StartService):
     assert time.monotonic() - started < 4.5
 
 
+async def test_an_expired_lease_is_leased_again_by_a_waiting_poll(start_service: StartService):
+    """No producer wakes anyone when a lease runs out: the waiting poll's timer is armed at the
+    slot's lease deadline, which its claim reported."""
+    running = await start_service()
+    await schedule(running, 1)
+    [first] = await lease(running, leaseMs=300)
+    started = time.monotonic()
+    [second] = await lease(running, waitMs=5000)
+    assert (second["id"], second["attempt"]) == (first["id"], 2)
+    assert time.monotonic() - started < 4.5
+
+
 async def test_nack_dead_and_redrive(start_service: StartService):
     running = await start_service()
     await schedule(running, 1)
