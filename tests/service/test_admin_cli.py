@@ -282,6 +282,34 @@ def test_topic_pause_and_resume_show_in_stats_and_slots(served: Served, run):
         served.redis.delete(flag)  # never leave the module's topic paused
 
 
+def test_schedules_list_get_delete(served: Served, run):
+    every = {"everyMs": 3_600_000, "startMs": 2_208_988_800_000, "payload": "tick"}
+    served.api("PUT", "/schedules/hourly", every)
+    cron = {"cron": "0 9 * * 1-5", "timeZone": "Europe/Berlin", "payload": "standup"}
+    served.api("PUT", "/schedules/standup", cron)
+
+    code, out, err = run("schedules", "list")
+    assert (code, err) == (OK, "")
+    rows = {line.split()[0]: line for line in out.splitlines()[1:]}
+    assert "every 1 h" in rows["hourly"]
+    assert "cron 0 9 * * 1-5 (Europe/Berlin)" in rows["standup"]
+    assert "2040-01-01 00:00:00.000 UTC" in rows["hourly"]  # its first due time
+
+    code, out, _ = run("schedules", "get", "standup", "--json")
+    assert (code, json.loads(out)) == (OK, served.api("GET", "/schedules/standup"))
+    code, out, _ = run("schedules", "get", "hourly")
+    lines = dict(line.split("  ", 1) for line in out.splitlines())
+    assert lines["recurrence"].strip() == "every 1 h"
+
+    code, out, _ = run("schedules", "delete", "hourly")
+    assert (code, out.strip()) == (OK, "hourly: cancelled")
+    code, _, err = run("schedules", "get", "hourly")
+    assert code == NOT_FOUND
+    assert err.startswith("delayq schedules get: HTTP 404")
+    assert [s["id"] for s in served.api("GET", "/schedules")["schedules"]] == ["standup"]
+    run("schedules", "delete", "standup")
+
+
 def test_slots_table_names_the_owner(served: Served, run):
     code, out, _ = run("slots", "--count", "3")
     assert code == OK

@@ -299,6 +299,74 @@ def msg_reschedule(api: Api, args: argparse.Namespace, out: TextIO) -> int:
     return OK
 
 
+def _schedule_path(args: argparse.Namespace) -> str:
+    if not args.id:
+        raise AdminError(BAD_INPUT, "a schedule id cannot be empty")
+    return f"/schedules/{quote(args.id, safe='')}"
+
+
+def _recurrence(schedule: dict[str, Any]) -> str:
+    """`cron <expr> (<zone>)` or `every <duration>`, as the schedule was put."""
+    if "cron" in schedule:
+        return f"cron {schedule['cron']} ({schedule['timeZone']})"
+    return f"every {duration(schedule['everyMs'])}"
+
+
+def _fires_next(schedule: dict[str, Any]) -> int | None:
+    """When the schedule fires next: its waiting occurrence, else the precomputed next one."""
+    current: int | None = schedule.get("currentDueMs")
+    return current if current is not None else schedule.get("nextDueMs")
+
+
+def schedules_list(api: Api, args: argparse.Namespace, out: TextIO) -> int:
+    found = api.call("GET", "/schedules")
+    if args.json:
+        emit_json(found, out)
+        return OK
+    now = time.time() * 1000
+    rows = [
+        (
+            s["id"],
+            _recurrence(s),
+            "ended" if s["ended"] else instant(_fires_next(s), now),
+            s["catchUp"],
+            s["slot"],
+        )
+        for s in found["schedules"]
+    ]
+    table(rows, ("ID", "RECURRENCE", "NEXT", "CATCH-UP", "SLOT"), out)
+    return OK
+
+
+def schedules_get(api: Api, args: argparse.Namespace, out: TextIO) -> int:
+    schedule = api.call("GET", _schedule_path(args))
+    if args.json:
+        emit_json(schedule, out)
+        return OK
+    now = time.time() * 1000
+    pairs(
+        [
+            ("id", schedule["id"]),
+            ("recurrence", _recurrence(schedule)),
+            ("start", instant(schedule.get("startMs"), now)),
+            ("end", instant(schedule.get("endMs"), now)),
+            ("catch-up", f"{schedule['catchUp']} (at most {schedule['catchUpMax']})"),
+            ("waiting occurrence", schedule.get("currentId") or "-"),
+            ("its due time", instant(schedule.get("currentDueMs"), now)),
+            ("then", "ended" if schedule["ended"] else instant(schedule.get("nextDueMs"), now)),
+            ("slot", schedule["slot"]),
+        ],
+        out,
+    )
+    return OK
+
+
+def schedules_delete(api: Api, args: argparse.Namespace, out: TextIO) -> int:
+    done = api.call("DELETE", _schedule_path(args))
+    answer(done, args.json, f"{safe(done['id'])}: {done['result']}", out)
+    return OK
+
+
 def dead_list(api: Api, args: argparse.Namespace, out: TextIO) -> int:
     query = {"count": str(args.count)}
     if args.cursor:
@@ -519,7 +587,7 @@ EPILOG = (
 
 
 def register(subparsers: Any) -> None:
-    """Add `topic`, `msg`, `dead` and `slots` to the `delayq` command."""
+    """Add `topic`, `msg`, `dead`, `schedules` and `slots` to the `delayq` command."""
 
     def leaf(group: Any, name: str, help_text: str, run: Any) -> argparse.ArgumentParser:
         parser: argparse.ArgumentParser = group.add_parser(
@@ -574,6 +642,21 @@ def register(subparsers: Any) -> None:
         parser.add_argument(
             "--progress", action="store_true", help="progress bar even when not on a terminal"
         )
+
+    schedules = group("schedules", "the topic's recurring schedules: list, look up, delete")
+    leaf(schedules, "list", "every schedule with its recurrence and next due time", schedules_list)
+    leaf(
+        schedules,
+        "get",
+        "one schedule: recurrence, window, catch-up, waiting occurrence",
+        schedules_get,
+    ).add_argument("id", help="the schedule id")
+    leaf(
+        schedules,
+        "delete",
+        "delete a schedule (its waiting occurrence is cancelled)",
+        schedules_delete,
+    ).add_argument("id", help="the schedule id")
 
     slot_map = leaf(
         subparsers, "slots", "the slot map: owner, epoch, depth, oldest overdue per slot", slots
