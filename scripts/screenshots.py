@@ -73,6 +73,12 @@ def populate(served: Fleet) -> None:
     for number in range(4):
         served.schedule(f"invoice-{number}", 0, payload=f'{{"invoice": {number}}}')
     served.kill_to_dead(4, "POST https://billing.example/hook: HTTP 500 after 16 attempts")
+    served.api(
+        "PUT",
+        "/schedules/daily-report",
+        {"cron": "0 7 * * *", "timeZone": "Europe/Berlin", "payload": '{"report": "daily"}'},
+    )
+    served.api("PUT", "/schedules/cache-warmup", {"everyMs": 900_000, "catchUp": "skip"})
 
 
 def stall_one_slot(served: Fleet, redis_url: str) -> None:
@@ -150,6 +156,11 @@ def capture(served: Fleet, redis_url: str, output: Path) -> None:
         )
         shoot(driver, output / "dashboard-dead.png")
         driver.find_element(By.ID, "confirm-no").click()
+
+        before = loads(driver, "schedules")
+        driver.get(f"{served.url}/ui#/schedules")
+        wait_for_load(driver, "schedules", before + 1)
+        shoot(driver, output / "dashboard-schedules.png")
     finally:
         stop.set()
         driver.quit()

@@ -173,7 +173,7 @@ def open_dashboard(
     before = loads(driver, page)
     driver.find_element(By.ID, "token-input").send_keys(token)
     driver.find_element(By.CSS_SELECTOR, "#token-form button").click()
-    if page in ("overview", "slots", "dead"):
+    if page in ("overview", "slots", "dead", "schedules"):
         wait_for_load(driver, page, before + 1)
     # a page reading two routes at once got two 401s before the token: the prompt shows at the
     # first, and the second may reach the console log only now (a test's later check of the

@@ -13,6 +13,7 @@ look but not act, and the page is usable from the keyboard. Every wait has a dea
 from __future__ import annotations
 
 from collections.abc import Iterator
+from urllib.parse import quote
 
 import pytest
 import redis
@@ -425,3 +426,27 @@ def test_every_control_has_a_name_for_assistive_technology(served: Fleet, driver
         """
     )
     assert unnamed == []
+
+
+def test_the_schedules_page_lists_recurring_schedules(served: Fleet, driver: webdriver.Chrome):
+    """What `GET /schedules` answers, as a person reads it: recurrence in words, when each
+    fires next, catch-up; an id written as markup stays text."""
+    cron = {"cron": "0 9 * * 1-5", "timeZone": "Europe/Berlin", "payload": "standup"}
+    served.api("PUT", "/schedules/standup", cron)
+    every = {"everyMs": 3_600_000, "startMs": 2_208_988_800_000, "payload": "tick"}
+    served.api("PUT", f"/schedules/{quote(XSS_ID, safe='')}", every)
+    try:
+        open_dashboard(driver, served.url, page="schedules")
+        rows = {
+            row.find_element(By.CSS_SELECTOR, "td").text: row.text
+            for row in driver.find_elements(By.CSS_SELECTOR, "#schedules-table tbody tr")
+        }
+        assert "cron 0 9 * * 1-5 (Europe/Berlin)" in rows["standup"]
+        assert "every 1 h" in rows[XSS_ID]
+        assert "2040-01-01" in rows[XSS_ID]  # its waiting occurrence, due at startMs
+        assert driver.find_elements(By.CSS_SELECTOR, "main img, main script") == []
+        assert driver.execute_script("return window.__xss") is None
+        assert console_errors(driver) == []
+    finally:
+        served.api("DELETE", "/schedules/standup")
+        served.api("DELETE", f"/schedules/{quote(XSS_ID, safe='')}")

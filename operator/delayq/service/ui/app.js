@@ -12,7 +12,7 @@
   const topic = document.querySelector('meta[name="delayq-topic"]').content;
   const API = `v1/topics/${encodeURIComponent(topic)}`;
   const TOKEN_KEY = "delayq-token";
-  const POLL_MS = { overview: 5000, slots: 10000 };
+  const POLL_MS = { overview: 5000, slots: 10000, schedules: 10000 };
   const PREVIEW_CHARS = 2000;
   const LIST_PREVIEW_CHARS = 80;
   const REASON_CHARS = 200;
@@ -522,9 +522,39 @@
     }
   }
 
+  // ---- schedules -------------------------------------------------------------------------
+
+  /** `cron <expr> (<zone>)` or `every <duration>`, as the schedule was put. */
+  function recurrence(s) {
+    return s.cron !== undefined ? `cron ${s.cron} (${s.timeZone})` : `every ${duration(s.everyMs)}`;
+  }
+
+  async function loadSchedules() {
+    const found = await call("GET", `${API}/schedules`);
+    const nowMs = Date.now();
+    $("schedules-table").tBodies[0].replaceChildren(
+      ...found.schedules.map((s) => {
+        // the waiting occurrence fires next; without one, the precomputed next due time
+        const next = s.ended ? "ended" : instant(s.currentDueMs ?? s.nextDueMs, nowMs);
+        return el(
+          "tr", {},
+          el("td", { className: "id" }, clip(s.id, 120)),
+          el("td", {}, clip(recurrence(s), 160)),
+          el("td", {}, next),
+          el("td", {}, `${s.catchUp} (≤ ${number(s.catchUpMax)})`),
+          el("td", { className: "num" }, String(s.slot)),
+          el("td", { className: "preview" }, clip(s.payload || "", LIST_PREVIEW_CHARS)),
+        );
+      }),
+    );
+    $("schedules-status").textContent = found.schedules.length ? "" : "No recurring schedules.";
+    stamp("schedules-updated");
+    markLoaded("page-schedules");
+  }
+
   // ---- pages and polling -----------------------------------------------------------------
 
-  const PAGES = ["overview", "slots", "message", "dead"];
+  const PAGES = ["overview", "slots", "message", "dead", "schedules"];
 
   function route() {
     const hash = location.hash.replace(/^#\/?/, "");
@@ -540,6 +570,7 @@
       if (page === "overview") await loadOverview();
       else if (page === "slots") await loadSlots();
       else if (page === "dead") await loadDead();
+      else if (page === "schedules") await loadSchedules();
       clearError();
     } catch (error) {
       showError(explain(error));
