@@ -19,6 +19,7 @@ import os
 import random
 import statistics
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -41,6 +42,8 @@ from delayq.queue.packing import use_hiredis_packing
 PAYLOAD = b"x" * 32
 SLOTS = 16
 CONCURRENT_CALLS = 2  # batch calls in flight in the asyncio enqueue figure (one encodes, one runs)
+# hand-picked for the engine figures; bench_peers.py runs the documented defaults instead
+ENGINE_CONSUMER_SETTINGS = ConsumerSettings(batch_size=500, max_in_flight=5000)
 
 
 def now_ms() -> float:
@@ -192,14 +195,23 @@ class Recorder:
         self.lateness_ms.append(now - message.due_ms)
 
 
-async def consume_until(url: str, topic: Topic, expected: int, timeout_s: float) -> Recorder:
+async def consume_until(
+    url: str,
+    topic: Topic,
+    expected: int,
+    timeout_s: float,
+    settings: ConsumerSettings = ENGINE_CONSUMER_SETTINGS,
+    on_ready: Callable[[], None] | None = None,
+) -> Recorder:
+    """Consume `topic` until `expected` messages arrived or `timeout_s` passed; `on_ready` is
+    called once the slots are owned, so that a producer elsewhere can start then."""
     gc.freeze()  # as `delayq serve` does at start (see service/serve.py)
     queue = AsyncQueue.from_url(url, topic)
     recorder = Recorder()
-    consumer = Consumer(
-        queue, recorder.handle, ConsumerSettings(batch_size=500, max_in_flight=5000)
-    )
+    consumer = Consumer(queue, recorder.handle, settings)
     await consumer.own(topic.slots)
+    if on_ready is not None:
+        on_ready()
     task = asyncio.create_task(consumer.run())
     deadline = time.monotonic() + timeout_s
     while recorder.delivered < expected and time.monotonic() < deadline:
