@@ -169,24 +169,7 @@ class TopicSpec:
     @property
     def topic(self) -> Topic:
         """The engine's view of this topic (same validation the clients use)."""
-        return Topic(
-            name=self.name,
-            namespace=self.namespace,
-            slot_amount=self.slot_amount,
-            topic_type=self.topic_type,
-            max_retries=self.max_retries,
-            ack_timeout_ms=self.ack_timeout_ms,
-            max_payload_bytes=self.max_payload_bytes,
-            journal_max_len=self.journal_max_len,
-            redis_sync_replicas=self.redis_sync_replicas,
-            redis_sync_timeout_ms=self.redis_sync_timeout_ms,
-            outcome_retention_ms=self.outcome_retention_ms,
-            retry_for_ms=self.retry_for_ms,
-            retry_exhausted_action=self.retry_exhausted_action,
-            expiry_ttl_ms=self.expiry_ttl_ms,
-            expiry_action=self.expiry_action,
-            limits_max_pending=self.limits_max_pending,
-        )
+        return Topic.from_settings(self)
 
     @property
     def redis_pods_per_broker(self) -> int:

@@ -6,10 +6,12 @@ slot = CRC32(slot basis, default the message id) & (slotAmount - 1), as in the T
 
 from __future__ import annotations
 
+import dataclasses
 import enum
 import re
 import zlib
 from dataclasses import dataclass
+from typing import Any
 
 MAX_SLOT_AMOUNT = 16384
 DEFAULT_MAX_RETRIES = 16
@@ -101,6 +103,14 @@ class Topic:
         _check_range("retry.for (ms)", self.retry_for_ms, 0, MAX_DELAY_MS)
         _check_range("expiry.ttl (ms)", self.expiry_ttl_ms, 0, MAX_DELAY_MS)
         _check_range("limits.maxPending", self.limits_max_pending, 0, MAX_PENDING)
+
+    @classmethod
+    def from_settings(cls, settings: object, **given: Any) -> Topic:
+        """The Topic of an object holding every Topic field under the same name (delayq
+        serve's ServiceConfig, the operator's TopicSpec), `given` fields taken as given: a new
+        Topic field reaches every layer through this one place."""
+        names = [f.name for f in dataclasses.fields(cls) if f.name not in given]
+        return cls(**given, **{name: getattr(settings, name) for name in names})
 
     @property
     def max_pending_per_slot(self) -> int:

@@ -293,24 +293,7 @@ class ServiceConfig:
         return ZkIdentity(topic_user(self.namespace, self.topic), self.zookeeper_password)
 
     def to_topic(self) -> Topic:
-        return Topic(
-            self.topic,
-            namespace=self.namespace,
-            slot_amount=self.slot_amount,
-            topic_type=self.topic_type,
-            max_retries=self.max_retries,
-            ack_timeout_ms=self.ack_timeout_ms,
-            max_payload_bytes=self.max_payload_bytes,
-            journal_max_len=self.journal_max_len,
-            redis_sync_replicas=self.redis_sync_replicas,
-            redis_sync_timeout_ms=self.redis_sync_timeout_ms,
-            outcome_retention_ms=self.outcome_retention_ms,
-            retry_for_ms=self.retry_for_ms,
-            retry_exhausted_action=self.retry_exhausted_action,
-            expiry_ttl_ms=self.expiry_ttl_ms,
-            expiry_action=self.expiry_action,
-            limits_max_pending=self.limits_max_pending,
-        )
+        return Topic.from_settings(self, name=self.topic)
 
     @property
     def broker_redis_urls(self) -> list[str]:

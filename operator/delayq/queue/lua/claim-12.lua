@@ -70,6 +70,7 @@
 --@include record_extras
 --@include record_fields
 --@include record_with
+--@include retries_exhausted
 --@include series_fields
 --@include series_with
 --@include with_first_attempt
@@ -125,8 +126,7 @@ for _, id in ipairs(expired) do
     local attempts, due, _, p3 = record_fields(record)
     local _, first_ms = record_extras(record, p3)
     journal(journal_key, journal_max_len, 'expired', id, now, due, attempts)
-    local window_over = retry_for_ms > 0 and first_ms and now > first_ms + retry_for_ms
-    if attempts > max_retries or window_over then
+    if retries_exhausted(attempts, max_retries, first_ms, retry_for_ms, now) then
       give_up(slot, id, exhausted_action, 'lease expired on attempt ' .. attempts, 'dropped', now,
         due, attempts)
       given_up = given_up + 1

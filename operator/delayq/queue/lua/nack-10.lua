@@ -50,6 +50,7 @@
 --@include record_extras
 --@include record_fields
 --@include record_with
+--@include retries_exhausted
 --@include wake_if_earliest
 
 local store, prepare, msg, epoch_key, wake, journal_key =
@@ -86,8 +87,7 @@ for i = 8, #ARGV, 5 do
     local action, dropped_state = nil, nil
     if dead_now then
       action = 'dead'
-    elseif attempts > max_retries
-        or (retry_for_ms > 0 and first_ms and retry_due > first_ms + retry_for_ms) then
+    elseif retries_exhausted(attempts, max_retries, first_ms, retry_for_ms, retry_due) then
       action, dropped_state = exhausted_action, 'dropped'
     elseif expire_ms and retry_due > expire_ms then
       action, dropped_state, why = expiry_action, 'expired', 'expired'

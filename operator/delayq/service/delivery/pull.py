@@ -249,4 +249,3 @@ def _shares(total: int, parts: int) -> list[int]:
     """`total` split over `parts` as evenly as possible (the first ones get the remainder)."""
     quotient, remainder = divmod(total, parts)
     return [quotient + (1 if index < remainder else 0) for index in range(parts)]
-
