@@ -700,7 +700,10 @@ def test_one_leader_reconciles_and_a_standby_takes_over_after_kill_9(
 
         kube.apply(_topic("elected", slotAmount=16, brokers=1), ns)
         _wait_reconciled(kube, leader, ns, "elected")
-        assert "Handler 'reconcile' succeeded" in leader.log_path.read_text()
+        # kopf logs the handler's success after the status patch the wait above saw: the log
+        # line may come a moment later
+        kube.wait(lambda: "Handler 'reconcile' succeeded" in leader.log_path.read_text(),
+                  timeout_s=30, what="the leader's log to record the reconcile's success")
         standby_log = standby.log_path.read_text()
         assert "campaigning for the lease" in standby_log
         assert "Handler" not in standby_log, "the standby ran a kopf handler"
