@@ -64,13 +64,15 @@ def topics_ns(kube: Kube) -> Iterator[str]:
 def _chart_env(kube: Kube, chart_release: Release, zookeeper: ZooKeeperServer) -> dict[str, str]:
     """What the chart's operator Deployment gives its container, with the local ZooKeeper: the
     release namespace and the ZooKeeper admin password from the chart's Secret (so every topic
-    tree gets its ACLs, as in a real install)."""
+    tree gets its ACLs, as in a real install). The platform lets topics opt out of the SSRF
+    guard (`tenantPolicy.allowPrivateTargets`): the tests' webhook receivers are on loopback."""
     secret = kube.get("secret", f"{chart_release.fullname}-zookeeper-admin",
                       chart_release.namespace)
     assert secret is not None, "the chart's ZooKeeper admin Secret"
     return {"DELAYQ_ZOOKEEPER": zookeeper.hosts, "POD_NAMESPACE": chart_release.namespace,
             "DELAYQ_ZOOKEEPER_ADMIN_PASSWORD":
-                base64.b64decode(secret["data"]["admin-password"]).decode()}
+                base64.b64decode(secret["data"]["admin-password"]).decode(),
+            "DELAYQ_TENANT_ALLOW_PRIVATE_TARGETS": "true"}
 
 
 @pytest.fixture(scope="module")

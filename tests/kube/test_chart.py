@@ -18,6 +18,8 @@ import yaml
 
 from delayq.kube import naming
 from delayq.kube.config import OperatorConfig
+from delayq.kube.tenant_policy import TenantPolicy
+from delayq.service.delivery.targets import parse_cidrs
 from tests.kube.test_crd_schema import EXAMPLES, to_jsonschema
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -58,6 +60,12 @@ VALUE_SETS: dict[str, list[str]] = {
     ],
     "alerts": ["--set", "alerts.enabled=true", "--set", "alerts.labels.release=prom"],
     "dashboards": ["--set", "dashboards.enabled=true", "--set", "dashboards.namespace=monitoring"],
+    "tenant-policy": [
+        "--set",
+        "tenantPolicy.allowPrivateTargets=true",
+        "--set",
+        "tenantPolicy.allowedCidrs={10.96.0.0/12,fd00::/8}",
+    ],
     "topic-monitors-off": [
         "--set",
         "topics.serviceMonitor.enabled=false",
@@ -130,6 +138,8 @@ def test_values_schema_rejects_bad_values() -> None:
         ["--set", "operator.metrics.serviceMonitor.interval=often"],
         ["--set", "operator.logFormat=xml"],
         ["--set", "topics.serviceMonitor.labels.release=1"],  # labels are strings
+        ["--set", "tenantPolicy.allowPrivateTargets=yes"],
+        ["--set", "tenantPolicy.allowedCidrs={office-lan}"],
     ):
         result = run_helm("template", "rel", str(CHART), *bad)
         assert result.returncode != 0, bad
@@ -199,6 +209,13 @@ def test_operator_env_is_what_the_operator_reads() -> None:
     assert external.build.default_zookeeper == "zk-0.zk:2181,zk-1.zk:2181/delayq"
     namespaced = OperatorConfig.from_env(operator_env("namespaced"))
     assert namespaced.namespaces == ("shop", "billing")
+
+
+def test_the_tenant_policy_reaches_the_operator() -> None:
+    """Closed by default: no topic may opt out of the SSRF guard; the values open it."""
+    assert OperatorConfig.from_env(operator_env("defaults")).tenant_policy == TenantPolicy()
+    configured = OperatorConfig.from_env(operator_env("tenant-policy")).tenant_policy
+    assert configured == TenantPolicy(True, parse_cidrs(["10.96.0.0/12", "fd00::/8"]))
 
 
 # Exactly what the operator's code calls (client.py users and kopf); nothing more.

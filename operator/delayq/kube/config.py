@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 from delayq.coordination.acl import ADMIN_USER, ZkIdentity
 from delayq.kube.builders.common import BuildContext, ServiceMonitorSettings
 from delayq.kube.leader_lease import LeaderLeaseTiming
+from delayq.kube.tenant_policy import TenantPolicy
 
 
 @dataclass(frozen=True)
@@ -28,6 +29,9 @@ class OperatorConfig:
     # The operator's ZooKeeper password (user `delayq-operator`). Set, every topic tree gets
     # ACLs (coordination/acl.py); empty, the trees stay open (a single-tenant or test install).
     zookeeper_admin_password: str = field(default="", repr=False)
+    # What tenants' topics may ask of the webhook SSRF guard (tenant_policy.py): by default
+    # neither allowPrivateTargets nor any allowedCidrs
+    tenant_policy: TenantPolicy = field(default_factory=TenantPolicy)
 
     @property
     def clusterwide(self) -> bool:
@@ -66,6 +70,7 @@ class OperatorConfig:
             metrics_endpoint=env.get("DELAYQ_METRICS", defaults.metrics_endpoint),
             build=build,
             zookeeper_admin_password=admin_password,
+            tenant_policy=TenantPolicy.from_env(env),
         )
 
 

@@ -21,6 +21,7 @@ from delayq.kube.context import Logger, OperatorContext
 from delayq.kube.errors import TRANSIENT_ERRORS, TopicFailure
 from delayq.kube.spec import SpecError, TopicSpec
 from delayq.kube.status import FALSE, PROVISIONED, READY, TRUE, UNKNOWN, Condition
+from delayq.kube.tenant_policy import REFUSED_REASON
 from delayq.kube.topics import parse_body, with_conditions
 
 TRANSIENT_DELAY_S = 15.0
@@ -44,10 +45,11 @@ async def reconcile(
     try:
         spec = parse_body(body)
     except SpecError as error:
-        failed = Condition(PROVISIONED, FALSE, "InvalidSpec", str(error))
-        not_ready = Condition(READY, FALSE, "InvalidSpec", str(error))
-        patch = with_conditions(ctx, body, [failed, not_ready], observedGeneration=generation)
-        raise TopicFailure(str(error), patch, permanent=True) from None
+        raise refused(ctx, body, "InvalidSpec", str(error)) from None
+    # before anything is applied: no pod may start with what the platform does not allow
+    if (refusal := ctx.config.tenant_policy.refusal(spec.delivery)) is not None:
+        message = f"{refusal} Nothing is rolled out; running pods keep their settings."
+        raise refused(ctx, body, REFUSED_REASON, message)
 
     status = body.get("status") or {}
     applied = int(status.get("appliedSlotAmount") or spec.slot_amount)
@@ -70,10 +72,7 @@ async def reconcile(
             connect, spec.namespace, spec.name, routing, credentials.zookeeper_password
         )
     except RoutingConflict as error:
-        failed = Condition(PROVISIONED, FALSE, "RoutingConflict", str(error))
-        not_ready = Condition(READY, FALSE, "RoutingConflict", str(error))
-        patch = with_conditions(ctx, body, [failed, not_ready], observedGeneration=generation)
-        raise TopicFailure(str(error), patch, permanent=True) from None
+        raise refused(ctx, body, "RoutingConflict", str(error)) from None
     except KubeApiError as error:
         reason = "ApiUnavailable" if error.transient else "ApplyFailed"
         delay = TRANSIENT_DELAY_S if error.transient else APPLY_FAILED_DELAY_S
@@ -93,6 +92,17 @@ async def reconcile(
     return with_conditions(
         ctx, body, conditions, observedGeneration=generation, appliedSlotAmount=applied
     )
+
+
+def refused(
+    ctx: OperatorContext, body: Mapping[str, Any], reason: str, message: str
+) -> TopicFailure:
+    """A permanent failure: Provisioned and Ready False with `reason` until the spec changes
+    (kopf does not retry it; the next change, or the operator's restart, reconciles again)."""
+    conditions = [Condition(kind, FALSE, reason, message) for kind in (PROVISIONED, READY)]
+    generation = (body.get("metadata") or {}).get("generation")
+    patch = with_conditions(ctx, body, conditions, observedGeneration=generation)
+    return TopicFailure(message, patch, permanent=True)
 
 
 def slot_amount_condition(desired: int, applied: int) -> Condition:
