@@ -17,7 +17,7 @@ import pytest
 import yaml
 
 from delayq.kube import naming
-from delayq.kube.config import OperatorConfig
+from delayq.kube.config import OperatorConfig, zookeeper_tls_from_env
 from delayq.kube.tenant_policy import TenantPolicy
 from delayq.service.delivery.targets import parse_cidrs
 from tests.kube.test_crd_schema import EXAMPLES, to_jsonschema
@@ -38,6 +38,20 @@ VALUE_SETS: dict[str, list[str]] = {
         r"zookeeper.address=zk-0.zk:2181\,zk-1.zk:2181/delayq",  # helm --set escapes commas
     ],
     "namespaced": ["--set", "operator.watchNamespaces={shop,billing}"],
+    "zookeeper-tls": [
+        "--set",
+        "zookeeper.enabled=false",
+        "--set",
+        "zookeeper.address=zk-0.zk:2281/delayq",
+        "--set",
+        "zookeeper.tls.enabled=true",
+        "--set",
+        "zookeeper.tls.caConfigMap=zk-ca",
+        "--set",
+        "zookeeper.tls.caKey=bundle.pem",
+        "--set",
+        "zookeeper.tls.clientCertSecret=zk-client",
+    ],
     "zookeeper-ensemble": ["--set", "zookeeper.replicas=3"],
     "zookeeper-without-acl": ["--set", "zookeeper.acl.enabled=false"],
     "zookeeper-acl-own-secret": ["--set", "zookeeper.acl.existingSecret=my-zk-admin"],
@@ -138,6 +152,19 @@ def test_values_schema_rejects_bad_values() -> None:
         ["--set", "operator.metrics.serviceMonitor.interval=often"],
         ["--set", "operator.logFormat=xml"],
         ["--set", "topics.serviceMonitor.labels.release=1"],  # labels are strings
+        ["--set", "zookeeper.tls.enabled=true"],  # the bundled ZooKeeper has no TLS port
+        [
+            "--set",
+            "zookeeper.enabled=false",
+            "--set",
+            "zookeeper.address=zk:2281",
+            "--set",
+            "zookeeper.tls.enabled=true",
+            "--set",
+            "zookeeper.tls.caSecret=a",
+            "--set",
+            "zookeeper.tls.caConfigMap=b",  # one source of the CA, not two
+        ],
         ["--set", "tenantPolicy.allowPrivateTargets=yes"],
         ["--set", "tenantPolicy.allowedCidrs={office-lan}"],
     ):
@@ -216,6 +243,31 @@ def test_the_tenant_policy_reaches_the_operator() -> None:
     assert OperatorConfig.from_env(operator_env("defaults")).tenant_policy == TenantPolicy()
     configured = OperatorConfig.from_env(operator_env("tenant-policy")).tenant_policy
     assert configured == TenantPolicy(True, parse_cidrs(["10.96.0.0/12", "fd00::/8"]))
+
+
+def test_zookeeper_tls_mounts_what_the_operators_variables_name() -> None:
+    """Each TLS file the operator is told of lies in a volume holding that key of the right
+    Secret or ConfigMap; without TLS there is neither variable nor volume."""
+    assert zookeeper_tls_from_env(operator_env("defaults")) is None
+    (deployment,) = of_kind(render("zookeeper-tls"), "Deployment")
+    pod = deployment["spec"]["template"]["spec"]
+    tls = zookeeper_tls_from_env(operator_env("zookeeper-tls"))
+    assert tls is not None
+    assert tls.verify_certs
+    mounts = {m["mountPath"]: m["name"] for m in pod["containers"][0]["volumeMounts"]}
+    volumes = {volume["name"]: volume for volume in pod["volumes"]}
+    expected = {
+        tls.ca_file: ("configMap", "zk-ca", "bundle.pem"),
+        tls.cert_file: ("secret", "zk-client", "tls.crt"),
+        tls.key_file: ("secret", "zk-client", "tls.key"),
+    }
+    for path, (kind, source, key) in expected.items():
+        directory, name = path.rsplit("/", 1)
+        volume = volumes[mounts[directory]]
+        assert volume[kind].get("name", volume[kind].get("secretName")) == source
+        assert {"key": key, "path": name} in volume[kind]["items"]
+    (plain,) = of_kind(render("defaults"), "Deployment")
+    assert [v["name"] for v in plain["spec"]["template"]["spec"]["volumes"]] == ["tmp"]
 
 
 # Exactly what the operator's code calls (client.py users and kopf); nothing more.

@@ -58,6 +58,7 @@ from delayq.coordination.layout import (
     slots_of,
 )
 from delayq.coordination.ownership import FleetView, OnChange
+from delayq.coordination.tls import ZkTls, kazoo_options
 
 log = logging.getLogger(__name__)
 
@@ -84,6 +85,7 @@ class ZkSettings:
     # only. Without an admin ACL id the tree stays open (a local cluster without an operator).
     identity: ZkIdentity | None = None
     admin_acl_id: str = ""
+    tls: ZkTls | None = None  # None: a plain connection (coordination/tls.py)
 
     def __post_init__(self) -> None:
         if self.admin_acl_id and self.identity is None:
@@ -124,6 +126,7 @@ class ZkOwnership:
             connection_retry=KazooRetry(max_tries=-1, delay=0.1, backoff=2, max_delay=1.0),
             auth_data=[settings.identity.auth_data] if settings.identity else None,
             default_acl=settings.default_acl,
+            **kazoo_options(settings.tls),
         )
         self._loop: asyncio.AbstractEventLoop | None = None
         self._on_change: OnChange | None = None

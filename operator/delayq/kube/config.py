@@ -6,8 +6,10 @@ import json
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from pathlib import Path
 
 from delayq.coordination.acl import ADMIN_USER, ZkIdentity
+from delayq.coordination.tls import ZkTls
 from delayq.kube.builders.common import BuildContext, ServiceMonitorSettings
 from delayq.kube.leader_lease import LeaderLeaseTiming
 from delayq.kube.tenant_policy import TenantPolicy
@@ -32,6 +34,9 @@ class OperatorConfig:
     # What tenants' topics may ask of the webhook SSRF guard (tenant_policy.py): by default
     # neither allowPrivateTargets nor any allowedCidrs
     tenant_policy: TenantPolicy = field(default_factory=TenantPolicy)
+    # TLS to ZooKeeper (coordination/tls.py), for every ensemble the operator connects to;
+    # None: plain connections
+    zookeeper_tls: ZkTls | None = None
 
     @property
     def clusterwide(self) -> bool:
@@ -44,6 +49,7 @@ class OperatorConfig:
         defaults = cls()
         admin_password = env.get("DELAYQ_ZOOKEEPER_ADMIN_PASSWORD", "")
         admin_acl = ZkIdentity(ADMIN_USER, admin_password).acl_id if admin_password else ""
+        tls = zookeeper_tls_from_env(env)
         build = BuildContext(
             image=env.get("DELAYQ_IMAGE", defaults.build.image),
             redis_image=env.get("DELAYQ_REDIS_IMAGE", defaults.build.redis_image),
@@ -51,6 +57,9 @@ class OperatorConfig:
             operator_namespace=env.get("POD_NAMESPACE", defaults.build.operator_namespace),
             default_zookeeper=env.get("DELAYQ_ZOOKEEPER", defaults.build.default_zookeeper),
             zookeeper_admin_acl=admin_acl,
+            zookeeper_tls=tls is not None,
+            zookeeper_tls_verify_certs=tls.verify_certs if tls else True,
+            zookeeper_tls_ca_pem=_read(TLS_CA_FILE_ENV, tls.ca_file) if tls else "",
             service_monitor=service_monitor_from_env(env, defaults.build.service_monitor),
         )
         namespaces = tuple(
@@ -71,7 +80,41 @@ class OperatorConfig:
             build=build,
             zookeeper_admin_password=admin_password,
             tenant_policy=TenantPolicy.from_env(env),
+            zookeeper_tls=tls,
         )
+
+
+TLS_ENV = "DELAYQ_ZOOKEEPER_TLS"
+TLS_CA_FILE_ENV = "DELAYQ_ZOOKEEPER_TLS_CA_FILE"
+TLS_VERIFY_ENV = "DELAYQ_ZOOKEEPER_TLS_VERIFY_CERTS"
+
+
+def zookeeper_tls_from_env(env: Mapping[str, str]) -> ZkTls | None:
+    """DELAYQ_ZOOKEEPER_TLS (on/off), _CA_FILE, _CERT_FILE, _KEY_FILE (PEM paths) and
+    _VERIFY_CERTS (default on): the variables of `delayq serve`'s settings of the same names."""
+    if not _flag(env.get(TLS_ENV)):
+        return None
+    # strict: a typo must not switch the server's authentication off
+    verify = env.get(TLS_VERIFY_ENV, "true").strip().lower()
+    if verify not in ("true", "false"):
+        raise ValueError(f"{TLS_VERIFY_ENV} must be true or false, not {verify!r}")
+    return ZkTls(
+        ca_file=env.get(TLS_CA_FILE_ENV, ""),
+        cert_file=env.get("DELAYQ_ZOOKEEPER_TLS_CERT_FILE", ""),
+        key_file=env.get("DELAYQ_ZOOKEEPER_TLS_KEY_FILE", ""),
+        verify_certs=verify == "true",
+    )
+
+
+def _read(variable: str, path: str) -> str:
+    """The text of a file the operator copies ("" for no path); a ValueError names the
+    variable that named it."""
+    if not path:
+        return ""
+    try:
+        return Path(path).read_text()
+    except OSError as error:
+        raise ValueError(f"{variable}={path}: {error.strerror or error}") from None
 
 
 def service_monitor_from_env(

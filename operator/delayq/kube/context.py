@@ -78,7 +78,12 @@ class OperatorContext:
     def from_config(cls, config: OperatorConfig, **parts: Any) -> OperatorContext:
         """The context of a real operator: its ZooKeeper store logs in with the configured
         admin password (unless `parts` brings a store); other `parts` replace defaults."""
-        parts.setdefault("store", KazooTopicStore(admin_password=config.zookeeper_admin_password))
+        parts.setdefault(
+            "store",
+            KazooTopicStore(
+                admin_password=config.zookeeper_admin_password, tls=config.zookeeper_tls
+            ),
+        )
         return cls(config, **parts)
 
     @property

@@ -47,6 +47,8 @@ SECRET_METRICS_TOKEN = "metrics-token"
 SECRET_ZOOKEEPER_PASSWORD = "zookeeper-password"
 CONFIG_KEY = "topic.json"
 CONFIG_MOUNT = "/etc/delayq"
+# the operator's ZooKeeper CA certificate(s), copied into the ConfigMap next to topic.json
+ZOOKEEPER_CA_KEY = "zookeeper-ca.crt"
 
 
 def is_paused(annotations: dict[str, str] | None) -> bool:

@@ -29,6 +29,7 @@ from kazoo.security import ACL
 from delayq.coordination.acl import ADMIN_USER, ZkIdentity, parent_acl, topic_user, tree_acl
 from delayq.coordination.layout import ROOT, TopicPaths, namespace_root
 from delayq.coordination.routing import Routing
+from delayq.coordination.tls import ZkTls, kazoo_options
 
 TIMEOUT_S = 10.0
 # a node older operators wrote (the ConfigMap's JSON again) and nothing ever read
@@ -69,9 +70,12 @@ class KazooTopicStore:
     see the same transient error whichever of the two timeouts fires first.
     """
 
-    def __init__(self, timeout_s: float = TIMEOUT_S, admin_password: str = "") -> None:
+    def __init__(
+        self, timeout_s: float = TIMEOUT_S, admin_password: str = "", tls: ZkTls | None = None
+    ) -> None:
         self.timeout_s = timeout_s
         self.admin = ZkIdentity(ADMIN_USER, admin_password) if admin_password else None
+        self.tls = tls
         self._clients: dict[str, KazooClient] = {}
         self._lock = threading.Lock()
 
@@ -83,6 +87,7 @@ class KazooTopicStore:
                     hosts=connect,
                     timeout=TIMEOUT_S,
                     auth_data=[self.admin.auth_data] if self.admin else None,
+                    **kazoo_options(self.tls),
                 )
                 try:
                     client.start(timeout=self.timeout_s)

@@ -33,6 +33,9 @@ JVM_OPTIONS = ("-Xmx256m", "-Xss512k", "-XX:+UseSerialGC", "-XX:TieredStopAtLeve
 DEBIAN_JAR = "/usr/share/java/zookeeper.jar"
 TARBALL_LIB_GLOBS = ("/usr/share/zookeeper/lib/*.jar", "/opt/zookeeper/lib/*.jar")
 LOGGER_JAR = "/usr/share/java/slf4j-simple.jar"
+# Debian's manifest omits the Netty codec that NettyServerCnxnFactory (the TLS client port,
+# `secureClientPort`) needs; the plain port does not load it.
+NETTY_CODEC_JAR = "/usr/share/java/netty-codec.jar"
 
 
 def java_binary() -> str:
@@ -49,7 +52,7 @@ def zookeeper_classpath() -> str:
         if any(Path(jar).name.startswith("zookeeper-") for jar in jars):
             return os.pathsep.join(jars)
     if Path(DEBIAN_JAR).exists():
-        jars = [DEBIAN_JAR] + ([LOGGER_JAR] if Path(LOGGER_JAR).exists() else [])
+        jars = [DEBIAN_JAR] + [jar for jar in (LOGGER_JAR, NETTY_CODEC_JAR) if Path(jar).exists()]
         return os.pathsep.join(jars)
     raise FileNotFoundError("ZooKeeper jars not found: run scripts/setup.sh first")
 

@@ -19,6 +19,7 @@ import redis.asyncio
 
 from delayq.coordination.acl import ZkIdentity
 from delayq.coordination.routing import initial_routing
+from delayq.coordination.tls import ZkTls, kazoo_options
 from delayq.queue.client import AsyncQueue
 from delayq.queue.model import TopicStats
 from delayq.queue.packing import use_hiredis_packing
@@ -120,7 +121,12 @@ class Brokers:
 
 
 async def read_routing(
-    hosts: str, namespace: str, topic: str, slot_amount: int, identity: ZkIdentity | None
+    hosts: str,
+    namespace: str,
+    topic: str,
+    slot_amount: int,
+    identity: ZkIdentity | None,
+    tls: ZkTls | None = None,
 ) -> list[int] | None:
     """The operator's routing node, once (routing is sticky); None when absent or unreadable.
 
@@ -135,7 +141,7 @@ async def read_routing(
 
     def read() -> list[int] | None:
         auth = [identity.auth_data] if identity else None
-        client = KazooClient(hosts=hosts, timeout=10.0, auth_data=auth)
+        client = KazooClient(hosts=hosts, timeout=10.0, auth_data=auth, **kazoo_options(tls))
         client.start(timeout=10.0)
         try:
             path = TopicPaths(namespace, topic).routing

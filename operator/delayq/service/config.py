@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from delayq.coordination.acl import ZkIdentity, topic_user
+from delayq.coordination.tls import ZkTls
 from delayq.queue.backoff import Backoff, Jitter
 from delayq.queue.topic import EndAction, Topic, TopicError, TopicType
 from delayq.service.defaults import DEFAULTS
@@ -167,6 +168,30 @@ class ServiceConfig:
             "creates are then the topic's and the operator's only (empty: open nodes)"
         ),
     )
+    zookeeper_tls: bool = field(
+        default=False,
+        metadata=_help("connect to ZooKeeper with TLS (the ensemble's secureClientPort)"),
+    )
+    zookeeper_tls_ca_file: str = field(
+        default="",
+        metadata=_help(
+            "PEM CA certificate(s) of the ensemble's certificates (empty: the system's)"
+        ),
+    )
+    zookeeper_tls_cert_file: str = field(
+        default="",
+        metadata=_help("PEM client certificate, for an ensemble that asks for one (empty: none)"),
+    )
+    zookeeper_tls_key_file: str = field(
+        default="", metadata=_help("PEM key of the client certificate")
+    )
+    zookeeper_tls_verify_certs: bool = field(
+        default=True,
+        metadata=_help(
+            "check the servers' certificates and host names (false: encrypted, not "
+            "authenticated; for trying things out only)"
+        ),
+    )
     preferred_broker: str = field(
         default="",
         metadata=_help(
@@ -254,6 +279,14 @@ class ServiceConfig:
             raise ConfigError(_needs("webhook_url", "a webhook topic"))
         if self.zookeeper_admin_acl and not self.zookeeper_password:
             raise ConfigError(_needs("zookeeper_password", _names("zookeeper_admin_acl")))
+        for name in ("zookeeper_tls_ca_file", "zookeeper_tls_cert_file", "zookeeper_tls_key_file"):
+            if getattr(self, name) and not self.zookeeper_tls:
+                raise ConfigError(_needs("zookeeper_tls", _names(name)))
+        if bool(self.zookeeper_tls_cert_file) != bool(self.zookeeper_tls_key_file):
+            raise ConfigError(
+                f"{_names('zookeeper_tls_cert_file')} and {_names('zookeeper_tls_key_file')} "
+                "go together"
+            )
         if self.api_token_previous and not self.api_token:  # else the API would be open
             raise ConfigError(_needs("api_token", _names("api_token_previous")))
         if self.read_token and not self.api_token:  # a read-only token of an open API
@@ -291,6 +324,18 @@ class ServiceConfig:
         if not self.zookeeper_password:
             return None
         return ZkIdentity(topic_user(self.namespace, self.topic), self.zookeeper_password)
+
+    @property
+    def zookeeper_client_tls(self) -> ZkTls | None:
+        """How the ZooKeeper clients connect: TLS settings, or None for a plain connection."""
+        if not self.zookeeper_tls:
+            return None
+        return ZkTls(
+            self.zookeeper_tls_ca_file,
+            self.zookeeper_tls_cert_file,
+            self.zookeeper_tls_key_file,
+            self.zookeeper_tls_verify_certs,
+        )
 
     def to_topic(self) -> Topic:
         return Topic.from_settings(self, name=self.topic)

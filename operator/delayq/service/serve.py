@@ -43,6 +43,7 @@ def make_ownership(config: ServiceConfig) -> Ownership:
             session_timeout_s=config.zookeeper_session_timeout_ms / 1000,
             identity=config.zookeeper_identity,
             admin_acl_id=config.zookeeper_admin_acl,
+            tls=config.zookeeper_client_tls,
         )
     )
 

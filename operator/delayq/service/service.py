@@ -146,6 +146,7 @@ class DelayService:
             self.topic.name,
             self.topic.slot_amount,
             self.config.zookeeper_identity,
+            self.config.zookeeper_client_tls,
         )
         if routing is not None and max(routing) < len(self.queues):
             self.brokers = Brokers(self.queues, routing)

@@ -66,6 +66,11 @@ class TopicFile:
     zookeeper_connect: str
     zookeeper_session_timeout_ms: int
     zookeeper_admin_acl: str  # the operator's ACL id; the password comes from the environment
+    # TLS to the ensemble: the CA file is the ConfigMap's copy of the operator's CA (mounted
+    # next to this file); the pods present no client certificate
+    zookeeper_tls: bool
+    zookeeper_tls_ca_file: str
+    zookeeper_tls_verify_certs: bool
     worker_concurrency: int
     # broker b's master is `redis_master_host_template.format(broker=b)`, b = 0..brokers-1
     redis_master_host_template: str

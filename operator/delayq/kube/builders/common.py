@@ -49,6 +49,12 @@ class BuildContext:
     # the operator's ZooKeeper ACL id (`delayq-operator:<hash>`, no secret): topic.json hands
     # it to the services so the nodes they create stay the operator's too; empty: no ACLs
     zookeeper_admin_acl: str = ""
+    # TLS to ZooKeeper for the service pods (coordination/tls.py): the operator's CA
+    # certificate(s) in PEM are copied into every topic's ConfigMap, as a pod cannot mount a
+    # Secret of the operator's namespace; empty: the system CAs
+    zookeeper_tls: bool = False
+    zookeeper_tls_verify_certs: bool = True
+    zookeeper_tls_ca_pem: str = ""
     service_monitor: ServiceMonitorSettings = field(default_factory=ServiceMonitorSettings)
 
 

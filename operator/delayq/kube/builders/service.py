@@ -98,6 +98,11 @@ def topic_file(spec: TopicSpec, ctx: BuildContext, slot_amount: int) -> TopicFil
         zookeeper_connect=zookeeper_connect(spec, ctx),
         zookeeper_session_timeout_ms=spec.zookeeper_session_timeout_ms,
         zookeeper_admin_acl=ctx.zookeeper_admin_acl,
+        zookeeper_tls=ctx.zookeeper_tls,
+        zookeeper_tls_ca_file=(
+            f"{naming.CONFIG_MOUNT}/{naming.ZOOKEEPER_CA_KEY}" if ctx.zookeeper_tls_ca_pem else ""
+        ),
+        zookeeper_tls_verify_certs=ctx.zookeeper_tls_verify_certs,
         worker_concurrency=spec.worker_concurrency,
         redis_master_host_template=f"{spec.name}-redis-{{broker}}.{spec.namespace}.svc",
         redis_port=naming.REDIS_PORT,
@@ -111,8 +116,10 @@ def config_json(spec: TopicSpec, ctx: BuildContext, slot_amount: int) -> str:
 
 def config_hash(spec: TopicSpec, ctx: BuildContext, slot_amount: int) -> str:
     """Changes exactly when a restart of the service pods is needed to pick up new settings."""
-    material = config_json(spec, ctx, slot_amount) + json.dumps(
-        spec.worker_resources.as_manifest(), sort_keys=True
+    material = (
+        config_json(spec, ctx, slot_amount)
+        + json.dumps(spec.worker_resources.as_manifest(), sort_keys=True)
+        + ctx.zookeeper_tls_ca_pem  # a new CA rolls the pods rather than waiting for the kubelet
     )
     return hashlib.sha256(material.encode()).hexdigest()[:16]
 
@@ -123,7 +130,14 @@ def config_map(spec: TopicSpec, ctx: BuildContext, slot_amount: int) -> Manifest
         "apiVersion": "v1",
         "kind": "ConfigMap",
         "metadata": metadata(naming.config_map(spec.name), spec.namespace, labels),
-        "data": {naming.CONFIG_KEY: config_json(spec, ctx, slot_amount)},
+        "data": {
+            naming.CONFIG_KEY: config_json(spec, ctx, slot_amount),
+            **(
+                {naming.ZOOKEEPER_CA_KEY: ctx.zookeeper_tls_ca_pem}
+                if ctx.zookeeper_tls_ca_pem
+                else {}
+            ),
+        },
     }
 
 
