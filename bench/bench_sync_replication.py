@@ -86,8 +86,12 @@ def main() -> None:
                 "runs": runs,
                 "ratio_sync_to_async": {
                     key: round(sync[key] / base[key], 2)
-                    for key in ("single_p50_ms", "single_p99_ms", "singles_per_s",
-                                "batch_msgs_per_s")
+                    for key in (
+                        "single_p50_ms",
+                        "single_p99_ms",
+                        "singles_per_s",
+                        "batch_msgs_per_s",
+                    )
                 },
             },
             indent=2,

@@ -10,8 +10,11 @@ to the local servers for the operator's `RedisCommands(addresses=...)` (a test-o
 from __future__ import annotations
 
 import base64
-from collections.abc import Iterator, Mapping, Sequence
-from dataclasses import dataclass
+import itertools
+import threading
+import time
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
 import kmock
@@ -222,6 +225,95 @@ def fill(
         queue.schedule(f"{prefix}-due-{index}", b"x", delay_ms=0, slot_basis=basis)
         epoch = queue.take_over(slot)
         assert len(queue.claim(slot, epoch, max_count=1).messages) == 1
+
+
+def terminate(api: kmock.KubernetesEmulator, name: str) -> None:
+    """What a rollout, a drain or `kubectl delete pod` does first: the pod gets a
+    deletionTimestamp and keeps running (its preStop hook holds a master until switched).
+
+    A real API server keeps a deleted pod until its kubelet has stopped it (graceful deletion);
+    kmock removes an object with a deletionTimestamp at its next request unless a finalizer
+    holds it, so one plays the kubelet here."""
+    api.objects["v1/pods", NAMESPACE, name].patch(
+        {
+            "metadata": {
+                "deletionTimestamp": "2026-01-01T00:00:00Z",
+                "finalizers": ["tests.delayq.io/kubelet"],
+            }
+        }
+    )
+
+
+@dataclass
+class ServiceWriter:
+    """Schedules messages one after another through an address that follows the master, as
+    a delay service does through the master Service, on its own thread.
+
+    `resolve` names the address now (RedisPods' Service mapping, or a bench's). A failed
+    call (paused connection closed, READONLY, refused) is retried with the same message id
+    on a fresh connection to the address resolved again; only acknowledged ids are recorded,
+    with the time of their acknowledgement.
+    """
+
+    resolve: Callable[[], tuple[str, int]]
+    password: str
+    topic: Topic
+    interval_s: float = 0.001  # paced, so that the operator's thread gets the interpreter
+    acked: list[tuple[str, float]] = field(default_factory=list)
+    failures: int = 0
+
+    def __post_init__(self) -> None:
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="service-writer", daemon=True)
+
+    def __enter__(self) -> ServiceWriter:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self._stop.set()
+        self._thread.join(timeout=SYNC_TIMEOUT_S)
+
+    def wait_for(self, count: int) -> None:
+        """Until `count` more messages are acknowledged."""
+        target = len(self.acked) + count
+        wait_until(lambda: len(self.acked) >= target, SYNC_TIMEOUT_S, f"{count} more writes")
+
+    def max_gap_s(self) -> float:
+        """The longest time between two consecutive acknowledgements: the writes' pause."""
+        times = [at for _, at in self.acked]
+        return max((b - a for a, b in itertools.pairwise(times)), default=0.0)
+
+    def _run(self) -> None:
+        queue: Queue | None = None
+        address: tuple[str, int] | None = None
+        index = 0
+        while not self._stop.is_set():
+            try:
+                if queue is None or address != self.resolve():
+                    if queue is not None:
+                        queue.close()
+                    address = self.resolve()
+                    client = redis.Redis(
+                        *address,
+                        username=acl.ADMIN_USER,
+                        password=self.password,
+                        socket_timeout=SYNC_TIMEOUT_S,
+                    )
+                    queue = Queue(client, self.topic)
+                queue.schedule(f"w-{index}", b"x", delay_ms=3_600_000)
+            except (redis.RedisError, OSError):
+                self.failures += 1
+                if queue is not None:
+                    queue.close()
+                queue = None
+                time.sleep(self.interval_s)
+                continue
+            self.acked.append((f"w-{index}", time.monotonic()))
+            index += 1
+            time.sleep(self.interval_s)
+        if queue is not None:
+            queue.close()
 
 
 def set_pod_ready(api: kmock.KubernetesEmulator, name: str, ready: bool) -> None:

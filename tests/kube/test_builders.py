@@ -13,7 +13,12 @@ from delayq.kube import naming
 from delayq.kube.apply import contains, update_patch
 from delayq.kube.builders.bundle import build_all, render
 from delayq.kube.builders.common import BuildContext, Credentials
-from delayq.kube.builders.redis import REDIS_START_SCRIPT, redis_maxmemory
+from delayq.kube.builders.redis import (
+    REDIS_PRESTOP_SCRIPT,
+    REDIS_START_SCRIPT,
+    SWITCHOVER_WAIT_S,
+    redis_maxmemory,
+)
 from delayq.kube.builders.service import NON_PUBLIC_IPV4, NON_PUBLIC_IPV6, config_hash
 from delayq.kube.quantity import memory_bytes, parse_quantity
 from delayq.kube.spec import (
@@ -240,6 +245,15 @@ def test_redis_start_script_reads_role_from_labels_and_hides_password() -> None:
     assert '^delayq.io/redis-role="master"$' in REDIS_START_SCRIPT
     assert "--replicaof $MASTER_HOST" in REDIS_START_SCRIPT
     assert "--requirepass" not in REDIS_START_SCRIPT  # the password goes through stdin
+
+
+def test_a_stopping_master_waits_for_the_switchover_within_its_grace_period() -> None:
+    sts = by_kind_name(rendered(spec_of()))["StatefulSet", "orders-redis-0"]
+    pod = sts["spec"]["template"]["spec"]
+    hook = pod["containers"][0]["lifecycle"]["preStop"]["exec"]["command"]
+    assert hook == ["sh", "-c", REDIS_PRESTOP_SCRIPT]
+    assert f"+ {SWITCHOVER_WAIT_S} ))" in REDIS_PRESTOP_SCRIPT  # bounded
+    assert pod["terminationGracePeriodSeconds"] > SWITCHOVER_WAIT_S  # Redis still shuts down
 
 
 @pytest.mark.parametrize(("policy", "expected"), [("Retain", "Retain"), ("Delete", "Delete")])

@@ -16,8 +16,12 @@ def pod(
     role: str | None = "slave",
     offset: int = 0,
     keys: int = 0,
+    terminating: bool = False,
+    link_up: bool = True,
 ) -> RedisPod:
-    return RedisPod(f"t-redis-0-{ordinal}", ordinal, ready, master, role, offset, keys)
+    return RedisPod(
+        f"t-redis-0-{ordinal}", ordinal, ready, master, role, offset, keys, terminating, link_up
+    )
 
 
 def test_healthy_master_stays_and_nothing_happens() -> None:
@@ -98,3 +102,45 @@ def test_nothing_promotable_reports_and_waits() -> None:
     assert decision.promote is None
     assert decision.reason == "NoPromotableReplica"
     assert decision.missing_since == NOW
+
+
+# --- planned switchover ---------------------------------------------------------------------
+
+
+def test_a_terminating_master_switches_over_to_the_most_advanced_linked_replica() -> None:
+    pods = [
+        pod(0, master=True, role="master", offset=900, terminating=True),
+        pod(1, offset=800),
+        pod(2, offset=850),
+        pod(3, offset=899, link_up=False),  # resyncing: its catch-up would be long
+        pod(4, offset=899, terminating=True),  # stopping too
+    ]
+    decision = decide(pods, NOW, GRACE, None, True)
+    assert (decision.switch_from, decision.master) == ("t-redis-0-0", "t-redis-0-2")
+    assert (decision.promote, decision.demote, decision.unlabel) == (None, (), ())
+    assert decision.reason == "SwitchedOver"
+    assert not decision.failover
+    assert decision.missing_since is None
+
+
+def test_a_terminating_master_without_a_replica_to_take_over_stays_until_it_is_gone() -> None:
+    alone = decide([pod(0, master=True, role="master", terminating=True)], NOW, GRACE, None, True)
+    assert (alone.master, alone.switch_from, alone.reason) == ("t-redis-0-0", None, "MasterReady")
+    unlinked = [pod(0, master=True, role="master", terminating=True), pod(1, link_up=False)]
+    assert decide(unlinked, NOW, GRACE, None, True).switch_from is None
+
+
+def test_a_stray_master_is_demoted_before_any_switchover() -> None:
+    pods = [pod(0, master=True, role="master", terminating=True), pod(1, role="master"), pod(2)]
+    decision = decide(pods, NOW, GRACE, None, True)
+    assert decision.switch_from is None
+    assert decision.demote == ("t-redis-0-1",)
+
+
+def test_a_terminating_pod_is_never_promoted_by_a_failover() -> None:
+    pods = [
+        pod(0, master=True, ready=False, role=None),
+        pod(1, offset=900, terminating=True),
+        pod(2, offset=100),
+    ]
+    assert decide(pods, NOW + GRACE, GRACE, NOW, True).promote == "t-redis-0-2"

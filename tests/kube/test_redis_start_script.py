@@ -1,4 +1,4 @@
-"""The broker pods' start script, run for real: a master and a replica from the rendered env.
+"""The broker pods' start script and preStop hook, run for real from the rendered env.
 
 No kubelet runs the pods here (issue 12), so this is what proves the script's redis.conf lines
 (the ACL users, `masteruser`) are ones redis-server accepts: only the pod-only paths (the data
@@ -17,7 +17,7 @@ import pytest
 import redis
 from redis.exceptions import NoPermissionError
 
-from delayq.kube.builders.redis import REDIS_START_SCRIPT
+from delayq.kube.builders.redis import REDIS_PRESTOP_SCRIPT, REDIS_START_SCRIPT
 from delayq.local.ports import free_port
 from delayq.local.process import stop_by_pid
 from delayq.local.waiting import wait_until
@@ -49,7 +49,15 @@ def start_pod(
     )
     for pod_only in ("6379", "/data", "/etc/podinfo", "$MASTER_HOST 6379"):  # all replaced
         assert pod_only not in script
-    env = {
+    process = subprocess.Popen(
+        ["sh", "-c", script], env=pod_env(), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+    )
+    return process, port
+
+
+def pod_env() -> dict[str, str]:
+    """The container's environment, secrets filled in (what the kubelet gives both scripts)."""
+    return {
         **os.environ,
         **redis_env(),
         "POD_IP": "127.0.0.1",
@@ -57,10 +65,6 @@ def start_pod(
         "REDIS_ADMIN_PASSWORD": ADMIN_PASSWORD,
         "REDISCLI_AUTH": PASSWORD,
     }
-    process = subprocess.Popen(
-        ["sh", "-c", script], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
-    )
-    return process, port
 
 
 def admin(port: int) -> redis.Redis:
@@ -112,3 +116,53 @@ def test_the_users_of_the_start_script(pods: tuple[int, int]) -> None:
         "the replica's link to the master",
     )
     assert _replication(master_port)["role"] == "master"
+
+
+def pre_stop(port: int) -> subprocess.Popen[bytes]:
+    """The preStop hook as the kubelet runs it in the pod whose Redis listens on `port`."""
+    assert REDIS_PRESTOP_SCRIPT.count("-p 6379") == 1
+    script = REDIS_PRESTOP_SCRIPT.replace("-p 6379", f"-p {port}")
+    return subprocess.Popen(["sh", "-c", script], env=pod_env())
+
+
+def _connections(port: int) -> int:
+    with admin(port) as client:
+        return int(client.info("stats")["total_connections_received"])
+
+
+def test_the_pre_stop_hook_holds_a_master_until_it_is_switched_over(
+    pods: tuple[int, int],
+) -> None:
+    master_port, replica_port = pods
+    wait_until(
+        lambda: _replication(master_port).get("connected_slaves") == 1, 60, "a linked replica"
+    )
+    before = _connections(master_port)
+    hook = pre_stop(master_port)
+    try:
+        # several rounds of the hook's check (each a connection) and it still waits
+        wait_until(lambda: _connections(master_port) >= before + 4, 30, "the hook's checks")
+        assert hook.poll() is None
+        with admin(replica_port) as client:  # the operator's switchover, in short
+            client.replicaof("NO", "ONE")
+        with admin(master_port) as client:
+            client.replicaof("127.0.0.1", str(replica_port))
+        wait_until(lambda: hook.poll() is not None, 10, "the hook to return")
+        assert hook.returncode == 0
+    finally:
+        stop_by_pid(hook, 5)
+
+
+def test_the_pre_stop_hook_does_not_wait_on_a_replica_or_a_master_without_one(
+    pods: tuple[int, int],
+) -> None:
+    """The bound is 30 s; a replica, and a master with nothing to switch to, stop at once."""
+    _, replica_port = pods
+    hook = pre_stop(replica_port)
+    wait_until(lambda: hook.poll() is not None, 10, "the replica's hook to return")
+    with admin(replica_port) as client:  # now a master of its own, without replicas
+        client.replicaof("NO", "ONE")
+    assert _replication(replica_port)["connected_slaves"] == 0
+    hook = pre_stop(replica_port)
+    wait_until(lambda: hook.poll() is not None, 10, "the lone master's hook to return")
+    assert hook.returncode == 0

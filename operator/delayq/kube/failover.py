@@ -9,6 +9,14 @@ Rules, in order:
    (ties: more keys, then the lowest ordinal) and move the label to it.
 3. A broker that never had a master (fresh topic) promotes at once: there is nothing to lose.
 A broker with no promotable pod waits and is reported unavailable.
+
+Planned stops come first: when the labelled master is terminating (its pod has a
+deletionTimestamp: a rollout, a drain, an eviction, `kubectl delete pod`) while it still runs
+as master, and a replica is ready, linked and not terminating itself, the master is switched
+over to that replica before it stops (handlers/health.py `switch_over`: writes paused, the
+replica caught up to the master's offset, then promoted). The pod's preStop hook
+(builders/redis.py) keeps the old master serving until then. Without such a replica the old
+rules apply once the master is gone. A terminating pod is never promoted.
 """
 
 from __future__ import annotations
@@ -28,6 +36,8 @@ class RedisPod:
     role: str | None = None  # "master" / "slave" from INFO replication; None if unreachable
     offset: int = 0  # master_repl_offset (master) or slave_repl_offset (replica)
     keys: int = 0
+    terminating: bool = False  # the pod has a deletionTimestamp: it is about to stop
+    link_up: bool = False  # a replica whose link to its master is up (master_link_status)
 
     @property
     def reachable(self) -> bool:
@@ -46,6 +56,7 @@ class Decision:
     reason: str = "MasterReady"
     message: str = ""
     failover: bool = False  # True when an existing master was replaced (not bootstrap/repair)
+    switch_from: str | None = None  # a planned switchover from this terminating master
 
 
 def decide(
@@ -58,9 +69,18 @@ def decide(
     """The decision for one broker given its pods; see the module docstring for the rules."""
     labelled = sorted((pod for pod in pods if pod.labelled_master), key=_rank, reverse=True)
     current = labelled[0] if labelled else None
+    strays = tuple(pod.name for pod in pods if pod is not current and pod.role == "master")
+    extra_labels = tuple(pod.name for pod in labelled[1:])
+    if current is not None and current.terminating and current.role == "master":
+        target = None if strays or extra_labels else _switch_target(pods)
+        if target is not None:
+            return Decision(
+                master=target.name,
+                switch_from=current.name,
+                reason="SwitchedOver",
+                message=f"{current.name} is stopping: switching over to {target.name}",
+            )
     if current is not None and current.ready:
-        strays = tuple(pod.name for pod in pods if pod is not current and pod.role == "master")
-        extra_labels = tuple(pod.name for pod in labelled[1:])
         repair = current.role == "slave"
         return Decision(
             master=current.name,
@@ -79,7 +99,9 @@ def decide(
             reason="MasterMissing",
             message=f"master not ready; failover in {left:.0f}s unless it returns",
         )
-    candidates = sorted((p for p in pods if p.ready and p.reachable), key=_rank, reverse=True)
+    candidates = sorted(
+        (p for p in pods if p.ready and p.reachable and not p.terminating), key=_rank, reverse=True
+    )
     if not candidates:
         return Decision(
             master=None,
@@ -100,6 +122,17 @@ def decide(
         ),
         failover=had_master,
     )
+
+
+def _switch_target(pods: Sequence[RedisPod]) -> RedisPod | None:
+    """The replica a stopping master hands over to: ready, replicating (link up), staying; the
+    most advanced one, so that the writes' pause while it catches up is the shortest."""
+    targets = [
+        pod
+        for pod in pods
+        if pod.ready and pod.role == "slave" and pod.link_up and not pod.terminating
+    ]
+    return max(targets, key=_rank, default=None)
 
 
 def _rank(pod: RedisPod) -> tuple[int, int, int]:

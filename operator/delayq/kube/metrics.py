@@ -23,6 +23,9 @@ TOPIC_LABELS = ("topic_namespace", "topic")
 # A health pass is a few API calls and Redis round trips per broker: milliseconds to seconds;
 # the loop abandons one after 30 s (healthloop.PASS_TIMEOUT_S).
 HEALTH_PASS_BUCKETS_S = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
+# A planned switchover pauses writes for a few milliseconds; over a second means trouble (the
+# replica's catch-up is given up after redisctl.CATCH_UP_TIMEOUT_S).
+SWITCHOVER_PAUSE_BUCKETS_S = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5)
 ERROR_KINDS = ("transient", "permanent", "unexpected")
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 
@@ -55,6 +58,18 @@ class OperatorMetrics:
             "delayq_operator_failovers",
             "Replicas promoted because a broker's master was gone",
             TOPIC_LABELS,
+            registry=self.registry,
+        )
+        self.switchovers = Counter(
+            "delayq_operator_switchovers",
+            "Masters handed over to a caught-up replica before their pod stopped (planned)",
+            TOPIC_LABELS,
+            registry=self.registry,
+        )
+        self.switchover_pause_seconds = Histogram(
+            "delayq_operator_switchover_pause_seconds",
+            "How long a planned switchover held the old master's writes (pause to release)",
+            buckets=SWITCHOVER_PAUSE_BUCKETS_S,
             registry=self.registry,
         )
         self.health_pass_seconds = Histogram(

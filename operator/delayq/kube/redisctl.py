@@ -1,5 +1,5 @@
 """The operator's few Redis commands: inspect replication, promote, demote, depths, memory,
-pause.
+pause, and the planned switchover of a stopping master (`hand_over`, `release`).
 
 Depths are the engine's own stats (`AsyncQueue.stats`, the read-only stats script), so the
 operator counts messages exactly as the delay service's metrics and API do.
@@ -11,6 +11,8 @@ admits the operator's pods). Tests run it against local redis-servers through it
 
 from __future__ import annotations
 
+import asyncio
+import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Protocol
@@ -23,6 +25,24 @@ from delayq.kube import naming
 from delayq.queue import AsyncQueue, Topic, TopicStats, acl
 
 CONNECT_TIMEOUT_S = 2.0
+# A switchover's CLIENT PAUSE bound: if the operator dies mid-way, the old master takes writes
+# again after this. It is far above what a switchover's steps may take (CATCH_UP_TIMEOUT_S, then
+# two commands of at most CONNECT_TIMEOUT_S each, checked by PROMOTE_BY_S), so the old master
+# never takes a write between the offset check and its demotion.
+SWITCH_PAUSE_MS = 10_000
+# How long a replica may take to reach the paused master's offset before the switchover is
+# given up (writes resume on the old master, nothing else changed): a linked replica is
+# milliseconds behind, so waiting longer would only lengthen the writes' pause.
+CATCH_UP_TIMEOUT_S = 1.0
+CATCH_UP_POLL_S = 0.002
+# The replica is promoted only this soon after the pause began, whatever delayed the steps
+# before: the old master's demotion (<= CONNECT_TIMEOUT_S) then ends well inside the pause.
+PROMOTE_BY_S = SWITCH_PAUSE_MS / 1000 - 3 * CONNECT_TIMEOUT_S
+
+
+class CatchUpTimeout(Exception):
+    """The replica did not reach the paused master's offset in time; nothing was switched and
+    the old master takes writes again."""
 
 
 @dataclass(frozen=True)
@@ -30,6 +50,7 @@ class Replication:
     role: str  # "master" or "slave"
     offset: int
     keys: int
+    link_up: bool = False  # a replica whose link to its master is up
 
 
 @dataclass(frozen=True)
@@ -68,6 +89,18 @@ class RedisControl(Protocol):
     async def pause(self, host: str, password: str, topic: Topic, paused: bool | None) -> bool:
         """Pause (True) or resume (False) the topic's delivery on one master, or (None) leave
         it; returns whether it is paused now (the engine's own `AsyncQueue.pause` key)."""
+
+    async def hand_over(self, master: str, replica: str, password: str) -> int:
+        """Make `replica` the master of `master`'s data, losing no acknowledged write: pause
+        the master's writes (CLIENT PAUSE WRITE), wait until the replica has its offset,
+        REPLICAOF NO ONE on the replica, REPLICAOF replica on the old master. Returns the
+        offset handed over. The old master stays paused until `release`: its clients wait
+        instead of failing while the role label moves. Raises CatchUpTimeout (nothing
+        changed, writes resumed) when the replica lags."""
+
+    async def release(self, host: str, password: str) -> None:
+        """End a handed-over master's pause and close its clients' connections, so that they
+        reconnect through the master Service (now the new master) at once."""
 
 
 class RedisCommands:
@@ -115,8 +148,12 @@ class RedisCommands:
         finally:
             await client.aclose()
         role = str(info.get("role", ""))
-        offset_key = "master_repl_offset" if role == "master" else "slave_repl_offset"
-        return Replication(role=role, offset=int(info.get(offset_key, 0)), keys=keys)
+        return Replication(
+            role=role,
+            offset=_offset(info),
+            keys=keys,
+            link_up=info.get("master_link_status") == "up",
+        )
 
     async def promote(self, host: str, password: str) -> None:
         client = self._client(host, password)
@@ -131,6 +168,35 @@ class RedisCommands:
             name, _, port = master_host.partition(":")  # "host" or "host:port"
             target, target_port = self._target(name, int(port) if port else None)
             await client.replicaof(target, str(target_port))
+        finally:
+            await client.aclose()
+
+    async def hand_over(self, master: str, replica: str, password: str) -> int:
+        old, new = self._client(master, password), self._client(replica, password)
+        try:
+            await old.client_pause(SWITCH_PAUSE_MS, all=False)  # WRITE: reads go on
+            paused_at = time.monotonic()
+            try:
+                offset = _offset(await old.info("replication"))
+                await _caught_up(new, offset, paused_at + CATCH_UP_TIMEOUT_S)
+                if time.monotonic() - paused_at > PROMOTE_BY_S:
+                    raise CatchUpTimeout("the switchover's steps were too slow")
+            except BaseException:
+                await old.client_unpause()  # nothing was switched
+                raise
+            await new.replicaof("NO", "ONE")
+            target, target_port = self._target(replica)
+            await old.replicaof(target, str(target_port))
+            return offset
+        finally:
+            await old.aclose()
+            await new.aclose()
+
+    async def release(self, host: str, password: str) -> None:
+        client = self._client(host, password)
+        try:
+            await client.client_kill_filter(_type="normal", skipme=True)
+            await client.client_unpause()
         finally:
             await client.aclose()
 
@@ -164,3 +230,23 @@ class RedisCommands:
             return await queue.is_paused()
         finally:
             await queue.close()
+
+
+def _offset(info: Mapping[str, object]) -> int:
+    """The replication offset of INFO replication: the master's, or what a replica has."""
+    key = "master_repl_offset" if info.get("role") == "master" else "slave_repl_offset"
+    return int(str(info.get(key, 0)))
+
+
+async def _caught_up(replica: redis.asyncio.Redis, offset: int, deadline: float) -> None:
+    """Wait until the replica has replicated up to `offset` (the paused master's: it stays put
+    during a write pause), or raise CatchUpTimeout at `deadline` (time.monotonic)."""
+    while True:
+        info = await replica.info("replication")
+        if info.get("role") == "slave" and _offset(info) >= offset:
+            return
+        if time.monotonic() >= deadline:
+            raise CatchUpTimeout(
+                f"the replica is at offset {_offset(info)}, the master at {offset}"
+            )
+        await asyncio.sleep(CATCH_UP_POLL_S)

@@ -6,6 +6,10 @@ labels (downward API) when it starts: the labelled master starts as master, ever
 starts as a replica of the master Service. A returning old master has lost the label during
 failover, so it restarts as a replica and resyncs from the new master (it never overwrites it);
 if it kept running, the operator demotes it with REPLICAOF (see failover.py).
+
+A master pod that is asked to stop (rollout, drain, eviction) first waits in its preStop hook
+until the operator has switched the master over to a replica (handlers/switchover.py), so a
+planned restart pauses writes for milliseconds instead of failoverGraceSeconds.
 """
 
 from __future__ import annotations
@@ -83,6 +87,26 @@ masteruser $ADMIN_USER
 masterauth $REDIS_ADMIN_PASSWORD
 save ""
 REDISCONF
+"""
+
+
+# How long a stopping master waits for the operator's switchover (handlers/switchover.py) before
+# it stops anyway: several health passes (DELAYQ_HEALTH_INTERVAL_S, 10 s by default). Redis
+# serves normally meanwhile; the hook returns as soon as the pod is no longer master, or at once
+# when no replica is connected (nothing to switch to: replicasPerBroker 0, or every pod of the
+# broker stopping), and on a replica. The grace period leaves Redis its own shutdown after it
+# (up to 10 s of `shutdown-timeout`, for a master that still has a replica to wait for).
+SWITCHOVER_WAIT_S = 30
+REDIS_TERMINATION_GRACE_S = SWITCHOVER_WAIT_S + 15
+REDIS_PRESTOP_SCRIPT = f"""\
+export REDISCLI_AUTH="$REDIS_ADMIN_PASSWORD"
+end=$(( $(date +%s) + {SWITCHOVER_WAIT_S} ))
+while [ "$(date +%s)" -lt "$end" ]; do
+  info=$(redis-cli --user "$ADMIN_USER" -p 6379 info replication) || exit 0
+  case "$info" in *role:master*) ;; *) exit 0 ;; esac
+  case "$info" in *connected_slaves:0*) exit 0 ;; esac
+  sleep 0.1
+done
 """
 
 
@@ -178,6 +202,7 @@ def redis_statefulset(spec: TopicSpec, broker: int, ctx: BuildContext) -> Manife
             "periodSeconds": 10,
             "failureThreshold": 6,
         },
+        "lifecycle": {"preStop": {"exec": {"command": ["sh", "-c", REDIS_PRESTOP_SCRIPT]}}},
         "resources": container_resources,
         "securityContext": container_security_context(),
         "volumeMounts": [
@@ -206,7 +231,7 @@ def redis_statefulset(spec: TopicSpec, broker: int, ctx: BuildContext) -> Manife
                     "securityContext": pod_security_context(REDIS_UID),
                     "automountServiceAccountToken": False,
                     "enableServiceLinks": False,
-                    "terminationGracePeriodSeconds": 30,
+                    "terminationGracePeriodSeconds": REDIS_TERMINATION_GRACE_S,
                     "affinity": redis_affinity(spec, broker),
                     "containers": [container],
                     "volumes": [

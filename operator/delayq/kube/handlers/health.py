@@ -1,10 +1,10 @@
 """The periodic health pass: observe brokers, act on failover decisions, refresh status.
 
 Runs from the leader's health loop (healthloop.py) for every provisioned, unpaused topic (not
-on a kopf timer: see healthloop.py). It reads the Redis pods of each
-broker, lets failover.decide() pick the master, applies that decision (label moves and
-REPLICAOF commands), then reports per-broker state, slot ownership and depths. The status is
-patched only when it changed (status.status_patch).
+on a kopf timer: see healthloop.py). It reads the Redis pods of each broker, lets
+failover.decide() pick the master, applies that decision (label moves and REPLICAOF commands,
+or the planned switchover of a stopping master: switchover.py), then reports per-broker state,
+slot ownership and depths. The status is patched only when it changed (status.status_patch).
 """
 
 from __future__ import annotations
@@ -25,6 +25,7 @@ from delayq.kube.context import Logger, OperatorContext
 from delayq.kube.errors import TRANSIENT_ERRORS, TopicFailure
 from delayq.kube.events import WARNING, TopicEvent
 from delayq.kube.failover import Decision, RedisPod, decide
+from delayq.kube.handlers.switchover import label_role, switch_over
 from delayq.kube.redisctl import BrokerMemory
 from delayq.kube.spec import SpecError, TopicSpec
 from delayq.kube.status import (
@@ -246,6 +247,8 @@ async def observe_broker(
                 role=info.role if info else None,
                 offset=info.offset if info else 0,
                 keys=info.keys if info else 0,
+                terminating=bool(pod["metadata"].get("deletionTimestamp")),
+                link_up=bool(info and info.link_up),
             )
         )
     key = (spec.namespace, spec.name, broker)
@@ -257,7 +260,14 @@ async def observe_broker(
         ctx.master_missing_since.pop(key, None)
     else:
         ctx.master_missing_since[key] = decision.missing_since
-    events = await apply_decision(ctx, spec, broker, decision, addresses, password, logger)
+    events: list[TopicEvent] = []
+    if decision.switch_from is not None:
+        names = tuple(pod.name for pod in pods)
+        decision, told = await switch_over(
+            ctx, spec, broker, decision, addresses, names, password, logger
+        )
+        events.append(told)
+    events += await apply_decision(ctx, spec, broker, decision, addresses, password, logger)
 
     ready_pods = {pod.name for pod in pods if pod.ready}
     serving = decision.master is not None and decision.master in ready_pods
@@ -276,6 +286,9 @@ async def observe_broker(
     last = now_iso(ctx) if decision.failover else previous.get("lastFailoverTime")
     if last:
         entry["lastFailoverTime"] = last
+    switched = now_iso(ctx) if decision.switch_from else previous.get("lastSwitchoverTime")
+    if switched:
+        entry["lastSwitchoverTime"] = switched
     stats = TopicStats([])
     master_address = addresses.get(decision.master or "")
     if serving and master_address and broker < routing.broker_count:
@@ -370,8 +383,3 @@ async def apply_decision(
                 )
             )
     return events
-
-
-async def label_role(ctx: OperatorContext, spec: TopicSpec, pod: str, role: str) -> None:
-    patch = {"metadata": {"labels": {naming.LABEL_ROLE: role}}}
-    await ctx.kube.patch("v1", "Pod", spec.namespace, pod, patch)

@@ -1,0 +1,191 @@
+"""The planned switchover, on real redis-servers: a terminating master hands over first.
+
+The health pass runs as the leader's loop runs it (`serialized`), against kmock and the pods of
+tests/kube/pods.py. A `ServiceWriter` schedules messages without a break through the master
+Service (which follows the role label) while the master's pod is marked terminating, as a
+rollout or a drain does: every acknowledged message must be on the new master afterwards, and
+the longest gap between two acknowledgements is the writes' pause (printed; the figure with a
+target is bench/bench_switchover.py's).
+"""
+
+from __future__ import annotations
+
+import logging
+
+import kmock
+import pytest
+
+from delayq.kube import naming
+from delayq.kube.context import OperatorContext
+from delayq.kube.handlers.health import refresh
+from delayq.kube.handlers.reconcile import reconcile
+from delayq.kube.redisctl import CatchUpTimeout, RedisCommands
+from delayq.queue import Queue, State, Topic
+from tests.kube.pods import (
+    NAMESPACE,
+    RedisPods,
+    ServiceWriter,
+    add_service_pods,
+    fill,
+    master_service_host,
+    terminate,
+)
+from tests.kube.test_events import posted, run
+from tests.kube.test_handlers import body, put_topic
+
+ORDERS = {"topic_namespace": NAMESPACE, "topic": "orders"}
+
+
+async def serving(
+    api: kmock.KubernetesEmulator,
+    ctx: OperatorContext,
+    redis_pods: RedisPods,
+    logger: logging.Logger,
+    pods: int,
+) -> Topic:
+    """A provisioned topic of one broker whose pod 0 is master and whose replicas are linked."""
+    put_topic(api, replicasPerBroker=pods - 1, slotAmount=4)
+    await run(ctx, api, logger, reconcile)
+    redis_pods.add(0, pods, master=0)
+    add_service_pods(api, 1)
+    await run(ctx, api, logger, refresh)
+    for ordinal in range(1, pods):
+        redis_pods.wait_for_offset(f"orders-redis-0-{ordinal}", 0)
+    return Topic("orders", namespace=NAMESPACE, slot_amount=4)
+
+
+def writer(redis_pods: RedisPods, topic: Topic) -> ServiceWriter:
+    return ServiceWriter(
+        lambda: redis_pods[master_service_host(0)], redis_pods.admin_password(), topic
+    )
+
+
+def role_label(api: kmock.KubernetesEmulator, name: str) -> str | None:
+    labels = api.objects["v1/pods", NAMESPACE, name].raw["metadata"]["labels"]
+    return labels.get(naming.LABEL_ROLE)
+
+
+def missing_on(redis_pods: RedisPods, pod: str, topic: Topic, ids: list[str]) -> list[str]:
+    """The ids among `ids` that pod's Redis does not hold as scheduled messages."""
+    queue = Queue(redis_pods.client(pod), topic)
+    try:
+        return [i for i in ids if queue.get(i).state is not State.SCHEDULED]
+    finally:
+        queue.close()
+
+
+async def test_a_terminating_master_hands_over_at_once_and_loses_no_write(
+    api: kmock.KubernetesEmulator,
+    ctx: OperatorContext,
+    redis_pods: RedisPods,
+    logger: logging.Logger,
+) -> None:
+    """Regression: before the switchover, a terminating master that still ran stayed master
+    until its pod was gone, then cost the failover grace; here one pass moves it, with no time
+    passing on the operator's clock."""
+    topic = await serving(api, ctx, redis_pods, logger, pods=3)
+    with writer(redis_pods, topic) as writes:
+        writes.wait_for(200)
+        terminate(api, "orders-redis-0-0")
+        await run(ctx, api, logger, refresh)
+        writes.wait_for(200)
+    acked = [message_id for message_id, _ in writes.acked]
+    print(f"write pause {writes.max_gap_s() * 1000:.1f} ms over {len(acked)} writes")
+
+    # the replica with the higher offset when the pass looked (both move with the writes)
+    new = body(api)["status"]["brokers"][0]["masterPod"]
+    assert new in ("orders-redis-0-1", "orders-redis-0-2")
+    other = ({"orders-redis-0-1", "orders-redis-0-2"} - {new}).pop()
+    assert redis_pods.replication(new)["role"] == "master"
+    assert role_label(api, new) == naming.ROLE_MASTER
+    assert role_label(api, "orders-redis-0-0") == naming.ROLE_REPLICA
+    assert redis_pods.replicates_from("orders-redis-0-0", new)
+    assert redis_pods.replicates_from(other, new)  # re-pointed
+    assert missing_on(redis_pods, new, topic, acked) == []
+    broker = body(api)["status"]["brokers"][0]
+    assert broker["state"] == "Ready"
+    assert broker["lastSwitchoverTime"]
+    assert "lastFailoverTime" not in broker  # planned: not a failover
+    assert posted(api).count(("Normal", "SwitchedOver")) == 1
+    assert ctx.metrics.registry.get_sample_value("delayq_operator_switchovers_total", ORDERS) == 1
+    assert (
+        ctx.metrics.registry.get_sample_value("delayq_operator_switchover_pause_seconds_count") == 1
+    )
+
+    # The next pass leaves it so: the stopping pod is a replica now, nothing to switch.
+    await run(ctx, api, logger, refresh)
+    assert redis_pods.replication(new)["role"] == "master"
+    assert posted(api).count(("Normal", "SwitchedOver")) == 1
+
+
+async def test_without_a_replica_the_terminating_master_is_left_alone(
+    api: kmock.KubernetesEmulator,
+    ctx: OperatorContext,
+    redis_pods: RedisPods,
+    logger: logging.Logger,
+) -> None:
+    """replicasPerBroker 0: nothing to switch to; the pod stops (its preStop hook does not wait
+    without a connected replica, tests/kube/test_redis_start_script.py) and comes back."""
+    await serving(api, ctx, redis_pods, logger, pods=1)
+    terminate(api, "orders-redis-0-0")
+    await run(ctx, api, logger, refresh)
+    assert redis_pods.replication("orders-redis-0-0")["role"] == "master"
+    assert role_label(api, "orders-redis-0-0") == naming.ROLE_MASTER
+    assert body(api)["status"]["brokers"][0]["state"] == "Ready"
+    assert not [reason for _, reason in posted(api) if reason.startswith("Switch")]
+
+
+async def test_a_replica_that_cannot_catch_up_defers_the_switchover_and_writes_resume(
+    api: kmock.KubernetesEmulator,
+    ctx: OperatorContext,
+    redis_pods: RedisPods,
+    redis_commands: RedisCommands,
+    logger: logging.Logger,
+) -> None:
+    """hand_over on real servers: the replica's link breaks before the master's last writes, so
+    it never reaches the paused master's offset. The switchover is given up after
+    redisctl.CATCH_UP_TIMEOUT_S, nothing is promoted, and the old master takes writes again."""
+    topic = await serving(api, ctx, redis_pods, logger, pods=2)
+    redis_pods.cut_from_master("orders-redis-0-1")
+    master = redis_pods.queue("orders-redis-0-0", topic.slot_amount)
+    try:
+        fill(master, [0], scheduled=3, prepared=0)
+        ips = {name: pod.ip for name, pod in redis_pods.pods.items()}
+        with pytest.raises(CatchUpTimeout):
+            await redis_commands.hand_over(
+                ips["orders-redis-0-0"], ips["orders-redis-0-1"], redis_pods.admin_password()
+            )
+        master.schedule("after", b"x", delay_ms=60_000)  # not paused any more
+    finally:
+        master.close()
+    assert redis_pods.replication("orders-redis-0-0")["role"] == "master"
+    assert redis_pods.replication("orders-redis-0-1")["role"] == "slave"
+
+
+async def test_an_interrupted_switchover_is_repaired_then_completed(
+    api: kmock.KubernetesEmulator,
+    ctx: OperatorContext,
+    redis_pods: RedisPods,
+    redis_commands: RedisCommands,
+    logger: logging.Logger,
+) -> None:
+    """The operator stops after hand_over, before the label moves: the labelled old master runs
+    as a replica of a master no client reaches. The next pass makes it master again (nothing
+    was written meanwhile), the one after switches over properly."""
+    topic = await serving(api, ctx, redis_pods, logger, pods=2)
+    password = redis_pods.admin_password()
+    ips = {name: pod.ip for name, pod in redis_pods.pods.items()}
+    with writer(redis_pods, topic) as writes:
+        writes.wait_for(50)
+        terminate(api, "orders-redis-0-0")
+        await redis_commands.hand_over(ips["orders-redis-0-0"], ips["orders-redis-0-1"], password)
+        await run(ctx, api, logger, refresh)  # repair: the labelled pod is master again
+        assert redis_pods.replication("orders-redis-0-0")["role"] == "master"
+        assert redis_pods.replicates_from("orders-redis-0-1", "orders-redis-0-0")
+        writes.wait_for(50)
+        await run(ctx, api, logger, refresh)  # the switchover
+        writes.wait_for(50)
+    assert role_label(api, "orders-redis-0-1") == naming.ROLE_MASTER
+    acked = [message_id for message_id, _ in writes.acked]
+    assert missing_on(redis_pods, "orders-redis-0-1", topic, acked) == []
+    assert posted(api).count(("Normal", "SwitchedOver")) == 1
