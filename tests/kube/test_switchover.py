@@ -20,9 +20,12 @@ from delayq.kube.context import OperatorContext
 from delayq.kube.handlers.health import refresh
 from delayq.kube.handlers.reconcile import reconcile
 from delayq.kube.redisctl import CatchUpTimeout, RedisCommands
+from delayq.local.waiting import wait_until
 from delayq.queue import Queue, State, Topic
 from tests.kube.pods import (
+    LOOPBACK,
     NAMESPACE,
+    SYNC_TIMEOUT_S,
     RedisPods,
     ServiceWriter,
     add_service_pods,
@@ -160,6 +163,46 @@ async def test_a_replica_that_cannot_catch_up_defers_the_switchover_and_writes_r
         master.close()
     assert redis_pods.replication("orders-redis-0-0")["role"] == "master"
     assert redis_pods.replication("orders-redis-0-1")["role"] == "slave"
+
+
+async def test_a_replica_of_another_stream_is_never_promoted_even_ahead_in_offset(
+    api: kmock.KubernetesEmulator,
+    ctx: OperatorContext,
+    redis_pods: RedisPods,
+    logger: logging.Logger,
+) -> None:
+    """Regression for the offset check: the replica is linked, but to another master (a
+    foreign server with more writes, so a higher offset). Offsets of different streams are not
+    comparable: the switchover is deferred, the old master keeps its role and its writes."""
+    topic = await serving(api, ctx, redis_pods, logger, pods=2)
+    (foreign,) = redis_pods.add(1, 1, master=0)  # broker 1: not a pod of this 1-broker topic
+    with redis_pods.client("orders-redis-0-1") as client:
+        client.replicaof(LOOPBACK, str(foreign.server.port))
+    wait_until(
+        lambda: redis_pods.replication("orders-redis-0-1")["master_link_status"] == "up",
+        SYNC_TIMEOUT_S,
+        "the replica linked to the foreign master",
+    )
+    other = redis_pods.queue(foreign.name, topic.slot_amount)
+    try:
+        fill(other, [0, 1, 2, 3], scheduled=200, prepared=0, prefix="foreign")
+    finally:
+        other.close()
+    redis_pods.wait_for_offset("orders-redis-0-1", redis_pods.offset(foreign.name))
+    assert redis_pods.offset("orders-redis-0-1") > redis_pods.offset("orders-redis-0-0")
+    terminate(api, "orders-redis-0-0")
+    await run(ctx, api, logger, refresh)
+    assert redis_pods.replication("orders-redis-0-0")["role"] == "master"
+    assert role_label(api, "orders-redis-0-0") == naming.ROLE_MASTER
+    assert redis_pods.replication("orders-redis-0-1")["role"] == "slave"
+    assert posted(api).count(("Warning", "SwitchoverDeferred")) == 1
+    assert body(api)["status"]["brokers"][0]["masterPod"] == "orders-redis-0-0"
+    assert "lastSwitchoverTime" not in body(api)["status"]["brokers"][0]
+    master = redis_pods.queue("orders-redis-0-0", topic.slot_amount)
+    try:
+        master.schedule("after", b"x", delay_ms=60_000)  # its writes are not paused
+    finally:
+        master.close()
 
 
 async def test_an_interrupted_switchover_is_repaired_then_completed(

@@ -177,8 +177,10 @@ class RedisCommands:
             await old.client_pause(SWITCH_PAUSE_MS, all=False)  # WRITE: reads go on
             paused_at = time.monotonic()
             try:
-                offset = _offset(await old.info("replication"))
-                await _caught_up(new, offset, paused_at + CATCH_UP_TIMEOUT_S)
+                info = await old.info("replication")
+                offset = _offset(info)
+                history = str(info.get("master_replid", ""))
+                await _caught_up(new, history, offset, paused_at + CATCH_UP_TIMEOUT_S)
                 if time.monotonic() - paused_at > PROMOTE_BY_S:
                     raise CatchUpTimeout("the switchover's steps were too slow")
             except BaseException:
@@ -238,12 +240,16 @@ def _offset(info: Mapping[str, object]) -> int:
     return int(str(info.get(key, 0)))
 
 
-async def _caught_up(replica: redis.asyncio.Redis, offset: int, deadline: float) -> None:
-    """Wait until the replica has replicated up to `offset` (the paused master's: it stays put
+async def _caught_up(
+    replica: redis.asyncio.Redis, history: str, offset: int, deadline: float
+) -> None:
+    """Wait until the replica has replicated the paused master's stream (replication id
+    `history`: an offset of another master's stream says nothing) up to `offset` (it stays put
     during a write pause), or raise CatchUpTimeout at `deadline` (time.monotonic)."""
     while True:
         info = await replica.info("replication")
-        if info.get("role") == "slave" and _offset(info) >= offset:
+        same = info.get("role") == "slave" and info.get("master_replid") == history
+        if same and _offset(info) >= offset:
             return
         if time.monotonic() >= deadline:
             raise CatchUpTimeout(

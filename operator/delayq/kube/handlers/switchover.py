@@ -6,7 +6,8 @@ the pod is no longer master. The health pass sees the terminating master (failov
 switches over, so the write pause is this switch (milliseconds), not failoverGraceSeconds:
 
 1. `hand_over` (redisctl): CLIENT PAUSE WRITE on the old master, wait until the replica has the
-   master's replication offset (nothing acknowledged is lost), REPLICAOF NO ONE on the replica,
+   master's replication offset of the master's own stream (same replication id: nothing
+   acknowledged is lost), REPLICAOF NO ONE on the replica,
    REPLICAOF <replica> on the old master. Until the old master is a replica its writes stay
    paused, and the promoted replica has no clients (the master Service selects the labelled
    old master): never two masters that accept writes.
