@@ -14,6 +14,9 @@ import logging
 
 import kmock
 import pytest
+import redis
+from redis.backoff import NoBackoff
+from redis.retry import Retry
 
 from delayq.kube import naming
 from delayq.kube.context import OperatorContext
@@ -21,7 +24,7 @@ from delayq.kube.handlers.health import refresh
 from delayq.kube.handlers.reconcile import reconcile
 from delayq.kube.redisctl import CatchUpTimeout, RedisCommands
 from delayq.local.waiting import wait_until
-from delayq.queue import Queue, State, Topic
+from delayq.queue import Queue, State, Topic, acl
 from tests.kube.pods import (
     LOOPBACK,
     NAMESPACE,
@@ -201,6 +204,36 @@ async def test_a_replica_of_another_stream_is_never_promoted_even_ahead_in_offse
     master = redis_pods.queue("orders-redis-0-0", topic.slot_amount)
     try:
         master.schedule("after", b"x", delay_ms=60_000)  # its writes are not paused
+    finally:
+        master.close()
+
+
+async def test_a_failed_promotion_resumes_the_old_masters_writes_at_once(
+    api: kmock.KubernetesEmulator,
+    ctx: OperatorContext,
+    redis_pods: RedisPods,
+    logger: logging.Logger,
+) -> None:
+    """Regression: the replica refuses REPLICAOF NO ONE after the master was paused. The pass
+    fails (retried), and the old master takes writes again at once, not after the pause's
+    10 s bound: a write with a 3 s timeout goes through."""
+    topic = await serving(api, ctx, redis_pods, logger, pods=2)
+    with redis_pods.client("orders-redis-0-1") as client:
+        client.execute_command("ACL", "SETUSER", acl.ADMIN_USER, "-replicaof")
+    terminate(api, "orders-redis-0-0")
+    await run(ctx, api, logger, refresh)
+    assert redis_pods.replication("orders-redis-0-1")["role"] == "slave"
+    assert role_label(api, "orders-redis-0-0") == naming.ROLE_MASTER
+    client = redis.Redis(
+        port=redis_pods.pods["orders-redis-0-0"].server.port,
+        username=acl.ADMIN_USER,
+        password=redis_pods.admin_password(),
+        socket_timeout=3,
+        retry=Retry(NoBackoff(), 0),  # one try: a paused master times it out
+    )
+    master = Queue(client, topic)
+    try:
+        master.schedule("after", b"x", delay_ms=60_000)
     finally:
         master.close()
 

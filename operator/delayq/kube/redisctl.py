@@ -95,8 +95,9 @@ class RedisControl(Protocol):
         the master's writes (CLIENT PAUSE WRITE), wait until the replica has its offset,
         REPLICAOF NO ONE on the replica, REPLICAOF replica on the old master. Returns the
         offset handed over. The old master stays paused until `release`: its clients wait
-        instead of failing while the role label moves. Raises CatchUpTimeout (nothing
-        changed, writes resumed) when the replica lags."""
+        instead of failing while the role label moves. Raises CatchUpTimeout when the
+        replica lags; on that or any other failure before the old master's demotion, its
+        writes resume at once (it still is the master its clients reach)."""
 
     async def release(self, host: str, password: str) -> None:
         """End a handed-over master's pause and close its clients' connections, so that they
@@ -183,12 +184,15 @@ class RedisCommands:
                 await _caught_up(new, history, offset, paused_at + CATCH_UP_TIMEOUT_S)
                 if time.monotonic() - paused_at > PROMOTE_BY_S:
                     raise CatchUpTimeout("the switchover's steps were too slow")
+                await new.replicaof("NO", "ONE")
+                target, target_port = self._target(replica)
+                await old.replicaof(target, str(target_port))
             except BaseException:
-                await old.client_unpause()  # nothing was switched
+                # The old master was not demoted (or did not say so): it keeps the label and
+                # its clients, so it takes writes again now rather than after the pause's
+                # bound. A replica promoted meanwhile has no clients; the next pass demotes it.
+                await old.client_unpause()
                 raise
-            await new.replicaof("NO", "ONE")
-            target, target_port = self._target(replica)
-            await old.replicaof(target, str(target_port))
             return offset
         finally:
             await old.aclose()
