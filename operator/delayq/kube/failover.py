@@ -13,7 +13,7 @@ A broker with no promotable pod waits and is reported unavailable.
 Planned stops come first: when the labelled master is terminating (its pod has a
 deletionTimestamp: a rollout, a drain, an eviction, `kubectl delete pod`) while it still runs
 as master, and a replica is ready, linked and not terminating itself, the master is switched
-over to that replica before it stops (handlers/health.py `switch_over`: writes paused, the
+over to that replica before it stops (handlers/switchover.py: writes paused, the
 replica caught up to the master's offset, then promoted). The pod's preStop hook
 (builders/redis.py) keeps the old master serving until then. Without such a replica the old
 rules apply once the master is gone. A terminating pod is never promoted.
