@@ -24,13 +24,21 @@ from delayq.kube.operator import run
 from delayq.kube.redisctl import RedisCommands
 from delayq.kube.zk import KazooTopicStore
 from delayq.local.waiting import eventually
+from delayq.queue import State, Topic
 from tests.kube.conftest import (
     DT,
     own_slots,
     published_routing,
     topic_tree_exists,
 )
-from tests.kube.pods import NAMESPACE, RedisPods, add_service_pods
+from tests.kube.pods import (
+    NAMESPACE,
+    RedisPods,
+    ServiceWriter,
+    add_service_pods,
+    master_service_host,
+    terminate,
+)
 
 TOPIC_PATH = f"/apis/delayq.io/v1alpha1/namespaces/{NAMESPACE}/delaytopics"
 
@@ -145,6 +153,49 @@ def ready_reason(api: kmock.KubernetesEmulator, name: str) -> str | None:
         if item["type"] == "Ready":
             return str(item["reason"])
     return None
+
+
+async def test_the_running_operator_switches_a_terminating_master_over_before_the_grace(
+    api: kmock.KubernetesEmulator,
+    connection: kopf.ConnectionInfo,
+    store: KazooTopicStore,
+    redis_commands: RedisCommands,
+    redis_pods: RedisPods,
+    zk: KazooClient,
+    zk_connect: str,
+) -> None:
+    """The leader's own health loop (every 0.2 s, the default 30 s failover grace on the real
+    clock) moves a terminating master to its replica within WAIT_S, under a writer that loses
+    nothing."""
+    async with operator(connection, store, redis_commands, zk_connect):
+        response = await api.post(TOPIC_PATH, json=topic("orders", slotAmount=4))
+        assert response.status < 300
+        await eventually(lambda: stored(api, "v1/secrets", "orders-credentials"), WAIT_S, "Secret")
+        redis_pods.add(0, 2, master=0)
+        add_service_pods(api, 1)
+        own_slots(zk, 4)
+        await eventually(lambda: ready_reason(api, "orders") == "Serving", WAIT_S, "Ready=True")
+        writes = ServiceWriter(
+            lambda: redis_pods[master_service_host(0)],
+            redis_pods.admin_password(),
+            Topic("orders", namespace=NAMESPACE, slot_amount=4),
+        )
+        with writes:
+            await asyncio.to_thread(writes.wait_for, 100)
+            terminate(api, "orders-redis-0-0")
+            await eventually(
+                lambda: redis_pods.labelled_master(0) is redis_pods.pods["orders-redis-0-1"],
+                WAIT_S,
+                "the switchover to orders-redis-0-1",
+            )
+            await asyncio.to_thread(writes.wait_for, 100)
+        assert redis_pods.replication("orders-redis-0-1")["role"] == "master"
+        queue = redis_pods.queue("orders-redis-0-1", slot_amount=4)
+        try:
+            states = {queue.get(message_id).state for message_id, _ in writes.acked}
+        finally:
+            queue.close()
+        assert states == {State.SCHEDULED}
 
 
 async def test_invalid_spec_gets_a_reason_and_no_retry_loop(
