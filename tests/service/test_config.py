@@ -100,6 +100,8 @@ def test_unset_flags_keep_the_base():
         ({"DELAYQ_TOPIC": "Not_A_Label"}, "topic name"),
         ({"DELAYQ_API_TOKEN_PREVIOUS": "old"}, "needs --api-token"),
         ({"DELAYQ_INSECURE_NO_AUTH": "maybe"}, "DELAYQ_INSECURE_NO_AUTH"),
+        ({"DELAYQ_WEBHOOK_SECRET": "s3cret"}, r"DELAYQ_WEBHOOK_SECRET\): .* whsec_"),
+        ({"DELAYQ_WEBHOOK_EXTRA_HEADERS": "Host: x"}, "DELAYQ_WEBHOOK_EXTRA_HEADERS.*line 1"),
     ],
 )
 def test_bad_settings_name_the_setting(env, named):
@@ -169,6 +171,18 @@ def test_private_targets_are_allowed_by_default_and_a_flag_or_variable_refuses_t
     assert on.webhook_allow_private_targets
     from_env = ServiceConfig.from_env({"DELAYQ_WEBHOOK_ALLOW_PRIVATE_TARGETS": "false"})
     assert from_env.webhook_targets.refusal("10.0.0.5") is not None
+
+
+def test_http_webhooks_are_allowed_by_default_and_refused_when_insecure_http_is_off():
+    """Run by hand, `serve` keeps posting to an http:// receiver; a pod's topic.json carries
+    the topic's allowInsecureHttp (false unless set), and then only https:// is accepted."""
+    hand_run = {"DELAYQ_TOPIC_TYPE": "webhook", "DELAYQ_WEBHOOK_URL": "http://127.0.0.1:9/h"}
+    assert ServiceConfig.from_env(hand_run).webhook_allow_insecure_http
+    refused = {**hand_run, "DELAYQ_WEBHOOK_ALLOW_INSECURE_HTTP": "false"}
+    with pytest.raises(ConfigError, match="must start with https:// unless --webhook-allow-"):
+        ServiceConfig.from_env(refused)
+    secure = {**refused, "DELAYQ_WEBHOOK_URL": "https://hooks.example/h"}
+    assert ServiceConfig.from_env(secure).webhook_url == "https://hooks.example/h"
 
 
 def test_allowed_cidrs_are_comma_separated_and_checked():

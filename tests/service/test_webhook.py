@@ -1,5 +1,6 @@
 """Webhook topics against a real local HTTP receiver: success, retries with backoff then dead,
-timeouts, signatures and the concurrency limit."""
+timeouts, signatures (checked with the standardwebhooks library a receiver uses), rotation,
+extra headers and the concurrency limit."""
 
 from __future__ import annotations
 
@@ -7,13 +8,18 @@ import asyncio
 import itertools
 import json
 import time
+from pathlib import Path
 from typing import Any
 
+import aiohttp
 import pytest
 import redis.asyncio
 from aiohttp import web
 from aiohttp.test_utils import TestServer
+from standardwebhooks import Webhook, WebhookVerificationError
 
+from delayq.local.ports import free_port
+from delayq.local.processes import ServeProcess
 from delayq.local.redis_server import RedisServer
 from delayq.local.waiting import eventually
 from delayq.queue.client import AsyncQueue
@@ -21,11 +27,13 @@ from delayq.queue.keys import Part, slot_keys
 from delayq.queue.model import State
 from delayq.queue.topic import TopicType
 from delayq.service.config import ServiceConfig
-from delayq.service.delivery.signing import SIGNATURE_HEADER, verify
+from delayq.service.delivery.signing import ID_HEADER, SIGNATURE_HEADER, TIMESTAMP_HEADER
 from delayq.service.service import DelayService
 from tests.service.conftest import GrantedLater, Receiver, Running, StartService
 
-SECRET = "hook-secret"
+SECRET = "whsec_EAnAFDzwz12NRaSZcqc57AdKtZKDoRdnC8y542nzx78="
+PREVIOUS_SECRET = "whsec_e4PgkydFiiQ0ZklSnJXIF88pPfYnW5+5HlIO+97avtI="
+OTHER_SECRET = "whsec_s90F3173TNnXZ6MHBkBQkEaPqCvo1HBDgjmnDI6Lxk0="
 
 
 async def schedule(running: Running, message_id: str, **fields: object) -> None:
@@ -51,9 +59,15 @@ async def test_success_posts_the_signed_message_and_acks(
     message = json.loads(body)
     assert (message["id"], message["payload"], message["headers"]) == ("a", "hello", {"k": "v"})
     assert (message["attempt"], message["topic"], message["encoding"]) == (1, "orders", "utf-8")
-    assert verify(SECRET, headers[SIGNATURE_HEADER], body, int(time.time() * 1000))
-    assert not verify("wrong-secret", headers[SIGNATURE_HEADER], body, int(time.time() * 1000))
-    assert not verify(SECRET, headers[SIGNATURE_HEADER], body + b"x", int(time.time() * 1000))
+    assert Webhook(SECRET).verify(body, headers) == message
+    assert headers[ID_HEADER] == "a"
+    assert abs(int(headers[TIMESTAMP_HEADER]) - time.time()) < 5
+    with pytest.raises(WebhookVerificationError):
+        Webhook(OTHER_SECRET).verify(body, headers)
+    with pytest.raises(WebhookVerificationError):
+        Webhook(SECRET).verify(body + b" ", headers)
+    with pytest.raises(WebhookVerificationError):  # the id is signed: no replay as another id
+        Webhook(SECRET).verify(body, {**headers, ID_HEADER: "b"})
     # the receiver is told when the lease runs out (Redis clock = this host's clock here)
     deadline_ms = int(headers["X-Delayq-Lease-Deadline"])
     lease_ms = running.service.config.ack_timeout_ms
@@ -378,3 +392,53 @@ async def test_a_redirect_is_not_followed_and_counts_as_a_failure(start_service:
         assert "HTTP 307" in await dead_reason(running, "d")
     finally:
         await server.close()
+
+
+async def test_a_serve_process_signs_with_both_secrets_and_sends_the_extra_headers(
+    redis_server: RedisServer, receiver: Receiver, tmp_path: Path
+):
+    """A real `delayq serve` mid-rotation (the new and the old secret, as the Secret's value
+    holds them), posting to plain http on loopback (the hand-run default allows it): a receiver
+    on either secret verifies with the standardwebhooks library, and the topic's extra headers
+    arrive with every POST."""
+    config = ServiceConfig(
+        redis_url=redis_server.url,
+        topic="rotating",
+        slot_amount=4,
+        port=free_port(),
+        topic_type=TopicType.WEBHOOK,
+        webhook_url=receiver.url,
+        webhook_secret=f"{SECRET} {PREVIOUS_SECRET}",
+        webhook_extra_headers="Authorization: Bearer receiver-token\nX-Tenant: shop\n",
+        grace_ms=2000,
+    )
+    process = ServeProcess(config, tmp_path / "serve.log").start()
+    try:
+        async with aiohttp.ClientSession() as session:
+
+            async def ready() -> bool:
+                assert process.running(), process.log_path.read_text()
+                try:
+                    async with session.get(process.url + "/readyz") as response:
+                        return response.status == 200
+                except aiohttp.ClientError:
+                    return False
+
+            await eventually(ready, 15, "the serve process to be ready")
+            url = f"{process.url}/v1/topics/rotating/messages"
+            async with session.post(url, json={"id": "r 1", "delayMs": 0}) as response:
+                assert response.status == 201, await response.text()
+            await eventually(lambda: len(receiver.requests) == 1, 10, "one POST")
+    finally:
+        process.terminate()
+        assert process.wait(10) == 0, process.log_path.read_text()
+    headers, body = receiver.requests[0]
+    assert json.loads(body)["id"] == "r 1"
+    assert headers[ID_HEADER] == "r%201"  # the header form of the id, as X-Delayq-Id
+    assert len(headers[SIGNATURE_HEADER].split(" ")) == 2
+    for secret in (SECRET, PREVIOUS_SECRET):
+        Webhook(secret).verify(body, headers)
+    with pytest.raises(WebhookVerificationError):
+        Webhook(OTHER_SECRET).verify(body, headers)
+    assert headers["Authorization"] == "Bearer receiver-token"
+    assert headers["X-Tenant"] == "shop"

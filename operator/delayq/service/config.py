@@ -23,6 +23,7 @@ from delayq.coordination.tls import ZkTls
 from delayq.queue.backoff import Backoff, Jitter
 from delayq.queue.topic import EndAction, Topic, TopicError, TopicType
 from delayq.service.defaults import DEFAULTS
+from delayq.service.delivery.signing import Signer, parse_extra_headers
 from delayq.service.delivery.targets import TargetPolicy, parse_cidrs, split_cidrs
 
 ENV_PREFIX = "DELAYQ_"
@@ -88,7 +89,24 @@ class ServiceConfig:
         default="", metadata=_help("webhook topics: URL each due message is POSTed to")
     )
     webhook_secret: str = field(
-        default="", metadata=_help("webhook topics: HMAC-SHA256 signing secret")
+        default="",
+        metadata=_help(
+            "webhook topics: Standard Webhooks signing secret whsec_<base64>; during a rotation "
+            "the new and the old one, space-separated, both sign (empty: unsigned)"
+        ),
+    )
+    webhook_extra_headers: str = field(
+        default="",
+        metadata=_help(
+            "webhook topics: headers sent with every POST, one `Name: value` per line "
+            "(e.g. the receiver's Authorization)"
+        ),
+    )
+    # True, like allow_private_targets: run by hand, a receiver on this machine is often plain
+    # http; the operator writes the topic's value (CRD default false) into topic.json
+    webhook_allow_insecure_http: bool = field(
+        default=True,
+        metadata=_help("webhook topics: also POST to an http:// URL (false: https only)"),
     )
     webhook_timeout_ms: int = field(
         default=DEFAULTS.webhook_timeout_ms, metadata=_help("webhook topics: timeout of one POST")
@@ -277,6 +295,23 @@ class ServiceConfig:
             raise ConfigError(str(error)) from error
         if self.topic_type is TopicType.WEBHOOK and not self.webhook_url:
             raise ConfigError(_needs("webhook_url", "a webhook topic"))
+        if (
+            self.topic_type is TopicType.WEBHOOK
+            and not self.webhook_allow_insecure_http
+            and not self.webhook_url.startswith("https://")
+        ):
+            raise ConfigError(
+                f"{_names('webhook_url')} must start with https:// unless "
+                f"{_names('webhook_allow_insecure_http')} is true"
+            )
+        for name, parse in (
+            ("webhook_secret", Signer),
+            ("webhook_extra_headers", parse_extra_headers),
+        ):
+            try:
+                parse(getattr(self, name))
+            except ValueError as error:
+                raise ConfigError(f"{_names(name)}: {error}") from None
         if self.zookeeper_admin_acl and not self.zookeeper_password:
             raise ConfigError(_needs("zookeeper_password", _names("zookeeper_admin_acl")))
         for name in ("zookeeper_tls_ca_file", "zookeeper_tls_cert_file", "zookeeper_tls_key_file"):
@@ -362,6 +397,16 @@ class ServiceConfig:
             self.webhook_allow_private_targets,
             parse_cidrs(split_cidrs(self.webhook_allowed_cidrs)),
         )
+
+    @property
+    def webhook_signer(self) -> Signer:
+        """Signs each delivery with every secret of `webhook_secret` (none: unsigned)."""
+        return Signer(self.webhook_secret)
+
+    @property
+    def webhook_headers(self) -> dict[str, str]:
+        """The extra headers of every POST."""
+        return parse_extra_headers(self.webhook_extra_headers)
 
     @property
     def member(self) -> str:

@@ -157,7 +157,7 @@ class DelayService:
             return WebhookSink(
                 self.topic,
                 config.webhook_url,
-                config.webhook_secret,
+                config.webhook_signer,
                 config.webhook_timeout_ms,
                 config.webhook_max_in_flight,
                 self.metrics,
@@ -165,6 +165,7 @@ class DelayService:
                 self.server_ms,
                 self.lease_deadline_ms,
                 targets=config.webhook_targets,
+                extra_headers=config.webhook_headers,
             )
         if config.stream_url:
             client = connect(config.stream_url, config.redis_max_connections)

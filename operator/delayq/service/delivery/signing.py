@@ -1,42 +1,104 @@
-"""HMAC-SHA256 signatures of webhook bodies, and the check receivers run (pure).
+"""Standard Webhooks signatures of webhook deliveries, and the extra headers sent with them (pure).
 
-Header: `X-Delayq-Signature: t=<unix ms>,v1=<hex>` where hex = HMAC-SHA256(secret, "<t>." + body).
-Signing the timestamp with the body lets a receiver refuse replays older than a tolerance.
+Standard Webhooks (standardwebhooks.com) is the scheme receivers already have libraries for in
+most languages: `webhook-id` (the message id), `webhook-timestamp` (unix seconds) and
+`webhook-signature`, a space-separated list of `v1,<base64 HMAC-SHA256(key, "<id>.<ts>.<body>")>`,
+one per active secret, so a receiver holding either the current or the previous secret accepts
+the delivery while a rotation is under way. The timestamp is signed with the body so a receiver
+can refuse replays (the libraries' tolerance is five minutes).
+
+The HMAC is the `standardwebhooks` package's (the reference implementation, no dependencies),
+so what delayq sends is what the receivers' libraries check by construction. The secret format
+is checked here, strictly: the package decodes leniently and would sign with garbage bytes.
 """
 
 from __future__ import annotations
 
-import hashlib
-import hmac
+import base64
+import binascii
+import re
+from datetime import UTC, datetime
 
-SIGNATURE_HEADER = "X-Delayq-Signature"
-DEFAULT_TOLERANCE_MS = 5 * 60 * 1000
+from standardwebhooks import Webhook
+
+ID_HEADER = "webhook-id"
+TIMESTAMP_HEADER = "webhook-timestamp"
+SIGNATURE_HEADER = "webhook-signature"
+SECRET_PREFIX = "whsec_"
+#: The spec's bounds on a secret's key bytes: shorter is guessable, longer buys nothing.
+MIN_SECRET_BYTES = 24
+MAX_SECRET_BYTES = 64
+#: An HTTP header name (RFC 9110 token).
+HEADER_NAME = re.compile(r"^[!#$%&'*+\-.^_`|~0-9A-Za-z]+$")
+#: Headers delayq writes itself (or the HTTP client does): an extra header must not replace them.
+RESERVED_HEADERS = frozenset(
+    {"content-type", "content-length", "host", "transfer-encoding", "connection"}
+)
+RESERVED_PREFIXES = ("webhook-", "x-delayq-")
 
 
-def sign(secret: str, body: bytes, timestamp_ms: int) -> str:
-    """The header value for `body` signed at `timestamp_ms`."""
-    return f"t={timestamp_ms},v1={_digest(secret, body, timestamp_ms)}"
+class Signer:
+    """Signs with every active secret: `secrets` holds one or more `whsec_<base64>` values
+    separated by whitespace (the current one, and during a rotation the previous one)."""
+
+    def __init__(self, secrets: str) -> None:
+        self._keys = tuple(Webhook(parse_secret(secret)) for secret in secrets.split())
+
+    def __bool__(self) -> bool:
+        return bool(self._keys)
+
+    def headers(self, message_id: str, timestamp_s: int, body: bytes) -> dict[str, str]:
+        """The three Standard Webhooks headers of `body` sent as `message_id` at `timestamp_s`
+        (empty without a secret: the delivery goes unsigned)."""
+        if not self._keys:
+            return {}
+        at = datetime.fromtimestamp(timestamp_s, tz=UTC)
+        data = body.decode()  # the body is JSON, hence UTF-8; signed byte for byte
+        return {
+            ID_HEADER: message_id,
+            TIMESTAMP_HEADER: str(timestamp_s),
+            SIGNATURE_HEADER: " ".join(key.sign(message_id, at, data) for key in self._keys),
+        }
 
 
-def verify(
-    secret: str,
-    header: str,
-    body: bytes,
-    now_ms: int,
-    tolerance_ms: int = DEFAULT_TOLERANCE_MS,
-) -> bool:
-    """True when `header` is a valid signature of `body` no older than `tolerance_ms`."""
-    fields = dict(part.split("=", 1) for part in header.split(",") if "=" in part)
+def parse_secret(secret: str) -> bytes:
+    """The key bytes of one `whsec_<base64>` secret; ValueError saying what is wrong."""
+    if not secret.startswith(SECRET_PREFIX):
+        raise ValueError(
+            f"a signing secret must be {SECRET_PREFIX} followed by base64 "
+            f"(make one with: echo {SECRET_PREFIX}$(head -c 32 /dev/urandom | base64))"
+        )
+    encoded = secret.removeprefix(SECRET_PREFIX)
     try:
-        timestamp_ms = int(fields["t"])
-    except (KeyError, ValueError):
-        return False
-    if abs(now_ms - timestamp_ms) > tolerance_ms:
-        return False
-    expected = _digest(secret, body, timestamp_ms)
-    return hmac.compare_digest(expected, fields.get("v1", ""))
+        key = base64.b64decode(encoded + "=" * (-len(encoded) % 4), validate=True)
+    except binascii.Error:
+        raise ValueError(f"a signing secret after {SECRET_PREFIX} must be base64") from None
+    if not MIN_SECRET_BYTES <= len(key) <= MAX_SECRET_BYTES:
+        raise ValueError(
+            f"a signing secret must hold {MIN_SECRET_BYTES} to {MAX_SECRET_BYTES} random bytes, "
+            f"got {len(key)}"
+        )
+    return key
 
 
-def _digest(secret: str, body: bytes, timestamp_ms: int) -> str:
-    signed = str(timestamp_ms).encode() + b"." + body
-    return hmac.new(secret.encode(), signed, hashlib.sha256).hexdigest()
+def parse_extra_headers(text: str) -> dict[str, str]:
+    """`Name: value` lines (blank lines skipped) as headers sent with every delivery, e.g. the
+    receiver's own `Authorization`; ValueError naming the bad line. A header delayq sets itself
+    (Content-Type, webhook-*, X-Delayq-*) is refused, so a receiver can trust those."""
+    headers: dict[str, str] = {}
+    for number, line in enumerate(text.splitlines(), start=1):
+        if not line.strip():
+            continue
+        name, colon, value = line.partition(":")
+        name, value = name.strip(), value.strip()
+        if not colon or not HEADER_NAME.match(name):
+            raise ValueError(
+                f"line {number} must be `Name: value` with a header name, got {name!r}"
+            )
+        lowered = name.lower()
+        if lowered in RESERVED_HEADERS or lowered.startswith(RESERVED_PREFIXES):
+            raise ValueError(f"line {number}: {name} is set by delayq and cannot be replaced")
+        if any((ord(char) < 0x20 and char != "\t") or ord(char) == 0x7F for char in value):
+            raise ValueError(f"line {number}: the value of {name} has a control character")
+        headers[name] = value
+    return headers

@@ -7,8 +7,10 @@ A message may wait for the semaphore; once it has a turn, the sink asks `lease_d
 its lease is still valid and its slot still owned, and sends nothing otherwise (`LeaseGoneError`:
 the consumer gives it back); the deadline travels in `X-Delayq-Lease-Deadline` (unix ms, Redis
 clock) so a receiver knows how long its answer may take before the message is redelivered. The
-signature's timestamp is taken then, on the Redis server clock the consumer estimates
-(`clock_ms`), so a pod whose own clock is off never fails receivers' checks.
+signature's timestamp (`webhook-timestamp`, Standard Webhooks: signing.py) is taken then, on the
+Redis server clock the consumer estimates (`clock_ms`), so a pod whose own clock is off never
+fails receivers' checks. The topic's extra headers (an `Authorization` the receiver wants) ride
+along on every POST.
 
 SSRF guard: the session's resolver (`GuardedResolver`) drops every resolved address the topic's
 `TargetPolicy` refuses, so each connection goes to an address that was checked, with no second
@@ -25,7 +27,7 @@ import asyncio
 import ipaddress
 import socket
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 
 import aiohttp
 from aiohttp.abc import AbstractResolver, ResolveResult
@@ -35,7 +37,7 @@ from yarl import URL
 from delayq.queue.consumer import LeaseGoneError
 from delayq.queue.model import Message
 from delayq.queue.topic import Topic
-from delayq.service.delivery.signing import SIGNATURE_HEADER, sign
+from delayq.service.delivery.signing import Signer
 from delayq.service.delivery.sinks import DeliveryError
 from delayq.service.delivery.targets import TargetPolicy
 from delayq.service.envelope import header_id, message_body
@@ -114,7 +116,7 @@ class WebhookSink:
         self,
         topic: Topic,
         url: str,
-        secret: str,
+        signer: Signer,
         timeout_ms: int,
         concurrency: int,
         metrics: ServiceMetrics,
@@ -123,10 +125,12 @@ class WebhookSink:
         lease_deadline: Callable[[Message], float | None] = no_deadline,
         *,
         targets: TargetPolicy,
+        extra_headers: Mapping[str, str] | None = None,
     ) -> None:
         self.topic = topic
         self.url = url
-        self.secret = secret
+        self.signer = signer
+        self.extra_headers = dict(extra_headers or {})
         self.metrics = metrics
         self.member = member
         self.clock_ms = clock_ms
@@ -142,9 +146,11 @@ class WebhookSink:
 
     async def deliver(self, message: Message) -> None:
         body = message_body(self.topic, message)
+        message_id = header_id(message.id)
         headers = {
+            **self.extra_headers,
             "Content-Type": "application/json",
-            "X-Delayq-Id": header_id(message.id),
+            "X-Delayq-Id": message_id,
             "X-Delayq-Attempt": str(message.attempt),
             "X-Delayq-Member": self.member,
         }
@@ -153,9 +159,9 @@ class WebhookSink:
             if deadline_ms is None:
                 raise LeaseGoneError(f"{message.id}: lease gone while waiting for a POST slot")
             headers["X-Delayq-Lease-Deadline"] = str(int(deadline_ms))
-            if self.secret:
-                timestamp_ms = int(self.clock_ms(message.slot))
-                headers[SIGNATURE_HEADER] = sign(self.secret, body, timestamp_ms)
+            if self.signer:
+                timestamp_s = int(self.clock_ms(message.slot) // 1000)
+                headers.update(self.signer.headers(message_id, timestamp_s, body))
             started = time.monotonic()
             status = await self._post(body, headers, started)
         if not 200 <= status < 300:
