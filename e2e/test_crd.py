@@ -52,6 +52,17 @@ INVALID_SPECS: dict[str, tuple[dict[str, Any], str]] = {
     "webhook-url-not-http": ({"topicType": "webhook",
                               "delivery": {"webhook": {"url": "ftp://x"}}},
                              "spec.delivery.webhook.url"),
+    "webhook-url-http": ({"topicType": "webhook",
+                          "delivery": {"webhook": {"url": "http://hooks.example/h"}}},
+                         "spec.delivery.webhook.url: Invalid value"),
+    "webhook-url-http-values": ({"topicType": "webhook",
+                                 "delivery": {"webhook": {"url": "http://hooks.example/h"}}},
+                                "(url=http://hooks.example/h)"),
+    "webhook-signing-secret-bad-key": ({"topicType": "webhook",
+                                        "delivery": {"webhook": {
+                                            "url": "https://hooks.example/h",
+                                            "signingSecretRef": {"name": "s", "key": "a/b"}}}},
+                                       "a Secret key must consist of letters"),
     "brokers-0": ({"brokers": 0}, "spec.brokers"),
     "brokers-65": ({"brokers": 65, "slotAmount": 128}, "spec.brokers"),
     "brokers-exceed-slots": ({"brokers": 8, "slotAmount": 4},
@@ -92,7 +103,8 @@ INVALID_TRANSITIONS: dict[str, tuple[dict[str, Any], dict[str, Any], str]] = {
                       "brokers may grow but never shrink"),
     "type-change": ({"topicType": "pull"},
                     {"topicType": "webhook",
-                     "delivery": {"webhook": {"url": "http://127.0.0.1:9/hook"}}},
+                     "delivery": {"webhook": {"url": "http://127.0.0.1:9/hook",
+                                              "allowInsecureHttp": True}}},
                     "topicType is immutable"),
 }
 

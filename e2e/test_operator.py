@@ -457,7 +457,8 @@ def test_message_end_to_end_through_the_provisioned_topic(
     url, received = webhook_receiver
     kube.apply(_topic("hooks", slotAmount=16, brokers=1, replicasPerBroker=1,
                       topicType="webhook",
-                      delivery={"webhook": {"url": url, "allowPrivateTargets": True}}), topics_ns)
+                      delivery={"webhook": {"url": url, "allowPrivateTargets": True,
+                                            "allowInsecureHttp": True}}), topics_ns)
     _wait_reconciled(kube, operator, topics_ns, "hooks")
     password, token = _topic_credentials(kube, topics_ns, "hooks")
     workdir = tmp_path_factory.mktemp("dataplane")
@@ -534,7 +535,8 @@ def test_failover_promotes_the_replica_and_keeps_scheduled_messages(
     try:
         kube.apply(_topic("fo", slotAmount=16, brokers=1, replicasPerBroker=1,
                           topicType="webhook",
-                          delivery={"webhook": {"url": url, "allowPrivateTargets": True}}), ns)
+                          delivery={"webhook": {"url": url, "allowPrivateTargets": True,
+                                            "allowInsecureHttp": True}}), ns)
         _wait_reconciled(kube, op, ns, "fo")
         pods = kube.wait(lambda: _all_pods_running(kube, ns, "fo"), timeout_s=120,
                          what="the topic's pods Running")

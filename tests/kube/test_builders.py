@@ -24,11 +24,12 @@ from delayq.kube.quantity import memory_bytes, parse_quantity
 from delayq.kube.spec import (
     ALLOW_FROM_EMPTY_PEER_MESSAGE,
     ALLOW_FROM_IP_BLOCK_ALONE_MESSAGE,
+    WEBHOOK_HTTPS_MESSAGE,
     SpecError,
     TopicSpec,
     parse_spec,
 )
-from delayq.service.config import env_name
+from delayq.service.config import ConfigError, ServiceConfig, env_name
 from delayq.service.delivery.targets import TargetPolicy
 from delayq.service.topic_file import TopicFile
 
@@ -318,7 +319,7 @@ def topic_json(spec: TopicSpec) -> dict[str, Any]:
 def test_webhook_targets_are_refused_unless_the_topic_allows_them() -> None:
     """The SSRF guard's settings reach `delayq serve`: written always, false by default, so a
     pod never falls back to serve's own default (which allows private targets)."""
-    hook = {"url": "http://receiver.shop.svc/h"}
+    hook = {"url": "https://receiver.shop.svc/h"}
     default = topic_json(spec_of(topicType="webhook", delivery={"webhook": hook}))
     assert default["webhook_allow_private_targets"] is False
     assert default["webhook_allowed_cidrs"] == ""
@@ -353,7 +354,78 @@ def test_webhook_targets_are_refused_unless_the_topic_allows_them() -> None:
 )
 def test_bad_webhook_target_settings_name_the_field(webhook: dict[str, Any], message: str) -> None:
     with pytest.raises(SpecError, match=rf"delivery\.webhook\.{message}"):
-        spec_of(topicType="webhook", delivery={"webhook": {"url": "http://x/h", **webhook}})
+        spec_of(topicType="webhook", delivery={"webhook": {"url": "https://x/h", **webhook}})
+
+
+def test_http_webhooks_need_allow_insecure_http_which_reaches_serve() -> None:
+    """https only by default (the CRD's rule, repeated by the parser); allowInsecureHttp is
+    written into topic.json always, so a pod never falls back to serve's hand-run true."""
+    hook = {"url": "http://receiver.shop.svc/h"}
+    with pytest.raises(SpecError, match=re.escape(f"{WEBHOOK_HTTPS_MESSAGE} (url={hook['url']})")):
+        spec_of(topicType="webhook", delivery={"webhook": hook})
+    assert (
+        topic_json(spec_of(topicType="webhook", delivery={"webhook": WEBHOOK}))[
+            "webhook_allow_insecure_http"
+        ]
+        is False
+    )
+    allowed = spec_of(
+        topicType="webhook", delivery={"webhook": {**hook, "allowInsecureHttp": True}}
+    )
+    written = topic_json(allowed)
+    assert written["webhook_allow_insecure_http"] is True
+    settings = TopicFile.from_json(json.dumps(written)).service_settings({})
+    assert ServiceConfig(**settings).webhook_url == hook["url"]
+    refused = {**written, "webhook_allow_insecure_http": False}
+    with pytest.raises(ConfigError, match="must start with https://"):
+        ServiceConfig(**TopicFile.from_json(json.dumps(refused)).service_settings({}))
+
+
+def webhook_env(spec: TopicSpec) -> dict[str, Any]:
+    sts = by_kind_name(rendered(spec))["StatefulSet", "orders-service"]
+    (container,) = sts["spec"]["template"]["spec"]["containers"]
+    return {
+        entry["name"]: entry["valueFrom"]["secretKeyRef"]
+        for entry in container["env"]
+        if entry["name"].startswith("DELAYQ_WEBHOOK_")
+    }
+
+
+def test_signing_secret_and_extra_headers_come_from_the_tenants_secrets() -> None:
+    """Each reference becomes the variable `delayq serve` reads, from the tenant's Secret in the
+    topic's namespace; required (not optional): a topic that asks to sign never sends unsigned."""
+    assert webhook_env(spec_of(topicType="webhook", delivery={"webhook": WEBHOOK})) == {}
+    spec = spec_of(
+        topicType="webhook",
+        delivery={
+            "webhook": {
+                **WEBHOOK,
+                "signingSecretRef": {"name": "hooks-signing", "key": "secrets"},
+                "extraHeadersSecretRef": {"name": "hooks.auth", "key": "headers.txt"},
+            }
+        },
+    )
+    assert webhook_env(spec) == {
+        env_name("webhook_secret"): {"name": "hooks-signing", "key": "secrets"},
+        env_name("webhook_extra_headers"): {"name": "hooks.auth", "key": "headers.txt"},
+    }
+    assert env_name("webhook_secret") == "DELAYQ_WEBHOOK_SECRET"  # what docs/operator.md says
+
+
+@pytest.mark.parametrize(
+    ("ref", "message"),
+    [
+        ({"key": "k"}, r"signingSecretRef\.name is required"),
+        ({"name": "s"}, r"signingSecretRef\.key is required"),
+        ({"name": "Hooks", "key": "k"}, r"signingSecretRef\.name: a Secret name must be a DNS"),
+        ({"name": "s", "key": "a/b"}, r"signingSecretRef\.key: a Secret key must consist of"),
+        ({"name": "s" * 254, "key": "k"}, r"signingSecretRef\.name: a Secret name"),
+        ("hooks-signing", r"signingSecretRef must be an object"),
+    ],
+)
+def test_bad_secret_references_name_the_field(ref: Any, message: str) -> None:
+    with pytest.raises(SpecError, match=rf"delivery\.webhook\.{message}"):
+        spec_of(topicType="webhook", delivery={"webhook": {**WEBHOOK, "signingSecretRef": ref}})
 
 
 def test_worker_settings_change_the_config_hash_and_so_roll_the_pods() -> None:

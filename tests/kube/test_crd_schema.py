@@ -28,8 +28,13 @@ from delayq.kube.spec import (
     MIN_REPLICAS_EXCEED_MESSAGE,
     NAME_NOT_DNS_1035_MESSAGE,
     NAME_TOO_LONG_MESSAGE,
+    SECRET_KEY_MESSAGE,
+    SECRET_KEY_PATTERN,
+    SECRET_NAME_MESSAGE,
+    SECRET_NAME_PATTERN,
     SYNC_REPLICAS_EXCEED_MESSAGE,
     SpecError,
+    WEBHOOK_HTTPS_MESSAGE,
     TopicSpec,
     parse_duration_ms,
     parse_spec,
@@ -299,6 +304,38 @@ def test_allow_from_peer_rules_are_the_parsers() -> None:
     ]
     peer = allow_from["items"]["properties"]
     assert set(peer) == {"namespaceSelector", "podSelector", "ipBlock"}
+
+
+def webhook_schema() -> dict[str, Any]:
+    webhook: dict[str, Any] = spec_schema()["properties"]["delivery"]["properties"]["webhook"]
+    return webhook
+
+
+def test_the_https_rule_is_the_parsers_and_spares_a_stored_http_url() -> None:
+    """https unless allowInsecureHttp, with the parser's words, at the url. A topic stored with
+    an http url before the rule existed keeps taking status patches (optionalOldSelf), so the
+    operator can still say InvalidSpec; a changed url is checked."""
+    (rule,) = webhook_schema()["x-kubernetes-validations"]
+    assert rule["message"] == WEBHOOK_HTTPS_MESSAGE
+    assert rule["fieldPath"] == ".url"
+    assert rule["optionalOldSelf"] is True
+    assert rule["rule"].startswith("self.url.startsWith('https://') || ")
+    assert rule["rule"].endswith("(oldSelf.hasValue() && oldSelf.value().url == self.url)")
+    assert webhook_schema()["properties"]["allowInsecureHttp"]["default"] is False
+
+
+@pytest.mark.parametrize("field", ["signingSecretRef", "extraHeadersSecretRef"])
+def test_secret_references_check_what_kubernetes_checks_with_the_parsers_words(field: str) -> None:
+    ref = webhook_schema()["properties"][field]
+    assert ref["required"] == ["name", "key"]
+    for part, pattern, message in (
+        ("name", SECRET_NAME_PATTERN, SECRET_NAME_MESSAGE),
+        ("key", SECRET_KEY_PATTERN, SECRET_KEY_MESSAGE),
+    ):
+        (rule,) = ref["properties"][part]["x-kubernetes-validations"]
+        cel_literal = pattern.pattern.replace("\\", "\\\\")  # CEL strings escape a backslash
+        assert rule == {"rule": f"self.matches('{cel_literal}')", "message": message}
+        assert ref["properties"][part]["maxLength"] == 253
 
 
 def test_the_name_rules_run_on_create_only() -> None:

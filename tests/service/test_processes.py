@@ -300,6 +300,7 @@ async def test_serve_with_the_operators_topic_file(
         webhook_max_in_flight=64,
         webhook_allow_private_targets=False,
         webhook_allowed_cidrs="",
+        webhook_allow_insecure_http=False,
         pull_max_lease_batch=10,
         stream_key="",
         stream_max_len=0,

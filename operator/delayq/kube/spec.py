@@ -79,6 +79,22 @@ SYNC_REPLICAS_EXCEED_MESSAGE = (
     "redis.syncReplicas must not exceed replicasPerBroker: a write cannot be confirmed by more "
     "replicas than its broker has, so every write would time out"
 )
+#: The CRD's CEL rule on delivery.webhook (at its url), repeated by the parser.
+WEBHOOK_HTTPS_MESSAGE = (
+    "delivery.webhook.url must start with https:// unless delivery.webhook.allowInsecureHttp is "
+    "true: over http the payloads, the extra headers and the signatures travel in clear text"
+)
+#: The CRD's CEL rules on a secret reference's name and key (Kubernetes' own formats).
+SECRET_NAME_PATTERN = re.compile(
+    r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$"
+)
+SECRET_NAME_MESSAGE = (
+    "a Secret name must be a DNS subdomain: lowercase letters, digits, '-' and '.', starting and "
+    "ending with a letter or digit"
+)
+SECRET_KEY_PATTERN = re.compile(r"^[-._a-zA-Z0-9]+$")
+SECRET_KEY_MESSAGE = "a Secret key must consist of letters, digits, '-', '_' or '.'"
+MAX_SECRET_REF_LENGTH = 253
 MIN_REPLICAS_EXCEED_MESSAGE = (
     "redis.minReplicasToWrite must not exceed replicasPerBroker: a master cannot have more "
     "replicas in sync than its broker has, so it would refuse every write"
@@ -101,6 +117,15 @@ class Resources:
 
 
 @dataclass(frozen=True)
+class SecretKeyRef:
+    """One key of a Secret in the topic's namespace, created by the tenant. The operator never
+    reads it: the kubelet puts the value into the delay-service pods' environment."""
+
+    name: str
+    key: str
+
+
+@dataclass(frozen=True)
 class Delivery:
     """Delivery settings of the topic's type; the unused fields keep their defaults."""
 
@@ -109,6 +134,11 @@ class Delivery:
     webhook_max_in_flight: int = DEFAULTS.webhook_max_in_flight
     webhook_allow_private_targets: bool = DEFAULTS.webhook_allow_private_targets
     webhook_allowed_cidrs: tuple[str, ...] = ()
+    webhook_allow_insecure_http: bool = DEFAULTS.webhook_allow_insecure_http
+    # the Standard Webhooks secrets (`delayq serve --webhook-secret`) and the extra headers
+    # (`--webhook-extra-headers`), each from a key of the tenant's Secret; None: not sent
+    webhook_signing_secret_ref: SecretKeyRef | None = None
+    webhook_extra_headers_secret_ref: SecretKeyRef | None = None
     pull_max_lease_batch: int = DEFAULTS.pull_max_lease_batch
     stream_key: str = ""
     stream_max_len: int = DEFAULTS.stream_max_len
@@ -320,6 +350,14 @@ def _delivery(topic_type: TopicType, section: Mapping[str, Any]) -> Delivery:
     url = str(webhook.get("url", ""))
     if url and not re.match(r"^https?://\S+$", url):
         raise SpecError(f"delivery.webhook.url {url!r} must start with http:// or https://")
+    allow_insecure_http = _bool(
+        webhook,
+        "allowInsecureHttp",
+        DEFAULTS.webhook_allow_insecure_http,
+        "delivery.webhook.",
+    )
+    if url and not url.startswith("https://") and not allow_insecure_http:
+        raise SpecError(f"{WEBHOOK_HTTPS_MESSAGE} (url={url})")
     pull = _section(section, "pull")
     stream = _section(section, "stream")
     return Delivery(
@@ -333,6 +371,9 @@ def _delivery(topic_type: TopicType, section: Mapping[str, Any]) -> Delivery:
             "delivery.webhook.",
         ),
         webhook_allowed_cidrs=_allowed_cidrs(webhook),
+        webhook_allow_insecure_http=allow_insecure_http,
+        webhook_signing_secret_ref=_secret_key_ref(webhook, "signingSecretRef"),
+        webhook_extra_headers_secret_ref=_secret_key_ref(webhook, "extraHeadersSecretRef"),
         pull_max_lease_batch=_int(pull, "pull_max_lease_batch", 1, 10_000),
         stream_key=_stream_key(stream),
         stream_max_len=_int(stream, "stream_max_len", 0, 1_000_000_000),
@@ -357,6 +398,29 @@ def _stream_key(stream: Mapping[str, Any]) -> str:
     if STREAM_KEY_FORBIDDEN.search(key):
         raise SpecError(f"{STREAM_KEY_MESSAGE} (streamKey={key!r})")
     return key
+
+
+def _secret_key_ref(webhook: Mapping[str, Any], field_name: str) -> SecretKeyRef | None:
+    """`{name, key}` of the tenant's Secret, both in Kubernetes' formats (the CRD's rules)."""
+    if field_name not in webhook:
+        return None
+    where = f"delivery.webhook.{field_name}"
+    ref = webhook[field_name]
+    if not isinstance(ref, Mapping):
+        raise SpecError(f"{where} must be an object such as {{name: my-secret, key: my-key}}")
+    checks = (
+        ("name", SECRET_NAME_PATTERN, SECRET_NAME_MESSAGE),
+        ("key", SECRET_KEY_PATTERN, SECRET_KEY_MESSAGE),
+    )
+    values: dict[str, str] = {}
+    for part, pattern, message in checks:
+        value = ref.get(part)
+        if not isinstance(value, str) or not value:
+            raise SpecError(f"{where}.{part} is required: the {part} of the tenant's Secret")
+        if len(value) > MAX_SECRET_REF_LENGTH or not pattern.match(value):
+            raise SpecError(f"{where}.{part}: {message} ({part}={value!r})")
+        values[part] = value
+    return SecretKeyRef(**values)
 
 
 def _allowed_cidrs(webhook: Mapping[str, Any]) -> tuple[str, ...]:

@@ -55,6 +55,10 @@ class TopicDefaults:
     webhook_allow_private_targets: bool = field(
         default=False, metadata=_crd("delivery.webhook.allowPrivateTargets")
     )
+    # https only unless the topic says otherwise; `delayq serve` run by hand defaults to true
+    webhook_allow_insecure_http: bool = field(
+        default=False, metadata=_crd("delivery.webhook.allowInsecureHttp")
+    )
     stream_max_len: int = field(default=0, metadata=_crd("delivery.stream.maxLen"))
     zookeeper_session_timeout_ms: int = field(
         default=10_000, metadata=_crd("zookeeper.sessionTimeout")

@@ -8,7 +8,9 @@ docs/architecture.md, "One name per setting"). Reading is strict: an unknown, mi
 mistyped key is a one-line `ConfigError` naming the key, never a silent default.
 
 Secrets are not in the file: the pod's environment carries `DELAYQ_REDIS_PASSWORD`,
-`DELAYQ_API_TOKEN` and `DELAYQ_ZOOKEEPER_PASSWORD`, and `POD_NAME` (`<topic>-service-<i>`)
+`DELAYQ_API_TOKEN` and `DELAYQ_ZOOKEEPER_PASSWORD` (a webhook topic's also
+`DELAYQ_WEBHOOK_SECRET` and `DELAYQ_WEBHOOK_EXTRA_HEADERS`, from the tenant's Secrets), and
+`POD_NAME` (`<topic>-service-<i>`)
 names the member and, by its ordinal, the broker it prefers.
 """
 
@@ -60,6 +62,7 @@ class TopicFile:
     webhook_max_in_flight: int
     webhook_allow_private_targets: bool  # always written: a pod never falls back to serve's true
     webhook_allowed_cidrs: str  # comma-separated, as the setting
+    webhook_allow_insecure_http: bool  # always written: a pod never falls back to serve's true
     pull_max_lease_batch: int
     stream_key: str
     stream_max_len: int

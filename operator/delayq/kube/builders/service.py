@@ -34,6 +34,7 @@ from delayq.kube.builders.common import (
 )
 from delayq.kube.spec import TopicSpec, zookeeper_ports
 from delayq.queue import TopicType
+from delayq.service.config import env_name
 from delayq.service.delivery.targets import parse_cidrs
 from delayq.service.topic_file import TopicFile
 
@@ -92,6 +93,7 @@ def topic_file(spec: TopicSpec, ctx: BuildContext, slot_amount: int) -> TopicFil
         webhook_max_in_flight=delivery.webhook_max_in_flight,
         webhook_allow_private_targets=delivery.webhook_allow_private_targets,
         webhook_allowed_cidrs=",".join(delivery.webhook_allowed_cidrs),
+        webhook_allow_insecure_http=delivery.webhook_allow_insecure_http,
         pull_max_lease_batch=delivery.pull_max_lease_batch,
         stream_key=delivery_stream_key(spec),
         stream_max_len=delivery.stream_max_len,
@@ -194,6 +196,7 @@ def service_statefulset(spec: TopicSpec, ctx: BuildContext, slot_amount: int) ->
                 "DELAYQ_METRICS_TOKEN", secret, naming.SECRET_METRICS_TOKEN, optional=True
             ),
             env_from_secret("DELAYQ_ZOOKEEPER_PASSWORD", secret, naming.SECRET_ZOOKEEPER_PASSWORD),
+            *_webhook_env(spec),
         ],
         "ports": [{"name": "http", "containerPort": naming.SERVICE_HTTP_PORT}],
         "readinessProbe": {
@@ -270,6 +273,18 @@ def service_statefulset(spec: TopicSpec, ctx: BuildContext, slot_amount: int) ->
             },
         },
     }
+
+
+def _webhook_env(spec: TopicSpec) -> list[Manifest]:
+    """The webhook's signing secrets and extra headers, from the tenant's Secrets (required:
+    a topic that asks to sign never sends unsigned; without the Secret the pod does not start
+    and says so in its events). The kubelet reads them, so the operator needs no access."""
+    delivery = spec.delivery
+    refs = (
+        ("webhook_secret", delivery.webhook_signing_secret_ref),
+        ("webhook_extra_headers", delivery.webhook_extra_headers_secret_ref),
+    )
+    return [env_from_secret(env_name(name), ref.name, ref.key) for name, ref in refs if ref]
 
 
 def service_network_policy(spec: TopicSpec, ctx: BuildContext) -> Manifest:
