@@ -40,12 +40,15 @@ def test_topic_settings_default_from_the_table():
         "webhook_allow_private_targets", "redis_sync_replicas", "redis_sync_timeout_ms",
         "retry_backoff_base_ms", "retry_backoff_max_ms", "retry_backoff_multiplier",
         "retry_jitter", "outcome_retention_ms", "retry_for_ms", "retry_exhausted_action",
-        "expiry_ttl_ms", "expiry_action", "limits_max_pending",
+        "expiry_ttl_ms", "expiry_action", "limits_max_pending", "webhook_allow_insecure_http",
     }  # fmt: skip
-    # the one deliberate difference (docs/service.md): run by hand, serve may reach this machine;
-    # the operator always writes the topic's value, which defaults to false
-    assert config.webhook_allow_private_targets is not DEFAULTS.webhook_allow_private_targets
-    for name in shared - {"webhook_allow_private_targets"}:
+    # the deliberate differences (docs/service.md): run by hand, serve may reach this machine,
+    # over plain http; the operator always writes the topic's values, which default to false
+    hand_run = {"webhook_allow_private_targets", "webhook_allow_insecure_http"}
+    for name in hand_run:
+        assert getattr(config, name) is True
+        assert getattr(DEFAULTS, name) is False
+    for name in shared - hand_run:
         assert getattr(config, name) == getattr(DEFAULTS, name), name
     assert config.webhook_timeout_ms == 10_000
     assert config.pull_max_lease_batch == 1000
