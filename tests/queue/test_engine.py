@@ -181,7 +181,7 @@ def test_reschedule_moves_due_and_revokes_a_lease(queue: Queue) -> None:
     assert queue.get("a").due_ms == moved.at_ms
     with pytest.raises(LeaseLostError):
         queue.ack(leased.lease)
-    with pytest.raises(NotFoundError, match="reschedule-6: message 'zz'"):
+    with pytest.raises(NotFoundError, match="reschedule-7: message 'zz'"):
         queue.reschedule("zz", delay_ms=1)
 
 

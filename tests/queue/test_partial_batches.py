@@ -10,7 +10,7 @@ import redis.asyncio
 
 from delayq.queue import BrokerFullError
 from delayq.queue.client import AsyncQueue, Queue
-from delayq.queue.codes import as_broker_full
+from delayq.queue.codes import as_typed_error
 from delayq.queue.model import PartlyStoredError, ScheduleFailure, ScheduleRequest, State
 from delayq.queue.topic import Topic
 from tests.redis_memory import FULL, footprint, memory_for
@@ -103,11 +103,11 @@ def test_broker_full_is_recognised_by_the_words_of_redis() -> None:
     )
     oom = redis.exceptions.OutOfMemoryError("command not allowed when used memory > 'maxmemory'.")
     for error in (wrapped, oom):
-        typed = as_broker_full(error)
+        typed = as_typed_error(error)
         assert isinstance(typed, BrokerFullError)
         assert typed.__cause__ is error
         assert str(typed) == str(error)
-        assert as_broker_full(typed) is typed
+        assert as_typed_error(typed) is typed
     other = redis.exceptions.ResponseError("NOREPLICAS Not enough good replicas to write.")
-    assert as_broker_full(other) is other
-    assert as_broker_full(ValueError("x")).__class__ is ValueError
+    assert as_typed_error(other) is other
+    assert as_typed_error(ValueError("x")).__class__ is ValueError

@@ -16,7 +16,7 @@ from redis.exceptions import NoScriptError
 
 from delayq.queue import plans, schedule_plans
 from delayq.queue.codec import Headers
-from delayq.queue.codes import DelayqError, ReplicationTimeoutError, StaleEpochError, as_broker_full
+from delayq.queue.codes import DelayqError, ReplicationTimeoutError, StaleEpochError, as_typed_error
 from delayq.queue.keys import paused_key
 from delayq.queue.model import (
     ClaimBatch,
@@ -73,14 +73,14 @@ def _split_wait(replies: list[Any], wait: int) -> tuple[list[Any], int | None]:
 
 def _typed(replies: list[Any]) -> list[Any]:
     """The replies with Redis's out-of-memory refusals as BrokerFullError."""
-    return [as_broker_full(r) if isinstance(r, Exception) else r for r in replies]
+    return [as_typed_error(r) if isinstance(r, Exception) else r for r in replies]
 
 
 def _raise_first_error(replies: list[Any]) -> list[Any]:
     """The replies, or the first error among them raised (as a plain pipeline would)."""
     for reply in replies:
         if isinstance(reply, Exception):
-            raise as_broker_full(reply)
+            raise as_typed_error(reply)
     return replies
 
 
@@ -181,7 +181,7 @@ class Queue:
             try:
                 return [self._scripts[call.script](keys=call.keys, args=call.args)], None
             except redis.ResponseError as error:
-                if (typed := as_broker_full(error)) is error:
+                if (typed := as_typed_error(error)) is error:
                     raise
                 raise typed from error
         replies, confirmed = self._pipelined(plan.calls, wait)
@@ -421,7 +421,7 @@ class AsyncQueue:
             try:
                 return [await self._scripts[call.script](keys=call.keys, args=call.args)], None
             except redis.ResponseError as error:
-                if (typed := as_broker_full(error)) is error:
+                if (typed := as_typed_error(error)) is error:
                     raise
                 raise typed from error
         replies, confirmed = await self._pipelined(plan.calls, wait)

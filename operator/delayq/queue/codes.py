@@ -59,6 +59,22 @@ class BrokerFullError(DelayqError, redis.exceptions.OutOfMemoryError):
     """
 
 
+#: The one name of the refusal of a write into a slot being moved to another broker: the Lua
+#: error reply's first word (`lua/includes/refuse_if_moving.lua`), the HTTP error code, the
+#: exception below.
+SLOT_MOVING = "SLOT_MOVING"
+
+
+class SlotMovingError(DelayqError, redis.ResponseError):
+    """The slot is being moved to another broker (`delayq routing move-slot`): its broker
+    refused the write, nothing of that call's slot is stored. Retry against the routing once it
+    names the slot's new broker (the delay service does that itself); the move takes seconds.
+
+    Still a redis-py `ResponseError`, as BrokerFullError, so code catching Redis errors keeps
+    working; the text is the script's own (it names the slot's epoch key).
+    """
+
+
 class ReplicationTimeoutError(DelayqError):
     """A topic with `redis_sync_replicas` N: the write ran on the broker's master, but fewer than N
     replicas confirmed it within `redis_sync_timeout_ms`, so a master failing now may lose it.
@@ -85,16 +101,20 @@ class ReplicationTimeoutError(DelayqError):
 OUT_OF_MEMORY_TEXT = "command not allowed when used memory > 'maxmemory'"
 
 
-def as_broker_full(error: Exception) -> Exception:
-    """`error` as a BrokerFullError when it is Redis refusing a write over maxmemory, else
-    `error` itself."""
-    if isinstance(error, BrokerFullError) or not isinstance(error, redis.ResponseError):
+def as_typed_error(error: Exception) -> Exception:
+    """`error` as a BrokerFullError when it is Redis refusing a write over maxmemory, as a
+    SlotMovingError when a script refused a slot being moved, else `error` itself."""
+    if isinstance(error, DelayqError) or not isinstance(error, redis.ResponseError):
         return error
+    typed: Exception
     if isinstance(error, redis.exceptions.OutOfMemoryError) or OUT_OF_MEMORY_TEXT in str(error):
         typed = BrokerFullError(str(error))
-        typed.__cause__ = error
-        return typed
-    return error
+    elif str(error).startswith(SLOT_MOVING):
+        typed = SlotMovingError(str(error))
+    else:
+        return error
+    typed.__cause__ = error
+    return typed
 
 
 class InvalidMessageError(DelayqError, ValueError):

@@ -159,6 +159,7 @@ def schedule(
             Part.WAKE,
             Part.JOURNAL,
             Part.OUTCOME,
+            Part.EPOCH,
         )
         args: list[Arg] = [
             mode.value,
@@ -226,6 +227,7 @@ def cancel(topic: Topic, targets: Sequence[Target]) -> Plan[list[Outcome]]:
             Part.SCHEDULES,
             Part.TOPUP,
             Part.WAKE,
+            Part.EPOCH,
         )
         args: list[Arg] = [topic.journal_max_len, topic.outcome_retention_ms]
         return ScriptCall(Script.CANCEL, keys, [*args, *(t.id for t in chunk)])
@@ -252,7 +254,7 @@ def reschedule(
 
     def build(slot: int, chunk: Sequence[int]) -> ScriptCall:
         keys = slot_keys(topic, slot).keys(
-            Part.STORE, Part.PREPARE, Part.DEAD, Part.MSG, Part.WAKE, Part.JOURNAL
+            Part.STORE, Part.PREPARE, Part.DEAD, Part.MSG, Part.WAKE, Part.JOURNAL, Part.EPOCH
         )
         args: list[Arg] = [MAX_DELAY_MS, topic.journal_max_len]
         for index in chunk:
@@ -531,7 +533,7 @@ def redrive(
     topic: Topic, slot: int, ids: Sequence[str] | None, max_count: int = 1000
 ) -> Plan[DeadBatchResult]:
     """Redrive the given dead ids of a slot, or (ids=None) up to max_count of its oldest."""
-    parts = [Part.DEAD, Part.STORE, Part.MSG, Part.REASON, Part.WAKE, Part.JOURNAL]
+    parts = [Part.DEAD, Part.STORE, Part.MSG, Part.REASON, Part.WAKE, Part.JOURNAL, Part.EPOCH]
     head: list[Arg] = [topic.journal_max_len]
     return _dead_batch(topic, Script.REDRIVE, parts, head, slot, ids, max_count)
 
@@ -539,7 +541,15 @@ def redrive(
 def purge(
     topic: Topic, slot: int, ids: Sequence[str] | None, max_count: int = 1000
 ) -> Plan[DeadBatchResult]:
-    parts = [Part.DEAD, Part.MSG, Part.REASON, Part.JOURNAL, Part.OUTCOME, Part.FINISHED]
+    parts = [
+        Part.DEAD,
+        Part.MSG,
+        Part.REASON,
+        Part.JOURNAL,
+        Part.OUTCOME,
+        Part.FINISHED,
+        Part.EPOCH,
+    ]
     head: list[Arg] = [topic.journal_max_len, topic.outcome_retention_ms]
     return _dead_batch(topic, Script.PURGE, parts, head, slot, ids, max_count)
 

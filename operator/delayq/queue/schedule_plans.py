@@ -40,7 +40,7 @@ from delayq.queue.topic import MAX_DELAY_MS, Topic
 T = TypeVar("T")
 Steps = Generator[Plan[Any], Any, T]
 #: the first occurrence of a schedule is at least this far after the server's now when it is
-#: computed, so it is still ahead when define-7 runs; a try that missed anyway (a slow round
+#: computed, so it is still ahead when define-8 runs; a try that missed anyway (a slow round
 #: trip) is computed again from a fresh clock with ten times the margin
 DEFINE_MARGINS_MS = (100, 1_000, 10_000)
 #: rounds of one page of top-ups: a catch-up needs two (materialise, then precompute)
@@ -87,7 +87,14 @@ def define(topic: Topic, schedule: Schedule) -> Steps[DefineResult]:
     and its successor precomputed (so the first claim materialises the second)."""
     slot = schedule.target().slot(topic)
     keys = slot_keys(topic, slot).keys(
-        Part.SCHEDULES, Part.TOPUP, Part.STORE, Part.MSG, Part.WAKE, Part.JOURNAL, Part.PREPARE
+        Part.SCHEDULES,
+        Part.TOPUP,
+        Part.STORE,
+        Part.MSG,
+        Part.WAKE,
+        Part.JOURNAL,
+        Part.PREPARE,
+        Part.EPOCH,
     )
     encode_schedule(topic, schedule, 0, PENDING)  # refuses a bad payload before any round trip
     for margin_ms in DEFINE_MARGINS_MS:
@@ -119,7 +126,7 @@ def drop(topic: Topic, schedule_id: str) -> Plan[Outcome]:
     """Delete a schedule and its waiting occurrence; raises NotFoundError when there is none."""
     slot = topic.slot_of(validate_id(schedule_id, "schedule id"))
     keys = slot_keys(topic, slot).keys(
-        Part.SCHEDULES, Part.TOPUP, Part.STORE, Part.MSG, Part.JOURNAL
+        Part.SCHEDULES, Part.TOPUP, Part.STORE, Part.MSG, Part.JOURNAL, Part.EPOCH
     )
 
     def combine(replies: list[Reply]) -> Outcome:
@@ -176,7 +183,7 @@ def top_up(topic: Topic, slot: int) -> Steps[int]:
 
 def _top_up_page(topic: Topic, slot: int, page: SlotSchedules) -> Steps[int]:
     keys = slot_keys(topic, slot).keys(
-        Part.SCHEDULES, Part.TOPUP, Part.STORE, Part.MSG, Part.WAKE, Part.JOURNAL
+        Part.SCHEDULES, Part.TOPUP, Part.STORE, Part.MSG, Part.WAKE, Part.JOURNAL, Part.EPOCH
     )
     owed, now_ms = page.schedules, page.now_ms
     topped_up = 0

@@ -6,7 +6,7 @@ the slot's owed top-ups (`ClaimBatch.topups_owed`). So whoever claims a slot (th
 `Consumer`, pull delivery) heals a top-up lost to a crash on its very first claim of the slot,
 and one that failed (Redis unreachable) on the next claim or `retry_failed` (the consumer's
 watchdog, once a second). Top-ups run in the background, at most one per slot at a time, never
-on the claim path; running one twice is harmless (topup-6 compares and sets).
+on the claim path; running one twice is harmless (topup-7 compares and sets).
 """
 
 from __future__ import annotations

@@ -11,7 +11,7 @@
   schedule names `due` as its current one) materialises its precomputed successor in this same
   call, so the series goes on whatever becomes of this delivery (handler failure, crash). The
   schedule then owes a top-up (the successor's successor, computed in Python): its id joins
-  `topup`, and the reply's topups_owed tells the owner to run topup-6. A successor already
+  `topup`, and the reply's topups_owed tells the owner to run topup-7. A successor already
   due when its predecessor is claimed means the predecessor was missed (downtime): with catch-up
   `once` it is delivered and no successor is materialised (the top-up resumes after now), with
   `skip` it is dropped as well (event `skipped`), with `all` everything is delivered.
@@ -44,7 +44,7 @@
      0 OK           next_due_ms / next_deadline_ms are -1 when store / prepare is empty;
                     each record carries the incremented attempt count, the due time and
                     the lease number of this claim (the lease token's `lease`);
-                    topups_owed counts the slot's schedules waiting for topup-6
+                    topups_owed counts the slot's schedules waiting for topup-7
     -2 STALE_EPOCH  the caller is not the current owner: nothing was changed
                     now_us is the server clock in microseconds (due times are compared in whole
                     ms): consumers time their next wake-up from it without flooring error

@@ -8,17 +8,21 @@
   even when a Redis failover or an `everysec` AOF loses the last increments, so an epoch (and
   with it a lease token) handed out before such a loss is never handed out again.
 
-  KEYS[1] epoch  STRING fencing epoch of the slot owner
+  KEYS[1] epoch  STRING fencing epoch of the slot owner; 'moving:<epoch>' while the slot moves
 
   ARGV: none
 
-  Returns the new epoch (an integer >= 1).
+  Returns the new epoch (an integer >= 1); a slot being moved to another broker (frozen by
+  freeze-1) raises a SLOT_MOVING error instead: its owner takes it over on the new broker.
 
   Runs under maxmemory (allow-oom): one small string, and a full Redis must still let a slot
   change owner (its messages would otherwise wait for memory to be freed by hand).
 
   Events: none
 ]]
+--@include refuse_if_moving
+
+refuse_if_moving(KEYS[1])
 
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)

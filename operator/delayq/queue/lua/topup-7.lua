@@ -14,6 +14,7 @@
   KEYS[4] msg      HASH id -> record
   KEYS[5] wake     LIST wake-up marker of the slot
   KEYS[6] journal  STREAM lifecycle events
+  KEYS[7] epoch    STRING fencing epoch; 'moving:<epoch>' while the slot moves (refused)
 
   ARGV[1] journal_max_len  0 = journal off
   ARGV[2 + 4k .. 5 + 4k]  per schedule: id, current due ms as read, waiting (unclaimed) as read
@@ -33,10 +34,13 @@
 --@include materialize
 --@include now_ms
 --@include occurrence_record
+--@include refuse_if_moving
 --@include series_fields
 --@include series_with
 --@include unclaimed
 --@include wake_if_earliest
+
+refuse_if_moving(KEYS[7])
 
 local schedules, topup, store, msg, wake, journal_key =
   KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6]

@@ -8,6 +8,7 @@
   KEYS[4] msg      HASH id -> record
   KEYS[5] wake     LIST wake-up marker of the slot
   KEYS[6] journal  STREAM lifecycle events
+  KEYS[7] epoch    STRING fencing epoch; 'moving:<epoch>' while the slot moves (refused)
 
   ARGV[1] max_delay_ms
   ARGV[2] journal_max_len  0 = journal off
@@ -28,7 +29,10 @@
 --@include now_ms
 --@include record_fields
 --@include record_with
+--@include refuse_if_moving
 --@include wake_if_earliest
+
+refuse_if_moving(KEYS[7])
 
 local store, prepare, dead, msg, wake, journal_key =
   KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6]

@@ -16,6 +16,7 @@
   KEYS[9] schedules HASH schedule id -> packed schedule (series_fields)
   KEYS[10] topup   ZSET schedule id -> ms since its top-up is owed
   KEYS[11] wake    LIST wake-up marker of the slot
+  KEYS[12] epoch    STRING fencing epoch; 'moving:<epoch>' while the slot moves (refused)
 
   ARGV[1] journal_max_len       0 = journal off
   ARGV[2] outcome_retention_ms  0 = finished messages are not remembered
@@ -31,10 +32,13 @@
 --@include locate
 --@include now_ms
 --@include record_fields
+--@include refuse_if_moving
 --@include remember
 --@include series_fields
 --@include series_with
 --@include unclaimed
+
+refuse_if_moving(KEYS[12])
 
 local store, prepare, dead, msg, reason, journal_key, outcome, finished =
   KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6], KEYS[7], KEYS[8]

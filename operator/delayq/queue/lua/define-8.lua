@@ -11,6 +11,7 @@
   KEYS[5] wake     LIST wake-up marker of the slot
   KEYS[6] journal  STREAM lifecycle events
   KEYS[7] prepare  ZSET id -> lease deadline ms
+  KEYS[8] epoch    STRING fencing epoch; 'moving:<epoch>' while the slot moves (refused)
 
   ARGV[1] journal_max_len  0 = journal off
   ARGV[2] schedule id
@@ -29,8 +30,11 @@
 --@include materialize
 --@include now_ms
 --@include occurrence_record
+--@include refuse_if_moving
 --@include series_fields
 --@include wake_if_earliest
+
+refuse_if_moving(KEYS[8])
 
 local schedules, topup, store, msg, wake, journal_key, prepare =
   KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6], KEYS[7]

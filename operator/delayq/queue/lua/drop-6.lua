@@ -7,6 +7,7 @@
   KEYS[3] store    ZSET id -> due ms
   KEYS[4] msg      HASH id -> record
   KEYS[5] journal  STREAM lifecycle events
+  KEYS[6] epoch    STRING fencing epoch; 'moving:<epoch>' while the slot moves (refused)
 
   ARGV[1] journal_max_len  0 = journal off
   ARGV[2] schedule id
@@ -20,7 +21,10 @@
 --@include codes
 --@include journal
 --@include now_ms
+--@include refuse_if_moving
 --@include series_fields
+
+refuse_if_moving(KEYS[6])
 
 local schedules, topup, store, msg, journal_key = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
 local journal_max_len = tonumber(ARGV[1])

@@ -8,6 +8,7 @@
   KEYS[4] reason   HASH id -> dead reason
   KEYS[5] wake     LIST wake-up marker of the slot
   KEYS[6] journal  STREAM lifecycle events
+  KEYS[7] epoch    STRING fencing epoch; 'moving:<epoch>' while the slot moves (refused)
 
   ARGV[1] journal_max_len  0 = journal off
   ARGV[2] mode            'ids' (the ids that follow) | 'oldest' (up to max_count oldest dead)
@@ -26,8 +27,11 @@
 --@include journal
 --@include now_ms
 --@include record_with
+--@include refuse_if_moving
 --@include wake_if_earliest
 --@include without_extras
+
+refuse_if_moving(KEYS[7])
 
 local dead, store, msg, reason, wake, journal_key =
   KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6]

@@ -11,6 +11,7 @@
   KEYS[6] wake     LIST wake-up marker of the slot
   KEYS[7] journal  STREAM lifecycle events
   KEYS[8] outcome  HASH id -> remembered outcome of a finished message
+  KEYS[9] epoch    STRING fencing epoch; 'moving:<epoch>' while the slot moves (refused)
 
   ARGV[1] mode                  'create' | 'upsert'
   ARGV[2] max_delay_ms          due times beyond server now + this are refused
@@ -48,8 +49,11 @@
 --@include now_ms
 --@include read_chunked
 --@include record_fields
+--@include refuse_if_moving
 --@include remembered
 --@include wake_if_earliest
+
+refuse_if_moving(KEYS[9])
 
 local store, prepare, dead, msg, reason, wake, journal_key, outcome =
   KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6], KEYS[7], KEYS[8]

@@ -7,6 +7,7 @@
   KEYS[4] journal  STREAM lifecycle events
   KEYS[5] outcome  HASH id -> remembered outcome of a finished message
   KEYS[6] finished ZSET id -> finished ms (the order remembered outcomes are forgotten in)
+  KEYS[7] epoch    STRING fencing epoch; 'moving:<epoch>' while the slot moves (refused)
 
   ARGV[1] journal_max_len       0 = journal off
   ARGV[2] outcome_retention_ms  0 = finished messages are not remembered
@@ -27,7 +28,10 @@
 --@include journal
 --@include now_ms
 --@include record_fields
+--@include refuse_if_moving
 --@include remember
+
+refuse_if_moving(KEYS[7])
 
 local dead, msg, reason, journal_key, outcome, finished =
   KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6]
