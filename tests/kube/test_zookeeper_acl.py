@@ -26,7 +26,7 @@ from delayq.coordination.zookeeper import ZkOwnership, ZkSettings
 from delayq.kube.zk import KazooTopicStore
 from delayq.local.waiting import eventually
 from delayq.local.zookeeper_server import ZooKeeperServer
-from delayq.service.brokers import read_routing
+from tests.routing_support import read_routing
 
 pytestmark = pytest.mark.timeout(120)
 

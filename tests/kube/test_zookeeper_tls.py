@@ -38,9 +38,9 @@ from delayq.kube.zk import KazooTopicStore
 from delayq.local.ports import free_port
 from delayq.local.waiting import eventually
 from delayq.local.zookeeper_server import ZooKeeperServer
-from delayq.service.brokers import read_routing
 from delayq.service.config import ConfigError, ServiceConfig
 from delayq.service.topic_file import TopicFile
+from tests.routing_support import read_routing
 
 pytestmark = pytest.mark.timeout(180)
 

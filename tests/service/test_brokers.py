@@ -14,7 +14,8 @@ from delayq.local.redis_server import RedisServer
 from delayq.local.waiting import eventually
 from delayq.queue.keys import Part, slot_keys
 from delayq.queue.topic import Topic
-from delayq.service.brokers import default_routing, read_routing
+from delayq.service.brokers import default_routing
+from tests.routing_support import read_routing
 from tests.service.conftest import NAMESPACE, TOPIC, Receiver, StartService
 
 SLOTS = 4

@@ -7,6 +7,7 @@
                                       "slots": [index into members, or -1, per slot]}
     owners/<slot>         ephemeral  member id; whoever holds it may consume the slot
     routing               persistent slot -> broker, written by the operator (routing.py)
+    migrations/<slot>     persistent a slot move under way and its step (migration.py)
 ```
 
 The operator (`delayq.kube.zk`) writes `routing`, counts `owners/` and removes whole trees; the
@@ -68,6 +69,13 @@ class TopicPaths:
     @property
     def routing(self) -> str:
         return f"{self.root}/routing"
+
+    @property
+    def migrations(self) -> str:
+        return f"{self.root}/migrations"
+
+    def migration(self, slot: int) -> str:
+        return f"{self.migrations}/{slot}"
 
 
 def broker_index(broker: str) -> int | None:

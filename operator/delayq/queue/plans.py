@@ -286,6 +286,18 @@ def fence(topic: Topic, slot: int) -> Plan[int]:
     return Plan([call], lambda replies: int(replies[0]))
 
 
+def freeze(topic: Topic, slot: int) -> Plan[int]:
+    """Refuse every write into the slot on this broker while it moves (freeze-1)."""
+    call = ScriptCall(Script.FREEZE, slot_keys(topic, slot).keys(Part.EPOCH), [])
+    return Plan([call], lambda replies: int(replies[0]))
+
+
+def thaw(topic: Topic, slot: int) -> Plan[int]:
+    """Take writes into the slot again (thaw-1)."""
+    call = ScriptCall(Script.THAW, slot_keys(topic, slot).keys(Part.EPOCH), [])
+    return Plan([call], lambda replies: int(replies[0]))
+
+
 def claim(topic: Topic, slot: int, epoch: int, max_count: int, lease_ms: int) -> Plan[ClaimBatch]:
     def combine(replies: list[Reply]) -> ClaimBatch:
         batch = _claim_batch(replies[0], slot, epoch)

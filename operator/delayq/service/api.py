@@ -7,6 +7,7 @@ naming the field, the bearer token check, size limits.
 
 from __future__ import annotations
 
+import asyncio
 import hmac
 import json
 import logging
@@ -17,12 +18,14 @@ import redis
 from aiohttp import web
 
 from delayq.queue.codes import (
+    SLOT_MOVING,
     ExpiresBeforeDueError,
     InvalidMessageError,
     LeaseLostError,
     NotFoundError,
     OverQuotaError,
     ReplicationTimeoutError,
+    SlotMovingError,
     StaleEpochError,
     TooFarError,
     WrongStateError,
@@ -43,6 +46,7 @@ from delayq.service.parsing import FieldError
 from delayq.service.service import DelayService
 
 log = logging.getLogger(__name__)
+SLOT_MOVE_WAIT_S = 10.0  # a move's write pause is a fraction of this (docs/coordination.md)
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 OPEN_PATHS = frozenset({"/healthz", "/readyz", "/openapi.json"})  # kubelet probes have no token
 METRICS_PATH = "/metrics"
@@ -52,7 +56,7 @@ READ_METHODS = frozenset({"GET", "HEAD"})
 def build_app(service: DelayService) -> web.Application:
     app = web.Application(
         client_max_size=service.config.max_body_bytes,
-        middlewares=[errors_middleware, auth_middleware],
+        middlewares=[errors_middleware, auth_middleware, slot_moving_middleware],
     )
     app[SERVICE] = service
     app.router.add_get("/healthz", healthz)
@@ -91,6 +95,10 @@ async def errors_middleware(request: web.Request, handler: Handler) -> web.Strea
         return error_response(
             400, f"{error}: its expiry must come after its due time", "expireAtMs"
         )
+    except SlotMovingError as error:
+        response = error_response(503, str(error))
+        response.headers["Retry-After"] = str(RETRY_AFTER_S)
+        return response
     except ReplicationTimeoutError as error:
         response = error_response(503, str(error))
         response.headers["Retry-After"] = str(RETRY_AFTER_S)
@@ -105,6 +113,28 @@ async def errors_middleware(request: web.Request, handler: Handler) -> web.Strea
         if "Allow" in error.headers:  # 405 names the methods the path has
             response.headers["Allow"] = error.headers["Allow"]
         return response
+
+
+@web.middleware
+async def slot_moving_middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
+    """A call refused because its slot is being moved (SLOT_MOVING) is run again each time
+    this process's routing changes, for up to SLOT_MOVE_WAIT_S: the move's switch sends it to
+    the slot's new broker, and the client sees a move as latency, not as an error. Running a
+    call again is safe: every write is idempotent or answers its own repeat."""
+    service = request.app[SERVICE]
+    deadline = asyncio.get_running_loop().time() + SLOT_MOVE_WAIT_S
+    while True:
+        changed = service.routing_changed
+        try:
+            return await handler(request)
+        except SlotMovingError:
+            left = deadline - asyncio.get_running_loop().time()
+            if left <= 0:
+                raise
+            try:
+                await asyncio.wait_for(changed.wait(), left)
+            except TimeoutError:
+                raise SlotMovingError(f"{SLOT_MOVING}: the slot is still moving") from None
 
 
 def redis_error_response(error: redis.RedisError) -> web.Response:

@@ -2,9 +2,9 @@
 
 A slot's messages live on one broker (docs/contracts.md §2), whichever process owns the slot:
 after a failover the survivor claims the moved slots from *their* broker, and the HTTP API writes
-each message to the broker of its slot. Routing is sticky (an existing slot never moves), so the
-service reads it once at start: from ZooKeeper's `routing` node when there is one, else the
-operator's first routing (contiguous ranges).
+each message to the broker of its slot. The routing comes from ZooKeeper's `routing` node when
+there is one, else it is the operator's first routing (contiguous ranges). A slot move
+(`delayq routing move-slot`) changes the node, so the service watches it (`RoutingWatch`).
 """
 
 from __future__ import annotations
@@ -120,43 +120,75 @@ class Brokers:
             await queue.close()
 
 
-async def read_routing(
-    hosts: str,
-    namespace: str,
-    topic: str,
-    slot_amount: int,
-    identity: ZkIdentity | None,
-    tls: ZkTls | None = None,
-) -> list[int] | None:
-    """The operator's routing node, once (routing is sticky); None when absent or unreadable.
+RoutingCallback = Callable[[list[int]], None]
 
-    Logs in as the topic (`identity`): with ZooKeeper ACLs the node is readable by the topic and
-    the operator only. A refusal (wrong or missing credentials) raises instead of falling back
-    to the first routing: on a topic whose brokers were added later that routing sends messages
-    to the wrong broker, stranding the ones stored where the operator's routing put them."""
-    from kazoo.client import KazooClient  # kazoo only with ZooKeeper
-    from kazoo.exceptions import NoAuthError
 
-    from delayq.coordination.layout import TopicPaths, decode_routing
+class RoutingWatch:
+    """The routing node, watched (kazoo DataWatch) on a ZooKeeper session of its own: every new
+    version of the node is handed to `on_change` on the event loop. Logs in as the topic
+    (`identity`): with ZooKeeper ACLs the node is readable by the topic and the operator only."""
 
-    def read() -> list[int] | None:
+    def __init__(
+        self,
+        hosts: str,
+        namespace: str,
+        topic: str,
+        slot_amount: int,
+        identity: ZkIdentity | None,
+        tls: ZkTls | None = None,
+    ) -> None:
+        from kazoo.client import KazooClient  # kazoo only with ZooKeeper
+
+        from delayq.coordination.layout import TopicPaths
+
         auth = [identity.auth_data] if identity else None
-        client = KazooClient(hosts=hosts, timeout=10.0, auth_data=auth, **kazoo_options(tls))
-        client.start(timeout=10.0)
-        try:
-            path = TopicPaths(namespace, topic).routing
-            if not client.exists(path):
-                return None
-            payload, _ = client.get(path)
-            return decode_routing(payload, slot_amount)
-        finally:
-            client.stop()
-            client.close()
+        self._client = KazooClient(
+            hosts=hosts, timeout=10.0, auth_data=auth, **kazoo_options(tls)
+        )
+        self._path = TopicPaths(namespace, topic).routing
+        self._slot_amount = slot_amount
 
-    try:
-        return await asyncio.to_thread(read)
-    except NoAuthError:
-        raise
-    except Exception:
-        log.exception("could not read the routing from ZooKeeper; using the first routing")
-        return None
+    async def start(self, on_change: RoutingCallback) -> list[int] | None:
+        """Connect, read the node and watch it; returns the routing now (None when absent or
+        unreadable). A refusal (wrong or missing credentials) raises instead of falling back to
+        the first routing: on a topic whose brokers were added later that routing sends
+        messages to the wrong broker, stranding the ones stored where the routing put them."""
+        from kazoo.exceptions import NoAuthError, NoNodeError
+        from kazoo.recipe.watchers import DataWatch
+
+        from delayq.coordination.layout import decode_routing
+
+        loop = asyncio.get_running_loop()
+
+        def decoded(payload: bytes | None) -> list[int] | None:
+            return None if payload is None else decode_routing(payload, self._slot_amount)
+
+        def changed(payload: bytes | None, _stat: object) -> None:
+            routing = decoded(payload)
+            if routing is not None:
+                loop.call_soon_threadsafe(on_change, routing)
+
+        def connect() -> list[int] | None:
+            self._client.start(timeout=10.0)
+            try:
+                payload: bytes | None = self._client.get(self._path)[0]
+            except NoNodeError:
+                payload = None
+            DataWatch(self._client, self._path, changed)
+            return decoded(payload)
+
+        try:
+            return await asyncio.to_thread(connect)
+        except NoAuthError:
+            await self.stop()
+            raise
+        except Exception:
+            log.exception("could not read the routing from ZooKeeper; using the first routing")
+            return None
+
+    async def stop(self) -> None:
+        def close() -> None:
+            self._client.stop()
+            self._client.close()
+
+        await asyncio.to_thread(close)

@@ -29,7 +29,7 @@ from delayq.queue.client import AsyncQueue
 from delayq.queue.consumer import Consumer, ConsumerCounters, ConsumerSettings
 from delayq.queue.model import Message
 from delayq.queue.topic import TopicType
-from delayq.service.brokers import Brokers, connect, default_routing, read_routing
+from delayq.service.brokers import Brokers, RoutingWatch, connect, default_routing
 from delayq.service.config import ServiceConfig
 from delayq.service.delivery.pull import PullLeaser
 from delayq.service.delivery.sinks import Sink
@@ -64,6 +64,9 @@ class DelayService:
         self.broken = asyncio.Event()  # a delivery loop died: the process must restart
         self.readiness = Readiness()
         self._prober: asyncio.Task[None] | None = None
+        self._routing_watch: RoutingWatch | None = None
+        # set (and replaced) on every routing change: a write refused as SLOT_MOVING waits on it
+        self.routing_changed = asyncio.Event()
         self.metrics.watch_counters(self.counters)
 
     @property
@@ -137,10 +140,11 @@ class DelayService:
         )
 
     async def _load_routing(self) -> None:
-        """Multi-broker topics with ZooKeeper take the operator's (sticky) routing node."""
+        """Multi-broker topics with ZooKeeper take the routing node, and follow it: a slot
+        move switches a slot's broker while the process runs."""
         if len(self.queues) < 2 or not self.config.zookeeper_connect:
             return
-        routing = await read_routing(
+        self._routing_watch = RoutingWatch(
             self.config.zookeeper_connect,
             self.topic.namespace,
             self.topic.name,
@@ -148,8 +152,37 @@ class DelayService:
             self.config.zookeeper_identity,
             self.config.zookeeper_client_tls,
         )
+        routing = await self._routing_watch.start(self._on_routing)
         if routing is not None and max(routing) < len(self.queues):
-            self.brokers = Brokers(self.queues, routing)
+            self.brokers.routing[:] = routing
+
+    def _on_routing(self, routing: list[int]) -> None:
+        asyncio.get_running_loop().create_task(self._reroute(routing))
+
+    async def _reroute(self, routing: list[int]) -> None:
+        """Follow a routing change: each owned slot whose broker changed (a move switched it)
+        is released on the old broker's engine and taken over on the new one's, whose fence
+        raises the epoch above the old one; then writes refused meanwhile are retried."""
+        if max(routing) >= len(self.queues):
+            log.error("routing names a broker this process has no URL for; ignored")
+            return
+        async with self._lock:
+            moved = frozenset(s for s, b in enumerate(routing) if self.brokers.routing[s] != b)
+            if not moved:
+                return
+            engaged = moved & frozenset(self.owned_slots)
+            if engaged:
+                await self._apply(engaged, release=True)  # split by the old routing
+            self.brokers.routing[:] = routing
+            granted = moved & self.ownership.owned
+            if granted and not self._closing:
+                try:
+                    await self._apply(granted, release=False)
+                except redis.RedisError as error:  # the probe takes them back within a second
+                    log.warning("could not take over moved slots", extra={"error": str(error)})
+            log.info("routing changed", extra={"moved": sorted(moved)})
+        changed, self.routing_changed = self.routing_changed, asyncio.Event()
+        changed.set()
 
     def _open_sink(self) -> Sink:
         config = self.config
@@ -322,6 +355,8 @@ class DelayService:
             await self.leaser.close()
         if self._sink is not None:
             await self._sink.close()
+        if self._routing_watch is not None:
+            await self._routing_watch.stop()
         await self.brokers.close()
         log.info("service stopped", extra={"took_ms": int((time.monotonic() - started) * 1000)})
 

@@ -1,0 +1,253 @@
+"""Move one slot of a topic from its broker to another, live and resumable (docs/coordination.md,
+"Moving a slot").
+
+The move is a sequence of steps, each recorded in ZooKeeper (`migrations/<slot>`, JSON) before
+the next one starts, and each idempotent, so a mover that crashes anywhere is completed by the
+next run (`SlotMover.move` resumes the recorded step) or rolled back (`SlotMover.abort`, only
+before the routing switched):
+
+1. `freeze`: the slot's epoch on the source becomes 'moving:<epoch>' (freeze-1). The old owner is
+   fenced out (its claims and acks are stale) and cannot fence again; every producing write is
+   refused with SLOT_MOVING. Nothing changes in the slot on the source any more.
+2. `copy`: every key of the slot is copied to the target in one MULTI (`queue.slot_copy`), then
+   the target's copy is thawed (its epoch a number again). Nobody routes to the target yet.
+3. `switch`: the routing node names the target for the slot, written with compare-and-set on the
+   node's version. The delay services watch that node; the slot's owner releases the slot on the
+   source, fences it on the target (epoch above the old one) and claims from there.
+4. `clean`: the source's keys are deleted, then the migration node.
+
+Writes refused in between are retried by their callers against the new routing.
+"""
+
+from __future__ import annotations
+
+import enum
+import json
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
+
+from kazoo.client import KazooClient
+from kazoo.exceptions import BadVersionError, NodeExistsError, NoNodeError
+
+from delayq.coordination.layout import TopicPaths
+from delayq.coordination.routing import Routing, initial_routing
+from delayq.queue import plans
+from delayq.queue.client import Queue
+from delayq.queue.keys import slot_keys
+from delayq.queue.slot_copy import copy_slot, delete_slot
+
+MIGRATION_FORMAT_VERSION = 1
+
+
+class Step(enum.StrEnum):
+    """The next thing a move does; recorded before it is done, so a crash repeats it."""
+
+    FREEZE = "freeze"
+    COPY = "copy"
+    SWITCH = "switch"
+    CLEAN = "clean"
+
+    @property
+    def following(self) -> Step | None:
+        steps = list(Step)
+        index = steps.index(self)
+        return steps[index + 1] if index + 1 < len(steps) else None
+
+
+class MoveError(Exception):
+    """A move cannot start or go on: bad input, another move of the slot, a concurrent mover.
+    The text is one line for the operator."""
+
+
+@dataclass(frozen=True)
+class Migration:
+    """The `migrations/<slot>` node: which slot moves from which broker to which, and its step."""
+
+    slot: int
+    source: int
+    target: int
+    step: Step
+
+    def encode(self) -> bytes:
+        document = {
+            "version": MIGRATION_FORMAT_VERSION,
+            "slot": self.slot,
+            "sourceBroker": self.source,
+            "targetBroker": self.target,
+            "step": self.step.value,
+        }
+        return json.dumps(document, separators=(",", ":")).encode()
+
+    @classmethod
+    def decode(cls, payload: bytes) -> Migration:
+        document = json.loads(payload)
+        if document.get("version") != MIGRATION_FORMAT_VERSION:
+            raise ValueError(f"unknown migration format version {document.get('version')!r}")
+        return cls(
+            int(document["slot"]),
+            int(document["sourceBroker"]),
+            int(document["targetBroker"]),
+            Step(document["step"]),
+        )
+
+
+class SlotMover:
+    """Moves slots of one topic; `queues[b]` is broker b's engine client (sync)."""
+
+    def __init__(self, zk: KazooClient, paths: TopicPaths, queues: Sequence[Queue]) -> None:
+        if not queues:
+            raise ValueError("a topic needs at least one broker")
+        self.zk = zk
+        self.paths = paths
+        self.queues = list(queues)
+        self.topic = queues[0].topic
+
+    # reading -------------------------------------------------------------------------------
+
+    def routing(self) -> tuple[Routing, int | None]:
+        """The routing and its node's version (None: no node yet, the fleet then uses the
+        first routing over this mover's brokers, which is what is returned)."""
+        try:
+            payload, stat = self.zk.get(self.paths.routing)
+        except NoNodeError:
+            return initial_routing(self.topic.slot_amount, len(self.queues)), None
+        routing = Routing.from_json(payload)
+        if routing.slot_amount != self.topic.slot_amount:
+            raise MoveError(
+                f"the routing is for {routing.slot_amount} slots, the topic has "
+                f"{self.topic.slot_amount}"
+            )
+        return routing, stat.version
+
+    def migrations(self) -> list[Migration]:
+        """Every move under way (or left behind by a crashed mover), by slot."""
+        try:
+            children = self.zk.get_children(self.paths.migrations)
+        except NoNodeError:
+            return []
+        found = [self._read(int(child)) for child in children if child.isdigit()]
+        return sorted((m for m, _ in filter(None, found)), key=lambda m: m.slot)
+
+    def _read(self, slot: int) -> tuple[Migration, int] | None:
+        try:
+            payload, stat = self.zk.get(self.paths.migration(slot))
+        except NoNodeError:
+            return None
+        return Migration.decode(payload), stat.version
+
+    # moving --------------------------------------------------------------------------------
+
+    def start(self, slot: int, target: int) -> tuple[Migration, int]:
+        """Record a new move of `slot` to broker `target`, or return the recorded one (a
+        re-run resumes it); refuses a move elsewhere while one is under way."""
+        if not 0 <= slot < self.topic.slot_amount:
+            raise MoveError(f"slot {slot} is outside 0..{self.topic.slot_amount - 1}")
+        recorded = self._read(slot)
+        if recorded is None:
+            routing, _ = self.routing()
+            if not 0 <= target < min(routing.broker_count, len(self.queues)):
+                brokers = min(routing.broker_count, len(self.queues))
+                raise MoveError(f"broker {target} is outside 0..{brokers - 1}")
+            source = routing.broker_of_slot[slot]
+            if source == target:
+                raise MoveError(f"slot {slot} is on broker {target} already")
+            migration = Migration(slot, source, target, Step.FREEZE)
+            try:
+                self.zk.create(self.paths.migration(slot), migration.encode(), makepath=True)
+                return migration, 0
+            except NodeExistsError:
+                recorded = self._read(slot)
+                if recorded is None:
+                    raise MoveError(f"slot {slot}: a concurrent mover just finished") from None
+        migration, version = recorded
+        if migration.target != target:
+            raise MoveError(
+                f"slot {slot} is moving to broker {migration.target} already (step "
+                f"{migration.step}): finish it with --to-broker {migration.target} or --abort"
+            )
+        return migration, version
+
+    def step(self, migration: Migration, version: int) -> tuple[Migration, int] | None:
+        """Do the recorded step and record the next; None when the move is complete."""
+        source, target = self.queues[migration.source], self.queues[migration.target]
+        keys = slot_keys(self.topic, migration.slot)
+        if migration.step is Step.FREEZE:
+            source.run(plans.freeze(self.topic, migration.slot))
+        elif migration.step is Step.COPY:
+            copy_slot(source.redis, target.redis, keys)
+            target.run(plans.thaw(self.topic, migration.slot))
+        elif migration.step is Step.SWITCH:
+            self._switch(migration)
+        else:
+            delete_slot(source.redis, keys)
+            self._delete_node(migration.slot, version)
+            return None
+        following = migration.step.following
+        assert following is not None
+        return self._record(replace(migration, step=following), version)
+
+    def move(self, slot: int, target: int) -> Migration:
+        """Move `slot` to broker `target`, resuming a move recorded earlier; returns the
+        completed move."""
+        migration, version = self.start(slot, target)
+        current: tuple[Migration, int] | None = (migration, version)
+        while current is not None:
+            migration = current[0]
+            current = self.step(*current)
+        return migration
+
+    def abort(self, slot: int) -> Migration:
+        """Roll a move back while the routing still names the source: the target's copy is
+        deleted and the source takes writes again. Refused once the routing switched."""
+        recorded = self._read(slot)
+        if recorded is None:
+            raise MoveError(f"slot {slot} is not moving")
+        migration, version = recorded
+        routing, _ = self.routing()
+        if migration.step is Step.CLEAN or routing.broker_of_slot[slot] == migration.target:
+            raise MoveError(
+                f"slot {slot} is routed to broker {migration.target} already: finish the move"
+            )
+        delete_slot(self.queues[migration.target].redis, slot_keys(self.topic, slot))
+        self.queues[migration.source].run(plans.thaw(self.topic, slot))
+        self._delete_node(slot, version)
+        return migration
+
+    # ZooKeeper writes ----------------------------------------------------------------------
+
+    def _switch(self, migration: Migration) -> None:
+        """Route the slot to the target with compare-and-set; a lost race reads again."""
+        while True:
+            routing, version = self.routing()
+            if routing.broker_of_slot[migration.slot] == migration.target:
+                return  # switched by an earlier run that crashed before recording it
+            brokers = list(routing.broker_of_slot)
+            brokers[migration.slot] = migration.target
+            payload = Routing(routing.slot_amount, routing.broker_count, tuple(brokers)).to_json()
+            try:
+                if version is None:
+                    self.zk.create(self.paths.routing, payload, makepath=True)
+                else:
+                    self.zk.set(self.paths.routing, payload, version=version)
+                return
+            except (BadVersionError, NodeExistsError):
+                continue  # the operator (or another move) wrote it meanwhile: read again
+
+    def _record(self, migration: Migration, version: int) -> tuple[Migration, int]:
+        try:
+            stat = self.zk.set(
+                self.paths.migration(migration.slot), migration.encode(), version=version
+            )
+        except (BadVersionError, NoNodeError):
+            raise MoveError(
+                f"slot {migration.slot}: another mover changed the move meanwhile; run again"
+            ) from None
+        return migration, stat.version
+
+    def _delete_node(self, slot: int, version: int) -> None:
+        try:
+            self.zk.delete(self.paths.migration(slot), version=version)
+        except NoNodeError:
+            pass
+        except BadVersionError:
+            raise MoveError(f"slot {slot}: another mover changed the move meanwhile") from None

@@ -1,0 +1,45 @@
+"""Copy one slot's data between two brokers, key by key (the Redis half of a slot move).
+
+Every key of a slot is one `Part` of `keys.py`, so iterating `Part` copies all of it (store,
+prepare with its lease deadlines, dead, records, reasons, outcomes, journal, wake list, epoch,
+lease counter, schedules, ...) and a part added later is copied without touching this module.
+DUMP/RESTORE carries each key byte for byte, stream ids and all, with no decoding in Python.
+
+The source must be frozen (`plans.freeze`) first: then nothing writes into the slot there, and
+a copy is a snapshot. The target side runs in one MULTI, so a copy is all or nothing, and a copy
+repeated after a crash replaces the earlier one (no key of the slot is left from before).
+"""
+
+from __future__ import annotations
+
+import redis
+
+from delayq.queue.keys import Part, SlotKeys
+
+
+def copy_slot(source: redis.Redis, target: redis.Redis, keys: SlotKeys) -> int:
+    """Replace the slot's keys on `target` with those on `source`; returns how many keys the
+    slot has. Keys without a TTL stay so (the engine sets none)."""
+    names = keys.keys(*Part)
+    read = source.pipeline(transaction=False)
+    for name in names:
+        read.dump(name)
+    dumps = read.execute()
+    write = target.pipeline(transaction=True)
+    write.delete(*names)
+    for name, dumped in zip(names, dumps, strict=True):
+        if dumped is not None:
+            write.restore(name, 0, dumped)
+    write.execute()
+    return sum(dumped is not None for dumped in dumps)
+
+
+def delete_slot(client: redis.Redis, keys: SlotKeys) -> int:
+    """Delete every key of the slot on one broker (the source after the move, or the target's
+    partial copy when a move is rolled back); returns how many existed."""
+    return int(client.delete(*keys.keys(*Part)))
+
+
+def slot_key_count(client: redis.Redis, keys: SlotKeys) -> int:
+    """How many of the slot's keys exist on this broker."""
+    return int(client.exists(*keys.keys(*Part)))
