@@ -15,7 +15,7 @@ from delayq import __version__
 from delayq.kube import cli as operator_cli
 from delayq.local import cli as local_cli
 from delayq.pipeline import cli as pipeline_cli
-from delayq.service import admin_cli
+from delayq.service import admin_cli, routing_cli
 from delayq.service import cli as service_cli
 
 
@@ -30,6 +30,7 @@ def build_parser() -> argparse.ArgumentParser:
     service_cli.register(subparsers)
     local_cli.register(subparsers)
     admin_cli.register(subparsers)
+    routing_cli.register(subparsers)
     return parser
 
 

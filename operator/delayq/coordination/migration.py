@@ -14,7 +14,8 @@ before the routing switched):
 3. `switch`: the routing node names the target for the slot, written with compare-and-set on the
    node's version. The delay services watch that node; the slot's owner releases the slot on the
    source, fences it on the target (epoch above the old one) and claims from there.
-4. `clean`: the source's keys are deleted, then the migration node.
+4. `clean`: the source's keys are deleted but its frozen epoch, a tombstone that refuses a writer
+   whose routing is stale, then the migration node.
 
 Writes refused in between are retried by their callers against the new routing.
 """
@@ -34,7 +35,7 @@ from delayq.coordination.routing import Routing, initial_routing
 from delayq.queue import plans
 from delayq.queue.client import Queue
 from delayq.queue.keys import slot_keys
-from delayq.queue.slot_copy import copy_slot, delete_slot
+from delayq.queue.slot_copy import MOVED_AWAY_PARTS, copy_slot, delete_slot
 
 MIGRATION_FORMAT_VERSION = 1
 
@@ -179,7 +180,7 @@ class SlotMover:
         elif migration.step is Step.SWITCH:
             self._switch(migration)
         else:
-            delete_slot(source.redis, keys)
+            delete_slot(source.redis, keys, MOVED_AWAY_PARTS)
             self._delete_node(migration.slot, version)
             return None
         following = migration.step.following

@@ -26,7 +26,9 @@ ADMIN_RULES = ("reset", "on", "~*", "&*", "+@all")
 #: Sent by the Python client: scripts by hash (loaded once), the consumer's blocking wake-up
 #: wait and its interrupts, the stream delivery's XADD, the server clock, WAIT after an
 #: acknowledged write of a topic with `redis_sync_replicas`, health checks and the
-#: RESP3 handshake. Not CLIENT SETINFO, which redis-py sends on connect and whose refusal it
+#: RESP3 handshake, and the slot mover's copy (`queue/slot_copy.py`: DUMP, RESTORE, EXISTS, run
+#: with the service's credentials from one of its pods; the key patterns still hold it to the
+#: topic's own keys). Not CLIENT SETINFO, which redis-py sends on connect and whose refusal it
 #: ignores (and which Redis 7.0 does not know: naming it would fail the whole SETUSER).
 CLIENT_COMMANDS = (
     "evalsha",
@@ -39,12 +41,16 @@ CLIENT_COMMANDS = (
     "wait",
     "ping",
     "hello",
+    "dump",
+    "restore",
+    "exists",
 )
 
 #: Called from the Lua transitions (directly or through the chunked helpers).
 SCRIPT_COMMANDS = (
     "get",
     "set",
+    "del",
     "incr",
     "llen",
     "rpush",

@@ -34,10 +34,17 @@ def copy_slot(source: redis.Redis, target: redis.Redis, keys: SlotKeys) -> int:
     return sum(dumped is not None for dumped in dumps)
 
 
-def delete_slot(client: redis.Redis, keys: SlotKeys) -> int:
-    """Delete every key of the slot on one broker (the source after the move, or the target's
-    partial copy when a move is rolled back); returns how many existed."""
-    return int(client.delete(*keys.keys(*Part)))
+#: What a move deletes on the broker the slot left: everything but its frozen epoch, which
+#: stays as a tombstone ('moving:<epoch>'), so a writer still routing the slot there (a process
+#: whose routing watch has not fired yet) is refused with SLOT_MOVING instead of writing into a
+#: slot nobody consumes. A later move back onto this broker replaces it.
+MOVED_AWAY_PARTS = tuple(part for part in Part if part is not Part.EPOCH)
+
+
+def delete_slot(client: redis.Redis, keys: SlotKeys, parts: tuple[Part, ...] = tuple(Part)) -> int:
+    """Delete the slot's keys of `parts` on one broker (the target's copy when a move is
+    rolled back; MOVED_AWAY_PARTS on the source after it); returns how many existed."""
+    return int(client.delete(*keys.keys(*parts)))
 
 
 def slot_key_count(client: redis.Redis, keys: SlotKeys) -> int:

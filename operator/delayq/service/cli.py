@@ -21,12 +21,18 @@ def register(subparsers: Any) -> None:
     serve.set_defaults(handler=run_serve)
 
 
+def settings(args: argparse.Namespace) -> ServiceConfig:
+    """The settings `add_arguments` parsed: the topic file, under DELAYQ_* variables, under the
+    flags. Raises ConfigError."""
+    base = read_topic_file(args.config, os.environ) if args.config else None
+    return ServiceConfig.from_args(args, ServiceConfig.from_env(base=base))
+
+
 def run_serve(args: argparse.Namespace) -> int:
     from delayq.service.serve import run
 
     try:
-        base = read_topic_file(args.config, os.environ) if args.config else None
-        config = ServiceConfig.from_args(args, ServiceConfig.from_env(base=base))
+        config = settings(args)
         check_exposure(config)
     except ConfigError as error:
         print(f"delayq serve: {error}", file=sys.stderr)

@@ -1,0 +1,164 @@
+"""`delayq routing show|move-slot`: a topic's slot -> broker routing, and moving one slot live.
+
+These talk to the topic's brokers and ZooKeeper directly, not to the HTTP API, with the same
+settings as `delayq serve` (topic file, DELAYQ_* variables, flags): run them in any delay-service
+pod of the topic (`kubectl exec <pod> -- delayq routing show`), where those are set. A move that
+stopped half way (the command was killed, a broker went away) is finished by running the same
+command again, or rolled back with `--abort` before its routing switched (docs/coordination.md,
+"Moving a slot").
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
+from delayq.service.config import ConfigError, ServiceConfig, add_arguments
+
+OK, BAD_INPUT, UNREACHABLE = 0, 2, 3
+REDIS_TIMEOUT_S = 30.0
+
+
+def register(subparsers: Any) -> None:
+    """Add `routing show` and `routing move-slot` to the `delayq` command."""
+    group = subparsers.add_parser(
+        "routing",
+        help="a topic's slot -> broker routing: show it, move a slot to another broker",
+        description="Settings as for `delayq serve`: DELAYQ_* variables, --config, flags.",
+    )
+    commands = group.add_subparsers(dest="routing_command", required=True)
+    show = commands.add_parser("show", help="slots per broker and the moves under way")
+    show.add_argument("--json", action="store_true", help="the routing and moves as JSON")
+    add_arguments(show)
+    show.set_defaults(handler=_handler(_show))
+    move = commands.add_parser(
+        "move-slot",
+        help="move one slot's messages to another broker, live (resumes a stopped move)",
+    )
+    move.add_argument("--slot", type=_non_negative, required=True, help="the slot to move")
+    move.add_argument(
+        "--to-broker", type=_non_negative, required=True, help="the broker index to move it to"
+    )
+    move.add_argument(
+        "--abort", action="store_true", help="roll back the slot's move (before its switch)"
+    )
+    add_arguments(move)
+    move.set_defaults(handler=_handler(_move))
+
+
+def _non_negative(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"{text} is negative")
+    return value
+
+
+def _handler(run: Any) -> Any:
+    """The command with every failure as one line on stderr and an exit code."""
+
+    def handle(args: argparse.Namespace) -> int:
+        from kazoo.exceptions import KazooException
+        from redis import RedisError
+
+        from delayq.coordination.migration import MoveError
+        from delayq.service.cli import settings
+
+        name = f"delayq routing {args.routing_command}"
+        try:
+            config = settings(args)
+            if not config.zookeeper_connect:
+                raise ConfigError("needs ZooKeeper: --zookeeper-connect (DELAYQ_ZOOKEEPER_CONNECT)")
+            with _mover(config) as mover:
+                return int(run(mover, args))
+        except (ConfigError, MoveError, ValueError) as error:
+            print(f"{name}: {error}", file=sys.stderr)
+            return BAD_INPUT
+        except (RedisError, KazooException, OSError) as error:
+            print(f"{name}: {type(error).__name__}: {error}", file=sys.stderr)
+            return UNREACHABLE
+
+    return handle
+
+
+@contextmanager
+def _mover(config: ServiceConfig) -> Iterator[Any]:
+    from kazoo.client import KazooClient
+
+    from delayq.coordination.acl import tree_acl
+    from delayq.coordination.layout import TopicPaths
+    from delayq.coordination.migration import SlotMover
+    from delayq.queue.client import Queue
+
+    identity = config.zookeeper_identity
+    acl = (
+        tree_acl(identity.acl_id, config.zookeeper_admin_acl)
+        if identity and config.zookeeper_admin_acl
+        else None
+    )
+    zk = KazooClient(
+        hosts=config.zookeeper_connect,
+        timeout=config.zookeeper_session_timeout_ms / 1000,
+        auth_data=[identity.auth_data] if identity else None,
+        default_acl=acl,
+    )
+    topic = config.to_topic()
+    queues = [
+        Queue.from_url(url, topic, socket_timeout=REDIS_TIMEOUT_S)
+        for url in config.broker_redis_urls
+    ]
+    zk.start(timeout=config.zookeeper_session_timeout_ms / 1000)
+    try:
+        yield SlotMover(zk, TopicPaths(config.namespace, config.topic), queues)
+    finally:
+        zk.stop()
+        zk.close()
+        for queue in queues:
+            queue.close()
+
+
+def _show(mover: Any, args: argparse.Namespace) -> int:
+    routing, version = mover.routing()
+    migrations = mover.migrations()
+    if args.json:
+        document = {
+            "routing": json.loads(routing.to_json()),
+            "routingVersion": version,
+            "migrations": [json.loads(m.encode()) for m in migrations],
+        }
+        print(json.dumps(document, indent=2))
+        return OK
+    origin = f"node version {version}" if version is not None else "first routing, no node yet"
+    print(f"{routing.slot_amount} slots over {routing.broker_count} brokers ({origin})")
+    for broker, count in routing.slots_per_broker().items():
+        print(f"broker {broker}: {count} slots {_ranges(routing.slots_of(broker))}")
+    for m in migrations:
+        print(f"moving slot {m.slot}: broker {m.source} -> {m.target}, next step {m.step}")
+    return OK
+
+
+def _move(mover: Any, args: argparse.Namespace) -> int:
+    if args.abort:
+        m = mover.abort(args.slot)
+        print(f"slot {m.slot}: move to broker {m.target} rolled back, on broker {m.source}")
+        return OK
+    m = mover.move(args.slot, args.to_broker)
+    print(f"slot {m.slot}: moved from broker {m.source} to broker {m.target}")
+    return OK
+
+
+def _ranges(slots: list[int]) -> str:
+    """[0, 1, 2, 5] -> "0-2,5": a broker's slots as a human reads them."""
+    parts: list[str] = []
+    for slot in slots:
+        if parts and slot == int(parts[-1].rsplit("-", 1)[-1]) + 1:
+            parts[-1] = f"{parts[-1].split('-')[0]}-{slot}"
+        else:
+            parts.append(str(slot))
+    return ",".join(parts) or "-"

@@ -1,0 +1,311 @@
+"""Moving one slot between two real redis-servers, recorded in a real ZooKeeper
+(`delayq.coordination.migration`, `delayq routing`): what is copied, what is refused meanwhile,
+and a mover that stops after any step is completed (or rolled back) by the next run."""
+
+from __future__ import annotations
+
+import json
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import pytest
+import redis
+from kazoo.client import KazooClient
+
+from delayq.cli import main
+from delayq.coordination.layout import TopicPaths
+from delayq.coordination.migration import Migration, MoveError, SlotMover, Step
+from delayq.coordination.routing import Routing
+from delayq.local.redis_server import RedisServer
+from delayq.local.zookeeper_server import ZooKeeperServer
+from delayq.queue import (
+    Queue,
+    Recurrence,
+    Schedule,
+    SlotMovingError,
+    StaleEpochError,
+    Topic,
+)
+from delayq.queue.keys import Part, slot_keys
+
+NAMESPACE = "moves"
+SLOTS = 4
+BASIS = "k"  # every message of these tests goes into one slot
+
+
+@dataclass
+class Topology:
+    topic: Topic
+    paths: TopicPaths
+    hosts: str
+    servers: tuple[RedisServer, RedisServer]
+    zk: KazooClient
+    queues: tuple[Queue, Queue]
+
+    @property
+    def slot(self) -> int:
+        return self.topic.slot_of(BASIS.encode())
+
+    def mover(self) -> SlotMover:
+        """A mover of its own (its own ZooKeeper session), as a fresh run of the command."""
+        client = KazooClient(hosts=self.hosts)
+        client.start(timeout=10)
+        self._clients.append(client)
+        return SlotMover(client, self.paths, self.queues)
+
+    def routing(self) -> Routing:
+        return Routing.from_json(self.zk.get(self.paths.routing)[0])
+
+    _clients: list[KazooClient]
+
+
+@pytest.fixture
+def second_broker() -> Iterator[RedisServer]:
+    with RedisServer() as server:
+        yield server
+
+
+@pytest.fixture
+def topology(
+    redis_server: RedisServer, second_broker: RedisServer, zookeeper_server: ZooKeeperServer
+) -> Iterator[Topology]:
+    topic = Topic(
+        f"m-{uuid.uuid4().hex[:8]}",
+        namespace=NAMESPACE,
+        slot_amount=SLOTS,
+        journal_max_len=100,
+        outcome_retention_ms=600_000,
+        max_retries=0,
+    )
+    zk = KazooClient(hosts=zookeeper_server.hosts)
+    zk.start(timeout=10)
+    paths = TopicPaths(NAMESPACE, topic.name)
+    zk.create(paths.routing, Routing(SLOTS, 2, (0, 0, 0, 0)).to_json(), makepath=True)
+    queues = (Queue.from_url(redis_server.url, topic), Queue.from_url(second_broker.url, topic))
+    built = Topology(
+        topic, paths, zookeeper_server.hosts, (redis_server, second_broker), zk, queues, []
+    )
+    try:
+        yield built
+    finally:
+        for client in [*built._clients, zk]:
+            client.stop()
+            client.close()
+        for queue in queues:
+            queue.close()
+
+
+def snapshot(client: redis.Redis, topic: Topic, slot: int) -> dict[str, Any]:
+    """Every key of the slot, read back by type (DUMP bytes may differ in encoding)."""
+    keys = slot_keys(topic, slot)
+    found: dict[str, Any] = {}
+    for part in Part:
+        name = keys.key(part)
+        kind = str(client.type(name), "ascii")  # type: ignore[arg-type]
+        if kind == "zset":
+            found[part] = client.zrange(name, 0, -1, withscores=True)
+        elif kind == "hash":
+            found[part] = client.hgetall(name)
+        elif kind == "string":
+            found[part] = client.get(name)
+        elif kind == "list":
+            found[part] = client.lrange(name, 0, -1)
+        elif kind == "stream":
+            found[part] = client.xrange(name)
+    return found
+
+
+def fill(queue: Queue, slot: int) -> Any:
+    """A slot with something in every part: scheduled, leased, dead, acked (outcome), a
+    recurring schedule, the journal; returns the lease still held."""
+    for i in range(6):
+        queue.schedule(f"m{i}", b"p", delay_ms=0 if i < 4 else 60_000, slot_basis=BASIS)
+    queue.put_schedule(Schedule(BASIS, Recurrence(every_ms=60_000), payload="s"))
+    epoch = queue.take_over(slot)
+    leased = list(queue.claim(slot, epoch, max_count=3, lease_ms=60_000).messages)
+    queue.ack(leased[0].lease)
+    queue.nack(leased[1].lease, dead=True, reason="broken")
+    return leased[2]
+
+
+def test_a_move_copies_every_key_switches_routing_and_leaves_a_tombstone(topology: Topology):
+    source, target = topology.queues
+    slot = topology.slot
+    held = fill(source, slot)
+    before = snapshot(source.redis, topology.topic, slot)
+    assert set(before) >= {Part.STORE, Part.PREPARE, Part.DEAD, Part.MSG, Part.OUTCOME}
+    assert {Part.JOURNAL, Part.SCHEDULES, Part.EPOCH, Part.LEASES} <= set(before)
+
+    done = topology.mover().move(slot, 1)
+
+    assert done == Migration(slot, 0, 1, Step.CLEAN)
+    assert topology.routing().broker_of_slot[slot] == 1
+    assert snapshot(target.redis, topology.topic, slot) == before
+    left = snapshot(source.redis, topology.topic, slot)
+    assert left == {Part.EPOCH: b"moving:" + before[Part.EPOCH]}  # the tombstone only
+    with pytest.raises(SlotMovingError):
+        source.schedule("late", b"p", delay_ms=0, slot_basis=BASIS)
+    assert not topology.zk.get_children(topology.paths.migrations)
+    # the new owner fences above every epoch of the old one, whose lease is stale now
+    assert target.take_over(slot) > held.epoch
+    with pytest.raises(StaleEpochError):
+        target.ack(held.lease)
+    assert target.get("m5", slot_basis=BASIS).state.value == "scheduled"
+
+
+def test_a_frozen_slot_refuses_every_write_with_slot_moving(topology: Topology):
+    source, _ = topology.queues
+    slot = topology.slot
+    held = fill(source, slot)
+    mover = topology.mover()
+    migration, version = mover.start(slot, 1)
+    mover.step(migration, version)  # freeze
+    refused = [
+        lambda: source.schedule("new", b"p", delay_ms=0, slot_basis=BASIS),
+        lambda: source.cancel("m5", BASIS),
+        lambda: source.reschedule("m5", delay_ms=1000, slot_basis=BASIS),
+        lambda: source.redrive(slot, ["m1"]),
+        lambda: source.purge(slot, ["m1"]),
+        lambda: source.put_schedule(Schedule(BASIS, Recurrence(every_ms=1000))),
+        lambda: source.delete_schedule(BASIS),
+        lambda: source.take_over(slot),
+    ]
+    for write in refused:
+        with pytest.raises(SlotMovingError, match=r"^SLOT_MOVING"):
+            write()
+    with pytest.raises(StaleEpochError):  # the old owner is fenced out
+        source.ack(held.lease)
+    with pytest.raises(StaleEpochError):
+        source.claim(slot, held.epoch)
+
+
+@pytest.mark.parametrize("steps_done", range(len(Step)))
+def test_a_mover_stopped_after_any_step_is_completed_by_the_next_run(
+    topology: Topology, steps_done: int
+):
+    source, target = topology.queues
+    slot = topology.slot
+    fill(source, slot)
+    before = snapshot(source.redis, topology.topic, slot)
+    first = topology.mover()
+    current: tuple[Migration, int] | None = first.start(slot, 1)
+    for _ in range(steps_done):
+        assert current is not None
+        current = first.step(*current)
+    assert current is not None
+    # the first mover is gone (killed); its step is what ZooKeeper recorded
+    assert topology.mover().migrations() == [current[0]]
+    assert topology.mover().move(slot, 1).step is Step.CLEAN
+    assert topology.routing().broker_of_slot[slot] == 1
+    assert snapshot(target.redis, topology.topic, slot) == before
+    assert list(snapshot(source.redis, topology.topic, slot)) == [Part.EPOCH]
+
+
+@pytest.mark.parametrize("steps_done", range(1, 4))
+def test_a_step_repeated_after_a_crash_before_its_record_changes_nothing(
+    topology: Topology, steps_done: int
+):
+    """A crash between doing a step and recording the next: the next run does it again."""
+    source, target = topology.queues
+    slot = topology.slot
+    fill(source, slot)
+    before = snapshot(source.redis, topology.topic, slot)
+    mover = topology.mover()
+    current: tuple[Migration, int] | None = mover.start(slot, 1)
+    for _ in range(steps_done):
+        assert current is not None
+        migration, version = current
+        mover.step(migration, version)  # done, then "crashed": re-record the step it did
+        stat = topology.zk.set(topology.paths.migration(slot), migration.encode())
+        current = mover.step(migration, stat.version)
+    assert mover.move(slot, 1).step is Step.CLEAN
+    assert snapshot(target.redis, topology.topic, slot) == before
+
+
+@pytest.mark.parametrize("steps_done", range(3))
+def test_a_move_rolled_back_before_its_switch_leaves_the_slot_as_it_was(
+    topology: Topology, steps_done: int
+):
+    source, target = topology.queues
+    slot = topology.slot
+    fill(source, slot)
+    before = snapshot(source.redis, topology.topic, slot)
+    mover = topology.mover()
+    current: tuple[Migration, int] | None = mover.start(slot, 1)
+    for _ in range(steps_done):
+        assert current is not None
+        current = mover.step(*current)
+    topology.mover().abort(slot)
+    assert snapshot(source.redis, topology.topic, slot) == before
+    assert snapshot(target.redis, topology.topic, slot) == {}
+    assert topology.routing().broker_of_slot[slot] == 0
+    assert not topology.zk.get_children(topology.paths.migrations)
+    source.schedule("after", b"p", delay_ms=0, slot_basis=BASIS)  # takes writes again
+
+
+def test_a_switched_move_cannot_be_rolled_back_and_a_second_target_is_refused(
+    topology: Topology,
+):
+    slot = topology.slot
+    mover = topology.mover()
+    current: tuple[Migration, int] | None = mover.start(slot, 1)
+    for _ in range(3):
+        assert current is not None
+        current = mover.step(*current)
+    with pytest.raises(MoveError, match="routed to broker 1 already: finish the move"):
+        mover.abort(slot)
+    with pytest.raises(MoveError, match="moving to broker 1 already"):
+        mover.start(slot, 0)
+    mover.move(slot, 1)
+    mover.move(slot, 0)  # and back: the tombstone is replaced by the copy
+    assert topology.routing().broker_of_slot[slot] == 0
+
+
+def test_without_a_routing_node_the_first_routing_is_moved_from(topology: Topology):
+    topology.zk.delete(topology.paths.routing)
+    topology.mover().move(0, 1)
+    assert topology.routing().broker_of_slot == (1, 0, 1, 1)  # first routing over 2 brokers
+
+
+def cli(topology: Topology, *args: str) -> list[str]:
+    return [
+        "routing",
+        *args,
+        "--topic",
+        topology.topic.name,
+        "--namespace",
+        NAMESPACE,
+        "--slot-amount",
+        str(SLOTS),
+        "--redis-url",
+        topology.servers[0].url,
+        "--broker-urls",
+        ",".join(server.url for server in topology.servers),
+        "--zookeeper-connect",
+        topology.hosts,
+    ]
+
+
+def test_the_cli_moves_shows_and_refuses_bad_input_in_one_line(
+    topology: Topology, capsys: pytest.CaptureFixture[str]
+):
+    slot = topology.slot
+    assert main(cli(topology, "move-slot", "--slot", str(slot), "--to-broker", "1")) == 0
+    assert capsys.readouterr().out == f"slot {slot}: moved from broker 0 to broker 1\n"
+    assert main(cli(topology, "show", "--json")) == 0
+    shown = json.loads(capsys.readouterr().out)
+    assert shown["routing"]["slots"][slot] == 1
+    assert shown["migrations"] == []
+    assert main(cli(topology, "show")) == 0
+    assert "broker 1: 1 slots" in capsys.readouterr().out
+    for args, error in [
+        (("--slot", "9", "--to-broker", "1"), "slot 9 is outside 0..3"),
+        (("--slot", str(slot), "--to-broker", "1"), f"slot {slot} is on broker 1 already"),
+        (("--slot", "0", "--to-broker", "5"), "broker 5 is outside 0..1"),
+        (("--slot", "0", "--to-broker", "1", "--abort"), "slot 0 is not moving"),
+    ]:
+        assert main(cli(topology, "move-slot", *args)) == 2
+        err = capsys.readouterr().err
+        assert err == f"delayq routing move-slot: {error}\n"
