@@ -55,6 +55,7 @@ class ProcessFleet:
     zookeeper: ZooKeeperServer
     topic: Topic
     log_dir: Path
+    broker_urls: str = ""  # comma-separated, broker index order; empty: `redis_url` only
     processes: dict[str, ServeProcess] = field(default_factory=dict)
     deliveries: list[Delivery] = field(default_factory=list)
     scheduled: set[str] = field(default_factory=set)
@@ -64,6 +65,7 @@ class ProcessFleet:
     def config(self, member: str) -> ServiceConfig:
         return ServiceConfig(
             redis_url=self.redis_url,
+            broker_urls=self.broker_urls,
             namespace=NAMESPACE,
             topic=self.topic.name,
             slot_amount=SLOTS,
@@ -85,13 +87,17 @@ class ProcessFleet:
     def output(self) -> str:
         return self.config("any").target_stream
 
-    def owners(self) -> dict[int, str]:
-        """slot -> member holding its owner node, read from ZooKeeper right now."""
-        paths = TopicPaths(NAMESPACE, self.topic.name)
+    def observer(self) -> KazooClient:
+        """The test's own ZooKeeper session, opened on first use."""
         if self._observer is None:
             self._observer = KazooClient(hosts=self.zookeeper.hosts)
             self._observer.start(timeout=10)
-        client = self._observer
+        return self._observer
+
+    def owners(self) -> dict[int, str]:
+        """slot -> member holding its owner node, read from ZooKeeper right now."""
+        paths = TopicPaths(NAMESPACE, self.topic.name)
+        client = self.observer()
         try:
             children = client.get_children(paths.owners)
         except NoNodeError:
