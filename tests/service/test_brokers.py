@@ -3,17 +3,25 @@ service schedules, claims, acks and counts them there."""
 
 from __future__ import annotations
 
+import asyncio
 import json
+import uuid
 from collections.abc import Iterator
 from typing import Any
 
 import pytest
 import redis
+from kazoo.client import KazooClient
 
+from delayq.coordination.layout import TopicPaths
+from delayq.coordination.migration import SlotMover
+from delayq.coordination.routing import Routing
 from delayq.local.redis_server import RedisServer
 from delayq.local.waiting import eventually
+from delayq.queue import Queue
 from delayq.queue.keys import Part, slot_keys
 from delayq.queue.topic import Topic
+from delayq.service import api
 from delayq.service.brokers import default_routing
 from tests.routing_support import read_routing
 from tests.service.conftest import NAMESPACE, TOPIC, Receiver, StartService
@@ -27,10 +35,10 @@ def second_broker() -> Iterator[RedisServer]:
         yield server
 
 
-def stored_on(url: str, slot: int) -> int:
+def stored_on(url: str, slot: int, namespace: str = NAMESPACE) -> int:
     client = redis.Redis.from_url(url)
     try:
-        key = slot_keys(Topic(TOPIC, namespace=NAMESPACE, slot_amount=SLOTS), slot).key(Part.STORE)
+        key = slot_keys(Topic(TOPIC, namespace=namespace, slot_amount=SLOTS), slot).key(Part.STORE)
         return int(client.zcard(key))
     finally:
         client.close()
@@ -107,3 +115,77 @@ async def test_routing_is_read_from_zookeeper_when_the_operator_wrote_it(zookeep
         client.close()
     assert await read_routing(zookeeper_server.hosts, "shop", topic, 4, None) == [2, 0, 1, 1]
     assert await read_routing(zookeeper_server.hosts, "shop", topic, 8, None) is None  # other size
+
+
+@pytest.fixture
+def moving_topic(
+    redis_server: RedisServer, second_broker: RedisServer, zookeeper_server: Any
+) -> Iterator[tuple[str, list[str], SlotMover]]:
+    """A namespace of its own with every slot routed to broker 0, and a mover for it."""
+    namespace = f"mv-{uuid.uuid4().hex[:8]}"
+    urls = [redis_server.url, second_broker.url]
+    topic = Topic(TOPIC, namespace=namespace, slot_amount=SLOTS)
+    zk = KazooClient(hosts=zookeeper_server.hosts)
+    zk.start(timeout=10)
+    paths = TopicPaths(namespace, TOPIC)
+    zk.create(paths.routing, Routing(SLOTS, 2, (0,) * SLOTS).to_json(), makepath=True)
+    queues = [Queue.from_url(url, topic) for url in urls]
+    try:
+        yield namespace, urls, SlotMover(zk, paths, queues)
+    finally:
+        zk.stop()
+        zk.close()
+        for queue in queues:
+            queue.close()
+
+
+def moving_waits(running: Any) -> float:
+    labels = {"namespace": running.service.topic.namespace, "topic": TOPIC}
+    value = running.service.metrics.registry.get_sample_value(
+        "delayq_slot_moving_waits_total", labels
+    )
+    return float(value or 0)
+
+
+async def test_an_api_write_into_a_moving_slot_waits_for_the_switch(
+    moving_topic: tuple[str, list[str], SlotMover],
+    zookeeper_server: Any,
+    start_service: StartService,
+    monkeypatch: pytest.MonkeyPatch,
+):
+    """Refused with SLOT_MOVING while the slot is frozen, the call is run again when the
+    routing watch sees the switch, and lands on the new broker; a slot that stays frozen
+    longer than SLOT_MOVE_WAIT_S answers 503 SLOT_MOVING with Retry-After."""
+    namespace, urls, mover = moving_topic
+    running = await start_service(
+        slot_amount=SLOTS,
+        namespace=namespace,
+        broker_urls=",".join(urls),
+        zookeeper_connect=zookeeper_server.hosts,
+    )
+    topic = running.service.topic
+    ids = [f"x{i}" for i in range(50) if topic.slot_of(f"x{i}".encode()) == 0]
+    current = mover.step(*mover.start(0, 1))  # frozen
+    assert current is not None
+
+    monkeypatch.setattr(api, "SLOT_MOVE_WAIT_S", 0.2)
+    refused = await running.client.post(
+        f"{running.base}/messages", json={"id": ids[0], "delayMs": 0}
+    )
+    assert refused.status == 503
+    assert (await refused.json())["error"].startswith("SLOT_MOVING")
+    assert refused.headers["Retry-After"]
+    monkeypatch.undo()
+
+    waits = moving_waits(running)
+    post = asyncio.create_task(
+        running.client.post(f"{running.base}/messages", json={"id": ids[1], "delayMs": 0})
+    )
+    await eventually(lambda: moving_waits(running) > waits, 10.0, "the write refused once")
+    await asyncio.to_thread(mover.move, 0, 1)
+    answer = await post
+    assert answer.status == 201, await answer.text()
+    assert stored_on(urls[1], 0, namespace) == 1
+    # the process follows the routing: the slot is consumed from broker 1 now
+    leased = await running.client.post(f"{running.base}/leases", json={"max": 10})
+    assert [m["id"] for m in (await leased.json())["leases"]] == [ids[1]]

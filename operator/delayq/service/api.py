@@ -128,6 +128,7 @@ async def slot_moving_middleware(request: web.Request, handler: Handler) -> web.
         try:
             return await handler(request)
         except SlotMovingError:
+            service.metrics.count_slot_moving_wait()
             left = deadline - asyncio.get_running_loop().time()
             if left <= 0:
                 raise

@@ -88,6 +88,12 @@ class ServiceMetrics:
             names,
             registry=self.registry,
         )
+        self.slot_moving_waits = Counter(
+            "delayq_slot_moving_waits",
+            "API calls refused with SLOT_MOVING (their slot was moving) and run again",
+            names,
+            registry=self.registry,
+        )
         self.lateness = Histogram(
             "delayq_delivery_lateness_seconds",
             "Delivery start minus due time",
@@ -105,7 +111,14 @@ class ServiceMetrics:
         self._topic_labels = (namespace, topic)
         self._children: dict[tuple[int, tuple[str, ...]], Any] = {}
         # series with only the topic labels exist from the start (zero, not absent)
-        for metric in (self.owned_slots, self.paused, self.retries, self.dead, self.lateness):
+        for metric in (
+            self.owned_slots,
+            self.paused,
+            self.retries,
+            self.dead,
+            self.slot_moving_waits,
+            self.lateness,
+        ):
             self._child(metric)
 
     def _child(self, metric: MetricWrapperBase, *extra: str) -> Any:
@@ -126,6 +139,9 @@ class ServiceMetrics:
     def watch_counters(self, counters: Callable[[], ConsumerCounters]) -> None:
         """Expose the delivery engine's counters, read at scrape time."""
         self.registry.register(_CountersCollector(counters, self._topic_labels))
+
+    def count_slot_moving_wait(self) -> None:
+        self._child(self.slot_moving_waits).inc()
 
     def observe_lateness(self, lateness_ms: float) -> None:
         self._child(self.lateness).observe(max(0, lateness_ms) / 1000)
