@@ -1,8 +1,9 @@
 """Slot -> broker routing (docs/contracts.md §2 `routing`): pure and sticky.
 
 A slot's messages live on the Redis of the broker it is routed to, so routing a slot elsewhere
-without moving its data would hide those messages. Hence: a routing that already exists is never
-changed for an existing slot; new brokers start idle until resharding is implemented; the first
+without moving its data would hide those messages. Hence: the operator never changes an existing
+slot's routing; new brokers start idle until slots are moved to them (`migration.py` copies a
+slot's data, then switches its routing); the first
 routing spreads slots in contiguous, near-equal ranges (broker b serves a slot range, which keeps
 the ZooKeeper node small and humans able to read it).
 """
