@@ -28,6 +28,7 @@ from delayq.queue import (
     StaleEpochError,
     Topic,
 )
+from delayq.queue.acl import service_user_rules
 from delayq.queue.keys import Part, slot_keys
 
 NAMESPACE = "moves"
@@ -42,7 +43,8 @@ class Topology:
     hosts: str
     servers: tuple[RedisServer, RedisServer]
     zk: KazooClient
-    queues: tuple[Queue, Queue]
+    queues: tuple[Queue, Queue]  # logged in as the topic's restricted Redis user
+    admins: tuple[redis.Redis, redis.Redis]  # the test's own view of the brokers
 
     @property
     def slot(self) -> int:
@@ -83,10 +85,16 @@ def topology(
     zk.start(timeout=10)
     paths = TopicPaths(NAMESPACE, topic.name)
     zk.create(paths.routing, Routing(SLOTS, 2, (0, 0, 0, 0)).to_json(), makepath=True)
-    queues = (Queue.from_url(redis_server.url, topic), Queue.from_url(second_broker.url, topic))
-    built = Topology(
-        topic, paths, zookeeper_server.hosts, (redis_server, second_broker), zk, queues, []
+    servers = (redis_server, second_broker)
+    admins = (redis.Redis.from_url(redis_server.url), redis.Redis.from_url(second_broker.url))
+    user, password = f"{NAMESPACE}.{topic.name}", "engine-secret"
+    for admin in admins:  # the delay services' user: the copy needs nothing more
+        admin.execute_command("ACL", "SETUSER", user, *service_user_rules(topic), f">{password}")
+    first, second = (
+        Queue.from_url(server.url, topic, username=user, password=password) for server in servers
     )
+    queues = (first, second)
+    built = Topology(topic, paths, zookeeper_server.hosts, servers, zk, queues, admins, [])
     try:
         yield built
     finally:
@@ -95,6 +103,8 @@ def topology(
             client.close()
         for queue in queues:
             queue.close()
+        for admin in admins:
+            admin.close()
 
 
 def snapshot(client: redis.Redis, topic: Topic, slot: int) -> dict[str, Any]:
@@ -134,7 +144,7 @@ def test_a_move_copies_every_key_switches_routing_and_leaves_a_tombstone(topolog
     source, target = topology.queues
     slot = topology.slot
     held = fill(source, slot)
-    before = snapshot(source.redis, topology.topic, slot)
+    before = snapshot(topology.admins[0], topology.topic, slot)
     assert set(before) >= {Part.STORE, Part.PREPARE, Part.DEAD, Part.MSG, Part.OUTCOME}
     assert {Part.JOURNAL, Part.SCHEDULES, Part.EPOCH, Part.LEASES} <= set(before)
 
@@ -142,8 +152,8 @@ def test_a_move_copies_every_key_switches_routing_and_leaves_a_tombstone(topolog
 
     assert done == Migration(slot, 0, 1, Step.CLEAN)
     assert topology.routing().broker_of_slot[slot] == 1
-    assert snapshot(target.redis, topology.topic, slot) == before
-    left = snapshot(source.redis, topology.topic, slot)
+    assert snapshot(topology.admins[1], topology.topic, slot) == before
+    left = snapshot(topology.admins[0], topology.topic, slot)
     assert left == {Part.EPOCH: b"moving:" + before[Part.EPOCH]}  # the tombstone only
     with pytest.raises(SlotMovingError):
         source.schedule("late", b"p", delay_ms=0, slot_basis=BASIS)
@@ -185,10 +195,10 @@ def test_a_frozen_slot_refuses_every_write_with_slot_moving(topology: Topology):
 def test_a_mover_stopped_after_any_step_is_completed_by_the_next_run(
     topology: Topology, steps_done: int
 ):
-    source, target = topology.queues
+    source = topology.queues[0]
     slot = topology.slot
     fill(source, slot)
-    before = snapshot(source.redis, topology.topic, slot)
+    before = snapshot(topology.admins[0], topology.topic, slot)
     first = topology.mover()
     current: tuple[Migration, int] | None = first.start(slot, 1)
     for _ in range(steps_done):
@@ -199,8 +209,8 @@ def test_a_mover_stopped_after_any_step_is_completed_by_the_next_run(
     assert topology.mover().migrations() == [current[0]]
     assert topology.mover().move(slot, 1).step is Step.CLEAN
     assert topology.routing().broker_of_slot[slot] == 1
-    assert snapshot(target.redis, topology.topic, slot) == before
-    assert list(snapshot(source.redis, topology.topic, slot)) == [Part.EPOCH]
+    assert snapshot(topology.admins[1], topology.topic, slot) == before
+    assert list(snapshot(topology.admins[0], topology.topic, slot)) == [Part.EPOCH]
 
 
 @pytest.mark.parametrize("steps_done", range(1, 4))
@@ -208,10 +218,10 @@ def test_a_step_repeated_after_a_crash_before_its_record_changes_nothing(
     topology: Topology, steps_done: int
 ):
     """A crash between doing a step and recording the next: the next run does it again."""
-    source, target = topology.queues
+    source = topology.queues[0]
     slot = topology.slot
     fill(source, slot)
-    before = snapshot(source.redis, topology.topic, slot)
+    before = snapshot(topology.admins[0], topology.topic, slot)
     mover = topology.mover()
     current: tuple[Migration, int] | None = mover.start(slot, 1)
     for _ in range(steps_done):
@@ -221,25 +231,25 @@ def test_a_step_repeated_after_a_crash_before_its_record_changes_nothing(
         stat = topology.zk.set(topology.paths.migration(slot), migration.encode())
         current = mover.step(migration, stat.version)
     assert mover.move(slot, 1).step is Step.CLEAN
-    assert snapshot(target.redis, topology.topic, slot) == before
+    assert snapshot(topology.admins[1], topology.topic, slot) == before
 
 
 @pytest.mark.parametrize("steps_done", range(3))
 def test_a_move_rolled_back_before_its_switch_leaves_the_slot_as_it_was(
     topology: Topology, steps_done: int
 ):
-    source, target = topology.queues
+    source = topology.queues[0]
     slot = topology.slot
     fill(source, slot)
-    before = snapshot(source.redis, topology.topic, slot)
+    before = snapshot(topology.admins[0], topology.topic, slot)
     mover = topology.mover()
     current: tuple[Migration, int] | None = mover.start(slot, 1)
     for _ in range(steps_done):
         assert current is not None
         current = mover.step(*current)
     topology.mover().abort(slot)
-    assert snapshot(source.redis, topology.topic, slot) == before
-    assert snapshot(target.redis, topology.topic, slot) == {}
+    assert snapshot(topology.admins[0], topology.topic, slot) == before
+    assert snapshot(topology.admins[1], topology.topic, slot) == {}
     assert topology.routing().broker_of_slot[slot] == 0
     assert not topology.zk.get_children(topology.paths.migrations)
     source.schedule("after", b"p", delay_ms=0, slot_basis=BASIS)  # takes writes again

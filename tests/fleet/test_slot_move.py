@@ -177,6 +177,8 @@ async def test_slots_move_under_load_with_nothing_lost_or_early(
             assert source.exists(*keys.keys(*Part)) == 1
             assert str(source.get(keys.key(Part.EPOCH))).startswith("b'moving:")
         source.close()
+        logs = [(fleet.log_dir / f"{member}.log").read_text() for member in MEMBERS]
+        assert all("routing changed" in log for log in logs)  # both followed the watch
         print(
             f"moved {len(MOVED)} slots under load: {len(fleet.scheduled)} messages, "
             f"{fleet.duplicates()} duplicates, {producer.refused} writes refused and resent"

@@ -26,10 +26,11 @@ ADMIN_RULES = ("reset", "on", "~*", "&*", "+@all")
 #: Sent by the Python client: scripts by hash (loaded once), the consumer's blocking wake-up
 #: wait and its interrupts, the stream delivery's XADD, the server clock, WAIT after an
 #: acknowledged write of a topic with `redis_sync_replicas`, health checks and the
-#: RESP3 handshake, and the slot mover's copy (`queue/slot_copy.py`: DUMP, RESTORE, EXISTS, run
-#: with the service's credentials from one of its pods; the key patterns still hold it to the
-#: topic's own keys). Not CLIENT SETINFO, which redis-py sends on connect and whose refusal it
-#: ignores (and which Redis 7.0 does not know: naming it would fail the whole SETUSER).
+#: RESP3 handshake, and the slot mover's copy (`queue/slot_copy.py`: DUMP, then RESTORE in a
+#: MULTI, then UNLINK; run with the service's credentials from one of its pods, the key patterns
+#: still hold it to the topic's own keys). Not CLIENT SETINFO, which redis-py sends on connect
+#: and whose refusal it ignores (and which Redis 7.0 does not know: naming it would fail the
+#: whole SETUSER).
 CLIENT_COMMANDS = (
     "evalsha",
     "script|load",
@@ -43,7 +44,9 @@ CLIENT_COMMANDS = (
     "hello",
     "dump",
     "restore",
-    "exists",
+    "unlink",
+    "multi",
+    "exec",
 )
 
 #: Called from the Lua transitions (directly or through the chunked helpers).

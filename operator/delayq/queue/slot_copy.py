@@ -43,10 +43,6 @@ MOVED_AWAY_PARTS = tuple(part for part in Part if part is not Part.EPOCH)
 
 def delete_slot(client: redis.Redis, keys: SlotKeys, parts: tuple[Part, ...] = tuple(Part)) -> int:
     """Delete the slot's keys of `parts` on one broker (the target's copy when a move is
-    rolled back; MOVED_AWAY_PARTS on the source after it); returns how many existed."""
-    return int(client.delete(*keys.keys(*parts)))
-
-
-def slot_key_count(client: redis.Redis, keys: SlotKeys) -> int:
-    """How many of the slot's keys exist on this broker."""
-    return int(client.exists(*keys.keys(*Part)))
+    rolled back; MOVED_AWAY_PARTS on the source after it); returns how many existed. UNLINK:
+    Redis frees a large slot in the background instead of blocking the broker's other slots."""
+    return int(client.unlink(*keys.keys(*parts)))

@@ -179,7 +179,7 @@ class DelayService:
                 try:
                     await self._apply(granted, release=False)
                 except redis.RedisError as error:  # the probe takes them back within a second
-                    log.warning("could not take over moved slots", extra={"error": str(error)})
+                    log.warning("could not own moved slots", extra={"error": str(error)})
             log.info("routing changed", extra={"moved": sorted(moved)})
         changed, self.routing_changed = self.routing_changed, asyncio.Event()
         changed.set()
@@ -253,7 +253,10 @@ class DelayService:
             )
             if confirmed:
                 log.warning("taking back granted slots", extra={"slots": sorted(confirmed)})
-                await self._apply(confirmed, release=False)
+                try:
+                    await self._apply(confirmed, release=False)
+                except (redis.RedisError, OSError) as error:  # Redis down, or the slot moving
+                    log.warning("could not take back granted slots", extra={"error": str(error)})
 
     async def _probe_forever(self) -> None:
         """A verdict every PROBE_INTERVAL_S whatever happens: a probe that hangs (Redis or
@@ -274,10 +277,7 @@ class DelayService:
             # an ownership change still being applied holds the lock: that is the mismatch
             # this probe reports, not something to wait for
             if not self._lock.locked():
-                try:
-                    await self._take_back_missing()
-                except (redis.RedisError, OSError) as error:
-                    log.warning("could not take back granted slots", extra={"error": str(error)})
+                await self._take_back_missing()
             if frozenset(self.owned_slots) != self.ownership.owned:
                 return "granted slots not consumed"
         if not await self.brokers.reachable(self.owned_slots):
