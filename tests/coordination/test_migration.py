@@ -5,6 +5,10 @@ and a mover that stops after any step is completed (or rolled back) by the next 
 from __future__ import annotations
 
 import json
+import os
+import signal
+import subprocess
+import sys
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -19,6 +23,7 @@ from delayq.coordination.layout import TopicPaths
 from delayq.coordination.migration import Migration, MoveError, SlotMover, Step
 from delayq.coordination.routing import Routing
 from delayq.local.redis_server import RedisServer
+from delayq.local.waiting import wait_until
 from delayq.local.zookeeper_server import ZooKeeperServer
 from delayq.queue import (
     Queue,
@@ -319,3 +324,42 @@ def test_the_cli_moves_shows_and_refuses_bad_input_in_one_line(
         assert main(cli(topology, "move-slot", *args)) == 2
         err = capsys.readouterr().err
         assert err == f"delayq routing move-slot: {error}\n"
+
+
+@pytest.mark.parametrize(
+    ("stopped_broker", "step"),
+    [(0, Step.FREEZE), (1, Step.COPY)],
+    ids=["killed-in-freeze", "killed-in-copy"],
+)
+def test_the_mover_process_killed_9_in_a_step_is_completed_by_the_next_run(
+    topology: Topology, stopped_broker: int, step: Step
+):
+    """The real command, SIGKILLed while a broker it waits on is stopped (SIGSTOP): the source
+    in `freeze`, the target in `copy`; a second run of the same command completes the move."""
+    slot = topology.slot
+    fill(topology.queues[0], slot)
+    before = snapshot(topology.admins[0], topology.topic, slot)
+    server = topology.servers[stopped_broker].process
+    assert server is not None
+    argv = cli(topology, "move-slot", "--slot", str(slot), "--to-broker", "1")
+    os.kill(server.pid, signal.SIGSTOP)
+    try:
+        mover = subprocess.Popen([sys.executable, "-m", "delayq.cli", *argv], env=os.environ)
+        try:
+            wait_until(
+                lambda: topology.mover().migrations() == [Migration(slot, 0, 1, step)],
+                30.0,
+                f"the mover in step {step}",
+                abort=lambda: f"mover exited {mover.returncode}" if mover.poll() else None,
+            )
+        finally:
+            mover.kill()
+            mover.wait()
+    finally:
+        os.kill(server.pid, signal.SIGCONT)
+    assert topology.mover().migrations() == [Migration(slot, 0, 1, step)]
+    assert topology.routing().broker_of_slot[slot] == 0
+    assert main(argv) == 0
+    assert topology.routing().broker_of_slot[slot] == 1
+    assert snapshot(topology.admins[1], topology.topic, slot) == before
+    assert not topology.mover().migrations()
