@@ -142,9 +142,7 @@ class RoutingWatch:
         from delayq.coordination.layout import TopicPaths
 
         auth = [identity.auth_data] if identity else None
-        self._client = KazooClient(
-            hosts=hosts, timeout=10.0, auth_data=auth, **kazoo_options(tls)
-        )
+        self._client = KazooClient(hosts=hosts, timeout=10.0, auth_data=auth, **kazoo_options(tls))
         self._path = TopicPaths(namespace, topic).routing
         self._slot_amount = slot_amount
 

@@ -94,6 +94,7 @@ def _mover(config: ServiceConfig) -> Iterator[Any]:
     from delayq.coordination.acl import tree_acl
     from delayq.coordination.layout import TopicPaths
     from delayq.coordination.migration import SlotMover
+    from delayq.coordination.tls import kazoo_options
     from delayq.queue.client import Queue
 
     identity = config.zookeeper_identity
@@ -107,6 +108,7 @@ def _mover(config: ServiceConfig) -> Iterator[Any]:
         timeout=config.zookeeper_session_timeout_ms / 1000,
         auth_data=[identity.auth_data] if identity else None,
         default_acl=acl,
+        **kazoo_options(config.zookeeper_client_tls),
     )
     topic = config.to_topic()
     queues = [
