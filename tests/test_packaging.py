@@ -35,6 +35,14 @@ def test_chart_and_image_carry_the_package_version():
             "pyarrow",
             "pipeline",
         ),
+        (  # the ingest writer's mapInArrow: pyspark refuses it without pandas
+            [
+                *["pipeline", "ingest", "--redis", "redis://127.0.0.1:1/0", "--topic", "t"],
+                *["--slots", "1", "--input", "in", "--format", "csv", "--rejects", "out"],
+            ],
+            "pandas",
+            "pipeline",
+        ),
     ],
 )
 def test_a_missing_extra_is_one_line_naming_it(monkeypatch, capsys, argv, module, extra):

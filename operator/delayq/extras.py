@@ -1,9 +1,9 @@
 """Optional dependency groups (pyproject's extras) and the one-line error when one is missing.
 
 The core package runs `delayq serve` and `delayq dev`; `delayq operator` needs the `operator`
-extra (kopf) and `delayq pipeline` the `pipeline` extra (PySpark, pyarrow). A command checks its
-modules before importing them, so a missing extra is a one-line error naming the extra instead
-of a traceback from deep inside a job.
+extra (kopf) and `delayq pipeline` the `pipeline` extra (PySpark, pyarrow, pandas). A command
+checks its modules before importing them, so a missing extra is a one-line error naming the
+extra instead of a traceback from deep inside a job.
 """
 
 from __future__ import annotations

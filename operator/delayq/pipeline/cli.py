@@ -26,6 +26,7 @@ REDIS_URL_ENV = "DELAYQ_REDIS_URL"
 EXTRA = "pipeline"
 SPARK = ("pyspark",)  # what a command imports from the `pipeline` extra
 ARROW = ("pyarrow",)
+SPARK_ARROW = ("pyspark", "pyarrow", "pandas")  # mapInArrow: pyspark checks for pandas
 
 
 def register(subparsers: Any) -> None:
@@ -71,7 +72,7 @@ def register(subparsers: Any) -> None:
         help="writer tasks (default: 4 per core, at most one per slot)",
     )
     _master_argument(ingest)
-    ingest.set_defaults(handler=_reporting_errors("ingest", run_ingest, SPARK))
+    ingest.set_defaults(handler=_reporting_errors("ingest", run_ingest, SPARK_ARROW))
 
     archive = commands.add_parser("archive", help="append the lifecycle journal to Parquet")
     _topic_arguments(archive)

@@ -2,7 +2,8 @@
 
 The job evaluates the writer exactly once (one `collect` of its small outcome rows), so a
 message is scheduled once per run, and create-only scheduling makes a re-run find every id
-already present (EXISTS) instead of scheduling it twice.
+already present (EXISTS) instead of scheduling it twice. The writer receives the good rows as
+Arrow record batches (`mapInArrow`): columns, not one pickled `Row` per message.
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from delayq.pipeline import transforms as T
-from delayq.pipeline.io_redis import RedisTarget, partition_writer
+from delayq.pipeline.io_redis import RedisTarget, partition_writer, result_schema
 
 FORMATS = ("parquet", "csv", "json")
 REJECTS_SCHEMA = "id string, reason string, source string"
@@ -79,6 +80,8 @@ def ingest(
 
     `report` receives a progress line every few seconds (rows written so far and the rate).
     """
+    from pyspark.sql.pandas.types import from_arrow_schema
+
     started = time.monotonic()
     validated = T.validate(
         T.canonical(source, mapping or {}),
@@ -92,7 +95,7 @@ def ingest(
     written = spark.sparkContext.accumulator(0)
     writer = partition_writer(target, progress=written)
     with _Progress(spark, written, started, report):
-        results = good.rdd.mapPartitions(writer).collect()
+        results = good.mapInArrow(writer, from_arrow_schema(result_schema())).collect()
     late = [(r.id, r.reason, r.source) for result in results for r in result.rejects]
     rejects = T.rejected_rows(validated).unionByName(spark.createDataFrame(late, REJECTS_SCHEMA))
     # repartition, not coalesce: coalesce(1) would also run the validating scan in one task

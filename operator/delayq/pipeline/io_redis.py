@@ -1,8 +1,10 @@
 """The ingest's Redis side: writes one Spark partition with the engine's batch schedule.
 
-Runs inside the Python workers (`mapPartitions`): rows in, `Queue.schedule_many` out, so
-routing, validation, encoding and the Lua calls are the engine's own (one call per slot per
-chunk, pipelined per batch). It returns its counts as a result object, not only through an
+Runs inside the Python workers (`mapInArrow`): Arrow record batches in, `Queue.schedule_many`
+out, so routing, validation, encoding and the Lua calls are the engine's own (one call per slot
+per chunk, pipelined per batch). The rows arrive column by column, as Arrow batches, and become
+`ScheduleRequest`s straight from the columns: no pickled `Row` per row, which cost more than the
+engine's own encoding. It returns its counts as one result row, not only through an
 accumulator: accumulators may count a retried task twice, the collected results cannot.
 """
 
@@ -10,10 +12,11 @@ from __future__ import annotations
 
 import itertools
 import json
-from collections.abc import Callable, Iterable, Iterator, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
+from delayq.pipeline import transforms as T
 from delayq.queue import plans
 from delayq.queue.client import Queue
 from delayq.queue.codes import Code, InvalidMessageError
@@ -66,29 +69,49 @@ class PartitionResult:
     already_done: int = 0
     rejects: list[Reject] = field(default_factory=list)
 
+    def to_arrow(self) -> Any:
+        """This result as the one-row Arrow batch of `result_schema()`."""
+        import pyarrow as pa
 
-def requests_of(rows: Iterable[Any]) -> list[ScheduleRequest]:
-    """Spark rows of `transforms.GOOD_COLUMNS` -> engine schedule requests.
+        return pa.RecordBatch.from_pylist([asdict(self)], schema=result_schema())
 
-    Rows are unpacked by position: a Row's by-name lookup searches its field list every time.
+
+def result_schema() -> Any:
+    """The Arrow schema of a `PartitionResult` row, what the writer yields to the driver."""
+    import pyarrow as pa
+
+    reject = pa.struct([(f.name, pa.string()) for f in fields(Reject)])
+    return pa.schema(
+        [
+            (f.name, pa.list_(reject) if f.name == "rejects" else pa.int64())
+            for f in fields(PartitionResult)
+        ]
+    )
+
+
+def requests_of(batch: Any) -> list[ScheduleRequest]:
+    """An Arrow batch of `transforms.GOOD_COLUMNS` -> engine schedule requests.
+
+    Each column is converted to Python values in one call (`to_pylist`), and the requests are
+    built from the columns side by side: no per-row object other than the request itself.
     """
-    return [
-        ScheduleRequest(
-            id=message_id,
-            payload=_payload(payload),
-            delay_ms=delay_ms,
-            at_ms=due_ms,
-            slot_basis=slot_basis,
-            headers=headers or {},
+    headers = [None if pairs is None else dict(pairs) for pairs in _values(batch, T.HEADERS)]
+    payloads = [b"" if value is None else value for value in _values(batch, T.PAYLOAD)]
+    return list(
+        map(
+            ScheduleRequest,
+            _values(batch, T.ID),
+            payloads,
+            _values(batch, T.DELAY_MS),
+            _values(batch, T.DUE_MS),
+            _values(batch, T.SLOT_BASIS),
+            headers,  # an Arrow map arrives as (key, value) pairs
         )
-        for message_id, payload, due_ms, delay_ms, slot_basis, headers, _slot in rows
-    ]
+    )
 
 
-def _payload(value: str | bytes | bytearray | None) -> str | bytes:
-    if value is None:
-        return b""
-    return bytes(value) if isinstance(value, bytearray) else value
+def _values(batch: Any, name: str) -> list[Any]:
+    return list(batch.column(name).to_pylist())
 
 
 def _source(request: ScheduleRequest) -> str:
@@ -139,19 +162,23 @@ def _write(queue: Queue, requests: list[ScheduleRequest], result: PartitionResul
 
 def partition_writer(
     target: RedisTarget, batch_rows: int = DEFAULT_BATCH_ROWS, progress: Any = None
-) -> Callable[[Iterator[Any]], Iterator[PartitionResult]]:
-    """The `mapPartitions` function writing one partition; `progress` an optional accumulator."""
+) -> Callable[[Iterator[Any]], Iterator[Any]]:
+    """The `mapInArrow` function writing one partition: Arrow batches of
+    `transforms.GOOD_COLUMNS` in, one row of `result_schema()` out, schedule calls of
+    `batch_rows` requests whatever size Spark's batches have; `progress` an optional
+    accumulator."""
 
-    def write(rows: Iterator[Any]) -> Iterator[PartitionResult]:
+    def write(batches: Iterator[Any]) -> Iterator[Any]:
         result = PartitionResult()
         queue = Queue.from_url(target.url, target.to_topic())
+        requests = itertools.chain.from_iterable(map(requests_of, batches))
         try:
-            while batch := list(itertools.islice(rows, batch_rows)):
-                _write(queue, requests_of(batch), result)
+            while batch := list(itertools.islice(requests, batch_rows)):
+                _write(queue, batch, result)
                 if progress is not None:
                     progress.add(len(batch))
         finally:
             queue.close()
-        yield result
+        yield result.to_arrow()
 
     return write
