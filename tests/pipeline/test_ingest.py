@@ -179,3 +179,42 @@ def test_ingest_configuration_errors_are_one_line(redis_server, tmp_path, capsys
     bad_slots = [*_args(redis_server, path, tmp_path / "rejects"), "--slots", "12"]
     assert main(bad_slots) == 2
     assert "power of two" in capsys.readouterr().err
+
+
+def test_arrow_writer_keeps_types_rejects_and_reruns_idempotently(
+    spark, redis_server, redis_client, tmp_path
+):
+    """Parquet with binary payloads, a map of headers and a slot basis, through the Arrow writer:
+    the engine stores what the file holds; a row only the engine refuses (a control character in
+    its id, which the Spark rules do not look for) lands in the rejects with the engine's reason;
+    a re-run schedules nothing twice and rejects the same row again."""
+    bad_id = "bad\x01id"
+    spark.createDataFrame(
+        [
+            ("m1", b"\x00\xff", 5000, "t1", {"k": "v"}),
+            ("m2", None, 6000, None, None),
+            (bad_id, b"x", 5000, None, None),
+        ],
+        "id string, payload binary, delay long, slot_basis string, headers map<string,string>",
+    ).write.parquet(str(tmp_path / "in"))
+    target = RedisTarget(redis_server.url, "shop", "orders", SLOTS, LIMIT)
+    topic, rejects = target.to_topic(), str(tmp_path / "rejects")
+
+    def run():
+        return ingest(spark, spark.read.parquet(str(tmp_path / "in")), target, rejects)
+
+    first = run()
+    assert (first.read, first.scheduled, first.already_present, first.rejected) == (3, 2, 0, 1)
+    [reject] = _rejects(spark, rejects).values()
+    assert reject.id == bad_id
+    assert "control character U+0001" in reject.reason
+    assert json.loads(reject.source) == {"id": bad_id, "delay_ms": 5000, "due_ms": None}
+    queue = Queue.from_url(redis_server.url, topic)
+    m1, m2 = queue.get("m1", "t1"), queue.get("m2")
+    queue.close()
+    assert (m1.payload, m1.headers, m2.payload, m2.headers) == (b"\x00\xff", {"k": "v"}, b"", {})
+
+    second = run()
+    assert (second.read, second.scheduled, second.already_present, second.rejected) == (3, 0, 2, 1)
+    assert _stored(redis_client, topic) == 2
+    assert [r.id for r in _rejects(spark, rejects).values()] == [bad_id]
