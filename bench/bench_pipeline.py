@@ -2,17 +2,19 @@
 
     python bench/bench_pipeline.py [--rows 1000000] [--engine-rows 200000] [--master local[2]]
 
-Target (issue 6): 1,000,000 rows in <= 60 s with local[2] on a 2-core machine. The baseline,
-measured in the same run on the same server, is the engine's own batch enqueue
+Target (issue 17): 1,000,000 rows in <= 20 s of job time with local[2] on a 2-core machine. The
+baseline, measured in the same run on the same server, is the engine's own batch enqueue
 (`Queue.schedule_many`, one process, batches of 5000) over a subset of the same rows: the
-pipeline adds file reading, validation and routing in Spark and Python-worker transfer, and
-parallelises the writes over two cores.
+pipeline adds file reading, validation and routing in Spark and the Arrow transfer to the Python
+writers, and parallelises the writes over two cores. The load average before and after the run
+is in the JSON: the machine is shared, and the figures move with it.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import shutil
 import tempfile
 import time
@@ -32,6 +34,7 @@ from delayq.queue.topic import DEFAULT_MAX_PAYLOAD_BYTES, Topic
 
 SLOTS = 16
 PAYLOAD_BYTES = 32
+TARGET_SECONDS = 20
 
 
 def write_input(spark: Any, rows: int, path: Path) -> None:
@@ -75,6 +78,7 @@ def main() -> None:
     parser.add_argument("--master", default="local[2]")
     args = parser.parse_args()
 
+    load_before = os.getloadavg()[0]
     work = Path(tempfile.mkdtemp(prefix="delayq-bench-pipeline-"))
     server = RedisServer().start()
     wall = time.perf_counter()
@@ -95,11 +99,13 @@ def main() -> None:
         "rows": args.rows,
         "master": args.master,
         "pipeline": summary.as_dict(),
-        "pipeline_meets_60s_target": summary.seconds <= 60,
+        "target_seconds": TARGET_SECONDS,
+        "pipeline_meets_target": summary.seconds <= TARGET_SECONDS,
         "wall_seconds_with_spark_start_and_input_write": round(wall, 1),
         "stored_in_redis": in_redis,
         "engine_schedule_many": baseline,
         "pipeline_vs_engine": round(summary.rate / baseline["rate_msg_per_s"], 2),
+        "load_average_1m_before_after": [round(load_before, 2), round(os.getloadavg()[0], 2)],
     }
     print(json.dumps(result, indent=1))
 
