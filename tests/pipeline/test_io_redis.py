@@ -10,7 +10,8 @@ from delayq.queue.model import ScheduleRequest
 
 
 def _batch(payload: pa.Array, headers: pa.Array) -> pa.RecordBatch:
-    """Three rows of `transforms.GOOD_COLUMNS` typed as Spark's Arrow conversion sends them."""
+    """Three rows of `transforms.GOOD_COLUMNS` typed as Spark's Arrow conversion sends them
+    (headers as JSON text; an absent column as Arrow's null type)."""
     columns = {
         T.ID: pa.array(["a", "b", "c"]),
         T.PAYLOAD: payload,
@@ -24,7 +25,7 @@ def _batch(payload: pa.Array, headers: pa.Array) -> pa.RecordBatch:
 
 
 def test_requests_of_reads_each_column_by_name():
-    headers = pa.array([[("k", "v"), ("n", "1")], None, []], pa.map_(pa.string(), pa.string()))
+    headers = pa.array(['{"k":"v","n":"1"}', None, "{}"])
     batch = _batch(pa.array(["p", None, ""]), headers)
     assert requests_of(batch) == [
         ScheduleRequest("a", "p", None, 1_000, None, {"k": "v", "n": "1"}),

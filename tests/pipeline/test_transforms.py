@@ -169,3 +169,11 @@ def test_good_rows_carry_the_engine_slot_of_the_basis(spark):
         ("m1", slot_of("m1", 64)),
         ("m2", slot_of("tenant-7", 64)),
     ]
+
+
+def test_good_rows_carry_headers_as_json_object_text(spark):
+    """The writer's headers column is text (see good_rows), null where a row has none."""
+    rows = [("m1", "p", None, 5, '{"k": "v", "n": 1}'), ("m2", "p", None, 5, None)]
+    df = spark.createDataFrame(rows, ROW_SCHEMA + ", headers string")
+    good = T.good_rows(T.validate(T.canonical(df, {}), LIMIT, NOW_MS), 16).collect()
+    assert [r.headers for r in good] == ['{"k":"v","n":"1"}', None]

@@ -93,9 +93,10 @@ def requests_of(batch: Any) -> list[ScheduleRequest]:
     """An Arrow batch of `transforms.GOOD_COLUMNS` -> engine schedule requests.
 
     Each column is converted to Python values in one call (`to_pylist`), and the requests are
-    built from the columns side by side: no per-row object other than the request itself.
+    built from the columns side by side: no per-row object other than the request itself (and
+    the headers' dict, parsed from the JSON text `transforms.good_rows` sends, where present).
     """
-    headers = [None if pairs is None else dict(pairs) for pairs in _values(batch, T.HEADERS)]
+    headers = [None if text is None else json.loads(text) for text in _values(batch, T.HEADERS)]
     payloads = [b"" if value is None else value for value in _values(batch, T.PAYLOAD)]
     return list(
         map(
@@ -105,7 +106,7 @@ def requests_of(batch: Any) -> list[ScheduleRequest]:
             _values(batch, T.DELAY_MS),
             _values(batch, T.DUE_MS),
             _values(batch, T.SLOT_BASIS),
-            headers,  # an Arrow map arrives as (key, value) pairs
+            headers,
         )
     )
 
