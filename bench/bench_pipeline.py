@@ -63,6 +63,47 @@ def engine_rate(url: str, rows: int) -> dict[str, Any]:
     return {"rows": rows, "seconds": round(seconds, 2), "rate_msg_per_s": round(rows / seconds)}
 
 
+def cpu_seconds() -> dict[str, float]:
+    """CPU seconds (user + system) so far of this process and its descendants, by kind: the
+    JVM, redis-server, the Python workers (pyspark forks them), this driver. Linux /proc.
+
+    Job time moves with the load of a shared machine; CPU time much less, so a change to the
+    pipeline is judged by both."""
+    tick = os.sysconf("SC_CLK_TCK")
+    parent: dict[int, int] = {}
+    spent: dict[int, tuple[float, str]] = {}
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue  # self, thread-self, and the kernel's files
+        try:
+            stat = (entry / "stat").read_text()
+            command = (entry / "cmdline").read_bytes().decode(errors="replace")
+        except (OSError, ValueError):
+            continue  # it ended meanwhile
+        fields = stat[stat.rindex(")") + 2 :].split()  # after "pid (comm) "
+        parent[int(entry.name)] = int(fields[1])
+        spent[int(entry.name)] = ((int(fields[11]) + int(fields[12])) / tick, command)
+    family, grown = {os.getpid()}, True
+    while grown:
+        before = len(family)
+        family |= {pid for pid, ppid in parent.items() if ppid in family}
+        grown = len(family) > before
+    totals: dict[str, float] = {}
+    for pid in family:
+        seconds, command = spent[pid]
+        kind = (
+            "driver"
+            if pid == os.getpid()
+            else "jvm"
+            if "java" in command
+            else "redis_server"
+            if "redis-server" in command
+            else "python_workers"
+        )
+        totals[kind] = totals.get(kind, 0.0) + seconds
+    return totals
+
+
 def stored(url: str, topic: Topic) -> int:
     client = redis.Redis.from_url(url)
     try:
@@ -88,7 +129,9 @@ def main() -> None:
         baseline = engine_rate(server.url, args.engine_rows)
         target = RedisTarget(server.url, "bench", "orders", SLOTS, DEFAULT_MAX_PAYLOAD_BYTES)
         source = spark.read.parquet(str(work / "input"))
+        cpu_before = cpu_seconds()
         summary = ingest(spark, source, target, str(work / "rejects"), report=stderr_report)
+        cpu_after = cpu_seconds()
         wall = time.perf_counter() - wall
         in_redis = stored(server.url, target.to_topic())
     finally:
@@ -105,6 +148,10 @@ def main() -> None:
         "stored_in_redis": in_redis,
         "engine_schedule_many": baseline,
         "pipeline_vs_engine": round(summary.rate / baseline["rate_msg_per_s"], 2),
+        "pipeline_cpu_seconds": {
+            kind: round(seconds - cpu_before.get(kind, 0.0), 1)
+            for kind, seconds in sorted(cpu_after.items())
+        },
         "load_average_1m_before_after": [round(load_before, 2), round(os.getloadavg()[0], 2)],
     }
     print(json.dumps(result, indent=1))
