@@ -1,16 +1,31 @@
 # The one delayq image: `delayq operator` (the chart's Deployment) and `delayq serve` (the
 # delay-service pods the operator creates). Runs as a non-root user with a read-only root
-# filesystem in Kubernetes (the pods mount an in-memory /tmp).
-FROM python:3.11-slim AS build
-WORKDIR /src
-COPY pyproject.toml README.md LICENSE ./
-COPY operator ./operator
-RUN pip install --no-cache-dir --disable-pip-version-check --prefix=/install ".[operator]"
+# filesystem in Kubernetes (the pods mount an in-memory /tmp). It carries the `operator` extra
+# only: the Spark pipeline (`delayq[pipeline]`: pyspark, pyarrow) runs in a Spark image of its own.
+#
+# BASE is any Debian-like image with python3 (>= 3.11) and its venv module. Users build with the
+# default; the e2e tier builds it on a Debian base made with debootstrap (e2e/images.sh), as no
+# registry is reachable there.
+ARG BASE=python:3.11-slim
 
-FROM python:3.11-slim
+FROM ${BASE} AS build
+WORKDIR /src
+RUN python3 -m venv /opt/delayq
+# The dependencies first, in a layer that changes only with pyproject.toml: a code change then
+# rebuilds in seconds. The placeholder package is only there to let pip resolve the extra.
+COPY pyproject.toml README.md LICENSE ./
+RUN mkdir -p operator/delayq && echo '__version__ = "0"' > operator/delayq/__init__.py \
+    && /opt/delayq/bin/pip install --no-cache-dir --disable-pip-version-check ".[operator]" \
+    && /opt/delayq/bin/pip uninstall -y -q delayq && rm -rf operator build
+COPY operator ./operator
+RUN /opt/delayq/bin/pip install --no-cache-dir --disable-pip-version-check --no-deps . \
+    && find /opt/delayq -name __pycache__ -prune -exec rm -rf {} +
+
+FROM ${BASE}
 ENV PYTHONDONTWRITEBYTECODE=1 \
-    PYTHONUNBUFFERED=1
-COPY --from=build /install /usr/local
+    PYTHONUNBUFFERED=1 \
+    PATH=/opt/delayq/bin:$PATH
+COPY --from=build /opt/delayq /opt/delayq
 RUN groupadd --system --gid 10001 delayq \
     && useradd --system --uid 10001 --gid 10001 --no-create-home --home-dir /nonexistent delayq
 USER 10001:10001

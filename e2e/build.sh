@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # Build the e2e control plane from the official Go modules, pinned and cached:
 #   kube-apiserver, kube-controller-manager, kube-scheduler, etcd  (wrapper module e2e/kube-build)
+#   kubelet, kube-proxy (the real node of the real-pods tier)      (same wrapper module)
 #   kwok                                                           (go install @KWOK_VERSION)
+#   coredns (the cluster DNS of the real node)                     (go install @COREDNS_VERSION)
 #   helm                                                           (scripts/install-helm.sh)
 # There is no Docker engine and no release-download access here, only the Go module proxy, so
 # everything is compiled locally. Binaries land in ~/.cache/delayq-e2e/<k8s-version>/bin and are
@@ -12,6 +14,7 @@ cd "$(dirname "$0")/.."
 ROOT=$PWD
 MOD_DIR="$ROOT/e2e/kube-build"
 KWOK_VERSION="${KWOK_VERSION:-v0.7.0}"
+COREDNS_VERSION="${COREDNS_VERSION:-v1.15.0}"
 
 log() { echo "e2e/build: [$(date -u +%H:%M:%S)] $*" >&2; }
 
@@ -22,10 +25,10 @@ ETCD_VERSION=$(awk '$1 == "go.etcd.io/etcd/server/v3" { print $2 }' "$MOD_DIR/go
 CACHE_ROOT="${DELAYQ_E2E_CACHE:-$HOME/.cache/delayq-e2e}"
 BIN_DIR="$CACHE_ROOT/$K8S_VERSION/bin"
 STAMP="$BIN_DIR/.stamp"
-BUILD_REV=1  # bump when the recipe below changes in a way that needs new binaries
-WANT_STAMP=$(cat "$MOD_DIR/go.mod" "$MOD_DIR/go.sum" <(echo "kwok=$KWOK_VERSION rev=$BUILD_REV") \
+BUILD_REV=2  # bump when the recipe below changes in a way that needs new binaries
+WANT_STAMP=$(cat "$MOD_DIR/go.mod" "$MOD_DIR/go.sum" <(echo "kwok=$KWOK_VERSION coredns=$COREDNS_VERSION rev=$BUILD_REV") \
   | sha256sum | cut -d' ' -f1)
-BINARIES=(etcd kube-apiserver kube-controller-manager kube-scheduler kwok)
+BINARIES=(etcd kube-apiserver kube-controller-manager kube-scheduler kwok kubelet kube-proxy coredns)
 
 have_all() {
   local b
@@ -70,7 +73,8 @@ LDFLAGS+=" -s -w"
 
 TOTAL_START=$SECONDS
 if have_all; then
-  log "cache hit: $BIN_DIR (kubernetes $K8S_VERSION, etcd $ETCD_VERSION, kwok $KWOK_VERSION)"
+  log "cache hit: $BIN_DIR (kubernetes $K8S_VERSION, etcd $ETCD_VERSION, kwok $KWOK_VERSION," \
+    "coredns $COREDNS_VERSION)"
   [ -x "$BIN_DIR/helm" ] || link_helm
   kubectl_ok || { log "no usable kubectl on PATH: building one"; build_kubectl; }
   echo "$BIN_DIR"
@@ -98,6 +102,9 @@ step "build kube-apiserver kube-controller-manager kube-scheduler $K8S_VERSION" 
   bash -c "cd '$MOD_DIR' && nice -n 10 go build -trimpath -ldflags '$LDFLAGS' -o '$BIN_DIR/' \
     k8s.io/kubernetes/cmd/kube-apiserver k8s.io/kubernetes/cmd/kube-controller-manager \
     k8s.io/kubernetes/cmd/kube-scheduler"
+step "build kubelet kube-proxy $K8S_VERSION" \
+  bash -c "cd '$MOD_DIR' && nice -n 10 go build -trimpath -ldflags '$LDFLAGS' -o '$BIN_DIR/' \
+    k8s.io/kubernetes/cmd/kubelet k8s.io/kubernetes/cmd/kube-proxy"
 step "build etcd $ETCD_VERSION" \
   bash -c "cd '$MOD_DIR' && nice -n 10 go build -trimpath -ldflags '-s -w' -o '$BIN_DIR/etcd' \
     go.etcd.io/etcd/server/v3"
@@ -106,6 +113,10 @@ step "build etcd $ETCD_VERSION" \
 step "build kwok $KWOK_VERSION" \
   env GOBIN="$BIN_DIR" GOFLAGS=-buildvcs=false nice -n 10 go install -trimpath -ldflags '-s -w' \
     "sigs.k8s.io/kwok/cmd/kwok@$KWOK_VERSION"
+# CoreDNS likewise (static: it runs FROM scratch in the cluster DNS image, e2e/images.sh).
+step "build coredns $COREDNS_VERSION" \
+  env GOBIN="$BIN_DIR" GOFLAGS=-buildvcs=false CGO_ENABLED=0 nice -n 10 go install -trimpath \
+    -ldflags '-s -w' "github.com/coredns/coredns@$COREDNS_VERSION"
 kubectl_ok || step "build kubectl $K8S_VERSION (none usable on PATH)" build_kubectl
 step "helm" link_helm
 

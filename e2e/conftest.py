@@ -24,8 +24,10 @@ from pathlib import Path
 import pytest
 
 from delayq.local.zookeeper_server import ZooKeeperServer
-from e2e.harness.control_plane import local_control_plane
+from e2e.harness import cluster_dns
+from e2e.harness.control_plane import LocalControlPlane, local_control_plane
 from e2e.harness.kube import Kube, Release
+from e2e.harness.node import Image, RealNode, load_images, machine_lock
 from e2e.harness.process import Tools
 
 REPO = Path(__file__).resolve().parent.parent
@@ -54,16 +56,31 @@ def _bin_dir() -> Path | None:
     return Path(result.stdout.strip().splitlines()[-1])
 
 
+def _images(bin_dir: Path) -> dict[str, Image]:
+    """The real node's images, built (or found in the cache) by ``e2e/images.sh``."""
+    start = time.monotonic()
+    result = subprocess.run(["bash", str(REPO / "e2e" / "images.sh"), str(bin_dir)],
+                            stdout=subprocess.PIPE, text=True, check=False)
+    if result.returncode != 0:
+        raise pytest.UsageError("e2e/images.sh failed; see its output above")
+    print(f"e2e: images ready in {time.monotonic() - start:.1f}s")
+    return load_images(result.stdout.strip().splitlines()[-1])
+
+
 _TOOLS: Tools | None = None
+_IMAGES: dict[str, Image] = {}
 
 
 def pytest_sessionstart(session: pytest.Session) -> None:
-    """Build or locate the tools once per session (only when a local cluster is needed)."""
+    """Build or locate the tools and images once per session (only for a local cluster)."""
     global _TOOLS
     if os.environ.get("E2E_KUBECONFIG"):
         _TOOLS = Tools(Path(os.environ["E2E_BIN_DIR"]) if os.environ.get("E2E_BIN_DIR") else None)
     else:
-        _TOOLS = Tools(_bin_dir())
+        bin_dir = _bin_dir()
+        _TOOLS = Tools(bin_dir)
+        if bin_dir is not None:
+            _IMAGES.update(_images(bin_dir))
 
 
 @pytest.hookimpl(wrapper=True)
@@ -93,24 +110,65 @@ def local_cluster() -> bool:
 
 
 @pytest.fixture(scope="session")
-def kube(tools: Tools, local_cluster: bool) -> Iterator[Kube]:
-    """A client for the session's cluster, started here unless ``E2E_KUBECONFIG`` names one.
-
-    The local cluster lives in a temporary directory that is removed afterwards unless
-    ``E2E_KEEP=1`` (then its logs and kubeconfig stay for inspection).
-    """
+def session_dir() -> Iterator[Path]:
+    """The session's temporary directory (kubeconfig, logs, PKI, the real node's state),
+    removed afterwards unless ``E2E_KEEP=1`` (then it stays for inspection)."""
     workdir = Path(tempfile.mkdtemp(prefix="delayq-e2e-"))
     print(f"e2e: session directory {workdir}")
-    try:
-        if not local_cluster:
-            yield Kube(Path(os.environ["E2E_KUBECONFIG"]), tools, workdir / "client")
-        else:
-            nodes = int(os.environ.get("E2E_FAKE_NODES", "3"))
-            with local_control_plane(tools, workdir, fake_nodes=nodes) as client:
-                yield client
-    finally:
-        if os.environ.get("E2E_KEEP") != "1":
-            shutil.rmtree(workdir, ignore_errors=True)
+    yield workdir
+    if os.environ.get("E2E_KEEP") != "1":
+        shutil.rmtree(workdir, ignore_errors=True)
+
+
+@pytest.fixture(scope="session")
+def cluster(
+    tools: Tools, local_cluster: bool, session_dir: Path
+) -> Iterator[tuple[Kube, LocalControlPlane | None]]:
+    """The session's cluster: started here unless ``E2E_KUBECONFIG`` names one."""
+    if not local_cluster:
+        yield Kube(Path(os.environ["E2E_KUBECONFIG"]), tools, session_dir / "client"), None
+    else:
+        nodes = int(os.environ.get("E2E_FAKE_NODES", "3"))
+        with local_control_plane(tools, session_dir, fake_nodes=nodes) as (client, plane):
+            yield client, plane
+
+
+@pytest.fixture(scope="session")
+def kube(cluster: tuple[Kube, LocalControlPlane | None]) -> Kube:
+    """A client for the session's cluster."""
+    return cluster[0]
+
+
+@pytest.fixture(scope="session")
+def real_node(
+    cluster: tuple[Kube, LocalControlPlane | None], tools: Tools, session_dir: Path
+) -> Iterator[RealNode]:
+    """The real node of the local cluster (containerd, kubelet, kube-proxy, CoreDNS), joined
+    on first use: KWOK-only sessions never pay for it. Tests place pods on it with
+    ``e2e.harness.node.placement()``; everything else keeps landing on KWOK nodes."""
+    kube, plane = cluster
+    if plane is None or plane.network is None:
+        pytest.skip("real pods need the local cluster's real node (E2E_KUBECONFIG is set)")
+    with machine_lock(timeout_s=1200):
+        node = RealNode(tools, session_dir / "node", plane.network, plane.server,
+                        session_dir / "pki" / "ca.crt", plane.node_token, plane.proxy_token,
+                        dict(_IMAGES))
+        try:
+            start = time.monotonic()
+            node.start(kube)
+            kube.apply({"apiVersion": "v1", "kind": "List",
+                        "items": cluster_dns.coredns_objects(_IMAGES["coredns"].ref)})
+            kube.wait(lambda: (kube.get("deployment", "coredns", cluster_dns.NAMESPACE) or {})
+                      .get("status", {}).get("readyReplicas") == 1,
+                      timeout_s=120, what="the cluster DNS (CoreDNS) to be ready")
+            print(f"e2e: real node and cluster DNS up in {time.monotonic() - start:.1f}s")
+            yield node
+        except BaseException:
+            for process in node.processes:
+                print(f"--- {process.name} log tail ({process.log_path}):\n{process.tail()}")
+            raise
+        finally:
+            node.stop(kube)
 
 
 @pytest.fixture

@@ -6,7 +6,6 @@ import contextlib
 import json
 import secrets
 import ssl
-import subprocess
 import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
@@ -14,23 +13,47 @@ from pathlib import Path
 from typing import Any
 
 from delayq.local.ports import free_port
-from delayq.local.waiting import wait_until
 from e2e.harness.kube import Kube, condition
-from e2e.harness.kwok import KWOK_NODE_ANNOTATION, KWOK_NODE_VALUE, fake_node, storage_objects
+from e2e.harness.kwok import (
+    KWOK_NODE_ANNOTATION,
+    KWOK_NODE_VALUE,
+    fake_node,
+    storage_objects,
+    volume_name,
+)
+from e2e.harness.netns import NodeNetwork
+from e2e.harness.node import REAL_NODE
 from e2e.harness.pki import make_pki, write_kubeconfig
-from e2e.harness.process import INTERVAL_S, NOT_YET, ManagedProcess, Tools, http_ok, unverified_tls
+from e2e.harness.process import (
+    ManagedProcess,
+    Tools,
+    await_ready,
+    http_ok,
+    spawn,
+    unverified_tls,
+)
 
 
 @dataclass
 class LocalControlPlane:
-    """etcd + kube-apiserver + controller-manager + scheduler + KWOK under one temp directory."""
+    """etcd + kube-apiserver + controller-manager + scheduler + KWOK under one temp directory.
+
+    The API server listens on the host end of the real node's veth pair (:mod:`netns`), made at
+    start whether or not a real node joins later: that address is reachable from this machine
+    only, by the tests and components on the host and by pods on the real node alike.
+    """
 
     tools: Tools
     workdir: Path
     fake_nodes: int = 3
     processes: list[ManagedProcess] = field(default_factory=list)
     token: str = field(default_factory=lambda: secrets.token_hex(16))
+    #: bearer tokens of the real node's kubelet (user ``system:node:<node>``, group
+    #: ``system:nodes``: the Node authorizer's identity) and of its kube-proxy
+    node_token: str = field(default_factory=lambda: secrets.token_hex(16))
+    proxy_token: str = field(default_factory=lambda: secrets.token_hex(16))
     api_port: int = 0
+    network: NodeNetwork | None = None
 
     @property
     def kubeconfig(self) -> Path:
@@ -40,31 +63,27 @@ class LocalControlPlane:
     @property
     def server(self) -> str:
         """The API server URL."""
-        return f"https://127.0.0.1:{self.api_port}"
+        assert self.network is not None, "not started"
+        return f"https://{self.network.host_ip}:{self.api_port}"
 
     def _spawn(self, name: str, argv: Sequence[str]) -> ManagedProcess:
-        log_path = self.workdir / "logs" / f"{name}.log"
-        log_path.parent.mkdir(parents=True, exist_ok=True)
-        with log_path.open("wb") as log:
-            popen = subprocess.Popen(
-                list(argv), stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
-                cwd=self.workdir, start_new_session=True,
-            )
-        process = ManagedProcess(name, popen, log_path)
+        process = spawn(name, argv, self.workdir)
         self.processes.append(process)
         return process
 
     def _await(self, process: ManagedProcess, probe: Callable[[], Any], timeout: float) -> None:
-        start = time.monotonic()
-        wait_until(probe, timeout, f"{process.name} to become ready",
-                   interval_s=INTERVAL_S, not_yet=NOT_YET, abort=process.exited)
-        print(f"e2e: {process.name} ready in {time.monotonic() - start:.1f}s (pid {process.pid})")
+        await_ready(process, probe, timeout)
 
     def start(self) -> None:
         """Start every component in dependency order, each awaited by its health endpoint."""
+        self.network = NodeNetwork.create()
         pki = self.workdir / "pki"
-        make_pki(pki)
-        (self.workdir / "tokens.csv").write_text(f"{self.token},admin,admin,system:masters\n")
+        make_pki(pki, self.network.host_ip)
+        (self.workdir / "tokens.csv").write_text(
+            f"{self.token},admin,admin,system:masters\n"
+            f"{self.node_token},system:node:{REAL_NODE},{REAL_NODE},system:nodes\n"
+            f"{self.proxy_token},system:kube-proxy,kube-proxy\n"
+        )
 
         etcd_port, etcd_peer = free_port(), free_port()
         etcd = self._spawn("etcd", [
@@ -84,7 +103,8 @@ class LocalControlPlane:
         apiserver = self._spawn("kube-apiserver", [
             self.tools.path("kube-apiserver"),
             f"--etcd-servers=http://127.0.0.1:{etcd_port}",
-            "--bind-address=127.0.0.1", "--advertise-address=127.0.0.1",
+            f"--bind-address={self.network.host_ip}",
+            f"--advertise-address={self.network.host_ip}",
             f"--secure-port={self.api_port}",
             f"--cert-dir={self.workdir / 'apiserver-certs'}",
             f"--tls-cert-file={pki / 'apiserver.crt'}",
@@ -96,9 +116,12 @@ class LocalControlPlane:
             f"--service-account-key-file={pki / 'sa.pub'}",
             f"--service-account-signing-key-file={pki / 'sa.key'}",
             "--service-cluster-ip-range=10.96.0.0/16",
-            # The "kubernetes" Service cannot point at a loopback address (Endpoints validation
-            # forbids it) and nothing in this cluster needs it: the operator runs off-cluster.
-            "--endpoint-reconciler-type=none",
+            # the "kubernetes" Service points at the advertised address: the in-cluster operator
+            # on the real node reaches the API server through it
+            "--endpoint-reconciler-type=lease",
+            f"--kubelet-client-certificate={pki / 'kubelet-client.crt'}",
+            f"--kubelet-client-key={pki / 'kubelet-client.key'}",
+            "--kubelet-preferred-address-types=InternalIP",
             "--allow-privileged=true",
             "--profiling=false",
         ])
@@ -171,16 +194,20 @@ class LocalControlPlane:
         return None
 
     def stop(self) -> None:
-        """Stop the components by PID in reverse start order (KWOK first, etcd last)."""
+        """Stop the components by PID in reverse start order (KWOK first, etcd last), then
+        remove the node's network namespace."""
         for process in reversed(self.processes):
             process.stop()
+        if self.network is not None:
+            self.network.delete()
 
 
 @contextlib.contextmanager
 def local_control_plane(
     tools: Tools, workdir: Path, fake_nodes: int, volumes: int = 64
-) -> Iterator[Kube]:
-    """Start a :class:`LocalControlPlane`, register fake nodes and volumes, yield a client.
+) -> Iterator[tuple[Kube, LocalControlPlane]]:
+    """Start a :class:`LocalControlPlane`, register fake nodes and volumes, yield a client
+    and the plane (the real node joins it through its network, server and tokens).
 
     The cluster counts as ready only when controller-manager has created the ``default``
     ServiceAccount (its token controller works, so pods are admitted) and every fake node is
@@ -191,16 +218,23 @@ def local_control_plane(
         start = time.monotonic()
         plane.start()
         kube = Kube(plane.kubeconfig, tools, workdir / "client", abort=plane.first_crash)
+        volume_root = workdir / "volumes"
         kube.create({"apiVersion": "v1", "kind": "List", "items": [
             *(fake_node(f"kwok-node-{index}") for index in range(fake_nodes)),
-            *storage_objects(volumes)]})
+            *storage_objects(volumes, volume_root)]})
+        for index in range(volumes):
+            # world-writable: on the real node, pods of any uid (Redis 999, ZooKeeper 1000)
+            # write to these host paths, which get no fsGroup ownership change
+            directory = volume_root / volume_name(index)
+            directory.mkdir(parents=True)
+            directory.chmod(0o777)
         kube.wait(lambda: kube.get("serviceaccount", "default", "default"), timeout_s=90,
                   what="the default ServiceAccount (controller-manager working)")
         kube.wait(lambda: all(condition(node, "Ready") == "True"
                               for node in kube.items("nodes", selector="type=kwok")),
                   timeout_s=90, what="every KWOK node to be Ready")
         print(f"e2e: control plane up in {time.monotonic() - start:.1f}s at {plane.server}")
-        yield kube
+        yield kube, plane
     except BaseException:
         for process in plane.processes:
             print(f"--- {process.name} log tail ({process.log_path}):\n{process.tail()}")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 #: Annotation KWOK selects its nodes by; also the value the fake nodes carry.
@@ -43,14 +44,20 @@ def fake_node(name: str) -> dict[str, Any]:
 STORAGE_CLASS = "e2e-local"
 
 
-def storage_objects(count: int, size: str = "20Gi") -> list[dict[str, Any]]:
+def volume_name(index: int) -> str:
+    """Name of the ``index``-th pre-created PersistentVolume (and of its host directory)."""
+    return f"e2e-pv-{index:03d}"
+
+
+def storage_objects(count: int, root: Path, size: str = "20Gi") -> list[dict[str, Any]]:
     """A default StorageClass and a pool of ``count`` unbound PersistentVolumes.
 
     The local cluster has no volume provisioner, yet the chart's ZooKeeper and every topic's
     Redis StatefulSet claim volumes. controller-manager's PV binder binds each claim to one of
     these pre-created volumes (``Immediate`` binding), so StatefulSets behave as on a real
-    cluster: the claim is Bound, the pod is scheduled. KWOK never mounts anything, so the host
-    paths are never touched.
+    cluster: the claim is Bound, the pod is scheduled. Each volume is a host directory under
+    ``root`` (the caller creates them): KWOK never mounts anything, the real node's kubelet
+    mounts them into its pods.
     """
     objects: list[dict[str, Any]] = [{
         "apiVersion": "storage.k8s.io/v1",
@@ -64,13 +71,13 @@ def storage_objects(count: int, size: str = "20Gi") -> list[dict[str, Any]]:
     objects += [{
         "apiVersion": "v1",
         "kind": "PersistentVolume",
-        "metadata": {"name": f"e2e-pv-{index:03d}", "labels": {"type": "kwok"}},
+        "metadata": {"name": volume_name(index), "labels": {"type": "kwok"}},
         "spec": {
             "capacity": {"storage": size},
             "accessModes": ["ReadWriteOnce"],
             "persistentVolumeReclaimPolicy": "Retain",
             "storageClassName": STORAGE_CLASS,
-            "hostPath": {"path": f"/nonexistent/delayq-e2e/pv-{index:03d}"},
+            "hostPath": {"path": str(root / volume_name(index))},
         },
     } for index in range(count)]
     return objects

@@ -5,11 +5,15 @@ from __future__ import annotations
 import shutil
 import ssl
 import subprocess
+import time
 import urllib.request
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from delayq.local.process import stop_by_pid
+from delayq.local.waiting import wait_until
 
 
 class E2EError(RuntimeError):
@@ -77,6 +81,26 @@ class ManagedProcess:
     def stop(self, grace: float = 15.0) -> None:
         """SIGTERM the PID, then SIGKILL it if it has not exited within ``grace`` seconds."""
         stop_by_pid(self.popen, grace)
+
+
+def spawn(name: str, argv: Sequence[str], workdir: Path) -> ManagedProcess:
+    """Start one server process in its own session, its output in ``workdir/logs/<name>.log``."""
+    log_path = workdir / "logs" / f"{name}.log"
+    log_path.parent.mkdir(parents=True, exist_ok=True)
+    with log_path.open("wb") as log:
+        popen = subprocess.Popen(
+            list(argv), stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
+            cwd=workdir, start_new_session=True,
+        )
+    return ManagedProcess(name, popen, log_path)
+
+
+def await_ready(process: ManagedProcess, probe: Callable[[], Any], timeout: float) -> None:
+    """Poll ``probe`` until it succeeds; a crash of the process aborts the wait with its log."""
+    start = time.monotonic()
+    wait_until(probe, timeout, f"{process.name} to become ready",
+               interval_s=INTERVAL_S, not_yet=NOT_YET, abort=process.exited)
+    print(f"e2e: {process.name} ready in {time.monotonic() - start:.1f}s (pid {process.pid})")
 
 
 @dataclass

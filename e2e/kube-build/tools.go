@@ -1,6 +1,6 @@
 //go:build tools
 
-// Package tools pins the control-plane commands e2e/build.sh compiles. The build tag keeps this
+// Package tools pins the control-plane and node commands e2e/build.sh compiles. The build tag keeps this
 // file out of every build; it exists so that `go mod tidy` records their dependencies in go.sum
 // (kubectl is built only when none is on PATH).
 package tools
@@ -10,5 +10,7 @@ import (
 	_ "k8s.io/kubernetes/cmd/kube-apiserver"
 	_ "k8s.io/kubernetes/cmd/kube-controller-manager"
 	_ "k8s.io/kubernetes/cmd/kube-scheduler"
+	_ "k8s.io/kubernetes/cmd/kube-proxy"
 	_ "k8s.io/kubernetes/cmd/kubectl"
+	_ "k8s.io/kubernetes/cmd/kubelet"
 )

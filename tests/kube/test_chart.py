@@ -17,6 +17,7 @@ import pytest
 import yaml
 
 from delayq.kube import naming
+from delayq.kube.builders.common import PodPlacement
 from delayq.kube.config import OperatorConfig, zookeeper_tls_from_env
 from delayq.kube.tenant_policy import TenantPolicy
 from delayq.service.delivery.targets import parse_cidrs
@@ -79,6 +80,16 @@ VALUE_SETS: dict[str, list[str]] = {
         "tenantPolicy.allowPrivateTargets=true",
         "--set",
         "tenantPolicy.allowedCidrs={10.96.0.0/12,fd00::/8}",
+    ],
+    "dedicated-nodes": [
+        "--set",
+        "topics.nodeSelector.pool=delayq",
+        "--set",
+        "zookeeper.nodeSelector.pool=delayq",
+        "--set-json",
+        'topics.tolerations=[{"key":"pool","value":"delayq","effect":"NoSchedule"}]',
+        "--set-json",
+        'zookeeper.tolerations=[{"key":"pool","value":"delayq","effect":"NoSchedule"}]',
     ],
     "topic-monitors-off": [
         "--set",
@@ -498,6 +509,20 @@ def test_topic_service_monitors_follow_the_chart_values() -> None:
     assert configured.interval == "1m"
     off = OperatorConfig.from_env(operator_env("topic-monitors-off"))
     assert not off.build.service_monitor.enabled
+
+
+def test_topic_and_zookeeper_pods_go_to_the_nodes_the_values_name() -> None:
+    toleration = {"key": "pool", "value": "delayq", "effect": "NoSchedule"}
+    placement = OperatorConfig.from_env(operator_env("dedicated-nodes")).build.placement
+    assert placement.node_selector == (("pool", "delayq"),)
+    assert placement.tolerations == (toleration,)
+    assert OperatorConfig.from_env(operator_env("defaults")).build.placement == PodPlacement()
+    (zookeeper,) = of_kind(render("dedicated-nodes"), "StatefulSet")
+    pod = zookeeper["spec"]["template"]["spec"]
+    assert pod["nodeSelector"] == {"pool": "delayq"}
+    assert pod["tolerations"] == [toleration]
+    (default,) = of_kind(render("defaults"), "StatefulSet")
+    assert "nodeSelector" not in default["spec"]["template"]["spec"]
 
 
 def test_operator_logs_json_unless_text_is_asked_for() -> None:

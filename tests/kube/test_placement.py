@@ -7,13 +7,16 @@ e2e/test_placement.py.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 
 import kmock
+import pytest
 
 from delayq.kube import naming
 from delayq.kube.builders.bundle import build_all
-from delayq.kube.builders.common import HOSTNAME_TOPOLOGY, POD_NAME_LABEL, Manifest
+from delayq.kube.builders.common import HOSTNAME_TOPOLOGY, POD_NAME_LABEL, Manifest, PodPlacement
+from delayq.kube.config import OperatorConfig
 from delayq.kube.builders.redis import BROKER_SPREAD_WEIGHT, SERVICE_PAIR_WEIGHT
 from delayq.kube.context import OperatorContext
 from delayq.kube.handlers.reconcile import reconcile
@@ -106,3 +109,30 @@ async def test_reconcile_creates_the_service_statefulset_first(
     }
     await reconcile(ctx, dict(api.objects[DT, NAMESPACE, "orders"].raw), logger)
     assert statefulset_order(created) == ["orders-service", "orders-redis-0", "orders-redis-1"]
+
+
+def test_the_operator_placement_puts_every_topic_pod_on_the_named_nodes() -> None:
+    """A platform's node pool for delayq (chart `topics.nodeSelector` / `tolerations`): both
+    StatefulSets carry it; without one, neither template gets the fields (no roll on upgrade)."""
+    toleration = {"key": "pool", "value": "delayq", "effect": "NoSchedule"}
+    placement = PodPlacement(node_selector=(("pool", "delayq"),), tolerations=(toleration,))
+    spec = spec_of(brokers=2, replicasPerBroker=1)
+    placed = by_kind_name(
+        build_all(spec, dataclasses.replace(CTX, placement=placement), CREDS, 16, False)
+    )
+    plain = by_kind_name(build_all(spec, CTX, CREDS, 16, False))
+    names = [("StatefulSet", "orders-service"), ("StatefulSet", "orders-redis-0"),
+             ("StatefulSet", "orders-redis-1")]
+    for key in names:
+        pod = placed[key]["spec"]["template"]["spec"]
+        assert pod["nodeSelector"] == {"pool": "delayq"}, key
+        assert pod["tolerations"] == [toleration], key
+        assert "nodeSelector" not in plain[key]["spec"]["template"]["spec"], key
+        assert "tolerations" not in plain[key]["spec"]["template"]["spec"], key
+
+
+def test_a_malformed_placement_setting_stops_the_operator_with_its_name() -> None:
+    with pytest.raises(ValueError, match="DELAYQ_TOPIC_NODE_SELECTOR"):
+        OperatorConfig.from_env({"DELAYQ_TOPIC_NODE_SELECTOR": '{"pool": 1}'})
+    with pytest.raises(ValueError, match="DELAYQ_TOPIC_TOLERATIONS"):
+        OperatorConfig.from_env({"DELAYQ_TOPIC_TOLERATIONS": '{"key": "pool"}'})

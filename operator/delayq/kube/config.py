@@ -10,7 +10,7 @@ from pathlib import Path
 
 from delayq.coordination.acl import ADMIN_USER, ZkIdentity
 from delayq.coordination.tls import ZkTls
-from delayq.kube.builders.common import BuildContext, ServiceMonitorSettings
+from delayq.kube.builders.common import BuildContext, PodPlacement, ServiceMonitorSettings
 from delayq.kube.leader_lease import LeaderLeaseTiming
 from delayq.kube.tenant_policy import TenantPolicy
 
@@ -61,6 +61,7 @@ class OperatorConfig:
             zookeeper_tls_verify_certs=tls.verify_certs if tls else True,
             zookeeper_tls_ca_pem=_read(TLS_CA_FILE_ENV, tls.ca_file) if tls else "",
             service_monitor=service_monitor_from_env(env, defaults.build.service_monitor),
+            placement=placement_from_env(env),
         )
         namespaces = tuple(
             item.strip()
@@ -129,6 +130,22 @@ def service_monitor_from_env(
         enabled=defaults.enabled if enabled is None else _flag(enabled),
         labels=tuple(sorted(labels.items())),
         interval=env.get("DELAYQ_SERVICE_MONITOR_INTERVAL", defaults.interval),
+    )
+
+
+def placement_from_env(env: Mapping[str, str]) -> PodPlacement:
+    """DELAYQ_TOPIC_NODE_SELECTOR (a JSON object of strings) and DELAYQ_TOPIC_TOLERATIONS (a
+    JSON list of Kubernetes tolerations), the chart's `topics.nodeSelector` / `tolerations`."""
+    selector = json.loads(env.get("DELAYQ_TOPIC_NODE_SELECTOR") or "{}")
+    if not isinstance(selector, dict) or not all(
+        isinstance(value, str) for value in selector.values()
+    ):
+        raise ValueError("DELAYQ_TOPIC_NODE_SELECTOR must be a JSON object of strings")
+    tolerations = json.loads(env.get("DELAYQ_TOPIC_TOLERATIONS") or "[]")
+    if not isinstance(tolerations, list) or not all(isinstance(t, dict) for t in tolerations):
+        raise ValueError("DELAYQ_TOPIC_TOLERATIONS must be a JSON list of tolerations (objects)")
+    return PodPlacement(
+        node_selector=tuple(sorted(selector.items())), tolerations=tuple(tolerations)
     )
 
 

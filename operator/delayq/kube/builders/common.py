@@ -38,6 +38,26 @@ class ServiceMonitorSettings:
 
 
 @dataclass(frozen=True)
+class PodPlacement:
+    """Where every topic's Redis and delay-service pods may run, set once for the operator
+    (chart `topics.nodeSelector` / `topics.tolerations`): e.g. a node pool a platform keeps
+    for delayq. Empty, the pods go wherever the scheduler and their affinities put them."""
+
+    node_selector: tuple[tuple[str, str], ...] = ()
+    tolerations: tuple[Manifest, ...] = ()
+
+    def pod_spec_fields(self) -> Manifest:
+        """The pod spec fields to merge into a topic pod template (none when unset, so that
+        templates of operators without a placement stay as they were)."""
+        fields: Manifest = {}
+        if self.node_selector:
+            fields["nodeSelector"] = dict(self.node_selector)
+        if self.tolerations:
+            fields["tolerations"] = [dict(toleration) for toleration in self.tolerations]
+        return fields
+
+
+@dataclass(frozen=True)
 class BuildContext:
     """Operator-wide inputs to the builders (images, where the operator runs, ZooKeeper)."""
 
@@ -56,6 +76,7 @@ class BuildContext:
     zookeeper_tls_verify_certs: bool = True
     zookeeper_tls_ca_pem: str = ""
     service_monitor: ServiceMonitorSettings = field(default_factory=ServiceMonitorSettings)
+    placement: PodPlacement = field(default_factory=PodPlacement)
 
 
 @dataclass(frozen=True)

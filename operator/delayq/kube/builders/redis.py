@@ -233,6 +233,7 @@ def redis_statefulset(spec: TopicSpec, broker: int, ctx: BuildContext) -> Manife
                     "enableServiceLinks": False,
                     "terminationGracePeriodSeconds": REDIS_TERMINATION_GRACE_S,
                     "affinity": redis_affinity(spec, broker),
+                    **ctx.placement.pod_spec_fields(),
                     "containers": [container],
                     "volumes": [
                         {"name": "podinfo", "downwardAPI": {"items": [labels_file]}},

@@ -264,6 +264,7 @@ def service_statefulset(spec: TopicSpec, ctx: BuildContext, slot_amount: int) ->
                             "labelSelector": {"matchLabels": naming.service_selector(spec.name)},
                         }
                     ],
+                    **ctx.placement.pod_spec_fields(),
                     "containers": [container],
                     "volumes": [
                         {"name": "config", "configMap": {"name": naming.config_map(spec.name)}},
