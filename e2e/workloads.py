@@ -1,0 +1,155 @@
+"""Pods the real-pods tests run next to a topic: a webhook receiver, a producer and consumers.
+
+Each is a small Python program run by the delayq image's own interpreter (no other image is
+needed), handed over in a ConfigMap, and placed on the real node. What they observe they print
+as one JSON object per line, which the tests read back with ``kubectl logs``.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from e2e.harness.node import placement
+
+RECEIVER_PORT = 8000
+
+#: The webhook receiver: records every delivery (id, due and arrival time) and answers 200.
+RECEIVER = '''
+import http.server, json, time
+
+class Handler(http.server.BaseHTTPRequestHandler):
+    def do_POST(self):
+        body = self.rfile.read(int(self.headers["Content-Length"]))
+        at_ms = time.time() * 1000
+        message = json.loads(body)
+        print(json.dumps({"id": message["id"], "dueMs": message["dueMs"], "atMs": at_ms,
+                          "attempt": message["attempt"]}), flush=True)
+        self.send_response(200)
+        self.send_header("Content-Length", "0")
+        self.end_headers()
+
+    def log_message(self, *args):
+        pass
+
+http.server.ThreadingHTTPServer(("", 8000), Handler).serve_forever()
+'''
+
+#: The producer: schedules COUNT messages through the topic's Service, due DELAY_MS apart
+#: after START_MS from now, in batches; prints the ids it stored.
+PRODUCER = '''
+import json, os, time, urllib.error, urllib.request
+
+url = os.environ["API_URL"]
+token = os.environ["API_TOKEN"]
+count = int(os.environ["COUNT"])
+prefix = os.environ["PREFIX"]
+start_ms = int(os.environ["START_MS"])
+spread_ms = int(os.environ["SPREAD_MS"])
+deadline = time.monotonic() + 120
+stored = 0
+messages = [{"id": f"{prefix}-{i}", "delayMs": start_ms + spread_ms * i // max(count, 1),
+             "payload": f"message {i}"} for i in range(count)]
+for first in range(0, count, 200):
+    batch = messages[first:first + 200]
+    body = json.dumps({"messages": batch}).encode()
+    while True:
+        request = urllib.request.Request(url + "/messages/batch", data=body, method="POST",
+                                         headers={"Authorization": f"Bearer {token}",
+                                                  "Content-Type": "application/json"})
+        try:
+            with urllib.request.urlopen(request, timeout=10) as response:
+                json.load(response)
+            break
+        except urllib.error.HTTPError as error:
+            if error.code < 500 and error.code != 429:
+                raise  # a refusal: retrying cannot help
+            if time.monotonic() > deadline:
+                raise
+            print(json.dumps({"retry": str(error)}), flush=True)
+            time.sleep(0.5)
+        except OSError as error:  # the Service may not route yet: retry until the deadline
+            if time.monotonic() > deadline:
+                raise
+            print(json.dumps({"retry": str(error)}), flush=True)
+            time.sleep(0.5)
+    stored += len(batch)
+print(json.dumps({"stored": stored}), flush=True)
+'''
+
+
+def config_map(name: str, namespace: str, script: str) -> dict[str, Any]:
+    return {"apiVersion": "v1", "kind": "ConfigMap",
+            "metadata": {"name": name, "namespace": namespace},
+            "data": {"main.py": script}}
+
+
+def _container(name: str, image: str, env: list[dict[str, Any]]) -> dict[str, Any]:
+    return {
+        "name": name, "image": image, "imagePullPolicy": "IfNotPresent",
+        "command": ["python3", "/app/main.py"], "env": env,
+        "securityContext": {"allowPrivilegeEscalation": False, "readOnlyRootFilesystem": True,
+                            "runAsNonRoot": True, "runAsUser": 10001,
+                            "capabilities": {"drop": ["ALL"]}},
+        "volumeMounts": [{"name": "app", "mountPath": "/app"}],
+    }
+
+
+def _pod_spec(name: str, image: str, env: list[dict[str, Any]], **extra: Any) -> dict[str, Any]:
+    return {**placement(), **extra, "containers": [_container(name, image, env)],
+            "volumes": [{"name": "app", "configMap": {"name": name}}]}
+
+
+def receiver(namespace: str, image: str) -> list[dict[str, Any]]:
+    """ConfigMap, Deployment and Service ``receiver`` (port 80 -> 8000)."""
+    labels = {"app": "receiver"}
+    spec = _pod_spec("receiver", image, [])
+    spec["containers"][0]["ports"] = [{"containerPort": RECEIVER_PORT}]
+    spec["containers"][0]["readinessProbe"] = {"tcpSocket": {"port": RECEIVER_PORT},
+                                               "periodSeconds": 1}
+    return [
+        config_map("receiver", namespace, RECEIVER),
+        {"apiVersion": "apps/v1", "kind": "Deployment",
+         "metadata": {"name": "receiver", "namespace": namespace},
+         "spec": {"replicas": 1, "selector": {"matchLabels": labels},
+                  "template": {"metadata": {"labels": labels}, "spec": spec}}},
+        {"apiVersion": "v1", "kind": "Service",
+         "metadata": {"name": "receiver", "namespace": namespace},
+         "spec": {"selector": labels,
+                  "ports": [{"port": 80, "targetPort": RECEIVER_PORT}]}},
+    ]
+
+
+def producer(namespace: str, image: str, topic: str, name: str, count: int, start_ms: int,
+             spread_ms: int) -> list[dict[str, Any]]:
+    """ConfigMap and Job ``name``: schedules ``count`` messages ``<name>-<i>`` through the
+    topic's API Service with the topic's own token (from its Secret)."""
+    env = [
+        {"name": "API_URL", "value": f"http://{topic}-api.{namespace}.svc:8080/v1/topics/{topic}"},
+        {"name": "API_TOKEN", "valueFrom": {"secretKeyRef": {
+            "name": f"{topic}-credentials", "key": "api-token"}}},
+        {"name": "COUNT", "value": str(count)},
+        {"name": "PREFIX", "value": name},
+        {"name": "START_MS", "value": str(start_ms)},
+        {"name": "SPREAD_MS", "value": str(spread_ms)},
+    ]
+    return [
+        config_map(name, namespace, PRODUCER),
+        {"apiVersion": "batch/v1", "kind": "Job",
+         "metadata": {"name": name, "namespace": namespace},
+         "spec": {"backoffLimit": 0, "template": {"spec": _pod_spec(
+             name, image, env, restartPolicy="Never")}}},
+    ]
+
+
+def json_lines(text: str) -> list[dict[str, Any]]:
+    """The JSON objects of a log, one per line (other lines skipped)."""
+    found = []
+    for line in text.splitlines():
+        line = line.strip()
+        if line.startswith("{"):
+            try:
+                found.append(json.loads(line))
+            except json.JSONDecodeError:
+                continue
+    return found
