@@ -10,6 +10,7 @@ install, a topic, traffic, faults, upgrade, teardown.
 
 from __future__ import annotations
 
+import base64
 import json
 import secrets
 import time
@@ -76,8 +77,9 @@ def install(kube: Kube, real_node: RealNode) -> Iterator[Install]:
               "--wait", "--timeout", "5m", *_helm_args(real_node, tenant, image), timeout=360)
     print(f"e2e: helm install on the real node took {time.monotonic() - start:.1f}s")
     yield Install(namespace, tenant, image)
-    kube.helm("uninstall", RELEASE, "--namespace", namespace, "--wait", "--timeout", "3m",
-              timeout=240)
+    if kube.helm("status", RELEASE, "--namespace", namespace, check=False).returncode == 0:
+        kube.helm("uninstall", RELEASE, "--namespace", namespace, "--wait", "--timeout", "3m",
+                  timeout=240)
     for name in (tenant, namespace):
         kube.kubectl("delete", "namespace", name, "--wait=false", "--ignore-not-found")
 
@@ -130,13 +132,16 @@ def _wait_topic_ready(kube: Kube, namespace: str, name: str, timeout_s: float = 
 def webhook_topic(kube: Kube, install: Install) -> str:
     """Scenario 2: a webhook topic of 2 brokers x (master + 1 replica) with a receiver
     Deployment in the tenant's namespace; Ready=True from the in-cluster operator."""
+    secret = "whsec_" + base64.b64encode(secrets.token_bytes(32)).decode()
     kube.apply({"apiVersion": "v1", "kind": "List",
-                "items": workloads.receiver(install.tenant, install.image)})
+                "items": workloads.receiver(install.tenant, install.image, secret)})
     url = f"http://receiver.{install.tenant}.svc.cluster.local/hook"
+    signing = {"name": workloads.SIGNING_SECRET, "key": workloads.SIGNING_SECRET}
     kube.apply(_topic("hooks", slotAmount=16, brokers=2, replicasPerBroker=1,
                       topicType="webhook",
                       delivery={"webhook": {"url": url, "allowInsecureHttp": True,
-                                            "allowedCidrs": [SERVICE_CIDR]}}),
+                                            "allowedCidrs": [SERVICE_CIDR],
+                                            "signingSecretRef": signing}}),
                install.tenant)
     _wait_topic_ready(kube, install.tenant, "hooks")
     return "hooks"
@@ -215,9 +220,12 @@ def _wait_delivered(kube: Kube, namespace: str, topic: str, ids: list[str],
         print(f"{len(missing)} missing, e.g. {missing[:5]}")
         for pod in _pods(kube, namespace, f"delayq.io/topic={topic}"):
             name = pod["metadata"]["name"]
-            if "-service-" in name:
-                print(kube.kubectl("logs", name, "-n", namespace, "--tail=20",
-                                   check=False).stdout)
+            print(f"--- {name}:\n" + kube.kubectl(
+                "logs", name, "-n", namespace, "--tail=15", check=False).stdout)
+        print(kube.kubectl("get", "events", "-n", namespace, "--sort-by=.lastTimestamp",
+                           check=False).stdout)
+        print(kube.kubectl("get", "dt", topic, "-n", namespace, "-o", "yaml",
+                           check=False).stdout)
         raise
 
 
@@ -233,8 +241,117 @@ def test_messages_from_a_client_pod_are_delivered_on_time_to_the_receiver(
     _produce(kube, install, webhook_topic, "burst", 300)
     ids = [f"burst-{i}" for i in range(300)]
     deliveries = _wait_delivered(kube, install.tenant, webhook_topic, ids)
+    assert all(deliveries[i]["verified"] for i in ids), "a signature the receiver refused"
     lateness = _lateness_ms(deliveries, ids)
     assert lateness[0] >= 0, f"delivered early by {-lateness[0]:.1f} ms"
     p50, p99 = lateness[len(lateness) // 2], lateness[int(len(lateness) * 0.99)]
     print(f"e2e: real-pod webhook lateness over {len(ids)} messages: p50 {p50:.1f} ms, "
           f"p99 {p99:.1f} ms, max {lateness[-1]:.1f} ms")
+
+
+def _container_id(kube: Kube, namespace: str, pod: str) -> str:
+    status = (kube.get("pod", pod, namespace) or {}).get("status", {})
+    container_id: str = status["containerStatuses"][0]["containerID"]
+    return container_id
+
+
+def _master_pod(kube: Kube, namespace: str, topic: str, broker: int) -> str:
+    brokers = (kube.get("dt", topic, namespace) or {}).get("status", {}).get("brokers") or []
+    master: str = brokers[broker]["masterPod"]
+    return master
+
+
+def test_kill_9_of_a_redis_master_loses_nothing(
+    kube: Kube, install: Install, webhook_topic: str, real_node: RealNode
+) -> None:
+    """Scenario 4: the master Redis process of broker 0 is killed with SIGKILL from the host
+    while 200 messages wait; kubelet restarts it (or the operator promotes its replica) and
+    every message is delivered, none early."""
+    _produce(kube, install, webhook_topic, "redis-kill", 200, start_ms=8000, spread_ms=6000)
+    master = _master_pod(kube, install.tenant, webhook_topic, 0)
+    pid = real_node.kill_container(_container_id(kube, install.tenant, master))
+    print(f"e2e: killed redis-server (pid {pid}) of {master}")
+    ids = [f"redis-kill-{i}" for i in range(200)]
+    deliveries = _wait_delivered(kube, install.tenant, webhook_topic, ids, timeout_s=180)
+    assert _lateness_ms(deliveries, ids)[0] >= 0
+    _wait_topic_ready(kube, install.tenant, webhook_topic)
+
+
+def test_kill_9_of_a_delay_service_loses_nothing(
+    kube: Kube, install: Install, webhook_topic: str, real_node: RealNode
+) -> None:
+    """Scenario 5: a delay-service process is killed with SIGKILL; its slots are taken over
+    (by its restart or by the other member) and every message is delivered, none early."""
+    _wait_pods_ready(kube, install.tenant, f"delayq.io/topic={webhook_topic}", 6)
+    _produce(kube, install, webhook_topic, "service-kill", 200, start_ms=5000, spread_ms=8000)
+    pid = real_node.kill_container(
+        _container_id(kube, install.tenant, f"{webhook_topic}-service-0"))
+    print(f"e2e: killed delayq serve (pid {pid}) of {webhook_topic}-service-0")
+    ids = [f"service-kill-{i}" for i in range(200)]
+    deliveries = _wait_delivered(kube, install.tenant, webhook_topic, ids, timeout_s=180)
+    assert _lateness_ms(deliveries, ids)[0] >= 0
+
+
+def test_helm_upgrade_to_a_new_tag_rolls_everything_and_delivers_what_waits(
+    kube: Kube, install: Install, webhook_topic: str, real_node: RealNode
+) -> None:
+    """Scenario 7: `helm upgrade` to a new image tag rolls the operator Deployment and, through
+    the operator, the topic's delay-service pods; messages pending across it all arrive."""
+    _wait_pods_ready(kube, install.tenant, f"delayq.io/topic={webhook_topic}", 6)
+    new_image = f"{install.image}-upgrade"
+    real_node.tag_image(install.image, new_image)
+    _produce(kube, install, webhook_topic, "upgrade", 200, start_ms=15000, spread_ms=15000)
+    repository, tag = new_image.rsplit(":", 1)
+    start = time.monotonic()
+    kube.helm("upgrade", RELEASE, str(CHART), "--namespace", install.namespace,
+              "--reuse-values", "--set", f"image.tag={tag}", "--wait", "--timeout", "5m",
+              timeout=360)
+
+    def rolled() -> bool:
+        operators = _pods(kube, install.namespace, "app.kubernetes.io/component=operator")
+        services = _pods(kube, install.tenant,
+                         f"delayq.io/topic={webhook_topic},app.kubernetes.io/component="
+                         "delay-service")
+        pods = operators + services
+        return len(operators) == 2 and len(services) == 2 and all(
+            pod["spec"]["containers"][0]["image"] == new_image and _ready(pod)
+            and not pod["metadata"].get("deletionTimestamp") for pod in pods)
+
+    kube.wait(rolled, timeout_s=300, what="operator and delay-service pods on the new image")
+    print(f"e2e: helm upgrade rolled operator and topic pods in {time.monotonic() - start:.1f}s")
+    ids = [f"upgrade-{i}" for i in range(200)]
+    deliveries = _wait_delivered(kube, install.tenant, webhook_topic, ids, timeout_s=180)
+    assert _lateness_ms(deliveries, ids)[0] >= 0
+
+
+def _zookeeper_children(kube: Kube, install: Install, path: str) -> list[str]:
+    """`ls <path>` through ZooKeeper's own CLI class in its pod (names are world-readable)."""
+    result = kube.kubectl(
+        "exec", f"{FULLNAME}-zookeeper-0", "-n", install.namespace, "--", "java",
+        "-cp", "/usr/share/java/zookeeper.jar:/usr/share/java/slf4j-simple.jar",
+        "org.apache.zookeeper.ZooKeeperMain", "-server", "127.0.0.1:2181", "ls", path,
+        check=False)
+    lines = [line for line in result.stdout.splitlines() if line.startswith("[")]
+    return lines[-1].strip("[]").replace(" ", "").split(",") if lines else []
+
+
+def test_deleting_the_topic_and_uninstalling_leave_nothing_behind(
+    kube: Kube, install: Install, webhook_topic: str
+) -> None:
+    """Scenario 8: the topic's pods and its ZooKeeper tree go with it (its volumes stay:
+    deletionPolicy Retain, the default); `helm uninstall` removes the operator and ZooKeeper."""
+    assert webhook_topic in _zookeeper_children(kube, install, f"/delayq/{install.tenant}")
+    claims = kube.items("pvc", install.tenant, f"delayq.io/topic={webhook_topic}")
+    kube.kubectl("delete", "dt", webhook_topic, "-n", install.tenant, "--wait=true",
+                 timeout=180)
+    kube.wait(lambda: not _pods(kube, install.tenant, f"delayq.io/topic={webhook_topic}"),
+              timeout_s=180, what="the topic's pods gone")
+    kube.wait(lambda: webhook_topic not in _zookeeper_children(
+        kube, install, f"/delayq/{install.tenant}"), timeout_s=120,
+        what="the topic's ZooKeeper tree gone")
+    kept = kube.items("pvc", install.tenant, f"delayq.io/topic={webhook_topic}")
+    assert {c["metadata"]["name"] for c in kept} == {c["metadata"]["name"] for c in claims}
+    kube.helm("uninstall", RELEASE, "--namespace", install.namespace, "--wait",
+              "--timeout", "3m", timeout=240)
+    kube.wait(lambda: not kube.items("pods", install.namespace), timeout_s=180,
+              what="the release's pods gone")

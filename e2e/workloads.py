@@ -14,17 +14,26 @@ from e2e.harness.node import placement
 
 RECEIVER_PORT = 8000
 
-#: The webhook receiver: records every delivery (id, due and arrival time) and answers 200.
+#: The webhook receiver: checks the Standard Webhooks signature with the library a receiver
+#: would use, records every delivery (id, due and arrival time, verified) and answers 200.
 RECEIVER = '''
-import http.server, json, time
+import http.server, json, os, time
+from standardwebhooks.webhooks import Webhook, WebhookVerificationError
+
+webhook = Webhook(os.environ["SIGNING_SECRET"])
 
 class Handler(http.server.BaseHTTPRequestHandler):
     def do_POST(self):
         body = self.rfile.read(int(self.headers["Content-Length"]))
         at_ms = time.time() * 1000
+        try:
+            webhook.verify(body, dict(self.headers))
+            verified = True
+        except WebhookVerificationError:
+            verified = False
         message = json.loads(body)
         print(json.dumps({"id": message["id"], "dueMs": message["dueMs"], "atMs": at_ms,
-                          "attempt": message["attempt"]}), flush=True)
+                          "attempt": message["attempt"], "verified": verified}), flush=True)
         self.send_response(200)
         self.send_header("Content-Length", "0")
         self.end_headers()
@@ -100,14 +109,22 @@ def _pod_spec(name: str, image: str, env: list[dict[str, Any]], **extra: Any) ->
             "volumes": [{"name": "app", "configMap": {"name": name}}]}
 
 
-def receiver(namespace: str, image: str) -> list[dict[str, Any]]:
-    """ConfigMap, Deployment and Service ``receiver`` (port 80 -> 8000)."""
+SIGNING_SECRET = "signing"  # the Secret (and its key) the topic signs with and the receiver checks
+
+
+def receiver(namespace: str, image: str, signing_secret: str) -> list[dict[str, Any]]:
+    """Secret ``signing``, ConfigMap, Deployment and Service ``receiver`` (port 80 -> 8000)."""
     labels = {"app": "receiver"}
-    spec = _pod_spec("receiver", image, [])
+    env = [{"name": "SIGNING_SECRET", "valueFrom": {"secretKeyRef": {
+        "name": SIGNING_SECRET, "key": SIGNING_SECRET}}}]
+    spec = _pod_spec("receiver", image, env)
     spec["containers"][0]["ports"] = [{"containerPort": RECEIVER_PORT}]
     spec["containers"][0]["readinessProbe"] = {"tcpSocket": {"port": RECEIVER_PORT},
                                                "periodSeconds": 1}
     return [
+        {"apiVersion": "v1", "kind": "Secret",
+         "metadata": {"name": SIGNING_SECRET, "namespace": namespace},
+         "stringData": {SIGNING_SECRET: signing_secret}},
         config_map("receiver", namespace, RECEIVER),
         {"apiVersion": "apps/v1", "kind": "Deployment",
          "metadata": {"name": "receiver", "namespace": namespace},

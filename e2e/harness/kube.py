@@ -106,13 +106,15 @@ class Kube:
         return wait_until(condition, timeout_s, what, interval_s=INTERVAL_S, not_yet=NOT_YET,
                           abort=self.abort)
 
-    def helm(self, *args: str, timeout: float = 300) -> subprocess.CompletedProcess[str]:
-        """Run helm against this cluster; raise with its stderr on failure."""
+    def helm(self, *args: str, timeout: float = 300,
+             check: bool = True) -> subprocess.CompletedProcess[str]:
+        """Run helm against this cluster; raise with its stderr on failure unless ``check``
+        is false."""
         result = subprocess.run(
             [self.tools.path("helm"), f"--kubeconfig={self.kubeconfig}", *args],
             capture_output=True, text=True, timeout=timeout, check=False, env=self.env(),
         )
-        if result.returncode != 0:
+        if check and result.returncode != 0:
             raise E2EError(f"helm {' '.join(args)} exited {result.returncode}: "
                            f"{result.stderr.strip()}")
         return result

@@ -111,6 +111,21 @@ class RealNode:
             raise E2EError(f"ctr {' '.join(args)} failed: {result.stderr.strip()}")
         return result.stdout
 
+    def kill_container(self, container_id: str) -> int:
+        """SIGKILL the main process of a container (``containerd://<id>`` or the bare id)
+        from the host, as an out-of-memory kill or a crash would end it; returns its PID."""
+        wanted = container_id.removeprefix("containerd://")
+        for line in self.ctr("tasks", "ls").splitlines()[1:]:
+            task, pid, *_ = line.split()
+            if task == wanted:
+                os.kill(int(pid), 9)
+                return int(pid)
+        raise E2EError(f"no running task {wanted} on the real node")
+
+    def tag_image(self, ref: str, new_ref: str) -> None:
+        """A second tag of an imported image (what a registry push of a new tag would give)."""
+        self.ctr("images", "tag", "--force", ref, new_ref)
+
     def start(self, kube: Kube) -> None:
         """containerd (images imported), kubelet (node Ready), kube-proxy (healthy)."""
         self.workdir.mkdir(parents=True, exist_ok=True)
