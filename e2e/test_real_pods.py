@@ -47,7 +47,8 @@ class Install:
 def _placement_values(prefix: str) -> list[str]:
     selector = ",".join(f"{prefix}.nodeSelector.{key.replace('.', chr(92) + '.')}={value}"
                         for key, value in REAL_NODE_LABELS.items())
-    return ["--set", selector, "--set-json", f"{prefix}.tolerations={json.dumps([REAL_NODE_TAINT])}"]
+    tolerations = json.dumps([REAL_NODE_TAINT])
+    return ["--set", selector, "--set-json", f"{prefix}.tolerations={tolerations}"]
 
 
 def _helm_args(real_node: RealNode, tenant: str, image: str) -> list[str]:
@@ -110,7 +111,8 @@ def test_helm_install_runs_the_operator_and_zookeeper_on_the_real_node(
                       what="a leader in the Lease")
     assert lease.rsplit("_", 1)[0] in names  # <pod>_<random>: one process of one replica
     (zookeeper,) = _pods(kube, install.namespace, "app.kubernetes.io/component=zookeeper")
-    assert zookeeper["spec"]["nodeName"] == REAL_NODE and _ready(zookeeper)
+    assert zookeeper["spec"]["nodeName"] == REAL_NODE
+    assert _ready(zookeeper)
     result = kube.helm("test", RELEASE, "--namespace", install.namespace, "--timeout", "3m",
                        timeout=240)
     assert "Phase:          Succeeded" in result.stdout, result.stdout
@@ -206,6 +208,12 @@ def _produce(kube: Kube, install: Install, topic: str, name: str, count: int,
         raise
 
 
+SLOTS_NEEDING_ATTENTION = (
+    "import os, urllib.request; print(urllib.request.urlopen(urllib.request.Request("
+    "'http://127.0.0.1:8080/v1/topics/{topic}/slots?only=attention', headers={{"
+    "'Authorization': 'Bearer ' + os.environ['DELAYQ_API_TOKEN']}})).read().decode())")
+
+
 def _wait_delivered(kube: Kube, namespace: str, topic: str, ids: list[str],
                     timeout_s: float = 120) -> dict[str, dict[str, Any]]:
     """Every one of ``ids`` at the receiver; on a timeout, the service pods' logs explain."""
@@ -222,6 +230,10 @@ def _wait_delivered(kube: Kube, namespace: str, topic: str, ids: list[str],
             name = pod["metadata"]["name"]
             print(f"--- {name}:\n" + kube.kubectl(
                 "logs", name, "-n", namespace, "--tail=15", check=False).stdout)
+            if "-service-" in name:  # its own view: stalled or unowned slots, counters
+                print(kube.kubectl("exec", name, "-n", namespace, "--", "python3", "-c",
+                                   SLOTS_NEEDING_ATTENTION.format(topic=topic),
+                                   check=False).stdout)
         print(kube.kubectl("get", "events", "-n", namespace, "--sort-by=.lastTimestamp",
                            check=False).stdout)
         print(kube.kubectl("get", "dt", topic, "-n", namespace, "-o", "yaml",
@@ -301,7 +313,7 @@ def test_helm_upgrade_to_a_new_tag_rolls_everything_and_delivers_what_waits(
     new_image = f"{install.image}-upgrade"
     real_node.tag_image(install.image, new_image)
     _produce(kube, install, webhook_topic, "upgrade", 200, start_ms=15000, spread_ms=15000)
-    repository, tag = new_image.rsplit(":", 1)
+    tag = new_image.rsplit(":", 1)[1]
     start = time.monotonic()
     kube.helm("upgrade", RELEASE, str(CHART), "--namespace", install.namespace,
               "--reuse-values", "--set", f"image.tag={tag}", "--wait", "--timeout", "5m",

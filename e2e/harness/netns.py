@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from e2e.harness.process import E2EError
 
 #: The /24 networks the veth pairs are numbered from: 10.250.<n>.0/24, host .1, node .2.
-VETH_SUPERNET = ipaddress.ip_network("10.250.0.0/16")
+VETH_SUPERNET = ipaddress.IPv4Network("10.250.0.0/16")
 
 
 def _ip(*args: str) -> str:
