@@ -17,10 +17,11 @@ RECEIVER_PORT = 8000
 #: The webhook receiver: checks the Standard Webhooks signature with the library a receiver
 #: would use, records every delivery (id, due and arrival time, verified) and answers 200.
 RECEIVER = '''
-import http.server, json, os, time
+import http.server, json, os, sys, threading, time
 from standardwebhooks.webhooks import Webhook, WebhookVerificationError
 
 webhook = Webhook(os.environ["SIGNING_SECRET"])
+lock = threading.Lock()  # one write per line: print() from two threads can interleave lines
 
 class Handler(http.server.BaseHTTPRequestHandler):
     def do_POST(self):
@@ -32,8 +33,11 @@ class Handler(http.server.BaseHTTPRequestHandler):
         except WebhookVerificationError:
             verified = False
         message = json.loads(body)
-        print(json.dumps({"id": message["id"], "dueMs": message["dueMs"], "atMs": at_ms,
-                          "attempt": message["attempt"], "verified": verified}), flush=True)
+        line = json.dumps({"id": message["id"], "dueMs": message["dueMs"], "atMs": at_ms,
+                           "attempt": message["attempt"], "verified": verified})
+        with lock:
+            sys.stdout.write(line + "\n")
+            sys.stdout.flush()
         self.send_response(200)
         self.send_header("Content-Length", "0")
         self.end_headers()
