@@ -146,6 +146,7 @@ def webhook_topic(kube: Kube, install: Install) -> str:
                                             "signingSecretRef": signing}}),
                install.tenant)
     _wait_topic_ready(kube, install.tenant, "hooks")
+    _wait_pods_ready(kube, install.tenant, "app=receiver", 1)
     return "hooks"
 
 

@@ -36,7 +36,7 @@ class Handler(http.server.BaseHTTPRequestHandler):
         line = json.dumps({"id": message["id"], "dueMs": message["dueMs"], "atMs": at_ms,
                            "attempt": message["attempt"], "verified": verified})
         with lock:
-            sys.stdout.write(line + "\n")
+            sys.stdout.write(line + "\\n")
             sys.stdout.flush()
         self.send_response(200)
         self.send_header("Content-Length", "0")
