@@ -215,6 +215,13 @@ SLOTS_NEEDING_ATTENTION = (
     "'Authorization': 'Bearer ' + os.environ['DELAYQ_API_TOKEN']}})).read().decode())")
 
 
+MESSAGE_STATE = (
+    "import os, urllib.request, urllib.error\ntry:\n print(urllib.request.urlopen("
+    "urllib.request.Request('http://127.0.0.1:8080/v1/topics/{topic}/messages/{id}', "
+    "headers={{'Authorization': 'Bearer ' + os.environ['DELAYQ_API_TOKEN']}})).read().decode())"
+    "\nexcept urllib.error.HTTPError as e:\n print(e.code, e.read().decode())")
+
+
 def _wait_delivered(kube: Kube, namespace: str, topic: str, ids: list[str],
                     timeout_s: float = 120) -> dict[str, dict[str, Any]]:
     """Every one of ``ids`` at the receiver; on a timeout, the service pods' logs explain."""
@@ -227,6 +234,10 @@ def _wait_delivered(kube: Kube, namespace: str, topic: str, ids: list[str],
     except TimeoutError:
         missing = [i for i in ids if i not in _received(kube, namespace)]
         print(f"{len(missing)} missing, e.g. {missing[:5]}")
+        for message_id in missing[:3]:  # what the topic says of them
+            print(kube.kubectl("exec", f"{topic}-service-0", "-n", namespace, "--", "python3",
+                               "-c", MESSAGE_STATE.format(topic=topic, id=message_id),
+                               check=False))
         for pod in _pods(kube, namespace, f"delayq.io/topic={topic}"):
             name = pod["metadata"]["name"]
             print(f"--- {name}:\n" + kube.kubectl(
