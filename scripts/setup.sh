@@ -14,6 +14,16 @@ command -v faketime >/dev/null 2>&1 || need_apt+=(faketime)
 # and scripts/screenshots.py; Selenium is pointed at /usr/bin/chromedriver, never a download
 [ -x /usr/bin/chromium ] || need_apt+=(chromium)
 [ -x /usr/bin/chromedriver ] || need_apt+=(chromium-driver)
+# the e2e tier's real node (e2e/harness/node.py) and its locally built images (e2e/images.sh):
+# containerd + runc + the CNI plugins run the pods; podman builds the images on a Debian base
+# that debootstrap makes (no registry is needed); catatonit is the pod sandbox ("pause") process
+command -v containerd >/dev/null 2>&1 || need_apt+=(containerd)
+command -v runc >/dev/null 2>&1 || need_apt+=(runc)
+[ -x /usr/lib/cni/bridge ] || need_apt+=(containernetworking-plugins)
+command -v podman >/dev/null 2>&1 || need_apt+=(podman)
+command -v debootstrap >/dev/null 2>&1 || need_apt+=(debootstrap)
+[ -x /usr/bin/catatonit ] || need_apt+=(catatonit)
+command -v iptables >/dev/null 2>&1 || need_apt+=(iptables)
 
 if ((${#need_apt[@]})); then
   echo "setup: installing Debian packages: ${need_apt[*]}"
