@@ -101,6 +101,45 @@ print(json.dumps({"stored": stored, "resent": resent}), flush=True)
 '''
 
 
+#: The pull consumer: leases due messages through the topic's Service, records each (id, due and
+#: lease time), acks them, until COUNT were seen or its deadline passes.
+PULL_CONSUMER = '''
+import json, os, sys, time, urllib.error, urllib.request
+
+url = os.environ["API_URL"]
+token = os.environ["API_TOKEN"]
+count = int(os.environ["COUNT"])
+deadline = time.monotonic() + 150
+seen = set()
+
+
+def call(path, body):
+    request = urllib.request.Request(url + path, data=json.dumps(body).encode(), method="POST",
+                                     headers={"Authorization": f"Bearer {token}",
+                                              "Content-Type": "application/json"})
+    with urllib.request.urlopen(request, timeout=15) as response:
+        return json.load(response)
+
+
+while len(seen) < count and time.monotonic() < deadline:
+    try:
+        leases = call("/leases", {"max": 100, "leaseMs": 30000, "waitMs": 1000})["leases"]
+    except (urllib.error.HTTPError, OSError) as error:  # not routed yet, or a 503: again
+        print(json.dumps({"retry": str(error)}), flush=True)
+        time.sleep(0.5)
+        continue
+    at_ms = time.time() * 1000
+    for lease in leases:
+        seen.add(lease["id"])
+        sys.stdout.write(json.dumps({"id": lease["id"], "dueMs": lease["dueMs"],
+                                     "atMs": at_ms}) + "\\n")
+    sys.stdout.flush()
+    if leases:
+        call("/leases/ack", {"tokens": [lease["token"] for lease in leases]})
+print(json.dumps({"consumed": len(seen)}), flush=True)
+'''
+
+
 def config_map(name: str, namespace: str, script: str) -> dict[str, Any]:
     return {"apiVersion": "v1", "kind": "ConfigMap",
             "metadata": {"name": name, "namespace": namespace},
@@ -151,26 +190,45 @@ def receiver(namespace: str, image: str, signing_secret: str) -> list[dict[str, 
     ]
 
 
-def producer(namespace: str, image: str, topic: str, name: str, count: int, start_ms: int,
-             spread_ms: int) -> list[dict[str, Any]]:
-    """ConfigMap and Job ``name``: schedules ``count`` messages ``<name>-<i>`` through the
-    topic's API Service with the topic's own token (from its Secret)."""
-    env: list[dict[str, Any]] = [
+def _api_env(namespace: str, topic: str) -> list[dict[str, Any]]:
+    """Where the topic's API is and its token (from the topic's Secret)."""
+    return [
         {"name": "API_URL", "value": f"http://{topic}-api.{namespace}.svc:8080/v1/topics/{topic}"},
         {"name": "API_TOKEN", "valueFrom": {"secretKeyRef": {
             "name": f"{topic}-credentials", "key": "api-token"}}},
-        {"name": "COUNT", "value": str(count)},
-        {"name": "PREFIX", "value": name},
-        {"name": "START_MS", "value": str(start_ms)},
-        {"name": "SPREAD_MS", "value": str(spread_ms)},
     ]
+
+
+def _job(name: str, namespace: str, image: str, script: str,
+         env: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return [
-        config_map(name, namespace, PRODUCER),
+        config_map(name, namespace, script),
         {"apiVersion": "batch/v1", "kind": "Job",
          "metadata": {"name": name, "namespace": namespace},
          "spec": {"backoffLimit": 0, "template": {"spec": _pod_spec(
              name, image, env, restartPolicy="Never")}}},
     ]
+
+
+def pull_consumer(namespace: str, image: str, topic: str, name: str,
+                  count: int) -> list[dict[str, Any]]:
+    """ConfigMap and Job ``name``: leases and acks ``count`` messages of a pull topic."""
+    return _job(name, namespace, image, PULL_CONSUMER,
+                [*_api_env(namespace, topic), {"name": "COUNT", "value": str(count)}])
+
+
+def producer(namespace: str, image: str, topic: str, name: str, count: int, start_ms: int,
+             spread_ms: int) -> list[dict[str, Any]]:
+    """ConfigMap and Job ``name``: schedules ``count`` messages ``<name>-<i>`` through the
+    topic's API Service with the topic's own token (from its Secret)."""
+    env: list[dict[str, Any]] = [
+        *_api_env(namespace, topic),
+        {"name": "COUNT", "value": str(count)},
+        {"name": "PREFIX", "value": name},
+        {"name": "START_MS", "value": str(start_ms)},
+        {"name": "SPREAD_MS", "value": str(spread_ms)},
+    ]
+    return _job(name, namespace, image, PRODUCER, env)
 
 
 def json_lines(text: str) -> list[dict[str, Any]]:
