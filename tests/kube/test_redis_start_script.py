@@ -35,10 +35,11 @@ TOPIC = Topic("orders", namespace="shop", slot_amount=4)  # spec_of()'s topic
 def start_pod(
     tmp_path: Path, name: str, master_port: int | None
 ) -> tuple[subprocess.Popen[bytes], int]:
-    """The start script of one broker pod on a local port (master when master_port is None)."""
+    """The start script of one broker pod on a local port (master when master_port is None);
+    a second start of the same `name` is its container's restart on the same volume."""
     port = free_port()
     data = tmp_path / name
-    data.mkdir()
+    data.mkdir(exist_ok=True)
     labels = tmp_path / f"{name}.labels"
     labels.write_text('delayq.io/redis-role="master"\n' if master_port is None else "")
     script = (
@@ -71,6 +72,10 @@ def admin(port: int) -> redis.Redis:
     return redis.Redis(port=port, username=acl.ADMIN_USER, password=ADMIN_PASSWORD)
 
 
+def service(port: int) -> redis.Redis:
+    return redis.Redis(port=port, username=acl.SERVICE_USER, password=PASSWORD)
+
+
 @pytest.fixture
 def pods(tmp_path: Path) -> Iterator[tuple[int, int]]:
     """A master pod and a replica pod of broker 0, both answering."""
@@ -101,14 +106,17 @@ def test_the_users_of_the_start_script(pods: tuple[int, int]) -> None:
     master_port, replica_port = pods
     with redis.Redis(port=master_port) as anonymous, pytest.raises(redis.RedisError):
         anonymous.ping()  # `default` is off
-    with redis.Redis(port=master_port, username=acl.SERVICE_USER, password=PASSWORD) as service:
-        queue = Queue(service, TOPIC)
+    posing = redis.Redis(port=master_port, username="default", password="x")
+    with posing, pytest.raises(redis.AuthenticationError):  # whatever its rules (AOF replay)
+        posing.ping()
+    with service(master_port) as client:
+        queue = Queue(client, TOPIC)
         queue.schedule("m", b"p", delay_ms=0)  # the engine works as the restricted user
         assert queue.stats().scheduled == 1
         with pytest.raises(NoPermissionError):
-            service.config_get("maxmemory")
+            client.config_get("maxmemory")
         with pytest.raises(NoPermissionError):
-            service.set("dq:{shop/other/0}:epoch", "1")
+            client.set("dq:{shop/other/0}:epoch", "1")
     # the replica logs in to the master as the admin user (masteruser/masterauth)
     wait_until(
         lambda: _replication(replica_port).get("master_link_status") == "up",
@@ -116,6 +124,32 @@ def test_the_users_of_the_start_script(pods: tuple[int, int]) -> None:
         "the replica's link to the master",
     )
     assert _replication(master_port)["role"] == "master"
+
+
+def test_a_master_killed_and_restarted_keeps_every_message(tmp_path: Path) -> None:
+    """kill -9 of a master's redis-server, then its start on the same data directory (kubelet
+    restarting the container) gives back every message the engine stored. Its scripts reach the
+    AOF as MULTI/EXEC, which Redis 7.0 replays as `default` and re-checks against that user's
+    rules: with `default` off and no permissions, each was dropped on load, the master came back
+    with none of them and its replica, resyncing, lost them too."""
+    process, port = start_pod(tmp_path, "master", None)
+    try:
+        wait_until(lambda: _pings(port), 60, "the master")
+        with service(port) as client:
+            queue = Queue(client, TOPIC)
+            for index in range(20):
+                queue.schedule(f"m{index}", b"p", delay_ms=3_600_000)
+            assert queue.stats().scheduled == 20
+        process.kill()
+        process.wait()
+        process, port = start_pod(tmp_path, "master", None)
+        wait_until(lambda: _pings(port), 60, "the restarted master")
+        with service(port) as client:
+            queue = Queue(client, TOPIC)
+            assert queue.stats().scheduled == 20
+            assert queue.get("m7").payload == b"p"
+    finally:
+        stop_by_pid(process, 10)
 
 
 def pre_stop(port: int) -> subprocess.Popen[bytes]:

@@ -64,6 +64,10 @@ REDIS_DEFAULT_LIMITS = {"memory": "512Mi"}
 # Users (Redis ACLs, delayq.queue.acl): `default` is off; the delay services log in as
 # SERVICE_USER, limited to the topic's keys and the engine's commands (SERVICE_USER_RULES, no
 # password in it); the operator and the replicas (masteruser) as ADMIN_USER with every command.
+# `default` is off with no password, so no client can log in as it, yet it keeps every command
+# and key: Redis (7.0 here, before redis/redis#14541) replays the AOF as `default` and re-checks
+# each MULTI/EXEC against its rules, and the engine's scripts reach the AOF as MULTI/EXEC, so a
+# `default` without permissions silently drops every message on a restart from the AOF.
 # maxmemory-policy is always noeviction: evicting keys of a delay queue loses messages, so a full
 # Redis must refuse writes (OOM) instead; MAXMEMORY is 0 (no bound) without a memory limit.
 REDIS_START_SCRIPT = """\
@@ -80,7 +84,7 @@ else
   args="$args --replicaof $MASTER_HOST 6379"
 fi
 exec redis-server - $args <<REDISCONF
-user default off
+user default off ~* &* +@all
 user $ADMIN_USER $ADMIN_USER_RULES >$REDIS_ADMIN_PASSWORD
 user $SERVICE_USER $SERVICE_USER_RULES >$REDIS_PASSWORD
 masteruser $ADMIN_USER
