@@ -16,8 +16,8 @@ import pytest
 from delayq.kube import naming
 from delayq.kube.builders.bundle import build_all
 from delayq.kube.builders.common import HOSTNAME_TOPOLOGY, POD_NAME_LABEL, Manifest, PodPlacement
-from delayq.kube.config import OperatorConfig
 from delayq.kube.builders.redis import BROKER_SPREAD_WEIGHT, SERVICE_PAIR_WEIGHT
+from delayq.kube.config import OperatorConfig
 from delayq.kube.context import OperatorContext
 from delayq.kube.handlers.reconcile import reconcile
 from tests.kube.conftest import DT
