@@ -12,8 +12,8 @@ What it changes outside its namespace and directory, and how that is undone:
   panic behaviour, key quotas) machine-wide; the harness records their values before and
   restores them after the node stops;
 * cgroups under ``/kubepods`` in each cgroup v1 hierarchy (kubelet's cgroupfs driver), emptied
-  when the pods stop; and containerd's pod network namespaces under ``/var/run/netns``, removed
-  at stop if containerd left any.
+  when the pods stop; containerd's pod network namespaces under ``/var/run/netns`` and kubelet's
+  links in ``/var/log/containers``, removed at stop if any were left.
 
 One real node runs per machine at a time (a lock file): two kubelets would share ``/kubepods``.
 """
@@ -289,8 +289,20 @@ disabled_plugins = ["io.containerd.snapshotter.v1.aufs", "io.containerd.snapshot
                                check=False)
                 with contextlib.suppress(OSError):
                     os.unlink(f"/var/run/netns/{name}")
+        _remove_links_into(Path("/var/log/containers"), self.workdir)
         for key, value in self.saved_sysctls.items():
             subprocess.run(["sysctl", "-qw", f"{key}={value}"], check=False)
+
+
+def _remove_links_into(directory: Path, root: Path) -> None:
+    """Remove the symlinks in ``directory`` that point below ``root``: kubelet's
+    ``/var/log/containers`` links of containers it had no time to remove itself."""
+    if not directory.is_dir():
+        return
+    for link in directory.iterdir():
+        with contextlib.suppress(OSError):
+            if link.is_symlink() and os.readlink(link).startswith(str(root) + "/"):
+                link.unlink()
 
 
 def _sysctl(key: str) -> str:
