@@ -536,7 +536,8 @@ def slots(api: Api, args: argparse.Namespace, out: TextIO) -> int:
 # ---- parsing ---------------------------------------------------------------------------------
 
 
-def _non_negative(text: str) -> int:
+def non_negative(text: str) -> int:
+    """argparse type of the CLI's counts and slot numbers (also `delayq routing`)."""
     try:
         value = int(text)
     except ValueError:
@@ -547,7 +548,7 @@ def _non_negative(text: str) -> int:
 
 
 def _positive(text: str) -> int:
-    value = _non_negative(text)
+    value = non_negative(text)
     if value == 0:
         raise argparse.ArgumentTypeError("must be at least 1")
     return value
@@ -575,7 +576,7 @@ def _message(parser: argparse.ArgumentParser) -> None:
     where = parser.add_mutually_exclusive_group()
     where.add_argument("--slot-basis", help="the slot basis it was scheduled with, if any")
     where.add_argument(
-        "--slot", type=_non_negative, help="instead, the slot that holds it (as `dead list` shows)"
+        "--slot", type=non_negative, help="instead, the slot that holds it (as `dead list` shows)"
     )
 
 
@@ -622,8 +623,8 @@ def register(subparsers: Any) -> None:
     reschedule = leaf(msg, "reschedule", "move a message's due time", msg_reschedule)
     _message(reschedule)
     when = reschedule.add_mutually_exclusive_group(required=True)
-    when.add_argument("--delay-ms", type=_non_negative, help="due this long from now")
-    when.add_argument("--at-ms", type=_non_negative, help="due at this Unix time (ms)")
+    when.add_argument("--delay-ms", type=non_negative, help="due this long from now")
+    when.add_argument("--at-ms", type=non_negative, help="due at this Unix time (ms)")
 
     dead = group("dead", "the dead letters: list, redrive, purge")
     listing = leaf(dead, "list", "one page of dead messages with reason and attempts", dead_list)
@@ -635,7 +636,7 @@ def register(subparsers: Any) -> None:
         parser.add_argument("--all", action="store_true", help="every dead message of the topic")
         where = parser.add_mutually_exclusive_group()
         where.add_argument(
-            "--slot", type=_non_negative, help="the ids' slot, as `dead list` shows it"
+            "--slot", type=non_negative, help="the ids' slot, as `dead list` shows it"
         )
         where.add_argument("--slot-basis", help="the slot basis the ids were scheduled with")
         parser.add_argument("--yes", action="store_true", help="purge --all: yes, really")
@@ -661,7 +662,7 @@ def register(subparsers: Any) -> None:
     slot_map = leaf(
         subparsers, "slots", "the slot map: owner, epoch, depth, oldest overdue per slot", slots
     )
-    slot_map.add_argument("--start", type=_non_negative, default=0, help="first slot")
+    slot_map.add_argument("--start", type=non_negative, default=0, help="first slot")
     slot_map.add_argument("--count", type=_positive, default=1024, help="slots (max 1024)")
     slot_map.add_argument(
         "--only", choices=("all", "attention"), default="all", help="attention: stalled, unowned"

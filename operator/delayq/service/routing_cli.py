@@ -17,6 +17,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
+from delayq.service.admin_cli import non_negative
 from delayq.service.config import ConfigError, ServiceConfig, add_arguments
 
 OK, BAD_INPUT, UNREACHABLE = 0, 2, 3
@@ -39,25 +40,15 @@ def register(subparsers: Any) -> None:
         "move-slot",
         help="move one slot's messages to another broker, live (resumes a stopped move)",
     )
-    move.add_argument("--slot", type=_non_negative, required=True, help="the slot to move")
+    move.add_argument("--slot", type=non_negative, required=True, help="the slot to move")
     move.add_argument(
-        "--to-broker", type=_non_negative, required=True, help="the broker index to move it to"
+        "--to-broker", type=non_negative, required=True, help="the broker index to move it to"
     )
     move.add_argument(
         "--abort", action="store_true", help="roll back the slot's move (before its switch)"
     )
     add_arguments(move)
     move.set_defaults(handler=_handler(_move))
-
-
-def _non_negative(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"{text} is negative")
-    return value
 
 
 def _handler(run: Any) -> Any:
