@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import base64
 import json
+import re
 import secrets
 import time
 from collections.abc import Iterator
@@ -314,6 +315,50 @@ def test_kill_9_of_a_delay_service_loses_nothing(
     ids = [f"service-kill-{i}" for i in range(200)]
     deliveries = _wait_delivered(kube, install.tenant, webhook_topic, ids, timeout_s=180)
     assert _lateness_ms(deliveries, ids)[0] >= 0
+
+
+#: "... took over as master at replication offset N, writes paused P ms." (handlers/switchover.py)
+PAUSED_MS = re.compile(r"writes paused (\d+) ms")
+
+
+def _switchover_events(kube: Kube, namespace: str, topic: str) -> list[dict[str, Any]]:
+    return [event for event in kube.items("events", namespace)
+            if event["involvedObject"]["name"] == topic and event["reason"] == "SwitchedOver"]
+
+
+def test_deleting_a_redis_master_pod_switches_over_before_it_stops(
+    kube: Kube, install: Install, webhook_topic: str
+) -> None:
+    """The planned switchover (issue 13) on real pods: `kubectl delete pod` of broker 0's
+    master runs its preStop hook, which holds redis-server until the operator has handed the
+    role to the caught-up replica (a `SwitchedOver` Event with the write pause), so the
+    master changes without waiting failoverGraceSeconds. Messages stored before and written
+    right after are all delivered, none early, and the deleted pod rejoins as a replica."""
+    topic = webhook_topic
+    _wait_pods_ready(kube, install.tenant, f"delayq.io/topic={topic}", 6)
+    _wait_topic_ready(kube, install.tenant, topic)
+    old_master = _master_pod(kube, install.tenant, topic, 0)
+    (replica,) = {f"{topic}-redis-0-0", f"{topic}-redis-0-1"} - {old_master}
+    before = len(_switchover_events(kube, install.tenant, topic))
+    _produce(kube, install, topic, "before-switch", 200, start_ms=10000, spread_ms=6000)
+    start = time.monotonic()
+    kube.kubectl("delete", "pod", old_master, "-n", install.tenant, "--wait=false")
+    kube.wait(lambda: _master_pod(kube, install.tenant, topic, 0) == replica or None,
+              timeout_s=60, what=f"{replica} master of broker 0")
+    print(f"e2e: broker 0's master moved {old_master} -> {replica} "
+          f"{time.monotonic() - start:.1f}s after the pod delete")
+    events = kube.wait(lambda: _switchover_events(kube, install.tenant, topic)[before:] or None,
+                       timeout_s=30, what="a SwitchedOver Event")
+    paused = PAUSED_MS.search(events[-1]["message"])
+    assert paused, events[-1]["message"]
+    print(f"e2e: real-pod switchover paused writes {paused[1]} ms ({events[-1]['message']})")
+    _produce(kube, install, topic, "after-switch", 100, start_ms=3000, spread_ms=3000)
+    ids = [f"before-switch-{i}" for i in range(200)] + [f"after-switch-{i}" for i in range(100)]
+    deliveries = _wait_delivered(kube, install.tenant, topic, ids, timeout_s=180)
+    assert _lateness_ms(deliveries, ids)[0] >= 0
+    _wait_pods_ready(kube, install.tenant, f"delayq.io/topic={topic}", 6)
+    _wait_topic_ready(kube, install.tenant, topic)
+    assert _master_pod(kube, install.tenant, topic, 0) == replica
 
 
 def test_a_pull_topic_is_consumed_by_a_client_pod(kube: Kube, install: Install) -> None:
