@@ -7,7 +7,9 @@ slots, then for each mode schedules `rate` messages per second through the HTTP 
 `--delay-ms` later) and measures, per delivered message, lateness = arrival at the consumer minus
 due time (same host, same wall clock). Modes:
 
-- webhook: the services POST to a receiver in this process;
+- webhook: the services POST to a receiver process, one message per POST;
+- webhook_batch: the same with `--webhook-max-batch` (messages that wait for a POST slot go
+  out together; the receiver answers each), for a same-run ratio to `webhook`;
 - pull: consumers in this process lease (long poll) and ack over HTTP, `--pull-consumers` per
   service (more of them waiting at once is what a wake-up must not pay for per poll);
 - failover: webhook at a lower rate; kill -9 one service and measure the gap from the kill to
@@ -116,11 +118,16 @@ def receiver_app() -> web.Application:
     records: list[tuple[str, str, float, int]] = []
 
     async def receive(request: web.Request) -> web.Response:
-        message = await request.json()
-        lateness = wall_ms() - int(message["dueMs"])
+        body = await request.json()
         member = request.headers.get("X-Delayq-Member", "?")
-        records.append((message["id"], member, time.monotonic(), lateness))
-        return web.Response(status=204)
+        for message in body.get("messages", [body]):  # a batch, or one message
+            lateness = wall_ms() - int(message["dueMs"])
+            records.append((message["id"], member, time.monotonic(), lateness))
+        if "messages" not in body:
+            return web.Response(status=204)
+        return web.json_response(
+            {"results": [{"id": message["id"], "status": 200} for message in body["messages"]]}
+        )
 
     async def since(request: web.Request) -> web.Response:
         return web.json_response(records[int(request.query.get("from", "0")) :])
@@ -171,6 +178,7 @@ def fleet(
     topic_type: TopicType,
     webhook_url: str,
     workdir: Path,
+    webhook_max_batch: int = 1,
 ) -> Iterator[list[ServeProcess]]:
     base = ServiceConfig(
         redis_url=env["redis"],
@@ -180,6 +188,7 @@ def fleet(
         topic_type=topic_type,
         webhook_url=webhook_url,
         webhook_max_in_flight=128,
+        webhook_max_batch=webhook_max_batch,
         webhook_timeout_ms=2000,
         ack_timeout_ms=args.ack_timeout_ms,
         zookeeper_connect=env["zk"],
@@ -299,15 +308,23 @@ async def drain(tally: Tally, timeout_s: float) -> None:
 
 
 async def run_webhook(
-    args: argparse.Namespace, env: dict[str, str], workdir: Path
+    args: argparse.Namespace, env: dict[str, str], workdir: Path, max_batch: int = 1
 ) -> dict[str, Any]:
     tally = Tally()
     async with receiver(tally, workdir) as url, aiohttp.ClientSession() as session:
-        with fleet(args, env, TopicType.WEBHOOK, url, workdir) as processes:
+        with fleet(args, env, TopicType.WEBHOOK, url, workdir, max_batch) as processes:
             await wait_ready(session, processes)
             await produce(session, processes, tally, args.rate, args.duration, args.delay_ms, "w")
             await drain(tally, args.delay_ms / 1000 + 30)
     return tally.report(args.rate, args.duration)
+
+
+async def run_webhook_batch(
+    args: argparse.Namespace, env: dict[str, str], workdir: Path
+) -> dict[str, Any]:
+    """The webhook run with batched POSTs (`--webhook-max-batch`), for the same-run ratio."""
+    report = await run_webhook(args, env, workdir, args.webhook_max_batch)
+    return {**report, "webhook_max_batch": args.webhook_max_batch}
 
 
 async def run_pull(args: argparse.Namespace, env: dict[str, str], workdir: Path) -> dict[str, Any]:
@@ -401,7 +418,12 @@ async def main_async(args: argparse.Namespace) -> dict[str, Any]:
         "processes": 3,
         "delay_ms": args.delay_ms,
     }
-    runners = {"webhook": run_webhook, "pull": run_pull, "failover": run_failover}
+    runners = {
+        "webhook": run_webhook,
+        "webhook_batch": run_webhook_batch,
+        "pull": run_pull,
+        "failover": run_failover,
+    }
     with RedisServer() as redis_server, ZooKeeperServer() as zookeeper:
         env = {"redis": redis_server.url, "zk": zookeeper.hosts}
         for mode in args.modes.split(","):
@@ -416,7 +438,10 @@ def main() -> int:
     parser.add_argument("--rate", type=float, default=2000.0, help="messages scheduled per s")
     parser.add_argument("--duration", type=float, default=20.0, help="seconds of scheduling")
     parser.add_argument("--delay-ms", type=int, default=1000, help="delay of every message")
-    parser.add_argument("--modes", default="webhook,pull,failover")
+    parser.add_argument("--modes", default="webhook,webhook_batch,pull,failover")
+    parser.add_argument(
+        "--webhook-max-batch", type=int, default=100, help="messages per POST in webhook_batch"
+    )
     parser.add_argument("--pull-consumers", type=int, default=2, help="long polls per service")
     parser.add_argument("--failover-rate", type=float, default=300.0)
     parser.add_argument("--failover-duration", type=float, default=30.0)

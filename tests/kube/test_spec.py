@@ -37,6 +37,9 @@ def test_spec_defaults_match_the_crd() -> None:
         ({"ackTimeout": "0ms"}, "ackTimeout must be between 1ms and 24h"),
         ({"outcomeRetention": "721h"}, "outcomeRetention must be between 0s and 720h"),
         ({"delivery": {"paused": "yes"}}, "delivery.paused must be true or false"),
+        ({"topicType": "webhook",
+          "delivery": {"webhook": {"url": "https://h.example/d", "maxBatch": 0}}},
+         "delivery.webhook.maxBatch must be an integer between 1 and 1000"),
         ({"maxRetries": True}, "maxRetries must be an integer"),
         ({"zookeeper": {"connect": "not a host"}}, "zookeeper.connect"),
         ({"deletionPolicy": "Orphan"}, "deletionPolicy 'Orphan' must be Retain or Delete"),
@@ -78,6 +81,16 @@ def test_retry_policy_reaches_the_delay_service() -> None:
         1000,
         Backoff(1000, 2.0, 3_600_000, Jitter.NONE),
     )
+
+
+def test_webhook_batches_reach_the_delay_service() -> None:
+    """delivery.webhook.maxBatch → topic.json → ServiceConfig; 1 (one message per POST, what
+    every receiver understands) when absent."""
+    webhook = {"url": "https://hooks.example/d", "maxBatch": 100}
+    spec = parse_spec("orders", "shop", {"topicType": "webhook", "delivery": {"webhook": webhook}})
+    file = TopicFile.from_json(topic_file(spec, BuildContext(), spec.slot_amount).to_json())
+    assert ServiceConfig.from_env({}, file.service_settings({})).webhook_max_batch == 100
+    assert parse_spec("orders", "shop", {}).delivery.webhook_max_batch == 1
 
 
 def test_end_of_retries_and_expiry_reach_the_engine_topic() -> None:

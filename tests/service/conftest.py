@@ -99,6 +99,7 @@ class Receiver:
     url: str = ""
     requests: list[tuple[dict[str, str], bytes]] = field(default_factory=list)
     answer: Callable[[int], Awaitable[int]] | None = None  # call number -> status
+    reply: Callable[[bytes], bytes] | None = None  # request body -> response body
 
     def bodies(self) -> list[bytes]:
         return [body for _, body in self.requests]
@@ -112,7 +113,8 @@ async def receiver() -> AsyncIterator[Receiver]:
         body = await request.read()
         recorded.requests.append((dict(request.headers), body))
         status = 200 if recorded.answer is None else await recorded.answer(len(recorded.requests))
-        return web.Response(status=status)
+        reply = b"" if recorded.reply is None else recorded.reply(body)
+        return web.Response(status=status, body=reply)
 
     app = web.Application()
     app.router.add_post("/hook", handle)

@@ -36,6 +36,7 @@ def test_topic_settings_default_from_the_table():
     assert shared == {
         "slot_amount", "topic_type", "max_retries", "ack_timeout_ms", "max_payload_bytes",
         "journal_max_len", "pull_max_lease_batch", "webhook_timeout_ms", "webhook_max_in_flight",
+        "webhook_max_batch",
         "stream_max_len", "zookeeper_session_timeout_ms", "worker_concurrency",
         "webhook_allow_private_targets", "redis_sync_replicas", "redis_sync_timeout_ms",
         "retry_backoff_base_ms", "retry_backoff_max_ms", "retry_backoff_multiplier",

@@ -298,6 +298,7 @@ async def test_serve_with_the_operators_topic_file(
         webhook_url="",
         webhook_timeout_ms=10_000,
         webhook_max_in_flight=64,
+        webhook_max_batch=1,
         webhook_allow_private_targets=False,
         webhook_allowed_cidrs="",
         webhook_allow_insecure_http=False,

@@ -207,6 +207,99 @@ async def test_concurrency_is_limited_per_topic(start_service: StartService, rec
     assert peak == 2
 
 
+def answer_each(request_body: bytes, statuses: dict[str, int] | None = None,
+                skip: frozenset[str] = frozenset()) -> bytes:
+    """A batch receiver's reply: 200 for each message, except on its first attempt: then
+    `statuses` says otherwise, and the ids in `skip` get no answer at all."""
+    results = []
+    for message in json.loads(request_body)["messages"]:
+        first = message["attempt"] == 1
+        if not (first and message["id"] in skip):
+            status = (statuses or {}).get(message["id"], 200) if first else 200
+            results.append({"id": message["id"], "status": status})
+    return json.dumps({"results": results}).encode()
+
+
+async def test_messages_waiting_for_a_post_slot_go_out_together_each_answered(
+    start_service: StartService, receiver: Receiver
+):
+    """maxBatch 10 with one POST slot: the first message leaves alone, the ones that pile up
+    behind it leave together (at most 10 per POST), signed as one; the receiver's answer to
+    each acks it (200), or retries it alone (500, or no answer)."""
+    release = asyncio.Event()
+
+    async def first_held(call: int) -> int:
+        if call == 1:
+            await release.wait()
+        return 200
+
+    receiver.answer = first_held
+    receiver.reply = lambda body: answer_each(body, {"b3": 500}, frozenset({"b4"}))
+    running = await start_service(
+        topic_type="webhook", webhook_url=receiver.url, webhook_secret=SECRET,
+        webhook_max_in_flight=1, webhook_max_batch=10,
+    )
+    await schedule(running, "b0")
+    await eventually(lambda: len(receiver.requests) == 1, 5, "the first POST")
+    messages = [{"id": f"b{i}", "delayMs": 0} for i in range(1, 16)]
+    await running.client.post(f"{running.base}/messages/batch", json={"messages": messages})
+
+    async def all_claimed() -> bool:
+        return all([await state_of(running, f"b{i}") == "prepared" for i in range(1, 16)])
+
+    await eventually(all_claimed, 5, "15 messages claimed, waiting behind the held POST")
+    release.set()
+    await eventually(lambda: all([
+        any(m["id"] == "b3" and m["attempt"] == 2 for m in posted(receiver)),
+        any(m["id"] == "b4" and m["attempt"] == 2 for m in posted(receiver)),
+    ]), 10, "b3 and b4 retried")
+    headers, body = receiver.requests[1]
+    batch = json.loads(body)["messages"]
+    assert len(batch) == 10
+    assert headers["X-Delayq-Batch-Size"] == "10"
+    assert Webhook(SECRET).verify(body, headers) == {"messages": batch}
+    assert headers[ID_HEADER].startswith("batch_")
+    sizes = [len(json.loads(body)["messages"]) for body in receiver.bodies()]
+    assert sizes[0] == 1, sizes
+    assert max(sizes) == 10, sizes
+    firsts = [m for m in posted(receiver) if m["attempt"] == 1]
+    assert sorted(m["id"] for m in firsts) == sorted(f"b{i}" for i in range(16))
+
+    async def all_acked() -> bool:
+        return all([await state_of(running, f"b{i}") == "absent" for i in range(16)])
+
+    await eventually(all_acked, 10, "every message acked")
+
+
+def posted(receiver: Receiver) -> list[dict[str, Any]]:
+    """Every message the receiver was sent, batch or not, in order."""
+    messages: list[dict[str, Any]] = []
+    for body in receiver.bodies():
+        document = json.loads(body)
+        messages.extend(document.get("messages", [document]))
+    return messages
+
+
+async def test_a_batch_reply_without_results_retries_the_whole_batch(
+    start_service: StartService, receiver: Receiver
+):
+    """A 200 whose body does not answer each message (a receiver that does not speak batches)
+    acks nothing: every message is retried, never lost."""
+    running = await start_service(
+        topic_type="webhook", webhook_url=receiver.url, webhook_max_batch=5, max_retries=1,
+    )
+    await schedule(running, "n")
+    await eventually(lambda: len(receiver.requests) == 2, 10, "the batch retried once")
+    assert [m["attempt"] for m in posted(receiver)] == [1, 2]
+
+    async def dead() -> bool:
+        return await state_of(running, "n") == "dead"
+
+    await eventually(dead, 10, "dead after maxRetries")
+    info = await (await running.client.get(f"{running.base}/messages/n")).json()
+    assert "batch reply is not" in info["deadReason"]
+
+
 async def test_shutdown_finishes_in_flight_deliveries(
     start_service: StartService, receiver: Receiver, async_redis_client: redis.asyncio.Redis
 ):

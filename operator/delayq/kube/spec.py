@@ -132,6 +132,7 @@ class Delivery:
     webhook_url: str = ""
     webhook_timeout_ms: int = DEFAULTS.webhook_timeout_ms
     webhook_max_in_flight: int = DEFAULTS.webhook_max_in_flight
+    webhook_max_batch: int = DEFAULTS.webhook_max_batch
     webhook_allow_private_targets: bool = DEFAULTS.webhook_allow_private_targets
     webhook_allowed_cidrs: tuple[str, ...] = ()
     webhook_allow_insecure_http: bool = DEFAULTS.webhook_allow_insecure_http
@@ -364,6 +365,7 @@ def _delivery(topic_type: TopicType, section: Mapping[str, Any]) -> Delivery:
         webhook_url=url,
         webhook_timeout_ms=_duration(webhook, "webhook_timeout_ms", 10, 300_000),
         webhook_max_in_flight=_int(webhook, "webhook_max_in_flight", 1, 10_000),
+        webhook_max_batch=_int(webhook, "webhook_max_batch", 1, 1000),
         webhook_allow_private_targets=_bool(
             webhook,
             "allowPrivateTargets",

@@ -115,6 +115,13 @@ class ServiceConfig:
         default=DEFAULTS.webhook_max_in_flight,
         metadata=_help("webhook topics: concurrent POSTs at most"),
     )
+    webhook_max_batch: int = field(
+        default=DEFAULTS.webhook_max_batch,
+        metadata=_help(
+            "webhook topics: messages per POST at most; above 1 the receiver must answer each "
+            "message of a batch (docs/service.md, Batched webhooks)"
+        ),
+    )
     # True, unlike the CRD's false: run by hand, the process and its URL are the platform's own
     # (often a receiver on this machine); the operator writes the topic's value into topic.json
     webhook_allow_private_targets: bool = field(
@@ -333,6 +340,7 @@ class ServiceConfig:
         for name in (
             "webhook_timeout_ms",
             "webhook_max_in_flight",
+            "webhook_max_batch",
             "worker_concurrency",
             "redis_max_connections",
             "batch_size",

@@ -50,6 +50,9 @@ class TopicDefaults:
     pull_max_lease_batch: int = field(default=1000, metadata=_crd("delivery.pull.maxLeaseBatch"))
     webhook_timeout_ms: int = field(default=10_000, metadata=_crd("delivery.webhook.timeout"))
     webhook_max_in_flight: int = field(default=64, metadata=_crd("delivery.webhook.maxInFlight"))
+    # 1: one message per POST, what every receiver understands; more only for receivers that
+    # answer each message of a batch (delivery/webhook.py)
+    webhook_max_batch: int = field(default=1, metadata=_crd("delivery.webhook.maxBatch"))
     # a tenant's webhook reaches only public addresses unless its topic says otherwise (the SSRF
     # guard, delivery/targets.py); `delayq serve` run by hand defaults to true (config.py)
     webhook_allow_private_targets: bool = field(

@@ -108,8 +108,9 @@ class DelayService:
                 batch_size=self.config.batch_size,
                 max_in_flight=self.config.worker_concurrency,
                 lease_ms=self.config.ack_timeout_ms,
-                # as many handlers per batch as POSTs may run at once (the sink's semaphore)
-                batch_concurrency=self.config.webhook_max_in_flight,
+                # as many handlers per batch as messages the sink's POSTs may carry at once
+                batch_concurrency=self.config.webhook_max_in_flight
+                * self.config.webhook_max_batch,
                 backoff=self.config.backoff,
             )
             self.consumers = [
@@ -199,6 +200,7 @@ class DelayService:
                 self.lease_deadline_ms,
                 targets=config.webhook_targets,
                 extra_headers=config.webhook_headers,
+                max_batch=config.webhook_max_batch,
             )
         if config.stream_url:
             client = connect(config.stream_url, config.redis_max_connections)

@@ -60,6 +60,7 @@ class TopicFile:
     webhook_url: str
     webhook_timeout_ms: int
     webhook_max_in_flight: int
+    webhook_max_batch: int
     webhook_allow_private_targets: bool  # always written: a pod never falls back to serve's true
     webhook_allowed_cidrs: str  # comma-separated, as the setting
     webhook_allow_insecure_http: bool  # always written: a pod never falls back to serve's true

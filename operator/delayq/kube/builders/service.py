@@ -91,6 +91,7 @@ def topic_file(spec: TopicSpec, ctx: BuildContext, slot_amount: int) -> TopicFil
         webhook_url=delivery.webhook_url,
         webhook_timeout_ms=delivery.webhook_timeout_ms,
         webhook_max_in_flight=delivery.webhook_max_in_flight,
+        webhook_max_batch=delivery.webhook_max_batch,
         webhook_allow_private_targets=delivery.webhook_allow_private_targets,
         webhook_allowed_cidrs=",".join(delivery.webhook_allowed_cidrs),
         webhook_allow_insecure_http=delivery.webhook_allow_insecure_http,

@@ -3,6 +3,13 @@
 One pooled aiohttp session per topic, a semaphore bounding concurrent POSTs (the per-topic
 concurrency limit), and a total timeout per POST so a hung receiver costs a retry, not a slot.
 
+Batches (`max_batch` > 1, for receivers that accept them): the messages waiting for a POST slot
+go out together, up to `max_batch` per POST, as `{"messages": [...]}`, and the receiver answers
+each one (`{"results": [{"id": ..., "status": 200}, ...]}`): a 2xx status acks that message,
+anything else, or no answer for it, retries it alone. Batches form only while every POST slot is
+busy, so a quiet topic still sends each message at once, and a busy one spends one request on
+many messages (docs/service.md, "Batched webhooks").
+
 A message may wait for the semaphore; once it has a turn, the sink asks `lease_deadline` whether
 its lease is still valid and its slot still owned, and sends nothing otherwise (`LeaseGoneError`:
 the consumer gives it back); the deadline travels in `X-Delayq-Lease-Deadline` (unix ms, Redis
@@ -24,10 +31,13 @@ message is retried with the usual backoff, so a tenant who fixes the topic sees 
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import ipaddress
+import json
 import socket
 import time
 from collections.abc import Callable, Mapping
+from typing import Any
 
 import aiohttp
 from aiohttp.abc import AbstractResolver, ResolveResult
@@ -126,6 +136,7 @@ class WebhookSink:
         *,
         targets: TargetPolicy,
         extra_headers: Mapping[str, str] | None = None,
+        max_batch: int = 1,
     ) -> None:
         self.topic = topic
         self.url = url
@@ -137,6 +148,11 @@ class WebhookSink:
         self.lease_deadline = lease_deadline
         self._limit = asyncio.Semaphore(concurrency)
         self._literal_refusal = literal_refusal(url, targets)
+        self.max_batch = max_batch
+        self._waiting: list[tuple[Message, asyncio.Future[None]]] = []
+        self._has_waiting = asyncio.Event()
+        self._batcher: asyncio.Task[None] | None = None
+        self._batches: set[asyncio.Task[None]] = set()
         # No cookie jar: a receiver's cookies must not ride along on later deliveries.
         self._session = aiohttp.ClientSession(
             timeout=aiohttp.ClientTimeout(total=timeout_ms / 1000),
@@ -145,6 +161,9 @@ class WebhookSink:
         )
 
     async def deliver(self, message: Message) -> None:
+        if self.max_batch > 1:
+            await self._deliver_in_batch(message)
+            return
         body = message_body(self.topic, message)
         message_id = header_id(message.id)
         headers = {
@@ -163,11 +182,97 @@ class WebhookSink:
                 timestamp_s = int(self.clock_ms(message.slot) // 1000)
                 headers.update(self.signer.headers(message_id, timestamp_s, body))
             started = time.monotonic()
-            status = await self._post(body, headers, started)
+            status, _ = await self._post(body, headers, started)
         if not 200 <= status < 300:
             raise DeliveryError(f"POST {self.url}: HTTP {status}")
 
-    async def _post(self, body: bytes, headers: dict[str, str], started: float) -> int:
+    async def _deliver_in_batch(self, message: Message) -> None:
+        """Wait for the batcher to send the message with the others waiting, and for the
+        receiver's answer to it. A cancelled wait (the slot released) leaves it unsent."""
+        if self._batcher is None:
+            self._batcher = asyncio.create_task(self._form_batches())
+        answered: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._waiting.append((message, answered))
+        self._has_waiting.set()
+        await answered
+
+    async def _form_batches(self) -> None:
+        """Take a POST slot, then every message waiting (up to `max_batch`): while all slots
+        are busy, messages pile up and leave together when one frees."""
+        while True:
+            await self._has_waiting.wait()
+            await self._limit.acquire()
+            batch = [entry for entry in self._waiting[: self.max_batch] if not entry[1].done()]
+            del self._waiting[: self.max_batch]
+            if not self._waiting:
+                self._has_waiting.clear()
+            if not batch:
+                self._limit.release()
+                continue
+            task = asyncio.create_task(self._send_batch(batch))
+            self._batches.add(task)
+            task.add_done_callback(self._batches.discard)
+
+    async def _send_batch(self, batch: list[tuple[Message, asyncio.Future[None]]]) -> None:
+        """POST one batch (holding the slot `_form_batches` took) and settle every message's
+        wait with the receiver's answer to it."""
+        try:
+            sent: list[tuple[Message, asyncio.Future[None]]] = []
+            deadlines: list[float] = []
+            for message, answered in batch:
+                deadline_ms = self.lease_deadline(message)
+                if deadline_ms is None:
+                    answered.set_exception(
+                        LeaseGoneError(f"{message.id}: lease gone while waiting for a POST slot")
+                    )
+                else:
+                    sent.append((message, answered))
+                    deadlines.append(deadline_ms)
+            if not sent:
+                return
+            bodies = [message_body(self.topic, message) for message, _ in sent]
+            body = b'{"messages":[' + b",".join(bodies) + b"]}"
+            batch_id = "batch_" + hashlib.sha256(b"\n".join(bodies)).hexdigest()[:32]
+            headers = {
+                **self.extra_headers,
+                "Content-Type": "application/json",
+                "X-Delayq-Batch-Size": str(len(sent)),
+                "X-Delayq-Member": self.member,
+                "X-Delayq-Lease-Deadline": str(int(min(deadlines))),
+            }
+            if self.signer:
+                timestamp_s = int(self.clock_ms(sent[0][0].slot) // 1000)
+                headers.update(self.signer.headers(batch_id, timestamp_s, body))
+            try:
+                status, reply = await self._post(body, headers, time.monotonic())
+                if not 200 <= status < 300:
+                    raise DeliveryError(f"POST {self.url}: HTTP {status}")
+                answers = batch_answers(reply)
+            except DeliveryError as error:
+                for _, answered in sent:
+                    if not answered.done():
+                        answered.set_exception(error)
+                return
+            for message, answered in sent:
+                if answered.done():
+                    continue
+                answer = answers.get(message.id)
+                if answer is not None and 200 <= answer < 300:
+                    answered.set_result(None)
+                else:
+                    said = "no answer for it" if answer is None else f"status {answer}"
+                    answered.set_exception(
+                        DeliveryError(f"POST {self.url}: batch reply gave {said}")
+                    )
+        finally:
+            self._limit.release()
+            for _, answered in batch:  # only on a bug above: never leave a delivery waiting
+                if not answered.done():
+                    answered.set_exception(DeliveryError(f"POST {self.url}: batch not sent"))
+
+    async def _post(
+        self, body: bytes, headers: dict[str, str], started: float
+    ) -> tuple[int, bytes]:
         if self._literal_refusal:
             self._observe("refused", started)
             raise DeliveryError(f"POST {self.url}: {self._literal_refusal}")
@@ -175,7 +280,7 @@ class WebhookSink:
             async with self._session.post(
                 self.url, data=body, headers=headers, allow_redirects=False
             ) as response:
-                await response.read()
+                reply = await response.read()
                 status = response.status
         except aiohttp.ClientConnectorError as error:
             if isinstance(error.os_error, TargetRefusedError):
@@ -187,10 +292,29 @@ class WebhookSink:
             self._observe("error", started)
             raise DeliveryError(f"POST {self.url}: {type(error).__name__}: {error}") from error
         self._observe(f"{status // 100}xx", started)
-        return status
+        return status, reply
 
     def _observe(self, status: str, started: float) -> None:
         self.metrics.observe_webhook(status, time.monotonic() - started)
 
     async def close(self) -> None:
+        if self._batcher is not None:
+            self._batcher.cancel()
+        for task in list(self._batches):
+            task.cancel()
+        for _, answered in self._waiting:
+            answered.cancel()
         await self._session.close()
+
+
+def batch_answers(reply: bytes) -> dict[str, int]:
+    """Message id -> status from a batch reply `{"results": [{"id": ..., "status": ...}]}`;
+    a reply of any other shape is a failed delivery of the whole batch (never an ack)."""
+    try:
+        results: Any = json.loads(reply)["results"]
+        return {str(result["id"]): int(result["status"]) for result in results}
+    except (ValueError, KeyError, TypeError) as error:
+        raise DeliveryError(
+            f"batch reply is not {{\"results\": [{{\"id\": ..., \"status\": ...}}]}}: "
+            f"{type(error).__name__}"
+        ) from None
