@@ -45,6 +45,11 @@ SECRET_READ_TOKEN = "read-token"
 SECRET_API_TOKEN_PREVIOUS = "api-token-previous"
 SECRET_METRICS_TOKEN = "metrics-token"
 SECRET_ZOOKEEPER_PASSWORD = "zookeeper-password"
+# the Secret <topic>-stream-reader (stream topics written to their own broker 0): the consumers'
+# Redis login, made by the operator for the tenant's consumer pods to mount
+SECRET_STREAM_READER_USERNAME = "username"
+SECRET_STREAM_READER_PASSWORD = "password"
+SECRET_STREAM_READER_URL = "url"
 CONFIG_KEY = "topic.json"
 CONFIG_MOUNT = "/etc/delayq"
 # the operator's ZooKeeper CA certificate(s), copied into the ConfigMap next to topic.json
@@ -87,6 +92,15 @@ def api_service(topic: str) -> str:
 
 def credentials_secret(topic: str) -> str:
     return f"{topic}-credentials"
+
+
+def stream_reader_secret(topic: str) -> str:
+    return f"{topic}-stream-reader"
+
+
+def stream_reader_network_policy(topic: str) -> str:
+    """Admits the topic's `networkPolicy.allowFrom` peers to broker 0's Redis (its stream)."""
+    return f"{topic}-redis-readers"
 
 
 def config_map(topic: str) -> str:

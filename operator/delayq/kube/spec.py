@@ -84,6 +84,12 @@ WEBHOOK_HTTPS_MESSAGE = (
     "delivery.webhook.url must start with https:// unless delivery.webhook.allowInsecureHttp is "
     "true: over http the payloads, the extra headers and the signatures travel in clear text"
 )
+#: The CRD's CEL rule on delivery.stream, repeated by the parser: the topic's own broker is
+#: reached inside the topic (its Redis policy), so only an external target names addresses.
+STREAM_TARGETS_WITHOUT_URL_MESSAGE = (
+    "delivery.stream.allowPrivateTargets and allowedCidrs admit the addresses of an external "
+    "target: set delivery.stream.urlSecretRef, or remove them to write to the topic's own broker"
+)
 #: The CRD's CEL rules on a secret reference's name and key (Kubernetes' own formats).
 SECRET_NAME_PATTERN = re.compile(
     r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$"
@@ -143,6 +149,12 @@ class Delivery:
     pull_max_lease_batch: int = DEFAULTS.pull_max_lease_batch
     stream_key: str = ""
     stream_max_len: int = DEFAULTS.stream_max_len
+    # the external target's Redis URL (`delayq serve --stream-url`, credentials included) from
+    # a key of the tenant's Secret, and which non-public addresses the pods may reach it on;
+    # None: the topic's own broker 0, read through the operator's reader user
+    stream_url_secret_ref: SecretKeyRef | None = None
+    stream_allow_private_targets: bool = DEFAULTS.stream_allow_private_targets
+    stream_allowed_cidrs: tuple[str, ...] = ()
     # spec.delivery.paused: True pauses every broker's delivery, False resumes it; None (unset)
     # leaves pausing to the API and the dashboard (`POST .../pause`)
     paused: bool | None = None
@@ -361,6 +373,16 @@ def _delivery(topic_type: TopicType, section: Mapping[str, Any]) -> Delivery:
         raise SpecError(f"{WEBHOOK_HTTPS_MESSAGE} (url={url})")
     pull = _section(section, "pull")
     stream = _section(section, "stream")
+    url_secret_ref = _secret_key_ref(stream, "stream", "urlSecretRef")
+    stream_allow_private = _bool(
+        stream,
+        "allowPrivateTargets",
+        DEFAULTS.stream_allow_private_targets,
+        "delivery.stream.",
+    )
+    stream_cidrs = _allowed_cidrs(stream, "stream")
+    if url_secret_ref is None and (stream_allow_private or stream_cidrs):
+        raise SpecError(STREAM_TARGETS_WITHOUT_URL_MESSAGE)
     return Delivery(
         webhook_url=url,
         webhook_timeout_ms=_duration(webhook, "webhook_timeout_ms", 10, 300_000),
@@ -372,13 +394,18 @@ def _delivery(topic_type: TopicType, section: Mapping[str, Any]) -> Delivery:
             DEFAULTS.webhook_allow_private_targets,
             "delivery.webhook.",
         ),
-        webhook_allowed_cidrs=_allowed_cidrs(webhook),
+        webhook_allowed_cidrs=_allowed_cidrs(webhook, "webhook"),
         webhook_allow_insecure_http=allow_insecure_http,
-        webhook_signing_secret_ref=_secret_key_ref(webhook, "signingSecretRef"),
-        webhook_extra_headers_secret_ref=_secret_key_ref(webhook, "extraHeadersSecretRef"),
+        webhook_signing_secret_ref=_secret_key_ref(webhook, "webhook", "signingSecretRef"),
+        webhook_extra_headers_secret_ref=_secret_key_ref(
+            webhook, "webhook", "extraHeadersSecretRef"
+        ),
         pull_max_lease_batch=_int(pull, "pull_max_lease_batch", 1, 10_000),
         stream_key=_stream_key(stream),
         stream_max_len=_int(stream, "stream_max_len", 0, 1_000_000_000),
+        stream_url_secret_ref=url_secret_ref,
+        stream_allow_private_targets=stream_allow_private,
+        stream_allowed_cidrs=stream_cidrs,
         paused=None
         if section.get("paused") is None
         else _bool(section, "paused", False, "delivery."),
@@ -402,12 +429,14 @@ def _stream_key(stream: Mapping[str, Any]) -> str:
     return key
 
 
-def _secret_key_ref(webhook: Mapping[str, Any], field_name: str) -> SecretKeyRef | None:
+def _secret_key_ref(
+    section: Mapping[str, Any], section_name: str, field_name: str
+) -> SecretKeyRef | None:
     """`{name, key}` of the tenant's Secret, both in Kubernetes' formats (the CRD's rules)."""
-    if field_name not in webhook:
+    if field_name not in section:
         return None
-    where = f"delivery.webhook.{field_name}"
-    ref = webhook[field_name]
+    where = f"delivery.{section_name}.{field_name}"
+    ref = section[field_name]
     if not isinstance(ref, Mapping):
         raise SpecError(f"{where} must be an object such as {{name: my-secret, key: my-key}}")
     checks = (
@@ -425,10 +454,11 @@ def _secret_key_ref(webhook: Mapping[str, Any], field_name: str) -> SecretKeyRef
     return SecretKeyRef(**values)
 
 
-def _allowed_cidrs(webhook: Mapping[str, Any]) -> tuple[str, ...]:
-    """The webhook's CIDR allow-list, each entry checked (the CRD's pattern is only a shape)."""
-    field_name = "delivery.webhook.allowedCidrs"
-    values = webhook.get("allowedCidrs") or []
+def _allowed_cidrs(section: Mapping[str, Any], section_name: str) -> tuple[str, ...]:
+    """A target's CIDR allow-list (webhook or external stream), each entry checked (the
+    CRD's pattern is only a shape)."""
+    field_name = f"delivery.{section_name}.allowedCidrs"
+    values = section.get("allowedCidrs") or []
     if not isinstance(values, list) or len(values) > MAX_ALLOWED_CIDRS:
         raise SpecError(f"{field_name} must be a list of at most {MAX_ALLOWED_CIDRS} CIDRs")
     for index, value in enumerate(values):

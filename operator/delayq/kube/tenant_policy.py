@@ -1,9 +1,11 @@
-"""The platform's cap on what a tenant's DelayTopic may ask of the webhook SSRF guard (pure).
+"""The platform's cap on the non-public addresses a tenant's DelayTopic may reach (pure).
 
 `spec.delivery.webhook.allowPrivateTargets` and `allowedCidrs` are fields of the tenant's own
 topic: without a cap, any tenant could switch off, for its own pods, both the SSRF guard
 (service/delivery/targets.py) and the exceptions of their egress policy, and POST to the
-metadata address or other tenants' Services. The platform team sets the cap (chart values
+metadata address or other tenants' Services. An external stream target
+(`spec.delivery.stream.urlSecretRef`) names its addresses with the same two fields, capped the
+same way: they open the pods' egress policy to them. The platform team sets the cap (chart values
 `tenantPolicy`, the operator's DELAYQ_TENANT_* variables); the reconcile refuses a topic that
 asks for more before it applies anything, so no pod ever runs with a setting the platform does
 not allow, and the running ones keep the settings they started with.
@@ -49,24 +51,30 @@ class TenantPolicy:
         return cls(allow_private_targets=flag == "true", allowed_cidrs=cidrs)
 
     def refusal(self, delivery: Delivery) -> str | None:
-        """None when the topic's webhook settings are within the cap; else which field asks
-        for more than which platform limit (a sentence for the topic's condition)."""
+        """None when the topic's target settings (its webhook's, or its external stream
+        target's) are within the cap; else which field asks for more than which platform limit
+        (a sentence for the topic's condition)."""
         if self.allow_private_targets:
             return None
-        if delivery.webhook_allow_private_targets:
-            return (
-                "spec.delivery.webhook.allowPrivateTargets: true is not allowed by the platform "
-                "(tenantPolicy.allowPrivateTargets: false); use allowedCidrs within "
-                f"tenantPolicy.allowedCidrs ({self._limit()}) or ask the platform team."
-            )
-        # the spec parser has checked every entry already
-        for index, network in enumerate(parse_cidrs(delivery.webhook_allowed_cidrs)):
-            if not any(_inside(network, allowed) for allowed in self.allowed_cidrs):
+        targets = (
+            ("webhook", delivery.webhook_allow_private_targets, delivery.webhook_allowed_cidrs),
+            ("stream", delivery.stream_allow_private_targets, delivery.stream_allowed_cidrs),
+        )
+        for section, allow_private, cidrs in targets:
+            if allow_private:
                 return (
-                    f"spec.delivery.webhook.allowedCidrs[{index}] {network} is outside the "
-                    f"platform's tenantPolicy.allowedCidrs ({self._limit()}); narrow it or ask "
-                    "the platform team."
+                    f"spec.delivery.{section}.allowPrivateTargets: true is not allowed by the "
+                    "platform (tenantPolicy.allowPrivateTargets: false); use allowedCidrs within "
+                    f"tenantPolicy.allowedCidrs ({self._limit()}) or ask the platform team."
                 )
+            # the spec parser has checked every entry already
+            for index, network in enumerate(parse_cidrs(cidrs)):
+                if not any(_inside(network, allowed) for allowed in self.allowed_cidrs):
+                    return (
+                        f"spec.delivery.{section}.allowedCidrs[{index}] {network} is outside the "
+                        f"platform's tenantPolicy.allowedCidrs ({self._limit()}); narrow it or "
+                        "ask the platform team."
+                    )
         return None
 
     def _limit(self) -> str:

@@ -18,6 +18,9 @@ from delayq.queue.topic import Topic
 
 #: The Redis user of a topic's delay services (password: the topic Secret's `redis-password`).
 SERVICE_USER = "delayq-service"
+#: The Redis user of a stream topic's consumers, on the broker that holds the target stream
+#: (password: the `<topic>-stream-reader` Secret's `password`, made by the operator).
+STREAM_READER_USER = "delayq-stream-reader"
 #: The Redis user of the operator and of replication (`redis-admin-password`): every command.
 ADMIN_USER = "delayq-operator"
 #: Its rules (add `>password`): every key, channel and command.
@@ -99,4 +102,43 @@ def service_user_rules(topic: Topic, stream_key: str = "") -> list[str]:
         "resetchannels",
         "-@all",
         *(f"+{command}" for command in commands),
+    ]
+
+
+#: What a consumer group reader of the target stream needs: read the entries (XREAD, XRANGE,
+#: XLEN, XINFO), read through a group (XREADGROUP), acknowledge and take over pending entries
+#: (XACK, XPENDING, XCLAIM, XAUTOCLAIM), make its group and its consumers (XGROUP CREATE with
+#: MKSTREAM, CREATECONSUMER, DELCONSUMER) and the connection's handshake. No XADD, XDEL, XTRIM,
+#: DEL or XGROUP DESTROY/SETID: it can neither add, remove nor rewind entries, and can never
+#: drop another consumer group.
+STREAM_READER_COMMANDS = (
+    "xread",
+    "xreadgroup",
+    "xrange",
+    "xrevrange",
+    "xlen",
+    "xinfo",
+    "xack",
+    "xpending",
+    "xclaim",
+    "xautoclaim",
+    "xgroup|create",
+    "xgroup|createconsumer",
+    "xgroup|delconsumer",
+    "ping",
+    "hello",
+)
+
+
+def stream_reader_rules(stream_key: str) -> list[str]:
+    """`ACL SETUSER` rules of a stream topic's reader, without the password (add `>password`):
+    its target stream as the only key, no pub/sub channel, `STREAM_READER_COMMANDS` only. The
+    key is taken as written (the spec parser refuses glob characters in it)."""
+    return [
+        "reset",
+        "on",
+        f"~{stream_key}",
+        "resetchannels",
+        "-@all",
+        *(f"+{command}" for command in STREAM_READER_COMMANDS),
     ]

@@ -27,6 +27,8 @@ from delayq.service.delivery.signing import Signer, parse_extra_headers
 from delayq.service.delivery.targets import TargetPolicy, parse_cidrs, split_cidrs
 
 ENV_PREFIX = "DELAYQ_"
+#: What redis-py connects to (`stream_url`, from a tenant's Secret on Kubernetes).
+STREAM_URL_SCHEMES = ("redis://", "rediss://", "unix://")
 
 
 class ConfigError(ValueError):
@@ -139,7 +141,11 @@ class ServiceConfig:
         ),
     )
     stream_url: str = field(
-        default="", metadata=_help("stream topics: Redis of the target stream (default: ours)")
+        default="",
+        metadata=_help(
+            "stream topics: Redis URL of the target stream, redis:// or rediss:// with its "
+            "credentials (default: broker 0's Redis)"
+        ),
     )
     stream_key: str = field(
         default="", metadata=_help("stream topics: target stream key (default dq-out:<ns>/<t>)")
@@ -319,6 +325,11 @@ class ServiceConfig:
                 parse(getattr(self, name))
             except ValueError as error:
                 raise ConfigError(f"{_names(name)}: {error}") from None
+        if self.stream_url and not self.stream_url.startswith(STREAM_URL_SCHEMES):
+            # the URL may carry a password: named, never echoed
+            raise ConfigError(
+                f"{_names('stream_url')} must start with redis://, rediss:// or unix://"
+            )
         if self.zookeeper_admin_acl and not self.zookeeper_password:
             raise ConfigError(_needs("zookeeper_password", _names("zookeeper_admin_acl")))
         for name in ("zookeeper_tls_ca_file", "zookeeper_tls_cert_file", "zookeeper_tls_key_file"):

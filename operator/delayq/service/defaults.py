@@ -63,6 +63,11 @@ class TopicDefaults:
         default=False, metadata=_crd("delivery.webhook.allowInsecureHttp")
     )
     stream_max_len: int = field(default=0, metadata=_crd("delivery.stream.maxLen"))
+    # an external stream target (delivery.stream.urlSecretRef) is reached on public addresses
+    # only unless the topic says otherwise, as a webhook (the pods' egress policy)
+    stream_allow_private_targets: bool = field(
+        default=False, metadata=_crd("delivery.stream.allowPrivateTargets")
+    )
     zookeeper_session_timeout_ms: int = field(
         default=10_000, metadata=_crd("zookeeper.sessionTimeout")
     )

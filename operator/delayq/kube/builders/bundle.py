@@ -17,6 +17,7 @@ from delayq.kube.builders.common import (
     Credentials,
     Manifest,
     ServiceMonitorSettings,
+    has_stream_reader,
 )
 from delayq.kube.spec import TopicSpec
 
@@ -45,6 +46,11 @@ def build_all(
         service.service_statefulset(spec, ctx, slot_amount),
         service.service_pdb(spec),
     ]
+    if has_stream_reader(spec):  # before the Redis pods, which read the reader's password
+        manifests += [
+            redis.stream_reader_secret(spec, credentials),
+            redis.stream_reader_network_policy(spec),
+        ]
     for broker in range(spec.brokers):
         manifests += [
             redis.redis_headless_service(spec, broker),

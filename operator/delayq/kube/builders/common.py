@@ -6,12 +6,15 @@ anything that must write gets an explicit volume.
 
 from __future__ import annotations
 
+import hashlib
+import json
 from dataclasses import dataclass, field
 from typing import Any
 
 from delayq import __version__
 from delayq.kube import naming
 from delayq.kube.spec import Resources, TopicSpec
+from delayq.queue.topic import TopicType
 
 Manifest = dict[str, Any]
 
@@ -88,6 +91,8 @@ class Credentials:
     zookeeper_password: str
     redis_admin_password: str
     read_token: str
+    # the stream reader's Redis password (its own Secret); empty when the topic has no reader
+    stream_reader_password: str = ""
 
 
 def delivery_stream_key(spec: TopicSpec) -> str:
@@ -95,8 +100,31 @@ def delivery_stream_key(spec: TopicSpec) -> str:
     return spec.delivery.stream_key or f"dq-out:{spec.namespace}/{spec.name}"
 
 
+def has_stream_reader(spec: TopicSpec) -> bool:
+    """A stream topic writing to its own broker 0 (no `delivery.stream.urlSecretRef`): its
+    consumers read there, as the operator's reader user, admitted by `allowFrom`."""
+    return spec.topic_type is TopicType.STREAM and spec.delivery.stream_url_secret_ref is None
+
+
 def metadata(name: str, namespace: str, labels: dict[str, str]) -> Manifest:
     return {"name": name, "namespace": namespace, "labels": dict(labels)}
+
+
+def hashed_network_policy(
+    name: str, namespace: str, labels: dict[str, str], rules: Manifest
+) -> Manifest:
+    """A NetworkPolicy whose annotation hashes its rules: apply.contains() cannot see a removed
+    field (an `except` dropped, a narrower selector, a peer taken out), so the hash makes every
+    change a patch."""
+    policy_hash = hashlib.sha256(json.dumps(rules, sort_keys=True).encode()).hexdigest()[:16]
+    meta = metadata(name, namespace, labels)
+    meta["annotations"] = {naming.POLICY_HASH_ANNOTATION: policy_hash}
+    return {
+        "apiVersion": "networking.k8s.io/v1",
+        "kind": "NetworkPolicy",
+        "metadata": meta,
+        "spec": rules,
+    }
 
 
 def pod_security_context(uid: int) -> Manifest:

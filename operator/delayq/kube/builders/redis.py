@@ -14,7 +14,9 @@ planned restart pauses writes for milliseconds instead of failoverGraceSeconds.
 
 from __future__ import annotations
 
+import base64
 from collections.abc import Mapping
+from urllib.parse import quote
 
 from delayq.kube import naming
 from delayq.kube.builders.common import (
@@ -22,11 +24,14 @@ from delayq.kube.builders.common import (
     POD_NAME_LABEL,
     REDIS_UID,
     BuildContext,
+    Credentials,
     Manifest,
     container_security_context,
     delivery_stream_key,
     env_from_field,
     env_from_secret,
+    has_stream_reader,
+    hashed_network_policy,
     metadata,
     operator_peer,
     pod_security_context,
@@ -63,7 +68,10 @@ REDIS_DEFAULT_LIMITS = {"memory": "512Mi"}
 # replica without restarting it; Redis applies it only while the pod is a master.
 # Users (Redis ACLs, delayq.queue.acl): `default` is off; the delay services log in as
 # SERVICE_USER, limited to the topic's keys and the engine's commands (SERVICE_USER_RULES, no
-# password in it); the operator and the replicas (masteruser) as ADMIN_USER with every command.
+# password in it); the operator and the replicas (masteruser) as ADMIN_USER with every command;
+# on broker 0 of a stream topic written to its own broker, the tenant's consumers as
+# STREAM_READER_USER, limited to the target stream and to reading it (STREAM_READER_RULES, set
+# on that broker's pods only, so every other broker has no such user).
 # `default` is off with no password, so no client can log in as it, yet it keeps every command
 # and key: Redis (7.0 here, before redis/redis#14541) replays the AOF as `default` and re-checks
 # each MULTI/EXEC against its rules, and the engine's scripts reach the AOF as MULTI/EXEC, so a
@@ -83,10 +91,15 @@ else
   echo "delayq: starting as replica of $MASTER_HOST"
   args="$args --replicaof $MASTER_HOST 6379"
 fi
+reader=""
+if [ -n "${STREAM_READER_RULES:-}" ]; then
+  reader="user $STREAM_READER_USER $STREAM_READER_RULES >$STREAM_READER_PASSWORD"
+fi
 exec redis-server - $args <<REDISCONF
 user default off ~* &* +@all
 user $ADMIN_USER $ADMIN_USER_RULES >$REDIS_ADMIN_PASSWORD
 user $SERVICE_USER $SERVICE_USER_RULES >$REDIS_PASSWORD
+$reader
 masteruser $ADMIN_USER
 masterauth $REDIS_ADMIN_PASSWORD
 save ""
@@ -119,6 +132,74 @@ def service_user_rules(spec: TopicSpec) -> list[str]:
     topic = Topic(spec.name, namespace=spec.namespace, slot_amount=spec.slot_amount)
     stream_key = delivery_stream_key(spec) if spec.topic_type is TopicType.STREAM else ""
     return acl.service_user_rules(topic, stream_key)
+
+
+def _stream_reader_env(spec: TopicSpec) -> list[Manifest]:
+    """The reader user of the start script: its name, its rules, its password (from the
+    Secret the consumers mount, so both always hold the same one)."""
+    return [
+        {"name": "STREAM_READER_USER", "value": acl.STREAM_READER_USER},
+        {
+            "name": "STREAM_READER_RULES",
+            "value": " ".join(acl.stream_reader_rules(delivery_stream_key(spec))),
+        },
+        env_from_secret(
+            "STREAM_READER_PASSWORD",
+            naming.stream_reader_secret(spec.name),
+            naming.SECRET_STREAM_READER_PASSWORD,
+        ),
+    ]
+
+
+def stream_reader_secret(spec: TopicSpec, credentials: Credentials) -> Manifest:
+    """The stream consumers' login to broker 0's master Service: user, password and the whole
+    `redis://` URL, for the tenant's consumer pods to mount. Its values are kept (apply.py) and
+    hold nothing the spec can change: the stream key is the topic's `streamKey`."""
+    host = f"{naming.redis_master_service(spec.name, 0)}.{spec.namespace}.svc"
+    password = credentials.stream_reader_password
+    url = (
+        f"redis://{acl.STREAM_READER_USER}:{quote(password, safe='')}@{host}:"
+        f"{naming.REDIS_PORT}/0"
+    )
+    values = {
+        naming.SECRET_STREAM_READER_USERNAME: acl.STREAM_READER_USER,
+        naming.SECRET_STREAM_READER_PASSWORD: password,
+        naming.SECRET_STREAM_READER_URL: url,
+    }
+    return {
+        "apiVersion": "v1",
+        "kind": "Secret",
+        "type": "Opaque",
+        "metadata": metadata(
+            naming.stream_reader_secret(spec.name),
+            spec.namespace,
+            naming.topic_labels(spec.name, naming.COMPONENT_REDIS),
+        ),
+        "data": {key: base64.b64encode(value.encode()).decode() for key, value in values.items()},
+    }
+
+
+def stream_reader_network_policy(spec: TopicSpec) -> Manifest:
+    """The tenant's `networkPolicy.allowFrom` peers admitted to broker 0's Redis port, where
+    the target stream is. Rendered with no rule when the list is empty (an ingress rule without
+    `from` would admit every pod), so a peer removed from the spec is removed here too."""
+    peers = list(spec.network_policy_allow_from)
+    ingress = (
+        [{"from": peers, "ports": [{"protocol": "TCP", "port": naming.REDIS_PORT}]}]
+        if peers
+        else []
+    )
+    rules: Manifest = {
+        "podSelector": {"matchLabels": naming.redis_selector(spec.name, 0)},
+        "policyTypes": ["Ingress"],
+        "ingress": ingress,
+    }
+    return hashed_network_policy(
+        naming.stream_reader_network_policy(spec.name),
+        spec.namespace,
+        naming.topic_labels(spec.name, naming.COMPONENT_REDIS),
+        rules,
+    )
 
 
 def redis_labels(spec: TopicSpec, broker: int) -> dict[str, str]:
@@ -183,6 +264,7 @@ def redis_statefulset(spec: TopicSpec, broker: int, ctx: BuildContext) -> Manife
             env_from_secret("REDIS_PASSWORD", secret, naming.SECRET_REDIS_PASSWORD),
             env_from_secret("REDIS_ADMIN_PASSWORD", secret, naming.SECRET_REDIS_ADMIN_PASSWORD),
             env_from_secret("REDISCLI_AUTH", secret, naming.SECRET_REDIS_PASSWORD),
+            *(_stream_reader_env(spec) if broker == 0 and has_stream_reader(spec) else []),
         ],
         "ports": [{"name": "redis", "containerPort": naming.REDIS_PORT}],
         "readinessProbe": {

@@ -25,6 +25,7 @@ from delayq.kube.builders.common import (
     delivery_stream_key,
     env_from_field,
     env_from_secret,
+    hashed_network_policy,
     metadata,
     operator_peer,
     pod_security_context,
@@ -197,7 +198,7 @@ def service_statefulset(spec: TopicSpec, ctx: BuildContext, slot_amount: int) ->
                 "DELAYQ_METRICS_TOKEN", secret, naming.SECRET_METRICS_TOKEN, optional=True
             ),
             env_from_secret("DELAYQ_ZOOKEEPER_PASSWORD", secret, naming.SECRET_ZOOKEEPER_PASSWORD),
-            *_webhook_env(spec),
+            *_tenant_secret_env(spec),
         ],
         "ports": [{"name": "http", "containerPort": naming.SERVICE_HTTP_PORT}],
         "readinessProbe": {
@@ -277,14 +278,16 @@ def service_statefulset(spec: TopicSpec, ctx: BuildContext, slot_amount: int) ->
     }
 
 
-def _webhook_env(spec: TopicSpec) -> list[Manifest]:
-    """The webhook's signing secrets and extra headers, from the tenant's Secrets (required:
-    a topic that asks to sign never sends unsigned; without the Secret the pod does not start
-    and says so in its events). The kubelet reads them, so the operator needs no access."""
+def _tenant_secret_env(spec: TopicSpec) -> list[Manifest]:
+    """The webhook's signing secrets and extra headers, the external stream target's URL, from
+    the tenant's Secrets (required: a topic that asks to sign never sends unsigned, one with an
+    external target never writes elsewhere; without the Secret the pod does not start and says
+    so in its events). The kubelet reads them, so the operator needs no access."""
     delivery = spec.delivery
     refs = (
         ("webhook_secret", delivery.webhook_signing_secret_ref),
         ("webhook_extra_headers", delivery.webhook_extra_headers_secret_ref),
+        ("stream_url", delivery.stream_url_secret_ref),
     )
     return [env_from_secret(env_name(name), ref.name, ref.key) for name, ref in refs if ref]
 
@@ -295,7 +298,8 @@ def service_network_policy(spec: TopicSpec, ctx: BuildContext) -> Manifest:
     Ingress, port 8080 only (API, /metrics, probes; the kubelet's probes come from the node,
     which a NetworkPolicy always admits): pods of the topic's own namespace, the operator, and
     the tenant's `networkPolicy.allowFrom` peers (a Prometheus in another namespace).
-    Egress: DNS, the topic's Redis pods, ZooKeeper and, for webhook topics, public addresses.
+    Egress: DNS, the topic's Redis pods, ZooKeeper and, for webhook topics and stream topics
+    with an external target, public addresses and the topic's allowedCidrs.
     """
     port = {"protocol": "TCP", "port": naming.SERVICE_HTTP_PORT}
     rules: Manifest = {
@@ -313,18 +317,12 @@ def service_network_policy(spec: TopicSpec, ctx: BuildContext) -> Manifest:
         ],
         "egress": _service_egress(spec, ctx),
     }
-    policy_hash = hashlib.sha256(json.dumps(rules, sort_keys=True).encode()).hexdigest()[:16]
-    labels = naming.topic_labels(spec.name, naming.COMPONENT_SERVICE)
-    meta = metadata(naming.service_network_policy(spec.name), spec.namespace, labels)
-    # apply.contains() cannot see a removed field (an `except` dropped when the topic allows
-    # private targets, a narrower selector), so the hash makes every change a patch
-    meta["annotations"] = {naming.POLICY_HASH_ANNOTATION: policy_hash}
-    return {
-        "apiVersion": "networking.k8s.io/v1",
-        "kind": "NetworkPolicy",
-        "metadata": meta,
-        "spec": rules,
-    }
+    return hashed_network_policy(
+        naming.service_network_policy(spec.name),
+        spec.namespace,
+        naming.topic_labels(spec.name, naming.COMPONENT_SERVICE),
+        rules,
+    )
 
 
 def _service_egress(spec: TopicSpec, ctx: BuildContext) -> list[Manifest]:
@@ -347,20 +345,25 @@ def _service_egress(spec: TopicSpec, ctx: BuildContext) -> list[Manifest]:
             ]
         },
     ]
+    delivery = spec.delivery
     if spec.topic_type is TopicType.WEBHOOK:
-        rules.append({"to": _webhook_targets(spec), "ports": [{"protocol": "TCP"}]})
+        targets = _targets(delivery.webhook_allow_private_targets, delivery.webhook_allowed_cidrs)
+        rules.append({"to": targets, "ports": [{"protocol": "TCP"}]})
+    elif spec.topic_type is TopicType.STREAM and delivery.stream_url_secret_ref is not None:
+        targets = _targets(delivery.stream_allow_private_targets, delivery.stream_allowed_cidrs)
+        rules.append({"to": targets, "ports": [{"protocol": "TCP"}]})
     return rules
 
 
-def _webhook_targets(spec: TopicSpec) -> list[Manifest]:
-    """Every address but the non-public ones (all of them with allowPrivateTargets), plus the
-    topic's allowedCidrs (any TCP port: the URL names the receiver's, the SSRF guard checks
-    the address it resolves to)."""
-    delivery = spec.delivery
-    if delivery.webhook_allow_private_targets:
+def _targets(allow_private: bool, allowed_cidrs: tuple[str, ...]) -> list[Manifest]:
+    """Where a webhook or an external stream target may be reached: every address but the
+    non-public ones (all of them with allowPrivateTargets), plus the topic's allowedCidrs (any
+    TCP port: the URL names the target's, which the operator does not see; for a webhook the
+    SSRF guard checks the address it resolves to)."""
+    if allow_private:
         return [{"ipBlock": {"cidr": "0.0.0.0/0"}}, {"ipBlock": {"cidr": "::/0"}}]
     # written as networks: the guard accepts host bits (10.1.2.3/8), a policy's cidr may not
-    allowed = parse_cidrs(delivery.webhook_allowed_cidrs)
+    allowed = parse_cidrs(allowed_cidrs)
     return [
         {"ipBlock": {"cidr": "0.0.0.0/0", "except": list(NON_PUBLIC_IPV4)}},
         {"ipBlock": {"cidr": "::/0", "except": list(NON_PUBLIC_IPV6)}},

@@ -14,7 +14,7 @@ from delayq.coordination.routing import RoutingConflict, plan_routing
 from delayq.kube import naming
 from delayq.kube.apply import ensure
 from delayq.kube.builders.bundle import render
-from delayq.kube.builders.common import Credentials
+from delayq.kube.builders.common import Credentials, has_stream_reader
 from delayq.kube.builders.service import zookeeper_connect
 from delayq.kube.client import KubeApiError
 from delayq.kube.context import Logger, OperatorContext
@@ -132,9 +132,15 @@ async def read_or_generate_credentials(ctx: OperatorContext, spec: TopicSpec) ->
         "v1", "Secret", spec.namespace, naming.credentials_secret(spec.name)
     )
     data = (secret or {}).get("data") or {}
+    reader_data: Mapping[str, str] = {}
+    if has_stream_reader(spec):  # the reader's password lives in the Secret its consumers mount
+        reader = await ctx.kube.get(
+            "v1", "Secret", spec.namespace, naming.stream_reader_secret(spec.name)
+        )
+        reader_data = (reader or {}).get("data") or {}
 
-    def kept_or_new(key: str) -> str:
-        value = data.get(key)
+    def kept_or_new(key: str, values: Mapping[str, str] = data) -> str:
+        value = values.get(key)
         return base64.b64decode(value).decode() if value else ctx.generate()
 
     return Credentials(
@@ -143,4 +149,9 @@ async def read_or_generate_credentials(ctx: OperatorContext, spec: TopicSpec) ->
         zookeeper_password=kept_or_new(naming.SECRET_ZOOKEEPER_PASSWORD),
         redis_admin_password=kept_or_new(naming.SECRET_REDIS_ADMIN_PASSWORD),
         read_token=kept_or_new(naming.SECRET_READ_TOKEN),
+        stream_reader_password=(
+            kept_or_new(naming.SECRET_STREAM_READER_PASSWORD, reader_data)
+            if has_stream_reader(spec)
+            else ""
+        ),
     )
