@@ -160,6 +160,21 @@ async def test_a_credential_an_older_operator_did_not_create_is_added_and_none_r
     assert {k: after["data"][k] for k in older} == older  # no live credential rotated
 
 
+async def test_the_stream_readers_password_is_generated_once_into_its_own_secret(
+    api: kmock.KubernetesEmulator, ctx: OperatorContext, logger: logging.Logger
+) -> None:
+    put_topic(api, topicType="stream", replicasPerBroker=0)
+    await provision(api, ctx, logger)
+    reader = existing(api, "v1/secrets", "orders-stream-reader")
+    password = reader["data"][naming.SECRET_STREAM_READER_PASSWORD]
+    credentials = existing(api, "v1/secrets", "orders-credentials")["data"].values()
+    assert password
+    assert password not in credentials  # a login of its own
+    update_spec(api, topicType="stream", replicasPerBroker=0, maxRetries=3)
+    await provision(api, ctx, logger)
+    assert existing(api, "v1/secrets", "orders-stream-reader") == reader  # never rotated
+
+
 async def test_second_reconcile_writes_nothing(
     api: kmock.KubernetesEmulator, ctx: OperatorContext, logger: logging.Logger
 ) -> None:

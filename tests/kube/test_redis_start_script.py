@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import os
 import subprocess
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 
 import pytest
@@ -24,6 +24,7 @@ from delayq.local.waiting import wait_until
 from delayq.queue import acl
 from delayq.queue.client import Queue
 from delayq.queue.topic import Topic
+from tests.kube.test_builders import by_kind_name, rendered, spec_of
 from tests.kube.test_replicated_writes import redis_env
 
 pytestmark = pytest.mark.timeout(180)
@@ -33,10 +34,11 @@ TOPIC = Topic("orders", namespace="shop", slot_amount=4)  # spec_of()'s topic
 
 
 def start_pod(
-    tmp_path: Path, name: str, master_port: int | None
+    tmp_path: Path, name: str, master_port: int | None, env: Mapping[str, str] | None = None
 ) -> tuple[subprocess.Popen[bytes], int]:
     """The start script of one broker pod on a local port (master when master_port is None);
-    a second start of the same `name` is its container's restart on the same volume."""
+    a second start of the same `name` is its container's restart on the same volume. `env`:
+    the pod's own (`pod_env`), by default that of broker 0 of a pull topic."""
     port = free_port()
     data = tmp_path / name
     data.mkdir(exist_ok=True)
@@ -51,16 +53,19 @@ def start_pod(
     for pod_only in ("6379", "/data", "/etc/podinfo", "$MASTER_HOST 6379"):  # all replaced
         assert pod_only not in script
     process = subprocess.Popen(
-        ["sh", "-c", script], env=pod_env(), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+        ["sh", "-c", script],
+        env=dict(env or pod_env()),
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
     )
     return process, port
 
 
-def pod_env() -> dict[str, str]:
+def pod_env(rendered_env: Mapping[str, str] | None = None) -> dict[str, str]:
     """The container's environment, secrets filled in (what the kubelet gives both scripts)."""
     return {
         **os.environ,
-        **redis_env(),
+        **(rendered_env or redis_env()),
         "POD_IP": "127.0.0.1",
         "REDIS_PASSWORD": PASSWORD,
         "REDIS_ADMIN_PASSWORD": ADMIN_PASSWORD,
@@ -200,3 +205,60 @@ def test_the_pre_stop_hook_does_not_wait_on_a_replica_or_a_master_without_one(
     hook = pre_stop(replica_port)
     wait_until(lambda: hook.poll() is not None, 10, "the lone master's hook to return")
     assert hook.returncode == 0
+
+
+READER_PASSWORD = "reader-secret"
+STREAM = "dq-out:shop/orders"  # the default target stream of spec_of()'s topic
+
+
+def stream_broker_env(broker: int) -> dict[str, str]:
+    """Broker `broker`'s pod env of a 2-broker stream topic written to its own broker 0."""
+    manifests = by_kind_name(rendered(spec_of(topicType="stream", brokers=2)))
+    sts = manifests["StatefulSet", f"orders-redis-{broker}"]
+    (container,) = sts["spec"]["template"]["spec"]["containers"]
+    rendered_env = {item["name"]: item.get("value", "") for item in container["env"]}
+    return {**pod_env(rendered_env), "STREAM_READER_PASSWORD": READER_PASSWORD}
+
+
+def reader(port: int) -> redis.Redis:
+    return redis.Redis(port=port, username=acl.STREAM_READER_USER, password=READER_PASSWORD)
+
+
+def test_the_stream_reader_consumes_its_stream_and_nothing_else(tmp_path: Path) -> None:
+    """Broker 0's reader user, as the consumer pods log in with the reader Secret: a consumer
+    group reads and acknowledges what the delay service appended; it can write no entry,
+    touch no other key, drop no group; the other broker has no such user."""
+    zero, zero_port = start_pod(tmp_path, "broker-0", None, stream_broker_env(0))
+    one, one_port = start_pod(tmp_path, "broker-1", None, stream_broker_env(1))
+    try:
+        wait_until(lambda: _pings(zero_port) and _pings(one_port), 60, "both brokers")
+        with reader(zero_port) as consumer, service(zero_port) as delay_service:
+            consumer.xgroup_create(STREAM, "billing", id="0", mkstream=True)
+            entry = delay_service.xadd(STREAM, {"id": "m1", "payload": "p"})
+            ((_, [(read_id, fields)]),) = consumer.xreadgroup("billing", "c1", {STREAM: ">"})
+            assert (read_id, fields[b"id"]) == (entry, b"m1")
+            assert consumer.xpending(STREAM, "billing")["pending"] == 1
+            assert consumer.xack(STREAM, "billing", read_id) == 1
+            assert consumer.xinfo_groups(STREAM)[0]["pending"] == 0
+            assert consumer.xlen(STREAM) == 1
+            delay_service.set("dq:{shop/orders}:probe", "1")
+            refused = (
+                ("XADD", STREAM, "*", "id", "forged"),
+                ("XDEL", STREAM, read_id),
+                ("XTRIM", STREAM, "MAXLEN", "0"),
+                ("DEL", STREAM),
+                ("XGROUP", "DESTROY", STREAM, "billing"),
+                ("GET", "dq:{shop/orders}:probe"),  # the topic's own keys
+                ("XLEN", "dq-out:shop/payments"),  # another topic's stream
+                ("KEYS", "*"),
+                ("CONFIG", "GET", "maxmemory"),
+            )
+            for command in refused:
+                with pytest.raises(NoPermissionError):
+                    consumer.execute_command(*command)
+            assert consumer.xlen(STREAM) == 1
+        with reader(one_port) as elsewhere, pytest.raises(redis.AuthenticationError):
+            elsewhere.ping()
+    finally:
+        for process in (one, zero):
+            stop_by_pid(process, 10)

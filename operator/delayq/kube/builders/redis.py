@@ -158,8 +158,7 @@ def stream_reader_secret(spec: TopicSpec, credentials: Credentials) -> Manifest:
     host = f"{naming.redis_master_service(spec.name, 0)}.{spec.namespace}.svc"
     password = credentials.stream_reader_password
     url = (
-        f"redis://{acl.STREAM_READER_USER}:{quote(password, safe='')}@{host}:"
-        f"{naming.REDIS_PORT}/0"
+        f"redis://{acl.STREAM_READER_USER}:{quote(password, safe='')}@{host}:{naming.REDIS_PORT}/0"
     )
     values = {
         naming.SECRET_STREAM_READER_USERNAME: acl.STREAM_READER_USER,
