@@ -361,11 +361,30 @@ def test_deleting_a_redis_master_pod_switches_over_before_it_stops(
     assert _master_pod(kube, install.tenant, topic, 0) == replica
 
 
+def _consumed_on_time(kube: Kube, install: Install, job: str, ids: list[str],
+                      what: str) -> None:
+    """Waits for the consumer Job ``job``, then checks that it logged every one of ``ids``,
+    none before its due time, and prints the lateness."""
+    try:
+        kube.wait(lambda: (kube.get("job", job, install.tenant) or {})
+                  .get("status", {}).get("succeeded") == 1, timeout_s=180,
+                  what=f"the consumer job {job} to see every message")
+    except TimeoutError:
+        print(_explain(kube, install.tenant, _pods(kube, install.tenant, f"job-name={job}")))
+        raise
+    logs = kube.kubectl("logs", f"job/{job}", "-n", install.tenant, "--tail=-1").stdout
+    consumed = {entry["id"]: entry for entry in workloads.json_lines(logs) if "id" in entry}
+    assert all(i in consumed for i in ids), [i for i in ids if i not in consumed][:5]
+    lateness = _lateness_ms(consumed, ids)
+    assert lateness[0] >= 0, f"{what} early by {-lateness[0]:.1f} ms"
+    print(f"e2e: real-pod {what} lateness over {len(ids)} messages: "
+          f"p50 {lateness[len(ids) // 2]:.1f} ms, p99 {lateness[int(len(ids) * 0.99)]:.1f} ms, "
+          f"max {lateness[-1]:.1f} ms")
+
+
 def test_a_pull_topic_is_consumed_by_a_client_pod(kube: Kube, install: Install) -> None:
     """Scenario 6 (pull): a pull topic's messages, scheduled by a producer Job, are leased and
-    acked over HTTP by a consumer Job through the topic's Service, none before its due time.
-    (Stream topics: a consumer pod needs a Redis user that may read the target stream, which
-    the stream-target work of the Kubernetes-paths issue brings; not covered here.)"""
+    acked over HTTP by a consumer Job through the topic's Service, none before its due time."""
     kube.apply(_topic("jobs", slotAmount=16, brokers=1, replicasPerBroker=0, topicType="pull"),
                install.tenant)
     _wait_topic_ready(kube, install.tenant, "jobs")
@@ -373,17 +392,27 @@ def test_a_pull_topic_is_consumed_by_a_client_pod(kube: Kube, install: Install) 
     kube.apply({"apiVersion": "v1", "kind": "List", "items": workloads.pull_consumer(
         install.tenant, install.image, "jobs", "pull-consumer", 200)})
     _produce(kube, install, "jobs", "pulled", 200, start_ms=3000, spread_ms=3000)
-    kube.wait(lambda: (kube.get("job", "pull-consumer", install.tenant) or {})
-              .get("status", {}).get("succeeded") == 1, timeout_s=180,
-              what="the consumer job to lease every message")
-    logs = kube.kubectl("logs", "job/pull-consumer", "-n", install.tenant, "--tail=-1").stdout
-    leased = {entry["id"]: entry for entry in workloads.json_lines(logs) if "id" in entry}
-    ids = [f"pulled-{i}" for i in range(200)]
-    assert all(i in leased for i in ids), [i for i in ids if i not in leased][:5]
-    lateness = _lateness_ms(leased, ids)
-    assert lateness[0] >= 0, f"leased early by {-lateness[0]:.1f} ms"
-    print(f"e2e: real-pod pull lateness over {len(ids)} messages: "
-          f"p50 {lateness[len(ids) // 2]:.1f} ms, p99 {lateness[int(len(ids) * 0.99)]:.1f} ms")
+    _consumed_on_time(kube, install, "pull-consumer", [f"pulled-{i}" for i in range(200)],
+                      "pull (leased)")
+
+
+def test_a_stream_topic_is_consumed_by_a_consumer_pod(kube: Kube, install: Install) -> None:
+    """Scenario 6 (stream): a stream topic written to its own broker 0, its consumer pods named
+    in networkPolicy.allowFrom; a consumer Job logged in with the topic's reader Secret (the
+    operator's read-only Redis user) reads the target stream through a consumer group and acks
+    each entry: every scheduled message arrives, none before its due time."""
+    consumers = {"podSelector": {"matchLabels": workloads.STREAM_CONSUMER_LABELS}}
+    kube.apply(_topic("events", slotAmount=16, brokers=1, replicasPerBroker=0,
+                      topicType="stream", networkPolicy={"allowFrom": [consumers]}),
+               install.tenant)
+    _wait_topic_ready(kube, install.tenant, "events")
+    _wait_pods_ready(kube, install.tenant, "delayq.io/topic=events", 2)
+    kube.apply({"apiVersion": "v1", "kind": "List", "items": workloads.stream_consumer(
+        install.tenant, install.image, "events", f"dq-out:{install.tenant}/events",
+        "stream-consumer", 200)})
+    _produce(kube, install, "events", "streamed", 200, start_ms=3000, spread_ms=3000)
+    _consumed_on_time(kube, install, "stream-consumer", [f"streamed-{i}" for i in range(200)],
+                      "stream (read)")
 
 
 def test_helm_upgrade_to_a_new_tag_rolls_everything_and_delivers_what_waits(

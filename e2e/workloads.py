@@ -140,6 +140,50 @@ print(json.dumps({"consumed": len(seen)}), flush=True)
 '''
 
 
+#: The stream consumer: reads the topic's target stream on broker 0 as the reader user (the URL
+#: from the topic's reader Secret) through a consumer group, records each entry (id, due and
+#: read time), acknowledges it, until COUNT were seen or its deadline passes.
+STREAM_CONSUMER = '''
+import json, os, sys, time
+import redis
+
+client = redis.Redis.from_url(os.environ["STREAM_URL"], socket_timeout=10)
+stream = os.environ["STREAM_KEY"]
+count = int(os.environ["COUNT"])
+deadline = time.monotonic() + 150
+seen = set()
+
+while time.monotonic() < deadline:
+    try:  # the group from the stream's beginning: nothing appended before this start is missed
+        client.xgroup_create(stream, "e2e", id="0", mkstream=True)
+        break
+    except redis.ResponseError as error:
+        if "BUSYGROUP" in str(error):
+            break
+        raise
+    except redis.ConnectionError as error:  # the Service may not route yet
+        print(json.dumps({"retry": str(error)}), flush=True)
+        time.sleep(0.5)
+while len(seen) < count and time.monotonic() < deadline:
+    try:
+        answer = client.xreadgroup("e2e", "consumer-1", {stream: ">"}, count=100, block=1000)
+    except redis.ConnectionError as error:
+        print(json.dumps({"retry": str(error)}), flush=True)
+        time.sleep(0.5)
+        continue
+    at_ms = time.time() * 1000
+    entries = [entry for _, batch in answer for entry in batch]
+    for entry_id, fields in entries:
+        seen.add(fields[b"id"])
+        sys.stdout.write(json.dumps({"id": fields[b"id"].decode(),
+                                     "dueMs": int(fields[b"dueMs"]), "atMs": at_ms}) + "\\n")
+    sys.stdout.flush()
+    if entries:
+        client.xack(stream, "e2e", *[entry_id for entry_id, _ in entries])
+print(json.dumps({"consumed": len(seen)}), flush=True)
+'''
+
+
 def config_map(name: str, namespace: str, script: str) -> dict[str, Any]:
     return {"apiVersion": "v1", "kind": "ConfigMap",
             "metadata": {"name": name, "namespace": namespace},
@@ -199,14 +243,15 @@ def _api_env(namespace: str, topic: str) -> list[dict[str, Any]]:
     ]
 
 
-def _job(name: str, namespace: str, image: str, script: str,
-         env: list[dict[str, Any]]) -> list[dict[str, Any]]:
+def _job(name: str, namespace: str, image: str, script: str, env: list[dict[str, Any]],
+         labels: dict[str, str] | None = None) -> list[dict[str, Any]]:
     return [
         config_map(name, namespace, script),
         {"apiVersion": "batch/v1", "kind": "Job",
          "metadata": {"name": name, "namespace": namespace},
-         "spec": {"backoffLimit": 0, "template": {"spec": _pod_spec(
-             name, image, env, restartPolicy="Never")}}},
+         "spec": {"backoffLimit": 0, "template": {
+             "metadata": {"labels": dict(labels or {})},
+             "spec": _pod_spec(name, image, env, restartPolicy="Never")}}},
     ]
 
 
@@ -215,6 +260,24 @@ def pull_consumer(namespace: str, image: str, topic: str, name: str,
     """ConfigMap and Job ``name``: leases and acks ``count`` messages of a pull topic."""
     return _job(name, namespace, image, PULL_CONSUMER,
                 [*_api_env(namespace, topic), {"name": "COUNT", "value": str(count)}])
+
+
+#: The labels of the stream consumer's pod, which the topic's networkPolicy.allowFrom names.
+STREAM_CONSUMER_LABELS = {"app": "stream-consumer"}
+
+
+def stream_consumer(namespace: str, image: str, topic: str, stream_key: str, name: str,
+                    count: int) -> list[dict[str, Any]]:
+    """ConfigMap and Job ``name`` (labelled ``STREAM_CONSUMER_LABELS``): reads and acks
+    ``count`` entries of a stream topic's target stream on broker 0, logged in with the
+    ``url`` of the topic's ``<topic>-stream-reader`` Secret."""
+    env: list[dict[str, Any]] = [
+        {"name": "STREAM_URL", "valueFrom": {"secretKeyRef": {
+            "name": f"{topic}-stream-reader", "key": "url"}}},
+        {"name": "STREAM_KEY", "value": stream_key},
+        {"name": "COUNT", "value": str(count)},
+    ]
+    return _job(name, namespace, image, STREAM_CONSUMER, env, STREAM_CONSUMER_LABELS)
 
 
 def producer(namespace: str, image: str, topic: str, name: str, count: int, start_ms: int,
