@@ -108,3 +108,11 @@ def test_when_accepts_zero_to_beyond_ten_years() -> None:
 def test_when_rejects_bad_times(delay_ms: object, at_ms: object, message: str) -> None:
     with pytest.raises(InvalidMessageError, match=message):
         when_argument(delay_ms, at_ms)  # type: ignore[arg-type]
+
+
+def test_an_expiry_stored_in_luas_exponent_form_still_reads() -> None:
+    """Records written before the scripts formatted instants as integers: an expiry of 2**52
+    was stored as Lua wrote it; it must still decode, or its slot's claims fail for good."""
+    record = decode_record(b"0:::x4.5035996273705e+15:0:payload")
+    assert record.expire_ms == 4_503_599_627_370_500
+    assert record.payload == b"payload"

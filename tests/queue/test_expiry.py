@@ -59,6 +59,20 @@ def test_the_topic_default_applies_to_messages_without_their_own(make_queue: Mak
     assert at.expire_at_ms == 2**41 + 1
 
 
+def test_the_largest_expiry_is_stored_exactly_and_the_message_delivered(
+    make_queue: MakeQueue,
+) -> None:
+    """Regression: Lua writes a number of 15 digits or more as `4.5035996273705e+15`, which
+    made the record of a message expiring at 2**52 (the largest expire_at_ms accepted)
+    unreadable: every claim of its slot failed, so the slot stalled and the HTTP API answered
+    500. Every instant is now written as an integer."""
+    queue = make_queue()
+    queue.schedule("far", b"x", delay_ms=0, expire_at_ms=2**52)
+    assert queue.get("far").expire_at_ms == 2**52
+    (leased,) = claim(queue, "far")
+    assert leased.id == "far"
+
+
 def test_an_expiry_not_after_the_due_time_is_refused(make_queue: MakeQueue) -> None:
     queue = make_queue()
     refused = queue.schedule("never", b"", at_ms=2**41, expire_at_ms=2**41)

@@ -50,7 +50,7 @@ def decode_record(raw: bytes) -> Record:
     extras: dict[int, int] = {}
     while rest and rest[0] in _EXTRA_TAGS:  # the optional tagged fields, x then f
         field, rest = rest.split(b":", 1)
-        extras[field[0]] = int(field[1:])
+        extras[field[0]] = _instant(field[1:])
     headers_len, rest = rest.split(b":", 1)
     size = int(headers_len)
     headers: Headers = json.loads(rest[:size]) if size else {}
@@ -64,6 +64,16 @@ def decode_record(raw: bytes) -> Record:
         extras.get(ord("x")),
         extras.get(ord("f")),
     )
+
+
+def _instant(text: bytes) -> int:
+    """A tagged instant. Records stored before the scripts formatted instants as integers may
+    hold Lua's exponent form (`x4.5035996273705e+15` for an expiry of 2**52): read it as the
+    number it is, so such a message is still claimed instead of stalling its slot."""
+    try:
+        return int(text)
+    except ValueError:
+        return int(float(text))
 
 
 def encode_headers(headers: Headers | None) -> bytes:
