@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 from delayq.coordination.acl import ZkIdentity
+from delayq.coordination.routing_watch import RoutingWatch
 from delayq.coordination.tls import ZkTls
-from delayq.service.brokers import RoutingWatch
 
 
 async def read_routing(

@@ -11,7 +11,8 @@ the ZooKeeper node small and humans able to read it).
 from __future__ import annotations
 
 import json
-from collections import Counter
+from collections import Counter, defaultdict
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 ROUTING_FORMAT_VERSION = 1
@@ -89,3 +90,12 @@ def plan_routing(slot_amount: int, broker_count: int, current: Routing | None) -
             f"broker {max(used)} still holds slots; brokers cannot shrink to {broker_count}"
         )
     return Routing(slot_amount, broker_count, current.broker_of_slot)
+
+
+def by_broker(routing: Sequence[int], slots: Iterable[int]) -> dict[int, list[int]]:
+    """broker index -> the positions (in `slots`' order) of the slots it stores: how a batch is
+    split into one call per broker, its answers put back in order by position."""
+    grouped: dict[int, list[int]] = defaultdict(list)
+    for position, slot in enumerate(slots):
+        grouped[routing[slot]].append(position)
+    return grouped

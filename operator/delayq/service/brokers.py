@@ -4,28 +4,24 @@ A slot's messages live on one broker (docs/contracts.md §2), whichever process 
 after a failover the survivor claims the moved slots from *their* broker, and the HTTP API writes
 each message to the broker of its slot. The routing comes from ZooKeeper's `routing` node when
 there is one, else it is the operator's first routing (contiguous ranges). A slot move
-(`delayq routing move-slot`) changes the node, so the service watches it (`RoutingWatch`).
+(`delayq routing move-slot`) changes the node, so the service watches it
+(`delayq.coordination.routing_watch.RoutingWatch`).
 """
 
 from __future__ import annotations
 
 import asyncio
-import logging
-from collections import defaultdict
 from collections.abc import Awaitable, Callable, Iterable, Sequence
 from typing import TypeVar
 
 import redis.asyncio
 
-from delayq.coordination.acl import ZkIdentity
-from delayq.coordination.routing import initial_routing
-from delayq.coordination.tls import ZkTls, kazoo_options
+from delayq.coordination.routing import by_broker, initial_routing
 from delayq.queue.client import AsyncQueue
 from delayq.queue.model import TopicStats
 from delayq.queue.packing import use_hiredis_packing
 from delayq.queue.topic import Topic
 
-log = logging.getLogger(__name__)
 T = TypeVar("T")
 R = TypeVar("R")
 
@@ -67,10 +63,11 @@ class Brokers:
 
     def split(self, slots: Iterable[int]) -> dict[int, list[int]]:
         """broker index → the given slots it stores."""
-        grouped: dict[int, list[int]] = defaultdict(list)
-        for slot in slots:
-            grouped[self.routing[slot]].append(slot)
-        return grouped
+        wanted = list(slots)
+        return {
+            broker: [wanted[i] for i in positions]
+            for broker, positions in by_broker(self.routing, wanted).items()
+        }
 
     async def each(
         self,
@@ -79,9 +76,7 @@ class Brokers:
         call: Callable[[AsyncQueue, list[T]], Awaitable[list[R]]],
     ) -> list[R]:
         """Run a batch operation on each broker with its items; results in the items' order."""
-        positions: dict[int, list[int]] = defaultdict(list)
-        for index, item in enumerate(items):
-            positions[self.routing[slot_of(item)]].append(index)
+        positions = by_broker(self.routing, map(slot_of, items))
         results: list[R | None] = [None] * len(items)
         for broker, indexes in positions.items():
             answers = await call(self.queues[broker], [items[i] for i in indexes])
@@ -118,75 +113,3 @@ class Brokers:
     async def close(self) -> None:
         for queue in self.queues:
             await queue.close()
-
-
-RoutingCallback = Callable[[list[int]], None]
-
-
-class RoutingWatch:
-    """The routing node, watched (kazoo DataWatch) on a ZooKeeper session of its own: every new
-    version of the node is handed to `on_change` on the event loop. Logs in as the topic
-    (`identity`): with ZooKeeper ACLs the node is readable by the topic and the operator only."""
-
-    def __init__(
-        self,
-        hosts: str,
-        namespace: str,
-        topic: str,
-        slot_amount: int,
-        identity: ZkIdentity | None,
-        tls: ZkTls | None = None,
-    ) -> None:
-        from kazoo.client import KazooClient  # kazoo only with ZooKeeper
-
-        from delayq.coordination.layout import TopicPaths
-
-        auth = [identity.auth_data] if identity else None
-        self._client = KazooClient(hosts=hosts, timeout=10.0, auth_data=auth, **kazoo_options(tls))
-        self._path = TopicPaths(namespace, topic).routing
-        self._slot_amount = slot_amount
-
-    async def start(self, on_change: RoutingCallback) -> list[int] | None:
-        """Connect, read the node and watch it; returns the routing now (None when absent or
-        unreadable). A refusal (wrong or missing credentials) raises instead of falling back to
-        the first routing: on a topic whose brokers were added later that routing sends
-        messages to the wrong broker, stranding the ones stored where the routing put them."""
-        from kazoo.exceptions import NoAuthError, NoNodeError
-        from kazoo.recipe.watchers import DataWatch
-
-        from delayq.coordination.layout import decode_routing
-
-        loop = asyncio.get_running_loop()
-
-        def decoded(payload: bytes | None) -> list[int] | None:
-            return None if payload is None else decode_routing(payload, self._slot_amount)
-
-        def changed(payload: bytes | None, _stat: object) -> None:
-            routing = decoded(payload)
-            if routing is not None:
-                loop.call_soon_threadsafe(on_change, routing)
-
-        def connect() -> list[int] | None:
-            self._client.start(timeout=10.0)
-            try:
-                payload: bytes | None = self._client.get(self._path)[0]
-            except NoNodeError:
-                payload = None
-            DataWatch(self._client, self._path, changed)
-            return decoded(payload)
-
-        try:
-            return await asyncio.to_thread(connect)
-        except NoAuthError:
-            await self.stop()
-            raise
-        except Exception:
-            log.exception("could not read the routing from ZooKeeper; using the first routing")
-            return None
-
-    async def stop(self) -> None:
-        def close() -> None:
-            self._client.stop()
-            self._client.close()
-
-        await asyncio.to_thread(close)

@@ -25,11 +25,12 @@ import time
 import redis.asyncio
 
 from delayq.coordination.ownership import EmbeddedOwnership, Ownership
+from delayq.coordination.routing_watch import RoutingWatch
 from delayq.queue.client import AsyncQueue
 from delayq.queue.consumer import Consumer, ConsumerCounters, ConsumerSettings
 from delayq.queue.model import Message
 from delayq.queue.topic import TopicType
-from delayq.service.brokers import Brokers, RoutingWatch, connect, default_routing
+from delayq.service.brokers import Brokers, connect, default_routing
 from delayq.service.config import ServiceConfig
 from delayq.service.delivery.pull import PullLeaser
 from delayq.service.delivery.sinks import Sink

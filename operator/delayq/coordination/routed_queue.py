@@ -1,0 +1,358 @@
+"""`RoutedQueue`: the blocking client of a topic on one or several brokers, by slot routing.
+
+A slot's messages live on the Redis of the broker the routing names (docs/contracts.md §2), so
+a producer writing to any other broker strands its messages where no owner claims them. This
+client sends each call to its slot's broker: the routing comes from ZooKeeper's `routing` node,
+watched (a slot move switches a slot's broker while the client runs), or is given explicitly
+(one broker, tests). A multi-broker topic without a routing is refused (`RoutingError`), never
+guessed: the operator's first routing is not the topic's once a slot has moved.
+
+Writes into a slot being moved are refused by its broker with SLOT_MOVING and store nothing
+(docs/coordination.md, "Moving a slot"); the client waits for the routing node to change (or a
+backoff step, for a move rolled back) and sends them again to the slot's broker then, for up to
+`move_wait_ms`, after which the SlotMovingError is raised. Sending again is safe: a refused call
+stored nothing, and every write is create-only, idempotent or answers its own repeat.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable, Sequence
+from typing import Any, TypeVar
+
+import redis
+
+from delayq.coordination.layout import TopicPaths
+from delayq.coordination.routing import by_broker
+from delayq.coordination.routing_watch import RoutingWatch, ZkConnection
+from delayq.queue import plans
+from delayq.queue.backoff import Backoff
+from delayq.queue.client import Queue
+from delayq.queue.codes import SlotMovingError
+from delayq.queue.model import (
+    MessageInfo,
+    Mode,
+    Outcome,
+    PartlyStoredError,
+    ScheduleFailure,
+    ScheduleRequest,
+    ScheduleResult,
+    Target,
+)
+from delayq.queue.topic import Topic
+
+T = TypeVar("T")
+#: How long a write refused with SLOT_MOVING is sent again (a move's write pause is a fraction
+#: of this; the HTTP API waits as long, service/api.py SLOT_MOVE_WAIT_S).
+DEFAULT_MOVE_WAIT_MS = 10_000
+#: Between two sends of a refused write when the routing did not change meanwhile.
+MOVE_BACKOFF = Backoff(base_ms=50, multiplier=2.0, max_ms=1000)
+
+
+class RoutingError(ValueError):
+    """The client cannot know which broker stores a slot; one line, naming what to give."""
+
+
+class RoutingTable:
+    """The current slot -> broker routing and its version (routings seen), shared by the
+    watch's thread, which replaces it, and the callers, which wait for a newer one."""
+
+    def __init__(self, routing: Sequence[int], broker_count: int) -> None:
+        self.broker_count = broker_count
+        self._routing = _checked(routing, broker_count)
+        self._version = 0
+        self._changed = threading.Condition()
+
+    def snapshot(self) -> tuple[int, list[int]]:
+        with self._changed:
+            return self._version, self._routing
+
+    def update(self, routing: Sequence[int]) -> None:
+        """A new routing from the watch; one naming a broker this client has no URL for is
+        ignored (its writes then wait, and fail after `move_wait_ms`, rather than misroute)."""
+        try:
+            checked = _checked(routing, self.broker_count)
+        except RoutingError:
+            return
+        with self._changed:
+            self._routing = checked
+            self._version += 1
+            self._changed.notify_all()
+
+    def wait_newer(self, version: int, timeout_s: float) -> bool:
+        """Wait up to `timeout_s` for a routing newer than `version`; True when there is one."""
+        with self._changed:
+            return self._changed.wait_for(lambda: self._version > version, timeout_s)
+
+
+def _checked(routing: Sequence[int], broker_count: int) -> list[int]:
+    if any(not 0 <= broker < broker_count for broker in routing):
+        raise RoutingError(
+            f"the routing names broker {max(routing)}, but {broker_count} broker URL(s) were "
+            "given: give every broker's URL, in broker index order"
+        )
+    return list(routing)
+
+
+class RoutedQueue:
+    """schedule, schedule_many, cancel, reschedule and get, each on its slot's broker.
+
+    Build it with `connect`; `queues[b]` is broker b's engine client (`Queue`), for what the
+    routed calls do not cover (a consumer claims from the broker of the slots it owns)."""
+
+    def __init__(
+        self,
+        queues: Sequence[Queue],
+        table: RoutingTable,
+        watch: RoutingWatch | None = None,
+        move_wait_ms: int = DEFAULT_MOVE_WAIT_MS,
+    ) -> None:
+        if len(queues) != table.broker_count:
+            raise ValueError(f"{len(queues)} brokers for a routing of {table.broker_count}")
+        self.queues = list(queues)
+        self.topic: Topic = queues[0].topic
+        self.move_wait_ms = move_wait_ms
+        self._table = table
+        self._watch = watch
+
+    @classmethod
+    def connect(
+        cls,
+        broker_urls: Sequence[str],
+        topic: Topic,
+        *,
+        zookeeper: ZkConnection | None = None,
+        routing: Sequence[int] | None = None,
+        move_wait_ms: int = DEFAULT_MOVE_WAIT_MS,
+        **redis_options: Any,
+    ) -> RoutedQueue:
+        """A client of `topic` on `broker_urls` (broker index order), routed by ZooKeeper's
+        routing node (watched) or by `routing`; one URL alone needs neither. Raises
+        RoutingError for a multi-broker topic without either, a routing node that is missing
+        or for another slot amount, or one naming more brokers than URLs."""
+        if not broker_urls:
+            raise RoutingError("give the Redis URL of every broker of the topic")
+        if zookeeper is not None and routing is not None:
+            raise RoutingError("give the routing or ZooKeeper, not both")
+        table, watch = None, None
+        if zookeeper is not None:
+            table, watch = _watched(zookeeper, topic, len(broker_urls))
+        elif routing is not None:
+            if len(routing) != topic.slot_amount:
+                raise RoutingError(
+                    f"the routing maps {len(routing)} slots, the topic has {topic.slot_amount}"
+                )
+            table = RoutingTable(routing, len(broker_urls))
+        elif len(broker_urls) == 1:
+            table = RoutingTable([0] * topic.slot_amount, 1)
+        else:
+            raise RoutingError(
+                f"topic {topic.namespace}/{topic.name} has {len(broker_urls)} brokers: its "
+                "routing (ZooKeeper, or given) says which one stores each slot"
+            )
+        queues = [Queue.from_url(url, topic, **redis_options) for url in broker_urls]
+        return cls(queues, table, watch, move_wait_ms)
+
+    # routing -------------------------------------------------------------------------------
+
+    @property
+    def routing(self) -> list[int]:
+        """slot -> broker index, as the client routes right now."""
+        return self._table.snapshot()[1]
+
+    def queue_for(self, slot: int) -> Queue:
+        """The engine client of the broker storing `slot` now."""
+        return self.queues[self.routing[slot]]
+
+    def _on_slot(self, slot: int, call: Callable[[Queue], T]) -> T:
+        """`call` on the slot's broker, sent again while the slot is moving."""
+        deadline, attempt = time.monotonic() + self.move_wait_ms / 1000, 0
+        while True:
+            version, routing = self._table.snapshot()
+            try:
+                return call(self.queues[routing[slot]])
+            except SlotMovingError:
+                attempt += 1
+                if not self._await_move(version, deadline, attempt):
+                    raise
+
+    def _await_move(self, version: int, deadline: float, attempt: int) -> bool:
+        """After a SLOT_MOVING refusal of a call routed by routing `version`: wait for a newer
+        routing or one backoff step; False once `move_wait_ms` is over."""
+        left = deadline - time.monotonic()
+        if left <= 0:
+            return False
+        self._table.wait_newer(version, min(left, MOVE_BACKOFF.delay_ms(attempt) / 1000))
+        return True
+
+    # producing -----------------------------------------------------------------------------
+
+    def schedule(
+        self,
+        message_id: str,
+        payload: bytes | str = b"",
+        *,
+        delay_ms: int | None = None,
+        at_ms: int | None = None,
+        slot_basis: str | None = None,
+        **options: Any,
+    ) -> ScheduleResult:
+        """As Queue.schedule (headers, mode, expire_at_ms, ttl_ms as keywords)."""
+        slot = Target(message_id, slot_basis).slot(self.topic)
+        return self._on_slot(
+            slot,
+            lambda queue: queue.schedule(
+                message_id,
+                payload,
+                delay_ms=delay_ms,
+                at_ms=at_ms,
+                slot_basis=slot_basis,
+                **options,
+            ),
+        )
+
+    def schedule_many(
+        self, requests: Sequence[ScheduleRequest], mode: Mode = Mode.CREATE
+    ) -> list[ScheduleResult]:
+        """As Queue.schedule_many: one call per broker; items refused with SLOT_MOVING are
+        sent again (only they) on the newer routing. Every request is validated before any is
+        sent, so InvalidMessageError means nothing was stored. When some items failed
+        otherwise (or kept being refused past `move_wait_ms`) after others were stored, raises
+        PartlyStoredError; when none was stored, the first error."""
+        slots = [Target(r.id, r.slot_basis).slot(self.topic) for r in requests]
+        results: list[ScheduleResult | ScheduleFailure | None] = [None] * len(requests)
+        pending = list(range(len(requests)))
+        deadline, attempt = time.monotonic() + self.move_wait_ms / 1000, 0
+        while pending:
+            version, routing = self._table.snapshot()
+            groups = by_broker(routing, (slots[i] for i in pending))
+            built = {  # built before anything is sent: a refused request stops them all
+                broker: plans.schedule(self.topic, [requests[pending[p]] for p in at], mode)
+                for broker, at in groups.items()
+            }
+            moving: list[int] = []
+            for broker, at in groups.items():
+                indexes = [pending[p] for p in at]
+                items = [(requests[i].id, slots[i]) for i in indexes]
+                answers = self._send(broker, built[broker], items)
+                for index, answer in zip(indexes, answers, strict=True):
+                    if isinstance(answer, ScheduleFailure) and _is_moving(answer.error):
+                        moving.append(index)
+                    results[index] = answer
+            pending = sorted(moving)
+            attempt += 1
+            if pending and not self._await_move(version, deadline, attempt):
+                break
+        return _stored(results)
+
+    def _send(
+        self,
+        broker: int,
+        plan: plans.Plan[list[ScheduleResult]],
+        items: Sequence[tuple[str, int]],
+    ) -> list[ScheduleResult | ScheduleFailure]:
+        """One broker's schedule call of `items` (id, slot): a result or a failure per item."""
+        try:
+            stored: list[ScheduleResult | ScheduleFailure] = []
+            stored += self.queues[broker].run(plan)
+            return stored
+        except PartlyStoredError as error:
+            return error.results
+        except redis.RedisError as error:
+            return [ScheduleFailure(message_id, slot, error) for message_id, slot in items]
+
+    def cancel(self, message_id: str, slot_basis: str | None = None) -> Outcome:
+        slot = Target(message_id, slot_basis).slot(self.topic)
+        return self._on_slot(slot, lambda queue: queue.cancel(message_id, slot_basis))
+
+    def reschedule(
+        self,
+        message_id: str,
+        *,
+        delay_ms: int | None = None,
+        at_ms: int | None = None,
+        slot_basis: str | None = None,
+        slot: int | None = None,
+    ) -> Outcome:
+        """As Queue.reschedule."""
+        routed = Target(message_id, slot_basis, slot).slot(self.topic)
+        return self._on_slot(
+            routed,
+            lambda queue: queue.reschedule(
+                message_id, delay_ms=delay_ms, at_ms=at_ms, slot_basis=slot_basis, slot=slot
+            ),
+        )
+
+    def get(self, message_id: str, slot_basis: str | None = None) -> MessageInfo:
+        slot = Target(message_id, slot_basis).slot(self.topic)
+        return self._on_slot(slot, lambda queue: queue.get(message_id, slot_basis))
+
+    def close(self) -> None:
+        if self._watch is not None:
+            self._watch.close()
+        for queue in self.queues:
+            queue.close()
+
+    def __enter__(self) -> RoutedQueue:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def _watched(
+    zookeeper: ZkConnection, topic: Topic, broker_count: int
+) -> tuple[RoutingTable, RoutingWatch]:
+    """The routing node read and watched; refused when absent or unusable (the watch closed).
+    The watch reports the node as it registers and on every change from then: what it saw
+    before the table existed is the newest routing, newer than the read."""
+    watch = RoutingWatch(
+        zookeeper.hosts,
+        topic.namespace,
+        topic.name,
+        topic.slot_amount,
+        zookeeper.identity,
+        zookeeper.tls,
+    )
+    lock = threading.Lock()
+    tables: list[RoutingTable] = []
+    early: list[list[int]] = []
+
+    def changed(routing: list[int]) -> None:
+        with lock:
+            if tables:
+                tables[0].update(routing)
+            else:
+                early.append(routing)
+
+    try:
+        read = watch.open(changed)
+        with lock:
+            routing = early[-1] if early else read
+            if routing is None:
+                raise RoutingError(
+                    f"no routing for {topic.slot_amount} slots in ZooKeeper at "
+                    f"{TopicPaths(topic.namespace, topic.name).routing}: is the topic applied, "
+                    "with this slot amount?"
+                )
+            tables.append(RoutingTable(routing, broker_count))
+    except BaseException:
+        watch.close()
+        raise
+    return tables[0], watch
+
+
+def _is_moving(error: Exception) -> bool:
+    return isinstance(error, SlotMovingError)
+
+
+def _stored(results: list[ScheduleResult | ScheduleFailure | None]) -> list[ScheduleResult]:
+    """The results, or PartlyStoredError / the first error when some items were not stored."""
+    final = [r for r in results if r is not None]
+    failures = [r for r in final if isinstance(r, ScheduleFailure)]
+    if not failures:
+        return [r for r in final if isinstance(r, ScheduleResult)]
+    if len(failures) == len(final):
+        raise failures[0].error
+    raise PartlyStoredError(final)

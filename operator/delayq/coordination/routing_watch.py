@@ -1,0 +1,104 @@
+"""The topic's `routing` node, watched: how every process that routes follows slot moves.
+
+A slot move (`delayq routing move-slot`, docs/coordination.md "Moving a slot") switches a slot's
+broker in ZooKeeper while producers and delay services run, so whoever writes to a broker by
+slot must follow the node, never read it once at start: the delay services
+(`service/service.py`), the routed client (`routed_queue.py`) and the pipeline's writers.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from kazoo.client import KazooClient
+from kazoo.exceptions import NoAuthError, NoNodeError
+from kazoo.recipe.watchers import DataWatch
+
+from delayq.coordination.acl import ZkIdentity
+from delayq.coordination.layout import TopicPaths, decode_routing
+from delayq.coordination.tls import ZkTls, kazoo_options
+
+log = logging.getLogger(__name__)
+CONNECT_TIMEOUT_S = 10.0
+
+RoutingCallback = Callable[[list[int]], None]
+
+
+@dataclass(frozen=True)
+class ZkConnection:
+    """How a client reaches the topic's ZooKeeper: hosts, the topic's digest identity (with
+    ZooKeeper ACLs the routing node is readable by the topic and the operator only) and TLS.
+    Plain data, so a Spark job ships it to its executors."""
+
+    hosts: str
+    identity: ZkIdentity | None = None
+    tls: ZkTls | None = None
+
+
+class RoutingWatch:
+    """The routing node, watched (kazoo DataWatch) on a ZooKeeper session of its own: every new
+    version of the node is handed to `on_change`. Logs in as the topic (`identity`)."""
+
+    def __init__(
+        self,
+        hosts: str,
+        namespace: str,
+        topic: str,
+        slot_amount: int,
+        identity: ZkIdentity | None,
+        tls: ZkTls | None = None,
+    ) -> None:
+        auth = [identity.auth_data] if identity else None
+        self._client = KazooClient(
+            hosts=hosts, timeout=CONNECT_TIMEOUT_S, auth_data=auth, **kazoo_options(tls)
+        )
+        self._path = TopicPaths(namespace, topic).routing
+        self._slot_amount = slot_amount
+
+    def open(self, on_change: RoutingCallback) -> list[int] | None:
+        """Blocking: connect, read the node and watch it; returns the routing now (None when
+        the node is absent or for another slot amount). `on_change` runs on kazoo's thread with
+        every later version. Any failure (unreachable, NoAuthError) raises."""
+
+        def changed(payload: bytes | None, _stat: object) -> None:
+            routing = None if payload is None else decode_routing(payload, self._slot_amount)
+            if routing is not None:
+                on_change(routing)
+
+        self._client.start(timeout=CONNECT_TIMEOUT_S)
+        try:
+            payload: bytes | None = self._client.get(self._path)[0]
+        except NoNodeError:
+            payload = None
+        DataWatch(self._client, self._path, changed)
+        return None if payload is None else decode_routing(payload, self._slot_amount)
+
+    def close(self) -> None:
+        """Blocking: end the session (and the watch)."""
+        self._client.stop()
+        self._client.close()
+
+    async def start(self, on_change: RoutingCallback) -> list[int] | None:
+        """`open` for the event loop, `on_change` called on it; a delay service's policy: an
+        unreachable ZooKeeper reads as None (the service then uses the first routing), but a
+        refusal (wrong or missing credentials) raises: on a topic whose brokers were added
+        later the first routing sends messages to the wrong broker, stranding them."""
+        loop = asyncio.get_running_loop()
+
+        def changed(routing: list[int]) -> None:
+            loop.call_soon_threadsafe(on_change, routing)
+
+        try:
+            return await asyncio.to_thread(self.open, changed)
+        except NoAuthError:
+            await self.stop()
+            raise
+        except Exception:
+            log.exception("could not read the routing from ZooKeeper; using the first routing")
+            return None
+
+    async def stop(self) -> None:
+        await asyncio.to_thread(self.close)
