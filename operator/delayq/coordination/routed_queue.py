@@ -254,9 +254,8 @@ class RoutedQueue:
     ) -> list[ScheduleResult | ScheduleFailure]:
         """One broker's schedule call of `items` (id, slot): a result or a failure per item."""
         try:
-            stored: list[ScheduleResult | ScheduleFailure] = []
-            stored += self.queues[broker].run(plan)
-            return stored
+            answered = self.queues[broker].run(plan)
+            return [*answered]
         except PartlyStoredError as error:
             return error.results
         except redis.RedisError as error:

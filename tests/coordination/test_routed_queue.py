@@ -1,0 +1,193 @@
+"""RoutedQueue on two real redis-servers and the session's ZooKeeper: every call lands on its
+slot's broker, a multi-broker topic without routing is refused, and writes into a slot being
+moved are sent again to its new broker once the watched routing switches (nothing lost)."""
+
+from __future__ import annotations
+
+import threading
+import uuid
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+
+import pytest
+import redis
+from kazoo.client import KazooClient
+
+from delayq.coordination.layout import TopicPaths
+from delayq.coordination.migration import SlotMover, Step
+from delayq.coordination.routed_queue import RoutedQueue, RoutingError
+from delayq.coordination.routing import Routing
+from delayq.coordination.routing_watch import ZkConnection
+from delayq.local.redis_server import RedisServer
+from delayq.local.waiting import wait_until
+from delayq.local.zookeeper_server import ZooKeeperServer
+from delayq.queue import Code, Queue, ScheduleRequest, SlotMovingError, State, Topic
+from delayq.queue.keys import Part, slot_keys
+
+SLOTS = 8
+SPLIT = (0, 1) * (SLOTS // 2)  # even slots on broker 0, odd ones on broker 1
+
+
+@pytest.fixture
+def second_broker() -> Iterator[RedisServer]:
+    with RedisServer() as server:
+        yield server
+
+
+@dataclass
+class TwoBrokers:
+    urls: list[str]
+    topic: Topic
+    zk: KazooClient
+    hosts: str
+
+    @property
+    def paths(self) -> TopicPaths:
+        return TopicPaths(self.topic.namespace, self.topic.name)
+
+    def publish(self, routing: tuple[int, ...]) -> None:
+        self.zk.create(self.paths.routing, Routing(SLOTS, 2, routing).to_json(), makepath=True)
+
+    def stored_on(self, broker: int, slot: int) -> set[str]:
+        client = redis.Redis.from_url(self.urls[broker])
+        try:
+            members = client.zrange(slot_keys(self.topic, slot).key(Part.STORE), 0, -1)
+            return {m.decode() for m in members}
+        finally:
+            client.close()
+
+    def mover(self) -> SlotMover:
+        return SlotMover(self.zk, self.paths, [Queue.from_url(u, self.topic) for u in self.urls])
+
+
+@pytest.fixture
+def brokers(
+    redis_server: RedisServer, second_broker: RedisServer, zookeeper_server: ZooKeeperServer
+) -> Iterator[TwoBrokers]:
+    topic = Topic("orders", namespace=f"rq-{uuid.uuid4().hex[:8]}", slot_amount=SLOTS)
+    zk = KazooClient(hosts=zookeeper_server.hosts)
+    zk.start(timeout=10)
+    try:
+        yield TwoBrokers([redis_server.url, second_broker.url], topic, zk, zookeeper_server.hosts)
+    finally:
+        zk.stop()
+        zk.close()
+
+
+def ids_in(topic: Topic, slot: int, count: int) -> list[str]:
+    """`count` fresh ids whose slot is `slot`."""
+    found: list[str] = []
+    while len(found) < count:
+        candidate = uuid.uuid4().hex
+        if topic.slot_of(candidate) == slot:
+            found.append(candidate)
+    return found
+
+
+def test_every_call_goes_to_its_slots_broker(brokers: TwoBrokers):
+    with RoutedQueue.connect(brokers.urls, brokers.topic, routing=SPLIT) as queue:
+        ids = [f"m-{i}" for i in range(64)]
+        results = queue.schedule_many([ScheduleRequest(i, b"x", delay_ms=60_000) for i in ids])
+        assert [r.code for r in results] == [Code.CREATED] * len(ids)
+        one = queue.schedule("single", b"y", delay_ms=60_000)
+        for message_id in [*ids, "single"]:
+            slot = brokers.topic.slot_of(message_id)
+            assert message_id in brokers.stored_on(SPLIT[slot], slot)
+            assert message_id not in brokers.stored_on(1 - SPLIT[slot], slot)
+        assert queue.get("single").state is State.SCHEDULED
+        assert queue.reschedule("single", delay_ms=120_000).code is Code.RESCHEDULED
+        assert queue.get("single").due_ms > one.due_ms
+        assert queue.cancel("single").code is Code.CANCELLED
+        assert {queue.get(i).state for i in ids} == {State.SCHEDULED}
+
+
+def test_one_broker_needs_no_routing(redis_server: RedisServer):
+    topic = Topic("single", namespace=f"rq-{uuid.uuid4().hex[:8]}", slot_amount=SLOTS)
+    with RoutedQueue.connect([redis_server.url], topic) as queue:
+        assert queue.schedule("a", delay_ms=1000).code is Code.CREATED
+        assert queue.get("a").state is State.SCHEDULED
+
+
+def test_a_multi_broker_topic_without_routing_is_refused(brokers: TwoBrokers):
+    with pytest.raises(RoutingError, match="has 2 brokers") as refused:
+        RoutedQueue.connect(brokers.urls, brokers.topic)
+    assert "\n" not in str(refused.value)
+    zookeeper = ZkConnection(brokers.hosts)
+    with pytest.raises(RoutingError, match="no routing for 8 slots in ZooKeeper"):
+        RoutedQueue.connect(brokers.urls, brokers.topic, zookeeper=zookeeper)
+    brokers.publish(SPLIT)
+    with pytest.raises(RoutingError, match="names broker 1, but 1 broker URL"):
+        RoutedQueue.connect(brokers.urls[:1], brokers.topic, zookeeper=zookeeper)
+
+
+def test_a_write_into_a_frozen_slot_is_sent_to_its_new_broker_after_the_switch(
+    brokers: TwoBrokers,
+):
+    brokers.publish((0,) * SLOTS)
+    slot = 3
+    message_id, late = ids_in(brokers.topic, slot, 2)
+    mover = brokers.mover()
+    zookeeper = ZkConnection(brokers.hosts)
+    with RoutedQueue.connect(brokers.urls, brokers.topic, zookeeper=zookeeper) as queue:
+        migration, version = mover.start(slot, 1)
+        current = mover.step(migration, version)  # frozen: its writes are refused from now
+        assert current is not None
+        assert current[0].step is Step.COPY
+        with ThreadPoolExecutor(1) as pool:
+            writing = pool.submit(queue.schedule, message_id, b"x", delay_ms=60_000)
+            wait_until(
+                lambda: not writing.done() and queue.routing[slot] == 0, 5.0, "a write waiting"
+            )
+            while current is not None:  # copy, switch, clean
+                current = mover.step(*current)
+            assert writing.result(timeout=10).code is Code.CREATED
+        assert queue.routing[slot] == 1  # followed the watch
+        assert message_id in brokers.stored_on(1, slot)
+        assert queue.get(message_id).state is State.SCHEDULED
+        # a client that gives up at once sees the refusal (the bound is what makes it wait)
+        frozen = mover.step(*mover.start(slot, 0))
+        assert frozen is not None
+        queue.move_wait_ms = 0
+        with pytest.raises(SlotMovingError):
+            queue.schedule(late, delay_ms=1000)
+    for queue_ in mover.queues:
+        queue_.close()
+
+
+def test_slots_moved_while_the_client_writes_lose_nothing(brokers: TwoBrokers):
+    brokers.publish((0,) * SLOTS)
+    zookeeper = ZkConnection(brokers.hosts)
+    mover = brokers.mover()
+    written: list[str] = []
+    stop = threading.Event()
+
+    def write(queue: RoutedQueue) -> None:
+        while not stop.is_set():
+            batch = [ScheduleRequest(uuid.uuid4().hex, b"x", delay_ms=60_000) for _ in range(50)]
+            results = queue.schedule_many(batch)
+            assert {r.code for r in results} == {Code.CREATED}
+            written.extend(r.id for r in results)
+
+    with (
+        RoutedQueue.connect(brokers.urls, brokers.topic, zookeeper=zookeeper) as queue,
+        ThreadPoolExecutor(1) as pool,
+    ):
+        writing = pool.submit(write, queue)
+        for slot in (1, 2, 5):
+            mover.move(slot, 1)
+        wait_until(lambda: queue.routing == [0, 1, 1, 0, 0, 1, 0, 0], 5.0, "routing followed")
+        stop.set()
+        writing.result(timeout=30)
+    stored = {
+        message_id: broker
+        for broker in (0, 1)
+        for slot in range(SLOTS)
+        for message_id in brokers.stored_on(broker, slot)
+    }
+    assert len(written) == len(set(written)) > 0
+    assert set(written) == set(stored)  # nothing lost, nothing stranded on another broker
+    routing = Routing.from_json(brokers.zk.get(brokers.paths.routing)[0]).broker_of_slot
+    assert all(stored[i] == routing[brokers.topic.slot_of(i)] for i in written)
+    for queue_ in mover.queues:
+        queue_.close()
