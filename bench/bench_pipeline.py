@@ -127,7 +127,7 @@ def main() -> None:
     try:
         write_input(spark, args.rows, work / "input")
         baseline = engine_rate(server.url, args.engine_rows)
-        target = RedisTarget(server.url, "bench", "orders", SLOTS, DEFAULT_MAX_PAYLOAD_BYTES)
+        target = RedisTarget((server.url,), "bench", "orders", SLOTS, DEFAULT_MAX_PAYLOAD_BYTES)
         source = spark.read.parquet(str(work / "input"))
         cpu_before = cpu_seconds()
         summary = ingest(spark, source, target, str(work / "rejects"), report=stderr_report)

@@ -121,8 +121,11 @@ def test_the_operator_placement_puts_every_topic_pod_on_the_named_nodes() -> Non
         build_all(spec, dataclasses.replace(CTX, placement=placement), CREDS, 16, False)
     )
     plain = by_kind_name(build_all(spec, CTX, CREDS, 16, False))
-    names = [("StatefulSet", "orders-service"), ("StatefulSet", "orders-redis-0"),
-             ("StatefulSet", "orders-redis-1")]
+    names = [
+        ("StatefulSet", "orders-service"),
+        ("StatefulSet", "orders-redis-0"),
+        ("StatefulSet", "orders-redis-1"),
+    ]
     for key in names:
         pod = placed[key]["spec"]["template"]["spec"]
         assert pod["nodeSelector"] == {"pool": "delayq"}, key

@@ -8,6 +8,7 @@ import pyarrow.dataset as ds
 import pytest
 
 from delayq.cli import main
+from delayq.coordination.routed_queue import RoutedQueue
 from delayq.pipeline import archive as A
 from delayq.pipeline import audit, audit_job
 from delayq.queue.client import Queue
@@ -99,20 +100,25 @@ def test_crash_between_write_and_checkpoint_loses_and_duplicates_nothing(
     with monkeypatch.context() as patch:
         patch.setattr(A.Checkpoint, "save", crash)
         with pytest.raises(RuntimeError, match="simulated crash"):
-            A.archive(redis_server.url, TOPIC, output, checkpoint, page_size=5)
+            A.archive(_brokers(redis_server), output, checkpoint, page_size=5)
     assert len(_archived(output)) == 5  # one page landed, its checkpoint did not
     assert not (checkpoint / "shop.orders.json").exists()
     assert sum(redis_client.xlen(key) for key in first) == sum(map(len, first.values()))
 
     _lifecycle(queue, "c", 10)  # new entries move every page boundary of the re-run
     second = _journal(redis_client)
-    summary = A.archive(redis_server.url, TOPIC, output, checkpoint, page_size=5)
+    summary = A.archive(_brokers(redis_server), output, checkpoint, page_size=5)
     assert summary.recovered == 1
     archived = _archived(output)
     assert len(archived) == len(set(archived))  # no duplicates
     assert archived == _expected([second])  # no loss: `second` still holds all of `first`
     saved = json.loads((checkpoint / "shop.orders.json").read_text())
     assert saved == {key: ids[-1] for key, ids in second.items() if ids}
+
+
+def _brokers(redis_server):
+    """The topic's one broker, routed (nothing to close: its connections are the pool's)."""
+    return RoutedQueue.connect([redis_server.url], TOPIC)
 
 
 def test_rows_of_parses_journal_fields():
@@ -137,7 +143,7 @@ def test_audit_of_a_real_archived_journal_finds_no_broken_promise(
     spark, queue, redis_server, tmp_path
 ):
     _lifecycle(queue, "r", 24)
-    A.archive(redis_server.url, TOPIC, tmp_path / "out", tmp_path / "ck")
+    A.archive(_brokers(redis_server), tmp_path / "out", tmp_path / "ck")
     journal = audit_job.read_journal(spark, str(tmp_path / "out"))
     [total] = audit.metrics(audit.events(journal), 60_000, audit.TOPIC_KEYS).collect()
     assert (total.topic, total.namespace, total.scheduled) == ("orders", "shop", 24)

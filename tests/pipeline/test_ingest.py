@@ -139,7 +139,7 @@ def test_ingest_reports_what_the_server_clock_refuses(spark, redis_server, redis
     source = spark.createDataFrame(
         [("near", None, 5000), ("far", too_far, None)], "id string, due_at long, delay long"
     )
-    target = RedisTarget(redis_server.url, "shop", "orders", SLOTS, LIMIT)
+    target = RedisTarget((redis_server.url,), "shop", "orders", SLOTS, LIMIT)
     rejects = tmp_path / "rejects"
     summary = ingest(spark, source, target, str(rejects), now_ms=now_ms + 7 * 24 * 3600 * 1000)
     assert (summary.read, summary.scheduled, summary.rejected) == (2, 1, 1)
@@ -154,7 +154,7 @@ def test_ingest_parquet_counts_add_up(
         "concat('p', id) as id", "id * 10 as delay", "cast(concat('b', id) as binary) as payload"
     )
     source.write.parquet(str(tmp_path / "in"))
-    target = RedisTarget(redis_server.url, "shop", "orders", SLOTS, LIMIT, journal_max_len=1000)
+    target = RedisTarget((redis_server.url,), "shop", "orders", SLOTS, LIMIT, journal_max_len=1000)
     data = spark.read.parquet(str(tmp_path / "in"))
     lines: list[str] = []
     monkeypatch.setattr(ingest_module, "PROGRESS_INTERVAL_S", 0.01)
@@ -197,7 +197,7 @@ def test_arrow_writer_keeps_types_rejects_and_reruns_idempotently(
         ],
         "id string, payload binary, delay long, slot_basis string, headers map<string,string>",
     ).write.parquet(str(tmp_path / "in"))
-    target = RedisTarget(redis_server.url, "shop", "orders", SLOTS, LIMIT)
+    target = RedisTarget((redis_server.url,), "shop", "orders", SLOTS, LIMIT)
     topic, rejects = target.to_topic(), str(tmp_path / "rejects")
 
     def run():

@@ -8,9 +8,13 @@ its checkpoint forward to the last id already present in the dataset. So a re-ru
 nothing twice even when new entries moved the page boundaries, and nothing is trimmed from Redis
 before it is on disk.
 
-The stream is read on the driver with pyarrow, without Spark: it is one Redis, bounded per slot
-(MAXLEN), and a JVM would only add start-up time. The dataset is plain Hive-partitioned Parquet
-(`topic=<t>/date=<yyyy-mm-dd>/`) that Spark, pyarrow or DuckDB read as is.
+The streams are read on the driver with pyarrow, without Spark: bounded per slot (MAXLEN), and a
+JVM would only add start-up time. Each slot is read from the broker the routing names for it
+(`RoutedQueue`, watched). A slot moved between two runs carries its journal, entry ids and all,
+to its new broker (`queue/slot_copy.py`), so the checkpoint (by stream key, not by broker) goes
+on from there; entries trimmed from the old broker after the copy are past the checkpoint. The
+dataset is plain Hive-partitioned Parquet (`topic=<t>/date=<yyyy-mm-dd>/`) that Spark, pyarrow
+or DuckDB read as is.
 """
 
 from __future__ import annotations
@@ -24,12 +28,15 @@ from collections.abc import Iterable
 from dataclasses import asdict, dataclass
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any, cast
+from typing import TYPE_CHECKING, Any, cast
 
 import redis
 
 from delayq.queue.keys import Part, slot_keys
 from delayq.queue.topic import Topic
+
+if TYPE_CHECKING:
+    from delayq.coordination.routed_queue import RoutedQueue
 
 DEFAULT_PAGE_SIZE = 10_000
 EntryId = tuple[int, int]  # (ms, seq) of a stream entry id, ordered as Redis orders them
@@ -235,23 +242,21 @@ def archive_slot(
 
 
 def archive(
-    url: str,
-    topic: Topic,
+    brokers: RoutedQueue,
     output: str | Path,
     checkpoint_dir: str | Path,
     page_size: int = DEFAULT_PAGE_SIZE,
 ) -> ArchiveSummary:
-    """Export every slot's new journal entries of `topic`; see the module docstring."""
+    """Export every slot's new journal entries of the topic, each slot read from the broker
+    the (watched) routing names for it; see the module docstring."""
     started = time.monotonic()
-    client = redis.Redis.from_url(url)
+    topic = brokers.topic
     checkpoint = Checkpoint(checkpoint_dir, topic)
     dataset = Dataset(output, topic)
     positions = checkpoint.load()
     summary = ArchiveSummary()
-    try:
-        for slot in topic.slots:
-            archive_slot(client, dataset, checkpoint, positions, slot, page_size, summary)
-    finally:
-        client.close()
+    for slot in topic.slots:
+        client = brokers.queue_for(slot).redis
+        archive_slot(client, dataset, checkpoint, positions, slot, page_size, summary)
     summary.seconds = time.monotonic() - started
     return summary

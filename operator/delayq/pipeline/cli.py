@@ -13,7 +13,7 @@ import json
 import os
 import sys
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from delayq.extras import missing_extra
 from delayq.pipeline.archive import DEFAULT_PAGE_SIZE
@@ -21,8 +21,24 @@ from delayq.pipeline.ingest import FORMATS
 from delayq.pipeline.spark import FALLBACK_MASTER
 from delayq.queue.topic import DEFAULT_MAX_PAYLOAD_BYTES
 
+if TYPE_CHECKING:
+    from delayq.coordination.routed_queue import RoutedQueue
+    from delayq.coordination.routing_watch import ZkConnection
+
 DEFAULT_GRACE_MS = 60_000
 REDIS_URL_ENV = "DELAYQ_REDIS_URL"
+BROKER_URLS_ENV = "DELAYQ_BROKER_URLS"  # as `delayq serve`: comma-separated, broker index order
+# The settings of `delayq serve` a routed job takes, with its flags and variables: where the
+# topic's routing node is, the topic's ZooKeeper identity (its password) and TLS.
+ZOOKEEPER_SETTINGS = (
+    "zookeeper_connect",
+    "zookeeper_password",
+    "zookeeper_tls",
+    "zookeeper_tls_ca_file",
+    "zookeeper_tls_cert_file",
+    "zookeeper_tls_key_file",
+    "zookeeper_tls_verify_certs",
+)
 EXTRA = "pipeline"
 SPARK = ("pyspark",)  # what a command imports from the `pipeline` extra
 ARROW = ("pyarrow",)
@@ -119,15 +135,17 @@ def _reporting_errors(command: str, handler: Handler, modules: tuple[str, ...]) 
     code 1. Never a traceback for these."""
 
     def run(args: argparse.Namespace) -> int:
+        from delayq.coordination.routed_queue import RoutingError
         from delayq.pipeline.transforms import MappingError
         from delayq.queue.topic import TopicError
+        from delayq.service.config import ConfigError
 
         if (missing := missing_extra(EXTRA, modules)) is not None:
             print(f"delayq pipeline {command}: {missing}", file=sys.stderr)
             return 2
         try:
             return handler(args)
-        except (MappingError, TopicError) as error:
+        except (MappingError, TopicError, RoutingError, ConfigError) as error:
             print(f"delayq pipeline {command}: {error}", file=sys.stderr)
             return 2
         except JobError as error:
@@ -143,11 +161,17 @@ def _reporting_errors(command: str, handler: Handler, modules: tuple[str, ...]) 
 
 
 def _known_failure(error: Exception, args: argparse.Namespace) -> str | None:
-    """One line for the failures an operator fixes outside the code: Redis not reachable, a
-    path Spark cannot read. Anything else keeps its traceback (it is a bug)."""
+    """One line for the failures an operator fixes outside the code: Redis or ZooKeeper not
+    reachable or refusing, a path Spark cannot read. Anything else keeps its traceback (it is a
+    bug)."""
     import redis
+    from kazoo.exceptions import KazooException
+    from kazoo.handlers.threading import KazooTimeoutError
 
-    url = redacted(getattr(args, "redis", None) or "")
+    url = ", ".join(map(redacted, getattr(args, "redis", None) or []))
+    if isinstance(error, KazooException | KazooTimeoutError):
+        hosts = getattr(args, "zookeeper_connect", None) or ""
+        return f"cannot read the routing from ZooKeeper {hosts}: {_first_line(error)}"
     if isinstance(error, redis.ConnectionError | redis.TimeoutError):
         return f"cannot reach Redis at {url}: {_first_line(error)}"
     if isinstance(error, redis.AuthenticationError | redis.ResponseError):
@@ -207,19 +231,58 @@ def _check_input(path: str) -> None:
 
 
 def _topic_arguments(parser: argparse.ArgumentParser) -> None:
-    url = os.environ.get(REDIS_URL_ENV)
+    from delayq.service.config import add_arguments
+
     parser.add_argument(
         "--redis",
-        required=url is None,
-        default=url,
-        help=f"redis://[:password@]host:port/db (default ${REDIS_URL_ENV}: keeps a password "
-        "out of the process list)",
+        action="append",
+        help="redis://[:password@]host:port/db of a broker; once per broker, in broker index "
+        f"order (default ${BROKER_URLS_ENV}, comma-separated, else ${REDIS_URL_ENV}: keeps a "
+        "password out of the process list). More than one needs the routing: "
+        "--zookeeper-connect",
     )
     parser.add_argument(
         "--namespace", default="default", help="the topic's namespace (default %(default)s)"
     )
     parser.add_argument("--topic", required=True, help="the topic's name")
     parser.add_argument("--slots", type=int, required=True, help="the topic's slotAmount")
+    add_arguments(parser, ZOOKEEPER_SETTINGS)
+
+
+def _brokers(args: argparse.Namespace) -> tuple[tuple[str, ...], ZkConnection | None]:
+    """The topic's broker URLs (flags, else the environment) and where its routing is (the
+    ZooKeeper settings of `delayq serve`: flags over DELAYQ_* variables)."""
+    from delayq.service.config import ConfigError, ServiceConfig
+
+    urls = (
+        args.redis
+        or [url for url in os.environ.get(BROKER_URLS_ENV, "").split(",") if url]
+        or [url for url in [os.environ.get(REDIS_URL_ENV, "")] if url]
+    )
+    if not urls:
+        raise ConfigError(f"give the topic's Redis: --redis (${BROKER_URLS_ENV}, ${REDIS_URL_ENV})")
+    args.redis = urls  # for the messages
+    zookeeper = ServiceConfig.from_args(args).zookeeper_connection
+    if len(urls) > 1 and zookeeper is None:
+        raise ConfigError(
+            f"{len(urls)} brokers need their slot routing, from ZooKeeper: give "
+            "--zookeeper-connect (DELAYQ_ZOOKEEPER_CONNECT)"
+        )
+    return tuple(urls), zookeeper
+
+
+def _routed(args: argparse.Namespace) -> RoutedQueue:
+    """The routed client of the topic, checked from the driver before any job starts: the
+    routing is there and names only brokers given (RoutingError: exit code 2), and every broker
+    answers a PING (JobError: exit code 1)."""
+    from delayq.coordination.routed_queue import RoutedQueue
+    from delayq.queue.topic import Topic
+
+    urls, zookeeper = _brokers(args)
+    topic = Topic(args.topic, namespace=args.namespace, slot_amount=args.slots)
+    for url in urls:
+        _check_redis(url)
+    return RoutedQueue.connect(urls, topic, zookeeper=zookeeper)
 
 
 def _emit(line: str, summary: dict[str, Any]) -> None:
@@ -235,19 +298,21 @@ def run_ingest(args: argparse.Namespace) -> int:
     from delayq.pipeline.io_redis import RedisTarget
     from delayq.pipeline.spark import job_session
 
+    urls, zookeeper = _brokers(args)
     target = RedisTarget(
-        args.redis,
+        urls,
         args.namespace,
         args.topic,
         args.slots,
         args.max_payload_bytes,
         args.journal_max_len,
         args.outcome_retention_ms,
+        zookeeper,
     )
     target.to_topic()  # validates the names and bounds before Spark starts
     mapping = transforms.parse_mapping(args.map)
     _check_input(args.input)
-    _check_redis(args.redis)
+    _routed(args).close()  # the routing and the brokers, checked before Spark starts
     with job_session(args.master, "delayq-pipeline-ingest") as spark:
         source = read_input(spark, args.input, args.format)
         summary = ingest(
@@ -259,11 +324,9 @@ def run_ingest(args: argparse.Namespace) -> int:
 
 def run_archive(args: argparse.Namespace) -> int:
     from delayq.pipeline.archive import archive
-    from delayq.queue.topic import Topic
 
-    topic = Topic(args.topic, namespace=args.namespace, slot_amount=args.slots)
-    _check_redis(args.redis)
-    summary = archive(args.redis, topic, args.output, args.checkpoint, args.page_size)
+    with _routed(args) as brokers:
+        summary = archive(brokers, args.output, args.checkpoint, args.page_size)
     _emit(summary.line(), summary.as_dict())
     return 0
 

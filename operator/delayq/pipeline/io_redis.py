@@ -1,8 +1,11 @@
 """The ingest's Redis side: writes one Spark partition with the engine's batch schedule.
 
-Runs inside the Python workers (`mapInArrow`): Arrow record batches in, `Queue.schedule_many`
-out, so routing, validation, encoding and the Lua calls are the engine's own (one call per slot
-per chunk, pipelined per batch). The rows arrive column by column, as Arrow batches, and become
+Runs inside the Python workers (`mapInArrow`): Arrow record batches in,
+`RoutedQueue.schedule_many` out, so validation, encoding and the Lua calls are the engine's own
+(one call per slot per chunk, pipelined per batch and broker), and each row goes to its slot's
+broker by the routing the writer watches in ZooKeeper: a slot moved during the job refuses its
+rows with SLOT_MOVING, which the client sends again to the new broker (create-only, so nothing
+is stored twice). The rows arrive column by column, as Arrow batches, and become
 `ScheduleRequest`s straight from the columns: no pickled `Row` per row (pickling them cost the
 JVM about 3 s of CPU per million rows more). It returns its counts as one result row, not only
 through an accumulator: accumulators may count a retried task twice, the collected results
@@ -17,9 +20,10 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
+from delayq.coordination.routed_queue import RoutedQueue
+from delayq.coordination.routing_watch import ZkConnection
 from delayq.pipeline import transforms as T
 from delayq.queue import plans
-from delayq.queue.client import Queue
 from delayq.queue.codes import Code, InvalidMessageError
 from delayq.queue.model import Mode, ScheduleRequest
 from delayq.queue.topic import Topic
@@ -30,15 +34,22 @@ TOO_FAR_REASON = "due beyond the Redis server's now + the maximum delay (TOO_FAR
 
 @dataclass(frozen=True)
 class RedisTarget:
-    """Where the ingest writes: a Redis URL and the topic settings the engine needs."""
+    """Where the ingest writes: the topic's brokers (Redis URLs, broker index order), where its
+    routing is (ZooKeeper; one broker needs none) and the topic settings the engine needs.
+    Plain data: Spark ships it to every writer, which routes each row by the watched routing."""
 
-    url: str
+    urls: tuple[str, ...]
     namespace: str
     topic: str
     slot_amount: int
     max_payload_bytes: int
     journal_max_len: int = 0
     outcome_retention_ms: int = 0
+    zookeeper: ZkConnection | None = None
+
+    def connect(self) -> RoutedQueue:
+        """The routed client of the topic (RoutingError: a multi-broker topic, no routing)."""
+        return RoutedQueue.connect(self.urls, self.to_topic(), zookeeper=self.zookeeper)
 
     def to_topic(self) -> Topic:
         return Topic(
@@ -138,7 +149,7 @@ def _refused(topic: Topic, requests: Sequence[ScheduleRequest]) -> dict[int, str
     return refused
 
 
-def _write(queue: Queue, requests: list[ScheduleRequest], result: PartitionResult) -> None:
+def _write(queue: RoutedQueue, requests: list[ScheduleRequest], result: PartitionResult) -> None:
     """Schedule one batch create-only, so a re-run finds EXISTS instead of scheduling twice."""
     result.rows += len(requests)
     try:
@@ -172,7 +183,7 @@ def partition_writer(
 
     def write(batches: Iterator[Any]) -> Iterator[Any]:
         result = PartitionResult()
-        queue = Queue.from_url(target.url, target.to_topic())
+        queue = target.connect()
         requests = itertools.chain.from_iterable(map(requests_of, batches))
         try:
             while batch := list(itertools.islice(requests, batch_rows)):

@@ -14,11 +14,12 @@ import ipaddress
 import os
 import socket
 import typing
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from delayq.coordination.acl import ZkIdentity, topic_user
+from delayq.coordination.routing_watch import ZkConnection
 from delayq.coordination.tls import ZkTls
 from delayq.queue.backoff import Backoff, Jitter
 from delayq.queue.topic import EndAction, Topic, TopicError, TopicType
@@ -391,6 +392,15 @@ class ServiceConfig:
             self.zookeeper_tls_verify_certs,
         )
 
+    @property
+    def zookeeper_connection(self) -> ZkConnection | None:
+        """How a client that routes reaches the topic's ZooKeeper (None: not configured)."""
+        if not self.zookeeper_connect:
+            return None
+        return ZkConnection(
+            self.zookeeper_connect, self.zookeeper_identity, self.zookeeper_client_tls
+        )
+
     def to_topic(self) -> Topic:
         return Topic.from_settings(self, name=self.topic)
 
@@ -465,13 +475,17 @@ class ServiceConfig:
         return dataclasses.replace(base, **changes)
 
 
-def add_arguments(parser: argparse.ArgumentParser) -> None:
-    """One flag per setting; unset flags stay None so the environment and defaults apply."""
-    parser.add_argument(
-        "--config",
-        help="the operator's topic.json: settings below the environment and the flags",
-    )
+def add_arguments(parser: argparse.ArgumentParser, names: Sequence[str] | None = None) -> None:
+    """One flag per setting (only those of `names`, for a command that needs a few, without
+    `--config`); unset flags stay None so the environment and defaults apply."""
+    if names is None:
+        parser.add_argument(
+            "--config",
+            help="the operator's topic.json: settings below the environment and the flags",
+        )
     for f in dataclasses.fields(ServiceConfig):
+        if names is not None and f.name not in names:
+            continue
         parser.add_argument(
             flag_name(f.name),
             dest=f.name,
