@@ -139,7 +139,9 @@ async def test_ingest_and_routed_client_deliver_from_both_brokers_archive_and_au
     assert {ROUTING.broker_of_slot[row["slot"]] for row in rows} == {0, 1}
 
     report = tmp_path / "audit"
-    assert main(["pipeline", "audit", "--input", str(tmp_path / "out"), "--output", str(report)])
+    assert (
+        main(["pipeline", "audit", "--input", str(tmp_path / "out"), "--output", str(report)]) == 0
+    )
     [total] = json.loads(capsys.readouterr().out)["topics"]
     assert total["deliveries"] >= len(fleet.scheduled)
     assert (total["scheduled"], total["lost"], total["early"]) == (len(fleet.scheduled), 0, 0)
