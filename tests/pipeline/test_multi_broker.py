@@ -185,3 +185,15 @@ def test_one_redis_for_a_topic_routed_over_two_brokers_is_refused(
         "delayq pipeline archive: the routing names broker 1, but 1 broker URL(s) were given: "
         "give every broker's URL, in broker index order"
     )
+
+
+def test_an_unreachable_zookeeper_is_one_line(redis_server, second_broker, tmp_path, capsys):
+    urls = [redis_server.url, second_broker.url]
+    argv = ["pipeline", "archive", "--redis", urls[0], "--redis", urls[1], "--topic", "t"]
+    argv += ["--slots", "4", "--zookeeper-connect", "127.0.0.1:1", "--output", str(tmp_path)]
+    assert main([*argv, "--checkpoint", str(tmp_path / "ck")]) == 1
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert len(lines) == 1, lines
+    assert lines[0].startswith(
+        "delayq pipeline archive: cannot read the routing from ZooKeeper 127.0.0.1:1: "
+    )

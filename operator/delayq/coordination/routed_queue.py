@@ -16,6 +16,7 @@ stored nothing, and every write is create-only, idempotent or answers its own re
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -29,6 +30,7 @@ from delayq.coordination.routing_watch import RoutingWatch, ZkConnection
 from delayq.queue import plans
 from delayq.queue.backoff import Backoff
 from delayq.queue.client import Queue
+from delayq.queue.codec import Headers
 from delayq.queue.codes import SlotMovingError
 from delayq.queue.model import (
     MessageInfo,
@@ -42,6 +44,7 @@ from delayq.queue.model import (
 )
 from delayq.queue.topic import Topic
 
+log = logging.getLogger(__name__)
 T = TypeVar("T")
 #: How long a write refused with SLOT_MOVING is sent again (a move's write pause is a fraction
 #: of this; the HTTP API waits as long, service/api.py SLOT_MOVE_WAIT_S).
@@ -73,7 +76,8 @@ class RoutingTable:
         ignored (its writes then wait, and fail after `move_wait_ms`, rather than misroute)."""
         try:
             checked = _checked(routing, self.broker_count)
-        except RoutingError:
+        except RoutingError as error:
+            log.error("routing ignored: %s", error)
             return
         with self._changed:
             self._routing = checked
@@ -196,9 +200,12 @@ class RoutedQueue:
         delay_ms: int | None = None,
         at_ms: int | None = None,
         slot_basis: str | None = None,
-        **options: Any,
+        headers: Headers | None = None,
+        mode: Mode = Mode.CREATE,
+        expire_at_ms: int | None = None,
+        ttl_ms: int | None = None,
     ) -> ScheduleResult:
-        """As Queue.schedule (headers, mode, expire_at_ms, ttl_ms as keywords)."""
+        """As Queue.schedule."""
         slot = Target(message_id, slot_basis).slot(self.topic)
         return self._on_slot(
             slot,
@@ -208,7 +215,10 @@ class RoutedQueue:
                 delay_ms=delay_ms,
                 at_ms=at_ms,
                 slot_basis=slot_basis,
-                **options,
+                headers=headers,
+                mode=mode,
+                expire_at_ms=expire_at_ms,
+                ttl_ms=ttl_ms,
             ),
         )
 
@@ -237,7 +247,9 @@ class RoutedQueue:
                 items = [(requests[i].id, slots[i]) for i in indexes]
                 answers = self._send(broker, built[broker], items)
                 for index, answer in zip(indexes, answers, strict=True):
-                    if isinstance(answer, ScheduleFailure) and _is_moving(answer.error):
+                    if isinstance(answer, ScheduleFailure) and isinstance(
+                        answer.error, SlotMovingError
+                    ):
                         moving.append(index)
                     results[index] = answer
             pending = sorted(moving)
@@ -340,10 +352,6 @@ def _watched(
         watch.close()
         raise
     return tables[0], watch
-
-
-def _is_moving(error: Exception) -> bool:
-    return isinstance(error, SlotMovingError)
 
 
 def _stored(results: list[ScheduleResult | ScheduleFailure | None]) -> list[ScheduleResult]:

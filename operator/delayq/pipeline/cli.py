@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 import os
 import sys
 from collections.abc import Callable
@@ -280,6 +281,8 @@ def _routed(args: argparse.Namespace) -> RoutedQueue:
 
     urls, zookeeper = _brokers(args)
     topic = Topic(args.topic, namespace=args.namespace, slot_amount=args.slots)
+    # kazoo logs every failed connection attempt; the failure is reported once, in one line
+    logging.getLogger("kazoo").setLevel(logging.CRITICAL)
     for url in urls:
         _check_redis(url)
     return RoutedQueue.connect(urls, topic, zookeeper=zookeeper)

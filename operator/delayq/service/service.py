@@ -110,8 +110,7 @@ class DelayService:
                 max_in_flight=self.config.worker_concurrency,
                 lease_ms=self.config.ack_timeout_ms,
                 # as many handlers per batch as messages the sink's POSTs may carry at once
-                batch_concurrency=self.config.webhook_max_in_flight
-                * self.config.webhook_max_batch,
+                batch_concurrency=self.config.webhook_max_in_flight * self.config.webhook_max_batch,
                 backoff=self.config.backoff,
             )
             self.consumers = [

@@ -315,6 +315,6 @@ def batch_answers(reply: bytes) -> dict[str, int]:
         return {str(result["id"]): int(result["status"]) for result in results}
     except (ValueError, KeyError, TypeError) as error:
         raise DeliveryError(
-            f"batch reply is not {{\"results\": [{{\"id\": ..., \"status\": ...}}]}}: "
+            f'batch reply is not {{"results": [{{"id": ..., "status": ...}}]}}: '
             f"{type(error).__name__}"
         ) from None
