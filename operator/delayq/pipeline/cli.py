@@ -272,14 +272,15 @@ def _brokers(args: argparse.Namespace) -> tuple[tuple[str, ...], ZkConnection | 
     return tuple(urls), zookeeper
 
 
-def _routed(args: argparse.Namespace) -> RoutedQueue:
+def _routed(
+    args: argparse.Namespace, urls: tuple[str, ...], zookeeper: ZkConnection | None
+) -> RoutedQueue:
     """The routed client of the topic, checked from the driver before any job starts: the
     routing is there and names only brokers given (RoutingError: exit code 2), and every broker
     answers a PING (JobError: exit code 1)."""
     from delayq.coordination.routed_queue import RoutedQueue
     from delayq.queue.topic import Topic
 
-    urls, zookeeper = _brokers(args)
     topic = Topic(args.topic, namespace=args.namespace, slot_amount=args.slots)
     # kazoo logs every failed connection attempt; the failure is reported once, in one line
     logging.getLogger("kazoo").setLevel(logging.CRITICAL)
@@ -315,7 +316,7 @@ def run_ingest(args: argparse.Namespace) -> int:
     target.to_topic()  # validates the names and bounds before Spark starts
     mapping = transforms.parse_mapping(args.map)
     _check_input(args.input)
-    _routed(args).close()  # the routing and the brokers, checked before Spark starts
+    _routed(args, urls, zookeeper).close()  # routing and brokers, checked before Spark starts
     with job_session(args.master, "delayq-pipeline-ingest") as spark:
         source = read_input(spark, args.input, args.format)
         summary = ingest(
@@ -328,7 +329,7 @@ def run_ingest(args: argparse.Namespace) -> int:
 def run_archive(args: argparse.Namespace) -> int:
     from delayq.pipeline.archive import archive
 
-    with _routed(args) as brokers:
+    with _routed(args, *_brokers(args)) as brokers:
         summary = archive(brokers, args.output, args.checkpoint, args.page_size)
     _emit(summary.line(), summary.as_dict())
     return 0
