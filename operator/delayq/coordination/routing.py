@@ -1,11 +1,11 @@
 """Slot -> broker routing (docs/contracts.md §2 `routing`): pure and sticky.
 
 A slot's messages live on the Redis of the broker it is routed to, so routing a slot elsewhere
-without moving its data would hide those messages. Hence: the operator never changes an existing
-slot's routing; new brokers start idle until slots are moved to them (`migration.py` copies a
-slot's data, then switches its routing); the first
-routing spreads slots in contiguous, near-equal ranges (broker b serves a slot range, which keeps
-the ZooKeeper node small and humans able to read it).
+without moving its data would hide those messages. Hence: publishing the routing never changes
+an existing slot's entry; new brokers take slots only by moves (`migration.py` copies a slot's
+data, then switches its routing; `plan_moves` says which, and the operator runs them when
+brokers grow); the first routing spreads slots in contiguous, near-equal ranges (broker b
+serves a slot range, which keeps the ZooKeeper node small and humans able to read it).
 """
 
 from __future__ import annotations
@@ -99,3 +99,48 @@ def by_broker(routing: Sequence[int], slots: Iterable[int]) -> dict[int, list[in
     for position, slot in enumerate(slots):
         grouped[routing[slot]].append(position)
     return grouped
+
+
+@dataclass(frozen=True)
+class Move:
+    """One planned slot move: `slot` goes from broker `source` to broker `target`."""
+
+    slot: int
+    source: int
+    target: int
+
+
+def plan_moves(current: Routing, broker_count: int) -> list[Move]:
+    """The fewest slot moves that balance `current` over brokers 0..broker_count-1.
+
+    Balanced: every broker ends with floor or ceil of slots / brokers (so counts differ by at
+    most one). Minimal: the brokers holding the most slots keep the ceil quotas, so the moves
+    are exactly the slots above each broker's quota, and each slot moves at most once; a broker
+    at or under its quota keeps every slot it has. A broker at or beyond `broker_count` has a
+    quota of 0 (all of its slots move). Surplus slots leave from the end of their broker's list
+    and fill the brokers under quota in index order, so ranges stay contiguous where they were
+    (1 -> 2 brokers of 16 slots moves 8-15 to broker 1, where the first routing puts them).
+    Moving a slot copies its messages (`migration.py`), which is why the plan never moves one
+    that balance does not need. The operator plans again on every pass from the routing: a plan
+    interrupted after any move is continued (the rest of the same moves), not redone.
+    """
+    if broker_count < 1 or current.slot_amount < broker_count:
+        raise RoutingConflict(
+            f"cannot spread {current.slot_amount} slots over {broker_count} brokers"
+        )
+    counts = Counter(current.broker_of_slot)
+    low, extra = divmod(current.slot_amount, broker_count)
+    # the `extra` ceil quotas go to the fullest brokers: they have the fewest slots to shed
+    fullest = sorted(range(broker_count), key=lambda broker: (-counts[broker], broker))
+    quota = {broker: low + (rank < extra) for rank, broker in enumerate(fullest)}
+    surplus: list[tuple[int, int]] = []  # (slot, source)
+    for broker in sorted(counts):
+        slots = current.slots_of(broker)
+        keep = quota.get(broker, 0)
+        surplus += [(slot, broker) for slot in slots[keep:]]
+    room = {broker: quota[broker] - counts[broker] for broker in range(broker_count)}
+    targets = [broker for broker in range(broker_count) for _ in range(max(room[broker], 0))]
+    return [
+        Move(slot, source, target)
+        for (slot, source), target in zip(sorted(surplus), targets, strict=True)
+    ]
