@@ -126,6 +126,7 @@ PRINTER_COLUMNS = [
     ("Reason", '.status.conditions[?(@.type=="Ready")].reason', 1),
     ("Unowned", ".status.slots.unowned", 0),
     ("Paused", ".status.paused", 1),
+    ("Resharding", '.status.conditions[?(@.type=="Resharding")].reason', 1),
     ("Scheduled", ".status.depths.scheduled", 0),
     ("Dead", ".status.depths.dead", 0),
     ("Age", ".metadata.creationTimestamp", 0),

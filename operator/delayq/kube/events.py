@@ -6,7 +6,8 @@ from what it did on one pass: the status is stored in the API, so a condition th
 ends, across health passes, retries, operator restarts and leader changes. recorder.py adds a
 time window per message against flapping, and posts them.
 
-A condition's Event fires when its state changes: its status, or its reason while it is bad
+A condition's Event fires when its state changes (but Resharding's, whose Events the resharding
+pass tells with the slots it moved: kube/resharding.py): its status, or its reason while it is bad
 (Ready=False BrokersUnavailable -> Ready=False InvalidSpec is news; Ready=True Serving ->
 Ready=True ServingDegraded is not, Degraded says so). A broker's Events follow its status entry:
 the master went missing (the failover grace starts), a replica was promoted, nothing can be
@@ -26,6 +27,7 @@ from delayq.kube.status import (
     FALSE,
     PROVISIONED,
     READY,
+    RESHARDING,
     SLOTS_UNOWNED,
     TRUE,
 )
@@ -74,6 +76,8 @@ def condition_events(
     for item in new:
         kind = str(item.get("type"))
         previous = before.get(kind)
+        if kind == RESHARDING:
+            continue  # told with its moves by the resharding pass
         if previous is not None and _state(previous) == _state(item):
             continue
         good = item.get("status") == GOOD_STATUS.get(kind, TRUE)

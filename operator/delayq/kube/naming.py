@@ -74,6 +74,12 @@ def redis_master_service(topic: str, broker: int) -> str:
     return f"{topic}-redis-{broker}"
 
 
+def redis_master_host(topic: str, namespace: str, broker: int) -> str:
+    """The master Service's cluster DNS name: what replicas, the operator's commands and the
+    slot mover reach the broker's master by, so they follow a failover."""
+    return f"{redis_master_service(topic, broker)}.{namespace}.svc"
+
+
 def redis_pod(topic: str, broker: int, ordinal: int) -> str:
     return f"{redis_statefulset(topic, broker)}-{ordinal}"
 

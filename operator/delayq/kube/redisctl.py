@@ -1,5 +1,6 @@
 """The operator's few Redis commands: inspect replication, promote, demote, depths, memory,
-pause, and the planned switchover of a stopping master (`hand_over`, `release`).
+pause, the planned switchover of a stopping master (`hand_over`, `release`), and the engine
+clients the slot mover works with (`broker_queue`, resharding.py).
 
 Depths are the engine's own stats (`AsyncQueue.stats`, the read-only stats script), so the
 operator counts messages exactly as the delay service's metrics and API do.
@@ -17,14 +18,18 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
+import redis
 import redis.asyncio
 from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
 
 from delayq.kube import naming
-from delayq.queue import AsyncQueue, Topic, TopicStats, acl
+from delayq.queue import AsyncQueue, Queue, Topic, TopicStats, acl
 
 CONNECT_TIMEOUT_S = 2.0
+# A slot move's calls: DUMP of a whole slot and its RESTORE in one MULTI take ~0.1 s per 100k
+# messages (docs/benchmarks.md), so this bounds a dead broker, not a large slot.
+MOVE_TIMEOUT_S = 30.0
 # A switchover's CLIENT PAUSE bound: if the operator dies mid-way, the old master takes writes
 # again after this. It is far above what a switchover's steps may take (CATCH_UP_TIMEOUT_S, then
 # two commands of at most CONNECT_TIMEOUT_S each, checked by PROMOTE_BY_S), so the old master
@@ -90,6 +95,10 @@ class RedisControl(Protocol):
         """Pause (True) or resume (False) the topic's delivery on one master, or (None) leave
         it; returns whether it is paused now (the engine's own `AsyncQueue.pause` key)."""
 
+    def broker_queue(self, host: str, password: str, topic: Topic) -> Queue:
+        """A blocking engine client of `topic` on one broker's master (the master Service's
+        host, which follows failovers), as the slot mover needs it; the caller closes it."""
+
     async def hand_over(self, master: str, replica: str, password: str) -> int:
         """Make `replica` the master of `master`'s data, losing no acknowledged write: pause
         the master's writes (CLIENT PAUSE WRITE), wait until the replica has its offset,
@@ -138,6 +147,18 @@ class RedisCommands:
             socket_timeout=CONNECT_TIMEOUT_S,
             retry=Retry(NoBackoff(), 0),  # a dead pod must not stall the health pass
         )
+
+    def broker_queue(self, host: str, password: str, topic: Topic) -> Queue:
+        host, port = self._target(host)
+        client = redis.Redis(
+            host=host,
+            port=port,
+            username=acl.ADMIN_USER,
+            password=password,
+            socket_connect_timeout=CONNECT_TIMEOUT_S,
+            socket_timeout=MOVE_TIMEOUT_S,
+        )
+        return Queue(client, topic)
 
     async def inspect(self, host: str, password: str) -> Replication | None:
         client = self._client(host, password)

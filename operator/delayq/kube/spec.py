@@ -37,6 +37,7 @@ ZK_CONNECT_PATTERN = re.compile(
     r"^[A-Za-z0-9.\-]+:[0-9]{1,5}(,[A-Za-z0-9.\-]+:[0-9]{1,5})*(/[A-Za-z0-9_./\-]*)?$"
 )
 MAX_BROKERS = 64
+MAX_CONCURRENT_MOVES = 16
 MAX_REPLICAS_PER_BROKER = 5
 MAX_MIN_REPLICAS_MAX_LAG_S = 3600
 APPEND_FSYNC_POLICIES = ("everysec", "always")
@@ -208,6 +209,8 @@ class TopicSpec:
     # spec.networkPolicy.allowFrom: NetworkPolicyPeers admitted to the service pods' API port
     # besides the topic's namespace and the operator, checked and copied as plain dicts
     network_policy_allow_from: tuple[dict[str, Any], ...] = ()
+    # spec.resharding.maxConcurrentMoves: slots moved at once when brokers grow
+    resharding_max_concurrent_moves: int = DEFAULTS.resharding_max_concurrent_moves
 
     @property
     def topic(self) -> Topic:
@@ -320,6 +323,12 @@ def parse_spec(name: str, namespace: str, spec: Mapping[str, Any]) -> TopicSpec:
         ),
         redis_append_fsync=_append_fsync(redis),
         network_policy_allow_from=_allow_from(_section(spec, "networkPolicy")),
+        resharding_max_concurrent_moves=_int(
+            _section(spec, "resharding"),
+            "resharding_max_concurrent_moves",
+            1,
+            MAX_CONCURRENT_MOVES,
+        ),
     )
     try:
         parsed.topic  # noqa: B018 - the engine's own checks (name is a DNS label, ...)

@@ -17,7 +17,8 @@ PROVISIONED = "Provisioned"
 DEGRADED = "Degraded"
 BROKER_FULL = "BrokerFull"  # a broker's master near or at its maxmemory (kube/conditions.py)
 SLOTS_UNOWNED = "SlotsUnowned"  # slots without an owner for longer than a moment
-CONDITION_TYPES = (READY, PROVISIONED, DEGRADED, BROKER_FULL, SLOTS_UNOWNED)
+RESHARDING = "Resharding"  # slots moving onto added brokers (kube/resharding.py)
+CONDITION_TYPES = (READY, PROVISIONED, DEGRADED, BROKER_FULL, SLOTS_UNOWNED, RESHARDING)
 
 TRUE = "True"
 FALSE = "False"

@@ -22,14 +22,16 @@ from collections.abc import Sequence
 from typing import Protocol
 
 from kazoo.client import KazooClient
-from kazoo.exceptions import NodeExistsError, NoNodeError
+from kazoo.exceptions import KazooException, NodeExistsError, NoNodeError
 from kazoo.handlers.threading import KazooTimeoutError
 from kazoo.security import ACL
 
 from delayq.coordination.acl import ADMIN_USER, ZkIdentity, parent_acl, topic_user, tree_acl
 from delayq.coordination.layout import ROOT, TopicPaths, namespace_root
+from delayq.coordination.migration import SlotMover
 from delayq.coordination.routing import Routing
 from delayq.coordination.tls import ZkTls, kazoo_options
+from delayq.queue.client import Queue
 
 TIMEOUT_S = 10.0
 # a node older operators wrote (the ConfigMap's JSON again) and nothing ever read
@@ -47,15 +49,22 @@ class TopicStore(Protocol):
     async def publish(
         self, connect: str, namespace: str, topic: str, routing: Routing, topic_password: str
     ) -> None:
-        """Write routing and, with an admin identity, the tree's ACLs (idempotent); removes the
-        unread `config` node an older operator left. `topic_password` is the topic's ZooKeeper
-        password (its Secret's `zookeeper-password`)."""
+        """Write routing (its broker count: slots are moved only by a mover, RoutingChanged)
+        and, with an admin identity, the tree's ACLs (idempotent); removes the unread `config`
+        node an older operator left. `topic_password` is the topic's ZooKeeper password (its
+        Secret's `zookeeper-password`)."""
 
     async def owned_slots(self, connect: str, namespace: str, topic: str) -> int:
         """How many slots currently have an owner (ephemeral nodes under owners/)."""
 
     async def delete(self, connect: str, namespace: str, topic: str) -> None:
         """Remove the topic's whole tree (its DelayTopic is gone)."""
+
+    def slot_mover(
+        self, connect: str, namespace: str, topic: str, queues: Sequence[Queue]
+    ) -> SlotMover:
+        """A mover of the topic's slots between the brokers of `queues` (blocking: call it
+        from a worker thread, as every SlotMover call)."""
 
     async def topic_trees(self, connect: str, namespaces: Sequence[str]) -> list[tuple[str, str]]:
         """(namespace, topic) of every tree under /delayq in `namespaces` (all when empty)."""
@@ -123,13 +132,11 @@ class KazooTopicStore:
                     _ensure(client, parent, parent_acl(self.admin.acl_id))
                 for node in (paths.root, paths.members, paths.owners):
                     _ensure(client, node, acl)
-                _ensure(client, paths.routing, acl, routing.to_json())
+                _write_routing(client, paths.routing, routing, acl)
                 with contextlib.suppress(NoNodeError):  # the coordinator writes it later
                     client.set_acls(paths.assignment, acl)
-            elif client.exists(paths.routing):
-                client.set(paths.routing, routing.to_json())
             else:
-                client.create(paths.routing, routing.to_json(), makepath=True)
+                _write_routing(client, paths.routing, routing, None)
             with contextlib.suppress(NoNodeError):
                 client.delete(f"{paths.root}/{_UNREAD_CONFIG_NODE}")
 
@@ -151,6 +158,11 @@ class KazooTopicStore:
                 self._client(connect).delete(topic_root(namespace, topic), recursive=True)
 
         await asyncio.wait_for(asyncio.to_thread(remove), self.timeout_s)
+
+    def slot_mover(
+        self, connect: str, namespace: str, topic: str, queues: Sequence[Queue]
+    ) -> SlotMover:
+        return SlotMover(self._client(connect), TopicPaths(namespace, topic), queues)
 
     async def topic_trees(self, connect: str, namespaces: Sequence[str]) -> list[tuple[str, str]]:
         def read() -> list[tuple[str, str]]:
@@ -176,14 +188,48 @@ class KazooTopicStore:
             self._clients.clear()
 
 
-def _ensure(client: KazooClient, path: str, acl: list[ACL], data: bytes | None = None) -> None:
-    """`path` exists with exactly `acl` (and `data`, when given); its parent must exist."""
+class RoutingChanged(KazooException):  # type: ignore[misc]  # kazoo is untyped
+    """A slot was moved (coordination/migration.py switched it) between the operator's read of
+    the routing and its publish: the routing it planned is stale. A transient error: the
+    reconcile runs again on the new routing."""
+
+
+def _write_routing(
+    client: KazooClient, path: str, routing: Routing, acl: list[ACL] | None
+) -> None:
+    """Create the routing node, or change only its broker count, with compare-and-set.
+
+    Only a slot move may change where a slot is routed, because only it moves the slot's
+    messages with it. A publish that wrote back the slots it read earlier would undo a move
+    switched meanwhile (by the operator's own mover, or `delayq routing move-slot`), whose
+    clean step then deletes the only copy of the slot's messages: so the slots must be the
+    ones on the node, and the write is conditional on the version they were read at.
+    """
+    payload = routing.to_json()
     try:
-        client.create(path, data or b"", acl=acl)
+        data, stat = client.get(path)
+    except NoNodeError:
+        # NodeExistsError (a mover created it meanwhile) is transient: the next run reads it
+        client.create(path, payload, acl=acl, makepath=acl is None)
+        return
+    try:
+        slots: tuple[int, ...] | None = Routing.from_json(data).broker_of_slot
+    except (ValueError, KeyError, TypeError):
+        slots = None  # no routing (a placeholder left by a tree written before ACLs): replaced
+    if slots is not None and slots != routing.broker_of_slot:
+        raise RoutingChanged(f"the routing of {path} changed meanwhile: a slot was moved")
+    if data != payload:
+        client.set(path, payload, version=stat.version)  # BadVersionError: transient too
+    if acl is not None and list(client.get_acls(path)[0]) != acl:
+        client.set_acls(path, acl)
+
+
+def _ensure(client: KazooClient, path: str, acl: list[ACL]) -> None:
+    """`path` exists with exactly `acl`; its parent must exist."""
+    try:
+        client.create(path, b"", acl=acl)
         return
     except NodeExistsError:
         pass
-    if data is not None:
-        client.set(path, data)
     if list(client.get_acls(path)[0]) != acl:
         client.set_acls(path, acl)

@@ -102,6 +102,11 @@ class TopicDefaults:
     # replicas that confirm every acknowledged write before it is answered (0: asynchronous)
     redis_sync_replicas: int = field(default=0, metadata=_crd("redis.syncReplicas"))
     redis_sync_timeout_ms: int = field(default=1000, metadata=_crd("redis.syncTimeout"))
+    # slots the operator moves at once onto added brokers (kube/resharding.py): each move
+    # refuses writes into its slot while it copies, so few at a time keep the pause local
+    resharding_max_concurrent_moves: int = field(
+        default=2, metadata=_crd("resharding.maxConcurrentMoves")
+    )
 
 
 DEFAULTS = TopicDefaults()

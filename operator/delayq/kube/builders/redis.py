@@ -228,7 +228,7 @@ def redis_statefulset(spec: TopicSpec, broker: int, ctx: BuildContext) -> Manife
     labels = redis_labels(spec, broker)
     tmp, tmp_mount = tmp_volume()
     secret = naming.credentials_secret(spec.name)
-    master_host = f"{naming.redis_master_service(spec.name, broker)}.{spec.namespace}.svc"
+    master_host = naming.redis_master_host(spec.name, spec.namespace, broker)
     volume_claim: Manifest = {
         "metadata": {"name": "data", "labels": dict(labels)},
         "spec": {

@@ -1,4 +1,5 @@
-"""The periodic health pass: observe brokers, act on failover decisions, refresh status.
+"""The periodic health pass: observe brokers, act on failover decisions, move slots onto added
+brokers (resharding.py), refresh status.
 
 Runs from the leader's health loop (healthloop.py) for every provisioned, unpaused topic (not
 on a kopf timer: see healthloop.py). It reads the Redis pods of each broker, lets
@@ -27,6 +28,7 @@ from delayq.kube.events import WARNING, TopicEvent
 from delayq.kube.failover import Decision, RedisPod, decide
 from delayq.kube.handlers.switchover import label_role, switch_over
 from delayq.kube.redisctl import BrokerMemory
+from delayq.kube.resharding import MOVE_ERRORS, reshard
 from delayq.kube.spec import SpecError, TopicSpec
 from delayq.kube.status import (
     DEGRADED,
@@ -96,7 +98,18 @@ async def health_pass(
         actions += seen.events
         if seen.memory is not None:
             memory[broker] = seen.memory
-    # What the pass did that the status does not show (a demotion): told now, once.
+    serving = all(entry["state"] == "Ready" for entry in brokers)
+    resharding = None
+    if serving and owned is not None:  # every master ready, ZooKeeper reachable
+        try:
+            resharding = await reshard(ctx, spec, routing, password, status, logger)
+        except MOVE_ERRORS as error:  # reading the moves failed: the next pass tries again
+            logger.warning("resharding skipped this pass: %r", error)
+    if resharding is not None:
+        actions += resharding.events
+        for entry in brokers:
+            entry["slots"] = len(resharding.routing.slots_of(entry["index"]))
+    # What the pass did that the status does not show (a demotion, moves): told now, once.
     await ctx.recorder.post(ctx.kube, body, actions)
     depths = TopicStats(slot_stats)
     service_pods = await ctx.kube.list(
@@ -120,7 +133,6 @@ async def health_pass(
         else Condition(DEGRADED, FALSE, "AllReplicasReady", "Every pod is ready.")
     )
     provisioned = current_condition(status, PROVISIONED)
-    serving = all(entry["state"] == "Ready" for entry in brokers)
     ready = ready_condition(provisioned, degraded, serving)
     conditions = [degraded, ready]
     if (full := broker_full_condition(memory)) is not None:
@@ -130,6 +142,9 @@ async def health_pass(
         "brokers": brokers,
         "depths": {"scheduled": depths.scheduled, "prepared": depths.prepared, "dead": depths.dead},
     }
+    if resharding is not None and resharding.condition is not None:
+        conditions.append(resharding.condition)
+        fields["resharding"] = resharding.progress
     ctx.metrics.observe_topic(
         (spec.namespace, spec.name), memory, None if owned is None else max(applied - owned, 0)
     )
@@ -368,7 +383,7 @@ async def apply_decision(
                 )
             )
         logger.warning("broker %d: %s (%s)", broker, decision.reason, decision.message)
-    master_host = f"{naming.redis_master_service(spec.name, broker)}.{spec.namespace}.svc"
+    master_host = naming.redis_master_host(spec.name, spec.namespace, broker)
     for name in decision.demote:
         address = addresses.get(name)
         if address:

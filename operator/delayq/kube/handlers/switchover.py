@@ -75,7 +75,7 @@ async def switch_over(
     paused_s = time.monotonic() - started
     ctx.metrics.switchovers.labels(spec.namespace, spec.name).inc()
     ctx.metrics.switchover_pause_seconds.observe(paused_s)
-    master_host = f"{naming.redis_master_service(spec.name, broker)}.{spec.namespace}.svc"
+    master_host = naming.redis_master_host(spec.name, spec.namespace, broker)
     for name in replicas:
         if (address := addresses.get(name)) and name not in (old, new):
             await ctx.redis.demote(address, password, master_host)

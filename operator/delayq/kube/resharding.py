@@ -1,0 +1,177 @@
+"""Growing brokers live: the health pass moves slots onto the brokers that have too few.
+
+When `spec.brokers` grows, reconcile publishes the routing with more brokers and every slot where
+it was (routing.plan_routing is sticky: a slot's messages live on its broker). The leader's
+health pass then calls `reshard` once every broker has a ready master. It
+
+1. finishes every move recorded in ZooKeeper (`migrations/<slot>`): one a mover left when it
+   stopped (this operator killed or demoted mid-move, a `delayq routing move-slot` that died).
+   The recorded move is completed, never rolled back: its steps are idempotent, and completing
+   also serves the plan, which it was taken from;
+2. plans the fewest moves that balance the slots (routing.plan_moves) and runs them with
+   coordination.migration.SlotMover, `spec.resharding.maxConcurrentMoves` at a time, until
+   MOVES_BUDGET_S of the pass is spent. The next pass plans again from the routing in ZooKeeper
+   and goes on, so nothing but ZooKeeper remembers a plan: a new leader continues it.
+
+It runs inside the health pass on purpose: passes are serialized per topic with reconcile (the
+other writer of the routing, which never moves a slot: zk.RoutingChanged), run only on the
+leader, and stop while the topic carries `delayq.io/paused` (a move under way finishes its
+step first; the moves it did not start wait). Progress is `status.resharding` (moves `moved` of
+`total`), the `Resharding` condition (True while slots move, False `Completed` after) and
+Events (ReshardingStarted, SlotsMoved per batch, ReshardingCompleted, ReshardingFailed); the
+per-broker slot counts are the brokers' `slots` in status.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import redis
+
+from delayq.coordination.migration import MoveError, SlotMover
+from delayq.coordination.routing import Move, Routing, plan_moves
+from delayq.kube import naming
+from delayq.kube.builders.service import zookeeper_connect
+from delayq.kube.context import Logger, OperatorContext
+from delayq.kube.errors import TRANSIENT_ERRORS
+from delayq.kube.events import NORMAL, WARNING, TopicEvent
+from delayq.kube.spec import TopicSpec
+from delayq.kube.status import FALSE, RESHARDING, TRUE, Condition
+from delayq.queue import Queue, Topic
+
+# How long one health pass keeps starting moves (a batch under way is finished): well inside
+# the pass's bound (healthloop.PASS_TIMEOUT_S), so a cancelled pass never leaves a mover running
+# beside the next one. A slot of 100k messages moves in ~0.13 s (docs/benchmarks.md).
+MOVES_BUDGET_S = 10.0
+#: What a move may fail with and be tried again by the next pass (which resumes it first).
+MOVE_ERRORS = (MoveError, redis.RedisError, *TRANSIENT_ERRORS)
+
+
+@dataclass(frozen=True)
+class Resharding:
+    """One pass's resharding: the routing after it, and what the status and Events say."""
+
+    routing: Routing
+    condition: Condition | None = None  # None: nothing to report (never resharded)
+    progress: dict[str, int] | None = None  # status.resharding: {moved, total}
+    events: list[TopicEvent] = field(default_factory=list)
+
+
+async def reshard(
+    ctx: OperatorContext,
+    spec: TopicSpec,
+    routing: Routing,
+    password: str,
+    status: Mapping[str, Any],
+    logger: Logger,
+) -> Resharding:
+    """Resume recorded moves, then run planned ones, for up to MOVES_BUDGET_S; `routing` is
+    the one the pass read (returned as is when there is nothing to do)."""
+    if routing.broker_count < spec.brokers:
+        return Resharding(routing)  # reconcile has not published the new brokers yet
+    topic = Topic(spec.name, namespace=spec.namespace, slot_amount=routing.slot_amount)
+    hosts = [naming.redis_master_host(spec.name, spec.namespace, b) for b in range(spec.brokers)]
+    connect = zookeeper_connect(spec, ctx.build)
+
+    def open_mover() -> tuple[SlotMover, list[Queue]]:
+        queues = [ctx.redis.broker_queue(host, password, topic) for host in hosts]
+        return ctx.store.slot_mover(connect, spec.namespace, spec.name, queues), queues
+
+    mover, queues = await asyncio.to_thread(open_mover)
+    try:
+        return await _run(mover, spec, status, logger)
+    finally:
+        for queue in queues:
+            queue.close()
+
+
+async def _run(
+    mover: SlotMover, spec: TopicSpec, status: Mapping[str, Any], logger: Logger
+) -> Resharding:
+    previous = _condition(status)
+    moving = previous is not None and previous.get("status") == TRUE
+    recorded = status.get("resharding") or {}
+    deadline = time.monotonic() + MOVES_BUDGET_S
+    done: list[Move] = []
+    failure = ""
+    pending = await asyncio.to_thread(_pending, mover, spec.brokers)
+    moved = int(recorded.get("moved", 0)) if moving else 0
+    total = max(int(recorded.get("total", 0)), moved + len(pending)) if moving else len(pending)
+    if not pending and not moving:
+        return Resharding(await asyncio.to_thread(_routing, mover))  # balanced, as it was
+    events = [] if moving else [_started(pending, spec)]
+    while pending and time.monotonic() < deadline and not failure:
+        batch = pending[: spec.resharding_max_concurrent_moves]
+        results = await asyncio.gather(
+            *(asyncio.to_thread(mover.move, move.slot, move.target) for move in batch),
+            return_exceptions=True,
+        )
+        for move, result in zip(batch, results, strict=True):
+            if isinstance(result, MOVE_ERRORS):
+                failure = f"slot {move.slot} to broker {move.target}: {result}"
+                logger.warning("resharding: move of %s failed", failure)
+            elif isinstance(result, BaseException):
+                raise result  # a bug: the health pass reports it
+            else:
+                done.append(move)
+        pending = await asyncio.to_thread(_pending, mover, spec.brokers)
+    routing = await asyncio.to_thread(_routing, mover)
+    moved += len(done)
+    total = max(total, moved + len(pending))
+    if done:
+        events.append(_moved(done, moved, total))
+        logger.info("resharding: moved %d slots (%d/%d)", len(done), moved, total)
+    if failure:
+        events.append(TopicEvent(WARNING, "ReshardingFailed", f"Moving {failure}; retried."))
+    counts = ", ".join(f"{b}: {n}" for b, n in routing.slots_per_broker().items())
+    if pending or failure:
+        message = f"{moved}/{total} slot moves done; slots per broker {counts}."
+        if failure:
+            message += f" Last failure (retried next pass): {failure}."
+        reason = "MoveFailed" if failure else "MovingSlots"
+        condition = Condition(RESHARDING, TRUE, reason, message)
+        return Resharding(routing, condition, {"moved": moved, "total": total}, events)
+    message = f"Moved {moved} slots; slots per broker {counts}."
+    events.append(TopicEvent(NORMAL, "ReshardingCompleted", message))
+    condition = Condition(RESHARDING, FALSE, "Completed", message)
+    return Resharding(routing, condition, {"moved": moved, "total": total}, events)
+
+
+def _pending(mover: SlotMover, broker_count: int) -> list[Move]:
+    """The recorded moves first (one a stopped mover left), else the plan from the routing."""
+    recorded = [Move(m.slot, m.source, m.target) for m in mover.migrations()]
+    if recorded:
+        return recorded
+    routing, version = mover.routing()
+    if version is None:
+        return []  # no routing published yet: reconcile writes the first one
+    return plan_moves(routing, broker_count)
+
+
+def _routing(mover: SlotMover) -> Routing:
+    return mover.routing()[0]
+
+
+def _condition(status: Mapping[str, Any]) -> Mapping[str, Any] | None:
+    return next(
+        (c for c in status.get("conditions") or [] if c.get("type") == RESHARDING), None
+    )
+
+
+def _started(pending: Sequence[Move], spec: TopicSpec) -> TopicEvent:
+    targets = sorted({move.target for move in pending})
+    return TopicEvent(
+        NORMAL,
+        "ReshardingStarted",
+        f"Moving {len(pending)} slots to brokers {', '.join(map(str, targets))} to balance "
+        f"{spec.brokers} brokers, {spec.resharding_max_concurrent_moves} at a time.",
+    )
+
+
+def _moved(done: Sequence[Move], moved: int, total: int) -> TopicEvent:
+    moves = ", ".join(f"{m.slot} ({m.source} -> {m.target})" for m in done)
+    return TopicEvent(NORMAL, "SlotsMoved", f"Moved slots {moves}: {moved}/{total} done.")
