@@ -8,9 +8,10 @@ from collections.abc import AsyncIterator, Iterator
 import pytest
 import redis
 
-from delayq.coordination.routing import initial_routing
+from delayq.coordination.layout import TopicPaths
+from delayq.coordination.routing import Routing, initial_routing
 from delayq.kube.redisctl import RedisCommands
-from delayq.kube.zk import KazooTopicStore, topic_root
+from delayq.kube.zk import KazooTopicStore, RoutingChanged, topic_root
 from delayq.local.redis_server import RedisServer
 from delayq.local.zookeeper_server import ZooKeeperServer
 from delayq.queue import acl
@@ -51,6 +52,28 @@ async def test_routing_and_config_round_trip_through_zookeeper(
     await zk_store.delete(connect, "kube-it", "orders")
     assert client.exists(topic_root("kube-it", "orders")) is None
     await zk_store.delete(connect, "kube-it", "orders")  # deleting twice is fine
+
+
+async def test_publishing_never_moves_a_slot_back(
+    zookeeper_server: ZooKeeperServer, zk_store: KazooTopicStore
+) -> None:
+    """A routing planned before a slot move switched (read, move, publish) is refused rather
+    than written: it would route the slot back to the broker the move's clean step empties."""
+    connect = zookeeper_server.hosts
+    read = initial_routing(4, 1)
+    await zk_store.publish(connect, "kube-it", "sticky", read, "zk-password")
+    client = zk_store._client(connect)
+    path = TopicPaths("kube-it", "sticky").routing
+    moved = Routing(4, 2, (0, 0, 0, 1))
+    client.set(path, moved.to_json())  # what a mover's switch writes meanwhile
+    with pytest.raises(RoutingChanged, match="a slot was moved"):
+        await zk_store.publish(connect, "kube-it", "sticky", Routing(4, 2, (0,) * 4), "zk")
+    assert await zk_store.read_routing(connect, "kube-it", "sticky") == moved
+    await zk_store.publish(connect, "kube-it", "sticky", Routing(4, 3, moved.broker_of_slot), "")
+    grown = await zk_store.read_routing(connect, "kube-it", "sticky")
+    assert grown is not None
+    assert grown.broker_count == 3
+    await zk_store.delete(connect, "kube-it", "sticky")
 
 
 @pytest.fixture

@@ -43,7 +43,8 @@ from delayq.kube.spec import TopicSpec
 from delayq.kube.status import FALSE, RESHARDING, TRUE, Condition
 from delayq.queue import Queue, Topic
 
-# How long one health pass keeps starting moves (a batch under way is finished): well inside
+# How long one health pass keeps starting batches of moves (at least one; a batch under way is
+# finished): well inside
 # the pass's bound (healthloop.PASS_TIMEOUT_S), so a cancelled pass never leaves a mover running
 # beside the next one. A slot of 100k messages moves in ~0.13 s (docs/benchmarks.md).
 MOVES_BUDGET_S = 10.0
@@ -104,7 +105,7 @@ async def _run(
     if not pending and not moving:
         return Resharding(await asyncio.to_thread(_routing, mover))  # balanced, as it was
     events = [] if moving else [_started(pending, spec)]
-    while pending and time.monotonic() < deadline and not failure:
+    while pending and not failure:
         batch = pending[: spec.resharding_max_concurrent_moves]
         results = await asyncio.gather(
             *(asyncio.to_thread(mover.move, move.slot, move.target) for move in batch),
@@ -119,6 +120,8 @@ async def _run(
             else:
                 done.append(move)
         pending = await asyncio.to_thread(_pending, mover, spec.brokers)
+        if time.monotonic() >= deadline:
+            break
     routing = await asyncio.to_thread(_routing, mover)
     moved += len(done)
     total = max(total, moved + len(pending))

@@ -1,0 +1,188 @@
+"""Growing brokers: the health pass moves slots onto an added broker (kube/resharding.py).
+
+Handlers against kmock with real ZooKeeper and real redis-servers as the Redis pods (pods.py):
+brokers 1 -> 2 with messages pending, a batch of moves per pass, progress in status, Events,
+the pause annotation, and a move a stopped mover (a killed operator) recorded at each step,
+resumed by the next pass. Nothing is lost: every slot's messages are counted on the broker it
+is routed to, before and after.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterator
+
+import kmock
+import pytest
+from kazoo.client import KazooClient
+
+from delayq.coordination.layout import TopicPaths
+from delayq.coordination.migration import Migration, SlotMover, Step
+from delayq.kube import naming, resharding
+from delayq.kube.context import OperatorContext
+from delayq.kube.handlers.health import refresh
+from delayq.kube.operator import serialized
+from delayq.queue import Queue
+from tests.kube.conftest import DT, own_slots, published_routing
+from tests.kube.pods import NAMESPACE, RedisPods, add_service_pods, fill
+from tests.kube.test_events import posted
+from tests.kube.test_handlers import (
+    body,
+    condition,
+    provision,
+    put_topic,
+    update_spec,
+)
+
+SLOTS = 8
+MASTERS = ("orders-redis-0-0", "orders-redis-1-0")
+
+
+@pytest.fixture
+def one_move_batch_per_pass(monkeypatch: pytest.MonkeyPatch) -> None:
+    """No time budget: each pass runs exactly one batch, so progress is seen pass by pass."""
+    monkeypatch.setattr(resharding, "MOVES_BUDGET_S", 0.0)
+
+
+@pytest.fixture
+def masters(redis_pods: RedisPods) -> Iterator[list[Queue]]:
+    """The test's own engine clients of both brokers' masters (pods added by the test)."""
+    queues: list[Queue] = []
+    yield queues
+    for queue in queues:
+        queue.close()
+
+
+async def grown_topic(
+    api: kmock.KubernetesEmulator,
+    ctx: OperatorContext,
+    zk: KazooClient,
+    redis_pods: RedisPods,
+    masters: list[Queue],
+    logger: logging.Logger,
+    **resharding_spec: int,
+) -> dict[int, tuple[int, int]]:
+    """A 1-broker topic serving messages, then grown to 2 brokers whose new master is ready;
+    returns each slot's (scheduled, prepared) before any move."""
+    put_topic(api, brokers=1, slotAmount=SLOTS, replicasPerBroker=0)
+    await provision(api, ctx, logger)
+    redis_pods.add(0, 1)
+    add_service_pods(api, 1)
+    own_slots(zk, SLOTS)
+    await health(api, ctx, logger)  # elects broker 0's master
+    masters.append(redis_pods.queue(MASTERS[0], slot_amount=SLOTS))
+    fill(masters[0], list(range(SLOTS)), scheduled=40, prepared=8)
+    before = counts(masters[0], range(SLOTS))
+    update_spec(api, brokers=2, resharding=resharding_spec)
+    await provision(api, ctx, logger)
+    redis_pods.add(1, 1, master=0)  # the new broker's Redis is up and Ready
+    add_service_pods(api, 2)
+    masters.append(redis_pods.queue(MASTERS[1], slot_amount=SLOTS))
+    return before
+
+
+async def health(
+    api: kmock.KubernetesEmulator, ctx: OperatorContext, logger: logging.Logger
+) -> None:
+    """One health pass as the leader's loop runs it: status written, Events posted."""
+    await serialized(ctx, body(api), logger, refresh)
+
+
+def counts(queue: Queue, slots: range | list[int]) -> dict[int, tuple[int, int]]:
+    return {s.slot: (s.scheduled, s.prepared) for s in queue.stats(list(slots)).slots}
+
+
+def where_they_are(zk: KazooClient, masters: list[Queue]) -> dict[int, tuple[int, int]]:
+    """Each slot's counts, read on the broker the published routing names for it."""
+    routing = published_routing(zk)
+    assert routing is not None
+    found: dict[int, tuple[int, int]] = {}
+    for broker, queue in enumerate(masters):
+        found.update(counts(queue, routing.slots_of(broker)))
+    return found
+
+
+async def test_brokers_grow_1_to_2_moving_half_the_slots_batch_by_batch(
+    api: kmock.KubernetesEmulator,
+    ctx: OperatorContext,
+    zk: KazooClient,
+    redis_pods: RedisPods,
+    masters: list[Queue],
+    logger: logging.Logger,
+    one_move_batch_per_pass: None,
+) -> None:
+    before = await grown_topic(api, ctx, zk, redis_pods, masters, logger, maxConcurrentMoves=2)
+    routing = published_routing(zk)
+    assert routing is not None
+    assert routing.broker_count == 2
+    assert routing.broker_of_slot == (0,) * SLOTS  # reconcile grew it without moving a slot
+
+    await health(api, ctx, logger)  # the first batch of 2 moves
+    status = body(api)["status"]
+    assert status["resharding"] == {"moved": 2, "total": 4}
+    moving = condition(api, "Resharding")
+    assert (moving["status"], moving["reason"]) == ("True", "MovingSlots")
+    assert "2/4 slot moves done" in moving["message"]
+    assert [b["slots"] for b in status["brokers"]] == [6, 2]
+    assert where_they_are(zk, masters) == before
+
+    api.objects[DT, NAMESPACE, "orders"].patch(
+        {"metadata": {"annotations": {naming.PAUSED_ANNOTATION: "true"}}}
+    )
+    await health(api, ctx, logger)  # paused: no move
+    paused = published_routing(zk)
+    assert paused is not None
+    assert paused.slots_per_broker() == {0: 6, 1: 2}
+    api.objects[DT, NAMESPACE, "orders"].patch(
+        {"metadata": {"annotations": {naming.PAUSED_ANNOTATION: "false"}}}
+    )
+
+    await health(api, ctx, logger)  # the last 2
+    status = body(api)["status"]
+    assert status["resharding"] == {"moved": 4, "total": 4}
+    done = condition(api, "Resharding")
+    assert (done["status"], done["reason"]) == ("False", "Completed")
+    assert [b["slots"] for b in status["brokers"]] == [4, 4]
+    routing = published_routing(zk)
+    assert routing is not None
+    assert routing.broker_of_slot == (0, 0, 0, 0, 1, 1, 1, 1)
+    assert where_they_are(zk, masters) == before  # nothing lost, nothing left behind
+    assert status["depths"]["scheduled"] == sum(s for s, _ in before.values())
+    assert SlotMover(zk, TopicPaths(NAMESPACE, "orders"), masters).migrations() == []
+    reasons = [reason for _, reason in posted(api)]
+    assert reasons.count("ReshardingStarted") == 1
+    assert reasons.count("SlotsMoved") == 2
+    assert reasons.count("ReshardingCompleted") == 1
+
+    await health(api, ctx, logger)  # balanced: nothing to do, nothing new in status
+    assert await refresh(ctx, body(api), logger) == {}
+    await provision(api, ctx, logger)  # a reconcile keeps the moved slots where they are
+    assert published_routing(zk) == routing
+
+
+@pytest.mark.parametrize("steps", range(len(Step)), ids=[f"stopped-before-{s}" for s in Step])
+async def test_a_move_a_stopped_mover_recorded_is_finished_first(
+    api: kmock.KubernetesEmulator,
+    ctx: OperatorContext,
+    zk: KazooClient,
+    redis_pods: RedisPods,
+    masters: list[Queue],
+    logger: logging.Logger,
+    steps: int,
+) -> None:
+    """What an operator killed mid-move leaves (ZooKeeper and Redis, its memory gone): the
+    slot's move recorded at any step. The next leader's pass completes it, then the plan."""
+    before = await grown_topic(api, ctx, zk, redis_pods, masters, logger, maxConcurrentMoves=1)
+    mover = SlotMover(zk, TopicPaths(NAMESPACE, "orders"), masters)
+    stopped: tuple[Migration, int] | None = mover.start(1, 1)  # a slot the plan does not move
+    for _ in range(steps):
+        assert stopped is not None
+        stopped = mover.step(*stopped)
+    await health(api, ctx, logger)
+    routing = published_routing(zk)
+    assert routing is not None
+    assert routing.broker_of_slot[1] == 1  # the recorded move was completed, not redone
+    assert routing.slots_per_broker() == {0: 4, 1: 4}  # and the plan balanced around it
+    assert mover.migrations() == []
+    assert where_they_are(zk, masters) == before
+    assert condition(api, "Resharding")["reason"] == "Completed"
