@@ -15,8 +15,8 @@ health pass then calls `reshard` once every broker has a ready master. It
 
 It runs inside the health pass on purpose: passes are serialized per topic with reconcile (the
 other writer of the routing, which never moves a slot: zk.RoutingChanged), run only on the
-leader, and stop while the topic carries `delayq.io/paused` (a move under way finishes its
-step first; the moves it did not start wait). Progress is `status.resharding` (moves `moved` of
+leader, and stop while the topic carries `delayq.io/paused` (a batch already started is
+finished; no other starts). Progress is `status.resharding` (moves `moved` of
 `total`), the `Resharding` condition (True while slots move, False `Completed` after) and
 Events (ReshardingStarted, SlotsMoved per batch, ReshardingCompleted, ReshardingFailed); the
 per-broker slot counts are the brokers' `slots` in status.
@@ -70,8 +70,9 @@ async def reshard(
     status: Mapping[str, Any],
     logger: Logger,
 ) -> Resharding:
-    """Resume recorded moves, then run planned ones, for up to MOVES_BUDGET_S; `routing` is
-    the one the pass read (returned as is when there is nothing to do)."""
+    """Resume recorded moves, then run planned ones, for up to MOVES_BUDGET_S. `routing` is
+    the one the pass read: while it lacks the new brokers (reconcile has not published them)
+    nothing moves; the returned routing is read again after the moves."""
     if routing.broker_count < spec.brokers:
         return Resharding(routing)  # reconcile has not published the new brokers yet
     topic = Topic(spec.name, namespace=spec.namespace, slot_amount=routing.slot_amount)
