@@ -186,3 +186,33 @@ async def test_a_move_a_stopped_mover_recorded_is_finished_first(
     assert mover.migrations() == []
     assert where_they_are(zk, masters) == before
     assert condition(api, "Resharding")["reason"] == "Completed"
+
+
+async def test_a_failed_move_is_reported_and_resumed_by_the_next_pass(
+    api: kmock.KubernetesEmulator,
+    ctx: OperatorContext,
+    zk: KazooClient,
+    redis_pods: RedisPods,
+    masters: list[Queue],
+    logger: logging.Logger,
+) -> None:
+    """The new broker's master refuses writes (min-replicas-to-write without a replica): the
+    copy fails, the pass says so (MoveFailed, a ReshardingFailed Event) and leaves the move
+    recorded, its slot frozen on the source; once the broker takes writes, the next pass
+    resumes that move first and completes the resharding. Nothing lost."""
+    before = await grown_topic(api, ctx, zk, redis_pods, masters, logger, maxConcurrentMoves=1)
+    with redis_pods.client(MASTERS[1]) as target:
+        target.config_set("min-replicas-to-write", 1)
+        await health(api, ctx, logger)
+        failed = condition(api, "Resharding")
+        assert (failed["status"], failed["reason"]) == ("True", "MoveFailed")
+        assert "slot 4 to broker 1" in failed["message"]
+        assert "NOREPLICAS" in failed["message"]
+        assert ("Warning", "ReshardingFailed") in posted(api)
+        recorded = SlotMover(zk, TopicPaths(NAMESPACE, "orders"), masters).migrations()
+        assert [(m.slot, m.step) for m in recorded] == [(4, Step.COPY)]
+        target.config_set("min-replicas-to-write", 0)
+    await health(api, ctx, logger)
+    assert condition(api, "Resharding")["reason"] == "Completed"
+    assert body(api)["status"]["resharding"] == {"moved": 4, "total": 4}
+    assert where_they_are(zk, masters) == before
