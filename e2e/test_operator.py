@@ -358,11 +358,11 @@ def _service_url(password: str, port: int) -> str:
 
 
 def _start_serve(kube: Kube, namespace: str, topic: str, workdir: Path,
-                 broker_url: str) -> tuple[ManagedProcess, str]:
+                 broker_url: str, *more_brokers: str) -> tuple[ManagedProcess, str]:
     """``delayq serve`` from the topic's ConfigMap and the Secret's keys its StatefulSet
-    names, on a local port, against a local broker.
+    names, on a local port, against local brokers (broker 0's URL, then the others').
 
-    Only the broker URL and the listen address are overridden: pods do not run under KWOK,
+    Only the broker URLs and the listen address are overridden: pods do not run under KWOK,
     so the process plays the topic's first delay-service pod. Returns it and its base URL.
     """
     config_map = kube.get("configmap", f"{topic}-config", namespace)
@@ -379,15 +379,20 @@ def _start_serve(kube: Kube, namespace: str, topic: str, workdir: Path,
         popen = subprocess.Popen(
             [sys.executable, "-c", "import sys; from delayq.cli import main; sys.exit(main())",
              "serve", "--config", str(topic_file), "--host", "127.0.0.1", "--port", str(port),
-             "--redis-url", broker_url, "--broker-urls", broker_url],
+             "--redis-url", broker_url, "--broker-urls", ",".join([broker_url, *more_brokers])],
             stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, env=env,
             start_new_session=True,
         )
     serve = ManagedProcess("delayq-serve", popen, log_path)
     base = f"http://127.0.0.1:{port}"
-    wait_until(lambda: urllib.request.urlopen(f"{base}/readyz", timeout=5).status == 200,
-               timeout_s=60, what="delayq serve to be ready", abort=serve.exited,
-               interval_s=INTERVAL_S, not_yet=NOT_YET)
+    try:
+        wait_until(lambda: urllib.request.urlopen(f"{base}/readyz", timeout=5).status == 200,
+                   timeout_s=60, what="delayq serve to be ready", abort=serve.exited,
+                   interval_s=INTERVAL_S, not_yet=NOT_YET)
+    except Exception:
+        print(f"--- delayq serve log tail:\n{serve.tail(30)}")
+        serve.stop()  # the caller never gets it: stop it here, not leave it running
+        raise
     return serve, base
 
 
@@ -626,6 +631,123 @@ def test_failover_promotes_the_replica_and_keeps_scheduled_messages(
             op.stop()
             master.stop()
             replica.stop()
+            kube.kubectl("delete", "namespace", ns, "--wait=false")
+
+
+def test_brokers_grow_1_to_2_and_half_the_slots_move_with_their_messages(
+    kube: Kube, operator: LocalOperator, chart_release: Release, zookeeper: ZooKeeperServer,
+    tmp_path_factory: pytest.TempPathFactory,
+    webhook_receiver: tuple[str, list[tuple[int, dict[str, Any]]]],
+) -> None:
+    """Issue 16: `spec.brokers` 1 -> 2 with messages pending; the operator moves slots 8-15 to
+    the new broker once its master is ready, reports it in status and Events, and every
+    message, pending before or scheduled after, is delivered, none early.
+
+    Each broker pod's Redis is a local redis-server (the address map, as in the failover
+    test); the pending messages wait with no delay service running, so they are all in Redis
+    while their slots move; `delayq serve` then runs on both brokers.
+    """
+    url, received = webhook_receiver
+    ns = f"e2e-grow-{secrets.token_hex(3)}"
+    kube.kubectl("create", "namespace", ns)
+    workdir = tmp_path_factory.mktemp("grow")
+    addresses = workdir / "addresses.json"
+    closed = ["127.0.0.1", free_port()]
+    addresses.write_text(json.dumps({"*": closed}))
+    op = LocalOperator(
+        repo=REPO, kubeconfig=operator.kubeconfig, namespaces=[ns],
+        log_path=workdir / "operator.log", addresses_file=addresses,
+        env_overrides={**_chart_env(kube, chart_release, zookeeper),
+                       "DELAYQ_HEALTH_INTERVAL_S": "1"},
+    ).start()
+    brokers = [RedisServer(), RedisServer()]
+    table: dict[str, list[Any]] = {"*": closed}
+    serve: ManagedProcess | None = None
+
+    def play(broker: int) -> None:
+        """Broker `broker`'s pod (and master Service) is played by brokers[broker]."""
+        pods = kube.wait(lambda: _all_pods_running(kube, ns, "grow"), timeout_s=120,
+                         what="the topic's pods Running")
+        ip = next(p["status"]["podIP"] for p in pods
+                  if p["metadata"]["name"] == f"grow-redis-{broker}-0")
+        brokers[broker].start()
+        _like_a_broker_pod(kube, ns, "grow", brokers[broker].port)
+        local = ["127.0.0.1", brokers[broker].port]
+        table.update({ip: local, f"grow-redis-{broker}.{ns}.svc": local})
+        addresses.write_text(json.dumps(table))
+
+    def status() -> dict[str, Any]:
+        return (kube.get("dt", "grow", ns) or {}).get("status", {})
+
+    try:
+        kube.apply(_topic("grow", slotAmount=16, brokers=1, replicasPerBroker=0,
+                          topicType="webhook",
+                          delivery={"webhook": {"url": url, "allowPrivateTargets": True,
+                                                "allowInsecureHttp": True}}), ns)
+        _wait_reconciled(kube, op, ns, "grow")
+        play(0)
+        kube.wait(lambda: status() if [b.get("state") for b in status().get("brokers", [])]
+                  == ["Ready"] else None, timeout_s=90, what="broker 0 serving")
+        password, token = _topic_credentials(kube, ns, "grow")
+        serve, base = _start_serve(kube, ns, "grow", workdir,
+                                   _service_url(password, brokers[0].port))
+        pending = [f"pending-{i}" for i in range(48)]  # every slot holds some (crc32 of ids)
+        for message_id in pending:
+            _schedule(base, "grow", token, message_id, delay_ms=3000)
+        serve.stop()
+        serve = None
+
+        kube.kubectl("patch", "dt", "grow", "-n", ns, "--type", "merge",
+                     "-p", '{"spec":{"brokers":2}}')
+        play(1)
+        grown = kube.wait(
+            lambda: status() if condition({"status": status()}, "Resharding") == "False"
+            else None, timeout_s=120, what="Resharding completed")
+        assert [b["slots"] for b in grown["brokers"]] == [8, 8]
+        assert grown["resharding"] == {"moved": 8, "total": 8}
+        described = wait_until(
+            lambda: _described_with(kube, ns, "grow",
+                                    ("ReshardingStarted", "SlotsMoved", "ReshardingCompleted")),
+            timeout_s=30, what="the resharding Events in kubectl describe",
+            interval_s=INTERVAL_S, not_yet=NOT_YET)
+        assert "Moved 8 slots" in described
+        # every pending message counted on the broker its slot is routed to now
+        kube.wait(lambda: sum(status()["depths"].values()) == len(pending), timeout_s=30,
+                  what=f"{len(pending)} messages in the depths of both brokers")
+        admin_password = _topic_secret(kube, ns, "grow", "redis-admin-password")
+        with _admin(brokers[1].port, admin_password) as client:
+            assert client.dbsize() > 0  # the moved slots' keys are on the new broker
+
+        serve, base = _start_serve(kube, ns, "grow", workdir,
+                                   *(_service_url(password, b.port) for b in brokers))
+        after = [f"after-{i}" for i in range(16)]
+        for message_id in after:
+            _schedule(base, "grow", token, message_id, delay_ms=500)
+        expected = set(pending + after)
+        wait_until(lambda: expected <= {m.get("id") for _, m in received}, timeout_s=60,
+                   what="every message delivered", abort=serve.exited, interval_s=INTERVAL_S,
+                   not_yet=NOT_YET)
+        early = [m["id"] for at_ms, m in received if at_ms < m["dueMs"]]
+        assert not early, f"delivered before they were due: {early}"
+        ids = [m.get("id") for _, m in received]
+        assert len(ids) == len(set(ids)) == len(pending + after)
+    except Exception:
+        print(f"--- grow operator log tail:\n{op.tail()}")
+        print(f"--- topic: {kube.get('dt', 'grow', ns)}")
+        if serve is not None:
+            print(f"--- delayq serve log tail:\n{serve.tail(60)}")
+        raise
+    finally:
+        if serve is not None:
+            serve.stop()
+        kube.kubectl("delete", "dt", "grow", "-n", ns, "--wait=false", check=False)
+        try:
+            kube.wait(lambda: kube.get("dt", "grow", ns) is None, timeout_s=60,
+                      what="the grown topic to be deleted")
+        finally:
+            op.stop()
+            for server in brokers:
+                server.stop()
             kube.kubectl("delete", "namespace", ns, "--wait=false")
 
 
