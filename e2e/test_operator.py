@@ -643,6 +643,11 @@ def test_brokers_grow_1_to_2_and_half_the_slots_move_with_their_messages(
     the new broker once its master is ready, reports it in status and Events, and every
     message, pending before or scheduled after, is delivered, none early.
 
+    The new broker's Redis first refuses writes (min-replicas-to-write without a replica), so
+    the first move fails in its copy, left recorded with its slot frozen (`MoveFailed`); the
+    operator is then killed with SIGKILL, the broker takes writes again, and a new operator
+    process finishes the recorded move and the rest.
+
     Each broker pod's Redis is a local redis-server (the address map, as in the failover
     test); the pending messages wait with no delay service running, so they are all in Redis
     while their slots move; `delayq serve` then runs on both brokers.
@@ -664,7 +669,7 @@ def test_brokers_grow_1_to_2_and_half_the_slots_move_with_their_messages(
     table: dict[str, list[Any]] = {"*": closed}
     serve: ManagedProcess | None = None
 
-    def play(broker: int) -> None:
+    def play(broker: int, refuse_writes: bool = False) -> None:
         """Broker `broker`'s pod (and master Service) is played by brokers[broker]."""
         pods = kube.wait(lambda: _all_pods_running(kube, ns, "grow"), timeout_s=120,
                          what="the topic's pods Running")
@@ -672,12 +677,20 @@ def test_brokers_grow_1_to_2_and_half_the_slots_move_with_their_messages(
                   if p["metadata"]["name"] == f"grow-redis-{broker}-0")
         brokers[broker].start()
         _like_a_broker_pod(kube, ns, "grow", brokers[broker].port)
+        if refuse_writes:
+            admin_password = _topic_secret(kube, ns, "grow", "redis-admin-password")
+            with _admin(brokers[broker].port, admin_password) as client:
+                client.config_set("min-replicas-to-write", 1)
         local = ["127.0.0.1", brokers[broker].port]
         table.update({ip: local, f"grow-redis-{broker}.{ns}.svc": local})
         addresses.write_text(json.dumps(table))
 
     def status() -> dict[str, Any]:
         return (kube.get("dt", "grow", ns) or {}).get("status", {})
+
+    def resharding(reason: str) -> dict[str, Any] | None:
+        found = [c for c in status().get("conditions", []) if c["type"] == "Resharding"]
+        return status() if found and found[0]["reason"] == reason else None
 
     try:
         kube.apply(_topic("grow", slotAmount=16, brokers=1, replicasPerBroker=0,
@@ -699,22 +712,27 @@ def test_brokers_grow_1_to_2_and_half_the_slots_move_with_their_messages(
 
         kube.kubectl("patch", "dt", "grow", "-n", ns, "--type", "merge",
                      "-p", '{"spec":{"brokers":2}}')
-        play(1)
-        grown = kube.wait(
-            lambda: status() if condition({"status": status()}, "Resharding") == "False"
-            else None, timeout_s=120, what="Resharding completed")
+        play(1, refuse_writes=True)
+        kube.wait(lambda: resharding("MoveFailed"), timeout_s=120, what="a failed move")
+        op.kill()  # kill -9 mid-resharding: a move recorded in its copy, its slot frozen
+        admin_password = _topic_secret(kube, ns, "grow", "redis-admin-password")
+        with _admin(brokers[1].port, admin_password) as client:
+            client.config_set("min-replicas-to-write", 0)
+        op.start()  # a new operator process: it has only ZooKeeper, Redis and the status
+        grown = kube.wait(lambda: resharding("Completed"), timeout_s=120,
+                          what="Resharding completed by the new operator")
         assert [b["slots"] for b in grown["brokers"]] == [8, 8]
         assert grown["resharding"] == {"moved": 8, "total": 8}
         described = wait_until(
             lambda: _described_with(kube, ns, "grow",
-                                    ("ReshardingStarted", "SlotsMoved", "ReshardingCompleted")),
+                                    ("ReshardingStarted", "ReshardingFailed", "SlotsMoved",
+                                     "ReshardingCompleted")),
             timeout_s=30, what="the resharding Events in kubectl describe",
             interval_s=INTERVAL_S, not_yet=NOT_YET)
         assert "Moved 8 slots" in described
         # every pending message counted on the broker its slot is routed to now
         kube.wait(lambda: sum(status()["depths"].values()) == len(pending), timeout_s=30,
                   what=f"{len(pending)} messages in the depths of both brokers")
-        admin_password = _topic_secret(kube, ns, "grow", "redis-admin-password")
         with _admin(brokers[1].port, admin_password) as client:
             assert client.dbsize() > 0  # the moved slots' keys are on the new broker
 
