@@ -9,6 +9,7 @@ is routed to, before and after.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections.abc import Iterator
 
@@ -22,6 +23,7 @@ from delayq.kube import naming, resharding
 from delayq.kube.context import OperatorContext
 from delayq.kube.handlers.health import refresh
 from delayq.kube.operator import serialized
+from delayq.local.waiting import eventually
 from delayq.queue import Queue
 from tests.kube.conftest import DT, own_slots, published_routing
 from tests.kube.pods import NAMESPACE, RedisPods, add_service_pods, fill
@@ -215,4 +217,33 @@ async def test_a_failed_move_is_reported_and_resumed_by_the_next_pass(
     await health(api, ctx, logger)
     assert condition(api, "Resharding")["reason"] == "Completed"
     assert body(api)["status"]["resharding"] == {"moved": 4, "total": 4}
+    assert where_they_are(zk, masters) == before
+
+
+async def test_a_pass_abandoned_mid_move_is_not_joined_by_a_second_mover(
+    api: kmock.KubernetesEmulator,
+    ctx: OperatorContext,
+    zk: KazooClient,
+    redis_pods: RedisPods,
+    masters: list[Queue],
+    logger: logging.Logger,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """The health loop abandons a pass stuck in a move (its bound) but cannot stop the move's
+    thread: the next pass must not run a second mover of the slot beside it (a late copy of
+    the first would overwrite the target after the second switched). It waits; once the
+    stuck move ends, the passes go on. Nothing lost."""
+    before = await grown_topic(api, ctx, zk, redis_pods, masters, logger, maxConcurrentMoves=1)
+    with redis_pods.client(MASTERS[1]) as target:
+        target.client_pause(3000, all=False)  # the target's writes wait: the copy hangs
+    with pytest.raises(TimeoutError):
+        await asyncio.wait_for(health(api, ctx, logger), 1.0)  # abandoned, as by the loop
+    mover = SlotMover(zk, TopicPaths(NAMESPACE, "orders"), masters)
+    assert [(m.slot, m.step) for m in mover.migrations()] == [(4, Step.COPY)]
+    with caplog.at_level(logging.WARNING, logger=logger.name):
+        await health(api, ctx, logger)
+    assert "a move of an abandoned pass still runs" in caplog.text
+    await eventually(lambda: not mover.migrations(), 10.0, "the abandoned move to end")
+    await health(api, ctx, logger)
+    assert condition(api, "Resharding")["reason"] == "Completed"
     assert where_they_are(zk, masters) == before

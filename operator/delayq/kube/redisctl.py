@@ -28,8 +28,9 @@ from delayq.queue import AsyncQueue, Queue, Topic, TopicStats, acl
 
 CONNECT_TIMEOUT_S = 2.0
 # A slot move's calls: DUMP of a whole slot and its RESTORE in one MULTI take ~0.1 s per 100k
-# messages (docs/benchmarks.md), so this bounds a dead broker, not a large slot.
-MOVE_TIMEOUT_S = 30.0
+# messages (docs/benchmarks.md), so this bounds a dead broker, not a large slot; it is well
+# under the health pass's bound (healthloop.PASS_TIMEOUT_S), which the moves run inside.
+MOVE_TIMEOUT_S = 10.0
 # A switchover's CLIENT PAUSE bound: if the operator dies mid-way, the old master takes writes
 # again after this. It is far above what a switchover's steps may take (CATCH_UP_TIMEOUT_S, then
 # two commands of at most CONNECT_TIMEOUT_S each, checked by PROMOTE_BY_S), so the old master

@@ -27,12 +27,13 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Mapping, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
 import redis
 
-from delayq.coordination.migration import MoveError, SlotMover
+from delayq.coordination.migration import Migration, MoveError, SlotMover
 from delayq.coordination.routing import Move, Routing, plan_moves
 from delayq.kube import naming
 from delayq.kube.builders.service import zookeeper_connect
@@ -44,12 +45,19 @@ from delayq.kube.status import FALSE, RESHARDING, TRUE, Condition
 from delayq.queue import Queue, Topic
 
 # How long one health pass keeps starting batches of moves (at least one; a batch under way is
-# finished): well inside
-# the pass's bound (healthloop.PASS_TIMEOUT_S), so a cancelled pass never leaves a mover running
-# beside the next one. A slot of 100k messages moves in ~0.13 s (docs/benchmarks.md).
+# finished), inside the pass's bound (healthloop.PASS_TIMEOUT_S). A slot of 100k messages moves
+# in ~0.13 s (docs/benchmarks.md). A pass can still be cancelled with moves under way (a Redis
+# call hanging up to redisctl.MOVE_TIMEOUT_S): see MOVERS.
 MOVES_BUDGET_S = 10.0
 #: What a move may fail with and be tried again by the next pass (which resumes it first).
 MOVE_ERRORS = (MoveError, redis.RedisError, *TRANSIENT_ERRORS)
+#: The threads the moves run in, and each topic's moves under way. A thread cannot be cancelled:
+#: when the health loop abandons a pass, its moves go on. Two movers of one slot must never run
+#: at once (a late copy of the first would overwrite the target after the second switched it),
+#: so a pass starts no move while one of an abandoned pass still runs; a move cancelled before
+#: its thread started never runs (its future is done either way).
+MOVERS = ThreadPoolExecutor(thread_name_prefix="delayq-slot-mover")
+_under_way: dict[tuple[str, str], list[Future[Migration]]] = {}
 
 
 @dataclass(frozen=True)
@@ -75,6 +83,10 @@ async def reshard(
     nothing moves; the returned routing is read again after the moves."""
     if routing.broker_count < spec.brokers:
         return Resharding(routing)  # reconcile has not published the new brokers yet
+    key = (spec.namespace, spec.name)
+    if not all(move.done() for move in _under_way.get(key, [])):
+        logger.warning("resharding waits: a move of an abandoned pass still runs")
+        return Resharding(routing)
     topic = Topic(spec.name, namespace=spec.namespace, slot_amount=routing.slot_amount)
     hosts = [naming.redis_master_host(spec.name, spec.namespace, b) for b in range(spec.brokers)]
     connect = zookeeper_connect(spec, ctx.build)
@@ -85,14 +97,18 @@ async def reshard(
 
     mover, queues = await asyncio.to_thread(open_mover)
     try:
-        return await _run(mover, spec, status, logger)
+        return await _run(mover, spec, status, logger, key)
     finally:
         for queue in queues:
             queue.close()
 
 
 async def _run(
-    mover: SlotMover, spec: TopicSpec, status: Mapping[str, Any], logger: Logger
+    mover: SlotMover,
+    spec: TopicSpec,
+    status: Mapping[str, Any],
+    logger: Logger,
+    key: tuple[str, str],
 ) -> Resharding:
     previous = _condition(status)
     moving = previous is not None and previous.get("status") == TRUE
@@ -108,9 +124,10 @@ async def _run(
     events = [] if moving else [_started(pending, spec)]
     while pending and not failure:
         batch = pending[: spec.resharding_max_concurrent_moves]
+        moves = [MOVERS.submit(mover.move, move.slot, move.target) for move in batch]
+        _under_way[key] = moves
         results = await asyncio.gather(
-            *(asyncio.to_thread(mover.move, move.slot, move.target) for move in batch),
-            return_exceptions=True,
+            *(asyncio.wrap_future(move) for move in moves), return_exceptions=True
         )
         for move, result in zip(batch, results, strict=True):
             if isinstance(result, MOVE_ERRORS):
