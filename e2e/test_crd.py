@@ -276,7 +276,9 @@ def test_printer_columns_and_status_subresource(
     generation = kube.get("dt", "orders", namespace)["metadata"]["generation"]  # type: ignore[index]
     status = {"status": {"observedGeneration": generation, "conditions": [{
         "type": "Ready", "status": "True", "reason": "AllBrokersReady",
-        "message": "2/2 brokers ready", "lastTransitionTime": "2026-01-01T00:00:00Z"}],
+        "message": "2/2 brokers ready", "lastTransitionTime": "2026-01-01T00:00:00Z"}, {
+        "type": "Resharding", "status": "True", "reason": "MovingSlots",
+        "message": "2/8 slot moves done", "lastTransitionTime": "2026-01-01T00:00:00Z"}],
         "appliedSlotAmount": 64, "slots": {"total": 64, "owned": 61, "unowned": 3},
         "depths": {"scheduled": 1234, "prepared": 5, "dead": 7}, "paused": True}}
     kube.kubectl("patch", "dt", "orders", "-n", namespace, "--subresource=status",
@@ -292,6 +294,6 @@ def test_printer_columns_and_status_subresource(
 
     wide = kube.kubectl("get", "dt", "orders", "-n", namespace, "-o", "wide").stdout.splitlines()
     assert wide[0].split() == ["NAME", "SLOTS", "APPLIED", "TYPE", "BROKERS", "READY", "REASON",
-                               "UNOWNED", "PAUSED", "SCHEDULED", "DEAD", "AGE"]
-    assert wide[1].split()[:11] == ["orders", "64", "64", "pull", "2", "True", "AllBrokersReady",
-                                    "3", "true", "1234", "7"]
+                               "UNOWNED", "PAUSED", "RESHARDING", "SCHEDULED", "DEAD", "AGE"]
+    assert wide[1].split()[:12] == ["orders", "64", "64", "pull", "2", "True", "AllBrokersReady",
+                                    "3", "true", "MovingSlots", "1234", "7"]
