@@ -1,11 +1,12 @@
 """Broker memory per pending message: a throw-away redis-server, JSON on stdout.
 
-    python bench/bench_memory.py [--count 100000] [--slots 16]
+    python bench/bench_memory.py [--count 100000] [--slots 16 [1024 ...]]
 
-For each payload size (32, 256, 1024 bytes) and id length (12 and 36 bytes: a short key and a
-UUID), schedules `count` messages (no headers, due times spread over a day, so they stay
+For each payload size (32, 40, 256, 1024 bytes) and id length (12 and 36 bytes: a short key and
+a UUID), schedules `count` messages (no headers, due times spread over a day, so they stay
 pending) into an empty topic with `Queue.schedule_many`, and reads `used_memory` from INFO
-memory before and after: the difference over `count` is what one pending message costs,
+memory before (after a warm-up message) and after: the difference over `count` is what one
+pending message costs,
 everything included (the message hash, its due-index entry, its share of the slot's keys).
 `messages_per_gib` is 1 GiB over that, and `messages_per_broker_at_<limit>` what a broker
 pod whose container has that memory limit holds before it refuses writes: its `maxmemory`
@@ -16,6 +17,12 @@ The docs' sizing table (docs/operator.md, "Sizing broker memory") comes from thi
 id length): `count` messages are scheduled and cancelled (so only their outcomes stay), and
 the memory left over the empty server's, over `count`, is the cost of one id remembered
 (its `outcome` hash field and its `finished` zset entry). docs/service.md quotes it.
+
+Several `--slots`: every row for each slot amount. Redis packs a key of up to 128 sorted-set
+entries (512 hash fields) into one listpack, so a slot holding fewer pending messages costs far
+less, while a batch of 1,000 spread over more slots takes more script calls:
+`schedule_msg_per_s` (the scheduling loop, requests built inside it) and, beside the first slot
+amount, `schedule_ratio_to_first_slots` (same payload and id, same run) say what that costs.
 """
 
 from __future__ import annotations
@@ -23,6 +30,7 @@ from __future__ import annotations
 import argparse
 import json
 import random
+import time
 import uuid
 from typing import Any
 
@@ -32,7 +40,7 @@ from delayq.kube.builders.redis import redis_maxmemory
 from delayq.local.redis_server import RedisServer
 from delayq.queue import Queue, ScheduleRequest, Target, Topic
 
-PAYLOADS = (32, 256, 1024)
+PAYLOADS = (32, 40, 256, 1024)
 ID_LENGTHS = (12, 36)
 LIMITS = ("512Mi", "1Gi", "4Gi")
 BATCH = 1000
@@ -51,15 +59,24 @@ def used_memory(client: redis.Redis) -> int:
     return int(client.info("memory")["used_memory"])
 
 
+def warm_up(queue: Queue) -> None:
+    """Load the scripts before the baseline (FLUSHALL keeps them): otherwise the first row
+    alone pays their few hundred KB, about 3 bytes per message of 100,000."""
+    queue.schedule("warm-up", b"", delay_ms=DAY_MS)
+    queue.cancel("warm-up")
+
+
 def measure(
     client: redis.Redis, count: int, slots: int, payload_bytes: int, id_length: int
 ) -> dict[str, Any]:
     client.flushall()
-    baseline = used_memory(client)
     queue = Queue(client, Topic("memory", namespace="bench", slot_amount=slots))
+    warm_up(queue)
+    baseline = used_memory(client)
     rng = random.Random(payload_bytes * 100 + id_length)
     payload = b"x" * payload_bytes
     message_ids = ids(count, id_length, rng)
+    started = time.perf_counter()
     for start in range(0, count, BATCH):
         queue.schedule_many(
             [
@@ -67,9 +84,13 @@ def measure(
                 for message_id in message_ids[start : start + BATCH]
             ]
         )
+    schedule_s = time.perf_counter() - started
     assert queue.stats().scheduled == count
     per_message = (used_memory(client) - baseline) / count
     result: dict[str, Any] = {
+        "slots": slots,
+        "messages_per_slot": round(count / slots),
+        "schedule_msg_per_s": round(count / schedule_s),
         "payload_bytes": payload_bytes,
         "id_bytes": id_length,
         "messages": count,
@@ -106,17 +127,29 @@ def measure_outcome(client: redis.Redis, count: int, slots: int, id_length: int)
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--count", type=int, default=100_000, help="messages per measurement")
-    parser.add_argument("--slots", type=int, default=16, help="slots of the topic (default 16)")
+    parser.add_argument(
+        "--slots", type=int, nargs="+", default=[16], help="slot amounts to measure (default 16)"
+    )
     args = parser.parse_args()
     with RedisServer() as server:
         client = redis.Redis.from_url(server.url)
         info = client.info("server")
         results = [
-            measure(client, args.count, args.slots, payload, id_length)
+            measure(client, args.count, slots, payload, id_length)
+            for slots in args.slots
             for payload in PAYLOADS
             for id_length in ID_LENGTHS
         ]
-        outcomes = [measure_outcome(client, args.count, args.slots, n) for n in ID_LENGTHS]
+        if len(args.slots) > 1:
+            first = {
+                (row["payload_bytes"], row["id_bytes"]): row["schedule_msg_per_s"]
+                for row in results
+                if row["slots"] == args.slots[0]
+            }
+            for row in results:
+                rate = first[row["payload_bytes"], row["id_bytes"]]
+                row["schedule_ratio_to_first_slots"] = round(row["schedule_msg_per_s"] / rate, 2)
+        outcomes = [measure_outcome(client, args.count, args.slots[0], n) for n in ID_LENGTHS]
         client.flushall()
         report = {
             "redis_version": info["redis_version"],
