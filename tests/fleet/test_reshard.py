@@ -63,6 +63,18 @@ def operator_context(fleet: ProcessFleet, urls: list[str]) -> OperatorContext:
     )
 
 
+def two_broker_spec(fleet: ProcessFleet) -> TopicSpec:
+    """The fleet's topic as the operator reads it once `spec.brokers` grew to 2."""
+    return TopicSpec(
+        name=fleet.topic.name,
+        namespace=NAMESPACE,
+        slot_amount=SLOTS,
+        brokers=2,
+        zookeeper_connect=fleet.zookeeper.hosts,
+        resharding_max_concurrent_moves=2,
+    )
+
+
 async def reshard_pass(
     ctx: OperatorContext, spec: TopicSpec, fleet: ProcessFleet, status: dict[str, Any]
 ) -> str:
@@ -89,14 +101,7 @@ async def test_brokers_grow_under_load_through_a_serve_kill_and_a_dead_mover(
     for member in MEMBERS:
         fleet.start(member)
     await eventually(lambda: len(fleet.owners()) == SLOTS, 60.0, "every slot owned")
-    spec = TopicSpec(
-        name=fleet.topic.name,
-        namespace=NAMESPACE,
-        slot_amount=SLOTS,
-        brokers=2,
-        zookeeper_connect=fleet.zookeeper.hosts,
-        resharding_max_concurrent_moves=2,
-    )
+    spec = two_broker_spec(fleet)
     ctx = operator_context(fleet, urls)
     async_clients = [redis.asyncio.Redis.from_url(url) for url in urls]
     sync_queues = [Queue.from_url(url, fleet.topic) for url in urls]

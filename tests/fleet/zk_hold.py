@@ -1,0 +1,97 @@
+"""A TCP proxy between one ZooKeeper client and the server that stops passing the client's
+requests on after a chosen write: the test's way to hold a real process right after it recorded
+a step in ZooKeeper, without a hook in the product.
+
+ZooKeeper's wire protocol frames every packet with a 4-byte big-endian length. A client's first
+frame is its connect request; every later one starts with xid and op type (int32 each), and a
+setData (type 5) continues with the path and the data (each an int32 length and its bytes).
+The proxy reads the client's frames, passes each on, and after the first setData for which
+`hold_after(path, data)` is true passes nothing more of that client (its replies still come
+back). The held client waits for answers that never come: a test then kills it.
+"""
+
+from __future__ import annotations
+
+import socket
+import struct
+import threading
+from collections.abc import Callable
+
+SET_DATA = 5
+
+
+class ZkHold:
+    def __init__(self, upstream: tuple[str, int], hold_after: Callable[[str, bytes], bool]):
+        self.upstream = upstream
+        self.hold_after = hold_after
+        self.held = threading.Event()  # set once a client's requests stopped passing
+        self._sockets: list[socket.socket] = []
+        self._listener = socket.create_server(("127.0.0.1", 0))
+        self.port = self._listener.getsockname()[1]
+        threading.Thread(target=self._accept, daemon=True, name="zk-hold").start()
+
+    @property
+    def hosts(self) -> str:
+        return f"127.0.0.1:{self.port}"
+
+    def close(self) -> None:
+        for sock in [self._listener, *self._sockets]:
+            sock.close()
+
+    def _accept(self) -> None:
+        while True:
+            try:
+                client, _ = self._listener.accept()
+            except OSError:
+                return  # closed
+            server = socket.create_connection(self.upstream)
+            self._sockets += [client, server]
+            threading.Thread(target=_pipe, args=(server, client), daemon=True).start()
+            threading.Thread(target=self._requests, args=(client, server), daemon=True).start()
+
+    def _requests(self, client: socket.socket, server: socket.socket) -> None:
+        """Pass the client's frames on, until the one to hold after has passed."""
+        try:
+            server.sendall(_frame(client))  # the connect request
+            while not self.held.is_set():
+                frame = _frame(client)
+                server.sendall(frame)
+                if self._holds_after(frame[4:]):
+                    self.held.set()
+        except OSError:
+            return  # a side closed
+
+    def _holds_after(self, body: bytes) -> bool:
+        _xid, op = struct.unpack_from(">ii", body)
+        if op != SET_DATA:
+            return False
+        (length,) = struct.unpack_from(">i", body, 8)
+        path = body[12 : 12 + length].decode()
+        (size,) = struct.unpack_from(">i", body, 12 + length)
+        data = body[16 + length : 16 + length + size]
+        return self.hold_after(path, data)
+
+
+def _frame(sock: socket.socket) -> bytes:
+    """One length-prefixed frame, its length included."""
+    head = _exactly(sock, 4)
+    (length,) = struct.unpack(">i", head)
+    return head + _exactly(sock, length)
+
+
+def _exactly(sock: socket.socket, count: int) -> bytes:
+    chunks = b""
+    while len(chunks) < count:
+        chunk = sock.recv(count - len(chunks))
+        if not chunk:
+            raise ConnectionError("closed")
+        chunks += chunk
+    return chunks
+
+
+def _pipe(source: socket.socket, sink: socket.socket) -> None:
+    try:
+        while chunk := source.recv(65536):
+            sink.sendall(chunk)
+    except OSError:
+        return
