@@ -1,6 +1,7 @@
 """Lateness of messages due while slots move between brokers, against the same stream unmoved.
 
     python bench/bench_move_lateness.py [--rate 400] [--seconds 10] [--pending 160000]
+                                        [--gap-ms 0]
 
 Two throw-away redis-servers, a ZooKeeper and two `delayq serve` processes sharing a `stream`
 topic of 16 slots over 2 brokers (every slot routed to broker 0 at first, deliveries XADDed to
@@ -10,8 +11,9 @@ over every slot, each due `--delay-ms` later, in two phases of `seconds` each, o
 other in the same run:
 
 * `quiet`: nothing moves (the baseline);
-* `moving`: a `SlotMover` moves slots 8..15 to broker 1, then back, one slot after the other
-  without a break, for the whole phase; every slot also holds `pending` / 16 messages due in an
+* `moving`: a `SlotMover` moves slots 8..15 to broker 1, then back, one slot after the other,
+  `--gap-ms` between two moves (none by default: a stress, far more moves than a resharding's
+  one per slot), for the whole phase; every slot also holds `pending` / 16 messages due in an
   hour, so each move copies that many.
 
 Lateness is the delivery's stream entry id (Redis server ms) minus the message's due ms (the
@@ -85,14 +87,16 @@ class Producer:
             time.sleep(max(0.0, started + ticks * TICK_S - time.monotonic()))
 
 
-def keep_moving(mover: SlotMover, stop: threading.Event, moves: list[float]) -> None:
-    """Slots MOVED to broker 1 and back, one at a time, until `stop` (a move under way ends)."""
+def keep_moving(mover: SlotMover, stop: threading.Event, gap_s: float, moves: list[float]) -> None:
+    """Slots MOVED to broker 1 and back, one at a time, `gap_s` between two moves, until
+    `stop` (a move under way ends)."""
     target = 1
     while not stop.is_set():
         for slot in MOVED:
             began = time.perf_counter()
             mover.move(slot, target)
             moves.append(time.perf_counter() - began)
+            stop.wait(gap_s)
         target = 1 - target
     for slot in MOVED:  # leave them where the phase found them: on broker 0
         if mover.routing()[0].broker_of_slot[slot] != 0:
@@ -161,7 +165,8 @@ def measure(args: argparse.Namespace, log_dir: Path) -> dict[str, Any]:
             producer.run("quiet", args.seconds)
             stop, moves = threading.Event(), list[float]()
             mover = threading.Thread(
-                target=keep_moving, args=(SlotMover(zk, paths, queues), stop, moves)
+                target=keep_moving,
+                args=(SlotMover(zk, paths, queues), stop, args.gap_ms / 1000, moves),
             )
             mover.start()
             producer.run("moving", args.seconds)
@@ -222,6 +227,7 @@ def main() -> None:
     parser.add_argument("--seconds", type=float, default=10.0, help="length of each phase")
     parser.add_argument("--delay-ms", type=int, default=500, help="each message due this later")
     parser.add_argument("--pending", type=int, default=160_000, help="far messages, all slots")
+    parser.add_argument("--gap-ms", type=int, default=0, help="between two moves (0: none)")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory(prefix="bench-move-lateness-") as log_dir:
         result = measure(args, Path(log_dir))
