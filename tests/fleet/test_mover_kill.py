@@ -121,15 +121,16 @@ async def test_a_mover_killed_in_each_step_leaves_a_move_the_operator_finishes(
         await deliveries(fleet, async_clients[0], lambda: len(fleet.deliveries) >= 100, 30.0)
         if step is not Step.SWITCH:  # the Redis the step writes first (clean: see held_in)
             admins[0 if step is Step.FREEZE else 1].client_pause(PAUSE_MS, all=False)
-        mover = start_mover(fleet, hold.hosts)
         try:
-            await held_in(step, fleet, admins)
+            mover = start_mover(fleet, hold.hosts)
+            try:
+                await held_in(step, fleet, admins)
+            finally:
+                os.kill(mover.pid, signal.SIGKILL)  # in the step (the test failing: to stop it)
+                mover.wait()
         finally:
-            os.kill(mover.pid, signal.SIGKILL)  # in the step (or, the test failing, to stop it)
-            mover.wait()
             for admin in admins:
                 admin.client_unpause()
-            hold.close()
         assert mover.returncode == -signal.SIGKILL
         assert step_shown(fleet) is step  # killed in it: the next step never recorded
         assert routed_to(fleet) == (1 if step is Step.CLEAN else 0)
@@ -165,6 +166,7 @@ async def test_a_mover_killed_in_each_step_leaves_a_move_the_operator_finishes(
             f"{producer.refused} writes refused and resent"
         )
     finally:
+        hold.close()
         for admin in admins:
             admin.close()
         for client in async_clients:
