@@ -9,9 +9,11 @@ from collections.abc import Iterator
 
 import pytest
 
+from delayq.coordination.ownership import SESSION_STATES
 from delayq.coordination.zookeeper import ZkOwnership, ZkSettings
 from delayq.local.waiting import eventually
 from delayq.local.zookeeper_server import ZooKeeperServer
+from delayq.service.metrics import ServiceMetrics
 
 from .conftest import SLOTS, TEST_SESSION_TIMEOUT_S, Fleet, expire_session
 from .proxy import FreezableProxy
@@ -123,12 +125,13 @@ async def test_fleet_recovers_after_zookeeper_restart(private_zookeeper: ZooKeep
         await fleet.close()
 
 
-async def test_a_revocation_that_fails_is_handed_over_again(
+async def test_a_revocation_that_fails_is_handed_over_again_and_the_session_is_exported(
     zookeeper_server: ZooKeeperServer,
 ) -> None:
     """The service drops its slots on a session suspension and then fails (its Redis is down
     too); when the same session comes back with the same slots, they must be handed over again
-    — an equal set compared with the one before the failed revocation hid them for good."""
+    — an equal set compared with the one before the failed revocation hid them for good.
+    `delayq_zookeeper_session_state` follows the session through it."""
     proxy = await FreezableProxy(zookeeper_server.port).start()
     consumed: set[int] = set()
     fail_revocation = True
@@ -151,17 +154,35 @@ async def test_a_revocation_that_fails_is_handed_over_again(
             session_timeout_s=TEST_SESSION_TIMEOUT_S,
         )
     )
+    metrics = ServiceMetrics("tests", member.settings.topic)
+    metrics.watch_session(member)
+
+    def session_state() -> str:
+        """The state `/metrics` exports as 1 (each of the others is 0)."""
+        samples = [
+            line for line in metrics.render().decode().splitlines()
+            if line.startswith("delayq_zookeeper_session_state{")
+        ]
+        assert len(samples) == len(SESSION_STATES)
+        [current] = [line for line in samples if line.endswith(" 1.0")]
+        return current.split('state="', 1)[1].split('"', 1)[0]
+
+    assert session_state() == "lost"  # no session yet
     try:
         await member.start(on_change)
+        assert session_state() == "connected"
         await eventually(lambda: len(consumed) == SLOTS, 10.0, "every slot consumed")
         proxy.freeze()  # shorter than the session timeout: SUSPENDED, then the same session
         await eventually(lambda: not consumed, TEST_SESSION_TIMEOUT_S, "slots revoked")
+        assert session_state() == "suspended"
         proxy.thaw()
         await eventually(lambda: len(consumed) == SLOTS, 10.0, "slots handed over again")
         await eventually(lambda: member.ready, 5.0, "ready again")
+        assert session_state() == "connected"
     finally:
         await member.stop()
         await proxy.close()
+    assert session_state() == "lost"
 
 
 def test_an_owner_watch_fired_by_a_session_event_is_harmless() -> None:

@@ -534,12 +534,18 @@ def exported_series() -> dict[str, set[str]]:
     of labelled metrics that have no series yet)."""
     from prometheus_client.metrics import MetricWrapperBase
 
+    from delayq.coordination.zookeeper import ZkOwnership, ZkSettings
     from delayq.kube.metrics import OperatorMetrics
     from delayq.service.metrics import ServiceMetrics
 
     suffixes = {"counter": ("_total",), "histogram": ("_bucket", "_count", "_sum"), "gauge": ("",)}
     series: dict[str, set[str]] = {}
-    for metrics in (OperatorMetrics(), ServiceMetrics("ns", "t")):
+    service = ServiceMetrics("ns", "t")
+    # a ZooKeeper-coordinated process's session (never started: nothing connects)
+    service.watch_session(
+        ZkOwnership(ZkSettings(hosts="127.0.0.1:1", namespace="ns", topic="t", slot_amount=1))
+    )
+    for metrics in (OperatorMetrics(), service):
         for wrapper in vars(metrics).values():
             if isinstance(wrapper, MetricWrapperBase):
                 kind = str(wrapper._type)
@@ -567,9 +573,10 @@ def test_alerts_name_only_series_the_code_exports() -> None:
         "DelayqDeadMessages",
         "DelayqBrokerFailover",
         "DelayqDeliveryOverdue",
+        "DelayqZooKeeperSessionDown",
     }
     series = exported_series()
-    target_labels = {"namespace"}  # set by Prometheus' discovery on every series
+    target_labels = {"namespace", "pod"}  # set by Prometheus' discovery on every series
     for alert in rules:
         assert alert["labels"]["severity"] in ("warning", "critical")
         expr = alert["expr"]
@@ -613,7 +620,9 @@ def test_the_grafana_dashboard_queries_series_the_code_exports() -> None:
             for grouping in re.findall(r"by \(([^)]*)\)", query)
             for label in grouping.split(",")
         }
-        for label in used - {"namespace"}:  # namespace: Prometheus' target label
+        # every series names the topic's namespace `topic_namespace`; `namespace` is the
+        # scraped pod's (Prometheus' target label), never a topic selector
+        for label in used:
             assert any(label in series[name] for name in names), f"no {label}: {query}"
 
 

@@ -3,6 +3,7 @@ auth, size limits, probes, metrics and the OpenAPI document."""
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import yaml
@@ -280,17 +281,67 @@ async def test_metrics_expose_depth_and_owned_slots(start_service: StartService)
     running = await start_service()
     await running.client.post(f"{running.base}/messages", json={"id": "a", "delayMs": 60_000})
     text = await (await running.client.get("/metrics")).text()
-    labels = 'namespace="shop",state="scheduled",topic="orders"'
+    labels = 'state="scheduled",topic="orders",topic_namespace="shop"'
     assert f"delayq_messages{{{labels}}} 1.0" in text
-    assert 'delayq_owned_slots{namespace="shop",topic="orders"} 4.0' in text
+    assert 'delayq_owned_slots{topic="orders",topic_namespace="shop"} 4.0' in text
     assert "delayq_delivery_lateness_seconds_bucket" in text
-    assert 'delayq_oldest_overdue_seconds{namespace="shop",topic="orders"} 0.0' in text
+    assert 'delayq_oldest_overdue_seconds{topic="orders",topic_namespace="shop"} 0.0' in text
+    # Prometheus' Kubernetes discovery sets `namespace` on the target: never exported here
+    assert "namespace=" not in text.replace("topic_namespace=", "")
 
     # due since 1970 and not leased (a pull topic nobody polls): overdue, for the alert
     await running.client.post(f"{running.base}/messages", json={"id": "old", "atMs": 1000})
     text = await (await running.client.get("/metrics")).text()
     [line] = [row for row in text.splitlines() if row.startswith("delayq_oldest_overdue_seconds{")]
     assert float(line.rsplit(" ", 1)[1]) > 1e9
+
+
+async def test_metrics_count_stored_messages_and_time_requests_by_route(
+    start_service: StartService,
+):
+    """The enqueue counter counts what was stored (by result), never a refusal; every request
+    is timed under its route's template, so ids never become series."""
+    running = await start_service()
+    topic = 'topic="orders",topic_namespace="shop"'
+    for _ in range(2):
+        await running.client.post(f"{running.base}/messages", json={"id": "a", "delayMs": 60_000})
+    await running.client.post(
+        f"{running.base}/messages/batch",
+        json={"mode": "upsert", "messages": [{"id": "a", "delayMs": 1}, {"id": "b", "delayMs": 1}]},
+    )
+    refused = await running.client.post(f"{running.base}/messages", json={"id": "c"})
+    assert refused.status == 400
+    await running.client.get(f"{running.base}/messages/a")
+    await running.client.get(f"{running.base}/messages/some-other-id")
+    await running.client.get("/no/such/path")
+    text = await (await running.client.get("/metrics")).text()
+
+    def sample(name: str, labels: str) -> float:
+        [line] = [row for row in text.splitlines() if row.startswith(f"{name}{{{labels}}} ")]
+        return float(line.rsplit(" ", 1)[1])
+
+    assert sample("delayq_scheduled_total", f'result="created",{topic}') == 2.0
+    assert sample("delayq_scheduled_total", f'result="exists",{topic}') == 1.0
+    assert sample("delayq_scheduled_total", f'result="updated",{topic}') == 1.0
+    # the refused message (400) counts nothing
+    assert set(re.findall(r'delayq_scheduled_total\{result="(\w+)"', text)) == {
+        "created", "exists", "updated"
+    }
+
+    requests = "delayq_http_request_duration_seconds_count"
+    messages = "/v1/topics/{topic}/messages"
+    assert sample(requests, f'code="201",method="POST",route="{messages}",{topic}') == 1.0
+    assert sample(requests, f'code="200",method="POST",route="{messages}",{topic}') == 1.0
+    assert sample(requests, f'code="400",method="POST",route="{messages}",{topic}') == 1.0
+    assert sample(requests, f'code="200",method="POST",route="{messages}/batch",{topic}') == 1.0
+    by_id = f"{messages}/{{id}}"
+    assert sample(requests, f'code="200",method="GET",route="{by_id}",{topic}') == 1.0
+    assert sample(requests, f'code="404",method="GET",route="{by_id}",{topic}') == 1.0
+    assert sample(requests, f'code="404",method="GET",route="unmatched",{topic}') == 1.0
+    assert "some-other-id" not in text
+    assert "/no/such/path" not in text
+    # no ZooKeeper, no session: the series exists only on a ZooKeeper-coordinated process
+    assert "delayq_zookeeper_session_state" not in text
 
 
 async def test_served_openapi_equals_the_checked_in_document(start_service: StartService):

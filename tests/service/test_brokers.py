@@ -140,7 +140,7 @@ def moving_topic(
 
 
 def moving_waits(running: Any) -> float:
-    labels = {"namespace": running.service.topic.namespace, "topic": TOPIC}
+    labels = {"topic_namespace": running.service.topic.namespace, "topic": TOPIC}
     value = running.service.metrics.registry.get_sample_value(
         "delayq_slot_moving_waits_total", labels
     )

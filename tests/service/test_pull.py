@@ -314,7 +314,7 @@ async def test_pause_stops_leasing_and_resume_drains_the_backlog(start_service: 
     stats = await (await client.get(f"{base}/stats")).json()
     assert (stats["paused"], stats["due"]) == (True, 5)
     metrics = await (await client.get("/metrics")).text()
-    assert 'delayq_paused{namespace="shop",topic="orders"} 1.0' in metrics
+    assert 'delayq_paused{topic="orders",topic_namespace="shop"} 1.0' in metrics
     resumed = await client.post(f"{base}/resume")
     assert (await resumed.json()) == {"paused": False}
     assert len(await lease(running, max=10)) == 5
@@ -331,6 +331,6 @@ async def test_an_idle_pull_process_reports_a_pause_set_elsewhere(start_service:
     assert (await (await client.get(f"{base}/stats")).json())["paused"] is True
     await running.service.refresh_depth()
     metrics = await (await client.get("/metrics")).text()
-    assert 'delayq_paused{namespace="shop",topic="orders"} 1.0' in metrics
+    assert 'delayq_paused{topic="orders",topic_namespace="shop"} 1.0' in metrics
     await queue.resume()
     assert (await (await client.get(f"{base}/stats")).json())["paused"] is False

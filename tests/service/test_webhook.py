@@ -107,7 +107,7 @@ async def test_server_errors_retry_with_backoff_then_dead(
 
 async def counted(running: Running, *, dead: float, retries: float) -> bool:
     metrics = await (await running.client.get("/metrics")).text()
-    labels = '{namespace="shop",topic="orders"}'
+    labels = '{topic="orders",topic_namespace="shop"}'
     return (
         f"delayq_dead_total{labels} {dead}" in metrics
         and f"delayq_retries_total{labels} {retries}" in metrics
@@ -180,7 +180,7 @@ async def test_a_timeout_is_a_failure(start_service: StartService, receiver: Rec
     await eventually(acked, 10, "the retry after the timeout")
     assert [json.loads(b)["attempt"] for b in receiver.bodies()] == [1, 2]
     metrics = await (await running.client.get("/metrics")).text()
-    assert 'delayq_webhook_duration_seconds_count{namespace="shop",status="error"' in metrics
+    assert 'delayq_webhook_duration_seconds_count{status="error"' in metrics
 
 
 async def test_concurrency_is_limited_per_topic(start_service: StartService, receiver: Receiver):
@@ -415,8 +415,8 @@ async def test_a_private_target_is_refused_retried_with_backoff_and_named(
     assert "webhook target 127.0.0.1 refused: loopback address" in reason
     assert "allowPrivateTargets" in reason
     metrics = await (await running.client.get("/metrics")).text()
-    assert 'delayq_retries_total{namespace="shop",topic="orders"} 2.0' in metrics
-    assert 'delayq_webhook_duration_seconds_count{namespace="shop",status="refused"' in metrics
+    assert 'delayq_retries_total{topic="orders",topic_namespace="shop"} 2.0' in metrics
+    assert 'delayq_webhook_duration_seconds_count{status="refused"' in metrics
 
 
 async def test_a_fixed_topic_delivers_what_was_refused(
@@ -431,7 +431,7 @@ async def test_a_fixed_topic_delivers_what_was_refused(
         retry_backoff_base_ms=300,
     )
     await schedule(refusing, "f")
-    labels = {"namespace": "shop", "topic": "orders"}
+    labels = {"topic_namespace": "shop", "topic": "orders"}
     registry = refusing.service.metrics.registry
     await eventually(
         lambda: (registry.get_sample_value("delayq_retries_total", labels) or 0) >= 1,

@@ -15,6 +15,9 @@ from dataclasses import dataclass, field
 from typing import Protocol, runtime_checkable
 
 OnChange = Callable[[frozenset[int]], Awaitable[None]]
+#: The states of a coordination session, as `SessionHolder.session_state` names them (kazoo's
+#: CONNECTED, SUSPENDED and LOST, lower-cased; `lost` also before the first connection).
+SESSION_STATES = ("connected", "suspended", "lost")
 
 
 class Ownership(Protocol):
@@ -63,6 +66,16 @@ class FleetReader(Protocol):
 
     async def fleet(self, holders_of: Iterable[int] = ()) -> FleetView:
         """The fleet now, with the holder of each slot of `holders_of`."""
+
+
+@runtime_checkable
+class SessionHolder(Protocol):
+    """An ownership that holds a coordination session (ZooKeeper) whose state is worth
+    exporting: while it is not `connected` the process claims nothing."""
+
+    @property
+    def session_state(self) -> str:
+        """One of SESSION_STATES."""
 
 
 class EmbeddedOwnership:

@@ -136,6 +136,7 @@ class ZkOwnership:
         self._first_pass = asyncio.Event()
         self._stopping = False
         self._connected = False
+        self._session_state = "lost"  # no session before start (ownership.SESSION_STATES)
         self._generation = 0  # bumped on every connection loss: results of older passes are void
         self._held: set[int] = set()  # owner nodes this session holds
         # slots whose owner node another session holds, with an exists-watch armed on it: not
@@ -159,6 +160,11 @@ class ZkOwnership:
     @property
     def owned(self) -> frozenset[int]:
         return self._granted
+
+    @property
+    def session_state(self) -> str:
+        """`connected`, `suspended` or `lost` (ownership.SessionHolder), as last heard."""
+        return self._session_state
 
     @property
     def ready(self) -> bool:
@@ -221,6 +227,7 @@ class ZkOwnership:
             await asyncio.to_thread(self._close_client)
             raise
         self._connected = True
+        self._session_state = "connected"
         self._task = asyncio.create_task(self._run(), name=f"zk-ownership-{self.member_id}")
         self._wake.set()
         await self._first_pass.wait()
@@ -237,6 +244,7 @@ class ZkOwnership:
                 await asyncio.to_thread(self._leave)
         await asyncio.to_thread(self._close_client)
         self._connected = False
+        self._session_state = "lost"
 
     # session events (kazoo thread -> loop) ----------------------------------------------------
 
@@ -265,6 +273,7 @@ class ZkOwnership:
                 self._loop.call_soon_threadsafe(callback, *args)
 
     def _session_changed(self, state: str) -> None:
+        self._session_state = state.lower()
         if state == KazooState.CONNECTED:
             log.info("%s: connected to ZooKeeper", self.member_id)
             self._connected = True

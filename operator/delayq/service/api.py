@@ -11,6 +11,7 @@ import asyncio
 import hmac
 import json
 import logging
+import time
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -51,12 +52,18 @@ Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 OPEN_PATHS = frozenset({"/healthz", "/readyz", "/openapi.json"})  # kubelet probes have no token
 METRICS_PATH = "/metrics"
 READ_METHODS = frozenset({"GET", "HEAD"})
+CLIENT_GONE = 499  # the status a request is counted with when its client closed first (nginx's)
 
 
 def build_app(service: DelayService) -> web.Application:
     app = web.Application(
         client_max_size=service.config.max_body_bytes,
-        middlewares=[errors_middleware, auth_middleware, slot_moving_middleware],
+        middlewares=[
+            requests_middleware,
+            errors_middleware,
+            auth_middleware,
+            slot_moving_middleware,
+        ],
     )
     app[SERVICE] = service
     app.router.add_get("/healthz", healthz)
@@ -70,6 +77,31 @@ def build_app(service: DelayService) -> web.Application:
     routes_overview.setup(app, TopicViews(service))
     routes_ui.add_routes(app.router)
     return app
+
+
+@web.middleware
+async def requests_middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
+    """Every request into `delayq_http_request_duration_seconds`, with the status it got
+    (outermost, so after the errors middleware made an exception an answer; 499 when the
+    client went away first) and the route's template (`unmatched` for no route)."""
+    started = time.perf_counter()
+    code = 500
+    try:
+        response = await handler(request)
+        code = response.status
+        return response
+    except web.HTTPException as error:  # a redirect, or what aiohttp answers itself
+        code = error.status
+        raise
+    except asyncio.CancelledError:
+        code = CLIENT_GONE
+        raise
+    finally:
+        resource = request.match_info.route.resource
+        route = resource.canonical if resource is not None else "unmatched"
+        request.app[SERVICE].metrics.observe_request(
+            request.method, route, code, time.perf_counter() - started
+        )
 
 
 @web.middleware

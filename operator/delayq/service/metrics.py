@@ -2,7 +2,9 @@
 
 A registry per service (not the global default) lets tests run several services in one process.
 Depths are refreshed at scrape time from the slots this process owns, so summing over the fleet
-gives the topic's totals without double counting.
+gives the topic's totals without double counting. The topic's namespace is the label
+`topic_namespace`, as on the operator's series: `namespace` is the label Prometheus' Kubernetes
+discovery puts on every target, and a series carrying its own is renamed `exported_namespace`.
 """
 
 from __future__ import annotations
@@ -13,10 +15,11 @@ from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.metrics import MetricWrapperBase
-from prometheus_client.metrics_core import CounterMetricFamily, Metric
+from prometheus_client.metrics_core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 from prometheus_client.samples import Sample
 
+from delayq.coordination.ownership import SESSION_STATES, SessionHolder
 from delayq.queue.codes import Code
 from delayq.queue.consumer import ConsumerCounters
 from delayq.queue.model import Outcome, TopicStats
@@ -39,8 +42,13 @@ LATENESS_BUCKETS_S = (
     30.0,
     60.0,
 )
-WEBHOOK_BUCKETS_S = (0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0, 2.0, 5.0, 10.0)
+# Webhook POSTs and HTTP requests: 1 ms to 10 s.
+DURATION_BUCKETS_S = (0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0, 2.0, 5.0, 10.0)
 DEPTH_STATES = ("scheduled", "due", "prepared", "dead")
+# Request methods get a label of their own; any other (a client may send any token) is `other`,
+# so a stranger cannot add series at will.
+HTTP_METHODS = frozenset({"GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"})
+TOPIC_LABELS = ("topic_namespace", "topic")
 
 
 class ServiceMetrics:
@@ -48,7 +56,7 @@ class ServiceMetrics:
 
     def __init__(self, namespace: str, topic: str) -> None:
         self.registry = CollectorRegistry()
-        names = ["namespace", "topic"]
+        names = list(TOPIC_LABELS)
         self.depth = Gauge(
             "delayq_messages",
             "Messages in owned slots by state",
@@ -105,7 +113,21 @@ class ServiceMetrics:
             "delayq_webhook_duration_seconds",
             "Duration of one webhook POST by status class",
             [*names, "status"],
-            buckets=WEBHOOK_BUCKETS_S,
+            buckets=DURATION_BUCKETS_S,
+            registry=self.registry,
+        )
+        self.scheduled = Counter(
+            "delayq_scheduled",
+            "Messages stored by the API's schedule calls, by result: created, exists (create "
+            "mode, already there), updated (upsert)",
+            [*names, "result"],
+            registry=self.registry,
+        )
+        self.requests = Histogram(
+            "delayq_http_request_duration_seconds",
+            "HTTP requests by method, route template and status code, arrival to answer",
+            [*names, "method", "route", "code"],
+            buckets=DURATION_BUCKETS_S,
             registry=self.registry,
         )
         self._topic_labels = (namespace, topic)
@@ -148,6 +170,22 @@ class ServiceMetrics:
 
     def observe_webhook(self, status: str, duration_s: float) -> None:
         self._child(self.webhook_latency, status).observe(duration_s)
+
+    def count_scheduled(self, codes: list[Code]) -> None:
+        """The stored results of one schedule call (`Code.CREATED`, `EXISTS`, `UPDATED`)."""
+        for code in codes:
+            self._child(self.scheduled, code.name.lower()).inc()
+
+    def observe_request(self, method: str, route: str, code: int, duration_s: float) -> None:
+        """One answered request; `route` is the route's template, never the path (an id in
+        the path would make a series per message)."""
+        method = method if method in HTTP_METHODS else "other"
+        self._child(self.requests, method, route, str(code)).observe(duration_s)
+
+    def watch_session(self, holder: SessionHolder) -> None:
+        """Expose the state of the ownership's ZooKeeper session, read at scrape time: while
+        it is not connected this process claims nothing."""
+        self.registry.register(_SessionCollector(holder, self._topic_labels))
 
     def count_delivery(self, outcome: str, amount: int = 1) -> None:
         self._child(self.deliveries, outcome).inc(amount)
@@ -226,7 +264,29 @@ class _CountersCollector(Collector):
         values = self._counters()
         for item in fields(ConsumerCounters):
             family = CounterMetricFamily(
-                f"delayq_{item.name}", COUNTER_HELP[item.name], labels=["namespace", "topic"]
+                f"delayq_{item.name}", COUNTER_HELP[item.name], labels=list(TOPIC_LABELS)
             )
             family.add_metric(list(self._labels), getattr(values, item.name))
             yield family
+
+
+class _SessionCollector(Collector):
+    """`delayq_zookeeper_session_state{state}`: 1 on the session's current state, 0 on the
+    others (Prometheus' state-set shape), so an alert needs no knowledge of the states."""
+
+    def __init__(self, holder: SessionHolder, labels: tuple[str, str]) -> None:
+        self._holder = holder
+        self._labels = labels
+
+    def collect(self) -> Iterator[Metric]:
+        current = self._holder.session_state
+        family = GaugeMetricFamily(
+            "delayq_zookeeper_session_state",
+            "ZooKeeper session of this process: connected, suspended (connection lost, the "
+            "session may live on; nothing is claimed) or lost (no session: expired or not yet "
+            "made, its owner nodes are gone)",
+            labels=[*TOPIC_LABELS, "state"],
+        )
+        for state in SESSION_STATES:
+            family.add_metric([*self._labels, state], 1 if state == current else 0)
+        yield family

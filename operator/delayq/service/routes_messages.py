@@ -114,6 +114,9 @@ async def _schedule(
             return [ScheduleFailure(m.id, slot_of(m), error) for m in chunk]
 
     results = await service.brokers.each(messages, slot_of, call)
+    service.metrics.count_scheduled(
+        [r.code for r in results if isinstance(r, ScheduleResult) and not r.code.is_error]
+    )
     failures = [r for r in results if isinstance(r, ScheduleFailure)]
     if len(failures) == len(results):
         raise failures[0].error

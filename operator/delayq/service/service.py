@@ -24,7 +24,7 @@ import time
 
 import redis.asyncio
 
-from delayq.coordination.ownership import EmbeddedOwnership, Ownership
+from delayq.coordination.ownership import EmbeddedOwnership, Ownership, SessionHolder
 from delayq.coordination.routing_watch import RoutingWatch
 from delayq.queue.client import AsyncQueue
 from delayq.queue.consumer import Consumer, ConsumerCounters, ConsumerSettings
@@ -69,6 +69,8 @@ class DelayService:
         # set (and replaced) on every routing change: a write refused as SLOT_MOVING waits on it
         self.routing_changed = asyncio.Event()
         self.metrics.watch_counters(self.counters)
+        if isinstance(self.ownership, SessionHolder):
+            self.metrics.watch_session(self.ownership)
 
     @property
     def owned_slots(self) -> list[int]:
