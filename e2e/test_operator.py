@@ -12,6 +12,7 @@ import base64
 import http.server
 import json
 import os
+import re
 import secrets
 import subprocess
 import sys
@@ -246,6 +247,85 @@ def test_operator_restart_mid_reconcile_converges_without_duplicates(
         assert secret_after is not None
         assert secret_after["data"] == secret_before["data"], "credentials were rotated"
         assert secret_after["metadata"]["uid"] == secret_before["metadata"]["uid"]
+
+
+def _ready_condition(kube: Kube, namespace: str, name: str) -> dict[str, Any]:
+    """The topic's Ready condition ({} while it has none)."""
+    topic = kube.get("dt", name, namespace) or {}
+    return next((c for c in topic.get("status", {}).get("conditions", [])
+                 if c.get("type") == "Ready"), {})
+
+
+def test_a_change_beyond_the_platforms_cap_is_refused_and_told_in_describe(
+    kube: Kube, operator: LocalOperator, chart_release: Release, zookeeper: ZooKeeperServer,
+    tmp_path_factory: pytest.TempPathFactory,
+) -> None:
+    """Events for refused changes (issue 13): a change the API server admits but the platform's
+    `tenantPolicy` does not (an operator with the chart's default: no private targets) is
+    refused before anything is applied: Ready False with `TenantPolicyExceeded` naming the
+    field, one Warning Event in `kubectl describe dt`, the delay-service pods' template and
+    egress as they were. Brought back within the cap, the topic is provisioned again."""
+    ns = f"e2e-capped-{secrets.token_hex(3)}"
+    kube.kubectl("create", "namespace", ns)
+    workdir = tmp_path_factory.mktemp("capped")
+    op = LocalOperator(
+        repo=REPO, kubeconfig=operator.kubeconfig, namespaces=[ns],
+        log_path=workdir / "operator.log",
+        env_overrides={**_chart_env(kube, chart_release, zookeeper),
+                       "DELAYQ_TENANT_ALLOW_PRIVATE_TARGETS": "false",
+                       "DELAYQ_HEALTH_INTERVAL_S": "2"},
+    ).start()
+    hook = {"url": "https://hooks.example.com/delayq"}
+
+    def capped(**webhook: Any) -> dict[str, Any]:
+        return _topic("capped", slotAmount=16, brokers=1, replicasPerBroker=0,
+                      topicType="webhook", delivery={"webhook": {**hook, **webhook}})
+
+    try:
+        kube.apply(capped(), ns)
+        _wait_reconciled(kube, op, ns, "capped")
+        template = kube.get("statefulset", "capped-service", ns)
+        policy = kube.get("networkpolicy", "capped-service", ns)
+        assert template is not None
+        assert policy is not None
+
+        kube.apply(capped(allowPrivateTargets=True), ns)
+        refused = kube.wait(
+            lambda: (ready := _ready_condition(kube, ns, "capped")).get("reason")
+            == "TenantPolicyExceeded" and ready, timeout_s=60,
+            what="Ready=False, TenantPolicyExceeded")
+        assert refused["status"] == "False"
+        field = "spec.delivery.webhook.allowPrivateTargets: true is not allowed"
+        assert refused["message"].startswith(field)
+        described = wait_until(
+            lambda: _described_with(kube, ns, "capped", ("TenantPolicyExceeded",)),
+            timeout_s=30, what="the TenantPolicyExceeded Event in kubectl describe",
+            interval_s=INTERVAL_S, not_yet=NOT_YET)
+        events = described.partition("\nEvents:")[2]
+        assert re.search(r"Warning\s+TenantPolicyExceeded", events), events
+        assert field in events
+        after = kube.get("statefulset", "capped-service", ns)
+        assert after is not None
+        assert after["spec"]["template"] == template["spec"]["template"], "the pods were rolled"
+        policy_after = kube.get("networkpolicy", "capped-service", ns)
+        assert policy_after is not None
+        assert policy_after["spec"] == policy["spec"], "the refused targets were admitted"
+
+        kube.apply(capped(), ns)
+        _wait_reconciled(kube, op, ns, "capped")
+        # Ready is the health pass's (KWOK: no Redis answers, so not Serving)
+        kube.wait(lambda: _ready_condition(kube, ns, "capped").get("reason")
+                  != "TenantPolicyExceeded", timeout_s=30, what="Ready past the refusal")
+        reasons = [e["reason"] for e in kube.items("events", ns)
+                   if e["involvedObject"]["name"] == "capped"]
+        assert reasons.count("TenantPolicyExceeded") == 1, reasons
+    except Exception:
+        print(f"--- capped operator log tail:\n{op.tail()}")
+        raise
+    finally:
+        kube.kubectl("delete", "dt", "capped", "-n", ns, "--wait=false", check=False)
+        op.stop()
+        kube.kubectl("delete", "namespace", ns, "--wait=false")
 
 
 def test_deleting_the_topic_removes_children(
