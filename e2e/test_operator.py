@@ -593,7 +593,8 @@ def test_failover_promotes_the_replica_and_keeps_scheduled_messages(
     tmp_path_factory: pytest.TempPathFactory,
     webhook_receiver: tuple[str, list[tuple[int, dict[str, Any]]]],
 ) -> None:
-    """Point 5: the master pod is deleted; the operator promotes the replica; nothing is lost.
+    """Point 5: the master pod is deleted; the operator promotes the replica; nothing is lost;
+    the old master, back as a master, is demoted (issue 13: Events of failover and demotion).
 
     Two local redis-servers play the broker's two pods (replica replicating from master) via
     the operator's test-only address map (e2e/operator_main.py). With both answering, the
@@ -615,7 +616,7 @@ def test_failover_promotes_the_replica_and_keeps_scheduled_messages(
         env_overrides={**_chart_env(kube, chart_release, zookeeper),
                        "DELAYQ_HEALTH_INTERVAL_S": "1", "DELAYQ_FAILOVER_GRACE_S": "3"},
     ).start()
-    master, replica = RedisServer(), RedisServer()
+    master, replica, returned = RedisServer(), RedisServer(), RedisServer()
     serve: ManagedProcess | None = None
     try:
         kube.apply(_topic("fo", slotAmount=16, brokers=1, replicasPerBroker=1,
@@ -693,6 +694,31 @@ def test_failover_promotes_the_replica_and_keeps_scheduled_messages(
                                          abort=serve.exited, interval_s=INTERVAL_S,
                                          not_yet=NOT_YET)
         assert message["dueMs"] <= arrival_ms, "delivered before it was due"
+
+        # The lost master's pod is back (the StatefulSet made it again) and its Redis still
+        # acts as a master, as one cut off by a partition would: demoted, told in describe.
+        def back() -> dict[str, Any] | None:
+            pod = kube.get("pod", "fo-redis-0-0", ns)
+            ok = (pod and pod["status"].get("phase") == "Running"
+                  and pod["status"].get("podIP") and not pod["metadata"].get("deletionTimestamp"))
+            return pod if ok else None
+
+        returned_ip = kube.wait(back, timeout_s=60, what="fo-redis-0-0 made again")["status"][
+            "podIP"]
+        returned.start()
+        _like_a_broker_pod(kube, ns, "fo", returned.port)
+        addresses.write_text(json.dumps({
+            "*": closed, ips["fo-redis-0-1"]: ["127.0.0.1", replica.port],
+            returned_ip: ["127.0.0.1", returned.port],
+            service_host: ["127.0.0.1", replica.port]}))
+        described = wait_until(
+            lambda: _described_with(kube, ns, "fo", ("StrayMasterDemoted",)),
+            timeout_s=30, what="the demotion Event in kubectl describe", interval_s=INTERVAL_S,
+            not_yet=NOT_YET)
+        assert "fo-redis-0-0 still acted as a master; it now replicates from fo-redis-0-1" \
+            in " ".join(described.split())
+        assert _replication(returned.port, admin_password)["role"] == "slave"
+        assert _replication(replica.port, admin_password)["role"] == "master"
     except Exception:
         print(f"--- failover operator log tail:\n{op.tail()}")
         for what in (["get", "pods,nodes", "-o", "wide", "-n", ns], ["get", "events", "-n", ns]):
@@ -711,6 +737,7 @@ def test_failover_promotes_the_replica_and_keeps_scheduled_messages(
             op.stop()
             master.stop()
             replica.stop()
+            returned.stop()
             kube.kubectl("delete", "namespace", ns, "--wait=false")
 
 
