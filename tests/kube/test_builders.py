@@ -294,7 +294,10 @@ def test_service_statefulset_one_pod_per_broker_with_affinity_and_spread() -> No
 
 def test_config_map_carries_the_topic_contract() -> None:
     spec = spec_of(
-        topicType="webhook", delivery={"webhook": {"url": "https://x.example/h"}}, maxRetries=3
+        topicType="webhook",
+        delivery={"webhook": {"url": "https://x.example/h"}},
+        maxRetries=3,
+        limits={"maxPending": 1000},
     )
     config = json.loads(
         by_kind_name(rendered(spec))["ConfigMap", "orders-config"]["data"]["topic.json"]
@@ -303,6 +306,8 @@ def test_config_map_carries_the_topic_contract() -> None:
     assert config["namespace"] == "shop"
     assert config["slot_amount"] == 16
     assert config["max_retries"] == 3
+    assert config["limits_max_pending"] == 1000  # the quota the schedule script enforces
+    assert topic_json(spec_of())["limits_max_pending"] == 0  # none by default
     assert config["webhook_url"] == "https://x.example/h"
     assert config["zookeeper_connect"] == CTX.default_zookeeper
     assert config["redis_master_host_template"] == "orders-redis-{broker}.shop.svc"
