@@ -39,7 +39,7 @@ from delayq.kube.spec import (
     parse_duration_ms,
     parse_spec,
 )
-from delayq.queue.topic import MAX_SLOT_AMOUNT
+from delayq.queue.topic import MAX_SLOT_AMOUNT, TopicType
 from delayq.service.defaults import DEFAULTS, TopicDefaults, crd_default, crd_path
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -246,7 +246,8 @@ def test_spec_rules_point_at_the_offending_field() -> None:
 
 def longest_valid_topic_name() -> int:
     """The longest name for which every object the builders make at the CRD's maxima
-    (64 brokers, 5 replicas each, every slot) has a valid name: at most 63 characters, a
+    (64 brokers, 5 replicas each, every slot), for every topic type (a stream topic adds its
+    reader's Secret and policy), has a valid name: at most 63 characters, a
     DNS-1035 label for Services, StatefulSets at most 52 (the controller-revision-hash label
     is `<statefulset>-<hash of up to 10>`), and each StatefulSet pod `<statefulset>-<ordinal>`
     at most 63 (its hostname and `statefulset.kubernetes.io/pod-name` label)."""
@@ -254,15 +255,25 @@ def longest_valid_topic_name() -> int:
     ctx = BuildContext(image="delayq:test", redis_image="redis:test")
     longest = 0
     for length in range(1, 64):
-        spec = TopicSpec(
-            name="t" * length,
-            namespace="shop",
-            slot_amount=MAX_SLOT_AMOUNT,
-            brokers=MAX_BROKERS,
-            replicas_per_broker=MAX_REPLICAS_PER_BROKER,
-        )
         credentials = Credentials("pw", "tok", "zk", "admin", "viewer")
-        manifests = build_all(spec, ctx, credentials, MAX_SLOT_AMOUNT, True)
+        manifests = [
+            manifest
+            for topic_type in TopicType
+            for manifest in build_all(
+                TopicSpec(
+                    name="t" * length,
+                    namespace="shop",
+                    slot_amount=MAX_SLOT_AMOUNT,
+                    topic_type=topic_type,
+                    brokers=MAX_BROKERS,
+                    replicas_per_broker=MAX_REPLICAS_PER_BROKER,
+                ),
+                ctx,
+                credentials,
+                MAX_SLOT_AMOUNT,
+                True,
+            )
+        ]
         valid = True
         for manifest in manifests:
             name = manifest["metadata"]["name"]
