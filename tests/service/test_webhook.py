@@ -24,10 +24,18 @@ from delayq.local.redis_server import RedisServer
 from delayq.local.waiting import eventually
 from delayq.queue.client import AsyncQueue
 from delayq.queue.keys import Part, slot_keys
-from delayq.queue.model import State
-from delayq.queue.topic import TopicType
+from delayq.queue.model import Message, State
+from delayq.queue.topic import Topic, TopicType
 from delayq.service.config import ServiceConfig
-from delayq.service.delivery.signing import ID_HEADER, SIGNATURE_HEADER, TIMESTAMP_HEADER
+from delayq.service.delivery.signing import (
+    ID_HEADER,
+    SIGNATURE_HEADER,
+    TIMESTAMP_HEADER,
+    Signer,
+)
+from delayq.service.delivery.targets import TargetPolicy
+from delayq.service.delivery.webhook import WebhookSink
+from delayq.service.metrics import ServiceMetrics
 from delayq.service.service import DelayService
 from tests.service.conftest import GrantedLater, Receiver, Running, StartService
 
@@ -298,6 +306,63 @@ async def test_a_batch_reply_without_results_retries_the_whole_batch(
     await eventually(dead, 10, "dead after maxRetries")
     info = await (await running.client.get(f"{running.base}/messages/n")).json()
     assert "batch reply is not" in info["deadReason"]
+
+
+async def test_one_id_twice_never_shares_a_batch(
+    start_service: StartService, receiver: Receiver
+):
+    """Regression: the receiver answers by id, so two messages of one id (two slot bases) in
+    one batch would both take one answer, acking a message the receiver refused. The second
+    waits for the next batch: each is answered on its own."""
+    release = asyncio.Event()
+
+    async def first_held(call: int) -> int:
+        if call == 1:
+            await release.wait()
+        return 200
+
+    receiver.answer = first_held
+    receiver.reply = answer_each
+    running = await start_service(
+        topic_type="webhook", webhook_url=receiver.url, webhook_max_in_flight=1,
+        webhook_max_batch=10,
+    )
+    await schedule(running, "first")
+    await eventually(lambda: len(receiver.requests) == 1, 5, "the first POST")
+    for basis in ("a", "b", "d"):  # slots 3, 1 and 0 of the 4: three distinct messages
+        await schedule(running, "twin", slotBasis=basis)
+    await schedule(running, "other")
+
+    async def all_claimed() -> bool:  # the held one and the four behind it
+        return (await running.service.brokers.stats()).prepared == 5
+
+    await eventually(all_claimed, 5, "all five claimed")
+    release.set()
+    await eventually(lambda: sum(m["id"] == "twin" for m in posted(receiver)) >= 3, 10,
+                     "every twin posted")
+    for body in receiver.bodies()[1:]:
+        ids = [m["id"] for m in json.loads(body)["messages"]]
+        assert len(ids) == len(set(ids)), ids
+
+
+async def test_a_wait_cancelled_after_its_batch_was_taken_fails_no_other(receiver: Receiver):
+    """Regression: a delivery cancelled (its slot released) after the batcher took it, before
+    its POST, made the batch raise InvalidStateError and fail every other message of it."""
+    receiver.reply = answer_each
+    topic = Topic("orders", "shop", 4, TopicType.WEBHOOK)
+    sink = WebhookSink(topic, receiver.url, Signer(""), 5000, 1, ServiceMetrics("shop", "orders"),
+                       targets=TargetPolicy(allow_private=True), max_batch=10)
+    loop = asyncio.get_running_loop()
+    gone, kept = loop.create_future(), loop.create_future()
+    gone.cancel()
+    try:
+        await sink._limit.acquire()  # the POST slot the batcher takes before a batch
+        await sink._send_batch([(Message("gone", 0, b"", {}, 1, 0, 1, 1), gone),
+                                (Message("kept", 1, b"", {}, 1, 0, 1, 1), kept)])
+        assert kept.result() is None  # acked by the receiver's answer
+        assert [m["id"] for m in posted(receiver)] == ["kept"]
+    finally:
+        await sink.close()
 
 
 async def test_shutdown_finishes_in_flight_deliveries(

@@ -6,6 +6,7 @@ anything that must write gets an explicit volume.
 
 from __future__ import annotations
 
+import base64
 import hashlib
 import json
 from dataclasses import dataclass, field
@@ -17,6 +18,11 @@ from delayq.kube.spec import Resources, TopicSpec
 from delayq.queue.topic import TopicType
 
 Manifest = dict[str, Any]
+
+
+def secret_value(value: str) -> str:
+    """A Secret's `data` value: the base64 of the text's UTF-8 bytes."""
+    return base64.b64encode(value.encode()).decode()
 
 REDIS_UID = 999  # the `redis` user of the official image
 SERVICE_UID = 10001  # the `delayq` user of the project image (see the Dockerfile)

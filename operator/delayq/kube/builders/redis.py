@@ -14,7 +14,6 @@ planned restart pauses writes for milliseconds instead of failoverGraceSeconds.
 
 from __future__ import annotations
 
-import base64
 from collections.abc import Mapping
 from urllib.parse import quote
 
@@ -37,6 +36,7 @@ from delayq.kube.builders.common import (
     pod_security_context,
     preferred_term,
     resources,
+    secret_value,
     tmp_volume,
 )
 from delayq.kube.quantity import memory_bytes
@@ -155,7 +155,7 @@ def stream_reader_secret(spec: TopicSpec, credentials: Credentials) -> Manifest:
     """The stream consumers' login to broker 0's master Service: user, password and the whole
     `redis://` URL, for the tenant's consumer pods to mount. Its values are kept (apply.py) and
     hold nothing the spec can change: the stream key is the topic's `streamKey`."""
-    host = f"{naming.redis_master_service(spec.name, 0)}.{spec.namespace}.svc"
+    host = naming.redis_master_host(spec.name, spec.namespace, 0)
     password = credentials.stream_reader_password
     url = (
         f"redis://{acl.STREAM_READER_USER}:{quote(password, safe='')}@{host}:{naming.REDIS_PORT}/0"
@@ -174,7 +174,7 @@ def stream_reader_secret(spec: TopicSpec, credentials: Credentials) -> Manifest:
             spec.namespace,
             naming.topic_labels(spec.name, naming.COMPONENT_REDIS),
         ),
-        "data": {key: base64.b64encode(value.encode()).decode() for key, value in values.items()},
+        "data": {key: secret_value(value) for key, value in values.items()},
     }
 
 

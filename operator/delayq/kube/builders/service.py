@@ -11,7 +11,6 @@ change rolls the pods.
 
 from __future__ import annotations
 
-import base64
 import hashlib
 import json
 
@@ -31,6 +30,7 @@ from delayq.kube.builders.common import (
     pod_security_context,
     preferred_term,
     resources,
+    secret_value,
     tmp_volume,
 )
 from delayq.kube.spec import TopicSpec, zookeeper_ports
@@ -157,11 +157,11 @@ def credentials_secret(spec: TopicSpec, credentials: Credentials) -> Manifest:
         "type": "Opaque",
         "metadata": metadata(naming.credentials_secret(spec.name), spec.namespace, labels),
         "data": {
-            naming.SECRET_REDIS_PASSWORD: _b64(credentials.redis_password),
-            naming.SECRET_API_TOKEN: _b64(credentials.api_token),
-            naming.SECRET_ZOOKEEPER_PASSWORD: _b64(credentials.zookeeper_password),
-            naming.SECRET_REDIS_ADMIN_PASSWORD: _b64(credentials.redis_admin_password),
-            naming.SECRET_READ_TOKEN: _b64(credentials.read_token),
+            naming.SECRET_REDIS_PASSWORD: secret_value(credentials.redis_password),
+            naming.SECRET_API_TOKEN: secret_value(credentials.api_token),
+            naming.SECRET_ZOOKEEPER_PASSWORD: secret_value(credentials.zookeeper_password),
+            naming.SECRET_REDIS_ADMIN_PASSWORD: secret_value(credentials.redis_admin_password),
+            naming.SECRET_READ_TOKEN: secret_value(credentials.read_token),
         },
     }
 
@@ -434,5 +434,3 @@ def _service(spec: TopicSpec, name: str, headless: bool) -> Manifest:
     }
 
 
-def _b64(value: str) -> str:
-    return base64.b64encode(value.encode()).decode()

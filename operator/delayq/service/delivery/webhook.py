@@ -54,6 +54,7 @@ from delayq.service.envelope import header_id, message_body
 from delayq.service.metrics import ServiceMetrics
 
 SlotClock = Callable[[int], float]  # slot -> ms on the clock of the Redis server storing it
+Waiting = tuple[Message, asyncio.Future[None]]  # a message and the wait for its answer
 
 
 def wall_ms() -> int:
@@ -149,7 +150,8 @@ class WebhookSink:
         self._limit = asyncio.Semaphore(concurrency)
         self._literal_refusal = literal_refusal(url, targets)
         self.max_batch = max_batch
-        self._waiting: list[tuple[Message, asyncio.Future[None]]] = []
+        self._waiting: list[Waiting] = []
+        self._unanswered: set[asyncio.Future[None]] = set()  # every wait not settled yet
         self._has_waiting = asyncio.Event()
         self._batcher: asyncio.Task[None] | None = None
         self._batches: set[asyncio.Task[None]] = set()
@@ -192,6 +194,8 @@ class WebhookSink:
         if self._batcher is None:
             self._batcher = asyncio.create_task(self._form_batches())
         answered: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._unanswered.add(answered)
+        answered.add_done_callback(self._unanswered.discard)
         self._waiting.append((message, answered))
         self._has_waiting.set()
         await answered
@@ -202,8 +206,7 @@ class WebhookSink:
         while True:
             await self._has_waiting.wait()
             await self._limit.acquire()
-            batch = [entry for entry in self._waiting[: self.max_batch] if not entry[1].done()]
-            del self._waiting[: self.max_batch]
+            batch = self._take_batch()
             if not self._waiting:
                 self._has_waiting.clear()
             if not batch:
@@ -213,13 +216,34 @@ class WebhookSink:
             self._batches.add(task)
             task.add_done_callback(self._batches.discard)
 
-    async def _send_batch(self, batch: list[tuple[Message, asyncio.Future[None]]]) -> None:
+    def _take_batch(self) -> list[Waiting]:
+        """Up to `max_batch` waiting messages, oldest first, at most one per id: the receiver
+        answers by id, so a second message of the same id (another slot basis) waits for the
+        next batch rather than take the first one's answer. Cancelled waits are dropped."""
+        batch: list[Waiting] = []
+        ids: set[str] = set()
+        kept: list[Waiting] = []
+        for message, answered in self._waiting:
+            if answered.done():
+                continue
+            if len(batch) < self.max_batch and message.id not in ids:
+                batch.append((message, answered))
+                ids.add(message.id)
+            else:
+                kept.append((message, answered))
+        self._waiting = kept
+        return batch
+
+    async def _send_batch(self, batch: list[Waiting]) -> None:
         """POST one batch (holding the slot `_form_batches` took) and settle every message's
-        wait with the receiver's answer to it."""
+        wait with the receiver's answer to it. A wait cancelled meanwhile is skipped: its
+        message is neither sent nor answered."""
         try:
-            sent: list[tuple[Message, asyncio.Future[None]]] = []
+            sent: list[Waiting] = []
             deadlines: list[float] = []
             for message, answered in batch:
+                if answered.done():
+                    continue
                 deadline_ms = self.lease_deadline(message)
                 if deadline_ms is None:
                     answered.set_exception(
@@ -302,7 +326,7 @@ class WebhookSink:
             self._batcher.cancel()
         for task in list(self._batches):
             task.cancel()
-        for _, answered in self._waiting:
+        for answered in list(self._unanswered):  # a batch cancelled before it ran settles none
             answered.cancel()
         await self._session.close()
 
