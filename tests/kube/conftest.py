@@ -92,6 +92,13 @@ def connection(api: kmock.KubernetesEmulator) -> kopf.ConnectionInfo:
     return kopf.ConnectionInfo(server=str(api.url).rstrip("/"))
 
 
+@pytest.fixture
+async def kube(connection: kopf.ConnectionInfo) -> AsyncIterator[KubeClient]:
+    client = KubeClient(connection)
+    yield client
+    await client.close()
+
+
 @pytest.fixture(scope="module")
 def redis_pool() -> Iterator[list[RedisServer]]:
     """Real redis-servers for one test module; no diskless-sync delay, so replicas sync at once."""

@@ -1,8 +1,12 @@
-"""Applying children: what counts as unchanged, and patches that leave immutable fields alone."""
+"""Applying children: what counts as unchanged, patches that leave immutable fields alone, and
+deletes of retired children that touch only the topic's own object as it was read."""
 
 from __future__ import annotations
 
-from delayq.kube.apply import contains, update_patch
+import kmock
+
+from delayq.kube.apply import contains, remove, update_patch
+from delayq.kube.client import KubeClient
 
 
 def test_contains_ignores_server_defaults_but_not_removals() -> None:
@@ -23,3 +27,28 @@ def test_update_patch_leaves_immutable_statefulset_fields_alone() -> None:
     assert patch["spec"] == {"replicas": 2}
     assert patch["metadata"] == {"labels": {"a": "b"}}
     assert "selector" in manifest["spec"]  # the input is not mutated
+
+
+async def test_remove_deletes_only_the_owned_object_it_read(
+    api: kmock.KubernetesEmulator, kube: KubeClient
+) -> None:
+    secrets = "v1/secrets"
+    at = {"namespace": "shop"}
+    meta = {"namespace": "shop", "uid": "secret-uid", "resourceVersion": "7"}
+    owned = {"ownerReferences": [{"uid": "topic-uid", "kind": "DelayTopic"}]}
+    api.objects[secrets, "shop", "ours"] = {"metadata": {**meta, "name": "ours", **owned}}
+    api.objects[secrets, "shop", "theirs"] = {"metadata": {**meta, "name": "theirs"}}
+
+    def reference(name: str) -> dict[str, object]:
+        return {"apiVersion": "v1", "kind": "Secret", "metadata": {"name": name, **at}}
+
+    assert await remove(kube, reference("theirs"), "topic-uid") == "unchanged"
+    assert await remove(kube, reference("ours"), "other-topic") == "unchanged"
+    assert await remove(kube, reference("absent"), "topic-uid") == "unchanged"
+    assert [r.name for r in api if r.method.value == "DELETE"] == []
+    assert await remove(kube, reference("ours"), "topic-uid") == "deleted"
+    (delete,) = [r for r in api if r.method.value == "DELETE"]
+    # a real API server refuses (409) the delete of an object replaced since it was read
+    assert delete.data["preconditions"] == {"uid": "secret-uid", "resourceVersion": "7"}
+    assert api.objects[secrets, "shop", "ours"].deleted
+    assert not api.objects[secrets, "shop", "theirs"].deleted

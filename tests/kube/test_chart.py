@@ -288,11 +288,11 @@ TOPIC_RULES = {
     ("apps", "statefulsets"): {"get", "create", "patch"},
     ("", "services"): {"get", "create", "patch"},
     ("", "configmaps"): {"get", "create", "patch"},
-    ("", "secrets"): {"get", "create"},
+    ("", "secrets"): {"get", "create", "delete"},
     ("", "pods"): {"list", "patch"},
     ("", "events"): {"create"},
     ("policy", "poddisruptionbudgets"): {"get", "create", "patch"},
-    ("networking.k8s.io", "networkpolicies"): {"get", "create", "patch"},
+    ("networking.k8s.io", "networkpolicies"): {"get", "create", "patch", "delete"},
     ("monitoring.coreos.com", "servicemonitors"): {"get", "create", "patch"},
 }
 CLUSTER_RULES = {

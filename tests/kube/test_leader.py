@@ -4,11 +4,9 @@ from __future__ import annotations
 
 import asyncio
 import datetime
-from collections.abc import AsyncIterator
 
 import aiohttp
 import kmock
-import kopf
 import pytest
 
 from delayq.kube.client import KubeClient
@@ -122,13 +120,6 @@ def test_identity_is_the_pod_name_and_unique_per_process() -> None:
 FAST = LeaderLeaseTiming(
     lease_duration_s=2.0, renew_deadline_s=1.5, renew_interval_s=0.3, retry_interval_s=0.1
 )
-
-
-@pytest.fixture
-async def kube(connection: kopf.ConnectionInfo) -> AsyncIterator[KubeClient]:
-    client = KubeClient(connection)
-    yield client
-    await client.close()
 
 
 def holder(api: kmock.KubernetesEmulator) -> str:

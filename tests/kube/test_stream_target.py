@@ -5,25 +5,33 @@ either an external Redis from the tenant's Secret, or broker 0 with the operator
 from __future__ import annotations
 
 import base64
+import logging
 from typing import Any
 from urllib.parse import urlsplit
 
+import kmock
 import pytest
 
 from delayq.kube import naming
 from delayq.kube.builders.bundle import render
 from delayq.kube.builders.common import Credentials
 from delayq.kube.builders.service import NON_PUBLIC_IPV4
+from delayq.kube.context import OperatorContext
 from delayq.kube.spec import STREAM_TARGETS_WITHOUT_URL_MESSAGE, SpecError, TopicSpec
 from delayq.kube.tenant_policy import TenantPolicy
 from delayq.queue import acl
 from delayq.service.config import ConfigError, ServiceConfig
 from delayq.service.delivery.targets import parse_cidrs
 
+from .pods import NAMESPACE
 from .test_builders import CREDS, CTX, OWNER, by_kind_name, egress_of, rendered, spec_of
+from .test_handlers import STS, body, existing, get, provision, put_topic, update_spec
 
 EXTERNAL = {"urlSecretRef": {"name": "events-redis", "key": "url"}}
 READER = "orders-stream-reader"
+SECRETS = "v1/secrets"
+POLICIES = "networking.k8s.io/v1/networkpolicies"
+READERS = "orders-redis-readers"
 CONSUMERS = {"podSelector": {"matchLabels": {"app": "orders-consumer"}}}
 WITH_READER = Credentials(**{**vars(CREDS), "stream_reader_password": "r/p@ss"})
 
@@ -177,6 +185,76 @@ def test_without_allow_from_the_reader_policy_admits_nobody_and_changes_are_patc
         for policy in (empty, with_peer)
     }
     assert len(hashes) == 2
+
+
+async def test_narrowing_allow_from_patches_the_reader_policy(
+    api: kmock.KubernetesEmulator, ctx: OperatorContext, logger: logging.Logger
+) -> None:
+    other = {"podSelector": {"matchLabels": {"app": "audit"}}}
+    stream: dict[str, Any] = {"topicType": "stream", "replicasPerBroker": 0}
+    put_topic(api, **stream, networkPolicy={"allowFrom": [CONSUMERS, other]})
+    await provision(api, ctx, logger)
+    update_spec(api, **stream, networkPolicy={"allowFrom": [CONSUMERS]})
+    await provision(api, ctx, logger)
+    assert existing(api, POLICIES, READERS)["spec"]["ingress"][0]["from"] == [CONSUMERS]
+    update_spec(api, **stream, networkPolicy={"allowFrom": []})
+    await provision(api, ctx, logger)
+    assert existing(api, POLICIES, READERS)["spec"]["ingress"] == []
+
+
+@pytest.mark.parametrize(
+    "elsewhere",
+    [
+        {"topicType": "stream", "delivery": {"stream": EXTERNAL}},
+        {"topicType": "pull", "delivery": {"stream": None}},
+    ],
+    ids=["external-target", "pull-topic"],
+)
+async def test_a_topic_no_longer_read_on_broker_0_loses_the_readers_secret_and_policy(
+    api: kmock.KubernetesEmulator,
+    ctx: OperatorContext,
+    logger: logging.Logger,
+    elsewhere: dict[str, Any],
+) -> None:
+    """The policy would keep admitting the former consumers to broker 0's Redis port, and the
+    Secret would hold a login the next broker-0 pods no longer have."""
+    allow: dict[str, Any] = {"networkPolicy": {"allowFrom": [CONSUMERS]}, "replicasPerBroker": 0}
+    put_topic(api, topicType="stream", delivery={"stream": {}}, **allow)
+    await provision(api, ctx, logger)
+    first = existing(api, SECRETS, READER)["data"][naming.SECRET_STREAM_READER_PASSWORD]
+    assert get(api, POLICIES, READERS) is not None
+    update_spec(api, **elsewhere, **allow)
+    await provision(api, ctx, logger)
+    assert get(api, SECRETS, READER) is None
+    assert get(api, POLICIES, READERS) is None
+    assert "STREAM_READER_RULES" not in env_of(existing(api, STS, "orders-redis-0"))
+    deletes = [r for r in list(api) if r.method.value == "DELETE"]
+    assert sorted(str(r.name) for r in deletes) == [READERS, READER]
+    await provision(api, ctx, logger)  # nothing left to delete: no further DELETE
+    assert len([r for r in list(api) if r.method.value == "DELETE"]) == 2
+    # back on broker 0: a new login, which the rolled pods of broker 0 read
+    update_spec(api, topicType="stream", delivery={"stream": {"urlSecretRef": None}}, **allow)
+    await provision(api, ctx, logger)
+    assert existing(api, SECRETS, READER)["data"][naming.SECRET_STREAM_READER_PASSWORD] != first
+    assert get(api, POLICIES, READERS) is not None
+
+
+async def test_a_secret_of_that_name_the_topic_does_not_own_is_kept(
+    api: kmock.KubernetesEmulator, ctx: OperatorContext, logger: logging.Logger
+) -> None:
+    """A tenant may name its own external target's Secret `<t>-stream-reader`."""
+    url = base64.b64encode(b"rediss://u:p@events:6380/0").decode()
+    api.objects[SECRETS, NAMESPACE, READER] = {
+        "apiVersion": "v1",
+        "kind": "Secret",
+        "metadata": {"name": READER, "namespace": NAMESPACE},
+        "data": {"url": url},
+    }
+    ref = {"urlSecretRef": {"name": READER, "key": "url"}}
+    put_topic(api, topicType="stream", delivery={"stream": ref}, replicasPerBroker=0)
+    await provision(api, ctx, logger)
+    assert existing(api, SECRETS, READER)["data"] == {"url": url}
+    assert body(api)["metadata"]["uid"]  # the owner the check compares with
 
 
 @pytest.mark.parametrize("url", ["http://redis:6379", "redis-host:6379", "events"])

@@ -1,4 +1,5 @@
-"""Create-or-patch of one child manifest, touching only what the operator owns.
+"""Create-or-patch of one child manifest, touching only what the operator owns, and the delete
+of a child the spec no longer renders.
 
 Rules that keep updates safe on a real API server:
 - Secrets keep their values: credentials are generated once and never rotated by a reconcile;
@@ -6,6 +7,8 @@ Rules that keep updates safe on a real API server:
 - StatefulSet fields the API server treats as immutable (selector, serviceName,
   volumeClaimTemplates) are sent on create only; a changed volume size is documented, not forced.
 - A child already containing every desired field is not patched at all (no write, no event).
+- Only a child owned by the topic (an ownerReference to its uid) is ever deleted: an object of
+  the same name that the tenant made stays.
 """
 
 from __future__ import annotations
@@ -76,3 +79,19 @@ async def ensure(kube: KubeClient, manifest: Manifest) -> str:
         manifest["apiVersion"], manifest["kind"], meta["namespace"], meta["name"], patch
     )
     return "patched"
+
+
+async def remove(kube: KubeClient, reference: Manifest, owner_uid: str) -> str:
+    """Delete the child `reference` names (apiVersion, kind, metadata name and namespace) if
+    the topic `owner_uid` owns it; returns "deleted" or "unchanged" (absent, or not ours: e.g.
+    a Secret the tenant named `<t>-stream-reader` for its own `urlSecretRef`)."""
+    meta = reference["metadata"]
+    where = (reference["apiVersion"], reference["kind"], meta["namespace"], meta["name"])
+    existing = await kube.get(*where)
+    if existing is None or not owner_uid:
+        return "unchanged"
+    found = existing["metadata"]
+    if not any(ref.get("uid") == owner_uid for ref in found.get("ownerReferences") or []):
+        return "unchanged"
+    seen = {key: found[key] for key in ("uid", "resourceVersion") if key in found}
+    return "deleted" if await kube.delete(*where, preconditions=seen) else "unchanged"

@@ -54,7 +54,7 @@ def resource_path(api_version: str, kind: str, namespace: str | None, name: str 
 
 
 class KubeClient:
-    """get/list/create/patch on namespaced objects, plus API discovery."""
+    """get/list/create/patch/delete on namespaced objects, plus API discovery."""
 
     def __init__(self, info: kopf.ConnectionInfo) -> None:
         self._server = info.server.rstrip("/")
@@ -124,6 +124,28 @@ class KubeClient:
             content_type="application/merge-patch+json",
         )
         return result
+
+    async def delete(
+        self,
+        api_version: str,
+        kind: str,
+        namespace: str,
+        name: str,
+        preconditions: Mapping[str, str],
+    ) -> bool:
+        """Delete one object, only if it still has these `uid`/`resourceVersion` (the API
+        answers 409 otherwise, so an object replaced since it was read is kept); False when it
+        was already gone."""
+        options = {"apiVersion": "v1", "kind": "DeleteOptions", "preconditions": preconditions}
+        try:
+            await self._request(
+                "DELETE", resource_path(api_version, kind, namespace, name), options
+            )
+        except KubeApiError as error:
+            if error.status == 404:
+                return False
+            raise
+        return True
 
     async def patch_status(
         self, api_version: str, kind: str, namespace: str, name: str, patch: Mapping[str, Any]

@@ -11,6 +11,7 @@ from typing import Any, cast
 
 import kopf
 
+from delayq.kube import naming
 from delayq.kube.builders import redis, service
 from delayq.kube.builders.common import (
     BuildContext,
@@ -61,6 +62,32 @@ def build_all(
     if with_service_monitor and ctx.service_monitor.enabled:
         manifests.append(configured_monitor(service.service_monitor(spec), ctx.service_monitor))
     return manifests
+
+
+def build_retired(spec: TopicSpec) -> list[Manifest]:
+    """References (apiVersion, kind, name, namespace) to the children an earlier spec of the
+    topic rendered and this one does not, for the reconcile to delete: the stream reader's
+    Secret and NetworkPolicy once nobody reads broker 0 (`urlSecretRef` set, or another
+    topicType), so the policy stops admitting the former consumers to its Redis port."""
+    if has_stream_reader(spec):
+        return []
+    return [
+        reference("v1", "Secret", spec, naming.stream_reader_secret(spec.name)),
+        reference(
+            "networking.k8s.io/v1",
+            "NetworkPolicy",
+            spec,
+            naming.stream_reader_network_policy(spec.name),
+        ),
+    ]
+
+
+def reference(api_version: str, kind: str, spec: TopicSpec, name: str) -> Manifest:
+    return {
+        "apiVersion": api_version,
+        "kind": kind,
+        "metadata": {"name": name, "namespace": spec.namespace},
+    }
 
 
 def configured_monitor(monitor: Manifest, settings: ServiceMonitorSettings) -> Manifest:

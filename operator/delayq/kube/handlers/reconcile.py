@@ -12,8 +12,8 @@ from typing import Any
 
 from delayq.coordination.routing import RoutingConflict, plan_routing
 from delayq.kube import naming
-from delayq.kube.apply import ensure
-from delayq.kube.builders.bundle import render
+from delayq.kube.apply import ensure, remove
+from delayq.kube.builders.bundle import build_retired, render
 from delayq.kube.builders.common import Credentials, has_stream_reader
 from delayq.kube.builders.service import zookeeper_connect
 from delayq.kube.client import KubeApiError
@@ -65,6 +65,10 @@ async def reconcile(
             outcome = await ensure(ctx.kube, manifest)
             if outcome != "unchanged":
                 logger.info("%s %s/%s", outcome, manifest["kind"], manifest["metadata"]["name"])
+        # after the pods' templates stopped naming them (the reader's Secret is in broker 0's env)
+        for reference in build_retired(spec):
+            if await remove(ctx.kube, reference, str(meta.get("uid") or "")) == "deleted":
+                logger.info("deleted %s/%s", reference["kind"], reference["metadata"]["name"])
         # ZooKeeper last: an unreachable ensemble must not stop the pods from coming up.
         current = await ctx.store.read_routing(connect, spec.namespace, spec.name)
         routing = plan_routing(applied, spec.brokers, current)
