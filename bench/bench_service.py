@@ -12,6 +12,10 @@ due time (same host, same wall clock). Modes:
   out together; the receiver answers each), for a same-run ratio to `webhook`;
 - pull: consumers in this process lease (long poll) and ack over HTTP, `--pull-consumers` per
   service (more of them waiting at once is what a wake-up must not pay for per poll);
+- batch: throughput of the HTTP batch paths, no clock: `--batch-total` messages already due
+  scheduled through POST /messages/batch of 1000 (2 requests in flight, round-robin over the
+  services: msg/s), then that backlog drained by `--pull-consumers` per service leasing up to
+  1000 per request and acking each lease's tokens in one request (msg/s);
 - failover: webhook at a lower rate; kill -9 one service and measure the gap from the kill to
   the first delivery (and to the last slot's first delivery) from the slots it owned, and check
   every scheduled message arrives.
@@ -345,6 +349,69 @@ async def run_pull(args: argparse.Namespace, env: dict[str, str], workdir: Path)
     return {**tally.report(args.rate, args.duration), "consumers_per_service": args.pull_consumers}
 
 
+async def run_batch(args: argparse.Namespace, env: dict[str, str], workdir: Path) -> dict[str, Any]:
+    """Schedule then lease throughput over HTTP with full batches (see the module docstring)."""
+    total, size = args.batch_total, 1000
+    async with aiohttp.ClientSession() as session:
+        with fleet(args, env, TopicType.PULL, "", workdir) as processes:
+            await wait_ready(session, processes)
+            started = time.monotonic()
+            await _schedule_backlog(session, processes, total, size)
+            scheduled_s = time.monotonic() - started
+            seen: set[str] = set()
+            started = time.monotonic()
+            await asyncio.gather(
+                *(
+                    _lease_until(session, p, seen, total)
+                    for p in processes
+                    for _ in range(args.pull_consumers)
+                )
+            )
+            leased_s = time.monotonic() - started
+    return {
+        "messages": total,
+        "schedule_batch_per_s": round(total / scheduled_s),
+        "lease_and_ack_per_s": round(total / leased_s),
+        "consumers_per_service": args.pull_consumers,
+    }
+
+
+async def _schedule_backlog(
+    session: aiohttp.ClientSession, processes: list[ServeProcess], total: int, size: int
+) -> None:
+    """`total` messages due now, in POSTs of `size`, two in flight."""
+    starts = iter(range(0, total, size))
+
+    async def sender() -> None:
+        for start in starts:
+            process = processes[start // size % len(processes)]
+            url = f"{process.url}/v1/topics/{process.config.topic}/messages/batch"
+            batch = [
+                {"id": f"b-{i}", "delayMs": 0, "payload": "x" * 64}
+                for i in range(start, min(total, start + size))
+            ]
+            async with session.post(url, json={"messages": batch}) as response:
+                if response.status != 200:
+                    raise RuntimeError(f"batch refused: {response.status} {await response.text()}")
+
+    await asyncio.gather(sender(), sender())
+
+
+async def _lease_until(
+    session: aiohttp.ClientSession, process: ServeProcess, seen: set[str], total: int
+) -> None:
+    """Lease up to 1000 at a time and ack them in one request, until `total` were seen."""
+    base = f"{process.url}/v1/topics/{process.config.topic}/leases"
+    while len(seen) < total:
+        async with session.post(base, json={"max": 1000, "waitMs": 100}) as response:
+            leases = (await response.json())["leases"]
+        if leases:
+            seen.update(m["id"] for m in leases)
+            tokens = [m["token"] for m in leases]
+            async with session.post(base + "/ack", json={"tokens": tokens}) as response:
+                await response.read()
+
+
 async def run_failover(
     args: argparse.Namespace, env: dict[str, str], workdir: Path
 ) -> dict[str, Any]:
@@ -422,6 +489,7 @@ async def main_async(args: argparse.Namespace) -> dict[str, Any]:
         "webhook": run_webhook,
         "webhook_batch": run_webhook_batch,
         "pull": run_pull,
+        "batch": run_batch,
         "failover": run_failover,
     }
     with RedisServer() as redis_server, ZooKeeperServer() as zookeeper:
@@ -443,6 +511,9 @@ def main() -> int:
         "--webhook-max-batch", type=int, default=100, help="messages per POST in webhook_batch"
     )
     parser.add_argument("--pull-consumers", type=int, default=2, help="long polls per service")
+    parser.add_argument(
+        "--batch-total", type=int, default=100_000, help="backlog of the batch mode"
+    )
     parser.add_argument("--failover-rate", type=float, default=300.0)
     parser.add_argument("--failover-duration", type=float, default=30.0)
     parser.add_argument("--ack-timeout-ms", type=int, default=10_000, help="lease length")
