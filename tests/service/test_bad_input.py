@@ -46,6 +46,28 @@ async def test_lone_surrogates_are_400(start_service: StartService):
     assert (status, error["field"]) == (400, "ids[0].id")
 
 
+async def test_bodies_are_parsed_as_the_standard_library_parses_them(
+    start_service: StartService,
+):
+    """orjson parses the bodies; what it refuses goes to the standard library, so the API takes
+    and refuses what it did before: UTF-16 and a UTF-8 byte order mark are JSON, deep nesting
+    and bad syntax are a 400 naming `body`."""
+    running = await start_service()
+    text = '{"id": "%s", "delayMs": 60000}'
+    for message_id, data in [
+        ("utf16", (text % "utf16").encode("utf-16")),
+        ("bom", (text % "bom").encode("utf-8-sig")),
+    ]:
+        answer = await running.client.post(f"{running.base}/messages", data=data)
+        assert (answer.status, (await answer.json())["id"]) == (201, message_id)
+    for data, message in [
+        (b"[" * 100_000, "body nests too deeply to parse"),
+        (b'{"id": "a",', "body must be valid JSON"),
+    ]:
+        answer = await running.client.post(f"{running.base}/messages", data=data)
+        assert (answer.status, await answer.json()) == (400, {"error": message, "field": "body"})
+
+
 async def test_ids_with_braces_and_slashes_are_addressable(start_service: StartService):
     """aiohttp's default `{id}` pattern refused braces: such ids were stored, then 404."""
     running = await start_service()

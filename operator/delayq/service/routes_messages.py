@@ -19,7 +19,13 @@ from delayq.queue.model import (
     Target,
 )
 from delayq.service.envelope import info_json
-from delayq.service.http_support import RETRY_AFTER_S, json_body, service_for, slot_of_target
+from delayq.service.http_support import (
+    RETRY_AFTER_S,
+    json_body,
+    json_response,
+    service_for,
+    slot_of_target,
+)
 from delayq.service.parsing import (
     parse_batch,
     parse_message,
@@ -89,7 +95,7 @@ async def schedule_batch(request: web.Request) -> web.Response:
     body = await json_body(request)
     messages = parse_batch(body, service.topic)
     results = await _schedule(service, messages, parse_mode(body))
-    answer = web.json_response({"results": [result_json(r) for r in results]})
+    answer = json_response({"results": [result_json(r) for r in results]})
     if any(isinstance(r, ScheduleFailure) for r in results):
         answer.set_status(207)
         answer.headers["Retry-After"] = str(RETRY_AFTER_S)

@@ -16,8 +16,19 @@ from delayq.queue.model import Lease, Outcome
 from delayq.queue.topic import TopicType
 from delayq.service.delivery.pull import PullLeaser
 from delayq.service.envelope import message_json
-from delayq.service.http_support import UnknownTopicError, json_body, service_for
-from delayq.service.parsing import parse_extend, parse_lease_request, parse_nack, parse_tokens
+from delayq.service.http_support import (
+    UnknownTopicError,
+    json_body,
+    json_response,
+    service_for,
+)
+from delayq.service.parsing import (
+    Body,
+    parse_extend,
+    parse_lease_request,
+    parse_nack,
+    parse_tokens,
+)
 from delayq.service.service import DelayService
 from delayq.service.tokens import encode_token
 
@@ -52,51 +63,57 @@ async def lease(request: web.Request) -> web.Response:
     for message in messages:
         service.metrics.observe_lateness(now_ms - message.due_ms)
     service.metrics.count_delivery("leased", len(messages))
-    leases = [{"token": encode_token(m.lease), **message_json(service.topic, m)} for m in messages]
-    return web.json_response({"leases": leases})
+    topic = service.topic
+    leases = [{"token": encode_token(m.lease), **message_json(topic, m)} for m in messages]
+    return json_response({"leases": leases})
 
 
 def _slot(lease: Lease) -> int:
     return lease.slot
 
 
-def _answer(leases: Sequence[Lease], outcomes: Sequence[Outcome]) -> web.Response:
+def _answer(body: Body, outcomes: Sequence[Outcome]) -> web.Response:
+    """A result per token, in order, each carrying the token as sent (the parse checked every
+    one, so echoing it is encoding it again, without the work)."""
     results: list[dict[str, Any]] = []
-    for given, outcome in zip(leases, outcomes, strict=True):
+    for token, outcome in zip(body["tokens"], outcomes, strict=True):
         result: dict[str, Any] = {"id": outcome.id, "result": outcome.code.name.lower()}
         if outcome.at_ms is not None:
             result["atMs"] = outcome.at_ms
-        result["token"] = encode_token(given)
+        result["token"] = token
         results.append(result)
     conflict = any(outcome.code in CONFLICTS for outcome in outcomes)
-    return web.json_response({"results": results}, status=409 if conflict else 200)
+    return json_response({"results": results}, status=409 if conflict else 200)
 
 
 async def ack(request: web.Request) -> web.Response:
     service = service_for(request)
     _leaser(service)
-    leases = parse_tokens(await json_body(request), service.topic)
+    body = await json_body(request)
+    leases = parse_tokens(body, service.topic)
     outcomes = await service.brokers.each(leases, _slot, lambda q, chunk: q.ack_many(chunk))
     service.metrics.count_delivery("acked", sum(o.code is Code.ACKED for o in outcomes))
-    return _answer(leases, outcomes)
+    return _answer(body, outcomes)
 
 
 async def nack(request: web.Request) -> web.Response:
     service = service_for(request)
     _leaser(service)
-    retries = parse_nack(await json_body(request), service.topic)
+    body = await json_body(request)
+    retries = parse_nack(body, service.topic)
     outcomes = await service.brokers.each(
         retries, lambda r: r.lease.slot, lambda q, chunk: q.nack_many(chunk)
     )
     service.metrics.count_nacked(outcomes)
-    return _answer([r.lease for r in retries], outcomes)
+    return _answer(body, outcomes)
 
 
 async def extend(request: web.Request) -> web.Response:
     service = service_for(request)
     _leaser(service)
-    leases, lease_ms = parse_extend(await json_body(request), service.topic)
+    body = await json_body(request)
+    leases, lease_ms = parse_extend(body, service.topic)
     outcomes = await service.brokers.each(
         leases, _slot, lambda q, chunk: q.extend_many(chunk, lease_ms)
     )
-    return _answer(leases, outcomes)
+    return _answer(body, outcomes)
