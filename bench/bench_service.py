@@ -15,7 +15,8 @@ due time (same host, same wall clock). Modes:
 - batch: throughput of the HTTP batch paths, no clock: `--batch-total` messages already due
   scheduled through POST /messages/batch of 1000 (2 requests in flight, round-robin over the
   services: msg/s), then that backlog drained by `--pull-consumers` per service leasing up to
-  1000 per request and acking each lease's tokens in one request (msg/s);
+  1000 per request and acking each lease's tokens in one request (msg/s); with the serve
+  processes' CPU time per message of each phase, which a loaded machine moves far less;
 - failover: webhook at a lower rate; kill -9 one service and measure the gap from the kill to
   the first delivery (and to the last slot's first delivery) from the slots it owned, and check
   every scheduled message arrives.
@@ -355,11 +356,12 @@ async def run_batch(args: argparse.Namespace, env: dict[str, str], workdir: Path
     async with aiohttp.ClientSession() as session:
         with fleet(args, env, TopicType.PULL, "", workdir) as processes:
             await wait_ready(session, processes)
-            started = time.monotonic()
+            started, cpu = time.monotonic(), serve_cpu_s(processes)
             await _schedule_backlog(session, processes, total, size)
             scheduled_s = time.monotonic() - started
+            schedule_cpu_s = serve_cpu_s(processes) - cpu
             seen: set[str] = set()
-            started = time.monotonic()
+            started, cpu = time.monotonic(), serve_cpu_s(processes)
             await asyncio.gather(
                 *(
                     _lease_until(session, p, seen, total)
@@ -368,12 +370,27 @@ async def run_batch(args: argparse.Namespace, env: dict[str, str], workdir: Path
                 )
             )
             leased_s = time.monotonic() - started
+            lease_cpu_s = serve_cpu_s(processes) - cpu
     return {
         "messages": total,
         "schedule_batch_per_s": round(total / scheduled_s),
         "lease_and_ack_per_s": round(total / leased_s),
+        "serve_cpu_us_per_message": {
+            "schedule_batch": round(schedule_cpu_s / total * 1e6, 1),
+            "lease_and_ack": round(lease_cpu_s / total * 1e6, 1),
+        },
         "consumers_per_service": args.pull_consumers,
     }
+
+
+def serve_cpu_s(processes: list[ServeProcess]) -> float:
+    """CPU seconds (user + system) the serve processes have used so far, from /proc: on a
+    shared machine their cost per message holds where a rate moves with the neighbours' load."""
+    ticks = 0
+    for process in processes:
+        fields = Path(f"/proc/{process.pid}/stat").read_text().rsplit(")", 1)[1].split()
+        ticks += int(fields[11]) + int(fields[12])  # utime, stime (fields 14 and 15)
+    return ticks / os.sysconf("SC_CLK_TCK")
 
 
 async def _schedule_backlog(
