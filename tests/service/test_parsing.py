@@ -34,6 +34,8 @@ TOPIC = Topic("orders", namespace="shop", slot_amount=4, max_payload_bytes=16)
         ({"id": 7, "delayMs": 5}, "id"),
         ({"id": "", "delayMs": 5}, "id"),
         ({"id": "a", "delayMs": 5, "headers": {"k": 1}}, "headers"),
+        ({"id": "a", "delayMs": 5, "headers": None}, "headers"),  # null is not "none given"
+        ({"id": "a", "delayMs": 5, "headers": []}, "headers"),
         ({"id": "a", "delayMs": 5, "encoding": "rot13"}, "encoding"),
         ({"id": "a", "delayMs": 5, "payload": "%", "encoding": "base64"}, "payload"),
         ({"id": "a", "delayMs": 5, "payload": 5}, "payload"),
