@@ -54,7 +54,10 @@ async def test_ack_removes_and_a_second_ack_conflicts(start_service: StartServic
     tokens = [m["token"] for m in leases]
     acked = await running.client.post(f"{running.base}/leases/ack", json={"tokens": tokens})
     assert acked.status == 200
-    assert [r["result"] for r in (await acked.json())["results"]] == ["acked"] * 3
+    results = (await acked.json())["results"]
+    assert [r["result"] for r in results] == ["acked"] * 3
+    # a result per token, in order, carrying the token as sent (echoed, not re-encoded)
+    assert [(r["id"], r["token"]) for r in results] == [(m["id"], m["token"]) for m in leases]
     again = await running.client.post(f"{running.base}/leases/ack", json={"tokens": tokens[:1]})
     assert again.status == 409
     assert (await again.json())["results"][0]["result"] == "lease_lost"
