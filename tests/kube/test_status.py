@@ -10,6 +10,7 @@ from delayq.kube.status import (
     TRUE,
     Condition,
     merge_conditions,
+    observed_ready,
     ready_condition,
     status_patch,
 )
@@ -56,3 +57,17 @@ def test_ready_summary() -> None:
     summary = ready_condition(refused, healthy, True)
     assert (summary.status, summary.reason) == (TRUE, "ServingDegraded")
     assert "not yet" in summary.message
+
+
+def test_ready_from_the_last_health_pass_observations() -> None:
+    ok = Condition(PROVISIONED, TRUE, "ResourcesApplied", "ok")
+    assert observed_ready({}, ok, 1).reason == "WaitingForBrokers"  # no pass has run yet
+    degraded = {"type": DEGRADED, "status": TRUE, "reason": "Degraded", "message": "1/2 ready."}
+    seen = {"brokers": [{"index": 0, "state": "Ready"}], "conditions": [degraded]}
+    ready = observed_ready(seen, ok, 1)
+    assert (ready.status, ready.reason) == (TRUE, "ServingDegraded")
+    assert "1/2 ready." in ready.message
+    # a broker the last pass did not see yet (brokers grew) has no master yet
+    assert observed_ready(seen, ok, 2).reason == "BrokersUnavailable"
+    down = {"brokers": [{"index": 0, "state": "Ready"}, {"index": 1, "state": "NoMaster"}]}
+    assert observed_ready(down, ok, 2).reason == "BrokersUnavailable"

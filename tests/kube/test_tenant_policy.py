@@ -15,12 +15,14 @@ from kazoo.client import KazooClient
 from delayq.kube import naming
 from delayq.kube.config import OperatorConfig
 from delayq.kube.context import OperatorContext
+from delayq.kube.handlers.health import refresh
 from delayq.kube.handlers.reconcile import reconcile
 from delayq.kube.recorder import REPEAT_AFTER_S
 from delayq.kube.spec import Delivery
 from delayq.kube.tenant_policy import REFUSED_REASON, TenantPolicy
 from delayq.service.delivery.targets import parse_cidrs
-from tests.kube.conftest import Clock, topic_tree_exists
+from tests.kube.conftest import Clock, own_slots, topic_tree_exists
+from tests.kube.pods import RedisPods, add_service_pods
 from tests.kube.test_events import posted, run
 from tests.kube.test_handlers import (
     STS,
@@ -204,3 +206,42 @@ async def test_a_new_topic_over_the_cap_gets_no_children(
     ):
         assert get(api, resource, name) is None
     assert not topic_tree_exists(zk)
+
+    # corrected: Ready waits for brokers at once, no longer the refusal
+    update_spec(api, topicType="webhook", delivery=webhook(allowedCidrs=[]))
+    await run(ctx, api, logger, reconcile)
+    ready = condition(api, "Ready")
+    assert (ready["status"], ready["reason"]) == ("False", "WaitingForBrokers")
+
+
+async def test_a_corrected_refusal_is_serving_again_without_waiting_for_a_health_pass(
+    api: kmock.KubernetesEmulator,
+    ctx: OperatorContext,
+    zk: KazooClient,
+    redis_pods: RedisPods,
+    clock: Clock,
+    logger: logging.Logger,
+) -> None:
+    """The reconcile that applies the corrected spec derives Ready from the last health pass's
+    observations: Serving again at once, not a health interval (healthIntervalSeconds) later."""
+    ctx.config = dataclasses.replace(ctx.config, tenant_policy=policy(CLUSTER_SERVICES))
+    shape: dict[str, Any] = {"topicType": "webhook", "slotAmount": 4, "replicasPerBroker": 0}
+    put_topic(api, **shape, delivery=webhook(allowedCidrs=["10.96.0.0/16"]))
+    await run(ctx, api, logger, reconcile)
+    redis_pods.add(0, 1, master=0)
+    add_service_pods(api, 1)
+    own_slots(zk, 4)
+    await run(ctx, api, logger, refresh)
+    assert condition(api, "Ready")["reason"] == "Serving"
+
+    update_spec(api, **shape, delivery=webhook(allowedCidrs=["10.0.0.0/8"]))
+    await run(ctx, api, logger, reconcile)
+    assert condition(api, "Ready")["reason"] == REFUSED_REASON
+    clock.now += REPEAT_AFTER_S  # past the recorder's window: Serving is told again
+    events = len(posted(api))
+    update_spec(api, **shape, delivery=webhook(allowedCidrs=["10.96.0.0/16"]))
+    await run(ctx, api, logger, reconcile)  # no health pass in between
+    ready = condition(api, "Ready")
+    assert (ready["status"], ready["reason"]) == ("True", "Serving")
+    assert ready["observedGeneration"] == 3
+    assert ("Normal", "Serving") in posted(api)[events:]

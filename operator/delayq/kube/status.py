@@ -35,6 +35,18 @@ class Condition:
     message: str
 
 
+def find_condition(status: Mapping[str, Any], kind: str) -> Condition | None:
+    for item in status.get("conditions") or []:
+        if item.get("type") == kind:
+            return Condition(kind, item["status"], item["reason"], item["message"])
+    return None
+
+
+def current_condition(status: Mapping[str, Any], kind: str) -> Condition:
+    found = find_condition(status, kind)
+    return found or Condition(kind, UNKNOWN, "Unknown", "Not reconciled yet.")
+
+
 def merge_conditions(
     old: Sequence[Mapping[str, Any]],
     updates: Sequence[Condition],
@@ -104,3 +116,16 @@ def ready_condition(
     if notes:
         return Condition(READY, TRUE, "ServingDegraded", "Serving, but: " + " ".join(notes))
     return Condition(READY, TRUE, "Serving", "All brokers have a ready master; slots are routed.")
+
+
+def observed_ready(
+    status: Mapping[str, Any], provisioned: Condition, brokers_desired: int
+) -> Condition:
+    """Ready for a new Provisioned, from what the last health pass saw (its broker entries and
+    Degraded), so that the reconcile that clears a refusal also clears the refusal's Ready at
+    once, not a health interval later; WaitingForBrokers before any pass has seen a broker."""
+    brokers = status.get("brokers") or []
+    if not brokers:
+        return Condition(READY, FALSE, "WaitingForBrokers", "Waiting for Redis masters.")
+    serving = len(brokers) >= brokers_desired and all(b.get("state") == "Ready" for b in brokers)
+    return ready_condition(provisioned, current_condition(status, DEGRADED), serving)

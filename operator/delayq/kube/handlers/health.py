@@ -36,8 +36,9 @@ from delayq.kube.status import (
     PROVISIONED,
     SLOTS_UNOWNED,
     TRUE,
-    UNKNOWN,
     Condition,
+    current_condition,
+    find_condition,
     ready_condition,
 )
 from delayq.kube.topics import now_iso, parse_body, with_conditions
@@ -132,8 +133,7 @@ async def health_pass(
         if problems
         else Condition(DEGRADED, FALSE, "AllReplicasReady", "Every pod is ready.")
     )
-    provisioned = current_condition(status, PROVISIONED)
-    ready = ready_condition(provisioned, degraded, serving)
+    ready = ready_condition(current_condition(status, PROVISIONED), degraded, serving)
     conditions = [degraded, ready]
     if (full := broker_full_condition(memory)) is not None:
         conditions.append(full)
@@ -183,18 +183,6 @@ def degradations(
     if owned < slots:
         problems.append(f"{slots - owned} of {slots} slots have no owner")
     return problems
-
-
-def find_condition(status: Mapping[str, Any], kind: str) -> Condition | None:
-    for item in status.get("conditions") or []:
-        if item.get("type") == kind:
-            return Condition(kind, item["status"], item["reason"], item["message"])
-    return None
-
-
-def current_condition(status: Mapping[str, Any], kind: str) -> Condition:
-    found = find_condition(status, kind)
-    return found or Condition(kind, UNKNOWN, "Unknown", "Not reconciled yet.")
 
 
 async def redis_admin_password(ctx: OperatorContext, spec: TopicSpec) -> str:

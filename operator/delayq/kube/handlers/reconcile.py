@@ -20,7 +20,15 @@ from delayq.kube.client import KubeApiError
 from delayq.kube.context import Logger, OperatorContext
 from delayq.kube.errors import TRANSIENT_ERRORS, TopicFailure
 from delayq.kube.spec import SpecError, TopicSpec
-from delayq.kube.status import FALSE, PROVISIONED, READY, TRUE, UNKNOWN, Condition
+from delayq.kube.status import (
+    FALSE,
+    PROVISIONED,
+    READY,
+    TRUE,
+    UNKNOWN,
+    Condition,
+    observed_ready,
+)
 from delayq.kube.tenant_policy import REFUSED_REASON
 from delayq.kube.topics import parse_body, with_conditions
 
@@ -88,13 +96,9 @@ async def reconcile(
         patch = with_conditions(ctx, body, [condition])
         raise TopicFailure(message, patch, False, TRANSIENT_DELAY_S) from None
 
-    conditions = [slot_condition]
-    if not any(c.get("type") == READY for c in status.get("conditions") or []):
-        conditions.append(
-            Condition(READY, FALSE, "WaitingForBrokers", "Waiting for Redis masters.")
-        )
+    ready = observed_ready(status, slot_condition, spec.brokers)
     return with_conditions(
-        ctx, body, conditions, observedGeneration=generation, appliedSlotAmount=applied
+        ctx, body, [slot_condition, ready], observedGeneration=generation, appliedSlotAmount=applied
     )
 
 
