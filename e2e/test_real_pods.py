@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 
 from e2e import workloads
 from e2e.harness.kube import Kube, condition
@@ -29,6 +30,11 @@ from e2e.harness.node import REAL_NODE, REAL_NODE_LABELS, REAL_NODE_TAINT, RealN
 CHART = Path(__file__).resolve().parent.parent / "charts" / "delayq"
 RELEASE = "dq"
 FULLNAME = "dq-delayq"
+
+#: The delay-service's HTTP port (API and /metrics) and the operator's metrics port (chart
+#: default operator.metrics.port).
+SERVICE_PORT = 8080
+OPERATOR_METRICS_PORT = 8081
 
 #: The cluster's Service range (kube-apiserver --service-cluster-ip-range).
 SERVICE_CIDR = "10.96.0.0/16"
@@ -223,6 +229,31 @@ MESSAGE_STATE = (
     "\nexcept urllib.error.HTTPError as e:\n print(e.code, e.read().decode())")
 
 
+#: GET a path of a pod's own HTTP server (argv: port, path) with the topic's token when the pod
+#: has one (a delay-service pod; the operator's /metrics is open), printing the body.
+HTTP_GET = (
+    "import os, sys, urllib.request\n"
+    "token = os.environ.get('DELAYQ_API_TOKEN')\n"
+    "headers = {'Authorization': 'Bearer ' + token} if token else {}\n"
+    "url = f'http://127.0.0.1:{sys.argv[1]}{sys.argv[2]}'\n"
+    "print(urllib.request.urlopen(urllib.request.Request(url, headers=headers)).read().decode())")
+
+
+def _in_pod(kube: Kube, namespace: str, pod: str, script: str, *args: str,
+            timeout: float = 60) -> str:
+    """The standard output of ``python3 -c script args...`` run in ``pod``'s container."""
+    return kube.kubectl("exec", pod, "-n", namespace, "--", "python3", "-c", script, *args,
+                        timeout=timeout).stdout
+
+
+def _samples(kube: Kube, namespace: str, pod: str, port: int,
+             name: str) -> list[tuple[dict[str, str], float]]:
+    """The samples called ``name`` (e.g. ``delayq_scheduled_total``) of ``pod``'s /metrics."""
+    text = _in_pod(kube, namespace, pod, HTTP_GET, str(port), "/metrics")
+    return [(sample.labels, sample.value) for family in text_string_to_metric_families(text)
+            for sample in family.samples if sample.name == name]
+
+
 def _wait_delivered(kube: Kube, namespace: str, topic: str, ids: list[str],
                     timeout_s: float = 120) -> dict[str, dict[str, Any]]:
     """Every one of ``ids`` at the receiver; on a timeout, the service pods' logs explain."""
@@ -258,11 +289,30 @@ def _lateness_ms(deliveries: dict[str, dict[str, Any]], ids: list[str]) -> list[
     return sorted(deliveries[i]["atMs"] - deliveries[i]["dueMs"] for i in ids)
 
 
+def _schedule_counts(kube: Kube, namespace: str, topic: str) -> tuple[float, float]:
+    """Over the topic's delay-service pods: messages created by schedule calls, and the
+    answered `POST .../messages/batch` requests (every code)."""
+    created = batches = 0.0
+    for pod in _pods(kube, namespace, f"delayq.io/topic={topic},"
+                     "app.kubernetes.io/component=delay-service"):
+        name = pod["metadata"]["name"]
+        created += sum(value for labels, value in _samples(
+            kube, namespace, name, SERVICE_PORT, "delayq_scheduled_total")
+            if labels.get("result") == "created")
+        batches += sum(value for labels, value in _samples(
+            kube, namespace, name, SERVICE_PORT, "delayq_http_request_duration_seconds_count")
+            if labels.get("method") == "POST" and labels["route"].endswith("/messages/batch"))
+    return created, batches
+
+
 def test_messages_from_a_client_pod_are_delivered_on_time_to_the_receiver(
     kube: Kube, install: Install, webhook_topic: str
 ) -> None:
     """Scenario 3: 300 messages scheduled through the topic's Service from a producer Job
-    reach the receiver Deployment, each once at least, none before its due time."""
+    reach the receiver Deployment, each once at least, none before its due time; the
+    delay-service pods' /metrics count them (`delayq_scheduled_total{result="created"}`) and
+    the producer's batch requests (`delayq_http_request_duration_seconds`)."""
+    before = _schedule_counts(kube, install.tenant, webhook_topic)
     _produce(kube, install, webhook_topic, "burst", 300)
     ids = [f"burst-{i}" for i in range(300)]
     deliveries = _wait_delivered(kube, install.tenant, webhook_topic, ids)
@@ -272,6 +322,13 @@ def test_messages_from_a_client_pod_are_delivered_on_time_to_the_receiver(
     p50, p99 = lateness[len(lateness) // 2], lateness[int(len(lateness) * 0.99)]
     print(f"e2e: real-pod webhook lateness over {len(ids)} messages: p50 {p50:.1f} ms, "
           f"p99 {p99:.1f} ms, max {lateness[-1]:.1f} ms")
+    # read once every message is delivered: the reads (a python3 process started in each
+    # service pod) must not compete with the deliveries whose lateness is measured
+    created, batches = (after - first for after, first in zip(
+        _schedule_counts(kube, install.tenant, webhook_topic), before, strict=True))
+    print(f"e2e: the service pods counted {created:g} created, {batches:g} batch requests")
+    assert created == 300
+    assert batches >= 2  # 300 messages in batches of at most 200, plus any resent
 
 
 def _container_id(kube: Kube, namespace: str, pod: str) -> str:
@@ -413,6 +470,135 @@ def test_a_stream_topic_is_consumed_by_a_consumer_pod(kube: Kube, install: Insta
     _produce(kube, install, "events", "streamed", 200, start_ms=3000, spread_ms=3000)
     _consumed_on_time(kube, install, "stream-consumer", [f"streamed-{i}" for i in range(200)],
                       "stream (read)")
+
+
+#: Schedules messages of PAYLOAD_BYTES through the pod's own API until one is refused (argv:
+#: topic, payload bytes, delayMs, most); prints the stored ids and the refusal.
+FILL_UNTIL_REFUSED = """
+import json, os, sys, urllib.error, urllib.request
+topic, payload_bytes, delay_ms, most = sys.argv[1], *map(int, sys.argv[2:])
+headers = {"Authorization": "Bearer " + os.environ["DELAYQ_API_TOKEN"],
+           "Content-Type": "application/json"}
+url = f"http://127.0.0.1:8080/v1/topics/{topic}/messages"
+payload, stored, refusal = "x" * payload_bytes, [], None
+for i in range(most):
+    body = json.dumps({"id": f"full-{i}", "delayMs": delay_ms, "payload": payload}).encode()
+    try:
+        urllib.request.urlopen(urllib.request.Request(url, data=body, headers=headers), timeout=30)
+    except urllib.error.HTTPError as error:
+        refusal = {"code": error.code, "retryAfter": error.headers.get("Retry-After"),
+                   "error": json.load(error).get("error")}
+        break
+    stored.append(f"full-{i}")
+print(json.dumps({"stored": stored, "refusal": refusal}))
+"""
+
+#: Leases and acks due messages through the pod's own API until COUNT were seen or 90 s
+#: passed (argv: topic, count), then schedules one more; prints the leased ids and its status.
+LEASE_ALL_THEN_SCHEDULE = """
+import json, os, sys, time, urllib.request
+topic, count = sys.argv[1], int(sys.argv[2])
+headers = {"Authorization": "Bearer " + os.environ["DELAYQ_API_TOKEN"],
+           "Content-Type": "application/json"}
+def call(path, body):
+    request = urllib.request.Request(f"http://127.0.0.1:8080/v1/topics/{topic}{path}",
+                                     data=json.dumps(body).encode(), headers=headers)
+    with urllib.request.urlopen(request, timeout=30) as response:
+        return response.status, json.load(response)
+seen, deadline = set(), time.monotonic() + 90
+while len(seen) < count and time.monotonic() < deadline:
+    leases = call("/leases", {"max": 20, "leaseMs": 30000, "waitMs": 1000})[1]["leases"]
+    seen.update(lease["id"] for lease in leases)
+    if leases:
+        call("/leases/ack", {"tokens": [lease["token"] for lease in leases]})
+status = call("/messages", {"id": "after-full", "delayMs": 600000, "payload": "small"})[0]
+print(json.dumps({"leased": sorted(seen), "scheduledAfter": status}))
+"""
+
+#: The memory guard's figures: the Redis container's limit and the payload that fills it.
+FULL_LIMIT = "64Mi"
+FULL_MAXMEMORY_BYTES = 64 * 1024 * 1024 * 80 // 100  # builders/redis.py MAXMEMORY_PERCENT
+FULL_PAYLOAD_BYTES = 256 * 1024
+BROKER_MEMORY_GAUGES = ("delayq_operator_broker_used_memory_bytes",
+                        "delayq_operator_broker_max_memory_bytes")
+
+
+def _leader_pod(kube: Kube, install: Install) -> str:
+    lease = kube.get("lease", "delayq-operator", install.namespace) or {}
+    holder: str = lease["spec"]["holderIdentity"]
+    return holder.rsplit("_", 1)[0]
+
+
+def _broker_memory(kube: Kube, install: Install, topic: str) -> dict[str, float]:
+    """The leader's `delayq_operator_broker_{used,max}_memory_bytes` of broker 0 of ``topic``,
+    by `used` and `max`."""
+    text = _in_pod(kube, install.namespace, _leader_pod(kube, install), HTTP_GET,
+                   str(OPERATOR_METRICS_PORT), "/metrics")
+    return {sample.name.split("_")[3]: sample.value
+            for family in text_string_to_metric_families(text) for sample in family.samples
+            if sample.name in BROKER_MEMORY_GAUGES and sample.labels.get("topic") == topic
+            and sample.labels.get("broker") == "0"}
+
+
+def test_a_full_broker_refuses_with_429_and_keeps_what_it_stored(
+    kube: Kube, install: Install
+) -> None:
+    """The memory guard on real pods (issue 13): a pull topic whose Redis container has a
+    64Mi limit (maxmemory 80 % of it, noeviction) is filled through the API until schedule
+    answers 429 with Retry-After; the topic shows `BrokerFull`, the operator's broker memory
+    gauges the full broker; every stored message is still leased and acked (none lost), after
+    which a schedule is accepted again and `BrokerFull` turns False."""
+    memory = {"requests": {"cpu": "50m", "memory": FULL_LIMIT}, "limits": {"memory": FULL_LIMIT}}
+    kube.apply(_topic("full", slotAmount=16, brokers=1, replicasPerBroker=0, topicType="pull",
+                      redis={"resources": memory}), install.tenant)
+    try:
+        _wait_topic_ready(kube, install.tenant, "full")
+        _wait_pods_ready(kube, install.tenant, "delayq.io/topic=full", 2)
+        start = time.monotonic()
+        filled = json.loads(_in_pod(kube, install.tenant, "full-service-0", FILL_UNTIL_REFUSED,
+                                    "full", str(FULL_PAYLOAD_BYTES), "10000", "1000"))
+        stored, refusal = filled["stored"], filled["refusal"]
+        print(f"e2e: a {FULL_LIMIT} broker refused message {len(stored) + 1} of "
+              f"{FULL_PAYLOAD_BYTES // 1024} KiB after {time.monotonic() - start:.1f}s: {refusal}")
+        assert refusal is not None, f"{len(stored)} messages stored, none refused"
+        assert refusal["code"] == 429
+        assert int(refusal["retryAfter"] or 0) > 0
+        assert "broker is full" in refusal["error"]
+        assert len(stored) * FULL_PAYLOAD_BYTES <= FULL_MAXMEMORY_BYTES
+
+        def full_condition(status: str) -> dict[str, Any] | None:
+            conditions = (kube.get("dt", "full", install.tenant) or {}).get(
+                "status", {}).get("conditions", [])
+            return next((c for c in conditions if c["type"] == "BrokerFull"
+                         and c["status"] == status), None)
+
+        full = kube.wait(lambda: full_condition("True"), timeout_s=30,
+                         what="BrokerFull=True on the topic")
+        print(f"e2e: BrokerFull {full['reason']}: {full['message']}")
+
+        def gauged_full() -> dict[str, float] | None:
+            figures = _broker_memory(kube, install, "full")
+            return figures if figures.get("used", 0) >= 0.9 * FULL_MAXMEMORY_BYTES else None
+
+        figures = kube.wait(gauged_full, timeout_s=30,
+                            what="the leader's broker memory gauges of the full broker")
+        print(f"e2e: the leader gauges broker 0 at {figures['used']:.0f} of "
+              f"{figures['max']:.0f} bytes")
+        assert figures["max"] == FULL_MAXMEMORY_BYTES
+
+        start = time.monotonic()
+        drained = json.loads(_in_pod(kube, install.tenant, "full-service-0",
+                                     LEASE_ALL_THEN_SCHEDULE, "full", str(len(stored)),
+                                     timeout=150))
+        print(f"e2e: the full broker's {len(drained['leased'])} messages (due 10 s after "
+              f"they were stored) leased and acked in {time.monotonic() - start:.1f}s, then a "
+              f"schedule answered {drained['scheduledAfter']}")
+        assert drained["leased"] == sorted(stored), "a stored message was lost"
+        assert drained["scheduledAfter"] in (200, 201)
+        kube.wait(lambda: full_condition("False"), timeout_s=30,
+                  what="BrokerFull=False once the messages were acked")
+    finally:
+        kube.kubectl("delete", "dt", "full", "-n", install.tenant, "--wait=false")
 
 
 def test_helm_upgrade_to_a_new_tag_rolls_everything_and_delivers_what_waits(
