@@ -313,7 +313,8 @@ def test_a_change_beyond_the_platforms_cap_is_refused_and_told_in_describe(
 
         kube.apply(capped(), ns)
         _wait_reconciled(kube, op, ns, "capped")
-        # Ready is the health pass's (KWOK: no Redis answers, so not Serving)
+        # Ready past the refusal from the correcting reconcile, as the last health pass saw
+        # the brokers (KWOK: no Redis answers, so not Serving)
         kube.wait(lambda: _ready_condition(kube, ns, "capped").get("reason")
                   != "TenantPolicyExceeded", timeout_s=30, what="Ready past the refusal")
         reasons = [e["reason"] for e in kube.items("events", ns)
