@@ -24,6 +24,8 @@ webhook = Webhook(os.environ["SIGNING_SECRET"])
 lock = threading.Lock()  # one write per line: print() from two threads can interleave lines
 
 class Handler(http.server.BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"  # keep-alive: the sender reuses its pooled connections
+
     def do_POST(self):
         body = self.rfile.read(int(self.headers["Content-Length"]))
         at_ms = time.time() * 1000
@@ -45,7 +47,14 @@ class Handler(http.server.BaseHTTPRequestHandler):
     def log_message(self, *args):
         pass
 
-http.server.ThreadingHTTPServer(("", 8000), Handler).serve_forever()
+class Server(http.server.ThreadingHTTPServer):
+    # the standard library listens with a backlog of 5: a burst of new connections overflows
+    # it and each dropped SYN is retried a second later (a 1 s tail that is the receiver's)
+    request_queue_size = 1024
+    daemon_threads = True
+
+
+Server(("", 8000), Handler).serve_forever()
 '''
 
 #: The producer: schedules COUNT messages through the topic's Service, due over SPREAD_MS after

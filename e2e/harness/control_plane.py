@@ -139,6 +139,11 @@ class LocalControlPlane:
             # "*" = every default controller: garbagecollector, namespace, deployment,
             # replicaset, statefulset, serviceaccount(-token), nodelifecycle, endpoints, ...
             "--controllers=*",
+            # one StatefulSet synced at a time: pods are created in the order their StatefulSets
+            # were applied (the operator applies a topic's delay-service one before its Redis
+            # ones, whose affinity looks for the service pods: test_placement.py). With the
+            # default 5 workers a loaded machine created Redis pods first now and then.
+            "--concurrent-statefulset-syncs=1",
         ])
         self._await(kcm, lambda: http_ok(
             f"https://127.0.0.1:{kcm_port}/healthz", unverified_tls()), 90)
