@@ -82,6 +82,7 @@ def timed_move(mover: SlotMover, target: int) -> dict[str, Any]:
             frozen_at = began
         if step.value == "switch":
             switched_at = ended
+    mover.release(0)
     return {
         "move_s": time.perf_counter() - started,
         "write_pause_s": switched_at - frozen_at,

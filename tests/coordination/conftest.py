@@ -117,11 +117,11 @@ async def fleet(zookeeper_server: ZooKeeperServer) -> AsyncIterator[Fleet]:
         await fleet.close()
 
 
-def expire_session(hosts: str, victim: ZkOwnership) -> None:
+def expire_session(hosts: str, victim: KazooClient) -> None:
     """The classic trick: attach a second client to the victim's session and close it, which
     makes the server expire the session (and delete its ephemeral nodes) while the victim's
     own connection is still up."""
-    client_id = victim._client.client_id
+    client_id = victim.client_id
     assert client_id is not None
     twin = KazooClient(hosts=hosts, client_id=client_id, timeout=TEST_SESSION_TIMEOUT_S)
     twin.start(timeout=10)

@@ -32,7 +32,7 @@ async def test_expired_member_stops_at_once_and_the_others_take_its_slots(
     assert lost
 
     expired_at = time.monotonic()
-    await asyncio.to_thread(expire_session, zookeeper_server.hosts, victim)
+    await asyncio.to_thread(expire_session, zookeeper_server.hosts, victim._client)
     await eventually(
         lambda: (fleet.timeline.last_empty(victim_id) or 0) > expired_at, 5.0, "victim stopped"
     )

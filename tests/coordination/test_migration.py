@@ -20,7 +20,7 @@ from kazoo.client import KazooClient
 
 from delayq.cli import main
 from delayq.coordination.layout import TopicPaths
-from delayq.coordination.migration import Migration, MoveError, SlotMover, Step
+from delayq.coordination.migration import Migration, MoveError, SlotLocked, SlotMover, Step
 from delayq.coordination.routing import Routing
 from delayq.local.redis_server import RedisServer
 from delayq.local.waiting import wait_until
@@ -35,6 +35,8 @@ from delayq.queue import (
 )
 from delayq.queue.acl import service_user_rules
 from delayq.queue.keys import Part, slot_keys
+
+from .conftest import expire_session
 
 NAMESPACE = "moves"
 SLOTS = 4
@@ -64,6 +66,10 @@ class Topology:
 
     def routing(self) -> Routing:
         return Routing.from_json(self.zk.get(self.paths.routing)[0])
+
+    def unlocked(self) -> bool:
+        """No mover holds the slot's lock (a killed one's went with its session)."""
+        return not self.zk.exists(self.paths.mover(self.slot))
 
     _clients: list[KazooClient]
 
@@ -210,7 +216,7 @@ def test_a_mover_stopped_after_any_step_is_completed_by_the_next_run(
         assert current is not None
         current = first.step(*current)
     assert current is not None
-    # the first mover is gone (killed); its step is what ZooKeeper recorded
+    first.zk.stop()  # the first mover is gone (killed): its lock with its session
     assert topology.mover().migrations() == [current[0]]
     assert topology.mover().move(slot, 1).step is Step.CLEAN
     assert topology.routing().broker_of_slot[slot] == 1
@@ -252,6 +258,7 @@ def test_a_move_rolled_back_before_its_switch_leaves_the_slot_as_it_was(
     for _ in range(steps_done):
         assert current is not None
         current = mover.step(*current)
+    mover.zk.stop()  # gone, with its lock
     topology.mover().abort(slot)
     assert snapshot(topology.admins[0], topology.topic, slot) == before
     assert snapshot(topology.admins[1], topology.topic, slot) == {}
@@ -276,6 +283,57 @@ def test_a_switched_move_cannot_be_rolled_back_and_a_second_target_is_refused(
     mover.move(slot, 1)
     mover.move(slot, 0)  # and back: the tombstone is replaced by the copy
     assert topology.routing().broker_of_slot[slot] == 0
+
+
+def test_a_second_mover_cannot_start_or_abort_while_the_first_holds_the_slot(
+    topology: Topology, capsys: pytest.CaptureFixture[str]
+):
+    """Compare-and-set on `migrations/<slot>` stops a second mover only after its Redis work;
+    the slot's lock refuses it before any, here a second process and the CLI."""
+    slot = topology.slot
+    fill(topology.queues[0], slot)
+    before = snapshot(topology.admins[0], topology.topic, slot)
+    first = topology.mover()
+    current = first.step(*first.start(slot, 1))  # frozen, the copy next
+    assert current is not None
+    second = topology.mover()
+    for attempt in (lambda: second.move(slot, 1), lambda: second.abort(slot)):
+        with pytest.raises(SlotLocked, match=rf"slot {slot} is being moved by .*-{os.getpid()}/"):
+            attempt()
+    assert snapshot(topology.admins[1], topology.topic, slot) == {}  # no copy, no delete
+    for extra in ((), ("--abort",)):
+        argv = cli(topology, "move-slot", "--slot", str(slot), "--to-broker", "1", *extra)
+        assert main(argv) == 2
+        err = capsys.readouterr().err
+        assert err.startswith(f"delayq routing move-slot: slot {slot} is being moved by ")
+        assert err.count("\n") == 1
+    assert second.locked() == {slot}
+    assert first.move(slot, 1).step is Step.CLEAN  # the holder goes on, then lets go
+    assert second.locked() == frozenset()
+    assert snapshot(topology.admins[1], topology.topic, slot) == before
+    second.move(slot, 0)  # the slot is free again
+
+
+def test_a_mover_whose_session_expired_stops_before_its_next_redis_write(topology: Topology):
+    """The first mover's session expires after its freeze (its lock goes with it); a second
+    mover takes the slot and completes the move; the first's late copy must not land on the
+    target, which now takes the slot's writes."""
+    slot = topology.slot
+    fill(topology.queues[0], slot)
+    first = topology.mover()
+    current = first.step(*first.start(slot, 1))  # frozen, the copy next
+    assert current is not None
+    expire_session(topology.hosts, first.zk)
+    wait_until(topology.unlocked, 10.0, "the expired lock gone")
+    assert topology.mover().move(slot, 1).step is Step.CLEAN
+    topology.queues[1].schedule("after-switch", b"p", delay_ms=0, slot_basis=BASIS)
+    moved = snapshot(topology.admins[1], topology.topic, slot)
+    with pytest.raises(MoveError, match=r"lost the slot's lock|ZooKeeper connection"):
+        first.step(*current)
+    assert snapshot(topology.admins[1], topology.topic, slot) == moved  # not overwritten
+    first.zk.stop()
+    with pytest.raises(MoveError, match="ZooKeeper connection"):
+        first.step(*current)
 
 
 def test_without_a_routing_node_the_first_routing_is_moved_from(topology: Topology):
@@ -341,7 +399,11 @@ def test_the_mover_process_killed_9_in_a_step_is_completed_by_the_next_run(
     before = snapshot(topology.admins[0], topology.topic, slot)
     server = topology.servers[stopped_broker].process
     assert server is not None
-    argv = cli(topology, "move-slot", "--slot", str(slot), "--to-broker", "1")
+    argv = [
+        *cli(topology, "move-slot", "--slot", str(slot), "--to-broker", "1"),
+        "--zookeeper-session-timeout-ms",
+        "2000",  # its lock outlives it by this much
+    ]
     os.kill(server.pid, signal.SIGSTOP)
     try:
         mover = subprocess.Popen([sys.executable, "-m", "delayq.cli", *argv], env=os.environ)
@@ -359,6 +421,7 @@ def test_the_mover_process_killed_9_in_a_step_is_completed_by_the_next_run(
         os.kill(server.pid, signal.SIGCONT)
     assert topology.mover().migrations() == [Migration(slot, 0, 1, step)]
     assert topology.routing().broker_of_slot[slot] == 0
+    wait_until(topology.unlocked, 10.0, "the killed mover's lock gone")
     assert main(argv) == 0
     assert topology.routing().broker_of_slot[slot] == 1
     assert snapshot(topology.admins[1], topology.topic, slot) == before

@@ -35,7 +35,7 @@ from delayq.local.processes import config_env
 from delayq.local.waiting import eventually
 from delayq.queue import AsyncQueue, Queue
 
-from .conftest import NAMESPACE, SLOTS, ProcessFleet
+from .conftest import NAMESPACE, SESSION_TIMEOUT_S, SLOTS, ProcessFleet
 from .test_reshard import operator_context, reshard_pass, two_broker_spec
 from .test_slot_move import (
     MEMBERS,
@@ -134,6 +134,10 @@ async def test_a_mover_killed_in_each_step_leaves_a_move_the_operator_finishes(
         assert mover.returncode == -signal.SIGKILL
         assert step_shown(fleet) is step  # killed in it: the next step never recorded
         assert routed_to(fleet) == (1 if step is Step.CLEAN else 0)
+        lock = TopicPaths(NAMESPACE, fleet.topic.name).mover(SLOT)
+        await eventually(  # its lock goes with its session: until then no one takes the slot
+            lambda: not fleet.observer().exists(lock), SESSION_TIMEOUT_S + 5.0, "the lock gone"
+        )
         reasons = [await reshard_pass(ctx, spec, fleet, status)]
         while reasons[-1] != "Completed":
             reasons.append(await reshard_pass(ctx, spec, fleet, status))

@@ -116,6 +116,7 @@ async def test_brokers_grow_under_load_through_a_serve_kill_and_a_dead_mover(
         for _ in range(steps):  # then the mover "dies": only ZooKeeper and Redis remember
             assert left is not None
             left = await asyncio.to_thread(mover.step, *left)
+        mover.release(LEFT_RECORDED)  # its lock goes with its session
         reasons = [await reshard_pass(ctx, spec, fleet, status)]
         fleet.processes[MEMBERS[1]].kill()  # kill -9 of a serve process mid-resharding
         while reasons[-1] != "Completed":

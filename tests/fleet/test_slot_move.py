@@ -133,6 +133,7 @@ async def stopped_after(
         for _ in range(steps):
             assert current is not None
             current = mover.step(*current)
+        mover.release(slot)  # its lock goes with its session
 
     refused_before = producer.refused
     await asyncio.to_thread(first_run)

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import threading
 from collections.abc import AsyncIterator
 
 import kmock
@@ -13,7 +14,7 @@ import kopf
 import pytest
 from kazoo.client import KazooClient
 
-from delayq.kube import naming
+from delayq.kube import naming, resharding
 from delayq.kube.builders.common import BuildContext
 from delayq.kube.client import KubeClient
 from delayq.kube.config import OperatorConfig
@@ -372,3 +373,45 @@ async def test_a_leader_that_loses_the_lease_stops_kopf_and_raises(
         await asyncio.wait_for(task, FAST_LEADER_LEASE.lease_duration_s + 3.0)
     assert ctx.client is None  # kopf and the leader's clients are gone
     assert leader_lease_holder(api) == "usurper"  # never touched again
+
+
+async def test_a_clean_stop_releases_the_lease_only_once_its_slot_moves_ended(
+    api: kmock.KubernetesEmulator,
+    connection: kopf.ConnectionInfo,
+    store: KazooTopicStore,
+    redis_commands: RedisCommands,
+    zk_connect: str,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A move's thread outlives kopf (it cannot be cancelled): the Lease stays held until it
+    ended, so a standby never starts beside it (resharding.movers_stopped)."""
+    settings = OperatorConfig(
+        leader_lease=FAST_LEADER_LEASE,
+        health_interval_s=0.2,
+        liveness_endpoint="",
+        metrics_endpoint="",
+        build=BuildContext(operator_namespace="delayq-system", default_zookeeper=zk_connect),
+    )
+    ctx = OperatorContext(settings, login=lambda: connection, store=store, redis=redis_commands)
+    moving = threading.Event()
+    move = resharding.MOVERS.submit(moving.wait, WAIT_S)
+    monkeypatch.setitem(resharding._under_way, (NAMESPACE, "stuck"), [move])
+    released_with_move_done: list[bool] = []
+    release = LeaderElector.release
+
+    async def watched_release(elector: LeaderElector) -> None:
+        released_with_move_done.append(move.done())
+        await release(elector)
+
+    monkeypatch.setattr(LeaderElector, "release", watched_release)
+    stop = asyncio.Event()
+    task = asyncio.create_task(run(settings, stop_flag=stop, ctx=ctx))
+    try:
+        await eventually(lambda: leader_lease_holder(api) == ctx.identity, WAIT_S, "leadership")
+        stop.set()
+        await eventually(lambda: ctx.client is None, WAIT_S, "kopf stopped")
+    finally:
+        asyncio.get_running_loop().call_later(0.5, moving.set)  # the move ends a bit later
+    await asyncio.wait_for(task, WAIT_S)
+    assert released_with_move_done == [True]
+    assert leader_lease_holder(api) == ""

@@ -180,6 +180,7 @@ async def test_a_move_a_stopped_mover_recorded_is_finished_first(
     for _ in range(steps):
         assert stopped is not None
         stopped = mover.step(*stopped)
+    mover.release(1)  # the mover dies: its lock goes with its session
     await health(api, ctx, logger)
     routing = published_routing(zk)
     assert routing is not None
@@ -244,6 +245,59 @@ async def test_a_pass_abandoned_mid_move_is_not_joined_by_a_second_mover(
         await health(api, ctx, logger)
     assert "a move of an abandoned pass still runs" in caplog.text
     await eventually(lambda: not mover.migrations(), 10.0, "the abandoned move to end")
+    await health(api, ctx, logger)
+    assert condition(api, "Resharding")["reason"] == "Completed"
+    assert where_they_are(zk, masters) == before
+
+
+async def test_a_move_whose_mover_holds_its_lock_is_left_to_it(
+    api: kmock.KubernetesEmulator,
+    ctx: OperatorContext,
+    zk: KazooClient,
+    redis_pods: RedisPods,
+    masters: list[Queue],
+    logger: logging.Logger,
+) -> None:
+    """A mover at work elsewhere (the CLI; an old operator process whose threads still run)
+    holds the slot's lock: the pass neither resumes its recorded move nor plans around it,
+    so no second copy lands on the target. Once that mover ended, the pass balances."""
+    before = await grown_topic(api, ctx, zk, redis_pods, masters, logger, maxConcurrentMoves=2)
+    mover = SlotMover(zk, TopicPaths(NAMESPACE, "orders"), masters)
+    held: tuple[Migration, int] | None = mover.step(*mover.start(4, 1))  # frozen, alive
+    await health(api, ctx, logger)
+    assert [(m.slot, m.step) for m in mover.migrations()] == [(4, Step.COPY)]
+    assert counts(masters[1], [4]) == {4: (0, 0)}  # nothing copied by the pass
+    routing = published_routing(zk)
+    assert routing is not None
+    assert routing.broker_of_slot == (0,) * SLOTS
+    while held is not None:
+        held = mover.step(*held)
+    mover.release(4)
+    await health(api, ctx, logger)
+    assert condition(api, "Resharding")["reason"] == "Completed"
+    assert where_they_are(zk, masters) == before
+
+
+async def test_an_unreadable_move_is_reported_not_raised(
+    api: kmock.KubernetesEmulator,
+    ctx: OperatorContext,
+    zk: KazooClient,
+    redis_pods: RedisPods,
+    masters: list[Queue],
+    logger: logging.Logger,
+) -> None:
+    """A `migrations/<slot>` node of a newer format (a newer mover wrote it): the pass says
+    so (MoveFailed, ReshardingFailed) and still writes the rest of its status."""
+    before = await grown_topic(api, ctx, zk, redis_pods, masters, logger, maxConcurrentMoves=2)
+    newer = TopicPaths(NAMESPACE, "orders").migration(5)
+    zk.create(newer, b'{"version": 2, "slot": 5}', makepath=True)
+    await health(api, ctx, logger)
+    failed = condition(api, "Resharding")
+    assert (failed["status"], failed["reason"]) == ("True", "MoveFailed")
+    assert "ValueError: unknown migration format version 2" in failed["message"]
+    assert ("Warning", "ReshardingFailed") in posted(api)
+    assert [b["slots"] for b in body(api)["status"]["brokers"]] == [SLOTS, 0]
+    zk.delete(newer)
     await health(api, ctx, logger)
     assert condition(api, "Resharding")["reason"] == "Completed"
     assert where_they_are(zk, masters) == before

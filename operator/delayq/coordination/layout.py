@@ -8,6 +8,7 @@
     owners/<slot>         ephemeral  member id; whoever holds it may consume the slot
     routing               persistent slot -> broker, written by the operator (routing.py)
     migrations/<slot>     persistent a slot move under way and its step (migration.py)
+    movers/<slot>         ephemeral  the lock of whoever moves or rolls back the slot now
 ```
 
 The operator (`delayq.kube.zk`) writes `routing`, counts `owners/` and removes whole trees; the
@@ -76,6 +77,13 @@ class TopicPaths:
 
     def migration(self, slot: int) -> str:
         return f"{self.migrations}/{slot}"
+
+    @property
+    def movers(self) -> str:
+        return f"{self.root}/movers"
+
+    def mover(self, slot: int) -> str:
+        return f"{self.movers}/{slot}"
 
 
 def broker_index(broker: str) -> int | None:

@@ -18,17 +18,29 @@ before the routing switched):
    whose routing is stale, then the migration node.
 
 Writes refused in between are retried by their callers against the new routing.
+
+One process at a time works on a slot: `start` and `abort` take the slot's lock, the ephemeral
+node `movers/<slot>` (its data names the holder, `<host>-<pid>/<random>`), and every step checks,
+right before its Redis or routing write, that the node is still this mover's; a mover whose
+ZooKeeper session was suspended or expired (the lock may be gone, or someone else's) stops
+there with MoveError. Compare-and-set on `migrations/<slot>` alone would stop a second mover
+only after its Redis work: a late copy could overwrite the target after the first switched it.
 """
 
 from __future__ import annotations
 
+import contextlib
 import enum
 import json
+import os
+import socket
+import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
-from kazoo.client import KazooClient
-from kazoo.exceptions import BadVersionError, NodeExistsError, NoNodeError
+from kazoo.client import KazooClient, KazooState
+from kazoo.exceptions import BadVersionError, NodeExistsError, NoNodeError, SessionExpiredError
+from kazoo.retry import KazooRetry
 
 from delayq.coordination.layout import TopicPaths
 from delayq.coordination.routing import Routing, initial_routing
@@ -38,6 +50,9 @@ from delayq.queue.keys import slot_keys
 from delayq.queue.slot_copy import MOVED_AWAY_PARTS, copy_slot, delete_slot
 
 MIGRATION_FORMAT_VERSION = 1
+#: How long releasing a slot's lock retries through a connection loss; past it the node goes
+#: with the session (a lock left by a live session keeps the slot refused until then).
+LOCK_RELEASE_DEADLINE_S = 10.0
 
 
 class Step(enum.StrEnum):
@@ -58,6 +73,11 @@ class Step(enum.StrEnum):
 class MoveError(Exception):
     """A move cannot start or go on: bad input, another move of the slot, a concurrent mover.
     The text is one line for the operator."""
+
+
+class SlotLocked(MoveError):
+    """Another process holds the slot's lock (`movers/<slot>`): it is moving or rolling back
+    the slot now. Nothing was done; try again once it ended."""
 
 
 @dataclass(frozen=True)
@@ -102,6 +122,7 @@ class SlotMover:
         self.paths = paths
         self.queues = list(queues)
         self.topic = queues[0].topic
+        self._locks: dict[int, bytes] = {}  # slot -> the data of the lock node this mover holds
 
     # reading -------------------------------------------------------------------------------
 
@@ -129,6 +150,14 @@ class SlotMover:
         found = [self._read(int(child)) for child in children if child.isdigit()]
         return sorted((m for m, _ in filter(None, found)), key=lambda m: m.slot)
 
+    def locked(self) -> frozenset[int]:
+        """The slots whose lock somebody holds now (a mover at work, this one included)."""
+        try:
+            children = self.zk.get_children(self.paths.movers)
+        except NoNodeError:
+            return frozenset()
+        return frozenset(int(child) for child in children if child.isdigit())
+
     def _read(self, slot: int) -> tuple[Migration, int] | None:
         try:
             payload, stat = self.zk.get(self.paths.migration(slot))
@@ -140,9 +169,18 @@ class SlotMover:
 
     def start(self, slot: int, target: int) -> tuple[Migration, int]:
         """Record a new move of `slot` to broker `target`, or return the recorded one (a
-        re-run resumes it); refuses a move elsewhere while one is under way."""
+        re-run resumes it); refuses a move elsewhere while one is under way. Takes the slot's
+        lock (SlotLocked if another process holds it), kept until `release`."""
         if not 0 <= slot < self.topic.slot_amount:
             raise MoveError(f"slot {slot} is outside 0..{self.topic.slot_amount - 1}")
+        self.acquire(slot)
+        try:
+            return self._start(slot, target)
+        except BaseException:
+            self.release(slot)
+            raise
+
+    def _start(self, slot: int, target: int) -> tuple[Migration, int]:
         recorded = self._read(slot)
         if recorded is None:
             routing, _ = self.routing()
@@ -169,18 +207,22 @@ class SlotMover:
         return migration, version
 
     def step(self, migration: Migration, version: int) -> tuple[Migration, int] | None:
-        """Do the recorded step and record the next; None when the move is complete."""
+        """Do the recorded step and record the next; None when the move is complete. Stops
+        with MoveError, before any write, when this mover no longer holds the slot's lock."""
         source, target = self.queues[migration.source], self.queues[migration.target]
         keys = slot_keys(self.topic, migration.slot)
+        self._check_lock(migration.slot)
         if migration.step is Step.FREEZE:
             source.run(plans.freeze(self.topic, migration.slot))
         elif migration.step is Step.COPY:
             copy_slot(source.redis, target.redis, keys)
+            self._check_lock(migration.slot)
             target.run(plans.thaw(self.topic, migration.slot))
         elif migration.step is Step.SWITCH:
             self._switch(migration)
         else:
             delete_slot(source.redis, keys, MOVED_AWAY_PARTS)
+            self._check_lock(migration.slot)
             self._delete_node(migration.slot, version)
             return None
         following = migration.step.following
@@ -189,30 +231,94 @@ class SlotMover:
 
     def move(self, slot: int, target: int) -> Migration:
         """Move `slot` to broker `target`, resuming a move recorded earlier; returns the
-        completed move."""
+        completed move. Holds the slot's lock throughout."""
         migration, version = self.start(slot, target)
-        current: tuple[Migration, int] | None = (migration, version)
-        while current is not None:
-            migration = current[0]
-            current = self.step(*current)
+        try:
+            current: tuple[Migration, int] | None = (migration, version)
+            while current is not None:
+                migration = current[0]
+                current = self.step(*current)
+        finally:
+            self.release(slot)
         return migration
 
     def abort(self, slot: int) -> Migration:
         """Roll a move back while the routing still names the source: the target's copy is
-        deleted and the source takes writes again. Refused once the routing switched."""
-        recorded = self._read(slot)
-        if recorded is None:
-            raise MoveError(f"slot {slot} is not moving")
-        migration, version = recorded
-        routing, _ = self.routing()
-        if migration.step is Step.CLEAN or routing.broker_of_slot[slot] == migration.target:
-            raise MoveError(
-                f"slot {slot} is routed to broker {migration.target} already: finish the move"
-            )
-        delete_slot(self.queues[migration.target].redis, slot_keys(self.topic, slot))
-        self.queues[migration.source].run(plans.thaw(self.topic, slot))
-        self._delete_node(slot, version)
-        return migration
+        deleted and the source takes writes again. Refused once the routing switched, and
+        while another process holds the slot's lock."""
+        self.acquire(slot)
+        try:
+            recorded = self._read(slot)
+            if recorded is None:
+                raise MoveError(f"slot {slot} is not moving")
+            migration, version = recorded
+            routing, _ = self.routing()
+            if migration.step is Step.CLEAN or routing.broker_of_slot[slot] == migration.target:
+                raise MoveError(
+                    f"slot {slot} is routed to broker {migration.target} already: finish the move"
+                )
+            self._check_lock(slot)
+            delete_slot(self.queues[migration.target].redis, slot_keys(self.topic, slot))
+            self._check_lock(slot)
+            self.queues[migration.source].run(plans.thaw(self.topic, slot))
+            self._delete_node(slot, version)
+            return migration
+        finally:
+            self.release(slot)
+
+    # the slot's lock -----------------------------------------------------------------------
+
+    def acquire(self, slot: int) -> None:
+        """Take the slot's lock (an ephemeral node of this mover's session); a no-op when this
+        mover holds it. SlotLocked names the holder when another one does."""
+        if slot in self._locks:
+            return
+        holder = f"{socket.gethostname()}-{os.getpid()}/{uuid.uuid4().hex[:8]}".encode()
+        try:
+            self.zk.create(self.paths.mover(slot), holder, ephemeral=True, makepath=True)
+        except NodeExistsError:
+            try:
+                other = self.zk.get(self.paths.mover(slot))[0].decode(errors="replace")
+            except NoNodeError:
+                other = "a mover that just ended"
+            raise SlotLocked(
+                f"slot {slot} is being moved by {other} (lock {self.paths.mover(slot)} held): "
+                "run again once it ended"
+            ) from None
+        self._locks[slot] = holder
+
+    def release(self, slot: int) -> None:
+        """Give the slot's lock up (if this mover holds it), through a connection loss for up
+        to LOCK_RELEASE_DEADLINE_S; an expired session took the node with it."""
+        holder = self._locks.pop(slot, None)
+        if holder is None:
+            return
+        retry = KazooRetry(max_tries=-1, deadline=LOCK_RELEASE_DEADLINE_S)
+        with contextlib.suppress(SessionExpiredError):  # the node went with the session
+            retry(self._delete_lock, slot, holder)
+
+    def _delete_lock(self, slot: int, holder: bytes) -> None:
+        try:
+            data, stat = self.zk.get(self.paths.mover(slot))
+            if data == holder:
+                self.zk.delete(self.paths.mover(slot), version=stat.version)
+        except (NoNodeError, BadVersionError):
+            pass  # gone with a session that expired, or already somebody else's
+
+    def _check_lock(self, slot: int) -> None:
+        """Raise MoveError unless the slot's lock node is this mover's right now: called before
+        every write, so a mover whose session was suspended or lost stops there."""
+        holder = self._locks.get(slot)
+        if holder is None:
+            raise MoveError(f"slot {slot}: this mover does not hold the slot's lock")
+        if self.zk.state != KazooState.CONNECTED:
+            raise MoveError(f"slot {slot}: ZooKeeper connection {self.zk.state}; run again")
+        try:
+            data = self.zk.get(self.paths.mover(slot))[0]
+        except NoNodeError:
+            data = None
+        if data != holder:
+            raise MoveError(f"slot {slot}: this mover lost the slot's lock; run again")
 
     # ZooKeeper writes ----------------------------------------------------------------------
 

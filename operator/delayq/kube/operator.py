@@ -35,6 +35,7 @@ from delayq.kube.healthloop import HealthLoop
 from delayq.kube.leader_election import LeaderElector, LeadershipLost
 from delayq.kube.liveness import liveness_server
 from delayq.kube.metrics_server import metrics_server
+from delayq.kube.resharding import movers_stopped
 from delayq.kube.status import patched
 from delayq.kube.topics import API_VERSION
 
@@ -158,7 +159,8 @@ async def run(
     Every replica campaigns for the leader Lease (leader_election.py); only the holder runs kopf,
     which therefore never needs its own peering. Raises LeadershipLost when the Lease is lost: the
     caller must stop acting at once (the CLI exits non-zero). Without `stop_flag`, SIGTERM and
-    SIGINT stop it (a leader then releases the Lease so that a standby takes over at once).
+    SIGINT stop it (a leader then releases the Lease so that a standby takes over at once, once
+    this process's slot moves ended: resharding.movers_stopped).
     """
     ctx = ctx or OperatorContext.from_config(config)
     stop = stop_flag or stop_on_signals()
@@ -186,9 +188,11 @@ async def run(
         except LeadershipLost:
             raise  # exit without touching the Lease again: it may be someone else's already
         except BaseException:
-            await elector.release()  # kopf failed: let a standby take over at once
+            if await movers_stopped():
+                await elector.release()  # kopf failed: let a standby take over at once
             raise
-        await elector.release()
+        if await movers_stopped():  # else the Lease runs out: no standby beside our moves
+            await elector.release()
 
 
 def stop_on_signals() -> asyncio.Event:

@@ -60,6 +60,22 @@ MOVERS = ThreadPoolExecutor(thread_name_prefix="delayq-slot-mover")
 _under_way: dict[tuple[str, str], list[Future[Migration]]] = {}
 
 
+#: How long a clean stop waits for this process's moves before releasing the leader Lease
+#: (inside Kubernetes' default 30 s grace): a standby then starts none beside them. Past it the
+#: Lease is not released, it runs out; the slots' locks keep a standby off them meanwhile.
+MOVERS_STOP_S = 20.0
+
+
+async def movers_stopped(timeout_s: float = MOVERS_STOP_S) -> bool:
+    """Wait up to `timeout_s` for every move thread of this process to end; False if one
+    still runs (a thread cannot be cancelled)."""
+    running = [f for moves in _under_way.values() for f in moves if not f.done()]
+    if not running:
+        return True
+    _, left = await asyncio.wait([asyncio.wrap_future(f) for f in running], timeout=timeout_s)
+    return not left
+
+
 @dataclass(frozen=True)
 class Resharding:
     """One pass's resharding: the routing after it, and what the status and Events say."""
@@ -97,7 +113,7 @@ async def reshard(
 
     mover, queues = await asyncio.to_thread(open_mover)
     try:
-        return await _run(mover, spec, status, logger, key)
+        return await _run(mover, spec, routing, status, logger, key)
     finally:
         for queue in queues:
             queue.close()
@@ -106,6 +122,7 @@ async def reshard(
 async def _run(
     mover: SlotMover,
     spec: TopicSpec,
+    read: Routing,
     status: Mapping[str, Any],
     logger: Logger,
     key: tuple[str, str],
@@ -116,12 +133,16 @@ async def _run(
     deadline = time.monotonic() + MOVES_BUDGET_S
     done: list[Move] = []
     failure = ""
-    pending = await asyncio.to_thread(_pending, mover, spec.brokers)
+    try:
+        plan = await asyncio.to_thread(_pending, mover, spec.brokers)
+    except Exception as error:  # an unreadable node: reported, not raised
+        plan, failure = Plan([], ()), f"reading the moves: {_describe(error)}"
+    pending = plan.moves
     moved = int(recorded.get("moved", 0)) if moving else 0
     total = max(int(recorded.get("total", 0)), moved + len(pending)) if moving else len(pending)
-    if not pending and not moving:
-        return Resharding(await asyncio.to_thread(_routing, mover))  # balanced, as it was
-    events = [] if moving else [_started(pending, spec)]
+    if not pending and not moving and not failure:  # balanced, or a mover by hand at work
+        return Resharding(await asyncio.to_thread(_routing, mover))
+    events = [_started(pending, spec)] if pending and not moving else []
     while pending and not failure:
         batch = pending[: spec.resharding_max_concurrent_moves]
         moves = [MOVERS.submit(mover.move, move.slot, move.target) for move in batch]
@@ -130,17 +151,24 @@ async def _run(
             *(asyncio.wrap_future(move) for move in moves), return_exceptions=True
         )
         for move, result in zip(batch, results, strict=True):
-            if isinstance(result, MOVE_ERRORS):
-                failure = f"slot {move.slot} to broker {move.target}: {result}"
+            if isinstance(result, Exception):
+                failure = f"slot {move.slot} to broker {move.target}: {_describe(result)}"
                 logger.warning("resharding: move of %s failed", failure)
             elif isinstance(result, BaseException):
-                raise result  # a bug: the health pass reports it
+                raise result  # cancelled: the pass ends
             else:
                 done.append(move)
-        pending = await asyncio.to_thread(_pending, mover, spec.brokers)
+        try:
+            plan = await asyncio.to_thread(_pending, mover, spec.brokers)
+        except Exception as error:
+            plan, failure = Plan([], ()), f"reading the moves: {_describe(error)}"
+        pending = plan.moves
         if time.monotonic() >= deadline:
             break
-    routing = await asyncio.to_thread(_routing, mover)
+    try:
+        routing = await asyncio.to_thread(_routing, mover)
+    except Exception as error:
+        routing, failure = read, failure or f"reading the routing: {_describe(error)}"
     moved += len(done)
     total = max(total, moved + len(pending))
     if done:
@@ -149,8 +177,11 @@ async def _run(
     if failure:
         events.append(TopicEvent(WARNING, "ReshardingFailed", f"Moving {failure}; retried."))
     counts = ", ".join(f"{b}: {n}" for b, n in routing.slots_per_broker().items())
-    if pending or failure:
+    if pending or failure or plan.held:
         message = f"{moved}/{total} slot moves done; slots per broker {counts}."
+        if plan.held:
+            slots = ", ".join(map(str, plan.held))
+            message += f" Waiting for another mover of slots {slots} (their lock is held)."
         if failure:
             message += f" Last failure (retried next pass): {failure}."
         reason = "MoveFailed" if failure else "MovingSlots"
@@ -162,15 +193,37 @@ async def _run(
     return Resharding(routing, condition, {"moved": moved, "total": total}, events)
 
 
-def _pending(mover: SlotMover, broker_count: int) -> list[Move]:
-    """The recorded moves first (one a stopped mover left), else the plan from the routing."""
-    recorded = [Move(m.slot, m.source, m.target) for m in mover.migrations()]
+@dataclass(frozen=True)
+class Plan:
+    """What a pass may move now, and the slots another mover holds (left to it)."""
+
+    moves: list[Move]
+    held: tuple[int, ...]
+
+
+def _pending(mover: SlotMover, broker_count: int) -> Plan:
+    """The recorded moves first (one a stopped mover left), else the plan from the routing;
+    never a slot whose lock someone holds (a mover at work: the CLI, an operator stopping).
+    While a recorded move is held, nothing is planned: the plan waits for it."""
+    locked = mover.locked()
+    recorded = mover.migrations()
+    held = tuple(sorted(m.slot for m in recorded if m.slot in locked))
+    free = [Move(m.slot, m.source, m.target) for m in recorded if m.slot not in locked]
     if recorded:
-        return recorded
+        return Plan(free, held)
     routing, version = mover.routing()
     if version is None:
-        return []  # no routing published yet: reconcile writes the first one
-    return plan_moves(routing, broker_count)
+        return Plan([], ())  # no routing published yet: reconcile writes the first one
+    planned = plan_moves(routing, broker_count)
+    return Plan(
+        [m for m in planned if m.slot not in locked],
+        tuple(sorted(m.slot for m in planned if m.slot in locked)),
+    )
+
+
+def _describe(error: BaseException) -> str:
+    """One line: a MoveError's own text, the type for the rest (a KeyError says little)."""
+    return str(error) if isinstance(error, MoveError) else f"{type(error).__name__}: {error}"
 
 
 def _routing(mover: SlotMover) -> Routing:
