@@ -7,7 +7,9 @@ health pass then calls `reshard` once every broker has a ready master. It
 1. finishes every move recorded in ZooKeeper (`migrations/<slot>`): one a mover left when it
    stopped (this operator killed or demoted mid-move, a `delayq routing move-slot` that died).
    The recorded move is completed, never rolled back: its steps are idempotent, and completing
-   also serves the plan, which it was taken from;
+   also serves the plan, which it was taken from. A move whose slot's lock (`movers/<slot>`) is
+   held is left to its mover (the CLI, an operator process stopping), and nothing is planned
+   while one is;
 2. plans the fewest moves that balance the slots (routing.plan_moves) and runs them with
    coordination.migration.SlotMover, `spec.resharding.maxConcurrentMoves` at a time, until
    MOVES_BUDGET_S of the pass is spent. The next pass plans again from the routing in ZooKeeper
@@ -15,8 +17,9 @@ health pass then calls `reshard` once every broker has a ready master. It
 
 It runs inside the health pass on purpose: passes are serialized per topic with reconcile (the
 other writer of the routing, which never moves a slot: zk.RoutingChanged), run only on the
-leader, and stop while the topic carries `delayq.io/paused` (a batch already started is
-finished; no other starts). Progress is `status.resharding` (moves `moved` of
+leader, and do not run while the topic carries `delayq.io/paused`. The annotation is read when a
+pass starts: a pass under way goes on starting batches until its budget is spent; the next
+starts none. Progress is `status.resharding` (moves `moved` of
 `total`), the `Resharding` condition (True while slots move, False `Completed` after) and
 Events (ReshardingStarted, SlotsMoved per batch, ReshardingCompleted, ReshardingFailed); the
 per-broker slot counts are the brokers' `slots` in status.
@@ -51,11 +54,11 @@ from delayq.queue import Queue, Topic
 MOVES_BUDGET_S = 10.0
 #: What a move may fail with and be tried again by the next pass (which resumes it first).
 MOVE_ERRORS = (MoveError, redis.RedisError, *TRANSIENT_ERRORS)
-#: The threads the moves run in, and each topic's moves under way. A thread cannot be cancelled:
-#: when the health loop abandons a pass, its moves go on. Two movers of one slot must never run
-#: at once (a late copy of the first would overwrite the target after the second switched it),
-#: so a pass starts no move while one of an abandoned pass still runs; a move cancelled before
-#: its thread started never runs (its future is done either way).
+#: The threads the moves run in (min(32, cpus + 4), shared by every topic: maxConcurrentMoves
+#: bounds one topic's batch, not the threads), and each topic's moves under way. A thread
+#: cannot be cancelled: when the health loop abandons a pass, its moves go on (holding their
+#: slots' locks, SlotMover). A pass starts no move while one of an abandoned pass still runs;
+#: a move cancelled before its thread started never runs (its future is done either way).
 MOVERS = ThreadPoolExecutor(thread_name_prefix="delayq-slot-mover")
 _under_way: dict[tuple[str, str], list[Future[Migration]]] = {}
 

@@ -209,7 +209,7 @@ class TopicSpec:
     # spec.networkPolicy.allowFrom: NetworkPolicyPeers admitted to the service pods' API port
     # besides the topic's namespace and the operator, checked and copied as plain dicts
     network_policy_allow_from: tuple[dict[str, Any], ...] = ()
-    # spec.resharding.maxConcurrentMoves: slots moved at once when brokers grow
+    # spec.resharding.maxConcurrentMoves: slots of the topic a pass moves at once (one batch)
     resharding_max_concurrent_moves: int = DEFAULTS.resharding_max_concurrent_moves
 
     @property
