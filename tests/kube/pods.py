@@ -334,3 +334,27 @@ def add_service_pods(api: kmock.KubernetesEmulator, count: int) -> None:
             },
             "status": {"conditions": [{"type": "Ready", "status": "True"}]},
         }
+    services_rolled_to(api, count)
+
+
+def services_rolled_to(
+    api: kmock.KubernetesEmulator, ready: int, updated: int | None = None
+) -> None:
+    """The service StatefulSet's status as its controller writes it: `ready` pods, `updated`
+    of them (default all) on its current spec; no controller runs under kmock."""
+    try:
+        statefulset = api.objects["apps/v1/statefulsets", NAMESPACE, "orders-service"]
+    except KeyError:
+        return  # not provisioned yet
+    updated = ready if updated is None else updated
+    generation = statefulset.get("metadata", {}).get("generation")
+    status: dict[str, object] = {
+        "replicas": ready,
+        "readyReplicas": ready,
+        "updatedReplicas": updated,
+        "currentRevision": "orders-service-new" if updated == ready else "orders-service-old",
+        "updateRevision": "orders-service-new",
+    }
+    if generation is not None:
+        status["observedGeneration"] = generation
+    statefulset.patch({"status": status})

@@ -26,7 +26,7 @@ from delayq.kube.operator import serialized
 from delayq.local.waiting import eventually
 from delayq.queue import Queue
 from tests.kube.conftest import DT, own_slots, published_routing
-from tests.kube.pods import NAMESPACE, RedisPods, add_service_pods, fill
+from tests.kube.pods import NAMESPACE, RedisPods, add_service_pods, fill, services_rolled_to
 from tests.kube.test_events import posted
 from tests.kube.test_handlers import (
     body,
@@ -300,4 +300,29 @@ async def test_an_unreadable_move_is_reported_not_raised(
     zk.delete(newer)
     await health(api, ctx, logger)
     assert condition(api, "Resharding")["reason"] == "Completed"
+    assert where_they_are(zk, masters) == before
+
+
+async def test_no_slot_moves_before_every_delay_service_runs_the_new_brokers(
+    api: kmock.KubernetesEmulator,
+    ctx: OperatorContext,
+    zk: KazooClient,
+    redis_pods: RedisPods,
+    masters: list[Queue],
+    logger: logging.Logger,
+) -> None:
+    """Service pod 0 still on the spec of one broker ignores a routing naming broker 1: slots
+    moved there would wait for it to roll. The pass waits for the rollout to finish."""
+    before = await grown_topic(api, ctx, zk, redis_pods, masters, logger, maxConcurrentMoves=2)
+    services_rolled_to(api, 2, updated=1)  # pod 1 new, pod 0 still on the old spec
+    await health(api, ctx, logger)
+    routing = published_routing(zk)
+    assert routing is not None
+    assert routing.broker_of_slot == (0,) * SLOTS
+    assert SlotMover(zk, TopicPaths(NAMESPACE, "orders"), masters).migrations() == []
+    services_rolled_to(api, 2)
+    await health(api, ctx, logger)
+    moved = published_routing(zk)
+    assert moved is not None
+    assert moved.slots_per_broker() == {0: 4, 1: 4}
     assert where_they_are(zk, masters) == before

@@ -2,7 +2,8 @@
 
 When `spec.brokers` grows, reconcile publishes the routing with more brokers and every slot where
 it was (routing.plan_routing is sticky: a slot's messages live on its broker). The leader's
-health pass then calls `reshard` once every broker has a ready master. It
+health pass then calls `reshard` once every broker has a ready master and every delay-service
+pod runs the service StatefulSet's current spec (`services_rolled`). It
 
 1. finishes every move recorded in ZooKeeper (`migrations/<slot>`): one a mover left when it
    stopped (this operator killed or demoted mid-move, a `delayq routing move-slot` that died).
@@ -87,6 +88,23 @@ class Resharding:
     condition: Condition | None = None  # None: nothing to report (never resharded)
     progress: dict[str, int] | None = None  # status.resharding: {moved, total}
     events: list[TopicEvent] = field(default_factory=list)
+
+
+def services_rolled(statefulset: Mapping[str, Any] | None) -> bool:
+    """Every delay-service pod runs the StatefulSet's current spec, which lists every broker's
+    URL. A pod still on the old spec knows fewer brokers: it ignores a routing naming one it
+    has no URL for, so the slots moved there would wait for that pod to roll."""
+    if statefulset is None:
+        return False
+    status = statefulset.get("status") or {}
+    generation = (statefulset.get("metadata") or {}).get("generation")
+    replicas = (statefulset.get("spec") or {}).get("replicas", 1)
+    counts = tuple(status.get(f, 0) for f in ("replicas", "updatedReplicas", "readyReplicas"))
+    return (
+        (generation is None or status.get("observedGeneration") == generation)
+        and counts == (replicas, replicas, replicas)
+        and status.get("currentRevision") == status.get("updateRevision")
+    )
 
 
 async def reshard(

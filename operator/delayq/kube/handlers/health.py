@@ -28,7 +28,7 @@ from delayq.kube.events import WARNING, TopicEvent
 from delayq.kube.failover import Decision, RedisPod, decide
 from delayq.kube.handlers.switchover import label_role, switch_over
 from delayq.kube.redisctl import BrokerMemory
-from delayq.kube.resharding import MOVE_ERRORS, reshard
+from delayq.kube.resharding import MOVE_ERRORS, reshard, services_rolled
 from delayq.kube.spec import SpecError, TopicSpec
 from delayq.kube.status import (
     DEGRADED,
@@ -101,7 +101,12 @@ async def health_pass(
             memory[broker] = seen.memory
     serving = all(entry["state"] == "Ready" for entry in brokers)
     resharding = None
-    if serving and owned is not None:  # every master ready, ZooKeeper reachable
+    rolled = serving and services_rolled(
+        await ctx.kube.get(
+            "apps/v1", "StatefulSet", spec.namespace, naming.service_statefulset(spec.name)
+        )
+    )
+    if rolled and owned is not None:  # every master ready, every service on the spec, ZooKeeper
         try:
             resharding = await reshard(ctx, spec, routing, password, status, logger)
         except MOVE_ERRORS as error:  # reading the moves failed: the next pass tries again
