@@ -409,3 +409,23 @@ async def test_serve_with_insecure_no_auth_listens_beyond_loopback_without_a_tok
         assert response.status == 200  # open, as asked
     process.terminate()
     assert await exit_code(process) == 0
+
+
+def test_serve_of_several_brokers_exits_1_when_zookeeper_is_unreachable(
+    redis_server: RedisServer,
+):
+    """Without the routing a multi-broker service would write by the first routing (wrong
+    once a slot moved) and never learn of a move: it exits, its pod restarts."""
+    unreachable = f"127.0.0.1:{free_port()}"
+    result = serve_once(
+        {
+            "DELAYQ_REDIS_URL": redis_server.url,
+            "DELAYQ_BROKER_URLS": f"{redis_server.url},{redis_server.url}",
+            "DELAYQ_ZOOKEEPER_CONNECT": unreachable,
+            "DELAYQ_PORT": "0",
+        }
+    )
+    assert result.returncode == 1
+    errors = [json.loads(line) for line in result.stderr.splitlines() if '"ERROR"' in line]
+    assert errors[0]["msg"] == "cannot start: the routing is unreadable"
+    assert errors[0]["error"] == f"ZooKeeper {unreachable}: KazooTimeoutError"

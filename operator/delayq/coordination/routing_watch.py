@@ -27,6 +27,10 @@ CONNECT_TIMEOUT_S = 10.0
 RoutingCallback = Callable[[list[int]], None]
 
 
+class RoutingUnreadable(Exception):
+    """A multi-broker delay service could not read (and watch) the routing when it started."""
+
+
 @dataclass(frozen=True)
 class ZkConnection:
     """How a client reaches the topic's ZooKeeper: hosts, the topic's digest identity (with
@@ -55,6 +59,7 @@ class RoutingWatch:
         self._client = KazooClient(
             hosts=hosts, timeout=CONNECT_TIMEOUT_S, auth_data=auth, **kazoo_options(tls)
         )
+        self._hosts = hosts
         self._path = TopicPaths(namespace, topic).routing
         self._slot_amount = slot_amount
 
@@ -82,10 +87,11 @@ class RoutingWatch:
         self._client.close()
 
     async def start(self, on_change: RoutingCallback) -> list[int] | None:
-        """`open` for the event loop, `on_change` called on it; a delay service's policy: an
-        unreachable ZooKeeper reads as None (the service then uses the first routing), but a
-        refusal (wrong or missing credentials) raises: on a topic whose brokers were added
-        later the first routing sends messages to the wrong broker, stranding them."""
+        """`open` for the event loop, `on_change` called on it; a delay service's policy: a
+        refusal (wrong or missing credentials) raises NoAuthError and an unreachable ZooKeeper
+        RoutingUnreadable, never a fallback to the first routing: on a topic whose slots
+        moved it sends messages to the wrong broker, stranding them, and with no watch the
+        process would never learn of a later move. The service exits; its pod restarts."""
         loop = asyncio.get_running_loop()
 
         def changed(routing: list[int]) -> None:
@@ -96,9 +102,9 @@ class RoutingWatch:
         except NoAuthError:
             await self.stop()
             raise
-        except Exception:
-            log.exception("could not read the routing from ZooKeeper; using the first routing")
-            return None
+        except Exception as error:
+            await self.stop()
+            raise RoutingUnreadable(f"ZooKeeper {self._hosts}: {type(error).__name__}") from error
 
     async def stop(self) -> None:
         await asyncio.to_thread(self.close)

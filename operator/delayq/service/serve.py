@@ -18,6 +18,7 @@ import redis
 from aiohttp import web
 
 from delayq.coordination.ownership import EmbeddedOwnership, Ownership
+from delayq.coordination.routing_watch import RoutingUnreadable
 from delayq.service import logs
 from delayq.service.api import build_app
 from delayq.service.config import ServiceConfig
@@ -59,6 +60,11 @@ async def serve(config: ServiceConfig, stop: asyncio.Event | None = None) -> int
         with contextlib.suppress(redis.RedisError, OSError):
             await service.stop()
         return 1  # the pod restarts with backoff until its brokers answer
+    except RoutingUnreadable as error:
+        log.error("cannot start: the routing is unreadable", extra={"error": str(error)})
+        with contextlib.suppress(redis.RedisError, OSError):
+            await service.stop()
+        return 1  # likewise until ZooKeeper answers
     # the keep-alive timer also runs from a connection's start until its request's headers
     # are complete: it is the header read timeout too (json_body bounds the body)
     runner = web.AppRunner(
