@@ -11,7 +11,7 @@ import subprocess
 import sys
 import uuid
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import pytest
@@ -334,6 +334,50 @@ def test_a_mover_whose_session_expired_stops_before_its_next_redis_write(topolog
     first.zk.stop()
     with pytest.raises(MoveError, match="ZooKeeper connection"):
         first.step(*current)
+
+
+def test_the_copy_waits_for_the_targets_replicas_before_the_switch(topology: Topology):
+    """A topic with syncReplicas 1: `clean` deletes the source after the switch, so the copy
+    must be on a replica of the target first (a target master lost before replicating would
+    lose the slot). With the replica stopped the step fails and stays recorded; once it runs
+    again the move completes and the replica has the slot."""
+    target = topology.servers[1]
+    with RedisServer(extra_config={"replicaof": f"127.0.0.1 {target.port}"}) as replica:
+        wait_until(
+            lambda: topology.admins[1].info("replication")["connected_slaves"] == 1,
+            10.0,
+            "the target's replica attached",
+        )
+        topic = replace(topology.topic, redis_sync_replicas=1, redis_sync_timeout_ms=1000)
+        user, password = f"{NAMESPACE}.{topic.name}", "engine-secret"
+        queues = [
+            Queue.from_url(server.url, topic, username=user, password=password)
+            for server in topology.servers
+        ]
+        slot = topology.slot
+        fill(topology.queues[0], slot)  # broker 0 has no replica
+        before = snapshot(topology.admins[0], topology.topic, slot)
+        mover = SlotMover(topology.mover().zk, topology.paths, queues)
+        assert replica.process is not None
+        os.kill(replica.process.pid, signal.SIGSTOP)
+        try:
+            with pytest.raises(MoveError, match="0 of 1 replicas of broker 1 confirmed its copy"):
+                mover.move(slot, 1)
+        finally:
+            os.kill(replica.process.pid, signal.SIGCONT)
+        assert mover.migrations() == [Migration(slot, 0, 1, Step.COPY)]
+        assert topology.routing().broker_of_slot[slot] == 0
+        with redis.Redis.from_url(replica.url) as replica_admin:
+            offset = topology.admins[1].info("replication")["master_repl_offset"]
+            wait_until(
+                lambda: replica_admin.info("replication")["slave_repl_offset"] >= offset,
+                10.0,
+                "the replica caught up",
+            )
+            assert mover.move(slot, 1).step is Step.CLEAN
+            assert snapshot(replica_admin, topology.topic, slot) == before
+        for queue in queues:
+            queue.close()
 
 
 def test_without_a_routing_node_the_first_routing_is_moved_from(topology: Topology):

@@ -46,6 +46,7 @@ from delayq.coordination.layout import TopicPaths
 from delayq.coordination.routing import Routing, initial_routing
 from delayq.queue import plans
 from delayq.queue.client import Queue
+from delayq.queue.codes import ReplicationTimeoutError
 from delayq.queue.keys import slot_keys
 from delayq.queue.slot_copy import MOVED_AWAY_PARTS, copy_slot, delete_slot
 
@@ -217,7 +218,7 @@ class SlotMover:
         elif migration.step is Step.COPY:
             copy_slot(source.redis, target.redis, keys)
             self._check_lock(migration.slot)
-            target.run(plans.thaw(self.topic, migration.slot))
+            self._thaw_replicated(target, migration)
         elif migration.step is Step.SWITCH:
             self._switch(migration)
         else:
@@ -228,6 +229,20 @@ class SlotMover:
         following = migration.step.following
         assert following is not None
         return self._record(replace(migration, step=following), version)
+
+    def _thaw_replicated(self, target: Queue, migration: Migration) -> None:
+        """Thaw the copy; on a topic with `redis_sync_replicas` that waits (WAIT, after the
+        copy too: replication is ordered) until that many of the target's replicas have it,
+        else the step fails and is repeated: `clean` deletes the source after the switch, so a
+        target master lost before replicating would otherwise lose the whole slot."""
+        try:
+            target.run(plans.thaw(self.topic, migration.slot))
+        except ReplicationTimeoutError as error:
+            raise MoveError(
+                f"slot {migration.slot}: {error.confirmed} of {error.wanted} replicas of broker "
+                f"{migration.target} confirmed its copy within "
+                f"{self.topic.redis_sync_timeout_ms} ms; run again"
+            ) from error
 
     def move(self, slot: int, target: int) -> Migration:
         """Move `slot` to broker `target`, resuming a move recorded earlier; returns the

@@ -32,7 +32,7 @@ import asyncio
 import time
 from collections.abc import Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import redis
@@ -46,7 +46,7 @@ from delayq.kube.errors import TRANSIENT_ERRORS
 from delayq.kube.events import NORMAL, WARNING, TopicEvent
 from delayq.kube.spec import TopicSpec
 from delayq.kube.status import FALSE, RESHARDING, TRUE, Condition
-from delayq.queue import Queue, Topic
+from delayq.queue import Queue
 
 # How long one health pass keeps starting batches of moves (at least one; a batch under way is
 # finished), inside the pass's bound (healthloop.PASS_TIMEOUT_S). A slot of 100k messages moves
@@ -124,7 +124,7 @@ async def reshard(
     if not all(move.done() for move in _under_way.get(key, [])):
         logger.warning("resharding waits: a move of an abandoned pass still runs")
         return Resharding(routing)
-    topic = Topic(spec.name, namespace=spec.namespace, slot_amount=routing.slot_amount)
+    topic = replace(spec.topic, slot_amount=routing.slot_amount)  # its syncReplicas too
     hosts = [naming.redis_master_host(spec.name, spec.namespace, b) for b in range(spec.brokers)]
     connect = zookeeper_connect(spec, ctx.build)
 

@@ -83,6 +83,7 @@ _ACKNOWLEDGED_WRITES = frozenset(
         Script.PURGE,
         Script.DEFINE,
         Script.DROP,
+        Script.THAW,  # a slot's copy on its new broker: the source is cleaned after it
     }
 )
 
