@@ -154,10 +154,7 @@ async def _run(
     deadline = time.monotonic() + MOVES_BUDGET_S
     done: list[Move] = []
     failure = ""
-    try:
-        plan = await asyncio.to_thread(_pending, mover, spec.brokers)
-    except Exception as error:  # an unreadable node: reported, not raised
-        plan, failure = Plan([], ()), f"reading the moves: {_describe(error)}"
+    plan, failure = await _read_plan(mover, spec.brokers)
     pending = plan.moves
     moved = int(recorded.get("moved", 0)) if moving else 0
     total = max(int(recorded.get("total", 0)), moved + len(pending)) if moving else len(pending)
@@ -179,10 +176,7 @@ async def _run(
                 raise result  # cancelled: the pass ends
             else:
                 done.append(move)
-        try:
-            plan = await asyncio.to_thread(_pending, mover, spec.brokers)
-        except Exception as error:
-            plan, failure = Plan([], ()), f"reading the moves: {_describe(error)}"
+        plan, failure = await _read_plan(mover, spec.brokers, failure)
         pending = plan.moves
         if time.monotonic() >= deadline:
             break
@@ -220,6 +214,15 @@ class Plan:
 
     moves: list[Move]
     held: tuple[int, ...]
+
+
+async def _read_plan(mover: SlotMover, broker_count: int, failure: str = "") -> tuple[Plan, str]:
+    """`_pending`, an unreadable node (a newer format, a broker gone) reported as the pass's
+    failure rather than raised: raising would fail the whole health pass, freezing status."""
+    try:
+        return await asyncio.to_thread(_pending, mover, broker_count), failure
+    except Exception as error:
+        return Plan([], ()), failure or f"reading the moves: {_describe(error)}"
 
 
 def _pending(mover: SlotMover, broker_count: int) -> Plan:
