@@ -8,6 +8,7 @@ import asyncio
 import itertools
 import json
 import time
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
@@ -215,6 +216,18 @@ async def test_concurrency_is_limited_per_topic(start_service: StartService, rec
     assert peak == 2
 
 
+def first_held_until(release: asyncio.Event) -> Callable[[int], Awaitable[int]]:
+    """A receiver's answer: 200, the first POST only once `release` is set (it holds the one
+    POST slot, so the messages behind it pile up)."""
+
+    async def answer(call: int) -> int:
+        if call == 1:
+            await release.wait()
+        return 200
+
+    return answer
+
+
 def answer_each(request_body: bytes, statuses: dict[str, int] | None = None,
                 skip: frozenset[str] = frozenset()) -> bytes:
     """A batch receiver's reply: 200 for each message, except on its first attempt: then
@@ -235,13 +248,7 @@ async def test_messages_waiting_for_a_post_slot_go_out_together_each_answered(
     behind it leave together (at most 10 per POST), signed as one; the receiver's answer to
     each acks it (200), or retries it alone (500, or no answer)."""
     release = asyncio.Event()
-
-    async def first_held(call: int) -> int:
-        if call == 1:
-            await release.wait()
-        return 200
-
-    receiver.answer = first_held
+    receiver.answer = first_held_until(release)
     receiver.reply = lambda body: answer_each(body, {"b3": 500}, frozenset({"b4"}))
     running = await start_service(
         topic_type="webhook", webhook_url=receiver.url, webhook_secret=SECRET,
@@ -315,13 +322,7 @@ async def test_one_id_twice_never_shares_a_batch(
     one batch would both take one answer, acking a message the receiver refused. The second
     waits for the next batch: each is answered on its own."""
     release = asyncio.Event()
-
-    async def first_held(call: int) -> int:
-        if call == 1:
-            await release.wait()
-        return 200
-
-    receiver.answer = first_held
+    receiver.answer = first_held_until(release)
     receiver.reply = answer_each
     running = await start_service(
         topic_type="webhook", webhook_url=receiver.url, webhook_max_in_flight=1,
