@@ -301,3 +301,36 @@ async def test_a_slow_batch_does_not_hold_finished_acks_back(
         await stopped(consumer, running)
     assert first_acked_at, "the first ack waited for the whole batch"
     assert first_acked_at[0] <= 3, first_acked_at
+
+
+async def test_an_ack_after_a_redis_restart_is_sent_again_not_lost(
+    durable_redis: RedisServer,
+) -> None:
+    """Regression (chaos seed 23): Redis restarted while a handler ran; the ack took a pooled
+    connection the server had closed, failed, and the delivered message came again once its
+    lease ran out. The ack is sent once more on a fresh connection: acked, delivered once."""
+    topic = Topic("restart", slot_amount=1, ack_timeout_ms=3_000)
+    Queue.from_url(durable_redis.url, topic).schedule("r", b"p", delay_ms=0)
+    release = asyncio.Event()
+    calls: Counter[str] = Counter()
+
+    async def handler(message: Message) -> None:
+        calls[message.id] += 1
+        await release.wait()
+
+    client = redis.asyncio.Redis.from_url(durable_redis.url, socket_timeout=1.0)
+    consumer = Consumer(AsyncQueue(client, topic), handler)
+    await consumer.own([0])
+    running = asyncio.create_task(consumer.run())
+    try:
+        await eventually(lambda: calls["r"] == 1, 5.0, "the message handed to its handler")
+        durable_redis.crash()
+        durable_redis.start()
+        release.set()
+        check = Queue.from_url(durable_redis.url, topic)
+        # well inside the 3 s lease: a lost ack would leave it prepared until then
+        await eventually(lambda: check.get("r").state is State.ABSENT, 1.5, "the ack")
+        assert calls["r"] == 1
+    finally:
+        await stopped(consumer, running)
+        await client.aclose()

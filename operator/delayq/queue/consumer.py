@@ -38,7 +38,7 @@ import logging
 import time
 from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass, field
-from typing import cast
+from typing import TypeVar, cast
 
 import redis.asyncio
 
@@ -50,6 +50,7 @@ from delayq.queue.slots import OwnedSlot, OwnedSlots
 from delayq.queue.topups import TopUps
 
 log = logging.getLogger(__name__)
+T = TypeVar("T")
 
 Handler = Callable[[Message], Awaitable[None]]
 RETRY_MS = 200  # after a failed claim, the slot is tried again this much later
@@ -483,12 +484,13 @@ class Consumer:
                 try:
                     if done and len(done) >= threshold:
                         leases, done = done, []
-                        self._count_lost(await self._settled(self.queue.ack_many(leases)))
+                        acked = await self._twice_on_reconnect(self.queue.ack_many, leases)
+                        self._count_lost(acked)
                         for message in leases:
                             del batch.pending[message.id]
                     if retries and len(retries) >= threshold:
                         failed, retries = retries, []
-                        nacked = await self._settled(self.queue.nack_many(failed))
+                        nacked = await self._twice_on_reconnect(self.queue.nack_many, failed)
                         self._count_lost(nacked)
                         if self.on_nacked is not None:
                             self.on_nacked(nacked)
@@ -556,6 +558,19 @@ class Consumer:
         if isinstance(error, DeadLetterError):
             return Retry(message.lease, 0, reason, dead=True)
         return Retry(message.lease, self.settings.backoff.delay_ms(message.attempt), reason)
+
+    async def _twice_on_reconnect(
+        self, send: Callable[[list[T]], Awaitable[list[Outcome]]], items: list[T]
+    ) -> list[Outcome]:
+        """Send acks or nacks; on a connection error, once more. A pooled connection the
+        server closed (a Redis restart while the handlers ran) fails its first use, and
+        without a second try the delivered messages would come again once their leases ran
+        out. Sending twice is safe: each carries its lease, so one that already ran answers
+        that the lease is spent, changing nothing."""
+        try:
+            return await self._settled(send(items))
+        except redis.ConnectionError:
+            return await self._settled(send(items))
 
     async def _settled(self, call: Awaitable[list[Outcome]]) -> list[Outcome]:
         """The outcomes of an ack or nack call, also when the topic's replicas did not confirm
