@@ -176,7 +176,7 @@ def test_a_move_copies_every_key_switches_routing_and_leaves_a_tombstone(topolog
     assert target.get("m5", slot_basis=BASIS).state.value == "scheduled"
 
 
-def test_a_frozen_slot_refuses_every_write_with_slot_moving(topology: Topology):
+def test_a_frozen_slot_refuses_every_write_and_read_by_id_with_slot_moving(topology: Topology):
     source, _ = topology.queues
     slot = topology.slot
     held = fill(source, slot)
@@ -192,6 +192,7 @@ def test_a_frozen_slot_refuses_every_write_with_slot_moving(topology: Topology):
         lambda: source.put_schedule(Schedule(BASIS, Recurrence(every_ms=1000))),
         lambda: source.delete_schedule(BASIS),
         lambda: source.take_over(slot),
+        lambda: source.get("m5", BASIS),  # the source is emptied after the move
     ]
     for write in refused:
         with pytest.raises(SlotMovingError, match=r"^SLOT_MOVING"):

@@ -17,14 +17,28 @@ from kazoo.client import KazooClient
 
 from delayq.coordination.layout import TopicPaths
 from delayq.coordination.migration import SlotMover, Step
-from delayq.coordination.routed_queue import RoutedQueue, RoutingError
+from delayq.coordination.routed_queue import RoutedQueue, RoutingError, RoutingTable
 from delayq.coordination.routing import Routing
 from delayq.coordination.routing_watch import ZkConnection
 from delayq.local.redis_server import RedisServer
 from delayq.local.waiting import wait_until
 from delayq.local.zookeeper_server import ZooKeeperServer
-from delayq.queue import Code, Queue, ScheduleRequest, SlotMovingError, State, Topic
+from delayq.queue import (
+    BrokerFullError,
+    Code,
+    PartlyStoredError,
+    Queue,
+    ReplicationTimeoutError,
+    ScheduleFailure,
+    ScheduleRequest,
+    ScheduleResult,
+    SlotMovingError,
+    State,
+    Topic,
+    plans,
+)
 from delayq.queue.keys import Part, slot_keys
+from tests.redis_memory import FULL, memory_for
 
 SLOTS = 8
 SPLIT = (0, 1) * (SLOTS // 2)  # even slots on broker 0, odd ones on broker 1
@@ -190,5 +204,96 @@ def test_slots_moved_while_the_client_writes_lose_nothing(brokers: TwoBrokers):
     assert set(written) == set(stored)  # nothing lost, nothing stranded on another broker
     routing = Routing.from_json(brokers.zk.get(brokers.paths.routing)[0]).broker_of_slot
     assert all(stored[i] == routing[brokers.topic.slot_of(i)] for i in written)
+    for queue_ in mover.queues:
+        queue_.close()
+
+
+def requests_in(topic: Topic, *slots: int) -> list[ScheduleRequest]:
+    """Two requests per slot, in the order of `slots`."""
+    return [
+        ScheduleRequest(message_id, b"x", delay_ms=60_000)
+        for slot in slots
+        for message_id in ids_in(topic, slot, 2)
+    ]
+
+
+def test_each_item_of_a_broker_keeps_the_error_of_its_own_slots_call(brokers: TwoBrokers):
+    """Broker 0 refuses slot 2 as moving and slot 4 as full, broker 1 stores slot 1: every
+    item reports its own slot's answer, not the first error of its broker."""
+    frozen, full, stored = 2, 4, 1
+    requests = requests_in(brokers.topic, frozen, full, stored)
+    admin = redis.Redis.from_url(brokers.urls[0])
+    with RoutedQueue.connect(brokers.urls, brokers.topic, routing=SPLIT, move_wait_ms=0) as queue:
+        queue.queues[0].run(plans.freeze(brokers.topic, frozen))
+        with memory_for(admin, FULL), pytest.raises(PartlyStoredError) as partly:
+            queue.schedule_many(requests)
+    admin.close()
+    answers = partly.value.results
+    assert [a.id for a in answers] == [r.id for r in requests]
+    errors = [type(a.error) if isinstance(a, ScheduleFailure) else a.code for a in answers]
+    assert errors == [SlotMovingError] * 2 + [BrokerFullError] * 2 + [Code.CREATED] * 2
+    assert {r.id for r in requests[4:]} == brokers.stored_on(1, stored)
+
+
+def test_a_broker_whose_replicas_lag_fails_only_its_items_after_others_stored(
+    redis_server: RedisServer, second_broker: RedisServer
+):
+    """syncReplicas 1: broker 0 has a replica, broker 1 none, so its writes go unconfirmed.
+    Broker 0's items are stored; broker 1's are failures carrying their own result (written on
+    its master), never an error escaping after broker 0 stored."""
+    topic = Topic(
+        "orders",
+        namespace=f"rq-{uuid.uuid4().hex[:8]}",
+        slot_amount=SLOTS,
+        redis_sync_replicas=1,
+        redis_sync_timeout_ms=1000,
+    )
+    confirmed, unconfirmed = 2, 1
+    requests = requests_in(topic, confirmed, unconfirmed)
+    with RedisServer(extra_config={"replicaof": f"127.0.0.1 {redis_server.port}"}):
+        admin = redis.Redis.from_url(redis_server.url)
+        wait_until(
+            lambda: admin.info("replication").get("slave0", {}).get("state") == "online",
+            20.0,
+            "the replica in sync",
+        )
+        admin.close()
+        urls = [redis_server.url, second_broker.url]
+        with (
+            RoutedQueue.connect(urls, topic, routing=SPLIT) as queue,
+            pytest.raises(PartlyStoredError) as partly,
+        ):
+            queue.schedule_many(requests)
+    answers = partly.value.results
+    assert [a.code for a in answers[:2] if isinstance(a, ScheduleResult)] == [Code.CREATED] * 2
+    lagging = [a for a in answers[2:] if isinstance(a, ScheduleFailure)]
+    assert [f.id for f in lagging] == [r.id for r in requests[2:]]
+    for failure in lagging:
+        assert isinstance(failure.error, ReplicationTimeoutError)
+        assert failure.error.confirmed == 0
+        result = failure.error.result
+        assert isinstance(result, ScheduleResult)
+        assert (result.id, result.code) == (failure.id, Code.CREATED)
+
+
+def test_a_get_on_a_stale_routing_after_a_move_asks_the_new_broker(brokers: TwoBrokers):
+    """After a move's clean step the source keeps only the slot's frozen epoch: a client whose
+    routing still names it is refused (SLOT_MOVING), not told the message is absent, and
+    asks again once its routing names the new broker."""
+    brokers.publish((0,) * SLOTS)
+    slot = 3
+    [message_id] = ids_in(brokers.topic, slot, 1)
+    mover = brokers.mover()
+    table = RoutingTable((0,) * SLOTS, 2)  # fed by hand: the watch that would update it is late
+    queue = RoutedQueue(mover.queues, table, move_wait_ms=0)
+    queue.schedule(message_id, b"x", delay_ms=60_000)
+    mover.move(slot, 1)  # freeze, copy, switch, clean
+    with pytest.raises(SlotMovingError):
+        queue.get(message_id)
+    queue.move_wait_ms = 10_000
+    with ThreadPoolExecutor(1) as pool:
+        reading = pool.submit(queue.get, message_id)
+        table.update(mover.routing()[0].broker_of_slot)
+        assert reading.result(timeout=10).state is State.SCHEDULED
     for queue_ in mover.queues:
         queue_.close()

@@ -20,7 +20,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Sequence
-from typing import Any, TypeVar
+from typing import Any, TypeVar, cast
 
 import redis
 
@@ -31,7 +31,7 @@ from delayq.queue import plans
 from delayq.queue.backoff import Backoff
 from delayq.queue.client import Queue
 from delayq.queue.codec import Headers
-from delayq.queue.codes import SlotMovingError
+from delayq.queue.codes import ReplicationTimeoutError, SlotMovingError
 from delayq.queue.model import (
     MessageInfo,
     Mode,
@@ -225,11 +225,19 @@ class RoutedQueue:
     def schedule_many(
         self, requests: Sequence[ScheduleRequest], mode: Mode = Mode.CREATE
     ) -> list[ScheduleResult]:
-        """As Queue.schedule_many: one call per broker; items refused with SLOT_MOVING are
-        sent again (only they) on the newer routing. Every request is validated before any is
-        sent, so InvalidMessageError means nothing was stored. When some items failed
-        otherwise (or kept being refused past `move_wait_ms`) after others were stored, raises
-        PartlyStoredError; when none was stored, the first error."""
+        """As Queue.schedule_many: one call per broker, every broker called whatever another
+        answered; items refused with SLOT_MOVING are sent again (only they) on the newer
+        routing. Every request is validated before any is sent, so InvalidMessageError means
+        nothing was stored.
+
+        When some items failed (or kept being refused past `move_wait_ms`) and others were
+        written, raises PartlyStoredError whose `results` give each item the answer of its own
+        slot's call: a ScheduleResult, or a ScheduleFailure with that call's error (a slot
+        refused with SLOT_MOVING and another with BrokerFullError on one broker each keep
+        their own). On a topic with `redis_sync_replicas`, an item written on its broker's
+        master that too few replicas confirmed is a ScheduleFailure whose error is a
+        ReplicationTimeoutError carrying the item's ScheduleResult: resending it is safe.
+        When nothing was written at all, the first error is raised (resend the whole batch)."""
         slots = [Target(r.id, r.slot_basis).slot(self.topic) for r in requests]
         results: list[ScheduleResult | ScheduleFailure | None] = [None] * len(requests)
         pending = list(range(len(requests)))
@@ -238,7 +246,7 @@ class RoutedQueue:
             version, routing = self._table.snapshot()
             groups = by_broker(routing, (slots[i] for i in pending))
             built = {  # built before anything is sent: a refused request stops them all
-                broker: plans.schedule(self.topic, [requests[pending[p]] for p in at], mode)
+                broker: plans.schedule_answers(self.topic, [requests[pending[p]] for p in at], mode)
                 for broker, at in groups.items()
             }
             moving: list[int] = []
@@ -261,15 +269,15 @@ class RoutedQueue:
     def _send(
         self,
         broker: int,
-        plan: plans.Plan[list[ScheduleResult]],
+        plan: plans.Plan[list[ScheduleResult | ScheduleFailure]],
         items: Sequence[tuple[str, int]],
     ) -> list[ScheduleResult | ScheduleFailure]:
-        """One broker's schedule call of `items` (id, slot): a result or a failure per item."""
+        """One broker's schedule call of `items` (id, slot): each item's own answer. Only a
+        call that failed as a whole (the connection, or its one slot refused) fails all."""
         try:
-            answered = self.queues[broker].run(plan)
-            return [*answered]
-        except PartlyStoredError as error:
-            return error.results
+            return self.queues[broker].run(plan)
+        except ReplicationTimeoutError as error:
+            return _unconfirmed(error)
         except redis.RedisError as error:
             return [ScheduleFailure(message_id, slot, error) for message_id, slot in items]
 
@@ -354,12 +362,30 @@ def _watched(
     return tables[0], watch
 
 
+def _unconfirmed(error: ReplicationTimeoutError) -> list[ScheduleResult | ScheduleFailure]:
+    """A broker's answers whose replicas did not confirm in time: each item written on its
+    master becomes a failure carrying its own result; refusals (nothing written) stay."""
+    answers = cast(list[ScheduleResult | ScheduleFailure], error.result)  # schedule_answers's
+    return [
+        ScheduleFailure(
+            answer.id,
+            answer.slot,
+            ReplicationTimeoutError(error.wanted, error.confirmed, error.timeout_ms, answer),
+        )
+        if isinstance(answer, ScheduleResult) and not answer.code.is_error
+        else answer
+        for answer in answers
+    ]
+
+
 def _stored(results: list[ScheduleResult | ScheduleFailure | None]) -> list[ScheduleResult]:
-    """The results, or PartlyStoredError / the first error when some items were not stored."""
+    """The results, or PartlyStoredError when some items failed and something was written,
+    or the first error when nothing was (every item refused)."""
     final = [r for r in results if r is not None]
     failures = [r for r in final if isinstance(r, ScheduleFailure)]
     if not failures:
         return [r for r in final if isinstance(r, ScheduleResult)]
-    if len(failures) == len(final):
+    unconfirmed = [f for f in failures if isinstance(f.error, ReplicationTimeoutError)]
+    if len(failures) == len(final) and not unconfirmed:
         raise failures[0].error
     raise PartlyStoredError(final)

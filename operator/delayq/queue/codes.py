@@ -92,6 +92,7 @@ class ReplicationTimeoutError(DelayqError):
         )
         self.wanted = wanted
         self.confirmed = confirmed
+        self.timeout_ms = timeout_ms
         self.result = result
 
 

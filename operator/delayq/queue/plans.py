@@ -146,6 +146,26 @@ def schedule(
     """One call per slot (and chunk). A call that fails stores nothing of its chunk (a script
     is refused before its first write, e.g. out of memory); when some calls fail and others
     stored, the plan raises PartlyStoredError, and when all fail, the first error."""
+    answers = schedule_answers(topic, requests, mode)
+
+    def combine(replies: list[Reply]) -> list[ScheduleResult]:
+        results = answers.combine(replies)
+        errors = [reply for reply in replies if isinstance(reply, Exception)]
+        if not errors:
+            return cast(list[ScheduleResult], results)
+        if len(errors) == len(replies):
+            raise errors[0]  # nothing was stored
+        raise PartlyStoredError(results)
+
+    return Plan(answers.calls, combine, partial=True)
+
+
+def schedule_answers(
+    topic: Topic, requests: Sequence[ScheduleRequest], mode: Mode
+) -> Plan[list[ScheduleResult | ScheduleFailure]]:
+    """As `schedule`, but never raising for a failed call: each request gets the answer of its
+    own slot's call, a result or that call's failure. For a caller that merges the answers of
+    several calls (the routed client, over brokers), where one error for all would be wrong."""
     encoded = [_encode_request(topic, request) for request in requests]
     slots = [slot for slot, _ in encoded]
 
@@ -183,15 +203,9 @@ def schedule(
             for i, (code, due, state) in zip(indexes, groups(reply, 3), strict=True)
         ]
 
-    def combine(replies: list[Reply]) -> list[ScheduleResult]:
+    def combine(replies: list[Reply]) -> list[ScheduleResult | ScheduleFailure]:
         per_call = [call_results(i, reply) for i, reply in zip(order, replies, strict=True)]
-        results = _scatter(order, per_call, len(requests))
-        errors = [reply for reply in replies if isinstance(reply, Exception)]
-        if not errors:
-            return cast(list[ScheduleResult], results)
-        if len(errors) == len(replies):
-            raise errors[0]  # nothing was stored
-        raise PartlyStoredError(results)
+        return _scatter(order, per_call, len(requests))
 
     return Plan(calls, combine, partial=True)
 
@@ -601,7 +615,7 @@ def dead_page(topic: Topic, slot: int, offset: int, count: int) -> Plan[DeadPage
 def get(topic: Topic, targets: Sequence[Target]) -> Plan[list[MessageInfo]]:
     def build(slot: int, chunk: Sequence[Target]) -> ScriptCall:
         keys = slot_keys(topic, slot).keys(
-            Part.STORE, Part.PREPARE, Part.DEAD, Part.MSG, Part.REASON, Part.OUTCOME
+            Part.STORE, Part.PREPARE, Part.DEAD, Part.MSG, Part.REASON, Part.OUTCOME, Part.EPOCH
         )
         args: list[Arg] = [topic.outcome_retention_ms, *(validate_id(t.id) for t in chunk)]
         return ScriptCall(Script.GET, keys, args)

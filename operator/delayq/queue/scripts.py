@@ -47,7 +47,7 @@ class Script(enum.StrEnum):
     GIVEBACK = "giveback-6"
     REDRIVE = "redrive-7"
     PURGE = "purge-7"
-    GET = "get-6"
+    GET = "get-7"
     STATS = "stats-3"
     DEAD_PAGE = "deadpage-3"
     DEFINE = "define-8"

@@ -4,7 +4,8 @@
   'moving:<epoch>'. From this call on every claim, ack, nack, extend and give-back of the old
   owner is refused as stale (no epoch equals it), its fence-1 and every producing write
   (schedule, cancel, reschedule, redrive, purge, define, drop, topup) raise SLOT_MOVING, so
-  nothing changes in the slot on this broker while it is copied. Idempotent: a frozen slot
+  nothing changes in the slot on this broker while it is copied; so does a read by id (get),
+  since the source is emptied after the move. Idempotent: a frozen slot
   stays as it is, so a mover that crashed may freeze again.
 
   KEYS[1] epoch  STRING fencing epoch of the slot owner

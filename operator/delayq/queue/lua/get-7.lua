@@ -1,5 +1,8 @@
 --[[
-  Read messages by id, atomically across the slot's keys (read-only).
+  Read messages by id, atomically across the slot's keys (read-only). Refused with SLOT_MOVING
+  while the slot is frozen for a move: after the move's clean step the source keeps only its
+  frozen epoch, so a reader whose routing is stale would read every message as absent; it
+  asks the slot's new broker instead, once its routing names it.
 
   KEYS[1] store    ZSET id -> due ms
   KEYS[2] prepare  ZSET id -> lease deadline ms
@@ -7,6 +10,7 @@
   KEYS[4] msg      HASH id -> record
   KEYS[5] reason   HASH id -> dead reason
   KEYS[6] outcome  HASH id -> remembered outcome of a finished message
+  KEYS[7] epoch    STRING fencing epoch; 'moving:<epoch>' while the slot moves (refused)
 
   ARGV[1] outcome_retention_ms  0 = finished messages are not remembered
   ARGV[2..] ids
@@ -21,7 +25,10 @@
 --@include append
 --@include locate
 --@include now_ms
+--@include refuse_if_moving
 --@include remembered
+
+refuse_if_moving(KEYS[7])
 
 local store, prepare, dead, msg, reason, outcome =
   KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6]
