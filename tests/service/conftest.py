@@ -1,18 +1,25 @@
-"""Service fixtures: in-process delay services on the session's real redis-server, a real local
-webhook receiver (tests wait with `delayq.local.waiting.eventually`, never sleep-and-hope)."""
+"""Service fixtures: in-process delay services on the session's real redis-server, a real
+`delayq serve` process of a pull topic, a real local webhook receiver (tests wait with
+`delayq.local.waiting.eventually`, never sleep-and-hope)."""
 
 from __future__ import annotations
 
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
+import aiohttp
 import pytest
 import redis.asyncio
 from aiohttp import web
 from aiohttp.test_utils import TestClient, TestServer
 
+from delayq.local.ports import free_port
+from delayq.local.processes import ServeProcess
 from delayq.local.redis_server import RedisServer
+from delayq.local.waiting import eventually
+from delayq.queue.topic import TopicType
 from delayq.service.api import build_app
 from delayq.service.config import ServiceConfig
 from delayq.service.service import DelayService
@@ -90,6 +97,43 @@ async def start_service(
         if not running.service.closing:
             await running.service.stop()
         await running.client.close()
+
+
+PULL_SLOTS = 64
+
+
+@pytest.fixture
+async def pull_process(
+    redis_server: RedisServer, async_redis_client: redis.asyncio.Redis, tmp_path: Path
+) -> AsyncIterator[ServeProcess]:
+    """A ready `delayq serve` of a pull topic of PULL_SLOTS slots, stopped by SIGTERM at the
+    end unless the test stopped it. Started after the flush of `async_redis_client`: a flush
+    under a running process would wipe the fencing epochs its ownership drew."""
+    config = ServiceConfig(
+        redis_url=redis_server.url,
+        namespace="pull",
+        topic="orders",
+        slot_amount=PULL_SLOTS,
+        topic_type=TopicType.PULL,
+        port=free_port(),
+    )
+    process = ServeProcess(config, tmp_path / "serve.log").start()
+    try:
+        async with aiohttp.ClientSession() as session:
+            await eventually(lambda: _ready(session, process), 30, "delayq serve ready")
+        yield process
+    finally:
+        process.terminate()  # a no-op when the test stopped it
+        process.wait()
+
+
+async def _ready(session: aiohttp.ClientSession, process: ServeProcess) -> bool:
+    assert process.running(), process.log_path.read_text()
+    try:
+        async with session.get(process.url + "/readyz") as answer:
+            return answer.status == 200
+    except aiohttp.ClientError:
+        return False
 
 
 @dataclass

@@ -114,6 +114,33 @@ async def test_deeply_nested_json_is_400(start_service: StartService):
     assert (answer.status, (await answer.json())["field"]) == (400, "body")
 
 
+async def test_a_bad_ack_on_a_lease_is_400_naming_it_and_nothing_is_acked_or_leased(
+    start_service: StartService,
+):
+    """The lease's `ack` is checked whole before Redis is touched: one bad token refuses the
+    request, so the good tokens before it are not acked and nothing due is leased."""
+    running = await start_service(outcome_retention_ms=60_000)
+    for message_id in ("a", "b"):
+        assert (await post(running, "/messages", {"id": message_id, "delayMs": 0}))[0] == 201
+    status, leased = await post(running, "/leases", {"max": 1})
+    good = leased["leases"][0]["token"]
+    forged = encode_token(Lease(4, "a", 1, 1))
+    for ack, field in (
+        ([good, "not a token"], "ack[1]"),
+        ([good, forged], "ack[1]"),
+        ([good, 7], "ack[1]"),
+        ("tokens", "ack"),
+        ([good] * 1001, "ack"),
+    ):
+        status, error = await post(running, "/leases", {"max": 5, "ack": ack})
+        assert (status, error["field"]) == (400, field), (ack, error)
+    leased_id = leased["leases"][0]["id"]
+    [due_id] = {"a", "b"} - {leased_id}
+    for message_id, state in ((leased_id, "prepared"), (due_id, "scheduled")):
+        got = await running.client.get(f"{running.base}/messages/{message_id}")
+        assert (await got.json())["state"] == state, message_id
+
+
 async def test_forged_lease_slots_are_400(start_service: StartService):
     running = await start_service()
     for slot in (-1, 4, 2**40):

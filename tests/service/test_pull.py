@@ -65,6 +65,87 @@ async def test_ack_removes_and_a_second_ack_conflicts(start_service: StartServic
     assert stats["scheduled"] + stats["prepared"] == 0
 
 
+async def _states(running: Running, ids: list[str]) -> dict[str, str]:
+    """Each message's state (an acked one is `done` while the topic remembers outcomes)."""
+    states = {}
+    for message_id in ids:
+        answer = await running.client.get(f"{running.base}/messages/{message_id}")
+        states[message_id] = (await answer.json())["state"]
+    return states
+
+
+async def test_acks_carried_on_a_lease_ack_exactly_those_tokens(start_service: StartService):
+    """A lease with `ack` acks exactly the given tokens (a result per token, in order, token
+    echoed), leaves the other leases alone, and still leases what is due."""
+    running = await start_service(outcome_retention_ms=60_000)
+    await schedule(running, 7)
+    first = await lease(running, max=3)
+    second = await lease(running, max=3)
+    answer = await running.client.post(
+        f"{running.base}/leases", json={"max": 5, "ack": [m["token"] for m in first]}
+    )
+    assert answer.status == 200
+    body = await answer.json()
+    assert [(r["id"], r["result"], r["token"]) for r in body["acks"]] == [
+        (m["id"], "acked", m["token"]) for m in first
+    ]
+    [third] = body["leases"]  # the one message left
+    ids = {str(m["id"]) for m in [*first, *second, third]}
+    assert ids == {f"m{i}" for i in range(7)}
+    states = await _states(running, sorted(ids))
+    acked = {m["id"] for m in first}
+    assert {i for i, state in states.items() if state == "done"} == acked
+    assert {i for i, state in states.items() if state == "prepared"} == ids - acked
+    plain = await lease(running, max=5)  # without `ack`: no `acks` in the answer
+    assert plain == []
+
+
+async def test_a_lost_ack_on_a_lease_is_reported_and_the_lease_goes_on(
+    start_service: StartService,
+):
+    """A token whose lease is gone (acked already) is reported per token; the lease answers
+    200 with what is due, which a 409 would have made the consumer drop."""
+    running = await start_service()
+    await schedule(running, 2)
+    [done] = await lease(running, max=1)
+    await running.client.post(f"{running.base}/leases/ack", json={"tokens": [done["token"]]})
+    answer = await running.client.post(
+        f"{running.base}/leases", json={"max": 5, "ack": [done["token"]]}
+    )
+    assert answer.status == 200
+    body = await answer.json()
+    assert [(r["id"], r["result"]) for r in body["acks"]] == [(done["id"], "lease_lost")]
+    assert [m["id"] for m in body["leases"]] == ["m1" if done["id"] == "m0" else "m0"]
+
+
+async def test_a_lingering_lease_returns_its_acks_and_the_message_once_due(
+    start_service: StartService,
+):
+    """A lease waiting (`waitMs`) with acks: the acks are applied before it waits, and it
+    answers with a message scheduled meanwhile, never before its due time."""
+    running = await start_service(outcome_retention_ms=60_000)
+    await schedule(running, 1)
+    [leased] = await lease(running)
+    waiting = asyncio.create_task(
+        running.client.post(
+            f"{running.base}/leases", json={"waitMs": 20_000, "ack": [leased["token"]]}
+        )
+    )
+    leaser = running.service.leaser
+    assert leaser is not None
+    await eventually(lambda: leaser.waiting == 1, 5.0, "the lease waiting")
+    assert (await _states(running, ["m0"])) == {"m0": "done"}  # acked before the wait
+    later = {"id": "later", "delayMs": 200, "payload": ""}
+    created = await (await running.client.post(f"{running.base}/messages", json=later)).json()
+    answer = await asyncio.wait_for(waiting, 10.0)
+    body = await answer.json()
+    assert [r["result"] for r in body["acks"]] == ["acked"]
+    [message] = body["leases"]
+    assert (message["id"], message["dueMs"]) == ("later", created["dueMs"])
+    seconds, micros = await running.service.queues[0].redis.time()
+    assert seconds * 1000 + micros // 1000 >= message["dueMs"]
+
+
 async def test_nack_with_delay_redelivers_after_it(start_service: StartService):
     running = await start_service()
     await schedule(running, 1)

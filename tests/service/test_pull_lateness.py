@@ -10,59 +10,20 @@ message can answer (hundreds of ms with 20 polls and 64 slots).
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
-from pathlib import Path
 
 import aiohttp
-import pytest
 import redis.asyncio
 
-from delayq.local.ports import free_port
 from delayq.local.processes import ServeProcess
-from delayq.local.redis_server import RedisServer
 from delayq.local.waiting import eventually
 from delayq.queue.client import AsyncQueue
 from delayq.queue.model import ScheduleRequest
-from delayq.queue.topic import TopicType
-from delayq.service.config import ServiceConfig
 
-SLOTS = 64
 POLLS = 20  # long polls waiting at once
 MESSAGES = 100
 FIRST_DUE_MS = 300
 SPACING_MS = 10  # one message due every 10 ms: each due time is a wake-up of its own
 P90_BOUND_MS = 50.0  # p90, not p99: a stall of a loaded machine delays a few messages in a row
-
-
-@pytest.fixture
-async def served(
-    redis_server: RedisServer, async_redis_client: redis.asyncio.Redis, tmp_path: Path
-) -> AsyncIterator[ServeProcess]:
-    config = ServiceConfig(
-        redis_url=redis_server.url,
-        namespace="lateness",
-        topic="orders",
-        slot_amount=SLOTS,
-        topic_type=TopicType.PULL,
-        port=free_port(),
-    )
-    process = ServeProcess(config, tmp_path / "serve.log").start()
-    try:
-        async with aiohttp.ClientSession() as session:
-            await eventually(lambda: _ready(session, process), 30, "delayq serve ready")
-        yield process
-    finally:
-        process.terminate()
-        process.wait()
-
-
-async def _ready(session: aiohttp.ClientSession, process: ServeProcess) -> bool:
-    assert process.running(), process.log_path.read_text()
-    try:
-        async with session.get(process.url + "/readyz") as answer:
-            return answer.status == 200
-    except aiohttp.ClientError:
-        return False
 
 
 async def _server_ms(client: redis.asyncio.Redis) -> float:
@@ -71,9 +32,9 @@ async def _server_ms(client: redis.asyncio.Redis) -> float:
 
 
 async def test_waiting_long_polls_answer_at_the_due_time(
-    served: ServeProcess, async_redis_client: redis.asyncio.Redis
+    pull_process: ServeProcess, async_redis_client: redis.asyncio.Redis
 ) -> None:
-    url = f"{served.url}/v1/topics/{served.config.topic}/leases"
+    url = f"{pull_process.url}/v1/topics/{pull_process.config.topic}/leases"
     lateness_ms: dict[str, float] = {}
 
     async def poll(session: aiohttp.ClientSession) -> None:
@@ -84,7 +45,7 @@ async def test_waiting_long_polls_answer_at_the_due_time(
             for message in leases:
                 lateness_ms[message["id"]] = leased_ms - message["dueMs"]
 
-    queue = AsyncQueue(async_redis_client, served.config.to_topic())
+    queue = AsyncQueue(async_redis_client, pull_process.config.to_topic())
     connector = aiohttp.TCPConnector(limit=POLLS)
     async with aiohttp.ClientSession(connector=connector) as session:
         polls = [asyncio.create_task(poll(session)) for _ in range(POLLS)]

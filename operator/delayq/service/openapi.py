@@ -554,8 +554,13 @@ def _paths() -> dict[str, Schema]:
             "post": operation(
                 "Lease due messages (pull topics)",
                 ok(
-                    "leased messages, possibly none",
-                    obj(["leases"], leases=array(ref("Delivery"), MAX_LEASE_BATCH)),
+                    "leased messages, possibly none; with `ack`, a result per acked token "
+                    "(a lost lease is reported in its result: the status stays 200)",
+                    obj(
+                        ["leases"],
+                        leases=array(ref("Delivery"), MAX_LEASE_BATCH),
+                        acks=array(ref("Outcome"), MAX_LEASE_BATCH),
+                    ),
                 ),
                 obj(
                     [],
@@ -567,7 +572,16 @@ def _paths() -> dict[str, Schema]:
                     leaseMs=integer(
                         "lease length; default the topic's ackTimeout", 1, MAX_LEASE_MS
                     ),
-                    waitMs=integer("long poll when nothing is due", 0, MAX_WAIT_MS),
+                    waitMs=integer(
+                        "long poll: wait up to this long for something to be due (answered "
+                        "as soon as something is; 0: answer at once)",
+                        0,
+                        MAX_WAIT_MS,
+                    ),
+                    ack=array(
+                        string("lease token of an earlier answer, acked before leasing"),
+                        MAX_LEASE_BATCH,
+                    ),
                 ),
             )
         },

@@ -54,6 +54,8 @@ class LeaseRequest:
     max_count: int
     lease_ms: int
     wait_ms: int
+    # leases of the previous answer to ack first (`ack`): None when the request carries none
+    acks: list[Lease] | None = None
 
 
 def require_object(body: Any, field: str = "body") -> Body:
@@ -228,16 +230,25 @@ def _refuse_two_bases(messages: list[ScheduleRequest]) -> None:
 
 
 def parse_lease_request(body: Body, topic: Topic, max_batch: int = MAX_LEASE_BATCH) -> LeaseRequest:
+    """`ack` (optional, 0 to MAX_LEASE_BATCH tokens) is checked whole like `tokens`: one
+    malformed or forged token refuses the request before anything is acked or leased."""
+    acks = body.get("ack")
+    if acks is not None and not (isinstance(acks, list) and len(acks) <= MAX_LEASE_BATCH):
+        raise FieldError("ack", f"ack must be a list of at most {MAX_LEASE_BATCH} lease tokens")
     return LeaseRequest(
         max_count=get_int(body, "max", 1, min(max_batch, MAX_LEASE_BATCH), default=1),
         lease_ms=get_int(body, "leaseMs", 1, MAX_LEASE_MS, default=topic.ack_timeout_ms),
         wait_ms=get_int(body, "waitMs", 0, MAX_WAIT_MS, default=0),
+        acks=None if acks is None else _leases(acks, "ack", topic),
     )
 
 
 def parse_tokens(body: Body, topic: Topic) -> list[Lease]:
-    tokens = get_list(body, "tokens", MAX_LEASE_BATCH)
-    return [_lease(token, f"tokens[{index}]", topic) for index, token in enumerate(tokens)]
+    return _leases(get_list(body, "tokens", MAX_LEASE_BATCH), "tokens", topic)
+
+
+def _leases(tokens: list[Any], name: str, topic: Topic) -> list[Lease]:
+    return [_lease(token, f"{name}[{index}]", topic) for index, token in enumerate(tokens)]
 
 
 def _lease(token: Any, field: str, topic: Topic) -> Lease:

@@ -2,6 +2,12 @@
 
 Batch answers list a result per token; the status is 409 when any lease was lost or fenced
 (the consumer must not assume its work counted), 200 otherwise.
+
+A lease request may carry the previous answer's tokens in `ack`: at 2,000 messages/s a lease
+answers with a few messages, so a separate ack request per lease doubled the HTTP requests per
+message, and those requests, not the claims, set the lateness (docs/service.md, Benchmark). They
+are acked before anything is leased, each reported in `acks`; a lost one does not make the
+answer a 409, since the leases it carries are valid and must not be dropped.
 """
 
 from __future__ import annotations
@@ -58,6 +64,7 @@ async def lease(request: web.Request) -> web.Response:
     leaser = _leaser(service)
     body = await json_body(request)
     wanted = parse_lease_request(body, service.topic, service.config.pull_max_lease_batch)
+    acked = None if wanted.acks is None else await _ack(service, wanted.acks)
     messages = await leaser.lease(wanted.max_count, wanted.lease_ms, wanted.wait_ms)
     now_ms = leaser.server_now_ms()
     for message in messages:
@@ -65,35 +72,46 @@ async def lease(request: web.Request) -> web.Response:
     service.metrics.count_delivery("leased", len(messages))
     topic = service.topic
     leases = [{"token": encode_token(m.lease), **message_json(topic, m)} for m in messages]
-    return json_response({"leases": leases})
+    if acked is None:
+        return json_response({"leases": leases})
+    return json_response({"leases": leases, "acks": _results(body["ack"], acked)})
 
 
 def _slot(lease: Lease) -> int:
     return lease.slot
 
 
-def _answer(body: Body, outcomes: Sequence[Outcome]) -> web.Response:
+def _results(tokens: Sequence[str], outcomes: Sequence[Outcome]) -> list[dict[str, Any]]:
     """A result per token, in order, each carrying the token as sent (the parse checked every
     one, so echoing it is encoding it again, without the work)."""
     results: list[dict[str, Any]] = []
-    for token, outcome in zip(body["tokens"], outcomes, strict=True):
+    for token, outcome in zip(tokens, outcomes, strict=True):
         result: dict[str, Any] = {"id": outcome.id, "result": outcome.code.name.lower()}
         if outcome.at_ms is not None:
             result["atMs"] = outcome.at_ms
         result["token"] = token
         results.append(result)
+    return results
+
+
+def _answer(body: Body, outcomes: Sequence[Outcome]) -> web.Response:
     conflict = any(outcome.code in CONFLICTS for outcome in outcomes)
+    results = _results(body["tokens"], outcomes)
     return json_response({"results": results}, status=409 if conflict else 200)
+
+
+async def _ack(service: DelayService, leases: Sequence[Lease]) -> list[Outcome]:
+    """Ack `leases` (of the ack route or a lease request's `ack`), counted as acked."""
+    outcomes = await service.brokers.each(leases, _slot, lambda q, chunk: q.ack_many(chunk))
+    service.metrics.count_delivery("acked", sum(o.code is Code.ACKED for o in outcomes))
+    return outcomes
 
 
 async def ack(request: web.Request) -> web.Response:
     service = service_for(request)
     _leaser(service)
     body = await json_body(request)
-    leases = parse_tokens(body, service.topic)
-    outcomes = await service.brokers.each(leases, _slot, lambda q, chunk: q.ack_many(chunk))
-    service.metrics.count_delivery("acked", sum(o.code is Code.ACKED for o in outcomes))
-    return _answer(body, outcomes)
+    return _answer(body, await _ack(service, parse_tokens(body, service.topic)))
 
 
 async def nack(request: web.Request) -> web.Response:
