@@ -10,8 +10,11 @@ due time (same host, same wall clock). Modes:
 - webhook: the services POST to a receiver process, one message per POST;
 - webhook_batch: the same with `--webhook-max-batch` (messages that wait for a POST slot go
   out together; the receiver answers each), for a same-run ratio to `webhook`;
-- pull: consumers in this process lease (long poll) and ack over HTTP, `--pull-consumers` per
-  service (more of them waiting at once is what a wake-up must not pay for per poll);
+- pull: consumers in this process lease (long poll) over HTTP, `--pull-consumers` per service
+  (more of them waiting at once is what a wake-up must not pay for per poll), each lease
+  carrying the previous answer's tokens in `ack` (the documented consumer: one request per
+  batch); with `--pull-baseline` (the default) first the same load with a separate ack request
+  per lease, the path before acks on leases, on the same fleet, for the same-run ratio;
 - batch: throughput of the HTTP batch paths, no clock: `--batch-total` messages already due
   scheduled through POST /messages/batch of 1000 (2 requests in flight, round-robin over the
   services: msg/s), then that backlog drained by `--pull-consumers` per service leasing up to
@@ -290,20 +293,49 @@ async def _post_batch(
     tally.schedule_errors[kind] = tally.schedule_errors.get(kind, 0) + len(batch)
 
 
+@dataclass
+class PullCounts:
+    """HTTP requests the pull consumers sent (leases and separate acks)."""
+
+    leases: int = 0
+    acks: int = 0
+
+
 async def pull_consumer(
-    session: aiohttp.ClientSession, process: ServeProcess, tally: Tally, stop: asyncio.Event
+    session: aiohttp.ClientSession,
+    process: ServeProcess,
+    tally: Tally,
+    stop: asyncio.Event,
+    counts: PullCounts,
+    acks_on_lease: bool,
 ) -> None:
+    """Lease (long poll) and ack until `stop`: the tokens of each answer go in the next lease's
+    `ack`, or (`acks_on_lease` false, the baseline) in an ack request of their own."""
     base = f"{process.url}/v1/topics/{process.config.topic}/leases"
+    tokens: list[str] = []
     while not stop.is_set():
-        async with session.post(base, json={"max": 200, "waitMs": 500}) as response:
+        body: dict[str, Any] = {"max": 200, "waitMs": 500}
+        if acks_on_lease:
+            body["ack"] = tokens
+        async with session.post(base, json=body) as response:
             leases = (await response.json())["leases"]
+        counts.leases += 1
         for message in leases:
             lateness = wall_ms() - int(message["dueMs"])
             tally.arrive(message["id"], process.config.member, time.monotonic(), lateness)
-        if leases:
-            tokens = [m["token"] for m in leases]
-            async with session.post(base + "/ack", json={"tokens": tokens}) as response:
-                await response.read()
+        tokens = [m["token"] for m in leases]
+        if tokens and not acks_on_lease:
+            await _ack(session, base, tokens, counts)
+    if tokens and acks_on_lease:
+        await _ack(session, base, tokens, counts)  # the last answer's, with no lease to carry them
+
+
+async def _ack(
+    session: aiohttp.ClientSession, base: str, tokens: list[str], counts: PullCounts
+) -> None:
+    async with session.post(base + "/ack", json={"tokens": tokens}) as response:
+        await response.read()
+    counts.acks += 1
 
 
 async def drain(tally: Tally, timeout_s: float) -> None:
@@ -333,21 +365,46 @@ async def run_webhook_batch(
 
 
 async def run_pull(args: argparse.Namespace, env: dict[str, str], workdir: Path) -> dict[str, Any]:
-    tally = Tally()
-    stop = asyncio.Event()
+    """Acks on leases, after the baseline of separate ack requests (`--pull-baseline`) on the
+    same fleet: one fleet start, and the two phases a minute apart at most."""
+    result: dict[str, Any] = {"consumers_per_service": args.pull_consumers}
     async with aiohttp.ClientSession() as session:
         with fleet(args, env, TopicType.PULL, "", workdir) as processes:
             await wait_ready(session, processes)
-            consumers = [
-                asyncio.create_task(pull_consumer(session, p, tally, stop))
-                for p in processes
-                for _ in range(args.pull_consumers)
-            ]
-            await produce(session, processes, tally, args.rate, args.duration, args.delay_ms, "p")
-            await drain(tally, args.delay_ms / 1000 + 30)
-            stop.set()
-            await asyncio.gather(*consumers, return_exceptions=True)
-    return {**tally.report(args.rate, args.duration), "consumers_per_service": args.pull_consumers}
+            phases = [("ack_requests", False)] if args.pull_baseline else []
+            for name, acks_on_lease in [*phases, ("acks_on_lease", True)]:
+                print(f"bench: pull, {name} ...", file=sys.stderr, flush=True)
+                result[name] = await _pull_phase(args, session, processes, name, acks_on_lease)
+    if args.pull_baseline:
+        before, after = (result[n]["lateness_ms"] for n in ("ack_requests", "acks_on_lease"))
+        if before and after and after["p99"]:
+            result["p99_ratio_before_to_after"] = round(before["p99"] / after["p99"], 2)
+    return result
+
+
+async def _pull_phase(
+    args: argparse.Namespace,
+    session: aiohttp.ClientSession,
+    processes: list[ServeProcess],
+    prefix: str,
+    acks_on_lease: bool,
+) -> dict[str, Any]:
+    tally, counts, stop = Tally(), PullCounts(), asyncio.Event()
+    consumers = [
+        asyncio.create_task(pull_consumer(session, p, tally, stop, counts, acks_on_lease))
+        for p in processes
+        for _ in range(args.pull_consumers)
+    ]
+    await produce(session, processes, tally, args.rate, args.duration, args.delay_ms, prefix)
+    await drain(tally, args.delay_ms / 1000 + 30)
+    stop.set()
+    await asyncio.gather(*consumers)
+    report = tally.report(args.rate, args.duration)
+    delivered = report["delivered"]
+    report["http_requests"] = {"leases": counts.leases, "acks": counts.acks}
+    if delivered:
+        report["http_requests_per_message"] = round((counts.leases + counts.acks) / delivered, 3)
+    return report
 
 
 async def run_batch(args: argparse.Namespace, env: dict[str, str], workdir: Path) -> dict[str, Any]:
@@ -528,6 +585,12 @@ def main() -> int:
         "--webhook-max-batch", type=int, default=100, help="messages per POST in webhook_batch"
     )
     parser.add_argument("--pull-consumers", type=int, default=2, help="long polls per service")
+    parser.add_argument(
+        "--pull-baseline",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="pull mode: first a run with a separate ack request per lease, for the ratio",
+    )
     parser.add_argument(
         "--batch-total", type=int, default=100_000, help="backlog of the batch mode"
     )

@@ -1,10 +1,14 @@
-"""A pull consumer over the HTTP API: lease (long poll), handle, ack — or nack to retry later.
+"""A pull consumer over the HTTP API: lease (long poll), handle, ack on the next lease — or nack
+to retry later.
 
     delayq serve --topic orders --api-token t0ken --port 8080 &
     DELAYQ_URL=http://127.0.0.1:8080 DELAYQ_TOKEN=t0ken python3 examples/service/pull_consumer.py
 
-A lease lasts `leaseMs`; extend it for long work. A token from before a failover is refused
-with 409 (the slot's fencing epoch moved on): drop that work, the message will come back.
+One request per batch: each lease carries the tokens of the messages handled since the last one
+in `ack`, and its answer reports each (`acks`: `acked`, or `lease_lost` / `stale_epoch` when the
+lease ran out or a failover fenced it: that message comes back, handle it idempotently). The
+lease waits up to `waitMs` for something to be due and answers as soon as something is.
+A lease lasts `leaseMs`; extend it for long work. On exit, the last tokens go to `.../ack`.
 """
 
 from __future__ import annotations
@@ -26,18 +30,27 @@ async def handle(message: dict[str, object]) -> bool:
 
 async def main() -> None:
     leases_url = f"{URL}/v1/topics/{TOPIC}/leases"
+    done: list[str] = []
     async with aiohttp.ClientSession(headers=HEADERS) as session:
-        while True:
-            body = {"max": 100, "leaseMs": 30_000, "waitMs": 10_000}
-            async with session.post(leases_url, json=body) as response:
-                leases = (await response.json())["leases"]
-            done, failed = [], []
-            for message in leases:
-                (done if await handle(message) else failed).append(message["token"])
-            if done:
-                await session.post(f"{leases_url}/ack", json={"tokens": done})
-            if failed:
-                await session.post(f"{leases_url}/nack", json={"tokens": failed, "delayMs": 5000})
+        try:
+            while True:
+                body = {"max": 100, "leaseMs": 30_000, "waitMs": 10_000, "ack": done}
+                async with session.post(leases_url, json=body) as response:
+                    answer = await response.json()
+                for result in answer["acks"]:
+                    if result["result"] != "acked":
+                        print(f"{result['id']}: not acked ({result['result']}), comes again")
+                done, failed = [], []
+                for message in answer["leases"]:
+                    (done if await handle(message) else failed).append(message["token"])
+                if failed:
+                    retry = {"tokens": failed, "delayMs": 5000}
+                    async with session.post(f"{leases_url}/nack", json=retry) as response:
+                        await response.read()
+        finally:
+            if done:  # handled, not acked yet: ack them rather than let their leases expire
+                async with session.post(f"{leases_url}/ack", json={"tokens": done}) as response:
+                    await response.read()
 
 
 if __name__ == "__main__":
