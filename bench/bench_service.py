@@ -48,6 +48,7 @@ from typing import Any
 
 import aiohttp
 from aiohttp import web
+from prometheus_client.parser import text_string_to_metric_families
 
 from delayq.local.ports import free_port
 from delayq.local.processes import ServeProcess, stop_all
@@ -390,6 +391,7 @@ async def _pull_phase(
     acks_on_lease: bool,
 ) -> dict[str, Any]:
     tally, counts, stop = Tally(), PullCounts(), asyncio.Event()
+    served_before = await served_lateness(session, processes)
     consumers = [
         asyncio.create_task(pull_consumer(session, p, tally, stop, counts, acks_on_lease))
         for p in processes
@@ -404,7 +406,30 @@ async def _pull_phase(
     report["http_requests"] = {"leases": counts.leases, "acks": counts.acks}
     if delivered:
         report["http_requests_per_message"] = round((counts.leases + counts.acks) / delivered, 3)
+    served = await served_lateness(session, processes)
+    leased = served.pop("+Inf") - served_before.pop("+Inf")
+    report["leased_within_ms"] = {  # the serve processes' own view: at the claim, before HTTP
+        f"{float(le) * 1000:g}": round((served[le] - served_before[le]) / leased, 4)
+        for le in ("0.001", "0.002", "0.005", "0.01")
+    }
     return report
+
+
+async def served_lateness(
+    session: aiohttp.ClientSession, processes: list[ServeProcess]
+) -> dict[str, float]:
+    """The serve processes' lateness histograms summed: messages leased within each bucket's
+    bound (`le` -> count, "+Inf" the total), read from their /metrics."""
+    counts: dict[str, float] = {}
+    for process in processes:
+        async with session.get(process.url + "/metrics") as response:
+            text = await response.text()
+        for family in text_string_to_metric_families(text):
+            for sample in family.samples:
+                if sample.name == "delayq_delivery_lateness_seconds_bucket":
+                    le = sample.labels["le"]
+                    counts[le] = counts.get(le, 0.0) + sample.value
+    return counts
 
 
 async def run_batch(args: argparse.Namespace, env: dict[str, str], workdir: Path) -> dict[str, Any]:
