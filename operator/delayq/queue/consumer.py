@@ -46,6 +46,7 @@ from delayq.queue.backoff import Backoff
 from delayq.queue.client import AsyncQueue
 from delayq.queue.codes import Code, DelayqError, ReplicationTimeoutError, StaleEpochError
 from delayq.queue.model import ClaimBatch, Message, Outcome, Retry, SlotClaim
+from delayq.queue.server_clock import ServerClock
 from delayq.queue.slots import OwnedSlot, OwnedSlots
 from delayq.queue.topups import TopUps
 
@@ -165,10 +166,9 @@ class Consumer:
         self._batches: dict[tuple[int, int], _Batch] = {}  # (slot, lease_id) -> batch
         self._claiming: set[int] = set()  # slots in a claim call right now
         self._claimed = asyncio.Event()  # set whenever a claim call returns
-        # server clock estimate: server_ms ~= _server_base_ms + (monotonic - _local_base) * 1000,
-        # in fractional ms (claims report µs): a floored estimate would wake up to 1 ms late
-        self._server_base_ms = 0.0
-        self._local_base = time.monotonic()
+        # server clock estimate, in fractional ms (claims report µs): a floored estimate would
+        # wake up to 1 ms late
+        self._clock = ServerClock()
         # the smallest claim worth a round trip: a quarter batch (never more than fits in flight)
         batch_limit = min(self.settings.batch_size, self.settings.max_in_flight)
         self._min_batch = max(1, batch_limit // 4)
@@ -280,7 +280,7 @@ class Consumer:
     def server_now_ms(self) -> float:
         """The Redis server clock as estimated from the last claim (µs precise, skew-free):
         what lateness and every other user-facing time is measured on."""
-        return self._server_base_ms + (time.monotonic() - self._local_base) * 1000
+        return self._clock.now_ms()
 
     def _claim_now(self, state: _SlotState) -> None:
         """The slot was just owned or woken: claim it at once (the loop may be asleep with no
@@ -386,7 +386,7 @@ class Consumer:
         if isinstance(result, StaleEpochError):
             self._lose(state)
             return False
-        self._server_base_ms, self._local_base = result.now_us / 1000, result.received_s
+        self._clock.note(result.now_us, result.received_s)
         self.top_ups.note(result)
         if result.messages:
             self._deliver(result)

@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 
 from delayq.queue.codes import StaleEpochError
 from delayq.queue.model import ClaimBatch, Message, SlotClaim
+from delayq.queue.server_clock import ServerClock
 from delayq.queue.slots import OwnedSlot, OwnedSlots
 from delayq.queue.topups import TopUps
 from delayq.service.brokers import Brokers
@@ -61,9 +62,9 @@ class PullLeaser:
         self._stopping = False
         self._rounds: set[asyncio.Future[None]] = set()  # claims in flight
         self._polls = LongPolls()
-        # the Redis server clock as of the latest claim (server ms, monotonic s): lateness is
-        # measured on it, never on this pod's clock
-        self._clock = (time.time() * 1000, time.monotonic())
+        # the Redis server clock, from the claims' replies: lateness is measured on it, never
+        # on this pod's clock
+        self._clock = ServerClock()
         self._paused = [False] * len(brokers.queues)  # per broker, as last read
         self._paused_read_s = -PAUSE_CHECK_S  # monotonic time of that read
 
@@ -125,8 +126,7 @@ class PullLeaser:
         return self._owned[self.brokers.routing[slot]].get(slot)
 
     def server_now_ms(self) -> float:
-        server_ms, local_s = self._clock
-        return server_ms + (time.monotonic() - local_s) * 1000
+        return self._clock.now_ms()
 
     async def lease(self, max_count: int, lease_ms: int, wait_ms: int = 0) -> list[Message]:
         """Up to `max_count` due messages leased for `lease_ms`, waiting up to `wait_ms`."""
@@ -222,7 +222,7 @@ class PullLeaser:
             top_ups.retry_failed()
             top_ups.note(outcome)
             result.messages.extend(outcome.messages)
-            self._clock = (outcome.now_us / 1000, outcome.received_s)  # as the Consumer's
+            self._clock.note(outcome.now_us, outcome.received_s)
             upcoming = [t for t in (outcome.next_due_ms, outcome.next_deadline_ms) if t is not None]
             state.due_ms = min(upcoming) if upcoming else None
             if len(outcome.messages) >= share:
