@@ -278,8 +278,9 @@ class Consumer:
         self.counters.schedules_topped_up += count
 
     def server_now_ms(self) -> float:
-        """The Redis server clock as estimated from the last claim (µs precise, skew-free):
-        what lateness and every other user-facing time is measured on."""
+        """The Redis server clock as estimated from the claims' replies (µs precise,
+        skew-free; `ServerClock`): what lateness and every other user-facing time is measured
+        on."""
         return self._clock.now_ms()
 
     def _claim_now(self, state: _SlotState) -> None:

@@ -3,11 +3,10 @@
 Batch answers list a result per token; the status is 409 when any lease was lost or fenced
 (the consumer must not assume its work counted), 200 otherwise.
 
-A lease request may carry the previous answer's tokens in `ack`: at 2,000 messages/s a lease
-answers with a few messages, so a separate ack request per lease doubled the HTTP requests per
-message, and those requests, not the claims, set the lateness (docs/service.md, Benchmark). They
-are acked before anything is leased, each reported in `acks`; a lost one does not make the
-answer a 409, since the leases it carries are valid and must not be dropped.
+A lease request may carry the previous answer's tokens in `ack`, so a steady consumer sends one
+request per batch instead of a lease and an ack (half the requests, docs/benchmarks.md, "Pull
+over HTTP"). They are acked before anything is leased, each reported in `acks`; a lost one does
+not make the answer a 409, since the leases it carries are valid and must not be dropped.
 """
 
 from __future__ import annotations
