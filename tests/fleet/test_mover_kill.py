@@ -1,8 +1,13 @@
-"""kill -9 of a real mover process in each step of a move, under load: `delayq routing
-move-slot` (the SlotMover the operator runs in its threads) is held inside the step that
-ZooKeeper shows in `migrations/<slot>`, killed there with SIGKILL, and the operator's resharding
-then finishes that move and the rest while two `delayq serve` processes deliver a steady stream.
-Nothing lost, nothing early, the slots balanced 8/8.
+"""kill -9 in each step of a move, under load: `delayq routing move-slot` (the SlotMover the
+operator runs in its threads) is held inside the step that ZooKeeper shows in
+`migrations/<slot>` while two `delayq serve` processes deliver a steady stream, and there
+
+* the mover is killed with SIGKILL; the operator's resharding then finishes that move and the
+  rest (the slots balanced 8/8);
+* the `delayq serve` process owning the slot is killed with SIGKILL; the mover is let go and
+  completes the move, the other process takes the slot over from the new broker.
+
+Nothing lost, nothing early, no message later than a bound (`STALL_BOUND_S`).
 
 What holds the process in its step, with no hook in the product:
 * freeze: the source's Redis pauses writes (CLIENT PAUSE WRITE), the freeze script waits;
@@ -12,16 +17,20 @@ What holds the process in its step, with no hook in the product:
   wrote;
 * clean: held in copy as above, then the source pauses writes and the target resumes: the
   mover copies, switches, records `clean` and waits on its UNLINK of the source's keys.
+
+Letting go of the mover resumes the paused Redis (CLIENT UNPAUSE) or the proxy (ZkHold.release).
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import signal
 import subprocess
 import sys
-from dataclasses import replace
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import pytest
@@ -34,8 +43,9 @@ from delayq.coordination.routing import Routing
 from delayq.local.processes import config_env
 from delayq.local.waiting import eventually
 from delayq.queue import AsyncQueue, Queue
+from delayq.queue.keys import Part, slot_keys
 
-from .conftest import NAMESPACE, SESSION_TIMEOUT_S, SLOTS, ProcessFleet
+from .conftest import ACK_TIMEOUT_MS, NAMESPACE, SESSION_TIMEOUT_S, SLOTS, ProcessFleet
 from .test_reshard import operator_context, reshard_pass, two_broker_spec
 from .test_slot_move import (
     MEMBERS,
@@ -53,6 +63,11 @@ pytestmark = pytest.mark.slow
 SLOT = 9  # the slot the killed mover moved (one the plan moves: 8..15)
 PAUSE_MS = 30_000  # a paused Redis resumes by itself after this, should the test die
 HOLD_TIMEOUT_S = 30.0
+#: No message is delivered later than this after its due time when the slot's owner is killed
+#: mid-move: the hold (a mover process starting while a broker pauses, a few seconds), the
+#: killed process's session running out (SESSION_TIMEOUT_S), a lease of a message it had
+#: claimed running out (ACK_TIMEOUT_MS), and room for a loaded machine.
+STALL_BOUND_S = 3.0 + SESSION_TIMEOUT_S + ACK_TIMEOUT_MS / 1000 + 6.0
 
 
 def step_shown(fleet: ProcessFleet) -> Step | None:
@@ -94,43 +109,122 @@ async def held_in(step: Step, fleet: ProcessFleet, admins: list[redis.Redis]) ->
     await shown(step)
 
 
-@pytest.mark.parametrize("step", list(Step), ids=[f"killed-in-{s}" for s in Step])
-async def test_a_mover_killed_in_each_step_leaves_a_move_the_operator_finishes(
-    two_broker_fleet: tuple[ProcessFleet, list[str]], step: Step
-) -> None:
+@dataclass
+class Load:
+    """Two serve processes delivering the RoutedProducer's stream on two brokers, all of it
+    on broker 0 at first; `admins[b]` pauses broker b's Redis."""
+
+    fleet: ProcessFleet
+    urls: list[str]
+    admins: list[redis.Redis]
+    clients: list[redis.asyncio.Redis]
+    producer: RoutedProducer
+    stop: asyncio.Event = field(default_factory=asyncio.Event)
+
+    async def delivered(self, condition: Any, timeout_s: float = 30.0) -> None:
+        await deliveries(self.fleet, self.clients[0], condition, timeout_s)
+
+    async def more_scheduled(self, count: int = 200) -> set[str]:
+        """The ids scheduled so far, once `count` more were scheduled after them."""
+        before = set(self.fleet.scheduled)
+        await self.delivered(lambda: len(self.fleet.scheduled) > len(before) + count)
+        return before
+
+
+@pytest.fixture
+async def load(two_broker_fleet: tuple[ProcessFleet, list[str]]) -> AsyncIterator[Load]:
     fleet, urls = two_broker_fleet
     for member in MEMBERS:
         fleet.start(member)
     await eventually(lambda: len(fleet.owners()) == SLOTS, 60.0, "every slot owned")
-    spec = two_broker_spec(fleet)
-    ctx = operator_context(fleet, urls)
-    admins = [redis.Redis.from_url(url) for url in urls]
-    async_clients = [redis.asyncio.Redis.from_url(url) for url in urls]
-    producer = RoutedProducer(fleet, [AsyncQueue(c, fleet.topic) for c in async_clients])
+    clients = [redis.asyncio.Redis.from_url(url) for url in urls]
+    producer = RoutedProducer(fleet, [AsyncQueue(c, fleet.topic) for c in clients])
+    running = Load(fleet, urls, [redis.Redis.from_url(url) for url in urls], clients, producer)
+    producing = asyncio.create_task(producer.run(running.stop))
+    try:
+        await running.delivered(lambda: len(fleet.deliveries) >= 100)
+        yield running
+    finally:
+        running.stop.set()
+        await producing
+        for admin in running.admins:
+            admin.client_unpause()
+            admin.close()
+        for client in clients:
+            await client.aclose()
+
+
+def switch_hold(fleet: ProcessFleet, step: Step) -> ZkHold:
+    """The proxy a mover reaches ZooKeeper through: it holds the mover after it recorded
+    `switch` when `step` is that, else passes everything."""
     migration = TopicPaths(NAMESPACE, fleet.topic.name).migration(SLOT)
-    hold = ZkHold(
+    return ZkHold(
         ("127.0.0.1", fleet.zookeeper.port),
         lambda path, data: (
             step is Step.SWITCH and path == migration and Migration.decode(data).step is step
         ),
     )
-    stop = asyncio.Event()
-    producing = asyncio.create_task(producer.run(stop))
+
+
+@contextlib.asynccontextmanager
+async def mover_held_in(
+    step: Step, load: Load, hold: ZkHold
+) -> AsyncIterator[subprocess.Popen[bytes]]:
+    """`delayq routing move-slot` started and held inside `step` (module docstring) for the
+    body; then the paused Redis resumes and the proxy passes again, so a mover still alive
+    goes on. A body that fails kills it."""
+    if step is not Step.SWITCH:  # the Redis the step writes first (clean: see held_in)
+        load.admins[0 if step is Step.FREEZE else 1].client_pause(PAUSE_MS, all=False)
+    try:
+        mover = start_mover(load.fleet, hold.hosts)
+        try:
+            await held_in(step, load.fleet, load.admins)
+            yield mover
+        except BaseException:
+            os.kill(mover.pid, signal.SIGKILL)
+            mover.wait()
+            raise
+    finally:
+        for admin in load.admins:
+            admin.client_unpause()
+        hold.release()
+
+
+async def settled(load: Load, after: set[str], bound_s: float) -> tuple[list[str], int]:
+    """Once every message is delivered (within `bound_s`): nothing early, SLOT routed to broker
+    1, no move left recorded, every slot delivering the messages scheduled after `after`.
+    Returns the early ids and the greatest lateness of a first delivery (ms)."""
+    fleet = load.fleet
+    await load.delivered(lambda: not fleet.missing(), bound_s)
+    due = load.producer.due_ms
+    early = [d.message_id for d in fleet.deliveries if d.at_ms < due[d.message_id]]
+    first: dict[str, int] = {}
+    for delivery in fleet.deliveries:
+        first.setdefault(delivery.message_id, delivery.at_ms - due[delivery.message_id])
+    assert routed_to(fleet) == 1
+    queues = [Queue.from_url(url, fleet.topic) for url in load.urls]
+    paths = TopicPaths(NAMESPACE, fleet.topic.name)
+    assert SlotMover(fleet.observer(), paths, queues).migrations() == []
+    for queue in queues:
+        queue.close()
+    later = {fleet.topic.slot_of(i.encode()) for i in fleet.scheduled - after}
+    assert later == set(range(SLOTS))  # every slot delivers after the move
+    return early, max(first.values())
+
+
+@pytest.mark.parametrize("step", list(Step), ids=[f"killed-in-{s}" for s in Step])
+async def test_a_mover_killed_in_each_step_leaves_a_move_the_operator_finishes(
+    load: Load, step: Step
+) -> None:
+    fleet = load.fleet
+    spec = two_broker_spec(fleet)
+    ctx = operator_context(fleet, load.urls)
+    hold = switch_hold(fleet, step)
     status: dict[str, Any] = {}
     try:
-        await deliveries(fleet, async_clients[0], lambda: len(fleet.deliveries) >= 100, 30.0)
-        if step is not Step.SWITCH:  # the Redis the step writes first (clean: see held_in)
-            admins[0 if step is Step.FREEZE else 1].client_pause(PAUSE_MS, all=False)
-        try:
-            mover = start_mover(fleet, hold.hosts)
-            try:
-                await held_in(step, fleet, admins)
-            finally:
-                os.kill(mover.pid, signal.SIGKILL)  # in the step (the test failing: to stop it)
-                mover.wait()
-        finally:
-            for admin in admins:
-                admin.client_unpause()
+        async with mover_held_in(step, load, hold) as mover:
+            os.kill(mover.pid, signal.SIGKILL)
+            mover.wait()
         assert mover.returncode == -signal.SIGKILL
         assert step_shown(fleet) is step  # killed in it: the next step never recorded
         assert routed_to(fleet) == (1 if step is Step.CLEAN else 0)
@@ -142,37 +236,55 @@ async def test_a_mover_killed_in_each_step_leaves_a_move_the_operator_finishes(
         while reasons[-1] != "Completed":
             reasons.append(await reshard_pass(ctx, spec, fleet, status))
             assert len(reasons) < 20, reasons
-        before_end = set(fleet.scheduled)
-        await deliveries(
-            fleet, async_clients[0], lambda: len(fleet.scheduled) > len(before_end) + 200
-        )
-    finally:
-        stop.set()
-        await producing
-    try:
-        await deliveries(fleet, async_clients[0], lambda: not fleet.missing(), MOVE_BOUND_S)
-        early = [d for d in fleet.deliveries if d.at_ms < producer.due_ms[d.message_id]]
+        before_end = await load.more_scheduled()
+        load.stop.set()
+        early, late_ms = await settled(load, before_end, MOVE_BOUND_S)
         assert not early
         assert status["resharding"] == {"moved": SLOTS // 2, "total": SLOTS // 2}
-        assert routed_to(fleet) == 1
-        queues = [Queue.from_url(url, fleet.topic) for url in urls]
-        paths = TopicPaths(NAMESPACE, fleet.topic.name)
-        assert SlotMover(fleet.observer(), paths, queues).migrations() == []
-        for queue in queues:
-            queue.close()
-        payload, _ = fleet.observer().get(paths.routing)
+        payload, _ = fleet.observer().get(TopicPaths(NAMESPACE, fleet.topic.name).routing)
         assert Routing.from_json(payload).slots_per_broker() == {0: SLOTS // 2, 1: SLOTS // 2}
-        after = {fleet.topic.slot_of(i.encode()) for i in fleet.scheduled - before_end}
-        assert after == set(range(SLOTS))  # every slot delivers after the moves
         print(
             f"mover killed -9 in {step}: {len(fleet.scheduled)} messages, lost "
             f"{len(fleet.missing())}, early {len(early)}, {fleet.duplicates()} duplicates, "
-            f"{producer.refused} writes refused and resent"
+            f"{load.producer.refused} writes refused and resent, latest {late_ms} ms late"
         )
     finally:
         hold.close()
-        for admin in admins:
-            admin.close()
-        for client in async_clients:
-            await client.aclose()
         await asyncio.to_thread(ctx.store.close)  # type: ignore[attr-defined]
+
+
+@pytest.mark.parametrize("step", list(Step), ids=[f"owner-killed-in-{s}" for s in Step])
+async def test_the_slots_serve_process_killed_in_each_step_loses_nothing(
+    load: Load, step: Step
+) -> None:
+    """The owner of the moving slot dies with SIGKILL while the mover is held in `step`; the
+    mover then completes, and the other process takes the slot over on its new broker once
+    the dead one's session ran out: lost 0, early 0, no message later than STALL_BOUND_S."""
+    fleet = load.fleet
+    hold = switch_hold(fleet, step)
+    try:
+        async with mover_held_in(step, load, hold) as mover:
+            owner = fleet.owners()[SLOT]
+            fleet.processes[owner].kill()
+        assert await asyncio.to_thread(mover.wait, HOLD_TIMEOUT_S) == 0  # the move completed
+        survivor = next(m for m in MEMBERS if m != owner)
+        await eventually(
+            lambda: set(fleet.owners().values()) == {survivor},
+            SESSION_TIMEOUT_S + 20.0,
+            "the survivor owning every slot",
+        )
+        before_end = await load.more_scheduled()
+        load.stop.set()
+        early, late_ms = await settled(load, before_end, STALL_BOUND_S)
+        assert not early
+        assert late_ms <= STALL_BOUND_S * 1000
+        source = load.admins[0]
+        keys = slot_keys(fleet.topic, SLOT)
+        assert source.exists(*keys.keys(*Part)) == 1  # the tombstone only: it left the source
+        print(
+            f"owner of slot {SLOT} killed -9 in {step}: {len(fleet.scheduled)} messages, lost "
+            f"{len(fleet.missing())}, early {len(early)}, {fleet.duplicates()} duplicates, "
+            f"{load.producer.refused} writes refused and resent, latest {late_ms} ms late"
+        )
+    finally:
+        hold.close()

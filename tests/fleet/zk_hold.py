@@ -7,7 +7,8 @@ frame is its connect request; every later one starts with xid and op type (int32
 setData (type 5) continues with the path and the data (each an int32 length and its bytes).
 The proxy reads the client's frames, passes each on, and after the first setData for which
 `hold_after(path, data)` is true passes nothing more of that client (its replies still come
-back). The held client waits for answers that never come: a test then kills it.
+back). The held client waits for answers that never come: a test then kills it, or `release`s
+it (within the client's read timeout, two thirds of its session timeout) and it goes on.
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ class ZkHold:
         self.upstream = upstream
         self.hold_after = hold_after
         self.held = threading.Event()  # set once a client's requests stopped passing
+        self.released = threading.Event()  # set: every request passes again, none is held
         self._sockets: list[socket.socket] = []
         self._listener = socket.create_server(("127.0.0.1", 0))
         self.port = self._listener.getsockname()[1]
@@ -34,7 +36,12 @@ class ZkHold:
     def hosts(self) -> str:
         return f"127.0.0.1:{self.port}"
 
+    def release(self) -> None:
+        """Pass the held requests on, and every later one."""
+        self.released.set()
+
     def close(self) -> None:
+        self.release()  # the waiting threads end on their closed sockets
         for sock in [self._listener, *self._sockets]:
             sock.close()
 
@@ -50,13 +57,16 @@ class ZkHold:
             threading.Thread(target=self._requests, args=(client, server), daemon=True).start()
 
     def _requests(self, client: socket.socket, server: socket.socket) -> None:
-        """Pass the client's frames on, until the one to hold after has passed."""
+        """Pass the client's frames on; once the one to hold after has passed, the next ones
+        wait for `release`."""
         try:
             server.sendall(_frame(client))  # the connect request
-            while not self.held.is_set():
+            while True:
+                if self.held.is_set():
+                    self.released.wait()
                 frame = _frame(client)
                 server.sendall(frame)
-                if self._holds_after(frame[4:]):
+                if not self.released.is_set() and self._holds_after(frame[4:]):
                     self.held.set()
         except OSError:
             return  # a side closed
