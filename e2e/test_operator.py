@@ -76,6 +76,27 @@ def _chart_env(kube: Kube, chart_release: Release, zookeeper: ZooKeeperServer) -
             "DELAYQ_TENANT_ALLOW_PRIVATE_TARGETS": "true"}
 
 
+def _operator_kubeconfig(kube: Kube, chart_release: Release, workdir: Path,
+                         namespace: str) -> Path:
+    """A kubeconfig with the chart's ServiceAccount token (the operator's RBAC, exactly), once
+    its grants are in effect for `namespace`: kopf discovers its resources once at start-up, and
+    if the freshly installed RBAC has not yet reached the API server's authorizer cache, it
+    would start blind."""
+    kubeconfig = service_account_kubeconfig(
+        kube, chart_release.namespace, chart_release.service_account, workdir / "kubeconfig")
+    as_operator = Kube(kubeconfig, kube.tools, workdir / "client")
+    grants = [("list", "customresourcedefinitions.apiextensions.k8s.io", None),
+              ("watch", "delaytopics.delayq.io", namespace),
+              ("patch", "delaytopics.delayq.io/status", namespace),
+              ("create", "statefulsets.apps", namespace)]
+    kube.wait(lambda: all(
+        as_operator.kubectl("auth", "can-i", verb, resource,
+                            *(["-n", ns] if ns else []), check=False).stdout.strip() == "yes"
+        for verb, resource, ns in grants),
+        timeout_s=60, what="the chart's RBAC to be in effect for the operator's token")
+    return kubeconfig
+
+
 @pytest.fixture(scope="module")
 def operator(
     kube: Kube, chart_release: Release, zookeeper: ZooKeeperServer, topics_ns: str,
@@ -87,20 +108,7 @@ def operator(
                     "run (delayq image, ZooKeeper on this machine's loopback) and the chart's "
                     "own operator pods would reconcile the test topics too")
     workdir = tmp_path_factory.mktemp("operator")
-    kubeconfig = service_account_kubeconfig(
-        kube, chart_release.namespace, chart_release.service_account, workdir / "kubeconfig")
-    # kopf discovers its resources once at start-up; if the freshly installed RBAC has not yet
-    # reached the API server's authorizer cache, it would start blind. Wait for the grants.
-    as_operator = Kube(kubeconfig, kube.tools, workdir / "client")
-    grants = [("list", "customresourcedefinitions.apiextensions.k8s.io", None),
-              ("watch", "delaytopics.delayq.io", topics_ns),
-              ("patch", "delaytopics.delayq.io/status", topics_ns),
-              ("create", "statefulsets.apps", topics_ns)]
-    kube.wait(lambda: all(
-        as_operator.kubectl("auth", "can-i", verb, resource,
-                            *(["-n", ns] if ns else []), check=False).stdout.strip() == "yes"
-        for verb, resource, ns in grants),
-        timeout_s=60, what="the chart's RBAC to be in effect for the operator's token")
+    kubeconfig = _operator_kubeconfig(kube, chart_release, workdir, topics_ns)
     op = LocalOperator(
         repo=REPO, kubeconfig=kubeconfig, namespaces=[topics_ns],
         log_path=workdir / "operator.log",
@@ -739,141 +747,6 @@ def test_failover_promotes_the_replica_and_keeps_scheduled_messages(
             master.stop()
             replica.stop()
             returned.stop()
-            kube.kubectl("delete", "namespace", ns, "--wait=false")
-
-
-def test_brokers_grow_1_to_2_and_half_the_slots_move_with_their_messages(
-    kube: Kube, operator: LocalOperator, chart_release: Release, zookeeper: ZooKeeperServer,
-    tmp_path_factory: pytest.TempPathFactory,
-    webhook_receiver: tuple[str, list[tuple[int, dict[str, Any]]]],
-) -> None:
-    """Issue 16: `spec.brokers` 1 -> 2 with messages pending; the operator moves slots 8-15 to
-    the new broker once its master is ready, reports it in status and Events, and every
-    message, pending before or scheduled after, is delivered, none early.
-
-    The new broker's Redis first refuses writes (min-replicas-to-write without a replica), so
-    the first move fails in its copy, left recorded with its slot frozen (`MoveFailed`); the
-    operator is then killed with SIGKILL, the broker takes writes again, and a new operator
-    process finishes the recorded move and the rest.
-
-    Each broker pod's Redis is a local redis-server (the address map, as in the failover
-    test); the pending messages wait with no delay service running, so they are all in Redis
-    while their slots move; `delayq serve` then runs on both brokers.
-    """
-    url, received = webhook_receiver
-    ns = f"e2e-grow-{secrets.token_hex(3)}"
-    kube.kubectl("create", "namespace", ns)
-    workdir = tmp_path_factory.mktemp("grow")
-    addresses = workdir / "addresses.json"
-    closed = ["127.0.0.1", free_port()]
-    addresses.write_text(json.dumps({"*": closed}))
-    op = LocalOperator(
-        repo=REPO, kubeconfig=operator.kubeconfig, namespaces=[ns],
-        log_path=workdir / "operator.log", addresses_file=addresses,
-        env_overrides={**_chart_env(kube, chart_release, zookeeper),
-                       "DELAYQ_HEALTH_INTERVAL_S": "1"},
-    ).start()
-    brokers = [RedisServer(), RedisServer()]
-    table: dict[str, list[Any]] = {"*": closed}
-    serve: ManagedProcess | None = None
-
-    def play(broker: int, refuse_writes: bool = False) -> None:
-        """Broker `broker`'s pod (and master Service) is played by brokers[broker]."""
-        pods = kube.wait(lambda: _all_pods_running(kube, ns, "grow"), timeout_s=120,
-                         what="the topic's pods Running")
-        ip = next(p["status"]["podIP"] for p in pods
-                  if p["metadata"]["name"] == f"grow-redis-{broker}-0")
-        brokers[broker].start()
-        _like_a_broker_pod(kube, ns, "grow", brokers[broker].port)
-        if refuse_writes:
-            admin_password = _topic_secret(kube, ns, "grow", "redis-admin-password")
-            with _admin(brokers[broker].port, admin_password) as client:
-                client.config_set("min-replicas-to-write", 1)
-        local = ["127.0.0.1", brokers[broker].port]
-        table.update({ip: local, f"grow-redis-{broker}.{ns}.svc": local})
-        addresses.write_text(json.dumps(table))
-
-    def status() -> dict[str, Any]:
-        return (kube.get("dt", "grow", ns) or {}).get("status", {})
-
-    def resharding(reason: str) -> dict[str, Any] | None:
-        found = [c for c in status().get("conditions", []) if c["type"] == "Resharding"]
-        return status() if found and found[0]["reason"] == reason else None
-
-    try:
-        kube.apply(_topic("grow", slotAmount=16, brokers=1, replicasPerBroker=0,
-                          topicType="webhook",
-                          delivery={"webhook": {"url": url, "allowPrivateTargets": True,
-                                                "allowInsecureHttp": True}}), ns)
-        _wait_reconciled(kube, op, ns, "grow")
-        play(0)
-        kube.wait(lambda: status() if [b.get("state") for b in status().get("brokers", [])]
-                  == ["Ready"] else None, timeout_s=90, what="broker 0 serving")
-        password, token = _topic_credentials(kube, ns, "grow")
-        serve, base = _start_serve(kube, ns, "grow", workdir,
-                                   _service_url(password, brokers[0].port))
-        pending = [f"pending-{i}" for i in range(48)]  # every slot holds some (crc32 of ids)
-        for message_id in pending:
-            _schedule(base, "grow", token, message_id, delay_ms=3000)
-        serve.stop()
-        serve = None
-
-        kube.kubectl("patch", "dt", "grow", "-n", ns, "--type", "merge",
-                     "-p", '{"spec":{"brokers":2}}')
-        play(1, refuse_writes=True)
-        kube.wait(lambda: resharding("MoveFailed"), timeout_s=120, what="a failed move")
-        op.kill()  # kill -9 mid-resharding: a move recorded in its copy, its slot frozen
-        admin_password = _topic_secret(kube, ns, "grow", "redis-admin-password")
-        with _admin(brokers[1].port, admin_password) as client:
-            client.config_set("min-replicas-to-write", 0)
-        op.start()  # a new operator process: it has only ZooKeeper, Redis and the status
-        grown = kube.wait(lambda: resharding("Completed"), timeout_s=120,
-                          what="Resharding completed by the new operator")
-        assert [b["slots"] for b in grown["brokers"]] == [8, 8]
-        assert grown["resharding"] == {"moved": 8, "total": 8}
-        described = wait_until(
-            lambda: _described_with(kube, ns, "grow",
-                                    ("ReshardingStarted", "ReshardingFailed", "SlotsMoved",
-                                     "ReshardingCompleted")),
-            timeout_s=30, what="the resharding Events in kubectl describe",
-            interval_s=INTERVAL_S, not_yet=NOT_YET)
-        assert "Moved 8 slots" in described
-        # every pending message counted on the broker its slot is routed to now
-        kube.wait(lambda: sum(status()["depths"].values()) == len(pending), timeout_s=30,
-                  what=f"{len(pending)} messages in the depths of both brokers")
-        with _admin(brokers[1].port, admin_password) as client:
-            assert client.dbsize() > 0  # the moved slots' keys are on the new broker
-
-        serve, base = _start_serve(kube, ns, "grow", workdir,
-                                   *(_service_url(password, b.port) for b in brokers))
-        after = [f"after-{i}" for i in range(16)]
-        for message_id in after:
-            _schedule(base, "grow", token, message_id, delay_ms=500)
-        expected = set(pending + after)
-        wait_until(lambda: expected <= {m.get("id") for _, m in received}, timeout_s=60,
-                   what="every message delivered", abort=serve.exited, interval_s=INTERVAL_S,
-                   not_yet=NOT_YET)
-        early = [m["id"] for at_ms, m in received if at_ms < m["dueMs"]]
-        assert not early, f"delivered before they were due: {early}"
-        ids = [m.get("id") for _, m in received]
-        assert len(ids) == len(set(ids)) == len(pending + after)
-    except Exception:
-        print(f"--- grow operator log tail:\n{op.tail()}")
-        print(f"--- topic: {kube.get('dt', 'grow', ns)}")
-        if serve is not None:
-            print(f"--- delayq serve log tail:\n{serve.tail(60)}")
-        raise
-    finally:
-        if serve is not None:
-            serve.stop()
-        kube.kubectl("delete", "dt", "grow", "-n", ns, "--wait=false", check=False)
-        try:
-            kube.wait(lambda: kube.get("dt", "grow", ns) is None, timeout_s=60,
-                      what="the grown topic to be deleted")
-        finally:
-            op.stop()
-            for server in brokers:
-                server.stop()
             kube.kubectl("delete", "namespace", ns, "--wait=false")
 
 
