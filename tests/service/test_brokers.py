@@ -18,11 +18,12 @@ from delayq.coordination.migration import SlotMover
 from delayq.coordination.routing import Routing
 from delayq.local.redis_server import RedisServer
 from delayq.local.waiting import eventually
-from delayq.queue import Queue
+from delayq.queue import Queue, plans
 from delayq.queue.keys import Part, slot_keys
 from delayq.queue.topic import Topic
 from delayq.service import api
 from delayq.service.brokers import default_routing
+from tests.redis_memory import FULL, memory_for
 from tests.routing_support import read_routing
 from tests.service.conftest import NAMESPACE, TOPIC, Receiver, StartService
 
@@ -94,6 +95,72 @@ async def test_webhook_delivers_from_every_broker(
     await eventually(lambda: len(receiver.requests) == 30, 10, "30 deliveries")
     assert {json.loads(b)["id"] for b in receiver.bodies()} == {m["id"] for m in messages}
     assert stored_on(second_broker.url, 3) == 0
+
+
+async def test_a_batch_answers_each_message_with_its_own_slots_refusal(
+    second_broker: RedisServer, redis_server: RedisServer, start_service: StartService
+):
+    """Broker 0 refuses slot 0 as moving and slot 1 as full while broker 1 stores slot 2: the
+    207 gives each message its own slot's answer, not the first error of its broker."""
+    urls = [redis_server.url, second_broker.url]
+    running = await start_service(slot_amount=SLOTS, broker_urls=",".join(urls))
+    topic = running.service.topic
+    candidates = [f"p{i}" for i in range(200)]
+    ids = {s: [i for i in candidates if topic.slot_of(i.encode()) == s][:2] for s in (0, 1, 2)}
+    source = Queue.from_url(urls[0], topic)
+    source.run(plans.freeze(topic, 0))
+    source.close()
+    messages = [{"id": i, "delayMs": 60_000} for slot in (0, 1, 2) for i in ids[slot]]
+    admin = redis.Redis.from_url(urls[0])
+    with memory_for(admin, FULL):
+        answer = await running.client.post(
+            f"{running.base}/messages/batch", json={"messages": messages}
+        )
+    admin.close()
+    assert answer.status == 207
+    results = {r["id"]: r for r in (await answer.json())["results"]}
+    kinds = {
+        slot: {results[i].get("error", results[i]["result"]).split(":")[0] for i in ids[slot]}
+        for slot in (0, 1, 2)
+    }
+    assert kinds == {0: {"SlotMovingError"}, 1: {"BrokerFullError"}, 2: {"created"}}
+    assert stored_on(second_broker.url, 2) == 2
+
+
+async def test_a_batch_on_brokers_whose_replicas_lag_fails_only_their_messages(
+    second_broker: RedisServer, redis_server: RedisServer, start_service: StartService
+):
+    """syncReplicas 1: broker 0 has a replica, broker 1 none. Broker 1's messages are written
+    on its master but unconfirmed: each is reported `unknown` in a 207, broker 0's stored;
+    not a 503 for the whole batch after broker 0 stored."""
+    with RedisServer(extra_config={"replicaof": f"127.0.0.1 {redis_server.port}"}):
+        admin = redis.Redis.from_url(redis_server.url)
+        await eventually(
+            lambda: admin.info("replication").get("slave0", {}).get("state") == "online",
+            20.0,
+            "the replica in sync",
+        )
+        admin.close()
+        urls = [redis_server.url, second_broker.url]
+        running = await start_service(
+            slot_amount=SLOTS,
+            broker_urls=",".join(urls),
+            redis_sync_replicas=1,
+            redis_sync_timeout_ms=1000,
+        )
+        topic = running.service.topic
+        candidates = [f"r{i}" for i in range(100)]  # the routing: slots 0, 1 on broker 0
+        on_0 = [i for i in candidates if topic.slot_of(i.encode()) < 2][:3]
+        on_1 = [i for i in candidates if topic.slot_of(i.encode()) >= 2][:3]
+        messages = [{"id": i, "delayMs": 60_000} for i in on_0 + on_1]
+        answer = await running.client.post(
+            f"{running.base}/messages/batch", json={"messages": messages}
+        )
+    assert answer.status == 207
+    results = {r["id"]: r for r in (await answer.json())["results"]}
+    assert {results[i]["result"] for i in on_0} == {"created"}
+    assert {results[i]["result"] for i in on_1} == {"unknown"}
+    assert {results[i]["error"].split(":")[0] for i in on_1} == {"ReplicationTimeoutError"}
 
 
 @pytest.mark.slow

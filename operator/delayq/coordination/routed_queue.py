@@ -20,7 +20,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Sequence
-from typing import Any, TypeVar, cast
+from typing import Any, TypeVar
 
 import redis
 
@@ -277,7 +277,7 @@ class RoutedQueue:
         try:
             return self.queues[broker].run(plan)
         except ReplicationTimeoutError as error:
-            return _unconfirmed(error)
+            return plans.unconfirmed(error)
         except redis.RedisError as error:
             return [ScheduleFailure(message_id, slot, error) for message_id, slot in items]
 
@@ -360,22 +360,6 @@ def _watched(
         watch.close()
         raise
     return tables[0], watch
-
-
-def _unconfirmed(error: ReplicationTimeoutError) -> list[ScheduleResult | ScheduleFailure]:
-    """A broker's answers whose replicas did not confirm in time: each item written on its
-    master becomes a failure carrying its own result; refusals (nothing written) stay."""
-    answers = cast(list[ScheduleResult | ScheduleFailure], error.result)  # schedule_answers's
-    return [
-        ScheduleFailure(
-            answer.id,
-            answer.slot,
-            ReplicationTimeoutError(error.wanted, error.confirmed, error.timeout_ms, answer),
-        )
-        if isinstance(answer, ScheduleResult) and not answer.code.is_error
-        else answer
-        for answer in answers
-    ]
 
 
 def _stored(results: list[ScheduleResult | ScheduleFailure | None]) -> list[ScheduleResult]:

@@ -23,7 +23,7 @@ from delayq.queue.codec import (
     validate_payload,
     when_argument,
 )
-from delayq.queue.codes import Code, StaleEpochError, raise_for_code
+from delayq.queue.codes import Code, ReplicationTimeoutError, StaleEpochError, raise_for_code
 from delayq.queue.keys import Part, slot_keys
 from delayq.queue.model import (
     SLOT_BASIS,
@@ -208,6 +208,23 @@ def schedule_answers(
         return _scatter(order, per_call, len(requests))
 
     return Plan(calls, combine, partial=True)
+
+
+def unconfirmed(error: ReplicationTimeoutError) -> list[ScheduleResult | ScheduleFailure]:
+    """The answers of a `schedule_answers` plan whose replicas did not confirm in time: each
+    item written on the broker's master becomes a failure whose ReplicationTimeoutError carries
+    its own result (resending it is safe); refusals, which wrote nothing, stay as they are."""
+    answers = cast(list[ScheduleResult | ScheduleFailure], error.result)
+    return [
+        ScheduleFailure(
+            answer.id,
+            answer.slot,
+            ReplicationTimeoutError(error.wanted, error.confirmed, error.timeout_ms, answer),
+        )
+        if isinstance(answer, ScheduleResult) and not answer.code.is_error
+        else answer
+        for answer in answers
+    ]
 
 
 def _encode_request(topic: Topic, request: ScheduleRequest) -> tuple[int, list[Arg]]:

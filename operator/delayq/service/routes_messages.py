@@ -7,11 +7,11 @@ from typing import Any
 import redis
 from aiohttp import web
 
+from delayq.queue import plans
 from delayq.queue.client import AsyncQueue
-from delayq.queue.codes import Code, NotFoundError, raise_for_code
+from delayq.queue.codes import Code, NotFoundError, ReplicationTimeoutError, raise_for_code
 from delayq.queue.model import (
     Mode,
-    PartlyStoredError,
     ScheduleFailure,
     ScheduleRequest,
     ScheduleResult,
@@ -112,10 +112,12 @@ async def _schedule(
         return slot_of_target(service, Target(message.id, message.slot_basis))
 
     async def call(queue: AsyncQueue, chunk: list[ScheduleRequest]) -> list[Result]:
+        """Each message's own answer: one broker refusing two slots differently, or its
+        replicas lagging after another broker stored, fails only the messages concerned."""
         try:
-            return list(await queue.schedule_many(chunk, mode))
-        except PartlyStoredError as error:
-            return error.results
+            return await queue.run(plans.schedule_answers(service.topic, chunk, mode))
+        except ReplicationTimeoutError as error:
+            return plans.unconfirmed(error)
         except redis.RedisError as error:  # the broker's call failed as a whole
             return [ScheduleFailure(m.id, slot_of(m), error) for m in chunk]
 
