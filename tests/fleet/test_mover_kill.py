@@ -29,7 +29,7 @@ import os
 import signal
 import subprocess
 import sys
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -121,7 +121,7 @@ class Load:
     producer: RoutedProducer
     stop: asyncio.Event = field(default_factory=asyncio.Event)
 
-    async def delivered(self, condition: Any, timeout_s: float = 30.0) -> None:
+    async def delivered(self, condition: Callable[[], bool], timeout_s: float = 30.0) -> None:
         await deliveries(self.fleet, self.clients[0], condition, timeout_s)
 
     async def more_scheduled(self, count: int = 200) -> set[str]:
@@ -188,6 +188,16 @@ async def mover_held_in(
         for admin in load.admins:
             admin.client_unpause()
         hold.release()
+
+
+async def finished(mover: subprocess.Popen[bytes]) -> int:
+    """The mover's exit code once it ended; past HOLD_TIMEOUT_S it is killed (the test fails)."""
+    try:
+        return await asyncio.to_thread(mover.wait, HOLD_TIMEOUT_S)
+    except subprocess.TimeoutExpired:
+        os.kill(mover.pid, signal.SIGKILL)
+        mover.wait()
+        raise
 
 
 async def settled(load: Load, after: set[str], bound_s: float) -> tuple[list[str], int]:
@@ -266,7 +276,7 @@ async def test_the_slots_serve_process_killed_in_each_step_loses_nothing(
         async with mover_held_in(step, load, hold) as mover:
             owner = fleet.owners()[SLOT]
             fleet.processes[owner].kill()
-        assert await asyncio.to_thread(mover.wait, HOLD_TIMEOUT_S) == 0  # the move completed
+        assert await finished(mover) == 0  # the move completed
         survivor = next(m for m in MEMBERS if m != owner)
         await eventually(
             lambda: set(fleet.owners().values()) == {survivor},
