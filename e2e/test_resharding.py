@@ -58,7 +58,7 @@ __all__ = ["webhook_receiver"]  # the fixture shared with test_operator
 
 TOPIC = "grow"
 PENDING = 48  # every slot holds some (crc32 of the ids)
-PAUSE_MS = 30_000  # a paused Redis resumes by itself after this, should the test die
+PAUSE_MS = 120_000  # a paused Redis resumes by itself after this, should the test die
 Received = list[tuple[int, dict[str, Any]]]
 
 
