@@ -11,7 +11,9 @@ Writes into a slot being moved are refused by its broker with SLOT_MOVING and st
 (docs/coordination.md, "Moving a slot"); the client waits for the routing node to change (or a
 backoff step, for a move rolled back) and sends them again to the slot's broker then, for up to
 `move_wait_ms`, after which the SlotMovingError is raised. Sending again is safe: a refused call
-stored nothing, and every write is create-only, idempotent or answers its own repeat.
+stored nothing, and every write is create-only, idempotent or answers its own repeat. A read by
+id (`get`) is refused and asked again the same way: once the move is done its old broker keeps
+only the slot's frozen epoch, so answering there would call every message absent.
 """
 
 from __future__ import annotations
