@@ -123,6 +123,49 @@ def test_batch_is_one_script_call_per_slot(queue: Queue, redis_client: redis.Red
     assert calls == TOPIC.slot_amount
 
 
+def test_a_batch_stores_every_field_as_given_and_chunks_a_full_slot(
+    queue: Queue, redis_client: redis.Redis
+) -> None:
+    """schedule_many encodes its requests in one loop with shortcuts for the common request:
+    every uncommon field still arrives as its validator encodes it, and a slot given more than
+    MAX_MESSAGES_PER_CALL messages gets several calls."""
+    now_ms = server_ms(redis_client)
+    requests = [
+        ScheduleRequest("plain", b"bytes", delay_ms=HOUR_MS),
+        ScheduleRequest("text", "tëxt", at_ms=now_ms + HOUR_MS, headers={"b": "2", "a": "1"}),
+        ScheduleRequest("array", bytearray(b"arr"), delay_ms=HOUR_MS, slot_basis="basis-1"),
+        ScheduleRequest("at", b"", delay_ms=HOUR_MS, expire_at_ms=now_ms + 2 * HOUR_MS),
+        ScheduleRequest("ttl", b"t", delay_ms=HOUR_MS, ttl_ms=5_000),
+    ]
+    assert all(r.code is Code.CREATED for r in queue.schedule_many(requests))
+    text, array = queue.get("text"), queue.get("array", slot_basis="basis-1")
+    assert (text.payload, text.headers) == ("tëxt".encode(), {"a": "1", "b": "2"})
+    assert (array.payload, array.slot) == (b"arr", TOPIC.slot_of("basis-1"))
+    assert queue.get("at").expire_at_ms == now_ms + 2 * HOUR_MS
+    ttl = queue.get("ttl")
+    assert ttl.due_ms is not None
+    assert ttl.expire_at_ms == ttl.due_ms + 5_000
+
+    redis_client.config_resetstat()
+    many = [ScheduleRequest(f"m{i}", slot_basis="one", delay_ms=HOUR_MS) for i in range(2_500)]
+    assert {r.code for r in queue.schedule_many(many)} == {Code.CREATED}
+    assert redis_client.info("commandstats")["cmdstat_evalsha"]["calls"] == 3
+    assert queue.stats().scheduled == len(requests) + len(many)
+
+
+def test_one_bad_request_refuses_its_whole_batch(queue: Queue, redis_client: redis.Redis) -> None:
+    good = [ScheduleRequest(f"g{i}", delay_ms=HOUR_MS) for i in range(20)]
+    for bad in [
+        ScheduleRequest("bad", delay_ms=HOUR_MS, headers={"k": 1}),  # type: ignore[dict-item]
+        ScheduleRequest("bad", 7, delay_ms=HOUR_MS),  # type: ignore[arg-type]
+        ScheduleRequest("bad", delay_ms=HOUR_MS, ttl_ms=0),
+        ScheduleRequest("bad\n", delay_ms=HOUR_MS),
+    ]:
+        with pytest.raises(InvalidMessageError):
+            queue.schedule_many([*good, bad])
+    assert redis_client.dbsize() == 0
+
+
 def test_slot_basis_routes_and_addresses_the_message(queue: Queue) -> None:
     result = queue.schedule("a", delay_ms=HOUR_MS, slot_basis="customer-7")
     assert result.slot == TOPIC.slot_of("customer-7")

@@ -47,7 +47,7 @@ from delayq.queue.model import (
     TopicStats,
 )
 from delayq.queue.scripts import Script
-from delayq.queue.topic import MAX_DELAY_MS, Topic
+from delayq.queue.topic import MAX_DELAY_MS, Topic, slot_of
 
 T = TypeVar("T")
 Arg = str | bytes | int
@@ -165,41 +165,47 @@ def schedule_answers(
 ) -> Plan[list[ScheduleResult | ScheduleFailure]]:
     """As `schedule`, but never raising for a failed call: each request gets the answer of its
     own slot's call, a result or that call's failure. For a caller that merges the answers of
-    several calls (the routed client, over brokers), where one error for all would be wrong."""
-    encoded = [_encode_request(topic, request) for request in requests]
-    slots = [slot for slot, _ in encoded]
+    several calls (the routed client, over brokers), where one error for all would be wrong.
 
-    def build(slot: int, chunk: Sequence[int]) -> ScriptCall:
-        keys = slot_keys(topic, slot).keys(
-            Part.STORE,
-            Part.PREPARE,
-            Part.DEAD,
-            Part.MSG,
-            Part.REASON,
-            Part.WAKE,
-            Part.JOURNAL,
-            Part.OUTCOME,
-            Part.EPOCH,
-        )
-        args: list[Arg] = [
-            mode.value,
-            MAX_DELAY_MS,
-            topic.journal_max_len,
-            topic.outcome_retention_ms,
-            topic.expiry_ttl_ms,
-            topic.max_pending_per_slot,
-        ]
-        for index in chunk:
-            args += encoded[index][1]
-        return ScriptCall(Script.SCHEDULE, keys, args)
-
-    calls, order = _per_slot_calls(topic, range(len(requests)), slots.__getitem__, build)
+    Every request is validated before anything is sent. This is a producer's hot path (about
+    half of its Python per message before it was written this way): the requests are encoded
+    straight into their slot's argument list in one loop, rather than grouped by the generic
+    `_per_slot_calls` afterwards."""
+    slots, ids, by_slot = _encode_requests(topic, requests)
+    parts = (
+        Part.STORE,
+        Part.PREPARE,
+        Part.DEAD,
+        Part.MSG,
+        Part.REASON,
+        Part.WAKE,
+        Part.JOURNAL,
+        Part.OUTCOME,
+        Part.EPOCH,
+    )
+    head: list[Arg] = [
+        mode.value,
+        MAX_DELAY_MS,
+        topic.journal_max_len,
+        topic.outcome_retention_ms,
+        topic.expiry_ttl_ms,
+        topic.max_pending_per_slot,
+    ]
+    calls: list[ScriptCall] = []
+    order: list[list[int]] = []
+    per_call = FIELDS_PER_REQUEST * MAX_MESSAGES_PER_CALL
+    for slot, (indexes, fields) in by_slot.items():
+        keys = slot_keys(topic, slot).keys(*parts)
+        for first in range(0, len(indexes), MAX_MESSAGES_PER_CALL):
+            start = FIELDS_PER_REQUEST * first
+            calls.append(ScriptCall(Script.SCHEDULE, keys, head + fields[start : start + per_call]))
+            order.append(indexes[first : first + MAX_MESSAGES_PER_CALL])
 
     def call_results(indexes: list[int], reply: Reply) -> list[ScheduleResult | ScheduleFailure]:
         if isinstance(reply, Exception):
-            return [ScheduleFailure(requests[i].id, slots[i], reply) for i in indexes]
+            return [ScheduleFailure(ids[i], slots[i], reply) for i in indexes]
         return [
-            ScheduleResult(requests[i].id, slots[i], CODES[code], due, STATES[state])
+            ScheduleResult(ids[i], slots[i], CODES[code], due, STATES[state])
             for i, (code, due, state) in zip(indexes, groups(reply, 3), strict=True)
         ]
 
@@ -227,21 +233,54 @@ def unconfirmed(error: ReplicationTimeoutError) -> list[ScheduleResult | Schedul
     ]
 
 
-def _encode_request(topic: Topic, request: ScheduleRequest) -> tuple[int, list[Arg]]:
-    """The request's slot and script arguments; the id is encoded once for both."""
-    message_id = encode_id(request.id)
-    basis = message_id if request.slot_basis is None else encode_id(request.slot_basis, SLOT_BASIS)
-    when_kind, when_ms = when_argument(request.delay_ms, request.at_ms)
-    expire_kind, expire_ms = expiry_argument(request.expire_at_ms, request.ttl_ms)
-    return topic.slot_of(basis), [
-        message_id,
-        when_kind,
-        when_ms,
-        expire_kind,
-        expire_ms,
-        encode_headers(request.headers),
-        validate_payload(request.payload, topic.max_payload_bytes),
-    ]
+FIELDS_PER_REQUEST = 7  # id, when kind, when ms, expiry kind, expiry ms, headers, payload
+_NO_EXPIRY = expiry_argument(None, None)
+
+
+def _encode_requests(
+    topic: Topic, requests: Sequence[ScheduleRequest]
+) -> tuple[list[int], list[str], dict[int, tuple[list[int], list[Arg]]]]:
+    """Each request's slot and id, and per slot the requests' positions and their script
+    arguments (FIELDS_PER_REQUEST each, the id encoded once for both hashing and sending).
+
+    The common request (no slot basis, no headers, no expiry of its own, a bytes payload) skips
+    the calls that would only confirm its defaults; every other value goes through the one
+    validator of its field, so a bad request fails exactly as it always did."""
+    slot_amount, max_payload_bytes = topic.slot_amount, topic.max_payload_bytes
+    slots: list[int] = []
+    ids: list[str] = []
+    by_slot: dict[int, tuple[list[int], list[Arg]]] = {}
+    for index, request in enumerate(requests):
+        message_id, payload, delay_ms, at_ms, slot_basis, headers, expire_at_ms, ttl_ms = request
+        encoded_id = encode_id(message_id)
+        basis = encoded_id if slot_basis is None else encode_id(slot_basis, SLOT_BASIS)
+        when_kind, when_ms = when_argument(delay_ms, at_ms)
+        expire_kind, expire_ms = (
+            _NO_EXPIRY
+            if expire_at_ms is None and ttl_ms is None
+            else expiry_argument(expire_at_ms, ttl_ms)
+        )
+        encoded_headers = encode_headers(headers) if headers else b""
+        if type(payload) is not bytes or len(payload) > max_payload_bytes:
+            payload = validate_payload(payload, max_payload_bytes)
+        slot = slot_of(basis, slot_amount)
+        slots.append(slot)
+        ids.append(message_id)
+        if (entry := by_slot.get(slot)) is None:
+            entry = by_slot[slot] = ([], [])
+        entry[0].append(index)
+        entry[1].extend(
+            (
+                encoded_id,
+                when_kind,
+                when_ms,
+                expire_kind,
+                expire_ms,
+                encoded_headers,
+                payload,
+            )
+        )
+    return slots, ids, by_slot
 
 
 def cancel(topic: Topic, targets: Sequence[Target]) -> Plan[list[Outcome]]:
