@@ -267,6 +267,34 @@ def test_claim_is_bounded_and_in_due_order(queue: Queue) -> None:
         assert batch.next_due_ms >= dues[-1]
 
 
+def test_a_claim_returns_every_record_shape_as_scheduled(redis_client: redis.Redis) -> None:
+    """A claim's usual record (no optional field, no headers) is read with one split, every
+    other through decode_record: both give what was scheduled, whatever the payload holds."""
+    topic = Topic("shapes", slot_amount=1)
+    queue = Queue(redis_client, topic)
+    scheduled = {
+        "plain": (b"0:looks:like:fields", {}),
+        "empty": (b"", {}),
+        "headed": (b"p:", {"k": "v"}),
+        "expiring": (b"0:", {}),
+    }
+    for message_id, (payload, headers) in scheduled.items():
+        ttl_ms = HOUR_MS if message_id == "expiring" else None
+        queue.schedule(message_id, payload, delay_ms=0, headers=headers, ttl_ms=ttl_ms)
+    epoch = queue.take_over(0)
+    first = queue.claim(0, epoch, 10, lease_ms=1)
+    assert {m.id: (m.payload, m.headers, m.attempt) for m in first.messages} == {
+        message_id: (payload, headers, 1) for message_id, (payload, headers) in scheduled.items()
+    }
+    wait_for_server_ms(redis_client, first.now_ms + 2)  # the leases expire: claimed again
+    again = queue.claim(0, epoch, 10)
+    assert {m.id: (m.payload, m.headers, m.attempt) for m in again.messages} == {
+        message_id: (payload, headers, 2) for message_id, (payload, headers) in scheduled.items()
+    }
+    assert {m.lease_id for m in again.messages} == {again.messages[0].lease_id}
+    assert all(m.due_ms <= again.now_ms for m in again.messages)
+
+
 def test_fencing_rejects_a_stale_owner(queue: Queue) -> None:
     queue.schedule("a", delay_ms=0)
     queue.schedule("b", delay_ms=0, slot_basis="a")
