@@ -209,10 +209,14 @@ class Consumer:
         """When the message's lease runs out (server ms, as far as this consumer knows: the
         heartbeat may still move it later), or None when `holds` is false."""
         batch = self._batches.get((message.slot, message.lease_id))
-        state = self._owned.get(message.slot)
+        return None if batch is None else self._deadline_in(batch, message)
+
+    def _deadline_in(self, batch: _Batch, message: Message) -> float | None:
+        """`lease_deadline_ms` of a message of `batch`: what a batch's worker checks before
+        each handler call, without looking its batch up."""
+        state = self._owned.get(batch.slot)
         if (
-            batch is None
-            or state is None
+            state is None
             or state.epoch != batch.epoch
             or batch.deadline_ms <= self.server_now_ms()
             or message.id in batch.lost
@@ -511,7 +515,7 @@ class Consumer:
                 if not helper_starting and len(helpers) < max_helpers:
                     helper_starting = True
                     helpers.append(asyncio.create_task(worker()))
-                if not self.holds(message):
+                if self._deadline_in(batch, message) is None:  # as `holds`, batch known
                     skipped.append(message)
                     del batch.pending[message.id]
                 else:

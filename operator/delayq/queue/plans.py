@@ -526,10 +526,10 @@ def _token_plan(
     extend, give-back): one call per slot, epoch and chunk."""
 
     def build(slot: int, epoch: int, chunk: Sequence[Leased]) -> ScriptCall:
-        args: list[Arg] = [epoch, *head]
-        for lease in chunk:
-            args += [lease.id, lease.lease_id]
-        return ScriptCall(script, slot_keys(topic, slot).keys(*parts), args)
+        pairs: list[Arg] = [0] * (2 * len(chunk))  # interleaved by slices: no list per lease
+        pairs[0::2] = [lease.id for lease in chunk]
+        pairs[1::2] = [lease.lease_id for lease in chunk]
+        return ScriptCall(script, slot_keys(topic, slot).keys(*parts), [epoch, *head, *pairs])
 
     calls, order = _per_lease_calls(topic, leases, lambda lease: lease, build)
     ids = [lease.id for lease in leases]
