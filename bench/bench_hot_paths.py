@@ -40,11 +40,16 @@ import redis
 from bench_engine import consume_until, fresh_topic, schedule_at
 from bench_peers import TOPIC, Workload, delayq_batches
 from delayq.local.redis_server import RedisServer
-from delayq.queue import AsyncQueue, ConsumerSettings
+from delayq.queue import AsyncQueue, ConsumerSettings, Mode, ScheduleRequest, plans
+from delayq.queue.packing import pack
+from delayq.queue.plans import Plan
 
 BENCH = Path(__file__).resolve().parent
 REPOSITORY = BENCH.parent  # a worker imports `delayq` from its tree (PYTHONPATH)
-WORKLOADS = ("producer", "delivery")
+WORKLOADS = ("producer", "delivery", "python")
+# what the hot scripts call, each reported as Redis's time in it per message
+REDIS_COMMANDS = ("evalsha", "zadd", "zrem", "zmscore", "zrangebyscore", "hmget", "hset", "hdel")
+PAYLOAD = b"x" * 40
 
 
 def redis_cpu_s(client: redis.Redis) -> float:
@@ -54,16 +59,26 @@ def redis_cpu_s(client: redis.Redis) -> float:
 
 def measure(url: str, messages: int, timed: Callable[[], float]) -> dict[str, float]:
     """`timed` runs the workload and returns its rate; CPU of this process and of Redis around
-    it, per message."""
+    it, per message, and the time Redis spent in the scripts (`evalsha`) and in the commands
+    they call (`INFO commandstats`)."""
     client = redis.Redis.from_url(url)
+    client.config_resetstat()
     redis_before, python_before = redis_cpu_s(client), time.process_time()
     rate = timed()
     python_s, redis_s = time.process_time() - python_before, redis_cpu_s(client) - redis_before
+    stats = client.info("commandstats")
     client.close()
+    commands = {
+        f"redis_{name}_us_per_msg": round(
+            stats.get(f"cmdstat_{name}", {"usec": 0})["usec"] / messages, 2
+        )
+        for name in REDIS_COMMANDS
+    }
     return {
         "msg_per_s": round(rate),
         "python_cpu_us_per_msg": round(python_s / messages * 1e6, 2),
         "redis_cpu_us_per_msg": round(redis_s / messages * 1e6, 2),
+        **commands,
     }
 
 
@@ -98,6 +113,64 @@ def run_delivery(url: str, messages: int) -> dict[str, float]:
     return measure(url, messages, timed)
 
 
+def run_python(url: str, messages: int) -> dict[str, float]:
+    """The pure-Python steps of both paths, µs per message (best of 3, no Redis): what the
+    producer's and the consumer's CPU per message is made of, besides asyncio and redis-py.
+    Batches of 1,000 requests on 16 slots; claims of 125 messages (the default consumer's share
+    per slot) acked in one call each."""
+    topic = fresh_topic(TOPIC)
+    batches = range(0, messages, 1_000)
+    at_ms = 2_000_000_000_000
+
+    def requests(base: int) -> list[ScheduleRequest]:
+        return [
+            ScheduleRequest(f"msg-{i:08d}", PAYLOAD, at_ms=at_ms) for i in range(base, base + 1_000)
+        ]
+
+    built = [requests(base) for base in batches]
+    scheduled = [plans.schedule(topic, batch, Mode.CREATE) for batch in built]
+    schedule_replies = [
+        [[1, at_ms, b"scheduled"] * (len(call.args) // 7) for call in plan.calls]
+        for plan in scheduled
+    ]
+    claims = range(0, messages, 125)
+    claim_reply = [0, at_ms * 1000, -1, -1, 0]
+    for i in range(125):
+        claim_reply += [f"msg-{i:08d}".encode(), b"1:" + str(at_ms).encode() + b":7:0:" + PAYLOAD]
+    claimed = plans.claim(topic, 3, 1, 125, 30_000).combine([claim_reply]).messages
+    acks = [plans.ack(topic, claimed) for _ in claims]
+
+    def packed(plan: Plan[Any]) -> list[bytes]:
+        return [pack(("EVALSHA", "0" * 40, len(c.keys), *c.keys, *c.args)) for c in plan.calls]
+
+    steps: dict[str, Callable[[], object]] = {
+        "producer_build_requests": lambda: [requests(base) for base in batches],
+        "producer_plan": lambda: [plans.schedule(topic, batch, Mode.CREATE) for batch in built],
+        "producer_pack": lambda: [packed(plan) for plan in scheduled],
+        "producer_reply": lambda: [
+            plan.combine(reply) for plan, reply in zip(scheduled, schedule_replies, strict=True)
+        ],
+        "delivery_claim_reply": lambda: [
+            plans.claim(topic, 3, 1, 125, 30_000).combine([claim_reply]) for _ in claims
+        ],
+        "delivery_ack_plan": lambda: [plans.ack(topic, claimed) for _ in claims],
+        "delivery_ack_pack": lambda: [packed(plan) for plan in acks],
+        "delivery_ack_reply": lambda: [plan.combine([[7] * 125]) for plan in acks],
+    }
+    return {name: best_us_per_msg(step, messages) for name, step in steps.items()}
+
+
+def best_us_per_msg(step: Callable[[], object], messages: int) -> float:
+    best_s = min(timed_s(step) for _ in range(3))
+    return round(best_s / messages * 1e6, 3)
+
+
+def timed_s(step: Callable[[], object]) -> float:
+    began = time.perf_counter()
+    step()
+    return time.perf_counter() - began
+
+
 @contextmanager
 def exported(revision: str) -> Iterator[Path]:
     """`operator/` of `revision`, in a temporary directory."""
@@ -122,6 +195,10 @@ def run_worker(tree: Path, workload: str, url: str, messages: int) -> dict[str, 
     return result
 
 
+def ratio(new: float, old: float) -> float | None:
+    return round(new / old, 2) if old else None
+
+
 def summary(runs: list[dict[str, float]]) -> dict[str, float]:
     return {key: round(statistics.median(run[key] for run in runs), 2) for key in runs[0]}
 
@@ -136,8 +213,8 @@ def main() -> None:
     parser.add_argument("--url", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.worker:
-        worker = run_producer if args.worker == "producer" else run_delivery
-        print(json.dumps(worker(args.url, args.messages)))
+        worker = {"producer": run_producer, "delivery": run_delivery, "python": run_python}
+        print(json.dumps(worker[args.worker](args.url, args.messages)))
         return
 
     baseline_tree = exported(args.baseline) if args.baseline else nullcontext(None)
@@ -172,7 +249,7 @@ def main() -> None:
     if args.baseline:
         new, old = results["median"]["this tree"], results["median"]["baseline"]
         results["ratio_to_baseline"] = {
-            w: {key: round(new[w][key] / old[w][key], 2) for key in new[w]} for w in WORKLOADS
+            w: {key: ratio(new[w][key], old[w][key]) for key in new[w]} for w in WORKLOADS
         }
     text = json.dumps(results, indent=2)
     print(text)
