@@ -134,7 +134,7 @@ def run_python(url: str, messages: int) -> dict[str, float]:
         for plan in scheduled
     ]
     claims = range(0, messages, 125)
-    claim_reply = [0, at_ms * 1000, -1, -1, 0]
+    claim_reply: list[int | bytes] = [0, at_ms * 1000, -1, -1, 0]
     for i in range(125):
         claim_reply += [f"msg-{i:08d}".encode(), b"1:" + str(at_ms).encode() + b":7:0:" + PAYLOAD]
     claimed = plans.claim(topic, 3, 1, 125, 30_000).combine([claim_reply]).messages

@@ -133,7 +133,7 @@ def test_a_batch_stores_every_field_as_given_and_chunks_a_full_slot(
     requests = [
         ScheduleRequest("plain", b"bytes", delay_ms=HOUR_MS),
         ScheduleRequest("text", "tëxt", at_ms=now_ms + HOUR_MS, headers={"b": "2", "a": "1"}),
-        ScheduleRequest("array", bytearray(b"arr"), delay_ms=HOUR_MS, slot_basis="basis-1"),
+        ScheduleRequest("array", bytearray(b"arr"), delay_ms=HOUR_MS, slot_basis="basis-1"),  # type: ignore[arg-type]
         ScheduleRequest("at", b"", delay_ms=HOUR_MS, expire_at_ms=now_ms + 2 * HOUR_MS),
         ScheduleRequest("ttl", b"t", delay_ms=HOUR_MS, ttl_ms=5_000),
     ]

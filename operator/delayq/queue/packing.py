@@ -35,16 +35,16 @@ def pack(args: tuple[Any, ...]) -> bytes:
     is a DataError, as with redis-py's own encoder.
 
     hiredis refuses only bytearrays among the values redis-py sends, so they are converted
-    after a refusal rather than looked for in every argument first: that search was ~1.9 µs
+    after a refusal rather than looked for in every argument first: that search was ~0.7 µs
     of a producer's ~5 µs of Python per scheduled message (7 arguments each)."""
     args = _split_command_name(args)
     try:
-        return hiredis.pack_command(args)
+        return bytes(hiredis.pack_command(args))
     except TypeError:
         pass
     args = tuple(bytes(arg) if isinstance(arg, bytearray) else arg for arg in args)
     try:
-        return hiredis.pack_command(args)
+        return bytes(hiredis.pack_command(args))
     except TypeError as error:
         raise DataError(f"cannot send {args[:3]!r}...: {error}") from None
 
