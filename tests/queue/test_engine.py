@@ -295,6 +295,25 @@ def test_a_claim_returns_every_record_shape_as_scheduled(redis_client: redis.Red
     assert all(m.due_ms <= again.now_ms for m in again.messages)
 
 
+@pytest.mark.parametrize("count", [1, 2, 125, 129, 600])
+def test_a_claim_leases_exactly_its_ids_under_one_deadline(
+    redis_client: redis.Redis, count: int
+) -> None:
+    """claim-12 adds its ids to prepare in reverse (a listpack finds each place at once): every
+    claimed id, and no other, is leased until the claim's deadline, below, at and above the
+    128 members where Redis converts a sorted set."""
+    topic = Topic("leases", slot_amount=1)
+    queue = Queue(redis_client, topic)
+    queue.schedule_many([ScheduleRequest(f"m{i:04d}", delay_ms=0) for i in range(count + 5)])
+    epoch = queue.take_over(0)
+    batch = queue.claim(0, epoch, count, lease_ms=HOUR_MS)
+    leased = redis_client.zrange(slot_keys(topic, 0).key(Part.PREPARE), 0, -1, withscores=True)
+    assert sorted((m.id.encode(), float(batch.now_ms + HOUR_MS)) for m in batch.messages) == [
+        (member, score) for member, score in leased
+    ]
+    assert [m.id for m in batch.messages] == [f"m{i:04d}" for i in range(count)]
+
+
 def test_fencing_rejects_a_stale_owner(queue: Queue) -> None:
     queue.schedule("a", delay_ms=0)
     queue.schedule("b", delay_ms=0, slot_basis="a")
