@@ -307,7 +307,9 @@ def test_a_claim_leases_exactly_its_ids_under_one_deadline(
     queue.schedule_many([ScheduleRequest(f"m{i:04d}", delay_ms=0) for i in range(count + 5)])
     epoch = queue.take_over(0)
     batch = queue.claim(0, epoch, count, lease_ms=HOUR_MS)
-    leased = redis_client.zrange(slot_keys(topic, 0).key(Part.PREPARE), 0, -1, withscores=True)
+    prepare = slot_keys(topic, 0).key(Part.PREPARE)
+    # redis-py types the answer loosely; a client without decode_responses reads bytes
+    leased = cast(list[tuple[bytes, float]], redis_client.zrange(prepare, 0, -1, withscores=True))
     assert sorted((m.id.encode(), float(batch.now_ms + HOUR_MS)) for m in batch.messages) == [
         (member, score) for member, score in leased
     ]
