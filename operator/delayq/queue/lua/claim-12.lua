@@ -179,7 +179,7 @@ if #due_ids > 0 then
     -- The leased ids go into prepare last one first. They share one deadline, and a sorted set
     -- of up to 128 members (a listpack) looks for an equal-score member's place from its head:
     -- ids claimed in ascending order (store's order for ids due together) would each walk
-    -- past all those just added: ~1.0 µs of ZADD a claimed message instead of ~0.55 with the
+    -- past all those just added: ~0.9 µs of ZADD a claimed message instead of ~0.5 with the
     -- default consumer's claims of 125 (docs/benchmarks.md, "Hot paths").
     local zadd_args = {}
     for k = #hset_args - 1, 1, -2 do
