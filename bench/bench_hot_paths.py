@@ -7,13 +7,15 @@ revision in the same run (one throw-away redis-server, JSON on stdout).
 * producer: `AsyncQueue.schedule_many` in batches of 1,000 with 2 calls in flight, the
   `ScheduleRequest`s built inside the timed loop (bench_peers.py's `delayq_batches`), 40-byte
   payloads, 12-byte ids, due within 10 s of an hour ahead (they stay pending);
-* delivery: the messages due at once, then a `Consumer` with the documented defaults
-  (`ConsumerSettings()`, 16 slots) and a no-op handler drains them (bench_engine.py's
-  `consume_until`): claim -> handler -> ack, messages per second from the first handler call
-  to the last.
+* delivery: the messages due at once (bench_engine.py's `schedule_at`, 32-byte payloads), then
+  a `Consumer` with the documented defaults (`ConsumerSettings()`, 16 slots) and a no-op handler
+  drains them (bench_engine.py's `consume_until`): claim -> handler -> ack, messages per second
+  from the first handler call to the last;
+* python: the pure-Python steps of both paths, without Redis (`run_python`).
 
 Each figure also comes as CPU time per message, of the Python process and of redis-server (its
-`INFO cpu` around the timed part): on a shared machine the rates swing with the neighbours' load,
+`INFO cpu` around the timed part), with Redis's time per message in the scripts and the commands
+they call (`INFO commandstats`): on a shared machine the rates swing with the neighbours' load,
 CPU per message much less. `--baseline REV` exports `operator/` of that revision (git archive)
 and runs the same workloads with it, alternating with this tree round by round; the report has
 the median of the rounds and this tree's ratio to the baseline.
