@@ -9,6 +9,8 @@
     routing               persistent slot -> broker, written by the operator (routing.py)
     migrations/<slot>     persistent a slot move under way and its step (migration.py)
     movers/<slot>         ephemeral  the lock of whoever moves or rolls back the slot now
+    split                 persistent a doubling of the slot amount under way (splitting.py)
+    movers/split          ephemeral  the lock of whoever doubles (or rolls back) now
 ```
 
 The operator (`delayq.kube.zk`) writes `routing`, counts `owners/` and removes whole trees; the
@@ -84,6 +86,15 @@ class TopicPaths:
 
     def mover(self, slot: int) -> str:
         return f"{self.movers}/{slot}"
+
+    @property
+    def split(self) -> str:
+        return f"{self.root}/split"
+
+    @property
+    def splitter(self) -> str:
+        """The doubling's lock, beside the slots' (not a number: `SlotMover.locked` skips it)."""
+        return f"{self.movers}/split"
 
 
 def broker_index(broker: str) -> int | None:

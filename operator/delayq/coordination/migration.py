@@ -29,31 +29,26 @@ only after its Redis work: a late copy could overwrite the target after the firs
 
 from __future__ import annotations
 
-import contextlib
 import enum
 import json
-import os
-import socket
-import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
-from kazoo.client import KazooClient, KazooState
-from kazoo.exceptions import BadVersionError, NodeExistsError, NoNodeError, SessionExpiredError
-from kazoo.retry import KazooRetry
+from kazoo.client import KazooClient
+from kazoo.exceptions import BadVersionError, NodeExistsError, NoNodeError
 
 from delayq.coordination.layout import TopicPaths
+from delayq.coordination.locks import LockHeld, NodeLock
+from delayq.coordination.locks import MoveError as MoveError
 from delayq.coordination.routing import Routing, initial_routing
 from delayq.queue import plans
 from delayq.queue.client import Queue
 from delayq.queue.codes import ReplicationTimeoutError
 from delayq.queue.keys import slot_keys
 from delayq.queue.slot_copy import MOVED_AWAY_PARTS, copy_slot, delete_slot
+from delayq.queue.topic import Topic
 
 MIGRATION_FORMAT_VERSION = 1
-#: How long releasing a slot's lock retries through a connection loss; past it the node goes
-#: with the session (a lock left by a live session keeps the slot refused until then).
-LOCK_RELEASE_DEADLINE_S = 10.0
 
 
 class Step(enum.StrEnum):
@@ -71,12 +66,7 @@ class Step(enum.StrEnum):
         return steps[index + 1] if index + 1 < len(steps) else None
 
 
-class MoveError(Exception):
-    """A move cannot start or go on: bad input, another move of the slot, a concurrent mover.
-    The text is one line for the operator."""
-
-
-class SlotLocked(MoveError):
+class SlotLocked(LockHeld):
     """Another process holds the slot's lock (`movers/<slot>`): it is moving or rolling back
     the slot now. Nothing was done; try again once it ended."""
 
@@ -113,6 +103,21 @@ class Migration:
         )
 
 
+def thaw_replicated(queue: Queue, topic: Topic, slot: int, broker: int) -> None:
+    """Thaw the copy of `slot` on `queue` (broker `broker`); on a topic with
+    `redis_sync_replicas` that waits (WAIT, after the copy too: replication is ordered) until
+    that many of the broker's replicas have it, else the step fails and is repeated: `clean`
+    deletes the source after the switch, so a master lost before replicating would otherwise
+    lose the whole slot."""
+    try:
+        queue.run(plans.thaw(topic, slot))
+    except ReplicationTimeoutError as error:
+        raise MoveError(
+            f"slot {slot}: {error.confirmed} of {error.wanted} replicas of broker {broker} "
+            f"confirmed its copy within {topic.redis_sync_timeout_ms} ms; run again"
+        ) from error
+
+
 class SlotMover:
     """Moves slots of one topic; `queues[b]` is broker b's engine client (sync)."""
 
@@ -123,7 +128,7 @@ class SlotMover:
         self.paths = paths
         self.queues = list(queues)
         self.topic = queues[0].topic
-        self._locks: dict[int, bytes] = {}  # slot -> the data of the lock node this mover holds
+        self._locks: dict[int, NodeLock] = {}  # slot -> the lock this mover holds
 
     # reading -------------------------------------------------------------------------------
 
@@ -135,10 +140,14 @@ class SlotMover:
         except NoNodeError:
             return initial_routing(self.topic.slot_amount, len(self.queues)), None
         routing = Routing.from_json(payload)
-        if routing.slot_amount != self.topic.slot_amount:
+        if (routing.slot_amount, routing.generation) != (
+            self.topic.slot_amount,
+            self.topic.slot_generation,
+        ):
             raise MoveError(
-                f"the routing is for {routing.slot_amount} slots, the topic has "
-                f"{self.topic.slot_amount}"
+                f"the routing is for {routing.slot_amount} slots (generation "
+                f"{routing.generation}), the topic has {self.topic.slot_amount} (generation "
+                f"{self.topic.slot_generation})"
             )
         return routing, stat.version
 
@@ -184,6 +193,8 @@ class SlotMover:
     def _start(self, slot: int, target: int) -> tuple[Migration, int]:
         recorded = self._read(slot)
         if recorded is None:
+            if self.zk.exists(self.paths.split):
+                raise MoveError("the topic's slots are being doubled: run again once it ended")
             routing, _ = self.routing()
             if not 0 <= target < min(routing.broker_count, len(self.queues)):
                 brokers = min(routing.broker_count, len(self.queues))
@@ -218,7 +229,7 @@ class SlotMover:
         elif migration.step is Step.COPY:
             copy_slot(source.redis, target.redis, keys)
             self._check_lock(migration.slot)
-            self._thaw_replicated(target, migration)
+            thaw_replicated(target, self.topic, migration.slot, migration.target)
         elif migration.step is Step.SWITCH:
             self._switch(migration)
         else:
@@ -229,20 +240,6 @@ class SlotMover:
         following = migration.step.following
         assert following is not None
         return self._record(replace(migration, step=following), version)
-
-    def _thaw_replicated(self, target: Queue, migration: Migration) -> None:
-        """Thaw the copy; on a topic with `redis_sync_replicas` that waits (WAIT, after the
-        copy too: replication is ordered) until that many of the target's replicas have it,
-        else the step fails and is repeated: `clean` deletes the source after the switch, so a
-        target master lost before replicating would otherwise lose the whole slot."""
-        try:
-            target.run(plans.thaw(self.topic, migration.slot))
-        except ReplicationTimeoutError as error:
-            raise MoveError(
-                f"slot {migration.slot}: {error.confirmed} of {error.wanted} replicas of broker "
-                f"{migration.target} confirmed its copy within "
-                f"{self.topic.redis_sync_timeout_ms} ms; run again"
-            ) from error
 
     def move(self, slot: int, target: int) -> Migration:
         """Move `slot` to broker `target`, resuming a move recorded earlier; returns the
@@ -284,56 +281,26 @@ class SlotMover:
     # the slot's lock -----------------------------------------------------------------------
 
     def acquire(self, slot: int) -> None:
-        """Take the slot's lock (an ephemeral node of this mover's session); a no-op when this
-        mover holds it. SlotLocked names the holder when another one does."""
-        if slot in self._locks:
-            return
-        holder = f"{socket.gethostname()}-{os.getpid()}/{uuid.uuid4().hex[:8]}".encode()
-        try:
-            self.zk.create(self.paths.mover(slot), holder, ephemeral=True, makepath=True)
-        except NodeExistsError:
-            try:
-                other = self.zk.get(self.paths.mover(slot))[0].decode(errors="replace")
-            except NoNodeError:
-                other = "a mover that just ended"
-            raise SlotLocked(
-                f"slot {slot} is being moved by {other} (lock {self.paths.mover(slot)} held): "
-                "run again once it ended"
-            ) from None
-        self._locks[slot] = holder
+        """Take the slot's lock (`movers/<slot>`, locks.NodeLock); a no-op when this mover
+        holds it. SlotLocked names the holder when another one does."""
+        lock = self._locks.get(slot) or NodeLock(
+            self.zk, self.paths.mover(slot), f"slot {slot}", "moved", "the slot's lock", SlotLocked
+        )
+        lock.acquire()
+        self._locks[slot] = lock
 
     def release(self, slot: int) -> None:
-        """Give the slot's lock up (if this mover holds it), through a connection loss for up
-        to LOCK_RELEASE_DEADLINE_S; an expired session took the node with it."""
-        holder = self._locks.pop(slot, None)
-        if holder is None:
-            return
-        retry = KazooRetry(max_tries=-1, deadline=LOCK_RELEASE_DEADLINE_S)
-        with contextlib.suppress(SessionExpiredError):  # the node went with the session
-            retry(self._delete_lock, slot, holder)
-
-    def _delete_lock(self, slot: int, holder: bytes) -> None:
-        try:
-            data, stat = self.zk.get(self.paths.mover(slot))
-            if data == holder:
-                self.zk.delete(self.paths.mover(slot), version=stat.version)
-        except (NoNodeError, BadVersionError):
-            pass  # gone with a session that expired, or already somebody else's
+        """Give the slot's lock up (if this mover holds it)."""
+        lock = self._locks.pop(slot, None)
+        if lock is not None:
+            lock.release()
 
     def _check_lock(self, slot: int) -> None:
-        """Raise MoveError unless the slot's lock node is this mover's right now: called before
-        every write, so a mover whose session was suspended or lost stops there."""
-        holder = self._locks.get(slot)
-        if holder is None:
+        """MoveError unless the slot's lock node is this mover's right now (before every write)."""
+        lock = self._locks.get(slot)
+        if lock is None:
             raise MoveError(f"slot {slot}: this mover does not hold the slot's lock")
-        if self.zk.state != KazooState.CONNECTED:
-            raise MoveError(f"slot {slot}: ZooKeeper connection {self.zk.state}; run again")
-        try:
-            data = self.zk.get(self.paths.mover(slot))[0]
-        except NoNodeError:
-            data = None
-        if data != holder:
-            raise MoveError(f"slot {slot}: this mover lost the slot's lock; run again")
+        lock.check()
 
     # ZooKeeper writes ----------------------------------------------------------------------
 
@@ -345,7 +312,7 @@ class SlotMover:
                 return  # switched by an earlier run that crashed before recording it
             brokers = list(routing.broker_of_slot)
             brokers[migration.slot] = migration.target
-            payload = Routing(routing.slot_amount, routing.broker_count, tuple(brokers)).to_json()
+            payload = replace(routing, broker_of_slot=tuple(brokers)).to_json()
             try:
                 if version is None:
                     self.zk.create(self.paths.routing, payload, makepath=True)

@@ -13,18 +13,21 @@ from __future__ import annotations
 import json
 from collections import Counter, defaultdict
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 ROUTING_FORMAT_VERSION = 1
 
 
 @dataclass(frozen=True)
 class Routing:
-    """`broker_of_slot[slot]` is the index of the broker that stores slot `slot`."""
+    """`broker_of_slot[slot]` is the index of the broker that stores slot `slot`; `generation`
+    the slots' key generation (`Topic.slot_generation`), bumped by every doubling of the slot
+    amount (`splitting.py`)."""
 
     slot_amount: int
     broker_count: int
     broker_of_slot: tuple[int, ...]
+    generation: int = 0
 
     def __post_init__(self) -> None:
         if len(self.broker_of_slot) != self.slot_amount:
@@ -42,13 +45,17 @@ class Routing:
         return [slot for slot, owner in enumerate(self.broker_of_slot) if owner == broker]
 
     def to_json(self) -> bytes:
-        """The ZooKeeper payload: version, counts, and the slot -> broker array."""
-        document = {
+        """The ZooKeeper payload: version, counts, and the slot -> broker array; `generation`
+        only once a doubling set it (format version 1 still: a reader that does not know it
+        ignores a routing of another slot amount, which a generation always comes with)."""
+        document: dict[str, object] = {
             "version": ROUTING_FORMAT_VERSION,
             "slotAmount": self.slot_amount,
             "brokers": self.broker_count,
             "slots": list(self.broker_of_slot),
         }
+        if self.generation:
+            document["generation"] = self.generation
         return json.dumps(document, separators=(",", ":")).encode()
 
     @classmethod
@@ -56,7 +63,12 @@ class Routing:
         document = json.loads(payload)
         if document.get("version") != ROUTING_FORMAT_VERSION:
             raise ValueError(f"unknown routing format version {document.get('version')!r}")
-        return cls(document["slotAmount"], document["brokers"], tuple(document["slots"]))
+        return cls(
+            document["slotAmount"],
+            document["brokers"],
+            tuple(document["slots"]),
+            int(document.get("generation", 0)),
+        )
 
 
 class RoutingConflict(ValueError):
@@ -89,7 +101,7 @@ def plan_routing(slot_amount: int, broker_count: int, current: Routing | None) -
         raise RoutingConflict(
             f"broker {max(used)} still holds slots; brokers cannot shrink to {broker_count}"
         )
-    return Routing(slot_amount, broker_count, current.broker_of_slot)
+    return replace(current, broker_count=broker_count)
 
 
 def by_broker(routing: Sequence[int], slots: Iterable[int]) -> dict[int, list[int]]:

@@ -31,9 +31,10 @@ ADMIN_RULES = ("reset", "on", "~*", "&*", "+@all")
 #: acknowledged write of a topic with `redis_sync_replicas`, health checks and the
 #: RESP3 handshake, and the slot mover's copy (`queue/slot_copy.py`: DUMP, then RESTORE in a
 #: MULTI, then UNLINK; run with the service's credentials from one of its pods, the key patterns
-#: still hold it to the topic's own keys). Not CLIENT SETINFO, which redis-py sends on connect
-#: and whose refusal it ignores (and which Redis 7.0 does not know: naming it would fail the
-#: whole SETUSER).
+#: still hold it to the topic's own keys), and the slot splitter's (`queue/slot_split.py`: ZRANGE,
+#: HSCAN, GET on the frozen keys, then ZADD, HSET, SET on the next generation's). Not CLIENT
+#: SETINFO, which redis-py sends on connect and whose refusal it ignores (and which Redis 7.0
+#: does not know: naming it would fail the whole SETUSER).
 CLIENT_COMMANDS = (
     "evalsha",
     "script|load",
@@ -48,6 +49,7 @@ CLIENT_COMMANDS = (
     "dump",
     "restore",
     "unlink",
+    "hscan",
     "multi",
     "exec",
 )

@@ -1,7 +1,10 @@
 """The Redis key schema (docs/contracts.md §1): every key of a slot shares one hash tag.
 
 `dq:{<ns>/<topic>/<slot>}:<part>` keeps a slot's keys on one Redis Cluster node, so each Lua
-transition touches exactly one node and a topic can move onto a cluster unchanged.
+transition touches exactly one node and a topic can move onto a cluster unchanged. After the
+topic's slots doubled g times (`Topic.slot_generation`, docs/coordination.md "Doubling the
+slots") the tag is `{<ns>/<topic>/g<g>/<slot>}`: the same slot number under the new slot amount
+holds other ids, so it gets other keys, and the old ones stay frozen for stale writers.
 """
 
 from __future__ import annotations
@@ -38,10 +41,13 @@ class SlotKeys:
     namespace: str
     topic: str
     slot: int
+    generation: int = 0
 
     @property
     def tag(self) -> str:
-        return f"{{{self.namespace}/{self.topic}/{self.slot}}}"
+        if self.generation == 0:  # the names of every topic before its first doubling
+            return f"{{{self.namespace}/{self.topic}/{self.slot}}}"
+        return f"{{{self.namespace}/{self.topic}/g{self.generation}/{self.slot}}}"
 
     def key(self, part: Part) -> str:
         return f"dq:{self.tag}:{part.value}"
@@ -53,7 +59,7 @@ class SlotKeys:
 def slot_keys(topic: Topic, slot: int) -> SlotKeys:
     if not 0 <= slot < topic.slot_amount:
         raise ValueError(f"slot {slot} is outside 0..{topic.slot_amount - 1} of topic {topic.name}")
-    return SlotKeys(topic.namespace, topic.name, slot)
+    return SlotKeys(topic.namespace, topic.name, slot, topic.slot_generation)
 
 
 def control_key(topic: Topic, consumer: str) -> str:
@@ -69,6 +75,7 @@ def paused_key(topic: Topic) -> str:
 
 
 def parse_wake_key(key: str) -> int:
-    """The slot number of a `wake` key, as returned by a blocking pop."""
+    """The slot number of a `wake` key, as returned by a blocking pop (any generation: the
+    slot number is the tag's last field)."""
     tag = key[key.index("{") + 1 : key.index("}")]
     return int(tag.rsplit("/", 1)[1])

@@ -27,6 +27,8 @@ from delayq.queue.topic import MAX_ID_BYTES, Topic
 OCCURRENCE_SUFFIX_BYTES = 17
 MAX_SCHEDULE_ID_BYTES = MAX_ID_BYTES - OCCURRENCE_SUFFIX_BYTES
 DEFAULT_CATCH_UP_MAX = 100
+#: between a schedule's id and its occurrence's due ms in the occurrence's message id
+OCCURRENCE_SEPARATOR = "@"
 PENDING, ENDED = "", "end"  # the `next` field while a top-up is owed / after the last occurrence
 
 
@@ -94,7 +96,7 @@ class DefineResult:
 
 def occurrence_id(schedule_id: str, due_ms: int) -> str:
     """The message id of the occurrence due at `due_ms` (deterministic: idempotent)."""
-    return f"{schedule_id}@{due_ms}"
+    return f"{schedule_id}{OCCURRENCE_SEPARATOR}{due_ms}"
 
 
 def occurrence_target(schedule_id: str, due_ms: int) -> Target:

@@ -14,6 +14,8 @@ from dataclasses import dataclass
 from typing import Any
 
 MAX_SLOT_AMOUNT = 16384
+#: A doubling bumps the generation once, and 1 -> MAX_SLOT_AMOUNT takes 14 doublings.
+MAX_SLOT_GENERATION = 64
 DEFAULT_MAX_RETRIES = 16
 DEFAULT_ACK_TIMEOUT_MS = 30_000
 DEFAULT_MAX_PAYLOAD_BYTES = 1024 * 1024
@@ -39,6 +41,10 @@ class EndAction(enum.StrEnum):
 
     DEAD = "dead"  # kept in the slot's dead set with its reason: inspect, redrive or purge
     DROP = "drop"  # deleted (remembered as 'dropped' / 'expired' with outcome retention)
+
+
+#: Topic fields the routing node decides (a doubling), never read from settings.
+ROUTING_FIELDS = frozenset({"slot_generation"})
 
 
 class TopicError(ValueError):
@@ -75,6 +81,11 @@ class Topic:
     # at most this many messages scheduled or in flight (0: no limit), enforced per slot at its
     # share, ceil(limits_max_pending / slot_amount), atomically in the schedule script
     limits_max_pending: int = 0
+    # the key generation of the slots (docs/coordination.md "Doubling the slots"): a doubling
+    # of slot_amount moves a topic's slots to new key names (`queue/keys.py`), so a writer
+    # whose slot amount is stale writes into frozen keys and is refused, never into a slot of
+    # the new amount. Decided by the routing node, not a setting (0: no doubling yet).
+    slot_generation: int = 0
 
     def __post_init__(self) -> None:
         for field_name, value in (("name", self.name), ("namespace", self.namespace)):
@@ -103,13 +114,19 @@ class Topic:
         _check_range("retry.for (ms)", self.retry_for_ms, 0, MAX_DELAY_MS)
         _check_range("expiry.ttl (ms)", self.expiry_ttl_ms, 0, MAX_DELAY_MS)
         _check_range("limits.maxPending", self.limits_max_pending, 0, MAX_PENDING)
+        _check_range("slot generation", self.slot_generation, 0, MAX_SLOT_GENERATION)
 
     @classmethod
     def from_settings(cls, settings: object, **given: Any) -> Topic:
         """The Topic of an object holding every Topic field under the same name (delayq
         serve's ServiceConfig, the operator's TopicSpec), `given` fields taken as given: a new
-        Topic field reaches every layer through this one place."""
-        names = [f.name for f in dataclasses.fields(cls) if f.name not in given]
+        Topic field reaches every layer through this one place. `slot_generation` is the
+        routing's, not a setting: it stays 0 unless given."""
+        names = [
+            f.name
+            for f in dataclasses.fields(cls)
+            if f.name not in given and f.name not in ROUTING_FIELDS
+        ]
         return cls(**given, **{name: getattr(settings, name) for name in names})
 
     @property

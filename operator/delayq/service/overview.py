@@ -179,7 +179,8 @@ def _slot_key_makers(topic: Topic) -> list[tuple[str, str]]:
     it took a third of a big topic's read."""
     marker = "987654321"
     parts = (Part.STORE, Part.PREPARE, Part.DEAD, Part.EPOCH)
-    keys = SlotKeys(topic.namespace, topic.name, int(marker)).keys(*parts)
+    slot = SlotKeys(topic.namespace, topic.name, int(marker), topic.slot_generation)
+    keys = slot.keys(*parts)
     return [(key.split(marker)[0], key.split(marker)[1]) for key in keys]
 
 

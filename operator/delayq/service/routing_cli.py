@@ -1,11 +1,13 @@
-"""`delayq routing show|move-slot`: a topic's slot -> broker routing, and moving one slot live.
+"""`delayq routing show|move-slot|split`: a topic's slot -> broker routing, moving one slot live
+and doubling the slot amount live.
 
 These talk to the topic's brokers and ZooKeeper directly, not to the HTTP API, with the same
 settings as `delayq serve` (topic file, DELAYQ_* variables, flags): run them in any delay-service
 pod of the topic (`kubectl exec <pod> -- delayq routing show`), where those are set. A move that
 stopped half way (the command was killed, a broker went away) is finished by running the same
 command again, or rolled back with `--abort` before its routing switched (docs/coordination.md,
-"Moving a slot").
+"Moving a slot", "Doubling the slots"). Once the slots doubled, the routing node's slot amount
+and key generation are used, not the settings' slotAmount.
 """
 
 from __future__ import annotations
@@ -14,7 +16,7 @@ import argparse
 import json
 import sys
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from typing import Any
 
 from delayq.service.admin_cli import non_negative
@@ -25,15 +27,17 @@ REDIS_TIMEOUT_S = 30.0
 
 
 def register(subparsers: Any) -> None:
-    """Add `routing show` and `routing move-slot` to the `delayq` command."""
+    """Add `routing show`, `routing move-slot` and `routing split` to the `delayq` command."""
     group = subparsers.add_parser(
         "routing",
-        help="a topic's slot -> broker routing: show it, move a slot to another broker",
+        help="a topic's slot -> broker routing: show it, move a slot, double the slots",
         description="Settings as for `delayq serve`: DELAYQ_* variables, --config, flags.",
     )
     commands = group.add_subparsers(dest="routing_command", required=True)
-    show = commands.add_parser("show", help="slots per broker and the moves under way")
-    show.add_argument("--json", action="store_true", help="the routing and moves as JSON")
+    show = commands.add_parser(
+        "show", help="slots per broker, the moves and the doubling under way"
+    )
+    show.add_argument("--json", action="store_true", help="the routing, moves and doubling as JSON")
     add_arguments(show)
     show.set_defaults(handler=_handler(_show))
     move = commands.add_parser(
@@ -49,6 +53,22 @@ def register(subparsers: Any) -> None:
     )
     add_arguments(move)
     move.set_defaults(handler=_handler(_move))
+    split = commands.add_parser(
+        "split",
+        help="double the slot amount, live: slot s splits into s and s+N on its broker "
+        "(resumes a stopped doubling)",
+    )
+    split.add_argument(
+        "--to-slots",
+        type=non_negative,
+        required=True,
+        help="the slot amount to reach (a power of two; doubles as often as needed)",
+    )
+    split.add_argument(
+        "--abort", action="store_true", help="roll back the doubling (before its switch)"
+    )
+    add_arguments(split)
+    split.set_defaults(handler=_handler(_split))
 
 
 def _handler(run: Any) -> Any:
@@ -66,8 +86,8 @@ def _handler(run: Any) -> Any:
             config = settings(args)
             if not config.zookeeper_connect:
                 raise ConfigError("needs ZooKeeper: --zookeeper-connect (DELAYQ_ZOOKEEPER_CONNECT)")
-            with _mover(config) as mover:
-                return int(run(mover, args))
+            with _connected(config) as (zk, paths, queues):
+                return int(run(zk, paths, queues, args))
         except (ConfigError, MoveError, ValueError) as error:
             print(f"{name}: {error}", file=sys.stderr)
             return BAD_INPUT
@@ -79,12 +99,16 @@ def _handler(run: Any) -> Any:
 
 
 @contextmanager
-def _mover(config: ServiceConfig) -> Iterator[Any]:
+def _connected(config: ServiceConfig) -> Iterator[tuple[Any, Any, list[Any]]]:
+    """ZooKeeper, the topic's paths and a client per broker under the routing's slot amount
+    and generation (the settings' when there is no routing node yet)."""
     from kazoo.client import KazooClient
+    from kazoo.exceptions import NoNodeError
 
     from delayq.coordination.acl import tree_acl
     from delayq.coordination.layout import TopicPaths
-    from delayq.coordination.migration import SlotMover
+    from delayq.coordination.routing import Routing
+    from delayq.coordination.splitting import routed_topic
     from delayq.coordination.tls import kazoo_options
     from delayq.queue.client import Queue
 
@@ -101,14 +125,18 @@ def _mover(config: ServiceConfig) -> Iterator[Any]:
         default_acl=acl,
         **kazoo_options(config.zookeeper_client_tls),
     )
+    paths = TopicPaths(config.namespace, config.topic)
     topic = config.to_topic()
-    queues = [
-        Queue.from_url(url, topic, socket_timeout=REDIS_TIMEOUT_S)
-        for url in config.broker_redis_urls
-    ]
+    queues: list[Queue] = []
     zk.start(timeout=config.zookeeper_session_timeout_ms / 1000)
     try:
-        yield SlotMover(zk, TopicPaths(config.namespace, config.topic), queues)
+        with suppress(NoNodeError):  # no node yet: the settings' slot amount
+            topic = routed_topic(topic, Routing.from_json(zk.get(paths.routing)[0]))
+        queues += [
+            Queue.from_url(url, topic, socket_timeout=REDIS_TIMEOUT_S)
+            for url in config.broker_redis_urls
+        ]
+        yield zk, paths, queues
     finally:
         zk.stop()
         zk.close()
@@ -116,33 +144,67 @@ def _mover(config: ServiceConfig) -> Iterator[Any]:
             queue.close()
 
 
-def _show(mover: Any, args: argparse.Namespace) -> int:
+def _show(zk: Any, paths: Any, queues: list[Any], args: argparse.Namespace) -> int:
+    from delayq.coordination.migration import SlotMover
+    from delayq.coordination.splitting import SlotSplitter
+
+    mover = SlotMover(zk, paths, queues)
     routing, version = mover.routing()
     migrations = mover.migrations()
+    split = SlotSplitter(zk, paths, queues).state()
     if args.json:
         document = {
             "routing": json.loads(routing.to_json()),
             "routingVersion": version,
             "migrations": [json.loads(m.encode()) for m in migrations],
+            "split": None if split is None else json.loads(split.encode()),
         }
         print(json.dumps(document, indent=2))
         return OK
     origin = f"node version {version}" if version is not None else "first routing, no node yet"
-    print(f"{routing.slot_amount} slots over {routing.broker_count} brokers ({origin})")
+    print(
+        f"{routing.slot_amount} slots (generation {routing.generation}) over "
+        f"{routing.broker_count} brokers ({origin})"
+    )
     for broker, count in routing.slots_per_broker().items():
         print(f"broker {broker}: {count} slots {_ranges(routing.slots_of(broker))}")
     for m in migrations:
         print(f"moving slot {m.slot}: broker {m.source} -> {m.target}, next step {m.step}")
+    if split is not None:
+        print(
+            f"doubling {split.from_amount} -> {split.to_amount} slots (generation "
+            f"{split.to_generation}): next step {split.step}, {split.copied_slots} of "
+            f"{split.from_amount} slots copied"
+        )
     return OK
 
 
-def _move(mover: Any, args: argparse.Namespace) -> int:
+def _move(zk: Any, paths: Any, queues: list[Any], args: argparse.Namespace) -> int:
+    from delayq.coordination.migration import SlotMover
+
+    mover = SlotMover(zk, paths, queues)
     if args.abort:
         m = mover.abort(args.slot)
         print(f"slot {m.slot}: move to broker {m.target} rolled back, on broker {m.source}")
         return OK
     m = mover.move(args.slot, args.to_broker)
     print(f"slot {m.slot}: moved from broker {m.source} to broker {m.target}")
+    return OK
+
+
+def _split(zk: Any, paths: Any, queues: list[Any], args: argparse.Namespace) -> int:
+    from delayq.coordination.splitting import SlotSplitter
+
+    splitter = SlotSplitter(zk, paths, queues)
+    if args.abort:
+        split = splitter.abort()
+        print(f"doubling to {split.to_amount} slots rolled back: {split.from_amount} slots")
+        return OK
+    done = splitter.split(args.to_slots)
+    if done is None:
+        print(f"the topic has {args.to_slots} slots already")
+    else:
+        print(f"doubled to {done.to_amount} slots (generation {done.to_generation})")
     return OK
 
 

@@ -1,0 +1,348 @@
+"""Double a topic's slot amount live, N -> 2N, resumable (docs/coordination.md, "Doubling the
+slots").
+
+Slot s splits into slots s and s + N on the broker of s (a later balance is made of ordinary
+slot moves, `migration.py`). A writer whose slot amount is stale must never write into a slot
+of the other amount, so the doubling moves the topic to the next key generation
+(`Topic.slot_generation`, `queue/keys.py`): the old generation's keys stay frozen as
+tombstones, like a moved slot's source, and refuse a stale writer with SLOT_MOVING; it reads
+the routing again and follows. Steps, each recorded in the `split` node (JSON) before the next
+one starts, each idempotent:
+
+1. `freeze`: every old slot is frozen on its broker (freeze-1: writes refused, the old owners
+   fenced out), and the old generation's keys of all 2N slot numbers get frozen epochs on
+   every broker, so a writer with a stale routing, or configured with 2N slots but the old
+   generation, is refused too.
+2. `copy`: each old slot is split into the next generation's slots s and s + N on the same
+   broker (`queue.slot_split`), their epochs thawed (waiting for sync replicas); the node
+   records how many old slots are done (`copiedSlots`).
+3. `switch`: the routing node becomes {2N slots, generation g + 1, s and s + N on the old
+   broker of s}, written with compare-and-set. The delay services and routing clients watch it
+   and move to the new keys; the new owners fence above the copied epochs.
+4. `clean`: the old generation's keys are deleted but their frozen epochs, then the node.
+
+`abort` rolls back before the switch (the new generation's keys deleted, the old slots
+thawed). One splitter at a time: the ephemeral lock `movers/split`, checked before every write;
+a doubling refuses to start while slot moves are recorded or locked, and a slot move refuses to
+start while a doubling is recorded.
+"""
+
+from __future__ import annotations
+
+import enum
+import json
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
+
+from kazoo.client import KazooClient
+from kazoo.exceptions import BadVersionError, NodeExistsError, NoNodeError
+
+from delayq.coordination.layout import TopicPaths
+from delayq.coordination.locks import LockHeld, MoveError, NodeLock
+from delayq.coordination.migration import SlotMover, thaw_replicated
+from delayq.coordination.routing import Routing, initial_routing
+from delayq.queue import plans
+from delayq.queue.client import Queue
+from delayq.queue.keys import slot_keys
+from delayq.queue.slot_copy import MOVED_AWAY_PARTS, delete_slot
+from delayq.queue.slot_split import split_slot
+from delayq.queue.topic import MAX_SLOT_AMOUNT, Topic, is_power_of_two
+
+SPLIT_FORMAT_VERSION = 1
+
+
+class SplitStep(enum.StrEnum):
+    """The next thing a doubling does; recorded before it is done, so a crash repeats it."""
+
+    FREEZE = "freeze"
+    COPY = "copy"
+    SWITCH = "switch"
+    CLEAN = "clean"
+
+    @property
+    def following(self) -> SplitStep | None:
+        steps = list(SplitStep)
+        index = steps.index(self)
+        return steps[index + 1] if index + 1 < len(steps) else None
+
+
+class SplitLocked(LockHeld):
+    """Another process holds `movers/split`: it is doubling the slots or rolling back now."""
+
+
+@dataclass(frozen=True)
+class Split:
+    """The `split` node: N -> 2N from key generation g to g + 1, the routing of the N slots it
+    started from, its step and how many old slots the copy step finished (in slot order)."""
+
+    from_amount: int
+    generation: int
+    brokers: tuple[int, ...]
+    step: SplitStep
+    copied_slots: int = 0
+
+    @property
+    def to_amount(self) -> int:
+        return 2 * self.from_amount
+
+    @property
+    def to_generation(self) -> int:
+        return self.generation + 1
+
+    def encode(self) -> bytes:
+        document = {
+            "version": SPLIT_FORMAT_VERSION,
+            "fromSlotAmount": self.from_amount,
+            "toSlotAmount": self.to_amount,
+            "fromGeneration": self.generation,
+            "toGeneration": self.to_generation,
+            "slots": list(self.brokers),
+            "step": self.step.value,
+            "copiedSlots": self.copied_slots,
+        }
+        return json.dumps(document, separators=(",", ":")).encode()
+
+    @classmethod
+    def decode(cls, payload: bytes) -> Split:
+        document = json.loads(payload)
+        if document.get("version") != SPLIT_FORMAT_VERSION:
+            raise ValueError(f"unknown split format version {document.get('version')!r}")
+        return cls(
+            int(document["fromSlotAmount"]),
+            int(document["fromGeneration"]),
+            tuple(int(broker) for broker in document["slots"]),
+            SplitStep(document["step"]),
+            int(document["copiedSlots"]),
+        )
+
+
+def routed_topic(topic: Topic, routing: Routing) -> Topic:
+    """`topic` with the routing's slot amount and key generation (the settings' slotAmount is
+    only the desired one once a doubling ran)."""
+    return replace(topic, slot_amount=routing.slot_amount, slot_generation=routing.generation)
+
+
+class SlotSplitter:
+    """Doubles the slots of one topic; `queues[b]` is broker b's engine client (sync), its
+    topic's slot amount and generation are ignored (the routing node's count)."""
+
+    def __init__(self, zk: KazooClient, paths: TopicPaths, queues: Sequence[Queue]) -> None:
+        if not queues:
+            raise ValueError("a topic needs at least one broker")
+        self.zk = zk
+        self.paths = paths
+        self.queues = list(queues)
+        self.topic = queues[0].topic
+        self.lock = NodeLock(
+            zk, paths.splitter, "the split", "run", "the split's lock", SplitLocked
+        )
+
+    # reading -------------------------------------------------------------------------------
+
+    def routing(self) -> tuple[Routing, int | None]:
+        """The routing and its node's version (None: no node yet; then the first routing of
+        the settings' slot amount over these brokers, generation 0)."""
+        try:
+            payload, stat = self.zk.get(self.paths.routing)
+        except NoNodeError:
+            return initial_routing(self.topic.slot_amount, len(self.queues)), None
+        return Routing.from_json(payload), stat.version
+
+    def state(self) -> Split | None:
+        """The doubling under way (or left behind by a crashed splitter), None when none is."""
+        recorded = self._read()
+        return None if recorded is None else recorded[0]
+
+    def locked(self) -> bool:
+        """Somebody (this splitter included) holds the split's lock now."""
+        return self.zk.exists(self.paths.splitter) is not None
+
+    def _read(self) -> tuple[Split, int] | None:
+        try:
+            payload, stat = self.zk.get(self.paths.split)
+        except NoNodeError:
+            return None
+        return Split.decode(payload), stat.version
+
+    # doubling ------------------------------------------------------------------------------
+
+    def split(self, to_amount: int) -> Split | None:
+        """Double until the topic has `to_amount` slots (one doubling after another, each
+        resumed if recorded); returns the last doubling done, None when the topic had
+        `to_amount` slots already. Holds the lock throughout."""
+        self.lock.acquire()
+        try:
+            recorded = self._read()
+            if recorded is not None and recorded[0].to_amount > to_amount:
+                raise MoveError(
+                    f"a doubling to {recorded[0].to_amount} slots is under way: finish it with "
+                    f"--to-slots {recorded[0].to_amount} or --abort"
+                )
+            done = None
+            while True:
+                current = recorded or self._start(to_amount)
+                if current is None:
+                    return done
+                done = self._run(*current)
+                recorded = None
+        finally:
+            self.lock.release()
+
+    def _start(self, to_amount: int) -> tuple[Split, int] | None:
+        """Record the next doubling toward `to_amount`; None when the topic has it."""
+        routing, _ = self.routing()
+        if routing.slot_amount == to_amount:
+            return None
+        if (
+            not is_power_of_two(to_amount)
+            or to_amount < routing.slot_amount
+            or to_amount > MAX_SLOT_AMOUNT
+        ):
+            raise MoveError(
+                f"the topic has {routing.slot_amount} slots: it can grow to a power of two up "
+                f"to {MAX_SLOT_AMOUNT} ({2 * routing.slot_amount}, ...), not {to_amount}"
+            )
+        mover = SlotMover(self.zk, self.paths, self.queues)
+        moving = sorted({m.slot for m in mover.migrations()} | mover.locked())
+        if moving:
+            raise MoveError(f"slots {moving} are moving: run again once their moves ended")
+        split = Split(
+            routing.slot_amount, routing.generation, routing.broker_of_slot, SplitStep.FREEZE
+        )
+        self.lock.check()
+        try:
+            self.zk.create(self.paths.split, split.encode(), makepath=True)
+        except NodeExistsError:
+            raise MoveError("another splitter recorded a doubling meanwhile; run again") from None
+        return split, 0
+
+    def _run(self, split: Split, version: int) -> Split:
+        current: tuple[Split, int] | None = (split, version)
+        while current is not None:
+            split = current[0]
+            current = self.step(*current)
+        return split
+
+    def step(self, split: Split, version: int) -> tuple[Split, int] | None:
+        """Do the recorded step (the copy: one old slot) and record what follows; None when
+        the doubling is complete. MoveError before any write once the lock is not ours."""
+        old, new = self._topics(split)
+        self.lock.check()
+        if split.step is SplitStep.FREEZE:
+            self._freeze(split, old)
+        elif split.step is SplitStep.COPY and split.copied_slots < split.from_amount:
+            self._copy(split, old, new, split.copied_slots)
+            return self._record(replace(split, copied_slots=split.copied_slots + 1), version)
+        elif split.step is SplitStep.SWITCH:
+            self._switch(split)
+        elif split.step is SplitStep.CLEAN:
+            for slot, broker in enumerate(split.brokers):
+                delete_slot(self.queues[broker].redis, slot_keys(old, slot), MOVED_AWAY_PARTS)
+            self.lock.check()
+            self._delete_node(version)
+            return None
+        following = split.step.following
+        assert following is not None
+        return self._record(replace(split, step=following), version)
+
+    def abort(self) -> Split:
+        """Roll a doubling back while the routing still has the old slot amount: the new
+        generation's keys are deleted and the old slots take writes again (their tombstones
+        for N..2N-1 stay: they only refuse misconfigured writers). Refused after the switch."""
+        self.lock.acquire()
+        try:
+            recorded = self._read()
+            if recorded is None:
+                raise MoveError("no doubling is under way")
+            split, version = recorded
+            routing, _ = self.routing()
+            if split.step is SplitStep.CLEAN or routing.generation == split.to_generation:
+                raise MoveError(
+                    f"the routing has {split.to_amount} slots already: finish the doubling"
+                )
+            old, new = self._topics(split)
+            for slot in range(split.to_amount):
+                broker = split.brokers[slot % split.from_amount]
+                self.lock.check()
+                delete_slot(self.queues[broker].redis, slot_keys(new, slot))
+            for slot, broker in enumerate(split.brokers):
+                self.lock.check()
+                self.queues[broker].run(plans.thaw(old, slot))
+            self._delete_node(version)
+            return split
+        finally:
+            self.lock.release()
+
+    # the steps -----------------------------------------------------------------------------
+
+    def _topics(self, split: Split) -> tuple[Topic, Topic]:
+        """The topic before (N slots, generation g) and after (2N, g + 1) the doubling."""
+        old = replace(self.topic, slot_amount=split.from_amount, slot_generation=split.generation)
+        new = replace(old, slot_amount=split.to_amount, slot_generation=split.to_generation)
+        return old, new
+
+    def _freeze(self, split: Split, old: Topic) -> None:
+        """Freeze the old generation: every slot of 2N, on every broker (the same keys as the
+        N old slots for 0..N-1). Where a slot lives that fences its owner out; everywhere else
+        it leaves a tombstone for a writer whose routing or slot amount is stale."""
+        stale = replace(old, slot_amount=split.to_amount)
+        for slot, broker in enumerate(split.brokers):
+            self.queues[broker].run(plans.freeze(old, slot))  # the live slots first
+        for queue in self.queues:
+            for slot in range(split.to_amount):
+                queue.run(plans.freeze(stale, slot))
+
+    def _copy(self, split: Split, old: Topic, new: Topic, slot: int) -> None:
+        broker = split.brokers[slot]
+        queue = self.queues[broker]
+        upper = slot + split.from_amount
+        split_slot(queue.redis, slot_keys(old, slot), slot_keys(new, slot), slot_keys(new, upper))
+        for half in (slot, upper):
+            self.lock.check()
+            thaw_replicated(queue, new, half, broker)
+
+    def _switch(self, split: Split) -> None:
+        """Write the doubled routing with compare-and-set; a lost race reads again. Refuses
+        when the routing changed since the doubling started (the copies follow that one)."""
+        while True:
+            routing, version = self.routing()
+            if routing.generation == split.to_generation:
+                return  # switched by an earlier run that crashed before recording it
+            if (routing.slot_amount, routing.generation, routing.broker_of_slot) != (
+                split.from_amount,
+                split.generation,
+                split.brokers,
+            ):
+                raise MoveError("the routing changed during the doubling: --abort it")
+            doubled = Routing(
+                split.to_amount,
+                routing.broker_count,
+                split.brokers + split.brokers,
+                split.to_generation,
+            )
+            self.lock.check()
+            try:
+                if version is None:
+                    self.zk.create(self.paths.routing, doubled.to_json(), makepath=True)
+                else:
+                    self.zk.set(self.paths.routing, doubled.to_json(), version=version)
+                return
+            except (BadVersionError, NodeExistsError):
+                continue  # the operator wrote it meanwhile (more brokers): read again
+
+    # ZooKeeper writes ----------------------------------------------------------------------
+
+    def _record(self, split: Split, version: int) -> tuple[Split, int]:
+        try:
+            stat = self.zk.set(self.paths.split, split.encode(), version=version)
+        except (BadVersionError, NoNodeError):
+            raise MoveError("another splitter changed the doubling meanwhile; run again") from None
+        return split, stat.version
+
+    def _delete_node(self, version: int) -> None:
+        try:
+            self.zk.delete(self.paths.split, version=version)
+        except NoNodeError:
+            pass
+        except BadVersionError:
+            raise MoveError("another splitter changed the doubling meanwhile") from None

@@ -1,0 +1,514 @@
+"""Doubling a topic's slots 4 -> 8 on two real redis-servers, recorded in a real ZooKeeper
+(`delayq.coordination.splitting`, `queue.slot_split`, `delayq routing split`): every part of
+every slot divided exactly, stale writers of either slot amount refused, and a splitter stopped
+before any step (or any slot of its copy) completed by the next run or rolled back."""
+
+from __future__ import annotations
+
+import json
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass, field, replace
+from typing import Any, cast
+
+import pytest
+import redis
+from kazoo.client import KazooClient
+
+from delayq.cli import main
+from delayq.coordination.layout import TopicPaths
+from delayq.coordination.migration import MoveError, SlotMover
+from delayq.coordination.routing import Routing
+from delayq.coordination.splitting import SlotSplitter, Split, SplitLocked, SplitStep
+from delayq.local.redis_server import RedisServer
+from delayq.local.waiting import wait_until
+from delayq.local.zookeeper_server import ZooKeeperServer
+from delayq.queue import Queue, Recurrence, Schedule, SlotMovingError, StaleEpochError, Topic
+from delayq.queue.acl import service_user_rules
+from delayq.queue.keys import Part, slot_keys
+from delayq.queue.model import Message, State, Target
+from delayq.queue.schedules import occurrence_id
+from delayq.queue.slot_split import PART_RULES, Rule
+from delayq.queue.topic import slot_of
+
+NAMESPACE = "splits"
+SLOTS = 4
+ROUTING = (0, 0, 1, 1)
+PER_MESSAGE = [part for part, rule in PART_RULES.items() if rule is Rule.BY_MESSAGE]
+PER_SCHEDULE = [part for part, rule in PART_RULES.items() if rule is Rule.BY_SCHEDULE]
+
+
+@dataclass
+class Cluster:
+    topic: Topic
+    paths: TopicPaths
+    hosts: str
+    servers: tuple[RedisServer, RedisServer]
+    zk: KazooClient
+    queues: tuple[Queue, Queue]  # logged in as the topic's restricted Redis user
+    admins: tuple[redis.Redis, redis.Redis]
+    basis: dict[str, str] = field(default_factory=dict)  # message id -> its slot basis
+    custom: set[str] = field(default_factory=set)  # ids scheduled with a custom basis
+    schedules: set[str] = field(default_factory=set)
+    held: list[Message] = field(default_factory=list)  # leases of the old owners, still held
+    _clients: list[KazooClient] = field(default_factory=list)
+
+    def splitter(self) -> SlotSplitter:
+        """A splitter of its own (its own ZooKeeper session), as a fresh run of the command."""
+        client = KazooClient(hosts=self.hosts)
+        client.start(timeout=10)
+        self._clients.append(client)
+        return SlotSplitter(client, self.paths, self.queues)
+
+    def routing(self) -> Routing:
+        return Routing.from_json(self.zk.get(self.paths.routing)[0])
+
+    def queue_of(self, topic: Topic, slot: int) -> Queue:
+        """A client of slot `slot`'s broker under `topic` (its amount and generation)."""
+        broker = ROUTING[slot % SLOTS]
+        user, password = f"{NAMESPACE}.{self.topic.name}", "engine-secret"
+        queue = Queue.from_url(self.servers[broker].url, topic, username=user, password=password)
+        self._queues.append(queue)
+        return queue
+
+    _queues: list[Queue] = field(default_factory=list)
+
+
+@pytest.fixture
+def second_broker() -> Iterator[RedisServer]:
+    with RedisServer() as server:
+        yield server
+
+
+@pytest.fixture
+def cluster(
+    redis_server: RedisServer, second_broker: RedisServer, zookeeper_server: ZooKeeperServer
+) -> Iterator[Cluster]:
+    topic = Topic(
+        f"s-{uuid.uuid4().hex[:8]}",
+        namespace=NAMESPACE,
+        slot_amount=SLOTS,
+        journal_max_len=100,
+        outcome_retention_ms=600_000,
+        max_retries=0,
+    )
+    zk = KazooClient(hosts=zookeeper_server.hosts)
+    zk.start(timeout=10)
+    paths = TopicPaths(NAMESPACE, topic.name)
+    zk.create(paths.routing, Routing(SLOTS, 2, ROUTING).to_json(), makepath=True)
+    servers = (redis_server, second_broker)
+    admins = (redis.Redis.from_url(redis_server.url), redis.Redis.from_url(second_broker.url))
+    user, password = f"{NAMESPACE}.{topic.name}", "engine-secret"
+    for admin in admins:
+        admin.execute_command("ACL", "SETUSER", user, *service_user_rules(topic), f">{password}")
+    first, second = (
+        Queue.from_url(server.url, topic, username=user, password=password) for server in servers
+    )
+    built = Cluster(topic, paths, zookeeper_server.hosts, servers, zk, (first, second), admins)
+    try:
+        yield built
+    finally:
+        for client in [*built._clients, zk]:
+            client.stop()
+            client.close()
+        for queue in [first, second, *built._queues]:
+            queue.close()
+        for admin in admins:
+            admin.close()
+
+
+def broker_queue(cluster: Cluster, slot: int) -> Queue:
+    return cluster.queues[ROUTING[slot]]
+
+
+def fill(cluster: Cluster, count: int = 60) -> None:
+    """Every slot with something in every part: scheduled (by id, by a custom basis),
+    leased, dead with a reason, acked and cancelled (outcomes), recurring schedules (their
+    occurrences waiting, one claimed and its top-up owed), the journal."""
+    topic = cluster.topic
+    for i in range(count):
+        message_id = f"m{i}"
+        custom = i % 10 == 9
+        basis = f"basis-{i}" if custom else message_id
+        slot = topic.slot_of(basis)
+        broker_queue(cluster, slot).schedule(
+            message_id,
+            b"p%d" % i,
+            delay_ms=0 if i % 3 else 600_000,
+            slot_basis=basis if custom else None,
+        )
+        cluster.basis[message_id] = basis
+        if custom:
+            cluster.custom.add(message_id)
+    for i in range(8):
+        schedule_id = f"s{i}"
+        slot = topic.slot_of(schedule_id)
+        result = broker_queue(cluster, slot).put_schedule(
+            Schedule(schedule_id, Recurrence(every_ms=1000), payload="s")
+        )
+        cluster.basis[occurrence_id(schedule_id, result.first_due_ms)] = schedule_id
+        cluster.schedules.add(schedule_id)
+    for slot in topic.slots:
+        queue = broker_queue(cluster, slot)
+        epoch = queue.take_over(slot)
+        leased = list(queue.claim(slot, epoch, max_count=6, lease_ms=600_000).messages)
+        for message in leased[:2]:
+            queue.ack(message.lease)
+        for message in leased[2:4]:
+            queue.nack(message.lease, dead=True, reason="broken")
+        for message in leased:
+            cluster.basis.setdefault(message.id, message.id.rpartition("@")[0] or message.id)
+        cluster.held.extend(leased[4:])
+    claim_an_occurrence(cluster, "s0")
+    for i in range(0, count, 7):  # cancelled: outcomes
+        message_id = f"m{i}"
+        basis = cluster.basis[message_id]
+        broker_queue(cluster, topic.slot_of(basis)).cancel(message_id, basis)
+
+
+def claim_an_occurrence(cluster: Cluster, schedule_id: str) -> None:
+    """Claim the schedule's first occurrence once due (its top-up is then owed: `topup`)."""
+    slot = cluster.topic.slot_of(schedule_id)
+    queue = broker_queue(cluster, slot)
+    epoch = queue.take_over(slot)
+
+    def claimed() -> bool:
+        leased = queue.claim(slot, epoch, max_count=100, lease_ms=600_000).messages
+        for message in leased:
+            cluster.basis.setdefault(message.id, message.id.rpartition("@")[0] or message.id)
+        cluster.held.extend(leased)
+        return any(message.id.startswith(f"{schedule_id}@") for message in leased)
+
+    wait_until(claimed, 10.0, "an occurrence claimed")
+
+
+def read_part(client: redis.Redis, key: str) -> Any:
+    kind = str(client.type(key), "ascii")  # type: ignore[arg-type]
+    if kind == "zset":
+        return dict(cast("list[tuple[bytes, float]]", client.zrange(key, 0, -1, withscores=True)))
+    if kind == "hash":
+        return client.hgetall(key)
+    if kind == "string":
+        return client.get(key)
+    if kind == "list":
+        return client.lrange(key, 0, -1)
+    if kind == "stream":
+        return client.xrange(key)
+    return None
+
+
+def snapshot(cluster: Cluster, topic: Topic, slot: int) -> dict[Part, Any]:
+    client = cluster.admins[ROUTING[slot % SLOTS]]
+    keys = slot_keys(topic, slot)
+    found = {part: read_part(client, keys.key(part)) for part in Part}
+    return {part: value for part, value in found.items() if value is not None}
+
+
+def doubled(topic: Topic) -> Topic:
+    return replace(topic, slot_amount=2 * SLOTS, slot_generation=1)
+
+
+def expected_half(cluster: Cluster, member: bytes, old_slot: int) -> int:
+    """A custom basis is not kept: such a message goes by its id when that lands in its old
+    slot, else it stays in the lower half (documented)."""
+    text = member.decode()
+    if text in cluster.custom:
+        own = slot_of(text, 2 * SLOTS)
+        return own if own % SLOTS == old_slot else old_slot
+    schedule_id, _, due = text.rpartition("@")
+    if schedule_id in cluster.schedules and due.isdigit():  # an occurrence, by its schedule
+        return slot_of(schedule_id, 2 * SLOTS)
+    return slot_of(cluster.basis.get(text, text), 2 * SLOTS)
+
+
+def assert_split_exactly(cluster: Cluster, before: dict[int, dict[Part, Any]]) -> None:
+    """Each old slot's parts are the union of its two halves', each member in its half."""
+    new = doubled(cluster.topic)
+    for old_slot, parts in before.items():
+        halves = {s: snapshot(cluster, new, s) for s in (old_slot, old_slot + SLOTS)}
+        for part in PER_MESSAGE + PER_SCHEDULE:
+            merged: dict[bytes, Any] = {}
+            for half_slot, half in halves.items():
+                for member, value in half.get(part, {}).items():
+                    if part in PER_SCHEDULE:
+                        assert slot_of(member, 2 * SLOTS) == half_slot, (part, member)
+                    else:
+                        assert expected_half(cluster, member, old_slot) == half_slot, (
+                            part,
+                            member,
+                        )
+                    merged[member] = value
+            assert merged == parts.get(part, {}), (old_slot, part)
+        lower, upper = halves[old_slot], halves[old_slot + SLOTS]
+        assert lower.get(Part.JOURNAL) == parts.get(Part.JOURNAL)
+        assert Part.JOURNAL not in upper
+        for half in (lower, upper):
+            assert half.get(Part.LEASES) == parts.get(Part.LEASES)
+            frozen = parts[Part.EPOCH]
+            assert frozen.startswith(b"moving:")
+            thawed = frozen.removeprefix(b"moving:")
+            assert half.get(Part.EPOCH) == (None if thawed == b"0" else thawed)
+            assert half[Part.WAKE] == [b"1"]
+
+
+def frozen_before(cluster: Cluster) -> dict[int, dict[Part, Any]]:
+    """Every old slot as the split reads it (after its freeze, which changes only epochs)."""
+    found = {}
+    for slot in cluster.topic.slots:
+        parts = snapshot(cluster, cluster.topic, slot)
+        epoch = parts.get(Part.EPOCH, b"0")
+        parts[Part.EPOCH] = epoch if epoch.startswith(b"moving:") else b"moving:" + epoch
+        found[slot] = parts
+    return found
+
+
+def basis_in(topic: Topic, slot: int) -> str:
+    """A slot basis that lands in `slot` of `topic`."""
+    return next(f"b{i}" for i in range(100_000) if topic.slot_of(f"b{i}") == slot)
+
+
+def test_a_doubling_splits_every_part_exactly_and_refuses_stale_writers(cluster: Cluster):
+    fill(cluster)
+    before = frozen_before(cluster)
+    assert all(set(parts) >= set(PER_MESSAGE) | {Part.JOURNAL} for parts in before.values())
+    assert any(Part.SCHEDULES in parts and Part.TOPUP in parts for parts in before.values())
+    assert cluster.held
+
+    done = cluster.splitter().split(2 * SLOTS)
+
+    assert done == Split(SLOTS, 0, ROUTING, SplitStep.CLEAN, SLOTS)
+    assert cluster.routing() == Routing(2 * SLOTS, 2, ROUTING + ROUTING, 1)
+    assert not cluster.zk.exists(cluster.paths.split)
+    assert_split_exactly(cluster, before)
+    # the old generation is tombstones only, which refuse a writer of either stale amount:
+    # N slots (its routing watch has not fired yet) or 2N misconfigured at the old generation
+    stale_doubled = replace(cluster.topic, slot_amount=2 * SLOTS)
+    for slot in range(2 * SLOTS):
+        for admin in cluster.admins:
+            keys = slot_keys(stale_doubled, slot)
+            assert admin.keys(keys.key(Part.EPOCH).replace(":epoch", ":*")) == [
+                keys.key(Part.EPOCH).encode()
+            ]
+        writers = [Queue(admin, stale_doubled) for admin in cluster.admins]  # any routing
+        if slot < SLOTS:
+            assert set(snapshot(cluster, cluster.topic, slot)) == {Part.EPOCH}
+            writers.append(cluster.queue_of(cluster.topic, slot))  # its (old) routing
+        for queue in writers:
+            with pytest.raises(SlotMovingError, match=r"^SLOT_MOVING"):
+                queue.schedule("late", b"p", delay_ms=0, slot_basis=basis_in(queue.topic, slot))
+    # every message is found by its id (an occurrence by its schedule) under the new amount;
+    # one with a custom basis by `slot`
+    new = doubled(cluster.topic)
+    for message_id, basis in cluster.basis.items():
+        if message_id in cluster.custom:
+            slot = expected_half(cluster, message_id.encode(), cluster.topic.slot_of(basis))
+            info = cluster.queue_of(new, slot).get_many([Target(message_id, explicit_slot=slot)])[0]
+        else:
+            info = cluster.queue_of(new, new.slot_of(basis)).get(message_id, basis)
+        assert info.state is not State.ABSENT, message_id
+    # the new owners fence above the old epochs: the old leases are stale everywhere
+    for message in cluster.held:
+        queue = cluster.queue_of(new, new.slot_of(cluster.basis[message.id]))
+        with pytest.raises(StaleEpochError):
+            broker_queue(cluster, message.slot).ack(message.lease)
+        assert queue.take_over(new.slot_of(cluster.basis[message.id])) > message.epoch
+    # and the new slots take writes
+    for slot in range(2 * SLOTS):
+        cluster.queue_of(new, slot).schedule(
+            "after", b"p", delay_ms=0, slot_basis=basis_in(new, slot)
+        )
+
+
+def run_steps(splitter: SlotSplitter, count: int) -> tuple[Split, int]:
+    """Record a doubling and do `count` steps of it (each slot of the copy is one); the
+    splitter holds the lock."""
+    current = splitter._start(2 * SLOTS)
+    for _ in range(count):
+        assert current is not None
+        current = splitter.step(*current)
+    assert current is not None
+    return current
+
+
+# freeze, copy of each of the 4 slots, the copy's end, switch, clean
+ALL_STEPS = 1 + SLOTS + 1 + 1 + 1
+
+
+@pytest.mark.parametrize("steps_done", range(ALL_STEPS))
+def test_a_splitter_stopped_before_any_step_is_completed_by_the_next_run(
+    cluster: Cluster, steps_done: int
+):
+    fill(cluster)
+    before = frozen_before(cluster)
+    first = cluster.splitter()
+    first.lock.acquire()
+    split, _ = run_steps(first, steps_done)
+    first.zk.stop()  # killed: its lock goes with its session
+    assert cluster.splitter().state() == split
+    assert cluster.splitter().split(2 * SLOTS) == replace(
+        split, step=SplitStep.CLEAN, copied_slots=SLOTS
+    )
+    assert cluster.routing() == Routing(2 * SLOTS, 2, ROUTING + ROUTING, 1)
+    assert_split_exactly(cluster, before)
+
+
+@pytest.mark.parametrize("steps_done", [1, 2, 1 + SLOTS, 2 + SLOTS])
+def test_a_step_repeated_after_a_crash_before_its_record_changes_nothing(
+    cluster: Cluster, steps_done: int
+):
+    """A crash between doing a step and recording what follows: the next run does it again
+    (a slot's split deletes its halves first)."""
+    fill(cluster)
+    before = frozen_before(cluster)
+    splitter = cluster.splitter()
+    splitter.lock.acquire()
+    split, _ = run_steps(splitter, steps_done)
+    stat = cluster.zk.set(cluster.paths.split, split.encode())
+    splitter.step(split, stat.version)  # done, then "crashed": the record says it again
+    stat = cluster.zk.set(cluster.paths.split, split.encode())
+    assert splitter.split(2 * SLOTS) is not None
+    assert_split_exactly(cluster, before)
+
+
+@pytest.mark.parametrize("steps_done", range(ALL_STEPS - 2))
+def test_a_doubling_rolled_back_before_its_switch_leaves_the_slots_as_they_were(
+    cluster: Cluster, steps_done: int
+):
+    fill(cluster)
+    before = {slot: snapshot(cluster, cluster.topic, slot) for slot in cluster.topic.slots}
+    splitter = cluster.splitter()
+    splitter.lock.acquire()
+    run_steps(splitter, steps_done)
+    splitter.zk.stop()
+    assert cluster.splitter().abort().to_amount == 2 * SLOTS
+    for slot in cluster.topic.slots:
+        assert snapshot(cluster, cluster.topic, slot) == before[slot]
+    for admin in cluster.admins:
+        assert admin.keys(f"dq:{{{NAMESPACE}/{cluster.topic.name}/g1/*") == []
+    assert cluster.routing() == Routing(SLOTS, 2, ROUTING)
+    assert not cluster.zk.exists(cluster.paths.split)
+    for slot in cluster.topic.slots:  # takes writes again
+        broker_queue(cluster, slot).schedule(
+            "after", b"p", delay_ms=0, slot_basis=basis_in(cluster.topic, slot)
+        )
+
+
+def test_a_switched_doubling_cannot_be_rolled_back(cluster: Cluster):
+    splitter = cluster.splitter()
+    splitter.lock.acquire()
+    run_steps(splitter, ALL_STEPS - 1)  # switched, the clean next
+    with pytest.raises(MoveError, match="the routing has 8 slots already: finish the doubling"):
+        splitter.abort()
+    assert splitter.split(2 * SLOTS) is not None
+    assert splitter.split(2 * SLOTS) is None  # nothing left to do
+    with pytest.raises(MoveError, match="no doubling is under way"):
+        splitter.abort()
+
+
+def test_one_splitter_at_a_time_and_no_slot_move_meanwhile(cluster: Cluster):
+    first = cluster.splitter()
+    first.lock.acquire()
+    run_steps(first, 1)  # frozen
+    second = cluster.splitter()
+    for attempt in (lambda: second.split(2 * SLOTS), second.abort):
+        with pytest.raises(SplitLocked, match=r"the split is being run by .*-\d+/"):
+            attempt()
+    assert second.locked()
+    mover = SlotMover(cluster.splitter().zk, cluster.paths, cluster.queues)
+    with pytest.raises(MoveError, match="the topic's slots are being doubled"):
+        mover.move(0, 1)
+    assert first.split(2 * SLOTS) is not None
+    assert not second.locked()
+    # a move under way refuses a doubling
+    new_queues = [Queue(queue.redis, doubled(cluster.topic)) for queue in cluster.queues]
+    mover = SlotMover(cluster.splitter().zk, cluster.paths, new_queues)
+    mover.step(*mover.start(0, 1))  # frozen, the copy next
+    with pytest.raises(MoveError, match=r"slots \[0\] are moving"):
+        second.split(4 * SLOTS)
+    mover.move(0, 1)
+    mover.release(0)
+
+
+@pytest.mark.parametrize(
+    ("to_slots", "error"),
+    [(6, "not 6"), (4, None), (2, "not 2"), (32768, "not 32768")],
+)
+def test_a_doubling_grows_to_a_power_of_two_only(
+    cluster: Cluster, to_slots: int, error: str | None
+):
+    splitter = cluster.splitter()
+    if error is None:
+        assert splitter.split(to_slots) is None
+        return
+    with pytest.raises(MoveError, match=error):
+        splitter.split(to_slots)
+    assert splitter.state() is None
+
+
+def test_two_doublings_in_one_call(cluster: Cluster):
+    fill(cluster, count=20)
+    done = cluster.splitter().split(4 * SLOTS)
+    assert done is not None
+    assert (done.to_amount, done.to_generation) == (4 * SLOTS, 2)
+    routing = cluster.routing()
+    assert (routing.slot_amount, routing.generation) == (4 * SLOTS, 2)
+    quad = replace(cluster.topic, slot_amount=4 * SLOTS, slot_generation=2)
+    for message_id, basis in cluster.basis.items():
+        if message_id in cluster.custom:
+            continue
+        slot = quad.slot_of(basis)
+        queue = Queue(cluster.admins[routing.broker_of_slot[slot]], quad)
+        assert queue.get(message_id, basis).state is not State.ABSENT, message_id
+
+
+def cli(cluster: Cluster, *args: str) -> list[str]:
+    return [
+        "routing",
+        *args,
+        "--topic",
+        cluster.topic.name,
+        "--namespace",
+        NAMESPACE,
+        "--slot-amount",
+        str(SLOTS),
+        "--redis-url",
+        cluster.servers[0].url,
+        "--broker-urls",
+        ",".join(server.url for server in cluster.servers),
+        "--zookeeper-connect",
+        cluster.hosts,
+    ]
+
+
+def test_the_cli_doubles_shows_and_refuses_bad_input_in_one_line(
+    cluster: Cluster, capsys: pytest.CaptureFixture[str]
+):
+    fill(cluster, count=20)
+    splitter = cluster.splitter()
+    splitter.lock.acquire()
+    run_steps(splitter, 3)
+    splitter.lock.release()
+    assert main(cli(cluster, "show")) == 0
+    shown = capsys.readouterr().out
+    assert shown.startswith("4 slots (generation 0) over 2 brokers")
+    assert "doubling 4 -> 8 slots (generation 1): next step copy, 2 of 4 slots copied" in shown
+    assert main(cli(cluster, "split", "--to-slots", "4")) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("delayq routing split: a doubling to 8 slots is under way: finish it")
+    assert err.count("\n") == 1
+    assert main(cli(cluster, "split", "--to-slots", "8")) == 0
+    assert capsys.readouterr().out == "doubled to 8 slots (generation 1)\n"
+    assert main(cli(cluster, "show", "--json")) == 0
+    document = json.loads(capsys.readouterr().out)
+    assert document["routing"]["slotAmount"] == 8
+    assert document["routing"]["generation"] == 1
+    assert document["split"] is None
+    assert main(cli(cluster, "split", "--to-slots", "8")) == 0
+    assert capsys.readouterr().out == "the topic has 8 slots already\n"
+    assert main(cli(cluster, "split", "--to-slots", "12")) == 2
+    assert "not 12" in capsys.readouterr().err
+    assert main(cli(cluster, "split", "--to-slots", "8", "--abort")) == 2
+    assert capsys.readouterr().err == "delayq routing split: no doubling is under way\n"
+    # a slot move after the doubling works at the new generation (the routing's, not --slot-amount)
+    assert main(cli(cluster, "move-slot", "--slot", "7", "--to-broker", "0")) == 0
+    assert capsys.readouterr().out == "slot 7: moved from broker 1 to broker 0\n"
