@@ -15,8 +15,9 @@ async def read_routing(
     identity: ZkIdentity | None,
     tls: ZkTls | None = None,
 ) -> list[int] | None:
-    """The routing a service's RoutingWatch reads at start (the watch stopped at once)."""
+    """The routing a service's RoutingWatch reads at start (the watch stopped at once), as a
+    slot -> broker list."""
     watch = RoutingWatch(hosts, namespace, topic, slots, identity, tls)
     routing = await watch.start(lambda _routing: None)
     await watch.stop()
-    return routing
+    return None if routing is None else list(routing.broker_of_slot)

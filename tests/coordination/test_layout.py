@@ -20,7 +20,7 @@ from delayq.coordination.layout import (
     namespace_root,
     slots_of,
 )
-from delayq.coordination.routing import initial_routing
+from delayq.coordination.routing import Routing, initial_routing
 
 
 def test_paths_follow_the_design() -> None:
@@ -77,12 +77,25 @@ def test_assignment_document_is_compact_and_tolerates_foreign_content() -> None:
     assert AssignmentDocument.decode(json.dumps(damaged).encode()) == AssignmentDocument(0, {})
 
 
-def test_routing_for_another_slot_count_is_ignored() -> None:
+def test_routing_for_another_slot_count_is_ignored_unless_of_a_newer_generation() -> None:
     payload = initial_routing(16, 2).to_json()
-    assert decode_routing(payload, 16) == [0] * 8 + [1] * 8
+    assert decode_routing(payload, 16) == initial_routing(16, 2)
     assert decode_routing(payload, 32) is None
+    assert decode_routing(payload, 16, generation=1) is None  # older than the reader's
     assert decode_routing(b"garbage", 16) is None
     assert decode_routing(b"[1]", 16) is None
+    doubled = Routing(32, 2, (0,) * 8 + (1,) * 8 + (0,) * 8 + (1,) * 8, generation=1)
+    assert decode_routing(doubled.to_json(), 16) == doubled  # the slots doubled: follow
+    assert decode_routing(doubled.to_json(), 32, generation=1) == doubled
+    assert decode_routing(doubled.to_json(), 64, generation=1) is None
+
+
+def test_the_routing_generation_is_written_only_once_set() -> None:
+    assert "generation" not in json.loads(initial_routing(4, 1).to_json())
+    doubled = Routing(8, 1, (0,) * 8, generation=1)
+    assert json.loads(doubled.to_json())["generation"] == 1
+    assert json.loads(doubled.to_json())["version"] == 1
+    assert Routing.from_json(doubled.to_json()) == doubled
 
 
 def test_slots_of() -> None:

@@ -6,6 +6,7 @@ before any step (or any slot of its copy) completed by the next run or rolled ba
 from __future__ import annotations
 
 import json
+import threading
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass, field, replace
@@ -18,7 +19,9 @@ from kazoo.client import KazooClient
 from delayq.cli import main
 from delayq.coordination.layout import TopicPaths
 from delayq.coordination.migration import MoveError, SlotMover
+from delayq.coordination.routed_queue import RoutedQueue
 from delayq.coordination.routing import Routing
+from delayq.coordination.routing_watch import ZkConnection
 from delayq.coordination.splitting import SlotSplitter, Split, SplitLocked, SplitStep
 from delayq.local.redis_server import RedisServer
 from delayq.local.waiting import wait_until
@@ -26,7 +29,7 @@ from delayq.local.zookeeper_server import ZooKeeperServer
 from delayq.queue import Queue, Recurrence, Schedule, SlotMovingError, StaleEpochError, Topic
 from delayq.queue.acl import service_user_rules
 from delayq.queue.keys import Part, slot_keys
-from delayq.queue.model import Message, State, Target
+from delayq.queue.model import Message, ScheduleRequest, State, Target
 from delayq.queue.schedules import occurrence_id
 from delayq.queue.slot_split import PART_RULES, Rule
 from delayq.queue.topic import slot_of
@@ -512,3 +515,53 @@ def test_the_cli_doubles_shows_and_refuses_bad_input_in_one_line(
     # a slot move after the doubling works at the new generation (the routing's, not --slot-amount)
     assert main(cli(cluster, "move-slot", "--slot", "7", "--to-broker", "0")) == 0
     assert capsys.readouterr().out == "slot 7: moved from broker 1 to broker 0\n"
+
+
+def test_a_routed_client_writing_across_a_doubling_stores_every_id_once_in_its_new_slot(
+    cluster: Cluster,
+):
+    """Writers of a stale slot amount are refused (SLOT_MOVING) from the freeze on; the
+    RoutedQueue waits for the doubled routing and slots the refused items again: every id
+    ends up exactly once, in the slot of 8 the routing names, on that slot's broker."""
+    connection = ZkConnection(cluster.hosts)
+    urls = [server.url for server in cluster.servers]
+    user, password = f"{NAMESPACE}.{cluster.topic.name}", "engine-secret"
+    client = RoutedQueue.connect(
+        urls, cluster.topic, zookeeper=connection, username=user, password=password
+    )
+    written: list[str] = []
+    stop = threading.Event()
+
+    def write() -> None:
+        batch = 0
+        while not stop.is_set() or batch < 3:  # on at least a little past the switch
+            ids = [f"r{batch}-{i}" for i in range(50)]
+            requests = [ScheduleRequest(i, b"p", delay_ms=600_000) for i in ids]
+            client.schedule_many(requests)
+            written.extend(ids)
+            single = f"one{batch}"
+            client.schedule(single, b"p", delay_ms=600_000)
+            written.append(single)
+            batch += 1
+
+    writer = threading.Thread(target=write)
+    writer.start()
+    try:
+        wait_until(lambda: len(written) > 200, 10.0, "writes before the doubling")
+        cluster.splitter().split(2 * SLOTS)
+        count = len(written)
+        wait_until(lambda: len(written) > count + 200, 10.0, "writes after the doubling")
+    finally:
+        stop.set()
+        writer.join(timeout=30)
+        client.close()
+    assert client.topic.slot_amount == 2 * SLOTS
+    new = doubled(cluster.topic)
+    stored: dict[str, list[int]] = {}
+    for slot in range(2 * SLOTS):
+        admin = cluster.admins[ROUTING[slot % SLOTS]]
+        members = cast("list[bytes]", admin.zrange(slot_keys(new, slot).key(Part.STORE), 0, -1))
+        for member in members:
+            stored.setdefault(member.decode(), []).append(slot)
+    assert sorted(stored) == sorted(written)
+    assert all(slots == [new.slot_of(i)] for i, slots in stored.items())

@@ -162,14 +162,20 @@ class AssignmentDocument:
             return cls(0, {})  # damaged: the coordinator rewrites it
 
 
-def decode_routing(payload: bytes, slot_amount: int) -> list[int] | None:
-    """slot -> broker index from the operator's routing node; None if absent or for another
-    slot count (locality is an optimisation: a bad routing must never stop the fleet)."""
+def decode_routing(payload: bytes, slot_amount: int, generation: int = 0) -> Routing | None:
+    """The operator's routing node for a reader of `slot_amount` slots at key generation
+    `generation`: the routing when it is for those, or for a newer generation (the slots
+    doubled since: the reader must follow it, `Routing.generation`); None when unreadable or
+    for another slot amount at the same or an older generation (locality is an optimisation:
+    a bad routing must never stop the fleet)."""
     try:
         routing = Routing.from_json(payload)
     except (ValueError, KeyError, TypeError, AttributeError):
         return None
-    return list(routing.broker_of_slot) if routing.slot_amount == slot_amount else None
+    if routing.generation > generation:
+        return routing
+    same = (routing.slot_amount, routing.generation) == (slot_amount, generation)
+    return routing if same else None
 
 
 def slots_of(assignment: Mapping[int, str], member_id: str) -> frozenset[int]:

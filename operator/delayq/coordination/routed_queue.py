@@ -14,6 +14,11 @@ backoff step, for a move rolled back) and sends them again to the slot's broker 
 stored nothing, and every write is create-only, idempotent or answers its own repeat. A read by
 id (`get`) is refused and asked again the same way: once the move is done its old broker keeps
 only the slot's frozen epoch, so answering there would call every message absent.
+
+A doubling of the slot amount (docs/coordination.md "Doubling the slots") is followed the same
+way: its freeze refuses writes into the old slots with SLOT_MOVING, its switch writes a routing
+of twice the slots and a newer key generation, and the client then computes each item's slot
+again under the new amount and sends it to the new slot's keys (`topic` follows the routing).
 """
 
 from __future__ import annotations
@@ -22,12 +27,13 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Sequence
+from dataclasses import replace
 from typing import Any, TypeVar
 
 import redis
 
 from delayq.coordination.layout import TopicPaths
-from delayq.coordination.routing import by_broker
+from delayq.coordination.routing import Routing, by_broker
 from delayq.coordination.routing_watch import RoutingWatch, ZkConnection
 from delayq.queue import plans
 from delayq.queue.backoff import Backoff
@@ -60,28 +66,32 @@ class RoutingError(ValueError):
 
 
 class RoutingTable:
-    """The current slot -> broker routing and its version (routings seen), shared by the
-    watch's thread, which replaces it, and the callers, which wait for a newer one."""
+    """The current routing (slot -> broker, slot amount, key generation) and its version
+    (routings seen), shared by the watch's thread, which replaces it, and the callers, which
+    wait for a newer one."""
 
-    def __init__(self, routing: Sequence[int], broker_count: int) -> None:
+    def __init__(self, routing: Routing, broker_count: int) -> None:
         self.broker_count = broker_count
         self._routing = _checked(routing, broker_count)
         self._version = 0
         self._changed = threading.Condition()
 
-    def snapshot(self) -> tuple[int, list[int]]:
+    def snapshot(self) -> tuple[int, Routing]:
         with self._changed:
             return self._version, self._routing
 
-    def update(self, routing: Sequence[int]) -> None:
+    def update(self, routing: Routing) -> None:
         """A new routing from the watch; one naming a broker this client has no URL for is
-        ignored (its writes then wait, and fail after `move_wait_ms`, rather than misroute)."""
+        ignored (its writes then wait, and fail after `move_wait_ms`, rather than misroute),
+        and so is one of an older key generation than the current (never back)."""
         try:
             checked = _checked(routing, self.broker_count)
         except RoutingError as error:
             log.error("routing ignored: %s", error)
             return
         with self._changed:
+            if checked.generation < self._routing.generation:
+                return
             self._routing = checked
             self._version += 1
             self._changed.notify_all()
@@ -92,20 +102,21 @@ class RoutingTable:
             return self._changed.wait_for(lambda: self._version > version, timeout_s)
 
 
-def _checked(routing: Sequence[int], broker_count: int) -> list[int]:
-    if any(not 0 <= broker < broker_count for broker in routing):
+def _checked(routing: Routing, broker_count: int) -> Routing:
+    if any(not 0 <= broker < broker_count for broker in routing.broker_of_slot):
         raise RoutingError(
-            f"the routing names broker {max(routing)}, but {broker_count} broker URL(s) were "
-            "given: give every broker's URL, in broker index order"
+            f"the routing names broker {max(routing.broker_of_slot)}, but {broker_count} "
+            "broker URL(s) were given: give every broker's URL, in broker index order"
         )
-    return list(routing)
+    return routing
 
 
 class RoutedQueue:
     """schedule, schedule_many, cancel, reschedule and get, each on its slot's broker.
 
-    Build it with `connect`; `queues[b]` is broker b's engine client (`Queue`), for what the
-    routed calls do not cover (a consumer claims from the broker of the slots it owns)."""
+    Build it with `connect`; `queues[b]` is broker b's engine client (`Queue`) under the
+    current routing's slot amount and generation, for what the routed calls do not cover (a
+    consumer claims from the broker of the slots it owns)."""
 
     def __init__(
         self,
@@ -116,11 +127,14 @@ class RoutedQueue:
     ) -> None:
         if len(queues) != table.broker_count:
             raise ValueError(f"{len(queues)} brokers for a routing of {table.broker_count}")
-        self.queues = list(queues)
-        self.topic: Topic = queues[0].topic
+        self._given = list(queues)
         self.move_wait_ms = move_wait_ms
         self._table = table
         self._watch = watch
+        # (slot amount, generation) -> a client per broker with that topic; every one shares
+        # the given clients' connection pools
+        given = queues[0].topic
+        self._clients = {(given.slot_amount, given.slot_generation): self._given}
 
     @classmethod
     def connect(
@@ -136,7 +150,8 @@ class RoutedQueue:
         """A client of `topic` on `broker_urls` (broker index order), routed by ZooKeeper's
         routing node (watched) or by `routing`; one URL alone needs neither. Raises
         RoutingError for a multi-broker topic without either, a routing node that is missing
-        or for another slot amount, or one naming more brokers than URLs."""
+        or for another slot amount (unless of a newer key generation: the slots doubled,
+        which the client follows), or one naming more brokers than URLs."""
         if not broker_urls:
             raise RoutingError("give the Redis URL of every broker of the topic")
         if zookeeper is not None and routing is not None:
@@ -149,9 +164,9 @@ class RoutedQueue:
                 raise RoutingError(
                     f"the routing maps {len(routing)} slots, the topic has {topic.slot_amount}"
                 )
-            table = RoutingTable(routing, len(broker_urls))
+            table = RoutingTable(_fixed(topic, len(broker_urls), routing), len(broker_urls))
         elif len(broker_urls) == 1:
-            table = RoutingTable([0] * topic.slot_amount, 1)
+            table = RoutingTable(_fixed(topic, 1, [0] * topic.slot_amount), 1)
         else:
             raise RoutingError(
                 f"topic {topic.namespace}/{topic.name} has {len(broker_urls)} brokers: its "
@@ -165,19 +180,45 @@ class RoutedQueue:
     @property
     def routing(self) -> list[int]:
         """slot -> broker index, as the client routes right now."""
-        return self._table.snapshot()[1]
+        return list(self._table.snapshot()[1].broker_of_slot)
+
+    @property
+    def topic(self) -> Topic:
+        """The topic under the current routing's slot amount and key generation."""
+        return self.queues[0].topic
+
+    @property
+    def queues(self) -> list[Queue]:
+        """Broker b's engine client at index b, under the current routing."""
+        return self._queues(self._table.snapshot()[1])
+
+    def _queues(self, routing: Routing) -> list[Queue]:
+        """The clients of `routing`'s slot amount and generation, made once."""
+        key = (routing.slot_amount, routing.generation)
+        found = self._clients.get(key)
+        if found is None:
+            topic = replace(
+                self._given[0].topic,
+                slot_amount=routing.slot_amount,
+                slot_generation=routing.generation,
+            )
+            found = self._clients[key] = [Queue(q.redis, topic) for q in self._given]
+        return found
 
     def queue_for(self, slot: int) -> Queue:
         """The engine client of the broker storing `slot` now."""
         return self.queues[self.routing[slot]]
 
-    def _on_slot(self, slot: int, call: Callable[[Queue], T]) -> T:
-        """`call` on the slot's broker, sent again while the slot is moving."""
+    def _on_slot(self, target: Target, call: Callable[[Queue], T]) -> T:
+        """`call` on the target's broker, sent again while its slot is moving; its slot is
+        computed again each time (under a doubled slot amount it changes)."""
         deadline, attempt = time.monotonic() + self.move_wait_ms / 1000, 0
         while True:
             version, routing = self._table.snapshot()
+            queues = self._queues(routing)
+            slot = target.slot(queues[0].topic)
             try:
-                return call(self.queues[routing[slot]])
+                return call(queues[routing.broker_of_slot[slot]])
             except SlotMovingError:
                 attempt += 1
                 if not self._await_move(version, deadline, attempt):
@@ -208,9 +249,8 @@ class RoutedQueue:
         ttl_ms: int | None = None,
     ) -> ScheduleResult:
         """As Queue.schedule."""
-        slot = Target(message_id, slot_basis).slot(self.topic)
         return self._on_slot(
-            slot,
+            Target(message_id, slot_basis),
             lambda queue: queue.schedule(
                 message_id,
                 payload,
@@ -240,22 +280,25 @@ class RoutedQueue:
         master that too few replicas confirmed is a ScheduleFailure whose error is a
         ReplicationTimeoutError carrying the item's ScheduleResult: resending it is safe.
         When nothing was written at all, the first error is raised (resend the whole batch)."""
-        slots = [Target(r.id, r.slot_basis).slot(self.topic) for r in requests]
+        targets = [Target(r.id, r.slot_basis) for r in requests]
         results: list[ScheduleResult | ScheduleFailure | None] = [None] * len(requests)
         pending = list(range(len(requests)))
         deadline, attempt = time.monotonic() + self.move_wait_ms / 1000, 0
         while pending:
             version, routing = self._table.snapshot()
-            groups = by_broker(routing, (slots[i] for i in pending))
+            queues = self._queues(routing)  # a doubling re-slots what it refused: every pass
+            topic = queues[0].topic
+            slots = {i: targets[i].slot(topic) for i in pending}
+            groups = by_broker(routing.broker_of_slot, (slots[i] for i in pending))
             built = {  # built before anything is sent: a refused request stops them all
-                broker: plans.schedule_answers(self.topic, [requests[pending[p]] for p in at], mode)
+                broker: plans.schedule_answers(topic, [requests[pending[p]] for p in at], mode)
                 for broker, at in groups.items()
             }
             moving: list[int] = []
             for broker, at in groups.items():
                 indexes = [pending[p] for p in at]
                 items = [(requests[i].id, slots[i]) for i in indexes]
-                answers = self._send(broker, built[broker], items)
+                answers = self._send(queues[broker], built[broker], items)
                 for index, answer in zip(indexes, answers, strict=True):
                     if isinstance(answer, ScheduleFailure) and isinstance(
                         answer.error, SlotMovingError
@@ -268,24 +311,24 @@ class RoutedQueue:
                 break
         return _stored(results)
 
+    @staticmethod
     def _send(
-        self,
-        broker: int,
+        queue: Queue,
         plan: plans.Plan[list[ScheduleResult | ScheduleFailure]],
         items: Sequence[tuple[str, int]],
     ) -> list[ScheduleResult | ScheduleFailure]:
         """One broker's schedule call of `items` (id, slot): each item's own answer. Only a
         call that failed as a whole (the connection, or its one slot refused) fails all."""
         try:
-            return self.queues[broker].run(plan)
+            return queue.run(plan)
         except ReplicationTimeoutError as error:
             return plans.unconfirmed(error)
         except redis.RedisError as error:
             return [ScheduleFailure(message_id, slot, error) for message_id, slot in items]
 
     def cancel(self, message_id: str, slot_basis: str | None = None) -> Outcome:
-        slot = Target(message_id, slot_basis).slot(self.topic)
-        return self._on_slot(slot, lambda queue: queue.cancel(message_id, slot_basis))
+        target = Target(message_id, slot_basis)
+        return self._on_slot(target, lambda queue: queue.cancel(message_id, slot_basis))
 
     def reschedule(
         self,
@@ -297,22 +340,21 @@ class RoutedQueue:
         slot: int | None = None,
     ) -> Outcome:
         """As Queue.reschedule."""
-        routed = Target(message_id, slot_basis, slot).slot(self.topic)
         return self._on_slot(
-            routed,
+            Target(message_id, slot_basis, slot),
             lambda queue: queue.reschedule(
                 message_id, delay_ms=delay_ms, at_ms=at_ms, slot_basis=slot_basis, slot=slot
             ),
         )
 
     def get(self, message_id: str, slot_basis: str | None = None) -> MessageInfo:
-        slot = Target(message_id, slot_basis).slot(self.topic)
-        return self._on_slot(slot, lambda queue: queue.get(message_id, slot_basis))
+        target = Target(message_id, slot_basis)
+        return self._on_slot(target, lambda queue: queue.get(message_id, slot_basis))
 
     def close(self) -> None:
         if self._watch is not None:
             self._watch.close()
-        for queue in self.queues:
+        for queue in self._given:  # the other generations' clients share their connections
             queue.close()
 
     def __enter__(self) -> RoutedQueue:
@@ -335,12 +377,13 @@ def _watched(
         topic.slot_amount,
         zookeeper.identity,
         zookeeper.tls,
+        generation=topic.slot_generation,
     )
     lock = threading.Lock()
     tables: list[RoutingTable] = []
-    early: list[list[int]] = []
+    early: list[Routing] = []
 
-    def changed(routing: list[int]) -> None:
+    def changed(routing: Routing) -> None:
         with lock:
             if tables:
                 tables[0].update(routing)
@@ -362,6 +405,11 @@ def _watched(
         watch.close()
         raise
     return tables[0], watch
+
+
+def _fixed(topic: Topic, broker_count: int, routing: Sequence[int]) -> Routing:
+    """A routing given rather than watched: the topic's slot amount and generation."""
+    return Routing(topic.slot_amount, broker_count, tuple(routing), topic.slot_generation)
 
 
 def _stored(results: list[ScheduleResult | ScheduleFailure | None]) -> list[ScheduleResult]:

@@ -401,9 +401,16 @@ class ZkOwnership:
         if payload is not None:
             assignment, version = AssignmentDocument.decode(payload[0]), payload[1]
         routing_payload = self._get_or_watch(paths.routing)
-        routing = (
+        routed = (
             decode_routing(routing_payload[0], self.settings.slot_amount)
             if routing_payload is not None
+            else None
+        )
+        # locality only: a routing of a newer generation (the slots doubled, this process
+        # restarts on it, service.py) is used by nobody here
+        routing = (
+            list(routed.broker_of_slot)
+            if routed is not None and routed.slot_amount == self.settings.slot_amount
             else None
         )
         return _View(

@@ -5,7 +5,9 @@ Runs inside the Python workers (`mapInArrow`): Arrow record batches in,
 (one call per slot per chunk, pipelined per batch and broker), and each row goes to its slot's
 broker by the routing the writer watches in ZooKeeper: a slot moved during the job refuses its
 rows with SLOT_MOVING, which the client sends again to the new broker (create-only, so nothing
-is stored twice). The rows arrive column by column, as Arrow batches, and become
+is stored twice); a doubling of the slot amount refuses them the same way, and the client slots
+them again under the new amount (its slot grouping is redone on every pass, never stale). The
+rows arrive column by column, as Arrow batches, and become
 `ScheduleRequest`s straight from the columns: no pickled `Row` per row (pickling them cost the
 JVM about 3 s of CPU per million rows more). It returns its counts as one result row, not only
 through an accumulator: accumulators may count a retried task twice, the collected results

@@ -152,7 +152,8 @@ async def slot_moving_middleware(request: web.Request, handler: Handler) -> web.
     """A call refused because its slot is being moved (SLOT_MOVING) is run again each time
     this process's routing changes, for up to SLOT_MOVE_WAIT_S: the move's switch sends it to
     the slot's new broker, and the client sees a move as latency, not as an error. Running a
-    call again is safe: every write is idempotent or answers its own repeat."""
+    call again is safe: every write is idempotent or answers its own repeat. Once the slots
+    doubled the refusal is answered at once: the new slots are the next service's."""
     service = request.app[SERVICE]
     deadline = asyncio.get_running_loop().time() + SLOT_MOVE_WAIT_S
     while True:
@@ -162,8 +163,8 @@ async def slot_moving_middleware(request: web.Request, handler: Handler) -> web.
         except SlotMovingError:
             service.metrics.count_slot_moving_wait()
             left = deadline - asyncio.get_running_loop().time()
-            if left <= 0:
-                raise
+            if left <= 0 or service.resharded.is_set():
+                raise  # past the wait, or the slots doubled: this process serves them no more
             try:
                 await asyncio.wait_for(changed.wait(), left)
             except TimeoutError:

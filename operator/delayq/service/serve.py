@@ -4,12 +4,19 @@ SIGTERM handling follows the Kubernetes contract: readiness turns false at once,
 stops claiming, in-flight deliveries get `grace_ms` to finish (pull leases are left to expire or
 be acked by their holders), ownership is released, and the HTTP server closes last so probes and
 acks keep working during the drain.
+
+With ZooKeeper the routing node decides the slot amount and key generation (the settings'
+slotAmount is only the desired one): read at start, and watched; once the slots doubled the
+service is stopped the same way and a new one serves the new slots, in the same process (no
+pod restart; its HTTP API is down in between, about a second: callers retry a refused
+connection like a 503).
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import gc
 import logging
 import signal
@@ -18,7 +25,7 @@ import redis
 from aiohttp import web
 
 from delayq.coordination.ownership import EmbeddedOwnership, Ownership
-from delayq.coordination.routing_watch import RoutingUnreadable
+from delayq.coordination.routing_watch import RoutingUnreadable, RoutingWatch
 from delayq.service import logs
 from delayq.service.api import build_app
 from delayq.service.config import ServiceConfig
@@ -52,19 +59,57 @@ def make_ownership(config: ServiceConfig) -> Ownership:
 async def serve(config: ServiceConfig, stop: asyncio.Event | None = None) -> int:
     """Serve until `stop` is set (by default: on SIGTERM or SIGINT)."""
     stop = stop or _stop_on_signals()
-    service = DelayService(config, make_ownership(config))
+    while True:
+        try:
+            routed, generation = await _routed(config)
+        except RoutingUnreadable as error:
+            log.error("cannot start: the routing is unreadable", extra={"error": str(error)})
+            return 1  # the pod restarts with backoff until ZooKeeper answers
+        code, doubled = await _serve_once(routed, generation, stop)
+        if not doubled:
+            return code
+        log.info("serving the doubled slots")
+
+
+async def _routed(config: ServiceConfig) -> tuple[ServiceConfig, int]:
+    """The settings with the routing node's slot amount, and its key generation."""
+    if not config.zookeeper_connect:
+        return config, 0
+    watch = RoutingWatch(
+        config.zookeeper_connect,
+        config.namespace,
+        config.topic,
+        config.slot_amount,
+        config.zookeeper_identity,
+        config.zookeeper_client_tls,
+    )
+    routing = await watch.current()
+    if routing is None:
+        return config, 0
+    return dataclasses.replace(config, slot_amount=routing.slot_amount), routing.generation
+
+
+async def _serve_once(
+    config: ServiceConfig, generation: int, stop: asyncio.Event
+) -> tuple[int, bool]:
+    """One service of the slots of `generation`; (exit code, whether the slots doubled and
+    a new service must take over)."""
+    service = DelayService(config, make_ownership(config), generation)
     try:
         await service.start()
     except (redis.RedisError, OSError) as error:
         log.error("cannot start: a broker is unreachable", extra={"error": str(error)})
         with contextlib.suppress(redis.RedisError, OSError):
             await service.stop()
-        return 1  # the pod restarts with backoff until its brokers answer
+        return 1, False  # the pod restarts with backoff until its brokers answer
     except RoutingUnreadable as error:
         log.error("cannot start: the routing is unreadable", extra={"error": str(error)})
         with contextlib.suppress(redis.RedisError, OSError):
             await service.stop()
-        return 1  # likewise until ZooKeeper answers
+        return 1, False  # likewise until ZooKeeper answers
+    if service.resharded.is_set():  # doubled between the read and the watch
+        await service.stop()
+        return 0, True
     # the keep-alive timer also runs from a connection's start until its request's headers
     # are complete: it is the header read timeout too (json_body bounds the body)
     runner = web.AppRunner(
@@ -80,7 +125,8 @@ async def serve(config: ServiceConfig, stop: asyncio.Event | None = None) -> int
         "listening",
         extra={"host": config.host, "port": config.port, "member": config.member},
     )
-    waits = [asyncio.create_task(stop.wait()), asyncio.create_task(service.broken.wait())]
+    events = (stop, service.broken, service.resharded)
+    waits = [asyncio.create_task(event.wait()) for event in events]
     await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
     for wait in waits:
         wait.cancel()
@@ -89,7 +135,9 @@ async def serve(config: ServiceConfig, stop: asyncio.Event | None = None) -> int
         await service.stop()
     finally:
         await runner.cleanup()
-    return 1 if service.broken.is_set() else 0
+    if service.broken.is_set():
+        return 1, False
+    return 0, service.resharded.is_set() and not stop.is_set()
 
 
 def _stop_on_signals() -> asyncio.Event:

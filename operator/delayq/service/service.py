@@ -13,18 +13,25 @@ brokers answer; `/readyz` answers the cached verdict with hysteresis (`readiness
 probe takes back a granted slot the engine dropped (fenced out by an epoch that a Redis failover
 rolled back, or an own that failed while Redis was down), once ZooKeeper confirms the slot is
 still this process's.
+
+A doubling of the slot amount (docs/coordination.md "Doubling the slots") moves the topic to
+new slots on new keys; the service does not rebuild itself in place: on a routing of a newer
+key generation it sets `resharded`, and `serve` stops it (the safe order above) and starts a
+new one on the routing's slot amount and generation, in the same process.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import logging
 import time
 
 import redis.asyncio
 
 from delayq.coordination.ownership import EmbeddedOwnership, Ownership, SessionHolder
+from delayq.coordination.routing import Routing
 from delayq.coordination.routing_watch import RoutingWatch
 from delayq.queue.client import AsyncQueue
 from delayq.queue.consumer import Consumer, ConsumerCounters, ConsumerSettings
@@ -44,9 +51,11 @@ OWNERSHIP_STOP_TIMEOUT_S = 10.0  # ephemeral owner nodes vanish with the session
 
 
 class DelayService:
-    def __init__(self, config: ServiceConfig, ownership: Ownership | None = None) -> None:
+    def __init__(
+        self, config: ServiceConfig, ownership: Ownership | None = None, slot_generation: int = 0
+    ) -> None:
         self.config = config
-        self.topic = config.to_topic()
+        self.topic = dataclasses.replace(config.to_topic(), slot_generation=slot_generation)
         self.metrics = ServiceMetrics(self.topic.namespace, self.topic.name)
         self.queues = [
             AsyncQueue(connect(url, config.redis_max_connections), self.topic)
@@ -68,6 +77,10 @@ class DelayService:
         self._routing_watch: RoutingWatch | None = None
         # set (and replaced) on every routing change: a write refused as SLOT_MOVING waits on it
         self.routing_changed = asyncio.Event()
+        # set when the routing has a newer key generation (the slots doubled): this service
+        # serves stale slots, `serve` replaces it by one on `doubled`
+        self.resharded = asyncio.Event()
+        self.doubled: Routing | None = None
         self.metrics.watch_counters(self.counters)
         if isinstance(self.ownership, SessionHolder):
             self.metrics.watch_session(self.ownership)
@@ -102,6 +115,8 @@ class DelayService:
 
     async def start(self) -> None:
         await self._load_routing()
+        if self.resharded.is_set():
+            return  # nothing started: `serve` starts the service of the new slots instead
         if self.topic.topic_type is TopicType.PULL:
             self.leaser = PullLeaser(self.brokers)
             self.leaser.start()
@@ -143,9 +158,9 @@ class DelayService:
         )
 
     async def _load_routing(self) -> None:
-        """Multi-broker topics with ZooKeeper take the routing node, and follow it: a slot
-        move switches a slot's broker while the process runs."""
-        if len(self.queues) < 2 or not self.config.zookeeper_connect:
+        """Topics with ZooKeeper take the routing node, and follow it: a slot move switches
+        a slot's broker while the process runs, a doubling its slot amount (one broker too)."""
+        if not self.config.zookeeper_connect:
             return
         self._routing_watch = RoutingWatch(
             self.config.zookeeper_connect,
@@ -154,13 +169,33 @@ class DelayService:
             self.topic.slot_amount,
             self.config.zookeeper_identity,
             self.config.zookeeper_client_tls,
+            generation=self.topic.slot_generation,
         )
         routing = await self._routing_watch.start(self._on_routing)
-        if routing is not None and max(routing) < len(self.queues):
-            self.brokers.routing[:] = routing
+        if routing is None:
+            return
+        if routing.generation > self.topic.slot_generation:
+            self._reshard(routing)
+        elif max(routing.broker_of_slot) < len(self.queues):
+            self.brokers.routing[:] = routing.broker_of_slot
 
-    def _on_routing(self, routing: list[int]) -> None:
-        asyncio.get_running_loop().create_task(self._reroute(routing))
+    def _on_routing(self, routing: Routing) -> None:
+        if routing.generation > self.topic.slot_generation:
+            self._reshard(routing)
+        else:
+            asyncio.get_running_loop().create_task(self._reroute(list(routing.broker_of_slot)))
+
+    def _reshard(self, routing: Routing) -> None:
+        """The slots doubled: hand over to `serve`, and wake the requests waiting for a
+        routing change (they answer SLOT_MOVING now, to be sent again to the new service)."""
+        log.info(
+            "the slots doubled: restarting on the new slots",
+            extra={"slots": routing.slot_amount, "generation": routing.generation},
+        )
+        self.doubled = routing
+        self.resharded.set()
+        changed, self.routing_changed = self.routing_changed, asyncio.Event()
+        changed.set()
 
     async def _reroute(self, routing: list[int]) -> None:
         """Follow a routing change: each owned slot whose broker changed (a move switched it)
@@ -304,10 +339,16 @@ class DelayService:
         self.metrics.count_delivery("acked")
 
     async def is_ready(self) -> bool:
-        """The probe's cached verdict (never waits on Redis); false at once while stopping or
-        after a delivery loop died."""
-        if self._closing or self.broken.is_set():
-            self.readiness.fail_now("stopping" if self._closing else "delivery loop died")
+        """The probe's cached verdict (never waits on Redis); false at once while stopping,
+        after a delivery loop died or once the slots doubled (until the new service runs)."""
+        if self._closing or self.broken.is_set() or self.resharded.is_set():
+            self.readiness.fail_now(
+                "stopping"
+                if self._closing
+                else "delivery loop died"
+                if self.broken.is_set()
+                else "the slots doubled"
+            )
         return self.readiness.ready
 
     async def refresh_depth(self) -> None:
