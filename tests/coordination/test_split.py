@@ -325,7 +325,7 @@ def test_a_doubling_splits_every_part_exactly_and_refuses_stale_writers(cluster:
 def run_steps(splitter: SlotSplitter, count: int) -> tuple[Split, int]:
     """Record a doubling and do `count` steps of it (each slot of the copy is one); the
     splitter holds the lock."""
-    current = splitter._start(2 * SLOTS)
+    current = splitter.start(2 * SLOTS)
     for _ in range(count):
         assert current is not None
         current = splitter.step(*current)
@@ -344,7 +344,6 @@ def test_a_splitter_stopped_before_any_step_is_completed_by_the_next_run(
     fill(cluster)
     before = frozen_before(cluster)
     first = cluster.splitter()
-    first.lock.acquire()
     split, _ = run_steps(first, steps_done)
     first.zk.stop()  # killed: its lock goes with its session
     assert cluster.splitter().state() == split
@@ -364,7 +363,6 @@ def test_a_step_repeated_after_a_crash_before_its_record_changes_nothing(
     fill(cluster)
     before = frozen_before(cluster)
     splitter = cluster.splitter()
-    splitter.lock.acquire()
     split, _ = run_steps(splitter, steps_done)
     stat = cluster.zk.set(cluster.paths.split, split.encode())
     splitter.step(split, stat.version)  # done, then "crashed": the record says it again
@@ -380,7 +378,6 @@ def test_a_doubling_rolled_back_before_its_switch_leaves_the_slots_as_they_were(
     fill(cluster)
     before = {slot: snapshot(cluster, cluster.topic, slot) for slot in cluster.topic.slots}
     splitter = cluster.splitter()
-    splitter.lock.acquire()
     run_steps(splitter, steps_done)
     splitter.zk.stop()
     assert cluster.splitter().abort().to_amount == 2 * SLOTS
@@ -398,7 +395,6 @@ def test_a_doubling_rolled_back_before_its_switch_leaves_the_slots_as_they_were(
 
 def test_a_switched_doubling_cannot_be_rolled_back(cluster: Cluster):
     splitter = cluster.splitter()
-    splitter.lock.acquire()
     run_steps(splitter, ALL_STEPS - 1)  # switched, the clean next
     with pytest.raises(MoveError, match="the routing has 8 slots already: finish the doubling"):
         splitter.abort()
@@ -410,7 +406,6 @@ def test_a_switched_doubling_cannot_be_rolled_back(cluster: Cluster):
 
 def test_one_splitter_at_a_time_and_no_slot_move_meanwhile(cluster: Cluster):
     first = cluster.splitter()
-    first.lock.acquire()
     run_steps(first, 1)  # frozen
     second = cluster.splitter()
     for attempt in (lambda: second.split(2 * SLOTS), second.abort):
@@ -488,9 +483,8 @@ def test_the_cli_doubles_shows_and_refuses_bad_input_in_one_line(
 ):
     fill(cluster, count=20)
     splitter = cluster.splitter()
-    splitter.lock.acquire()
     run_steps(splitter, 3)
-    splitter.lock.release()
+    splitter.release()
     assert main(cli(cluster, "show")) == 0
     shown = capsys.readouterr().out
     assert shown.startswith("4 slots (generation 0) over 2 brokers")

@@ -32,10 +32,10 @@ from delayq.coordination.layout import TopicPaths
 from delayq.coordination.routed_queue import RoutedQueue
 from delayq.coordination.routing import Routing, initial_routing
 from delayq.coordination.routing_watch import ZkConnection
-from delayq.coordination.splitting import Split, SplitStep
+from delayq.coordination.splitting import SlotSplitter, Split, SplitStep
 from delayq.local.processes import config_env
 from delayq.local.waiting import eventually
-from delayq.queue import Code, NotFoundError, ScheduleRequest
+from delayq.queue import Code, NotFoundError, Queue, ScheduleRequest
 
 from .conftest import DELAY_MS, NAMESPACE, RATE_PER_S, SESSION_TIMEOUT_S, SLOTS, ProcessFleet
 from .test_slot_move import MEMBERS, MOVE_BOUND_S, deliveries, second_broker, two_broker_fleet
@@ -263,3 +263,29 @@ async def doubled_under_load(
         fleet, reader, lambda: producer.going() and len(fleet.scheduled) > len(before_end) + 200
     )
     return before_end
+
+
+async def test_a_service_started_after_a_doubling_serves_the_routing_slots(
+    spread_fleet: tuple[ProcessFleet, list[str]],
+) -> None:
+    """Its settings still say 16 slots: the routing node's 32 and generation 1 win."""
+    fleet, urls = spread_fleet
+    paths = TopicPaths(NAMESPACE, fleet.topic.name)
+    queues = [Queue.from_url(url, fleet.topic) for url in urls]
+    await asyncio.to_thread(SlotSplitter(fleet.observer(), paths, queues).split, 2 * SLOTS)
+    for queue in queues:
+        queue.close()
+    fleet.start(MEMBERS[0])
+    await eventually(lambda: len(fleet.owners()) == 2 * SLOTS, 60.0, "all 32 slots owned")
+    reader = redis.asyncio.Redis.from_url(urls[0])
+    with RoutedQueue.connect(
+        urls, fleet.topic, zookeeper=ZkConnection(fleet.zookeeper.hosts)
+    ) as client:
+        assert client.topic.slot_amount == 2 * SLOTS
+        ids = [uuid.uuid4().hex for _ in range(200)]
+        client.schedule_many([ScheduleRequest(i, b"x", delay_ms=DELAY_MS) for i in ids])
+    fleet.scheduled.update(ids)
+    try:
+        await deliveries(fleet, reader, lambda: not fleet.missing(), 30.0)
+    finally:
+        await reader.aclose()

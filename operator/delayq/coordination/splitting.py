@@ -170,23 +170,36 @@ class SlotSplitter:
         """Double until the topic has `to_amount` slots (one doubling after another, each
         resumed if recorded); returns the last doubling done, None when the topic had
         `to_amount` slots already. Holds the lock throughout."""
+        done = None
+        try:
+            while (current := self.start(to_amount)) is not None:
+                done = self._run(*current)
+        finally:
+            self.release()
+        return done
+
+    def start(self, to_amount: int) -> tuple[Split, int] | None:
+        """Take the lock (SplitLocked if another process holds it; kept until `release`) and
+        return the recorded doubling to resume, or record the next one toward `to_amount`;
+        None when the topic has `to_amount` slots."""
         self.lock.acquire()
         try:
             recorded = self._read()
-            if recorded is not None and recorded[0].to_amount > to_amount:
+            if recorded is None:
+                return self._start(to_amount)
+            if recorded[0].to_amount > to_amount:
                 raise MoveError(
                     f"a doubling to {recorded[0].to_amount} slots is under way: finish it with "
                     f"--to-slots {recorded[0].to_amount} or --abort"
                 )
-            done = None
-            while True:
-                current = recorded or self._start(to_amount)
-                if current is None:
-                    return done
-                done = self._run(*current)
-                recorded = None
-        finally:
-            self.lock.release()
+            return recorded
+        except BaseException:
+            self.release()
+            raise
+
+    def release(self) -> None:
+        """Give the lock up (if held)."""
+        self.lock.release()
 
     def _start(self, to_amount: int) -> tuple[Split, int] | None:
         """Record the next doubling toward `to_amount`; None when the topic has it."""
@@ -271,7 +284,7 @@ class SlotSplitter:
             self._delete_node(version)
             return split
         finally:
-            self.lock.release()
+            self.release()
 
     # the steps -----------------------------------------------------------------------------
 
