@@ -284,7 +284,7 @@ def test_a_get_on_a_stale_routing_after_a_move_asks_the_new_broker(brokers: TwoB
     slot = 3
     [message_id] = ids_in(brokers.topic, slot, 1)
     mover = brokers.mover()
-    table = RoutingTable((0,) * SLOTS, 2)  # fed by hand: the watch that would update it is late
+    table = RoutingTable(Routing(SLOTS, 2, (0,) * SLOTS), 2)  # fed by hand: the watch is late
     queue = RoutedQueue(mover.queues, table, move_wait_ms=0)
     queue.schedule(message_id, b"x", delay_ms=60_000)
     mover.move(slot, 1)  # freeze, copy, switch, clean
@@ -293,7 +293,7 @@ def test_a_get_on_a_stale_routing_after_a_move_asks_the_new_broker(brokers: TwoB
     queue.move_wait_ms = 10_000
     with ThreadPoolExecutor(1) as pool:
         reading = pool.submit(queue.get, message_id)
-        table.update(mover.routing()[0].broker_of_slot)
+        table.update(mover.routing()[0])
         assert reading.result(timeout=10).state is State.SCHEDULED
     for queue_ in mover.queues:
         queue_.close()
