@@ -256,3 +256,37 @@ async def test_an_api_write_into_a_moving_slot_waits_for_the_switch(
     # the process follows the routing: the slot is consumed from broker 1 now
     leased = await running.client.post(f"{running.base}/leases", json={"max": 10})
     assert [m["id"] for m in (await leased.json())["leases"]] == [ids[1]]
+
+
+async def test_a_batch_refused_on_one_broker_and_unconfirmed_on_the_other_is_a_207(
+    second_broker: RedisServer, redis_server: RedisServer, start_service: StartService
+):
+    """syncReplicas 1 and no replica anywhere: broker 0 is full (its messages refused, nothing
+    stored there), broker 1 writes its messages on its master unconfirmed. Something was
+    written, so the answer is the per-message 207, not the plain 429 "nothing stored" that
+    would have the client resend the whole batch (creating again what was delivered meanwhile)."""
+    urls = [redis_server.url, second_broker.url]
+    running = await start_service(
+        slot_amount=SLOTS,
+        broker_urls=",".join(urls),
+        redis_sync_replicas=1,
+        redis_sync_timeout_ms=100,
+    )
+    topic = running.service.topic
+    candidates = [f"u{i}" for i in range(100)]  # the routing: slots 0, 1 on broker 0
+    on_0 = [i for i in candidates if topic.slot_of(i.encode()) < 2][:3]
+    on_1 = [i for i in candidates if topic.slot_of(i.encode()) >= 2][:3]
+    messages = [{"id": i, "delayMs": 60_000} for i in on_0 + on_1]
+    admin = redis.Redis.from_url(urls[0])
+    with memory_for(admin, FULL):
+        answer = await running.client.post(
+            f"{running.base}/messages/batch", json={"messages": messages}
+        )
+    admin.close()
+    assert answer.status == 207, await answer.text()
+    results = {r["id"]: r for r in (await answer.json())["results"]}
+    assert {results[i]["error"].split(":")[0] for i in on_0} == {"BrokerFullError"}
+    assert {results[i]["result"] for i in on_0} == {"failed"}
+    assert {results[i]["result"] for i in on_1} == {"unknown"}
+    assert {results[i]["error"].split(":")[0] for i in on_1} == {"ReplicationTimeoutError"}
+    assert stored_on(second_broker.url, 2) + stored_on(second_broker.url, 3) == 3

@@ -106,7 +106,8 @@ async def _schedule(
     service: DelayService, messages: list[ScheduleRequest], mode: Mode
 ) -> list[Result]:
     """A result per message, in order, failures included; raises the Redis error when nothing
-    was stored (a plain 429 broker full / 503: resend the whole request)."""
+    was stored (a plain 429 broker full / 503: resend the whole request), or the
+    ReplicationTimeoutError when every message was written but unconfirmed (503)."""
 
     def slot_of(message: ScheduleRequest) -> int:
         return slot_of_target(service, Target(message.id, message.slot_basis))
@@ -126,7 +127,12 @@ async def _schedule(
         [r.code for r in results if isinstance(r, ScheduleResult) and not r.code.is_error]
     )
     failures = [r for r in results if isinstance(r, ScheduleFailure)]
-    if len(failures) == len(results):
+    # the plain error only when nothing was written: an unconfirmed item is on its master, so
+    # a mix of refused and unconfirmed items is answered per message (a 207), never a 429 or
+    # 503 saying nothing was stored (the client would resend the whole batch)
+    written = any(isinstance(f.error, ReplicationTimeoutError) for f in failures)
+    unconfirmed_only = all(isinstance(f.error, ReplicationTimeoutError) for f in failures)
+    if len(failures) == len(results) and (not written or unconfirmed_only):
         raise failures[0].error
     return results
 
