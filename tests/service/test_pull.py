@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import asyncio
+import importlib.util
 import time
+from pathlib import Path
+from types import ModuleType
 
 import redis.asyncio
 from aiohttp.test_utils import TestClient, TestServer
@@ -144,6 +147,33 @@ async def test_a_lingering_lease_returns_its_acks_and_the_message_once_due(
     assert (message["id"], message["dueMs"]) == ("later", created["dueMs"])
     seconds, micros = await running.service.queues[0].redis.time()
     assert seconds * 1000 + micros // 1000 >= message["dueMs"]
+
+
+def _example_consumer() -> ModuleType:
+    path = Path(__file__).parents[2] / "examples" / "service" / "pull_consumer.py"
+    spec = importlib.util.spec_from_file_location("pull_consumer_example", path)
+    assert spec is not None
+    assert spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+async def test_the_example_acks_on_its_own_when_a_lease_answer_has_no_acks(
+    start_service: StartService,
+):
+    """The documented consumer sends its acks on the next lease. A serve process from before
+    that (one not yet upgraded) ignores `ack` and answers without `acks`: the example then
+    acks those tokens with a request of its own, instead of crashing on the missing field
+    with its messages all coming again once their leases run out."""
+    running = await start_service(outcome_retention_ms=60_000)
+    await schedule(running, 2)
+    handled = await lease(running, max=2)
+    tokens = [str(m["token"]) for m in handled]
+    example = _example_consumer()
+    old_answer: dict[str, object] = {"leases": []}  # what a server ignoring `ack` answers
+    await example.check_acks(running.client, f"{running.base}/leases", tokens, old_answer)
+    assert await _states(running, ["m0", "m1"]) == {"m0": "done", "m1": "done"}
 
 
 async def test_nack_with_delay_redelivers_after_it(start_service: StartService):
