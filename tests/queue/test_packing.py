@@ -20,12 +20,14 @@ COMMANDS: list[tuple[EncodableT, ...]] = [
     ("EVALSHA", "abc", 2, "k1", "k2", 7, -3, 1.5, b"\x00\xff", "é", bytearray(b"ba")),
     ("CONFIG GET", "maxmemory"),
     (b"SET", memoryview(b"key"), b""),
+    # a strided view: hiredis alone would send the first bytes of its buffer ("abc")
+    ("SET", "key", memoryview(b"abcdef")[::2]),
 ]
 
 
 @pytest.mark.parametrize("command", COMMANDS)
 def test_the_bytes_equal_redis_pys_python_packer(command: tuple[EncodableT, ...]) -> None:
-    reference = b"".join(Connection().pack_command(*command))
+    reference = b"".join(bytes(part) for part in Connection().pack_command(*command))
     assert pack(command) == reference
     assert b"".join(HiredisConnection().pack_commands([command, command])) == reference * 2
 
