@@ -65,9 +65,8 @@ async def lease(request: web.Request) -> web.Response:
     wanted = parse_lease_request(body, service.topic, service.config.pull_max_lease_batch)
     acked = None if wanted.acks is None else await _ack(service, wanted.acks)
     messages = await leaser.lease(wanted.max_count, wanted.lease_ms, wanted.wait_ms)
-    now_ms = leaser.server_now_ms()
     for message in messages:
-        service.metrics.observe_lateness(now_ms - message.due_ms)
+        service.metrics.observe_lateness(leaser.server_now_ms(message.slot) - message.due_ms)
     service.metrics.count_delivery("leased", len(messages))
     topic = service.topic
     leases = [{"token": encode_token(m.lease), **message_json(topic, m)} for m in messages]

@@ -62,9 +62,11 @@ class PullLeaser:
         self._stopping = False
         self._rounds: set[asyncio.Future[None]] = set()  # claims in flight
         self._polls = LongPolls()
-        # the Redis server clock, from the claims' replies: lateness is measured on it, never
-        # on this pod's clock
-        self._clock = ServerClock()
+        # each broker's Redis clock, from its claims' replies: its slots' due times and
+        # lateness are measured on it, never on this pod's clock nor another broker's (one
+        # estimate for all would keep the clock furthest ahead, and a slower broker's timers
+        # would fire early and claim again and again until due)
+        self._clocks = [ServerClock() for _ in brokers.queues]
         self._paused = [False] * len(brokers.queues)  # per broker, as last read
         self._paused_read_s = -PAUSE_CHECK_S  # monotonic time of that read
 
@@ -125,8 +127,9 @@ class PullLeaser:
     def _state(self, slot: int) -> PullSlot | None:
         return self._owned[self.brokers.routing[slot]].get(slot)
 
-    def server_now_ms(self) -> float:
-        return self._clock.now_ms()
+    def server_now_ms(self, slot: int) -> float:
+        """The clock of the Redis server storing `slot`, as estimated from its claims."""
+        return self._clocks[self.brokers.routing[slot]].now_ms()
 
     async def lease(self, max_count: int, lease_ms: int, wait_ms: int = 0) -> list[Message]:
         """Up to `max_count` due messages leased for `lease_ms`, waiting up to `wait_ms`."""
@@ -147,11 +150,14 @@ class PullLeaser:
                 wait_s = min(remaining_s, PAUSE_CHECK_S) if self.paused else remaining_s
                 await self._polls.wait(wait_s)  # a resume is seen within a second
 
-    def _idle(self) -> list[PullSlot]:
-        """The owned slots of unpaused brokers that no claim is in flight on."""
+    def _idle(self) -> list[tuple[PullSlot, float]]:
+        """The owned slots of unpaused brokers that no claim is in flight on, each with its
+        broker's clock now."""
         return [
-            state
-            for owned, paused in zip(self._owned, self._paused, strict=True)
+            (state, now_ms)
+            for owned, paused, now_ms in zip(
+                self._owned, self._paused, (c.now_ms() for c in self._clocks), strict=True
+            )
             if not paused
             for state in owned
             if not state.claiming
@@ -160,8 +166,8 @@ class PullLeaser:
     def _arm(self) -> bool:
         """Set the timer at the earliest time an idle slot has something to claim; True when
         that is now. (A slot with a claim in flight is its claimer's to look at afterwards.)"""
-        times = [state.due_ms for state in self._idle() if state.due_ms is not None]
-        in_ms = min(times) - self.server_now_ms() if times else None
+        times = [s.due_ms - now_ms for s, now_ms in self._idle() if s.due_ms is not None]
+        in_ms = min(times) if times else None
         if in_ms is not None and in_ms <= 0:
             return True
         self._polls.arm(None if in_ms is None else in_ms / 1000)
@@ -181,10 +187,9 @@ class PullLeaser:
 
     def _rotation(self) -> list[int]:
         """The idle slots due by now, starting after where the previous request started."""
-        now_ms = self.server_now_ms()
         due = sorted(
             state.slot
-            for state in self._idle()
+            for state, now_ms in self._idle()
             if state.due_ms is not None and state.due_ms <= now_ms
         )
         if not due:
@@ -213,7 +218,11 @@ class PullLeaser:
             self._rounds.discard(done)
             done.set_result(None)
         result = _Round()
-        for slot, outcome in (pair for reply in replies for pair in reply):
+        for broker, slot, outcome in (
+            (broker, slot, outcome)
+            for broker, reply in zip(per_broker, replies, strict=True)
+            for slot, outcome in reply
+        ):
             state, share, wakes = claimed[slot]
             if isinstance(outcome, StaleEpochError):
                 self._owned[self.brokers.routing[slot]].lose(state)  # fenced out by a newer owner
@@ -222,7 +231,7 @@ class PullLeaser:
             top_ups.retry_failed()
             top_ups.note(outcome)
             result.messages.extend(outcome.messages)
-            self._clock.note(outcome.now_us, outcome.received_s)
+            self._clocks[broker].note(outcome.now_us, outcome.received_s)
             upcoming = [t for t in (outcome.next_due_ms, outcome.next_deadline_ms) if t is not None]
             state.due_ms = min(upcoming) if upcoming else None
             if len(outcome.messages) >= share:
