@@ -95,10 +95,8 @@ INVALID_NAMES: dict[str, tuple[str, str]] = {
 #: (first spec, second spec, message): the second, applied over the first, must be rejected.
 INVALID_TRANSITIONS: dict[str, tuple[dict[str, Any], dict[str, Any], str]] = {
     "slot-shrink": ({"slotAmount": 32}, {"slotAmount": 16},
-                    "slotAmount cannot change (stored 32, requested 16): it never shrinks"),
-    "slot-growth": ({"slotAmount": 16}, {"slotAmount": 32},
-                    "slotAmount cannot change (stored 16, requested 32): resharding is not "
-                    "supported yet"),
+                    "slotAmount may grow but never shrink: the removed slots would still hold "
+                    "messages (stored 32, requested 16)"),
     "broker-shrink": ({"brokers": 2}, {"brokers": 1},
                       "brokers may grow but never shrink"),
     "type-change": ({"topicType": "pull"},

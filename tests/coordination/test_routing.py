@@ -33,10 +33,10 @@ def test_routing_is_sticky_when_brokers_grow() -> None:
     assert grown.slots_per_broker() == {0: 4, 1: 4, 2: 0, 3: 0}
 
 
-def test_routing_refuses_resharding_and_losing_brokers() -> None:
+def test_routing_keeps_its_slot_amount_and_refuses_losing_brokers() -> None:
+    """A larger spec amount waits for the split (the only writer of a new amount)."""
     current = initial_routing(8, 2)
-    with pytest.raises(RoutingConflict, match="needs resharding"):
-        plan_routing(16, 2, current)
+    assert plan_routing(16, 2, current) == current
     with pytest.raises(RoutingConflict, match="still holds slots"):
         plan_routing(8, 1, current)
 

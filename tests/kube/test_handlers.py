@@ -205,24 +205,41 @@ async def test_more_brokers_and_replicas_roll_out_without_moving_slots(
     assert routing.broker_count == 2
 
 
-async def test_slot_amount_growth_is_refused_with_a_condition(
+async def test_slot_amount_growth_renders_the_desired_amount_and_keeps_the_routing(
     api: kmock.KubernetesEmulator, ctx: OperatorContext, zk: KazooClient, logger: logging.Logger
 ) -> None:
+    """Growth is provisioned at once: the pods get the new amount (they serve the routing's),
+    the routing keeps the served amount until the health pass splits the slots."""
     put_topic(api, slotAmount=8)
     await provision(api, ctx, logger)
     update_spec(api, slotAmount=16)
     await provision(api, ctx, logger)
     provisioned = condition(api, "Provisioned")
-    assert provisioned["status"] == "False"
-    assert provisioned["reason"] == "ReshardingNotSupported"
-    assert "keeps serving 8 slots" in provisioned["message"]
+    assert (provisioned["status"], provisioned["reason"]) == ("True", "ResourcesApplied")
     assert body(api)["status"]["appliedSlotAmount"] == 8
     routing = published_routing(zk)
     assert routing is not None
     assert routing.slot_amount == 8
     config_map = existing(api, "v1/configmaps", "orders-config")
-    assert '"slot_amount": 8' in config_map["data"][naming.CONFIG_KEY]  # what pods read
+    assert '"slot_amount": 16' in config_map["data"][naming.CONFIG_KEY]  # what pods read
     assert body(api)["status"]["observedGeneration"] == 2
+
+
+async def test_slot_amount_shrink_stored_before_the_rule_is_refused(
+    api: kmock.KubernetesEmulator, ctx: OperatorContext, zk: KazooClient, logger: logging.Logger
+) -> None:
+    put_topic(api, slotAmount=16)
+    await provision(api, ctx, logger)
+    update_spec(api, slotAmount=8)
+    await provision(api, ctx, logger)
+    provisioned = condition(api, "Provisioned")
+    assert (provisioned["status"], provisioned["reason"]) == ("False", "SlotAmountShrinkRejected")
+    assert "keeps serving 16 slots" in provisioned["message"]
+    routing = published_routing(zk)
+    assert routing is not None
+    assert routing.slot_amount == 16
+    config_map = existing(api, "v1/configmaps", "orders-config")
+    assert '"slot_amount": 16' in config_map["data"][naming.CONFIG_KEY]
 
 
 async def test_worker_settings_roll_the_service_pods(
@@ -457,13 +474,13 @@ async def test_handlers_run_one_at_a_time_on_a_fresh_copy(
     redis_pods.add(0, 2)
     # What a timer started before the update would hold.
     stale = cast(kopf.RawBody, copy.deepcopy(body(api)))
-    update_spec(api, slotAmount=16)
+    update_spec(api, slotAmount=4)  # a shrink stored before the rule that refuses it
     await asyncio.gather(
         serialized(ctx, kopf.Body(stale), logger, refresh),
         serialized(ctx, kopf.Body(stale), logger, reconcile),
         serialized(ctx, kopf.Body(stale), logger, refresh),
     )
-    assert condition(api, "Provisioned")["reason"] == "ReshardingNotSupported"
+    assert condition(api, "Provisioned")["reason"] == "SlotAmountShrinkRejected"
     assert condition(api, "Ready")["reason"] == "ServingDegraded"
 
 

@@ -53,7 +53,7 @@ def test_ready_summary() -> None:
     assert ready_condition(ok, sick, True).reason == "ServingDegraded"
     invalid = Condition(PROVISIONED, FALSE, "InvalidSpec", "bad")
     assert ready_condition(invalid, healthy, True).reason == "InvalidSpec"
-    refused = Condition(PROVISIONED, FALSE, "ReshardingNotSupported", "not yet")
+    refused = Condition(PROVISIONED, FALSE, "SlotAmountShrinkRejected", "not yet")
     summary = ready_condition(refused, healthy, True)
     assert (summary.status, summary.reason) == (TRUE, "ServingDegraded")
     assert "not yet" in summary.message

@@ -86,16 +86,13 @@ def initial_routing(slot_amount: int, broker_count: int) -> Routing:
 def plan_routing(slot_amount: int, broker_count: int, current: Routing | None) -> Routing:
     """The routing to publish: the current one extended to more brokers, never moved.
 
-    Raises RoutingConflict when the slot count changed (resharding is not implemented) or when
+    `slot_amount` only shapes a first routing: once one exists, its slot amount is the one the
+    topic serves, and only a split changes it (`spec.slotAmount` growth is the operator's
+    resharding, which doubles the slots, then balances them). Raises RoutingConflict when
     brokers that still hold slots would disappear.
     """
     if current is None:
         return initial_routing(slot_amount, broker_count)
-    if current.slot_amount != slot_amount:
-        raise RoutingConflict(
-            f"slotAmount change {current.slot_amount} -> {slot_amount} needs resharding, which is "
-            "not implemented yet"
-        )
     used = {broker for broker in current.broker_of_slot}
     if max(used) >= broker_count:
         raise RoutingConflict(

@@ -11,7 +11,10 @@ pod runs the service StatefulSet's current spec (`services_rolled`). It
    also serves the plan, which it was taken from. A move whose slot's lock (`movers/<slot>`) is
    held is left to its mover (the CLI, an operator process stopping), and nothing is planned
    while one is;
-2. plans the fewest moves that balance the slots (routing.plan_moves) and runs them with
+2. doubles the slots while `spec.slotAmount` is above the routing's (or a doubling is
+   recorded in ZooKeeper, `split`): coordination.splitting.SlotSplitter, whole, in one pass;
+   that pass moves nothing (the next one plans on the new slots);
+3. plans the fewest moves that balance the slots (routing.plan_moves) and runs them with
    coordination.migration.SlotMover, `spec.resharding.maxConcurrentMoves` at a time, until
    MOVES_BUDGET_S of the pass is spent. The next pass plans again from the routing in ZooKeeper
    and goes on, so nothing but ZooKeeper remembers a plan: a new leader continues it.
@@ -22,7 +25,8 @@ leader, and do not run while the topic carries `delayq.io/paused`. The annotatio
 pass starts: a pass under way goes on starting batches until its budget is spent; the next
 starts none. Progress is `status.resharding` (moves `moved` of
 `total`), the `Resharding` condition (True while slots move, False `Completed` after) and
-Events (ReshardingStarted, SlotsMoved per batch, ReshardingCompleted, ReshardingFailed); the
+Events (ReshardingStarted, SlotsMoved per batch, ReshardingCompleted, SlotsSplit,
+ReshardingFailed); the
 per-broker slot counts are the brokers' `slots` in status.
 """
 
@@ -32,13 +36,14 @@ import asyncio
 import time
 from collections.abc import Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import Any
 
 import redis
 
-from delayq.coordination.migration import Migration, MoveError, SlotMover
+from delayq.coordination.migration import MoveError, SlotMover
 from delayq.coordination.routing import Move, Routing, plan_moves
+from delayq.coordination.splitting import SlotSplitter, routed_topic
 from delayq.kube import naming
 from delayq.kube.builders.service import zookeeper_connect
 from delayq.kube.context import Logger, OperatorContext
@@ -61,7 +66,7 @@ MOVE_ERRORS = (MoveError, redis.RedisError, *TRANSIENT_ERRORS)
 #: slots' locks, SlotMover). A pass starts no move while one of an abandoned pass still runs;
 #: a move cancelled before its thread started never runs (its future is done either way).
 MOVERS = ThreadPoolExecutor(thread_name_prefix="delayq-slot-mover")
-_under_way: dict[tuple[str, str], list[Future[Migration]]] = {}
+_under_way: dict[tuple[str, str], list[Future[Any]]] = {}
 
 
 #: How long a clean stop waits for this process's moves before releasing the leader Lease
@@ -124,20 +129,76 @@ async def reshard(
     if not all(move.done() for move in _under_way.get(key, [])):
         logger.warning("resharding waits: a move of an abandoned pass still runs")
         return Resharding(routing)
-    topic = replace(spec.topic, slot_amount=routing.slot_amount)  # its syncReplicas too
+    topic = routed_topic(spec.topic, routing)  # its syncReplicas too
     hosts = [naming.redis_master_host(spec.name, spec.namespace, b) for b in range(spec.brokers)]
     connect = zookeeper_connect(spec, ctx.build)
 
-    def open_mover() -> tuple[SlotMover, list[Queue]]:
+    def open_tools() -> tuple[SlotMover, SlotSplitter, list[Queue]]:
         queues = [ctx.redis.broker_queue(host, password, topic) for host in hosts]
-        return ctx.store.slot_mover(connect, spec.namespace, spec.name, queues), queues
+        mover = ctx.store.slot_mover(connect, spec.namespace, spec.name, queues)
+        splitter = ctx.store.slot_splitter(connect, spec.namespace, spec.name, queues)
+        return mover, splitter, queues
 
-    mover, queues = await asyncio.to_thread(open_mover)
+    mover, splitter, queues = await asyncio.to_thread(open_tools)
     try:
+        doubled = await _double(splitter, spec, routing, logger, key)
+        if doubled is not None:  # the moves are planned by the next pass, on the new slots
+            return doubled
         return await _run(mover, spec, routing, status, logger, key)
     finally:
         for queue in queues:
             queue.close()
+
+
+async def _double(
+    splitter: SlotSplitter,
+    spec: TopicSpec,
+    routing: Routing,
+    logger: Logger,
+    key: tuple[str, str],
+) -> Resharding | None:
+    """Double the slots up to `spec.slotAmount` (finishing a doubling recorded in ZooKeeper
+    first); None when none is wanted or recorded. The whole doubling runs in one thread: its
+    old slots refuse writes from its freeze to its switch, so it is never left half done by
+    the pass's budget (a pass abandoned meanwhile leaves it running, as a move)."""
+    try:
+        state, locked = await asyncio.to_thread(lambda: (splitter.state(), splitter.locked()))
+    except Exception as error:
+        failure = f"reading the doubling: {_describe(error)}"
+        return Resharding(routing, Condition(RESHARDING, TRUE, "SplitFailed", failure + "."))
+    target = max(spec.slot_amount, state.to_amount if state is not None else 0)
+    if state is None and routing.slot_amount >= target:
+        return None
+    what = f"Doubling the slots {routing.slot_amount} -> {target}"
+    if locked:  # `delayq routing split` by hand, or an operator process stopping
+        message = f"{what}: waiting for another process that holds the split's lock."
+        return Resharding(routing, Condition(RESHARDING, TRUE, "SplittingSlots", message))
+    logger.info("resharding: %s", what.lower())
+    started = time.monotonic()
+    future = MOVERS.submit(splitter.split, target)
+    _under_way[key] = [future]
+    try:
+        await asyncio.wrap_future(future)
+    except MOVE_ERRORS as error:
+        failure = _describe(error)
+        logger.warning("resharding: %s failed: %s", what.lower(), failure)
+        return Resharding(
+            routing,
+            Condition(RESHARDING, TRUE, "SplitFailed", f"{what} failed (retried): {failure}."),
+            events=[TopicEvent(WARNING, "ReshardingFailed", f"{what}: {failure}; retried.")],
+        )
+    doubled = await asyncio.to_thread(lambda: splitter.routing()[0])
+    counts = ", ".join(f"{b}: {n}" for b, n in doubled.slots_per_broker().items())
+    message = (
+        f"Doubled the slots {routing.slot_amount} -> {doubled.slot_amount} in "
+        f"{time.monotonic() - started:.1f} s; slots per broker {counts}."
+    )
+    logger.info("resharding: %s", message)
+    return Resharding(
+        doubled,
+        Condition(RESHARDING, FALSE, "Completed", message),
+        events=[TopicEvent(NORMAL, "SlotsSplit", message)],
+    )
 
 
 async def _run(

@@ -96,7 +96,7 @@ def patched(old: Mapping[str, Any], patch: Mapping[str, Any]) -> dict[str, Any]:
 
 
 # A refused change leaves the topic serving its previous shape: not a reason to be un-Ready.
-NON_BLOCKING_REASONS = frozenset({"ReshardingNotSupported", "SlotAmountShrinkRejected"})
+NON_BLOCKING_REASONS = frozenset({"SlotAmountShrinkRejected"})
 
 
 def ready_condition(

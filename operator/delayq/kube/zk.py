@@ -30,6 +30,7 @@ from delayq.coordination.acl import ADMIN_USER, ZkIdentity, parent_acl, topic_us
 from delayq.coordination.layout import ROOT, TopicPaths, namespace_root
 from delayq.coordination.migration import SlotMover
 from delayq.coordination.routing import Routing
+from delayq.coordination.splitting import SlotSplitter
 from delayq.coordination.tls import ZkTls, kazoo_options
 from delayq.queue.client import Queue
 
@@ -65,6 +66,11 @@ class TopicStore(Protocol):
     ) -> SlotMover:
         """A mover of the topic's slots between the brokers of `queues` (blocking: call it
         from a worker thread, as every SlotMover call)."""
+
+    def slot_splitter(
+        self, connect: str, namespace: str, topic: str, queues: Sequence[Queue]
+    ) -> SlotSplitter:
+        """A doubler of the topic's slots on the brokers of `queues` (blocking, as the mover)."""
 
     async def topic_trees(self, connect: str, namespaces: Sequence[str]) -> list[tuple[str, str]]:
         """(namespace, topic) of every tree under /delayq in `namespaces` (all when empty)."""
@@ -163,6 +169,11 @@ class KazooTopicStore:
         self, connect: str, namespace: str, topic: str, queues: Sequence[Queue]
     ) -> SlotMover:
         return SlotMover(self._client(connect), TopicPaths(namespace, topic), queues)
+
+    def slot_splitter(
+        self, connect: str, namespace: str, topic: str, queues: Sequence[Queue]
+    ) -> SlotSplitter:
+        return SlotSplitter(self._client(connect), TopicPaths(namespace, topic), queues)
 
     async def topic_trees(self, connect: str, namespaces: Sequence[str]) -> list[tuple[str, str]]:
         def read() -> list[tuple[str, str]]:

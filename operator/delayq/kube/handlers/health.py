@@ -18,6 +18,7 @@ from typing import Any
 import redis
 
 from delayq.coordination.routing import Routing, initial_routing
+from delayq.coordination.splitting import routed_topic
 from delayq.kube import naming
 from delayq.kube.builders.service import zookeeper_connect
 from delayq.kube.client import KubeApiError
@@ -113,8 +114,10 @@ async def health_pass(
             logger.warning("resharding skipped this pass: %r", error)
     if resharding is not None:
         actions += resharding.events
+        routing = resharding.routing
         for entry in brokers:
-            entry["slots"] = len(resharding.routing.slots_of(entry["index"]))
+            entry["slots"] = len(routing.slots_of(entry["index"]))
+    applied = routing.slot_amount  # the routing's (a doubling changes it), else the status's
     # What the pass did that the status does not show (a demotion, moves): told now, once.
     await ctx.recorder.post(ctx.kube, body, actions)
     depths = TopicStats(slot_stats)
@@ -143,6 +146,7 @@ async def health_pass(
     if (full := broker_full_condition(memory)) is not None:
         conditions.append(full)
     fields: dict[str, Any] = {
+        "appliedSlotAmount": applied,
         "paused": any(entry.get("paused") for entry in brokers),
         "brokers": brokers,
         "depths": {"scheduled": depths.scheduled, "prepared": depths.prepared, "dead": depths.dead},
@@ -300,9 +304,9 @@ async def observe_broker(
     stats = TopicStats([])
     master_address = addresses.get(decision.master or "")
     if serving and master_address and broker < routing.broker_count:
-        # The routing's slot amount is the applied one (status.appliedSlotAmount, which the
-        # routing was planned with); taking it from the routing keeps every slot in range.
-        topic = Topic(spec.name, namespace=spec.namespace, slot_amount=routing.slot_amount)
+        # The routing's slot amount and key generation are the served ones (a doubling
+        # changes both); taking them from the routing keeps every slot in range.
+        topic = routed_topic(Topic(spec.name, namespace=spec.namespace), routing)
         try:
             stats = await ctx.redis.depths(
                 master_address, password, topic, routing.slots_of(broker)

@@ -62,13 +62,16 @@ async def reconcile(
     status = body.get("status") or {}
     applied = int(status.get("appliedSlotAmount") or spec.slot_amount)
     slot_condition = slot_amount_condition(spec.slot_amount, applied)
+    # the pods get the desired amount at once: they serve the routing's (docs/operator.md,
+    # "Doubling the slots"), so the split that follows needs no second roll
+    rendered = max(spec.slot_amount, applied)
     connect = zookeeper_connect(spec, ctx.build)
     try:
         credentials = await read_or_generate_credentials(ctx, spec)
         with_monitor = ctx.build.service_monitor.enabled and await ctx.kube.has_resource(
             "monitoring.coreos.com/v1", "servicemonitors"
         )
-        manifests = render(body, spec, ctx.build, credentials, applied, with_monitor)
+        manifests = render(body, spec, ctx.build, credentials, rendered, with_monitor)
         for manifest in manifests:
             outcome = await ensure(ctx.kube, manifest)
             if outcome != "unchanged":
@@ -79,10 +82,11 @@ async def reconcile(
                 logger.info("deleted %s/%s", reference["kind"], reference["metadata"]["name"])
         # ZooKeeper last: an unreachable ensemble must not stop the pods from coming up.
         current = await ctx.store.read_routing(connect, spec.namespace, spec.name)
-        routing = plan_routing(applied, spec.brokers, current)
+        routing = plan_routing(rendered, spec.brokers, current)
         await ctx.store.publish(
             connect, spec.namespace, spec.name, routing, credentials.zookeeper_password
         )
+        applied = routing.slot_amount  # what the topic serves: growth comes by a split
     except RoutingConflict as error:
         raise refused(ctx, body, "RoutingConflict", str(error)) from None
     except KubeApiError as error:
@@ -114,15 +118,9 @@ def refused(
 
 
 def slot_amount_condition(desired: int, applied: int) -> Condition:
-    """Provisioned, or why a slotAmount change was refused (resharding is not implemented)."""
-    if desired > applied:
-        return Condition(
-            PROVISIONED,
-            FALSE,
-            "ReshardingNotSupported",
-            f"slotAmount growth from {applied} to {desired} is not implemented yet; the topic "
-            f"keeps serving {applied} slots. Set spec.slotAmount back to {applied}.",
-        )
+    """Provisioned, or why a shrink of slotAmount was refused (a topic stored before the CEL
+    rule that refuses it). Growth is provisioned: the health pass splits the slots and its
+    Resharding condition shows the progress."""
     if desired < applied:
         return Condition(
             PROVISIONED,
