@@ -81,6 +81,11 @@ SYNC_REPLICAS_EXCEED_MESSAGE = (
     "replicas than its broker has, so every write would time out"
 )
 #: The CRD's CEL rule on delivery.webhook (at its url), repeated by the parser.
+#: `delayq serve` refuses the same (service/config.py): its pods would never start.
+WEBHOOK_TIMEOUT_MESSAGE = (
+    "delivery.webhook.timeout must be shorter than ackTimeout: a lease must outlive the POST it "
+    "covers, or the message is delivered twice"
+)
 WEBHOOK_HTTPS_MESSAGE = (
     "delivery.webhook.url must start with https:// unless delivery.webhook.allowInsecureHttp is "
     "true: over http the payloads, the extra headers and the signatures travel in clear text"
@@ -330,6 +335,12 @@ def parse_spec(name: str, namespace: str, spec: Mapping[str, Any]) -> TopicSpec:
             MAX_CONCURRENT_MOVES,
         ),
     )
+    webhook_timeout_ms = parsed.delivery.webhook_timeout_ms
+    if topic_type is TopicType.WEBHOOK and webhook_timeout_ms >= parsed.ack_timeout_ms:
+        raise SpecError(
+            f"{WEBHOOK_TIMEOUT_MESSAGE} (timeout={human_duration(webhook_timeout_ms)}, "
+            f"ackTimeout={human_duration(parsed.ack_timeout_ms)})"
+        )
     try:
         parsed.topic  # noqa: B018 - the engine's own checks (name is a DNS label, ...)
     except TopicError as error:
