@@ -15,6 +15,7 @@ from __future__ import annotations
 import contextlib
 import json
 import secrets
+import urllib.error
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -45,6 +46,7 @@ from e2e.test_operator import (
     _like_a_broker_pod,
     _operator_kubeconfig,
     _schedule,
+    _schedule_status,
     _service_url,
     _start_serve,
     _topic,
@@ -331,3 +333,87 @@ def test_the_operator_killed_9_inside_a_step_leaves_a_move_a_new_one_finishes(
         growing.hold.release()
         growing.op.start()  # a new operator process: it has only ZooKeeper, Redis and the status
         growing.completed(pending, ("ReshardingStarted", "SlotsMoved", "ReshardingCompleted"))
+
+
+def test_slot_amount_grows_16_to_32_while_messages_are_delivered(growing: Growing) -> None:
+    """`spec.slotAmount` 16 -> 32 with messages pending and arriving: the operator doubles the
+    slots (routing 32 slots at key generation 1, status appliedSlotAmount 32, the Resharding
+    condition, a SlotsSplit Event in describe) while `delayq serve` runs on through it; every
+    message, pending before or scheduled during and after, is delivered, none early."""
+
+    def doubled() -> dict[str, Any] | None:
+        done = growing.resharding("Completed")
+        return done if done is not None and done.get("appliedSlotAmount") == 32 else None
+
+    with growing.explained():
+        growing.kube.apply(_topic(TOPIC, slotAmount=16, brokers=1, replicasPerBroker=0,
+                                  topicType="webhook", ackTimeout="5s",
+                                  delivery={"webhook": {"url": growing.webhook_url,
+                                                        "timeout": "2s",
+                                                        "allowPrivateTargets": True,
+                                                        "allowInsecureHttp": True}}),
+                           growing.ns)
+        _wait_reconciled(growing.kube, growing.op, growing.ns, TOPIC)
+        growing.play(0)
+        growing.kube.wait(lambda: growing.status() if [b.get("state") for b in growing.status(
+        ).get("brokers", [])] == ["Ready"] else None, timeout_s=90, what="broker 0 serving")
+        password, token = _topic_credentials(growing.kube, growing.ns, TOPIC)
+        growing.serve, base = _start_serve(growing.kube, growing.ns, TOPIC, growing.workdir,
+                                           _service_url(password, growing.brokers[0].port))
+        pending = [f"pending-{i}" for i in range(2 * PENDING)]
+        for message_id in pending:
+            _schedule(base, TOPIC, token, message_id, delay_ms=4000)
+
+        growing.kube.kubectl("patch", "dt", TOPIC, "-n", growing.ns, "--type", "merge",
+                             "-p", '{"spec":{"slotAmount":32}}')
+        during: list[str] = []
+        refused: list[str] = []
+        unexpected: list[str] = []
+
+        def scheduled_one_more() -> dict[str, Any] | None:
+            """A steady trickle of writes through the doubling; done once the doubling is. A
+            write may be refused for a moment, and only so: 503 (the slots froze past the API's
+            wait, or the old service answers while the new one takes over) or a refused
+            connection (the in-process restart); the next id is tried then."""
+            message_id = f"during-{len(during) + len(refused)}"
+            try:
+                status = _schedule_status(base, TOPIC, token, message_id, delay_ms=1000)
+            except urllib.error.URLError as error:
+                refused_connection = isinstance(error.reason, ConnectionRefusedError)
+                status = 503 if refused_connection else 0
+                if not refused_connection:
+                    unexpected.append(f"{message_id}: {error!r}")
+            if 200 <= status < 300:
+                during.append(message_id)
+            else:
+                refused.append(message_id)
+                if status != 503:
+                    unexpected.append(f"{message_id}: HTTP {status}")
+            return doubled()
+
+        grown = wait_until(scheduled_one_more, timeout_s=120, what="the slots doubled",
+                           abort=growing.serve.exited, interval_s=INTERVAL_S, not_yet=NOT_YET)
+        print(f"e2e: {len(during)} writes stored during the doubling, {len(refused)} refused "
+              f"for a moment: {refused}")
+        assert not unexpected, unexpected
+        assert [b["slots"] for b in grown["brokers"]] == [32]
+        routing = growing.routing()
+        assert (routing.slot_amount, routing.generation) == (32, 1)
+        described = wait_until(
+            lambda: _described_with(growing.kube, growing.ns, TOPIC, ("SlotsSplit",)),
+            timeout_s=30, what="the SlotsSplit Event in kubectl describe",
+            interval_s=INTERVAL_S, not_yet=NOT_YET)
+        assert "Doubled the slots 16 -> 32" in described
+
+        after = [f"after-{i}" for i in range(32)]
+        for message_id in after:
+            _schedule(base, TOPIC, token, message_id, delay_ms=500)
+        expected = set(pending + during + after)
+        wait_until(lambda: expected <= {m.get("id") for _, m in growing.received},
+                   timeout_s=60, what="every message delivered", abort=growing.serve.exited,
+                   interval_s=INTERVAL_S, not_yet=NOT_YET)
+        early = [m["id"] for at_ms, m in growing.received if at_ms < m["dueMs"]]
+        assert not early, f"delivered before they were due: {early}"
+        # at least once: a delivery in flight when the freeze fenced its owner is sent again
+        # after its lease (ackTimeout 5 s), from its new slot
+        assert {m.get("id") for _, m in growing.received} == expected
