@@ -62,6 +62,7 @@ from delayq.service.delivery.webhook import wall_ms
 
 SLOTS = 64
 TICK_S = 0.02
+MAX_POST_BATCH = 1000  # POST /messages/batch refuses more (parsing.MAX_BATCH)
 READY_TIMEOUT_S = 120.0
 
 
@@ -264,9 +265,11 @@ async def produce(
             for i in range(number, target)
         ]
         number = target
-        if batch:
+        # a late tick (a busy loop) can owe more than the API's batch limit: split it
+        for start in range(0, len(batch), MAX_POST_BATCH):
             process = processes[tick % len(processes)]
-            task = asyncio.create_task(_post_batch(session, process, batch, tally))
+            chunk = batch[start : start + MAX_POST_BATCH]
+            task = asyncio.create_task(_post_batch(session, process, chunk, tally))
             pending.add(task)
             task.add_done_callback(pending.discard)
         tick += 1
