@@ -2,7 +2,9 @@
 load of schedules, cancels and reschedules sent by a RoutedQueue: the real `delayq routing
 split` process is killed with SIGKILL inside each step (or a doubling is rolled back), a second
 run completes it, both services restart on the new slots, and a counting checker finds nothing
-lost, nothing early and no cancelled message delivered.
+lost, nothing early and no cancelled message delivered. Likewise with one of the two serve
+processes killed with SIGKILL inside each step instead: the splitter completes, the killed
+process is started again, and no message is later than a bound (`SPLIT_STALL_BOUND_S`).
 
 What holds the splitter in its step, with no hook in the product (as test_mover_kill.py):
 * freeze: broker 0's Redis pauses writes (CLIENT PAUSE WRITE), the freeze script waits;
@@ -22,6 +24,7 @@ import sys
 import threading
 import time
 import uuid
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field, replace
 
 import pytest
@@ -37,7 +40,16 @@ from delayq.local.processes import config_env
 from delayq.local.waiting import eventually
 from delayq.queue import Code, NotFoundError, Queue, ScheduleRequest
 
-from .conftest import DELAY_MS, NAMESPACE, RATE_PER_S, SESSION_TIMEOUT_S, SLOTS, ProcessFleet
+from .conftest import (
+    ACK_TIMEOUT_MS,
+    DELAY_MS,
+    NAMESPACE,
+    RATE_PER_S,
+    SESSION_TIMEOUT_S,
+    SLOTS,
+    ProcessFleet,
+)
+from .test_mover_kill import finished
 from .test_slot_move import MEMBERS, MOVE_BOUND_S, deliveries, second_broker, two_broker_fleet
 from .zk_hold import ZkHold
 
@@ -47,6 +59,12 @@ pytestmark = pytest.mark.slow
 PAUSE_MS = 30_000  # a paused Redis resumes by itself after this, should the test die
 HOLD_TIMEOUT_S = 30.0
 LONG_DELAY_MS = 5_000  # the messages that are cancelled or rescheduled while still waiting
+#: No message is delivered later than this after its due time when a serve process is killed
+#: in a step of the doubling: the hold (a splitter process starting, a few seconds), the killed
+#: process's session running out (SESSION_TIMEOUT_S) before its slots are taken, a lease of a
+#: message it had claimed running out (ACK_TIMEOUT_MS), the survivor's restart on the new
+#: slots, and room for a loaded machine.
+SPLIT_STALL_BOUND_S = 3.0 + SESSION_TIMEOUT_S + ACK_TIMEOUT_MS / 1000 + 6.0
 
 
 @dataclass
@@ -152,17 +170,40 @@ def held(step: SplitStep) -> tuple[SplitStep, int]:
     )
 
 
-CASES = [*SplitStep, "abort"]
+@dataclass
+class DoublingLoad:
+    """Two serve processes on two brokers (8 slots each) delivering the Producer's stream;
+    `admins[b]` pauses broker b's Redis, `hold` is the proxy the first splitter reaches
+    ZooKeeper through (it holds it after recording `step`)."""
+
+    fleet: ProcessFleet
+    step: SplitStep
+    admins: list[redis.Redis]
+    reader: redis.asyncio.Redis
+    client: RoutedQueue
+    hold: ZkHold
+    producer: Producer
+    producing: threading.Thread
+
+    async def delivered(self, condition: Callable[[], bool], timeout_s: float = 30.0) -> None:
+        await deliveries(self.fleet, self.reader, condition, timeout_s)
+
+    async def more_scheduled(self, count: int = 200) -> set[str]:
+        """The ids scheduled so far, once `count` more were scheduled after them."""
+        before = set(self.fleet.scheduled)
+        await self.delivered(
+            lambda: self.producer.going() and len(self.fleet.scheduled) > len(before) + count
+        )
+        return before
 
 
-@pytest.mark.parametrize(
-    "case", CASES, ids=[f"killed-in-{c}" if c != "abort" else "aborted" for c in CASES]
-)
-async def test_a_doubling_under_load_killed_in_each_step_loses_nothing(
-    spread_fleet: tuple[ProcessFleet, list[str]], case: SplitStep | str
-) -> None:
+@contextlib.asynccontextmanager
+async def doubling_load(
+    spread_fleet: tuple[ProcessFleet, list[str]], step: SplitStep
+) -> AsyncIterator[DoublingLoad]:
+    """Both serve processes started, the producer running (stopped and joined on the way out)
+    and 100 messages delivered."""
     fleet, urls = spread_fleet
-    step = SplitStep.COPY if case == "abort" else SplitStep(case)
     for member in MEMBERS:
         fleet.start(member)
     await eventually(lambda: len(fleet.owners()) == SLOTS, 60.0, "every slot owned")
@@ -191,78 +232,165 @@ async def test_a_doubling_under_load_killed_in_each_step_loses_nothing(
         producing.start()
         cleanup.push_async_callback(asyncio.to_thread, producing.join)
         cleanup.callback(producer.stop.set)
-        before_end = await doubled_under_load(fleet, case, step, admins, reader, hold, producer)
-        producer.stop.set()
-        await asyncio.to_thread(producing.join)
-        assert producer.error is None, producer.error
-        expected = fleet.scheduled - producer.cancelled
-        await deliveries(
-            fleet,
-            reader,
-            lambda: not expected - {d.message_id for d in fleet.deliveries},
-            MOVE_BOUND_S + LONG_DELAY_MS / 1000,
+        load = DoublingLoad(fleet, step, admins, reader, client, hold, producer, producing)
+        await load.delivered(lambda: len(fleet.deliveries) >= 100)
+        yield load
+
+
+@contextlib.asynccontextmanager
+async def splitter_held_in(load: DoublingLoad) -> AsyncIterator[subprocess.Popen[bytes]]:
+    """`delayq routing split` started and held inside `load.step` (module docstring) for the
+    body; then broker 0 resumes and the proxy passes again, so a splitter still alive goes
+    on. A body that fails kills it."""
+    if load.step is SplitStep.FREEZE:
+        load.admins[0].client_pause(PAUSE_MS, all=False)
+    try:
+        process = splitter(load.fleet, load.hold.hosts)
+        try:
+            await eventually(
+                lambda: (
+                    (s := shown(load.fleet)) is not None
+                    and (s.step, s.copied_slots) == held(load.step)
+                ),
+                HOLD_TIMEOUT_S,
+                f"the splitter held in {load.step}",
+            )
+            yield process
+        except BaseException:
+            os.kill(process.pid, signal.SIGKILL)
+            process.wait()
+            raise
+    finally:
+        load.admins[0].client_unpause()
+        load.hold.release()
+
+
+async def settled(load: DoublingLoad, bound_s: float) -> tuple[set[str], list[str], int]:
+    """Once every message not cancelled is delivered (within `bound_s`), the producer
+    stopped: no cancelled message delivered. Returns the lost ids, the early ones and the
+    greatest lateness of a first delivery (ms, against the earlier due time of a
+    rescheduled message)."""
+    fleet, producer = load.fleet, load.producer
+    producer.stop.set()
+    await asyncio.to_thread(load.producing.join)
+    expected = fleet.scheduled - producer.cancelled
+    with contextlib.suppress(TimeoutError):  # reported as lost below
+        await load.delivered(
+            lambda: not expected - {d.message_id for d in fleet.deliveries}, bound_s
         )
-        early = [d for d in fleet.deliveries if d.at_ms < producer.due_ms[d.message_id]]
+    assert producer.error is None, producer.error
+    delivered = {d.message_id for d in fleet.deliveries}
+    assert not producer.cancelled & delivered
+    early = [d.message_id for d in fleet.deliveries if d.at_ms < producer.due_ms[d.message_id]]
+    first: dict[str, int] = {}
+    for delivery in fleet.deliveries:
+        first.setdefault(delivery.message_id, delivery.at_ms - producer.due_ms[delivery.message_id])
+    return expected - delivered, early, max(first.values())
+
+
+CASES = [*SplitStep, "abort"]
+
+
+@pytest.mark.parametrize(
+    "case", CASES, ids=[f"killed-in-{c}" if c != "abort" else "aborted" for c in CASES]
+)
+async def test_a_doubling_under_load_killed_in_each_step_loses_nothing(
+    spread_fleet: tuple[ProcessFleet, list[str]], case: SplitStep | str
+) -> None:
+    fleet = spread_fleet[0]
+    step = SplitStep.COPY if case == "abort" else SplitStep(case)
+    async with doubling_load(spread_fleet, step) as load:
+        async with splitter_held_in(load) as first:
+            os.kill(first.pid, signal.SIGKILL)  # in the step
+            first.wait()
+        assert first.returncode == -signal.SIGKILL
+        assert (routing(fleet).generation == 1) is (step is SplitStep.CLEAN)
+        lock = TopicPaths(NAMESPACE, fleet.topic.name).splitter
+        await eventually(
+            lambda: not fleet.observer().exists(lock), SESSION_TIMEOUT_S + 5.0, "the lock gone"
+        )
+        second = splitter(fleet, fleet.zookeeper.hosts, *(["--abort"] if case == "abort" else []))
+        assert await asyncio.to_thread(second.wait) == 0
+        assert shown(fleet) is None
+        amount = SLOTS if case == "abort" else 2 * SLOTS
+        assert (routing(fleet).slot_amount, routing(fleet).generation) == (
+            amount,
+            int(amount > SLOTS),
+        )
+        await eventually(lambda: len(fleet.owners()) == amount, 60.0, f"all {amount} slots owned")
+        before_end = await load.more_scheduled()
+        lost, early, late_ms = await settled(load, MOVE_BOUND_S + LONG_DELAY_MS / 1000)
+        assert not lost
         assert not early
-        assert not producer.cancelled & {d.message_id for d in fleet.deliveries}
         assert fleet.scheduled - before_end  # and written after the doubling
         if case != "abort":
             logs = [(fleet.log_dir / f"{member}.log").read_text() for member in MEMBERS]
             assert all("the slots doubled" in log for log in logs)
-            assert client.topic.slot_amount == 2 * SLOTS
+            assert load.client.topic.slot_amount == 2 * SLOTS
         print(
             f"doubling, splitter {'aborted' if case == 'abort' else f'killed -9 in {case}'}: "
-            f"{len(fleet.scheduled)} messages, "
-            f"{len(producer.cancelled)} cancelled, lost "
-            f"{len(expected - {d.message_id for d in fleet.deliveries})}, early {len(early)}, "
-            f"{fleet.duplicates()} duplicates"
+            f"{len(fleet.scheduled)} messages, {len(load.producer.cancelled)} cancelled, lost "
+            f"{len(lost)}, early {len(early)}, {fleet.duplicates()} duplicates, "
+            f"latest {late_ms} ms late"
         )
 
 
-async def doubled_under_load(
-    fleet: ProcessFleet,
-    case: SplitStep | str,
-    step: SplitStep,
-    admins: list[redis.Redis],
-    reader: redis.asyncio.Redis,
-    hold: ZkHold,
-    producer: Producer,
-) -> set[str]:
-    """The splitter killed in `step`, then run again (or `--abort`ed); returns the messages
-    scheduled before the end, once 200 more were scheduled."""
-    await deliveries(fleet, reader, lambda: len(fleet.deliveries) >= 100, 30.0)
-    if step is SplitStep.FREEZE:
-        admins[0].client_pause(PAUSE_MS, all=False)
-    try:
-        first = splitter(fleet, hold.hosts)
-        try:
-            await eventually(
-                lambda: (s := shown(fleet)) is not None and (s.step, s.copied_slots) == held(step),
-                HOLD_TIMEOUT_S,
-                f"the splitter held in {step}",
-            )
-        finally:
-            os.kill(first.pid, signal.SIGKILL)  # in the step (the test failing: to stop it)
-            first.wait()
-    finally:
-        admins[0].client_unpause()
-    assert first.returncode == -signal.SIGKILL
-    assert (routing(fleet).generation == 1) is (step is SplitStep.CLEAN)
-    lock = TopicPaths(NAMESPACE, fleet.topic.name).splitter
-    await eventually(
-        lambda: not fleet.observer().exists(lock), SESSION_TIMEOUT_S + 5.0, "the lock gone"
-    )
-    second = splitter(fleet, fleet.zookeeper.hosts, *(["--abort"] if case == "abort" else []))
-    assert await asyncio.to_thread(second.wait) == 0
-    assert shown(fleet) is None
-    amount = SLOTS if case == "abort" else 2 * SLOTS
-    assert (routing(fleet).slot_amount, routing(fleet).generation) == (amount, int(amount > SLOTS))
-    await eventually(lambda: len(fleet.owners()) == amount, 60.0, f"all {amount} slots owned")
-    before_end = set(fleet.scheduled)
-    await deliveries(
-        fleet, reader, lambda: producer.going() and len(fleet.scheduled) > len(before_end) + 200
-    )
-    return before_end
+@pytest.mark.parametrize("step", list(SplitStep), ids=[f"owner-killed-in-{s}" for s in SplitStep])
+async def test_a_serve_process_killed_in_each_step_of_a_doubling_loses_nothing(
+    spread_fleet: tuple[ProcessFleet, list[str]], step: SplitStep
+) -> None:
+    """The owner of slot 0 (and of about half the slots) dies with SIGKILL while the
+    splitter is held in `step` (in `clean`: once both serve the new slots, after the
+    switch); the splitter then completes, the other process restarts on
+    the 32 slots and takes them all once the dead one's session ran out, and the killed one,
+    started again as its pod would be, serves the 32 slots too: lost 0, early 0, no
+    cancelled message delivered, no message later than SPLIT_STALL_BOUND_S."""
+    fleet = spread_fleet[0]
+    async with doubling_load(spread_fleet, step) as load:
+        async with splitter_held_in(load) as process:
+            if step is SplitStep.CLEAN:  # switched: killed once serving the new slots
+                await eventually(
+                    lambda: (
+                        len(owners := fleet.owners()) == 2 * SLOTS
+                        and set(owners.values()) == set(MEMBERS)
+                    ),
+                    HOLD_TIMEOUT_S,
+                    "both owning some of the 32 slots",
+                )
+            victim = fleet.owners()[0]
+            fleet.processes[victim].kill()
+        assert await finished(process) == 0  # the doubling completed
+        assert shown(fleet) is None
+        assert (routing(fleet).slot_amount, routing(fleet).generation) == (2 * SLOTS, 1)
+        survivor = next(m for m in MEMBERS if m != victim)
+        await eventually(
+            lambda: set(fleet.owners().values()) == {survivor} and len(fleet.owners()) == 2 * SLOTS,
+            SESSION_TIMEOUT_S + 30.0,
+            "the survivor owning all 32 slots",
+        )
+        fleet.start(victim)  # as its pod would be: its settings still say 16 slots
+        await eventually(
+            lambda: (
+                len(owners := fleet.owners()) == 2 * SLOTS
+                and set(owners.values()) == set(MEMBERS)
+                and any(slot >= SLOTS for slot, member in owners.items() if member == victim)
+            ),
+            SESSION_TIMEOUT_S + 30.0,
+            "both owning some of the 32 slots, the restarted one some of the new ones",
+        )
+        before_end = await load.more_scheduled()
+        lost, early, late_ms = await settled(load, SPLIT_STALL_BOUND_S + LONG_DELAY_MS / 1000)
+        assert not lost
+        assert not early
+        assert late_ms <= SPLIT_STALL_BOUND_S * 1000
+        assert fleet.scheduled - before_end  # and written after the doubling
+        assert "the slots doubled" in (fleet.log_dir / f"{survivor}.log").read_text()
+        assert load.client.topic.slot_amount == 2 * SLOTS
+        print(
+            f"owner of slot 0 killed -9 in the doubling's {step}: {len(fleet.scheduled)} "
+            f"messages, {len(load.producer.cancelled)} cancelled, lost {len(lost)}, early "
+            f"{len(early)}, {fleet.duplicates()} duplicates, latest {late_ms} ms late"
+        )
 
 
 async def test_a_service_started_after_a_doubling_serves_the_routing_slots(
