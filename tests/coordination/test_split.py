@@ -559,3 +559,21 @@ def test_a_routed_client_writing_across_a_doubling_stores_every_id_once_in_its_n
             stored.setdefault(member.decode(), []).append(slot)
     assert sorted(stored) == sorted(written)
     assert all(slots == [new.slot_of(i)] for i, slots in stored.items())
+
+
+def test_a_slot_move_refuses_to_start_while_a_splitter_holds_its_lock(cluster: Cluster):
+    """The splitter takes `movers/split`, then looks for moves, then records `split`; a mover
+    takes `movers/<slot>`, then looks for a doubling. A mover that looked only at `split`
+    started in between (the splitter had found no move, then recorded its doubling): each
+    must look at the other's lock, which both take before they look."""
+    splitter = cluster.splitter()
+    splitter.lock.acquire()  # as `start` does, before it reads the moves and records `split`
+    try:
+        mover = SlotMover(cluster.splitter().zk, cluster.paths, cluster.queues)
+        with pytest.raises(MoveError, match="the topic's slots are being doubled"):
+            mover.start(0, 1)
+        assert mover.migrations() == []
+        assert not mover.locked()  # the refused mover gave its slot's lock up
+    finally:
+        splitter.release()
+    assert splitter.split(2 * SLOTS) is not None

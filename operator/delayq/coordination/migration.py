@@ -193,7 +193,11 @@ class SlotMover:
     def _start(self, slot: int, target: int) -> tuple[Migration, int]:
         recorded = self._read(slot)
         if recorded is None:
-            if self.zk.exists(self.paths.split):
+            # the doubling's lock too, not only its node: a splitter takes the lock, looks for
+            # moves, then records `split`; this mover holds its slot's lock already, so one of
+            # the two sees the other (sync: the latest writes of the other's session)
+            self.zk.sync(self.paths.movers)
+            if self.zk.exists(self.paths.split) or self.zk.exists(self.paths.splitter):
                 raise MoveError("the topic's slots are being doubled: run again once it ended")
             routing, _ = self.routing()
             if not 0 <= target < min(routing.broker_count, len(self.queues)):

@@ -24,7 +24,7 @@ one starts, each idempotent:
 `abort` rolls back before the switch (the new generation's keys deleted, the old slots
 thawed). One splitter at a time: the ephemeral lock `movers/split`, checked before every write;
 a doubling refuses to start while slot moves are recorded or locked, and a slot move refuses to
-start while a doubling is recorded.
+start while a doubling is recorded or its lock is held (each takes its lock before it looks).
 """
 
 from __future__ import annotations
@@ -216,6 +216,7 @@ class SlotSplitter:
                 f"to {MAX_SLOT_AMOUNT} ({2 * routing.slot_amount}, ...), not {to_amount}"
             )
         mover = SlotMover(self.zk, self.paths, self.queues)
+        self.zk.sync(self.paths.movers)  # a mover's lock taken by another session just now
         moving = sorted({m.slot for m in mover.migrations()} | mover.locked())
         if moving:
             raise MoveError(f"slots {moving} are moving: run again once their moves ended")
