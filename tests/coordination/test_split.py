@@ -577,3 +577,18 @@ def test_a_slot_move_refuses_to_start_while_a_splitter_holds_its_lock(cluster: C
     finally:
         splitter.release()
     assert splitter.split(2 * SLOTS) is not None
+
+
+def test_a_second_doubling_refuses_a_writer_configured_at_generation_zero(cluster: Cluster):
+    """The generation is the routing's, never a setting: a plain Queue (or a routed client
+    without ZooKeeper) built from the settings is at generation 0 whatever its slotAmount.
+    After 4 -> 8 -> 16 one configured with the 16 slots the operator renders writes into
+    generation 0's keys of slots 8..15, which the second doubling froze only for generation
+    1: accepted there, nobody would ever claim it."""
+    assert cluster.splitter().split(4 * SLOTS) is not None
+    configured = replace(cluster.topic, slot_amount=4 * SLOTS)  # generation 0
+    for slot in range(4 * SLOTS):
+        for admin in cluster.admins:
+            queue = Queue(admin, configured)
+            with pytest.raises(SlotMovingError, match=r"^SLOT_MOVING"):
+                queue.schedule("lost", b"p", delay_ms=0, slot_basis=basis_in(configured, slot))

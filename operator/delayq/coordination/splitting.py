@@ -49,6 +49,8 @@ from delayq.queue.slot_split import split_slot
 from delayq.queue.topic import MAX_SLOT_AMOUNT, Topic, is_power_of_two
 
 SPLIT_FORMAT_VERSION = 1
+#: Tombstones frozen per pipeline (one small script each).
+FREEZE_BATCH = 2000
 
 
 class SplitStep(enum.StrEnum):
@@ -298,13 +300,20 @@ class SlotSplitter:
     def _freeze(self, split: Split, old: Topic) -> None:
         """Freeze the old generation: every slot of 2N, on every broker (the same keys as the
         N old slots for 0..N-1). Where a slot lives that fences its owner out; everywhere else
-        it leaves a tombstone for a writer whose routing or slot amount is stale."""
-        stale = replace(old, slot_amount=split.to_amount)
+        it leaves a tombstone for a writer whose routing or slot amount is stale. Generation 0
+        too (once past it): a writer that does not read the routing (a plain Queue built from
+        the settings, whose slotAmount is the desired one) is always at generation 0, and an
+        earlier doubling froze its keys of fewer slot numbers only."""
         for slot, broker in enumerate(split.brokers):
             self.queues[broker].run(plans.freeze(old, slot))  # the live slots first
+        generations = sorted({0, split.generation})
         for queue in self.queues:
-            for slot in range(split.to_amount):
-                queue.run(plans.freeze(stale, slot))
+            for generation in generations:
+                stale = replace(old, slot_amount=split.to_amount, slot_generation=generation)
+                calls = [plans.freeze(stale, slot).calls[0] for slot in range(split.to_amount)]
+                for start in range(0, len(calls), FREEZE_BATCH):
+                    batch = calls[start : start + FREEZE_BATCH]
+                    queue.run(plans.Plan(batch, len))
 
     def _copy(self, split: Split, old: Topic, new: Topic, slot: int) -> None:
         broker = split.brokers[slot]
