@@ -18,6 +18,7 @@ import pytest
 from kazoo.client import KazooClient
 
 from delayq.coordination.layout import TopicPaths
+from delayq.coordination.migration import SlotMover
 from delayq.coordination.routing import Routing
 from delayq.coordination.splitting import SlotSplitter, Split, SplitStep, routed_topic
 from delayq.kube.context import OperatorContext
@@ -171,3 +172,29 @@ async def test_a_doubling_whose_lock_another_process_holds_is_left_to_it(
     assert routing is not None
     assert routing.slot_amount == 8
     assert found_where_routed(masters, routing) == IDS
+
+
+async def test_a_move_a_stopped_mover_recorded_is_finished_before_the_doubling(
+    api: kmock.KubernetesEmulator,
+    ctx: OperatorContext,
+    zk: KazooClient,
+    redis_pods: RedisPods,
+    masters: list[Queue],
+    logger: logging.Logger,
+) -> None:
+    """A move left recorded at its copy (an operator killed mid-move, or one whose move failed:
+    slot 0 frozen) when `spec.slotAmount` grows. The doubling refuses to start while a move is
+    recorded, and the pass went to it before the moves: every pass failed the same way, and
+    the frozen slot refused its writes for good. The pass finishes the move, then doubles."""
+    await topic_of_4_slots_grown_to_8(api, ctx, zk, redis_pods, masters, logger)
+    mover = SlotMover(zk, TopicPaths(NAMESPACE, "orders"), masters)
+    mover.step(*mover.start(0, 1))  # frozen on broker 0, the copy next
+    mover.release(0)  # the mover dies: its lock goes with its session
+    for _ in range(3):
+        await health(api, ctx, logger)
+    assert mover.migrations() == []
+    routing = published_routing(zk)
+    assert routing is not None
+    assert (routing.slot_amount, routing.generation) == (8, 1)
+    assert found_where_routed(masters, routing) == IDS
+    assert condition(api, "Resharding")["status"] == "False"

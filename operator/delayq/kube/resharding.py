@@ -13,7 +13,8 @@ pod runs the service StatefulSet's current spec (`services_rolled`). It
    while one is;
 2. doubles the slots while `spec.slotAmount` is above the routing's (or a doubling is
    recorded in ZooKeeper, `split`): coordination.splitting.SlotSplitter, whole, in one pass;
-   that pass moves nothing (the next one plans on the new slots);
+   that pass moves nothing (the next one plans on the new slots). A move recorded or locked
+   with no doubling recorded comes first (a doubling refuses to start beside it): step 3;
 3. plans the fewest moves that balance the slots (routing.plan_moves) and runs them with
    coordination.migration.SlotMover, `spec.resharding.maxConcurrentMoves` at a time, until
    MOVES_BUDGET_S of the pass is spent. The next pass plans again from the routing in ZooKeeper
@@ -141,7 +142,7 @@ async def reshard(
 
     mover, splitter, queues = await asyncio.to_thread(open_tools)
     try:
-        doubled = await _double(splitter, spec, routing, logger, key)
+        doubled = await _double(splitter, mover, spec, routing, logger, key)
         if doubled is not None:  # the moves are planned by the next pass, on the new slots
             return doubled
         return await _run(mover, spec, routing, status, logger, key)
@@ -152,13 +153,16 @@ async def reshard(
 
 async def _double(
     splitter: SlotSplitter,
+    mover: SlotMover,
     spec: TopicSpec,
     routing: Routing,
     logger: Logger,
     key: tuple[str, str],
 ) -> Resharding | None:
     """Double the slots up to `spec.slotAmount` (finishing a doubling recorded in ZooKeeper
-    first); None when none is wanted or recorded. The whole doubling runs in one thread: its
+    first); None when none is wanted or recorded, or while slot moves are recorded or locked
+    and no doubling is: a doubling refuses to start then, so the moves (one a stopped mover
+    left, its slot frozen) are finished first by `_run`. The whole doubling runs in one thread: its
     old slots refuse writes from its freeze to its switch, so it is never left half done by
     the pass's budget (a pass abandoned meanwhile leaves it running, as a move)."""
     try:
@@ -169,6 +173,8 @@ async def _double(
     target = max(spec.slot_amount, state.to_amount if state is not None else 0)
     if state is None and routing.slot_amount >= target:
         return None
+    if state is None and await _moving(mover):
+        return None  # the moves first (`_run`, which reports an unreadable one too)
     what = f"Doubling the slots {routing.slot_amount} -> {target}"
     if locked:  # `delayq routing split` by hand, or an operator process stopping
         message = f"{what}: waiting for another process that holds the split's lock."
@@ -199,6 +205,14 @@ async def _double(
         Condition(RESHARDING, FALSE, "Completed", message),
         events=[TopicEvent(NORMAL, "SlotsSplit", message)],
     )
+
+
+async def _moving(mover: SlotMover) -> bool:
+    """Slot moves are recorded or locked (or their nodes unreadable): no doubling starts."""
+    try:
+        return await asyncio.to_thread(lambda: bool(mover.migrations() or mover.locked()))
+    except Exception:
+        return True
 
 
 async def _run(
