@@ -60,12 +60,14 @@ class Fleet:
     members: dict[str, ZkOwnership] = field(default_factory=dict)
     session_timeout_s: float = TEST_SESSION_TIMEOUT_S
 
-    async def join(self, member_id: str, broker: str = "", hosts: str = "") -> ZkOwnership:
+    async def join(
+        self, member_id: str, broker: str = "", hosts: str = "", slot_amount: int = SLOTS
+    ) -> ZkOwnership:
         settings = ZkSettings(
             hosts=hosts or self.hosts,
             namespace="tests",
             topic=self.topic,
-            slot_amount=SLOTS,
+            slot_amount=slot_amount,
             member_id=member_id,
             broker=broker,
             session_timeout_s=self.session_timeout_s,

@@ -9,6 +9,7 @@ from kazoo.client import KazooClient
 from delayq.coordination.assignment import moved
 from delayq.coordination.layout import AssignmentDocument, TopicPaths
 from delayq.coordination.routing import initial_routing
+from delayq.local.waiting import eventually
 from delayq.local.zookeeper_server import ZooKeeperServer
 
 from .conftest import SLOTS, Fleet
@@ -122,3 +123,23 @@ async def test_member_data_and_assignment_document(
     _, owners, members = read_tree(zookeeper_server.hosts, fleet.topic)
     assert owners == {}
     assert members == []
+
+
+async def test_a_member_at_fewer_slots_never_takes_a_slot_past_its_amount(fleet: Fleet) -> None:
+    """Across a doubling the members restart on the new slots one by one (service.py): for a
+    moment a coordinator at 2N assigns to a member still at N. That member must not take a
+    slot it has no keys for (its engine refuses slot numbers past N): those wait for it to
+    restart, and it still takes its share below N."""
+    await fleet.join("new", slot_amount=2 * SLOTS)  # the oldest member: the coordinator
+    old = await fleet.join("old")
+
+    def considered() -> bool:  # both named in an assignment of the coordinator's 2N slots,
+        # the other half of them assigned to "old"
+        members = fleet.members.values()
+        return all(m.ready for m in members) and len(fleet.members["new"].owned) == SLOTS
+
+    await eventually(considered, 15.0, "both members assigned")
+    assert fleet.members["new"].is_coordinator
+    assert old.owned <= frozenset(range(SLOTS)), sorted(old.owned)
+    assert all(slot < SLOTS for _, member, slots in fleet.timeline.events
+               if member == "old" for slot in slots)

@@ -334,7 +334,14 @@ class ZkOwnership:
         self.is_coordinator = view.coordinator == self.member_id
         if self.is_coordinator and await asyncio.to_thread(self._coordinate, view):
             return  # the assignment watch brings us back with the new version
-        mine = slots_of(view.assignment.slots, self.member_id)
+        # never a slot past this member's amount: across a doubling a coordinator already at
+        # 2N assigns to members still at N (restarting on the new slots, service.py), which
+        # have no keys for those; they wait for this member's successor at 2N
+        mine = frozenset(
+            slot
+            for slot in slots_of(view.assignment.slots, self.member_id)
+            if slot < self.settings.slot_amount
+        )
         self._assigned = mine if self.member_id in view.assignment.members else None
         # give up first: the service stops claiming before anyone else may start
         if not await self._publish(self._granted & mine, generation):
