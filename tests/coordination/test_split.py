@@ -592,3 +592,19 @@ def test_a_second_doubling_refuses_a_writer_configured_at_generation_zero(cluste
             queue = Queue(admin, configured)
             with pytest.raises(SlotMovingError, match=r"^SLOT_MOVING"):
                 queue.schedule("lost", b"p", delay_ms=0, slot_basis=basis_in(configured, slot))
+
+
+def test_a_splitter_missing_a_broker_refuses_before_it_records_or_freezes(cluster: Cluster):
+    """`delayq routing split` given the URL of broker 0 only, for a routing over 2 brokers:
+    it recorded the doubling, froze broker 0's slots, then failed on an IndexError, leaving
+    the topic's writes refused until a run with every URL; it refuses first now."""
+    fill(cluster, count=8)
+    splitter = SlotSplitter(cluster.splitter().zk, cluster.paths, cluster.queues[:1])
+    with pytest.raises(MoveError, match="names broker 1, but 1 broker"):
+        splitter.split(2 * SLOTS)
+    assert splitter.state() is None
+    assert not splitter.locked()
+    for slot in range(SLOTS):  # nothing frozen: every slot takes writes
+        broker_queue(cluster, slot).schedule(
+            "after", b"p", delay_ms=0, slot_basis=basis_in(cluster.topic, slot)
+        )

@@ -187,6 +187,9 @@ class SlotSplitter:
         self.lock.acquire()
         try:
             recorded = self._read()
+            self._check_brokers(
+                recorded[0].brokers if recorded else self.routing()[0].broker_of_slot
+            )
             if recorded is None:
                 return self._start(to_amount)
             if recorded[0].to_amount > to_amount:
@@ -202,6 +205,15 @@ class SlotSplitter:
     def release(self) -> None:
         """Give the lock up (if held)."""
         self.lock.release()
+
+    def _check_brokers(self, brokers: Sequence[int]) -> None:
+        """MoveError before any write unless every broker the slots are on has a client: a
+        freeze that stopped halfway on a missing one would leave slots refusing writes."""
+        if brokers and max(brokers) >= len(self.queues):
+            raise MoveError(
+                f"the routing names broker {max(brokers)}, but {len(self.queues)} broker URL(s) "
+                "were given: give every broker's URL, in broker index order"
+            )
 
     def _start(self, to_amount: int) -> tuple[Split, int] | None:
         """Record the next doubling toward `to_amount`; None when the topic has it."""
@@ -271,6 +283,7 @@ class SlotSplitter:
             if recorded is None:
                 raise MoveError("no doubling is under way")
             split, version = recorded
+            self._check_brokers(split.brokers)
             routing, _ = self.routing()
             if split.step is SplitStep.CLEAN or routing.generation == split.to_generation:
                 raise MoveError(
