@@ -608,3 +608,24 @@ def test_a_splitter_missing_a_broker_refuses_before_it_records_or_freezes(cluste
         broker_queue(cluster, slot).schedule(
             "after", b"p", delay_ms=0, slot_basis=basis_in(cluster.topic, slot)
         )
+
+
+def test_a_schedule_accepted_at_2n_before_the_freeze_is_carried_into_its_new_slot(
+    cluster: Cluster,
+):
+    """Reconcile renders the grown slotAmount (2N) at once, and the doubling comes with a
+    later health pass. A writer that does not read the routing (`delayq pipeline` on one
+    broker without ZooKeeper, a plain Queue) at 2N meanwhile stores into generation 0's keys
+    of slot s + N on the broker it writes to, which nobody owns: accepted, then frozen by the
+    doubling and never copied. The copy of slot s takes them along into the new slot s + N."""
+    early = replace(cluster.topic, slot_amount=2 * SLOTS)  # generation 0, the rendered amount
+    slot = SLOTS  # s + N of s = 0, whose broker is 0
+    writer = Queue(cluster.admins[ROUTING[0]], early)
+    message_id = basis_in(early, slot)  # its own basis
+    writer.schedule(message_id, b"p", delay_ms=60_000)
+    assert cluster.splitter().split(2 * SLOTS) is not None
+    new = doubled(cluster.topic)
+    info = cluster.queue_of(new, slot).get(message_id)
+    assert info.state is State.SCHEDULED
+    # the stray keys are cleaned as the old slots are: only their frozen epoch stays
+    assert set(snapshot(cluster, early, slot)) == {Part.EPOCH}

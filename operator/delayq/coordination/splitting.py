@@ -43,7 +43,7 @@ from delayq.coordination.migration import SlotMover, thaw_replicated
 from delayq.coordination.routing import Routing, initial_routing
 from delayq.queue import plans
 from delayq.queue.client import Queue
-from delayq.queue.keys import slot_keys
+from delayq.queue.keys import SlotKeys, slot_keys
 from delayq.queue.slot_copy import MOVED_AWAY_PARTS, delete_slot
 from delayq.queue.slot_split import split_slot
 from delayq.queue.topic import MAX_SLOT_AMOUNT, Topic, is_power_of_two
@@ -265,7 +265,10 @@ class SlotSplitter:
             self._switch(split)
         elif split.step is SplitStep.CLEAN:
             for slot, broker in enumerate(split.brokers):
-                delete_slot(self.queues[broker].redis, slot_keys(old, slot), MOVED_AWAY_PARTS)
+                client = self.queues[broker].redis
+                delete_slot(client, slot_keys(old, slot), MOVED_AWAY_PARTS)
+                for stray in self._strays(split, old, slot + split.from_amount):
+                    delete_slot(client, stray, MOVED_AWAY_PARTS)  # copied with slot s
             self.lock.check()
             self._delete_node(version)
             return None
@@ -332,10 +335,27 @@ class SlotSplitter:
         broker = split.brokers[slot]
         queue = self.queues[broker]
         upper = slot + split.from_amount
-        split_slot(queue.redis, slot_keys(old, slot), slot_keys(new, slot), slot_keys(new, upper))
+        split_slot(
+            queue.redis,
+            slot_keys(old, slot),
+            slot_keys(new, slot),
+            slot_keys(new, upper),
+            self._strays(split, old, upper),
+        )
         for half in (slot, upper):
             self.lock.check()
             thaw_replicated(queue, new, half, broker)
+
+    def _strays(self, split: Split, old: Topic, upper: int) -> list[SlotKeys]:
+        """The keys of slot number `upper` (s + N) at the old generation and at generation 0,
+        on the broker of s: where a writer at 2N that does not read the routing (always at
+        generation 0: reconcile renders 2N before the doubling starts) stored before the
+        freeze. Nobody owns them; the copy of s takes their messages to the new slot s + N."""
+        generations = sorted({0, split.generation})
+        return [
+            slot_keys(replace(old, slot_amount=split.to_amount, slot_generation=g), upper)
+            for g in generations
+        ]
 
     def _switch(self, split: Split) -> None:
         """Write the doubled routing with compare-and-set; a lost race reads again. Refuses

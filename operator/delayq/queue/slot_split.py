@@ -25,7 +25,7 @@ without a rule fails the tests:
 from __future__ import annotations
 
 import enum
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from typing import cast
 
 import redis
@@ -97,32 +97,48 @@ class Halves:
         return self.lower
 
 
-def split_slot(client: redis.Redis, source: SlotKeys, lower: SlotKeys, upper: SlotKeys) -> int:
+def split_slot(
+    client: redis.Redis,
+    source: SlotKeys,
+    lower: SlotKeys,
+    upper: SlotKeys,
+    strays: Sequence[SlotKeys] = (),
+) -> int:
     """Replace the keys of `lower` and `upper` (the two halves of `source` under twice its slot
     amount) with `source`'s, divided by `PART_RULES`; returns how many members and fields were
-    written. `source` must be frozen; it is not changed."""
+    written. `source` must be frozen; it is not changed. `strays` (frozen too) are keys no
+    routing names that a writer at the new slot amount but not reading the routing may have
+    stored into before the freeze: their messages and schedules are divided the same way
+    (after the source's: the source wins a field both have), their per-slot parts ignored."""
     slot_amount = 2 * (upper.slot - lower.slot)
     client.unlink(*lower.keys(*Part), *upper.keys(*Part))
-    pages = _hash_pages(client, source.key(Part.SCHEDULES), BATCH)
-    halves = Halves(lower.slot, slot_amount, {field for page in pages for field, _ in page})
+    sources = [*strays, source]  # the source last: its fields overwrite a stray's
+    schedules = {
+        field
+        for keys in sources
+        for page in _hash_pages(client, keys.key(Part.SCHEDULES), BATCH)
+        for field, _ in page
+    }
+    halves = Halves(lower.slot, slot_amount, schedules)
     targets = {lower.slot: lower, upper.slot: upper}
     written = 0
-    for part in ZSET_PARTS:
-        side = _side(halves, part)
-        for page in _zset_pages(client, source.key(part)):
-            write = client.pipeline(transaction=False)
-            for slot, members in _divide(page, side).items():
-                write.zadd(targets[slot].key(part), dict(members))
-            write.execute()
-            written += len(page)
-    for part in HASH_PARTS:
-        side = _side(halves, part)
-        for page in _hash_pages(client, source.key(part), BATCH):
-            write = client.pipeline(transaction=False)
-            for slot, fields in _divide(page, side).items():
-                write.hset(targets[slot].key(part), mapping=dict(fields))
-            write.execute()
-            written += len(page)
+    for keys in sources:
+        for part in ZSET_PARTS:
+            side = _side(halves, part)
+            for page in _zset_pages(client, keys.key(part)):
+                write = client.pipeline(transaction=False)
+                for slot, members in _divide(page, side).items():
+                    write.zadd(targets[slot].key(part), dict(members))
+                write.execute()
+                written += len(page)
+        for part in HASH_PARTS:
+            side = _side(halves, part)
+            for page in _hash_pages(client, keys.key(part), BATCH):
+                write = client.pipeline(transaction=False)
+                for slot, fields in _divide(page, side).items():
+                    write.hset(targets[slot].key(part), mapping=dict(fields))
+                write.execute()
+                written += len(page)
     _copy_per_slot(client, source, lower, upper)
     return written
 
