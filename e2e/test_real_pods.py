@@ -5,7 +5,7 @@ The real node (e2e/harness/node.py) is tainted; the release puts the operator, Z
 topics' pods on it through the chart's own placement values (``operator``/``zookeeper``/
 ``topics`` ``nodeSelector`` and ``tolerations``), the way a platform team keeps delayq on a node
 pool. The tests of this module share one release and one tenant namespace and run in order:
-install, a topic, traffic, faults, upgrade, teardown.
+install, a topic, traffic, faults, upgrade, growth, teardown.
 """
 
 from __future__ import annotations
@@ -631,6 +631,52 @@ def test_helm_upgrade_to_a_new_tag_rolls_everything_and_delivers_what_waits(
     ids = [f"upgrade-{i}" for i in range(200)]
     deliveries = _wait_delivered(kube, install.tenant, webhook_topic, ids, timeout_s=180)
     assert _lateness_ms(deliveries, ids)[0] >= 0
+
+
+def test_a_topic_grows_to_2_brokers_and_32_slots_on_real_pods(
+    kube: Kube, install: Install, webhook_topic: str
+) -> None:
+    """Scenario 9 (issue 16): a topic of 1 broker and 16 slots with 200 messages waiting grows
+    to 2 brokers and 32 slots in one change while a producer Job keeps scheduling. The
+    in-cluster operator doubles the slots, then moves half of them to the new broker; every
+    message (before, during, after) reaches the receiver, none early, and the topic ends with
+    16 slots on each broker. Its pods are deleted at the end."""
+    url = f"http://receiver.{install.tenant}.svc.cluster.local/hook"
+    signing = {"name": workloads.SIGNING_SECRET, "key": workloads.SIGNING_SECRET}
+    kube.apply(_topic("grow", slotAmount=16, brokers=1, replicasPerBroker=0,
+                      topicType="webhook",
+                      delivery={"webhook": {"url": url, "allowInsecureHttp": True,
+                                            "allowedCidrs": [SERVICE_CIDR],
+                                            "signingSecretRef": signing}}),
+               install.tenant)
+
+    def grown() -> dict[str, Any] | None:
+        topic = kube.get("dt", "grow", install.tenant) or {}
+        status = topic.get("status", {})
+        slots = [broker.get("slots") for broker in status.get("brokers", [])]
+        done = condition(topic, "Resharding") == "False"
+        return status if done and status.get("appliedSlotAmount") == 32 and slots == [16, 16] \
+            else None
+
+    try:
+        _wait_topic_ready(kube, install.tenant, "grow")
+        _produce(kube, install, "grow", "grow-before", 200, start_ms=20000, spread_ms=20000)
+        start = time.monotonic()
+        kube.kubectl("patch", "dt", "grow", "-n", install.tenant, "--type", "merge",
+                     "-p", '{"spec":{"slotAmount":32,"brokers":2}}')
+        _produce(kube, install, "grow", "grow-during", 100, start_ms=3000, spread_ms=10000)
+        kube.wait(grown, timeout_s=300, what="the topic doubled to 32 slots, 16 on each broker")
+        print(f"e2e: 1 -> 2 brokers and 16 -> 32 slots on real pods in "
+              f"{time.monotonic() - start:.1f}s")
+        _produce(kube, install, "grow", "grow-after", 100, start_ms=2000, spread_ms=3000)
+        ids = [f"grow-before-{i}" for i in range(200)] + [
+            f"grow-{when}-{i}" for when in ("during", "after") for i in range(100)]
+        deliveries = _wait_delivered(kube, install.tenant, "grow", ids, timeout_s=180)
+        assert _lateness_ms(deliveries, ids)[0] >= 0
+    finally:
+        kube.kubectl("delete", "dt", "grow", "-n", install.tenant, "--wait=false")
+        kube.wait(lambda: not _pods(kube, install.tenant, "delayq.io/topic=grow"),
+                  timeout_s=180, what="the grown topic's pods gone")
 
 
 def _zookeeper_children(kube: Kube, install: Install, path: str) -> list[str]:
