@@ -18,11 +18,11 @@ from kazoo.client import KazooClient
 
 from delayq.cli import main
 from delayq.coordination.layout import TopicPaths
-from delayq.coordination.migration import MoveError, SlotMover
+from delayq.coordination.migration import MoveError, SlotMover, Step
 from delayq.coordination.routed_queue import RoutedQueue
 from delayq.coordination.routing import Routing
 from delayq.coordination.routing_watch import ZkConnection
-from delayq.coordination.splitting import SlotSplitter, Split, SplitLocked, SplitStep
+from delayq.coordination.splitting import SlotSplitter, Split, SplitLocked
 from delayq.local.redis_server import RedisServer
 from delayq.local.waiting import wait_until
 from delayq.local.zookeeper_server import ZooKeeperServer
@@ -279,7 +279,7 @@ def test_a_doubling_splits_every_part_exactly_and_refuses_stale_writers(cluster:
 
     done = cluster.splitter().split(2 * SLOTS)
 
-    assert done == Split(SLOTS, 0, ROUTING, SplitStep.CLEAN, SLOTS)
+    assert done == Split(SLOTS, 0, ROUTING, Step.CLEAN, SLOTS)
     assert cluster.routing() == Routing(2 * SLOTS, 2, ROUTING + ROUTING, 1)
     assert not cluster.zk.exists(cluster.paths.split)
     assert_split_exactly(cluster, before)
@@ -348,7 +348,7 @@ def test_a_splitter_stopped_before_any_step_is_completed_by_the_next_run(
     first.zk.stop()  # killed: its lock goes with its session
     assert cluster.splitter().state() == split
     assert cluster.splitter().split(2 * SLOTS) == replace(
-        split, step=SplitStep.CLEAN, copied_slots=SLOTS
+        split, step=Step.CLEAN, copied_slots=SLOTS
     )
     assert cluster.routing() == Routing(2 * SLOTS, 2, ROUTING + ROUTING, 1)
     assert_split_exactly(cluster, before)

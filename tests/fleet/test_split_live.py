@@ -32,10 +32,11 @@ import redis
 import redis.asyncio
 
 from delayq.coordination.layout import TopicPaths
+from delayq.coordination.migration import Step
 from delayq.coordination.routed_queue import RoutedQueue
 from delayq.coordination.routing import Routing, initial_routing
 from delayq.coordination.routing_watch import ZkConnection
-from delayq.coordination.splitting import SlotSplitter, Split, SplitStep
+from delayq.coordination.splitting import SlotSplitter, Split
 from delayq.local.processes import config_env
 from delayq.local.waiting import eventually
 from delayq.queue import Code, NotFoundError, Queue, ScheduleRequest
@@ -161,12 +162,12 @@ def splitter(fleet: ProcessFleet, zookeeper_connect: str, *extra: str) -> subpro
         )
 
 
-def held(step: SplitStep) -> tuple[SplitStep, int]:
+def held(step: Step) -> tuple[Step, int]:
     """The recorded (step, copied slots) the splitter is held after."""
     return (
         (step, 3)
-        if step is SplitStep.COPY
-        else (step, SLOTS if step is not SplitStep.FREEZE else 0)
+        if step is Step.COPY
+        else (step, SLOTS if step is not Step.FREEZE else 0)
     )
 
 
@@ -177,7 +178,7 @@ class DoublingLoad:
     ZooKeeper through (it holds it after recording `step`)."""
 
     fleet: ProcessFleet
-    step: SplitStep
+    step: Step
     admins: list[redis.Redis]
     reader: redis.asyncio.Redis
     client: RoutedQueue
@@ -199,7 +200,7 @@ class DoublingLoad:
 
 @contextlib.asynccontextmanager
 async def doubling_load(
-    spread_fleet: tuple[ProcessFleet, list[str]], step: SplitStep
+    spread_fleet: tuple[ProcessFleet, list[str]], step: Step
 ) -> AsyncIterator[DoublingLoad]:
     """Both serve processes started, the producer running (stopped and joined on the way out)
     and 100 messages delivered."""
@@ -221,7 +222,7 @@ async def doubling_load(
         hold = ZkHold(
             ("127.0.0.1", fleet.zookeeper.port),
             lambda path, data: (
-                step is not SplitStep.FREEZE
+                step is not Step.FREEZE
                 and path == split_path
                 and (Split.decode(data).step, Split.decode(data).copied_slots) == held(step)
             ),
@@ -242,7 +243,7 @@ async def splitter_held_in(load: DoublingLoad) -> AsyncIterator[subprocess.Popen
     """`delayq routing split` started and held inside `load.step` (module docstring) for the
     body; then broker 0 resumes and the proxy passes again, so a splitter still alive goes
     on. A body that fails kills it."""
-    if load.step is SplitStep.FREEZE:
+    if load.step is Step.FREEZE:
         load.admins[0].client_pause(PAUSE_MS, all=False)
     try:
         process = splitter(load.fleet, load.hold.hosts)
@@ -288,23 +289,23 @@ async def settled(load: DoublingLoad, bound_s: float) -> tuple[set[str], list[st
     return expected - delivered, early, max(first.values())
 
 
-CASES = [*SplitStep, "abort"]
+CASES = [*Step, "abort"]
 
 
 @pytest.mark.parametrize(
     "case", CASES, ids=[f"killed-in-{c}" if c != "abort" else "aborted" for c in CASES]
 )
 async def test_a_doubling_under_load_killed_in_each_step_loses_nothing(
-    spread_fleet: tuple[ProcessFleet, list[str]], case: SplitStep | str
+    spread_fleet: tuple[ProcessFleet, list[str]], case: Step | str
 ) -> None:
     fleet = spread_fleet[0]
-    step = SplitStep.COPY if case == "abort" else SplitStep(case)
+    step = Step.COPY if case == "abort" else Step(case)
     async with doubling_load(spread_fleet, step) as load:
         async with splitter_held_in(load) as first:
             os.kill(first.pid, signal.SIGKILL)  # in the step
             first.wait()
         assert first.returncode == -signal.SIGKILL
-        assert (routing(fleet).generation == 1) is (step is SplitStep.CLEAN)
+        assert (routing(fleet).generation == 1) is (step is Step.CLEAN)
         lock = TopicPaths(NAMESPACE, fleet.topic.name).splitter
         await eventually(
             lambda: not fleet.observer().exists(lock), SESSION_TIMEOUT_S + 5.0, "the lock gone"
@@ -335,9 +336,9 @@ async def test_a_doubling_under_load_killed_in_each_step_loses_nothing(
         )
 
 
-@pytest.mark.parametrize("step", list(SplitStep), ids=[f"owner-killed-in-{s}" for s in SplitStep])
+@pytest.mark.parametrize("step", list(Step), ids=[f"owner-killed-in-{s}" for s in Step])
 async def test_a_serve_process_killed_in_each_step_of_a_doubling_loses_nothing(
-    spread_fleet: tuple[ProcessFleet, list[str]], step: SplitStep
+    spread_fleet: tuple[ProcessFleet, list[str]], step: Step
 ) -> None:
     """The owner of slot 0 (and of about half the slots) dies with SIGKILL while the
     splitter is held in `step` (in `clean`: once both serve the new slots, after the
@@ -348,7 +349,7 @@ async def test_a_serve_process_killed_in_each_step_of_a_doubling_loses_nothing(
     fleet = spread_fleet[0]
     async with doubling_load(spread_fleet, step) as load:
         async with splitter_held_in(load) as process:
-            if step is SplitStep.CLEAN:  # switched: killed once serving the new slots
+            if step is Step.CLEAN:  # switched: killed once serving the new slots
                 await eventually(
                     lambda: (
                         len(owners := fleet.owners()) == 2 * SLOTS

@@ -11,16 +11,15 @@ process holds is left to it.
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterator
 
 import kmock
 import pytest
 from kazoo.client import KazooClient
 
 from delayq.coordination.layout import TopicPaths
-from delayq.coordination.migration import SlotMover
+from delayq.coordination.migration import SlotMover, Step
 from delayq.coordination.routing import Routing
-from delayq.coordination.splitting import SlotSplitter, Split, SplitStep, routed_topic
+from delayq.coordination.splitting import SlotSplitter, Split, routed_topic
 from delayq.kube.context import OperatorContext
 from delayq.queue import Queue
 from delayq.queue.model import State
@@ -29,19 +28,12 @@ from tests.kube.conftest import own_slots, published_routing
 from tests.kube.pods import NAMESPACE, RedisPods, add_service_pods
 from tests.kube.test_events import posted
 from tests.kube.test_handlers import body, condition, provision, put_topic, update_spec
-from tests.kube.test_resharding import health
+from tests.kube.test_resharding import health, masters
+
+__all__ = ["masters"]  # the fixture shared with test_resharding (both brokers' masters)
 
 MASTERS = ("orders-redis-0-0", "orders-redis-1-0")
 IDS = [f"order-{index}" for index in range(120)]
-
-
-@pytest.fixture
-def masters(redis_pods: RedisPods) -> Iterator[list[Queue]]:
-    """The test's own engine clients of both brokers' masters (at 4 slots, generation 0)."""
-    queues: list[Queue] = []
-    yield queues
-    for queue in queues:
-        queue.close()
 
 
 async def topic_of_4_slots_grown_to_8(
@@ -116,7 +108,7 @@ async def test_slot_amount_growth_doubles_the_slots_with_every_message(
 
 
 @pytest.mark.parametrize(
-    "step", [SplitStep.COPY, SplitStep.SWITCH, SplitStep.CLEAN], ids=lambda step: str(step)
+    "step", [Step.COPY, Step.SWITCH, Step.CLEAN], ids=lambda step: str(step)
 )
 async def test_a_doubling_a_stopped_splitter_recorded_is_finished_first(
     api: kmock.KubernetesEmulator,
@@ -125,7 +117,7 @@ async def test_a_doubling_a_stopped_splitter_recorded_is_finished_first(
     redis_pods: RedisPods,
     masters: list[Queue],
     logger: logging.Logger,
-    step: SplitStep,
+    step: Step,
 ) -> None:
     """What an operator killed mid-doubling leaves (its memory gone): the doubling recorded
     at a step, the old slots frozen. The next leader's pass completes it."""

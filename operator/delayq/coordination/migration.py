@@ -52,7 +52,8 @@ MIGRATION_FORMAT_VERSION = 1
 
 
 class Step(enum.StrEnum):
-    """The next thing a move does; recorded before it is done, so a crash repeats it."""
+    """The next thing a move (or a doubling, splitting.py) does; recorded before it is done, so
+    a crash repeats it."""
 
     FREEZE = "freeze"
     COPY = "copy"

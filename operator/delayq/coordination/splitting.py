@@ -29,7 +29,6 @@ start while a doubling is recorded or its lock is held (each takes its lock befo
 
 from __future__ import annotations
 
-import enum
 import json
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
@@ -39,7 +38,7 @@ from kazoo.exceptions import BadVersionError, NodeExistsError, NoNodeError
 
 from delayq.coordination.layout import TopicPaths
 from delayq.coordination.locks import LockHeld, MoveError, NodeLock
-from delayq.coordination.migration import SlotMover, thaw_replicated
+from delayq.coordination.migration import SlotMover, Step, thaw_replicated
 from delayq.coordination.routing import Routing, initial_routing
 from delayq.queue import plans
 from delayq.queue.client import Queue
@@ -51,21 +50,6 @@ from delayq.queue.topic import MAX_SLOT_AMOUNT, Topic, is_power_of_two
 SPLIT_FORMAT_VERSION = 1
 #: Tombstones frozen per pipeline (one small script each).
 FREEZE_BATCH = 2000
-
-
-class SplitStep(enum.StrEnum):
-    """The next thing a doubling does; recorded before it is done, so a crash repeats it."""
-
-    FREEZE = "freeze"
-    COPY = "copy"
-    SWITCH = "switch"
-    CLEAN = "clean"
-
-    @property
-    def following(self) -> SplitStep | None:
-        steps = list(SplitStep)
-        index = steps.index(self)
-        return steps[index + 1] if index + 1 < len(steps) else None
 
 
 class SplitLocked(LockHeld):
@@ -80,7 +64,7 @@ class Split:
     from_amount: int
     generation: int
     brokers: tuple[int, ...]
-    step: SplitStep
+    step: Step
     copied_slots: int = 0
 
     @property
@@ -113,7 +97,7 @@ class Split:
             int(document["fromSlotAmount"]),
             int(document["fromGeneration"]),
             tuple(int(broker) for broker in document["slots"]),
-            SplitStep(document["step"]),
+            Step(document["step"]),
             int(document["copiedSlots"]),
         )
 
@@ -235,7 +219,7 @@ class SlotSplitter:
         if moving:
             raise MoveError(f"slots {moving} are moving: run again once their moves ended")
         split = Split(
-            routing.slot_amount, routing.generation, routing.broker_of_slot, SplitStep.FREEZE
+            routing.slot_amount, routing.generation, routing.broker_of_slot, Step.FREEZE
         )
         self.lock.check()
         try:
@@ -256,14 +240,14 @@ class SlotSplitter:
         the doubling is complete. MoveError before any write once the lock is not ours."""
         old, new = self._topics(split)
         self.lock.check()
-        if split.step is SplitStep.FREEZE:
+        if split.step is Step.FREEZE:
             self._freeze(split, old)
-        elif split.step is SplitStep.COPY and split.copied_slots < split.from_amount:
+        elif split.step is Step.COPY and split.copied_slots < split.from_amount:
             self._copy(split, old, new, split.copied_slots)
             return self._record(replace(split, copied_slots=split.copied_slots + 1), version)
-        elif split.step is SplitStep.SWITCH:
+        elif split.step is Step.SWITCH:
             self._switch(split)
-        elif split.step is SplitStep.CLEAN:
+        elif split.step is Step.CLEAN:
             for slot, broker in enumerate(split.brokers):
                 client = self.queues[broker].redis
                 delete_slot(client, slot_keys(old, slot), MOVED_AWAY_PARTS)
@@ -288,7 +272,7 @@ class SlotSplitter:
             split, version = recorded
             self._check_brokers(split.brokers)
             routing, _ = self.routing()
-            if split.step is SplitStep.CLEAN or routing.generation == split.to_generation:
+            if split.step is Step.CLEAN or routing.generation == split.to_generation:
                 raise MoveError(
                     f"the routing has {split.to_amount} slots already: finish the doubling"
                 )
