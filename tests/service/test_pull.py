@@ -448,3 +448,18 @@ async def test_an_idle_pull_process_reports_a_pause_set_elsewhere(start_service:
     assert 'delayq_paused{topic="orders",topic_namespace="shop"} 1.0' in metrics
     await queue.resume()
     assert (await (await client.get(f"{base}/stats")).json())["paused"] is False
+
+
+async def test_a_header_with_a_lone_surrogate_is_leased_not_a_500(start_service: StartService):
+    """Regression: the engine stores headers as JSON, escaping a lone surrogate (a Python
+    producer may send one; the HTTP API refuses it), and the lease answer, encoded by orjson,
+    failed with a 500 on it: the message and every other of the same answer were leased to
+    nobody, again on each attempt until dead. The answer is encoded as it was before orjson."""
+    running = await start_service()
+    queue = running.service.queues[0]
+    await queue.schedule("odd", b"p", delay_ms=0, headers={"h": "\ud800"})
+    await schedule(running, 1)
+    answer = await running.client.post(f"{running.base}/leases", json={"max": 5})
+    assert answer.status == 200, await answer.text()
+    leases = (await answer.json())["leases"]
+    assert {(m["id"], m["headers"].get("h")) for m in leases} == {("odd", "\ud800"), ("m0", None)}

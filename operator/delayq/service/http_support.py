@@ -38,9 +38,15 @@ def slot_of_target(service: DelayService, target: Target) -> int:
 def json_response(data: Any, status: int = 200) -> web.Response:
     """`web.json_response`, encoded by orjson: the batch and lease answers carry up to 1000
     entries, which the standard library's encoder spent most of a request's Python time on.
-    Only for bodies of checked text (ids, headers and payloads passed `check_text` or were
-    decoded from UTF-8): orjson refuses a lone surrogate."""
-    return web.Response(body=orjson.dumps(data), status=status, content_type="application/json")
+    orjson refuses a lone surrogate, which a message's headers may hold (the engine stores
+    them as JSON escapes, and a Python producer is not held to the API's `check_text`): such
+    an answer is encoded by the standard library, escaped as before orjson, never a 500 that
+    would lease every message of the answer to nobody."""
+    try:
+        body = orjson.dumps(data)
+    except orjson.JSONEncodeError:
+        body = json.dumps(data).encode()
+    return web.Response(body=body, status=status, content_type="application/json")
 
 
 def error_response(status: int, message: str, field: str | None = None) -> web.Response:
