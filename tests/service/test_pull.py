@@ -7,6 +7,7 @@ import importlib.util
 import time
 from pathlib import Path
 from types import ModuleType
+from typing import cast
 
 import redis.asyncio
 from aiohttp.test_utils import TestClient, TestServer
@@ -16,11 +17,14 @@ from hypothesis import strategies as st
 from delayq.local.redis_server import RedisServer
 from delayq.local.waiting import eventually
 from delayq.queue.client import AsyncQueue
+from delayq.queue.keys import Part, slot_keys
 from delayq.service.api import build_app
 from delayq.service.config import ServiceConfig
 from delayq.service.delivery.pull import _shares
 from delayq.service.service import DelayService
 from tests.service.conftest import GrantedLater, Running, StartService
+
+Events = list[tuple[bytes, dict[bytes, bytes]]]  # a journal's XRANGE
 
 
 async def schedule(running: Running, count: int, delay_ms: int = 0) -> None:
@@ -463,3 +467,22 @@ async def test_a_header_with_a_lone_surrogate_is_leased_not_a_500(start_service:
     assert answer.status == 200, await answer.text()
     leases = (await answer.json())["leases"]
     assert {(m["id"], m["headers"].get("h")) for m in leases} == {("odd", "\ud800"), ("m0", None)}
+
+
+async def test_a_token_given_twice_in_one_ack_acks_once(start_service: StartService):
+    """Regression: ack-6 read every lease of its call before removing any, so a token given
+    twice in one request (a consumer resending its `ack` list with the token already in it)
+    answered `acked` twice, counted two deliveries acked and journaled two acks for one
+    message. The second is `lease_lost`, as in a request of its own."""
+    running = await start_service(journal_max_len=100)
+    await schedule(running, 1)
+    [message] = await lease(running)
+    token = message["token"]
+    answer = await running.client.post(f"{running.base}/leases", json={"ack": [token, token]})
+    assert answer.status == 200
+    assert [r["result"] for r in (await answer.json())["acks"]] == ["acked", "lease_lost"]
+    assert running.service.metrics.activity().deliveries["acked"] == 1
+    slot = running.service.topic.slot_of("m0")
+    journal = slot_keys(running.service.topic, slot).key(Part.JOURNAL)
+    events = cast(Events, await running.service.queues[0].redis.xrange(journal))
+    assert [fields[b"e"] for _, fields in events].count(b"acked") == 1

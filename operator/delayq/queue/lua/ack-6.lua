@@ -51,13 +51,16 @@ local ids = {}
 for i = 4, #ARGV, 2 do ids[#ids + 1] = ARGV[i] end
 local leased = read_chunked('ZMSCORE', prepare, ids)
 local records = read_chunked('HMGET', msg, ids)
-local done = {}
+-- the leases were all read before any is acked: an id given twice in one call is acked once,
+-- its repeat answered LEASE_LOST as it would be in a call of its own
+local done, acked = {}, {}
 for k = 1, #ids do
   local id, record = ids[k], leased[k] and records[k]
   local attempts, due, lease = nil, nil, nil
-  if record then attempts, due, lease = record_fields(record) end
+  if record and not acked[id] then attempts, due, lease = record_fields(record) end
   if lease ~= nil and lease == ARGV[2 * k + 3] then
     done[#done + 1] = id
+    acked[id] = true
     journal(journal_key, journal_max_len, 'acked', id, now, due, attempts)
     remember(outcome, finished, retention_ms, now, id, 'done', attempts)
     results[#results + 1] = CODE.ACKED
