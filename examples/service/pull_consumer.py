@@ -9,6 +9,9 @@ in `ack`, and its answer reports each (`acks`: `acked`, or `lease_lost` / `stale
 lease ran out or a failover fenced it: that message comes back, handle it idempotently). The
 lease waits up to `waitMs` for something to be due and answers as soon as something is.
 A lease lasts `leaseMs`; extend it for long work. On exit, the last tokens go to `.../ack`.
+A lease request that fails (an error status, a reset connection, a timeout) may or may not have
+acked what it carried: the same tokens go on the next request, after a pause (an ack already
+applied answers `lease_lost`, changing nothing).
 """
 
 from __future__ import annotations
@@ -22,6 +25,8 @@ import aiohttp
 URL = os.environ.get("DELAYQ_URL", "http://127.0.0.1:8080")
 TOPIC = os.environ.get("DELAYQ_TOPIC", "orders")
 HEADERS = {"Authorization": f"Bearer {os.environ.get('DELAYQ_TOKEN', '')}"}
+RETRY_S = 1.0  # after a failed request; a 429 or 503 says how long in Retry-After
+RETRIED = frozenset({408, 429, 500, 502, 503, 504})  # any other error is this program's bug
 
 
 async def handle(message: dict[str, object]) -> bool:
@@ -42,7 +47,36 @@ async def check_acks(
             results = (await response.json())["results"]
     for result in results or []:
         if result["result"] != "acked":
-            print(f"{result['id']}: not acked ({result['result']}), comes again")
+            # acked by an earlier request whose answer was lost, or it comes again
+            print(f"{result['id']}: not acked by this request ({result['result']})")
+
+
+async def lease(
+    session: aiohttp.ClientSession, leases_url: str, done: list[str]
+) -> list[dict[str, Any]] | None:
+    """The next batch, acking the tokens `done` on the way; None when the request failed,
+    after a pause: its acks may not have been applied, so the caller keeps `done` and sends it
+    again with the next request."""
+    body = {"max": 100, "leaseMs": 30_000, "waitMs": 10_000, "ack": done}
+    answer: dict[str, Any] | None = None
+    try:
+        async with session.post(leases_url, json=body) as response:
+            if response.status == 200:
+                answer = await response.json()
+            elif response.status not in RETRIED:
+                raise RuntimeError(f"lease refused ({response.status}): {await response.text()}")
+            else:
+                pause_s = float(response.headers.get("Retry-After", RETRY_S))
+                print(f"lease failed ({response.status}): {await response.text()}")
+    except (aiohttp.ClientError, TimeoutError) as error:
+        pause_s = RETRY_S
+        print(f"lease failed ({error!r})")
+    if answer is None:
+        await asyncio.sleep(pause_s)
+        return None
+    await check_acks(session, leases_url, done, answer)  # the leases are ours whatever it says
+    leases: list[dict[str, Any]] = answer["leases"]
+    return leases
 
 
 async def main() -> None:
@@ -51,12 +85,11 @@ async def main() -> None:
     async with aiohttp.ClientSession(headers=HEADERS) as session:
         try:
             while True:
-                body = {"max": 100, "leaseMs": 30_000, "waitMs": 10_000, "ack": done}
-                async with session.post(leases_url, json=body) as response:
-                    answer = await response.json()
-                await check_acks(session, leases_url, done, answer)
+                leases = await lease(session, leases_url, done)
+                if leases is None:
+                    continue  # `done` goes again with the next request
                 done, failed = [], []
-                for message in answer["leases"]:
+                for message in leases:
                     (done if await handle(message) else failed).append(message["token"])
                 if failed:
                     retry = {"tokens": failed, "delayMs": 5000}

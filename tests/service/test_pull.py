@@ -9,6 +9,7 @@ from pathlib import Path
 from types import ModuleType
 from typing import cast
 
+import pytest
 import redis.asyncio
 from aiohttp.test_utils import TestClient, TestServer
 from hypothesis import given
@@ -22,7 +23,7 @@ from delayq.service.api import build_app
 from delayq.service.config import ServiceConfig
 from delayq.service.delivery.pull import _shares
 from delayq.service.service import DelayService
-from tests.service.conftest import GrantedLater, Running, StartService
+from tests.service.conftest import NAMESPACE, TOPIC, GrantedLater, Running, StartService
 
 Events = list[tuple[bytes, dict[bytes, bytes]]]  # a journal's XRANGE
 
@@ -178,6 +179,55 @@ async def test_the_example_acks_on_its_own_when_a_lease_answer_has_no_acks(
     old_answer: dict[str, object] = {"leases": []}  # what a server ignoring `ack` answers
     await example.check_acks(running.client, f"{running.base}/leases", tokens, old_answer)
     assert await _states(running, ["m0", "m1"]) == {"m0": "done", "m1": "done"}
+
+
+async def test_the_example_sends_its_acks_again_after_a_failed_lease(
+    start_service: StartService, monkeypatch: pytest.MonkeyPatch
+):
+    """Regression: the documented consumer carried its acks on a lease request that failed
+    (Redis restarting: a 503) and crashed on the answer's missing `leases`, its acks
+    unapplied. It now pauses and sends the same acks with its next request: acked once Redis
+    is back, the consumer still running."""
+    with RedisServer(appendonly=True, extra_config={"appendfsync": "always"}) as server:
+        running = await start_service(redis_url=server.url, outcome_retention_ms=60_000)
+        await schedule(running, 1)
+        example = _example_consumer()
+        monkeypatch.setattr(example, "URL", str(running.client.make_url("")))
+        monkeypatch.setattr(example, "TOPIC", TOPIC)
+        handled: list[str] = []
+
+        async def handle(message: dict[str, object]) -> bool:
+            handled.append(str(message["id"]))
+            server.crash()  # the next lease request, carrying this ack, fails
+            return True
+
+        monkeypatch.setattr(example, "handle", handle)
+        consumer = asyncio.create_task(example.main())
+        try:
+            registry = running.service.metrics.registry
+            labels = {
+                "topic_namespace": NAMESPACE,
+                "topic": TOPIC,
+                "method": "POST",
+                "route": "/v1/topics/{topic}/leases",
+                "code": "503",
+            }
+            failed = "delayq_http_request_duration_seconds_count"
+            await eventually(
+                lambda: bool(registry.get_sample_value(failed, labels)), 10.0, "a lease 503"
+            )
+            server.start()
+
+            async def acked() -> bool:
+                answer = await running.client.get(f"{running.base}/messages/m0")
+                return answer.status == 200 and (await answer.json())["state"] == "done"
+
+            await eventually(acked, 10.0, "m0 acked by the consumer's next lease")
+            assert not consumer.done(), consumer.exception()
+            assert handled == ["m0"]
+        finally:
+            consumer.cancel()
+            await asyncio.gather(consumer, return_exceptions=True)
 
 
 async def test_nack_with_delay_redelivers_after_it(start_service: StartService):
