@@ -12,9 +12,13 @@ Every reply's offset (server ms minus local ms at receipt) is at most the true o
 the server ran the script before the reply was received. So the estimate keeps the largest
 offset seen, which the least delayed reply gave, and lets it age by `DECAY_MS_PER_S`, far above
 any clock drift (NTP slews at most 0.5 ms/s), so it never runs ahead of the server for long. A
-reply more than `REBASE_MS` below the estimate is taken as it is: the server's clock was set
-back (a timer aimed early would claim nothing, again and again, until it caught up) or the
-event loop stalled (the next prompt reply restores the estimate at once).
+reply more than `REBASE_MS` below the estimate is either stalled (the event loop was busy: the
+server's clock did not move, and taking it would make the next timer as late as the stall) or
+the server's clock was set back (a timer aimed early would claim nothing, again and again,
+until it caught up). The next reply received after it tells which: if it is low too, the
+better of the two is taken; if not, the estimate stays. Replies received together (one
+pipelined claim of several slots) are one stall, not a confirmation. A clock set back costs one
+claim aimed early, which finds nothing not due: the scripts decide on the server's own clock.
 """
 
 from __future__ import annotations
@@ -32,6 +36,9 @@ class ServerClock:
         # server ms minus monotonic ms; until the first reply, this host's wall clock
         self._offset_ms = (time.time() - time.monotonic()) * 1000
         self._noted_s: float | None = None  # received_s of the latest reply noted
+        # (offset, received_s) of the best reply since one fell REBASE_MS below: a stall or a
+        # clock set back, until a reply received later tells which
+        self._low: tuple[float, float] | None = None
 
     def note(self, now_us: int, received_s: float) -> None:
         """A reply: the server's clock `now_us` when its script ran, received at `received_s`
@@ -41,8 +48,17 @@ class ServerClock:
             self._offset_ms, self._noted_s = sample_ms, received_s
             return
         aged_ms = self._offset_ms - max(0.0, received_s - self._noted_s) * DECAY_MS_PER_S
-        self._offset_ms = sample_ms if sample_ms < aged_ms - REBASE_MS else max(sample_ms, aged_ms)
         self._noted_s = max(self._noted_s, received_s)
+        if sample_ms >= aged_ms - REBASE_MS:
+            self._offset_ms, self._low = max(sample_ms, aged_ms), None
+        elif self._low is not None and received_s > self._low[1]:  # set back: the better low
+            low_ms, low_s = self._low
+            self._offset_ms = max(sample_ms, low_ms - (received_s - low_s) * DECAY_MS_PER_S)
+            self._low = None
+        else:
+            self._offset_ms = aged_ms
+            low_ms = sample_ms if self._low is None else max(sample_ms, self._low[0])
+            self._low = (low_ms, received_s if self._low is None else self._low[1])
 
     def now_ms(self) -> float:
         return time.monotonic() * 1000 + self._offset_ms
