@@ -536,3 +536,4 @@ async def test_a_token_given_twice_in_one_ack_acks_once(start_service: StartServ
     journal = slot_keys(running.service.topic, slot).key(Part.JOURNAL)
     events = cast(Events, await running.service.queues[0].redis.xrange(journal))
     assert [fields[b"e"] for _, fields in events].count(b"acked") == 1
+

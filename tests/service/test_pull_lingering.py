@@ -19,6 +19,7 @@ import redis.asyncio
 from delayq.local.processes import ServeProcess
 from delayq.local.waiting import eventually
 from delayq.queue.client import AsyncQueue
+from delayq.queue.keys import Part, slot_keys
 from delayq.queue.model import ScheduleRequest
 
 
@@ -123,3 +124,31 @@ async def test_a_lease_waiting_while_the_process_stops_is_answered(
     assert [(r["id"], r["result"]) for r in answer["acks"]] == [("only", "acked")]
     assert await asyncio.to_thread(pull_process.wait, 30) == 0
     assert "Traceback" not in pull_process.log_path.read_text()
+
+
+async def test_a_long_poll_whose_client_left_leases_nothing_to_it(
+    pull_process: ServeProcess,
+    session: aiohttp.ClientSession,
+    async_redis_client: redis.asyncio.Redis,
+) -> None:
+    """Regression: `delayq serve` does not cancel a handler whose client went away (a
+    consumer's own timeout, a restart, a proxy's idle cut), so the long poll waited on and,
+    woken by the next due message, leased it into the closed connection: nobody had it until
+    its lease ran out (ackTimeout, 30 s by default). It gives what it claimed back (no
+    attempt counted), and the next lease has it at once."""
+    topic = pull_process.config.to_topic()
+    async with aiohttp.ClientSession() as gone:  # a consumer of its own, which times out
+        with pytest.raises(TimeoutError):
+            await gone.post(
+                _url(pull_process, "/leases"),
+                json={"waitMs": 20_000},
+                timeout=aiohttp.ClientTimeout(total=0.5),
+            )
+    await AsyncQueue(async_redis_client, topic).schedule_many(
+        [ScheduleRequest("m", b"", delay_ms=0)]
+    )
+    drawn = slot_keys(topic, topic.slot_of("m")).key(Part.LEASES)
+    # the abandoned poll, the only one waiting, is woken and claims it
+    await eventually(lambda: async_redis_client.get(drawn), 10, "the abandoned poll's claim")
+    [message] = (await _lease(session, pull_process, max=10, waitMs=5000))["leases"]
+    assert (message["id"], message["attempt"]) == ("m", 1)

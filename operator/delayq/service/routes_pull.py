@@ -17,7 +17,7 @@ from typing import Any
 from aiohttp import web
 
 from delayq.queue.codes import Code
-from delayq.queue.model import Lease, Outcome
+from delayq.queue.model import Lease, Leased, Outcome
 from delayq.queue.topic import TopicType
 from delayq.service.delivery.pull import PullLeaser
 from delayq.service.envelope import message_json
@@ -65,6 +65,9 @@ async def lease(request: web.Request) -> web.Response:
     wanted = parse_lease_request(body, service.topic, service.config.pull_max_lease_batch)
     acked = None if wanted.acks is None else await _ack(service, wanted.acks)
     messages = await leaser.lease(wanted.max_count, wanted.lease_ms, wanted.wait_ms)
+    if messages and _client_gone(request):
+        await service.brokers.each(messages, _slot, lambda q, chunk: q.giveback_many(chunk))
+        messages = []
     for message in messages:
         service.metrics.observe_lateness(leaser.server_now_ms(message.slot) - message.due_ms)
     service.metrics.count_delivery("leased", len(messages))
@@ -75,8 +78,18 @@ async def lease(request: web.Request) -> web.Response:
     return json_response({"leases": leases, "acks": _results(body["ack"], acked)})
 
 
-def _slot(lease: Lease) -> int:
+def _slot(lease: Leased) -> int:
     return lease.slot
+
+
+def _client_gone(request: web.Request) -> bool:
+    """The client closed the connection, as a consumer does when its own timeout is shorter
+    than `waitMs`. aiohttp does not cancel a handler whose client went away, so a long poll
+    waits on and leases what comes due into the closed connection, where nobody would have it
+    until its lease ran out: such messages are given back (prepare -> store, no attempt
+    counted), and the give-back's wake-up hands them to another poll."""
+    transport = request.transport
+    return transport is None or transport.is_closing()
 
 
 def _results(tokens: Sequence[str], outcomes: Sequence[Outcome]) -> list[dict[str, Any]]:
