@@ -24,13 +24,13 @@ from pathlib import Path
 import pytest
 
 from delayq.local.zookeeper_server import ZooKeeperServer
-from e2e.harness import cluster_dns
+from e2e.harness import cluster_dns, receiver
 from e2e.harness.control_plane import LocalControlPlane, local_control_plane
 from e2e.harness.kube import Kube, Release
 from e2e.harness.node import Image, RealNode, load_images, machine_lock
-from e2e.harness.process import Tools
+from e2e.harness.operator import LocalOperator, chart_env, chart_kubeconfig
+from e2e.harness.process import REPO, Tools
 
-REPO = Path(__file__).resolve().parent.parent
 CHART = REPO / "charts" / "delayq"
 
 
@@ -220,3 +220,53 @@ def zookeeper() -> Iterator[ZooKeeperServer]:
         yield server
     finally:
         server.stop()
+
+
+@pytest.fixture(scope="module")
+def operator_kubeconfig(
+    kube: Kube, chart_release: Release, tmp_path_factory: pytest.TempPathFactory,
+    local_cluster: bool,
+) -> Path:
+    """A kubeconfig with the chart's ServiceAccount token, for the operator processes the tests
+    run themselves: they have exactly the chart's RBAC. Local cluster only: on a real cluster
+    the topic's pods really run (delayq image, ZooKeeper on this machine's loopback) and the
+    chart's own operator pods would reconcile the test topics too."""
+    if not local_cluster:
+        pytest.skip("needs the local KWOK cluster: the operator runs as a local process, its "
+                    "data plane on this machine's loopback")
+    return chart_kubeconfig(kube, chart_release, tmp_path_factory.mktemp("operator"), "default")
+
+
+@pytest.fixture(scope="module")
+def topics_ns(kube: Kube) -> Iterator[str]:
+    """The namespace the module's local operator watches (and only that one)."""
+    name = f"e2e-topics-{secrets.token_hex(3)}"
+    kube.kubectl("create", "namespace", name)
+    kube.wait(lambda: kube.get("serviceaccount", "default", name), timeout_s=60,
+              what=f"the default ServiceAccount in {name}")
+    yield name
+    kube.kubectl("delete", "namespace", name, "--wait=false", "--ignore-not-found")
+
+
+@pytest.fixture(scope="module")
+def operator(
+    kube: Kube, chart_release: Release, zookeeper: ZooKeeperServer, topics_ns: str,
+    operator_kubeconfig: Path, tmp_path_factory: pytest.TempPathFactory,
+) -> Iterator[LocalOperator]:
+    """``delayq operator --standalone -n <topics_ns>`` with the chart's ServiceAccount token."""
+    workdir = tmp_path_factory.mktemp("operator")
+    op = LocalOperator(
+        repo=REPO, kubeconfig=operator_kubeconfig, namespaces=[topics_ns],
+        log_path=workdir / "operator.log",
+        env_overrides={**chart_env(kube, chart_release, zookeeper),
+                       "DELAYQ_HEALTH_INTERVAL_S": "2"},
+    )
+    with op.running(kube, topics_ns):
+        yield op
+
+
+@pytest.fixture
+def webhook_receiver() -> Iterator[tuple[str, receiver.Received]]:
+    """A local webhook receiver on a free loopback port: (URL, received messages)."""
+    with receiver.webhook_receiver() as found:
+        yield found

@@ -34,50 +34,34 @@ from delayq.local.ports import free_port
 from delayq.local.redis_server import RedisServer
 from delayq.local.waiting import wait_until
 from delayq.local.zookeeper_server import ZooKeeperServer
-from e2e.harness.kube import Kube, Release
-from e2e.harness.operator import LocalOperator
-from e2e.harness.process import INTERVAL_S, NOT_YET, ManagedProcess
-from e2e.test_operator import (
-    REPO,
-    _admin,
-    _all_pods_running,
-    _chart_env,
-    _described_with,
-    _like_a_broker_pod,
-    _operator_kubeconfig,
-    _schedule,
-    _schedule_status,
-    _service_url,
-    _start_serve,
-    _topic,
-    _topic_credentials,
-    _topic_secret,
-    _wait_reconciled,
-    webhook_receiver,
+from e2e.harness.dataplane import (
+    admin,
+    like_a_broker_pod,
+    schedule,
+    schedule_status,
+    service_url,
+    start_serve,
 )
-
-__all__ = ["webhook_receiver"]  # the fixture shared with test_operator
+from e2e.harness.kube import Kube, Release
+from e2e.harness.operator import LocalOperator, chart_env
+from e2e.harness.process import INTERVAL_S, NOT_YET, REPO, ManagedProcess
+from e2e.harness.receiver import Received
+from e2e.harness.topics import (
+    all_pods_running,
+    delay_topic,
+    described_with,
+    topic_credentials,
+    topic_secret,
+    wait_reconciled,
+)
 
 TOPIC = "grow"
 PENDING = 48  # every slot holds some (crc32 of the ids)
 PAUSE_MS = 120_000  # a paused Redis resumes by itself after this, should the test die
-Received = list[tuple[int, dict[str, Any]]]
 
 
 def pause_writes(client: redis.Redis) -> None:
     client.client_pause(PAUSE_MS, all=False)
-
-
-@pytest.fixture(scope="module")
-def operator_kubeconfig(
-    kube: Kube, chart_release: Release, tmp_path_factory: pytest.TempPathFactory,
-    local_cluster: bool,
-) -> Path:
-    if not local_cluster:
-        pytest.skip("needs the local KWOK cluster: the operator runs as a local process with "
-                    "the Redis address map")
-    return _operator_kubeconfig(kube, chart_release, tmp_path_factory.mktemp("operator"),
-                                "default")
 
 
 @dataclass
@@ -112,18 +96,18 @@ class Growing:
                 and Migration.decode(data).step is self.hold_step)
 
     def admin(self, broker: int) -> redis.Redis:
-        password = _topic_secret(self.kube, self.ns, TOPIC, "redis-admin-password")
-        return _admin(self.brokers[broker].port, password)
+        password = topic_secret(self.kube, self.ns, TOPIC, "redis-admin-password")
+        return admin(self.brokers[broker].port, password)
 
     def play(self, broker: int, first: Callable[[redis.Redis], object] | None = None) -> None:
         """Broker `broker`'s pod (and master Service) is played by brokers[broker]; `first` is
         done on its Redis (as its admin) before the operator can reach it."""
-        pods = self.kube.wait(lambda: _all_pods_running(self.kube, self.ns, TOPIC),
+        pods = self.kube.wait(lambda: all_pods_running(self.kube, self.ns, TOPIC),
                               timeout_s=120, what="the topic's pods Running")
         ip = next(p["status"]["podIP"] for p in pods
                   if p["metadata"]["name"] == f"{TOPIC}-redis-{broker}-0")
         self.brokers[broker].start()
-        _like_a_broker_pod(self.kube, self.ns, TOPIC, self.brokers[broker].port)
+        like_a_broker_pod(self.kube, self.ns, TOPIC, self.brokers[broker].port)
         if first is not None:
             with self.admin(broker) as client:
                 first(client)
@@ -161,21 +145,21 @@ class Growing:
     def pending_on_one_broker(self) -> list[str]:
         """The topic on one broker, PENDING messages scheduled through `delayq serve` (then
         stopped), and `spec.brokers` patched to 2: what the operator grows from."""
-        self.kube.apply(_topic(TOPIC, slotAmount=16, brokers=1, replicasPerBroker=0,
-                               topicType="webhook", resharding={"maxConcurrentMoves": 1},
-                               delivery={"webhook": {"url": self.webhook_url,
-                                                     "allowPrivateTargets": True,
-                                                     "allowInsecureHttp": True}}), self.ns)
-        _wait_reconciled(self.kube, self.op, self.ns, TOPIC)
+        self.kube.apply(delay_topic(TOPIC, slotAmount=16, brokers=1, replicasPerBroker=0,
+                                    topicType="webhook", resharding={"maxConcurrentMoves": 1},
+                                    delivery={"webhook": {"url": self.webhook_url,
+                                                          "allowPrivateTargets": True,
+                                                          "allowInsecureHttp": True}}), self.ns)
+        wait_reconciled(self.kube, self.op, self.ns, TOPIC)
         self.play(0)
         self.kube.wait(lambda: self.status() if [b.get("state") for b in self.status().get(
             "brokers", [])] == ["Ready"] else None, timeout_s=90, what="broker 0 serving")
-        password, token = _topic_credentials(self.kube, self.ns, TOPIC)
-        self.serve, base = _start_serve(self.kube, self.ns, TOPIC, self.workdir,
-                                        _service_url(password, self.brokers[0].port))
+        password, token = topic_credentials(self.kube, self.ns, TOPIC)
+        self.serve, base = start_serve(self.kube, self.ns, TOPIC, self.workdir,
+                                       service_url(password, self.brokers[0].port))
         pending = [f"pending-{i}" for i in range(PENDING)]
         for message_id in pending:
-            _schedule(base, TOPIC, token, message_id, delay_ms=3000)
+            schedule(base, TOPIC, token, message_id, delay_ms=3000)
         self.serve.stop()
         self.serve = None
         self.kube.kubectl("patch", "dt", TOPIC, "-n", self.ns, "--type", "merge",
@@ -191,7 +175,7 @@ class Growing:
         assert [b["slots"] for b in grown["brokers"]] == [8, 8]
         assert grown["resharding"] == {"moved": 8, "total": 8}
         described = wait_until(
-            lambda: _described_with(self.kube, self.ns, TOPIC, reasons), timeout_s=30,
+            lambda: described_with(self.kube, self.ns, TOPIC, reasons), timeout_s=30,
             what="the resharding Events in kubectl describe", interval_s=INTERVAL_S,
             not_yet=NOT_YET)
         assert "Moved 8 slots" in described
@@ -200,12 +184,12 @@ class Growing:
                        timeout_s=30, what=f"{len(pending)} messages in the depths of both brokers")
         with self.admin(1) as client:
             assert client.dbsize() > 0  # the moved slots' keys are on the new broker
-        password, token = _topic_credentials(self.kube, self.ns, TOPIC)
-        self.serve, base = _start_serve(self.kube, self.ns, TOPIC, self.workdir,
-                                        *(_service_url(password, b.port) for b in self.brokers))
+        password, token = topic_credentials(self.kube, self.ns, TOPIC)
+        self.serve, base = start_serve(self.kube, self.ns, TOPIC, self.workdir,
+                                       *(service_url(password, b.port) for b in self.brokers))
         after = [f"after-{i}" for i in range(16)]
         for message_id in after:
-            _schedule(base, TOPIC, token, message_id, delay_ms=500)
+            schedule(base, TOPIC, token, message_id, delay_ms=500)
         expected = set(pending + after)
         wait_until(lambda: expected <= {m.get("id") for _, m in self.received}, timeout_s=60,
                    what="every message delivered", abort=self.serve.exited,
@@ -253,7 +237,7 @@ def growing(
     ns = f"e2e-grow-{secrets.token_hex(3)}"
     kube.kubectl("create", "namespace", ns)
     workdir = tmp_path_factory.mktemp("grow")
-    env = _chart_env(kube, chart_release, zookeeper)
+    env = chart_env(kube, chart_release, zookeeper)
     zk = KazooClient(hosts=zookeeper.hosts, auth_data=[
         ZkIdentity(ADMIN_USER, env["DELAYQ_ZOOKEEPER_ADMIN_PASSWORD"]).auth_data])
     zk.start(timeout=30)
@@ -346,23 +330,23 @@ def test_slot_amount_grows_16_to_32_while_messages_are_delivered(growing: Growin
         return done if done is not None and done.get("appliedSlotAmount") == 32 else None
 
     with growing.explained():
-        growing.kube.apply(_topic(TOPIC, slotAmount=16, brokers=1, replicasPerBroker=0,
-                                  topicType="webhook", ackTimeout="5s",
-                                  delivery={"webhook": {"url": growing.webhook_url,
-                                                        "timeout": "2s",
-                                                        "allowPrivateTargets": True,
-                                                        "allowInsecureHttp": True}}),
+        growing.kube.apply(delay_topic(TOPIC, slotAmount=16, brokers=1, replicasPerBroker=0,
+                                       topicType="webhook", ackTimeout="5s",
+                                       delivery={"webhook": {"url": growing.webhook_url,
+                                                             "timeout": "2s",
+                                                             "allowPrivateTargets": True,
+                                                             "allowInsecureHttp": True}}),
                            growing.ns)
-        _wait_reconciled(growing.kube, growing.op, growing.ns, TOPIC)
+        wait_reconciled(growing.kube, growing.op, growing.ns, TOPIC)
         growing.play(0)
         growing.kube.wait(lambda: growing.status() if [b.get("state") for b in growing.status(
         ).get("brokers", [])] == ["Ready"] else None, timeout_s=90, what="broker 0 serving")
-        password, token = _topic_credentials(growing.kube, growing.ns, TOPIC)
-        growing.serve, base = _start_serve(growing.kube, growing.ns, TOPIC, growing.workdir,
-                                           _service_url(password, growing.brokers[0].port))
+        password, token = topic_credentials(growing.kube, growing.ns, TOPIC)
+        growing.serve, base = start_serve(growing.kube, growing.ns, TOPIC, growing.workdir,
+                                          service_url(password, growing.brokers[0].port))
         pending = [f"pending-{i}" for i in range(2 * PENDING)]
         for message_id in pending:
-            _schedule(base, TOPIC, token, message_id, delay_ms=4000)
+            schedule(base, TOPIC, token, message_id, delay_ms=4000)
 
         growing.kube.kubectl("patch", "dt", TOPIC, "-n", growing.ns, "--type", "merge",
                              "-p", '{"spec":{"slotAmount":32}}')
@@ -377,7 +361,7 @@ def test_slot_amount_grows_16_to_32_while_messages_are_delivered(growing: Growin
             connection (the in-process restart); the next id is tried then."""
             message_id = f"during-{len(during) + len(refused)}"
             try:
-                status = _schedule_status(base, TOPIC, token, message_id, delay_ms=1000)
+                status = schedule_status(base, TOPIC, token, message_id, delay_ms=1000)
             except urllib.error.URLError as error:
                 refused_connection = isinstance(error.reason, ConnectionRefusedError)
                 status = 503 if refused_connection else 0
@@ -400,14 +384,14 @@ def test_slot_amount_grows_16_to_32_while_messages_are_delivered(growing: Growin
         routing = growing.routing()
         assert (routing.slot_amount, routing.generation) == (32, 1)
         described = wait_until(
-            lambda: _described_with(growing.kube, growing.ns, TOPIC, ("SlotsSplit",)),
+            lambda: described_with(growing.kube, growing.ns, TOPIC, ("SlotsSplit",)),
             timeout_s=30, what="the SlotsSplit Event in kubectl describe",
             interval_s=INTERVAL_S, not_yet=NOT_YET)
         assert "Doubled the slots 16 -> 32" in described
 
         after = [f"after-{i}" for i in range(32)]
         for message_id in after:
-            _schedule(base, TOPIC, token, message_id, delay_ms=500)
+            schedule(base, TOPIC, token, message_id, delay_ms=500)
         expected = set(pending + during + after)
         wait_until(lambda: expected <= {m.get("id") for _, m in growing.received},
                    timeout_s=60, what="every message delivered", abort=growing.serve.exited,

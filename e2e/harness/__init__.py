@@ -13,5 +13,7 @@ of "``kubectl apply`` of a bad spec fails with a clear message" asserts exactly 
 One module per component: ``process`` (binaries, logs, waits, stop by PID), ``pki``
 (certificates and kubeconfig), ``kwok`` (fake nodes and volumes), ``control_plane`` (the
 servers and their start order), ``kube`` (the client) and ``operator`` (``delayq operator`` as a
-local process).
+local process); and for the tests' topics: ``topics`` (a DelayTopic as the API server shows
+it), ``dataplane`` (its brokers and ``delayq serve`` run locally), ``receiver`` (a loopback
+webhook endpoint) and ``metrics`` (Prometheus samples).
 """

@@ -2,19 +2,28 @@
 
 from __future__ import annotations
 
+import base64
 import contextlib
 import os
 import signal
 import subprocess
 import sys
+import urllib.request
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from delayq.local.ports import free_port
 from delayq.local.waiting import wait_until
-from e2e.harness.kube import Kube
+from delayq.local.zookeeper_server import ZooKeeperServer
+from e2e.harness.kube import Kube, Release, service_account_kubeconfig
+from e2e.harness.metrics import samples
 from e2e.harness.process import INTERVAL_S, NOT_YET, ManagedProcess, http_ok
+
+#: The chart's leader Lease (its Role allows exactly this name) and the LeaderLeaseTiming defaults.
+LEASE_NAME = "delayq-operator"
+LEASE_DURATION_S = 15
+RETRY_INTERVAL_S = 2
 
 
 @dataclass
@@ -95,6 +104,13 @@ class LocalOperator:
         """The operator's log tail, for failure messages."""
         return self.process.tail(60) if self.process is not None else "(not started)"
 
+    def metric(self, name: str, labels: dict[str, str]) -> float | None:
+        """The sample ``name`` with exactly ``labels`` of its /metrics, or None."""
+        url = f"http://127.0.0.1:{self.metrics_port}/metrics"
+        with urllib.request.urlopen(url, timeout=10) as response:
+            text = response.read().decode()
+        return next((value for found, value in samples(text, name) if found == labels), None)
+
     @contextlib.contextmanager
     def running(self, kube: Kube, namespace: str) -> Iterator[LocalOperator]:
         """Run it for a fixture; at the end delete the namespace's DelayTopics while it still
@@ -111,3 +127,44 @@ class LocalOperator:
             finally:
                 print(f"--- local operator log tail ({self.log_path}):\n{self.tail()}")
                 self.stop()
+
+
+def chart_env(kube: Kube, chart_release: Release, zookeeper: ZooKeeperServer) -> dict[str, str]:
+    """What the chart's operator Deployment gives its container, with the local ZooKeeper: the
+    release namespace and the ZooKeeper admin password from the chart's Secret (so every topic
+    tree gets its ACLs, as in a real install). The platform lets topics opt out of the SSRF
+    guard (`tenantPolicy.allowPrivateTargets`): the tests' webhook receivers are on loopback."""
+    secret = kube.get("secret", f"{chart_release.fullname}-zookeeper-admin",
+                      chart_release.namespace)
+    assert secret is not None, "the chart's ZooKeeper admin Secret"
+    return {"DELAYQ_ZOOKEEPER": zookeeper.hosts, "POD_NAMESPACE": chart_release.namespace,
+            "DELAYQ_ZOOKEEPER_ADMIN_PASSWORD":
+                base64.b64decode(secret["data"]["admin-password"]).decode(),
+            "DELAYQ_TENANT_ALLOW_PRIVATE_TARGETS": "true"}
+
+
+def chart_kubeconfig(kube: Kube, chart_release: Release, workdir: Path,
+                     namespace: str) -> Path:
+    """A kubeconfig with the chart's ServiceAccount token (the operator's RBAC, exactly), once
+    its grants are in effect for `namespace`: kopf discovers its resources once at start-up, and
+    if the freshly installed RBAC has not yet reached the API server's authorizer cache, it
+    would start blind."""
+    kubeconfig = service_account_kubeconfig(
+        kube, chart_release.namespace, chart_release.service_account, workdir / "kubeconfig")
+    as_operator = Kube(kubeconfig, kube.tools, workdir / "client")
+    grants = [("list", "customresourcedefinitions.apiextensions.k8s.io", None),
+              ("watch", "delaytopics.delayq.io", namespace),
+              ("patch", "delaytopics.delayq.io/status", namespace),
+              ("create", "statefulsets.apps", namespace)]
+    kube.wait(lambda: all(
+        as_operator.kubectl("auth", "can-i", verb, resource,
+                            *(["-n", ns] if ns else []), check=False).stdout.strip() == "yes"
+        for verb, resource, ns in grants),
+        timeout_s=60, what="the chart's RBAC to be in effect for the operator's token")
+    return kubeconfig
+
+
+def lease_holder(kube: Kube, namespace: str) -> str:
+    """The leader Lease's holder, ``<pod>_<random>`` ("" while nobody holds it)."""
+    lease = kube.get("lease", LEASE_NAME, namespace)
+    return str(((lease or {}).get("spec") or {}).get("holderIdentity") or "")

@@ -15,6 +15,9 @@ from typing import Any
 from delayq.local.process import stop_by_pid
 from delayq.local.waiting import wait_until
 
+#: The checkout under test: the processes the tests start locally run its code.
+REPO = Path(__file__).resolve().parents[2]
+
 
 class E2EError(RuntimeError):
     """A harness step failed; the message carries the relevant log tail."""
