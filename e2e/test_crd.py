@@ -17,8 +17,9 @@ import pytest
 import yaml
 
 from e2e.harness.kube import Kube, KubectlError, condition
+from e2e.harness.process import REPO
+from e2e.harness.topics import delay_topic
 
-REPO = Path(__file__).resolve().parent.parent
 CRD_FILE = REPO / "crds" / "delaytopics.delayq.io.yaml"
 CRD_NAME = "delaytopics.delayq.io"
 EXAMPLES = REPO / "examples"
@@ -34,11 +35,6 @@ def _expected_error(path: Path) -> str:
     prefix = "# expect-error:"
     assert first.startswith(prefix), f"{path} lacks its '{prefix}' first line"
     return first[len(prefix):].strip()
-
-
-def _topic(name: str, **spec: Any) -> dict[str, Any]:
-    return {"apiVersion": "delayq.io/v1alpha1", "kind": "DelayTopic",
-            "metadata": {"name": name}, "spec": spec}
 
 
 #: Specs the issue names explicitly, with (a substring of) the API server's rejection. They are
@@ -178,7 +174,7 @@ def test_invalid_spec_is_rejected_with_its_message(
     kube: Kube, crd: dict[str, Any], namespace: str, spec: dict[str, Any], expected: str
 ) -> None:
     """The issue's invalid specs (slotAmount 3, webhook without URL, out of range) are refused."""
-    message = _reject_message(kube, _topic("bad", **spec), namespace)
+    message = _reject_message(kube, delay_topic("bad", **spec), namespace)
     assert expected in message, message
 
 
@@ -188,14 +184,14 @@ def test_invalid_name_is_rejected_with_its_message(
 ) -> None:
     """A name the operator could not derive valid object names from is refused at apply,
     instead of an ApplyFailed retried forever."""
-    message = _reject_message(kube, _topic(name), namespace)
+    message = _reject_message(kube, delay_topic(name), namespace)
     assert expected in message, message
 
 
 def test_name_at_the_bound_is_accepted(kube: Kube, crd: dict[str, Any], namespace: str) -> None:
     """43 characters is the longest name whose derived names are all valid."""
     kube.kubectl("apply", "--dry-run=server", "-n", namespace, "-f", "-",
-                 input=yaml.safe_dump(_topic("t" * 43)))
+                 input=yaml.safe_dump(delay_topic("t" * 43)))
 
 
 def _apply_transition(kube: Kube, namespace: str, first: dict[str, Any] | str,
@@ -230,7 +226,8 @@ def test_invalid_transition_is_rejected(
 ) -> None:
     """Changing slots (until resharding exists), shrinking brokers and changing the topic
     type are refused on update."""
-    message = _apply_transition(kube, namespace, _topic("t", **first), _topic("t", **second), "t")
+    message = _apply_transition(kube, namespace, delay_topic("t", **first),
+                                delay_topic("t", **second), "t")
     assert expected in message, message
 
 
@@ -247,8 +244,8 @@ def test_transition_example_is_rejected(
 def test_growth_is_accepted(kube: Kube, crd: dict[str, Any], namespace: str) -> None:
     """The counterpart of the shrink rule: growing brokers is a valid update (slotAmount is
     immutable until resharding exists; test_invalid_transition_is_rejected[slot-growth])."""
-    kube.apply(_topic("grow", slotAmount=64, brokers=1), namespace)
-    kube.apply(_topic("grow", slotAmount=64, brokers=4), namespace)
+    kube.apply(delay_topic("grow", slotAmount=64, brokers=1), namespace)
+    kube.apply(delay_topic("grow", slotAmount=64, brokers=4), namespace)
     stored = kube.get("dt", "grow", namespace)
     assert stored is not None
     assert (stored["spec"]["slotAmount"], stored["spec"]["brokers"]) == (64, 4)
@@ -265,7 +262,7 @@ def test_printer_columns_and_status_subresource(
     A status write must not bump ``metadata.generation`` (that is what makes
     ``status.observedGeneration == generation`` a meaningful "reconciled" signal).
     """
-    kube.apply(_topic("orders", slotAmount=64, brokers=2, topicType="pull"), namespace)
+    kube.apply(delay_topic("orders", slotAmount=64, brokers=2, topicType="pull"), namespace)
     table = kube.kubectl("get", "dt", "-n", namespace).stdout.splitlines()
     assert table[0].split() == ["NAME", "SLOTS", "TYPE", "BROKERS", "READY", "UNOWNED",
                                 "SCHEDULED", "DEAD", "AGE"]

@@ -17,8 +17,8 @@ import pytest
 from delayq.local.zookeeper_server import ZooKeeperServer
 from e2e.harness.kube import Kube, condition
 from e2e.harness.operator import LocalOperator
+from e2e.harness.process import REPO
 
-REPO = Path(__file__).resolve().parent.parent
 CRD_FILE = REPO / "crds" / "delaytopics.delayq.io.yaml"
 TOPIC = "placed"
 BROKERS = 3
@@ -56,7 +56,7 @@ def operator(
     """``delayq operator --standalone -n <namespace>``; its topics are deleted before it stops.
 
     It runs with the admin kubeconfig: this test is about scheduling, the chart's RBAC is
-    proven by test_operator.py.
+    proven by test_provisioning.py.
     """
     op = LocalOperator(
         repo=REPO, kubeconfig=kube.kubeconfig, namespaces=[namespace],

@@ -21,11 +21,13 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from prometheus_client.parser import text_string_to_metric_families
 
 from e2e import workloads
 from e2e.harness.kube import Kube, condition
+from e2e.harness.metrics import samples
 from e2e.harness.node import REAL_NODE, REAL_NODE_LABELS, REAL_NODE_TAINT, RealNode
+from e2e.harness.operator import lease_holder
+from e2e.harness.topics import delay_topic
 
 CHART = Path(__file__).resolve().parent.parent / "charts" / "delayq"
 RELEASE = "dq"
@@ -113,8 +115,7 @@ def test_helm_install_runs_the_operator_and_zookeeper_on_the_real_node(
         assert _ready(pod), pod["status"]
         assert pod["spec"]["containers"][0]["image"] == install.image
     names = {pod["metadata"]["name"] for pod in operators}
-    lease = kube.wait(lambda: (kube.get("lease", "delayq-operator", install.namespace) or {})
-                      .get("spec", {}).get("holderIdentity"), timeout_s=60,
+    lease = kube.wait(lambda: lease_holder(kube, install.namespace), timeout_s=60,
                       what="a leader in the Lease")
     assert lease.rsplit("_", 1)[0] in names  # <pod>_<random>: one process of one replica
     (zookeeper,) = _pods(kube, install.namespace, "app.kubernetes.io/component=zookeeper")
@@ -123,11 +124,6 @@ def test_helm_install_runs_the_operator_and_zookeeper_on_the_real_node(
     result = kube.helm("test", RELEASE, "--namespace", install.namespace, "--timeout", "3m",
                        timeout=240)
     assert "Phase:          Succeeded" in result.stdout, result.stdout
-
-
-def _topic(name: str, **spec: Any) -> dict[str, Any]:
-    return {"apiVersion": "delayq.io/v1alpha1", "kind": "DelayTopic",
-            "metadata": {"name": name}, "spec": spec}
 
 
 def _wait_topic_ready(kube: Kube, namespace: str, name: str, timeout_s: float = 300) -> None:
@@ -146,11 +142,11 @@ def webhook_topic(kube: Kube, install: Install) -> str:
                 "items": workloads.receiver(install.tenant, install.image, secret)})
     url = f"http://receiver.{install.tenant}.svc.cluster.local/hook"
     signing = {"name": workloads.SIGNING_SECRET, "key": workloads.SIGNING_SECRET}
-    kube.apply(_topic("hooks", slotAmount=16, brokers=2, replicasPerBroker=1,
-                      topicType="webhook",
-                      delivery={"webhook": {"url": url, "allowInsecureHttp": True,
-                                            "allowedCidrs": [SERVICE_CIDR],
-                                            "signingSecretRef": signing}}),
+    kube.apply(delay_topic("hooks", slotAmount=16, brokers=2, replicasPerBroker=1,
+                           topicType="webhook",
+                           delivery={"webhook": {"url": url, "allowInsecureHttp": True,
+                                                 "allowedCidrs": [SERVICE_CIDR],
+                                                 "signingSecretRef": signing}}),
                install.tenant)
     _wait_topic_ready(kube, install.tenant, "hooks")
     _wait_pods_ready(kube, install.tenant, "app=receiver", 1)
@@ -249,9 +245,7 @@ def _in_pod(kube: Kube, namespace: str, pod: str, script: str, *args: str,
 def _samples(kube: Kube, namespace: str, pod: str, port: int,
              name: str) -> list[tuple[dict[str, str], float]]:
     """The samples called ``name`` (e.g. ``delayq_scheduled_total``) of ``pod``'s /metrics."""
-    text = _in_pod(kube, namespace, pod, HTTP_GET, str(port), "/metrics")
-    return [(sample.labels, sample.value) for family in text_string_to_metric_families(text)
-            for sample in family.samples if sample.name == name]
+    return samples(_in_pod(kube, namespace, pod, HTTP_GET, str(port), "/metrics"), name)
 
 
 def _wait_delivered(kube: Kube, namespace: str, topic: str, ids: list[str],
@@ -442,8 +436,8 @@ def _consumed_on_time(kube: Kube, install: Install, job: str, ids: list[str],
 def test_a_pull_topic_is_consumed_by_a_client_pod(kube: Kube, install: Install) -> None:
     """Scenario 6 (pull): a pull topic's messages, scheduled by a producer Job, are leased and
     acked over HTTP by a consumer Job through the topic's Service, none before its due time."""
-    kube.apply(_topic("jobs", slotAmount=16, brokers=1, replicasPerBroker=0, topicType="pull"),
-               install.tenant)
+    kube.apply(delay_topic("jobs", slotAmount=16, brokers=1, replicasPerBroker=0,
+                           topicType="pull"), install.tenant)
     _wait_topic_ready(kube, install.tenant, "jobs")
     _wait_pods_ready(kube, install.tenant, "delayq.io/topic=jobs", 2)
     kube.apply({"apiVersion": "v1", "kind": "List", "items": workloads.pull_consumer(
@@ -459,8 +453,8 @@ def test_a_stream_topic_is_consumed_by_a_consumer_pod(kube: Kube, install: Insta
     operator's read-only Redis user) reads the target stream through a consumer group and acks
     each entry: every scheduled message arrives, none before its due time."""
     consumers = {"podSelector": {"matchLabels": workloads.STREAM_CONSUMER_LABELS}}
-    kube.apply(_topic("events", slotAmount=16, brokers=1, replicasPerBroker=0,
-                      topicType="stream", networkPolicy={"allowFrom": [consumers]}),
+    kube.apply(delay_topic("events", slotAmount=16, brokers=1, replicasPerBroker=0,
+                           topicType="stream", networkPolicy={"allowFrom": [consumers]}),
                install.tenant)
     _wait_topic_ready(kube, install.tenant, "events")
     _wait_pods_ready(kube, install.tenant, "delayq.io/topic=events", 2)
@@ -524,9 +518,7 @@ BROKER_MEMORY_GAUGES = ("delayq_operator_broker_used_memory_bytes",
 
 
 def _leader_pod(kube: Kube, install: Install) -> str:
-    lease = kube.get("lease", "delayq-operator", install.namespace) or {}
-    holder: str = lease["spec"]["holderIdentity"]
-    return holder.rsplit("_", 1)[0]
+    return lease_holder(kube, install.namespace).rsplit("_", 1)[0]
 
 
 def _broker_memory(kube: Kube, install: Install, topic: str) -> dict[str, float]:
@@ -534,10 +526,9 @@ def _broker_memory(kube: Kube, install: Install, topic: str) -> dict[str, float]
     by `used` and `max`."""
     text = _in_pod(kube, install.namespace, _leader_pod(kube, install), HTTP_GET,
                    str(OPERATOR_METRICS_PORT), "/metrics")
-    return {sample.name.split("_")[3]: sample.value
-            for family in text_string_to_metric_families(text) for sample in family.samples
-            if sample.name in BROKER_MEMORY_GAUGES and sample.labels.get("topic") == topic
-            and sample.labels.get("broker") == "0"}
+    return {name.split("_")[3]: value for name in BROKER_MEMORY_GAUGES
+            for labels, value in samples(text, name)
+            if labels.get("topic") == topic and labels.get("broker") == "0"}
 
 
 def test_a_full_broker_refuses_with_429_and_keeps_what_it_stored(
@@ -549,8 +540,8 @@ def test_a_full_broker_refuses_with_429_and_keeps_what_it_stored(
     gauges the full broker; every stored message is still leased and acked (none lost), after
     which a schedule is accepted again and `BrokerFull` turns False."""
     memory = {"requests": {"cpu": "50m", "memory": FULL_LIMIT}, "limits": {"memory": FULL_LIMIT}}
-    kube.apply(_topic("full", slotAmount=16, brokers=1, replicasPerBroker=0, topicType="pull",
-                      redis={"resources": memory}), install.tenant)
+    kube.apply(delay_topic("full", slotAmount=16, brokers=1, replicasPerBroker=0,
+                           topicType="pull", redis={"resources": memory}), install.tenant)
     try:
         _wait_topic_ready(kube, install.tenant, "full")
         _wait_pods_ready(kube, install.tenant, "delayq.io/topic=full", 2)
@@ -643,11 +634,11 @@ def test_a_topic_grows_to_2_brokers_and_32_slots_on_real_pods(
     16 slots on each broker. Its pods are deleted at the end."""
     url = f"http://receiver.{install.tenant}.svc.cluster.local/hook"
     signing = {"name": workloads.SIGNING_SECRET, "key": workloads.SIGNING_SECRET}
-    kube.apply(_topic("grow", slotAmount=16, brokers=1, replicasPerBroker=0,
-                      topicType="webhook",
-                      delivery={"webhook": {"url": url, "allowInsecureHttp": True,
-                                            "allowedCidrs": [SERVICE_CIDR],
-                                            "signingSecretRef": signing}}),
+    kube.apply(delay_topic("grow", slotAmount=16, brokers=1, replicasPerBroker=0,
+                           topicType="webhook",
+                           delivery={"webhook": {"url": url, "allowInsecureHttp": True,
+                                                 "allowedCidrs": [SERVICE_CIDR],
+                                                 "signingSecretRef": signing}}),
                install.tenant)
 
     def grown() -> dict[str, Any] | None:
