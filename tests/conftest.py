@@ -1,4 +1,5 @@
-"""Shared fixtures: one real redis-server (flushed between tests) and one ZooKeeper per session."""
+"""Shared fixtures: one real redis-server (flushed between tests) and one ZooKeeper per session,
+and a second redis-server of its own for the tests of a topic on two brokers."""
 
 from __future__ import annotations
 
@@ -19,6 +20,13 @@ def redis_server() -> Iterator[RedisServer]:
         yield server
     finally:
         server.stop()
+
+
+@pytest.fixture
+def second_broker() -> Iterator[RedisServer]:
+    """A redis-server of the test alone, the topic's broker 1 (broker 0: ``redis_server``)."""
+    with RedisServer() as server:
+        yield server
 
 
 @pytest.fixture

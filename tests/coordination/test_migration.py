@@ -9,19 +9,15 @@ import os
 import signal
 import subprocess
 import sys
-import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass, replace
 from typing import Any
 
 import pytest
 import redis
-from kazoo.client import KazooClient
 
 from delayq.cli import main
-from delayq.coordination.layout import TopicPaths
 from delayq.coordination.migration import Migration, MoveError, SlotLocked, SlotMover, Step
-from delayq.coordination.routing import Routing
 from delayq.local.redis_server import RedisServer
 from delayq.local.waiting import wait_until
 from delayq.local.zookeeper_server import ZooKeeperServer
@@ -33,10 +29,9 @@ from delayq.queue import (
     StaleEpochError,
     Topic,
 )
-from delayq.queue.acl import service_user_rules
 from delayq.queue.keys import Part, slot_keys
 
-from .conftest import expire_session
+from .conftest import TwoBrokers, expire_session, two_brokers
 
 NAMESPACE = "moves"
 SLOTS = 4
@@ -44,78 +39,27 @@ BASIS = "k"  # every message of these tests goes into one slot
 
 
 @dataclass
-class Topology:
-    topic: Topic
-    paths: TopicPaths
-    hosts: str
-    servers: tuple[RedisServer, RedisServer]
-    zk: KazooClient
-    queues: tuple[Queue, Queue]  # logged in as the topic's restricted Redis user
-    admins: tuple[redis.Redis, redis.Redis]  # the test's own view of the brokers
-
+class Topology(TwoBrokers):
     @property
     def slot(self) -> int:
         return self.topic.slot_of(BASIS.encode())
 
     def mover(self) -> SlotMover:
         """A mover of its own (its own ZooKeeper session), as a fresh run of the command."""
-        client = KazooClient(hosts=self.hosts)
-        client.start(timeout=10)
-        self._clients.append(client)
-        return SlotMover(client, self.paths, self.queues)
-
-    def routing(self) -> Routing:
-        return Routing.from_json(self.zk.get(self.paths.routing)[0])
+        return SlotMover(self.session(), self.paths, self.queues)
 
     def unlocked(self) -> bool:
         """No mover holds the slot's lock (a killed one's went with its session)."""
         return not self.zk.exists(self.paths.mover(self.slot))
-
-    _clients: list[KazooClient]
-
-
-@pytest.fixture
-def second_broker() -> Iterator[RedisServer]:
-    with RedisServer() as server:
-        yield server
 
 
 @pytest.fixture
 def topology(
     redis_server: RedisServer, second_broker: RedisServer, zookeeper_server: ZooKeeperServer
 ) -> Iterator[Topology]:
-    topic = Topic(
-        f"m-{uuid.uuid4().hex[:8]}",
-        namespace=NAMESPACE,
-        slot_amount=SLOTS,
-        journal_max_len=100,
-        outcome_retention_ms=600_000,
-        max_retries=0,
-    )
-    zk = KazooClient(hosts=zookeeper_server.hosts)
-    zk.start(timeout=10)
-    paths = TopicPaths(NAMESPACE, topic.name)
-    zk.create(paths.routing, Routing(SLOTS, 2, (0, 0, 0, 0)).to_json(), makepath=True)
     servers = (redis_server, second_broker)
-    admins = (redis.Redis.from_url(redis_server.url), redis.Redis.from_url(second_broker.url))
-    user, password = f"{NAMESPACE}.{topic.name}", "engine-secret"
-    for admin in admins:  # the delay services' user: the copy needs nothing more
-        admin.execute_command("ACL", "SETUSER", user, *service_user_rules(topic), f">{password}")
-    first, second = (
-        Queue.from_url(server.url, topic, username=user, password=password) for server in servers
-    )
-    queues = (first, second)
-    built = Topology(topic, paths, zookeeper_server.hosts, servers, zk, queues, admins, [])
-    try:
+    with two_brokers(Topology, servers, zookeeper_server, NAMESPACE, "m", (0,) * SLOTS) as built:
         yield built
-    finally:
-        for client in [*built._clients, zk]:
-            client.stop()
-            client.close()
-        for queue in queues:
-            queue.close()
-        for admin in admins:
-            admin.close()
 
 
 def snapshot(client: redis.Redis, topic: Topic, slot: int) -> dict[str, Any]:

@@ -44,12 +44,6 @@ SLOTS = 8
 SPLIT = (0, 1) * (SLOTS // 2)  # even slots on broker 0, odd ones on broker 1
 
 
-@pytest.fixture
-def second_broker() -> Iterator[RedisServer]:
-    with RedisServer() as server:
-        yield server
-
-
 @dataclass
 class TwoBrokers:
     urls: list[str]

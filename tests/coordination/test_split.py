@@ -7,17 +7,14 @@ from __future__ import annotations
 
 import json
 import threading
-import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass, field, replace
 from typing import Any, cast
 
 import pytest
 import redis
-from kazoo.client import KazooClient
 
 from delayq.cli import main
-from delayq.coordination.layout import TopicPaths
 from delayq.coordination.migration import MoveError, SlotMover, Step
 from delayq.coordination.routed_queue import RoutedQueue
 from delayq.coordination.routing import Routing
@@ -27,12 +24,13 @@ from delayq.local.redis_server import RedisServer
 from delayq.local.waiting import wait_until
 from delayq.local.zookeeper_server import ZooKeeperServer
 from delayq.queue import Queue, Recurrence, Schedule, SlotMovingError, StaleEpochError, Topic
-from delayq.queue.acl import service_user_rules
 from delayq.queue.keys import Part, slot_keys
 from delayq.queue.model import Message, ScheduleRequest, State, Target
 from delayq.queue.schedules import occurrence_id
 from delayq.queue.slot_split import PART_RULES, Rule
 from delayq.queue.topic import slot_of
+
+from .conftest import TwoBrokers, two_brokers
 
 NAMESPACE = "splits"
 SLOTS = 4
@@ -42,82 +40,28 @@ PER_SCHEDULE = [part for part, rule in PART_RULES.items() if rule is Rule.BY_SCH
 
 
 @dataclass
-class Cluster:
-    topic: Topic
-    paths: TopicPaths
-    hosts: str
-    servers: tuple[RedisServer, RedisServer]
-    zk: KazooClient
-    queues: tuple[Queue, Queue]  # logged in as the topic's restricted Redis user
-    admins: tuple[redis.Redis, redis.Redis]
+class Cluster(TwoBrokers):
     basis: dict[str, str] = field(default_factory=dict)  # message id -> its slot basis
     custom: set[str] = field(default_factory=set)  # ids scheduled with a custom basis
     schedules: set[str] = field(default_factory=set)
     held: list[Message] = field(default_factory=list)  # leases of the old owners, still held
-    _clients: list[KazooClient] = field(default_factory=list)
 
     def splitter(self) -> SlotSplitter:
         """A splitter of its own (its own ZooKeeper session), as a fresh run of the command."""
-        client = KazooClient(hosts=self.hosts)
-        client.start(timeout=10)
-        self._clients.append(client)
-        return SlotSplitter(client, self.paths, self.queues)
-
-    def routing(self) -> Routing:
-        return Routing.from_json(self.zk.get(self.paths.routing)[0])
+        return SlotSplitter(self.session(), self.paths, self.queues)
 
     def queue_of(self, topic: Topic, slot: int) -> Queue:
         """A client of slot `slot`'s broker under `topic` (its amount and generation)."""
-        broker = ROUTING[slot % SLOTS]
-        user, password = f"{NAMESPACE}.{self.topic.name}", "engine-secret"
-        queue = Queue.from_url(self.servers[broker].url, topic, username=user, password=password)
-        self._queues.append(queue)
-        return queue
-
-    _queues: list[Queue] = field(default_factory=list)
-
-
-@pytest.fixture
-def second_broker() -> Iterator[RedisServer]:
-    with RedisServer() as server:
-        yield server
+        return self.login(ROUTING[slot % SLOTS], topic)
 
 
 @pytest.fixture
 def cluster(
     redis_server: RedisServer, second_broker: RedisServer, zookeeper_server: ZooKeeperServer
 ) -> Iterator[Cluster]:
-    topic = Topic(
-        f"s-{uuid.uuid4().hex[:8]}",
-        namespace=NAMESPACE,
-        slot_amount=SLOTS,
-        journal_max_len=100,
-        outcome_retention_ms=600_000,
-        max_retries=0,
-    )
-    zk = KazooClient(hosts=zookeeper_server.hosts)
-    zk.start(timeout=10)
-    paths = TopicPaths(NAMESPACE, topic.name)
-    zk.create(paths.routing, Routing(SLOTS, 2, ROUTING).to_json(), makepath=True)
     servers = (redis_server, second_broker)
-    admins = (redis.Redis.from_url(redis_server.url), redis.Redis.from_url(second_broker.url))
-    user, password = f"{NAMESPACE}.{topic.name}", "engine-secret"
-    for admin in admins:
-        admin.execute_command("ACL", "SETUSER", user, *service_user_rules(topic), f">{password}")
-    first, second = (
-        Queue.from_url(server.url, topic, username=user, password=password) for server in servers
-    )
-    built = Cluster(topic, paths, zookeeper_server.hosts, servers, zk, (first, second), admins)
-    try:
+    with two_brokers(Cluster, servers, zookeeper_server, NAMESPACE, "s", ROUTING) as built:
         yield built
-    finally:
-        for client in [*built._clients, zk]:
-            client.stop()
-            client.close()
-        for queue in [first, second, *built._queues]:
-            queue.close()
-        for admin in admins:
-            admin.close()
 
 
 def broker_queue(cluster: Cluster, slot: int) -> Queue:

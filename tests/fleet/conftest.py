@@ -5,7 +5,8 @@ a 4 s ZooKeeper session timeout; they are started by `delayq.local.processes` in
 process groups and stopped by PID (SIGTERM, then SIGKILL after a deadline). The test watches
 the fleet from outside, as an operator would: owner nodes in ZooKeeper, deliveries in the
 output stream (whose entry ids are Redis server milliseconds, the same clock as due times and
-the kill instant).
+the kill instant). `two_broker_fleet` puts the fleet on two brokers for the tests that move or
+split its slots.
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ from kazoo.client import KazooClient
 from kazoo.exceptions import NoNodeError
 
 from delayq.coordination.layout import TopicPaths
+from delayq.coordination.routing import Routing
 from delayq.local.processes import ServeProcess, stop_all
 from delayq.local.redis_server import RedisServer
 from delayq.local.zookeeper_server import ZooKeeperServer
@@ -191,3 +193,17 @@ async def process_fleet(
             for member in fleet.processes if request.node.stash.get(FAILED, True) else ():
                 print(f"--- {member} log (tail) ---")
                 print((Path(log_dir) / f"{member}.log").read_text()[-4000:])
+
+
+@pytest.fixture
+async def two_broker_fleet(
+    process_fleet: ProcessFleet, second_broker: RedisServer
+) -> tuple[ProcessFleet, list[str]]:
+    """The fleet on two brokers, every slot routed to broker 0 (a broker just added)."""
+    urls = [process_fleet.redis_url, second_broker.url]
+    process_fleet.broker_urls = ",".join(urls)
+    paths = TopicPaths(NAMESPACE, process_fleet.topic.name)
+    process_fleet.observer().create(
+        paths.routing, Routing(SLOTS, 2, (0,) * SLOTS).to_json(), makepath=True
+    )
+    return process_fleet, urls

@@ -52,12 +52,8 @@ from .test_slot_move import (
     MOVE_BOUND_S,
     RoutedProducer,
     deliveries,
-    second_broker,
-    two_broker_fleet,
 )
 from .zk_hold import ZkHold
-
-__all__ = ["second_broker", "two_broker_fleet"]  # fixtures shared with test_slot_move
 
 pytestmark = pytest.mark.slow
 SLOT = 9  # the slot the killed mover moved (one the plan moves: 8..15)

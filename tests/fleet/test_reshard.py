@@ -33,11 +33,7 @@ from .test_slot_move import (
     MOVE_BOUND_S,
     RoutedProducer,
     deliveries,
-    second_broker,
-    two_broker_fleet,
 )
-
-__all__ = ["second_broker", "two_broker_fleet"]  # fixtures shared with test_slot_move
 
 pytestmark = pytest.mark.slow
 ADMIN_PASSWORD = "operator-secret"

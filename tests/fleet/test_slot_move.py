@@ -7,7 +7,7 @@ from __future__ import annotations
 import asyncio
 import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import pytest
@@ -17,7 +17,6 @@ import redis.asyncio
 from delayq.coordination.layout import TopicPaths
 from delayq.coordination.migration import Migration, SlotMover, Step
 from delayq.coordination.routing import Routing
-from delayq.local.redis_server import RedisServer
 from delayq.local.waiting import eventually
 from delayq.queue import (
     AsyncQueue,
@@ -97,26 +96,6 @@ class RoutedProducer:
         observer = self.fleet.observer()
         payload, _ = observer.get(TopicPaths(NAMESPACE, self.fleet.topic.name).routing)
         return Routing.from_json(payload).broker_of_slot
-
-
-@pytest.fixture
-def second_broker() -> Iterator[RedisServer]:
-    with RedisServer() as server:
-        yield server
-
-
-@pytest.fixture
-async def two_broker_fleet(
-    process_fleet: ProcessFleet, second_broker: RedisServer
-) -> tuple[ProcessFleet, list[str]]:
-    """The fleet on two brokers, every slot routed to broker 0 (a broker just added)."""
-    urls = [process_fleet.redis_url, second_broker.url]
-    process_fleet.broker_urls = ",".join(urls)
-    paths = TopicPaths(NAMESPACE, process_fleet.topic.name)
-    process_fleet.observer().create(
-        paths.routing, Routing(SLOTS, 2, (0,) * SLOTS).to_json(), makepath=True
-    )
-    return process_fleet, urls
 
 
 async def stopped_after(

@@ -51,10 +51,8 @@ from .conftest import (
     ProcessFleet,
 )
 from .test_mover_kill import finished
-from .test_slot_move import MEMBERS, MOVE_BOUND_S, deliveries, second_broker, two_broker_fleet
+from .test_slot_move import MEMBERS, MOVE_BOUND_S, deliveries
 from .zk_hold import ZkHold
-
-__all__ = ["second_broker", "two_broker_fleet"]  # fixtures shared with test_slot_move
 
 pytestmark = pytest.mark.slow
 PAUSE_MS = 30_000  # a paused Redis resumes by itself after this, should the test die

@@ -10,7 +10,7 @@ import dataclasses
 import json
 import tempfile
 import uuid
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pyarrow.dataset as ds
@@ -37,12 +37,6 @@ ROUTING = initial_routing(SLOTS, 2)  # slots 0-7 on broker 0, 8-15 on broker 1
 JOURNAL_MAX_LEN = 10_000
 INGESTED, SCHEDULED = 300, 100
 DELAY_MS = 500
-
-
-@pytest.fixture
-def second_broker() -> Iterator[RedisServer]:
-    with RedisServer() as server:
-        yield server
 
 
 @pytest.fixture

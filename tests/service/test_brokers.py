@@ -30,12 +30,6 @@ from tests.service.conftest import NAMESPACE, TOPIC, Receiver, StartService
 SLOTS = 4
 
 
-@pytest.fixture
-def second_broker() -> Iterator[RedisServer]:
-    with RedisServer() as server:
-        yield server
-
-
 def stored_on(url: str, slot: int, namespace: str = NAMESPACE) -> int:
     client = redis.Redis.from_url(url)
     try:
