@@ -1,4 +1,6 @@
-"""Fixtures of the e2e tier: one Kubernetes cluster per session, one namespace per test.
+"""Fixtures of the e2e tier: one Kubernetes cluster per session, one namespace per test, and
+what the KWOK-based tests share: the operator run locally with the chart's token, and a
+webhook receiver on loopback.
 
 By default the session starts a local control plane (``e2e.harness``) from the binaries that
 ``e2e/build.sh`` caches. With ``E2E_KUBECONFIG`` set, the same tests run against that existing
@@ -234,6 +236,7 @@ def operator_kubeconfig(
     if not local_cluster:
         pytest.skip("needs the local KWOK cluster: the operator runs as a local process, its "
                     "data plane on this machine's loopback")
+    # the chart's default RBAC is a ClusterRole: its grants in one namespace are those of all
     return chart_kubeconfig(kube, chart_release, tmp_path_factory.mktemp("operator"), "default")
 
 
