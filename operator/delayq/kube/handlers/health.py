@@ -5,7 +5,9 @@ Runs from the leader's health loop (healthloop.py) for every provisioned, unpaus
 on a kopf timer: see healthloop.py). It reads the Redis pods of each broker, lets
 failover.decide() pick the master, applies that decision (label moves and REPLICAOF commands,
 or the planned switchover of a stopping master: switchover.py), then reports per-broker state,
-slot ownership and depths. The status is patched only when it changed (status.status_patch).
+slot ownership, depths and the copy of the routing (`status.routing`, published again when
+ZooKeeper lost the node: restore.py). The status is patched only when it changed
+(status.status_patch).
 """
 
 from __future__ import annotations
@@ -27,9 +29,11 @@ from delayq.kube.context import Logger, OperatorContext
 from delayq.kube.errors import TRANSIENT_ERRORS, TopicFailure
 from delayq.kube.events import WARNING, TopicEvent
 from delayq.kube.failover import Decision, RedisPod, decide
+from delayq.kube.handlers.restore import read_or_restore
 from delayq.kube.handlers.switchover import label_role, switch_over
 from delayq.kube.redisctl import BrokerMemory
 from delayq.kube.resharding import MOVE_ERRORS, reshard, services_rolled
+from delayq.kube.routing_record import RECORD_FIELD, RoutingRecordInvalid, routing_record
 from delayq.kube.spec import SpecError, TopicSpec
 from delayq.kube.status import (
     DEGRADED,
@@ -84,8 +88,12 @@ async def health_pass(
     except SpecError:
         return {}  # reconcile() already reported it; nothing here is safe to touch
     applied = int(status["appliedSlotAmount"])
-    password = await redis_admin_password(ctx, spec)
-    routing, owned = await slot_view(ctx, spec, applied, logger)  # owned None: ZooKeeper down
+    secret = await topic_secret(ctx, spec)
+    password = secret.get(naming.SECRET_REDIS_ADMIN_PASSWORD, "")
+    zk_password = secret.get(naming.SECRET_ZOOKEEPER_PASSWORD, "")
+    # known None: no routing in ZooKeeper nor in status, or ZooKeeper down (then owned is None)
+    known, owned = await slot_view(ctx, body, spec, zk_password, logger)
+    routing = known or initial_routing(applied, min(spec.brokers, applied))
     previous = {entry.get("index"): entry for entry in status.get("brokers") or []}
     brokers: list[dict[str, Any]] = []
     slot_stats: list[SlotStats] = []
@@ -107,14 +115,17 @@ async def health_pass(
             "apps/v1", "StatefulSet", spec.namespace, naming.service_statefulset(spec.name)
         )
     )
-    if rolled and owned is not None:  # every master ready, every service on the spec, ZooKeeper
+    # every master ready, every service on the spec, ZooKeeper up with a routing (none: its
+    # data lost with no copy to restore, and moves or a doubling planned on the first routing
+    # would strand messages)
+    if rolled and owned is not None and known is not None:
         try:
             resharding = await reshard(ctx, spec, routing, password, status, logger)
         except MOVE_ERRORS as error:  # reading the moves failed: the next pass tries again
             logger.warning("resharding skipped this pass: %r", error)
     if resharding is not None:
         actions += resharding.events
-        routing = resharding.routing
+        routing = resharding.routing  # read again from ZooKeeper after its moves
         for entry in brokers:
             entry["slots"] = len(routing.slots_of(entry["index"]))
     applied = routing.slot_amount  # the routing's (a doubling changes it), else the status's
@@ -154,6 +165,8 @@ async def health_pass(
     if resharding is not None and resharding.condition is not None:
         conditions.append(resharding.condition)
         fields["resharding"] = resharding.progress
+    if known is not None:  # the copy follows ZooKeeper, never the fallback
+        fields[RECORD_FIELD] = routing_record(routing)
     ctx.metrics.observe_topic(
         (spec.namespace, spec.name), memory, None if owned is None else max(applied - owned, 0)
     )
@@ -194,29 +207,39 @@ def degradations(
     return problems
 
 
-async def redis_admin_password(ctx: OperatorContext, spec: TopicSpec) -> str:
-    """The password of the operator's Redis user (delayq.queue.acl.ADMIN_USER)."""
+async def topic_secret(ctx: OperatorContext, spec: TopicSpec) -> dict[str, str]:
+    """The topic Secret's values, decoded: the password of the operator's Redis user
+    (delayq.queue.acl.ADMIN_USER) and the topic's ZooKeeper password among them."""
     secret = await ctx.kube.get(
         "v1", "Secret", spec.namespace, naming.credentials_secret(spec.name)
     )
-    encoded = ((secret or {}).get("data") or {}).get(naming.SECRET_REDIS_ADMIN_PASSWORD, "")
-    return base64.b64decode(encoded).decode() if encoded else ""
+    data = (secret or {}).get("data") or {}
+    return {key: base64.b64decode(value).decode() for key, value in data.items() if value}
 
 
 async def slot_view(
-    ctx: OperatorContext, spec: TopicSpec, applied: int, logger: Logger
-) -> tuple[Routing, int | None]:
-    """The published routing and owned-slot count (None: ZooKeeper unreachable, not a failure:
-    the brokers still get their health pass and failovers)."""
+    ctx: OperatorContext,
+    body: Mapping[str, Any],
+    spec: TopicSpec,
+    zk_password: str,
+    logger: Logger,
+) -> tuple[Routing | None, int | None]:
+    """The published routing (restored from the status copy when ZooKeeper lost it; None when
+    unknown) and the owned-slot count (None: ZooKeeper unreachable, not a failure: the brokers
+    still get their health pass and failovers)."""
     connect = zookeeper_connect(spec, ctx.build)
-    owned: int | None
+    routing: Routing | None
     try:
-        routing = await ctx.store.read_routing(connect, spec.namespace, spec.name)
+        try:
+            routing = await read_or_restore(ctx, body, spec, zk_password, logger)
+        except RoutingRecordInvalid as error:  # reconcile reports it (Provisioned False)
+            logger.warning("routing not restored: %s", error)
+            routing = None
         owned = await ctx.store.owned_slots(connect, spec.namespace, spec.name)
     except TRANSIENT_ERRORS as error:
         logger.warning("ZooKeeper unavailable for the health pass: %r", error)
-        routing, owned = None, None
-    return routing or initial_routing(applied, min(spec.brokers, applied)), owned
+        return None, None
+    return routing, owned
 
 
 @dataclass(frozen=True)

@@ -19,6 +19,8 @@ from delayq.kube.builders.service import zookeeper_connect
 from delayq.kube.client import KubeApiError
 from delayq.kube.context import Logger, OperatorContext
 from delayq.kube.errors import TRANSIENT_ERRORS, TopicFailure
+from delayq.kube.handlers.restore import read_or_restore
+from delayq.kube.routing_record import RECORD_FIELD, RoutingRecordInvalid, routing_record
 from delayq.kube.spec import SpecError, TopicSpec
 from delayq.kube.status import (
     FALSE,
@@ -81,7 +83,9 @@ async def reconcile(
             if await remove(ctx.kube, reference, str(meta.get("uid") or "")) == "deleted":
                 logger.info("deleted %s/%s", reference["kind"], reference["metadata"]["name"])
         # ZooKeeper last: an unreachable ensemble must not stop the pods from coming up.
-        current = await ctx.store.read_routing(connect, spec.namespace, spec.name)
+        current = await read_or_restore(
+            ctx, body, spec, credentials.zookeeper_password, logger
+        )
         routing = plan_routing(rendered, spec.brokers, current)
         await ctx.store.publish(
             connect, spec.namespace, spec.name, routing, credentials.zookeeper_password
@@ -89,6 +93,15 @@ async def reconcile(
         applied = routing.slot_amount  # what the topic serves: growth comes by a split
     except RoutingConflict as error:
         raise refused(ctx, body, "RoutingConflict", str(error)) from None
+    except RoutingRecordInvalid as error:
+        message = (
+            f"ZooKeeper has no routing for the topic and {error}; nothing is published. Fix "
+            f"the copy (or remove status.{RECORD_FIELD} if no slot ever moved or doubled: the "
+            "first routing is then the right one); retrying."
+        )
+        condition = Condition(PROVISIONED, FALSE, "RoutingRecordInvalid", message)
+        patch = with_conditions(ctx, body, [condition])
+        raise TopicFailure(message, patch, False, APPLY_FAILED_DELAY_S) from None
     except KubeApiError as error:
         reason = "ApiUnavailable" if error.transient else "ApplyFailed"
         delay = TRANSIENT_DELAY_S if error.transient else APPLY_FAILED_DELAY_S
@@ -101,9 +114,12 @@ async def reconcile(
         raise TopicFailure(message, patch, False, TRANSIENT_DELAY_S) from None
 
     ready = observed_ready(status, slot_condition, spec.brokers)
-    return with_conditions(
-        ctx, body, [slot_condition, ready], observedGeneration=generation, appliedSlotAmount=applied
-    )
+    fields = {
+        "observedGeneration": generation,
+        "appliedSlotAmount": applied,
+        RECORD_FIELD: routing_record(routing),
+    }
+    return with_conditions(ctx, body, [slot_condition, ready], **fields)
 
 
 def refused(
