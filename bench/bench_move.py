@@ -106,6 +106,11 @@ def measure(messages: int, rounds: int, mover: SlotMover, queues: list[Queue]) -
     return best
 
 
+async def unrecorded(routing: Routing) -> None:
+    """Where the operator patches status.routing before each switch: one API call per move,
+    not part of this figure (no API server here)."""
+
+
 def reshard(messages: int, concurrency: int) -> dict[str, Any]:
     """Brokers 1 -> 2 by the operator's resharding, timed against scheduling the messages."""
     topic = Topic("grow", namespace="bench", slot_amount=16)
@@ -138,7 +143,7 @@ def reshard(messages: int, concurrency: int) -> dict[str, Any]:
         )
         resharding.MOVES_BUDGET_S = float("inf")  # one pass does it all: the time is the figure
         started = time.perf_counter()
-        done = asyncio.run(resharding.reshard(ctx, spec, routing, "bench", {}, LOGGER))
+        done = asyncio.run(resharding.reshard(ctx, spec, routing, "bench", {}, LOGGER, unrecorded))
         elapsed = time.perf_counter() - started
         store.close()
         zk.stop()

@@ -22,6 +22,7 @@ from delayq.kube import naming, resharding
 from delayq.kube.config import OperatorConfig
 from delayq.kube.context import OperatorContext
 from delayq.kube.redisctl import RedisCommands
+from delayq.kube.routing_record import routing_record
 from delayq.kube.spec import TopicSpec
 from delayq.kube.zk import KazooTopicStore
 from delayq.local.waiting import eventually
@@ -75,10 +76,14 @@ async def reshard_pass(
     ctx: OperatorContext, spec: TopicSpec, fleet: ProcessFleet, status: dict[str, Any]
 ) -> str:
     """One health pass's resharding; folds what it reports into `status` as the pass writes
-    it, and returns the Resharding condition's reason."""
+    it (status.routing before each switch), and returns the Resharding condition's reason."""
     payload, _ = fleet.observer().get(TopicPaths(NAMESPACE, spec.name).routing)
+
+    async def record(routing: Routing) -> None:
+        status["routing"] = routing_record(routing)
+
     done = await resharding.reshard(
-        ctx, spec, Routing.from_json(payload), ADMIN_PASSWORD, status, LOGGER
+        ctx, spec, Routing.from_json(payload), ADMIN_PASSWORD, status, LOGGER, record
     )
     assert done.condition is not None
     status["conditions"] = [{"type": done.condition.type, "status": done.condition.status}]

@@ -23,10 +23,15 @@ from delayq.coordination.layout import TopicPaths
 from delayq.coordination.migration import SlotMover, Step
 from delayq.coordination.routing import Routing, initial_routing
 from delayq.coordination.splitting import SlotSplitter, Split
+from delayq.kube import naming
 from delayq.kube.context import OperatorContext
+from delayq.kube.handlers.health import refresh, topic_secret
 from delayq.kube.handlers.reconcile import reconcile
 from delayq.kube.operator import serialized
+from delayq.kube.resharding import reshard
+from delayq.kube.routing_ahead import status_writer
 from delayq.kube.routing_record import routing_record
+from delayq.kube.topics import parse_body
 from delayq.kube.zk import topic_root
 from delayq.queue import Queue
 from tests.kube.conftest import published_routing
@@ -234,3 +239,82 @@ async def test_an_unreadable_copy_publishes_nothing(
     write_status(api, {"routing": good})
     await health(api, ctx, logger)
     assert published_routing(zk) == routing
+
+
+async def test_a_pass_that_never_wrote_its_status_left_the_copy_naming_its_moves(
+    api: kmock.KubernetesEmulator,
+    ctx: OperatorContext,
+    zk: KazooClient,
+    redis_pods: RedisPods,
+    masters: list[Queue],
+    logger: logging.Logger,
+) -> None:
+    """The pass moves slots 4-7 and the operator dies before the pass's status patch (the
+    pass's work run, its patch dropped), then ZooKeeper loses its data. Each move patched
+    status.routing before its switch, so the copy names where the slots went. A copy naming
+    the source would make the next pass move them again, copying the source's tombstone over
+    the target's messages."""
+    before = await grown_topic(api, ctx, zk, redis_pods, masters, logger)
+    await refresh(ctx, body(api), logger)  # the pass's patch is never written
+    moved = published_routing(zk)
+    assert moved is not None
+    assert moved.broker_of_slot == (0, 0, 0, 0, 1, 1, 1, 1)
+    assert recorded(api) == routing_record(moved)
+    wipe(zk)
+    await health(api, ctx, logger)
+    assert published_routing(zk) == moved
+    assert where_they_are(zk, masters) == before
+
+
+async def test_a_doubling_recorded_its_routing_before_its_switch(
+    api: kmock.KubernetesEmulator,
+    ctx: OperatorContext,
+    zk: KazooClient,
+    redis_pods: RedisPods,
+    masters: list[Queue],
+    logger: logging.Logger,
+) -> None:
+    """The same for a doubling: a copy of the old generation, restored, would make the next
+    pass double again, replacing the new generation's keys with the cleaned old ones."""
+    await topic_of_4_slots_grown_to_8(api, ctx, zk, redis_pods, masters, logger)
+    await refresh(ctx, body(api), logger)  # doubles; the pass's patch is never written
+    doubled = published_routing(zk)
+    assert doubled is not None
+    assert doubled.generation == 1
+    assert recorded(api) == routing_record(doubled)
+    wipe(zk)
+    await health(api, ctx, logger)
+    assert published_routing(zk) == doubled
+    assert found_where_routed(masters, doubled) == IDS
+
+
+async def test_a_move_whose_routing_cannot_be_recorded_does_not_switch(
+    api: kmock.KubernetesEmulator,
+    ctx: OperatorContext,
+    zk: KazooClient,
+    redis_pods: RedisPods,
+    masters: list[Queue],
+    logger: logging.Logger,
+) -> None:
+    """No status patch (the API unreachable, or this replica no longer leads): every move
+    stops before its switch, recorded, the routing unchanged; the next pass finishes them."""
+    before = await grown_topic(api, ctx, zk, redis_pods, masters, logger)
+    topic, spec = body(api), parse_body(body(api))
+    password = (await topic_secret(ctx, spec))[naming.SECRET_REDIS_ADMIN_PASSWORD]
+    routing = published_routing(zk)
+    assert routing is not None
+    client, ctx.client = ctx.client, None  # ctx.kube raises: as after losing the lead
+    try:
+        write = status_writer(ctx, spec)
+        result = await reshard(ctx, spec, routing, password, topic["status"], logger, write)
+    finally:
+        ctx.client = client
+    assert result.condition is not None
+    assert result.condition.reason == "MoveFailed"
+    assert "status.routing not written before the switch" in result.condition.message
+    assert published_routing(zk) == routing
+    mover = SlotMover(zk, TopicPaths(NAMESPACE, "orders"), masters)
+    assert {m.step for m in mover.migrations()} == {Step.SWITCH}
+    await health(api, ctx, logger)
+    assert condition(api, "Resharding")["reason"] == "Completed"
+    assert where_they_are(zk, masters) == before

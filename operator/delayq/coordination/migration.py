@@ -31,7 +31,7 @@ from __future__ import annotations
 
 import enum
 import json
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 
 from kazoo.client import KazooClient
@@ -40,7 +40,7 @@ from kazoo.exceptions import BadVersionError, NodeExistsError, NoNodeError
 from delayq.coordination.layout import TopicPaths
 from delayq.coordination.locks import LockHeld, NodeLock
 from delayq.coordination.locks import MoveError as MoveError
-from delayq.coordination.routing import Routing, initial_routing
+from delayq.coordination.routing import Move, Routing, initial_routing
 from delayq.queue import plans
 from delayq.queue.client import Queue
 from delayq.queue.codes import ReplicationTimeoutError
@@ -49,6 +49,13 @@ from delayq.queue.slot_copy import MOVED_AWAY_PARTS, copy_slot, delete_slot
 from delayq.queue.topic import Topic
 
 MIGRATION_FORMAT_VERSION = 1
+
+#: Called (in the mover's thread) right before a move's `switch` and before its `clean`: from
+#: the switch on, the slot's messages are only where the new routing says, so a copy of the
+#: routing kept outside ZooKeeper (the operator's status.routing) must name the target by then.
+#: The target holds a complete copy already (the copy step is done). Raising stops the move
+#: there, recorded; the next run calls it again.
+BeforeSwitch = Callable[[Move], None]
 
 
 class Step(enum.StrEnum):
@@ -223,11 +230,15 @@ class SlotMover:
             )
         return migration, version
 
-    def step(self, migration: Migration, version: int) -> tuple[Migration, int] | None:
+    def step(
+        self, migration: Migration, version: int, before_switch: BeforeSwitch | None = None
+    ) -> tuple[Migration, int] | None:
         """Do the recorded step and record the next; None when the move is complete. Stops
         with MoveError, before any write, when this mover no longer holds the slot's lock."""
         source, target = self.queues[migration.source], self.queues[migration.target]
         keys = slot_keys(self.topic, migration.slot)
+        if before_switch is not None and migration.step in (Step.SWITCH, Step.CLEAN):
+            before_switch(Move(migration.slot, migration.source, migration.target))
         self._check_lock(migration.slot)
         if migration.step is Step.FREEZE:
             source.run(plans.freeze(self.topic, migration.slot))
@@ -246,7 +257,9 @@ class SlotMover:
         assert following is not None
         return self._record(replace(migration, step=following), version)
 
-    def move(self, slot: int, target: int) -> Migration:
+    def move(
+        self, slot: int, target: int, before_switch: BeforeSwitch | None = None
+    ) -> Migration:
         """Move `slot` to broker `target`, resuming a move recorded earlier; returns the
         completed move. Holds the slot's lock throughout."""
         migration, version = self.start(slot, target)
@@ -254,7 +267,7 @@ class SlotMover:
             current: tuple[Migration, int] | None = (migration, version)
             while current is not None:
                 migration = current[0]
-                current = self.step(*current)
+                current = self.step(*current, before_switch)
         finally:
             self.release(slot)
         return migration

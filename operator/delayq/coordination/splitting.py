@@ -30,7 +30,7 @@ start while a doubling is recorded or its lock is held (each takes its lock befo
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 
 from kazoo.client import KazooClient
@@ -46,6 +46,12 @@ from delayq.queue.keys import SlotKeys, slot_keys
 from delayq.queue.slot_copy import MOVED_AWAY_PARTS, delete_slot
 from delayq.queue.slot_split import split_slot
 from delayq.queue.topic import MAX_SLOT_AMOUNT, Topic, is_power_of_two
+
+#: Called (in the splitter's thread) with the doubled routing right before the `switch` and
+#: before the `clean`, as migration.BeforeSwitch for a move: from the switch on the messages
+#: are only in the new generation's keys (all copied by then). Raising stops the doubling
+#: there, recorded; the next run calls it again.
+BeforeSplitSwitch = Callable[[Routing], None]
 
 SPLIT_FORMAT_VERSION = 1
 #: Tombstones frozen per pipeline (one small script each).
@@ -74,6 +80,12 @@ class Split:
     @property
     def to_generation(self) -> int:
         return self.generation + 1
+
+    def doubled(self, broker_count: int) -> Routing:
+        """The routing the switch writes: s and s + N on the broker of s."""
+        return Routing(
+            self.to_amount, broker_count, self.brokers + self.brokers, self.to_generation
+        )
 
     def encode(self) -> bytes:
         document = {
@@ -152,14 +164,16 @@ class SlotSplitter:
 
     # doubling ------------------------------------------------------------------------------
 
-    def split(self, to_amount: int) -> Split | None:
+    def split(
+        self, to_amount: int, before_switch: BeforeSplitSwitch | None = None
+    ) -> Split | None:
         """Double until the topic has `to_amount` slots (one doubling after another, each
         resumed if recorded); returns the last doubling done, None when the topic had
         `to_amount` slots already. Holds the lock throughout."""
         done = None
         try:
             while (current := self.start(to_amount)) is not None:
-                done = self._run(*current)
+                done = self._run(*current, before_switch)
         finally:
             self.release()
         return done
@@ -228,17 +242,25 @@ class SlotSplitter:
             raise MoveError("another splitter recorded a doubling meanwhile; run again") from None
         return split, 0
 
-    def _run(self, split: Split, version: int) -> Split:
+    def _run(
+        self, split: Split, version: int, before_switch: BeforeSplitSwitch | None
+    ) -> Split:
         current: tuple[Split, int] | None = (split, version)
         while current is not None:
             split = current[0]
-            current = self.step(*current)
+            current = self.step(*current, before_switch)
         return split
 
-    def step(self, split: Split, version: int) -> tuple[Split, int] | None:
+    def step(
+        self, split: Split, version: int, before_switch: BeforeSplitSwitch | None = None
+    ) -> tuple[Split, int] | None:
         """Do the recorded step (the copy: one old slot) and record what follows; None when
         the doubling is complete. MoveError before any write once the lock is not ours."""
         old, new = self._topics(split)
+        if before_switch is not None and split.step in (Step.SWITCH, Step.CLEAN):
+            routing = self.routing()[0]
+            switched = routing.generation == split.to_generation
+            before_switch(routing if switched else split.doubled(routing.broker_count))
         self.lock.check()
         if split.step is Step.FREEZE:
             self._freeze(split, old)
@@ -354,12 +376,7 @@ class SlotSplitter:
                 split.brokers,
             ):
                 raise MoveError("the routing changed during the doubling: --abort it")
-            doubled = Routing(
-                split.to_amount,
-                routing.broker_count,
-                split.brokers + split.brokers,
-                split.to_generation,
-            )
+            doubled = split.doubled(routing.broker_count)
             self.lock.check()
             try:
                 if version is None:

@@ -37,7 +37,7 @@ import asyncio
 import time
 from collections.abc import Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import redis
@@ -50,6 +50,7 @@ from delayq.kube.builders.service import zookeeper_connect
 from delayq.kube.context import Logger, OperatorContext
 from delayq.kube.errors import TRANSIENT_ERRORS
 from delayq.kube.events import NORMAL, WARNING, TopicEvent
+from delayq.kube.routing_ahead import RecordRouting, RoutingAhead
 from delayq.kube.spec import TopicSpec
 from delayq.kube.status import FALSE, RESHARDING, TRUE, Condition
 from delayq.queue import Queue
@@ -94,6 +95,7 @@ class Resharding:
     condition: Condition | None = None  # None: nothing to report (never resharded)
     progress: dict[str, int] | None = None  # status.resharding: {moved, total}
     events: list[TopicEvent] = field(default_factory=list)
+    recorded: bool = False  # status.routing was patched ahead of a switch (routing_ahead.py)
 
 
 def services_rolled(statefulset: Mapping[str, Any] | None) -> bool:
@@ -120,10 +122,13 @@ async def reshard(
     password: str,
     status: Mapping[str, Any],
     logger: Logger,
+    record: RecordRouting,
 ) -> Resharding:
     """Resume recorded moves, then run planned ones, for up to MOVES_BUDGET_S. `routing` is
     the one the pass read: while it lacks the new brokers (reconcile has not published them)
-    nothing moves; the returned routing is read again after the moves."""
+    nothing moves; the returned routing is read again after the moves. `record` writes the
+    routing after each switch before the switch (routing_ahead.py; the health pass's writes
+    status.routing)."""
     if routing.broker_count < spec.brokers:
         return Resharding(routing)  # reconcile has not published the new brokers yet
     key = (spec.namespace, spec.name)
@@ -141,11 +146,12 @@ async def reshard(
         return mover, splitter, queues
 
     mover, splitter, queues = await asyncio.to_thread(open_tools)
+    ahead = RoutingAhead(record, asyncio.get_running_loop(), lambda: _routing(mover))
     try:
-        doubled = await _double(splitter, mover, spec, routing, logger, key)
-        if doubled is not None:  # the moves are planned by the next pass, on the new slots
-            return doubled
-        return await _run(mover, spec, routing, status, logger, key)
+        result = await _double(splitter, mover, spec, routing, logger, key, ahead)
+        if result is None:  # else the moves are planned by the next pass, on the new slots
+            result = await _run(mover, spec, routing, status, logger, key, ahead)
+        return replace(result, recorded=ahead.written is not None)
     finally:
         for queue in queues:
             queue.close()
@@ -158,6 +164,7 @@ async def _double(
     routing: Routing,
     logger: Logger,
     key: tuple[str, str],
+    ahead: RoutingAhead,
 ) -> Resharding | None:
     """Double the slots up to `spec.slotAmount` (finishing a doubling recorded in ZooKeeper
     first); None when none is wanted or recorded, or while slot moves are recorded or locked
@@ -181,7 +188,7 @@ async def _double(
         return Resharding(routing, Condition(RESHARDING, TRUE, "SplittingSlots", message))
     logger.info("resharding: %s", what.lower())
     started = time.monotonic()
-    future = MOVERS.submit(splitter.split, target)
+    future = MOVERS.submit(splitter.split, target, ahead.doubling)
     _under_way[key] = [future]
     try:
         await asyncio.wrap_future(future)
@@ -222,6 +229,7 @@ async def _run(
     status: Mapping[str, Any],
     logger: Logger,
     key: tuple[str, str],
+    ahead: RoutingAhead,
 ) -> Resharding:
     previous = _condition(status)
     moving = previous is not None and previous.get("status") == TRUE
@@ -238,7 +246,9 @@ async def _run(
     events = [_started(pending, spec)] if pending and not moving else []
     while pending and not failure:
         batch = pending[: spec.resharding_max_concurrent_moves]
-        moves = [MOVERS.submit(mover.move, move.slot, move.target) for move in batch]
+        moves = [
+            MOVERS.submit(mover.move, move.slot, move.target, ahead.moving) for move in batch
+        ]
         _under_way[key] = moves
         results = await asyncio.gather(
             *(asyncio.wrap_future(move) for move in moves), return_exceptions=True

@@ -33,6 +33,7 @@ from delayq.kube.handlers.restore import read_or_restore
 from delayq.kube.handlers.switchover import label_role, switch_over
 from delayq.kube.redisctl import BrokerMemory
 from delayq.kube.resharding import MOVE_ERRORS, reshard, services_rolled
+from delayq.kube.routing_ahead import status_writer
 from delayq.kube.routing_record import RECORD_FIELD, RoutingRecordInvalid, routing_record
 from delayq.kube.spec import SpecError, TopicSpec
 from delayq.kube.status import (
@@ -120,7 +121,8 @@ async def health_pass(
     # would strand messages)
     if rolled and owned is not None and known is not None:
         try:
-            resharding = await reshard(ctx, spec, routing, password, status, logger)
+            write = status_writer(ctx, spec)
+            resharding = await reshard(ctx, spec, routing, password, status, logger, write)
         except MOVE_ERRORS as error:  # reading the moves failed: the next pass tries again
             logger.warning("resharding skipped this pass: %r", error)
     if resharding is not None:
@@ -174,7 +176,12 @@ async def health_pass(
         unowned = max(applied - owned, 0)
         conditions.append(slots_condition(ctx, spec, status, unowned, applied))
         fields["slots"] = {"total": applied, "owned": owned, "unowned": unowned}
-    return with_conditions(ctx, body, conditions, **fields)
+    patch = with_conditions(ctx, body, conditions, **fields)
+    if resharding is not None and resharding.recorded:
+        # patched ahead of a switch meanwhile: the diff against the status the pass started
+        # from would leave it ahead when a switch failed
+        patch[RECORD_FIELD] = fields[RECORD_FIELD]
+    return patch
 
 
 def slots_condition(
