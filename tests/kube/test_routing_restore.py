@@ -12,18 +12,20 @@ slots routed to brokers that do not hold them, and after a doubling the keys of 
 from __future__ import annotations
 
 import logging
+import threading
 from collections.abc import Awaitable, Callable
 
 import kmock
 import kopf
 import pytest
 from kazoo.client import KazooClient
+from kazoo.exceptions import ConnectionLoss
 
 from delayq.coordination.layout import TopicPaths
 from delayq.coordination.migration import SlotMover, Step
 from delayq.coordination.routing import Routing, initial_routing
 from delayq.coordination.splitting import SlotSplitter, Split
-from delayq.kube import naming
+from delayq.kube import naming, resharding
 from delayq.kube.context import OperatorContext
 from delayq.kube.handlers.health import refresh, topic_secret
 from delayq.kube.handlers.reconcile import reconcile
@@ -318,3 +320,66 @@ async def test_a_move_whose_routing_cannot_be_recorded_does_not_switch(
     await health(api, ctx, logger)
     assert condition(api, "Resharding")["reason"] == "Completed"
     assert where_they_are(zk, masters) == before
+
+
+async def test_a_routing_unreadable_after_the_moves_leaves_the_copy_naming_them(
+    api: kmock.KubernetesEmulator,
+    ctx: OperatorContext,
+    zk: KazooClient,
+    redis_pods: RedisPods,
+    masters: list[Queue],
+    logger: logging.Logger,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """ZooKeeper fails the pass's read of the routing after its moves (its movers read it
+    fine): the pass's status patch must keep what its movers recorded before their switches,
+    not the routing it read before them."""
+    before = await grown_topic(api, ctx, zk, redis_pods, masters, logger)
+    read = resharding._routing
+
+    def only_movers_read(mover: SlotMover) -> Routing:
+        if not threading.current_thread().name.startswith("delayq-slot-mover"):
+            raise ConnectionLoss("the pass's own read after the moves")
+        return read(mover)
+
+    monkeypatch.setattr(resharding, "_routing", only_movers_read)
+    await health(api, ctx, logger)
+    moved = published_routing(zk)
+    assert moved is not None
+    assert moved.broker_of_slot == (0, 0, 0, 0, 1, 1, 1, 1)
+    assert "reading the routing" in condition(api, "Resharding")["message"]
+    assert recorded(api) == routing_record(moved)
+    wipe(zk)
+    monkeypatch.setattr(resharding, "_routing", read)
+    await health(api, ctx, logger)
+    assert published_routing(zk) == moved
+    assert where_they_are(zk, masters) == before
+
+
+async def test_a_doubling_whose_result_is_unreadable_keeps_the_copy_its_splitter_wrote(
+    api: kmock.KubernetesEmulator,
+    ctx: OperatorContext,
+    zk: KazooClient,
+    redis_pods: RedisPods,
+    masters: list[Queue],
+    logger: logging.Logger,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The pass fails to read the doubled routing (the resharding skipped, as ZooKeeper
+    failing would), on a topic whose status has no copy yet: the pass must not write the
+    routing it read before the doubling over the one the splitter recorded."""
+    await topic_of_4_slots_grown_to_8(api, ctx, zk, redis_pods, masters, logger)
+    write_status(api, {"routing": None})  # stored by an operator before the copy existed
+    read = SlotSplitter.routing
+
+    def only_splitters_read(splitter: SlotSplitter) -> tuple[Routing, int | None]:
+        if not threading.current_thread().name.startswith("delayq-slot-mover"):
+            raise ConnectionLoss("the pass's own read after the doubling")
+        return read(splitter)
+
+    monkeypatch.setattr(SlotSplitter, "routing", only_splitters_read)
+    await health(api, ctx, logger)
+    doubled = published_routing(zk)
+    assert doubled is not None
+    assert doubled.generation == 1
+    assert recorded(api) == routing_record(doubled)

@@ -268,7 +268,10 @@ async def _run(
     try:
         routing = await asyncio.to_thread(_routing, mover)
     except Exception as error:
-        routing, failure = read, failure or f"reading the routing: {_describe(error)}"
+        # every switch of this pass came after its routing was patched into status.routing:
+        # that one, not the read before the moves, is what the status copy must keep
+        routing = ahead.written or read
+        failure = failure or f"reading the routing: {_describe(error)}"
     moved += len(done)
     total = max(total, moved + len(pending))
     if done:

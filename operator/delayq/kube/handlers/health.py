@@ -119,12 +119,14 @@ async def health_pass(
     # every master ready, every service on the spec, ZooKeeper up with a routing (none: its
     # data lost with no copy to restore, and moves or a doubling planned on the first routing
     # would strand messages)
+    record = known is not None  # the status copy follows ZooKeeper, never the fallback
     if rolled and owned is not None and known is not None:
         try:
             write = status_writer(ctx, spec)
             resharding = await reshard(ctx, spec, routing, password, status, logger, write)
         except MOVE_ERRORS as error:  # reading the moves failed: the next pass tries again
             logger.warning("resharding skipped this pass: %r", error)
+            record = False  # its movers may have patched the copy ahead of `routing`: kept
     if resharding is not None:
         actions += resharding.events
         routing = resharding.routing  # read again from ZooKeeper after its moves
@@ -167,7 +169,7 @@ async def health_pass(
     if resharding is not None and resharding.condition is not None:
         conditions.append(resharding.condition)
         fields["resharding"] = resharding.progress
-    if known is not None:  # the copy follows ZooKeeper, never the fallback
+    if record:
         fields[RECORD_FIELD] = routing_record(routing)
     ctx.metrics.observe_topic(
         (spec.namespace, spec.name), memory, None if owned is None else max(applied - owned, 0)
