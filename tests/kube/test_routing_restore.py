@@ -11,6 +11,7 @@ slots routed to brokers that do not hold them, and after a doubling the keys of 
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import threading
 from collections.abc import Awaitable, Callable
@@ -35,13 +36,14 @@ from delayq.kube.routing_ahead import status_writer
 from delayq.kube.routing_record import routing_record
 from delayq.kube.topics import parse_body
 from delayq.kube.zk import topic_root
+from delayq.local.waiting import eventually
 from delayq.queue import Queue
 from tests.kube.conftest import published_routing
 from tests.kube.pods import NAMESPACE, RedisPods
 from tests.kube.test_doubling import IDS, found_where_routed, topic_of_4_slots_grown_to_8
 from tests.kube.test_events import posted
 from tests.kube.test_handlers import body, condition, provision, write_status
-from tests.kube.test_resharding import grown_topic, health, masters, where_they_are
+from tests.kube.test_resharding import MASTERS, grown_topic, health, masters, where_they_are
 
 __all__ = ["masters"]  # the fixture shared with test_resharding (both brokers' masters)
 
@@ -383,3 +385,35 @@ async def test_a_doubling_whose_result_is_unreadable_keeps_the_copy_its_splitter
     assert doubled is not None
     assert doubled.generation == 1
     assert recorded(api) == routing_record(doubled)
+
+
+async def test_a_pass_beside_an_abandoned_move_leaves_the_copy_to_it(
+    api: kmock.KubernetesEmulator,
+    ctx: OperatorContext,
+    zk: KazooClient,
+    redis_pods: RedisPods,
+    masters: list[Queue],
+    logger: logging.Logger,
+) -> None:
+    """A pass abandoned at its bound leaves its move running (a thread); the next pass reads
+    the routing, and the move may switch before that pass patches the status: the pass must
+    not write its older read over the copy the move patched before its switch."""
+    await grown_topic(api, ctx, zk, redis_pods, masters, logger, maxConcurrentMoves=1)
+    with redis_pods.client(MASTERS[1]) as target:
+        target.client_pause(3000, all=False)  # the target's writes wait: the copy hangs
+    with pytest.raises(TimeoutError):
+        await asyncio.wait_for(health(api, ctx, logger), 1.0)  # abandoned, as by the loop
+    write_status(api, {"routing": None})  # a copy the pass would write, were it allowed
+    await health(api, ctx, logger)  # beside the abandoned move
+    assert recorded(api) is None
+    mover = SlotMover(zk, TopicPaths(NAMESPACE, "orders"), masters)
+    await eventually(lambda: not mover.migrations(), 10.0, "the abandoned move to end")
+    moved = published_routing(zk)
+    assert moved is not None
+    assert moved.broker_of_slot[4] == 1
+    assert recorded(api) == routing_record(moved)  # its mover's, before its switch
+    await health(api, ctx, logger)  # the moves left, the copy following them
+    after = published_routing(zk)
+    assert after is not None
+    assert after.slots_per_broker() == {0: 4, 1: 4}
+    assert recorded(api) == routing_record(after)

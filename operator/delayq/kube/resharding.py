@@ -77,6 +77,11 @@ _under_way: dict[tuple[str, str], list[Future[Any]]] = {}
 MOVERS_STOP_S = 20.0
 
 
+def moving(spec: TopicSpec) -> bool:
+    """A move (or doubling) of the topic that an abandoned pass started still runs."""
+    return not all(move.done() for move in _under_way.get((spec.namespace, spec.name), []))
+
+
 async def movers_stopped(timeout_s: float = MOVERS_STOP_S) -> bool:
     """Wait up to `timeout_s` for every move thread of this process to end; False if one
     still runs (a thread cannot be cancelled)."""
@@ -132,7 +137,7 @@ async def reshard(
     if routing.broker_count < spec.brokers:
         return Resharding(routing)  # reconcile has not published the new brokers yet
     key = (spec.namespace, spec.name)
-    if not all(move.done() for move in _under_way.get(key, [])):
+    if moving(spec):
         logger.warning("resharding waits: a move of an abandoned pass still runs")
         return Resharding(routing)
     topic = routed_topic(spec.topic, routing)  # its syncReplicas too

@@ -32,7 +32,7 @@ from delayq.kube.failover import Decision, RedisPod, decide
 from delayq.kube.handlers.restore import read_or_restore
 from delayq.kube.handlers.switchover import label_role, switch_over
 from delayq.kube.redisctl import BrokerMemory
-from delayq.kube.resharding import MOVE_ERRORS, reshard, services_rolled
+from delayq.kube.resharding import MOVE_ERRORS, moving, reshard, services_rolled
 from delayq.kube.routing_ahead import status_writer
 from delayq.kube.routing_record import RECORD_FIELD, RoutingRecordInvalid, routing_record
 from delayq.kube.spec import SpecError, TopicSpec
@@ -89,6 +89,9 @@ async def health_pass(
     except SpecError:
         return {}  # reconcile() already reported it; nothing here is safe to touch
     applied = int(status["appliedSlotAmount"])
+    # a move of an abandoned pass may switch after this pass reads the routing: its copy in
+    # status, patched before that switch, must not be overwritten by this pass's older read
+    abandoned = moving(spec)
     secret = await topic_secret(ctx, spec)
     password = secret.get(naming.SECRET_REDIS_ADMIN_PASSWORD, "")
     zk_password = secret.get(naming.SECRET_ZOOKEEPER_PASSWORD, "")
@@ -119,7 +122,7 @@ async def health_pass(
     # every master ready, every service on the spec, ZooKeeper up with a routing (none: its
     # data lost with no copy to restore, and moves or a doubling planned on the first routing
     # would strand messages)
-    record = known is not None  # the status copy follows ZooKeeper, never the fallback
+    record = known is not None and not abandoned  # follows ZooKeeper, never the fallback
     if rolled and owned is not None and known is not None:
         try:
             write = status_writer(ctx, spec)
@@ -179,7 +182,7 @@ async def health_pass(
         conditions.append(slots_condition(ctx, spec, status, unowned, applied))
         fields["slots"] = {"total": applied, "owned": owned, "unowned": unowned}
     patch = with_conditions(ctx, body, conditions, **fields)
-    if resharding is not None and resharding.recorded:
+    if record and resharding is not None and resharding.recorded:
         # patched ahead of a switch meanwhile: the diff against the status the pass started
         # from would leave it ahead when a switch failed
         patch[RECORD_FIELD] = fields[RECORD_FIELD]
