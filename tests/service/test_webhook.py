@@ -315,6 +315,38 @@ async def test_a_batch_reply_without_results_retries_the_whole_batch(
     assert "batch reply is not" in info["deadReason"]
 
 
+async def test_a_batch_reply_that_only_looks_like_an_ack_acks_nothing(
+    start_service: StartService, receiver: Receiver
+):
+    """Regression: the reply was read leniently, so a receiver answering one id both 500 and
+    200 (the last won), or with a status `"200"`, `299.9` or `true` (int() of them), had the
+    message acked though it never plainly confirmed it. Each such reply retries the message;
+    only the plain answer of the last POST acks it."""
+    lies: list[Callable[[str], list[dict[str, Any]]]] = [
+        lambda i: [{"id": i, "status": 500}, {"id": i, "status": 200}],
+        lambda i: [{"id": i, "status": "200"}],
+        lambda i: [{"id": i, "status": 299.9}],
+        lambda i: [{"id": i, "status": True}],
+        lambda i: [{"id": i, "status": 200}],  # the truth, at last
+    ]
+
+    def reply(body: bytes) -> bytes:
+        [message] = json.loads(body)["messages"]
+        return json.dumps({"results": lies[len(receiver.requests) - 1](message["id"])}).encode()
+
+    receiver.reply = reply
+    running = await start_service(
+        topic_type="webhook", webhook_url=receiver.url, webhook_max_batch=5,
+    )
+    await schedule(running, "l")
+
+    async def acked() -> bool:
+        return await state_of(running, "l") == "absent"
+
+    await eventually(acked, 10, "the ack of the plain answer")
+    assert [m["attempt"] for m in posted(receiver)] == [1, 2, 3, 4, 5]
+
+
 async def test_one_id_twice_never_shares_a_batch(
     start_service: StartService, receiver: Receiver
 ):

@@ -332,13 +332,27 @@ class WebhookSink:
 
 
 def batch_answers(reply: bytes) -> dict[str, int]:
-    """Message id -> status from a batch reply `{"results": [{"id": ..., "status": ...}]}`;
-    a reply of any other shape is a failed delivery of the whole batch (never an ack)."""
+    """Message id -> status from a batch reply `{"results": [{"id": ..., "status": ...}]}`.
+
+    Only that exact shape counts: an id that is a string and a status that is an integer (not
+    `"200"`, `299.9` or `true`, which a lenient reading would take for a 2xx), and one answer
+    per id (repeating it alike is harmless). A reply of any other shape, or answering one id
+    both ways, is a failed delivery of the whole batch: never an ack the receiver did not give.
+    """
     try:
         results: Any = json.loads(reply)["results"]
-        return {str(result["id"]): int(result["status"]) for result in results}
-    except (ValueError, KeyError, TypeError) as error:
+        if not isinstance(results, list):
+            raise TypeError("results is not a list")
+        answers: dict[str, int] = {}
+        for result in results:
+            message_id, status = result["id"], result["status"]
+            if not isinstance(message_id, str) or type(status) is not int:
+                raise TypeError("an id that is not a string or a status that is not an integer")
+            if answers.setdefault(message_id, status) != status:
+                raise ValueError(f"two different answers for id {message_id!r}")
+    except (ValueError, KeyError, TypeError, RecursionError) as error:
         raise DeliveryError(
             f'batch reply is not {{"results": [{{"id": ..., "status": ...}}]}}: '
-            f"{type(error).__name__}"
+            f"{type(error).__name__}: {str(error)[:200]}"
         ) from None
+    return answers
