@@ -347,6 +347,74 @@ async def test_a_batch_reply_that_only_looks_like_an_ack_acks_nothing(
     assert [m["attempt"] for m in posted(receiver)] == [1, 2, 3, 4, 5]
 
 
+async def serve_hook(handler: Callable[[web.Request], Awaitable[web.StreamResponse]]
+                     ) -> tuple[web.AppRunner, str]:
+    """A real receiver on loopback answering POST /hook with `handler`: (its runner, its URL)."""
+    app = web.Application()
+    app.router.add_post("/hook", handler)
+    runner = web.AppRunner(app, access_log=None)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+    return runner, f"http://127.0.0.1:{port}/hook"
+
+
+async def test_a_2xx_with_an_endless_body_acks_without_reading_it(start_service: StartService):
+    """Regression: the sender read every reply whole, so a receiver answering 200 and then
+    streaming a body without end made each POST buffer it until the timeout (memory at the
+    receiver's will, 64 POSTs at once) and counted its own 200 as a failure: retried, then
+    dead. The status is the answer; the body is read no further than a small bound."""
+    posts: list[bytes] = []
+
+    async def endless(request: web.Request) -> web.StreamResponse:
+        posts.append(await request.read())
+        response = web.StreamResponse(status=200)
+        await response.prepare(request)
+        while True:
+            await response.write(b"x" * 65536)
+            await asyncio.sleep(0.005)
+
+    runner, url = await serve_hook(endless)
+    try:
+        running = await start_service(
+            topic_type="webhook", webhook_url=url, webhook_timeout_ms=2000, max_retries=1,
+        )
+        await schedule(running, "e")
+
+        async def acked() -> bool:
+            return await state_of(running, "e") == "absent"
+
+        await eventually(acked, 10, "the ack of the 200")
+        assert [json.loads(body)["attempt"] for body in posts] == [1]
+    finally:
+        await runner.cleanup()
+
+
+async def test_a_batch_reply_over_its_bound_acks_nothing(
+    start_service: StartService, receiver: Receiver
+):
+    """Regression: a batch reply was read whole whatever its size. One over the bound (64 KiB
+    and 4 KiB per message) is not read on: the batch is retried, never acked by it."""
+    def reply(body: bytes) -> bytes:
+        answer: dict[str, Any] = json.loads(answer_each(body))
+        if len(receiver.requests) == 1:
+            answer["padding"] = "x" * (1 << 20)
+        return json.dumps(answer).encode()
+
+    receiver.reply = reply
+    running = await start_service(
+        topic_type="webhook", webhook_url=receiver.url, webhook_max_batch=5,
+    )
+    await schedule(running, "o")
+
+    async def acked() -> bool:
+        return await state_of(running, "o") == "absent"
+
+    await eventually(acked, 10, "the ack of the second, short reply")
+    assert [m["attempt"] for m in posted(receiver)] == [1, 2]
+
+
 async def test_one_id_twice_never_shares_a_batch(
     start_service: StartService, receiver: Receiver
 ):

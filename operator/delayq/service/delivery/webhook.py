@@ -55,6 +55,11 @@ from delayq.service.metrics import ServiceMetrics
 
 SlotClock = Callable[[int], float]  # slot -> ms on the clock of the Redis server storing it
 Waiting = tuple[Message, asyncio.Future[None]]  # a message and the wait for its answer
+#: The reply to a single POST is not needed (its status decides): at most this much is read,
+#: so a short one leaves the connection reusable; a longer one closes it.
+SINGLE_REPLY_BYTES = 64 * 1024
+BATCH_REPLY_BASE_BYTES = 64 * 1024
+BATCH_REPLY_BYTES_PER_MESSAGE = 4 * 1024
 
 
 def wall_ms() -> int:
@@ -184,7 +189,7 @@ class WebhookSink:
                 timestamp_s = int(self.clock_ms(message.slot) // 1000)
                 headers.update(self.signer.headers(message_id, timestamp_s, body))
             started = time.monotonic()
-            status, _ = await self._post(body, headers, started)
+            status, _ = await self._post(body, headers, started, SINGLE_REPLY_BYTES)
         if not 200 <= status < 300:
             raise DeliveryError(f"POST {self.url}: HTTP {status}")
 
@@ -268,9 +273,14 @@ class WebhookSink:
                 timestamp_s = int(self.clock_ms(sent[0][0].slot) // 1000)
                 headers.update(self.signer.headers(batch_id, timestamp_s, body))
             try:
-                status, reply = await self._post(body, headers, time.monotonic())
+                limit = batch_reply_bytes(len(sent))
+                status, reply = await self._post(body, headers, time.monotonic(), limit)
                 if not 200 <= status < 300:
                     raise DeliveryError(f"POST {self.url}: HTTP {status}")
+                if reply is None:
+                    raise DeliveryError(
+                        f"POST {self.url}: HTTP {status}, its reply over {limit} bytes or cut off"
+                    )
                 answers = batch_answers(reply)
             except DeliveryError as error:
                 for _, answered in sent:
@@ -295,8 +305,13 @@ class WebhookSink:
                     answered.set_exception(DeliveryError(f"POST {self.url}: batch not sent"))
 
     async def _post(
-        self, body: bytes, headers: dict[str, str], started: float
-    ) -> tuple[int, bytes]:
+        self, body: bytes, headers: dict[str, str], started: float, reply_limit: int
+    ) -> tuple[int, bytes | None]:
+        """The receiver's status and reply: None when the reply is over `reply_limit` bytes
+        or cut off (reset, or the timeout while it trickles in), read no further: a receiver
+        cannot make the sender buffer what it likes (64 POSTs of a gigabyte each). A single
+        POST's answer is its status alone, so a 2xx followed by an endless or broken body
+        still acks; a batch without its whole reply has no answers (`_send_batch`)."""
         if self._literal_refusal:
             self._observe("refused", started)
             raise DeliveryError(f"POST {self.url}: {self._literal_refusal}")
@@ -304,8 +319,8 @@ class WebhookSink:
             async with self._session.post(
                 self.url, data=body, headers=headers, allow_redirects=False
             ) as response:
-                reply = await response.read()
                 status = response.status
+                reply = await read_reply(response, reply_limit)
         except aiohttp.ClientConnectorError as error:
             if isinstance(error.os_error, TargetRefusedError):
                 self._observe("refused", started)
@@ -329,6 +344,28 @@ class WebhookSink:
         for answered in list(self._unanswered):  # a batch cancelled before it ran settles none
             answered.cancel()
         await self._session.close()
+
+
+async def read_reply(response: aiohttp.ClientResponse, limit: int) -> bytes | None:
+    """The whole body if it is at most `limit` bytes and arrives whole, else None (the
+    connection is then closed, not pooled, as aiohttp does with a body not read to its end)."""
+    chunks: list[bytes] = []
+    size = 0
+    try:
+        async for chunk in response.content.iter_any():
+            size += len(chunk)
+            if size > limit:
+                return None
+            chunks.append(chunk)
+    except (aiohttp.ClientError, TimeoutError):
+        return None
+    return b"".join(chunks)
+
+
+def batch_reply_bytes(messages: int) -> int:
+    """The largest batch reply read: room for an answer per message with a long id and a
+    reason beside its status, and a fixed margin; a larger one fails the batch."""
+    return BATCH_REPLY_BASE_BYTES + BATCH_REPLY_BYTES_PER_MESSAGE * messages
 
 
 def batch_answers(reply: bytes) -> dict[str, int]:
