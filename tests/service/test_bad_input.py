@@ -104,6 +104,26 @@ async def test_a_message_with_a_slot_basis_is_addressed_with_it(start_service: S
     assert (status, error["field"]) == (400, "messages[1].slotBasis")
 
 
+async def test_one_id_twice_in_a_batch_is_400_and_nothing_is_stored(
+    start_service: StartService,
+):
+    """Regression: a batch giving one message twice was stored in part: 200 with the first
+    `created` and the second `exists` (its own payload dropped, as if it had been there
+    before), or in upsert mode whichever came last."""
+    running = await start_service()
+    for mode in ("create", "upsert"):
+        twice = [
+            {"id": "keep", "delayMs": 60_000},
+            {"id": "twice", "delayMs": 60_000, "payload": "first"},
+            {"id": "twice", "delayMs": 60_000, "payload": "second"},
+        ]
+        status, error = await post(running, "/messages/batch", {"messages": twice, "mode": mode})
+        assert (status, error["field"]) == (400, "messages[2].id"), error
+        for message_id in ("keep", "twice"):
+            got = await running.client.get(f"{running.base}/messages/{message_id}")
+            assert got.status == 404, message_id
+
+
 async def test_deeply_nested_json_is_400(start_service: StartService):
     running = await start_service()
     answer = await running.client.post(
@@ -176,7 +196,7 @@ def _body_for(path: str, field: str, value: Any) -> tuple[str, dict[str, Any]]:
     if field in ("delayMs", "atMs"):
         return "/messages", {"id": "bound", field: value}
     if field == "messages":
-        return "/messages/batch", {"messages": [message] * value}
+        return "/messages/batch", {"messages": [{**message, "id": f"b{i}"} for i in range(value)]}
     if field == "id":
         return "/messages", {**message, "id": "x" * value}
     return path, {field: value}

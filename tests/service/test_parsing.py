@@ -153,8 +153,16 @@ def test_one_id_with_two_slot_bases_in_a_batch_is_refused():
     with pytest.raises(FieldError, match="one id, one slot basis") as caught:
         parse_batch({"messages": same}, TOPIC)
     assert caught.value.field == "messages[1].slotBasis"
-    twice = [{"id": "a", "delayMs": 1, "slotBasis": "x"}] * 2
-    assert len(parse_batch({"messages": twice}, TOPIC)) == 2
+
+
+def test_one_id_twice_in_a_batch_is_refused():
+    """Regression: the same (basis, id) twice was accepted: create mode stored the first and
+    answered the second `exists` as if it had been there before (its payload dropped)."""
+    twice = [{"id": "b", "delayMs": 1}, {"id": "a", "delayMs": 1, "slotBasis": "x"},
+             {"id": "a", "delayMs": 2, "slotBasis": "x", "payload": "other"}]
+    with pytest.raises(FieldError, match=r"repeats messages\[1\]\.id") as caught:
+        parse_batch({"messages": twice}, TOPIC)
+    assert caught.value.field == "messages[2].id"
 
 
 @pytest.mark.parametrize(

@@ -517,7 +517,7 @@ def _paths() -> dict[str, Schema]:
         },
         messages + "/batch": {
             "post": operation(
-                f"Schedule 1 to {MAX_BATCH} messages",
+                f"Schedule 1 to {MAX_BATCH} messages, each id once (an id twice is a 400)",
                 {
                     **ok("every message stored: a result per message, in order", results),
                     "207": {

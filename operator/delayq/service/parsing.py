@@ -209,17 +209,22 @@ def parse_message(body: Any, topic: Topic, prefix: str = "") -> ScheduleRequest:
 def parse_batch(body: Body, topic: Topic) -> list[ScheduleRequest]:
     items = get_list(body, "messages", MAX_BATCH)
     messages = [parse_message(item, topic, f"messages[{i}].") for i, item in enumerate(items)]
-    _refuse_two_bases(messages)
+    _refuse_repeated_ids(messages)
     return messages
 
 
-def _refuse_two_bases(messages: list[ScheduleRequest]) -> None:
-    """A message is (slot basis, id): the same id under two bases would be two messages in two
-    slots that GET, cancel and the receivers' dedupe by id cannot tell apart — surely a
-    mistake when one batch says both."""
+def _refuse_repeated_ids(messages: list[ScheduleRequest]) -> None:
+    """One message per id in a batch. A message is (slot basis, id): the same id under two
+    bases would be two messages in two slots that GET, cancel and the receivers' dedupe by id
+    cannot tell apart — surely a mistake when one batch says both. The same id twice under one
+    basis is one message given twice: create mode would store the first and answer the second
+    `exists` as if it had been there before, upsert would keep whichever came last — either
+    way a part of the batch silently not stored as sent."""
     bases: dict[str, tuple[int, str | None]] = {}
     for index, message in enumerate(messages):
         first, basis = bases.setdefault(message.id, (index, message.slot_basis))
+        if first == index:
+            continue
         if basis != message.slot_basis:
             field = f"messages[{index}].slotBasis"
             raise FieldError(
@@ -227,6 +232,11 @@ def _refuse_two_bases(messages: list[ScheduleRequest]) -> None:
                 f"{field} {message.slot_basis!r} differs from messages[{first}].slotBasis "
                 f"{basis!r} for the same id {message.id!r}: one id, one slot basis",
             )
+        field = f"messages[{index}].id"
+        raise FieldError(
+            field,
+            f"{field} {message.id!r} repeats messages[{first}].id: one message per id in a batch",
+        )
 
 
 def parse_lease_request(body: Body, topic: Topic, max_batch: int = MAX_LEASE_BATCH) -> LeaseRequest:
