@@ -123,8 +123,13 @@ async def test_expiry_over_http(start_service: StartService):
     early = {"id": "e", "atMs": 2**41, "expireAtMs": 2**41}
     answer = await client.post(f"{base}/messages", json=early)
     assert (answer.status, (await answer.json())["field"]) == (400, "expireAtMs")
-    batch = await client.post(f"{base}/messages/batch", json={"messages": [early]})
-    assert [r["result"] for r in (await batch.json())["results"]] == ["expires_before_due"]
+    fine = {"id": "f", "delayMs": 60_000}
+    batch = await client.post(f"{base}/messages/batch", json={"messages": [fine, early]})
+    results = [r["result"] for r in (await batch.json())["results"]]
+    assert results == ["created", "expires_before_due"]
+    # regression: a 200 ("every message stored") told a client reading the status that this
+    # one was; refused for good, so no Retry-After either
+    assert (batch.status, batch.headers.get("Retry-After")) == (207, None)
     assert (await client.get(f"{base}/messages/e")).status == 404
 
 
@@ -144,6 +149,7 @@ async def test_over_quota_is_429_with_retry_after(start_service: StartService):
         f"{base}/messages/batch", json={"messages": [{"id": second, "delayMs": 0}]}
     )
     assert [r["result"] for r in (await batch.json())["results"]] == ["over_quota"]
+    assert (batch.status, batch.headers["Retry-After"]) == (207, "5")  # regression: was 200
 
 
 async def test_batch_schedule_and_binary_payloads(start_service: StartService):

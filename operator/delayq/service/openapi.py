@@ -521,8 +521,11 @@ def _paths() -> dict[str, Schema]:
                 {
                     **ok("every message stored: a result per message, in order", results),
                     "207": {
-                        "description": "some slots' chunks refused after others were stored: "
-                        "a result per message says which; resend the failed and unknown ones",
+                        "description": "not every message stored: a result per message says "
+                        "which. too_far and expires_before_due are refused for good (fix them); "
+                        "failed and unknown (some slots' chunks refused after others were "
+                        "stored) and over_quota: resend those after Retry-After, which is then "
+                        "set",
                         "headers": RETRY_AFTER,
                         **json_content(results),
                     },

@@ -89,15 +89,20 @@ async def schedule(request: web.Request) -> web.Response:
 
 
 async def schedule_batch(request: web.Request) -> web.Response:
-    """200 when every message is stored; 207 (with Retry-After) when some slots' chunks were
-    refused after others were stored: each result says which, resend the others."""
+    """200 when every message is stored; else 207, each result saying which were: those the
+    engine refused for good (`too_far`, `expires_before_due`) must be fixed, and when some
+    are worth sending again — slots' chunks refused after others were stored (`failed`,
+    `unknown`), or `over_quota` — Retry-After says when. Never a 200 over a message not
+    stored: a client that reads only the status would lose it."""
     service = service_for(request)
     body = await json_body(request)
     messages = parse_batch(body, service.topic)
     results = await _schedule(service, messages, parse_mode(body))
     answer = json_response({"results": [result_json(r) for r in results]})
-    if any(isinstance(r, ScheduleFailure) for r in results):
+    retry = [r for r in results if isinstance(r, ScheduleFailure) or r.code is Code.OVER_QUOTA]
+    if retry or any(r.code.is_error for r in results if isinstance(r, ScheduleResult)):
         answer.set_status(207)
+    if retry:
         answer.headers["Retry-After"] = str(RETRY_AFTER_S)
     return answer
 
