@@ -202,6 +202,19 @@ def _body_for(path: str, field: str, value: Any) -> tuple[str, dict[str, Any]]:
     return path, {field: value}
 
 
+async def test_a_due_time_too_far_ahead_names_the_field_given(start_service: StartService):
+    """Regression: an atMs past now + 20 years (TOO_FAR, which only the script can tell) was
+    a 400 naming `delayMs`, a field the request did not have."""
+    running = await start_service()
+    far = {"atMs": 2**52}
+    status, error = await post(running, "/messages", {"id": "far", **far})
+    assert (status, error["field"]) == (400, "atMs"), error
+    assert (await post(running, "/messages", {"id": "near", "delayMs": 60_000}))[0] == 201
+    for when, field in ((far, "atMs"), ({"delayMs": 2**52}, "delayMs")):
+        status, error = await post(running, "/messages/near/reschedule", when)
+        assert (status, error["field"]) == (400, field), error
+
+
 async def test_every_documented_bound_is_the_enforced_bound(start_service: StartService):
     """Values at each bound the OpenAPI document states pass the parser; one beyond it is a
     400 naming the field: the document and the parser share their constants."""

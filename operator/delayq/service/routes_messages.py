@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import redis
@@ -9,7 +11,13 @@ from aiohttp import web
 
 from delayq.queue import plans
 from delayq.queue.client import AsyncQueue
-from delayq.queue.codes import Code, NotFoundError, ReplicationTimeoutError, raise_for_code
+from delayq.queue.codes import (
+    Code,
+    NotFoundError,
+    ReplicationTimeoutError,
+    TooFarError,
+    raise_for_code,
+)
 from delayq.queue.model import (
     Mode,
     ScheduleFailure,
@@ -18,6 +26,7 @@ from delayq.queue.model import (
     State,
     Target,
 )
+from delayq.queue.topic import MAX_DELAY_MS
 from delayq.service.envelope import info_json
 from delayq.service.http_support import (
     RETRY_AFTER_S,
@@ -27,6 +36,7 @@ from delayq.service.http_support import (
     slot_of_target,
 )
 from delayq.service.parsing import (
+    FieldError,
     parse_batch,
     parse_message,
     parse_mode,
@@ -82,7 +92,8 @@ async def schedule(request: web.Request) -> web.Response:
     message = parse_message(body, service.topic)
     [result] = await _schedule(service, [message], parse_mode(body))
     assert isinstance(result, ScheduleResult)  # one message: stored, or _schedule raised
-    raise_for_code(result.code, "schedule", result.id)
+    with _too_far_named(message.at_ms):
+        raise_for_code(result.code, "schedule", result.id)
     return web.json_response(
         result_json(result), status=201 if result.code is Code.CREATED else 200
     )
@@ -142,6 +153,19 @@ async def _schedule(
     return results
 
 
+@contextmanager
+def _too_far_named(at_ms: int | None) -> Iterator[None]:
+    """A due time too far ahead (only the script knows: it is relative to the Redis server's
+    now) is a 400 naming the field the client gave, `atMs` or `delayMs`."""
+    try:
+        yield
+    except TooFarError as error:
+        field = "delayMs" if at_ms is None else "atMs"
+        raise FieldError(
+            field, f"{error}: {field} is more than {MAX_DELAY_MS} ms after the Redis server's now"
+        ) from None
+
+
 def _target(request: web.Request, service: DelayService) -> Target:
     query = request.query
     return parse_target(
@@ -184,13 +208,14 @@ async def reschedule(request: web.Request) -> web.Response:
     target = _target(request, service)
     delay_ms, at_ms = parse_when(await json_body(request))
     queue = service.brokers.queue_for(slot_of_target(service, target))
-    outcome = await queue.reschedule(
-        target.id,
-        delay_ms=delay_ms,
-        at_ms=at_ms,
-        slot_basis=target.slot_basis,
-        slot=target.explicit_slot,
-    )
+    with _too_far_named(at_ms):
+        outcome = await queue.reschedule(
+            target.id,
+            delay_ms=delay_ms,
+            at_ms=at_ms,
+            slot_basis=target.slot_basis,
+            slot=target.explicit_slot,
+        )
     return web.json_response(
         {"id": outcome.id, "result": outcome.code.name.lower(), "dueMs": outcome.at_ms}
     )
