@@ -3,6 +3,7 @@ auth, size limits, probes, metrics and the OpenAPI document."""
 
 from __future__ import annotations
 
+import asyncio
 import re
 from pathlib import Path
 
@@ -231,6 +232,26 @@ async def test_bearer_token(start_service: StartService):
     assert ok.status == 201
     for open_path in ("/healthz", "/readyz", "/metrics", "/openapi.json"):
         assert (await client.get(open_path)).status == 200, open_path
+
+
+async def test_a_token_of_bytes_that_are_not_utf8_is_401_not_500(start_service: StartService):
+    """Regression: an Authorization header with bytes that are not UTF-8 (which aiohttp keeps
+    as lone surrogates) made the token check raise: a 500 with a traceback, for anyone."""
+    running = await start_service(api_token="t0ken", read_token="r3ad")
+    body = b'{"id": "a", "delayMs": 1000}'
+    for method, token in ((b"POST", b"\xff\xfe"), (b"POST", b"t0ken\xff"), (b"GET", b"r3ad\xff")):
+        reader, writer = await asyncio.open_connection("127.0.0.1", running.client.port)
+        try:
+            writer.write(
+                method + b" /v1/topics/orders/messages" + (b"" if method == b"POST" else b"/a")
+                + b" HTTP/1.1\r\nHost: a\r\nConnection: close\r\nAuthorization: Bearer "
+                + token + b"\r\nContent-Length: " + str(len(body)).encode() + b"\r\n\r\n"
+                + body
+            )
+            status_line = await asyncio.wait_for(reader.readline(), 5)
+        finally:
+            writer.close()
+        assert status_line.startswith(b"HTTP/1.1 401 "), (token, status_line)
 
 
 async def test_rotation_accepts_the_current_and_the_previous_token(

@@ -226,11 +226,15 @@ def accepted_tokens(config: ServiceConfig, path: str, method: str = "GET") -> tu
 
 def bearer_matches(authorization: str, tokens: tuple[str, ...]) -> bool:
     """`Bearer <one of tokens>`: every token is compared, each in constant time, so neither the
-    answer's timing nor an early exit tells which token (or how much of one) matched."""
+    answer's timing nor an early exit tells which token (or how much of one) matched.
+
+    The header's bytes are compared as sent: aiohttp decodes bytes that are not UTF-8 as
+    lone surrogates (surrogateescape), which a plain `encode()` refuses with a 500."""
     scheme, _, given = authorization.partition(" ")
+    presented = given.encode("utf-8", "surrogateescape")
     matched = False
     for token in tokens:
-        matched |= hmac.compare_digest(given.encode(), token.encode())
+        matched |= hmac.compare_digest(presented, token.encode())
     return scheme.lower() == "bearer" and matched
 
 
