@@ -129,6 +129,16 @@ async def test_a_request_with_an_unfinished_body_is_408(served: ServeProcess) ->
     assert elapsed < READ_TIMEOUT_MS / 1000 + 15  # the read timeout, then aiohttp's lingering
 
 
+def _malformed_logged(process: ServeProcess, error: str) -> list[dict[str, Any]]:
+    """The log lines of malformed requests whose error names `error`."""
+    lines = Path(process.log_path).read_text().splitlines()
+    return [
+        entry
+        for entry in (json.loads(line) for line in lines if line.startswith("{"))
+        if "malformed" in entry["msg"] and error in entry.get("error", "")
+    ]
+
+
 async def test_a_malformed_request_is_one_warning_without_traceback(served: ServeProcess) -> None:
     answer, _ = await _exchange(
         served, b"GET /healthz HTTP/1.1\r\nHost: a\r\nno colon here\r\n\r\n"
@@ -136,11 +146,34 @@ async def test_a_malformed_request_is_one_warning_without_traceback(served: Serv
     assert answer.split(b"\r\n")[0].endswith(b" 400 Bad Request")
 
     def logged() -> list[dict[str, Any]]:
-        lines = Path(served.log_path).read_text().splitlines()
-        return [json.loads(line) for line in lines if line.startswith("{") and "malformed" in line]
+        return _malformed_logged(served, "BadHttpMessage")
 
     wait_until(lambda: bool(logged()), 10, "the malformed request logged")
     [line] = logged()
     assert (line["level"], line["msg"]) == ("WARNING", "malformed HTTP request")
     assert "exc" not in line
+    assert "Traceback" not in Path(served.log_path).read_text()
+
+
+async def test_a_body_not_in_its_content_encoding_is_400_and_one_warning(
+    served: ServeProcess,
+) -> None:
+    """Regression: a gzip body that is not gzip was a 500 with a traceback; then, answered
+    400, aiohttp read on in the broken body and logged that at ERROR with a traceback."""
+    body = b"not gzip at all"
+    answer, _ = await _exchange(
+        served,
+        b"POST /v1/topics/orders/messages HTTP/1.1\r\nHost: a\r\nAuthorization: Bearer "
+        + TOKEN.encode() + b"\r\nContent-Type: application/json\r\nContent-Encoding: gzip\r\n"
+        + b"Content-Length: " + str(len(body)).encode() + b"\r\n\r\n" + body,
+    )
+    assert answer.startswith(b"HTTP/1.1 400 "), answer
+    assert json.loads(answer.split(b"\r\n\r\n", 1)[1])["field"] == "body"
+
+    def logged() -> list[dict[str, Any]]:
+        return _malformed_logged(served, "ContentEncodingError")
+
+    wait_until(lambda: bool(logged()), 10, "the malformed body logged")
+    [line] = logged()
+    assert (line["level"], "exc" in line) == ("WARNING", False)
     assert "Traceback" not in Path(served.log_path).read_text()

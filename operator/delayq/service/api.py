@@ -40,7 +40,12 @@ from delayq.service import (
     routes_ui,
 )
 from delayq.service.config import ServiceConfig
-from delayq.service.http_support import RETRY_AFTER_S, SERVICE, error_response
+from delayq.service.http_support import (
+    RETRY_AFTER_S,
+    SERVICE,
+    UnreadableBodyError,
+    error_response,
+)
 from delayq.service.openapi import openapi_document
 from delayq.service.overview import TopicViews
 from delayq.service.parsing import FieldError
@@ -110,7 +115,10 @@ async def errors_middleware(request: web.Request, handler: Handler) -> web.Strea
     try:
         return await handler(request)
     except FieldError as error:
-        return error_response(error.status, str(error), error.field)
+        response = error_response(error.status, str(error), error.field)
+        if isinstance(error, UnreadableBodyError):
+            response.force_close()
+        return response
     except InvalidMessageError as error:
         return error_response(400, str(error))
     except NotFoundError as error:

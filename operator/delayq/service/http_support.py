@@ -30,6 +30,12 @@ class BodyTimeoutError(FieldError):
     status = 408
 
 
+class UnreadableBodyError(FieldError):
+    """The body's bytes do not follow its Content-Encoding (HTTP 400). Answered with the
+    connection closed: aiohttp would otherwise read on in the broken body to keep the
+    connection alive, fail on it with an unhandled error and drop the connection anyway."""
+
+
 def slot_of_target(service: DelayService, target: Target) -> int:
     """The slot a message lives in, by the engine's own routing (`Target.slot`)."""
     return target.slot(service.topic)
@@ -57,14 +63,17 @@ def error_response(status: int, message: str, field: str | None = None) -> web.R
 
 
 async def json_body(request: web.Request) -> Body:
-    """The request's JSON object; 400 naming `body` when it is not one, 408 when it does not
-    arrive within the service's read timeout."""
+    """The request's JSON object; 400 naming `body` when it is not one or cannot be read as
+    sent (a Content-Encoding its bytes do not follow: aiohttp's RequestPayloadError, which
+    would be a 500), 408 when it does not arrive within the service's read timeout."""
     timeout_ms = request.app[SERVICE].config.read_timeout_ms
     try:
         async with asyncio.timeout(timeout_ms / 1000):
             raw = await request.read()
     except TimeoutError:
         raise BodyTimeoutError("body", f"body not received within {timeout_ms} ms") from None
+    except web.RequestPayloadError as error:
+        raise UnreadableBodyError("body", f"body cannot be read: {error}") from None
     try:
         data = orjson.loads(raw)
     except orjson.JSONDecodeError:

@@ -8,6 +8,7 @@ import time
 from typing import Any
 
 from aiohttp.http_exceptions import HttpProcessingError
+from aiohttp.web import RequestPayloadError
 
 _STANDARD = set(vars(logging.makeLogRecord({}))) | {"message", "asctime"}
 
@@ -30,12 +31,15 @@ class JsonFormatter(logging.Formatter):
 
 
 class MalformedRequests(logging.Filter):
-    """aiohttp logs a request it cannot parse (bad request line, header, chunking) at ERROR
+    """aiohttp logs a request it cannot parse (bad request line, header, chunking, a body not
+    in its Content-Encoding, which the API answered 400 before aiohttp read on in it) at ERROR
     with a traceback, as if the server had failed: a client's mistake becomes one WARNING line
     naming it, without the traceback. A failure of our own handlers stays an ERROR."""
 
     def filter(self, record: logging.LogRecord) -> bool:
         error = record.exc_info[1] if record.exc_info else None
+        if isinstance(error, RequestPayloadError):  # the body's parse error is its cause
+            error = error.__cause__
         if isinstance(error, HttpProcessingError) and record.levelno > logging.WARNING:
             record.levelno, record.levelname = logging.WARNING, "WARNING"
             record.msg, record.args, record.exc_info = "malformed HTTP request", (), None
