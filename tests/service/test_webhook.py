@@ -25,7 +25,7 @@ from delayq.local.redis_server import RedisServer
 from delayq.local.waiting import eventually
 from delayq.queue.client import AsyncQueue
 from delayq.queue.keys import Part, slot_keys
-from delayq.queue.model import Message, State
+from delayq.queue.model import Message, State, Target
 from delayq.queue.topic import Topic, TopicType
 from delayq.service.config import ServiceConfig
 from delayq.service.delivery.signing import (
@@ -512,6 +512,37 @@ async def test_a_taken_over_backlog_is_delivered_at_once(
         await ownership.grant(frozenset(service.topic.slots))
         await eventually(lambda: len(receiver.requests) == 1, 5, "the backlog's delivery")
         assert json.loads(receiver.bodies()[0])["id"] == scheduled.id
+    finally:
+        await service.stop()
+
+
+async def test_a_handoff_waits_for_a_post_as_long_as_the_webhook_timeout(
+    receiver: Receiver, redis_server: RedisServer
+):
+    """Regression: releasing a slot waited 10 s for its deliveries, whatever the webhook
+    timeout, so a receiver answering after 11 s (within a 15 s timeout) had its POST still in
+    flight when the slot was handed over: the next owner's fence refuses the late ack and the
+    message is delivered again. The release now lasts until the POST's answer is acked."""
+    async def slow(call: int) -> int:
+        await asyncio.sleep(11)  # the receiver is slow, not the test: it answers within 15 s
+        return 200
+
+    receiver.answer = slow
+    config = ServiceConfig(
+        redis_url=redis_server.url, topic="handoff", slot_amount=4, topic_type=TopicType.WEBHOOK,
+        webhook_url=receiver.url, webhook_timeout_ms=15_000, ack_timeout_ms=30_000,
+    )
+    ownership = GrantedLater()
+    service = DelayService(config, ownership)
+    await service.start()
+    try:
+        await ownership.grant(frozenset(service.topic.slots))
+        queue = service.queues[0]
+        await queue.schedule("slow", b"", delay_ms=0)
+        await eventually(lambda: len(receiver.requests) == 1, 5, "the POST")
+        await ownership.grant(frozenset())  # the handoff: returns once the slots are free
+        [info] = await queue.get_many([Target("slow")])
+        assert info.state is State.ABSENT, info.state  # acked before the slot was let go
     finally:
         await service.stop()
 
