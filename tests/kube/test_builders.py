@@ -716,3 +716,28 @@ def test_the_stream_key_is_the_service_users_only_extra_key() -> None:
     }
     patterns = [rule for rule in env["SERVICE_USER_RULES"].split() if rule.startswith("~")]
     assert patterns == ["~dq:{shop/orders/*", "~dq:{shop/orders}:*", "~orders:due"]
+
+
+@pytest.mark.parametrize(
+    ("fields", "waits_s"),
+    [
+        # a pull topic: the engine's 10 s handoff drain, the 20 s grace, 10 s for ZooKeeper
+        ({}, 10 + 20 + 10),
+        # a webhook POST may take its whole timeout, and its ack follows it
+        (
+            {
+                "topicType": "webhook",
+                "ackTimeout": "2m",
+                "delivery": {"webhook": {"url": "https://x.example/h", "timeout": "60s"}},
+            },
+            60 + 2 + 20 + 10,
+        ),
+    ],
+)
+def test_a_service_pod_is_not_killed_before_its_stop_can_end(
+    fields: dict[str, Any], waits_s: int
+) -> None:
+    """SIGKILL in the middle of a handoff redelivers every message whose POST was in flight:
+    the pod's grace period covers every wait of the service's stop (a fixed 30 s did not)."""
+    sts = by_kind_name(rendered(spec_of(**fields)))["StatefulSet", "orders-service"]
+    assert sts["spec"]["template"]["spec"]["terminationGracePeriodSeconds"] > waits_s

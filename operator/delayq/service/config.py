@@ -26,6 +26,7 @@ from delayq.queue.topic import EndAction, Topic, TopicError, TopicType
 from delayq.service.defaults import DEFAULTS
 from delayq.service.delivery.signing import Signer, parse_extra_headers
 from delayq.service.delivery.targets import TargetPolicy, parse_cidrs, split_cidrs
+from delayq.service.shutdown import GRACE_MS
 
 ENV_PREFIX = "DELAYQ_"
 #: What redis-py connects to (`stream_url`, from a tenant's Secret on Kubernetes).
@@ -284,7 +285,7 @@ class ServiceConfig:
         ),
     )
     grace_ms: int = field(
-        default=20_000, metadata=_help("SIGTERM: longest wait for in-flight deliveries")
+        default=GRACE_MS, metadata=_help("SIGTERM: longest wait for in-flight deliveries")
     )
     log_level: str = field(default="INFO", metadata=_help("logging level"))
 

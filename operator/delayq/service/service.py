@@ -45,10 +45,9 @@ from delayq.service.delivery.stream import StreamSink
 from delayq.service.delivery.webhook import WebhookSink
 from delayq.service.metrics import ServiceMetrics
 from delayq.service.readiness import PROBE_INTERVAL_S, PROBE_TIMEOUT_S, Readiness
+from delayq.service.shutdown import OWNERSHIP_STOP_TIMEOUT_S, release_drain_s
 
 log = logging.getLogger(__name__)
-OWNERSHIP_STOP_TIMEOUT_S = 10.0  # ephemeral owner nodes vanish with the session anyway
-ACK_AFTER_POST_S = 2.0  # a handoff's wait for the ack of a POST answered at its timeout
 
 
 class DelayService:
@@ -130,7 +129,9 @@ class DelayService:
                 # as many handlers per batch as messages the sink's POSTs may carry at once
                 batch_concurrency=self.config.webhook_max_in_flight * self.config.webhook_max_batch,
                 backoff=self.config.backoff,
-                release_drain_s=self._release_drain_s(),
+                release_drain_s=release_drain_s(
+                    self.topic.topic_type, self.config.webhook_timeout_ms
+                ),
             )
             self.consumers = [
                 Consumer(
@@ -158,16 +159,6 @@ class DelayService:
                 "brokers": len(self.queues),
             },
         )
-
-    def _release_drain_s(self) -> float:
-        """How long a handoff waits for the slot's deliveries in flight to be acked: the next
-        owner's fence refuses a later ack, and the message is delivered twice. A webhook POST
-        ends within the webhook timeout (which may be well over the engine's default), and
-        its ack follows it."""
-        default = ConsumerSettings.release_drain_s
-        if self.topic.topic_type is not TopicType.WEBHOOK:
-            return default
-        return max(default, self.config.webhook_timeout_ms / 1000 + ACK_AFTER_POST_S)
 
     async def _load_routing(self) -> None:
         """Topics with ZooKeeper take the routing node, and follow it: a slot move switches

@@ -37,6 +37,7 @@ from delayq.kube.spec import TopicSpec, zookeeper_ports
 from delayq.queue import TopicType
 from delayq.service.config import env_name
 from delayq.service.delivery.targets import parse_cidrs
+from delayq.service.shutdown import GRACE_MS, termination_grace_s
 from delayq.service.topic_file import TopicFile
 
 # What a webhook's egress rule leaves out unless the topic allows non-public targets: the
@@ -241,7 +242,9 @@ def service_statefulset(spec: TopicSpec, ctx: BuildContext, slot_amount: int) ->
                     "securityContext": pod_security_context(SERVICE_UID),
                     "automountServiceAccountToken": False,
                     "enableServiceLinks": False,
-                    "terminationGracePeriodSeconds": 30,
+                    "terminationGracePeriodSeconds": termination_grace_s(
+                        spec.topic_type, spec.delivery.webhook_timeout_ms, GRACE_MS
+                    ),
                     "affinity": {
                         "podAffinity": {
                             "preferredDuringSchedulingIgnoredDuringExecution": [
