@@ -339,3 +339,25 @@ def test_every_exit_code_is_documented_in_help(capsys):
     text = " ".join(capsys.readouterr().out.split())
     for code in (OK, NOT_FOUND, BAD_INPUT, UNREACHABLE):
         assert f"{code} " in text
+
+
+@pytest.mark.parametrize(
+    ("flag", "value", "named"),
+    [
+        ("--timeout", "-1", "--timeout"),  # the socket refused it with a traceback
+        ("--timeout", "nan", "--timeout"),
+        ("--timeout", "0", "--timeout"),  # every call failed as "unreachable"
+        ("--url", "http://127.0.0.1:abc", "--url"),  # urllib's InvalidURL traceback
+        ("--url", "http://[::1", "--url"),  # urlsplit's ValueError traceback
+        ("--url", "http://127.0.0.1:99999", "--url"),
+    ],
+)
+def test_a_bad_timeout_or_url_is_exit_2_without_a_traceback(flag, value, named, capsys):
+    try:
+        code = main(["topic", "stats", "--topic", TOPIC, flag, value])
+    except SystemExit as exit_:  # argparse
+        code = int(exit_.code or 0)
+    err = capsys.readouterr().err
+    assert code == BAD_INPUT
+    assert "Traceback" not in err
+    assert named in err.strip().splitlines()[-1]

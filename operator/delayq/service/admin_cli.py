@@ -17,6 +17,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
+import math
 import os
 import sys
 import threading
@@ -554,6 +555,18 @@ def _positive(text: str) -> int:
     return value
 
 
+def _seconds(text: str) -> float:
+    """argparse type of `--timeout`: a finite number of seconds above 0 (the socket refuses a
+    negative or NaN one with a traceback, and 0 would make every call fail as unreachable)."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds") from None
+    if not math.isfinite(value) or value <= 0:
+        raise argparse.ArgumentTypeError(f"{text} is not a number of seconds above 0")
+    return value
+
+
 def _common(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--url",
@@ -567,7 +580,7 @@ def _common(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--json", action="store_true", help="the API's JSON answer, for scripts")
     parser.add_argument(
-        "--timeout", type=float, default=TIMEOUT_S, help="seconds per request (default 30)"
+        "--timeout", type=_seconds, default=TIMEOUT_S, help="seconds per request (default 30)"
     )
 
 
@@ -694,8 +707,14 @@ def _command_name(args: argparse.Namespace) -> str:
 
 
 def _checked_url(url: str) -> str:
-    parts = urlsplit(url)
-    if parts.scheme not in ("http", "https") or not parts.netloc:
+    """The URL, or BAD_INPUT naming it: a port that is not a number or a broken IPv6 address
+    would otherwise surface as a traceback from urllib, on the first call."""
+    try:
+        parts = urlsplit(url)
+        usable = parts.scheme in ("http", "https") and bool(parts.hostname) and parts.port != 0
+    except ValueError:  # a port that is not a number or out of range, a broken IPv6 address
+        usable = False
+    if not usable:
         raise AdminError(BAD_INPUT, f"--url must be http(s)://host:port, not {url!r}")
     return url.rstrip("/")
 
