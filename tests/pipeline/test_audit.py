@@ -104,6 +104,28 @@ def test_early_duplicate_lost_retry_and_dead(by_slot):
     assert s1["lateness_max"] == 20_000
 
 
+def test_a_doubling_of_the_slots_is_followed_by_message(spark):
+    """Slots 2 -> 4: slot 0 splits into 0 and 2, its journal staying in 0. A message whose id
+    lands in 2 has its schedule in 0 and its delivery in 2: one message, neither lost nor a
+    fresh claim. Ids chosen by crc32(id) & 3: mover-4, again-1, gone-5 -> 2, stayer-5 -> 0,
+    gone-4 -> 0 (scheduled with a custom basis into slot 1, where the split leaves it)."""
+    j, split = Journal(), T0 + 2000
+    for message_id in ("mover-4", "again-1", "gone-5", "stayer-5"):
+        j.add(0, "scheduled", message_id, T0, T0 + 5000 if message_id != "again-1" else T0, 0)
+    j.add(1, "scheduled", "gone-4", T0, T0 + 5000, 0)
+    j.delivery(0, "again-1", T0, 5)  # acked before the doubling ...
+    j.delivery(2, "again-1", T0, split + 10 - T0)  # ... and claimed again after it: a duplicate
+    j.delivery(2, "mover-4", T0 + 5000, 5)
+    j.delivery(0, "stayer-5", T0 + 5000, 5)
+    j.delivery(1, "gone-4", T0 + 5000, 5)
+    j.add(3, "scheduled", "later", END, END + 3_600_000, 0)
+    flagged = audit.events(spark.createDataFrame(j.rows, SCHEMA))
+    [total] = audit.metrics(flagged, GRACE, audit.TOPIC_KEYS).collect()
+    assert (total["lost"], total["duplicates"], total["deliveries"]) == (1, 1, 5)
+    found = {(r["kind"], r["slot"], r["id"]) for r in audit.flagged_ids(flagged, GRACE).collect()}
+    assert found == {("lost", 0, "gone-5"), ("duplicate", 2, "again-1")}
+
+
 def test_audit_command_writes_totals_ids_plots_and_a_self_contained_page(journal, tmp_path, capsys):
     from pyspark.sql import functions as F
 

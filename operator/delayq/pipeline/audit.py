@@ -2,8 +2,15 @@
 
 Input: the archive's columns (namespace, topic, slot, stream_id, entry_ms, entry_seq, event, id,
 t, due, attempts). Within a slot the stream entry id (entry_ms, entry_seq) is the total order of
-events (one Lua call at a time per slot), and a message id never changes slot, so every
-per-message question is a window over (namespace, topic, slot, id) in that order.
+events (one Lua call at a time per slot), so every per-message question is a window over the
+message's events in that order.
+
+A message keeps its slot number across a slot move (its journal moves with it, entry ids and
+all), but not across a doubling of the slots: slot s of N splits into s and s + N, the whole
+journal stays in s, and a message whose id lands in s + N has its later events there. Such a
+message's slots all agree with the low bits of its id's CRC32 (`lineage`), so its events are
+one window: (namespace, topic, id) plus, for a message whose custom slot basis put it in a slot
+its id does not agree with (the split keeps it in place), its slot.
 
 Definitions (docs/pipeline.md repeats them for readers of the report):
 - lateness = t - due of each `claimed` event (due is the instant that delivery was for);
@@ -26,6 +33,8 @@ Column = Any  # pyspark.sql.Column
 TOPIC_KEYS = ("namespace", "topic")
 SLOT_KEYS = ("namespace", "topic", "slot")
 MESSAGE_KEYS = ("namespace", "topic", "slot", "id")
+LINEAGE = "lineage"  # -1 for a slot the id agrees with, else the slot: see the module docstring
+MESSAGE = ("namespace", "topic", "id", LINEAGE)  # one message, across the doublings of its slot
 QUANTILES = (0.5, 0.95, 0.99)
 PERCENTILE_ACCURACY = 10_000  # exact below 10k values per group, 0.01% rank error above
 # events that leave the id waiting in store
@@ -38,18 +47,38 @@ def _pos() -> Column:
     return F.struct("entry_ms", "entry_seq")
 
 
+def lineage() -> Column:
+    """-1 when the event's slot is the one its id routes to under some slot amount (the slot's
+    bits equal the low bits of crc32(id)), else the slot.
+
+    A doubling moves a message from s only to the half its id routes to, so every slot a
+    message lived in agrees with its id, or it never left its slot (a custom slot basis its id
+    does not agree with). The mask is the slot's bits smeared right (5 -> 7), exact in integers.
+    """
+    from pyspark.sql import functions as F
+
+    slot = F.col("slot").cast("long")
+    mask = slot
+    for shift in (1, 2, 4, 8, 16):
+        mask = mask.bitwiseOR(F.shiftright(mask, shift))
+    agrees = F.crc32(F.col("id").cast("binary")).bitwiseAND(mask) == slot
+    return F.when(agrees, F.lit(-1)).otherwise(slot)
+
+
 def events(journal: DataFrame) -> DataFrame:
-    """Deduplicated journal (by stream entry) with `lateness` and a `duplicate` flag per event.
+    """Deduplicated journal (by stream entry) with `lateness`, a `duplicate` flag and the
+    message's `lineage` per event.
 
     The archive writes each entry once; deduplicating here as well makes the audit correct
-    even over a dataset assembled by other means (copies, overlapping exports).
+    even over a dataset assembled by other means (copies, overlapping exports, a slot's journal
+    archived under two key generations around a doubling: same slot, same entry ids).
     """
     from pyspark.sql import Window
     from pyspark.sql import functions as F
 
-    unique = journal.dropDuplicates([*SLOT_KEYS, "stream_id"])
+    unique = journal.dropDuplicates([*SLOT_KEYS, "stream_id"]).withColumn(LINEAGE, lineage())
     before = (
-        Window.partitionBy(*MESSAGE_KEYS)
+        Window.partitionBy(*MESSAGE)
         .orderBy("entry_ms", "entry_seq")
         .rowsBetween(Window.unboundedPreceding, -1)
     )
@@ -75,18 +104,19 @@ def windows(journal: DataFrame) -> DataFrame:
     )
 
 
-def lost(journal: DataFrame, grace_ms: int) -> DataFrame:
-    """Messages left waiting past due + grace at the end of the journal: (keys, id, due)."""
+def lost(flagged: DataFrame, grace_ms: int) -> DataFrame:
+    """Messages of `events(journal)` left waiting past due + grace at the end of the journal:
+    (keys, id, due), the slot being that of the message's last event."""
     from pyspark.sql import functions as F
 
-    last = journal.groupBy(*MESSAGE_KEYS).agg(
-        F.max_by(F.struct("event", "due", "t"), _pos()).alias("last")
+    last = flagged.groupBy(*MESSAGE).agg(
+        F.max_by(F.struct("event", "due", "t", "slot"), _pos()).alias("last")
     )
     due = F.when(F.col("last.event") == "expired", F.col("last.t")).otherwise(F.col("last.due"))
     return (
-        last.join(windows(journal), list(TOPIC_KEYS))
+        last.join(windows(flagged), list(TOPIC_KEYS))
         .where(F.col("last.event").isin(*WAITING_EVENTS) & (due < F.col("end_ms") - grace_ms))
-        .select(*MESSAGE_KEYS, due.alias("due"))
+        .select(*TOPIC_KEYS, F.col("last.slot").alias("slot"), "id", due.alias("due"))
     )
 
 
