@@ -185,9 +185,9 @@ def test_arrow_writer_keeps_types_rejects_and_reruns_idempotently(
     spark, redis_server, redis_client, tmp_path
 ):
     """Parquet with binary payloads, a map of headers and a slot basis, through the Arrow writer:
-    the engine stores what the file holds; a row only the engine refuses (a control character in
-    its id, which the Spark rules do not look for) lands in the rejects with the engine's reason;
-    a re-run schedules nothing twice and rejects the same row again."""
+    the engine stores what the file holds; a row the engine would refuse (a control character in
+    its id) lands in the rejects with its whole source row; a re-run schedules nothing twice and
+    rejects the same row again."""
     bad_id = "bad\x01id"
     spark.createDataFrame(
         [
@@ -207,8 +207,8 @@ def test_arrow_writer_keeps_types_rejects_and_reruns_idempotently(
     assert (first.read, first.scheduled, first.already_present, first.rejected) == (3, 2, 0, 1)
     [reject] = _rejects(spark, rejects).values()
     assert reject.id == bad_id
-    assert "control character U+0001" in reject.reason
-    assert json.loads(reject.source) == {"id": bad_id, "delay_ms": 5000, "due_ms": None}
+    assert reject.reason == "id contains a control character"
+    assert json.loads(reject.source) == {"id": bad_id, "payload": "eA==", "delay": 5000}
     queue = Queue.from_url(redis_server.url, topic)
     m1, m2 = queue.get("m1", "t1"), queue.get("m2")
     queue.close()

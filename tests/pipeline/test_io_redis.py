@@ -1,11 +1,18 @@
-"""The ingest writer's Arrow side without Spark: columns in, the engine's requests out."""
+"""The ingest writer without Spark: columns in, the engine's requests out, written to Redis."""
 
 from __future__ import annotations
 
 import pyarrow as pa
 
 from delayq.pipeline import transforms as T
-from delayq.pipeline.io_redis import PartitionResult, Reject, requests_of, result_schema
+from delayq.pipeline.io_redis import (
+    PartitionResult,
+    RedisTarget,
+    Reject,
+    partition_writer,
+    requests_of,
+    result_schema,
+)
 from delayq.queue.model import ScheduleRequest
 
 
@@ -57,3 +64,18 @@ def test_a_partition_result_is_one_row_of_the_result_schema():
         }
     ]
     assert PartitionResult().to_arrow().to_pylist()[0]["rejects"] == []
+
+
+def test_the_writer_rejects_what_the_engine_refuses_and_writes_the_rest(redis_server):
+    """The safety net behind the Spark rules: a row the engine's validation refuses (here a
+    control character in the id, which Spark rejects before) becomes a reject with the engine's
+    reason, and the rest of its batch is still scheduled."""
+    batch = _batch(pa.array(["p", None, ""]), pa.nulls(3))
+    batch = batch.set_column(0, T.ID, pa.array(["a", "b\x01", "c"]))
+    target = RedisTarget((redis_server.url,), "shop", "writer", 2, 1024)
+    [out] = list(partition_writer(target)(iter([batch])))
+    [result] = out.to_pylist()
+    assert (result["rows"], result["scheduled"], result["existing"]) == (3, 2, 0)
+    [reject] = result["rejects"]
+    assert reject["id"] == "b\x01"
+    assert "control character U+0001" in reject["reason"]

@@ -94,6 +94,38 @@ def test_validation_agrees_with_the_engine(spark):
         assert (result.reason is None) == _engine_accepts(*row), (row, result.reason)
 
 
+def test_ids_and_slot_bases_the_engine_refuses_are_rejected_with_their_row(spark):
+    """A control character in the id, an empty, overlong or control-character slot basis: the
+    engine refuses them, so Spark must too, or the writer rejects them with only their id and
+    times as the source (payload, headers and the basis itself gone from the rejects file)."""
+    rows = [
+        ("ok", "p", None, 1, "tenant-7"),
+        ("ok-no-basis", "p", None, 1, None),
+        ("bell\x07", "p", None, 1, None),
+        ("c1\x85", "p", None, 1, None),
+        ("empty-basis", "p", None, 1, ""),
+        ("long-basis", "p", None, 1, "b" * (MAX_ID_BYTES + 1)),
+        ("longest-basis", "p", None, 1, "b" * MAX_ID_BYTES),
+        ("control-basis", "p", None, 1, "ten\nant"),
+    ]
+    df = spark.createDataFrame(rows, ROW_SCHEMA + ", slot_basis string")
+    validated = T.validate(T.canonical(df, {}), LIMIT, NOW_MS).collect()
+    for row, result in zip(rows, validated, strict=True):
+        topic = Topic("t", max_payload_bytes=LIMIT)
+        request = ScheduleRequest(row[0], row[1], delay_ms=row[3], slot_basis=row[4])
+        try:
+            plans.schedule(topic, [request], Mode.CREATE)
+            accepted = True
+        except InvalidMessageError:
+            accepted = False
+        assert (result.reason is None) == accepted, (row, result.reason)
+    reasons = {r.id: r.reason for r in validated}
+    assert reasons["empty-basis"].startswith("empty slot_basis")
+    assert reasons["control-basis"] == "slot_basis contains a control character"
+    assert reasons["c1\x85"] == "id contains a control character"
+    assert reasons["long-basis"] == f"slot_basis longer than {MAX_ID_BYTES} bytes"
+
+
 texts = st.text(alphabet=st.sampled_from("aé中🙂"), max_size=MAX_ID_BYTES // 2 + 8)
 delays = st.one_of(st.none(), st.integers(-2, 2), st.integers(MAX_DELAY_MS - 2, MAX_DELAY_MS + 2))
 

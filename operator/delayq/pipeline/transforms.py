@@ -126,6 +126,23 @@ def _headers_map(df: DataFrame) -> Column:
     return F.from_json(text, "map<string,string>")
 
 
+# The engine's id rule (`delayq.queue.codec.CONTROL_CHARACTERS`) as a Java regex: C0, DEL, C1.
+CONTROL_CHARACTER = "[\\x00-\\x1f\\x7f-\\x9f]"
+
+
+def _id_rules(name: str) -> list[tuple[Column, Column]]:
+    """The engine's rule for an id and a slot basis (`codec.encode_id`) beyond presence: at most
+    MAX_ID_BYTES of UTF-8, no control character. Checked here so that such a row is rejected
+    with its whole source row, not later by the writer with only its id and times."""
+    from pyspark.sql import functions as F
+
+    value = F.col(name)
+    return [
+        (F.octet_length(value) > MAX_ID_BYTES, F.lit(f"{name} longer than {MAX_ID_BYTES} bytes")),
+        (value.rlike(CONTROL_CHARACTER), F.lit(f"{name} contains a control character")),
+    ]
+
+
 def validate(df: DataFrame, max_payload_bytes: int, now_ms: int) -> DataFrame:
     """Add `reason` (null = good), `due_ms`, `delay_ms` and normalised `headers`.
 
@@ -136,11 +153,13 @@ def validate(df: DataFrame, max_payload_bytes: int, now_ms: int) -> DataFrame:
     from pyspark.sql import functions as F
 
     due_ms, delay_ms, headers = _as_ms(df, DUE_AT, True), _as_ms(df, DELAY, False), _headers_map(df)
-    id_bytes, payload_bytes = F.octet_length(F.col(ID)), F.octet_length(F.col(PAYLOAD))
+    payload_bytes = F.octet_length(F.col(PAYLOAD))
     has_due, has_delay = F.col(DUE_AT).isNotNull(), F.col(DELAY).isNotNull()
     rules = [
-        (F.col(ID).isNull() | (id_bytes == 0), F.lit("missing id")),
-        (id_bytes > MAX_ID_BYTES, F.lit(f"id longer than {MAX_ID_BYTES} bytes")),
+        (F.col(ID).isNull() | (F.octet_length(F.col(ID)) == 0), F.lit("missing id")),
+        *_id_rules(ID),
+        (F.col(SLOT_BASIS) == "", F.lit("empty slot_basis (leave it out to route by the id)")),
+        *_id_rules(SLOT_BASIS),
         (has_due & has_delay, F.lit("both due_at and delay given")),
         (~has_due & ~has_delay, F.lit("neither due_at nor delay given")),
         (has_due & due_ms.isNull(), F.lit("unparseable due_at")),
