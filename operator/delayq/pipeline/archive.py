@@ -1,12 +1,12 @@
 """`delayq pipeline archive`: per-slot journal streams -> Parquet, exactly once, then trimmed.
 
 Order of effects per page of a stream: write the Parquet file (atomic rename), then the
-checkpoint (atomic rename), then XTRIM MINID past the page. A crash anywhere leaves either
-nothing written, or a file without its checkpoint. The second case is recovered, not repeated:
-file names carry (namespace, slot, first id, last id), and before reading a stream the job rolls
-its checkpoint forward to the last id already present in the dataset. So a re-run exports
-nothing twice even when new entries moved the page boundaries, and nothing is trimmed from Redis
-before it is on disk.
+checkpoint (atomic rename), then XTRIM MINID past the page (with the next page's read, and
+after the last page). A crash anywhere leaves either nothing written, or a file without its
+checkpoint. The second case is recovered, not repeated: file names carry (namespace, slot,
+first id, last id), and before reading a stream the job rolls its checkpoint forward to the last
+id already present in the dataset. So a re-run exports nothing twice even when new entries moved
+the page boundaries, and nothing is trimmed from Redis before it is on disk.
 
 The streams are read on the driver with pyarrow, without Spark: bounded per slot (MAXLEN), and a
 JVM would only add start-up time. Each slot is read from the broker the routing names for it
@@ -15,6 +15,13 @@ to its new broker (`queue/slot_copy.py`), so the checkpoint (by stream key, not 
 on from there; entries trimmed from the old broker after the copy are past the checkpoint. The
 dataset is plain Hive-partitioned Parquet (`topic=<t>/date=<yyyy-mm-dd>/`) that Spark, pyarrow
 or DuckDB read as is.
+
+Gaps: the engine's own `MAXLEN` trims a journal that is not archived often enough, and what it
+trims past the checkpoint is gone. Each page is read in one MULTI with the trim of what is
+archived and XINFO STREAM, so the stream then holds exactly the entries after the checkpoint,
+and its `entries-added` counter (Redis 7) numbers them: the checkpoint keeps that number for its
+last entry, and entries added after it that are no longer in the stream were trimmed unarchived.
+They are reported (`ArchiveSummary.gaps`), never silently skipped.
 """
 
 from __future__ import annotations
@@ -25,7 +32,7 @@ import tempfile
 import time
 from collections import defaultdict
 from collections.abc import Iterable
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast
@@ -56,6 +63,21 @@ COLUMNS = (
 )
 
 
+@dataclass(frozen=True)
+class Gap:
+    """Entries of a stream trimmed (by the engine's MAXLEN) before they were archived."""
+
+    stream: str
+    after: str | None  # the last archived entry id before them (None: the stream's start)
+    missing: int  # how many
+    resumed_at: str | None  # the first entry archived after them (None: none left yet)
+
+    def line(self) -> str:
+        start = f"after {self.after}" if self.after else "at the stream's start"
+        resumed = f", archiving resumed at {self.resumed_at}" if self.resumed_at else ""
+        return f"{self.stream}: {self.missing} entries {start} were trimmed unarchived{resumed}"
+
+
 @dataclass
 class ArchiveSummary:
     streams: int = 0
@@ -64,15 +86,23 @@ class ArchiveSummary:
     trimmed: int = 0
     recovered: int = 0  # streams whose checkpoint was rolled forward after a crash
     seconds: float = 0.0
+    gaps: list[Gap] = field(default_factory=list)
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
 
     def line(self) -> str:
-        return (
+        text = (
             f"archive: {self.entries} entries from {self.streams} streams in {self.files} files, "
             f"trimmed {self.trimmed}, {self.seconds:.1f} s"
         )
+        if self.gaps:
+            missing = sum(gap.missing for gap in self.gaps)
+            text += (
+                f"; LOST {missing} entries the journal's MAXLEN trimmed before they were "
+                f"archived, in {len(self.gaps)} streams: archive more often"
+            )
+        return "\n".join([text, *(f"archive: gap: {gap.line()}" for gap in self.gaps)])
 
 
 def parse_id(entry_id: str | bytes) -> EntryId:
@@ -154,20 +184,37 @@ def _replace_durably(write: Any, target: Path) -> None:
     _fsync_dir(target.parent)
 
 
+@dataclass(frozen=True)
+class Position:
+    """Where a stream's archive stands: its last archived entry and that entry's number in the
+    stream's `entries-added` count (None when unknown: rolled forward from the dataset, a
+    checkpoint written before the count was kept, a Redis before 7)."""
+
+    last: EntryId
+    added: int | None = None
+
+
 class Checkpoint:
-    """Last archived entry id per stream key, one JSON file per topic."""
+    """The position per stream key, one JSON file per topic: `{key: {"id", "added"}}` (a bare
+    id string, as written before the count was kept, is read as a position without it)."""
 
     def __init__(self, directory: str | Path, topic: Topic) -> None:
         self.path = Path(directory) / f"{topic.namespace}.{topic.name}.json"
 
-    def load(self) -> dict[str, str]:
+    def load(self) -> dict[str, Position]:
         if not self.path.exists():
             return {}
-        data: dict[str, str] = json.loads(self.path.read_text())
-        return data
+        data: dict[str, Any] = json.loads(self.path.read_text())
+        return {
+            key: Position(parse_id(value))
+            if isinstance(value, str)
+            else Position(parse_id(value["id"]), value.get("added"))
+            for key, value in data.items()
+        }
 
-    def save(self, positions: dict[str, str]) -> None:
-        text = json.dumps(positions, indent=1, sort_keys=True)
+    def save(self, positions: dict[str, Position]) -> None:
+        data = {key: {"id": format_id(p.last), "added": p.added} for key, p in positions.items()}
+        text = json.dumps(data, indent=1, sort_keys=True)
         _replace_durably(lambda tmp: Path(tmp).write_text(text), self.path)
 
 
@@ -204,37 +251,63 @@ class Dataset:
         return max(ids, default=None)
 
 
+def _page(
+    client: redis.Redis, key: str, last: EntryId | None, count: int
+) -> tuple[list[Entry], int, int | None]:
+    """Atomically: trim what is archived (ids up to `last`), then read the next `count` entries
+    and the stream's `entries-added` count (None before Redis 7). Returns the entries, how many
+    the trim removed, and the count of entries added before the stream's head: entries that
+    were added after `last` and are gone, when it exceeds `last`'s own number."""
+    read = client.pipeline(transaction=True)
+    if last is not None:
+        read.xtrim(key, minid=format_id(successor(last)), approximate=False)
+    read.xinfo_stream(key)
+    read.xrange(key, min=f"({format_id(last)}" if last else "-", max="+", count=count)
+    *trim, info, entries = read.execute()
+    added = info.get("entries-added")
+    head = None if added is None else int(added) - int(info["length"])
+    return cast(list[Entry], entries), int(trim[0]) if trim else 0, head
+
+
 def archive_slot(
     client: redis.Redis,
     dataset: Dataset,
     checkpoint: Checkpoint,
-    positions: dict[str, str],
+    positions: dict[str, Position],
     slot: int,
     page_size: int,
     summary: ArchiveSummary,
 ) -> None:
-    """Recover the slot's position, export its new entries page by page, then trim them."""
+    """Recover the slot's position, export its new entries page by page, trimming what is
+    archived, and report entries trimmed before they were archived (a `Gap`)."""
     key = slot_keys(dataset.topic, slot).key(Part.JOURNAL)
-    saved = parse_id(positions[key]) if key in positions else None
+    saved = positions.get(key)
     written = dataset.last_written(slot)
-    last = max(filter(None, (saved, written)), default=None)
-    if last is not None and last != saved:  # a file landed but its checkpoint did not
-        positions[key] = format_id(last)
+    if written is not None and (saved is None or written > saved.last):
+        # a file landed but its checkpoint did not: its entry's number is unknown
+        saved = positions[key] = Position(written)
         checkpoint.save(positions)
         summary.recovered += 1
     if not client.exists(key):
         return
     summary.streams += 1
+    # a stream never archived has lost what was added before its head (its number 0 is known)
+    last, added = (None, 0) if saved is None else (saved.last, saved.added)
     while True:
-        start = f"({format_id(last)}" if last else "-"
-        entries = cast(list[Entry], client.xrange(key, min=start, max="+", count=page_size))
+        entries, trimmed, head = _page(client, key, last, page_size)
+        summary.trimmed += trimmed
+        if head is not None and added is not None and head > added:
+            first = format_id(parse_id(entries[0][0])) if entries else None
+            after = format_id(last) if last else None
+            summary.gaps.append(Gap(key, after, head - added, first))
         if not entries:
             break
         rows = rows_of(dataset.topic.namespace, slot, entries)
         summary.files += dataset.write(slot, rows)
         summary.entries += len(rows)
         last = parse_id(entries[-1][0])
-        positions[key] = format_id(last)
+        added = None if head is None else head + len(entries)
+        positions[key] = Position(last, added)
         checkpoint.save(positions)
     if last is not None:
         trim_to = format_id(successor(last))
