@@ -181,6 +181,31 @@ def test_ingest_configuration_errors_are_one_line(redis_server, tmp_path, capsys
     assert "power of two" in capsys.readouterr().err
 
 
+@pytest.mark.parametrize(
+    ("command", "flag", "value"),
+    [
+        ("archive", "--page-size", "0"),  # redis-py's DataError, with a traceback
+        ("archive", "--page-size", "-3"),
+        ("ingest", "--partitions", "0"),  # Spark's repartition(0), after the JVM started
+        ("audit", "--grace-ms", "-1"),  # counted ids due after the journal's end as lost
+    ],
+)
+def test_a_count_out_of_range_is_refused_before_anything_runs(command, flag, value, capsys):
+    argv = {
+        "archive": ["--redis", "redis://127.0.0.1:1/0", "--topic", "t", "--slots", "4",
+                    "--output", "o", "--checkpoint", "c"],
+        "ingest": ["--redis", "redis://127.0.0.1:1/0", "--topic", "t", "--slots", "4",
+                   "--input", "i", "--format", "csv", "--rejects", "r"],
+        "audit": ["--input", "i", "--output", "o"],
+    }[command]  # fmt: skip
+    with pytest.raises(SystemExit) as exit_:
+        main(["pipeline", command, *argv, flag, value])
+    assert exit_.value.code == 2
+    err = capsys.readouterr().err
+    assert "Traceback" not in err
+    assert flag in err.strip().splitlines()[-1]
+
+
 def test_arrow_writer_keeps_types_rejects_and_reruns_idempotently(
     spark, redis_server, redis_client, tmp_path
 ):

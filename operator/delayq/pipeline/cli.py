@@ -21,6 +21,7 @@ from delayq.pipeline.archive import DEFAULT_PAGE_SIZE
 from delayq.pipeline.ingest import FORMATS
 from delayq.pipeline.spark import FALLBACK_MASTER
 from delayq.queue.topic import DEFAULT_MAX_PAYLOAD_BYTES
+from delayq.service.admin_cli import non_negative, positive
 
 if TYPE_CHECKING:
     from delayq.coordination.routed_queue import RoutedQueue
@@ -84,7 +85,7 @@ def register(subparsers: Any) -> None:
     ingest.add_argument("--rejects", required=True, help="directory for rejected rows (JSON)")
     ingest.add_argument(
         "--partitions",
-        type=int,
+        type=positive,
         default=None,
         help="writer tasks (default: 4 per core, at most one per slot)",
     )
@@ -96,7 +97,7 @@ def register(subparsers: Any) -> None:
     archive.add_argument("--output", required=True, help="Parquet dataset directory")
     archive.add_argument("--checkpoint", required=True, help="directory of checkpoint files")
     archive.add_argument(
-        "--page-size", type=int, default=DEFAULT_PAGE_SIZE, help="entries per XRANGE and file"
+        "--page-size", type=positive, default=DEFAULT_PAGE_SIZE, help="entries per XRANGE and file"
     )
     archive.set_defaults(handler=_reporting_errors("archive", run_archive, ARROW))
 
@@ -105,7 +106,7 @@ def register(subparsers: Any) -> None:
     audit.add_argument("--output", required=True, help="directory for audit.json, audit.html")
     audit.add_argument(
         "--grace-ms",
-        type=int,
+        type=non_negative,
         default=DEFAULT_GRACE_MS,
         help="a waiting id counts as lost once its due is this far before the journal's end "
         "(default %(default)s)",

@@ -548,7 +548,8 @@ def non_negative(text: str) -> int:
     return value
 
 
-def _positive(text: str) -> int:
+def positive(text: str) -> int:
+    """argparse type of a count that must be at least 1 (also `delayq pipeline`)."""
     value = non_negative(text)
     if value == 0:
         raise argparse.ArgumentTypeError("must be at least 1")
@@ -641,7 +642,7 @@ def register(subparsers: Any) -> None:
 
     dead = group("dead", "the dead letters: list, redrive, purge")
     listing = leaf(dead, "list", "one page of dead messages with reason and attempts", dead_list)
-    listing.add_argument("--count", type=_positive, default=100, help="page size (max 1000)")
+    listing.add_argument("--count", type=positive, default=100, help="page size (max 1000)")
     listing.add_argument("--cursor", help="continue from a previous page's cursor")
     for action in DEAD_ACTIONS:
         parser = leaf(dead, action.route, action.help, action)
@@ -676,7 +677,7 @@ def register(subparsers: Any) -> None:
         subparsers, "slots", "the slot map: owner, epoch, depth, oldest overdue per slot", slots
     )
     slot_map.add_argument("--start", type=non_negative, default=0, help="first slot")
-    slot_map.add_argument("--count", type=_positive, default=1024, help="slots (max 1024)")
+    slot_map.add_argument("--count", type=positive, default=1024, help="slots (max 1024)")
     slot_map.add_argument(
         "--only", choices=("all", "attention"), default="all", help="attention: stalled, unowned"
     )
