@@ -28,7 +28,8 @@ from delayq.local.processes import ServeProcess
 from delayq.local.redis_server import RedisServer
 from delayq.local.waiting import eventually
 from delayq.local.zookeeper_server import ZooKeeperServer
-from delayq.queue import ScheduleRequest, Topic
+from delayq.queue import Queue, ScheduleRequest, Topic
+from delayq.queue.acl import service_user_rules
 from delayq.queue.keys import Part, slot_keys
 from tests.fleet.conftest import NAMESPACE, SLOTS, ProcessFleet
 
@@ -191,3 +192,54 @@ def test_an_unreachable_zookeeper_is_one_line(redis_server, second_broker, tmp_p
     assert lines[0].startswith(
         "delayq pipeline archive: cannot read the routing from ZooKeeper 127.0.0.1:1: "
     )
+
+
+def test_a_doubled_topic_needs_its_routing_and_is_archived_with_it(
+    redis_server, zookeeper_server, tmp_path, capsys
+):
+    """One broker, slots doubled 2 -> 4: the generation-0 keys are only frozen epochs now. The
+    documented single-broker form (one --redis, no ZooKeeper) would read those keys, find no
+    journal and export nothing, run after run; it is refused in one line instead, and with
+    --zookeeper-connect the new generation's journals are archived."""
+    from delayq.coordination.splitting import SlotSplitter
+
+    name = f"t-{uuid.uuid4().hex[:8]}"
+    topic = Topic(name, slot_amount=2, journal_max_len=1000)
+    zk = KazooClient(hosts=zookeeper_server.hosts)
+    zk.start(timeout=10)
+    paths = TopicPaths("default", name)
+    zk.create(paths.routing, initial_routing(2, 1).to_json(), makepath=True)
+    queue = Queue.from_url(redis_server.url, topic)
+    try:
+        for i in range(20):
+            queue.schedule(f"m{i}", b"p", delay_ms=60_000)
+        SlotSplitter(zk, paths, [queue]).split(4)
+    finally:
+        queue.close()
+        zk.stop()
+        zk.close()
+    argv = ["pipeline", "archive", "--redis", redis_server.url, "--topic", name, "--slots", "4"]
+    argv += ["--output", str(tmp_path / "out"), "--checkpoint", str(tmp_path / "ck")]
+    assert main(argv) == 2
+    [line] = capsys.readouterr().err.strip().splitlines()
+    assert line.startswith("delayq pipeline archive: slot 0 of 4 is frozen on this broker")
+    assert "--zookeeper-connect" in line
+
+    assert main([*argv, "--zookeeper-connect", zookeeper_server.hosts]) == 0
+    assert json.loads(capsys.readouterr().out)["entries"] == 20  # the 20 schedules, once
+
+    # ingest logs in as the topic's restricted user (examples/pipeline): the check is its to run
+    admin = redis.Redis.from_url(redis_server.url)
+    user = ["ACL", "SETUSER", "pipeline-ingest", *service_user_rules(topic), ">secret"]
+    admin.execute_command(*user)
+    try:
+        restricted = redis_server.url.replace("redis://", "redis://pipeline-ingest:secret@")
+        (tmp_path / "in.csv").write_text("id,delay\na,1\n")
+        ingest = ["pipeline", "ingest", "--redis", restricted, "--topic", name, "--slots", "4"]
+        ingest += ["--input", str(tmp_path / "in.csv"), "--format", "csv", "--rejects", "r"]
+        assert main(ingest) == 2
+        [line] = capsys.readouterr().err.strip().splitlines()
+        assert line.startswith("delayq pipeline ingest: slot 0 of 4 is frozen on this broker")
+    finally:
+        admin.execute_command("ACL", "DELUSER", "pipeline-ingest")
+        admin.close()

@@ -279,7 +279,7 @@ def _routed(
     """The routed client of the topic, checked from the driver before any job starts: the
     routing is there and names only brokers given (RoutingError: exit code 2), and every broker
     answers a PING (JobError: exit code 1)."""
-    from delayq.coordination.routed_queue import RoutedQueue
+    from delayq.coordination.routed_queue import RoutedQueue, RoutingError
     from delayq.queue.topic import Topic
 
     topic = Topic(args.topic, namespace=args.namespace, slot_amount=args.slots)
@@ -287,7 +287,37 @@ def _routed(
     logging.getLogger("kazoo").setLevel(logging.CRITICAL)
     for url in urls:
         _check_redis(url)
-    return RoutedQueue.connect(urls, topic, zookeeper=zookeeper)
+    routed = RoutedQueue.connect(urls, topic, zookeeper=zookeeper)
+    if zookeeper is None:
+        try:
+            _check_not_frozen(routed)
+        except RoutingError:
+            routed.close()
+            raise
+    return routed
+
+
+def _check_not_frozen(routed: RoutedQueue) -> None:
+    """Without ZooKeeper the job takes the topic's keys as `--slots` names them (key
+    generation 0, every slot on the one broker): refused when that broker holds a slot's
+    frozen epoch instead, the tombstone a doubling of the slots (or a slot moved away, a
+    doubling under way) leaves. Archive would otherwise find no journal and export nothing,
+    run after run, while the new generation's journals are trimmed unarchived; ingest would
+    wait out SLOT_MOVING on every row."""
+    from delayq.coordination.routed_queue import RoutingError
+    from delayq.queue.keys import Part, slot_keys
+
+    topic, read = routed.topic, routed.queues[0].redis.pipeline(transaction=False)
+    for slot in topic.slots:  # GET, not MGET: the topic's restricted Redis user (ingest's) may
+        read.get(slot_keys(topic, slot).key(Part.EPOCH))  # run only the engine's commands
+    epochs = read.execute()
+    frozen = [slot for slot, epoch in enumerate(epochs) if epoch and epoch[:7] == b"moving:"]
+    if frozen:
+        raise RoutingError(
+            f"slot {frozen[0]} of {topic.slot_amount} is frozen on this broker ({len(frozen)} "
+            "slots): the slots doubled or moved, or are doing so; give --zookeeper-connect "
+            "(DELAYQ_ZOOKEEPER_CONNECT) to follow the topic's routing"
+        )
 
 
 def _emit(line: str, summary: dict[str, Any]) -> None:
