@@ -181,6 +181,33 @@ def test_ingest_configuration_errors_are_one_line(redis_server, tmp_path, capsys
     assert "power of two" in capsys.readouterr().err
 
 
+def test_malformed_lines_are_rejected_whole_not_cut_short(
+    spark, redis_server, redis_client, tmp_path
+):
+    """A CSV line with more fields than its header (an unquoted comma in the payload) was cut
+    to the header's width by Spark's PERMISSIVE mode and scheduled with half its payload; a
+    JSON line that does not parse was rejected as "missing id". Both are rejects naming why."""
+    target = RedisTarget((redis_server.url,), "shop", "malformed", SLOTS, 1024)
+    csv, lines = tmp_path / "in.csv", tmp_path / "in.json"
+    csv.write_text('id,delay,payload\nc1,1000,"quoted, fine"\nc2,1000,hello, world\n')
+    lines.write_text('{"id": "j1", "delay": 1000}\n{"id": "j2", "delay": 10\n')
+    for path, fmt in ((csv, "csv"), (lines, "json")):
+        rejects = tmp_path / f"rejects-{fmt}"
+        source = ingest_module.read_input(spark, str(path), fmt)
+        summary = ingest(spark, source, target, str(rejects))
+        assert (summary.read, summary.scheduled, summary.rejected) == (2, 1, 1)
+        [reject] = spark.read.schema(ingest_module.REJECTS_SCHEMA).json(str(rejects)).collect()
+        assert reject.reason == {
+            "csv": "more fields than the header line",
+            "json": "not a JSON object",
+        }[fmt]
+    found = _rejects(spark, tmp_path / "rejects-csv")
+    assert json.loads(found["c2"].source)["payload"] == "hello"
+    queue = Queue.from_url(redis_server.url, target.to_topic())
+    assert queue.get("c1").payload == b"quoted, fine"
+    queue.close()
+
+
 @pytest.mark.parametrize(
     ("command", "flag", "value"),
     [

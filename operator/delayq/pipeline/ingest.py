@@ -51,11 +51,23 @@ class IngestSummary:
 
 
 def read_input(spark: Any, path: str, fmt: str) -> Any:
-    """Parquet, CSV (RFC 4180: header line, "" escapes a quote; all columns text) or JSON Lines."""
+    """Parquet, CSV (RFC 4180: header line, "" escapes a quote; all columns text) or JSON Lines.
+
+    A CSV is read with one text column past its header's (`transforms.EXTRA_FIELDS`): Spark's
+    PERMISSIVE mode drops a line's fields beyond the schema, so an unquoted comma in a payload
+    would otherwise schedule the message with the payload cut short; with the column, such a
+    line is a reject. A JSON line that does not parse fills Spark's `_corrupt_record`, the
+    same way (`transforms.MALFORMED`).
+    """
     if fmt == "parquet":
         return spark.read.parquet(path)
     if fmt == "csv":
-        return spark.read.options(header=True, escape='"', mode="PERMISSIVE").csv(path)
+        from pyspark.sql.types import StringType, StructField, StructType
+
+        reader = spark.read.options(header=True, escape='"', mode="PERMISSIVE")
+        header = reader.csv(path).columns  # names only: the first line, no scan
+        columns = [StructField(name, StringType()) for name in [*header, T.EXTRA_FIELDS]]
+        return reader.schema(StructType(columns)).csv(path)
     if fmt == "json":
         return spark.read.json(path)
     raise ValueError(f"format {fmt!r} is not one of {', '.join(FORMATS)}")

@@ -25,9 +25,20 @@ ID, PAYLOAD, DUE_AT, DELAY, SLOT_BASIS, HEADERS = (
 )
 CANONICAL = (ID, PAYLOAD, DUE_AT, DELAY, SLOT_BASIS, HEADERS)
 
+# Columns a reader adds for a line it could not take as a row (`ingest.read_input`): a CSV
+# line's fields beyond its header's (Spark's PERMISSIVE mode would drop them), and Spark's own
+# column of a JSON line that does not parse.
+EXTRA_FIELDS = "_delayq_extra_fields"
+CORRUPT_RECORD = "_corrupt_record"
+MALFORMED = {
+    EXTRA_FIELDS: "more fields than the header line",
+    CORRUPT_RECORD: "not a JSON object",
+}
+
 # Columns the validation adds.
 REASON = "reason"  # null on a good row, else why it was rejected
 SOURCE = "source"  # the original row as JSON, kept for the rejects file
+LINE = "line"  # why the reader could not take the line as a row (MALFORMED), else null
 DUE_MS = "due_ms"  # absolute due time in ms since the epoch (null when a delay is given)
 DELAY_MS = "delay_ms"  # delay from the Redis server's now (null when due_at is given)
 SLOT = "slot"
@@ -57,7 +68,8 @@ def parse_mapping(text: str | None) -> dict[str, str]:
 
 
 def canonical(df: DataFrame, mapping: Mapping[str, str]) -> DataFrame:
-    """The canonical columns (renamed by `mapping`, null when absent) plus the source row.
+    """The canonical columns (renamed by `mapping`, null when absent) plus the source row and
+    why its line is malformed (`LINE`: a reader's column of MALFORMED set on it).
 
     A missing id column or a file with neither due_at nor delay is a configuration error, raised
     at once instead of rejecting every row.
@@ -82,7 +94,11 @@ def canonical(df: DataFrame, mapping: Mapping[str, str]) -> DataFrame:
 
     columns = [column(name) for name in CANONICAL]
     source = F.to_json(F.struct(*[F.col(f"`{c}`") for c in df.columns])).alias(SOURCE)
-    return df.select(*columns, source)
+    line = F.lit(None).cast("string")
+    for name, why in MALFORMED.items():
+        if name in df.columns:
+            line = F.when(F.col(name).isNotNull(), F.lit(why)).otherwise(line)
+    return df.select(*columns, source, line.alias(LINE))
 
 
 def _type_name(df: DataFrame, column: str) -> str:
@@ -156,6 +172,7 @@ def validate(df: DataFrame, max_payload_bytes: int, now_ms: int) -> DataFrame:
     payload_bytes = F.octet_length(F.col(PAYLOAD))
     has_due, has_delay = F.col(DUE_AT).isNotNull(), F.col(DELAY).isNotNull()
     rules = [
+        (F.col(LINE).isNotNull(), F.col(LINE)),
         (F.col(ID).isNull() | (F.octet_length(F.col(ID)) == 0), F.lit("missing id")),
         *_id_rules(ID),
         (F.col(SLOT_BASIS) == "", F.lit("empty slot_basis (leave it out to route by the id)")),
