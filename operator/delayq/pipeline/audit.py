@@ -33,6 +33,7 @@ Column = Any  # pyspark.sql.Column
 TOPIC_KEYS = ("namespace", "topic")
 SLOT_KEYS = ("namespace", "topic", "slot")
 MESSAGE_KEYS = ("namespace", "topic", "slot", "id")
+OCCURRENCE = "^(.*)@[0-9]+$"  # a recurring schedule's occurrence id: `<schedule id>@<due ms>`
 LINEAGE = "lineage"  # -1 for a slot the id agrees with, else the slot: see the module docstring
 MESSAGE = ("namespace", "topic", "id", LINEAGE)  # one message, across the doublings of its slot
 QUANTILES = (0.5, 0.95, 0.99)
@@ -48,12 +49,14 @@ def _pos() -> Column:
 
 
 def lineage() -> Column:
-    """-1 when the event's slot is the one its id routes to under some slot amount (the slot's
-    bits equal the low bits of crc32(id)), else the slot.
+    """-1 when the event's slot is one its id routes to under some slot amount (the slot's
+    bits equal the low bits of crc32(id)), or, for a recurring occurrence
+    `<schedule id>@<due ms>`, one its schedule id routes to; else the slot.
 
-    A doubling moves a message from s only to the half its id routes to, so every slot a
-    message lived in agrees with its id, or it never left its slot (a custom slot basis its id
-    does not agree with). The mask is the slot's bits smeared right (5 -> 7), exact in integers.
+    A doubling moves a message from s only to the half its id, or an occurrence's schedule,
+    routes to (`queue/slot_split.py` `Halves.of_message`), so every slot a message lived in
+    agrees with it, or it never left its slot (a custom slot basis its id does not agree
+    with). The mask is the slot's bits smeared right (5 -> 7), exact in integers.
     """
     from pyspark.sql import functions as F
 
@@ -61,8 +64,15 @@ def lineage() -> Column:
     mask = slot
     for shift in (1, 2, 4, 8, 16):
         mask = mask.bitwiseOR(F.shiftright(mask, shift))
-    agrees = F.crc32(F.col("id").cast("binary")).bitwiseAND(mask) == slot
-    return F.when(agrees, F.lit(-1)).otherwise(slot)
+
+    def agrees(basis: Column) -> Column:
+        return F.crc32(basis.cast("binary")).bitwiseAND(mask) == slot
+
+    occurrence = F.col("id").rlike(OCCURRENCE)
+    schedule = F.regexp_extract(F.col("id"), OCCURRENCE, 1)
+    return F.when(
+        agrees(F.col("id")) | (occurrence & agrees(schedule)), F.lit(-1).cast("long")
+    ).otherwise(slot)
 
 
 def events(journal: DataFrame) -> DataFrame:
