@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import random
 import string
 from datetime import UTC, datetime
@@ -201,6 +202,17 @@ def test_good_rows_carry_the_engine_slot_of_the_basis(spark):
         ("m1", slot_of("m1", 64)),
         ("m2", slot_of("tenant-7", 64)),
     ]
+
+
+def test_headers_with_a_null_value_are_rejected_with_their_row(spark):
+    """`{"k": null}` parses as a map with a null value, which the engine refuses (header values
+    are strings): rejected here, with the row, not later by the writer without it."""
+    rows = [("m1", "p", None, 5, '{"k": null}'), ("m2", "p", None, 5, '{"k": "v"}')]
+    df = spark.createDataFrame(rows, ROW_SCHEMA + ", headers string")
+    result = {r.id: r for r in T.validate(T.canonical(df, {}), LIMIT, NOW_MS).collect()}
+    assert result["m1"].reason == "headers not a JSON object of strings"
+    assert json.loads(result["m1"].source)["headers"] == '{"k": null}'
+    assert result["m2"].reason is None
 
 
 def test_good_rows_carry_headers_as_json_object_text(spark):

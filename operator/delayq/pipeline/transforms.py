@@ -195,6 +195,10 @@ def validate(df: DataFrame, max_payload_bytes: int, now_ms: int) -> DataFrame:
             ),
         ),
         (F.col(HEADERS).isNotNull() & headers.isNull(), F.lit("headers not a JSON object")),
+        (  # {"k": null}: a map with a null value, where the engine takes only strings
+            F.exists(F.map_values(headers), lambda value: value.isNull()),
+            F.lit("headers not a JSON object of strings"),
+        ),
     ]
     reason = F.lit(None).cast("string")
     for failed, text in reversed(rules):  # the first failing rule names the reason
