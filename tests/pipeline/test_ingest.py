@@ -233,6 +233,30 @@ def test_a_count_out_of_range_is_refused_before_anything_runs(command, flag, val
     assert flag in err.strip().splitlines()[-1]
 
 
+def test_a_rejects_directory_holding_other_files_is_refused_untouched(
+    redis_server, tmp_path, capsys
+):
+    """Spark's overwrite mode deletes the rejects path before writing: a --rejects that holds
+    anything but an earlier rejects output (or the input itself) is refused before Spark
+    starts, and nothing in it is touched."""
+    data = tmp_path / "data"
+    data.mkdir()
+    (data / "journal.parquet").write_text("not mine to delete")
+    path = data / "in.csv"
+    path.write_text("id,delay\na,1\n")
+    elsewhere = tmp_path / "in.csv"
+    elsewhere.write_text("id,delay\na,1\n")
+    for rejects, input_path, said in (
+        (data, elsewhere, "holds other files ('in.csv', ...)"),
+        (data, path, "holds the --input"),
+        (data / "journal.parquet", elsewhere, "is a file"),
+    ):
+        assert main(_args(redis_server, input_path, rejects)) == 2
+        [line] = capsys.readouterr().err.strip().splitlines()
+        assert line.startswith(f"delayq pipeline ingest: --rejects {rejects} {said}")
+    assert sorted(p.name for p in data.iterdir()) == ["in.csv", "journal.parquet"]
+
+
 def test_arrow_writer_keeps_types_rejects_and_reruns_idempotently(
     spark, redis_server, redis_client, tmp_path
 ):

@@ -223,13 +223,48 @@ def _check_redis(url: str) -> None:
 def _check_input(path: str) -> None:
     """A local input that does not exist fails before Spark starts; remote paths (hdfs://,
     s3a://, ...) and glob patterns are Spark's to read."""
+    if any(char in path for char in "*?[{"):
+        return
+    local = _local(path)
+    if local is not None and not os.path.exists(local):
+        raise JobError(f"cannot read --input {path}: no such file or directory")
+
+
+def _local(path: str) -> str | None:
+    """The filesystem path of a local `path` (plain or file://), None for a remote one."""
     from urllib.parse import urlsplit
 
     parts = urlsplit(path)
-    if any(char in path for char in "*?[{"):
+    if parts.scheme == "file":
+        return parts.path
+    return path if parts.scheme == "" else None
+
+
+def _check_rejects(rejects: str, input_path: str) -> None:
+    """Ingest writes the rejects with Spark's overwrite mode, which deletes whatever is at the
+    path first: a local `--rejects` that holds anything but an earlier rejects output (Spark's
+    part files and markers), or that contains the input, is refused before Spark starts. A
+    mistyped `--rejects /data` would otherwise delete /data, after the ingest."""
+    from delayq.service.config import ConfigError
+
+    local = _local(rejects)
+    if local is None:
         return
-    if parts.scheme in ("", "file") and not os.path.exists(parts.path if parts.scheme else path):
-        raise JobError(f"cannot read --input {path}: no such file or directory")
+    target = os.path.realpath(local)
+    source = _local(input_path)
+    if source is not None and os.path.commonpath([target, os.path.realpath(source)]) == target:
+        raise ConfigError(f"--rejects {rejects} holds the --input: give a directory of its own")
+    if os.path.isfile(target):
+        raise ConfigError(f"--rejects {rejects} is a file: give a directory of its own")
+    if not os.path.isdir(target):
+        return
+    spark_output = ("part-", "_SUCCESS", ".part-", "._SUCCESS")
+    other = sorted(name for name in os.listdir(target) if not name.startswith(spark_output))
+    if other:
+        raise ConfigError(
+            f"--rejects {rejects} holds other files ({other[0]!r}, ...), which writing the "
+            "rejects would delete: give a directory of its own"
+        )
 
 
 def _topic_arguments(parser: argparse.ArgumentParser) -> None:
@@ -347,6 +382,7 @@ def run_ingest(args: argparse.Namespace) -> int:
     target.to_topic()  # validates the names and bounds before Spark starts
     mapping = transforms.parse_mapping(args.map)
     _check_input(args.input)
+    _check_rejects(args.rejects, args.input)
     _routed(args, urls, zookeeper).close()  # routing and brokers, checked before Spark starts
     with job_session(args.master, "delayq-pipeline-ingest") as spark:
         source = read_input(spark, args.input, args.format)
