@@ -373,6 +373,15 @@ def test_the_cli_moves_shows_and_refuses_bad_input_in_one_line(
         assert err == f"delayq routing move-slot: {error}\n"
 
 
+def test_an_unreachable_zookeeper_is_one_line_and_exit_3(capsys: pytest.CaptureFixture[str]):
+    """kazoo's start timeout is no KazooException: it ended in a traceback."""
+    argv = ["routing", "show", "--topic", "t", "--slot-amount", "4", "--insecure-no-auth"]
+    argv += ["--redis-url", "redis://127.0.0.1:1/0", "--zookeeper-connect", "127.0.0.1:1"]
+    assert main([*argv, "--zookeeper-session-timeout-ms", "1000"]) == 3
+    [line] = capsys.readouterr().err.strip().splitlines()
+    assert line.startswith("delayq routing show: KazooTimeoutError: ")
+
+
 @pytest.mark.parametrize(
     ("stopped_broker", "step"),
     [(0, Step.FREEZE), (1, Step.COPY)],

@@ -76,6 +76,7 @@ def _handler(run: Any) -> Any:
 
     def handle(args: argparse.Namespace) -> int:
         from kazoo.exceptions import KazooException
+        from kazoo.handlers.threading import KazooTimeoutError
         from redis import RedisError
 
         from delayq.coordination.migration import MoveError
@@ -91,7 +92,8 @@ def _handler(run: Any) -> Any:
         except (ConfigError, MoveError, ValueError) as error:
             print(f"{name}: {error}", file=sys.stderr)
             return BAD_INPUT
-        except (RedisError, KazooException, OSError) as error:
+        except (RedisError, KazooException, KazooTimeoutError, OSError) as error:
+            # KazooTimeoutError (ZooKeeper not answering at start) is no KazooException
             print(f"{name}: {type(error).__name__}: {error}", file=sys.stderr)
             return UNREACHABLE
 
