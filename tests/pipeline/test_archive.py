@@ -191,3 +191,22 @@ def test_audit_of_a_real_archived_journal_finds_no_broken_promise(
     assert total.deliveries > 24  # the nacked half is delivered twice
     assert (total.early, total.duplicates, total.lost, total.dead) == (0, 0, 0, 0)
     assert 0 <= total.lateness_p50 <= total.lateness_max
+
+
+@pytest.mark.parametrize(
+    ("url", "said"),
+    [
+        ("notaurl", "--redis notaurl: Redis URL must specify one of the following schemes"),
+        ("redis://:secret@127.0.0.1:abc/0", "--redis redis://:***@127.0.0.1:abc/0: Port could"),
+        ("redis://:secret@[::1/0", "--redis <a URL that does not parse>: Invalid IPv6 URL"),
+    ],
+)
+def test_a_redis_url_that_does_not_parse_is_one_line_without_its_password(
+    url, said, tmp_path, capsys
+):
+    """redis-py's ValueError was a traceback (and redacting a bad port raised another)."""
+    argv = ["pipeline", "archive", "--redis", url, "--topic", "t", "--slots", "4"]
+    assert main([*argv, "--output", str(tmp_path), "--checkpoint", str(tmp_path)]) == 2
+    [line] = capsys.readouterr().err.strip().splitlines()
+    assert line.startswith(f"delayq pipeline archive: {said}")
+    assert "secret" not in line

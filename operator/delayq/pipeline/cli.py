@@ -194,16 +194,31 @@ def _first_line(error: BaseException) -> str:
 
 
 def redacted(url: str) -> str:
-    """The Redis URL without its password, for messages."""
+    """The Redis URL without its password, for messages; the host and port as written (a bad
+    port must not fail the message naming it)."""
     from urllib.parse import urlsplit, urlunsplit
 
-    parts = urlsplit(url)
+    try:
+        parts = urlsplit(url)
+    except ValueError:  # a broken IPv6 address: nothing can be told apart from the password
+        return "<a URL that does not parse>"
     if parts.password is None:
         return url
-    user = parts.username or ""
-    host = parts.hostname or ""
-    port = f":{parts.port}" if parts.port is not None else ""
-    return urlunsplit(parts._replace(netloc=f"{user}:***@{host}{port}"))
+    host = parts.netloc.rpartition("@")[2]
+    return urlunsplit(parts._replace(netloc=f"{parts.username or ''}:***@{host}"))
+
+
+def _check_url(url: str) -> None:
+    """A Redis URL redis-py can connect with, else a configuration error naming it (redis-py's
+    ValueError would be a traceback)."""
+    import redis
+
+    from delayq.service.config import ConfigError
+
+    try:
+        redis.Redis.from_url(url).close()  # parses only: connecting is _check_redis's
+    except ValueError as error:
+        raise ConfigError(f"--redis {redacted(url)}: {error}") from None
 
 
 def _check_redis(url: str) -> None:
@@ -298,6 +313,8 @@ def _brokers(args: argparse.Namespace) -> tuple[tuple[str, ...], ZkConnection | 
     )
     if not urls:
         raise ConfigError(f"give the topic's Redis: --redis (${BROKER_URLS_ENV}, ${REDIS_URL_ENV})")
+    for url in urls:
+        _check_url(url)
     args.redis = urls  # for the messages
     zookeeper = ServiceConfig.from_args(args).zookeeper_connection
     if len(urls) > 1 and zookeeper is None:
