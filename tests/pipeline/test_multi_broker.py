@@ -194,6 +194,15 @@ def test_an_unreachable_zookeeper_is_one_line(redis_server, second_broker, tmp_p
     )
 
 
+def test_a_zookeeper_connect_string_that_does_not_parse_is_one_line(tmp_path, capsys):
+    """kazoo's ValueError for a port that is not a number was a traceback."""
+    argv = ["pipeline", "archive", "--redis", "redis://127.0.0.1:1/0", "--topic", "t"]
+    argv += ["--slots", "4", "--zookeeper-connect", "zk:notaport", "--output", str(tmp_path)]
+    assert main([*argv, "--checkpoint", str(tmp_path / "ck")]) == 2
+    [line] = capsys.readouterr().err.strip().splitlines()
+    assert line.startswith("delayq pipeline archive: --zookeeper-connect zk:notaport: ")
+
+
 def test_a_doubled_topic_needs_its_routing_and_is_archived_with_it(
     redis_server, zookeeper_server, tmp_path, capsys
 ):

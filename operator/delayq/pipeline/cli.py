@@ -282,6 +282,19 @@ def _check_rejects(rejects: str, input_path: str) -> None:
         )
 
 
+def _check_hosts(hosts: str) -> None:
+    """A ZooKeeper connect string kazoo can parse, else a configuration error naming it
+    (kazoo's ValueError, for a port that is not a number, would be a traceback)."""
+    from kazoo.hosts import collect_hosts
+
+    from delayq.service.config import ConfigError
+
+    try:
+        collect_hosts(hosts)
+    except ValueError as error:
+        raise ConfigError(f"--zookeeper-connect {hosts}: {error}") from None
+
+
 def _topic_arguments(parser: argparse.ArgumentParser) -> None:
     from delayq.service.config import add_arguments
 
@@ -317,6 +330,8 @@ def _brokers(args: argparse.Namespace) -> tuple[tuple[str, ...], ZkConnection | 
         _check_url(url)
     args.redis = urls  # for the messages
     zookeeper = ServiceConfig.from_args(args).zookeeper_connection
+    if zookeeper is not None:
+        _check_hosts(zookeeper.hosts)
     if len(urls) > 1 and zookeeper is None:
         raise ConfigError(
             f"{len(urls)} brokers need their slot routing, from ZooKeeper: give "
