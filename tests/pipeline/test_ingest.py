@@ -215,9 +215,11 @@ def test_malformed_lines_are_rejected_whole_not_cut_short(
         ("archive", "--page-size", "-3"),
         ("ingest", "--partitions", "0"),  # Spark's repartition(0), after the JVM started
         ("audit", "--grace-ms", "-1"),  # counted ids due after the journal's end as lost
+        ("audit", "--master", "foo"),  # a Java stack trace, then a Python one
+        ("ingest", "--master", "local[x]"),
     ],
 )
-def test_a_count_out_of_range_is_refused_before_anything_runs(command, flag, value, capsys):
+def test_a_bad_option_is_refused_before_anything_runs(command, flag, value, capsys):
     argv = {
         "archive": ["--redis", "redis://127.0.0.1:1/0", "--topic", "t", "--slots", "4",
                     "--output", "o", "--checkpoint", "c"],

@@ -12,6 +12,7 @@ import argparse
 import json
 import logging
 import os
+import re
 import sys
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
@@ -122,9 +123,29 @@ class JobError(Exception):
     """A job cannot run (Redis unreachable, input unreadable): one line, exit code 1."""
 
 
+#: What Spark takes as a master (`SparkMasterRegex` and the cluster managers): local, local[N|*],
+#: local[N|*,F], local-cluster[N,C,M], yarn, or a URL (spark://, k8s://, a plugin's scheme).
+MASTER = re.compile(
+    r"local(\[([0-9]+|\*)(\s*,\s*[0-9]+)?\])?"
+    r"|local-cluster\[\s*[0-9]+\s*,\s*[0-9]+\s*,\s*[0-9]+\s*\]"
+    r"|yarn|[a-z][a-z0-9+.-]*://.+"
+)
+
+
+def _master(text: str) -> str:
+    """argparse type of `--master`: refused before the JVM starts, where Spark's own refusal
+    is a Java stack trace and then a Python one."""
+    if not MASTER.fullmatch(text):
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is not a Spark master: local[N], spark://host:port, k8s://..., yarn"
+        )
+    return text
+
+
 def _master_argument(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--master",
+        type=_master,
         default=None,
         help="Spark master (local[4], spark://host:7077, k8s://...); default: what spark-submit "
         f"or spark-defaults.conf set, else {FALLBACK_MASTER}",
