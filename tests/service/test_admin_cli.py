@@ -6,8 +6,10 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import socket
 import subprocess
 import sys
+import threading
 import urllib.request
 from collections.abc import Iterator
 from typing import Any
@@ -361,3 +363,27 @@ def test_a_bad_timeout_or_url_is_exit_2_without_a_traceback(flag, value, named, 
     assert code == BAD_INPUT
     assert "Traceback" not in err
     assert named in err.strip().splitlines()[-1]
+
+
+def test_an_answer_cut_short_is_one_line_and_exit_3(capsys):
+    """A service (or a proxy) that closes the connection mid-body: http.client's IncompleteRead
+    is no OSError, and it ended in a traceback."""
+    listener = socket.create_server(("127.0.0.1", 0))
+
+    def answer_half() -> None:
+        connection, _ = listener.accept()
+        with connection:
+            connection.recv(65536)
+            head = b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: 100"
+            connection.sendall(head + b"\r\n\r\n" + b'{"a":')
+
+    server = threading.Thread(target=answer_half)
+    server.start()
+    url = f"http://127.0.0.1:{listener.getsockname()[1]}"
+    try:
+        assert main(["topic", "stats", "--topic", TOPIC, "--url", url]) == UNREACHABLE
+    finally:
+        server.join()
+        listener.close()
+    [line] = capsys.readouterr().err.strip().splitlines()
+    assert line.startswith(f"delayq topic stats: {url} broke off its answer: IncompleteRead")

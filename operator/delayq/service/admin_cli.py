@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import http.client
 import json
 import math
 import os
@@ -94,6 +95,8 @@ class Api:
         except (urllib.error.URLError, OSError) as error:
             reason = getattr(error, "reason", error)
             raise AdminError(UNREACHABLE, f"{self.url} unreachable: {reason}") from None
+        except http.client.HTTPException as error:  # cut short: IncompleteRead, BadStatusLine
+            raise AdminError(UNREACHABLE, f"{self.url} broke off its answer: {error!r}") from None
         try:
             return json.loads(raw)
         except ValueError:
