@@ -486,3 +486,44 @@ async def test_a_paused_topic_is_not_claimed_and_resume_drains_the_backlog(
     finally:
         consumer.stop()
         await running
+
+
+async def test_concurrent_batches_share_one_ack_call(
+    redis_server: RedisServer, redis_client: redis.Redis
+) -> None:
+    """Regression: each claimed batch sent its own acks, so a claim round of many one-message
+    batches (a burst) sent as many calls at once, each opening a pooled connection whose
+    handshake kept the loop from claiming (the burst's 16-23 ms tail). The acks now share one
+    call in flight (`coalesce.Coalescer`): a round of 64 batches opens a connection or two."""
+    topic = Topic("burst", namespace="shop", slot_amount=64)
+
+    def connections() -> int:
+        return int(redis_client.info("stats")["total_connections_received"])
+
+    client = redis.asyncio.Redis.from_url(redis_server.url)
+    queue = AsyncQueue(client, topic)
+    try:
+        requests = [ScheduleRequest(f"m{i}", b"x", delay_ms=0) for i in range(256)]
+        await queue.schedule_many(requests)
+        assert len({topic.slot_of(request.id) for request in requests}) == 64
+        delivered: set[str] = set()
+
+        async def handler(message: Message) -> None:
+            delivered.add(message.id)
+
+        async def all_acked() -> bool:
+            return len(delivered) == 256 and (await queue.stats()).prepared == 0
+
+        consumer = Consumer(queue, handler)
+        await consumer.own(topic.slots)
+        opened = connections()
+        task = asyncio.create_task(consumer.run())
+        try:
+            await eventually(all_acked, 10, "256 deliveries acked")
+        finally:
+            consumer.stop()
+            await asyncio.wait_for(task, 10)
+        # the wake-up wait's own connection, the claims' and one for the acks: not one per batch
+        assert connections() - opened <= 4
+    finally:
+        await client.aclose()

@@ -44,8 +44,9 @@ import redis.asyncio
 
 from delayq.queue.backoff import Backoff
 from delayq.queue.client import AsyncQueue
+from delayq.queue.coalesce import Coalescer
 from delayq.queue.codes import Code, DelayqError, ReplicationTimeoutError, StaleEpochError
-from delayq.queue.model import ClaimBatch, Message, Outcome, Retry, SlotClaim
+from delayq.queue.model import ClaimBatch, Leased, Message, Outcome, Retry, SlotClaim
 from delayq.queue.server_clock import ServerClock
 from delayq.queue.slots import OwnedSlot, OwnedSlots
 from delayq.queue.topups import TopUps
@@ -166,6 +167,13 @@ class Consumer:
         self._batches: dict[tuple[int, int], _Batch] = {}  # (slot, lease_id) -> batch
         self._claiming: set[int] = set()  # slots in a claim call right now
         self._claimed = asyncio.Event()  # set whenever a claim call returns
+        # every batch's acks (and nacks) share one call in flight: see `coalesce`
+        self._acks: Coalescer[Leased, Outcome] = Coalescer(
+            lambda leases: self._twice_on_reconnect(self.queue.ack_many, leases)
+        )
+        self._nacks: Coalescer[Retry, Outcome] = Coalescer(
+            lambda retries: self._twice_on_reconnect(self.queue.nack_many, retries)
+        )
         # server clock estimate, in fractional ms (claims report µs): a floored estimate would
         # wake up to 1 ms late
         self._clock = ServerClock()
@@ -489,13 +497,13 @@ class Consumer:
                 try:
                     if done and len(done) >= threshold:
                         leases, done = done, []
-                        acked = await self._twice_on_reconnect(self.queue.ack_many, leases)
+                        acked = await self._acks.submit(leases)
                         self._count_lost(acked)
                         for message in leases:
                             del batch.pending[message.id]
                     if retries and len(retries) >= threshold:
                         failed, retries = retries, []
-                        nacked = await self._twice_on_reconnect(self.queue.nack_many, failed)
+                        nacked = await self._nacks.submit(failed)
                         self._count_lost(nacked)
                         if self.on_nacked is not None:
                             self.on_nacked(nacked)
