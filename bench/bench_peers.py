@@ -1,6 +1,7 @@
 """Peers benchmark: delayq as users run it next to BullMQ, one throw-away redis-server, JSON out.
 
-    python bench/bench_peers.py [--quick] [--output FILE] [--markdown]
+    python bench/bench_peers.py [--quick] [--workloads burst,herd,steady,memory] [--output FILE]
+                                [--markdown]
 
 Both systems run the same workloads against the same server, one after the other (the order
 alternates per workload, Redis is flushed before each run), each as its users run it:
@@ -302,6 +303,7 @@ def bytes_per_pending(peer: Peer, client: redis.Redis, url: str, count: int) -> 
     return round((after - before) / count, 1)
 
 
+WORKLOADS = ("burst", "herd", "steady", "memory")
 # (workload, figure path, label, unit) in the order of the docs' table
 FIGURES = [
     ("burst", "enqueue_msg_per_s", "burst: enqueue", "msg/s"),
@@ -324,6 +326,8 @@ def figure(results: dict[str, Any], workload: str, system: str, path: str) -> fl
 
 def add_ratios(results: dict[str, Any]) -> None:
     for workload, path, _, _ in FIGURES:
+        if workload not in results:
+            continue
         bullmq = figure(results, workload, "bullmq", path)
         ratio = figure(results, workload, "delayq", path) / bullmq if bullmq else None
         ratios = results[workload].setdefault("ratio_delayq_to_bullmq", {})
@@ -337,6 +341,8 @@ def shown(value: float) -> str:
 def markdown(results: dict[str, Any]) -> str:
     rows = ["| figure | BullMQ | delayq | delayq ÷ BullMQ |", "|---|---:|---:|---:|"]
     for workload, path, label, unit in FIGURES:
+        if workload not in results:
+            continue
         bullmq, ours = (figure(results, workload, s, path) for s in ("bullmq", "delayq"))
         ratio = results[workload]["ratio_delayq_to_bullmq"][path]
         quotient = "—" if ratio is None else f"{ratio:.2f}"
@@ -367,10 +373,18 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true", help="a tenth of the sizes: a smoke run")
     parser.add_argument("--output", type=Path, help="also write the JSON here")
     parser.add_argument("--markdown", action="store_true", help="the docs' table on stderr")
+    parser.add_argument(
+        "--workloads",
+        default=",".join(WORKLOADS),
+        help="comma-separated subset to run (default: all), e.g. burst for its tail alone",
+    )
     args = parser.parse_args()
+    chosen = args.workloads.split(",")
+    if unknown := set(chosen) - set(WORKLOADS):
+        parser.error(f"unknown workloads {sorted(unknown)}: choose from {', '.join(WORKLOADS)}")
     ensure_node_modules()
     peers: list[Peer] = [Delayq(), BullMQ()]
-    plan = workloads(args.quick)
+    plan = [workload for workload in workloads(args.quick) if workload.name in chosen]
 
     with RedisServer() as server:
         client = redis.Redis.from_url(server.url)
@@ -384,11 +398,12 @@ def main() -> None:
             for peer in in_turn(peers, index):
                 client.flushall()
                 results[workload.name][peer.name] = run(peer, server.url, workload)
-        memory_count = plan[0].count
-        results["memory"] = {"messages": memory_count, "payload_bytes": PAYLOAD_BYTES}
-        for peer in in_turn(peers, len(plan)):
-            count = bytes_per_pending(peer, client, server.url, memory_count)
-            results["memory"][peer.name] = {"bytes_per_pending_message": count}
+        if "memory" in chosen:
+            memory_count = workloads(args.quick)[0].count  # as many as the burst
+            results["memory"] = {"messages": memory_count, "payload_bytes": PAYLOAD_BYTES}
+            for peer in in_turn(peers, len(plan)):
+                count = bytes_per_pending(peer, client, server.url, memory_count)
+                results["memory"][peer.name] = {"bytes_per_pending_message": count}
         results["machine"]["loadavg_1m_at_end"] = os.getloadavg()[0]
         client.close()
 
