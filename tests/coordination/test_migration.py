@@ -101,7 +101,7 @@ def test_a_move_copies_every_key_switches_routing_and_leaves_a_tombstone(topolog
     held = fill(source, slot)
     before = snapshot(topology.admins[0], topology.topic, slot)
     assert set(before) >= {Part.STORE, Part.PREPARE, Part.DEAD, Part.MSG, Part.OUTCOME}
-    assert {Part.JOURNAL, Part.SCHEDULES, Part.EPOCH, Part.LEASES} <= set(before)
+    assert {Part.JOURNAL, Part.SCHEDULES, Part.EPOCH, Part.LEASES, Part.BASIS} <= set(before)
 
     done = topology.mover().move(slot, 1)
 

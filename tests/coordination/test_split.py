@@ -24,8 +24,9 @@ from delayq.local.redis_server import RedisServer
 from delayq.local.waiting import wait_until
 from delayq.local.zookeeper_server import ZooKeeperServer
 from delayq.queue import Queue, Recurrence, Schedule, SlotMovingError, StaleEpochError, Topic
+from delayq.queue.codes import Code
 from delayq.queue.keys import Part, slot_keys
-from delayq.queue.model import Message, ScheduleRequest, State, Target
+from delayq.queue.model import Message, ScheduleRequest, State
 from delayq.queue.schedules import occurrence_id
 from delayq.queue.slot_split import PART_RULES, Rule
 from delayq.queue.topic import slot_of
@@ -42,7 +43,6 @@ PER_SCHEDULE = [part for part, rule in PART_RULES.items() if rule is Rule.BY_SCH
 @dataclass
 class Cluster(TwoBrokers):
     basis: dict[str, str] = field(default_factory=dict)  # message id -> its slot basis
-    custom: set[str] = field(default_factory=set)  # ids scheduled with a custom basis
     schedules: set[str] = field(default_factory=set)
     held: list[Message] = field(default_factory=list)  # leases of the old owners, still held
 
@@ -75,7 +75,7 @@ def fill(cluster: Cluster, count: int = 60) -> None:
     topic = cluster.topic
     for i in range(count):
         message_id = f"m{i}"
-        custom = i % 10 == 9
+        custom = i % 4 == 3
         basis = f"basis-{i}" if custom else message_id
         slot = topic.slot_of(basis)
         broker_queue(cluster, slot).schedule(
@@ -85,8 +85,6 @@ def fill(cluster: Cluster, count: int = 60) -> None:
             slot_basis=basis if custom else None,
         )
         cluster.basis[message_id] = basis
-        if custom:
-            cluster.custom.add(message_id)
     for i in range(8):
         schedule_id = f"s{i}"
         slot = topic.slot_of(schedule_id)
@@ -155,13 +153,10 @@ def doubled(topic: Topic) -> Topic:
     return replace(topic, slot_amount=2 * SLOTS, slot_generation=1)
 
 
-def expected_half(cluster: Cluster, member: bytes, old_slot: int) -> int:
-    """A custom basis is not kept: such a message goes by its id when that lands in its old
-    slot, else it stays in the lower half (documented)."""
+def expected_half(cluster: Cluster, member: bytes) -> int:
+    """By the message's slot basis: its custom one (recorded), its schedule's id for an
+    occurrence, else its id."""
     text = member.decode()
-    if text in cluster.custom:
-        own = slot_of(text, 2 * SLOTS)
-        return own if own % SLOTS == old_slot else old_slot
     schedule_id, _, due = text.rpartition("@")
     if schedule_id in cluster.schedules and due.isdigit():  # an occurrence, by its schedule
         return slot_of(schedule_id, 2 * SLOTS)
@@ -180,10 +175,7 @@ def assert_split_exactly(cluster: Cluster, before: dict[int, dict[Part, Any]]) -
                     if part in PER_SCHEDULE:
                         assert slot_of(member, 2 * SLOTS) == half_slot, (part, member)
                     else:
-                        assert expected_half(cluster, member, old_slot) == half_slot, (
-                            part,
-                            member,
-                        )
+                        assert expected_half(cluster, member) == half_slot, (part, member)
                     merged[member] = value
             assert merged == parts.get(part, {}), (old_slot, part)
         lower, upper = halves[old_slot], halves[old_slot + SLOTS]
@@ -243,15 +235,10 @@ def test_a_doubling_splits_every_part_exactly_and_refuses_stale_writers(cluster:
         for queue in writers:
             with pytest.raises(SlotMovingError, match=r"^SLOT_MOVING"):
                 queue.schedule("late", b"p", delay_ms=0, slot_basis=basis_in(queue.topic, slot))
-    # every message is found by its id (an occurrence by its schedule) under the new amount;
-    # one with a custom basis by `slot`
+    # every message is found by (its slot basis, its id) under the new amount
     new = doubled(cluster.topic)
     for message_id, basis in cluster.basis.items():
-        if message_id in cluster.custom:
-            slot = expected_half(cluster, message_id.encode(), cluster.topic.slot_of(basis))
-            info = cluster.queue_of(new, slot).get_many([Target(message_id, explicit_slot=slot)])[0]
-        else:
-            info = cluster.queue_of(new, new.slot_of(basis)).get(message_id, basis)
+        info = cluster.queue_of(new, new.slot_of(basis)).get(message_id, basis)
         assert info.state is not State.ABSENT, message_id
     # the new owners fence above the old epochs: the old leases are stale everywhere
     for message in cluster.held:
@@ -264,6 +251,47 @@ def test_a_doubling_splits_every_part_exactly_and_refuses_stale_writers(cluster:
         cluster.queue_of(new, slot).schedule(
             "after", b"p", delay_ms=0, slot_basis=basis_in(new, slot)
         )
+
+
+def test_a_doubling_places_each_message_by_its_custom_slot_basis(cluster: Cluster):
+    """Scheduled, leased, dead, acked and cancelled messages whose custom basis lands in the
+    upper half and whose id does not: after the doubling get by (basis, id) finds each, a
+    create-only resend answers EXISTS (ALREADY_DONE for a finished one: its outcome moved
+    with its basis), not a second copy in the other half, and cancel finds the live ones.
+    Before the basis was recorded they all stayed in the lower half."""
+    topic, new = cluster.topic, doubled(cluster.topic)
+    states = (State.SCHEDULED, State.PREPARED, State.DEAD, State.DONE, State.CANCELLED)
+    expected: dict[str, tuple[str, State]] = {}  # id -> (basis, state after the doubling)
+    for slot in topic.slots:
+        queue = broker_queue(cluster, slot)
+        bases = (f"b{i}" for i in range(10_000) if slot_of(f"b{i}", 2 * SLOTS) == slot + SLOTS)
+        ids = (f"c{i}" for i in range(10_000) if slot_of(f"c{i}", 2 * SLOTS) != slot + SLOTS)
+        for state in states:
+            message_id, basis = next(ids), next(bases)
+            delay_ms = 600_000 if state in (State.SCHEDULED, State.CANCELLED) else 0
+            queue.schedule(message_id, b"p", delay_ms=delay_ms, slot_basis=basis)
+            expected[message_id] = (basis, state)
+            if state is State.CANCELLED:
+                queue.cancel(message_id, basis)
+        leased = queue.claim(slot, queue.take_over(slot), max_count=10, lease_ms=600_000)
+        for message in leased.messages:
+            if expected[message.id][1] is State.DEAD:
+                queue.nack(message.lease, dead=True, reason="broken")
+            elif expected[message.id][1] is State.DONE:
+                queue.ack(message.lease)
+
+    cluster.splitter().split(2 * SLOTS)
+
+    for message_id, (basis, state) in expected.items():
+        slot = new.slot_of(basis)
+        queue = cluster.queue_of(new, slot)
+        bases_key = slot_keys(new, slot).key(Part.BASIS)
+        assert cluster.admins[ROUTING[slot % SLOTS]].hget(bases_key, message_id) == basis.encode()
+        assert queue.get(message_id, basis).state is state, message_id
+        resent = queue.schedule(message_id, b"again", delay_ms=0, slot_basis=basis)
+        assert resent.code is (Code.ALREADY_DONE if state.is_finished else Code.EXISTS), message_id
+        if not state.is_finished:
+            assert queue.cancel(message_id, basis).code is Code.CANCELLED, message_id
 
 
 def run_steps(splitter: SlotSplitter, count: int) -> tuple[Split, int]:
@@ -395,9 +423,7 @@ def test_two_doublings_in_one_call(cluster: Cluster):
     routing = cluster.routing()
     assert (routing.slot_amount, routing.generation) == (4 * SLOTS, 2)
     quad = replace(cluster.topic, slot_amount=4 * SLOTS, slot_generation=2)
-    for message_id, basis in cluster.basis.items():
-        if message_id in cluster.custom:
-            continue
+    for message_id, basis in cluster.basis.items():  # custom bases too, doubled twice
         slot = quad.slot_of(basis)
         queue = Queue(cluster.admins[routing.broker_of_slot[slot]], quad)
         assert queue.get(message_id, basis).state is not State.ABSENT, message_id

@@ -209,7 +209,7 @@ def test_cancel_in_every_state(queue: Queue) -> None:
     assert queue.cancel("s").code is Code.CANCELLED
     assert queue.cancel("p").code is Code.CANCELLED
     assert queue.cancel("s").code is Code.NOT_FOUND
-    with pytest.raises(LeaseLostError, match="ack-6: message 'p'"):
+    with pytest.raises(LeaseLostError, match="ack-7: message 'p'"):
         queue.ack(leased.lease)
     assert queue.cancel_many([Target("nope")])[0].code is Code.NOT_FOUND
 
@@ -299,7 +299,7 @@ def test_a_claim_returns_every_record_shape_as_scheduled(redis_client: redis.Red
 def test_a_claim_leases_exactly_its_ids_under_one_deadline(
     redis_client: redis.Redis, count: int
 ) -> None:
-    """claim-12 adds its ids to prepare in reverse (a listpack finds each place at once): every
+    """claim-13 adds its ids to prepare in reverse (a listpack finds each place at once): every
     claimed id, and no other, is leased until the claim's deadline, below, at and above the
     128 members where Redis converts a sorted set."""
     topic = Topic("leases", slot_amount=1)
@@ -324,7 +324,7 @@ def test_fencing_rejects_a_stale_owner(queue: Queue) -> None:
     leased = queue.claim(slot, old_epoch).messages
     new_epoch = queue.take_over(slot)
     assert new_epoch > old_epoch
-    with pytest.raises(StaleEpochError, match="claim-12"):
+    with pytest.raises(StaleEpochError, match="claim-13"):
         queue.claim(slot, old_epoch)
     with pytest.raises(StaleEpochError):
         queue.ack(leased[0].lease)

@@ -303,7 +303,7 @@ def test_a_first_occurrence_a_millisecond_away_is_still_ahead_when_stored(
     queue: Queue, redis_client: redis.Redis
 ) -> None:
     """The first occurrence is computed with a margin over the server's now: even every 1 ms,
-    it is still in the future when define-8 checks it after the round trip."""
+    it is still in the future when define-9 checks it after the round trip."""
     before = server_ms(redis_client)
     result = queue.put_schedule(Schedule("fast", Recurrence(every_ms=1)))
     assert result.code is Code.CREATED

@@ -520,7 +520,7 @@ async def test_a_header_with_a_lone_surrogate_is_leased_not_a_500(start_service:
 
 
 async def test_a_token_given_twice_in_one_ack_acks_once(start_service: StartService):
-    """Regression: ack-6 read every lease of its call before removing any, so a token given
+    """Regression: ack-7 read every lease of its call before removing any, so a token given
     twice in one request (a consumer resending its `ack` list with the token already in it)
     answered `acked` twice, counted two deliveries acked and journaled two acks for one
     message. The second is `lease_lost`, as in a request of its own."""

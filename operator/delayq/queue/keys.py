@@ -32,6 +32,9 @@ class Part(enum.StrEnum):
     FINISHED = "finished"  # ZSET id -> finished ms (the order outcomes are forgotten in)
     SCHEDULES = "schedules"  # HASH schedule id -> packed recurring schedule (queue/schedules.py)
     TOPUP = "topup"  # ZSET schedule id -> ms since it owes a top-up (its next due precomputed)
+    # the custom slot basis of a message scheduled with one (only those ids): a doubling places
+    # the message by it (queue/slot_split.py); kept while the record is, dead ones included
+    BASIS = "basis"  # HASH id -> slot basis
 
 
 @dataclass(frozen=True)

@@ -183,6 +183,7 @@ def schedule_answers(
         Part.JOURNAL,
         Part.OUTCOME,
         Part.EPOCH,
+        Part.BASIS,
     )
     head: list[Arg] = [
         mode.value,
@@ -234,7 +235,8 @@ def unconfirmed(error: ReplicationTimeoutError) -> list[ScheduleResult | Schedul
     ]
 
 
-FIELDS_PER_REQUEST = 7  # id, when kind, when ms, expiry kind, expiry ms, headers, payload
+#: id, when kind, when ms, expiry kind, expiry ms, headers, payload, slot basis ('' = the id)
+FIELDS_PER_REQUEST = 8
 _NO_EXPIRY = expiry_argument(None, None)
 
 
@@ -254,7 +256,10 @@ def _encode_requests(
     for index, request in enumerate(requests):
         message_id, payload, delay_ms, at_ms, slot_basis, headers, expire_at_ms, ttl_ms = request
         encoded_id = encode_id(message_id)
-        basis = encoded_id if slot_basis is None else encode_id(slot_basis, SLOT_BASIS)
+        if slot_basis is None:
+            basis, recorded_basis = encoded_id, b""
+        else:  # recorded so that a doubling of the slots places the message by it too
+            basis = recorded_basis = encode_id(slot_basis, SLOT_BASIS)
         when_kind, when_ms = when_argument(delay_ms, at_ms)
         expire_kind, expire_ms = (
             _NO_EXPIRY
@@ -279,6 +284,7 @@ def _encode_requests(
                 expire_ms,
                 encoded_headers,
                 payload,
+                recorded_basis,
             )
         )
     return slots, ids, by_slot
@@ -299,6 +305,7 @@ def cancel(topic: Topic, targets: Sequence[Target]) -> Plan[list[Outcome]]:
             Part.TOPUP,
             Part.WAKE,
             Part.EPOCH,
+            Part.BASIS,
         )
         args: list[Arg] = [topic.journal_max_len, topic.outcome_retention_ms]
         return ScriptCall(Script.CANCEL, keys, [*args, *(t.id for t in chunk)])
@@ -413,6 +420,7 @@ def _claim_call(topic: Topic, slot: int, epoch: int, max_count: int, lease_ms: i
         Part.FINISHED,
         Part.SCHEDULES,
         Part.TOPUP,
+        Part.BASIS,
     )
     args: list[Arg] = [
         epoch,
@@ -537,7 +545,15 @@ def _token_plan(
 
 
 def ack(topic: Topic, leases: Sequence[Leased]) -> Plan[list[Outcome]]:
-    parts = (Part.PREPARE, Part.MSG, Part.EPOCH, Part.JOURNAL, Part.OUTCOME, Part.FINISHED)
+    parts = (
+        Part.PREPARE,
+        Part.MSG,
+        Part.EPOCH,
+        Part.JOURNAL,
+        Part.OUTCOME,
+        Part.FINISHED,
+        Part.BASIS,
+    )
     head: list[Arg] = [topic.journal_max_len, topic.outcome_retention_ms]
     return _token_plan(topic, leases, Script.ACK, parts, head, has_time=False)
 
@@ -559,6 +575,7 @@ def nack(topic: Topic, retries: Sequence[Retry]) -> Plan[list[Outcome]]:
             Part.JOURNAL,
             Part.OUTCOME,
             Part.FINISHED,
+            Part.BASIS,
         )
         args: list[Arg] = [
             epoch,
@@ -650,6 +667,7 @@ def purge(
         Part.OUTCOME,
         Part.FINISHED,
         Part.EPOCH,
+        Part.BASIS,
     ]
     head: list[Arg] = [topic.journal_max_len, topic.outcome_retention_ms]
     return _dead_batch(topic, Script.PURGE, parts, head, slot, ids, max_count)

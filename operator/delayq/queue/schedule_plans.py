@@ -40,7 +40,7 @@ from delayq.queue.topic import MAX_DELAY_MS, Topic
 T = TypeVar("T")
 Steps = Generator[Plan[Any], Any, T]
 #: the first occurrence of a schedule is at least this far after the server's now when it is
-#: computed, so it is still ahead when define-8 runs; a try that missed anyway (a slow round
+#: computed, so it is still ahead when define-9 runs; a try that missed anyway (a slow round
 #: trip) is computed again from a fresh clock with ten times the margin
 DEFINE_MARGINS_MS = (100, 1_000, 10_000)
 #: rounds of one page of top-ups: a catch-up needs two (materialise, then precompute)
@@ -95,6 +95,7 @@ def define(topic: Topic, schedule: Schedule) -> Steps[DefineResult]:
         Part.JOURNAL,
         Part.PREPARE,
         Part.EPOCH,
+        Part.BASIS,
     )
     encode_schedule(topic, schedule, 0, PENDING)  # refuses a bad payload before any round trip
     for margin_ms in DEFINE_MARGINS_MS:
@@ -126,7 +127,7 @@ def drop(topic: Topic, schedule_id: str) -> Plan[Outcome]:
     """Delete a schedule and its waiting occurrence; raises NotFoundError when there is none."""
     slot = topic.slot_of(validate_id(schedule_id, "schedule id"))
     keys = slot_keys(topic, slot).keys(
-        Part.SCHEDULES, Part.TOPUP, Part.STORE, Part.MSG, Part.JOURNAL, Part.EPOCH
+        Part.SCHEDULES, Part.TOPUP, Part.STORE, Part.MSG, Part.JOURNAL, Part.EPOCH, Part.BASIS
     )
 
     def combine(replies: list[Reply]) -> Outcome:

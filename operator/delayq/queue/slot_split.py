@@ -11,10 +11,11 @@ no crc32, so the partition is computed here, not in a script.)
 Each part is split on its own terms, listed in `PART_RULES` so a part added to `keys.Part`
 without a rule fails the tests:
 - per message (store, prepare with its lease deadlines, dead, records, reasons, outcomes,
-  finished): by the message's basis. Its id, or for a recurring occurrence `<schedule id>@<due
-  ms>` its schedule's id. A message scheduled with a custom slot basis keeps no trace of it, so
-  when neither its id nor its schedule lands in s it stays in the lower slot s: it is delivered
-  on time, only a lookup by (basis, id) misses it (a lookup with `?slot=` finds it);
+  finished, slot bases): by the message's basis. The custom slot basis it was scheduled with,
+  recorded in the slot's `basis` part; else its id, or for a recurring occurrence `<schedule
+  id>@<due ms>` its schedule's id. A message scheduled with a custom basis before the `basis`
+  part existed has no entry: when neither its id nor its schedule lands in s it stays in the
+  lower slot s (delivered on time, only a lookup by (basis, id) may miss it);
 - per schedule (schedules, topup): by the schedule id, which is always its basis;
 - per slot: the journal stays whole in the lower slot (one stream, its entry ids kept); the
   lease counter is copied to both (a lease number never repeats in a slot); a wake is pushed
@@ -57,6 +58,7 @@ PART_RULES: dict[Part, Rule] = {
     Part.REASON: Rule.BY_MESSAGE,
     Part.OUTCOME: Rule.BY_MESSAGE,
     Part.FINISHED: Rule.BY_MESSAGE,
+    Part.BASIS: Rule.BY_MESSAGE,
     Part.SCHEDULES: Rule.BY_SCHEDULE,
     Part.TOPUP: Rule.BY_SCHEDULE,
     Part.JOURNAL: Rule.LOWER,
@@ -65,26 +67,34 @@ PART_RULES: dict[Part, Rule] = {
     Part.WAKE: Rule.WAKE,
 }
 ZSET_PARTS = (Part.STORE, Part.PREPARE, Part.DEAD, Part.FINISHED, Part.TOPUP)
-HASH_PARTS = (Part.MSG, Part.REASON, Part.OUTCOME, Part.SCHEDULES)
+HASH_PARTS = (Part.MSG, Part.REASON, Part.OUTCOME, Part.SCHEDULES, Part.BASIS)
 
 
 class Halves:
     """Which of the two new slots (`lower`, `upper` = lower + N) a member of the old slot goes
-    to, under `slot_amount` = 2N; `schedules` are the old slot's schedule ids."""
+    to, under `slot_amount` = 2N; `schedules` are the old slot's schedule ids, `bases` its
+    recorded custom slot bases (id -> basis)."""
 
-    def __init__(self, lower: int, slot_amount: int, schedules: set[bytes]) -> None:
+    def __init__(
+        self, lower: int, slot_amount: int, schedules: set[bytes], bases: dict[bytes, bytes]
+    ) -> None:
         self.lower = lower
         self.upper = lower + slot_amount // 2
         self.slot_amount = slot_amount
         self.schedules = schedules
+        self.bases = bases
 
     def of_schedule(self, schedule_id: bytes) -> int:
         return slot_of(schedule_id, self.slot_amount)
 
     def of_message(self, message_id: bytes) -> int:
-        """The new slot of a message: by its schedule when it is an occurrence of one (known
-        in the slot, or whose id lands in it), else by its own id when that lands in the old
-        slot, else (a custom basis) the lower slot."""
+        """The new slot of a message: by its recorded custom basis when it has one, by its
+        schedule when it is an occurrence of one (known in the slot, or whose id lands in it),
+        else by its own id when that lands in the old slot, else (a custom basis scheduled
+        before bases were recorded) the lower slot."""
+        basis = self.bases.get(message_id)
+        if basis is not None:
+            return slot_of(basis, self.slot_amount)
         schedule_id, separator, due = message_id.rpartition(OCCURRENCE_SEPARATOR.encode())
         occurrence = bool(separator) and due.isdigit()
         if occurrence and schedule_id in self.schedules:
@@ -113,13 +123,9 @@ def split_slot(
     slot_amount = 2 * (upper.slot - lower.slot)
     client.unlink(*lower.keys(*Part), *upper.keys(*Part))
     sources = [*strays, source]  # the source last: its fields overwrite a stray's
-    schedules = {
-        field
-        for keys in sources
-        for page in _hash_pages(client, keys.key(Part.SCHEDULES), BATCH)
-        for field, _ in page
-    }
-    halves = Halves(lower.slot, slot_amount, schedules)
+    schedules = {field for field, _ in _hash_fields(client, sources, Part.SCHEDULES)}
+    bases = cast("dict[bytes, bytes]", dict(_hash_fields(client, sources, Part.BASIS)))
+    halves = Halves(lower.slot, slot_amount, schedules, bases)
     targets = {lower.slot: lower, upper.slot: upper}
     written = 0
     for keys in sources:
@@ -154,6 +160,16 @@ def _divide(
     for member, value in page:
         divided.setdefault(side(member), []).append((member, value))
     return divided
+
+
+def _hash_fields(
+    client: redis.Redis, sources: Sequence[SlotKeys], part: Part
+) -> Iterator[tuple[bytes, bytes | float]]:
+    """Every field of a hash part of the sources, in their order (a later one's value wins
+    when read into a dict)."""
+    for keys in sources:
+        for page in _hash_pages(client, keys.key(part), BATCH):
+            yield from page
 
 
 def _zset_pages(client: redis.Redis, key: str) -> Iterator[list[tuple[bytes, bytes | float]]]:

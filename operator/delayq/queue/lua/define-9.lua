@@ -12,6 +12,7 @@
   KEYS[6] journal  STREAM lifecycle events
   KEYS[7] prepare  ZSET id -> lease deadline ms
   KEYS[8] epoch    STRING fencing epoch; 'moving:<epoch>' while the slot moves (refused)
+  KEYS[9] basis    HASH id -> custom slot basis (only messages scheduled with one)
 
   ARGV[1] journal_max_len  0 = journal off
   ARGV[2] schedule id
@@ -51,6 +52,7 @@ if old then
   local waiting = sid .. '@' .. series_fields(old)
   if redis.call('ZREM', store, waiting) == 1 then
     redis.call('HDEL', msg, waiting)
+    redis.call('HDEL', KEYS[9], waiting)
     journal(journal_key, journal_max_len, 'cancelled', waiting, now, '', '')
   end
 end

@@ -16,6 +16,7 @@
   KEYS[8] journal  STREAM lifecycle events
   KEYS[9] outcome  HASH id -> remembered outcome of a finished message
   KEYS[10] finished ZSET id -> finished ms (the order remembered outcomes are forgotten in)
+  KEYS[11] basis    HASH id -> custom slot basis (only messages scheduled with one)
 
   ARGV[1] epoch           the caller's fencing epoch
   ARGV[2] max_retries     attempts beyond this are exhausted
@@ -61,7 +62,7 @@ local retry_for_ms = tonumber(ARGV[4])
 local exhausted_action, expiry_action = ARGV[5], ARGV[6]
 local slot = {
   dead = KEYS[3], reason = KEYS[5], msg = msg, journal = journal_key, outcome = KEYS[9],
-  finished = KEYS[10], journal_max_len = journal_max_len, retention_ms = tonumber(ARGV[7]),
+  finished = KEYS[10], basis = KEYS[11], journal_max_len = journal_max_len, retention_ms = tonumber(ARGV[7]),
 }
 local results = {}
 
@@ -109,6 +110,6 @@ end
 
 if earliest then wake_if_earliest(store, wake, earliest) end
 if given_up > 0 then
-  forget_expired(slot.outcome, slot.finished, slot.retention_ms, now, given_up)
+  forget_expired(slot.outcome, slot.finished, slot.basis, slot.retention_ms, now, given_up)
 end
 return results

@@ -8,6 +8,7 @@
   KEYS[4] journal  STREAM lifecycle events
   KEYS[5] outcome  HASH id -> remembered outcome of a finished message
   KEYS[6] finished ZSET id -> finished ms (the order remembered outcomes are forgotten in)
+  KEYS[7] basis    HASH id -> custom slot basis (only messages scheduled with one)
 
   ARGV[1] epoch                 the caller's fencing epoch
   ARGV[2] journal_max_len       0 = journal off
@@ -29,6 +30,7 @@
 --@include call_chunked
 --@include codes
 --@include epoch_matches
+--@include forget_bases
 --@include forget_expired
 --@include journal
 --@include now_ms
@@ -71,6 +73,7 @@ end
 if #done > 0 then
   call_chunked('ZREM', prepare, done)
   call_chunked('HDEL', msg, done)
+  forget_bases(KEYS[7], retention_ms, done)
 end
-forget_expired(outcome, finished, retention_ms, now, #done)
+forget_expired(outcome, finished, KEYS[7], retention_ms, now, #done)
 return results

@@ -28,6 +28,7 @@
   KEYS[10] finished ZSET id -> finished ms (the order remembered outcomes are forgotten in)
   KEYS[11] schedules HASH schedule id -> packed schedule (series_fields)
   KEYS[12] topup   ZSET schedule id -> ms since its top-up is owed
+  KEYS[13] basis    HASH id -> custom slot basis (only messages scheduled with one)
 
   ARGV[1] epoch           the caller's fencing epoch
   ARGV[2] max_count       at most this many messages claimed
@@ -87,7 +88,7 @@ local retry_for_ms = tonumber(ARGV[7])
 local exhausted_action, expiry_action = ARGV[8], ARGV[9]
 local slot = {
   dead = KEYS[3], reason = KEYS[5], msg = msg, journal = journal_key, outcome = KEYS[9],
-  finished = KEYS[10], journal_max_len = journal_max_len, retention_ms = tonumber(ARGV[10]),
+  finished = KEYS[10], basis = KEYS[13], journal_max_len = journal_max_len, retention_ms = tonumber(ARGV[10]),
 }
 local given_up = 0
 
@@ -159,6 +160,7 @@ if #due_ids > 0 then
       given_up = given_up + 1
     elseif record and has_series and advance_series(id) then
       redis.call('HDEL', msg, id)
+      redis.call('HDEL', slot.basis, id)
       journal(journal_key, journal_max_len, 'skipped', id, now, due, '')
     elseif record then
       attempts = attempts + 1
@@ -171,6 +173,7 @@ if #due_ids > 0 then
       claimed[#claimed + 1] = leased
       journal(journal_key, journal_max_len, 'claimed', id, now, due, attempts)
     else
+      redis.call('HDEL', slot.basis, id)
       journal(journal_key, journal_max_len, 'orphan', id, now, due, '')
     end
   end
@@ -192,7 +195,7 @@ if #due_ids > 0 then
 end
 
 if given_up > 0 then
-  forget_expired(slot.outcome, slot.finished, slot.retention_ms, now, given_up)
+  forget_expired(slot.outcome, slot.finished, slot.basis, slot.retention_ms, now, given_up)
 end
 
 local head = redis.call('ZRANGE', store, 0, 0, 'WITHSCORES')

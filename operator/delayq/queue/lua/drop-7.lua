@@ -8,6 +8,7 @@
   KEYS[4] msg      HASH id -> record
   KEYS[5] journal  STREAM lifecycle events
   KEYS[6] epoch    STRING fencing epoch; 'moving:<epoch>' while the slot moves (refused)
+  KEYS[7] basis    HASH id -> custom slot basis (only messages scheduled with one)
 
   ARGV[1] journal_max_len  0 = journal off
   ARGV[2] schedule id
@@ -34,6 +35,7 @@ if not value then return {CODE.NOT_FOUND} end
 local waiting = sid .. '@' .. series_fields(value)
 if redis.call('ZREM', store, waiting) == 1 then
   redis.call('HDEL', msg, waiting)
+  redis.call('HDEL', KEYS[7], waiting)
   journal(journal_key, journal_max_len, 'cancelled', waiting, now_ms(), '', '')
 end
 redis.call('HDEL', schedules, sid)

@@ -8,6 +8,7 @@
   KEYS[5] outcome  HASH id -> remembered outcome of a finished message
   KEYS[6] finished ZSET id -> finished ms (the order remembered outcomes are forgotten in)
   KEYS[7] epoch    STRING fencing epoch; 'moving:<epoch>' while the slot moves (refused)
+  KEYS[8] basis    HASH id -> custom slot basis (only messages scheduled with one)
 
   ARGV[1] journal_max_len       0 = journal off
   ARGV[2] outcome_retention_ms  0 = finished messages are not remembered
@@ -24,6 +25,7 @@
 --@include append
 --@include codes
 --@include dead_batch_ids
+--@include forget_bases
 --@include forget_expired
 --@include journal
 --@include now_ms
@@ -47,6 +49,7 @@ for _, id in ipairs(ids) do
     local record = redis.call('HGET', msg, id)
     remember(outcome, finished, retention_ms, now, id, 'purged',
       record and record_fields(record) or 0)
+    forget_bases(KEYS[8], retention_ms, {id})
     purged = purged + 1
     redis.call('HDEL', msg, id)
     redis.call('HDEL', reason, id)
@@ -56,6 +59,6 @@ for _, id in ipairs(ids) do
     append(results, id, CODE.WRONG_STATE)
   end
 end
-forget_expired(outcome, finished, retention_ms, now, purged)
+forget_expired(outcome, finished, KEYS[8], retention_ms, now, purged)
 results[1] = redis.call('ZCARD', dead)
 return results

@@ -17,6 +17,7 @@
   KEYS[10] topup   ZSET schedule id -> ms since its top-up is owed
   KEYS[11] wake    LIST wake-up marker of the slot
   KEYS[12] epoch    STRING fencing epoch; 'moving:<epoch>' while the slot moves (refused)
+  KEYS[13] basis    HASH id -> custom slot basis (only messages scheduled with one)
 
   ARGV[1] journal_max_len       0 = journal off
   ARGV[2] outcome_retention_ms  0 = finished messages are not remembered
@@ -27,6 +28,7 @@
   Events: cancelled
 ]]
 --@include codes
+--@include forget_bases
 --@include forget_expired
 --@include journal
 --@include locate
@@ -42,7 +44,7 @@ refuse_if_moving(KEYS[12])
 
 local store, prepare, dead, msg, reason, journal_key, outcome, finished =
   KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6], KEYS[7], KEYS[8]
-local schedules, topup, wake = KEYS[9], KEYS[10], KEYS[11]
+local schedules, topup, wake, basis = KEYS[9], KEYS[10], KEYS[11], KEYS[13]
 local journal_max_len, retention_ms = tonumber(ARGV[1]), tonumber(ARGV[2])
 local now = now_ms()
 local results = {}
@@ -75,12 +77,13 @@ for i = 3, #ARGV do
     journal(journal_key, journal_max_len, 'cancelled', id, now, '', '')
     remember(outcome, finished, retention_ms, now, id, 'cancelled',
       record and record_fields(record) or 0)
+    forget_bases(basis, retention_ms, {id})
     cancelled = cancelled + 1
     results[#results + 1] = CODE.CANCELLED
   else
     results[#results + 1] = CODE.NOT_FOUND
   end
 end
-forget_expired(outcome, finished, retention_ms, now, cancelled)
+forget_expired(outcome, finished, basis, retention_ms, now, cancelled)
 if owes_top_up and redis.call('LLEN', wake) == 0 then redis.call('RPUSH', wake, '1') end
 return results

@@ -12,6 +12,7 @@
   KEYS[7] journal  STREAM lifecycle events
   KEYS[8] outcome  HASH id -> remembered outcome of a finished message
   KEYS[9] epoch    STRING fencing epoch; 'moving:<epoch>' while the slot moves (refused)
+  KEYS[10] basis   HASH id -> custom slot basis (only messages scheduled with one)
 
   ARGV[1] mode                  'create' | 'upsert'
   ARGV[2] max_delay_ms          due times beyond server now + this are refused
@@ -22,9 +23,11 @@
   ARGV[6] max_pending           the slot's share of the topic's limits.maxPending: a new
                                 message beyond this many scheduled + prepared is refused
                                 (0 = no limit)
-  ARGV[7 + 7k .. 13 + 7k]       per message: id, when_kind ('delay' | 'at'), when_ms,
+  ARGV[7 + 8k .. 14 + 8k]       per message: id, when_kind ('delay' | 'at'), when_ms,
                                 expire_kind ('' | 'at' | 'ttl': after the due time),
-                                expire_ms, headers, payload
+                                expire_ms, headers, payload, slot basis ('' = its id: no
+                                entry in `basis`); a message stored (created or replaced)
+                                gets the entry of the basis it is stored with, or none
 
   Returns a flat array, per message in order the triple code, due_ms, state:
      1 CREATED   scheduled anew at due_ms                       state 'scheduled'
@@ -55,8 +58,8 @@
 
 refuse_if_moving(KEYS[9])
 
-local store, prepare, dead, msg, reason, wake, journal_key, outcome =
-  KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6], KEYS[7], KEYS[8]
+local store, prepare, dead, msg, reason, wake, journal_key, outcome, basis =
+  KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6], KEYS[7], KEYS[8], KEYS[10]
 local upsert = ARGV[1] == 'upsert'
 local max_delay_ms = tonumber(ARGV[2])
 local journal_max_len = tonumber(ARGV[3])
@@ -67,12 +70,18 @@ local now = now_ms()
 
 local results = {}
 local zadd_args, hset_args = {}, {}
+-- id -> the slot basis it is stored with, or false to delete an entry it may have (of the
+-- message it replaces, or of a finished one kept with its outcome: forget_bases), looked for
+-- only in a slot that has entries, so default-basis batches pay nothing; written after the
+-- loop, so the last of an id given twice in the batch wins
+local has_bases = redis.call('HLEN', basis) > 0
+local bases, based_ids = {}, {}
 local pending = {}  -- id -> due, for ids scheduled earlier in this same batch
 local earliest = nil
 
 -- a live message always has its record: one HMGET tells which ids exist (new ids cost no copy)
 local ids = {}
-for i = 7, #ARGV, 7 do ids[#ids + 1] = ARGV[i] end
+for i = 7, #ARGV, 8 do ids[#ids + 1] = ARGV[i] end
 local pending_count = nil  -- scheduled + prepared, counted when a limit is set
 if max_pending > 0 then
   pending_count = redis.call('ZCARD', store) + redis.call('ZCARD', prepare)
@@ -83,7 +92,7 @@ local outcomes = {}
 if retention_ms > 0 and not upsert then outcomes = read_chunked('HMGET', outcome, ids) end
 
 for k = 1, #ids do
-  local i = 7 * k
+  local i = 8 * k - 1
   local id, when_kind, when_ms = ids[k], ARGV[i + 1], tonumber(ARGV[i + 2])
   local expire_kind, expire_value = ARGV[i + 3], tonumber(ARGV[i + 4])
   local due = when_ms
@@ -132,6 +141,11 @@ for k = 1, #ids do
     hset_args[#hset_args + 1] = id
     hset_args[#hset_args + 1] = new_record(ARGV[i + 5], ARGV[i + 6], expire_ms)
     pending[id] = due
+    local given_basis = ARGV[i + 7]
+    if given_basis ~= '' or has_bases then
+      if bases[id] == nil then based_ids[#based_ids + 1] = id end
+      bases[id] = given_basis ~= '' and given_basis
+    end
     if pending_count and not state then pending_count = pending_count + 1 end
     if earliest == nil or due < earliest then earliest = due end
     journal(journal_key, journal_max_len, 'scheduled', id, now, due, 0)
@@ -147,5 +161,18 @@ if #zadd_args > 0 then
   call_chunked('ZADD', store, zadd_args)
   call_chunked('HSET', msg, hset_args)
   wake_if_earliest(store, wake, earliest)
+end
+if #based_ids > 0 then
+  local hset_bases, hdel_bases = {}, {}
+  for _, id in ipairs(based_ids) do
+    if bases[id] then
+      hset_bases[#hset_bases + 1] = id
+      hset_bases[#hset_bases + 1] = bases[id]
+    else
+      hdel_bases[#hdel_bases + 1] = id
+    end
+  end
+  if #hset_bases > 0 then call_chunked('HSET', basis, hset_bases) end
+  if #hdel_bases > 0 then call_chunked('HDEL', basis, hdel_bases) end
 end
 return results
