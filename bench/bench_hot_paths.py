@@ -133,7 +133,10 @@ def run_python(url: str, messages: int) -> dict[str, float]:
     built = [requests(base) for base in batches]
     scheduled = [plans.schedule(topic, batch, Mode.CREATE) for batch in built]
     schedule_replies = [
-        [[1, at_ms, b"scheduled"] * (len(call.args) // 7) for call in plan.calls]
+        [
+            [1, at_ms, b"scheduled"] * (len(call.args) // plans.FIELDS_PER_REQUEST)
+            for call in plan.calls
+        ]
         for plan in scheduled
     ]
     claims = range(0, messages, 125)

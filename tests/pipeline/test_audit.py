@@ -109,12 +109,17 @@ def test_a_doubling_of_the_slots_is_followed_by_message(spark):
     lands in 2 has its schedule in 0 and its delivery in 2: one message, neither lost nor a
     fresh claim. Ids chosen by crc32(id) & 3: mover-4, again-1, gone-5 -> 2, stayer-5 -> 0,
     gone-4 -> 0 (scheduled with a custom basis into slot 1, where the split leaves it); a
-    recurring occurrence goes by its schedule id: sched-0 -> 2 (its own id -> 3)."""
+    recurring occurrence goes by its schedule id: sched-0 -> 2 (its own id -> 3). Custom bases
+    moving a message from 1 to 3 (the split places it by its recorded basis): based-0 -> 0 (a
+    slot it never was in), moved-0 -> 1 (its first slot agrees with it, not its second)."""
     j, split = Journal(), T0 + 2000
     occurrence = f"sched-0@{T0 + 5000}"
     for message_id in ("mover-4", "again-1", "gone-5", "stayer-5", occurrence):
         j.add(0, "scheduled", message_id, T0, T0 + 5000 if message_id != "again-1" else T0, 0)
     j.add(1, "scheduled", "gone-4", T0, T0 + 5000, 0)
+    for message_id in ("based-0", "moved-0"):
+        j.add(1, "scheduled", message_id, T0, T0 + 5000, 0)
+        j.delivery(3, message_id, T0 + 5000, 5)
     j.delivery(2, occurrence, T0 + 5000, 5)
     j.delivery(0, "again-1", T0, 5)  # acked before the doubling ...
     j.delivery(2, "again-1", T0, split + 10 - T0)  # ... and claimed again after it: a duplicate
@@ -124,7 +129,7 @@ def test_a_doubling_of_the_slots_is_followed_by_message(spark):
     j.add(3, "scheduled", "later", END, END + 3_600_000, 0)
     flagged = audit.events(spark.createDataFrame(j.rows, SCHEMA))
     [total] = audit.metrics(flagged, GRACE, audit.TOPIC_KEYS).collect()
-    assert (total["lost"], total["duplicates"], total["deliveries"]) == (1, 1, 6)
+    assert (total["lost"], total["duplicates"], total["deliveries"]) == (1, 1, 8)
     found = {(r["kind"], r["slot"], r["id"]) for r in audit.flagged_ids(flagged, GRACE).collect()}
     assert found == {("lost", 0, "gone-5"), ("duplicate", 2, "again-1")}
 

@@ -7,10 +7,10 @@ message's events in that order.
 
 A message keeps its slot number across a slot move (its journal moves with it, entry ids and
 all), but not across a doubling of the slots: slot s of N splits into s and s + N, the whole
-journal stays in s, and a message whose id lands in s + N has its later events there. Such a
+journal stays in s, and a message whose basis lands in s + N has its later events there. Such a
 message's slots all agree with the low bits of its id's CRC32 (`lineage`), so its events are
-one window: (namespace, topic, id) plus, for a message whose custom slot basis put it in a slot
-its id does not agree with (the split keeps it in place), its slot.
+one window: (namespace, topic, id) plus, for a message whose custom slot basis put it in slots
+its id does not agree with, the first of those slots (each later one's low bits).
 
 Definitions (docs/pipeline.md repeats them for readers of the report):
 - lateness = t - due of each `claimed` event (due is the instant that delivery was for);
@@ -51,28 +51,41 @@ def _pos() -> Column:
 def lineage() -> Column:
     """-1 when the event's slot is one its id routes to under some slot amount (the slot's
     bits equal the low bits of crc32(id)), or, for a recurring occurrence
-    `<schedule id>@<due ms>`, one its schedule id routes to; else the slot.
+    `<schedule id>@<due ms>`, one its schedule id routes to, or when such a slot of the same
+    id is one it may have come from (an ancestor: its bits the low bits of the event's slot);
+    else the lowest ancestor among the id's slots (the event's own slot at least).
 
-    A doubling moves a message from s only to the half its id, or an occurrence's schedule,
-    routes to (`queue/slot_split.py` `Halves.of_message`), so every slot a message lived in
-    agrees with it, or it never left its slot (a custom slot basis its id does not agree
-    with). The mask is the slot's bits smeared right (5 -> 7), exact in integers.
+    A doubling moves a message from s to the half its basis routes to (`queue/slot_split.py`
+    `Halves.of_message`): its id, an occurrence's schedule, or the custom slot basis recorded
+    with it, which the journal does not carry. So a message with a custom basis may live in
+    slots its id does not agree with, each the previous one's descendant. The mask is a
+    slot's bits smeared right (5 -> 7), exact in integers. A window over the id's events.
     """
+    from pyspark.sql import Window
     from pyspark.sql import functions as F
 
     slot = F.col("slot").cast("long")
-    mask = slot
-    for shift in (1, 2, 4, 8, 16):
-        mask = mask.bitwiseOR(F.shiftright(mask, shift))
+
+    def smeared(value: Column) -> Column:
+        for shift in (1, 2, 4, 8, 16):
+            value = value.bitwiseOR(F.shiftright(value, shift))
+        return value
 
     def agrees(basis: Column) -> Column:
-        return F.crc32(basis.cast("binary")).bitwiseAND(mask) == slot
+        return F.crc32(basis.cast("binary")).bitwiseAND(smeared(slot)) == slot
+
+    def ancestors(slots: Column) -> Column:
+        return F.filter(slots, lambda m: slot.bitwiseAND(smeared(m)) == m)
 
     occurrence = F.col("id").rlike(OCCURRENCE)
     schedule = F.regexp_extract(F.col("id"), OCCURRENCE, 1)
-    return F.when(
-        agrees(F.col("id")) | (occurrence & agrees(schedule)), F.lit(-1).cast("long")
-    ).otherwise(slot)
+    own = agrees(F.col("id")) | (occurrence & agrees(schedule))
+    whole = Window.partitionBy(*TOPIC_KEYS, "id")
+    agreeing = F.collect_set(F.when(own, slot)).over(whole)
+    others = F.collect_set(F.when(~own, slot)).over(whole)
+    return F.when(own | (F.size(ancestors(agreeing)) > 0), F.lit(-1).cast("long")).otherwise(
+        F.array_min(ancestors(others))
+    )
 
 
 def events(journal: DataFrame) -> DataFrame:
