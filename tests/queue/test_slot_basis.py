@@ -72,17 +72,22 @@ def test_with_outcome_retention_the_entry_goes_with_the_outcome(
     make_queue: MakeQueue, redis_client: redis.Redis
 ):
     """The entry of a finished message stays while its outcome does (a doubling moves the
-    outcome by it, so a create-only resend stays ALREADY_DONE), and is forgotten with it."""
+    outcome by it, so a create-only resend stays ALREADY_DONE), and is forgotten with it, unless
+    the id was scheduled again since: then the entry is the new message's."""
     queue = make_queue(outcome_retention_ms=200)
-    finished, trigger = OWN_IDS[:2]
-    queue.schedule(finished, b"p", delay_ms=0, slot_basis=BASIS)
-    queue.ack(claim_all(queue)[finished].lease)
+    finished, again, trigger = OWN_IDS[:3]
+    for message_id in (finished, again):
+        queue.schedule(message_id, b"p", delay_ms=0, slot_basis=BASIS)
+    for message in claim_all(queue).values():
+        queue.ack(message.lease)
     finished_ms = server_ms(redis_client)
-    assert bases(redis_client) == {finished.encode(): BASIS.encode()}
+    assert set(bases(redis_client)) == {finished.encode(), again.encode()}
     assert queue.schedule(finished, b"p", delay_ms=0, slot_basis=BASIS).code is Code.ALREADY_DONE
 
     wait_for_server_ms(redis_client, finished_ms + 200)
+    assert queue.schedule(again, b"p", delay_ms=60_000, slot_basis=BASIS).code is Code.CREATED
     queue.schedule(trigger, b"p", delay_ms=0)
     queue.ack(claim_all(queue)[trigger].lease)  # a finish trims the outcomes past retention
-    assert bases(redis_client) == {}
+    assert bases(redis_client) == {again.encode(): BASIS.encode()}
     assert queue.get(finished, BASIS).state.value == "absent"
+    assert queue.get(again, BASIS).state.value == "scheduled"

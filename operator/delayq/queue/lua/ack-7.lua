@@ -75,5 +75,5 @@ if #done > 0 then
   call_chunked('HDEL', msg, done)
   forget_bases(KEYS[7], retention_ms, done)
 end
-forget_expired(outcome, finished, KEYS[7], retention_ms, now, #done)
+forget_expired(outcome, finished, KEYS[7], msg, retention_ms, now, #done)
 return results

@@ -84,6 +84,6 @@ for i = 3, #ARGV do
     results[#results + 1] = CODE.NOT_FOUND
   end
 end
-forget_expired(outcome, finished, basis, retention_ms, now, cancelled)
+forget_expired(outcome, finished, basis, msg, retention_ms, now, cancelled)
 if owes_top_up and redis.call('LLEN', wake) == 0 then redis.call('RPUSH', wake, '1') end
 return results

@@ -195,7 +195,8 @@ if #due_ids > 0 then
 end
 
 if given_up > 0 then
-  forget_expired(slot.outcome, slot.finished, slot.basis, slot.retention_ms, now, given_up)
+  forget_expired(slot.outcome, slot.finished, slot.basis, slot.msg, slot.retention_ms, now,
+    given_up)
 end
 
 local head = redis.call('ZRANGE', store, 0, 0, 'WITHSCORES')

@@ -110,6 +110,7 @@ end
 
 if earliest then wake_if_earliest(store, wake, earliest) end
 if given_up > 0 then
-  forget_expired(slot.outcome, slot.finished, slot.basis, slot.retention_ms, now, given_up)
+  forget_expired(slot.outcome, slot.finished, slot.basis, slot.msg, slot.retention_ms, now,
+    given_up)
 end
 return results

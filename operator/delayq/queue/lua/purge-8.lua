@@ -59,6 +59,6 @@ for _, id in ipairs(ids) do
     append(results, id, CODE.WRONG_STATE)
   end
 end
-forget_expired(outcome, finished, KEYS[8], retention_ms, now, purged)
+forget_expired(outcome, finished, KEYS[8], msg, retention_ms, now, purged)
 results[1] = redis.call('ZCARD', dead)
 return results
