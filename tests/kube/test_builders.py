@@ -346,6 +346,19 @@ def test_webhook_targets_are_refused_unless_the_topic_allows_them() -> None:
     assert settings["webhook_allowed_cidrs"] == "10.96.0.0/12,fd00::/8"
 
 
+def test_an_external_stream_target_is_guarded_unless_the_topic_allows_it() -> None:
+    """The stream guard's settings reach `delayq serve` the same way: always written."""
+    ref = {"name": "target", "key": "url"}
+    default = topic_json(spec_of(topicType="stream", delivery={"stream": {"urlSecretRef": ref}}))
+    assert default["stream_allow_private_targets"] is False
+    assert default["stream_allowed_cidrs"] == ""
+    stream = {"urlSecretRef": ref, "allowedCidrs": ["10.96.0.0/12"]}
+    written = topic_json(spec_of(topicType="stream", delivery={"stream": stream}))
+    settings = TopicFile.from_json(json.dumps(written)).service_settings({})
+    assert settings["stream_allow_private_targets"] is False
+    assert settings["stream_allowed_cidrs"] == "10.96.0.0/12"
+
+
 @pytest.mark.parametrize(
     ("webhook", "message"),
     [

@@ -305,6 +305,8 @@ async def test_serve_with_the_operators_topic_file(
         pull_max_lease_batch=10,
         stream_key="",
         stream_max_len=0,
+        stream_allow_private_targets=False,
+        stream_allowed_cidrs="",
         zookeeper_connect="",
         zookeeper_session_timeout_ms=10_000,
         zookeeper_admin_acl="",

@@ -149,6 +149,22 @@ class ServiceConfig:
             "credentials (default: broker 0's Redis)"
         ),
     )
+    # True, like webhook_allow_private_targets: run by hand, the target is often on this machine;
+    # the operator writes the topic's value (CRD default false) into topic.json
+    stream_allow_private_targets: bool = field(
+        default=True,
+        metadata=_help(
+            "stream topics with stream_url: also connect to loopback, private, link-local and "
+            "other non-public addresses, and to a unix:// socket"
+        ),
+    )
+    stream_allowed_cidrs: str = field(
+        default="",
+        metadata=_help(
+            "stream topics with stream_url: CIDRs connected to even when not public, "
+            "comma-separated (10.96.0.0/12,fd00::/8)"
+        ),
+    )
     stream_key: str = field(
         default="", metadata=_help("stream topics: target stream key (default dq-out:<ns>/<t>)")
     )
@@ -332,6 +348,11 @@ class ServiceConfig:
             raise ConfigError(
                 f"{_names('stream_url')} must start with redis://, rediss:// or unix://"
             )
+        if self.stream_url.startswith("unix://") and not self.stream_allow_private_targets:
+            raise ConfigError(
+                f"{_names('stream_url')}: a unix:// socket is a local target: it needs "
+                f"{_names('stream_allow_private_targets')}"
+            )
         if self.zookeeper_admin_acl and not self.zookeeper_password:
             raise ConfigError(_needs("zookeeper_password", _names("zookeeper_admin_acl")))
         for name in ("zookeeper_tls_ca_file", "zookeeper_tls_cert_file", "zookeeper_tls_key_file"):
@@ -346,10 +367,11 @@ class ServiceConfig:
             raise ConfigError(_needs("api_token", _names("api_token_previous")))
         if self.read_token and not self.api_token:  # a read-only token of an open API
             raise ConfigError(_needs("api_token", _names("read_token")))
-        try:
-            parse_cidrs(split_cidrs(self.webhook_allowed_cidrs))
-        except ValueError as error:
-            raise ConfigError(f"{_names('webhook_allowed_cidrs')}: {error}") from None
+        for name in ("webhook_allowed_cidrs", "stream_allowed_cidrs"):
+            try:
+                parse_cidrs(split_cidrs(getattr(self, name)))
+            except ValueError as error:
+                raise ConfigError(f"{_names(name)}: {error}") from None
         for name in (
             "webhook_timeout_ms",
             "webhook_max_in_flight",
@@ -426,6 +448,15 @@ class ServiceConfig:
         return TargetPolicy(
             self.webhook_allow_private_targets,
             parse_cidrs(split_cidrs(self.webhook_allowed_cidrs)),
+        )
+
+    @property
+    def stream_targets(self) -> TargetPolicy:
+        """The addresses an external stream target (`stream_url`) may be connected on."""
+        return TargetPolicy(
+            self.stream_allow_private_targets,
+            parse_cidrs(split_cidrs(self.stream_allowed_cidrs)),
+            subject="stream",
         )
 
     @property

@@ -243,7 +243,9 @@ class DelayService:
                 max_batch=config.webhook_max_batch,
             )
         if config.stream_url:
-            client = connect(config.stream_url, config.redis_max_connections)
+            client = connect(
+                config.stream_url, config.redis_max_connections, config.stream_targets
+            )
             return StreamSink(self.topic, client, config.target_stream, config.stream_max_len, True)
         return StreamSink(
             self.topic, self.queues[0].redis, config.target_stream, config.stream_max_len, False

@@ -100,6 +100,8 @@ def topic_file(spec: TopicSpec, ctx: BuildContext, slot_amount: int) -> TopicFil
         pull_max_lease_batch=delivery.pull_max_lease_batch,
         stream_key=delivery_stream_key(spec),
         stream_max_len=delivery.stream_max_len,
+        stream_allow_private_targets=delivery.stream_allow_private_targets,
+        stream_allowed_cidrs=",".join(delivery.stream_allowed_cidrs),
         zookeeper_connect=zookeeper_connect(spec, ctx),
         zookeeper_session_timeout_ms=spec.zookeeper_session_timeout_ms,
         zookeeper_admin_acl=ctx.zookeeper_admin_acl,

@@ -49,7 +49,7 @@ from delayq.queue.model import Message
 from delayq.queue.topic import Topic
 from delayq.service.delivery.signing import Signer
 from delayq.service.delivery.sinks import DeliveryError
-from delayq.service.delivery.targets import TargetPolicy
+from delayq.service.delivery.targets import TargetPolicy, TargetRefusedError
 from delayq.service.envelope import header_id, message_body
 from delayq.service.metrics import ServiceMetrics
 
@@ -74,11 +74,6 @@ def host_clock(_slot: int) -> float:
 def no_deadline(_message: Message) -> float | None:
     """For a sink used outside a delay service: no lease to honour, sent as 0."""
     return 0.0
-
-
-class TargetRefusedError(OSError):
-    """Every address of a webhook host is refused. An OSError, because that is what aiohttp's
-    connector turns into a connection error (`ClientConnectorError.os_error`)."""
 
 
 class GuardedResolver(AbstractResolver):
