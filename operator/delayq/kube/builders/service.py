@@ -284,12 +284,14 @@ def service_statefulset(spec: TopicSpec, ctx: BuildContext, slot_amount: int) ->
 
 
 def _tenant_secret_env(spec: TopicSpec) -> list[Manifest]:
-    """The webhook's signing secrets and extra headers, the external stream target's URL, from
-    the tenant's Secrets (required: a topic that asks to sign never sends unsigned, one with an
-    external target never writes elsewhere; without the Secret the pod does not start and says
-    so in its events). The kubelet reads them, so the operator needs no access."""
+    """The webhook's URL (when from a Secret), signing secrets and extra headers, the external
+    stream target's URL, from the tenant's Secrets (required: a topic that asks to sign never
+    sends unsigned, one with an external target never writes elsewhere; without the Secret the
+    pod does not start and says so in its events). The kubelet reads them, so the operator
+    needs no access, and they are in no ConfigMap."""
     delivery = spec.delivery
     refs = (
+        ("webhook_url", delivery.webhook_url_secret_ref),
         ("webhook_secret", delivery.webhook_signing_secret_ref),
         ("webhook_extra_headers", delivery.webhook_extra_headers_secret_ref),
         ("stream_url", delivery.stream_url_secret_ref),
