@@ -40,6 +40,7 @@ CREDS = Credentials(
     zookeeper_password="zk",
     redis_admin_password="admin",
     read_token="viewer",
+    metrics_token="scraper",
 )
 OWNER = {
     "apiVersion": "delayq.io/v1alpha1",
@@ -90,7 +91,12 @@ def test_inventory_per_broker_and_per_topic() -> None:
 def test_service_monitor_only_when_requested() -> None:
     assert ("ServiceMonitor", "orders-api") not in by_kind_name(rendered(monitor=False))
     monitor = by_kind_name(rendered(monitor=True))["ServiceMonitor", "orders-api"]
-    assert monitor["spec"]["endpoints"][0]["path"] == "/metrics"
+    (endpoint,) = monitor["spec"]["endpoints"]
+    assert endpoint["path"] == "/metrics"
+    # the token the pods require on /metrics, from the Secret in the monitor's namespace
+    assert endpoint["bearerTokenSecret"] == {"name": "orders-credentials", "key": "metrics-token"}
+    secret = by_kind_name(rendered())["Secret", "orders-credentials"]
+    assert monitor["metadata"]["namespace"] == secret["metadata"]["namespace"]
     api = by_kind_name(rendered())["Service", "orders-api"]
     selector = monitor["spec"]["selector"]["matchLabels"]
     assert selector.items() <= api["metadata"]["labels"].items()
@@ -480,12 +486,14 @@ def test_secret_holds_every_credential_base64() -> None:
         naming.SECRET_ZOOKEEPER_PASSWORD: "ems=",
         naming.SECRET_REDIS_ADMIN_PASSWORD: "YWRtaW4=",
         naming.SECRET_READ_TOKEN: "dmlld2Vy",
+        naming.SECRET_METRICS_TOKEN: "c2NyYXBlcg==",
     }
 
 
-def test_service_pods_take_the_optional_rotation_and_metrics_tokens() -> None:
-    """api-token-previous and metrics-token are keys the tenant may add to the Secret (the
-    operator never writes them): optional, so a pod starts without them, unset then."""
+def test_service_pods_require_the_metrics_token_and_take_the_optional_rotation_token() -> None:
+    """metrics-token is generated like the API token and required: /metrics is closed on
+    Kubernetes. api-token-previous is a key the tenant may add (the operator never writes it):
+    optional, so a pod starts without it."""
     sts = by_kind_name(rendered())["StatefulSet", "orders-service"]
     (container,) = sts["spec"]["template"]["spec"]["containers"]
     refs = {
@@ -498,14 +506,11 @@ def test_service_pods_take_the_optional_rotation_and_metrics_tokens() -> None:
         "key": "api-token-previous",
         "optional": True,
     }
-    assert refs[env_name("metrics_token")] == {
-        "name": "orders-credentials",
-        "key": "metrics-token",
-        "optional": True,
-    }
+    assert refs[env_name("metrics_token")] == {"name": "orders-credentials", "key": "metrics-token"}
     assert refs[env_name("api_token")] == {"name": "orders-credentials", "key": "api-token"}
     secret = by_kind_name(rendered())["Secret", "orders-credentials"]
-    assert not {"api-token-previous", "metrics-token"} & set(secret["data"])
+    assert "api-token-previous" not in secret["data"]
+    assert secret["data"]["metrics-token"] == "c2NyYXBlcg=="  # "scraper"
 
 
 def test_service_pods_take_the_read_token_the_operator_generates() -> None:

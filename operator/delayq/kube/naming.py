@@ -41,8 +41,10 @@ SECRET_REDIS_ADMIN_PASSWORD = "redis-admin-password"  # the operator's and repli
 SECRET_API_TOKEN = "api-token"
 # generated like api-token: reads and /metrics only (the dashboard for people who only look)
 SECRET_READ_TOKEN = "read-token"
-# set by the tenant, never by the operator: the token being rotated out, the /metrics token
+# set by the tenant, never by the operator: the token being rotated out
 SECRET_API_TOKEN_PREVIOUS = "api-token-previous"
+# generated like api-token (a tenant's own value is kept): /metrics, which the pods require and
+# the topic's ServiceMonitor presents (bearerTokenSecret)
 SECRET_METRICS_TOKEN = "metrics-token"
 SECRET_ZOOKEEPER_PASSWORD = "zookeeper-password"
 # the Secret <topic>-stream-reader (stream topics written to their own broker 0): the consumers'

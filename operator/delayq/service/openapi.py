@@ -770,8 +770,9 @@ def _paths() -> dict[str, Schema]:
         "/metrics": {
             "get": {
                 "summary": "Prometheus metrics",
-                "description": "Open unless the service has a metrics token (--metrics-token); "
-                "then it needs that token or an API token as the bearer token.",
+                "description": "Open unless the service has a metrics token (--metrics-token; "
+                "on Kubernetes always, the Secret's metrics-token); then it needs that token, "
+                "an API token or the read token as the bearer token.",
                 "security": [{}, {"bearer": []}],
                 "responses": {
                     "200": {"description": "text exposition format"},

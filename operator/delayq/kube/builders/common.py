@@ -97,6 +97,7 @@ class Credentials:
     zookeeper_password: str
     redis_admin_password: str
     read_token: str
+    metrics_token: str
     # the stream reader's Redis password (its own Secret); empty when the topic has no reader
     stream_reader_password: str = ""
 
