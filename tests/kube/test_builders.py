@@ -41,6 +41,7 @@ CREDS = Credentials(
     redis_admin_password="admin",
     read_token="viewer",
     metrics_token="scraper",
+    lease_token_key="leasekey",
 )
 OWNER = {
     "apiVersion": "delayq.io/v1alpha1",
@@ -487,6 +488,7 @@ def test_secret_holds_every_credential_base64() -> None:
         naming.SECRET_REDIS_ADMIN_PASSWORD: "YWRtaW4=",
         naming.SECRET_READ_TOKEN: "dmlld2Vy",
         naming.SECRET_METRICS_TOKEN: "c2NyYXBlcg==",
+        naming.SECRET_LEASE_TOKEN_KEY: "bGVhc2VrZXk=",
     }
 
 
@@ -511,6 +513,21 @@ def test_service_pods_require_the_metrics_token_and_take_the_optional_rotation_t
     secret = by_kind_name(rendered())["Secret", "orders-credentials"]
     assert "api-token-previous" not in secret["data"]
     assert secret["data"]["metrics-token"] == "c2NyYXBlcg=="  # "scraper"
+
+
+def test_every_service_pod_takes_the_topics_lease_token_key() -> None:
+    """One key for the topic, from its Secret (required): a lease token issued by one pod is
+    accepted by every other, and serve reads it from the variable its setting names."""
+    sts = by_kind_name(rendered())["StatefulSet", "orders-service"]
+    (container,) = sts["spec"]["template"]["spec"]["containers"]
+    refs = {
+        entry["name"]: entry["valueFrom"]["secretKeyRef"]
+        for entry in container["env"]
+        if "secretKeyRef" in entry.get("valueFrom", {})
+    }
+    assert env_name("lease_token_key") == "DELAYQ_LEASE_TOKEN_KEY"
+    key = {"name": "orders-credentials", "key": "lease-token-key"}
+    assert refs["DELAYQ_LEASE_TOKEN_KEY"] == key
 
 
 def test_service_pods_take_the_read_token_the_operator_generates() -> None:

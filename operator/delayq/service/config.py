@@ -27,6 +27,7 @@ from delayq.service.defaults import DEFAULTS
 from delayq.service.delivery.signing import Signer, parse_extra_headers
 from delayq.service.delivery.targets import TargetPolicy, parse_cidrs, split_cidrs
 from delayq.service.shutdown import GRACE_MS
+from delayq.service.tokens import LeaseTokens, derived_key
 
 ENV_PREFIX = "DELAYQ_"
 #: What redis-py connects to (`stream_url`, from a tenant's Secret on Kubernetes).
@@ -191,6 +192,13 @@ class ServiceConfig:
         metadata=_help(
             "bearer token that opens the topic's read-only routes (GETs, the dashboard's "
             "views) and /metrics but no write (empty: none)"
+        ),
+    )
+    lease_token_key: str = field(
+        default="",
+        metadata=_help(
+            "pull topics: key of the lease tokens' HMAC, the same in every process of the "
+            "topic (empty: derived from api_token)"
         ),
     )
     insecure_no_auth: bool = field(
@@ -457,6 +465,14 @@ class ServiceConfig:
             self.stream_allow_private_targets,
             parse_cidrs(split_cidrs(self.stream_allowed_cidrs)),
             subject="stream",
+        )
+
+    def lease_tokens(self) -> LeaseTokens:
+        """The topic's lease tokens as issued and checked from now on: unsigned ones of the
+        previous version accepted for one lease length (`ack_timeout_ms`), see tokens.py."""
+        key = self.lease_token_key.encode() if self.lease_token_key else None
+        return LeaseTokens(
+            key or derived_key(self.api_token), self.namespace, self.topic, self.ack_timeout_ms
         )
 
     @property

@@ -66,6 +66,7 @@ class DelayService:
         )
         self.ownership = ownership or EmbeddedOwnership(self.topic.slot_amount)
         self.leaser: PullLeaser | None = None
+        self.lease_tokens = config.lease_tokens()  # pull topics' tokens, bound to this topic
         self.consumers: list[Consumer] = []
         self._sink: Sink | None = None
         self._runs: list[asyncio.Task[None]] = []

@@ -98,6 +98,7 @@ class Credentials:
     redis_admin_password: str
     read_token: str
     metrics_token: str
+    lease_token_key: str
     # the stream reader's Redis password (its own Secret); empty when the topic has no reader
     stream_reader_password: str = ""
 
