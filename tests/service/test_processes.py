@@ -442,7 +442,8 @@ async def test_a_serve_process_logs_no_secret_it_was_given(
     tmp_path: Path,
 ):
     """A real process with a planted secret in every secret setting (the webhook URL's password
-    and query token, its extra headers, the signing secret, the API, read and /metrics tokens),
+    and query token, its extra headers, the signing secret, the API, read and /metrics tokens,
+    the lease-token key),
     taking requests and failing deliveries: its whole log holds none of them."""
     planted = "pl4nted-s3cret"
 
@@ -459,6 +460,7 @@ async def test_a_serve_process_logs_no_secret_it_was_given(
         api_token=f"{planted}-api",
         read_token=f"{planted}-read",
         metrics_token=f"{planted}-metrics",
+        lease_token_key=f"{planted}-lease",
         max_retries=1,
         retry_backoff_base_ms=50,
     )
