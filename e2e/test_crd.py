@@ -44,16 +44,18 @@ INVALID_SPECS: dict[str, tuple[dict[str, Any], str]] = {
     "slot-amount-0": ({"slotAmount": 0}, "spec.slotAmount"),
     "slot-amount-too-big": ({"slotAmount": 32768}, "spec.slotAmount"),
     "webhook-without-url": ({"topicType": "webhook"},
-                            "a webhook topic needs spec.delivery.webhook.url"),
+                            "a webhook topic needs exactly one of spec.delivery.webhook.url "
+                            "and urlSecretRef"),
     "webhook-url-not-http": ({"topicType": "webhook",
                               "delivery": {"webhook": {"url": "ftp://x"}}},
                              "spec.delivery.webhook.url"),
     "webhook-url-http": ({"topicType": "webhook",
                           "delivery": {"webhook": {"url": "http://hooks.example/h"}}},
                          "spec.delivery.webhook.url: Invalid value"),
-    "webhook-url-http-values": ({"topicType": "webhook",
-                                 "delivery": {"webhook": {"url": "http://hooks.example/h"}}},
-                                "(url=http://hooks.example/h)"),
+    "webhook-url-with-credentials": ({"topicType": "webhook",
+                                      "delivery": {"webhook": {
+                                          "url": "https://u:hunter2@hooks.example/h"}}},
+                                     "spec.delivery.webhook.url: Invalid value"),
     "webhook-signing-secret-bad-key": ({"topicType": "webhook",
                                         "delivery": {"webhook": {
                                             "url": "https://hooks.example/h",

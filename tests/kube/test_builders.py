@@ -40,6 +40,8 @@ CREDS = Credentials(
     zookeeper_password="zk",
     redis_admin_password="admin",
     read_token="viewer",
+    metrics_token="scraper",
+    lease_token_key="leasekey",
 )
 OWNER = {
     "apiVersion": "delayq.io/v1alpha1",
@@ -90,7 +92,12 @@ def test_inventory_per_broker_and_per_topic() -> None:
 def test_service_monitor_only_when_requested() -> None:
     assert ("ServiceMonitor", "orders-api") not in by_kind_name(rendered(monitor=False))
     monitor = by_kind_name(rendered(monitor=True))["ServiceMonitor", "orders-api"]
-    assert monitor["spec"]["endpoints"][0]["path"] == "/metrics"
+    (endpoint,) = monitor["spec"]["endpoints"]
+    assert endpoint["path"] == "/metrics"
+    # the token the pods require on /metrics, from the Secret in the monitor's namespace
+    assert endpoint["bearerTokenSecret"] == {"name": "orders-credentials", "key": "metrics-token"}
+    secret = by_kind_name(rendered())["Secret", "orders-credentials"]
+    assert monitor["metadata"]["namespace"] == secret["metadata"]["namespace"]
     api = by_kind_name(rendered())["Service", "orders-api"]
     selector = monitor["spec"]["selector"]["matchLabels"]
     assert selector.items() <= api["metadata"]["labels"].items()
@@ -346,6 +353,19 @@ def test_webhook_targets_are_refused_unless_the_topic_allows_them() -> None:
     assert settings["webhook_allowed_cidrs"] == "10.96.0.0/12,fd00::/8"
 
 
+def test_an_external_stream_target_is_guarded_unless_the_topic_allows_it() -> None:
+    """The stream guard's settings reach `delayq serve` the same way: always written."""
+    ref = {"name": "target", "key": "url"}
+    default = topic_json(spec_of(topicType="stream", delivery={"stream": {"urlSecretRef": ref}}))
+    assert default["stream_allow_private_targets"] is False
+    assert default["stream_allowed_cidrs"] == ""
+    stream = {"urlSecretRef": ref, "allowedCidrs": ["10.96.0.0/12"]}
+    written = topic_json(spec_of(topicType="stream", delivery={"stream": stream}))
+    settings = TopicFile.from_json(json.dumps(written)).service_settings({})
+    assert settings["stream_allow_private_targets"] is False
+    assert settings["stream_allowed_cidrs"] == "10.96.0.0/12"
+
+
 @pytest.mark.parametrize(
     ("webhook", "message"),
     [
@@ -366,7 +386,8 @@ def test_http_webhooks_need_allow_insecure_http_which_reaches_serve() -> None:
     """https only by default (the CRD's rule, repeated by the parser); allowInsecureHttp is
     written into topic.json always, so a pod never falls back to serve's hand-run true."""
     hook = {"url": "http://receiver.shop.svc/h"}
-    with pytest.raises(SpecError, match=re.escape(f"{WEBHOOK_HTTPS_MESSAGE} (url={hook['url']})")):
+    shown = "http://receiver.shop.svc/…"  # no path: it may be the receiver's secret
+    with pytest.raises(SpecError, match=re.escape(f"{WEBHOOK_HTTPS_MESSAGE} (url={shown})")):
         spec_of(topicType="webhook", delivery={"webhook": hook})
     assert (
         topic_json(spec_of(topicType="webhook", delivery={"webhook": WEBHOOK}))[
@@ -417,6 +438,20 @@ def test_signing_secret_and_extra_headers_come_from_the_tenants_secrets() -> Non
     assert env_name("webhook_secret") == "DELAYQ_WEBHOOK_SECRET"  # what docs/operator.md says
 
 
+def test_a_webhook_url_from_a_secret_reaches_the_pods_env_and_no_configmap() -> None:
+    """urlSecretRef: the URL (a credential in it) is the pods' DELAYQ_WEBHOOK_URL from the
+    tenant's Secret; topic.json says nothing of it, and serve takes the variable over the file."""
+    ref = {"name": "hooks", "key": "url"}
+    spec = spec_of(topicType="webhook", delivery={"webhook": {"urlSecretRef": ref}})
+    assert webhook_env(spec) == {"DELAYQ_WEBHOOK_URL": ref}
+    written = topic_json(spec)
+    assert written["webhook_url"] == ""
+    url = "https://shop:hunter2@hooks.example.com/h?token=x"
+    base = TopicFile.from_json(json.dumps(written)).service_settings({})
+    config = ServiceConfig.from_env({"DELAYQ_WEBHOOK_URL": url}, base=base)
+    assert config.webhook_url == url
+
+
 @pytest.mark.parametrize(
     ("ref", "message"),
     [
@@ -452,12 +487,15 @@ def test_secret_holds_every_credential_base64() -> None:
         naming.SECRET_ZOOKEEPER_PASSWORD: "ems=",
         naming.SECRET_REDIS_ADMIN_PASSWORD: "YWRtaW4=",
         naming.SECRET_READ_TOKEN: "dmlld2Vy",
+        naming.SECRET_METRICS_TOKEN: "c2NyYXBlcg==",
+        naming.SECRET_LEASE_TOKEN_KEY: "bGVhc2VrZXk=",
     }
 
 
-def test_service_pods_take_the_optional_rotation_and_metrics_tokens() -> None:
-    """api-token-previous and metrics-token are keys the tenant may add to the Secret (the
-    operator never writes them): optional, so a pod starts without them, unset then."""
+def test_service_pods_require_the_metrics_token_and_take_the_optional_rotation_token() -> None:
+    """metrics-token is generated like the API token and required: /metrics is closed on
+    Kubernetes. api-token-previous is a key the tenant may add (the operator never writes it):
+    optional, so a pod starts without it."""
     sts = by_kind_name(rendered())["StatefulSet", "orders-service"]
     (container,) = sts["spec"]["template"]["spec"]["containers"]
     refs = {
@@ -470,14 +508,26 @@ def test_service_pods_take_the_optional_rotation_and_metrics_tokens() -> None:
         "key": "api-token-previous",
         "optional": True,
     }
-    assert refs[env_name("metrics_token")] == {
-        "name": "orders-credentials",
-        "key": "metrics-token",
-        "optional": True,
-    }
+    assert refs[env_name("metrics_token")] == {"name": "orders-credentials", "key": "metrics-token"}
     assert refs[env_name("api_token")] == {"name": "orders-credentials", "key": "api-token"}
     secret = by_kind_name(rendered())["Secret", "orders-credentials"]
-    assert not {"api-token-previous", "metrics-token"} & set(secret["data"])
+    assert "api-token-previous" not in secret["data"]
+    assert secret["data"]["metrics-token"] == "c2NyYXBlcg=="  # "scraper"
+
+
+def test_every_service_pod_takes_the_topics_lease_token_key() -> None:
+    """One key for the topic, from its Secret (required): a lease token issued by one pod is
+    accepted by every other, and serve reads it from the variable its setting names."""
+    sts = by_kind_name(rendered())["StatefulSet", "orders-service"]
+    (container,) = sts["spec"]["template"]["spec"]["containers"]
+    refs = {
+        entry["name"]: entry["valueFrom"]["secretKeyRef"]
+        for entry in container["env"]
+        if "secretKeyRef" in entry.get("valueFrom", {})
+    }
+    assert env_name("lease_token_key") == "DELAYQ_LEASE_TOKEN_KEY"
+    key = {"name": "orders-credentials", "key": "lease-token-key"}
+    assert refs["DELAYQ_LEASE_TOKEN_KEY"] == key
 
 
 def test_service_pods_take_the_read_token_the_operator_generates() -> None:

@@ -34,6 +34,9 @@ from delayq.kube.spec import (
     SECRET_NAME_PATTERN,
     SYNC_REPLICAS_EXCEED_MESSAGE,
     WEBHOOK_HTTPS_MESSAGE,
+    WEBHOOK_URL_SECRET_MESSAGE,
+    WEBHOOK_URL_SECRET_PATTERN,
+    WEBHOOK_URL_SOURCE_MESSAGE,
     SpecError,
     TopicSpec,
     parse_duration_ms,
@@ -250,7 +253,7 @@ def longest_valid_topic_name() -> int:
     ctx = BuildContext(image="delayq:test", redis_image="redis:test")
     longest = 0
     for length in range(1, 64):
-        credentials = Credentials("pw", "tok", "zk", "admin", "viewer")
+        credentials = Credentials("pw", "tok", "zk", "admin", "viewer", "scraper", "lk")
         manifests = [
             manifest
             for topic_type in TopicType
@@ -322,16 +325,58 @@ def test_the_https_rule_is_the_parsers_and_spares_a_stored_http_url() -> None:
     """https unless allowInsecureHttp, with the parser's words, at the url. A topic stored with
     an http url before the rule existed keeps taking status patches (optionalOldSelf), so the
     operator can still say InvalidSpec; a changed url is checked."""
-    (rule,) = webhook_schema()["x-kubernetes-validations"]
-    assert rule["message"] == WEBHOOK_HTTPS_MESSAGE
-    assert rule["fieldPath"] == ".url"
-    assert rule["optionalOldSelf"] is True
-    assert rule["rule"].startswith("self.url.startsWith('https://') || ")
-    assert rule["rule"].endswith("(oldSelf.hasValue() && oldSelf.value().url == self.url)")
+    https, secret, source = webhook_schema()["x-kubernetes-validations"]
+    assert https["message"] == WEBHOOK_HTTPS_MESSAGE
+    assert "messageExpression" not in https  # it would repeat a url holding a credential
+    assert https["rule"].startswith("!has(self.url) || self.url.startsWith('https://') || ")
+    assert secret["message"] == WEBHOOK_URL_SECRET_MESSAGE
+    assert f"!self.url.matches('{WEBHOOK_URL_SECRET_PATTERN}')" in secret["rule"]
+    for rule in (https, secret):
+        assert rule["fieldPath"] == ".url"
+        assert rule["optionalOldSelf"] is True
+        assert rule["rule"].endswith(
+            "(oldSelf.hasValue() && has(oldSelf.value().url) && oldSelf.value().url == self.url)"
+        )
+    assert source == {
+        "rule": "has(self.url) != has(self.urlSecretRef)",
+        "message": WEBHOOK_URL_SOURCE_MESSAGE,
+    }
     assert webhook_schema()["properties"]["allowInsecureHttp"]["default"] is False
 
 
-@pytest.mark.parametrize("field", ["signingSecretRef", "extraHeadersSecretRef"])
+@pytest.mark.parametrize(
+    "url",
+    [
+        "https://shop:hunter2@hooks.example.com/h",
+        "https://hunter2@hooks.example.com/h",
+        "https://hooks.example.com/h?token=hunter2",
+        "https://hooks.example.com/?hunter2",
+    ],
+)
+def test_a_url_with_a_credential_is_refused_and_never_repeated(url: str) -> None:
+    """The URL is written into the ConfigMap: credentials go in Secrets; neither the CEL
+    rule's regex nor the parser's InvalidSpec lets one through, nor repeats it."""
+    assert re.match(WEBHOOK_URL_SECRET_PATTERN, url)
+    spec = {"topicType": "webhook", "delivery": {"webhook": {"url": url}}}
+    with pytest.raises(SpecError) as raised:
+        parse_spec("hooks", "shop", spec)
+    assert str(raised.value) == WEBHOOK_URL_SECRET_MESSAGE
+    assert "hunter2" not in str(raised.value)
+
+
+@pytest.mark.parametrize("url", ["https://hooks.example.com/a@b", "https://h.example/x#y"])
+def test_a_url_without_credentials_passes_the_rule(url: str) -> None:
+    assert not re.match(WEBHOOK_URL_SECRET_PATTERN, url)
+
+
+def test_an_http_url_is_named_without_its_path_in_invalid_spec() -> None:
+    spec = {"topicType": "webhook", "delivery": {"webhook": {"url": "http://h.example/hunter2"}}}
+    with pytest.raises(SpecError) as raised:
+        parse_spec("hooks", "shop", spec)
+    assert str(raised.value) == f"{WEBHOOK_HTTPS_MESSAGE} (url=http://h.example/…)"
+
+
+@pytest.mark.parametrize("field", ["signingSecretRef", "extraHeadersSecretRef", "urlSecretRef"])
 def test_secret_references_check_what_kubernetes_checks_with_the_parsers_words(field: str) -> None:
     ref = webhook_schema()["properties"][field]
     assert ref["required"] == ["name", "key"]

@@ -135,14 +135,28 @@ async def test_credentials_are_generated_once_and_never_rotated(
     await provision(api, ctx, logger)
     first = get(api, "v1/secrets", "orders-credentials")
     assert first is not None
-    tokens = {first["data"][k] for k in (naming.SECRET_API_TOKEN, naming.SECRET_READ_TOKEN)}
-    assert len(tokens) == 2  # the read-only token is its own secret, never the API token
+    keys = (
+        naming.SECRET_API_TOKEN,
+        naming.SECRET_READ_TOKEN,
+        naming.SECRET_METRICS_TOKEN,
+        naming.SECRET_LEASE_TOKEN_KEY,
+    )
+    tokens = {first["data"][k] for k in keys}
+    assert len(tokens) == 4  # each token and the lease-token key is its own secret
     update_spec(api, maxRetries=3)
     await provision(api, ctx, logger)
     assert get(api, "v1/secrets", "orders-credentials") == first
 
 
-@pytest.mark.parametrize("added", [naming.SECRET_ZOOKEEPER_PASSWORD, naming.SECRET_READ_TOKEN])
+@pytest.mark.parametrize(
+    "added",
+    [
+        naming.SECRET_ZOOKEEPER_PASSWORD,
+        naming.SECRET_READ_TOKEN,
+        naming.SECRET_METRICS_TOKEN,
+        naming.SECRET_LEASE_TOKEN_KEY,
+    ],
+)
 async def test_a_credential_an_older_operator_did_not_create_is_added_and_none_rotated(
     api: kmock.KubernetesEmulator, ctx: OperatorContext, logger: logging.Logger, added: str
 ) -> None:

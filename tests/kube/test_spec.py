@@ -32,7 +32,7 @@ def test_spec_defaults_match_the_crd() -> None:
         ({"slotAmount": 0}, "slotAmount must be an integer between 1 and 16384"),
         ({"topicType": "kafka"}, "topicType 'kafka' must be one of"),
         ({"brokers": 8, "slotAmount": 4}, "brokers must not exceed slotAmount"),
-        ({"topicType": "webhook"}, "needs spec.delivery.webhook.url"),
+        ({"topicType": "webhook"}, "needs exactly one of spec.delivery.webhook.url and url"),
         ({"delivery": {"stream": {}}}, "spec.delivery.stream is only used by topicType stream"),
         ({"ackTimeout": "0ms"}, "ackTimeout must be between 1ms and 24h"),
         ({"outcomeRetention": "721h"}, "outcomeRetention must be between 0s and 720h"),

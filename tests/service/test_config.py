@@ -71,10 +71,15 @@ def test_topic_settings_default_from_the_table():
         "retry_backoff_base_ms", "retry_backoff_max_ms", "retry_backoff_multiplier",
         "retry_jitter", "outcome_retention_ms", "retry_for_ms", "retry_exhausted_action",
         "expiry_ttl_ms", "expiry_action", "limits_max_pending", "webhook_allow_insecure_http",
+        "stream_allow_private_targets",
     }  # fmt: skip
     # the deliberate differences (docs/service.md): run by hand, serve may reach this machine,
     # over plain http; the operator always writes the topic's values, which default to false
-    hand_run = {"webhook_allow_private_targets", "webhook_allow_insecure_http"}
+    hand_run = {
+        "webhook_allow_private_targets",
+        "webhook_allow_insecure_http",
+        "stream_allow_private_targets",
+    }
     for name in hand_run:
         assert getattr(config, name) is True
         assert getattr(DEFAULTS, name) is False
@@ -258,3 +263,16 @@ def test_every_engine_topic_setting_is_a_service_setting_carried_to_the_topic():
     topic = config.to_topic()
     assert topic.name == "orders"
     assert {name: getattr(topic, name) for name in changed} == changed
+
+
+def test_a_stream_target_is_guarded_with_its_own_cidrs_and_a_socket_needs_the_opt_in():
+    config = ServiceConfig(stream_allow_private_targets=False, stream_allowed_cidrs="10.96.0.0/12")
+    assert config.stream_targets.refusal("10.96.0.10") is None
+    assert "stream target 10.0.0.5 refused" in str(config.stream_targets.refusal("10.0.0.5"))
+    with pytest.raises(ConfigError, match=r"--stream-allowed-cidrs .*'nowhere'"):
+        ServiceConfig(stream_allowed_cidrs="nowhere")
+    socket = "unix:///var/run/redis.sock"
+    stream = TopicType.STREAM
+    with pytest.raises(ConfigError, match=r"unix:// socket .* needs --stream-allow-private"):
+        ServiceConfig(topic_type=stream, stream_url=socket, stream_allow_private_targets=False)
+    assert ServiceConfig(topic_type=stream, stream_url=socket).stream_url == socket

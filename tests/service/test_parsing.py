@@ -17,7 +17,7 @@ from delayq.service.parsing import (
     parse_nack,
     parse_target,
 )
-from delayq.service.tokens import encode_token
+from delayq.service.tokens import LeaseTokens
 
 TOPIC = Topic("orders", namespace="shop", slot_amount=4, max_payload_bytes=16)
 
@@ -63,16 +63,17 @@ def test_batch_errors_carry_the_index():
 
 
 def test_lease_and_nack_requests():
-    wanted = parse_lease_request({}, TOPIC)
+    tokens = LeaseTokens(b"key", TOPIC.namespace, TOPIC.name)
+    wanted = parse_lease_request({}, TOPIC, tokens)
     assert (wanted.max_count, wanted.lease_ms, wanted.wait_ms) == (1, TOPIC.ack_timeout_ms, 0)
     with pytest.raises(FieldError) as caught:
-        parse_lease_request({"max": 1001}, TOPIC)
+        parse_lease_request({"max": 1001}, TOPIC, tokens)
     assert caught.value.field == "max"
-    token = encode_token(Lease(1, "a", 2, 3))
-    [retry] = parse_nack({"tokens": [token], "delayMs": 500, "dead": True}, TOPIC)
+    token = tokens.encode(Lease(1, "a", 2, 3))
+    [retry] = parse_nack({"tokens": [token], "delayMs": 500, "dead": True}, TOPIC, tokens)
     assert (retry.lease, retry.delay_ms, retry.dead) == (Lease(1, "a", 2, 3), 500, True)
     with pytest.raises(FieldError) as caught:
-        parse_nack({"tokens": [token, "nope"]}, TOPIC)
+        parse_nack({"tokens": [token, "nope"]}, TOPIC, tokens)
     assert caught.value.field == "tokens[1]"
 
 

@@ -4,6 +4,7 @@ sharing of slots, and the quick start run briefly."""
 from __future__ import annotations
 
 import asyncio
+import base64
 import dataclasses
 import json
 import os
@@ -305,6 +306,8 @@ async def test_serve_with_the_operators_topic_file(
         pull_max_lease_batch=10,
         stream_key="",
         stream_max_len=0,
+        stream_allow_private_targets=False,
+        stream_allowed_cidrs="",
         zookeeper_connect="",
         zookeeper_session_timeout_ms=10_000,
         zookeeper_admin_acl="",
@@ -429,3 +432,61 @@ def test_serve_of_several_brokers_exits_1_when_zookeeper_is_unreachable(
     errors = [json.loads(line) for line in result.stderr.splitlines() if '"ERROR"' in line]
     assert errors[0]["msg"] == "cannot start: the routing is unreadable"
     assert errors[0]["error"] == f"ZooKeeper {unreachable}: KazooTimeoutError"
+
+
+async def test_a_serve_process_logs_no_secret_it_was_given(
+    redis_server: RedisServer,
+    receiver: Receiver,
+    session: aiohttp.ClientSession,
+    serving: list[ServeProcess],
+    tmp_path: Path,
+):
+    """A real process with a planted secret in every secret setting (the webhook URL's password
+    and query token, its extra headers, the signing secret, the API, read and /metrics tokens,
+    the lease-token key),
+    taking requests and failing deliveries: its whole log holds none of them."""
+    planted = "pl4nted-s3cret"
+
+    async def always_500(call: int) -> int:
+        return 500
+
+    receiver.answer = always_500
+    config = config_for(
+        redis_server,
+        topic_type="webhook",
+        webhook_url=receiver.url.replace("//", f"//shop:{planted}-pw@") + f"?t={planted}-q",
+        webhook_extra_headers=f"X-Api-Key: {planted}-header",
+        webhook_secret="whsec_" + base64.b64encode(planted.encode() * 2).decode(),
+        api_token=f"{planted}-api",
+        read_token=f"{planted}-read",
+        metrics_token=f"{planted}-metrics",
+        lease_token_key=f"{planted}-lease",
+        max_retries=1,
+        retry_backoff_base_ms=50,
+    )
+    process = start(serving, config, tmp_path)
+    await eventually(lambda: ready(session, process), 30, "delayq serve ready")
+    auth = {"Authorization": f"Bearer {planted}-api"}
+    url = f"{process.url}/v1/topics/{TOPIC}/messages"
+    async with session.post(url, json={"id": "a", "delayMs": 0}, headers=auth) as response:
+        assert response.status == 201
+    wrong = {"Authorization": f"Bearer {planted}-wrong"}
+    async with session.post(url, json={"id": "b", "delayMs": 0}, headers=wrong) as response:
+        assert response.status == 401
+    scrape = {"Authorization": f"Bearer {planted}-metrics"}
+    async with session.get(f"{process.url}/metrics", headers=scrape) as response:
+        assert response.status == 200
+    async with session.get(f"{process.url}/metrics") as response:
+        assert response.status == 401
+
+    async def dead() -> bool:
+        async with session.get(f"{url}/a", headers=auth) as response:
+            return bool((await response.json())["state"] == "dead")
+
+    await eventually(dead, 10, "the failing delivery to die after its retry")
+    process.terminate()
+    assert await exit_code(process) == 0
+    log = process.log_path.read_text()
+    assert "delivery failed" in log  # the failures were logged, naming the receiver
+    assert "HTTP 500" in log
+    assert planted not in log

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import base64
 import importlib.util
 import time
 from pathlib import Path
@@ -537,3 +538,68 @@ async def test_a_token_given_twice_in_one_ack_acks_once(start_service: StartServ
     events = cast(Events, await running.service.queues[0].redis.xrange(journal))
     assert [fields[b"e"] for _, fields in events].count(b"acked") == 1
 
+
+
+async def test_a_lease_token_of_another_topic_is_refused_with_403(start_service: StartService):
+    """Holding one topic's API token and another topic's lease token is not enough: the token
+    is bound to the topic that issued it, refused on ack, nack, extend and a lease's `ack`,
+    and the lease it names stays as it was."""
+    orders = await start_service()
+    invoices = await start_service(topic="invoices")
+    base = "/v1/topics/invoices"
+    scheduled = await invoices.client.post(f"{base}/messages", json={"id": "m0", "delayMs": 0})
+    assert scheduled.status == 201
+    (leased,) = (await (await invoices.client.post(f"{base}/leases", json={})).json())["leases"]
+    # the same id, slot and epoch in `orders`: unbound, the token would ack that message
+    await schedule(orders, 1)
+    for path, body in (
+        ("/leases/ack", {"tokens": [leased["token"]]}),
+        ("/leases/nack", {"tokens": [leased["token"]]}),
+        ("/leases/extend", {"tokens": [leased["token"]], "leaseMs": 1000}),
+        ("/leases", {"ack": [leased["token"]]}),
+    ):
+        answer = await orders.client.post(f"{orders.base}{path}", json=body)
+        error = await answer.json()
+        assert answer.status == 403, (path, error)
+        assert error["field"] in ("tokens[0]", "ack[0]")
+        assert "not issued by topic shop/orders" in error["error"]
+    got = await invoices.client.get(f"{base}/messages/{leased['id']}")
+    assert (await got.json())["state"] == "prepared"
+    acked = await invoices.client.post(f"{base}/leases/ack", json={"tokens": [leased["token"]]})
+    assert acked.status == 200  # its own topic takes it
+
+
+def unsigned_token(token: str) -> str:
+    """The token the previous version would have issued for the same lease (no MAC)."""
+    fields = token.split(".")[0]
+    raw = base64.urlsafe_b64decode(fields + "=" * (-len(fields) % 4)).decode()
+    old = ("2" + raw[1:]).encode()
+    return base64.urlsafe_b64encode(old).decode().rstrip("=")
+
+
+async def test_an_unsigned_token_is_acked_for_one_lease_length_after_start_then_refused(
+    start_service: StartService,
+):
+    """The rolling upgrade: leases handed out by a process of the previous version (unsigned
+    tokens) can be acked on a new one for `ackTimeout` after it starts, not later."""
+    running = await start_service(ack_timeout_ms=1500)
+    await schedule(running, 2)
+    first, second = await lease(running, max=2)
+    answer = await running.client.post(
+        f"{running.base}/leases/ack", json={"tokens": [unsigned_token(str(first["token"]))]}
+    )
+    assert answer.status == 200
+    assert (await answer.json())["results"][0]["result"] == "acked"
+    old = unsigned_token(str(second["token"]))
+
+    async def refused() -> bool:
+        extend = {"tokens": [old], "leaseMs": 5000}  # the lease outlives the window
+        answer = await running.client.post(f"{running.base}/leases/extend", json=extend)
+        if answer.status == 200:  # still inside the window
+            return False
+        error = await answer.json()
+        assert answer.status == 403, error
+        assert "unsigned" in error["error"]
+        return True
+
+    await eventually(refused, 5, "the unsigned token to be refused once the window passed")

@@ -61,3 +61,52 @@ async def test_another_redis_as_target(start_service: StartService):
         finally:
             await client.aclose()
         await running.service.stop()
+
+
+async def test_an_external_target_on_loopback_is_refused_unless_the_topic_allows_it(
+    start_service: StartService,
+):
+    """The SSRF guard holds for a tenant's Redis URL as for a webhook: `localhost` resolves to
+    loopback, refused by name and address, nothing written; an admitted network delivers."""
+    with RedisServer() as target:
+        url = target.url.replace("127.0.0.1", "localhost")
+        refusing = await start_service(
+            topic_type="stream",
+            stream_url=url,
+            stream_key="forwarded",
+            stream_allow_private_targets=False,
+            max_retries=1,
+        )
+        await refusing.client.post(
+            f"{refusing.base}/messages", json={"id": "x", "delayMs": 0, "payload": "y"}
+        )
+
+        async def dead() -> bool:
+            info = await (await refusing.client.get(f"{refusing.base}/messages/x")).json()
+            return info.get("state") == "dead"
+
+        await eventually(dead, 10, "the refused message to die after maxRetries")
+        info = await (await refusing.client.get(f"{refusing.base}/messages/x")).json()
+        assert "stream target 127.0.0.1 refused: loopback address" in info["deadReason"]
+        assert "allowPrivateTargets" in info["deadReason"]
+        client = redis.asyncio.Redis.from_url(target.url)
+        try:
+            assert await client.exists("forwarded") == 0
+            await refusing.service.stop()
+            allowed = await start_service(
+                topic_type="stream",
+                stream_url=url,
+                stream_key="forwarded",
+                stream_allow_private_targets=False,
+                stream_allowed_cidrs="127.0.0.0/8,::1/128",
+            )
+            await allowed.client.post(
+                f"{allowed.base}/messages", json={"id": "z", "delayMs": 0, "payload": "y"}
+            )
+
+            async def forwarded() -> bool:
+                return await client.xlen("forwarded") == 1
+
+            await eventually(forwarded, 10, "the forwarded entry once admitted")
+        finally:
+            await client.aclose()

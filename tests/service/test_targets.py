@@ -8,8 +8,13 @@ import socket
 import pytest
 from aiohttp.abc import AbstractResolver, ResolveResult
 
-from delayq.service.delivery.targets import TargetPolicy, parse_cidrs, split_cidrs
-from delayq.service.delivery.webhook import GuardedResolver, TargetRefusedError, literal_refusal
+from delayq.service.delivery.targets import (
+    TargetPolicy,
+    TargetRefusedError,
+    parse_cidrs,
+    split_cidrs,
+)
+from delayq.service.delivery.webhook import GuardedResolver, literal_refusal
 
 REFUSED = [
     ("127.0.0.1", "loopback"),
@@ -35,8 +40,29 @@ REFUSED = [
     ("::ffff:169.254.169.254", "link-local"),
     ("::ffff:10.0.0.5", "private"),
     ("64:ff9b::a9fe:a9fe", "link-local"),  # NAT64 of 169.254.169.254
+    # every other IPv6 transition prefix: judged by the IPv4 address it carries
+    ("2002:7f00:1::", "loopback"),  # 6to4 of 127.0.0.1
+    ("2002:a9fe:a9fe::1", "link-local"),  # 6to4 of the metadata address
+    ("2002:a00:5::", "private"),  # 6to4 of 10.0.0.5
+    ("2001:0:4136:e378:8000:63bf:80ff:fffe", "loopback"),  # Teredo, client 127.0.0.1
+    ("2001:0:a00:5::f7f7:f7f7", "private"),  # Teredo, server 10.0.0.5
+    ("2001:0:808:808:0:0:5601:5601", "link-local"),  # Teredo, client 169.254.169.254
+    ("64:ff9b:1::a9fe:a9fe", "unspecified"),  # local-use NAT64 (/48 layout: 0.0.0.0)
+    ("64:ff9b:1:a9fe:a9:fe00::", "link-local"),  # local-use NAT64, /48 layout
+    ("64:ff9b:1:808:8:a9fe:a9fe:0", "link-local"),  # 8.8.8.8 as /48, the metadata as /96
+    ("::7f00:1", "loopback"),  # IPv4-compatible 127.0.0.1
+    ("::a9fe:a9fe", "link-local"),
 ]
-PUBLIC = ["8.8.8.8", "1.1.1.1", "2606:4700::1111", "::ffff:8.8.8.8", "64:ff9b::808:808"]
+PUBLIC = [
+    "8.8.8.8",
+    "1.1.1.1",
+    "2606:4700::1111",
+    "::ffff:8.8.8.8",
+    "64:ff9b::808:808",
+    "2002:808:808::1",  # 6to4 of a public address
+    "2001:0:808:808:0:0:f7f7:f7f7",  # Teredo, server and client 8.8.8.8
+    "::808:808",  # IPv4-compatible 8.8.8.8
+]
 
 
 @pytest.mark.parametrize(("address", "kind"), REFUSED)
@@ -56,6 +82,23 @@ def test_public_addresses_are_admitted(address: str):
 @pytest.mark.parametrize(("address", "kind"), REFUSED)
 def test_allow_private_admits_everything(address: str, kind: str):
     assert TargetPolicy(allow_private=True).refusal(address) is None
+
+
+def test_a_transition_address_is_refused_naming_the_ipv4_it_reaches():
+    reason = str(TargetPolicy().refusal("2002:a9fe:a9fe::1"))
+    assert "link-local address (it reaches 169.254.169.254)" in reason
+
+
+def test_the_allow_list_admits_a_transition_address_by_the_ipv4_it_carries():
+    policy = TargetPolicy(allowed=parse_cidrs(["10.96.0.0/12"]))
+    assert policy.refusal("2002:a60:1::") is None  # 6to4 of 10.96.0.1
+    assert policy.refusal("2002:a00:5::") is not None  # 6to4 of 10.0.0.5
+
+
+def test_a_stream_policy_names_the_stream_settings():
+    reason = str(TargetPolicy(subject="stream").refusal("127.0.0.1"))
+    assert reason.startswith("stream target 127.0.0.1 refused: loopback address")
+    assert "stream allowedCidrs or allowPrivateTargets" in reason
 
 
 def test_the_allow_list_admits_its_networks_only():

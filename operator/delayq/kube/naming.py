@@ -41,9 +41,14 @@ SECRET_REDIS_ADMIN_PASSWORD = "redis-admin-password"  # the operator's and repli
 SECRET_API_TOKEN = "api-token"
 # generated like api-token: reads and /metrics only (the dashboard for people who only look)
 SECRET_READ_TOKEN = "read-token"
-# set by the tenant, never by the operator: the token being rotated out, the /metrics token
+# set by the tenant, never by the operator: the token being rotated out
 SECRET_API_TOKEN_PREVIOUS = "api-token-previous"
+# generated like api-token (a tenant's own value is kept): /metrics, which the pods require and
+# the topic's ServiceMonitor presents (bearerTokenSecret)
 SECRET_METRICS_TOKEN = "metrics-token"
+# generated like api-token: the key of the pull lease tokens' HMAC, shared by the topic's pods
+# (service/tokens.py); a new value makes the outstanding leases' tokens refused (403)
+SECRET_LEASE_TOKEN_KEY = "lease-token-key"
 SECRET_ZOOKEEPER_PASSWORD = "zookeeper-password"
 # the Secret <topic>-stream-reader (stream topics written to their own broker 0): the consumers'
 # Redis login, made by the operator for the tenant's consumer pods to mount

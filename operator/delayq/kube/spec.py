@@ -29,6 +29,7 @@ from delayq.queue.topic import (
 )
 from delayq.service.defaults import DEFAULTS, crd_default, crd_path, human_duration
 from delayq.service.delivery.targets import parse_cidrs
+from delayq.service.redaction import redact_url
 
 DURATION_PATTERN = re.compile(r"^(?:[0-9]{1,8}(?:ms|s|m|h))+$")
 DURATION_PART = re.compile(r"([0-9]+)(ms|s|m|h)")
@@ -90,6 +91,19 @@ WEBHOOK_HTTPS_MESSAGE = (
     "delivery.webhook.url must start with https:// unless delivery.webhook.allowInsecureHttp is "
     "true: over http the payloads, the extra headers and the signatures travel in clear text"
 )
+#: The CRD's CEL rules on delivery.webhook, repeated by the parser: the url is written into the
+#: topic's ConfigMap, so a credential in it would be readable by whoever reads ConfigMaps.
+WEBHOOK_URL_SOURCE_MESSAGE = (
+    "a webhook topic needs exactly one of spec.delivery.webhook.url and urlSecretRef: the "
+    "address due messages are POSTed to"
+)
+#: A URL with a user part (`//user:pass@host`) or a query (`?token=...`): the CEL rule's regex.
+WEBHOOK_URL_SECRET_PATTERN = "^([a-zA-Z][a-zA-Z0-9+.-]*://[^/?#]*@|[^?#]*[?])"
+WEBHOOK_URL_SECRET_MESSAGE = (
+    "delivery.webhook.url must not carry credentials (user:password@) or a query: send them "
+    "as a header from a Secret (delivery.webhook.extraHeadersSecretRef), or name a Secret "
+    "holding the whole URL with delivery.webhook.urlSecretRef"
+)
 #: The CRD's CEL rule on delivery.stream, repeated by the parser: the topic's own broker is
 #: reached inside the topic (its Redis policy), so only an external target names addresses.
 STREAM_TARGETS_WITHOUT_URL_MESSAGE = (
@@ -148,8 +162,10 @@ class Delivery:
     webhook_allow_private_targets: bool = DEFAULTS.webhook_allow_private_targets
     webhook_allowed_cidrs: tuple[str, ...] = ()
     webhook_allow_insecure_http: bool = DEFAULTS.webhook_allow_insecure_http
-    # the Standard Webhooks secrets (`delayq serve --webhook-secret`) and the extra headers
-    # (`--webhook-extra-headers`), each from a key of the tenant's Secret; None: not sent
+    # the URL instead of webhook_url (`--webhook-url`), the Standard Webhooks secrets
+    # (`--webhook-secret`) and the extra headers (`--webhook-extra-headers`), each from a key
+    # of the tenant's Secret; None: not from a Secret (the URL) or not sent
+    webhook_url_secret_ref: SecretKeyRef | None = None
     webhook_signing_secret_ref: SecretKeyRef | None = None
     webhook_extra_headers_secret_ref: SecretKeyRef | None = None
     pull_max_lease_batch: int = DEFAULTS.pull_max_lease_batch
@@ -375,14 +391,15 @@ def _delivery(topic_type: TopicType, section: Mapping[str, Any]) -> Delivery:
                 f"topicType: {other}"
             )
     webhook = _section(section, "webhook")
-    if topic_type is TopicType.WEBHOOK and not webhook.get("url"):
-        raise SpecError(
-            "a webhook topic needs spec.delivery.webhook.url: "
-            "the address due messages are POSTed to"
-        )
+    webhook_url_ref = _secret_key_ref(webhook, "webhook", "urlSecretRef")
+    if topic_type is TopicType.WEBHOOK and bool(webhook.get("url")) == bool(webhook_url_ref):
+        raise SpecError(WEBHOOK_URL_SOURCE_MESSAGE)
     url = str(webhook.get("url", ""))
     if url and not re.match(r"^https?://\S+$", url):
-        raise SpecError(f"delivery.webhook.url {url!r} must start with http:// or https://")
+        shown = redact_url(url)
+        raise SpecError(f"delivery.webhook.url {shown} must start with http:// or https://")
+    if re.match(WEBHOOK_URL_SECRET_PATTERN, url):
+        raise SpecError(WEBHOOK_URL_SECRET_MESSAGE)
     allow_insecure_http = _bool(
         webhook,
         "allowInsecureHttp",
@@ -390,7 +407,7 @@ def _delivery(topic_type: TopicType, section: Mapping[str, Any]) -> Delivery:
         "delivery.webhook.",
     )
     if url and not url.startswith("https://") and not allow_insecure_http:
-        raise SpecError(f"{WEBHOOK_HTTPS_MESSAGE} (url={url})")
+        raise SpecError(f"{WEBHOOK_HTTPS_MESSAGE} (url={redact_url(url)})")
     pull = _section(section, "pull")
     stream = _section(section, "stream")
     url_secret_ref = _secret_key_ref(stream, "stream", "urlSecretRef")
@@ -416,6 +433,7 @@ def _delivery(topic_type: TopicType, section: Mapping[str, Any]) -> Delivery:
         ),
         webhook_allowed_cidrs=_allowed_cidrs(webhook, "webhook"),
         webhook_allow_insecure_http=allow_insecure_http,
+        webhook_url_secret_ref=webhook_url_ref,
         webhook_signing_secret_ref=_secret_key_ref(webhook, "webhook", "signingSecretRef"),
         webhook_extra_headers_secret_ref=_secret_key_ref(
             webhook, "webhook", "extraHeadersSecretRef"

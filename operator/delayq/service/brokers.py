@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Awaitable, Callable, Iterable, Sequence
-from typing import TypeVar
+from typing import Any, TypeVar
 
 import redis.asyncio
 
@@ -21,6 +21,8 @@ from delayq.queue.client import AsyncQueue
 from delayq.queue.model import TopicStats
 from delayq.queue.packing import use_hiredis_packing
 from delayq.queue.topic import Topic
+from delayq.service.delivery.stream import guarded_pool_options
+from delayq.service.delivery.targets import TargetPolicy
 
 T = TypeVar("T")
 R = TypeVar("R")
@@ -32,12 +34,21 @@ SOCKET_TIMEOUT_S = 20.0
 PING_TIMEOUT_S = 1.0
 
 
-def connect(url: str, max_connections: int) -> redis.asyncio.Redis:
+def connect(
+    url: str, max_connections: int, targets: TargetPolicy | None = None
+) -> redis.asyncio.Redis:
     """A client whose pool waits for a free connection instead of failing when all are busy,
-    so a burst of deliveries queues for Redis rather than erroring into retries."""
-    pool = redis.asyncio.BlockingConnectionPool.from_url(
-        url, max_connections=max_connections, timeout=None, socket_timeout=SOCKET_TIMEOUT_S
-    )
+    so a burst of deliveries queues for Redis rather than erroring into retries. With
+    `targets` (a tenant's URL: an external stream target) it connects only where they admit."""
+    sizing: dict[str, Any] = {
+        "max_connections": max_connections,
+        "timeout": None,
+        "socket_timeout": SOCKET_TIMEOUT_S,
+    }
+    if targets is None:
+        pool = redis.asyncio.BlockingConnectionPool.from_url(url, **sizing)
+    else:
+        pool = redis.asyncio.BlockingConnectionPool(**guarded_pool_options(url, targets), **sizing)
     return use_hiredis_packing(redis.asyncio.Redis(connection_pool=pool))
 
 

@@ -27,6 +27,7 @@ from delayq.service.defaults import DEFAULTS
 from delayq.service.delivery.signing import Signer, parse_extra_headers
 from delayq.service.delivery.targets import TargetPolicy, parse_cidrs, split_cidrs
 from delayq.service.shutdown import GRACE_MS
+from delayq.service.tokens import LeaseTokens, derived_key
 
 ENV_PREFIX = "DELAYQ_"
 #: What redis-py connects to (`stream_url`, from a tenant's Secret on Kubernetes).
@@ -149,6 +150,22 @@ class ServiceConfig:
             "credentials (default: broker 0's Redis)"
         ),
     )
+    # True, like webhook_allow_private_targets: run by hand, the target is often on this machine;
+    # the operator writes the topic's value (CRD default false) into topic.json
+    stream_allow_private_targets: bool = field(
+        default=True,
+        metadata=_help(
+            "stream topics with stream_url: also connect to loopback, private, link-local and "
+            "other non-public addresses, and to a unix:// socket"
+        ),
+    )
+    stream_allowed_cidrs: str = field(
+        default="",
+        metadata=_help(
+            "stream topics with stream_url: CIDRs connected to even when not public, "
+            "comma-separated (10.96.0.0/12,fd00::/8)"
+        ),
+    )
     stream_key: str = field(
         default="", metadata=_help("stream topics: target stream key (default dq-out:<ns>/<t>)")
     )
@@ -175,6 +192,13 @@ class ServiceConfig:
         metadata=_help(
             "bearer token that opens the topic's read-only routes (GETs, the dashboard's "
             "views) and /metrics but no write (empty: none)"
+        ),
+    )
+    lease_token_key: str = field(
+        default="",
+        metadata=_help(
+            "pull topics: key of the lease tokens' HMAC, the same in every process of the "
+            "topic (empty: derived from api_token)"
         ),
     )
     insecure_no_auth: bool = field(
@@ -332,6 +356,11 @@ class ServiceConfig:
             raise ConfigError(
                 f"{_names('stream_url')} must start with redis://, rediss:// or unix://"
             )
+        if self.stream_url.startswith("unix://") and not self.stream_allow_private_targets:
+            raise ConfigError(
+                f"{_names('stream_url')}: a unix:// socket is a local target: it needs "
+                f"{_names('stream_allow_private_targets')}"
+            )
         if self.zookeeper_admin_acl and not self.zookeeper_password:
             raise ConfigError(_needs("zookeeper_password", _names("zookeeper_admin_acl")))
         for name in ("zookeeper_tls_ca_file", "zookeeper_tls_cert_file", "zookeeper_tls_key_file"):
@@ -346,10 +375,11 @@ class ServiceConfig:
             raise ConfigError(_needs("api_token", _names("api_token_previous")))
         if self.read_token and not self.api_token:  # a read-only token of an open API
             raise ConfigError(_needs("api_token", _names("read_token")))
-        try:
-            parse_cidrs(split_cidrs(self.webhook_allowed_cidrs))
-        except ValueError as error:
-            raise ConfigError(f"{_names('webhook_allowed_cidrs')}: {error}") from None
+        for name in ("webhook_allowed_cidrs", "stream_allowed_cidrs"):
+            try:
+                parse_cidrs(split_cidrs(getattr(self, name)))
+            except ValueError as error:
+                raise ConfigError(f"{_names(name)}: {error}") from None
         for name in (
             "webhook_timeout_ms",
             "webhook_max_in_flight",
@@ -426,6 +456,23 @@ class ServiceConfig:
         return TargetPolicy(
             self.webhook_allow_private_targets,
             parse_cidrs(split_cidrs(self.webhook_allowed_cidrs)),
+        )
+
+    @property
+    def stream_targets(self) -> TargetPolicy:
+        """The addresses an external stream target (`stream_url`) may be connected on."""
+        return TargetPolicy(
+            self.stream_allow_private_targets,
+            parse_cidrs(split_cidrs(self.stream_allowed_cidrs)),
+            subject="stream",
+        )
+
+    def lease_tokens(self) -> LeaseTokens:
+        """The topic's lease tokens as issued and checked from now on: unsigned ones of the
+        previous version accepted for one lease length (`ack_timeout_ms`), see tokens.py."""
+        key = self.lease_token_key.encode() if self.lease_token_key else None
+        return LeaseTokens(
+            key or derived_key(self.api_token), self.namespace, self.topic, self.ack_timeout_ms
         )
 
     @property

@@ -117,6 +117,7 @@ ERRORS: Schema = {
     for status, name in (
         (400, "BadRequest"),
         (401, "Unauthorized"),
+        (403, "Forbidden"),
         (404, "NotFound"),
         (408, "RequestTimeout"),
         (409, "Conflict"),
@@ -172,7 +173,11 @@ PAYLOAD = {
     "encoding": {"type": "string", "enum": ["utf-8", "base64"], "default": "utf-8"},
     "headers": {"type": "object", "additionalProperties": {"type": "string"}},
 }
-TOKENS = {"tokens": array(string("lease token from a lease answer"), MAX_LEASE_BATCH, 1)}
+LEASE_TOKEN = (
+    "lease token from a lease answer: opaque, bound to this topic and authenticated (an "
+    "HMAC-SHA256 under the topic's lease-token key); another topic's or an altered one is a 403"
+)
+TOKENS = {"tokens": array(string(LEASE_TOKEN), MAX_LEASE_BATCH, 1)}
 MODE = {"type": "string", "enum": ["create", "upsert"], "default": "create"}
 
 SCHEDULE_ID = {
@@ -309,7 +314,9 @@ SCHEMAS: dict[str, Schema] = {
         namespace=string(),
         attempt=integer("1 for the first delivery", 1),
         dueMs=integer("due instant"),
-        token=string("pull leases only: present it to ack, nack or extend"),
+        token=string(
+            "pull leases only: present it to ack, nack or extend; opaque, bound to this topic"
+        ),
         **PAYLOAD,
     ),
     "Outcome": obj(
@@ -582,7 +589,7 @@ def _paths() -> dict[str, Schema]:
                         MAX_WAIT_MS,
                     ),
                     ack=array(
-                        string("lease token of an earlier answer, acked before leasing"),
+                        string(f"{LEASE_TOKEN}; acked before leasing"),
                         MAX_LEASE_BATCH,
                     ),
                 ),
@@ -770,8 +777,9 @@ def _paths() -> dict[str, Schema]:
         "/metrics": {
             "get": {
                 "summary": "Prometheus metrics",
-                "description": "Open unless the service has a metrics token (--metrics-token); "
-                "then it needs that token or an API token as the bearer token.",
+                "description": "Open unless the service has a metrics token (--metrics-token; "
+                "on Kubernetes always, the Secret's metrics-token); then it needs that token, "
+                "an API token or the read token as the bearer token.",
                 "security": [{}, {"bearer": []}],
                 "responses": {
                     "200": {"description": "text exposition format"},
@@ -821,6 +829,10 @@ def openapi_document() -> Schema:
             "responses": {
                 "BadRequest": _error_response("a field is missing or invalid (see field)"),
                 "Unauthorized": _error_response("missing or wrong bearer token"),
+                "Forbidden": _error_response(
+                    "the read-only token on a write, or a lease token this topic did not issue "
+                    "(another topic's, altered, or unsigned after the upgrade window; see field)"
+                ),
                 "NotFound": _error_response("unknown topic or message id"),
                 "Conflict": _error_response("lease lost, fenced by a newer owner, wrong state"),
                 "TooLarge": _error_response("body or payload over the limit"),

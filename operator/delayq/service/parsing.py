@@ -17,7 +17,7 @@ from delayq.queue.model import Lease, Mode, Retry, ScheduleRequest, Target
 from delayq.queue.topic import MAX_DELAY_MS, Topic
 from delayq.service.delivery.pull import MAX_LEASE_BATCH
 from delayq.service.envelope import ENCODINGS, UTF8, decode_payload
-from delayq.service.tokens import TokenError, decode_token
+from delayq.service.tokens import LeaseTokens, TokenError, TokenRefusedError
 
 MAX_BATCH = 1000
 MAX_AT_MS = 2**52
@@ -41,6 +41,13 @@ class FieldError(ValueError):
     def __init__(self, field: str, message: str) -> None:
         super().__init__(message)
         self.field = field
+
+
+class ForbiddenFieldError(FieldError):
+    """A field is well-formed but not this topic's to accept: a lease token it did not
+    issue (HTTP 403)."""
+
+    status = 403
 
 
 class PayloadTooLargeError(FieldError):
@@ -239,7 +246,9 @@ def _refuse_repeated_ids(messages: list[ScheduleRequest]) -> None:
         )
 
 
-def parse_lease_request(body: Body, topic: Topic, max_batch: int = MAX_LEASE_BATCH) -> LeaseRequest:
+def parse_lease_request(
+    body: Body, topic: Topic, tokens: LeaseTokens, max_batch: int = MAX_LEASE_BATCH
+) -> LeaseRequest:
     """`ack` (optional, 0 to MAX_LEASE_BATCH tokens) is checked whole like `tokens`: one
     malformed or forged token refuses the request before anything is acked or leased."""
     acks = body.get("ack")
@@ -249,25 +258,30 @@ def parse_lease_request(body: Body, topic: Topic, max_batch: int = MAX_LEASE_BAT
         max_count=get_int(body, "max", 1, min(max_batch, MAX_LEASE_BATCH), default=1),
         lease_ms=get_int(body, "leaseMs", 1, MAX_LEASE_MS, default=topic.ack_timeout_ms),
         wait_ms=get_int(body, "waitMs", 0, MAX_WAIT_MS, default=0),
-        acks=None if acks is None else _leases(acks, "ack", topic),
+        acks=None if acks is None else _leases(acks, "ack", topic, tokens),
     )
 
 
-def parse_tokens(body: Body, topic: Topic) -> list[Lease]:
-    return _leases(get_list(body, "tokens", MAX_LEASE_BATCH), "tokens", topic)
+def parse_tokens(body: Body, topic: Topic, tokens: LeaseTokens) -> list[Lease]:
+    return _leases(get_list(body, "tokens", MAX_LEASE_BATCH), "tokens", topic, tokens)
 
 
-def _leases(tokens: list[Any], name: str, topic: Topic) -> list[Lease]:
-    return [_lease(token, f"{name}[{index}]", topic) for index, token in enumerate(tokens)]
+def _leases(values: list[Any], name: str, topic: Topic, tokens: LeaseTokens) -> list[Lease]:
+    return [
+        _lease(value, f"{name}[{index}]", topic, tokens) for index, value in enumerate(values)
+    ]
 
 
-def _lease(token: Any, field: str, topic: Topic) -> Lease:
-    """A token decoded and checked against this topic: tokens are not signed, so a forged slot
-    must be refused here (the slot's keys do not exist outside 0..slotAmount-1)."""
+def _lease(token: Any, field: str, topic: Topic, tokens: LeaseTokens) -> Lease:
+    """A token decoded, its MAC checked (403: not this topic's), and its slot checked against
+    the topic: an unsigned token of the upgrade window could name any slot, and the slot's keys
+    do not exist outside 0..slotAmount-1."""
     if not isinstance(token, str):
         raise FieldError(field, f"{field} must be a string")
     try:
-        lease = decode_token(token)
+        lease = tokens.decode(token)
+    except TokenRefusedError as error:
+        raise ForbiddenFieldError(field, f"{field}: {error}") from error
     except TokenError as error:
         raise FieldError(field, f"{field}: {error}") from error
     if not 0 <= lease.slot < topic.slot_amount:
@@ -278,17 +292,17 @@ def _lease(token: Any, field: str, topic: Topic) -> Lease:
     return lease
 
 
-def parse_nack(body: Body, topic: Topic) -> list[Retry]:
+def parse_nack(body: Body, topic: Topic, tokens: LeaseTokens) -> list[Retry]:
     delay_ms = get_int(body, "delayMs", 0, MAX_DELAY_MS, default=0)
     reason = get_str(body, "reason", "")[:MAX_REASON_CHARS]
     dead = body.get("dead", False)
     if not isinstance(dead, bool):
         raise FieldError("dead", "dead must be a boolean")
-    return [Retry(lease, delay_ms, reason, dead) for lease in parse_tokens(body, topic)]
+    return [Retry(lease, delay_ms, reason, dead) for lease in parse_tokens(body, topic, tokens)]
 
 
-def parse_extend(body: Body, topic: Topic) -> tuple[list[Lease], int]:
-    return parse_tokens(body, topic), get_int(body, "leaseMs", 1, MAX_LEASE_MS)
+def parse_extend(body: Body, topic: Topic, tokens: LeaseTokens) -> tuple[list[Lease], int]:
+    return parse_tokens(body, topic, tokens), get_int(body, "leaseMs", 1, MAX_LEASE_MS)
 
 
 def parse_target(message_id: str, slot_basis: str | None, slot: str | None, topic: Topic) -> Target:

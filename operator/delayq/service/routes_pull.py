@@ -35,7 +35,6 @@ from delayq.service.parsing import (
     parse_tokens,
 )
 from delayq.service.service import DelayService
-from delayq.service.tokens import encode_token
 
 LEASES = "/v1/topics/{topic}/leases"
 CONFLICTS = frozenset({Code.LEASE_LOST, Code.STALE_EPOCH, Code.NOT_FOUND})
@@ -62,7 +61,9 @@ async def lease(request: web.Request) -> web.Response:
     service = service_for(request)
     leaser = _leaser(service)
     body = await json_body(request)
-    wanted = parse_lease_request(body, service.topic, service.config.pull_max_lease_batch)
+    wanted = parse_lease_request(
+        body, service.topic, service.lease_tokens, service.config.pull_max_lease_batch
+    )
     acked = None if wanted.acks is None else await _ack(service, wanted.acks)
     messages = await leaser.lease(wanted.max_count, wanted.lease_ms, wanted.wait_ms)
     if messages and _client_gone(request):
@@ -72,7 +73,8 @@ async def lease(request: web.Request) -> web.Response:
         service.metrics.observe_lateness(leaser.server_now_ms(message.slot) - message.due_ms)
     service.metrics.count_delivery("leased", len(messages))
     topic = service.topic
-    leases = [{"token": encode_token(m.lease), **message_json(topic, m)} for m in messages]
+    encode = service.lease_tokens.encode
+    leases = [{"token": encode(m.lease), **message_json(topic, m)} for m in messages]
     if acked is None:
         return json_response({"leases": leases})
     return json_response({"leases": leases, "acks": _results(body["ack"], acked)})
@@ -122,14 +124,15 @@ async def ack(request: web.Request) -> web.Response:
     service = service_for(request)
     _leaser(service)
     body = await json_body(request)
-    return _answer(body, await _ack(service, parse_tokens(body, service.topic)))
+    leases = parse_tokens(body, service.topic, service.lease_tokens)
+    return _answer(body, await _ack(service, leases))
 
 
 async def nack(request: web.Request) -> web.Response:
     service = service_for(request)
     _leaser(service)
     body = await json_body(request)
-    retries = parse_nack(body, service.topic)
+    retries = parse_nack(body, service.topic, service.lease_tokens)
     outcomes = await service.brokers.each(
         retries, lambda r: r.lease.slot, lambda q, chunk: q.nack_many(chunk)
     )
@@ -141,7 +144,7 @@ async def extend(request: web.Request) -> web.Response:
     service = service_for(request)
     _leaser(service)
     body = await json_body(request)
-    leases, lease_ms = parse_extend(body, service.topic)
+    leases, lease_ms = parse_extend(body, service.topic, service.lease_tokens)
     outcomes = await service.brokers.each(
         leases, _slot, lambda q, chunk: q.extend_many(chunk, lease_ms)
     )

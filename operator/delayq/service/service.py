@@ -66,6 +66,7 @@ class DelayService:
         )
         self.ownership = ownership or EmbeddedOwnership(self.topic.slot_amount)
         self.leaser: PullLeaser | None = None
+        self.lease_tokens = config.lease_tokens()  # pull topics' tokens, bound to this topic
         self.consumers: list[Consumer] = []
         self._sink: Sink | None = None
         self._runs: list[asyncio.Task[None]] = []
@@ -243,7 +244,9 @@ class DelayService:
                 max_batch=config.webhook_max_batch,
             )
         if config.stream_url:
-            client = connect(config.stream_url, config.redis_max_connections)
+            client = connect(
+                config.stream_url, config.redis_max_connections, config.stream_targets
+            )
             return StreamSink(self.topic, client, config.target_stream, config.stream_max_len, True)
         return StreamSink(
             self.topic, self.queues[0].redis, config.target_stream, config.stream_max_len, False

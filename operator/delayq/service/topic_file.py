@@ -67,6 +67,8 @@ class TopicFile:
     pull_max_lease_batch: int
     stream_key: str
     stream_max_len: int
+    stream_allow_private_targets: bool  # always written, as webhook_allow_private_targets
+    stream_allowed_cidrs: str
     zookeeper_connect: str
     zookeeper_session_timeout_ms: int
     zookeeper_admin_acl: str  # the operator's ACL id; the password comes from the environment

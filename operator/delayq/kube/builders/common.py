@@ -97,6 +97,8 @@ class Credentials:
     zookeeper_password: str
     redis_admin_password: str
     read_token: str
+    metrics_token: str
+    lease_token_key: str
     # the stream reader's Redis password (its own Secret); empty when the topic has no reader
     stream_reader_password: str = ""
 

@@ -100,6 +100,8 @@ def topic_file(spec: TopicSpec, ctx: BuildContext, slot_amount: int) -> TopicFil
         pull_max_lease_batch=delivery.pull_max_lease_batch,
         stream_key=delivery_stream_key(spec),
         stream_max_len=delivery.stream_max_len,
+        stream_allow_private_targets=delivery.stream_allow_private_targets,
+        stream_allowed_cidrs=",".join(delivery.stream_allowed_cidrs),
         zookeeper_connect=zookeeper_connect(spec, ctx),
         zookeeper_session_timeout_ms=spec.zookeeper_session_timeout_ms,
         zookeeper_admin_acl=ctx.zookeeper_admin_acl,
@@ -147,10 +149,10 @@ def config_map(spec: TopicSpec, ctx: BuildContext, slot_amount: int) -> Manifest
 
 
 def credentials_secret(spec: TopicSpec, credentials: Credentials) -> Manifest:
-    """The topic's Redis passwords (service and admin user), API and read-only tokens and
-    ZooKeeper password; their values are never rewritten by the operator (apply.py adds a
-    missing key only), and keys it does not write (api-token-previous, metrics-token) are left
-    to the tenant."""
+    """The topic's Redis passwords (service and admin user), API, read-only and /metrics
+    tokens, lease-token key and ZooKeeper password; their values are never rewritten by the
+    operator (apply.py adds a missing key only), and the key it does not write
+    (api-token-previous) is left to the tenant."""
     labels = naming.topic_labels(spec.name, naming.COMPONENT_SERVICE)
     return {
         "apiVersion": "v1",
@@ -163,6 +165,8 @@ def credentials_secret(spec: TopicSpec, credentials: Credentials) -> Manifest:
             naming.SECRET_ZOOKEEPER_PASSWORD: secret_value(credentials.zookeeper_password),
             naming.SECRET_REDIS_ADMIN_PASSWORD: secret_value(credentials.redis_admin_password),
             naming.SECRET_READ_TOKEN: secret_value(credentials.read_token),
+            naming.SECRET_METRICS_TOKEN: secret_value(credentials.metrics_token),
+            naming.SECRET_LEASE_TOKEN_KEY: secret_value(credentials.lease_token_key),
         },
     }
 
@@ -187,16 +191,18 @@ def service_statefulset(spec: TopicSpec, ctx: BuildContext, slot_amount: int) ->
             env_from_secret("DELAYQ_REDIS_PASSWORD", secret, naming.SECRET_REDIS_PASSWORD),
             env_from_secret("DELAYQ_API_TOKEN", secret, naming.SECRET_API_TOKEN),
             env_from_secret("DELAYQ_READ_TOKEN", secret, naming.SECRET_READ_TOKEN),
-            # keys the tenant adds to rotate the token or to close /metrics (docs/operator.md,
-            # "Rotating the API token"); absent, serve runs with neither
+            # /metrics is closed: its generated token (the ServiceMonitor presents it), the API
+            # and read tokens open it too
+            env_from_secret("DELAYQ_METRICS_TOKEN", secret, naming.SECRET_METRICS_TOKEN),
+            # one key for every pod: a lease token from one is honoured by all (tokens.py)
+            env_from_secret("DELAYQ_LEASE_TOKEN_KEY", secret, naming.SECRET_LEASE_TOKEN_KEY),
+            # the key the tenant adds to rotate the API token (docs/operator.md, "Rotating the
+            # API token"); absent, serve accepts the current token only
             env_from_secret(
                 "DELAYQ_API_TOKEN_PREVIOUS",
                 secret,
                 naming.SECRET_API_TOKEN_PREVIOUS,
                 optional=True,
-            ),
-            env_from_secret(
-                "DELAYQ_METRICS_TOKEN", secret, naming.SECRET_METRICS_TOKEN, optional=True
             ),
             env_from_secret("DELAYQ_ZOOKEEPER_PASSWORD", secret, naming.SECRET_ZOOKEEPER_PASSWORD),
             *_tenant_secret_env(spec),
@@ -282,12 +288,14 @@ def service_statefulset(spec: TopicSpec, ctx: BuildContext, slot_amount: int) ->
 
 
 def _tenant_secret_env(spec: TopicSpec) -> list[Manifest]:
-    """The webhook's signing secrets and extra headers, the external stream target's URL, from
-    the tenant's Secrets (required: a topic that asks to sign never sends unsigned, one with an
-    external target never writes elsewhere; without the Secret the pod does not start and says
-    so in its events). The kubelet reads them, so the operator needs no access."""
+    """The webhook's URL (when from a Secret), signing secrets and extra headers, the external
+    stream target's URL, from the tenant's Secrets (required: a topic that asks to sign never
+    sends unsigned, one with an external target never writes elsewhere; without the Secret the
+    pod does not start and says so in its events). The kubelet reads them, so the operator
+    needs no access, and they are in no ConfigMap."""
     delivery = spec.delivery
     refs = (
+        ("webhook_url", delivery.webhook_url_secret_ref),
         ("webhook_secret", delivery.webhook_signing_secret_ref),
         ("webhook_extra_headers", delivery.webhook_extra_headers_secret_ref),
         ("stream_url", delivery.stream_url_secret_ref),
@@ -402,7 +410,8 @@ def service_pdb(spec: TopicSpec) -> Manifest:
 
 
 def service_monitor(spec: TopicSpec) -> Manifest:
-    """Prometheus Operator scrape config; rendered only when the ServiceMonitor CRD exists."""
+    """Prometheus Operator scrape config, with the topic's /metrics token; rendered only when
+    the ServiceMonitor CRD exists."""
     labels = naming.topic_labels(spec.name, naming.COMPONENT_SERVICE)
     return {
         "apiVersion": "monitoring.coreos.com/v1",
@@ -412,7 +421,19 @@ def service_monitor(spec: TopicSpec) -> Manifest:
             "selector": {
                 "matchLabels": {naming.LABEL_TOPIC: spec.name, naming.LABEL_ENDPOINT: "api"}
             },
-            "endpoints": [{"port": "http", "path": "/metrics", "interval": "30s"}],
+            # /metrics needs the topic's metrics-token; a ServiceMonitor's bearerTokenSecret
+            # must be in its own namespace, which the credentials Secret is
+            "endpoints": [
+                {
+                    "port": "http",
+                    "path": "/metrics",
+                    "interval": "30s",
+                    "bearerTokenSecret": {
+                        "name": naming.credentials_secret(spec.name),
+                        "key": naming.SECRET_METRICS_TOKEN,
+                    },
+                }
+            ],
         },
     }
 

@@ -171,6 +171,8 @@ async def read_or_generate_credentials(ctx: OperatorContext, spec: TopicSpec) ->
         zookeeper_password=kept_or_new(naming.SECRET_ZOOKEEPER_PASSWORD),
         redis_admin_password=kept_or_new(naming.SECRET_REDIS_ADMIN_PASSWORD),
         read_token=kept_or_new(naming.SECRET_READ_TOKEN),
+        metrics_token=kept_or_new(naming.SECRET_METRICS_TOKEN),
+        lease_token_key=kept_or_new(naming.SECRET_LEASE_TOKEN_KEY),
         stream_reader_password=(
             kept_or_new(naming.SECRET_STREAM_READER_PASSWORD, reader_data)
             if has_stream_reader(spec)

@@ -3,16 +3,28 @@
 
 At least once: the ack follows the XADD, so a crash between the two re-adds the message after
 its lease expires; stream readers dedupe by the `id` field.
+
+SSRF guard of an external target (`stream_url`, from the tenant's Secret on Kubernetes): as a
+webhook's, every connection resolves the host itself, checks each address with the topic's
+`TargetPolicy` and connects to a checked one (`GuardedConnection`), so neither a name nor DNS
+rebinding reaches what the topic does not admit. A refused target is a failed delivery naming
+the address, retried with the usual backoff.
 """
 
 from __future__ import annotations
 
+import asyncio
 import json
+import socket
+from collections.abc import Mapping
+from typing import Any
 
 import redis.asyncio
+from redis.asyncio.connection import Connection, SSLConnection, parse_url
 
 from delayq.queue.model import Message
 from delayq.queue.topic import Topic
+from delayq.service.delivery.targets import TargetPolicy, TargetRefusedError
 
 
 def stream_fields(topic: Topic, message: Message) -> dict[str, bytes | str | int]:
@@ -50,3 +62,53 @@ class StreamSink:
     async def close(self) -> None:
         if self.owns_client:
             await self.client.aclose()
+
+
+class GuardedConnection(Connection):
+    """A Redis connection that goes only to an address its `TargetPolicy` admits: resolved
+    here, checked, and connected to by that address (TLS still verifies the host name)."""
+
+    def __init__(self, *, target_policy: TargetPolicy, **kwargs: Any) -> None:
+        self.target_policy = target_policy
+        self._checked_address = ""
+        super().__init__(**kwargs)
+
+    async def _connect(self) -> None:
+        self._checked_address = await checked_address(self.host, self.port, self.target_policy)
+        await super()._connect()  # type: ignore[no-untyped-call]
+
+    def _connection_arguments(self) -> Mapping[str, Any]:
+        arguments = dict(super()._connection_arguments())
+        if arguments.get("ssl") is not None:
+            arguments["server_hostname"] = self.host
+        arguments["host"] = self._checked_address
+        return arguments
+
+
+class GuardedSSLConnection(GuardedConnection, SSLConnection):
+    """`rediss://`: the guard, then TLS to the host name."""
+
+
+def guarded_pool_options(url: str, policy: TargetPolicy) -> dict[str, Any]:
+    """`BlockingConnectionPool` arguments of a `redis://` or `rediss://` URL whose connections
+    go through the guard (a `unix://` one is refused by the settings unless admitted)."""
+    options: dict[str, Any] = dict(parse_url(url))
+    tls = options.get("connection_class") is SSLConnection
+    options["connection_class"] = GuardedSSLConnection if tls else GuardedConnection
+    options["target_policy"] = policy
+    return options
+
+
+async def checked_address(host: str, port: int, policy: TargetPolicy) -> str:
+    """The first address `host` resolves to that `policy` admits; TargetRefusedError naming
+    the first refusal when none is."""
+    loop = asyncio.get_running_loop()
+    infos = await loop.getaddrinfo(host, port, type=socket.SOCK_STREAM)
+    refusals: list[str] = []
+    for *_, sockaddr in infos:
+        address = str(sockaddr[0])
+        refused = policy.refusal(address)
+        if refused is None:
+            return address
+        refusals.append(refused)
+    raise TargetRefusedError(f"{host}: {refusals[0] if refusals else 'no address'}")

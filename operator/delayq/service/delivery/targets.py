@@ -1,4 +1,4 @@
-"""Which resolved addresses a webhook may be POSTed to: the SSRF guard's decision (pure).
+"""Which resolved addresses a webhook or stream target may reach: the SSRF guard's decision (pure).
 
 A tenant chooses its topic's webhook URL, and the delay-service pod POSTs to it from inside the
 cluster, so without a check a URL could reach what only the platform should: loopback, the
@@ -7,9 +7,15 @@ cloud metadata address (169.254.169.254, link-local), cluster-internal Services 
 was resolved — the one the connection will use (the webhook sink's resolver calls it, see
 `webhook.py`), never on the name, which DNS may answer differently a moment later.
 
-An IPv6 address that carries an IPv4 one (mapped `::ffff:a.b.c.d`, NAT64 `64:ff9b::/96`) is
-judged by the IPv4 address it reaches. A topic admits such addresses with `allow_private`
-(everything) or `allowed` (just those CIDRs, the narrower choice).
+An IPv6 address of a transition mechanism is judged by the IPv4 address(es) it carries, since
+a gateway, relay or the kernel turns it into that IPv4 destination: IPv4-mapped `::ffff:0:0/96`,
+IPv4-compatible `::/96`, 6to4 `2002::/16`, Teredo `2001::/32` (both the server's and the
+client's address), NAT64 `64:ff9b::/96` and the local-use NAT64 `64:ff9b:1::/48`, whose prefix
+length the network chooses (RFC 8215): every RFC 6052 layout it may use is checked, and one
+non-public reading refuses it. A topic admits such addresses with `allow_private` (everything)
+or `allowed` (just those CIDRs, the narrower choice; the IPv6 address or each IPv4 it carries).
+
+The same policy guards a stream topic's external Redis (`stream.py`), `subject` naming which.
 """
 
 from __future__ import annotations
@@ -25,17 +31,31 @@ Network = ipaddress.IPv4Network | ipaddress.IPv6Network
 CGNAT = ipaddress.IPv4Network("100.64.0.0/10")
 #: The well-known NAT64 prefix (RFC 6052): a gateway translates it to the embedded IPv4 address.
 NAT64 = ipaddress.IPv6Network("64:ff9b::/96")
+#: The local-use NAT64 prefix (RFC 8215), used with any RFC 6052 prefix length from /48 on.
+NAT64_LOCAL = ipaddress.IPv6Network("64:ff9b:1::/48")
+#: Where RFC 6052 puts the IPv4 address for a prefix of /48, /56, /64 and /96: its bit offset
+#: in the address without the reserved bits 64-71 (the "u" octet).
+NAT64_LOCAL_OFFSETS = (48, 56, 64, 88)
+#: IPv4-compatible addresses (RFC 4291, deprecated): `::a.b.c.d`, `::` and `::1` excepted.
+IPV4_COMPATIBLE = ipaddress.IPv6Network("::/96")
 #: What the settings' values look like; the parser adds the exact check.
 CIDR_EXAMPLE = "10.0.0.0/8 or fd00::/8"
-ADMIT_HINT = "allow it with webhook allowedCidrs or allowPrivateTargets"
+
+
+class TargetRefusedError(OSError):
+    """Every address of a target host is refused. An OSError, because that is what aiohttp's
+    connector turns into a connection error (`ClientConnectorError.os_error`) and redis-py
+    into a `ConnectionError` naming the host."""
 
 
 @dataclass(frozen=True)
 class TargetPolicy:
-    """A topic's answer to "may a webhook POST go to this address?"."""
+    """A topic's answer to "may a webhook POST (or a stream write) go to this address?"."""
 
     allow_private: bool = False
     allowed: tuple[Network, ...] = ()
+    #: which target the messages name: "webhook", or "stream" for an external stream target
+    subject: str = "webhook"
 
     def refusal(self, address: str) -> str | None:
         """None when `address` (an IP as resolved, maybe with an IPv6 scope) may be connected
@@ -43,16 +63,19 @@ class TargetPolicy:
         try:
             ip = ipaddress.ip_address(address)
         except ValueError:
-            return f"webhook target {address!r} refused: not an IP address"
-        if self.allow_private:
+            return f"{self.subject} target {address!r} refused: not an IP address"
+        if self.allow_private or any(ip in network for network in self.allowed):
             return None
-        reached = embedded_ipv4(ip) or ip
-        if any(candidate in network for candidate in {ip, reached} for network in self.allowed):
-            return None
-        kind = category(reached)
-        if kind is None:
-            return None
-        return f"webhook target {address} refused: {kind} address ({ADMIT_HINT})"
+        for reached in embedded_ipv4s(ip) or (ip,):
+            kind = category(reached)
+            if kind is None or any(reached in network for network in self.allowed):
+                continue
+            via = "" if reached is ip else f" (it reaches {reached})"
+            return (
+                f"{self.subject} target {address} refused: {kind} address{via} "
+                f"(allow it with {self.subject} allowedCidrs or allowPrivateTargets)"
+            )
+        return None
 
 
 def category(ip: Address) -> str | None:
@@ -74,15 +97,30 @@ def category(ip: Address) -> str | None:
     return None
 
 
-def embedded_ipv4(ip: Address) -> ipaddress.IPv4Address | None:
-    """The IPv4 address an IPv6 one leads to (mapped or NAT64), None for any other."""
+def embedded_ipv4s(ip: Address) -> tuple[ipaddress.IPv4Address, ...]:
+    """The IPv4 addresses an IPv6 one of a transition mechanism may lead to; () for any other
+    address (an IPv4 one, or a native IPv6 one, judged as itself)."""
     if not isinstance(ip, ipaddress.IPv6Address):
-        return None
+        return ()
     if ip.ipv4_mapped is not None:
-        return ip.ipv4_mapped
+        return (ip.ipv4_mapped,)
+    if ip.sixtofour is not None:
+        return (ip.sixtofour,)
+    if ip.teredo is not None:
+        return ip.teredo  # (server, client): the client's address is deobfuscated
     if ip in NAT64:
-        return ipaddress.IPv4Address(int(ip) & 0xFFFFFFFF)
-    return None
+        return (_ipv4_at(int(ip), 96),)
+    if ip in NAT64_LOCAL:
+        without_u = (int(ip) >> 64 << 56) | (int(ip) & (1 << 56) - 1)  # 120 bits
+        return tuple(_ipv4_at(without_u, offset + 8) for offset in NAT64_LOCAL_OFFSETS)
+    if ip in IPV4_COMPATIBLE and int(ip) > 1:
+        return (_ipv4_at(int(ip), 96),)
+    return ()
+
+
+def _ipv4_at(bits: int, offset: int) -> ipaddress.IPv4Address:
+    """The 32 bits of a 128-bit value starting at `offset` (counted from the top)."""
+    return ipaddress.IPv4Address(bits >> (128 - offset - 32) & 0xFFFFFFFF)
 
 
 def parse_cidrs(values: Iterable[str]) -> tuple[Network, ...]:

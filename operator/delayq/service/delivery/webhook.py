@@ -49,9 +49,10 @@ from delayq.queue.model import Message
 from delayq.queue.topic import Topic
 from delayq.service.delivery.signing import Signer
 from delayq.service.delivery.sinks import DeliveryError
-from delayq.service.delivery.targets import TargetPolicy
+from delayq.service.delivery.targets import TargetPolicy, TargetRefusedError
 from delayq.service.envelope import header_id, message_body
 from delayq.service.metrics import ServiceMetrics
+from delayq.service.redaction import redact_url, without_url
 
 SlotClock = Callable[[int], float]  # slot -> ms on the clock of the Redis server storing it
 Waiting = tuple[Message, asyncio.Future[None]]  # a message and the wait for its answer
@@ -74,11 +75,6 @@ def host_clock(_slot: int) -> float:
 def no_deadline(_message: Message) -> float | None:
     """For a sink used outside a delay service: no lease to honour, sent as 0."""
     return 0.0
-
-
-class TargetRefusedError(OSError):
-    """Every address of a webhook host is refused. An OSError, because that is what aiohttp's
-    connector turns into a connection error (`ClientConnectorError.os_error`)."""
 
 
 class GuardedResolver(AbstractResolver):
@@ -146,6 +142,7 @@ class WebhookSink:
     ) -> None:
         self.topic = topic
         self.url = url
+        self.shown_url = redact_url(url)  # what errors and logs name: no credentials
         self.signer = signer
         self.extra_headers = dict(extra_headers or {})
         self.metrics = metrics
@@ -191,7 +188,7 @@ class WebhookSink:
             started = time.monotonic()
             status, _ = await self._post(body, headers, started, SINGLE_REPLY_BYTES)
         if not 200 <= status < 300:
-            raise DeliveryError(f"POST {self.url}: HTTP {status}")
+            raise DeliveryError(f"POST {self.shown_url}: HTTP {status}")
 
     async def _deliver_in_batch(self, message: Message) -> None:
         """Wait for the batcher to send the message with the others waiting, and for the
@@ -276,10 +273,11 @@ class WebhookSink:
                 limit = batch_reply_bytes(len(sent))
                 status, reply = await self._post(body, headers, time.monotonic(), limit)
                 if not 200 <= status < 300:
-                    raise DeliveryError(f"POST {self.url}: HTTP {status}")
+                    raise DeliveryError(f"POST {self.shown_url}: HTTP {status}")
                 if reply is None:
                     raise DeliveryError(
-                        f"POST {self.url}: HTTP {status}, its reply over {limit} bytes or cut off"
+                        f"POST {self.shown_url}: HTTP {status}, its reply over {limit} bytes "
+                        "or cut off"
                     )
                 answers = batch_answers(reply)
             except DeliveryError as error:
@@ -296,13 +294,20 @@ class WebhookSink:
                 else:
                     said = "no answer for it" if answer is None else f"status {answer}"
                     answered.set_exception(
-                        DeliveryError(f"POST {self.url}: batch reply gave {said}")
+                        DeliveryError(f"POST {self.shown_url}: batch reply gave {said}")
                     )
         finally:
             self._limit.release()
             for _, answered in batch:  # only on a bug above: never leave a delivery waiting
                 if not answered.done():
-                    answered.set_exception(DeliveryError(f"POST {self.url}: batch not sent"))
+                    answered.set_exception(DeliveryError(f"POST {self.shown_url}: batch not sent"))
+
+    def _failed(self, error: Exception) -> DeliveryError:
+        """A client error as a delivery failure; aiohttp may quote the URL (InvalidURL), so
+        the message has every copy of it redacted."""
+        return DeliveryError(
+            f"POST {self.shown_url}: {type(error).__name__}: {without_url(str(error), self.url)}"
+        )
 
     async def _post(
         self, body: bytes, headers: dict[str, str], started: float, reply_limit: int
@@ -314,7 +319,7 @@ class WebhookSink:
         still acks; a batch without its whole reply has no answers (`_send_batch`)."""
         if self._literal_refusal:
             self._observe("refused", started)
-            raise DeliveryError(f"POST {self.url}: {self._literal_refusal}")
+            raise DeliveryError(f"POST {self.shown_url}: {self._literal_refusal}")
         try:
             async with self._session.post(
                 self.url, data=body, headers=headers, allow_redirects=False
@@ -324,12 +329,12 @@ class WebhookSink:
         except aiohttp.ClientConnectorError as error:
             if isinstance(error.os_error, TargetRefusedError):
                 self._observe("refused", started)
-                raise DeliveryError(f"POST {self.url}: {error.os_error}") from error
+                raise DeliveryError(f"POST {self.shown_url}: {error.os_error}") from error
             self._observe("error", started)
-            raise DeliveryError(f"POST {self.url}: {type(error).__name__}: {error}") from error
+            raise self._failed(error) from error
         except (aiohttp.ClientError, TimeoutError) as error:
             self._observe("error", started)
-            raise DeliveryError(f"POST {self.url}: {type(error).__name__}: {error}") from error
+            raise self._failed(error) from error
         self._observe(f"{status // 100}xx", started)
         return status, reply
 
