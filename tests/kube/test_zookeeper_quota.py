@@ -16,6 +16,7 @@ from collections.abc import AsyncIterator, Iterator
 import pytest
 from kazoo.client import KazooClient
 from kazoo.exceptions import NoAuthError, QuotaExceededError
+from kazoo.security import ACL, Id, Permissions
 
 from delayq.coordination.acl import ADMIN_USER, ZkIdentity, topic_user
 from delayq.coordination.layout import ROOT, AssignmentDocument, TopicPaths, namespace_root
@@ -97,6 +98,23 @@ async def test_strangers_can_neither_list_the_tenants_nor_write_the_root_or_a_qu
     assert sorted(trees) == [(NAMESPACE, "alice"), (NAMESPACE, "bob")]
     await published.delete(ensemble.hosts, NAMESPACE, "bob")  # a deleted topic: quota gone too
     assert clients["admin"].exists(quota_path(TopicPaths(NAMESPACE, "bob"))) is None
+
+
+async def test_a_root_the_operator_may_not_change_is_left_as_it_is(
+    ensemble: ZooKeeperServer,
+    published: KazooTopicStore,
+    clients: dict[str, KazooClient],
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A bring-your-own chroot whose owner chose its ACL: publishing still works, once logged."""
+    chroot_acl = [ACL(Permissions.READ | Permissions.CREATE, Id("world", "anyone"))]
+    chroot = "/byo"
+    clients["admin"].create(chroot, b"", acl=chroot_acl)
+    for _ in range(2):
+        routing = initial_routing(16, 1)
+        await published.publish(f"{ensemble.hosts}{chroot}", NAMESPACE, "alice", routing, "x")
+    assert clients["admin"].get_acls(chroot)[0] == chroot_acl
+    assert caplog.text.count("ZooKeeper root /byo: the operator may not set its ACL") == 1
 
 
 async def test_a_topic_writing_past_its_quota_is_refused(

@@ -25,15 +25,19 @@ all (listing `/` shows `delayq` and `zookeeper` only); `/zookeeper` keeps its ow
 from __future__ import annotations
 
 import contextlib
+import functools
+import logging
 from dataclasses import dataclass
 
 from kazoo.client import KazooClient
-from kazoo.exceptions import NodeExistsError, NoNodeError
+from kazoo.exceptions import NoAuthError, NodeExistsError, NoNodeError
 from kazoo.security import ACL, Id, Permissions
 
 from delayq.coordination.acl import digest_acl
 from delayq.coordination.layout import TopicPaths
 from delayq.queue.topic import MAX_SLOT_AMOUNT
+
+log = logging.getLogger(__name__)
 
 QUOTA_ROOT = "/zookeeper/quota"
 LIMITS_NODE = "zookeeper_limits"
@@ -77,21 +81,38 @@ def guard_topic_tree(
 ) -> None:
     """Close the connection's root and `/zookeeper/quota` to everyone but the operator and put
     `quota` on the topic's tree (idempotent: the operator calls it on every publish). Blocking,
-    as every kazoo call; `client` is logged in as the operator."""
-    _set_acl(client, "/", root_acl(admin_acl_id))
+    as every kazoo call; `client` is logged in as the operator.
+
+    A root or quota node the operator may not change (a bring-your-own ensemble's chroot node
+    whose owner chose its ACL, a quota node someone else holds) is left as it is and logged
+    once: the topic's own tree is protected by its ACLs either way, and refusing to publish
+    would stall every topic for a limit that only its owner can lift."""
+    try:
+        _set_acl(client, "/", root_acl(admin_acl_id))
+    except NoAuthError:
+        _warn_once(f"ZooKeeper root {client.chroot or '/'}: the operator may not set its ACL")
     if client.chroot:
         return  # `/zookeeper` is out of reach (module docstring)
     admin_only = [digest_acl(admin_acl_id)]
-    _set_acl(client, QUOTA_ROOT, admin_only)
-    node = quota_path(paths)
-    parent = QUOTA_ROOT
-    for name in node.removeprefix(QUOTA_ROOT + "/").split("/"):
-        parent = f"{parent}/{name}"
-        ensure_node(client, parent, admin_only)
-    _put(client, f"{node}/{LIMITS_NODE}", quota.limits(), admin_only)
-    # the server counts the tree when its stats node is created (not when it is set)
-    with contextlib.suppress(NodeExistsError):
-        client.create(f"{node}/{STATS_NODE}", b"count=0,bytes=0", acl=admin_only)
+    try:
+        _set_acl(client, QUOTA_ROOT, admin_only)
+        node = quota_path(paths)
+        parent = QUOTA_ROOT
+        for name in node.removeprefix(QUOTA_ROOT + "/").split("/"):
+            parent = f"{parent}/{name}"
+            ensure_node(client, parent, admin_only)
+        _put(client, f"{node}/{LIMITS_NODE}", quota.limits(), admin_only)
+        # the server counts the tree when its stats node is created (not when it is set)
+        with contextlib.suppress(NodeExistsError):
+            client.create(f"{node}/{STATS_NODE}", b"count=0,bytes=0", acl=admin_only)
+    except NoAuthError:
+        _warn_once(f"ZooKeeper quota of {paths.root}: the operator may not set it")
+
+
+@functools.cache
+def _warn_once(message: str) -> None:
+    """Log `message` the first time only (publishing repeats every reconcile)."""
+    log.warning("%s: left as it is", message)
 
 
 def drop_topic_quota(client: KazooClient, paths: TopicPaths) -> None:
