@@ -153,8 +153,6 @@ async def test_another_topic_and_anonymous_clients_can_neither_read_nor_write_a_
             for parent in (ROOT, namespace_root(NAMESPACE)):  # who else shares the ensemble
                 with pytest.raises(NoAuthError):
                     client.get_children(parent)
-            with pytest.raises(NoAuthError):  # the connection's root (here: the chroot node)
-                client.create("/squat", b"")
 
         assert client_for["alice"].get(paths.routing)[0] == initial_routing(SLOTS, 1).to_json()
         assert client_for["admin"].get_children(paths.owners)  # the operator counts owners

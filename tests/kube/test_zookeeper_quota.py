@@ -100,21 +100,17 @@ async def test_strangers_can_neither_list_the_tenants_nor_write_the_root_or_a_qu
     assert clients["admin"].exists(quota_path(TopicPaths(NAMESPACE, "bob"))) is None
 
 
-async def test_a_root_the_operator_may_not_change_is_left_as_it_is(
-    ensemble: ZooKeeperServer,
-    published: KazooTopicStore,
-    clients: dict[str, KazooClient],
-    caplog: pytest.LogCaptureFixture,
+async def test_a_chroot_into_a_victims_tree_changes_none_of_its_acls(
+    ensemble: ZooKeeperServer, published: KazooTopicStore, clients: dict[str, KazooClient]
 ) -> None:
-    """A bring-your-own chroot whose owner chose its ACL: publishing still works, once logged."""
-    chroot_acl = [ACL(Permissions.READ | Permissions.CREATE, Id("world", "anyone"))]
-    chroot = "/byo"
-    clients["admin"].create(chroot, b"", acl=chroot_acl)
-    for _ in range(2):
-        routing = initial_routing(16, 1)
-        await published.publish(f"{ensemble.hosts}{chroot}", NAMESPACE, "alice", routing, "x")
-    assert clients["admin"].get_acls(chroot)[0] == chroot_acl
-    assert caplog.text.count("ZooKeeper root /byo: the operator may not set its ACL") == 1
+    """Issue 27, attack 2: a connection rooted at a victim's `members/` must not make the
+    operator close that root: the victim's services could no longer register."""
+    victim = TopicPaths(NAMESPACE, "alice")
+    before = clients["admin"].get_acls(victim.members)[0]
+    routing = initial_routing(16, 1)
+    await published.publish(f"{ensemble.hosts}{victim.members}", "evil", "x", routing, "pw")
+    assert clients["admin"].get_acls(victim.members)[0] == before
+    clients["alice"].create(victim.member("alice-9"), b"{}", ephemeral=True)  # still hers
 
 
 async def test_a_topic_writing_past_its_quota_is_refused(
@@ -174,3 +170,30 @@ async def test_a_topic_at_the_largest_slot_amount_fits_its_quota(
     print(f"16,384-slot tree: {count} nodes, {size} bytes, {time.monotonic() - started:.1f}s")
     assert count < TOPIC_QUOTA.count
     assert size < TOPIC_QUOTA.size_bytes
+
+
+async def test_a_root_the_operator_may_not_change_is_left_as_it_is(
+    ensemble: ZooKeeperServer,
+    published: KazooTopicStore,
+    clients: dict[str, KazooClient],
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """An ensemble whose `/` its owner restricted: publishing still works, logged once. Last in
+    the module: nobody may change this `/` afterwards."""
+    everything_but_admin = Permissions.ALL & ~Permissions.ADMIN
+    restricted = [
+        ACL(everything_but_admin, Id("digest", ADMIN.acl_id)),
+        ACL(Permissions.READ, Id("world", "anyone")),
+    ]
+    clients["admin"].set_acls("/", restricted)
+    for _ in range(2):
+        routing = initial_routing(16, 1)
+        await published.publish(ensemble.hosts, NAMESPACE, "dave", routing, "dave-secret")
+    # unchanged (without the ADMIN permission the server masks the digest's hash: `user:x`)
+    acl = clients["admin"].get_acls("/")[0]
+    assert [(entry.perms, entry.id.id.split(":")[0]) for entry in acl] == [
+        (everything_but_admin, ADMIN_USER),
+        (Permissions.READ, "anyone"),
+    ]
+    assert clients["admin"].exists(quota_path(TopicPaths(NAMESPACE, "dave"))) is not None
+    assert caplog.text.count("ZooKeeper root /: the operator may not set its ACL") == 1

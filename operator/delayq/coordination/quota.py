@@ -12,14 +12,17 @@ A quota lives in the server's own tree: `/zookeeper/quota/<path>/zookeeper_limit
 limits, `zookeeper_stats` the server's count (recomputed by the server when the stats node is
 created). `/zookeeper/quota` is writable by anyone out of the box, which would let a tenant lift
 its own quota: the operator closes it to everyone but itself, and writes every quota node with
-its own ACL. A client in a chroot cannot reach `/zookeeper`, so with a chroot
-(`zk:2181/delayq`, a bring-your-own ensemble) per-topic quotas are left to the ensemble's
-operators (docs/security.md): the operator then only closes the chroot node.
+its own ACL.
 
-The connection's root (`/` of the bundled ensemble, the chroot node of a bring-your-own one) is
-world-writable out of the box: anyone reaching the ensemble could create top-level nodes, and
-squat or fill what the platform has not created yet. The operator makes it its own, readable by
-all (listing `/` shows `delayq` and `zookeeper` only); `/zookeeper` keeps its own ACL.
+The ensemble's root `/` is world-writable out of the box: anyone reaching the ensemble could
+create top-level nodes, and squat or fill what the platform has not created yet. The operator
+makes it its own, readable by all (listing `/` shows `delayq` and `zookeeper` only);
+`/zookeeper` keeps its own ACL.
+
+A client in a chroot (`zk:2181/delayq`, a bring-your-own ensemble) can reach neither
+`/zookeeper` nor the ensemble's root, and the chroot node is someone's choice: there the
+operator changes nothing, and the ensemble's operators set the chroot node's ACL and a quota
+(docs/security.md, "Operating the controls").
 """
 
 from __future__ import annotations
@@ -79,20 +82,23 @@ def root_acl(admin_acl_id: str) -> list[ACL]:
 def guard_topic_tree(
     client: KazooClient, paths: TopicPaths, admin_acl_id: str, quota: TreeQuota = TOPIC_QUOTA
 ) -> None:
-    """Close the connection's root and `/zookeeper/quota` to everyone but the operator and put
+    """Close the ensemble's root and `/zookeeper/quota` to everyone but the operator and put
     `quota` on the topic's tree (idempotent: the operator calls it on every publish). Blocking,
     as every kazoo call; `client` is logged in as the operator.
 
-    A root or quota node the operator may not change (a bring-your-own ensemble's chroot node
-    whose owner chose its ACL, a quota node someone else holds) is left as it is and logged
-    once: the topic's own tree is protected by its ACLs either way, and refusing to publish
-    would stall every topic for a limit that only its owner can lift."""
+    Nothing through a chroot: `/zookeeper` is out of its reach, and its root is a node someone
+    chose, maybe inside another topic's tree (issue 27 pointed a chroot at a victim's
+    `members/`: closing that root would lock the victim's services out of it). A root the
+    operator may not change (its owner restricted it) is left as it is and logged once, as is
+    a quota node someone else holds: the topic's own tree is protected by its ACLs either way,
+    and refusing to publish would stall every topic for a limit that only its owner can lift.
+    """
+    if client.chroot:
+        return
     try:
         _set_acl(client, "/", root_acl(admin_acl_id))
     except NoAuthError:
-        _warn_once(f"ZooKeeper root {client.chroot or '/'}: the operator may not set its ACL")
-    if client.chroot:
-        return  # `/zookeeper` is out of reach (module docstring)
+        _warn_once("ZooKeeper root /: the operator may not set its ACL")
     admin_only = [digest_acl(admin_acl_id)]
     try:
         _set_acl(client, QUOTA_ROOT, admin_only)
