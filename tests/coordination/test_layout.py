@@ -40,11 +40,16 @@ def test_broker_index_is_the_trailing_number(name: str, index: int | None) -> No
     assert broker_index(name) == index
 
 
-def test_member_round_trip_and_garbage() -> None:
-    assert decode_member("m", encode_member("broker-1", 3, "pod")) == Member("m", 1, 3)
-    assert decode_member("m", b"not json") == Member("m")
-    assert decode_member("m", b'{"capacity": 0}') == Member("m", None, 1)
-    assert decode_member("m", b"[1, 2]") == Member("m")
+def test_member_round_trip_and_foreign_nodes() -> None:
+    session = 0x1234
+    assert decode_member("m", encode_member("broker-1", 3, "pod"), session) == Member("m", 1, 3)
+    assert decode_member("m", b'{"capacity": 0}', session) == Member("m", None, 1)
+    assert decode_member("m", b'{"capacity": "x"}', session) == Member("m")
+    # no live member wrote these: never counted (a member always writes a JSON object)
+    assert decode_member("m", encode_member("broker-1", 3, "pod"), 0) is None  # persistent
+    assert decode_member("m", b"", session) is None
+    assert decode_member("m", b"not json", session) is None
+    assert decode_member("m", b"[1, 2]", session) is None
 
 
 @given(

@@ -7,7 +7,7 @@ import json
 from kazoo.client import KazooClient
 
 from delayq.coordination.assignment import moved
-from delayq.coordination.layout import AssignmentDocument, TopicPaths
+from delayq.coordination.layout import AssignmentDocument, TopicPaths, encode_member
 from delayq.coordination.routing import initial_routing
 from delayq.local.waiting import eventually
 from delayq.local.zookeeper_server import ZooKeeperServer
@@ -143,3 +143,29 @@ async def test_a_member_at_fewer_slots_never_takes_a_slot_past_its_amount(fleet:
     assert old.owned <= frozenset(range(SLOTS)), sorted(old.owned)
     assert all(slot < SLOTS for _, member, slots in fleet.timeline.events
                if member == "old" for slot in slots)
+
+
+async def test_a_node_no_member_wrote_gets_no_slot(
+    fleet: Fleet, zookeeper_server: ZooKeeperServer
+) -> None:
+    """Issue 27, attack 2: a chroot pointed into a victim's tree made the operator create a
+    persistent `members/delayq`, which the coordinator counted: slots 4-7 of 8 went to it and
+    nobody consumed them. Only ephemeral nodes holding a member's JSON are members."""
+    await fleet.join("a")
+    await fleet.settle()
+    paths = TopicPaths("tests", fleet.topic)
+    client = KazooClient(hosts=zookeeper_server.hosts)
+    client.start(timeout=10)
+    try:
+        # a member's payload, but persistent: no session of a member holds it
+        client.create(paths.member("delayq"), encode_member("broker-0", 1, "pod"))
+        await fleet.join("b")
+        await fleet.settle()  # a and b consume every slot: nothing went to the phantom
+        document, owners, _ = read_tree(zookeeper_server.hosts, fleet.topic)
+        assert document.members == frozenset({"a", "b"})
+        assert set(owners.values()) == {"a", "b"}
+        assert (await fleet.members["a"].fleet()).members == ("a", "b")
+        assert fleet.sizes() == [SLOTS // 2, SLOTS // 2]
+    finally:
+        client.stop()
+        client.close()

@@ -20,6 +20,7 @@ from delayq.kube import naming
 from delayq.kube.builders.common import PodPlacement
 from delayq.kube.config import OperatorConfig, zookeeper_tls_from_env
 from delayq.kube.tenant_policy import TenantPolicy
+from delayq.kube.zookeeper_clients import POLICY_ENV, policy_name
 from delayq.service.delivery.targets import parse_cidrs
 from tests.kube.test_crd_schema import EXAMPLES, to_jsonschema
 
@@ -389,29 +390,91 @@ def test_the_operator_gets_its_zookeeper_admin_password_from_a_kept_secret() -> 
     assert of_kind(render("zookeeper-without-acl"), "Secret") == []
 
 
+def zookeeper_policy(value_set: str, name: str = "rel-delayq-zookeeper") -> dict[str, Any]:
+    policies = of_kind(render(value_set), "NetworkPolicy")
+    (policy,) = [p for p in policies if p["metadata"]["name"] == name]
+    return policy
+
+
 def test_only_the_operator_service_pods_and_peers_reach_the_bundled_zookeeper() -> None:
-    docs = render("defaults")
-    (policy,) = [
-        p for p in of_kind(docs, "NetworkPolicy") if p["metadata"]["name"] == "rel-delayq-zookeeper"
-    ]
+    docs = render("namespaced")
+    policy = zookeeper_policy("namespaced")
     (zookeeper,) = of_kind(docs, "StatefulSet")
     pod_labels = zookeeper["spec"]["template"]["metadata"]["labels"]
     assert policy["spec"]["podSelector"]["matchLabels"].items() <= pod_labels.items()
     clients, peers = policy["spec"]["ingress"]
     assert [p["port"] for p in clients["ports"]] == [2181]
-    operator_peer, service_peer = clients["from"]
+    operator_peer, *service_peers = clients["from"]
     assert operator_peer["podSelector"]["matchLabels"].items() >= naming.OPERATOR_POD_LABELS.items()
-    # the delay-service pods of any topic in any namespace, by the labels the builders set
-    assert service_peer["namespaceSelector"] == {}
+    # delay-service pods of the watched namespaces only, each named by the label the API server
+    # sets (a tenant can copy pod labels, not rename its namespace)
+    assert [peer["namespaceSelector"] for peer in service_peers] == [
+        {"matchLabels": {"kubernetes.io/metadata.name": namespace}}
+        for namespace in ("shop", "billing")
+    ]
     service_labels = naming.topic_labels("any-topic", naming.COMPONENT_SERVICE)
-    assert service_peer["podSelector"]["matchLabels"].items() <= service_labels.items()
+    for peer in service_peers:
+        assert peer["podSelector"]["matchLabels"].items() <= service_labels.items()
     assert [p["port"] for p in peers["ports"]] == [2181, 2888, 3888]
     assert peers["from"][0]["podSelector"]["matchLabels"].items() <= pod_labels.items()
+    assert not [p for p in of_kind(docs, "NetworkPolicy") if "clients" in p["metadata"]["name"]]
     assert [
         p
         for p in of_kind(render("single-replica-external-zk"), "NetworkPolicy")
-        if p["metadata"]["name"] == "rel-delayq-zookeeper"
+        if p["metadata"]["name"].startswith("rel-delayq-zookeeper")
     ] == []
+
+
+def test_cluster_wide_the_operator_keeps_the_zookeeper_clients_policy() -> None:
+    """No namespace is admitted by the chart: the operator's own policy lists those holding
+    DelayTopics (kube/zookeeper_clients.py), through a Role for that one policy."""
+    docs = render("defaults")
+    (clients, _) = zookeeper_policy("defaults")["spec"]["ingress"]
+    assert [peer.keys() for peer in clients["from"]] == [{"podSelector"}]  # the operator only
+    kept = zookeeper_policy("defaults", "rel-delayq-zookeeper-clients")
+    assert kept["spec"] == {
+        "podSelector": zookeeper_policy("defaults")["spec"]["podSelector"],
+        "policyTypes": ["Ingress"],
+    }  # no rules rendered: admits nothing, and an upgrade leaves the operator's rules alone
+    name = kept["metadata"]["name"]
+    (role,) = [r for r in of_kind(docs, "Role") if r["metadata"]["name"] == name]
+    assert role["metadata"]["namespace"] == kept["metadata"]["namespace"]
+    assert role["rules"] == [
+        {
+            "apiGroups": ["networking.k8s.io"],
+            "resources": ["networkpolicies"],
+            "resourceNames": ["rel-delayq-zookeeper-clients"],
+            "verbs": ["get", "patch"],
+        }
+    ]
+    (binding,) = [
+        b for b in of_kind(docs, "RoleBinding") if b["metadata"]["name"] == role["metadata"]["name"]
+    ]
+    (deployment,) = of_kind(docs, "Deployment")
+    pod = deployment["spec"]["template"]["spec"]
+    assert binding["roleRef"]["name"] == role["metadata"]["name"]
+    assert binding["subjects"][0]["name"] == pod["serviceAccountName"]
+    env = {e["name"]: e.get("value") for e in pod["containers"][0]["env"]}
+    assert env[POLICY_ENV] == "rel-delayq-zookeeper-clients"
+    assert policy_name(env) == "rel-delayq-zookeeper-clients"
+    for value_set in ("namespaced", "single-replica-external-zk"):
+        (deployment,) = of_kind(render(value_set), "Deployment")
+        names = {e["name"] for e in deployment["spec"]["template"]["spec"]["containers"][0]["env"]}
+        assert POLICY_ENV not in names
+
+
+def test_the_bundled_zookeeper_enforces_quotas_and_bounds_connections_and_heap() -> None:
+    (zookeeper,) = of_kind(render("defaults"), "StatefulSet")
+    (container,) = zookeeper["spec"]["template"]["spec"]["containers"]
+    env = {e["name"]: e.get("value") for e in container["env"]}
+    assert "enforceQuota=true" in env["ZOO_CFG_EXTRA"].split()  # the image's extra zoo.cfg lines
+    assert env["ZOO_MAX_CLIENT_CNXNS"] == "60"
+    heap_mib = int(env["ZK_SERVER_HEAP"])  # zkEnv.sh: -Xmx<n>m, 1000 by default
+    limit = container["resources"]["limits"]["memory"]
+    assert limit.endswith("Mi")
+    assert heap_mib <= int(limit.removesuffix("Mi")) * 3 // 4
+    for bad in (["--set", "zookeeper.maxClientCnxns=0"], ["--set", "zookeeper.heapMegabytes=8"]):
+        assert run_helm("template", "rel", str(CHART), *bad).returncode != 0, bad
 
 
 def test_values_schema_is_valid_json_schema() -> None:

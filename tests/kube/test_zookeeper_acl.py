@@ -150,6 +150,9 @@ async def test_another_topic_and_anonymous_clients_can_neither_read_nor_write_a_
                 client.create(TopicPaths(NAMESPACE, "carol").root, b"")
             with pytest.raises(NoAuthError):
                 client.create(namespace_root("elsewhere"), b"")
+            for parent in (ROOT, namespace_root(NAMESPACE)):  # who else shares the ensemble
+                with pytest.raises(NoAuthError):
+                    client.get_children(parent)
 
         assert client_for["alice"].get(paths.routing)[0] == initial_routing(SLOTS, 1).to_json()
         assert client_for["admin"].get_children(paths.owners)  # the operator counts owners
@@ -174,7 +177,9 @@ async def test_publishing_closes_a_tree_an_older_operator_left_open(
     for node in (ROOT, namespace_root(NAMESPACE), paths.root, paths.routing, paths.members):
         with pytest.raises(NoAuthError):
             open_client.set(node, b"hijacked")
-    assert client_for["nobody"].get_children(namespace_root(NAMESPACE)) == [ALICE.topic]
+    with pytest.raises(NoAuthError):
+        open_client.get_children(namespace_root(NAMESPACE))
+    assert client_for["admin"].get_children(namespace_root(NAMESPACE)) == [ALICE.topic]
     assert client_for["alice"].get(paths.routing)[0] == initial_routing(SLOTS, 1).to_json()
 
 

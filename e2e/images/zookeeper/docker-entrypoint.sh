@@ -1,7 +1,8 @@
 #!/bin/sh
 # Writes /conf/zoo.cfg from the variables the official zookeeper image reads (the subset the
 # chart sets: ZOO_MY_ID, ZOO_SERVERS, ZOO_4LW_COMMANDS_WHITELIST, ZOO_STANDALONE_ENABLED,
-# ZOO_DATA_LOG_DIR), then runs the command.
+# ZOO_DATA_LOG_DIR, ZOO_MAX_CLIENT_CNXNS, ZOO_CFG_EXTRA: extra zoo.cfg lines separated by
+# spaces), then runs the command.
 set -eu
 CONF=${ZOOCFGDIR:-/conf}
 DATA=${ZOO_DATA_DIR:-/data}
@@ -23,6 +24,7 @@ mkdir -p "$CONF" "$DATA" "${ZOO_DATA_LOG_DIR:-$DATA}"
   else
     echo "clientPort=2181"
   fi
+  for extra in ${ZOO_CFG_EXTRA:-}; do echo "$extra"; done
 } > "$CONF/zoo.cfg"
 echo "${ZOO_MY_ID:-1}" > "$DATA/myid"
 exec "$@"

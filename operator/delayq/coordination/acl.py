@@ -13,9 +13,12 @@ exactly two entries, both with every permission:
 
 ZooKeeper checks ACLs per node (a parent's ACL does not protect its children), so the services
 create their own nodes with the same two entries (`default_acl`). The parents (`/delayq`,
-`/delayq/<namespace>`) are the operator's, world-readable, so no tenant can create (squat) the
-root of a topic that is not its own. `exists` is never checked by ZooKeeper: node names (the
-namespace and topic names) are not secret, their contents are.
+`/delayq/<namespace>`) are the operator's alone: no tenant can create (squat) the root of a topic
+that is not its own, nor list the namespaces and topics that share the ensemble (issue 27: a
+listable victim was a target). A service never needs them: ZooKeeper checks no permission on
+the ancestors of a path it reads or writes. `exists` is never checked by ZooKeeper, so a node
+whose name is guessed can still be seen to exist: names are not secret, contents are. The
+connection's root and the quotas are closed by coordination/quota.py.
 
 The digest scheme is ZooKeeper's built-in one (SHA-1 of `user:password`, sent in clear on
 connect): with random 32-byte passwords the hash cannot be reversed; confidentiality on the
@@ -67,5 +70,5 @@ def tree_acl(topic_acl_id: str, admin_acl_id: str) -> list[ACL]:
 
 
 def parent_acl(admin_acl_id: str) -> list[ACL]:
-    """`/delayq` and `/delayq/<namespace>`: the operator's; anyone may list them."""
-    return [digest_acl(admin_acl_id), ACL(Permissions.READ, Id("world", "anyone"))]
+    """`/delayq` and `/delayq/<namespace>`: the operator's alone (it lists them for GC)."""
+    return [digest_acl(admin_acl_id)]

@@ -108,16 +108,30 @@ def encode_member(broker: str, capacity: int, host: str) -> bytes:
     return json.dumps({"broker": broker, "capacity": capacity, "host": host}).encode()
 
 
-def decode_member(member_id: str, payload: bytes) -> Member:
-    """A member from its node; unreadable data counts as a brokerless member of capacity 1
-    (a member we cannot parse is still alive and must not be starved or crash the leader)."""
+def decode_member(member_id: str, payload: bytes, ephemeral_owner: int) -> Member | None:
+    """A member from its node, or None when no live member wrote it.
+
+    Only an ephemeral node (`ephemeral_owner`, the stat's session id, non-zero) holding a JSON
+    object is a member: a member registers exactly so (`encode_member`). Anything else under
+    `members/` — a persistent node an admin client created there (a chroot pointed into the
+    tree makes the operator create `members/delayq`), or foreign data — would otherwise receive
+    slots nobody consumes, and its writer, not the topic, decides when it goes away. Fields a
+    member left out or spelled oddly take their defaults (brokerless, capacity 1): a member
+    that registered is alive and must not be starved or crash the leader.
+    """
+    if not ephemeral_owner:
+        return None
     try:
         document = json.loads(payload)
-        broker = str(document.get("broker") or "")
+    except ValueError:
+        return None
+    if not isinstance(document, dict):
+        return None
+    try:
         capacity = max(1, int(document.get("capacity", 1)))
-    except (ValueError, TypeError, AttributeError):
-        return Member(member_id)
-    return Member(member_id, broker_index(broker), capacity)
+    except (ValueError, TypeError):
+        capacity = 1
+    return Member(member_id, broker_index(str(document.get("broker") or "")), capacity)
 
 
 @dataclass(frozen=True)

@@ -149,6 +149,7 @@ class ZkOwnership:
         self._unsure = False
         self._assigned: frozenset[int] | None = None
         self._revocations: set[asyncio.Task[None]] = set()
+        self._foreign_members: set[str] = set()  # nodes under members/ already logged
         self.is_coordinator = False
 
     # the Ownership protocol -------------------------------------------------------------------
@@ -197,9 +198,10 @@ class ZkOwnership:
     def _read_fleet(self, holders_of: list[int]) -> FleetView:
         client, paths = self._client, self.paths
         try:
-            members = tuple(sorted(client.get_children(paths.members)))
+            children = client.get_children(paths.members)
         except NoNodeError:
-            members = ()
+            children = []
+        members = tuple(sorted(member.member_id for member in self._live_members(children)))
         try:
             assignment = AssignmentDocument.decode(client.get(paths.assignment)[0])
         except NoNodeError:
@@ -393,16 +395,7 @@ class ZkOwnership:
     def _read_view(self) -> _View:
         self._register()
         client, paths = self._client, self.paths
-        children = client.get_children(paths.members, watch=self._on_watch)
-        reads = {child: client.get_async(paths.member(child)) for child in children}
-        candidates: list[tuple[int, Member]] = []
-        for child, request in reads.items():
-            try:
-                payload, stat = request.get()
-            except NoNodeError:
-                continue
-            candidates.append((stat.czxid, decode_member(child, payload)))
-        candidates.sort(key=lambda entry: entry[0])
+        members = self._live_members(client.get_children(paths.members, watch=self._on_watch))
         assignment, version = AssignmentDocument(0, {}), None
         payload = self._get_or_watch(paths.assignment)
         if payload is not None:
@@ -421,12 +414,35 @@ class ZkOwnership:
             else None
         )
         return _View(
-            members=[member for _, member in candidates],
-            coordinator=candidates[0][1].member_id if candidates else None,
+            members=members,
+            coordinator=members[0].member_id if members else None,
             assignment=assignment,
             assignment_version=version,
             routing=routing,
         )
+
+    def _live_members(self, children: list[str]) -> list[Member]:
+        """The members among `children` of `members/` (layout.decode_member), oldest node
+        first (the first coordinates); each other node is logged once and never counted."""
+        reads = {child: self._client.get_async(self.paths.member(child)) for child in children}
+        candidates: list[tuple[int, Member]] = []
+        for child, request in reads.items():
+            try:
+                payload, stat = request.get()
+            except NoNodeError:
+                continue
+            member = decode_member(child, payload, stat.ephemeralOwner)
+            if member is not None:
+                candidates.append((stat.czxid, member))
+            elif child not in self._foreign_members:
+                self._foreign_members.add(child)
+                kind = "ephemeral" if stat.ephemeralOwner else "persistent"
+                log.warning(
+                    "%s: ignoring %s node %s: no member wrote it",
+                    self.member_id, kind, self.paths.member(child),
+                )  # fmt: skip
+        candidates.sort(key=lambda entry: entry[0])
+        return [member for _, member in candidates]
 
     def _get_or_watch(self, path: str) -> tuple[bytes, int] | None:
         """Data and version with a data watch, or None with an existence watch."""

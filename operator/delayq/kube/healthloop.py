@@ -26,6 +26,7 @@ from delayq.kube.context import Logger, OperatorContext
 from delayq.kube.errors import TRANSIENT_ERRORS
 from delayq.kube.topics import TopicKey, list_topics, topic_key
 from delayq.kube.zk_gc import collect_orphans
+from delayq.kube.zookeeper_clients import admit_topic_namespaces
 
 RunPass = Callable[[Mapping[str, Any], Logger], Awaitable[None]]
 PASS_TIMEOUT_S = 30.0
@@ -39,7 +40,8 @@ class TopicLogger(logging.LoggerAdapter[logging.Logger]):
 
 
 class HealthLoop:
-    """Health passes and ZooKeeper GC for the topics of `namespaces` (all when empty)."""
+    """Health passes, ZooKeeper GC and the ZooKeeper clients' NetworkPolicy for the topics of
+    `namespaces` (all when empty)."""
 
     def __init__(
         self,
@@ -50,6 +52,7 @@ class HealthLoop:
         logger: logging.Logger,
         clock: Callable[[], float] = time.monotonic,
         pass_timeout_s: float = PASS_TIMEOUT_S,
+        clients_policy: str = "",
     ) -> None:
         self.ctx, self.namespaces, self.interval_s = ctx, namespaces, interval_s
         self.pass_timeout_s = pass_timeout_s
@@ -57,6 +60,7 @@ class HealthLoop:
         self.passes: dict[TopicKey, asyncio.Task[None]] = {}
         self.retry_at: dict[TopicKey, float] = {}  # backoff after a transient failure
         self.gc: asyncio.Task[None] | None = None
+        self.clients_policy = clients_policy
 
     async def run(self) -> None:
         """Tick until cancelled; in-flight passes are cancelled with it."""
@@ -86,6 +90,7 @@ class HealthLoop:
                 self.passes[key] = asyncio.create_task(self.one_pass(key, topic))
         self.retry_at = {key: at for key, at in self.retry_at.items() if key in listed}
         self.ctx.metrics.keep_topics(listed)  # a deleted topic's figures go with it
+        await self.admit(topics)
         if self.gc is None or self.gc.done():
             self.gc = asyncio.create_task(self.collect(topics))
 
@@ -108,6 +113,19 @@ class HealthLoop:
             logger.exception("health pass failed unexpectedly")
         finally:
             self.passes.pop(key, None)
+
+    async def admit(self, topics: Sequence[Mapping[str, Any]]) -> None:
+        """Keep the NetworkPolicy `clients_policy` (set in the cluster-wide mode with the bundled
+        ZooKeeper only) admitting the namespaces of `topics` (zookeeper_clients.py)."""
+        if not self.clients_policy:
+            return
+        try:
+            await admit_topic_namespaces(
+                self.ctx.kube, self.ctx.config.build.operator_namespace, self.clients_policy,
+                topics, self.logger,
+            )  # fmt: skip
+        except (KubeApiError, *TRANSIENT_ERRORS) as error:
+            self.logger.warning("cannot update the ZooKeeper clients' NetworkPolicy: %r", error)
 
     async def collect(self, topics: Sequence[Mapping[str, Any]]) -> None:
         try:

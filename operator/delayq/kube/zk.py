@@ -29,6 +29,7 @@ from kazoo.security import ACL
 from delayq.coordination.acl import ADMIN_USER, ZkIdentity, parent_acl, topic_user, tree_acl
 from delayq.coordination.layout import ROOT, TopicPaths, namespace_root
 from delayq.coordination.migration import SlotMover
+from delayq.coordination.quota import drop_topic_quota, guard_topic_tree
 from delayq.coordination.routing import Routing
 from delayq.coordination.splitting import SlotSplitter
 from delayq.coordination.tls import ZkTls, kazoo_options
@@ -138,6 +139,7 @@ class KazooTopicStore:
                     _ensure(client, parent, parent_acl(self.admin.acl_id))
                 for node in (paths.root, paths.members, paths.owners):
                     _ensure(client, node, acl)
+                guard_topic_tree(client, paths, self.admin.acl_id)
                 _write_routing(client, paths.routing, routing, acl)
                 with contextlib.suppress(NoNodeError):  # the coordinator writes it later
                     client.set_acls(paths.assignment, acl)
@@ -162,6 +164,7 @@ class KazooTopicStore:
         def remove() -> None:
             with contextlib.suppress(NoNodeError):  # already gone: deletion is idempotent
                 self._client(connect).delete(topic_root(namespace, topic), recursive=True)
+            drop_topic_quota(self._client(connect), TopicPaths(namespace, topic))
 
         await asyncio.wait_for(asyncio.to_thread(remove), self.timeout_s)
 

@@ -99,6 +99,8 @@ class ZooKeeperServer:
             # a throw-away server: no fsync per transaction (it survives a process restart,
             # which the restart tests need, but not a machine crash, which they do not)
             "forceSync": "no",
+            # quotas are hard limits, as on the bundled ensemble (coordination/quota.py)
+            "enforceQuota": "true",
             **self.extra_config,
         }
         config_path = self.directory / "zoo.cfg"
