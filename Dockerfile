@@ -11,14 +11,18 @@ ARG BASE=python:3.11-slim
 FROM ${BASE} AS build
 WORKDIR /src
 RUN python3 -m venv /opt/delayq
-# The dependencies first, in a layer that changes only with pyproject.toml: a code change then
-# rebuilds in seconds. The placeholder package is only there to let pip resolve the extra.
+# The dependencies first, in a layer that changes only with the lock file (scripts/lock.sh):
+# exactly the pinned versions, each file checked against its hash, wheels only (nothing built
+# from source, so no unpinned build backend), no resolver (--no-deps: the lock is complete).
+COPY requirements/image.txt ./requirements/
+RUN /opt/delayq/bin/pip install --no-cache-dir --disable-pip-version-check --require-hashes \
+      --no-deps --only-binary=:all: -r requirements/image.txt
+# The project itself, built with the locked setuptools (no build isolation: nothing fetched).
 COPY pyproject.toml README.md LICENSE ./
-RUN mkdir -p operator/delayq && echo '__version__ = "0"' > operator/delayq/__init__.py \
-    && /opt/delayq/bin/pip install --no-cache-dir --disable-pip-version-check ".[operator]" \
-    && /opt/delayq/bin/pip uninstall -y -q delayq && rm -rf operator build
 COPY operator ./operator
-RUN /opt/delayq/bin/pip install --no-cache-dir --disable-pip-version-check --no-deps . \
+RUN /opt/delayq/bin/pip install --no-cache-dir --disable-pip-version-check --no-deps \
+      --no-build-isolation . \
+    && /opt/delayq/bin/pip check \
     && find /opt/delayq -name __pycache__ -prune -exec rm -rf {} +
 
 FROM ${BASE}

@@ -92,11 +92,10 @@ done
 
 version=$(python3 -c 'import re,sys; print(re.search(r"__version__ = \"(.+?)\"", open(sys.argv[1]).read())[1])' \
   "$ROOT/operator/delayq/__init__.py")
-delayq_hash=$( (echo "${REF[python]}"; files_hash Dockerfile pyproject.toml README.md LICENSE operator) \
-  | hash_of)
+delayq_inputs=(Dockerfile pyproject.toml README.md LICENSE requirements operator)
+delayq_hash=$( (echo "${REF[python]}"; files_hash "${delayq_inputs[@]}") | hash_of)
 mkdir -p "$context/delayq"
-tar -c --exclude=__pycache__ Dockerfile pyproject.toml README.md LICENSE operator \
-  | tar -C "$context/delayq" -x
+tar -c --exclude=__pycache__ "${delayq_inputs[@]}" | tar -C "$context/delayq" -x
 build delayq "$version-$delayq_hash" "$context/delayq" --build-arg "BASE=${REF[python]}"
 
 staged=$(stage coredns "$images/coredns/Dockerfile" "$BIN_DIR/coredns")
