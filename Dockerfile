@@ -10,19 +10,26 @@ ARG BASE=python:3.11-slim
 
 FROM ${BASE} AS build
 WORKDIR /src
-RUN python3 -m venv /opt/delayq
-# The dependencies first, in a layer that changes only with the lock file (scripts/lock.sh):
+RUN python3 -m venv /opt/delayq && python3 -m venv /opt/sbom
+# The dependencies first, in a layer that changes only with the lock files (scripts/lock.sh):
 # exactly the pinned versions, each file checked against its hash, wheels only (nothing built
 # from source, so no unpinned build backend), no resolver (--no-deps: the lock is complete).
-COPY requirements/image.txt ./requirements/
-RUN /opt/delayq/bin/pip install --no-cache-dir --disable-pip-version-check --require-hashes \
-      --no-deps --only-binary=:all: -r requirements/image.txt
-# The project itself, built with the locked setuptools (no build isolation: nothing fetched).
+# /opt/sbom holds the SBOM generator; it stays in this stage.
+COPY requirements/image.txt requirements/sbom.txt ./requirements/
+RUN for venv in delayq sbom; do \
+      /opt/$venv/bin/pip install --no-cache-dir --disable-pip-version-check --require-hashes \
+        --no-deps --only-binary=:all: -r requirements/$venv.txt || exit 1; \
+    done
+# The project itself, built with the locked setuptools (no build isolation: nothing fetched),
+# then the SBOM of what the image ships: every package of /opt/delayq (CycloneDX JSON).
 COPY pyproject.toml README.md LICENSE ./
 COPY operator ./operator
 RUN /opt/delayq/bin/pip install --no-cache-dir --disable-pip-version-check --no-deps \
       --no-build-isolation . \
     && /opt/delayq/bin/pip check \
+    && mkdir -p /usr/share/doc/delayq \
+    && /opt/sbom/bin/cyclonedx-py environment --output-reproducible --output-format JSON \
+      --output-file /usr/share/doc/delayq/sbom.cdx.json /opt/delayq/bin/python \
     && find /opt/delayq -name __pycache__ -prune -exec rm -rf {} +
 
 FROM ${BASE}
@@ -30,6 +37,7 @@ ENV PYTHONDONTWRITEBYTECODE=1 \
     PYTHONUNBUFFERED=1 \
     PATH=/opt/delayq/bin:$PATH
 COPY --from=build /opt/delayq /opt/delayq
+COPY --from=build /usr/share/doc/delayq/sbom.cdx.json /usr/share/doc/delayq/sbom.cdx.json
 RUN groupadd --system --gid 10001 delayq \
     && useradd --system --uid 10001 --gid 10001 --no-create-home --home-dir /nonexistent delayq
 USER 10001:10001

@@ -9,8 +9,9 @@
 #   pause      FROM scratch + Debian's static catatonit (containerd's sandbox image)
 # Every tag is a hash of what goes into the image (never `latest`), and each image is saved as a
 # docker-archive under the cache, so a warm run only hashes inputs. The node harness imports the
-# archives into its containerd. Usage: e2e/images.sh <e2e bin dir>. Prints one line of JSON,
-# {name: {"image": ref, "archive": path}}, as its last line; progress goes to stderr.
+# archives into its containerd. The delayq image's SBOM (CycloneDX JSON) is copied out beside its
+# archive. Usage: e2e/images.sh <e2e bin dir>. Prints one line of JSON, {name: {"image": ref,
+# "archive": path[, "sbom": path]}}, as its last line; progress goes to stderr.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ROOT=$PWD
@@ -50,7 +51,7 @@ if ! podman image exists "$BASE"; then
   log "base image $BASE took $((SECONDS - start))s"
 fi
 
-declare -A REF ARCHIVE
+declare -A REF ARCHIVE SBOM
 
 build() {  # build <name> <tag> <context dir> [podman build args...]
   local name=$1 tag=$2 context=$3; shift 3
@@ -97,6 +98,16 @@ delayq_hash=$( (echo "${REF[python]}"; files_hash "${delayq_inputs[@]}") | hash_
 mkdir -p "$context/delayq"
 tar -c --exclude=__pycache__ "${delayq_inputs[@]}" | tar -C "$context/delayq" -x
 build delayq "$version-$delayq_hash" "$context/delayq" --build-arg "BASE=${REF[python]}"
+# The SBOM the Dockerfile wrote into the image (CycloneDX JSON), kept beside its archive.
+SBOM[delayq]="${ARCHIVE[delayq]%.tar}.sbom.cdx.json"
+if [ ! -f "${SBOM[delayq]}" ]; then
+  podman image exists "${REF[delayq]}" || podman load -q -i "${ARCHIVE[delayq]}" >/dev/null
+  container=$(podman create "${REF[delayq]}")
+  podman cp "$container:/usr/share/doc/delayq/sbom.cdx.json" "${SBOM[delayq]}.tmp"
+  podman rm -f "$container" >/dev/null
+  mv "${SBOM[delayq]}.tmp" "${SBOM[delayq]}"
+  find "$CACHE/archives" -name 'delayq-*.sbom.cdx.json' -not -path "${SBOM[delayq]}" -delete
+fi
 
 staged=$(stage coredns "$images/coredns/Dockerfile" "$BIN_DIR/coredns")
 build coredns "$(dir_hash "$staged")" "$staged"
@@ -105,6 +116,8 @@ build pause "$(dir_hash "$staged")" "$staged"
 
 line="{"
 for name in "${!REF[@]}"; do
-  line+="\"$name\": {\"image\": \"${REF[$name]}\", \"archive\": \"${ARCHIVE[$name]}\"}, "
+  line+="\"$name\": {\"image\": \"${REF[$name]}\", \"archive\": \"${ARCHIVE[$name]}\""
+  [ -z "${SBOM[$name]:-}" ] || line+=", \"sbom\": \"${SBOM[$name]}\""
+  line+="}, "
 done
 echo "${line%, }}"
