@@ -3,10 +3,13 @@
 # filesystem in Kubernetes (the pods mount an in-memory /tmp). It carries the `operator` extra
 # only: the Spark pipeline (`delayq[pipeline]`: pyspark, pyarrow) runs in a Spark image of its own.
 #
-# BASE is any Debian-like image with python3 (>= 3.11) and its venv module. Users build with the
-# default; the e2e tier builds it on a Debian base made with debootstrap (e2e/images.sh), as no
-# registry is reachable there.
-ARG BASE=python:3.11-slim
+# BASE is any Debian-like image with python3 (>= 3.11) and its venv module. The default names an
+# exact patch release (and bookworm: `python:3.11-slim` moved to trixie); to pin it by content
+# too, add the digest your registry reports for it:
+#   --build-arg BASE=python:3.11.16-slim-bookworm@sha256:<digest>
+# The e2e tier builds it on a Debian base made with debootstrap (e2e/images.sh), as no registry
+# is reachable there.
+ARG BASE=python:3.11.16-slim-bookworm
 
 FROM ${BASE} AS build
 WORKDIR /src

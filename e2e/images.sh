@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Build the container images of the real-pods tier locally: no registry is reachable here.
 #   base       debootstrap --variant=minbase of Debian bookworm, imported with `podman import`
-#   python     base + Debian's python3 (the stand-in for python:3.11-slim)
+#   python     base + Debian's python3 (the stand-in for python:3.11.16-slim-bookworm)
 #   delayq     the project's Dockerfile with --build-arg BASE=<python>
 #   redis      base + Debian's redis-server, laid out as the official redis image
 #   zookeeper  base + Debian's ZooKeeper jars and a ZOO_*-compatible entrypoint
