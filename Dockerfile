@@ -19,10 +19,10 @@ RUN python3 -m venv /opt/delayq && python3 -m venv /opt/sbom
 # from source, so no unpinned build backend), no resolver (--no-deps: the lock is complete).
 # /opt/sbom holds the SBOM generator; it stays in this stage.
 COPY requirements/image.txt requirements/sbom.txt ./requirements/
-RUN for venv in delayq sbom; do \
-      /opt/$venv/bin/pip install --no-cache-dir --disable-pip-version-check --require-hashes \
-        --no-deps --only-binary=:all: -r requirements/$venv.txt || exit 1; \
-    done
+RUN /opt/delayq/bin/pip install --no-cache-dir --disable-pip-version-check --require-hashes \
+      --no-deps --only-binary=:all: -r requirements/image.txt \
+    && /opt/sbom/bin/pip install --no-cache-dir --disable-pip-version-check --require-hashes \
+      --no-deps --only-binary=:all: -r requirements/sbom.txt
 # The project itself, built with the locked setuptools (no build isolation: nothing fetched),
 # then the SBOM of what the image ships: every package of /opt/delayq (CycloneDX JSON).
 COPY pyproject.toml README.md LICENSE ./

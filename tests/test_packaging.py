@@ -164,6 +164,8 @@ def test_the_dockerfile_installs_only_from_the_locks():
         locked = "--require-hashes" in arguments and "-r requirements/" in arguments
         assert "--no-deps" in arguments, arguments
         assert locked or arguments.split()[-1] == ".", arguments
+        for lock in re.findall(r"-r (\S+)", arguments):  # each a file of the repository
+            assert (ROOT / lock).is_file(), lock
 
 
 def test_the_image_carries_the_sbom_of_its_environment():
