@@ -9,9 +9,10 @@
 #   pause      FROM scratch + Debian's static catatonit (containerd's sandbox image)
 # Every tag is a hash of what goes into the image (never `latest`), and each image is saved as a
 # docker-archive under the cache, so a warm run only hashes inputs. The node harness imports the
-# archives into its containerd. The delayq image's SBOM (CycloneDX JSON) is copied out beside its
-# archive. Usage: e2e/images.sh <e2e bin dir>. Prints one line of JSON, {name: {"image": ref,
-# "archive": path[, "sbom": path]}}, as its last line; progress goes to stderr.
+# archives into its containerd. Beside each archive: the image's ID (sha256 of its config, the
+# content it runs), and for delayq the SBOM (CycloneDX JSON) copied out of the image. Usage:
+# e2e/images.sh <e2e bin dir>. Prints one line of JSON, {name: {"image": ref, "archive": path,
+# "id": "sha256:...", ["sbom": path]}}, as its last line; progress goes to stderr.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ROOT=$PWD
@@ -53,6 +54,17 @@ fi
 
 declare -A REF ARCHIVE SBOM
 
+image_id() {  # image_id <archive>: the image's ID (the sha256 of its config), kept beside it
+  local archive=$1
+  if [ ! -f "$archive.id" ]; then
+    tar -xOf "$archive" manifest.json | python3 -c 'import json, sys
+config = json.load(sys.stdin)[0]["Config"]  # "<hex>.json" (docker-archive)
+print("sha256:" + config.rsplit("/", 1)[-1].removesuffix(".json"))' >"$archive.id.tmp"
+    mv "$archive.id.tmp" "$archive.id"
+  fi
+  cat "$archive.id"
+}
+
 build() {  # build <name> <tag> <context dir> [podman build args...]
   local name=$1 tag=$2 context=$3; shift 3
   local ref="localhost/delayq-e2e/$name:$tag"
@@ -64,8 +76,9 @@ build() {  # build <name> <tag> <context dir> [podman build args...]
   podman build -q --network=host -t "$ref" "$@" "$context" >/dev/null
   podman save -q -o "$archive.tmp" "$ref"
   mv "$archive.tmp" "$archive"
-  # earlier tags of this image: their archives and images are replaced by this one
-  find "$CACHE/archives" -name "$name-*.tar" -not -name "$name-$tag.tar" -delete
+  # earlier tags of this image: their archives (and files beside them) and images are replaced
+  # (not a .tmp another run is still writing)
+  find "$CACHE/archives" -name "$name-*" -not -name "$name-$tag.*" -not -name '*.tmp' -delete
   podman images --format '{{.Repository}}:{{.Tag}}' | grep "^localhost/delayq-e2e/$name:" \
     | grep -v ":$tag\$" | xargs -r podman rmi -f >/dev/null 2>&1 || true
   log "$ref took $((SECONDS - start))s ($(du -h "$archive" | cut -f1) archive)"
@@ -106,7 +119,6 @@ if [ ! -f "${SBOM[delayq]}" ]; then
   podman cp "$container:/usr/share/doc/delayq/sbom.cdx.json" "${SBOM[delayq]}.tmp"
   podman rm -f "$container" >/dev/null
   mv "${SBOM[delayq]}.tmp" "${SBOM[delayq]}"
-  find "$CACHE/archives" -name 'delayq-*.sbom.cdx.json' -not -path "${SBOM[delayq]}" -delete
 fi
 
 staged=$(stage coredns "$images/coredns/Dockerfile" "$BIN_DIR/coredns")
@@ -117,6 +129,7 @@ build pause "$(dir_hash "$staged")" "$staged"
 line="{"
 for name in "${!REF[@]}"; do
   line+="\"$name\": {\"image\": \"${REF[$name]}\", \"archive\": \"${ARCHIVE[$name]}\""
+  line+=", \"id\": \"$(image_id "${ARCHIVE[$name]}")\""
   [ -z "${SBOM[$name]:-}" ] || line+=", \"sbom\": \"${SBOM[$name]}\""
   line+="}, "
 done
