@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Build the container images of the real-pods tier locally: no registry is reachable here.
 #   base       debootstrap --variant=minbase of Debian bookworm, imported with `podman import`
-#   python     base + Debian's python3 (the stand-in for python:3.11-slim)
+#   python     base + Debian's python3 (the stand-in for python:3.11.16-slim-bookworm)
 #   delayq     the project's Dockerfile with --build-arg BASE=<python>
 #   redis      base + Debian's redis-server, laid out as the official redis image
 #   zookeeper  base + Debian's ZooKeeper jars and a ZOO_*-compatible entrypoint
@@ -9,8 +9,10 @@
 #   pause      FROM scratch + Debian's static catatonit (containerd's sandbox image)
 # Every tag is a hash of what goes into the image (never `latest`), and each image is saved as a
 # docker-archive under the cache, so a warm run only hashes inputs. The node harness imports the
-# archives into its containerd. Usage: e2e/images.sh <e2e bin dir>. Prints one line of JSON,
-# {name: {"image": ref, "archive": path}}, as its last line; progress goes to stderr.
+# archives into its containerd. Beside each archive: the image's ID (sha256 of its config, the
+# content it runs), and for delayq the SBOM (CycloneDX JSON) copied out of the image. Usage:
+# e2e/images.sh <e2e bin dir>. Prints one line of JSON, {name: {"image": ref, "archive": path,
+# "id": "sha256:...", ["sbom": path]}}, as its last line; progress goes to stderr.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ROOT=$PWD
@@ -50,7 +52,18 @@ if ! podman image exists "$BASE"; then
   log "base image $BASE took $((SECONDS - start))s"
 fi
 
-declare -A REF ARCHIVE
+declare -A REF ARCHIVE SBOM
+
+image_id() {  # image_id <archive>: the image's ID (the sha256 of its config), kept beside it
+  local archive=$1
+  if [ ! -f "$archive.id" ]; then
+    tar -xOf "$archive" manifest.json | python3 -c 'import json, sys
+config = json.load(sys.stdin)[0]["Config"]  # "<hex>.json" (docker-archive)
+print("sha256:" + config.rsplit("/", 1)[-1].removesuffix(".json"))' >"$archive.id.tmp"
+    mv "$archive.id.tmp" "$archive.id"
+  fi
+  cat "$archive.id"
+}
 
 build() {  # build <name> <tag> <context dir> [podman build args...]
   local name=$1 tag=$2 context=$3; shift 3
@@ -63,8 +76,9 @@ build() {  # build <name> <tag> <context dir> [podman build args...]
   podman build -q --network=host -t "$ref" "$@" "$context" >/dev/null
   podman save -q -o "$archive.tmp" "$ref"
   mv "$archive.tmp" "$archive"
-  # earlier tags of this image: their archives and images are replaced by this one
-  find "$CACHE/archives" -name "$name-*.tar" -not -name "$name-$tag.tar" -delete
+  # earlier tags of this image: their archives (and files beside them) and images are replaced
+  # (not a .tmp another run is still writing)
+  find "$CACHE/archives" -name "$name-*" -not -name "$name-$tag.*" -not -name '*.tmp' -delete
   podman images --format '{{.Repository}}:{{.Tag}}' | grep "^localhost/delayq-e2e/$name:" \
     | grep -v ":$tag\$" | xargs -r podman rmi -f >/dev/null 2>&1 || true
   log "$ref took $((SECONDS - start))s ($(du -h "$archive" | cut -f1) archive)"
@@ -92,12 +106,20 @@ done
 
 version=$(python3 -c 'import re,sys; print(re.search(r"__version__ = \"(.+?)\"", open(sys.argv[1]).read())[1])' \
   "$ROOT/operator/delayq/__init__.py")
-delayq_hash=$( (echo "${REF[python]}"; files_hash Dockerfile pyproject.toml README.md LICENSE operator) \
-  | hash_of)
+delayq_inputs=(Dockerfile pyproject.toml README.md LICENSE requirements operator)
+delayq_hash=$( (echo "${REF[python]}"; files_hash "${delayq_inputs[@]}") | hash_of)
 mkdir -p "$context/delayq"
-tar -c --exclude=__pycache__ Dockerfile pyproject.toml README.md LICENSE operator \
-  | tar -C "$context/delayq" -x
+tar -c --exclude=__pycache__ "${delayq_inputs[@]}" | tar -C "$context/delayq" -x
 build delayq "$version-$delayq_hash" "$context/delayq" --build-arg "BASE=${REF[python]}"
+# The SBOM the Dockerfile wrote into the image (CycloneDX JSON), kept beside its archive.
+SBOM[delayq]="${ARCHIVE[delayq]%.tar}.sbom.cdx.json"
+if [ ! -f "${SBOM[delayq]}" ]; then
+  podman image exists "${REF[delayq]}" || podman load -q -i "${ARCHIVE[delayq]}" >/dev/null
+  container=$(podman create "${REF[delayq]}")
+  podman cp "$container:/usr/share/doc/delayq/sbom.cdx.json" "${SBOM[delayq]}.tmp"
+  podman rm -f "$container" >/dev/null
+  mv "${SBOM[delayq]}.tmp" "${SBOM[delayq]}"
+fi
 
 staged=$(stage coredns "$images/coredns/Dockerfile" "$BIN_DIR/coredns")
 build coredns "$(dir_hash "$staged")" "$staged"
@@ -106,6 +128,9 @@ build pause "$(dir_hash "$staged")" "$staged"
 
 line="{"
 for name in "${!REF[@]}"; do
-  line+="\"$name\": {\"image\": \"${REF[$name]}\", \"archive\": \"${ARCHIVE[$name]}\"}, "
+  line+="\"$name\": {\"image\": \"${REF[$name]}\", \"archive\": \"${ARCHIVE[$name]}\""
+  line+=", \"id\": \"$(image_id "${ARCHIVE[$name]}")\""
+  [ -z "${SBOM[$name]:-}" ] || line+=", \"sbom\": \"${SBOM[$name]}\""
+  line+="}, "
 done
 echo "${line%, }}"

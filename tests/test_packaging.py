@@ -1,12 +1,20 @@
-"""Packaging: one version everywhere, and a missing extra is a one-line error naming it."""
+"""Packaging: one version everywhere, a missing extra is a one-line error naming it, and the
+image installs exactly the hashed lock of what pyproject.toml declares."""
 
 from __future__ import annotations
 
+import json
+import re
+import subprocess
 import sys
+import tomllib
 from pathlib import Path
 
 import pytest
 import yaml
+from packaging.requirements import Requirement
+from packaging.utils import canonicalize_name
+from packaging.version import Version
 
 import delayq
 from delayq.cli import main
@@ -57,8 +65,6 @@ def test_a_missing_extra_is_one_line_naming_it(monkeypatch, capsys, argv, module
 def test_package_data_ships_every_lua_file():
     """A wheel (the image installs one) must carry every script and every include it inlines:
     the package-data globs of pyproject.toml cover each .lua file of the package."""
-    import tomllib
-
     globs = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"][
         "package-data"
     ]["delayq"]
@@ -70,9 +76,6 @@ def test_package_data_ships_every_lua_file():
 def test_package_data_ships_the_dashboard():
     """`delayq serve` serves /ui from the installed package (no CDN, no network): the wheel
     must carry every file of service/ui, and every file the page loads must be there."""
-    import re
-    import tomllib
-
     globs = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"][
         "package-data"
     ]["delayq"]
@@ -85,3 +88,90 @@ def test_package_data_ships_the_dashboard():
     assert loaded == {"app.js", "app.css"}
     assert all((ui / name).is_file() for name in loaded)
     assert not re.search(r'(?:src|href)="(?:https?:)?//', page)  # nothing from elsewhere
+
+
+LOCK = ROOT / "requirements" / "image.txt"
+SBOM_PATH = "/usr/share/doc/delayq/sbom.cdx.json"  # in the image (docs/security.md)
+# The environment the lock is resolved for (scripts/lock.sh): the image's Python on Linux.
+IMAGE_MARKER_ENV = {"python_version": "3.11", "python_full_version": "3.11.0",
+                    "sys_platform": "linux", "platform_system": "Linux", "os_name": "posix"}
+
+
+def locked_pins(lock: Path) -> dict[str, Version]:
+    """{canonical name: version} of a hashed lock file; every pin must carry a hash (pip's
+    --require-hashes refuses the whole file otherwise, so a hand-added line fails here first)."""
+    pins: dict[str, Version] = {}
+    for block in re.split(r"\n(?=\S)", lock.read_text()):
+        match = re.match(r"([A-Za-z0-9][A-Za-z0-9._-]*)==(\S+)", block)
+        if match is None:
+            continue
+        assert re.search(r"--hash=sha256:[0-9a-f]{64}", block), f"{match[1]} has no hash"
+        pins[canonicalize_name(match[1])] = Version(match[2])
+    return pins
+
+
+def image_requirements() -> list[Requirement]:
+    """What the image installs, as pyproject.toml declares it: the core dependencies, the
+    `operator` extra and the build backend (the image builds delayq without build isolation)."""
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())
+    declared = [
+        *project["project"]["dependencies"],
+        *project["project"]["optional-dependencies"]["operator"],
+        *project["build-system"]["requires"],
+    ]
+    requirements = [Requirement(line) for line in declared]
+    return [r for r in requirements if r.marker is None or r.marker.evaluate(IMAGE_MARKER_ENV)]
+
+
+def test_the_image_lock_covers_every_declared_dependency_within_its_range():
+    """requirements/image.txt and pyproject.toml cannot drift apart: each dependency the image
+    needs is pinned, with a hash, at a version its declared range admits (a tightened range
+    or a new dependency fails here until scripts/lock.sh is run)."""
+    pins = locked_pins(LOCK)
+    for requirement in image_requirements():
+        name = canonicalize_name(requirement.name)
+        assert name in pins, f"{requirement} is not in {LOCK.name}: run scripts/lock.sh"
+        assert requirement.specifier.contains(pins[name], prereleases=True), (
+            f"{LOCK.name} pins {name}=={pins[name]}, outside {requirement}: run scripts/lock.sh"
+        )
+
+
+def test_the_sbom_lists_every_locked_package():
+    """The SBOM generator the image build runs reads the lock as it is written (hashes and
+    all): its CycloneDX document names every pinned package at its pinned version. (Schema
+    validation, 2.5 s of CPU, is left to the image build, which runs with it.)"""
+    result = subprocess.run(
+        [sys.executable, "-m", "cyclonedx_py", "requirements", "--no-validate",
+         "--output-reproducible", "--output-format", "JSON", "--output-file", "-", str(LOCK)],
+        capture_output=True, text=True, check=True, timeout=120,
+    )
+    bom = json.loads(result.stdout)
+    assert bom["bomFormat"] == "CycloneDX"
+    listed = {
+        canonicalize_name(component["name"]): Version(component["version"])
+        for component in bom["components"]
+    }
+    assert listed == locked_pins(LOCK)
+
+
+def test_the_dockerfile_installs_only_from_the_locks():
+    """Every `pip install` of the image build is hash-checked from a lock, or the project
+    itself without dependencies: nothing reaches the resolver."""
+    script = (ROOT / "Dockerfile").read_text().replace("\\\n", " ")
+    installs = re.findall(r"pip install ([^&;]*)", script)
+    assert installs
+    for arguments in installs:
+        locked = "--require-hashes" in arguments and "-r requirements/" in arguments
+        assert "--no-deps" in arguments, arguments
+        assert locked or arguments.split()[-1] == ".", arguments
+        for lock in re.findall(r"-r (\S+)", arguments):  # each a file of the repository
+            assert (ROOT / lock).is_file(), lock
+
+
+def test_the_image_carries_the_sbom_of_its_environment():
+    """The build stage writes the SBOM from the installed venv (what ships, delayq included,
+    not what was asked for) and the final stage keeps it at the documented path."""
+    build, final = (ROOT / "Dockerfile").read_text().replace("\\\n", " ").split("\nFROM ")[1:]
+    generate = rf"cyclonedx-py environment .*--output-file {SBOM_PATH} /opt/delayq/bin/python"
+    assert re.search(generate, build)
+    assert f"COPY --from=build {SBOM_PATH} {SBOM_PATH}" in final

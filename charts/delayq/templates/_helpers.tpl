@@ -34,7 +34,19 @@ app.kubernetes.io/instance: {{ .Release.Name }}
 {{- end -}}
 
 {{- define "delayq.image" -}}
-{{- printf "%s:%s" .Values.image.repository (default .Chart.AppVersion .Values.image.tag) -}}
+{{- include "delayq.pinnedImage" (list (printf "%s:%s" .Values.image.repository (default .Chart.AppVersion .Values.image.tag)) .Values.image.digest) -}}
+{{- end -}}
+
+{{/* (list "<repository>:<tag>" "<digest>"): the reference as given, or <repository>@<digest>
+when a digest is set (the tag dropped: the digest alone names the content). */}}
+{{- define "delayq.pinnedImage" -}}
+{{- $ref := index . 0 -}}
+{{- $digest := index . 1 -}}
+{{- if $digest -}}
+{{- printf "%s@%s" (regexReplaceAll ":[^:/]+$" $ref "") $digest -}}
+{{- else -}}
+{{- $ref -}}
+{{- end -}}
 {{- end -}}
 
 {{/* The ZooKeeper connection string: the bundled ensemble, else the given address. */}}

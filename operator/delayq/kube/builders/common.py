@@ -71,7 +71,9 @@ class BuildContext:
     """Operator-wide inputs to the builders (images, where the operator runs, ZooKeeper)."""
 
     image: str = f"ghcr.io/delayq/delayq:{__version__}"
-    redis_image: str = "redis:7.4-bookworm"
+    # an exact patch release (chart `operator.redisImage`, which may add a digest): a floating
+    # minor tag under IfNotPresent runs whatever patch a node pulled first
+    redis_image: str = "redis:7.4.11-bookworm"
     image_pull_policy: str = "IfNotPresent"
     operator_namespace: str = "delayq-system"
     default_zookeeper: str = "zookeeper.delayq-system.svc:2181"
