@@ -87,7 +87,7 @@ class HealthLoop:
         self.retry_at = {key: at for key, at in self.retry_at.items() if key in listed}
         self.ctx.metrics.keep_topics(listed)  # a deleted topic's figures go with it
         if self.gc is None or self.gc.done():
-            self.gc = asyncio.create_task(self.collect(topics))
+            self.gc = asyncio.create_task(self.collect())
 
     async def one_pass(self, key: TopicKey, topic: Mapping[str, Any]) -> None:
         logger = TopicLogger(self.logger, {"topic": "/".join(key)})
@@ -109,8 +109,8 @@ class HealthLoop:
         finally:
             self.passes.pop(key, None)
 
-    async def collect(self, topics: Sequence[Mapping[str, Any]]) -> None:
+    async def collect(self) -> None:
         try:
-            await collect_orphans(self.ctx, self.namespaces, topics, self.logger)
+            await collect_orphans(self.ctx, self.namespaces, self.logger)
         except Exception:  # logged; the next tick tries again
             self.logger.exception("ZooKeeper garbage collection failed")
