@@ -159,8 +159,11 @@ class KazooTopicStore:
                 # the callers that queued behind a failed start fail at once, not one by one
                 if time.monotonic() < ensemble.down_until:
                     raise TimeoutError(f"ZooKeeper {connect} unreachable (retried shortly)")
-                ensemble.down_until = time.monotonic() + self.timeout_s
-                ensemble.client = self._start(connect)
+                try:
+                    ensemble.client = self._start(connect)
+                except TimeoutError:
+                    ensemble.down_until = time.monotonic() + self.timeout_s
+                    raise
             return ensemble.client
         finally:
             ensemble.lock.release()
