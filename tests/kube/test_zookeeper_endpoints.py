@@ -37,7 +37,7 @@ from delayq.kube.zk import EnsembleNotAllowed, KazooTopicStore, topic_root
 from tests.kube.conftest import topic_tree_exists
 from tests.kube.pods import NAMESPACE
 from tests.kube.test_events import posted, run
-from tests.kube.test_handlers import STS, condition, existing, get, put_topic, update_spec
+from tests.kube.test_handlers import STS, body, condition, get, put_topic, update_spec
 
 ROOT = Path(__file__).resolve().parents[2]
 PLATFORM = ("zk-0:2181,zk-1:2181/delayq", "zk.billing.svc:2281")
@@ -259,7 +259,35 @@ def children(api: kmock.KubernetesEmulator) -> list[Any]:
     ]
 
 
-async def test_a_topic_naming_another_ensemble_is_refused_before_anything_is_applied(
+async def test_a_new_topic_naming_another_ensemble_gets_nothing_and_no_connection(
+    api: kmock.KubernetesEmulator,
+    ctx: OperatorContext,
+    zk: KazooClient,
+    silent: SilentListener,
+    logger: logging.Logger,
+) -> None:
+    """Issue 27, attack 1 through the operator (logged in as admin): Provisioned and Ready
+    False with the tenant policy's reason, a Warning Event, no child, no tree, and the
+    tenant's listener never dialled."""
+    admin = KazooTopicStore(ctx.build.zookeeper_ensembles, admin_password=ADMIN_PASSWORD)
+    ctx.store = admin
+    try:
+        put_topic(api, zookeeper={"connect": silent.connect})
+        await run(ctx, api, logger, reconcile)
+    finally:
+        await asyncio.to_thread(admin.close)
+    for kind in ("Provisioned", "Ready"):
+        refused = condition(api, kind)
+        assert (refused["status"], refused["reason"]) == ("False", REFUSED_REASON)
+        assert refused["message"].startswith(f"spec.zookeeper.connect '{silent.connect}'")
+        assert refused["message"].endswith("running pods keep their settings.")
+    assert posted(api) == [("Warning", REFUSED_REASON)]
+    assert children(api) == [None] * 4
+    assert not topic_tree_exists(zk)
+    assert silent.connections == 0
+
+
+async def test_a_running_topic_switched_to_another_ensemble_keeps_its_pods_and_is_left_alone(
     api: kmock.KubernetesEmulator,
     ctx: OperatorContext,
     zk: KazooClient,
@@ -267,42 +295,34 @@ async def test_a_topic_naming_another_ensemble_is_refused_before_anything_is_app
     silent: SilentListener,
     logger: logging.Logger,
 ) -> None:
-    """Issue 27, attacks 1 and 6 through the operator: Provisioned and Ready False with the
-    tenant policy's reason, a Warning Event, no child, no ZooKeeper connection (the health
-    pass leaves it alone too); corrected, it is provisioned on the platform's ensemble."""
-    plain = ctx.store  # the operator logged in as admin until the spec is corrected
-    admin = KazooTopicStore(ctx.build.zookeeper_ensembles, admin_password=ADMIN_PASSWORD)
-    ctx.store = admin
-    try:
-        put_topic(api, zookeeper={"connect": silent.connect})
-        await run(ctx, api, logger, reconcile)
-        for kind in ("Provisioned", "Ready"):
-            refused = condition(api, kind)
-            assert (refused["status"], refused["reason"]) == ("False", REFUSED_REASON)
-            assert refused["message"].startswith(f"spec.zookeeper.connect '{silent.connect}'")
-        assert posted(api) == [("Warning", REFUSED_REASON)]
-        assert children(api) == [None] * 4
-        await run(ctx, api, logger, refresh)
-
-        update_spec(api, zookeeper={"connect": f"169.254.169.254:80,{zk_connect}"})
-        await run(ctx, api, logger, reconcile)
-        assert condition(api, "Ready")["reason"] == REFUSED_REASON
-        assert children(api) == [None] * 4
-
-        update_spec(api, zookeeper={"connect": f"{zk_connect}/delayq/shop/victim/members"})
-        await run(ctx, api, logger, reconcile)
-        assert condition(api, "Ready")["reason"] == "InvalidSpec"
-        assert children(api) == [None] * 4
-        assert not topic_tree_exists(zk)
-        assert silent.connections == 0
-    finally:
-        await asyncio.to_thread(admin.close)
-
-    ctx.store = plain  # no admin: the session's ZooKeeper stays open for the other tests
-    update_spec(api, zookeeper={"connect": zk_connect})
+    """Attacks 2 and 6 on a running topic: a metadata-endpoint port beside the real host and
+    a chroot into a victim's tree are refused with nothing rolled out; the health pass does
+    not touch a refused ensemble; corrected, the topic is provisioned on the platform's."""
+    put_topic(api, zookeeper={"connect": zk_connect})
     await run(ctx, api, logger, reconcile)
     assert condition(api, "Provisioned")["reason"] == "ResourcesApplied"
     assert zk.get(topic_root(NAMESPACE, "orders"))[0] == b"uid-orders"  # the GC's marker
+    before = children(api)
     zk_port = int(zk_connect.rsplit(":", 1)[1])
-    egress = existing(api, POLICIES, "orders-service")["spec"]["egress"]
-    assert egress[2] == {"ports": [{"protocol": "TCP", "port": zk_port}]}
+    assert before[3]["spec"]["egress"][2] == {"ports": [{"protocol": "TCP", "port": zk_port}]}
+
+    update_spec(api, zookeeper={"connect": f"169.254.169.254:80,{zk_connect}"})
+    await run(ctx, api, logger, reconcile)
+    assert condition(api, "Ready")["reason"] == REFUSED_REASON
+    assert children(api) == before
+
+    update_spec(api, zookeeper={"connect": f"{zk_connect}/delayq/shop/victim/members"})
+    await run(ctx, api, logger, reconcile)
+    assert condition(api, "Ready")["reason"] == "InvalidSpec"
+    assert children(api) == before
+
+    update_spec(api, zookeeper={"connect": silent.connect})
+    await run(ctx, api, logger, reconcile)
+    assert condition(api, "Ready")["reason"] == REFUSED_REASON
+    assert await refresh(ctx, body(api), logger) == {}  # no pass on a refused ensemble
+    assert children(api) == before
+    assert silent.connections == 0
+
+    update_spec(api, zookeeper={"connect": zk_connect})
+    await run(ctx, api, logger, reconcile)
+    assert condition(api, "Provisioned")["reason"] == "ResourcesApplied"
