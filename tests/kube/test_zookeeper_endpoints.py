@@ -7,9 +7,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import selectors
-import socket
-import threading
 import time
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
@@ -35,6 +32,7 @@ from delayq.kube.spec import ZK_CONNECT_PATTERN, SpecError, parse_spec
 from delayq.kube.tenant_policy import REFUSED_REASON
 from delayq.kube.zk import EnsembleNotAllowed, KazooTopicStore, topic_root
 from tests.kube.conftest import topic_tree_exists
+from tests.kube.listener import SilentListener
 from tests.kube.pods import NAMESPACE
 from tests.kube.test_events import posted, run
 from tests.kube.test_handlers import STS, body, condition, get, put_topic, update_spec
@@ -43,50 +41,6 @@ ROOT = Path(__file__).resolve().parents[2]
 PLATFORM = ("zk-0:2181,zk-1:2181/delayq", "zk.billing.svc:2281")
 ADMIN_PASSWORD = "operator-admin-secret"
 POLICIES = "networking.k8s.io/v1/networkpolicies"
-
-
-class SilentListener:
-    """A loopback TCP listener that accepts, records every byte it is sent and never answers:
-    the ZooKeeper a tenant runs to catch the operator's digest, or an ensemble that hangs."""
-
-    def __init__(self) -> None:
-        self._server = socket.create_server(("127.0.0.1", 0))
-        self._server.setblocking(False)
-        self.connections = 0
-        self.received = bytearray()
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._serve, daemon=True)
-        self._thread.start()
-
-    @property
-    def connect(self) -> str:
-        return f"127.0.0.1:{self._server.getsockname()[1]}"
-
-    def _serve(self) -> None:
-        peers: list[socket.socket] = []
-        with selectors.DefaultSelector() as selector:
-            selector.register(self._server, selectors.EVENT_READ)
-            while not self._stop.is_set():
-                for key, _ in selector.select(timeout=0.05):
-                    if key.fileobj is self._server:
-                        peer, _ = self._server.accept()
-                        peers.append(peer)
-                        self.connections += 1
-                        selector.register(peer, selectors.EVENT_READ)
-                        continue
-                    assert isinstance(key.fileobj, socket.socket)
-                    data = key.fileobj.recv(65536)
-                    if data:
-                        self.received += data
-                    else:
-                        selector.unregister(key.fileobj)
-        for peer in peers:
-            peer.close()
-        self._server.close()
-
-    def close(self) -> None:
-        self._stop.set()
-        self._thread.join(timeout=5)
 
 
 @pytest.fixture
