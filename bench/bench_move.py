@@ -39,6 +39,8 @@ from delayq.coordination.layout import TopicPaths
 from delayq.coordination.migration import Migration, SlotMover
 from delayq.coordination.routing import Routing
 from delayq.kube import naming, resharding
+from delayq.kube.builders.common import BuildContext
+from delayq.kube.config import OperatorConfig
 from delayq.kube.context import OperatorContext
 from delayq.kube.redisctl import RedisCommands
 from delayq.kube.spec import TopicSpec
@@ -131,8 +133,9 @@ def reshard(messages: int, concurrency: int) -> dict[str, Any]:
         queue = Queue.from_url(first.url, topic)
         baseline = fill(queue, messages, "m")
         queue.close()
-        store = KazooTopicStore()
-        ctx = OperatorContext(store=store, redis=RedisCommands(addresses=addresses))
+        store = KazooTopicStore([zookeeper.hosts])
+        config = OperatorConfig(build=BuildContext(default_zookeeper=zookeeper.hosts))
+        ctx = OperatorContext(config, store=store, redis=RedisCommands(addresses=addresses))
         spec = TopicSpec(
             topic.name,
             topic.namespace,

@@ -19,6 +19,7 @@ from delayq.coordination.layout import TopicPaths
 from delayq.coordination.migration import Migration, SlotMover, Step
 from delayq.coordination.routing import Routing
 from delayq.kube import naming, resharding
+from delayq.kube.builders.common import BuildContext
 from delayq.kube.config import OperatorConfig
 from delayq.kube.context import OperatorContext
 from delayq.kube.redisctl import RedisCommands
@@ -55,9 +56,9 @@ def operator_context(fleet: ProcessFleet, urls: list[str]) -> OperatorContext:
         client.close()
         host = naming.redis_master_host(fleet.topic.name, NAMESPACE, broker)
         addresses[host] = ("127.0.0.1", int(port))
-    return OperatorContext(
-        OperatorConfig(), store=KazooTopicStore(), redis=RedisCommands(addresses=addresses)
-    )
+    config = OperatorConfig(build=BuildContext(default_zookeeper=fleet.zookeeper.hosts))
+    store = KazooTopicStore(config.build.zookeeper_ensembles)
+    return OperatorContext(config, store=store, redis=RedisCommands(addresses=addresses))
 
 
 def two_broker_spec(fleet: ProcessFleet) -> TopicSpec:

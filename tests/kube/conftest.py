@@ -149,9 +149,11 @@ def zk(zk_client: KazooClient) -> KazooClient:
 
 
 @pytest.fixture
-async def store(zk: KazooClient) -> AsyncIterator[KazooTopicStore]:
-    """The operator's real ZooKeeper writer."""
-    topic_store = KazooTopicStore(timeout_s=ZK_TIMEOUT_S)
+async def store(
+    zk: KazooClient, zk_connect: str, dead_zookeeper: str
+) -> AsyncIterator[KazooTopicStore]:
+    """The operator's real ZooKeeper writer, for the ensembles `ctx` allows."""
+    topic_store = KazooTopicStore((zk_connect, dead_zookeeper), timeout_s=ZK_TIMEOUT_S)
     yield topic_store
     await asyncio.to_thread(topic_store.close)
 
@@ -163,7 +165,8 @@ def zk_connect(zookeeper_server: ZooKeeperServer) -> str:
 
 @pytest.fixture
 def dead_zookeeper() -> str:
-    """A connection string to a closed loopback port: an ensemble nobody can reach."""
+    """A connection string to a closed loopback port: an ensemble nobody can reach (one the
+    platform allows, in `ctx` and `store`)."""
     return f"127.0.0.1:{free_port()}"
 
 
@@ -201,11 +204,16 @@ async def ctx(
     store: KazooTopicStore,
     redis_commands: RedisCommands,
     zk_connect: str,
+    dead_zookeeper: str,
     clock: Clock,
 ) -> AsyncIterator[OperatorContext]:
     secrets = iter(f"generated-{index}" for index in range(1000))
     kube = KubeClient(connection)
-    build = BuildContext(operator_namespace="delayq-system", default_zookeeper=zk_connect)
+    build = BuildContext(
+        operator_namespace="delayq-system",
+        default_zookeeper=zk_connect,
+        zookeeper_allowed_ensembles=(dead_zookeeper,),
+    )
     yield OperatorContext(
         OperatorConfig(build=build, failover_grace_s=30.0),
         store=store,

@@ -22,8 +22,8 @@ pytestmark = pytest.mark.timeout(120)
 
 
 @pytest.fixture
-async def zk_store() -> AsyncIterator[KazooTopicStore]:
-    store = KazooTopicStore()
+async def zk_store(zookeeper_server: ZooKeeperServer) -> AsyncIterator[KazooTopicStore]:
+    store = KazooTopicStore([zookeeper_server.hosts])
     yield store
     await asyncio.to_thread(store.close)
 

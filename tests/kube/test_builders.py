@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import ipaddress
 import json
 import re
@@ -20,6 +21,7 @@ from delayq.kube.builders.redis import (
     redis_maxmemory,
 )
 from delayq.kube.builders.service import NON_PUBLIC_IPV4, NON_PUBLIC_IPV6, config_hash
+from delayq.kube.ensembles import EnsembleRefused
 from delayq.kube.quantity import memory_bytes, parse_quantity
 from delayq.kube.spec import (
     ALLOW_FROM_EMPTY_PEER_MESSAGE,
@@ -614,15 +616,37 @@ def test_service_egress_is_dns_its_redis_and_zookeeper_only(topic_type: str) -> 
     assert zookeeper == {"ports": [{"protocol": "TCP", "port": 2181}]}  # CTX's default
 
 
-@pytest.mark.parametrize(
-    ("connect", "ports"),
-    [("zk-0:2281,zk-1:2281,zk-2:2282/delayq", [2281, 2282]), ("zk.ops.svc:2181", [2181])],
-)
-def test_zookeeper_egress_follows_the_topic_connection_string(
-    connect: str, ports: list[int]
+PLATFORM_ZK = "zk-0:2281,zk-1:2281,zk-2:2282/delayq"
+
+
+@pytest.mark.parametrize("connect", ["zk-1:2281", "ZK-2:2282,zk-0:2281"])
+def test_zookeeper_egress_and_connect_are_the_platforms_ensemble_a_topic_selects(
+    connect: str,
 ) -> None:
-    zookeeper = egress_of(spec_of(zookeeper={"connect": connect}))[2]
-    assert zookeeper == {"ports": [{"protocol": "TCP", "port": port} for port in ports]}
+    """The tenant's hosts select an allowed ensemble; its ports, hosts and chroot are used."""
+    build = dataclasses.replace(CTX, zookeeper_allowed_ensembles=(PLATFORM_ZK,))
+    spec = spec_of(zookeeper={"connect": connect})
+    items = by_kind_name(render(OWNER, spec, build, CREDS, 8, False))
+    zookeeper = items["NetworkPolicy", "orders-service"]["spec"]["egress"][2]
+    assert zookeeper == {"ports": [{"protocol": "TCP", "port": p} for p in (2281, 2282)]}
+    config = json.loads(items["ConfigMap", "orders-config"]["data"]["topic.json"])
+    assert config["zookeeper_connect"] == PLATFORM_ZK
+
+
+@pytest.mark.parametrize(
+    "connect",
+    [
+        "169.254.169.254:80,zk-0:2281",  # a port of the metadata endpoint beside a real host
+        "zk-0:2281,zookeeper.elsewhere:2281",  # two ensembles' hosts
+        "zk-0:2182",  # a port of the platform's host the platform does not use
+    ],
+)
+def test_a_connection_string_outside_the_platforms_ensembles_renders_nothing(
+    connect: str,
+) -> None:
+    build = dataclasses.replace(CTX, zookeeper_allowed_ensembles=(PLATFORM_ZK,))
+    with pytest.raises(EnsembleRefused, match=r"names a host of no ZooKeeper ensemble"):
+        render(OWNER, spec_of(zookeeper={"connect": connect}), build, CREDS, 8, False)
 
 
 def test_zookeeper_connect_ports_must_be_tcp_ports() -> None:

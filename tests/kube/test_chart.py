@@ -24,7 +24,7 @@ from delayq.kube.builders.common import Credentials, PodPlacement
 from delayq.kube.config import OperatorConfig, zookeeper_tls_from_env
 from delayq.kube.spec import TopicSpec
 from delayq.kube.tenant_policy import TenantPolicy
-from delayq.kube.zookeeper_clients import POLICY_ENV, policy_name
+from delayq.kube.zookeeper_clients import POLICY_ENV
 from delayq.queue.topic import TopicType
 from delayq.service.delivery.targets import parse_cidrs
 from tests.kube.test_crd_schema import EXAMPLES, to_jsonschema
@@ -65,6 +65,10 @@ VALUE_SETS: dict[str, list[str]] = {
         "zookeeper.tls.clientCertSecret=zk-client",
     ],
     "zookeeper-ensemble": ["--set", "zookeeper.replicas=3"],
+    "zookeeper-allowed-ensembles": [
+        "--set-json",
+        'zookeeper.allowedEnsembles=["zk-a-0.zk-a:2181,zk-a-1.zk-a:2181/delayq","zk-b:2281"]',
+    ],
     "zookeeper-without-acl": ["--set", "zookeeper.acl.enabled=false"],
     "zookeeper-acl-own-secret": ["--set", "zookeeper.acl.existingSecret=my-zk-admin"],
     "metrics-monitored": [
@@ -187,6 +191,15 @@ def test_values_schema_rejects_bad_values() -> None:
             "--set",
             "zookeeper.tls.caConfigMap=b",  # one source of the CA, not two
         ],
+        [  # TLS checked against the system CAs: any public certificate would pass
+            "--set",
+            "zookeeper.enabled=false",
+            "--set",
+            "zookeeper.address=zk:2281",
+            "--set",
+            "zookeeper.tls.enabled=true",
+        ],
+        ["--set-json", 'zookeeper.allowedEnsembles=["zk:2181 /x"]'],
         ["--set", "tenantPolicy.allowPrivateTargets=yes"],
         ["--set", "tenantPolicy.allowedCidrs={office-lan}"],
     ):
@@ -265,6 +278,30 @@ def test_the_tenant_policy_reaches_the_operator() -> None:
     assert OperatorConfig.from_env(operator_env("defaults")).tenant_policy == TenantPolicy()
     configured = OperatorConfig.from_env(operator_env("tenant-policy")).tenant_policy
     assert configured == TenantPolicy(True, parse_cidrs(["10.96.0.0/12", "fd00::/8"]))
+
+
+def test_the_allowed_ensembles_reach_the_operator() -> None:
+    """The operator's own ensemble only by default; the values add more."""
+    default = "rel-delayq-zookeeper.delayq-system.svc:2181"
+    config = OperatorConfig.from_env(operator_env("defaults"))
+    assert config.build.zookeeper_ensembles == (default,)
+    allowed = OperatorConfig.from_env(operator_env("zookeeper-allowed-ensembles"))
+    assert allowed.build.zookeeper_ensembles == (
+        default,
+        "zk-a-0.zk-a:2181,zk-a-1.zk-a:2181/delayq",
+        "zk-b:2281",
+    )
+
+
+def test_zookeeper_tls_without_a_ca_needs_verification_off_explicitly() -> None:
+    unverified = [
+        *VALUE_SETS["zookeeper-tls"][:6],  # enabled, no CA
+        "--set",
+        "zookeeper.tls.verifyCerts=false",
+    ]
+    assert "caConfigMap" not in " ".join(unverified)
+    result = run_helm("template", "rel", str(CHART), *unverified)
+    assert result.returncode == 0, result.stderr
 
 
 def test_zookeeper_tls_mounts_what_the_operators_variables_name() -> None:
@@ -466,7 +503,7 @@ def test_cluster_wide_the_operator_keeps_the_zookeeper_clients_policy() -> None:
     assert binding["subjects"][0]["name"] == pod["serviceAccountName"]
     env = {e["name"]: e.get("value") for e in pod["containers"][0]["env"]}
     assert env[POLICY_ENV] == "rel-delayq-zookeeper-clients"
-    assert policy_name(env) == "rel-delayq-zookeeper-clients"
+    assert OperatorConfig.from_env(env).zookeeper_clients_policy == "rel-delayq-zookeeper-clients"
     for value_set in ("namespaced", "single-replica-external-zk"):
         (deployment,) = of_kind(render(value_set), "Deployment")
         names = {e["name"] for e in deployment["spec"]["template"]["spec"]["containers"][0]["env"]}

@@ -3,6 +3,7 @@ against kmock (the topics) and the real ZooKeeper (the trees)."""
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import dataclasses
 import logging
@@ -13,6 +14,7 @@ import pytest
 from kazoo.client import KazooClient
 from kazoo.exceptions import NoNodeError
 
+from delayq.coordination.routing import Routing
 from delayq.kube.context import OperatorContext
 from delayq.kube.zk import KazooTopicStore, topic_root
 from delayq.kube.zk_gc import collect_orphans, orphaned_trees
@@ -54,16 +56,21 @@ def put_topic(api: kmock.KubernetesEmulator, name: str, namespace: str = NAMESPA
     }
 
 
-def tree(zk: KazooClient, name: str, namespace: str = NAMESPACE) -> str:
+def tree(zk: KazooClient, name: str, namespace: str = NAMESPACE, uid: str | None = None) -> str:
+    """A topic's tree as publish leaves it: its UID marker (put_topic's UID by default) on the
+    root; `uid=""` is a tree without one (an older operator's)."""
     path = topic_root(namespace, name)
     zk.ensure_path(f"{path}/owners")
-    zk.set(path, b"")
+    zk.set(path, (f"uid-{name}" if uid is None else uid).encode())
     return path
 
 
 @pytest.fixture
-def trees(zk_client: KazooClient) -> Iterator[KazooClient]:
-    """ZooKeeper with this module's trees removed first (and after)."""
+def trees(zk_client: KazooClient, ctx: OperatorContext) -> Iterator[KazooClient]:
+    """ZooKeeper with this module's trees removed first (and after); `ctx` allows the
+    session's ensemble only (an unreachable one costs every collection its timeout)."""
+    build = dataclasses.replace(ctx.build, zookeeper_allowed_ensembles=())
+    ctx.config = dataclasses.replace(ctx.config, build=build)
 
     def clear() -> None:
         for namespace in (NAMESPACE, OTHER_NS):
@@ -80,7 +87,7 @@ async def test_trees_of_deleted_topics_in_watched_namespaces_are_removed(
 ) -> None:
     put_topic(api, "kept")
     kept, gone, foreign = tree(trees, "kept"), tree(trees, "gone"), tree(trees, "gone", OTHER_NS)
-    assert await collect_orphans(ctx, [NAMESPACE], [], logger) == 1
+    assert await collect_orphans(ctx, [NAMESPACE], logger) == 1
     assert trees.exists(kept)
     assert not trees.exists(gone)
     assert trees.exists(foreign)  # never touched: that namespace is not watched
@@ -92,7 +99,7 @@ async def test_cluster_wide_collection_reads_every_namespace(
     put_topic(api, "kept")
     tree(trees, "kept")
     foreign = tree(trees, "gone", OTHER_NS)
-    assert await collect_orphans(ctx, [], [], logger) >= 1
+    assert await collect_orphans(ctx, [], logger) >= 1
     assert not trees.exists(foreign)
     assert trees.exists(topic_root(NAMESPACE, "kept"))
 
@@ -111,16 +118,16 @@ async def test_a_topic_created_after_the_tree_listing_keeps_its_tree(
             put_topic(api, "late")  # its DelayTopic appears right after the tree listing
             return found
 
-    store = CreatedInBetween(timeout_s=2.0)
+    store = CreatedInBetween(ctx.build.zookeeper_ensembles, timeout_s=2.0)
     try:
         late_deps = dataclasses.replace(ctx, store=store)
-        assert await collect_orphans(late_deps, [NAMESPACE], [], logger) == 0
+        assert await collect_orphans(late_deps, [NAMESPACE], logger) == 0
     finally:
         store.close()
     assert trees.exists(path)
 
 
-async def test_every_ensemble_in_use_is_collected_and_a_dead_one_is_only_logged(
+async def test_every_platform_ensemble_is_collected_and_a_dead_one_is_only_logged(
     api: kmock.KubernetesEmulator,
     ctx: OperatorContext,
     trees: KazooClient,
@@ -129,10 +136,66 @@ async def test_every_ensemble_in_use_is_collected_and_a_dead_one_is_only_logged(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
     gone = tree(trees, "gone")
-    elsewhere = {
-        "metadata": {"name": "remote", "namespace": NAMESPACE},
-        "spec": {"zookeeper": {"connect": dead_zookeeper}},
-    }
-    assert await collect_orphans(ctx, [NAMESPACE], [elsewhere], logger) == 1
+    build = dataclasses.replace(ctx.build, zookeeper_allowed_ensembles=(dead_zookeeper,))
+    ctx.config = dataclasses.replace(ctx.config, build=build)  # allowed, not reachable
+    assert await collect_orphans(ctx, [NAMESPACE], logger) == 1
     assert not trees.exists(gone)
     assert f"ZooKeeper {dead_zookeeper} unavailable for garbage collection" in caplog.text
+
+
+async def test_a_tree_without_a_marker_of_a_deleted_topic_is_left_alone(
+    api: kmock.KubernetesEmulator,
+    ctx: OperatorContext,
+    trees: KazooClient,
+    logger: logging.Logger,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Only a tree carrying a UID no DelayTopic has is removed: an unmarked one (an older
+    operator's, or no topic's root at all) and one naming a live topic's UID are logged."""
+    put_topic(api, "kept")
+    unmarked = tree(trees, "old", uid="")
+    foreign = tree(trees, "copied", uid="uid-kept")  # the marker of a topic that exists
+    gone = tree(trees, "gone")
+    assert await collect_orphans(ctx, [NAMESPACE], logger) == 1
+    assert not trees.exists(gone)
+    assert trees.exists(unmarked)
+    assert trees.exists(foreign)
+    assert f"{NAMESPACE}/old has no DelayTopic but no UID marker: left alone" in caplog.text
+    assert "the UID of a live one (uid-kept)" in caplog.text
+
+
+async def test_a_connect_without_the_platforms_chroot_never_wipes_the_tenants_trees(
+    api: kmock.KubernetesEmulator,
+    ctx: OperatorContext,
+    zk_client: KazooClient,
+    zk_connect: str,
+    logger: logging.Logger,
+) -> None:
+    """Issue 27, attack 3: the platform's ensemble is `zk/delayq` (a chroot, as recommended for
+    a shared ensemble); a tenant names the same host without it. Read at the chroot-less
+    root, the platform's `delayq/<namespace>` nodes looked like orphaned topics of a
+    namespace `delayq`, and a cluster-wide collection removed every tenant's tree."""
+    platform = dataclasses.replace(
+        ctx.build, default_zookeeper=f"{zk_connect}/delayq", zookeeper_allowed_ensembles=()
+    )
+    ctx.config = dataclasses.replace(ctx.config, build=platform)
+    store = KazooTopicStore(platform.zookeeper_ensembles, timeout_s=2.0)
+    victims = [(NAMESPACE, "orders"), (OTHER_NS, "invoices")]
+    try:
+        attacked = dataclasses.replace(ctx, store=store)
+        for namespace, name in victims:
+            put_topic(api, name, namespace)
+            await store.publish(
+                f"{zk_connect}/delayq", namespace, name, Routing(4, 1, (0,) * 4), "", f"uid-{name}"
+            )
+        put_topic(api, "attacker")  # its tenant names the platform's host, no chroot
+        api.objects[DT, NAMESPACE, "attacker"].patch(
+            {"spec": {"zookeeper": {"connect": zk_connect}}}
+        )
+        assert await collect_orphans(attacked, [], logger) == 0
+    finally:
+        await asyncio.to_thread(store.close)
+        for namespace, name in victims:
+            path = f"/delayq{topic_root(namespace, name)}"
+            assert zk_client.exists(path), f"{path} was removed"
+        zk_client.delete("/delayq/delayq", recursive=True)

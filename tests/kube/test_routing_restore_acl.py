@@ -52,9 +52,11 @@ def zk_connect(zookeeper_server: ZooKeeperServer) -> str:
 
 
 @pytest.fixture
-async def store() -> AsyncIterator[KazooTopicStore]:
+async def store(zk_connect: str) -> AsyncIterator[KazooTopicStore]:
     """The operator's ZooKeeper writer, logged in as the operator (ACLs on)."""
-    topic_store = KazooTopicStore(timeout_s=ZK_TIMEOUT_S, admin_password=ADMIN.password)
+    topic_store = KazooTopicStore(
+        [zk_connect], timeout_s=ZK_TIMEOUT_S, admin_password=ADMIN.password
+    )
     yield topic_store
     await asyncio.to_thread(topic_store.close)
 

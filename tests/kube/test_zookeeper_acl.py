@@ -79,8 +79,8 @@ def client_for(hosts: str) -> Iterator[dict[str, KazooClient]]:
 
 
 @pytest.fixture
-async def store() -> AsyncIterator[KazooTopicStore]:
-    store = KazooTopicStore(admin_password=ADMIN.password)
+async def store(hosts: str) -> AsyncIterator[KazooTopicStore]:
+    store = KazooTopicStore([hosts], admin_password=ADMIN.password)
     yield store
     await asyncio.to_thread(store.close)
 

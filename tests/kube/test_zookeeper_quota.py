@@ -29,7 +29,7 @@ from delayq.coordination.quota import (
     quota_path,
 )
 from delayq.coordination.routing import initial_routing
-from delayq.kube.zk import KazooTopicStore
+from delayq.kube.zk import EnsembleNotAllowed, KazooTopicStore
 from delayq.local.zookeeper_server import ZooKeeperServer
 from delayq.queue.topic import MAX_SLOT_AMOUNT
 
@@ -68,7 +68,7 @@ def clients(ensemble: ZooKeeperServer) -> Iterator[dict[str, KazooClient]]:
 @pytest.fixture
 async def published(ensemble: ZooKeeperServer) -> AsyncIterator[KazooTopicStore]:
     """The operator's store, after publishing alice and bob."""
-    store = KazooTopicStore(admin_password=ADMIN.password)
+    store = KazooTopicStore([ensemble.hosts], admin_password=ADMIN.password)
     for topic, identity in (("alice", ALICE), ("bob", BOB)):
         routing = initial_routing(16, 1)
         await store.publish(ensemble.hosts, NAMESPACE, topic, routing, identity.password)
@@ -104,11 +104,20 @@ async def test_a_chroot_into_a_victims_tree_changes_none_of_its_acls(
     ensemble: ZooKeeperServer, published: KazooTopicStore, clients: dict[str, KazooClient]
 ) -> None:
     """Issue 27, attack 2: a connection rooted at a victim's `members/` must not make the
-    operator close that root: the victim's services could no longer register."""
+    operator close that root: the victim's services could no longer register. The store
+    refuses such a connection (not an ensemble it was given); even where a platform listed one,
+    the guard leaves the chroot node alone."""
     victim = TopicPaths(NAMESPACE, "alice")
     before = clients["admin"].get_acls(victim.members)[0]
     routing = initial_routing(16, 1)
-    await published.publish(f"{ensemble.hosts}{victim.members}", "evil", "x", routing, "pw")
+    chrooted = f"{ensemble.hosts}{victim.members}"
+    with pytest.raises(EnsembleNotAllowed):
+        await published.publish(chrooted, "evil", "x", routing, "pw")
+    listed = KazooTopicStore([chrooted], admin_password=ADMIN.password)
+    try:
+        await listed.publish(chrooted, "evil", "x", routing, "pw")
+    finally:
+        await asyncio.to_thread(listed.close)
     assert clients["admin"].get_acls(victim.members)[0] == before
     clients["alice"].create(victim.member("alice-9"), b"{}", ephemeral=True)  # still hers
 

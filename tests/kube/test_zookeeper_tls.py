@@ -192,10 +192,10 @@ def secure_hosts(pki: Pki) -> Iterator[str]:
 
 
 @pytest.fixture
-async def operator_store(pki: Pki) -> AsyncIterator[KazooTopicStore]:
+async def operator_store(pki: Pki, secure_hosts: str) -> AsyncIterator[KazooTopicStore]:
     """The operator's store as the chart configures it: the CA and its client certificate."""
     tls = ZkTls(pki("ca.crt"), pki("client.crt"), pki("client.key"))
-    store = KazooTopicStore(admin_password=ADMIN_PASSWORD, tls=tls)
+    store = KazooTopicStore([secure_hosts], admin_password=ADMIN_PASSWORD, tls=tls)
     yield store
     await asyncio.to_thread(store.close)
 
@@ -274,7 +274,10 @@ async def test_a_client_the_ensemble_or_the_client_cannot_trust_is_refused(
     secure_hosts: str, pki: Pki, kind: str
 ) -> None:
     store = KazooTopicStore(
-        timeout_s=REFUSED_TIMEOUT_S, admin_password=ADMIN_PASSWORD, tls=untrusted(kind, pki)
+        [secure_hosts],
+        timeout_s=REFUSED_TIMEOUT_S,
+        admin_password=ADMIN_PASSWORD,
+        tls=untrusted(kind, pki),
     )
     try:
         with pytest.raises(TimeoutError):  # kazoo retries the handshake until it gives up
@@ -287,7 +290,9 @@ async def test_without_verification_the_connection_is_encrypted_but_trusts_anyon
     secure_hosts: str,
 ) -> None:
     """verify_certs off: no CA needed (and none checked): for trying things out only."""
-    store = KazooTopicStore(admin_password=ADMIN_PASSWORD, tls=ZkTls(verify_certs=False))
+    store = KazooTopicStore(
+        [secure_hosts], admin_password=ADMIN_PASSWORD, tls=ZkTls(verify_certs=False)
+    )
     try:
         await store.read_routing(secure_hosts, NAMESPACE, "unpublished")
     finally:

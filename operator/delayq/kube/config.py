@@ -11,8 +11,10 @@ from pathlib import Path
 from delayq.coordination.acl import ADMIN_USER, ZkIdentity
 from delayq.coordination.tls import ZkTls
 from delayq.kube.builders.common import BuildContext, PodPlacement, ServiceMonitorSettings
+from delayq.kube.ensembles import ALLOWED_ENSEMBLES_ENV, check_ensembles
 from delayq.kube.leader_lease import LeaderLeaseTiming
 from delayq.kube.tenant_policy import TenantPolicy
+from delayq.kube.zookeeper_clients import POLICY_ENV as CLIENTS_POLICY_ENV
 
 
 @dataclass(frozen=True)
@@ -34,8 +36,11 @@ class OperatorConfig:
     # What tenants' topics may ask of the webhook SSRF guard (tenant_policy.py): by default
     # neither allowPrivateTargets nor any allowedCidrs
     tenant_policy: TenantPolicy = field(default_factory=TenantPolicy)
+    # The NetworkPolicy admitting the namespaces that hold DelayTopics to the bundled ZooKeeper
+    # (kube/zookeeper_clients.py); empty: none to keep (namespaced mode, or your own ensemble)
+    zookeeper_clients_policy: str = ""
     # TLS to ZooKeeper (coordination/tls.py), for every ensemble the operator connects to;
-    # None: plain connections
+    # None: plain connections. On, it needs the platform's CA or verify_certs False explicitly
     zookeeper_tls: ZkTls | None = None
 
     @property
@@ -50,12 +55,14 @@ class OperatorConfig:
         admin_password = env.get("DELAYQ_ZOOKEEPER_ADMIN_PASSWORD", "")
         admin_acl = ZkIdentity(ADMIN_USER, admin_password).acl_id if admin_password else ""
         tls = zookeeper_tls_from_env(env)
+        allowed_ensembles = allowed_ensembles_from_env(env)
         build = BuildContext(
             image=env.get("DELAYQ_IMAGE", defaults.build.image),
             redis_image=env.get("DELAYQ_REDIS_IMAGE", defaults.build.redis_image),
             image_pull_policy=env.get("DELAYQ_IMAGE_PULL_POLICY", defaults.build.image_pull_policy),
             operator_namespace=env.get("POD_NAMESPACE", defaults.build.operator_namespace),
             default_zookeeper=env.get("DELAYQ_ZOOKEEPER", defaults.build.default_zookeeper),
+            zookeeper_allowed_ensembles=allowed_ensembles,
             zookeeper_admin_acl=admin_acl,
             zookeeper_tls=tls is not None,
             zookeeper_tls_verify_certs=tls.verify_certs if tls else True,
@@ -63,6 +70,10 @@ class OperatorConfig:
             service_monitor=service_monitor_from_env(env, defaults.build.service_monitor),
             placement=placement_from_env(env),
         )
+        try:
+            check_ensembles(build.zookeeper_ensembles)
+        except ValueError as error:
+            raise ValueError(f"DELAYQ_ZOOKEEPER, {ALLOWED_ENSEMBLES_ENV}: {error}") from None
         namespaces = tuple(
             item.strip()
             for item in env.get("DELAYQ_WATCH_NAMESPACES", "").split(",")
@@ -81,8 +92,18 @@ class OperatorConfig:
             build=build,
             zookeeper_admin_password=admin_password,
             tenant_policy=TenantPolicy.from_env(env),
+            zookeeper_clients_policy=env.get(CLIENTS_POLICY_ENV, ""),
             zookeeper_tls=tls,
         )
+
+
+def allowed_ensembles_from_env(env: Mapping[str, str]) -> tuple[str, ...]:
+    """DELAYQ_ZOOKEEPER_ALLOWED_ENSEMBLES: a JSON list of connection strings (they hold commas),
+    the chart's `zookeeper.allowedEnsembles`."""
+    ensembles = json.loads(env.get(ALLOWED_ENSEMBLES_ENV) or "[]")
+    if not isinstance(ensembles, list) or not all(isinstance(e, str) for e in ensembles):
+        raise ValueError(f"{ALLOWED_ENSEMBLES_ENV} must be a JSON list of connection strings")
+    return tuple(ensembles)
 
 
 TLS_ENV = "DELAYQ_ZOOKEEPER_TLS"
@@ -99,8 +120,15 @@ def zookeeper_tls_from_env(env: Mapping[str, str]) -> ZkTls | None:
     verify = env.get(TLS_VERIFY_ENV, "true").strip().lower()
     if verify not in ("true", "false"):
         raise ValueError(f"{TLS_VERIFY_ENV} must be true or false, not {verify!r}")
+    ca_file = env.get(TLS_CA_FILE_ENV, "")
+    if verify == "true" and not ca_file:
+        # the system CAs would accept any public certificate of any host name
+        raise ValueError(
+            f"{TLS_CA_FILE_ENV} must name the ensembles' CA when {TLS_ENV} is on "
+            f"(or set {TLS_VERIFY_ENV}=false: encrypted, not authenticated)"
+        )
     return ZkTls(
-        ca_file=env.get(TLS_CA_FILE_ENV, ""),
+        ca_file=ca_file,
         cert_file=env.get("DELAYQ_ZOOKEEPER_TLS_CERT_FILE", ""),
         key_file=env.get("DELAYQ_ZOOKEEPER_TLS_KEY_FILE", ""),
         verify_certs=verify == "true",

@@ -54,7 +54,8 @@ class OperatorContext:
 
     config: OperatorConfig = field(default_factory=OperatorConfig)
     login: Login = default_login
-    store: TopicStore = field(default_factory=KazooTopicStore)
+    # the ensembles it may connect to are the platform's: no default (see from_config)
+    store: TopicStore = field(kw_only=True)
     redis: RedisControl = field(default_factory=RedisCommands)
     identity: str = field(default_factory=make_identity)  # this replica's name in the Lease
     clock: Callable[[], float] = time.time
@@ -81,7 +82,9 @@ class OperatorContext:
         parts.setdefault(
             "store",
             KazooTopicStore(
-                admin_password=config.zookeeper_admin_password, tls=config.zookeeper_tls
+                config.build.zookeeper_ensembles,
+                admin_password=config.zookeeper_admin_password,
+                tls=config.zookeeper_tls,
             ),
         )
         return cls(config, **parts)

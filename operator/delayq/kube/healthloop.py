@@ -92,7 +92,7 @@ class HealthLoop:
         self.ctx.metrics.keep_topics(listed)  # a deleted topic's figures go with it
         await self.admit(topics)
         if self.gc is None or self.gc.done():
-            self.gc = asyncio.create_task(self.collect(topics))
+            self.gc = asyncio.create_task(self.collect())
 
     async def one_pass(self, key: TopicKey, topic: Mapping[str, Any]) -> None:
         logger = TopicLogger(self.logger, {"topic": "/".join(key)})
@@ -127,8 +127,8 @@ class HealthLoop:
         except (KubeApiError, *TRANSIENT_ERRORS) as error:
             self.logger.warning("cannot update the ZooKeeper clients' NetworkPolicy: %r", error)
 
-    async def collect(self, topics: Sequence[Mapping[str, Any]]) -> None:
+    async def collect(self) -> None:
         try:
-            await collect_orphans(self.ctx, self.namespaces, topics, self.logger)
+            await collect_orphans(self.ctx, self.namespaces, self.logger)
         except Exception:  # logged; the next tick tries again
             self.logger.exception("ZooKeeper garbage collection failed")

@@ -38,7 +38,6 @@ from delayq.kube.metrics_server import metrics_server
 from delayq.kube.resharding import movers_stopped
 from delayq.kube.status import patched
 from delayq.kube.topics import API_VERSION
-from delayq.kube.zookeeper_clients import policy_name
 
 LOGGER = logging.getLogger(__name__)
 STOP_GRACE_S = 3.0  # how long a replica that lost the leader Lease lets kopf wind down
@@ -271,5 +270,5 @@ def health_loop(ctx: OperatorContext) -> HealthLoop:
     config = ctx.config
     return HealthLoop(
         ctx, config.namespaces, config.health_interval_s, run_pass, LOGGER,
-        clients_policy="" if config.namespaces else policy_name(),
+        clients_policy="" if config.namespaces else config.zookeeper_clients_policy,
     )  # fmt: skip

@@ -34,9 +34,8 @@ from delayq.service.redaction import redact_url
 DURATION_PATTERN = re.compile(r"^(?:[0-9]{1,8}(?:ms|s|m|h))+$")
 DURATION_PART = re.compile(r"([0-9]+)(ms|s|m|h)")
 DURATION_UNIT_MS = {"ms": 1, "s": 1000, "m": 60_000, "h": 3_600_000}
-ZK_CONNECT_PATTERN = re.compile(
-    r"^[A-Za-z0-9.\-]+:[0-9]{1,5}(,[A-Za-z0-9.\-]+:[0-9]{1,5})*(/[A-Za-z0-9_./\-]*)?$"
-)
+# hosts only: a topic's tree is placed by the platform (kube/ensembles.py), never by a chroot
+ZK_CONNECT_PATTERN = re.compile(r"^[A-Za-z0-9.\-]+:[0-9]{1,5}(,[A-Za-z0-9.\-]+:[0-9]{1,5})*$")
 MAX_BROKERS = 64
 MAX_CONCURRENT_MOVES = 16
 MAX_REPLICAS_PER_BROKER = 5
@@ -279,7 +278,8 @@ def parse_spec(name: str, namespace: str, spec: Mapping[str, Any]) -> TopicSpec:
     connect = zookeeper.get("connect", "")
     if connect and (not isinstance(connect, str) or not ZK_CONNECT_PATTERN.match(connect)):
         raise SpecError(
-            f"zookeeper.connect {connect!r} must look like host:port[,host:port][/path]"
+            f"zookeeper.connect {connect!r} must look like host:port[,host:port] (no /path: "
+            "the platform places the topic's tree)"
         )
     for port in zookeeper_ports(connect) if connect else ():
         if not 1 <= port <= 65535:

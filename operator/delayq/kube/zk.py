@@ -11,6 +11,18 @@ With an admin identity (the operator's `zookeeper_admin_password`) the store log
 the operator's, the topic's root and its container nodes belong to the topic and the operator
 only. Publishing re-applies them, which also closes a tree an older operator left open (the
 services' own ephemeral nodes follow when their pods roll with the new credentials).
+
+The store connects only to the ensembles it was given, the platform's (kube/ensembles.py): a
+connection string from anywhere else raises EnsembleNotAllowed before any socket is opened, so
+the admin digest reaches no host a tenant chose, whatever a caller passes. Each ensemble has its
+own lock, client and worker threads: one that never answers holds its own callers only, never
+another ensemble's (a single lock around `start()` and the shared default executor made one
+tenant's dead host stall every topic's reconcile).
+
+Publishing also writes the topic's UID (its DelayTopic's metadata.uid) as the data of the
+tree's root node: the garbage collector (kube/zk_gc.py) removes only a tree whose marker names
+a UID no DelayTopic has any more. A tree written by an older operator has none until its
+topic's next publish (every reconcile, also on the operator's start).
 """
 
 from __future__ import annotations
@@ -18,24 +30,29 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import threading
-from collections.abc import Sequence
-from typing import Protocol
+import time
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from typing import Protocol, TypeVar
 
 from kazoo.client import KazooClient
-from kazoo.exceptions import KazooException, NodeExistsError, NoNodeError
-from kazoo.handlers.threading import KazooTimeoutError
+from kazoo.exceptions import KazooException, NoNodeError
 from kazoo.security import ACL
 
 from delayq.coordination.acl import ADMIN_USER, ZkIdentity, parent_acl, topic_user, tree_acl
 from delayq.coordination.layout import ROOT, TopicPaths, namespace_root
 from delayq.coordination.migration import SlotMover
-from delayq.coordination.quota import drop_topic_quota, guard_topic_tree
+from delayq.coordination.quota import drop_topic_quota, ensure_node, guard_topic_tree
 from delayq.coordination.routing import Routing
 from delayq.coordination.splitting import SlotSplitter
 from delayq.coordination.tls import ZkTls, kazoo_options
+from delayq.kube.ensembles import MAX_ENSEMBLES
 from delayq.queue.client import Queue
 
 TIMEOUT_S = 10.0
+# calls of one ensemble at once (reconciles, health passes, GC): more wait in its queue
+WORKERS_PER_ENSEMBLE = 4
+_T = TypeVar("_T")
 # a node older operators wrote (the ConfigMap's JSON again) and nothing ever read
 _UNREAD_CONFIG_NODE = "config"
 
@@ -49,15 +66,25 @@ class TopicStore(Protocol):
         """The published routing, or None when the topic has none yet."""
 
     async def publish(
-        self, connect: str, namespace: str, topic: str, routing: Routing, topic_password: str
+        self,
+        connect: str,
+        namespace: str,
+        topic: str,
+        routing: Routing,
+        topic_password: str,
+        uid: str = "",
     ) -> None:
         """Write routing (its broker count: slots are moved only by a mover, RoutingChanged)
         and, with an admin identity, the tree's ACLs (idempotent); removes the unread `config`
         node an older operator left. `topic_password` is the topic's ZooKeeper password (its
-        Secret's `zookeeper-password`)."""
+        Secret's `zookeeper-password`); `uid` its DelayTopic's metadata.uid, the tree's marker
+        for the garbage collector (the operator always passes it; empty writes none)."""
 
     async def owned_slots(self, connect: str, namespace: str, topic: str) -> int:
         """How many slots currently have an owner (ephemeral nodes under owners/)."""
+
+    async def tree_uid(self, connect: str, namespace: str, topic: str) -> str:
+        """The UID marker publish wrote in the topic's tree ("" for none, or no tree)."""
 
     async def delete(self, connect: str, namespace: str, topic: str) -> None:
         """Remove the topic's whole tree (its DelayTopic is gone)."""
@@ -77,44 +104,91 @@ class TopicStore(Protocol):
         """(namespace, topic) of every tree under /delayq in `namespaces` (all when empty)."""
 
 
-class KazooTopicStore:
-    """TopicStore over kazoo, one started client per connection string.
+class EnsembleNotAllowed(ValueError):
+    """A connection string the store was not given: it never connects there."""
 
-    `timeout_s` bounds connecting and each call (the session timeout stays TIMEOUT_S); tests
+
+class _Ensemble:
+    """One ensemble's client (None until started), the lock that serializes starting it, the
+    threads its calls run in, and until when (time.monotonic) a failed start fails fast."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.client: KazooClient | None = None
+        self.down_until = 0.0
+        self.executor = ThreadPoolExecutor(WORKERS_PER_ENSEMBLE, thread_name_prefix="zk")
+
+
+class KazooTopicStore:
+    """TopicStore over kazoo, one started client per allowed ensemble.
+
+    `ensembles` are the only connection strings it connects to (at most MAX_ENSEMBLES, which
+    bounds its clients, sessions and threads). `timeout_s` bounds connecting, waiting for
+    another call's connecting, and each call (the session timeout stays TIMEOUT_S); tests
     shorten it so an unreachable ensemble fails fast. A client that cannot connect raises the
     builtin TimeoutError (not kazoo's own timeout class, which is no KazooException), so callers
-    see the same transient error whichever of the two timeouts fires first.
+    see the same transient error whichever of the timeouts fires first.
     """
 
     def __init__(
-        self, timeout_s: float = TIMEOUT_S, admin_password: str = "", tls: ZkTls | None = None
+        self,
+        ensembles: Sequence[str],
+        timeout_s: float = TIMEOUT_S,
+        admin_password: str = "",
+        tls: ZkTls | None = None,
     ) -> None:
+        if len(set(ensembles)) > MAX_ENSEMBLES:
+            raise ValueError(f"at most {MAX_ENSEMBLES} ZooKeeper ensembles")
         self.timeout_s = timeout_s
         self.admin = ZkIdentity(ADMIN_USER, admin_password) if admin_password else None
         self.tls = tls
-        self._clients: dict[str, KazooClient] = {}
-        self._lock = threading.Lock()
+        self._ensembles = {connect: _Ensemble() for connect in ensembles}
+
+    def _ensemble(self, connect: str) -> _Ensemble:
+        ensemble = self._ensembles.get(connect)
+        if ensemble is None:
+            raise EnsembleNotAllowed(f"ZooKeeper {connect!r} is no ensemble of the platform's")
+        return ensemble
 
     def _client(self, connect: str) -> KazooClient:
-        with self._lock:
-            client = self._clients.get(connect)
-            if client is None:
-                client = KazooClient(
-                    hosts=connect,
-                    timeout=TIMEOUT_S,
-                    auth_data=[self.admin.auth_data] if self.admin else None,
-                    **kazoo_options(self.tls),
-                )
+        ensemble = self._ensemble(connect)
+        # only this ensemble's callers wait here, and no longer than a start may take
+        if not ensemble.lock.acquire(timeout=self.timeout_s):
+            raise TimeoutError(f"ZooKeeper {connect} unreachable (still connecting)")
+        try:
+            if ensemble.client is None:
+                # the callers that queued behind a failed start fail at once, not one by one
+                if time.monotonic() < ensemble.down_until:
+                    raise TimeoutError(f"ZooKeeper {connect} unreachable (retried shortly)")
                 try:
-                    client.start(timeout=self.timeout_s)
-                except Exception as error:
-                    client.stop()  # a failed start keeps reconnecting in the background
-                    client.close()
-                    if isinstance(error, KazooTimeoutError):
-                        raise TimeoutError(f"ZooKeeper {connect} unreachable") from error
+                    ensemble.client = self._start(connect)
+                except TimeoutError:
+                    ensemble.down_until = time.monotonic() + self.timeout_s
                     raise
-                self._clients[connect] = client
-            return client
+            return ensemble.client
+        finally:
+            ensemble.lock.release()
+
+    def _start(self, connect: str) -> KazooClient:
+        client = KazooClient(
+            hosts=connect,
+            timeout=TIMEOUT_S,
+            auth_data=[self.admin.auth_data] if self.admin else None,
+            **kazoo_options(self.tls),
+        )
+        # not client.start(): on a timeout it stops the client itself, which waits for the
+        # unanswered read (seconds) while this ensemble's lock is held
+        client.start_async().wait(timeout=self.timeout_s)
+        if not client.connected:  # it keeps reconnecting in the background until stopped
+            threading.Thread(target=_discard, args=(client,), daemon=True).start()
+            raise TimeoutError(f"ZooKeeper {connect} unreachable")
+        return client
+
+    async def _call(self, connect: str, call: Callable[[], _T]) -> _T:
+        """`call` in one of the ensemble's own threads, bounded by timeout_s."""
+        executor = self._ensemble(connect).executor
+        running = asyncio.get_running_loop().run_in_executor(executor, call)
+        return await asyncio.wait_for(running, self.timeout_s)
 
     async def read_routing(self, connect: str, namespace: str, topic: str) -> Routing | None:
         def read() -> Routing | None:
@@ -124,10 +198,16 @@ class KazooTopicStore:
                 return None
             return Routing.from_json(data)
 
-        return await asyncio.wait_for(asyncio.to_thread(read), self.timeout_s)
+        return await self._call(connect, read)
 
     async def publish(
-        self, connect: str, namespace: str, topic: str, routing: Routing, topic_password: str
+        self,
+        connect: str,
+        namespace: str,
+        topic: str,
+        routing: Routing,
+        topic_password: str,
+        uid: str = "",
     ) -> None:
         def write() -> None:
             client = self._client(connect)
@@ -136,19 +216,20 @@ class KazooTopicStore:
                 identity = ZkIdentity(topic_user(namespace, topic), topic_password)
                 acl = tree_acl(identity.acl_id, self.admin.acl_id)
                 for parent in (ROOT, namespace_root(namespace)):
-                    _ensure(client, parent, parent_acl(self.admin.acl_id))
+                    ensure_node(client, parent, parent_acl(self.admin.acl_id))
                 for node in (paths.root, paths.members, paths.owners):
-                    _ensure(client, node, acl)
+                    ensure_node(client, node, acl)
                 guard_topic_tree(client, paths, self.admin.acl_id)
                 _write_routing(client, paths.routing, routing, acl)
                 with contextlib.suppress(NoNodeError):  # the coordinator writes it later
                     client.set_acls(paths.assignment, acl)
             else:
                 _write_routing(client, paths.routing, routing, None)
+            _mark(client, paths.root, uid)
             with contextlib.suppress(NoNodeError):
                 client.delete(f"{paths.root}/{_UNREAD_CONFIG_NODE}")
 
-        await asyncio.wait_for(asyncio.to_thread(write), self.timeout_s)
+        await self._call(connect, write)
 
     async def owned_slots(self, connect: str, namespace: str, topic: str) -> int:
         def count() -> int:
@@ -158,7 +239,17 @@ class KazooTopicStore:
             except NoNodeError:
                 return 0
 
-        return await asyncio.wait_for(asyncio.to_thread(count), self.timeout_s)
+        return await self._call(connect, count)
+
+    async def tree_uid(self, connect: str, namespace: str, topic: str) -> str:
+        def read() -> str:
+            try:
+                data, _ = self._client(connect).get(topic_root(namespace, topic))
+            except NoNodeError:
+                return ""
+            return bytes(data or b"").decode(errors="replace")
+
+        return await self._call(connect, read)
 
     async def delete(self, connect: str, namespace: str, topic: str) -> None:
         def remove() -> None:
@@ -166,7 +257,7 @@ class KazooTopicStore:
                 self._client(connect).delete(topic_root(namespace, topic), recursive=True)
             drop_topic_quota(self._client(connect), TopicPaths(namespace, topic))
 
-        await asyncio.wait_for(asyncio.to_thread(remove), self.timeout_s)
+        await self._call(connect, remove)
 
     def slot_mover(
         self, connect: str, namespace: str, topic: str, queues: Sequence[Queue]
@@ -192,14 +283,22 @@ class KazooTopicStore:
                     trees += [(namespace, topic) for topic in topics]
             return trees
 
-        return await asyncio.wait_for(asyncio.to_thread(read), self.timeout_s)
+        return await self._call(connect, read)
 
     def close(self) -> None:
-        with self._lock:
-            for client in self._clients.values():
-                client.stop()
-                client.close()
-            self._clients.clear()
+        """Stop every client and thread (the store starts afresh if used again)."""
+        ensembles, self._ensembles = self._ensembles, {c: _Ensemble() for c in self._ensembles}
+        for ensemble in ensembles.values():
+            ensemble.executor.shutdown(wait=False, cancel_futures=True)
+            with ensemble.lock:
+                if ensemble.client is not None:
+                    ensemble.client.stop()
+                    ensemble.client.close()
+
+
+def _discard(client: KazooClient) -> None:
+    client.stop()
+    client.close()
 
 
 class RoutingChanged(KazooException):  # type: ignore[misc]  # kazoo is untyped
@@ -238,12 +337,8 @@ def _write_routing(
         client.set_acls(path, acl)
 
 
-def _ensure(client: KazooClient, path: str, acl: list[ACL]) -> None:
-    """`path` exists with exactly `acl`; its parent must exist."""
-    try:
-        client.create(path, b"", acl=acl)
-        return
-    except NodeExistsError:
-        pass
-    if list(client.get_acls(path)[0]) != acl:
-        client.set_acls(path, acl)
+def _mark(client: KazooClient, root: str, uid: str) -> None:
+    """The topic's UID as the data of its tree's root (one read when it is there already)."""
+    if uid and client.get(root)[0] != uid.encode():
+        client.set(root, uid.encode())
+

@@ -10,20 +10,26 @@ namespace's, until an operator ran again. Instead every part of a topic goes by 
 - its ZooKeeper tree `/delayq/<ns>/<topic>` through `collect_orphans`, run by the leader's health
   loop: a tree whose DelayTopic no longer exists, in a namespace the operator watches, is removed
   (also after an operator was down while topics or whole namespaces were deleted).
+
+Removing is the one ZooKeeper write that acts on what it finds rather than on a topic, so it
+trusts nothing a tenant wrote. It looks only at the platform's ensembles (kube/ensembles.py),
+each under the root the platform gave it: an ensemble taken from tenant specs, or the platform's
+servers without the platform's chroot, showed other trees (`delayq/<ns>` as if it were a topic)
+as orphans. And it removes only a tree carrying the UID marker that publish writes (the
+DelayTopic's metadata.uid, kube/zk.py) when that UID is no topic's any more: a tree without one
+(not a topic's root, or written by an older operator whose topic was deleted before a newer
+operator published it again) is left alone and logged, for an administrator to remove.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
-from typing import Any
+from collections.abc import Iterable, Sequence
 
 from delayq.kube import naming
-from delayq.kube.builders.service import zookeeper_connect
 from delayq.kube.client import KubeApiError
 from delayq.kube.context import Logger, OperatorContext
 from delayq.kube.errors import TRANSIENT_ERRORS
-from delayq.kube.spec import SpecError
-from delayq.kube.topics import API_VERSION, TopicKey, list_topics, parse_body, topic_key
+from delayq.kube.topics import API_VERSION, TopicKey, list_topics, topic_key
 
 
 def orphaned_trees(
@@ -41,43 +47,41 @@ def orphaned_trees(
     )
 
 
-def ensembles(ctx: OperatorContext, topics: Iterable[Mapping[str, Any]]) -> list[str]:
-    """The operator's default ensemble and every ensemble a listed topic uses."""
-    found = {ctx.build.default_zookeeper}
-    for topic in topics:
-        try:
-            found.add(zookeeper_connect(parse_body(topic), ctx.build))
-        except SpecError:
-            continue  # reconcile reports it; its tree can only be on a known ensemble
-    return sorted(found)
-
-
 async def collect_orphans(
-    ctx: OperatorContext,
-    namespaces: Sequence[str],
-    listed: Sequence[Mapping[str, Any]],
-    logger: Logger,
+    ctx: OperatorContext, namespaces: Sequence[str], logger: Logger
 ) -> int:
     """Remove the ZooKeeper trees of deleted topics; returns how many were removed.
 
-    `listed` (a recent topic listing) only names the ensembles to look at. Per ensemble the
-    trees are read first and the topics listed second (see orphaned_trees); each removal then
-    re-checks, under the topic's lock, that the topic still does not exist, so a topic created
-    meanwhile under the same name keeps its tree (its reconcile waits for the lock).
+    Per platform ensemble the trees are read first and the topics listed second (see
+    orphaned_trees); each removal then re-checks, under the topic's lock, that the topic still
+    does not exist, so a topic created meanwhile under the same name keeps its tree (its
+    reconcile waits for the lock), and reads the tree's marker there.
     """
     removed = 0
-    for connect in ensembles(ctx, listed):
+    for connect in ctx.build.zookeeper_ensembles:
         try:
             trees = await ctx.store.topic_trees(connect, namespaces)
         except TRANSIENT_ERRORS as error:
             logger.warning("ZooKeeper %s unavailable for garbage collection: %r", connect, error)
             continue
         try:
-            topics = [topic_key(topic) for topic in await list_topics(ctx.kube, namespaces)]
+            listed = await list_topics(ctx.kube, namespaces)
+            uids = {str((topic.get("metadata") or {}).get("uid") or "") for topic in listed}
+            topics = [topic_key(topic) for topic in listed]
             for namespace, name in orphaned_trees(trees, topics, namespaces):
                 async with ctx.lock(namespace, name):
                     if await ctx.kube.get(API_VERSION, naming.KIND, namespace, name):
                         continue  # created again since the listing
+                    marker = await ctx.store.tree_uid(connect, namespace, name)
+                    if not marker or marker in uids:
+                        logger.warning(
+                            "ZooKeeper %s: %s/%s has no DelayTopic but %s: left alone",
+                            connect,
+                            namespace,
+                            name,
+                            f"the UID of a live one ({marker})" if marker else "no UID marker",
+                        )
+                        continue
                     await ctx.store.delete(connect, namespace, name)
                 logger.info("removed the ZooKeeper tree of deleted topic %s/%s", namespace, name)
                 removed += 1

@@ -16,7 +16,6 @@ pods take longer to start), and loses it one interval after its last topic is go
 from __future__ import annotations
 
 import logging
-import os
 from collections.abc import Iterable, Mapping
 from typing import Any
 
@@ -29,11 +28,6 @@ CLIENT_PORT = 2181
 NAMESPACE_NAME_LABEL = "kubernetes.io/metadata.name"  # set by the API server, immutable
 SERVICE_POD_LABELS = {LABEL_COMPONENT: COMPONENT_SERVICE, LABEL_MANAGED_BY: MANAGED_BY}
 NETWORKING = "networking.k8s.io/v1"
-
-
-def policy_name(env: Mapping[str, str] | None = None) -> str:
-    """The policy to keep current; empty: none (namespaced mode, or your own ensemble)."""
-    return (os.environ if env is None else env).get(POLICY_ENV, "")
 
 
 def clients_ingress(namespaces: Iterable[str]) -> list[dict[str, Any]]:

@@ -77,6 +77,8 @@ class BuildContext:
     image_pull_policy: str = "IfNotPresent"
     operator_namespace: str = "delayq-system"
     default_zookeeper: str = "zookeeper.delayq-system.svc:2181"
+    # the other ensembles a topic may select with spec.zookeeper.connect (kube/ensembles.py)
+    zookeeper_allowed_ensembles: tuple[str, ...] = ()
     # the operator's ZooKeeper ACL id (`delayq-operator:<hash>`, no secret): topic.json hands
     # it to the services so the nodes they create stay the operator's too; empty: no ACLs
     zookeeper_admin_acl: str = ""
@@ -88,6 +90,11 @@ class BuildContext:
     zookeeper_tls_ca_pem: str = ""
     service_monitor: ServiceMonitorSettings = field(default_factory=ServiceMonitorSettings)
     placement: PodPlacement = field(default_factory=PodPlacement)
+
+    @property
+    def zookeeper_ensembles(self) -> tuple[str, ...]:
+        """Every ensemble the operator may connect to, its default first."""
+        return tuple(dict.fromkeys((self.default_zookeeper, *self.zookeeper_allowed_ensembles)))
 
 
 @dataclass(frozen=True)

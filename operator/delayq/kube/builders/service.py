@@ -33,6 +33,7 @@ from delayq.kube.builders.common import (
     secret_value,
     tmp_volume,
 )
+from delayq.kube.ensembles import platform_connect
 from delayq.kube.spec import TopicSpec, zookeeper_ports
 from delayq.queue import TopicType
 from delayq.service.config import env_name
@@ -59,7 +60,9 @@ NON_PUBLIC_IPV6 = ("fc00::/7", "fe80::/10", "64:ff9b::/96")
 
 
 def zookeeper_connect(spec: TopicSpec, ctx: BuildContext) -> str:
-    return spec.zookeeper_connect or ctx.default_zookeeper
+    """The platform's connection string of the ensemble the topic selects (never the tenant's
+    string: kube/ensembles.py); raises EnsembleRefused when it selects none."""
+    return platform_connect(spec.zookeeper_connect, ctx.zookeeper_ensembles)
 
 
 def topic_file(spec: TopicSpec, ctx: BuildContext, slot_amount: int) -> TopicFile:
@@ -348,7 +351,8 @@ def _service_egress(spec: TopicSpec, ctx: BuildContext) -> list[Manifest]:
             "ports": [{"protocol": "TCP", "port": naming.REDIS_PORT}],
         },
         # ZooKeeper is a connection string of names, often outside the cluster (bring your
-        # own ensemble): its addresses are unknown here, its ports are not
+        # own ensemble): its addresses are unknown here, its ports are not (the platform's
+        # string: a tenant's could name any port)
         {
             "ports": [
                 {"protocol": "TCP", "port": port}

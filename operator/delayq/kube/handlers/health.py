@@ -26,6 +26,7 @@ from delayq.kube.builders.service import zookeeper_connect
 from delayq.kube.client import KubeApiError
 from delayq.kube.conditions import broker_full_condition, slots_unowned_condition
 from delayq.kube.context import Logger, OperatorContext
+from delayq.kube.ensembles import EnsembleRefused
 from delayq.kube.errors import TRANSIENT_ERRORS, TopicFailure
 from delayq.kube.events import WARNING, TopicEvent
 from delayq.kube.failover import Decision, RedisPod, decide
@@ -86,7 +87,8 @@ async def health_pass(
         return {}
     try:
         spec = parse_body(body)
-    except SpecError:
+        zookeeper_connect(spec, ctx.build)  # an ensemble the platform allows, or none
+    except (SpecError, EnsembleRefused):
         return {}  # reconcile() already reported it; nothing here is safe to touch
     applied = int(status["appliedSlotAmount"])
     # a move of an abandoned pass may switch after this pass reads the routing: its copy in

@@ -18,6 +18,7 @@ from delayq.kube.builders.common import Credentials, has_stream_reader
 from delayq.kube.builders.service import zookeeper_connect
 from delayq.kube.client import KubeApiError
 from delayq.kube.context import Logger, OperatorContext
+from delayq.kube.ensembles import EnsembleRefused
 from delayq.kube.errors import TRANSIENT_ERRORS, TopicFailure
 from delayq.kube.handlers.restore import read_or_restore
 from delayq.kube.routing_record import RECORD_FIELD, RoutingRecordInvalid, routing_record
@@ -56,8 +57,14 @@ async def reconcile(
         spec = parse_body(body)
     except SpecError as error:
         raise refused(ctx, body, "InvalidSpec", str(error)) from None
-    # before anything is applied: no pod may start with what the platform does not allow
-    if (refusal := ctx.config.tenant_policy.refusal(spec.delivery)) is not None:
+    # before anything is applied: no pod may start with what the platform does not allow,
+    # and the operator connects to no ensemble the platform does not allow
+    try:
+        connect = zookeeper_connect(spec, ctx.build)
+        refusal = ctx.config.tenant_policy.refusal(spec.delivery)
+    except EnsembleRefused as error:
+        refusal = str(error)
+    if refusal is not None:
         message = f"{refusal} Nothing is rolled out; running pods keep their settings."
         raise refused(ctx, body, REFUSED_REASON, message)
 
@@ -67,7 +74,6 @@ async def reconcile(
     # the pods get the desired amount at once: they serve the routing's (docs/operator.md,
     # "Doubling the slots"), so the split that follows needs no second roll
     rendered = max(spec.slot_amount, applied)
-    connect = zookeeper_connect(spec, ctx.build)
     try:
         credentials = await read_or_generate_credentials(ctx, spec)
         with_monitor = ctx.build.service_monitor.enabled and await ctx.kube.has_resource(
@@ -88,7 +94,12 @@ async def reconcile(
         )
         routing = plan_routing(rendered, spec.brokers, current)
         await ctx.store.publish(
-            connect, spec.namespace, spec.name, routing, credentials.zookeeper_password
+            connect,
+            spec.namespace,
+            spec.name,
+            routing,
+            credentials.zookeeper_password,
+            uid=str(meta.get("uid") or ""),
         )
         applied = routing.slot_amount  # what the topic serves: growth comes by a split
     except RoutingConflict as error:

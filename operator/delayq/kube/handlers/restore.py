@@ -41,7 +41,10 @@ async def read_or_restore(
     recorded = recorded_routing(body.get("status") or {})
     if recorded is None:
         return None
-    await ctx.store.publish(connect, spec.namespace, spec.name, recorded, topic_password)
+    uid = str((body.get("metadata") or {}).get("uid") or "")
+    await ctx.store.publish(
+        connect, spec.namespace, spec.name, recorded, topic_password, uid=uid
+    )
     counts = ", ".join(f"{b}: {n}" for b, n in recorded.slots_per_broker().items())
     message = (
         f"ZooKeeper {connect} had no routing for the topic (its data was lost, or it is "
