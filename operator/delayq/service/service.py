@@ -166,6 +166,7 @@ class DelayService:
                 run.add_done_callback(self._on_run_done)
                 self._runs.append(run)
         self._retrier = asyncio.create_task(self._retry_unconsumed_forever())
+        self._retrier.add_done_callback(self._on_run_done)  # it ends only on stop()
         await self.ownership.start(self._on_change)
         self.readiness.observe(await self._probe(), time.monotonic())  # ready as soon as it is
         self._prober = asyncio.create_task(self._probe_forever())
@@ -351,8 +352,9 @@ class DelayService:
             del self._ending_moves[slot]
 
     def _on_run_done(self, task: asyncio.Task[None]) -> None:
-        """A Consumer's loop ends only on stop(); anything else (a Redis outage it does not
-        survive) makes the service unready and `serve` exit non-zero, so it gets restarted."""
+        """A Consumer's loop (or the retry of unconsumed slots) ends only on stop(); anything
+        else (a Redis outage it does not survive) makes the service unready and `serve` exit
+        non-zero, so it gets restarted."""
         if self._closing or task.cancelled():
             return
         log.error("delivery loop ended unexpectedly", exc_info=task.exception())
