@@ -52,8 +52,8 @@ from delayq.service.delivery.webhook import WebhookSink
 from delayq.service.metrics import ServiceMetrics
 from delayq.service.readiness import PROBE_INTERVAL_S, PROBE_TIMEOUT_S, Readiness
 from delayq.service.shutdown import OWNERSHIP_STOP_TIMEOUT_S, release_drain_s
-from delayq.service.stopped_moves import end_stopped_move
-from delayq.service.unconsumed import UnconsumedSlots, Why
+from delayq.service.stopped_moves import end_stopped_moves
+from delayq.service.unconsumed import RETRY_MAX_S, UnconsumedSlots, Why
 
 log = logging.getLogger(__name__)
 
@@ -86,8 +86,8 @@ class DelayService:
         self.unconsumed = UnconsumedSlots()
         self._unconsumed_changed = asyncio.Event()
         self._retrier: asyncio.Task[None] | None = None
-        # stopped moves this process is ending now, by slot
-        self._ending_moves: dict[int, asyncio.Task[None]] = {}
+        self._ending_moves: asyncio.Task[None] | None = None  # ending stopped moves now
+        self._moves_ended_at_s = -RETRY_MAX_S  # monotonic time it last started (one ZK session)
         # a slot frozen this long by a move is ended here: its mover's lock, should it have
         # been killed, went with its session one session timeout after its death
         self.move_stall_s = 2 * config.zookeeper_session_timeout_ms / 1000
@@ -334,22 +334,23 @@ class DelayService:
                 due = self.unconsumed.due(time.monotonic()) - frozenset(self.owned_slots)
                 if due:
                     await self._apply(due, release=False)
-            if self.config.zookeeper_connect:
-                stalled = self.unconsumed.moving_since(time.monotonic() - self.move_stall_s)
-                for slot in stalled - self._ending_moves.keys():
-                    self._ending_moves[slot] = asyncio.create_task(self._end_stopped_move(slot))
+            stalled = self.unconsumed.moving_since(time.monotonic() - self.move_stall_s)
+            ending = self._ending_moves is not None and not self._ending_moves.done()
+            recently = time.monotonic() - self._moves_ended_at_s < RETRY_MAX_S
+            if stalled and self.config.zookeeper_connect and not ending and not recently:
+                self._moves_ended_at_s = time.monotonic()
+                self._ending_moves = asyncio.create_task(self._end_stopped_moves(stalled))
 
-    async def _end_stopped_move(self, slot: int) -> None:
-        """Finish or roll back the move that froze `slot` (in a thread: the mover is sync); on
-        failure (a mover holds the slot, a broker or ZooKeeper down) it is tried again on the
-        slot's next retry. The slot is taken over by its retry timer or by the routing change."""
+    async def _end_stopped_moves(self, slots: frozenset[int]) -> None:
+        """Finish or roll back the moves that froze `slots` (in a thread: the mover is sync);
+        what fails (a mover holds the slot, a broker or ZooKeeper down) is tried again on a
+        later retry. The slots are taken over by their retry timer or the routing change."""
         try:
-            done = await asyncio.to_thread(end_stopped_move, self.config, slot)
-            log.warning("ended a move that had stopped", extra={"slot": slot, "done": done})
-        except Exception as error:  # kazoo, Redis, MoveError: all mean "not now"
-            log.info("could not end a stopped move yet", extra={"slot": slot, "error": str(error)})
-        finally:
-            del self._ending_moves[slot]
+            done = await asyncio.to_thread(end_stopped_moves, self.config, slots)
+            if done:
+                log.warning("ended moves that had stopped", extra={"slots": done})
+        except Exception as error:  # kazoo, Redis: all mean "not now"
+            log.info("could not end stopped moves yet", extra={"error": str(error)})
 
     def _on_run_done(self, task: asyncio.Task[None]) -> None:
         """A Consumer's loop (or the retry of unconsumed slots) ends only on stop(); anything
