@@ -233,10 +233,12 @@ def _skipped(evidence: Evidence, by_id: dict[str, list[Arrival]], timing: Timing
                 continue
             attempts.add(arrival.attempt - 1)  # count each gap once
             rule.total += 1
-            if _near(faults, arrival.at_ms - lookback, 0, lookback) is None:
+            # a fault active at some point of the `lookback` before this attempt arrived (a new
+            # owner's fence rolls a stranded lease back at the takeover, long before it ends)
+            if _near(faults, arrival.at_ms, 0, lookback) is None:
                 graceful = _near(
                     [w for w in evidence.windows if w.kind == "serve_sigterm"],
-                    arrival.at_ms - lookback,
+                    arrival.at_ms,
                     0,
                     lookback,
                 )

@@ -59,6 +59,7 @@ class ChaosResult:
     verdict: Verdict
     report: dict[str, Any]
     workdir: Path | None = None
+    evidence: Evidence | None = None
 
 
 @dataclass
@@ -95,6 +96,12 @@ async def run_chaos(options: ChaosOptions) -> ChaosResult:
             for arrival in receiver.arrivals:
                 out.write(json.dumps(dataclasses.asdict(arrival)) + "\n")
         (workdir / "report.json").write_text(json.dumps(result.report, default=str))
+        if result.evidence is not None:  # what the checker judged, for a rerun of it
+            judged = {
+                "accepted": result.evidence.accepted,
+                "windows": [dataclasses.asdict(w) for w in result.evidence.windows],
+            }
+            (workdir / "evidence.json").write_text(json.dumps(judged))
     else:
         shutil.rmtree(workdir, ignore_errors=True)
     return result
@@ -160,7 +167,7 @@ async def _run(options: ChaosOptions, cluster: Cluster, receiver: Receiver) -> C
             for w in sorted(windows, key=lambda w: w.start_ms)
         ],
     }
-    return ChaosResult(verdict, report)
+    return ChaosResult(verdict, report, evidence=evidence)
 
 
 async def settle(cluster: Cluster, session: aiohttp.ClientSession) -> Rule:

@@ -78,3 +78,16 @@ def test_early_lost_and_after_lease_are_counted() -> None:
     assert counts["early"] == 1
     assert counts["lost"] == 1
     assert counts["after_lease"] == 1  # signed at 10 s, lease 5 s, arrived at 20 s
+
+
+def test_a_skipped_attempt_is_explained_by_a_lossy_fault_in_the_lookback_before_it() -> None:
+    """c0 claimed "s" (attempt 1) and was killed at 10 s before sending it; the new owner's
+    fence rolled the lease back at the takeover, and attempt 2 arrived at 16 s: explained by
+    the kill 6 s earlier. Nothing explains "t", with no fault in the lookback before it."""
+    accepted = {"s": 9_000, "t": 9_000}
+    arrivals = [arrival("s", 2, 16_000), arrival("t", 2, 40_000)]
+    windows = [Window("serve_kill9", "c0", 10_000, 12_000)]
+    verdict = check(Evidence(accepted, arrivals, windows, {}, [], 0), TIMING)
+    rules = {rule.name: rule for rule in verdict.rules}
+    assert (rules["skipped_attempts"].violations, rules["skipped_attempts"].total) == (1, 2)
+    assert rules["skipped_attempts"].examples[0].startswith("t:")

@@ -332,7 +332,28 @@ def test_fencing_rejects_a_stale_owner(queue: Queue) -> None:
         queue.nack(leased[0].lease)
     with pytest.raises(StaleEpochError):
         queue.extend(leased[0].lease, 1000)
-    assert queue.get("a").state is State.PREPARED  # nothing moved
+    # the takeover rolled the stale leases back (fence-10), the refused calls changed nothing
+    assert queue.get("a").state is State.SCHEDULED
+
+
+def test_a_takeover_rolls_the_previous_owners_leases_back_at_once(queue: Queue) -> None:
+    """No message waits for a lease that can no longer be acked: the fence puts it back due
+    now, its attempt counted (as an expired lease); one out of retries is given up instead."""
+    queue.schedule("a", delay_ms=0)
+    queue.schedule("b", delay_ms=0, slot_basis="a")
+    slot = TOPIC.slot_of("a")
+    old_epoch = queue.take_over(slot)
+    leased = queue.claim(slot, old_epoch, lease_ms=3_600_000).messages
+    assert {m.id for m in leased} == {"a", "b"}
+    new_epoch = queue.take_over(slot)
+    again = queue.claim(slot, new_epoch).messages  # no lease to wait for
+    assert {(m.id, m.attempt) for m in again} == {("a", 2), ("b", 2)}
+    retries = TOPIC.max_retries
+    for _ in range(retries - 1):  # every further takeover counts one more attempt
+        queue.claim(slot, queue.take_over(slot))
+    queue.take_over(slot)
+    assert queue.get("a").state is State.DEAD
+    assert queue.get("a").attempts == retries + 1
 
 
 def test_claim_before_any_takeover_is_stale(queue: Queue) -> None:

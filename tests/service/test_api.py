@@ -298,6 +298,7 @@ async def test_readiness_follows_the_service(start_service: StartService):
         "ownedSlots": 4,
         "consumedSlots": [0, 1, 2, 3],
         "grantedSlots": [0, 1, 2, 3],
+        "unconsumedSlots": {},
     }
     assert (await running.client.get("/healthz")).status == 200
     await running.service.stop()

@@ -13,6 +13,7 @@ from __future__ import annotations
 import redis.asyncio
 
 from delayq.local.waiting import eventually
+from delayq.queue import plans
 from delayq.queue.client import AsyncQueue
 from delayq.queue.topic import Topic
 from delayq.service.readiness import PROBE_INTERVAL_S, UNREADY_AFTER_S
@@ -53,3 +54,27 @@ async def test_readiness_is_not_frozen_by_an_ownership_change_in_progress(
         assert service.readiness.reason == "granted slots not consumed"
     await eventually(lambda: service.readiness.ready, 5 * PROBE_INTERVAL_S, "ready again")
     assert service.owned_slots == [0, 1, 2, 3]
+
+
+async def test_a_slot_frozen_by_a_move_is_skipped_reported_and_retried(
+    start_service: StartService, async_redis_client: redis.asyncio.Redis
+) -> None:
+    """A granted slot that cannot be taken over (frozen by a move whose mover stopped) fails
+    no other slot: the others are consumed at once, the process stays ready (no process could
+    consume that slot), `/readyz` and the metric report it, and its own retry timer takes it
+    over once the slot thaws."""
+    outsider = AsyncQueue(async_redis_client, Topic(TOPIC, namespace=NAMESPACE, slot_amount=4))
+    await outsider.run(plans.freeze(outsider.topic, 1))
+    running = await start_service()
+    service = running.service
+    assert service.owned_slots == [0, 2, 3]
+    answer = await running.client.get("/readyz")
+    body = await answer.json()
+    assert (answer.status, body["ready"], list(body["unconsumedSlots"])) == (200, True, ["1"])
+    assert body["unconsumedSlots"]["1"].startswith("moving: SLOT_MOVING")
+    metrics = await (await running.client.get("/metrics")).text()
+    series = f'delayq_unconsumed_slots{{reason="moving",topic="{TOPIC}",topic_namespace='
+    assert f'{series}"{NAMESPACE}"}} 1.0' in metrics
+    await outsider.run(plans.thaw(outsider.topic, 1))
+    await eventually(lambda: service.owned_slots == [0, 1, 2, 3], 3.0, "taken on its timer")
+    assert (await (await running.client.get("/readyz")).json())["unconsumedSlots"] == {}

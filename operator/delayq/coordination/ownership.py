@@ -4,7 +4,7 @@ The service never decides on its own which slots it consumes: an `Ownership` tel
 `on_change`, the complete set of slots it may consume now. Handoff order is the safety rule:
 a slot is removed from a process's set (and the callback has returned, i.e. the process stopped
 claiming it) before the coordination releases it to another process; the new owner then bumps
-the slot's fencing epoch (`Consumer.own` → fence-1.lua), so even a process that missed the news
+the slot's fencing epoch (`Consumer.own` → fence-10.lua), so even a process that missed the news
 (partition, paused VM) can move nothing in that slot any more.
 """
 

@@ -187,9 +187,10 @@ class Consumer:
     def owned_slots(self) -> list[int]:
         return self._owned.slots
 
-    async def own(self, slots: Iterable[int]) -> None:
-        """Take over slots (bumping their fencing epochs) and start consuming them."""
-        await self._owned.own(slots)
+    async def own(self, slots: Iterable[int]) -> dict[int, redis.RedisError | OSError]:
+        """Take over slots (bumping their fencing epochs) and start consuming them; returns
+        those that could not be taken now, with why (OwnedSlots.own), for the caller to retry."""
+        return await self._owned.own(slots)
 
     async def release(self, slots: Iterable[int]) -> None:
         """Stop claiming from slots, give back what was claimed and not started, and wait (at
@@ -237,9 +238,12 @@ class Consumer:
     async def run(self, slots: Iterable[int] | None = None) -> None:
         """Own `slots` (if given), then run until `stop()`; then wait for in-flight deliveries
         to finish. Raises NoSlotsError, before doing anything, when the consumer is not
-        `managed` and would own no slot (see the class docstring)."""
+        `managed` and would own no slot (see the class docstring), and the error of a slot of
+        `slots` that could not be taken over."""
         if slots is not None:
-            await self.own(slots)
+            failed = await self.own(slots)
+            if failed:  # nobody would retry them: a standalone consumer fails at once
+                raise next(iter(failed.values()))
         if not len(self._owned) and not self.managed:
             raise NoSlotsError(
                 "Consumer.run() has no slot to consume: pass run(slots=...), own() slots "

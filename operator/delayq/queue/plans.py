@@ -360,8 +360,27 @@ def reschedule(
 
 
 def fence(topic: Topic, slot: int) -> Plan[int]:
-    call = ScriptCall(Script.FENCE, slot_keys(topic, slot).keys(Part.EPOCH), [])
-    return Plan([call], lambda replies: int(replies[0]))
+    """Take the slot over: a new epoch, and the previous owners' leases rolled back (fence-10)."""
+    keys = slot_keys(topic, slot).keys(
+        Part.EPOCH,
+        Part.STORE,
+        Part.PREPARE,
+        Part.DEAD,
+        Part.MSG,
+        Part.REASON,
+        Part.JOURNAL,
+        Part.OUTCOME,
+        Part.FINISHED,
+        Part.BASIS,
+    )
+    args: list[Arg] = [
+        topic.max_retries,
+        topic.journal_max_len,
+        topic.retry_for_ms,
+        topic.retry_exhausted_action.value,
+        topic.outcome_retention_ms,
+    ]
+    return Plan([ScriptCall(Script.FENCE, keys, args)], lambda replies: int(replies[0]))
 
 
 def freeze(topic: Topic, slot: int) -> Plan[int]:

@@ -41,7 +41,7 @@ class Script(enum.StrEnum):
     ACK = "ack-7"
     NACK = "nack-11"
     EXTEND = "extend-3"
-    FENCE = "fence-1"
+    FENCE = "fence-10"
     FREEZE = "freeze-1"
     THAW = "thaw-1"
     GIVEBACK = "giveback-6"

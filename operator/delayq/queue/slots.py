@@ -36,6 +36,7 @@ import redis.asyncio
 
 from delayq.queue.client import AsyncQueue
 from delayq.queue.codec import as_text
+from delayq.queue.codes import SlotMovingError
 from delayq.queue.keys import Part, control_key, parse_wake_key, slot_keys
 
 log = logging.getLogger(__name__)
@@ -93,17 +94,31 @@ class OwnedSlots(Generic[S]):
     def slots(self) -> list[int]:
         return sorted(self._slots)
 
-    async def own(self, slots: Iterable[int]) -> None:
+    async def own(self, slots: Iterable[int]) -> dict[int, redis.RedisError | OSError]:
         """Take over the slots not owned yet, each reported to `claim_now` as soon as it is
-        owned (a take-over failing halfway leaves the slots before it owned and claimed)."""
+        owned. A slot that cannot be taken now never keeps the others from being taken: the
+        slots refused as moving (SlotMovingError, frozen by a move) are skipped and returned
+        with their error; after a failure of the broker itself (it does not answer), every
+        slot not taken yet is returned with it, since each would wait for the same timeout.
+        The caller retries the returned slots."""
+        failed: dict[int, redis.RedisError | OSError] = {}
+        pending = [slot for slot in slots if slot not in self._slots]
         try:
-            for slot in slots:
-                if slot not in self._slots:
-                    state = self._new_slot(slot, await self.queue.take_over(slot))
-                    self._slots[slot] = state
-                    self._claim_now(state)
+            for index, slot in enumerate(pending):
+                try:
+                    epoch = await self.queue.take_over(slot)
+                except SlotMovingError as error:
+                    failed[slot] = error
+                    continue
+                except (redis.RedisError, OSError) as error:
+                    failed.update(dict.fromkeys(pending[index:], error))
+                    break
+                state = self._new_slot(slot, epoch)
+                self._slots[slot] = state
+                self._claim_now(state)
         finally:
             await self.interrupt()  # the wait picks up the new slots' wake lists
+        return failed
 
     async def release(self, slots: Iterable[int]) -> set[int]:
         """Stop owning the slots; returns those that were owned. Never raises."""

@@ -67,6 +67,13 @@ class ServiceMetrics:
         self.owned_slots = Gauge(
             "delayq_owned_slots", "Slots this process consumes", names, registry=self.registry
         )
+        self.unconsumed_slots = Gauge(
+            "delayq_unconsumed_slots",
+            "Slots granted to this process that it could not take over yet, by reason: moving "
+            "(frozen by a slot move), error (the broker failed the take-over); each is retried",
+            [*names, "reason"],
+            registry=self.registry,
+        )
         self.paused = Gauge(
             "delayq_paused",
             "1 while the topic's delivery is paused (nothing is claimed), else 0",
@@ -158,6 +165,10 @@ class ServiceMetrics:
         self._child(self.owned_slots).set(len(stats.slots))
         self._child(self.paused).set(1 if paused else 0)
         self._child(self.oldest_overdue).set(stats.oldest_overdue_ms / 1000)
+
+    def set_unconsumed(self, moving: int, error: int) -> None:
+        self._child(self.unconsumed_slots, "moving").set(moving)
+        self._child(self.unconsumed_slots, "error").set(error)
 
     def watch_counters(self, counters: Callable[[], ConsumerCounters]) -> None:
         """Expose the delivery engine's counters, read at scrape time."""

@@ -87,7 +87,7 @@ def _handler(run: Any) -> Any:
             config = settings(args)
             if not config.zookeeper_connect:
                 raise ConfigError("needs ZooKeeper: --zookeeper-connect (DELAYQ_ZOOKEEPER_CONNECT)")
-            with _connected(config) as (zk, paths, queues):
+            with connected(config) as (zk, paths, queues):
                 return int(run(zk, paths, queues, args))
         except (ConfigError, MoveError, ValueError) as error:
             print(f"{name}: {error}", file=sys.stderr)
@@ -101,7 +101,7 @@ def _handler(run: Any) -> Any:
 
 
 @contextmanager
-def _connected(config: ServiceConfig) -> Iterator[tuple[Any, Any, list[Any]]]:
+def connected(config: ServiceConfig) -> Iterator[tuple[Any, Any, list[Any]]]:
     """ZooKeeper, the topic's paths and a client per broker under the routing's slot amount
     and generation (the settings' when there is no routing node yet)."""
     from kazoo.client import KazooClient

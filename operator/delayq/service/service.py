@@ -7,6 +7,12 @@ for pull — which fences each new slot on takeover. Shutdown runs in the safe o
 claiming, let in-flight deliveries finish (bounded), then give the slots back, so the next owner
 does not redeliver what was just acknowledged.
 
+An ownership pass never fails as a whole because of one slot: a granted slot whose take-over
+fails (frozen by a slot move, its broker down) is skipped, recorded in `unconsumed` and retried
+on its own timer (`unconsumed.py`), while every other slot is consumed at once. A slot frozen
+longer than `move_stall_s` by a move whose mover stopped is finished (or rolled back) by this
+process (`stopped_moves.py`).
+
 Readiness tells the truth about delivery: a background probe (once a second) checks that the
 slots the delivery engine really consumes are the ones the ownership grants and that their
 brokers answer; `/readyz` answers the cached verdict with hysteresis (`readiness.py`). The same
@@ -46,6 +52,8 @@ from delayq.service.delivery.webhook import WebhookSink
 from delayq.service.metrics import ServiceMetrics
 from delayq.service.readiness import PROBE_INTERVAL_S, PROBE_TIMEOUT_S, Readiness
 from delayq.service.shutdown import OWNERSHIP_STOP_TIMEOUT_S, release_drain_s
+from delayq.service.stopped_moves import end_stopped_moves
+from delayq.service.unconsumed import RETRY_MAX_S, UnconsumedSlots, Why
 
 log = logging.getLogger(__name__)
 
@@ -75,6 +83,15 @@ class DelayService:
         self.broken = asyncio.Event()  # a delivery loop died: the process must restart
         self.readiness = Readiness()
         self._prober: asyncio.Task[None] | None = None
+        # granted slots whose take-over failed, each retried on its own timer
+        self.unconsumed = UnconsumedSlots()
+        self._unconsumed_changed = asyncio.Event()
+        self._retrier: asyncio.Task[None] | None = None
+        self._ending_moves: asyncio.Task[None] | None = None  # ending stopped moves now
+        self._moves_ended_at_s = -RETRY_MAX_S  # monotonic time it last started (one ZK session)
+        # a slot frozen this long by a move is ended here: its mover's lock, should it have
+        # been killed, went with its session one session timeout after its death
+        self.move_stall_s = 2 * config.zookeeper_session_timeout_ms / 1000
         self._routing_watch: RoutingWatch | None = None
         # set (and replaced) on every routing change: a write refused as SLOT_MOVING waits on it
         self.routing_changed = asyncio.Event()
@@ -149,6 +166,8 @@ class DelayService:
                 run = asyncio.create_task(consumer.run())
                 run.add_done_callback(self._on_run_done)
                 self._runs.append(run)
+        self._retrier = asyncio.create_task(self._retry_unconsumed_forever())
+        self._retrier.add_done_callback(self._on_run_done)  # it ends only on stop()
         await self.ownership.start(self._on_change)
         self.readiness.observe(await self._probe(), time.monotonic())  # ready as soon as it is
         self._prober = asyncio.create_task(self._probe_forever())
@@ -218,10 +237,7 @@ class DelayService:
             self.brokers.routing[:] = routing
             granted = moved & self.ownership.owned
             if granted and not self._closing:
-                try:
-                    await self._apply(granted, release=False)
-                except redis.RedisError as error:  # the probe takes them back within a second
-                    log.warning("could not own moved slots", extra={"error": str(error)})
+                await self._apply(granted, release=False)  # failures: retried on their timer
             log.info("routing changed", extra={"moved": sorted(moved)})
         changed, self.routing_changed = self.routing_changed, asyncio.Event()
         changed.set()
@@ -257,6 +273,7 @@ class DelayService:
         async with self._lock:
             wanted = frozenset() if self._closing else slots
             owned = frozenset(self.owned_slots)
+            self._forget_unconsumed(frozenset(self.unconsumed.slots) - wanted)
             if owned - wanted:
                 await self._apply(owned - wanted, release=True)
             if wanted - owned:
@@ -264,16 +281,84 @@ class DelayService:
             log.info("owned slots changed", extra={"owned": sorted(wanted)})
 
     async def _apply(self, slots: frozenset[int], release: bool) -> None:
-        if self.leaser is not None:
-            await (self.leaser.release(slots) if release else self.leaser.own(slots))
+        """Release or take over `slots`; a slot that cannot be taken over now is recorded in
+        `unconsumed` (retried on its timer, reported), never an error of the whole pass."""
+        if release:
+            self._forget_unconsumed(slots)
+            if self.leaser is not None:
+                await self.leaser.release(slots)
+                return
+            for broker, broker_slots in self.brokers.split(slots).items():
+                await self.consumers[broker].release(broker_slots)
             return
-        for broker, broker_slots in self.brokers.split(slots).items():
-            consumer = self.consumers[broker]
-            await (consumer.release(broker_slots) if release else consumer.own(broker_slots))
+        failed: dict[int, Exception] = {}
+        if self.leaser is not None:
+            failed.update(await self.leaser.own(slots))
+        else:
+            for broker, broker_slots in self.brokers.split(slots).items():
+                failed.update(await self.consumers[broker].own(broker_slots))
+        self._forget_unconsumed(slots - failed.keys())
+        if failed:
+            fresh = sorted(failed.keys() - self.unconsumed.slots.keys())
+            self.unconsumed.failed(failed, time.monotonic())
+            if fresh:
+                log.warning(
+                    "granted slots not taken over; retrying them on their own",
+                    extra={"slots": fresh, "error": str(failed[fresh[0]])},
+                )
+        self._unconsumed_updated()
+
+    def _forget_unconsumed(self, slots: frozenset[int]) -> None:
+        """The slots are consumed, or no longer granted: nothing to retry for them."""
+        if slots & self.unconsumed.slots.keys():
+            self.unconsumed.forget(slots)
+            self._unconsumed_updated()
+
+    def _unconsumed_updated(self) -> None:
+        self.metrics.set_unconsumed(
+            self.unconsumed.count(Why.MOVING), self.unconsumed.count(Why.ERROR)
+        )
+        self._unconsumed_changed.set()
+
+    async def _retry_unconsumed_forever(self) -> None:
+        """Take over each unconsumed granted slot again when its backoff ends, and end a move
+        that left a slot frozen past `move_stall_s` (stopped_moves.py)."""
+        while not self._closing:
+            next_s = self.unconsumed.next_retry_s()
+            self._unconsumed_changed.clear()
+            with contextlib.suppress(TimeoutError):
+                timeout = None if next_s is None else max(0.0, next_s - time.monotonic())
+                await asyncio.wait_for(self._unconsumed_changed.wait(), timeout)
+            async with self._lock:
+                if self._closing:
+                    return
+                granted = self.ownership.owned
+                self._forget_unconsumed(frozenset(self.unconsumed.slots) - granted)
+                due = self.unconsumed.due(time.monotonic()) - frozenset(self.owned_slots)
+                if due:
+                    await self._apply(due, release=False)
+            stalled = self.unconsumed.moving_since(time.monotonic() - self.move_stall_s)
+            ending = self._ending_moves is not None and not self._ending_moves.done()
+            recently = time.monotonic() - self._moves_ended_at_s < RETRY_MAX_S
+            if stalled and self.config.zookeeper_connect and not ending and not recently:
+                self._moves_ended_at_s = time.monotonic()
+                self._ending_moves = asyncio.create_task(self._end_stopped_moves(stalled))
+
+    async def _end_stopped_moves(self, slots: frozenset[int]) -> None:
+        """Finish or roll back the moves that froze `slots` (in a thread: the mover is sync);
+        what fails (a mover holds the slot, a broker or ZooKeeper down) is tried again on a
+        later retry. The slots are taken over by their retry timer or the routing change."""
+        try:
+            done = await asyncio.to_thread(end_stopped_moves, self.config, slots)
+            if done:
+                log.warning("ended moves that had stopped", extra={"slots": done})
+        except Exception as error:  # kazoo, Redis: all mean "not now"
+            log.info("could not end stopped moves yet", extra={"error": str(error)})
 
     def _on_run_done(self, task: asyncio.Task[None]) -> None:
-        """A Consumer's loop ends only on stop(); anything else (a Redis outage it does not
-        survive) makes the service unready and `serve` exit non-zero, so it gets restarted."""
+        """A Consumer's loop (or the retry of unconsumed slots) ends only on stop(); anything
+        else (a Redis outage it does not survive) makes the service unready and `serve` exit
+        non-zero, so it gets restarted."""
         if self._closing or task.cancelled():
             return
         log.error("delivery loop ended unexpectedly", exc_info=task.exception())
@@ -292,16 +377,16 @@ class DelayService:
         async with self._lock:
             if self._closing:
                 return
-            missing = self.ownership.owned - frozenset(self.owned_slots)
+            # slots whose take-over failed are retried on their own timer
+            missing = (
+                self.ownership.owned - frozenset(self.owned_slots) - self.unconsumed.slots.keys()
+            )
             confirmed = frozenset(
                 [slot for slot in sorted(missing) if await self.ownership.holds(slot)]
             )
             if confirmed:
                 log.warning("taking back granted slots", extra={"slots": sorted(confirmed)})
-                try:
-                    await self._apply(confirmed, release=False)
-                except (redis.RedisError, OSError) as error:  # Redis down, or the slot moving
-                    log.warning("could not take back granted slots", extra={"error": str(error)})
+                await self._apply(confirmed, release=False)  # failures: retried on their timer
 
     async def _probe_forever(self) -> None:
         """A verdict every PROBE_INTERVAL_S whatever happens: a probe that hangs (Redis or
@@ -318,13 +403,19 @@ class DelayService:
         """What keeps this process from delivering what it was granted (None: nothing)."""
         if not self.ownership.ready:
             return "ownership not settled (ZooKeeper unreachable or assignment changing)"
-        if frozenset(self.owned_slots) != self.ownership.owned:
+        # a slot frozen by a move is reported (/readyz, metric), not a reason to be unready:
+        # no process could consume it, and the move is ended here past `move_stall_s`
+        moving = frozenset(s for s, u in self.unconsumed.slots.items() if u.why is Why.MOVING)
+        if frozenset(self.owned_slots) | moving != self.ownership.owned | moving:
             # an ownership change still being applied holds the lock: that is the mismatch
             # this probe reports, not something to wait for
             if not self._lock.locked():
                 await self._take_back_missing()
-            if frozenset(self.owned_slots) != self.ownership.owned:
-                return "granted slots not consumed"
+            if frozenset(self.owned_slots) | moving != self.ownership.owned | moving:
+                failing = self.unconsumed.count(Why.ERROR)
+                return "granted slots not consumed" + (
+                    f" ({failing} failing to be taken over: see unconsumedSlots)" if failing else ""
+                )
         if not await self.brokers.reachable(self.owned_slots):
             return "a broker does not answer"
         return None
@@ -392,6 +483,8 @@ class DelayService:
         started = time.monotonic()
         if self._prober is not None:
             self._prober.cancel()
+        if self._retrier is not None:
+            self._retrier.cancel()
         await self._on_change(frozenset())
         if self.leaser is not None:
             self.leaser.stop()

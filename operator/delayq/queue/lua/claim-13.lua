@@ -71,7 +71,7 @@
 --@include record_extras
 --@include record_fields
 --@include record_with
---@include retries_exhausted
+--@include roll_back_leases
 --@include series_fields
 --@include series_with
 --@include with_first_attempt
@@ -120,23 +120,8 @@ end
 
 -- 1. Roll back expired leases.
 local expired = redis.call('ZRANGEBYSCORE', prepare, '-inf', now, 'LIMIT', 0, rollback_max)
-for _, id in ipairs(expired) do
-  redis.call('ZREM', prepare, id)
-  local record = redis.call('HGET', msg, id)
-  if record then
-    local attempts, due, _, p3 = record_fields(record)
-    local _, first_ms = record_extras(record, p3)
-    journal(journal_key, journal_max_len, 'expired', id, now, due, attempts)
-    if retries_exhausted(attempts, max_retries, first_ms, retry_for_ms, now) then
-      give_up(slot, id, exhausted_action, 'lease expired on attempt ' .. attempts, 'dropped', now,
-        due, attempts)
-      given_up = given_up + 1
-    else
-      redis.call('HSET', msg, id, record_with(record, attempts, '', '', p3))
-      redis.call('ZADD', store, now, id)
-    end
-  end
-end
+given_up = roll_back_leases(slot, store, prepare, expired, now, max_retries, retry_for_ms,
+  exhausted_action)
 
 -- 2. Claim what is due.
 local claimed = {CODE.OK, now_micros, -1, -1, 0}

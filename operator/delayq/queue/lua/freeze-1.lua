@@ -2,7 +2,7 @@
 --[[
   Freeze a slot for a move to another broker (queue/migration.py): its epoch becomes
   'moving:<epoch>'. From this call on every claim, ack, nack, extend and give-back of the old
-  owner is refused as stale (no epoch equals it), its fence-1 and every producing write
+  owner is refused as stale (no epoch equals it), its fence-10 and every producing write
   (schedule, cancel, reschedule, redrive, purge, define, drop, topup) raise SLOT_MOVING, so
   nothing changes in the slot on this broker while it is copied; so does a read by id (get),
   since the source is emptied after the move. Idempotent: a frozen slot

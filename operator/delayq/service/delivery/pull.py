@@ -23,6 +23,8 @@ import time
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
+import redis
+
 from delayq.queue.codes import StaleEpochError
 from delayq.queue.model import ClaimBatch, Message, SlotClaim
 from delayq.queue.server_clock import ServerClock
@@ -84,9 +86,12 @@ class PullLeaser:
         await asyncio.gather(*(owned.close() for owned in self._owned))
         self._polls.close()
 
-    async def own(self, slots: Iterable[int]) -> None:
+    async def own(self, slots: Iterable[int]) -> dict[int, redis.RedisError | OSError]:
+        """Take the slots over; returns those that could not be taken now (OwnedSlots.own)."""
+        failed: dict[int, redis.RedisError | OSError] = {}
         for broker, broker_slots in self.brokers.split(slots).items():
-            await self._owned[broker].own(broker_slots)
+            failed.update(await self._owned[broker].own(broker_slots))
+        return failed
 
     async def release(self, slots: Iterable[int]) -> None:
         """Stop claiming the slots; returns once no claim that may include them is in flight,
