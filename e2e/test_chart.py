@@ -68,7 +68,11 @@ PERMISSIONS = [
     ("create", "secrets", True),
     ("create", "poddisruptionbudgets.policy", True),
     ("create", "networkpolicies.networking.k8s.io", True),
-    ("patch", "pods", True),
+    ("list", "pods", True),  # the health pass reads IPs, readiness, deletionTimestamp
+    ("patch", "pods", False),  # the master Service follows the operator's EndpointSlice
+    ("create", "endpointslices.discovery.k8s.io", True),
+    ("patch", "endpointslices.discovery.k8s.io", True),
+    ("delete", "endpointslices.discovery.k8s.io", False),
     ("delete", "persistentvolumeclaims", False),  # the StatefulSet controller deletes them
     ("create", "events", True),
     ("list", "secrets", False),

@@ -289,7 +289,8 @@ TOPIC_RULES = {
     ("", "services"): {"get", "create", "patch"},
     ("", "configmaps"): {"get", "create", "patch"},
     ("", "secrets"): {"get", "create", "delete"},
-    ("", "pods"): {"list", "patch"},
+    ("", "pods"): {"list"},  # no patch: the master Service follows an EndpointSlice
+    ("discovery.k8s.io", "endpointslices"): {"get", "create", "patch"},
     ("", "events"): {"create"},
     ("policy", "poddisruptionbudgets"): {"get", "create", "patch"},
     ("networking.k8s.io", "networkpolicies"): {"get", "create", "patch", "delete"},
