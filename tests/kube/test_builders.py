@@ -17,6 +17,7 @@ from delayq.kube.builders.redis import (
     REDIS_PRESTOP_SCRIPT,
     REDIS_START_SCRIPT,
     SWITCHOVER_WAIT_S,
+    master_endpoint_slice,
     redis_maxmemory,
 )
 from delayq.kube.builders.service import NON_PUBLIC_IPV4, NON_PUBLIC_IPV6, config_hash
@@ -274,6 +275,25 @@ def test_master_service_has_no_selector_and_headless_selects_all() -> None:
     assert headless["clusterIP"] == "None"
     assert headless["selector"] == naming.redis_selector("orders", 0)
     assert not [kind for kind, _ in items if kind == "EndpointSlice"]  # the health pass's
+
+
+@pytest.mark.parametrize(
+    ("address", "family", "endpoints"),
+    [("10.0.0.7", "IPv4", 1), ("fd00::7", "IPv6", 1), (None, None, 0)],
+)
+def test_the_master_slice_names_the_master_in_its_address_family(
+    address: str | None, family: str | None, endpoints: int
+) -> None:
+    slice_ = master_endpoint_slice(spec_of(), 0, "orders-redis-0-1", address, ready=True)
+    labels = slice_["metadata"]["labels"]
+    assert labels[naming.LABEL_SERVICE_NAME] == naming.redis_master_service("orders", 0)
+    assert labels[naming.LABEL_SLICE_MANAGED_BY] == "delayq.io-operator"
+    assert slice_.get("addressType") == family  # immutable: never guessed without an IP
+    assert len(slice_["endpoints"]) == endpoints
+    if address:
+        (endpoint,) = slice_["endpoints"]
+        assert endpoint["addresses"] == [address]
+        assert endpoint["targetRef"]["name"] == "orders-redis-0-1"
 
 
 def test_redis_pods_learn_their_role_from_the_master_record() -> None:

@@ -25,6 +25,8 @@ from delayq.kube.builders.redis import master_endpoint_slice, masters_config_map
 from delayq.kube.context import OperatorContext
 from delayq.kube.spec import TopicSpec
 
+SLICE_API = "discovery.k8s.io/v1"
+
 
 async def recorded_masters(ctx: OperatorContext, spec: TopicSpec) -> dict[str, str]:
     """The topic's master record: naming.master_key(broker) -> pod name (empty: none yet)."""
@@ -43,14 +45,15 @@ async def publish_master(
     address: str | None,
     ready: bool,
 ) -> None:
-    """Record `pod` as broker `broker`'s master and point the master Service at it."""
-    manifests = [
-        masters_config_map(spec, broker, pod),
-        master_endpoint_slice(spec, broker, pod, address, ready),
-    ]
+    """Record `pod` as broker `broker`'s master and point the master Service at it; while the
+    pod has no IP an existing slice is emptied (no traffic to a gone address) and none is
+    created (its address family is not known yet)."""
+    service = naming.redis_master_service(spec.name, broker)
+    manifests = [masters_config_map(spec, broker, pod)]
+    if address or await ctx.kube.get(SLICE_API, "EndpointSlice", spec.namespace, service):
+        manifests.append(master_endpoint_slice(spec, broker, pod, address, ready))
     for manifest in adopted(owner, manifests):
         await ensure(ctx.kube, manifest)
-    service = naming.redis_master_service(spec.name, broker)
     found = await ctx.kube.get("v1", "Service", spec.namespace, service)
     if found is not None and (found.get("spec") or {}).get("selector"):
         patch = {"spec": {"selector": None}}  # merge patch: null removes the field

@@ -418,7 +418,8 @@ def master_endpoint_slice(
 ) -> Manifest:
     """The master Service's one endpoint: the named master pod at its current IP (none while
     it has no IP), ready as the pod is, as the slice controller would write it for a
-    selector. addressType follows the pod IP's family (IPv4 without an IP)."""
+    selector. addressType (immutable) follows the pod IP's family; without an IP it is left
+    out: such a manifest can only empty an existing slice (master_endpoint.publish_master)."""
     service = naming.redis_master_service(spec.name, broker)
     labels = {
         **redis_labels(spec, broker),
@@ -434,14 +435,16 @@ def master_endpoint_slice(
                 "targetRef": {"kind": "Pod", "namespace": spec.namespace, "name": pod},
             }
         )
-    return {
+    manifest: Manifest = {
         "apiVersion": "discovery.k8s.io/v1",
         "kind": "EndpointSlice",
         "metadata": metadata(service, spec.namespace, labels),
-        "addressType": "IPv6" if address and ":" in address else "IPv4",
         "endpoints": endpoints,
         "ports": [{"name": "redis", "port": naming.REDIS_PORT, "protocol": "TCP"}],
     }
+    if address:
+        manifest["addressType"] = "IPv6" if ":" in address else "IPv4"
+    return manifest
 
 
 def masters_config_map(spec: TopicSpec, broker: int, pod: str) -> Manifest:
