@@ -28,7 +28,7 @@ from e2e.harness.dataplane import (
     start_serve,
 )
 from e2e.harness.kube import Kube, Release, condition
-from e2e.harness.operator import LocalOperator, chart_env
+from e2e.harness.operator import LocalOperator, chart_env, tenant_namespace
 from e2e.harness.process import INTERVAL_S, NOT_YET, REPO, ManagedProcess
 from e2e.harness.receiver import Received, received_one
 from e2e.harness.topics import (
@@ -62,7 +62,7 @@ def test_failover_promotes_the_replica_and_keeps_scheduled_messages(
     """
     url, received = webhook_receiver
     ns = f"e2e-failover-{secrets.token_hex(3)}"
-    kube.kubectl("create", "namespace", ns)
+    tenant_namespace(kube, chart_release, ns)
     workdir = tmp_path_factory.mktemp("failover")
     addresses = workdir / "addresses.json"
     closed = ["127.0.0.1", free_port()]  # nothing listens: unmapped pods fail fast
