@@ -32,6 +32,7 @@ from delayq.queue.topic import Topic, slot_of
 NAMESPACE = "shop"
 LOOPBACK = "127.0.0.1"
 SLICES = "discovery.k8s.io/v1/endpointslices"
+UIDS = itertools.count()  # pod uids: a pod made again gets a new one
 SYNC_TIMEOUT_S = 10.0
 
 
@@ -100,7 +101,12 @@ class RedisPods(Mapping[str, tuple[str, int]]):
             }
             ip = f"10.0.{broker}.{ordinal}"
             self.api.objects["v1/pods", NAMESPACE, name] = {
-                "metadata": {"name": name, "namespace": NAMESPACE, "labels": labels},
+                "metadata": {
+                    "name": name,
+                    "namespace": NAMESPACE,
+                    "uid": f"{name}-{next(UIDS)}",
+                    "labels": labels,
+                },
                 "status": {"podIP": ip, "conditions": [{"type": "Ready", "status": "True"}]},
             }
             if len(self.pods) >= len(self.pool):
@@ -144,13 +150,14 @@ class RedisPods(Mapping[str, tuple[str, int]]):
         """What an earlier pass of the operator left: `pod` recorded as the broker's master and
         the master Service's EndpointSlice at its IP."""
         record = naming.redis_masters_config_map("orders")
-        key = naming.master_key(broker)
+        uid = self.api.objects["v1/pods", NAMESPACE, pod.name].raw["metadata"]["uid"]
+        data = {naming.master_key(broker): naming.master_record(pod.name, uid)}
         try:
-            self.api.objects["v1/configmaps", NAMESPACE, record].patch({"data": {key: pod.name}})
+            self.api.objects["v1/configmaps", NAMESPACE, record].patch({"data": data})
         except KeyError:
             self.api.objects["v1/configmaps", NAMESPACE, record] = {
                 "metadata": {"name": record, "namespace": NAMESPACE},
-                "data": {key: pod.name},
+                "data": data,
             }
         service = naming.redis_master_service("orders", broker)
         self.api.objects[SLICES, NAMESPACE, service] = {
@@ -167,15 +174,16 @@ class RedisPods(Mapping[str, tuple[str, int]]):
         }
 
     def recorded_master(self, broker: int) -> str | None:
-        """The broker's master in the operator's record (the ConfigMap the pods read)."""
+        """The pod name of the broker's master in the operator's record (the ConfigMap the pods
+        read; the record also names the pod's uid)."""
         try:
             record = self.api.objects[
                 "v1/configmaps", NAMESPACE, naming.redis_masters_config_map("orders")
             ]
         except KeyError:
             return None
-        name: str | None = (record.raw.get("data") or {}).get(naming.master_key(broker))
-        return name
+        value: str | None = (record.raw.get("data") or {}).get(naming.master_key(broker))
+        return value.split("/")[0] if value else None
 
     def served_master(self, broker: int) -> RedisPod | None:
         """The pod the master Service reaches: its EndpointSlice's ready address."""
@@ -231,12 +239,12 @@ class RedisPods(Mapping[str, tuple[str, int]]):
     def heal(self, name: str) -> None:
         self.pods[name].reachable = True
 
-    def readdress(self, name: str, ip: str, ready: bool) -> None:
-        """The pod made again (same name and volume, same Redis) with a new IP: a restart."""
+    def recreate(self, name: str, ip: str) -> None:
+        """The pod made again by its StatefulSet (a deletion, a drain): same name, a new uid
+        and IP, Ready; "its" Redis keeps running with its data (the volume came along)."""
         self.pods[name].ip = ip
-        status = "True" if ready else "False"
         self.api.objects["v1/pods", NAMESPACE, name].patch(
-            {"status": {"podIP": ip, "conditions": [{"type": "Ready", "status": status}]}}
+            {"metadata": {"uid": f"{name}-{next(UIDS)}"}, "status": {"podIP": ip}}
         )
 
     def cut_from_master(self, name: str) -> None:

@@ -244,7 +244,7 @@ def test_redis_maxmemory_follows_the_memory_limit_with_noeviction(
 
 
 def test_redis_start_script_reads_role_from_the_master_record_and_hides_password() -> None:
-    assert 'if [ "${MASTER_POD:-}" = "$POD_NAME" ]; then' in REDIS_START_SCRIPT
+    assert 'if [ "${MASTER_POD:-}" = "$POD_NAME/$POD_UID" ]; then' in REDIS_START_SCRIPT
     assert "--replicaof $MASTER_HOST" in REDIS_START_SCRIPT
     assert "--requirepass" not in REDIS_START_SCRIPT  # the password goes through stdin
 
@@ -305,6 +305,7 @@ def test_redis_pods_learn_their_role_from_the_master_record() -> None:
         "optional": True,
     }
     assert env["POD_NAME"]["valueFrom"]["fieldRef"]["fieldPath"] == "metadata.name"
+    assert env["POD_UID"]["valueFrom"]["fieldRef"]["fieldPath"] == "metadata.uid"
     assert [volume["name"] for volume in sts["volumes"]] == ["tmp"]  # no labels file
 
 

@@ -1,5 +1,6 @@
 """The master Service's endpoint is written by the operator (kube/master_endpoint.py), on
-kmock with real redis-servers: it follows the master's pod IP and readiness, and a topic of a
+kmock with real redis-servers: it follows the recorded master's readiness, a master's pod made
+again is not the master until a failover decides so (its volume may be new), and a topic of a
 version that labelled its master pod is taken over without a failover and without the Service
 losing its master."""
 
@@ -13,7 +14,8 @@ import kmock
 from delayq.kube import naming
 from delayq.kube.context import OperatorContext
 from delayq.kube.handlers.health import refresh
-from tests.kube.pods import SLICES, RedisPods, add_service_pods
+from tests.kube.conftest import Clock
+from tests.kube.pods import SLICES, RedisPods, add_service_pods, set_pod_ready
 from tests.kube.test_handlers import body, existing, provision, put_topic, write_status
 
 SERVICE = naming.redis_master_service("orders", 0)
@@ -24,10 +26,11 @@ def endpoints(api: kmock.KubernetesEmulator) -> list[dict[str, Any]]:
     return found
 
 
-async def test_the_slice_follows_the_masters_new_ip_and_readiness_without_a_failover(
+async def test_the_slice_follows_readiness_and_a_remade_master_pod_waits_for_the_failover(
     api: kmock.KubernetesEmulator,
     ctx: OperatorContext,
     redis_pods: RedisPods,
+    clock: Clock,
     logger: logging.Logger,
 ) -> None:
     put_topic(api, replicasPerBroker=1)
@@ -39,20 +42,26 @@ async def test_the_slice_follows_the_masters_new_ip_and_readiness_without_a_fail
     assert slice_["metadata"]["labels"][naming.LABEL_SERVICE_NAME] == SERVICE
     assert slice_["metadata"]["labels"][naming.LABEL_SLICE_MANAGED_BY] == naming.SLICE_MANAGER
     assert slice_["metadata"]["ownerReferences"][0]["kind"] == "DelayTopic"  # deleted with it
-
-    # The master's pod is made again on another node: same name and data, a new IP.
-    redis_pods.readdress("orders-redis-0-0", "10.0.9.9", ready=False)
+    set_pod_ready(api, "orders-redis-0-0", False)
     write_status(api, await refresh(ctx, body(api), logger))
-    assert endpoints(api)[0]["addresses"] == ["10.0.9.9"]
-    assert endpoints(api)[0]["conditions"] == {"ready": False}  # no traffic before it is ready
-    assert redis_pods.served_master(0) is None
-    redis_pods.readdress("orders-redis-0-0", "10.0.9.9", ready=True)
+    assert endpoints(api)[0]["conditions"] == {"ready": False}  # no traffic while not ready
+    set_pod_ready(api, "orders-redis-0-0", True)
     write_status(api, await refresh(ctx, body(api), logger))
     assert endpoints(api)[0]["conditions"] == {"ready": True}
-    assert redis_pods.served_master(0) is redis_pods.pods["orders-redis-0-0"]
-    assert redis_pods.replication("orders-redis-0-1")["role"] == "slave"  # no failover
-    broker = body(api)["status"]["brokers"][0]
-    assert (broker["state"], broker.get("lastFailoverTime")) == ("Ready", None)
+
+    # The master's pod is made again (same name, new uid and IP, Ready): not the recorded
+    # incarnation, so not master before the grace; then the failover picks by offset.
+    redis_pods.recreate("orders-redis-0-0", "10.0.9.9")
+    write_status(api, await refresh(ctx, body(api), logger))
+    assert body(api)["status"]["brokers"][0]["state"] == "MasterMissing"
+    assert endpoints(api)[0]["addresses"] == ["10.0.0.0"]  # still the recorded incarnation's
+    clock.now += ctx.failover_grace_s + 1
+    write_status(api, await refresh(ctx, body(api), logger))
+    master = body(api)["status"]["brokers"][0]["masterPod"]
+    assert redis_pods.recorded_master(0) == master
+    assert endpoints(api)[0]["addresses"] == [redis_pods.pods[master].ip]
+    assert redis_pods.served_master(0) is redis_pods.pods[master]
+    assert body(api)["status"]["brokers"][0]["lastFailoverTime"]
 
 
 async def test_a_topic_whose_master_was_labelled_keeps_its_master_and_its_service_converts(
@@ -62,18 +71,19 @@ async def test_a_topic_whose_master_was_labelled_keeps_its_master_and_its_servic
     logger: logging.Logger,
 ) -> None:
     """Regression (upgrade): the operator before this one moved a role label and the master
-    Service selected it; there is neither record nor slice. The status's masterPod is taken as
-    the master (pod 1 here: an election would pick pod 0), its slice is written, and only then
-    does the Service lose its selector."""
+    Service selected it; there is neither record nor slice. The labelled pod (pod 1 here: an
+    election would pick pod 0) stays master, its slice is written, and only then does the
+    Service lose its selector."""
     put_topic(api, replicasPerBroker=1)
     await provision(api, ctx, logger)
     redis_pods.add(0, 2, master=1)
     add_service_pods(api, 1)
-    write_status(api, await refresh(ctx, body(api), logger))
-    # What the older operator left: no record, no slice, a Service selecting by the label.
+    # What the older operator left: no record, no slice, a label and a Service selecting it.
     del api.objects["v1/configmaps", "shop", naming.redis_masters_config_map("orders")]
     del api.objects[SLICES, "shop", SERVICE]
-    selector = {**naming.redis_selector("orders", 0), "delayq.io/redis-role": "master"}
+    label = {naming.LEGACY_LABEL_ROLE: naming.LEGACY_ROLE_MASTER}
+    api.objects["v1/pods", "shop", "orders-redis-0-1"].patch({"metadata": {"labels": label}})
+    selector = {**naming.redis_selector("orders", 0), **label}
     api.objects["v1/services", "shop", SERVICE].patch({"spec": {"selector": selector}})
 
     write_status(api, await refresh(ctx, body(api), logger))

@@ -55,7 +55,8 @@ def start_pod(
         env={
             **(env or pod_env()),
             "POD_NAME": name,
-            "MASTER_POD": name if master_port is None else "orders-redis-0-0",
+            "POD_UID": "uid-1",
+            "MASTER_POD": f"{name}/uid-1" if master_port is None else f"{name}/uid-0",
         },
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,

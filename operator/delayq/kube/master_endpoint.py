@@ -2,12 +2,12 @@
 
 The master Service has no selector; its one endpoint is an EndpointSlice the operator writes
 (builders/redis.py master_endpoint_slice) for the pod recorded as master in the ConfigMap
-`<topic>-redis-masters` (builders/redis.py masters_config_map), which the Redis pods also read
-when they start. So failover needs no right to patch pods (docs/security.md); the operator's
-rights stay on objects it owns.
+`<topic>-redis-masters` (builders/redis.py masters_config_map; name and uid: one incarnation
+of the pod, as a label on it was), which the Redis pods also read when they start. So failover
+needs no right to patch pods (docs/security.md); the operator's rights stay on objects it owns.
 
 Every health pass publishes the broker's master again (ensure: no write when nothing changed),
-so a master's new pod IP after a restart, or its readiness, reaches the slice within one pass.
+so its readiness, and after a failover the new master's IP, reach the slice within one pass.
 The record is written before the slice: a pass that stops between the two finds the recorded
 master and writes its slice. A master Service from a version that selected by a pod label
 loses its selector only after the slice exists, so the Service never goes without its master.
@@ -42,6 +42,7 @@ async def publish_master(
     spec: TopicSpec,
     broker: int,
     pod: str,
+    uid: str,
     address: str | None,
     ready: bool,
 ) -> None:
@@ -49,7 +50,7 @@ async def publish_master(
     pod has no IP an existing slice is emptied (no traffic to a gone address) and none is
     created (its address family is not known yet)."""
     service = naming.redis_master_service(spec.name, broker)
-    manifests = [masters_config_map(spec, broker, pod)]
+    manifests = [masters_config_map(spec, broker, naming.master_record(pod, uid))]
     if address or await ctx.kube.get(SLICE_API, "EndpointSlice", spec.namespace, service):
         manifests.append(master_endpoint_slice(spec, broker, pod, address, ready))
     for manifest in adopted(owner, manifests):

@@ -24,6 +24,9 @@ LABEL_MANAGED_BY = "app.kubernetes.io/managed-by"
 LABEL_TOPIC = "delayq.io/topic"
 LABEL_BROKER = "delayq.io/broker"
 LABEL_ENDPOINT = "delayq.io/endpoint"
+# Read only, for an upgrade: the master's pod label of operators before the master record.
+LEGACY_LABEL_ROLE = "delayq.io/redis-role"
+LEGACY_ROLE_MASTER = "master"
 # The master Service's EndpointSlice (kube/master_endpoint.py): the label that ties a slice to
 # its Service, and the manager's label, which keeps Kubernetes' own slice controllers off it.
 LABEL_SERVICE_NAME = "kubernetes.io/service-name"
@@ -85,6 +88,13 @@ def redis_masters_config_map(topic: str) -> str:
 
 def master_key(broker: int) -> str:
     return f"broker-{broker}"
+
+
+def master_record(pod: str, uid: str) -> str:
+    """The value recorded for a broker's master: one pod incarnation, not just a name. A pod
+    made again under the same name (new uid, maybe without its data) is not the master: it
+    starts as a replica and is promoted only by a failover decision, as any other pod."""
+    return f"{pod}/{uid}"
 
 
 def redis_master_host(topic: str, namespace: str, broker: int) -> str:

@@ -1,13 +1,14 @@
 """The Redis side of a broker: StatefulSet (master + replicas, AOF, PVC), Services, PDB, policy.
 
-Who is master is decided by the operator, not by the pods: the operator names one pod per
-broker in the ConfigMap `<topic>-redis-masters` and points the master Service (no selector) at
-that pod through an EndpointSlice it writes (kube/master_endpoint.py), so it never writes pods.
-A pod reads that name (an env var from the ConfigMap) when it starts: the named master starts
-as master, every other pod starts as a replica of the master Service. A returning old master is
-no longer named after a failover, so it restarts as a replica and resyncs from the new master
-(it never overwrites it); if it kept running, the operator demotes it with REPLICAOF (see
-failover.py).
+Who is master is decided by the operator, not by the pods: the operator records one pod per
+broker (that incarnation of it: name and uid) in the ConfigMap `<topic>-redis-masters` and points
+the master Service (no selector) at that pod through an EndpointSlice it writes
+(kube/master_endpoint.py), so it never writes pods. A pod reads the record (an env var from the
+ConfigMap) when it starts: the recorded master starts as master, every other pod, and the
+master's pod made again (a new uid, maybe without its data), as a replica of the master
+Service. A returning old master is no longer recorded after a failover, so it restarts as a
+replica and resyncs from the new master (it never overwrites it); if it kept running, the
+operator demotes it with REPLICAOF (see failover.py).
 
 A master pod that is asked to stop (rollout, drain, eviction) first waits in its preStop hook
 until the operator has switched the master over to a replica (handlers/switchover.py), so a
@@ -62,8 +63,8 @@ MAXMEMORY_PERCENT = 80
 REDIS_DEFAULT_REQUESTS = {"cpu": "100m", "memory": "256Mi"}
 REDIS_DEFAULT_LIMITS = {"memory": "512Mi"}
 
-# The role comes from the master's name the operator recorded (MASTER_POD, empty while none
-# is recorded: then a replica, which the operator promotes if it is the one); the password
+# The role comes from the master the operator recorded (MASTER_POD: `<pod>/<uid>`, so only that
+# incarnation of the pod; empty while none is recorded: then a replica); the password
 # reaches redis-server on stdin so it never shows in the process list. appendfsync from
 # spec.redis.appendFsync: everysec (default, Redis's own) risks the last second of writes on a
 # crash of the master's node, always syncs each write before its reply; RDB snapshots are off.
@@ -88,7 +89,7 @@ args="$args --maxmemory $MAXMEMORY --maxmemory-policy noeviction"
 args="$args --replica-announce-ip $POD_IP --protected-mode no --hz 100"
 args="$args --min-replicas-to-write $MIN_REPLICAS_TO_WRITE"
 args="$args --min-replicas-max-lag $MIN_REPLICAS_MAX_LAG_S"
-if [ "${MASTER_POD:-}" = "$POD_NAME" ]; then
+if [ "${MASTER_POD:-}" = "$POD_NAME/$POD_UID" ]; then
   echo "delayq: starting as master"
 else
   echo "delayq: starting as replica of $MASTER_HOST"
@@ -252,6 +253,7 @@ def redis_statefulset(spec: TopicSpec, broker: int, ctx: BuildContext) -> Manife
         "env": [
             env_from_field("POD_IP", "status.podIP"),
             env_from_field("POD_NAME", "metadata.name"),
+            env_from_field("POD_UID", "metadata.uid"),
             {"name": "MASTER_HOST", "value": master_host},
             master_pod_env(spec, broker),
             {"name": "MIN_REPLICAS_TO_WRITE", "value": str(spec.redis_min_replicas_to_write)},
@@ -447,9 +449,9 @@ def master_endpoint_slice(
     return manifest
 
 
-def masters_config_map(spec: TopicSpec, broker: int, pod: str) -> Manifest:
-    """The record of broker `broker`'s master (naming.redis_masters_config_map): a patch of
-    it sets that broker's key only."""
+def masters_config_map(spec: TopicSpec, broker: int, record: str) -> Manifest:
+    """The record of broker `broker`'s master (naming.redis_masters_config_map, the value
+    naming.master_record): a patch of it sets that broker's key only."""
     return {
         "apiVersion": "v1",
         "kind": "ConfigMap",
@@ -458,7 +460,7 @@ def masters_config_map(spec: TopicSpec, broker: int, pod: str) -> Manifest:
             spec.namespace,
             naming.topic_labels(spec.name, naming.COMPONENT_REDIS),
         ),
-        "data": {naming.master_key(broker): pod},
+        "data": {naming.master_key(broker): record},
     }
 
 

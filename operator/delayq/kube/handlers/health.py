@@ -287,26 +287,32 @@ async def observe_broker(
     recorded: str | None,
     logger: Logger,
 ) -> BrokerObservation:
-    """Observe, decide, act for one broker whose master record names `recorded`.
+    """Observe, decide, act for one broker whose master record is `recorded`
+    (naming.master_record: a pod made again under the master's name is not the master).
 
-    Without a record (a topic from a version that labelled its master pod instead), the
-    status's masterPod is the master: the same pod the label named."""
-    named = recorded or previous.get("masterPod") or None
+    Without a record (a topic from a version that labelled its master pod instead), the pod
+    carrying that label is the master: the label was on that incarnation too."""
     raw_pods = await ctx.kube.list(
         "v1", "Pod", spec.namespace, naming.redis_selector(spec.name, broker)
     )
-    pods, addresses = [], {}
+    pods, addresses, uids = [], {}, {}
     for pod in raw_pods:
         name = pod["metadata"]["name"]
         address = (pod.get("status") or {}).get("podIP")
         addresses[name] = address
+        uids[name] = str(pod["metadata"].get("uid") or "")
+        labels = pod["metadata"].get("labels") or {}
+        if recorded is None:
+            named = labels.get(naming.LEGACY_LABEL_ROLE) == naming.LEGACY_ROLE_MASTER
+        else:
+            named = naming.master_record(name, uids[name]) == recorded
         info = await ctx.redis.inspect(address, password) if address else None
         pods.append(
             RedisPod(
                 name=name,
                 ordinal=pod_ordinal(name),
                 ready=pod_ready(pod),
-                named_master=name == named,
+                named_master=named,
                 role=info.role if info else None,
                 offset=info.offset if info else 0,
                 keys=info.keys if info else 0,
@@ -315,7 +321,11 @@ async def observe_broker(
             )
         )
     key = (spec.namespace, spec.name, broker)
-    had_master = named is not None
+    had_master = (
+        recorded is not None
+        or bool(previous.get("masterPod"))
+        or any(pod.named_master for pod in pods)
+    )
     decision = decide(
         pods, ctx.clock(), ctx.failover_grace_s, ctx.master_missing_since.get(key), had_master
     )
@@ -327,12 +337,12 @@ async def observe_broker(
     if decision.switch_from is not None:
         names = tuple(pod.name for pod in pods)
         decision, told = await switch_over(
-            ctx, owner, spec, broker, decision, addresses, names, password, logger
+            ctx, owner, spec, broker, decision, addresses, uids, names, password, logger
         )
         events.append(told)
     ready_pods = {pod.name for pod in pods if pod.ready}
     events += await apply_decision(
-        ctx, owner, spec, broker, decision, addresses, ready_pods, password, logger
+        ctx, owner, spec, broker, decision, addresses, uids, ready_pods, password, logger
     )
 
     serving = decision.master is not None and decision.master in ready_pods
@@ -406,6 +416,7 @@ async def apply_decision(
     broker: int,
     decision: Decision,
     addresses: Mapping[str, str | None],
+    uids: Mapping[str, str],
     ready_pods: set[str],
     password: str,
     logger: Logger,
@@ -413,8 +424,8 @@ async def apply_decision(
     """Promote, then publish the master (its record and the Service's endpoint: clients move
     to it at once), then demote.
 
-    The master is published on every pass, not only on a change: a restarted master's new
-    IP and its readiness reach the Service's EndpointSlice (no write when nothing changed).
+    The master is published on every pass, not only on a change: its readiness reaches the
+    Service's EndpointSlice within a pass (no write when nothing changed).
     Returns the Events of the actions the status does not show: a stray master demoted, a
     recorded master found running as a replica and promoted again (failovers and elections
     are told from the status, events.broker_events)."""
@@ -438,7 +449,8 @@ async def apply_decision(
     if decision.master is not None:
         master = decision.master
         ready = master in ready_pods
-        await publish_master(ctx, owner, spec, broker, master, addresses.get(master), ready)
+        address = addresses.get(master)
+        await publish_master(ctx, owner, spec, broker, master, uids[master], address, ready)
     master_host = naming.redis_master_host(spec.name, spec.namespace, broker)
     for name in decision.demote:
         address = addresses.get(name)

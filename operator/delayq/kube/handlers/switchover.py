@@ -48,6 +48,7 @@ async def switch_over(
     broker: int,
     decision: Decision,
     addresses: Mapping[str, str | None],
+    uids: Mapping[str, str],
     replicas: tuple[str, ...],
     password: str,
     logger: Logger,
@@ -71,7 +72,7 @@ async def switch_over(
             "took writes again and the switchover is tried on the next pass.",
         )
     # the target is ready by choice (failover._switch_target)
-    await publish_master(ctx, owner, spec, broker, new, new_address, ready=True)
+    await publish_master(ctx, owner, spec, broker, new, uids[new], new_address, ready=True)
     try:
         await ctx.redis.release(old_address, password)
     except (redis.RedisError, *TRANSIENT_ERRORS) as error:  # its pause ends by itself
