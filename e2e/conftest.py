@@ -30,7 +30,7 @@ from e2e.harness import cluster_dns, receiver
 from e2e.harness.control_plane import LocalControlPlane, local_control_plane
 from e2e.harness.kube import Kube, Release
 from e2e.harness.node import Image, RealNode, load_images, machine_lock
-from e2e.harness.operator import LocalOperator, chart_env, chart_kubeconfig
+from e2e.harness.operator import LocalOperator, chart_env, chart_kubeconfig, tenant_namespace
 from e2e.harness.process import REPO, Tools
 
 CHART = REPO / "charts" / "delayq"
@@ -241,10 +241,11 @@ def operator_kubeconfig(
 
 
 @pytest.fixture(scope="module")
-def topics_ns(kube: Kube) -> Iterator[str]:
-    """The namespace the module's local operator watches (and only that one)."""
+def topics_ns(kube: Kube, chart_release: Release) -> Iterator[str]:
+    """The namespace the module's local operator watches (and only that one), opted in to the
+    chart's StatefulSet writes as a platform team does."""
     name = f"e2e-topics-{secrets.token_hex(3)}"
-    kube.kubectl("create", "namespace", name)
+    tenant_namespace(kube, chart_release, name)
     kube.wait(lambda: kube.get("serviceaccount", "default", name), timeout_s=60,
               what=f"the default ServiceAccount in {name}")
     yield name

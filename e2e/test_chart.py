@@ -13,6 +13,7 @@ import json
 import pytest
 
 from e2e.harness.kube import Kube, Release, condition
+from e2e.harness.operator import tenant_namespace
 
 
 def test_release_is_deployed(kube: Kube, chart_release: Release) -> None:
@@ -56,19 +57,26 @@ def test_bundled_zookeeper_is_ready_with_a_bound_volume(
     assert all(c["status"]["phase"] == "Bound" for c in claims)
 
 
-#: (verb, resource, expected) for the operator's ServiceAccount in a topic namespace: what
-#: it needs to provision a DelayTopic, and what least privilege says it must not have.
+#: (verb, resource, expected) for the operator's ServiceAccount in a namespace nobody opted in
+#: to delayq: what it needs to watch and serve a DelayTopic, and what least privilege says it
+#: must not have. StatefulSets (workloads) are written only where a tenant namespace is opted
+#: in (test_statefulset_writes_only_where_the_platform_opted_a_namespace_in).
 PERMISSIONS = [
     ("watch", "delaytopics.delayq.io", True),
     ("patch", "delaytopics.delayq.io/status", True),
-    ("create", "statefulsets.apps", True),
-    ("patch", "statefulsets.apps", True),
+    ("get", "statefulsets.apps", True),
+    ("create", "statefulsets.apps", False),
+    ("patch", "statefulsets.apps", False),
     ("create", "services", True),
     ("create", "configmaps", True),
     ("create", "secrets", True),
     ("create", "poddisruptionbudgets.policy", True),
     ("create", "networkpolicies.networking.k8s.io", True),
-    ("patch", "pods", True),
+    ("list", "pods", True),  # the health pass reads IPs, readiness, deletionTimestamp
+    ("patch", "pods", False),  # the master Service follows the operator's EndpointSlice
+    ("create", "endpointslices.discovery.k8s.io", True),
+    ("patch", "endpointslices.discovery.k8s.io", True),
+    ("delete", "endpointslices.discovery.k8s.io", False),
     ("delete", "persistentvolumeclaims", False),  # the StatefulSet controller deletes them
     ("create", "events", True),
     ("list", "secrets", False),
@@ -112,3 +120,21 @@ def test_operator_service_account_permissions(
     result = kube.kubectl("auth", "can-i", verb, resource, "-n", namespace, f"--as={subject}",
                           check=False)
     assert result.stdout.strip() == ("yes" if allowed else "no"), result.stderr
+
+
+def test_statefulset_writes_only_where_the_platform_opted_a_namespace_in(
+    kube: Kube, chart_release: Release, namespace: str
+) -> None:
+    """The chart's default binds its workloads ClusterRole nowhere; a RoleBinding in a tenant
+    namespace (tenant_namespace, as a platform team does) grants exactly create and patch."""
+    subject = f"system:serviceaccount:{chart_release.namespace}:{chart_release.service_account}"
+    tenant = f"{namespace}-t"
+    tenant_namespace(kube, chart_release, tenant)
+    try:
+        for verb, allowed in (("create", True), ("patch", True), ("delete", False)):
+            for ns, expected in ((tenant, allowed), (namespace, False)):
+                result = kube.kubectl("auth", "can-i", verb, "statefulsets.apps", "-n", ns,
+                                      f"--as={subject}", check=False)
+                assert result.stdout.strip() == ("yes" if expected else "no"), (verb, ns)
+    finally:
+        kube.kubectl("delete", "namespace", tenant, "--wait=false", "--ignore-not-found")

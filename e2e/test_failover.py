@@ -28,7 +28,7 @@ from e2e.harness.dataplane import (
     start_serve,
 )
 from e2e.harness.kube import Kube, Release, condition
-from e2e.harness.operator import LocalOperator, chart_env
+from e2e.harness.operator import LocalOperator, chart_env, tenant_namespace
 from e2e.harness.process import INTERVAL_S, NOT_YET, REPO, ManagedProcess
 from e2e.harness.receiver import Received, received_one
 from e2e.harness.topics import (
@@ -56,12 +56,13 @@ def test_failover_promotes_the_replica_and_keeps_scheduled_messages(
     the operator's test-only address map (e2e/operator_main.py). With both answering, the
     topic reaches Ready=True (point 3). A message is scheduled and replicated; then the master
     pod is deleted and its Redis killed. After the failover grace the operator must promote the
-    replica (REPLICAOF NO ONE on the right process, role label, status with lastFailoverTime)
+    replica (REPLICAOF NO ONE on the right process, the master Service's EndpointSlice, status
+    with lastFailoverTime)
     and, once delayq serve runs against the new master, the message is delivered, never early.
     """
     url, received = webhook_receiver
     ns = f"e2e-failover-{secrets.token_hex(3)}"
-    kube.kubectl("create", "namespace", ns)
+    tenant_namespace(kube, chart_release, ns)
     workdir = tmp_path_factory.mktemp("failover")
     addresses = workdir / "addresses.json"
     closed = ["127.0.0.1", free_port()]  # nothing listens: unmapped pods fail fast
@@ -126,9 +127,17 @@ def test_failover_promotes_the_replica_and_keeps_scheduled_messages(
                           what="the replica fo-redis-0-1 promoted and Ready=True")
         _FAILOVER_STATUS.update(topic["status"])
         assert replication(replica.port, admin_password)["role"] == "master"
+        # the master Service follows the operator's EndpointSlice: no selector, no pod label
         promoted = kube.get("pod", "fo-redis-0-1", ns)
         assert promoted is not None
-        assert promoted["metadata"]["labels"].get("delayq.io/redis-role") == "master"
+        assert "delayq.io/redis-role" not in promoted["metadata"]["labels"]
+        endpoint = kube.get("endpointslice", "fo-redis-0", ns)
+        assert endpoint is not None
+        assert [e["addresses"] for e in endpoint["endpoints"]] == [[ips["fo-redis-0-1"]]]
+        assert endpoint["metadata"]["labels"]["kubernetes.io/service-name"] == "fo-redis-0"
+        service = kube.get("service", "fo-redis-0", ns)
+        assert service is not None
+        assert "selector" not in service["spec"]
         # What a user sees: the failover in `kubectl describe dt`, once each, and in /metrics.
         described = wait_until(
             lambda: described_with(kube, ns, "fo", ("FailoverStarted", "FailoverPromoted")),

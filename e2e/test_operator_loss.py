@@ -19,6 +19,7 @@ from e2e.harness.operator import (
     LocalOperator,
     chart_env,
     lease_holder,
+    tenant_namespace,
 )
 from e2e.harness.process import REPO
 from e2e.harness.topics import (
@@ -48,7 +49,7 @@ def test_one_leader_reconciles_and_a_standby_takes_over_after_kill_9(
     """Two replicas: exactly one holds the Lease and reconciles; SIGKILL it and the other
     reconciles the next change within the lease duration plus a few seconds."""
     ns = f"e2e-leader-{secrets.token_hex(3)}"
-    kube.kubectl("create", "namespace", ns)
+    tenant_namespace(kube, chart_release, ns)
     workdir = tmp_path_factory.mktemp("leader")
     replicas = {name: _replica(name, ns, kube, operator_kubeconfig, chart_release, zookeeper,
                                workdir) for name in ("op-a", "op-b")}
@@ -111,7 +112,7 @@ def test_deletions_never_hang_with_every_operator_killed_and_a_restart_collects_
     policy clean up); a restarted operator garbage-collects the topics' ZooKeeper trees. The
     finalizer of an older operator version is removed by the first operator that sees it."""
     ns = f"e2e-nsdel-{secrets.token_hex(3)}"
-    kube.kubectl("create", "namespace", ns)
+    tenant_namespace(kube, chart_release, ns)
     workdir = tmp_path_factory.mktemp("operator-nsdel")
     first = _replica("op-first", ns, kube, operator_kubeconfig, chart_release, zookeeper,
                      workdir).start()

@@ -43,7 +43,7 @@ from e2e.harness.dataplane import (
     start_serve,
 )
 from e2e.harness.kube import Kube, Release
-from e2e.harness.operator import LocalOperator, chart_env
+from e2e.harness.operator import LocalOperator, chart_env, tenant_namespace
 from e2e.harness.process import INTERVAL_S, NOT_YET, REPO, ManagedProcess
 from e2e.harness.receiver import Received
 from e2e.harness.topics import (
@@ -235,7 +235,7 @@ def growing(
 ) -> Iterator[Growing]:
     url, received = webhook_receiver
     ns = f"e2e-grow-{secrets.token_hex(3)}"
-    kube.kubectl("create", "namespace", ns)
+    tenant_namespace(kube, chart_release, ns)
     workdir = tmp_path_factory.mktemp("grow")
     env = chart_env(kube, chart_release, zookeeper)
     zk = KazooClient(hosts=zookeeper.hosts, auth_data=[

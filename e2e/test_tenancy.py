@@ -16,7 +16,7 @@ from tests.kube.listener import SilentListener
 from delayq.local.waiting import wait_until
 from delayq.local.zookeeper_server import ZooKeeperServer
 from e2e.harness.kube import Kube, Release
-from e2e.harness.operator import LocalOperator, chart_env
+from e2e.harness.operator import LocalOperator, chart_env, tenant_namespace
 from e2e.harness.process import INTERVAL_S, NOT_YET, REPO
 from e2e.harness.topics import (
     delay_topic,
@@ -37,7 +37,7 @@ def test_a_change_beyond_the_platforms_cap_is_refused_and_told_in_describe(
     field, one Warning Event in `kubectl describe dt`, the delay-service pods' template and
     egress as they were. Brought back within the cap, the topic is provisioned again."""
     ns = f"e2e-capped-{secrets.token_hex(3)}"
-    kube.kubectl("create", "namespace", ns)
+    tenant_namespace(kube, chart_release, ns)
     workdir = tmp_path_factory.mktemp("capped")
     op = LocalOperator(
         repo=REPO, kubeconfig=operator_kubeconfig, namespaces=[ns],

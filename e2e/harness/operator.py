@@ -155,13 +155,29 @@ def chart_kubeconfig(kube: Kube, chart_release: Release, workdir: Path,
     grants = [("list", "customresourcedefinitions.apiextensions.k8s.io", None),
               ("watch", "delaytopics.delayq.io", namespace),
               ("patch", "delaytopics.delayq.io/status", namespace),
-              ("create", "statefulsets.apps", namespace)]
+              ("create", "services", namespace)]
     kube.wait(lambda: all(
         as_operator.kubectl("auth", "can-i", verb, resource,
                             *(["-n", ns] if ns else []), check=False).stdout.strip() == "yes"
         for verb, resource, ns in grants),
         timeout_s=60, what="the chart's RBAC to be in effect for the operator's token")
     return kubeconfig
+
+
+def tenant_namespace(kube: Kube, chart_release: Release, namespace: str) -> None:
+    """Create `namespace` and install delayq for tenants there as a platform team does with the
+    chart's default (cluster-wide, no StatefulSet writes anywhere): a RoleBinding to the
+    ClusterRole `<fullname>-workloads` for the operator's ServiceAccount (docs/operator.md,
+    "RBAC"), waited for until the API server's authorizer grants it."""
+    kube.kubectl("create", "namespace", namespace)
+    workloads = f"{chart_release.fullname}-workloads"
+    account = f"{chart_release.namespace}:{chart_release.service_account}"
+    kube.kubectl("create", "rolebinding", workloads, "-n", namespace,
+                 f"--clusterrole={workloads}", f"--serviceaccount={account}")
+    subject = f"system:serviceaccount:{account}"
+    kube.wait(lambda: kube.kubectl("auth", "can-i", "create", "statefulsets.apps", "-n", namespace,
+                                   f"--as={subject}", check=False).stdout.strip() == "yes",
+              timeout_s=60, what=f"StatefulSet writes granted in {namespace}")
 
 
 def lease_holder(kube: Kube, namespace: str) -> str:

@@ -2,9 +2,10 @@
 
 kmock runs no controllers and there is no pod network, so `RedisPods` does what the kubelet and
 the cluster DNS would: it stores the pod in kmock with a pod IP, starts "its" Redis the way the
-chart's start script does (the labelled master as master, every other pod as a replica of the
+chart's start script does (the recorded master as master, every other pod as a replica of the
 broker's master Service, with the Secret's password), and maps pod IPs and master Service names
-to the local servers for the operator's `RedisCommands(addresses=...)` (a test-only setting).
+(through the EndpointSlice the operator writes, as kube-proxy would) to the local servers for
+the operator's `RedisCommands(addresses=...)` (a test-only setting).
 """
 
 from __future__ import annotations
@@ -30,6 +31,8 @@ from delayq.queue.topic import Topic, slot_of
 
 NAMESPACE = "shop"
 LOOPBACK = "127.0.0.1"
+SLICES = "discovery.k8s.io/v1/endpointslices"
+UIDS = itertools.count()  # pod uids: a pod made again gets a new one
 SYNC_TIMEOUT_S = 10.0
 
 
@@ -64,7 +67,7 @@ class RedisPods(Mapping[str, tuple[str, int]]):
                 return (LOOPBACK, pod.server.port if pod.reachable else self.closed_port)
         for broker in {pod.broker for pod in self.pods.values()}:
             if host == master_service_host(broker):
-                master = self.labelled_master(broker)  # the Service selects by the role label
+                master = self.served_master(broker)  # the Service's EndpointSlice
                 return self[master.ip] if master else (LOOPBACK, self.closed_port)
         raise KeyError(host)
 
@@ -82,8 +85,9 @@ class RedisPods(Mapping[str, tuple[str, int]]):
 
         The users of the start script (delayq.queue.acl: the operator's admin user, the
         services' restricted user, `default` off) are set once the server runs (RedisServer's
-        readiness ping does not authenticate). A replica's REPLICAOF target is the master
-        Service as resolved now; unlike cluster DNS it does not follow later label moves (the
+        readiness ping does not authenticate). `master` is recorded as the operator would have
+        (its ConfigMap and EndpointSlice). A replica's REPLICAOF target is the master Service
+        as resolved now; unlike kube-proxy it does not follow later slice changes (the
         operator's demotions resolve the Service again when they run).
         """
         password, admin_password = self.password(), self.admin_password()
@@ -95,11 +99,14 @@ class RedisPods(Mapping[str, tuple[str, int]]):
                 naming.LABEL_COMPONENT: naming.COMPONENT_REDIS,
                 naming.LABEL_BROKER: str(broker),
             }
-            if master == ordinal:
-                labels[naming.LABEL_ROLE] = naming.ROLE_MASTER
             ip = f"10.0.{broker}.{ordinal}"
             self.api.objects["v1/pods", NAMESPACE, name] = {
-                "metadata": {"name": name, "namespace": NAMESPACE, "labels": labels},
+                "metadata": {
+                    "name": name,
+                    "namespace": NAMESPACE,
+                    "uid": f"{name}-{next(UIDS)}",
+                    "labels": labels,
+                },
                 "status": {"podIP": ip, "conditions": [{"type": "Ready", "status": "True"}]},
             }
             if len(self.pods) >= len(self.pool):
@@ -119,6 +126,8 @@ class RedisPods(Mapping[str, tuple[str, int]]):
             admin.execute_command("ACL", "SETUSER", "default", "off")
             admin.close()
             added.append(pod)
+        if master is not None:
+            self.record_master(broker, added[master])
         for ordinal, pod in enumerate(added):
             with self.client(pod.name) as client:
                 if ordinal == master:
@@ -137,11 +146,58 @@ class RedisPods(Mapping[str, tuple[str, int]]):
         secret = self.api.objects["v1/secrets", NAMESPACE, naming.credentials_secret("orders")]
         return base64.b64decode(secret.raw["data"][naming.SECRET_REDIS_ADMIN_PASSWORD]).decode()
 
-    def labelled_master(self, broker: int) -> RedisPod | None:
-        for pod in self.pods.values():
-            labels = self.api.objects["v1/pods", NAMESPACE, pod.name].raw["metadata"]["labels"]
-            if pod.broker == broker and labels.get(naming.LABEL_ROLE) == naming.ROLE_MASTER:
-                return pod
+    def record_master(self, broker: int, pod: RedisPod) -> None:
+        """What an earlier pass of the operator left: `pod` recorded as the broker's master and
+        the master Service's EndpointSlice at its IP."""
+        record = naming.redis_masters_config_map("orders")
+        uid = self.api.objects["v1/pods", NAMESPACE, pod.name].raw["metadata"]["uid"]
+        data = {naming.master_key(broker): naming.master_record(pod.name, uid)}
+        try:
+            self.api.objects["v1/configmaps", NAMESPACE, record].patch({"data": data})
+        except KeyError:
+            self.api.objects["v1/configmaps", NAMESPACE, record] = {
+                "metadata": {"name": record, "namespace": NAMESPACE},
+                "data": data,
+            }
+        service = naming.redis_master_service("orders", broker)
+        self.api.objects[SLICES, NAMESPACE, service] = {
+            "metadata": {"name": service, "namespace": NAMESPACE},
+            "addressType": "IPv4",
+            "endpoints": [
+                {
+                    "addresses": [pod.ip],
+                    "conditions": {"ready": True},
+                    "targetRef": {"kind": "Pod", "namespace": NAMESPACE, "name": pod.name},
+                }
+            ],
+            "ports": [{"name": "redis", "port": naming.REDIS_PORT, "protocol": "TCP"}],
+        }
+
+    def recorded_master(self, broker: int) -> str | None:
+        """The pod name of the broker's master in the operator's record (the ConfigMap the pods
+        read; the record also names the pod's uid)."""
+        try:
+            record = self.api.objects[
+                "v1/configmaps", NAMESPACE, naming.redis_masters_config_map("orders")
+            ]
+        except KeyError:
+            return None
+        value: str | None = (record.raw.get("data") or {}).get(naming.master_key(broker))
+        return value.split("/")[0] if value else None
+
+    def served_master(self, broker: int) -> RedisPod | None:
+        """The pod the master Service reaches: its EndpointSlice's ready address."""
+        try:
+            service = naming.redis_master_service("orders", broker)
+            found = self.api.objects[SLICES, NAMESPACE, service]
+        except KeyError:
+            return None
+        for endpoint in found.raw.get("endpoints") or []:
+            if (endpoint.get("conditions") or {}).get("ready") is False:
+                continue
+            for pod in self.pods.values():
+                if pod.ip in endpoint["addresses"]:
+                    return pod
         return None
 
     def client(self, name: str) -> redis.Redis:
@@ -182,6 +238,14 @@ class RedisPods(Mapping[str, tuple[str, int]]):
 
     def heal(self, name: str) -> None:
         self.pods[name].reachable = True
+
+    def recreate(self, name: str, ip: str) -> None:
+        """The pod made again by its StatefulSet (a deletion, a drain): same name, a new uid
+        and IP, Ready; "its" Redis keeps running with its data (the volume came along)."""
+        self.pods[name].ip = ip
+        self.api.objects["v1/pods", NAMESPACE, name].patch(
+            {"metadata": {"uid": f"{name}-{next(UIDS)}"}, "status": {"podIP": ip}}
+        )
 
     def cut_from_master(self, name: str) -> None:
         """The replica's link to its master breaks: it stays a replica, its offset freezes."""

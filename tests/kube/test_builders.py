@@ -18,6 +18,7 @@ from delayq.kube.builders.redis import (
     REDIS_PRESTOP_SCRIPT,
     REDIS_START_SCRIPT,
     SWITCHOVER_WAIT_S,
+    master_endpoint_slice,
     redis_maxmemory,
 )
 from delayq.kube.builders.service import NON_PUBLIC_IPV4, NON_PUBLIC_IPV6, config_hash
@@ -251,8 +252,8 @@ def test_redis_maxmemory_follows_the_memory_limit_with_noeviction(
     assert script == REDIS_START_SCRIPT
 
 
-def test_redis_start_script_reads_role_from_labels_and_hides_password() -> None:
-    assert '^delayq.io/redis-role="master"$' in REDIS_START_SCRIPT
+def test_redis_start_script_reads_role_from_the_master_record_and_hides_password() -> None:
+    assert 'if [ "${MASTER_POD:-}" = "$POD_NAME/$POD_UID" ]; then' in REDIS_START_SCRIPT
     assert "--replicaof $MASTER_HOST" in REDIS_START_SCRIPT
     assert "--requirepass" not in REDIS_START_SCRIPT  # the password goes through stdin
 
@@ -273,22 +274,55 @@ def test_volume_retention_follows_deletion_policy(policy: str, expected: str) ->
     assert retention == {"whenDeleted": expected, "whenScaled": "Retain"}
 
 
-def test_master_service_selects_by_role_label_and_headless_selects_all() -> None:
+def test_master_service_has_no_selector_and_headless_selects_all() -> None:
+    """The master Service's endpoint is the operator's EndpointSlice: no pod label to patch."""
     items = by_kind_name(rendered())
     master = items["Service", "orders-redis-0"]["spec"]
-    assert master["selector"][naming.LABEL_ROLE] == naming.ROLE_MASTER
-    assert master["selector"][naming.LABEL_BROKER] == "0"
+    assert "selector" not in master
+    assert master["ports"] == [{"name": "redis", "port": naming.REDIS_PORT, "targetPort": "redis"}]
     headless = items["Service", "orders-redis-0-headless"]["spec"]
     assert headless["clusterIP"] == "None"
-    assert naming.LABEL_ROLE not in headless["selector"]
+    assert headless["selector"] == naming.redis_selector("orders", 0)
+    assert not [kind for kind, _ in items if kind == "EndpointSlice"]  # the health pass's
+
+
+@pytest.mark.parametrize(
+    ("address", "family", "endpoints"),
+    [("10.0.0.7", "IPv4", 1), ("fd00::7", "IPv6", 1), (None, None, 0)],
+)
+def test_the_master_slice_names_the_master_in_its_address_family(
+    address: str | None, family: str | None, endpoints: int
+) -> None:
+    slice_ = master_endpoint_slice(spec_of(), 0, "orders-redis-0-1", address, ready=True)
+    labels = slice_["metadata"]["labels"]
+    assert labels[naming.LABEL_SERVICE_NAME] == naming.redis_master_service("orders", 0)
+    assert labels[naming.LABEL_SLICE_MANAGED_BY] == "delayq.io-operator"
+    assert slice_.get("addressType") == family  # immutable: never guessed without an IP
+    assert len(slice_["endpoints"]) == endpoints
+    if address:
+        (endpoint,) = slice_["endpoints"]
+        assert endpoint["addresses"] == [address]
+        assert endpoint["targetRef"]["name"] == "orders-redis-0-1"
+
+
+def test_redis_pods_learn_their_role_from_the_master_record() -> None:
+    sts = by_kind_name(rendered())["StatefulSet", "orders-redis-0"]["spec"]["template"]["spec"]
+    env = {item["name"]: item for item in sts["containers"][0]["env"]}
+    assert env["MASTER_POD"]["valueFrom"]["configMapKeyRef"] == {
+        "name": naming.redis_masters_config_map("orders"),
+        "key": naming.master_key(0),
+        "optional": True,
+    }
+    assert env["POD_NAME"]["valueFrom"]["fieldRef"]["fieldPath"] == "metadata.name"
+    assert env["POD_UID"]["valueFrom"]["fieldRef"]["fieldPath"] == "metadata.uid"
+    assert [volume["name"] for volume in sts["volumes"]] == ["tmp"]  # no labels file
 
 
 def test_service_statefulset_one_pod_per_broker_with_affinity_and_spread() -> None:
     sts = by_kind_name(rendered(spec_of(brokers=4, slotAmount=16)))["StatefulSet", "orders-service"]
     assert sts["spec"]["replicas"] == 4
     affinity = sts["spec"]["template"]["spec"]["affinity"]
-    near = affinity["podAffinity"]["preferredDuringSchedulingIgnoredDuringExecution"][0]
-    assert near["podAffinityTerm"]["labelSelector"]["matchLabels"][naming.LABEL_ROLE] == "master"
+    assert "podAffinity" not in affinity  # broker pairs: on the Redis side (redis_affinity)
     apart = affinity["podAntiAffinity"]["preferredDuringSchedulingIgnoredDuringExecution"][0]
     assert apart["podAffinityTerm"]["topologyKey"] == "kubernetes.io/hostname"
     assert (

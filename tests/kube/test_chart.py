@@ -50,6 +50,8 @@ VALUE_SETS: dict[str, list[str]] = {
         r"zookeeper.address=zk-0.zk:2181\,zk-1.zk:2181/delayq",  # helm --set escapes commas
     ],
     "namespaced": ["--set", "operator.watchNamespaces={shop,billing}"],
+    "workload-namespaces": ["--set", "operator.workloadNamespaces={shop,billing}"],
+    "cluster-wide-workloads": ["--set", "operator.clusterWideWorkloads=true"],
     "zookeeper-tls": [
         "--set",
         "zookeeper.enabled=false",
@@ -333,16 +335,18 @@ def test_zookeeper_tls_mounts_what_the_operators_variables_name() -> None:
 TOPIC_RULES = {
     ("delayq.io", "delaytopics"): {"get", "list", "watch", "patch"},
     ("delayq.io", "delaytopics/status"): {"get", "patch"},
-    ("apps", "statefulsets"): {"get", "create", "patch"},
+    ("apps", "statefulsets"): {"get"},  # writes: WORKLOAD_RULES, where tenants run topics
     ("", "services"): {"get", "create", "patch"},
     ("", "configmaps"): {"get", "create", "patch"},
     ("", "secrets"): {"get", "create", "delete"},
-    ("", "pods"): {"list", "patch"},
+    ("", "pods"): {"list"},  # no patch: the master Service follows an EndpointSlice
+    ("discovery.k8s.io", "endpointslices"): {"get", "create", "patch"},
     ("", "events"): {"create"},
     ("policy", "poddisruptionbudgets"): {"get", "create", "patch"},
     ("networking.k8s.io", "networkpolicies"): {"get", "create", "patch", "delete"},
     ("monitoring.coreos.com", "servicemonitors"): {"get", "create", "patch"},
 }
+WORKLOAD_RULES = {("apps", "statefulsets"): {"create", "patch"}}
 CLUSTER_RULES = {
     ("apiextensions.k8s.io", "customresourcedefinitions"): {"list", "watch"},
     ("", "namespaces"): {"list", "watch"},
@@ -360,9 +364,58 @@ def grants(role: dict[str, Any]) -> dict[tuple[str, str], set[str]]:
     return result
 
 
-def test_cluster_wide_rbac_is_least_privilege() -> None:
-    (role,) = of_kind(render("defaults"), "ClusterRole")
-    assert grants(role) == {**CLUSTER_RULES, **TOPIC_RULES}
+def merged(*rule_sets: dict[tuple[str, str], set[str]]) -> dict[tuple[str, str], set[str]]:
+    result: dict[tuple[str, str], set[str]] = {}
+    for rules in rule_sets:
+        for key, verbs in rules.items():
+            result.setdefault(key, set()).update(verbs)
+    return result
+
+
+def named(docs: tuple[dict[str, Any], ...], kind: str) -> dict[str, dict[str, Any]]:
+    return {doc["metadata"]["name"]: doc for doc in of_kind(docs, kind)}
+
+
+def workload_bindings(docs: tuple[dict[str, Any], ...]) -> list[dict[str, Any]]:
+    return [
+        binding
+        for binding in [*of_kind(docs, "RoleBinding"), *of_kind(docs, "ClusterRoleBinding")]
+        if binding["roleRef"]["name"] == "rel-delayq-workloads"
+    ]
+
+
+def test_cluster_wide_rbac_is_least_privilege_with_no_workload_writes_anywhere() -> None:
+    """The default: the ClusterRole bound cluster-wide cannot create or patch a StatefulSet;
+    the workloads ClusterRole exists to be bound per namespace, and nothing binds it."""
+    docs = render("defaults")
+    roles = named(docs, "ClusterRole")
+    assert set(roles) == {"rel-delayq-cluster", "rel-delayq-workloads"}
+    assert grants(roles["rel-delayq-cluster"]) == {**CLUSTER_RULES, **TOPIC_RULES}
+    assert grants(roles["rel-delayq-workloads"]) == WORKLOAD_RULES
+    assert workload_bindings(docs) == []
+
+
+def test_workload_namespaces_get_a_role_binding_each() -> None:
+    docs = render("workload-namespaces")
+    bindings = workload_bindings(docs)
+    assert sorted((b["kind"], b["metadata"]["namespace"]) for b in bindings) == [
+        ("RoleBinding", "billing"),
+        ("RoleBinding", "shop"),
+    ]
+    for binding in bindings:
+        assert binding["roleRef"]["kind"] == "ClusterRole"
+        assert binding["subjects"] == [
+            {"kind": "ServiceAccount", "name": "rel-delayq", "namespace": "delayq-system"}
+        ]
+    cluster = named(docs, "ClusterRole")["rel-delayq-cluster"]
+    assert grants(cluster) == {**CLUSTER_RULES, **TOPIC_RULES}
+
+
+def test_cluster_wide_workloads_is_the_earlier_grant_when_asked_for() -> None:
+    docs = render("cluster-wide-workloads")
+    roles = named(docs, "ClusterRole")
+    assert set(roles) == {"rel-delayq-cluster"}
+    assert grants(roles["rel-delayq-cluster"]) == merged(CLUSTER_RULES, TOPIC_RULES, WORKLOAD_RULES)
 
 
 def test_namespaced_rbac_uses_roles_per_namespace() -> None:
@@ -371,8 +424,9 @@ def test_namespaced_rbac_uses_roles_per_namespace() -> None:
     assert grants(cluster_role) == CLUSTER_RULES
     roles = [role for role in of_kind(docs, "Role") if role["metadata"]["name"] == "rel-delayq"]
     assert sorted(role["metadata"]["namespace"] for role in roles) == ["billing", "shop"]
-    for role in roles:
-        assert grants(role) == TOPIC_RULES
+    for role in roles:  # a watched namespace is one where delayq is installed for tenants
+        assert grants(role) == merged(TOPIC_RULES, WORKLOAD_RULES)
+    assert workload_bindings(docs) == []
 
 
 @pytest.mark.parametrize("value_set", sorted(VALUE_SETS))

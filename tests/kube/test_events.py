@@ -255,7 +255,7 @@ async def test_the_recorder_drops_a_repeat_within_its_window(
     assert posted(api) == [("Warning", "Degraded"), ("Warning", "Degraded")]
 
 
-async def test_a_labelled_master_found_as_a_replica_is_repaired_and_told(
+async def test_a_recorded_master_found_as_a_replica_is_repaired_and_told(
     api: kmock.KubernetesEmulator,
     ctx: OperatorContext,
     zk: KazooClient,

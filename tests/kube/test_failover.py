@@ -27,7 +27,7 @@ def pod(
 def test_healthy_master_stays_and_nothing_happens() -> None:
     decision = decide([pod(0, master=True, role="master"), pod(1)], NOW, GRACE, None, True)
     assert decision.master == "t-redis-0-0"
-    assert (decision.promote, decision.demote, decision.unlabel) == (None, (), ())
+    assert (decision.promote, decision.demote) == (None, ())
     assert decision.reason == "MasterReady"
     assert decision.missing_since is None
 
@@ -59,7 +59,6 @@ def test_after_grace_the_replica_with_the_highest_offset_is_promoted() -> None:
     decision = decide(pods, NOW + GRACE, GRACE, NOW, True)
     assert decision.promote == "t-redis-0-2"
     assert decision.master == "t-redis-0-2"
-    assert decision.unlabel == ("t-redis-0-0",)  # the label moves away from the old master
     assert decision.failover
     assert decision.reason == "FailedOver"
     assert decision.missing_since is None
@@ -80,20 +79,9 @@ def test_returning_old_master_is_demoted_never_promoted() -> None:
     assert decision.reason == "MasterRepaired"
 
 
-def test_labelled_master_running_as_replica_is_promoted_again() -> None:
+def test_recorded_master_running_as_replica_is_promoted_again() -> None:
     decision = decide([pod(0, master=True, role="slave"), pod(1)], NOW, GRACE, None, True)
     assert decision.promote == "t-redis-0-0"
-
-
-def test_two_labelled_masters_keep_the_most_advanced() -> None:
-    pods = [
-        pod(0, master=True, role="master", offset=1),
-        pod(1, master=True, role="master", offset=7),
-    ]
-    decision = decide(pods, NOW, GRACE, None, True)
-    assert decision.master == "t-redis-0-1"
-    assert decision.unlabel == ("t-redis-0-0",)
-    assert decision.demote == ("t-redis-0-0",)
 
 
 def test_nothing_promotable_reports_and_waits() -> None:
@@ -117,7 +105,7 @@ def test_a_terminating_master_switches_over_to_the_most_advanced_linked_replica(
     ]
     decision = decide(pods, NOW, GRACE, None, True)
     assert (decision.switch_from, decision.master) == ("t-redis-0-0", "t-redis-0-2")
-    assert (decision.promote, decision.demote, decision.unlabel) == (None, (), ())
+    assert (decision.promote, decision.demote) == (None, ())
     assert decision.reason == "SwitchedOver"
     assert not decision.failover
     assert decision.missing_since is None

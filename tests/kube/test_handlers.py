@@ -335,8 +335,10 @@ async def test_health_elects_masters_and_reports_ready(
     write_status(api, await refresh(ctx, body(api), logger))
     assert redis_pods.replication("orders-redis-0-0")["role"] == "master"  # promoted
     assert redis_pods.replication("orders-redis-0-1")["role"] == "slave"
-    pod = existing(api, "v1/pods", "orders-redis-0-0")
-    assert pod["metadata"]["labels"][naming.LABEL_ROLE] == naming.ROLE_MASTER
+    assert redis_pods.recorded_master(0) == "orders-redis-0-0"
+    served = redis_pods.served_master(0)
+    assert served is not None
+    assert served.name == "orders-redis-0-0"
     status = body(api)["status"]
     assert [b["masterPod"] for b in status["brokers"]] == ["orders-redis-0-0", "orders-redis-1-0"]
     assert status["brokers"][0]["replicasReady"] == 1
@@ -435,9 +437,8 @@ async def test_failover_promotes_highest_offset_after_grace_and_fences_old_maste
     write_status(api, await refresh(ctx, body(api), logger))
     assert redis_pods.replication("orders-redis-0-2")["role"] == "master"  # its offset is higher
     assert redis_pods.replication("orders-redis-0-1")["role"] == "slave"
-    labels = lambda name: existing(api, "v1/pods", name)["metadata"]["labels"]  # noqa: E731
-    assert labels("orders-redis-0-2")[naming.LABEL_ROLE] == naming.ROLE_MASTER
-    assert labels("orders-redis-0-0")[naming.LABEL_ROLE] == naming.ROLE_REPLICA
+    assert redis_pods.recorded_master(0) == "orders-redis-0-2"
+    assert redis_pods.served_master(0) is redis_pods.pods["orders-redis-0-2"]
     broker = body(api)["status"]["brokers"][0]
     assert broker["masterPod"] == "orders-redis-0-2"
     assert broker["lastFailoverTime"]
@@ -451,7 +452,7 @@ async def test_failover_promotes_highest_offset_after_grace_and_fences_old_maste
     write_status(api, await refresh(ctx, body(api), logger))
     assert redis_pods.replicates_from("orders-redis-0-0", "orders-redis-0-2")
     assert redis_pods.replication("orders-redis-0-2")["role"] == "master"
-    assert labels("orders-redis-0-2")[naming.LABEL_ROLE] == naming.ROLE_MASTER
+    assert redis_pods.served_master(0) is redis_pods.pods["orders-redis-0-2"]
     assert condition(api, "Ready")["status"] == "True"
 
 
@@ -498,7 +499,7 @@ async def test_handlers_run_one_at_a_time_on_a_fresh_copy(
     assert condition(api, "Ready")["reason"] == "ServingDegraded"
 
 
-async def test_master_replaced_by_unlabelled_pod_keeps_the_grace_and_records_the_failover(
+async def test_master_replaced_by_a_new_pod_keeps_the_grace_and_records_the_failover(
     api: kmock.KubernetesEmulator,
     ctx: OperatorContext,
     redis_pods: RedisPods,
@@ -512,12 +513,15 @@ async def test_master_replaced_by_unlabelled_pod_keeps_the_grace_and_records_the
     write_status(api, await refresh(ctx, body(api), logger))
     assert body(api)["status"]["brokers"][0]["masterPod"] == "orders-redis-0-0"
 
-    # The StatefulSet recreates the deleted master's pod: same name, no role label, not ready.
+    # The StatefulSet recreates the deleted master's pod: same name, not ready.
     old = get(api, "v1/pods", "orders-redis-0-0")
     assert old is not None
-    labels = {k: v for k, v in old["metadata"]["labels"].items() if k != naming.LABEL_ROLE}
     api.objects["v1/pods", NAMESPACE, "orders-redis-0-0"] = {
-        "metadata": {"name": "orders-redis-0-0", "namespace": NAMESPACE, "labels": labels},
+        "metadata": {
+            "name": "orders-redis-0-0",
+            "namespace": NAMESPACE,
+            "labels": old["metadata"]["labels"],
+        },
         "status": {
             "podIP": old["status"]["podIP"],
             "conditions": [{"type": "Ready", "status": "False"}],

@@ -185,7 +185,7 @@ async def test_the_running_operator_switches_a_terminating_master_over_before_th
             await asyncio.to_thread(writes.wait_for, 100)
             terminate(api, "orders-redis-0-0")
             await eventually(
-                lambda: redis_pods.labelled_master(0) is redis_pods.pods["orders-redis-0-1"],
+                lambda: redis_pods.served_master(0) is redis_pods.pods["orders-redis-0-1"],
                 WAIT_S,
                 "the switchover to orders-redis-0-1",
             )

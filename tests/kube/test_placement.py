@@ -61,11 +61,9 @@ def test_spreading_a_broker_outweighs_the_pairing() -> None:
     assert apart["podAffinityTerm"]["topologyKey"] == HOSTNAME_TOPOLOGY
 
 
-def test_service_pods_keep_their_master_preference_and_spread() -> None:
+def test_service_pods_spread() -> None:
     manifests = build_all(spec_of(brokers=3), CTX, CREDS, 16, False)
     pod = by_kind_name(manifests)["StatefulSet", "orders-service"]["spec"]["template"]["spec"]
-    near = only_term(pod["affinity"], "podAffinity")["podAffinityTerm"]
-    assert near["labelSelector"]["matchLabels"][naming.LABEL_ROLE] == naming.ROLE_MASTER
     apart = only_term(pod["affinity"], "podAntiAffinity")["podAffinityTerm"]
     assert apart["labelSelector"]["matchLabels"] == naming.service_selector("orders")
     assert pod["topologySpreadConstraints"]

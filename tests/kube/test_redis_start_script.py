@@ -2,8 +2,9 @@
 
 No kubelet runs the pods here (issue 12), so this is what proves the script's redis.conf lines
 (the ACL users, `masteruser`) are ones redis-server accepts: only the pod-only paths (the data
-directory, the port, the downward-API labels file, the master Service host) are replaced by
-local ones; the environment is the StatefulSet's own, secrets filled in.
+directory, the port, the master Service host) are replaced by local ones; the environment is
+the StatefulSet's own, secrets filled in, with the master's name (MASTER_POD, from the
+operator's ConfigMap) naming this pod or not.
 """
 
 from __future__ import annotations
@@ -42,19 +43,21 @@ def start_pod(
     port = free_port()
     data = tmp_path / name
     data.mkdir(exist_ok=True)
-    labels = tmp_path / f"{name}.labels"
-    labels.write_text('delayq.io/redis-role="master"\n' if master_port is None else "")
     script = (
         REDIS_START_SCRIPT.replace("--port 6379", f"--port {port}")
         .replace("--dir /data", f"--dir {data}")
-        .replace("/etc/podinfo/labels", str(labels))
         .replace("$MASTER_HOST 6379", f"127.0.0.1 {master_port}")
     )
-    for pod_only in ("6379", "/data", "/etc/podinfo", "$MASTER_HOST 6379"):  # all replaced
+    for pod_only in ("6379", "/data", "$MASTER_HOST 6379"):  # all replaced
         assert pod_only not in script
     process = subprocess.Popen(
         ["sh", "-c", script],
-        env=dict(env or pod_env()),
+        env={
+            **(env or pod_env()),
+            "POD_NAME": name,
+            "POD_UID": "uid-1",
+            "MASTER_POD": f"{name}/uid-1" if master_port is None else f"{name}/uid-0",
+        },
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
     )

@@ -2,10 +2,10 @@
 
 The health pass runs as the leader's loop runs it (`serialized`), against kmock and the pods of
 tests/kube/pods.py. A `ServiceWriter` schedules messages without a break through the master
-Service (which follows the role label) while the master's pod is marked terminating, as a
-rollout or a drain does: every acknowledged message must be on the new master afterwards, and
-the longest gap between two acknowledgements is the writes' pause (printed; the figure with a
-target is bench/bench_switchover.py's).
+Service (which follows the EndpointSlice the operator writes) while the master's pod is marked
+terminating, as a rollout or a drain does: every acknowledged message must be on the new master
+afterwards, and the longest gap between two acknowledgements is the writes' pause (printed; the
+figure with a target is bench/bench_switchover.py's).
 """
 
 from __future__ import annotations
@@ -18,7 +18,6 @@ import redis
 from redis.backoff import NoBackoff
 from redis.retry import Retry
 
-from delayq.kube import naming
 from delayq.kube.context import OperatorContext
 from delayq.kube.handlers.health import refresh
 from delayq.kube.handlers.reconcile import reconcile
@@ -66,9 +65,13 @@ def writer(redis_pods: RedisPods, topic: Topic) -> ServiceWriter:
     )
 
 
-def role_label(api: kmock.KubernetesEmulator, name: str) -> str | None:
-    labels = api.objects["v1/pods", NAMESPACE, name].raw["metadata"]["labels"]
-    return labels.get(naming.LABEL_ROLE)
+def master_of(redis_pods: RedisPods) -> str | None:
+    """Broker 0's master as recorded, checked against the one its Service reaches."""
+    served = redis_pods.served_master(0)
+    recorded = redis_pods.recorded_master(0)
+    assert served is not None
+    assert served.name == recorded
+    return recorded
 
 
 def missing_on(redis_pods: RedisPods, pod: str, topic: Topic, ids: list[str]) -> list[str]:
@@ -103,8 +106,7 @@ async def test_a_terminating_master_hands_over_at_once_and_loses_no_write(
     assert new in ("orders-redis-0-1", "orders-redis-0-2")
     other = ({"orders-redis-0-1", "orders-redis-0-2"} - {new}).pop()
     assert redis_pods.replication(new)["role"] == "master"
-    assert role_label(api, new) == naming.ROLE_MASTER
-    assert role_label(api, "orders-redis-0-0") == naming.ROLE_REPLICA
+    assert master_of(redis_pods) == new
     assert redis_pods.replicates_from("orders-redis-0-0", new)
     assert redis_pods.replicates_from(other, new)  # re-pointed
     assert missing_on(redis_pods, new, topic, acked) == []
@@ -136,7 +138,7 @@ async def test_without_a_replica_the_terminating_master_is_left_alone(
     terminate(api, "orders-redis-0-0")
     await run(ctx, api, logger, refresh)
     assert redis_pods.replication("orders-redis-0-0")["role"] == "master"
-    assert role_label(api, "orders-redis-0-0") == naming.ROLE_MASTER
+    assert master_of(redis_pods) == "orders-redis-0-0"
     assert body(api)["status"]["brokers"][0]["state"] == "Ready"
     assert not [reason for _, reason in posted(api) if reason.startswith("Switch")]
 
@@ -196,7 +198,7 @@ async def test_a_replica_of_another_stream_is_never_promoted_even_ahead_in_offse
     terminate(api, "orders-redis-0-0")
     await run(ctx, api, logger, refresh)
     assert redis_pods.replication("orders-redis-0-0")["role"] == "master"
-    assert role_label(api, "orders-redis-0-0") == naming.ROLE_MASTER
+    assert master_of(redis_pods) == "orders-redis-0-0"
     assert redis_pods.replication("orders-redis-0-1")["role"] == "slave"
     assert posted(api).count(("Warning", "SwitchoverDeferred")) == 1
     assert body(api)["status"]["brokers"][0]["masterPod"] == "orders-redis-0-0"
@@ -223,7 +225,7 @@ async def test_a_failed_promotion_resumes_the_old_masters_writes_at_once(
     terminate(api, "orders-redis-0-0")
     await run(ctx, api, logger, refresh)
     assert redis_pods.replication("orders-redis-0-1")["role"] == "slave"
-    assert role_label(api, "orders-redis-0-0") == naming.ROLE_MASTER
+    assert master_of(redis_pods) == "orders-redis-0-0"
     client = redis.Redis(
         port=redis_pods.pods["orders-redis-0-0"].server.port,
         username=acl.ADMIN_USER,
@@ -261,7 +263,7 @@ async def test_an_interrupted_switchover_is_repaired_then_completed(
         writes.wait_for(50)
         await run(ctx, api, logger, refresh)  # the switchover
         writes.wait_for(50)
-    assert role_label(api, "orders-redis-0-1") == naming.ROLE_MASTER
+    assert master_of(redis_pods) == "orders-redis-0-1"
     acked = [message_id for message_id, _ in writes.acked]
     assert missing_on(redis_pods, "orders-redis-0-1", topic, acked) == []
     assert posted(api).count(("Normal", "SwitchedOver")) == 1

@@ -30,6 +30,7 @@ PLURALS = {
     "DelayTopic": "delaytopics",
     "Lease": "leases",
     "Event": "events",
+    "EndpointSlice": "endpointslices",
 }
 REQUEST_TIMEOUT_S = 30.0
 

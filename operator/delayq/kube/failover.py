@@ -1,16 +1,17 @@
 """Which Redis pod of a broker should be master: pure decisions, applied by handlers/health.py.
 
 Rules, in order:
-1. Exactly one pod carries the master role label. If it is ready, it stays master; any other pod
+1. At most one pod is the recorded master (kube/master_endpoint.py: the name the master
+   Service's EndpointSlice points at). If it is ready, it stays master; any other pod
    that still acts as a master (an old master that kept running through a partition) is demoted
    to a replica of it, so it resyncs and can never overwrite the new master's data.
-2. When the labelled master is gone or not ready, wait `grace_s` (a restarting pod keeps its
+2. When the recorded master is gone or not ready, wait `grace_s` (a restarting pod keeps its
    data and role), then promote the ready, reachable pod with the highest replication offset
-   (ties: more keys, then the lowest ordinal) and move the label to it.
+   (ties: more keys, then the lowest ordinal) and record it as master.
 3. A broker that never had a master (fresh topic) promotes at once: there is nothing to lose.
 A broker with no promotable pod waits and is reported unavailable.
 
-Planned stops come first: when the labelled master is terminating (its pod has a
+Planned stops come first: when the recorded master is terminating (its pod has a
 deletionTimestamp: a rollout, a drain, an eviction, `kubectl delete pod`) while it still runs
 as master, and a replica is ready, linked and not terminating itself, the master is switched
 over to that replica before it stops (handlers/switchover.py: writes paused, the
@@ -32,7 +33,7 @@ class RedisPod:
     name: str
     ordinal: int
     ready: bool
-    labelled_master: bool
+    named_master: bool  # the recorded master (kube/master_endpoint.py)
     role: str | None = None  # "master" / "slave" from INFO replication; None if unreachable
     offset: int = 0  # master_repl_offset (master) or slave_repl_offset (replica)
     keys: int = 0
@@ -48,10 +49,9 @@ class RedisPod:
 class Decision:
     """What to do for one broker now, and the state to remember until the next observation."""
 
-    master: str | None  # the pod that should carry the label after this decision
-    promote: str | None = None  # make it master: REPLICAOF NO ONE + move the label
+    master: str | None  # the pod recorded as master after this decision
+    promote: str | None = None  # make it master: REPLICAOF NO ONE + record it
     demote: tuple[str, ...] = ()  # pods to point at the master (REPLICAOF master)
-    unlabel: tuple[str, ...] = ()  # pods that must lose the master label
     missing_since: float | None = None  # when the master was first seen gone (for the grace)
     reason: str = "MasterReady"
     message: str = ""
@@ -67,12 +67,10 @@ def decide(
     had_master: bool,
 ) -> Decision:
     """The decision for one broker given its pods; see the module docstring for the rules."""
-    labelled = sorted((pod for pod in pods if pod.labelled_master), key=_rank, reverse=True)
-    current = labelled[0] if labelled else None
+    current = next((pod for pod in pods if pod.named_master), None)
     strays = tuple(pod.name for pod in pods if pod is not current and pod.role == "master")
-    extra_labels = tuple(pod.name for pod in labelled[1:])
     if current is not None and current.terminating and current.role == "master":
-        target = None if strays or extra_labels else _switch_target(pods)
+        target = None if strays else _switch_target(pods)
         if target is not None:
             return Decision(
                 master=target.name,
@@ -85,9 +83,8 @@ def decide(
         return Decision(
             master=current.name,
             promote=current.name if repair else None,
-            demote=tuple(sorted(set(strays) | set(extra_labels))),
-            unlabel=extra_labels,
-            reason="MasterRepaired" if repair or strays or extra_labels else "MasterReady",
+            demote=tuple(sorted(strays)),
+            reason="MasterRepaired" if repair or strays else "MasterReady",
             message=f"{current.name} is master",
         )
     since = now if missing_since is None else missing_since
@@ -114,7 +111,6 @@ def decide(
         master=chosen.name,
         promote=chosen.name,
         demote=tuple(p.name for p in pods if p is not chosen and p.role == "master"),
-        unlabel=tuple(p.name for p in labelled if p is not chosen),
         reason="FailedOver" if had_master else "MasterElected",
         message=(
             f"promoted {chosen.name} (replication offset {chosen.offset})"

@@ -1,7 +1,7 @@
 """Names, labels and annotations shared by the builders, the handlers and the chart.
 
-One module so that a selector written by a builder and a label patched by failover can never
-drift apart.
+One module so that a name written by a builder and one the failover writes can never drift
+apart.
 """
 
 from __future__ import annotations
@@ -23,15 +23,20 @@ LABEL_COMPONENT = "app.kubernetes.io/component"
 LABEL_MANAGED_BY = "app.kubernetes.io/managed-by"
 LABEL_TOPIC = "delayq.io/topic"
 LABEL_BROKER = "delayq.io/broker"
-LABEL_ROLE = "delayq.io/redis-role"
 LABEL_ENDPOINT = "delayq.io/endpoint"
+# Read only, for an upgrade: the master's pod label of operators before the master record.
+LEGACY_LABEL_ROLE = "delayq.io/redis-role"
+LEGACY_ROLE_MASTER = "master"
+# The master Service's EndpointSlice (kube/master_endpoint.py): the label that ties a slice to
+# its Service, and the manager's label, which keeps Kubernetes' own slice controllers off it.
+LABEL_SERVICE_NAME = "kubernetes.io/service-name"
+LABEL_SLICE_MANAGED_BY = "endpointslice.kubernetes.io/managed-by"
+SLICE_MANAGER = "delayq.io-operator"
 
 APP_NAME = "delayq"
 MANAGED_BY = "delayq-operator"
 COMPONENT_REDIS = "redis"
 COMPONENT_SERVICE = "delay-service"
-ROLE_MASTER = "master"
-ROLE_REPLICA = "replica"
 OPERATOR_POD_LABELS = {LABEL_NAME: "delayq-operator"}
 
 REDIS_PORT = 6379
@@ -75,8 +80,26 @@ def redis_headless_service(topic: str, broker: int) -> str:
 
 
 def redis_master_service(topic: str, broker: int) -> str:
-    """The Service that always points at the broker's current master (by role label)."""
+    """The Service that always points at the broker's current master; also the name of its
+    EndpointSlice, which the operator writes (kube/master_endpoint.py)."""
     return f"{topic}-redis-{broker}"
+
+
+def redis_masters_config_map(topic: str) -> str:
+    """Which pod is each broker's master (key `master_key(broker)`): the operator's record,
+    and what a Redis pod reads when it starts (master or replica)."""
+    return f"{topic}-redis-masters"
+
+
+def master_key(broker: int) -> str:
+    return f"broker-{broker}"
+
+
+def master_record(pod: str, uid: str) -> str:
+    """The value recorded for a broker's master: one pod incarnation, not just a name. A pod
+    made again under the same name (new uid, maybe without its data) is not the master: it
+    starts as a replica and is promoted only by a failover decision, as any other pod."""
+    return f"{pod}/{uid}"
 
 
 def redis_master_host(topic: str, namespace: str, broker: int) -> str:
@@ -146,7 +169,3 @@ def redis_selector(topic: str, broker: int | None = None) -> dict[str, str]:
     if broker is not None:
         selector[LABEL_BROKER] = str(broker)
     return selector
-
-
-def master_selector(topic: str, broker: int) -> dict[str, str]:
-    return {**redis_selector(topic, broker), LABEL_ROLE: ROLE_MASTER}

@@ -114,6 +114,10 @@ def render(
     with_service_monitor: bool,
 ) -> list[Manifest]:
     """build_all() with every child owned by the DelayTopic, so deleting it deletes them."""
-    manifests = build_all(spec, ctx, credentials, slot_amount, with_service_monitor)
+    return adopted(owner, build_all(spec, ctx, credentials, slot_amount, with_service_monitor))
+
+
+def adopted(owner: Mapping[str, Any], manifests: list[Manifest]) -> list[Manifest]:
+    """The manifests owned by the DelayTopic `owner`: deleting it deletes them."""
     kopf.adopt(manifests, owner=kopf.Body(cast(kopf.RawBody, dict(owner))), strict=True)
     return manifests

@@ -1,11 +1,14 @@
 """The Redis side of a broker: StatefulSet (master + replicas, AOF, PVC), Services, PDB, policy.
 
-Who is master is decided by the operator, not by the pods: the operator sets the role label on
-exactly one pod per broker, and the master Service selects by that label. A pod reads its own
-labels (downward API) when it starts: the labelled master starts as master, every other pod
-starts as a replica of the master Service. A returning old master has lost the label during
-failover, so it restarts as a replica and resyncs from the new master (it never overwrites it);
-if it kept running, the operator demotes it with REPLICAOF (see failover.py).
+Who is master is decided by the operator, not by the pods: the operator records one pod per
+broker (that incarnation of it: name and uid) in the ConfigMap `<topic>-redis-masters` and points
+the master Service (no selector) at that pod through an EndpointSlice it writes
+(kube/master_endpoint.py), so it never writes pods. A pod reads the record (an env var from the
+ConfigMap) when it starts: the recorded master starts as master, every other pod, and the
+master's pod made again (a new uid, maybe without its data), as a replica of the master
+Service. A returning old master is no longer recorded after a failover, so it restarts as a
+replica and resyncs from the new master (it never overwrites it); if it kept running, the
+operator demotes it with REPLICAOF (see failover.py).
 
 A master pod that is asked to stop (rollout, drain, eviction) first waits in its preStop hook
 until the operator has switched the master over to a replica (handlers/switchover.py), so a
@@ -60,10 +63,11 @@ MAXMEMORY_PERCENT = 80
 REDIS_DEFAULT_REQUESTS = {"cpu": "100m", "memory": "256Mi"}
 REDIS_DEFAULT_LIMITS = {"memory": "512Mi"}
 
-# The role comes from the pod's own labels; the password reaches redis-server on stdin so it
-# never shows in the process list. appendfsync from spec.redis.appendFsync: everysec (default,
-# Redis's own) risks the last second of writes on a crash of the master's node, always syncs
-# each write before its reply; RDB snapshots are off.
+# The role comes from the master the operator recorded (MASTER_POD: `<pod>/<uid>`, so only that
+# incarnation of the pod; empty while none is recorded: then a replica); the password
+# reaches redis-server on stdin so it never shows in the process list. appendfsync from
+# spec.redis.appendFsync: everysec (default, Redis's own) risks the last second of writes on a
+# crash of the master's node, always syncs each write before its reply; RDB snapshots are off.
 # min-replicas-* is set on every pod, not only the first master, because failover promotes a
 # replica without restarting it; Redis applies it only while the pod is a master.
 # Users (Redis ACLs, delayq.queue.acl): `default` is off; the delay services log in as
@@ -85,7 +89,7 @@ args="$args --maxmemory $MAXMEMORY --maxmemory-policy noeviction"
 args="$args --replica-announce-ip $POD_IP --protected-mode no --hz 100"
 args="$args --min-replicas-to-write $MIN_REPLICAS_TO_WRITE"
 args="$args --min-replicas-max-lag $MIN_REPLICAS_MAX_LAG_S"
-if grep -q '^delayq.io/redis-role="master"$' /etc/podinfo/labels; then
+if [ "${MASTER_POD:-}" = "$POD_NAME/$POD_UID" ]; then
   echo "delayq: starting as master"
 else
   echo "delayq: starting as replica of $MASTER_HOST"
@@ -248,7 +252,10 @@ def redis_statefulset(spec: TopicSpec, broker: int, ctx: BuildContext) -> Manife
         "command": ["sh", "-c", REDIS_START_SCRIPT],
         "env": [
             env_from_field("POD_IP", "status.podIP"),
+            env_from_field("POD_NAME", "metadata.name"),
+            env_from_field("POD_UID", "metadata.uid"),
             {"name": "MASTER_HOST", "value": master_host},
+            master_pod_env(spec, broker),
             {"name": "MIN_REPLICAS_TO_WRITE", "value": str(spec.redis_min_replicas_to_write)},
             {
                 "name": "MIN_REPLICAS_MAX_LAG_S",
@@ -292,11 +299,9 @@ def redis_statefulset(spec: TopicSpec, broker: int, ctx: BuildContext) -> Manife
         "securityContext": container_security_context(),
         "volumeMounts": [
             {"name": "data", "mountPath": "/data"},
-            {"name": "podinfo", "mountPath": "/etc/podinfo", "readOnly": True},
             tmp_mount,
         ],
     }
-    labels_file = {"path": "labels", "fieldRef": {"fieldPath": "metadata.labels"}}
     return {
         "apiVersion": "apps/v1",
         "kind": "StatefulSet",
@@ -320,10 +325,7 @@ def redis_statefulset(spec: TopicSpec, broker: int, ctx: BuildContext) -> Manife
                     "affinity": redis_affinity(spec, broker),
                     **ctx.placement.pod_spec_fields(),
                     "containers": [container],
-                    "volumes": [
-                        {"name": "podinfo", "downwardAPI": {"items": [labels_file]}},
-                        tmp,
-                    ],
+                    "volumes": [tmp],
                 },
             },
             "volumeClaimTemplates": [volume_claim],
@@ -380,8 +382,24 @@ def redis_headless_service(spec: TopicSpec, broker: int) -> Manifest:
     }
 
 
+def master_pod_env(spec: TopicSpec, broker: int) -> Manifest:
+    """MASTER_POD: the broker's master as the operator recorded it when the container starts
+    (optional: a fresh topic has none yet, and every pod starts as a replica)."""
+    return {
+        "name": "MASTER_POD",
+        "valueFrom": {
+            "configMapKeyRef": {
+                "name": naming.redis_masters_config_map(spec.name),
+                "key": naming.master_key(broker),
+                "optional": True,
+            }
+        },
+    }
+
+
 def redis_master_service(spec: TopicSpec, broker: int) -> Manifest:
-    """Always the current master: selects the role label that only failover moves."""
+    """Always the current master, without a selector: its one endpoint is the EndpointSlice
+    the operator writes (master_endpoint_slice), so failover moves no pod label."""
     return {
         "apiVersion": "v1",
         "kind": "Service",
@@ -392,9 +410,57 @@ def redis_master_service(spec: TopicSpec, broker: int) -> Manifest:
         ),
         "spec": {
             "type": "ClusterIP",
-            "selector": naming.master_selector(spec.name, broker),
             "ports": [{"name": "redis", "port": naming.REDIS_PORT, "targetPort": "redis"}],
         },
+    }
+
+
+def master_endpoint_slice(
+    spec: TopicSpec, broker: int, pod: str, address: str | None, ready: bool
+) -> Manifest:
+    """The master Service's one endpoint: the named master pod at its current IP (none while
+    it has no IP), ready as the pod is, as the slice controller would write it for a
+    selector. addressType (immutable) follows the pod IP's family; without an IP it is left
+    out: such a manifest can only empty an existing slice (master_endpoint.publish_master)."""
+    service = naming.redis_master_service(spec.name, broker)
+    labels = {
+        **redis_labels(spec, broker),
+        naming.LABEL_SERVICE_NAME: service,
+        naming.LABEL_SLICE_MANAGED_BY: naming.SLICE_MANAGER,
+    }
+    endpoints = []
+    if address:
+        endpoints.append(
+            {
+                "addresses": [address],
+                "conditions": {"ready": ready},
+                "targetRef": {"kind": "Pod", "namespace": spec.namespace, "name": pod},
+            }
+        )
+    manifest: Manifest = {
+        "apiVersion": "discovery.k8s.io/v1",
+        "kind": "EndpointSlice",
+        "metadata": metadata(service, spec.namespace, labels),
+        "endpoints": endpoints,
+        "ports": [{"name": "redis", "port": naming.REDIS_PORT, "protocol": "TCP"}],
+    }
+    if address:
+        manifest["addressType"] = "IPv6" if ":" in address else "IPv4"
+    return manifest
+
+
+def masters_config_map(spec: TopicSpec, broker: int, record: str) -> Manifest:
+    """The record of broker `broker`'s master (naming.redis_masters_config_map, the value
+    naming.master_record): a patch of it sets that broker's key only."""
+    return {
+        "apiVersion": "v1",
+        "kind": "ConfigMap",
+        "metadata": metadata(
+            naming.redis_masters_config_map(spec.name),
+            spec.namespace,
+            naming.topic_labels(spec.name, naming.COMPONENT_REDIS),
+        ),
+        "data": {naming.master_key(broker): record},
     }
 
 

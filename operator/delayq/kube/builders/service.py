@@ -178,11 +178,6 @@ def service_statefulset(spec: TopicSpec, ctx: BuildContext, slot_amount: int) ->
     labels = naming.topic_labels(spec.name, naming.COMPONENT_SERVICE)
     secret = naming.credentials_secret(spec.name)
     tmp, tmp_mount = tmp_volume()
-    master_labels = {
-        naming.LABEL_TOPIC: spec.name,
-        naming.LABEL_COMPONENT: naming.COMPONENT_REDIS,
-        naming.LABEL_ROLE: naming.ROLE_MASTER,
-    }
     container: Manifest = {
         "name": "delay-service",
         "image": ctx.image,
@@ -255,11 +250,6 @@ def service_statefulset(spec: TopicSpec, ctx: BuildContext, slot_amount: int) ->
                         spec.topic_type, spec.delivery.webhook_timeout_ms, GRACE_MS
                     ),
                     "affinity": {
-                        "podAffinity": {
-                            "preferredDuringSchedulingIgnoredDuringExecution": [
-                                preferred_term(50, master_labels, "kubernetes.io/hostname")
-                            ]
-                        },
                         "podAntiAffinity": {
                             "preferredDuringSchedulingIgnoredDuringExecution": [
                                 preferred_term(

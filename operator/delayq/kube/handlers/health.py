@@ -3,8 +3,9 @@ brokers (resharding.py), refresh status.
 
 Runs from the leader's health loop (healthloop.py) for every provisioned, unpaused topic (not
 on a kopf timer: see healthloop.py). It reads the Redis pods of each broker, lets
-failover.decide() pick the master, applies that decision (label moves and REPLICAOF commands,
-or the planned switchover of a stopping master: switchover.py), then reports per-broker state,
+failover.decide() pick the master, applies that decision (REPLICAOF commands and the master's
+record and EndpointSlice: master_endpoint.py, or the planned switchover of a stopping master:
+switchover.py), then reports per-broker state,
 slot ownership, depths and the copy of the routing (`status.routing`, published again when
 ZooKeeper lost the node: restore.py). The status is patched only when it changed
 (status.status_patch).
@@ -31,7 +32,8 @@ from delayq.kube.errors import TRANSIENT_ERRORS, TopicFailure
 from delayq.kube.events import WARNING, TopicEvent
 from delayq.kube.failover import Decision, RedisPod, decide
 from delayq.kube.handlers.restore import read_or_restore
-from delayq.kube.handlers.switchover import label_role, switch_over
+from delayq.kube.handlers.switchover import switch_over
+from delayq.kube.master_endpoint import publish_master, recorded_masters
 from delayq.kube.redisctl import BrokerMemory
 from delayq.kube.resharding import MOVE_ERRORS, moving, reshard, services_rolled
 from delayq.kube.routing_ahead import status_writer
@@ -101,13 +103,22 @@ async def health_pass(
     known, owned = await slot_view(ctx, body, spec, zk_password, logger)
     routing = known or initial_routing(applied, min(spec.brokers, applied))
     previous = {entry.get("index"): entry for entry in status.get("brokers") or []}
+    masters = await recorded_masters(ctx, spec)
     brokers: list[dict[str, Any]] = []
     slot_stats: list[SlotStats] = []
     memory: dict[int, BrokerMemory] = {}  # of the brokers whose master answered
     actions: list[TopicEvent] = []
     for broker in range(spec.brokers):
         seen = await observe_broker(
-            ctx, spec, broker, password, routing, previous.get(broker) or {}, logger
+            ctx,
+            body,
+            spec,
+            broker,
+            password,
+            routing,
+            previous.get(broker) or {},
+            masters.get(naming.master_key(broker)),
+            logger,
         )
         brokers.append(seen.entry)
         slot_stats += seen.stats.slots
@@ -269,30 +280,41 @@ class BrokerObservation:
 
 async def observe_broker(
     ctx: OperatorContext,
+    owner: Mapping[str, Any],
     spec: TopicSpec,
     broker: int,
     password: str,
     routing: Routing,
     previous: Mapping[str, Any],
+    recorded: str | None,
     logger: Logger,
 ) -> BrokerObservation:
-    """Observe, decide, act for one broker."""
+    """Observe, decide, act for one broker whose master record is `recorded`
+    (naming.master_record: a pod made again under the master's name is not the master).
+
+    Without a record (a topic from a version that labelled its master pod instead), the pod
+    carrying that label is the master: the label was on that incarnation too."""
     raw_pods = await ctx.kube.list(
         "v1", "Pod", spec.namespace, naming.redis_selector(spec.name, broker)
     )
-    pods, addresses = [], {}
+    pods, addresses, uids = [], {}, {}
     for pod in raw_pods:
         name = pod["metadata"]["name"]
         address = (pod.get("status") or {}).get("podIP")
         addresses[name] = address
+        uids[name] = str(pod["metadata"].get("uid") or "")
+        labels = pod["metadata"].get("labels") or {}
+        if recorded is None:
+            named = labels.get(naming.LEGACY_LABEL_ROLE) == naming.LEGACY_ROLE_MASTER
+        else:
+            named = naming.master_record(name, uids[name]) == recorded
         info = await ctx.redis.inspect(address, password) if address else None
         pods.append(
             RedisPod(
                 name=name,
                 ordinal=pod_ordinal(name),
                 ready=pod_ready(pod),
-                labelled_master=(pod["metadata"].get("labels") or {}).get(naming.LABEL_ROLE)
-                == naming.ROLE_MASTER,
+                named_master=named,
                 role=info.role if info else None,
                 offset=info.offset if info else 0,
                 keys=info.keys if info else 0,
@@ -301,7 +323,11 @@ async def observe_broker(
             )
         )
     key = (spec.namespace, spec.name, broker)
-    had_master = bool(previous.get("masterPod")) or any(pod.labelled_master for pod in pods)
+    had_master = (
+        recorded is not None
+        or bool(previous.get("masterPod"))
+        or any(pod.named_master for pod in pods)
+    )
     decision = decide(
         pods, ctx.clock(), ctx.failover_grace_s, ctx.master_missing_since.get(key), had_master
     )
@@ -313,12 +339,14 @@ async def observe_broker(
     if decision.switch_from is not None:
         names = tuple(pod.name for pod in pods)
         decision, told = await switch_over(
-            ctx, spec, broker, decision, addresses, names, password, logger
+            ctx, owner, spec, broker, decision, addresses, uids, names, password, logger
         )
         events.append(told)
-    events += await apply_decision(ctx, spec, broker, decision, addresses, password, logger)
-
     ready_pods = {pod.name for pod in pods if pod.ready}
+    events += await apply_decision(
+        ctx, owner, spec, broker, decision, addresses, uids, ready_pods, password, logger
+    )
+
     serving = decision.master is not None and decision.master in ready_pods
     # While a lost master is awaited (or no replica can replace it yet), keep naming it: the
     # status is what tells the next pass (and a restarted operator) that there was a master,
@@ -385,26 +413,29 @@ async def enforce_pause(
 
 async def apply_decision(
     ctx: OperatorContext,
+    owner: Mapping[str, Any],
     spec: TopicSpec,
     broker: int,
     decision: Decision,
     addresses: Mapping[str, str | None],
+    uids: Mapping[str, str],
+    ready_pods: set[str],
     password: str,
     logger: Logger,
 ) -> list[TopicEvent]:
-    """Unlabel first (clients stop reaching the old master), then promote, then demote.
+    """Promote, then publish the master (its record and the Service's endpoint: clients move
+    to it at once), then demote.
 
+    The master is published on every pass, not only on a change: its readiness reaches the
+    Service's EndpointSlice within a pass (no write when nothing changed).
     Returns the Events of the actions the status does not show: a stray master demoted, a
-    labelled master found running as a replica and promoted again (failovers and elections
+    recorded master found running as a replica and promoted again (failovers and elections
     are told from the status, events.broker_events)."""
     events: list[TopicEvent] = []
-    for name in decision.unlabel:
-        await label_role(ctx, spec, name, naming.ROLE_REPLICA)
     if decision.promote:
         address = addresses.get(decision.promote)
         if address:
             await ctx.redis.promote(address, password)
-        await label_role(ctx, spec, decision.promote, naming.ROLE_MASTER)
         if decision.failover:
             ctx.metrics.failovers.labels(spec.namespace, spec.name).inc()
         elif decision.reason == "MasterRepaired":
@@ -412,11 +443,16 @@ async def apply_decision(
                 TopicEvent(
                     WARNING,
                     "MasterRepaired",
-                    f"Broker {broker}: {decision.promote} carries the master label but ran as a "
+                    f"Broker {broker}: {decision.promote} is the recorded master but ran as a "
                     "replica; it was made master again.",
                 )
             )
         logger.warning("broker %d: %s (%s)", broker, decision.reason, decision.message)
+    if decision.master is not None:
+        master = decision.master
+        ready = master in ready_pods
+        address = addresses.get(master)
+        await publish_master(ctx, owner, spec, broker, master, uids[master], address, ready)
     master_host = naming.redis_master_host(spec.name, spec.namespace, broker)
     for name in decision.demote:
         address = addresses.get(name)

@@ -9,15 +9,16 @@ switches over, so the write pause is this switch (milliseconds), not failoverGra
    master's replication offset of the master's own stream (same replication id: nothing
    acknowledged is lost), REPLICAOF NO ONE on the replica,
    REPLICAOF <replica> on the old master. Until the old master is a replica its writes stay
-   paused, and the promoted replica has no clients (the master Service selects the labelled
-   old master): never two masters that accept writes.
-2. The role label moves: the master Service, and with it the delay services, follow.
+   paused, and the promoted replica has no clients (the master Service's EndpointSlice still
+   points at the old master): never two masters that accept writes.
+2. The replica is recorded as master and the master Service's EndpointSlice points at it
+   (master_endpoint.publish_master): the delay services follow.
 3. `release`: the old master's clients are disconnected and its pause ends; their writes
    that waited fail unexecuted (never acknowledged) and are retried through the Service.
 4. The other replicas are pointed at the master Service again.
 
 If the operator stops between steps, the next pass repairs from what it finds (failover.decide:
-a labelled master running as a replica is promoted again, a stray master is demoted); the
+a recorded master running as a replica is promoted again, a stray master is demoted); the
 pause ends by itself after redisctl.SWITCH_PAUSE_MS.
 """
 
@@ -26,6 +27,7 @@ from __future__ import annotations
 import dataclasses
 import time
 from collections.abc import Mapping
+from typing import Any
 
 import redis
 
@@ -34,16 +36,19 @@ from delayq.kube.context import Logger, OperatorContext
 from delayq.kube.errors import TRANSIENT_ERRORS
 from delayq.kube.events import NORMAL, WARNING, TopicEvent
 from delayq.kube.failover import Decision
+from delayq.kube.master_endpoint import publish_master
 from delayq.kube.redisctl import CatchUpTimeout
 from delayq.kube.spec import TopicSpec
 
 
 async def switch_over(
     ctx: OperatorContext,
+    owner: Mapping[str, Any],
     spec: TopicSpec,
     broker: int,
     decision: Decision,
     addresses: Mapping[str, str | None],
+    uids: Mapping[str, str],
     replicas: tuple[str, ...],
     password: str,
     logger: Logger,
@@ -66,8 +71,8 @@ async def switch_over(
             f"Broker {broker}: {old} is stopping, but {new} did not catch up ({error}); {old} "
             "took writes again and the switchover is tried on the next pass.",
         )
-    await label_role(ctx, spec, old, naming.ROLE_REPLICA)
-    await label_role(ctx, spec, new, naming.ROLE_MASTER)
+    # the target is ready by choice (failover._switch_target)
+    await publish_master(ctx, owner, spec, broker, new, uids[new], new_address, ready=True)
     try:
         await ctx.redis.release(old_address, password)
     except (redis.RedisError, *TRANSIENT_ERRORS) as error:  # its pause ends by itself
@@ -94,9 +99,3 @@ async def switch_over(
         f"Broker {broker}: {old} is stopping; {new} took over as master at replication offset "
         f"{offset}, writes paused {paused_s * 1000:.0f} ms.",
     )
-
-
-async def label_role(ctx: OperatorContext, spec: TopicSpec, pod: str, role: str) -> None:
-    """Set a Redis pod's role label: the master Service selects the one labelled master."""
-    patch = {"metadata": {"labels": {naming.LABEL_ROLE: role}}}
-    await ctx.kube.patch("v1", "Pod", spec.namespace, pod, patch)
