@@ -426,7 +426,9 @@ async def test_a_stale_token_cannot_ack_the_upserted_version(start_service: Star
 async def _claims_run(client: redis.asyncio.Redis) -> int:
     """Script calls Redis has served so far (claims and the prober's few reads)."""
     stats = await client.info("commandstats")
-    return sum(int(stats.get(f"cmdstat_{cmd}", {}).get("calls", 0)) for cmd in ("fcall", "fcall_ro"))
+    return sum(
+        int(stats.get(f"cmdstat_{cmd}", {}).get("calls", 0)) for cmd in ("fcall", "fcall_ro")
+    )
 
 
 async def test_long_polls_wait_without_polling(
@@ -536,4 +538,3 @@ async def test_a_token_given_twice_in_one_ack_acks_once(start_service: StartServ
     journal = slot_keys(running.service.topic, slot).key(Part.JOURNAL)
     events = cast(Events, await running.service.queues[0].redis.xrange(journal))
     assert [fields[b"e"] for _, fields in events].count(b"acked") == 1
-

@@ -178,19 +178,15 @@ async def load_async(client: redis.asyncio.Redis) -> bool:
         return _loaded(error)
 
 
-async def check_async(client: redis.asyncio.Redis) -> str | None:
-    """Why the broker cannot run this library's calls, None when it can: FCALL_RO of its
-    `version` function, then a load when the function is missing (which only a user with
-    FUNCTION rights achieves). Redis and network errors are raised."""
-    lib = library()
+async def ensure_async(client: redis.asyncio.Redis) -> bool:
+    """Make sure the broker has this library: FCALL_RO of its `version` function (read-only,
+    so it is not held by a CLIENT PAUSE WRITE), then a load only when it is missing. True when
+    it was loaded now. FunctionsMissingError when it is missing and this user may not load it;
+    Redis and network errors are raised."""
     try:
-        await client.fcall_ro(lib.version_function, 0)
-        return None
+        await client.fcall_ro(library().version_function, 0)
+        return False
     except redis.ResponseError as error:
         if not is_missing(error):
             raise
-    try:
-        await load_async(client)
-    except FunctionsMissingError:
-        return f"the broker lacks the delayq functions library {lib.name} (the operator loads it)"
-    return None
+    return await load_async(client)

@@ -322,9 +322,7 @@ class DelayService:
                 await self._take_back_missing()
             if frozenset(self.owned_slots) != self.ownership.owned:
                 return "granted slots not consumed"
-        if not await self.brokers.reachable(self.owned_slots):
-            return "a broker does not answer"
-        return None
+        return await self.brokers.unavailable(self.owned_slots)
 
     async def _deliver(self, message: Message) -> None:
         """The Consumer's handler: return acks, raise retries (the engine's nack decides
