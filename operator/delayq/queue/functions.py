@@ -57,9 +57,13 @@ NOT_FOUND_TEXT = "Function not found"
 _ALREADY_EXISTS_TEXT = "already exists"
 
 
-class FunctionsMissingError(DelayqError):
+class FunctionsMissingError(DelayqError, redis.ResponseError):
     """The broker lacks this version's functions library and this client may not load it (a
-    restricted user): the operator loads it on its next health pass. Nothing ran."""
+    restricted user): the operator loads it on its next health pass. Nothing ran.
+
+    Still a redis-py `ResponseError`, so every loop that rides out a failing Redis (the
+    consumers' claims, the API's 503 with Retry-After) rides this out too, without a
+    traceback."""
 
 
 @dataclass(frozen=True)
