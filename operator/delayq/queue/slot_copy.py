@@ -2,8 +2,8 @@
 
 Every key of a slot is one `Part` of `keys.py`, so iterating `Part` copies all of it (store,
 prepare with its lease deadlines, dead, records, reasons, outcomes, journal, wake list, epoch,
-lease counter, schedules, ...); `PART_TYPES` names each part's Redis type, and a part added
-later without one fails the tests (`tests/queue/test_slot_copy.py`).
+lease counter, schedules, ...); `PART_TYPES` names each part's Redis type (a part added
+later without one fails every move test).
 
 The copy reads each key's content (ZRANGE WITHSCORES, HGETALL, GET, LRANGE, XRANGE) and writes
 it with the engine's own commands (ZADD, HSET, SET, RPUSH, XADD with the entry's id), not with
