@@ -36,9 +36,9 @@ ADMIN_RULES = ("reset", "on", "~*", "&*", "+@all")
 #: MULTI on the target; run with the service's credentials from one of its pods, the key
 #: patterns still hold it to the topic's own keys. No DUMP/RESTORE: a crafted RESTORE payload
 #: is a known way into Redis's memory), and the slot splitter's (`queue/slot_split.py`: ZRANGE,
-#: HSCAN, GET on the frozen keys, then ZADD, HSET, SET on the next generation's). Not CLIENT
-#: SETINFO, which redis-py sends on connect and whose refusal it ignores (and which Redis 7.0
-#: does not know: naming it would fail the whole SETUSER).
+#: HSCAN, GET, XRANGE on the frozen keys, then ZADD, HSET, SET, XADD on the next generation's).
+#: Not CLIENT SETINFO, which redis-py sends on connect and whose refusal it ignores (and which
+#: Redis 7.0 does not know: naming it would fail the whole SETUSER).
 CLIENT_COMMANDS = (
     "fcall",
     "fcall_ro",

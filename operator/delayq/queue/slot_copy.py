@@ -56,7 +56,8 @@ PART_TYPES: dict[Part, RedisType] = {
 }
 
 
-def _read(pipe: Any, kind: RedisType, name: str) -> None:
+def read_value(pipe: Any, kind: RedisType, name: str) -> None:
+    """Queue the read of a whole key of that type (a pipeline's reply: its content)."""
     if kind is RedisType.ZSET:
         pipe.zrange(name, 0, -1, withscores=True)
     elif kind is RedisType.HASH:
@@ -74,8 +75,9 @@ def _batches(items: list[Any]) -> Iterator[list[Any]]:
         yield items[start : start + BATCH]
 
 
-def _write(pipe: Any, kind: RedisType, name: str, content: Any) -> None:
-    """Queue the commands that rebuild `content` (as read by `_read`) under `name`."""
+def write_value(pipe: Any, kind: RedisType, name: str, content: Any) -> None:
+    """Queue the commands that rebuild `content` (as `read_value` read it) under `name`, an
+    absent key (a stream's entries keep their ids)."""
     if kind is RedisType.ZSET:
         for chunk in _batches(content):
             pipe.zadd(name, {member: score for member, score in chunk})
@@ -92,7 +94,7 @@ def _write(pipe: Any, kind: RedisType, name: str, content: Any) -> None:
             pipe.xadd(name, fields, id=entry_id)
 
 
-def _present(kind: RedisType, content: Any) -> bool:
+def present(kind: RedisType, content: Any) -> bool:
     return content is not None if kind is RedisType.STRING else bool(content)
 
 
@@ -102,15 +104,15 @@ def copy_slot(source: redis.Redis, target: redis.Redis, keys: SlotKeys) -> int:
     parts = list(Part)
     read = source.pipeline(transaction=False)
     for part in parts:
-        _read(read, PART_TYPES[part], keys.key(part))
+        read_value(read, PART_TYPES[part], keys.key(part))
     contents = read.execute()
     write = target.pipeline(transaction=True)
     write.delete(*keys.keys(*parts))
     copied = 0
     for part, content in zip(parts, contents, strict=True):
         kind = PART_TYPES[part]
-        if _present(kind, content):
-            _write(write, kind, keys.key(part), content)
+        if present(kind, content):
+            write_value(write, kind, keys.key(part), content)
             copied += 1
     write.execute()
     return copied
