@@ -370,7 +370,9 @@ async def load_functions(
     """Make sure the master has the engine's functions library of this version (the delay
     services may only call it): a new broker, one restarted without its data or emptied by
     FUNCTION FLUSH gets it on this pass. A failure is logged and tried again next pass (the
-    services report not-ready meanwhile)."""
+    services report not-ready meanwhile); FUNCTION LOAD is a write, so a master held by
+    minReplicasToWrite without a replica in sync refuses it (NOREPLICAS) as it refuses the
+    services' writes, until one is."""
     try:
         if await ctx.redis.load_functions(master_address, password):
             logger.info("loaded the functions library on broker %d", broker)
