@@ -25,7 +25,7 @@ from delayq.coordination.zookeeper import ZkOwnership, ZkSettings
 from delayq.local.redis_server import RedisServer
 from delayq.local.waiting import eventually
 from delayq.local.zookeeper_server import ZooKeeperServer
-from delayq.queue import Queue, Topic
+from delayq.queue import Queue, Topic, functions
 from delayq.queue.acl import service_user_rules
 
 SLOTS = 16
@@ -230,6 +230,7 @@ def two_brokers(
         admin.execute_command(
             "ACL", "SETUSER", user, *service_user_rules(topic), f">{SERVICE_PASSWORD}"
         )
+        functions.load(admin)  # the operator's part on Kubernetes: the service user may not
     queues = (_login(servers[0], topic), _login(servers[1], topic))
     built = kind(topic, zookeeper.hosts, servers, zk, queues, admins)
     try:

@@ -24,7 +24,7 @@ from delayq.kube.errors import TopicFailure
 from delayq.kube.handlers.health import refresh
 from delayq.kube.handlers.reconcile import reconcile
 from delayq.kube.operator import serialized
-from delayq.queue import acl
+from delayq.queue import acl, functions
 from tests.kube.conftest import (
     DT,
     Clock,
@@ -357,6 +357,35 @@ async def test_health_elects_masters_and_reports_ready(
     assert body(api)["status"]["depths"] == {"scheduled": 10, "prepared": 2, "dead": 0}
     # A pass with nothing changed writes nothing.
     assert await refresh(ctx, body(api), logger) == {}
+
+
+async def test_health_loads_the_functions_library_on_a_master_that_lost_it(
+    api: kmock.KubernetesEmulator,
+    ctx: OperatorContext,
+    redis_pods: RedisPods,
+    logger: logging.Logger,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """The service user may only FCALL: the operator (as delayq-operator) loads the engine's
+    library on each master, on a new broker and again after FUNCTION FLUSH (or a restart
+    without its data). Replicas get it by replication (tests/kube/test_redis_start_script.py)."""
+    put_topic(api)
+    await provision(api, ctx, logger)
+    redis_pods.add(0, 2)
+    library = functions.library()
+    caplog.set_level(logging.INFO)
+    for _ in range(2):
+        caplog.clear()
+        write_status(api, await refresh(ctx, body(api), logger))
+        assert "loaded the functions library on broker 0" in caplog.messages
+        with redis_pods.client("orders-redis-0-0") as master:
+            assert master.fcall_ro(library.version_function, 0) == library.name.encode()
+            master.function_flush()
+    caplog.clear()
+    await refresh(ctx, body(api), logger)
+    assert "loaded the functions library on broker 0" in caplog.messages
+    await refresh(ctx, body(api), logger)  # there already: nothing to load
+    assert caplog.messages.count("loaded the functions library on broker 0") == 1
 
 
 async def test_delivery_paused_is_held_on_every_master_and_reported(

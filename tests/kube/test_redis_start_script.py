@@ -9,6 +9,7 @@ operator's ConfigMap) naming this pod or not.
 
 from __future__ import annotations
 
+import asyncio
 import os
 import subprocess
 from collections.abc import Iterator, Mapping
@@ -19,11 +20,13 @@ import redis
 from redis.exceptions import NoPermissionError
 
 from delayq.kube.builders.redis import REDIS_PRESTOP_SCRIPT, REDIS_START_SCRIPT
+from delayq.kube.redisctl import RedisCommands
 from delayq.local.ports import free_port
 from delayq.local.process import stop_by_pid
 from delayq.local.waiting import wait_until
 from delayq.queue import acl
 from delayq.queue.client import Queue
+from delayq.queue.functions import FunctionsMissingError
 from delayq.queue.topic import Topic
 from tests.kube.test_builders import by_kind_name, rendered, spec_of
 from tests.kube.test_replicated_writes import redis_env
@@ -76,6 +79,25 @@ def pod_env(rendered_env: Mapping[str, str] | None = None) -> dict[str, str]:
     }
 
 
+#: What no restricted user (service, stream reader) may run: code of its own, raw payloads.
+NO_CODE = (
+    ("EVAL", "while true do end", "0"),
+    ("SCRIPT", "LOAD", "while true do end"),
+    ("EVALSHA", "0" * 40, "0"),
+    ("FUNCTION", "LOAD", "#!lua name=x\nredis.register_function('x', function() end)"),
+    ("FUNCTION", "FLUSH"),
+    ("FUNCTION", "DELETE", "x"),
+    ("RESTORE", "dq:{shop/orders/0}:x", "0", "payload"),
+    ("MODULE", "LIST"),
+)
+
+
+def load_as_operator(port: int) -> bool:
+    """The operator's health pass step: FUNCTION LOAD as `delayq-operator` (redisctl)."""
+    control = RedisCommands(addresses={"master": ("127.0.0.1", port)})
+    return asyncio.run(control.load_functions("master", ADMIN_PASSWORD))
+
+
 def admin(port: int) -> redis.Redis:
     return redis.Redis(port=port, username=acl.ADMIN_USER, password=ADMIN_PASSWORD)
 
@@ -119,12 +141,21 @@ def test_the_users_of_the_start_script(pods: tuple[int, int]) -> None:
         posing.ping()
     with service(master_port) as client:
         queue = Queue(client, TOPIC)
+        with pytest.raises(FunctionsMissingError):  # until the operator has loaded them
+            queue.schedule("m", b"p", delay_ms=0)
+        assert load_as_operator(master_port)
+        assert not load_as_operator(master_port)  # the next pass finds them
         queue.schedule("m", b"p", delay_ms=0)  # the engine works as the restricted user
         assert queue.stats().scheduled == 1
         with pytest.raises(NoPermissionError):
             client.config_get("maxmemory")
         with pytest.raises(NoPermissionError):
             client.set("dq:{shop/other/0}:epoch", "1")
+        for command in NO_CODE:
+            with pytest.raises(NoPermissionError):
+                client.execute_command(*command)
+    with admin(master_port) as client:
+        assert client.config_get("sanitize-dump-payload") == {"sanitize-dump-payload": "yes"}
     # the replica logs in to the master as the admin user (masteruser/masterauth)
     wait_until(
         lambda: _replication(replica_port).get("master_link_status") == "up",
@@ -132,6 +163,9 @@ def test_the_users_of_the_start_script(pods: tuple[int, int]) -> None:
         "the replica's link to the master",
     )
     assert _replication(master_port)["role"] == "master"
+    with service(replica_port) as client:  # the library replicated, read-only calls run there
+        on_replica = Queue(client, TOPIC)
+        wait_until(lambda: on_replica.stats().scheduled == 1, 10, "the message on the replica")
 
 
 def test_a_master_killed_and_restarted_keeps_every_message(tmp_path: Path) -> None:
@@ -143,6 +177,7 @@ def test_a_master_killed_and_restarted_keeps_every_message(tmp_path: Path) -> No
     process, port = start_pod(tmp_path, "master", None)
     try:
         wait_until(lambda: _pings(port), 60, "the master")
+        assert load_as_operator(port)
         with service(port) as client:
             queue = Queue(client, TOPIC)
             for index in range(20):
@@ -154,7 +189,7 @@ def test_a_master_killed_and_restarted_keeps_every_message(tmp_path: Path) -> No
         wait_until(lambda: _pings(port), 60, "the restarted master")
         with service(port) as client:
             queue = Queue(client, TOPIC)
-            assert queue.stats().scheduled == 20
+            assert queue.stats().scheduled == 20  # the functions came back from the AOF too
             assert queue.get("m7").payload == b"p"
     finally:
         stop_by_pid(process, 10)
@@ -255,6 +290,7 @@ def test_the_stream_reader_consumes_its_stream_and_nothing_else(tmp_path: Path) 
                 ("XLEN", "dq-out:shop/payments"),  # another topic's stream
                 ("KEYS", "*"),
                 ("CONFIG", "GET", "maxmemory"),
+                *NO_CODE,
             )
             for command in refused:
                 with pytest.raises(NoPermissionError):

@@ -28,7 +28,7 @@ from delayq.local.processes import ServeProcess
 from delayq.local.redis_server import RedisServer
 from delayq.local.waiting import eventually
 from delayq.local.zookeeper_server import ZooKeeperServer
-from delayq.queue import Queue, ScheduleRequest, Topic
+from delayq.queue import Queue, ScheduleRequest, Topic, functions
 from delayq.queue.acl import service_user_rules
 from delayq.queue.keys import Part, slot_keys
 from tests.fleet.conftest import NAMESPACE, SLOTS, ProcessFleet
@@ -241,6 +241,7 @@ def test_a_doubled_topic_needs_its_routing_and_is_archived_with_it(
     admin = redis.Redis.from_url(redis_server.url)
     user = ["ACL", "SETUSER", "pipeline-ingest", *service_user_rules(topic), ">secret"]
     admin.execute_command(*user)
+    functions.load(admin)  # the operator's part on Kubernetes: the restricted user may not
     try:
         restricted = redis_server.url.replace("redis://", "redis://pipeline-ingest:secret@")
         (tmp_path / "in.csv").write_text("id,delay\na,1\n")

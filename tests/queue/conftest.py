@@ -11,6 +11,7 @@ import redis.asyncio
 
 from delayq.local.redis_server import RedisServer
 from delayq.local.waiting import wait_until
+from delayq.queue import functions
 from delayq.queue.acl import service_user_rules
 from delayq.queue.client import AsyncQueue, Queue
 from delayq.queue.model import Message
@@ -35,9 +36,11 @@ ENGINE_USER, ENGINE_PASSWORD = "shop.orders", "engine-secret"
 
 
 def engine_user(admin: redis.Redis, topic: Topic = TOPIC) -> None:
-    """Create (or reset) the topic's restricted user."""
+    """Create (or reset) the topic's restricted user, and load the engine's functions as the
+    admin (the operator's part on Kubernetes): the restricted user may not."""
     rules = service_user_rules(topic)
     admin.execute_command("ACL", "SETUSER", ENGINE_USER, *rules, f">{ENGINE_PASSWORD}")
+    functions.load(admin)
 
 
 def engine_client(server: RedisServer, admin: redis.Redis) -> redis.Redis:

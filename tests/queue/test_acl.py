@@ -19,7 +19,7 @@ from delayq.queue.codes import ReplicationTimeoutError
 from delayq.queue.model import Retry, ScheduleRequest
 from delayq.queue.topic import Topic
 
-from .conftest import TOPIC, engine_client
+from .conftest import ENGINE_USER, TOPIC, engine_client
 
 LUA = Path(acl.__file__).parent / "lua"
 OTHER = Topic("payments", namespace="billing", slot_amount=4)
@@ -77,6 +77,16 @@ def test_the_engine_runs_as_the_restricted_user(restricted: redis.Redis) -> None
         ("REPLICAOF", "NO", "ONE"),
         ("ACL", "LIST"),
         ("EVAL", "return 1", "0"),
+        ("EVAL_RO", "return 1", "0"),
+        ("EVALSHA", "e0e1f9fabfc9d4800c877a703b823ac0578ff8db", "0"),
+        ("SCRIPT", "LOAD", "return 1"),
+        ("FUNCTION", "LOAD", "#!lua name=mine\nredis.register_function('mine', function() end)"),
+        ("FUNCTION", "DELETE", "anything"),
+        ("FUNCTION", "FLUSH"),
+        ("FUNCTION", "RESTORE", "x"),
+        ("RESTORE", "dq:{shop/orders/0}:store", "0", "x"),
+        ("DUMP", "dq:{shop/orders/0}:store"),
+        ("MODULE", "LIST"),
         ("SUBSCRIBE", "anything"),
         ("MONITOR",),
     ],
@@ -87,6 +97,27 @@ def test_the_restricted_user_cannot_administer_redis(
 ) -> None:
     with pytest.raises(NoPermissionError):
         restricted.execute_command(*command)
+
+
+def test_the_restricted_user_cannot_run_code_of_its_own(
+    restricted: redis.Redis, redis_client: redis.Redis
+) -> None:
+    """The issue's attack: a busy loop loaded and run blocked the broker. Neither way in is
+    open; FCALL reaches only what the admin loaded, so the broker still answers at once."""
+    busy = "while true do end"
+    with pytest.raises(NoPermissionError):
+        restricted.script_load(busy)
+    library = f"#!lua name=busy\nredis.register_function('busy', function() {busy} end)"
+    with pytest.raises(NoPermissionError):
+        restricted.function_load(library)
+    with pytest.raises(redis.ResponseError, match="Function not found"):
+        restricted.fcall("busy", 0)
+    assert redis_client.ping()
+    assert redis_client.function_list(library="busy") == []
+    # DEBUG is off on this server whatever the user (enable-debug-command): ask the ACL itself
+    for command in (("DEBUG", "SLEEP", "0"), ("DEBUG", "RELOAD"), ("MODULE", "LOAD", "/x.so")):
+        verdict = redis_client.execute_command("ACL", "DRYRUN", ENGINE_USER, *command)
+        assert b"no permissions" in verdict, verdict
 
 
 def test_the_restricted_user_cannot_touch_another_topics_keys(

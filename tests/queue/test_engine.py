@@ -119,7 +119,7 @@ def test_batch_schedule_preserves_order_and_per_message_results(queue: Queue) ->
 def test_batch_is_one_script_call_per_slot(queue: Queue, redis_client: redis.Redis) -> None:
     redis_client.config_resetstat()
     queue.schedule_many([ScheduleRequest(f"m{i}", delay_ms=HOUR_MS) for i in range(400)])
-    calls = redis_client.info("commandstats")["cmdstat_evalsha"]["calls"]
+    calls = redis_client.info("commandstats")["cmdstat_fcall"]["calls"]
     assert calls == TOPIC.slot_amount
 
 
@@ -149,7 +149,7 @@ def test_a_batch_stores_every_field_as_given_and_chunks_a_full_slot(
     redis_client.config_resetstat()
     many = [ScheduleRequest(f"m{i}", slot_basis="one", delay_ms=HOUR_MS) for i in range(2_500)]
     assert {r.code for r in queue.schedule_many(many)} == {Code.CREATED}
-    assert redis_client.info("commandstats")["cmdstat_evalsha"]["calls"] == 3
+    assert redis_client.info("commandstats")["cmdstat_fcall"]["calls"] == 3
     assert queue.stats().scheduled == len(requests) + len(many)
 
 

@@ -7,12 +7,15 @@ import asyncio
 import re
 from pathlib import Path
 
+import redis
 import yaml
 from aiohttp.test_utils import TestServer
 
 from delayq.local.redis_server import RedisServer
 from delayq.local.waiting import eventually
-from delayq.service.readiness import PROBE_INTERVAL_S, UNREADY_AFTER_S
+from delayq.queue import functions
+from delayq.service.readiness import PROBE_INTERVAL_S, READY_AFTER, UNREADY_AFTER_S
+from tests.queue.conftest import ENGINE_PASSWORD, ENGINE_USER, engine_user
 from tests.service.conftest import StartService
 
 DOCS = Path(__file__).resolve().parents[2] / "docs" / "openapi.yaml"
@@ -410,6 +413,41 @@ async def test_redis_outage_is_503_and_not_ready(start_service: StartService):
 
     # hysteresis: unready once the outage has lasted UNREADY_AFTER_S (a probe a second)
     await eventually(unready, UNREADY_AFTER_S + 3 * PROBE_INTERVAL_S, "readyz to answer 503")
+
+
+async def test_a_broker_that_lost_the_functions_library_is_not_ready_until_it_is_back(
+    start_service: StartService, redis_server: RedisServer, redis_client: redis.Redis
+):
+    """FUNCTION FLUSH under a pod logged in as the topic's restricted user: it cannot load
+    the library itself, so it answers 503 (retryable) and reports not-ready saying why, until
+    the admin (the operator's health pass) has loaded it again; then it is ready by itself."""
+    engine_user(redis_client)
+    url = redis_server.url.replace("redis://", f"redis://{ENGINE_USER}:{ENGINE_PASSWORD}@")
+    running = await start_service(redis_url=url, topic_type="pull")
+    client, base = running.client, running.base
+    assert (await client.get("/readyz")).status == 200
+    running.service.readiness.unready_after_s = 0.0  # the hysteresis is not under test here
+    redis_client.function_flush()
+    refused = await client.post(f"{base}/messages", json={"id": "a", "delayMs": 1})
+    assert refused.status == 503
+    assert refused.headers["Retry-After"]
+
+    async def reason() -> str:
+        return str((await (await client.get("/readyz")).json())["reason"])
+
+    async def says_missing() -> bool:
+        return "lacks the engine's functions library" in await reason()
+
+    await eventually(says_missing, 5 * PROBE_INTERVAL_S, "readyz to name the library")
+    assert (await client.get("/readyz")).status == 503
+    functions.load(redis_client)  # the operator's part
+
+    async def ready() -> bool:
+        return (await client.get("/readyz")).status == 200
+
+    await eventually(ready, (READY_AFTER + 3) * PROBE_INTERVAL_S, "readyz to answer 200")
+    stored = await client.post(f"{base}/messages", json={"id": "a", "delayMs": 1})
+    assert stored.status == 201, await stored.text()
 
 
 async def test_a_write_no_replica_confirmed_is_a_retryable_503(start_service: StartService):

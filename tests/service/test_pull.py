@@ -427,7 +427,9 @@ async def test_a_stale_token_cannot_ack_the_upserted_version(start_service: Star
 async def _claims_run(client: redis.asyncio.Redis) -> int:
     """Script calls Redis has served so far (claims and the prober's few reads)."""
     stats = await client.info("commandstats")
-    return sum(int(stats.get(f"cmdstat_{cmd}", {}).get("calls", 0)) for cmd in ("evalsha", "eval"))
+    return sum(
+        int(stats.get(f"cmdstat_{cmd}", {}).get("calls", 0)) for cmd in ("fcall", "fcall_ro")
+    )
 
 
 async def test_long_polls_wait_without_polling(

@@ -1,6 +1,7 @@
 """The operator's few Redis commands: inspect replication, promote, demote, depths, memory,
-pause, the planned switchover of a stopping master (`hand_over`, `release`), and the engine
-clients the slot mover works with (`broker_queue`, resharding.py).
+pause, loading the engine's functions library (`load_functions`: only the admin user may), the
+planned switchover of a stopping master (`hand_over`, `release`), and the engine clients the
+slot mover works with (`broker_queue`, resharding.py).
 
 Depths are the engine's own stats (`AsyncQueue.stats`, the read-only stats script), so the
 operator counts messages exactly as the delay service's metrics and API do.
@@ -24,10 +25,10 @@ from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
 
 from delayq.kube import naming
-from delayq.queue import AsyncQueue, Queue, Topic, TopicStats, acl
+from delayq.queue import AsyncQueue, Queue, Topic, TopicStats, acl, functions
 
 CONNECT_TIMEOUT_S = 2.0
-# A slot move's calls: DUMP of a whole slot and its RESTORE in one MULTI take ~0.1 s per 100k
+# A slot move's calls: reading a whole slot and rewriting it in one MULTI take ~0.1 s per 100k
 # messages (docs/benchmarks.md), so this bounds a dead broker, not a large slot; it is well
 # under the health pass's bound (healthloop.PASS_TIMEOUT_S), which the moves run inside.
 MOVE_TIMEOUT_S = 10.0
@@ -91,6 +92,11 @@ class RedisControl(Protocol):
 
     async def memory(self, host: str, password: str) -> BrokerMemory:
         """used_memory and maxmemory from INFO memory; raises on a Redis or network error."""
+
+    async def load_functions(self, host: str, password: str) -> bool:
+        """FUNCTION LOAD the engine's library of this operator's version on one master (its
+        replicas get it by replication); False when the master has it already. The topic's
+        users may only FCALL it, so this is what makes a new or emptied broker usable."""
 
     async def pause(self, host: str, password: str, topic: Topic, paused: bool | None) -> bool:
         """Pause (True) or resume (False) the topic's delivery on one master, or (None) leave
@@ -247,6 +253,13 @@ class RedisCommands:
             used_memory_bytes=int(info.get("used_memory", 0)),
             max_memory_bytes=int(info.get("maxmemory", 0)),
         )
+
+    async def load_functions(self, host: str, password: str) -> bool:
+        client = self._client(host, password)
+        try:
+            return await functions.ensure_async(client)
+        finally:
+            await client.aclose()
 
     async def pause(self, host: str, password: str, topic: Topic, paused: bool | None) -> bool:
         queue = AsyncQueue(self._client(host, password), topic)

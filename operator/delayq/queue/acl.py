@@ -2,10 +2,11 @@
 
 The engine knows which commands it sends and which keys it touches, so it owns the rules: the
 Kubernetes builders and the tests only render them. A user created with `service_user_rules`
-can run every engine operation of its topic (the Lua transitions, the wake-up lists, the stats)
-but cannot run CONFIG, FLUSHALL, KEYS, SCRIPT FLUSH, CLIENT or any other command, nor read or
-write a key of another topic, even from inside a Lua script (Redis checks every `redis.call`
-against the caller's ACL).
+can run every engine operation of its topic (the functions of the engine's library, the
+wake-up lists, the stats) but cannot run CONFIG, FLUSHALL, KEYS, CLIENT or any other command,
+nor read or write a key of another topic, even from inside a function (Redis checks every
+`redis.call` against the caller's ACL). It runs no code of its own: no EVAL, EVALSHA, SCRIPT,
+FUNCTION (only FCALL and FCALL_RO of the library the operator loaded), RESTORE, DEBUG or MODULE.
 
 The commands are the ones the client sends (`CLIENT_COMMANDS`) plus every command the Lua
 scripts call (`SCRIPT_COMMANDS`); `tests/queue/test_acl.py` checks the latter against the
@@ -26,18 +27,21 @@ ADMIN_USER = "delayq-operator"
 #: Its rules (add `>password`): every key, channel and command.
 ADMIN_RULES = ("reset", "on", "~*", "&*", "+@all")
 
-#: Sent by the Python client: scripts by hash (loaded once), the consumer's blocking wake-up
-#: wait and its interrupts, the stream delivery's XADD, the server clock, WAIT after an
-#: acknowledged write of a topic with `redis_sync_replicas`, health checks and the
-#: RESP3 handshake, and the slot mover's copy (`queue/slot_copy.py`: DUMP, then RESTORE in a
-#: MULTI, then UNLINK; run with the service's credentials from one of its pods, the key patterns
-#: still hold it to the topic's own keys), and the slot splitter's (`queue/slot_split.py`: ZRANGE,
-#: HSCAN, GET on the frozen keys, then ZADD, HSET, SET on the next generation's). Not CLIENT
-#: SETINFO, which redis-py sends on connect and whose refusal it ignores (and which Redis 7.0
-#: does not know: naming it would fail the whole SETUSER).
+#: Sent by the Python client: the engine's functions (FCALL, FCALL_RO of the library an admin
+#: loaded, `queue/functions.py`: no EVAL*, SCRIPT or FUNCTION, so no code of its own), the
+#: consumer's blocking wake-up wait and its interrupts, the stream delivery's XADD, the server
+#: clock, WAIT after an acknowledged write of a topic with `redis_sync_replicas`, health checks
+#: and the RESP3 handshake, and the slot mover's copy (`queue/slot_copy.py`: ZRANGE, HGETALL,
+#: GET, LRANGE, XRANGE on the frozen source, then DEL and ZADD, HSET, SET, RPUSH, XADD in a
+#: MULTI on the target; run with the service's credentials from one of its pods, the key
+#: patterns still hold it to the topic's own keys. No DUMP/RESTORE: a crafted RESTORE payload
+#: is a known way into Redis's memory), and the slot splitter's (`queue/slot_split.py`: ZRANGE,
+#: HSCAN, GET, XRANGE on the frozen keys, then ZADD, HSET, SET, XADD on the next generation's).
+#: Not CLIENT SETINFO, which redis-py sends on connect and whose refusal it ignores (and which
+#: Redis 7.0 does not know: naming it would fail the whole SETUSER).
 CLIENT_COMMANDS = (
-    "evalsha",
-    "script|load",
+    "fcall",
+    "fcall_ro",
     "blpop",
     "rpush",
     "del",
@@ -46,10 +50,10 @@ CLIENT_COMMANDS = (
     "wait",
     "ping",
     "hello",
-    "dump",
-    "restore",
     "unlink",
     "hscan",
+    "lrange",
+    "xrange",
     "multi",
     "exec",
 )

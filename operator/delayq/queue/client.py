@@ -1,7 +1,8 @@
 """The engine's Python API: `Queue` (blocking) and `AsyncQueue` (asyncio).
 
 Both only execute the plans of `delayq.queue.plans`: one round trip per operation (a pipeline
-when a batch touches several slots), the Lua scripts loaded once per connection pool.
+when a batch touches several slots), each transition an FCALL of the engine's functions library
+(`queue/functions.py`), loaded again when a broker lost it and the user may load it.
 """
 
 from __future__ import annotations
@@ -12,9 +13,8 @@ from typing import Any, TypeVar, cast
 
 import redis
 import redis.asyncio
-from redis.exceptions import NoScriptError
 
-from delayq.queue import plans, schedule_plans
+from delayq.queue import functions, plans, schedule_plans
 from delayq.queue.codec import Headers
 from delayq.queue.codes import DelayqError, ReplicationTimeoutError, StaleEpochError, as_typed_error
 from delayq.queue.keys import paused_key
@@ -38,7 +38,7 @@ from delayq.queue.packing import use_hiredis_packing
 from delayq.queue.plans import Plan, ScriptCall, received, received_all
 from delayq.queue.schedule_plans import Steps
 from delayq.queue.schedules import DefineResult, Schedule, ScheduleInfo
-from delayq.queue.scripts import Script, script_source
+from delayq.queue.scripts import Script
 from delayq.queue.topic import Topic
 
 T = TypeVar("T")
@@ -46,9 +46,21 @@ DEFAULT_CLAIM_BATCH = 500
 
 
 def _not_loaded(replies: Sequence[Any]) -> list[int]:
-    """Indexes of pipelined replies that failed with NOSCRIPT (the call did not run at all,
-    so running it again after loading the script is safe)."""
-    return [i for i, reply in enumerate(replies) if isinstance(reply, NoScriptError)]
+    """Indexes of pipelined replies that failed with "Function not found" (the call did not
+    run at all, so running it again after loading the library is safe)."""
+    return [i for i, reply in enumerate(replies) if functions.is_missing(reply)]
+
+
+def _send(target: Any, call: ScriptCall) -> Any:
+    """FCALL (FCALL_RO for a read-only transition) of the call's function on `target`, a
+    client (its reply, or an awaitable of it) or a pipeline (queued)."""
+    library = functions.library()
+    send = target.fcall_ro if library.command(call.script) == "FCALL_RO" else target.fcall
+    return send(library.function(call.script), len(call.keys), *call.keys, *call.args)
+
+
+def _typed_single(error: redis.ResponseError) -> Exception:
+    return functions.missing_error(error) if functions.is_missing(error) else as_typed_error(error)
 
 
 def _merged(replies: Sequence[Any], indexes: Sequence[int], again: Sequence[Any]) -> list[Any]:
@@ -157,7 +169,6 @@ class Queue:
         self.redis = client
         self.topic = topic
         self._plans = _Plans(topic)
-        self._scripts = {s: client.register_script(script_source(s)) for s in Script}
 
     @classmethod
     def from_url(cls, url: str, topic: Topic, **options: Any) -> Queue:
@@ -168,26 +179,34 @@ class Queue:
         return _combined(plan, replies, confirmed, self.topic)
 
     def _replies(self, plan: Plan[T]) -> tuple[list[Any], int | None]:
-        """One call through its Script (which loads it when missing); several in one pipeline
-        of bare EVALSHAs, reloading only on NOSCRIPT: redis-py's pipelined scripts would ask
-        SCRIPT EXISTS first, one more round trip on every multi-slot claim.
+        """One call as one FCALL; several in one pipeline. A call the broker has no function
+        for ("Function not found": it did not run) loads the library (`functions.load`, which
+        only a user with FUNCTION rights may; a restricted one gets FunctionsMissingError) and
+        runs again.
 
         A write the topic replicates synchronously ends its pipeline with WAIT, on the same
         connection (WAIT covers that connection's writes): the replicas that confirmed them,
-        the fewest over the pipelines a NOSCRIPT reload needed, come back with the replies."""
+        the fewest over the pipelines a reload needed, come back with the replies."""
         wait = _replicas_to_wait(self.topic, plan)
         if len(plan.calls) == 1 and not wait:
             call = plan.calls[0]
             try:
-                return [self._scripts[call.script](keys=call.keys, args=call.args)], None
+                return [_send(self.redis, call)], None
             except redis.ResponseError as error:
-                if (typed := as_typed_error(error)) is error:
+                if not functions.is_missing(error):
+                    if (typed := as_typed_error(error)) is error:
+                        raise
+                    raise typed from error
+            functions.load(self.redis)
+            try:
+                return [_send(self.redis, call)], None
+            except redis.ResponseError as error:
+                if (typed := _typed_single(error)) is error:
                     raise
                 raise typed from error
         replies, confirmed = self._pipelined(plan.calls, wait)
         if missing := _not_loaded(replies):
-            for script in {plan.calls[i].script for i in missing}:
-                self.redis.script_load(script_source(script))
+            functions.load(self.redis)
             again, confirmed_again = self._pipelined([plan.calls[i] for i in missing], wait)
             replies = _merged(replies, missing, again)
             confirmed = _least(confirmed, confirmed_again)
@@ -196,7 +215,7 @@ class Queue:
     def _pipelined(self, calls: Sequence[ScriptCall], wait: int) -> tuple[list[Any], int | None]:
         pipe = self.redis.pipeline(transaction=False)
         for call in calls:
-            pipe.evalsha(self._scripts[call.script].sha, len(call.keys), *call.keys, *call.args)
+            _send(pipe, call)
         if wait:
             pipe.wait(wait, self.topic.redis_sync_timeout_ms)
         replies = pipe.execute(raise_on_error=False)
@@ -403,7 +422,6 @@ class AsyncQueue:
         self.redis = client
         self.topic = topic
         self._plans = _Plans(topic)
-        self._scripts = {s: client.register_script(script_source(s)) for s in Script}
 
     @classmethod
     def from_url(cls, url: str, topic: Topic, **options: Any) -> AsyncQueue:
@@ -419,15 +437,22 @@ class AsyncQueue:
         if len(plan.calls) == 1 and not wait:
             call = plan.calls[0]
             try:
-                return [await self._scripts[call.script](keys=call.keys, args=call.args)], None
+                return [await _send(self.redis, call)], None
             except redis.ResponseError as error:
-                if (typed := as_typed_error(error)) is error:
+                if not functions.is_missing(error):
+                    if (typed := as_typed_error(error)) is error:
+                        raise
+                    raise typed from error
+            await functions.load_async(self.redis)
+            try:
+                return [await _send(self.redis, call)], None
+            except redis.ResponseError as error:
+                if (typed := _typed_single(error)) is error:
                     raise
                 raise typed from error
         replies, confirmed = await self._pipelined(plan.calls, wait)
         if missing := _not_loaded(replies):
-            for script in {plan.calls[i].script for i in missing}:
-                await self.redis.script_load(script_source(script))
+            await functions.load_async(self.redis)
             again, confirmed_again = await self._pipelined([plan.calls[i] for i in missing], wait)
             replies = _merged(replies, missing, again)
             confirmed = _least(confirmed, confirmed_again)
@@ -438,7 +463,7 @@ class AsyncQueue:
     ) -> tuple[list[Any], int | None]:
         pipe = self.redis.pipeline(transaction=False)
         for call in calls:
-            pipe.evalsha(self._scripts[call.script].sha, len(call.keys), *call.keys, *call.args)
+            _send(pipe, call)
         if wait:
             pipe.wait(wait, self.topic.redis_sync_timeout_ms)
         return _split_wait(await pipe.execute(raise_on_error=False), wait)

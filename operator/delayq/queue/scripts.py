@@ -54,6 +54,7 @@ class Script(enum.StrEnum):
     DROP = "drop-7"
     TOPUP = "topup-7"
     SCHEDULES = "schedules-4"
+    OVERVIEW = "overview-4"  # 4 keys per slot, any number of slots
 
     @property
     def acknowledges_a_write(self) -> bool:

@@ -33,6 +33,7 @@ import redis
 
 from delayq.queue.keys import Part, SlotKeys
 from delayq.queue.schedules import OCCURRENCE_SEPARATOR
+from delayq.queue.slot_copy import RedisType, present, read_value, write_value
 from delayq.queue.topic import slot_of
 
 #: Members or fields per read and per write pipeline: large enough that round trips do not
@@ -205,13 +206,13 @@ def _copy_per_slot(client: redis.Redis, source: SlotKeys, lower: SlotKeys, upper
     """The per-slot parts: journal to the lower slot, lease counter and frozen epoch to both,
     a wake to both. The epoch last: a half with its epoch has everything else."""
     read = client.pipeline(transaction=False)
-    read.dump(source.key(Part.JOURNAL))
+    read_value(read, RedisType.STREAM, source.key(Part.JOURNAL))
     read.get(source.key(Part.LEASES))
     read.get(source.key(Part.EPOCH))
     journal, leases, epoch = read.execute()
     write = client.pipeline(transaction=False)
-    if journal is not None:
-        write.restore(lower.key(Part.JOURNAL), 0, journal)
+    if present(RedisType.STREAM, journal):  # entry ids kept, without DUMP/RESTORE (queue.acl)
+        write_value(write, RedisType.STREAM, lower.key(Part.JOURNAL), journal)
     for half in (lower, upper):
         if leases is not None:
             write.set(half.key(Part.LEASES), leases)

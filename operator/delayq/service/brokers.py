@@ -17,7 +17,9 @@ from typing import Any, TypeVar
 import redis.asyncio
 
 from delayq.coordination.routing import by_broker, initial_routing
+from delayq.queue import functions
 from delayq.queue.client import AsyncQueue
+from delayq.queue.functions import FunctionsMissingError
 from delayq.queue.model import TopicStats
 from delayq.queue.packing import use_hiredis_packing
 from delayq.queue.topic import Topic
@@ -109,17 +111,26 @@ class Brokers:
             [await call(self.queues[b], slots) for b, slots in self.split(self.topic.slots).items()]
         )
 
-    async def reachable(self, slots: Iterable[int]) -> bool:
-        """Every broker storing one of `slots` (or broker 0 when none) answers a PING."""
-        brokers = set(self.split(slots)) or {0}
-        try:
-            for broker in brokers:
-                pong = self.queues[broker].redis.ping()
-                if not await asyncio.wait_for(pong, PING_TIMEOUT_S):
-                    return False
-        except (redis.RedisError, OSError, TimeoutError):
-            return False
-        return True
+    async def unavailable(self, slots: Iterable[int]) -> str | None:
+        """Why a broker storing one of `slots` (or broker 0 when none) cannot serve, None when
+        every one can: it does not answer, or it lacks the engine's functions library (loaded
+        here when this process's Redis user may; the restricted user of a pod waits for the
+        operator's health pass). The probe is the library's read-only `version` function, so
+        it answers only where the engine's calls would run."""
+        brokers = sorted(set(self.split(slots)) or {0})
+        for broker in brokers:
+            try:
+                await asyncio.wait_for(
+                    functions.ensure_async(self.queues[broker].redis), PING_TIMEOUT_S
+                )
+            except FunctionsMissingError:
+                return (
+                    f"broker {broker} lacks the engine's functions library "
+                    f"{functions.library().name} (the operator loads it)"
+                )
+            except (redis.RedisError, OSError, TimeoutError):
+                return "a broker does not answer"
+        return None
 
     async def close(self) -> None:
         for queue in self.queues:

@@ -13,7 +13,6 @@ Cost is bounded whatever the number of open dashboards: a view is computed at mo
 from __future__ import annotations
 
 import asyncio
-import hashlib
 import time
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
@@ -24,6 +23,8 @@ import redis.exceptions
 from delayq.coordination.ownership import FleetReader, FleetView
 from delayq.queue.client import AsyncQueue
 from delayq.queue.keys import Part, SlotKeys
+from delayq.queue.plans import Plan, ScriptCall
+from delayq.queue.scripts import Script
 from delayq.queue.topic import Topic
 from delayq.service.metrics import Activity
 from delayq.service.service import DelayService
@@ -40,36 +41,7 @@ MAX_LISTED = 100  # stalled or unowned slot numbers listed in a summary at most
 SLOTS_PER_CALL = 64  # slots one script call reads: 16,384 slots are 256 calls, not 16,384
 PIPELINES_PER_BROKER = 4  # sent at once: parsing one overlaps Redis running the next
 
-# Read-only, any number of slots per call (4 keys each: store, prepare, dead, epoch); ARGV are
-# the windows' lengths. Returns {now, then per slot: epoch or -1, scheduled, overdue, due in
-# each window, later, prepared, dead, next due or -1}. no-writes: it also runs on a full broker.
-_SLOTS_VIEW = """#!lua flags=no-writes
-local t = redis.call('TIME')
-local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-local out = {now}
-for i = 1, #KEYS, 4 do
-  local store = KEYS[i]
-  local total = redis.call('ZCARD', store)
-  local overdue = redis.call('ZCOUNT', store, '-inf', now)
-  out[#out + 1] = tonumber(redis.call('GET', KEYS[i + 3])) or -1
-  out[#out + 1] = total
-  out[#out + 1] = overdue
-  local counted, from = overdue, now
-  for w = 1, #ARGV do
-    local to = from + tonumber(ARGV[w])
-    local count = redis.call('ZCOUNT', store, '(' .. from, to)
-    out[#out + 1] = count
-    counted, from = counted + count, to
-  end
-  out[#out + 1] = total - counted
-  out[#out + 1] = redis.call('ZCARD', KEYS[i + 1])
-  out[#out + 1] = redis.call('ZCARD', KEYS[i + 2])
-  local head = redis.call('ZRANGE', store, 0, 0, 'WITHSCORES')
-  out[#out + 1] = head[2] and tonumber(head[2]) or -1
-end
-return out
-"""
-_SLOTS_VIEW_SHA = hashlib.sha1(_SLOTS_VIEW.encode()).hexdigest()
+# Values per slot in a reply of the `overview` function (queue/lua/overview-4.lua).
 _FIELDS = 7 + len(DUE_WINDOWS)  # values per slot in a reply
 
 
@@ -187,26 +159,18 @@ def _slot_key_makers(topic: Topic) -> list[tuple[str, str]]:
 async def _pipelined(
     queue: AsyncQueue, chunks: Sequence[Sequence[int]], windows: list[str]
 ) -> list[Any]:
-    """EVALSHA per chunk in one pipeline; SCRIPT LOAD and again when Redis does not know the
-    script yet. Only those two commands: the topic's restricted Redis user (queue.acl) has no
-    SCRIPT EXISTS, which redis-py's own pipelined scripts would send."""
+    """One read-only `overview` call per chunk, in one pipeline (the engine client's: the
+    library is loaded again when the broker lost it and the user may)."""
     makers = _slot_key_makers(queue.topic)
     calls = [
-        [f"{before}{slot}{after}" for slot in chunk for before, after in makers] for chunk in chunks
+        ScriptCall(
+            Script.OVERVIEW,
+            [f"{before}{slot}{after}" for slot in chunk for before, after in makers],
+            list(windows),
+        )
+        for chunk in chunks
     ]
-    for attempt in range(2):
-        pipe = queue.redis.pipeline(transaction=False)
-        for keys in calls:
-            pipe.evalsha(_SLOTS_VIEW_SHA, len(keys), *keys, *windows)
-        replies = list(await pipe.execute(raise_on_error=False))
-        if not any(isinstance(r, redis.exceptions.NoScriptError) for r in replies):
-            break
-        if attempt == 0:
-            await queue.redis.script_load(_SLOTS_VIEW)
-    for reply in replies:
-        if isinstance(reply, Exception):
-            raise reply
-    return replies
+    return await queue.run(Plan(calls, list))
 
 
 FLEET_TIMEOUT_S = 5.0  # a ZooKeeper that does not answer must not hold a page for ever

@@ -416,9 +416,7 @@ class DelayService:
                 return "granted slots not consumed" + (
                     f" ({failing} failing to be taken over: see unconsumedSlots)" if failing else ""
                 )
-        if not await self.brokers.reachable(self.owned_slots):
-            return "a broker does not answer"
-        return None
+        return await self.brokers.unavailable(self.owned_slots)
 
     async def _deliver(self, message: Message) -> None:
         """The Consumer's handler: return acks, raise retries (the engine's nack decides

@@ -80,6 +80,10 @@ REDIS_DEFAULT_LIMITS = {"memory": "512Mi"}
 # and key: Redis (7.0 here, before redis/redis#14541) replays the AOF as `default` and re-checks
 # each MULTI/EXEC against its rules, and the engine's scripts reach the AOF as MULTI/EXEC, so a
 # `default` without permissions silently drops every message on a restart from the AOF.
+# The engine's code is a Redis Functions library the operator loads as ADMIN_USER (it replicates
+# and persists with the data); SERVICE_USER may only FCALL it: no EVAL, SCRIPT, FUNCTION, DUMP or
+# RESTORE. sanitize-dump-payload yes: a RESTORE payload (only ADMIN_USER may send one) is checked
+# in full before Redis trusts it.
 # maxmemory-policy is always noeviction: evicting keys of a delay queue loses messages, so a full
 # Redis must refuse writes (OOM) instead; MAXMEMORY is 0 (no bound) without a memory limit.
 REDIS_START_SCRIPT = """\
@@ -87,6 +91,7 @@ set -eu
 args="--port 6379 --dir /data --appendonly yes --appendfsync $APPEND_FSYNC"
 args="$args --maxmemory $MAXMEMORY --maxmemory-policy noeviction"
 args="$args --replica-announce-ip $POD_IP --protected-mode no --hz 100"
+args="$args --sanitize-dump-payload yes"
 args="$args --min-replicas-to-write $MIN_REPLICAS_TO_WRITE"
 args="$args --min-replicas-max-lag $MIN_REPLICAS_MAX_LAG_S"
 if [ "${MASTER_POD:-}" = "$POD_NAME/$POD_UID" ]; then

@@ -368,6 +368,8 @@ async def observe_broker(
         entry["lastSwitchoverTime"] = switched
     stats = TopicStats([])
     master_address = addresses.get(decision.master or "")
+    if serving and master_address:
+        await load_functions(ctx, broker, master_address, password, logger)
     if serving and master_address and broker < routing.broker_count:
         # The routing's slot amount and key generation are the served ones (a doubling
         # changes both); taking them from the routing keeps every slot in range.
@@ -390,6 +392,22 @@ async def observe_broker(
         if paused is not None:
             entry["paused"] = paused
     return BrokerObservation(entry, stats, memory, events)
+
+
+async def load_functions(
+    ctx: OperatorContext, broker: int, master_address: str, password: str, logger: Logger
+) -> None:
+    """Make sure the master has the engine's functions library of this version (the delay
+    services may only call it): a new broker, one restarted without its data or emptied by
+    FUNCTION FLUSH gets it on this pass. A failure is logged and tried again next pass (the
+    services report not-ready meanwhile); FUNCTION LOAD is a write, so a master held by
+    minReplicasToWrite without a replica in sync refuses it (NOREPLICAS) as it refuses the
+    services' writes, until one is."""
+    try:
+        if await ctx.redis.load_functions(master_address, password):
+            logger.info("loaded the functions library on broker %d", broker)
+    except (redis.RedisError, *TRANSIENT_ERRORS) as error:
+        logger.warning("functions library of broker %d not loaded: %r", broker, error)
 
 
 async def enforce_pause(

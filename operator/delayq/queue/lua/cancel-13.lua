@@ -1,3 +1,4 @@
+#!lua flags=allow-oom
 --[[
   Cancel messages by id, whatever their state (a leased message's later ack then fails).
 
@@ -24,6 +25,8 @@
   ARGV[3..] ids
 
   Returns, per id: 4 CANCELLED (remembered as 'cancelled' for the retention) | -1 NOT_FOUND
+
+  Runs under maxmemory (allow-oom): a cancel frees memory (the outcome it may remember is a few bytes).
 
   Events: cancelled
 ]]

@@ -1,3 +1,4 @@
+#!lua flags=no-writes
 --[[
   One page of a slot's dead messages, oldest first (read-only).
 

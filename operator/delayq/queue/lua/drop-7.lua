@@ -1,3 +1,4 @@
+#!lua flags=allow-oom
 --[[
   Delete a recurring schedule and its waiting occurrence. An occurrence already claimed is
   delivered and acked as usual; it no longer has a schedule, so it materialises nothing.
@@ -16,6 +17,8 @@
   Returns {code}
      4 CANCELLED   the schedule is gone, with its waiting occurrence
     -1 NOT_FOUND   no such schedule in this slot
+
+  Runs under maxmemory (allow-oom): dropping a schedule frees memory.
 
   Events: cancelled (the waiting occurrence)
 ]]

@@ -1,3 +1,4 @@
+#!lua flags=no-writes
 --[[
   Read messages by id, atomically across the slot's keys (read-only). Refused with SLOT_MOVING
   while the slot is frozen for a move: after the move's clean step the source keeps only its

@@ -1,3 +1,4 @@
+#!lua flags=allow-oom
 --[[
   Purge dead messages for good.
 
@@ -19,6 +20,8 @@
   Returns {remaining_dead, id1, code1, id2, code2, ...}, codes:
     12 PURGED       gone (remembered as 'purged' for the retention)
     -6 WRONG_STATE  with mode 'ids': the id is not dead
+
+  Runs under maxmemory (allow-oom): a purge frees memory.
 
   Events: purged
 ]]

@@ -1,3 +1,4 @@
+#!lua flags=allow-oom
 --[[
   Redrive dead messages: back to store, due now, attempts reset, and without an expiry or a
   retry window (a fresh start: record_extras).
@@ -18,6 +19,8 @@
   Returns {remaining_dead, id1, code1, id2, code2, ...}, codes:
     11 REDRIVEN     waits in store, due now
     -6 WRONG_STATE  with mode 'ids': the id is not dead
+
+  Runs under maxmemory (allow-oom): it moves dead messages back to store, no larger.
 
   Events: redriven
 ]]

@@ -1,3 +1,4 @@
+#!lua flags=no-writes
 --[[
   Read recurring schedules of one slot (read-only): given ids, those owing a top-up, or all.
 

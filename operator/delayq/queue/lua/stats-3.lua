@@ -1,3 +1,4 @@
+#!lua flags=no-writes
 --[[
   Depth and timing of one slot (read-only).
 

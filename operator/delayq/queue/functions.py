@@ -1,0 +1,242 @@
+"""The engine's transitions as one Redis Functions library, generated from `lua/*.lua`.
+
+Why Functions: a user that may SCRIPT LOAD + EVALSHA can run any Lua it writes (a busy loop
+blocks the broker; the script reaches every key the user may touch). With Functions, only a
+user holding FUNCTION (the operator's admin user, or whoever runs a loopback redis-server of
+its own) installs code; the services, pipelines and stream readers only FCALL what is there.
+Functions also replicate and persist (RDB/AOF) with the data, so a failover keeps them.
+
+Each transition's `.lua` file stays the source of truth (its KEYS/ARGV/returns header, its
+`#!lua flags=...` line). The library is built from whatever files `lua/` holds, at load time:
+- the helpers every script names on `--@include` lines are defined once, at the library's top
+  level (each after those it needs), with the whole `codes` table: built once per load, not
+  once per call as in the scripts;
+- each file's body becomes `redis.register_function{function_name=..., callback=function(KEYS,
+  ARGV) <body> end, flags=...}` with its shebang's flags: `allow-oom` where a transition must
+  still run on a full broker (acks, claims, cancels, purges: they free memory or the delivery
+  path needs them), `no-writes` for the read-only ones (called with FCALL_RO, refused nothing
+  under maxmemory, runnable on a replica). A function without `allow-oom` is refused up front
+  on a broker over maxmemory (a script without a shebang used to fail only at its first
+  growing write);
+- a `version` function answers the library's name, the readiness probe's question "is this
+  broker's library the one my code calls?".
+
+The library's name carries a hash of its source (`delayq_<hash>`) and so does every function
+(`delayq_<hash>_<verb>`): pods of two versions share a broker during a rolling upgrade, each
+calling its own library. A broker that lost it (restarted without persistence, FUNCTION FLUSH)
+answers "Function not found": an admin client loads it again (`load`), a restricted one raises
+`FunctionsMissingError` until the operator's health pass has.
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import re
+from dataclasses import dataclass
+from importlib import resources
+
+import redis
+import redis.asyncio
+
+from delayq.queue.codes import DelayqError
+from delayq.queue.scripts import (
+    CODES_INCLUDE,
+    INCLUDE_LINE,
+    Script,
+    assemble,
+    inline_includes,
+    read_include,
+)
+
+LIBRARY_PREFIX = "delayq_"
+VERSION_FUNCTION = "version"
+SHEBANG = re.compile(r"\A#!lua(?: flags=([\w,-]*))?\n")
+#: Redis's answer to an FCALL of a function it does not have.
+NOT_FOUND_TEXT = "Function not found"
+_ALREADY_EXISTS_TEXT = "already exists"
+
+
+class FunctionsMissingError(DelayqError, redis.ResponseError):
+    """The broker lacks this version's functions library and this client may not load it (a
+    restricted user): the operator loads it on its next health pass. Nothing ran.
+
+    Still a redis-py `ResponseError`, so every loop that rides out a failing Redis (the
+    consumers' claims, the API's 503 with Retry-After) rides this out too, without a
+    traceback."""
+
+
+@dataclass(frozen=True)
+class Library:
+    """The generated library: its name (`delayq_<hash>`), its source for FUNCTION LOAD and
+    the read-only transitions (FCALL_RO)."""
+
+    name: str
+    source: str
+    read_only: frozenset[str]
+
+    def function(self, script: Script) -> str:
+        return f"{self.name}_{script.verb}"
+
+    def command(self, script: Script) -> str:
+        return "FCALL_RO" if script.verb in self.read_only else "FCALL"
+
+    @property
+    def version_function(self) -> str:
+        return f"{self.name}_{VERSION_FUNCTION}"
+
+
+def split_shebang(text: str) -> tuple[list[str], str]:
+    """A script's `#!lua flags=a,b` flags and its text without that line."""
+    match = SHEBANG.match(text)
+    if match is None:
+        return [], text
+    return [flag for flag in (match[1] or "").split(",") if flag], text[match.end() :]
+
+
+#: The Lua and Redis globals the library's code may use. In a function every global is looked
+#: up through a metatable (Redis 7's functions run with an empty global table whose `__index`
+#: is the real one), which made global-heavy transitions (schedule) ~15% slower in Redis than
+#: as EVAL scripts; the library binds the ones its code names to top-level locals on its first
+#: call (they are not reachable while the library loads), so each use is an upvalue.
+GLOBALS = (
+    "redis",
+    "tonumber",
+    "tostring",
+    "type",
+    "string",
+    "table",
+    "math",
+    "unpack",
+    "pairs",
+    "ipairs",
+    "next",
+    "select",
+    "error",
+    "assert",
+    "pcall",
+    "cjson",
+    "cmsgpack",
+    "bit",
+)
+
+
+def _bound_globals(code: str) -> str:
+    """The library's opening: `register` (the load-time API), the locals standing for the
+    globals `code` names, and `bind_globals`, which fills them at run time."""
+    names = [name for name in GLOBALS if re.search(rf"\b{name}\b", code)]
+    if "redis" not in names:
+        names.insert(0, "redis")
+    listed = ", ".join(names)
+    fetched = ", ".join(f"g.{name}" for name in names)
+    return (
+        "local register = redis.register_function\n"
+        f"local {listed}\n"
+        f"local function bind_globals()\n  local g = _G\n  {listed} = {fetched}\nend\n\n"
+    )
+
+
+def _register(function_name: str, body: str, flags: list[str]) -> str:
+    quoted = ", ".join(f"'{flag}'" for flag in flags)
+    return (
+        f"register{{function_name = '{function_name}', flags = {{{quoted}}},\n"
+        "callback = function(KEYS, ARGV)\n"
+        f"if redis == nil then bind_globals() end\n{body.rstrip()}\nend}}\n\n"
+    )
+
+
+def build(files: dict[str, str]) -> Library:
+    """The library of `files` (file stem `<verb>-<numKeys>` -> text as written)."""
+    helpers: set[str] = set()
+    bodies: list[tuple[str, str, list[str]]] = []
+    for stem, text in sorted(files.items()):
+        assemble(f"{stem}.lua", text, read_include)  # refuses unknown codes / includes
+        flags, body = split_shebang(text)
+        helpers |= set(INCLUDE_LINE.findall(body))
+        verb = stem.rsplit("-", 1)[0]
+        bodies.append((verb, INCLUDE_LINE.sub("", body), flags))
+    wanted = "".join(f"--@include {name}\n" for name in sorted(helpers - {CODES_INCLUDE}))
+    prelude = read_include(CODES_INCLUDE) or ""
+    prelude += inline_includes("library", wanted, read_include).replace(prelude, "")
+    # generated with a placeholder name, then named by the hash of all of it (the generator's
+    # own output included, so a change here is a new version too)
+    registered = "".join(_register(f"@_{verb}", body, flags) for verb, body, flags in bodies)
+    version = _register(f"@_{VERSION_FUNCTION}", "return '@'", ["no-writes"])
+    opening = _bound_globals(prelude + "".join(body for _, body, _ in bodies))
+    template = f"{opening}{prelude}\n{registered}{version}"
+    name = f"{LIBRARY_PREFIX}{hashlib.sha1(template.encode()).hexdigest()[:16]}"
+    source = f"#!lua name={name}\n" + template.replace("'@_", f"'{name}_").replace(
+        "return '@'", f"return '{name}'"
+    )
+    read_only = frozenset(verb for verb, _, flags in bodies if "no-writes" in flags)
+    return Library(name, source, read_only)
+
+
+def _lua_files() -> dict[str, str]:
+    folder = resources.files("delayq.queue") / "lua"
+    return {
+        path.name.removesuffix(".lua"): path.read_text()
+        for path in folder.iterdir()
+        if path.is_file() and path.name.endswith(".lua")
+    }
+
+
+@functools.cache
+def library() -> Library:
+    """This code's library, built once per process from the `lua/` files."""
+    return build(_lua_files())
+
+
+def is_missing(reply: object) -> bool:
+    """`reply` is Redis refusing an FCALL of a function it does not have (nothing ran)."""
+    return isinstance(reply, redis.ResponseError) and NOT_FOUND_TEXT in str(reply)
+
+
+def missing_error(error: Exception) -> FunctionsMissingError:
+    typed = FunctionsMissingError(
+        f"the broker has no delayq functions library {library().name} and this user may not "
+        f"load it (the operator's health pass does): {error}"
+    )
+    typed.__cause__ = error
+    return typed
+
+
+def _loaded(reply_or_error: object) -> bool:
+    if isinstance(reply_or_error, redis.exceptions.NoPermissionError):
+        raise missing_error(reply_or_error)
+    if isinstance(reply_or_error, redis.ResponseError):
+        if _ALREADY_EXISTS_TEXT in str(reply_or_error):
+            return False  # another client loaded it first
+        raise reply_or_error
+    return True
+
+
+def load(client: redis.Redis) -> bool:
+    """FUNCTION LOAD this library (admin rights); False when the broker has it already.
+    FunctionsMissingError when the user may not load functions."""
+    try:
+        return _loaded(client.function_load(library().source))
+    except redis.ResponseError as error:
+        return _loaded(error)
+
+
+async def load_async(client: redis.asyncio.Redis) -> bool:
+    """As `load`, for an asyncio client."""
+    try:
+        return _loaded(await client.function_load(library().source))
+    except redis.ResponseError as error:
+        return _loaded(error)
+
+
+async def ensure_async(client: redis.asyncio.Redis) -> bool:
+    """Make sure the broker has this library: FCALL_RO of its `version` function (read-only,
+    so it is not held by a CLIENT PAUSE WRITE), then a load only when it is missing. True when
+    it was loaded now. FunctionsMissingError when it is missing and this user may not load it;
+    Redis and network errors are raised."""
+    try:
+        await client.fcall_ro(library().version_function, 0)
+        return False
+    except redis.ResponseError as error:
+        if not is_missing(error):
+            raise
+    return await load_async(client)
