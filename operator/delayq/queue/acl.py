@@ -31,8 +31,9 @@ ADMIN_RULES = ("reset", "on", "~*", "&*", "+@all")
 #: acknowledged write of a topic with `redis_sync_replicas`, health checks and the
 #: RESP3 handshake, and the slot mover's copy (`queue/slot_copy.py`: DUMP, then RESTORE in a
 #: MULTI, then UNLINK; run with the service's credentials from one of its pods, the key patterns
-#: still hold it to the topic's own keys), and the slot splitter's (`queue/slot_split.py`: ZRANGE,
-#: HSCAN, GET on the frozen keys, then ZADD, HSET, SET on the next generation's). Not CLIENT
+#: still hold it to the topic's own keys), and the slot splitter's (`queue/slot_split.py`: ZSCAN,
+#: HSCAN, GET, ZSCORE, HGET on the old keys, then ZADD, HSET, SET, ZREM, HDEL on the next
+#: generation's; SADD, SSCAN, SUNIONSTORE on the changes it tracks). Not CLIENT
 #: SETINFO, which redis-py sends on connect and whose refusal it ignores (and which Redis 7.0
 #: does not know: naming it would fail the whole SETUSER).
 CLIENT_COMMANDS = (
@@ -50,12 +51,17 @@ CLIENT_COMMANDS = (
     "restore",
     "unlink",
     "hscan",
+    "zscan",
+    "sscan",
+    "sunionstore",
     "multi",
     "exec",
 )
 
 #: Called from the Lua transitions (directly or through the chunked helpers).
 SCRIPT_COMMANDS = (
+    "exists",
+    "sadd",
     "get",
     "set",
     "del",

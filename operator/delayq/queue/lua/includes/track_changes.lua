@@ -1,0 +1,39 @@
+-- Every script's first helper (queue/scripts.py puts it before the others): a `redis` that
+-- shadows the server's, so each write below goes through it. While a doubling copies a slot
+-- before freezing it (coordination/splitting.py), the slot's `changes` set exists (holding ''
+-- at least), and every message or schedule a ZADD, ZREM, HSET or HDEL touches in a part the
+-- doubling divides is added to it ('m<id>' or 's<schedule id>'): the catch-up under the freeze
+-- copies exactly those again. The scripts change those parts with these four commands only
+-- (tests/queue/test_scripts.py checks it). Not cached across calls: one EXISTS per write.
+--@include unpack_chunk
+
+local redis = (function()
+  local SIDES = {
+    store = 'm', prepare = 'm', dead = 'm', msg = 'm', reason = 'm', outcome = 'm',
+    finished = 'm', basis = 'm', schedules = 's', topup = 's',
+  }
+  local ZADD_FLAGS = {NX = true, XX = true, GT = true, LT = true, CH = true, INCR = true}
+  local FIRST_MEMBER = {ZREM = 2, HDEL = 2, HSET = 2, ZADD = 3}  -- in {key, ...}
+  local STRIDE = {ZREM = 1, HDEL = 1, HSET = 2, ZADD = 2}
+  local function note(command, args)
+    local tag, part = string.match(args[1], '^(dq:{.*}):(%a+)$')
+    local side = part and SIDES[part]
+    if not side then return end
+    local changes = tag .. ':changes'
+    if redis.call('EXISTS', changes) == 0 then return end
+    local first = FIRST_MEMBER[command]
+    if command == 'ZADD' then
+      while ZADD_FLAGS[args[first - 1]] do first = first + 1 end
+    end
+    local members = {}
+    for i = first, #args, STRIDE[command] do members[#members + 1] = side .. args[i] end
+    for i = 1, #members, UNPACK_CHUNK do
+      redis.call('SADD', changes, unpack(members, i, math.min(i + UNPACK_CHUNK - 1, #members)))
+    end
+  end
+  local function call(command, ...)
+    if FIRST_MEMBER[command] then note(command, {...}) end
+    return redis.call(command, ...)
+  end
+  return setmetatable({call = call}, {__index = redis})
+end)()
