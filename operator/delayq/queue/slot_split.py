@@ -35,8 +35,8 @@ without a rule fails the tests:
 from __future__ import annotations
 
 import enum
-from collections.abc import Callable, Iterator, Sequence
-from typing import cast
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from typing import Any, cast
 
 import redis
 
@@ -204,30 +204,31 @@ def recopy(
     """Copy each message and schedule in the slot's `recopy` set again, as `split_slot` would
     now: every part of it read from `source` (else from a stray), written to its half and
     deleted from the other, or deleted from both when the slot no longer has it; returns how
-    many. Its half is decided as `split_slot` does, on the schedules and bases as they are now."""
-    sources = [*strays, source]
+    many. Its half is decided as `split_slot` does, on the schedules and bases as they are now.
+    One read and one write pipeline of variadic commands per page of BATCH changes."""
+    sources = [keys for keys in strays if _holds_members(client, keys)] + [source]
+    separator = OCCURRENCE_SEPARATOR.encode()
     count = 0
     for page in _set_pages(client, source.key(Part.RECOPY)):
         messages = [m[1:] for m in page if m[:1] == CHANGED_MESSAGE]
         schedules = [m[1:] for m in page if m[:1] == CHANGED_SCHEDULE]
-        halves = _halves_of(client, sources, lower, upper, messages)
-        found = {
-            part: _read_members(client, sources, part, messages)
-            for part in PART_RULES
-            if PART_RULES[part] is Rule.BY_MESSAGE
-        } | {
-            part: _read_members(client, sources, part, schedules)
-            for part in PART_RULES
-            if PART_RULES[part] is Rule.BY_SCHEDULE
+        named = sorted({m.rpartition(separator)[0] for m in messages if separator in m})
+        wanted = {
+            part: messages if PART_RULES[part] is Rule.BY_MESSAGE else schedules
+            for part in (*ZSET_PARTS, *HASH_PARTS)
         }
+        found = _read_members(client, sources, [*wanted.items(), (Part.SCHEDULES, named)])
+        existing = found.pop()
+        bases = {m: v for m, v in found[list(wanted).index(Part.BASIS)].items() if v is not None}
+        halves = Halves(
+            lower.slot,
+            _slot_amount(lower, upper),
+            {sid for sid, value in existing.items() if value is not None},
+            cast("dict[bytes, bytes]", bases),
+        )
         write = client.pipeline(transaction=False)
-        for part, values in found.items():
-            side = _side(halves, part)
-            for member, value in values.items():
-                target = lower if side(member) == lower.slot else upper
-                other = upper if target is lower else lower
-                _put(write, part, target, member, value)
-                _put(write, part, other, member, None)
+        for part, values in zip(wanted, found, strict=True):
+            _put(write, part, lower, upper, _side(halves, part), values)
         write.execute()
         count += len(messages) + len(schedules)
     return count
@@ -237,62 +238,71 @@ def _slot_amount(lower: SlotKeys, upper: SlotKeys) -> int:
     return 2 * (upper.slot - lower.slot)
 
 
-def _halves_of(
-    client: redis.Redis,
-    sources: Sequence[SlotKeys],
-    lower: SlotKeys,
-    upper: SlotKeys,
-    messages: Sequence[bytes],
-) -> Halves:
-    """The `Halves` that decide `messages`, knowing only the schedules and bases they name."""
-    bases = {
-        member: value
-        for member, value in _read_members(client, sources, Part.BASIS, messages).items()
-        if value is not None
-    }
-    separator = OCCURRENCE_SEPARATOR.encode()
-    named = sorted({m.rpartition(separator)[0] for m in messages if separator in m})
-    existing = _read_members(client, sources, Part.SCHEDULES, named)
-    schedules = {sid for sid, value in existing.items() if value is not None}
-    known = cast("dict[bytes, bytes]", bases)
-    return Halves(lower.slot, _slot_amount(lower, upper), schedules, known)
+def _holds_members(client: redis.Redis, keys: SlotKeys) -> bool:
+    """Whether any part of `keys` divided by message or schedule exists."""
+    return bool(client.exists(*keys.keys(*ZSET_PARTS, *HASH_PARTS)))
 
 
 def _read_members(
-    client: redis.Redis, sources: Sequence[SlotKeys], part: Part, members: Sequence[bytes]
-) -> dict[bytes, bytes | float | None]:
-    """member -> its value in `part` of the last source that has it, None where none has."""
+    client: redis.Redis,
+    sources: Sequence[SlotKeys],
+    wanted: Sequence[tuple[Part, Sequence[bytes]]],
+) -> list[dict[bytes, bytes | float | None]]:
+    """For each (part, members): member -> its value in that part of the last source that has
+    it, None where none has. One pipeline: ZMSCORE or HMGET per part and source."""
     read = client.pipeline(transaction=False)
-    for keys in sources:
-        for member in members:
+    for part, members in wanted:
+        for keys in sources:
+            if not members:
+                continue
             if part in ZSET_PARTS:
-                read.zscore(keys.key(part), member)
+                read.zmscore(keys.key(part), cast("list[str]", list(members)))
             else:
-                read.hget(keys.key(part), member)
+                read.hmget(keys.key(part), list(members))
     answers = iter(read.execute())
-    found: dict[bytes, bytes | float | None] = dict.fromkeys(members)
-    for _ in sources:
-        for member in members:
-            value = next(answers)
-            if value is not None:
-                found[member] = value
+    found = []
+    for _part, members in wanted:
+        values: dict[bytes, bytes | float | None] = dict.fromkeys(members)
+        for _ in sources if members else ():
+            for member, value in zip(members, next(answers), strict=True):
+                if value is not None:
+                    values[member] = value
+        found.append(values)
     return found
 
 
 def _put(
-    write: redis.client.Pipeline, part: Part, keys: SlotKeys, member: bytes, value: object
+    write: redis.client.Pipeline,
+    part: Part,
+    lower: SlotKeys,
+    upper: SlotKeys,
+    side: Callable[[bytes], int],
+    values: dict[bytes, bytes | float | None],
 ) -> None:
-    """Queue `member`'s value into `part` of `keys`, or its deletion (value None)."""
-    key = keys.key(part)
-    if part in ZSET_PARTS:
+    """Queue each member's value into its half's `part` and its deletion from the other half
+    (from both when its value is None)."""
+    kept: dict[int, dict[bytes, Any]] = {lower.slot: {}, upper.slot: {}}
+    dropped: dict[int, list[bytes]] = {lower.slot: [], upper.slot: []}
+    for member, value in values.items():
+        half = side(member)
+        other = upper.slot if half == lower.slot else lower.slot
+        dropped[other].append(member)
         if value is None:
-            write.zrem(key, member)
+            dropped[half].append(member)
         else:
-            write.zadd(key, {member: cast("float", value)})
-    elif value is None:
-        write.hdel(key, member)
-    else:
-        write.hset(key, member, cast("bytes", value))
+            kept[half][member] = value
+    for keys in (lower, upper):
+        key = keys.key(part)
+        if dropped[keys.slot]:
+            if part in ZSET_PARTS:
+                write.zrem(key, *dropped[keys.slot])
+            else:
+                write.hdel(key, *dropped[keys.slot])
+        if kept[keys.slot]:
+            if part in ZSET_PARTS:
+                write.zadd(key, kept[keys.slot])
+            else:
+                write.hset(key, mapping=cast("Mapping[Any, Any]", kept[keys.slot]))
 
 
 def _set_pages(client: redis.Redis, key: str) -> Iterator[list[bytes]]:
