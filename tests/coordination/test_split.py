@@ -424,6 +424,25 @@ def test_a_splitter_killed_in_its_copy_leaves_every_old_slot_taking_writes_and_d
     assert_split_exactly(cluster, before)
 
 
+def test_a_splitter_killed_in_its_freeze_leaves_the_rest_to_the_rerun(cluster: Cluster):
+    """Killed after freezing every old slot and catching up the first: the old slots stay
+    frozen (the one window in which more than one does) until the rerun catches up each
+    again, exactly, changes made before the freeze included."""
+    fill(cluster)
+    first = cluster.splitter()
+    split, _ = run_steps(first, SLOTS + 1)
+    assert split.step is Step.FREEZE
+    churn(cluster, "k")  # after the rounds: only the catch-up copies these
+    before = frozen_before(cluster)
+    old, new = first._topics(split)
+    first._freeze(split, old)
+    first._catch_up(split, old, new, 0)
+    first.zk.stop()  # killed
+    assert old_frozen(cluster) == list(cluster.topic.slots)
+    assert cluster.splitter().split(2 * SLOTS) is not None
+    assert_split_exactly(cluster, before)
+
+
 def test_what_changes_while_the_slots_are_copied_is_copied_again(cluster: Cluster):
     """A writer changes every old slot while each is scanned and copied, and again after the
     copy's rounds (seen by the catch-up under the freeze only): the halves are exact."""

@@ -381,12 +381,12 @@ class SlotSplitter:
         return old, new
 
     def _freeze_tombstones(self, split: Split, old: Topic) -> None:
-        """Freeze the old generation's keys of every slot number of 2N that no routing names,
-        on every broker: a tombstone for a writer configured with 2N slots but the old
-        generation. Generation 0 too (once past it): a writer that does not read the routing (a
+        """Freeze the old generation's keys of every slot number of 2N on every broker but the
+        live old slots: a tombstone for a writer with a stale routing, or configured with 2N
+        slots but the old generation. Generation 0 too (once past it): a writer that does not read the routing (a
         plain Queue built from the settings, whose slotAmount is the desired one) is always at
-        generation 0, and an earlier doubling froze its keys of fewer slot numbers only. The
-        live old slots (generation g, 0..N-1) are left to take writes until `freeze`."""
+        generation 0, and an earlier doubling froze its keys of fewer slot numbers only. Each
+        live old slot (generation g, on its own broker) takes writes until `freeze`."""
         for broker, queue in enumerate(self.queues):
             live = {slot for slot, owner in enumerate(split.brokers) if owner == broker}
             for generation in sorted({0, split.generation}):
