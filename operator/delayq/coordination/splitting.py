@@ -383,9 +383,10 @@ class SlotSplitter:
     def _freeze_tombstones(self, split: Split, old: Topic) -> None:
         """Freeze the old generation's keys of every slot number of 2N on every broker but the
         live old slots: a tombstone for a writer with a stale routing, or configured with 2N
-        slots but the old generation. Generation 0 too (once past it): a writer that does not read the routing (a
-        plain Queue built from the settings, whose slotAmount is the desired one) is always at
-        generation 0, and an earlier doubling froze its keys of fewer slot numbers only. Each
+        slots but the old generation. Generation 0 too (once past it): a writer that does not
+        read the routing (a plain Queue built from the settings, whose slotAmount is the desired
+        one) is always at generation 0, and an earlier doubling froze its keys of fewer slot
+        numbers only. Each
         live old slot (generation g, on its own broker) takes writes until `freeze`."""
         for broker, queue in enumerate(self.queues):
             live = {slot for slot, owner in enumerate(split.brokers) if owner == broker}
