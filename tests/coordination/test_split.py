@@ -476,6 +476,25 @@ def test_what_changes_while_the_slots_are_copied_is_copied_again(cluster: Cluste
     assert_split_exactly(cluster, before)
 
 
+@pytest.mark.parametrize(
+    ("recorded", "resumed"),
+    [
+        ((Step.FREEZE, 0), (Step.COPY, 0)),
+        ((Step.COPY, 3), (Step.COPY, 0)),  # frozen first, then copied: copied again, tracked
+        ((Step.SWITCH, 4), (Step.SWITCH, 4)),
+        ((Step.CLEAN, 4), (Step.CLEAN, 4)),
+    ],
+)
+def test_a_node_of_the_freeze_first_format_is_resumed_in_the_copy_first_order(
+    recorded: tuple[Step, int], resumed: tuple[Step, int]
+):
+    old = Split(SLOTS, 0, ROUTING, *recorded)
+    document = json.loads(old.encode()) | {"version": 1}
+    split = Split.decode(json.dumps(document).encode())
+    assert (split.step, split.copied_slots) == resumed
+    assert json.loads(split.encode())["version"] == 2
+
+
 def test_a_switched_doubling_cannot_be_rolled_back(cluster: Cluster):
     splitter = cluster.splitter()
     run_steps(splitter, ALL_STEPS - 1)  # switched, the clean next
