@@ -4,10 +4,10 @@
 -- at least), and every message or schedule a ZADD, ZREM, HSET or HDEL touches in a part the
 -- doubling divides is added to it ('m<id>' or 's<schedule id>'): the catch-up under the freeze
 -- copies exactly those again. The scripts change those parts with these four commands only
--- (tests/queue/test_scripts.py checks it). Whether a slot is tracked is looked up once per
--- script call: this helper must run inside each call (inlined into the script's body, never at
--- a function library's top level, where its memo would outlive the call and miss a tracking
--- turned on later). Cost: one EXISTS per script call that writes those parts.
+-- (tests/queue/test_scripts.py checks it). Whether the slot is tracked is looked up at every
+-- such write, never remembered: the helper may be defined once for many calls (a functions
+-- library's top level), and a memo would outlive the call that made it. It must come before
+-- every other helper: theirs are writes too.
 --@include unpack_chunk
 
 local redis = (function()
@@ -18,14 +18,12 @@ local redis = (function()
   local ZADD_FLAGS = {NX = true, XX = true, GT = true, LT = true, CH = true, INCR = true}
   local FIRST_MEMBER = {ZREM = 2, HDEL = 2, HSET = 2, ZADD = 3}  -- in {key, ...}
   local STRIDE = {ZREM = 1, HDEL = 1, HSET = 2, ZADD = 2}
-  local tracked = {}  -- changes key -> whether it exists, for this call of the script
   local function changes_of(key)
     local tag, part = string.match(key, '^(dq:{.*}):(%a+)$')
     local side = part and SIDES[part]
     if not side then return nil end
     local changes = tag .. ':changes'
-    if tracked[changes] == nil then tracked[changes] = redis.call('EXISTS', changes) == 1 end
-    if tracked[changes] then return changes, side end
+    if redis.call('EXISTS', changes) == 1 then return changes, side end
   end
   local function note(command, changes, side, args)
     local first = FIRST_MEMBER[command]
