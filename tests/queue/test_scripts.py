@@ -13,6 +13,7 @@ from delayq.queue.scripts import (
     CODES_INCLUDE,
     INCLUDE_LINE,
     TRACK_CHANGES_INCLUDE,
+    TRACKED_REDIS,
     Script,
     ScriptSourceError,
     assemble,
@@ -26,14 +27,8 @@ from delayq.queue.scripts import (
 
 INCLUDES_DIR = resources.files("delayq.queue") / "lua" / "includes"
 LUA_FILES = resources.files("delayq.queue") / "lua"
-#: The helpers scripts name; not the change tracking, which the loader puts first in every
-#: script (it shadows `redis`, which every script uses).
 HELPERS = sorted(
-    [
-        p.name.removesuffix(".lua")
-        for p in INCLUDES_DIR.iterdir()
-        if p.name.endswith(".lua") and p.name != f"{TRACK_CHANGES_INCLUDE}.lua"
-    ]
+    [p.name.removesuffix(".lua") for p in INCLUDES_DIR.iterdir() if p.name.endswith(".lua")]
     + [CODES_INCLUDE]
 )
 #: The parts a doubling divides member by member (queue/slot_split.py) and the only commands
@@ -150,10 +145,10 @@ def test_every_script_writes_through_the_change_tracking_before_any_helper(
     script: Script,
 ) -> None:
     source = code_of(script_source(script))
-    shadow = source.index("local redis = (function()")
+    shadow = source.index(TRACKED_REDIS)
     for helper in HELPERS:
         found = re.search(rf"^local (?:function )?{defined_name(helper)}\b", source, re.M)
-        if found and helper != "unpack_chunk":  # which the tracking uses itself
+        if found and helper not in (TRACK_CHANGES_INCLUDE, "unpack_chunk"):  # it and its own
             assert found.start() > shadow, helper
 
 

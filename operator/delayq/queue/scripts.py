@@ -156,16 +156,18 @@ def assemble(origin: str, text: str, read_include: Callable[[str], str | None]) 
     return source.replace(lua_code_table(), lua_code_table(used))
 
 
-#: The helper every script starts with: the writes a doubling's catch-up copies again are
-#: noted through it (`lua/includes/track_changes.lua`).
+#: The helper that wraps `redis` for every script: the writes a doubling's catch-up copies
+#: again are noted through it (`lua/includes/track_changes.lua`).
 TRACK_CHANGES_INCLUDE = "track_changes"
+#: Bound right after the header, before every other helper, so theirs go through it too.
+TRACKED_REDIS = f"local redis = {TRACK_CHANGES_INCLUDE}(redis)"
 
 
 def with_change_tracking(text: str) -> str:
-    """`text` with the change-tracking helper included right after its header comment, before
-    every other helper, so the helpers' writes go through it too."""
+    """`text` with `redis` bound to the change-tracking wrapper right after its header
+    comment, before every other helper."""
     end = text.index("]]") + 2
-    return f"{text[:end]}\n--@include {TRACK_CHANGES_INCLUDE}{text[end:]}"
+    return f"{text[:end]}\n--@include {TRACK_CHANGES_INCLUDE}\n{TRACKED_REDIS}{text[end:]}"
 
 
 @functools.cache

@@ -1,16 +1,16 @@
--- Every script's first helper (queue/scripts.py puts it before the others): a `redis` that
--- shadows the server's, so each write below goes through it. While a doubling copies a slot
--- before freezing it (coordination/splitting.py), the slot's `changes` set exists (holding ''
--- at least), and every message or schedule a ZADD, ZREM, HSET or HDEL touches in a part the
--- doubling divides is added to it ('m<id>' or 's<schedule id>'): the catch-up under the freeze
--- copies exactly those again. The scripts change those parts with these four commands only
--- (tests/queue/test_scripts.py checks it). Whether the slot is tracked is looked up at every
--- such write, never remembered: the helper may be defined once for many calls (a functions
--- library's top level), and a memo would outlive the call that made it. It must come before
--- every other helper: theirs are writes too.
+-- `redis` as every script sees it (queue/scripts.py binds `local redis = track_changes(redis)`
+-- before the script's other helpers, so theirs are tracked too): the server's, but its ZADD,
+-- ZREM, HSET and HDEL on a part a doubling divides note what they touch. While a doubling
+-- copies a slot before freezing it (coordination/splitting.py), the slot's `changes` set exists
+-- (holding '' at least), and each message or schedule such a write touches is added to it
+-- ('m<id>' or 's<schedule id>'): the catch-up under the freeze copies exactly those again. The
+-- scripts change those parts with these four commands only (tests/queue/test_scripts.py checks
+-- it). Whether the slot is tracked is looked up at every such write, never remembered: the
+-- wrapper may be made once for many calls (a functions library), and a memo would outlive the
+-- call that made it.
 --@include unpack_chunk
 
-local redis = (function()
+local function track_changes(redis)
   local SIDES = {
     store = 'm', prepare = 'm', dead = 'm', msg = 'm', reason = 'm', outcome = 'm',
     finished = 'm', basis = 'm', schedules = 's', topup = 's',
@@ -44,4 +44,4 @@ local redis = (function()
     return redis.call(command, ...)
   end
   return setmetatable({call = call}, {__index = redis})
-end)()
+end
