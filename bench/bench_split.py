@@ -1,25 +1,39 @@
-"""What doubling a topic's slots costs: total time and write pause by pending messages.
+"""What doubling a topic's slots costs: total time, and how long its slots are frozen, by pending
+messages.
 
-    python bench/bench_split.py [--messages 100000 1000000] [--rounds 1]
+    python bench/bench_split.py [--messages 100000 1000000] [--rounds 1] [--writes-per-s 0]
 
 A throw-away redis-server and ZooKeeper on this machine; a 16-slot topic holding `messages`
 pending messages (32-byte payloads, due in an hour, ids spread over the slots) is doubled to 32
 slots with `SlotSplitter`, step by step, each step timed:
 
-* `split_s`: start to end of the doubling (record, freeze, copy of the 16 slots, switch, clean);
+* `split_s`: start to end of the doubling (record, copy of the 16 slots and its rounds, freeze
+  with the catch-up, switch, clean);
+* `copy_s`: the copy before the freeze (the slots take writes and deliver meanwhile);
 * `write_pause_s`: freeze to routing switch, the time a write into the topic is refused (the
-  HTTP API and RoutedQueue hold such a write that long; nothing is delivered meanwhile);
-* `steps_s`: each step on its own (`copy`: the 16 slots' splits summed);
+  HTTP API and RoutedQueue hold such a write that long; nothing is delivered meanwhile). One
+  switch for all slots: each slot's pause is at most this (`slot_pause_max_s`: from the freeze
+  of slot 0, the first, to the switch);
+* `steps_s`: each step on its own (`copy`: the 16 slots' splits and the rounds summed);
+* `writes_during_copy`: with `--writes-per-s`, messages scheduled into the old slots by another
+  client while the copy runs (stopped at the freeze); `catch_up`: how many changes the
+  freeze copied again (all slots);
 * `baseline_schedule_s`: scheduling the same messages (`schedule_many`, batches of 1000), in the
   same run: `ratio_split_to_schedule` says what a doubling costs against writing the topic once.
 
-Best of `rounds` (client and server share the machine: relative figures).
+Best of `rounds` (client and server share the machine: relative figures); `machine` says on
+what and under which load.
 """
 
 from __future__ import annotations
 
 import argparse
+import datetime
 import json
+import os
+import platform
+import sys
+import threading
 import time
 import uuid
 from typing import Any
@@ -32,6 +46,7 @@ from delayq.coordination.splitting import SlotSplitter, Split
 from delayq.local.redis_server import RedisServer
 from delayq.local.zookeeper_server import ZooKeeperServer
 from delayq.queue import Queue, ScheduleRequest, Topic
+from delayq.queue.keys import Part, slot_keys
 
 SLOTS = 16
 PAYLOAD = b"x" * 32
@@ -51,31 +66,78 @@ def fill(queue: Queue, count: int) -> float:
     return time.perf_counter() - started
 
 
-def timed_split(splitter: SlotSplitter) -> dict[str, Any]:
+class Writer:
+    """Schedules `per_s` messages a second into the topic (batches of 100, its old slot amount)
+    in a thread of its own until stopped; counts what it stored."""
+
+    def __init__(self, queue: Queue, per_s: int) -> None:
+        self.queue, self.per_s = queue, per_s
+        self.stored = 0
+        self.stop = threading.Event()
+        self.thread = threading.Thread(target=self.run)
+
+    def run(self) -> None:
+        started, sent = time.perf_counter(), 0
+        while not self.stop.is_set():
+            batch = [
+                ScheduleRequest(f"w-{uuid.uuid4().hex}", PAYLOAD, delay_ms=HOUR_MS)
+                for _ in range(100)
+            ]
+            self.queue.schedule_many(batch)
+            self.stored += len(batch)
+            sent += len(batch)
+            time.sleep(max(0.0, started + sent / self.per_s - time.perf_counter()))
+
+
+def timed_split(splitter: SlotSplitter, writer: Writer | None) -> dict[str, Any]:
     """One doubling, step by step: total, write pause (freeze to switch) and per step."""
     started = time.perf_counter()
     current: tuple[Split, int] | None = splitter.start(2 * SLOTS)
     steps: dict[str, float] = {}
     frozen_at = switched_at = started
+    stored_at_freeze = catch_up = 0
     while current is not None:
         step = current[0].step
         began = time.perf_counter()
+        if step.value == "freeze" and writer:  # from here on its writes would be refused
+            writer.stop.set()
+            writer.thread.join()
+            stored_at_freeze = writer.stored
+        if step.value == "freeze":
+            catch_up = pending_changes(splitter)
+            frozen_at = time.perf_counter()
         current = splitter.step(*current)
         ended = time.perf_counter()
         steps[step.value] = steps.get(step.value, 0.0) + ended - began
-        if step.value == "freeze":
-            frozen_at = began
         if step.value == "switch":
             switched_at = ended
     splitter.release()
     return {
         "split_s": time.perf_counter() - started,
+        "copy_s": steps.get("copy", 0.0),
         "write_pause_s": switched_at - frozen_at,
+        "slot_pause_max_s": switched_at - frozen_at,
         "steps_s": steps,
+        "writes_during_copy": stored_at_freeze,
+        "catch_up": catch_up,
     }
 
 
-def measure(messages: int, rounds: int, server: RedisServer, zk: KazooClient) -> dict[str, Any]:
+def pending_changes(splitter: SlotSplitter) -> int:
+    """The changes the catch-up under the freeze will copy again (all old slots)."""
+    topic, client = splitter.topic, splitter.queues[0].redis
+    read = client.pipeline(transaction=False)
+    for slot in range(SLOTS):
+        keys = slot_keys(topic, slot)
+        read.scard(keys.key(Part.CHANGES))
+        read.scard(keys.key(Part.RECOPY))
+    counts = read.execute()
+    return int(sum(counts)) - SLOTS  # each changes set holds '' while tracking is on
+
+
+def measure(
+    messages: int, rounds: int, writes_per_s: int, server: RedisServer, zk: KazooClient
+) -> dict[str, Any]:
     best: dict[str, Any] = {}
     for _ in range(rounds):
         topic = Topic(f"s-{uuid.uuid4().hex[:8]}", namespace="bench", slot_amount=SLOTS)
@@ -84,7 +146,17 @@ def measure(messages: int, rounds: int, server: RedisServer, zk: KazooClient) ->
         queue = Queue.from_url(server.url, topic)
         queue.redis.flushall()
         baseline = fill(queue, messages)
-        split = timed_split(SlotSplitter(zk, paths, [queue]))
+        writer = Writer(Queue.from_url(server.url, topic), writes_per_s) if writes_per_s else None
+        if writer:
+            writer.thread.start()
+        try:
+            split = timed_split(SlotSplitter(zk, paths, [queue]), writer)
+        finally:
+            if writer:
+                writer.stop.set()
+                writer.thread.join()
+                writer.queue.close()
+        split["redis_used_memory_peak"] = queue.redis.info("memory")["used_memory_peak_human"]
         queue.close()
         if not best or split["split_s"] < best["split_s"]:
             best = {**split, "baseline_schedule_s": baseline}
@@ -98,16 +170,39 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--messages", type=int, nargs="+", default=[100_000, 1_000_000])
     parser.add_argument("--rounds", type=int, default=1)
+    parser.add_argument("--writes-per-s", type=int, default=0)
     args = parser.parse_args()
     with RedisServer() as server, ZooKeeperServer() as zookeeper:
         zk = KazooClient(hosts=zookeeper.hosts)
         zk.start(timeout=30)
         try:
-            results = [measure(count, args.rounds, server, zk) for count in args.messages]
+            results = [
+                measure(count, args.rounds, args.writes_per_s, server, zk)
+                for count in args.messages
+            ]
         finally:
             zk.stop()
             zk.close()
-    print(json.dumps({"bench": "split", "rounds": args.rounds, "results": results}, indent=2))
+    report = {
+        "bench": "split",
+        "command": " ".join(["python", *sys.argv]),
+        "rounds": args.rounds,
+        "writes_per_s": args.writes_per_s,
+        "machine": machine(),
+        "results": results,
+    }
+    print(json.dumps(report, indent=2))
+
+
+def machine() -> dict[str, Any]:
+    """Where and when it ran, and how loaded the machine was (others share it)."""
+    return {
+        "at": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
+        "platform": platform.platform(),
+        "python": platform.python_version(),
+        "cpus": os.cpu_count(),
+        "load_average": os.getloadavg(),
+    }
 
 
 if __name__ == "__main__":

@@ -111,6 +111,36 @@ def fill(cluster: Cluster, count: int = 60) -> None:
         broker_queue(cluster, topic.slot_of(basis)).cancel(message_id, basis)
 
 
+def churn(cluster: Cluster, tag: str) -> None:
+    """Changes in every old slot, as its writers and its owner make them while it is not
+    frozen: messages scheduled (by id, by a custom basis; due now, later), cancelled,
+    rescheduled, claimed (each slot delivers one at least), acked, dead."""
+    topic = cluster.topic
+    for slot in topic.slots:
+        queue = broker_queue(cluster, slot)
+        names = (f"{tag}{slot}-{i}" for i in range(100_000))
+        landing = [name for name in names if topic.slot_of(name) == slot][:5]
+        for i, message_id in enumerate(landing[:4]):
+            custom = i == 3
+            basis = landing[4] if custom else message_id  # the custom basis lands here too
+            due_now = i % 2 == 1
+            queue.schedule(
+                message_id,
+                b"c",
+                delay_ms=0 if due_now else 600_000,
+                slot_basis=basis if custom else None,
+            )
+            cluster.basis[message_id] = basis
+        queue.cancel(landing[0])
+        queue.reschedule(landing[2], delay_ms=900_000)
+        epoch = queue.take_over(slot)
+        leased = queue.claim(slot, epoch, max_count=3, lease_ms=600_000).messages
+        assert leased, f"slot {slot} delivers"
+        queue.ack(leased[0].lease)
+        for message in leased[1:2]:
+            queue.nack(message.lease, dead=True, reason="churned")
+
+
 def claim_an_occurrence(cluster: Cluster, schedule_id: str) -> None:
     """Claim the schedule's first occurrence once due (its top-up is then owed: `topup`)."""
     slot = cluster.topic.slot_of(schedule_id)
@@ -305,7 +335,7 @@ def run_steps(splitter: SlotSplitter, count: int) -> tuple[Split, int]:
     return current
 
 
-# freeze, copy of each of the 4 slots, the copy's end, switch, clean
+# the copy of each of the 4 slots, its rounds, freeze (and catch-up), switch, clean
 ALL_STEPS = 1 + SLOTS + 1 + 1 + 1
 
 
@@ -363,6 +393,106 @@ def test_a_doubling_rolled_back_before_its_switch_leaves_the_slots_as_they_were(
         broker_queue(cluster, slot).schedule(
             "after", b"p", delay_ms=0, slot_basis=basis_in(cluster.topic, slot)
         )
+
+
+def old_frozen(cluster: Cluster) -> list[int]:
+    """The old slots whose epoch is frozen on their broker."""
+    return [
+        slot
+        for slot in cluster.topic.slots
+        if (snapshot(cluster, cluster.topic, slot).get(Part.EPOCH) or b"").startswith(b"moving:")
+    ]
+
+
+@pytest.mark.parametrize("steps_done", [1, SLOTS // 2, SLOTS, SLOTS + 1])
+def test_a_splitter_killed_in_its_copy_leaves_every_old_slot_taking_writes_and_delivering(
+    cluster: Cluster, steps_done: int
+):
+    """Killed after 1, 2 or 4 slots copied, or after the copy's rounds: no old slot is frozen
+    (the copy freezes none), each takes writes and delivers; the next run copies again what
+    changed meanwhile, and every part of every slot ends up in its half exactly."""
+    fill(cluster)
+    first = cluster.splitter()
+    split, _ = run_steps(first, steps_done)
+    first.zk.stop()  # killed: its lock goes with its session
+    assert split.step is (Step.COPY if steps_done <= SLOTS else Step.FREEZE)
+    assert old_frozen(cluster) == []
+    churn(cluster, "k")
+    before = frozen_before(cluster)
+    assert cluster.splitter().split(2 * SLOTS) is not None
+    assert cluster.routing() == Routing(2 * SLOTS, 2, ROUTING + ROUTING, 1)
+    assert_split_exactly(cluster, before)
+
+
+def test_a_splitter_killed_in_its_freeze_leaves_the_rest_to_the_rerun(cluster: Cluster):
+    """Killed after freezing every old slot and catching up the first: the old slots stay
+    frozen (the one window in which more than one does) until the rerun catches up each
+    again, exactly, changes made before the freeze included."""
+    fill(cluster)
+    first = cluster.splitter()
+    split, _ = run_steps(first, SLOTS + 1)
+    assert split.step is Step.FREEZE
+    churn(cluster, "k")  # after the rounds: only the catch-up copies these
+    before = frozen_before(cluster)
+    old, new = first._topics(split)
+    first._freeze(split, old)
+    first._catch_up(split, old, new, 0)
+    first.zk.stop()  # killed
+    assert old_frozen(cluster) == list(cluster.topic.slots)
+    assert cluster.splitter().split(2 * SLOTS) is not None
+    assert_split_exactly(cluster, before)
+
+
+def test_what_changes_while_the_slots_are_copied_is_copied_again(cluster: Cluster):
+    """A writer changes every old slot while each is scanned and copied, and again after the
+    copy's rounds (seen by the catch-up under the freeze only): the halves are exact."""
+    fill(cluster)
+    splitter = cluster.splitter()
+    stop = threading.Event()
+    churned: list[int] = []
+
+    def write() -> None:
+        while not stop.is_set():
+            churn(cluster, f"w{len(churned)}-")
+            churned.append(1)
+
+    writer = threading.Thread(target=write)
+    current = splitter.start(2 * SLOTS)
+    writer.start()
+    try:
+        wait_until(lambda: churned, 10.0, "a writer under way")
+        while current is not None and current[0].step is Step.COPY:
+            current = splitter.step(*current)
+    finally:
+        stop.set()
+        writer.join(timeout=30)
+    assert current is not None
+    assert old_frozen(cluster) == []
+    churn(cluster, "late")
+    before = frozen_before(cluster)
+    while current is not None:
+        current = splitter.step(*current)
+    splitter.release()
+    assert_split_exactly(cluster, before)
+
+
+@pytest.mark.parametrize(
+    ("recorded", "resumed"),
+    [
+        ((Step.FREEZE, 0), (Step.COPY, 0)),
+        ((Step.COPY, 3), (Step.COPY, 0)),  # frozen first, then copied: copied again, tracked
+        ((Step.SWITCH, 4), (Step.SWITCH, 4)),
+        ((Step.CLEAN, 4), (Step.CLEAN, 4)),
+    ],
+)
+def test_a_node_of_the_freeze_first_format_is_resumed_in_the_copy_first_order(
+    recorded: tuple[Step, int], resumed: tuple[Step, int]
+):
+    old = Split(SLOTS, 0, ROUTING, *recorded)
+    document = json.loads(old.encode()) | {"version": 1}
+    split = Split.decode(json.dumps(document).encode())
+    assert (split.step, split.copied_slots) == resumed
+    assert json.loads(split.encode())["version"] == 2
 
 
 def test_a_switched_doubling_cannot_be_rolled_back(cluster: Cluster):
@@ -458,7 +588,7 @@ def test_the_cli_doubles_shows_and_refuses_bad_input_in_one_line(
     assert main(cli(cluster, "show")) == 0
     shown = capsys.readouterr().out
     assert shown.startswith("4 slots (generation 0) over 2 brokers")
-    assert "doubling 4 -> 8 slots (generation 1): next step copy, 2 of 4 slots copied" in shown
+    assert "doubling 4 -> 8 slots (generation 1): next step copy, 3 of 4 slots copied" in shown
     assert main(cli(cluster, "split", "--to-slots", "4")) == 2
     err = capsys.readouterr().err
     assert err.startswith("delayq routing split: a doubling to 8 slots is under way: finish it")

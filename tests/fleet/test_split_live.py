@@ -6,11 +6,11 @@ lost, nothing early and no cancelled message delivered. Likewise with one of the
 processes killed with SIGKILL inside each step instead: the splitter completes, the killed
 process is started again, and no message is later than a bound (`SPLIT_STALL_BOUND_S`).
 
-What holds the splitter in its step, with no hook in the product (as test_mover_kill.py):
-* freeze: broker 0's Redis pauses writes (CLIENT PAUSE WRITE), the freeze script waits;
-* copy (3 of 16 old slots split), switch, clean: the splitter reaches ZooKeeper through a ZkHold
-  proxy that passes none of its requests after the write recording that step: it waits on the
-  check of its lock, which comes before each of its writes.
+What holds the splitter in its step, with no hook in the product (as test_mover_kill.py): it
+reaches ZooKeeper through a ZkHold proxy that passes none of its requests after the write
+recording that step (copy: 3 of 16 old slots split; freeze, switch, clean: all copied): it waits
+on the check of its lock, which comes before each of its writes. Held (and killed) in its copy,
+the splitter leaves no slot frozen: both services go on delivering and the producer writing.
 """
 
 from __future__ import annotations
@@ -26,6 +26,7 @@ import time
 import uuid
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field, replace
+from typing import cast
 
 import pytest
 import redis
@@ -40,6 +41,7 @@ from delayq.coordination.splitting import SlotSplitter, Split
 from delayq.local.processes import config_env
 from delayq.local.waiting import eventually
 from delayq.queue import Code, NotFoundError, Queue, ScheduleRequest
+from delayq.queue.keys import Part, slot_keys
 
 from .conftest import (
     ACK_TIMEOUT_MS,
@@ -55,7 +57,6 @@ from .test_slot_move import MEMBERS, MOVE_BOUND_S, deliveries
 from .zk_hold import ZkHold
 
 pytestmark = pytest.mark.slow
-PAUSE_MS = 30_000  # a paused Redis resumes by itself after this, should the test die
 HOLD_TIMEOUT_S = 30.0
 LONG_DELAY_MS = 5_000  # the messages that are cancelled or rescheduled while still waiting
 #: No message is delivered later than this after its due time when a serve process is killed
@@ -162,10 +163,32 @@ def splitter(fleet: ProcessFleet, zookeeper_connect: str, *extra: str) -> subpro
 
 def held(step: Step) -> tuple[Step, int]:
     """The recorded (step, copied slots) the splitter is held after."""
-    return (
-        (step, 3)
-        if step is Step.COPY
-        else (step, SLOTS if step is not Step.FREEZE else 0)
+    return (step, 3 if step is Step.COPY else SLOTS)
+
+
+def frozen_old_slots(load: DoublingLoad) -> list[int]:
+    """The old (generation 0) slots whose epoch is frozen on their broker."""
+    brokers = initial_routing(SLOTS, 2).broker_of_slot
+    epochs = [
+        cast(
+            "bytes | None",
+            load.admins[brokers[slot]].get(slot_keys(load.fleet.topic, slot).key(Part.EPOCH)),
+        )
+        for slot in range(SLOTS)
+    ]
+    return [slot for slot, epoch in enumerate(epochs) if (epoch or b"").startswith(b"moving:")]
+
+
+async def writes_and_deliveries_go_on(load: DoublingLoad, count: int = 100) -> None:
+    """`count` more messages scheduled and `count` more delivered, within a few seconds."""
+    scheduled, delivered = len(load.fleet.scheduled), len(load.fleet.deliveries)
+    await load.delivered(
+        lambda: (
+            load.producer.going()
+            and len(load.fleet.scheduled) > scheduled + count
+            and len(load.fleet.deliveries) > delivered + count
+        ),
+        timeout_s=DELAY_MS / 1000 + 5.0,
     )
 
 
@@ -220,8 +243,7 @@ async def doubling_load(
         hold = ZkHold(
             ("127.0.0.1", fleet.zookeeper.port),
             lambda path, data: (
-                step is not Step.FREEZE
-                and path == split_path
+                path == split_path
                 and (Split.decode(data).step, Split.decode(data).copied_slots) == held(step)
             ),
         )
@@ -239,10 +261,8 @@ async def doubling_load(
 @contextlib.asynccontextmanager
 async def splitter_held_in(load: DoublingLoad) -> AsyncIterator[subprocess.Popen[bytes]]:
     """`delayq routing split` started and held inside `load.step` (module docstring) for the
-    body; then broker 0 resumes and the proxy passes again, so a splitter still alive goes
-    on. A body that fails kills it."""
-    if load.step is Step.FREEZE:
-        load.admins[0].client_pause(PAUSE_MS, all=False)
+    body; then the proxy passes again, so a splitter still alive goes on. A body that fails
+    kills it."""
     try:
         process = splitter(load.fleet, load.hold.hosts)
         try:
@@ -260,7 +280,6 @@ async def splitter_held_in(load: DoublingLoad) -> AsyncIterator[subprocess.Popen
             process.wait()
             raise
     finally:
-        load.admins[0].client_unpause()
         load.hold.release()
 
 
@@ -300,9 +319,15 @@ async def test_a_doubling_under_load_killed_in_each_step_loses_nothing(
     step = Step.COPY if case == "abort" else Step(case)
     async with doubling_load(spread_fleet, step) as load:
         async with splitter_held_in(load) as first:
+            if step is Step.COPY:  # held in the copy: the topic takes writes and delivers
+                assert frozen_old_slots(load) == []
+                await writes_and_deliveries_go_on(load)
             os.kill(first.pid, signal.SIGKILL)  # in the step
             first.wait()
         assert first.returncode == -signal.SIGKILL
+        if step is Step.COPY:  # and so it does with the splitter dead
+            assert frozen_old_slots(load) == []
+            await writes_and_deliveries_go_on(load)
         assert (routing(fleet).generation == 1) is (step is Step.CLEAN)
         lock = TopicPaths(NAMESPACE, fleet.topic.name).splitter
         await eventually(

@@ -146,7 +146,7 @@ async def test_a_doubling_whose_record_was_lost_before_its_switch_is_done_again(
     masters: list[Queue],
     logger: logging.Logger,
 ) -> None:
-    """A doubling stopped after its freeze and the copy of one slot (every old slot frozen),
+    """A doubling stopped after the copy of one slot (no old slot frozen: the copy runs first),
     its `split` node lost with ZooKeeper's data. The restored routing is the one it started
     from, `spec.slotAmount` is still above it: the pass doubles again from the start (the
     freeze a no-op, the copy redone from the old keys, which a doubling only reads before its

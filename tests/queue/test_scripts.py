@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import re
 from importlib import resources
+from pathlib import Path
 
 import pytest
 
@@ -11,6 +12,8 @@ from delayq.queue.codes import Code
 from delayq.queue.scripts import (
     CODES_INCLUDE,
     INCLUDE_LINE,
+    TRACK_CHANGES_INCLUDE,
+    TRACKED_REDIS,
     Script,
     ScriptSourceError,
     assemble,
@@ -23,10 +26,24 @@ from delayq.queue.scripts import (
 )
 
 INCLUDES_DIR = resources.files("delayq.queue") / "lua" / "includes"
+LUA_FILES = resources.files("delayq.queue") / "lua"
 HELPERS = sorted(
     [p.name.removesuffix(".lua") for p in INCLUDES_DIR.iterdir() if p.name.endswith(".lua")]
     + [CODES_INCLUDE]
 )
+#: The parts a doubling divides member by member (queue/slot_split.py) and the only commands
+#: the scripts change them with, which track_changes.lua notes; the other writes go to the
+#: per-slot parts, which the doubling copies whole under its freeze.
+TRACKED_WRITES = {"ZADD", "ZREM", "HSET", "HDEL"}
+PER_SLOT_WRITES = {
+    ("SET", "KEYS[1]"),  # epoch: freeze, thaw
+    ("SET", "epoch_key"),  # epoch: fence
+    ("DEL", "KEYS[1]"),  # epoch: thaw
+    ("INCR", "leases_key"),
+    ("RPUSH", "wake"),
+    ("XADD", "key"),  # journal.lua
+    ("SADD", "changes"),  # track_changes.lua itself
+}
 DEFINITION = re.compile(r"^local (?:function )?(\w+)\b", re.MULTILINE)
 
 
@@ -122,6 +139,33 @@ def test_each_helper_is_inlined_once_after_those_it_uses(script: Script) -> None
         assert text is not None
         assert all(positions[dep] < at for dep in listed_includes(text)), helper
     assert set(positions) >= used_helpers(script_file(script))
+
+
+@pytest.mark.parametrize("script", list(Script))
+def test_every_script_writes_through_the_change_tracking_before_any_helper(
+    script: Script,
+) -> None:
+    source = code_of(script_source(script))
+    shadow = source.index(TRACKED_REDIS)
+    for helper in HELPERS:
+        found = re.search(rf"^local (?:function )?{defined_name(helper)}\b", source, re.M)
+        if found and helper not in (TRACK_CHANGES_INCLUDE, "unpack_chunk"):  # it and its own
+            assert found.start() > shadow, helper
+
+
+def test_scripts_change_the_divided_parts_only_with_the_tracked_commands() -> None:
+    """A write command that track_changes.lua does not note would change a slot behind a
+    doubling's copy: every write is one of the tracked four, or goes to a per-slot part."""
+    reads = {"GET", "EXISTS", "LLEN", "HGET", "HMGET", "HLEN", "HGETALL", "ZCARD", "ZCOUNT"}
+    reads |= {"ZRANGE", "ZRANGEBYSCORE", "ZSCORE", "ZMSCORE", "TIME"}
+    root = Path(str(resources.files("delayq.queue") / "lua"))
+    for path in sorted(root.glob("*.lua")) + sorted((root / "includes").glob("*.lua")):
+        code = re.sub(r"--[^\n]*", "", re.sub(r"--\[\[.*?\]\]", "", path.read_text(), flags=re.S))
+        calls = re.findall(r"redis\.p?call\('([A-Z]+)',?\s*([\w\[\]]*)", code)
+        calls += [(command, "") for command in re.findall(r"_chunked\('([A-Z]+)'", code)]
+        for command, key in calls:
+            allowed = command in reads | TRACKED_WRITES or (command, key) in PER_SLOT_WRITES
+            assert allowed, (path.name, command, key)
 
 
 def test_the_code_table_is_generated_from_the_enum() -> None:

@@ -6,25 +6,55 @@ slot moves, `migration.py`). A writer whose slot amount is stale must never writ
 of the other amount, so the doubling moves the topic to the next key generation
 (`Topic.slot_generation`, `queue/keys.py`): the old generation's keys stay frozen as
 tombstones, like a moved slot's source, and refuse a stale writer with SLOT_MOVING; it reads
-the routing again and follows. Steps, each recorded in the `split` node (JSON) before the next
-one starts, each idempotent:
+the routing again and follows. The copy runs before the freeze, so the time the topic is frozen
+does not grow with its pending messages, only with what changes while it is copied. Steps, each
+recorded in the `split` node (JSON) before the next one starts, each idempotent:
 
-1. `freeze`: every old slot is frozen on its broker (freeze-1: writes refused, the old owners
-   fenced out), and the old generation's keys of all 2N slot numbers get frozen epochs on
-   every broker, so a writer with a stale routing, or configured with 2N slots but the old
-   generation, is refused too.
-2. `copy`: each old slot is split into the next generation's slots s and s + N on the same
-   broker (`queue.slot_split`), their epochs thawed (waiting for sync replicas); the node
-   records how many old slots are done (`copiedSlots`).
+1. `copy`: first (before the first slot) the old generation's keys of all 2N slot numbers, on
+   every broker but where an old slot lives, get frozen epochs (tombstones: a writer with a
+   stale routing, or configured with 2N slots but the old generation, is refused). Then each
+   old slot, one recorded step each (`copiedSlots`), while it takes writes and delivers: its
+   change tracking is turned on, then it is split into the next generation's slots s and s + N
+   on the same broker
+   (`queue.slot_split`), whose epochs stay frozen. Once all are copied, what changed meanwhile
+   is copied again, in rounds, until a round leaves at most `CATCH_UP_TARGET` changes (or after
+   `MAX_ROUNDS`).
+2. `freeze`: every old slot is frozen (freeze-1: writes refused, the old owners fenced out);
+   then, per slot, what changed since the last round is copied again, the per-slot parts
+   (journal, lease counter, epoch) copied, and both halves thawed (waiting for sync replicas).
 3. `switch`: the routing node becomes {2N slots, generation g + 1, s and s + N on the old
    broker of s}, written with compare-and-set. The delay services and routing clients watch it
    and move to the new keys; the new owners fence above the copied epochs.
 4. `clean`: the old generation's keys are deleted but their frozen epochs, then the node.
 
-`abort` rolls back before the switch (the new generation's keys deleted, the old slots
-thawed). One splitter at a time: the ephemeral lock `movers/split`, checked before every write;
-a doubling refuses to start while slot moves are recorded or locked, and a slot move refuses to
-start while a doubling is recorded or its lock is held (each takes its lock before it looks).
+The topic is frozen from `freeze` to `switch`: the changes of one round, not the pending
+messages (docs/benchmarks.md). Crash points (a splitter killed, its lock gone with its session;
+the next run, or the operator's next pass, resumes the recorded step):
+- before or in `copy`: no old slot is frozen; all take writes and deliver. Tracking is on in
+  the slots copied so far (their `changes` sets grow with what is written until the rerun or
+  `--abort`). A slot split half-way is split again (its halves are deleted first); taken
+  changes stay in `recopy` until copied again, so none is lost to a crash in a round.
+- in `freeze`: the old slots frozen so far stay frozen until the rerun, which freezes the rest
+  and does each catch-up again (idempotent: the old slots are frozen, nothing changes them).
+  This is the one window in which a stopped doubling leaves more than one slot frozen; it lasts
+  one catch-up, not one copy.
+- in `switch` and `clean`: as before this design (the routing is compare-and-set; clean only
+  deletes keys nobody routes to).
+
+Nothing is lost: every member present throughout a copy is seen by its SCAN; every member a
+script changed after tracking began is in `changes` (the scripts change the divided parts only
+with ZADD, ZREM, HSET, HDEL, which `track_changes.lua` notes in the same atomic call) and is
+copied again, under the freeze last, from the frozen source; never early: a message's due time
+is copied as it is, and the halves take no write and deliver nothing before the freeze made them
+exact; stale writers are refused: the old slots are frozen before the switch and stay
+tombstones, the halves are frozen until the catch-up, and the unused slot numbers from the
+start; a custom basis is placed by its recorded basis, read again for every recopied message.
+
+`abort` rolls back before the switch (the new generation's keys deleted, the old slots thawed,
+their tracking off). One splitter at a time: the ephemeral lock `movers/split`, checked before
+every write; a doubling refuses to start while slot moves are recorded or locked, and a slot
+move refuses to start while a doubling is recorded or its lock is held (each takes its lock
+before it looks).
 """
 
 from __future__ import annotations
@@ -44,7 +74,15 @@ from delayq.queue import plans
 from delayq.queue.client import Queue
 from delayq.queue.keys import SlotKeys, slot_keys
 from delayq.queue.slot_copy import MOVED_AWAY_PARTS, delete_slot
-from delayq.queue.slot_split import split_slot
+from delayq.queue.slot_split import (
+    copy_per_slot,
+    recopied,
+    recopy,
+    split_slot,
+    take_changes,
+    track,
+    untrack,
+)
 from delayq.queue.topic import MAX_SLOT_AMOUNT, Topic, is_power_of_two
 
 #: Called (in the splitter's thread) with the doubled routing right before the `switch` and
@@ -53,9 +91,16 @@ from delayq.queue.topic import MAX_SLOT_AMOUNT, Topic, is_power_of_two
 #: there, recorded; the next run calls it again.
 BeforeSplitSwitch = Callable[[Routing], None]
 
-SPLIT_FORMAT_VERSION = 1
+SPLIT_FORMAT_VERSION = 2
+#: A doubling's steps, in order: the copy runs before the freeze (version 1 froze first).
+SPLIT_STEPS = (Step.COPY, Step.FREEZE, Step.SWITCH, Step.CLEAN)
 #: Tombstones frozen per pipeline (one small script each).
 FREEZE_BATCH = 2000
+#: The copy's rounds stop once one leaves at most this many changes for the catch-up under the
+#: freeze (all slots together): about 0.1 s of copying (docs/benchmarks.md).
+CATCH_UP_TARGET = 10_000
+#: ... or after this many rounds (writes outpacing the copy): the freeze then waits for more.
+MAX_ROUNDS = 8
 
 
 class SplitLocked(LockHeld):
@@ -76,6 +121,12 @@ class Split:
     @property
     def to_amount(self) -> int:
         return 2 * self.from_amount
+
+    @property
+    def following(self) -> Step | None:
+        """The step after this one (SPLIT_STEPS), None after the clean."""
+        index = SPLIT_STEPS.index(self.step)
+        return SPLIT_STEPS[index + 1] if index + 1 < len(SPLIT_STEPS) else None
 
     @property
     def to_generation(self) -> int:
@@ -103,14 +154,18 @@ class Split:
     @classmethod
     def decode(cls, payload: bytes) -> Split:
         document = json.loads(payload)
-        if document.get("version") != SPLIT_FORMAT_VERSION:
-            raise ValueError(f"unknown split format version {document.get('version')!r}")
+        version = document.get("version")
+        if version not in (1, SPLIT_FORMAT_VERSION):
+            raise ValueError(f"unknown split format version {version!r}")
+        step, copied = Step(document["step"]), int(document["copiedSlots"])
+        if version == 1 and step in (Step.FREEZE, Step.COPY):
+            step, copied = Step.COPY, 0  # frozen first, copied after: copied again, tracked
         return cls(
             int(document["fromSlotAmount"]),
             int(document["fromGeneration"]),
             tuple(int(broker) for broker in document["slots"]),
-            Step(document["step"]),
-            int(document["copiedSlots"]),
+            step,
+            copied,
         )
 
 
@@ -232,9 +287,7 @@ class SlotSplitter:
         moving = sorted({m.slot for m in mover.migrations()} | mover.locked())
         if moving:
             raise MoveError(f"slots {moving} are moving: run again once their moves ended")
-        split = Split(
-            routing.slot_amount, routing.generation, routing.broker_of_slot, Step.FREEZE
-        )
+        split = Split(routing.slot_amount, routing.generation, routing.broker_of_slot, Step.COPY)
         self.lock.check()
         try:
             self.zk.create(self.paths.split, split.encode(), makepath=True)
@@ -254,19 +307,26 @@ class SlotSplitter:
     def step(
         self, split: Split, version: int, before_switch: BeforeSplitSwitch | None = None
     ) -> tuple[Split, int] | None:
-        """Do the recorded step (the copy: one old slot) and record what follows; None when
-        the doubling is complete. MoveError before any write once the lock is not ours."""
+        """Do the recorded step (the copy: one old slot, or its rounds once all are copied) and
+        record what follows; None when the doubling is complete. MoveError before any write
+        once the lock is not ours."""
         old, new = self._topics(split)
         if before_switch is not None and split.step in (Step.SWITCH, Step.CLEAN):
             routing = self.routing()[0]
             switched = routing.generation == split.to_generation
             before_switch(routing if switched else split.doubled(routing.broker_count))
         self.lock.check()
-        if split.step is Step.FREEZE:
-            self._freeze(split, old)
-        elif split.step is Step.COPY and split.copied_slots < split.from_amount:
+        if split.step is Step.COPY and split.copied_slots < split.from_amount:
+            if split.copied_slots == 0:
+                self._freeze_tombstones(split, old)
             self._copy(split, old, new, split.copied_slots)
             return self._record(replace(split, copied_slots=split.copied_slots + 1), version)
+        if split.step is Step.COPY:
+            self._converge(split, old, new)
+        elif split.step is Step.FREEZE:
+            self._freeze(split, old)
+            for slot in range(split.from_amount):
+                self._catch_up(split, old, new, slot)
         elif split.step is Step.SWITCH:
             self._switch(split)
         elif split.step is Step.CLEAN:
@@ -278,7 +338,7 @@ class SlotSplitter:
             self.lock.check()
             self._delete_node(version)
             return None
-        following = split.step.following
+        following = split.following
         assert following is not None
         return self._record(replace(split, step=following), version)
 
@@ -306,6 +366,7 @@ class SlotSplitter:
             for slot, broker in enumerate(split.brokers):
                 self.lock.check()
                 self.queues[broker].run(plans.thaw(old, slot))
+                untrack(self.queues[broker].redis, slot_keys(old, slot))
             self._delete_node(version)
             return split
         finally:
@@ -319,36 +380,75 @@ class SlotSplitter:
         new = replace(old, slot_amount=split.to_amount, slot_generation=split.to_generation)
         return old, new
 
-    def _freeze(self, split: Split, old: Topic) -> None:
-        """Freeze the old generation: every slot of 2N, on every broker (the same keys as the
-        N old slots for 0..N-1). Where a slot lives that fences its owner out; everywhere else
-        it leaves a tombstone for a writer whose routing or slot amount is stale. Generation 0
-        too (once past it): a writer that does not read the routing (a plain Queue built from
-        the settings, whose slotAmount is the desired one) is always at generation 0, and an
-        earlier doubling froze its keys of fewer slot numbers only."""
-        for slot, broker in enumerate(split.brokers):
-            self.queues[broker].run(plans.freeze(old, slot))  # the live slots first
-        generations = sorted({0, split.generation})
-        for queue in self.queues:
-            for generation in generations:
+    def _freeze_tombstones(self, split: Split, old: Topic) -> None:
+        """Freeze the old generation's keys of every slot number of 2N on every broker but the
+        live old slots: a tombstone for a writer with a stale routing, or configured with 2N
+        slots but the old generation. Generation 0 too (once past it): a writer that does not
+        read the routing (a plain Queue built from the settings, whose slotAmount is the desired
+        one) is always at generation 0, and an earlier doubling froze its keys of fewer slot
+        numbers only. Each
+        live old slot (generation g, on its own broker) takes writes until `freeze`."""
+        for broker, queue in enumerate(self.queues):
+            live = {slot for slot, owner in enumerate(split.brokers) if owner == broker}
+            for generation in sorted({0, split.generation}):
                 stale = replace(old, slot_amount=split.to_amount, slot_generation=generation)
-                calls = [plans.freeze(stale, slot).calls[0] for slot in range(split.to_amount)]
+                calls = [
+                    plans.freeze(stale, slot).calls[0]
+                    for slot in range(split.to_amount)
+                    if generation != split.generation or slot not in live
+                ]
                 for start in range(0, len(calls), FREEZE_BATCH):
                     batch = calls[start : start + FREEZE_BATCH]
                     queue.run(plans.Plan(batch, len))
 
+    def _freeze(self, split: Split, old: Topic) -> None:
+        """Freeze every old slot on its broker (writes refused, the old owners fenced out)."""
+        for slot, broker in enumerate(split.brokers):
+            self.lock.check()
+            self.queues[broker].run(plans.freeze(old, slot))
+
+    def _keys(self, split: Split, old: Topic, new: Topic, slot: int) -> tuple[SlotKeys, ...]:
+        """The old slot `slot` and its two halves."""
+        upper = slot + split.from_amount
+        return slot_keys(old, slot), slot_keys(new, slot), slot_keys(new, upper)
+
     def _copy(self, split: Split, old: Topic, new: Topic, slot: int) -> None:
+        """Track the old slot's changes, then split it as it is (it takes writes meanwhile)."""
+        client = self.queues[split.brokers[slot]].redis
+        source, lower, upper = self._keys(split, old, new, slot)
+        track(client, source)
+        split_slot(client, source, lower, upper, self._strays(split, old, upper.slot))
+
+    def _recopy(self, split: Split, old: Topic, new: Topic, slot: int) -> int:
+        """Copy again what changed in the old slot since its last take; returns how many."""
+        client = self.queues[split.brokers[slot]].redis
+        source, lower, upper = self._keys(split, old, new, slot)
+        take_changes(client, source)
+        count = recopy(client, source, lower, upper, self._strays(split, old, upper.slot))
+        recopied(client, source)
+        return count
+
+    def _converge(self, split: Split, old: Topic, new: Topic) -> None:
+        """Rounds of `_recopy` over all old slots until one leaves at most CATCH_UP_TARGET
+        changes (what the copy of the last round let pile up is what the freeze waits for)."""
+        for _ in range(MAX_ROUNDS):
+            changed = 0
+            for slot in range(split.from_amount):
+                self.lock.check()
+                changed += self._recopy(split, old, new, slot)
+            if changed <= CATCH_UP_TARGET:
+                return
+
+    def _catch_up(self, split: Split, old: Topic, new: Topic, slot: int) -> None:
+        """Under the freeze: the last changes of the old slot copied again, its per-slot parts
+        copied, both halves thawed."""
+        self.lock.check()
+        self._recopy(split, old, new, slot)
         broker = split.brokers[slot]
         queue = self.queues[broker]
-        upper = slot + split.from_amount
-        split_slot(
-            queue.redis,
-            slot_keys(old, slot),
-            slot_keys(new, slot),
-            slot_keys(new, upper),
-            self._strays(split, old, upper),
-        )
-        for half in (slot, upper):
+        source, lower, upper = self._keys(split, old, new, slot)
+        copy_per_slot(queue.redis, source, lower, upper)
+        for half in (lower.slot, upper.slot):
             self.lock.check()
             thaw_replicated(queue, new, half, broker)
 

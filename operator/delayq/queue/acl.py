@@ -35,10 +35,11 @@ ADMIN_RULES = ("reset", "on", "~*", "&*", "+@all")
 #: GET, LRANGE, XRANGE on the frozen source, then DEL and ZADD, HSET, SET, RPUSH, XADD in a
 #: MULTI on the target; run with the service's credentials from one of its pods, the key
 #: patterns still hold it to the topic's own keys. No DUMP/RESTORE: a crafted RESTORE payload
-#: is a known way into Redis's memory), and the slot splitter's (`queue/slot_split.py`: ZRANGE,
-#: HSCAN, GET, XRANGE on the frozen keys, then ZADD, HSET, SET, XADD on the next generation's).
-#: Not CLIENT SETINFO, which redis-py sends on connect and whose refusal it ignores (and which
-#: Redis 7.0 does not know: naming it would fail the whole SETUSER).
+#: is a known way into Redis's memory), and the slot splitter's (`queue/slot_split.py`: ZSCAN,
+#: HSCAN, GET, ZSCORE, HGET, XRANGE on the old keys, then ZADD, HSET, SET, ZREM, HDEL, XADD on
+#: the next generation's; SADD, SSCAN, SUNIONSTORE on the changes it tracks). Not CLIENT
+#: SETINFO, which redis-py sends on connect and whose refusal it ignores (and which Redis 7.0
+#: does not know: naming it would fail the whole SETUSER).
 CLIENT_COMMANDS = (
     "fcall",
     "fcall_ro",
@@ -54,12 +55,17 @@ CLIENT_COMMANDS = (
     "hscan",
     "lrange",
     "xrange",
+    "zscan",
+    "sscan",
+    "sunionstore",
     "multi",
     "exec",
 )
 
 #: Called from the Lua transitions (directly or through the chunked helpers).
 SCRIPT_COMMANDS = (
+    "exists",
+    "sadd",
     "get",
     "set",
     "del",

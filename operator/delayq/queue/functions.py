@@ -43,6 +43,7 @@ from delayq.queue.codes import DelayqError
 from delayq.queue.scripts import (
     CODES_INCLUDE,
     INCLUDE_LINE,
+    TRACK_CHANGES_INCLUDE,
     Script,
     assemble,
     inline_includes,
@@ -136,12 +137,22 @@ def _bound_globals(code: str) -> str:
     )
 
 
+#: Run by the first call of any function (the globals cannot be reached while the library
+#: loads): the globals as locals, then `redis` wrapped to note a doubling's changes.
+_BIND = f"""
+local function bind()
+  bind_globals()
+  redis = {TRACK_CHANGES_INCLUDE}(redis)
+end
+"""
+
+
 def _register(function_name: str, body: str, flags: list[str]) -> str:
     quoted = ", ".join(f"'{flag}'" for flag in flags)
     return (
         f"register{{function_name = '{function_name}', flags = {{{quoted}}},\n"
         "callback = function(KEYS, ARGV)\n"
-        f"if redis == nil then bind_globals() end\n{body.rstrip()}\nend}}\n\n"
+        f"if redis == nil then bind() end\n{body.rstrip()}\nend}}\n\n"
     )
 
 
@@ -155,9 +166,13 @@ def build(files: dict[str, str]) -> Library:
         helpers |= set(INCLUDE_LINE.findall(body))
         verb = stem.rsplit("-", 1)[0]
         bodies.append((verb, INCLUDE_LINE.sub("", body), flags))
+    # every transition's `redis` is the change-tracking wrapper (scripts.with_change_tracking),
+    # so its helpers' writes are noted too: without it a doubling's catch-up misses them
+    helpers.add(TRACK_CHANGES_INCLUDE)
     wanted = "".join(f"--@include {name}\n" for name in sorted(helpers - {CODES_INCLUDE}))
     prelude = read_include(CODES_INCLUDE) or ""
     prelude += inline_includes("library", wanted, read_include).replace(prelude, "")
+    prelude += _BIND
     # generated with a placeholder name, then named by the hash of all of it (the generator's
     # own output included, so a change here is a new version too)
     registered = "".join(_register(f"@_{verb}", body, flags) for verb, body, flags in bodies)

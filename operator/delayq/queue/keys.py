@@ -35,6 +35,10 @@ class Part(enum.StrEnum):
     # the custom slot basis of a message scheduled with one (only those ids): a doubling places
     # the message by it (queue/slot_split.py); kept while the record is, dead ones included
     BASIS = "basis"  # HASH id -> slot basis
+    # while a doubling copies the slot before freezing it (queue/slot_split.py): every message
+    # ('m<id>') and schedule ('s<id>') a script changed since, '' while tracking is on
+    CHANGES = "changes"  # SET
+    RECOPY = "recopy"  # SET the changes the doubling took to copy again, until it did
 
 
 @dataclass(frozen=True)

@@ -157,10 +157,24 @@ def assemble(origin: str, text: str, read_include: Callable[[str], str | None]) 
     return source.replace(lua_code_table(), lua_code_table(used))
 
 
+#: The helper that wraps `redis` for every script: the writes a doubling's catch-up copies
+#: again are noted through it (`lua/includes/track_changes.lua`).
+TRACK_CHANGES_INCLUDE = "track_changes"
+#: Bound right after the header, before every other helper, so theirs go through it too.
+TRACKED_REDIS = f"local redis = {TRACK_CHANGES_INCLUDE}(redis)"
+
+
+def with_change_tracking(text: str) -> str:
+    """`text` with `redis` bound to the change-tracking wrapper right after its header
+    comment, before every other helper."""
+    end = text.index("]]") + 2
+    return f"{text[:end]}\n--@include {TRACK_CHANGES_INCLUDE}\n{TRACKED_REDIS}{text[end:]}"
+
+
 @functools.cache
 def script_source(script: Script) -> str:
-    """The script's text as loaded into Redis (`assemble`)."""
-    return assemble(f"{script.value}.lua", script_file(script), read_include)
+    """The script's text as loaded into Redis (`assemble`), change tracking first."""
+    return assemble(f"{script.value}.lua", with_change_tracking(script_file(script)), read_include)
 
 
 def script_header(script: Script) -> str:

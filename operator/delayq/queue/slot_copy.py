@@ -38,6 +38,11 @@ class RedisType(enum.Enum):
     STREAM = "stream"
 
 
+#: A doubling's own bookkeeping (`slot_split.py`: the messages its catch-up copies again): no
+#: move runs while a doubling is recorded (`coordination/splitting.py`), so a move neither
+#: copies these nor leaves them on its target.
+DOUBLING_PARTS = frozenset({Part.CHANGES, Part.RECOPY})
+
 PART_TYPES: dict[Part, RedisType] = {
     Part.STORE: RedisType.ZSET,
     Part.PREPARE: RedisType.ZSET,
@@ -101,13 +106,13 @@ def present(kind: RedisType, content: Any) -> bool:
 def copy_slot(source: redis.Redis, target: redis.Redis, keys: SlotKeys) -> int:
     """Replace the slot's keys on `target` with those on `source`; returns how many keys the
     slot has. Keys without a TTL stay so (the engine sets none)."""
-    parts = list(Part)
+    parts = [part for part in Part if part not in DOUBLING_PARTS]
     read = source.pipeline(transaction=False)
     for part in parts:
         read_value(read, PART_TYPES[part], keys.key(part))
     contents = read.execute()
     write = target.pipeline(transaction=True)
-    write.delete(*keys.keys(*parts))
+    write.delete(*keys.keys(*parts, *DOUBLING_PARTS))
     copied = 0
     for part, content in zip(parts, contents, strict=True):
         kind = PART_TYPES[part]

@@ -1,12 +1,18 @@
-"""Split one frozen slot into the two slots it becomes when the slot amount doubles (the Redis
-half of a doubling, docs/coordination.md "Doubling the slots").
+"""Split one slot into the two slots it becomes when the slot amount doubles (the Redis half of
+a doubling, docs/coordination.md "Doubling the slots").
 
 Slot s of N becomes slots s and s + N of 2N: an id goes to `crc32(basis) & (2N - 1)`, which is
 one of the two. The new slots are keys of the next generation (`keys.py`) on the same broker,
-so the old slot is only read: it must be frozen (`plans.freeze`), then nothing writes into it
-and the split is a snapshot. Idempotent: the two new slots' keys are deleted first, then
-written in pipelined batches; a split repeated after a crash replaces a partial one. (Lua has
-no crc32, so the partition is computed here, not in a script.)
+so the old slot is only read. It is copied while it still takes writes and delivers: `track`
+first turns on the slot's `changes` set, into which every script notes each message and
+schedule it changes (`lua/includes/track_changes.lua`); then `split_slot` copies the slot as
+SCAN sees it (every member present throughout is seen: one changed meanwhile is in `changes`);
+then, as often as the caller likes, `take_changes` + `recopy` copy again what changed since
+(each member read again and written to its half, or deleted from both), and once the slot is
+frozen (`plans.freeze`) a last `take_changes` + `recopy` + `copy_per_slot` make the halves
+exact. Each is idempotent: `split_slot` deletes the two new slots' keys first, and taken changes
+stay in `recopy` until `recopied` drops them, so a run repeated after a crash copies them again.
+(Lua has no crc32, so the partition is computed here, not in a script.)
 
 Each part is split on its own terms, listed in `PART_RULES` so a part added to `keys.Part`
 without a rule fails the tests:
@@ -17,17 +23,20 @@ without a rule fails the tests:
   part existed has no entry: when neither its id nor its schedule lands in s it stays in the
   lower slot s (delivered on time, only a lookup by (basis, id) may miss it);
 - per schedule (schedules, topup): by the schedule id, which is always its basis;
-- per slot: the journal stays whole in the lower slot (one stream, its entry ids kept); the
-  lease counter is copied to both (a lease number never repeats in a slot); a wake is pushed
-  to both (each consumer looks at its head again); the epoch is copied to both, still frozen,
-  for the caller to thaw (on a topic with sync replicas the thaw waits for them).
+- per slot, copied under the freeze only (`copy_per_slot`): the journal stays whole in the lower
+  slot (one stream, its entry ids kept); the lease counter is copied to both (a lease number
+  never repeats in a slot); a wake is pushed to both (each consumer looks at its head again);
+  the epoch is copied to both, frozen, for the caller to thaw (on a topic with sync replicas the
+  thaw waits for them). The halves' epochs are frozen from their first copy on: nobody writes
+  into them before the doubling's switch;
+- the tracking itself (changes, recopy): not copied.
 """
 
 from __future__ import annotations
 
 import enum
-from collections.abc import Callable, Iterator, Sequence
-from typing import cast
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from typing import Any, cast
 
 import redis
 
@@ -39,6 +48,8 @@ from delayq.queue.topic import slot_of
 #: Members or fields per read and per write pipeline: large enough that round trips do not
 #: dominate, small enough that no single command blocks the broker's other slots for long.
 BATCH = 2000
+#: An epoch's prefix while its slot is frozen (freeze-1.lua).
+FROZEN = b"moving:"
 
 
 class Rule(enum.Enum):
@@ -49,6 +60,7 @@ class Rule(enum.Enum):
     LOWER = "kept whole in the lower slot"
     BOTH = "copied to both"
     WAKE = "a wake pushed to both"
+    TRACKING = "the doubling's own bookkeeping, not copied"
 
 
 PART_RULES: dict[Part, Rule] = {
@@ -66,9 +78,13 @@ PART_RULES: dict[Part, Rule] = {
     Part.LEASES: Rule.BOTH,
     Part.EPOCH: Rule.BOTH,
     Part.WAKE: Rule.WAKE,
+    Part.CHANGES: Rule.TRACKING,
+    Part.RECOPY: Rule.TRACKING,
 }
 ZSET_PARTS = (Part.STORE, Part.PREPARE, Part.DEAD, Part.FINISHED, Part.TOPUP)
 HASH_PARTS = (Part.MSG, Part.REASON, Part.OUTCOME, Part.SCHEDULES, Part.BASIS)
+#: How a script names what it changed in `changes` (track_changes.lua): a message, a schedule.
+CHANGED_MESSAGE, CHANGED_SCHEDULE = b"m", b"s"
 
 
 class Halves:
@@ -116,17 +132,18 @@ def split_slot(
     strays: Sequence[SlotKeys] = (),
 ) -> int:
     """Replace the keys of `lower` and `upper` (the two halves of `source` under twice its slot
-    amount) with `source`'s, divided by `PART_RULES`; returns how many members and fields were
-    written. `source` must be frozen; it is not changed. `strays` (frozen too) are keys no
-    routing names that a writer at the new slot amount but not reading the routing may have
-    stored into before the freeze: their messages and schedules are divided the same way
-    (after the source's: the source wins a field both have), their per-slot parts ignored."""
-    slot_amount = 2 * (upper.slot - lower.slot)
+    amount) with `source`'s messages and schedules, divided by `PART_RULES`, and copy its
+    per-slot parts (`copy_per_slot`); returns how many members and fields were written.
+    `source` is not changed; it is frozen, or `track`ed since before this call (then what
+    changed meanwhile is copied again by `recopy`). `strays` (frozen) are keys no routing
+    names that a writer at the new slot amount but not reading the routing may have stored
+    into: their messages and schedules are divided the same way (before the source's: the
+    source wins a field both have), their per-slot parts ignored."""
     client.unlink(*lower.keys(*Part), *upper.keys(*Part))
     sources = [*strays, source]  # the source last: its fields overwrite a stray's
     schedules = {field for field, _ in _hash_fields(client, sources, Part.SCHEDULES)}
     bases = cast("dict[bytes, bytes]", dict(_hash_fields(client, sources, Part.BASIS)))
-    halves = Halves(lower.slot, slot_amount, schedules, bases)
+    halves = Halves(lower.slot, _slot_amount(lower, upper), schedules, bases)
     targets = {lower.slot: lower, upper.slot: upper}
     written = 0
     for keys in sources:
@@ -146,8 +163,159 @@ def split_slot(
                     write.hset(targets[slot].key(part), mapping=dict(fields))
                 write.execute()
                 written += len(page)
-    _copy_per_slot(client, source, lower, upper)
+    copy_per_slot(client, source, lower, upper)
     return written
+
+
+def track(client: redis.Redis, source: SlotKeys) -> None:
+    """Turn on the slot's `changes` set (its '' member): from now on every script notes in it
+    what it changes in the slot. Idempotent."""
+    client.sadd(source.key(Part.CHANGES), b"")
+
+
+def take_changes(client: redis.Redis, source: SlotKeys) -> int:
+    """Move what changed in the slot since the last take into its `recopy` set (added to what a
+    crashed run left there), tracking on; returns how many changes `recopy` holds (with '').
+    One MULTI: no change is noted between the two sets."""
+    changes, taken = source.key(Part.CHANGES), source.key(Part.RECOPY)
+    move = client.pipeline(transaction=True)
+    move.sunionstore(taken, [taken, changes])
+    move.delete(changes)
+    move.sadd(changes, b"")
+    return int(move.execute()[0])
+
+
+def recopied(client: redis.Redis, source: SlotKeys) -> None:
+    """Forget the taken changes: `recopy` copied them."""
+    client.unlink(source.key(Part.RECOPY))
+
+
+def untrack(client: redis.Redis, source: SlotKeys) -> None:
+    """Turn tracking off and forget its changes (a doubling rolled back)."""
+    client.unlink(source.key(Part.CHANGES), source.key(Part.RECOPY))
+
+
+def recopy(
+    client: redis.Redis,
+    source: SlotKeys,
+    lower: SlotKeys,
+    upper: SlotKeys,
+    strays: Sequence[SlotKeys] = (),
+) -> int:
+    """Copy each message and schedule in the slot's `recopy` set again, as `split_slot` would
+    now: every part of it read from `source` (else from a stray), written to its half and
+    deleted from the other, or deleted from both when the slot no longer has it; returns how
+    many. Its half is decided as `split_slot` does, on the schedules and bases as they are now.
+    One read and one write pipeline of variadic commands per page of BATCH changes."""
+    sources = [keys for keys in strays if _holds_members(client, keys)] + [source]
+    separator = OCCURRENCE_SEPARATOR.encode()
+    count = 0
+    for page in _set_pages(client, source.key(Part.RECOPY)):
+        messages = [m[1:] for m in page if m[:1] == CHANGED_MESSAGE]
+        schedules = [m[1:] for m in page if m[:1] == CHANGED_SCHEDULE]
+        named = sorted({m.rpartition(separator)[0] for m in messages if separator in m})
+        wanted = {
+            part: messages if PART_RULES[part] is Rule.BY_MESSAGE else schedules
+            for part in (*ZSET_PARTS, *HASH_PARTS)
+        }
+        found = _read_members(client, sources, [*wanted.items(), (Part.SCHEDULES, named)])
+        existing = found.pop()
+        bases = {m: v for m, v in found[list(wanted).index(Part.BASIS)].items() if v is not None}
+        halves = Halves(
+            lower.slot,
+            _slot_amount(lower, upper),
+            {sid for sid, value in existing.items() if value is not None},
+            cast("dict[bytes, bytes]", bases),
+        )
+        write = client.pipeline(transaction=False)
+        for part, values in zip(wanted, found, strict=True):
+            _put(write, part, lower, upper, _side(halves, part), values)
+        write.execute()
+        count += len(messages) + len(schedules)
+    return count
+
+
+def _slot_amount(lower: SlotKeys, upper: SlotKeys) -> int:
+    return 2 * (upper.slot - lower.slot)
+
+
+def _holds_members(client: redis.Redis, keys: SlotKeys) -> bool:
+    """Whether any part of `keys` divided by message or schedule exists."""
+    return bool(client.exists(*keys.keys(*ZSET_PARTS, *HASH_PARTS)))
+
+
+def _read_members(
+    client: redis.Redis,
+    sources: Sequence[SlotKeys],
+    wanted: Sequence[tuple[Part, Sequence[bytes]]],
+) -> list[dict[bytes, bytes | float | None]]:
+    """For each (part, members): member -> its value in that part of the last source that has
+    it, None where none has. One pipeline: ZMSCORE or HMGET per part and source."""
+    read = client.pipeline(transaction=False)
+    for part, members in wanted:
+        for keys in sources:
+            if not members:
+                continue
+            if part in ZSET_PARTS:
+                read.zmscore(keys.key(part), cast("list[str]", list(members)))
+            else:
+                read.hmget(keys.key(part), list(members))
+    answers = iter(read.execute())
+    found = []
+    for _part, members in wanted:
+        values: dict[bytes, bytes | float | None] = dict.fromkeys(members)
+        for _ in sources if members else ():
+            for member, value in zip(members, next(answers), strict=True):
+                if value is not None:
+                    values[member] = value
+        found.append(values)
+    return found
+
+
+def _put(
+    write: redis.client.Pipeline,
+    part: Part,
+    lower: SlotKeys,
+    upper: SlotKeys,
+    side: Callable[[bytes], int],
+    values: dict[bytes, bytes | float | None],
+) -> None:
+    """Queue each member's value into its half's `part` and its deletion from the other half
+    (from both when its value is None)."""
+    kept: dict[int, dict[bytes, Any]] = {lower.slot: {}, upper.slot: {}}
+    dropped: dict[int, list[bytes]] = {lower.slot: [], upper.slot: []}
+    for member, value in values.items():
+        half = side(member)
+        other = upper.slot if half == lower.slot else lower.slot
+        dropped[other].append(member)
+        if value is None:
+            dropped[half].append(member)
+        else:
+            kept[half][member] = value
+    for keys in (lower, upper):
+        key = keys.key(part)
+        if dropped[keys.slot]:
+            if part in ZSET_PARTS:
+                write.zrem(key, *dropped[keys.slot])
+            else:
+                write.hdel(key, *dropped[keys.slot])
+        if kept[keys.slot]:
+            if part in ZSET_PARTS:
+                write.zadd(key, kept[keys.slot])
+            else:
+                write.hset(key, mapping=cast("Mapping[Any, Any]", kept[keys.slot]))
+
+
+def _set_pages(client: redis.Redis, key: str) -> Iterator[list[bytes]]:
+    """A set page by page (SSCAN), without the '' that marks tracking on."""
+    cursor = 0
+    while True:
+        cursor, members = cast("tuple[int, list[bytes]]", client.sscan(key, cursor, count=BATCH))
+        page = [member for member in members if member]
+        if page:
+            yield page
+        if cursor == 0:
+            return
 
 
 def _side(halves: Halves, part: Part) -> Callable[[bytes], int]:
@@ -174,23 +342,23 @@ def _hash_fields(
 
 
 def _zset_pages(client: redis.Redis, key: str) -> Iterator[list[tuple[bytes, bytes | float]]]:
-    """A frozen sorted set page by page, by rank (stable: nothing changes it)."""
-    start = 0
+    """A sorted set page by page (ZSCAN: every member present throughout is seen, at least
+    once, even while scripts change the set; what they changed is tracked)."""
+    cursor = 0
     while True:
-        page = cast(
-            "list[tuple[bytes, float]]",
-            client.zrange(key, start, start + BATCH - 1, withscores=True),
+        cursor, page = cast(
+            "tuple[int, list[tuple[bytes, float]]]", client.zscan(key, cursor, count=BATCH)
         )
-        if not page:
+        if page:
+            yield [(member, score) for member, score in page]
+        if cursor == 0:
             return
-        yield [(member, score) for member, score in page]
-        start += BATCH
 
 
 def _hash_pages(
     client: redis.Redis, key: str, count: int
 ) -> Iterator[list[tuple[bytes, bytes | float]]]:
-    """A frozen hash page by page (HSCAN: every field once, since nothing changes it)."""
+    """A hash page by page (HSCAN: every field present throughout is seen, as ZSCAN)."""
     cursor = 0
     while True:
         cursor, fields = cast(
@@ -202,20 +370,26 @@ def _hash_pages(
             return
 
 
-def _copy_per_slot(client: redis.Redis, source: SlotKeys, lower: SlotKeys, upper: SlotKeys) -> None:
-    """The per-slot parts: journal to the lower slot, lease counter and frozen epoch to both,
-    a wake to both. The epoch last: a half with its epoch has everything else."""
+def copy_per_slot(client: redis.Redis, source: SlotKeys, lower: SlotKeys, upper: SlotKeys) -> None:
+    """The per-slot parts: journal to the lower slot, lease counter and epoch to both (frozen,
+    whether the source is yet or not), a wake to both; exact once the source is frozen. The
+    epoch last: a half with its epoch has everything else."""
     read = client.pipeline(transaction=False)
     read_value(read, RedisType.STREAM, source.key(Part.JOURNAL))
     read.get(source.key(Part.LEASES))
     read.get(source.key(Part.EPOCH))
     journal, leases, epoch = read.execute()
     write = client.pipeline(transaction=False)
-    if present(RedisType.STREAM, journal):  # entry ids kept, without DUMP/RESTORE (queue.acl)
+    # entry ids kept, without DUMP/RESTORE (queue.acl); the catch-up copies it again, so the
+    # lower half's copy is replaced whole, never appended to
+    write.delete(lower.key(Part.JOURNAL))
+    if present(RedisType.STREAM, journal):
         write_value(write, RedisType.STREAM, lower.key(Part.JOURNAL), journal)
+    frozen = epoch if epoch is not None and epoch.startswith(FROZEN) else FROZEN + (epoch or b"0")
     for half in (lower, upper):
         if leases is not None:
             write.set(half.key(Part.LEASES), leases)
+        write.delete(half.key(Part.WAKE))
         write.rpush(half.key(Part.WAKE), "1")
-        write.set(half.key(Part.EPOCH), epoch if epoch is not None else b"moving:0")
+        write.set(half.key(Part.EPOCH), frozen)
     write.execute()
