@@ -255,6 +255,23 @@ class SlotSplitter:
             self.release()
             raise
 
+    def resume_frozen(self) -> Split | None:
+        """Complete the recorded doubling once its freeze began (its old slots refuse writes
+        until it ends), never start or go on with one still copying (it freezes nothing: left
+        to whoever started it); returns it, None when there was none to complete. Takes the
+        lock first (SplitLocked while another process holds it) and reads the node under it,
+        so what it completes is what is recorded now. For the slots' owners
+        (service/stopped_moves.py), whose splitter stopped."""
+        self.lock.acquire()
+        try:
+            recorded = self._read()
+            if recorded is None or recorded[0].step is Step.COPY:
+                return None
+            self._check_brokers(recorded[0].brokers)
+            return self._run(*recorded, None)
+        finally:
+            self.release()
+
     def release(self) -> None:
         """Give the lock up (if held)."""
         self.lock.release()
