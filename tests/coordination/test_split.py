@@ -23,7 +23,7 @@ from delayq.coordination.splitting import SlotSplitter, Split, SplitLocked
 from delayq.local.redis_server import RedisServer
 from delayq.local.waiting import wait_until
 from delayq.local.zookeeper_server import ZooKeeperServer
-from delayq.queue import Queue, Recurrence, Schedule, SlotMovingError, StaleEpochError, Topic
+from delayq.queue import Queue, Recurrence, Schedule, SlotMovingError, StaleEpochError, Topic, plans
 from delayq.queue.codes import Code
 from delayq.queue.keys import Part, slot_keys
 from delayq.queue.model import Message, ScheduleRequest, State
@@ -441,6 +441,36 @@ def test_a_splitter_killed_in_its_freeze_leaves_the_rest_to_the_rerun(cluster: C
     assert old_frozen(cluster) == list(cluster.topic.slots)
     assert cluster.splitter().split(2 * SLOTS) is not None
     assert_split_exactly(cluster, before)
+
+
+def test_resume_frozen_completes_only_a_stopped_doubling_whose_freeze_began(cluster: Cluster):
+    """What the frozen slots' owners run (service/stopped_moves.py): no doubling started, none
+    taken from a splitter holding the lock, none still copying (it freezes nothing); one whose
+    splitter stopped in its freeze (half the old slots frozen) completed exactly."""
+    fill(cluster)
+    assert cluster.splitter().resume_frozen() is None
+    assert not cluster.zk.exists(cluster.paths.split)
+    first = cluster.splitter()
+    run_steps(first, 1)  # one slot copied, the lock held
+    with pytest.raises(SplitLocked):
+        cluster.splitter().resume_frozen()
+    first.zk.stop()  # killed in its copy
+    assert cluster.splitter().resume_frozen() is None
+    assert cluster.splitter().state() == Split(SLOTS, 0, ROUTING, Step.COPY, 1)
+    second = cluster.splitter()
+    split, _ = run_steps(second, SLOTS)  # the other slots copied, the rounds
+    assert split.step is Step.FREEZE
+    churn(cluster, "r")  # after the rounds: only the catch-up copies these
+    before = frozen_before(cluster)
+    old, _ = second._topics(split)
+    for slot in range(SLOTS // 2):
+        second.queues[split.brokers[slot]].run(plans.freeze(old, slot))
+    second.zk.stop()  # killed in its freeze
+    assert old_frozen(cluster) == list(range(SLOTS // 2))
+    assert cluster.splitter().resume_frozen() == replace(split, step=Step.CLEAN)
+    assert cluster.routing() == Routing(2 * SLOTS, 2, ROUTING + ROUTING, 1)
+    assert_split_exactly(cluster, before)
+    assert cluster.splitter().resume_frozen() is None
 
 
 def test_what_changes_while_the_slots_are_copied_is_copied_again(cluster: Cluster):

@@ -334,7 +334,12 @@ async def test_a_doubling_under_load_killed_in_each_step_loses_nothing(
             lambda: not fleet.observer().exists(lock), SESSION_TIMEOUT_S + 5.0, "the lock gone"
         )
         second = splitter(fleet, fleet.zookeeper.hosts, *(["--abort"] if case == "abort" else []))
-        assert await asyncio.to_thread(second.wait) == 0
+        if await asyncio.to_thread(second.wait) != 0:
+            # killed with every old slot frozen: past `move_stall_s` their owners complete the
+            # doubling (test_stopped_split.py) and may have taken its lock first
+            assert step is Step.SWITCH
+            assert "the split is being run by" in (fleet.log_dir / "splitter.log").read_text()
+            await eventually(lambda: shown(fleet) is None, 30.0, "the doubling completed")
         assert shown(fleet) is None
         amount = SLOTS if case == "abort" else 2 * SLOTS
         assert (routing(fleet).slot_amount, routing(fleet).generation) == (

@@ -29,7 +29,8 @@ recorded in the `split` node (JSON) before the next one starts, each idempotent:
 
 The topic is frozen from `freeze` to `switch`: the changes of one round, not the pending
 messages (docs/benchmarks.md). Crash points (a splitter killed, its lock gone with its session;
-the next run, or the operator's next pass, resumes the recorded step):
+the next run, the operator's next pass or, once a slot is frozen, the old slots' owners past
+twice the session timeout (`resume_frozen`, service/stopped_moves.py) resume the recorded step):
 - before or in `copy`: no old slot is frozen; all take writes and deliver. Tracking is on in
   the slots copied so far (their `changes` sets grow with what is written until the rerun or
   `--abort`). A slot split half-way is split again (its halves are deleted first); taken
@@ -37,7 +38,8 @@ the next run, or the operator's next pass, resumes the recorded step):
 - in `freeze`: the old slots frozen so far stay frozen until the rerun, which freezes the rest
   and does each catch-up again (idempotent: the old slots are frozen, nothing changes them).
   This is the one window in which a stopped doubling leaves more than one slot frozen; it lasts
-  one catch-up, not one copy.
+  the owners' bound plus one catch-up, not one copy, nor until a person reruns it. A resuming
+  owner killed inside leaves what a killed splitter leaves.
 - in `switch` and `clean`: as before this design (the routing is compare-and-set; clean only
   deletes keys nobody routes to).
 
@@ -254,6 +256,23 @@ class SlotSplitter:
         except BaseException:
             self.release()
             raise
+
+    def resume_frozen(self) -> Split | None:
+        """Complete the recorded doubling once its freeze began (its old slots refuse writes
+        until it ends), never start or go on with one still copying (it freezes nothing: left
+        to whoever started it); returns it, None when there was none to complete. Takes the
+        lock first (SplitLocked while another process holds it) and reads the node under it,
+        so what it completes is what is recorded now. For the slots' owners
+        (service/stopped_moves.py), whose splitter stopped."""
+        self.lock.acquire()
+        try:
+            recorded = self._read()
+            if recorded is None or recorded[0].step is Step.COPY:
+                return None
+            self._check_brokers(recorded[0].brokers)
+            return self._run(*recorded, None)
+        finally:
+            self.release()
 
     def release(self) -> None:
         """Give the lock up (if held)."""

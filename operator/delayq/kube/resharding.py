@@ -188,7 +188,8 @@ async def _double(
     if state is None and await _moving(mover):
         return None  # the moves first (`_run`, which reports an unreadable one too)
     what = f"Doubling the slots {routing.slot_amount} -> {target}"
-    if locked:  # `delayq routing split` by hand, or an operator process stopping
+    if locked:  # `delayq routing split` by hand, an operator process stopping, or the
+        # frozen slots' owners completing a doubling whose splitter stopped (stopped_moves.py)
         message = f"{what}: waiting for another process that holds the split's lock."
         return Resharding(routing, Condition(RESHARDING, TRUE, "SplittingSlots", message))
     logger.info("resharding: %s", what.lower())

@@ -70,7 +70,8 @@ class ServiceMetrics:
         self.unconsumed_slots = Gauge(
             "delayq_unconsumed_slots",
             "Slots granted to this process that it could not take over yet, by reason: moving "
-            "(frozen by a slot move), error (the broker failed the take-over); each is retried",
+            "(frozen by a slot move or a doubling), error (the broker failed the take-over); each "
+            "is retried",
             [*names, "reason"],
             registry=self.registry,
         )

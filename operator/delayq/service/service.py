@@ -11,7 +11,8 @@ An ownership pass never fails as a whole because of one slot: a granted slot who
 fails (frozen by a slot move, its broker down) is skipped, recorded in `unconsumed` and retried
 on its own timer (`unconsumed.py`), while every other slot is consumed at once. A slot frozen
 longer than `move_stall_s` by a move whose mover stopped is finished (or rolled back) by this
-process (`stopped_moves.py`).
+process, and one frozen by a doubling whose splitter stopped gets the doubling completed
+(`stopped_moves.py`).
 
 Readiness tells the truth about delivery: a background probe (once a second) checks that the
 slots the delivery engine really consumes are the ones the ownership grants and that their
@@ -89,8 +90,8 @@ class DelayService:
         self._retrier: asyncio.Task[None] | None = None
         self._ending_moves: asyncio.Task[None] | None = None  # ending stopped moves now
         self._moves_ended_at_s = -RETRY_MAX_S  # monotonic time it last started (one ZK session)
-        # a slot frozen this long by a move is ended here: its mover's lock, should it have
-        # been killed, went with its session one session timeout after its death
+        # a slot frozen this long by a move (or a doubling) is ended here: its mover's lock,
+        # should it have been killed, went with its session one session timeout after its death
         self.move_stall_s = 2 * config.zookeeper_session_timeout_ms / 1000
         self._routing_watch: RoutingWatch | None = None
         # set (and replaced) on every routing change: a write refused as SLOT_MOVING waits on it
@@ -322,7 +323,7 @@ class DelayService:
 
     async def _retry_unconsumed_forever(self) -> None:
         """Take over each unconsumed granted slot again when its backoff ends, and end a move
-        that left a slot frozen past `move_stall_s` (stopped_moves.py)."""
+        or doubling that left a slot frozen past `move_stall_s` (stopped_moves.py)."""
         while not self._closing:
             next_s = self.unconsumed.next_retry_s()
             self._unconsumed_changed.clear()
@@ -345,9 +346,10 @@ class DelayService:
                 self._ending_moves = asyncio.create_task(self._end_stopped_moves(stalled))
 
     async def _end_stopped_moves(self, slots: frozenset[int]) -> None:
-        """Finish or roll back the moves that froze `slots` (in a thread: the mover is sync);
-        what fails (a mover holds the slot, a broker or ZooKeeper down) is tried again on a
-        later retry. The slots are taken over by their retry timer or the routing change."""
+        """Finish or roll back the moves that froze `slots`, complete the doubling that froze
+        the others (in a thread: the movers are sync); what fails (a mover holds the lock, a
+        broker or ZooKeeper down) is tried again on a later retry. The slots are taken over by
+        their retry timer or the routing change (a doubling's: `resharded`)."""
         try:
             done = await asyncio.to_thread(end_stopped_moves, self.config, slots)
             if done:
@@ -403,8 +405,8 @@ class DelayService:
         """What keeps this process from delivering what it was granted (None: nothing)."""
         if not self.ownership.ready:
             return "ownership not settled (ZooKeeper unreachable or assignment changing)"
-        # a slot frozen by a move is reported (/readyz, metric), not a reason to be unready:
-        # no process could consume it, and the move is ended here past `move_stall_s`
+        # a slot frozen by a move or a doubling is reported (/readyz, metric), not a reason to
+        # be unready: no process could consume it, and either is ended here past `move_stall_s`
         moving = frozenset(s for s, u in self.unconsumed.slots.items() if u.why is Why.MOVING)
         if frozenset(self.owned_slots) | moving != self.ownership.owned | moving:
             # an ownership change still being applied holds the lock: that is the mismatch

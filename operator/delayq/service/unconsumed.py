@@ -3,9 +3,10 @@
 An ownership pass never fails as a whole because of one slot: a slot whose take-over fails (its
 broker refuses it as moving, or does not answer) is recorded here and retried on its own, with a
 backoff of RETRY_FIRST_S doubling to RETRY_MAX_S, while every other slot is consumed at once.
-Readiness and `/readyz` report them with the reason; a slot frozen by a move (`moving`) does not
-make the process unready (no process could consume it, the move must end first), any other
-reason does (docs/service.md, "Slots that cannot be taken over").
+Readiness and `/readyz` report them with the reason; a slot frozen by a move or a doubling
+(`moving`) does not make the process unready (no process could consume it, the move or the
+doubling must end first), any other reason does (docs/service.md, "Slots that cannot be taken
+over").
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ RETRY_MAX_S = 2.0  # a broker back, or a move ended, is noticed this soon at the
 class Why(enum.StrEnum):
     """Why a granted slot is not consumed (the metric's `reason` label)."""
 
-    MOVING = "moving"  # frozen by a slot move (SLOT_MOVING): finished or rolled back first
+    MOVING = "moving"  # frozen by a slot move or a doubling (SLOT_MOVING): ended first
     ERROR = "error"  # its broker failed the take-over (down, timing out, refusing)
 
 

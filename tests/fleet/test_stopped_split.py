@@ -1,0 +1,96 @@
+"""A doubling whose splitter was killed in its freeze leaves no slot frozen past a bound (issue 35,
+defect 3).
+
+Two `delayq serve` processes deliver the steady load of test_split_live.py on two brokers (old
+slots 0-7 on broker 0, 8-15 on broker 1). `delayq routing split --to-slots 32` is held right
+after recording `freeze` (ZkHold), broker 1's Redis pauses writes, and the splitter goes on: it
+freezes old slots 0-7 on broker 0 and waits on slot 8; it is killed there with SIGKILL. The old
+slots 0-7 refuse writes and deliver nothing; before stopped_moves.py completed a doubling, they
+stayed so until a person ran the command again. Now their owners, once the slots stayed frozen
+past `move_stall_s` (twice the session timeout), complete the recorded doubling themselves (one
+wins the split's lock) and both services restart on the 32 slots: the frozen slots' messages
+are delivered within that bound and a margin of the kill, nothing lost, nothing early, no
+cancelled message delivered, and nobody ran the splitter again.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+
+import pytest
+
+from delayq.coordination.migration import Step
+
+from .conftest import SESSION_TIMEOUT_S, SLOTS, ProcessFleet
+from .test_mover_kill import PAUSE_MS
+from .test_slot_move import MEMBERS
+from .test_split_live import (
+    LONG_DELAY_MS,
+    doubling_load,
+    frozen_old_slots,
+    routing,
+    settled,
+    shown,
+    splitter_held_in,
+    spread_fleet,  # noqa: F401 (the fixture)
+)
+
+pytestmark = pytest.mark.slow
+#: An owner completes the doubling once its slots stayed frozen 2 session timeouts (the killed
+#: splitter's lock is gone after one); then the retry's period (2 s), the freeze of the rest,
+#: the catch-up, the switch and both services' restart on the new slots, with room for a
+#: loaded machine.
+RESUMED_BOUND_S = 2 * SESSION_TIMEOUT_S + 10.0
+FROZEN = list(range(SLOTS // 2))  # the old slots on broker 0, frozen before the kill
+
+
+async def test_a_doubling_killed_in_its_freeze_is_completed_by_the_slots_owners(
+    spread_fleet: tuple[ProcessFleet, list[str]],  # noqa: F811
+) -> None:
+    fleet = spread_fleet[0]
+    async with doubling_load(spread_fleet, Step.FREEZE) as load:
+        async with splitter_held_in(load) as first:
+            load.admins[1].client_pause(PAUSE_MS, all=False)  # the freeze of slot 8 waits
+        try:  # released: it freezes old slots 0-7 on broker 0, then waits on broker 1
+            await load.delivered(lambda: frozen_old_slots(load) == FROZEN, 30.0)
+        finally:
+            os.kill(first.pid, signal.SIGKILL)  # in its freeze
+            first.wait()
+            load.admins[1].client_unpause()
+        seconds, micros = load.admins[0].time()
+        killed_ms = int(seconds) * 1000 + int(micros) // 1000
+        stuck = {i for i in fleet.scheduled if fleet.topic.slot_of(i) in FROZEN}
+        first_after: dict[str, int] = {}
+
+        def frozen_ones_delivered() -> bool:
+            for delivery in fleet.deliveries:
+                if delivery.message_id in stuck and delivery.at_ms > killed_ms:
+                    first_after.setdefault(delivery.message_id, delivery.at_ms)
+            delivered = {d.message_id for d in fleet.deliveries}
+            return load.producer.going() and not stuck - load.producer.cancelled - delivered
+
+        try:
+            await load.delivered(frozen_ones_delivered, RESUMED_BOUND_S + 10.0)
+        except TimeoutError:
+            print(f"doubling still recorded: {shown(fleet)}, frozen: {frozen_old_slots(load)}")
+            raise
+        gap_s = (max(first_after.values(), default=killed_ms) - killed_ms) / 1000
+        assert shown(fleet) is None  # completed, by nobody running the splitter again
+        assert (routing(fleet).slot_amount, routing(fleet).generation) == (2 * SLOTS, 1)
+        logs = [(fleet.log_dir / f"{member}.log").read_text() for member in MEMBERS]
+        assert any(f"doubling to {2 * SLOTS} slots completed" in log for log in logs)
+        before_end = await load.more_scheduled()
+        lost, early, late_ms = await settled(load, RESUMED_BOUND_S + LONG_DELAY_MS / 1000)
+        assert not lost
+        assert not early
+        assert fleet.scheduled - before_end  # and written after the doubling
+        assert load.client.topic.slot_amount == 2 * SLOTS
+        print(
+            f"\nsplitter killed -9 in its freeze, old slots {FROZEN[0]}-{FROZEN[-1]} frozen: "
+            f"{len(stuck)} of their messages delivered {gap_s:.2f} s after the kill at the "
+            f"latest (bound {RESUMED_BOUND_S:.0f} s), the doubling completed by their owners; "
+            f"{len(fleet.scheduled)} messages, lost {len(lost)}, early {len(early)}, "
+            f"{fleet.duplicates()} duplicates, latest {late_ms} ms late"
+        )
+        assert gap_s <= RESUMED_BOUND_S
