@@ -193,6 +193,35 @@ print(json.dumps({"consumed": len(seen)}), flush=True)
 '''
 
 
+#: The ZooKeeper a hostile tenant runs (issue 27): accepts on port 2181, never answers, and
+#: prints every connection and every byte it is sent (hex), so a test can tell whether the
+#: operator ever connected or sent its admin digest.
+SILENT_LISTENER = '''
+import json, selectors, socket, sys
+
+server = socket.create_server(("", 2181), backlog=64)
+selector = selectors.DefaultSelector()
+selector.register(server, selectors.EVENT_READ)
+print(json.dumps({"listening": 2181}), flush=True)
+while True:
+    for key, _ in selector.select():
+        if key.fileobj is server:
+            peer, address = server.accept()
+            selector.register(peer, selectors.EVENT_READ, address[0])
+            print(json.dumps({"connection": address[0]}), flush=True)
+            continue
+        try:
+            data = key.fileobj.recv(65536)
+        except OSError:
+            data = b""
+        if not data:
+            selector.unregister(key.fileobj)
+            key.fileobj.close()
+            continue
+        print(json.dumps({"peer": key.data, "hex": data.hex()}), flush=True)
+'''
+
+
 def config_map(name: str, namespace: str, script: str) -> dict[str, Any]:
     return {"apiVersion": "v1", "kind": "ConfigMap",
             "metadata": {"name": name, "namespace": namespace},
@@ -314,3 +343,22 @@ def json_lines(text: str) -> list[dict[str, Any]]:
             except json.JSONDecodeError:
                 continue
     return found
+
+
+def silent_listener(namespace: str, image: str, name: str) -> list[dict[str, Any]]:
+    """ConfigMap, Deployment and Service ``name`` (port 2181): ``SILENT_LISTENER``, the
+    ZooKeeper a tenant runs in its own namespace. No probe: a probe's connections would be
+    recorded as clients."""
+    labels = {"app": name}
+    spec = _pod_spec(name, image, [])
+    spec["containers"][0]["ports"] = [{"containerPort": 2181}]
+    return [
+        config_map(name, namespace, SILENT_LISTENER),
+        {"apiVersion": "apps/v1", "kind": "Deployment",
+         "metadata": {"name": name, "namespace": namespace},
+         "spec": {"replicas": 1, "selector": {"matchLabels": labels},
+                  "template": {"metadata": {"labels": labels}, "spec": spec}}},
+        {"apiVersion": "v1", "kind": "Service",
+         "metadata": {"name": name, "namespace": namespace},
+         "spec": {"selector": labels, "ports": [{"port": 2181, "targetPort": 2181}]}},
+    ]
