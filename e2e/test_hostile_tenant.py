@@ -5,7 +5,8 @@ shows the victim lost nothing.
 
 The release is the chart's, on the real node, watching both namespaces (the operator's admin
 digest, its ZooKeeper client and the victim's service pods are the real ones); the tenant's
-fake ZooKeeper is a pod in B behind a Service, as a tenant would run it. The chroot-less
+fake ZooKeeper is a pod in B behind a Service, as a tenant would run it: it answers the
+handshake, so a client that connected would go on to send its digest. The chroot-less
 connect of attack 3 is not tried here: the bundled ensemble has no chroot (`zookeeper.address`
 applies only with `zookeeper.enabled=false`), so a chroot'd platform would need a second
 ZooKeeper outside the release; `tests/kube/test_deletion.py::
@@ -15,6 +16,7 @@ ZooKeeper.
 
 from __future__ import annotations
 
+import base64
 import functools
 import json
 import re
@@ -131,6 +133,12 @@ def _trees(kube: Kube, tenants: Tenants) -> dict[str, Any]:
     return decoded
 
 
+def _admin_password(kube: Kube, tenants: Tenants) -> str:
+    secret = kube.get("secret", f"{FULLNAME}-zookeeper-admin", tenants.install.namespace)
+    assert secret is not None
+    return base64.b64decode(secret["data"]["admin-password"]).decode()
+
+
 def _listener_log(kube: Kube, namespace: str) -> list[dict[str, Any]]:
     logs = kube.kubectl("logs", "deployment/zookeeper", "-n", namespace, "--tail=-1").stdout
     return workloads.json_lines(logs)
@@ -154,9 +162,10 @@ def test_a_hostile_tenant_gets_nothing_while_the_victim_keeps_delivering(
     in A on real pods with 400 messages due over 40 s and 100 more scheduled after the
     attacks:
 
-    1. `connect` at a fake ZooKeeper B runs (a pod recording every byte): refused, and not
-       one connection from the operator, let alone its admin digest (a probe from the
-       operator's pod proves the path was open and the listener records);
+    1. `connect` at a fake ZooKeeper B runs (a pod that answers the handshake and records
+       every byte): refused, and not one connection from the operator, let alone its admin
+       digest (a probe from the operator's pod proves the path was open and the fake
+       records);
     2. a chroot into the victim's members: refused by the API server (the CRD's pattern);
     4. three topics at a host that never answers: refused at once; a change of the victim
        applied at the same moment is reconciled within the operator's ZooKeeper timeout;
@@ -173,7 +182,7 @@ def test_a_hostile_tenant_gets_nothing_while_the_victim_keeps_delivering(
     secret = workloads.SIGNING_SECRET
     kube.apply({"apiVersion": "v1", "kind": "List", "items": [
         *workloads.receiver(victim_ns, image, "whsec_" + secrets.token_hex(32)),
-        *workloads.silent_listener(hostile_ns, image, "zookeeper")]})
+        *workloads.fake_zookeeper(hostile_ns, image, "zookeeper")]})
     url = f"http://receiver.{victim_ns}.svc.cluster.local/hook"
     kube.apply(delay_topic(VICTIM, slotAmount=SLOTS, brokers=2, replicasPerBroker=0,
                            topicType="webhook",
@@ -300,8 +309,13 @@ def test_a_hostile_tenant_gets_nothing_while_the_victim_keeps_delivering(
         assert len([e for e in log if "connection" in e]) == 1, log  # the probe's, no other
         received = b"".join(bytes.fromhex(e["hex"]) for e in log if "hex" in e)
         assert received == probe.encode(), received  # no handshake, no digest: the probe only
+        assert _admin_password(kube, tenants).encode() not in received
     except Exception:
         print(kube.kubectl("get", "events", "-n", hostile_ns, check=False).stdout)
+        recorded = _listener_log(kube, hostile_ns)
+        sent = b"".join(bytes.fromhex(e["hex"]) for e in recorded if "hex" in e)
+        print(f"--- the fake ZooKeeper recorded {recorded}; the admin password among the "
+              f"bytes: {_admin_password(kube, tenants).encode() in sent}")
         for pod in _pods(kube, tenants.install.namespace, "app.kubernetes.io/component=operator"):
             print(kube.kubectl("logs", pod["metadata"]["name"], "-n", tenants.install.namespace,
                                "--tail=40", check=False).stdout)

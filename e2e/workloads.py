@@ -193,15 +193,18 @@ print(json.dumps({"consumed": len(seen)}), flush=True)
 '''
 
 
-#: The ZooKeeper a hostile tenant runs (issue 27): accepts on port 2181, never answers, and
-#: prints every connection and every byte it is sent (hex), so a test can tell whether the
-#: operator ever connected or sent its admin digest.
-SILENT_LISTENER = '''
-import json, selectors, socket, sys
+#: The ZooKeeper a hostile tenant runs (issue 27): listens on port 2181, answers a client's
+#: first packet with a ZooKeeper ConnectResponse (session 1), so that a ZooKeeper client goes on
+#: to send its `addauth` digest, then answers nothing more; prints every connection and every
+#: byte it is sent (hex), so a test sees whether the operator connected or sent its password.
+FAKE_ZOOKEEPER = '''
+import json, selectors, socket, struct
 
+CONNECT_RESPONSE = struct.pack(">iiiqi16s?", 37, 0, 10000, 1, 16, bytes(16), False)
 server = socket.create_server(("", 2181), backlog=64)
 selector = selectors.DefaultSelector()
 selector.register(server, selectors.EVENT_READ)
+answered = set()
 print(json.dumps({"listening": 2181}), flush=True)
 while True:
     for key, _ in selector.select():
@@ -216,11 +219,17 @@ while True:
             data = b""
         if not data:
             selector.unregister(key.fileobj)
+            answered.discard(key.fileobj)
             key.fileobj.close()
             continue
         print(json.dumps({"peer": key.data, "hex": data.hex()}), flush=True)
+        if key.fileobj not in answered:
+            answered.add(key.fileobj)
+            try:
+                key.fileobj.sendall(CONNECT_RESPONSE)
+            except OSError:
+                pass
 '''
-
 
 def config_map(name: str, namespace: str, script: str) -> dict[str, Any]:
     return {"apiVersion": "v1", "kind": "ConfigMap",
@@ -345,15 +354,15 @@ def json_lines(text: str) -> list[dict[str, Any]]:
     return found
 
 
-def silent_listener(namespace: str, image: str, name: str) -> list[dict[str, Any]]:
-    """ConfigMap, Deployment and Service ``name`` (port 2181): ``SILENT_LISTENER``, the
+def fake_zookeeper(namespace: str, image: str, name: str) -> list[dict[str, Any]]:
+    """ConfigMap, Deployment and Service ``name`` (port 2181): ``FAKE_ZOOKEEPER``, the
     ZooKeeper a tenant runs in its own namespace. No probe: a probe's connections would be
     recorded as clients."""
     labels = {"app": name}
     spec = _pod_spec(name, image, [])
     spec["containers"][0]["ports"] = [{"containerPort": 2181}]
     return [
-        config_map(name, namespace, SILENT_LISTENER),
+        config_map(name, namespace, FAKE_ZOOKEEPER),
         {"apiVersion": "apps/v1", "kind": "Deployment",
          "metadata": {"name": name, "namespace": namespace},
          "spec": {"replicas": 1, "selector": {"matchLabels": labels},
