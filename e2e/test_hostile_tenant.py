@@ -139,7 +139,7 @@ def _admin_password(kube: Kube, tenants: Tenants) -> str:
     return base64.b64decode(secret["data"]["admin-password"]).decode()
 
 
-def _listener_log(kube: Kube, namespace: str) -> list[dict[str, Any]]:
+def _fake_zookeeper_log(kube: Kube, namespace: str) -> list[dict[str, Any]]:
     logs = kube.kubectl("logs", "deployment/zookeeper", "-n", namespace, "--tail=-1").stdout
     return workloads.json_lines(logs)
 
@@ -191,14 +191,13 @@ def test_a_hostile_tenant_gets_nothing_while_the_victim_keeps_delivering(
                                                  "signingSecretRef": {"name": secret,
                                                                       "key": secret}}}),
                victim_ns)
-    hostile_topics: dict[str, str] = {}
     try:
         _wait_topic_ready(kube, victim_ns, VICTIM)
         service_pods = {p["metadata"]["name"] for p in _wait_pods_ready(
             kube, victim_ns, f"delayq.io/topic={VICTIM}", 4)
             if "-service-" in p["metadata"]["name"]}
         _wait_pods_ready(kube, victim_ns, "app=receiver", 1)
-        kube.wait(lambda: any("listening" in e for e in _listener_log(kube, hostile_ns)),
+        kube.wait(lambda: any("listening" in e for e in _fake_zookeeper_log(kube, hostile_ns)),
                   timeout_s=120, what="the tenant's fake ZooKeeper listening")
         before = _trees(kube, tenants)
         _produce(kube, tenants.install, VICTIM, "steady", 400, start_ms=5000, spread_ms=40000)
@@ -253,13 +252,13 @@ def test_a_hostile_tenant_gets_nothing_while_the_victim_keeps_delivering(
 
         # the fake ZooKeeper saw nothing of the operator; a probe from the operator's own pod
         # shows it was reachable and records what it is sent
-        assert not [e for e in _listener_log(kube, hostile_ns) if "connection" in e]
+        assert not [e for e in _fake_zookeeper_log(kube, hostile_ns) if "connection" in e]
         probe = f"probe-{secrets.token_hex(4)}"
         leader = lease_holder(kube, tenants.install.namespace).rsplit("_", 1)[0]
         _in_pod(kube, tenants.install.namespace, leader, PROBE, f"zookeeper.{hostile_ns}.svc",
                 "2181", probe)
         kube.wait(lambda: any(e.get("hex") == probe.encode().hex()
-                              for e in _listener_log(kube, hostile_ns)),
+                              for e in _fake_zookeeper_log(kube, hostile_ns)),
                   timeout_s=30, what="the probe recorded by the fake ZooKeeper")
 
         _produce(kube, tenants.install, VICTIM, "after", 100, start_ms=2000, spread_ms=5000)
@@ -305,14 +304,14 @@ def test_a_hostile_tenant_gets_nothing_while_the_victim_keeps_delivering(
             assert -1 not in assignment["slots"], assignment
         assert not after["hostile"], f"namespace B has a tree: {after['hostile']}"
 
-        log = _listener_log(kube, hostile_ns)
+        log = _fake_zookeeper_log(kube, hostile_ns)
         assert len([e for e in log if "connection" in e]) == 1, log  # the probe's, no other
         received = b"".join(bytes.fromhex(e["hex"]) for e in log if "hex" in e)
         assert received == probe.encode(), received  # no handshake, no digest: the probe only
         assert _admin_password(kube, tenants).encode() not in received
     except Exception:
         print(kube.kubectl("get", "events", "-n", hostile_ns, check=False).stdout)
-        recorded = _listener_log(kube, hostile_ns)
+        recorded = _fake_zookeeper_log(kube, hostile_ns)
         sent = b"".join(bytes.fromhex(e["hex"]) for e in recorded if "hex" in e)
         print(f"--- the fake ZooKeeper recorded {recorded}; the admin password among the "
               f"bytes: {_admin_password(kube, tenants).encode() in sent}")
