@@ -193,6 +193,44 @@ print(json.dumps({"consumed": len(seen)}), flush=True)
 '''
 
 
+#: The ZooKeeper a hostile tenant runs (issue 27): listens on port 2181, answers a client's
+#: first packet with a ZooKeeper ConnectResponse (session 1), so that a ZooKeeper client goes on
+#: to send its `addauth` digest, then answers nothing more; prints every connection and every
+#: byte it is sent (hex), so a test sees whether the operator connected or sent its password.
+FAKE_ZOOKEEPER = '''
+import json, selectors, socket, struct
+
+CONNECT_RESPONSE = struct.pack(">iiiqi16s?", 37, 0, 10000, 1, 16, bytes(16), False)
+server = socket.create_server(("", 2181), backlog=64)
+selector = selectors.DefaultSelector()
+selector.register(server, selectors.EVENT_READ)
+answered = set()
+print(json.dumps({"listening": 2181}), flush=True)
+while True:
+    for key, _ in selector.select():
+        if key.fileobj is server:
+            peer, address = server.accept()
+            selector.register(peer, selectors.EVENT_READ, address[0])
+            print(json.dumps({"connection": address[0]}), flush=True)
+            continue
+        try:
+            data = key.fileobj.recv(65536)
+        except OSError:
+            data = b""
+        if not data:
+            selector.unregister(key.fileobj)
+            answered.discard(key.fileobj)
+            key.fileobj.close()
+            continue
+        print(json.dumps({"peer": key.data, "hex": data.hex()}), flush=True)
+        if key.fileobj not in answered:
+            answered.add(key.fileobj)
+            try:
+                key.fileobj.sendall(CONNECT_RESPONSE)
+            except OSError:
+                pass
+'''
+
 def config_map(name: str, namespace: str, script: str) -> dict[str, Any]:
     return {"apiVersion": "v1", "kind": "ConfigMap",
             "metadata": {"name": name, "namespace": namespace},
@@ -314,3 +352,22 @@ def json_lines(text: str) -> list[dict[str, Any]]:
             except json.JSONDecodeError:
                 continue
     return found
+
+
+def fake_zookeeper(namespace: str, image: str, name: str) -> list[dict[str, Any]]:
+    """ConfigMap, Deployment and Service ``name`` (port 2181): ``FAKE_ZOOKEEPER``, the
+    ZooKeeper a tenant runs in its own namespace. No probe: a probe's connections would be
+    recorded as clients."""
+    labels = {"app": name}
+    spec = _pod_spec(name, image, [])
+    spec["containers"][0]["ports"] = [{"containerPort": 2181}]
+    return [
+        config_map(name, namespace, FAKE_ZOOKEEPER),
+        {"apiVersion": "apps/v1", "kind": "Deployment",
+         "metadata": {"name": name, "namespace": namespace},
+         "spec": {"replicas": 1, "selector": {"matchLabels": labels},
+                  "template": {"metadata": {"labels": labels}, "spec": spec}}},
+        {"apiVersion": "v1", "kind": "Service",
+         "metadata": {"name": name, "namespace": namespace},
+         "spec": {"selector": labels, "ports": [{"port": 2181, "targetPort": 2181}]}},
+    ]
