@@ -21,7 +21,7 @@ from delayq.queue.keys import Part, slot_keys
 from delayq.queue.model import Message, Mode, Retry, ScheduleRequest, State, Target
 from delayq.queue.topic import MAX_DELAY_MS, Topic
 
-from .conftest import TOPIC, server_ms, wait_for_server_ms
+from .conftest import TOPIC, MakeQueue, server_ms, wait_for_server_ms
 
 HOUR_MS = 3_600_000
 TEN_YEARS_MS = 10 * 366 * 24 * HOUR_MS
@@ -389,6 +389,23 @@ def test_nack_backoff_is_honoured_exactly(queue: Queue, redis_client: redis.Redi
         claimed = batch.messages
         assert not claimed or batch.now_ms >= outcome.at_ms
     assert [(m.id, m.attempt) for m in claimed] == [("a", 2)]
+
+
+@pytest.mark.parametrize("max_retries", [0, 1])
+def test_max_retries_counts_retries_after_the_first_delivery(
+    make_queue: MakeQueue, max_retries: int
+) -> None:
+    """`maxRetries` is what its name says (the CRD, docs/service.md): retries after the first
+    delivery, so 1 + maxRetries deliveries in all; 0 retries nothing."""
+    queue = make_queue(max_retries=max_retries)
+    queue.schedule("a", b"", delay_ms=0)
+    slot = queue.topic.slot_of("a")
+    epoch = queue.take_over(slot)
+    deliveries = 0
+    while (messages := queue.claim(slot, epoch).messages):
+        deliveries += 1
+        queue.nack(messages[0].lease, reason="failed")
+    assert (deliveries, queue.get("a").state) == (1 + max_retries, State.DEAD)
 
 
 def test_retries_exhausted_go_dead_then_redrive(queue: Queue) -> None:
