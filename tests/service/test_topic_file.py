@@ -20,13 +20,15 @@ from delayq.service.topic_file import TopicFile, read_topic_file
 
 EXAMPLES = sorted((Path(__file__).resolve().parents[2] / "examples" / "valid").glob("*.yaml"))
 POD_ENV = {"POD_NAME": "orders-service-2", "DELAYQ_REDIS_PASSWORD": "p@ss/word"}
+#: The operator's context, allowing the ensemble an example names (kube/ensembles.py)
+CONTEXT = BuildContext(zookeeper_allowed_ensembles=("zk-0.zk:2181,zk-1.zk:2181,zk-2.zk:2181",))
 
 
 def operator_file(path: Path) -> TopicFile:
     manifest = yaml.safe_load(path.read_text())
     metadata = manifest["metadata"]
     spec = parse_spec(metadata["name"], metadata.get("namespace", "default"), manifest["spec"])
-    return topic_file(spec, BuildContext(), spec.slot_amount)
+    return topic_file(spec, CONTEXT, spec.slot_amount)
 
 
 def service_config(file: TopicFile) -> ServiceConfig:
@@ -50,9 +52,9 @@ def test_the_config_map_the_operator_writes_parses_back_to_the_same_file(example
     manifest = yaml.safe_load(example.read_text())
     metadata = manifest["metadata"]
     spec = parse_spec(metadata["name"], metadata.get("namespace", "default"), manifest["spec"])
-    text = config_map(spec, BuildContext(), spec.slot_amount)["data"][CONFIG_KEY]
+    text = config_map(spec, CONTEXT, spec.slot_amount)["data"][CONFIG_KEY]
     parsed = TopicFile.from_json(text)
-    assert parsed == topic_file(spec, BuildContext(), spec.slot_amount)
+    assert parsed == topic_file(spec, CONTEXT, spec.slot_amount)
     assert parsed.to_json() == text
 
 
