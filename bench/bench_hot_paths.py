@@ -2,6 +2,7 @@
 revision in the same run (one throw-away redis-server, JSON on stdout).
 
     python bench/bench_hot_paths.py [--baseline REV] [--rounds 3] [--messages 100000]
+                                    [--slots 16] [--workloads producer,delivery,python]
                                     [--output FILE]
 
 * producer: `AsyncQueue.schedule_many` in batches of 1,000 with 2 calls in flight, the
@@ -10,15 +11,19 @@ revision in the same run (one throw-away redis-server, JSON on stdout).
 * delivery: the messages due at once (bench_engine.py's `schedule_at`, 32-byte payloads), then
   a `Consumer` with the documented defaults (`ConsumerSettings()`, 16 slots) and a no-op handler
   drains them (bench_engine.py's `consume_until`): claim -> handler -> ack, messages per second
-  from the first handler call to the last;
+  from the first handler call to the last (`--slots 16,1024` runs both paths on a topic of each
+  size);
 * python: the pure-Python steps of both paths, without Redis (`run_python`).
 
 Each figure also comes as CPU time per message, of the Python process and of redis-server (its
 `INFO cpu` around the timed part), with Redis's time per message in the scripts and the commands
 they call (`INFO commandstats`): on a shared machine the rates swing with the neighbours' load,
 CPU per message much less. `--baseline REV` exports `operator/` of that revision (git archive)
-and runs the same workloads with it, alternating with this tree round by round; the report has
-the median of the rounds and this tree's ratio to the baseline.
+and runs the same workloads with it, taking turns with this tree workload by workload (which
+goes first alternates by round); the report has the median of the rounds, this tree's ratio to
+the baseline (of the medians), and the ratio round by round (median, lowest, highest: the two
+ran back to back, so a round's ratio saw one moment of the host's load). Every run carries the
+1-minute load average at its end; `machine` has `uptime` at the start, `uptime_at_end` after.
 """
 
 from __future__ import annotations
@@ -27,6 +32,7 @@ import argparse
 import asyncio
 import json
 import os
+import platform
 import statistics
 import subprocess
 import sys
@@ -40,19 +46,38 @@ from typing import Any
 
 import redis
 
-from bench_engine import consume_until, fresh_topic, schedule_at
+from bench_engine import consume_until, schedule_at
 from bench_peers import TOPIC, Workload, delayq_batches
 from delayq.local.redis_server import RedisServer
-from delayq.queue import AsyncQueue, ConsumerSettings, Mode, ScheduleRequest, plans
+from delayq.queue import AsyncQueue, ConsumerSettings, Mode, ScheduleRequest, Topic, plans
 from delayq.queue.packing import pack
 from delayq.queue.plans import Plan
 
 BENCH = Path(__file__).resolve().parent
 REPOSITORY = BENCH.parent  # a worker imports `delayq` from its tree (PYTHONPATH)
 WORKLOADS = ("producer", "delivery", "python")
-# what the hot scripts call, each reported as Redis's time in it per message
-REDIS_COMMANDS = ("fcall", "zadd", "zrem", "zmscore", "zrangebyscore", "hmget", "hset", "hdel")
+# what the hot scripts call (a baseline before the functions library ran EVALSHA), each reported
+# as Redis's time in it per message
+REDIS_COMMANDS = (
+    "fcall",
+    "evalsha",
+    "exists",
+    "zadd",
+    "zrem",
+    "zmscore",
+    "zrangebyscore",
+    "hmget",
+    "hset",
+    "hdel",
+)
 PAYLOAD = b"x" * 40
+# compared round by round
+RATIO_KEYS = (
+    "msg_per_s",
+    "python_cpu_us_per_msg",
+    "redis_cpu_us_per_msg",
+    "redis_transitions_us_per_msg",
+)
 
 
 def redis_cpu_s(client: redis.Redis) -> float:
@@ -81,17 +106,21 @@ def measure(url: str, messages: int, timed: Callable[[], float]) -> dict[str, fl
         "msg_per_s": round(rate),
         "python_cpu_us_per_msg": round(python_s / messages * 1e6, 2),
         "redis_cpu_us_per_msg": round(redis_s / messages * 1e6, 2),
+        # the transitions' own time, whether they ran as functions or as scripts
+        "redis_transitions_us_per_msg": round(
+            commands["redis_fcall_us_per_msg"] + commands["redis_evalsha_us_per_msg"], 2
+        ),
         **commands,
     }
 
 
-def run_producer(url: str, messages: int) -> dict[str, float]:
+def run_producer(url: str, messages: int, slots: int) -> dict[str, float]:
     workload = Workload("producer", "batch", messages, lead_ms=0, window_ms=10_000)
     start_ms = int(time.time() * 1000) + 3_600_000
 
     def timed() -> float:
         async def produce() -> float:
-            queue = AsyncQueue.from_url(url, fresh_topic(TOPIC))
+            queue = AsyncQueue.from_url(url, Topic(TOPIC, slot_amount=slots))
             began = time.perf_counter()
             await delayq_batches(queue, workload, start_ms)
             elapsed = time.perf_counter() - began
@@ -103,8 +132,8 @@ def run_producer(url: str, messages: int) -> dict[str, float]:
     return measure(url, messages, timed)
 
 
-def run_delivery(url: str, messages: int) -> dict[str, float]:
-    topic = fresh_topic(TOPIC)
+def run_delivery(url: str, messages: int, slots: int) -> dict[str, float]:
+    topic = Topic(TOPIC, slot_amount=slots)
     schedule_at(url, topic, [1_000] * messages, "msg")  # 12-byte ids, all due
 
     def timed() -> float:
@@ -116,12 +145,12 @@ def run_delivery(url: str, messages: int) -> dict[str, float]:
     return measure(url, messages, timed)
 
 
-def run_python(url: str, messages: int) -> dict[str, float]:
+def run_python(url: str, messages: int, slots: int) -> dict[str, float]:
     """The pure-Python steps of both paths, µs per message (best of 3, no Redis): what the
     producer's and the consumer's CPU per message is made of, besides asyncio and redis-py.
-    Batches of 1,000 requests on 16 slots; claims of 125 messages (the default consumer's share
-    per slot) acked in one call each."""
-    topic = fresh_topic(TOPIC)
+    Batches of 1,000 requests on `slots` slots; claims of 125 messages (the default consumer's
+    share of 16 slots) acked in one call each."""
+    topic = Topic(TOPIC, slot_amount=slots)
     batches = range(0, messages, 1_000)
     at_ms = 2_000_000_000_000
 
@@ -197,23 +226,51 @@ def exported(revision: str) -> Iterator[Path]:
         yield Path(directory)
 
 
-def run_worker(tree: Path, workload: str, url: str, messages: int) -> dict[str, float]:
-    """One workload in a fresh interpreter importing `delayq` from `tree`."""
+def run_worker(tree: Path, workload: str, url: str, messages: int, slots: int) -> dict[str, float]:
+    """One workload in a fresh interpreter importing `delayq` from `tree`, with the 1-minute
+    load average at its end."""
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tree / "operator"), str(BENCH)])}
     command = [sys.executable, __file__, "--worker", workload, "--url", url]
     done = subprocess.run(
-        [*command, "--messages", str(messages)], env=env, check=True, capture_output=True
+        [*command, "--messages", str(messages), "--slots", str(slots)],
+        env=env,
+        check=True,
+        capture_output=True,
     )
     result: dict[str, float] = json.loads(done.stdout)
-    return result
+    return result | {"loadavg_1m": round(os.getloadavg()[0], 2)}
 
 
 def ratio(new: float, old: float) -> float | None:
-    return round(new / old, 2) if old else None
+    return round(new / old, 3) if old else None
 
 
 def summary(runs: list[dict[str, float]]) -> dict[str, float]:
     return {key: round(statistics.median(run[key] for run in runs), 2) for key in runs[0]}
+
+
+def per_round(new: list[dict[str, float]], old: list[dict[str, float]]) -> dict[str, Any]:
+    """This tree's ratio to the baseline round by round (the two ran back to back): the median,
+    the lowest and the highest, of the figures present in the workload."""
+    figures: dict[str, Any] = {}
+    for key in (k for k in RATIO_KEYS if k in new[0]):
+        ratios = [r for a, b in zip(new, old, strict=True) if (r := ratio(a[key], b[key]))]
+        figures[key] = {
+            "median": round(statistics.median(ratios), 3),
+            "min": min(ratios),
+            "max": max(ratios),
+            "rounds": ratios,
+        }
+    return figures
+
+
+def machine() -> dict[str, Any]:
+    return {
+        "cpus": os.cpu_count(),
+        "platform": platform.platform(),
+        "python": platform.python_version(),
+        "uptime": subprocess.run(["uptime"], capture_output=True, text=True).stdout.strip(),
+    }
 
 
 def main() -> None:
@@ -221,48 +278,61 @@ def main() -> None:
     parser.add_argument("--baseline", help="a git revision measured in the same run")
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--messages", type=int, default=100_000)
+    parser.add_argument(
+        "--slots", default="16", help="the topics' slot amounts, comma-separated (16,1024)"
+    )
+    parser.add_argument("--workloads", default=",".join(WORKLOADS), help="comma-separated")
     parser.add_argument("--output", type=Path, help="also write the JSON here")
     parser.add_argument("--worker", choices=WORKLOADS, help=argparse.SUPPRESS)
     parser.add_argument("--url", help=argparse.SUPPRESS)
     args = parser.parse_args()
+    slot_amounts = [int(n) for n in args.slots.split(",")]
     if args.worker:
         worker = {"producer": run_producer, "delivery": run_delivery, "python": run_python}
-        print(json.dumps(worker[args.worker](args.url, args.messages)))
+        print(json.dumps(worker[args.worker](args.url, args.messages, slot_amounts[0])))
         return
+    workloads = args.workloads.split(",")
+    if unknown := set(workloads) - set(WORKLOADS):
+        parser.error(f"--workloads: unknown {', '.join(sorted(unknown))}")
+    # one entry per workload and topic size, "delivery@1024"
+    cases = [(w, slots) for slots in slot_amounts for w in workloads]
 
     baseline_tree = exported(args.baseline) if args.baseline else nullcontext(None)
     with RedisServer() as server, baseline_tree as baseline:
         trees = {"this tree": REPOSITORY} | ({"baseline": baseline} if baseline else {})
         client = redis.Redis.from_url(server.url)
+        redis_server = client.info("server")
         runs: dict[str, dict[str, list[dict[str, float]]]] = {
-            name: {w: [] for w in WORKLOADS} for name in trees
+            name: {f"{w}@{slots}": [] for w, slots in cases} for name in trees
         }
-        load_start = os.getloadavg()[0]
+        machine_at_start = machine()
         for round_number in range(args.rounds):
             order = list(trees.items())
-            for name, tree in order if round_number % 2 == 0 else order[::-1]:
-                for workload in WORKLOADS:
+            for workload, slots in cases:
+                for name, tree in order if round_number % 2 == 0 else order[::-1]:
                     client.flushall()
-                    runs[name][workload].append(
-                        run_worker(tree, workload, server.url, args.messages)
+                    runs[name][f"{workload}@{slots}"].append(
+                        run_worker(tree, workload, server.url, args.messages, slots)
                     )
         client.close()
     results: dict[str, Any] = {
-        "machine": {
-            "cpus": os.cpu_count(),
-            "loadavg_1m_at_start": load_start,
-            "loadavg_1m_at_end": os.getloadavg()[0],
-        },
+        "machine": machine_at_start,
+        "uptime_at_end": machine()["uptime"],
+        "redis_server": {k: redis_server[k] for k in ("redis_version", "redis_build_id")},
         "messages": args.messages,
         "rounds": args.rounds,
         "baseline": args.baseline,
-        "median": {name: {w: summary(r) for w, r in per.items()} for name, per in runs.items()},
+        "median": {name: {c: summary(r) for c, r in per.items()} for name, per in runs.items()},
         "runs": runs,
     }
     if args.baseline:
         new, old = results["median"]["this tree"], results["median"]["baseline"]
         results["ratio_to_baseline"] = {
-            w: {key: ratio(new[w][key], old[w][key]) for key in new[w]} for w in WORKLOADS
+            c: {key: ratio(new[c][key], old[c][key]) for key in new[c] if key != "loadavg_1m"}
+            for c in new
+        }
+        results["ratio_per_round"] = {
+            c: per_round(runs["this tree"][c], runs["baseline"][c]) for c in new
         }
     text = json.dumps(results, indent=2)
     print(text)
