@@ -670,15 +670,28 @@ def test_a_topic_grows_to_2_brokers_and_32_slots_on_real_pods(
                   timeout_s=180, what="the grown topic's pods gone")
 
 
+#: `ls` of argv 1 with the operator's admin login, run in an operator pod: the parents of the
+#: topics' trees are listable by the operator alone (coordination/acl.py `parent_acl`).
+ZOOKEEPER_LS = """
+import json, os, sys
+from kazoo.client import KazooClient
+from kazoo.exceptions import NoNodeError
+login = "delayq-operator:" + os.environ["DELAYQ_ZOOKEEPER_ADMIN_PASSWORD"]
+client = KazooClient(hosts=os.environ["DELAYQ_ZOOKEEPER"], auth_data=[("digest", login)])
+client.start(timeout=30)
+try:
+    print(json.dumps(client.get_children(sys.argv[1])))
+except NoNodeError:
+    print("[]")
+client.stop()
+"""
+
+
 def _zookeeper_children(kube: Kube, install: Install, path: str) -> list[str]:
-    """`ls <path>` through ZooKeeper's own CLI class in its pod (names are world-readable)."""
-    result = kube.kubectl(
-        "exec", f"{FULLNAME}-zookeeper-0", "-n", install.namespace, "--", "java",
-        "-cp", "/usr/share/java/zookeeper.jar:/usr/share/java/slf4j-simple.jar",
-        "org.apache.zookeeper.ZooKeeperMain", "-server", "127.0.0.1:2181", "ls", path,
-        check=False)
-    lines = [line for line in result.stdout.splitlines() if line.startswith("[")]
-    return lines[-1].strip("[]").replace(" ", "").split(",") if lines else []
+    """The children of ZooKeeper's `path`, as the operator (the leader's pod) sees them."""
+    out = _in_pod(kube, install.namespace, _leader_pod(kube, install), ZOOKEEPER_LS, path)
+    children: list[str] = json.loads(out.strip().splitlines()[-1])
+    return children
 
 
 def test_deleting_the_topic_and_uninstalling_leave_nothing_behind(

@@ -102,10 +102,15 @@ class Growing:
     def play(self, broker: int, first: Callable[[redis.Redis], object] | None = None) -> None:
         """Broker `broker`'s pod (and master Service) is played by brokers[broker]; `first` is
         done on its Redis (as its admin) before the operator can reach it."""
-        pods = self.kube.wait(lambda: all_pods_running(self.kube, self.ns, TOPIC),
-                              timeout_s=120, what="the topic's pods Running")
-        ip = next(p["status"]["podIP"] for p in pods
-                  if p["metadata"]["name"] == f"{TOPIC}-redis-{broker}-0")
+        name = f"{TOPIC}-redis-{broker}-0"
+
+        def its_ip() -> str | None:
+            pods = all_pods_running(self.kube, self.ns, TOPIC) or []
+            return next((p["status"]["podIP"] for p in pods if p["metadata"]["name"] == name),
+                        None)
+
+        # the broker's StatefulSet may not have made its pod yet when the others run
+        ip = self.kube.wait(its_ip, timeout_s=120, what=f"{name} Running")
         self.brokers[broker].start()
         like_a_broker_pod(self.kube, self.ns, TOPIC, self.brokers[broker].port)
         if first is not None:

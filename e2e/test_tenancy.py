@@ -111,7 +111,7 @@ def test_a_zookeeper_the_tenant_runs_never_sees_the_operator(
     listener; a chroot into another topic's tree is refused by the API server. A topic on the
     platform's ensemble is provisioned meanwhile."""
     ns = f"e2e-zk-{secrets.token_hex(3)}"
-    kube.kubectl("create", "namespace", ns)
+    tenant_namespace(kube, chart_release, ns)
     workdir = tmp_path_factory.mktemp("zk-thief")
     env = chart_env(kube, chart_release, zookeeper)
     op = LocalOperator(

@@ -23,7 +23,7 @@ import redis
 
 from delayq.local.ports import free_port
 from delayq.local.waiting import wait_until
-from delayq.queue import acl
+from delayq.queue import acl, functions
 from e2e.harness.kube import Kube
 from e2e.harness.process import INTERVAL_S, NOT_YET, REPO, ManagedProcess
 from e2e.harness.topics import topic_secret
@@ -31,7 +31,8 @@ from e2e.harness.topics import topic_secret
 
 def like_a_broker_pod(kube: Kube, namespace: str, topic: str, port: int) -> None:
     """Give a local redis-server the users a broker pod of the topic starts with: the rules
-    from the Redis StatefulSet's environment, the passwords from the topic's Secret."""
+    from the Redis StatefulSet's environment, the passwords from the topic's Secret; and the
+    engine's functions library, loaded as the admin user."""
     statefulset = kube.get("statefulset", f"{topic}-redis-0", namespace)
     assert statefulset is not None
     env = {item["name"]: item.get("value", "") for item in
@@ -46,6 +47,8 @@ def like_a_broker_pod(kube: Kube, namespace: str, topic: str, port: int) -> None
         server.config_set("masteruser", env["ADMIN_USER"])
         server.config_set("masterauth", admin_password)
         server.execute_command("ACL", "SETUSER", "default", "off")
+    with admin(port, admin_password) as client:
+        functions.load(client)  # as the operator's health pass does on the masters it reaches
 
 
 def admin(port: int, admin_password: str) -> redis.Redis:
