@@ -136,6 +136,8 @@ class DelayService:
         await self._load_routing()
         if self.resharded.is_set():
             return  # nothing started: `serve` starts the service of the new slots instead
+        for queue in self.queues:  # a broker down at start: `serve` exits 1, the pod restarts
+            await queue.redis.ping()  # (once running, a slot it fails on is retried alone)
         if self.topic.topic_type is TopicType.PULL:
             self.leaser = PullLeaser(self.brokers)
             self.leaser.start()
