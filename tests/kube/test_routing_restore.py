@@ -400,7 +400,7 @@ async def test_a_pass_beside_an_abandoned_move_leaves_the_copy_to_it(
     not write its older read over the copy the move patched before its switch."""
     await grown_topic(api, ctx, zk, redis_pods, masters, logger, maxConcurrentMoves=1)
     with redis_pods.client(MASTERS[1]) as target:
-        target.client_pause(3000, all=False)  # the target's writes wait: the copy hangs
+        target.client_pause(60_000, all=False)  # the target's writes wait: the copy hangs
     first = asyncio.create_task(health(api, ctx, logger))
     orders = parse_body(body(api))  # the pass is abandoned once its move runs, as by the loop
     await eventually(lambda: resharding.moving(orders), 30.0, "the first pass's move to start")
@@ -410,6 +410,8 @@ async def test_a_pass_beside_an_abandoned_move_leaves_the_copy_to_it(
     write_status(api, {"routing": None})  # a copy the pass would write, were it allowed
     await health(api, ctx, logger)  # beside the abandoned move
     assert recorded(api) is None
+    with redis_pods.client(MASTERS[1]) as target:
+        target.client_unpause()  # the move goes on: it patches the copy, then switches
     mover = SlotMover(zk, TopicPaths(NAMESPACE, "orders"), masters)
     await eventually(lambda: not mover.migrations(), 10.0, "the abandoned move to end")
     moved = published_routing(zk)
