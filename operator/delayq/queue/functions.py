@@ -55,6 +55,8 @@ VERSION_FUNCTION = "version"
 SHEBANG = re.compile(r"\A#!lua(?: flags=([\w,-]*))?\n")
 #: Redis's answer to an FCALL of a function it does not have.
 NOT_FOUND_TEXT = "Function not found"
+#: Redis's answer to a FUNCTION DELETE of a library it does not have.
+_NO_LIBRARY_TEXT = "Library not found"
 _ALREADY_EXISTS_TEXT = "already exists"
 
 
@@ -241,6 +243,31 @@ async def load_async(client: redis.asyncio.Redis) -> bool:
         return _loaded(await client.function_load(library().source))
     except redis.ResponseError as error:
         return _loaded(error)
+
+
+def _text(value: object) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value)
+
+
+async def loaded_async(client: redis.asyncio.Redis) -> list[str]:
+    """The names of every delayq library the broker holds, of any version (FUNCTION LIST:
+    admin rights)."""
+    reply = await client.function_list(library=f"{LIBRARY_PREFIX}*")
+    names = []
+    for entry in reply or []:
+        if not isinstance(entry, dict):  # RESP2: [key, value, ...] per library; RESP3: a map
+            entry = dict(zip(entry[::2], entry[1::2], strict=True))
+        names += [_text(v) for k, v in entry.items() if _text(k) == "library_name"]
+    return names
+
+
+async def delete_async(client: redis.asyncio.Redis, name: str) -> None:
+    """FUNCTION DELETE the library `name` (admin rights); one already gone is no error."""
+    try:
+        await client.function_delete(name)
+    except redis.ResponseError as error:
+        if _NO_LIBRARY_TEXT not in str(error):
+            raise
 
 
 async def ensure_async(client: redis.asyncio.Redis) -> bool:

@@ -5,7 +5,8 @@ Runs from the leader's health loop (healthloop.py) for every provisioned, unpaus
 on a kopf timer: see healthloop.py). It reads the Redis pods of each broker, lets
 failover.decide() pick the master, applies that decision (REPLICAOF commands and the master's
 record and EndpointSlice: master_endpoint.py, or the planned switchover of a stopping master:
-switchover.py), then reports per-broker state,
+switchover.py), loads the engine's functions library and deletes old ones nobody calls
+(libraries.py), then reports per-broker state,
 slot ownership, depths and the copy of the routing (`status.routing`, published again when
 ZooKeeper lost the node: restore.py). The status is patched only when it changed
 (status.status_patch).
@@ -33,6 +34,7 @@ from delayq.kube.events import WARNING, TopicEvent
 from delayq.kube.failover import Decision, RedisPod, decide
 from delayq.kube.handlers.restore import read_or_restore
 from delayq.kube.handlers.switchover import switch_over
+from delayq.kube.libraries import delete_unused_libraries, libraries_in_use
 from delayq.kube.master_endpoint import publish_master, recorded_masters
 from delayq.kube.redisctl import BrokerMemory
 from delayq.kube.resharding import MOVE_ERRORS, moving, reshard, services_rolled
@@ -108,6 +110,8 @@ async def health_pass(
     slot_stats: list[SlotStats] = []
     memory: dict[int, BrokerMemory] = {}  # of the brokers whose master answered
     actions: list[TopicEvent] = []
+    # the functions library each live member calls (None: unknown, ZooKeeper down included)
+    libraries = None if owned is None else await libraries_in_use(ctx, spec, logger)
     for broker in range(spec.brokers):
         seen = await observe_broker(
             ctx,
@@ -125,6 +129,10 @@ async def health_pass(
         actions += seen.events
         if seen.memory is not None:
             memory[broker] = seen.memory
+        if seen.master_address is not None and libraries is not None:
+            await delete_unused_libraries(
+                ctx, spec, broker, seen.master_address, password, libraries, logger
+            )
     serving = all(entry["state"] == "Ready" for entry in brokers)
     resharding = None
     rolled = serving and services_rolled(
@@ -270,12 +278,14 @@ async def slot_view(
 @dataclass(frozen=True)
 class BrokerObservation:
     """One broker after its pass: status entry, its slots' stats, its master's memory (None
-    without a serving master or when the read failed), Events for what was done to it."""
+    without a serving master or when the read failed), Events for what was done to it, the
+    serving master's address (None without one)."""
 
     entry: dict[str, Any]
     stats: TopicStats
     memory: BrokerMemory | None
     events: list[TopicEvent]
+    master_address: str | None
 
 
 async def observe_broker(
@@ -391,7 +401,8 @@ async def observe_broker(
         paused = await enforce_pause(ctx, spec, broker, master_address, password, logger)
         if paused is not None:
             entry["paused"] = paused
-    return BrokerObservation(entry, stats, memory, events)
+    served = master_address if serving and master_address else None
+    return BrokerObservation(entry, stats, memory, events, served)
 
 
 async def load_functions(
