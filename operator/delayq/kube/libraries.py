@@ -21,7 +21,7 @@ The grace covers clients that are not members: a member between ZooKeeper sessio
 is gone until it registers again), and producers and pipelines that log in to the brokers
 directly (`delayq pipeline ingest`, a `RoutedQueue`), which register nowhere. Those keep their
 library for LIBRARY_GRACE_S after the last pod of their version left; run them at the
-operator's version after an upgrade (docs/operator.md, "Upgrading").
+operator's version after an upgrade (docs/operator.md, "Changes, pause, deletion").
 """
 
 from __future__ import annotations

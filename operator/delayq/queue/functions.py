@@ -62,7 +62,8 @@ _ALREADY_EXISTS_TEXT = "already exists"
 
 class FunctionsMissingError(DelayqError, redis.ResponseError):
     """The broker lacks this version's functions library and this client may not load it (a
-    restricted user): the operator loads it on its next health pass. Nothing ran.
+    restricted user): the operator loads it on its next health pass when it runs this version
+    (it loads its own version's only, kube/libraries.py). Nothing ran.
 
     Still a redis-py `ResponseError`, so every loop that rides out a failing Redis (the
     consumers' claims, the API's 503 with Retry-After) rides this out too, without a
@@ -212,7 +213,8 @@ def is_missing(reply: object) -> bool:
 def missing_error(error: Exception) -> FunctionsMissingError:
     typed = FunctionsMissingError(
         f"the broker has no delayq functions library {library().name} and this user may not "
-        f"load it (the operator's health pass does): {error}"
+        "load it (the operator's health pass loads its own version's: a client of another "
+        f"version fails until it runs the operator's): {error}"
     )
     typed.__cause__ = error
     return typed
