@@ -397,6 +397,7 @@ async def test_health_deletes_a_functions_library_nobody_calls_after_a_grace(
     redis_pods: RedisPods,
     clock: Clock,
     logger: logging.Logger,
+    caplog: pytest.LogCaptureFixture,
 ) -> None:
     """Each version's library stays on the brokers until none of its clients is left: the
     operator's own and those live members name (an old pod of a rolling upgrade) are kept, and
@@ -433,6 +434,11 @@ async def test_health_deletes_a_functions_library_nobody_calls_after_a_grace(
     clock.now += 1
     await refresh(ctx, body(api), logger)
     assert loaded() == {current.name, old}  # the old pod still calls its own
+    with redis_pods.client("orders-redis-0-0") as master:
+        master.function_delete(old)  # lost anyway (FUNCTION FLUSH): only its pod has the code
+    caplog.clear()
+    await refresh(ctx, body(api), logger)
+    assert f"broker 0 lacks functions library {old} that a live member calls" in caplog.text
     zk.delete(paths.member("old"))
     await refresh(ctx, body(api), logger)
     clock.now += LIBRARY_GRACE_S
