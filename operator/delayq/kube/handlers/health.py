@@ -160,6 +160,8 @@ class TopicView:
 async def observe_topic(
     ctx: OperatorContext, body: Mapping[str, Any], spec: TopicSpec, logger: Logger
 ) -> TopicView:
+    """The topic's Secret, routing and slot ownership, recorded masters and the members'
+    functions libraries, read once per pass (ZooKeeper down: `owned` and `libraries` None)."""
     status = body.get("status") or {}
     applied = int(status["appliedSlotAmount"])
     abandoned = moving(spec)
@@ -386,6 +388,8 @@ async def tend_broker(
 async def observe_pods(
     ctx: OperatorContext, spec: TopicSpec, broker: int, password: str, recorded: str | None
 ) -> BrokerPods:
+    """The broker's Redis pods, each with its replication as it answers (None: silent) and
+    whether it is the recorded master."""
     raw_pods = await ctx.kube.list(
         "v1", "Pod", spec.namespace, naming.redis_selector(spec.name, broker)
     )
