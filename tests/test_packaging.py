@@ -1,5 +1,6 @@
 """Packaging: one version everywhere, a missing extra is a one-line error naming it, and the
-image installs exactly the hashed lock of what pyproject.toml declares."""
+images (the main one and the pipeline's) install exactly the hashed locks of what
+pyproject.toml declares."""
 
 from __future__ import annotations
 
@@ -91,6 +92,9 @@ def test_package_data_ships_the_dashboard():
 
 
 LOCK = ROOT / "requirements" / "image.txt"
+PIPELINE_LOCK = ROOT / "requirements" / "pipeline.txt"
+BUILD_LOCK = ROOT / "requirements" / "build.txt"  # the pipeline image's build backend
+DOCKERFILES = [ROOT / "Dockerfile", ROOT / "examples" / "pipeline" / "Dockerfile"]
 SBOM_PATH = "/usr/share/doc/delayq/sbom.cdx.json"  # in the image (docs/security.md)
 # The environment the lock is resolved for (scripts/lock.sh): the image's Python on Linux.
 IMAGE_MARKER_ENV = {"python_version": "3.11", "python_full_version": "3.11.0",
@@ -110,30 +114,39 @@ def locked_pins(lock: Path) -> dict[str, Version]:
     return pins
 
 
-def image_requirements() -> list[Requirement]:
-    """What the image installs, as pyproject.toml declares it: the core dependencies, the
-    `operator` extra and the build backend (the image builds delayq without build isolation)."""
+def image_requirements(extra: str) -> list[Requirement]:
+    """What an image installs, as pyproject.toml declares it: the core dependencies, its
+    extra and the build backend (the images build delayq without build isolation)."""
     project = tomllib.loads((ROOT / "pyproject.toml").read_text())
     declared = [
         *project["project"]["dependencies"],
-        *project["project"]["optional-dependencies"]["operator"],
+        *project["project"]["optional-dependencies"][extra],
         *project["build-system"]["requires"],
     ]
     requirements = [Requirement(line) for line in declared]
     return [r for r in requirements if r.marker is None or r.marker.evaluate(IMAGE_MARKER_ENV)]
 
 
-def test_the_image_lock_covers_every_declared_dependency_within_its_range():
-    """requirements/image.txt and pyproject.toml cannot drift apart: each dependency the image
-    needs is pinned, with a hash, at a version its declared range admits (a tightened range
-    or a new dependency fails here until scripts/lock.sh is run)."""
-    pins = locked_pins(LOCK)
-    for requirement in image_requirements():
+@pytest.mark.parametrize(
+    ("extra", "locks"), [("operator", [LOCK]), ("pipeline", [PIPELINE_LOCK, BUILD_LOCK])]
+)
+def test_the_image_lock_covers_every_declared_dependency_within_its_range(extra, locks):
+    """The locks and pyproject.toml cannot drift apart: each dependency an image needs is
+    pinned, with a hash, at a version its declared range admits (a tightened range or a new
+    dependency fails here until scripts/lock.sh is run)."""
+    pins = {name: pin for lock in locks for name, pin in locked_pins(lock).items()}
+    names = "+".join(lock.name for lock in locks)
+    for requirement in image_requirements(extra):
         name = canonicalize_name(requirement.name)
-        assert name in pins, f"{requirement} is not in {LOCK.name}: run scripts/lock.sh"
+        assert name in pins, f"{requirement} is not in {names}: run scripts/lock.sh"
         assert requirement.specifier.contains(pins[name], prereleases=True), (
-            f"{LOCK.name} pins {name}=={pins[name]}, outside {requirement}: run scripts/lock.sh"
+            f"{names} pins {name}=={pins[name]}, outside {requirement}: run scripts/lock.sh"
         )
+
+
+def test_both_images_build_with_one_build_backend():
+    """build.txt (the pipeline image's) is compiled against image.txt: the same pin."""
+    assert locked_pins(BUILD_LOCK).items() <= locked_pins(LOCK).items()
 
 
 def test_the_sbom_lists_every_locked_package():
@@ -154,18 +167,28 @@ def test_the_sbom_lists_every_locked_package():
     assert listed == locked_pins(LOCK)
 
 
-def test_the_dockerfile_installs_only_from_the_locks():
-    """Every `pip install` of the image build is hash-checked from a lock, or the project
-    itself without dependencies: nothing reaches the resolver."""
-    script = (ROOT / "Dockerfile").read_text().replace("\\\n", " ")
+@pytest.mark.parametrize("dockerfile", DOCKERFILES, ids=lambda path: path.parent.name)
+def test_the_dockerfile_installs_only_from_the_locks(dockerfile):
+    """Every `pip install` of an image build is hash-checked from a lock, or the project
+    itself without dependencies: nothing reaches the resolver. Wheels only, but for a package
+    named by --no-binary (pyspark has no wheel), built from its hashed sdist by the locked
+    build backend already installed (--no-build-isolation: no unpinned one is fetched)."""
+    lines = dockerfile.read_text().splitlines(keepends=True)
+    script = "".join(line for line in lines if not line.startswith("#")).replace("\\\n", " ")
     installs = re.findall(r"pip install ([^&;]*)", script)
     assert installs
+    installed: set[str] = set()  # by the installs before
     for arguments in installs:
         locked = "--require-hashes" in arguments and "-r requirements/" in arguments
         assert "--no-deps" in arguments, arguments
         assert locked or arguments.split()[-1] == ".", arguments
+        assert not locked or "--only-binary=:all:" in arguments, arguments
+        if "--no-binary" in arguments or not locked:  # builds: with the locked backend
+            assert "--no-build-isolation" in arguments, arguments
+            assert "setuptools" in installed, arguments
         for lock in re.findall(r"-r (\S+)", arguments):  # each a file of the repository
             assert (ROOT / lock).is_file(), lock
+            installed |= set(locked_pins(ROOT / lock))
 
 
 def test_the_image_carries_the_sbom_of_its_environment():

@@ -17,6 +17,7 @@ from delayq.coordination.layout import (
     decode_member,
     decode_routing,
     encode_member,
+    member_library,
     namespace_root,
     slots_of,
 )
@@ -42,14 +43,22 @@ def test_broker_index_is_the_trailing_number(name: str, index: int | None) -> No
 
 def test_member_round_trip_and_foreign_nodes() -> None:
     session = 0x1234
-    assert decode_member("m", encode_member("broker-1", 3, "pod"), session) == Member("m", 1, 3)
+    payload = encode_member("broker-1", 3, "pod", "delayq_1")
+    assert decode_member("m", payload, session) == Member("m", 1, 3)
     assert decode_member("m", b'{"capacity": 0}', session) == Member("m", None, 1)
     assert decode_member("m", b'{"capacity": "x"}', session) == Member("m")
     # no live member wrote these: never counted (a member always writes a JSON object)
-    assert decode_member("m", encode_member("broker-1", 3, "pod"), 0) is None  # persistent
+    assert decode_member("m", payload, 0) is None  # persistent
     assert decode_member("m", b"", session) is None
     assert decode_member("m", b"not json", session) is None
     assert decode_member("m", b"[1, 2]", session) is None
+
+
+def test_a_member_names_the_library_it_calls() -> None:
+    assert member_library(encode_member("broker-1", 3, "pod", "delayq_ab12")) == "delayq_ab12"
+    # a member of an older version names none: its library is unknown, not "no library"
+    for payload in (b'{"broker": "broker-0", "capacity": 1}', b'{"library": 7}', b"x", b"[]"):
+        assert member_library(payload) == ""
 
 
 @given(

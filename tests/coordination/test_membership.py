@@ -11,6 +11,7 @@ from delayq.coordination.layout import AssignmentDocument, TopicPaths, encode_me
 from delayq.coordination.routing import initial_routing
 from delayq.local.waiting import eventually
 from delayq.local.zookeeper_server import ZooKeeperServer
+from delayq.queue import functions
 
 from .conftest import SLOTS, Fleet
 
@@ -110,6 +111,8 @@ async def test_member_data_and_assignment_document(
         paths = TopicPaths("tests", fleet.topic)
         data, stat = client.get(paths.member("solo"))
         assert json.loads(data)["broker"] == "broker-0"
+        # the library it calls: the operator deletes no library a live member names
+        assert json.loads(data)["library"] == functions.library().name
         assert stat.ephemeralOwner != 0
         document = json.loads(client.get(paths.assignment)[0])
         assert document["members"] == ["solo"]
@@ -158,7 +161,7 @@ async def test_a_node_no_member_wrote_gets_no_slot(
     client.start(timeout=10)
     try:
         # a member's payload, but persistent: no session of a member holds it
-        client.create(paths.member("delayq"), encode_member("broker-0", 1, "pod"))
+        client.create(paths.member("delayq"), encode_member("broker-0", 1, "pod", "delayq_1"))
         await fleet.join("b")
         await fleet.settle()  # a and b consume every slot: nothing went to the phantom
         document, owners, _ = read_tree(zookeeper_server.hosts, fleet.topic)

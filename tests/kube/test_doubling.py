@@ -190,3 +190,28 @@ async def test_a_move_a_stopped_mover_recorded_is_finished_before_the_doubling(
     assert (routing.slot_amount, routing.generation) == (8, 1)
     assert found_where_routed(masters, routing) == IDS
     assert condition(api, "Resharding")["status"] == "False"
+
+
+async def test_unreadable_moves_hold_the_doubling_and_say_why(
+    api: kmock.KubernetesEmulator,
+    ctx: OperatorContext,
+    zk: KazooClient,
+    redis_pods: RedisPods,
+    masters: list[Queue],
+    logger: logging.Logger,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A `migrations/<slot>` node of a newer format while a doubling is wanted: the doubling
+    waits for the moves, and the reason is logged (it was swallowed) besides the condition."""
+    await topic_of_4_slots_grown_to_8(api, ctx, zk, redis_pods, masters, logger)
+    zk.create(TopicPaths(NAMESPACE, "orders").migration(1), b'{"version": 2}', makepath=True)
+    caplog.clear()
+    await health(api, ctx, logger)
+    assert any(
+        "no doubling while the moves are unreadable" in line and "format version 2" in line
+        for line in caplog.messages
+    ), caplog.messages
+    assert condition(api, "Resharding")["reason"] == "MoveFailed"
+    routing = published_routing(zk)
+    assert routing is not None
+    assert routing.slot_amount == 4

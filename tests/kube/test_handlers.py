@@ -18,11 +18,13 @@ import kopf
 import pytest
 from kazoo.client import KazooClient
 
+from delayq.coordination.layout import TopicPaths, encode_member
 from delayq.kube import naming
 from delayq.kube.context import OperatorContext
 from delayq.kube.errors import TopicFailure
 from delayq.kube.handlers.health import refresh
 from delayq.kube.handlers.reconcile import reconcile
+from delayq.kube.libraries import LIBRARY_GRACE_S
 from delayq.kube.operator import serialized
 from delayq.queue import acl, functions
 from tests.kube.conftest import (
@@ -386,6 +388,62 @@ async def test_health_loads_the_functions_library_on_a_master_that_lost_it(
     assert "loaded the functions library on broker 0" in caplog.messages
     await refresh(ctx, body(api), logger)  # there already: nothing to load
     assert caplog.messages.count("loaded the functions library on broker 0") == 1
+
+
+async def test_health_deletes_a_functions_library_nobody_calls_after_a_grace(
+    api: kmock.KubernetesEmulator,
+    ctx: OperatorContext,
+    zk: KazooClient,
+    redis_pods: RedisPods,
+    clock: Clock,
+    logger: logging.Logger,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Each version's library stays on the brokers until none of its clients is left: the
+    operator's own and those live members name (an old pod of a rolling upgrade) are kept, and
+    so is every one while a member names none (an older version: unknown); the others go once
+    unused for LIBRARY_GRACE_S. Before, they accumulated forever (~75 KB each)."""
+    put_topic(api)
+    await provision(api, ctx, logger)
+    redis_pods.add(0, 1)
+    write_status(api, await refresh(ctx, body(api), logger))  # elects orders-redis-0-0
+    current = functions.library()
+    old, stale = "delayq_00000000000000a1", "delayq_00000000000000a2"
+    with redis_pods.client("orders-redis-0-0") as master:
+        for name in (old, stale):  # earlier versions' libraries: same code, another name
+            master.function_load(current.source.replace(current.name, name))
+
+    def loaded() -> set[str]:
+        with redis_pods.client("orders-redis-0-0") as master:
+            return {str(entry[1].decode()) for entry in master.function_list("delayq_*")}
+
+    paths = TopicPaths(NAMESPACE, "orders")
+    members = {"new": current.name, "old": old, "older": ""}  # "older" names no library
+    for member, library in members.items():
+        payload = encode_member("orders-redis-0", 1, member, library) if library else b"{}"
+        zk.create(paths.member(member), payload, ephemeral=True, makepath=True)
+    await refresh(ctx, body(api), logger)
+    clock.now += LIBRARY_GRACE_S
+    await refresh(ctx, body(api), logger)
+    assert loaded() == {current.name, old, stale}  # an unknown member: nothing goes
+    zk.delete(paths.member("older"))  # rolled
+    await refresh(ctx, body(api), logger)
+    clock.now += LIBRARY_GRACE_S - 1
+    await refresh(ctx, body(api), logger)
+    assert loaded() == {current.name, old, stale}  # within the grace
+    clock.now += 1
+    await refresh(ctx, body(api), logger)
+    assert loaded() == {current.name, old}  # the old pod still calls its own
+    with redis_pods.client("orders-redis-0-0") as master:
+        master.function_delete(old)  # lost anyway (FUNCTION FLUSH): only its pod has the code
+    caplog.clear()
+    await refresh(ctx, body(api), logger)
+    assert f"broker 0 lacks functions library {old} that a live member calls" in caplog.text
+    zk.delete(paths.member("old"))
+    await refresh(ctx, body(api), logger)
+    clock.now += LIBRARY_GRACE_S
+    await refresh(ctx, body(api), logger)
+    assert loaded() == {current.name}
 
 
 async def test_delivery_paused_is_held_on_every_master_and_reported(

@@ -2,7 +2,8 @@
 
 ```
 /delayq/<namespace>/<topic>/
-    members/<member-id>   ephemeral  {"broker": "broker-1", "capacity": 1, "host": "pod-1"}
+    members/<member-id>   ephemeral  {"broker": "broker-1", "capacity": 1, "host": "pod-1",
+                                      "library": "delayq_<hash>"}
     assignment            persistent {"version": 1, "generation": 7, "members": [ids],
                                       "slots": [index into members, or -1, per slot]}
     owners/<slot>         ephemeral  member id; whoever holds it may consume the slot
@@ -104,8 +105,22 @@ def broker_index(broker: str) -> int | None:
     return int(match.group(1)) if match else None
 
 
-def encode_member(broker: str, capacity: int, host: str) -> bytes:
-    return json.dumps({"broker": broker, "capacity": capacity, "host": host}).encode()
+def encode_member(broker: str, capacity: int, host: str, library: str) -> bytes:
+    """A member's node: where it runs, and the engine's functions library it calls (the
+    operator deletes no library a live member names: kube/libraries.py)."""
+    document = {"broker": broker, "capacity": capacity, "host": host, "library": library}
+    return json.dumps(document).encode()
+
+
+def member_library(payload: bytes) -> str:
+    """The functions library a member's node names; "" when it names none (a member of a
+    version before the field, or foreign data: its library is unknown)."""
+    try:
+        document = json.loads(payload)
+    except ValueError:
+        return ""
+    library = document.get("library") if isinstance(document, dict) else None
+    return library if isinstance(library, str) else ""
 
 
 def decode_member(member_id: str, payload: bytes, ephemeral_owner: int) -> Member | None:

@@ -59,6 +59,7 @@ from delayq.coordination.layout import (
 )
 from delayq.coordination.ownership import FleetView, OnChange
 from delayq.coordination.tls import ZkTls, kazoo_options
+from delayq.queue.functions import library
 
 log = logging.getLogger(__name__)
 
@@ -460,7 +461,9 @@ class ZkOwnership:
         stat = self._client.exists(path)
         if stat is not None and stat.ephemeralOwner == self._session_id():
             return
-        payload = encode_member(self.settings.broker, self.settings.capacity, self.settings.host)
+        payload = encode_member(
+            self.settings.broker, self.settings.capacity, self.settings.host, library().name
+        )
         try:
             self._client.create(path, payload, ephemeral=True, makepath=True)
             log.info("%s: joined %s", self.member_id, self.paths.members)

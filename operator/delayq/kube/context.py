@@ -66,6 +66,9 @@ class OperatorContext:
     master_missing_since: dict[tuple[str, str, int], float] = field(default_factory=dict)
     # (namespace, topic) -> since when some slot of it has had no owner (SlotsUnowned)
     unowned_since: dict[tuple[str, str], float] = field(default_factory=dict)
+    # (namespace, topic, broker, library) -> since when that functions library has been
+    # unused on that broker's master (kube/libraries.py: deleted after a grace)
+    library_unused_since: dict[tuple[str, str, int, str], float] = field(default_factory=dict)
     locks: dict[tuple[str, str], asyncio.Lock] = field(default_factory=dict)
     # Posts the topics' Events; what it posted recently is forgotten with the term.
     recorder: EventRecorder = field(init=False)
@@ -112,6 +115,7 @@ class OperatorContext:
         self.client = KubeClient(self.login())
         self.master_missing_since = {}
         self.unowned_since = {}
+        self.library_unused_since = {}
         self.locks = {}
         self.recorder = EventRecorder(self.identity, self.clock)
         self.metrics.is_leader.set(1)

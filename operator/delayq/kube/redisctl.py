@@ -1,7 +1,8 @@
 """The operator's few Redis commands: inspect replication, promote, demote, depths, memory,
-pause, loading the engine's functions library (`load_functions`: only the admin user may), the
-planned switchover of a stopping master (`hand_over`, `release`), and the engine clients the
-slot mover works with (`broker_queue`, resharding.py).
+pause, loading the engine's functions library (`load_functions`: only the admin user may) and
+deleting old ones (`libraries`, `delete_library`: kube/libraries.py), the planned switchover
+of a stopping master (`hand_over`, `release`), and the engine clients the slot mover works
+with (`broker_queue`, resharding.py).
 
 Depths are the engine's own stats (`AsyncQueue.stats`, the read-only stats script), so the
 operator counts messages exactly as the delay service's metrics and API do.
@@ -97,6 +98,12 @@ class RedisControl(Protocol):
         """FUNCTION LOAD the engine's library of this operator's version on one master (its
         replicas get it by replication); False when the master has it already. The topic's
         users may only FCALL it, so this is what makes a new or emptied broker usable."""
+
+    async def libraries(self, host: str, password: str) -> list[str]:
+        """The delayq functions libraries (of every version) one master holds."""
+
+    async def delete_library(self, host: str, password: str, name: str) -> None:
+        """FUNCTION DELETE one library on one master (its replicas follow by replication)."""
 
     async def pause(self, host: str, password: str, topic: Topic, paused: bool | None) -> bool:
         """Pause (True) or resume (False) the topic's delivery on one master, or (None) leave
@@ -258,6 +265,20 @@ class RedisCommands:
         client = self._client(host, password)
         try:
             return await functions.ensure_async(client)
+        finally:
+            await client.aclose()
+
+    async def libraries(self, host: str, password: str) -> list[str]:
+        client = self._client(host, password)
+        try:
+            return await functions.loaded_async(client)
+        finally:
+            await client.aclose()
+
+    async def delete_library(self, host: str, password: str, name: str) -> None:
+        client = self._client(host, password)
+        try:
+            await functions.delete_async(client, name)
         finally:
             await client.aclose()
 

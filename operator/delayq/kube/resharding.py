@@ -185,7 +185,7 @@ async def _double(
     target = max(spec.slot_amount, state.to_amount if state is not None else 0)
     if state is None and routing.slot_amount >= target:
         return None
-    if state is None and await _moving(mover):
+    if state is None and await _moving(mover, logger):
         return None  # the moves first (`_run`, which reports an unreadable one too)
     what = f"Doubling the slots {routing.slot_amount} -> {target}"
     if locked:  # `delayq routing split` by hand, an operator process stopping, or the
@@ -220,11 +220,13 @@ async def _double(
     )
 
 
-async def _moving(mover: SlotMover) -> bool:
-    """Slot moves are recorded or locked (or their nodes unreadable): no doubling starts."""
+async def _moving(mover: SlotMover, logger: Logger) -> bool:
+    """Slot moves are recorded or locked (or their nodes unreadable): no doubling starts.
+    Unreadable is logged here; `_run` then reports it in the condition."""
     try:
         return await asyncio.to_thread(lambda: bool(mover.migrations() or mover.locked()))
-    except Exception:
+    except Exception as error:
+        logger.warning("resharding: no doubling while the moves are unreadable: %r", error)
         return True
 
 

@@ -1,7 +1,8 @@
 """Publishing a topic's routing to ZooKeeper (docs/contracts.md §2), behind a Protocol.
 
 The tree is `delayq.coordination.layout.TopicPaths`: the operator writes `routing` (slot ->
-broker, see delayq.coordination.routing), counts `owners/` and removes trees of deleted topics.
+broker, see delayq.coordination.routing), counts `owners/`, reads which functions library
+each member calls (kube/libraries.py) and removes trees of deleted topics.
 The delay services read `routing`; the operator only writes it, so slot failover keeps working
 while the operator is down. kazoo is synchronous, so calls run in a worker thread with a
 bounded timeout.
@@ -40,7 +41,13 @@ from kazoo.exceptions import KazooException, NoNodeError
 from kazoo.security import ACL
 
 from delayq.coordination.acl import ADMIN_USER, ZkIdentity, parent_acl, topic_user, tree_acl
-from delayq.coordination.layout import ROOT, TopicPaths, namespace_root
+from delayq.coordination.layout import (
+    ROOT,
+    TopicPaths,
+    decode_member,
+    member_library,
+    namespace_root,
+)
 from delayq.coordination.migration import SlotMover
 from delayq.coordination.quota import drop_topic_quota, ensure_node, guard_topic_tree
 from delayq.coordination.routing import Routing
@@ -82,6 +89,10 @@ class TopicStore(Protocol):
 
     async def owned_slots(self, connect: str, namespace: str, topic: str) -> int:
         """How many slots currently have an owner (ephemeral nodes under owners/)."""
+
+    async def member_libraries(self, connect: str, namespace: str, topic: str) -> list[str]:
+        """The functions library each live member calls, one entry per member ("" for a
+        member naming none: one of a version before members named it)."""
 
     async def tree_uid(self, connect: str, namespace: str, topic: str) -> str:
         """The UID marker publish wrote in the topic's tree ("" for none, or no tree)."""
@@ -240,6 +251,24 @@ class KazooTopicStore:
                 return 0
 
         return await self._call(connect, count)
+
+    async def member_libraries(self, connect: str, namespace: str, topic: str) -> list[str]:
+        def read() -> list[str]:
+            client = self._client(connect)
+            paths = TopicPaths(namespace, topic)
+            try:
+                children = client.get_children(paths.members)
+            except NoNodeError:
+                return []
+            libraries: list[str] = []
+            for child in children:
+                with contextlib.suppress(NoNodeError):  # it left meanwhile
+                    payload, stat = client.get(paths.member(child))
+                    if decode_member(child, payload, stat.ephemeralOwner) is not None:
+                        libraries.append(member_library(payload))
+            return libraries
+
+        return await self._call(connect, read)
 
     async def tree_uid(self, connect: str, namespace: str, topic: str) -> str:
         def read() -> str:

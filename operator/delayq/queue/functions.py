@@ -55,12 +55,15 @@ VERSION_FUNCTION = "version"
 SHEBANG = re.compile(r"\A#!lua(?: flags=([\w,-]*))?\n")
 #: Redis's answer to an FCALL of a function it does not have.
 NOT_FOUND_TEXT = "Function not found"
+#: Redis's answer to a FUNCTION DELETE of a library it does not have.
+_NO_LIBRARY_TEXT = "Library not found"
 _ALREADY_EXISTS_TEXT = "already exists"
 
 
 class FunctionsMissingError(DelayqError, redis.ResponseError):
     """The broker lacks this version's functions library and this client may not load it (a
-    restricted user): the operator loads it on its next health pass. Nothing ran.
+    restricted user): the operator loads it on its next health pass when it runs this version
+    (it loads its own version's only, kube/libraries.py). Nothing ran.
 
     Still a redis-py `ResponseError`, so every loop that rides out a failing Redis (the
     consumers' claims, the API's 503 with Retry-After) rides this out too, without a
@@ -210,7 +213,8 @@ def is_missing(reply: object) -> bool:
 def missing_error(error: Exception) -> FunctionsMissingError:
     typed = FunctionsMissingError(
         f"the broker has no delayq functions library {library().name} and this user may not "
-        f"load it (the operator's health pass does): {error}"
+        "load it (the operator's health pass loads its own version's: a client of another "
+        f"version fails until it runs the operator's): {error}"
     )
     typed.__cause__ = error
     return typed
@@ -241,6 +245,31 @@ async def load_async(client: redis.asyncio.Redis) -> bool:
         return _loaded(await client.function_load(library().source))
     except redis.ResponseError as error:
         return _loaded(error)
+
+
+def _text(value: object) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value)
+
+
+async def loaded_async(client: redis.asyncio.Redis) -> list[str]:
+    """The names of every delayq library the broker holds, of any version (FUNCTION LIST:
+    admin rights)."""
+    reply = await client.function_list(library=f"{LIBRARY_PREFIX}*")
+    names = []
+    for entry in reply or []:
+        if not isinstance(entry, dict):  # RESP2: [key, value, ...] per library; RESP3: a map
+            entry = dict(zip(entry[::2], entry[1::2], strict=True))
+        names += [_text(v) for k, v in entry.items() if _text(k) == "library_name"]
+    return names
+
+
+async def delete_async(client: redis.asyncio.Redis, name: str) -> None:
+    """FUNCTION DELETE the library `name` (admin rights); one already gone is no error."""
+    try:
+        await client.function_delete(name)
+    except redis.ResponseError as error:
+        if _NO_LIBRARY_TEXT not in str(error):
+            raise
 
 
 async def ensure_async(client: redis.asyncio.Redis) -> bool:

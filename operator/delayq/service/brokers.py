@@ -126,7 +126,7 @@ class Brokers:
             except FunctionsMissingError:
                 return (
                     f"broker {broker} lacks the engine's functions library "
-                    f"{functions.library().name} (the operator loads it)"
+                    f"{functions.library().name} (the operator of this version loads it)"
                 )
             except (redis.RedisError, OSError, TimeoutError):
                 return "a broker does not answer"

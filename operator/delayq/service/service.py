@@ -1,11 +1,11 @@
 """One delay-service process: takes the slots its Ownership grants and delivers their messages.
 
 The service never picks slots itself. `Ownership.on_change` hands it the complete owned set;
-the difference with the previous set goes to the delivery engine — one `Consumer` per broker for
-webhook and stream topics (each slot is consumed on the broker that stores it), the `PullLeaser`
-for pull — which fences each new slot on takeover. Shutdown runs in the safe order: stop
-claiming, let in-flight deliveries finish (bounded), then give the slots back, so the next owner
-does not redeliver what was just acknowledged.
+the difference with the previous set goes to the delivery engine (`delivery/engines.py`, one
+interface: one `Consumer` per broker for webhook and stream topics, each slot consumed on the
+broker that stores it; the `PullLeaser` for pull), which fences each new slot on takeover.
+Shutdown runs in the safe order: stop claiming, let in-flight deliveries finish (bounded), then
+give the slots back, so the next owner does not redeliver what was just acknowledged.
 
 An ownership pass never fails as a whole because of one slot: a granted slot whose take-over
 fails (frozen by a slot move, its broker down) is skipped, recorded in `unconsumed` and retried
@@ -35,17 +35,15 @@ import dataclasses
 import logging
 import time
 
-import redis.asyncio
-
 from delayq.coordination.ownership import EmbeddedOwnership, Ownership, SessionHolder
 from delayq.coordination.routing import Routing
 from delayq.coordination.routing_watch import RoutingWatch
 from delayq.queue.client import AsyncQueue
-from delayq.queue.consumer import Consumer, ConsumerCounters, ConsumerSettings
-from delayq.queue.model import Message
+from delayq.queue.consumer import ConsumerCounters, ConsumerSettings
 from delayq.queue.topic import TopicType
 from delayq.service.brokers import Brokers, connect, default_routing
 from delayq.service.config import ServiceConfig
+from delayq.service.delivery.engines import Delivery, PullDelivery, PushDelivery
 from delayq.service.delivery.pull import PullLeaser
 from delayq.service.delivery.sinks import Sink
 from delayq.service.delivery.stream import StreamSink
@@ -74,11 +72,8 @@ class DelayService:
             self.queues, default_routing(self.topic.slot_amount, len(self.queues))
         )
         self.ownership = ownership or EmbeddedOwnership(self.topic.slot_amount)
-        self.leaser: PullLeaser | None = None
+        self.delivery = self._delivery()  # started by start()
         self.lease_tokens = config.lease_tokens()  # pull topics' tokens, bound to this topic
-        self.consumers: list[Consumer] = []
-        self._sink: Sink | None = None
-        self._runs: list[asyncio.Task[None]] = []
         self._closing = False
         self._lock = asyncio.Lock()
         self.broken = asyncio.Event()  # a delivery loop died: the process must restart
@@ -106,31 +101,35 @@ class DelayService:
 
     @property
     def owned_slots(self) -> list[int]:
-        if self.leaser is not None:
-            return self.leaser.owned_slots
-        return sorted(slot for c in self.consumers for slot in c.owned_slots)
+        return self.delivery.owned_slots
+
+    @property
+    def leaser(self) -> PullLeaser | None:
+        """The pull topic's leaser (its HTTP routes lease through it); None for push topics."""
+        return self.delivery.leaser if isinstance(self.delivery, PullDelivery) else None
 
     @property
     def closing(self) -> bool:
         return self._closing
 
     def counters(self) -> ConsumerCounters:
-        """The delivery engine's counters, summed over the brokers' consumers (for metrics)."""
-        total = ConsumerCounters()
-        for consumer in self.consumers:
-            for name, value in vars(consumer.counters).items():
-                setattr(total, name, getattr(total, name) + value)
-        return total
+        """The delivery engine's counters (for metrics)."""
+        return self.delivery.counters()
 
-    def server_ms(self, slot: int) -> float:
-        """The clock of the Redis server storing the slot, as its consumer estimates it: every
-        user-facing time (lateness, signature timestamps) is on it, never on this pod's clock."""
-        return self.consumers[self.brokers.routing[slot]].server_now_ms()
-
-    def lease_deadline_ms(self, message: Message) -> float | None:
-        """The message's lease deadline, None when it may not be delivered any more (checked
-        again right before a POST, and sent along so a receiver knows how long it has)."""
-        return self.consumers[self.brokers.routing[message.slot]].lease_deadline_ms(message)
+    def _delivery(self) -> Delivery:
+        """The topic type's delivery engine: the one place that tells the types apart."""
+        if self.topic.topic_type is TopicType.PULL:
+            return PullDelivery(self.brokers)
+        settings = ConsumerSettings(
+            batch_size=self.config.batch_size,
+            max_in_flight=self.config.worker_concurrency,
+            lease_ms=self.config.ack_timeout_ms,
+            # as many handlers per batch as messages the sink's POSTs may carry at once
+            batch_concurrency=self.config.webhook_max_in_flight * self.config.webhook_max_batch,
+            backoff=self.config.backoff,
+            release_drain_s=release_drain_s(self.topic.topic_type, self.config.webhook_timeout_ms),
+        )
+        return PushDelivery(self.brokers, settings, self.metrics, self._on_slot_lost, self._sink)
 
     async def start(self) -> None:
         await self._load_routing()
@@ -138,37 +137,7 @@ class DelayService:
             return  # nothing started: `serve` starts the service of the new slots instead
         for queue in self.queues:  # a broker down at start: `serve` exits 1, the pod restarts
             await queue.redis.ping()  # (once running, a slot it fails on is retried alone)
-        if self.topic.topic_type is TopicType.PULL:
-            self.leaser = PullLeaser(self.brokers)
-            self.leaser.start()
-        else:
-            self._sink = self._open_sink()
-            settings = ConsumerSettings(
-                batch_size=self.config.batch_size,
-                max_in_flight=self.config.worker_concurrency,
-                lease_ms=self.config.ack_timeout_ms,
-                # as many handlers per batch as messages the sink's POSTs may carry at once
-                batch_concurrency=self.config.webhook_max_in_flight * self.config.webhook_max_batch,
-                backoff=self.config.backoff,
-                release_drain_s=release_drain_s(
-                    self.topic.topic_type, self.config.webhook_timeout_ms
-                ),
-            )
-            self.consumers = [
-                Consumer(
-                    queue,
-                    self._deliver,
-                    settings,
-                    self._on_slot_lost,
-                    managed=True,
-                    on_nacked=self.metrics.count_nacked,
-                )
-                for queue in self.queues
-            ]
-            for consumer in self.consumers:
-                run = asyncio.create_task(consumer.run())
-                run.add_done_callback(self._on_run_done)
-                self._runs.append(run)
+        self.delivery.start(self._on_run_done)
         self._retrier = asyncio.create_task(self._retry_unconsumed_forever())
         self._retrier.add_done_callback(self._on_run_done)  # it ends only on stop()
         await self.ownership.start(self._on_change)
@@ -245,7 +214,8 @@ class DelayService:
         changed, self.routing_changed = self.routing_changed, asyncio.Event()
         changed.set()
 
-    def _open_sink(self) -> Sink:
+    def _sink(self, delivery: PushDelivery) -> Sink:
+        """The push topic's sink, on `delivery`'s server clocks and lease checks."""
         config = self.config
         if self.topic.topic_type is TopicType.WEBHOOK:
             return WebhookSink(
@@ -256,8 +226,8 @@ class DelayService:
                 config.webhook_max_in_flight,
                 self.metrics,
                 config.member,
-                self.server_ms,
-                self.lease_deadline_ms,
+                delivery.server_ms,
+                delivery.lease_deadline_ms,
                 targets=config.webhook_targets,
                 extra_headers=config.webhook_headers,
                 max_batch=config.webhook_max_batch,
@@ -288,18 +258,9 @@ class DelayService:
         `unconsumed` (retried on its timer, reported), never an error of the whole pass."""
         if release:
             self._forget_unconsumed(slots)
-            if self.leaser is not None:
-                await self.leaser.release(slots)
-                return
-            for broker, broker_slots in self.brokers.split(slots).items():
-                await self.consumers[broker].release(broker_slots)
+            await self.delivery.release(slots)
             return
-        failed: dict[int, Exception] = {}
-        if self.leaser is not None:
-            failed.update(await self.leaser.own(slots))
-        else:
-            for broker, broker_slots in self.brokers.split(slots).items():
-                failed.update(await self.consumers[broker].own(broker_slots))
+        failed: dict[int, Exception] = dict(await self.delivery.own(slots))
         self._forget_unconsumed(slots - failed.keys())
         if failed:
             fresh = sorted(failed.keys() - self.unconsumed.slots.keys())
@@ -422,21 +383,6 @@ class DelayService:
                 )
         return await self.brokers.unavailable(self.owned_slots)
 
-    async def _deliver(self, message: Message) -> None:
-        """The Consumer's handler: return acks, raise retries (the engine's nack decides
-        whether the message is retried or given up; `on_nacked` counts which)."""
-        assert self._sink is not None
-        self.metrics.observe_lateness(self.server_ms(message.slot) - message.due_ms)
-        try:
-            await self._sink.deliver(message)
-        except Exception as error:
-            log.warning(
-                "delivery failed",
-                extra={"id": message.id, "attempt": message.attempt, "error": str(error)},
-            )
-            raise
-        self.metrics.count_delivery("acked")
-
     async def is_ready(self) -> bool:
         """The probe's cached verdict (never waits on Redis); false at once while stopping,
         after a delivery loop died or once the slots doubled (until the new service runs)."""
@@ -456,17 +402,13 @@ class DelayService:
     @property
     def paused(self) -> bool:
         """The topic's delivery is paused (as this process last read it, at most a second ago)."""
-        if self.leaser is not None:
-            return self.leaser.paused
-        return any(consumer.paused for consumer in self.consumers)
+        return self.delivery.paused
 
     async def read_paused(self) -> bool:
         """`paused`, read from the brokers now where this process would otherwise read it only
         on a lease request (an idle pull process would report a stale flag); consumers read it
         every second on their own."""
-        if self.leaser is not None:
-            await self.leaser.refresh_paused()
-        return self.paused
+        return await self.delivery.read_paused()
 
     async def pause(self, paused: bool) -> None:
         """Pause (or resume) the topic's delivery on every broker, and make this process's own
@@ -474,10 +416,7 @@ class DelayService:
         Scheduling goes on; what is claimed already is delivered (or its lease runs out)."""
         for queue in self.queues:
             await (queue.pause() if paused else queue.resume())
-        if self.leaser is not None:
-            await self.leaser.refresh_paused()
-        for consumer in self.consumers:
-            await consumer.refresh_paused()
+        await self.delivery.refresh_paused()
 
     async def stop(self) -> None:
         """Stop claiming, finish in-flight deliveries within the grace period, release slots."""
@@ -488,34 +427,14 @@ class DelayService:
         if self._retrier is not None:
             self._retrier.cancel()
         await self._on_change(frozenset())
-        if self.leaser is not None:
-            self.leaser.stop()
-        for consumer in self.consumers:
-            consumer.stop()
-        await self._drain(self.config.grace_ms / 1000)
+        self.delivery.stop()
+        await self.delivery.drain(self.config.grace_ms / 1000)
         try:
             await asyncio.wait_for(self.ownership.stop(), OWNERSHIP_STOP_TIMEOUT_S)
         except TimeoutError:
             log.warning("ownership did not stop in time; its session expiry will free the slots")
-        if self.leaser is not None:
-            await self.leaser.close()
-        if self._sink is not None:
-            await self._sink.close()
+        await self.delivery.close()
         if self._routing_watch is not None:
             await self._routing_watch.stop()
         await self.brokers.close()
         log.info("service stopped", extra={"took_ms": int((time.monotonic() - started) * 1000)})
-
-    async def _drain(self, grace_s: float) -> None:
-        if not self._runs:
-            return
-        done, pending = await asyncio.wait(self._runs, timeout=grace_s)
-        for run in done:
-            if not run.cancelled() and isinstance(run.exception(), redis.RedisError):
-                log.error("delivery loop failed while draining", exc_info=run.exception())
-        if pending:
-            log.warning("grace period over: abandoning in-flight deliveries to their leases")
-            for run in pending:
-                run.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await asyncio.gather(*pending, return_exceptions=True)

@@ -2,18 +2,26 @@
 brokers (resharding.py), refresh status.
 
 Runs from the leader's health loop (healthloop.py) for every provisioned, unpaused topic (not
-on a kopf timer: see healthloop.py). It reads the Redis pods of each broker, lets
-failover.decide() pick the master, applies that decision (REPLICAOF commands and the master's
-record and EndpointSlice: master_endpoint.py, or the planned switchover of a stopping master:
-switchover.py), then reports per-broker state,
-slot ownership, depths and the copy of the routing (`status.routing`, published again when
-ZooKeeper lost the node: restore.py). The status is patched only when it changed
-(status.status_patch).
+on a kopf timer: see healthloop.py). `health_pass` runs its steps in order:
+1. `observe_topic`: the topic's Secret, routing and slot ownership (ZooKeeper), the recorded
+   masters, the functions library each live member calls: a `TopicView`;
+2. `tend_broker`, per broker: observe its Redis pods (`observe_pods`), let failover.decide()
+   pick the master (`decide_master`), apply that decision (`act_on_decision`: REPLICAOF
+   commands and the master's record and EndpointSlice: master_endpoint.py, or the planned
+   switchover of a stopping master: switchover.py), then tend the serving master
+   (`tend_master`: load the engine's functions library and delete old ones nobody calls,
+   libraries.py; read depths and memory; hold the spec's pause): a `BrokerObservation`;
+3. `reshard_step`: slot moves onto added brokers, or a doubling (resharding.py);
+4. `topic_health`: per-broker state, slot ownership, depths, conditions and the copy of the
+   routing (`status.routing`, published again when ZooKeeper lost the node: restore.py), as a
+   typed `TopicHealth` (topic_health.py), turned into status fields only at the end. The
+   status is patched only when it changed (status.status_patch).
 """
 
 from __future__ import annotations
 
 import base64
+import dataclasses
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -33,25 +41,31 @@ from delayq.kube.events import WARNING, TopicEvent
 from delayq.kube.failover import Decision, RedisPod, decide
 from delayq.kube.handlers.restore import read_or_restore
 from delayq.kube.handlers.switchover import switch_over
+from delayq.kube.libraries import delete_unused_libraries, libraries_in_use
 from delayq.kube.master_endpoint import publish_master, recorded_masters
 from delayq.kube.redisctl import BrokerMemory
-from delayq.kube.resharding import MOVE_ERRORS, moving, reshard, services_rolled
+from delayq.kube.resharding import MOVE_ERRORS, Resharding, moving, reshard, services_rolled
 from delayq.kube.routing_ahead import status_writer
 from delayq.kube.routing_record import RECORD_FIELD, RoutingRecordInvalid, routing_record
 from delayq.kube.spec import SpecError, TopicSpec
 from delayq.kube.status import (
-    DEGRADED,
-    FALSE,
     PROVISIONED,
     SLOTS_UNOWNED,
-    TRUE,
     Condition,
     current_condition,
     find_condition,
     ready_condition,
 )
+from delayq.kube.topic_health import (
+    SERVING,
+    BrokerStatus,
+    SlotCounts,
+    TopicHealth,
+    degradations,
+    degraded_condition,
+)
 from delayq.kube.topics import now_iso, parse_body, with_conditions
-from delayq.queue import SlotStats, Topic, TopicStats
+from delayq.queue import Topic, TopicStats
 
 
 def pod_ready(pod: Mapping[str, Any]) -> bool:
@@ -82,124 +96,176 @@ async def refresh(ctx: OperatorContext, body: Mapping[str, Any], logger: Logger)
 async def health_pass(
     ctx: OperatorContext, body: Mapping[str, Any], logger: Logger
 ) -> dict[str, Any]:
-    """Observe every broker, act on failover decisions, and compute the new status."""
-    meta = body.get("metadata") or {}
-    status = body.get("status") or {}
-    if naming.is_paused(meta.get("annotations")) or not status.get("appliedSlotAmount"):
+    """Observe the topic, tend each broker (observe, decide, act), move slots onto added
+    brokers, and compute the new status."""
+    spec = spec_to_tend(ctx, body)
+    if spec is None:
         return {}
-    try:
-        spec = parse_body(body)
-        zookeeper_connect(spec, ctx.build)  # an ensemble the platform allows, or none
-    except (SpecError, EnsembleRefused):
-        return {}  # reconcile() already reported it; nothing here is safe to touch
-    applied = int(status["appliedSlotAmount"])
-    # a move of an abandoned pass may switch after this pass reads the routing: its copy in
-    # status, patched before that switch, must not be overwritten by this pass's older read
-    abandoned = moving(spec)
-    secret = await topic_secret(ctx, spec)
-    password = secret.get(naming.SECRET_REDIS_ADMIN_PASSWORD, "")
-    zk_password = secret.get(naming.SECRET_ZOOKEEPER_PASSWORD, "")
-    # known None: no routing in ZooKeeper nor in status, or ZooKeeper down (then owned is None)
-    known, owned = await slot_view(ctx, body, spec, zk_password, logger)
-    routing = known or initial_routing(applied, min(spec.brokers, applied))
-    previous = {entry.get("index"): entry for entry in status.get("brokers") or []}
-    masters = await recorded_masters(ctx, spec)
-    brokers: list[dict[str, Any]] = []
-    slot_stats: list[SlotStats] = []
-    memory: dict[int, BrokerMemory] = {}  # of the brokers whose master answered
-    actions: list[TopicEvent] = []
-    for broker in range(spec.brokers):
-        seen = await observe_broker(
-            ctx,
-            body,
-            spec,
-            broker,
-            password,
-            routing,
-            previous.get(broker) or {},
-            masters.get(naming.master_key(broker)),
-            logger,
-        )
-        brokers.append(seen.entry)
-        slot_stats += seen.stats.slots
-        actions += seen.events
-        if seen.memory is not None:
-            memory[broker] = seen.memory
-    serving = all(entry["state"] == "Ready" for entry in brokers)
-    resharding = None
-    rolled = serving and services_rolled(
-        await ctx.kube.get(
-            "apps/v1", "StatefulSet", spec.namespace, naming.service_statefulset(spec.name)
-        )
-    )
-    # every master ready, every service on the spec, ZooKeeper up with a routing (none: its
-    # data lost with no copy to restore, and moves or a doubling planned on the first routing
-    # would strand messages)
-    record = known is not None and not abandoned  # follows ZooKeeper, never the fallback
-    if rolled and owned is not None and known is not None:
-        try:
-            write = status_writer(ctx, spec)
-            resharding = await reshard(ctx, spec, routing, password, status, logger, write)
-        except MOVE_ERRORS as error:  # reading the moves failed: the next pass tries again
-            logger.warning("resharding skipped this pass: %r", error)
-            record = False  # its movers may have patched the copy ahead of `routing`: kept
+    view = await observe_topic(ctx, body, spec, logger)
+    brokers = [
+        await tend_broker(ctx, body, view, broker, logger) for broker in range(spec.brokers)
+    ]
+    resharding, record = await reshard_step(ctx, view, brokers, logger)
+    # read again from ZooKeeper after its moves (a doubling changes the slot amount)
+    routing = view.routing if resharding is None else resharding.routing
+    actions = [event for seen in brokers for event in seen.events]
     if resharding is not None:
         actions += resharding.events
-        routing = resharding.routing  # read again from ZooKeeper after its moves
-        for entry in brokers:
-            entry["slots"] = len(routing.slots_of(entry["index"]))
-    applied = routing.slot_amount  # the routing's (a doubling changes it), else the status's
     # What the pass did that the status does not show (a demotion, moves): told now, once.
     await ctx.recorder.post(ctx.kube, body, actions)
-    depths = TopicStats(slot_stats)
-    service_pods = await ctx.kube.list(
-        "v1", "Pod", spec.namespace, naming.service_selector(spec.name)
-    )
-    services_ready = sum(1 for pod in service_pods if pod_ready(pod))
-    problems = degradations(
-        spec, brokers, services_ready, applied if owned is None else owned, applied
-    )
-    if owned is None:
-        connect = zookeeper_connect(spec, ctx.build)
-        problems.insert(0, f"ZooKeeper {connect} is unreachable: slot ownership is unknown")
-    degraded = (
-        Condition(
-            DEGRADED,
-            TRUE,
-            "ZooKeeperUnreachable" if owned is None else "Degraded",
-            "; ".join(problems) + ".",
-        )
-        if problems
-        else Condition(DEGRADED, FALSE, "AllReplicasReady", "Every pod is ready.")
-    )
-    ready = ready_condition(current_condition(status, PROVISIONED), degraded, serving)
-    conditions = [degraded, ready]
-    if (full := broker_full_condition(memory)) is not None:
-        conditions.append(full)
-    fields: dict[str, Any] = {
-        "appliedSlotAmount": applied,
-        "paused": any(entry.get("paused") for entry in brokers),
-        "brokers": brokers,
-        "depths": {"scheduled": depths.scheduled, "prepared": depths.prepared, "dead": depths.dead},
-    }
-    if resharding is not None and resharding.condition is not None:
-        conditions.append(resharding.condition)
-        fields["resharding"] = resharding.progress
-    if record:
-        fields[RECORD_FIELD] = routing_record(routing)
-    ctx.metrics.observe_topic(
-        (spec.namespace, spec.name), memory, None if owned is None else max(applied - owned, 0)
-    )
-    if owned is not None:  # unknown: the last known ownership stays, and so does its condition
-        unowned = max(applied - owned, 0)
-        conditions.append(slots_condition(ctx, spec, status, unowned, applied))
-        fields["slots"] = {"total": applied, "owned": owned, "unowned": unowned}
-    patch = with_conditions(ctx, body, conditions, **fields)
+    health = await topic_health(ctx, view, brokers, routing, resharding, record)
+    fields = health.fields()
+    patch = with_conditions(ctx, body, list(health.conditions), **fields)
     if record and resharding is not None and resharding.recorded:
         # patched ahead of a switch meanwhile: the diff against the status the pass started
         # from would leave it ahead when a switch failed
         patch[RECORD_FIELD] = fields[RECORD_FIELD]
     return patch
+
+
+def spec_to_tend(ctx: OperatorContext, body: Mapping[str, Any]) -> TopicSpec | None:
+    """The topic's spec when a pass may touch it (provisioned, not paused, valid, on an
+    ensemble the platform allows); None otherwise (reconcile() reports why)."""
+    meta = body.get("metadata") or {}
+    status = body.get("status") or {}
+    if naming.is_paused(meta.get("annotations")) or not status.get("appliedSlotAmount"):
+        return None
+    try:
+        spec = parse_body(body)
+        zookeeper_connect(spec, ctx.build)  # an ensemble the platform allows, or none
+    except (SpecError, EnsembleRefused):
+        return None  # nothing here is safe to touch
+    return spec
+
+
+@dataclass(frozen=True)
+class TopicView:
+    """What a pass reads before it touches a broker."""
+
+    spec: TopicSpec
+    status: Mapping[str, Any]  # the DelayTopic's status the pass started from
+    password: str  # of the operator's Redis user (delayq.queue.acl.ADMIN_USER)
+    # the published routing; None: none in ZooKeeper nor in status, or ZooKeeper down
+    known: Routing | None
+    routing: Routing  # `known`, else the first routing of the applied slot amount
+    owned: int | None  # slots with an owner; None: ZooKeeper unreachable
+    # a move of an abandoned pass still runs: it may switch after this pass reads the routing,
+    # so its copy in status, patched before that switch, must not be overwritten by this read
+    abandoned: bool
+    previous: Mapping[int, Mapping[str, Any]]  # status.brokers by index
+    masters: Mapping[str, str]  # the recorded masters (master_endpoint.recorded_masters)
+    libraries: list[str] | None  # the functions library of each live member; None: unknown
+
+
+async def observe_topic(
+    ctx: OperatorContext, body: Mapping[str, Any], spec: TopicSpec, logger: Logger
+) -> TopicView:
+    """The topic's Secret, routing and slot ownership, recorded masters and the members'
+    functions libraries, read once per pass (ZooKeeper down: `owned` and `libraries` None)."""
+    status = body.get("status") or {}
+    applied = int(status["appliedSlotAmount"])
+    abandoned = moving(spec)
+    secret = await topic_secret(ctx, spec)
+    zk_password = secret.get(naming.SECRET_ZOOKEEPER_PASSWORD, "")
+    known, owned = await slot_view(ctx, body, spec, zk_password, logger)
+    previous = {entry.get("index"): entry for entry in status.get("brokers") or []}
+    masters = await recorded_masters(ctx, spec)
+    libraries = None if owned is None else await libraries_in_use(ctx, spec, logger)
+    return TopicView(
+        spec=spec,
+        status=status,
+        password=secret.get(naming.SECRET_REDIS_ADMIN_PASSWORD, ""),
+        known=known,
+        routing=known or initial_routing(applied, min(spec.brokers, applied)),
+        owned=owned,
+        abandoned=abandoned,
+        previous=previous,
+        masters=masters,
+        libraries=libraries,
+    )
+
+
+async def reshard_step(
+    ctx: OperatorContext, view: TopicView, brokers: list[BrokerObservation], logger: Logger
+) -> tuple[Resharding | None, bool]:
+    """Move slots onto added brokers (or double them) when every master is ready, every
+    service pod runs the spec and ZooKeeper is up with a routing (none: its data lost with no
+    copy to restore, and moves or a doubling planned on the first routing would strand
+    messages). Also whether status.routing records this pass's routing (it follows ZooKeeper,
+    never the fallback)."""
+    spec = view.spec
+    serving = all(seen.entry.serving for seen in brokers)
+    rolled = serving and services_rolled(
+        await ctx.kube.get(
+            "apps/v1", "StatefulSet", spec.namespace, naming.service_statefulset(spec.name)
+        )
+    )
+    record = view.known is not None and not view.abandoned
+    if not (rolled and view.owned is not None and view.known is not None):
+        return None, record
+    try:
+        write = status_writer(ctx, spec)
+        resharding = await reshard(
+            ctx, spec, view.known, view.password, view.status, logger, write
+        )
+    except MOVE_ERRORS as error:  # reading the moves failed: the next pass tries again
+        logger.warning("resharding skipped this pass: %r", error)
+        return None, False  # its movers may have patched the copy ahead of `routing`: kept
+    return resharding, record
+
+
+async def topic_health(
+    ctx: OperatorContext,
+    view: TopicView,
+    brokers: list[BrokerObservation],
+    routing: Routing,
+    resharding: Resharding | None,
+    record: bool,
+) -> TopicHealth:
+    """The status of this pass: the brokers' entries (their slots as `routing` routes them),
+    depths, slot ownership and the conditions."""
+    spec = view.spec
+    entries = tuple(seen.entry for seen in brokers)
+    if resharding is not None:
+        entries = tuple(entry.with_slots(len(routing.slots_of(entry.index))) for entry in entries)
+    applied = routing.slot_amount  # the routing's (a doubling changes it), else the status's
+    service_pods = await ctx.kube.list(
+        "v1", "Pod", spec.namespace, naming.service_selector(spec.name)
+    )
+    services_ready = sum(1 for pod in service_pods if pod_ready(pod))
+    owned = view.owned
+    counted = SlotCounts(applied, applied if owned is None else owned)
+    problems = degradations(entries, services_ready, spec.brokers, counted)
+    if owned is None:
+        connect = zookeeper_connect(spec, ctx.build)
+        problems.insert(0, f"ZooKeeper {connect} is unreachable: slot ownership is unknown")
+    degraded = degraded_condition(problems, zookeeper_unreachable=owned is None)
+    serving = all(entry.serving for entry in entries)
+    ready = ready_condition(current_condition(view.status, PROVISIONED), degraded, serving)
+    conditions = [degraded, ready]
+    memory = {seen.entry.index: seen.memory for seen in brokers if seen.memory is not None}
+    if (full := broker_full_condition(memory)) is not None:
+        conditions.append(full)
+    told = None if resharding is None else resharding.condition  # None: nothing to report
+    if told is not None:
+        conditions.append(told)
+    ctx.metrics.observe_topic(
+        (spec.namespace, spec.name), memory, None if owned is None else max(applied - owned, 0)
+    )
+    slots = None
+    if owned is not None:  # unknown: the last known ownership stays, and so does its condition
+        slots = SlotCounts(applied, owned)
+        conditions.append(slots_condition(ctx, spec, view.status, slots.unowned, applied))
+    return TopicHealth(
+        applied_slot_amount=applied,
+        brokers=entries,
+        depths=TopicStats([stats for seen in brokers for stats in seen.stats.slots]),
+        conditions=tuple(conditions),
+        resharding_reported=told is not None,
+        resharding=None if resharding is None or told is None else resharding.progress,
+        routing_record=routing_record(routing) if record else None,
+        slots=slots,
+    )
 
 
 def slots_condition(
@@ -214,22 +280,6 @@ def slots_condition(
         since = ctx.clock()
     previous = find_condition(status, SLOTS_UNOWNED)
     return slots_unowned_condition(previous, unowned, total, ctx.clock() - since)
-
-
-def degradations(
-    spec: TopicSpec, brokers: list[dict[str, Any]], services_ready: int, owned: int, slots: int
-) -> list[str]:
-    problems = [
-        f"broker {entry['index']} has {entry['replicasReady']}/{entry['replicasDesired']} "
-        "replicas ready"
-        for entry in brokers
-        if entry["replicasReady"] < entry["replicasDesired"]
-    ]
-    if services_ready < spec.brokers:
-        problems.append(f"{services_ready}/{spec.brokers} delay-service pods ready")
-    if owned < slots:
-        problems.append(f"{slots - owned} of {slots} slots have no owner")
-    return problems
 
 
 async def topic_secret(ctx: OperatorContext, spec: TopicSpec) -> dict[str, str]:
@@ -270,30 +320,76 @@ async def slot_view(
 @dataclass(frozen=True)
 class BrokerObservation:
     """One broker after its pass: status entry, its slots' stats, its master's memory (None
-    without a serving master or when the read failed), Events for what was done to it."""
+    without a serving master or when the read failed), Events for what was done to it, the
+    serving master's address (None without one)."""
 
-    entry: dict[str, Any]
+    entry: BrokerStatus
     stats: TopicStats
     memory: BrokerMemory | None
     events: list[TopicEvent]
+    master_address: str | None
 
 
-async def observe_broker(
+@dataclass(frozen=True)
+class BrokerPods:
+    """A broker's Redis pods as observed: for failover.decide, and their addresses and UIDs."""
+
+    pods: list[RedisPod]
+    addresses: dict[str, str | None]
+    uids: dict[str, str]
+
+    @property
+    def ready(self) -> set[str]:
+        return {pod.name for pod in self.pods if pod.ready}
+
+
+@dataclass(frozen=True)
+class MasterReport:
+    """What a serving master told: its slots' stats, its memory and pause (None: unread)."""
+
+    stats: TopicStats
+    memory: BrokerMemory | None
+    paused: bool | None
+
+
+async def tend_broker(
     ctx: OperatorContext,
     owner: Mapping[str, Any],
-    spec: TopicSpec,
+    view: TopicView,
     broker: int,
-    password: str,
-    routing: Routing,
-    previous: Mapping[str, Any],
-    recorded: str | None,
     logger: Logger,
 ) -> BrokerObservation:
-    """Observe, decide, act for one broker whose master record is `recorded`
-    (naming.master_record: a pod made again under the master's name is not the master).
+    """Observe one broker's pods, decide its master, act on the decision, then tend the
+    serving master (`tend_master`).
 
-    Without a record (a topic from a version that labelled its master pod instead), the pod
-    carrying that label is the master: the label was on that incarnation too."""
+    Its master record (naming.master_record) says which pod is the master: a pod made again
+    under the master's name is not. Without a record (a topic from a version that labelled its
+    master pod instead), the pod carrying that label is the master: the label was on that
+    incarnation too."""
+    spec = view.spec
+    previous = view.previous.get(broker) or {}
+    recorded = view.masters.get(naming.master_key(broker))
+    pods = await observe_pods(ctx, spec, broker, view.password, recorded)
+    decision = decide_master(ctx, spec, broker, pods, recorded, previous)
+    decision, events = await act_on_decision(
+        ctx, owner, spec, broker, decision, pods, view.password, logger
+    )
+    serving = decision.master is not None and decision.master in pods.ready
+    entry = broker_status(ctx, spec, broker, decision, pods, view.routing, previous, serving)
+    master_address = pods.addresses.get(decision.master or "")
+    if not (serving and master_address):
+        return BrokerObservation(entry, TopicStats([]), None, events, None)
+    report = await tend_master(ctx, view, broker, master_address, logger)
+    if report.paused is not None:
+        entry = dataclasses.replace(entry, paused=report.paused)
+    return BrokerObservation(entry, report.stats, report.memory, events, master_address)
+
+
+async def observe_pods(
+    ctx: OperatorContext, spec: TopicSpec, broker: int, password: str, recorded: str | None
+) -> BrokerPods:
+    """The broker's Redis pods, each with its replication as it answers (None: silent) and
+    whether it is the recorded master."""
     raw_pods = await ctx.kube.list(
         "v1", "Pod", spec.namespace, naming.redis_selector(spec.name, broker)
     )
@@ -322,76 +418,114 @@ async def observe_broker(
                 link_up=bool(info and info.link_up),
             )
         )
+    return BrokerPods(pods, addresses, uids)
+
+
+def decide_master(
+    ctx: OperatorContext,
+    spec: TopicSpec,
+    broker: int,
+    pods: BrokerPods,
+    recorded: str | None,
+    previous: Mapping[str, Any],
+) -> Decision:
+    """failover.decide() with this leader's grace timer of the broker (kept in ctx)."""
     key = (spec.namespace, spec.name, broker)
     had_master = (
         recorded is not None
         or bool(previous.get("masterPod"))
-        or any(pod.named_master for pod in pods)
+        or any(pod.named_master for pod in pods.pods)
     )
     decision = decide(
-        pods, ctx.clock(), ctx.failover_grace_s, ctx.master_missing_since.get(key), had_master
+        pods.pods, ctx.clock(), ctx.failover_grace_s, ctx.master_missing_since.get(key), had_master
     )
     if decision.missing_since is None:
         ctx.master_missing_since.pop(key, None)
     else:
         ctx.master_missing_since[key] = decision.missing_since
+    return decision
+
+
+async def act_on_decision(
+    ctx: OperatorContext,
+    owner: Mapping[str, Any],
+    spec: TopicSpec,
+    broker: int,
+    decision: Decision,
+    pods: BrokerPods,
+    password: str,
+    logger: Logger,
+) -> tuple[Decision, list[TopicEvent]]:
+    """The planned switchover of a stopping master (which may change the decision), then
+    apply_decision; the decision acted on and the Events of what was done."""
     events: list[TopicEvent] = []
     if decision.switch_from is not None:
-        names = tuple(pod.name for pod in pods)
+        names = tuple(pod.name for pod in pods.pods)
         decision, told = await switch_over(
-            ctx, owner, spec, broker, decision, addresses, uids, names, password, logger
+            ctx, owner, spec, broker, decision, pods.addresses, pods.uids, names, password, logger
         )
         events.append(told)
-    ready_pods = {pod.name for pod in pods if pod.ready}
     events += await apply_decision(
-        ctx, owner, spec, broker, decision, addresses, uids, ready_pods, password, logger
+        ctx, owner, spec, broker, decision, pods.addresses, pods.uids, pods.ready, password, logger
     )
+    return decision, events
 
-    serving = decision.master is not None and decision.master in ready_pods
+
+def broker_status(
+    ctx: OperatorContext,
+    spec: TopicSpec,
+    broker: int,
+    decision: Decision,
+    pods: BrokerPods,
+    routing: Routing,
+    previous: Mapping[str, Any],
+    serving: bool,
+) -> BrokerStatus:
     # While a lost master is awaited (or no replica can replace it yet), keep naming it: the
     # status is what tells the next pass (and a restarted operator) that there was a master,
     # so that it keeps the grace and reports the promotion as a failover.
     lost_master = previous.get("masterPod") if decision.missing_since is not None else None
-    entry: dict[str, Any] = {
-        "index": broker,
-        "state": "Ready" if serving else decision.reason,
-        "masterPod": decision.master or lost_master or "",
-        "replicasReady": len(ready_pods - {decision.master}),
-        "replicasDesired": spec.replicas_per_broker,
-        "slots": len(routing.slots_of(broker)) if broker < routing.broker_count else 0,
-    }
     last = now_iso(ctx) if decision.failover else previous.get("lastFailoverTime")
-    if last:
-        entry["lastFailoverTime"] = last
     switched = now_iso(ctx) if decision.switch_from else previous.get("lastSwitchoverTime")
-    if switched:
-        entry["lastSwitchoverTime"] = switched
+    return BrokerStatus(
+        index=broker,
+        state=SERVING if serving else decision.reason,
+        master_pod=decision.master or lost_master or "",
+        replicas_ready=len(pods.ready - {decision.master}),
+        replicas_desired=spec.replicas_per_broker,
+        slots=len(routing.slots_of(broker)) if broker < routing.broker_count else 0,
+        last_failover_time=last or None,
+        last_switchover_time=switched or None,
+    )
+
+
+async def tend_master(
+    ctx: OperatorContext, view: TopicView, broker: int, address: str, logger: Logger
+) -> MasterReport:
+    """What a pass does on a serving master: the engine's functions library (loaded, old ones
+    deleted: libraries.py), the depths of its slots, its memory, the spec's pause."""
+    spec, password, routing = view.spec, view.password, view.routing
+    await load_functions(ctx, broker, address, password, logger)
+    if view.libraries is not None:
+        await delete_unused_libraries(ctx, spec, broker, address, password, view.libraries, logger)
     stats = TopicStats([])
-    master_address = addresses.get(decision.master or "")
-    if serving and master_address:
-        await load_functions(ctx, broker, master_address, password, logger)
-    if serving and master_address and broker < routing.broker_count:
+    if broker < routing.broker_count:
         # The routing's slot amount and key generation are the served ones (a doubling
         # changes both); taking them from the routing keeps every slot in range.
         topic = routed_topic(Topic(spec.name, namespace=spec.namespace), routing)
         try:
-            stats = await ctx.redis.depths(
-                master_address, password, topic, routing.slots_of(broker)
-            )
+            stats = await ctx.redis.depths(address, password, topic, routing.slots_of(broker))
         except (redis.RedisError, *TRANSIENT_ERRORS) as error:
             # depths are informative: a master dying under the read must not fail the pass
             # (which would hold back its status, failover included, by a retry delay)
             logger.warning("depths of broker %d unavailable: %r", broker, error)
     memory = None
-    if serving and master_address:
-        try:
-            memory = await ctx.redis.memory(master_address, password)
-        except (redis.RedisError, *TRANSIENT_ERRORS) as error:  # informative, as depths
-            logger.warning("memory of broker %d unavailable: %r", broker, error)
-        paused = await enforce_pause(ctx, spec, broker, master_address, password, logger)
-        if paused is not None:
-            entry["paused"] = paused
-    return BrokerObservation(entry, stats, memory, events)
+    try:
+        memory = await ctx.redis.memory(address, password)
+    except (redis.RedisError, *TRANSIENT_ERRORS) as error:  # informative, as depths
+        logger.warning("memory of broker %d unavailable: %r", broker, error)
+    paused = await enforce_pause(ctx, spec, broker, address, password, logger)
+    return MasterReport(stats, memory, paused)
 
 
 async def load_functions(
