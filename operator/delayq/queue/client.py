@@ -9,13 +9,12 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterable, Sequence
-from typing import Any, TypeVar, cast
+from typing import Any, TypeVar, Unpack, cast
 
 import redis
 import redis.asyncio
 
 from delayq.queue import functions, plans, schedule_plans
-from delayq.queue.codec import Headers
 from delayq.queue.codes import DelayqError, ReplicationTimeoutError, StaleEpochError, as_typed_error
 from delayq.queue.keys import paused_key
 from delayq.queue.model import (
@@ -28,11 +27,13 @@ from delayq.queue.model import (
     Mode,
     Outcome,
     Retry,
+    ScheduleOptions,
     ScheduleRequest,
     ScheduleResult,
     SlotClaim,
     Target,
     TopicStats,
+    schedule_request,
 )
 from delayq.queue.packing import use_hiredis_packing
 from delayq.queue.plans import Plan, ScriptCall, received, received_all
@@ -129,20 +130,9 @@ class _Plans:
         self.topic = topic
 
     def schedule(
-        self,
-        message_id: str,
-        payload: bytes | str,
-        delay_ms: int | None,
-        at_ms: int | None,
-        slot_basis: str | None,
-        headers: Headers | None,
-        mode: Mode,
-        expire_at_ms: int | None = None,
-        ttl_ms: int | None = None,
+        self, message_id: str, payload: bytes | str, options: ScheduleOptions
     ) -> Plan[ScheduleResult]:
-        request = ScheduleRequest(
-            message_id, payload, delay_ms, at_ms, slot_basis, headers, expire_at_ms, ttl_ms
-        )
+        request, mode = schedule_request(message_id, payload, options)
         return plans.first(plans.schedule(self.topic, [request], mode))
 
     def reschedule(self, target: Target, delay_ms: int | None, at_ms: int | None) -> Plan[Outcome]:
@@ -226,32 +216,10 @@ class Queue:
 
     # producing
     def schedule(
-        self,
-        message_id: str,
-        payload: bytes | str = b"",
-        *,
-        delay_ms: int | None = None,
-        at_ms: int | None = None,
-        slot_basis: str | None = None,
-        headers: Headers | None = None,
-        mode: Mode = Mode.CREATE,
-        expire_at_ms: int | None = None,
-        ttl_ms: int | None = None,
+        self, message_id: str, payload: bytes | str = b"", **options: Unpack[ScheduleOptions]
     ) -> ScheduleResult:
-        """Schedule one message (see ScheduleRequest for the fields)."""
-        return self.run(
-            self._plans.schedule(
-                message_id,
-                payload,
-                delay_ms,
-                at_ms,
-                slot_basis,
-                headers,
-                mode,
-                expire_at_ms,
-                ttl_ms,
-            )
-        )
+        """Schedule one message (the options: ScheduleOptions)."""
+        return self.run(self._plans.schedule(message_id, payload, options))
 
     def schedule_many(
         self, requests: Sequence[ScheduleRequest], mode: Mode = Mode.CREATE
@@ -473,32 +441,10 @@ class AsyncQueue:
 
     # producing
     async def schedule(
-        self,
-        message_id: str,
-        payload: bytes | str = b"",
-        *,
-        delay_ms: int | None = None,
-        at_ms: int | None = None,
-        slot_basis: str | None = None,
-        headers: Headers | None = None,
-        mode: Mode = Mode.CREATE,
-        expire_at_ms: int | None = None,
-        ttl_ms: int | None = None,
+        self, message_id: str, payload: bytes | str = b"", **options: Unpack[ScheduleOptions]
     ) -> ScheduleResult:
-        """Schedule one message (see ScheduleRequest for the fields)."""
-        return await self.run(
-            self._plans.schedule(
-                message_id,
-                payload,
-                delay_ms,
-                at_ms,
-                slot_basis,
-                headers,
-                mode,
-                expire_at_ms,
-                ttl_ms,
-            )
-        )
+        """Schedule one message (the options: ScheduleOptions)."""
+        return await self.run(self._plans.schedule(message_id, payload, options))
 
     async def schedule_many(
         self, requests: Sequence[ScheduleRequest], mode: Mode = Mode.CREATE
