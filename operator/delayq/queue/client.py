@@ -37,6 +37,7 @@ from delayq.queue.model import (
 )
 from delayq.queue.packing import use_hiredis_packing
 from delayq.queue.plans import Plan, ScriptCall, received, received_all
+from delayq.queue.renamed import renamed_kwargs
 from delayq.queue.schedule_plans import Steps
 from delayq.queue.schedules import DefineResult, Schedule, ScheduleInfo
 from delayq.queue.scripts import Script
@@ -140,16 +141,16 @@ class _Plans:
         return plans.checked(plans.reschedule(self.topic, [move]), Script.RESCHEDULE)
 
     def claim(
-        self, slot: int, epoch: int, max_count: int, lease_ms: int | None
+        self, slot: int, epoch: int, max_count: int, ack_timeout_ms: int | None
     ) -> Plan[ClaimBatch]:
         return plans.claim(
-            self.topic, slot, epoch, max_count, lease_ms or self.topic.ack_timeout_ms
+            self.topic, slot, epoch, max_count, ack_timeout_ms or self.topic.ack_timeout_ms
         )
 
     def claim_slots(
-        self, claims: Sequence[SlotClaim], lease_ms: int | None
+        self, claims: Sequence[SlotClaim], ack_timeout_ms: int | None
     ) -> Plan[list[ClaimBatch | StaleEpochError]]:
-        return plans.claim_slots(self.topic, claims, lease_ms or self.topic.ack_timeout_ms)
+        return plans.claim_slots(self.topic, claims, ack_timeout_ms or self.topic.ack_timeout_ms)
 
 
 class Queue:
@@ -271,24 +272,26 @@ class Queue:
     def take_over(self, slot: int) -> int:
         return self.run(plans.fence(self.topic, slot))
 
+    @renamed_kwargs(lease_ms="ack_timeout_ms")
     def claim(
         self,
         slot: int,
         epoch: int,
         max_count: int = DEFAULT_CLAIM_BATCH,
-        lease_ms: int | None = None,
+        ack_timeout_ms: int | None = None,
     ) -> ClaimBatch:
-        plan = self._plans.claim(slot, epoch, max_count, lease_ms)
+        plan = self._plans.claim(slot, epoch, max_count, ack_timeout_ms)
         replies, _ = self._replies(plan)  # claims never wait for replicas
         received_s = time.monotonic()  # before decoding, which can take milliseconds
         return received(plan.combine(replies), received_s)
 
+    @renamed_kwargs(lease_ms="ack_timeout_ms")
     def claim_slots(
-        self, claims: Sequence[SlotClaim], lease_ms: int | None = None
+        self, claims: Sequence[SlotClaim], ack_timeout_ms: int | None = None
     ) -> list[ClaimBatch | StaleEpochError]:
         """Claim from several slots in one round trip, each `SlotClaim` (slot, epoch, max_count)
         with its own count; a fenced-out slot yields its StaleEpochError in its place."""
-        plan = self._plans.claim_slots(claims, lease_ms)
+        plan = self._plans.claim_slots(claims, ack_timeout_ms)
         replies, _ = self._replies(plan)  # claims never wait for replicas
         received_s = time.monotonic()  # before decoding, which can take milliseconds
         return received_all(plan.combine(replies), received_s)
@@ -308,11 +311,15 @@ class Queue:
     def nack_many(self, retries: Sequence[Retry]) -> list[Outcome]:
         return self.run(plans.nack(self.topic, retries))
 
-    def extend(self, lease: Lease, lease_ms: int) -> Outcome:
-        return self.run(plans.checked(plans.extend(self.topic, [lease], lease_ms), Script.EXTEND))
+    @renamed_kwargs(lease_ms="ack_timeout_ms")
+    def extend(self, lease: Lease, ack_timeout_ms: int) -> Outcome:
+        return self.run(
+            plans.checked(plans.extend(self.topic, [lease], ack_timeout_ms), Script.EXTEND)
+        )
 
-    def extend_many(self, leases: Sequence[Leased], lease_ms: int) -> list[Outcome]:
-        return self.run(plans.extend(self.topic, leases, lease_ms))
+    @renamed_kwargs(lease_ms="ack_timeout_ms")
+    def extend_many(self, leases: Sequence[Leased], ack_timeout_ms: int) -> list[Outcome]:
+        return self.run(plans.extend(self.topic, leases, ack_timeout_ms))
 
     def giveback_many(self, leases: Sequence[Leased]) -> list[Outcome]:
         """Give leased messages back undelivered (see `plans.giveback`)."""
@@ -495,24 +502,26 @@ class AsyncQueue:
     async def take_over(self, slot: int) -> int:
         return await self.run(plans.fence(self.topic, slot))
 
+    @renamed_kwargs(lease_ms="ack_timeout_ms")
     async def claim(
         self,
         slot: int,
         epoch: int,
         max_count: int = DEFAULT_CLAIM_BATCH,
-        lease_ms: int | None = None,
+        ack_timeout_ms: int | None = None,
     ) -> ClaimBatch:
-        plan = self._plans.claim(slot, epoch, max_count, lease_ms)
+        plan = self._plans.claim(slot, epoch, max_count, ack_timeout_ms)
         replies, _ = await self._replies(plan)  # claims never wait for replicas
         received_s = time.monotonic()  # before decoding, which can take milliseconds
         return received(plan.combine(replies), received_s)
 
+    @renamed_kwargs(lease_ms="ack_timeout_ms")
     async def claim_slots(
-        self, claims: Sequence[SlotClaim], lease_ms: int | None = None
+        self, claims: Sequence[SlotClaim], ack_timeout_ms: int | None = None
     ) -> list[ClaimBatch | StaleEpochError]:
         """Claim from several slots in one round trip, each `SlotClaim` (slot, epoch, max_count)
         with its own count; a fenced-out slot yields its StaleEpochError in its place."""
-        plan = self._plans.claim_slots(claims, lease_ms)
+        plan = self._plans.claim_slots(claims, ack_timeout_ms)
         replies, _ = await self._replies(plan)  # claims never wait for replicas
         received_s = time.monotonic()  # before decoding, which can take milliseconds
         return received_all(plan.combine(replies), received_s)
@@ -532,13 +541,15 @@ class AsyncQueue:
     async def nack_many(self, retries: Sequence[Retry]) -> list[Outcome]:
         return await self.run(plans.nack(self.topic, retries))
 
-    async def extend(self, lease: Lease, lease_ms: int) -> Outcome:
+    @renamed_kwargs(lease_ms="ack_timeout_ms")
+    async def extend(self, lease: Lease, ack_timeout_ms: int) -> Outcome:
         return await self.run(
-            plans.checked(plans.extend(self.topic, [lease], lease_ms), Script.EXTEND)
+            plans.checked(plans.extend(self.topic, [lease], ack_timeout_ms), Script.EXTEND)
         )
 
-    async def extend_many(self, leases: Sequence[Leased], lease_ms: int) -> list[Outcome]:
-        return await self.run(plans.extend(self.topic, leases, lease_ms))
+    @renamed_kwargs(lease_ms="ack_timeout_ms")
+    async def extend_many(self, leases: Sequence[Leased], ack_timeout_ms: int) -> list[Outcome]:
+        return await self.run(plans.extend(self.topic, leases, ack_timeout_ms))
 
     async def giveback_many(self, leases: Sequence[Leased]) -> list[Outcome]:
         """Give leased messages back undelivered (see `plans.giveback`)."""

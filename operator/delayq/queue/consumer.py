@@ -47,6 +47,7 @@ from delayq.queue.client import AsyncQueue
 from delayq.queue.coalesce import Coalescer
 from delayq.queue.codes import Code, DelayqError, ReplicationTimeoutError, StaleEpochError
 from delayq.queue.model import ClaimBatch, Leased, Message, Outcome, Retry, SlotClaim
+from delayq.queue.renamed import renamed_kwargs
 from delayq.queue.server_clock import ServerClock
 from delayq.queue.slots import OwnedSlot, OwnedSlots
 from delayq.queue.topups import TopUps
@@ -78,11 +79,12 @@ class LeaseGoneError(Exception):
     given back rather than nacked (no attempt is counted)."""
 
 
+@renamed_kwargs(lease_ms="ack_timeout_ms")  # the old name until the next release
 @dataclass
 class ConsumerSettings:
     batch_size: int = 500
     max_in_flight: int = 2000
-    lease_ms: int | None = None  # default: the topic's ack timeout
+    ack_timeout_ms: int | None = None  # a claim's lease length; default: the topic's
     batch_concurrency: int = 64  # handlers running at once within one claimed batch
     ack_group_size: int = 256  # acks (and nacks) sent together once this many are ready
     release_drain_s: float = 10.0  # how long releasing a slot waits for its in-flight acks
@@ -154,7 +156,7 @@ class Consumer:
         self.on_nacked = on_nacked
         self.managed = managed
         self.counters = ConsumerCounters()
-        self._lease_ms = self.settings.lease_ms or queue.topic.ack_timeout_ms
+        self._ack_timeout_ms = self.settings.ack_timeout_ms or queue.topic.ack_timeout_ms
         self._owned = OwnedSlots(queue, _SlotState, self._claim_now)
         self.top_ups = TopUps(queue, self._count_topped_up)  # what claims owe schedules
         self._timers: list[tuple[float, int]] = []  # heap of (next_ms, slot); stale ones skipped
@@ -378,7 +380,7 @@ class Consumer:
             self._claiming.add(slot)
         try:
             results = await self.queue.claim_slots(
-                [SlotClaim(slot, state.epoch, share) for slot, state in owned], self._lease_ms
+                [SlotClaim(slot, state.epoch, share) for slot, state in owned], self._ack_timeout_ms
             )
             orphans = [
                 message
@@ -456,7 +458,7 @@ class Consumer:
         batch = _Batch(
             claimed.slot,
             messages[0].epoch,
-            claimed.now_ms + self._lease_ms,  # as the script computed it (whole ms)
+            claimed.now_ms + self._ack_timeout_ms,  # as the script computed it (whole ms)
             {message.id: message for message in messages},
         )
         key = (claimed.slot, messages[0].lease_id)  # one claim draws one lease number
@@ -535,7 +537,7 @@ class Consumer:
     async def _keep_up(self) -> None:
         """Extend the leases of unfinished messages before they run out (every third of a
         lease), and once a second check every owned slot against Redis for a stall."""
-        period_s = min(WATCHDOG_S, self._lease_ms / 3000)
+        period_s = min(WATCHDOG_S, self._ack_timeout_ms / 3000)
         watched_s = time.monotonic()
         while not self._stopping:
             await asyncio.sleep(period_s)
@@ -552,12 +554,12 @@ class Consumer:
 
     async def _extend_leases(self) -> None:
         now = self.server_now_ms()
-        half = self._lease_ms / 2
+        half = self._ack_timeout_ms / 2
         batches = [b for b in self._batches.values() if b.pending and b.deadline_ms - now < half]
         messages = [m for b in batches for m in b.pending.values() if m.id not in b.lost]
         if not messages:
             return
-        outcomes = await self.queue.extend_many(messages, self._lease_ms)
+        outcomes = await self.queue.extend_many(messages, self._ack_timeout_ms)
         for message, outcome in zip(messages, outcomes, strict=True):
             batch = self._batches.get((message.slot, message.lease_id))
             if batch is None:
