@@ -26,6 +26,12 @@ def test_the_old_keyword_is_accepted_with_a_warning_at_the_callers_line() -> Non
         assert ConsumerSettings(100, 200, 300).ack_timeout_ms == 300  # positions unchanged
 
 
+def test_the_in_flight_cap_is_worker_concurrency_as_in_the_crd() -> None:
+    with pytest.warns(DeprecationWarning, match="max_in_flight is renamed worker_concurrency"):
+        settings = ConsumerSettings(max_in_flight=70)  # type: ignore[call-arg]
+    assert settings.worker_concurrency == 70
+
+
 def test_both_names_at_once_are_refused() -> None:
     with pytest.raises(TypeError, match="lease_ms is the old name of ack_timeout_ms"):
         ConsumerSettings(lease_ms=1, ack_timeout_ms=2)  # type: ignore[call-arg]

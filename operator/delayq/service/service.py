@@ -145,7 +145,7 @@ class DelayService:
             self._sink = self._open_sink()
             settings = ConsumerSettings(
                 batch_size=self.config.batch_size,
-                max_in_flight=self.config.worker_concurrency,
+                worker_concurrency=self.config.worker_concurrency,
                 ack_timeout_ms=self.config.ack_timeout_ms,
                 # as many handlers per batch as messages the sink's POSTs may carry at once
                 batch_concurrency=self.config.webhook_max_in_flight * self.config.webhook_max_batch,
