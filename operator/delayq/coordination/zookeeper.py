@@ -75,7 +75,8 @@ class ZkSettings:
     topic: str
     slot_amount: int
     member_id: str = field(default_factory=lambda: f"{socket.gethostname()}-{os.getpid()}")
-    broker: str = ""  # co-located broker ("broker-1"); its trailing number indexes the routing
+    # the co-located broker ("broker-1", a pod name): its trailing number indexes the routing
+    preferred_broker: str = ""
     capacity: int = 1
     host: str = field(default_factory=socket.gethostname)
     session_timeout_s: float = DEFAULT_SESSION_TIMEOUT_S
@@ -460,7 +461,8 @@ class ZkOwnership:
         stat = self._client.exists(path)
         if stat is not None and stat.ephemeralOwner == self._session_id():
             return
-        payload = encode_member(self.settings.broker, self.settings.capacity, self.settings.host)
+        settings = self.settings
+        payload = encode_member(settings.preferred_broker, settings.capacity, settings.host)
         try:
             self._client.create(path, payload, ephemeral=True, makepath=True)
             log.info("%s: joined %s", self.member_id, self.paths.members)
