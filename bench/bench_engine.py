@@ -43,7 +43,9 @@ PAYLOAD = b"x" * 32
 SLOTS = 16
 CONCURRENT_CALLS = 2  # batch calls in flight in the asyncio enqueue figure (one encodes, one runs)
 # hand-picked for the engine figures; bench_peers.py runs the documented defaults instead
-ENGINE_CONSUMER_SETTINGS = ConsumerSettings(batch_size=500, max_in_flight=5000)
+# batch_size 500, worker_concurrency 5000; by position, which a --baseline tree from before the
+# max_in_flight rename takes too (bench_hot_paths.py imports this module into it)
+ENGINE_CONSUMER_SETTINGS = ConsumerSettings(500, 5000)
 
 
 def now_ms() -> float:

@@ -501,7 +501,7 @@ def call(path, body):
         return response.status, json.load(response)
 seen, deadline = set(), time.monotonic() + 90
 while len(seen) < count and time.monotonic() < deadline:
-    leases = call("/leases", {"max": 20, "leaseMs": 30000, "waitMs": 1000})[1]["leases"]
+    leases = call("/leases", {"max": 20, "ackTimeoutMs": 30000, "waitMs": 1000})[1]["leases"]
     seen.update(lease["id"] for lease in leases)
     if leases:
         call("/leases/ack", {"tokens": [lease["token"] for lease in leases]})

@@ -132,7 +132,7 @@ def call(path, body):
 
 while len(seen) < count and time.monotonic() < deadline:
     try:
-        leases = call("/leases", {"max": 100, "leaseMs": 30000, "waitMs": 1000})["leases"]
+        leases = call("/leases", {"max": 100, "ackTimeoutMs": 30000, "waitMs": 1000})["leases"]
     except (urllib.error.HTTPError, OSError) as error:  # not routed yet, or a 503: again
         print(json.dumps({"retry": str(error)}), flush=True)
         time.sleep(0.5)

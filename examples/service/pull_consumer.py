@@ -8,7 +8,7 @@ One request per batch: each lease carries the tokens of the messages handled sin
 in `ack`, and its answer reports each (`acks`: `acked`, or `lease_lost` / `stale_epoch` when the
 lease ran out or a failover fenced it: that message comes back, handle it idempotently). The
 lease waits up to `waitMs` for something to be due and answers as soon as something is.
-A lease lasts `leaseMs`; extend it for long work. On exit, the last tokens go to `.../ack`.
+A lease lasts `ackTimeoutMs`; extend it for long work. On exit, the last tokens go to `.../ack`.
 A lease request that fails (an error status, a reset connection, a timeout) may or may not have
 acked what it carried: the same tokens go on the next request, after a pause (an ack already
 applied answers `lease_lost`, changing nothing).
@@ -57,7 +57,7 @@ async def lease(
     """The next batch, acking the tokens `done` on the way; None when the request failed,
     after a pause: its acks may not have been applied, so the caller keeps `done` and sends it
     again with the next request."""
-    body = {"max": 100, "leaseMs": 30_000, "waitMs": 10_000, "ack": done}
+    body = {"max": 100, "ackTimeoutMs": 30_000, "waitMs": 10_000, "ack": done}
     answer: dict[str, Any] | None = None
     try:
         async with session.post(leases_url, json=body) as response:

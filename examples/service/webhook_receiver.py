@@ -11,7 +11,8 @@ them: its `verify` refuses a wrong signature and a timestamp more than five minu
 
 Answer 2xx only once the message is safely handled: anything else (or no answer within the
 topic's webhook timeout) makes delayq retry with exponential backoff, and after maxRetries the
-message goes to the dead queue. Deliveries are at least once: dedupe by `id` (+ `attempt`).
+message goes dead (to the topic's dead letters, `GET .../dead`). Deliveries are at least once:
+dedupe by `id` (+ `attempt`).
 """
 
 from __future__ import annotations

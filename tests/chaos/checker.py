@@ -47,7 +47,7 @@ class Timing:
     """The fleet's timeouts, which the bounds are made of."""
 
     session_ms: int
-    lease_ms: int
+    ack_timeout_ms: int
     webhook_timeout_ms: int
     backoff_max_ms: int
 
@@ -179,7 +179,7 @@ def _duplicates(evidence: Evidence, by_id: dict[str, list[Arrival]], timing: Tim
 def reach(window: Window, timing: Timing) -> tuple[float, float]:
     """Due times a fault may delay: from just before it until the fleet must have recovered."""
     recovered = window.end_ms + timing.session_ms + 2000
-    stranded = window.start_ms + timing.lease_ms + 2000
+    stranded = window.start_ms + timing.ack_timeout_ms + 2000
     return window.start_ms - IN_FLIGHT_MS, max(recovered, stranded)
 
 
@@ -198,7 +198,7 @@ def _stalled(evidence: Evidence, first: dict[str, float], timing: Timing) -> Rul
 def lease_deadline(arrival: Arrival, timing: Timing) -> float:
     if arrival.lease_deadline_ms is not None:
         return float(arrival.lease_deadline_ms)
-    return arrival.signed_ms + timing.lease_ms
+    return arrival.signed_ms + timing.ack_timeout_ms
 
 
 def _after_lease(evidence: Evidence, timing: Timing) -> Rule:
@@ -209,7 +209,7 @@ def _after_lease(evidence: Evidence, timing: Timing) -> Rule:
         if arrival.at_ms <= deadline + EARLY_TOLERANCE_MS:
             continue
         rule.total += 1
-        signed = deadline - timing.lease_ms
+        signed = deadline - timing.ack_timeout_ms
         if any(
             w.target == arrival.member and w.start_ms <= arrival.at_ms and w.end_ms >= signed
             for w in frozen
@@ -224,7 +224,7 @@ def _after_lease(evidence: Evidence, timing: Timing) -> Rule:
 
 def _skipped(evidence: Evidence, by_id: dict[str, list[Arrival]], timing: Timing) -> Rule:
     rule = Rule("skipped_attempts", 0)
-    lookback = timing.lease_ms + timing.backoff_max_ms + 3000
+    lookback = timing.ack_timeout_ms + timing.backoff_max_ms + 3000
     faults = lossy(evidence.windows)
     for message_id, arrivals in by_id.items():
         attempts = {a.attempt for a in arrivals}

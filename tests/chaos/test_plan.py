@@ -12,7 +12,7 @@ from .faults import KINDS, MAX_CONCURRENT, Window, plan, recovery_s
 from .receiver import Arrival
 from .test_chaos import FAULT_PHASE_S, SEEDS
 
-TIMING = Timing(session_ms=4000, lease_ms=5000, webhook_timeout_ms=2000, backoff_max_ms=2000)
+TIMING = Timing(session_ms=4000, ack_timeout_ms=5000, webhook_timeout_ms=2000, backoff_max_ms=2000)
 
 
 @pytest.mark.parametrize("seed", [*SEEDS, 1, 2, 3])

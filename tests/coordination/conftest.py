@@ -78,7 +78,7 @@ class Fleet:
             topic=self.topic,
             slot_amount=slot_amount,
             member_id=member_id,
-            broker=broker,
+            preferred_broker=broker,
             session_timeout_s=self.session_timeout_s,
         )
         member = ZkOwnership(settings)

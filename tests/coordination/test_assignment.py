@@ -7,7 +7,7 @@ from collections import Counter
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from delayq.coordination.assignment import Member, assign, moved, quotas
+from delayq.coordination.assignment import Member, assign, moved, shares
 
 SLOT_AMOUNTS = st.sampled_from([1, 2, 4, 8, 16, 64, 256])
 IDS = st.lists(
@@ -72,16 +72,16 @@ def test_broker_local_first_and_back_home_after_rejoin() -> None:
     assert third == {s: {"a": "a", "b": "b2", "c": "c"}[o] for s, o in first.items()}
 
 
-def test_capacity_weights_the_quota() -> None:
+def test_capacity_weights_the_share() -> None:
     counts = spread(16, [Member("big", capacity=3), Member("small", capacity=1)])
     assert counts == Counter({"big": 12, "small": 4})
 
 
-def test_quota_remainders_prefer_members_with_local_slots() -> None:
+def test_share_remainders_prefer_members_with_local_slots() -> None:
     members = [Member("a"), Member("b")]
-    assert quotas(3, members, {"b": 2}, {}) == {"a": 1, "b": 2}
-    assert quotas(3, members, {}, {"b": 2}) == {"a": 1, "b": 2}
-    assert quotas(3, members, {}, {}) == {"a": 2, "b": 1}
+    assert shares(3, members, {"b": 2}, {}) == {"a": 1, "b": 2}
+    assert shares(3, members, {}, {"b": 2}) == {"a": 1, "b": 2}
+    assert shares(3, members, {}, {}) == {"a": 2, "b": 1}
 
 
 def test_members_sharing_a_broker_split_its_slots() -> None:
@@ -158,7 +158,7 @@ def routed(draw: st.DrawFn) -> tuple[int, list[Member], list[int], dict[int, str
 
 @settings(max_examples=120, deadline=None)
 @given(routed())
-def test_broker_local_whenever_the_quota_allows(
+def test_broker_local_whenever_the_share_allows(
     scenario: tuple[int, list[Member], list[int], dict[int, str]],
 ) -> None:
     amount, members, routing, current = scenario

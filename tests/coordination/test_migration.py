@@ -89,7 +89,7 @@ def fill(queue: Queue, slot: int) -> Any:
         queue.schedule(f"m{i}", b"p", delay_ms=0 if i < 4 else 60_000, slot_basis=BASIS)
     queue.put_schedule(Schedule(BASIS, Recurrence(every_ms=60_000), payload="s"))
     epoch = queue.take_over(slot)
-    leased = list(queue.claim(slot, epoch, max_count=3, lease_ms=60_000).messages)
+    leased = list(queue.claim(slot, epoch, max_count=3, ack_timeout_ms=60_000).messages)
     queue.ack(leased[0].lease)
     queue.nack(leased[1].lease, dead=True, reason="broken")
     return leased[2]

@@ -104,7 +104,7 @@ def test_plan_moves_balances_with_the_fewest_moves_each_slot_once(
     assert sum(counts) == current.slot_amount  # nothing left on a broker beyond the count
     assert max(counts) - min(counts) <= 1
     # the fewest: a balanced routing keeps at most floor or ceil slots on each broker, and
-    # giving the ceils to the fullest brokers leaves the fewest above quota (plus every slot
+    # giving the ceils to the fullest brokers leaves the fewest above their share (plus every slot
     # of a broker beyond the count)
     held = sorted((len(current.slots_of(broker)) for broker in range(broker_count)), reverse=True)
     low, extra = divmod(current.slot_amount, broker_count)

@@ -96,7 +96,7 @@ def fill(cluster: Cluster, count: int = 60) -> None:
     for slot in topic.slots:
         queue = broker_queue(cluster, slot)
         epoch = queue.take_over(slot)
-        leased = list(queue.claim(slot, epoch, max_count=6, lease_ms=600_000).messages)
+        leased = list(queue.claim(slot, epoch, max_count=6, ack_timeout_ms=600_000).messages)
         for message in leased[:2]:
             queue.ack(message.lease)
         for message in leased[2:4]:
@@ -134,7 +134,7 @@ def churn(cluster: Cluster, tag: str) -> None:
         queue.cancel(landing[0])
         queue.reschedule(landing[2], delay_ms=900_000)
         epoch = queue.take_over(slot)
-        leased = queue.claim(slot, epoch, max_count=3, lease_ms=600_000).messages
+        leased = queue.claim(slot, epoch, max_count=3, ack_timeout_ms=600_000).messages
         assert leased, f"slot {slot} delivers"
         queue.ack(leased[0].lease)
         for message in leased[1:2]:
@@ -148,7 +148,7 @@ def claim_an_occurrence(cluster: Cluster, schedule_id: str) -> None:
     epoch = queue.take_over(slot)
 
     def claimed() -> bool:
-        leased = queue.claim(slot, epoch, max_count=100, lease_ms=600_000).messages
+        leased = queue.claim(slot, epoch, max_count=100, ack_timeout_ms=600_000).messages
         for message in leased:
             cluster.basis.setdefault(message.id, message.id.rpartition("@")[0] or message.id)
         cluster.held.extend(leased)
@@ -303,7 +303,7 @@ def test_a_doubling_places_each_message_by_its_custom_slot_basis(cluster: Cluste
             expected[message_id] = (basis, state)
             if state is State.CANCELLED:
                 queue.cancel(message_id, basis)
-        leased = queue.claim(slot, queue.take_over(slot), max_count=10, lease_ms=600_000)
+        leased = queue.claim(slot, queue.take_over(slot), max_count=10, ack_timeout_ms=600_000)
         for message in leased.messages:
             if expected[message.id][1] is State.DEAD:
                 queue.nack(message.lease, dead=True, reason="broken")

@@ -96,8 +96,8 @@ def make_queue(redis_server: RedisServer, redis_client: redis.Redis) -> Iterator
         client.close()
 
 
-def claim(queue: Queue, message_id: str, lease_ms: int = 60_000) -> list[Message]:
+def claim(queue: Queue, message_id: str, ack_timeout_ms: int = 60_000) -> list[Message]:
     """Take the slot of `message_id` over and claim: the message if it was delivered."""
     slot = queue.topic.slot_of(message_id)
-    batch = queue.claim(slot, queue.take_over(slot), 100, lease_ms)
+    batch = queue.claim(slot, queue.take_over(slot), 100, ack_timeout_ms)
     return [m for m in batch.messages if m.id == message_id]

@@ -209,7 +209,7 @@ async def test_in_flight_is_bounded_and_claims_stop_while_the_sink_is_slow(
         done.add(message.id)
 
     await async_queue.schedule_many([ScheduleRequest(f"m{i}", delay_ms=0) for i in range(50)])
-    settings = ConsumerSettings(batch_size=4, max_in_flight=10)
+    settings = ConsumerSettings(batch_size=4, worker_concurrency=10)
     async with running(async_queue, handler, settings):
         await eventually(lambda: running_now == 10, 5, "the in-flight bound")
         stats = await async_queue.stats()
@@ -391,7 +391,7 @@ async def test_herd_of_100k_due_at_one_instant_drains_in_bounded_batches(
         seen.add(message.id)
         in_flight -= 1
 
-    settings = ConsumerSettings(batch_size=500, max_in_flight=2000)
+    settings = ConsumerSettings(batch_size=500, worker_concurrency=2000)
     async with running(async_queue, handler, settings):
         await eventually(lambda: len(seen) == total, 120, "the herd to drain")
     assert max(claim_sizes) <= 500

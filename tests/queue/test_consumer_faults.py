@@ -61,7 +61,7 @@ async def test_a_failed_claim_keeps_every_waiting_slot_timed(durable_redis: Redi
 
     client = redis.asyncio.Redis.from_url(durable_redis.url, socket_timeout=1.0)
     # room 4, a quarter batch of 1: four slots per claim round, the other four wait
-    settings = ConsumerSettings(batch_size=4, max_in_flight=4)
+    settings = ConsumerSettings(batch_size=4, worker_concurrency=4)
     consumer = Consumer(AsyncQueue(client, topic), handler, settings)
     await consumer.own(topic.slots)
     durable_redis.crash()
@@ -89,7 +89,7 @@ async def test_slow_handlers_keep_their_leases(async_redis_client: redis.asyncio
         calls[message.id] += 1
         await asyncio.sleep(0.1)
 
-    settings = ConsumerSettings(batch_size=15, max_in_flight=60, batch_concurrency=4)
+    settings = ConsumerSettings(batch_size=15, worker_concurrency=60, batch_concurrency=4)
     consumer = Consumer(queue, handler, settings)
     await consumer.own([0])
     running = asyncio.create_task(consumer.run())
@@ -173,7 +173,7 @@ async def test_no_handler_starts_after_its_lease_ran_out(
         handled.add(message.id)
         await asyncio.sleep(0.2)
 
-    settings = ConsumerSettings(batch_size=8, max_in_flight=8, batch_concurrency=1)
+    settings = ConsumerSettings(batch_size=8, worker_concurrency=8, batch_concurrency=1)
     consumer = Consumer(queue, handler, settings)
     await consumer.own([0])
     admin = async_redis_client.client()
@@ -292,7 +292,7 @@ async def test_a_slow_batch_does_not_hold_finished_acks_back(
             first_acked_at.append(len(started))
         await asyncio.sleep(0.1)
 
-    settings = ConsumerSettings(batch_size=10, max_in_flight=10, batch_concurrency=1)
+    settings = ConsumerSettings(batch_size=10, worker_concurrency=10, batch_concurrency=1)
     consumer = Consumer(queue, handler, settings)
     running = asyncio.create_task(consumer.run(slots=[0]))
     try:

@@ -27,10 +27,10 @@ HOUR_MS = 3_600_000
 TEN_YEARS_MS = 10 * 366 * 24 * HOUR_MS
 
 
-def claim_one(queue: Queue, message_id: str, lease_ms: int = 60_000):
+def claim_one(queue: Queue, message_id: str, ack_timeout_ms: int = 60_000):
     slot = TOPIC.slot_of(message_id)
     epoch = queue.take_over(slot)
-    batch = queue.claim(slot, epoch, 100, lease_ms)
+    batch = queue.claim(slot, epoch, 100, ack_timeout_ms)
     [message] = [m for m in batch.messages if m.id == message_id]
     return message
 
@@ -282,7 +282,7 @@ def test_a_claim_returns_every_record_shape_as_scheduled(redis_client: redis.Red
         ttl_ms = HOUR_MS if message_id == "expiring" else None
         queue.schedule(message_id, payload, delay_ms=0, headers=headers, ttl_ms=ttl_ms)
     epoch = queue.take_over(0)
-    first = queue.claim(0, epoch, 10, lease_ms=1)
+    first = queue.claim(0, epoch, 10, ack_timeout_ms=1)
     assert {m.id: (m.payload, m.headers, m.attempt) for m in first.messages} == {
         message_id: (payload, headers, 1) for message_id, (payload, headers) in scheduled.items()
     }
@@ -306,7 +306,7 @@ def test_a_claim_leases_exactly_its_ids_under_one_deadline(
     queue = Queue(redis_client, topic)
     queue.schedule_many([ScheduleRequest(f"m{i:04d}", delay_ms=0) for i in range(count + 5)])
     epoch = queue.take_over(0)
-    batch = queue.claim(0, epoch, count, lease_ms=HOUR_MS)
+    batch = queue.claim(0, epoch, count, ack_timeout_ms=HOUR_MS)
     prepare = slot_keys(topic, 0).key(Part.PREPARE)
     # redis-py types the answer loosely; a client without decode_responses reads bytes
     leased = cast(list[tuple[bytes, float]], redis_client.zrange(prepare, 0, -1, withscores=True))
@@ -343,7 +343,7 @@ def test_a_takeover_rolls_the_previous_owners_leases_back_at_once(queue: Queue) 
     queue.schedule("b", delay_ms=0, slot_basis="a")
     slot = TOPIC.slot_of("a")
     old_epoch = queue.take_over(slot)
-    leased = queue.claim(slot, old_epoch, lease_ms=3_600_000).messages
+    leased = queue.claim(slot, old_epoch, ack_timeout_ms=3_600_000).messages
     assert {m.id for m in leased} == {"a", "b"}
     new_epoch = queue.take_over(slot)
     again = queue.claim(slot, new_epoch).messages  # no lease to wait for
@@ -441,7 +441,7 @@ def test_expired_lease_rolls_back_and_counts_as_attempt(
     queue.schedule("a", delay_ms=0)
     slot = TOPIC.slot_of("a")
     epoch = queue.take_over(slot)
-    [first] = queue.claim(slot, epoch, lease_ms=50).messages
+    [first] = queue.claim(slot, epoch, ack_timeout_ms=50).messages
     batch = queue.claim(slot, epoch)
     assert batch.messages == []
     assert batch.next_deadline_ms is not None
@@ -465,7 +465,7 @@ def test_expired_leases_past_max_retries_go_dead(queue: Queue, redis_client: red
     slot = TOPIC.slot_of("a")
     epoch = queue.take_over(slot)
     for _ in range(TOPIC.max_retries + 1):
-        batch = queue.claim(slot, epoch, lease_ms=20)
+        batch = queue.claim(slot, epoch, ack_timeout_ms=20)
         assert len(batch.messages) == 1
         assert batch.next_deadline_ms is not None
         wait_for_server_ms(redis_client, batch.next_deadline_ms)
@@ -477,7 +477,7 @@ def test_expired_leases_past_max_retries_go_dead(queue: Queue, redis_client: red
 
 def test_extend_moves_the_deadline(queue: Queue) -> None:
     queue.schedule("a", delay_ms=0)
-    message = claim_one(queue, "a", lease_ms=1000)
+    message = claim_one(queue, "a", ack_timeout_ms=1000)
     before = queue.get("a").lease_deadline_ms
     outcome = queue.extend(message.lease, 60_000)
     assert outcome.code is Code.EXTENDED
@@ -491,7 +491,7 @@ def test_extend_never_revives_an_expired_lease(queue: Queue, redis_client: redis
     """A heartbeat held up past the deadline (Redis paused, a slow network) must not extend a
     lease the consumer has already stopped delivering under, even though nobody reclaimed it."""
     queue.schedule("a", delay_ms=0)
-    message = claim_one(queue, "a", lease_ms=20)
+    message = claim_one(queue, "a", ack_timeout_ms=20)
     deadline_ms = queue.get("a").lease_deadline_ms
     assert deadline_ms is not None
     wait_for_server_ms(redis_client, deadline_ms + 1)

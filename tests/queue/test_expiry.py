@@ -113,7 +113,7 @@ def test_exhausted_retries_are_dropped_when_the_topic_says_drop(make_queue: Make
 
     # a lease that runs out on the last attempt is exhausted too
     queue.schedule("silent", b"", delay_ms=0)
-    [leased] = claim(queue, "silent", lease_ms=1)
+    [leased] = claim(queue, "silent", ack_timeout_ms=1)
     wait_for_server_ms(queue.redis, server_ms(queue.redis) + 2)
     assert claim(queue, "silent") == []
     assert queue.get("silent").state is State.DROPPED

@@ -16,8 +16,10 @@ from .conftest import TOPIC
 LONG_LEASE_MS = 60_000
 
 
-def claim(queue: Queue, slot: int, epoch: int, lease_ms: int = LONG_LEASE_MS) -> list[Message]:
-    return queue.claim(slot, epoch, 100, lease_ms).messages
+def claim(
+    queue: Queue, slot: int, epoch: int, ack_timeout_ms: int = LONG_LEASE_MS
+) -> list[Message]:
+    return queue.claim(slot, epoch, 100, ack_timeout_ms).messages
 
 
 def test_a_stale_token_cannot_ack_the_upserted_version(queue: Queue) -> None:

@@ -3,10 +3,22 @@ live with the model, not in the internal plans module (no re-export shims)."""
 
 from __future__ import annotations
 
+import inspect
+
 import pytest
+import redis
 
 import delayq.queue
-from delayq.queue import InvalidMessageError, Target, Topic
+from delayq.coordination.routed_queue import RoutedQueue
+from delayq.queue import (
+    AsyncQueue,
+    InvalidMessageError,
+    Queue,
+    ScheduleOptions,
+    ScheduleRequest,
+    Target,
+    Topic,
+)
 from delayq.queue import plans as plans_module
 
 MOVED = ["Target", "Retry", "DeadBatchResult", "PartlyStoredError", "ScheduleFailure"]
@@ -33,3 +45,19 @@ def test_target_routes_like_the_plans() -> None:
     assert Target("x", slot_basis="customer-7").slot(topic) == topic.slot_of("customer-7")
     with pytest.raises(InvalidMessageError, match="slot_basis"):
         Target("x", slot_basis="").slot(topic)
+
+
+def test_schedule_options_are_the_requests_fields_and_the_mode() -> None:
+    """`schedule`'s options are declared once (ScheduleOptions) for the three clients; its keys
+    must stay the ScheduleRequest fields they fill, or an option would be typed but refused."""
+    request_fields = set(ScheduleRequest._fields) - {"id", "payload"}
+    assert set(ScheduleOptions.__annotations__) == request_fields | {"mode"}
+    for client in (Queue, AsyncQueue, RoutedQueue):
+        options = inspect.signature(client.schedule).parameters["options"]
+        assert options.annotation == "Unpack[ScheduleOptions]", client
+
+
+def test_an_unknown_schedule_option_is_refused_before_redis() -> None:
+    queue = Queue(redis.Redis(port=1), Topic("options"))  # nothing listens: never reached
+    with pytest.raises(TypeError, match="delay"):
+        queue.schedule("a", delay=5)  # type: ignore[call-arg]

@@ -152,7 +152,7 @@ CLAIM_AND_DIE = """
         seconds, micros = queue.redis.time()
         if seconds * 1000 + micros // 1000 >= due:
             break
-    batch = queue.claim(slot, epoch, lease_ms=300)
+    batch = queue.claim(slot, epoch, ack_timeout_ms=300)
     print(len(batch.messages), batch.topups_owed, flush=True)
     os.kill(os.getpid(), 9)  # between the claim and the top-up
 """

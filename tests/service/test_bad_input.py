@@ -189,7 +189,7 @@ async def test_lease_slots_outside_the_topic_are_400(start_service: StartService
         token = running.service.lease_tokens.encode(Lease(slot, "a", 1, 1))
         for action in ("ack", "nack", "extend"):
             status, error = await post(
-                running, f"/leases/{action}", {"tokens": [token], "leaseMs": 1000}
+                running, f"/leases/{action}", {"tokens": [token], "ackTimeoutMs": 1000}
             )
             assert (status, error["field"]) == (400, "tokens[0]"), (slot, action, error)
             assert "outside 0..3" in error["error"]
@@ -250,7 +250,7 @@ async def test_every_documented_bound_is_the_enforced_bound(start_service: Start
     bounds = [
         ("/messages", "delayMs", schemas["ScheduleRequest"]["properties"]["delayMs"]),
         ("/messages", "atMs", schemas["ScheduleRequest"]["properties"]["atMs"]),
-        ("/leases", "leaseMs", lease_props["leaseMs"]),
+        ("/leases", "ackTimeoutMs", lease_props["ackTimeoutMs"]),
         ("/leases", "waitMs", lease_props["waitMs"]),
         ("/leases", "max", lease_props["max"]),
     ]

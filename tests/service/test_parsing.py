@@ -12,6 +12,7 @@ from delayq.service.parsing import (
     parse_batch,
     parse_cursor,
     parse_dead_targets,
+    parse_extend,
     parse_lease_request,
     parse_message,
     parse_nack,
@@ -65,7 +66,7 @@ def test_batch_errors_carry_the_index():
 def test_lease_and_nack_requests():
     tokens = LeaseTokens(b"key", TOPIC.namespace, TOPIC.name)
     wanted = parse_lease_request({}, TOPIC, tokens)
-    assert (wanted.max_count, wanted.lease_ms, wanted.wait_ms) == (1, TOPIC.ack_timeout_ms, 0)
+    assert (wanted.max_count, wanted.ack_timeout_ms, wanted.wait_ms) == (1, TOPIC.ack_timeout_ms, 0)
     with pytest.raises(FieldError) as caught:
         parse_lease_request({"max": 1001}, TOPIC, tokens)
     assert caught.value.field == "max"
@@ -75,6 +76,25 @@ def test_lease_and_nack_requests():
     with pytest.raises(FieldError) as caught:
         parse_nack({"tokens": [token, "nope"]}, TOPIC, tokens)
     assert caught.value.field == "tokens[1]"
+
+
+def test_the_lease_length_keeps_its_old_field_name_for_one_release():
+    """`ackTimeoutMs` was `leaseMs`: a client not upgraded yet is still served, an error names
+    the field it sent, and both at once are refused rather than one silently chosen."""
+    tokens = LeaseTokens(b"key", TOPIC.namespace, TOPIC.name)
+    token = tokens.encode(Lease(1, "a", 2, 3))
+    for name in ("ackTimeoutMs", "leaseMs"):
+        assert parse_lease_request({name: 500}, TOPIC, tokens).ack_timeout_ms == 500
+        assert parse_extend({"tokens": [token], name: 700}, TOPIC, tokens)[1] == 700
+        with pytest.raises(FieldError) as caught:
+            parse_lease_request({name: 0}, TOPIC, tokens)
+        assert caught.value.field == name
+    with pytest.raises(FieldError, match="leaseMs is the old name of ackTimeoutMs") as caught:
+        parse_lease_request({"leaseMs": 5, "ackTimeoutMs": 5}, TOPIC, tokens)
+    assert caught.value.field == "leaseMs"
+    with pytest.raises(FieldError) as caught:
+        parse_extend({"tokens": [token]}, TOPIC, tokens)  # required: named by its new name
+    assert caught.value.field == "ackTimeoutMs"
 
 
 def test_dead_targets_and_cursor():

@@ -254,7 +254,7 @@ async def test_an_expired_lease_is_leased_again_by_a_waiting_poll(start_service:
     slot's lease deadline, which its claim reported."""
     running = await start_service()
     await schedule(running, 1)
-    [first] = await lease(running, leaseMs=300)
+    [first] = await lease(running, ackTimeoutMs=300)
     started = time.monotonic()
     [second] = await lease(running, waitMs=5000)
     assert (second["id"], second["attempt"]) == (first["id"], 2)
@@ -330,9 +330,9 @@ async def test_extend_keeps_the_lease(start_service: StartService):
     running = await start_service()
     await schedule(running, 1)
     server_now = await running.service.queues[0].redis.time()
-    [message] = await lease(running, leaseMs=200)
+    [message] = await lease(running, ackTimeoutMs=200)
     extended = await running.client.post(
-        f"{running.base}/leases/extend", json={"tokens": [message["token"]], "leaseMs": 60_000}
+        f"{running.base}/leases/extend", json={"tokens": [message["token"]], "ackTimeoutMs": 60_000}
     )
     assert (await extended.json())["results"][0]["result"] == "extended"
     first_deadline_ms = server_now[0] * 1000 + server_now[1] // 1000 + 200
@@ -352,7 +352,7 @@ async def test_extend_keeps_the_lease(start_service: StartService):
 async def test_a_new_owner_fences_old_tokens(start_service: StartService):
     old = await start_service()
     await schedule(old, 1)
-    [message] = await lease(old, leaseMs=60_000)
+    [message] = await lease(old, ackTimeoutMs=60_000)
     await start_service()  # takes over every slot: epochs bump
     answer = await old.client.post(f"{old.base}/leases/ack", json={"tokens": [message["token"]]})
     assert answer.status == 409
@@ -557,7 +557,7 @@ async def test_a_lease_token_of_another_topic_is_refused_with_403(start_service:
     for path, body in (
         ("/leases/ack", {"tokens": [leased["token"]]}),
         ("/leases/nack", {"tokens": [leased["token"]]}),
-        ("/leases/extend", {"tokens": [leased["token"]], "leaseMs": 1000}),
+        ("/leases/extend", {"tokens": [leased["token"]], "ackTimeoutMs": 1000}),
         ("/leases", {"ack": [leased["token"]]}),
     ):
         answer = await orders.client.post(f"{orders.base}{path}", json=body)
@@ -595,7 +595,7 @@ async def test_an_unsigned_token_is_acked_for_one_lease_length_after_start_then_
     old = unsigned_token(str(second["token"]))
 
     async def refused() -> bool:
-        extend = {"tokens": [old], "leaseMs": 5000}  # the lease outlives the window
+        extend = {"tokens": [old], "ackTimeoutMs": 5000}  # the lease outlives the window
         answer = await running.client.post(f"{running.base}/leases/extend", json=extend)
         if answer.status == 200:  # still inside the window
             return False

@@ -37,7 +37,7 @@ def _ahead(queue: AsyncQueue) -> None:
         return None if ms is None else ms + SKEW_MS
 
     async def claim_ahead(
-        claims: Sequence[SlotClaim], lease_ms: int | None = None
+        claims: Sequence[SlotClaim], ack_timeout_ms: int | None = None
     ) -> list[ClaimBatch | StaleEpochError]:
         return [
             outcome
@@ -48,7 +48,7 @@ def _ahead(queue: AsyncQueue) -> None:
                 next_due_ms=shifted(outcome.next_due_ms),
                 next_deadline_ms=shifted(outcome.next_deadline_ms),
             )
-            for outcome in await claim_slots(claims, lease_ms)
+            for outcome in await claim_slots(claims, ack_timeout_ms)
         ]
 
     queue.claim_slots = claim_ahead  # type: ignore[method-assign]

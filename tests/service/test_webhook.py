@@ -79,8 +79,8 @@ async def test_success_posts_the_signed_message_and_acks(
         Webhook(SECRET).verify(body, {**headers, ID_HEADER: "b"})
     # the receiver is told when the lease runs out (Redis clock = this host's clock here)
     deadline_ms = int(headers["X-Delayq-Lease-Deadline"])
-    lease_ms = running.service.config.ack_timeout_ms
-    assert message["dueMs"] < deadline_ms <= time.time() * 1000 + lease_ms
+    ack_timeout_ms = running.service.config.ack_timeout_ms
+    assert message["dueMs"] < deadline_ms <= time.time() * 1000 + ack_timeout_ms
 
     async def acked() -> bool:
         return await state_of(running, "a") == "absent"

@@ -4,13 +4,13 @@ The elected coordinator calls `assign` whenever membership, routing or the assig
 changes; every process can recompute it, so the algorithm is deterministic (no randomness, no
 dict-order dependence). Three goals, in this order of priority:
 
-1. Balanced: member m gets a quota proportional to its capacity (floor of its share, the
-   remainders handed out one by one); with equal capacities sizes differ by at most one.
+1. Balanced: member m gets a share of the slots proportional to its capacity (the floor of
+   it, the remainders handed out one by one); with equal capacities sizes differ by at most one.
 2. Broker-local: a slot whose broker (per the routing) has a live member goes to that member, up
-   to its quota — the pod next to the Redis that stores the slot serves it, saving a network hop
+   to its share — the pod next to the Redis that stores the slot serves it, saving a network hop
    and keeping a broker's outage contained to the slots it stores.
 3. Sticky: every other slot stays with its current owner while that owner is alive and under
-   quota, so a membership change moves as few slots as possible (each move is a handoff).
+   its share, so a membership change moves as few slots as possible (each move is a handoff).
 
 Which members receive the "+1" remainders is chosen to keep those goals too: members with more
 local slots first, then members already holding more slots, then by id.
@@ -30,20 +30,21 @@ class Member:
 
     member_id: str
     broker: int | None = None  # index into the routing's brokers; None: not co-located
-    capacity: int = 1  # relative weight of the quota
+    capacity: int = 1  # relative weight of its share of the slots
 
     def __post_init__(self) -> None:
         if self.capacity < 1:
             raise ValueError(f"member {self.member_id}: capacity must be at least 1")
 
 
-def quotas(
+def shares(
     slot_amount: int,
     members: Sequence[Member],
     local_counts: Mapping[str, int],
     held_counts: Mapping[str, int],
 ) -> dict[str, int]:
-    """Slots per member: floor of the capacity share, remainders by (local, held, id)."""
+    """Slots per member (its share): the floor of its capacity's fraction, remainders by
+    (local, held, id). Not the pending quota (`limits.maxPending`), which bounds messages."""
     total_capacity = sum(member.capacity for member in members)
     result = {m.member_id: slot_amount * m.capacity // total_capacity for m in members}
     left = slot_amount - sum(result.values())
@@ -86,7 +87,7 @@ def assign(
         if owner in by_id:
             held_counts[owner] = held_counts.get(owner, 0) + 1
     local_counts = {member_id: len(slots) for member_id, slots in local_slots.items()}
-    quota = quotas(slot_amount, list(by_id.values()), local_counts, held_counts)
+    share = shares(slot_amount, list(by_id.values()), local_counts, held_counts)
 
     result: Assignment = {}
     counts = dict.fromkeys(by_id, 0)
@@ -99,17 +100,17 @@ def assign(
     for member_id, slots in local_slots.items():
         ordered = sorted(slots, key=lambda s: (current.get(s) != member_id, s))
         for slot in ordered:
-            if counts[member_id] < quota[member_id] and slot not in result:
+            if counts[member_id] < share[member_id] and slot not in result:
                 give(slot, member_id)
-    # 2. sticky: keep the current owner while it is alive and under quota
+    # 2. sticky: keep the current owner while it is alive and under its share
     for slot in range(slot_amount):
         owner = current.get(slot)
-        if slot not in result and owner in by_id and counts[owner] < quota[owner]:
+        if slot not in result and owner in by_id and counts[owner] < share[owner]:
             give(slot, owner)
-    # 3. the rest to whoever is furthest below quota
+    # 3. the rest to whoever is furthest below its share
     for slot in range(slot_amount):
         if slot not in result:
-            give(slot, min(by_id, key=lambda m: (counts[m] - quota[m], m)))
+            give(slot, min(by_id, key=lambda m: (counts[m] - share[m], m)))
     return result
 
 

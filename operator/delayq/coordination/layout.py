@@ -151,11 +151,12 @@ def decode_member(member_id: str, payload: bytes, ephemeral_owner: int) -> Membe
 
 @dataclass(frozen=True)
 class AssignmentDocument:
-    """The assignment node's content; `generation` counts the coordinator's writes and
-    `members` lists every member it was computed for (a member with no slot is still listed,
-    which is how it knows it has been considered and is ready)."""
+    """The assignment node's content; `revision` counts the coordinator's writes (the node's
+    "generation" field, a wire name kept; not the key generation) and `members` lists every
+    member it was computed for (a member with no slot is still listed, which is how it knows
+    it has been considered and is ready)."""
 
-    generation: int
+    revision: int
     slots: Assignment
     members: frozenset[str] = frozenset()
 
@@ -164,7 +165,7 @@ class AssignmentDocument:
         index = {member_id: i for i, member_id in enumerate(member_ids)}
         document = {
             "version": ASSIGNMENT_FORMAT_VERSION,
-            "generation": self.generation,
+            "generation": self.revision,
             "members": member_ids,
             "slots": [index.get(self.slots.get(slot, ""), -1) for slot in range(slot_amount)],
         }

@@ -28,7 +28,7 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import replace
-from typing import Any, TypeVar
+from typing import Any, TypeVar, Unpack
 
 import redis
 
@@ -38,7 +38,6 @@ from delayq.coordination.routing_watch import RoutingWatch, ZkConnection
 from delayq.queue import plans
 from delayq.queue.backoff import Backoff
 from delayq.queue.client import Queue
-from delayq.queue.codec import Headers
 from delayq.queue.codes import ReplicationTimeoutError, SlotMovingError
 from delayq.queue.model import (
     MessageInfo,
@@ -46,6 +45,7 @@ from delayq.queue.model import (
     Outcome,
     PartlyStoredError,
     ScheduleFailure,
+    ScheduleOptions,
     ScheduleRequest,
     ScheduleResult,
     Target,
@@ -236,32 +236,12 @@ class RoutedQueue:
     # producing -----------------------------------------------------------------------------
 
     def schedule(
-        self,
-        message_id: str,
-        payload: bytes | str = b"",
-        *,
-        delay_ms: int | None = None,
-        at_ms: int | None = None,
-        slot_basis: str | None = None,
-        headers: Headers | None = None,
-        mode: Mode = Mode.CREATE,
-        expire_at_ms: int | None = None,
-        ttl_ms: int | None = None,
+        self, message_id: str, payload: bytes | str = b"", **options: Unpack[ScheduleOptions]
     ) -> ScheduleResult:
         """As Queue.schedule."""
         return self._on_slot(
-            Target(message_id, slot_basis),
-            lambda queue: queue.schedule(
-                message_id,
-                payload,
-                delay_ms=delay_ms,
-                at_ms=at_ms,
-                slot_basis=slot_basis,
-                headers=headers,
-                mode=mode,
-                expire_at_ms=expire_at_ms,
-                ttl_ms=ttl_ms,
-            ),
+            Target(message_id, options.get("slot_basis")),
+            lambda queue: queue.schedule(message_id, payload, **options),
         )
 
     def schedule_many(

@@ -123,11 +123,11 @@ def plan_moves(current: Routing, broker_count: int) -> list[Move]:
     """The fewest slot moves that balance `current` over brokers 0..broker_count-1.
 
     Balanced: every broker ends with floor or ceil of slots / brokers (so counts differ by at
-    most one). Minimal: the brokers holding the most slots keep the ceil quotas, so the moves
-    are exactly the slots above each broker's quota, and each slot moves at most once; a broker
-    at or under its quota keeps every slot it has. A broker at or beyond `broker_count` has a
-    quota of 0 (all of its slots move). Surplus slots leave from the end of their broker's list
-    and fill the brokers under quota in index order, so ranges stay contiguous where they were
+    most one). Minimal: the brokers holding the most slots keep the ceil shares, so the moves
+    are exactly the slots above each broker's share, and each slot moves at most once; a broker
+    at or under its share keeps every slot it has. A broker at or beyond `broker_count` has a
+    share of 0 (all of its slots move). Surplus slots leave from the end of their broker's list
+    and fill the brokers under their share in index order, so ranges stay contiguous where they were
     (1 -> 2 brokers of 16 slots moves 8-15 to broker 1, where the first routing puts them).
     Moving a slot copies its messages (`migration.py`), which is why the plan never moves one
     that balance does not need. The operator plans again on every pass from the routing: a plan
@@ -139,15 +139,15 @@ def plan_moves(current: Routing, broker_count: int) -> list[Move]:
         )
     counts = Counter(current.broker_of_slot)
     low, extra = divmod(current.slot_amount, broker_count)
-    # the `extra` ceil quotas go to the fullest brokers: they have the fewest slots to shed
+    # the `extra` ceil shares go to the fullest brokers: they have the fewest slots to shed
     fullest = sorted(range(broker_count), key=lambda broker: (-counts[broker], broker))
-    quota = {broker: low + (rank < extra) for rank, broker in enumerate(fullest)}
+    share = {broker: low + (rank < extra) for rank, broker in enumerate(fullest)}
     surplus: list[tuple[int, int]] = []  # (slot, source)
     for broker in sorted(counts):
         slots = current.slots_of(broker)
-        keep = quota.get(broker, 0)
+        keep = share.get(broker, 0)
         surplus += [(slot, broker) for slot in slots[keep:]]
-    room = {broker: quota[broker] - counts[broker] for broker in range(broker_count)}
+    room = {broker: share[broker] - counts[broker] for broker in range(broker_count)}
     targets = [broker for broker in range(broker_count) for _ in range(max(room[broker], 0))]
     return [
         Move(slot, source, target)

@@ -76,7 +76,8 @@ class ZkSettings:
     topic: str
     slot_amount: int
     member_id: str = field(default_factory=lambda: f"{socket.gethostname()}-{os.getpid()}")
-    broker: str = ""  # co-located broker ("broker-1"); its trailing number indexes the routing
+    # the co-located broker ("broker-1", a pod name): its trailing number indexes the routing
+    preferred_broker: str = ""
     capacity: int = 1
     host: str = field(default_factory=socket.gethostname)
     session_timeout_s: float = DEFAULT_SESSION_TIMEOUT_S
@@ -138,7 +139,7 @@ class ZkOwnership:
         self._stopping = False
         self._connected = False
         self._session_state = "lost"  # no session before start (ownership.SESSION_STATES)
-        self._generation = 0  # bumped on every connection loss: results of older passes are void
+        self._losses = 0  # connection losses so far: results of passes begun before one are void
         self._held: set[int] = set()  # owner nodes this session holds
         # slots whose owner node another session holds, with an exists-watch armed on it: not
         # retried until that watch fires (thousands of slots must not be re-created per pass)
@@ -283,7 +284,7 @@ class ZkOwnership:
         else:
             log.warning("%s: ZooKeeper session %s: stop claiming", self.member_id, state)
             self._connected = False
-            self._generation += 1
+            self._losses += 1
             self._waiting.clear()  # kazoo drops its watchers on every disconnect
             if state == KazooState.LOST:
                 self._held.clear()  # the server deleted every ephemeral node of the session
@@ -328,11 +329,11 @@ class ZkOwnership:
             asyncio.get_running_loop().call_later(RETRY_AFTER_ERROR_S, self._wake.set)
 
     async def _pass(self) -> None:
-        generation = self._generation
+        losses = self._losses
         if not self._connected:
             return
         view = await asyncio.to_thread(self._read_view)
-        if generation != self._generation:
+        if losses != self._losses:
             return
         self.is_coordinator = view.coordinator == self.member_id
         if self.is_coordinator and await asyncio.to_thread(self._coordinate, view):
@@ -347,12 +348,12 @@ class ZkOwnership:
         )
         self._assigned = mine if self.member_id in view.assignment.members else None
         # give up first: the service stops claiming before anyone else may start
-        if not await self._publish(self._granted & mine, generation):
+        if not await self._publish(self._granted & mine, losses):
             return
         release = self._held - mine
         if release:
             await asyncio.to_thread(self._release, release)
-            if generation != self._generation:
+            if losses != self._losses:
                 return
             self._held -= release
         self._waiting &= mine
@@ -360,18 +361,18 @@ class ZkOwnership:
         if wanted:
             self._freed.clear()
             taken, contested = await asyncio.to_thread(self._acquire, wanted)
-            if generation != self._generation:
+            if losses != self._losses:
                 return
             self._held |= taken
             # a watch may fire before its slot is recorded as waiting: never wait on those
             self._waiting |= contested - self._freed
-        await self._publish(frozenset(mine & self._held), generation)
+        await self._publish(frozenset(mine & self._held), losses)
 
-    async def _publish(self, slots: frozenset[int], generation: int | None) -> bool:
-        """Hand `slots` to the service; False when the session changed since `generation`
-        (a revocation, with generation None, always goes through)."""
+    async def _publish(self, slots: frozenset[int], losses: int | None) -> bool:
+        """Hand `slots` to the service; False when the connection was lost again since
+        `losses` were counted (a revocation, with losses None, always goes through)."""
         async with self._publish_lock:
-            if generation is not None and (generation != self._generation or self._stopping):
+            if losses is not None and (losses != self._losses or self._stopping):
                 return False
             if (slots != self._granted or self._unsure) and self._on_change is not None:
                 log.info("%s: consuming %d slots", self.member_id, len(slots))
@@ -461,8 +462,9 @@ class ZkOwnership:
         stat = self._client.exists(path)
         if stat is not None and stat.ephemeralOwner == self._session_id():
             return
+        settings = self.settings
         payload = encode_member(
-            self.settings.broker, self.settings.capacity, self.settings.host, library().name
+            settings.preferred_broker, settings.capacity, settings.host, library().name
         )
         try:
             self._client.create(path, payload, ephemeral=True, makepath=True)
@@ -484,7 +486,7 @@ class ZkOwnership:
         unchanged = (target, alive) == (current.slots, current.members)
         if unchanged and view.assignment_version is not None:
             return False
-        document = AssignmentDocument(current.generation + 1, target, alive)
+        document = AssignmentDocument(current.revision + 1, target, alive)
         payload = document.encode(self.settings.slot_amount)
         try:
             if view.assignment_version is None:
@@ -495,9 +497,9 @@ class ZkOwnership:
             self._call_in_loop(self._wake.set)  # someone wrote first: re-read and decide again
             return True
         log.info(
-            "%s: assignment generation %d for %d members (%d slots moved from live members)",
+            "%s: assignment revision %d for %d members (%d slots moved from live members)",
             self.member_id,
-            document.generation,
+            document.revision,
             len(alive),
             len(moved(current.slots, target, set(alive))),
         )

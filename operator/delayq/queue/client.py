@@ -9,13 +9,12 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterable, Sequence
-from typing import Any, TypeVar, cast
+from typing import Any, TypeVar, Unpack, cast
 
 import redis
 import redis.asyncio
 
 from delayq.queue import functions, plans, schedule_plans
-from delayq.queue.codec import Headers
 from delayq.queue.codes import DelayqError, ReplicationTimeoutError, StaleEpochError, as_typed_error
 from delayq.queue.keys import paused_key
 from delayq.queue.model import (
@@ -28,14 +27,17 @@ from delayq.queue.model import (
     Mode,
     Outcome,
     Retry,
+    ScheduleOptions,
     ScheduleRequest,
     ScheduleResult,
     SlotClaim,
     Target,
     TopicStats,
+    schedule_request,
 )
 from delayq.queue.packing import use_hiredis_packing
 from delayq.queue.plans import Plan, ScriptCall, received, received_all
+from delayq.queue.renamed import renamed_kwargs
 from delayq.queue.schedule_plans import Steps
 from delayq.queue.schedules import DefineResult, Schedule, ScheduleInfo
 from delayq.queue.scripts import Script
@@ -129,20 +131,9 @@ class _Plans:
         self.topic = topic
 
     def schedule(
-        self,
-        message_id: str,
-        payload: bytes | str,
-        delay_ms: int | None,
-        at_ms: int | None,
-        slot_basis: str | None,
-        headers: Headers | None,
-        mode: Mode,
-        expire_at_ms: int | None = None,
-        ttl_ms: int | None = None,
+        self, message_id: str, payload: bytes | str, options: ScheduleOptions
     ) -> Plan[ScheduleResult]:
-        request = ScheduleRequest(
-            message_id, payload, delay_ms, at_ms, slot_basis, headers, expire_at_ms, ttl_ms
-        )
+        request, mode = schedule_request(message_id, payload, options)
         return plans.first(plans.schedule(self.topic, [request], mode))
 
     def reschedule(self, target: Target, delay_ms: int | None, at_ms: int | None) -> Plan[Outcome]:
@@ -150,16 +141,16 @@ class _Plans:
         return plans.checked(plans.reschedule(self.topic, [move]), Script.RESCHEDULE)
 
     def claim(
-        self, slot: int, epoch: int, max_count: int, lease_ms: int | None
+        self, slot: int, epoch: int, max_count: int, ack_timeout_ms: int | None
     ) -> Plan[ClaimBatch]:
         return plans.claim(
-            self.topic, slot, epoch, max_count, lease_ms or self.topic.ack_timeout_ms
+            self.topic, slot, epoch, max_count, ack_timeout_ms or self.topic.ack_timeout_ms
         )
 
     def claim_slots(
-        self, claims: Sequence[SlotClaim], lease_ms: int | None
+        self, claims: Sequence[SlotClaim], ack_timeout_ms: int | None
     ) -> Plan[list[ClaimBatch | StaleEpochError]]:
-        return plans.claim_slots(self.topic, claims, lease_ms or self.topic.ack_timeout_ms)
+        return plans.claim_slots(self.topic, claims, ack_timeout_ms or self.topic.ack_timeout_ms)
 
 
 class Queue:
@@ -226,32 +217,10 @@ class Queue:
 
     # producing
     def schedule(
-        self,
-        message_id: str,
-        payload: bytes | str = b"",
-        *,
-        delay_ms: int | None = None,
-        at_ms: int | None = None,
-        slot_basis: str | None = None,
-        headers: Headers | None = None,
-        mode: Mode = Mode.CREATE,
-        expire_at_ms: int | None = None,
-        ttl_ms: int | None = None,
+        self, message_id: str, payload: bytes | str = b"", **options: Unpack[ScheduleOptions]
     ) -> ScheduleResult:
-        """Schedule one message (see ScheduleRequest for the fields)."""
-        return self.run(
-            self._plans.schedule(
-                message_id,
-                payload,
-                delay_ms,
-                at_ms,
-                slot_basis,
-                headers,
-                mode,
-                expire_at_ms,
-                ttl_ms,
-            )
-        )
+        """Schedule one message (the options: ScheduleOptions)."""
+        return self.run(self._plans.schedule(message_id, payload, options))
 
     def schedule_many(
         self, requests: Sequence[ScheduleRequest], mode: Mode = Mode.CREATE
@@ -303,24 +272,26 @@ class Queue:
     def take_over(self, slot: int) -> int:
         return self.run(plans.fence(self.topic, slot))
 
+    @renamed_kwargs(lease_ms="ack_timeout_ms")
     def claim(
         self,
         slot: int,
         epoch: int,
         max_count: int = DEFAULT_CLAIM_BATCH,
-        lease_ms: int | None = None,
+        ack_timeout_ms: int | None = None,
     ) -> ClaimBatch:
-        plan = self._plans.claim(slot, epoch, max_count, lease_ms)
+        plan = self._plans.claim(slot, epoch, max_count, ack_timeout_ms)
         replies, _ = self._replies(plan)  # claims never wait for replicas
         received_s = time.monotonic()  # before decoding, which can take milliseconds
         return received(plan.combine(replies), received_s)
 
+    @renamed_kwargs(lease_ms="ack_timeout_ms")
     def claim_slots(
-        self, claims: Sequence[SlotClaim], lease_ms: int | None = None
+        self, claims: Sequence[SlotClaim], ack_timeout_ms: int | None = None
     ) -> list[ClaimBatch | StaleEpochError]:
         """Claim from several slots in one round trip, each `SlotClaim` (slot, epoch, max_count)
         with its own count; a fenced-out slot yields its StaleEpochError in its place."""
-        plan = self._plans.claim_slots(claims, lease_ms)
+        plan = self._plans.claim_slots(claims, ack_timeout_ms)
         replies, _ = self._replies(plan)  # claims never wait for replicas
         received_s = time.monotonic()  # before decoding, which can take milliseconds
         return received_all(plan.combine(replies), received_s)
@@ -340,11 +311,15 @@ class Queue:
     def nack_many(self, retries: Sequence[Retry]) -> list[Outcome]:
         return self.run(plans.nack(self.topic, retries))
 
-    def extend(self, lease: Lease, lease_ms: int) -> Outcome:
-        return self.run(plans.checked(plans.extend(self.topic, [lease], lease_ms), Script.EXTEND))
+    @renamed_kwargs(lease_ms="ack_timeout_ms")
+    def extend(self, lease: Lease, ack_timeout_ms: int) -> Outcome:
+        return self.run(
+            plans.checked(plans.extend(self.topic, [lease], ack_timeout_ms), Script.EXTEND)
+        )
 
-    def extend_many(self, leases: Sequence[Leased], lease_ms: int) -> list[Outcome]:
-        return self.run(plans.extend(self.topic, leases, lease_ms))
+    @renamed_kwargs(lease_ms="ack_timeout_ms")
+    def extend_many(self, leases: Sequence[Leased], ack_timeout_ms: int) -> list[Outcome]:
+        return self.run(plans.extend(self.topic, leases, ack_timeout_ms))
 
     def giveback_many(self, leases: Sequence[Leased]) -> list[Outcome]:
         """Give leased messages back undelivered (see `plans.giveback`)."""
@@ -473,32 +448,10 @@ class AsyncQueue:
 
     # producing
     async def schedule(
-        self,
-        message_id: str,
-        payload: bytes | str = b"",
-        *,
-        delay_ms: int | None = None,
-        at_ms: int | None = None,
-        slot_basis: str | None = None,
-        headers: Headers | None = None,
-        mode: Mode = Mode.CREATE,
-        expire_at_ms: int | None = None,
-        ttl_ms: int | None = None,
+        self, message_id: str, payload: bytes | str = b"", **options: Unpack[ScheduleOptions]
     ) -> ScheduleResult:
-        """Schedule one message (see ScheduleRequest for the fields)."""
-        return await self.run(
-            self._plans.schedule(
-                message_id,
-                payload,
-                delay_ms,
-                at_ms,
-                slot_basis,
-                headers,
-                mode,
-                expire_at_ms,
-                ttl_ms,
-            )
-        )
+        """Schedule one message (the options: ScheduleOptions)."""
+        return await self.run(self._plans.schedule(message_id, payload, options))
 
     async def schedule_many(
         self, requests: Sequence[ScheduleRequest], mode: Mode = Mode.CREATE
@@ -549,24 +502,26 @@ class AsyncQueue:
     async def take_over(self, slot: int) -> int:
         return await self.run(plans.fence(self.topic, slot))
 
+    @renamed_kwargs(lease_ms="ack_timeout_ms")
     async def claim(
         self,
         slot: int,
         epoch: int,
         max_count: int = DEFAULT_CLAIM_BATCH,
-        lease_ms: int | None = None,
+        ack_timeout_ms: int | None = None,
     ) -> ClaimBatch:
-        plan = self._plans.claim(slot, epoch, max_count, lease_ms)
+        plan = self._plans.claim(slot, epoch, max_count, ack_timeout_ms)
         replies, _ = await self._replies(plan)  # claims never wait for replicas
         received_s = time.monotonic()  # before decoding, which can take milliseconds
         return received(plan.combine(replies), received_s)
 
+    @renamed_kwargs(lease_ms="ack_timeout_ms")
     async def claim_slots(
-        self, claims: Sequence[SlotClaim], lease_ms: int | None = None
+        self, claims: Sequence[SlotClaim], ack_timeout_ms: int | None = None
     ) -> list[ClaimBatch | StaleEpochError]:
         """Claim from several slots in one round trip, each `SlotClaim` (slot, epoch, max_count)
         with its own count; a fenced-out slot yields its StaleEpochError in its place."""
-        plan = self._plans.claim_slots(claims, lease_ms)
+        plan = self._plans.claim_slots(claims, ack_timeout_ms)
         replies, _ = await self._replies(plan)  # claims never wait for replicas
         received_s = time.monotonic()  # before decoding, which can take milliseconds
         return received_all(plan.combine(replies), received_s)
@@ -586,13 +541,15 @@ class AsyncQueue:
     async def nack_many(self, retries: Sequence[Retry]) -> list[Outcome]:
         return await self.run(plans.nack(self.topic, retries))
 
-    async def extend(self, lease: Lease, lease_ms: int) -> Outcome:
+    @renamed_kwargs(lease_ms="ack_timeout_ms")
+    async def extend(self, lease: Lease, ack_timeout_ms: int) -> Outcome:
         return await self.run(
-            plans.checked(plans.extend(self.topic, [lease], lease_ms), Script.EXTEND)
+            plans.checked(plans.extend(self.topic, [lease], ack_timeout_ms), Script.EXTEND)
         )
 
-    async def extend_many(self, leases: Sequence[Leased], lease_ms: int) -> list[Outcome]:
-        return await self.run(plans.extend(self.topic, leases, lease_ms))
+    @renamed_kwargs(lease_ms="ack_timeout_ms")
+    async def extend_many(self, leases: Sequence[Leased], ack_timeout_ms: int) -> list[Outcome]:
+        return await self.run(plans.extend(self.topic, leases, ack_timeout_ms))
 
     async def giveback_many(self, leases: Sequence[Leased]) -> list[Outcome]:
         """Give leased messages back undelivered (see `plans.giveback`)."""

@@ -8,7 +8,7 @@ pull delivery), which cuts the sleep short. A message is therefore claimed withi
 loop's timer resolution of its due instant — never before it, since the claim script compares
 against server time.
 
-Flow control: at most `max_in_flight` messages are leased at once; when handlers are slow the
+Flow control: at most `worker_concurrency` messages are leased at once; when handlers are slow the
 consumer stops claiming rather than buffering (the seed's per-partition pause), and a burst of
 millions due at one instant is drained `batch_size` at a time. Room is given back per message as
 its handler finishes.
@@ -47,6 +47,7 @@ from delayq.queue.client import AsyncQueue
 from delayq.queue.coalesce import Coalescer
 from delayq.queue.codes import Code, DelayqError, ReplicationTimeoutError, StaleEpochError
 from delayq.queue.model import ClaimBatch, Leased, Message, Outcome, Retry, SlotClaim
+from delayq.queue.renamed import renamed_kwargs
 from delayq.queue.server_clock import ServerClock
 from delayq.queue.slots import OwnedSlot, OwnedSlots
 from delayq.queue.topups import TopUps
@@ -78,11 +79,21 @@ class LeaseGoneError(Exception):
     given back rather than nacked (no attempt is counted)."""
 
 
+# messages leased at once at most: the DelayTopic's `worker.concurrency` default (within its
+# 1..1024 bound); the delivery bench measured 1000 at the CPU per message of 2000
+DEFAULT_WORKER_CONCURRENCY = 1000
+# messages per claim at most: 200 cost 13% more Python and 20% more Redis CPU per delivered
+# message than 500 (bench/bench_hot_paths.py, delivery, 16 slots)
+DEFAULT_BATCH_SIZE = 500
+
+
+# the old names until the next release
+@renamed_kwargs(lease_ms="ack_timeout_ms", max_in_flight="worker_concurrency")
 @dataclass
 class ConsumerSettings:
-    batch_size: int = 500
-    max_in_flight: int = 2000
-    lease_ms: int | None = None  # default: the topic's ack timeout
+    batch_size: int = DEFAULT_BATCH_SIZE
+    worker_concurrency: int = DEFAULT_WORKER_CONCURRENCY  # leased at once at most
+    ack_timeout_ms: int | None = None  # a claim's lease length; default: the topic's
     batch_concurrency: int = 64  # handlers running at once within one claimed batch
     ack_group_size: int = 256  # acks (and nacks) sent together once this many are ready
     release_drain_s: float = 10.0  # how long releasing a slot waits for its in-flight acks
@@ -154,7 +165,7 @@ class Consumer:
         self.on_nacked = on_nacked
         self.managed = managed
         self.counters = ConsumerCounters()
-        self._lease_ms = self.settings.lease_ms or queue.topic.ack_timeout_ms
+        self._ack_timeout_ms = self.settings.ack_timeout_ms or queue.topic.ack_timeout_ms
         self._owned = OwnedSlots(queue, _SlotState, self._claim_now)
         self.top_ups = TopUps(queue, self._count_topped_up)  # what claims owe schedules
         self._timers: list[tuple[float, int]] = []  # heap of (next_ms, slot); stale ones skipped
@@ -178,7 +189,7 @@ class Consumer:
         # wake up to 1 ms late
         self._clock = ServerClock()
         # the smallest claim worth a round trip: a quarter batch (never more than fits in flight)
-        batch_limit = min(self.settings.batch_size, self.settings.max_in_flight)
+        batch_limit = min(self.settings.batch_size, self.settings.worker_concurrency)
         self._min_batch = max(1, batch_limit // 4)
 
     # ownership --------------------------------------------------------------------------------
@@ -378,7 +389,7 @@ class Consumer:
             self._claiming.add(slot)
         try:
             results = await self.queue.claim_slots(
-                [SlotClaim(slot, state.epoch, share) for slot, state in owned], self._lease_ms
+                [SlotClaim(slot, state.epoch, share) for slot, state in owned], self._ack_timeout_ms
             )
             orphans = [
                 message
@@ -431,7 +442,7 @@ class Consumer:
     async def _wait_for_capacity(self) -> int:
         """Wait until a worthwhile claim fits in flight: at least a quarter batch of room, so a
         backlog is not drained in slivers (each sliver would cost its own claim and ack calls)."""
-        limit = self.settings.max_in_flight
+        limit = self.settings.worker_concurrency
         while not self._stopping and limit - self._in_flight < self._min_batch:
             self._room.clear()
             await self._room.wait()
@@ -439,7 +450,7 @@ class Consumer:
 
     def _give_room(self, count: int) -> None:
         self._in_flight -= count
-        if self.settings.max_in_flight - self._in_flight >= self._min_batch:
+        if self.settings.worker_concurrency - self._in_flight >= self._min_batch:
             self._room.set()
 
     def _lose(self, state: _SlotState) -> None:
@@ -456,7 +467,7 @@ class Consumer:
         batch = _Batch(
             claimed.slot,
             messages[0].epoch,
-            claimed.now_ms + self._lease_ms,  # as the script computed it (whole ms)
+            claimed.now_ms + self._ack_timeout_ms,  # as the script computed it (whole ms)
             {message.id: message for message in messages},
         )
         key = (claimed.slot, messages[0].lease_id)  # one claim draws one lease number
@@ -468,107 +479,16 @@ class Consumer:
         task.add_done_callback(lambda _: self._batches.pop(key, None))
 
     async def _handle_batch(self, messages: list[Message], batch: _Batch) -> None:
-        """Run the batch's handlers on at most `batch_concurrency` workers sharing one iterator
-        (no task per message), acking and nacking in groups: a group is sent when it reaches
-        `ack_group_size`, and each worker sends what is left once the batch has no more
-        messages to start, so one slow handler delays only its own ack, never its batch's.
-        A message this consumer no longer holds (slot released, lease gone) is given back
-        instead of handled.
-
-        Workers are added one event-loop turn at a time, and only while handlers give the loop
-        a turn: a handler that waits on I/O gets up to `batch_concurrency` workers within as
-        many turns, while handlers that never suspend are served by one worker instead of
-        creating tasks that would find the batch already done."""
-        remaining = iter(messages)
-        done: list[Message] = []  # acked by their lease fields (model.Leased)
-        retries: list[Retry] = []
-        skipped: list[Message] = []  # not handed over: given back
-        group = self.settings.ack_group_size
-        helpers: list[asyncio.Task[None]] = []
-        helper_starting = False  # a helper was created and has not run yet
-        max_helpers = min(self.settings.batch_concurrency, len(messages)) - 1
-
-        handled = 0  # messages whose handler ran or that were skipped: their room is given back
-        unsent_since = 0.0  # monotonic time the oldest unsent ack or nack was ready (0: none)
-        sending = asyncio.Lock()  # one ack/nack call of a batch at a time
-
-        async def send(threshold: int) -> None:
-            # a handled message stays in `pending` (its lease kept by the heartbeat) until its
-            # ack or nack is sent: acks wait for the batch, which may take longer than a lease
-            nonlocal done, retries, unsent_since
-            unsent_since = 0.0
-            async with sending:
-                try:
-                    if done and len(done) >= threshold:
-                        leases, done = done, []
-                        acked = await self._acks.submit(leases)
-                        self._count_lost(acked)
-                        for message in leases:
-                            del batch.pending[message.id]
-                    if retries and len(retries) >= threshold:
-                        failed, retries = retries, []
-                        nacked = await self._nacks.submit(failed)
-                        self._count_lost(nacked)
-                        if self.on_nacked is not None:
-                            self.on_nacked(nacked)
-                        for retry in failed:
-                            del batch.pending[retry.lease.id]
-                except redis.RedisError as error:
-                    log.warning(
-                        "slot %d: ack/nack failed (%s); the leases will expire and redeliver",
-                        batch.slot,
-                        error,
-                    )
-
-        async def worker() -> None:
-            nonlocal helper_starting, handled, unsent_since
-            helper_starting = False
-            for message in remaining:
-                if not helper_starting and len(helpers) < max_helpers:
-                    helper_starting = True
-                    helpers.append(asyncio.create_task(worker()))
-                if self._deadline_in(batch, message) is None:  # as `holds`, batch known
-                    skipped.append(message)
-                    del batch.pending[message.id]
-                else:
-                    try:
-                        await self.handler(message)
-                    except LeaseGoneError:
-                        skipped.append(message)
-                        del batch.pending[message.id]
-                    except Exception as error:  # the handler's failure is the message's outcome
-                        retries.append(self._retry(message, error))
-                    else:
-                        done.append(message)
-                handled += 1
-                self._give_room(1)
-                if len(done) >= group or len(retries) >= group:  # checked inline: per message
-                    await send(group)
-                elif done or retries:
-                    # slow batches must not hold finished acks back: an ack not yet sent is a
-                    # redelivery if the process or Redis dies meanwhile
-                    now_s = time.monotonic()
-                    if not unsent_since:
-                        unsent_since = now_s
-                    elif now_s - unsent_since >= ACK_FLUSH_S:
-                        await send(1)
-            if done or retries:
-                await send(1)
-
+        """Run the batch's handlers (`_BatchRun`), then give back what was not delivered."""
+        run = _BatchRun(self, batch, messages)
         try:
-            await worker()
-            started = 0
-            while started < len(helpers):  # a helper may add helpers while it is awaited
-                await helpers[started]
-                started += 1
+            await run.run()
         finally:
-            for helper in helpers:
-                helper.cancel()  # only if this batch itself was cancelled: else all are done
-            self._give_room(len(messages) - handled)  # only if cancelled: else all were counted
+            self._give_room(len(messages) - run.handled)  # only if cancelled: else all counted
             batch.pending.clear()
-        if skipped:
-            self.counters.deliveries_skipped += len(skipped)
-            await self._give_back(skipped)
+        if run.skipped:
+            self.counters.deliveries_skipped += len(run.skipped)
+            await self._give_back(run.skipped)
 
     def _retry(self, message: Message, error: BaseException) -> Retry:
         reason = f"{type(error).__name__}: {error}"[:1000]
@@ -626,7 +546,7 @@ class Consumer:
     async def _keep_up(self) -> None:
         """Extend the leases of unfinished messages before they run out (every third of a
         lease), and once a second check every owned slot against Redis for a stall."""
-        period_s = min(WATCHDOG_S, self._lease_ms / 3000)
+        period_s = min(WATCHDOG_S, self._ack_timeout_ms / 3000)
         watched_s = time.monotonic()
         while not self._stopping:
             await asyncio.sleep(period_s)
@@ -643,12 +563,12 @@ class Consumer:
 
     async def _extend_leases(self) -> None:
         now = self.server_now_ms()
-        half = self._lease_ms / 2
+        half = self._ack_timeout_ms / 2
         batches = [b for b in self._batches.values() if b.pending and b.deadline_ms - now < half]
         messages = [m for b in batches for m in b.pending.values() if m.id not in b.lost]
         if not messages:
             return
-        outcomes = await self.queue.extend_many(messages, self._lease_ms)
+        outcomes = await self.queue.extend_many(messages, self._ack_timeout_ms)
         for message, outcome in zip(messages, outcomes, strict=True):
             batch = self._batches.get((message.slot, message.lease_id))
             if batch is None:
@@ -682,6 +602,144 @@ class Consumer:
                 )
                 self._set_next(slot_stats.slot, 0)
                 self._changed.set()
+
+
+class _Outbox:
+    """A batch's finished messages waiting for their ack or nack call, sent in groups: a group
+    goes when it reaches `ack_group_size`, or once its oldest has waited `ACK_FLUSH_S` (a slow
+    batch must not hold finished acks back: an ack not yet sent is a redelivery if the process
+    or Redis dies meanwhile), and whatever is left when a worker runs out of messages. A sent
+    message leaves the batch's `pending` (whose leases the heartbeat keeps) only then: acks
+    wait for the batch, which may take longer than a lease."""
+
+    __slots__ = ("batch", "consumer", "done", "group", "retries", "sending", "unsent_since")
+
+    def __init__(self, consumer: Consumer, batch: _Batch) -> None:
+        self.consumer = consumer
+        self.batch = batch
+        self.group = consumer.settings.ack_group_size
+        self.done: list[Message] = []  # acked by their lease fields (model.Leased)
+        self.retries: list[Retry] = []
+        self.unsent_since = 0.0  # monotonic time the oldest unsent ack or nack was ready (0: none)
+        self.sending = asyncio.Lock()  # one ack/nack call of a batch at a time
+
+    def ready(self) -> int:
+        """The threshold to send with now (`send`): the group size once a group is full, 1
+        once the oldest unsent has waited `ACK_FLUSH_S`, 0 for not yet. Checked after every
+        message, so it stays cheap: one clock read while something is unsent."""
+        if len(self.done) >= self.group or len(self.retries) >= self.group:
+            return self.group
+        if self.done or self.retries:
+            now_s = time.monotonic()
+            if not self.unsent_since:
+                self.unsent_since = now_s
+            elif now_s - self.unsent_since >= ACK_FLUSH_S:
+                return 1
+        return 0
+
+    async def send(self, threshold: int) -> None:
+        """Send the acks, then the nacks, of whichever has at least `threshold` waiting.
+        A Redis error is logged: the leases expire and the messages come again."""
+        self.unsent_since = 0.0
+        async with self.sending:
+            try:
+                if self.done and len(self.done) >= threshold:
+                    leases, self.done = self.done, []
+                    await self._acked(leases)
+                if self.retries and len(self.retries) >= threshold:
+                    failed, self.retries = self.retries, []
+                    await self._nacked(failed)
+            except redis.RedisError as error:
+                log.warning(
+                    "slot %d: ack/nack failed (%s); the leases will expire and redeliver",
+                    self.batch.slot,
+                    error,
+                )
+
+    async def _acked(self, leases: list[Message]) -> None:
+        consumer = self.consumer
+        consumer._count_lost(await consumer._acks.submit(leases))
+        for message in leases:
+            del self.batch.pending[message.id]
+
+    async def _nacked(self, failed: list[Retry]) -> None:
+        consumer = self.consumer
+        nacked = await consumer._nacks.submit(failed)
+        consumer._count_lost(nacked)
+        if consumer.on_nacked is not None:
+            consumer.on_nacked(nacked)
+        for retry in failed:
+            del self.batch.pending[retry.lease.id]
+
+
+class _BatchRun:
+    """One claimed batch's handlers, run on at most `batch_concurrency` workers sharing one
+    iterator (no task per message), their acks and nacks sent by an `_Outbox`, so one slow
+    handler delays only its own ack, never its batch's. A message this consumer no longer
+    holds (slot released, lease gone) is skipped: given back instead of handled.
+
+    Workers are added one event-loop turn at a time, and only while handlers give the loop a
+    turn: a handler that waits on I/O gets up to `batch_concurrency` workers within as many
+    turns, while handlers that never suspend are served by one worker instead of creating
+    tasks that would find the batch already done."""
+
+    __slots__ = (
+        "batch", "consumer", "handled", "helper_starting", "helpers", "max_helpers", "outbox",
+        "remaining", "skipped",
+    )  # fmt: skip
+
+    def __init__(self, consumer: Consumer, batch: _Batch, messages: list[Message]) -> None:
+        self.consumer = consumer
+        self.batch = batch
+        self.remaining = iter(messages)
+        self.outbox = _Outbox(consumer, batch)
+        self.skipped: list[Message] = []  # not handed over: given back
+        self.handled = 0  # messages whose handler ran or that were skipped: room given back
+        self.helpers: list[asyncio.Task[None]] = []
+        self.max_helpers = min(consumer.settings.batch_concurrency, len(messages)) - 1
+        self.helper_starting = False  # a helper was created and has not run yet
+
+    async def run(self) -> None:
+        """Until every message is handled or skipped; cancelling it cancels its helpers."""
+        try:
+            await self._work()
+            started = 0
+            while started < len(self.helpers):  # a helper may add helpers while it is awaited
+                await self.helpers[started]
+                started += 1
+        finally:
+            for helper in self.helpers:
+                helper.cancel()  # only if this batch itself was cancelled: else all are done
+
+    async def _work(self) -> None:
+        """One worker: the next message of the batch, until there is none."""
+        self.helper_starting = False
+        consumer, batch, outbox = self.consumer, self.batch, self.outbox
+        for message in self.remaining:
+            if not self.helper_starting and len(self.helpers) < self.max_helpers:
+                self.helper_starting = True
+                self.helpers.append(asyncio.create_task(self._work()))
+            if consumer._deadline_in(batch, message) is None:  # as `holds`, batch known
+                self._skip(message)
+            else:
+                try:
+                    await consumer.handler(message)
+                except LeaseGoneError:
+                    self._skip(message)
+                except Exception as error:  # the handler's failure is the message's outcome
+                    outbox.retries.append(consumer._retry(message, error))
+                else:
+                    outbox.done.append(message)
+            self.handled += 1
+            consumer._give_room(1)
+            if threshold := outbox.ready():
+                await outbox.send(threshold)
+        if outbox.done or outbox.retries:
+            await outbox.send(1)
+
+    def _skip(self, message: Message) -> None:
+        self.skipped.append(message)
+        del self.batch.pending[message.id]
 
 
 def _next_ms(batch: ClaimBatch) -> int | None:

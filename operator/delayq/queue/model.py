@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass, field
-from typing import NamedTuple, Protocol
+from typing import NamedTuple, Protocol, TypedDict
 
 from delayq.queue.codec import Headers, encode_id
 from delayq.queue.codes import Code, DelayqError, InvalidMessageError
@@ -57,6 +57,32 @@ class ScheduleRequest(NamedTuple):
     headers: Headers | None = None
     expire_at_ms: int | None = None
     ttl_ms: int | None = None
+
+
+class ScheduleOptions(TypedDict, total=False):
+    """The keyword options of `schedule` (Queue, AsyncQueue, RoutedQueue: `**options:
+    Unpack[ScheduleOptions]`), written once for the three: `mode` (default CREATE) and every
+    field of `ScheduleRequest` but the id and the payload, meaning what it means there.
+    Adding a scheduling option is a field there and its key here (a test holds the two
+    equal)."""
+
+    delay_ms: int | None
+    at_ms: int | None
+    slot_basis: str | None
+    headers: Headers | None
+    mode: Mode
+    expire_at_ms: int | None
+    ttl_ms: int | None
+
+
+def schedule_request(
+    message_id: str, payload: bytes | str, options: ScheduleOptions
+) -> tuple[ScheduleRequest, Mode]:
+    """`schedule`'s arguments as the request and mode `schedule_many` takes."""
+    mode = options.get("mode", Mode.CREATE)
+    fields = {key: value for key, value in options.items() if key != "mode"}
+    # the items of a TypedDict are `object` to mypy; their keys are ScheduleRequest's (tested)
+    return ScheduleRequest(message_id, payload, **fields), mode  # type: ignore[arg-type]
 
 
 class ScheduleResult(NamedTuple):

@@ -22,6 +22,7 @@ from delayq.coordination.acl import ZkIdentity, topic_user
 from delayq.coordination.routing_watch import ZkConnection
 from delayq.coordination.tls import ZkTls
 from delayq.queue.backoff import Backoff, Jitter
+from delayq.queue.consumer import DEFAULT_BATCH_SIZE
 from delayq.queue.topic import EndAction, Topic, TopicError, TopicType
 from delayq.service.defaults import DEFAULTS
 from delayq.service.delivery.signing import Signer, parse_extra_headers
@@ -263,7 +264,9 @@ class ServiceConfig:
         default=DEFAULTS.worker_concurrency,
         metadata=_help("deliveries in flight per process at most"),
     )
-    batch_size: int = field(default=200, metadata=_help("messages per claim at most"))
+    batch_size: int = field(
+        default=DEFAULT_BATCH_SIZE, metadata=_help("messages per claim at most")
+    )
     retry_backoff_base_ms: int = field(
         default=DEFAULTS.retry_backoff_base_ms, metadata=_help("first retry delay")
     )

@@ -17,6 +17,7 @@ import enum
 from dataclasses import dataclass, field
 
 from delayq.queue.backoff import Jitter
+from delayq.queue.consumer import DEFAULT_WORKER_CONCURRENCY
 from delayq.queue.topic import (
     DEFAULT_ACK_TIMEOUT_MS,
     DEFAULT_MAX_PAYLOAD_BYTES,
@@ -75,7 +76,9 @@ class TopicDefaults:
     deletion_policy: str = field(default="Retain", metadata=_crd("deletionPolicy"))
     # leased at once per process; queued ones keep their leases (the consumer's heartbeat), and
     # the documented service figures were measured with this many
-    worker_concurrency: int = field(default=1000, metadata=_crd("worker.concurrency"))
+    worker_concurrency: int = field(
+        default=DEFAULT_WORKER_CONCURRENCY, metadata=_crd("worker.concurrency")
+    )
     redis_min_replicas_to_write: int = field(default=0, metadata=_crd("redis.minReplicasToWrite"))
     redis_min_replicas_max_lag_seconds: int = field(
         default=10, metadata=_crd("redis.minReplicasMaxLagSeconds")

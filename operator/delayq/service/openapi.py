@@ -20,6 +20,8 @@ from delayq.queue.topic import MAX_DELAY_MS, MAX_ID_BYTES, MAX_SLOT_AMOUNT, Topi
 from delayq.service.delivery.pull import MAX_LEASE_BATCH
 from delayq.service.overview import DUE_WINDOWS, MAX_LISTED, MAX_SLOT_PAGE, STALLED_AFTER_MS
 from delayq.service.parsing import (
+    ACK_TIMEOUT_FIELD,
+    ACK_TIMEOUT_OLD_FIELD,
     CURSOR_PATTERN,
     MAX_AT_MS,
     MAX_BATCH,
@@ -91,6 +93,21 @@ def integer(description: str, minimum: int = 0, maximum: int | None = None) -> S
     if maximum is not None:
         schema["maximum"] = maximum
     return schema
+
+
+def renamed(schema: Schema, new: str) -> Schema:
+    """A property under its name before this release, still accepted until the next one."""
+    description = f"old name of {new}, until the next release"
+    return {**schema, "description": description, "deprecated": True}
+
+
+def ack_timeout(description: str) -> dict[str, Schema]:
+    """The lease length a pull request asks for, under its name and its old one."""
+    schema = integer(description, 1, MAX_LEASE_MS)
+    return {
+        ACK_TIMEOUT_FIELD: schema,
+        ACK_TIMEOUT_OLD_FIELD: renamed(schema, ACK_TIMEOUT_FIELD),
+    }
 
 
 def string(description: str = "") -> Schema:
@@ -579,8 +596,8 @@ def _paths() -> dict[str, Schema]:
                         "maximum": MAX_LEASE_BATCH,
                         "default": 1,
                     },
-                    leaseMs=integer(
-                        "lease length; default the topic's ackTimeout", 1, MAX_LEASE_MS
+                    **ack_timeout(
+                        "lease length of each message leased; default the topic's ackTimeout"
                     ),
                     waitMs=integer(
                         "long poll: wait up to this long for something to be due (answered "
@@ -618,8 +635,8 @@ def _paths() -> dict[str, Schema]:
                 "Extend leases",
                 outcomes,
                 obj(
-                    ["tokens", "leaseMs"],
-                    leaseMs=integer("new lease length", 1, MAX_LEASE_MS),
+                    ["tokens", ACK_TIMEOUT_FIELD],
+                    **ack_timeout("new lease length, from now"),
                     **TOKENS,
                 ),
             )

@@ -211,14 +211,14 @@ class Cached(Generic[T]):
         self._compute = compute
         self._max_age_s = max_age_s
         self._value: tuple[float, int, T] | None = None
-        self._generation = 0  # bumped by forget: a value computed before it is stale
+        self._forgets = 0  # counted by forget: a value computed before the last one is stale
         self._lock = asyncio.Lock()
 
     def forget(self) -> None:
         """The next `get` computes afresh: after a change the view must show at once (pause
         and resume), not up to `max_age_s` later — even when a computation that started
         before the change is still running."""
-        self._generation += 1
+        self._forgets += 1
 
     async def get(self) -> tuple[T, float]:
         """The value and its age in seconds."""
@@ -226,11 +226,11 @@ class Cached(Generic[T]):
             now = time.monotonic()
             if (
                 self._value is None
-                or self._value[1] != self._generation
+                or self._value[1] != self._forgets
                 or now - self._value[0] > self._max_age_s
             ):
-                generation = self._generation
-                self._value = (time.monotonic(), generation, await self._compute())
+                forgets = self._forgets
+                self._value = (time.monotonic(), forgets, await self._compute())
             taken, _, value = self._value
             return value, time.monotonic() - taken
 

@@ -23,6 +23,8 @@ MAX_BATCH = 1000
 MAX_AT_MS = 2**52
 MAX_WAIT_MS = 30_000
 MAX_LEASE_MS = 24 * 3600 * 1000
+# the lease length a pull consumer asks for, and its name before this release, still accepted
+ACK_TIMEOUT_FIELD, ACK_TIMEOUT_OLD_FIELD = "ackTimeoutMs", "leaseMs"
 MAX_REASON_CHARS = 1000
 MAX_PAGE = 1000
 # `<slot>:<offset>`: a slot below 16384 and an offset Redis can take (well inside a signed 64-bit
@@ -59,7 +61,7 @@ class PayloadTooLargeError(FieldError):
 @dataclass(frozen=True)
 class LeaseRequest:
     max_count: int
-    lease_ms: int
+    ack_timeout_ms: int
     wait_ms: int
     # leases of the previous answer to ack first (`ack`): None when the request carries none
     acks: list[Lease] | None = None
@@ -80,6 +82,18 @@ def get_int(
     if not isinstance(value, int) or isinstance(value, bool) or not low <= value <= high:
         raise FieldError(prefix + name, _int_rule(prefix + name, low, high))
     return value
+
+
+def get_renamed_int(
+    body: Body, name: str, old: str, low: int, high: int, default: int | None = None
+) -> int:
+    """`get_int` of a field renamed in this release: the old name is still accepted (until
+    the next one), an error names the field the client sent, and both at once is a 400."""
+    if old not in body:
+        return get_int(body, name, low, high, default)
+    if name in body:
+        raise FieldError(old, f"{old} is the old name of {name}: give only {name}")
+    return get_int(body, old, low, high, default)
 
 
 def _int_rule(field: str, low: int, high: int) -> str:
@@ -256,7 +270,7 @@ def parse_lease_request(
         raise FieldError("ack", f"ack must be a list of at most {MAX_LEASE_BATCH} lease tokens")
     return LeaseRequest(
         max_count=get_int(body, "max", 1, min(max_batch, MAX_LEASE_BATCH), default=1),
-        lease_ms=get_int(body, "leaseMs", 1, MAX_LEASE_MS, default=topic.ack_timeout_ms),
+        ack_timeout_ms=_ack_timeout_ms(body, topic.ack_timeout_ms),
         wait_ms=get_int(body, "waitMs", 0, MAX_WAIT_MS, default=0),
         acks=None if acks is None else _leases(acks, "ack", topic, tokens),
     )
@@ -302,7 +316,11 @@ def parse_nack(body: Body, topic: Topic, tokens: LeaseTokens) -> list[Retry]:
 
 
 def parse_extend(body: Body, topic: Topic, tokens: LeaseTokens) -> tuple[list[Lease], int]:
-    return parse_tokens(body, topic, tokens), get_int(body, "leaseMs", 1, MAX_LEASE_MS)
+    return parse_tokens(body, topic, tokens), _ack_timeout_ms(body)
+
+
+def _ack_timeout_ms(body: Body, default: int | None = None) -> int:
+    return get_renamed_int(body, ACK_TIMEOUT_FIELD, ACK_TIMEOUT_OLD_FIELD, 1, MAX_LEASE_MS, default)
 
 
 def parse_target(message_id: str, slot_basis: str | None, slot: str | None, topic: Topic) -> Target:

@@ -65,7 +65,7 @@ async def lease(request: web.Request) -> web.Response:
         body, service.topic, service.lease_tokens, service.config.pull_max_lease_batch
     )
     acked = None if wanted.acks is None else await _ack(service, wanted.acks)
-    messages = await leaser.lease(wanted.max_count, wanted.lease_ms, wanted.wait_ms)
+    messages = await leaser.lease(wanted.max_count, wanted.ack_timeout_ms, wanted.wait_ms)
     if messages and _client_gone(request):
         await service.brokers.each(messages, _slot, lambda q, chunk: q.giveback_many(chunk))
         messages = []
@@ -144,8 +144,8 @@ async def extend(request: web.Request) -> web.Response:
     service = service_for(request)
     _leaser(service)
     body = await json_body(request)
-    leases, lease_ms = parse_extend(body, service.topic, service.lease_tokens)
+    leases, ack_timeout_ms = parse_extend(body, service.topic, service.lease_tokens)
     outcomes = await service.brokers.each(
-        leases, _slot, lambda q, chunk: q.extend_many(chunk, lease_ms)
+        leases, _slot, lambda q, chunk: q.extend_many(chunk, ack_timeout_ms)
     )
     return _answer(body, outcomes)

@@ -47,7 +47,7 @@ def make_ownership(config: ServiceConfig) -> Ownership:
             topic=config.topic,
             slot_amount=config.slot_amount,
             member_id=config.member,
-            broker=config.preferred_broker,
+            preferred_broker=config.preferred_broker,
             session_timeout_s=config.zookeeper_session_timeout_ms / 1000,
             identity=config.zookeeper_identity,
             admin_acl_id=config.zookeeper_admin_acl,

@@ -122,8 +122,8 @@ class DelayService:
             return PullDelivery(self.brokers)
         settings = ConsumerSettings(
             batch_size=self.config.batch_size,
-            max_in_flight=self.config.worker_concurrency,
-            lease_ms=self.config.ack_timeout_ms,
+            worker_concurrency=self.config.worker_concurrency,
+            ack_timeout_ms=self.config.ack_timeout_ms,
             # as many handlers per batch as messages the sink's POSTs may carry at once
             batch_concurrency=self.config.webhook_max_in_flight * self.config.webhook_max_batch,
             backoff=self.config.backoff,

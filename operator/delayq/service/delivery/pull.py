@@ -136,13 +136,13 @@ class PullLeaser:
         """The clock of the Redis server storing `slot`, as estimated from its claims."""
         return self._clocks[self.brokers.routing[slot]].now_ms()
 
-    async def lease(self, max_count: int, lease_ms: int, wait_ms: int = 0) -> list[Message]:
-        """Up to `max_count` due messages leased for `lease_ms`, waiting up to `wait_ms`."""
+    async def lease(self, max_count: int, ack_timeout_ms: int, wait_ms: int = 0) -> list[Message]:
+        """Up to `max_count` due messages leased for `ack_timeout_ms`, waiting up to `wait_ms`."""
         deadline = time.monotonic() + wait_ms / 1000
         while True:
             if time.monotonic() - self._paused_read_s >= PAUSE_CHECK_S:
                 await self.refresh_paused()
-            messages = await self._claim(max_count, lease_ms)
+            messages = await self._claim(max_count, ack_timeout_ms)
             due_now = self._arm()
             if messages:
                 if due_now:
@@ -178,14 +178,14 @@ class PullLeaser:
         self._polls.arm(None if in_ms is None else in_ms / 1000)
         return False
 
-    async def _claim(self, max_count: int, lease_ms: int) -> list[Message]:
+    async def _claim(self, max_count: int, ack_timeout_ms: int) -> list[Message]:
         """Claim exactly up to `max_count`: shares per round never add up to more."""
         pending = self._rotation()
         messages: list[Message] = []
         while pending and len(messages) < max_count:
             wanted = max_count - len(messages)
             batch, rest = pending[:wanted], pending[wanted:]
-            result = await self._round(batch, _shares(wanted, len(batch)), lease_ms)
+            result = await self._round(batch, _shares(wanted, len(batch)), ack_timeout_ms)
             messages.extend(result.messages)
             pending = rest + result.full
         return messages
@@ -202,7 +202,7 @@ class PullLeaser:
         self._cursor = (self._cursor + 1) % len(due)
         return due[self._cursor :] + due[: self._cursor]
 
-    async def _round(self, slots: list[int], shares: list[int], lease_ms: int) -> _Round:
+    async def _round(self, slots: list[int], shares: list[int], ack_timeout_ms: int) -> _Round:
         claimed = {
             slot: (state, share, state.wakes)
             for slot, share in zip(slots, shares, strict=True)
@@ -215,7 +215,10 @@ class PullLeaser:
         try:
             per_broker = self.brokers.split(claimed)
             replies = await asyncio.gather(
-                *(self._claim_on(broker, s, claimed, lease_ms) for broker, s in per_broker.items())
+                *(
+                    self._claim_on(broker, s, claimed, ack_timeout_ms)
+                    for broker, s in per_broker.items()
+                )
             )
         finally:
             for state, _, _ in claimed.values():
@@ -251,11 +254,11 @@ class PullLeaser:
         broker: int,
         slots: list[int],
         claimed: dict[int, tuple[PullSlot, int, int]],
-        lease_ms: int,
+        ack_timeout_ms: int,
     ) -> list[tuple[int, ClaimBatch | StaleEpochError]]:
         """One pipelined round trip to one broker for all its slots in this round."""
         claims = [SlotClaim(slot, claimed[slot][0].epoch, claimed[slot][1]) for slot in slots]
-        outcomes = await self.brokers.queues[broker].claim_slots(claims, lease_ms)
+        outcomes = await self.brokers.queues[broker].claim_slots(claims, ack_timeout_ms)
         return list(zip(slots, outcomes, strict=True))
 
 
