@@ -4,5 +4,6 @@
 `bench/chaos.py` with a long soak. Modules: `proxy` (freezable and cuttable TCP links), `cluster`
 (the processes, each behind its own links), `receiver` (the webhook that records every POST),
 `producer` (HTTP batch scheduling), `faults` (the menu, the seeded plan, injection), `probes`
-(readiness against ZooKeeper's grants), `checker` (the rules, pure).
+(readiness against ZooKeeper's grants, slot samples), `unplanned` (the faults nobody injected:
+own session losses, exits, stalls), `checker` (the rules, pure).
 """

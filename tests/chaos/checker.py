@@ -9,7 +9,8 @@ Rules (each a `Rule` with its figure and a few examples):
   after its sender had given up on it (later than its signature time + the POST timeout: the
   receiver took the bytes from its socket late, after the sender timed out and retried);
 - stalled: a message due outside every fault's reach (start - 1 s .. restored + session timeout
-  + 2 s, or start + lease + 2 s for the leases a fault strands) arrives within `LATE_LIMIT_MS`;
+  + 2 s, or start + lease + 2 s for a fault that may strand a lease with no takeover: STRANDING)
+  arrives within `LATE_LIMIT_MS`;
 - after_lease: no POST arrives after its attempt's lease deadline, except from a process that
   was frozen meanwhile. The deadline is the service's header when it sends one, else the
   signature's timestamp (taken after the claim, on the Redis clock as the sender estimates it,
@@ -18,7 +19,15 @@ Rules (each a `Rule` with its figure and a few examples):
 - skipped_attempts: an attempt k > 1 whose attempt k - 1 never arrived means a lease ran out
   with nothing delivered; only a lossy fault may cause that (a graceful handoff must not);
 - readiness: no process said ready while granted a slot it did not consume, for longer than the
-  service's documented readiness hysteresis (a stall must last UNREADY_AFTER_S to count).
+  service's documented readiness hysteresis (a stall must last UNREADY_AFTER_S to count);
+- unconsumed: no slot consumed by nobody (no grant, or its grantee answering without it) in a
+  prober sample later than a fault's restore + session timeout + 2 s, nor before any fault;
+- waited_lease: no message waits a lease after a takeover: once the prober saw another process
+  consume the slot of an attempt's holder (TAKEOVER_CLAIM_MS before the attempt's lease ends or
+  earlier), the next attempt is claimed and sent before that lease ends (the new owner's fence
+  rolls the old leases back).
+The two takeover rules know, besides the injected faults, the unplanned ones (`unplanned.py`: a
+process's own session losses, exits): a fault explains their figures, not the older rules'.
 """
 
 from __future__ import annotations
@@ -27,10 +36,11 @@ from collections import defaultdict
 from dataclasses import dataclass, field
 from typing import Any
 
+from delayq.queue.topic import slot_of
 from delayq.service.readiness import PROBE_INTERVAL_S, UNREADY_AFTER_S
 
 from .faults import LOSSY, Window
-from .probes import PERIOD_S, ReadinessViolation
+from .probes import PERIOD_S, ReadinessViolation, SlotSample
 from .receiver import Arrival
 
 EARLY_TOLERANCE_MS = 5
@@ -40,6 +50,14 @@ DUPLICATE_AFTER_MS = 2000  # an ack lost in a fault can show up as a copy this l
 LATE_ARRIVAL_MS = 100  # lateness that counts as "stuck" for the gap figure
 EXAMPLES = 5
 SIGNED_SLACK_MS = 100  # the signature time is the sender's estimate of the Redis clock
+RECOVERED_MS = 2000  # past the session timeout, after a fault is restored: slots consumed again
+HANDOFF_MS = 1000  # a slot idle for less is being handed over, not stalled
+TAKEOVER_CLAIM_MS = 1000  # a new owner claims and sends a rolled-back lease this soon
+# faults that may lose an ack without any takeover (the lease then runs out); the other kinds'
+# stranded leases are rolled back by the takeover's fence, within the recovery bound
+STRANDING = frozenset({"serve_cut_all", "redis_kill9", "redis_pause", "redis_sleep", "redis_full"})
+# faults that cannot stop a process from consuming its slots: no excuse for a takeover rule
+HARMLESS_TO_OWNERSHIP = frozenset({"receiver_5xx"})
 
 
 @dataclass(frozen=True)
@@ -77,6 +95,9 @@ class Evidence:
     skew_ms: dict[str, float]  # member -> its clock's offset from the real one
     readiness: list[ReadinessViolation]
     readiness_samples: int
+    samples: list[SlotSample] = field(default_factory=list)  # the prober's, in time order
+    unplanned: list[Window] = field(default_factory=list)  # own session losses, exits
+    slot_amount: int = 1
 
 
 @dataclass
@@ -112,6 +133,8 @@ def check(evidence: Evidence, timing: Timing) -> Verdict:
         _after_lease(evidence, timing),
         _skipped(evidence, by_id, timing),
         _readiness(evidence),
+        _unconsumed(evidence, timing),
+        _waited_lease(evidence, by_id, timing),
     ]
     return Verdict(rules, _figures(evidence, by_id, first, timing))
 
@@ -176,11 +199,18 @@ def _duplicates(evidence: Evidence, by_id: dict[str, list[Arrival]], timing: Tim
     return rule
 
 
+def recovered_ms(window: Window, timing: Timing) -> float:
+    """When the fleet must consume every slot again after a fault."""
+    return window.end_ms + timing.session_ms + RECOVERED_MS
+
+
 def reach(window: Window, timing: Timing) -> tuple[float, float]:
-    """Due times a fault may delay: from just before it until the fleet must have recovered."""
-    recovered = window.end_ms + timing.session_ms + 2000
-    stranded = window.start_ms + timing.ack_timeout_ms + 2000
-    return window.start_ms - IN_FLIGHT_MS, max(recovered, stranded)
+    """Due times a fault may delay: from just before it until the fleet must have recovered,
+    or, for a fault that may strand a lease with no takeover, until that lease ran out."""
+    until = recovered_ms(window, timing)
+    if window.kind in STRANDING:
+        until = max(until, window.start_ms + timing.ack_timeout_ms + 2000)
+    return window.start_ms - IN_FLIGHT_MS, until
 
 
 def _stalled(evidence: Evidence, first: dict[str, float], timing: Timing) -> Rule:
@@ -273,6 +303,103 @@ def _readiness(evidence: Evidence) -> Rule:
             rule.add(
                 f"{v.member} ready for {length / 1000:.1f} s from {v.at_ms:.0f} with "
                 f"{v.granted} slots granted, {v.consumed} consumed, not consumed: {list(v.missing)}"
+            )
+    return rule
+
+
+def ownership_faults(evidence: Evidence, spared: str = "") -> list[Window]:
+    """Every fault, injected or not, that may keep a process from consuming its slots, except
+    those of `spared` (the process whose fault a takeover rule is judging)."""
+    return [
+        w
+        for w in (*evidence.windows, *evidence.unplanned)
+        if w.kind not in HARMLESS_TO_OWNERSHIP and w.target != spared
+    ]
+
+
+def _unconsumed(evidence: Evidence, timing: Timing) -> Rule:
+    """Every (sample, slot) outside every fault's [start, restore + session + 2 s] is examined;
+    a slot whose grantee did not answer is not (frozen, down or slow: unknown). A slot idle
+    since less than HANDOFF_MS is being handed over (released by one process, not yet fenced by
+    the next: a rebalance after a process joins), not stalled."""
+    spans = [(w.start_ms, recovered_ms(w, timing)) for w in ownership_faults(evidence)]
+    rule = Rule("unconsumed", 0)
+    idle_since: dict[int, float] = {}
+    for sample in evidence.samples:
+        for slot in range(evidence.slot_amount):
+            if sample.consumer(slot) == "":
+                idle_since.setdefault(slot, sample.at_ms)
+            elif sample.consumer(slot) is not None:
+                idle_since.pop(slot, None)
+        if any(start <= sample.at_ms <= end for start, end in spans):
+            continue
+        idle = []
+        for slot in range(evidence.slot_amount):
+            consumer = sample.consumer(slot)
+            if consumer is not None:
+                rule.total += 1
+                if not consumer and sample.at_ms - idle_since[slot] >= HANDOFF_MS:
+                    idle.append(slot)
+        if idle:  # one violation per slot, one example per sample
+            grantees = sorted({sample.granted.get(slot, "nobody") for slot in idle})
+            rule.add(f"at {sample.at_ms:.0f}: slots {idle} consumed by nobody (granted {grantees})")
+            rule.violations += len(idle) - 1
+    return rule
+
+
+def takeover_ms(
+    samples: list[SlotSample], slot: int, holder: str, after_ms: float, until_ms: float
+) -> float | None:
+    """The first sample in (after_ms, until_ms] where a process other than `holder` consumed
+    `slot`: its fence (which rolls `holder`'s leases back) came before."""
+    for sample in samples:
+        if after_ms < sample.at_ms <= until_ms and sample.consumer(slot) not in (None, "", holder):
+            return sample.at_ms
+    return None
+
+
+def _waited_lease(evidence: Evidence, by_id: dict[str, list[Arrival]], timing: Timing) -> Rule:
+    """Examined: consecutive attempts k, k + 1 of a message whose slot the prober saw consumed
+    by a process other than attempt k's sender, after k's claim (its lease deadline - lease:
+    a heartbeat only moves the deadline later) and TAKEOVER_CLAIM_MS before that deadline.
+    Broken: attempt k + 1 arrived after k's deadline, claimed no earlier than it (its deadline
+    - lease, an upper bound), and no fault of another process, Redis or ZooKeeper (the new
+    owner's own session loss included) reached from the takeover to that arrival."""
+    rule = Rule("waited_lease", 0)
+    for message_id, arrivals in by_id.items():
+        first: dict[int, Arrival] = {}
+        for arrival in arrivals:
+            first.setdefault(arrival.attempt, arrival)
+        slot = slot_of(message_id, evidence.slot_amount)
+        for attempt, held in first.items():
+            again = first.get(attempt + 1)
+            if again is None or held.lease_deadline_ms is None:
+                continue
+            deadline = held.lease_deadline_ms
+            taken = takeover_ms(
+                evidence.samples,
+                slot,
+                held.member,
+                deadline - timing.ack_timeout_ms,
+                deadline - TAKEOVER_CLAIM_MS,
+            )
+            if taken is None:
+                continue
+            excuses = [
+                w
+                for w in ownership_faults(evidence, spared=held.member)
+                if w.start_ms <= again.at_ms and recovered_ms(w, timing) >= taken
+            ]
+            if excuses:
+                continue
+            rule.total += 1
+            claimed_by = lease_deadline(again, timing) - timing.ack_timeout_ms  # an upper bound
+            if again.at_ms <= deadline + EARLY_TOLERANCE_MS or claimed_by < deadline:
+                continue
+            rule.add(
+                f"{message_id} slot {slot}: a{attempt} by {held.member}, lease to {deadline}; "
+                f"taken over by {taken:.0f}, a{attempt + 1} by {again.member} "
+                f"{again.at_ms - deadline:.0f} ms after that lease"
             )
     return rule
 

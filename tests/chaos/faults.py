@@ -3,9 +3,13 @@
 A plan is pure (seed -> list of `FaultSpec`): every kind of the menu at least once in a random
 order, then random extra faults until the fault phase is full. Faults overlap (the next one
 starts before the previous one ends) but never two on the same target at once, and at most
-`MAX_CONCURRENT` run together, so the fleet always has someone left to fail over to. Each
-injection is bounded and returns the `Window` it really covered, on the real wall clock in ms,
-which is what the checker explains duplicates and stalls with.
+`MAX_CONCURRENT` run together, so the fleet always has someone left to fail over to. Then the
+takeovers judged alone (`ISOLATED`): a kill -9 and a SIGSTOP past the session timeout but
+shorter than the lease, each of a process with many POSTs in flight, each followed by a quiet
+time: among overlapping faults one fault's recovery bound always reaches into the next, which
+leaves the takeover rules nothing to judge. Each injection is bounded and returns the `Window`
+it really covered, on the real wall clock in ms, which is what the checker explains duplicates
+and stalls with.
 """
 
 from __future__ import annotations
@@ -19,9 +23,10 @@ import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
+import aiohttp
 import redis.asyncio
 
-from .cluster import GRACE_MS, Cluster, Member
+from .cluster import ACK_TIMEOUT_MS, GRACE_MS, SESSION_TIMEOUT_MS, Cluster, Member
 from .proxy import Link
 from .receiver import Behaviour, Receiver
 
@@ -50,6 +55,17 @@ KINDS = tuple(MENU)
 # attempt); a graceful SIGTERM and 5xx answers must not
 LOSSY = frozenset(KINDS) - {"serve_sigterm", "receiver_5xx"}
 SERVES = ("c0", "c1", "c2")
+# kind -> duration range in s of the takeovers judged alone, each in mode "loaded": the receiver
+# holds the target's POSTs for LOADED_S (HELD_S each, past the fault's start) before the fault,
+# so the takeover has that many seconds' worth of leases to roll back
+ISOLATED: dict[str, tuple[float, float]] = {
+    "serve_kill9": (0.5, 3.0),
+    "serve_sigstop": (SESSION_TIMEOUT_MS / 1000 + 1, ACK_TIMEOUT_MS / 1000 - 3),
+}
+LOADED = "loaded"
+LOADED_S = 1.5
+HELD_S = 3.0
+QUIET_S = SESSION_TIMEOUT_MS / 1000 + 2 + 3  # the recovery bound, then 3 s to judge
 
 
 @dataclass(frozen=True)
@@ -58,7 +74,7 @@ class FaultSpec:
     kind: str
     target: str  # c0..c2, redis, zk, receiver
     duration_s: float
-    mode: str = ""  # serve_cut_*: "freeze" (silence) or "reset" (connections closed)
+    mode: str = ""  # serve_cut_*: "freeze" (silence) or "reset" (connections closed); LOADED
 
 
 @dataclass(frozen=True)
@@ -73,9 +89,19 @@ class Window:
 
 
 def plan(seed: int, phase_s: float, kinds: tuple[str, ...] = KINDS) -> list[FaultSpec]:
-    """Seeded faults for a phase of `phase_s` seconds: each of `kinds` once, then extras."""
+    """Seeded faults for a phase of about `phase_s` seconds: overlapping ones (each of `kinds`
+    once, those of ISOLATED excepted, then extras), then the isolated takeovers of `kinds`."""
     rng = random.Random(seed)
-    order = list(kinds)
+    alone = [kind for kind in ISOLATED if kind in kinds]
+    budget_s = sum(LOADED_S + ISOLATED[kind][1] + QUIET_S for kind in alone)
+    specs = _overlapping(rng, phase_s - budget_s, kinds, [k for k in kinds if k not in alone])
+    return specs + _isolated(rng, specs, alone)
+
+
+def _overlapping(
+    rng: random.Random, phase_s: float, kinds: tuple[str, ...], order: list[str]
+) -> list[FaultSpec]:
+    """Each of `order` once in a random order, then extras of `kinds` until `phase_s`."""
     rng.shuffle(order)
     busy_until: dict[str, float] = {}
     running: list[float] = []  # end times of planned faults
@@ -100,6 +126,18 @@ def plan(seed: int, phase_s: float, kinds: tuple[str, ...] = KINDS) -> list[Faul
         busy_until[target] = end
         running.append(end)
         cursor = start + rng.uniform(0.3, 1.0) * duration
+
+
+def _isolated(rng: random.Random, before: list[FaultSpec], kinds: list[str]) -> list[FaultSpec]:
+    """`kinds` one at a time, QUIET_S after everything before them and after each other."""
+    ends = (s.at_s + s.duration_s + max(recovery_s(s.kind), QUIET_S) for s in before)
+    cursor = max(ends, default=QUIET_S)
+    specs: list[FaultSpec] = []
+    for kind in kinds:
+        duration = round(rng.uniform(*ISOLATED[kind]), 2)
+        specs.append(FaultSpec(round(cursor, 2), kind, rng.choice(SERVES), duration, LOADED))
+        cursor += LOADED_S + duration + max(recovery_s(kind), QUIET_S)
+    return specs
 
 
 def recovery_s(kind: str) -> float:
@@ -150,10 +188,12 @@ class Injector:
 
     async def serve_kill9(self, spec: FaultSpec) -> float:
         member = self._member(spec)
+        await self._hold_posts(spec)
         member.held_down = True
         await asyncio.to_thread(member.serve.kill)
+        self.receiver.behaviour = Behaviour()
         await asyncio.sleep(spec.duration_s)
-        return self._restart(member)
+        return await self._restart(member)
 
     async def serve_sigterm(self, spec: FaultSpec) -> float:
         member = self._member(spec)
@@ -163,17 +203,30 @@ class Injector:
         if code != 0:
             self.notes.append(f"{member.name} exited {code} after SIGTERM")
         await asyncio.sleep(spec.duration_s)
-        return self._restart(member)
+        return await self._restart(member)
 
-    def _restart(self, member: Member) -> float:
+    async def _hold_posts(self, spec: FaultSpec) -> None:
+        """Mode LOADED: the receiver holds the target's POSTs for LOADED_S before the fault (the
+        caller restores the receiver once the fault hit), so it strands that many leases."""
+        if spec.mode == LOADED:
+            held = Behaviour(slow_s=(HELD_S, HELD_S), only=frozenset({spec.target}))
+            self.receiver.behaviour = held
+            await asyncio.sleep(LOADED_S)
+
+    async def _restart(self, member: Member) -> float:
+        """Start it again; the fault is restored once it listens again (it joins ZooKeeper
+        first): a restart under load spends seconds starting up, still down meanwhile."""
         member.serve.start()
         member.held_down = False
+        await _listening(member.url, RESTART_WAIT_S)
         return wall_ms()
 
     async def serve_sigstop(self, spec: FaultSpec) -> float:
         member = self._member(spec)
+        await self._hold_posts(spec)
         member.held_down = True  # a stopped process is not an exited one, but be explicit
         member.signal(signal.SIGSTOP)
+        self.receiver.behaviour = Behaviour()
         try:
             await asyncio.sleep(spec.duration_s)
         finally:
@@ -282,6 +335,20 @@ class Injector:
         finally:
             self.receiver.behaviour = Behaviour()
         return wall_ms()
+
+
+async def _listening(url: str, timeout_s: float) -> None:
+    """Until GET /healthz answers 200, at most `timeout_s` (then the checker judges a process
+    that never came back; the supervisor may restart it meanwhile)."""
+    deadline = time.monotonic() + timeout_s
+    async with aiohttp.ClientSession() as session:
+        while time.monotonic() < deadline:
+            with contextlib.suppress(aiohttp.ClientError, TimeoutError):
+                timeout = aiohttp.ClientTimeout(total=1.0)
+                async with session.get(url + "/healthz", timeout=timeout) as response:
+                    if response.status == 200:
+                        return
+            await asyncio.sleep(0.1)
 
 
 async def _answers(client: redis.asyncio.Redis) -> None:

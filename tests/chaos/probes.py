@@ -4,6 +4,8 @@ Every `PERIOD_S` the prober reads the owner nodes from ZooKeeper (the grants), t
 process's /readyz (ready, and the slot numbers it consumes: `consumedSlots`), then the owner nodes
 again. A sample counts only when both reads of ZooKeeper agree, so a handoff between the reads is
 never taken for a violation. Violation: ready while a slot ZooKeeper grants it is not consumed.
+Every agreed sample is kept too (`SlotSample`): the checker finds in them when a slot was taken
+over and how long it went unconsumed.
 """
 
 from __future__ import annotations
@@ -29,11 +31,33 @@ class ReadinessViolation:
     missing: tuple[int, ...]  # granted slots it did not consume
 
 
+@dataclass(frozen=True)
+class SlotSample:
+    """One sample both ZooKeeper reads agreed on: who is granted each slot, and the slots each
+    process said it consumes (None: it did not answer in time — down, frozen or too slow)."""
+
+    at_ms: float  # taken after the first read and before /readyz: a lower bound of both
+    granted: dict[int, str]
+    consumed: dict[str, tuple[int, ...] | None]
+
+    def consumer(self, slot: int) -> str | None:
+        """The process consuming `slot` (granted it and consuming it), "" when nobody does,
+        None when unknown (its grantee did not answer)."""
+        owner = self.granted.get(slot)
+        if owner is None:
+            return ""
+        consumed = self.consumed.get(owner)
+        if consumed is None:
+            return None
+        return owner if slot in consumed else ""
+
+
 @dataclass
 class Prober:
     cluster: Cluster
     samples: int = 0
     violations: list[ReadinessViolation] = field(default_factory=list)
+    slot_samples: list[SlotSample] = field(default_factory=list)
 
     async def run(self, session: aiohttp.ClientSession, stop: asyncio.Event) -> None:
         while not stop.is_set():
@@ -49,7 +73,9 @@ class Prober:
         after = await asyncio.to_thread(self.cluster.owners)
         if before is None or before != after:
             return
+        by_member: dict[str, tuple[int, ...] | None] = {}
         for member, answer in zip(self.cluster.members, answers, strict=True):
+            by_member[member.name] = None if answer is None else tuple(sorted(answer[1]))
             if answer is None:
                 continue
             self.samples += 1
@@ -60,6 +86,7 @@ class Prober:
                 self.violations.append(
                     ReadinessViolation(at_ms, member.name, len(granted), len(consumed), missing)
                 )
+        self.slot_samples.append(SlotSample(at_ms, before, by_member))
 
 
 async def _readyz(session: aiohttp.ClientSession, member: Member) -> tuple[bool, set[int]] | None:

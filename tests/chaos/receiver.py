@@ -58,6 +58,7 @@ class Behaviour:
 
     slow_s: tuple[float, float] | None = None  # sleep uniformly in this range, then 204
     error_rate: float = 0.0  # answer 503 with this probability
+    only: frozenset[str] | None = None  # the members it applies to (None: all)
 
 
 @dataclass
@@ -104,6 +105,8 @@ class Receiver:
         status = -1
         try:
             behaviour = self.behaviour
+            if behaviour.only is not None and arrival.member not in behaviour.only:
+                behaviour = Behaviour()
             if behaviour.slow_s is not None:
                 await asyncio.sleep(self.rng.uniform(*behaviour.slow_s))
             status = 503 if self.rng.random() < behaviour.error_rate else 204

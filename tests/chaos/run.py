@@ -29,15 +29,17 @@ from .checker import Evidence, Rule, Timing, Verdict, check
 from .cluster import (
     ACK_TIMEOUT_MS,
     BACKOFF_MAX_MS,
+    RESTART_BACKOFF_S,
     SESSION_TIMEOUT_MS,
     SLOTS,
     WEBHOOK_TIMEOUT_MS,
     Cluster,
 )
-from .faults import KINDS, Injector, Window, plan
+from .faults import KINDS, Injector, Window, plan, wall_ms
 from .probes import Prober, _readyz
 from .producer import Producer
 from .receiver import Receiver
+from .unplanned import exits, session_losses, stalls
 
 READY_TIMEOUT_S = 120.0
 SETTLE_TIMEOUT_S = 90.0
@@ -100,6 +102,9 @@ async def run_chaos(options: ChaosOptions) -> ChaosResult:
             judged = {
                 "accepted": result.evidence.accepted,
                 "windows": [dataclasses.asdict(w) for w in result.evidence.windows],
+                "unplanned": [dataclasses.asdict(w) for w in result.evidence.unplanned],
+                "samples": [dataclasses.asdict(s) for s in result.evidence.samples],
+                "slot_amount": result.evidence.slot_amount,
             }
             (workdir / "evidence.json").write_text(json.dumps(judged))
     else:
@@ -145,6 +150,9 @@ async def _run(options: ChaosOptions, cluster: Cluster, receiver: Receiver) -> C
         skew_ms={m.name: m.skew_s * 1000 for m in cluster.members},
         readiness=prober.violations,
         readiness_samples=prober.samples,
+        samples=prober.slot_samples,
+        unplanned=unplanned_faults(cluster) + stalls(receiver.arrivals, ACK_TIMEOUT_MS),
+        slot_amount=SLOTS,
     )
     verdict = check(evidence, TIMING)
     verdict.rules.append(recovery)
@@ -166,8 +174,27 @@ async def _run(options: ChaosOptions, cluster: Cluster, receiver: Receiver) -> C
             [w.kind, w.target, w.mode, round(w.start_ms / 1000, 2), round(w.end_ms / 1000, 2)]
             for w in sorted(windows, key=lambda w: w.start_ms)
         ],
+        "unplanned": [
+            [w.kind, w.target, round(w.start_ms / 1000, 2), round(w.end_ms / 1000, 2)]
+            for w in sorted(evidence.unplanned, key=lambda w: w.start_ms)
+        ],
     }
     return ChaosResult(verdict, report, evidence=evidence)
+
+
+def unplanned_faults(cluster: Cluster) -> list[Window]:
+    """The serve processes' own session losses (from their logs) and exits (`stalls` come
+    from the receiver's arrivals)."""
+    found: list[Window] = []
+    now_ms = wall_ms()
+    for member in cluster.members:
+        log = member.serve.log_path
+        lines = log.read_text(errors="replace").splitlines() if log.exists() else []
+        skew_ms = member.skew_s * 1000
+        found += session_losses(lines, member.name, skew_ms, SESSION_TIMEOUT_MS, now_ms)
+        exited = [at_ms for at_ms, _ in member.unexpected_exits]
+        found += exits(member.name, exited, RESTART_BACKOFF_S * 1000)
+    return found
 
 
 async def settle(cluster: Cluster, session: aiohttp.ClientSession) -> Rule:
