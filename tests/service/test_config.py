@@ -12,9 +12,11 @@ from typing import Any
 import pytest
 
 from delayq.local.processes import config_env
+from delayq.queue.settings import SETTINGS, by_name, human_duration
 from delayq.queue.topic import ROUTING_FIELDS, EndAction, Topic, TopicType
 from delayq.service.config import ConfigError, ServiceConfig, add_arguments, check_exposure
-from delayq.service.defaults import DEFAULTS, TopicDefaults, human_duration
+
+DEFAULTS = {row.name: row.default for row in SETTINGS}
 
 
 def parse(argv: list[str]) -> argparse.Namespace:
@@ -49,19 +51,17 @@ def test_the_docs_state_the_tables_defaults():
     said 16 when the default (and every benchmarked figure) was 1000."""
     text = (Path(__file__).parents[2] / "docs" / "service.md").read_text()
     rows = re.findall(r"^\| `([a-z_]+)` \| [^|]+ \| ([^|]+) \|$", text, re.MULTILINE)
-    documented = {name: cell.strip() for name, cell in rows if hasattr(DEFAULTS, name)}
+    documented = {name: cell.strip() for name, cell in rows if name in DEFAULTS}
     assert len(documented) >= 15
     for name, cell in documented.items():
-        expected = _as_documented(getattr(DEFAULTS, name), name)
+        expected = _as_documented(DEFAULTS[name], name)
         assert re.match(rf"{re.escape(expected)}\b", cell), f"{name}: {cell!r}, not {expected!r}"
 
 
 def test_topic_settings_default_from_the_table():
     """The settings a DelayTopic sets are named as in the table, with its defaults."""
     config = ServiceConfig()
-    shared = {f.name for f in dataclasses.fields(ServiceConfig)} & {
-        f.name for f in dataclasses.fields(TopicDefaults)
-    }
+    shared = {f.name for f in dataclasses.fields(ServiceConfig)} & set(DEFAULTS)
     assert shared == {
         "slot_amount", "topic_type", "max_retries", "ack_timeout_ms", "max_payload_bytes",
         "journal_max_len", "pull_max_lease_batch", "webhook_timeout_ms", "webhook_max_in_flight",
@@ -82,9 +82,10 @@ def test_topic_settings_default_from_the_table():
     }
     for name in hand_run:
         assert getattr(config, name) is True
-        assert getattr(DEFAULTS, name) is False
+        assert DEFAULTS[name] is False
+        assert by_name(name).serve_default is True
     for name in shared - hand_run:
-        assert getattr(config, name) == getattr(DEFAULTS, name), name
+        assert getattr(config, name) == DEFAULTS[name], name
     assert config.webhook_timeout_ms == 10_000
     assert config.pull_max_lease_batch == 1000
     # a webhook topic with every default is valid: the lease outlives the POST it covers
@@ -133,7 +134,7 @@ def test_unset_flags_keep_the_base():
                 "DELAYQ_WEBHOOK_URL": "http://r/h",
                 "DELAYQ_WEBHOOK_TIMEOUT_MS": "30000",
             },
-            "shorter than --ack-timeout-ms",
+            r"DELAYQ_WEBHOOK_TIMEOUT_MS\): .* shorter than ackTimeout",
         ),
         ({"DELAYQ_TOPIC": "Not_A_Label"}, "topic name"),
         ({"DELAYQ_API_TOKEN_PREVIOUS": "old"}, "needs --api-token"),
