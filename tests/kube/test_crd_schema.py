@@ -17,6 +17,7 @@ import yaml
 
 from delayq.kube.builders.bundle import build_all
 from delayq.kube.builders.common import BuildContext, Credentials
+from delayq.kube.crd_schema import generate
 from delayq.kube.spec import (
     ALLOW_FROM_EMPTY_PEER_MESSAGE,
     ALLOW_FROM_IP_BLOCK_ALONE_MESSAGE,
@@ -100,6 +101,15 @@ def parser_error(document: dict[str, Any]) -> str | None:
 def test_chart_copy_is_byte_identical() -> None:
     assert CHART_CRD_PATH.read_bytes() == CRD_PATH.read_bytes(), (
         "charts/delayq/crds/ must be a copy of crds/: cp crds/*.yaml charts/delayq/crds/"
+    )
+
+
+def test_the_checked_in_crd_is_the_generated_one() -> None:
+    """The settings' schema comes from the settings table (delayq.kube.crd_schema): a row
+    changed without regenerating, or a hand edit of a generated part, fails here."""
+    assert CRD_PATH.read_text() == generate(), (
+        "crds/ is stale: python -m delayq.kube.crd_schema > crds/delaytopics.delayq.io.yaml "
+        "&& cp crds/*.yaml charts/delayq/crds/"
     )
 
 
