@@ -234,6 +234,11 @@ class TopicSpec:
     # spec.resharding.maxConcurrentMoves: slots of the topic a pass moves at once (one batch)
     resharding_max_concurrent_moves: int = default("resharding_max_concurrent_moves")
 
+    def setting(self, name: str) -> Any:
+        """The value of the settings table's row `name` (its delivery ones are in `delivery`)."""
+        where = self.delivery if by_name(name).path.startswith("delivery.") else self
+        return getattr(where, name)
+
     @property
     def topic(self) -> Topic:
         """The engine's view of this topic (same validation the clients use)."""
