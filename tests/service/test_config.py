@@ -4,15 +4,12 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import enum
-import re
-from pathlib import Path
 from typing import Any
 
 import pytest
 
 from delayq.local.processes import config_env
-from delayq.queue.settings import SETTINGS, by_name, human_duration
+from delayq.queue.settings import SETTINGS, by_name
 from delayq.queue.topic import ROUTING_FIELDS, EndAction, Topic, TopicType
 from delayq.service.config import ConfigError, ServiceConfig, add_arguments, check_exposure
 
@@ -30,32 +27,6 @@ def test_defaults_are_a_pull_topic_on_local_redis():
     assert config.topic_type is TopicType.PULL
     assert config.redis_url == "redis://127.0.0.1:6379/0"
     assert config.to_topic().slot_amount == 16
-
-
-def _as_documented(value: object, name: str) -> str:
-    """How docs/service.md's settings table writes a default: `30 s`, `1 MiB`, `pull`, `16`;
-    a flag the operator and a hand-run serve default differently as `operator: false`."""
-    if isinstance(value, bool):
-        return f"operator: {str(value).lower()}"
-    if isinstance(value, enum.Enum):
-        return str(value.value)
-    if name.endswith("_ms") and isinstance(value, int):
-        return re.sub(r"^(\d+)", r"\1 ", human_duration(value))
-    if name.endswith("_bytes") and isinstance(value, int) and value % 2**20 == 0:
-        return f"{value >> 20} MiB"
-    return str(value)
-
-
-def test_the_docs_state_the_tables_defaults():
-    """docs/service.md's settings table says what DEFAULTS holds: its worker_concurrency row
-    said 16 when the default (and every benchmarked figure) was 1000."""
-    text = (Path(__file__).parents[2] / "docs" / "service.md").read_text()
-    rows = re.findall(r"^\| `([a-z_]+)` \| [^|]+ \| ([^|]+) \|$", text, re.MULTILINE)
-    documented = {name: cell.strip() for name, cell in rows if name in DEFAULTS}
-    assert len(documented) >= 15
-    for name, cell in documented.items():
-        expected = _as_documented(DEFAULTS[name], name)
-        assert re.match(rf"{re.escape(expected)}\b", cell), f"{name}: {cell!r}, not {expected!r}"
 
 
 def test_topic_settings_default_from_the_table():

@@ -73,6 +73,15 @@ class Kind(enum.StrEnum):
     QUANTITY = "quantity"  # a Kubernetes quantity such as 1Gi, kept as written
 
 
+class Change(enum.StrEnum):
+    """How a change of a setting on a running topic takes effect."""
+
+    LIVE = "live"  # applied without restarting a pod
+    ROLL = "roll"  # the operator rolls the pods that read it (a new topic.json or pod env)
+    GROW = "grow"  # grows live (the operator moves or doubles slots), never shrinks
+    NEVER = "never"  # immutable: a new topic is needed
+
+
 class Consumer(enum.StrEnum):
     """The layer that obeys a setting."""
 
@@ -91,8 +100,7 @@ class Setting:
     help: str  # one line: `delayq serve --help` and docs/service.md
     description: str  # the CRD's description
     consumer: Consumer
-    # applied without restarting a pod; False: the operator rolls the pods that read it
-    live: bool
+    change: Change  # how a change on a running topic takes effect
     low: float = 0
     high: float = 0
     unit: str = ""  # of an INTEGER or NUMBER; a DURATION is in ms
@@ -254,25 +262,26 @@ SETTINGS: tuple[Setting, ...] = (
         "slotAmount", Kind.INTEGER, 16, "slots of the topic (power of two)",
         "Number of slots (a power of two, 1..16384). It may grow, never shrink; the operator "
         "then doubles the slots live, splitting each slot s into s and s + N (see resharding).",
-        T, live=True, low=1, high=MAX_SLOT_AMOUNT, unit="slots",
+        T, change=Change.GROW, low=1, high=MAX_SLOT_AMOUNT, unit="slots",
         crd={"x-kubernetes-validations": _SLOT_RULES},
     ),
     Setting(
         "topicType", Kind.CHOICE, TopicType.PULL, "delivery: pull, webhook or stream",
         "How due messages leave the queue. Immutable.",
-        T, live=False, choices=tuple(TopicType), crd={"x-kubernetes-validations": _TYPE_RULES},
+        T, change=Change.NEVER, choices=tuple(TopicType),
+        crd={"x-kubernetes-validations": _TYPE_RULES},
     ),
     Setting(
         "brokers", Kind.INTEGER, 1, "Redis brokers of the topic, each a master plus replicas",
         "Number of Redis brokers (each a master plus replicas). It may grow but never shrink; "
         "added brokers take their share of the slots (see resharding).",
-        OP, live=True, low=1, high=MAX_BROKERS, unit="brokers",
+        OP, change=Change.GROW, low=1, high=MAX_BROKERS, unit="brokers",
         crd={"x-kubernetes-validations": _BROKER_RULES},
     ),
     Setting(
         "replicasPerBroker", Kind.INTEGER, 1, "Redis replicas per broker master",
         "Redis replicas per broker master; failover needs at least one.",
-        OP, live=True, low=0, high=MAX_REPLICAS_PER_BROKER, unit="replicas",
+        OP, change=Change.LIVE, low=0, high=MAX_REPLICAS_PER_BROKER, unit="replicas",
     ),
     Setting(
         "maxRetries", Kind.INTEGER, 16,
@@ -280,22 +289,22 @@ SETTINGS: tuple[Setting, ...] = (
         "Retries after the first delivery: a message is delivered at most 1 + maxRetries times, "
         "then its retries end (dead or drop, retry.exhaustedAction); 0 = no retry. BullMQ "
         "attempts and SQS maxReceiveCount are maxRetries + 1.",
-        T, live=False, low=0, high=1000, unit="retries",
+        T, change=Change.ROLL, low=0, high=1000, unit="retries",
     ),
     Setting(
         "ackTimeout", Kind.DURATION, 30_000, "lease length of a delivery",
         "Lease of a delivered message before it is retried, e.g. 500ms, 30s, 5m (1ms..24h).",
-        T, live=False, low=1, high=24 * 3600 * 1000, bound_hint=", e.g. 30s",
+        T, change=Change.ROLL, low=1, high=24 * 3600 * 1000, bound_hint=", e.g. 30s",
     ),
     Setting(
         "maxPayloadBytes", Kind.INTEGER, MiB, "largest accepted payload",
         "Largest accepted message body in bytes (up to 64 MiB).",
-        T, live=False, low=1, high=64 * MiB, unit="bytes",
+        T, change=Change.ROLL, low=1, high=64 * MiB, unit="bytes",
     ),
     Setting(
         "journalMaxLen", Kind.INTEGER, 0, "lifecycle journal cap per slot (0: off)",
         "Approximate per-slot cap of the lifecycle journal stream; 0 turns the journal off.",
-        T, live=False, low=0, high=100_000_000, unit="entries",
+        T, change=Change.ROLL, low=0, high=100_000_000, unit="entries",
     ),
     Setting(
         "outcomeRetention", Kind.DURATION, 0,
@@ -303,37 +312,37 @@ SETTINGS: tuple[Setting, ...] = (
         "How long a finished (acked, cancelled or purged) message id is remembered, e.g. 1h "
         "(0s..720h, 0s = off): GET answers its outcome and create-only scheduling of that id "
         "answers already_done instead of delivering it again.",
-        T, live=False, low=0, high=MAX_OUTCOME_RETENTION_MS, bound_hint=", e.g. 1h",
+        T, change=Change.ROLL, low=0, high=MAX_OUTCOME_RETENTION_MS, bound_hint=", e.g. 1h",
     ),
     Setting(
         "retry.backoffBase", Kind.DURATION, 1000, "first retry delay",
         "Delay before the first retry, e.g. 1s (1ms..168h).",
-        S, live=False, low=1, high=MAX_RETRY_BACKOFF_MS,
+        S, change=Change.ROLL, low=1, high=MAX_RETRY_BACKOFF_MS,
     ),
     Setting(
         "retry.backoffMax", Kind.DURATION, 3_600_000, "longest retry delay",
         "Longest delay between two attempts, e.g. 1h (1ms..168h).",
-        S, live=False, low=1, high=MAX_RETRY_BACKOFF_MS,
+        S, change=Change.ROLL, low=1, high=MAX_RETRY_BACKOFF_MS,
     ),
     Setting(
         "retry.backoffMultiplier", Kind.NUMBER, 2.0,
         "each retry waits this many times the previous one (1..10)",
         "Each retry waits this many times the previous one (1 = a fixed delay).",
-        S, live=False, low=1, high=10, unit="times",
+        S, change=Change.ROLL, low=1, high=10, unit="times",
     ),
     Setting(
         "retry.jitter", Kind.CHOICE, Jitter.NONE,
         "none: wait the exponential delay; full: a random time up to it",
         "none waits the delay exactly; full waits a uniformly random time between 0 and it, so "
         "receivers that failed together are not retried together.",
-        S, live=False, choices=tuple(Jitter),
+        S, change=Change.ROLL, choices=tuple(Jitter),
     ),
     Setting(
         "retry.for", Kind.DURATION, 0,
         "retries end this long after the first attempt (0: maxRetries only)",
         "Retries also end once the next attempt would fall this long after the first attempt, "
         "e.g. 2h (0s = only maxRetries ends them).",
-        T, live=False, low=0, high=MAX_DELAY_MS,
+        T, change=Change.ROLL, low=0, high=MAX_DELAY_MS,
     ),
     Setting(
         "retry.exhaustedAction", Kind.CHOICE, EndAction.DEAD,
@@ -341,7 +350,7 @@ SETTINGS: tuple[Setting, ...] = (
         "What becomes of a message whose retries ended (maxRetries or retry.for): dead keeps it "
         "in the dead letters (inspect, redrive, purge); drop deletes it (remembered as dropped "
         "with outcomeRetention).",
-        T, live=False, choices=tuple(EndAction),
+        T, change=Change.ROLL, choices=tuple(EndAction),
     ),
     Setting(
         "resharding.maxConcurrentMoves", Kind.INTEGER, 2,
@@ -350,7 +359,7 @@ SETTINGS: tuple[Setting, ...] = (
         "share one pool of min(32, CPUs + 4) threads. Each moving slot refuses writes (retried "
         "by the clients and the HTTP API) for as long as its copy takes, about 0.1 s per "
         "100,000 pending messages.",
-        OP, live=True, low=1, high=MAX_CONCURRENT_MOVES, unit="slots",
+        OP, change=Change.LIVE, low=1, high=MAX_CONCURRENT_MOVES, unit="slots",
     ),
     Setting(
         "limits.maxPending", Kind.INTEGER, 0,
@@ -358,26 +367,26 @@ SETTINGS: tuple[Setting, ...] = (
         "At most this many messages scheduled or in flight (0 = no limit); each slot holds its "
         "share, ceil(maxPending / slotAmount). A new message beyond it is refused with 429 and "
         "Retry-After; replacing a live one is not.",
-        T, live=False, low=0, high=MAX_PENDING, unit="messages", crd={"format": "int64"},
+        T, change=Change.ROLL, low=0, high=MAX_PENDING, unit="messages", crd={"format": "int64"},
     ),
     Setting(
         "expiry.ttl", Kind.DURATION, 0,
         "a message without its own expiry expires this long after its due time",
         "A message without its own expiry expires this long after its due time, e.g. 10m "
         "(0s = never).",
-        T, live=False, low=0, high=MAX_DELAY_MS,
+        T, change=Change.ROLL, low=0, high=MAX_DELAY_MS,
     ),
     Setting(
         "expiry.action", Kind.CHOICE, EndAction.DEAD,
         "dead: move a message past its expiry to dead; drop: delete it",
         "What becomes of a message past its expiry: dead (reason expired) or drop (deleted; "
         "remembered as expired with outcomeRetention).",
-        T, live=False, choices=tuple(EndAction),
+        T, change=Change.ROLL, choices=tuple(EndAction),
     ),
     Setting(
         "delivery.pull.maxLeaseBatch", Kind.INTEGER, 1000, "pull: messages per lease at most",
         "Most messages one lease call may take (the service caps a call at 1000).",
-        S, live=False, low=1, high=10_000, unit="messages",
+        S, change=Change.ROLL, low=1, high=10_000, unit="messages",
     ),
     Setting(
         "delivery.webhook.allowInsecureHttp", Kind.BOOLEAN, False,
@@ -385,19 +394,19 @@ SETTINGS: tuple[Setting, ...] = (
         "Also accept an http:// url. Off, only https:// is accepted, since over plain http the "
         "payloads, the extra headers (an Authorization) and the signatures can be read and "
         "replayed on the way; for an in-cluster receiver without TLS.",
-        S, live=False, serve_default=True,
+        S, change=Change.ROLL, serve_default=True,
     ),
     Setting(
         "delivery.webhook.timeout", Kind.DURATION, 10_000, "webhook topics: timeout of one POST",
         "How long one POST may take before it counts as failed and is retried, e.g. 10s "
         "(10ms..5m).",
-        S, live=False, low=10, high=300_000,
+        S, change=Change.ROLL, low=10, high=300_000,
     ),
     Setting(
         "delivery.webhook.maxInFlight", Kind.INTEGER, 64,
         "webhook topics: concurrent POSTs at most",
         "Concurrent POSTs per delay-service pod (back-pressure).",
-        S, live=False, low=1, high=10_000, unit="POSTs",
+        S, change=Change.ROLL, low=1, high=10_000, unit="POSTs",
     ),
     Setting(
         "delivery.webhook.maxBatch", Kind.INTEGER, 1,
@@ -407,7 +416,7 @@ SETTINGS: tuple[Setting, ...] = (
         'messages waiting while every POST slot is busy go out together as {"messages": [...]}, '
         'and the receiver must answer each one with {"results": [{"id": ..., "status": 200}, '
         "...]}: a 2xx status acks that message, anything else or no answer retries it.",
-        S, live=False, low=1, high=1000, unit="messages",
+        S, change=Change.ROLL, low=1, high=1000, unit="messages",
     ),
     Setting(
         "delivery.webhook.allowPrivateTargets", Kind.BOOLEAN, False,
@@ -417,7 +426,7 @@ SETTINGS: tuple[Setting, ...] = (
         "the cloud metadata address 169.254.169.254) and other non-public addresses. Off, such "
         "an address is refused after DNS resolution and the delivery retried; prefer "
         "allowedCidrs.",
-        S, live=False, serve_default=True,
+        S, change=Change.ROLL, serve_default=True,
     ),
     Setting(
         "delivery.stream.allowPrivateTargets", Kind.BOOLEAN, False,
@@ -426,31 +435,32 @@ SETTINGS: tuple[Setting, ...] = (
         "With urlSecretRef, let the pods' egress and their SSRF guard reach every address, the "
         "private, loopback and link-local ones included, and a unix:// socket (capped by the "
         "platform's tenantPolicy); prefer allowedCidrs.",
-        S, live=False, serve_default=True,
+        S, change=Change.ROLL, serve_default=True,
     ),
     Setting(
         "delivery.stream.maxLen", Kind.INTEGER, 0,
         "stream topics: approximate MAXLEN of the target (0: none)",
         "Approximate cap of the output stream; 0 means unbounded.",
-        S, live=False, low=0, high=1_000_000_000, unit="entries",
+        S, change=Change.ROLL, low=0, high=1_000_000_000, unit="entries",
     ),
     Setting(
         "zookeeper.sessionTimeout", Kind.DURATION, 10_000,
         "ZooKeeper session timeout: bounds the failover time",
         "ZooKeeper session timeout of the delay-service pods, e.g. 10s (2s..60s); bounds how "
         "fast slots fail over.",
-        S, live=False, low=2000, high=60_000, bound_hint=": it bounds how fast slots fail over",
+        S, change=Change.ROLL, low=2000, high=60_000,
+        bound_hint=": it bounds how fast slots fail over",
     ),
     Setting(
         "persistence.size", Kind.QUANTITY, "1Gi", "volume size per Redis pod",
         "Volume size per Redis pod, a Kubernetes quantity such as 1Gi.",
-        OP, live=False, crd={"maxLength": 32, "pattern": QUANTITY_PATTERN},
+        OP, change=Change.ROLL, crd={"maxLength": 32, "pattern": QUANTITY_PATTERN},
     ),
     Setting(
         "deletionPolicy", Kind.CHOICE, "Retain",
         "whether the Redis volumes (the messages) are kept or deleted with the topic",
         "Whether the Redis volumes (the messages) are kept or deleted with the topic.",
-        OP, live=True, choices=("Retain", "Delete"),
+        OP, change=Change.LIVE, choices=("Retain", "Delete"),
     ),
     Setting(
         "worker.concurrency", Kind.INTEGER, 1000,
@@ -458,7 +468,7 @@ SETTINGS: tuple[Setting, ...] = (
         "Messages a delay-service pod holds leased at once (claimed, not yet acked; their "
         "leases are kept alive while they wait). Webhook POSTs run at most "
         "delivery.webhook.maxInFlight of them at a time.",
-        S, live=False, low=1, high=1024, unit="messages",
+        S, change=Change.ROLL, low=1, high=1024, unit="messages",
     ),
     Setting(
         "redis.minReplicasToWrite", Kind.INTEGER, 0,
@@ -467,14 +477,14 @@ SETTINGS: tuple[Setting, ...] = (
         "replication within minReplicasMaxLagSeconds; bounds what a failover can lose. 0 "
         "(default) never refuses. At most replicasPerBroker; keep it below replicasPerBroker so "
         "writes go on while one replica is down.",
-        OP, live=False, low=0, high=MAX_REPLICAS_PER_BROKER, unit="replicas",
+        OP, change=Change.ROLL, low=0, high=MAX_REPLICAS_PER_BROKER, unit="replicas",
     ),
     Setting(
         "redis.minReplicasMaxLagSeconds", Kind.INTEGER, 10,
         "how recent a replica's acknowledgement must be to count for minReplicasToWrite",
         "How recent (seconds) a replica's last acknowledgement must be to count for "
         "minReplicasToWrite.",
-        OP, live=False, low=1, high=MAX_MIN_REPLICAS_MAX_LAG_S, unit="s",
+        OP, change=Change.ROLL, low=1, high=MAX_MIN_REPLICAS_MAX_LAG_S, unit="s",
     ),
     Setting(
         "redis.syncReplicas", Kind.INTEGER, 0,
@@ -484,13 +494,13 @@ SETTINGS: tuple[Setting, ...] = (
         "WAIT), so a master failover cannot lose it; not confirmed within syncTimeout, the call "
         "answers HTTP 503 (retryable; the write may have happened on the master, and retrying "
         "it is safe). 0 (default) keeps asynchronous replication. At most replicasPerBroker.",
-        T, live=False, low=0, high=MAX_SYNC_REPLICAS, unit="replicas",
+        T, change=Change.ROLL, low=0, high=MAX_SYNC_REPLICAS, unit="replicas",
     ),
     Setting(
         "redis.syncTimeout", Kind.DURATION, 1000,
         "how long an acknowledged write waits for those replicas (then 503)",
         "How long an acknowledged write waits for syncReplicas, e.g. 1s (10ms..60s).",
-        T, live=False, low=10, high=60_000,
+        T, change=Change.ROLL, low=10, high=60_000,
     ),
     Setting(
         "redis.appendFsync", Kind.CHOICE, "everysec", "when the append-only file reaches the disk",
@@ -498,7 +508,7 @@ SETTINGS: tuple[Setting, ...] = (
         "second of acknowledged writes if a master's node crashes; always syncs every write "
         "before it is acknowledged (nothing acknowledged is lost; each write waits for the "
         "disk).",
-        OP, live=False, choices=("everysec", "always"),
+        OP, change=Change.ROLL, choices=("everysec", "always"),
     ),
 )  # fmt: skip
 
