@@ -3,11 +3,14 @@
 `python -m delayq.kube.crd_schema > crds/delaytopics.delayq.io.yaml` (then copy it to
 charts/delayq/crds/): the hand-written skeleton next to this module holds everything but the
 settings (status, printer columns, the Secret references, the network policy, the rules that
-are not a setting's), with one placeholder line where each setting or the table's cross-field
-rules go:
+are not a setting's), with one placeholder line where a section's settings or the table's
+cross-field rules go:
 
-    {{setting delivery.webhook.timeout}}   the setting's property, from its row
-    {{rules retry}}                        the RULES checked on spec.retry ("spec": on spec)
+    {{settings delivery.webhook}}   the properties of the rows in spec.delivery.webhook, in the
+                                    table's order ("spec": the rows directly under spec)
+    {{rules retry}}                 the RULES checked on spec.retry ("spec": on spec)
+
+A row in a section with no placeholder is an error: a new section needs its placeholder.
 
 tests/kube/test_crd_schema.py checks that the checked-in copies are this output.
 """
@@ -29,12 +32,11 @@ from delayq.queue.settings import (
     Kind,
     Rule,
     Setting,
-    by_name,
     human_duration,
 )
 
 SKELETON = "delaytopics.skeleton.yaml"
-PLACEHOLDER = re.compile(r"^(\s*)(?:- )?\{\{(setting|rules) ([A-Za-z.]+)\}\}$")
+PLACEHOLDER = re.compile(r"^(\s*)(?:- )?\{\{(settings|rules) ([A-Za-z.]+)\}\}$")
 #: The CRD's bound on a duration string: "1m30s" and friends are short.
 DURATION_MAX_LENGTH = 32
 
@@ -76,26 +78,27 @@ def rule_schema(rule: Rule) -> dict[str, str]:
 def render(skeleton: str) -> str:
     """The skeleton with every placeholder replaced by its generated YAML."""
     out: list[str] = []
+    rendered: list[Setting] = []
     for line in skeleton.splitlines():
         match = PLACEHOLDER.match(line)
         if match is None:
             out.append(line)
             continue
         indent, what, name = match.groups()
-        if what == "setting":
-            row = by_name_of_path(name)
-            out.append(f"{indent}{row.key}:")
-            out.extend(_emit(property_schema(row), len(indent) + 2))
+        if what == "settings":
+            section = () if name == "spec" else tuple(name.split("."))
+            for row in (row for row in SETTINGS if row.section == section):
+                out.append(f"{indent}{row.key}:")
+                out.extend(_emit(property_schema(row), len(indent) + 2))
+                rendered.append(row)
         else:
             at = "" if name == "spec" else name
             items = [rule_schema(rule) for rule in RULES if rule.at == at]
             out.extend(_emit(items, len(indent)))
+    missing = [row.path for row in SETTINGS if row not in rendered]
+    if missing or len(rendered) != len(SETTINGS):
+        raise ValueError(f"the skeleton has no (or two) {{{{settings}}}} places for {missing}")
     return "\n".join(out) + "\n"
-
-
-def by_name_of_path(path: str) -> Setting:
-    (row,) = (row for row in SETTINGS if row.path == path)
-    return by_name(row.name)
 
 
 def generate() -> str:
