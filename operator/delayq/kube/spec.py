@@ -196,6 +196,7 @@ class TopicSpec:
     max_retries: int = default("max_retries")
     ack_timeout_ms: int = default("ack_timeout_ms")
     max_payload_bytes: int = default("max_payload_bytes")
+    max_body_bytes: int = default("max_body_bytes")
     journal_max_len: int = default("journal_max_len")
     outcome_retention_ms: int = default("outcome_retention_ms")
     delivery: Delivery = field(default_factory=Delivery)

@@ -302,6 +302,13 @@ SETTINGS: tuple[Setting, ...] = (
         T, change=Change.ROLL, low=1, high=64 * MiB, unit="bytes",
     ),
     Setting(
+        "maxBodyBytes", Kind.INTEGER, 8 * MiB, "largest HTTP request body",
+        "Largest HTTP request body the topic's API accepts, in bytes (1 KiB..256 MiB; larger "
+        "is answered 413): a batch of messages, or one message whose payload travels base64 "
+        "in JSON at about 4/3 of its size. Raise it with maxPayloadBytes above 6 MiB.",
+        S, change=Change.ROLL, low=1024, high=256 * MiB, unit="bytes",
+    ),
+    Setting(
         "journalMaxLen", Kind.INTEGER, 0, "lifecycle journal cap per slot (0: off)",
         "Approximate per-slot cap of the lifecycle journal stream; 0 turns the journal off.",
         T, change=Change.ROLL, low=0, high=100_000_000, unit="entries",

@@ -222,9 +222,7 @@ class ServiceConfig:
     expiry_ttl_ms: int = _setting("expiry_ttl_ms")
     expiry_action: EndAction = _setting("expiry_action")
     limits_max_pending: int = _setting("limits_max_pending")
-    max_body_bytes: int = field(
-        default=8 * 1024 * 1024, metadata=_help("largest HTTP request body")
-    )
+    max_body_bytes: int = _setting("max_body_bytes")
     read_timeout_ms: int = field(
         default=10_000,
         metadata=_help(
@@ -312,7 +310,6 @@ class ServiceConfig:
         for name in (
             "redis_max_connections",
             "batch_size",
-            "max_body_bytes",
             "read_timeout_ms",
             "grace_ms",
         ):
