@@ -102,6 +102,14 @@ def test_the_engine_refuses_what_the_table_refuses(row: Setting) -> None:
         Topic("orders", **beyond)
 
 
+def test_bounds_are_written_out_in_messages() -> None:
+    """10000000000, not 1e+10: the user types the number the message names."""
+    with pytest.raises(SpecError, match=r"between 0 and 10000000000, got 10000000001$"):
+        parse_spec("orders", "shop", {"limits": {"maxPending": 10_000_000_001}})
+    with pytest.raises(ConfigError, match=r"between 0 and 10000000000 \(got 10000000001\)"):
+        ServiceConfig(limits_max_pending=10_000_000_001)
+
+
 def test_serve_refuses_beyond_the_tables_bounds_naming_the_flag() -> None:
     """A hand-run serve keeps the CRD's bounds too (it took any worker_concurrency before)."""
     assert ServiceConfig(worker_concurrency=1024).worker_concurrency == 1024

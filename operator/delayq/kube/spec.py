@@ -337,9 +337,7 @@ def _setting(spec: Mapping[str, Any], row: Setting) -> Any:
         return str(value)
     if row.out_of_range(value):
         what = "a number" if row.kind is Kind.NUMBER else "an integer"
-        raise SpecError(
-            f"{path} must be {what} between {row.low:g} and {row.high:g}, got {value!r}"
-        )
+        raise SpecError(f"{path} must be {what} {row.between()}, got {value!r}")
     return float(value) if row.kind is Kind.NUMBER else value
 
 

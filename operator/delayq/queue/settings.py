@@ -161,6 +161,10 @@ class Setting:
             return int(self.default)
         return self.default
 
+    def between(self) -> str:
+        """`between 0 and 10000000000` (milliseconds for a duration), for a message."""
+        return f"between {_number(self.low)} and {_number(self.high)}"
+
     def bounds_shown(self) -> str:
         if self.kind is Kind.DURATION:
             return f"{human_duration(int(self.low))}..{human_duration(int(self.high))}"

@@ -246,8 +246,7 @@ class ServiceConfig:
         for row in _BOUNDED:
             if row.out_of_range(getattr(self, row.name)):
                 raise ConfigError(
-                    f"{_names(row.name)} must be between {row.low:g} and {row.high:g} "
-                    f"(got {getattr(self, row.name)!r})"
+                    f"{_names(row.name)} must be {row.between()} (got {getattr(self, row.name)!r})"
                 )
         broken = broken_rule({name: getattr(self, name) for name in _TABLE_NAMES})
         if broken is not None:
