@@ -144,11 +144,13 @@ class Setting:
 
     @property
     def env(self) -> str:
-        return "DELAYQ_" + self.name.upper()
+        """`delayq serve`'s variable (of a `serve` row): `DELAYQ_ACK_TIMEOUT_MS`."""
+        return env_name(self.name)
 
     @property
     def flag(self) -> str:
-        return "--" + self.name.replace("_", "-")
+        """`delayq serve`'s flag (of a `serve` row): `--ack-timeout-ms`."""
+        return flag_name(self.name)
 
     def crd_default(self) -> Any:
         """The default as the CRD writes it: a duration as a string (`10s`), a choice by value,
@@ -206,6 +208,16 @@ class Rule:
         """The offending field, relative to `at`, as a CEL rule's fieldPath."""
         path = by_name(self.names[0]).path
         return "." + path.removeprefix(self.at + ".") if self.at else "." + path
+
+
+def env_name(name: str) -> str:
+    """The `delayq serve` variable of a setting: `DELAYQ_` and its name in upper case."""
+    return "DELAYQ_" + name.upper()
+
+
+def flag_name(name: str) -> str:
+    """The `delayq serve` flag of a setting: `--` and its name, `_` written `-`."""
+    return "--" + name.replace("_", "-")
 
 
 def human_duration(value_ms: int) -> str:

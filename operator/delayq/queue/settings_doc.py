@@ -17,7 +17,8 @@ BEGIN = (
 )
 END = "<!-- END settings table -->"
 HEADER = (
-    "| `spec.` | `delayq serve` setting | unit | default | range | obeyed by | a change | what |",
+    "| `spec.` | `delayq serve` flag, variable | unit | default | range | obeyed by | a change "
+    "| what |",
     "|---|---|---|---|---|---|---|---|",
 )
 _OBEYED_BY = {
@@ -51,7 +52,7 @@ def rewrite(text: str) -> str:
 
 
 def _row(row: Setting) -> str:
-    serve = f"`{row.name}`" if row.serve else "—"
+    serve = f"`{row.flag}`, `{row.env}`" if row.serve else "—"
     default = f"`{_shown(row.crd_default())}`"
     if row.serve and row.serve_default is not None and row.serve_default != row.default:
         default += f" (serve run by hand: `{_shown(row.serve_default)}`)"

@@ -1,7 +1,9 @@
 """Settings of one `delayq serve` process: a frozen dataclass read from env, then flags (pure).
 
 Every field is declared once; its environment variable (`DELAYQ_<FIELD>`) and its flag
-(`--field-name`) are derived from the name, so the chart, the CLI and the tests cannot drift.
+(`--field-name`) are derived from the name (`env_name`, `flag_name`), so the chart, the CLI and
+the tests cannot drift. A topic setting's default, help and bounds, and the rules between
+settings, are its row of the settings table (`delayq.queue.settings`).
 Precedence: defaults < the operator's topic file (`--config`) < environment < flags.
 """
 
@@ -23,13 +25,16 @@ from delayq.coordination.routing_watch import ZkConnection
 from delayq.coordination.tls import ZkTls
 from delayq.queue.backoff import Backoff, Jitter
 from delayq.queue.settings import SETTINGS, Kind, broken_rule, by_name
+
+# re-exported: the names of a setting's variable and flag, for the layers that set them
+from delayq.queue.settings import env_name as env_name
+from delayq.queue.settings import flag_name as flag_name
 from delayq.queue.topic import EndAction, Topic, TopicError, TopicType
 from delayq.service.delivery.signing import Signer, parse_extra_headers
 from delayq.service.delivery.targets import TargetPolicy, parse_cidrs, split_cidrs
 from delayq.service.shutdown import GRACE_MS
 from delayq.service.tokens import LeaseTokens, derived_key
 
-ENV_PREFIX = "DELAYQ_"
 #: What redis-py connects to (`stream_url`, from a tenant's Secret on Kubernetes).
 STREAM_URL_SCHEMES = ("redis://", "rediss://", "unix://")
 
@@ -499,14 +504,6 @@ def check_exposure(config: ServiceConfig) -> None:
         f"empty: set a token, or pass {flag_name('insecure_no_auth')} "
         f"({env_name('insecure_no_auth')}=true) to serve the API without auth"
     )
-
-
-def env_name(name: str) -> str:
-    return ENV_PREFIX + name.upper()
-
-
-def flag_name(name: str) -> str:
-    return "--" + name.replace("_", "-")
 
 
 #: The settings of the table `delayq serve` takes, and those of them with bounds.
