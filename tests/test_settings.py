@@ -117,6 +117,9 @@ def test_serve_refuses_beyond_the_tables_bounds_naming_the_flag() -> None:
         ServiceConfig(worker_concurrency=1025)
     with pytest.raises(ConfigError, match="--retry-backoff-multiplier"):
         ServiceConfig(retry_backoff_multiplier=0.5)
+    # every choice of the table, topicType too (a bare ValueError before)
+    with pytest.raises(ConfigError, match=r"--topic-type .* must be pull or webhook or stream"):
+        ServiceConfig(topic_type="kafka")  # type: ignore[arg-type]
 
 
 def test_every_rule_names_settings_of_the_table_and_says_the_first() -> None:

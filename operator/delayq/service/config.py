@@ -241,7 +241,6 @@ class ServiceConfig:
     log_level: str = field(default="INFO", metadata=_help("logging level"))
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "topic_type", TopicType(self.topic_type))
         for name, kind in _CHOICES.items():
             try:
                 object.__setattr__(self, name, kind(getattr(self, name)))
@@ -513,10 +512,10 @@ _BOUNDED = tuple(
 )
 
 #: The settings that take one of an enum's values, checked (and converted) on construction.
-_CHOICES: dict[str, type[Jitter] | type[EndAction]] = {
-    "retry_jitter": Jitter,
-    "retry_exhausted_action": EndAction,
-    "expiry_action": EndAction,
+_CHOICES: dict[str, type[enum.Enum]] = {
+    row.name: type(row.default)
+    for row in SETTINGS
+    if row.serve and isinstance(row.default, enum.Enum)
 }
 
 
