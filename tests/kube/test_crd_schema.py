@@ -23,14 +23,12 @@ from delayq.kube.spec import (
     ALLOW_FROM_IP_BLOCK_ALONE_MESSAGE,
     MAX_ALLOW_FROM,
     MAX_TOPIC_NAME_LENGTH,
-    MIN_REPLICAS_EXCEED_MESSAGE,
     NAME_NOT_DNS_1035_MESSAGE,
     NAME_TOO_LONG_MESSAGE,
     SECRET_KEY_MESSAGE,
     SECRET_KEY_PATTERN,
     SECRET_NAME_MESSAGE,
     SECRET_NAME_PATTERN,
-    SYNC_REPLICAS_EXCEED_MESSAGE,
     WEBHOOK_HTTPS_MESSAGE,
     WEBHOOK_URL_SECRET_MESSAGE,
     WEBHOOK_URL_SECRET_PATTERN,
@@ -40,8 +38,14 @@ from delayq.kube.spec import (
     parse_duration_ms,
     parse_spec,
 )
-from delayq.queue.settings import MAX_BROKERS, MAX_REPLICAS_PER_BROKER, SETTINGS
+from delayq.queue.settings import MAX_BROKERS, MAX_REPLICAS_PER_BROKER, RULES, SETTINGS
 from delayq.queue.topic import MAX_SLOT_AMOUNT, TopicType
+
+#: The messages of the rules between replica counts (the table's RULES, by offending setting).
+MIN_REPLICAS_EXCEED_MESSAGE = next(
+    r.message for r in RULES if r.names[0] == "redis_min_replicas_to_write"
+)
+SYNC_REPLICAS_EXCEED_MESSAGE = next(r.message for r in RULES if r.names[0] == "redis_sync_replicas")
 
 ROOT = Path(__file__).resolve().parents[2]
 CRD_PATH = ROOT / "crds" / "delaytopics.delayq.io.yaml"

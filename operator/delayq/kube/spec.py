@@ -19,7 +19,6 @@ from typing import Any
 from delayq.queue.backoff import Jitter
 from delayq.queue.settings import (
     DURATION_PATTERN,
-    RULES,
     SETTINGS,
     Kind,
     Setting,
@@ -41,13 +40,6 @@ from delayq.service.delivery.targets import parse_cidrs
 from delayq.service.redaction import redact_url
 
 DURATION_MATCH = re.compile(DURATION_PATTERN)
-
-
-def _rule_message(name: str) -> str:
-    """The message of the cross-field rule whose offending setting is `name`."""
-    (message,) = (rule.message for rule in RULES if rule.names[0] == name)
-    return message
-
 
 DURATION_PART = re.compile(r"([0-9]+)(ms|s|m|h)")
 DURATION_UNIT_MS = {"ms": 1, "s": 1000, "m": 60_000, "h": 3_600_000}
@@ -87,10 +79,6 @@ NAME_NOT_DNS_1035_MESSAGE = (
     "metadata.name must be a DNS label that Services accept (RFC 1035): lowercase letters, "
     "digits and hyphens, starting with a letter and ending with a letter or digit, no dots"
 )
-SYNC_REPLICAS_EXCEED_MESSAGE = _rule_message("redis_sync_replicas")
-#: The CRD's CEL rule on delivery.webhook (at its url), repeated by the parser.
-#: `delayq serve` refuses the same (service/config.py): its pods would never start.
-WEBHOOK_TIMEOUT_MESSAGE = _rule_message("webhook_timeout_ms")
 WEBHOOK_HTTPS_MESSAGE = (
     "delivery.webhook.url must start with https:// unless delivery.webhook.allowInsecureHttp is "
     "true: over http the payloads, the extra headers and the signatures travel in clear text"
@@ -125,7 +113,6 @@ SECRET_NAME_MESSAGE = (
 SECRET_KEY_PATTERN = re.compile(r"^[-._a-zA-Z0-9]+$")
 SECRET_KEY_MESSAGE = "a Secret key must consist of letters, digits, '-', '_' or '.'"
 MAX_SECRET_REF_LENGTH = 253
-MIN_REPLICAS_EXCEED_MESSAGE = _rule_message("redis_min_replicas_to_write")
 
 
 class SpecError(ValueError):
