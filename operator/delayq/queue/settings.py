@@ -1,8 +1,9 @@
 """The table of a topic's settings: every DelayTopic setting, defined once (pure).
 
 One row per setting: its CRD path under `spec`, type, unit, default, bounds, help, the layer
-that consumes it and whether a change applies without restarting a pod. Everything else is
-derived from the rows, so adding a setting is one row plus its behaviour:
+that obeys it and how a change on a running topic applies. Everything else is derived from the
+rows, so adding a setting is one row, a typed field in each record that carries it (mypy needs
+them; tests/test_settings.py names a missing one) and its behaviour (CONTRIBUTING.md):
 
 - the Python name (`name`): the snake_case of the path without the `delivery.` section, `_ms`
   for a duration held in milliseconds (`delivery.webhook.timeout` -> `webhook_timeout_ms`). It
