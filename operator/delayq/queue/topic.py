@@ -14,10 +14,7 @@ from typing import Any
 
 from delayq.queue.settings import (
     MAX_DELAY_MS,
-    MAX_OUTCOME_RETENTION_MS,
-    MAX_PENDING,
     MAX_SLOT_AMOUNT,
-    MAX_SYNC_REPLICAS,
     SETTINGS,
     Consumer,
     EndAction,
@@ -30,11 +27,8 @@ __all__ = [
     "DEFAULT_MAX_PAYLOAD_BYTES",
     "MAX_DELAY_MS",
     "MAX_ID_BYTES",
-    "MAX_OUTCOME_RETENTION_MS",
-    "MAX_PENDING",
     "MAX_SLOT_AMOUNT",
     "MAX_SLOT_GENERATION",
-    "MAX_SYNC_REPLICAS",
     "ROUTING_FIELDS",
     "EndAction",
     "Topic",
@@ -81,9 +75,8 @@ class Topic:
     max_retries: int = default("max_retries")
     ack_timeout_ms: int = default("ack_timeout_ms")
     max_payload_bytes: int = default("max_payload_bytes")
-    journal_max_len: int = default(
-        "journal_max_len"
-    )  # 0 = lifecycle journal off; else approximate per-slot stream cap
+    # 0 = lifecycle journal off; else approximate per-slot stream cap
+    journal_max_len: int = default("journal_max_len")
     # replicas that must confirm an acknowledged write before it is answered (0: asynchronous
     # replication), and how long to wait for them (then ReplicationTimeoutError)
     redis_sync_replicas: int = default("redis_sync_replicas")
