@@ -7,6 +7,7 @@ Server-side validation of the rendered objects (and the CRD's CEL rules) is the 
 from __future__ import annotations
 
 import base64
+import dataclasses
 import functools
 import json
 import re
@@ -273,6 +274,27 @@ def test_operator_env_is_what_the_operator_reads() -> None:
     assert external.build.default_zookeeper == "zk-0.zk:2181,zk-1.zk:2181/delayq"
     namespaced = OperatorConfig.from_env(operator_env("namespaced"))
     assert namespaced.namespaces == ("shop", "billing")
+
+
+def _flat(record: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    flat: dict[str, Any] = {}
+    for key, value in record.items():
+        if isinstance(value, dict):
+            flat.update(_flat(value, f"{prefix}{key}."))
+        else:
+            flat[f"{prefix}{key}"] = value
+    return flat
+
+
+def test_the_charts_defaults_are_the_operators_own() -> None:
+    """values.yaml and kube/config.py both default the operator (lease name, failover grace,
+    health interval, images, ServiceMonitor, endpoints, ...): rendered with its defaults, the
+    chart configures exactly what the operator does with no variable set, but for the names
+    derived from the release."""
+    from_chart = _flat(dataclasses.asdict(OperatorConfig.from_env(operator_env("defaults"))))
+    own = _flat(dataclasses.asdict(OperatorConfig.from_env({"POD_NAMESPACE": "delayq-system"})))
+    differ = {name for name in own if from_chart[name] != own[name]}
+    assert differ == {"build.default_zookeeper", "zookeeper_clients_policy"}  # rel-delayq-...
 
 
 def test_the_tenant_policy_reaches_the_operator() -> None:

@@ -7,7 +7,6 @@ which repeats each non-transition CEL rule.
 
 from __future__ import annotations
 
-import dataclasses
 import re
 from pathlib import Path
 from typing import Any
@@ -18,21 +17,18 @@ import yaml
 
 from delayq.kube.builders.bundle import build_all
 from delayq.kube.builders.common import BuildContext, Credentials
+from delayq.kube.crd_schema import generate
 from delayq.kube.spec import (
     ALLOW_FROM_EMPTY_PEER_MESSAGE,
     ALLOW_FROM_IP_BLOCK_ALONE_MESSAGE,
     MAX_ALLOW_FROM,
-    MAX_BROKERS,
-    MAX_REPLICAS_PER_BROKER,
     MAX_TOPIC_NAME_LENGTH,
-    MIN_REPLICAS_EXCEED_MESSAGE,
     NAME_NOT_DNS_1035_MESSAGE,
     NAME_TOO_LONG_MESSAGE,
     SECRET_KEY_MESSAGE,
     SECRET_KEY_PATTERN,
     SECRET_NAME_MESSAGE,
     SECRET_NAME_PATTERN,
-    SYNC_REPLICAS_EXCEED_MESSAGE,
     WEBHOOK_HTTPS_MESSAGE,
     WEBHOOK_URL_SECRET_MESSAGE,
     WEBHOOK_URL_SECRET_PATTERN,
@@ -42,8 +38,14 @@ from delayq.kube.spec import (
     parse_duration_ms,
     parse_spec,
 )
+from delayq.queue.settings import MAX_BROKERS, MAX_REPLICAS_PER_BROKER, RULES, SETTINGS
 from delayq.queue.topic import MAX_SLOT_AMOUNT, TopicType
-from delayq.service.defaults import DEFAULTS, TopicDefaults, crd_default, crd_path
+
+#: The messages of the rules between replica counts (the table's RULES, by offending setting).
+MIN_REPLICAS_EXCEED_MESSAGE = next(
+    r.message for r in RULES if r.names[0] == "redis_min_replicas_to_write"
+)
+SYNC_REPLICAS_EXCEED_MESSAGE = next(r.message for r in RULES if r.names[0] == "redis_sync_replicas")
 
 ROOT = Path(__file__).resolve().parents[2]
 CRD_PATH = ROOT / "crds" / "delaytopics.delayq.io.yaml"
@@ -103,6 +105,15 @@ def parser_error(document: dict[str, Any]) -> str | None:
 def test_chart_copy_is_byte_identical() -> None:
     assert CHART_CRD_PATH.read_bytes() == CRD_PATH.read_bytes(), (
         "charts/delayq/crds/ must be a copy of crds/: cp crds/*.yaml charts/delayq/crds/"
+    )
+
+
+def test_the_checked_in_crd_is_the_generated_one() -> None:
+    """The settings' schema comes from the settings table (delayq.kube.crd_schema): a row
+    changed without regenerating, or a hand edit of a generated part, fails here."""
+    assert CRD_PATH.read_text() == generate(), (
+        "crds/ is stale: python -m delayq.kube.crd_schema > crds/delaytopics.delayq.io.yaml "
+        "&& cp crds/*.yaml charts/delayq/crds/"
     )
 
 
@@ -497,18 +508,18 @@ def crd_defaults(properties: dict[str, Any], prefix: str = "") -> dict[str, Any]
 def test_every_crd_default_is_the_one_of_the_defaults_table() -> None:
     spec = crd()["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["spec"]
     in_crd = crd_defaults(spec["properties"])
-    table = {crd_path(f.name): f.name for f in dataclasses.fields(TopicDefaults)}
+    table = {row.path: row for row in SETTINGS}
     assert sorted(in_crd) == sorted(table)
     for path, value in in_crd.items():
-        name = table[path]
-        if name.endswith("_ms"):
-            assert parse_duration_ms(value, path, 0, 10**9) == getattr(DEFAULTS, name), path
-        assert value == crd_default(name), path
+        row = table[path]
+        if row.name.endswith("_ms"):
+            assert parse_duration_ms(value, path, 0, 10**9) == row.default, path
+        assert value == row.crd_default(), path
 
 
 def test_the_parser_defaults_an_empty_spec_from_the_table() -> None:
     """TopicSpec's names are the table's (one name per setting), so every default matches."""
     parsed = parse_spec("orders", "shop", {})
-    for f in dataclasses.fields(TopicDefaults):
-        where = parsed.delivery if hasattr(parsed.delivery, f.name) else parsed
-        assert getattr(where, f.name) == getattr(DEFAULTS, f.name), f.name
+    for row in SETTINGS:
+        where = parsed.delivery if hasattr(parsed.delivery, row.name) else parsed
+        assert getattr(where, row.name) == row.default, row.name

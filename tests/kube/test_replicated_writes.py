@@ -16,15 +16,22 @@ import redis
 from delayq.kube.builders.common import BuildContext
 from delayq.kube.builders.redis import REDIS_START_SCRIPT
 from delayq.kube.builders.service import topic_file
-from delayq.kube.spec import MIN_REPLICAS_EXCEED_MESSAGE, SYNC_REPLICAS_EXCEED_MESSAGE, SpecError
+from delayq.kube.spec import SpecError
 from delayq.local.redis_server import RedisServer
 from delayq.local.waiting import wait_until
 from delayq.queue import functions
 from delayq.queue.client import Queue
 from delayq.queue.model import State
+from delayq.queue.settings import RULES
 from delayq.service.config import ServiceConfig
 from delayq.service.topic_file import TopicFile
 from tests.kube.test_builders import by_kind_name, rendered, spec_of
+
+#: The messages of the rules between replica counts (the table's RULES, by offending setting).
+MIN_REPLICAS_EXCEED_MESSAGE = next(
+    r.message for r in RULES if r.names[0] == "redis_min_replicas_to_write"
+)
+SYNC_REPLICAS_EXCEED_MESSAGE = next(r.message for r in RULES if r.names[0] == "redis_sync_replicas")
 
 pytestmark = pytest.mark.timeout(60)
 

@@ -83,6 +83,19 @@ def test_retry_policy_reaches_the_delay_service() -> None:
     )
 
 
+def test_the_request_body_cap_reaches_the_delay_service() -> None:
+    """spec.maxBodyBytes → topic.json → `delayq serve --max-body-bytes` (the HTTP API's cap,
+    413 above it); 8 MiB when absent. Before it, a topic raising maxPayloadBytes above 6 MiB
+    could not take such a payload over HTTP: the pods' cap was fixed."""
+    mib = 1024 * 1024
+    spec = parse_spec("orders", "shop", {"maxPayloadBytes": 32 * mib, "maxBodyBytes": 48 * mib})
+    file = TopicFile.from_json(topic_file(spec, BuildContext(), spec.slot_amount).to_json())
+    assert ServiceConfig.from_env({}, file.service_settings({})).max_body_bytes == 48 * mib
+    assert parse_spec("orders", "shop", {}).max_body_bytes == 8 * mib
+    with pytest.raises(SpecError, match=r"^maxBodyBytes must be an integer between 1024 and "):
+        parse_spec("orders", "shop", {"maxBodyBytes": 100})
+
+
 def test_webhook_batches_reach_the_delay_service() -> None:
     """delivery.webhook.maxBatch → topic.json → ServiceConfig; 1 (one message per POST, what
     every receiver understands) when absent."""
@@ -116,7 +129,7 @@ def test_end_of_retries_and_expiry_reach_the_engine_topic() -> None:
 @pytest.mark.parametrize(
     ("retry", "message"),
     [
-        ({"backoffBase": "2h", "backoffMax": "1h"}, "retry.backoffMax (1h) must not be shorter"),
+        ({"backoffBase": "2h", "backoffMax": "1h"}, "retry.backoffMax must not be shorter than"),
         ({"backoffMultiplier": 0.5}, "retry.backoffMultiplier must be a number between 1 and 10"),
         ({"backoffMultiplier": "2"}, "retry.backoffMultiplier must be a number"),
         ({"jitter": "some"}, "retry.jitter 'some' must be none or full"),

@@ -4,17 +4,16 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import enum
-import re
-from pathlib import Path
 from typing import Any
 
 import pytest
 
 from delayq.local.processes import config_env
+from delayq.queue.settings import SETTINGS, by_name
 from delayq.queue.topic import ROUTING_FIELDS, EndAction, Topic, TopicType
 from delayq.service.config import ConfigError, ServiceConfig, add_arguments, check_exposure
-from delayq.service.defaults import DEFAULTS, TopicDefaults, human_duration
+
+DEFAULTS = {row.name: row.default for row in SETTINGS}
 
 
 def parse(argv: list[str]) -> argparse.Namespace:
@@ -30,49 +29,12 @@ def test_defaults_are_a_pull_topic_on_local_redis():
     assert config.to_topic().slot_amount == 16
 
 
-def _as_documented(value: object, name: str) -> str:
-    """How docs/service.md's settings table writes a default: `30 s`, `1 MiB`, `pull`, `16`;
-    a flag the operator and a hand-run serve default differently as `operator: false`."""
-    if isinstance(value, bool):
-        return f"operator: {str(value).lower()}"
-    if isinstance(value, enum.Enum):
-        return str(value.value)
-    if name.endswith("_ms") and isinstance(value, int):
-        return re.sub(r"^(\d+)", r"\1 ", human_duration(value))
-    if name.endswith("_bytes") and isinstance(value, int) and value % 2**20 == 0:
-        return f"{value >> 20} MiB"
-    return str(value)
-
-
-def test_the_docs_state_the_tables_defaults():
-    """docs/service.md's settings table says what DEFAULTS holds: its worker_concurrency row
-    said 16 when the default (and every benchmarked figure) was 1000."""
-    text = (Path(__file__).parents[2] / "docs" / "service.md").read_text()
-    rows = re.findall(r"^\| `([a-z_]+)` \| [^|]+ \| ([^|]+) \|$", text, re.MULTILINE)
-    documented = {name: cell.strip() for name, cell in rows if hasattr(DEFAULTS, name)}
-    assert len(documented) >= 15
-    for name, cell in documented.items():
-        expected = _as_documented(getattr(DEFAULTS, name), name)
-        assert re.match(rf"{re.escape(expected)}\b", cell), f"{name}: {cell!r}, not {expected!r}"
-
-
 def test_topic_settings_default_from_the_table():
     """The settings a DelayTopic sets are named as in the table, with its defaults."""
     config = ServiceConfig()
-    shared = {f.name for f in dataclasses.fields(ServiceConfig)} & {
-        f.name for f in dataclasses.fields(TopicDefaults)
-    }
-    assert shared == {
-        "slot_amount", "topic_type", "max_retries", "ack_timeout_ms", "max_payload_bytes",
-        "journal_max_len", "pull_max_lease_batch", "webhook_timeout_ms", "webhook_max_in_flight",
-        "webhook_max_batch",
-        "stream_max_len", "zookeeper_session_timeout_ms", "worker_concurrency",
-        "webhook_allow_private_targets", "redis_sync_replicas", "redis_sync_timeout_ms",
-        "retry_backoff_base_ms", "retry_backoff_max_ms", "retry_backoff_multiplier",
-        "retry_jitter", "outcome_retention_ms", "retry_for_ms", "retry_exhausted_action",
-        "expiry_ttl_ms", "expiry_action", "limits_max_pending", "webhook_allow_insecure_http",
-        "stream_allow_private_targets",
-    }  # fmt: skip
+    shared = {f.name for f in dataclasses.fields(ServiceConfig)} & set(DEFAULTS)
+    # the table's rows serve takes (tests/test_settings.py holds them to the table's consumers)
+    assert shared == {row.name for row in SETTINGS if row.serve}
     # the deliberate differences (docs/service.md): run by hand, serve may reach this machine,
     # over plain http; the operator always writes the topic's values, which default to false
     hand_run = {
@@ -82,9 +44,10 @@ def test_topic_settings_default_from_the_table():
     }
     for name in hand_run:
         assert getattr(config, name) is True
-        assert getattr(DEFAULTS, name) is False
+        assert DEFAULTS[name] is False
+        assert by_name(name).serve_default is True
     for name in shared - hand_run:
-        assert getattr(config, name) == getattr(DEFAULTS, name), name
+        assert getattr(config, name) == DEFAULTS[name], name
     assert config.webhook_timeout_ms == 10_000
     assert config.pull_max_lease_batch == 1000
     # a webhook topic with every default is valid: the lease outlives the POST it covers
@@ -133,7 +96,7 @@ def test_unset_flags_keep_the_base():
                 "DELAYQ_WEBHOOK_URL": "http://r/h",
                 "DELAYQ_WEBHOOK_TIMEOUT_MS": "30000",
             },
-            "shorter than --ack-timeout-ms",
+            r"DELAYQ_WEBHOOK_TIMEOUT_MS\): .* shorter than ackTimeout",
         ),
         ({"DELAYQ_TOPIC": "Not_A_Label"}, "topic name"),
         ({"DELAYQ_API_TOKEN_PREVIOUS": "old"}, "needs --api-token"),

@@ -22,8 +22,7 @@ from delayq.local.ports import free_port
 from delayq.local.processes import ServeProcess
 from delayq.local.redis_server import RedisServer
 from delayq.local.waiting import eventually
-from delayq.queue.backoff import Jitter
-from delayq.queue.topic import EndAction, TopicType
+from delayq.queue.settings import SETTINGS
 from delayq.service.config import ServiceConfig
 from delayq.service.topic_file import TopicFile
 from tests.service.conftest import Receiver
@@ -274,47 +273,23 @@ async def test_serve_with_the_operators_topic_file(
     """The pod's command line: `delayq serve --config topic.json`, secrets and name in env."""
     port = free_port()
     redis_port = int(redis_server.url.rsplit(":", 1)[1].split("/")[0])
+    settings = {row.name: row.default for row in SETTINGS if row.serve}
+    settings.update(slot_amount=4, max_retries=3, ack_timeout_ms=5000, max_payload_bytes=1024)
+    settings.update(pull_max_lease_batch=10, worker_concurrency=16)
     document = TopicFile(
         namespace="shop",
         topic="filed",
-        slot_amount=4,
-        topic_type=TopicType.PULL,
         brokers=1,
-        max_retries=3,
-        ack_timeout_ms=5000,
-        max_payload_bytes=1024,
-        journal_max_len=0,
-        outcome_retention_ms=0,
-        redis_sync_replicas=0,
-        redis_sync_timeout_ms=1000,
-        retry_backoff_base_ms=1000,
-        retry_backoff_max_ms=3_600_000,
-        retry_backoff_multiplier=2.0,
-        retry_jitter=Jitter.NONE,
-        retry_for_ms=0,
-        retry_exhausted_action=EndAction.DEAD,
-        expiry_ttl_ms=0,
-        expiry_action=EndAction.DEAD,
-        limits_max_pending=0,
+        settings=settings,
         webhook_url="",
-        webhook_timeout_ms=10_000,
-        webhook_max_in_flight=64,
-        webhook_max_batch=1,
-        webhook_allow_private_targets=False,
         webhook_allowed_cidrs="",
-        webhook_allow_insecure_http=False,
-        pull_max_lease_batch=10,
         stream_key="",
-        stream_max_len=0,
-        stream_allow_private_targets=False,
         stream_allowed_cidrs="",
         zookeeper_connect="",
-        zookeeper_session_timeout_ms=10_000,
         zookeeper_admin_acl="",
         zookeeper_tls=False,
         zookeeper_tls_ca_file="",
         zookeeper_tls_verify_certs=True,
-        worker_concurrency=16,
         redis_master_host_template="127.0.0.1",
         redis_port=redis_port,
         http_port=port,

@@ -14,9 +14,10 @@ from delayq.kube.builders.common import BuildContext
 from delayq.kube.builders.service import config_map, topic_file
 from delayq.kube.naming import CONFIG_KEY
 from delayq.kube.spec import parse_spec
+from delayq.queue.settings import SETTINGS
 from delayq.queue.topic import TopicType
 from delayq.service.config import ConfigError, ServiceConfig
-from delayq.service.topic_file import TopicFile, read_topic_file
+from delayq.service.topic_file import SERVE_SETTINGS, TopicFile, read_topic_file
 
 EXAMPLES = sorted((Path(__file__).resolve().parents[2] / "examples" / "valid").glob("*.yaml"))
 POD_ENV = {"POD_NAME": "orders-service-2", "DELAYQ_REDIS_PASSWORD": "p@ss/word"}
@@ -40,8 +41,8 @@ def test_every_example_topic_makes_a_valid_service_config(example: Path):
     file = operator_file(example)
     config = service_config(TopicFile.from_json(file.to_json()))
     assert config.topic == file.topic
-    assert config.slot_amount == file.slot_amount
-    assert config.topic_type is file.topic_type
+    assert config.slot_amount == file.setting("slot_amount")
+    assert config.topic_type is file.setting("topic_type")
     assert len(config.broker_redis_urls) == file.brokers
     assert config.member == "orders-service-2"
     assert config.host == "0.0.0.0"
@@ -61,14 +62,17 @@ def test_the_config_map_the_operator_writes_parses_back_to_the_same_file(example
 def test_the_json_keys_are_the_field_names_and_the_serve_settings():
     file = operator_file(EXAMPLES[0])
     document = json.loads(file.to_json())
-    assert list(document) == sorted(f.name for f in dataclasses.fields(TopicFile))
-    assert document["topic_type"] == file.topic_type.value
+    fields = {f.name for f in dataclasses.fields(TopicFile)} - {"settings"}
+    assert list(document) == sorted(fields | set(SERVE_SETTINGS))
+    assert document["topic_type"] == file.setting("topic_type").value
     settings = {f.name for f in dataclasses.fields(ServiceConfig)}
     assert set(file.service_settings(POD_ENV)) <= settings
     # one name per setting: every field is the serve setting of that name, except where the
     # brokers and the HTTP port are
     not_settings = {"brokers", "redis_master_host_template", "redis_port", "http_port"}
-    assert {f.name for f in dataclasses.fields(TopicFile)} - settings == not_settings
+    assert fields - settings == not_settings
+    # the settings are the table's that serve takes, each a ServiceConfig field
+    assert set(SERVE_SETTINGS) == {row.name for row in SETTINGS if row.serve} <= settings
 
 
 def test_broker_urls_carry_the_escaped_password_and_the_template():
@@ -117,5 +121,6 @@ def test_a_broken_file_is_one_line_naming_the_key(tmp_path: Path):
 
 
 def test_a_pull_file_round_trips_its_topic_type():
-    file = dataclasses.replace(operator_file(EXAMPLES[0]), topic_type=TopicType.STREAM)
+    file = operator_file(EXAMPLES[0])
+    file = dataclasses.replace(file, settings={**file.settings, "topic_type": TopicType.STREAM})
     assert TopicFile.from_json(file.to_json()) == file

@@ -3,23 +3,32 @@
 The CRD schema (with CEL) rejects bad specs at `kubectl apply`; this parser repeats every
 non-transition rule so that a spec which slipped past (an API server without CEL, a CRD applied
 late, hand-edited storage) becomes a clear `Ready=False` condition instead of broken resources.
-Defaults come from `delayq.service.defaults` (the table the CRD's `default:` values are
-checked against), so objects from servers that do not default (kmock) behave the same as
-objects from a real API server.
+The settings' defaults, bounds and cross-field rules come from the settings table
+(`delayq.queue.settings`, which the CRD's schema of them is generated from), so objects from
+servers that do not default (kmock) behave the same as objects from a real API server.
 """
 
 from __future__ import annotations
 
+import enum
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any, TypeVar
+from typing import Any
 
 from delayq.queue.backoff import Jitter
+from delayq.queue.settings import (
+    DURATION_PATTERN,
+    SETTINGS,
+    Kind,
+    Setting,
+    broken_rule,
+    by_name,
+    default,
+    human_duration,
+    shown,
+)
 from delayq.queue.topic import (
-    MAX_DELAY_MS,
-    MAX_OUTCOME_RETENTION_MS,
-    MAX_PENDING,
     MAX_SLOT_AMOUNT,
     EndAction,
     Topic,
@@ -27,20 +36,15 @@ from delayq.queue.topic import (
     TopicType,
     is_power_of_two,
 )
-from delayq.service.defaults import DEFAULTS, crd_default, crd_path, human_duration
 from delayq.service.delivery.targets import parse_cidrs
 from delayq.service.redaction import redact_url
 
-DURATION_PATTERN = re.compile(r"^(?:[0-9]{1,8}(?:ms|s|m|h))+$")
+DURATION_MATCH = re.compile(DURATION_PATTERN)
+
 DURATION_PART = re.compile(r"([0-9]+)(ms|s|m|h)")
 DURATION_UNIT_MS = {"ms": 1, "s": 1000, "m": 60_000, "h": 3_600_000}
 # hosts only: a topic's tree is placed by the platform (kube/ensembles.py), never by a chroot
 ZK_CONNECT_PATTERN = re.compile(r"^[A-Za-z0-9.\-]+:[0-9]{1,5}(,[A-Za-z0-9.\-]+:[0-9]{1,5})*$")
-MAX_BROKERS = 64
-MAX_CONCURRENT_MOVES = 16
-MAX_REPLICAS_PER_BROKER = 5
-MAX_MIN_REPLICAS_MAX_LAG_S = 3600
-APPEND_FSYNC_POLICIES = ("everysec", "always")
 #: Longest topic name whose derived names all stay valid: the StatefulSet <name>-redis-63 must
 #: fit 52 characters (its controller-revision-hash label appends 11) and the Service
 #: <name>-redis-63-headless 63. tests/kube/test_crd_schema.py derives it from the builders; the
@@ -74,17 +78,6 @@ NAME_TOO_LONG_MESSAGE = (
 NAME_NOT_DNS_1035_MESSAGE = (
     "metadata.name must be a DNS label that Services accept (RFC 1035): lowercase letters, "
     "digits and hyphens, starting with a letter and ending with a letter or digit, no dots"
-)
-MAX_RETRY_BACKOFF_MS = 7 * 24 * 3600 * 1000  # a week between two attempts at most
-SYNC_REPLICAS_EXCEED_MESSAGE = (
-    "redis.syncReplicas must not exceed replicasPerBroker: a write cannot be confirmed by more "
-    "replicas than its broker has, so every write would time out"
-)
-#: The CRD's CEL rule on delivery.webhook (at its url), repeated by the parser.
-#: `delayq serve` refuses the same (service/config.py): its pods would never start.
-WEBHOOK_TIMEOUT_MESSAGE = (
-    "delivery.webhook.timeout must be shorter than ackTimeout: a lease must outlive the POST it "
-    "covers, or the message is delivered twice"
 )
 WEBHOOK_HTTPS_MESSAGE = (
     "delivery.webhook.url must start with https:// unless delivery.webhook.allowInsecureHttp is "
@@ -120,10 +113,6 @@ SECRET_NAME_MESSAGE = (
 SECRET_KEY_PATTERN = re.compile(r"^[-._a-zA-Z0-9]+$")
 SECRET_KEY_MESSAGE = "a Secret key must consist of letters, digits, '-', '_' or '.'"
 MAX_SECRET_REF_LENGTH = 253
-MIN_REPLICAS_EXCEED_MESSAGE = (
-    "redis.minReplicasToWrite must not exceed replicasPerBroker: a master cannot have more "
-    "replicas in sync than its broker has, so it would refuse every write"
-)
 
 
 class SpecError(ValueError):
@@ -155,26 +144,26 @@ class Delivery:
     """Delivery settings of the topic's type; the unused fields keep their defaults."""
 
     webhook_url: str = ""
-    webhook_timeout_ms: int = DEFAULTS.webhook_timeout_ms
-    webhook_max_in_flight: int = DEFAULTS.webhook_max_in_flight
-    webhook_max_batch: int = DEFAULTS.webhook_max_batch
-    webhook_allow_private_targets: bool = DEFAULTS.webhook_allow_private_targets
+    webhook_timeout_ms: int = default("webhook_timeout_ms")
+    webhook_max_in_flight: int = default("webhook_max_in_flight")
+    webhook_max_batch: int = default("webhook_max_batch")
+    webhook_allow_private_targets: bool = default("webhook_allow_private_targets")
     webhook_allowed_cidrs: tuple[str, ...] = ()
-    webhook_allow_insecure_http: bool = DEFAULTS.webhook_allow_insecure_http
+    webhook_allow_insecure_http: bool = default("webhook_allow_insecure_http")
     # the URL instead of webhook_url (`--webhook-url`), the Standard Webhooks secrets
     # (`--webhook-secret`) and the extra headers (`--webhook-extra-headers`), each from a key
     # of the tenant's Secret; None: not from a Secret (the URL) or not sent
     webhook_url_secret_ref: SecretKeyRef | None = None
     webhook_signing_secret_ref: SecretKeyRef | None = None
     webhook_extra_headers_secret_ref: SecretKeyRef | None = None
-    pull_max_lease_batch: int = DEFAULTS.pull_max_lease_batch
+    pull_max_lease_batch: int = default("pull_max_lease_batch")
     stream_key: str = ""
-    stream_max_len: int = DEFAULTS.stream_max_len
+    stream_max_len: int = default("stream_max_len")
     # the external target's Redis URL (`delayq serve --stream-url`, credentials included) from
     # a key of the tenant's Secret, and which non-public addresses the pods may reach it on;
     # None: the topic's own broker 0, read through the operator's reader user
     stream_url_secret_ref: SecretKeyRef | None = None
-    stream_allow_private_targets: bool = DEFAULTS.stream_allow_private_targets
+    stream_allow_private_targets: bool = default("stream_allow_private_targets")
     stream_allowed_cidrs: tuple[str, ...] = ()
     # spec.delivery.paused: True pauses every broker's delivery, False resumes it; None (unset)
     # leaves pausing to the API and the dashboard (`POST .../pause`)
@@ -187,50 +176,56 @@ class TopicSpec:
 
     name: str
     namespace: str
-    slot_amount: int = DEFAULTS.slot_amount
-    topic_type: TopicType = DEFAULTS.topic_type
-    brokers: int = DEFAULTS.brokers
-    replicas_per_broker: int = DEFAULTS.replicas_per_broker
-    max_retries: int = DEFAULTS.max_retries
-    ack_timeout_ms: int = DEFAULTS.ack_timeout_ms
-    max_payload_bytes: int = DEFAULTS.max_payload_bytes
-    journal_max_len: int = DEFAULTS.journal_max_len
-    outcome_retention_ms: int = DEFAULTS.outcome_retention_ms
+    slot_amount: int = default("slot_amount")
+    topic_type: TopicType = default("topic_type")
+    brokers: int = default("brokers")
+    replicas_per_broker: int = default("replicas_per_broker")
+    max_retries: int = default("max_retries")
+    ack_timeout_ms: int = default("ack_timeout_ms")
+    max_payload_bytes: int = default("max_payload_bytes")
+    max_body_bytes: int = default("max_body_bytes")
+    journal_max_len: int = default("journal_max_len")
+    outcome_retention_ms: int = default("outcome_retention_ms")
     delivery: Delivery = field(default_factory=Delivery)
     zookeeper_connect: str = ""
-    zookeeper_session_timeout_ms: int = DEFAULTS.zookeeper_session_timeout_ms
-    persistence_size: str = DEFAULTS.persistence_size
+    zookeeper_session_timeout_ms: int = default("zookeeper_session_timeout_ms")
+    persistence_size: str = default("persistence_size")
     persistence_storage_class: str = ""
-    deletion_policy: str = DEFAULTS.deletion_policy
-    worker_concurrency: int = DEFAULTS.worker_concurrency
+    deletion_policy: str = default("deletion_policy")
+    worker_concurrency: int = default("worker_concurrency")
     worker_resources: Resources = field(default_factory=Resources)
     redis_resources: Resources = field(default_factory=Resources)
     # Redis min-replicas-to-write / min-replicas-max-lag on every broker pod: 0 keeps plain
     # asynchronous replication (writes never refused, a failover can lose the last ones).
-    redis_min_replicas_to_write: int = DEFAULTS.redis_min_replicas_to_write
-    redis_min_replicas_max_lag_seconds: int = DEFAULTS.redis_min_replicas_max_lag_seconds
-    redis_append_fsync: str = DEFAULTS.redis_append_fsync  # or "always"
+    redis_min_replicas_to_write: int = default("redis_min_replicas_to_write")
+    redis_min_replicas_max_lag_seconds: int = default("redis_min_replicas_max_lag_seconds")
+    redis_append_fsync: str = default("redis_append_fsync")  # or "always"
     # replicas that confirm an acknowledged write (WAIT) before delayq answers it, and how long
     # it waits for them (then HTTP 503, retryable): 0 keeps asynchronous replication
-    redis_sync_replicas: int = DEFAULTS.redis_sync_replicas
+    redis_sync_replicas: int = default("redis_sync_replicas")
     # spec.retry: the retry policy of failed deliveries (delayq.queue.backoff.Backoff)
-    retry_backoff_base_ms: int = DEFAULTS.retry_backoff_base_ms
-    retry_backoff_max_ms: int = DEFAULTS.retry_backoff_max_ms
-    retry_backoff_multiplier: float = DEFAULTS.retry_backoff_multiplier
-    retry_jitter: Jitter = DEFAULTS.retry_jitter
-    retry_for_ms: int = DEFAULTS.retry_for_ms
-    retry_exhausted_action: EndAction = DEFAULTS.retry_exhausted_action
+    retry_backoff_base_ms: int = default("retry_backoff_base_ms")
+    retry_backoff_max_ms: int = default("retry_backoff_max_ms")
+    retry_backoff_multiplier: float = default("retry_backoff_multiplier")
+    retry_jitter: Jitter = default("retry_jitter")
+    retry_for_ms: int = default("retry_for_ms")
+    retry_exhausted_action: EndAction = default("retry_exhausted_action")
     # spec.expiry: the default expiry of messages, and what becomes of one past it
-    expiry_ttl_ms: int = DEFAULTS.expiry_ttl_ms
-    expiry_action: EndAction = DEFAULTS.expiry_action
+    expiry_ttl_ms: int = default("expiry_ttl_ms")
+    expiry_action: EndAction = default("expiry_action")
     # spec.limits.maxPending: messages scheduled or in flight at most (0: no limit)
-    limits_max_pending: int = DEFAULTS.limits_max_pending
-    redis_sync_timeout_ms: int = DEFAULTS.redis_sync_timeout_ms
+    limits_max_pending: int = default("limits_max_pending")
+    redis_sync_timeout_ms: int = default("redis_sync_timeout_ms")
     # spec.networkPolicy.allowFrom: NetworkPolicyPeers admitted to the service pods' API port
     # besides the topic's namespace and the operator, checked and copied as plain dicts
     network_policy_allow_from: tuple[dict[str, Any], ...] = ()
     # spec.resharding.maxConcurrentMoves: slots of the topic a pass moves at once (one batch)
-    resharding_max_concurrent_moves: int = DEFAULTS.resharding_max_concurrent_moves
+    resharding_max_concurrent_moves: int = default("resharding_max_concurrent_moves")
+
+    def setting(self, name: str) -> Any:
+        """The value of the settings table's row `name` (its delivery ones are in `delivery`)."""
+        where = self.delivery if by_name(name).path.startswith("delivery.") else self
+        return getattr(where, name)
 
     @property
     def topic(self) -> Topic:
@@ -244,7 +239,7 @@ class TopicSpec:
 
 def parse_duration_ms(value: object, field_name: str, low_ms: int, high_ms: int) -> int:
     """A Go-style duration ("500ms", "1m30s") in milliseconds, within [low_ms, high_ms]."""
-    if not isinstance(value, str) or not DURATION_PATTERN.match(value):
+    if not isinstance(value, str) or not DURATION_MATCH.match(value):
         raise SpecError(f"{field_name} {value!r} must be a duration such as 500ms, 30s, 5m or 1h")
     total = sum(int(n) * DURATION_UNIT_MS[unit] for n, unit in DURATION_PART.findall(value))
     if not low_ms <= total <= high_ms:
@@ -258,22 +253,18 @@ def parse_duration_ms(value: object, field_name: str, low_ms: int, high_ms: int)
 def parse_spec(name: str, namespace: str, spec: Mapping[str, Any]) -> TopicSpec:
     """Validate and default one DelayTopic spec; raise SpecError naming the first bad field."""
     _check_name(name)
-    slot_amount = _int(spec, "slot_amount", 1, MAX_SLOT_AMOUNT)
+    values = {row.name: _setting(spec, row) for row in SETTINGS}
+    slot_amount = values["slot_amount"]
     if not is_power_of_two(slot_amount):
         raise SpecError(
             f"slotAmount must be a power of two between 1 and {MAX_SLOT_AMOUNT}, got {slot_amount}"
         )
-    raw_type = spec.get("topicType", DEFAULTS.topic_type.value)
-    try:
-        topic_type = TopicType(raw_type)
-    except ValueError:
-        raise SpecError(f"topicType {raw_type!r} must be one of pull, webhook, stream") from None
-    brokers = _int(spec, "brokers", 1, MAX_BROKERS)
-    if brokers > slot_amount:
-        raise SpecError(
-            f"brokers must not exceed slotAmount: every broker needs at least one slot "
-            f"(brokers={brokers}, slotAmount={slot_amount})"
+    broken = broken_rule(values)
+    if broken is not None:
+        given = ", ".join(
+            f"{by_name(n).key}={shown(n, values[n])}" for n in broken.names if n != "topic_type"
         )
+        raise SpecError(f"{broken.message} ({given})")
     zookeeper = _section(spec, "zookeeper")
     connect = zookeeper.get("connect", "")
     if connect and (not isinstance(connect, str) or not ZK_CONNECT_PATTERN.match(connect)):
@@ -284,84 +275,57 @@ def parse_spec(name: str, namespace: str, spec: Mapping[str, Any]) -> TopicSpec:
     for port in zookeeper_ports(connect) if connect else ():
         if not 1 <= port <= 65535:
             raise SpecError(f"zookeeper.connect port {port} must be between 1 and 65535")
-    persistence = _section(spec, "persistence")
-    deletion_policy = spec.get("deletionPolicy", DEFAULTS.deletion_policy)
-    if deletion_policy not in ("Retain", "Delete"):
-        raise SpecError(f"deletionPolicy {deletion_policy!r} must be Retain or Delete")
     worker = _section(spec, "worker")
-    replicas_per_broker = _int(spec, "replicas_per_broker", 0, MAX_REPLICAS_PER_BROKER)
     redis = _section(spec, "redis")
-    min_replicas_to_write = _min_replicas_to_write(redis, replicas_per_broker)
-    sync_replicas = _sync_replicas(redis, replicas_per_broker)
-    retry = _section(spec, "retry")
-    expiry = _section(spec, "expiry")
-    backoff_base_ms = _duration(retry, "retry_backoff_base_ms", 1, MAX_RETRY_BACKOFF_MS)
-    backoff_max_ms = _duration(retry, "retry_backoff_max_ms", 1, MAX_RETRY_BACKOFF_MS)
-    if backoff_max_ms < backoff_base_ms:
-        raise SpecError(
-            f"retry.backoffMax ({human_duration(backoff_max_ms)}) must not be shorter than "
-            f"retry.backoffBase ({human_duration(backoff_base_ms)})"
-        )
+    top = {n: v for n, v in values.items() if not by_name(n).path.startswith("delivery.")}
     parsed = TopicSpec(
         name=name,
         namespace=namespace,
-        slot_amount=slot_amount,
-        topic_type=topic_type,
-        brokers=brokers,
-        replicas_per_broker=replicas_per_broker,
-        max_retries=_int(spec, "max_retries", 0, 1000),
-        ack_timeout_ms=_duration(spec, "ack_timeout_ms", 1, 86_400_000),
-        max_payload_bytes=_int(spec, "max_payload_bytes", 1, 64 * 1024 * 1024),
-        journal_max_len=_int(spec, "journal_max_len", 0, 100_000_000),
-        outcome_retention_ms=_duration(spec, "outcome_retention_ms", 0, MAX_OUTCOME_RETENTION_MS),
-        delivery=_delivery(topic_type, _section(spec, "delivery")),
+        delivery=_delivery(values, _section(spec, "delivery")),
         zookeeper_connect=str(connect),
-        zookeeper_session_timeout_ms=_duration(
-            zookeeper, "zookeeper_session_timeout_ms", 2000, 60_000
-        ),
-        persistence_size=str(persistence.get("size", DEFAULTS.persistence_size)),
-        persistence_storage_class=str(persistence.get("storageClass", "")),
-        deletion_policy=deletion_policy,
-        worker_concurrency=_int(worker, "worker_concurrency", 1, 1024),
+        persistence_storage_class=str(_section(spec, "persistence").get("storageClass", "")),
         worker_resources=_resources(worker, "worker"),
         redis_resources=_resources(redis, "redis"),
-        redis_min_replicas_to_write=min_replicas_to_write,
-        redis_sync_replicas=sync_replicas,
-        retry_backoff_base_ms=backoff_base_ms,
-        retry_backoff_max_ms=backoff_max_ms,
-        retry_backoff_multiplier=_multiplier(retry),
-        retry_jitter=_choice(retry, "jitter", Jitter, DEFAULTS.retry_jitter, "retry."),
-        retry_for_ms=_duration(retry, "retry_for_ms", 0, MAX_DELAY_MS),
-        retry_exhausted_action=_choice(
-            retry, "exhaustedAction", EndAction, DEFAULTS.retry_exhausted_action, "retry."
-        ),
-        expiry_ttl_ms=_duration(expiry, "expiry_ttl_ms", 0, MAX_DELAY_MS),
-        expiry_action=_choice(expiry, "action", EndAction, DEFAULTS.expiry_action, "expiry."),
-        limits_max_pending=_int(_section(spec, "limits"), "limits_max_pending", 0, MAX_PENDING),
-        redis_sync_timeout_ms=_duration(redis, "redis_sync_timeout_ms", 10, 60_000),
-        redis_min_replicas_max_lag_seconds=_int(
-            redis, "redis_min_replicas_max_lag_seconds", 1, MAX_MIN_REPLICAS_MAX_LAG_S
-        ),
-        redis_append_fsync=_append_fsync(redis),
         network_policy_allow_from=_allow_from(_section(spec, "networkPolicy")),
-        resharding_max_concurrent_moves=_int(
-            _section(spec, "resharding"),
-            "resharding_max_concurrent_moves",
-            1,
-            MAX_CONCURRENT_MOVES,
-        ),
+        **top,
     )
-    webhook_timeout_ms = parsed.delivery.webhook_timeout_ms
-    if topic_type is TopicType.WEBHOOK and webhook_timeout_ms >= parsed.ack_timeout_ms:
-        raise SpecError(
-            f"{WEBHOOK_TIMEOUT_MESSAGE} (timeout={human_duration(webhook_timeout_ms)}, "
-            f"ackTimeout={human_duration(parsed.ack_timeout_ms)})"
-        )
     try:
         parsed.topic  # noqa: B018 - the engine's own checks (name is a DNS label, ...)
     except TopicError as error:
         raise SpecError(str(error)) from None
     return parsed
+
+
+def _setting(spec: Mapping[str, Any], row: Setting) -> Any:
+    """The setting of `row` read from its section of the spec, defaulted as the CRD defaults
+    it, checked against the table's bounds, named by its whole path."""
+    section = spec
+    for part in row.section:
+        section = _section(section, part)
+    value = section.get(row.key, row.crd_default())
+    path = row.path
+    if row.kind is Kind.DURATION:
+        return parse_duration_ms(value, path, int(row.low), int(row.high))
+    if row.kind is Kind.BOOLEAN:
+        if not isinstance(value, bool):
+            raise SpecError(f"{path} must be true or false, got {value!r}")
+        return value
+    if row.kind is Kind.CHOICE:
+        if value not in row.choices:
+            choices = (
+                " or ".join(row.choices)
+                if len(row.choices) == 2
+                else "one of " + ", ".join(row.choices)
+            )
+            raise SpecError(f"{path} {value!r} must be {choices}")
+        kind = type(row.default)
+        return kind(value) if isinstance(row.default, enum.Enum) else str(value)
+    if row.kind is Kind.QUANTITY:
+        return str(value)
+    if row.out_of_range(value):
+        what = "a number" if row.kind is Kind.NUMBER else "an integer"
+        raise SpecError(f"{path} must be {what} {row.between()}, got {value!r}")
+    return float(value) if row.kind is Kind.NUMBER else value
 
 
 def zookeeper_ports(connect: str) -> tuple[int, ...]:
@@ -383,7 +347,9 @@ def _check_name(name: str) -> None:
         raise SpecError(f"{NAME_NOT_DNS_1035_MESSAGE} (name={name})")
 
 
-def _delivery(topic_type: TopicType, section: Mapping[str, Any]) -> Delivery:
+def _delivery(values: Mapping[str, Any], section: Mapping[str, Any]) -> Delivery:
+    """spec.delivery: the table's settings of it from `values`, the rest read here."""
+    topic_type = values["topic_type"]
     for other in ("pull", "webhook", "stream"):
         if other in section and other != topic_type.value:
             raise SpecError(
@@ -400,53 +366,28 @@ def _delivery(topic_type: TopicType, section: Mapping[str, Any]) -> Delivery:
         raise SpecError(f"delivery.webhook.url {shown} must start with http:// or https://")
     if re.match(WEBHOOK_URL_SECRET_PATTERN, url):
         raise SpecError(WEBHOOK_URL_SECRET_MESSAGE)
-    allow_insecure_http = _bool(
-        webhook,
-        "allowInsecureHttp",
-        DEFAULTS.webhook_allow_insecure_http,
-        "delivery.webhook.",
-    )
-    if url and not url.startswith("https://") and not allow_insecure_http:
+    if url and not url.startswith("https://") and not values["webhook_allow_insecure_http"]:
         raise SpecError(f"{WEBHOOK_HTTPS_MESSAGE} (url={redact_url(url)})")
-    pull = _section(section, "pull")
     stream = _section(section, "stream")
     url_secret_ref = _secret_key_ref(stream, "stream", "urlSecretRef")
-    stream_allow_private = _bool(
-        stream,
-        "allowPrivateTargets",
-        DEFAULTS.stream_allow_private_targets,
-        "delivery.stream.",
-    )
     stream_cidrs = _allowed_cidrs(stream, "stream")
-    if url_secret_ref is None and (stream_allow_private or stream_cidrs):
+    if url_secret_ref is None and (values["stream_allow_private_targets"] or stream_cidrs):
         raise SpecError(STREAM_TARGETS_WITHOUT_URL_MESSAGE)
     return Delivery(
         webhook_url=url,
-        webhook_timeout_ms=_duration(webhook, "webhook_timeout_ms", 10, 300_000),
-        webhook_max_in_flight=_int(webhook, "webhook_max_in_flight", 1, 10_000),
-        webhook_max_batch=_int(webhook, "webhook_max_batch", 1, 1000),
-        webhook_allow_private_targets=_bool(
-            webhook,
-            "allowPrivateTargets",
-            DEFAULTS.webhook_allow_private_targets,
-            "delivery.webhook.",
-        ),
         webhook_allowed_cidrs=_allowed_cidrs(webhook, "webhook"),
-        webhook_allow_insecure_http=allow_insecure_http,
         webhook_url_secret_ref=webhook_url_ref,
         webhook_signing_secret_ref=_secret_key_ref(webhook, "webhook", "signingSecretRef"),
         webhook_extra_headers_secret_ref=_secret_key_ref(
             webhook, "webhook", "extraHeadersSecretRef"
         ),
-        pull_max_lease_batch=_int(pull, "pull_max_lease_batch", 1, 10_000),
         stream_key=_stream_key(stream),
-        stream_max_len=_int(stream, "stream_max_len", 0, 1_000_000_000),
         stream_url_secret_ref=url_secret_ref,
-        stream_allow_private_targets=stream_allow_private,
         stream_allowed_cidrs=stream_cidrs,
         paused=None
         if section.get("paused") is None
         else _bool(section, "paused", False, "delivery."),
+        **{n: v for n, v in values.items() if by_name(n).path.startswith("delivery.")},
     )
 
 
@@ -620,66 +561,6 @@ def _ip_block(value: object, where: str) -> dict[str, Any]:
     return block
 
 
-def _append_fsync(redis: Mapping[str, Any]) -> str:
-    value = redis.get("appendFsync", DEFAULTS.redis_append_fsync)
-    if value not in APPEND_FSYNC_POLICIES:
-        choices = " or ".join(APPEND_FSYNC_POLICIES)
-        raise SpecError(f"redis.appendFsync {value!r} must be {choices}")
-    return str(value)
-
-
-def _min_replicas_to_write(redis: Mapping[str, Any], replicas_per_broker: int) -> int:
-    """Bounded by the broker's replicas: more could never be in sync, so no write would pass."""
-    value = _int(redis, "redis_min_replicas_to_write", 0, MAX_REPLICAS_PER_BROKER)
-    if value > replicas_per_broker:
-        raise SpecError(
-            f"{MIN_REPLICAS_EXCEED_MESSAGE} (minReplicasToWrite={value}, "
-            f"replicasPerBroker={replicas_per_broker})"
-        )
-    return value
-
-
-def _duration(section: Mapping[str, Any], setting: str, low_ms: int, high_ms: int) -> int:
-    """The duration setting `setting` (a TopicDefaults name) read from its CRD `section` under
-    the last part of its path, defaulted as the CRD defaults it, named by its whole path."""
-    path = crd_path(setting)
-    key = path.rsplit(".", 1)[-1]
-    return parse_duration_ms(section.get(key, crd_default(setting)), path, low_ms, high_ms)
-
-
-def _multiplier(retry: Mapping[str, Any]) -> float:
-    value = retry.get("backoffMultiplier", DEFAULTS.retry_backoff_multiplier)
-    if isinstance(value, bool) or not isinstance(value, int | float) or not 1 <= value <= 10:
-        raise SpecError(f"retry.backoffMultiplier must be a number between 1 and 10, got {value!r}")
-    return float(value)
-
-
-Choice = TypeVar("Choice", Jitter, EndAction)
-
-
-def _choice(
-    section: Mapping[str, Any], key: str, kind: type[Choice], default: Choice, prefix: str
-) -> Choice:
-    value = section.get(key, default.value)
-    try:
-        return kind(value)
-    except ValueError:
-        choices = " or ".join(choice.value for choice in kind)
-        raise SpecError(f"{prefix}{key} {value!r} must be {choices}") from None
-
-
-def _sync_replicas(redis: Mapping[str, Any], replicas_per_broker: int) -> int:
-    """Bounded by the broker's replicas: more could never confirm, so every write would wait
-    its whole timeout and fail."""
-    value = _int(redis, "redis_sync_replicas", 0, MAX_REPLICAS_PER_BROKER)
-    if value > replicas_per_broker:
-        raise SpecError(
-            f"{SYNC_REPLICAS_EXCEED_MESSAGE} (syncReplicas={value}, "
-            f"replicasPerBroker={replicas_per_broker})"
-        )
-    return value
-
-
 def _resources(section: Mapping[str, Any], owner: str) -> Resources:
     raw = _section(section, "resources")
     parts: dict[str, dict[str, str]] = {}
@@ -702,14 +583,4 @@ def _bool(spec: Mapping[str, Any], key: str, default: bool, prefix: str = "") ->
     value = spec.get(key, default)
     if not isinstance(value, bool):
         raise SpecError(f"{prefix}{key} must be true or false, got {value!r}")
-    return value
-
-
-def _int(section: Mapping[str, Any], setting: str, low: int, high: int) -> int:
-    """The integer setting `setting` (a TopicDefaults name) read from its CRD `section` under
-    the last part of its path, defaulted from DEFAULTS, named by its whole path."""
-    path = crd_path(setting)
-    value = section.get(path.rsplit(".", 1)[-1], getattr(DEFAULTS, setting))
-    if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
-        raise SpecError(f"{path} must be an integer between {low} and {high}, got {value!r}")
     return value

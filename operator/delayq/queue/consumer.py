@@ -42,6 +42,7 @@ from typing import TypeVar, cast
 
 import redis.asyncio
 
+from delayq.queue import settings
 from delayq.queue.backoff import Backoff
 from delayq.queue.client import AsyncQueue
 from delayq.queue.coalesce import Coalescer
@@ -79,9 +80,9 @@ class LeaseGoneError(Exception):
     given back rather than nacked (no attempt is counted)."""
 
 
-# messages leased at once at most: the DelayTopic's `worker.concurrency` default (within its
-# 1..1024 bound); the delivery bench measured 1000 at the CPU per message of 2000
-DEFAULT_WORKER_CONCURRENCY = 1000
+# messages leased at once at most: the DelayTopic's `worker.concurrency` default (1000; the
+# delivery bench measured it at the CPU per message of 2000)
+DEFAULT_WORKER_CONCURRENCY: int = settings.default("worker_concurrency")
 # messages per claim at most: 200 cost 13% more Python and 20% more Redis CPU per delivered
 # message than 500 (bench/bench_hot_paths.py, delivery, 16 slots)
 DEFAULT_BATCH_SIZE = 500

@@ -7,41 +7,51 @@ slot = CRC32(slot basis, default the message id) & (slotAmount - 1), as in the T
 from __future__ import annotations
 
 import dataclasses
-import enum
 import re
 import zlib
 from dataclasses import dataclass
 from typing import Any
 
-MAX_SLOT_AMOUNT = 16384
+from delayq.queue.settings import (
+    MAX_DELAY_MS,
+    MAX_SLOT_AMOUNT,
+    SETTINGS,
+    Consumer,
+    EndAction,
+    Kind,
+    TopicType,
+    default,
+)
+
+__all__ = [
+    "DEFAULT_MAX_PAYLOAD_BYTES",
+    "MAX_DELAY_MS",
+    "MAX_ID_BYTES",
+    "MAX_SLOT_AMOUNT",
+    "MAX_SLOT_GENERATION",
+    "ROUTING_FIELDS",
+    "EndAction",
+    "Topic",
+    "TopicError",
+    "TopicType",
+    "is_power_of_two",
+    "slot_of",
+]
+
 #: A doubling bumps the generation once, and 1 -> MAX_SLOT_AMOUNT takes 14 doublings.
 MAX_SLOT_GENERATION = 64
-DEFAULT_MAX_RETRIES = 16
-DEFAULT_ACK_TIMEOUT_MS = 30_000
-DEFAULT_MAX_PAYLOAD_BYTES = 1024 * 1024
 MAX_ID_BYTES = 256
-MAX_DELAY_MS = 20 * 366 * 24 * 3600 * 1000  # twenty years: beyond the ten the contract promises
-MAX_SYNC_REPLICAS = 16
-MAX_OUTCOME_RETENTION_MS = 30 * 24 * 3600 * 1000
-MAX_PENDING = 10_000_000_000
+DEFAULT_MAX_PAYLOAD_BYTES: int = default("max_payload_bytes")
 NAME_PATTERN = re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")
-
-
-class TopicType(enum.StrEnum):
-    """How due messages leave the queue."""
-
-    PULL = "pull"
-    WEBHOOK = "webhook"
-    STREAM = "stream"
-
-
-class EndAction(enum.StrEnum):
-    """What happens to a message that will not be delivered: its retries are exhausted
-    (maxRetries, retry.for) or it expired."""
-
-    DEAD = "dead"  # kept in the slot's dead set with its reason: inspect, redrive or purge
-    DROP = "drop"  # deleted (remembered as 'dropped' / 'expired' with outcome retention)
-
+#: The rows of the settings table the engine obeys, bounds checked on construction (the
+#: slot amount is checked on its own: a power of two).
+_BOUNDED = tuple(
+    row
+    for row in SETTINGS
+    if row.consumer is Consumer.TOPIC
+    and row.kind in (Kind.INTEGER, Kind.DURATION)
+    and row.name != "slot_amount"
+)
 
 #: Topic fields the routing node decides (a doubling), never read from settings.
 ROUTING_FIELDS = frozenset({"slot_generation"})
@@ -53,34 +63,38 @@ class TopicError(ValueError):
 
 @dataclass(frozen=True)
 class Topic:
-    """One delay topic: a namespace-scoped name, a power-of-two slot count and delivery rules."""
+    """One delay topic: a namespace-scoped name, a power-of-two slot count and delivery rules.
+
+    Every field but the name, the namespace and `slot_generation` is a row of the settings
+    table (`delayq.queue.settings`), which holds its default, bounds and meaning."""
 
     name: str
     namespace: str = "default"
-    slot_amount: int = 16
-    topic_type: TopicType = TopicType.PULL
-    max_retries: int = DEFAULT_MAX_RETRIES
-    ack_timeout_ms: int = DEFAULT_ACK_TIMEOUT_MS
-    max_payload_bytes: int = DEFAULT_MAX_PAYLOAD_BYTES
-    journal_max_len: int = 0  # 0 = lifecycle journal off; else approximate per-slot stream cap
+    slot_amount: int = default("slot_amount")
+    topic_type: TopicType = default("topic_type")
+    max_retries: int = default("max_retries")
+    ack_timeout_ms: int = default("ack_timeout_ms")
+    max_payload_bytes: int = default("max_payload_bytes")
+    # 0 = lifecycle journal off; else approximate per-slot stream cap
+    journal_max_len: int = default("journal_max_len")
     # replicas that must confirm an acknowledged write before it is answered (0: asynchronous
     # replication), and how long to wait for them (then ReplicationTimeoutError)
-    redis_sync_replicas: int = 0
-    redis_sync_timeout_ms: int = 1000
+    redis_sync_replicas: int = default("redis_sync_replicas")
+    redis_sync_timeout_ms: int = default("redis_sync_timeout_ms")
     # how long a finished (acked, cancelled, purged) id is remembered: `get` answers its outcome
     # and create-only scheduling answers ALREADY_DONE instead of scheduling it again (0: off)
-    outcome_retention_ms: int = 0
+    outcome_retention_ms: int = default("outcome_retention_ms")
     # retries end this long after the first attempt even below max_retries (0: no window), and
     # what then happens to the message (also after max_retries)
-    retry_for_ms: int = 0
-    retry_exhausted_action: EndAction = EndAction.DEAD
+    retry_for_ms: int = default("retry_for_ms")
+    retry_exhausted_action: EndAction = default("retry_exhausted_action")
     # a message without its own expiry expires this long after its due time (0: never), and
     # what happens to one past its expiry (it is never delivered after it)
-    expiry_ttl_ms: int = 0
-    expiry_action: EndAction = EndAction.DEAD
+    expiry_ttl_ms: int = default("expiry_ttl_ms")
+    expiry_action: EndAction = default("expiry_action")
     # at most this many messages scheduled or in flight (0: no limit), enforced per slot at its
     # share, ceil(limits_max_pending / slot_amount), atomically in the schedule script
-    limits_max_pending: int = 0
+    limits_max_pending: int = default("limits_max_pending")
     # the key generation of the slots (docs/coordination.md "Doubling the slots"): a doubling
     # of slot_amount moves a topic's slots to new key names (`queue/keys.py`), so a writer
     # whose slot amount is stale writes into frozen keys and is refused, never into a slot of
@@ -102,18 +116,9 @@ class Topic:
         object.__setattr__(self, "topic_type", TopicType(self.topic_type))
         object.__setattr__(self, "retry_exhausted_action", EndAction(self.retry_exhausted_action))
         object.__setattr__(self, "expiry_action", EndAction(self.expiry_action))
-        _check_range("maxRetries", self.max_retries, 0, 1000)
-        _check_range("ackTimeout (ms)", self.ack_timeout_ms, 1, 24 * 3600 * 1000)
-        _check_range("maxPayloadBytes", self.max_payload_bytes, 1, 64 * 1024 * 1024)
-        _check_range("journalMaxLen", self.journal_max_len, 0, 100_000_000)
-        _check_range("syncReplicas", self.redis_sync_replicas, 0, MAX_SYNC_REPLICAS)
-        _check_range("syncTimeout (ms)", self.redis_sync_timeout_ms, 1, 60_000)
-        _check_range(
-            "outcomeRetention (ms)", self.outcome_retention_ms, 0, MAX_OUTCOME_RETENTION_MS
-        )
-        _check_range("retry.for (ms)", self.retry_for_ms, 0, MAX_DELAY_MS)
-        _check_range("expiry.ttl (ms)", self.expiry_ttl_ms, 0, MAX_DELAY_MS)
-        _check_range("limits.maxPending", self.limits_max_pending, 0, MAX_PENDING)
+        for row in _BOUNDED:
+            label = f"{row.path} (ms)" if row.kind is Kind.DURATION else row.path
+            _check_range(label, getattr(self, row.name), int(row.low), int(row.high))
         _check_range("slot generation", self.slot_generation, 0, MAX_SLOT_GENERATION)
 
     @classmethod

@@ -1,7 +1,9 @@
 """Settings of one `delayq serve` process: a frozen dataclass read from env, then flags (pure).
 
 Every field is declared once; its environment variable (`DELAYQ_<FIELD>`) and its flag
-(`--field-name`) are derived from the name, so the chart, the CLI and the tests cannot drift.
+(`--field-name`) are derived from the name (`env_name`, `flag_name`), so the chart, the CLI and
+the tests cannot drift. A topic setting's default, help and bounds, and the rules between
+settings, are its row of the settings table (`delayq.queue.settings`).
 Precedence: defaults < the operator's topic file (`--config`) < environment < flags.
 """
 
@@ -23,14 +25,17 @@ from delayq.coordination.routing_watch import ZkConnection
 from delayq.coordination.tls import ZkTls
 from delayq.queue.backoff import Backoff, Jitter
 from delayq.queue.consumer import DEFAULT_BATCH_SIZE
+from delayq.queue.settings import SETTINGS, Kind, broken_rule, by_name
+
+# re-exported: the names of a setting's variable and flag, for the layers that set them
+from delayq.queue.settings import env_name as env_name
+from delayq.queue.settings import flag_name as flag_name
 from delayq.queue.topic import EndAction, Topic, TopicError, TopicType
-from delayq.service.defaults import DEFAULTS
 from delayq.service.delivery.signing import Signer, parse_extra_headers
 from delayq.service.delivery.targets import TargetPolicy, parse_cidrs, split_cidrs
 from delayq.service.shutdown import GRACE_MS
 from delayq.service.tokens import LeaseTokens, derived_key
 
-ENV_PREFIX = "DELAYQ_"
 #: What redis-py connects to (`stream_url`, from a tenant's Secret on Kubernetes).
 STREAM_URL_SCHEMES = ("redis://", "rediss://", "unix://")
 
@@ -41,6 +46,13 @@ class ConfigError(ValueError):
 
 def _help(text: str) -> dict[str, str]:
     return {"help": text}
+
+
+def _setting(name: str) -> Any:
+    """The field of a topic setting: its default (a hand-run serve's) and help from the
+    settings table."""
+    row = by_name(name)
+    return field(default=row.default_for_serve, metadata=_help(row.help))
 
 
 @dataclass(frozen=True)
@@ -58,39 +70,16 @@ class ServiceConfig:
     )
     namespace: str = field(default="default", metadata=_help("namespace of the topic"))
     topic: str = field(default="demo", metadata=_help("topic name"))
-    slot_amount: int = field(
-        default=DEFAULTS.slot_amount, metadata=_help("slots of the topic (power of two)")
-    )
-    topic_type: TopicType = field(
-        default=DEFAULTS.topic_type, metadata=_help("delivery: pull, webhook or stream")
-    )
-    max_retries: int = field(
-        default=DEFAULTS.max_retries, metadata=_help("attempts beyond this go to dead")
-    )
-    ack_timeout_ms: int = field(
-        default=DEFAULTS.ack_timeout_ms, metadata=_help("lease length of a delivery")
-    )
-    max_payload_bytes: int = field(
-        default=DEFAULTS.max_payload_bytes, metadata=_help("largest accepted payload")
-    )
-    journal_max_len: int = field(
-        default=DEFAULTS.journal_max_len, metadata=_help("lifecycle journal cap (0: off)")
-    )
-    outcome_retention_ms: int = field(
-        default=DEFAULTS.outcome_retention_ms,
-        metadata=_help("how long a finished id is remembered: get, create-only dedup (0: off)"),
-    )
-    redis_sync_replicas: int = field(
-        default=DEFAULTS.redis_sync_replicas,
-        metadata=_help("replicas that confirm each acknowledged write before it is answered"),
-    )
-    redis_sync_timeout_ms: int = field(
-        default=DEFAULTS.redis_sync_timeout_ms,
-        metadata=_help("how long an acknowledged write waits for those replicas (then 503)"),
-    )
-    pull_max_lease_batch: int = field(
-        default=DEFAULTS.pull_max_lease_batch, metadata=_help("pull: messages per lease at most")
-    )
+    slot_amount: int = _setting("slot_amount")
+    topic_type: TopicType = _setting("topic_type")
+    max_retries: int = _setting("max_retries")
+    ack_timeout_ms: int = _setting("ack_timeout_ms")
+    max_payload_bytes: int = _setting("max_payload_bytes")
+    journal_max_len: int = _setting("journal_max_len")
+    outcome_retention_ms: int = _setting("outcome_retention_ms")
+    redis_sync_replicas: int = _setting("redis_sync_replicas")
+    redis_sync_timeout_ms: int = _setting("redis_sync_timeout_ms")
+    pull_max_lease_batch: int = _setting("pull_max_lease_batch")
     webhook_url: str = field(
         default="", metadata=_help("webhook topics: URL each due message is POSTed to")
     )
@@ -108,35 +97,15 @@ class ServiceConfig:
             "(e.g. the receiver's Authorization)"
         ),
     )
-    # True, like allow_private_targets: run by hand, a receiver on this machine is often plain
-    # http; the operator writes the topic's value (CRD default false) into topic.json
-    webhook_allow_insecure_http: bool = field(
-        default=True,
-        metadata=_help("webhook topics: also POST to an http:// URL (false: https only)"),
-    )
-    webhook_timeout_ms: int = field(
-        default=DEFAULTS.webhook_timeout_ms, metadata=_help("webhook topics: timeout of one POST")
-    )
-    webhook_max_in_flight: int = field(
-        default=DEFAULTS.webhook_max_in_flight,
-        metadata=_help("webhook topics: concurrent POSTs at most"),
-    )
-    webhook_max_batch: int = field(
-        default=DEFAULTS.webhook_max_batch,
-        metadata=_help(
-            "webhook topics: messages per POST at most; above 1 the receiver must answer each "
-            "message of a batch (docs/service.md, Batched webhooks)"
-        ),
-    )
-    # True, unlike the CRD's false: run by hand, the process and its URL are the platform's own
-    # (often a receiver on this machine); the operator writes the topic's value into topic.json
-    webhook_allow_private_targets: bool = field(
-        default=True,
-        metadata=_help(
-            "webhook topics: also POST to loopback, private, link-local (cloud metadata) and "
-            "other non-public addresses"
-        ),
-    )
+    webhook_allow_insecure_http: bool = _setting(
+        "webhook_allow_insecure_http"
+    )  # true run by hand: docs/service.md
+    webhook_timeout_ms: int = _setting("webhook_timeout_ms")
+    webhook_max_in_flight: int = _setting("webhook_max_in_flight")
+    webhook_max_batch: int = _setting("webhook_max_batch")
+    webhook_allow_private_targets: bool = _setting(
+        "webhook_allow_private_targets"
+    )  # true run by hand: docs/service.md
     webhook_allowed_cidrs: str = field(
         default="",
         metadata=_help(
@@ -151,15 +120,9 @@ class ServiceConfig:
             "credentials (default: broker 0's Redis)"
         ),
     )
-    # True, like webhook_allow_private_targets: run by hand, the target is often on this machine;
-    # the operator writes the topic's value (CRD default false) into topic.json
-    stream_allow_private_targets: bool = field(
-        default=True,
-        metadata=_help(
-            "stream topics with stream_url: also connect to loopback, private, link-local and "
-            "other non-public addresses, and to a unix:// socket"
-        ),
-    )
+    stream_allow_private_targets: bool = _setting(
+        "stream_allow_private_targets"
+    )  # true run by hand: docs/service.md
     stream_allowed_cidrs: str = field(
         default="",
         metadata=_help(
@@ -170,10 +133,7 @@ class ServiceConfig:
     stream_key: str = field(
         default="", metadata=_help("stream topics: target stream key (default dq-out:<ns>/<t>)")
     )
-    stream_max_len: int = field(
-        default=DEFAULTS.stream_max_len,
-        metadata=_help("stream topics: approximate MAXLEN of the target (0: none)"),
-    )
+    stream_max_len: int = _setting("stream_max_len")
     api_token: str = field(
         default="", metadata=_help("bearer token of the topic's HTTP API (empty: no auth)")
     )
@@ -211,10 +171,7 @@ class ServiceConfig:
     zookeeper_connect: str = field(
         default="", metadata=_help("ZooKeeper hosts (empty: embedded, own every slot)")
     )
-    zookeeper_session_timeout_ms: int = field(
-        default=DEFAULTS.zookeeper_session_timeout_ms,
-        metadata=_help("ZooKeeper session timeout: bounds the failover time"),
-    )
+    zookeeper_session_timeout_ms: int = _setting("zookeeper_session_timeout_ms")
     zookeeper_password: str = field(
         default="",
         metadata=_help("the topic's ZooKeeper password, user <namespace>.<topic> (empty: none)"),
@@ -260,50 +217,20 @@ class ServiceConfig:
     member_id: str = field(
         default="", metadata=_help("member name in ZooKeeper (default: host-pid)")
     )
-    worker_concurrency: int = field(
-        default=DEFAULTS.worker_concurrency,
-        metadata=_help("deliveries in flight per process at most"),
-    )
+    worker_concurrency: int = _setting("worker_concurrency")
     batch_size: int = field(
         default=DEFAULT_BATCH_SIZE, metadata=_help("messages per claim at most")
     )
-    retry_backoff_base_ms: int = field(
-        default=DEFAULTS.retry_backoff_base_ms, metadata=_help("first retry delay")
-    )
-    retry_backoff_max_ms: int = field(
-        default=DEFAULTS.retry_backoff_max_ms, metadata=_help("longest retry delay")
-    )
-    retry_backoff_multiplier: float = field(
-        default=DEFAULTS.retry_backoff_multiplier,
-        metadata=_help("each retry waits this many times the previous one (1..10)"),
-    )
-    retry_jitter: Jitter = field(
-        default=DEFAULTS.retry_jitter,
-        metadata=_help("none: wait the exponential delay; full: a random time up to it"),
-    )
-    retry_for_ms: int = field(
-        default=DEFAULTS.retry_for_ms,
-        metadata=_help("retries end this long after the first attempt (0: maxRetries only)"),
-    )
-    retry_exhausted_action: EndAction = field(
-        default=DEFAULTS.retry_exhausted_action,
-        metadata=_help("dead: keep a message whose retries ended in dead; drop: delete it"),
-    )
-    expiry_ttl_ms: int = field(
-        default=DEFAULTS.expiry_ttl_ms,
-        metadata=_help("a message without its own expiry expires this long after its due time"),
-    )
-    expiry_action: EndAction = field(
-        default=DEFAULTS.expiry_action,
-        metadata=_help("dead: move a message past its expiry to dead; drop: delete it"),
-    )
-    limits_max_pending: int = field(
-        default=DEFAULTS.limits_max_pending,
-        metadata=_help("at most this many messages scheduled or in flight, 0: no limit"),
-    )
-    max_body_bytes: int = field(
-        default=8 * 1024 * 1024, metadata=_help("largest HTTP request body")
-    )
+    retry_backoff_base_ms: int = _setting("retry_backoff_base_ms")
+    retry_backoff_max_ms: int = _setting("retry_backoff_max_ms")
+    retry_backoff_multiplier: float = _setting("retry_backoff_multiplier")
+    retry_jitter: Jitter = _setting("retry_jitter")
+    retry_for_ms: int = _setting("retry_for_ms")
+    retry_exhausted_action: EndAction = _setting("retry_exhausted_action")
+    expiry_ttl_ms: int = _setting("expiry_ttl_ms")
+    expiry_action: EndAction = _setting("expiry_action")
+    limits_max_pending: int = _setting("limits_max_pending")
+    max_body_bytes: int = _setting("max_body_bytes")
     read_timeout_ms: int = field(
         default=10_000,
         metadata=_help(
@@ -317,20 +244,23 @@ class ServiceConfig:
     log_level: str = field(default="INFO", metadata=_help("logging level"))
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "topic_type", TopicType(self.topic_type))
         for name, kind in _CHOICES.items():
             try:
                 object.__setattr__(self, name, kind(getattr(self, name)))
             except ValueError:
                 choices = " or ".join(choice.value for choice in kind)
                 raise ConfigError(f"{_names(name)} must be {choices}") from None
-        if not 1.0 <= self.retry_backoff_multiplier <= 10.0:
-            raise ConfigError(f"{_names('retry_backoff_multiplier')} must be between 1 and 10")
-        if self.retry_backoff_max_ms < self.retry_backoff_base_ms:
-            raise ConfigError(
-                f"{_names('retry_backoff_max_ms')} must not be shorter than "
-                f"{_names('retry_backoff_base_ms')}"
+        for row in _BOUNDED:
+            if row.out_of_range(getattr(self, row.name)):
+                raise ConfigError(
+                    f"{_names(row.name)} must be {row.between()} (got {getattr(self, row.name)!r})"
+                )
+        broken = broken_rule({name: getattr(self, name) for name in _TABLE_NAMES})
+        if broken is not None:
+            given = ", ".join(
+                f"{name}={getattr(self, name)}" for name in broken.names if name != "topic_type"
             )
+            raise ConfigError(f"{_names(broken.names[0])}: {broken.message} ({given})")
         try:
             self.to_topic()
         except TopicError as error:
@@ -384,26 +314,13 @@ class ServiceConfig:
             except ValueError as error:
                 raise ConfigError(f"{_names(name)}: {error}") from None
         for name in (
-            "webhook_timeout_ms",
-            "webhook_max_in_flight",
-            "webhook_max_batch",
-            "worker_concurrency",
             "redis_max_connections",
             "batch_size",
-            "retry_backoff_base_ms",
-            "max_body_bytes",
             "read_timeout_ms",
             "grace_ms",
-            "zookeeper_session_timeout_ms",
-            "pull_max_lease_batch",
         ):
             if getattr(self, name) < 1:
                 raise ConfigError(f"{_names(name)} must be at least 1")
-        if self.topic_type is TopicType.WEBHOOK and self.webhook_timeout_ms >= self.ack_timeout_ms:
-            raise ConfigError(
-                f"{_names('webhook_timeout_ms')} must be shorter than {_names('ack_timeout_ms')}: "
-                "a lease must outlive the POST it covers, or the message is delivered twice"
-            )
         if not 0 <= self.port <= 65535:
             raise ConfigError(f"{_names('port')} must be between 0 and 65535")
 
@@ -591,19 +508,17 @@ def check_exposure(config: ServiceConfig) -> None:
     )
 
 
-def env_name(name: str) -> str:
-    return ENV_PREFIX + name.upper()
-
-
-def flag_name(name: str) -> str:
-    return "--" + name.replace("_", "-")
-
+#: The settings of the table `delayq serve` takes, and those of them with bounds.
+_TABLE_NAMES = tuple(row.name for row in SETTINGS if row.serve)
+_BOUNDED = tuple(
+    row for row in SETTINGS if row.serve and row.kind in (Kind.INTEGER, Kind.DURATION, Kind.NUMBER)
+)
 
 #: The settings that take one of an enum's values, checked (and converted) on construction.
-_CHOICES: dict[str, type[Jitter] | type[EndAction]] = {
-    "retry_jitter": Jitter,
-    "retry_exhausted_action": EndAction,
-    "expiry_action": EndAction,
+_CHOICES: dict[str, type[enum.Enum]] = {
+    row.name: type(row.default)
+    for row in SETTINGS
+    if row.serve and isinstance(row.default, enum.Enum)
 }
 
 

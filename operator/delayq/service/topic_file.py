@@ -2,8 +2,9 @@
 
 `TopicFile` is the whole contract: the operator's builder (`delayq.kube.builders.service`)
 constructs one and writes `to_json()` into the topic's ConfigMap; `delayq serve --config` reads
-it back with `from_json()`. The JSON object has exactly one key per field, named like the field,
-which is also the `delayq serve` setting, flag and environment variable of the same name (see
+it back with `from_json()`. The JSON object is flat: one key per field, and one per topic
+setting of `settings` (the settings table's rows `delayq serve` takes), each named like the
+`delayq serve` setting, flag and environment variable of the same name (see
 docs/architecture.md, "One name per setting"). Reading is strict: an unknown, missing or
 mistyped key is a one-line `ConfigError` naming the key, never a silent default.
 
@@ -27,9 +28,19 @@ from typing import Any
 from urllib.parse import quote
 
 from delayq.queue import acl
-from delayq.queue.backoff import Jitter
-from delayq.queue.topic import EndAction, TopicType
+from delayq.queue.settings import SETTINGS, Kind, Setting
 from delayq.service.config import ConfigError, ServiceConfig
+
+
+def _python_type(row: Setting) -> Any:
+    """The type a setting has in the file: an int for a duration (milliseconds)."""
+    if row.kind in (Kind.DURATION, Kind.INTEGER):
+        return int
+    return type(row.default)
+
+
+#: The table's settings `delayq serve` takes, which the file carries, by their type.
+SERVE_SETTINGS: dict[str, Any] = {row.name: _python_type(row) for row in SETTINGS if row.serve}
 
 
 @dataclass(frozen=True)
@@ -38,55 +49,41 @@ class TopicFile:
 
     namespace: str
     topic: str
-    slot_amount: int
-    topic_type: TopicType
     brokers: int
-    max_retries: int
-    ack_timeout_ms: int
-    max_payload_bytes: int
-    journal_max_len: int
-    outcome_retention_ms: int
-    redis_sync_replicas: int
-    redis_sync_timeout_ms: int
-    retry_backoff_base_ms: int
-    retry_backoff_max_ms: int
-    retry_backoff_multiplier: float
-    retry_jitter: Jitter
-    retry_for_ms: int
-    retry_exhausted_action: EndAction
-    expiry_ttl_ms: int
-    expiry_action: EndAction
-    limits_max_pending: int
+    # the topic's settings that `delayq serve` takes: one key per row of the settings table
+    # whose `serve` is true (delayq.queue.settings), by its Python name, typed by its kind
+    settings: Mapping[str, Any]
     webhook_url: str
-    webhook_timeout_ms: int
-    webhook_max_in_flight: int
-    webhook_max_batch: int
-    webhook_allow_private_targets: bool  # always written: a pod never falls back to serve's true
     webhook_allowed_cidrs: str  # comma-separated, as the setting
-    webhook_allow_insecure_http: bool  # always written: a pod never falls back to serve's true
-    pull_max_lease_batch: int
     stream_key: str
-    stream_max_len: int
-    stream_allow_private_targets: bool  # always written, as webhook_allow_private_targets
     stream_allowed_cidrs: str
     zookeeper_connect: str
-    zookeeper_session_timeout_ms: int
     zookeeper_admin_acl: str  # the operator's ACL id; the password comes from the environment
     # TLS to the ensemble: the CA file is the ConfigMap's copy of the operator's CA (mounted
     # next to this file); the pods present no client certificate
     zookeeper_tls: bool
     zookeeper_tls_ca_file: str
     zookeeper_tls_verify_certs: bool
-    worker_concurrency: int
     # broker b's master is `redis_master_host_template.format(broker=b)`, b = 0..brokers-1
     redis_master_host_template: str
     redis_port: int
     http_port: int
 
+    def __post_init__(self) -> None:
+        if set(self.settings) != set(SERVE_SETTINGS):
+            missing = sorted(set(SERVE_SETTINGS) - set(self.settings))
+            unknown = sorted(set(self.settings) - set(SERVE_SETTINGS))
+            raise ConfigError(f"topic file: settings missing {missing}, unknown {unknown}")
+
+    def setting(self, name: str) -> Any:
+        """One of the topic's settings (KeyError: not a setting serve takes)."""
+        return self.settings[name]
+
     def to_json(self) -> str:
         """The ConfigMap's `topic.json`: stable (sorted keys), so its hash rolls pods only on a
         real change."""
         document = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
+        document.update(document.pop("settings"))
         for name, value in document.items():
             if isinstance(value, enum.Enum):
                 document[name] = value.value
@@ -101,7 +98,7 @@ class TopicFile:
             raise ConfigError(f"topic file: not JSON: {error}") from None
         if not isinstance(document, dict):
             raise ConfigError("topic file: must be a JSON object")
-        known = [f.name for f in dataclasses.fields(cls)]
+        known = [*_FIELD_TYPES, *SERVE_SETTINGS]
         for key in document:
             if key not in known:
                 raise ConfigError(f"topic file: unknown key {key!r}")
@@ -109,15 +106,18 @@ class TopicFile:
         for name in known:
             if name not in document:
                 raise ConfigError(f"topic file: missing key {name!r}")
-            values[name] = _typed(name, _FIELD_TYPES[name], document[name])
-        return cls(**values)
+            kind = _FIELD_TYPES.get(name) or SERVE_SETTINGS[name]
+            values[name] = _typed(name, kind, document[name])
+        settings = {name: values.pop(name) for name in SERVE_SETTINGS}
+        return cls(settings=settings, **values)
 
     def service_settings(self, env: Mapping[str, str]) -> dict[str, Any]:
         """ServiceConfig keyword arguments: this file plus the pod's environment."""
         urls = self.broker_urls(env.get("DELAYQ_REDIS_PASSWORD", ""))
-        settings: dict[str, Any] = {
-            name: getattr(self, name) for name in _FIELD_TYPES if name in _SERVICE_SETTINGS
-        }
+        settings: dict[str, Any] = dict(self.settings)
+        settings.update(
+            (name, getattr(self, name)) for name in _FIELD_TYPES if name in _SERVICE_SETTINGS
+        )
         settings.update(
             port=self.http_port,
             host="0.0.0.0",  # in a pod: reachable by probes, the Service and Prometheus
@@ -140,7 +140,10 @@ class TopicFile:
         ]
 
 
-_FIELD_TYPES: dict[str, Any] = typing.get_type_hints(TopicFile)
+#: The fields of the file besides the settings, by type.
+_FIELD_TYPES: dict[str, Any] = {
+    name: kind for name, kind in typing.get_type_hints(TopicFile).items() if name != "settings"
+}
 # fields that are `delayq serve` settings of the same name (the others locate brokers and port)
 _SERVICE_SETTINGS = frozenset(f.name for f in dataclasses.fields(ServiceConfig))
 

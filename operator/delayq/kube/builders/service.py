@@ -36,6 +36,7 @@ from delayq.kube.builders.common import (
 from delayq.kube.ensembles import platform_connect
 from delayq.kube.spec import TopicSpec, zookeeper_ports
 from delayq.queue import TopicType
+from delayq.queue.settings import SETTINGS
 from delayq.service.config import env_name
 from delayq.service.delivery.targets import parse_cidrs
 from delayq.service.shutdown import GRACE_MS, termination_grace_s
@@ -71,49 +72,23 @@ def topic_file(spec: TopicSpec, ctx: BuildContext, slot_amount: int) -> TopicFil
     `slot_amount` is the applied amount, which lags the spec while a growth is rejected.
     """
     delivery = spec.delivery
+    settings = {row.name: spec.setting(row.name) for row in SETTINGS if row.serve}
     return TopicFile(
         namespace=spec.namespace,
         topic=spec.name,
-        slot_amount=slot_amount,
-        topic_type=spec.topic_type,
         brokers=spec.brokers,
-        max_retries=spec.max_retries,
-        ack_timeout_ms=spec.ack_timeout_ms,
-        max_payload_bytes=spec.max_payload_bytes,
-        journal_max_len=spec.journal_max_len,
-        outcome_retention_ms=spec.outcome_retention_ms,
-        redis_sync_replicas=spec.redis_sync_replicas,
-        redis_sync_timeout_ms=spec.redis_sync_timeout_ms,
-        retry_backoff_base_ms=spec.retry_backoff_base_ms,
-        retry_backoff_max_ms=spec.retry_backoff_max_ms,
-        retry_backoff_multiplier=spec.retry_backoff_multiplier,
-        retry_jitter=spec.retry_jitter,
-        retry_for_ms=spec.retry_for_ms,
-        retry_exhausted_action=spec.retry_exhausted_action,
-        expiry_ttl_ms=spec.expiry_ttl_ms,
-        expiry_action=spec.expiry_action,
-        limits_max_pending=spec.limits_max_pending,
+        settings={**settings, "slot_amount": slot_amount},
         webhook_url=delivery.webhook_url,
-        webhook_timeout_ms=delivery.webhook_timeout_ms,
-        webhook_max_in_flight=delivery.webhook_max_in_flight,
-        webhook_max_batch=delivery.webhook_max_batch,
-        webhook_allow_private_targets=delivery.webhook_allow_private_targets,
         webhook_allowed_cidrs=",".join(delivery.webhook_allowed_cidrs),
-        webhook_allow_insecure_http=delivery.webhook_allow_insecure_http,
-        pull_max_lease_batch=delivery.pull_max_lease_batch,
         stream_key=delivery_stream_key(spec),
-        stream_max_len=delivery.stream_max_len,
-        stream_allow_private_targets=delivery.stream_allow_private_targets,
         stream_allowed_cidrs=",".join(delivery.stream_allowed_cidrs),
         zookeeper_connect=zookeeper_connect(spec, ctx),
-        zookeeper_session_timeout_ms=spec.zookeeper_session_timeout_ms,
         zookeeper_admin_acl=ctx.zookeeper_admin_acl,
         zookeeper_tls=ctx.zookeeper_tls,
         zookeeper_tls_ca_file=(
             f"{naming.CONFIG_MOUNT}/{naming.ZOOKEEPER_CA_KEY}" if ctx.zookeeper_tls_ca_pem else ""
         ),
         zookeeper_tls_verify_certs=ctx.zookeeper_tls_verify_certs,
-        worker_concurrency=spec.worker_concurrency,
         redis_master_host_template=f"{spec.name}-redis-{{broker}}.{spec.namespace}.svc",
         redis_port=naming.REDIS_PORT,
         http_port=naming.SERVICE_HTTP_PORT,
@@ -450,5 +425,3 @@ def _service(spec: TopicSpec, name: str, headless: bool) -> Manifest:
         ),
         "spec": body,
     }
-
-
