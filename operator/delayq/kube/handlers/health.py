@@ -13,7 +13,6 @@ ZooKeeper lost the node: restore.py). The status is patched only when it changed
 
 from __future__ import annotations
 
-import base64
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -27,6 +26,7 @@ from delayq.kube.builders.service import zookeeper_connect
 from delayq.kube.client import KubeApiError
 from delayq.kube.conditions import broker_full_condition, slots_unowned_condition
 from delayq.kube.context import Logger, OperatorContext
+from delayq.kube.credentials import operator_credentials
 from delayq.kube.ensembles import EnsembleRefused
 from delayq.kube.errors import TRANSIENT_ERRORS, TopicFailure
 from delayq.kube.events import WARNING, TopicEvent
@@ -96,7 +96,7 @@ async def health_pass(
     # a move of an abandoned pass may switch after this pass reads the routing: its copy in
     # status, patched before that switch, must not be overwritten by this pass's older read
     abandoned = moving(spec)
-    secret = await topic_secret(ctx, spec)
+    secret = await operator_credentials(ctx, body, spec)  # its copy, not the tenant's
     password = secret.get(naming.SECRET_REDIS_ADMIN_PASSWORD, "")
     zk_password = secret.get(naming.SECRET_ZOOKEEPER_PASSWORD, "")
     # known None: no routing in ZooKeeper nor in status, or ZooKeeper down (then owned is None)
@@ -230,16 +230,6 @@ def degradations(
     if owned < slots:
         problems.append(f"{slots - owned} of {slots} slots have no owner")
     return problems
-
-
-async def topic_secret(ctx: OperatorContext, spec: TopicSpec) -> dict[str, str]:
-    """The topic Secret's values, decoded: the password of the operator's Redis user
-    (delayq.queue.acl.ADMIN_USER) and the topic's ZooKeeper password among them."""
-    secret = await ctx.kube.get(
-        "v1", "Secret", spec.namespace, naming.credentials_secret(spec.name)
-    )
-    data = (secret or {}).get("data") or {}
-    return {key: base64.b64decode(value).decode() for key, value in data.items() if value}
 
 
 async def slot_view(

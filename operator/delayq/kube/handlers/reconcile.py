@@ -6,23 +6,26 @@ so it does not matter which change triggered it). Returns the status patch to wr
 
 from __future__ import annotations
 
-import base64
 from collections.abc import Mapping
 from typing import Any
 
 from delayq.coordination.routing import RoutingConflict, plan_routing
 from delayq.kube import naming
-from delayq.kube.apply import ensure, remove
+from delayq.kube.apply import ensure, remove, write_secret
 from delayq.kube.builders.bundle import build_retired, render
-from delayq.kube.builders.common import Credentials, has_stream_reader
 from delayq.kube.builders.service import zookeeper_connect
 from delayq.kube.client import KubeApiError
 from delayq.kube.context import Logger, OperatorContext
+from delayq.kube.credentials import (
+    MISSING_REASON,
+    CredentialsCopyMissing,
+    read_or_generate_credentials,
+)
 from delayq.kube.ensembles import EnsembleRefused
 from delayq.kube.errors import TRANSIENT_ERRORS, TopicFailure
 from delayq.kube.handlers.restore import read_or_restore
 from delayq.kube.routing_record import RECORD_FIELD, RoutingRecordInvalid, routing_record
-from delayq.kube.spec import SpecError, TopicSpec
+from delayq.kube.spec import SpecError
 from delayq.kube.status import (
     FALSE,
     PROVISIONED,
@@ -75,16 +78,22 @@ async def reconcile(
     # "Doubling the slots"), so the split that follows needs no second roll
     rendered = max(spec.slot_amount, applied)
     try:
-        credentials = await read_or_generate_credentials(ctx, spec)
+        credentials, fresh = await read_or_generate_credentials(ctx, body, spec)
+        # a new copy writes the tenant's Secrets whole; a kept one repairs them, leaving the
+        # tokens the tenant may rotate (docs/operator.md, "Rotating the API token")
+        kept_keys = frozenset() if fresh else naming.TENANT_ROTATED_KEYS
         with_monitor = ctx.build.service_monitor.enabled and await ctx.kube.has_resource(
             "monitoring.coreos.com/v1", "servicemonitors"
         )
         manifests = render(body, spec, ctx.build, credentials, rendered, with_monitor)
         for manifest in manifests:
-            outcome = await ensure(ctx.kube, manifest)
-            if outcome != "unchanged":
+            if manifest["kind"] == "Secret":  # written, never read (kube/credentials.py)
+                outcome = await write_secret(ctx.kube, manifest, kept_keys)
+            else:
+                outcome = await ensure(ctx.kube, manifest)
+            if outcome not in ("unchanged", "written"):
                 logger.info("%s %s/%s", outcome, manifest["kind"], manifest["metadata"]["name"])
-        # after the pods' templates stopped naming them (the reader's Secret is in broker 0's env)
+        # after the pods' templates stopped naming them (the reader's policy admits its peers)
         for reference in build_retired(spec):
             if await remove(ctx.kube, reference, str(meta.get("uid") or "")) == "deleted":
                 logger.info("deleted %s/%s", reference["kind"], reference["metadata"]["name"])
@@ -102,6 +111,8 @@ async def reconcile(
             uid=str(meta.get("uid") or ""),
         )
         applied = routing.slot_amount  # what the topic serves: growth comes by a split
+    except CredentialsCopyMissing as error:
+        raise refused(ctx, body, MISSING_REASON, str(error)) from None
     except RoutingConflict as error:
         raise refused(ctx, body, "RoutingConflict", str(error)) from None
     except RoutingRecordInvalid as error:
@@ -157,36 +168,3 @@ def slot_amount_condition(desired: int, applied: int) -> Condition:
             f"serving {applied} slots.",
         )
     return Condition(PROVISIONED, TRUE, "ResourcesApplied", "All resources are applied.")
-
-
-async def read_or_generate_credentials(ctx: OperatorContext, spec: TopicSpec) -> Credentials:
-    """The existing Secret's values, so a reconcile never rotates a live password."""
-    secret = await ctx.kube.get(
-        "v1", "Secret", spec.namespace, naming.credentials_secret(spec.name)
-    )
-    data = (secret or {}).get("data") or {}
-    reader_data: Mapping[str, str] = {}
-    if has_stream_reader(spec):  # the reader's password lives in the Secret its consumers mount
-        reader = await ctx.kube.get(
-            "v1", "Secret", spec.namespace, naming.stream_reader_secret(spec.name)
-        )
-        reader_data = (reader or {}).get("data") or {}
-
-    def kept_or_new(key: str, values: Mapping[str, str] = data) -> str:
-        value = values.get(key)
-        return base64.b64decode(value).decode() if value else ctx.generate()
-
-    return Credentials(
-        redis_password=kept_or_new(naming.SECRET_REDIS_PASSWORD),
-        api_token=kept_or_new(naming.SECRET_API_TOKEN),
-        zookeeper_password=kept_or_new(naming.SECRET_ZOOKEEPER_PASSWORD),
-        redis_admin_password=kept_or_new(naming.SECRET_REDIS_ADMIN_PASSWORD),
-        read_token=kept_or_new(naming.SECRET_READ_TOKEN),
-        metrics_token=kept_or_new(naming.SECRET_METRICS_TOKEN),
-        lease_token_key=kept_or_new(naming.SECRET_LEASE_TOKEN_KEY),
-        stream_reader_password=(
-            kept_or_new(naming.SECRET_STREAM_READER_PASSWORD, reader_data)
-            if has_stream_reader(spec)
-            else ""
-        ),
-    )
