@@ -195,6 +195,9 @@ async def test_a_provisioned_topic_without_a_copy_is_refused_unless_its_secret_m
     assert "operator.legacySecretRead" in provisioned["message"]
     assert existing(api, SECRETS, TENANT) == first  # nothing written
     assert the_copy(api) is None
+    before = len(list(api))
+    assert await refresh(ctx, body(api), logger) == {}  # no health pass without a login
+    assert [r.url.path for r in list(api)[before:] if r.method.value != "GET"] == []
 
     ctx.config = dataclasses.replace(ctx.config, legacy_secret_read=True)
     await provision(api, ctx, logger)

@@ -24,7 +24,9 @@ tenant's Secrets (`apply.write_secret`), never reading them. The rules:
 from __future__ import annotations
 
 import base64
+import dataclasses
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from delayq.kube import naming
@@ -92,24 +94,45 @@ async def operator_credentials(
     return copy_of(await get_copy(ctx, spec), topic_uid(body)) or {}
 
 
+@dataclass(frozen=True)
+class TopicCredentials:
+    """A topic's credentials as a reconcile found or made them, and what its copy needs."""
+
+    values: Credentials
+    uid: str
+    # no copy of this topic yet: its Secrets are written whole, tokens included, rather than
+    # repaired (apply.write_secret), and the copy is written after them
+    fresh: bool
+    copy: Manifest | None  # the copy as read (None: absent), to be replaced
+    changed: bool  # the copy must be written (save_copy)
+
+    @property
+    def kept_keys(self) -> frozenset[str]:
+        """Keys of the tenant's Secrets a reconcile leaves as they are: the tokens the tenant
+        may rotate (docs/operator.md, "Rotating the API token"), once the Secret was written."""
+        return frozenset() if self.fresh else naming.TENANT_ROTATED_KEYS
+
+    def copied(self) -> dict[str, str]:
+        return {
+            key: getattr(self.values, field)
+            for field, key in COPY_KEYS.items()
+            if getattr(self.values, field)
+        }
+
+
 async def read_or_generate_credentials(
     ctx: OperatorContext, body: Mapping[str, Any], spec: TopicSpec
-) -> tuple[Credentials, bool]:
-    """The topic's credentials, kept in the operator's copy (written here when it changed),
-    and whether the copy is new (this topic had none): the tenant's Secrets are then written
-    whole, tokens included, rather than repaired (apply.write_secret). Raises
-    CredentialsCopyMissing (see the module's rules)."""
+) -> TopicCredentials:
+    """The topic's credentials: its copy's, new ones for a new topic, or an earlier operator's
+    Secret's (seed). Raises CredentialsCopyMissing (see the module's rules)."""
     uid = topic_uid(body)
     existing = await get_copy(ctx, spec)
     kept = copy_of(existing, uid)
-    fresh = kept is None
     values = await seed(ctx, body, spec, uid) if kept is None else kept
 
     def kept_or_new(field: str) -> str:
         return values.get(COPY_KEYS[field]) or ctx.generate()
 
-    # dropped from the copy while nobody reads broker 0: back there, the consumers get a new login
-    reader = kept_or_new("stream_reader_password") if has_stream_reader(spec) else ""
     credentials = Credentials(
         redis_password=kept_or_new("redis_password"),
         api_token=kept_or_new("api_token"),
@@ -118,16 +141,22 @@ async def read_or_generate_credentials(
         read_token=kept_or_new("read_token"),
         metrics_token=kept_or_new("metrics_token"),
         lease_token_key=kept_or_new("lease_token_key"),
-        stream_reader_password=reader,
+        # dropped from the copy while nobody reads broker 0: back there, the consumers get a
+        # new login
+        stream_reader_password=(
+            kept_or_new("stream_reader_password") if has_stream_reader(spec) else ""
+        ),
     )
-    desired = {
-        key: getattr(credentials, field)
-        for field, key in COPY_KEYS.items()
-        if getattr(credentials, field)
-    }
-    if desired != kept:
-        await write_copy(ctx, spec, uid, existing, desired)
-    return credentials, fresh
+    found = TopicCredentials(credentials, uid, kept is None, existing, changed=True)
+    return dataclasses.replace(found, changed=found.copied() != kept)
+
+
+async def save_copy(ctx: OperatorContext, spec: TopicSpec, found: TopicCredentials) -> None:
+    """Write the copy if it changed: after the tenant's Secrets, so that a copy exists only
+    once they were written whole (a reconcile interrupted before retries as for a new topic,
+    and never leaves another topic's tokens in a Secret it only repairs)."""
+    if found.changed:
+        await write_copy(ctx, spec, found.uid, found.copy, found.copied())
 
 
 async def seed(

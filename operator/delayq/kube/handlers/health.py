@@ -97,6 +97,8 @@ async def health_pass(
     # status, patched before that switch, must not be overwritten by this pass's older read
     abandoned = moving(spec)
     secret = await operator_credentials(ctx, body, spec)  # its copy, not the tenant's
+    if not secret:  # an earlier operator's topic, refused until it has one: nothing to log in as
+        return {}
     password = secret.get(naming.SECRET_REDIS_ADMIN_PASSWORD, "")
     zk_password = secret.get(naming.SECRET_ZOOKEEPER_PASSWORD, "")
     # known None: no routing in ZooKeeper nor in status, or ZooKeeper down (then owned is None)

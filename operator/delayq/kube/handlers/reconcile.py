@@ -20,6 +20,7 @@ from delayq.kube.credentials import (
     MISSING_REASON,
     CredentialsCopyMissing,
     read_or_generate_credentials,
+    save_copy,
 )
 from delayq.kube.ensembles import EnsembleRefused
 from delayq.kube.errors import TRANSIENT_ERRORS, TopicFailure
@@ -78,28 +79,30 @@ async def reconcile(
     # "Doubling the slots"), so the split that follows needs no second roll
     rendered = max(spec.slot_amount, applied)
     try:
-        credentials, fresh = await read_or_generate_credentials(ctx, body, spec)
-        # a new copy writes the tenant's Secrets whole; a kept one repairs them, leaving the
-        # tokens the tenant may rotate (docs/operator.md, "Rotating the API token")
-        kept_keys = frozenset() if fresh else naming.TENANT_ROTATED_KEYS
+        credentials = await read_or_generate_credentials(ctx, body, spec)
         with_monitor = ctx.build.service_monitor.enabled and await ctx.kube.has_resource(
             "monitoring.coreos.com/v1", "servicemonitors"
         )
-        manifests = render(body, spec, ctx.build, credentials, rendered, with_monitor)
+        manifests = render(body, spec, ctx.build, credentials.values, rendered, with_monitor)
+        # the Secrets first (written, never read: kube/credentials.py), then the operator's copy
+        secrets = [manifest for manifest in manifests if manifest["kind"] == "Secret"]
+        for manifest in secrets:
+            if await write_secret(ctx.kube, manifest, credentials.kept_keys) == "created":
+                logger.info("created Secret/%s", manifest["metadata"]["name"])
+        await save_copy(ctx, spec, credentials)
         for manifest in manifests:
-            if manifest["kind"] == "Secret":  # written, never read (kube/credentials.py)
-                outcome = await write_secret(ctx.kube, manifest, kept_keys)
-            else:
+            if manifest["kind"] != "Secret":
                 outcome = await ensure(ctx.kube, manifest)
-            if outcome not in ("unchanged", "written"):
-                logger.info("%s %s/%s", outcome, manifest["kind"], manifest["metadata"]["name"])
+                if outcome != "unchanged":
+                    kind, name = manifest["kind"], manifest["metadata"]["name"]
+                    logger.info("%s %s/%s", outcome, kind, name)
         # after the pods' templates stopped naming them (the reader's policy admits its peers)
         for reference in build_retired(spec):
             if await remove(ctx.kube, reference, str(meta.get("uid") or "")) == "deleted":
                 logger.info("deleted %s/%s", reference["kind"], reference["metadata"]["name"])
         # ZooKeeper last: an unreachable ensemble must not stop the pods from coming up.
         current = await read_or_restore(
-            ctx, body, spec, credentials.zookeeper_password, logger
+            ctx, body, spec, credentials.values.zookeeper_password, logger
         )
         routing = plan_routing(rendered, spec.brokers, current)
         await ctx.store.publish(
@@ -107,7 +110,7 @@ async def reconcile(
             spec.namespace,
             spec.name,
             routing,
-            credentials.zookeeper_password,
+            credentials.values.zookeeper_password,
             uid=str(meta.get("uid") or ""),
         )
         applied = routing.slot_amount  # what the topic serves: growth comes by a split
