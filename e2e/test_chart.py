@@ -80,6 +80,11 @@ PERMISSIONS = [
     ("delete", "persistentvolumeclaims", False),  # the StatefulSet controller deletes them
     ("create", "events", True),
     ("list", "secrets", False),
+    # tenants' Secrets are written, never read or deleted (the operator's copies are in the
+    # release's namespace: test_operator_reads_secrets_only_in_the_release_namespace)
+    ("get", "secrets", False),
+    ("patch", "secrets", True),
+    ("delete", "secrets", False),
     ("delete", "statefulsets.apps", False),
     ("delete", "delaytopics.delayq.io", False),
     ("create", "pods", False),
@@ -108,6 +113,19 @@ def test_operator_may_only_use_its_leader_lease(
         result = kube.kubectl("auth", "can-i", verb, resource, "-n", ns, f"--as={subject}",
                               check=False)
         assert result.stdout.strip() == ("yes" if expected else "no"), (ns, result.stderr)
+
+
+@pytest.mark.parametrize("verb", ["get", "list", "delete"])
+def test_operator_reads_secrets_only_in_the_release_namespace(
+    kube: Kube, chart_release: Release, namespace: str, verb: str
+) -> None:
+    """Its copies of the topics' credentials (kube/credentials.py): read, listed and collected
+    in the release's namespace, not in a tenant's."""
+    subject = f"system:serviceaccount:{chart_release.namespace}:{chart_release.service_account}"
+    for ns, expected in ((chart_release.namespace, "yes"), (namespace, "no")):
+        result = kube.kubectl("auth", "can-i", verb, "secrets", "-n", ns, f"--as={subject}",
+                              check=False)
+        assert result.stdout.strip() == expected, (ns, result.stderr)
 
 
 @pytest.mark.parametrize(("verb", "resource", "allowed"), PERMISSIONS,

@@ -61,7 +61,8 @@ def operator(
     op = LocalOperator(
         repo=REPO, kubeconfig=kube.kubeconfig, namespaces=[namespace],
         log_path=tmp_path / "operator.log",
-        env_overrides={"DELAYQ_ZOOKEEPER": zookeeper.hosts},
+        # its copies of the topics' credentials go to its own namespace, which must exist
+        env_overrides={"DELAYQ_ZOOKEEPER": zookeeper.hosts, "POD_NAMESPACE": namespace},
     )
     with op.running(kube, namespace):
         yield op

@@ -698,8 +698,12 @@ def test_deleting_the_topic_and_uninstalling_leave_nothing_behind(
     kube: Kube, install: Install, webhook_topic: str
 ) -> None:
     """Scenario 8: the topic's pods and its ZooKeeper tree go with it (its volumes stay:
-    deletionPolicy Retain, the default); `helm uninstall` removes the operator and ZooKeeper."""
+    deletionPolicy Retain, the default), and so does the operator's copy of its credentials
+    in the release's namespace; `helm uninstall` removes the operator and ZooKeeper."""
     assert webhook_topic in _zookeeper_children(kube, install, f"/delayq/{install.tenant}")
+    copy = (f"app.kubernetes.io/component=topic-credentials,delayq.io/topic={webhook_topic},"
+            f"delayq.io/topic-namespace={install.tenant}")
+    assert len(kube.items("secret", install.namespace, copy)) == 1
     claims = kube.items("pvc", install.tenant, f"delayq.io/topic={webhook_topic}")
     kube.kubectl("delete", "dt", webhook_topic, "-n", install.tenant, "--wait=true",
                  timeout=180)
@@ -708,6 +712,8 @@ def test_deleting_the_topic_and_uninstalling_leave_nothing_behind(
     kube.wait(lambda: webhook_topic not in _zookeeper_children(
         kube, install, f"/delayq/{install.tenant}"), timeout_s=120,
         what="the topic's ZooKeeper tree gone")
+    kube.wait(lambda: not kube.items("secret", install.namespace, copy), timeout_s=120,
+              what="the operator's copy of the topic's credentials collected")
     kept = kube.items("pvc", install.tenant, f"delayq.io/topic={webhook_topic}")
     assert {c["metadata"]["name"] for c in kept} == {c["metadata"]["name"] for c in claims}
     kube.helm("uninstall", RELEASE, "--namespace", install.namespace, "--wait",

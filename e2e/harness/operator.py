@@ -155,7 +155,8 @@ def chart_kubeconfig(kube: Kube, chart_release: Release, workdir: Path,
     grants = [("list", "customresourcedefinitions.apiextensions.k8s.io", None),
               ("watch", "delaytopics.delayq.io", namespace),
               ("patch", "delaytopics.delayq.io/status", namespace),
-              ("create", "services", namespace)]
+              ("create", "services", namespace),
+              ("get", "secrets", chart_release.namespace)]  # its copies of the credentials
     kube.wait(lambda: all(
         as_operator.kubectl("auth", "can-i", verb, resource,
                             *(["-n", ns] if ns else []), check=False).stdout.strip() == "yes"

@@ -28,7 +28,7 @@ from delayq.kube.zk import KazooTopicStore, topic_root
 from delayq.local.ports import free_port
 from delayq.local.redis_server import RedisServer
 from delayq.local.zookeeper_server import ZooKeeperServer
-from tests.kube.pods import NAMESPACE, RedisPods
+from tests.kube.pods import NAMESPACE, OPERATOR_NAMESPACE, RedisPods
 
 DT = "delayq.io/v1alpha1/delaytopics"
 TOPICS = ("orders", "bad", "gone", "quiet")  # every topic name these tests create
@@ -211,7 +211,7 @@ async def ctx(
     secrets = iter(f"generated-{index}" for index in range(1000))
     kube = KubeClient(connection)
     build = BuildContext(
-        operator_namespace="delayq-system",
+        operator_namespace=OPERATOR_NAMESPACE,
         default_zookeeper=zk_connect,
         zookeeper_allowed_ensembles=(dead_zookeeper,),
     )

@@ -30,6 +30,7 @@ from delayq.queue.client import Queue
 from delayq.queue.topic import Topic, slot_of
 
 NAMESPACE = "shop"
+OPERATOR_NAMESPACE = "delayq-system"  # the operator's own (its copies of the credentials)
 LOOPBACK = "127.0.0.1"
 SLICES = "discovery.k8s.io/v1/endpointslices"
 UIDS = itertools.count()  # pod uids: a pod made again gets a new one

@@ -53,6 +53,7 @@ VALUE_SETS: dict[str, list[str]] = {
     "namespaced": ["--set", "operator.watchNamespaces={shop,billing}"],
     "workload-namespaces": ["--set", "operator.workloadNamespaces={shop,billing}"],
     "cluster-wide-workloads": ["--set", "operator.clusterWideWorkloads=true"],
+    "legacy-secret-read": ["--set", "operator.legacySecretRead=true"],
     "zookeeper-tls": [
         "--set",
         "zookeeper.enabled=false",
@@ -360,7 +361,8 @@ TOPIC_RULES = {
     ("apps", "statefulsets"): {"get"},  # writes: WORKLOAD_RULES, where tenants run topics
     ("", "services"): {"get", "create", "patch"},
     ("", "configmaps"): {"get", "create", "patch"},
-    ("", "secrets"): {"get", "create", "delete"},
+    # written, never read, listed or deleted: the operator's copies are in its own namespace
+    ("", "secrets"): {"create", "patch"},
     ("", "pods"): {"list"},  # no patch: the master Service follows an EndpointSlice
     ("discovery.k8s.io", "endpointslices"): {"get", "create", "patch"},
     ("", "events"): {"create"},
@@ -449,6 +451,45 @@ def test_namespaced_rbac_uses_roles_per_namespace() -> None:
     for role in roles:  # a watched namespace is one where delayq is installed for tenants
         assert grants(role) == merged(TOPIC_RULES, WORKLOAD_RULES)
     assert workload_bindings(docs) == []
+
+
+def test_no_secret_of_a_tenant_is_readable_and_the_copies_are_in_the_release_namespace() -> None:
+    """Cluster-wide, the default: Secrets are create/patch everywhere (the tenants'
+    <t>-credentials), get/list/delete only in the release's namespace (the operator's copies,
+    kube/credentials.py); operator.legacySecretRead adds get, for one release."""
+    for value_set in ("defaults", "workload-namespaces", "namespaced"):
+        docs = render(value_set)
+        everywhere = [*of_kind(docs, "ClusterRole")]
+        everywhere += [r for r in of_kind(docs, "Role") if r["metadata"]["name"] == "rel-delayq"]
+        for role in everywhere:
+            assert grants(role).get(("", "secrets"), {"create", "patch"}) == {"create", "patch"}
+        (copies,) = [
+            r for r in of_kind(docs, "Role") if r["metadata"]["name"].endswith("-credentials")
+        ]
+        assert copies["metadata"]["namespace"] == "delayq-system"
+        assert grants(copies) == {("", "secrets"): {"get", "list", "create", "patch", "delete"}}
+        (binding,) = [
+            b
+            for b in of_kind(docs, "RoleBinding")
+            if b["metadata"]["name"] == "rel-delayq-credentials"
+        ]
+        assert binding["roleRef"] == {
+            "apiGroup": "rbac.authorization.k8s.io",
+            "kind": "Role",
+            "name": "rel-delayq-credentials",
+        }
+        assert binding["subjects"] == [
+            {"kind": "ServiceAccount", "name": "rel-delayq", "namespace": "delayq-system"}
+        ]
+        (deployment,) = of_kind(docs, "Deployment")
+        (container,) = deployment["spec"]["template"]["spec"]["containers"]
+        assert {"name": "DELAYQ_LEGACY_SECRET_READ", "value": "false"} in container["env"]
+    legacy = render("legacy-secret-read")
+    cluster = named(legacy, "ClusterRole")["rel-delayq-cluster"]
+    assert grants(cluster)[("", "secrets")] == {"get", "create", "patch"}
+    (deployment,) = of_kind(legacy, "Deployment")
+    (container,) = deployment["spec"]["template"]["spec"]["containers"]
+    assert {"name": "DELAYQ_LEGACY_SECRET_READ", "value": "true"} in container["env"]
 
 
 @pytest.mark.parametrize("value_set", sorted(VALUE_SETS))
@@ -902,9 +943,7 @@ def test_image_digests_pin_every_image_by_content() -> None:
     docs = render("image-digests")
     expected = {f"ghcr.io/delayq/delayq@{DIGEST}", f"zookeeper@{DIGEST}"}
     assert {image for doc in docs for image in container_images(doc)} == expected
-    assert topic_images("image-digests") == {
-        f"ghcr.io/delayq/delayq@{DIGEST}", f"redis@{DIGEST}"
-    }
+    assert topic_images("image-digests") == {f"ghcr.io/delayq/delayq@{DIGEST}", f"redis@{DIGEST}"}
     for bad in ("7.4.11", "sha256:abc", f"sha512:{DIGEST[7:]}"):
         result = run_helm("template", "rel", str(CHART), "--set", f"image.digest={bad}")
         assert result.returncode != 0, bad

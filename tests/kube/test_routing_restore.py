@@ -28,7 +28,8 @@ from delayq.coordination.routing import Routing, initial_routing
 from delayq.coordination.splitting import SlotSplitter, Split
 from delayq.kube import naming, resharding
 from delayq.kube.context import OperatorContext
-from delayq.kube.handlers.health import refresh, topic_secret
+from delayq.kube.credentials import operator_credentials
+from delayq.kube.handlers.health import refresh
 from delayq.kube.handlers.reconcile import reconcile
 from delayq.kube.operator import serialized
 from delayq.kube.resharding import reshard
@@ -304,7 +305,7 @@ async def test_a_move_whose_routing_cannot_be_recorded_does_not_switch(
     stops before its switch, recorded, the routing unchanged; the next pass finishes them."""
     before = await grown_topic(api, ctx, zk, redis_pods, masters, logger)
     topic, spec = body(api), parse_body(body(api))
-    password = (await topic_secret(ctx, spec))[naming.SECRET_REDIS_ADMIN_PASSWORD]
+    password = (await operator_credentials(ctx, topic, spec))[naming.SECRET_REDIS_ADMIN_PASSWORD]
     routing = published_routing(zk)
     assert routing is not None
     client, ctx.client = ctx.client, None  # ctx.kube raises: as after losing the lead

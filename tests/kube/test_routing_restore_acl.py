@@ -23,7 +23,7 @@ from kazoo.security import OPEN_ACL_UNSAFE
 from delayq.coordination.acl import ADMIN_USER, ZkIdentity, topic_user
 from delayq.kube import naming
 from delayq.kube.context import OperatorContext
-from delayq.kube.handlers.health import topic_secret
+from delayq.kube.credentials import operator_credentials
 from delayq.kube.topics import parse_body
 from delayq.kube.zk import KazooTopicStore, topic_root
 from delayq.local.zookeeper_server import ZooKeeperServer
@@ -79,7 +79,7 @@ async def test_the_health_pass_restores_the_routing_for_the_topic_only(
 ) -> None:
     put_topic(api, brokers=1, slotAmount=4, replicasPerBroker=0)
     await provision(api, ctx, logger)
-    secret = await topic_secret(ctx, parse_body(body(api)))
+    secret = await operator_credentials(ctx, body(api), parse_body(body(api)))
     pods = ZkIdentity(topic_user(NAMESPACE, "orders"), secret[naming.SECRET_ZOOKEEPER_PASSWORD])
     before = await read_routing(zk_connect, NAMESPACE, "orders", 4, pods)
     assert before == [0, 0, 0, 0]

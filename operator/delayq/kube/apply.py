@@ -2,8 +2,8 @@
 of a child the spec no longer renders.
 
 Rules that keep updates safe on a real API server:
-- Secrets keep their values: credentials are generated once and never rotated by a reconcile;
-  only a key the Secret lacks (a credential a newer operator introduced) is added.
+- Secrets in tenants' namespaces are written, never read (`write_secret`): the operator keeps
+  its own copy of the values (kube/credentials.py), so it needs no `get` on Secrets there.
 - StatefulSet fields the API server treats as immutable (selector, serviceName,
   volumeClaimTemplates) are sent on create only; a changed volume size is documented, not forced.
 - A child already containing every desired field is not patched at all (no write, no event).
@@ -18,9 +18,8 @@ from collections.abc import Mapping
 from typing import Any
 
 from delayq.kube.builders.common import Manifest
-from delayq.kube.client import KubeClient
+from delayq.kube.client import KubeApiError, KubeClient
 
-VALUE_KEEPING_KINDS = frozenset({"Secret"})
 IMMUTABLE_SPEC_FIELDS = {"StatefulSet": ("selector", "serviceName", "volumeClaimTemplates")}
 
 
@@ -65,20 +64,46 @@ async def ensure(kube: KubeClient, manifest: Manifest) -> str:
     if existing is None:
         await kube.create(manifest)
         return "created"
-    if manifest["kind"] in VALUE_KEEPING_KINDS:
-        present = existing.get("data") or {}
-        missing = {k: v for k, v in (manifest.get("data") or {}).items() if k not in present}
-        if not missing:
-            return "unchanged"
-        patch: Manifest = {"data": missing}
-    else:
-        patch = update_patch(manifest)
-        if contains(existing, patch):
-            return "unchanged"
+    patch = update_patch(manifest)
+    if contains(existing, patch):
+        return "unchanged"
     await kube.patch(
         manifest["apiVersion"], manifest["kind"], meta["namespace"], meta["name"], patch
     )
     return "patched"
+
+
+async def write_secret(
+    kube: KubeClient, manifest: Manifest, kept_keys: frozenset[str] = frozenset()
+) -> str:
+    """Make a tenant's Secret hold the manifest's values without reading it: a merge patch of
+    its keys (but `kept_keys`), labels and owner references; created whole when the patch finds
+    no Secret. Returns "created" or "written" (a patch that may have changed nothing).
+
+    So a tampered or removed key (but `kept_keys`) is written back at every reconcile, keys the
+    operator does not write (`api-token-previous`) are left alone, and a deleted Secret is made
+    again from the operator's copy: the pods that start next get the values the running ones
+    hold.
+    """
+    meta = manifest["metadata"]
+    where = (manifest["apiVersion"], manifest["kind"], meta["namespace"], meta["name"])
+    data = {key: value for key, value in manifest["data"].items() if key not in kept_keys}
+    owned = {key: meta[key] for key in ("labels", "ownerReferences") if key in meta}
+    patch = {"metadata": owned, "data": data}
+    for _ in range(2):  # a Secret created between our patch and our create: patched after all
+        try:
+            await kube.patch(*where, patch)
+            return "written"
+        except KubeApiError as error:
+            if error.status != 404:
+                raise
+        try:
+            await kube.create(manifest)
+            return "created"
+        except KubeApiError as error:
+            if error.status != 409:
+                raise
+    raise KubeApiError(409, f"Secret {meta['namespace']}/{meta['name']} kept changing")
 
 
 async def remove(kube: KubeClient, reference: Manifest, owner_uid: str) -> str:

@@ -42,6 +42,10 @@ class OperatorConfig:
     # TLS to ZooKeeper (coordination/tls.py), for every ensemble the operator connects to;
     # None: plain connections. On, it needs the platform's CA or verify_certs False explicitly
     zookeeper_tls: ZkTls | None = None
+    # For the release after the credentials moved to the operator's namespace: a topic
+    # provisioned before, with no copy yet, seeds it by reading its <t>-credentials once
+    # (kube/credentials.py); the chart grants `get` on Secrets only with it
+    legacy_secret_read: bool = False
 
     @property
     def clusterwide(self) -> bool:
@@ -94,6 +98,7 @@ class OperatorConfig:
             tenant_policy=TenantPolicy.from_env(env),
             zookeeper_clients_policy=env.get(CLIENTS_POLICY_ENV, ""),
             zookeeper_tls=tls,
+            legacy_secret_read=_flag(env.get("DELAYQ_LEGACY_SECRET_READ")),
         )
 
 

@@ -1,4 +1,5 @@
-"""The leader's periodic work: a health pass per topic, then the ZooKeeper garbage collection.
+"""The leader's periodic work: a health pass per topic, then the ZooKeeper garbage collection
+and that of the operator's copies of deleted topics' credentials (kube/credentials.py).
 
 This replaces a kopf timer on purpose: kopf puts a finalizer on every object that has a timer or
 a daemon, even when no deletion handler needs one (nolar/kopf#1074), and the finalizer of an
@@ -23,6 +24,7 @@ import kopf
 
 from delayq.kube.client import KubeApiError
 from delayq.kube.context import Logger, OperatorContext
+from delayq.kube.credentials import collect_copies
 from delayq.kube.errors import TRANSIENT_ERRORS
 from delayq.kube.topics import TopicKey, list_topics, topic_key
 from delayq.kube.zk_gc import collect_orphans
@@ -132,3 +134,7 @@ class HealthLoop:
             await collect_orphans(self.ctx, self.namespaces, self.logger)
         except Exception:  # logged; the next tick tries again
             self.logger.exception("ZooKeeper garbage collection failed")
+        try:
+            await collect_copies(self.ctx, self.namespaces, self.logger)
+        except (KubeApiError, *TRANSIENT_ERRORS) as error:  # the next tick tries again
+            self.logger.warning("cannot collect the credentials copies: %r", error)

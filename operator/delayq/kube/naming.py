@@ -60,6 +60,15 @@ SECRET_ZOOKEEPER_PASSWORD = "zookeeper-password"
 SECRET_STREAM_READER_USERNAME = "username"
 SECRET_STREAM_READER_PASSWORD = "password"
 SECRET_STREAM_READER_URL = "url"
+# Keys of <topic>-credentials that are the tenant's to change once written (docs/operator.md,
+# "Rotating the API token"): the operator's repair of that Secret leaves them as they are
+TENANT_ROTATED_KEYS = frozenset({SECRET_API_TOKEN, SECRET_READ_TOKEN, SECRET_METRICS_TOKEN})
+# The operator's own copy of a topic's credentials (kube/credentials.py), in its namespace: the
+# stream reader's password beside the keys of <topic>-credentials, labelled for collection
+COPY_STREAM_READER_PASSWORD = "stream-reader-password"
+COMPONENT_CREDENTIALS_COPY = "topic-credentials"
+LABEL_TOPIC_NAMESPACE = "delayq.io/topic-namespace"
+TOPIC_UID_ANNOTATION = "delayq.io/topic-uid"
 CONFIG_KEY = "topic.json"
 CONFIG_MOUNT = "/etc/delayq"
 # the operator's ZooKeeper CA certificate(s), copied into the ConfigMap next to topic.json
@@ -126,6 +135,14 @@ def api_service(topic: str) -> str:
 
 def credentials_secret(topic: str) -> str:
     return f"{topic}-credentials"
+
+
+def credentials_copy(namespace: str, topic: str) -> str:
+    """The operator's copy of a topic's credentials, in the operator's namespace. A namespace
+    name is a DNS label (no '.') and so is a topic's (DNS-1035), so the first '.' after the
+    prefix ends the namespace: no two (namespace, topic) pairs share a name (`a`/`b-c` and
+    `a-b`/`c` are `...a.b-c` and `...a-b.c`); at most 19 + 63 + 1 + 43 characters."""
+    return f"delayq-credentials.{namespace}.{topic}"
 
 
 def stream_reader_secret(topic: str) -> str:

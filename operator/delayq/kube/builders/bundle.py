@@ -67,12 +67,14 @@ def build_all(
 def build_retired(spec: TopicSpec) -> list[Manifest]:
     """References (apiVersion, kind, name, namespace) to the children an earlier spec of the
     topic rendered and this one does not, for the reconcile to delete: the stream reader's
-    Secret and NetworkPolicy once nobody reads broker 0 (`urlSecretRef` set, or another
-    topicType), so the policy stops admitting the former consumers to its Redis port."""
+    NetworkPolicy once nobody reads broker 0 (`urlSecretRef` set, or another topicType), so it
+    stops admitting the former consumers to its Redis port. The reader's Secret stays until the
+    topic goes (owner references): deleting it needs `get` and `delete` on Secrets in the
+    tenant's namespace, which the operator does not hold, and its password opens nothing once
+    broker 0 rolled without the reader user."""
     if has_stream_reader(spec):
         return []
     return [
-        reference("v1", "Secret", spec, naming.stream_reader_secret(spec.name)),
         reference(
             "networking.k8s.io/v1",
             "NetworkPolicy",

@@ -20,7 +20,6 @@ on a kopf timer: see healthloop.py). `health_pass` runs its steps in order:
 
 from __future__ import annotations
 
-import base64
 import dataclasses
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -35,6 +34,7 @@ from delayq.kube.builders.service import zookeeper_connect
 from delayq.kube.client import KubeApiError
 from delayq.kube.conditions import broker_full_condition, slots_unowned_condition
 from delayq.kube.context import Logger, OperatorContext
+from delayq.kube.credentials import operator_credentials
 from delayq.kube.ensembles import EnsembleRefused
 from delayq.kube.errors import TRANSIENT_ERRORS, TopicFailure
 from delayq.kube.events import WARNING, TopicEvent
@@ -102,6 +102,8 @@ async def health_pass(
     if spec is None:
         return {}
     view = await observe_topic(ctx, body, spec, logger)
+    if view is None:  # an earlier operator's topic, refused until it has a copy: no login
+        return {}
     brokers = [
         await tend_broker(ctx, body, view, broker, logger) for broker in range(spec.brokers)
     ]
@@ -159,13 +161,16 @@ class TopicView:
 
 async def observe_topic(
     ctx: OperatorContext, body: Mapping[str, Any], spec: TopicSpec, logger: Logger
-) -> TopicView:
-    """The topic's Secret, routing and slot ownership, recorded masters and the members'
-    functions libraries, read once per pass (ZooKeeper down: `owned` and `libraries` None)."""
+) -> TopicView | None:
+    """The operator's copy of the topic's credentials, its routing and slot ownership,
+    recorded masters and the members' functions libraries, read once per pass (ZooKeeper
+    down: `owned` and `libraries` None; None: no copy of the credentials yet)."""
     status = body.get("status") or {}
     applied = int(status["appliedSlotAmount"])
     abandoned = moving(spec)
-    secret = await topic_secret(ctx, spec)
+    secret = await operator_credentials(ctx, body, spec)  # its copy, not the tenant's
+    if not secret:
+        return None
     zk_password = secret.get(naming.SECRET_ZOOKEEPER_PASSWORD, "")
     known, owned = await slot_view(ctx, body, spec, zk_password, logger)
     previous = {entry.get("index"): entry for entry in status.get("brokers") or []}
@@ -282,14 +287,6 @@ def slots_condition(
     return slots_unowned_condition(previous, unowned, total, ctx.clock() - since)
 
 
-async def topic_secret(ctx: OperatorContext, spec: TopicSpec) -> dict[str, str]:
-    """The topic Secret's values, decoded: the password of the operator's Redis user
-    (delayq.queue.acl.ADMIN_USER) and the topic's ZooKeeper password among them."""
-    secret = await ctx.kube.get(
-        "v1", "Secret", spec.namespace, naming.credentials_secret(spec.name)
-    )
-    data = (secret or {}).get("data") or {}
-    return {key: base64.b64decode(value).decode() for key, value in data.items() if value}
 
 
 async def slot_view(

@@ -6,23 +6,27 @@ so it does not matter which change triggered it). Returns the status patch to wr
 
 from __future__ import annotations
 
-import base64
 from collections.abc import Mapping
 from typing import Any
 
 from delayq.coordination.routing import RoutingConflict, plan_routing
 from delayq.kube import naming
-from delayq.kube.apply import ensure, remove
+from delayq.kube.apply import ensure, remove, write_secret
 from delayq.kube.builders.bundle import build_retired, render
-from delayq.kube.builders.common import Credentials, has_stream_reader
 from delayq.kube.builders.service import zookeeper_connect
 from delayq.kube.client import KubeApiError
 from delayq.kube.context import Logger, OperatorContext
+from delayq.kube.credentials import (
+    MISSING_REASON,
+    CredentialsCopyMissing,
+    read_or_generate_credentials,
+    save_copy,
+)
 from delayq.kube.ensembles import EnsembleRefused
 from delayq.kube.errors import TRANSIENT_ERRORS, TopicFailure
 from delayq.kube.handlers.restore import read_or_restore
 from delayq.kube.routing_record import RECORD_FIELD, RoutingRecordInvalid, routing_record
-from delayq.kube.spec import SpecError, TopicSpec
+from delayq.kube.spec import SpecError
 from delayq.kube.status import (
     FALSE,
     PROVISIONED,
@@ -75,22 +79,30 @@ async def reconcile(
     # "Doubling the slots"), so the split that follows needs no second roll
     rendered = max(spec.slot_amount, applied)
     try:
-        credentials = await read_or_generate_credentials(ctx, spec)
+        credentials = await read_or_generate_credentials(ctx, body, spec)
         with_monitor = ctx.build.service_monitor.enabled and await ctx.kube.has_resource(
             "monitoring.coreos.com/v1", "servicemonitors"
         )
-        manifests = render(body, spec, ctx.build, credentials, rendered, with_monitor)
+        manifests = render(body, spec, ctx.build, credentials.values, rendered, with_monitor)
+        # the Secrets first (written, never read: kube/credentials.py), then the operator's copy
+        secrets = [manifest for manifest in manifests if manifest["kind"] == "Secret"]
+        for manifest in secrets:
+            if await write_secret(ctx.kube, manifest, credentials.kept_keys) == "created":
+                logger.info("created Secret/%s", manifest["metadata"]["name"])
+        await save_copy(ctx, spec, credentials)
         for manifest in manifests:
-            outcome = await ensure(ctx.kube, manifest)
-            if outcome != "unchanged":
-                logger.info("%s %s/%s", outcome, manifest["kind"], manifest["metadata"]["name"])
-        # after the pods' templates stopped naming them (the reader's Secret is in broker 0's env)
+            if manifest["kind"] != "Secret":
+                outcome = await ensure(ctx.kube, manifest)
+                if outcome != "unchanged":
+                    kind, name = manifest["kind"], manifest["metadata"]["name"]
+                    logger.info("%s %s/%s", outcome, kind, name)
+        # after the pods' templates stopped naming them (the reader's policy admits its peers)
         for reference in build_retired(spec):
             if await remove(ctx.kube, reference, str(meta.get("uid") or "")) == "deleted":
                 logger.info("deleted %s/%s", reference["kind"], reference["metadata"]["name"])
         # ZooKeeper last: an unreachable ensemble must not stop the pods from coming up.
         current = await read_or_restore(
-            ctx, body, spec, credentials.zookeeper_password, logger
+            ctx, body, spec, credentials.values.zookeeper_password, logger
         )
         routing = plan_routing(rendered, spec.brokers, current)
         await ctx.store.publish(
@@ -98,10 +110,12 @@ async def reconcile(
             spec.namespace,
             spec.name,
             routing,
-            credentials.zookeeper_password,
+            credentials.values.zookeeper_password,
             uid=str(meta.get("uid") or ""),
         )
         applied = routing.slot_amount  # what the topic serves: growth comes by a split
+    except CredentialsCopyMissing as error:
+        raise refused(ctx, body, MISSING_REASON, str(error)) from None
     except RoutingConflict as error:
         raise refused(ctx, body, "RoutingConflict", str(error)) from None
     except RoutingRecordInvalid as error:
@@ -157,36 +171,3 @@ def slot_amount_condition(desired: int, applied: int) -> Condition:
             f"serving {applied} slots.",
         )
     return Condition(PROVISIONED, TRUE, "ResourcesApplied", "All resources are applied.")
-
-
-async def read_or_generate_credentials(ctx: OperatorContext, spec: TopicSpec) -> Credentials:
-    """The existing Secret's values, so a reconcile never rotates a live password."""
-    secret = await ctx.kube.get(
-        "v1", "Secret", spec.namespace, naming.credentials_secret(spec.name)
-    )
-    data = (secret or {}).get("data") or {}
-    reader_data: Mapping[str, str] = {}
-    if has_stream_reader(spec):  # the reader's password lives in the Secret its consumers mount
-        reader = await ctx.kube.get(
-            "v1", "Secret", spec.namespace, naming.stream_reader_secret(spec.name)
-        )
-        reader_data = (reader or {}).get("data") or {}
-
-    def kept_or_new(key: str, values: Mapping[str, str] = data) -> str:
-        value = values.get(key)
-        return base64.b64decode(value).decode() if value else ctx.generate()
-
-    return Credentials(
-        redis_password=kept_or_new(naming.SECRET_REDIS_PASSWORD),
-        api_token=kept_or_new(naming.SECRET_API_TOKEN),
-        zookeeper_password=kept_or_new(naming.SECRET_ZOOKEEPER_PASSWORD),
-        redis_admin_password=kept_or_new(naming.SECRET_REDIS_ADMIN_PASSWORD),
-        read_token=kept_or_new(naming.SECRET_READ_TOKEN),
-        metrics_token=kept_or_new(naming.SECRET_METRICS_TOKEN),
-        lease_token_key=kept_or_new(naming.SECRET_LEASE_TOKEN_KEY),
-        stream_reader_password=(
-            kept_or_new(naming.SECRET_STREAM_READER_PASSWORD, reader_data)
-            if has_stream_reader(spec)
-            else ""
-        ),
-    )
