@@ -2,19 +2,20 @@
 messages.
 
     python bench/bench_split.py [--messages 100000 1000000] [--rounds 1] [--writes-per-s 0]
+        [--slots 16]
 
-A throw-away redis-server and ZooKeeper on this machine; a 16-slot topic holding `messages`
-pending messages (32-byte payloads, due in an hour, ids spread over the slots) is doubled to 32
-slots with `SlotSplitter`, step by step, each step timed:
+A throw-away redis-server and ZooKeeper on this machine; a topic of `--slots` slots (16) holding
+`messages` pending messages (32-byte payloads, due in an hour, ids spread over the slots) is
+doubled with `SlotSplitter`, step by step, each step timed:
 
-* `split_s`: start to end of the doubling (record, copy of the 16 slots and its rounds, freeze
+* `split_s`: start to end of the doubling (record, copy of the slots and its rounds, freeze
   with the catch-up, switch, clean);
 * `copy_s`: the copy before the freeze (the slots take writes and deliver meanwhile);
 * `write_pause_s`: freeze to routing switch, the time a write into the topic is refused (the
   HTTP API and RoutedQueue hold such a write that long; nothing is delivered meanwhile). One
   switch for all slots: each slot's pause is at most this (`slot_pause_max_s`: from the freeze
   of slot 0, the first, to the switch);
-* `steps_s`: each step on its own (`copy`: the 16 slots' splits and the rounds summed);
+* `steps_s`: each step on its own (`copy`: the slots' splits and the rounds summed);
 * `writes_during_copy`: with `--writes-per-s`, messages scheduled into the old slots by another
   client while the copy runs (stopped at the freeze); `catch_up`: how many changes the
   freeze copied again (all slots);
@@ -48,7 +49,6 @@ from delayq.local.zookeeper_server import ZooKeeperServer
 from delayq.queue import Queue, ScheduleRequest, Topic
 from delayq.queue.keys import Part, slot_keys
 
-SLOTS = 16
 PAYLOAD = b"x" * 32
 HOUR_MS = 3_600_000
 BATCH = 1000
@@ -92,7 +92,7 @@ class Writer:
 def timed_split(splitter: SlotSplitter, writer: Writer | None) -> dict[str, Any]:
     """One doubling, step by step: total, write pause (freeze to switch) and per step."""
     started = time.perf_counter()
-    current: tuple[Split, int] | None = splitter.start(2 * SLOTS)
+    current: tuple[Split, int] | None = splitter.start(2 * splitter.topic.slot_amount)
     steps: dict[str, float] = {}
     frozen_at = switched_at = started
     stored_at_freeze = catch_up = 0
@@ -127,22 +127,27 @@ def pending_changes(splitter: SlotSplitter) -> int:
     """The changes the catch-up under the freeze will copy again (all old slots)."""
     topic, client = splitter.topic, splitter.queues[0].redis
     read = client.pipeline(transaction=False)
-    for slot in range(SLOTS):
+    for slot in range(topic.slot_amount):
         keys = slot_keys(topic, slot)
         read.scard(keys.key(Part.CHANGES))
         read.scard(keys.key(Part.RECOPY))
     counts = read.execute()
-    return int(sum(counts)) - SLOTS  # each changes set holds '' while tracking is on
+    return int(sum(counts)) - topic.slot_amount  # each changes set holds '' while tracking is on
 
 
 def measure(
-    messages: int, rounds: int, writes_per_s: int, server: RedisServer, zk: KazooClient
+    messages: int,
+    slots: int,
+    rounds: int,
+    writes_per_s: int,
+    server: RedisServer,
+    zk: KazooClient,
 ) -> dict[str, Any]:
     best: dict[str, Any] = {}
     for _ in range(rounds):
-        topic = Topic(f"s-{uuid.uuid4().hex[:8]}", namespace="bench", slot_amount=SLOTS)
+        topic = Topic(f"s-{uuid.uuid4().hex[:8]}", namespace="bench", slot_amount=slots)
         paths = TopicPaths(topic.namespace, topic.name)
-        zk.create(paths.routing, Routing(SLOTS, 1, (0,) * SLOTS).to_json(), makepath=True)
+        zk.create(paths.routing, Routing(slots, 1, (0,) * slots).to_json(), makepath=True)
         queue = Queue.from_url(server.url, topic)
         queue.redis.flushall()
         baseline = fill(queue, messages)
@@ -163,6 +168,7 @@ def measure(
         best["baseline_schedule_s"] = min(best["baseline_schedule_s"], baseline)
     best["ratio_split_to_schedule"] = best["split_s"] / best["baseline_schedule_s"]
     best["messages"] = messages
+    best["slots"] = slots
     return best
 
 
@@ -171,13 +177,14 @@ def main() -> None:
     parser.add_argument("--messages", type=int, nargs="+", default=[100_000, 1_000_000])
     parser.add_argument("--rounds", type=int, default=1)
     parser.add_argument("--writes-per-s", type=int, default=0)
+    parser.add_argument("--slots", type=int, default=16, help="the slot amount before")
     args = parser.parse_args()
     with RedisServer() as server, ZooKeeperServer() as zookeeper:
         zk = KazooClient(hosts=zookeeper.hosts)
         zk.start(timeout=30)
         try:
             results = [
-                measure(count, args.rounds, args.writes_per_s, server, zk)
+                measure(count, args.slots, args.rounds, args.writes_per_s, server, zk)
                 for count in args.messages
             ]
         finally:

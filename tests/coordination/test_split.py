@@ -13,8 +13,10 @@ from typing import Any, cast
 
 import pytest
 import redis
+from kazoo.client import KazooClient
 
 from delayq.cli import main
+from delayq.coordination.layout import TopicPaths
 from delayq.coordination.migration import MoveError, SlotMover, Step
 from delayq.coordination.routed_queue import RoutedQueue
 from delayq.coordination.routing import Routing
@@ -425,9 +427,9 @@ def test_a_splitter_killed_in_its_copy_leaves_every_old_slot_taking_writes_and_d
 
 
 def test_a_splitter_killed_in_its_freeze_leaves_the_rest_to_the_rerun(cluster: Cluster):
-    """Killed after freezing every old slot and catching up the first: the old slots stay
-    frozen (the one window in which more than one does) until the rerun catches up each
-    again, exactly, changes made before the freeze included."""
+    """Killed after catching up the old slots of broker 0 and freezing those of broker 1: the
+    old slots stay frozen (the one window in which more than one does) until the rerun catches
+    up each again, exactly, changes made before the freeze included."""
     fill(cluster)
     first = cluster.splitter()
     split, _ = run_steps(first, SLOTS + 1)
@@ -435,12 +437,92 @@ def test_a_splitter_killed_in_its_freeze_leaves_the_rest_to_the_rerun(cluster: C
     churn(cluster, "k")  # after the rounds: only the catch-up copies these
     before = frozen_before(cluster)
     old, new = first._topics(split)
-    first._freeze(split, old)
     first._catch_up(split, old, new, 0)
+    for slot in cluster.topic.slots:
+        if split.brokers[slot] == 1:
+            first.queues[1].run(plans.freeze(old, slot))
     first.zk.stop()  # killed
     assert old_frozen(cluster) == list(cluster.topic.slots)
     assert cluster.splitter().split(2 * SLOTS) is not None
     assert_split_exactly(cluster, before)
+
+
+@dataclass
+class RoundTrips:
+    """Round trips to Redis (one per command or pipeline sent) and ZooKeeper requests."""
+
+    redis: int = 0
+    zookeeper: int = 0
+
+
+def freeze_round_trips(
+    server: RedisServer, zookeeper: ZooKeeperServer, slots: int, monkeypatch: pytest.MonkeyPatch
+) -> RoundTrips:
+    """Double a one-broker topic of `slots` slots, each holding a message and, after the copy's
+    rounds, a change for the catch-up; the round trips of its freeze step (the time its slots
+    refuse writes), which must leave each change in its new slot."""
+    topic = Topic(f"rt{slots}", namespace=NAMESPACE, slot_amount=slots)
+    queue = Queue.from_url(server.url, topic)
+    zk = KazooClient(hosts=zookeeper.hosts)
+    zk.start(timeout=30)
+    counted = RoundTrips()
+    try:
+        ids = {slot: [basis_in(topic, slot)] for slot in topic.slots}
+        for names in ids.values():
+            queue.schedule(names[0], b"x", delay_ms=600_000)
+        splitter = SlotSplitter(zk, TopicPaths(NAMESPACE, topic.name), [queue])
+        current = splitter.start(2 * slots)
+        while current is not None and current[0].step is Step.COPY:
+            current = splitter.step(*current)
+        assert current is not None
+        for slot, names in ids.items():  # changed after the rounds: the catch-up copies these
+            later = next(f"c{i}" for i in range(100_000) if topic.slot_of(f"c{i}") == slot)
+            queue.schedule(later, b"y", delay_ms=600_000)
+            names.append(later)
+        send = redis.connection.AbstractConnection.send_packed_command
+        zk_get = zk.get
+
+        def counting_send(connection: Any, *args: Any, **kwargs: Any) -> None:
+            counted.redis += 1
+            send(connection, *args, **kwargs)
+
+        def counting_get(*args: Any, **kwargs: Any) -> Any:
+            counted.zookeeper += 1
+            return zk_get(*args, **kwargs)
+
+        with monkeypatch.context() as patched:
+            patched.setattr(
+                redis.connection.AbstractConnection, "send_packed_command", counting_send
+            )
+            patched.setattr(zk, "get", counting_get)
+            current = splitter.step(*current)
+        assert current is not None
+        assert current[0].step is Step.SWITCH
+        splitter.release()
+        new = replace(topic, slot_amount=2 * slots, slot_generation=1)
+        doubled_queue = Queue(queue.redis, new)
+        for names in ids.values():
+            for name in names:
+                assert doubled_queue.get(name).state is State.SCHEDULED, name
+    finally:
+        zk.stop()
+        zk.close()
+        queue.close()
+    return counted
+
+
+def test_the_freeze_takes_as_many_round_trips_for_64_slots_as_for_4(
+    redis_server: RedisServer, zookeeper_server: ZooKeeperServer, monkeypatch: pytest.MonkeyPatch
+):
+    """The time a doubling's slots refuse writes (freeze to switch) must not grow with the
+    slot amount: the freeze, the catch-up of the last changes, the per-slot parts and the thaw
+    of a broker's old slots are a few pipelines and two lock checks for all of them (before:
+    about ten Redis round trips and four ZooKeeper reads per slot, 0.35 s for 64 slots)."""
+    few = freeze_round_trips(redis_server, zookeeper_server, 4, monkeypatch)
+    many = freeze_round_trips(redis_server, zookeeper_server, 64, monkeypatch)
+    assert many == few
+    assert few.redis <= 12
+    assert few.zookeeper <= 3
 
 
 def test_resume_frozen_completes_only_a_stopped_doubling_whose_freeze_began(cluster: Cluster):

@@ -19,16 +19,19 @@ recorded in the `split` node (JSON) before the next one starts, each idempotent:
    (`queue.slot_split`), whose epochs stay frozen. Once all are copied, what changed meanwhile
    is copied again, in rounds, until a round leaves at most `CATCH_UP_TARGET` changes (or after
    `MAX_ROUNDS`).
-2. `freeze`: every old slot is frozen (freeze-1: writes refused, the old owners fenced out);
-   then, per slot, what changed since the last round is copied again, the per-slot parts
-   (journal, lease counter, epoch) copied, and both halves thawed (waiting for sync replicas).
+2. `freeze`: broker by broker, its old slots are frozen (freeze-1: writes refused, the old
+   owners fenced out), what changed in them since the last round is copied again, their
+   per-slot parts (journal, lease counter, epoch) copied, and their halves thawed (waiting for
+   sync replicas): a few pipelines and two lock checks per broker, whatever its slot count.
 3. `switch`: the routing node becomes {2N slots, generation g + 1, s and s + N on the old
    broker of s}, written with compare-and-set. The delay services and routing clients watch it
    and move to the new keys; the new owners fence above the copied epochs.
 4. `clean`: the old generation's keys are deleted but their frozen epochs, then the node.
 
 The topic is frozen from `freeze` to `switch`: the changes of one round, not the pending
-messages (docs/benchmarks.md). Crash points (a splitter killed, its lock gone with its session;
+messages, and hardly the slot amount (docs/benchmarks.md). The routing still switches once for
+all slots, so every old slot waits for the whole topic's catch-up (a switch slot by slot is a
+proposal, docs/coordination.md). Crash points (a splitter killed, its lock gone with its session;
 the next run, the operator's next pass or, once a slot is frozen, the old slots' owners past
 twice the session timeout (`resume_frozen`, service/stopped_moves.py) resume the recorded step):
 - before or in `copy`: no old slot is frozen; all take writes and deliver. Tracking is on in
@@ -36,7 +39,8 @@ twice the session timeout (`resume_frozen`, service/stopped_moves.py) resume the
   `--abort`). A slot split half-way is split again (its halves are deleted first); taken
   changes stay in `recopy` until copied again, so none is lost to a crash in a round.
 - in `freeze`: the old slots frozen so far stay frozen until the rerun, which freezes the rest
-  and does each catch-up again (idempotent: the old slots are frozen, nothing changes them).
+  and does each broker's catch-up again (idempotent: the old slots are frozen, nothing changes
+  them).
   This is the one window in which a stopped doubling leaves more than one slot frozen; it lasts
   the owners' bound plus one catch-up, not one copy, nor until a person reruns it. A resuming
   owner killed inside leaves what a killed splitter leaves.
@@ -77,8 +81,8 @@ from delayq.queue.client import Queue
 from delayq.queue.keys import SlotKeys, slot_keys
 from delayq.queue.slot_copy import MOVED_AWAY_PARTS, delete_slot
 from delayq.queue.slot_split import (
-    copy_per_slot,
-    recopied,
+    Division,
+    catch_up,
     recopy,
     split_slot,
     take_changes,
@@ -343,9 +347,8 @@ class SlotSplitter:
         if split.step is Step.COPY:
             self._converge(split, old, new)
         elif split.step is Step.FREEZE:
-            self._freeze(split, old)
-            for slot in range(split.from_amount):
-                self._catch_up(split, old, new, slot)
+            for broker in sorted(set(split.brokers)):
+                self._catch_up(split, old, new, broker)
         elif split.step is Step.SWITCH:
             self._switch(split)
         elif split.step is Step.CLEAN:
@@ -416,36 +419,33 @@ class SlotSplitter:
                     for slot in range(split.to_amount)
                     if generation != split.generation or slot not in live
                 ]
-                for start in range(0, len(calls), FREEZE_BATCH):
-                    batch = calls[start : start + FREEZE_BATCH]
-                    queue.run(plans.Plan(batch, len))
+                self._run_batched(queue, calls)
 
-    def _freeze(self, split: Split, old: Topic) -> None:
-        """Freeze every old slot on its broker (writes refused, the old owners fenced out)."""
-        for slot, broker in enumerate(split.brokers):
-            self.lock.check()
-            self.queues[broker].run(plans.freeze(old, slot))
+    @staticmethod
+    def _run_batched(queue: Queue, calls: Sequence[plans.ScriptCall]) -> None:
+        """Independent script calls (freeze-1, thaw-1), FREEZE_BATCH per pipeline."""
+        for start in range(0, len(calls), FREEZE_BATCH):
+            queue.run(plans.Plan(list(calls[start : start + FREEZE_BATCH]), len))
 
-    def _keys(self, split: Split, old: Topic, new: Topic, slot: int) -> tuple[SlotKeys, ...]:
-        """The old slot `slot` and its two halves."""
+    def _division(self, split: Split, old: Topic, new: Topic, slot: int) -> Division:
+        """The old slot `slot`, its two halves and the strays copied with it."""
         upper = slot + split.from_amount
-        return slot_keys(old, slot), slot_keys(new, slot), slot_keys(new, upper)
+        strays = tuple(self._strays(split, old, upper))
+        return Division(slot_keys(old, slot), slot_keys(new, slot), slot_keys(new, upper), strays)
 
     def _copy(self, split: Split, old: Topic, new: Topic, slot: int) -> None:
         """Track the old slot's changes, then split it as it is (it takes writes meanwhile)."""
         client = self.queues[split.brokers[slot]].redis
-        source, lower, upper = self._keys(split, old, new, slot)
-        track(client, source)
-        split_slot(client, source, lower, upper, self._strays(split, old, upper.slot))
+        division = self._division(split, old, new, slot)
+        track(client, division.source)
+        split_slot(client, division)
 
     def _recopy(self, split: Split, old: Topic, new: Topic, slot: int) -> int:
         """Copy again what changed in the old slot since its last take; returns how many."""
         client = self.queues[split.brokers[slot]].redis
-        source, lower, upper = self._keys(split, old, new, slot)
-        take_changes(client, source)
-        count = recopy(client, source, lower, upper, self._strays(split, old, upper.slot))
-        recopied(client, source)
-        return count
+        division = self._division(split, old, new, slot)
+        take_changes(client, division.source)
+        return recopy(client, division)
 
     def _converge(self, split: Split, old: Topic, new: Topic) -> None:
         """Rounds of `_recopy` over all old slots until one leaves at most CATCH_UP_TARGET
@@ -458,18 +458,19 @@ class SlotSplitter:
             if changed <= CATCH_UP_TARGET:
                 return
 
-    def _catch_up(self, split: Split, old: Topic, new: Topic, slot: int) -> None:
-        """Under the freeze: the last changes of the old slot copied again, its per-slot parts
-        copied, both halves thawed."""
-        self.lock.check()
-        self._recopy(split, old, new, slot)
-        broker = split.brokers[slot]
+    def _catch_up(self, split: Split, old: Topic, new: Topic, broker: int) -> None:
+        """The old slots of `broker` frozen (writes refused, the old owners fenced out), their
+        last changes copied again and their per-slot parts copied, their halves thawed (waiting
+        for sync replicas once): a few round trips for all of them, whatever their number, so
+        the time they stay frozen hardly grows with the slot amount (docs/benchmarks.md)."""
+        slots = [slot for slot, owner in enumerate(split.brokers) if owner == broker]
         queue = self.queues[broker]
-        source, lower, upper = self._keys(split, old, new, slot)
-        copy_per_slot(queue.redis, source, lower, upper)
-        for half in (lower.slot, upper.slot):
-            self.lock.check()
-            thaw_replicated(queue, new, half, broker)
+        self.lock.check()
+        self._run_batched(queue, [plans.freeze(old, slot).calls[0] for slot in slots])
+        catch_up(queue.redis, [self._division(split, old, new, slot) for slot in slots])
+        halves = [half for slot in slots for half in (slot, slot + split.from_amount)]
+        self.lock.check()
+        thaw_replicated(queue, new, halves, broker)
 
     def _strays(self, split: Split, old: Topic, upper: int) -> list[SlotKeys]:
         """The keys of slot number `upper` (s + N) at the old generation and at generation 0,
