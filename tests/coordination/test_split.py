@@ -16,6 +16,7 @@ import redis
 from kazoo.client import KazooClient
 
 from delayq.cli import main
+from delayq.coordination import migration, splitting
 from delayq.coordination.layout import TopicPaths
 from delayq.coordination.migration import MoveError, SlotMover, Step
 from delayq.coordination.routed_queue import RoutedQueue
@@ -426,25 +427,76 @@ def test_a_splitter_killed_in_its_copy_leaves_every_old_slot_taking_writes_and_d
     assert_split_exactly(cluster, before)
 
 
-def test_a_splitter_killed_in_its_freeze_leaves_the_rest_to_the_rerun(cluster: Cluster):
-    """Killed after catching up the old slots of broker 0 and freezing those of broker 1: the
-    old slots stay frozen (the one window in which more than one does) until the rerun catches
-    up each again, exactly, changes made before the freeze included."""
+class Killed(Exception):
+    """The splitter dies here (its session is then stopped: its lock goes)."""
+
+
+def test_a_splitter_killed_in_its_freeze_leaves_one_batch_of_slots_refusing_writes(
+    cluster: Cluster, monkeypatch: pytest.MonkeyPatch
+):
+    """Killed while it catches up the old slots of broker 1, those of broker 0 done: only the
+    batch it was catching up (slots 2 and 3, SWITCH_BATCH at most) refuses a routed write; the
+    others' writes go to their halves at once (before: every old slot refused them until the
+    doubling was completed). The rerun completes it exactly, without catching up a switched
+    slot again: what was written into its halves meanwhile stays."""
     fill(cluster)
     first = cluster.splitter()
-    split, _ = run_steps(first, SLOTS + 1)
+    split, version = run_steps(first, SLOTS + 1)
     assert split.step is Step.FREEZE
     churn(cluster, "k")  # after the rounds: only the catch-up copies these
     before = frozen_before(cluster)
-    old, new = first._topics(split)
-    first._catch_up(split, old, new, 0)
-    for slot in cluster.topic.slots:
-        if split.brokers[slot] == 1:
-            first.queues[1].run(plans.freeze(old, slot))
+    thaws: list[object] = []
+    thaw = migration.thaw_replicated
+
+    def dies_at_its_second_thaw(*args: Any) -> None:
+        thaws.append(args)
+        if len(thaws) == 2:
+            raise Killed
+        thaw(*args)
+
+    monkeypatch.setattr(splitting, "thaw_replicated", dies_at_its_second_thaw)
+    with pytest.raises(Killed):
+        first.step(split, version)
     first.zk.stop()  # killed
-    assert old_frozen(cluster) == list(cluster.topic.slots)
+    monkeypatch.undo()
+    user, password = f"{NAMESPACE}.{cluster.topic.name}", "engine-secret"
+    urls = [server.url for server in cluster.servers]
+    client = RoutedQueue.connect(
+        urls,
+        cluster.topic,
+        zookeeper=ZkConnection(cluster.hosts),
+        move_wait_ms=300,
+        username=user,
+        password=password,
+    )
+    written: list[tuple[int, str, str]] = []
+    refused: list[int] = []
+    try:
+        for slot in cluster.topic.slots:
+            message_id = f"after-kill-{slot}"
+            basis = basis_in(cluster.topic, slot)
+            try:
+                client.schedule(message_id, b"a", delay_ms=600_000, slot_basis=basis)
+                written.append((slot, message_id, basis))
+            except SlotMovingError:
+                refused.append(slot)
+    finally:
+        client.close()
+    assert refused == [2, 3]
+    assert len(refused) <= splitting.SWITCH_BATCH
+    with pytest.raises(MoveError, match=r"slots \[0, 1\] are switched .* finish the doubling"):
+        cluster.splitter().abort()  # their halves take writes: never dropped
     assert cluster.splitter().split(2 * SLOTS) is not None
-    assert_split_exactly(cluster, before)
+    assert cluster.routing() == Routing(2 * SLOTS, 2, ROUTING + ROUTING, 1)
+    assert_split_exactly(cluster, {slot: before[slot] for slot in (2, 3)})
+    new = doubled(cluster.topic)
+    for slot, message_id, basis in written:
+        found = cluster.login(ROUTING[slot], new).get(message_id, basis)
+        assert found.state is State.SCHEDULED
+    for slot in (0, 1):  # switched before the kill: every message of the old slot, in a half
+        halves = [snapshot(cluster, new, half) for half in (slot, slot + SLOTS)]
+        stored = {m for half in halves for m in half.get(Part.STORE, {})}
+        assert set(before[slot].get(Part.STORE, {})) <= stored
 
 
 @dataclass
@@ -511,18 +563,24 @@ def freeze_round_trips(
     return counted
 
 
-def test_the_freeze_takes_as_many_round_trips_for_64_slots_as_for_4(
+def test_each_batch_of_slots_is_frozen_for_a_few_round_trips_whatever_the_slot_amount(
     redis_server: RedisServer, zookeeper_server: ZooKeeperServer, monkeypatch: pytest.MonkeyPatch
 ):
-    """The time a doubling's slots refuse writes (freeze to switch) must not grow with the
-    slot amount: the freeze, the catch-up of the last changes, the per-slot parts and the thaw
-    of a broker's old slots are a few pipelines and two lock checks for all of them (before:
-    about ten Redis round trips and four ZooKeeper reads per slot, 0.35 s for 64 slots)."""
-    few = freeze_round_trips(redis_server, zookeeper_server, 4, monkeypatch)
+    """A slot's write pause is its batch's: frozen, caught up, thawed and switched in the
+    routing, SWITCH_BATCH old slots of a broker together, in a few pipelines and ZooKeeper
+    calls, the same for every batch whatever the slot amount (before: about ten Redis round
+    trips and four ZooKeeper reads per slot, every slot frozen until the last was done)."""
+    one = freeze_round_trips(redis_server, zookeeper_server, splitting.SWITCH_BATCH, monkeypatch)
+    two = freeze_round_trips(
+        redis_server, zookeeper_server, 2 * splitting.SWITCH_BATCH, monkeypatch
+    )
     many = freeze_round_trips(redis_server, zookeeper_server, 64, monkeypatch)
-    assert many == few
-    assert few.redis <= 12
-    assert few.zookeeper <= 3
+    batch = RoundTrips(two.redis - one.redis, two.zookeeper - one.zookeeper)
+    assert batch.redis <= 12
+    assert batch.zookeeper <= 4
+    batches = 64 // splitting.SWITCH_BATCH
+    assert many.redis - one.redis == (batches - 1) * batch.redis
+    assert many.zookeeper - one.zookeeper == (batches - 1) * batch.zookeeper
 
 
 def test_resume_frozen_completes_only_a_stopped_doubling_whose_freeze_began(cluster: Cluster):

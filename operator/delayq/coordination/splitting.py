@@ -19,31 +19,37 @@ recorded in the `split` node (JSON) before the next one starts, each idempotent:
    (`queue.slot_split`), whose epochs stay frozen. Once all are copied, what changed meanwhile
    is copied again, in rounds, until a round leaves at most `CATCH_UP_TARGET` changes (or after
    `MAX_ROUNDS`).
-2. `freeze`: broker by broker, its old slots are frozen (freeze-1: writes refused, the old
-   owners fenced out), what changed in them since the last round is copied again, their
-   per-slot parts (journal, lease counter, epoch) copied, and their halves thawed (waiting for
-   sync replicas): a few pipelines and two lock checks per broker, whatever its slot count.
+2. `freeze`: in batches of at most SWITCH_BATCH old slots of one broker, one batch after the
+   other: its slots frozen (freeze-1: writes refused, the old owners fenced out), what changed
+   in them since the last round copied again, their per-slot parts (journal, lease counter,
+   epoch) copied, their halves thawed (waiting for sync replicas), then the batch added to the
+   routing's `doubled_slots` (compare-and-set): writers that read it send those slots'
+   messages to the halves from then on (`routed_queue.py`); the old slots stay frozen as
+   tombstones for the others. A few pipelines and ZooKeeper calls a batch, whatever the slot
+   amount; a rerun skips the slots the routing lists (their halves take writes).
 3. `switch`: the routing node becomes {2N slots, generation g + 1, s and s + N on the old
    broker of s}, written with compare-and-set. The delay services and routing clients watch it
    and move to the new keys; the new owners fence above the copied epochs.
 4. `clean`: the old generation's keys are deleted but their frozen epochs, then the node.
 
-The topic is frozen from `freeze` to `switch`: the changes of one round, not the pending
-messages, and hardly the slot amount (docs/benchmarks.md). The routing still switches once for
-all slots, so every old slot waits for the whole topic's catch-up (a switch slot by slot is a
-proposal, docs/coordination.md). Crash points (a splitter killed, its lock gone with its session;
-the next run, the operator's next pass or, once a slot is frozen, the old slots' owners past
-twice the session timeout (`resume_frozen`, service/stopped_moves.py) resume the recorded step):
+A slot refuses writers that read `doubled_slots` while its batch is caught up: the changes of
+one round in a few slots, not the pending messages nor the slot amount (docs/benchmarks.md).
+Writers that do not read it (the HTTP API for now), and every slot's deliveries, wait from the
+freeze of the first batch to `switch` (docs/coordination.md, what is left).
+
+Crash points (a splitter killed, its lock gone with its session; the next run, the operator's
+next pass or, once a slot is frozen, the old slots' owners past twice the session timeout
+(`resume_frozen`, service/stopped_moves.py) resume the recorded step):
 - before or in `copy`: no old slot is frozen; all take writes and deliver. Tracking is on in
   the slots copied so far (their `changes` sets grow with what is written until the rerun or
   `--abort`). A slot split half-way is split again (its halves are deleted first); taken
   changes stay in `recopy` until copied again, so none is lost to a crash in a round.
-- in `freeze`: the old slots frozen so far stay frozen until the rerun, which freezes the rest
-  and does each broker's catch-up again (idempotent: the old slots are frozen, nothing changes
-  them).
-  This is the one window in which a stopped doubling leaves more than one slot frozen; it lasts
-  the owners' bound plus one catch-up, not one copy, nor until a person reruns it. A resuming
-  owner killed inside leaves what a killed splitter leaves.
+- in `freeze`: the batch being caught up stays frozen until the rerun, which catches it up
+  again (idempotent: its old slots are frozen, nothing changes them) and goes on with the
+  rest; the batches switched before take routed writes meanwhile and deliver nothing.
+  The frozen batch (at most SWITCH_BATCH slots refusing every writer) lasts the owners' bound
+  plus one catch-up, not one copy, nor until a person reruns it. A resuming owner killed
+  inside leaves what a killed splitter leaves.
 - in `switch` and `clean`: as before this design (the routing is compare-and-set; clean only
   deletes keys nobody routes to).
 
@@ -56,11 +62,11 @@ exact; stale writers are refused: the old slots are frozen before the switch and
 tombstones, the halves are frozen until the catch-up, and the unused slot numbers from the
 start; a custom basis is placed by its recorded basis, read again for every recopied message.
 
-`abort` rolls back before the switch (the new generation's keys deleted, the old slots thawed,
-their tracking off). One splitter at a time: the ephemeral lock `movers/split`, checked before
-every write; a doubling refuses to start while slot moves are recorded or locked, and a slot
-move refuses to start while a doubling is recorded or its lock is held (each takes its lock
-before it looks).
+`abort` rolls back before the first batch of the freeze is switched (the new generation's keys
+deleted, the old slots thawed, their tracking off). One splitter at a time: the ephemeral lock
+`movers/split`, checked before every write; a doubling refuses to start while slot moves are
+recorded or locked, and a slot move refuses to start while a doubling is recorded or its lock
+is held (each takes its lock before it looks).
 """
 
 from __future__ import annotations
@@ -102,6 +108,9 @@ SPLIT_FORMAT_VERSION = 2
 SPLIT_STEPS = (Step.COPY, Step.FREEZE, Step.SWITCH, Step.CLEAN)
 #: Tombstones frozen per pipeline (one small script each).
 FREEZE_BATCH = 2000
+#: Old slots frozen, caught up and switched together (one broker's): how many a splitter
+#: killed in `freeze` may leave refusing writes, and what bounds each slot's pause.
+SWITCH_BATCH = 4
 #: The copy's rounds stop once one leaves at most this many changes for the catch-up under the
 #: freeze (all slots together): about 0.1 s of copying (docs/benchmarks.md).
 CATCH_UP_TARGET = 10_000
@@ -347,8 +356,9 @@ class SlotSplitter:
         if split.step is Step.COPY:
             self._converge(split, old, new)
         elif split.step is Step.FREEZE:
-            for broker in sorted(set(split.brokers)):
-                self._catch_up(split, old, new, broker)
+            for broker, slots in self._unswitched(split):
+                self._catch_up(split, old, new, broker, slots)
+                self._switch_slots(split, slots)
         elif split.step is Step.SWITCH:
             self._switch(split)
         elif split.step is Step.CLEAN:
@@ -379,6 +389,11 @@ class SlotSplitter:
             if split.step is Step.CLEAN or routing.generation == split.to_generation:
                 raise MoveError(
                     f"the routing has {split.to_amount} slots already: finish the doubling"
+                )
+            if routing.doubled_slots:
+                raise MoveError(
+                    f"slots {sorted(routing.doubled_slots)} are switched to their halves, "
+                    "which take writes: finish the doubling"
                 )
             old, new = self._topics(split)
             for slot in range(split.to_amount):
@@ -458,12 +473,27 @@ class SlotSplitter:
             if changed <= CATCH_UP_TARGET:
                 return
 
-    def _catch_up(self, split: Split, old: Topic, new: Topic, broker: int) -> None:
-        """The old slots of `broker` frozen (writes refused, the old owners fenced out), their
+    def _unswitched(self, split: Split) -> list[tuple[int, list[int]]]:
+        """The old slots the routing does not send to their halves yet, in batches of at most
+        SWITCH_BATCH slots of one broker: (broker, slots). A switched slot's halves take writes,
+        so a rerun must never catch them up again (that would overwrite them)."""
+        routing = self.routing()[0]
+        switched = routing.doubled_slots if routing.generation == split.generation else frozenset()
+        batches = []
+        for broker in sorted(set(split.brokers)):
+            slots = [s for s, b in enumerate(split.brokers) if b == broker and s not in switched]
+            batches += [
+                (broker, slots[start : start + SWITCH_BATCH])
+                for start in range(0, len(slots), SWITCH_BATCH)
+            ]
+        return batches
+
+    def _catch_up(
+        self, split: Split, old: Topic, new: Topic, broker: int, slots: Sequence[int]
+    ) -> None:
+        """The old `slots` of `broker` frozen (writes refused, the old owners fenced out), their
         last changes copied again and their per-slot parts copied, their halves thawed (waiting
-        for sync replicas once): a few round trips for all of them, whatever their number, so
-        the time they stay frozen hardly grows with the slot amount (docs/benchmarks.md)."""
-        slots = [slot for slot, owner in enumerate(split.brokers) if owner == broker]
+        for sync replicas once): a few round trips for all of them, whatever their number."""
         queue = self.queues[broker]
         self.lock.check()
         self._run_batched(queue, [plans.freeze(old, slot).calls[0] for slot in slots])
@@ -483,6 +513,35 @@ class SlotSplitter:
             for g in generations
         ]
 
+    def _switch_slots(self, split: Split, slots: Sequence[int]) -> None:
+        """Add `slots` (caught up, their halves thawed) to the routing's `doubled_slots` with
+        compare-and-set: from now on writers that read it send their messages to the halves,
+        and the old slots stay frozen as tombstones for those that do not."""
+        while True:
+            routing, version = self.routing()
+            self._check_unchanged(split, routing)
+            switched = replace(routing, doubled_slots=routing.doubled_slots | frozenset(slots))
+            self.lock.check()
+            try:
+                if version is None:
+                    self.zk.create(self.paths.routing, switched.to_json(), makepath=True)
+                else:
+                    self.zk.set(self.paths.routing, switched.to_json(), version=version)
+                return
+            except (BadVersionError, NodeExistsError):
+                continue  # the operator wrote it meanwhile (more brokers): read again
+
+    @staticmethod
+    def _check_unchanged(split: Split, routing: Routing) -> None:
+        """MoveError when the routing is not the one the doubling started from (the copies
+        follow that one)."""
+        if (routing.slot_amount, routing.generation, routing.broker_of_slot) != (
+            split.from_amount,
+            split.generation,
+            split.brokers,
+        ):
+            raise MoveError("the routing changed during the doubling: --abort it")
+
     def _switch(self, split: Split) -> None:
         """Write the doubled routing with compare-and-set; a lost race reads again. Refuses
         when the routing changed since the doubling started (the copies follow that one)."""
@@ -490,12 +549,7 @@ class SlotSplitter:
             routing, version = self.routing()
             if routing.generation == split.to_generation:
                 return  # switched by an earlier run that crashed before recording it
-            if (routing.slot_amount, routing.generation, routing.broker_of_slot) != (
-                split.from_amount,
-                split.generation,
-                split.brokers,
-            ):
-                raise MoveError("the routing changed during the doubling: --abort it")
+            self._check_unchanged(split, routing)
             doubled = split.doubled(routing.broker_count)
             self.lock.check()
             try:
