@@ -12,11 +12,11 @@ doubled with `SlotSplitter`, step by step, each step timed:
   with the catch-up, switch, clean);
 * `copy_s`: the copy before the freeze (the slots take writes and deliver meanwhile);
 * `write_pause_s`: the topic's pause, from the freeze of the first old slot to the routing's
-  last switch: how long a writer that does not read the routing's `doubledSlots` (the HTTP API
-  for now) is refused, and how long nothing is delivered;
+  last switch: how long a writer that does not read the routing's `doubledSlots` (a process of
+  an earlier version) is refused, and how long nothing is delivered;
 * `slot_pause_max_s`, `slot_pause_median_s`: each old slot's pause, from the freeze of its
   batch to the batch's switch in the routing's `doubledSlots`: how long a writer that reads it
-  (RoutedQueue) is refused in that slot;
+  (RoutedQueue, the HTTP API) is refused in that slot;
 * `steps_s`: each step on its own (`copy`: the slots' splits and the rounds summed);
 * `writes_during_copy`: with `--writes-per-s`, messages scheduled into the old slots by another
   client while the copy runs (stopped at the freeze); `catch_up`: how many changes the

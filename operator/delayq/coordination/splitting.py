@@ -34,8 +34,8 @@ recorded in the `split` node (JSON) before the next one starts, each idempotent:
 
 A slot refuses writers that read `doubled_slots` while its batch is caught up: the changes of
 one round in a few slots, not the pending messages nor the slot amount (docs/benchmarks.md).
-Writers that do not read it (the HTTP API for now), and every slot's deliveries, wait from the
-freeze of the first batch to `switch` (docs/coordination.md, what is left).
+Writers that do not read it (a process of an earlier version), and every slot's deliveries, wait
+from the freeze of the first batch to `switch` (docs/coordination.md, what is left).
 
 Crash points (a splitter killed, its lock gone with its session; the next run, the operator's
 next pass or, once a slot is frozen, the old slots' owners past twice the session timeout
