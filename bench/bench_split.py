@@ -2,19 +2,22 @@
 messages.
 
     python bench/bench_split.py [--messages 100000 1000000] [--rounds 1] [--writes-per-s 0]
+        [--slots 16]
 
-A throw-away redis-server and ZooKeeper on this machine; a 16-slot topic holding `messages`
-pending messages (32-byte payloads, due in an hour, ids spread over the slots) is doubled to 32
-slots with `SlotSplitter`, step by step, each step timed:
+A throw-away redis-server and ZooKeeper on this machine; a topic of `--slots` slots (16) holding
+`messages` pending messages (32-byte payloads, due in an hour, ids spread over the slots) is
+doubled with `SlotSplitter`, step by step, each step timed:
 
-* `split_s`: start to end of the doubling (record, copy of the 16 slots and its rounds, freeze
+* `split_s`: start to end of the doubling (record, copy of the slots and its rounds, freeze
   with the catch-up, switch, clean);
 * `copy_s`: the copy before the freeze (the slots take writes and deliver meanwhile);
-* `write_pause_s`: freeze to routing switch, the time a write into the topic is refused (the
-  HTTP API and RoutedQueue hold such a write that long; nothing is delivered meanwhile). One
-  switch for all slots: each slot's pause is at most this (`slot_pause_max_s`: from the freeze
-  of slot 0, the first, to the switch);
-* `steps_s`: each step on its own (`copy`: the 16 slots' splits and the rounds summed);
+* `write_pause_s`: the topic's pause, from the freeze of the first old slot to the routing's
+  last switch: how long a writer that does not read the routing's `doubledSlots` (a process of
+  an earlier version) is refused, and how long nothing is delivered;
+* `slot_pause_max_s`, `slot_pause_median_s`: each old slot's pause, from the freeze of its
+  batch to the batch's switch in the routing's `doubledSlots`: how long a writer that reads it
+  (RoutedQueue, the HTTP API) is refused in that slot;
+* `steps_s`: each step on its own (`copy`: the slots' splits and the rounds summed);
 * `writes_during_copy`: with `--writes-per-s`, messages scheduled into the old slots by another
   client while the copy runs (stopped at the freeze); `catch_up`: how many changes the
   freeze copied again (all slots);
@@ -48,7 +51,6 @@ from delayq.local.zookeeper_server import ZooKeeperServer
 from delayq.queue import Queue, ScheduleRequest, Topic
 from delayq.queue.keys import Part, slot_keys
 
-SLOTS = 16
 PAYLOAD = b"x" * 32
 HOUR_MS = 3_600_000
 BATCH = 1000
@@ -89,12 +91,30 @@ class Writer:
             time.sleep(max(0.0, started + sent / self.per_s - time.perf_counter()))
 
 
-def timed_split(splitter: SlotSplitter, writer: Writer | None) -> dict[str, Any]:
+class TimedSplitter(SlotSplitter):
+    """Notes when each old slot is frozen (its batch's catch-up begins) and switched (its
+    batch is in the routing's doubled slots)."""
+
+    def __init__(self, *args: Any) -> None:
+        super().__init__(*args)
+        self.frozen_at: dict[int, float] = {}
+        self.switched_at: dict[int, float] = {}
+
+    def _catch_up(self, split: Split, old: Topic, new: Topic, broker: int, slots: Any) -> None:
+        self.frozen_at.update(dict.fromkeys(slots, time.perf_counter()))
+        super()._catch_up(split, old, new, broker, slots)
+
+    def _switch_slots(self, split: Split, slots: Any) -> None:
+        super()._switch_slots(split, slots)
+        self.switched_at.update(dict.fromkeys(slots, time.perf_counter()))
+
+
+def timed_split(splitter: TimedSplitter, writer: Writer | None) -> dict[str, Any]:
     """One doubling, step by step: total, write pause (freeze to switch) and per step."""
     started = time.perf_counter()
-    current: tuple[Split, int] | None = splitter.start(2 * SLOTS)
+    current: tuple[Split, int] | None = splitter.start(2 * splitter.topic.slot_amount)
     steps: dict[str, float] = {}
-    frozen_at = switched_at = started
+    switched_at = started
     stored_at_freeze = catch_up = 0
     while current is not None:
         step = current[0].step
@@ -105,18 +125,20 @@ def timed_split(splitter: SlotSplitter, writer: Writer | None) -> dict[str, Any]
             stored_at_freeze = writer.stored
         if step.value == "freeze":
             catch_up = pending_changes(splitter)
-            frozen_at = time.perf_counter()
         current = splitter.step(*current)
         ended = time.perf_counter()
         steps[step.value] = steps.get(step.value, 0.0) + ended - began
         if step.value == "switch":
             switched_at = ended
     splitter.release()
+    frozen_at = min(splitter.frozen_at.values())
+    pauses = sorted(splitter.switched_at[s] - splitter.frozen_at[s] for s in splitter.frozen_at)
     return {
         "split_s": time.perf_counter() - started,
         "copy_s": steps.get("copy", 0.0),
         "write_pause_s": switched_at - frozen_at,
-        "slot_pause_max_s": switched_at - frozen_at,
+        "slot_pause_max_s": pauses[-1],
+        "slot_pause_median_s": pauses[len(pauses) // 2],
         "steps_s": steps,
         "writes_during_copy": stored_at_freeze,
         "catch_up": catch_up,
@@ -127,22 +149,27 @@ def pending_changes(splitter: SlotSplitter) -> int:
     """The changes the catch-up under the freeze will copy again (all old slots)."""
     topic, client = splitter.topic, splitter.queues[0].redis
     read = client.pipeline(transaction=False)
-    for slot in range(SLOTS):
+    for slot in range(topic.slot_amount):
         keys = slot_keys(topic, slot)
         read.scard(keys.key(Part.CHANGES))
         read.scard(keys.key(Part.RECOPY))
     counts = read.execute()
-    return int(sum(counts)) - SLOTS  # each changes set holds '' while tracking is on
+    return int(sum(counts)) - topic.slot_amount  # each changes set holds '' while tracking is on
 
 
 def measure(
-    messages: int, rounds: int, writes_per_s: int, server: RedisServer, zk: KazooClient
+    messages: int,
+    slots: int,
+    rounds: int,
+    writes_per_s: int,
+    server: RedisServer,
+    zk: KazooClient,
 ) -> dict[str, Any]:
     best: dict[str, Any] = {}
     for _ in range(rounds):
-        topic = Topic(f"s-{uuid.uuid4().hex[:8]}", namespace="bench", slot_amount=SLOTS)
+        topic = Topic(f"s-{uuid.uuid4().hex[:8]}", namespace="bench", slot_amount=slots)
         paths = TopicPaths(topic.namespace, topic.name)
-        zk.create(paths.routing, Routing(SLOTS, 1, (0,) * SLOTS).to_json(), makepath=True)
+        zk.create(paths.routing, Routing(slots, 1, (0,) * slots).to_json(), makepath=True)
         queue = Queue.from_url(server.url, topic)
         queue.redis.flushall()
         baseline = fill(queue, messages)
@@ -150,7 +177,7 @@ def measure(
         if writer:
             writer.thread.start()
         try:
-            split = timed_split(SlotSplitter(zk, paths, [queue]), writer)
+            split = timed_split(TimedSplitter(zk, paths, [queue]), writer)
         finally:
             if writer:
                 writer.stop.set()
@@ -163,6 +190,7 @@ def measure(
         best["baseline_schedule_s"] = min(best["baseline_schedule_s"], baseline)
     best["ratio_split_to_schedule"] = best["split_s"] / best["baseline_schedule_s"]
     best["messages"] = messages
+    best["slots"] = slots
     return best
 
 
@@ -171,13 +199,14 @@ def main() -> None:
     parser.add_argument("--messages", type=int, nargs="+", default=[100_000, 1_000_000])
     parser.add_argument("--rounds", type=int, default=1)
     parser.add_argument("--writes-per-s", type=int, default=0)
+    parser.add_argument("--slots", type=int, default=16, help="the slot amount before")
     args = parser.parse_args()
     with RedisServer() as server, ZooKeeperServer() as zookeeper:
         zk = KazooClient(hosts=zookeeper.hosts)
         zk.start(timeout=30)
         try:
             results = [
-                measure(count, args.rounds, args.writes_per_s, server, zk)
+                measure(count, args.slots, args.rounds, args.writes_per_s, server, zk)
                 for count in args.messages
             ]
         finally:

@@ -13,8 +13,11 @@ from typing import Any, cast
 
 import pytest
 import redis
+from kazoo.client import KazooClient
 
 from delayq.cli import main
+from delayq.coordination import migration, splitting
+from delayq.coordination.layout import TopicPaths
 from delayq.coordination.migration import MoveError, SlotMover, Step
 from delayq.coordination.routed_queue import RoutedQueue
 from delayq.coordination.routing import Routing
@@ -424,23 +427,160 @@ def test_a_splitter_killed_in_its_copy_leaves_every_old_slot_taking_writes_and_d
     assert_split_exactly(cluster, before)
 
 
-def test_a_splitter_killed_in_its_freeze_leaves_the_rest_to_the_rerun(cluster: Cluster):
-    """Killed after freezing every old slot and catching up the first: the old slots stay
-    frozen (the one window in which more than one does) until the rerun catches up each
-    again, exactly, changes made before the freeze included."""
+class Killed(Exception):
+    """The splitter dies here (its session is then stopped: its lock goes)."""
+
+
+def test_a_splitter_killed_in_its_freeze_leaves_one_batch_of_slots_refusing_writes(
+    cluster: Cluster, monkeypatch: pytest.MonkeyPatch
+):
+    """Killed while it catches up the old slots of broker 1, those of broker 0 done: only the
+    batch it was catching up (slots 2 and 3, SWITCH_BATCH at most) refuses a routed write; the
+    others' writes go to their halves at once (before: every old slot refused them until the
+    doubling was completed). The rerun completes it exactly, without catching up a switched
+    slot again: what was written into its halves meanwhile stays."""
     fill(cluster)
     first = cluster.splitter()
-    split, _ = run_steps(first, SLOTS + 1)
+    split, version = run_steps(first, SLOTS + 1)
     assert split.step is Step.FREEZE
     churn(cluster, "k")  # after the rounds: only the catch-up copies these
     before = frozen_before(cluster)
-    old, new = first._topics(split)
-    first._freeze(split, old)
-    first._catch_up(split, old, new, 0)
+    thaws: list[object] = []
+    thaw = migration.thaw_replicated
+
+    def dies_at_its_second_thaw(*args: Any) -> None:
+        thaws.append(args)
+        if len(thaws) == 2:
+            raise Killed
+        thaw(*args)
+
+    monkeypatch.setattr(splitting, "thaw_replicated", dies_at_its_second_thaw)
+    with pytest.raises(Killed):
+        first.step(split, version)
     first.zk.stop()  # killed
-    assert old_frozen(cluster) == list(cluster.topic.slots)
+    monkeypatch.undo()
+    user, password = f"{NAMESPACE}.{cluster.topic.name}", "engine-secret"
+    urls = [server.url for server in cluster.servers]
+    client = RoutedQueue.connect(
+        urls,
+        cluster.topic,
+        zookeeper=ZkConnection(cluster.hosts),
+        move_wait_ms=300,
+        username=user,
+        password=password,
+    )
+    written: list[tuple[int, str, str]] = []
+    refused: list[int] = []
+    try:
+        for slot in cluster.topic.slots:
+            message_id = f"after-kill-{slot}"
+            basis = basis_in(cluster.topic, slot)
+            try:
+                client.schedule(message_id, b"a", delay_ms=600_000, slot_basis=basis)
+                written.append((slot, message_id, basis))
+            except SlotMovingError:
+                refused.append(slot)
+    finally:
+        client.close()
+    assert refused == [2, 3]
+    assert len(refused) <= splitting.SWITCH_BATCH
+    with pytest.raises(MoveError, match=r"slots \[0, 1\] are switched .* finish the doubling"):
+        cluster.splitter().abort()  # their halves take writes: never dropped
     assert cluster.splitter().split(2 * SLOTS) is not None
-    assert_split_exactly(cluster, before)
+    assert cluster.routing() == Routing(2 * SLOTS, 2, ROUTING + ROUTING, 1)
+    assert_split_exactly(cluster, {slot: before[slot] for slot in (2, 3)})
+    new = doubled(cluster.topic)
+    for slot, message_id, basis in written:
+        found = cluster.login(ROUTING[slot], new).get(message_id, basis)
+        assert found.state is State.SCHEDULED
+    for slot in (0, 1):  # switched before the kill: every message of the old slot, in a half
+        halves = [snapshot(cluster, new, half) for half in (slot, slot + SLOTS)]
+        stored = {m for half in halves for m in half.get(Part.STORE, {})}
+        assert set(before[slot].get(Part.STORE, {})) <= stored
+
+
+@dataclass
+class RoundTrips:
+    """Round trips to Redis (one per command or pipeline sent) and ZooKeeper requests."""
+
+    redis: int = 0
+    zookeeper: int = 0
+
+
+def freeze_round_trips(
+    server: RedisServer, zookeeper: ZooKeeperServer, slots: int, monkeypatch: pytest.MonkeyPatch
+) -> RoundTrips:
+    """Double a one-broker topic of `slots` slots, each holding a message and, after the copy's
+    rounds, a change for the catch-up; the round trips of its freeze step (the time its slots
+    refuse writes), which must leave each change in its new slot."""
+    topic = Topic(f"rt{slots}", namespace=NAMESPACE, slot_amount=slots)
+    queue = Queue.from_url(server.url, topic)
+    zk = KazooClient(hosts=zookeeper.hosts)
+    zk.start(timeout=30)
+    counted = RoundTrips()
+    try:
+        ids = {slot: [basis_in(topic, slot)] for slot in topic.slots}
+        for names in ids.values():
+            queue.schedule(names[0], b"x", delay_ms=600_000)
+        splitter = SlotSplitter(zk, TopicPaths(NAMESPACE, topic.name), [queue])
+        current = splitter.start(2 * slots)
+        while current is not None and current[0].step is Step.COPY:
+            current = splitter.step(*current)
+        assert current is not None
+        for slot, names in ids.items():  # changed after the rounds: the catch-up copies these
+            later = next(f"c{i}" for i in range(100_000) if topic.slot_of(f"c{i}") == slot)
+            queue.schedule(later, b"y", delay_ms=600_000)
+            names.append(later)
+        send = redis.connection.AbstractConnection.send_packed_command
+        zk_get = zk.get
+
+        def counting_send(connection: Any, *args: Any, **kwargs: Any) -> None:
+            counted.redis += 1
+            send(connection, *args, **kwargs)
+
+        def counting_get(*args: Any, **kwargs: Any) -> Any:
+            counted.zookeeper += 1
+            return zk_get(*args, **kwargs)
+
+        with monkeypatch.context() as patched:
+            patched.setattr(
+                redis.connection.AbstractConnection, "send_packed_command", counting_send
+            )
+            patched.setattr(zk, "get", counting_get)
+            current = splitter.step(*current)
+        assert current is not None
+        assert current[0].step is Step.SWITCH
+        splitter.release()
+        new = replace(topic, slot_amount=2 * slots, slot_generation=1)
+        doubled_queue = Queue(queue.redis, new)
+        for names in ids.values():
+            for name in names:
+                assert doubled_queue.get(name).state is State.SCHEDULED, name
+    finally:
+        zk.stop()
+        zk.close()
+        queue.close()
+    return counted
+
+
+def test_each_batch_of_slots_is_frozen_for_a_few_round_trips_whatever_the_slot_amount(
+    redis_server: RedisServer, zookeeper_server: ZooKeeperServer, monkeypatch: pytest.MonkeyPatch
+):
+    """A slot's write pause is its batch's: frozen, caught up, thawed and switched in the
+    routing, SWITCH_BATCH old slots of a broker together, in a few pipelines and ZooKeeper
+    calls, the same for every batch whatever the slot amount (before: about ten Redis round
+    trips and four ZooKeeper reads per slot, every slot frozen until the last was done)."""
+    one = freeze_round_trips(redis_server, zookeeper_server, splitting.SWITCH_BATCH, monkeypatch)
+    two = freeze_round_trips(
+        redis_server, zookeeper_server, 2 * splitting.SWITCH_BATCH, monkeypatch
+    )
+    many = freeze_round_trips(redis_server, zookeeper_server, 64, monkeypatch)
+    batch = RoundTrips(two.redis - one.redis, two.zookeeper - one.zookeeper)
+    assert batch.redis <= 12
+    assert batch.zookeeper <= 4
+    batches = 64 // splitting.SWITCH_BATCH
+    assert many.redis - one.redis == (batches - 1) * batch.redis
+    assert many.zookeeper - one.zookeeper == (batches - 1) * batch.zookeeper
 
 
 def test_resume_frozen_completes_only_a_stopped_doubling_whose_freeze_began(cluster: Cluster):

@@ -15,18 +15,25 @@ cancelled message delivered, and nobody ran the splitter again.
 
 from __future__ import annotations
 
+import asyncio
 import os
 import signal
+import uuid
 
 import pytest
 
 from delayq.coordination.migration import Step
+from delayq.coordination.routed_queue import RoutedQueue
+from delayq.coordination.routing_watch import ZkConnection
+from delayq.coordination.splitting import SWITCH_BATCH
+from delayq.queue import SlotMovingError
 
-from .conftest import SESSION_TIMEOUT_S, SLOTS, ProcessFleet
+from .conftest import DELAY_MS, SESSION_TIMEOUT_S, SLOTS, ProcessFleet
 from .test_mover_kill import PAUSE_MS
 from .test_slot_move import MEMBERS
 from .test_split_live import (
     LONG_DELAY_MS,
+    DoublingLoad,
     doubling_load,
     frozen_old_slots,
     routing,
@@ -45,6 +52,29 @@ RESUMED_BOUND_S = 2 * SESSION_TIMEOUT_S + 10.0
 FROZEN = list(range(SLOTS // 2))  # the old slots on broker 0, frozen before the kill
 
 
+def routed_writes_refused(load: DoublingLoad, urls: list[str]) -> list[int]:
+    """A message scheduled into each old slot through a RoutedQueue waiting 0.3 s at most: the
+    old slots whose write is refused (SLOT_MOVING). What is stored is expected like the
+    producer's messages."""
+    fleet, refused = load.fleet, []
+    with RoutedQueue.connect(
+        urls, fleet.topic, zookeeper=ZkConnection(fleet.zookeeper.hosts), move_wait_ms=300
+    ) as client:
+        for slot in range(SLOTS):
+            message_id = next(
+                i for i in (uuid.uuid4().hex for _ in range(100_000))
+                if fleet.topic.slot_of(i) == slot
+            )
+            try:
+                result = client.schedule(message_id, b"x", delay_ms=DELAY_MS)
+            except SlotMovingError:
+                refused.append(slot)
+                continue
+            load.producer.due_ms[message_id] = result.due_ms
+            fleet.scheduled.add(message_id)
+    return refused
+
+
 async def test_a_doubling_killed_in_its_freeze_is_completed_by_the_slots_owners(
     spread_fleet: tuple[ProcessFleet, list[str]],  # noqa: F811
 ) -> None:
@@ -60,6 +90,10 @@ async def test_a_doubling_killed_in_its_freeze_is_completed_by_the_slots_owners(
             load.admins[1].client_unpause()
         seconds, micros = load.admins[0].time()
         killed_ms = int(seconds) * 1000 + int(micros) // 1000
+        refused = await asyncio.to_thread(routed_writes_refused, load, spread_fleet[1])
+        # one batch at most: the old slots switched before the kill take routed writes at once
+        assert len(refused) <= SWITCH_BATCH, refused
+        print(f"\nold slots refusing a routed write after the kill: {refused}")
         stuck = {i for i in fleet.scheduled if fleet.topic.slot_of(i) in FROZEN}
         first_after: dict[str, int] = {}
 

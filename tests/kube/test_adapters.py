@@ -76,6 +76,25 @@ async def test_publishing_never_moves_a_slot_back(
     await zk_store.delete(connect, "kube-it", "sticky")
 
 
+async def test_publishing_never_undoes_a_slot_switched_by_a_doubling(
+    zookeeper_server: ZooKeeperServer, zk_store: KazooTopicStore
+) -> None:
+    """A routing planned before a doubling switched some old slots to their halves (read,
+    switch, publish with more brokers) keeps the node's switched slots: written back without
+    them, a rerun of the doubling would catch those slots up again over their halves' writes."""
+    connect = zookeeper_server.hosts
+    read = initial_routing(4, 1)
+    await zk_store.publish(connect, "kube-it", "halves", read, "zk-password")
+    client = zk_store._client(connect)
+    path = TopicPaths("kube-it", "halves").routing
+    switched = Routing(4, 1, read.broker_of_slot, 0, frozenset({0, 1}))
+    client.set(path, switched.to_json())  # what a splitter's per-slot switch writes meanwhile
+    await zk_store.publish(connect, "kube-it", "halves", Routing(4, 2, read.broker_of_slot), "")
+    grown = await zk_store.read_routing(connect, "kube-it", "halves")
+    assert grown == Routing(4, 2, read.broker_of_slot, 0, frozenset({0, 1}))
+    await zk_store.delete(connect, "kube-it", "halves")
+
+
 @pytest.fixture
 def replica() -> Iterator[RedisServer]:
     server = RedisServer().start()

@@ -13,9 +13,11 @@ import pytest
 import redis
 from kazoo.client import KazooClient
 
+from delayq.coordination import migration, splitting
 from delayq.coordination.layout import TopicPaths
-from delayq.coordination.migration import SlotMover
+from delayq.coordination.migration import SlotMover, Step
 from delayq.coordination.routing import Routing
+from delayq.coordination.splitting import SlotSplitter
 from delayq.local.redis_server import RedisServer
 from delayq.local.waiting import eventually
 from delayq.queue import Queue, plans
@@ -281,3 +283,69 @@ async def test_a_batch_refused_on_one_broker_and_unconfirmed_on_the_other_is_a_2
     assert {results[i]["result"] for i in on_1} == {"unknown"}
     assert {results[i]["error"].split(":")[0] for i in on_1} == {"ReplicationTimeoutError"}
     assert stored_on(second_broker.url, 2) + stored_on(second_broker.url, 3) == 3
+
+
+class Killed(Exception):
+    """The splitter dies here."""
+
+
+async def test_an_api_write_into_a_slot_a_doubling_switched_goes_to_its_half_at_once(
+    moving_topic: tuple[str, list[str], SlotMover],
+    zookeeper_server: Any,
+    start_service: StartService,
+    monkeypatch: pytest.MonkeyPatch,
+):
+    """A splitter dies in its freeze after switching the old slots of broker 0 (0 and 1) to
+    their halves, with those of broker 1 frozen: the API writes, reads and cancels messages of
+    slots 0 and 1 in their halves (the next generation) at once, while slots 2 and 3 answer
+    SLOT_MOVING (before: every old slot refused until the doubling was completed)."""
+    namespace, urls, mover = moving_topic
+    mover.zk.set(mover.paths.routing, Routing(SLOTS, 2, (0, 0, 1, 1)).to_json())
+    running = await start_service(
+        slot_amount=SLOTS,
+        namespace=namespace,
+        broker_urls=",".join(urls),
+        zookeeper_connect=zookeeper_server.hosts,
+    )
+    topic = running.service.topic
+    splitter = SlotSplitter(mover.zk, mover.paths, mover.queues)
+    current = splitter.start(2 * SLOTS)
+    while current is not None and current[0].step is not Step.FREEZE:
+        current = splitter.step(*current)
+    assert current is not None
+    thaw, thaws = migration.thaw_replicated, []
+
+    def dies_at_its_second_thaw(*args: Any) -> None:
+        thaws.append(args)
+        if len(thaws) == 2:
+            raise Killed
+        thaw(*args)
+
+    monkeypatch.setattr(splitting, "thaw_replicated", dies_at_its_second_thaw)
+    with pytest.raises(Killed):
+        await asyncio.to_thread(splitter.step, *current)
+    splitter.release()
+    monkeypatch.setattr(api, "SLOT_MOVE_WAIT_S", 3.0)  # the routing watch wakes it sooner
+    ids = {
+        slot: next(f"h{i}" for i in range(100) if topic.slot_of(f"h{i}") == slot)
+        for slot in range(SLOTS)
+    }
+    for slot in (0, 1):
+        answer = await running.client.post(
+            f"{running.base}/messages", json={"id": ids[slot], "delayMs": 600_000}
+        )
+        assert answer.status == 201, await answer.text()
+        doubled = Topic(TOPIC, namespace=namespace, slot_amount=2 * SLOTS, slot_generation=1)
+        assert (await answer.json())["slot"] == doubled.slot_of(ids[slot])
+        got = await running.client.get(f"{running.base}/messages/{ids[slot]}")
+        assert got.status == 200
+        assert (await got.json())["state"] == "scheduled"
+    monkeypatch.setattr(api, "SLOT_MOVE_WAIT_S", 0.2)
+    for slot in (2, 3):
+        refused = await running.client.post(
+            f"{running.base}/messages", json={"id": ids[slot], "delayMs": 600_000}
+        )
+        assert refused.status == 503
+        assert (await refused.json())["error"].startswith("SLOT_MOVING")
+    cancelled = await running.client.delete(f"{running.base}/messages/{ids[0]}")
+    assert cancelled.status == 200, await cancelled.text()

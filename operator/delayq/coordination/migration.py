@@ -111,18 +111,20 @@ class Migration:
         )
 
 
-def thaw_replicated(queue: Queue, topic: Topic, slot: int, broker: int) -> None:
-    """Thaw the copy of `slot` on `queue` (broker `broker`); on a topic with
+def thaw_replicated(queue: Queue, topic: Topic, slots: Sequence[int], broker: int) -> None:
+    """Thaw the copies of `slots` on `queue` (broker `broker`, one pipeline); on a topic with
     `redis_sync_replicas` that waits (WAIT, after the copy too: replication is ordered) until
-    that many of the broker's replicas have it, else the step fails and is repeated: `clean`
+    that many of the broker's replicas have them, else the step fails and is repeated: `clean`
     deletes the source after the switch, so a master lost before replicating would otherwise
-    lose the whole slot."""
+    lose whole slots."""
     try:
-        queue.run(plans.thaw(topic, slot))
+        queue.run(plans.Plan([plans.thaw(topic, slot).calls[0] for slot in slots], len))
     except ReplicationTimeoutError as error:
+        named = f"slot {slots[0]}: " if len(slots) == 1 else f"slots {list(slots)}: "
+        whose = "its" if len(slots) == 1 else "their"
         raise MoveError(
-            f"slot {slot}: {error.confirmed} of {error.wanted} replicas of broker {broker} "
-            f"confirmed its copy within {topic.redis_sync_timeout_ms} ms; run again"
+            f"{named}{error.confirmed} of {error.wanted} replicas of broker {broker} "
+            f"confirmed {whose} copy within {topic.redis_sync_timeout_ms} ms; run again"
         ) from error
 
 
@@ -245,7 +247,7 @@ class SlotMover:
         elif migration.step is Step.COPY:
             copy_slot(source.redis, target.redis, keys)
             self._check_lock(migration.slot)
-            thaw_replicated(target, self.topic, migration.slot, migration.target)
+            thaw_replicated(target, self.topic, [migration.slot], migration.target)
         elif migration.step is Step.SWITCH:
             self._switch(migration)
         else:

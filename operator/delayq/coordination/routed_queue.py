@@ -19,6 +19,9 @@ A doubling of the slot amount (docs/coordination.md "Doubling the slots") is fol
 way: its freeze refuses writes into the old slots with SLOT_MOVING, its switch writes a routing
 of twice the slots and a newer key generation, and the client then computes each item's slot
 again under the new amount and sends it to the new slot's keys (`topic` follows the routing).
+While the doubling's freeze switches the old slots batch by batch (`Routing.doubled_slots`), an
+item of a switched slot goes to its new slot already (`_placed`): its writes pause for its own
+batch only.
 """
 
 from __future__ import annotations
@@ -33,7 +36,7 @@ from typing import Any, TypeVar, Unpack
 import redis
 
 from delayq.coordination.layout import TopicPaths
-from delayq.coordination.routing import Routing, by_broker
+from delayq.coordination.routing import Routing
 from delayq.coordination.routing_watch import RoutingWatch, ZkConnection
 from delayq.queue import plans
 from delayq.queue.backoff import Backoff
@@ -190,20 +193,32 @@ class RoutedQueue:
     @property
     def queues(self) -> list[Queue]:
         """Broker b's engine client at index b, under the current routing."""
-        return self._queues(self._table.snapshot()[1])
+        routing = self._table.snapshot()[1]
+        return self._queues(routing.slot_amount, routing.generation)
 
-    def _queues(self, routing: Routing) -> list[Queue]:
-        """The clients of `routing`'s slot amount and generation, made once."""
-        key = (routing.slot_amount, routing.generation)
+    def _queues(self, slot_amount: int, generation: int) -> list[Queue]:
+        """The clients of that slot amount and generation, made once."""
+        key = (slot_amount, generation)
         found = self._clients.get(key)
         if found is None:
             topic = replace(
-                self._given[0].topic,
-                slot_amount=routing.slot_amount,
-                slot_generation=routing.generation,
+                self._given[0].topic, slot_amount=slot_amount, slot_generation=generation
             )
             found = self._clients[key] = [Queue(q.redis, topic) for q in self._given]
         return found
+
+    def _placed(self, routing: Routing, target: Target) -> tuple[Queue, int]:
+        """The client and slot of `target` under `routing`: the half of its slot (twice the
+        slot amount, the next generation, the same broker) once a doubling switched that
+        slot (`Routing.doubled_slots`). A slot given explicitly is one of the routing's
+        amount: its old keys (refused until the doubling ends)."""
+        queues = self._queues(routing.slot_amount, routing.generation)
+        slot = target.slot(queues[0].topic)
+        broker = routing.broker_of_slot[slot]
+        if slot in routing.doubled_slots and target.explicit_slot is None:
+            queues = self._queues(2 * routing.slot_amount, routing.generation + 1)
+            slot = target.slot(queues[0].topic)
+        return queues[broker], slot
 
     def queue_for(self, slot: int) -> Queue:
         """The engine client of the broker storing `slot` now."""
@@ -215,10 +230,9 @@ class RoutedQueue:
         deadline, attempt = time.monotonic() + self.move_wait_ms / 1000, 0
         while True:
             version, routing = self._table.snapshot()
-            queues = self._queues(routing)
-            slot = target.slot(queues[0].topic)
+            queue, _ = self._placed(routing, target)
             try:
-                return call(queues[routing.broker_of_slot[slot]])
+                return call(queue)
             except SlotMovingError:
                 attempt += 1
                 if not self._await_move(version, deadline, attempt):
@@ -266,19 +280,24 @@ class RoutedQueue:
         deadline, attempt = time.monotonic() + self.move_wait_ms / 1000, 0
         while pending:
             version, routing = self._table.snapshot()
-            queues = self._queues(routing)  # a doubling re-slots what it refused: every pass
-            topic = queues[0].topic
-            slots = {i: targets[i].slot(topic) for i in pending}
-            groups = by_broker(routing.broker_of_slot, (slots[i] for i in pending))
+            # a doubling re-slots what it refused: every pass; one call per client (a broker
+            # has two while a doubling is switched slot by slot)
+            placed = {i: self._placed(routing, targets[i]) for i in pending}
+            groups: dict[int, list[int]] = {}
+            clients: dict[int, Queue] = {}
+            for i in pending:
+                clients[id(placed[i][0])] = placed[i][0]
+                groups.setdefault(id(placed[i][0]), []).append(i)
             built = {  # built before anything is sent: a refused request stops them all
-                broker: plans.schedule_answers(topic, [requests[pending[p]] for p in at], mode)
-                for broker, at in groups.items()
+                key: plans.schedule_answers(
+                    clients[key].topic, [requests[i] for i in indexes], mode
+                )
+                for key, indexes in groups.items()
             }
             moving: list[int] = []
-            for broker, at in groups.items():
-                indexes = [pending[p] for p in at]
-                items = [(requests[i].id, slots[i]) for i in indexes]
-                answers = self._send(queues[broker], built[broker], items)
+            for key, indexes in groups.items():
+                items = [(requests[i].id, placed[i][1]) for i in indexes]
+                answers = self._send(clients[key], built[key], items)
                 for index, answer in zip(indexes, answers, strict=True):
                     if isinstance(answer, ScheduleFailure) and isinstance(
                         answer.error, SlotMovingError

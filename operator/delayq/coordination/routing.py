@@ -22,12 +22,15 @@ ROUTING_FORMAT_VERSION = 1
 class Routing:
     """`broker_of_slot[slot]` is the index of the broker that stores slot `slot`; `generation`
     the slots' key generation (`Topic.slot_generation`), bumped by every doubling of the slot
-    amount (`splitting.py`)."""
+    amount (`splitting.py`). `doubled_slots`: while a doubling is switched slot by slot, the
+    slots already split: slot s's messages are then in slots s and s + N of twice the slot
+    amount at generation + 1, on the broker of s (`routed_queue.py` writes there)."""
 
     slot_amount: int
     broker_count: int
     broker_of_slot: tuple[int, ...]
     generation: int = 0
+    doubled_slots: frozenset[int] = frozenset()
 
     def __post_init__(self) -> None:
         if len(self.broker_of_slot) != self.slot_amount:
@@ -36,6 +39,8 @@ class Routing:
             )
         if any(not 0 <= broker < self.broker_count for broker in self.broker_of_slot):
             raise ValueError(f"routing names a broker outside 0..{self.broker_count - 1}")
+        if any(not 0 <= slot < self.slot_amount for slot in self.doubled_slots):
+            raise ValueError(f"routing doubles a slot outside 0..{self.slot_amount - 1}")
 
     def slots_per_broker(self) -> dict[int, int]:
         counts = Counter(self.broker_of_slot)
@@ -56,6 +61,8 @@ class Routing:
         }
         if self.generation:
             document["generation"] = self.generation
+        if self.doubled_slots:  # a reader that does not know it is refused by their freeze
+            document["doubledSlots"] = sorted(self.doubled_slots)
         return json.dumps(document, separators=(",", ":")).encode()
 
     @classmethod
@@ -68,6 +75,7 @@ class Routing:
             document["brokers"],
             tuple(document["slots"]),
             int(document.get("generation", 0)),
+            frozenset(int(slot) for slot in document.get("doubledSlots", ())),
         )
 
 

@@ -19,27 +19,37 @@ recorded in the `split` node (JSON) before the next one starts, each idempotent:
    (`queue.slot_split`), whose epochs stay frozen. Once all are copied, what changed meanwhile
    is copied again, in rounds, until a round leaves at most `CATCH_UP_TARGET` changes (or after
    `MAX_ROUNDS`).
-2. `freeze`: every old slot is frozen (freeze-1: writes refused, the old owners fenced out);
-   then, per slot, what changed since the last round is copied again, the per-slot parts
-   (journal, lease counter, epoch) copied, and both halves thawed (waiting for sync replicas).
+2. `freeze`: in batches of at most SWITCH_BATCH old slots of one broker, one batch after the
+   other: its slots frozen (freeze-1: writes refused, the old owners fenced out), what changed
+   in them since the last round copied again, their per-slot parts (journal, lease counter,
+   epoch) copied, their halves thawed (waiting for sync replicas), then the batch added to the
+   routing's `doubled_slots` (compare-and-set): writers that read it send those slots'
+   messages to the halves from then on (`routed_queue.py`); the old slots stay frozen as
+   tombstones for the others. A few pipelines and ZooKeeper calls a batch, whatever the slot
+   amount; a rerun skips the slots the routing lists (their halves take writes).
 3. `switch`: the routing node becomes {2N slots, generation g + 1, s and s + N on the old
    broker of s}, written with compare-and-set. The delay services and routing clients watch it
    and move to the new keys; the new owners fence above the copied epochs.
 4. `clean`: the old generation's keys are deleted but their frozen epochs, then the node.
 
-The topic is frozen from `freeze` to `switch`: the changes of one round, not the pending
-messages (docs/benchmarks.md). Crash points (a splitter killed, its lock gone with its session;
-the next run, the operator's next pass or, once a slot is frozen, the old slots' owners past
-twice the session timeout (`resume_frozen`, service/stopped_moves.py) resume the recorded step):
+A slot refuses writers that read `doubled_slots` while its batch is caught up: the changes of
+one round in a few slots, not the pending messages nor the slot amount (docs/benchmarks.md).
+Writers that do not read it (a process of an earlier version), and every slot's deliveries, wait
+from the freeze of the first batch to `switch` (docs/coordination.md, what is left).
+
+Crash points (a splitter killed, its lock gone with its session; the next run, the operator's
+next pass or, once a slot is frozen, the old slots' owners past twice the session timeout
+(`resume_frozen`, service/stopped_moves.py) resume the recorded step):
 - before or in `copy`: no old slot is frozen; all take writes and deliver. Tracking is on in
   the slots copied so far (their `changes` sets grow with what is written until the rerun or
   `--abort`). A slot split half-way is split again (its halves are deleted first); taken
   changes stay in `recopy` until copied again, so none is lost to a crash in a round.
-- in `freeze`: the old slots frozen so far stay frozen until the rerun, which freezes the rest
-  and does each catch-up again (idempotent: the old slots are frozen, nothing changes them).
-  This is the one window in which a stopped doubling leaves more than one slot frozen; it lasts
-  the owners' bound plus one catch-up, not one copy, nor until a person reruns it. A resuming
-  owner killed inside leaves what a killed splitter leaves.
+- in `freeze`: the batch being caught up stays frozen until the rerun, which catches it up
+  again (idempotent: its old slots are frozen, nothing changes them) and goes on with the
+  rest; the batches switched before take routed writes meanwhile and deliver nothing.
+  The frozen batch (at most SWITCH_BATCH slots refusing every writer) lasts the owners' bound
+  plus one catch-up, not one copy, nor until a person reruns it. A resuming owner killed
+  inside leaves what a killed splitter leaves.
 - in `switch` and `clean`: as before this design (the routing is compare-and-set; clean only
   deletes keys nobody routes to).
 
@@ -52,11 +62,11 @@ exact; stale writers are refused: the old slots are frozen before the switch and
 tombstones, the halves are frozen until the catch-up, and the unused slot numbers from the
 start; a custom basis is placed by its recorded basis, read again for every recopied message.
 
-`abort` rolls back before the switch (the new generation's keys deleted, the old slots thawed,
-their tracking off). One splitter at a time: the ephemeral lock `movers/split`, checked before
-every write; a doubling refuses to start while slot moves are recorded or locked, and a slot
-move refuses to start while a doubling is recorded or its lock is held (each takes its lock
-before it looks).
+`abort` rolls back before the first batch of the freeze is switched (the new generation's keys
+deleted, the old slots thawed, their tracking off). One splitter at a time: the ephemeral lock
+`movers/split`, checked before every write; a doubling refuses to start while slot moves are
+recorded or locked, and a slot move refuses to start while a doubling is recorded or its lock
+is held (each takes its lock before it looks).
 """
 
 from __future__ import annotations
@@ -77,8 +87,8 @@ from delayq.queue.client import Queue
 from delayq.queue.keys import SlotKeys, slot_keys
 from delayq.queue.slot_copy import MOVED_AWAY_PARTS, delete_slot
 from delayq.queue.slot_split import (
-    copy_per_slot,
-    recopied,
+    Division,
+    catch_up,
     recopy,
     split_slot,
     take_changes,
@@ -98,6 +108,9 @@ SPLIT_FORMAT_VERSION = 2
 SPLIT_STEPS = (Step.COPY, Step.FREEZE, Step.SWITCH, Step.CLEAN)
 #: Tombstones frozen per pipeline (one small script each).
 FREEZE_BATCH = 2000
+#: Old slots frozen, caught up and switched together (one broker's): how many a splitter
+#: killed in `freeze` may leave refusing writes, and what bounds each slot's pause.
+SWITCH_BATCH = 4
 #: The copy's rounds stop once one leaves at most this many changes for the catch-up under the
 #: freeze (all slots together): about 0.1 s of copying (docs/benchmarks.md).
 CATCH_UP_TARGET = 10_000
@@ -343,9 +356,9 @@ class SlotSplitter:
         if split.step is Step.COPY:
             self._converge(split, old, new)
         elif split.step is Step.FREEZE:
-            self._freeze(split, old)
-            for slot in range(split.from_amount):
-                self._catch_up(split, old, new, slot)
+            for broker, slots in self._unswitched(split):
+                self._catch_up(split, old, new, broker, slots)
+                self._switch_slots(split, slots)
         elif split.step is Step.SWITCH:
             self._switch(split)
         elif split.step is Step.CLEAN:
@@ -376,6 +389,11 @@ class SlotSplitter:
             if split.step is Step.CLEAN or routing.generation == split.to_generation:
                 raise MoveError(
                     f"the routing has {split.to_amount} slots already: finish the doubling"
+                )
+            if routing.doubled_slots:
+                raise MoveError(
+                    f"slots {sorted(routing.doubled_slots)} are switched to their halves, "
+                    "which take writes: finish the doubling"
                 )
             old, new = self._topics(split)
             for slot in range(split.to_amount):
@@ -416,36 +434,33 @@ class SlotSplitter:
                     for slot in range(split.to_amount)
                     if generation != split.generation or slot not in live
                 ]
-                for start in range(0, len(calls), FREEZE_BATCH):
-                    batch = calls[start : start + FREEZE_BATCH]
-                    queue.run(plans.Plan(batch, len))
+                self._run_batched(queue, calls)
 
-    def _freeze(self, split: Split, old: Topic) -> None:
-        """Freeze every old slot on its broker (writes refused, the old owners fenced out)."""
-        for slot, broker in enumerate(split.brokers):
-            self.lock.check()
-            self.queues[broker].run(plans.freeze(old, slot))
+    @staticmethod
+    def _run_batched(queue: Queue, calls: Sequence[plans.ScriptCall]) -> None:
+        """Independent script calls (freeze-1, thaw-1), FREEZE_BATCH per pipeline."""
+        for start in range(0, len(calls), FREEZE_BATCH):
+            queue.run(plans.Plan(list(calls[start : start + FREEZE_BATCH]), len))
 
-    def _keys(self, split: Split, old: Topic, new: Topic, slot: int) -> tuple[SlotKeys, ...]:
-        """The old slot `slot` and its two halves."""
+    def _division(self, split: Split, old: Topic, new: Topic, slot: int) -> Division:
+        """The old slot `slot`, its two halves and the strays copied with it."""
         upper = slot + split.from_amount
-        return slot_keys(old, slot), slot_keys(new, slot), slot_keys(new, upper)
+        strays = tuple(self._strays(split, old, upper))
+        return Division(slot_keys(old, slot), slot_keys(new, slot), slot_keys(new, upper), strays)
 
     def _copy(self, split: Split, old: Topic, new: Topic, slot: int) -> None:
         """Track the old slot's changes, then split it as it is (it takes writes meanwhile)."""
         client = self.queues[split.brokers[slot]].redis
-        source, lower, upper = self._keys(split, old, new, slot)
-        track(client, source)
-        split_slot(client, source, lower, upper, self._strays(split, old, upper.slot))
+        division = self._division(split, old, new, slot)
+        track(client, division.source)
+        split_slot(client, division)
 
     def _recopy(self, split: Split, old: Topic, new: Topic, slot: int) -> int:
         """Copy again what changed in the old slot since its last take; returns how many."""
         client = self.queues[split.brokers[slot]].redis
-        source, lower, upper = self._keys(split, old, new, slot)
-        take_changes(client, source)
-        count = recopy(client, source, lower, upper, self._strays(split, old, upper.slot))
-        recopied(client, source)
-        return count
+        division = self._division(split, old, new, slot)
+        take_changes(client, division.source)
+        return recopy(client, division)
 
     def _converge(self, split: Split, old: Topic, new: Topic) -> None:
         """Rounds of `_recopy` over all old slots until one leaves at most CATCH_UP_TARGET
@@ -458,18 +473,34 @@ class SlotSplitter:
             if changed <= CATCH_UP_TARGET:
                 return
 
-    def _catch_up(self, split: Split, old: Topic, new: Topic, slot: int) -> None:
-        """Under the freeze: the last changes of the old slot copied again, its per-slot parts
-        copied, both halves thawed."""
-        self.lock.check()
-        self._recopy(split, old, new, slot)
-        broker = split.brokers[slot]
+    def _unswitched(self, split: Split) -> list[tuple[int, list[int]]]:
+        """The old slots the routing does not send to their halves yet, in batches of at most
+        SWITCH_BATCH slots of one broker: (broker, slots). A switched slot's halves take writes,
+        so a rerun must never catch them up again (that would overwrite them)."""
+        routing = self.routing()[0]
+        switched = routing.doubled_slots if routing.generation == split.generation else frozenset()
+        batches = []
+        for broker in sorted(set(split.brokers)):
+            slots = [s for s, b in enumerate(split.brokers) if b == broker and s not in switched]
+            batches += [
+                (broker, slots[start : start + SWITCH_BATCH])
+                for start in range(0, len(slots), SWITCH_BATCH)
+            ]
+        return batches
+
+    def _catch_up(
+        self, split: Split, old: Topic, new: Topic, broker: int, slots: Sequence[int]
+    ) -> None:
+        """The old `slots` of `broker` frozen (writes refused, the old owners fenced out), their
+        last changes copied again and their per-slot parts copied, their halves thawed (waiting
+        for sync replicas once): a few round trips for all of them, whatever their number."""
         queue = self.queues[broker]
-        source, lower, upper = self._keys(split, old, new, slot)
-        copy_per_slot(queue.redis, source, lower, upper)
-        for half in (lower.slot, upper.slot):
-            self.lock.check()
-            thaw_replicated(queue, new, half, broker)
+        self.lock.check()
+        self._run_batched(queue, [plans.freeze(old, slot).calls[0] for slot in slots])
+        catch_up(queue.redis, [self._division(split, old, new, slot) for slot in slots])
+        halves = [half for slot in slots for half in (slot, slot + split.from_amount)]
+        self.lock.check()
+        thaw_replicated(queue, new, halves, broker)
 
     def _strays(self, split: Split, old: Topic, upper: int) -> list[SlotKeys]:
         """The keys of slot number `upper` (s + N) at the old generation and at generation 0,
@@ -482,6 +513,35 @@ class SlotSplitter:
             for g in generations
         ]
 
+    def _switch_slots(self, split: Split, slots: Sequence[int]) -> None:
+        """Add `slots` (caught up, their halves thawed) to the routing's `doubled_slots` with
+        compare-and-set: from now on writers that read it send their messages to the halves,
+        and the old slots stay frozen as tombstones for those that do not."""
+        while True:
+            routing, version = self.routing()
+            self._check_unchanged(split, routing)
+            switched = replace(routing, doubled_slots=routing.doubled_slots | frozenset(slots))
+            self.lock.check()
+            try:
+                if version is None:
+                    self.zk.create(self.paths.routing, switched.to_json(), makepath=True)
+                else:
+                    self.zk.set(self.paths.routing, switched.to_json(), version=version)
+                return
+            except (BadVersionError, NodeExistsError):
+                continue  # the operator wrote it meanwhile (more brokers): read again
+
+    @staticmethod
+    def _check_unchanged(split: Split, routing: Routing) -> None:
+        """MoveError when the routing is not the one the doubling started from (the copies
+        follow that one)."""
+        if (routing.slot_amount, routing.generation, routing.broker_of_slot) != (
+            split.from_amount,
+            split.generation,
+            split.brokers,
+        ):
+            raise MoveError("the routing changed during the doubling: --abort it")
+
     def _switch(self, split: Split) -> None:
         """Write the doubled routing with compare-and-set; a lost race reads again. Refuses
         when the routing changed since the doubling started (the copies follow that one)."""
@@ -489,12 +549,7 @@ class SlotSplitter:
             routing, version = self.routing()
             if routing.generation == split.to_generation:
                 return  # switched by an earlier run that crashed before recording it
-            if (routing.slot_amount, routing.generation, routing.broker_of_slot) != (
-                split.from_amount,
-                split.generation,
-                split.brokers,
-            ):
-                raise MoveError("the routing changed during the doubling: --abort it")
+            self._check_unchanged(split, routing)
             doubled = split.doubled(routing.broker_count)
             self.lock.check()
             try:

@@ -34,6 +34,7 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import replace
 from typing import Protocol, TypeVar
 
 from kazoo.client import KazooClient
@@ -345,7 +346,10 @@ def _write_routing(
     messages with it. A publish that wrote back the slots it read earlier would undo a move
     switched meanwhile (by the operator's own mover, or `delayq routing move-slot`), whose
     clean step then deletes the only copy of the slot's messages: so the slots must be the
-    ones on the node, and the write is conditional on the version they were read at.
+    ones on the node, and the write is conditional on the version they were read at. The same
+    holds for the old slots a doubling switched to their halves (`doubled_slots`): they are
+    the node's, never those of the routing planned from an earlier read (written back, a
+    switched slot would be caught up again, over what was written into its halves since).
     """
     payload = routing.to_json()
     try:
@@ -355,11 +359,13 @@ def _write_routing(
         client.create(path, payload, acl=acl, makepath=acl is None)
         return
     try:
-        slots: tuple[int, ...] | None = Routing.from_json(data).broker_of_slot
+        current: Routing | None = Routing.from_json(data)
     except (ValueError, KeyError, TypeError):
-        slots = None  # no routing (a placeholder left by a tree written before ACLs): replaced
-    if slots is not None and slots != routing.broker_of_slot:
+        current = None  # no routing (a placeholder left by a tree written before ACLs): replaced
+    if current is not None and current.broker_of_slot != routing.broker_of_slot:
         raise RoutingChanged(f"the routing of {path} changed meanwhile: a slot was moved")
+    if current is not None and current.doubled_slots != routing.doubled_slots:
+        payload = replace(routing, doubled_slots=current.doubled_slots).to_json()
     if data != payload:
         client.set(path, payload, version=stat.version)  # BadVersionError: transient too
     if acl is not None and list(client.get_acls(path)[0]) != acl:

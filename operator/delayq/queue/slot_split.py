@@ -9,10 +9,11 @@ schedule it changes (`lua/includes/track_changes.lua`); then `split_slot` copies
 SCAN sees it (every member present throughout is seen: one changed meanwhile is in `changes`);
 then, as often as the caller likes, `take_changes` + `recopy` copy again what changed since
 (each member read again and written to its half, or deleted from both), and once the slot is
-frozen (`plans.freeze`) a last `take_changes` + `recopy` + `copy_per_slot` make the halves
-exact. Each is idempotent: `split_slot` deletes the two new slots' keys first, and taken changes
-stay in `recopy` until `recopied` drops them, so a run repeated after a crash copies them again.
-(Lua has no crc32, so the partition is computed here, not in a script.)
+frozen (`plans.freeze`) a last `catch_up` makes the halves exact: for every frozen slot of a
+broker at once, in a few round trips whatever their number (the time they stay frozen is what
+writers wait for). Each is idempotent: `split_slot` deletes the two new slots' keys first, and
+taken changes stay in `recopy` until they are copied again, so a run repeated after a crash
+copies them again. (Lua has no crc32, so the partition is computed here, not in a script.)
 
 Each part is split on its own terms, listed in `PART_RULES` so a part added to `keys.Part`
 without a rule fails the tests:
@@ -36,6 +37,7 @@ from __future__ import annotations
 
 import enum
 from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any, cast
 
 import redis
@@ -87,6 +89,17 @@ HASH_PARTS = (Part.MSG, Part.REASON, Part.OUTCOME, Part.SCHEDULES, Part.BASIS)
 CHANGED_MESSAGE, CHANGED_SCHEDULE = b"m", b"s"
 
 
+@dataclass(frozen=True)
+class Division:
+    """An old slot (`source`), the two slots it becomes under twice its slot amount (`lower`,
+    `upper` = lower + N) and the stray keys divided with it (`split_slot`)."""
+
+    source: SlotKeys
+    lower: SlotKeys
+    upper: SlotKeys
+    strays: tuple[SlotKeys, ...] = ()
+
+
 class Halves:
     """Which of the two new slots (`lower`, `upper` = lower + N) a member of the old slot goes
     to, under `slot_amount` = 2N; `schedules` are the old slot's schedule ids, `bases` its
@@ -124,23 +137,18 @@ class Halves:
         return self.lower
 
 
-def split_slot(
-    client: redis.Redis,
-    source: SlotKeys,
-    lower: SlotKeys,
-    upper: SlotKeys,
-    strays: Sequence[SlotKeys] = (),
-) -> int:
-    """Replace the keys of `lower` and `upper` (the two halves of `source` under twice its slot
-    amount) with `source`'s messages and schedules, divided by `PART_RULES`, and copy its
-    per-slot parts (`copy_per_slot`); returns how many members and fields were written.
-    `source` is not changed; it is frozen, or `track`ed since before this call (then what
-    changed meanwhile is copied again by `recopy`). `strays` (frozen) are keys no routing
-    names that a writer at the new slot amount but not reading the routing may have stored
-    into: their messages and schedules are divided the same way (before the source's: the
-    source wins a field both have), their per-slot parts ignored."""
+def split_slot(client: redis.Redis, division: Division) -> int:
+    """Replace the keys of the division's `lower` and `upper` with its `source`'s messages and
+    schedules, divided by `PART_RULES`, and copy its per-slot parts (`copy_per_slot`); returns
+    how many members and fields were written. `source` is not changed; it is frozen, or
+    `track`ed since before this call (then what changed meanwhile is copied again by `recopy`).
+    `strays` (frozen) are keys no routing names that a writer at the new slot amount but not
+    reading the routing may have stored into: their messages and schedules are divided the
+    same way (before the source's: the source wins a field both have), their per-slot parts
+    ignored."""
+    source, lower, upper = division.source, division.lower, division.upper
     client.unlink(*lower.keys(*Part), *upper.keys(*Part))
-    sources = [*strays, source]  # the source last: its fields overwrite a stray's
+    sources = [*division.strays, source]  # the source last: its fields overwrite a stray's
     schedules = {field for field, _ in _hash_fields(client, sources, Part.SCHEDULES)}
     bases = cast("dict[bytes, bytes]", dict(_hash_fields(client, sources, Part.BASIS)))
     halves = Halves(lower.slot, _slot_amount(lower, upper), schedules, bases)
@@ -163,7 +171,7 @@ def split_slot(
                     write.hset(targets[slot].key(part), mapping=dict(fields))
                 write.execute()
                 written += len(page)
-    copy_per_slot(client, source, lower, upper)
+    copy_per_slot(client, [division])
     return written
 
 
@@ -185,53 +193,103 @@ def take_changes(client: redis.Redis, source: SlotKeys) -> int:
     return int(move.execute()[0])
 
 
-def recopied(client: redis.Redis, source: SlotKeys) -> None:
-    """Forget the taken changes: `recopy` copied them."""
-    client.unlink(source.key(Part.RECOPY))
-
-
 def untrack(client: redis.Redis, source: SlotKeys) -> None:
     """Turn tracking off and forget its changes (a doubling rolled back)."""
     client.unlink(source.key(Part.CHANGES), source.key(Part.RECOPY))
 
 
-def recopy(
-    client: redis.Redis,
-    source: SlotKeys,
-    lower: SlotKeys,
-    upper: SlotKeys,
-    strays: Sequence[SlotKeys] = (),
-) -> int:
-    """Copy each message and schedule in the slot's `recopy` set again, as `split_slot` would
-    now: every part of it read from `source` (else from a stray), written to its half and
-    deleted from the other, or deleted from both when the slot no longer has it; returns how
-    many. Its half is decided as `split_slot` does, on the schedules and bases as they are now.
-    One read and one write pipeline of variadic commands per page of BATCH changes."""
-    sources = [keys for keys in strays if _holds_members(client, keys)] + [source]
-    separator = OCCURRENCE_SEPARATOR.encode()
+def recopy(client: redis.Redis, division: Division) -> int:
+    """Copy each message and schedule in the source's `recopy` set again, as `split_slot` would
+    now, then drop the set; returns how many. See `_recopy_pages`."""
     count = 0
-    for page in _set_pages(client, source.key(Part.RECOPY)):
+    for page in _set_pages(client, division.source.key(Part.RECOPY)):
+        count += _recopy_pages(client, [(division, page)])
+    client.unlink(division.source.key(Part.RECOPY))
+    return count
+
+
+def catch_up(client: redis.Redis, divisions: Sequence[Division]) -> int:
+    """Make the halves of every division exact, its source frozen (`plans.freeze`, before this
+    call): its last changes taken and copied again, its per-slot parts copied; returns how many
+    changes. A few pipelines for all the divisions, whatever their number, plus one per BATCH
+    changes: the sources are frozen (nothing notes a change any more), so taking the changes
+    needs no MULTI, and the time the slots stay frozen grows with the changes, hardly with the
+    slots. Idempotent: run again after a crash, it copies again what it did not drop."""
+    take = client.pipeline(transaction=False)
+    for division in divisions:
+        changes, taken = division.source.key(Part.CHANGES), division.source.key(Part.RECOPY)
+        take.sunionstore(taken, [taken, changes])
+        take.delete(changes)
+        take.sadd(changes, b"")
+    take.execute()
+    read = client.pipeline(transaction=False)
+    for division in divisions:
+        read.sscan(division.source.key(Part.RECOPY), 0, count=BATCH)
+    count = 0
+    larger: list[Division] = []  # not seen whole in one page: page by page, below
+    group: list[tuple[Division, list[bytes]]] = []  # several small sets per pipeline
+    for division, (cursor, members) in zip(divisions, read.execute(), strict=True):
+        if cursor != 0:
+            larger.append(division)
+            continue
+        group.append((division, [member for member in members if member]))
+        if sum(len(page) for _, page in group) >= BATCH:
+            count += _recopy_pages(client, group)
+            group = []
+    count += _recopy_pages(client, group)
+    for division in larger:
+        for page in _set_pages(client, division.source.key(Part.RECOPY)):
+            count += _recopy_pages(client, [(division, page)])
+    copy_per_slot(client, divisions)
+    client.unlink(*(division.source.key(Part.RECOPY) for division in divisions))
+    return count
+
+
+def _recopy_pages(client: redis.Redis, pages: Sequence[tuple[Division, list[bytes]]]) -> int:
+    """For each (division, changes): every part of each changed message and schedule read from
+    the source (else from a stray), written to its half and deleted from the other, or deleted
+    from both when the slot no longer has it; returns how many. Its half is decided as
+    `split_slot` does, on the schedules and bases as they are now. Three pipelines of variadic
+    commands for all the pages: which strays hold anything, the reads, the writes."""
+    look = client.pipeline(transaction=False)
+    for division, _ in pages:
+        for stray in division.strays:
+            look.exists(*stray.keys(*ZSET_PARTS, *HASH_PARTS))
+    holding = iter(look.execute())
+    separator = OCCURRENCE_SEPARATOR.encode()
+    read = client.pipeline(transaction=False)
+    queued: list[tuple[Division, list[SlotKeys], list[tuple[Part, list[bytes]]]]] = []
+    count = 0
+    for division, page in pages:
+        sources = [stray for stray in division.strays if next(holding)] + [division.source]
         messages = [m[1:] for m in page if m[:1] == CHANGED_MESSAGE]
         schedules = [m[1:] for m in page if m[:1] == CHANGED_SCHEDULE]
         named = sorted({m.rpartition(separator)[0] for m in messages if separator in m})
-        wanted = {
-            part: messages if PART_RULES[part] is Rule.BY_MESSAGE else schedules
+        wanted = [
+            (part, messages if PART_RULES[part] is Rule.BY_MESSAGE else schedules)
             for part in (*ZSET_PARTS, *HASH_PARTS)
-        }
-        found = _read_members(client, sources, [*wanted.items(), (Part.SCHEDULES, named)])
+        ]
+        wanted.append((Part.SCHEDULES, named))
+        _queue_reads(read, sources, wanted)
+        queued.append((division, sources, wanted))
+        count += len(messages) + len(schedules)
+    answers = iter(read.execute())
+    write = client.pipeline(transaction=False)
+    for division, sources, wanted in queued:
+        found = _parse_reads(answers, sources, wanted)
         existing = found.pop()
-        bases = {m: v for m, v in found[list(wanted).index(Part.BASIS)].items() if v is not None}
+        wanted.pop()
+        parts = [part for part, _ in wanted]
+        bases = {m: v for m, v in found[parts.index(Part.BASIS)].items() if v is not None}
         halves = Halves(
-            lower.slot,
-            _slot_amount(lower, upper),
+            division.lower.slot,
+            _slot_amount(division.lower, division.upper),
             {sid for sid, value in existing.items() if value is not None},
             cast("dict[bytes, bytes]", bases),
         )
-        write = client.pipeline(transaction=False)
-        for part, values in zip(wanted, found, strict=True):
-            _put(write, part, lower, upper, _side(halves, part), values)
-        write.execute()
-        count += len(messages) + len(schedules)
+        for part, values in zip(parts, found, strict=True):
+            _put(write, part, division.lower, division.upper, _side(halves, part), values)
+    write.execute()
     return count
 
 
@@ -239,19 +297,12 @@ def _slot_amount(lower: SlotKeys, upper: SlotKeys) -> int:
     return 2 * (upper.slot - lower.slot)
 
 
-def _holds_members(client: redis.Redis, keys: SlotKeys) -> bool:
-    """Whether any part of `keys` divided by message or schedule exists."""
-    return bool(client.exists(*keys.keys(*ZSET_PARTS, *HASH_PARTS)))
-
-
-def _read_members(
-    client: redis.Redis,
+def _queue_reads(
+    read: redis.client.Pipeline,
     sources: Sequence[SlotKeys],
     wanted: Sequence[tuple[Part, Sequence[bytes]]],
-) -> list[dict[bytes, bytes | float | None]]:
-    """For each (part, members): member -> its value in that part of the last source that has
-    it, None where none has. One pipeline: ZMSCORE or HMGET per part and source."""
-    read = client.pipeline(transaction=False)
+) -> None:
+    """Queue a ZMSCORE or HMGET per (part, members) and source (`_parse_reads` reads them)."""
     for part, members in wanted:
         for keys in sources:
             if not members:
@@ -260,7 +311,15 @@ def _read_members(
                 read.zmscore(keys.key(part), cast("list[str]", list(members)))
             else:
                 read.hmget(keys.key(part), list(members))
-    answers = iter(read.execute())
+
+
+def _parse_reads(
+    answers: Iterator[Any],
+    sources: Sequence[SlotKeys],
+    wanted: Sequence[tuple[Part, Sequence[bytes]]],
+) -> list[dict[bytes, bytes | float | None]]:
+    """For each (part, members) queued by `_queue_reads`: member -> its value in that part of
+    the last source that has it, None where none has."""
     found = []
     for _part, members in wanted:
         values: dict[bytes, bytes | float | None] = dict.fromkeys(members)
@@ -370,26 +429,34 @@ def _hash_pages(
             return
 
 
-def copy_per_slot(client: redis.Redis, source: SlotKeys, lower: SlotKeys, upper: SlotKeys) -> None:
-    """The per-slot parts: journal to the lower slot, lease counter and epoch to both (frozen,
-    whether the source is yet or not), a wake to both; exact once the source is frozen. The
-    epoch last: a half with its epoch has everything else."""
+def copy_per_slot(client: redis.Redis, divisions: Sequence[Division]) -> None:
+    """The per-slot parts of each division: journal to the lower slot, lease counter and epoch
+    to both (frozen, whether the source is yet or not), a wake to both; exact once the source is
+    frozen. The epoch last: a half with its epoch has everything else. One read and one write
+    pipeline for all the divisions."""
     read = client.pipeline(transaction=False)
-    read_value(read, RedisType.STREAM, source.key(Part.JOURNAL))
-    read.get(source.key(Part.LEASES))
-    read.get(source.key(Part.EPOCH))
-    journal, leases, epoch = read.execute()
+    for division in divisions:
+        source = division.source
+        read_value(read, RedisType.STREAM, source.key(Part.JOURNAL))
+        read.get(source.key(Part.LEASES))
+        read.get(source.key(Part.EPOCH))
+    replies = read.execute()
     write = client.pipeline(transaction=False)
-    # entry ids kept, without DUMP/RESTORE (queue.acl); the catch-up copies it again, so the
-    # lower half's copy is replaced whole, never appended to
-    write.delete(lower.key(Part.JOURNAL))
-    if present(RedisType.STREAM, journal):
-        write_value(write, RedisType.STREAM, lower.key(Part.JOURNAL), journal)
-    frozen = epoch if epoch is not None and epoch.startswith(FROZEN) else FROZEN + (epoch or b"0")
-    for half in (lower, upper):
-        if leases is not None:
-            write.set(half.key(Part.LEASES), leases)
-        write.delete(half.key(Part.WAKE))
-        write.rpush(half.key(Part.WAKE), "1")
-        write.set(half.key(Part.EPOCH), frozen)
+    for index, division in enumerate(divisions):
+        journal, leases, epoch = replies[3 * index : 3 * index + 3]
+        lower, upper = division.lower, division.upper
+        # entry ids kept, without DUMP/RESTORE (queue.acl); the catch-up copies it again, so
+        # the lower half's copy is replaced whole, never appended to
+        write.delete(lower.key(Part.JOURNAL))
+        if present(RedisType.STREAM, journal):
+            write_value(write, RedisType.STREAM, lower.key(Part.JOURNAL), journal)
+        frozen = (
+            epoch if epoch is not None and epoch.startswith(FROZEN) else FROZEN + (epoch or b"0")
+        )
+        for half in (lower, upper):
+            if leases is not None:
+                write.set(half.key(Part.LEASES), leases)
+            write.delete(half.key(Part.WAKE))
+            write.rpush(half.key(Part.WAKE), "1")
+            write.set(half.key(Part.EPOCH), frozen)
     write.execute()

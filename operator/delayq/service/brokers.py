@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Awaitable, Callable, Iterable, Sequence
+from dataclasses import replace
 from typing import Any, TypeVar
 
 import redis.asyncio
@@ -20,7 +21,7 @@ from delayq.coordination.routing import by_broker, initial_routing
 from delayq.queue import functions
 from delayq.queue.client import AsyncQueue
 from delayq.queue.functions import FunctionsMissingError
-from delayq.queue.model import TopicStats
+from delayq.queue.model import Target, TopicStats
 from delayq.queue.packing import use_hiredis_packing
 from delayq.queue.topic import Topic
 from delayq.service.delivery.stream import guarded_pool_options
@@ -70,9 +71,28 @@ class Brokers:
         self.queues = list(queues)
         self.routing = list(routing)
         self.topic: Topic = topic
+        # the old slots a doubling under way switched to their halves (`Routing.doubled_slots`)
+        self.doubled_slots: frozenset[int] = frozenset()
+        self._doubled: list[AsyncQueue] | None = None  # per broker, at 2N and generation + 1
 
     def queue_for(self, slot: int) -> AsyncQueue:
         return self.queues[self.routing[slot]]
+
+    def place(self, target: Target) -> tuple[AsyncQueue, int]:
+        """The client and slot a message is written to and read from: its slot's, or, once a
+        doubling switched that slot, its half's (twice the slot amount, the next generation,
+        the same broker; docs/coordination.md "Doubling the slots"). A slot given explicitly
+        is one of this topic's: its old keys, refused until the doubling ends."""
+        slot = target.slot(self.topic)
+        broker = self.routing[slot]
+        if slot in self.doubled_slots and target.explicit_slot is None:
+            if self._doubled is None:
+                amount, generation = 2 * self.topic.slot_amount, self.topic.slot_generation + 1
+                doubled = replace(self.topic, slot_amount=amount, slot_generation=generation)
+                self._doubled = [AsyncQueue(queue.redis, doubled) for queue in self.queues]
+            queue = self._doubled[broker]
+            return queue, target.slot(queue.topic)
+        return self.queues[broker], slot
 
     def split(self, slots: Iterable[int]) -> dict[int, list[int]]:
         """broker index → the given slots it stores."""
@@ -93,6 +113,25 @@ class Brokers:
         results: list[R | None] = [None] * len(items)
         for broker, indexes in positions.items():
             answers = await call(self.queues[broker], [items[i] for i in indexes])
+            for index, answer in zip(indexes, answers, strict=True):
+                results[index] = answer
+        return [r for r in results if r is not None]
+
+    async def each_placed(
+        self,
+        items: Sequence[T],
+        target_of: Callable[[T], Target],
+        call: Callable[[AsyncQueue, list[T]], Awaitable[list[R]]],
+    ) -> list[R]:
+        """`each` by where each item is written (`place`): one call per broker, two on a
+        broker while a doubling switches its slots; results in the items' order."""
+        groups: dict[int, tuple[AsyncQueue, list[int]]] = {}
+        for index, item in enumerate(items):
+            queue, _ = self.place(target_of(item))
+            groups.setdefault(id(queue), (queue, []))[1].append(index)
+        results: list[R | None] = [None] * len(items)
+        for queue, indexes in groups.values():
+            answers = await call(queue, [items[i] for i in indexes])
             for index, answer in zip(indexes, answers, strict=True):
                 results[index] = answer
         return [r for r in results if r is not None]

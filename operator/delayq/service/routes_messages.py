@@ -33,7 +33,6 @@ from delayq.service.http_support import (
     json_body,
     json_response,
     service_for,
-    slot_of_target,
 )
 from delayq.service.parsing import (
     FieldError,
@@ -125,20 +124,20 @@ async def _schedule(
     was stored (a plain 429 broker full / 503: resend the whole request), or the
     ReplicationTimeoutError when every message was written but unconfirmed (503)."""
 
-    def slot_of(message: ScheduleRequest) -> int:
-        return slot_of_target(service, Target(message.id, message.slot_basis))
+    def target_of(message: ScheduleRequest) -> Target:
+        return Target(message.id, message.slot_basis)
 
     async def call(queue: AsyncQueue, chunk: list[ScheduleRequest]) -> list[Result]:
         """Each message's own answer: one broker refusing two slots differently, or its
         replicas lagging after another broker stored, fails only the messages concerned."""
         try:
-            return await queue.run(plans.schedule_answers(service.topic, chunk, mode))
+            return await queue.run(plans.schedule_answers(queue.topic, chunk, mode))
         except ReplicationTimeoutError as error:
             return plans.unconfirmed(error)
         except redis.RedisError as error:  # the broker's call failed as a whole
-            return [ScheduleFailure(m.id, slot_of(m), error) for m in chunk]
+            return [ScheduleFailure(m.id, target_of(m).slot(queue.topic), error) for m in chunk]
 
-    results = await service.brokers.each(messages, slot_of, call)
+    results = await service.brokers.each_placed(messages, target_of, call)
     service.metrics.count_scheduled(
         [r.code for r in results if isinstance(r, ScheduleResult) and not r.code.is_error]
     )
@@ -188,7 +187,8 @@ def _where(target: Target) -> str:
 async def get(request: web.Request) -> web.Response:
     service = service_for(request)
     target = _target(request, service)
-    [info] = await service.brokers.queue_for(slot_of_target(service, target)).get_many([target])
+    queue, _ = service.brokers.place(target)
+    [info] = await queue.get_many([target])
     if info.state is State.ABSENT:
         raise NotFoundError("get", target.id, _where(target))
     return web.json_response(info_json(info))
@@ -197,7 +197,7 @@ async def get(request: web.Request) -> web.Response:
 async def cancel(request: web.Request) -> web.Response:
     service = service_for(request)
     target = _target(request, service)
-    queue = service.brokers.queue_for(slot_of_target(service, target))
+    queue, _ = service.brokers.place(target)
     [outcome] = await queue.cancel_many([target])
     raise_for_code(outcome.code, "cancel", outcome.id, _where(target))
     return web.json_response({"id": outcome.id, "result": outcome.code.name.lower()})
@@ -207,7 +207,7 @@ async def reschedule(request: web.Request) -> web.Response:
     service = service_for(request)
     target = _target(request, service)
     delay_ms, at_ms = parse_when(await json_body(request))
-    queue = service.brokers.queue_for(slot_of_target(service, target))
+    queue, _ = service.brokers.place(target)
     with _too_far_named(at_ms):
         outcome = await queue.reschedule(
             target.id,

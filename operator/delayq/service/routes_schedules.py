@@ -5,6 +5,7 @@ from __future__ import annotations
 from aiohttp import web
 
 from delayq.queue.codes import Code, InvalidMessageError
+from delayq.queue.model import Target
 from delayq.queue.schedules import ScheduleInfo
 from delayq.service.http_support import json_body, service_for
 from delayq.service.parsing import check_id, check_text
@@ -30,7 +31,7 @@ async def put_schedule(request: web.Request) -> web.Response:
     schedule with its first occurrence."""
     service = service_for(request)
     schedule = parse_schedule(_schedule_id(request), await json_body(request), service.topic)
-    queue = service.brokers.queue_for(schedule.target().slot(service.topic))
+    queue, _ = service.brokers.place(schedule.target())
     try:
         result = await queue.put_schedule(schedule)
     except InvalidMessageError as error:  # no occurrence after now, or the first too far
@@ -44,14 +45,14 @@ async def put_schedule(request: web.Request) -> web.Response:
 async def get_schedule(request: web.Request) -> web.Response:
     service = service_for(request)
     schedule_id = _schedule_id(request)
-    queue = service.brokers.queue_for(service.topic.slot_of(schedule_id))
+    queue, _ = service.brokers.place(Target(schedule_id))
     return web.json_response(schedule_json(await queue.get_schedule(schedule_id)))
 
 
 async def delete_schedule(request: web.Request) -> web.Response:
     service = service_for(request)
     schedule_id = _schedule_id(request)
-    queue = service.brokers.queue_for(service.topic.slot_of(schedule_id))
+    queue, _ = service.brokers.place(Target(schedule_id))
     outcome = await queue.delete_schedule(schedule_id)
     return web.json_response({"id": outcome.id, "result": outcome.code.name.lower()})
 

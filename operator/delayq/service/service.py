@@ -173,12 +173,24 @@ class DelayService:
             self._reshard(routing)
         elif max(routing.broker_of_slot) < len(self.queues):
             self.brokers.routing[:] = routing.broker_of_slot
+            self.brokers.doubled_slots = routing.doubled_slots
 
     def _on_routing(self, routing: Routing) -> None:
         if routing.generation > self.topic.slot_generation:
             self._reshard(routing)
         else:
+            self._double(routing.doubled_slots)
             asyncio.get_running_loop().create_task(self._reroute(list(routing.broker_of_slot)))
+
+    def _double(self, slots: frozenset[int]) -> None:
+        """A doubling switched old slots to their halves (`Routing.doubled_slots`): the API
+        writes and reads their messages there from now on (`Brokers.place`), and the requests
+        waiting on a SLOT_MOVING refusal are sent again. The consumers stay on the old slots
+        until the doubling's last switch (`_reshard`)."""
+        if slots != self.brokers.doubled_slots:
+            self.brokers.doubled_slots = slots
+            changed, self.routing_changed = self.routing_changed, asyncio.Event()
+            changed.set()
 
     def _reshard(self, routing: Routing) -> None:
         """The slots doubled: hand over to `serve`, and wake the requests waiting for a
