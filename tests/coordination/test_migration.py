@@ -377,7 +377,7 @@ def test_an_unreachable_zookeeper_is_one_line_and_exit_3(capsys: pytest.CaptureF
     """kazoo's start timeout is no KazooException: it ended in a traceback."""
     argv = ["routing", "show", "--topic", "t", "--slot-amount", "4", "--insecure-no-auth"]
     argv += ["--redis-url", "redis://127.0.0.1:1/0", "--zookeeper-connect", "127.0.0.1:1"]
-    assert main([*argv, "--zookeeper-session-timeout-ms", "1000"]) == 3
+    assert main([*argv, "--zookeeper-session-timeout-ms", "2000"]) == 3
     [line] = capsys.readouterr().err.strip().splitlines()
     assert line.startswith("delayq routing show: KazooTimeoutError: ")
 
