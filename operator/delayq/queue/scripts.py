@@ -55,6 +55,7 @@ class Script(enum.StrEnum):
     TOPUP = "topup-7"
     SCHEDULES = "schedules-4"
     OVERVIEW = "overview-4"  # 4 keys per slot, any number of slots
+    PUBLISH = "publish-1"  # the topic's settings into a slot's record (its owner only)
 
     @property
     def acknowledges_a_write(self) -> bool:
