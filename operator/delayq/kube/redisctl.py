@@ -98,6 +98,13 @@ class RedisControl(Protocol):
         replicas get it by replication); False when the master has it already. The topic's
         users may only FCALL it, so this is what makes a new or emptied broker usable."""
 
+    async def publish_settings(
+        self, host: str, password: str, topic: Topic, owner: str, version: int
+    ) -> list[int]:
+        """Write the topic's settings record into every slot of `topic` (its slot amount and
+        key generation) on one master, as the topic's owner (`queue/topic_record.py`); per
+        slot, the version its record holds after the call (a newer one is kept)."""
+
     async def pause(self, host: str, password: str, topic: Topic, paused: bool | None) -> bool:
         """Pause (True) or resume (False) the topic's delivery on one master, or (None) leave
         it; returns whether it is paused now (the engine's own `AsyncQueue.pause` key)."""
@@ -260,6 +267,15 @@ class RedisCommands:
             return await functions.ensure_async(client)
         finally:
             await client.aclose()
+
+    async def publish_settings(
+        self, host: str, password: str, topic: Topic, owner: str, version: int
+    ) -> list[int]:
+        queue = AsyncQueue(self._client(host, password), topic)
+        try:
+            return await queue.publish_settings(owner, version)
+        finally:
+            await queue.close()
 
     async def pause(self, host: str, password: str, topic: Topic, paused: bool | None) -> bool:
         queue = AsyncQueue(self._client(host, password), topic)

@@ -38,6 +38,7 @@ from delayq.kube.redisctl import BrokerMemory
 from delayq.kube.resharding import MOVE_ERRORS, moving, reshard, services_rolled
 from delayq.kube.routing_ahead import status_writer
 from delayq.kube.routing_record import RECORD_FIELD, RoutingRecordInvalid, routing_record
+from delayq.kube.settings_record import publish_settings
 from delayq.kube.spec import SpecError, TopicSpec
 from delayq.kube.status import (
     DEGRADED,
@@ -370,6 +371,7 @@ async def observe_broker(
     master_address = addresses.get(decision.master or "")
     if serving and master_address:
         await load_functions(ctx, broker, master_address, password, logger)
+        await publish_settings(ctx, owner, spec, routing, broker, master_address, password, logger)
     if serving and master_address and broker < routing.broker_count:
         # The routing's slot amount and key generation are the served ones (a doubling
         # changes both); taking them from the routing keeps every slot in range.

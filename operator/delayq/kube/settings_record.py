@@ -1,0 +1,61 @@
+"""The operator publishes each DelayTopic's settings record on its brokers (the health pass).
+
+The record (`queue/topic_record.py`) is what every client's scripts obey: the topic's quota,
+retries, expiry and retention, whatever `Topic` the client built. The operator owns it: it
+writes as its admin user, which the topic's users are not (they may only read it). Owner: the
+DelayTopic's uid, so a topic deleted and made again under its name replaces the old record;
+version: its `metadata.generation`, which every spec change raises, so an operator holding an
+older spec (a leader that has not seen the change yet) never replaces a newer record.
+
+Published on every pass, not only on a change: a new broker, a master restarted without its
+data and the key generation a doubling switched to get it within a pass, and a changed spec
+reaches every client within a pass, without a restart. An unchanged record is not rewritten
+(`lua/publish-1.lua`), so a pass costs one pipelined round trip of reads per broker.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import redis
+
+from delayq.coordination.routing import Routing
+from delayq.coordination.splitting import routed_topic
+from delayq.kube.context import Logger, OperatorContext
+from delayq.kube.errors import TRANSIENT_ERRORS
+from delayq.kube.spec import TopicSpec
+
+
+async def publish_settings(
+    ctx: OperatorContext,
+    owner: Mapping[str, Any],
+    spec: TopicSpec,
+    routing: Routing,
+    broker: int,
+    master_address: str,
+    password: str,
+    logger: Logger,
+) -> None:
+    """Publish `spec`'s settings on one broker's master, for the routing's slots (all of
+    them: a slot move then finds the record on its target). A failure is logged and tried
+    again next pass; meanwhile the scripts keep the record they have, or the callers' own
+    values where there is none."""
+    metadata = owner.get("metadata") or {}
+    uid, generation = str(metadata.get("uid") or ""), int(metadata.get("generation") or 0)
+    topic = routed_topic(spec.topic, routing)
+    try:
+        versions = await ctx.redis.publish_settings(
+            master_address, password, topic, uid, generation
+        )
+    except (redis.RedisError, *TRANSIENT_ERRORS) as error:
+        logger.warning("settings of broker %d not published: %r", broker, error)
+        return
+    newest = max(versions, default=generation)
+    if newest > generation:
+        logger.warning(
+            "broker %d holds the settings of generation %d, newer than this spec's %d: kept",
+            broker,
+            newest,
+            generation,
+        )
