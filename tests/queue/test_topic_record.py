@@ -14,7 +14,7 @@ from redis.exceptions import NoPermissionError
 from delayq.queue import topic_record
 from delayq.queue.client import Queue
 from delayq.queue.codes import Code
-from delayq.queue.keys import slot_keys
+from delayq.queue.keys import Part, slot_keys
 from delayq.queue.model import ScheduleRequest, State
 from delayq.queue.topic import EndAction, Topic
 
@@ -118,3 +118,16 @@ def test_the_topics_users_read_the_record_and_may_not_write_it(
     publish(redis_client, other, 1)
     with pytest.raises(NoPermissionError):  # another topic's record: not even read
         user.redis.hget(slot_keys(other, 0).settings, "max_retries")
+
+
+def test_a_client_with_the_journal_off_journals_by_the_published_bound(
+    make_queue: MakeQueue, redis_client: redis.Redis
+) -> None:
+    """Also the transitions whose only setting is the journal bound (reschedule here)."""
+    publish(redis_client, dataclasses.replace(TOPIC, journal_max_len=100), 1)
+    quiet = make_queue(journal_max_len=0)
+    quiet.schedule("j", b"", delay_ms=60_000)
+    quiet.reschedule("j", delay_ms=120_000)
+    journal = slot_keys(TOPIC, TOPIC.slot_of("j")).key(Part.JOURNAL)
+    entries = cast(list[tuple[bytes, dict[bytes, bytes]]], redis_client.xrange(journal))
+    assert [fields[b"e"] for _, fields in entries] == [b"scheduled", b"rescheduled"]
