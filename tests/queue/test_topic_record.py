@@ -16,6 +16,7 @@ from delayq.queue.client import Queue
 from delayq.queue.codes import Code
 from delayq.queue.keys import Part, slot_keys
 from delayq.queue.model import ScheduleRequest, State
+from delayq.queue.slot_copy import delete_slot
 from delayq.queue.topic import EndAction, Topic
 
 from .conftest import TOPIC, MakeQueue, claim
@@ -131,3 +132,17 @@ def test_a_client_with_the_journal_off_journals_by_the_published_bound(
     journal = slot_keys(TOPIC, TOPIC.slot_of("j")).key(Part.JOURNAL)
     entries = cast(list[tuple[bytes, dict[bytes, bytes]]], redis_client.xrange(journal))
     assert [fields[b"e"] for _, fields in entries] == [b"scheduled", b"rescheduled"]
+
+
+def test_a_slot_move_run_as_the_topics_user_leaves_the_record_alone(
+    make_queue: MakeQueue, redis_client: redis.Redis
+) -> None:
+    """A move (queue/slot_copy.py) goes over the slot's parts as the service user, who may not
+    write the record: it is no part, so the move neither fails on it nor removes it."""
+    publish(redis_client, TOPIC, 1)
+    user = make_queue()
+    user.schedule("moved", b"", delay_ms=60_000)
+    keys = slot_keys(TOPIC, TOPIC.slot_of("moved"))
+    assert delete_slot(user.redis, keys) >= 1
+    assert user.get("moved").state is State.ABSENT
+    assert redis_client.hget(keys.settings, "version") == b"1"
