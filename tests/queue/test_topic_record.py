@@ -5,6 +5,7 @@ topic's users."""
 from __future__ import annotations
 
 import dataclasses
+import time
 from typing import cast
 
 import pytest
@@ -146,3 +147,16 @@ def test_a_slot_move_run_as_the_topics_user_leaves_the_record_alone(
     assert delete_slot(user.redis, keys) >= 1
     assert user.get("moved").state is State.ABSENT
     assert redis_client.hget(keys.settings, "version") == b"1"
+
+
+def test_publishing_unchanged_settings_again_writes_nothing(redis_client: redis.Redis) -> None:
+    """The operator publishes on every pass: an unchanged record is only read, so a master
+    whose writes are paused (a switchover) does not hold the pass up."""
+    publish(redis_client, TOPIC, 3)
+    redis_client.client_pause(10_000, all=False)  # writes wait 10 s, reads are answered
+    try:
+        started = time.monotonic()
+        assert publish(redis_client, TOPIC, 3) == [3] * TOPIC.slot_amount
+        assert time.monotonic() - started < 5.0
+    finally:
+        redis_client.client_unpause()

@@ -7,15 +7,18 @@ DelayTopic's uid, so a topic deleted and made again under its name replaces the 
 version: its `metadata.generation`, which every spec change raises, so an operator holding an
 older spec (a leader that has not seen the change yet) never replaces a newer record.
 
-Published on every pass, not only on a change: a new broker, a master restarted without its
-data and the key generation a doubling switched to get it within a pass, and a changed spec
-reaches every client within a pass, without a restart. An unchanged record is not rewritten
+Published on every pass, not only on a change: a new broker and a master restarted without its
+data get it within a pass, and a changed spec reaches every client within a pass, without a
+restart. While a doubling is due (`spec.slotAmount` above the routing's), the keys of the next
+generation get theirs too, ahead: the doubling's switch finds them in place, so no client of
+the doubled slots runs with its own values until the next pass. An unchanged record is not rewritten
 (`lua/publish-1.lua`), so a pass costs one pipelined round trip of reads per broker.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
+from dataclasses import replace
 from typing import Any
 
 import redis
@@ -25,6 +28,7 @@ from delayq.coordination.splitting import routed_topic
 from delayq.kube.context import Logger, OperatorContext
 from delayq.kube.errors import TRANSIENT_ERRORS
 from delayq.kube.spec import TopicSpec
+from delayq.queue.topic import Topic
 
 
 async def publish_settings(
@@ -37,17 +41,18 @@ async def publish_settings(
     password: str,
     logger: Logger,
 ) -> None:
-    """Publish `spec`'s settings on one broker's master, for the routing's slots (all of
-    them: a slot move then finds the record on its target). A failure is logged and tried
-    again next pass; meanwhile the scripts keep the record they have, or the callers' own
-    values where there is none."""
+    """Publish `spec`'s settings on one broker's master, for every slot of the routing (a slot
+    move then finds the record on its target) and of a due doubling. A failure is logged and
+    tried again next pass; meanwhile the scripts keep the record they have, or the callers'
+    own values where there is none."""
     metadata = owner.get("metadata") or {}
     uid, generation = str(metadata.get("uid") or ""), int(metadata.get("generation") or 0)
-    topic = routed_topic(spec.topic, routing)
+    versions: list[int] = []
     try:
-        versions = await ctx.redis.publish_settings(
-            master_address, password, topic, uid, generation
-        )
+        for topic in published_topics(spec, routing):
+            versions += await ctx.redis.publish_settings(
+                master_address, password, topic, uid, generation
+            )
     except (redis.RedisError, *TRANSIENT_ERRORS) as error:
         logger.warning("settings of broker %d not published: %r", broker, error)
         return
@@ -59,3 +64,15 @@ async def publish_settings(
             newest,
             generation,
         )
+
+
+def published_topics(spec: TopicSpec, routing: Routing) -> list[Topic]:
+    """The key generations whose slots get the record: the routing's, and the next one while
+    a doubling is due (twice the slots, each with half the share of the quota)."""
+    served = routed_topic(spec.topic, routing)
+    if spec.slot_amount <= routing.slot_amount:
+        return [served]
+    doubled = replace(
+        served, slot_amount=2 * routing.slot_amount, slot_generation=routing.generation + 1
+    )
+    return [served, doubled]

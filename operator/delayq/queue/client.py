@@ -304,7 +304,7 @@ class Queue:
         """Publish the topic's settings record into every slot of this broker, as its owner
         (`topic_record.py`; a user that may only read it gets NoPermissionError); per slot,
         the version its record holds after the call (a newer one is kept)."""
-        return self.run(topic_record.publish(self.topic, owner, version))
+        return self.run_steps(topic_record.publish(self.topic, owner, version))
 
     def take_over(self, slot: int) -> int:
         return self.run(plans.fence(self.topic, slot))
@@ -554,7 +554,7 @@ class AsyncQueue:
 
     async def publish_settings(self, owner: str, version: int) -> list[int]:
         """As `Queue.publish_settings`."""
-        return await self.run(topic_record.publish(self.topic, owner, version))
+        return await self.run_steps(topic_record.publish(self.topic, owner, version))
 
     async def take_over(self, slot: int) -> int:
         return await self.run(plans.fence(self.topic, slot))

@@ -32,6 +32,7 @@ from collections.abc import Iterable
 
 from delayq.queue.keys import slot_keys
 from delayq.queue.plans import Arg, Plan, ScriptCall
+from delayq.queue.schedule_plans import Steps
 from delayq.queue.scripts import Script
 from delayq.queue.topic import Topic
 
@@ -63,13 +64,36 @@ def recorded_values(topic: Topic) -> dict[str, str]:
 
 def publish(
     topic: Topic, owner: str, version: int, slots: Iterable[int] | None = None
-) -> Plan[list[int]]:
-    """Write the record of `topic` into the given slots (default: every slot) of one broker;
-    the reply is, per slot, the version its record holds after the call (a newer one kept)."""
-    fields: list[Arg] = [item for pair in recorded_values(topic).items() for item in pair]
-    args: list[Arg] = [owner, version, *fields]
-    calls = [
-        ScriptCall(Script.PUBLISH, [slot_keys(topic, slot).settings], args)
-        for slot in (topic.slots if slots is None else slots)
-    ]
-    return Plan(calls, lambda replies: [int(reply) for reply in replies])
+) -> Steps[list[int]]:
+    """Write the record of `topic` into the given slots (default: every slot) of one broker
+    where it differs: the records are read first (settings-1, read-only), then written
+    (publish-1) into the slots whose record is not this one, so that publishing unchanged
+    settings again writes nothing. The result is, per slot, the version its record holds
+    after (a newer one of the same owner is kept)."""
+    wanted = list(topic.slots if slots is None else slots)
+    values = recorded_values(topic)
+    expected = {"owner": owner, "version": str(version), **values}
+    records: list[dict[str, str]] = yield Plan(
+        _calls(Script.SETTINGS, topic, wanted, []), lambda replies: [_fields(r) for r in replies]
+    )
+    held = {slot: version for slot, rec in zip(wanted, records, strict=True) if rec == expected}
+    outdated = [slot for slot in wanted if slot not in held]
+    if outdated:
+        args: list[Arg] = [owner, version, *(item for pair in values.items() for item in pair)]
+        written: list[int] = yield Plan(
+            _calls(Script.PUBLISH, topic, outdated, args), lambda replies: [int(r) for r in replies]
+        )
+        held.update(zip(outdated, written, strict=True))
+    return [held[slot] for slot in wanted]
+
+
+def _calls(script: Script, topic: Topic, slots: list[int], args: list[Arg]) -> list[ScriptCall]:
+    return [ScriptCall(script, [slot_keys(topic, slot).settings], args) for slot in slots]
+
+
+def _fields(reply: list[bytes]) -> dict[str, str]:
+    """A flat HGETALL reply as text."""
+    return {
+        field.decode(): value.decode()
+        for field, value in zip(reply[0::2], reply[1::2], strict=True)
+    }
