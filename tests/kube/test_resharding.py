@@ -23,6 +23,7 @@ from delayq.kube import naming, resharding
 from delayq.kube.context import OperatorContext
 from delayq.kube.handlers.health import refresh
 from delayq.kube.operator import serialized
+from delayq.kube.topics import parse_body
 from delayq.local.waiting import eventually
 from delayq.queue import Queue, functions
 from tests.kube.conftest import DT, own_slots, published_routing
@@ -236,9 +237,14 @@ async def test_a_pass_abandoned_mid_move_is_not_joined_by_a_second_mover(
     stuck move ends, the passes go on. Nothing lost."""
     before = await grown_topic(api, ctx, zk, redis_pods, masters, logger, maxConcurrentMoves=1)
     with redis_pods.client(MASTERS[1]) as target:
-        # the library a pass loads first (FUNCTION LOAD is a write, paused too): in place, so
-        # the pass gets as far as the move, the step under test
+        # the library a pass loads first (FUNCTION LOAD is a write, paused too) and the
+        # settings record it publishes then (a write where it differs): in place, so the
+        # pass gets as far as the move, the step under test
         functions.load(target)
+        owner = body(api)["metadata"]
+        Queue(target, parse_body(body(api)).topic).publish_settings(
+            owner["uid"], owner["generation"]
+        )
         target.client_pause(3000, all=False)  # the target's writes wait: the copy hangs
     with pytest.raises(TimeoutError):
         await asyncio.wait_for(health(api, ctx, logger), 1.0)  # abandoned, as by the loop

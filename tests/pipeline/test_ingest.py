@@ -296,3 +296,33 @@ def test_arrow_writer_keeps_types_rejects_and_reruns_idempotently(
     assert (second.read, second.scheduled, second.already_present, second.rejected) == (3, 0, 2, 1)
     assert _stored(redis_client, topic) == 2
     assert [r.id for r in _rejects(spark, rejects).values()] == [bad_id]
+
+
+def test_the_topics_published_quota_and_expiry_apply_with_no_flag(
+    spark, redis_server, redis_client, tmp_path, capsys
+):
+    """The topic's owner published its settings record: the ingest, given none of them,
+    obeys its quota (a reject) and its default expiry; its outcome retention likewise (the
+    same schedule script, tests/queue/test_topic_record.py)."""
+    ttl_ms = 400 * 24 * 3_600_000  # past 2026-01-01, the due time of a row below
+    published = Topic(
+        "orders",
+        namespace="shop",
+        slot_amount=SLOTS,
+        limits_max_pending=SLOTS,  # one per slot
+        expiry_ttl_ms=ttl_ms,
+    )
+    Queue(redis_client, published).publish_settings("uid-orders", 1)
+    topic = Topic("orders", namespace="shop", slot_amount=SLOTS)  # what a client knows
+    slot = topic.slot_of("a0")
+    due, later = [i for i in (f"a{n}" for n in range(200)) if topic.slot_of(i) == slot][:2]
+    path, rejects = tmp_path / "in.csv", tmp_path / "rejects"
+    rows = f"{due},p,2026-01-01T00:00:00Z,,\n{later},p,,1000,\n"
+    path.write_text("id,payload,due_at,delay,headers\n" + rows)
+    assert main(_args(redis_server, path, rejects)) == 0
+    summary = json.loads(capsys.readouterr().out)
+    assert (summary["scheduled"], summary["rejected"]) == (1, 1)
+    assert _rejects(spark, rejects)[later].reason == "OVER_QUOTA"
+    info = Queue(redis_client, topic).get(due)
+    assert info.due_ms is not None
+    assert info.expire_at_ms == info.due_ms + ttl_ms

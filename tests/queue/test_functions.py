@@ -56,7 +56,7 @@ def test_every_file_is_a_function_with_its_flags_and_the_name_carries_a_hash() -
             library.source
         ), script
         assert library.command(script) == ("FCALL_RO" if "no-writes" in flags else "FCALL")
-    assert library.read_only == {"get", "stats", "deadpage", "schedules", "overview"}
+    assert library.read_only == {"get", "stats", "deadpage", "schedules", "overview", "settings"}
     assert library.source.count("local function now_ms()") == 1  # helpers once, at the top
 
 

@@ -43,6 +43,7 @@ PER_SLOT_WRITES = {
     ("RPUSH", "wake"),
     ("XADD", "key"),  # journal.lua
     ("SADD", "changes"),  # track_changes.lua itself
+    ("DEL", "settings"),  # the settings record (publish-1): not a part, never divided
 }
 DEFINITION = re.compile(r"^local (?:function )?(\w+)\b", re.MULTILINE)
 

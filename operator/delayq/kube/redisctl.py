@@ -105,6 +105,13 @@ class RedisControl(Protocol):
     async def delete_library(self, host: str, password: str, name: str) -> None:
         """FUNCTION DELETE one library on one master (its replicas follow by replication)."""
 
+    async def publish_settings(
+        self, host: str, password: str, topic: Topic, owner: str, version: int
+    ) -> list[int]:
+        """Write the topic's settings record into every slot of `topic` (its slot amount and
+        key generation) on one master, as the topic's owner (`queue/topic_record.py`); per
+        slot, the version its record holds after the call (a newer one is kept)."""
+
     async def pause(self, host: str, password: str, topic: Topic, paused: bool | None) -> bool:
         """Pause (True) or resume (False) the topic's delivery on one master, or (None) leave
         it; returns whether it is paused now (the engine's own `AsyncQueue.pause` key)."""
@@ -281,6 +288,15 @@ class RedisCommands:
             await functions.delete_async(client, name)
         finally:
             await client.aclose()
+
+    async def publish_settings(
+        self, host: str, password: str, topic: Topic, owner: str, version: int
+    ) -> list[int]:
+        queue = AsyncQueue(self._client(host, password), topic)
+        try:
+            return await queue.publish_settings(owner, version)
+        finally:
+            await queue.close()
 
     async def pause(self, host: str, password: str, topic: Topic, paused: bool | None) -> bool:
         queue = AsyncQueue(self._client(host, password), topic)

@@ -65,14 +65,15 @@ def register(subparsers: Any) -> None:
         "--journal-max-len",
         type=int,
         default=0,
-        help="the topic's journal bound (0 = off); pass the topic's value to journal the ingest",
+        help="the topic's journal bound, used only where the brokers hold no settings record "
+        "(an operator of an earlier version; the record wins): deprecated, kept for one release",
     )
     ingest.add_argument(
         "--outcome-retention-ms",
         type=int,
         default=0,
-        help="the topic's outcomeRetention in ms (0 = off); pass it so a re-run finds the ids "
-        "delivered since (already done) instead of scheduling them again",
+        help="the topic's outcomeRetention in ms, used only where the brokers hold no settings "
+        "record (the record's retention wins): deprecated, kept for one release",
     )
     ingest.add_argument("--input", required=True, help="file or directory to read")
     ingest.add_argument(

@@ -15,6 +15,7 @@ scripts' source, so a new `redis.call` cannot ship without its permission.
 
 from __future__ import annotations
 
+from delayq.queue.keys import SETTINGS_PREFIX
 from delayq.queue.topic import Topic
 
 #: The Redis user of a topic's delay services (password: the topic Secret's `redis-password`).
@@ -102,15 +103,24 @@ def key_patterns(topic: Topic, stream_key: str = "") -> list[str]:
     return patterns
 
 
+def settings_pattern(topic: Topic) -> str:
+    """The slots' settings records of the topic (`SlotKeys.settings`, every key generation):
+    its owner's, which its users' scripts read and may not write (`topic_record.py`)."""
+    return f"{SETTINGS_PREFIX}:{{{topic.namespace}/{topic.name}/*"
+
+
 def service_user_rules(topic: Topic, stream_key: str = "") -> list[str]:
     """`ACL SETUSER` rules of the topic's delay services, without the password (add
-    `>password`): the key patterns, no pub/sub channel and exactly the engine's commands.
-    Starts from a reset, so applying them again replaces whatever the user had."""
+    `>password`): the key patterns, read-only the topic's settings records (Redis 7's `%R~`:
+    no service, pipeline or producer can change the limits its scripts obey), no pub/sub
+    channel and exactly the engine's commands. Starts from a reset, so applying them again
+    replaces whatever the user had."""
     commands = sorted(set(CLIENT_COMMANDS) | set(SCRIPT_COMMANDS))
     return [
         "reset",
         "on",
         *(f"~{pattern}" for pattern in key_patterns(topic, stream_key)),
+        f"%R~{settings_pattern(topic)}",
         "resetchannels",
         "-@all",
         *(f"+{command}" for command in commands),

@@ -14,7 +14,7 @@ from typing import Any, TypeVar, Unpack, cast
 import redis
 import redis.asyncio
 
-from delayq.queue import functions, plans, schedule_plans
+from delayq.queue import functions, plans, schedule_plans, topic_record
 from delayq.queue.codes import DelayqError, ReplicationTimeoutError, StaleEpochError, as_typed_error
 from delayq.queue.keys import paused_key
 from delayq.queue.model import (
@@ -269,6 +269,12 @@ class Queue:
     def is_paused(self) -> bool:
         return self.redis.get(paused_key(self.topic)) is not None
 
+    def publish_settings(self, owner: str, version: int) -> list[int]:
+        """Publish the topic's settings record into every slot of this broker, as its owner
+        (`topic_record.py`; a user that may only read it gets NoPermissionError); per slot,
+        the version its record holds after the call (a newer one is kept)."""
+        return self.run_steps(topic_record.publish(self.topic, owner, version))
+
     def take_over(self, slot: int) -> int:
         return self.run(plans.fence(self.topic, slot))
 
@@ -498,6 +504,10 @@ class AsyncQueue:
 
     async def is_paused(self) -> bool:
         return await self.redis.get(paused_key(self.topic)) is not None
+
+    async def publish_settings(self, owner: str, version: int) -> list[int]:
+        """As `Queue.publish_settings`."""
+        return await self.run_steps(topic_record.publish(self.topic, owner, version))
 
     async def take_over(self, slot: int) -> int:
         return await self.run(plans.fence(self.topic, slot))

@@ -14,6 +14,9 @@ from dataclasses import dataclass
 
 from delayq.queue.topic import Topic
 
+#: The prefix of the slots' settings records (`SlotKeys.settings`).
+SETTINGS_PREFIX = "dq-settings"
+
 
 class Part(enum.StrEnum):
     """The per-slot keys and what each holds."""
@@ -61,6 +64,15 @@ class SlotKeys:
 
     def keys(self, *parts: Part) -> list[str]:
         return [self.key(part) for part in parts]
+
+    @property
+    def settings(self) -> str:
+        """The slot's copy of the topic's settings record (`queue/topic_record.py`): the
+        slot's hash tag, so the scripts read it on the slot's node, but not a `Part` and not
+        under `dq:`. It is the topic owner's, written on every broker: the topic's users may
+        read it and not write it (their write pattern, `dq:{...`, does not match it), and a
+        slot move, doubling or deletion, which go over the parts, never touches it."""
+        return f"{SETTINGS_PREFIX}:{self.tag}"
 
 
 def slot_keys(topic: Topic, slot: int) -> SlotKeys:

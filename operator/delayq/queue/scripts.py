@@ -55,6 +55,8 @@ class Script(enum.StrEnum):
     TOPUP = "topup-7"
     SCHEDULES = "schedules-4"
     OVERVIEW = "overview-4"  # 4 keys per slot, any number of slots
+    PUBLISH = "publish-1"  # the topic's settings into a slot's record (its owner only)
+    SETTINGS = "settings-1"  # a slot's settings record, read
 
     @property
     def acknowledges_a_write(self) -> bool:

@@ -11,6 +11,7 @@ there is one, else it is the operator's first routing (contiguous ranges). A slo
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections.abc import Awaitable, Callable, Iterable, Sequence
 from dataclasses import replace
 from typing import Any, TypeVar
@@ -24,8 +25,11 @@ from delayq.queue.functions import FunctionsMissingError
 from delayq.queue.model import Target, TopicStats
 from delayq.queue.packing import use_hiredis_packing
 from delayq.queue.topic import Topic
+from delayq.queue.topic_record import SERVE_OWNER
 from delayq.service.delivery.stream import guarded_pool_options
 from delayq.service.delivery.targets import TargetPolicy
+
+log = logging.getLogger(__name__)
 
 T = TypeVar("T")
 R = TypeVar("R")
@@ -170,6 +174,24 @@ class Brokers:
             except (redis.RedisError, OSError, TimeoutError):
                 return "a broker does not answer"
         return None
+
+    async def publish_settings(self, version: int) -> bool:
+        """Publish the topic's settings record on every broker as `delayq serve` (a process
+        running a topic on Redis of its own owns it, `queue/topic_record.py`), at `version`
+        (the ms it read its settings): every client's scripts then obey them. False when this
+        process's Redis user may not write the record (a pod's restricted user: the operator
+        publishes) or may not load the functions it needs (the operator loads them)."""
+        for broker, queue in enumerate(self.queues):
+            try:
+                versions = await queue.publish_settings(SERVE_OWNER, version)
+            except (redis.exceptions.NoPermissionError, FunctionsMissingError):
+                return False
+            if max(versions, default=version) > version:
+                log.warning(
+                    "a newer settings record stands on a broker: its settings apply",
+                    extra={"broker": broker, "version": max(versions)},
+                )
+        return True
 
     async def close(self) -> None:
         for queue in self.queues:

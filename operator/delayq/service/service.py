@@ -137,6 +137,8 @@ class DelayService:
             return  # nothing started: `serve` starts the service of the new slots instead
         for queue in self.queues:  # a broker down at start: `serve` exits 1, the pod restarts
             await queue.redis.ping()  # (once running, a slot it fails on is retried alone)
+        if await self.brokers.publish_settings(time.time_ns() // 1_000_000):
+            log.info("published the topic's settings", extra={"topic": self.topic.name})
         self.delivery.start(self._on_run_done)
         self._retrier = asyncio.create_task(self._retry_unconsumed_forever())
         self._retrier.add_done_callback(self._on_run_done)  # it ends only on stop()

@@ -47,6 +47,7 @@ from delayq.kube.redisctl import BrokerMemory
 from delayq.kube.resharding import MOVE_ERRORS, Resharding, moving, reshard, services_rolled
 from delayq.kube.routing_ahead import status_writer
 from delayq.kube.routing_record import RECORD_FIELD, RoutingRecordInvalid, routing_record
+from delayq.kube.settings_record import publish_settings
 from delayq.kube.spec import SpecError, TopicSpec
 from delayq.kube.status import (
     PROVISIONED,
@@ -376,7 +377,7 @@ async def tend_broker(
     master_address = pods.addresses.get(decision.master or "")
     if not (serving and master_address):
         return BrokerObservation(entry, TopicStats([]), None, events, None)
-    report = await tend_master(ctx, view, broker, master_address, logger)
+    report = await tend_master(ctx, owner, view, broker, master_address, logger)
     if report.paused is not None:
         entry = dataclasses.replace(entry, paused=report.paused)
     return BrokerObservation(entry, report.stats, report.memory, events, master_address)
@@ -497,12 +498,19 @@ def broker_status(
 
 
 async def tend_master(
-    ctx: OperatorContext, view: TopicView, broker: int, address: str, logger: Logger
+    ctx: OperatorContext,
+    owner: Mapping[str, Any],
+    view: TopicView,
+    broker: int,
+    address: str,
+    logger: Logger,
 ) -> MasterReport:
     """What a pass does on a serving master: the engine's functions library (loaded, old ones
-    deleted: libraries.py), the depths of its slots, its memory, the spec's pause."""
+    deleted: libraries.py), the topic's settings record (`owner`, the DelayTopic, publishes
+    it: settings_record.py), the depths of its slots, its memory, the spec's pause."""
     spec, password, routing = view.spec, view.password, view.routing
     await load_functions(ctx, broker, address, password, logger)
+    await publish_settings(ctx, owner, spec, routing, broker, address, password, logger)
     if view.libraries is not None:
         await delete_unused_libraries(ctx, spec, broker, address, password, view.libraries, logger)
     stats = TopicStats([])

@@ -9,10 +9,12 @@
   KEYS[5] outcome  HASH id -> remembered outcome of a finished message
   KEYS[6] finished ZSET id -> finished ms (the order remembered outcomes are forgotten in)
   KEYS[7] basis    HASH id -> custom slot basis (only messages scheduled with one)
+  (and the slot's settings record, by its hash tag: topic_settings; its fields win over the
+  ARGV values marked (record), which stay the fallback while it lacks them)
 
   ARGV[1] epoch                 the caller's fencing epoch
-  ARGV[2] journal_max_len       0 = journal off
-  ARGV[3] outcome_retention_ms  0 = finished messages are not remembered
+  ARGV[2] journal_max_len       0 = journal off (record)
+  ARGV[3] outcome_retention_ms  0 = finished messages are not remembered (record)
   ARGV[4 + 2k], ARGV[5 + 2k]    per message: id, lease (the lease number claim wrote in its
                                 record)
 
@@ -37,10 +39,13 @@
 --@include read_chunked
 --@include record_fields
 --@include remember
+--@include topic_settings
 
 local prepare, msg, epoch_key, journal_key, outcome, finished =
   KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6]
-local journal_max_len, retention_ms = tonumber(ARGV[2]), tonumber(ARGV[3])
+local journal_max_len, retention_ms =
+  topic_settings(KEYS[1], {'journal_max_len', 'outcome_retention_ms'}, {ARGV[2], ARGV[3]})
+journal_max_len, retention_ms = tonumber(journal_max_len), tonumber(retention_ms)
 local results = {}
 
 if not epoch_matches(epoch_key, ARGV[1]) then

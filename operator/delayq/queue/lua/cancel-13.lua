@@ -19,9 +19,11 @@
   KEYS[11] wake    LIST wake-up marker of the slot
   KEYS[12] epoch    STRING fencing epoch; 'moving:<epoch>' while the slot moves (refused)
   KEYS[13] basis    HASH id -> custom slot basis (only messages scheduled with one)
+  (and the slot's settings record, by its hash tag: topic_settings; its fields win over the
+  ARGV values marked (record), which stay the fallback while it lacks them)
 
-  ARGV[1] journal_max_len       0 = journal off
-  ARGV[2] outcome_retention_ms  0 = finished messages are not remembered
+  ARGV[1] journal_max_len       0 = journal off (record)
+  ARGV[2] outcome_retention_ms  0 = finished messages are not remembered (record)
   ARGV[3..] ids
 
   Returns, per id: 4 CANCELLED (remembered as 'cancelled' for the retention) | -1 NOT_FOUND
@@ -41,6 +43,7 @@
 --@include remember
 --@include series_fields
 --@include series_with
+--@include topic_settings
 --@include unclaimed
 
 refuse_if_moving(KEYS[12])
@@ -48,7 +51,9 @@ refuse_if_moving(KEYS[12])
 local store, prepare, dead, msg, reason, journal_key, outcome, finished =
   KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6], KEYS[7], KEYS[8]
 local schedules, topup, wake, basis = KEYS[9], KEYS[10], KEYS[11], KEYS[13]
-local journal_max_len, retention_ms = tonumber(ARGV[1]), tonumber(ARGV[2])
+local journal_max_len, retention_ms =
+  topic_settings(KEYS[1], {'journal_max_len', 'outcome_retention_ms'}, {ARGV[1], ARGV[2]})
+journal_max_len, retention_ms = tonumber(journal_max_len), tonumber(retention_ms)
 local now = now_ms()
 local results = {}
 local cancelled = 0

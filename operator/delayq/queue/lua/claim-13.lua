@@ -29,17 +29,20 @@
   KEYS[11] schedules HASH schedule id -> packed schedule (series_fields)
   KEYS[12] topup   ZSET schedule id -> ms since its top-up is owed
   KEYS[13] basis    HASH id -> custom slot basis (only messages scheduled with one)
+  (and the slot's settings record, by its hash tag: topic_settings; its fields win over the
+  ARGV values marked (record), which stay the fallback while it lacks them)
 
   ARGV[1] epoch           the caller's fencing epoch
   ARGV[2] max_count       at most this many messages claimed
   ARGV[3] lease_ms        lease length; the deadline is server now + lease_ms
-  ARGV[4] max_retries     attempts beyond this are dead
-  ARGV[5] journal_max_len  0 = journal off
+  ARGV[4] max_retries     attempts beyond this are dead (record)
+  ARGV[5] journal_max_len  0 = journal off (record)
   ARGV[6] rollback_max    at most this many expired leases rolled back in this call
   ARGV[7] retry_for_ms    retries end this long after the first attempt (0 = no window)
-  ARGV[8] retry_exhausted_action  'dead' | 'drop' once retries are exhausted
-  ARGV[9] expiry_action   'dead' | 'drop' for a message past its expiry
-  ARGV[10] outcome_retention_ms  0 = dropped messages are not remembered
+                          (record)
+  ARGV[8] retry_exhausted_action  'dead' | 'drop' once retries are exhausted (record)
+  ARGV[9] expiry_action   'dead' | 'drop' for a message past its expiry (record)
+  ARGV[10] outcome_retention_ms  0 = dropped messages are not remembered (record)
 
   Returns {code, now_us, next_due_ms, next_deadline_ms, topups_owed, id1, record1, ...}
      0 OK           next_due_ms / next_deadline_ms are -1 when store / prepare is empty;
@@ -74,6 +77,7 @@
 --@include roll_back_leases
 --@include series_fields
 --@include series_with
+--@include topic_settings
 --@include with_first_attempt
 
 local store, prepare, msg, epoch_key, journal_key, leases_key =
@@ -81,14 +85,16 @@ local store, prepare, msg, epoch_key, journal_key, leases_key =
 local schedules, topup = KEYS[11], KEYS[12]
 local max_count = tonumber(ARGV[2])
 local lease_ms = tonumber(ARGV[3])
-local max_retries = tonumber(ARGV[4])
-local journal_max_len = tonumber(ARGV[5])
 local rollback_max = tonumber(ARGV[6])
-local retry_for_ms = tonumber(ARGV[7])
-local exhausted_action, expiry_action = ARGV[8], ARGV[9]
+local max_retries, journal_max_len, retry_for_ms, exhausted_action, expiry_action, retention_ms =
+  topic_settings(KEYS[1], {'max_retries', 'journal_max_len', 'retry_for_ms',
+    'retry_exhausted_action', 'expiry_action', 'outcome_retention_ms'},
+    {ARGV[4], ARGV[5], ARGV[7], ARGV[8], ARGV[9], ARGV[10]})
+max_retries, journal_max_len = tonumber(max_retries), tonumber(journal_max_len)
+retry_for_ms = tonumber(retry_for_ms)
 local slot = {
   dead = KEYS[3], reason = KEYS[5], msg = msg, journal = journal_key, outcome = KEYS[9],
-  finished = KEYS[10], basis = KEYS[13], journal_max_len = journal_max_len, retention_ms = tonumber(ARGV[10]),
+  finished = KEYS[10], basis = KEYS[13], journal_max_len = journal_max_len, retention_ms = tonumber(retention_ms),
 }
 local given_up = 0
 

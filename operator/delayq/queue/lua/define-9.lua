@@ -13,8 +13,10 @@
   KEYS[7] prepare  ZSET id -> lease deadline ms
   KEYS[8] epoch    STRING fencing epoch; 'moving:<epoch>' while the slot moves (refused)
   KEYS[9] basis    HASH id -> custom slot basis (only messages scheduled with one)
+  (and the slot's settings record, by its hash tag: topic_settings; its fields win over the
+  ARGV values marked (record), which stay the fallback while it lacks them)
 
-  ARGV[1] journal_max_len  0 = journal off
+  ARGV[1] journal_max_len  0 = journal off (record)
   ARGV[2] schedule id
   ARGV[3] value     the packed schedule, its current field the first occurrence's due ms
 
@@ -33,13 +35,14 @@
 --@include occurrence_record
 --@include refuse_if_moving
 --@include series_fields
+--@include topic_settings
 --@include wake_if_earliest
 
 refuse_if_moving(KEYS[8])
 
 local schedules, topup, store, msg, wake, journal_key, prepare =
   KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6], KEYS[7]
-local journal_max_len = tonumber(ARGV[1])
+local journal_max_len = tonumber(topic_settings(KEYS[1], {'journal_max_len'}, {ARGV[1]}))
 local sid, value = ARGV[2], ARGV[3]
 local now = now_ms()
 local first = series_fields(value)

@@ -10,8 +10,10 @@
   KEYS[5] journal  STREAM lifecycle events
   KEYS[6] epoch    STRING fencing epoch; 'moving:<epoch>' while the slot moves (refused)
   KEYS[7] basis    HASH id -> custom slot basis (only messages scheduled with one)
+  (and the slot's settings record, by its hash tag: topic_settings; its fields win over the
+  ARGV values marked (record), which stay the fallback while it lacks them)
 
-  ARGV[1] journal_max_len  0 = journal off
+  ARGV[1] journal_max_len  0 = journal off (record)
   ARGV[2] schedule id
 
   Returns {code}
@@ -27,11 +29,12 @@
 --@include now_ms
 --@include refuse_if_moving
 --@include series_fields
+--@include topic_settings
 
 refuse_if_moving(KEYS[6])
 
 local schedules, topup, store, msg, journal_key = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
-local journal_max_len = tonumber(ARGV[1])
+local journal_max_len = tonumber(topic_settings(KEYS[1], {'journal_max_len'}, {ARGV[1]}))
 local sid = ARGV[2]
 local value = redis.call('HGET', schedules, sid)
 if not value then return {CODE.NOT_FOUND} end

@@ -26,12 +26,14 @@
   KEYS[8] outcome  HASH id -> remembered outcome of a finished message
   KEYS[9] finished ZSET id -> finished ms (the order remembered outcomes are forgotten in)
   KEYS[10] basis   HASH id -> custom slot basis (only messages scheduled with one)
+  (and the slot's settings record, by its hash tag: topic_settings; its fields win over the
+  ARGV values marked (record), which stay the fallback while it lacks them)
 
-  ARGV[1] max_retries     attempts beyond this are dead
-  ARGV[2] journal_max_len  0 = journal off
-  ARGV[3] retry_for_ms    retries end this long after the first attempt (0 = no window)
-  ARGV[4] retry_exhausted_action  'dead' | 'drop' once retries are exhausted
-  ARGV[5] outcome_retention_ms  0 = dropped messages are not remembered
+  ARGV[1] max_retries     attempts beyond this are dead (record)
+  ARGV[2] journal_max_len  0 = journal off (record)
+  ARGV[3] retry_for_ms    retries end this long after the first attempt (0 = no window) (record)
+  ARGV[4] retry_exhausted_action  'dead' | 'drop' once retries are exhausted (record)
+  ARGV[5] outcome_retention_ms  0 = dropped messages are not remembered (record)
 
   Returns the new epoch (an integer >= 1); a slot being moved to another broker (frozen by
   freeze-1) raises a SLOT_MOVING error instead, with nothing changed: its owner takes it over
@@ -50,22 +52,26 @@
 --@include now_ms
 --@include refuse_if_moving
 --@include roll_back_leases
+--@include topic_settings
 
 refuse_if_moving(KEYS[1])
 
 local epoch_key, store, prepare = KEYS[1], KEYS[2], KEYS[3]
+local max_retries, journal_max_len, retry_for_ms, exhausted_action, retention_ms =
+  topic_settings(KEYS[1], {'max_retries', 'journal_max_len', 'retry_for_ms',
+    'retry_exhausted_action', 'outcome_retention_ms'}, {ARGV[1], ARGV[2], ARGV[3], ARGV[4], ARGV[5]})
 local slot = {
   dead = KEYS[4], msg = KEYS[5], reason = KEYS[6], journal = KEYS[7], outcome = KEYS[8],
-  finished = KEYS[9], basis = KEYS[10], journal_max_len = tonumber(ARGV[2]),
-  retention_ms = tonumber(ARGV[5]),
+  finished = KEYS[9], basis = KEYS[10], journal_max_len = tonumber(journal_max_len),
+  retention_ms = tonumber(retention_ms),
 }
 local now = now_ms()
 local epoch = math.max((tonumber(redis.call('GET', epoch_key)) or 0) + 1, now)
 redis.call('SET', epoch_key, epoch)
 
 local leased = redis.call('ZRANGE', prepare, 0, -1)
-local given_up = roll_back_leases(slot, store, prepare, leased, now, tonumber(ARGV[1]),
-  tonumber(ARGV[3]), ARGV[4])
+local given_up = roll_back_leases(slot, store, prepare, leased, now, tonumber(max_retries),
+  tonumber(retry_for_ms), exhausted_action)
 if given_up > 0 then
   forget_expired(slot.outcome, slot.finished, slot.basis, slot.msg, slot.retention_ms, now,
     given_up)

@@ -12,8 +12,10 @@
   KEYS[5] reason   HASH id -> dead reason
   KEYS[6] outcome  HASH id -> remembered outcome of a finished message
   KEYS[7] epoch    STRING fencing epoch; 'moving:<epoch>' while the slot moves (refused)
+  (and the slot's settings record, by its hash tag: topic_settings; its fields win over the
+  ARGV values marked (record), which stay the fallback while it lacks them)
 
-  ARGV[1] outcome_retention_ms  0 = finished messages are not remembered
+  ARGV[1] outcome_retention_ms  0 = finished messages are not remembered (record)
   ARGV[2..] ids
 
   Returns, flat, per id: state, score_ms, record, reason: state 'scheduled' (score = due),
@@ -28,12 +30,13 @@
 --@include now_ms
 --@include refuse_if_moving
 --@include remembered
+--@include topic_settings
 
 refuse_if_moving(KEYS[7])
 
 local store, prepare, dead, msg, reason, outcome =
   KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6]
-local retention_ms = tonumber(ARGV[1])
+local retention_ms = tonumber(topic_settings(KEYS[1], {'outcome_retention_ms'}, {ARGV[1]}))
 local now = now_ms()
 local results = {}
 for i = 2, #ARGV do

@@ -11,9 +11,11 @@
   KEYS[4] epoch    STRING fencing epoch of the slot owner
   KEYS[5] wake     LIST wake-up marker of the slot
   KEYS[6] journal  STREAM lifecycle events
+  (and the slot's settings record, by its hash tag: topic_settings; its fields win over the
+  ARGV values marked (record), which stay the fallback while it lacks them)
 
   ARGV[1] epoch           the caller's fencing epoch
-  ARGV[2] journal_max_len  0 = journal off
+  ARGV[2] journal_max_len  0 = journal off (record)
   ARGV[3 + 2k], ARGV[4 + 2k]  per message: id, lease
 
   Returns, per message:
@@ -32,11 +34,12 @@
 --@include now_ms
 --@include record_fields
 --@include record_with
+--@include topic_settings
 --@include wake_if_earliest
 
 local store, prepare, msg, epoch_key, wake, journal_key =
   KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6]
-local journal_max_len = tonumber(ARGV[2])
+local journal_max_len = tonumber(topic_settings(KEYS[1], {'journal_max_len'}, {ARGV[2]}))
 local results = {}
 
 if not epoch_matches(epoch_key, ARGV[1]) then

@@ -17,14 +17,16 @@
   KEYS[9] outcome  HASH id -> remembered outcome of a finished message
   KEYS[10] finished ZSET id -> finished ms (the order remembered outcomes are forgotten in)
   KEYS[11] basis    HASH id -> custom slot basis (only messages scheduled with one)
+  (and the slot's settings record, by its hash tag: topic_settings; its fields win over the
+  ARGV values marked (record), which stay the fallback while it lacks them)
 
   ARGV[1] epoch           the caller's fencing epoch
-  ARGV[2] max_retries     attempts beyond this are exhausted
-  ARGV[3] journal_max_len  0 = journal off
-  ARGV[4] retry_for_ms    retries end this long after the first attempt (0 = no window)
-  ARGV[5] retry_exhausted_action  'dead' | 'drop' once retries are exhausted
-  ARGV[6] expiry_action   'dead' | 'drop' for a retry that would fall after the expiry
-  ARGV[7] outcome_retention_ms  0 = dropped messages are not remembered
+  ARGV[2] max_retries     attempts beyond this are exhausted (record)
+  ARGV[3] journal_max_len  0 = journal off (record)
+  ARGV[4] retry_for_ms    retries end this long after the first attempt (0 = no window) (record)
+  ARGV[5] retry_exhausted_action  'dead' | 'drop' once retries are exhausted (record)
+  ARGV[6] expiry_action   'dead' | 'drop' for a retry that would fall after the expiry (record)
+  ARGV[7] outcome_retention_ms  0 = dropped messages are not remembered (record)
   ARGV[8 + 5k .. 12 + 5k] per message: id, lease, delay_ms, reason, dead ('1' = dead now)
 
   Returns, flat, per message: code, due_ms
@@ -52,17 +54,20 @@
 --@include record_fields
 --@include record_with
 --@include retries_exhausted
+--@include topic_settings
 --@include wake_if_earliest
 
 local store, prepare, msg, epoch_key, wake, journal_key =
   KEYS[1], KEYS[2], KEYS[4], KEYS[6], KEYS[7], KEYS[8]
-local max_retries = tonumber(ARGV[2])
-local journal_max_len = tonumber(ARGV[3])
-local retry_for_ms = tonumber(ARGV[4])
-local exhausted_action, expiry_action = ARGV[5], ARGV[6]
+local max_retries, journal_max_len, retry_for_ms, exhausted_action, expiry_action, retention_ms =
+  topic_settings(KEYS[1], {'max_retries', 'journal_max_len', 'retry_for_ms',
+    'retry_exhausted_action', 'expiry_action', 'outcome_retention_ms'},
+    {ARGV[2], ARGV[3], ARGV[4], ARGV[5], ARGV[6], ARGV[7]})
+max_retries, journal_max_len = tonumber(max_retries), tonumber(journal_max_len)
+retry_for_ms = tonumber(retry_for_ms)
 local slot = {
   dead = KEYS[3], reason = KEYS[5], msg = msg, journal = journal_key, outcome = KEYS[9],
-  finished = KEYS[10], basis = KEYS[11], journal_max_len = journal_max_len, retention_ms = tonumber(ARGV[7]),
+  finished = KEYS[10], basis = KEYS[11], journal_max_len = journal_max_len, retention_ms = tonumber(retention_ms),
 }
 local results = {}
 

@@ -10,9 +10,11 @@
   KEYS[6] finished ZSET id -> finished ms (the order remembered outcomes are forgotten in)
   KEYS[7] epoch    STRING fencing epoch; 'moving:<epoch>' while the slot moves (refused)
   KEYS[8] basis    HASH id -> custom slot basis (only messages scheduled with one)
+  (and the slot's settings record, by its hash tag: topic_settings; its fields win over the
+  ARGV values marked (record), which stay the fallback while it lacks them)
 
-  ARGV[1] journal_max_len       0 = journal off
-  ARGV[2] outcome_retention_ms  0 = finished messages are not remembered
+  ARGV[1] journal_max_len       0 = journal off (record)
+  ARGV[2] outcome_retention_ms  0 = finished messages are not remembered (record)
   ARGV[3] mode                  'ids' (the ids that follow) | 'oldest' (up to max_count oldest)
   ARGV[4] max_count             with mode 'oldest': how many at most
   ARGV[5..] ids                 with mode 'ids'
@@ -35,12 +37,15 @@
 --@include record_fields
 --@include refuse_if_moving
 --@include remember
+--@include topic_settings
 
 refuse_if_moving(KEYS[7])
 
 local dead, msg, reason, journal_key, outcome, finished =
   KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6]
-local journal_max_len, retention_ms = tonumber(ARGV[1]), tonumber(ARGV[2])
+local journal_max_len, retention_ms =
+  topic_settings(KEYS[1], {'journal_max_len', 'outcome_retention_ms'}, {ARGV[1], ARGV[2]})
+journal_max_len, retention_ms = tonumber(journal_max_len), tonumber(retention_ms)
 local now = now_ms()
 
 local ids = dead_batch_ids(dead, ARGV[3], ARGV[4], ARGV, 5)

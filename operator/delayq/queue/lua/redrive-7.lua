@@ -10,8 +10,10 @@
   KEYS[5] wake     LIST wake-up marker of the slot
   KEYS[6] journal  STREAM lifecycle events
   KEYS[7] epoch    STRING fencing epoch; 'moving:<epoch>' while the slot moves (refused)
+  (and the slot's settings record, by its hash tag: topic_settings; its fields win over the
+  ARGV values marked (record), which stay the fallback while it lacks them)
 
-  ARGV[1] journal_max_len  0 = journal off
+  ARGV[1] journal_max_len  0 = journal off (record)
   ARGV[2] mode            'ids' (the ids that follow) | 'oldest' (up to max_count oldest dead)
   ARGV[3] max_count       with mode 'oldest': how many at most
   ARGV[4..] ids           with mode 'ids'
@@ -31,6 +33,7 @@
 --@include now_ms
 --@include record_with
 --@include refuse_if_moving
+--@include topic_settings
 --@include wake_if_earliest
 --@include without_extras
 
@@ -38,7 +41,7 @@ refuse_if_moving(KEYS[7])
 
 local dead, store, msg, reason, wake, journal_key =
   KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6]
-local journal_max_len = tonumber(ARGV[1])
+local journal_max_len = tonumber(topic_settings(KEYS[1], {'journal_max_len'}, {ARGV[1]}))
 local now = now_ms()
 
 local ids = dead_batch_ids(dead, ARGV[2], ARGV[3], ARGV, 4)

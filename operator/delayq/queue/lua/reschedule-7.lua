@@ -9,9 +9,11 @@
   KEYS[5] wake     LIST wake-up marker of the slot
   KEYS[6] journal  STREAM lifecycle events
   KEYS[7] epoch    STRING fencing epoch; 'moving:<epoch>' while the slot moves (refused)
+  (and the slot's settings record, by its hash tag: topic_settings; its fields win over the
+  ARGV values marked (record), which stay the fallback while it lacks them)
 
   ARGV[1] max_delay_ms
-  ARGV[2] journal_max_len  0 = journal off
+  ARGV[2] journal_max_len  0 = journal off (record)
   ARGV[3 + 3k .. 5 + 3k]  per message: id, when_kind ('delay' | 'at'), when_ms
 
   Returns, flat, per message: code, due_ms
@@ -30,6 +32,7 @@
 --@include record_fields
 --@include record_with
 --@include refuse_if_moving
+--@include topic_settings
 --@include wake_if_earliest
 
 refuse_if_moving(KEYS[7])
@@ -37,7 +40,7 @@ refuse_if_moving(KEYS[7])
 local store, prepare, dead, msg, wake, journal_key =
   KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6]
 local max_delay_ms = tonumber(ARGV[1])
-local journal_max_len = tonumber(ARGV[2])
+local journal_max_len = tonumber(topic_settings(KEYS[1], {'journal_max_len'}, {ARGV[2]}))
 local now = now_ms()
 local results = {}
 local earliest = nil

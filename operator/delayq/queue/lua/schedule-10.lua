@@ -13,16 +13,18 @@
   KEYS[8] outcome  HASH id -> remembered outcome of a finished message
   KEYS[9] epoch    STRING fencing epoch; 'moving:<epoch>' while the slot moves (refused)
   KEYS[10] basis   HASH id -> custom slot basis (only messages scheduled with one)
+  (and the slot's settings record, by its hash tag: topic_settings; its fields win over the
+  ARGV values marked (record), which stay the fallback while it lacks them)
 
   ARGV[1] mode                  'create' | 'upsert'
   ARGV[2] max_delay_ms          due times beyond server now + this are refused
-  ARGV[3] journal_max_len       0 = journal off
-  ARGV[4] outcome_retention_ms  0 = finished messages are not remembered
+  ARGV[3] journal_max_len       0 = journal off (record)
+  ARGV[4] outcome_retention_ms  0 = finished messages are not remembered (record)
   ARGV[5] expiry_ttl_ms         the topic's default: a message without its own expiry expires
-                                this long after its due time (0 = never)
+                                this long after its due time (0 = never) (record)
   ARGV[6] max_pending           the slot's share of the topic's limits.maxPending: a new
                                 message beyond this many scheduled + prepared is refused
-                                (0 = no limit)
+                                (0 = no limit) (record: field limits_max_pending)
   ARGV[7 + 8k .. 14 + 8k]       per message: id, when_kind ('delay' | 'at'), when_ms,
                                 expire_kind ('' | 'at' | 'ttl': after the due time),
                                 expire_ms, headers, payload, slot basis ('' = its id: no
@@ -54,6 +56,7 @@
 --@include record_fields
 --@include refuse_if_moving
 --@include remembered
+--@include topic_settings
 --@include wake_if_earliest
 
 refuse_if_moving(KEYS[9])
@@ -62,10 +65,11 @@ local store, prepare, dead, msg, reason, wake, journal_key, outcome, basis =
   KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6], KEYS[7], KEYS[8], KEYS[10]
 local upsert = ARGV[1] == 'upsert'
 local max_delay_ms = tonumber(ARGV[2])
-local journal_max_len = tonumber(ARGV[3])
-local retention_ms = tonumber(ARGV[4])
-local default_ttl_ms = tonumber(ARGV[5])
-local max_pending = tonumber(ARGV[6])
+local journal_max_len, retention_ms, default_ttl_ms, max_pending = topic_settings(KEYS[1],
+  {'journal_max_len', 'outcome_retention_ms', 'expiry_ttl_ms', 'limits_max_pending'},
+  {ARGV[3], ARGV[4], ARGV[5], ARGV[6]})
+journal_max_len, retention_ms = tonumber(journal_max_len), tonumber(retention_ms)
+default_ttl_ms, max_pending = tonumber(default_ttl_ms), tonumber(max_pending)
 local now = now_ms()
 
 local results = {}

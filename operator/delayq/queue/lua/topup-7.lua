@@ -15,8 +15,10 @@
   KEYS[5] wake     LIST wake-up marker of the slot
   KEYS[6] journal  STREAM lifecycle events
   KEYS[7] epoch    STRING fencing epoch; 'moving:<epoch>' while the slot moves (refused)
+  (and the slot's settings record, by its hash tag: topic_settings; its fields win over the
+  ARGV values marked (record), which stay the fallback while it lacks them)
 
-  ARGV[1] journal_max_len  0 = journal off
+  ARGV[1] journal_max_len  0 = journal off (record)
   ARGV[2 + 4k .. 5 + 4k]  per schedule: id, current due ms as read, waiting (unclaimed) as read
                           ('1' | '0'),
                           the following due ms or 'end'
@@ -37,6 +39,7 @@
 --@include refuse_if_moving
 --@include series_fields
 --@include series_with
+--@include topic_settings
 --@include unclaimed
 --@include wake_if_earliest
 
@@ -44,7 +47,7 @@ refuse_if_moving(KEYS[7])
 
 local schedules, topup, store, msg, wake, journal_key =
   KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6]
-local journal_max_len = tonumber(ARGV[1])
+local journal_max_len = tonumber(topic_settings(KEYS[1], {'journal_max_len'}, {ARGV[1]}))
 local now = now_ms()
 local results = {}
 for i = 2, #ARGV, 4 do
