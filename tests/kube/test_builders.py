@@ -515,6 +515,23 @@ def test_worker_settings_change_the_config_hash_and_so_roll_the_pods() -> None:
     assert hash_of(spec_of()) == hash_of(base)  # deterministic
 
 
+def test_the_engines_live_settings_roll_no_pod_and_the_others_do() -> None:
+    """maxRetries, retention, quota, expiry reach every client through the settings record the
+    health pass publishes (tests/kube/test_settings_record.py): a change must not restart the
+    service pods; a setting only `delayq serve` reads at start must."""
+    base = config_hash(spec_of(), CTX, 16)
+    live = {
+        "maxRetries": 3,
+        "outcomeRetention": "1h",
+        "limits": {"maxPending": 1000},
+        "expiry": {"ttl": "1h", "action": "drop"},
+        "retry": {"for": "1h", "exhaustedAction": "drop"},
+        "journalMaxLen": 100,
+    }
+    assert config_hash(spec_of(**live), CTX, 16) == base
+    assert config_hash(spec_of(ackTimeout="45s"), CTX, 16) != base
+
+
 def test_secret_holds_every_credential_base64() -> None:
     secret = by_kind_name(rendered())["Secret", "orders-credentials"]
     assert secret["data"] == {

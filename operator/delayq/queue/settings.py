@@ -77,7 +77,9 @@ class Kind(enum.StrEnum):
 class Change(enum.StrEnum):
     """How a change of a setting on a running topic takes effect."""
 
-    LIVE = "live"  # applied without restarting a pod
+    # applied without restarting a pod; an engine setting (`Consumer.TOPIC`) that changes live
+    # travels in the topic's settings record, which the scripts read (queue/topic_record.py)
+    LIVE = "live"
     ROLL = "roll"  # the operator rolls the pods that read it (a new topic.json or pod env)
     GROW = "grow"  # grows live (the operator moves or doubles slots), never shrinks
     NEVER = "never"  # immutable: a new topic is needed
@@ -306,7 +308,7 @@ SETTINGS: tuple[Setting, ...] = (
         "Retries after the first delivery: a message is delivered at most 1 + maxRetries times, "
         "then its retries end (dead or drop, retry.exhaustedAction); 0 = no retry. BullMQ "
         "attempts and SQS maxReceiveCount are maxRetries + 1.",
-        T, change=Change.ROLL, low=0, high=1000, unit="retries",
+        T, change=Change.LIVE, low=0, high=1000, unit="retries",
     ),
     Setting(
         "ackTimeout", Kind.DURATION, 30_000, "lease length of a delivery",
@@ -328,7 +330,7 @@ SETTINGS: tuple[Setting, ...] = (
     Setting(
         "journalMaxLen", Kind.INTEGER, 0, "lifecycle journal cap per slot (0: off)",
         "Approximate per-slot cap of the lifecycle journal stream; 0 turns the journal off.",
-        T, change=Change.ROLL, low=0, high=100_000_000, unit="entries",
+        T, change=Change.LIVE, low=0, high=100_000_000, unit="entries",
     ),
     Setting(
         "outcomeRetention", Kind.DURATION, 0,
@@ -336,7 +338,7 @@ SETTINGS: tuple[Setting, ...] = (
         "How long a finished (acked, cancelled or purged) message id is remembered, e.g. 1h "
         "(0s..720h, 0s = off): GET answers its outcome and create-only scheduling of that id "
         "answers already_done instead of delivering it again.",
-        T, change=Change.ROLL, low=0, high=MAX_OUTCOME_RETENTION_MS, bound_hint=", e.g. 1h",
+        T, change=Change.LIVE, low=0, high=MAX_OUTCOME_RETENTION_MS, bound_hint=", e.g. 1h",
     ),
     Setting(
         "retry.backoffBase", Kind.DURATION, 1000, "first retry delay",
@@ -366,7 +368,7 @@ SETTINGS: tuple[Setting, ...] = (
         "retries end this long after the first attempt (0: maxRetries only)",
         "Retries also end once the next attempt would fall this long after the first attempt, "
         "e.g. 2h (0s = only maxRetries ends them).",
-        T, change=Change.ROLL, low=0, high=MAX_DELAY_MS,
+        T, change=Change.LIVE, low=0, high=MAX_DELAY_MS,
     ),
     Setting(
         "retry.exhaustedAction", Kind.CHOICE, EndAction.DEAD,
@@ -374,7 +376,7 @@ SETTINGS: tuple[Setting, ...] = (
         "What becomes of a message whose retries ended (maxRetries or retry.for): dead keeps it "
         "in the dead letters (inspect, redrive, purge); drop deletes it (remembered as dropped "
         "with outcomeRetention).",
-        T, change=Change.ROLL, choices=tuple(EndAction),
+        T, change=Change.LIVE, choices=tuple(EndAction),
     ),
     Setting(
         "resharding.maxConcurrentMoves", Kind.INTEGER, 2,
@@ -391,21 +393,21 @@ SETTINGS: tuple[Setting, ...] = (
         "At most this many messages scheduled or in flight (0 = no limit); each slot holds its "
         "share, ceil(maxPending / slotAmount). A new message beyond it is refused with 429 and "
         "Retry-After; replacing a live one is not.",
-        T, change=Change.ROLL, low=0, high=MAX_PENDING, unit="messages", crd={"format": "int64"},
+        T, change=Change.LIVE, low=0, high=MAX_PENDING, unit="messages", crd={"format": "int64"},
     ),
     Setting(
         "expiry.ttl", Kind.DURATION, 0,
         "a message without its own expiry expires this long after its due time",
         "A message without its own expiry expires this long after its due time, e.g. 10m "
         "(0s = never).",
-        T, change=Change.ROLL, low=0, high=MAX_DELAY_MS,
+        T, change=Change.LIVE, low=0, high=MAX_DELAY_MS,
     ),
     Setting(
         "expiry.action", Kind.CHOICE, EndAction.DEAD,
         "dead: move a message past its expiry to dead; drop: delete it",
         "What becomes of a message past its expiry: dead (reason expired) or drop (deleted; "
         "remembered as expired with outcomeRetention).",
-        T, change=Change.ROLL, choices=tuple(EndAction),
+        T, change=Change.LIVE, choices=tuple(EndAction),
     ),
     Setting(
         "delivery.pull.maxLeaseBatch", Kind.INTEGER, 1000, "pull: messages per lease at most",

@@ -34,20 +34,15 @@ from delayq.queue.keys import slot_keys
 from delayq.queue.plans import Arg, Plan, ScriptCall
 from delayq.queue.schedule_plans import Steps
 from delayq.queue.scripts import Script
+from delayq.queue.settings import SETTINGS, Change, Consumer
 from delayq.queue.topic import Topic
 
-#: The Topic fields the scripts read from the record, each under its own name.
+#: The Topic fields the scripts read from the record, each under its own name: the engine's
+#: settings the table (queue/settings.py) says change live.
 #: `limits_max_pending` holds the slot's share (`Topic.max_pending_per_slot`): a record belongs
 #: to the keys of one key generation, whose slot amount is the topic's.
-RECORDED_FIELDS = (
-    "max_retries",
-    "retry_for_ms",
-    "retry_exhausted_action",
-    "expiry_ttl_ms",
-    "expiry_action",
-    "limits_max_pending",
-    "outcome_retention_ms",
-    "journal_max_len",
+RECORDED_FIELDS = tuple(
+    row.name for row in SETTINGS if row.consumer is Consumer.TOPIC and row.change is Change.LIVE
 )
 
 #: The owner `delayq serve` publishes as, on a Redis of its own (the operator: the topic's uid).

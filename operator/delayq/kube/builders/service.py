@@ -37,6 +37,7 @@ from delayq.kube.ensembles import platform_connect
 from delayq.kube.spec import TopicSpec, zookeeper_ports
 from delayq.queue import TopicType
 from delayq.queue.settings import SETTINGS
+from delayq.queue.topic_record import RECORDED_FIELDS
 from delayq.service.config import env_name
 from delayq.service.delivery.targets import parse_cidrs
 from delayq.service.shutdown import GRACE_MS, termination_grace_s
@@ -100,9 +101,13 @@ def config_json(spec: TopicSpec, ctx: BuildContext, slot_amount: int) -> str:
 
 
 def config_hash(spec: TopicSpec, ctx: BuildContext, slot_amount: int) -> str:
-    """Changes exactly when a restart of the service pods is needed to pick up new settings."""
+    """Changes exactly when a restart of the service pods is needed to pick up new settings.
+    The engine's live settings are left out: the health pass publishes them in the topic's
+    settings record, which every client's scripts obey at once (queue/topic_record.py)."""
+    document = json.loads(config_json(spec, ctx, slot_amount))
+    rolled = {key: value for key, value in document.items() if key not in RECORDED_FIELDS}
     material = (
-        config_json(spec, ctx, slot_amount)
+        json.dumps(rolled, sort_keys=True)
         + json.dumps(spec.worker_resources.as_manifest(), sort_keys=True)
         + ctx.zookeeper_tls_ca_pem  # a new CA rolls the pods rather than waiting for the kubelet
     )
