@@ -399,3 +399,37 @@ def slot_json(view: SlotView, fleet: FleetView) -> dict[str, Any]:
         "stalled": view.stalled,
         "paused": view.paused,
     }
+
+
+def heat_json(service: DelayService, view: TopicView, age_s: float) -> dict[str, Any]:
+    """Every slot at once, a column per value (`/slots/heat`, the dashboard's heat map): 16,384
+    slots are a few hundred kB, not 16,384 objects. `owner[i]` indexes `members` (-1: nobody
+    holds the slot); it is the member the assignment names for a held slot, since reading each
+    slot's holder costs a ZooKeeper read (the `/slots` page reads them for its slots); null
+    with `fleetError` when ZooKeeper could not be read."""
+    slots, fleet = view.slots, view.fleet
+    owner: list[int] | None = None
+    members: list[str] = []
+    if fleet is not None:
+        members = list(fleet.members)
+        index = {member: number for number, member in enumerate(members)}
+        owner = []
+        for slot in slots:
+            name = fleet.assigned.get(slot.slot) if slot.slot in fleet.held else None
+            if name is not None and name not in index:  # assigned to a member just gone
+                index[name] = len(members)
+                members.append(name)
+            owner.append(-1 if name is None else index[name])
+    return {
+        "slotAmount": service.topic.slot_amount,
+        "ageMs": int(age_s * 1000),
+        "stalledAfterMs": STALLED_AFTER_MS,
+        "members": members,
+        "owner": owner,
+        "fleetError": view.fleet_error,
+        "scheduled": [s.scheduled for s in slots],
+        "due": [s.overdue for s in slots],
+        "oldestOverdueMs": [s.oldest_overdue_ms for s in slots],
+        "stalled": [s.stalled for s in slots],
+        "paused": [s.paused for s in slots],
+    }
