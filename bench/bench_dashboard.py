@@ -9,7 +9,10 @@ messages through the engine (due times spread over the next three days, 1% overd
 - `overview_api_ms`: GET /overview with a cold cache (every slot read: the server's work);
 - `overview_render_ms`: headless Chromium (Debian's, /usr/bin/chromedriver) from navigation to
   the overview showing its numbers, cold cache each run;
-- `slots_render_ms`: the same for the slot map's first page (256 rows).
+- `slots_render_ms`: the same for the slot map's first page (256 rows);
+- `metrics_forecast_ms` and `metrics_cached_ms`: GET /metrics when the forecast of due load
+  (`delayq_due_messages`, every owned slot counted) is older than its refresh period, and
+  right after, when it is not: the difference is what the forecast costs once per period.
 
 Each run waits out the service's 1 s view cache first, so every figure includes reading all
 slots. Prints one JSON object. A figure, never a test assertion.
@@ -44,7 +47,7 @@ from delayq.queue.client import Queue  # noqa: E402
 from delayq.queue.model import ScheduleRequest  # noqa: E402
 from delayq.queue.topic import Topic, TopicType  # noqa: E402
 from delayq.service.config import ServiceConfig  # noqa: E402
-from delayq.service.overview import CACHE_S  # noqa: E402
+from delayq.service.overview import CACHE_S, FORECAST_MAX_AGE_S  # noqa: E402
 
 NAMESPACE, TOPIC = "bench", "big"
 DAY_MS = 86_400_000
@@ -132,6 +135,14 @@ def main() -> int:
             for _ in range(args.runs):
                 time.sleep(CACHE_S + 0.1)  # a cold cache: the figure includes reading every slot
                 api.append(get_ms(base + "/overview"))
+            forecast: list[float] = []
+            cached: list[float] = []
+            for _ in range(args.runs):
+                time.sleep(FORECAST_MAX_AGE_S + 0.1)
+                forecast.append(get_ms(process.url + "/metrics"))
+                cached.append(get_ms(process.url + "/metrics"))
+            result["metrics_forecast_ms"] = summary(forecast)
+            result["metrics_cached_ms"] = summary(cached)
             for page, into in (("overview", overview), ("slots", slot_map)):
                 for _ in range(args.runs):
                     driver.get("about:blank")

@@ -4,7 +4,8 @@
 
 Starts what it needs and stops it again: a throw-away redis-server, a ZooKeeper, two
 `delayq serve` processes sharing a 32-slot pull topic, and a small pull consumer so the page
-has deliveries, lateness, dead letters and a stalled slot to show. The browser is Debian's
+has deliveries, lateness, dead letters and a stalled slot to show; then one `delayq serve` of a
+16,384-slot topic for the slot map's heat map. The browser is Debian's
 headless Chromium through /usr/bin/chromedriver (`scripts/setup.sh` installs both); nothing is
 downloaded. Every wait has a deadline.
 """
@@ -24,10 +25,12 @@ from selenium.webdriver.common.by import By  # noqa: E402
 from selenium.webdriver.remote.webdriver import WebDriver  # noqa: E402
 from selenium.webdriver.support.ui import WebDriverWait  # noqa: E402
 from tests.service.dashboard_support import (  # noqa: E402
+    BIG_STALLED_SLOT,
     NAMESPACE,
     TOPIC,
     WAIT_S,
     Fleet,
+    big_topic,
     chrome,
     fleet,
     loads,
@@ -108,6 +111,8 @@ def main() -> int:
         fleet(redis_server.url, zk.hosts, workdir, 2, SLOTS) as served,
     ):
         capture(served, redis_server.url, args.output)
+        with big_topic(redis_server.url, workdir) as big:
+            capture_heat_map(big, args.output)
     for name in sorted(p.name for p in args.output.glob("dashboard-*.png")):
         print(f"wrote {args.output / name}")
     return 0
@@ -166,6 +171,21 @@ def capture(served: Fleet, redis_url: str, output: Path) -> None:
         driver.quit()
         if consumer.is_alive():
             consumer.join(5)
+
+
+def capture_heat_map(big: Fleet, output: Path) -> None:
+    """The slot map of a 16,384-slot topic: the heat map, and the table of a selection."""
+    driver = chrome(1280, 1300)
+    try:
+        open_dashboard(driver, big.url, page="slots")
+        driver.find_element(By.ID, "slots-from").send_keys(str(BIG_STALLED_SLOT - 2))
+        driver.find_element(By.ID, "slots-to").send_keys(str(BIG_STALLED_SLOT + 2))
+        before = loads(driver, "slots")
+        driver.find_element(By.CSS_SELECTOR, "#slots-range button").click()
+        wait_for_load(driver, "slots", before + 1)
+        shoot(driver, output / "dashboard-heatmap.png")
+    finally:
+        driver.quit()
 
 
 def shoot(driver: WebDriver, path: Path) -> None:

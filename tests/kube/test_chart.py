@@ -800,6 +800,7 @@ def test_alerts_name_only_series_the_code_exports() -> None:
         "DelayqDeadMessages",
         "DelayqBrokerFailover",
         "DelayqDeliveryOverdue",
+        "DelayqDeliveryLate",
         "DelayqZooKeeperSessionDown",
     }
     series = exported_series()
@@ -947,3 +948,18 @@ def test_image_digests_pin_every_image_by_content() -> None:
     for bad in ("7.4.11", "sha256:abc", f"sha512:{DIGEST[7:]}"):
         result = run_helm("template", "rel", str(CHART), "--set", f"image.digest={bad}")
         assert result.returncode != 0, bad
+
+
+def test_the_lateness_alert_uses_the_objective_from_the_values() -> None:
+    """`alerts.latenessP99Seconds` is the threshold of DelayqDeliveryLate (default 1 s)."""
+    values = ["--set", "alerts.enabled=true", "--set-json", "alerts.latenessP99Seconds=0.25"]
+    for extra, threshold in (([], "1"), (values, "0.25")):
+        args = ["template", "rel", str(CHART), "--namespace", "delayq-system"]
+        result = run_helm(*args, *(extra or ["--set", "alerts.enabled=true"]))
+        assert result.returncode == 0, result.stderr
+        docs = tuple(doc for doc in yaml.safe_load_all(result.stdout) if doc)
+        (rule,) = of_kind(docs, "PrometheusRule")
+        rules = [r for group in rule["spec"]["groups"] for r in group["rules"]]
+        (late,) = [r for r in rules if r["alert"] == "DelayqDeliveryLate"]
+        assert late["expr"].startswith("histogram_quantile(0.99, ")
+        assert late["expr"].endswith(f"> {threshold}")

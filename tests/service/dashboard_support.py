@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import quote
 
+import redis
 from selenium import webdriver
 from selenium.webdriver.chrome.service import Service
 from selenium.webdriver.common.by import By
@@ -28,6 +29,8 @@ from selenium.webdriver.support.ui import WebDriverWait
 from delayq.local.ports import free_port
 from delayq.local.processes import ServeProcess, stop_all
 from delayq.local.waiting import wait_until
+from delayq.queue import Queue, ScheduleRequest, Topic
+from delayq.queue.keys import Part, SlotKeys
 from delayq.queue.topic import TopicType
 from delayq.service.config import ServiceConfig
 
@@ -67,6 +70,7 @@ class Fleet:
     """`delayq serve` processes of one pull topic sharing its slots through ZooKeeper."""
 
     processes: list[ServeProcess] = field(default_factory=list)
+    topic: str = TOPIC
 
     @property
     def url(self) -> str:
@@ -76,12 +80,12 @@ class Fleet:
         self, method: str, path: str, body: Any = None, token: str = TOKEN, process: int = 0
     ) -> Any:
         """One JSON call to a process's topic API (path below /v1/topics/<topic>)."""
-        url = f"{self.processes[process].url}/v1/topics/{TOPIC}{path}"
+        url = f"{self.processes[process].url}/v1/topics/{self.topic}{path}"
         data = None if body is None else json.dumps(body).encode()
         request = urllib.request.Request(url, data=data, method=method)
         request.add_header("Authorization", f"Bearer {token}")
         request.add_header("Content-Type", "application/json")
-        with urllib.request.urlopen(request, timeout=10) as response:
+        with urllib.request.urlopen(request, timeout=30) as response:
             return json.loads(response.read())
 
     def schedule(self, message_id: str, delay_ms: int, **extra: Any) -> dict[str, Any]:
@@ -154,6 +158,51 @@ def fleet(
         yield started
     finally:
         stop_all(started.processes)
+
+
+BIG_NAMESPACE, BIG_TOPIC, BIG_SLOTS = "heat", "big", 16_384
+BIG_FULL_MESSAGES = 300  # in the slot of slot basis "full", the darkest of the heat map
+BIG_STALLED_SLOT = 9_000  # holds a message due a minute ago that nobody claims
+
+
+@contextmanager
+def big_topic(redis_url: str, workdir: Path, spread: int = 20_000) -> Iterator[Fleet]:
+    """One `delayq serve` owning every slot of a 16,384-slot pull topic (no ZooKeeper): `spread`
+    messages an hour away spread by id, BIG_FULL_MESSAGES more in one slot, and a stalled slot
+    (the heat map's test and its screenshot)."""
+    topic = Topic(BIG_TOPIC, namespace=BIG_NAMESPACE, slot_amount=BIG_SLOTS)
+    client = redis.Redis.from_url(redis_url)
+    queue = Queue(client, topic)
+    try:
+        queue.schedule_many(
+            [
+                ScheduleRequest(f"full-{i}", b"", delay_ms=3_600_000, slot_basis="full")
+                for i in range(BIG_FULL_MESSAGES)
+            ]
+            + [ScheduleRequest(f"m-{i}", b"", delay_ms=3_600_000) for i in range(spread)]
+        )
+        seconds, micros = client.time()
+        stalled = SlotKeys(BIG_NAMESPACE, BIG_TOPIC, BIG_STALLED_SLOT)
+        client.zadd(stalled.key(Part.STORE), {"stuck": seconds * 1000 + micros // 1000 - 60_000})
+        client.hset(stalled.key(Part.MSG), "stuck", "0:::0:")
+    finally:
+        queue.close()
+    config = ServiceConfig(
+        redis_url=redis_url,
+        namespace=BIG_NAMESPACE,
+        topic=BIG_TOPIC,
+        slot_amount=BIG_SLOTS,
+        topic_type=TopicType.PULL,
+        api_token=TOKEN,
+        port=free_port(),
+        grace_ms=2000,
+    )
+    served = Fleet([ServeProcess(config, workdir / "serve-big.log").start()], BIG_TOPIC)
+    try:
+        wait_until(served.ready, 120, "delayq serve of 16,384 slots ready")
+        yield served
+    finally:
+        stop_all(served.processes)
 
 
 def open_dashboard(

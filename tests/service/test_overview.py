@@ -184,7 +184,8 @@ def test_quantile_is_the_upper_bound_of_the_bucket():
 
 async def test_overview_keeps_its_depths_when_zookeeper_is_down(redis_server: RedisServer):
     """Depths matter most when the coordination is in trouble: the overview still answers
-    (ownership marked unknown, with why), the slot map says 503 instead of guessing."""
+    (ownership marked unknown, with why), the heat map keeps its depths without owners, the
+    slot map's table says 503 instead of guessing."""
     from aiohttp.test_utils import TestClient, TestServer
 
     from delayq.local.waiting import eventually
@@ -218,6 +219,8 @@ async def test_overview_keeps_its_depths_when_zookeeper_is_down(redis_server: Re
             return bool((fleet["members"], fleet["heldSlots"]) == (["solo"], 4))
 
         await eventually(all_held, 30, "the solo member holding every slot")
+        heat = await (await client.get(f"{base}/slots/heat")).json()
+        assert (heat["members"], heat["owner"], sum(heat["scheduled"])) == (["solo"], [0] * 4, 1)
         zookeeper.stop(keep_data=True)
 
         async def ownership_unknown() -> dict[str, Any] | None:
@@ -228,6 +231,9 @@ async def test_overview_keeps_its_depths_when_zookeeper_is_down(redis_server: Re
         assert down["depth"]["scheduled"] == 1
         assert down["fleet"]["heldSlots"] is None
         assert "ZooKeeper" in down["fleet"]["error"]
+        heat = await (await client.get(f"{base}/slots/heat")).json()
+        assert (heat["owner"], sum(heat["scheduled"])) == (None, 1)  # depths without owners
+        assert "ZooKeeper" in heat["fleetError"]
         slots = await client.get(f"{base}/slots")
         assert slots.status == 503
         assert "ownership unknown" in (await slots.json())["error"]

@@ -273,6 +273,11 @@ async def metrics(request: web.Request) -> web.Response:
         await service.refresh_depth()
     except Exception:
         log.exception("depth refresh failed; exposing the last values")
+    try:
+        due_within, _ = await request.app[routes_overview.VIEWS].forecast.get()
+        service.metrics.set_due_forecast(due_within)
+    except Exception:
+        log.exception("due forecast failed; exposing the last values")
     return web.Response(body=service.metrics.render(), content_type="text/plain", charset="utf-8")
 
 

@@ -46,6 +46,10 @@ LATENESS_BUCKETS_S = (
 # Webhook POSTs and HTTP requests: 1 ms to 10 s.
 DURATION_BUCKETS_S = (0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0, 2.0, 5.0, 10.0)
 DEPTH_STATES = ("scheduled", "due", "prepared", "dead")
+# The forecast of due load, `delayq_due_messages{within}`: (label, window in ms). Cumulative:
+# a message due in 30 s counts in every window. Long enough to start receivers ahead of a
+# spike (1m, 5m: a Deployment's scale-up; 1h, 1d: capacity planning).
+FORECAST_WINDOWS = (("1m", 60_000), ("5m", 300_000), ("1h", 3_600_000), ("1d", 86_400_000))
 # Request methods get a label of their own; any other (a client may send any token) is `other`,
 # so a stranger cannot add series at will.
 HTTP_METHODS = frozenset({"GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"})
@@ -85,6 +89,14 @@ class ServiceMetrics:
             "delayq_oldest_overdue_seconds",
             "How long the oldest due, unclaimed message of the owned slots has waited (0: none)",
             names,
+            registry=self.registry,
+        )
+        self.due_forecast = Gauge(
+            "delayq_due_messages",
+            "Scheduled messages of the owned slots falling due within the next `within` "
+            "(later than now, so not yet due; counted on the due index at most every "
+            "few seconds): what receivers will have to take",
+            [*names, "within"],
             registry=self.registry,
         )
         self.deliveries = Counter(
@@ -166,6 +178,11 @@ class ServiceMetrics:
         self._child(self.owned_slots).set(len(stats.slots))
         self._child(self.paused).set(1 if paused else 0)
         self._child(self.oldest_overdue).set(stats.oldest_overdue_ms / 1000)
+
+    def set_due_forecast(self, due_within: dict[str, int]) -> None:
+        """`delayq_due_messages{within}` from counts by FORECAST_WINDOWS label."""
+        for within, count in due_within.items():
+            self._child(self.due_forecast, within).set(count)
 
     def set_unconsumed(self, moving: int, error: int) -> None:
         self._child(self.unconsumed_slots, "moving").set(moving)

@@ -447,6 +447,27 @@ SCHEMAS: dict[str, Schema] = {
             latenessP99Ms={"type": "number", "nullable": True},
         ),
     ),
+    "SlotHeat": obj(
+        ["slotAmount", "members", "owner", "scheduled", "due", "oldestOverdueMs", "stalled"],
+        slotAmount=integer("slots of the topic", 1, MAX_SLOT_AMOUNT),
+        ageMs=integer("how old the depths are"),
+        stalledAfterMs=integer("the stall threshold"),
+        members=array(string("member a value of owner indexes"), MAX_SLOT_AMOUNT),
+        owner={
+            **array(
+                integer("index into members of its holding member; -1: unowned", -1),
+                MAX_SLOT_AMOUNT,
+            ),
+            "nullable": True,
+            "description": "per slot; null when ZooKeeper could not be read (fleetError)",
+        },
+        fleetError={"type": "string", "nullable": True},
+        scheduled=array(integer("in store, per slot"), MAX_SLOT_AMOUNT),
+        due=array(integer("due, not claimed, per slot"), MAX_SLOT_AMOUNT),
+        oldestOverdueMs=array(integer("how long the oldest due message waited"), MAX_SLOT_AMOUNT),
+        stalled=array({"type": "boolean"}, MAX_SLOT_AMOUNT),
+        paused=array({"type": "boolean"}, MAX_SLOT_AMOUNT),
+    ),
     "SlotMap": obj(
         ["slotAmount", "members", "slots", "nextStart"],
         slotAmount=integer("slots of the topic", 1, MAX_SLOT_AMOUNT),
@@ -770,6 +791,12 @@ def _paths() -> dict[str, Schema]:
                         "schema": {"type": "string", "enum": ["all", "attention"]},
                     },
                 ],
+            )
+        },
+        "/v1/topics/{topic}/slots/heat": {
+            "get": operation(
+                "Every slot at once, a column per value: the dashboard's heat map (read-only)",
+                ok("every slot", ref("SlotHeat")),
             )
         },
         "/ui": {"get": _ui("The dashboard page (HTML; it asks for a token before reading)")},

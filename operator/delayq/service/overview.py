@@ -13,6 +13,7 @@ Cost is bounded whatever the number of open dashboards: a view is computed at mo
 from __future__ import annotations
 
 import asyncio
+import itertools
 import time
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
@@ -26,23 +27,28 @@ from delayq.queue.keys import Part, SlotKeys
 from delayq.queue.plans import Plan, ScriptCall
 from delayq.queue.scripts import Script
 from delayq.queue.topic import Topic
-from delayq.service.metrics import Activity
+from delayq.service.metrics import FORECAST_WINDOWS, Activity
 from delayq.service.service import DelayService
 
 T = TypeVar("T")
 
 CACHE_S = 1.0  # a view is at most this old: N open pages cost one read per second, not N
+# The forecast of due load is at most this old: its cost (4 counts per owned slot, 64 slots a
+# call) is paid once per this period whatever the number of scrapers
+FORECAST_MAX_AGE_S = 5.0
 STALLED_AFTER_MS = 10_000  # a due message unclaimed this long: nobody is consuming the slot
 # The due-time histogram's windows after now: (name, end in ms after now); "later" is the rest.
 DUE_WINDOWS = (("nextMinute", 60_000), ("nextHour", 3_600_000), ("nextDay", 86_400_000))
+DUE_WINDOW_ENDS_MS = tuple(end for _, end in DUE_WINDOWS)
 MAX_SLOT_PAGE = 1024  # slots per /slots page: bounds the answer and the holder reads
 MAX_LISTED = 100  # stalled or unowned slot numbers listed in a summary at most
 
 SLOTS_PER_CALL = 64  # slots one script call reads: 16,384 slots are 256 calls, not 16,384
 PIPELINES_PER_BROKER = 4  # sent at once: parsing one overlaps Redis running the next
 
-# Values per slot in a reply of the `overview` function (queue/lua/overview-4.lua).
-_FIELDS = 7 + len(DUE_WINDOWS)  # values per slot in a reply
+# Values per slot in a reply of the `overview` function (queue/lua/overview-4.lua), besides
+# one per due window.
+_FIELDS = 7
 
 
 @dataclass(slots=True)
@@ -77,16 +83,23 @@ class SlotView:
         return not self.paused and self.oldest_overdue_ms >= STALLED_AFTER_MS
 
 
-async def read_slots(service: DelayService, per_call: int = SLOTS_PER_CALL) -> list[SlotView]:
-    """Every slot of the topic: calls of `per_call` slots each, in PIPELINES_PER_BROKER
-    pipelines per broker sent at once (brokers read in parallel; within one broker, Redis
-    runs one pipeline while this process parses another). Slots of different hash tags in one
-    call are fine on the standalone Redis a broker is; a Redis Cluster refuses them
-    (CROSSSLOT), and then every call reads one slot (`TopicViews` remembers that)."""
-    windows = [str(end - start) for start, end in _window_bounds()]
+async def read_slots(
+    service: DelayService,
+    per_call: int = SLOTS_PER_CALL,
+    slots: Sequence[int] | None = None,
+    window_ends_ms: Sequence[int] = DUE_WINDOW_ENDS_MS,
+) -> list[SlotView]:
+    """Every slot of the topic (or `slots`), `due_in` counted up to each of `window_ends_ms`
+    after now: calls of `per_call` slots each, in PIPELINES_PER_BROKER pipelines per broker
+    sent at once (brokers read in parallel; within one broker, Redis runs one pipeline while
+    this process parses another). Slots of different hash tags in one call are fine on the
+    standalone Redis a broker is; a Redis Cluster refuses them (CROSSSLOT), and then every
+    call reads one slot (`TopicViews` remembers that)."""
+    windows = [str(end - start) for start, end in _window_bounds(window_ends_ms)]
     parts: list[tuple[int, list[list[int]]]] = []
-    for broker, slots in sorted(service.brokers.split(service.topic.slots).items()):
-        chunks = [slots[i : i + per_call] for i in range(0, len(slots), per_call)]
+    wanted = service.topic.slots if slots is None else slots
+    for broker, broker_slots in sorted(service.brokers.split(wanted).items()):
+        chunks = [broker_slots[i : i + per_call] for i in range(0, len(broker_slots), per_call)]
         size = -(-len(chunks) // PIPELINES_PER_BROKER)
         parts += [(broker, chunks[i : i + size]) for i in range(0, len(chunks), size)]
     answers, paused = await asyncio.gather(
@@ -100,7 +113,7 @@ async def read_slots(service: DelayService, per_call: int = SLOTS_PER_CALL) -> l
     )
     views: list[SlotView] = []
     for (broker, chunks), replies in zip(parts, answers, strict=True):
-        views += _views(broker, chunks, replies, broker in paused)
+        views += _views(broker, chunks, replies, broker in paused, len(windows))
     views.sort(key=lambda view: view.slot)
     return views
 
@@ -113,14 +126,14 @@ async def read_paused(service: DelayService) -> frozenset[int]:
 
 
 def _views(
-    broker: int, chunks: list[list[int]], replies: list[Any], paused: bool
+    broker: int, chunks: list[list[int]], replies: list[Any], paused: bool, n: int
 ) -> list[SlotView]:
-    n = len(DUE_WINDOWS)
+    size = _FIELDS + n
     views: list[SlotView] = []
     for chunk, reply in zip(chunks, replies, strict=True):  # Lua numbers arrive as ints
         now = reply[0]
         for index, slot in enumerate(chunk):
-            v = reply[1 + index * _FIELDS : 1 + (index + 1) * _FIELDS]
+            v = reply[1 + index * size : 1 + (index + 1) * size]
             views.append(
                 SlotView(
                     slot,
@@ -140,9 +153,9 @@ def _views(
     return views
 
 
-def _window_bounds() -> list[tuple[int, int]]:
-    starts = [0, *(end for _, end in DUE_WINDOWS[:-1])]
-    return [(start, end) for start, (_, end) in zip(starts, DUE_WINDOWS, strict=True)]
+def _window_bounds(ends_ms: Sequence[int]) -> list[tuple[int, int]]:
+    starts = [0, *ends_ms[:-1]]
+    return list(zip(starts, ends_ms, strict=True))
 
 
 def _slot_key_makers(topic: Topic) -> list[tuple[str, str]]:
@@ -252,15 +265,32 @@ class TopicViews:
         self.service = service
         self.per_call = SLOTS_PER_CALL
         self.topic = Cached(self._read)
+        self.forecast = Cached(self._forecast, FORECAST_MAX_AGE_S)
 
-    async def _read(self) -> TopicView:
+    async def _read_slots(
+        self, slots: Sequence[int] | None = None, ends: Sequence[int] = DUE_WINDOW_ENDS_MS
+    ) -> list[SlotView]:
         try:
-            slots = await read_slots(self.service, self.per_call)
+            return await read_slots(self.service, self.per_call, slots, ends)
         except redis.exceptions.ResponseError as error:
             if "CROSSSLOT" not in str(error) or self.per_call == 1:
                 raise
             self.per_call = 1  # a Redis Cluster: one slot (one hash tag) per call from now on
-            slots = await read_slots(self.service, self.per_call)
+            return await read_slots(self.service, self.per_call, slots, ends)
+
+    async def _forecast(self) -> dict[str, int]:
+        """Messages of the slots this process owns due after now and within each of
+        FORECAST_WINDOWS, by its label: the due index counted by the `overview` function,
+        so each Redis counts its own slots on its own clock."""
+        ends = [end for _, end in FORECAST_WINDOWS]
+        views = await self._read_slots(sorted(self.service.owned_slots), ends)
+        bands = [sum(view.due_in[i] for view in views) for i in range(len(ends))]
+        return dict(
+            zip((name for name, _ in FORECAST_WINDOWS), itertools.accumulate(bands), strict=True)
+        )
+
+    async def _read(self) -> TopicView:
+        slots = await self._read_slots()
         try:
             return TopicView(slots, await read_fleet(self.service))
         except FleetUnavailableError as error:
@@ -368,4 +398,38 @@ def slot_json(view: SlotView, fleet: FleetView) -> dict[str, Any]:
         "oldestOverdueMs": view.oldest_overdue_ms,
         "stalled": view.stalled,
         "paused": view.paused,
+    }
+
+
+def heat_json(service: DelayService, view: TopicView, age_s: float) -> dict[str, Any]:
+    """Every slot at once, a column per value (`/slots/heat`, the dashboard's heat map): 16,384
+    slots are a few hundred kB, not 16,384 objects. `owner[i]` indexes `members` (-1: nobody
+    holds the slot); it is the member the assignment names for a held slot, since reading each
+    slot's holder costs a ZooKeeper read (the `/slots` page reads them for its slots); null
+    with `fleetError` when ZooKeeper could not be read."""
+    slots, fleet = view.slots, view.fleet
+    owner: list[int] | None = None
+    members: list[str] = []
+    if fleet is not None:
+        members = list(fleet.members)
+        index = {member: number for number, member in enumerate(members)}
+        owner = []
+        for slot in slots:
+            name = fleet.assigned.get(slot.slot) if slot.slot in fleet.held else None
+            if name is not None and name not in index:  # assigned to a member just gone
+                index[name] = len(members)
+                members.append(name)
+            owner.append(-1 if name is None else index[name])
+    return {
+        "slotAmount": service.topic.slot_amount,
+        "ageMs": int(age_s * 1000),
+        "stalledAfterMs": STALLED_AFTER_MS,
+        "members": members,
+        "owner": owner,
+        "fleetError": view.fleet_error,
+        "scheduled": [s.scheduled for s in slots],
+        "due": [s.overdue for s in slots],
+        "oldestOverdueMs": [s.oldest_overdue_ms for s in slots],
+        "stalled": [s.stalled for s in slots],
+        "paused": [s.paused for s in slots],
     }

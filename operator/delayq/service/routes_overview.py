@@ -1,5 +1,6 @@
 """Read-only routes over the whole topic: `/overview` (depths, due-time histogram, fleet,
-this process's delivery counters) and `/slots` (the slot map, a page at a time).
+this process's delivery counters), `/slots` (the slot map, a page at a time) and `/slots/heat`
+(every slot at once in columns, for the heat map).
 
 `/stats` answers the depths only; these add what an operator needs to see why a message did
 not fire (who owns its slot, since when, whether the slot is stalled) without a shell on the
@@ -16,6 +17,7 @@ from delayq.service.overview import (
     MAX_SLOT_PAGE,
     FleetUnavailableError,
     TopicViews,
+    heat_json,
     overview_json,
     read_fleet,
     slot_json,
@@ -31,12 +33,20 @@ def setup(app: web.Application, views: TopicViews) -> None:
     app[VIEWS] = views
     app.router.add_get(TOPIC + "/overview", overview)
     app.router.add_get(TOPIC + "/slots", slots)
+    app.router.add_get(TOPIC + "/slots/heat", heat)
 
 
 async def overview(request: web.Request) -> web.Response:
     service = service_for(request)
     view, age_s = await request.app[VIEWS].topic.get()
     return web.json_response(overview_json(service, view, age_s))
+
+
+async def heat(request: web.Request) -> web.Response:
+    """Every slot's depth, oldest overdue and owner in columns: the dashboard's heat map."""
+    service = service_for(request)
+    view, age_s = await request.app[VIEWS].topic.get()
+    return web.json_response(heat_json(service, view, age_s))
 
 
 def query_int(request: web.Request, name: str, default: int, low: int, high: int) -> int:

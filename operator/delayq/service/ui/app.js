@@ -314,16 +314,154 @@
   }
 
   // ---- slots -----------------------------------------------------------------------------
+  //
+  // A heat map of every slot (one canvas, one cell a slot: readable at 16,384 slots, where a
+  // table is not) from `/slots/heat`, and the table for a selection of it (`/slots`).
 
+  const HEAT_WIDTH_PX = 768;
+  const MAX_TABLE = 1024; // the API's page bound
   let slotStart = 0;
+  let slotCount = SLOT_PAGE;
   const slotStarts = [];
+  let heat = null; // the last `/slots/heat` answer
+  let heatLayout = null; // {cols, cell}
+  let dragFrom = null;
+
+  /** `t` in 0..1 between two RGB colours. */
+  function mix(from, to, t) {
+    const c = from.map((v, i) => Math.round(v + (to[i] - v) * t));
+    return `rgb(${c[0]},${c[1]},${c[2]})`;
+  }
+  const EMPTY = [246, 248, 250];
+  const EMPTY_COLOUR = mix(EMPTY, EMPTY, 0);
+  const BLUE = [5, 80, 174];
+  const RED = [164, 14, 38];
+
+  /** A colour per slot for the chosen measure, and the legend that says what it means. */
+  function heatColours(h, measure) {
+    if (measure === "owner") {
+      const colours = h.members.map((_, i) => `hsl(${(i * 137.5) % 360},60%,55%)`);
+      const legend = h.owner === null
+        ? `ownership unknown: ${h.fleetError}`
+        : `${h.members.length} member(s), hue by member; black: unowned`;
+      const of = (i) => (h.owner === null ? "rgb(200,200,200)" : h.owner[i] < 0 ? "rgb(27,31,36)" : colours[h.owner[i]]);
+      return { of, legend };
+    }
+    const values = h[measure];
+    const top = Math.max(1, ...values);
+    const scale = Math.log1p(top);
+    const hot = measure === "oldestOverdueMs" ? RED : BLUE;
+    const what = measure === "oldestOverdueMs" ? duration(top) : number(top);
+    return {
+      of: (i) => (values[i] === 0 ? EMPTY_COLOUR : mix(EMPTY, hot, 0.15 + 0.85 * (Math.log1p(values[i]) / scale))),
+      legend: `pale: 0, darkest: ${what} (log scale); red: stalled, black: unowned; amber outline: the table's slots`,
+    };
+  }
+
+  /** Slots `first`..`last` (a run in slot order) as at most three rectangles of cells
+   *  [x, y, width, height]: the part of the first row, the full rows, the part of the last. */
+  function runRects(first, last, cols) {
+    const top = Math.floor(first / cols);
+    const bottom = Math.floor(last / cols);
+    if (top === bottom) return [[first % cols, top, (last % cols) - (first % cols) + 1, 1]];
+    const rects = [];
+    let fullTop = top;
+    let fullBottom = bottom;
+    if (first % cols !== 0) {
+      rects.push([first % cols, top, cols - (first % cols), 1]);
+      fullTop += 1;
+    }
+    if (last % cols !== cols - 1) {
+      rects.push([0, bottom, (last % cols) + 1, 1]);
+      fullBottom -= 1;
+    }
+    if (fullBottom >= fullTop) rects.push([0, fullTop, cols, fullBottom - fullTop + 1]);
+    return rects;
+  }
+
+  function drawHeat() {
+    const h = heat;
+    const n = h.slotAmount;
+    const cols = 2 ** Math.ceil(Math.log2(Math.sqrt(n)));
+    const cell = Math.max(3, Math.min(40, Math.floor(HEAT_WIDTH_PX / cols)));
+    const rows = Math.ceil(n / cols);
+    heatLayout = { cols, cell };
+    const canvas = $("heat-map");
+    canvas.width = cols * cell;
+    canvas.height = rows * cell;
+    const ctx = canvas.getContext("2d");
+    ctx.clearRect(0, 0, canvas.width, canvas.height);
+    const measure = $("heat-colour").value;
+    const { of, legend } = heatColours(h, measure);
+    const gap = cell >= 6 ? 1 : 0;
+    for (let i = 0; i < n; i += 1) {
+      ctx.fillStyle = of(i);
+      ctx.fillRect((i % cols) * cell, Math.floor(i / cols) * cell, cell - gap, cell - gap);
+    }
+    if (measure !== "owner") {
+      // what needs attention covers the measure: a stalled or unowned slot at 16,384 cells
+      // must be found at a glance (the table says which, in words)
+      for (let i = 0; i < n; i += 1) {
+        const unowned = h.owner !== null && h.owner[i] < 0;
+        if (!h.stalled[i] && !unowned) continue;
+        ctx.fillStyle = unowned ? "rgb(27,31,36)" : "rgb(164,14,38)";
+        ctx.fillRect((i % cols) * cell, Math.floor(i / cols) * cell, cell - gap, cell - gap);
+      }
+    }
+    // the table's slots: an amber outline around their run of cells, which covers nothing
+    ctx.strokeStyle = "rgb(230,150,0)";
+    ctx.lineWidth = 2;
+    const last = Math.min(n, slotStart + slotCount) - 1;
+    for (const [x, y, w, hgt] of runRects(slotStart, last, cols)) {
+      ctx.strokeRect(x * cell + 1, y * cell + 1, w * cell - 2, hgt * cell - 2);
+    }
+    $("heat-legend").textContent = legend;
+    const unownedNote = h.owner === null ? "unknown" : number(h.owner.filter((o) => o < 0).length);
+    canvas.setAttribute(
+      "aria-label",
+      `Heat map of ${number(n)} slots by ${$("heat-colour").selectedOptions[0].text}: ` +
+        `${number(h.stalled.filter(Boolean).length)} stalled, ${unownedNote} unowned`,
+    );
+  }
+
+  /** The slot under a mouse event on the map (null outside its cells). */
+  function slotAt(event) {
+    if (heat === null || heatLayout === null) return null;
+    const canvas = $("heat-map");
+    const box = canvas.getBoundingClientRect();
+    const x = Math.floor(((event.clientX - box.left) * canvas.width) / box.width / heatLayout.cell);
+    const y = Math.floor(((event.clientY - box.top) * canvas.height) / box.height / heatLayout.cell);
+    const slot = y * heatLayout.cols + x;
+    return x >= 0 && x < heatLayout.cols && slot >= 0 && slot < heat.slotAmount ? slot : null;
+  }
+
+  function describeSlot(slot) {
+    const h = heat;
+    const owner = h.owner === null ? "unknown" : h.owner[slot] < 0 ? "none" : h.members[h.owner[slot]];
+    const overdue = h.oldestOverdueMs[slot] ? `, oldest overdue ${duration(h.oldestOverdueMs[slot])}` : "";
+    return `slot ${slot}: ${number(h.scheduled[slot])} scheduled, ${number(h.due[slot])} due${overdue}, owner ${owner}`;
+  }
+
+  /** Show slots `from`..`to` in the table (at most MAX_TABLE). */
+  function selectSlots(from, to) {
+    const low = Math.max(0, Math.min(from, to));
+    slotStart = low;
+    slotCount = Math.max(1, Math.min(MAX_TABLE, Math.abs(to - from) + 1));
+    slotStarts.length = 0;
+    $("slots-from").value = String(low);
+    $("slots-to").value = String(low + slotCount - 1);
+    refresh();
+  }
 
   async function loadSlots() {
     const only = $("slots-only").value;
-    const [page, o] = await Promise.all([
-      call("GET", `${API}/slots?start=${slotStart}&count=${SLOT_PAGE}&only=${only}`),
+    const [page, o, h] = await Promise.all([
+      call("GET", `${API}/slots?start=${slotStart}&count=${slotCount}&only=${only}`),
       call("GET", `${API}/overview`),
+      call("GET", `${API}/slots/heat`),
     ]);
+    heat = h;
+    drawHeat();
     const f = o.fleet;
     $("slots-summary").textContent =
       `${number(o.slotAmount)} slots, ${number(f.heldSlots)} held by ${f.members.length} ` +
@@ -562,9 +700,14 @@
     return { page: PAGES.includes(page) ? page : "overview", arg: rest.join("/") };
   }
 
+  let again = false; // a refresh asked for while one ran (a new selection): run once more
+
   async function refresh() {
     const { page } = route();
-    if (busy) return;
+    if (busy) {
+      again = true;
+      return;
+    }
     busy = true;
     try {
       if (page === "overview") await loadOverview();
@@ -576,6 +719,10 @@
       showError(explain(error));
     } finally {
       busy = false;
+      if (again) {
+        again = false;
+        refresh();
+      }
     }
   }
 
@@ -656,6 +803,28 @@
     $("redrive-button").addEventListener("click", () => guarded(redriveShown));
     $("pause-button").addEventListener("click", () => guarded(() => setPaused(true)));
     $("resume-button").addEventListener("click", () => guarded(() => setPaused(false)));
+    $("heat-colour").addEventListener("change", () => {
+      if (heat !== null) drawHeat();
+    });
+    const map = $("heat-map");
+    map.addEventListener("mousedown", (event) => {
+      dragFrom = slotAt(event);
+    });
+    map.addEventListener("mouseup", (event) => {
+      const to = slotAt(event);
+      if (dragFrom !== null && to !== null) selectSlots(dragFrom, to);
+      dragFrom = null;
+    });
+    map.addEventListener("mousemove", (event) => {
+      const slot = slotAt(event);
+      map.title = slot === null ? "" : describeSlot(slot);
+    });
+    $("slots-range").addEventListener("submit", (event) => {
+      event.preventDefault();
+      const from = Number($("slots-from").value || 0);
+      const to = $("slots-to").value === "" ? from + SLOT_PAGE - 1 : Number($("slots-to").value);
+      selectSlots(from, to);
+    });
     $("slots-only").addEventListener("change", () => {
       slotStart = 0;
       slotStarts.length = 0;
