@@ -55,6 +55,8 @@ class Script(enum.StrEnum):
     TOPUP = "topup-7"
     SCHEDULES = "schedules-4"
     OVERVIEW = "overview-4"  # 4 keys per slot, any number of slots
+    PACE = "pace-1"
+    HOLD = "hold-1"
 
     @property
     def acknowledges_a_write(self) -> bool:
