@@ -1,0 +1,241 @@
+"""Flow control on real processes: two `delayq serve` pods of a webhook topic (real
+redis-server, real ZooKeeper) and a real HTTP receiver that accepts a rate and answers 429 with
+`Retry-After` beyond it. The topic's rate limit holds for the pods together; a receiver's
+Retry-After holds every pod and spends no attempt."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import pytest
+import redis.asyncio
+from aiohttp import web
+
+from delayq.local.ports import free_port
+from delayq.local.processes import ServeProcess, stop_all
+from delayq.local.redis_server import RedisServer
+from delayq.local.waiting import eventually
+from delayq.queue.client import AsyncQueue
+from delayq.queue.topic import TopicType
+from delayq.service.config import ServiceConfig
+from delayq.service.delivery.adaptive import AdaptiveLimit
+from delayq.service.delivery.webhook import retry_after_ms
+
+SLOTS = 8
+PODS = 2
+
+
+@dataclass
+class Answer:
+    status: int
+    headers: dict[str, str] = field(default_factory=dict)
+
+
+@dataclass
+class PacedReceiver:
+    """Records every POST (monotonic time, id, attempt, status) and answers as `answer` says."""
+
+    answer: Callable[[], Answer]
+    url: str = ""
+    posts: list[tuple[float, str, int, int]] = field(default_factory=list)
+
+    def accepted(self) -> list[tuple[float, str, int, int]]:
+        return [post for post in self.posts if post[3] == 200]
+
+
+class Bucket:
+    """The receiver's own capacity: `per_second`, bursts of `burst`, on its monotonic clock."""
+
+    def __init__(self, per_second: float, burst: int) -> None:
+        self.per_second, self.burst = per_second, burst
+        self.tokens, self.at_s = float(burst), time.monotonic()
+
+    def answer(self) -> Answer:
+        now_s = time.monotonic()
+        self.tokens = min(self.burst, self.tokens + (now_s - self.at_s) * self.per_second)
+        self.at_s = now_s
+        if self.tokens >= 1:
+            self.tokens -= 1
+            return Answer(200)
+        return Answer(429, {"Retry-After": "1"})
+
+
+@pytest.fixture
+async def serve_receiver() -> AsyncIterator[Callable[[Callable[[], Answer]], Any]]:
+    runners: list[web.AppRunner] = []
+
+    async def start(answer: Callable[[], Answer]) -> PacedReceiver:
+        receiver = PacedReceiver(answer)
+
+        async def handle(request: web.Request) -> web.Response:
+            body = json.loads(await request.read())
+            told = receiver.answer()
+            attempt = int(request.headers["X-Delayq-Attempt"])
+            receiver.posts.append((time.monotonic(), body["id"], attempt, told.status))
+            return web.Response(status=told.status, headers=told.headers)
+
+        app = web.Application()
+        app.router.add_post("/hook", handle)
+        runner = web.AppRunner(app, access_log=None)
+        await runner.setup()
+        runners.append(runner)
+        port = free_port()
+        await web.TCPSite(runner, "127.0.0.1", port).start()
+        receiver.url = f"http://127.0.0.1:{port}/hook"
+        return receiver
+
+    yield start
+    for runner in runners:
+        await runner.cleanup()
+
+
+async def start_pods(
+    redis_server: RedisServer, zookeeper: Any, url: str, tmp_path: Path, **settings: Any
+) -> tuple[list[ServeProcess], ServiceConfig]:
+    topic = f"paced{free_port()}"
+    configs = [
+        ServiceConfig(
+            redis_url=redis_server.url,
+            topic=topic,
+            slot_amount=SLOTS,
+            topic_type=TopicType.WEBHOOK,
+            webhook_url=url,
+            zookeeper_connect=zookeeper.hosts,
+            zookeeper_session_timeout_ms=4000,
+            member_id=f"p{i}",
+            port=free_port(),
+            **settings,
+        )
+        for i in range(PODS)
+    ]
+    pods = [ServeProcess(c, tmp_path / f"serve-{i}.log").start() for i, c in enumerate(configs)]
+    async with aiohttp.ClientSession() as session:
+
+        async def sharing() -> bool:
+            owned = 0
+            for pod in pods:
+                assert pod.running(), pod.log_path.read_text()
+                try:
+                    async with session.get(pod.url + "/readyz") as answer:
+                        owned += (await answer.json())["ownedSlots"]
+                except aiohttp.ClientError:
+                    return False
+            return owned == SLOTS
+
+        await eventually(sharing, 60, "two pods sharing the slots")
+    return pods, configs[0]
+
+
+async def schedule_herd(
+    client: redis.asyncio.Redis, pod: ServeProcess, topic: str, count: int
+) -> None:
+    """`count` messages due at one instant, 1.5 s from now on the Redis server's clock."""
+    seconds, micros = await client.time()
+    at_ms = seconds * 1000 + micros // 1000 + 1500
+    url = f"{pod.url}/v1/topics/{topic}/messages/batch"
+    async with aiohttp.ClientSession() as session:
+        for start in range(0, count, 1000):
+            messages = [{"id": f"h{i}", "atMs": at_ms} for i in range(start, start + 1000)]
+            async with session.post(url, json={"messages": messages[: count - start]}) as reply:
+                assert reply.status == 200, await reply.text()
+
+
+@pytest.mark.slow
+async def test_a_herd_drains_at_the_topics_rate_limit_over_every_pod(
+    redis_server: RedisServer,
+    async_redis_client: redis.asyncio.Redis,
+    zookeeper_server: Any,
+    serve_receiver: Callable[[Callable[[], Answer]], Any],
+    tmp_path: Path,
+) -> None:
+    limit, herd = 500, 3000
+    receiver = await serve_receiver(Bucket(limit * 1.2, 100).answer)
+    pods, config = await start_pods(
+        redis_server, zookeeper_server, receiver.url, tmp_path,
+        rate_limit_per_second=limit, rate_limit_burst=25,
+    )  # fmt: skip
+    try:
+        await schedule_herd(async_redis_client, pods[0], config.topic, herd)
+        await eventually(lambda: len(receiver.accepted()) >= herd, 60, "the herd delivered")
+    finally:
+        stop_all(pods)
+    accepted = receiver.accepted()
+    assert sorted(post[1] for post in accepted) == sorted(f"h{i}" for i in range(herd))
+    span_s = accepted[-1][0] - accepted[0][0]
+    rate = (herd - 1) / span_s
+    assert limit * 0.9 <= rate <= limit * 1.1, (rate, span_s)
+    answered = {post[1]: post[3] for post in receiver.posts if post[3] != 429}
+    assert all(status == 200 for status in answered.values())
+    # every message only ever answered 429 before its 200 is delivered at its first attempt
+    assert {post[2] for post in accepted} == {1}
+    stats = await AsyncQueue(async_redis_client, config.to_topic()).stats()
+    assert (stats.scheduled, stats.due, stats.prepared, stats.dead) == (0, 0, 0, 0)
+
+
+@pytest.mark.slow
+async def test_retry_after_holds_every_pod_and_spends_no_attempt(
+    redis_server: RedisServer,
+    async_redis_client: redis.asyncio.Redis,
+    zookeeper_server: Any,
+    serve_receiver: Callable[[Callable[[], Answer]], Any],
+    tmp_path: Path,
+) -> None:
+    window_s = 0.5  # every POST of the first half second is answered 429, Retry-After: 2
+
+    def answer() -> Answer:
+        busy = not receiver.posts or time.monotonic() - receiver.posts[0][0] < window_s
+        return Answer(429, {"Retry-After": "2"}) if busy else Answer(200)
+
+    receiver = await serve_receiver(answer)
+    pods, config = await start_pods(redis_server, zookeeper_server, receiver.url, tmp_path)
+    try:
+        await schedule_herd(async_redis_client, pods[0], config.topic, 200)
+        await eventually(lambda: len(receiver.accepted()) >= 200, 30, "every message")
+    finally:
+        stop_all(pods)
+    accepted = receiver.accepted()
+    assert sorted(post[1] for post in accepted) == sorted(f"h{i}" for i in range(200))
+    assert {post[2] for post in accepted} == {1}  # no attempt spent on a 429
+    first_s = receiver.posts[0][0]
+    assert any(post[3] == 429 for post in receiver.posts)
+    # both pods held: after the POSTs in flight at the first 429, nothing for the 2 s asked
+    quiet = [post for post in receiver.posts if first_s + window_s <= post[0] < first_s + 1.9]
+    assert not quiet, quiet[:3]
+    stats = await AsyncQueue(async_redis_client, config.to_topic()).stats()
+    assert (stats.scheduled, stats.due, stats.prepared, stats.dead) == (0, 0, 0, 0)
+
+
+def test_retry_after_is_seconds_or_an_http_date() -> None:
+    now_s = 1_700_000_000.0
+    assert retry_after_ms("3", now_s) == 3000
+    assert retry_after_ms(" 0 ", now_s) == 0
+    assert retry_after_ms("Tue, 14 Nov 2023 22:13:30 GMT", now_s) == 10_000
+    assert retry_after_ms("Tue, 14 Nov 2023 22:13:10 GMT", now_s) == 0  # past
+    assert retry_after_ms("-1", now_s) is None
+    assert retry_after_ms("soon", now_s) is None
+    assert retry_after_ms(None, now_s) is None
+
+
+async def test_the_webhook_concurrency_halves_on_failure_and_grows_back() -> None:
+    limit = AdaptiveLimit(8)
+    limit.shrink()
+    limit.shrink()  # the POSTs failing together are one signal
+    assert limit.size == 4
+    held = [asyncio.create_task(limit.acquire()) for _ in range(5)]
+    await asyncio.sleep(0)
+    assert sum(task.done() for task in held) == 4  # the fifth waits
+    for _ in range(5):
+        limit.grow()  # about a limit's worth of successes: one more slot
+    await asyncio.sleep(0)
+    assert limit.size == 5
+    assert all(task.done() for task in held)
+    for _ in range(100):
+        limit.grow()
+    assert limit.size == 8  # never above maxInFlight
