@@ -23,6 +23,7 @@ from delayq.local.processes import ServeProcess, stop_all
 from delayq.local.redis_server import RedisServer
 from delayq.local.waiting import eventually
 from delayq.queue.client import AsyncQueue
+from delayq.queue.model import ScheduleRequest
 from delayq.queue.topic import TopicType
 from delayq.service.config import ServiceConfig
 from delayq.service.delivery.adaptive import AdaptiveLimit
@@ -239,3 +240,25 @@ async def test_the_webhook_concurrency_halves_on_failure_and_grows_back() -> Non
     for _ in range(100):
         limit.grow()
     assert limit.size == 8  # never above maxInFlight
+
+
+async def test_pull_leases_obey_the_rate_limit(start_service: Any) -> None:
+    """A pull topic's leases draw from the same bucket: 300 due messages leased as fast as a
+    consumer asks come at 200/s after a burst of 20, the rest staying scheduled meanwhile."""
+    running = await start_service(
+        topic_type=TopicType.PULL, rate_limit_per_second=200, rate_limit_burst=20
+    )
+    service = running.service
+    queue = service.queues[0]
+    await queue.schedule_many([ScheduleRequest(f"p{i}", b"x", delay_ms=0) for i in range(300)])
+    assert service.leaser is not None
+    leased: list[str] = []
+    started_s = time.monotonic()
+    first = await service.leaser.lease(1000, 30_000)
+    assert 1 <= len(first) <= 20  # the burst, not the 300 due
+    leased += [message.id for message in first]
+    while len(leased) < 300:
+        leased += [m.id for m in await service.leaser.lease(1000, 30_000, wait_ms=1000)]
+    elapsed_s = time.monotonic() - started_s
+    assert sorted(leased) == sorted(f"p{i}" for i in range(300))
+    assert (300 - 20) / 200 * 0.9 <= elapsed_s <= (300 - 20) / 200 * 1.3, elapsed_s
