@@ -4,12 +4,15 @@ token bucket (pace-1) and a receiver's hold (hold-1), both on the Redis server's
 from __future__ import annotations
 
 import asyncio
+import time
 
 import redis
 
 from delayq.local.waiting import eventually
 from delayq.queue.client import AsyncQueue
+from delayq.queue.consumer import Consumer
 from delayq.queue.keys import pace_key
+from delayq.queue.model import Message, ScheduleRequest
 from delayq.queue.pacing import MAX_HOLD_MS, Pacer, burst_of
 
 from .conftest import TOPIC
@@ -64,3 +67,28 @@ async def test_a_pacer_holds_its_own_process_at_once(async_queue: AsyncQueue) ->
     assert pacer.holds == 1
     assert burst_of(500, 0) == 50
     assert burst_of(3, 0) == 1
+
+
+async def test_a_paced_consumer_drains_at_the_rate_and_sees_no_stall(
+    async_queue: AsyncQueue,
+) -> None:
+    """150 due messages through a Consumer drawing from a 60/s bucket of 15: they take about
+    2.25 s, every slot stays overdue on purpose meanwhile, and the stall watchdog (once a
+    second) must not take that for a lost wake-up."""
+    delivered: list[float] = []
+
+    async def handler(_message: Message) -> None:
+        delivered.append(time.monotonic())
+
+    await async_queue.schedule_many([ScheduleRequest(f"r{i}", delay_ms=0) for i in range(150)])
+    consumer = Consumer(async_queue, handler, pacer=Pacer(async_queue, 60.0, 15))
+    started_s = time.monotonic()
+    run = asyncio.create_task(consumer.run(slots=TOPIC.slots))
+    try:
+        await eventually(lambda: len(delivered) >= 150, 10, "every message")
+    finally:
+        consumer.stop()
+        await run
+    elapsed_s = delivered[-1] - started_s
+    assert (150 - 15) / 60 * 0.9 <= elapsed_s <= (150 - 15) / 60 * 1.2, elapsed_s
+    assert consumer.counters.stalled_slots_recovered == 0

@@ -578,7 +578,8 @@ class Consumer:
                     watched_s = time.monotonic()
                     await self.refresh_paused()
                     self.top_ups.retry_failed()
-                    if not self._paused:  # paused slots are overdue on purpose
+                    held_back = self.pacer is not None and self.pacer.held_back
+                    if not self._paused and not held_back:  # overdue on purpose
                         await self._watch_slots()
             except redis.RedisError as error:
                 log.warning("lease heartbeat or slot watchdog failed: %s", error)

@@ -30,6 +30,8 @@ MAX_HOLD_MS = 5 * 60 * 1000
 SLICE_S = 0.05
 #: Without a rate limit, the hold is read from Redis at most this often per process.
 UNPACED_CHECK_S = 0.25
+#: A draw granted nothing this recently: the topic is being held back (`held_back`).
+HELD_BACK_S = 1.0
 
 
 def burst_of(per_second: float, burst: int) -> int:
@@ -50,10 +52,17 @@ class Pacer:
         self._unused = 0  # tokens drawn and not used: given back with the next draw
         self._closed_until_s = 0.0  # monotonic: nothing is granted before (a hold or no tokens)
         self._checked_s = -UNPACED_CHECK_S  # monotonic time of the last draw from Redis
+        self._refused_s = -HELD_BACK_S  # monotonic time a draw last granted nothing
 
     @property
     def limited(self) -> bool:
         return self.per_second > 0
+
+    @property
+    def held_back(self) -> bool:
+        """A draw was refused within the last second: due messages wait on purpose (the
+        consumers' stall watchdog must not take them for a lost wake-up)."""
+        return time.monotonic() - self._refused_s < HELD_BACK_S
 
     async def take(self, want: int) -> tuple[int, float]:
         """Up to `want` tokens: (granted, 0), or (0, ms to wait before asking again). Raises
@@ -62,6 +71,7 @@ class Pacer:
         if want <= 0:
             return 0, 0.0
         if self._closed_until_s > now_s:
+            self._refused_s = now_s
             return 0, (self._closed_until_s - now_s) * 1000
         if not self.limited and now_s - self._checked_s < UNPACED_CHECK_S:
             return want, 0.0
@@ -73,6 +83,7 @@ class Pacer:
         self._checked_s = now_s
         if not granted:
             self.waits += 1
+            self._refused_s = now_s
             self._closed_until_s = time.monotonic() + wait_ms / 1000
         return granted, float(wait_ms)
 
