@@ -28,6 +28,7 @@ from delayq.queue.topic import TopicType
 from delayq.service.config import ServiceConfig
 from delayq.service.delivery.adaptive import AdaptiveLimit
 from delayq.service.delivery.webhook import retry_after_ms
+from delayq.service.overview import STALLED_AFTER_MS, SlotView
 
 SLOTS = 8
 PODS = 2
@@ -164,6 +165,16 @@ async def test_a_herd_drains_at_the_topics_rate_limit_over_every_pod(
     )  # fmt: skip
     try:
         await schedule_herd(async_redis_client, pods[0], config.topic, herd)
+        await eventually(lambda: len(receiver.accepted()) >= herd // 3, 30, "the drain under way")
+        async with (
+            aiohttp.ClientSession() as session,
+            session.get(f"{pods[1].url}/v1/topics/{config.topic}/overview") as answer,
+        ):
+            overview = await answer.json()
+        # the backlog waits on purpose: paced, not stalled
+        assert overview["paced"] is True
+        assert overview["rateLimitPerSecond"] == limit
+        assert overview["fleet"]["stalledSlots"] == 0
         await eventually(lambda: len(receiver.accepted()) >= herd, 60, "the herd delivered")
     finally:
         stop_all(pods)
@@ -262,3 +273,13 @@ async def test_pull_leases_obey_the_rate_limit(start_service: Any) -> None:
     elapsed_s = time.monotonic() - started_s
     assert sorted(leased) == sorted(f"p{i}" for i in range(300))
     assert (300 - 20) / 200 * 0.9 <= elapsed_s <= (300 - 20) / 200 * 1.3, elapsed_s
+
+
+def test_a_paced_slot_is_not_stalled() -> None:
+    """Due messages held back by the pace wait on purpose: the dashboard must not mark their
+    slots stalled (it would hide the slots that really are)."""
+    overdue = dict(epoch=1, scheduled=5, overdue=5, due_in=(), later=0, prepared=0, dead=0)
+    late = STALLED_AFTER_MS + 1
+    assert SlotView(0, 0, late, next_due_ms=0, **overdue).stalled  # type: ignore[arg-type]
+    paced = SlotView(0, 0, late, next_due_ms=0, paced=True, **overdue)  # type: ignore[arg-type]
+    assert not paced.stalled

@@ -49,7 +49,9 @@ _FIELDS = 7 + len(DUE_WINDOWS)  # values per slot in a reply
 class SlotView:
     """One slot as its broker holds it now. `due_in` counts the messages due in each of
     DUE_WINDOWS after `overdue` (due already, not claimed), then `later`; `paused`: its
-    broker's delivery is paused (AsyncQueue.pause), so nobody claims it on purpose."""
+    broker's delivery is paused (AsyncQueue.pause), so nobody claims it on purpose; `paced`:
+    the topic's pace (rate limit, a receiver's hold) held this process's claims back within
+    the last second, so due messages wait on purpose too."""
 
     slot: int
     broker: int
@@ -63,6 +65,7 @@ class SlotView:
     dead: int
     next_due_ms: int | None
     paused: bool = False
+    paced: bool = False
 
     @property
     def oldest_overdue_ms(self) -> int:
@@ -72,9 +75,9 @@ class SlotView:
 
     @property
     def stalled(self) -> bool:
-        """Due messages unclaimed for a while although delivery is not paused: a paused
-        slot waits on purpose, and marking it would hide the slots that are really stuck."""
-        return not self.paused and self.oldest_overdue_ms >= STALLED_AFTER_MS
+        """Due messages unclaimed for a while although delivery is neither paused nor paced: such
+        a slot waits on purpose, and marking it would hide the slots that are really stuck."""
+        return not (self.paused or self.paced) and self.oldest_overdue_ms >= STALLED_AFTER_MS
 
 
 async def read_slots(service: DelayService, per_call: int = SLOTS_PER_CALL) -> list[SlotView]:
@@ -99,8 +102,9 @@ async def read_slots(service: DelayService, per_call: int = SLOTS_PER_CALL) -> l
         read_paused(service),
     )
     views: list[SlotView] = []
+    paced = service.pacer is not None and service.pacer.held_back
     for (broker, chunks), replies in zip(parts, answers, strict=True):
-        views += _views(broker, chunks, replies, broker in paused)
+        views += _views(broker, chunks, replies, broker in paused, paced)
     views.sort(key=lambda view: view.slot)
     return views
 
@@ -113,7 +117,7 @@ async def read_paused(service: DelayService) -> frozenset[int]:
 
 
 def _views(
-    broker: int, chunks: list[list[int]], replies: list[Any], paused: bool
+    broker: int, chunks: list[list[int]], replies: list[Any], paused: bool, paced: bool
 ) -> list[SlotView]:
     n = len(DUE_WINDOWS)
     views: list[SlotView] = []
@@ -135,6 +139,7 @@ def _views(
                     v[5 + n],
                     v[6 + n] if v[6 + n] >= 0 else None,
                     paused,
+                    paced,
                 )
             )
     return views
@@ -342,6 +347,8 @@ def overview_json(service: DelayService, view: TopicView, age_s: float) -> dict[
         "oldestOverdueMs": max((s.oldest_overdue_ms for s in slots), default=0),
         "paused": bool(paused),
         "pausedBrokers": paused,
+        "paced": any(s.paced for s in slots),
+        "rateLimitPerSecond": service.config.rate_limit_per_second,
         "dueHistogram": histogram,
         "fleet": fleet_json,
         "process": {
