@@ -6,8 +6,13 @@ from __future__ import annotations
 import asyncio
 import time
 
+import pytest
 import redis
+import redis.asyncio
+from redis.asyncio.retry import Retry
+from redis.backoff import NoBackoff
 
+from delayq.local.ports import free_port
 from delayq.local.waiting import eventually
 from delayq.queue.client import AsyncQueue
 from delayq.queue.consumer import Consumer
@@ -92,3 +97,16 @@ async def test_a_paced_consumer_drains_at_the_rate_and_sees_no_stall(
     elapsed_s = delivered[-1] - started_s
     assert (150 - 15) / 60 * 0.9 <= elapsed_s <= (150 - 15) / 60 * 1.2, elapsed_s
     assert consumer.counters.stalled_slots_recovered == 0
+
+
+async def test_an_unreachable_first_broker_stops_a_limit_not_the_unlimited() -> None:
+    """Without a rate limit only a receiver's hold is asked about: the first broker being down
+    must not stop the other brokers' claims; with a limit, nothing is claimed unmetered."""
+    down = redis.asyncio.Redis(port=free_port(), retry=Retry(NoBackoff(), 0))
+    try:
+        queue = AsyncQueue(down, TOPIC)
+        assert await Pacer(queue, 0.0).take(8) == (8, 0.0)
+        with pytest.raises(redis.ConnectionError):
+            await Pacer(queue, 100.0).take(8)
+    finally:
+        await down.aclose()

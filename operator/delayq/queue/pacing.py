@@ -21,6 +21,8 @@ from __future__ import annotations
 import math
 import time
 
+import redis
+
 from delayq.queue.client import AsyncQueue
 
 #: The longest hold a receiver's Retry-After gets: a receiver cannot park the topic for ever.
@@ -77,9 +79,17 @@ class Pacer:
             return want, 0.0
         least = min(want, max(1, math.ceil(self.per_second * SLICE_S)))
         returned, self._unused = self._unused, 0
-        granted, wait_ms = await self.queue.pace(
-            self.per_second, self.burst, want, least, returned
-        )
+        try:
+            granted, wait_ms = await self.queue.pace(
+                self.per_second, self.burst, want, least, returned
+            )
+        except redis.RedisError:
+            if self.limited:
+                raise  # a limit that is not enforced is not a limit: the claim waits
+            # only a receiver's hold was asked about: the first broker being down must not
+            # stop the other brokers' delivery (a hold is the receiver's wish, not a limit)
+            self._checked_s = now_s
+            return want, 0.0
         self._checked_s = now_s
         if not granted:
             self.waits += 1
