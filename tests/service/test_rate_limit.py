@@ -23,12 +23,17 @@ from delayq.local.processes import ServeProcess, stop_all
 from delayq.local.redis_server import RedisServer
 from delayq.local.waiting import eventually
 from delayq.queue.client import AsyncQueue
-from delayq.queue.model import ScheduleRequest
-from delayq.queue.topic import TopicType
+from delayq.queue.model import Message, ScheduleRequest
+from delayq.queue.topic import Topic, TopicType
 from delayq.service.config import ServiceConfig
 from delayq.service.delivery.adaptive import AdaptiveLimit
-from delayq.service.delivery.webhook import retry_after_ms
+from delayq.service.delivery.signing import Signer
+from delayq.service.delivery.sinks import DeliveryError
+from delayq.service.delivery.targets import TargetPolicy
+from delayq.service.delivery.webhook import WebhookSink, retry_after_ms
+from delayq.service.metrics import ServiceMetrics
 from delayq.service.overview import STALLED_AFTER_MS, SlotView
+from tests.service.conftest import Receiver
 
 SLOTS = 8
 PODS = 2
@@ -283,3 +288,32 @@ def test_a_paced_slot_is_not_stalled() -> None:
     assert SlotView(0, 0, late, next_due_ms=0, **overdue).stalled  # type: ignore[arg-type]
     paced = SlotView(0, 0, late, next_due_ms=0, paced=True, **overdue)  # type: ignore[arg-type]
     assert not paced.stalled
+
+
+async def test_5xx_answers_halve_a_sinks_posts_and_successes_grow_them_back(
+    receiver: Receiver,
+) -> None:
+    """A real receiver answering 500, then 200: the sink's POSTs in flight halve (once per
+    second at most), reported in delayq_webhook_concurrency, then grow back to maxInFlight."""
+    status = 500
+    receiver.answer = lambda _n: _status(status)
+    metrics = ServiceMetrics("shop", "orders")
+    sink = WebhookSink(Topic("orders", namespace="shop"), receiver.url, Signer(""), 5000, 8,
+                       metrics, targets=TargetPolicy(allow_private=True))  # fmt: skip
+    try:
+        for i in range(3):
+            with pytest.raises(DeliveryError):
+                await sink.deliver(Message(f"f{i}", 0, b"", {}, 1, 0, 1, 1))
+        assert sink.concurrency == 4  # three failures within a second: one halving
+        assert b"delayq_webhook_concurrency{" in metrics.render()
+        assert b'topic="orders",topic_namespace="shop"} 4.0' in metrics.render()
+        status = 200
+        for i in range(40):
+            await sink.deliver(Message(f"s{i}", 0, b"", {}, 1, 0, 1, 1))
+        assert sink.concurrency == 8
+    finally:
+        await sink.close()
+
+
+async def _status(status: int) -> int:
+    return status
