@@ -44,6 +44,7 @@ PER_SLOT_WRITES = {
     ("XADD", "key"),  # journal.lua
     ("SADD", "changes"),  # track_changes.lua itself
     ("DEL", "settings"),  # the settings record (publish-1): not a part, never divided
+    ("PEXPIRE", "key"),  # pace, hold: the topic's pace, outside every slot
 }
 DEFINITION = re.compile(r"^local (?:function )?(\w+)\b", re.MULTILINE)
 
@@ -158,7 +159,7 @@ def test_scripts_change_the_divided_parts_only_with_the_tracked_commands() -> No
     """A write command that track_changes.lua does not note would change a slot behind a
     doubling's copy: every write is one of the tracked four, or goes to a per-slot part."""
     reads = {"GET", "EXISTS", "LLEN", "HGET", "HMGET", "HLEN", "HGETALL", "ZCARD", "ZCOUNT"}
-    reads |= {"ZRANGE", "ZRANGEBYSCORE", "ZSCORE", "ZMSCORE", "TIME"}
+    reads |= {"ZRANGE", "ZRANGEBYSCORE", "ZSCORE", "ZMSCORE", "TIME", "PTTL"}
     root = Path(str(resources.files("delayq.queue") / "lua"))
     for path in sorted(root.glob("*.lua")) + sorted((root / "includes").glob("*.lua")):
         code = re.sub(r"--[^\n]*", "", re.sub(r"--\[\[.*?\]\]", "", path.read_text(), flags=re.S))

@@ -157,6 +157,8 @@ class Delivery:
     webhook_signing_secret_ref: SecretKeyRef | None = None
     webhook_extra_headers_secret_ref: SecretKeyRef | None = None
     pull_max_lease_batch: int = default("pull_max_lease_batch")
+    rate_limit_per_second: float = default("rate_limit_per_second")
+    rate_limit_burst: int = default("rate_limit_burst")
     stream_key: str = ""
     stream_max_len: int = default("stream_max_len")
     # the external target's Redis URL (`delayq serve --stream-url`, credentials included) from

@@ -28,6 +28,7 @@ from delayq.queue.consumer import (
     ConsumerCounters,
     ConsumerSettings,
     DeadLetterError,
+    GiveBackError,
     Handler,
     LeaseGoneError,
     NoSlotsError,
@@ -54,6 +55,7 @@ from delayq.queue.model import (
     Target,
     TopicStats,
 )
+from delayq.queue.pacing import Pacer
 from delayq.queue.recurrence import CatchUp, Recurrence
 from delayq.queue.schedules import DefineResult, Schedule, ScheduleInfo, occurrence_target
 from delayq.queue.topic import Topic, TopicError, TopicType
@@ -73,6 +75,7 @@ __all__ = [
     "DeadPage",
     "DefineResult",
     "DelayqError",
+    "GiveBackError",
     "Handler",
     "Headers",
     "InvalidMessageError",
@@ -86,6 +89,7 @@ __all__ = [
     "NoSlotsError",
     "NotFoundError",
     "Outcome",
+    "Pacer",
     "PartlyStoredError",
     "Queue",
     "Recurrence",

@@ -89,6 +89,8 @@ SCRIPT_COMMANDS = (
     "zmscore",
     "xadd",
     "time",
+    "pexpire",  # pace-1, hold-1: the topic's pace expires once nothing is left in it
+    "pttl",
 )
 
 

@@ -561,6 +561,18 @@ class AsyncQueue:
     async def extend_many(self, leases: Sequence[Leased], ack_timeout_ms: int) -> list[Outcome]:
         return await self.run(plans.extend(self.topic, leases, ack_timeout_ms))
 
+    async def pace(
+        self, per_second: float, burst: int, want: int, least: int, returned: int = 0
+    ) -> tuple[int, int]:
+        """Draw tokens from the topic's pace on this broker (`pacing.Pacer`): granted, and
+        when none, the ms until some are there or the hold ends."""
+        return await self.run(plans.pace(self.topic, per_second, burst, want, least, returned))
+
+    async def hold(self, hold_ms: int, max_ms: int) -> int:
+        """Hold the topic's delivery (every pod's `pace` grants nothing) for `hold_ms`, at most
+        `max_ms`; returns the server ms it ends."""
+        return await self.run(plans.hold(self.topic, hold_ms, max_ms))
+
     async def giveback_many(self, leases: Sequence[Leased]) -> list[Outcome]:
         """Give leased messages back undelivered (see `plans.giveback`)."""
         return await self.run(plans.giveback(self.topic, leases))

@@ -35,6 +35,7 @@ import asyncio
 import contextlib
 import heapq
 import logging
+import math
 import time
 from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass, field
@@ -48,6 +49,7 @@ from delayq.queue.client import AsyncQueue
 from delayq.queue.coalesce import Coalescer
 from delayq.queue.codes import Code, DelayqError, ReplicationTimeoutError, StaleEpochError
 from delayq.queue.model import ClaimBatch, Leased, Message, Outcome, Retry, SlotClaim
+from delayq.queue.pacing import Pacer
 from delayq.queue.renamed import renamed_kwargs
 from delayq.queue.server_clock import ServerClock
 from delayq.queue.slots import OwnedSlot, OwnedSlots
@@ -74,10 +76,14 @@ class NoSlotsError(DelayqError, ValueError):
     consumer with `managed=True` when an ownership source grants them later."""
 
 
-class LeaseGoneError(Exception):
+class GiveBackError(Exception):
+    """Raised by a handler that did not deliver the message: it is given back rather than
+    nacked (prepare -> store at its due time, no attempt counted)."""
+
+
+class LeaseGoneError(GiveBackError):
     """Raised by a handler that found, before it started delivering, that the message's lease
-    is no longer valid (`Consumer.holds` is false): the message was not delivered, so it is
-    given back rather than nacked (no attempt is counted)."""
+    is no longer valid (`Consumer.holds` is false)."""
 
 
 # messages leased at once at most: the DelayTopic's `worker.concurrency` default (1000; the
@@ -107,7 +113,8 @@ class ConsumerCounters:
 
     stalled_slots_recovered: int = 0  # the watchdog found a slot overdue and claimed it again
     acks_lease_lost: int = 0  # acks or nacks refused: the lease had expired or moved on
-    deliveries_skipped: int = 0  # claimed messages not handed over: slot or lease gone
+    # claimed messages not delivered: slot or lease gone, or the receiver asked for time
+    deliveries_skipped: int = 0
     given_back: int = 0  # claimed messages returned undelivered to store
     acks_unreplicated: int = 0  # acks or nacks done on the master, not confirmed by replicas
     schedules_topped_up: int = 0  # recurring schedules' next-but-one due precomputed
@@ -156,8 +163,11 @@ class Consumer:
         *,
         managed: bool = False,
         on_nacked: Callable[[list[Outcome]], None] | None = None,
+        pacer: Pacer | None = None,
     ) -> None:
         self.queue = queue
+        # the topic's pace (rate limit, receiver's hold), drawn from before each claim round
+        self.pacer = pacer
         self.handler = handler
         self.settings = settings or ConsumerSettings()
         self.on_slot_lost = on_slot_lost
@@ -365,6 +375,14 @@ class Consumer:
                 owned = owned[:count]
                 share = min(self.settings.batch_size, room // count)  # shares add up to <= room
                 try:
+                    if self.pacer is not None:
+                        granted, wait_ms = await self.pacer.take(count * share)
+                        if not granted:  # rate limit or receiver's hold: the messages stay
+                            retry_in_ms = max(1, math.ceil(wait_ms))
+                            return
+                        count = min(count, max(1, granted // self._min_batch))
+                        owned, share = owned[:count], granted // count
+                        self.pacer.unused(granted - count * share)
                     results = await self._claim(owned, share)
                 except redis.RedisError as error:
                     # Redis unreachable or failing over: keep the slots and try again shortly
@@ -373,6 +391,9 @@ class Consumer:
                     return
                 pending = pending[count:]
                 for (slot, state), result in zip(owned, results, strict=True):
+                    if self.pacer is not None:
+                        used = len(result.messages) if isinstance(result, ClaimBatch) else 0
+                        self.pacer.unused(share - used)
                     if self._take_result(slot, state, result, share):
                         pending.append(slot)
         finally:
@@ -557,7 +578,8 @@ class Consumer:
                     watched_s = time.monotonic()
                     await self.refresh_paused()
                     self.top_ups.retry_failed()
-                    if not self._paused:  # paused slots are overdue on purpose
+                    held_back = self.pacer is not None and self.pacer.held_back
+                    if not self._paused and not held_back:  # overdue on purpose
                         await self._watch_slots()
             except redis.RedisError as error:
                 log.warning("lease heartbeat or slot watchdog failed: %s", error)
@@ -725,7 +747,7 @@ class _BatchRun:
             else:
                 try:
                     await consumer.handler(message)
-                except LeaseGoneError:
+                except GiveBackError:
                     self._skip(message)
                 except Exception as error:  # the handler's failure is the message's outcome
                     outbox.retries.append(consumer._retry(message, error))

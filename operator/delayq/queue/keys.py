@@ -93,6 +93,12 @@ def paused_key(topic: Topic) -> str:
     return f"dq:{{{topic.namespace}/{topic.name}}}:paused"
 
 
+def pace_key(topic: Topic) -> str:
+    """The topic's pace on its first broker (`queue/pacing.py`): the rate limit's token bucket
+    and a receiver's hold. Outside every slot, with the topic tag."""
+    return f"dq:{{{topic.namespace}/{topic.name}}}:pace"
+
+
 def parse_wake_key(key: str) -> int:
     """The slot number of a `wake` key, as returned by a blocking pop (any generation: the
     slot number is the tag's last field)."""

@@ -24,7 +24,7 @@ from delayq.queue.codec import (
     when_argument,
 )
 from delayq.queue.codes import Code, ReplicationTimeoutError, StaleEpochError, raise_for_code
-from delayq.queue.keys import Part, slot_keys
+from delayq.queue.keys import Part, pace_key, slot_keys
 from delayq.queue.model import (
     SLOT_BASIS,
     ClaimBatch,
@@ -392,6 +392,22 @@ def freeze(topic: Topic, slot: int) -> Plan[int]:
 def thaw(topic: Topic, slot: int) -> Plan[int]:
     """Take writes into the slot again (thaw-1)."""
     call = ScriptCall(Script.THAW, slot_keys(topic, slot).keys(Part.EPOCH), [])
+    return Plan([call], lambda replies: int(replies[0]))
+
+
+def pace(
+    topic: Topic, per_second: float, burst: int, want: int, least: int, returned: int
+) -> Plan[tuple[int, int]]:
+    """Draw up to `want` tokens from the topic's pace (pace-1): (granted, wait_ms)."""
+    call = ScriptCall(
+        Script.PACE, [pace_key(topic)], [repr(float(per_second)), burst, want, least, returned]
+    )
+    return Plan([call], lambda replies: (int(replies[0][0]), int(replies[0][1])))
+
+
+def hold(topic: Topic, hold_ms: int, max_ms: int) -> Plan[int]:
+    """Hold the topic's delivery for `hold_ms` (at most `max_ms`; hold-1): when it ends."""
+    call = ScriptCall(Script.HOLD, [pace_key(topic)], [hold_ms, max_ms])
     return Plan([call], lambda replies: int(replies[0]))
 
 

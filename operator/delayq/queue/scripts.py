@@ -57,6 +57,8 @@ class Script(enum.StrEnum):
     OVERVIEW = "overview-4"  # 4 keys per slot, any number of slots
     PUBLISH = "publish-1"  # the topic's settings into a slot's record (its owner only)
     SETTINGS = "settings-1"  # a slot's settings record, read
+    PACE = "pace-1"
+    HOLD = "hold-1"
 
     @property
     def acknowledges_a_write(self) -> bool:

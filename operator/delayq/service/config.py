@@ -80,6 +80,8 @@ class ServiceConfig:
     redis_sync_replicas: int = _setting("redis_sync_replicas")
     redis_sync_timeout_ms: int = _setting("redis_sync_timeout_ms")
     pull_max_lease_batch: int = _setting("pull_max_lease_batch")
+    rate_limit_per_second: float = _setting("rate_limit_per_second")
+    rate_limit_burst: int = _setting("rate_limit_burst")
     webhook_url: str = field(
         default="", metadata=_help("webhook topics: URL each due message is POSTed to")
     )

@@ -24,6 +24,7 @@ from delayq.coordination.ownership import SESSION_STATES, SessionHolder
 from delayq.queue.codes import Code
 from delayq.queue.consumer import ConsumerCounters
 from delayq.queue.model import Outcome, TopicStats
+from delayq.queue.pacing import Pacer
 
 # Lateness: delivery start minus due time. Millisecond buckets, expressed in seconds.
 LATENESS_BUCKETS_S = (
@@ -151,6 +152,13 @@ class ServiceMetrics:
             buckets=DURATION_BUCKETS_S,
             registry=self.registry,
         )
+        self.webhook_concurrency = Gauge(
+            "delayq_webhook_concurrency",
+            "Webhook POSTs this process allows in flight now: webhook.maxInFlight, halved on "
+            "timeouts and 5xx answers, grown back by successes (AIMD)",
+            names,
+            registry=self.registry,
+        )
         self._topic_labels = (namespace, topic)
         self._children: dict[tuple[int, tuple[str, ...]], Any] = {}
         # series with only the topic labels exist from the start (zero, not absent)
@@ -191,6 +199,13 @@ class ServiceMetrics:
     def watch_counters(self, counters: Callable[[], ConsumerCounters]) -> None:
         """Expose the delivery engine's counters, read at scrape time."""
         self.registry.register(_CountersCollector(counters, self._topic_labels))
+
+    def watch_pacer(self, pacer: Pacer) -> None:
+        """Expose the topic's pace as this process sees it, read at scrape time."""
+        self.registry.register(_PacerCollector(pacer, self._topic_labels))
+
+    def set_webhook_concurrency(self, size: int) -> None:
+        self._child(self.webhook_concurrency).set(size)
 
     def count_slot_moving_wait(self) -> None:
         self._child(self.slot_moving_waits).inc()
@@ -276,7 +291,10 @@ class Activity:
 COUNTER_HELP = {
     "stalled_slots_recovered": "Owned slots found overdue with no claim and claimed again",
     "acks_lease_lost": "Acks or nacks refused because the lease had expired or moved on",
-    "deliveries_skipped": "Claimed messages not delivered: slot released or lease gone first",
+    "deliveries_skipped": (
+        "Claimed messages not delivered: slot released or lease gone first, or the receiver "
+        "asked for time"
+    ),
     "given_back": "Claimed messages given back undelivered (no attempt counted)",
     "acks_unreplicated": "Acks or nacks done on the master but not confirmed by syncReplicas",
     "schedules_topped_up": "Recurring schedules whose next-but-one occurrence was precomputed",
@@ -299,6 +317,34 @@ class _CountersCollector(Collector):
             )
             family.add_metric(list(self._labels), getattr(values, item.name))
             yield family
+
+
+class _PacerCollector(Collector):
+    """The pace's counts and rate limit (`queue/pacing.Pacer`)."""
+
+    def __init__(self, pacer: Pacer, labels: tuple[str, str]) -> None:
+        self._pacer = pacer
+        self._labels = labels
+
+    def collect(self) -> Iterator[Metric]:
+        pacer, labels = self._pacer, list(self._labels)
+        for name, help_text, value in (
+            ("delayq_rate_limited_waits", "Claims that waited: over the rate limit or held "
+             "by a receiver (the messages stayed in store)", pacer.waits),
+            ("delayq_receiver_holds", "429 or 503 answers with Retry-After that held the "
+             "topic's delivery (every pod; the messages given back, no attempt counted)",
+             pacer.holds),
+        ):  # fmt: skip
+            family = CounterMetricFamily(name, help_text, labels=list(TOPIC_LABELS))
+            family.add_metric(labels, value)
+            yield family
+        limit = GaugeMetricFamily(
+            "delayq_rate_limit_per_second",
+            "The topic's rate limit, every pod together (0: none)",
+            labels=list(TOPIC_LABELS),
+        )
+        limit.add_metric(labels, pacer.per_second)
+        yield limit
 
 
 class _SessionCollector(Collector):

@@ -398,6 +398,16 @@ SCHEMAS: dict[str, Schema] = {
         oldestOverdueMs=integer("how long the oldest due, unclaimed message has waited"),
         paused={"type": "boolean", "description": "delivery is paused on some broker"},
         pausedBrokers=array(integer("a broker whose delivery is paused"), MAX_SLOT_AMOUNT),
+        paced={
+            "type": "boolean",
+            "description": "the topic's rate limit or a receiver's Retry-After held claims back "
+            "within the last second (due messages wait on purpose: not stalled)",
+        },
+        rateLimitPerSecond={
+            "type": "number",
+            "minimum": 0,
+            "description": "delivery.rateLimit.perSecond: messages per second at most (0: none)",
+        },
         dueHistogram=obj(
             ["overdue", *(name for name, _ in DUE_WINDOWS), "later"],
             overdue=integer("due already, not claimed"),

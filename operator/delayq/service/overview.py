@@ -55,7 +55,9 @@ _FIELDS = 7
 class SlotView:
     """One slot as its broker holds it now. `due_in` counts the messages due in each of
     DUE_WINDOWS after `overdue` (due already, not claimed), then `later`; `paused`: its
-    broker's delivery is paused (AsyncQueue.pause), so nobody claims it on purpose."""
+    broker's delivery is paused (AsyncQueue.pause), so nobody claims it on purpose; `paced`:
+    the topic's pace (rate limit, a receiver's hold) held this process's claims back within
+    the last second, so due messages wait on purpose too."""
 
     slot: int
     broker: int
@@ -69,6 +71,7 @@ class SlotView:
     dead: int
     next_due_ms: int | None
     paused: bool = False
+    paced: bool = False
 
     @property
     def oldest_overdue_ms(self) -> int:
@@ -78,9 +81,9 @@ class SlotView:
 
     @property
     def stalled(self) -> bool:
-        """Due messages unclaimed for a while although delivery is not paused: a paused
-        slot waits on purpose, and marking it would hide the slots that are really stuck."""
-        return not self.paused and self.oldest_overdue_ms >= STALLED_AFTER_MS
+        """Due messages unclaimed for a while although delivery is neither paused nor paced: such
+        a slot waits on purpose, and marking it would hide the slots that are really stuck."""
+        return not (self.paused or self.paced) and self.oldest_overdue_ms >= STALLED_AFTER_MS
 
 
 async def read_slots(
@@ -112,8 +115,9 @@ async def read_slots(
         read_paused(service),
     )
     views: list[SlotView] = []
+    paced = service.pacer is not None and service.pacer.held_back
     for (broker, chunks), replies in zip(parts, answers, strict=True):
-        views += _views(broker, chunks, replies, broker in paused, len(windows))
+        views += _views(broker, chunks, replies, broker in paused, paced, len(windows))
     views.sort(key=lambda view: view.slot)
     return views
 
@@ -126,7 +130,12 @@ async def read_paused(service: DelayService) -> frozenset[int]:
 
 
 def _views(
-    broker: int, chunks: list[list[int]], replies: list[Any], paused: bool, n: int
+    broker: int,
+    chunks: list[list[int]],
+    replies: list[Any],
+    paused: bool,
+    paced: bool,
+    n: int,
 ) -> list[SlotView]:
     size = _FIELDS + n
     views: list[SlotView] = []
@@ -148,6 +157,7 @@ def _views(
                     v[5 + n],
                     v[6 + n] if v[6 + n] >= 0 else None,
                     paused,
+                    paced,
                 )
             )
     return views
@@ -372,6 +382,8 @@ def overview_json(service: DelayService, view: TopicView, age_s: float) -> dict[
         "oldestOverdueMs": max((s.oldest_overdue_ms for s in slots), default=0),
         "paused": bool(paused),
         "pausedBrokers": paused,
+        "paced": any(s.paced for s in slots),
+        "rateLimitPerSecond": service.config.rate_limit_per_second,
         "dueHistogram": histogram,
         "fleet": fleet_json,
         "process": {

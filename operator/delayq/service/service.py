@@ -40,6 +40,7 @@ from delayq.coordination.routing import Routing
 from delayq.coordination.routing_watch import RoutingWatch
 from delayq.queue.client import AsyncQueue
 from delayq.queue.consumer import ConsumerCounters, ConsumerSettings
+from delayq.queue.pacing import MAX_HOLD_MS, Pacer
 from delayq.queue.topic import TopicType
 from delayq.service.brokers import Brokers, connect, default_routing
 from delayq.service.config import ServiceConfig
@@ -72,6 +73,7 @@ class DelayService:
             self.queues, default_routing(self.topic.slot_amount, len(self.queues))
         )
         self.ownership = ownership or EmbeddedOwnership(self.topic.slot_amount)
+        self.pacer = self._pacer()
         self.delivery = self._delivery()  # started by start()
         self.lease_tokens = config.lease_tokens()  # pull topics' tokens, bound to this topic
         self._closing = False
@@ -96,6 +98,8 @@ class DelayService:
         self.resharded = asyncio.Event()
         self.doubled: Routing | None = None
         self.metrics.watch_counters(self.counters)
+        if self.pacer is not None:
+            self.metrics.watch_pacer(self.pacer)
         if isinstance(self.ownership, SessionHolder):
             self.metrics.watch_session(self.ownership)
 
@@ -116,10 +120,18 @@ class DelayService:
         """The delivery engine's counters (for metrics)."""
         return self.delivery.counters()
 
+    def _pacer(self) -> Pacer | None:
+        """The topic's pace on its first broker: with a rate limit, and on webhook topics
+        (whose receivers may ask for time); None when nothing would ever slow it down."""
+        per_second = self.config.rate_limit_per_second
+        if not per_second and self.topic.topic_type is not TopicType.WEBHOOK:
+            return None
+        return Pacer(self.queues[0], per_second, self.config.rate_limit_burst)
+
     def _delivery(self) -> Delivery:
         """The topic type's delivery engine: the one place that tells the types apart."""
         if self.topic.topic_type is TopicType.PULL:
-            return PullDelivery(self.brokers)
+            return PullDelivery(self.brokers, self.pacer)
         settings = ConsumerSettings(
             batch_size=self.config.batch_size,
             worker_concurrency=self.config.worker_concurrency,
@@ -129,7 +141,9 @@ class DelayService:
             backoff=self.config.backoff,
             release_drain_s=release_drain_s(self.topic.topic_type, self.config.webhook_timeout_ms),
         )
-        return PushDelivery(self.brokers, settings, self.metrics, self._on_slot_lost, self._sink)
+        return PushDelivery(
+            self.brokers, settings, self.metrics, self._on_slot_lost, self._sink, self.pacer
+        )
 
     async def start(self) -> None:
         await self._load_routing()
@@ -245,6 +259,8 @@ class DelayService:
                 targets=config.webhook_targets,
                 extra_headers=config.webhook_headers,
                 max_batch=config.webhook_max_batch,
+                hold=self.pacer.hold if self.pacer is not None else None,
+                max_hold_ms=self.topic.expiry_ttl_ms or MAX_HOLD_MS,
             )
         if config.stream_url:
             client = connect(

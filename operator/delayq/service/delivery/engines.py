@@ -2,7 +2,8 @@
 never asks which kind of topic it serves.
 
 - `PushDelivery`, webhook and stream topics: one `Consumer` per broker (each slot is consumed
-  on the broker that stores it), every due message handed to the topic's sink;
+  on the broker that stores it), every due message handed to the topic's sink; the consumers
+  share one `Pacer` (the topic's rate limit and receivers' holds, queue/pacing.py);
 - `PullDelivery`, pull topics: the `PullLeaser`, which claims on request (`POST /leases`).
 
 Both are built with the service and started by `DelayService.start`; the shutdown order is the
@@ -21,6 +22,7 @@ import redis
 
 from delayq.queue.consumer import Consumer, ConsumerCounters, ConsumerSettings
 from delayq.queue.model import Message
+from delayq.queue.pacing import Pacer
 from delayq.service.brokers import Brokers
 from delayq.service.delivery.pull import PullLeaser
 from delayq.service.delivery.sinks import Sink
@@ -82,6 +84,7 @@ class PushDelivery:
         metrics: ServiceMetrics,
         on_slot_lost: Callable[[int], None],
         open_sink: Callable[[PushDelivery], Sink],
+        pacer: Pacer | None = None,
     ) -> None:
         self.brokers = brokers
         self.metrics = metrics
@@ -93,6 +96,7 @@ class PushDelivery:
                 on_slot_lost,
                 managed=True,
                 on_nacked=metrics.count_nacked,
+                pacer=pacer,
             )
             for queue in brokers.queues
         ]
@@ -190,8 +194,8 @@ class PushDelivery:
 class PullDelivery:
     """Pull topics: the `PullLeaser` claims the owned slots' due messages on request."""
 
-    def __init__(self, brokers: Brokers) -> None:
-        self.leaser = PullLeaser(brokers)
+    def __init__(self, brokers: Brokers, pacer: Pacer | None = None) -> None:
+        self.leaser = PullLeaser(brokers, pacer)
         self._started = False
 
     @property

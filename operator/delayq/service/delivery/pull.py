@@ -27,6 +27,7 @@ import redis
 
 from delayq.queue.codes import StaleEpochError
 from delayq.queue.model import ClaimBatch, Message, SlotClaim
+from delayq.queue.pacing import Pacer
 from delayq.queue.server_clock import ServerClock
 from delayq.queue.slots import OwnedSlot, OwnedSlots
 from delayq.queue.topups import TopUps
@@ -56,8 +57,10 @@ class _Round:
 class PullLeaser:
     """Leases messages of the slots this process owns, on request."""
 
-    def __init__(self, brokers: Brokers) -> None:
+    def __init__(self, brokers: Brokers, pacer: Pacer | None = None) -> None:
         self.brokers = brokers
+        self.pacer = pacer  # the topic's rate limit: leases draw from it first
+        self._paced_ms = 0.0  # the latest claim was refused by the pacer: wait this long
         self._owned = [OwnedSlots(queue, PullSlot, self._wake) for queue in brokers.queues]
         self._top_ups = [TopUps(queue) for queue in brokers.queues]
         self._cursor = 0
@@ -142,8 +145,8 @@ class PullLeaser:
         while True:
             if time.monotonic() - self._paused_read_s >= PAUSE_CHECK_S:
                 await self.refresh_paused()
-            messages = await self._claim(max_count, ack_timeout_ms)
-            due_now = self._arm()
+            messages = await self._paced_claim(max_count, ack_timeout_ms)
+            due_now = self._arm() and not self._paced_ms
             if messages:
                 if due_now:
                     self._polls.wake_one()  # more is due: the next waiting poll claims it
@@ -151,7 +154,9 @@ class PullLeaser:
             remaining_s = deadline - time.monotonic()
             if remaining_s <= 0 or self._stopping:
                 return []
-            if not due_now:
+            if self._paced_ms:  # over the rate: nothing claimed, the messages stay in store
+                await asyncio.sleep(min(remaining_s, self._paced_ms / 1000))
+            elif not due_now:
                 wait_s = min(remaining_s, PAUSE_CHECK_S) if self.paused else remaining_s
                 await self._polls.wait(wait_s)  # a resume is seen within a second
 
@@ -177,6 +182,24 @@ class PullLeaser:
             return True
         self._polls.arm(None if in_ms is None else in_ms / 1000)
         return False
+
+    async def _paced_claim(self, max_count: int, ack_timeout_ms: int) -> list[Message]:
+        """`_claim` of as many messages as the topic's rate limit grants now (all when it has
+        none); tokens the claim did not use are given back."""
+        self._paced_ms = 0.0
+        if self.pacer is None or not self._rotation_due():
+            return await self._claim(max_count, ack_timeout_ms)
+        granted, wait_ms = await self.pacer.take(max_count)
+        if not granted:
+            self._paced_ms = max(1.0, wait_ms)
+            return []
+        messages = await self._claim(granted, ack_timeout_ms)
+        self.pacer.unused(granted - len(messages))
+        return messages
+
+    def _rotation_due(self) -> bool:
+        """Some idle slot has something due now (a claim would not come back empty at once)."""
+        return any(s.due_ms is not None and s.due_ms <= now for s, now in self._idle())
 
     async def _claim(self, max_count: int, ack_timeout_ms: int) -> list[Message]:
         """Claim exactly up to `max_count`: shares per round never add up to more."""

@@ -36,17 +36,21 @@ import ipaddress
 import json
 import socket
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping
+from email.utils import parsedate_to_datetime
 from typing import Any
 
 import aiohttp
+import redis
 from aiohttp.abc import AbstractResolver, ResolveResult
 from aiohttp.resolver import DefaultResolver
 from yarl import URL
 
-from delayq.queue.consumer import LeaseGoneError
+from delayq.queue.consumer import GiveBackError, LeaseGoneError
 from delayq.queue.model import Message
+from delayq.queue.pacing import MAX_HOLD_MS
 from delayq.queue.topic import Topic
+from delayq.service.delivery.adaptive import AdaptiveLimit
 from delayq.service.delivery.signing import Signer
 from delayq.service.delivery.sinks import DeliveryError
 from delayq.service.delivery.targets import TargetPolicy, TargetRefusedError
@@ -61,6 +65,33 @@ Waiting = tuple[Message, asyncio.Future[None]]  # a message and the wait for its
 SINGLE_REPLY_BYTES = 64 * 1024
 BATCH_REPLY_BASE_BYTES = 64 * 1024
 BATCH_REPLY_BYTES_PER_MESSAGE = 4 * 1024
+#: The answers whose Retry-After holds the topic: too many requests, unavailable.
+HOLD_STATUSES = frozenset({429, 503})
+#: A hold lasts this long at least: `Retry-After: 0` must not make the pods spin.
+MIN_HOLD_MS = 100
+
+
+class ReceiverHoldError(GiveBackError):
+    """The receiver asked for time (429 or 503 with Retry-After): the message was not
+    delivered, so it is given back, no attempt counted, and the topic is held."""
+
+
+def retry_after_ms(value: str | None, now_s: float) -> int | None:
+    """A Retry-After header in ms from `now_s` (unix seconds): delay-seconds (`120`) or an
+    HTTP date (`Wed, 21 Oct 2015 07:28:00 GMT`, past: 0); None when absent or unreadable (the
+    answer is then an ordinary failure)."""
+    if value is None:
+        return None
+    value = value.strip()
+    if value.isascii() and value.isdigit():
+        return int(value[:9]) * 1000  # beyond 9 digits the hold's bound applies anyway
+    try:
+        when = parsedate_to_datetime(value)
+    except (TypeError, ValueError, IndexError):
+        return None
+    if when.tzinfo is None:
+        return None
+    return max(0, int((when.timestamp() - now_s) * 1000))
 
 
 def wall_ms() -> int:
@@ -139,6 +170,8 @@ class WebhookSink:
         targets: TargetPolicy,
         extra_headers: Mapping[str, str] | None = None,
         max_batch: int = 1,
+        hold: Callable[[int], Awaitable[None]] | None = None,
+        max_hold_ms: int = MAX_HOLD_MS,
     ) -> None:
         self.topic = topic
         self.url = url
@@ -149,7 +182,10 @@ class WebhookSink:
         self.member = member
         self.clock_ms = clock_ms
         self.lease_deadline = lease_deadline
-        self._limit = asyncio.Semaphore(concurrency)
+        self._limit = AdaptiveLimit(concurrency)
+        self.hold = hold  # the topic's pace: holds every pod's delivery (None: never held)
+        self.max_hold_ms = max_hold_ms
+        metrics.set_webhook_concurrency(concurrency)
         self._literal_refusal = literal_refusal(url, targets)
         self.max_batch = max_batch
         self._waiting: list[Waiting] = []
@@ -186,9 +222,9 @@ class WebhookSink:
                 timestamp_s = int(self.clock_ms(message.slot) // 1000)
                 headers.update(self.signer.headers(message_id, timestamp_s, body))
             started = time.monotonic()
-            status, _ = await self._post(body, headers, started, SINGLE_REPLY_BYTES)
+            status, _, retry_after = await self._post(body, headers, started, SINGLE_REPLY_BYTES)
         if not 200 <= status < 300:
-            raise DeliveryError(f"POST {self.shown_url}: HTTP {status}")
+            raise await self._refused(status, retry_after)
 
     async def _deliver_in_batch(self, message: Message) -> None:
         """Wait for the batcher to send the message with the others waiting, and for the
@@ -271,16 +307,18 @@ class WebhookSink:
                 headers.update(self.signer.headers(batch_id, timestamp_s, body))
             try:
                 limit = batch_reply_bytes(len(sent))
-                status, reply = await self._post(body, headers, time.monotonic(), limit)
+                status, reply, retry_after = await self._post(
+                    body, headers, time.monotonic(), limit
+                )
                 if not 200 <= status < 300:
-                    raise DeliveryError(f"POST {self.shown_url}: HTTP {status}")
+                    raise await self._refused(status, retry_after)
                 if reply is None:
                     raise DeliveryError(
                         f"POST {self.shown_url}: HTTP {status}, its reply over {limit} bytes "
                         "or cut off"
                     )
                 answers = batch_answers(reply)
-            except DeliveryError as error:
+            except (DeliveryError, ReceiverHoldError) as error:
                 for _, answered in sent:
                     if not answered.done():
                         answered.set_exception(error)
@@ -302,6 +340,31 @@ class WebhookSink:
                 if not answered.done():
                     answered.set_exception(DeliveryError(f"POST {self.shown_url}: batch not sent"))
 
+    async def _refused(self, status: int, retry_after: str | None) -> Exception:
+        """What a non-2xx answer makes of its messages. A 429 or 503 with a Retry-After the
+        topic may honour holds every pod's delivery that long (`Pacer.hold`) and gives the
+        messages back, no attempt counted; otherwise the delivery failed (retried with backoff),
+        and a 5xx halves the POSTs in flight (`AdaptiveLimit`)."""
+        hold_ms = None
+        if status in HOLD_STATUSES and self.hold is not None:
+            hold_ms = retry_after_ms(retry_after, time.time())
+        if hold_ms is not None and self.hold is not None:
+            hold_ms = max(MIN_HOLD_MS, min(hold_ms, self.max_hold_ms))
+            try:
+                await self.hold(hold_ms)
+            except redis.RedisError as error:  # not held: an ordinary failed delivery
+                return DeliveryError(f"POST {self.shown_url}: HTTP {status} (hold: {error})")
+            return ReceiverHoldError(f"POST {self.shown_url}: HTTP {status}, held {hold_ms} ms")
+        if status >= 500:
+            self._limit.shrink()
+            self.metrics.set_webhook_concurrency(self._limit.size)
+        return DeliveryError(f"POST {self.shown_url}: HTTP {status}")
+
+    @property
+    def concurrency(self) -> int:
+        """POSTs allowed in flight now (the adaptive limit, at most maxInFlight)."""
+        return self._limit.size
+
     def _failed(self, error: Exception) -> DeliveryError:
         """A client error as a delivery failure; aiohttp may quote the URL (InvalidURL), so
         the message has every copy of it redacted."""
@@ -311,9 +374,10 @@ class WebhookSink:
 
     async def _post(
         self, body: bytes, headers: dict[str, str], started: float, reply_limit: int
-    ) -> tuple[int, bytes | None]:
-        """The receiver's status and reply: None when the reply is over `reply_limit` bytes
-        or cut off (reset, or the timeout while it trickles in), read no further: a receiver
+    ) -> tuple[int, bytes | None, str | None]:
+        """The receiver's status, reply and Retry-After header. The reply is None when over
+        `reply_limit` bytes or cut off (reset, or the timeout while it trickles in), read no
+        further: a receiver
         cannot make the sender buffer what it likes (64 POSTs of a gigabyte each). A single
         POST's answer is its status alone, so a 2xx followed by an endless or broken body
         still acks; a batch without its whole reply has no answers (`_send_batch`)."""
@@ -325,6 +389,7 @@ class WebhookSink:
                 self.url, data=body, headers=headers, allow_redirects=False
             ) as response:
                 status = response.status
+                retry_after = response.headers.get("Retry-After")
                 reply = await read_reply(response, reply_limit)
         except aiohttp.ClientConnectorError as error:
             if isinstance(error.os_error, TargetRefusedError):
@@ -334,9 +399,15 @@ class WebhookSink:
             raise self._failed(error) from error
         except (aiohttp.ClientError, TimeoutError) as error:
             self._observe("error", started)
+            if isinstance(error, TimeoutError):
+                self._limit.shrink()
+                self.metrics.set_webhook_concurrency(self._limit.size)
             raise self._failed(error) from error
         self._observe(f"{status // 100}xx", started)
-        return status, reply
+        if 200 <= status < 300:
+            self._limit.grow()
+            self.metrics.set_webhook_concurrency(self._limit.size)
+        return status, reply, retry_after
 
     def _observe(self, status: str, started: float) -> None:
         self.metrics.observe_webhook(status, time.monotonic() - started)

@@ -236,7 +236,7 @@
       ["Sent to dead", number(p.dead)],
       ["Lateness p50 / p99", `≤ ${p.latenessP50Ms ?? "—"} ms / ≤ ${p.latenessP99Ms ?? "—"} ms`],
     ]);
-    renderDelivery(o.pausedBrokers, o.brokers);
+    renderDelivery(o.pausedBrokers, o.brokers, o.paced, o.rateLimitPerSecond);
     renderHistogram(o.dueHistogram);
     renderLateness(window);
     stamp("overview-updated");
@@ -246,11 +246,13 @@
 
   /** Paused or running, in words (the colour only repeats it), and the button that changes
    *  it: a topic paused on some brokers only (a pause that failed half-way) offers both. */
-  function renderDelivery(pausedBrokers, brokers) {
+  function renderDelivery(pausedBrokers, brokers, paced, rateLimit) {
     const paused = pausedBrokers.length > 0;
     const partly = paused && pausedBrokers.length < brokers;
+    const pace = rateLimit ? ` at most ${rateLimit}/s` : "";
     $("delivery-state").textContent = !paused
-      ? "▶ running"
+      ? (paced ? `▶ running, paced${pace} (rate limit or the receiver's Retry-After)`
+               : `▶ running${pace}`)
       : `⏸ paused${partly ? ` on broker(s) ${pausedBrokers.join(", ")}` : ""} — nothing is ` +
         "claimed; scheduling goes on";
     $("delivery").classList.toggle("paused", paused);

@@ -1,0 +1,56 @@
+#!lua flags=allow-oom
+--[[
+  Draw from the topic's pace before a claim (queue/pacing.py): a token bucket refilled at
+  per_second (the topic's rate limit, shared by every pod of every broker) and a hold a
+  receiver asked for (hold-1): while it lasts nothing is granted. The bucket lives on the
+  topic's first broker, outside every slot; its key expires once the bucket would be full again
+  and no hold is left, so a topic whose limit was removed leaves nothing behind.
+
+  KEYS[1] pace  HASH tokens, at (server ms of tokens), until (server ms the hold ends)
+
+  ARGV[1] per_second  tokens added per second; 0 = no rate limit (only the hold is checked)
+  ARGV[2] burst       the bucket's size: tokens at most (a new bucket starts full)
+  ARGV[3] want        tokens asked for
+  ARGV[4] least       grant nothing below this many (a claim worth its round trip), <= want
+  ARGV[5] returned    tokens drawn earlier and not used (claims that found less): added back
+
+  Returns {granted, wait_ms}: granted tokens (0..want), and when none, how long until the hold
+  ends or `least` tokens are there (0 when granted).
+
+  Runs under maxmemory (allow-oom): one small hash, and delivery drains a full broker.
+
+  Events: none
+]]
+--@include now_ms
+
+local key = KEYS[1]
+local per_second, burst = tonumber(ARGV[1]), tonumber(ARGV[2])
+local want, least, returned = tonumber(ARGV[3]), tonumber(ARGV[4]), tonumber(ARGV[5])
+local now = now_ms()
+local state = redis.call('HMGET', key, 'tokens', 'at', 'until')
+local hold_until = tonumber(state[3]) or 0
+if hold_until > now then
+  return {0, hold_until - now}
+end
+if per_second <= 0 then
+  return {want, 0}
+end
+local tokens = tonumber(state[1])
+if tokens == nil then
+  tokens = burst
+else
+  local at = tonumber(state[2]) or now
+  tokens = tokens + returned + math.max(0, now - at) * per_second / 1000
+end
+tokens = math.min(burst, tokens)
+local granted, wait_ms = 0, 0
+if tokens >= least then
+  granted = math.min(want, math.floor(tokens))
+  tokens = tokens - granted
+else
+  wait_ms = math.ceil((least - tokens) * 1000 / per_second)
+end
+redis.call('HSET', key, 'tokens', tostring(tokens), 'at', now)
+local refill_ms = math.ceil((burst - tokens) * 1000 / per_second)
+redis.call('PEXPIRE', key, math.max(refill_ms, hold_until - now, 0) + 1000)
+return {granted, wait_ms}

@@ -1,0 +1,85 @@
+"""How many webhook POSTs may be in flight now: an adaptive limit (AIMD) under maxInFlight.
+
+A receiver that times out or answers 5xx is overloaded: more concurrent POSTs only make it
+slower. So each such failure halves the limit (at most once per `SHRINK_EVERY_S`, since the
+POSTs in flight when a receiver falls over fail together and are one signal), and each success
+adds 1/limit (one POST slot per limit's worth of successes), back up to the configured
+`webhook.maxInFlight`. Never below 1: a single POST at a time still finds out when the receiver
+has recovered.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import time
+from types import TracebackType
+
+SHRINK_EVERY_S = 1.0
+
+
+class AdaptiveLimit:
+    """A semaphore whose size moves between 1 and `most` (`shrink`, `grow`)."""
+
+    def __init__(self, most: int) -> None:
+        self.most = most
+        self.limit = float(most)
+        self.shrinks = 0  # times the limit was halved (for metrics)
+        self._in_use = 0
+        self._waiters: collections.deque[asyncio.Future[None]] = collections.deque()
+        self._shrunk_s = -SHRINK_EVERY_S
+
+    @property
+    def size(self) -> int:
+        """POSTs allowed in flight now."""
+        return max(1, int(self.limit))
+
+    async def acquire(self) -> None:
+        while self._in_use >= self.size:
+            waiter = asyncio.get_running_loop().create_future()
+            self._waiters.append(waiter)
+            try:
+                await waiter
+            except asyncio.CancelledError:
+                self._wake()  # a turn it was given goes to the next waiter
+                raise
+        self._in_use += 1
+
+    def release(self) -> None:
+        self._in_use -= 1
+        self._wake()
+
+    def _wake(self) -> None:
+        free = self.size - self._in_use
+        while free > 0 and self._waiters:
+            waiter = self._waiters.popleft()
+            if not waiter.done():
+                waiter.set_result(None)
+                free -= 1
+
+    async def __aenter__(self) -> None:
+        await self.acquire()
+
+    async def __aexit__(
+        self,
+        kind: type[BaseException] | None,
+        error: BaseException | None,
+        trace: TracebackType | None,
+    ) -> None:
+        self.release()
+
+    def grow(self) -> None:
+        """A POST succeeded: one more slot per limit's worth of successes."""
+        if self.limit < self.most:
+            grown = min(float(self.most), self.limit + 1 / self.limit)
+            self.limit = grown
+            self._wake()
+
+    def shrink(self) -> None:
+        """A POST timed out or was answered 5xx: half the slots (once per SHRINK_EVERY_S)."""
+        now_s = time.monotonic()
+        if now_s - self._shrunk_s < SHRINK_EVERY_S or self.limit <= 1:
+            return
+        self._shrunk_s = now_s
+        self.limit = max(1.0, self.limit / 2)
+        self.shrinks += 1

@@ -1,0 +1,112 @@
+"""The topic's pace on a real redis-server, as the topic's restricted user: the rate limit's
+token bucket (pace-1) and a receiver's hold (hold-1), both on the Redis server's clock."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import pytest
+import redis
+import redis.asyncio
+from redis.asyncio.retry import Retry
+from redis.backoff import NoBackoff
+
+from delayq.local.ports import free_port
+from delayq.local.waiting import eventually
+from delayq.queue.client import AsyncQueue
+from delayq.queue.consumer import Consumer
+from delayq.queue.keys import pace_key
+from delayq.queue.model import Message, ScheduleRequest
+from delayq.queue.pacing import MAX_HOLD_MS, Pacer, burst_of
+
+from .conftest import TOPIC
+
+
+async def test_the_bucket_grants_its_burst_then_its_rate(
+    async_queue: AsyncQueue, redis_client: redis.Redis
+) -> None:
+    assert await async_queue.pace(100.0, 10, 50, 5) == (10, 0)  # a new bucket starts full
+    granted, wait_ms = await async_queue.pace(100.0, 10, 50, 5)
+    assert granted == 0
+    assert 1 <= wait_ms <= 50
+    await asyncio.sleep(wait_ms / 1000 + 0.01)
+    granted, _ = await async_queue.pace(100.0, 10, 50, 5)
+    assert 5 <= granted <= 10  # refilled at the rate, never above the burst
+    assert 0 < redis_client.pttl(pace_key(TOPIC)) <= 1000 + 100  # gone once full again
+
+
+async def test_tokens_a_claim_did_not_use_are_given_back(async_queue: AsyncQueue) -> None:
+    assert (await async_queue.pace(1.0, 10, 10, 1))[0] == 10
+    assert (await async_queue.pace(1.0, 10, 10, 1, returned=7))[0] == 7
+
+
+async def test_a_hold_grants_nothing_until_it_ends_and_is_bounded(
+    async_queue: AsyncQueue, redis_client: redis.Redis
+) -> None:
+    now_ms = int(redis_client.time()[0]) * 1000
+    until_ms = await async_queue.hold(300, MAX_HOLD_MS)
+    assert now_ms <= until_ms <= now_ms + 2000
+    granted, wait_ms = await async_queue.pace(0.0, 1, 10, 1)  # no rate limit: the hold still
+    assert granted == 0
+    assert 200 <= wait_ms <= 300
+    assert await async_queue.hold(100, MAX_HOLD_MS) == until_ms  # a longer hold stays
+    capped = await async_queue.hold(10**9, 1000)
+    assert capped - until_ms <= 1000  # never beyond max_ms from now
+    await eventually(
+        lambda: _granted(async_queue), 3, "the hold ends, within its bound", interval_s=0.05
+    )
+
+
+async def _granted(queue: AsyncQueue) -> bool:
+    return await queue.pace(0.0, 1, 10, 1) == (10, 0)
+
+
+async def test_a_pacer_holds_its_own_process_at_once(async_queue: AsyncQueue) -> None:
+    pacer = Pacer(async_queue, 0.0)
+    assert await pacer.take(8) == (8, 0.0)
+    await pacer.hold(10**9)  # bounded by MAX_HOLD_MS
+    granted, wait_ms = await pacer.take(8)
+    assert granted == 0
+    assert 0 < wait_ms <= MAX_HOLD_MS
+    assert pacer.holds == 1
+    assert burst_of(500, 0) == 50
+    assert burst_of(3, 0) == 1
+
+
+async def test_a_paced_consumer_drains_at_the_rate_and_sees_no_stall(
+    async_queue: AsyncQueue,
+) -> None:
+    """150 due messages through a Consumer drawing from a 60/s bucket of 15: they take about
+    2.25 s, every slot stays overdue on purpose meanwhile, and the stall watchdog (once a
+    second) must not take that for a lost wake-up."""
+    delivered: list[float] = []
+
+    async def handler(_message: Message) -> None:
+        delivered.append(time.monotonic())
+
+    await async_queue.schedule_many([ScheduleRequest(f"r{i}", delay_ms=0) for i in range(150)])
+    consumer = Consumer(async_queue, handler, pacer=Pacer(async_queue, 60.0, 15))
+    started_s = time.monotonic()
+    run = asyncio.create_task(consumer.run(slots=TOPIC.slots))
+    try:
+        await eventually(lambda: len(delivered) >= 150, 10, "every message")
+    finally:
+        consumer.stop()
+        await run
+    elapsed_s = delivered[-1] - started_s
+    assert (150 - 15) / 60 * 0.9 <= elapsed_s <= (150 - 15) / 60 * 1.2, elapsed_s
+    assert consumer.counters.stalled_slots_recovered == 0
+
+
+async def test_an_unreachable_first_broker_stops_a_limit_not_the_unlimited() -> None:
+    """Without a rate limit only a receiver's hold is asked about: the first broker being down
+    must not stop the other brokers' claims; with a limit, nothing is claimed unmetered."""
+    down = redis.asyncio.Redis(port=free_port(), retry=Retry(NoBackoff(), 0))
+    try:
+        queue = AsyncQueue(down, TOPIC)
+        assert await Pacer(queue, 0.0).take(8) == (8, 0.0)
+        with pytest.raises(redis.ConnectionError):
+            await Pacer(queue, 100.0).take(8)
+    finally:
+        await down.aclose()

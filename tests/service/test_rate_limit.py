@@ -1,0 +1,319 @@
+"""Flow control on real processes: two `delayq serve` pods of a webhook topic (real
+redis-server, real ZooKeeper) and a real HTTP receiver that accepts a rate and answers 429 with
+`Retry-After` beyond it. The topic's rate limit holds for the pods together; a receiver's
+Retry-After holds every pod and spends no attempt."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import pytest
+import redis.asyncio
+from aiohttp import web
+
+from delayq.local.ports import free_port
+from delayq.local.processes import ServeProcess, stop_all
+from delayq.local.redis_server import RedisServer
+from delayq.local.waiting import eventually
+from delayq.queue.client import AsyncQueue
+from delayq.queue.model import Message, ScheduleRequest
+from delayq.queue.topic import Topic, TopicType
+from delayq.service.config import ServiceConfig
+from delayq.service.delivery.adaptive import AdaptiveLimit
+from delayq.service.delivery.signing import Signer
+from delayq.service.delivery.sinks import DeliveryError
+from delayq.service.delivery.targets import TargetPolicy
+from delayq.service.delivery.webhook import WebhookSink, retry_after_ms
+from delayq.service.metrics import ServiceMetrics
+from delayq.service.overview import STALLED_AFTER_MS, SlotView
+from tests.service.conftest import Receiver
+
+SLOTS = 8
+PODS = 2
+
+
+@dataclass
+class Answer:
+    status: int
+    headers: dict[str, str] = field(default_factory=dict)
+
+
+@dataclass
+class PacedReceiver:
+    """Records every POST (monotonic time, id, attempt, status) and answers as `answer` says."""
+
+    answer: Callable[[], Answer]
+    url: str = ""
+    posts: list[tuple[float, str, int, int]] = field(default_factory=list)
+
+    def accepted(self) -> list[tuple[float, str, int, int]]:
+        return [post for post in self.posts if post[3] == 200]
+
+
+class Bucket:
+    """The receiver's own capacity: `per_second`, bursts of `burst`, on its monotonic clock."""
+
+    def __init__(self, per_second: float, burst: int) -> None:
+        self.per_second, self.burst = per_second, burst
+        self.tokens, self.at_s = float(burst), time.monotonic()
+
+    def answer(self) -> Answer:
+        now_s = time.monotonic()
+        self.tokens = min(self.burst, self.tokens + (now_s - self.at_s) * self.per_second)
+        self.at_s = now_s
+        if self.tokens >= 1:
+            self.tokens -= 1
+            return Answer(200)
+        return Answer(429, {"Retry-After": "1"})
+
+
+@pytest.fixture
+async def serve_receiver() -> AsyncIterator[Callable[[Callable[[], Answer]], Any]]:
+    runners: list[web.AppRunner] = []
+
+    async def start(answer: Callable[[], Answer]) -> PacedReceiver:
+        receiver = PacedReceiver(answer)
+
+        async def handle(request: web.Request) -> web.Response:
+            body = json.loads(await request.read())
+            told = receiver.answer()
+            attempt = int(request.headers["X-Delayq-Attempt"])
+            receiver.posts.append((time.monotonic(), body["id"], attempt, told.status))
+            return web.Response(status=told.status, headers=told.headers)
+
+        app = web.Application()
+        app.router.add_post("/hook", handle)
+        runner = web.AppRunner(app, access_log=None)
+        await runner.setup()
+        runners.append(runner)
+        port = free_port()
+        await web.TCPSite(runner, "127.0.0.1", port).start()
+        receiver.url = f"http://127.0.0.1:{port}/hook"
+        return receiver
+
+    yield start
+    for runner in runners:
+        await runner.cleanup()
+
+
+async def start_pods(
+    redis_server: RedisServer, zookeeper: Any, url: str, tmp_path: Path, **settings: Any
+) -> tuple[list[ServeProcess], ServiceConfig]:
+    topic = f"paced{free_port()}"
+    configs = [
+        ServiceConfig(
+            redis_url=redis_server.url,
+            topic=topic,
+            slot_amount=SLOTS,
+            topic_type=TopicType.WEBHOOK,
+            webhook_url=url,
+            zookeeper_connect=zookeeper.hosts,
+            zookeeper_session_timeout_ms=4000,
+            member_id=f"p{i}",
+            port=free_port(),
+            **settings,
+        )
+        for i in range(PODS)
+    ]
+    pods = [ServeProcess(c, tmp_path / f"serve-{i}.log").start() for i, c in enumerate(configs)]
+    async with aiohttp.ClientSession() as session:
+
+        async def sharing() -> bool:
+            owned = 0
+            for pod in pods:
+                assert pod.running(), pod.log_path.read_text()
+                try:
+                    async with session.get(pod.url + "/readyz") as answer:
+                        owned += (await answer.json())["ownedSlots"]
+                except aiohttp.ClientError:
+                    return False
+            return owned == SLOTS
+
+        await eventually(sharing, 60, "two pods sharing the slots")
+    return pods, configs[0]
+
+
+async def schedule_herd(
+    client: redis.asyncio.Redis, pod: ServeProcess, topic: str, count: int
+) -> None:
+    """`count` messages due at one instant, 1.5 s from now on the Redis server's clock."""
+    seconds, micros = await client.time()
+    at_ms = seconds * 1000 + micros // 1000 + 1500
+    url = f"{pod.url}/v1/topics/{topic}/messages/batch"
+    async with aiohttp.ClientSession() as session:
+        for start in range(0, count, 1000):
+            messages = [{"id": f"h{i}", "atMs": at_ms} for i in range(start, start + 1000)]
+            async with session.post(url, json={"messages": messages[: count - start]}) as reply:
+                assert reply.status == 200, await reply.text()
+
+
+@pytest.mark.slow
+async def test_a_herd_drains_at_the_topics_rate_limit_over_every_pod(
+    redis_server: RedisServer,
+    async_redis_client: redis.asyncio.Redis,
+    zookeeper_server: Any,
+    serve_receiver: Callable[[Callable[[], Answer]], Any],
+    tmp_path: Path,
+) -> None:
+    limit, herd = 500, 3000
+    receiver = await serve_receiver(Bucket(limit * 1.2, 100).answer)
+    pods, config = await start_pods(
+        redis_server, zookeeper_server, receiver.url, tmp_path,
+        rate_limit_per_second=limit, rate_limit_burst=25,
+    )  # fmt: skip
+    try:
+        await schedule_herd(async_redis_client, pods[0], config.topic, herd)
+        await eventually(lambda: len(receiver.accepted()) >= herd // 3, 30, "the drain under way")
+        async with (
+            aiohttp.ClientSession() as session,
+            session.get(f"{pods[1].url}/v1/topics/{config.topic}/overview") as answer,
+        ):
+            overview = await answer.json()
+        # the backlog waits on purpose: paced, not stalled
+        assert overview["paced"] is True
+        assert overview["rateLimitPerSecond"] == limit
+        assert overview["fleet"]["stalledSlots"] == 0
+        await eventually(lambda: len(receiver.accepted()) >= herd, 60, "the herd delivered")
+    finally:
+        stop_all(pods)
+    accepted = receiver.accepted()
+    assert sorted(post[1] for post in accepted) == sorted(f"h{i}" for i in range(herd))
+    span_s = accepted[-1][0] - accepted[0][0]
+    rate = (herd - 1) / span_s
+    assert limit * 0.9 <= rate <= limit * 1.1, (rate, span_s)
+    answered = {post[1]: post[3] for post in receiver.posts if post[3] != 429}
+    assert all(status == 200 for status in answered.values())
+    # every message only ever answered 429 before its 200 is delivered at its first attempt
+    assert {post[2] for post in accepted} == {1}
+    stats = await AsyncQueue(async_redis_client, config.to_topic()).stats()
+    assert (stats.scheduled, stats.due, stats.prepared, stats.dead) == (0, 0, 0, 0)
+
+
+@pytest.mark.slow
+async def test_retry_after_holds_every_pod_and_spends_no_attempt(
+    redis_server: RedisServer,
+    async_redis_client: redis.asyncio.Redis,
+    zookeeper_server: Any,
+    serve_receiver: Callable[[Callable[[], Answer]], Any],
+    tmp_path: Path,
+) -> None:
+    window_s = 0.5  # every POST of the first half second is answered 429, Retry-After: 2
+
+    def answer() -> Answer:
+        busy = not receiver.posts or time.monotonic() - receiver.posts[0][0] < window_s
+        return Answer(429, {"Retry-After": "2"}) if busy else Answer(200)
+
+    receiver = await serve_receiver(answer)
+    pods, config = await start_pods(redis_server, zookeeper_server, receiver.url, tmp_path)
+    try:
+        await schedule_herd(async_redis_client, pods[0], config.topic, 200)
+        await eventually(lambda: len(receiver.accepted()) >= 200, 30, "every message")
+    finally:
+        stop_all(pods)
+    accepted = receiver.accepted()
+    assert sorted(post[1] for post in accepted) == sorted(f"h{i}" for i in range(200))
+    assert {post[2] for post in accepted} == {1}  # no attempt spent on a 429
+    first_s = receiver.posts[0][0]
+    assert any(post[3] == 429 for post in receiver.posts)
+    # both pods held: after the POSTs in flight at the first 429, nothing for the 2 s asked
+    quiet = [post for post in receiver.posts if first_s + window_s <= post[0] < first_s + 1.9]
+    assert not quiet, quiet[:3]
+    stats = await AsyncQueue(async_redis_client, config.to_topic()).stats()
+    assert (stats.scheduled, stats.due, stats.prepared, stats.dead) == (0, 0, 0, 0)
+
+
+def test_retry_after_is_seconds_or_an_http_date() -> None:
+    now_s = 1_700_000_000.0
+    assert retry_after_ms("3", now_s) == 3000
+    assert retry_after_ms(" 0 ", now_s) == 0
+    assert retry_after_ms("Tue, 14 Nov 2023 22:13:30 GMT", now_s) == 10_000
+    assert retry_after_ms("Tue, 14 Nov 2023 22:13:10 GMT", now_s) == 0  # past
+    assert retry_after_ms("-1", now_s) is None
+    assert retry_after_ms("soon", now_s) is None
+    assert retry_after_ms(None, now_s) is None
+
+
+async def test_the_webhook_concurrency_halves_on_failure_and_grows_back() -> None:
+    limit = AdaptiveLimit(8)
+    limit.shrink()
+    limit.shrink()  # the POSTs failing together are one signal
+    assert limit.size == 4
+    held = [asyncio.create_task(limit.acquire()) for _ in range(5)]
+    await asyncio.sleep(0)
+    assert sum(task.done() for task in held) == 4  # the fifth waits
+    for _ in range(5):
+        limit.grow()  # about a limit's worth of successes: one more slot
+    await asyncio.sleep(0)
+    assert limit.size == 5
+    assert all(task.done() for task in held)
+    for _ in range(100):
+        limit.grow()
+    assert limit.size == 8  # never above maxInFlight
+
+
+async def test_pull_leases_obey_the_rate_limit(start_service: Any) -> None:
+    """A pull topic's leases draw from the same bucket: 300 due messages leased as fast as a
+    consumer asks come at 200/s after a burst of 20, the rest staying scheduled meanwhile."""
+    running = await start_service(
+        topic_type=TopicType.PULL, rate_limit_per_second=200, rate_limit_burst=20
+    )
+    service = running.service
+    queue = service.queues[0]
+    await queue.schedule_many([ScheduleRequest(f"p{i}", b"x", delay_ms=0) for i in range(300)])
+    assert service.leaser is not None
+    leased: list[str] = []
+    started_s = time.monotonic()
+    first = await service.leaser.lease(1000, 30_000)
+    assert 1 <= len(first) <= 20  # the burst, not the 300 due
+    leased += [message.id for message in first]
+    while len(leased) < 300:
+        leased += [m.id for m in await service.leaser.lease(1000, 30_000, wait_ms=1000)]
+    elapsed_s = time.monotonic() - started_s
+    assert sorted(leased) == sorted(f"p{i}" for i in range(300))
+    assert (300 - 20) / 200 * 0.9 <= elapsed_s <= (300 - 20) / 200 * 1.3, elapsed_s
+
+
+def test_a_paced_slot_is_not_stalled() -> None:
+    """Due messages held back by the pace wait on purpose: the dashboard must not mark their
+    slots stalled (it would hide the slots that really are)."""
+    overdue = dict(epoch=1, scheduled=5, overdue=5, due_in=(), later=0, prepared=0, dead=0)
+    late = STALLED_AFTER_MS + 1
+    assert SlotView(0, 0, late, next_due_ms=0, **overdue).stalled  # type: ignore[arg-type]
+    paced = SlotView(0, 0, late, next_due_ms=0, paced=True, **overdue)  # type: ignore[arg-type]
+    assert not paced.stalled
+
+
+async def test_5xx_answers_halve_a_sinks_posts_and_successes_grow_them_back(
+    receiver: Receiver,
+) -> None:
+    """A real receiver answering 500, then 200: the sink's POSTs in flight halve (once per
+    second at most), reported in delayq_webhook_concurrency, then grow back to maxInFlight."""
+    status = 500
+    receiver.answer = lambda _n: _status(status)
+    metrics = ServiceMetrics("shop", "orders")
+    sink = WebhookSink(Topic("orders", namespace="shop"), receiver.url, Signer(""), 5000, 8,
+                       metrics, targets=TargetPolicy(allow_private=True))  # fmt: skip
+    try:
+        for i in range(3):
+            with pytest.raises(DeliveryError):
+                await sink.deliver(Message(f"f{i}", 0, b"", {}, 1, 0, 1, 1))
+        assert sink.concurrency == 4  # three failures within a second: one halving
+        assert b"delayq_webhook_concurrency{" in metrics.render()
+        assert b'topic="orders",topic_namespace="shop"} 4.0' in metrics.render()
+        status = 200
+        for i in range(40):
+            await sink.deliver(Message(f"s{i}", 0, b"", {}, 1, 0, 1, 1))
+        assert sink.concurrency == 8
+    finally:
+        await sink.close()
+
+
+async def _status(status: int) -> int:
+    return status
