@@ -143,14 +143,12 @@ class _Plans:
     def claim(
         self, slot: int, epoch: int, max_count: int, ack_timeout_ms: int | None
     ) -> Plan[ClaimBatch]:
-        return plans.claim(
-            self.topic, slot, epoch, max_count, ack_timeout_ms or self.topic.ack_timeout_ms
-        )
+        return plans.claim(self.topic, slot, epoch, max_count, self.topic.lease_ms(ack_timeout_ms))
 
     def claim_slots(
         self, claims: Sequence[SlotClaim], ack_timeout_ms: int | None
     ) -> Plan[list[ClaimBatch | StaleEpochError]]:
-        return plans.claim_slots(self.topic, claims, ack_timeout_ms or self.topic.ack_timeout_ms)
+        return plans.claim_slots(self.topic, claims, self.topic.lease_ms(ack_timeout_ms))
 
 
 class Queue:

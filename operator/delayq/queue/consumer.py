@@ -176,7 +176,7 @@ class Consumer:
         self.on_nacked = on_nacked
         self.managed = managed
         self.counters = ConsumerCounters()
-        self._ack_timeout_ms = self.settings.ack_timeout_ms or queue.topic.ack_timeout_ms
+        self._ack_timeout_ms = queue.topic.lease_ms(self.settings.ack_timeout_ms)
         self._owned = OwnedSlots(queue, _SlotState, self._claim_now)
         self.top_ups = TopUps(queue, self._count_topped_up)  # what claims owe schedules
         self._timers: list[tuple[float, int]] = []  # heap of (next_ms, slot); stale ones skipped

@@ -134,6 +134,11 @@ class Topic:
         ]
         return cls(**given, **{name: getattr(settings, name) for name in names})
 
+    def lease_ms(self, asked_ms: int | None) -> int:
+        """The lease a claim gets: the length asked for, else the topic's ackTimeout (the one
+        place that falls back to it: clients, consumers and the pull API all ask here)."""
+        return asked_ms or self.ack_timeout_ms
+
     @property
     def max_pending_per_slot(self) -> int:
         """Each slot's share of limits_max_pending (0: no limit)."""

@@ -11,6 +11,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from delayq.queue import settings
 from delayq.queue.codec import Headers, encode_id
 from delayq.queue.codes import InvalidMessageError
 from delayq.queue.model import Lease, Mode, Retry, ScheduleRequest, Target
@@ -22,7 +23,7 @@ from delayq.service.tokens import LeaseTokens, TokenError, TokenRefusedError
 MAX_BATCH = 1000
 MAX_AT_MS = 2**52
 MAX_WAIT_MS = 30_000
-MAX_LEASE_MS = 24 * 3600 * 1000
+MAX_LEASE_MS = int(settings.by_name("ack_timeout_ms").high)  # the topic's own bound
 # the lease length a pull consumer asks for, and its name before this release, still accepted
 ACK_TIMEOUT_FIELD, ACK_TIMEOUT_OLD_FIELD = "ackTimeoutMs", "leaseMs"
 MAX_REASON_CHARS = 1000
