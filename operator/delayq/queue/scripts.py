@@ -55,6 +55,7 @@ class Script(enum.StrEnum):
     TOPUP = "topup-7"
     SCHEDULES = "schedules-4"
     OVERVIEW = "overview-4"  # 4 keys per slot, any number of slots
+    RESTORE = "restore-13"  # a backup's items into one slot, create-only
 
     @property
     def acknowledges_a_write(self) -> bool:
@@ -84,6 +85,7 @@ _ACKNOWLEDGED_WRITES = frozenset(
         Script.PURGE,
         Script.DEFINE,
         Script.DROP,
+        Script.RESTORE,
         Script.THAW,  # a slot's copy on its new broker: the source is cleaned after it
     }
 )
