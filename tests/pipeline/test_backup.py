@@ -149,3 +149,37 @@ def test_a_time_shifted_restore_into_another_topic_delivers_exactly_shifted(
     assert all(claimed_ms >= due_ms for due_ms, claimed_ms in delivered.values())
     shifted = {i: at + SHIFT_MS for i, at in due.items()}
     assert {i: due_ms for i, (due_ms, _) in delivered.items()} == shifted
+
+
+@pytest.mark.parametrize(
+    ("argv", "code", "says"),
+    [
+        (["backup", "--topic", "nosuch", "--output", "{tmp}/b"], 2, "has no key on its brokers"),
+        (["backup", "--topic", "orders", "--output", "{tmp}"], 2, "exists: give a new directory"),
+        (["restore", "--topic", "orders", "--input", "{tmp}/none"], 1, "no backup there"),
+    ],
+)
+def test_bad_input_is_one_line_before_spark_starts(
+    redis_server: RedisServer, redis_client: redis.Redis, tmp_path: Path,
+    capsys: pytest.CaptureFixture[str], argv: list[str], code: int, says: str,
+) -> None:
+    Queue(redis_client, TOPIC).schedule("kept", b"x", delay_ms=60_000)
+    args = [arg.replace("{tmp}", str(tmp_path)) for arg in argv]
+    common = ["--redis", redis_server.url, "--namespace", "shop", "--slots", "4"]
+    assert main(["pipeline", *args, *common]) == code
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1, err
+    assert says in err
+
+
+@pytest.mark.parametrize("shift", ["-1h", "tomorrow", "1h-", "999999999d"])
+def test_a_wrong_shift_is_refused_in_one_line(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path, shift: str
+) -> None:
+    with pytest.raises(SystemExit) as exited:
+        main(["pipeline", "restore", "--topic", "t", "--slots", "1", "--input", str(tmp_path),
+              "--shift", shift])  # fmt: skip
+    assert exited.value.code == 2
+    err = capsys.readouterr().err
+    assert "Traceback" not in err
+    assert "--shift" in err.strip().splitlines()[-1]
