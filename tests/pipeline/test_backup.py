@@ -3,20 +3,27 @@ dead, a recurring schedule and a remembered outcome is backed up (as a read-only
 the broker wiped, the topic restored; a consumer then receives every message pending at the
 snapshot once and none early, the dead letters and the schedule are back, a second restore
 stores nothing; a time-shifted restore into another topic of another slot amount delivers
-each message exactly the shift later. Real redis-server, real local Spark."""
+each message exactly the shift later, on the broker the target's routing (ZooKeeper) names. Real
+redis-servers, real ZooKeeper, real local Spark."""
 
 from __future__ import annotations
 
 import json
 import time
+import uuid
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 import pytest
 import redis
+from kazoo.client import KazooClient
 
 from delayq.cli import main
+from delayq.coordination.layout import TopicPaths
+from delayq.coordination.routing import Routing, initial_routing
 from delayq.local.redis_server import RedisServer
+from delayq.local.zookeeper_server import ZooKeeperServer
 from delayq.queue.acl import backup_user_rules, service_user_rules
 from delayq.queue.client import Queue
 from delayq.queue.model import ScheduleRequest, State
@@ -55,10 +62,17 @@ def _topic_args(url: str, topic: Topic) -> list[str]:
     ]
 
 
-def _receive(queue: Queue, expected: set[str], deadline_s: float) -> dict[str, tuple[int, int]]:
-    """Claim (and ack) every slot until each expected id was delivered: id -> (due ms, server ms
-    at its claim); a second delivery of an id fails the test."""
-    epochs = {slot: queue.take_over(slot) for slot in queue.topic.slots}
+def _receive(
+    queue: Queue,
+    expected: set[str],
+    deadline_s: float,
+    broker: int = 0,
+    routing: Routing | None = None,
+) -> dict[str, tuple[int, int]]:
+    """Claim (and ack) every slot of the broker until each expected id was delivered: id ->
+    (due ms, server ms at its claim); a second delivery of an id fails the test."""
+    slots = [s for s in queue.topic.slots if routing is None or routing.broker_of_slot[s] == broker]
+    epochs = {slot: queue.take_over(slot) for slot in slots}
     delivered: dict[str, tuple[int, int]] = {}
     deadline = time.monotonic() + deadline_s
     while not expected <= delivered.keys():
@@ -129,23 +143,47 @@ def test_dr_drill_backup_wipe_restore_delivers_every_pending_message_once_never_
     }  # in flight at the snapshot: waited again at the due its lease was for
 
 
-def test_a_time_shifted_restore_into_another_topic_delivers_exactly_shifted(
-    spark, redis_server: RedisServer, redis_client: redis.Redis, admin: Queue, tmp_path: Path,
+def test_a_time_shifted_restore_into_a_routed_topic_of_two_brokers_delivers_exactly_shifted(
+    spark, redis_server: RedisServer, second_broker: RedisServer,
+    zookeeper_server: ZooKeeperServer, redis_client: redis.Redis, admin: Queue, tmp_path: Path,
     capsys: pytest.CaptureFixture[str],
 ) -> None:
+    """Another namespace, twice the slots, two brokers routed in ZooKeeper: each message lands
+    on the broker the routing names for its slot under 8 slots, due exactly SHIFT_MS later, and
+    is delivered there, not before."""
+    drill = replace(DRILL, name=f"drill-{uuid.uuid4().hex[:8]}")
+    routing = initial_routing(drill.slot_amount, 2)  # slots 0-3 on broker 0, 4-7 on broker 1
+    observer = KazooClient(hosts=zookeeper_server.hosts)
+    observer.start(timeout=10)
+    try:
+        observer.create(
+            TopicPaths(drill.namespace, drill.name).routing, routing.to_json(), makepath=True
+        )
+    finally:
+        observer.stop()
     now_ms = int(redis_client.time()[0]) * 1000
     due = {f"m{i}": now_ms + 1000 + 10 * i for i in range(12)}
-    requests = [ScheduleRequest(i, b"x", at_ms=at_ms) for i, at_ms in due.items()]
-    admin.schedule_many(requests)
+    admin.schedule_many([ScheduleRequest(i, b"x", at_ms=at_ms) for i, at_ms in due.items()])
     output = ["--output", str(tmp_path / "b")]
     _run(capsys, "backup", *_topic_args(redis_server.url, TOPIC)[:8], *output)
+    brokers = [redis_server.url, second_broker.url]
     _run(
-        capsys, "restore", *_topic_args(redis_server.url, DRILL), "--input", str(tmp_path / "b"),
+        capsys, "restore", *_topic_args(brokers[0], drill), "--redis", brokers[1],
+        "--zookeeper-connect", zookeeper_server.hosts, "--input", str(tmp_path / "b"),
         "--shift", f"{SHIFT_MS}ms",
-    )
-    drill = Queue(redis_client, DRILL)
-    assert {i: drill.get(i).due_ms for i in due} == {i: at + SHIFT_MS for i, at in due.items()}
-    delivered = _receive(drill, {r.id for r in requests}, deadline_s=20)
+    )  # fmt: skip
+    queues = [Queue(redis.Redis.from_url(url), drill) for url in brokers]
+    try:
+        on = {i: queues[routing.broker_of_slot[drill.slot_of(i)]] for i in due}
+        assert {i: on[i].get(i).due_ms for i in due} == {i: at + SHIFT_MS for i, at in due.items()}
+        assert {routing.broker_of_slot[drill.slot_of(i)] for i in due} == {0, 1}
+        delivered: dict[str, tuple[int, int]] = {}
+        for broker, queue in enumerate(queues):
+            expected = {i for i in due if on[i] is queue}
+            delivered |= _receive(queue, expected, deadline_s=20, broker=broker, routing=routing)
+    finally:
+        for queue in queues:
+            queue.redis.close()
     assert all(claimed_ms >= due_ms for due_ms, claimed_ms in delivered.values())
     shifted = {i: at + SHIFT_MS for i, at in due.items()}
     assert {i: due_ms for i, (due_ms, _) in delivered.items()} == shifted
