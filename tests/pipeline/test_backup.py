@@ -189,6 +189,42 @@ def test_a_time_shifted_restore_into_a_routed_topic_of_two_brokers_delivers_exac
     assert {i: due_ms for i, (due_ms, _) in delivered.items()} == shifted
 
 
+def test_the_journal_replay_applies_what_happened_after_the_snapshot(
+    spark, redis_server: RedisServer, redis_client: redis.Redis, tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """After the backup: a is cancelled, b rescheduled, e delivered and acked, d scheduled; the
+    archive holds their events. A restore with --replay leaves a and e finished (e is not
+    delivered twice), b at its new due, c as backed up, and names d as not recoverable."""
+    ledger = replace(TOPIC, name="ledger", journal_max_len=10_000)
+    queue = Queue(redis_client, ledger)
+    now_ms = int(redis_client.time()[0]) * 1000
+    queue.schedule_many([ScheduleRequest(i, b"x", at_ms=now_ms + 60_000) for i in "abc"])
+    queue.schedule("e", b"x", delay_ms=0)
+    args = _topic_args(redis_server.url, ledger)
+    _run(capsys, "backup", *args[:8], "--output", str(tmp_path / "b"))
+    queue.cancel("a")
+    queue.reschedule("b", at_ms=now_ms + 120_000)
+    queue.schedule("d", b"x", delay_ms=60_000)
+    slot = ledger.slot_of("e")
+    [message] = queue.claim(slot, queue.take_over(slot), 10, 30_000).messages
+    queue.ack(message.lease)
+    archived = ["--output", str(tmp_path / "journal"), "--checkpoint", str(tmp_path / "cp")]
+    assert main(["pipeline", "archive", *args[:8], *archived]) == 0
+    capsys.readouterr()
+
+    redis_client.flushall()
+    journal = str(tmp_path / "journal")
+    report = _run(capsys, "restore", *args, "--input", str(tmp_path / "b"), "--replay", journal)
+    assert report["replay"]["finished"] == 2
+    assert report["replay"]["rescheduled"] == 1
+    assert report["replay"]["scheduled_after_first"] == ["d"]
+    assert queue.get("a").state is State.CANCELLED
+    assert queue.get("e").state is State.CANCELLED  # finished: never delivered again
+    assert queue.get("b").due_ms == now_ms + 120_000
+    assert (queue.get("c").state, queue.get("c").due_ms) == (State.SCHEDULED, now_ms + 60_000)
+
+
 @pytest.mark.parametrize(
     ("argv", "code", "says"),
     [

@@ -28,7 +28,7 @@ from delayq.pipeline.io_redis import RedisTarget
 from delayq.queue import plans
 from delayq.queue.backup import Item, Kind, shifted, snapshot
 from delayq.queue.codec import decode_record
-from delayq.queue.codes import Code
+from delayq.queue.codes import Code, NotFoundError
 from delayq.queue.keys import slot_keys
 
 ITEMS, MANIFEST = "items", "manifest"
@@ -47,6 +47,7 @@ def item_schema() -> Any:
             ("reason", pa.string()),
             ("basis", pa.string()),
             ("route", pa.string()),
+            ("taken_ms", pa.int64()),
         ]
     )
 
@@ -260,3 +261,88 @@ def restore(spark: Any, source: str, target: RedisTarget, shift_ms: int) -> Rest
         sum(counts.values()), dict(sorted(counts.items())), refused, shift_ms,
         time.monotonic() - started,
     )
+
+
+#: A message's last journal event that finished it: not to be delivered again after a restore.
+FINISHING_EVENTS = ("acked", "cancelled", "purged", "dropped")
+
+
+@dataclass
+class ReplaySummary:
+    """What the journal archive told after the backup's slots were read: messages of the backup
+    that finished since (cancelled in the restored topic, so not delivered again), moved since
+    (rescheduled to their journaled due) and what it cannot restore (the journal carries no
+    payload: messages scheduled after the snapshot; messages that went dead since stay waiting)."""
+
+    finished: int = 0
+    rescheduled: int = 0
+    scheduled_after: list[str] = field(default_factory=list)
+    died_after: list[str] = field(default_factory=list)
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "finished": self.finished,
+            "rescheduled": self.rescheduled,
+            "scheduled_after": len(self.scheduled_after),
+            "scheduled_after_first": self.scheduled_after[:10],
+            "died_after": len(self.died_after),
+            "died_after_first": self.died_after[:10],
+        }
+
+    def line(self) -> str:
+        return (
+            f"replay: {self.finished} finished after the snapshot (not delivered again), "
+            f"{self.rescheduled} rescheduled; not recoverable from the journal (no payload): "
+            f"{len(self.scheduled_after)} scheduled after it, {len(self.died_after)} died after it "
+            "(left waiting)"
+        )
+
+
+def replay(
+    spark: Any, archive: str, source: str, target: RedisTarget, shift_ms: int
+) -> ReplaySummary:
+    """Apply the archived journal since each slot's snapshot to the restored topic: per id of
+    the backup, its last event after its slot was read (`taken_ms`) decides; an id the backup
+    lacks whose first event after the snapshot is `scheduled` is reported. Events at the very
+    millisecond of the read count as after it (a cancel of what the backup holds, or a
+    reschedule to the due it has, changes nothing then)."""
+    from pyspark.sql import Window
+    from pyspark.sql import functions as F
+
+    manifest = spark.read.json(f"{source}/{MANIFEST}").first()
+    items = spark.read.parquet(f"{source}/{ITEMS}").where(F.col("kind") == Kind.WAITING.value)
+    events = (
+        spark.read.parquet(archive)
+        .where(F.col("namespace") == manifest["namespace"])
+        .where(F.col("topic") == manifest["topic"])
+        .select("id", "entry_ms", "entry_seq", "event", "due")
+    )
+    taken = items.select("id", "route", "value", "taken_ms")
+    after = events.join(taken, "id", "left").where(
+        F.col("taken_ms").isNull() | (F.col("entry_ms") >= F.col("taken_ms"))
+    )
+    order = Window.partitionBy("id").orderBy(F.col("entry_ms").desc(), F.col("entry_seq").desc())
+    last = after.withColumn("n", F.row_number().over(order)).where(F.col("n") == 1).collect()
+    summary = ReplaySummary()
+    with target.connect() as routed:
+        for row in sorted(last, key=lambda r: r["id"]):
+            if row["taken_ms"] is None:
+                if row["event"] == "scheduled":
+                    summary.scheduled_after.append(row["id"])
+                continue
+            item = shifted(
+                Item(Kind.WAITING, row["id"], row["due"], row["value"], None, "", row["route"]),
+                shift_ms,
+            )
+            try:  # NotFoundError: a replay run before did it (idempotent)
+                if row["event"] in FINISHING_EVENTS:
+                    routed.cancel(item.id, item.route)
+                    summary.finished += 1
+                elif row["event"] == "rescheduled" and row["due"] is not None:
+                    routed.reschedule(item.id, at_ms=row["due"] + shift_ms, slot_basis=item.route)
+                    summary.rescheduled += 1
+            except NotFoundError:
+                pass
+            if row["event"] == "dead":
+                summary.died_after.append(row["id"])
+    return summary

@@ -108,6 +108,13 @@ def register(subparsers: Any) -> None:
         help="move every instant this much later (500ms, 90s, 30m, 24h, 7d): a drill that "
         "shows what will fire then (default: none)",
     )
+    restore.add_argument(
+        "--replay",
+        default=None,
+        help="the topic's journal archive (`archive --output`): after restoring, cancel what "
+        "finished since each slot was read and move what was rescheduled, and report what "
+        "it cannot restore",
+    )
     _master_argument(restore)
     restore.set_defaults(handler=_reporting_errors("restore", run_restore, SPARK_ARROW))
 
@@ -578,15 +585,24 @@ def run_backup(args: argparse.Namespace) -> int:
 
 
 def run_restore(args: argparse.Namespace) -> int:
-    from delayq.pipeline.backup import restore
+    from delayq.pipeline.backup import replay, restore
     from delayq.pipeline.spark import job_session
 
     _check_backup(args.input)
     target = _target(args)
     _checked_brokers(args, target)
+    if args.replay is not None:
+        _check_input(args.replay)
     with job_session(args.master, "delayq-pipeline-restore") as spark:
         summary = restore(spark, args.input, target, args.shift)
-    _emit(summary.line(), summary.as_dict())
+        replayed = None if args.replay is None else replay(
+            spark, args.replay, args.input, target, args.shift
+        )
+    if replayed is None:
+        _emit(summary.line(), summary.as_dict())
+    else:
+        report = {**summary.as_dict(), "replay": replayed.as_dict()}
+        _emit(f"{summary.line()}\n{replayed.line()}", report)
     return 0
 
 

@@ -156,9 +156,9 @@ def stream_reader_rules(stream_key: str) -> list[str]:
     ]
 
 
-#: What `delayq pipeline backup` sends (`queue/backup.py` `snapshot`: ZRANGE, HGETALL and GET
-#: in one MULTI per slot; the job's checks: PING, GET of the epochs, EXISTS of the topic's keys,
-#: TIME), none of them a write. The service user has each (tests/queue/test_acl.py), so the
+#: What `delayq pipeline backup` sends (`queue/backup.py` `snapshot`: ZRANGE, HGETALL, GET and
+#: TIME in one MULTI per slot; the job's checks: PING, GET of the epochs, EXISTS of the topic's
+#: keys), none of them a write. The service user has each (tests/queue/test_acl.py), so the
 #: pipeline backs up with the rights it has; a user of exactly these can back up and can write
 #: nothing.
 BACKUP_COMMANDS = ("multi", "exec", "zrange", "hgetall", "get", "exists", "time", "ping", "hello")

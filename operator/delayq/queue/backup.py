@@ -42,7 +42,8 @@ class Item(NamedTuple):
     (outcome) or the top-up owed since (schedule, None when none is owed). `value`: the record,
     the outcome or the packed schedule. `basis`: the custom slot basis recorded for a message
     ('' for none), restored with it; `route`: what the item routes by in any slot amount (that
-    basis, the schedule id of an occurrence or of a schedule, else the id)."""
+    basis, the schedule id of an occurrence or of a schedule, else the id); `taken_ms`: the
+    broker's clock when its slot was read (a journal replay starts after it)."""
 
     kind: str
     id: str
@@ -51,6 +52,7 @@ class Item(NamedTuple):
     reason: str | None
     basis: str
     route: str
+    taken_ms: int = 0
 
 
 class SlotMovedError(Exception):
@@ -77,8 +79,11 @@ def snapshot(client: Any, keys: SlotKeys) -> list[Item]:
     read = client.pipeline(transaction=True)
     for part in SNAPSHOT_PARTS:
         read_value(read, PART_TYPES[part], keys.key(part))
-    contents = dict(zip(SNAPSHOT_PARTS, read.execute(), strict=True))
-    items = list(items_of(contents))
+    read.time()
+    *replies, (seconds, micros) = read.execute()
+    contents = dict(zip(SNAPSHOT_PARTS, replies, strict=True))
+    taken_ms = int(seconds) * 1000 + int(micros) // 1000
+    items = [item._replace(taken_ms=taken_ms) for item in items_of(contents)]
     epoch = contents[Part.EPOCH]
     if epoch is not None and epoch.startswith(FROZEN) and not items:
         raise SlotMovedError(f"slot {keys.slot} moved during the backup: run it again")
