@@ -26,7 +26,7 @@ from typing import Any
 from delayq.coordination.routing import by_broker
 from delayq.pipeline.io_redis import RedisTarget
 from delayq.queue import plans
-from delayq.queue.backup import Item, Kind, shifted, snapshot
+from delayq.queue.backup import Item, Kind, SlotMovedError, shifted, snapshot
 from delayq.queue.codec import decode_record
 from delayq.queue.codes import Code, NotFoundError
 from delayq.queue.keys import slot_keys
@@ -58,15 +58,19 @@ def _item_batch(items: list[Item]) -> Any:
     return pa.RecordBatch.from_pylist([item._asdict() for item in items], schema=item_schema())
 
 
-def slot_reader(target: RedisTarget) -> Callable[[Iterator[Any]], Iterator[Any]]:
+def slot_reader(target: RedisTarget, slot_amount: int) -> Callable[[Iterator[Any]], Iterator[Any]]:
     """The `mapInArrow` function of the backup: batches of slot numbers (column `id`, as
     `spark.range` makes them) in, each slot's items out, read from the broker the routing names
-    for the slot (a routed client per task, watching the routing like ingest's writers)."""
+    for the slot (a routed client per task, watching the routing like ingest's writers). The
+    slots are those of `slot_amount`: a doubling since the job started fails it (the numbers
+    would name other keys)."""
 
     def read(batches: Iterator[Any]) -> Iterator[Any]:
         with target.connect() as routed:
             for batch in batches:
                 for slot in batch.column("id").to_pylist():
+                    if routed.topic.slot_amount != slot_amount:
+                        raise SlotMovedError("the slots doubled during the backup: run it again")
                     client = routed.queues[routed.routing[slot]].redis
                     items = snapshot(client, slot_keys(routed.topic, slot))
                     if items:
@@ -115,7 +119,8 @@ def backup(spark: Any, target: RedisTarget, output: str) -> BackupSummary:
         slot_amount = routed.topic.slot_amount
     tasks = max(1, min(slot_amount, 2 * int(spark.sparkContext.defaultParallelism)))
     slots = spark.range(slot_amount, numPartitions=tasks)
-    items = slots.mapInArrow(slot_reader(target), from_arrow_schema(item_schema()))
+    reader = slot_reader(target, slot_amount)
+    items = slots.mapInArrow(reader, from_arrow_schema(item_schema()))
     items.write.mode("errorifexists").parquet(f"{output}/{ITEMS}")
     written = spark.read.parquet(f"{output}/{ITEMS}")
     per_kind = written.groupBy(col("kind")).count().collect()
