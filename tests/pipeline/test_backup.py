@@ -26,6 +26,7 @@ from delayq.local.redis_server import RedisServer
 from delayq.local.zookeeper_server import ZooKeeperServer
 from delayq.queue.acl import backup_user_rules, service_user_rules
 from delayq.queue.client import Queue
+from delayq.queue.keys import Part, slot_keys
 from delayq.queue.model import ScheduleRequest, State
 from delayq.queue.recurrence import Recurrence
 from delayq.queue.schedules import Schedule
@@ -257,3 +258,24 @@ def test_a_wrong_shift_is_refused_in_one_line(
     err = capsys.readouterr().err
     assert "Traceback" not in err
     assert "--shift" in err.strip().splitlines()[-1]
+
+
+def test_a_slot_moving_under_a_spark_task_is_one_line(
+    spark, redis_server: RedisServer, redis_client: redis.Redis, tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """A slot frozen for a move (its tombstone: the move is over) while the backup reads it
+    stops the job in one line that says to run it again, not a worker's traceback."""
+    Queue(redis_client, TOPIC).schedule("kept", b"x", delay_ms=60_000)
+    moved = next(slot for slot in TOPIC.slots if slot != TOPIC.slot_of("kept"))
+    redis_client.set(slot_keys(TOPIC, moved).key(Part.EPOCH), "moving:7")
+    argv = [*_topic_args(redis_server.url, TOPIC)[:8], "--output", str(tmp_path / "b")]
+    with pytest.MonkeyPatch.context() as patch:  # the move ends after the driver's own check
+        patch.setattr("delayq.pipeline.cli._check_not_frozen", lambda routed: None)
+        assert main(["pipeline", "backup", *argv, "--master", "local[2]"]) == 1
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err[-1] == (
+        f"delayq pipeline backup: slot {moved} moved during the backup: run it again (it "
+        "follows the new routing)"
+    ), err
+    assert not any("Traceback" in line for line in err)

@@ -70,7 +70,7 @@ def slot_reader(target: RedisTarget, slot_amount: int) -> Callable[[Iterator[Any
             for batch in batches:
                 for slot in batch.column("id").to_pylist():
                     if routed.topic.slot_amount != slot_amount:
-                        raise SlotMovedError("the slots doubled during the backup: run it again")
+                        raise SlotMovedError("the slots doubled during the backup")
                     client = routed.queues[routed.routing[slot]].redis
                     items = snapshot(client, slot_keys(routed.topic, slot))
                     if items:

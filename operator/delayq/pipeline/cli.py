@@ -240,13 +240,20 @@ def _known_failure(error: Exception, args: argparse.Namespace) -> str | None:
     if isinstance(error, redis.AuthenticationError | redis.ResponseError):
         return f"Redis at {url} refused: {_first_line(error)}"
     if "pyspark" in sys.modules:
-        from pyspark.errors import AnalysisException
+        from pyspark.errors import AnalysisException, PythonException
 
+        if isinstance(error, PythonException) and (moved := TASK_MOVED.search(str(error))):
+            return f"{moved.group(1)}: run it again (it follows the new routing)"
         if isinstance(error, AnalysisException):
             if "PATH_NOT_FOUND" in str(error):
                 return f"cannot read --input {getattr(args, 'input', '')}: {_first_line(error)}"
             return _first_line(error)
     return None
+
+
+#: A task's error of a slot that moved (or slots that doubled) while a job ran: the job stops,
+#: and running it again follows the new routing (the worker's traceback ends with this line).
+TASK_MOVED = re.compile(r"^\S*(?:SlotMovedError|SlotMovingError): (.*)$", re.MULTILINE)
 
 
 def _first_line(error: BaseException) -> str:

@@ -86,7 +86,7 @@ def snapshot(client: Any, keys: SlotKeys) -> list[Item]:
     items = [item._replace(taken_ms=taken_ms) for item in items_of(contents)]
     epoch = contents[Part.EPOCH]
     if epoch is not None and epoch.startswith(FROZEN) and not items:
-        raise SlotMovedError(f"slot {keys.slot} moved during the backup: run it again")
+        raise SlotMovedError(f"slot {keys.slot} moved during the backup")
     return items
 
 
