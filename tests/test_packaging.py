@@ -10,6 +10,7 @@ import subprocess
 import sys
 import tomllib
 from pathlib import Path
+from typing import Any
 
 import pytest
 import yaml
@@ -24,11 +25,57 @@ from delayq.kube.builders.common import BuildContext
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def test_chart_and_image_carry_the_package_version():
+def _releases() -> list[dict[str, Any]]:
+    return list(yaml.safe_load((ROOT / "releases.yaml").read_text())["releases"])
+
+
+def test_chart_image_and_cli_carry_the_version_releases_yaml_ends_with():
+    current = str(_releases()[-1]["version"])
     chart = yaml.safe_load((ROOT / "charts" / "delayq" / "Chart.yaml").read_text())
-    assert chart["version"] == delayq.__version__
-    assert chart["appVersion"] == delayq.__version__
-    assert BuildContext().image.endswith(f":{delayq.__version__}")
+    assert delayq.__version__ == current
+    assert chart["version"] == current
+    assert chart["appVersion"] == current
+    assert BuildContext().image.endswith(f":{current}")
+    printed = subprocess.run(
+        [sys.executable, "-m", "delayq.cli", "--version"],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    assert printed.stdout.strip() == f"delayq {current}"
+
+
+def test_releases_yaml_names_each_release_with_its_commit_and_changelog_date():
+    """Released versions rise, each names a full commit (an ancestor of HEAD when the history is
+    here) and the date of its CHANGELOG section; only the last may be unreleased, and then the
+    CHANGELOG has an Unreleased section for it."""
+    releases = _releases()
+    versions = [Version(str(release["version"])) for release in releases]
+    assert versions == sorted(set(versions)), "versions must rise, each once"
+    changelog = (ROOT / "CHANGELOG.md").read_text()
+    for release in releases[:-1]:
+        assert release["commit"] is not None, f"{release['version']} is not the last: cut it"
+    for release in releases:
+        version, commit, date = str(release["version"]), release["commit"], release["date"]
+        if commit is None:
+            assert date is None
+            assert "## [Unreleased]" in changelog
+            continue
+        assert re.fullmatch(r"[0-9a-f]{40}", commit), f"{version}: a full commit hash"
+        assert f"## [{version}] - {date}" in changelog
+        if (ROOT / ".git").exists() and not _shallow():
+            ancestor = subprocess.run(["git", "-C", str(ROOT), "merge-base", "--is-ancestor",
+                                       commit, "HEAD"])  # fmt: skip
+            assert ancestor.returncode == 0, f"{version}'s commit {commit} is not in HEAD's history"
+
+
+def _shallow() -> bool:
+    answer = subprocess.run(
+        ["git", "-C", str(ROOT), "rev-parse", "--is-shallow-repository"],
+        capture_output=True,
+        text=True,
+    )
+    return answer.returncode != 0 or answer.stdout.strip() != "false"
 
 
 @pytest.mark.parametrize(

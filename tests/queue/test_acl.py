@@ -131,3 +131,15 @@ def test_the_restricted_user_cannot_touch_another_topics_keys(
     with pytest.raises(NoPermissionError):  # the engine's scripts are checked per key, too
         Queue(restricted, OTHER).get("theirs")
     assert Queue(redis_client, OTHER).get("theirs").payload == b"secret"
+
+
+def test_the_backup_needs_only_reads_the_service_user_already_has(
+    redis_client: redis.Redis,
+) -> None:
+    """A backup runs with the pipeline's (the service's) Redis user and adds no right to it:
+    every command it sends is one the service user has, and Redis flags none of them a write."""
+    service = set(acl.CLIENT_COMMANDS) | set(acl.SCRIPT_COMMANDS)
+    assert set(acl.BACKUP_COMMANDS) <= service
+    for command in acl.BACKUP_COMMANDS:
+        info = redis_client.execute_command("COMMAND", "INFO", command)[command]
+        assert "write" not in info["flags"], command

@@ -27,6 +27,7 @@ from delayq.service.admin_cli import non_negative, positive
 if TYPE_CHECKING:
     from delayq.coordination.routed_queue import RoutedQueue
     from delayq.coordination.routing_watch import ZkConnection
+    from delayq.pipeline.io_redis import RedisTarget
 
 DEFAULT_GRACE_MS = 60_000
 REDIS_URL_ENV = "DELAYQ_REDIS_URL"
@@ -55,26 +56,7 @@ def register(subparsers: Any) -> None:
 
     ingest = commands.add_parser("ingest", help="bulk-schedule messages from a file")
     _topic_arguments(ingest)
-    ingest.add_argument(
-        "--max-payload-bytes",
-        type=int,
-        default=DEFAULT_MAX_PAYLOAD_BYTES,
-        help="the topic's payload limit: larger payloads are rejected (default %(default)s)",
-    )
-    ingest.add_argument(
-        "--journal-max-len",
-        type=int,
-        default=0,
-        help="the topic's journal bound, used only where the brokers hold no settings record "
-        "(an operator of an earlier version; the record wins): deprecated, kept for one release",
-    )
-    ingest.add_argument(
-        "--outcome-retention-ms",
-        type=int,
-        default=0,
-        help="the topic's outcomeRetention in ms, used only where the brokers hold no settings "
-        "record (the record's retention wins): deprecated, kept for one release",
-    )
+    _limit_arguments(ingest)
     ingest.add_argument("--input", required=True, help="file or directory to read")
     ingest.add_argument(
         "--format", required=True, choices=FORMATS, help="input format (json = JSON Lines)"
@@ -103,6 +85,39 @@ def register(subparsers: Any) -> None:
     )
     archive.set_defaults(handler=_reporting_errors("archive", run_archive, ARROW))
 
+    backup = commands.add_parser("backup", help="snapshot a topic's pending state to Parquet")
+    _topic_arguments(backup)
+    backup.add_argument("--output", required=True, help="a new directory for the backup")
+    _master_argument(backup)
+    backup.set_defaults(handler=_reporting_errors("backup", run_backup, SPARK_ARROW))
+
+    restore = commands.add_parser("restore", help="restore a backup into a topic, create-only")
+    _topic_arguments(restore)
+    _limit_arguments(restore)
+    restore.add_argument(
+        "--limits-max-pending",
+        type=non_negative,
+        default=0,
+        help="the topic's limits.maxPending (0 = none): messages beyond it are not restored",
+    )
+    restore.add_argument("--input", required=True, help="the backup's directory")
+    restore.add_argument(
+        "--shift",
+        type=_shift,
+        default=0,
+        help="move every instant this much later (500ms, 90s, 30m, 24h, 7d): a drill that "
+        "shows what will fire then (default: none)",
+    )
+    restore.add_argument(
+        "--replay",
+        default=None,
+        help="the topic's journal archive (`archive --output`): after restoring, cancel what "
+        "finished since each slot was read and move what was rescheduled, and report what "
+        "it cannot restore",
+    )
+    _master_argument(restore)
+    restore.set_defaults(handler=_reporting_errors("restore", run_restore, SPARK_ARROW))
+
     audit = commands.add_parser("audit", help="delivery report over the archived journal")
     audit.add_argument("--input", required=True, help="the archive's Parquet dataset")
     audit.add_argument("--output", required=True, help="directory for audit.json, audit.html")
@@ -115,6 +130,31 @@ def register(subparsers: Any) -> None:
     )
     _master_argument(audit)
     audit.set_defaults(handler=_reporting_errors("audit", run_audit, SPARK))
+
+
+def _limit_arguments(parser: argparse.ArgumentParser) -> None:
+    """The topic settings a writing job (ingest, restore) obeys where the brokers hold no settings
+    record (the record, published by the topic's owner, wins: queue/topic_record.py)."""
+    parser.add_argument(
+        "--max-payload-bytes",
+        type=int,
+        default=DEFAULT_MAX_PAYLOAD_BYTES,
+        help="the topic's payload limit: larger payloads are rejected (default %(default)s)",
+    )
+    parser.add_argument(
+        "--journal-max-len",
+        type=int,
+        default=0,
+        help="the topic's journal bound, used only where the brokers hold no settings record "
+        "(an operator of an earlier version; the record wins): deprecated, kept for one release",
+    )
+    parser.add_argument(
+        "--outcome-retention-ms",
+        type=int,
+        default=0,
+        help="the topic's outcomeRetention in ms, used only where the brokers hold no settings "
+        "record (the record's retention wins): deprecated, kept for one release",
+    )
 
 
 Handler = Callable[[argparse.Namespace], int]
@@ -201,13 +241,20 @@ def _known_failure(error: Exception, args: argparse.Namespace) -> str | None:
     if isinstance(error, redis.AuthenticationError | redis.ResponseError):
         return f"Redis at {url} refused: {_first_line(error)}"
     if "pyspark" in sys.modules:
-        from pyspark.errors import AnalysisException
+        from pyspark.errors import AnalysisException, PythonException
 
+        if isinstance(error, PythonException) and (moved := TASK_MOVED.search(str(error))):
+            return f"{moved.group(1)}: run it again (it follows the new routing)"
         if isinstance(error, AnalysisException):
             if "PATH_NOT_FOUND" in str(error):
                 return f"cannot read --input {getattr(args, 'input', '')}: {_first_line(error)}"
             return _first_line(error)
     return None
+
+
+#: A task's error of a slot that moved (or slots that doubled) while a job ran: the job stops,
+#: and running it again follows the new routing (the worker's traceback ends with this line).
+TASK_MOVED = re.compile(r"^\S*(?:SlotMovedError|SlotMovingError): (.*)$", re.MULTILINE)
 
 
 def _first_line(error: BaseException) -> str:
@@ -419,25 +466,13 @@ def _emit(line: str, summary: dict[str, Any]) -> None:
 def run_ingest(args: argparse.Namespace) -> int:
     from delayq.pipeline import transforms
     from delayq.pipeline.ingest import ingest, read_input, stderr_report
-    from delayq.pipeline.io_redis import RedisTarget
     from delayq.pipeline.spark import job_session
 
-    urls, zookeeper = _brokers(args)
-    target = RedisTarget(
-        urls,
-        args.namespace,
-        args.topic,
-        args.slots,
-        args.max_payload_bytes,
-        args.journal_max_len,
-        args.outcome_retention_ms,
-        zookeeper,
-    )
-    target.to_topic()  # validates the names and bounds before Spark starts
+    target = _target(args)
     mapping = transforms.parse_mapping(args.map)
     _check_input(args.input)
     _check_rejects(args.rejects, args.input)
-    _routed(args, urls, zookeeper).close()  # routing and brokers, checked before Spark starts
+    _checked_brokers(args, target)
     with job_session(args.master, "delayq-pipeline-ingest") as spark:
         source = read_input(spark, args.input, args.format)
         summary = ingest(
@@ -453,6 +488,129 @@ def run_archive(args: argparse.Namespace) -> int:
     with _routed(args, *_brokers(args)) as brokers:
         summary = archive(brokers, args.output, args.checkpoint, args.page_size)
     _emit(summary.line(), summary.as_dict())
+    return 0
+
+
+SHIFT = re.compile(r"(?:[0-9]{1,8}(?:ms|s|m|h|d))+")
+SHIFT_PART = re.compile(r"([0-9]+)(ms|s|m|h|d)")
+SHIFT_UNIT_MS = {"ms": 1, "s": 1000, "m": 60_000, "h": 3_600_000, "d": 86_400_000}
+
+
+def _shift(text: str) -> int:
+    """argparse type of `--shift`: a duration (Go style, plus days) in ms, never negative (a
+    restore delivers nothing earlier than its original due)."""
+    from delayq.queue.topic import MAX_DELAY_MS
+
+    if not SHIFT.fullmatch(text):
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is not a duration such as 500ms, 90s, 30m, 24h or 7d (never negative)"
+        )
+    total = sum(int(n) * SHIFT_UNIT_MS[unit] for n, unit in SHIFT_PART.findall(text))
+    if total > MAX_DELAY_MS:
+        raise argparse.ArgumentTypeError(f"{text!r} is beyond the maximum delay (20 years)")
+    return total
+
+
+def _target(args: argparse.Namespace) -> RedisTarget:
+    """The topic's brokers, where its routing is and the settings a job obeys; the names and
+    bounds checked (exit code 2) before Spark starts."""
+    from delayq.pipeline.io_redis import RedisTarget
+
+    urls, zookeeper = _brokers(args)
+    target = RedisTarget(
+        urls,
+        args.namespace,
+        args.topic,
+        args.slots,
+        getattr(args, "max_payload_bytes", DEFAULT_MAX_PAYLOAD_BYTES),
+        getattr(args, "journal_max_len", 0),
+        getattr(args, "outcome_retention_ms", 0),
+        zookeeper,
+        getattr(args, "limits_max_pending", 0),
+    )
+    target.to_topic()
+    return target
+
+
+def _checked_brokers(args: argparse.Namespace, target: RedisTarget) -> None:
+    """The routing (exit code 2) and every broker (exit code 1), checked before Spark starts."""
+    _routed(args, target.urls, target.zookeeper).close()
+
+
+def _check_topic_exists(target: RedisTarget) -> None:
+    """A backup of a topic no broker holds a key of (a mistyped name, namespace or --slots) is
+    refused rather than written empty: EXISTS over every slot's keys, per broker."""
+    from delayq.queue.backup import SNAPSHOT_PARTS
+    from delayq.queue.keys import slot_keys
+    from delayq.service.config import ConfigError
+
+    with target.connect() as routed:
+        topic, found = routed.topic, 0
+        for queue in routed.queues:
+            read = queue.redis.pipeline(transaction=False)
+            for slot in topic.slots:
+                read.exists(*slot_keys(topic, slot).keys(*SNAPSHOT_PARTS))
+            found += sum(read.execute())
+    if not found:
+        raise ConfigError(
+            f"topic {target.namespace}/{target.topic} ({target.slot_amount} slots) has no key "
+            "on its brokers: check --namespace, --topic and --slots"
+        )
+
+
+def _check_new_output(output: str) -> None:
+    from delayq.service.config import ConfigError
+
+    local = _local(output)
+    if local is not None and os.path.exists(local):
+        raise ConfigError(f"--output {output} exists: give a new directory for the backup")
+
+
+def _check_backup(path: str) -> None:
+    """A local backup directory without its items or manifest fails before Spark starts."""
+    from delayq.pipeline.backup import ITEMS, MANIFEST
+
+    local = _local(path)
+    if local is None:
+        return
+    for part in (ITEMS, MANIFEST):
+        if not os.path.isdir(os.path.join(local, part)):
+            raise JobError(f"cannot read --input {path}: no backup there (no {part}/)")
+
+
+def run_backup(args: argparse.Namespace) -> int:
+    from delayq.pipeline.backup import backup
+    from delayq.pipeline.spark import job_session
+
+    _check_new_output(args.output)
+    target = _target(args)
+    _checked_brokers(args, target)
+    _check_topic_exists(target)
+    with job_session(args.master, "delayq-pipeline-backup") as spark:
+        summary = backup(spark, target, args.output)
+    _emit(summary.line(), summary.as_dict())
+    return 0
+
+
+def run_restore(args: argparse.Namespace) -> int:
+    from delayq.pipeline.backup import replay, restore
+    from delayq.pipeline.spark import job_session
+
+    _check_backup(args.input)
+    target = _target(args)
+    _checked_brokers(args, target)
+    if args.replay is not None:
+        _check_input(args.replay)
+    with job_session(args.master, "delayq-pipeline-restore") as spark:
+        summary = restore(spark, args.input, target, args.shift)
+        replayed = None if args.replay is None else replay(
+            spark, args.replay, args.input, target, args.shift
+        )
+    if replayed is None:
+        _emit(summary.line(), summary.as_dict())
+    else:
+        report = {**summary.as_dict(), "replay": replayed.as_dict()}
+        _emit(f"{summary.line()}\n{replayed.line()}", report)
     return 0
 
 

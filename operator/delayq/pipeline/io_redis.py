@@ -48,6 +48,7 @@ class RedisTarget:
     journal_max_len: int = 0
     outcome_retention_ms: int = 0
     zookeeper: ZkConnection | None = None
+    limits_max_pending: int = 0  # what restore obeys (ingest leaves it to the schedule script)
 
     def connect(self) -> RoutedQueue:
         """The routed client of the topic (RoutingError: a multi-broker topic, no routing)."""
@@ -61,6 +62,7 @@ class RedisTarget:
             max_payload_bytes=self.max_payload_bytes,
             journal_max_len=self.journal_max_len,
             outcome_retention_ms=self.outcome_retention_ms,
+            limits_max_pending=self.limits_max_pending,
         )
 
 

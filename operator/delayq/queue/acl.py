@@ -166,3 +166,23 @@ def stream_reader_rules(stream_key: str) -> list[str]:
         "-@all",
         *(f"+{command}" for command in STREAM_READER_COMMANDS),
     ]
+
+
+#: What `delayq pipeline backup` sends (`queue/backup.py` `snapshot`: ZRANGE, HGETALL, GET and
+#: TIME in one MULTI per slot; the job's checks: PING, GET of the epochs, EXISTS of the topic's
+#: keys), none of them a write. The service user has each (tests/queue/test_acl.py), so the
+#: pipeline backs up with the rights it has; a user of exactly these can back up and can write
+#: nothing.
+BACKUP_COMMANDS = ("multi", "exec", "zrange", "hgetall", "get", "exists", "time", "ping", "hello")
+
+
+def backup_user_rules(topic: Topic) -> list[str]:
+    """`ACL SETUSER` rules of a read-only backup user of the topic, without the password."""
+    return [
+        "reset",
+        "on",
+        *(f"~{pattern}" for pattern in key_patterns(topic)),
+        "resetchannels",
+        "-@all",
+        *(f"+{command}" for command in BACKUP_COMMANDS),
+    ]

@@ -13,6 +13,7 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any, Generic, TypeVar, cast
 
+from delayq.queue.backup import Item
 from delayq.queue.codec import (
     as_text,
     decode_record,
@@ -288,6 +289,53 @@ def _encode_requests(
             )
         )
     return slots, ids, by_slot
+
+
+def restore(topic: Topic, items: Sequence[Item]) -> Plan[list[Outcome]]:
+    """Restore backup items create-only (restore-13): one call per slot and chunk, each item
+    in the slot its `route` names under `topic`'s slot amount; `Outcome.at_ms` is the item's ms
+    (its finished ms for ALREADY_DONE)."""
+
+    def build(slot: int, chunk: Sequence[Item]) -> ScriptCall:
+        keys = slot_keys(topic, slot).keys(
+            Part.STORE,
+            Part.PREPARE,
+            Part.DEAD,
+            Part.MSG,
+            Part.REASON,
+            Part.WAKE,
+            Part.JOURNAL,
+            Part.OUTCOME,
+            Part.EPOCH,
+            Part.BASIS,
+            Part.FINISHED,
+            Part.SCHEDULES,
+            Part.TOPUP,
+        )
+        args: list[Arg] = [
+            topic.journal_max_len,
+            topic.outcome_retention_ms,
+            MAX_DELAY_MS,
+            topic.max_pending_per_slot,
+        ]
+        for item in chunk:
+            ms = "" if item.ms is None else item.ms
+            args += [item.kind, item.id, ms, item.value, item.reason or "", item.basis]
+        return ScriptCall(Script.RESTORE, keys, args)
+
+    calls, order = _per_slot_calls(topic, items, lambda item: topic.slot_of(item.route), build)
+
+    def combine(replies: list[Reply]) -> list[Outcome]:
+        per_call = [
+            [
+                Outcome(items[i].id, CODES[code], _optional_ms(int(ms)) if ms != b"" else None)
+                for i, (code, ms) in zip(indexes, groups(reply, 2), strict=True)
+            ]
+            for indexes, reply in zip(order, replies, strict=True)
+        ]
+        return _scatter(order, per_call, len(items))
+
+    return Plan(calls, combine)
 
 
 def cancel(topic: Topic, targets: Sequence[Target]) -> Plan[list[Outcome]]:

@@ -59,6 +59,7 @@ class Script(enum.StrEnum):
     SETTINGS = "settings-1"  # a slot's settings record, read
     PACE = "pace-1"
     HOLD = "hold-1"
+    RESTORE = "restore-13"  # a backup's items into one slot, create-only
 
     @property
     def acknowledges_a_write(self) -> bool:
@@ -88,6 +89,7 @@ _ACKNOWLEDGED_WRITES = frozenset(
         Script.PURGE,
         Script.DEFINE,
         Script.DROP,
+        Script.RESTORE,
         Script.THAW,  # a slot's copy on its new broker: the source is cleaned after it
     }
 )
