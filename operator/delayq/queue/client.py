@@ -15,7 +15,13 @@ import redis
 import redis.asyncio
 
 from delayq.queue import functions, plans, schedule_plans
-from delayq.queue.codes import DelayqError, ReplicationTimeoutError, StaleEpochError, as_typed_error
+from delayq.queue.codes import (
+    DelayqError,
+    ReplicationTimeoutError,
+    StaleEpochError,
+    as_typed_error,
+    raise_for_code,
+)
 from delayq.queue.keys import paused_key
 from delayq.queue.model import (
     ClaimBatch,
@@ -133,8 +139,19 @@ class _Plans:
     def schedule(
         self, message_id: str, payload: bytes | str, options: ScheduleOptions
     ) -> Plan[ScheduleResult]:
+        """The one result, or the refusal raised: a message refused (TooFarError,
+        ExpiresBeforeDueError, OverQuotaError) is not stored, and a caller that only reads the
+        return value must not lose it silently. EXISTS and ALREADY_DONE are answers, not
+        refusals: they are returned."""
         request, mode = schedule_request(message_id, payload, options)
-        return plans.first(plans.schedule(self.topic, [request], mode))
+        plan = plans.first(plans.schedule(self.topic, [request], mode))
+
+        def combine(replies: list[Any]) -> ScheduleResult:
+            result = plan.combine(replies)
+            raise_for_code(result.code, "schedule", result.id)
+            return result
+
+        return Plan(plan.calls, combine)
 
     def reschedule(self, target: Target, delay_ms: int | None, at_ms: int | None) -> Plan[Outcome]:
         move = (target, delay_ms, at_ms)
@@ -219,7 +236,10 @@ class Queue:
     def schedule(
         self, message_id: str, payload: bytes | str = b"", **options: Unpack[ScheduleOptions]
     ) -> ScheduleResult:
-        """Schedule one message (the options: ScheduleOptions)."""
+        """Schedule one message (the options: ScheduleOptions). A refusal is raised (a
+        ScriptRefusedError: OverQuotaError, ExpiresBeforeDueError, TooFarError; a bad id or
+        payload InvalidMessageError), so a returned result is stored: CREATED, UPDATED, or the
+        live message (EXISTS) or remembered outcome (ALREADY_DONE) create mode left alone."""
         return self.run(self._plans.schedule(message_id, payload, options))
 
     def schedule_many(
@@ -450,7 +470,7 @@ class AsyncQueue:
     async def schedule(
         self, message_id: str, payload: bytes | str = b"", **options: Unpack[ScheduleOptions]
     ) -> ScheduleResult:
-        """Schedule one message (the options: ScheduleOptions)."""
+        """As Queue.schedule."""
         return await self.run(self._plans.schedule(message_id, payload, options))
 
     async def schedule_many(
