@@ -621,7 +621,14 @@ def _paths() -> dict[str, Schema]:
                 outcomes,
                 obj(
                     ["tokens"],
-                    delayMs=integer("retry after this delay", 0, MAX_DELAY_MS),
+                    delayMs=integer(
+                        "retry after this delay from the Redis server's now; without it, "
+                        "the topic's retry policy: retry.backoffBase * "
+                        "retry.backoffMultiplier^(attempt-1), capped at retry.backoffMax, "
+                        "with retry.jitter full a random time up to that",
+                        0,
+                        MAX_DELAY_MS,
+                    ),
                     reason=string(
                         f"why, kept with a dead message (its first {MAX_REASON_CHARS} characters)"
                     ),

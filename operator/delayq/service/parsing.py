@@ -307,6 +307,8 @@ def _lease(token: Any, field: str, topic: Topic, tokens: LeaseTokens) -> Lease:
 
 
 def parse_nack(body: Body, topic: Topic, tokens: LeaseTokens) -> list[Retry]:
+    """The retries a nack asks for; without `delayMs` each waits 0 here, and the route gives
+    it the topic's backoff."""
     delay_ms = get_int(body, "delayMs", 0, MAX_DELAY_MS, default=0)
     reason = get_str(body, "reason", "")[:MAX_REASON_CHARS]
     dead = body.get("dead", False)
