@@ -110,6 +110,8 @@ def _error_text(error: urllib.error.HTTPError) -> str:
         field = body.get("field")
     except (ValueError, KeyError, TypeError, OSError):
         text, field = error.reason, None
+    # the service's own words for a query parameter, as this command's option
+    text = text.replace("?slotBasis=", "--slot-basis").replace("?slot=", "--slot")
     hint = ""
     if error.code == 401:
         hint = f" (set {TOKEN_VARIABLE})"
@@ -272,6 +274,8 @@ def msg_get(api: Api, args: argparse.Namespace, out: TextIO) -> int:
     now = time.time() * 1000
     payload = message.get("payload", "")
     preview = payload[:PREVIEW_CHARS] + (" ..." if len(payload) > PREVIEW_CHARS else "")
+    if "finishedMs" in message:  # a remembered outcome keeps no payload, headers nor due
+        preview, payload = "- (not kept once finished)", None
     rows: list[tuple[str, Any]] = [
         ("id", message["id"]),
         ("state", message["state"]),
@@ -280,9 +284,10 @@ def msg_get(api: Api, args: argparse.Namespace, out: TextIO) -> int:
         ("attempts", message["attempts"]),
         ("lease deadline", instant(message.get("leaseDeadlineMs"), now)),
         ("died", instant(message.get("diedMs"), now)),
+        ("finished", instant(message.get("finishedMs"), now)),
         ("last error", message.get("deadReason", "-")),
         ("encoding", message["encoding"]),
-        ("payload", f"{preview} ({len(payload)} characters)"),
+        ("payload", preview if payload is None else f"{preview} ({len(payload)} characters)"),
     ]
     rows += [(f"header {name}", value) for name, value in message.get("headers", {}).items()]
     pairs(rows, out)
