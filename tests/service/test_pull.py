@@ -279,6 +279,33 @@ async def test_nack_dead_and_redrive(start_service: StartService):
     assert again["id"] == "m0"
 
 
+async def test_redrive_or_purge_of_an_id_not_dead_is_a_404_with_every_result(
+    start_service: StartService,
+):
+    """Regression (issue 29): an unknown id answered 200 wrong_state while `delayq dead`
+    exits "not found"; now both say 404, the answer still giving each id's result."""
+    running = await start_service()
+    await schedule(running, 1)
+    [message] = await lease(running)
+    await running.client.post(
+        f"{running.base}/leases/nack", json={"tokens": [message["token"]], "dead": True}
+    )
+    for action, done in (("redrive", "redriven"), ("purge", "purged")):
+        answer = await running.client.post(
+            f"{running.base}/dead/{action}", json={"ids": ["nobody", "m0"]}
+        )
+        assert answer.status == 404
+        assert (await answer.json())["results"] == [
+            {"id": "nobody", "result": "wrong_state"},
+            {"id": "m0", "result": done},
+        ]
+        if action == "redrive":  # dead again, for the purge
+            [again] = await lease(running, waitMs=2000)
+            await running.client.post(
+                f"{running.base}/leases/nack", json={"tokens": [again["token"]], "dead": True}
+            )
+
+
 async def test_a_dead_message_with_a_slot_basis_is_redriven_by_the_slot_its_page_lists(
     start_service: StartService,
 ):

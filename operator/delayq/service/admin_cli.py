@@ -17,6 +17,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import http.client
+import io
 import json
 import math
 import os
@@ -77,8 +78,17 @@ class Api:
     token: str
     timeout_s: float = TIMEOUT_S
 
-    def call(self, method: str, path: str, body: Any = None, timeout_s: float | None = None) -> Any:
-        """The JSON answer of `method /v1/topics/<topic><path>`; AdminError otherwise."""
+    def call(
+        self,
+        method: str,
+        path: str,
+        body: Any = None,
+        timeout_s: float | None = None,
+        answered: frozenset[int] = frozenset(),
+    ) -> Any:
+        """The JSON answer of `method /v1/topics/<topic><path>`; AdminError otherwise. A status
+        in `answered` whose body is not an error is an answer too (a dead action's 404 lists
+        what it did to each id)."""
         target = f"{self.url}/v1/topics/{quote(self.topic, safe='')}{path}"
         data = None if body is None else json.dumps(body).encode()
         request = urllib.request.Request(target, data=data, method=method)
@@ -91,6 +101,12 @@ class Api:
             with urllib.request.urlopen(request, timeout=timeout_s or self.timeout_s) as answer:
                 raw = answer.read()
         except urllib.error.HTTPError as error:
+            if error.code in answered:
+                raw = error.read()
+                with contextlib.suppress(ValueError):
+                    if "error" not in (given := json.loads(raw)):
+                        return given
+                error.fp = io.BytesIO(raw)  # read again for the error's text
             raise AdminError(status_code(error.code), _error_text(error)) from None
         except (urllib.error.URLError, OSError) as error:
             reason = getattr(error, "reason", error)
@@ -453,7 +469,9 @@ class DeadAction:
         results: list[dict[str, Any]] = []
         for start in range(0, len(targets), IDS_PER_CALL):
             chunk = targets[start : start + IDS_PER_CALL]
-            results += api.call("POST", f"/dead/{self.route}", {"ids": chunk})["results"]
+            body = {"ids": chunk}
+            answered = frozenset({404})  # some id was not dead: still each id's result
+            results += api.call("POST", f"/dead/{self.route}", body, answered=answered)["results"]
             progress.show(len(results))
         progress.finish()
         missing = [r for r in results if r["result"] != self.done]

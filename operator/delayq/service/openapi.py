@@ -566,6 +566,15 @@ def _error_response(description: str, headers: Schema | None = None) -> Schema:
     return response
 
 
+NOT_ALL_DEAD = {
+    "404": {
+        "description": "a listed id is not dead (unknown, forgotten or live: result "
+        "wrong_state); the others' results say what was done. Or an unknown topic (Error)",
+        **json_content({"oneOf": [ref("Outcomes"), ref("Error")]}),
+    }
+}
+
+
 def _paths() -> dict[str, Schema]:
     messages = "/v1/topics/{topic}/messages"
     leases = "/v1/topics/{topic}/leases"
@@ -761,17 +770,26 @@ def _paths() -> dict[str, Schema]:
         dead + "/redrive": {
             "post": operation(
                 "Redrive dead messages",
-                ok("results", {"oneOf": [ref("Outcomes"), obj(["moved"], moved=integer("moved"))]}),
+                {
+                    **ok(
+                        "results",
+                        {"oneOf": [ref("Outcomes"), obj(["moved"], moved=integer("moved"))]},
+                    ),
+                    **NOT_ALL_DEAD,
+                },
                 ref("Ids"),
             )
         },
         dead + "/purge": {
             "post": operation(
                 "Delete dead messages",
-                ok(
-                    "results",
-                    {"oneOf": [ref("Outcomes"), obj(["moved"], moved=integer("deleted"))]},
-                ),
+                {
+                    **ok(
+                        "results",
+                        {"oneOf": [ref("Outcomes"), obj(["moved"], moved=integer("deleted"))]},
+                    ),
+                    **NOT_ALL_DEAD,
+                },
                 ref("Ids"),
             )
         },
