@@ -473,3 +473,15 @@ async def test_a_write_no_replica_confirmed_is_a_retryable_503(start_service: St
     assert (await client.get(f"{base}/messages/w")).status == 200  # it is on the master
     leased = await client.post(f"{base}/leases", json={"max": 1})
     assert [lease["id"] for lease in (await leased.json())["leases"]] == ["w"]
+
+
+async def test_a_reschedule_to_a_past_instant_is_due_at_once(start_service: StartService):
+    """atMs 1 (1970) is accepted as scheduling takes it: due now, the answer's dueMs the
+    instant given (issue 29 asked that it be said: docs/service.md, the reschedule row)."""
+    running = await start_service()
+    client, base = running.client, running.base
+    await client.post(f"{base}/messages", json={"id": "late", "delayMs": 3_600_000})
+    moved = await client.post(f"{base}/messages/late/reschedule", json={"atMs": 1})
+    assert (moved.status, (await moved.json())["dueMs"]) == (200, 1)
+    stats = await (await client.get(f"{base}/stats")).json()
+    assert stats["due"] == 1

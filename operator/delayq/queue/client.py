@@ -271,6 +271,9 @@ class Queue:
         return self.run(self._plans.reschedule(target, delay_ms, at_ms))
 
     def get(self, message_id: str, slot_basis: str | None = None) -> MessageInfo:
+        """The message's state; one never scheduled, or forgotten, is `State.ABSENT` (an
+        answer, as `get_many` gives per id; HTTP answers it 404), where `get_schedule` of a
+        missing schedule raises NotFoundError (a schedule is an object, not a state)."""
         return self.run(plans.first(plans.get(self.topic, [Target(message_id, slot_basis)])))
 
     def get_many(self, targets: Sequence[Target]) -> list[MessageInfo]:
@@ -393,7 +396,8 @@ class Queue:
         return self.run(schedule_plans.get(self.topic, schedule_id))
 
     def delete_schedule(self, schedule_id: str) -> Outcome:
-        """Delete the schedule and its waiting occurrence (CANCELLED); an occurrence being
+        """Delete the schedule and remove its waiting occurrence (answered CANCELLED; the
+        occurrence is not remembered as cancelled: `get` of it is ABSENT); an occurrence being
         delivered finishes. Raises NotFoundError when there is no such schedule."""
         return self.run(schedule_plans.drop(self.topic, schedule_id))
 
@@ -502,6 +506,7 @@ class AsyncQueue:
         return await self.run(self._plans.reschedule(target, delay_ms, at_ms))
 
     async def get(self, message_id: str, slot_basis: str | None = None) -> MessageInfo:
+        """As Queue.get."""
         return await self.run(plans.first(plans.get(self.topic, [Target(message_id, slot_basis)])))
 
     async def get_many(self, targets: Sequence[Target]) -> list[MessageInfo]:

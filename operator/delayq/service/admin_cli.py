@@ -695,7 +695,7 @@ def register(subparsers: Any) -> None:
     leaf(
         schedules,
         "delete",
-        "delete a schedule (its waiting occurrence is cancelled)",
+        "delete a schedule and its waiting occurrence (removed, not remembered)",
         schedules_delete,
     ).add_argument("id", help="the schedule id")
 
