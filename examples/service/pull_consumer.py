@@ -92,7 +92,7 @@ async def main() -> None:
                 for message in leases:
                     (done if await handle(message) else failed).append(message["token"])
                 if failed:
-                    retry = {"tokens": failed, "delayMs": 5000}
+                    retry = {"tokens": failed}  # later, by the topic's retry policy
                     async with session.post(f"{leases_url}/nack", json=retry) as response:
                         await response.read()
         finally:

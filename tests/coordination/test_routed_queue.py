@@ -25,6 +25,7 @@ from delayq.local.waiting import wait_until
 from delayq.local.zookeeper_server import ZooKeeperServer
 from delayq.queue import (
     Code,
+    ExpiresBeforeDueError,
     PartlyStoredError,
     Queue,
     ReplicationTimeoutError,
@@ -113,6 +114,8 @@ def test_one_broker_needs_no_routing(redis_server: RedisServer):
     topic = Topic("single", namespace=f"rq-{uuid.uuid4().hex[:8]}", slot_amount=SLOTS)
     with RoutedQueue.connect([redis_server.url], topic) as queue:
         assert queue.schedule("a", delay_ms=1000).code is Code.CREATED
+        with pytest.raises(ExpiresBeforeDueError):  # raised, as Queue.schedule does
+            queue.schedule("b", at_ms=2**41, expire_at_ms=2**41)
         assert queue.get("a").state is State.SCHEDULED
 
 

@@ -65,6 +65,12 @@ def test_good_reasons_that_change_and_good_news_about_nothing_are_quiet() -> Non
     assert status_events({}, quiet) == []
     waiting = {"conditions": [cond("Ready", "False", "WaitingForBrokers")]}
     assert reasons(status_events({}, waiting)) == [("Normal", "WaitingForBrokers")]
+    # a new topic's first health pass, its Redis pods not ready yet: the same wait, no Warning
+    # (issue 29: BrokersUnavailable and FailoverRefused warned on every normal start)
+    unavailable = {"conditions": [cond("Ready", "False", "BrokersUnavailable")]}
+    assert status_events(waiting, unavailable) == []
+    serving = {"conditions": [cond("Ready", "True", "Serving")]}
+    assert reasons(status_events(serving, unavailable)) == [("Warning", "BrokersUnavailable")]
 
 
 def test_broker_entries_yield_the_failover_story() -> None:
@@ -76,6 +82,7 @@ def test_broker_entries_yield_the_failover_story() -> None:
         return reasons(status_events({"brokers": [old]}, {"brokers": [new]}))
 
     fresh = broker("NoPromotableReplica", "")
+    assert reasons(status_events({}, {"brokers": [fresh]})) == []  # no first master yet
     elected = broker("Ready", "r-0")
     missing = broker("MasterMissing", "r-0")
     promoted = broker("Ready", "r-1", "2026-01-01T00:00:00Z")

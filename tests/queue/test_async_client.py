@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from delayq.queue.client import AsyncQueue
-from delayq.queue.codes import Code, LeaseLostError, NotFoundError
+from delayq.queue.codes import Code, ExpiresBeforeDueError, LeaseLostError, NotFoundError
 from delayq.queue.model import ScheduleRequest, State, Target
 
 from .conftest import TOPIC
@@ -15,6 +15,8 @@ async def test_async_lifecycle(async_queue: AsyncQueue) -> None:
     created = await async_queue.schedule("a", b"p", delay_ms=3_600_000, headers={"h": "1"})
     assert created.code is Code.CREATED
     results = await async_queue.schedule_many([ScheduleRequest("b", delay_ms=0)])
+    with pytest.raises(ExpiresBeforeDueError):  # a refusal is raised, as Queue.schedule does
+        await async_queue.schedule("c", at_ms=2**41, expire_at_ms=2**41)
     assert results[0].code is Code.CREATED
     moved = await async_queue.reschedule("a", delay_ms=0)
     assert moved.code is Code.RESCHEDULED

@@ -9,6 +9,9 @@ retry_for_ms; then the message goes to dead or is dropped, per the topic.
 
 from __future__ import annotations
 
+import pytest
+
+from delayq.queue import ExpiresBeforeDueError
 from delayq.queue.codes import Code
 from delayq.queue.model import ScheduleRequest, State
 from delayq.queue.topic import EndAction
@@ -75,8 +78,10 @@ def test_the_largest_expiry_is_stored_exactly_and_the_message_delivered(
 
 def test_an_expiry_not_after_the_due_time_is_refused(make_queue: MakeQueue) -> None:
     queue = make_queue()
-    refused = queue.schedule("never", b"", at_ms=2**41, expire_at_ms=2**41)
-    assert (refused.code, refused.state) == (Code.EXPIRES_BEFORE_DUE, State.ABSENT)
+    with pytest.raises(ExpiresBeforeDueError, match="'never': EXPIRES_BEFORE_DUE"):
+        queue.schedule("never", b"", at_ms=2**41, expire_at_ms=2**41)
+    [refused] = queue.schedule_many([ScheduleRequest("never", at_ms=2**41, expire_at_ms=2**41)])
+    assert (refused.code, refused.state) == (Code.EXPIRES_BEFORE_DUE, State.ABSENT)  # per item
     assert queue.get("never").state is State.ABSENT
 
 

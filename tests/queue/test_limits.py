@@ -3,6 +3,9 @@ share, refused atomically in the schedule script."""
 
 from __future__ import annotations
 
+import pytest
+
+from delayq.queue import OverQuotaError
 from delayq.queue.codes import Code
 from delayq.queue.model import Mode, ScheduleRequest, State
 
@@ -24,6 +27,8 @@ def test_limits_max_pending_refuses_new_messages_beyond_the_slot_share(
     replaced = queue.schedule(same_slot[0], b"new", delay_ms=0, mode=Mode.UPSERT)
     assert replaced.code is Code.UPDATED
     [message] = claim(queue, same_slot[0])  # in flight still counts
-    assert queue.schedule(same_slot[2], b"", delay_ms=0).code is Code.OVER_QUOTA
+    with pytest.raises(OverQuotaError, match=f"{same_slot[2]!r}: OVER_QUOTA"):
+        queue.schedule(same_slot[2], b"", delay_ms=0)  # a refusal is raised, not returned
+    assert queue.get(same_slot[2]).state is State.ABSENT
     queue.ack(message.lease)  # delivered: room for one
     assert queue.schedule(same_slot[2], b"", delay_ms=0).code is Code.CREATED

@@ -24,7 +24,7 @@ from delayq.local.waiting import wait_until
 from delayq.queue import plans
 from delayq.queue.client import Queue
 from delayq.queue.codes import Code, NotFoundError
-from delayq.queue.model import Lease, Mode, Retry, State, Target
+from delayq.queue.model import Lease, Mode, Retry, ScheduleRequest, State, Target
 from delayq.queue.recurrence import Recurrence
 from delayq.queue.schedules import Schedule, occurrence_target
 from delayq.queue.topic import EndAction, Topic
@@ -107,9 +107,10 @@ class QueueMachine(RuleBasedStateMachine):
         up when claimed; one due in a day expires before its due time and is refused)."""
         mode = Mode.UPSERT if upsert else Mode.CREATE
         expire_at_ms = PAST_MS + 1 if expired else None
-        result = self.queue.schedule(
-            message_id, payload, at_ms=self._when(due_now), mode=mode, expire_at_ms=expire_at_ms
+        request = ScheduleRequest(
+            message_id, payload, at_ms=self._when(due_now), expire_at_ms=expire_at_ms
         )
+        [result] = self.queue.schedule_many([request], mode)
         ref = self.model.get(message_id)
         if expired and not due_now:
             assert result.code is Code.EXPIRES_BEFORE_DUE

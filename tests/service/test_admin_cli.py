@@ -83,6 +83,7 @@ def served(redis_server: RedisServer, tmp_path_factory: pytest.TempPathFactory) 
         api_token=TOKEN,
         port=free_port(),
         grace_ms=2000,
+        outcome_retention_ms=3_600_000,
     )
     log = tmp_path_factory.mktemp("admin") / "serve.log"
     process = ServeProcess(config, log).start()
@@ -158,11 +159,16 @@ def test_msg_get_reschedule_cancel_change_redis(served: Served, run):
     code, out, _ = run("msg", "cancel", "m/1")
     assert (code, out.strip()) == (OK, "m/1: cancelled")
     assert served.redis.zscore(store, "m/1") is None
-    code, out, err = run("msg", "cancel", "m/1")
+    code, out, _ = run("msg", "get", "m/1")  # remembered: when it finished, and no payload
+    rows = dict(line.split(None, 1) for line in out.splitlines() if " " in line.strip())
+    assert (rows["state"].strip(), rows["finished"].strip() != "-") == ("cancelled", True)
+    assert "not kept once finished" in rows["payload"]
+    code, out, err = run("msg", "cancel", "never-scheduled")
     assert code == NOT_FOUND
     assert out == ""
     assert len(err.strip().splitlines()) == 1
     assert "404" in err
+    assert "add --slot-basis (or the --slot that holds it)" in err  # the CLI's options
 
 
 def test_text_from_the_service_cannot_drive_the_terminal(served: Served, run):

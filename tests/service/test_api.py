@@ -4,6 +4,7 @@ auth, size limits, probes, metrics and the OpenAPI document."""
 from __future__ import annotations
 
 import asyncio
+import json
 import re
 from pathlib import Path
 
@@ -14,6 +15,7 @@ from aiohttp.test_utils import TestServer
 from delayq.local.redis_server import RedisServer
 from delayq.local.waiting import eventually
 from delayq.queue import functions
+from delayq.service.openapi import openapi_document
 from delayq.service.readiness import PROBE_INTERVAL_S, READY_AFTER, UNREADY_AFTER_S
 from tests.queue.conftest import ENGINE_PASSWORD, ENGINE_USER, engine_user
 from tests.service.conftest import StartService
@@ -376,10 +378,18 @@ async def test_metrics_count_stored_messages_and_time_requests_by_route(
 
 
 async def test_served_openapi_equals_the_checked_in_document(start_service: StartService):
+    """The served document is the checked-in one with the topic's own slot bounds."""
     running = await start_service()
     served = await (await running.client.get("/openapi.json")).json()
-    assert served == yaml.safe_load(DOCS.read_text()), (
+    assert yaml.safe_load(DOCS.read_text()) == openapi_document(), (
         "docs/openapi.yaml is stale: python -m delayq.service.openapi > docs/openapi.yaml"
+    )
+    topic = running.service.topic
+    assert served == json.loads(json.dumps(openapi_document(topic.slot_amount, topic.name)))
+    [served_topic, start, *_] = served["paths"]["/v1/topics/{topic}/slots"]["get"]["parameters"]
+    assert (served_topic["schema"]["enum"], start["schema"]["maximum"]) == (
+        [topic.name],
+        topic.slot_amount - 1,
     )
 
 
@@ -463,3 +473,15 @@ async def test_a_write_no_replica_confirmed_is_a_retryable_503(start_service: St
     assert (await client.get(f"{base}/messages/w")).status == 200  # it is on the master
     leased = await client.post(f"{base}/leases", json={"max": 1})
     assert [lease["id"] for lease in (await leased.json())["leases"]] == ["w"]
+
+
+async def test_a_reschedule_to_a_past_instant_is_due_at_once(start_service: StartService):
+    """atMs 1 (1970) is accepted as scheduling takes it: due now, the answer's dueMs the
+    instant given (issue 29 asked that it be said: docs/service.md, the reschedule row)."""
+    running = await start_service()
+    client, base = running.client, running.base
+    await client.post(f"{base}/messages", json={"id": "late", "delayMs": 3_600_000})
+    moved = await client.post(f"{base}/messages/late/reschedule", json={"atMs": 1})
+    assert (moved.status, (await moved.json())["dueMs"]) == (200, 1)
+    stats = await (await client.get(f"{base}/stats")).json()
+    assert stats["due"] == 1

@@ -99,6 +99,8 @@ def test_the_lease_length_keeps_its_old_field_name_for_one_release():
 
 def test_dead_targets_and_cursor():
     assert parse_dead_targets({"all": True}, TOPIC) is None
+    with pytest.raises(FieldError, match="ids or all, not both"):  # ids were ignored
+        parse_dead_targets({"all": True, "ids": [5]}, TOPIC)
     body = {"ids": ["a", {"id": "b", "slotBasis": "k"}, {"id": "c", "slot": 3}]}
     assert parse_dead_targets(body, TOPIC) == [
         Target("a"),
@@ -106,8 +108,9 @@ def test_dead_targets_and_cursor():
         Target("c", explicit_slot=3),  # as a dead page reports it: no slot basis needed
     ]
     assert parse_cursor("2:5", TOPIC) == (2, 5)
-    with pytest.raises(FieldError, match="cursor"):
-        parse_cursor("9:0", TOPIC)
+    assert parse_cursor(None, TOPIC) == (0, 0)
+    # past the last slot: the end (an empty last page), as the served OpenAPI's pattern allows
+    assert parse_cursor("9:0", TOPIC) == (4, 0)
 
 
 @pytest.mark.parametrize(
@@ -188,7 +191,7 @@ def test_one_id_twice_in_a_batch_is_refused():
 
 @pytest.mark.parametrize(
     "cursor",
-    ["1e20", "0:100000000000000000000", "0:-1", "-1:0", " 1:0", "+1:0", "1:\u0665", "0:0:0"],
+    ["", "1e20", "0:100000000000000000000", "0:-1", "-1:0", " 1:0", "+1:0", "1:\u0665", "0:0:0"],
 )
 def test_malformed_cursors_are_400(cursor):
     with pytest.raises(FieldError, match="cursor"):

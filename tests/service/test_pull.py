@@ -279,6 +279,33 @@ async def test_nack_dead_and_redrive(start_service: StartService):
     assert again["id"] == "m0"
 
 
+async def test_redrive_or_purge_of_an_id_not_dead_is_a_404_with_every_result(
+    start_service: StartService,
+):
+    """Regression (issue 29): an unknown id answered 200 wrong_state while `delayq dead`
+    exits "not found"; now both say 404, the answer still giving each id's result."""
+    running = await start_service()
+    await schedule(running, 1)
+    [message] = await lease(running)
+    await running.client.post(
+        f"{running.base}/leases/nack", json={"tokens": [message["token"]], "dead": True}
+    )
+    for action, done in (("redrive", "redriven"), ("purge", "purged")):
+        answer = await running.client.post(
+            f"{running.base}/dead/{action}", json={"ids": ["nobody", "m0"]}
+        )
+        assert answer.status == 404
+        assert (await answer.json())["results"] == [
+            {"id": "nobody", "result": "wrong_state"},
+            {"id": "m0", "result": done},
+        ]
+        if action == "redrive":  # dead again, for the purge
+            [again] = await lease(running, waitMs=2000)
+            await running.client.post(
+                f"{running.base}/leases/nack", json={"tokens": [again["token"]], "dead": True}
+            )
+
+
 async def test_a_dead_message_with_a_slot_basis_is_redriven_by_the_slot_its_page_lists(
     start_service: StartService,
 ):
@@ -605,3 +632,31 @@ async def test_an_unsigned_token_is_acked_for_one_lease_length_after_start_then_
         return True
 
     await eventually(refused, 5, "the unsigned token to be refused once the window passed")
+
+
+async def test_a_nack_without_delay_follows_the_topics_retry_policy(
+    start_service: StartService, async_redis_client: redis.asyncio.Redis
+):
+    """Regression (issue 29): a nack without delayMs retried at once (atMs ≈ now), whatever
+    the topic's backoff. Now it waits base * multiplier^(attempt-1), as the push consumer's
+    nack; a given delayMs overrides it."""
+    running = await start_service(retry_backoff_base_ms=400, retry_backoff_multiplier=3.0)
+
+    async def nack(token: object, **extra: object) -> int:
+        """The retry's due time less the Redis server's now at the nack, in ms."""
+        answer = await running.client.post(
+            f"{running.base}/leases/nack", json={"tokens": [token], **extra}
+        )
+        seconds, micros = await async_redis_client.time()
+        [result] = (await answer.json())["results"]
+        assert result["result"] == "retry_scheduled"
+        return int(result["atMs"]) - (seconds * 1000 + micros // 1000)
+
+    await schedule(running, 1)
+    [first] = await lease(running)
+    assert 300 <= await nack(first["token"]) <= 400  # attempt 1: the base
+    [second] = await lease(running, waitMs=5000)
+    assert second["attempt"] == 2
+    assert 1100 <= await nack(second["token"]) <= 1200  # attempt 2: base * 3
+    [third] = await lease(running, waitMs=5000)
+    assert await nack(third["token"], delayMs=0) <= 0  # given: it overrides the policy

@@ -94,7 +94,9 @@ def test_crud(api: str) -> None:
     for method in ("GET", "DELETE"):
         status, error = call(method, url)
         assert (status, error["field"]) == (404, "id")
-        assert "no such schedule" in error["error"]
+        assert "schedule 'daily/report': NOT_FOUND" in error["error"]
+        assert "message" not in error["error"]
+        assert "drop-7" not in error["error"]
     assert call("GET", f"{api}/schedules") == (200, {"schedules": []})
 
 
@@ -108,7 +110,7 @@ def test_crud(api: str) -> None:
         ({"cron": "61 * * * *"}, "cron", "Bad minute"),
         ({"cron": "* * * * *", "timeZone": "Mars/Olympus"}, "timeZone", "IANA"),
         ({"cron": "* * * * *", "timeZone": "Europe"}, "timeZone", "IANA"),
-        ({"everyMs": 5, "startMs": 10, "endMs": 9}, "endMs", "before start_ms"),
+        ({"everyMs": 5, "startMs": 10, "endMs": 9}, "endMs", "endMs 9 is before startMs 10"),
         ({"everyMs": 5, "startMs": 0, "endMs": 1}, "endMs", "no occurrence after now"),
         ({"everyMs": 5, "startMs": -1}, "startMs", "between 0 and"),
         ({"everyMs": 5, "startMs": 2**50}, "startMs", "more than"),
@@ -125,6 +127,8 @@ def test_bad_input_is_a_400_naming_the_field(
     status, error = call("PUT", f"{api}/schedules/s", body)
     assert (status, error["field"]) == (400, field), error
     assert words in error["error"]
+    for engine_word in ("_ms", "time_zone", "message"):  # the API's names (issue 29)
+        assert engine_word not in error["error"]
 
 
 def test_bad_ids_and_sizes(api: str) -> None:

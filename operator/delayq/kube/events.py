@@ -47,6 +47,9 @@ GOOD_STATUS = {
 }
 # Bad states that are only a step of creating a topic, not a problem to warn about.
 PENDING_REASONS = frozenset({"WaitingForBrokers"})
+# Ready's reason while a broker has no master; right after WaitingForBrokers it is the same
+# wait (the first masters are being elected: MasterElected tells each), no Warning.
+BROKERS_UNAVAILABLE = "BrokersUnavailable"
 # Broker states (status.brokers[].state, failover.Decision.reason) worth an Event on entry.
 MASTER_MISSING = "MasterMissing"
 NO_PROMOTABLE_REPLICA = "NoPromotableReplica"
@@ -80,6 +83,12 @@ def condition_events(
             continue  # told with its moves by the resharding pass
         if previous is not None and _state(previous) == _state(item):
             continue
+        if (
+            previous is not None
+            and previous.get("reason") in PENDING_REASONS
+            and item.get("reason") == BROKERS_UNAVAILABLE
+        ):
+            continue  # a new topic still waiting for its first masters
         good = item.get("status") == GOOD_STATUS.get(kind, TRUE)
         if previous is None and good and kind != PROVISIONED and kind != READY:
             continue  # "not degraded", "not full" on a new topic is no news
@@ -129,6 +138,8 @@ def broker_events(
                     "promoted after the failover grace period unless it returns.",
                 )
             )
+        elif state == NO_PROMOTABLE_REPLICA and not master and not old_master:
+            continue  # no master yet on a new broker: nothing failed over, MasterElected follows
         elif state == NO_PROMOTABLE_REPLICA and was != NO_PROMOTABLE_REPLICA:
             events.append(
                 TopicEvent(

@@ -15,7 +15,13 @@ import redis
 import redis.asyncio
 
 from delayq.queue import functions, plans, schedule_plans, topic_record
-from delayq.queue.codes import DelayqError, ReplicationTimeoutError, StaleEpochError, as_typed_error
+from delayq.queue.codes import (
+    DelayqError,
+    ReplicationTimeoutError,
+    StaleEpochError,
+    as_typed_error,
+    raise_for_code,
+)
 from delayq.queue.keys import paused_key
 from delayq.queue.model import (
     ClaimBatch,
@@ -133,8 +139,19 @@ class _Plans:
     def schedule(
         self, message_id: str, payload: bytes | str, options: ScheduleOptions
     ) -> Plan[ScheduleResult]:
+        """The one result, or the refusal raised: a message refused (TooFarError,
+        ExpiresBeforeDueError, OverQuotaError) is not stored, and a caller that only reads the
+        return value must not lose it silently. EXISTS and ALREADY_DONE are answers, not
+        refusals: they are returned."""
         request, mode = schedule_request(message_id, payload, options)
-        return plans.first(plans.schedule(self.topic, [request], mode))
+        plan = plans.first(plans.schedule(self.topic, [request], mode))
+
+        def combine(replies: list[Any]) -> ScheduleResult:
+            result = plan.combine(replies)
+            raise_for_code(result.code, "schedule", result.id)
+            return result
+
+        return Plan(plan.calls, combine)
 
     def reschedule(self, target: Target, delay_ms: int | None, at_ms: int | None) -> Plan[Outcome]:
         move = (target, delay_ms, at_ms)
@@ -217,7 +234,10 @@ class Queue:
     def schedule(
         self, message_id: str, payload: bytes | str = b"", **options: Unpack[ScheduleOptions]
     ) -> ScheduleResult:
-        """Schedule one message (the options: ScheduleOptions)."""
+        """Schedule one message (the options: ScheduleOptions). A refusal is raised (a
+        ScriptRefusedError: OverQuotaError, ExpiresBeforeDueError, TooFarError; a bad id or
+        payload InvalidMessageError), so a returned result is stored: CREATED, UPDATED, or the
+        live message (EXISTS) or remembered outcome (ALREADY_DONE) create mode left alone."""
         return self.run(self._plans.schedule(message_id, payload, options))
 
     def schedule_many(
@@ -249,6 +269,9 @@ class Queue:
         return self.run(self._plans.reschedule(target, delay_ms, at_ms))
 
     def get(self, message_id: str, slot_basis: str | None = None) -> MessageInfo:
+        """The message's state; one never scheduled, or forgotten, is `State.ABSENT` (an
+        answer, as `get_many` gives per id; HTTP answers it 404), where `get_schedule` of a
+        missing schedule raises NotFoundError (a schedule is an object, not a state)."""
         return self.run(plans.first(plans.get(self.topic, [Target(message_id, slot_basis)])))
 
     def get_many(self, targets: Sequence[Target]) -> list[MessageInfo]:
@@ -377,7 +400,8 @@ class Queue:
         return self.run(schedule_plans.get(self.topic, schedule_id))
 
     def delete_schedule(self, schedule_id: str) -> Outcome:
-        """Delete the schedule and its waiting occurrence (CANCELLED); an occurrence being
+        """Delete the schedule and remove its waiting occurrence (answered CANCELLED; the
+        occurrence is not remembered as cancelled: `get` of it is ABSENT); an occurrence being
         delivered finishes. Raises NotFoundError when there is no such schedule."""
         return self.run(schedule_plans.drop(self.topic, schedule_id))
 
@@ -454,7 +478,7 @@ class AsyncQueue:
     async def schedule(
         self, message_id: str, payload: bytes | str = b"", **options: Unpack[ScheduleOptions]
     ) -> ScheduleResult:
-        """Schedule one message (the options: ScheduleOptions)."""
+        """As Queue.schedule."""
         return await self.run(self._plans.schedule(message_id, payload, options))
 
     async def schedule_many(
@@ -486,6 +510,7 @@ class AsyncQueue:
         return await self.run(self._plans.reschedule(target, delay_ms, at_ms))
 
     async def get(self, message_id: str, slot_basis: str | None = None) -> MessageInfo:
+        """As Queue.get."""
         return await self.run(plans.first(plans.get(self.topic, [Target(message_id, slot_basis)])))
 
     async def get_many(self, targets: Sequence[Target]) -> list[MessageInfo]:

@@ -9,6 +9,7 @@ checks those against this enum and against the `CODE.*` names the script uses.
 from __future__ import annotations
 
 import enum
+import re
 
 import redis
 
@@ -123,14 +124,19 @@ class InvalidMessageError(DelayqError, ValueError):
 
 
 class ScriptRefusedError(DelayqError):
-    """A Lua transition refused a message; names the script, the message id and the code."""
+    """A Lua transition refused a message (or a schedule: `subject`); the text names the
+    operation as the API does (`reschedule`, not the script's file `reschedule-7`), the id and
+    the code."""
 
     code: Code = Code.OK
 
-    def __init__(self, script: str, message_id: str, detail: str = "") -> None:
+    def __init__(
+        self, script: str, message_id: str, detail: str = "", subject: str = "message"
+    ) -> None:
         self.script = script
         self.message_id = message_id
-        text = f"{script}: message {message_id!r}: {self.code.name}"
+        operation = re.sub(r"-[0-9]+$", "", script)  # a script's file name ends in its keys
+        text = f"{operation}: {subject} {message_id!r}: {self.code.name}"
         super().__init__(f"{text} ({detail})" if detail else text)
 
 
@@ -185,7 +191,9 @@ _ERRORS: dict[Code, type[ScriptRefusedError]] = {
 }
 
 
-def raise_for_code(code: Code, script: str, message_id: str, detail: str = "") -> None:
+def raise_for_code(
+    code: Code, script: str, message_id: str, detail: str = "", subject: str = "message"
+) -> None:
     """Raise the exception of a refusal code; do nothing for a transition code."""
     if code.is_error:
-        raise _ERRORS[code](script, message_id, detail)
+        raise _ERRORS[code](script, message_id, detail, subject)

@@ -119,7 +119,10 @@ def define(topic: Topic, schedule: Schedule) -> Steps[DefineResult]:
         if CODES[code] is not Code.WRONG_STATE:
             return DefineResult(schedule.id, slot, CODES[code], int(due_ms))
     raise WrongStateError(
-        Script.DEFINE.value, schedule.id, "its first occurrence was never ahead of the server clock"
+        "put",
+        schedule.id,
+        "its first occurrence was never ahead of the server clock",
+        subject="schedule",
     )
 
 
@@ -132,7 +135,7 @@ def drop(topic: Topic, schedule_id: str) -> Plan[Outcome]:
 
     def combine(replies: list[Reply]) -> Outcome:
         code = CODES[replies[0][0]]
-        raise_for_code(code, Script.DROP.value, schedule_id, "no such schedule")
+        raise_for_code(code, "delete", schedule_id, subject="schedule")
         return Outcome(schedule_id, code)
 
     return Plan([ScriptCall(Script.DROP, keys, [topic.journal_max_len, schedule_id])], combine)
@@ -160,7 +163,7 @@ def get(topic: Topic, schedule_id: str) -> Plan[ScheduleInfo]:
     def combine(replies: list[Reply]) -> ScheduleInfo:
         found = plan.combine(replies).schedules
         if not found:
-            raise NotFoundError(Script.SCHEDULES.value, schedule_id, "no such schedule")
+            raise NotFoundError("get", schedule_id, subject="schedule")
         return found[0]
 
     return Plan(plan.calls, combine)

@@ -335,7 +335,8 @@ SETTINGS: tuple[Setting, ...] = (
     Setting(
         "outcomeRetention", Kind.DURATION, 0,
         "how long a finished id is remembered: get, create-only dedup (0: off)",
-        "How long a finished (acked, cancelled or purged) message id is remembered, e.g. 1h "
+        "How long a finished (acked, cancelled, purged, dropped or expired) message id is "
+        "remembered, e.g. 1h "
         "(0s..720h, 0s = off): GET answers its outcome and create-only scheduling of that id "
         "answers already_done instead of delivering it again.",
         T, change=Change.LIVE, low=0, high=MAX_OUTCOME_RETENTION_MS, bound_hint=", e.g. 1h",
@@ -390,9 +391,11 @@ SETTINGS: tuple[Setting, ...] = (
     Setting(
         "limits.maxPending", Kind.INTEGER, 0,
         "at most this many messages scheduled or in flight, 0: no limit",
-        "At most this many messages scheduled or in flight (0 = no limit); each slot holds its "
-        "share, ceil(maxPending / slotAmount). A new message beyond it is refused with 429 and "
-        "Retry-After; replacing a live one is not.",
+        "A cap on messages scheduled or in flight (0 = no limit), held per slot: each slot takes "
+        "its share, ceil(maxPending / slotAmount), so with random ids the first refusal comes "
+        "before the cap (100 on 16 slots: after about 63) and up to shares x slots may be "
+        "stored. A new message beyond its slot's share is refused with 429 and Retry-After; "
+        "replacing a live one is not.",
         T, change=Change.LIVE, low=0, high=MAX_PENDING, unit="messages", crd={"format": "int64"},
     ),
     Setting(

@@ -17,6 +17,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import http.client
+import io
 import json
 import math
 import os
@@ -77,8 +78,17 @@ class Api:
     token: str
     timeout_s: float = TIMEOUT_S
 
-    def call(self, method: str, path: str, body: Any = None, timeout_s: float | None = None) -> Any:
-        """The JSON answer of `method /v1/topics/<topic><path>`; AdminError otherwise."""
+    def call(
+        self,
+        method: str,
+        path: str,
+        body: Any = None,
+        timeout_s: float | None = None,
+        answered: frozenset[int] = frozenset(),
+    ) -> Any:
+        """The JSON answer of `method /v1/topics/<topic><path>`; AdminError otherwise. A status
+        in `answered` whose body is not an error is an answer too (a dead action's 404 lists
+        what it did to each id)."""
         target = f"{self.url}/v1/topics/{quote(self.topic, safe='')}{path}"
         data = None if body is None else json.dumps(body).encode()
         request = urllib.request.Request(target, data=data, method=method)
@@ -91,6 +101,12 @@ class Api:
             with urllib.request.urlopen(request, timeout=timeout_s or self.timeout_s) as answer:
                 raw = answer.read()
         except urllib.error.HTTPError as error:
+            if error.code in answered:
+                raw = error.read()
+                with contextlib.suppress(ValueError):
+                    if "error" not in (given := json.loads(raw)):
+                        return given
+                error.fp = io.BytesIO(raw)  # read again for the error's text
             raise AdminError(status_code(error.code), _error_text(error)) from None
         except (urllib.error.URLError, OSError) as error:
             reason = getattr(error, "reason", error)
@@ -110,6 +126,8 @@ def _error_text(error: urllib.error.HTTPError) -> str:
         field = body.get("field")
     except (ValueError, KeyError, TypeError, OSError):
         text, field = error.reason, None
+    # the service's own words for a query parameter, as this command's option
+    text = text.replace("?slotBasis=", "--slot-basis").replace("?slot=", "--slot")
     hint = ""
     if error.code == 401:
         hint = f" (set {TOKEN_VARIABLE})"
@@ -272,6 +290,8 @@ def msg_get(api: Api, args: argparse.Namespace, out: TextIO) -> int:
     now = time.time() * 1000
     payload = message.get("payload", "")
     preview = payload[:PREVIEW_CHARS] + (" ..." if len(payload) > PREVIEW_CHARS else "")
+    if "finishedMs" in message:  # a remembered outcome keeps no payload, headers nor due
+        preview, payload = "- (not kept once finished)", None
     rows: list[tuple[str, Any]] = [
         ("id", message["id"]),
         ("state", message["state"]),
@@ -280,9 +300,10 @@ def msg_get(api: Api, args: argparse.Namespace, out: TextIO) -> int:
         ("attempts", message["attempts"]),
         ("lease deadline", instant(message.get("leaseDeadlineMs"), now)),
         ("died", instant(message.get("diedMs"), now)),
+        ("finished", instant(message.get("finishedMs"), now)),
         ("last error", message.get("deadReason", "-")),
         ("encoding", message["encoding"]),
-        ("payload", f"{preview} ({len(payload)} characters)"),
+        ("payload", preview if payload is None else f"{preview} ({len(payload)} characters)"),
     ]
     rows += [(f"header {name}", value) for name, value in message.get("headers", {}).items()]
     pairs(rows, out)
@@ -448,7 +469,9 @@ class DeadAction:
         results: list[dict[str, Any]] = []
         for start in range(0, len(targets), IDS_PER_CALL):
             chunk = targets[start : start + IDS_PER_CALL]
-            results += api.call("POST", f"/dead/{self.route}", {"ids": chunk})["results"]
+            body = {"ids": chunk}
+            answered = frozenset({404})  # some id was not dead: still each id's result
+            results += api.call("POST", f"/dead/{self.route}", body, answered=answered)["results"]
             progress.show(len(results))
         progress.finish()
         missing = [r for r in results if r["result"] != self.done]
@@ -672,7 +695,7 @@ def register(subparsers: Any) -> None:
     leaf(
         schedules,
         "delete",
-        "delete a schedule (its waiting occurrence is cancelled)",
+        "delete a schedule and its waiting occurrence (removed, not remembered)",
         schedules_delete,
     ).add_argument("id", help="the schedule id")
 

@@ -282,4 +282,6 @@ async def metrics(request: web.Request) -> web.Response:
 
 
 async def openapi(request: web.Request) -> web.Response:
-    return web.json_response(openapi_document(), dumps=lambda d: json.dumps(d, indent=2))
+    topic = request.app[SERVICE].topic
+    document = openapi_document(topic.slot_amount, topic.name)
+    return web.json_response(document, dumps=lambda d: json.dumps(d, indent=2))

@@ -32,6 +32,10 @@ def encode_payload(payload: bytes) -> tuple[str, str]:
         return base64.b64encode(payload).decode("ascii"), BASE64
 
 
+#: What `decode_payload` takes as base64 (the standard alphabet, padded), stated in OpenAPI.
+BASE64_PATTERN = "^(?:[A-Za-z0-9+/]{4})*(?:[A-Za-z0-9+/]{2}==|[A-Za-z0-9+/]{3}=)?$"
+
+
 def decode_payload(text: str, encoding: str) -> bytes:
     """Bytes of a payload received as JSON text; raises ValueError for bad base64."""
     if encoding == BASE64:

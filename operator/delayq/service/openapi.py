@@ -18,6 +18,7 @@ from delayq.queue.recurrence import MAX_CATCH_UP, MAX_INSTANT_MS, CatchUp
 from delayq.queue.schedules import DEFAULT_CATCH_UP_MAX, MAX_SCHEDULE_ID_BYTES
 from delayq.queue.topic import MAX_DELAY_MS, MAX_ID_BYTES, MAX_SLOT_AMOUNT, TopicType
 from delayq.service.delivery.pull import MAX_LEASE_BATCH
+from delayq.service.envelope import BASE64_PATTERN
 from delayq.service.overview import DUE_WINDOWS, MAX_LISTED, MAX_SLOT_PAGE, STALLED_AFTER_MS
 from delayq.service.parsing import (
     ACK_TIMEOUT_FIELD,
@@ -44,7 +45,16 @@ ID_SCHEMA: Schema = {
     "description": f"1 to {MAX_ID_BYTES} bytes of UTF-8 without control characters "
     "(U+0000-U+001F, U+007F-U+009F)",
 }
-TOPIC = {"name": "topic", "in": "path", "required": True, "schema": {"type": "string"}}
+#: Marks the topic path parameter: a process serves one topic (any other is a 404), which the
+#: served document states (`openapi_document(topic=...)`).
+TOPIC_NAME = "x-topic-name"
+TOPIC = {
+    "name": "topic",
+    "in": "path",
+    "required": True,
+    "description": "the topic this service serves (any other is a 404)",
+    "schema": {"type": "string", TOPIC_NAME: True},
+}
 ID = {
     "name": "id",
     "in": "path",
@@ -60,6 +70,23 @@ SLOT_BASIS = {
     "(slotBasis, id), so one scheduled with a slotBasis is found only with it",
     "schema": ID_SCHEMA,
 }
+#: Marks the schema of a slot number: its maximum is the topic's last slot, which the served
+#: document states (`openapi_document(slot_amount)`); docs/openapi.yaml, for any topic, the
+#: largest slot amount's.
+SLOT_INDEX = "x-slot-index"
+
+
+def slot_index(description: str) -> Schema:
+    """A slot of the topic: 0..slotAmount-1."""
+    return {
+        "type": "integer",
+        "minimum": 0,
+        "maximum": MAX_SLOT_AMOUNT - 1,
+        "description": f"{description} (0..slotAmount-1)",
+        SLOT_INDEX: True,
+    }
+
+
 SLOT = {
     "name": "slot",
     "in": "query",
@@ -67,7 +94,7 @@ SLOT = {
     "description": "instead of slotBasis, the slot that holds the message (0..slotAmount-1), "
     "as a dead page lists it: a dead record does not keep its slot basis; a wrong slot is a "
     "404, a slot outside the topic or beside slotBasis a 400",
-    "schema": {"type": "integer", "minimum": 0, "maximum": MAX_SLOT_AMOUNT - 1},
+    "schema": slot_index("the slot that holds the message"),
 }
 RETRY_AFTER = {
     "Retry-After": {
@@ -99,6 +126,10 @@ def renamed(schema: Schema, new: str) -> Schema:
     """A property under its name before this release, still accepted until the next one."""
     description = f"old name of {new}, until the next release"
     return {**schema, "description": description, "deprecated": True}
+
+
+#: The lease length under its new and its old name: not both (parse: a 400 naming the old one).
+NOT_BOTH_ACK_TIMEOUTS = {"not": {"required": [ACK_TIMEOUT_FIELD, ACK_TIMEOUT_OLD_FIELD]}}
 
 
 def ack_timeout(description: str) -> dict[str, Schema]:
@@ -154,7 +185,8 @@ def operation(
     op: Schema = {
         "summary": summary,
         "parameters": [TOPIC, *(parameters or [])],
-        "responses": {**responses, **ERRORS},
+        # an operation's own answer to a status wins (a pull batch's 409 lists its results)
+        "responses": {**ERRORS, **responses},
     }
     if body is not None:
         op["requestBody"] = {"required": True, **json_content(body)}
@@ -182,13 +214,27 @@ def when(required: list[str], **properties: Schema) -> Schema:
 
 def at_most_one_expiry(required: list[str], **properties: Schema) -> Schema:
     """`when`, and not both expireAtMs and ttlMs (parse_expiry)."""
-    return {**when(required, **properties), "not": {"required": ["expireAtMs", "ttlMs"]}}
+    return {
+        **when(required, **properties),
+        "not": {"required": ["expireAtMs", "ttlMs"]},
+        **BASE64_WHEN_SAID,
+    }
 
 
 PAYLOAD = {
-    "payload": string("UTF-8 text, or base64 when encoding is base64"),
+    "payload": string(
+        "UTF-8 text, or base64 when encoding is base64 (the standard alphabet, padded)"
+    ),
     "encoding": {"type": "string", "enum": ["utf-8", "base64"], "default": "utf-8"},
     "headers": {"type": "object", "additionalProperties": {"type": "string"}},
+}
+#: A payload whose encoding is base64 is base64 (decode_payload): JSON Schema's `if` is not
+#: OpenAPI 3.0's, so said as "utf-8 (or none), else a base64 payload (or none)".
+BASE64_WHEN_SAID = {
+    "anyOf": [
+        {"properties": {"encoding": {"enum": ["utf-8"]}}},
+        {"properties": {"payload": {"type": "string", "pattern": BASE64_PATTERN}}},
+    ]
 }
 LEASE_TOKEN = (
     "lease token from a lease answer: opaque, bound to this topic and authenticated (an "
@@ -347,6 +393,8 @@ SCHEMAS: dict[str, Schema] = {
     "ScheduleDefinition": {
         **obj([], **RECURRENCE, **PAYLOAD),
         "additionalProperties": False,
+        "oneOf": [{"required": ["cron"]}, {"required": ["everyMs"]}],
+        **BASE64_WHEN_SAID,
     },
     "Schedule": obj(
         [
@@ -520,13 +568,12 @@ SCHEMAS: dict[str, Schema] = {
                             ["id"],
                             id=ID_SCHEMA,
                             slotBasis=ID_SCHEMA,
-                            slot=integer(
+                            slot=slot_index(
                                 "the slot a dead page reports (instead of slotBasis: a "
-                                "message scheduled with one is found by its slot)",
-                                0,
-                                MAX_SLOT_AMOUNT - 1,
+                                "message scheduled with one is found by its slot)"
                             ),
-                        ),
+                        )
+                        | {"not": {"required": ["slot", "slotBasis"]}},
                     ]
                 },
                 MAX_BATCH,
@@ -538,6 +585,7 @@ SCHEMAS: dict[str, Schema] = {
             {"required": ["ids"]},
             {"required": ["all"], "properties": {"all": {"enum": [True]}}},
         ],
+        "not": {"required": ["ids", "all"]},
     },
 }
 
@@ -549,12 +597,27 @@ def _error_response(description: str, headers: Schema | None = None) -> Schema:
     return response
 
 
+NOT_ALL_DEAD = {
+    "404": {
+        "description": "a listed id is not dead (unknown, forgotten or live: result "
+        "wrong_state); the others' results say what was done. Or an unknown topic (Error)",
+        **json_content({"oneOf": [ref("Outcomes"), ref("Error")]}),
+    }
+}
+
+
 def _paths() -> dict[str, Schema]:
     messages = "/v1/topics/{topic}/messages"
     leases = "/v1/topics/{topic}/leases"
     dead = "/v1/topics/{topic}/dead"
     schedules = "/v1/topics/{topic}/schedules"
-    outcomes = ok("one result per token; 409 when any lease was lost", ref("Outcomes"))
+    outcomes = {
+        **ok("one result per token", ref("Outcomes")),
+        "409": {
+            "description": "some lease was lost or fenced: one result per token says which",
+            **json_content(ref("Outcomes")),
+        },
+    }
     results = obj(
         ["results"],
         results=array({"oneOf": [ref("ScheduleResult"), ref("ScheduleFailure")]}, MAX_BATCH),
@@ -620,27 +683,30 @@ def _paths() -> dict[str, Schema]:
                         acks=array(ref("Outcome"), MAX_LEASE_BATCH),
                     ),
                 ),
-                obj(
-                    [],
-                    max={
-                        **integer("messages at most (and at most --pull-max-lease-batch)", 1),
-                        "maximum": MAX_LEASE_BATCH,
-                        "default": 1,
-                    },
-                    **ack_timeout(
-                        "lease length of each message leased; default the topic's ackTimeout"
+                {
+                    **obj(
+                        [],
+                        max={
+                            **integer("messages at most (and at most --pull-max-lease-batch)", 1),
+                            "maximum": MAX_LEASE_BATCH,
+                            "default": 1,
+                        },
+                        **ack_timeout(
+                            "lease length of each message leased; default the topic's ackTimeout"
+                        ),
+                        waitMs=integer(
+                            "long poll: wait up to this long for something to be due (answered "
+                            "as soon as something is; 0: answer at once)",
+                            0,
+                            MAX_WAIT_MS,
+                        ),
+                        ack=array(
+                            string(f"{LEASE_TOKEN}; acked before leasing"),
+                            MAX_LEASE_BATCH,
+                        ),
                     ),
-                    waitMs=integer(
-                        "long poll: wait up to this long for something to be due (answered "
-                        "as soon as something is; 0: answer at once)",
-                        0,
-                        MAX_WAIT_MS,
-                    ),
-                    ack=array(
-                        string(f"{LEASE_TOKEN}; acked before leasing"),
-                        MAX_LEASE_BATCH,
-                    ),
-                ),
+                    **NOT_BOTH_ACK_TIMEOUTS,
+                },
             )
         },
         leases + "/ack": {
@@ -652,7 +718,14 @@ def _paths() -> dict[str, Schema]:
                 outcomes,
                 obj(
                     ["tokens"],
-                    delayMs=integer("retry after this delay", 0, MAX_DELAY_MS),
+                    delayMs=integer(
+                        "retry after this delay from the Redis server's now; without it, "
+                        "the topic's retry policy: retry.backoffBase * "
+                        "retry.backoffMultiplier^(attempt-1), capped at retry.backoffMax, "
+                        "with retry.jitter full a random time up to that",
+                        0,
+                        MAX_DELAY_MS,
+                    ),
                     reason=string(
                         f"why, kept with a dead message (its first {MAX_REASON_CHARS} characters)"
                     ),
@@ -665,11 +738,13 @@ def _paths() -> dict[str, Schema]:
             "post": operation(
                 "Extend leases",
                 outcomes,
-                obj(
-                    ["tokens", ACK_TIMEOUT_FIELD],
-                    **ack_timeout("new lease length, from now"),
-                    **TOKENS,
-                ),
+                {
+                    **obj(["tokens"], **ack_timeout("new lease length, from now"), **TOKENS),
+                    "oneOf": [
+                        {"required": [ACK_TIMEOUT_FIELD]},
+                        {"required": [ACK_TIMEOUT_OLD_FIELD]},
+                    ],
+                },
             )
         },
         schedules: {
@@ -726,17 +801,26 @@ def _paths() -> dict[str, Schema]:
         dead + "/redrive": {
             "post": operation(
                 "Redrive dead messages",
-                ok("results", {"oneOf": [ref("Outcomes"), obj(["moved"], moved=integer("moved"))]}),
+                {
+                    **ok(
+                        "results",
+                        {"oneOf": [ref("Outcomes"), obj(["moved"], moved=integer("moved"))]},
+                    ),
+                    **NOT_ALL_DEAD,
+                },
                 ref("Ids"),
             )
         },
         dead + "/purge": {
             "post": operation(
                 "Delete dead messages",
-                ok(
-                    "results",
-                    {"oneOf": [ref("Outcomes"), obj(["moved"], moved=integer("deleted"))]},
-                ),
+                {
+                    **ok(
+                        "results",
+                        {"oneOf": [ref("Outcomes"), obj(["moved"], moved=integer("deleted"))]},
+                    ),
+                    **NOT_ALL_DEAD,
+                },
                 ref("Ids"),
             )
         },
@@ -787,7 +871,7 @@ def _paths() -> dict[str, Schema]:
                         "name": "start",
                         "in": "query",
                         "description": "first slot of the page (a previous page's nextStart)",
-                        "schema": integer("slot", 0, MAX_SLOT_AMOUNT - 1),
+                        "schema": slot_index("slot"),
                     },
                     {
                         "name": "count",
@@ -859,8 +943,10 @@ def _probe(summary: str) -> Schema:
     return {"summary": summary, "security": [], "responses": ok("ok", {"type": "object"})}
 
 
-def openapi_document() -> Schema:
-    return {
+def openapi_document(slot_amount: int = MAX_SLOT_AMOUNT, topic: str | None = None) -> Schema:
+    """The document; served, with the serving topic's name and `slot_amount`, so that every
+    topic and slot bound is the one the server enforces."""
+    document: Schema = {
         "openapi": "3.0.3",
         "info": {
             "title": "delayq delay service",
@@ -905,6 +991,23 @@ def openapi_document() -> Schema:
             },
         },
     }
+    served: Schema = _served(document, slot_amount, topic)
+    return served
+
+
+def _served(node: Any, slot_amount: int, topic: str | None) -> Any:
+    """`node` with every slot number's maximum the topic's last slot and, given a topic, the
+    topic path parameter that one name."""
+    if isinstance(node, dict):
+        bounded = {key: _served(value, slot_amount, topic) for key, value in node.items()}
+        if node.get(SLOT_INDEX):
+            bounded["maximum"] = slot_amount - 1
+        if node.get(TOPIC_NAME) and topic is not None:
+            bounded["enum"] = [topic]
+        return bounded
+    if isinstance(node, list):
+        return [_served(item, slot_amount, topic) for item in node]
+    return node
 
 
 class _NoAliases(yaml.SafeDumper):

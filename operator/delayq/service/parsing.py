@@ -308,6 +308,8 @@ def _lease(token: Any, field: str, topic: Topic, tokens: LeaseTokens) -> Lease:
 
 
 def parse_nack(body: Body, topic: Topic, tokens: LeaseTokens) -> list[Retry]:
+    """The retries a nack asks for; without `delayMs` each waits 0 here, and the route gives
+    it the topic's backoff."""
     delay_ms = get_int(body, "delayMs", 0, MAX_DELAY_MS, default=0)
     reason = get_str(body, "reason", "")[:MAX_REASON_CHARS]
     dead = body.get("dead", False)
@@ -349,7 +351,10 @@ def parse_dead_targets(body: Body, topic: Topic) -> list[Target] | None:
     an object {id} with its `slotBasis` or the `slot` a dead page reports. The slot is what a
     dead page can offer for a message scheduled with a slot basis: its record does not keep
     the basis, so without the slot only whoever remembers the basis could redrive it. A wrong
-    slot is harmless: the message is not found there."""
+    slot is harmless: the message is not found there. Both `ids` and `all` are a 400: which
+    one was meant is not ours to guess."""
+    if "all" in body and "ids" in body:
+        raise FieldError("all", "give ids or all, not both")
     if body.get("all") is True:
         return None
     if "all" in body and body["all"] is not False:
@@ -375,16 +380,14 @@ def _dead_target(fields: Body, prefix: str, topic: Topic) -> Target:
 
 
 def parse_cursor(raw: str | None, topic: Topic) -> tuple[int, int]:
-    """A dead-page cursor `<slot>:<offset>` (start: `0:0`)."""
-    if not raw:
+    """A dead-page cursor `<slot>:<offset>` (start: `0:0`); one past the topic's last slot is
+    the end (an empty last page), as the last page's null nextCursor is."""
+    if raw is None:
         return 0, 0
     if not _CURSOR.match(raw):
         raise FieldError("cursor", f"cursor must be <slot>:<offset> as returned ({CURSOR_PATTERN})")
     slot_text, offset_text = raw.split(":")
-    slot = int(slot_text)
-    if not slot < topic.slot_amount:
-        raise FieldError("cursor", f"cursor slot must be in 0..{topic.slot_amount - 1}")
-    return slot, int(offset_text)
+    return min(int(slot_text), topic.slot_amount), int(offset_text)
 
 
 def parse_count(raw: str | None, default: int) -> int:

@@ -8,6 +8,7 @@ from collections.abc import Awaitable, Callable, Sequence
 from aiohttp import web
 
 from delayq.queue.client import AsyncQueue
+from delayq.queue.codes import Code
 from delayq.queue.model import MessageInfo, Outcome, Target
 from delayq.service.envelope import info_json
 from delayq.service.http_support import json_body, service_for, slot_of_target
@@ -16,6 +17,7 @@ from delayq.service.routes_overview import VIEWS
 from delayq.service.service import DelayService
 
 DEAD = "/v1/topics/{topic}/dead"
+NOT_DEAD = Code.WRONG_STATE.name.lower()  # a listed id's result when it is not dead
 
 PerSlot = Callable[[AsyncQueue, int, Sequence[str]], Awaitable[list[Outcome]]]
 AllSlots = Callable[[AsyncQueue, list[int]], Awaitable[int]]
@@ -64,7 +66,11 @@ async def _dead_action(request: web.Request, per_slot: PerSlot, every: AllSlots)
     targets = parse_dead_targets(await json_body(request), service.topic)
     if targets is None:
         return web.json_response({"moved": await service.brokers.each_broker(every)})
-    return web.json_response({"results": await _by_slot(service, targets, per_slot)})
+    results = await _by_slot(service, targets, per_slot)
+    # an id that is not dead (unknown, forgotten, or live) is not found among the dead: a 404,
+    # as `delayq dead` exits "not found", with every id's result (the others were done)
+    missing = any(r["result"] == NOT_DEAD for r in results)
+    return web.json_response({"results": results}, status=404 if missing else 200)
 
 
 async def redrive(request: web.Request) -> web.Response:

@@ -11,13 +11,14 @@ not make the answer a 409, since the leases it carries are valid and must not be
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Sequence
 from typing import Any
 
 from aiohttp import web
 
 from delayq.queue.codes import Code
-from delayq.queue.model import Lease, Leased, Outcome
+from delayq.queue.model import Lease, Leased, Outcome, Retry, Target
 from delayq.queue.topic import TopicType
 from delayq.service.delivery.pull import PullLeaser
 from delayq.service.envelope import message_json
@@ -37,6 +38,7 @@ from delayq.service.parsing import (
 from delayq.service.service import DelayService
 
 LEASES = "/v1/topics/{topic}/leases"
+NACK_DELAY = "delayMs"  # absent: the topic's retry policy decides (_backed_off)
 CONFLICTS = frozenset({Code.LEASE_LOST, Code.STALE_EPOCH, Code.NOT_FOUND})
 
 
@@ -133,11 +135,36 @@ async def nack(request: web.Request) -> web.Response:
     _leaser(service)
     body = await json_body(request)
     retries = parse_nack(body, service.topic, service.lease_tokens)
+    if NACK_DELAY not in body:
+        retries = await _backed_off(service, retries)
     outcomes = await service.brokers.each(
         retries, lambda r: r.lease.slot, lambda q, chunk: q.nack_many(chunk)
     )
     service.metrics.count_nacked(outcomes)
     return _answer(body, outcomes)
+
+
+async def _backed_off(service: DelayService, retries: list[Retry]) -> list[Retry]:
+    """A nack without `delayMs` waits what the topic's retry policy (`config.backoff`:
+    exponential, jittered as the topic says) gives the message's attempt, as the push
+    consumer's nack does: a pull consumer that reports a failure gets the same backoff. The
+    attempt is read from each message's record (one read per broker; the nack itself stays one
+    script per slot): a lease gone meanwhile reads attempt 0, and its nack answers lease_lost
+    whatever the delay."""
+    wanted = [r for r in retries if not r.dead]
+
+    def targets(chunk: list[Retry]) -> list[Target]:
+        return [Target(r.lease.id, explicit_slot=r.lease.slot) for r in chunk]
+
+    infos = await service.brokers.each(
+        wanted, lambda r: r.lease.slot, lambda q, chunk: q.get_many(targets(chunk))
+    )
+    attempts = {r.lease: info.attempts for r, info in zip(wanted, infos, strict=True)}
+    backoff = service.config.backoff
+    return [
+        r if r.dead else dataclasses.replace(r, delay_ms=backoff.delay_ms(attempts[r.lease]))
+        for r in retries
+    ]
 
 
 async def extend(request: web.Request) -> web.Response:

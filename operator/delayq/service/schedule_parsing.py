@@ -96,9 +96,13 @@ def parse_schedule(schedule_id: str, body: Body, topic: Topic) -> Schedule:
 
 def as_field_error(error: InvalidMessageError) -> FieldError:
     """The engine's refusal of a schedule under the HTTP field it names (its first engine word:
-    "end_ms 9 is before start_ms 10" is about endMs)."""
+    "end_ms 9 is before start_ms 10" is about endMs), in the API's words ("endMs 9 is before
+    startMs 10")."""
     text = str(error)
     named = [(text.find(word), field) for word, field in _ENGINE_FIELDS.items() if word in text]
+    for word, field in _ENGINE_FIELDS.items():
+        if "_" in word:
+            text = text.replace(word, field)
     return FieldError(min(named)[1] if named else "body", text)
 
 

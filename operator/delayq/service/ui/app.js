@@ -98,8 +98,9 @@
     }
   }
 
-  /** One JSON call with the bearer token; errors carry the API's message and field. */
-  async function call(method, path, body) {
+  /** One JSON call with the bearer token; errors carry the API's message and field. A status
+   * in `answered` whose body is no error is an answer (a dead action's 404 lists each id). */
+  async function call(method, path, body, answered = []) {
     const headers = { Accept: "application/json" };
     if (token) headers.Authorization = `Bearer ${token}`;
     const init = { method, headers, cache: "no-store" };
@@ -119,7 +120,7 @@
     } catch (error) {
       data = null;
     }
-    if (!response.ok) {
+    if (!response.ok && !(answered.includes(response.status) && data && !data.error)) {
       const message = data && data.error ? data.error : `HTTP ${response.status}`;
       throw new ApiError(response.status, message, data && data.field);
     }
@@ -647,7 +648,7 @@
       : `Purge ${what}? They are deleted for good.`;
     const verb = action === "redrive" ? "Redrive" : "Purge";
     if (!(await confirmAction(text, verb))) return;
-    const answer = await call("POST", `${API}/dead/${action}`, all ? { all: true } : { ids });
+    const answer = await call("POST", `${API}/dead/${action}`, all ? { all: true } : { ids }, [404]);
     // the list is reloaded before the outcome is told, so what the status says is on screen
     deadCursor = null;
     await loadDead();
