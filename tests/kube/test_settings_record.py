@@ -7,12 +7,13 @@ from __future__ import annotations
 import logging
 
 import kmock
+import pytest
 from kazoo.client import KazooClient
 
 from delayq.kube.context import OperatorContext
 from delayq.kube.handlers.health import refresh
 from delayq.queue.client import Queue
-from delayq.queue.codes import Code
+from delayq.queue.codes import Code, OverQuotaError
 from delayq.queue.keys import SlotKeys, slot_keys
 from delayq.queue.topic import Topic
 from tests.kube.conftest import published_routing
@@ -42,14 +43,16 @@ async def test_the_health_pass_publishes_the_spec_and_a_change_reaches_a_stale_c
     with redis_pods.client("orders-redis-0-0") as master:
         stale = Queue(master, STALE)
         assert stale.schedule(ids[0], b"", delay_ms=60_000).code is Code.CREATED
-        assert stale.schedule(ids[1], b"", delay_ms=60_000).code is Code.OVER_QUOTA
+        with pytest.raises(OverQuotaError):
+            stale.schedule(ids[1], b"", delay_ms=60_000)
         record = master.hmget(slot_keys(STALE, 3).settings, "owner", "version")
         assert record == [b"uid-orders", b"1"]
 
         update_spec(api, slotAmount=4, limits={"maxPending": 8})  # two per slot
         write_status(api, await refresh(ctx, body(api), logger))
         assert stale.schedule(ids[1], b"", delay_ms=60_000).code is Code.CREATED
-        assert stale.schedule(ids[2], b"", delay_ms=60_000).code is Code.OVER_QUOTA
+        with pytest.raises(OverQuotaError):
+            stale.schedule(ids[2], b"", delay_ms=60_000)
         assert master.hget(slot_keys(STALE, 0).settings, "version") == b"2"
 
 
