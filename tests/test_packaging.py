@@ -245,3 +245,12 @@ def test_the_image_carries_the_sbom_of_its_environment():
     generate = rf"cyclonedx-py environment .*--output-file {SBOM_PATH} /opt/delayq/bin/python"
     assert re.search(generate, build)
     assert f"COPY --from=build {SBOM_PATH} {SBOM_PATH}" in final
+
+
+def test_the_pipeline_image_carries_the_sbom_of_its_environment():
+    """The pipeline image (one stage) writes its SBOM the same way, from its installed venv,
+    and drops the generator in the layer that ran it."""
+    script = (ROOT / "examples" / "pipeline" / "Dockerfile").read_text().replace("\\\n", " ")
+    generate = rf"cyclonedx-py environment .*--output-file {SBOM_PATH} /opt/delayq/bin/python"
+    [run] = [line for line in script.splitlines() if re.search(generate, line)]
+    assert "rm -rf /opt/sbom" in run
