@@ -7,6 +7,7 @@ from typing import cast
 import pytest
 import redis
 
+from delayq.queue.backoff import Backoff, Jitter
 from delayq.queue.client import Queue
 from delayq.queue.codes import (
     Code,
@@ -458,6 +459,51 @@ def test_expired_lease_rolls_back_and_counts_as_attempt(
         "claimed",
         "acked",
     ]
+
+
+@pytest.mark.parametrize("jitter", [Jitter.NONE, Jitter.FULL])
+def test_an_expired_lease_is_retried_after_the_backoff_a_nack_would_wait(
+    queue: Queue, redis_client: redis.Redis, jitter: Jitter
+) -> None:
+    """Regression (issue 29): a lease that ran out was claimable again at once, whatever the
+    retry policy. A claim given the policy puts it back due after base * multiplier^(attempt
+    - 1), at most the ceiling with full jitter; never early."""
+    backoff = Backoff(base_ms=400, multiplier=3.0, max_ms=60_000, jitter=jitter)
+    ids = [f"a{n}" for n in range(40) if TOPIC.slot_of(f"a{n}") == TOPIC.slot_of("a0")]
+    for message_id in ids:
+        queue.schedule(message_id, delay_ms=0)
+    slot = TOPIC.slot_of("a0")
+    epoch = queue.take_over(slot)
+    batch = queue.claim(slot, epoch, ack_timeout_ms=50, backoff=backoff)
+    assert len(batch.messages) == len(ids)
+    assert batch.next_deadline_ms is not None
+    wait_for_server_ms(redis_client, batch.next_deadline_ms)
+    assert queue.claim(slot, epoch, backoff=backoff).messages == []  # rolled back, not due
+    now_ms = server_ms(redis_client)
+    delays = [queue.get(i).due_ms - now_ms for i in ids]
+    if jitter is Jitter.NONE:  # attempt 1 failed: the base
+        assert all(390 <= delay <= 400 for delay in delays), delays
+    else:  # spread over the range, within the ceiling
+        assert all(-10 <= delay <= 400 for delay in delays)
+        assert max(delays) - min(delays) > 200
+    wait_for_server_ms(redis_client, now_ms + 401)
+    again = queue.claim(slot, epoch, backoff=backoff).messages
+    assert sorted(m.id for m in again) == sorted(ids)
+    assert {m.attempt for m in again} == {2}
+
+
+def test_a_claim_without_a_backoff_retries_an_expired_lease_at_once(
+    queue: Queue, redis_client: redis.Redis
+) -> None:
+    """A caller of the previous version passes no backoff: as before, redelivered at once."""
+    queue.schedule("a", delay_ms=0)
+    slot = TOPIC.slot_of("a")
+    epoch = queue.take_over(slot)
+    batch = queue.claim(slot, epoch, ack_timeout_ms=50)
+    assert batch.next_deadline_ms is not None
+    wait_for_server_ms(redis_client, batch.next_deadline_ms)
+    [again] = queue.claim(slot, epoch).messages
+    assert again.attempt == 2
 
 
 def test_expired_leases_past_max_retries_go_dead(queue: Queue, redis_client: redis.Redis) -> None:

@@ -261,6 +261,19 @@ async def test_an_expired_lease_is_leased_again_by_a_waiting_poll(start_service:
     assert time.monotonic() - started < 4.5
 
 
+async def test_an_expired_lease_follows_the_topics_retry_policy(start_service: StartService):
+    """Regression (issue 29): a pull lease that ran out was leased again at once, whatever the
+    topic's backoff; it now waits the policy's delay for the attempt that failed, as a nack
+    without delayMs does (here base 600 ms), counted from the lease's deadline."""
+    running = await start_service(retry_backoff_base_ms=600)
+    await schedule(running, 1)
+    [first] = await lease(running, ackTimeoutMs=200)
+    deadline_s = time.monotonic() + 0.2
+    [second] = await lease(running, waitMs=5000)
+    assert (second["id"], second["attempt"]) == (first["id"], 2)
+    assert time.monotonic() - deadline_s >= 0.55  # never before the backoff (clock slack)
+
+
 async def test_nack_dead_and_redrive(start_service: StartService):
     running = await start_service()
     await schedule(running, 1)

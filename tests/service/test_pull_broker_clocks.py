@@ -19,6 +19,7 @@ from collections.abc import Sequence
 import redis
 
 from delayq.local.redis_server import RedisServer
+from delayq.queue.backoff import Backoff
 from delayq.queue.client import AsyncQueue
 from delayq.queue.codes import StaleEpochError
 from delayq.queue.model import ClaimBatch, SlotClaim
@@ -37,7 +38,9 @@ def _ahead(queue: AsyncQueue) -> None:
         return None if ms is None else ms + SKEW_MS
 
     async def claim_ahead(
-        claims: Sequence[SlotClaim], ack_timeout_ms: int | None = None
+        claims: Sequence[SlotClaim],
+        ack_timeout_ms: int | None = None,
+        backoff: Backoff | None = None,
     ) -> list[ClaimBatch | StaleEpochError]:
         return [
             outcome
@@ -48,7 +51,7 @@ def _ahead(queue: AsyncQueue) -> None:
                 next_due_ms=shifted(outcome.next_due_ms),
                 next_deadline_ms=shifted(outcome.next_deadline_ms),
             )
-            for outcome in await claim_slots(claims, ack_timeout_ms)
+            for outcome in await claim_slots(claims, ack_timeout_ms, backoff)
         ]
 
     queue.claim_slots = claim_ahead  # type: ignore[method-assign]

@@ -37,6 +37,13 @@ class Backoff:
             return self.max_ms
         return int(min(self.max_ms, self.base_ms * self.multiplier**exponent))
 
+    def claim_args(self, rng: random.Random | None = None) -> list[str | int]:
+        """The claim script's retry backoff for leases that ran out (claim-13's ARGV 11..14):
+        the same policy, with one random fraction per call that it spreads over the messages
+        of the call (`full` jitter; '' for none)."""
+        spread = repr((rng or _RANDOM).random()) if self.jitter is Jitter.FULL else ""
+        return [self.base_ms, repr(float(self.multiplier)), self.max_ms, spread]
+
     def delay_ms(self, attempt: int, rng: random.Random | None = None) -> int:
         ceiling = self.ceiling_ms(attempt)
         if self.jitter is Jitter.FULL:

@@ -15,6 +15,7 @@ import redis
 import redis.asyncio
 
 from delayq.queue import functions, plans, schedule_plans, topic_record
+from delayq.queue.backoff import Backoff
 from delayq.queue.codes import (
     DelayqError,
     ReplicationTimeoutError,
@@ -158,14 +159,20 @@ class _Plans:
         return plans.checked(plans.reschedule(self.topic, [move]), Script.RESCHEDULE)
 
     def claim(
-        self, slot: int, epoch: int, max_count: int, ack_timeout_ms: int | None
+        self,
+        slot: int,
+        epoch: int,
+        max_count: int,
+        ack_timeout_ms: int | None,
+        backoff: Backoff | None,
     ) -> Plan[ClaimBatch]:
-        return plans.claim(self.topic, slot, epoch, max_count, self.topic.lease_ms(ack_timeout_ms))
+        lease_ms = self.topic.lease_ms(ack_timeout_ms)
+        return plans.claim(self.topic, slot, epoch, max_count, lease_ms, backoff)
 
     def claim_slots(
-        self, claims: Sequence[SlotClaim], ack_timeout_ms: int | None
+        self, claims: Sequence[SlotClaim], ack_timeout_ms: int | None, backoff: Backoff | None
     ) -> Plan[list[ClaimBatch | StaleEpochError]]:
-        return plans.claim_slots(self.topic, claims, self.topic.lease_ms(ack_timeout_ms))
+        return plans.claim_slots(self.topic, claims, self.topic.lease_ms(ack_timeout_ms), backoff)
 
 
 class Queue:
@@ -306,19 +313,25 @@ class Queue:
         epoch: int,
         max_count: int = DEFAULT_CLAIM_BATCH,
         ack_timeout_ms: int | None = None,
+        backoff: Backoff | None = None,
     ) -> ClaimBatch:
-        plan = self._plans.claim(slot, epoch, max_count, ack_timeout_ms)
+        """Claim due messages of `slot`; leases that ran out are retried after `backoff` (the
+        topic's retry policy; None: at once)."""
+        plan = self._plans.claim(slot, epoch, max_count, ack_timeout_ms, backoff)
         replies, _ = self._replies(plan)  # claims never wait for replicas
         received_s = time.monotonic()  # before decoding, which can take milliseconds
         return received(plan.combine(replies), received_s)
 
     @renamed_kwargs(lease_ms="ack_timeout_ms")
     def claim_slots(
-        self, claims: Sequence[SlotClaim], ack_timeout_ms: int | None = None
+        self,
+        claims: Sequence[SlotClaim],
+        ack_timeout_ms: int | None = None,
+        backoff: Backoff | None = None,
     ) -> list[ClaimBatch | StaleEpochError]:
         """Claim from several slots in one round trip, each `SlotClaim` (slot, epoch, max_count)
         with its own count; a fenced-out slot yields its StaleEpochError in its place."""
-        plan = self._plans.claim_slots(claims, ack_timeout_ms)
+        plan = self._plans.claim_slots(claims, ack_timeout_ms, backoff)
         replies, _ = self._replies(plan)  # claims never wait for replicas
         received_s = time.monotonic()  # before decoding, which can take milliseconds
         return received_all(plan.combine(replies), received_s)
@@ -542,19 +555,25 @@ class AsyncQueue:
         epoch: int,
         max_count: int = DEFAULT_CLAIM_BATCH,
         ack_timeout_ms: int | None = None,
+        backoff: Backoff | None = None,
     ) -> ClaimBatch:
-        plan = self._plans.claim(slot, epoch, max_count, ack_timeout_ms)
+        """Claim due messages of `slot`; leases that ran out are retried after `backoff` (the
+        topic's retry policy; None: at once)."""
+        plan = self._plans.claim(slot, epoch, max_count, ack_timeout_ms, backoff)
         replies, _ = await self._replies(plan)  # claims never wait for replicas
         received_s = time.monotonic()  # before decoding, which can take milliseconds
         return received(plan.combine(replies), received_s)
 
     @renamed_kwargs(lease_ms="ack_timeout_ms")
     async def claim_slots(
-        self, claims: Sequence[SlotClaim], ack_timeout_ms: int | None = None
+        self,
+        claims: Sequence[SlotClaim],
+        ack_timeout_ms: int | None = None,
+        backoff: Backoff | None = None,
     ) -> list[ClaimBatch | StaleEpochError]:
         """Claim from several slots in one round trip, each `SlotClaim` (slot, epoch, max_count)
         with its own count; a fenced-out slot yields its StaleEpochError in its place."""
-        plan = self._plans.claim_slots(claims, ack_timeout_ms)
+        plan = self._plans.claim_slots(claims, ack_timeout_ms, backoff)
         replies, _ = await self._replies(plan)  # claims never wait for replicas
         received_s = time.monotonic()  # before decoding, which can take milliseconds
         return received_all(plan.combine(replies), received_s)

@@ -411,7 +411,9 @@ class Consumer:
             self._claiming.add(slot)
         try:
             results = await self.queue.claim_slots(
-                [SlotClaim(slot, state.epoch, share) for slot, state in owned], self._ack_timeout_ms
+                [SlotClaim(slot, state.epoch, share) for slot, state in owned],
+                self._ack_timeout_ms,
+                self.settings.backoff,  # a lease that ran out is retried as a nack would be
             )
             orphans = [
                 message

@@ -13,6 +13,7 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any, Generic, TypeVar, cast
 
+from delayq.queue.backoff import Backoff
 from delayq.queue.backup import Item
 from delayq.queue.codec import (
     as_text,
@@ -459,22 +460,34 @@ def hold(topic: Topic, hold_ms: int, max_ms: int) -> Plan[int]:
     return Plan([call], lambda replies: int(replies[0]))
 
 
-def claim(topic: Topic, slot: int, epoch: int, max_count: int, lease_ms: int) -> Plan[ClaimBatch]:
+def claim(
+    topic: Topic,
+    slot: int,
+    epoch: int,
+    max_count: int,
+    lease_ms: int,
+    backoff: Backoff | None = None,
+) -> Plan[ClaimBatch]:
+    """Claim due messages of one slot (claim-13); leases that ran out are retried after
+    `backoff` (None: at once)."""
+
     def combine(replies: list[Reply]) -> ClaimBatch:
         batch = _claim_batch(replies[0], slot, epoch)
         if isinstance(batch, StaleEpochError):
             raise batch
         return batch
 
-    return Plan([_claim_call(topic, slot, epoch, max_count, lease_ms)], combine)
+    return Plan([_claim_call(topic, slot, epoch, max_count, lease_ms, backoff)], combine)
 
 
 def claim_slots(
-    topic: Topic, claims: Sequence[SlotClaim], lease_ms: int
+    topic: Topic, claims: Sequence[SlotClaim], lease_ms: int, backoff: Backoff | None = None
 ) -> Plan[list[ClaimBatch | StaleEpochError]]:
     """Claim from several slots in one round trip, each (slot, epoch, max_count) its own count;
     a slot with a newer owner yields its StaleEpochError in place instead of failing the others."""
-    calls = [_claim_call(topic, slot, epoch, count, lease_ms) for slot, epoch, count in claims]
+    calls = [
+        _claim_call(topic, slot, epoch, count, lease_ms, backoff) for slot, epoch, count in claims
+    ]
 
     def combine(replies: list[Reply]) -> list[ClaimBatch | StaleEpochError]:
         return [
@@ -485,7 +498,9 @@ def claim_slots(
     return Plan(calls, combine)
 
 
-def _claim_call(topic: Topic, slot: int, epoch: int, max_count: int, lease_ms: int) -> ScriptCall:
+def _claim_call(
+    topic: Topic, slot: int, epoch: int, max_count: int, lease_ms: int, backoff: Backoff | None
+) -> ScriptCall:
     if max_count < 0 or lease_ms < 1:
         raise ValueError(
             f"claim needs max_count >= 0 and lease_ms >= 1, got {max_count}, {lease_ms}"
@@ -516,6 +531,7 @@ def _claim_call(topic: Topic, slot: int, epoch: int, max_count: int, lease_ms: i
         topic.retry_exhausted_action.value,
         topic.expiry_action.value,
         topic.outcome_retention_ms,
+        *(backoff.claim_args() if backoff is not None else []),
     ]
     return ScriptCall(Script.CLAIM, keys, args)
 

@@ -131,7 +131,7 @@ class DelayService:
     def _delivery(self) -> Delivery:
         """The topic type's delivery engine: the one place that tells the types apart."""
         if self.topic.topic_type is TopicType.PULL:
-            return PullDelivery(self.brokers, self.pacer)
+            return PullDelivery(self.brokers, self.pacer, self.config.backoff)
         settings = ConsumerSettings(
             batch_size=self.config.batch_size,
             worker_concurrency=self.config.worker_concurrency,

@@ -1,8 +1,9 @@
 #!lua flags=allow-oom
 --[[
   Claim due messages of one slot (two-phase consumption, phase one): store -> prepare with a lease.
-  First rolls expired leases back (each expiry counts as a failed attempt; past max_retries or
-  the retry window the message is given up: dead or dropped), then moves at most max_count
+  First rolls expired leases back (each expiry counts as a failed attempt, retried after the
+  caller's retry backoff as a nack is; past max_retries or the retry window the message is
+  given up: dead or dropped), then moves at most max_count
   messages whose due time has passed on the server clock — never one that is early — and gives
   up instead those whose expiry has passed (never delivered after it). The batch bound keeps a
   burst of millions due at one instant from ever loading more than max_count into memory.
@@ -43,6 +44,12 @@
   ARGV[8] retry_exhausted_action  'dead' | 'drop' once retries are exhausted (record)
   ARGV[9] expiry_action   'dead' | 'drop' for a message past its expiry (record)
   ARGV[10] outcome_retention_ms  0 = dropped messages are not remembered (record)
+  ARGV[11] backoff_base_ms  an expired lease's retry waits base * multiplier^(attempts-1),
+                            capped at backoff_max_ms (0 or absent: redelivered at once)
+  ARGV[12] backoff_multiplier
+  ARGV[13] backoff_max_ms
+  ARGV[14] backoff_spread   full jitter: a random fraction in [0, 1) drawn by the caller;
+                            '' = no jitter (retry_delay.lua)
 
   Returns {code, now_us, next_due_ms, next_deadline_ms, topups_owed, id1, record1, ...}
      0 OK           next_due_ms / next_deadline_ms are -1 when store / prepare is empty;
@@ -124,10 +131,15 @@ local function advance_series(id)
   return missed and catch_up == 'skip'
 end
 
--- 1. Roll back expired leases.
+-- 1. Roll back expired leases, each retried after the caller's backoff.
+local backoff = nil
+if ARGV[11] and tonumber(ARGV[11]) > 0 then
+  backoff = {base_ms = tonumber(ARGV[11]), multiplier = tonumber(ARGV[12]),
+    max_ms = tonumber(ARGV[13]), spread = tonumber(ARGV[14])}
+end
 local expired = redis.call('ZRANGEBYSCORE', prepare, '-inf', now, 'LIMIT', 0, rollback_max)
 given_up = roll_back_leases(slot, store, prepare, expired, now, max_retries, retry_for_ms,
-  exhausted_action)
+  exhausted_action, backoff)
 
 -- 2. Claim what is due.
 local claimed = {CODE.OK, now_micros, -1, -1, 0}

@@ -20,6 +20,7 @@ from typing import Protocol
 
 import redis
 
+from delayq.queue.backoff import Backoff
 from delayq.queue.consumer import Consumer, ConsumerCounters, ConsumerSettings
 from delayq.queue.model import Message
 from delayq.queue.pacing import Pacer
@@ -194,8 +195,10 @@ class PushDelivery:
 class PullDelivery:
     """Pull topics: the `PullLeaser` claims the owned slots' due messages on request."""
 
-    def __init__(self, brokers: Brokers, pacer: Pacer | None = None) -> None:
-        self.leaser = PullLeaser(brokers, pacer)
+    def __init__(
+        self, brokers: Brokers, pacer: Pacer | None = None, backoff: Backoff | None = None
+    ) -> None:
+        self.leaser = PullLeaser(brokers, pacer, backoff)
         self._started = False
 
     @property

@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 
 import redis
 
+from delayq.queue.backoff import Backoff
 from delayq.queue.codes import StaleEpochError
 from delayq.queue.model import ClaimBatch, Message, SlotClaim
 from delayq.queue.pacing import Pacer
@@ -57,9 +58,14 @@ class _Round:
 class PullLeaser:
     """Leases messages of the slots this process owns, on request."""
 
-    def __init__(self, brokers: Brokers, pacer: Pacer | None = None) -> None:
+    def __init__(
+        self, brokers: Brokers, pacer: Pacer | None = None, backoff: Backoff | None = None
+    ) -> None:
         self.brokers = brokers
         self.pacer = pacer  # the topic's rate limit: leases draw from it first
+        # the topic's retry policy: a lease that ran out is claimable again after it, as a nack
+        # without delayMs is (None: at once)
+        self.backoff = backoff
         self._paced_ms = 0.0  # the latest claim was refused by the pacer: wait this long
         self._owned = [OwnedSlots(queue, PullSlot, self._wake) for queue in brokers.queues]
         self._top_ups = [TopUps(queue) for queue in brokers.queues]
@@ -281,7 +287,9 @@ class PullLeaser:
     ) -> list[tuple[int, ClaimBatch | StaleEpochError]]:
         """One pipelined round trip to one broker for all its slots in this round."""
         claims = [SlotClaim(slot, claimed[slot][0].epoch, claimed[slot][1]) for slot in slots]
-        outcomes = await self.brokers.queues[broker].claim_slots(claims, ack_timeout_ms)
+        outcomes = await self.brokers.queues[broker].claim_slots(
+            claims, ack_timeout_ms, self.backoff
+        )
         return list(zip(slots, outcomes, strict=True))
 
 

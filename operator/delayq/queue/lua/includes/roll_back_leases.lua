@@ -4,18 +4,19 @@
 --@include record_fields
 --@include record_with
 --@include retries_exhausted
+--@include retry_delay
 
 -- Leased messages whose lease is over, already read from prepare (`ids`): each goes back to
--- store due `now`, its attempt counted (the lease's holder may have delivered it: the next
+-- store due `now` plus its retry delay (`backoff`, nil: none; retry_delay), its attempt counted (the lease's holder may have delivered it: the next
 -- attempt tells the receiver it is a retry), or is given up once its retries are exhausted.
 -- A lease is over when its deadline passed (claim-13) or when a new owner fenced the slot
 -- (fence-10): an ack carrying the old epoch is refused from then on, so waiting for the
 -- deadline would only make the message late. `slot` holds the keys and settings give_up
 -- needs. Returns how many were given up (the caller trims remembered outcomes for them).
 local function roll_back_leases(slot, store, prepare, ids, now, max_retries, retry_for_ms,
-    exhausted_action)
+    exhausted_action, backoff)
   local given_up = 0
-  for _, id in ipairs(ids) do
+  for n, id in ipairs(ids) do
     redis.call('ZREM', prepare, id)
     local record = redis.call('HGET', slot.msg, id)
     if record then
@@ -28,7 +29,7 @@ local function roll_back_leases(slot, store, prepare, ids, now, max_retries, ret
         given_up = given_up + 1
       else
         redis.call('HSET', slot.msg, id, record_with(record, attempts, '', '', p3))
-        redis.call('ZADD', store, now, id)
+        redis.call('ZADD', store, now + retry_delay(backoff, attempts, n), id)
       end
     end
   end
