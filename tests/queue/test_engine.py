@@ -480,7 +480,7 @@ def test_an_expired_lease_is_retried_after_the_backoff_a_nack_would_wait(
     wait_for_server_ms(redis_client, batch.next_deadline_ms)
     assert queue.claim(slot, epoch, backoff=backoff).messages == []  # rolled back, not due
     now_ms = server_ms(redis_client)
-    delays = [queue.get(i).due_ms - now_ms for i in ids]
+    delays = [cast(int, queue.get(i).due_ms) - now_ms for i in ids]
     if jitter is Jitter.NONE:  # attempt 1 failed: the base
         assert all(390 <= delay <= 400 for delay in delays), delays
     else:  # spread over the range, within the ceiling
