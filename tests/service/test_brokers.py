@@ -435,3 +435,50 @@ async def test_the_dead_of_a_slot_a_doubling_switched_are_listed_redriven_and_pu
     by_slot = {"ids": [{"id": ids[3], "slot": topic.slot_of(ids[3])}]}
     refused = await running.client.post(f"{running.base}/dead/redrive", json=by_slot)
     assert refused.status == 503  # its old slot, frozen: refused until the doubling ends
+
+
+async def test_the_owner_of_a_slot_a_doubling_switched_delivers_from_its_halves_at_once(
+    moving_topic: tuple[str, list[str], SlotMover],
+    zookeeper_server: Any,
+    start_service: StartService,
+    receiver: Receiver,
+    monkeypatch: pytest.MonkeyPatch,
+):
+    """A splitter killed in its freeze after switching old slots 0 and 1: their owner
+    consumes their halves (generation 1) at once, so a message written there, and one copied
+    there from the old slot, is delivered when due (before: nothing of theirs until the
+    doubling was completed, past twice the session timeout); slots 2 and 3 stay frozen."""
+    namespace, urls, mover = moving_topic
+    mover.zk.set(mover.paths.routing, Routing(SLOTS, 2, (0, 0, 1, 1)).to_json())
+    running = await start_service(
+        slot_amount=SLOTS,
+        namespace=namespace,
+        broker_urls=",".join(urls),
+        zookeeper_connect=zookeeper_server.hosts,
+        topic_type="webhook",
+        webhook_url=receiver.url,
+    )
+    topic = running.service.topic
+    doubled = Topic(TOPIC, namespace=namespace, slot_amount=2 * SLOTS, slot_generation=1)
+    halves = {doubled.slot_of(i): i for i in (f"h{n}" for n in range(200)) if topic.slot_of(i) < 2}
+    copied, written = halves[0], halves[1 + SLOTS]  # lower half of 0, upper half of 1
+    delay_ms = 2500  # due after the kill: delivered from its half
+    stored = await running.client.post(
+        f"{running.base}/messages", json={"id": copied, "delayMs": delay_ms}
+    )
+    assert stored.status == 201
+    await killed_after_switching_broker_0(mover, monkeypatch)
+    await eventually(lambda: running.service.brokers.doubled_slots == {0, 1}, 10, "the switch")
+    now = {"id": written, "delayMs": 0}
+    answer = await running.client.post(f"{running.base}/messages", json=now)
+    assert answer.status == 201, await answer.text()
+    assert (await answer.json())["slot"] == 1 + SLOTS
+    delivered = await eventually(
+        lambda: {json.loads(b)["id"] for b in receiver.bodies()} >= {copied, written} or None,
+        delay_ms / 1000 + 5,
+        "both delivered from the halves",
+    )
+    assert delivered
+    halves_engine = running.service.halves
+    assert halves_engine is not None
+    assert halves_engine.owned_slots == [0, 1, SLOTS, 1 + SLOTS]

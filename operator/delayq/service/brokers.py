@@ -99,6 +99,13 @@ class Brokers:
             return self._doubled_queue(broker), [slot, slot + self.topic.slot_amount]
         return self.queues[broker], [slot]
 
+    def halves(self) -> Brokers:
+        """The brokers at twice the slot amount and the next generation, s and s + N on the
+        broker of s: where a doubling under way stores the slots it switched. It shares this
+        one's Redis clients (closed with it, never on its own)."""
+        doubled = [self._doubled_queue(broker) for broker in range(len(self.queues))]
+        return Brokers(doubled, self.routing * 2)
+
     def _doubled_queue(self, broker: int) -> AsyncQueue:
         """The broker's client at twice the slot amount and the next generation (made once)."""
         if self._doubled is None:
