@@ -27,9 +27,9 @@ key generation it sets `resharded`, and `serve` stops it (the safe order above) 
 new one on the routing's slot amount and generation, in the same process. Before that, while
 the doubling's freeze switches the old slots batch by batch (`Routing.doubled_slots`), the
 owner of a switched old slot s consumes its halves s and s + N at the next generation at once,
-through a second engine of its own (`halves`: its own consumers and sink, so every
-per-message lookup, clock, lease and ack is that generation's): ownership stays by old slot
-number until the doubling ends.
+through a second engine (`halves`: consumers of its own, so every per-message lookup, lease
+and ack is that generation's; the same sink, so the delivery bounds hold for both): ownership
+stays by old slot number until the doubling ends.
 """
 
 from __future__ import annotations
@@ -103,7 +103,7 @@ class DelayService:
         self.doubled: Routing | None = None
         # the halves of the owned old slots the doubling switched, consumed at generation + 1
         # (push topics; `_sync_halves`); made at the first switch this service sees
-        self.halves: Delivery | None = None
+        self.halves: PushDelivery | None = None
         self._halves_lost: set[int] = set()  # fenced out by a newer owner: never taken back
         self.metrics.watch_counters(self.counters)
         if isinstance(self.ownership, SessionHolder):
@@ -136,8 +136,14 @@ class DelayService:
             return PullDelivery(self.brokers)
         return self._push_delivery(self.brokers, self._on_slot_lost)
 
-    def _push_delivery(self, brokers: Brokers, on_slot_lost: Callable[[int], None]) -> Delivery:
-        """A push engine on `brokers` (this service's slots, or a doubling's halves)."""
+    def _push_delivery(
+        self,
+        brokers: Brokers,
+        on_slot_lost: Callable[[int], None],
+        beside: PushDelivery | None = None,
+    ) -> PushDelivery:
+        """A push engine on `brokers`: this service's slots, or a doubling's halves `beside`
+        them (sharing their sink)."""
         settings = ConsumerSettings(
             batch_size=self.config.batch_size,
             worker_concurrency=self.config.worker_concurrency,
@@ -147,7 +153,7 @@ class DelayService:
             backoff=self.config.backoff,
             release_drain_s=release_drain_s(self.topic.topic_type, self.config.webhook_timeout_ms),
         )
-        return PushDelivery(brokers, settings, self.metrics, on_slot_lost, self._sink)
+        return PushDelivery(brokers, settings, self.metrics, on_slot_lost, self._sink, beside)
 
     async def start(self) -> None:
         await self._load_routing()
@@ -222,7 +228,7 @@ class DelayService:
         the probe; one a newer owner fenced this process out of (the service of the doubled
         slots, once the doubling ended) is left to it. Pull topics: not yet (their halves are
         leased once the doubling ends, docs/coordination.md)."""
-        if self.topic.topic_type is TopicType.PULL:
+        if not isinstance(self.delivery, PushDelivery):
             return
         amount = self.topic.slot_amount
         switched = set() if self._closing else self.ownership.owned & self.brokers.doubled_slots
@@ -232,7 +238,9 @@ class DelayService:
         if self.halves is None:
             if not wanted:
                 return
-            self.halves = self._push_delivery(self.brokers.halves(), self._on_half_lost)
+            self.halves = self._push_delivery(
+                self.brokers.halves(), self._on_half_lost, beside=self.delivery
+            )
             self.halves.start(self._on_run_done)
         consumed = frozenset(self.halves.owned_slots)
         if consumed - wanted:
