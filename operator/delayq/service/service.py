@@ -501,6 +501,8 @@ class DelayService:
         for queue in self.queues:
             await (queue.pause() if paused else queue.resume())
         await self.delivery.refresh_paused()
+        if self.halves is not None:  # the same flag: the halves' consumers read it too
+            await self.halves.refresh_paused()
 
     async def stop(self) -> None:
         """Stop claiming, finish in-flight deliveries within the grace period, release slots."""
