@@ -482,3 +482,44 @@ async def test_the_owner_of_a_slot_a_doubling_switched_delivers_from_its_halves_
     halves_engine = running.service.halves
     assert halves_engine is not None
     assert halves_engine.owned_slots == [0, 1, SLOTS, 1 + SLOTS]
+
+
+async def test_a_half_that_cannot_be_taken_over_is_reported_and_taken_once_it_can(
+    moving_topic: tuple[str, list[str], SlotMover],
+    zookeeper_server: Any,
+    start_service: StartService,
+    receiver: Receiver,
+    monkeypatch: pytest.MonkeyPatch,
+):
+    """A service started after a splitter died with slots 0 and 1 switched, the lower half of
+    0 frozen (as by a move): the other halves are consumed, that one is reported by `/readyz`
+    as `g1/0` (the next generation's slot 0, not the old slot 0) and the metric, and taken
+    over by the probe's retry once it thaws."""
+    namespace, urls, mover = moving_topic
+    mover.zk.set(mover.paths.routing, Routing(SLOTS, 2, (0, 0, 1, 1)).to_json())
+    await killed_after_switching_broker_0(mover, monkeypatch)
+    doubled = Topic(TOPIC, namespace=namespace, slot_amount=2 * SLOTS, slot_generation=1)
+    half = Queue.from_url(urls[0], doubled)
+    try:
+        half.run(plans.freeze(doubled, 0))
+        running = await start_service(
+            slot_amount=SLOTS,
+            namespace=namespace,
+            broker_urls=",".join(urls),
+            zookeeper_connect=zookeeper_server.hosts,
+            topic_type="webhook",
+            webhook_url=receiver.url,
+        )
+        halves = running.service.halves
+        assert halves is not None
+        assert halves.owned_slots == [1, SLOTS, 1 + SLOTS]
+        ready = await (await running.client.get("/readyz")).json()
+        frozen_old = ["0", "1", "2", "3"]  # old slots: all frozen, 0 and 1 switched
+        assert list(ready["unconsumedSlots"]) == [*frozen_old, "g1/0"]
+        assert ready["unconsumedSlots"]["g1/0"].startswith("moving: SLOT_MOVING")
+        half.run(plans.thaw(doubled, 0))
+        await eventually(lambda: halves.owned_slots == [0, 1, SLOTS, 1 + SLOTS], 5, "g1/0 taken")
+        ready = await (await running.client.get("/readyz")).json()
+        assert list(ready["unconsumedSlots"]) == frozen_old
+    finally:
+        half.close()

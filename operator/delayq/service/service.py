@@ -105,6 +105,7 @@ class DelayService:
         # (push topics; `_sync_halves`); made at the first switch this service sees
         self.halves: PushDelivery | None = None
         self._halves_lost: set[int] = set()  # fenced out by a newer owner: never taken back
+        self.unconsumed_halves = UnconsumedSlots()  # halves whose take-over failed, by half
         self.metrics.watch_counters(self.counters)
         if isinstance(self.ownership, SessionHolder):
             self.metrics.watch_session(self.ownership)
@@ -245,15 +246,21 @@ class DelayService:
         consumed = frozenset(self.halves.owned_slots)
         if consumed - wanted:
             await self.halves.release(consumed - wanted)
+        failed: dict[int, Exception] = {}
         if wanted - consumed:
-            failed = await self.halves.own(wanted - consumed)
-            if failed:
+            failed = dict(await self.halves.own(wanted - consumed))
+            if failed.keys() - self.unconsumed_halves.slots.keys():
                 log.warning(
                     "switched halves not taken over; retrying them",
                     extra={"slots": sorted(failed), "error": str(next(iter(failed.values())))},
                 )
-            else:
+            elif not failed:
                 log.info("consuming the halves of switched slots", extra={"halves": sorted(wanted)})
+        known = frozenset(self.unconsumed_halves.slots)
+        if known or failed:
+            self.unconsumed_halves.forget(known - failed.keys())
+            self.unconsumed_halves.failed(failed, time.monotonic())
+            self._unconsumed_updated()
 
     def _on_half_lost(self, half: int) -> None:
         """Fenced out of a half: by the service of the doubled slots (the doubling ended), or
@@ -361,10 +368,17 @@ class DelayService:
             self._unconsumed_updated()
 
     def _unconsumed_updated(self) -> None:
+        both = (self.unconsumed, self.unconsumed_halves)
         self.metrics.set_unconsumed(
-            self.unconsumed.count(Why.MOVING), self.unconsumed.count(Why.ERROR)
+            sum(u.count(Why.MOVING) for u in both), sum(u.count(Why.ERROR) for u in both)
         )
         self._unconsumed_changed.set()
+
+    def unconsumed_report(self) -> dict[str, str]:
+        """The granted slots not consumed, and why (`/readyz`): old slots by number, a
+        doubling's halves as `g<generation>/<slot>`."""
+        halves = self.unconsumed_halves.report(f"g{self.topic.slot_generation + 1}/")
+        return {**self.unconsumed.report(), **halves}
 
     async def _retry_unconsumed_forever(self) -> None:
         """Take over each unconsumed granted slot again when its backoff ends, and end a move
@@ -465,6 +479,9 @@ class DelayService:
                 return "granted slots not consumed" + (
                     f" ({failing} failing to be taken over: see unconsumedSlots)" if failing else ""
                 )
+        failing = self.unconsumed_halves.count(Why.ERROR)
+        if failing:
+            return f"switched halves not consumed ({failing} failing: see unconsumedSlots)"
         return await self.brokers.unavailable(self.owned_slots)
 
     async def is_ready(self) -> bool:
