@@ -431,14 +431,18 @@ class Killed(Exception):
     """The splitter dies here (its session is then stopped: its lock goes)."""
 
 
+@pytest.mark.parametrize("record", ["kept", "lost"])
 def test_a_splitter_killed_in_its_freeze_leaves_one_batch_of_slots_refusing_writes(
-    cluster: Cluster, monkeypatch: pytest.MonkeyPatch
+    cluster: Cluster, monkeypatch: pytest.MonkeyPatch, record: str
 ):
     """Killed while it catches up the old slots of broker 1, those of broker 0 done: only the
     batch it was catching up (slots 2 and 3, SWITCH_BATCH at most) refuses a routed write; the
     others' writes go to their halves at once (before: every old slot refused them until the
     doubling was completed). The rerun completes it exactly, without catching up a switched
-    slot again: what was written into its halves meanwhile stays."""
+    slot again: what was written into its halves meanwhile stays. Also when the `split` node
+    was lost (ZooKeeper's data lost, the routing published again from status.routing with its
+    doubledSlots): the rerun records it again at `freeze` (before: it started a new doubling,
+    whose copy replaced the switched slots' halves with their frozen old slots)."""
     fill(cluster)
     first = cluster.splitter()
     split, version = run_steps(first, SLOTS + 1)
@@ -484,6 +488,8 @@ def test_a_splitter_killed_in_its_freeze_leaves_one_batch_of_slots_refusing_writ
         client.close()
     assert refused == [2, 3]
     assert len(refused) <= splitting.SWITCH_BATCH
+    if record == "lost":
+        cluster.zk.delete(cluster.paths.split)
     with pytest.raises(MoveError, match=r"slots \[0, 1\] are switched .* finish the doubling"):
         cluster.splitter().abort()  # their halves take writes: never dropped
     assert cluster.splitter().split(2 * SLOTS) is not None

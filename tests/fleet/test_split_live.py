@@ -31,6 +31,7 @@ from typing import cast
 import pytest
 import redis
 import redis.asyncio
+from kazoo.exceptions import NoNodeError
 
 from delayq.coordination.layout import TopicPaths
 from delayq.coordination.migration import Step
@@ -137,9 +138,12 @@ def spread_fleet(
 
 
 def shown(fleet: ProcessFleet) -> Split | None:
-    path = TopicPaths(NAMESPACE, fleet.topic.name).split
-    found = fleet.observer().exists(path)
-    return Split.decode(fleet.observer().get(path)[0]) if found else None
+    """The doubling recorded now, None when none is (its node may go at any moment)."""
+    try:
+        payload, _ = fleet.observer().get(TopicPaths(NAMESPACE, fleet.topic.name).split)
+    except NoNodeError:
+        return None
+    return Split.decode(payload)
 
 
 def routing(fleet: ProcessFleet) -> Routing:

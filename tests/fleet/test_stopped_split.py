@@ -11,6 +11,11 @@ past `move_stall_s` (twice the session timeout), complete the recorded doubling 
 wins the split's lock) and both services restart on the 32 slots: the frozen slots' messages
 are delivered within that bound and a margin of the kill, nothing lost, nothing early, no
 cancelled message delivered, and nobody ran the splitter again.
+
+Meanwhile the old slots 0-7 are switched to their halves (two batches of SWITCH_BATCH), which
+take the producer's writes at once; their owners consume the halves at once too, so a message
+of theirs due after the kill is delivered on time, not once the doubling is completed (before:
+up to `move_stall_s` and the completion late, about 10 s).
 """
 
 from __future__ import annotations
@@ -28,7 +33,7 @@ from delayq.coordination.routing_watch import ZkConnection
 from delayq.coordination.splitting import SWITCH_BATCH
 from delayq.queue import SlotMovingError
 
-from .conftest import DELAY_MS, SESSION_TIMEOUT_S, SLOTS, ProcessFleet
+from .conftest import SESSION_TIMEOUT_S, SLOTS, ProcessFleet
 from .test_mover_kill import PAUSE_MS
 from .test_slot_move import MEMBERS
 from .test_split_live import (
@@ -50,29 +55,45 @@ pytestmark = pytest.mark.slow
 #: loaded machine.
 RESUMED_BOUND_S = 2 * SESSION_TIMEOUT_S + 10.0
 FROZEN = list(range(SLOTS // 2))  # the old slots on broker 0, frozen before the kill
+#: A message written into a switched slot after the kill, due SWITCHED_DELAY_MS later (long
+#: before the owners complete the doubling), is delivered this late at most: consumed from its
+#: half at once (a loaded machine's room; before, about 10 s: the doubling's completion).
+SWITCHED_DELAY_MS = 1_000
+SWITCHED_LATE_BOUND_S = 2.0
+PER_SLOT = 5
 
 
-def routed_writes_refused(load: DoublingLoad, urls: list[str]) -> list[int]:
-    """A message scheduled into each old slot through a RoutedQueue waiting 0.3 s at most: the
-    old slots whose write is refused (SLOT_MOVING). What is stored is expected like the
-    producer's messages."""
-    fleet, refused = load.fleet, []
+def routed_writes_refused(load: DoublingLoad, urls: list[str]) -> tuple[list[int], set[str]]:
+    """PER_SLOT messages due in SWITCHED_DELAY_MS scheduled into each old slot through a
+    RoutedQueue waiting 0.3 s at most: the old slots whose writes are refused (SLOT_MOVING),
+    and the ids stored (expected like the producer's messages)."""
+    fleet, refused, stored = load.fleet, [], set()
     with RoutedQueue.connect(
         urls, fleet.topic, zookeeper=ZkConnection(fleet.zookeeper.hosts), move_wait_ms=300
     ) as client:
         for slot in range(SLOTS):
-            message_id = next(
-                i for i in (uuid.uuid4().hex for _ in range(100_000))
-                if fleet.topic.slot_of(i) == slot
-            )
+            fresh = (uuid.uuid4().hex for _ in range(2_000))
+            ids = [i for i in fresh if fleet.topic.slot_of(i) == slot]
             try:
-                result = client.schedule(message_id, b"x", delay_ms=DELAY_MS)
+                for message_id in ids[:PER_SLOT]:
+                    result = client.schedule(message_id, b"x", delay_ms=SWITCHED_DELAY_MS)
+                    load.producer.due_ms[message_id] = result.due_ms
+                    fleet.scheduled.add(message_id)
+                    stored.add(message_id)
             except SlotMovingError:
                 refused.append(slot)
-                continue
-            load.producer.due_ms[message_id] = result.due_ms
-            fleet.scheduled.add(message_id)
-    return refused
+    return refused, stored
+
+
+def first_lateness_ms(load: DoublingLoad, ids: set[str]) -> list[int]:
+    """The lateness (ms) of the first delivery of each of `ids` (all delivered)."""
+    first: dict[str, int] = {}
+    for delivery in load.fleet.deliveries:
+        if delivery.message_id in ids:
+            first.setdefault(delivery.message_id, delivery.at_ms)
+    assert ids
+    assert first.keys() == ids
+    return [at_ms - load.producer.due_ms[message_id] for message_id, at_ms in first.items()]
 
 
 async def test_a_doubling_killed_in_its_freeze_is_completed_by_the_slots_owners(
@@ -90,7 +111,7 @@ async def test_a_doubling_killed_in_its_freeze_is_completed_by_the_slots_owners(
             load.admins[1].client_unpause()
         seconds, micros = load.admins[0].time()
         killed_ms = int(seconds) * 1000 + int(micros) // 1000
-        refused = await asyncio.to_thread(routed_writes_refused, load, spread_fleet[1])
+        refused, written = await asyncio.to_thread(routed_writes_refused, load, spread_fleet[1])
         # one batch at most: the old slots switched before the kill take routed writes at once
         assert len(refused) <= SWITCH_BATCH, refused
         print(f"\nold slots refusing a routed write after the kill: {refused}")
@@ -110,6 +131,15 @@ async def test_a_doubling_killed_in_its_freeze_is_completed_by_the_slots_owners(
             print(f"doubling still recorded: {shown(fleet)}, frozen: {frozen_old_slots(load)}")
             raise
         gap_s = (max(first_after.values(), default=killed_ms) - killed_ms) / 1000
+        switched = {i for i in written if fleet.topic.slot_of(i) in FROZEN}  # taken: switched
+        on_time_ms = first_lateness_ms(load, switched)
+        print(
+            f"\n{len(on_time_ms)} messages written into the switched slots after the kill, due "
+            f"{SWITCHED_DELAY_MS} ms later: first delivered at most {max(on_time_ms)} ms late "
+            f"(median {sorted(on_time_ms)[len(on_time_ms) // 2]} ms)"
+        )
+        assert max(on_time_ms) <= SWITCHED_LATE_BOUND_S * 1000
+        await load.delivered(lambda: shown(fleet) is None, RESUMED_BOUND_S + 10.0)
         assert shown(fleet) is None  # completed, by nobody running the splitter again
         assert (routing(fleet).slot_amount, routing(fleet).generation) == (2 * SLOTS, 1)
         logs = [(fleet.log_dir / f"{member}.log").read_text() for member in MEMBERS]

@@ -22,7 +22,7 @@ from delayq.local.redis_server import RedisServer
 from delayq.local.waiting import eventually
 from delayq.queue import Queue, plans
 from delayq.queue.keys import Part, slot_keys
-from delayq.queue.topic import Topic
+from delayq.queue.topic import Topic, TopicType
 from delayq.service import api
 from delayq.service.brokers import default_routing
 from tests.redis_memory import FULL, memory_for
@@ -289,6 +289,30 @@ class Killed(Exception):
     """The splitter dies here."""
 
 
+async def killed_after_switching_broker_0(
+    mover: SlotMover, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A splitter of SLOTS -> 2 x SLOTS slots (routed 0, 0, 1, 1) dies in its freeze after
+    switching broker 0's old slots, 0 and 1, to their halves, with 2 and 3 frozen."""
+    splitter = SlotSplitter(mover.zk, mover.paths, mover.queues)
+    current = splitter.start(2 * SLOTS)
+    while current is not None and current[0].step is not Step.FREEZE:
+        current = splitter.step(*current)
+    assert current is not None
+    thaw, thaws = migration.thaw_replicated, []
+
+    def dies_at_its_second_thaw(*args: Any) -> None:
+        thaws.append(args)
+        if len(thaws) == 2:
+            raise Killed
+        thaw(*args)
+
+    monkeypatch.setattr(splitting, "thaw_replicated", dies_at_its_second_thaw)
+    with pytest.raises(Killed):
+        await asyncio.to_thread(splitter.step, *current)
+    splitter.release()
+
+
 async def test_an_api_write_into_a_slot_a_doubling_switched_goes_to_its_half_at_once(
     moving_topic: tuple[str, list[str], SlotMover],
     zookeeper_server: Any,
@@ -308,23 +332,7 @@ async def test_an_api_write_into_a_slot_a_doubling_switched_goes_to_its_half_at_
         zookeeper_connect=zookeeper_server.hosts,
     )
     topic = running.service.topic
-    splitter = SlotSplitter(mover.zk, mover.paths, mover.queues)
-    current = splitter.start(2 * SLOTS)
-    while current is not None and current[0].step is not Step.FREEZE:
-        current = splitter.step(*current)
-    assert current is not None
-    thaw, thaws = migration.thaw_replicated, []
-
-    def dies_at_its_second_thaw(*args: Any) -> None:
-        thaws.append(args)
-        if len(thaws) == 2:
-            raise Killed
-        thaw(*args)
-
-    monkeypatch.setattr(splitting, "thaw_replicated", dies_at_its_second_thaw)
-    with pytest.raises(Killed):
-        await asyncio.to_thread(splitter.step, *current)
-    splitter.release()
+    await killed_after_switching_broker_0(mover, monkeypatch)
     monkeypatch.setattr(api, "SLOT_MOVE_WAIT_S", 3.0)  # the routing watch wakes it sooner
     ids = {
         slot: next(f"h{i}" for i in range(100) if topic.slot_of(f"h{i}") == slot)
@@ -349,3 +357,169 @@ async def test_an_api_write_into_a_slot_a_doubling_switched_goes_to_its_half_at_
         assert (await refused.json())["error"].startswith("SLOT_MOVING")
     cancelled = await running.client.delete(f"{running.base}/messages/{ids[0]}")
     assert cancelled.status == 200, await cancelled.text()
+
+
+async def test_the_dead_of_a_slot_a_doubling_switched_are_listed_redriven_and_purged_in_its_halves(
+    moving_topic: tuple[str, list[str], SlotMover],
+    zookeeper_server: Any,
+    start_service: StartService,
+    monkeypatch: pytest.MonkeyPatch,
+):
+    """Dead messages of slots 0 and 1, copied into their halves, which a splitter killed in
+    its freeze switched: the dead page lists them from the halves (under their old slot
+    numbers, so a redrive by slot is refused, never sent to the wrong slot), and a redrive or
+    purge by id acts in the half at once (before: SLOT_MOVING from the frozen old slot, and
+    the page listed the old slot's stale copy)."""
+    namespace, urls, mover = moving_topic
+    mover.zk.set(mover.paths.routing, Routing(SLOTS, 2, (0, 0, 1, 1)).to_json())
+    running = await start_service(
+        slot_amount=SLOTS,
+        namespace=namespace,
+        broker_urls=",".join(urls),
+        zookeeper_connect=zookeeper_server.hosts,
+        topic_type=TopicType.PULL,
+    )
+    topic = running.service.topic
+    doubled = Topic(TOPIC, namespace=namespace, slot_amount=2 * SLOTS, slot_generation=1)
+    # one id in each half of slots 0 and 1
+    ids = sorted(
+        {
+            doubled.slot_of(i): i
+            for i in (f"d{n}" for n in range(200))
+            if topic.slot_of(i) in (0, 1)
+        }.values()
+    )
+    assert len(ids) == 4
+    stored = await running.client.post(
+        f"{running.base}/messages/batch",
+        json={"messages": [{"id": i, "delayMs": 0} for i in ids]},
+    )
+    assert stored.status == 200, await stored.text()
+    tokens: list[str] = []
+
+    async def all_leased() -> bool:
+        leased = await running.client.post(f"{running.base}/leases", json={"max": 4})
+        tokens.extend(m["token"] for m in (await leased.json())["leases"])
+        return len(tokens) == 4
+
+    await eventually(all_leased, 10, "the 4 messages leased")
+    nacked = await running.client.post(
+        f"{running.base}/leases/nack", json={"tokens": tokens, "dead": True, "reason": "poison"}
+    )
+    assert [r["result"] for r in (await nacked.json())["results"]] == ["dead"] * 4
+    await killed_after_switching_broker_0(mover, monkeypatch)
+    await eventually(
+        lambda: running.service.brokers.doubled_slots == {0, 1}, 10, "the switch seen"
+    )
+
+    async def dead_listed() -> list[tuple[str, int]]:
+        listed, cursor = [], ""
+        while cursor is not None:  # pages of one: across both halves of each slot
+            url = f"{running.base}/dead?count=1" + (f"&cursor={cursor}" if cursor else "")
+            page = await (await running.client.get(url)).json()
+            listed += [(m["id"], m["slot"]) for m in page["messages"]]
+            cursor = page["nextCursor"]
+        return sorted(listed)
+
+    assert await dead_listed() == sorted((i, topic.slot_of(i)) for i in ids)
+    monkeypatch.setattr(api, "SLOT_MOVE_WAIT_S", 0.2)
+    redriven = await running.client.post(f"{running.base}/dead/redrive", json={"ids": ids[:2]})
+    assert redriven.status == 200, await redriven.text()
+    assert [r["result"] for r in (await redriven.json())["results"]] == ["redriven"] * 2
+    purged = await running.client.post(f"{running.base}/dead/purge", json={"ids": ids[2:3]})
+    assert [r["result"] for r in (await purged.json())["results"]] == ["purged"]
+    assert await dead_listed() == [(ids[3], topic.slot_of(ids[3]))]
+    for redriven_id in ids[:2]:
+        got = await running.client.get(f"{running.base}/messages/{redriven_id}")
+        assert (await got.json())["state"] == "scheduled"
+    by_slot = {"ids": [{"id": ids[3], "slot": topic.slot_of(ids[3])}]}
+    refused = await running.client.post(f"{running.base}/dead/redrive", json=by_slot)
+    assert refused.status == 503  # its old slot, frozen: refused until the doubling ends
+
+
+async def test_the_owner_of_a_slot_a_doubling_switched_delivers_from_its_halves_at_once(
+    moving_topic: tuple[str, list[str], SlotMover],
+    zookeeper_server: Any,
+    start_service: StartService,
+    receiver: Receiver,
+    monkeypatch: pytest.MonkeyPatch,
+):
+    """A splitter killed in its freeze after switching old slots 0 and 1: their owner
+    consumes their halves (generation 1) at once, so a message written there, and one copied
+    there from the old slot, is delivered when due (before: nothing of theirs until the
+    doubling was completed, past twice the session timeout); slots 2 and 3 stay frozen."""
+    namespace, urls, mover = moving_topic
+    mover.zk.set(mover.paths.routing, Routing(SLOTS, 2, (0, 0, 1, 1)).to_json())
+    running = await start_service(
+        slot_amount=SLOTS,
+        namespace=namespace,
+        broker_urls=",".join(urls),
+        zookeeper_connect=zookeeper_server.hosts,
+        topic_type="webhook",
+        webhook_url=receiver.url,
+    )
+    topic = running.service.topic
+    doubled = Topic(TOPIC, namespace=namespace, slot_amount=2 * SLOTS, slot_generation=1)
+    halves = {doubled.slot_of(i): i for i in (f"h{n}" for n in range(200)) if topic.slot_of(i) < 2}
+    copied, written = halves[0], halves[1 + SLOTS]  # lower half of 0, upper half of 1
+    delay_ms = 2500  # due after the kill: delivered from its half
+    stored = await running.client.post(
+        f"{running.base}/messages", json={"id": copied, "delayMs": delay_ms}
+    )
+    assert stored.status == 201
+    await killed_after_switching_broker_0(mover, monkeypatch)
+    await eventually(lambda: running.service.brokers.doubled_slots == {0, 1}, 10, "the switch")
+    now = {"id": written, "delayMs": 0}
+    answer = await running.client.post(f"{running.base}/messages", json=now)
+    assert answer.status == 201, await answer.text()
+    assert (await answer.json())["slot"] == 1 + SLOTS
+    delivered = await eventually(
+        lambda: {json.loads(b)["id"] for b in receiver.bodies()} >= {copied, written} or None,
+        delay_ms / 1000 + 5,
+        "both delivered from the halves",
+    )
+    assert delivered
+    halves_engine = running.service.halves
+    assert halves_engine is not None
+    assert halves_engine.owned_slots == [0, 1, SLOTS, 1 + SLOTS]
+
+
+async def test_a_half_that_cannot_be_taken_over_is_reported_and_taken_once_it_can(
+    moving_topic: tuple[str, list[str], SlotMover],
+    zookeeper_server: Any,
+    start_service: StartService,
+    receiver: Receiver,
+    monkeypatch: pytest.MonkeyPatch,
+):
+    """A service started after a splitter died with slots 0 and 1 switched, the lower half of
+    0 frozen (as by a move): the other halves are consumed, that one is reported by `/readyz`
+    as `g1/0` (the next generation's slot 0, not the old slot 0) and the metric, and taken
+    over by the probe's retry once it thaws."""
+    namespace, urls, mover = moving_topic
+    mover.zk.set(mover.paths.routing, Routing(SLOTS, 2, (0, 0, 1, 1)).to_json())
+    await killed_after_switching_broker_0(mover, monkeypatch)
+    doubled = Topic(TOPIC, namespace=namespace, slot_amount=2 * SLOTS, slot_generation=1)
+    half = Queue.from_url(urls[0], doubled)
+    try:
+        half.run(plans.freeze(doubled, 0))
+        running = await start_service(
+            slot_amount=SLOTS,
+            namespace=namespace,
+            broker_urls=",".join(urls),
+            zookeeper_connect=zookeeper_server.hosts,
+            topic_type="webhook",
+            webhook_url=receiver.url,
+        )
+        halves = running.service.halves
+        assert halves is not None
+        assert halves.owned_slots == [1, SLOTS, 1 + SLOTS]
+        ready = await (await running.client.get("/readyz")).json()
+        frozen_old = ["0", "1", "2", "3"]  # old slots: all frozen, 0 and 1 switched
+        assert list(ready["unconsumedSlots"]) == [*frozen_old, "g1/0"]
+        assert ready["unconsumedSlots"]["g1/0"].startswith("moving: SLOT_MOVING")
+        half.run(plans.thaw(doubled, 0))
+        await eventually(lambda: halves.owned_slots == [0, 1, SLOTS, 1 + SLOTS], 5, "g1/0 taken")
+        ready = await (await running.client.get("/readyz")).json()
+        assert list(ready["unconsumedSlots"]) == frozen_old
+    finally:
+        half.close()

@@ -232,6 +232,25 @@ class SlotSplitter:
             return None
         return Split.decode(payload), stat.version
 
+    def _read_or_rebuild(self) -> tuple[Split, int] | None:
+        """`_read`, under the lock. A `split` node lost while the routing lists switched slots
+        (ZooKeeper's data lost mid-freeze, the routing published again from status.routing)
+        is recorded again at `freeze`: a slot is listed only once the copy and its rounds are
+        done, and a doubling started again from its copy would replace the switched slots'
+        halves, and what was written into them since, with the frozen old slots."""
+        recorded = self._read()
+        routing = self.routing()[0]
+        if recorded is not None or not routing.doubled_slots:
+            return recorded
+        amount = routing.slot_amount
+        split = Split(amount, routing.generation, routing.broker_of_slot, Step.FREEZE, amount)
+        self.lock.check()
+        try:
+            self.zk.create(self.paths.split, split.encode(), makepath=True)
+        except NodeExistsError:
+            raise MoveError("another splitter recorded a doubling meanwhile; run again") from None
+        return split, 0
+
     # doubling ------------------------------------------------------------------------------
 
     def split(
@@ -254,7 +273,7 @@ class SlotSplitter:
         None when the topic has `to_amount` slots."""
         self.lock.acquire()
         try:
-            recorded = self._read()
+            recorded = self._read_or_rebuild()
             self._check_brokers(
                 recorded[0].brokers if recorded else self.routing()[0].broker_of_slot
             )
@@ -279,7 +298,7 @@ class SlotSplitter:
         (service/stopped_moves.py), whose splitter stopped."""
         self.lock.acquire()
         try:
-            recorded = self._read()
+            recorded = self._read_or_rebuild()
             if recorded is None or recorded[0].step is Step.COPY:
                 return None
             self._check_brokers(recorded[0].brokers)
@@ -380,7 +399,7 @@ class SlotSplitter:
         for N..2N-1 stay: they only refuse misconfigured writers). Refused after the switch."""
         self.lock.acquire()
         try:
-            recorded = self._read()
+            recorded = self._read_or_rebuild()
             if recorded is None:
                 raise MoveError("no doubling is under way")
             split, version = recorded

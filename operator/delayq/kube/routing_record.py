@@ -14,6 +14,11 @@ run of one) joined by commas, in slot order. A topic's slots sit in contiguous r
 first routing, the moves that balance it, a doubling putting s + N beside s), so the copy
 stays a few runs long (`0-7:0,8-15:1`) where the array would be one line per slot in
 `kubectl get -o yaml`.
+
+While a doubling switches its old slots batch by batch, the copy keeps the routing's
+`doubledSlots` too, as slot runs (`0-3,8-11`; absent when none): a routing restored from a copy
+without them would send the switched slots' writers back to the frozen old slots, and the
+doubling's rerun would catch them up again over what was written into their halves since.
 """
 
 from __future__ import annotations
@@ -27,6 +32,7 @@ from delayq.coordination.routing import Routing
 
 RECORD_FIELD = "routing"  # the status field
 _RUN = re.compile(r"^(\d+)(?:-(\d+))?:(\d+)$")
+_SLOTS = re.compile(r"^(\d+)(?:-(\d+))?$")
 
 
 class RoutingRecordInvalid(ValueError):
@@ -41,12 +47,40 @@ def routing_record(routing: Routing) -> dict[str, Any]:
         last = slot + len(list(group)) - 1
         runs.append(f"{slot}:{broker}" if last == slot else f"{slot}-{last}:{broker}")
         slot = last + 1
-    return {
+    record: dict[str, Any] = {
         "generation": routing.generation,
         "slotAmount": routing.slot_amount,
         "brokers": routing.broker_count,
         "slots": ",".join(runs),
     }
+    # None deletes it: the status is written by merge patch, which keeps a field it is not
+    # given (a doubling's list would outlive it, read as slots of the next one)
+    switched = sorted(routing.doubled_slots)
+    record["doubledSlots"] = _slot_runs(switched) if switched else None
+    return record
+
+
+def _slot_runs(slots: list[int]) -> str:
+    """Ascending `slots` as runs of consecutive numbers: `first-last` (`slot` alone)."""
+    runs = []
+    for _, group in groupby(enumerate(slots), key=lambda pair: pair[1] - pair[0]):
+        run = [slot for _, slot in group]
+        runs.append(str(run[0]) if len(run) == 1 else f"{run[0]}-{run[-1]}")
+    return ",".join(runs)
+
+
+def _read_slot_runs(text: str) -> frozenset[int]:
+    """The slots of `_slot_runs`' text, each run ascending and after the previous one."""
+    slots: list[int] = []
+    for run in text.split(","):
+        match = _SLOTS.match(run)
+        if match is None:
+            raise ValueError(f"doubledSlots run {run!r} is not first-last")
+        first, last = int(match.group(1)), int(match.group(2) or match.group(1))
+        if last < first or (slots and first <= slots[-1]):
+            raise ValueError(f"doubledSlots run {run!r} is not after the previous one, ascending")
+        slots += range(first, last + 1)
+    return frozenset(slots)
 
 
 def recorded_routing(status: Mapping[str, Any]) -> Routing | None:
@@ -57,6 +91,7 @@ def recorded_routing(status: Mapping[str, Any]) -> Routing | None:
     if record is None:
         return None
     try:
+        switched = record.get("doubledSlots")
         brokers: list[int] = []
         for run in str(record["slots"]).split(","):
             match = _RUN.match(run)
@@ -71,6 +106,7 @@ def recorded_routing(status: Mapping[str, Any]) -> Routing | None:
             int(record["brokers"]),
             tuple(brokers),
             int(record["generation"]),
+            frozenset() if switched is None else _read_slot_runs(str(switched)),
         )
-    except (KeyError, TypeError, ValueError) as error:
+    except (AttributeError, KeyError, TypeError, ValueError) as error:  # not even a mapping
         raise RoutingRecordInvalid(f"status.{RECORD_FIELD} is unreadable: {error}") from None

@@ -262,7 +262,7 @@ async def readyz(request: web.Request) -> web.Response:
         "consumedSlots": service.owned_slots,
         "grantedSlots": sorted(service.ownership.owned),
         # granted, not consumed, and why (a slot frozen by a move or a doubling: not unready)
-        "unconsumedSlots": service.unconsumed.report(),
+        "unconsumedSlots": service.unconsumed_report(),
     }
     return web.json_response(body, status=200 if ready else 503)
 

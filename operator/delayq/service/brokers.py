@@ -90,13 +90,33 @@ class Brokers:
         slot = target.slot(self.topic)
         broker = self.routing[slot]
         if slot in self.doubled_slots and target.explicit_slot is None:
-            if self._doubled is None:
-                amount, generation = 2 * self.topic.slot_amount, self.topic.slot_generation + 1
-                doubled = replace(self.topic, slot_amount=amount, slot_generation=generation)
-                self._doubled = [AsyncQueue(queue.redis, doubled) for queue in self.queues]
-            queue = self._doubled[broker]
+            queue = self._doubled_queue(broker)
             return queue, target.slot(queue.topic)
         return self.queues[broker], slot
+
+    def stored_in(self, slot: int) -> tuple[AsyncQueue, list[int]]:
+        """The client and slots that hold slot `slot`'s messages now: the slot itself, or once
+        a doubling switched it, its halves s and s + N at the next generation (same broker).
+        For the readers of a whole slot (the dead pages, redrive and purge of everything)."""
+        broker = self.routing[slot]
+        if slot in self.doubled_slots:
+            return self._doubled_queue(broker), [slot, slot + self.topic.slot_amount]
+        return self.queues[broker], [slot]
+
+    def halves(self) -> Brokers:
+        """The brokers at twice the slot amount and the next generation, s and s + N on the
+        broker of s: where a doubling under way stores the slots it switched. It shares this
+        one's Redis clients (closed with it, never on its own)."""
+        doubled = [self._doubled_queue(broker) for broker in range(len(self.queues))]
+        return Brokers(doubled, self.routing * 2)
+
+    def _doubled_queue(self, broker: int) -> AsyncQueue:
+        """The broker's client at twice the slot amount and the next generation (made once)."""
+        if self._doubled is None:
+            amount, generation = 2 * self.topic.slot_amount, self.topic.slot_generation + 1
+            doubled = replace(self.topic, slot_amount=amount, slot_generation=generation)
+            self._doubled = [AsyncQueue(queue.redis, doubled) for queue in self.queues]
+        return self._doubled[broker]
 
     def split(self, slots: Iterable[int]) -> dict[int, list[int]]:
         """broker index → the given slots it stores."""
@@ -149,10 +169,14 @@ class Brokers:
         return TopicStats(sorted((s for p in parts for s in p.slots), key=lambda s: s.slot))
 
     async def each_broker(self, call: Callable[[AsyncQueue, list[int]], Awaitable[int]]) -> int:
-        """Sum of `call(queue, its slots)` over the brokers (redrive or purge everything)."""
-        return sum(
-            [await call(self.queues[b], slots) for b, slots in self.split(self.topic.slots).items()]
-        )
+        """Sum of `call(queue, its slots)` over where the slots are stored (`stored_in`: one
+        call per broker, two on a broker while a doubling switches its slots): redrive or
+        purge everything."""
+        groups: dict[int, tuple[AsyncQueue, list[int]]] = {}
+        for slot in self.topic.slots:
+            queue, slots = self.stored_in(slot)
+            groups.setdefault(id(queue), (queue, []))[1].extend(slots)
+        return sum([await call(queue, slots) for queue, slots in groups.values()])
 
     async def unavailable(self, slots: Iterable[int]) -> str | None:
         """Why a broker storing one of `slots` (or broker 0 when none) cannot serve, None when

@@ -9,7 +9,6 @@ from typing import Any
 import orjson
 from aiohttp import web
 
-from delayq.queue.model import Target
 from delayq.service.parsing import Body, FieldError, require_object
 from delayq.service.service import DelayService
 
@@ -34,11 +33,6 @@ class UnreadableBodyError(FieldError):
     """The body's bytes do not follow its Content-Encoding (HTTP 400). Answered with the
     connection closed: aiohttp would otherwise read on in the broken body to keep the
     connection alive, fail on it with an unhandled error and drop the connection anyway."""
-
-
-def slot_of_target(service: DelayService, target: Target) -> int:
-    """The slot a message lives in, by the engine's own routing (`Target.slot`)."""
-    return target.slot(service.topic)
 
 
 def json_response(data: Any, status: int = 200) -> web.Response:

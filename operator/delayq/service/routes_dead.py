@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from collections import defaultdict
 from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import replace
 
 from aiohttp import web
 
@@ -11,7 +11,7 @@ from delayq.queue.client import AsyncQueue
 from delayq.queue.codes import Code
 from delayq.queue.model import MessageInfo, Outcome, Target
 from delayq.service.envelope import info_json
-from delayq.service.http_support import json_body, service_for, slot_of_target
+from delayq.service.http_support import json_body, service_for
 from delayq.service.parsing import parse_count, parse_cursor, parse_dead_targets
 from delayq.service.routes_overview import VIEWS
 from delayq.service.service import DelayService
@@ -33,16 +33,28 @@ def add_routes(router: web.UrlDispatcher) -> None:
 
 
 async def list_dead(request: web.Request) -> web.Response:
-    """One page of dead messages, slot by slot; `nextCursor` is null after the last slot."""
+    """One page of dead messages, slot by slot; `nextCursor` is null after the last slot.
+    A slot a doubling switched (`Brokers.stored_in`) is read in its halves, one after the
+    other (the cursor's offset runs on through the second), its messages listed under the
+    slot number the topic has until the doubling ends: sent back as a target's `slot`, it is
+    refused until then (SLOT_MOVING), never looked for in the wrong slot."""
     service = service_for(request)
     slot, offset = parse_cursor(request.query.get("cursor"), service.topic)
     count = parse_count(request.query.get("count"), 100)
     found: list[MessageInfo] = []
     while slot < service.topic.slot_amount and len(found) < count:
-        page = await service.brokers.queue_for(slot).dead_page(slot, offset, count - len(found))
-        found.extend(page.messages)
-        offset += len(page.messages)
-        if offset >= page.total or not page.messages:
+        queue, stored = service.brokers.stored_in(slot)
+        skip, listed, total = offset, 0, 0
+        for part in stored:
+            if len(found) >= count:
+                total = -1  # a half not read yet: the slot is not done
+                break
+            page = await queue.dead_page(part, skip, count - len(found))
+            found += [replace(m, slot=slot) for m in page.messages]
+            listed += len(page.messages)
+            skip, total = max(0, skip - page.total), total + page.total
+        offset += listed
+        if not listed or 0 <= total <= offset:
             slot, offset = slot + 1, 0
     cursor = f"{slot}:{offset}" if slot < service.topic.slot_amount else None
     return web.json_response({"messages": [info_json(m) for m in found], "nextCursor": cursor})
@@ -51,12 +63,15 @@ async def list_dead(request: web.Request) -> web.Response:
 async def _by_slot(
     service: DelayService, targets: list[Target], action: PerSlot
 ) -> list[dict[str, str]]:
-    ids: dict[int, list[str]] = defaultdict(list)
+    """`action` on each target's slot, where it is stored (`Brokers.place`: in its half once
+    a doubling switched the slot), one call per slot."""
+    ids: dict[tuple[int, int], tuple[AsyncQueue, list[str]]] = {}
     for target in targets:
-        ids[slot_of_target(service, target)].append(target.id)
+        queue, slot = service.brokers.place(target)
+        ids.setdefault((id(queue), slot), (queue, []))[1].append(target.id)
     results = []
-    for slot, slot_ids in ids.items():
-        outcomes = await action(service.brokers.queue_for(slot), slot, slot_ids)
+    for (_, slot), (queue, slot_ids) in ids.items():
+        outcomes = await action(queue, slot, slot_ids)
         results += [{"id": o.id, "result": o.code.name.lower()} for o in outcomes]
     return results
 

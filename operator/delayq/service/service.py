@@ -24,7 +24,12 @@ still this process's.
 A doubling of the slot amount (docs/coordination.md "Doubling the slots") moves the topic to
 new slots on new keys; the service does not rebuild itself in place: on a routing of a newer
 key generation it sets `resharded`, and `serve` stops it (the safe order above) and starts a
-new one on the routing's slot amount and generation, in the same process.
+new one on the routing's slot amount and generation, in the same process. Before that, while
+the doubling's freeze switches the old slots batch by batch (`Routing.doubled_slots`), the
+owner of a switched old slot s consumes its halves s and s + N at the next generation at once,
+through a second engine (`halves`: consumers of its own, so every per-message lookup, lease
+and ack is that generation's; the same sink, so the delivery bounds hold for both): ownership
+stays by old slot number until the doubling ends.
 """
 
 from __future__ import annotations
@@ -34,6 +39,7 @@ import contextlib
 import dataclasses
 import logging
 import time
+from collections.abc import Callable
 
 from delayq.coordination.ownership import EmbeddedOwnership, Ownership, SessionHolder
 from delayq.coordination.routing import Routing
@@ -97,6 +103,11 @@ class DelayService:
         # serves stale slots, `serve` replaces it by one on `doubled`
         self.resharded = asyncio.Event()
         self.doubled: Routing | None = None
+        # the halves of the owned old slots the doubling switched, consumed at generation + 1
+        # (push topics; `_sync_halves`); made at the first switch this service sees
+        self.halves: PushDelivery | None = None
+        self._halves_lost: set[int] = set()  # fenced out by a newer owner: never taken back
+        self.unconsumed_halves = UnconsumedSlots()  # halves whose take-over failed, by half
         self.metrics.watch_counters(self.counters)
         if self.pacer is not None:
             self.metrics.watch_pacer(self.pacer)
@@ -117,8 +128,12 @@ class DelayService:
         return self._closing
 
     def counters(self) -> ConsumerCounters:
-        """The delivery engine's counters (for metrics)."""
-        return self.delivery.counters()
+        """The delivery engines' counters (for metrics)."""
+        total = self.delivery.counters()
+        if self.halves is not None:
+            for name, value in vars(self.halves.counters()).items():
+                setattr(total, name, getattr(total, name) + value)
+        return total
 
     def _pacer(self) -> Pacer | None:
         """The topic's pace on its first broker: with a rate limit, and on webhook topics
@@ -132,6 +147,16 @@ class DelayService:
         """The topic type's delivery engine: the one place that tells the types apart."""
         if self.topic.topic_type is TopicType.PULL:
             return PullDelivery(self.brokers, self.pacer, self.config.backoff)
+        return self._push_delivery(self.brokers, self._on_slot_lost)
+
+    def _push_delivery(
+        self,
+        brokers: Brokers,
+        on_slot_lost: Callable[[int], None],
+        beside: PushDelivery | None = None,
+    ) -> PushDelivery:
+        """A push engine on `brokers`: this service's slots, or a doubling's halves `beside`
+        them (sharing their sink)."""
         settings = ConsumerSettings(
             batch_size=self.config.batch_size,
             worker_concurrency=self.config.worker_concurrency,
@@ -142,7 +167,7 @@ class DelayService:
             release_drain_s=release_drain_s(self.topic.topic_type, self.config.webhook_timeout_ms),
         )
         return PushDelivery(
-            self.brokers, settings, self.metrics, self._on_slot_lost, self._sink, self.pacer
+            brokers, settings, self.metrics, on_slot_lost, self._sink, self.pacer, beside
         )
 
     async def start(self) -> None:
@@ -207,6 +232,57 @@ class DelayService:
             self.brokers.doubled_slots = slots
             changed, self.routing_changed = self.routing_changed, asyncio.Event()
             changed.set()
+            asyncio.get_running_loop().create_task(self._resync_halves())
+
+    async def _resync_halves(self) -> None:
+        async with self._lock:
+            await self._sync_halves()
+
+    async def _sync_halves(self) -> None:
+        """Consume the halves (s and s + N at generation + 1) of every owned old slot s the
+        doubling switched, and only those (called under the lock after every change of the
+        owned set or of `doubled_slots`). A half that cannot be taken now is tried again by
+        the probe; one a newer owner fenced this process out of (the service of the doubled
+        slots, once the doubling ended) is left to it. Pull topics: not yet (their halves are
+        leased once the doubling ends, docs/coordination.md)."""
+        if not isinstance(self.delivery, PushDelivery):
+            return
+        amount = self.topic.slot_amount
+        switched = set() if self._closing else self.ownership.owned & self.brokers.doubled_slots
+        halves = {half for slot in switched for half in (slot, slot + amount)}
+        self._halves_lost &= halves
+        wanted = frozenset(halves - self._halves_lost)
+        if self.halves is None:
+            if not wanted:
+                return
+            self.halves = self._push_delivery(
+                self.brokers.halves(), self._on_half_lost, beside=self.delivery
+            )
+            self.halves.start(self._on_run_done)
+        consumed = frozenset(self.halves.owned_slots)
+        if consumed - wanted:
+            await self.halves.release(consumed - wanted)
+        failed: dict[int, Exception] = {}
+        if wanted - consumed:
+            failed = dict(await self.halves.own(wanted - consumed))
+            if failed.keys() - self.unconsumed_halves.slots.keys():
+                log.warning(
+                    "switched halves not taken over; retrying them",
+                    extra={"slots": sorted(failed), "error": str(next(iter(failed.values())))},
+                )
+            elif not failed:
+                log.info("consuming the halves of switched slots", extra={"halves": sorted(wanted)})
+        known = frozenset(self.unconsumed_halves.slots)
+        if known or failed:
+            self.unconsumed_halves.forget(known - failed.keys())
+            self.unconsumed_halves.failed(failed, time.monotonic())
+            self._unconsumed_updated()
+
+    def _on_half_lost(self, half: int) -> None:
+        """Fenced out of a half: by the service of the doubled slots (the doubling ended), or
+        by the next owner of its old slot. Either way it is theirs now."""
+        log.info("fenced out of a switched half", extra={"slot": half})
+        self._halves_lost.add(half)
 
     def _reshard(self, routing: Routing) -> None:
         """The slots doubled: hand over to `serve`, and wake the requests waiting for a
@@ -281,6 +357,7 @@ class DelayService:
                 await self._apply(owned - wanted, release=True)
             if wanted - owned:
                 await self._apply(wanted - owned, release=False)
+            await self._sync_halves()
             log.info("owned slots changed", extra={"owned": sorted(wanted)})
 
     async def _apply(self, slots: frozenset[int], release: bool) -> None:
@@ -309,10 +386,17 @@ class DelayService:
             self._unconsumed_updated()
 
     def _unconsumed_updated(self) -> None:
+        both = (self.unconsumed, self.unconsumed_halves)
         self.metrics.set_unconsumed(
-            self.unconsumed.count(Why.MOVING), self.unconsumed.count(Why.ERROR)
+            sum(u.count(Why.MOVING) for u in both), sum(u.count(Why.ERROR) for u in both)
         )
         self._unconsumed_changed.set()
+
+    def unconsumed_report(self) -> dict[str, str]:
+        """The granted slots not consumed, and why (`/readyz`): old slots by number, a
+        doubling's halves as `g<generation>/<slot>`."""
+        halves = self.unconsumed_halves.report(f"g{self.topic.slot_generation + 1}/")
+        return {**self.unconsumed.report(), **halves}
 
     async def _retry_unconsumed_forever(self) -> None:
         """Take over each unconsumed granted slot again when its backoff ends, and end a move
@@ -398,6 +482,8 @@ class DelayService:
         """What keeps this process from delivering what it was granted (None: nothing)."""
         if not self.ownership.ready:
             return "ownership not settled (ZooKeeper unreachable or assignment changing)"
+        if self.halves is not None and not self._lock.locked():
+            await self._resync_halves()  # halves whose take-over failed: tried again
         # a slot frozen by a move or a doubling is reported (/readyz, metric), not a reason to
         # be unready: no process could consume it, and either is ended here past `move_stall_s`
         moving = frozenset(s for s, u in self.unconsumed.slots.items() if u.why is Why.MOVING)
@@ -411,6 +497,9 @@ class DelayService:
                 return "granted slots not consumed" + (
                     f" ({failing} failing to be taken over: see unconsumedSlots)" if failing else ""
                 )
+        failing = self.unconsumed_halves.count(Why.ERROR)
+        if failing:
+            return f"switched halves not consumed ({failing} failing: see unconsumedSlots)"
         return await self.brokers.unavailable(self.owned_slots)
 
     async def is_ready(self) -> bool:
@@ -447,6 +536,8 @@ class DelayService:
         for queue in self.queues:
             await (queue.pause() if paused else queue.resume())
         await self.delivery.refresh_paused()
+        if self.halves is not None:  # the same flag: the halves' consumers read it too
+            await self.halves.refresh_paused()
 
     async def stop(self) -> None:
         """Stop claiming, finish in-flight deliveries within the grace period, release slots."""
@@ -457,13 +548,17 @@ class DelayService:
         if self._retrier is not None:
             self._retrier.cancel()
         await self._on_change(frozenset())
-        self.delivery.stop()
-        await self.delivery.drain(self.config.grace_ms / 1000)
+        engines = [self.delivery] + ([self.halves] if self.halves is not None else [])
+        for engine in engines:
+            engine.stop()
+        for engine in engines:
+            await engine.drain(self.config.grace_ms / 1000)
         try:
             await asyncio.wait_for(self.ownership.stop(), OWNERSHIP_STOP_TIMEOUT_S)
         except TimeoutError:
             log.warning("ownership did not stop in time; its session expiry will free the slots")
-        await self.delivery.close()
+        for engine in engines:
+            await engine.close()
         if self._routing_watch is not None:
             await self._routing_watch.stop()
         await self.brokers.close()

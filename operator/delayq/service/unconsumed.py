@@ -79,6 +79,7 @@ class UnconsumedSlots:
     def count(self, why: Why) -> int:
         return sum(1 for u in self.slots.values() if u.why is why)
 
-    def report(self) -> dict[str, str]:
-        """slot -> reason, for `/readyz`."""
-        return {str(s): f"{u.why}: {u.error}" for s, u in sorted(self.slots.items())}
+    def report(self, prefix: str = "") -> dict[str, str]:
+        """slot -> reason, for `/readyz`; each slot number after `prefix` (a doubling's halves
+        are `g<generation>/<slot>`: their numbers are the next generation's)."""
+        return {f"{prefix}{s}": f"{u.why}: {u.error}" for s, u in sorted(self.slots.items())}

@@ -76,7 +76,12 @@ class Delivery(Protocol):
 
 class PushDelivery:
     """Webhook and stream topics: one Consumer per broker, each due message handed to the
-    sink `open_sink` makes at `start` (given this engine, for its clocks and lease checks)."""
+    sink `open_sink` makes at `start` (given this engine, for its clocks and lease checks).
+
+    An engine made `beside` another (a doubling's halves, at the next generation, beside the
+    old slots) hands its messages to that one's sink, so the topic's delivery bounds
+    (`maxInFlight`) hold for both together; each message's lease is checked by the engine
+    that claimed it (its slot numbers are its generation's), found by the message itself."""
 
     def __init__(
         self,
@@ -86,8 +91,12 @@ class PushDelivery:
         on_slot_lost: Callable[[int], None],
         open_sink: Callable[[PushDelivery], Sink],
         pacer: Pacer | None = None,
+        beside: PushDelivery | None = None,
     ) -> None:
         self.brokers = brokers
+        self._beside = beside
+        # id(message) -> the engine beside this one handing it to this one's sink right now
+        self._handing: dict[int, PushDelivery] = {}
         self.metrics = metrics
         self.consumers = [
             Consumer(
@@ -114,7 +123,7 @@ class PushDelivery:
         return any(consumer.paused for consumer in self.consumers)
 
     def start(self, on_run_done: RunDone) -> None:
-        self._sink = self._open_sink(self)
+        self._sink = self._open_sink(self) if self._beside is None else self._beside._sink
         for consumer in self.consumers:
             run = asyncio.create_task(consumer.run())
             run.add_done_callback(on_run_done)
@@ -139,13 +148,18 @@ class PushDelivery:
 
     def server_ms(self, slot: int) -> float:
         """The clock of the Redis server storing the slot, as its consumer estimates it: every
-        user-facing time (lateness, signature timestamps) is on it, never on this pod's clock."""
-        return self.consumers[self.brokers.routing[slot]].server_now_ms()
+        user-facing time (lateness, signature timestamps) is on it, never on this pod's clock.
+        A slot of the engine beside this one (twice the slot amount: s + N is on the broker
+        of s) is on the same server as its old slot."""
+        routing = self.brokers.routing
+        return self.consumers[routing[slot % len(routing)]].server_now_ms()
 
     def lease_deadline_ms(self, message: Message) -> float | None:
         """The message's lease deadline, None when it may not be delivered any more (checked
-        again right before a POST, and sent along so a receiver knows how long it has)."""
-        return self.consumers[self.brokers.routing[message.slot]].lease_deadline_ms(message)
+        again right before a POST, and sent along so a receiver knows how long it has); asked
+        of the engine that claimed it."""
+        engine = self._handing.get(id(message), self)
+        return engine.consumers[engine.brokers.routing[message.slot]].lease_deadline_ms(message)
 
     def counters(self) -> ConsumerCounters:
         total = ConsumerCounters()
@@ -173,7 +187,7 @@ class PushDelivery:
                 await asyncio.gather(*pending, return_exceptions=True)
 
     async def close(self) -> None:
-        if self._sink is not None:
+        if self._sink is not None and self._beside is None:  # a shared one: its owner's
             await self._sink.close()
 
     async def _deliver(self, message: Message) -> None:
@@ -181,6 +195,8 @@ class PushDelivery:
         whether the message is retried or given up; `on_nacked` counts which)."""
         assert self._sink is not None
         self.metrics.observe_lateness(self.server_ms(message.slot) - message.due_ms)
+        if self._beside is not None:  # its sink asks that engine for the message's lease
+            self._beside._handing[id(message)] = self
         try:
             await self._sink.deliver(message)
         except Exception as error:
@@ -189,6 +205,9 @@ class PushDelivery:
                 extra={"id": message.id, "attempt": message.attempt, "error": str(error)},
             )
             raise
+        finally:
+            if self._beside is not None:
+                self._beside._handing.pop(id(message), None)
         self.metrics.count_delivery("acked")
 
 
