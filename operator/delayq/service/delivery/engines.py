@@ -27,6 +27,7 @@ from delayq.service.brokers import Brokers
 from delayq.service.delivery.pull import PullLeaser
 from delayq.service.delivery.sinks import Sink
 from delayq.service.metrics import ServiceMetrics
+from delayq.service.tracing import Tracing
 
 log = logging.getLogger(__name__)
 
@@ -85,13 +86,16 @@ class PushDelivery:
         on_slot_lost: Callable[[int], None],
         open_sink: Callable[[PushDelivery], Sink],
         pacer: Pacer | None = None,
+        tracing: Tracing | None = None,
     ) -> None:
         self.brokers = brokers
         self.metrics = metrics
+        self.tracing = tracing
+        self.topic_name = brokers.queues[0].topic.name
         self.consumers = [
             Consumer(
                 queue,
-                self._deliver,
+                self._deliver if tracing is None else self._deliver_traced,
                 settings,
                 on_slot_lost,
                 managed=True,
@@ -189,6 +193,14 @@ class PushDelivery:
             )
             raise
         self.metrics.count_delivery("acked")
+
+    async def _deliver_traced(self, message: Message) -> None:
+        """`_deliver` in its span: the handler only when tracing is on, so the path without
+        it is not one call longer."""
+        assert self.tracing is not None
+        lateness_ms = self.server_ms(message.slot) - message.due_ms
+        with self.tracing.deliver(self.topic_name, message, lateness_ms):
+            await self._deliver(message)
 
 
 class PullDelivery:
