@@ -18,13 +18,16 @@ TRACESTATE = "tracestate"
 MAX_TRACESTATE_BYTES = 512  # W3C Trace Context: a vendor may drop a longer one
 
 # version 00 (a later version may append fields after a dash), trace id, parent id, flags;
-# lowercase hex only (W3C), version ff invalid
-_TRACEPARENT = re.compile(
+# lowercase hex only (W3C), version ff invalid. The patterns are Python's and Java's (the
+# pipeline's Spark validation matches them too).
+TRACEPARENT_PATTERN = (
     r"(?!ff)[0-9a-f]{2}-(?!0{32})[0-9a-f]{32}-(?!0{16})[0-9a-f]{16}-[0-9a-f]{2}(-[ -~]*)?"
 )
 # list members `key=value` separated by commas (optional blanks): the W3C grammar's characters
 _MEMBER = r"[a-z0-9_\-*/@]+=[!-+\--<>-~]*"
-_TRACESTATE = re.compile(rf"[ \t]*{_MEMBER}[ \t]*(,[ \t]*({_MEMBER})?[ \t]*)*")
+TRACESTATE_PATTERN = rf"[ \t]*{_MEMBER}[ \t]*(,[ \t]*({_MEMBER})?[ \t]*)*"
+_TRACEPARENT = re.compile(TRACEPARENT_PATTERN)
+_TRACESTATE = re.compile(TRACESTATE_PATTERN)
 TRACEPARENT_RULE = (
     "a W3C traceparent: version-traceid-parentid-flags in lowercase hex, "
     "e.g. 00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
