@@ -24,7 +24,7 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
     ExportTraceServiceResponse,
 )
 from opentelemetry.proto.common.v1.common_pb2 import AnyValue
-from opentelemetry.proto.trace.v1.trace_pb2 import Span
+from opentelemetry.proto.trace.v1.trace_pb2 import Span, Status
 
 from delayq.local.ports import free_port
 from delayq.local.processes import ServeProcess
@@ -107,7 +107,14 @@ async def test_a_message_is_traced_from_producer_to_receiver(
         port=free_port(),
         topic_type=TopicType.WEBHOOK,
         webhook_url=receiver.url,
+        max_retries=1,
+        retry_backoff_base_ms=50,
     )
+
+    async def only_the_first_succeeds(call: int) -> int:
+        return 200 if call == 1 else 500
+
+    receiver.answer = only_the_first_succeeds
     env = {"OTEL_EXPORTER_OTLP_ENDPOINT": otlp.url, "OTEL_BSP_SCHEDULE_DELAY": "100"}
     process = ServeProcess(config, tmp_path / "serve.log", extra_env=env).start()
     try:
@@ -121,12 +128,17 @@ async def test_a_message_is_traced_from_producer_to_receiver(
                 assert answer.status == 201, await answer.text()
                 slot = (await answer.json())["slot"]
             await eventually(lambda: len(receiver.requests) == 1, 10, "the POST")
-            await eventually(lambda: otlp.named("deliver"), 10, "the deliver span exported")
+            async with session.post(  # refused twice: retried once, then dead
+                f"{process.url}/v1/topics/traced/messages",
+                json={"id": "order-8", "delayMs": 0, "headers": {"traceparent": TRACEPARENT}},
+            ) as answer:
+                assert answer.status == 201, await answer.text()
+            await eventually(lambda: otlp.named("dead"), 10, "the dead span exported")
     finally:
         process.terminate()
         assert process.wait(10) == 0, process.log_path.read_text()
 
-    [schedule] = otlp.named("schedule traced")
+    [schedule, _] = otlp.named("schedule traced")
     assert schedule.trace_id.hex() == TRACE_ID  # the producer's trace: its child
     assert schedule.parent_span_id.hex() == PRODUCER_SPAN_ID
     assert schedule.kind == Span.SPAN_KIND_PRODUCER
@@ -139,7 +151,7 @@ async def test_a_message_is_traced_from_producer_to_receiver(
         "messaging.delayq.slot": slot,
     }
 
-    [deliver] = otlp.named("deliver traced")
+    [deliver, *failed] = otlp.named("deliver traced")
     assert deliver.trace_id.hex() != TRACE_ID  # a trace of its own (the wait may be a year)
     assert deliver.parent_span_id == b""
     assert deliver.kind == Span.SPAN_KIND_CONSUMER
@@ -162,6 +174,21 @@ async def test_a_message_is_traced_from_producer_to_receiver(
     sent = json.loads(body)["headers"]
     assert sent == {"traceparent": TRACEPARENT, "tracestate": "shop=1"}
     print(f"schedule span: {schedule}\ndeliver span: {deliver}\nwebhook headers: {headers}")
+
+    # order-8's attempts: each a deliver span that failed, then its nack's span as its child
+    assert [attributes(span)["messaging.delayq.attempt"] for span in failed] == [1, 2]
+    assert {attributes(span)["messaging.delayq.outcome"] for span in failed} == {"nack"}
+    assert {span.status.code for span in failed} == {Status.STATUS_CODE_ERROR}
+    [nack] = otlp.named("nack traced")
+    [dead] = otlp.named("dead traced")
+    for settled, attempt, outcome in ((nack, 1, "retry_scheduled"), (dead, 2, "dead")):
+        assert settled.parent_span_id == failed[attempt - 1].span_id
+        assert settled.trace_id == failed[attempt - 1].trace_id
+        assert attributes(settled)["messaging.message.id"] == "order-8"
+        assert attributes(settled)["messaging.delayq.attempt"] == attempt
+        assert attributes(settled)["messaging.delayq.outcome"] == outcome
+        assert attributes(settled)["messaging.operation.type"] == "settle"
+    assert attributes(nack)["messaging.delayq.retry_due_ms"] > 0
 
 
 async def _ready(session: aiohttp.ClientSession, process: ServeProcess) -> bool:

@@ -7,7 +7,9 @@ message's `traceparent`; the message keeps that context, unchanged, to its deliv
 the wait can be a year, and a year-long parent span breaks every trace view. A webhook POST
 carries the delivery span's context as its `traceparent` HTTP header (the receiver's server
 span is the child of the POST that reached it), and the producer's in the body's
-`headers.traceparent` for the receiver to link to, as delayq does.
+`headers.traceparent` for the receiver to link to, as delayq does. A failed attempt's nack,
+answered by the engine after the attempt, is a `nack <topic>` (retried) or `dead <topic>`
+(given up) span, the child of that attempt's deliver span.
 
 When off, `from_env` returns None, nothing of OpenTelemetry is imported, and each hook on the
 hot paths is one `is None` test. The export is OTLP over HTTP/protobuf
@@ -24,7 +26,8 @@ from contextlib import contextmanager
 from typing import TYPE_CHECKING
 
 from delayq.extras import missing_extra
-from delayq.queue.model import Message, ScheduleRequest
+from delayq.queue.codes import Code
+from delayq.queue.model import Message, Outcome, ScheduleRequest
 from delayq.queue.trace_context import TRACEPARENT, TRACESTATE
 
 if TYPE_CHECKING:
@@ -34,6 +37,11 @@ if TYPE_CHECKING:
 EXPORTERS = ("otlp", "none")
 TRACING_MODULES = ("opentelemetry.sdk", "opentelemetry.exporter.otlp.proto.http")
 SYSTEM = "delayq"
+# failed attempts whose nack answer is awaited, at most this many (a nack that never answers,
+# its broker down, leaves its entry until newer ones push it out)
+MAX_AWAITED_NACKS = 10_000
+# the engine's answers to a nack that end in a span: retried later, or given up
+NACK_SPANS = {Code.RETRY_SCHEDULED: "nack", Code.DEAD: "dead", Code.DROPPED: "dead"}
 
 
 class TracingConfigError(ValueError):
@@ -64,6 +72,8 @@ class Tracing:
     def __init__(self, tracer: Tracer, flush: Callable[[], object]) -> None:
         self.tracer = tracer
         self._flush = flush
+        # message id -> (its failed attempt's deliver span, slot, attempt), until nacked
+        self._awaited: dict[str, tuple[SpanContext, int, int]] = {}
 
     @classmethod
     def from_env(cls, env: Mapping[str, str]) -> Tracing | None:
@@ -152,9 +162,43 @@ class Tracing:
                 yield span
             except BaseException:
                 span.set_attribute("messaging.delayq.outcome", "nack")
+                if len(self._awaited) >= MAX_AWAITED_NACKS:
+                    del self._awaited[next(iter(self._awaited))]
+                self._awaited[message.id] = (span.get_span_context(), message.slot, message.attempt)
                 raise
             span.set_attribute("messaging.delayq.outcome", "ack")
             span.set_status(Status(StatusCode.OK))
+
+    def nacked(self, topic: str, outcomes: list[Outcome]) -> None:
+        """A `nack <topic>` span (retry scheduled, `messaging.delayq.retry_due_ms`) or a
+        `dead <topic>` span (given up: dead or dropped) per answered nack of a failed
+        attempt, the child of that attempt's deliver span: the engine answers after it
+        ended, in a batch of nacks."""
+        from opentelemetry.trace import SpanKind
+
+        for outcome in outcomes:
+            awaited = self._awaited.pop(outcome.id, None)
+            operation = NACK_SPANS.get(outcome.code)
+            if awaited is None or operation is None:
+                continue  # not an attempt of this process's, or a refused nack (lease lost)
+            context, slot, attempt = awaited
+            attributes = _attributes(topic, operation, "settle")
+            attributes.update(
+                {
+                    "messaging.message.id": outcome.id,
+                    "messaging.delayq.slot": slot,
+                    "messaging.delayq.attempt": attempt,
+                    "messaging.delayq.outcome": outcome.code.name.lower(),
+                }
+            )
+            if outcome.code is Code.RETRY_SCHEDULED and outcome.at_ms is not None:
+                attributes["messaging.delayq.retry_due_ms"] = outcome.at_ms
+            self.tracer.start_span(
+                f"{operation} {topic}",
+                context=_as_parent(context),
+                kind=SpanKind.CLIENT,
+                attributes=attributes,
+            ).end()
 
     def inject(self, headers: dict[str, str]) -> None:
         """Add the current span's `traceparent` (and `tracestate`) to outgoing HTTP headers."""

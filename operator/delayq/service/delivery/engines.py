@@ -21,7 +21,7 @@ from typing import Protocol
 import redis
 
 from delayq.queue.consumer import Consumer, ConsumerCounters, ConsumerSettings
-from delayq.queue.model import Message
+from delayq.queue.model import Message, Outcome
 from delayq.queue.pacing import Pacer
 from delayq.service.brokers import Brokers
 from delayq.service.delivery.pull import PullLeaser
@@ -99,7 +99,7 @@ class PushDelivery:
                 settings,
                 on_slot_lost,
                 managed=True,
-                on_nacked=metrics.count_nacked,
+                on_nacked=metrics.count_nacked if tracing is None else self._nacked_traced,
                 pacer=pacer,
             )
             for queue in brokers.queues
@@ -193,6 +193,11 @@ class PushDelivery:
             )
             raise
         self.metrics.count_delivery("acked")
+
+    def _nacked_traced(self, outcomes: list[Outcome]) -> None:
+        assert self.tracing is not None
+        self.metrics.count_nacked(outcomes)
+        self.tracing.nacked(self.topic_name, outcomes)
 
     async def _deliver_traced(self, message: Message) -> None:
         """`_deliver` in its span: the handler only when tracing is on, so the path without
