@@ -173,7 +173,6 @@ async def test_a_message_is_traced_from_producer_to_receiver(
     )
     sent = json.loads(body)["headers"]
     assert sent == {"traceparent": TRACEPARENT, "tracestate": "shop=1"}
-    print(f"schedule span: {schedule}\ndeliver span: {deliver}\nwebhook headers: {headers}")
 
     # order-8's attempts: each a deliver span that failed, then its nack's span as its child
     assert [attributes(span)["messaging.delayq.attempt"] for span in failed] == [1, 2]
@@ -189,6 +188,11 @@ async def test_a_message_is_traced_from_producer_to_receiver(
         assert attributes(settled)["messaging.delayq.outcome"] == outcome
         assert attributes(settled)["messaging.operation.type"] == "settle"
     assert attributes(nack)["messaging.delayq.retry_due_ms"] > 0
+    for span in otlp.spans:  # the trace, as the receiver got it (shown with -s)
+        links = [f"{link.trace_id.hex()}/{link.span_id.hex()}" for link in span.links]
+        print(span.name, f"trace={span.trace_id.hex()} span={span.span_id.hex()}",
+              f"parent={span.parent_span_id.hex() or '-'} links={links}", attributes(span))
+    print("webhook POST traceparent:", headers["traceparent"], "body headers:", sent)
 
 
 async def _ready(session: aiohttp.ClientSession, process: ServeProcess) -> bool:
