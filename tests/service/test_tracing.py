@@ -9,6 +9,7 @@ tested is what the Collector would be sent: the protobuf export request on `/v1/
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from collections.abc import AsyncIterator
@@ -19,6 +20,7 @@ from typing import Any
 import aiohttp
 import pytest
 from aiohttp import web
+from aiohttp.test_utils import TestClient, TestServer
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
     ExportTraceServiceRequest,
     ExportTraceServiceResponse,
@@ -31,8 +33,10 @@ from delayq.local.processes import ServeProcess
 from delayq.local.redis_server import RedisServer
 from delayq.local.waiting import eventually
 from delayq.queue.topic import TopicType
+from delayq.service.api import build_app
 from delayq.service.config import ServiceConfig
 from delayq.service.serve import run
+from delayq.service.service import DelayService
 from delayq.service.tracing import Tracing
 from tests.service.conftest import Receiver, StartService
 
@@ -291,3 +295,42 @@ def test_serving_without_tracing_loads_no_tracer():
         [sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=60
     )
     assert loaded.stdout.strip() == "[]"
+
+
+async def test_a_pull_lease_is_a_claim_span_linked_to_the_producer(
+    redis_server: RedisServer, otlp: OtlpReceiver, monkeypatch
+):
+    """A pull topic's lease answer carries the producer's context in the message's headers,
+    and each leased message is a `claim` span linking it, exported to the OTLP receiver."""
+    monkeypatch.setenv("OTEL_EXPORTER_OTLP_ENDPOINT", otlp.url)
+    traced = Tracing.from_env(os.environ)
+    assert traced is not None
+    config = ServiceConfig(
+        redis_url=redis_server.url, topic="pulled", slot_amount=4, topic_type=TopicType.PULL
+    )
+    service = DelayService(config, tracing=traced)
+    await service.start()
+    client = TestClient(TestServer(build_app(service)))
+    await client.start_server()
+    try:
+        answer = await client.post(
+            "/v1/topics/pulled/messages",
+            json={"id": "p-1", "delayMs": 0, "headers": {"traceparent": TRACEPARENT}},
+        )
+        assert answer.status == 201, await answer.text()
+        slot = (await answer.json())["slot"]
+        answer = await client.post("/v1/topics/pulled/leases", json={"max": 1, "waitMs": 5000})
+        [leased] = (await answer.json())["leases"]
+    finally:
+        await service.stop()  # flushes the spans
+        await client.close()
+    assert leased["headers"] == {"traceparent": TRACEPARENT}
+    [claim] = otlp.named("claim pulled")
+    assert claim.kind == Span.SPAN_KIND_CLIENT
+    assert claim.parent_span_id == b""
+    [link] = claim.links
+    assert (link.trace_id.hex(), link.span_id.hex()) == (TRACE_ID, PRODUCER_SPAN_ID)
+    assert attributes(claim)["messaging.message.id"] == "p-1"
+    assert attributes(claim)["messaging.operation.type"] == "receive"
+    assert attributes(claim)["messaging.delayq.attempt"] == 1
+    assert attributes(claim)["messaging.delayq.slot"] == slot

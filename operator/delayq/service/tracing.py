@@ -9,7 +9,8 @@ carries the delivery span's context as its `traceparent` HTTP header (the receiv
 span is the child of the POST that reached it), and the producer's in the body's
 `headers.traceparent` for the receiver to link to, as delayq does. A failed attempt's nack,
 answered by the engine after the attempt, is a `nack <topic>` (retried) or `dead <topic>`
-(given up) span, the child of that attempt's deliver span.
+(given up) span, the child of that attempt's deliver span. A pull topic's lease is a
+`claim <topic>` span per message leased, linked likewise.
 
 When off, `from_env` returns None, nothing of OpenTelemetry is imported, and each hook on the
 hot paths is one `is None` test. The export is OTLP over HTTP/protobuf
@@ -32,7 +33,7 @@ from delayq.queue.trace_context import TRACEPARENT, TRACESTATE
 
 if TYPE_CHECKING:
     from opentelemetry.context import Context
-    from opentelemetry.trace import Span, SpanContext, Tracer
+    from opentelemetry.trace import Link, Span, SpanContext, Tracer
 
 EXPORTERS = ("otlp", "none")
 TRACING_MODULES = ("opentelemetry.sdk", "opentelemetry.exporter.otlp.proto.http")
@@ -137,24 +138,14 @@ class Tracing:
         context on), in a trace of its own linked to the producer's context. Its
         `messaging.delayq.outcome` says how the attempt ended: `ack`, or `nack` (the retry
         or dead-letter decision is the engine's, counted by the service's metrics)."""
-        from opentelemetry.trace import Link, SpanKind, Status, StatusCode
+        from opentelemetry.trace import SpanKind, Status, StatusCode
 
-        context = _context_of(message.headers)
-        attributes = _attributes(topic, "deliver", "process")
-        attributes.update(
-            {
-                "messaging.message.id": message.id,
-                "messaging.delayq.slot": message.slot,
-                "messaging.delayq.attempt": message.attempt,
-                "messaging.delayq.lateness_ms": max(0, round(lateness_ms)),
-            }
-        )
         with self.tracer.start_as_current_span(
             f"deliver {topic}",
             context=_as_parent(None),
             kind=SpanKind.CONSUMER,
-            links=[Link(context)] if context is not None else [],
-            attributes=attributes,
+            links=_links(message),
+            attributes=_claimed(topic, "deliver", "process", message, lateness_ms),
             record_exception=True,
             set_status_on_exception=True,
         ) as span:
@@ -168,6 +159,21 @@ class Tracing:
                 raise
             span.set_attribute("messaging.delayq.outcome", "ack")
             span.set_status(Status(StatusCode.OK))
+
+    def leased(self, topic: str, message: Message, lateness_ms: float) -> None:
+        """A pull topic's `claim <topic>` span (kind CLIENT, `receive`) of one message leased
+        to a consumer, in a trace of its own linked to the producer's context: what the
+        consumer then does is its own to trace (the lease answer's `headers` carry the
+        producer's context for it to link to)."""
+        from opentelemetry.trace import SpanKind
+
+        self.tracer.start_span(
+            f"claim {topic}",
+            context=_as_parent(None),
+            kind=SpanKind.CLIENT,
+            links=_links(message),
+            attributes=_claimed(topic, "claim", "receive", message, lateness_ms),
+        ).end()
 
     def nacked(self, topic: str, outcomes: list[Outcome]) -> None:
         """A `nack <topic>` span (retry scheduled, `messaging.delayq.retry_due_ms`) or a
@@ -214,6 +220,30 @@ def _attributes(topic: str, operation: str, kind: str) -> dict[str, str | int]:
         "messaging.operation.name": operation,
         "messaging.operation.type": kind,
     }
+
+
+def _claimed(
+    topic: str, operation: str, kind: str, message: Message, lateness_ms: float
+) -> dict[str, str | int]:
+    """The attributes of a claimed message's span."""
+    attributes = _attributes(topic, operation, kind)
+    attributes.update(
+        {
+            "messaging.message.id": message.id,
+            "messaging.delayq.slot": message.slot,
+            "messaging.delayq.attempt": message.attempt,
+            "messaging.delayq.lateness_ms": max(0, round(lateness_ms)),
+        }
+    )
+    return attributes
+
+
+def _links(message: Message) -> list[Link]:
+    """A link to the producer's context the message carries, if it carries one."""
+    from opentelemetry.trace import Link
+
+    context = _context_of(message.headers)
+    return [Link(context)] if context is not None else []
 
 
 def _context_of(headers: Mapping[str, str] | None) -> SpanContext | None:
