@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Regenerate the hashed lock files the images install from (Dockerfile, e2e/images.sh,
 # examples/pipeline/Dockerfile):
-#   requirements/image.txt  delayq[operator]'s runtime dependencies + the build backend
+#   requirements/image.txt  delayq[operator,tracing]'s runtime dependencies + the build backend
 #   requirements/sbom.txt   the CycloneDX SBOM generator, run in the image's build stage
 #   requirements/pipeline.txt  delayq[pipeline]'s runtime dependencies (the pipeline image)
 #   requirements/build.txt  the build backend alone, at image.txt's pin: the pipeline image
@@ -16,7 +16,7 @@ compile() {
   uv pip compile --quiet --generate-hashes --python-version 3.11 --python-platform linux \
     --custom-compile-command "scripts/lock.sh" "$@"
 }
-compile pyproject.toml requirements/build.in --extra operator -o requirements/image.txt "$@"
+compile pyproject.toml requirements/build.in --extra operator --extra tracing -o requirements/image.txt "$@"
 compile requirements/sbom.in -o requirements/sbom.txt "$@"
 compile pyproject.toml --extra pipeline -o requirements/pipeline.txt "$@"
 compile requirements/build.in -c requirements/image.txt -o requirements/build.txt "$@"

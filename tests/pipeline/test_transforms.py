@@ -16,6 +16,7 @@ from delayq.queue import plans
 from delayq.queue.codes import InvalidMessageError
 from delayq.queue.model import Mode, ScheduleRequest
 from delayq.queue.topic import MAX_DELAY_MS, MAX_ID_BYTES, Topic, slot_of
+from delayq.queue.trace_context import trace_context_error
 
 SLOT_AMOUNTS = (1, 2, 16, 1024, 16384)
 NOW_MS = 1_800_000_000_000
@@ -221,3 +222,27 @@ def test_good_rows_carry_headers_as_json_object_text(spark):
     df = spark.createDataFrame(rows, ROW_SCHEMA + ", headers string")
     good = T.good_rows(T.validate(T.canonical(df, {}), LIMIT, NOW_MS), 16).collect()
     assert [r.headers for r in good] == ['{"k":"v","n":"1"}', None]
+
+
+def test_a_malformed_trace_context_is_rejected_with_its_row(spark):
+    """The engine's W3C checks, in Spark (Java's regex, the same patterns)."""
+    good = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
+    cases = {
+        "ok": {"traceparent": good, "tracestate": "shop=1, rojo=00f0@x"},
+        "upper": {"traceparent": good.upper()},
+        "zero": {"traceparent": good.replace("00f067aa0ba902b7", "0" * 16)},
+        "alone": {"tracestate": "shop=1"},
+        "state": {"traceparent": good, "tracestate": "Shop=1"},
+    }
+    rows = [(name, "p", None, 5, json.dumps(headers)) for name, headers in cases.items()]
+    df = spark.createDataFrame(rows, ROW_SCHEMA + ", headers string")
+    result = {r.id: r.reason for r in T.validate(T.canonical(df, {}), LIMIT, NOW_MS).collect()}
+    assert result == {
+        "ok": None,
+        "upper": "headers.traceparent not a W3C traceparent",
+        "zero": "headers.traceparent not a W3C traceparent",
+        "alone": "headers.tracestate alone",
+        "state": "headers.tracestate not a W3C tracestate",
+    }
+    for name, headers in cases.items():  # the engine agrees
+        assert (trace_context_error(headers) is None) == (result[name] is None), name

@@ -116,3 +116,25 @@ def test_an_expiry_stored_in_luas_exponent_form_still_reads() -> None:
     record = decode_record(b"0:::x4.5035996273705e+15:0:payload")
     assert record.expire_ms == 4_503_599_627_370_500
     assert record.payload == b"payload"
+
+
+GOOD_TRACEPARENT = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
+
+
+@pytest.mark.parametrize(
+    ("headers", "named"),
+    [
+        ({"traceparent": "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7"}, "traceparent"),
+        ({"traceparent": GOOD_TRACEPARENT.upper()}, "traceparent"),
+        ({"traceparent": "ff" + GOOD_TRACEPARENT[2:]}, "traceparent"),
+        ({"traceparent": GOOD_TRACEPARENT.replace("00f067aa0ba902b7", "0" * 16)}, "traceparent"),
+        ({"tracestate": "shop=1"}, "tracestate"),
+        ({"traceparent": GOOD_TRACEPARENT, "tracestate": "shop=1,x" * 100}, "tracestate"),
+        ({"traceparent": GOOD_TRACEPARENT, "tracestate": "Shop=1"}, "tracestate"),
+    ],
+)
+def test_a_malformed_trace_context_header_is_refused_naming_it(headers, named) -> None:
+    """The Python client's trace context is its message's `traceparent` (and `tracestate`)
+    header: a malformed one is refused when scheduled, not handed to a receiver a wait later."""
+    with pytest.raises(InvalidMessageError, match=f"header {named}:"):
+        encode_headers(headers)

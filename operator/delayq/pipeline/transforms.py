@@ -13,6 +13,13 @@ from collections.abc import Mapping
 from typing import Any
 
 from delayq.queue.topic import MAX_DELAY_MS, MAX_ID_BYTES, is_power_of_two
+from delayq.queue.trace_context import (
+    MAX_TRACESTATE_BYTES,
+    TRACEPARENT,
+    TRACEPARENT_PATTERN,
+    TRACESTATE,
+    TRACESTATE_PATTERN,
+)
 
 # The input columns the ingest understands, after the optional --map renaming.
 ID, PAYLOAD, DUE_AT, DELAY, SLOT_BASIS, HEADERS = (
@@ -159,6 +166,26 @@ def _id_rules(name: str) -> list[tuple[Column, Column]]:
     ]
 
 
+def _trace_context_rules(headers: Column) -> list[tuple[Column, Column]]:
+    """The engine's check of a row's W3C trace context headers (`queue/trace_context.py`),
+    so that a malformed one is rejected with its row rather than refused by the writer."""
+    from pyspark.sql import functions as F
+
+    traceparent, tracestate = headers.getItem(TRACEPARENT), headers.getItem(TRACESTATE)
+    return [
+        (
+            ~traceparent.rlike(f"^{TRACEPARENT_PATTERN}$"),
+            F.lit("headers.traceparent not a W3C traceparent"),
+        ),
+        (tracestate.isNotNull() & traceparent.isNull(), F.lit("headers.tracestate alone")),
+        (
+            (F.length(tracestate) > MAX_TRACESTATE_BYTES)
+            | ((tracestate != "") & ~tracestate.rlike(f"^{TRACESTATE_PATTERN}$")),
+            F.lit("headers.tracestate not a W3C tracestate"),
+        ),
+    ]
+
+
 def validate(df: DataFrame, max_payload_bytes: int, now_ms: int) -> DataFrame:
     """Add `reason` (null = good), `due_ms`, `delay_ms` and normalised `headers`.
 
@@ -199,6 +226,7 @@ def validate(df: DataFrame, max_payload_bytes: int, now_ms: int) -> DataFrame:
             F.exists(F.map_values(headers), lambda value: value.isNull()),
             F.lit("headers not a JSON object of strings"),
         ),
+        *_trace_context_rules(headers),
     ]
     reason = F.lit(None).cast("string")
     for failed, text in reversed(rules):  # the first failing rule names the reason

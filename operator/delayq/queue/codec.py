@@ -15,6 +15,7 @@ from typing import NamedTuple
 
 from delayq.queue.codes import InvalidMessageError
 from delayq.queue.topic import MAX_DELAY_MS, MAX_ID_BYTES
+from delayq.queue.trace_context import TRACEPARENT, TRACESTATE, trace_context_error
 
 Headers = dict[str, str]
 
@@ -82,6 +83,10 @@ def encode_headers(headers: Headers | None) -> bytes:
     for key, value in headers.items():
         if not isinstance(key, str) or not isinstance(value, str):
             raise InvalidMessageError(f"header {key!r}: names and values must be strings")
+    if (TRACEPARENT in headers or TRACESTATE in headers) and (
+        wrong := trace_context_error(headers)
+    ):
+        raise InvalidMessageError(f"header {wrong[0]}: {wrong[1]}")
     return json.dumps(headers, separators=(",", ":"), sort_keys=True).encode()
 
 

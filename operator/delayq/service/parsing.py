@@ -16,6 +16,7 @@ from delayq.queue.codec import Headers, encode_id
 from delayq.queue.codes import InvalidMessageError
 from delayq.queue.model import Lease, Mode, Retry, ScheduleRequest, Target
 from delayq.queue.topic import MAX_DELAY_MS, Topic
+from delayq.queue.trace_context import TRACEPARENT, TRACESTATE, trace_context_error
 from delayq.service.delivery.pull import MAX_LEASE_BATCH
 from delayq.service.envelope import ENCODINGS, UTF8, decode_payload
 from delayq.service.tokens import LeaseTokens, TokenError, TokenRefusedError
@@ -180,6 +181,8 @@ def parse_headers(body: Body, prefix: str = "") -> Headers:
     for key, text in value.items():
         check_text(key, field)
         check_text(text, f"{field}.{key}")
+    if (TRACEPARENT in value or TRACESTATE in value) and (wrong := trace_context_error(value)):
+        raise FieldError(f"{field}.{wrong[0]}", f"{field}.{wrong[0]}: {wrong[1]}")
     return dict(value)
 
 
@@ -226,6 +229,31 @@ def parse_message(body: Any, topic: Topic, prefix: str = "") -> ScheduleRequest:
         expire_at_ms=expire_at_ms,
         ttl_ms=ttl_ms,
     )
+
+
+def with_request_trace(
+    messages: list[ScheduleRequest], request_headers: Mapping[str, str]
+) -> list[ScheduleRequest]:
+    """The messages with the request's W3C `traceparent` (and `tracestate`) HTTP headers as
+    their trace context, each message that names its own (`headers.traceparent`) keeping it:
+    the HTTP headers are the producer's context when it sent the request, which instrumented
+    HTTP clients add by themselves."""
+    traceparent = request_headers.get(TRACEPARENT)
+    if traceparent is None:
+        if TRACESTATE in request_headers:
+            raise FieldError(TRACESTATE, "the tracestate HTTP header needs a traceparent")
+        return messages
+    context = {TRACEPARENT: traceparent}
+    if (tracestate := request_headers.get(TRACESTATE)) is not None:
+        context[TRACESTATE] = tracestate
+    if wrong := trace_context_error(context):
+        raise FieldError(wrong[0], f"the {wrong[0]} HTTP header: {wrong[1]}")
+    return [
+        m
+        if m.headers and TRACEPARENT in m.headers
+        else m._replace(headers={**(m.headers or {}), **context})
+        for m in messages
+    ]
 
 
 def parse_batch(body: Body, topic: Topic) -> list[ScheduleRequest]:

@@ -41,6 +41,7 @@ from delayq.service.parsing import (
     parse_mode,
     parse_target,
     parse_when,
+    with_request_trace,
 )
 from delayq.service.service import DelayService
 
@@ -88,8 +89,8 @@ async def schedule(request: web.Request) -> web.Response:
     """201 when created, 200 when it existed (create) or was replaced (upsert)."""
     service = service_for(request)
     body = await json_body(request)
-    message = parse_message(body, service.topic)
-    [result] = await _schedule(service, [message], parse_mode(body))
+    [message] = with_request_trace([parse_message(body, service.topic)], request.headers)
+    [result] = await _traced_schedule(service, [message], parse_mode(body))
     assert isinstance(result, ScheduleResult)  # one message: stored, or _schedule raised
     with _too_far_named(message.at_ms):
         raise_for_code(result.code, "schedule", result.id)
@@ -106,8 +107,8 @@ async def schedule_batch(request: web.Request) -> web.Response:
     stored: a client that reads only the status would lose it."""
     service = service_for(request)
     body = await json_body(request)
-    messages = parse_batch(body, service.topic)
-    results = await _schedule(service, messages, parse_mode(body))
+    messages = with_request_trace(parse_batch(body, service.topic), request.headers)
+    results = await _traced_schedule(service, messages, parse_mode(body))
     answer = json_response({"results": [result_json(r) for r in results]})
     retry = [r for r in results if isinstance(r, ScheduleFailure) or r.code is Code.OVER_QUOTA]
     if retry or any(r.code.is_error for r in results if isinstance(r, ScheduleResult)):
@@ -115,6 +116,18 @@ async def schedule_batch(request: web.Request) -> web.Response:
     if retry:
         answer.headers["Retry-After"] = str(RETRY_AFTER_S)
     return answer
+
+
+async def _traced_schedule(
+    service: DelayService, messages: list[ScheduleRequest], mode: Mode
+) -> list[Result]:
+    """`_schedule` in its span when tracing is on."""
+    if service.tracing is None:
+        return await _schedule(service, messages, mode)
+    with service.tracing.schedule(service.topic.name, messages) as span:
+        results = await _schedule(service, messages, mode)
+        service.tracing.scheduled(span, [result.slot for result in results])
+        return results
 
 
 async def _schedule(

@@ -71,10 +71,13 @@ async def lease(request: web.Request) -> web.Response:
     if messages and _client_gone(request):
         await service.brokers.each(messages, _slot, lambda q, chunk: q.giveback_many(chunk))
         messages = []
-    for message in messages:
-        service.metrics.observe_lateness(leaser.server_now_ms(message.slot) - message.due_ms)
-    service.metrics.count_delivery("leased", len(messages))
     topic = service.topic
+    for message in messages:
+        lateness_ms = leaser.server_now_ms(message.slot) - message.due_ms
+        service.metrics.observe_lateness(lateness_ms)
+        if service.tracing is not None:
+            service.tracing.leased(topic.name, message, lateness_ms)
+    service.metrics.count_delivery("leased", len(messages))
     encode = service.lease_tokens.encode
     leases = [{"token": encode(m.lease), **message_json(topic, m)} for m in messages]
     if acked is None:

@@ -19,6 +19,7 @@ import contextlib
 import dataclasses
 import gc
 import logging
+import os
 import signal
 
 import redis
@@ -30,6 +31,7 @@ from delayq.service import logs
 from delayq.service.api import build_app
 from delayq.service.config import ServiceConfig
 from delayq.service.service import DelayService
+from delayq.service.tracing import Tracing, TracingConfigError
 
 log = logging.getLogger(__name__)
 
@@ -56,7 +58,9 @@ def make_ownership(config: ServiceConfig) -> Ownership:
     )
 
 
-async def serve(config: ServiceConfig, stop: asyncio.Event | None = None) -> int:
+async def serve(
+    config: ServiceConfig, stop: asyncio.Event | None = None, tracing: Tracing | None = None
+) -> int:
     """Serve until `stop` is set (by default: on SIGTERM or SIGINT)."""
     stop = stop or _stop_on_signals()
     while True:
@@ -65,7 +69,7 @@ async def serve(config: ServiceConfig, stop: asyncio.Event | None = None) -> int
         except RoutingUnreadable as error:
             log.error("cannot start: the routing is unreadable", extra={"error": str(error)})
             return 1  # the pod restarts with backoff until ZooKeeper answers
-        code, doubled = await _serve_once(routed, generation, stop)
+        code, doubled = await _serve_once(routed, generation, stop, tracing)
         if not doubled:
             return code
         log.info("serving the doubled slots")
@@ -90,11 +94,11 @@ async def _routed(config: ServiceConfig) -> tuple[ServiceConfig, int]:
 
 
 async def _serve_once(
-    config: ServiceConfig, generation: int, stop: asyncio.Event
+    config: ServiceConfig, generation: int, stop: asyncio.Event, tracing: Tracing | None
 ) -> tuple[int, bool]:
     """One service of the slots of `generation`; (exit code, whether the slots doubled and
     a new service must take over)."""
-    service = DelayService(config, make_ownership(config), generation)
+    service = DelayService(config, make_ownership(config), generation, tracing)
     try:
         await service.start()
     except (redis.RedisError, OSError) as error:
@@ -154,5 +158,10 @@ def run(config: ServiceConfig) -> int:
     # collector's reach, so a full collection scans only what serving allocates. Without it,
     # each full collection paused delivery for ~20 ms (burst p99 lateness 21-24 ms against
     # 5-7 ms; docs/benchmarks.md).
+    try:
+        tracing = Tracing.from_env(os.environ)
+    except TracingConfigError as error:
+        log.error("cannot start: %s", error)
+        return 2
     gc.freeze()
-    return asyncio.run(serve(config))
+    return asyncio.run(serve(config, tracing=tracing))

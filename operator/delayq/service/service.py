@@ -59,6 +59,7 @@ from delayq.service.metrics import ServiceMetrics
 from delayq.service.readiness import PROBE_INTERVAL_S, PROBE_TIMEOUT_S, Readiness
 from delayq.service.shutdown import OWNERSHIP_STOP_TIMEOUT_S, release_drain_s
 from delayq.service.stopped_moves import end_stopped_moves
+from delayq.service.tracing import Tracing
 from delayq.service.unconsumed import RETRY_MAX_S, UnconsumedSlots, Why
 
 log = logging.getLogger(__name__)
@@ -66,9 +67,14 @@ log = logging.getLogger(__name__)
 
 class DelayService:
     def __init__(
-        self, config: ServiceConfig, ownership: Ownership | None = None, slot_generation: int = 0
+        self,
+        config: ServiceConfig,
+        ownership: Ownership | None = None,
+        slot_generation: int = 0,
+        tracing: Tracing | None = None,
     ) -> None:
         self.config = config
+        self.tracing = tracing  # None: off (the default), nothing of OpenTelemetry loaded
         self.topic = dataclasses.replace(config.to_topic(), slot_generation=slot_generation)
         self.metrics = ServiceMetrics(self.topic.namespace, self.topic.name)
         self.queues = [
@@ -167,7 +173,14 @@ class DelayService:
             release_drain_s=release_drain_s(self.topic.topic_type, self.config.webhook_timeout_ms),
         )
         return PushDelivery(
-            brokers, settings, self.metrics, on_slot_lost, self._sink, self.pacer, beside
+            brokers,
+            settings,
+            self.metrics,
+            on_slot_lost,
+            self._sink,
+            self.pacer,
+            beside,
+            self.tracing,
         )
 
     async def start(self) -> None:
@@ -337,6 +350,7 @@ class DelayService:
                 max_batch=config.webhook_max_batch,
                 hold=self.pacer.hold if self.pacer is not None else None,
                 max_hold_ms=self.topic.expiry_ttl_ms or MAX_HOLD_MS,
+                trace_headers=self.tracing.inject if self.tracing is not None else None,
             )
         if config.stream_url:
             client = connect(
@@ -562,4 +576,6 @@ class DelayService:
         if self._routing_watch is not None:
             await self._routing_watch.stop()
         await self.brokers.close()
+        if self.tracing is not None:
+            await asyncio.to_thread(self.tracing.flush)  # blocks on the export: not the loop
         log.info("service stopped", extra={"took_ms": int((time.monotonic() - started) * 1000)})

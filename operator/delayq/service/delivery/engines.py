@@ -22,12 +22,13 @@ import redis
 
 from delayq.queue.backoff import Backoff
 from delayq.queue.consumer import Consumer, ConsumerCounters, ConsumerSettings
-from delayq.queue.model import Message
+from delayq.queue.model import Message, Outcome
 from delayq.queue.pacing import Pacer
 from delayq.service.brokers import Brokers
 from delayq.service.delivery.pull import PullLeaser
 from delayq.service.delivery.sinks import Sink
 from delayq.service.metrics import ServiceMetrics
+from delayq.service.tracing import Tracing
 
 log = logging.getLogger(__name__)
 
@@ -92,20 +93,23 @@ class PushDelivery:
         open_sink: Callable[[PushDelivery], Sink],
         pacer: Pacer | None = None,
         beside: PushDelivery | None = None,
+        tracing: Tracing | None = None,
     ) -> None:
         self.brokers = brokers
         self._beside = beside
         # id(message) -> the engine beside this one handing it to this one's sink right now
         self._handing: dict[int, PushDelivery] = {}
         self.metrics = metrics
+        self.tracing = tracing
+        self.topic_name = brokers.queues[0].topic.name
         self.consumers = [
             Consumer(
                 queue,
-                self._deliver,
+                self._deliver if tracing is None else self._deliver_traced,
                 settings,
                 on_slot_lost,
                 managed=True,
-                on_nacked=metrics.count_nacked,
+                on_nacked=metrics.count_nacked if tracing is None else self._nacked_traced,
                 pacer=pacer,
             )
             for queue in brokers.queues
@@ -209,6 +213,19 @@ class PushDelivery:
             if self._beside is not None:
                 self._beside._handing.pop(id(message), None)
         self.metrics.count_delivery("acked")
+
+    def _nacked_traced(self, outcomes: list[Outcome]) -> None:
+        assert self.tracing is not None
+        self.metrics.count_nacked(outcomes)
+        self.tracing.nacked(self.topic_name, outcomes)
+
+    async def _deliver_traced(self, message: Message) -> None:
+        """`_deliver` in its span: the handler only when tracing is on, so the path without
+        it is not one call longer."""
+        assert self.tracing is not None
+        lateness_ms = self.server_ms(message.slot) - message.due_ms
+        with self.tracing.deliver(self.topic_name, message, lateness_ms):
+            await self._deliver(message)
 
 
 class PullDelivery:

@@ -172,8 +172,12 @@ class WebhookSink:
         max_batch: int = 1,
         hold: Callable[[int], Awaitable[None]] | None = None,
         max_hold_ms: int = MAX_HOLD_MS,
+        trace_headers: Callable[[dict[str, str]], None] | None = None,
     ) -> None:
         self.topic = topic
+        # adds the current delivery span's `traceparent` to a single message's POST (None:
+        # tracing off); a batch POST carries each message's context in its body only
+        self.trace_headers = trace_headers
         self.url = url
         self.shown_url = redact_url(url)  # what errors and logs name: no credentials
         self.signer = signer
@@ -213,6 +217,8 @@ class WebhookSink:
             "X-Delayq-Attempt": str(message.attempt),
             "X-Delayq-Member": self.member,
         }
+        if self.trace_headers is not None:
+            self.trace_headers(headers)
         async with self._limit:
             deadline_ms = self.lease_deadline(message)
             if deadline_ms is None:

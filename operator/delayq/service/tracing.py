@@ -1,0 +1,268 @@
+"""OpenTelemetry traces of the delay service, following the messaging semantic conventions;
+off unless the standard `OTEL_*` variables ask for an OTLP export.
+
+A `schedule <topic>` span (kind PRODUCER) is the child of the producer's context, the
+message's `traceparent`; the message keeps that context, unchanged, to its delivery. The
+`deliver <topic>` span (kind CONSUMER) starts a trace of its own *linked* to it, not a child:
+the wait can be a year, and a year-long parent span breaks every trace view. A webhook POST
+carries the delivery span's context as its `traceparent` HTTP header (the receiver's server
+span is the child of the POST that reached it), and the producer's in the body's
+`headers.traceparent` for the receiver to link to, as delayq does. A failed attempt's nack,
+answered by the engine after the attempt, is a `nack <topic>` (retried) or `dead <topic>`
+(given up) span, the child of that attempt's deliver span. A pull topic's lease is a
+`claim <topic>` span per message leased, linked likewise.
+
+When off, `from_env` returns None, nothing of OpenTelemetry is imported, and each hook on the
+hot paths is one `is None` test. The export is OTLP over HTTP/protobuf
+(`opentelemetry-exporter-otlp-proto-http`, the `[tracing]` extra), configured by the
+exporter's own variables (`OTEL_EXPORTER_OTLP_ENDPOINT`, `..._TRACES_ENDPOINT`,
+`..._HEADERS`, ...), the batch processor's (`OTEL_BSP_*`), the sampler's
+(`OTEL_TRACES_SAMPLER`) and the resource's (`OTEL_SERVICE_NAME`, `OTEL_RESOURCE_ATTRIBUTES`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from typing import TYPE_CHECKING
+
+from delayq.extras import missing_extra
+from delayq.queue.codes import Code
+from delayq.queue.model import Message, Outcome, ScheduleRequest
+from delayq.queue.trace_context import TRACEPARENT, TRACESTATE
+
+if TYPE_CHECKING:
+    from opentelemetry.context import Context
+    from opentelemetry.trace import Link, Span, SpanContext, Tracer
+
+EXPORTERS = ("otlp", "none")
+TRACING_MODULES = ("opentelemetry.sdk", "opentelemetry.exporter.otlp.proto.http")
+SYSTEM = "delayq"
+# failed attempts whose nack answer is awaited, at most this many (a nack that never answers,
+# its broker down, leaves its entry until newer ones push it out)
+MAX_AWAITED_NACKS = 10_000
+# the engine's answers to a nack that end in a span: retried later, or given up
+NACK_SPANS = {Code.RETRY_SCHEDULED: "nack", Code.DEAD: "dead", Code.DROPPED: "dead"}
+
+
+class TracingConfigError(ValueError):
+    """The OTEL_* variables ask for what delayq cannot export (a one-line start-up error)."""
+
+
+def wanted(env: Mapping[str, str]) -> bool:
+    """Tracing is on when the variables name an OTLP export: `OTEL_TRACES_EXPORTER=otlp` or an
+    OTLP endpoint, and `OTEL_SDK_DISABLED` is not `true`."""
+    if env.get("OTEL_SDK_DISABLED", "").strip().lower() == "true":
+        return False
+    exporter = env.get("OTEL_TRACES_EXPORTER", "").strip().lower()
+    if exporter:
+        if exporter not in EXPORTERS:
+            raise TracingConfigError(
+                f"OTEL_TRACES_EXPORTER={exporter!r}: delayq exports traces by OTLP only "
+                f"(one of {', '.join(EXPORTERS)})"
+            )
+        return exporter == "otlp"
+    return bool(
+        env.get("OTEL_EXPORTER_OTLP_ENDPOINT") or env.get("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT")
+    )
+
+
+class Tracing:
+    """The process's tracer and the spans of a message's life in it."""
+
+    def __init__(self, tracer: Tracer, flush: Callable[[], object]) -> None:
+        self.tracer = tracer
+        self._flush = flush
+        # message id -> (its failed attempt's deliver span, slot, attempt), until nacked
+        self._awaited: dict[str, tuple[SpanContext, int, int]] = {}
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str]) -> Tracing | None:
+        """The process's tracing, None when the variables do not ask for it (the default)."""
+        if not wanted(env):
+            return None
+        protocol = env.get(
+            "OTEL_EXPORTER_OTLP_TRACES_PROTOCOL", env.get("OTEL_EXPORTER_OTLP_PROTOCOL", "")
+        )
+        if protocol not in ("", "http/protobuf"):
+            raise TracingConfigError(
+                f"OTLP protocol {protocol!r}: delayq exports OTLP over http/protobuf only"
+            )
+        if why := missing_extra("tracing", TRACING_MODULES):
+            raise TracingConfigError(why)
+        from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
+        from opentelemetry.sdk.resources import SERVICE_NAME, Resource
+        from opentelemetry.sdk.trace import TracerProvider
+        from opentelemetry.sdk.trace.export import BatchSpanProcessor
+
+        resource = Resource.create({} if env.get("OTEL_SERVICE_NAME") else {SERVICE_NAME: SYSTEM})
+        provider = TracerProvider(resource=resource)
+        provider.add_span_processor(BatchSpanProcessor(OTLPSpanExporter()))
+        return cls(provider.get_tracer("delayq"), provider.force_flush)
+
+    def flush(self) -> None:
+        """Export the spans ended so far (at a service's stop: none lost to the exit)."""
+        self._flush()
+
+    @contextmanager
+    def schedule(self, topic: str, messages: Sequence[ScheduleRequest]) -> Iterator[Span]:
+        """The span of one schedule request: a child of the one message's producer context,
+        or, for a batch, a new span linking each message's (the conventions' batch send)."""
+        from opentelemetry.trace import Link, SpanKind
+
+        contexts = [_context_of(m.headers) for m in messages]
+        parent = contexts[0] if len(messages) == 1 else None
+        links = [] if parent is not None else [Link(c) for c in contexts if c is not None]
+        with self.tracer.start_as_current_span(
+            f"schedule {topic}",
+            context=_as_parent(parent),
+            kind=SpanKind.PRODUCER,
+            links=links,
+            attributes=_attributes(topic, "schedule", "send"),
+        ) as span:
+            if len(messages) == 1:
+                span.set_attribute("messaging.message.id", messages[0].id)
+            else:
+                span.set_attribute("messaging.batch.message_count", len(messages))
+            yield span
+
+    @staticmethod
+    def scheduled(span: Span, slots: Sequence[int]) -> None:
+        """Name the slot of a one-message schedule span, known once it is stored."""
+        if len(slots) == 1:
+            span.set_attribute("messaging.delayq.slot", slots[0])
+
+    @contextmanager
+    def deliver(self, topic: str, message: Message, lateness_ms: float) -> Iterator[Span]:
+        """The span of one delivery attempt, current while it runs (a webhook POST sends its
+        context on), in a trace of its own linked to the producer's context. Its
+        `messaging.delayq.outcome` says how the attempt ended: `ack`, or `nack` (the retry
+        or dead-letter decision is the engine's, counted by the service's metrics)."""
+        from opentelemetry.trace import SpanKind, Status, StatusCode
+
+        with self.tracer.start_as_current_span(
+            f"deliver {topic}",
+            context=_as_parent(None),
+            kind=SpanKind.CONSUMER,
+            links=_links(message),
+            attributes=_claimed(topic, "deliver", "process", message, lateness_ms),
+            record_exception=True,
+            set_status_on_exception=True,
+        ) as span:
+            try:
+                yield span
+            except BaseException:
+                span.set_attribute("messaging.delayq.outcome", "nack")
+                if len(self._awaited) >= MAX_AWAITED_NACKS:
+                    del self._awaited[next(iter(self._awaited))]
+                self._awaited[message.id] = (span.get_span_context(), message.slot, message.attempt)
+                raise
+            span.set_attribute("messaging.delayq.outcome", "ack")
+            span.set_status(Status(StatusCode.OK))
+
+    def leased(self, topic: str, message: Message, lateness_ms: float) -> None:
+        """A pull topic's `claim <topic>` span (kind CLIENT, `receive`) of one message leased
+        to a consumer, in a trace of its own linked to the producer's context: what the
+        consumer then does is its own to trace (the lease answer's `headers` carry the
+        producer's context for it to link to)."""
+        from opentelemetry.trace import SpanKind
+
+        self.tracer.start_span(
+            f"claim {topic}",
+            context=_as_parent(None),
+            kind=SpanKind.CLIENT,
+            links=_links(message),
+            attributes=_claimed(topic, "claim", "receive", message, lateness_ms),
+        ).end()
+
+    def nacked(self, topic: str, outcomes: list[Outcome]) -> None:
+        """A `nack <topic>` span (retry scheduled, `messaging.delayq.retry_due_ms`) or a
+        `dead <topic>` span (given up: dead or dropped) per answered nack of a failed
+        attempt, the child of that attempt's deliver span: the engine answers after it
+        ended, in a batch of nacks."""
+        from opentelemetry.trace import SpanKind
+
+        for outcome in outcomes:
+            awaited = self._awaited.pop(outcome.id, None)
+            operation = NACK_SPANS.get(outcome.code)
+            if awaited is None or operation is None:
+                continue  # not an attempt of this process's, or a refused nack (lease lost)
+            context, slot, attempt = awaited
+            attributes = _attributes(topic, operation, "settle")
+            attributes.update(
+                {
+                    "messaging.message.id": outcome.id,
+                    "messaging.delayq.slot": slot,
+                    "messaging.delayq.attempt": attempt,
+                    "messaging.delayq.outcome": outcome.code.name.lower(),
+                }
+            )
+            if outcome.code is Code.RETRY_SCHEDULED and outcome.at_ms is not None:
+                attributes["messaging.delayq.retry_due_ms"] = outcome.at_ms
+            self.tracer.start_span(
+                f"{operation} {topic}",
+                context=_as_parent(context),
+                kind=SpanKind.CLIENT,
+                attributes=attributes,
+            ).end()
+
+    def inject(self, headers: dict[str, str]) -> None:
+        """Add the current span's `traceparent` (and `tracestate`) to outgoing HTTP headers."""
+        from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
+
+        TraceContextTextMapPropagator().inject(headers)
+
+
+def _attributes(topic: str, operation: str, kind: str) -> dict[str, str | int]:
+    return {
+        "messaging.system": SYSTEM,
+        "messaging.destination.name": topic,
+        "messaging.operation.name": operation,
+        "messaging.operation.type": kind,
+    }
+
+
+def _claimed(
+    topic: str, operation: str, kind: str, message: Message, lateness_ms: float
+) -> dict[str, str | int]:
+    """The attributes of a claimed message's span."""
+    attributes = _attributes(topic, operation, kind)
+    attributes.update(
+        {
+            "messaging.message.id": message.id,
+            "messaging.delayq.slot": message.slot,
+            "messaging.delayq.attempt": message.attempt,
+            "messaging.delayq.lateness_ms": max(0, round(lateness_ms)),
+        }
+    )
+    return attributes
+
+
+def _links(message: Message) -> list[Link]:
+    """A link to the producer's context the message carries, if it carries one."""
+    from opentelemetry.trace import Link
+
+    context = _context_of(message.headers)
+    return [Link(context)] if context is not None else []
+
+
+def _context_of(headers: Mapping[str, str] | None) -> SpanContext | None:
+    """The producer's span context a message carries, None without one."""
+    if not headers or TRACEPARENT not in headers:
+        return None
+    from opentelemetry.trace import get_current_span
+    from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
+
+    carrier = {TRACEPARENT: headers[TRACEPARENT]}
+    if TRACESTATE in headers:
+        carrier[TRACESTATE] = headers[TRACESTATE]
+    context = get_current_span(TraceContextTextMapPropagator().extract(carrier)).get_span_context()
+    return context if context.is_valid else None
+
+
+def _as_parent(parent: SpanContext | None) -> Context:
+    """A context whose span is `parent`, or an empty one: a new trace, whatever is current."""
+    from opentelemetry.context import Context
+    from opentelemetry.trace import NonRecordingSpan, set_span_in_context
+
+    return Context() if parent is None else set_span_in_context(NonRecordingSpan(parent))

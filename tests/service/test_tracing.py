@@ -1,0 +1,336 @@
+"""Traces: a message's W3C trace context from the producer, through a real `delayq serve`, to
+a real webhook receiver, and the spans exported to a real OTLP/HTTP receiver.
+
+The receiver is OTLP/HTTP decoded with `opentelemetry-proto` (the protocol's own generated
+messages) rather than the OpenTelemetry Collector: the Collector is a Go build of several
+minutes on CI's two cores, and no container registry is reachable to pull its image. What is
+tested is what the Collector would be sent: the protobuf export request on `/v1/traces`."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import pytest
+from aiohttp import web
+from aiohttp.test_utils import TestClient, TestServer
+from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
+    ExportTraceServiceRequest,
+    ExportTraceServiceResponse,
+)
+from opentelemetry.proto.common.v1.common_pb2 import AnyValue
+from opentelemetry.proto.trace.v1.trace_pb2 import Span, Status
+
+from delayq.local.ports import free_port
+from delayq.local.processes import ServeProcess
+from delayq.local.redis_server import RedisServer
+from delayq.local.waiting import eventually
+from delayq.queue.topic import TopicType
+from delayq.service.api import build_app
+from delayq.service.config import ServiceConfig
+from delayq.service.serve import run
+from delayq.service.service import DelayService
+from delayq.service.tracing import Tracing
+from tests.service.conftest import Receiver, StartService
+
+TRACE_ID = "4bf92f3577b34da6a3ce929d0e0e4736"
+PRODUCER_SPAN_ID = "00f067aa0ba902b7"
+# what only tracing loads (service/tracing.py imports them when on)
+TRACING_ONLY = (
+    "opentelemetry.sdk.trace",
+    "opentelemetry.exporter",
+    "opentelemetry.trace.propagation.tracecontext",
+)
+TRACEPARENT = f"00-{TRACE_ID}-{PRODUCER_SPAN_ID}-01"
+
+
+@dataclass
+class OtlpReceiver:
+    """A real OTLP/HTTP trace receiver on loopback: every span of every export request."""
+
+    url: str = ""
+    spans: list[Span] = field(default_factory=list)
+
+    def named(self, prefix: str) -> list[Span]:
+        return [span for span in self.spans if span.name.startswith(prefix)]
+
+
+@pytest.fixture
+async def otlp() -> AsyncIterator[OtlpReceiver]:
+    received = OtlpReceiver()
+
+    async def export(request: web.Request) -> web.Response:
+        assert request.content_type == "application/x-protobuf"
+        export = ExportTraceServiceRequest.FromString(await request.read())
+        for resource in export.resource_spans:
+            for scope in resource.scope_spans:
+                received.spans.extend(scope.spans)
+        reply = ExportTraceServiceResponse().SerializeToString()
+        return web.Response(body=reply, content_type="application/x-protobuf")
+
+    app = web.Application()
+    app.router.add_post("/v1/traces", export)
+    runner = web.AppRunner(app, access_log=None)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+    received.url = f"http://127.0.0.1:{port}"
+    try:
+        yield received
+    finally:
+        await runner.cleanup()
+
+
+def attributes(span: Span) -> dict[str, Any]:
+    def value(any_value: AnyValue) -> Any:
+        return getattr(any_value, any_value.WhichOneof("value") or "string_value")
+
+    return {attribute.key: value(attribute.value) for attribute in span.attributes}
+
+
+async def test_a_message_is_traced_from_producer_to_receiver(
+    redis_server: RedisServer, receiver: Receiver, otlp: OtlpReceiver, tmp_path: Path
+):
+    """The producer's `traceparent` HTTP header is stored with the message; the collector
+    gets a schedule span, child of the producer's span, and a deliver span in a trace of its
+    own *linking* the producer's, with the message's id, topic, slot, attempt and lateness;
+    the receiver's POST carries the deliver span's context as `traceparent` and the
+    producer's in the body's headers."""
+    config = ServiceConfig(
+        redis_url=redis_server.url,
+        topic="traced",
+        slot_amount=4,
+        port=free_port(),
+        topic_type=TopicType.WEBHOOK,
+        webhook_url=receiver.url,
+        max_retries=1,
+        retry_backoff_base_ms=50,
+    )
+
+    async def only_the_first_succeeds(call: int) -> int:
+        return 200 if call == 1 else 500
+
+    receiver.answer = only_the_first_succeeds
+    env = {"OTEL_EXPORTER_OTLP_ENDPOINT": otlp.url, "OTEL_BSP_SCHEDULE_DELAY": "100"}
+    process = ServeProcess(config, tmp_path / "serve.log", extra_env=env).start()
+    try:
+        async with aiohttp.ClientSession() as session:
+            await eventually(lambda: _ready(session, process), 15, "delayq serve ready")
+            async with session.post(
+                f"{process.url}/v1/topics/traced/messages",
+                json={"id": "order-7", "delayMs": 50, "payload": "hi"},
+                headers={"traceparent": TRACEPARENT, "tracestate": "shop=1"},
+            ) as answer:
+                assert answer.status == 201, await answer.text()
+                slot = (await answer.json())["slot"]
+            await eventually(lambda: len(receiver.requests) == 1, 10, "the POST")
+            async with session.post(  # refused twice: retried once, then dead
+                f"{process.url}/v1/topics/traced/messages",
+                json={"id": "order-8", "delayMs": 0, "headers": {"traceparent": TRACEPARENT}},
+            ) as answer:
+                assert answer.status == 201, await answer.text()
+            await eventually(lambda: otlp.named("dead"), 10, "the dead span exported")
+    finally:
+        process.terminate()
+        assert process.wait(10) == 0, process.log_path.read_text()
+
+    [schedule, _] = otlp.named("schedule traced")
+    assert schedule.trace_id.hex() == TRACE_ID  # the producer's trace: its child
+    assert schedule.parent_span_id.hex() == PRODUCER_SPAN_ID
+    assert schedule.kind == Span.SPAN_KIND_PRODUCER
+    assert attributes(schedule) == {
+        "messaging.system": "delayq",
+        "messaging.destination.name": "traced",
+        "messaging.operation.name": "schedule",
+        "messaging.operation.type": "send",
+        "messaging.message.id": "order-7",
+        "messaging.delayq.slot": slot,
+    }
+
+    [deliver, *failed] = otlp.named("deliver traced")
+    assert deliver.trace_id.hex() != TRACE_ID  # a trace of its own (the wait may be a year)
+    assert deliver.parent_span_id == b""
+    assert deliver.kind == Span.SPAN_KIND_CONSUMER
+    [link] = deliver.links
+    assert (link.trace_id.hex(), link.span_id.hex()) == (TRACE_ID, PRODUCER_SPAN_ID)
+    delivered = attributes(deliver)
+    assert delivered["messaging.message.id"] == "order-7"
+    assert delivered["messaging.destination.name"] == "traced"
+    assert delivered["messaging.delayq.slot"] == slot
+    assert delivered["messaging.delayq.attempt"] == 1
+    assert 0 <= delivered["messaging.delayq.lateness_ms"] < 5000
+    assert delivered["messaging.delayq.outcome"] == "ack"
+    assert deliver.status.code == deliver.status.STATUS_CODE_OK
+
+    headers, body = receiver.requests[0]
+    # the deliver span's context (its flags: sampled, and random trace id in W3C level 2)
+    assert headers["traceparent"].startswith(
+        f"00-{deliver.trace_id.hex()}-{deliver.span_id.hex()}-"
+    )
+    sent = json.loads(body)["headers"]
+    assert sent == {"traceparent": TRACEPARENT, "tracestate": "shop=1"}
+
+    # order-8's attempts: each a deliver span that failed, then its nack's span as its child
+    assert [attributes(span)["messaging.delayq.attempt"] for span in failed] == [1, 2]
+    assert {attributes(span)["messaging.delayq.outcome"] for span in failed} == {"nack"}
+    assert {span.status.code for span in failed} == {Status.STATUS_CODE_ERROR}
+    [nack] = otlp.named("nack traced")
+    [dead] = otlp.named("dead traced")
+    for settled, attempt, outcome in ((nack, 1, "retry_scheduled"), (dead, 2, "dead")):
+        assert settled.parent_span_id == failed[attempt - 1].span_id
+        assert settled.trace_id == failed[attempt - 1].trace_id
+        assert attributes(settled)["messaging.message.id"] == "order-8"
+        assert attributes(settled)["messaging.delayq.attempt"] == attempt
+        assert attributes(settled)["messaging.delayq.outcome"] == outcome
+        assert attributes(settled)["messaging.operation.type"] == "settle"
+    assert attributes(nack)["messaging.delayq.retry_due_ms"] > 0
+    for span in otlp.spans:  # the trace, as the receiver got it (shown with -s)
+        links = [f"{link.trace_id.hex()}/{link.span_id.hex()}" for link in span.links]
+        print(span.name, f"trace={span.trace_id.hex()} span={span.span_id.hex()}",
+              f"parent={span.parent_span_id.hex() or '-'} links={links}", attributes(span))
+    print("webhook POST traceparent:", headers["traceparent"], "body headers:", sent)
+
+
+async def _ready(session: aiohttp.ClientSession, process: ServeProcess) -> bool:
+    assert process.running(), process.log_path.read_text()
+    try:
+        async with session.get(process.url + "/readyz") as answer:
+            return answer.status == 200
+    except aiohttp.ClientError:
+        return False
+
+
+@pytest.mark.parametrize(
+    ("body", "headers", "field"),
+    [
+        ({"headers": {"traceparent": "00-abc-01"}}, {}, "headers.traceparent"),
+        ({}, {"traceparent": "00-" + "0" * 32 + "-00f067aa0ba902b7-01"}, "traceparent"),
+        ({}, {"tracestate": "shop=1"}, "tracestate"),
+        (
+            {"headers": {"traceparent": TRACEPARENT, "tracestate": "a=b\u00e9"}},
+            {},
+            "headers.tracestate",
+        ),
+    ],
+)
+async def test_a_malformed_trace_context_is_a_400_naming_it(
+    start_service: StartService, body: dict[str, Any], headers: dict[str, str], field: str
+):
+    running = await start_service()
+    answer = await running.client.post(
+        running.base + "/messages", json={"id": "m", "delayMs": 0, **body}, headers=headers
+    )
+    assert answer.status == 400
+    assert (await answer.json())["field"] == field
+
+
+async def test_untraced_deliveries_send_no_traceparent(
+    start_service: StartService, receiver: Receiver
+):
+    """Tracing off (the default): a message given a context keeps it in its headers, and
+    the POST has no `traceparent` of delayq's (it never makes the receiver a child of a
+    producer's span a wait ago)."""
+    running = await start_service(topic_type="webhook", webhook_url=receiver.url)
+    assert running.service.tracing is None
+    answer = await running.client.post(
+        running.base + "/messages",
+        json={"id": "m", "delayMs": 0},
+        headers={"traceparent": TRACEPARENT},
+    )
+    assert answer.status == 201, await answer.text()
+    await eventually(lambda: len(receiver.requests) == 1, 10, "the POST")
+    headers, body = receiver.requests[0]
+    assert "traceparent" not in {name.lower() for name in headers}
+    assert json.loads(body)["headers"] == {"traceparent": TRACEPARENT}
+
+
+@pytest.mark.parametrize(
+    ("env", "on"),
+    [
+        ({}, False),
+        ({"OTEL_SERVICE_NAME": "shop"}, False),
+        ({"OTEL_EXPORTER_OTLP_ENDPOINT": "http://127.0.0.1:4318"}, True),
+        ({"OTEL_EXPORTER_OTLP_TRACES_ENDPOINT": "http://127.0.0.1:4318/v1/traces"}, True),
+        ({"OTEL_TRACES_EXPORTER": "otlp"}, True),
+        ({"OTEL_TRACES_EXPORTER": "none", "OTEL_EXPORTER_OTLP_ENDPOINT": "http://a"}, False),
+        ({"OTEL_SDK_DISABLED": "true", "OTEL_TRACES_EXPORTER": "otlp"}, False),
+    ],
+)
+def test_tracing_is_off_unless_the_otel_variables_ask_for_an_otlp_export(env, on):
+    assert (Tracing.from_env(env) is not None) is on
+
+
+@pytest.mark.parametrize(
+    ("env", "named"),
+    [
+        ({"OTEL_TRACES_EXPORTER": "zipkin"}, "OTEL_TRACES_EXPORTER='zipkin'"),
+        ({"OTEL_TRACES_EXPORTER": "otlp", "OTEL_EXPORTER_OTLP_PROTOCOL": "grpc"}, "'grpc'"),
+    ],
+)
+def test_an_export_delayq_cannot_make_is_a_one_line_start_up_error(monkeypatch, capsys, env, named):
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    assert run(ServiceConfig()) == 2
+    [line] = capsys.readouterr().err.splitlines()
+    assert named in json.loads(line)["msg"]
+
+
+def test_serving_without_tracing_loads_no_tracer():
+    """Off is free: `delayq serve`'s modules load neither OpenTelemetry's SDK tracer, nor its
+    exporter, nor its propagator (redis-py, when OpenTelemetry is installed, loads parts of
+    the API and the SDK's metrics for hooks of its own: those are not delayq's)."""
+    code = (
+        "import sys, delayq.cli, delayq.service.serve, delayq.service.api;"
+        f"print(sorted(m for m in sys.modules if m.startswith({TRACING_ONLY!r})))"
+    )
+    loaded = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=60
+    )
+    assert loaded.stdout.strip() == "[]"
+
+
+async def test_a_pull_lease_is_a_claim_span_linked_to_the_producer(
+    redis_server: RedisServer, otlp: OtlpReceiver, monkeypatch
+):
+    """A pull topic's lease answer carries the producer's context in the message's headers,
+    and each leased message is a `claim` span linking it, exported to the OTLP receiver."""
+    monkeypatch.setenv("OTEL_EXPORTER_OTLP_ENDPOINT", otlp.url)
+    traced = Tracing.from_env(os.environ)
+    assert traced is not None
+    config = ServiceConfig(
+        redis_url=redis_server.url, topic="pulled", slot_amount=4, topic_type=TopicType.PULL
+    )
+    service = DelayService(config, tracing=traced)
+    await service.start()
+    client = TestClient(TestServer(build_app(service)))
+    await client.start_server()
+    try:
+        answer = await client.post(
+            "/v1/topics/pulled/messages",
+            json={"id": "p-1", "delayMs": 0, "headers": {"traceparent": TRACEPARENT}},
+        )
+        assert answer.status == 201, await answer.text()
+        slot = (await answer.json())["slot"]
+        answer = await client.post("/v1/topics/pulled/leases", json={"max": 1, "waitMs": 5000})
+        [leased] = (await answer.json())["leases"]
+    finally:
+        await service.stop()  # flushes the spans
+        await client.close()
+    assert leased["headers"] == {"traceparent": TRACEPARENT}
+    [claim] = otlp.named("claim pulled")
+    assert claim.kind == Span.SPAN_KIND_CLIENT
+    assert claim.parent_span_id == b""
+    [link] = claim.links
+    assert (link.trace_id.hex(), link.span_id.hex()) == (TRACE_ID, PRODUCER_SPAN_ID)
+    assert attributes(claim)["messaging.message.id"] == "p-1"
+    assert attributes(claim)["messaging.operation.type"] == "receive"
+    assert attributes(claim)["messaging.delayq.attempt"] == 1
+    assert attributes(claim)["messaging.delayq.slot"] == slot
