@@ -23,7 +23,8 @@ from delayq.kube.handlers.health import refresh
 from delayq.kube.objective_scrape import MetricsScraper
 from delayq.kube.objectives import Buckets, LatenessWindow
 from delayq.local.ports import free_port
-from delayq.service.metrics import ServiceMetrics
+from delayq.queue.settings import by_name
+from delayq.service.metrics import LATENESS_BUCKETS_S, ServiceMetrics
 from tests.kube.conftest import DT, Clock, own_slots
 from tests.kube.pods import LOOPBACK, NAMESPACE, RedisPods, add_service_pods
 from tests.kube.test_handlers import body, condition, provision, put_topic, write_status
@@ -167,7 +168,9 @@ async def test_removing_the_objective_says_so_and_reads_no_pod(
 
 
 def test_a_restarted_pod_counts_from_zero_and_a_flip_is_an_event() -> None:
-    """A counter that fell is a restart: the new process's buckets are its delta."""
+    """A counter that fell is a restart: the new process's buckets are its delta. (And an
+    objective is one the histogram can tell: at most its largest finite bound.)"""
+    assert by_name("objectives_lateness_p99_ms").high == LATENESS_BUCKETS_S[-1] * 1000
     window = LatenessWindow()
     late: Buckets = ((1.0, 0), (5.0, 100), (float("inf"), 100))
     window.record(0, 60, {"pod/a": late})
