@@ -20,7 +20,7 @@ from delayq.kube import naming
 from delayq.kube.context import OperatorContext
 from delayq.kube.events import condition_events
 from delayq.kube.handlers.health import refresh
-from delayq.kube.objective_scrape import MetricsScraper
+from delayq.kube.objective_scrape import MAX_METRICS_BYTES, MetricsScraper, lateness_buckets
 from delayq.kube.objectives import Buckets, LatenessWindow
 from delayq.local.ports import free_port
 from delayq.queue.settings import by_name
@@ -183,3 +183,41 @@ def test_a_restarted_pod_counts_from_zero_and_a_flip_is_an_event() -> None:
         [{"type": "ObjectiveMet", "status": "False", "reason": "LatenessAboveObjective"}],
     )
     assert [(e.type, e.reason) for e in events] == [("Warning", "LatenessAboveObjective")]
+
+
+async def test_the_scraper_reads_a_pod_and_calls_the_others_silent() -> None:
+    """The token's pod answers its buckets (empty before any delivery); a refused token, a
+    closed port, an answer beyond the size cap or not in the exposition format is silent."""
+    answering, refusing = ServicePod("token"), ServicePod("another")
+
+    async def too_long(_: web.Request) -> web.Response:
+        return web.Response(body=b"#" * (MAX_METRICS_BYTES + 2))
+
+    huge = web.Application()
+    huge.router.add_get("/metrics", too_long)
+    huge_runner = web.AppRunner(huge)
+    await huge_runner.setup()
+    huge_port = free_port()
+    await web.TCPSite(huge_runner, LOOPBACK, huge_port).start()
+    await answering.start()
+    await refusing.start()
+    try:
+        addresses = {
+            "10.0.0.1": (LOOPBACK, answering.port),
+            "10.0.0.2": (LOOPBACK, refusing.port),
+            "10.0.0.3": (LOOPBACK, free_port()),
+            "10.0.0.4": (LOOPBACK, huge_port),
+        }
+        scraper = MetricsScraper(addresses=addresses, timeout_s=1.0)
+        pods = {f"pod-{n}": f"10.0.0.{n}" for n in range(1, 5)}
+        read = await scraper.lateness(pods, "token", (NAMESPACE, "orders"))
+        assert read["pod-1"] == tuple((b, 0) for b in (*LATENESS_BUCKETS_S, float("inf")))
+        assert [read[f"pod-{n}"] for n in (2, 3, 4)] == [None, None, None]
+        answering.deliver(3, 150)
+        read = await scraper.lateness({"pod-1": "10.0.0.1"}, "token", (NAMESPACE, "other"))
+        assert read["pod-1"] == ()  # another topic's series are not this one's
+    finally:
+        for pod in (answering, refusing):
+            await pod.stop()
+        await huge_runner.cleanup()
+    assert lateness_buckets("delayq_delivery_lateness_seconds_bucket{le=", ("a", "b")) is None

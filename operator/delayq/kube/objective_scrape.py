@@ -63,10 +63,12 @@ class MetricsScraper:
             async with session.get(f"http://{host}:{port}/metrics") as answer:
                 if answer.status != 200:
                     return None
-                body = await answer.content.read(MAX_METRICS_BYTES + 1)
+                body = bytearray()
+                async for chunk in answer.content.iter_chunked(64 * 1024):
+                    body += chunk
+                    if len(body) > MAX_METRICS_BYTES:
+                        return None
         except TRANSIENT_ERRORS:
-            return None
-        if len(body) > MAX_METRICS_BYTES:
             return None
         return lateness_buckets(body.decode("utf-8", "replace"), topic)
 
