@@ -21,7 +21,7 @@ from delayq.kube.context import OperatorContext
 from delayq.kube.events import condition_events
 from delayq.kube.handlers.health import refresh
 from delayq.kube.objective_scrape import MAX_METRICS_BYTES, MetricsScraper, lateness_buckets
-from delayq.kube.objectives import Buckets, LatenessWindow
+from delayq.kube.objectives import Buckets, LatenessWindow, Silence
 from delayq.local.ports import free_port
 from delayq.queue.settings import by_name
 from delayq.service.metrics import LATENESS_BUCKETS_S, ServiceMetrics
@@ -143,7 +143,13 @@ async def test_objective_met_follows_the_p99_over_the_window_and_unknown_when_si
     clock.now += 10
     met = await health(api, ctx, logger)
     assert (met["status"], met["reason"]) == ("Unknown", "MetricsUnavailable")
-    assert "orders-service-1" in met["message"]
+    assert "orders-service-1 (no answer)" in met["message"]
+
+    await second.start()  # the tenant rotated the metrics token: the operator's copy is refused
+    second.token = "rotated"
+    clock.now += 10
+    met = await health(api, ctx, logger)
+    assert "orders-service-1 (refused the operator's metrics token)" in met["message"]
     labels = {"topic_namespace": NAMESPACE, "topic": "orders"}
     objective = "delayq_operator_lateness_objective_seconds"
     assert ctx.metrics.registry.get_sample_value(objective, labels) == 1.0  # the alert joins it
@@ -212,7 +218,8 @@ async def test_the_scraper_reads_a_pod_and_calls_the_others_silent() -> None:
         pods = {f"pod-{n}": f"10.0.0.{n}" for n in range(1, 5)}
         read = await scraper.lateness(pods, "token", (NAMESPACE, "orders"))
         assert read["pod-1"] == tuple((b, 0) for b in (*LATENESS_BUCKETS_S, float("inf")))
-        assert [read[f"pod-{n}"] for n in (2, 3, 4)] == [None, None, None]
+        refused, unanswered = Silence.REFUSED, Silence.UNANSWERED
+        assert [read[f"pod-{n}"] for n in (2, 3, 4)] == [refused, unanswered, unanswered]
         answering.deliver(3, 150)
         read = await scraper.lateness({"pod-1": "10.0.0.1"}, "token", (NAMESPACE, "other"))
         assert read["pod-1"] == ()  # another topic's series are not this one's

@@ -17,7 +17,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from delayq.kube import naming
 from delayq.kube.errors import TRANSIENT_ERRORS
-from delayq.kube.objectives import Buckets
+from delayq.kube.objectives import Buckets, Silence
 
 LATENESS_FAMILY = "delayq_delivery_lateness_seconds"
 SCRAPE_TIMEOUT_S = 2.0
@@ -44,10 +44,10 @@ class MetricsScraper:
 
     async def lateness(
         self, pods: Mapping[str, str], token: str, topic: tuple[str, str]
-    ) -> dict[str, Buckets | None]:
+    ) -> dict[str, Buckets | Silence]:
         """Each pod's (key -> pod IP) lateness buckets of `topic` (namespace, name), empty for
-        a pod that delivered nothing yet; None for a pod that did not answer in time, refused
-        the token or did not answer the exposition format."""
+        a pod that delivered nothing yet; why not for a pod that refused the token (401, 403),
+        did not answer in time or not in the exposition format."""
         timeout = aiohttp.ClientTimeout(total=self.timeout_s)
         headers = {"Authorization": f"Bearer {token}"}
         async with aiohttp.ClientSession(timeout=timeout, headers=headers) as session:
@@ -57,20 +57,23 @@ class MetricsScraper:
 
     async def _read(
         self, session: aiohttp.ClientSession, address: str, topic: tuple[str, str]
-    ) -> Buckets | None:
+    ) -> Buckets | Silence:
         host, port = self.addresses.get(address) or (address, self.port)
         try:
             async with session.get(f"http://{host}:{port}/metrics") as answer:
+                if answer.status in (401, 403):
+                    return Silence.REFUSED
                 if answer.status != 200:
-                    return None
+                    return Silence.UNANSWERED
                 body = bytearray()
                 async for chunk in answer.content.iter_chunked(64 * 1024):
                     body += chunk
                     if len(body) > MAX_METRICS_BYTES:
-                        return None
+                        return Silence.UNANSWERED
         except TRANSIENT_ERRORS:
-            return None
-        return lateness_buckets(body.decode("utf-8", "replace"), topic)
+            return Silence.UNANSWERED
+        found = lateness_buckets(body.decode("utf-8", "replace"), topic)
+        return Silence.UNANSWERED if found is None else found
 
 
 def lateness_buckets(text: str, topic: tuple[str, str]) -> Buckets | None:

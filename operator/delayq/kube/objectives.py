@@ -15,8 +15,9 @@ late ones or the punctual ones, and a partition must not page anyone about laten
 
 from __future__ import annotations
 
+import enum
 from collections import deque
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 from delayq.kube.status import FALSE, OBJECTIVE_MET, TRUE, UNKNOWN, Condition
@@ -26,6 +27,13 @@ from delayq.service.overview import quantile_ms
 #: A pod's cumulative lateness buckets: (upper bound in seconds, count), ascending, +Inf last.
 Buckets = tuple[tuple[float, int], ...]
 QUANTILE = 0.99
+
+
+class Silence(enum.StrEnum):
+    """Why a ready pod told no lateness, as the condition's message says it."""
+
+    UNANSWERED = "no answer"
+    REFUSED = "refused the operator's metrics token"  # rotated in the topic's Secret
 
 
 @dataclass(frozen=True)
@@ -86,11 +94,11 @@ def objective_condition(
     objective_ms: int,
     window_ms: int,
     measured: Measurement | None,
-    silent: Sequence[str],
+    silent: Mapping[str, Silence],
     answered: int,
 ) -> Condition:
-    """ObjectiveMet from this pass's measurement; `silent`: the ready service pods that did not
-    answer, `answered`: how many did."""
+    """ObjectiveMet from this pass's measurement; `silent`: the ready service pods that told
+    nothing and why, `answered`: how many told."""
     objective = f"the objective p99 <= {human_duration(objective_ms)}"
     window = human_duration(window_ms)
     if not silent and not answered:
@@ -105,8 +113,10 @@ def objective_condition(
             OBJECTIVE_MET,
             UNKNOWN,
             "MetricsUnavailable",
-            f"Delay-service pods {', '.join(sorted(silent))} did not answer /metrics: the "
-            f"lateness over the last {window} is unknown ({objective}).",
+            "Delay-service pods "
+            + ", ".join(f"{name} ({why})" for name, why in sorted(silent.items()))
+            + f" told no lateness on /metrics: the lateness over the last {window} is unknown "
+            f"({objective}).",
         )
     if measured is None:
         return Condition(

@@ -43,7 +43,12 @@ from delayq.kube.handlers.restore import read_or_restore
 from delayq.kube.handlers.switchover import switch_over
 from delayq.kube.libraries import delete_unused_libraries, libraries_in_use
 from delayq.kube.master_endpoint import publish_master, recorded_masters
-from delayq.kube.objectives import LatenessWindow, no_objective, objective_condition
+from delayq.kube.objectives import (
+    LatenessWindow,
+    Silence,
+    no_objective,
+    objective_condition,
+)
 from delayq.kube.redisctl import BrokerMemory
 from delayq.kube.resharding import MOVE_ERRORS, Resharding, moving, reshard, services_rolled
 from delayq.kube.routing_ahead import status_writer
@@ -312,10 +317,12 @@ async def objective_step(
     }
     token = (await operator_credentials(ctx, body, spec)).get(naming.SECRET_METRICS_TOKEN, "")
     read = await ctx.scraper.lateness({n: ip for n, (ip, _) in ready.items()}, token, key)
-    answered = {f"{n}/{ready[n][1]}": found for n, found in read.items() if found is not None}
+    answered = {
+        f"{n}/{ready[n][1]}": found for n, found in read.items() if not isinstance(found, Silence)
+    }
     window = ctx.lateness_windows.setdefault(key, LatenessWindow())
     window.record(ctx.clock(), spec.objectives_window_ms / 1000, answered)
-    silent = [name for name, found in read.items() if found is None]
+    silent = {name: why for name, why in read.items() if isinstance(why, Silence)}
     return [
         objective_condition(
             objective_ms, spec.objectives_window_ms, window.measure(), silent, len(answered)
