@@ -36,7 +36,7 @@ def glossary() -> dict[str, tuple[str, str]]:
 
 
 #: A setting named in the settings column: `path` and, in parentheses, its unit.
-SETTING = re.compile(r"`([A-Za-z.]+)`(?: \(([^)]+)\))?")
+SETTING = re.compile(r"`([A-Za-z0-9.]+)`(?: \(([^)]+)\))?")
 
 
 def test_the_glossary_gives_every_setting_one_word_and_its_unit() -> None:

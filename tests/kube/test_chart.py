@@ -812,11 +812,19 @@ def test_alerts_name_only_series_the_code_exports() -> None:
         assert names, alert["alert"]
         for name in names:
             assert name in series, f"{alert['alert']}: {name} is not exported"
-        for grouping in re.findall(r"by \(([^)]*)\)", expr):
-            for label in (item.strip() for item in grouping.split(",")):
-                assert label in target_labels or all(label in series[name] for name in names), (
-                    f"{alert['alert']}: no {label} label on {names}"
-                )
+        for grouping in re.finditer(r"by \(([^)]*)\) ", expr):
+            # the series of the aggregation's argument: up to its closing parenthesis
+            depth, end = 0, grouping.end()
+            for end in range(grouping.end(), len(expr)):
+                depth += {"(": 1, ")": -1}.get(expr[end], 0)
+                if depth == 0:
+                    break
+            aggregated = re.findall(r"delayq_[a-z_]+", expr[grouping.end() : end])
+            assert aggregated, f"{alert['alert']}: by ({grouping.group(1)}) of no series"
+            for label in (item.strip() for item in grouping.group(1).split(",")):
+                assert label in target_labels or all(
+                    label in series[name] for name in aggregated
+                ), f"{alert['alert']}: no {label} label on {aggregated}"
 
 
 def test_the_grafana_dashboard_queries_series_the_code_exports() -> None:
@@ -950,8 +958,10 @@ def test_image_digests_pin_every_image_by_content() -> None:
         assert result.returncode != 0, bad
 
 
-def test_the_lateness_alert_uses_the_objective_from_the_values() -> None:
-    """`alerts.latenessP99Seconds` is the threshold of DelayqDeliveryLate (default 1 s)."""
+def test_the_lateness_alert_holds_each_topic_to_its_objective_else_the_values() -> None:
+    """DelayqDeliveryLate compares each topic's p99 with its spec.objectives.latenessP99, as the
+    operator exports it (its own namespace's series), and a topic without one with
+    `alerts.latenessP99Seconds` (default 1 s)."""
     values = ["--set", "alerts.enabled=true", "--set-json", "alerts.latenessP99Seconds=0.25"]
     for extra, threshold in (([], "1"), (values, "0.25")):
         args = ["template", "rel", str(CHART), "--namespace", "delayq-system"]
@@ -961,5 +971,15 @@ def test_the_lateness_alert_uses_the_objective_from_the_values() -> None:
         (rule,) = of_kind(docs, "PrometheusRule")
         rules = [r for group in rule["spec"]["groups"] for r in group["rules"]]
         (late,) = [r for r in rules if r["alert"] == "DelayqDeliveryLate"]
-        assert late["expr"].startswith("histogram_quantile(0.99, ")
-        assert late["expr"].endswith(f"> {threshold}")
+        p99 = (
+            "histogram_quantile(0.99, sum by (topic_namespace, topic, le) "
+            "(rate(delayq_delivery_lateness_seconds_bucket[5m])))"
+        )
+        objective = (
+            "max by (topic_namespace, topic) "
+            '(delayq_operator_lateness_objective_seconds{namespace="delayq-system"})'
+        )
+        assert late["expr"] == (
+            f"({p99} > on (topic_namespace, topic) {objective}) or "
+            f"({p99} > {threshold} unless on (topic_namespace, topic) {objective})"
+        )

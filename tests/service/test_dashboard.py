@@ -132,6 +132,10 @@ def test_overview_shows_the_apis_numbers_without_console_errors(
     assert api["depth"]["dead"] == 1
     assert api["dueHistogram"]["nextMinute"] == 1
     assert api["dueHistogram"]["later"] == 1
+    assert (api["latenessObjectiveMs"], api["objectiveWindowMs"]) == (1000, 300_000)
+    objective = definitions(driver, "process")["Lateness objective"]
+    assert objective.startswith("p99 ≤ 1.0 s over 5 min"), objective
+    assert driver.find_elements(By.CSS_SELECTOR, "#lateness-chart line.objective")
     shown_fleet = definitions(driver, "fleet")
     assert shown_fleet["Slots held"] == f"{SLOTS} of {SLOTS}"
     assert shown_fleet["Processes"] == "2: web-0, web-1"

@@ -24,6 +24,8 @@ from delayq.kube.client import KubeClient
 from delayq.kube.config import OperatorConfig
 from delayq.kube.leader_election import make_identity
 from delayq.kube.metrics import OperatorMetrics
+from delayq.kube.objective_scrape import MetricsScraper
+from delayq.kube.objectives import LatenessWindow
 from delayq.kube.recorder import EventRecorder
 from delayq.kube.redisctl import RedisCommands, RedisControl
 from delayq.kube.zk import KazooTopicStore, TopicStore
@@ -57,6 +59,7 @@ class OperatorContext:
     # the ensembles it may connect to are the platform's: no default (see from_config)
     store: TopicStore = field(kw_only=True)
     redis: RedisControl = field(default_factory=RedisCommands)
+    scraper: MetricsScraper = field(default_factory=MetricsScraper)  # the service pods' /metrics
     identity: str = field(default_factory=make_identity)  # this replica's name in the Lease
     clock: Callable[[], float] = time.time
     generate: Callable[[], str] = generate_secret
@@ -69,6 +72,8 @@ class OperatorContext:
     # (namespace, topic, broker, library) -> since when that functions library has been
     # unused on that broker's master (kube/libraries.py: deleted after a grace)
     library_unused_since: dict[tuple[str, str, int, str], float] = field(default_factory=dict)
+    # (namespace, topic) -> its service pods' lateness readings of the objective's window
+    lateness_windows: dict[tuple[str, str], LatenessWindow] = field(default_factory=dict)
     locks: dict[tuple[str, str], asyncio.Lock] = field(default_factory=dict)
     # Posts the topics' Events; what it posted recently is forgotten with the term.
     recorder: EventRecorder = field(init=False)
@@ -116,6 +121,7 @@ class OperatorContext:
         self.master_missing_since = {}
         self.unowned_since = {}
         self.library_unused_since = {}
+        self.lateness_windows = {}
         self.locks = {}
         self.recorder = EventRecorder(self.identity, self.clock)
         self.metrics.is_leader.set(1)

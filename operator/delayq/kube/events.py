@@ -25,6 +25,7 @@ from delayq.kube.status import (
     BROKER_FULL,
     DEGRADED,
     FALSE,
+    OBJECTIVE_MET,
     PROVISIONED,
     READY,
     RESHARDING,
@@ -44,9 +45,10 @@ GOOD_STATUS = {
     DEGRADED: FALSE,
     BROKER_FULL: FALSE,
     SLOTS_UNOWNED: FALSE,
+    OBJECTIVE_MET: TRUE,
 }
 # Bad states that are only a step of creating a topic, not a problem to warn about.
-PENDING_REASONS = frozenset({"WaitingForBrokers"})
+PENDING_REASONS = frozenset({"WaitingForBrokers", "Measuring"})
 # Ready's reason while a broker has no master; right after WaitingForBrokers it is the same
 # wait (the first masters are being elected: MasterElected tells each), no Warning.
 BROKERS_UNAVAILABLE = "BrokersUnavailable"

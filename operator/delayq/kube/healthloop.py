@@ -92,6 +92,8 @@ class HealthLoop:
                 self.passes[key] = asyncio.create_task(self.one_pass(key, topic))
         self.retry_at = {key: at for key, at in self.retry_at.items() if key in listed}
         self.ctx.metrics.keep_topics(listed)  # a deleted topic's figures go with it
+        windows = self.ctx.lateness_windows  # and its pods' lateness readings
+        self.ctx.lateness_windows = {key: kept for key, kept in windows.items() if key in listed}
         await self.admit(topics)
         if self.gc is None or self.gc.done():
             self.gc = asyncio.create_task(self.collect())

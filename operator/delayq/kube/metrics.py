@@ -96,7 +96,18 @@ class OperatorMetrics:
             TOPIC_LABELS,
             registry=self.registry,
         )
-        self.topic_gauges = (self.used_memory_bytes, self.max_memory_bytes, self.unowned_slots)
+        self.lateness_objective_seconds = Gauge(
+            "delayq_operator_lateness_objective_seconds",
+            "The topic's p99 lateness objective (spec.objectives.latenessP99); absent: none",
+            TOPIC_LABELS,
+            registry=self.registry,
+        )
+        self.topic_gauges = (
+            self.used_memory_bytes,
+            self.max_memory_bytes,
+            self.unowned_slots,
+            self.lateness_objective_seconds,
+        )
         self.brokers_seen: dict[TopicKey, set[int]] = {}
 
     def observe_topic(
@@ -113,6 +124,14 @@ class OperatorMetrics:
         self.brokers_seen[topic] = set(memory)
         if unowned_slots is not None:
             self.unowned_slots.labels(*topic).set(unowned_slots)
+
+    def observe_objective(self, topic: TopicKey, lateness_p99_ms: int) -> None:
+        """The topic's objective, for the chart's DelayqDeliveryLate rule to join on (0: none,
+        no series, and the rule holds the topic to the chart's default)."""
+        if lateness_p99_ms:
+            self.lateness_objective_seconds.labels(*topic).set(lateness_p99_ms / 1000)
+        elif topic in {tuple(labels) for labels in _label_sets(self.lateness_objective_seconds)}:
+            self.lateness_objective_seconds.remove(*topic)
 
     def keep_topics(self, topics: Iterable[TopicKey]) -> None:
         """Drop the series of every topic not in `topics` (deleted, or no longer led)."""

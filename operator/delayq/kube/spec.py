@@ -223,6 +223,9 @@ class TopicSpec:
     network_policy_allow_from: tuple[dict[str, Any], ...] = ()
     # spec.resharding.maxConcurrentMoves: slots of the topic a pass moves at once (one batch)
     resharding_max_concurrent_moves: int = default("resharding_max_concurrent_moves")
+    # spec.objectives: the p99 lateness objective (0: none) and the window it is measured over
+    objectives_lateness_p99_ms: int = default("objectives_lateness_p99_ms")
+    objectives_window_ms: int = default("objectives_window_ms")
 
     def setting(self, name: str) -> Any:
         """The value of the settings table's row `name` (its delivery ones are in `delivery`)."""

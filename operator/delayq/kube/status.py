@@ -18,7 +18,16 @@ DEGRADED = "Degraded"
 BROKER_FULL = "BrokerFull"  # a broker's master near or at its maxmemory (kube/conditions.py)
 SLOTS_UNOWNED = "SlotsUnowned"  # slots without an owner for longer than a moment
 RESHARDING = "Resharding"  # slots moving onto added brokers (kube/resharding.py)
-CONDITION_TYPES = (READY, PROVISIONED, DEGRADED, BROKER_FULL, SLOTS_UNOWNED, RESHARDING)
+OBJECTIVE_MET = "ObjectiveMet"  # spec.objectives held (kube/objectives.py)
+CONDITION_TYPES = (
+    READY,
+    PROVISIONED,
+    DEGRADED,
+    BROKER_FULL,
+    SLOTS_UNOWNED,
+    RESHARDING,
+    OBJECTIVE_MET,
+)
 
 TRUE = "True"
 FALSE = "False"

@@ -555,6 +555,24 @@ SETTINGS: tuple[Setting, ...] = (
         "disk).",
         OP, change=Change.ROLL, choices=("everysec", "always"),
     ),
+    Setting(
+        "objectives.latenessP99", Kind.DURATION, 0,
+        "objective: p99 delivery lateness at most this over objectives.window (0: none)",
+        "Lateness objective, e.g. 1s (0s = none; up to 60s, the lateness histogram's largest "
+        "bucket): the 99th percentile of delivery "
+        "lateness (delivery start minus due time) over objectives.window should stay at or "
+        "below it. The operator measures it from the delay-service pods' metrics on every "
+        "health pass and reports it as the ObjectiveMet condition (and an Event when it "
+        "flips); the chart's DelayqDeliveryLate alert fires on it, and the dashboard draws it "
+        "against the measured lateness.",
+        S, change=Change.ROLL, low=0, high=60_000, bound_hint=", e.g. 1s",
+    ),
+    Setting(
+        "objectives.window", Kind.DURATION, 300_000,
+        "the time over which objectives.latenessP99 is measured",
+        "The time over which objectives.latenessP99 is measured, e.g. 5m (1m..1h).",
+        S, change=Change.ROLL, low=60_000, high=3_600_000,
+    ),
 )  # fmt: skip
 
 

@@ -456,6 +456,10 @@ SCHEMAS: dict[str, Schema] = {
             "minimum": 0,
             "description": "delivery.rateLimit.perSecond: messages per second at most (0: none)",
         },
+        latenessObjectiveMs=integer(
+            "objectives.latenessP99: the p99 lateness objective in ms (0: none)"
+        ),
+        objectiveWindowMs=integer("objectives.window: the time the objective is measured over"),
         dueHistogram=obj(
             ["overdue", *(name for name, _ in DUE_WINDOWS), "later"],
             overdue=integer("due already, not claimed"),

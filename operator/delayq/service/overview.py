@@ -384,6 +384,9 @@ def overview_json(service: DelayService, view: TopicView, age_s: float) -> dict[
         "pausedBrokers": paused,
         "paced": any(s.paced for s in slots),
         "rateLimitPerSecond": service.config.rate_limit_per_second,
+        # spec.objectives, drawn against the measured lateness (0: none)
+        "latenessObjectiveMs": service.config.objectives_lateness_p99_ms,
+        "objectiveWindowMs": service.config.objectives_window_ms,
         "dueHistogram": histogram,
         "fleet": fleet_json,
         "process": {

@@ -43,6 +43,12 @@ from delayq.kube.handlers.restore import read_or_restore
 from delayq.kube.handlers.switchover import switch_over
 from delayq.kube.libraries import delete_unused_libraries, libraries_in_use
 from delayq.kube.master_endpoint import publish_master, recorded_masters
+from delayq.kube.objectives import (
+    LatenessWindow,
+    Silence,
+    no_objective,
+    objective_condition,
+)
 from delayq.kube.redisctl import BrokerMemory
 from delayq.kube.resharding import MOVE_ERRORS, Resharding, moving, reshard, services_rolled
 from delayq.kube.routing_ahead import status_writer
@@ -50,6 +56,7 @@ from delayq.kube.routing_record import RECORD_FIELD, RoutingRecordInvalid, routi
 from delayq.kube.settings_record import publish_settings
 from delayq.kube.spec import SpecError, TopicSpec
 from delayq.kube.status import (
+    OBJECTIVE_MET,
     PROVISIONED,
     SLOTS_UNOWNED,
     Condition,
@@ -117,8 +124,9 @@ async def health_pass(
     # What the pass did that the status does not show (a demotion, moves): told now, once.
     await ctx.recorder.post(ctx.kube, body, actions)
     health = await topic_health(ctx, view, brokers, routing, resharding, record)
+    objective = await objective_step(ctx, body, view)  # after every decision: never delays one
     fields = health.fields()
-    patch = with_conditions(ctx, body, list(health.conditions), **fields)
+    patch = with_conditions(ctx, body, [*health.conditions, *objective], **fields)
     if record and resharding is not None and resharding.recorded:
         # patched ahead of a switch meanwhile: the diff against the status the pass started
         # from would leave it ahead when a switch failed
@@ -286,6 +294,40 @@ def slots_condition(
         since = ctx.clock()
     previous = find_condition(status, SLOTS_UNOWNED)
     return slots_unowned_condition(previous, unowned, total, ctx.clock() - since)
+
+
+async def objective_step(
+    ctx: OperatorContext, body: Mapping[str, Any], view: TopicView
+) -> list[Condition]:
+    """ObjectiveMet (objectives.py): the ready service pods' lateness, read at once under one
+    deadline (objective_scrape.py), added to the topic's window; none while the topic has no
+    objective and never had one."""
+    spec = view.spec
+    key = (spec.namespace, spec.name)
+    objective_ms = spec.objectives_lateness_p99_ms
+    ctx.metrics.observe_objective(key, objective_ms)
+    if not objective_ms:
+        ctx.lateness_windows.pop(key, None)
+        return [] if find_condition(view.status, OBJECTIVE_MET) is None else [no_objective()]
+    pods = await ctx.kube.list("v1", "Pod", spec.namespace, naming.service_selector(spec.name))
+    ready = {
+        pod["metadata"]["name"]: (pod["status"]["podIP"], str(pod["metadata"].get("uid") or ""))
+        for pod in pods
+        if pod_ready(pod) and (pod.get("status") or {}).get("podIP")
+    }
+    token = (await operator_credentials(ctx, body, spec)).get(naming.SECRET_METRICS_TOKEN, "")
+    read = await ctx.scraper.lateness({n: ip for n, (ip, _) in ready.items()}, token, key)
+    answered = {
+        f"{n}/{ready[n][1]}": found for n, found in read.items() if not isinstance(found, Silence)
+    }
+    window = ctx.lateness_windows.setdefault(key, LatenessWindow())
+    window.record(ctx.clock(), spec.objectives_window_ms / 1000, answered)
+    silent = {name: why for name, why in read.items() if isinstance(why, Silence)}
+    return [
+        objective_condition(
+            objective_ms, spec.objectives_window_ms, window.measure(), silent, len(answered)
+        )
+    ]
 
 
 

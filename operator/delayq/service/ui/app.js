@@ -236,10 +236,11 @@
       ["Failed attempts", number(p.deliveries.failed || 0)],
       ["Sent to dead", number(p.dead)],
       ["Lateness p50 / p99", `≤ ${p.latenessP50Ms ?? "—"} ms / ≤ ${p.latenessP99Ms ?? "—"} ms`],
+      ["Lateness objective", objectiveText(o.latenessObjectiveMs, o.objectiveWindowMs, window)],
     ]);
     renderDelivery(o.pausedBrokers, o.brokers, o.paced, o.rateLimitPerSecond);
     renderHistogram(o.dueHistogram);
-    renderLateness(window);
+    renderLateness(window, o.latenessObjectiveMs);
     stamp("overview-updated");
     markLoaded("page-overview");
     return o;
@@ -294,11 +295,21 @@
     );
   }
 
-  function renderLateness(window) {
+  /** spec.objectives against this process's p99 of the last poll window, in words (the
+   *  operator's ObjectiveMet condition measures every pod over the objective's window). */
+  function objectiveText(objectiveMs, windowMs, window) {
+    if (!objectiveMs) return "none (spec.objectives.latenessP99)";
+    const stated = `p99 ≤ ${duration(objectiveMs)} over ${duration(windowMs)}`;
+    if (!window || window.n <= 0 || window.p99 === null) return `${stated}; no deliveries in the last poll`;
+    const verdict = window.p99 > objectiveMs ? "⚠ above it" : "within it";
+    return `${stated}; last poll p99 ≤ ${window.p99} ms: ${verdict}`;
+  }
+
+  function renderLateness(window, objectiveMs) {
     const svg = $("lateness-chart");
     const ns = "http://www.w3.org/2000/svg";
     const values = history.flatMap((h) => [h.p50, h.p99]).filter((v) => v !== null);
-    const top = Math.max(1, ...values);
+    const top = Math.max(1, objectiveMs || 0, ...values);
     const line = (key, cls) => {
       const points = history
         .map((h, i) => (h[key] === null ? null : `${(i * 600) / (HISTORY - 1)},${120 - (h[key] / top) * 110}`))
@@ -309,11 +320,22 @@
       node.setAttribute("class", cls);
       return node;
     };
-    svg.replaceChildren(line("p50", "p50"), line("p99", "p99"));
-    $("lateness-summary").textContent = window && window.n > 0
+    const lines = [line("p50", "p50"), line("p99", "p99")];
+    if (objectiveMs) {
+      const y = 120 - (objectiveMs / top) * 110;
+      const objective = document.createElementNS(ns, "line");
+      for (const [name, value] of [["x1", 0], ["x2", 600], ["y1", y], ["y2", y]]) {
+        objective.setAttribute(name, value);
+      }
+      objective.setAttribute("class", "objective");
+      lines.push(objective);
+    }
+    svg.replaceChildren(...lines);
+    const goal = objectiveMs ? ` The dotted line is the p99 objective, ${objectiveMs} ms.` : "";
+    $("lateness-summary").textContent = (window && window.n > 0
       ? `Last poll window: ${number(window.n)} deliveries, p50 ≤ ${window.p50} ms (solid line), ` +
         `p99 ≤ ${window.p99} ms (dashed line); chart top ${top} ms.`
-      : "No deliveries by this process in the last poll window.";
+      : "No deliveries by this process in the last poll window.") + goal;
   }
 
   // ---- slots -----------------------------------------------------------------------------
