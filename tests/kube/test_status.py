@@ -71,3 +71,12 @@ def test_ready_from_the_last_health_pass_observations() -> None:
     assert observed_ready(seen, ok, 2).reason == "BrokersUnavailable"
     down = {"brokers": [{"index": 0, "state": "Ready"}, {"index": 1, "state": "NoMaster"}]}
     assert observed_ready(down, ok, 2).reason == "BrokersUnavailable"
+
+
+def test_a_null_inside_an_object_is_no_change_once_stored() -> None:
+    """A merge patch's None deletes a nested key (status.routing's `doubledSlots` after a
+    doubling): the stored status lacks it, and writing the same None again is no change."""
+    stored = {"routing": {"slots": "0-15:0"}}
+    assert status_patch(stored, {"routing": {"slots": "0-15:0", "doubledSlots": None}}) == {}
+    changed = {"routing": {"slots": "0-15:0", "doubledSlots": "0-3"}}
+    assert status_patch(stored, changed) == changed

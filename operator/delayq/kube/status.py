@@ -84,18 +84,26 @@ def merge_conditions(
 def status_patch(old: Mapping[str, Any], new: Mapping[str, Any]) -> dict[str, Any]:
     """A JSON merge patch turning `old` into `new` at the top level of status.
 
-    Keys equal in both are left out; keys gone from `new` become None (deleted). Nested values
-    are replaced whole: conditions and broker lists are small, and replacing avoids merge-patch
-    ambiguity on lists.
+    Keys equal in both (a None inside an object counting as absent) are left out; keys gone
+    from `new` become None (deleted). Nested values are replaced whole: conditions and broker
+    lists are small, and replacing avoids merge-patch ambiguity on lists.
     """
     patch: dict[str, Any] = {}
     for key, value in new.items():
-        if old.get(key) != value:
+        if _stored(old.get(key)) != _stored(value):
             patch[key] = value
     for key in old:
         if key not in new:
             patch[key] = None
     return patch
+
+
+def _stored(value: Any) -> Any:
+    """`value` as the API server keeps it after a merge patch: a None inside an object deletes
+    its key (status.routing's `doubledSlots` once a doubling ended), so it is no change."""
+    if isinstance(value, Mapping):
+        return {key: _stored(item) for key, item in value.items() if item is not None}
+    return value
 
 
 def patched(old: Mapping[str, Any], patch: Mapping[str, Any]) -> dict[str, Any]:
