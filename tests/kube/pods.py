@@ -114,18 +114,7 @@ class RedisPods(Mapping[str, tuple[str, int]]):
                 raise AssertionError(f"only {len(self.pool)} redis-servers in the pool")
             server = self.pool[len(self.pods)]
             pod = self.pods[name] = RedisPod(name, broker, ip, server)
-            admin = redis.Redis(port=server.port)
-            topic = Topic("orders", namespace=NAMESPACE, slot_amount=1)
-            admin.execute_command(
-                "ACL", "SETUSER", acl.SERVICE_USER, *acl.service_user_rules(topic), f">{password}"
-            )
-            admin.config_set("masteruser", acl.ADMIN_USER)
-            admin.config_set("masterauth", admin_password)
-            admin.execute_command(
-                "ACL", "SETUSER", acl.ADMIN_USER, *acl.ADMIN_RULES, f">{admin_password}"
-            )
-            admin.execute_command("ACL", "SETUSER", "default", "off")
-            admin.close()
+            self._start_script(server, password, admin_password)
             added.append(pod)
         if master is not None:
             self.record_master(broker, added[master])
@@ -136,6 +125,34 @@ class RedisPods(Mapping[str, tuple[str, int]]):
                 else:  # a replica of the master Service: of nothing while no pod is labelled
                     client.replicaof(*self[master_service_host(broker)])
         return added
+
+    @staticmethod
+    def _start_script(server: RedisServer, password: str, admin_password: str) -> None:
+        """The users and replication login the chart's start script gives a pod's Redis."""
+        admin = redis.Redis(port=server.port)
+        topic = Topic("orders", namespace=NAMESPACE, slot_amount=1)
+        admin.execute_command(
+            "ACL", "SETUSER", acl.SERVICE_USER, *acl.service_user_rules(topic), f">{password}"
+        )
+        admin.config_set("masteruser", acl.ADMIN_USER)
+        admin.config_set("masterauth", admin_password)
+        admin.execute_command(
+            "ACL", "SETUSER", acl.ADMIN_USER, *acl.ADMIN_RULES, f">{admin_password}"
+        )
+        admin.execute_command("ACL", "SETUSER", "default", "off")
+        admin.close()
+
+    def restart_replica(self, name: str, masterauth: str) -> None:
+        """The pod's Redis restarts empty as a replica of its master Service that logs in
+        with `masterauth` (another password than the master's: a credentials change that
+        reached this pod only)."""
+        pod = self.pods[name]
+        pod.server.stop()
+        pod.server.start()
+        self._start_script(pod.server, self.password(), self.admin_password())
+        with self.client(name) as client:
+            client.config_set("masterauth", masterauth)
+            client.replicaof(*self[master_service_host(pod.broker)])
 
     def password(self) -> str:
         """The Redis password from the Secret the operator generated (what the pods mount)."""

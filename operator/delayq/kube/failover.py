@@ -7,7 +7,11 @@ Rules, in order:
    to a replica of it, so it resyncs and can never overwrite the new master's data.
 2. When the recorded master is gone or not ready, wait `grace_s` (a restarting pod keeps its
    data and role), then promote the ready, reachable pod with the highest replication offset
-   (ties: more keys, then the lowest ordinal) and record it as master.
+   (ties: more keys, then the lowest ordinal) and record it as master. Only a replica that
+   synced from the master since it started may be promoted (`synced`: redisctl._synced): one
+   that never did (restarted from its own files while the master ran on, unable to
+   authenticate, mid full sync) holds an old copy, and promoting it would lose every write
+   since; the broker waits for its master instead (NoSyncedReplica).
 3. A broker that never had a master (fresh topic) promotes at once: there is nothing to lose.
 A broker with no promotable pod waits and is reported unavailable.
 
@@ -39,6 +43,7 @@ class RedisPod:
     keys: int = 0
     terminating: bool = False  # the pod has a deletionTimestamp: it is about to stop
     link_up: bool = False  # a replica whose link to its master is up (master_link_status)
+    synced: bool = False  # a replica that synced from its master since it started
 
     @property
     def reachable(self) -> bool:
@@ -96,15 +101,23 @@ def decide(
             reason="MasterMissing",
             message=f"master not ready; failover in {left:.0f}s unless it returns",
         )
+    reachable = [p for p in pods if p.ready and p.reachable and not p.terminating]
+    # a fresh broker has nothing to lose; after a master, only a copy of its data may replace it
     candidates = sorted(
-        (p for p in pods if p.ready and p.reachable and not p.terminating), key=_rank, reverse=True
+        (p for p in reachable if not had_master or p.synced or p.role == "master"),
+        key=_rank,
+        reverse=True,
     )
     if not candidates:
         return Decision(
-            master=None,
+            master=current.name if current and reachable else None,
             missing_since=since,
-            reason="NoPromotableReplica",
-            message="no ready, reachable Redis pod to promote",
+            reason="NoSyncedReplica" if reachable else "NoPromotableReplica",
+            message=(
+                "no replica synced from the master since it started: waiting for the master"
+                if reachable
+                else "no ready, reachable Redis pod to promote"
+            ),
         )
     chosen = candidates[0]
     return Decision(

@@ -413,6 +413,7 @@ async def observe_pods(
                 keys=info.keys if info else 0,
                 terminating=bool(pod["metadata"].get("deletionTimestamp")),
                 link_up=bool(info and info.link_up),
+                synced=bool(info and info.synced),
             )
         )
     return BrokerPods(pods, addresses, uids)
