@@ -117,6 +117,9 @@ def test_a_replica_that_never_synced_is_never_promoted() -> None:
     assert decision.promote is None
     assert (decision.master, decision.reason) == ("t-redis-0-0", "NoSyncedReplica")
     assert decision.missing_since == NOW
+    # the recorded master's pod made again mounts its volume: it may be promoted
+    again = RedisPod("t-redis-0-0", 0, True, False, "slave", master_volume=True)
+    assert decide([again, pods[1]], NOW + GRACE, GRACE, NOW, True).promote == "t-redis-0-0"
     # a fresh broker has nothing to lose: it elects at once
     assert decide([pod(1, synced=False)], NOW, GRACE, None, False).promote == "t-redis-0-1"
 

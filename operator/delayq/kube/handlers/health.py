@@ -38,7 +38,8 @@ from delayq.kube.credentials import operator_credentials
 from delayq.kube.ensembles import EnsembleRefused
 from delayq.kube.errors import TRANSIENT_ERRORS, TopicFailure
 from delayq.kube.events import WARNING, TopicEvent
-from delayq.kube.failover import Decision, RedisPod, decide
+from delayq.kube.failover import Decision, decide
+from delayq.kube.handlers.broker_pods import BrokerPods, observe_pods, pod_ready
 from delayq.kube.handlers.restore import read_or_restore
 from delayq.kube.handlers.switchover import switch_over
 from delayq.kube.libraries import delete_unused_libraries, libraries_in_use
@@ -66,16 +67,6 @@ from delayq.kube.topic_health import (
 )
 from delayq.kube.topics import now_iso, parse_body, with_conditions
 from delayq.queue import Topic, TopicStats
-
-
-def pod_ready(pod: Mapping[str, Any]) -> bool:
-    conditions = (pod.get("status") or {}).get("conditions") or []
-    return any(c.get("type") == "Ready" and c.get("status") == "True" for c in conditions)
-
-
-def pod_ordinal(name: str) -> int:
-    return int(name.rsplit("-", 1)[1])
-
 
 HEALTH_RETRY_S = 15.0
 
@@ -328,19 +319,6 @@ class BrokerObservation:
 
 
 @dataclass(frozen=True)
-class BrokerPods:
-    """A broker's Redis pods as observed: for failover.decide, and their addresses and UIDs."""
-
-    pods: list[RedisPod]
-    addresses: dict[str, str | None]
-    uids: dict[str, str]
-
-    @property
-    def ready(self) -> set[str]:
-        return {pod.name for pod in self.pods if pod.ready}
-
-
-@dataclass(frozen=True)
 class MasterReport:
     """What a serving master told: its slots' stats, its memory and pause (None: unread)."""
 
@@ -380,43 +358,6 @@ async def tend_broker(
     if report.paused is not None:
         entry = dataclasses.replace(entry, paused=report.paused)
     return BrokerObservation(entry, report.stats, report.memory, events, master_address)
-
-
-async def observe_pods(
-    ctx: OperatorContext, spec: TopicSpec, broker: int, password: str, recorded: str | None
-) -> BrokerPods:
-    """The broker's Redis pods, each with its replication as it answers (None: silent) and
-    whether it is the recorded master."""
-    raw_pods = await ctx.kube.list(
-        "v1", "Pod", spec.namespace, naming.redis_selector(spec.name, broker)
-    )
-    pods, addresses, uids = [], {}, {}
-    for pod in raw_pods:
-        name = pod["metadata"]["name"]
-        address = (pod.get("status") or {}).get("podIP")
-        addresses[name] = address
-        uids[name] = str(pod["metadata"].get("uid") or "")
-        labels = pod["metadata"].get("labels") or {}
-        if recorded is None:
-            named = labels.get(naming.LEGACY_LABEL_ROLE) == naming.LEGACY_ROLE_MASTER
-        else:
-            named = naming.master_record(name, uids[name]) == recorded
-        info = await ctx.redis.inspect(address, password) if address else None
-        pods.append(
-            RedisPod(
-                name=name,
-                ordinal=pod_ordinal(name),
-                ready=pod_ready(pod),
-                named_master=named,
-                role=info.role if info else None,
-                offset=info.offset if info else 0,
-                keys=info.keys if info else 0,
-                terminating=bool(pod["metadata"].get("deletionTimestamp")),
-                link_up=bool(info and info.link_up),
-                synced=bool(info and info.synced),
-            )
-        )
-    return BrokerPods(pods, addresses, uids)
 
 
 def decide_master(
