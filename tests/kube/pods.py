@@ -95,21 +95,8 @@ class RedisPods(Mapping[str, tuple[str, int]]):
         added = []
         for ordinal in range(count):
             name = naming.redis_pod("orders", broker, ordinal)
-            labels = {
-                naming.LABEL_TOPIC: "orders",
-                naming.LABEL_COMPONENT: naming.COMPONENT_REDIS,
-                naming.LABEL_BROKER: str(broker),
-            }
             ip = f"10.0.{broker}.{ordinal}"
-            self.api.objects["v1/pods", NAMESPACE, name] = {
-                "metadata": {
-                    "name": name,
-                    "namespace": NAMESPACE,
-                    "uid": f"{name}-{next(UIDS)}",
-                    "labels": labels,
-                },
-                "status": {"podIP": ip, "conditions": [{"type": "Ready", "status": "True"}]},
-            }
+            self._store_pod(name, broker, ip, {})
             if len(self.pods) >= len(self.pool):
                 raise AssertionError(f"only {len(self.pool)} redis-servers in the pool")
             server = self.pool[len(self.pods)]
@@ -125,6 +112,29 @@ class RedisPods(Mapping[str, tuple[str, int]]):
                 else:  # a replica of the master Service: of nothing while no pod is labelled
                     client.replicaof(*self[master_service_host(broker)])
         return added
+
+    def _store_pod(self, name: str, broker: int, ip: str, labels: Mapping[str, str]) -> None:
+        """The pod object, Ready, with a new uid (and `labels` besides the broker's)."""
+        self.api.objects["v1/pods", NAMESPACE, name] = {
+            "metadata": {
+                "name": name,
+                "namespace": NAMESPACE,
+                "uid": f"{name}-{next(UIDS)}",
+                "labels": {
+                    naming.LABEL_TOPIC: "orders",
+                    naming.LABEL_COMPONENT: naming.COMPONENT_REDIS,
+                    naming.LABEL_BROKER: str(broker),
+                    **labels,
+                },
+            },
+            "status": {"podIP": ip, "conditions": [{"type": "Ready", "status": "True"}]},
+        }
+
+    def make_again(self, name: str, labels: Mapping[str, str]) -> None:
+        """The StatefulSet controller makes a deleted pod again (same name and IP, a new uid,
+        `labels`: its revision); "its" Redis is left to the test to restart."""
+        pod = self.pods[name]
+        self._store_pod(name, pod.broker, pod.ip, labels)
 
     @staticmethod
     def _start_script(server: RedisServer, password: str, admin_password: str) -> None:

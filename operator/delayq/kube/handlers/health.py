@@ -11,7 +11,8 @@ on a kopf timer: see healthloop.py). `health_pass` runs its steps in order:
    switchover of a stopping master: switchover.py), then tend the serving master
    (`tend_master`: load the engine's functions library and delete old ones nobody calls,
    libraries.py; read depths and memory; hold the spec's pause): a `BrokerObservation`;
-3. `reshard_step`: slot moves onto added brokers, or a doubling (resharding.py);
+3. `reshard_step`: slot moves onto added brokers, or a doubling (resharding.py), then
+   `roll_step`: the next pod of the operator's roll onto the brokers' new spec (rolling.py);
 4. `topic_health`: per-broker state, slot ownership, depths, conditions and the copy of the
    routing (`status.routing`, published again when ZooKeeper lost the node: restore.py), as a
    typed `TopicHealth` (topic_health.py), turned into status fields only at the end. The
@@ -41,6 +42,7 @@ from delayq.kube.events import WARNING, TopicEvent
 from delayq.kube.failover import Decision, decide
 from delayq.kube.handlers.broker_pods import BrokerPods, observe_pods, pod_ready
 from delayq.kube.handlers.restore import read_or_restore
+from delayq.kube.handlers.rolling import roll_step
 from delayq.kube.handlers.switchover import switch_over
 from delayq.kube.libraries import delete_unused_libraries, libraries_in_use
 from delayq.kube.master_endpoint import publish_master, recorded_masters
@@ -104,6 +106,7 @@ async def health_pass(
     actions = [event for seen in brokers for event in seen.events]
     if resharding is not None:
         actions += resharding.events
+    actions += await roll_step(ctx, body, spec, view.password, logger)
     # What the pass did that the status does not show (a demotion, moves): told now, once.
     await ctx.recorder.post(ctx.kube, body, actions)
     health = await topic_health(ctx, view, brokers, routing, resharding, record)
