@@ -136,12 +136,14 @@ async def test_a_replica_that_cannot_log_in_to_its_master_is_never_promoted(
     broker = body(api)["status"]["brokers"][0]
     assert (broker["state"], broker["masterPod"]) == ("NoSyncedReplica", "orders-redis-0-0")
     assert "lastFailoverTime" not in broker
+    assert posted(api).count(("Warning", "FailoverRefused")) == 1
 
     # the master returns with every message: it is master again
     set_pod_ready(api, "orders-redis-0-0", True)
     redis_pods.heal("orders-redis-0-0")
     await run(ctx, api, logger, refresh)
     assert body(api)["status"]["brokers"][0]["state"] == "Ready"
+    assert posted(api).count(("Normal", "MasterReturned")) == 1
     assert redis_pods.recorded_master(0) == "orders-redis-0-0"
     try:
         assert queue.stats().scheduled == 20
