@@ -19,9 +19,10 @@ def pod(
     in_sync: bool = True,
     offset: int = 0,
     broker: int = 0,
+    legacy: bool = False,
 ) -> RollPod:
     name = f"t-redis-{broker}-{ordinal}"
-    return RollPod(name, ordinal, master, ready, terminating, in_sync, outdated, offset)
+    return RollPod(name, ordinal, master, ready, terminating, in_sync, outdated, offset, legacy)
 
 
 def step(*brokers: list[RollPod], since: float | None = None, now: float = NOW) -> RollStep:
@@ -76,6 +77,16 @@ def test_updated_replicas_that_never_sync_are_waited_for_then_the_master_restart
     # one of them synced meanwhile: switched over to it
     one = [*pods, pod(2, outdated=False)]
     assert step(one, since=NOW, now=NOW + WAIT).switch_to == "t-redis-0-2"
+
+
+def test_pods_the_operator_cannot_log_in_to_roll_replicas_first_then_the_master_in_place() -> None:
+    """0.1.0's pods have no delayq-operator user: their replication cannot be read, and the
+    old master cannot be switched over (it would need the operator's login)."""
+    old = [pod(0, master=True, legacy=True), pod(1, legacy=True)]
+    assert next_step([old], 2, NOW, None, WAIT).delete == "t-redis-0-1"
+    updated = [pod(0, master=True, legacy=True), pod(1, outdated=False)]
+    decided = next_step([updated], 2, NOW, None, WAIT)
+    assert (decided.delete, decided.switch_to) == ("t-redis-0-0", None)
 
 
 def test_nothing_to_roll() -> None:

@@ -21,7 +21,8 @@ makes it again from the new spec), so that nothing is lost and the write pause i
    then the master is switched over to one in sync if any, else restarted in place as above
    (failover.py never promotes a replica that did not sync): it comes back as master and the
    replicas sync from it with the login they share now. Writes pause for its restart; nothing
-   is lost and nothing is asked of the user.
+   is lost and nothing is asked of the user. Pods of an older version the operator cannot log
+   in to (`legacy`) roll the same way: replicas first, the master in place.
 """
 
 from __future__ import annotations
@@ -42,6 +43,10 @@ class RollPod:
     in_sync: bool  # a replica whose link to its master is up (a master: True)
     outdated: bool  # runs an older revision than its StatefulSet's updateRevision
     offset: int = 0
+    # outdated, Ready, and the operator cannot log in to it (an older version's users: 0.1.0's
+    # pods have no delayq-operator): its replication cannot be read, so it counts as in sync
+    # and is restarted without a switchover
+    legacy: bool = False
 
 
 @dataclass(frozen=True)
@@ -89,7 +94,7 @@ def next_step(
                     waiting_since=since,
                 )
         synced = [pod for pod in replicas if pod.in_sync]
-        if synced:
+        if synced and not master.legacy:  # a switchover needs to log in to the old master
             target = max(synced, key=lambda p: (p.offset, -p.ordinal))
             return RollStep(delete=master.name, broker=index, switch_to=target.name)
         return RollStep(delete=master.name, broker=index)

@@ -131,8 +131,10 @@ async def _broker(
     pods = await observe_pods(ctx, spec, broker, password, recorded)
     rolls = []
     for pod in pods.pods:
-        master = pod.named_master and pod.role == "master" and pod.ready
         running = pods.revisions.get(pod.name)
+        outdated = bool(revision and running and running != revision)
+        legacy = outdated and pod.ready and not pod.reachable and bool(pods.addresses[pod.name])
+        master = pod.named_master and pod.ready and (pod.role == "master" or legacy)
         rolls.append(
             RollPod(
                 name=pod.name,
@@ -140,9 +142,10 @@ async def _broker(
                 master=master,
                 ready=pod.ready,
                 terminating=pod.terminating,
-                in_sync=master or (pod.role == "slave" and pod.link_up),
-                outdated=bool(revision and running and running != revision),
+                in_sync=master or legacy or (pod.role == "slave" and pod.link_up),
+                outdated=outdated,
                 offset=pod.offset,
+                legacy=legacy,
             )
         )
     return pods, rolls
