@@ -95,37 +95,13 @@ class RedisPods(Mapping[str, tuple[str, int]]):
         added = []
         for ordinal in range(count):
             name = naming.redis_pod("orders", broker, ordinal)
-            labels = {
-                naming.LABEL_TOPIC: "orders",
-                naming.LABEL_COMPONENT: naming.COMPONENT_REDIS,
-                naming.LABEL_BROKER: str(broker),
-            }
             ip = f"10.0.{broker}.{ordinal}"
-            self.api.objects["v1/pods", NAMESPACE, name] = {
-                "metadata": {
-                    "name": name,
-                    "namespace": NAMESPACE,
-                    "uid": f"{name}-{next(UIDS)}",
-                    "labels": labels,
-                },
-                "status": {"podIP": ip, "conditions": [{"type": "Ready", "status": "True"}]},
-            }
+            self._store_pod(name, broker, ip, {})
             if len(self.pods) >= len(self.pool):
                 raise AssertionError(f"only {len(self.pool)} redis-servers in the pool")
             server = self.pool[len(self.pods)]
             pod = self.pods[name] = RedisPod(name, broker, ip, server)
-            admin = redis.Redis(port=server.port)
-            topic = Topic("orders", namespace=NAMESPACE, slot_amount=1)
-            admin.execute_command(
-                "ACL", "SETUSER", acl.SERVICE_USER, *acl.service_user_rules(topic), f">{password}"
-            )
-            admin.config_set("masteruser", acl.ADMIN_USER)
-            admin.config_set("masterauth", admin_password)
-            admin.execute_command(
-                "ACL", "SETUSER", acl.ADMIN_USER, *acl.ADMIN_RULES, f">{admin_password}"
-            )
-            admin.execute_command("ACL", "SETUSER", "default", "off")
-            admin.close()
+            self._start_script(server, password, admin_password)
             added.append(pod)
         if master is not None:
             self.record_master(broker, added[master])
@@ -136,6 +112,57 @@ class RedisPods(Mapping[str, tuple[str, int]]):
                 else:  # a replica of the master Service: of nothing while no pod is labelled
                     client.replicaof(*self[master_service_host(broker)])
         return added
+
+    def _store_pod(self, name: str, broker: int, ip: str, labels: Mapping[str, str]) -> None:
+        """The pod object, Ready, with a new uid (and `labels` besides the broker's)."""
+        self.api.objects["v1/pods", NAMESPACE, name] = {
+            "metadata": {
+                "name": name,
+                "namespace": NAMESPACE,
+                "uid": f"{name}-{next(UIDS)}",
+                "labels": {
+                    naming.LABEL_TOPIC: "orders",
+                    naming.LABEL_COMPONENT: naming.COMPONENT_REDIS,
+                    naming.LABEL_BROKER: str(broker),
+                    **labels,
+                },
+            },
+            "status": {"podIP": ip, "conditions": [{"type": "Ready", "status": "True"}]},
+        }
+
+    def make_again(self, name: str, labels: Mapping[str, str]) -> None:
+        """The StatefulSet controller makes a deleted pod again (same name and IP, a new uid,
+        `labels`: its revision); "its" Redis is left to the test to restart."""
+        pod = self.pods[name]
+        self._store_pod(name, pod.broker, pod.ip, labels)
+
+    @staticmethod
+    def _start_script(server: RedisServer, password: str, admin_password: str) -> None:
+        """The users and replication login the chart's start script gives a pod's Redis."""
+        admin = redis.Redis(port=server.port)
+        topic = Topic("orders", namespace=NAMESPACE, slot_amount=1)
+        admin.execute_command(
+            "ACL", "SETUSER", acl.SERVICE_USER, *acl.service_user_rules(topic), f">{password}"
+        )
+        admin.config_set("masteruser", acl.ADMIN_USER)
+        admin.config_set("masterauth", admin_password)
+        admin.execute_command(
+            "ACL", "SETUSER", acl.ADMIN_USER, *acl.ADMIN_RULES, f">{admin_password}"
+        )
+        admin.execute_command("ACL", "SETUSER", "default", "off")
+        admin.close()
+
+    def restart_replica(self, name: str, masterauth: str) -> None:
+        """The pod's Redis restarts empty as a replica of its master Service that logs in
+        with `masterauth` (another password than the master's: a credentials change that
+        reached this pod only)."""
+        pod = self.pods[name]
+        pod.server.stop()
+        pod.server.start()
+        self._start_script(pod.server, self.password(), self.admin_password())
+        with self.client(name) as client:
+            client.config_set("masterauth", masterauth)
+            client.replicaof(*self[master_service_host(pod.broker)])
 
     def password(self) -> str:
         """The Redis password from the Secret the operator generated (what the pods mount)."""

@@ -363,7 +363,8 @@ TOPIC_RULES = {
     ("", "configmaps"): {"get", "create", "patch"},
     # written, never read, listed or deleted: the operator's copies are in its own namespace
     ("", "secrets"): {"create", "patch"},
-    ("", "pods"): {"list"},  # no patch: the master Service follows an EndpointSlice
+    # no patch: the master Service follows an EndpointSlice; delete: the brokers' roll
+    ("", "pods"): {"list", "delete"},
     ("discovery.k8s.io", "endpointslices"): {"get", "create", "patch"},
     ("", "events"): {"create"},
     ("policy", "poddisruptionbudgets"): {"get", "create", "patch"},

@@ -18,9 +18,19 @@ def pod(
     keys: int = 0,
     terminating: bool = False,
     link_up: bool = True,
+    synced: bool = True,
 ) -> RedisPod:
     return RedisPod(
-        f"t-redis-0-{ordinal}", ordinal, ready, master, role, offset, keys, terminating, link_up
+        f"t-redis-0-{ordinal}",
+        ordinal,
+        ready,
+        master,
+        role,
+        offset,
+        keys,
+        terminating,
+        link_up,
+        synced,
     )
 
 
@@ -90,6 +100,28 @@ def test_nothing_promotable_reports_and_waits() -> None:
     assert decision.promote is None
     assert decision.reason == "NoPromotableReplica"
     assert decision.missing_since == NOW
+
+
+def test_a_replica_that_never_synced_is_never_promoted() -> None:
+    """Regression: the highest offset won even from a replica that never synced since it
+    started (it restarted from its own files while the master ran on, or could not
+    authenticate): promoting it lost every write since."""
+    pods = [
+        pod(0, master=True, ready=False, role=None),
+        pod(1, offset=900, link_up=False, synced=False),
+        pod(2, offset=100, link_up=False),
+    ]
+    assert decide(pods, NOW + GRACE, GRACE, NOW, True).promote == "t-redis-0-2"
+    stale = [pods[0], pods[1]]
+    decision = decide(stale, NOW + GRACE, GRACE, NOW, True)
+    assert decision.promote is None
+    assert (decision.master, decision.reason) == ("t-redis-0-0", "NoSyncedReplica")
+    assert decision.missing_since == NOW
+    # the recorded master's pod made again mounts its volume: it may be promoted
+    again = RedisPod("t-redis-0-0", 0, True, False, "slave", master_volume=True)
+    assert decide([again, pods[1]], NOW + GRACE, GRACE, NOW, True).promote == "t-redis-0-0"
+    # a fresh broker has nothing to lose: it elects at once
+    assert decide([pod(1, synced=False)], NOW, GRACE, None, False).promote == "t-redis-0-1"
 
 
 # --- planned switchover ---------------------------------------------------------------------

@@ -67,6 +67,10 @@ class OperatorContext:
     client: KubeClient | None = None
     # (namespace, topic, broker) -> when its master was first seen missing (grace period start)
     master_missing_since: dict[tuple[str, str, int], float] = field(default_factory=dict)
+    # (namespace, topic) -> since when its roll has waited for updated replicas to sync
+    roll_waiting_since: dict[tuple[str, str], float] = field(default_factory=dict)
+    # (namespace, topic, broker) -> the master pod its roll restarted in place, until it is back
+    rolled_in_place: dict[tuple[str, str, int], str] = field(default_factory=dict)
     # (namespace, topic) -> since when some slot of it has had no owner (SlotsUnowned)
     unowned_since: dict[tuple[str, str], float] = field(default_factory=dict)
     # (namespace, topic, broker, library) -> since when that functions library has been
@@ -119,6 +123,8 @@ class OperatorContext:
         """Open a term: a new API client, and no grace timer or lock left from an earlier one."""
         self.client = KubeClient(self.login())
         self.master_missing_since = {}
+        self.roll_waiting_since = {}
+        self.rolled_in_place = {}
         self.unowned_since = {}
         self.library_unused_since = {}
         self.lateness_windows = {}

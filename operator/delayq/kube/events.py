@@ -55,6 +55,7 @@ BROKERS_UNAVAILABLE = "BrokersUnavailable"
 # Broker states (status.brokers[].state, failover.Decision.reason) worth an Event on entry.
 MASTER_MISSING = "MasterMissing"
 NO_PROMOTABLE_REPLICA = "NoPromotableReplica"
+NO_SYNCED_REPLICA = "NoSyncedReplica"  # failover.py: only replicas that never synced are left
 
 
 @dataclass(frozen=True)
@@ -151,13 +152,22 @@ def broker_events(
                     "slots fail until one is.",
                 )
             )
+        elif state == NO_SYNCED_REPLICA and was != NO_SYNCED_REPLICA:
+            events.append(
+                TopicEvent(
+                    WARNING,
+                    "FailoverRefused",
+                    f"Broker {index}: no replica synced from {master or 'the master'} since it "
+                    "started, so none holds its data; waiting for it to return.",
+                )
+            )
         elif state == "Ready" and master and not old_master:
             events.append(
                 TopicEvent(
                     NORMAL, "MasterElected", f"Broker {index}: {master} is the first master."
                 )
             )
-        elif state == "Ready" and was in (MASTER_MISSING, NO_PROMOTABLE_REPLICA):
+        elif state == "Ready" and was in (MASTER_MISSING, NO_PROMOTABLE_REPLICA, NO_SYNCED_REPLICA):
             events.append(
                 TopicEvent(
                     NORMAL, "MasterReturned", f"Broker {index}: master {master} is ready again."

@@ -7,7 +7,12 @@ Rules, in order:
    to a replica of it, so it resyncs and can never overwrite the new master's data.
 2. When the recorded master is gone or not ready, wait `grace_s` (a restarting pod keeps its
    data and role), then promote the ready, reachable pod with the highest replication offset
-   (ties: more keys, then the lowest ordinal) and record it as master.
+   (ties: more keys, then the lowest ordinal) and record it as master. Only a replica that
+   synced from the master since it started may be promoted (`synced`: redisctl._synced), or
+   the recorded master's pod made again (its volume holds the master's data): a replica that
+   never synced (restarted from its own files while the master ran on, unable to
+   authenticate, mid full sync) holds an old copy, and promoting it would lose every write
+   since; the broker waits for its master instead (NoSyncedReplica).
 3. A broker that never had a master (fresh topic) promotes at once: there is nothing to lose.
 A broker with no promotable pod waits and is reported unavailable.
 
@@ -39,6 +44,9 @@ class RedisPod:
     keys: int = 0
     terminating: bool = False  # the pod has a deletionTimestamp: it is about to stop
     link_up: bool = False  # a replica whose link to its master is up (master_link_status)
+    synced: bool = False  # a replica that synced from its master since it started
+    # the recorded master's pod made again (same name, another uid): it mounts the master's volume
+    master_volume: bool = False
 
     @property
     def reachable(self) -> bool:
@@ -96,15 +104,23 @@ def decide(
             reason="MasterMissing",
             message=f"master not ready; failover in {left:.0f}s unless it returns",
         )
+    reachable = [p for p in pods if p.ready and p.reachable and not p.terminating]
+    # a fresh broker has nothing to lose; after a master, only a copy of its data may replace it
     candidates = sorted(
-        (p for p in pods if p.ready and p.reachable and not p.terminating), key=_rank, reverse=True
+        (p for p in reachable if not had_master or _holds_master_data(p)),
+        key=_rank,
+        reverse=True,
     )
     if not candidates:
         return Decision(
-            master=None,
+            master=current.name if current and reachable else None,
             missing_since=since,
-            reason="NoPromotableReplica",
-            message="no ready, reachable Redis pod to promote",
+            reason="NoSyncedReplica" if reachable else "NoPromotableReplica",
+            message=(
+                "no replica synced from the master since it started: waiting for the master"
+                if reachable
+                else "no ready, reachable Redis pod to promote"
+            ),
         )
     chosen = candidates[0]
     return Decision(
@@ -129,6 +145,12 @@ def _switch_target(pods: Sequence[RedisPod]) -> RedisPod | None:
         if pod.ready and pod.role == "slave" and pod.link_up and not pod.terminating
     ]
     return max(targets, key=_rank, default=None)
+
+
+def _holds_master_data(pod: RedisPod) -> bool:
+    """A pod that may replace a lost master: a replica synced from it, its own pod made again
+    (its volume), or a pod still running as a master."""
+    return pod.synced or pod.master_volume or pod.role == "master"
 
 
 def _rank(pod: RedisPod) -> tuple[int, int, int]:

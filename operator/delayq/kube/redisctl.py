@@ -59,6 +59,7 @@ class Replication:
     offset: int
     keys: int
     link_up: bool = False  # a replica whose link to its master is up
+    synced: bool = False  # a replica that holds its master's data: see `_synced`
 
 
 @dataclass(frozen=True)
@@ -196,6 +197,7 @@ class RedisCommands:
             offset=_offset(info),
             keys=keys,
             link_up=info.get("master_link_status") == "up",
+            synced=_synced(info),
         )
 
     async def promote(self, host: str, password: str) -> None:
@@ -308,6 +310,19 @@ class RedisCommands:
             return await queue.is_paused()
         finally:
             await queue.close()
+
+
+def _synced(info: Mapping[str, object]) -> bool:
+    """Whether a replica holds its master's data up to its offset: its link is up, or went
+    down after having been up since the replica started (`master_link_down_since_seconds` is
+    -1 until its first sync: a replica restarted from its own files, or one that cannot
+    authenticate, holds only what it had), and no full sync is half done. Only such a replica
+    may replace a lost master (failover.py)."""
+    if info.get("role") != "slave" or info.get("master_sync_in_progress") not in (0, "0"):
+        return False
+    if info.get("master_link_status") == "up":
+        return True
+    return int(str(info.get("master_link_down_since_seconds", -1))) >= 0
 
 
 def _offset(info: Mapping[str, object]) -> int:

@@ -315,6 +315,8 @@ def redis_statefulset(spec: TopicSpec, broker: int, ctx: BuildContext) -> Manife
             "serviceName": naming.redis_headless_service(spec.name, broker),
             "replicas": spec.redis_pods_per_broker,
             "podManagementPolicy": "Parallel",
+            # the operator rolls the pods itself, one at a time (kube/rolling.py)
+            "updateStrategy": {"type": "OnDelete"},
             "selector": {"matchLabels": naming.redis_selector(spec.name, broker)},
             "persistentVolumeClaimRetentionPolicy": {
                 "whenDeleted": spec.deletion_policy,

@@ -11,7 +11,8 @@ on a kopf timer: see healthloop.py). `health_pass` runs its steps in order:
    switchover of a stopping master: switchover.py), then tend the serving master
    (`tend_master`: load the engine's functions library and delete old ones nobody calls,
    libraries.py; read depths and memory; hold the spec's pause): a `BrokerObservation`;
-3. `reshard_step`: slot moves onto added brokers, or a doubling (resharding.py);
+3. `reshard_step`: slot moves onto added brokers, or a doubling (resharding.py), then
+   `roll_step`: the next pod of the operator's roll onto the brokers' new spec (rolling.py);
 4. `topic_health`: per-broker state, slot ownership, depths, conditions and the copy of the
    routing (`status.routing`, published again when ZooKeeper lost the node: restore.py), as a
    typed `TopicHealth` (topic_health.py), turned into status fields only at the end. The
@@ -38,8 +39,10 @@ from delayq.kube.credentials import operator_credentials
 from delayq.kube.ensembles import EnsembleRefused
 from delayq.kube.errors import TRANSIENT_ERRORS, TopicFailure
 from delayq.kube.events import WARNING, TopicEvent
-from delayq.kube.failover import Decision, RedisPod, decide
+from delayq.kube.failover import Decision, decide
+from delayq.kube.handlers.broker_pods import BrokerPods, observe_pods, pod_ready
 from delayq.kube.handlers.restore import read_or_restore
+from delayq.kube.handlers.rolling import roll_step
 from delayq.kube.handlers.switchover import switch_over
 from delayq.kube.libraries import delete_unused_libraries, libraries_in_use
 from delayq.kube.master_endpoint import publish_master, recorded_masters
@@ -74,16 +77,6 @@ from delayq.kube.topic_health import (
 )
 from delayq.kube.topics import now_iso, parse_body, with_conditions
 from delayq.queue import Topic, TopicStats
-
-
-def pod_ready(pod: Mapping[str, Any]) -> bool:
-    conditions = (pod.get("status") or {}).get("conditions") or []
-    return any(c.get("type") == "Ready" and c.get("status") == "True" for c in conditions)
-
-
-def pod_ordinal(name: str) -> int:
-    return int(name.rsplit("-", 1)[1])
-
 
 HEALTH_RETRY_S = 15.0
 
@@ -121,6 +114,7 @@ async def health_pass(
     actions = [event for seen in brokers for event in seen.events]
     if resharding is not None:
         actions += resharding.events
+    actions += await roll_step(ctx, body, spec, view.password, logger)
     # What the pass did that the status does not show (a demotion, moves): told now, once.
     await ctx.recorder.post(ctx.kube, body, actions)
     health = await topic_health(ctx, view, brokers, routing, resharding, record)
@@ -371,19 +365,6 @@ class BrokerObservation:
 
 
 @dataclass(frozen=True)
-class BrokerPods:
-    """A broker's Redis pods as observed: for failover.decide, and their addresses and UIDs."""
-
-    pods: list[RedisPod]
-    addresses: dict[str, str | None]
-    uids: dict[str, str]
-
-    @property
-    def ready(self) -> set[str]:
-        return {pod.name for pod in self.pods if pod.ready}
-
-
-@dataclass(frozen=True)
 class MasterReport:
     """What a serving master told: its slots' stats, its memory and pause (None: unread)."""
 
@@ -423,42 +404,6 @@ async def tend_broker(
     if report.paused is not None:
         entry = dataclasses.replace(entry, paused=report.paused)
     return BrokerObservation(entry, report.stats, report.memory, events, master_address)
-
-
-async def observe_pods(
-    ctx: OperatorContext, spec: TopicSpec, broker: int, password: str, recorded: str | None
-) -> BrokerPods:
-    """The broker's Redis pods, each with its replication as it answers (None: silent) and
-    whether it is the recorded master."""
-    raw_pods = await ctx.kube.list(
-        "v1", "Pod", spec.namespace, naming.redis_selector(spec.name, broker)
-    )
-    pods, addresses, uids = [], {}, {}
-    for pod in raw_pods:
-        name = pod["metadata"]["name"]
-        address = (pod.get("status") or {}).get("podIP")
-        addresses[name] = address
-        uids[name] = str(pod["metadata"].get("uid") or "")
-        labels = pod["metadata"].get("labels") or {}
-        if recorded is None:
-            named = labels.get(naming.LEGACY_LABEL_ROLE) == naming.LEGACY_ROLE_MASTER
-        else:
-            named = naming.master_record(name, uids[name]) == recorded
-        info = await ctx.redis.inspect(address, password) if address else None
-        pods.append(
-            RedisPod(
-                name=name,
-                ordinal=pod_ordinal(name),
-                ready=pod_ready(pod),
-                named_master=named,
-                role=info.role if info else None,
-                offset=info.offset if info else 0,
-                keys=info.keys if info else 0,
-                terminating=bool(pod["metadata"].get("deletionTimestamp")),
-                link_up=bool(info and info.link_up),
-            )
-        )
-    return BrokerPods(pods, addresses, uids)
 
 
 def decide_master(
