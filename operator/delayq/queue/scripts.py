@@ -35,6 +35,7 @@ class Script(enum.StrEnum):
     """Every transition, valued by its file stem."""
 
     SCHEDULE = "schedule-10"
+    SCHEDULE_MANY = "schedulemany-10"  # 10 keys per slot, several slots of one broker
     CANCEL = "cancel-13"
     RESCHEDULE = "reschedule-7"
     CLAIM = "claim-13"
@@ -78,6 +79,7 @@ class Script(enum.StrEnum):
 _ACKNOWLEDGED_WRITES = frozenset(
     {
         Script.SCHEDULE,
+        Script.SCHEDULE_MANY,
         Script.CANCEL,
         Script.RESCHEDULE,
         Script.ACK,
