@@ -45,10 +45,11 @@
 
   Events: scheduled (new or replaced)
 ]]
+--@include now_ms
 --@include refuse_if_moving
 --@include schedule_slot
 
 refuse_if_moving(KEYS[9])
 local results = {}
-schedule_slot(KEYS, 0, ARGV, 7, #ARGV, results)
+schedule_slot(KEYS, 0, ARGV, 7, #ARGV, now_ms(), results)
 return results

@@ -33,9 +33,11 @@
 --@include append
 --@include codes
 --@include moving_refusal
+--@include now_ms
 --@include schedule_slot
 
 local results = {}
+local now = now_ms()
 local first = 7
 for at = 0, #KEYS - 1, 10 do
   local count = tonumber(ARGV[first])
@@ -44,7 +46,7 @@ for at = 0, #KEYS - 1, 10 do
   if refusal then
     for _ = 1, count do append(results, CODE.SLOT_MOVING, 0, refusal) end
   else
-    schedule_slot(KEYS, at, ARGV, first + 1, last, results)
+    schedule_slot(KEYS, at, ARGV, first + 1, last, now, results)
   end
   first = last + 1
 end

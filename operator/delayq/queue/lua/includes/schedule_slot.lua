@@ -4,7 +4,6 @@
 --@include journal
 --@include locate
 --@include new_record
---@include now_ms
 --@include read_chunked
 --@include record_fields
 --@include remembered
@@ -15,8 +14,10 @@
 -- `results`: the body of schedule-10 (whose header is the contract: KEYS, ARGV, codes) and of
 -- schedulemany-10, which runs it once per slot. `keys[at + 1 .. at + 10]` are the slot's keys
 -- in schedule-10's KEYS order; `args[1 .. 6]` the head of schedule-10's ARGV; `args[first ..
--- last]` the slot's messages, 8 values each. The caller has refused a moving slot already.
-local function schedule_slot(keys, at, args, first, last, results)
+-- last]` the slot's messages, 8 values each; `now` the server clock in ms (one reading per call:
+-- TIME is a command, and a call of many slots would pay it once a slot). The caller has refused
+-- a moving slot already.
+local function schedule_slot(keys, at, args, first, last, now, results)
   local store, prepare, dead, msg, reason, wake, journal_key, outcome, basis =
     keys[at + 1], keys[at + 2], keys[at + 3], keys[at + 4], keys[at + 5], keys[at + 6],
     keys[at + 7], keys[at + 8], keys[at + 10]
@@ -27,7 +28,6 @@ local function schedule_slot(keys, at, args, first, last, results)
     {args[3], args[4], args[5], args[6]})
   journal_max_len, retention_ms = tonumber(journal_max_len), tonumber(retention_ms)
   default_ttl_ms, max_pending = tonumber(default_ttl_ms), tonumber(max_pending)
-  local now = now_ms()
 
   local zadd_args, hset_args = {}, {}
   -- id -> the slot basis it is stored with, or false to delete an entry it may have (of the
