@@ -15,19 +15,21 @@ from hypothesis import strategies as st
 
 from delayq.queue import plans
 from delayq.queue.client import Queue
-from delayq.queue.codes import Code, SlotMovingError
+from delayq.queue.codes import Code, SlotMovingError, StaleEpochError
 from delayq.queue.model import (
+    ClaimBatch,
     Mode,
     PartlyStoredError,
     ScheduleFailure,
     ScheduleRequest,
     ScheduleResult,
+    SlotClaim,
     State,
 )
 from delayq.queue.scripts import Script
 from delayq.queue.topic import MAX_DELAY_MS
 
-from .conftest import TOPIC, engine_client, server_ms
+from .conftest import TOPIC, engine_client, server_ms, wait_for_server_ms
 
 HOUR_MS = 3_600_000
 IDS = [f"id{n}" for n in range(12)]  # ~3 per slot of the 4
@@ -196,3 +198,108 @@ def test_a_batch_of_several_slots_refuses_a_moving_slot_only(
     assert queue.get(id_c).state is State.SCHEDULED
     with pytest.raises(SlotMovingError, match=f"{{shop/orders/{slot_a}}}:epoch"):
         queue.schedule_many(batch[:2])
+
+
+@dataclasses.dataclass(frozen=True)
+class ClaimCase:
+    """Messages of each kind ('due', 'later', 'expired': its expiry passed, 'leased': claimed
+    with a lease that ran out) and per slot a claim: (max_count, stale: an older epoch)."""
+
+    kinds: tuple[str, ...]
+    claims: tuple[tuple[int, bool], ...]
+
+
+CLAIM_CASES = st.builds(
+    ClaimCase,
+    kinds=st.lists(
+        st.sampled_from(["due", "later", "expired", "leased"]), min_size=1, max_size=24
+    ).map(tuple),
+    claims=st.lists(
+        st.tuples(st.integers(0, 4), st.booleans()),
+        min_size=TOPIC.slot_amount,
+        max_size=TOPIC.slot_amount,
+    ).map(tuple),
+)
+
+
+def claim_state(admin: redis.Redis, queue: Queue, case: ClaimCase, base_ms: int) -> list[SlotClaim]:
+    """The case's slots, from an empty topic: its claims, under each slot's current epoch (or
+    the one before: a newer owner)."""
+    keys = list(admin.scan_iter(match="dq:{shop/orders/*", count=1000))
+    if keys:
+        admin.delete(*keys)
+    ids = [f"c{n}-{kind}" for n, kind in enumerate(case.kinds)]
+    for message_id, kind in zip(ids, case.kinds, strict=True):
+        if kind == "leased":
+            queue.schedule(message_id, b"l", at_ms=1_000)
+    epochs = {slot: queue.take_over(slot) for slot in TOPIC.slots}
+    leased_until = server_ms(admin) + 1
+    for slot, epoch in epochs.items():
+        queue.claim(slot, epoch, 100, 1)
+    wait_for_server_ms(admin, leased_until)
+    for message_id, kind in zip(ids, case.kinds, strict=True):
+        if kind == "due":
+            queue.schedule(message_id, b"d", at_ms=1_000)
+        elif kind == "later":
+            queue.schedule(message_id, b"w", at_ms=base_ms + HOUR_MS)
+        elif kind == "expired":
+            queue.schedule(message_id, b"e", at_ms=1_000, expire_at_ms=2_000)
+    return [
+        SlotClaim(slot, epochs[slot] - stale, count)
+        for slot, (count, stale) in zip(TOPIC.slots, case.claims, strict=True)
+    ]
+
+
+def claimed_view(batch: ClaimBatch | StaleEpochError) -> tuple[object, ...]:
+    """A slot's claim without what each run's own clock decides (now, lease deadlines, a
+    rolled-back lease's retry time, the epochs: a take-over's epoch is a server time)."""
+    if isinstance(batch, StaleEpochError):
+        return ("stale",)
+    messages = [
+        (m.id, m.payload, m.headers, m.attempt, m.id.endswith("leased") or m.due_ms, m.lease_id)
+        for m in batch.messages
+    ]
+    times = (batch.next_due_ms is None, batch.next_deadline_ms is None)
+    return (batch.slot, times, messages, batch.topups_owed)
+
+
+def test_one_claim_call_per_broker_claims_as_one_call_per_slot(
+    redis_server: object, redis_client: redis.Redis
+) -> None:
+    """Each slot fenced by its own epoch (a stale one answers StaleEpochError, the others
+    claim), expired leases rolled back, expired messages given up, each slot its own count."""
+    client = engine_client(redis_server, redis_client)  # type: ignore[arg-type]
+    queue = Queue(client, TOPIC)
+
+    @settings(
+        max_examples=25,
+        deadline=None,
+        suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture],
+    )
+    @given(case=CLAIM_CASES)
+    def check(case: ClaimCase) -> None:
+        base_ms = server_ms(redis_client)
+        claims = claim_state(redis_client, queue, case, base_ms)
+        per_slot: list[ClaimBatch | StaleEpochError] = []
+        for claim in claims:
+            one = plans.claim_slots(TOPIC, [claim], 60_000)
+            assert [call.script for call in one.calls] == [Script.CLAIM]
+            batches: list[ClaimBatch | StaleEpochError] = queue.run(one)
+            per_slot += batches
+        before = stored_claims(queue, case)
+        claims = claim_state(redis_client, queue, case, base_ms)
+        plan = plans.claim_slots(TOPIC, claims, 60_000)
+        assert [call.script for call in plan.calls] == [Script.CLAIM_MANY]
+        per_broker = queue.run(plan)
+        assert [claimed_view(b) for b in per_broker] == [claimed_view(b) for b in per_slot]
+        assert stored_claims(queue, case) == before
+
+    try:
+        check()
+    finally:
+        client.close()
+
+
+def stored_claims(queue: Queue, case: ClaimCase) -> list[tuple[object, ...]]:
+    infos = [queue.get(f"c{n}-{kind}") for n, kind in enumerate(case.kinds)]
+    return [(info.state, info.attempts) for info in infos]

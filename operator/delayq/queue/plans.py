@@ -475,13 +475,46 @@ def claim_slots(
     topic: Topic, claims: Sequence[SlotClaim], lease_ms: int
 ) -> Plan[list[ClaimBatch | StaleEpochError]]:
     """Claim from several slots in one round trip, each (slot, epoch, max_count) its own count;
-    a slot with a newer owner yields its StaleEpochError in place instead of failing the others."""
-    calls = [_claim_call(topic, slot, epoch, count, lease_ms) for slot, epoch, count in claims]
+    a slot with a newer owner yields its StaleEpochError in place instead of failing the others.
+
+    The slots share the client's broker: one call (claimmany-13, claim-13 slot after slot, each
+    slot fenced by its own epoch) per MAX_MESSAGES_PER_CALL messages claimed at most, rather
+    than one per slot; a call of one slot stays claim-13."""
+    calls: list[ScriptCall] = []
+    sizes: list[int] = []  # the claims of each call
+    size = count = 0
+    for claim in claims:
+        if size and count + claim.max_count > MAX_MESSAGES_PER_CALL:
+            sizes.append(size)
+            size = count = 0
+        size, count = size + 1, count + claim.max_count
+    if size:
+        sizes.append(size)
+    start = 0
+    for size in sizes:
+        part = [_claim_call(topic, *claim, lease_ms) for claim in claims[start : start + size]]
+        start += size
+        if len(part) == 1:
+            calls.append(part[0])
+        else:
+            keys = [key for call in part for key in call.keys]
+            args = [arg for call in part for arg in call.args]
+            calls.append(ScriptCall(Script.CLAIM_MANY, keys, args))
 
     def combine(replies: list[Reply]) -> list[ClaimBatch | StaleEpochError]:
+        slot_replies: list[Reply] = []
+        for size, reply in zip(sizes, replies, strict=True):
+            if size == 1:
+                slot_replies.append(reply)
+                continue
+            at = 0
+            for _ in range(size):
+                end = at + 1 + 5 + 2 * int(reply[at])
+                slot_replies.append(reply[at + 1 : end])
+                at = end
         return [
             _claim_batch(reply, claim.slot, claim.epoch)
-            for claim, reply in zip(claims, replies, strict=True)
+            for claim, reply in zip(claims, slot_replies, strict=True)
         ]
 
     return Plan(calls, combine)

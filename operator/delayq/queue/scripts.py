@@ -39,6 +39,7 @@ class Script(enum.StrEnum):
     CANCEL = "cancel-13"
     RESCHEDULE = "reschedule-7"
     CLAIM = "claim-13"
+    CLAIM_MANY = "claimmany-13"  # 13 keys per slot, several slots of one broker
     ACK = "ack-7"
     NACK = "nack-11"
     EXTEND = "extend-3"
