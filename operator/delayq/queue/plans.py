@@ -498,7 +498,9 @@ def claim_slots(
             calls.append(part[0])
         else:
             keys = [key for call in part for key in call.keys]
-            args = [arg for call in part for arg in call.args]
+            args: list[Arg] = []
+            for call in part:  # each slot's count first: claim-13's arguments may grow
+                args += [len(call.args), *call.args]
             calls.append(ScriptCall(Script.CLAIM_MANY, keys, args))
 
     def combine(replies: list[Reply]) -> list[ClaimBatch | StaleEpochError]:

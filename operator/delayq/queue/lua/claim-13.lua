@@ -64,4 +64,4 @@
 --@include claim_slot
 --@include now_us
 
-return claim_slot(KEYS, 0, ARGV, 1, now_us())
+return claim_slot(KEYS, 0, ARGV, now_us())

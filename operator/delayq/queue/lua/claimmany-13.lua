@@ -20,9 +20,8 @@
   KEYS[12] topup   ZSET schedule id -> ms since its top-up is owed
   KEYS[13] basis    HASH id -> custom slot basis
 
-  ARGV             per slot, in the order of its keys, claim-13's ARGV[1 .. 10]: epoch,
-                   max_count, lease_ms, max_retries, journal_max_len, rollback_max,
-                   retry_for_ms, retry_exhausted_action, expiry_action, outcome_retention_ms
+  ARGV             per slot, in the order of its keys: the number n of its arguments, then
+                   its n arguments, claim-13's ARGV[1 .. n] (epoch, max_count, lease_ms, ...)
 
   Returns, per slot in order, the number m of messages it claimed, then claim-13's reply of
   that slot (its 5-value head, then m pairs id, record): 0 OK or -2 STALE_EPOCH per slot.
@@ -34,8 +33,11 @@
 
 local reply = {}
 local now_micros = now_us()
+local first = 1
 for at = 0, #KEYS - 1, 13 do
-  local claimed = claim_slot(KEYS, at, ARGV, at / 13 * 10 + 1, now_micros)
+  local count = tonumber(ARGV[first])
+  local claimed = claim_slot(KEYS, at, {unpack(ARGV, first + 1, first + count)}, now_micros)
+  first = first + count + 1
   reply[#reply + 1] = (#claimed - 5) / 2
   for i = 1, #claimed do reply[#reply + 1] = claimed[i] end
 end

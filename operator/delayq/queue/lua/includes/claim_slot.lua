@@ -18,21 +18,20 @@
 
 -- Claim due messages of one slot: the body of claim-13 (whose header is the contract: KEYS,
 -- ARGV, reply, events) and of claimmany-13, which runs it once per slot, each slot fenced by its
--- own epoch. `keys[at + 1 .. at + 13]` are the slot's keys in claim-13's KEYS order,
--- `args[first .. first + 9]` its ARGV[1 .. 10]; `now_micros` the server clock in µs (one
--- reading per call). Returns claim-13's reply.
-local function claim_slot(keys, at, args, first, now_micros)
+-- own epoch. `keys[at + 1 .. at + 13]` are the slot's keys in claim-13's KEYS order, `args`
+-- the slot's claim-13 ARGV; `now_micros` the server clock in µs (one reading per call).
+-- Returns claim-13's reply.
+local function claim_slot(keys, at, args, now_micros)
   local store, prepare, msg, epoch_key, journal_key, leases_key =
     keys[at + 1], keys[at + 2], keys[at + 4], keys[at + 6], keys[at + 7], keys[at + 8]
   local schedules, topup = keys[at + 11], keys[at + 12]
-  local max_count = tonumber(args[first + 1])
-  local lease_ms = tonumber(args[first + 2])
-  local rollback_max = tonumber(args[first + 5])
+  local max_count = tonumber(args[2])
+  local lease_ms = tonumber(args[3])
+  local rollback_max = tonumber(args[6])
   local max_retries, journal_max_len, retry_for_ms, exhausted_action, expiry_action, retention_ms =
     topic_settings(keys[at + 1], {'max_retries', 'journal_max_len', 'retry_for_ms',
       'retry_exhausted_action', 'expiry_action', 'outcome_retention_ms'},
-      {args[first + 3], args[first + 4], args[first + 6], args[first + 7], args[first + 8],
-        args[first + 9]})
+      {args[4], args[5], args[7], args[8], args[9], args[10]})
   max_retries, journal_max_len = tonumber(max_retries), tonumber(journal_max_len)
   retry_for_ms = tonumber(retry_for_ms)
   local slot = {
@@ -42,7 +41,7 @@ local function claim_slot(keys, at, args, first, now_micros)
   }
   local given_up = 0
 
-  if not epoch_matches(epoch_key, args[first]) then
+  if not epoch_matches(epoch_key, args[1]) then
     return {CODE.STALE_EPOCH, 0, -1, -1, 0}
   end
   local now = math.floor(now_micros / 1000)
