@@ -77,10 +77,11 @@ def requests_of(case: Case, base_ms: int) -> list[ScheduleRequest]:
 
 
 def prepared(admin: redis.Redis, queue: Queue, case: Case, base_ms: int) -> None:
-    """The case's starting state, from an empty topic."""
+    """The case's starting state, from an empty topic (the ids written before the quota)."""
     keys = list(admin.scan_iter(match="dq:{shop/orders/*", count=1000))
     if keys:
         admin.delete(*keys)
+    queue = Queue(queue.redis, dataclasses.replace(queue.topic, limits_max_pending=0))
     for message_id in sorted(case.cancelled):
         queue.schedule(message_id, b"old", at_ms=base_ms + 2 * HOUR_MS)
         queue.cancel(message_id)
