@@ -117,11 +117,20 @@ def test_batch_schedule_preserves_order_and_per_message_results(queue: Queue) ->
     assert {r.slot for r in results} == {TOPIC.slot_of(f"m{i}") for i in range(10)}
 
 
-def test_batch_is_one_script_call_per_slot(queue: Queue, redis_client: redis.Redis) -> None:
+def test_a_batch_is_one_script_call_per_broker_and_thousand_messages(
+    queue: Queue, redis_client: redis.Redis
+) -> None:
+    """The slots of a broker share one call (schedulemany-10) up to MAX_MESSAGES_PER_CALL
+    messages; a call of one slot stays schedule-10."""
     redis_client.config_resetstat()
     queue.schedule_many([ScheduleRequest(f"m{i}", delay_ms=HOUR_MS) for i in range(400)])
-    calls = redis_client.info("commandstats")["cmdstat_fcall"]["calls"]
-    assert calls == TOPIC.slot_amount
+    assert redis_client.info("commandstats")["cmdstat_fcall"]["calls"] == 1
+    redis_client.config_resetstat()
+    queue.schedule_many([ScheduleRequest(f"n{i}", delay_ms=HOUR_MS) for i in range(2_500)])
+    assert redis_client.info("commandstats")["cmdstat_fcall"]["calls"] == 3
+    redis_client.config_resetstat()
+    queue.schedule_many([ScheduleRequest("one", delay_ms=HOUR_MS)])
+    assert redis_client.info("commandstats")["cmdstat_fcall"]["calls"] == 1
 
 
 def test_a_batch_stores_every_field_as_given_and_chunks_a_full_slot(

@@ -1,6 +1,7 @@
-"""A batch whose later slots' calls are refused (Redis out of memory) after earlier ones stored
-their messages: `schedule_many` says exactly which items are stored, in both clients; a full
-broker is a BrokerFullError (still a redis-py OutOfMemoryError) wherever it shows."""
+"""A batch whose later calls are refused (Redis out of memory) after earlier ones stored their
+messages (a call holds up to MAX_MESSAGES_PER_CALL messages of the broker's slots):
+`schedule_many` says exactly which items are stored, in both clients; a full broker is a
+BrokerFullError (still a redis-py OutOfMemoryError) wherever it shows."""
 
 from __future__ import annotations
 
@@ -12,12 +13,16 @@ from delayq.queue import BrokerFullError
 from delayq.queue.client import AsyncQueue, Queue
 from delayq.queue.codes import as_typed_error
 from delayq.queue.model import PartlyStoredError, ScheduleFailure, ScheduleRequest, State
+from delayq.queue.plans import MAX_MESSAGES_PER_CALL
 from delayq.queue.topic import Topic
 from tests.redis_memory import FULL, footprint, memory_for
 
 PROBE = Topic("probe", namespace="probe", slot_amount=64)
 TOPIC = Topic("orders", namespace="shop", slot_amount=64)
-BATCH = [ScheduleRequest(f"m{i}", b"x" * 1024, delay_ms=60_000) for i in range(640)]
+#: three calls: a limit of half the batch takes the first two and refuses the third
+BATCH = [
+    ScheduleRequest(f"m{i}", b"x" * 1024, delay_ms=60_000) for i in range(3 * MAX_MESSAGES_PER_CALL)
+]
 
 
 def check_report(client: redis.Redis, error: PartlyStoredError) -> None:

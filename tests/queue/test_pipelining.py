@@ -45,14 +45,19 @@ def test_a_restricted_client_runs_nothing_until_the_library_is_back(
     assert queue.schedule("one", b"x", delay_ms=60_000).code.name == "CREATED"
 
 
-def test_pipelines_send_one_fcall_per_slot(queue: Queue, redis_client: redis.Redis) -> None:
+def test_a_claim_of_several_slots_is_one_fcall_per_broker(
+    queue: Queue, redis_client: redis.Redis
+) -> None:
+    """claimmany-13 up to MAX_MESSAGES_PER_CALL messages a call; one slot stays claim-13."""
     queue.schedule_many([ScheduleRequest(i, b"x", delay_ms=0) for i in IDS])
     claims = [SlotClaim(slot, queue.take_over(slot), 5) for slot in TOPIC.slots]
     redis_client.config_resetstat()
     for _ in range(3):
         queue.claim_slots(claims)
+    queue.claim_slots([SlotClaim(slot, epoch, 400) for slot, epoch, _ in claims])  # two calls
+    queue.claim_slots(claims[:1])
     stats = redis_client.info("commandstats")
-    assert stats["cmdstat_fcall"]["calls"] == 3 * TOPIC.slot_amount
+    assert stats["cmdstat_fcall"]["calls"] == 3 + 2 + 1
     assert not {"cmdstat_evalsha", "cmdstat_function|load"} & set(stats)
 
 

@@ -9,10 +9,9 @@ from typing import Any
 
 import redis
 
-from delayq.queue.client import Queue
-from delayq.queue.model import Lease, ScheduleRequest
-from delayq.queue.topic import Topic
-from tests.redis_memory import FULL, footprint, memory_for
+from delayq.local.redis_server import RedisServer
+from delayq.queue.model import Lease
+from tests.redis_memory import FULL, memory_for
 from tests.service.conftest import Running, StartService
 
 
@@ -281,18 +280,21 @@ async def test_every_documented_bound_is_the_enforced_bound(start_service: Start
 
 
 async def test_a_partly_stored_batch_says_which_items_to_resend(
-    start_service: StartService, redis_client: redis.Redis
+    second_broker: RedisServer,  # first: torn down after the service stops
+    redis_server: RedisServer,
+    start_service: StartService,
+    redis_client: redis.Redis,
 ):
-    """Redis out of memory part-way through a batch over 64 slots: 207, each item stored or
-    failed as it really is, Retry-After; a batch of which nothing fits is 429 (broker full)."""
-    running = await start_service(slot_amount=64)
+    """Redis out of memory on one broker of two for a batch over 64 slots: 207, each item
+    stored or failed as it really is, Retry-After; a batch of which nothing fits is 429 (broker
+    full). (One broker writes a batch of up to 1,000 in one call, all of it or nothing.)"""
+    running = await start_service(
+        slot_amount=64, broker_urls=f"{redis_server.url},{second_broker.url}"
+    )
     messages: list[dict[str, Any]] = [
         {"id": f"m{i}", "delayMs": 60_000, "payload": "x" * 1024} for i in range(640)
     ]
-    same_shape = [ScheduleRequest(m["id"], m["payload"], delay_ms=60_000) for m in messages]
-    probe = Queue(redis_client, Topic("probe", namespace="probe", slot_amount=64))
-    half = footprint(redis_client, "probe", lambda: probe.schedule_many(same_shape)) // 2
-    with memory_for(redis_client, half):
+    with memory_for(redis_client, FULL):
         answer = await running.client.post(
             f"{running.base}/messages/batch", json={"messages": messages}
         )
@@ -310,7 +312,8 @@ async def test_a_partly_stored_batch_says_which_items_to_resend(
     resend = [m for m in messages if m["id"] in failed]
     status, again = await post(running, "/messages/batch", {"messages": resend})
     assert (status, {r["result"] for r in again["results"]}) == (200, {"created"})
-    with memory_for(redis_client, FULL):
+    second = redis.Redis.from_url(second_broker.url)
+    with memory_for(redis_client, FULL), memory_for(second, FULL):
         for path, body in (
             (
                 "/messages/batch",
@@ -322,3 +325,4 @@ async def test_a_partly_stored_batch_says_which_items_to_resend(
             assert full.status == 429, path
             assert int(full.headers["Retry-After"]) > 0
             assert "broker is full" in (await full.json())["error"]
+    second.close()

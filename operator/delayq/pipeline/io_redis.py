@@ -2,7 +2,7 @@
 
 Runs inside the Python workers (`mapInArrow`): Arrow record batches in,
 `RoutedQueue.schedule_many` out, so validation, encoding and the Lua calls are the engine's own
-(one call per slot per chunk, pipelined per batch and broker), and each row goes to its slot's
+(one call per broker and 1,000 rows), and each row goes to its slot's
 broker by the routing the writer watches in ZooKeeper: a slot moved during the job refuses its
 rows with SLOT_MOVING, which the client sends again to the new broker (create-only, so nothing
 is stored twice); a doubling of the slot amount refuses them the same way, and the client slots

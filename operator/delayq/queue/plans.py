@@ -8,10 +8,13 @@ the two flavours cannot drift apart and everything here is unit-testable without
 from __future__ import annotations
 
 import dataclasses
+import functools
 from collections import defaultdict
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any, Generic, TypeVar, cast
+
+from redis import ResponseError
 
 from delayq.queue.backoff import Backoff
 from delayq.queue.backup import Item
@@ -25,8 +28,14 @@ from delayq.queue.codec import (
     validate_payload,
     when_argument,
 )
-from delayq.queue.codes import Code, ReplicationTimeoutError, StaleEpochError, raise_for_code
-from delayq.queue.keys import Part, pace_key, slot_keys
+from delayq.queue.codes import (
+    Code,
+    ReplicationTimeoutError,
+    StaleEpochError,
+    as_typed_error,
+    raise_for_code,
+)
+from delayq.queue.keys import Part, SlotKeys, pace_key, slot_keys
 from delayq.queue.model import (
     SLOT_BASIS,
     ClaimBatch,
@@ -59,6 +68,7 @@ CODES = {code.value: code for code in Code}  # faster than Code(n) per message
 STATES = {state.value.encode(): state for state in State}
 MAX_MESSAGES_PER_CALL = 1000  # keeps any one script call short, so Redis never stalls on a batch
 ROLLBACK_PER_CLAIM = 1000
+_SLOT_MOVING = Code.SLOT_MOVING.value  # an int: compared once per scheduled message
 _NO_EXTRAS_NO_HEADERS = b"0:"  # a record's rest after its lease: no tagged field, no headers
 
 
@@ -146,47 +156,65 @@ def first(plan: Plan[list[T]]) -> Plan[T]:
 def schedule(
     topic: Topic, requests: Sequence[ScheduleRequest], mode: Mode
 ) -> Plan[list[ScheduleResult]]:
-    """One call per slot (and chunk). A call that fails stores nothing of its chunk (a script
-    is refused before its first write, e.g. out of memory); when some calls fail and others
-    stored, the plan raises PartlyStoredError, and when all fail, the first error."""
+    """One call per broker (and chunk of MAX_MESSAGES_PER_CALL). An item that failed stored
+    nothing (a call is refused before its first write, e.g. out of memory; a slot being moved
+    refuses its own items only); when some items failed and others stored, the plan raises
+    PartlyStoredError, and when all failed, the first item's error."""
     answers = schedule_answers(topic, requests, mode)
 
     def combine(replies: list[Reply]) -> list[ScheduleResult]:
         results = answers.combine(replies)
-        errors = [reply for reply in replies if isinstance(reply, Exception)]
-        if not errors:
+        failures = [r for r in results if isinstance(r, ScheduleFailure)]
+        if not failures:
             return cast(list[ScheduleResult], results)
-        if len(errors) == len(replies):
-            raise errors[0]  # nothing was stored
+        if len(failures) == len(results):
+            raise failures[0].error  # nothing was stored
         raise PartlyStoredError(results)
 
     return Plan(answers.calls, combine, partial=True)
 
 
+#: schedule-10's keys of a slot, in its KEYS order (schedulemany-10: the same, slot after slot)
+SCHEDULE_PARTS = (
+    Part.STORE,
+    Part.PREPARE,
+    Part.DEAD,
+    Part.MSG,
+    Part.REASON,
+    Part.WAKE,
+    Part.JOURNAL,
+    Part.OUTCOME,
+    Part.EPOCH,
+    Part.BASIS,
+)
+
+
+@functools.lru_cache(maxsize=16_384)
+def _schedule_keys(namespace: str, topic: str, generation: int, slot: int) -> tuple[str, ...]:
+    """A slot's SCHEDULE_PARTS keys, made once: at 1,024 slots a batch of 1,000 names ~630
+    slots, and formatting their 6,300 key names was half of its plan's Python. The slot is one
+    `slot_of` computed, so within the topic's amount."""
+    return tuple(SlotKeys(namespace, topic, slot, generation).keys(*SCHEDULE_PARTS))
+
+
 def schedule_answers(
     topic: Topic, requests: Sequence[ScheduleRequest], mode: Mode
 ) -> Plan[list[ScheduleResult | ScheduleFailure]]:
-    """As `schedule`, but never raising for a failed call: each request gets the answer of its
-    own slot's call, a result or that call's failure. For a caller that merges the answers of
-    several calls (the routed client, over brokers), where one error for all would be wrong.
+    """As `schedule`, but never raising for a failed call: each request gets its own answer, a
+    result or the failure of its call (or of its slot, refused as moving). For a caller that
+    merges the answers of several calls (the routed client, over brokers), where one error for
+    all would be wrong.
+
+    The slots of a topic on one client share its broker, so a batch over many slots is one
+    call (schedulemany-10, which runs schedule-10 slot after slot) per MAX_MESSAGES_PER_CALL
+    messages rather than one per slot: at 1,024 slots a batch of 1,000 touched ~630 slots, each
+    a call of its own. A call of one slot stays schedule-10.
 
     Every request is validated before anything is sent. This is a producer's hot path (about
     half of its Python per message before it was written this way): the requests are encoded
     straight into their slot's argument list in one loop, rather than grouped by the generic
     `_per_slot_calls` afterwards."""
     slots, ids, by_slot = _encode_requests(topic, requests)
-    parts = (
-        Part.STORE,
-        Part.PREPARE,
-        Part.DEAD,
-        Part.MSG,
-        Part.REASON,
-        Part.WAKE,
-        Part.JOURNAL,
-        Part.OUTCOME,
-        Part.EPOCH,
-        Part.BASIS,
-    )
     head: list[Arg] = [
         mode.value,
         MAX_DELAY_MS,
@@ -197,27 +225,65 @@ def schedule_answers(
     ]
     calls: list[ScriptCall] = []
     order: list[list[int]] = []
-    per_call = FIELDS_PER_REQUEST * MAX_MESSAGES_PER_CALL
-    for slot, (indexes, fields) in by_slot.items():
-        keys = slot_keys(topic, slot).keys(*parts)
-        for first in range(0, len(indexes), MAX_MESSAGES_PER_CALL):
-            start = FIELDS_PER_REQUEST * first
-            calls.append(ScriptCall(Script.SCHEDULE, keys, head + fields[start : start + per_call]))
-            order.append(indexes[first : first + MAX_MESSAGES_PER_CALL])
+    for chunks in _packed(by_slot):
+        if len(chunks) == 1:
+            slot, indexes, fields = chunks[0]
+            keys = [*_schedule_keys(topic.namespace, topic.name, topic.slot_generation, slot)]
+            calls.append(ScriptCall(Script.SCHEDULE, keys, head + fields))
+            order.append(indexes)
+            continue
+        keys, args, positions = [], list(head), []
+        for slot, indexes, fields in chunks:
+            keys += _schedule_keys(topic.namespace, topic.name, topic.slot_generation, slot)
+            args.append(len(indexes))
+            args += fields
+            positions += indexes
+        calls.append(ScriptCall(Script.SCHEDULE_MANY, keys, args))
+        order.append(positions)
 
     def call_results(indexes: list[int], reply: Reply) -> list[ScheduleResult | ScheduleFailure]:
         if isinstance(reply, Exception):
             return [ScheduleFailure(ids[i], slots[i], reply) for i in indexes]
-        return [
-            ScheduleResult(ids[i], slots[i], CODES[code], due, STATES[state])
-            for i, (code, due, state) in zip(indexes, groups(reply, 3), strict=True)
-        ]
+        answers: list[ScheduleResult | ScheduleFailure] = []
+        refusals: dict[bytes, Exception] = {}  # one error per slot refused, as its call's was
+        for i, (code, due, state) in zip(indexes, groups(reply, 3), strict=True):
+            if code == _SLOT_MOVING:
+                if (error := refusals.get(state)) is None:
+                    error = refusals[state] = as_typed_error(ResponseError(as_text(state)))
+                answers.append(ScheduleFailure(ids[i], slots[i], error))
+            else:
+                answers.append(ScheduleResult(ids[i], slots[i], CODES[code], due, STATES[state]))
+        return answers
 
     def combine(replies: list[Reply]) -> list[ScheduleResult | ScheduleFailure]:
         per_call = [call_results(i, reply) for i, reply in zip(order, replies, strict=True)]
         return _scatter(order, per_call, len(requests))
 
     return Plan(calls, combine, partial=True)
+
+
+def _packed(
+    by_slot: dict[int, tuple[list[int], list[Arg]]],
+) -> Iterator[list[tuple[int, list[int], list[Arg]]]]:
+    """The slots' messages cut into calls of MAX_MESSAGES_PER_CALL messages (the last fewer),
+    each a list of its slots' parts (slot, positions, arguments). A slot may end one call and
+    open the next, as a slot of more messages than a call always did: an id given twice then
+    meets its first copy stored, which answers as it would in one call."""
+    call: list[tuple[int, list[int], list[Arg]]] = []
+    size = 0
+    for slot, (indexes, fields) in by_slot.items():
+        start = 0
+        while start < len(indexes):
+            end = min(len(indexes), start + MAX_MESSAGES_PER_CALL - size)
+            arguments = fields[FIELDS_PER_REQUEST * start : FIELDS_PER_REQUEST * end]
+            call.append((slot, indexes[start:end], arguments))
+            size += end - start
+            start = end
+            if size == MAX_MESSAGES_PER_CALL:
+                yield call
+                call, size = [], 0
+    if call:
+        yield call
 
 
 def unconfirmed(error: ReplicationTimeoutError) -> list[ScheduleResult | ScheduleFailure]:
@@ -484,15 +550,50 @@ def claim_slots(
     topic: Topic, claims: Sequence[SlotClaim], lease_ms: int, backoff: Backoff | None = None
 ) -> Plan[list[ClaimBatch | StaleEpochError]]:
     """Claim from several slots in one round trip, each (slot, epoch, max_count) its own count;
-    a slot with a newer owner yields its StaleEpochError in place instead of failing the others."""
-    calls = [
-        _claim_call(topic, slot, epoch, count, lease_ms, backoff) for slot, epoch, count in claims
-    ]
+    a slot with a newer owner yields its StaleEpochError in place instead of failing the others.
+
+    The slots share the client's broker: one call (claimmany-13, claim-13 slot after slot, each
+    slot fenced by its own epoch) per MAX_MESSAGES_PER_CALL messages claimed at most, rather
+    than one per slot; a call of one slot stays claim-13."""
+    calls: list[ScriptCall] = []
+    sizes: list[int] = []  # the claims of each call
+    size = count = 0
+    for claim in claims:
+        if size and count + claim.max_count > MAX_MESSAGES_PER_CALL:
+            sizes.append(size)
+            size = count = 0
+        size, count = size + 1, count + claim.max_count
+    if size:
+        sizes.append(size)
+    start = 0
+    for size in sizes:
+        part = [
+            _claim_call(topic, *claim, lease_ms, backoff) for claim in claims[start : start + size]
+        ]
+        start += size
+        if len(part) == 1:
+            calls.append(part[0])
+        else:
+            keys = [key for call in part for key in call.keys]
+            args: list[Arg] = []
+            for call in part:  # each slot's count first: claim-13's arguments may grow
+                args += [len(call.args), *call.args]
+            calls.append(ScriptCall(Script.CLAIM_MANY, keys, args))
 
     def combine(replies: list[Reply]) -> list[ClaimBatch | StaleEpochError]:
+        slot_replies: list[Reply] = []
+        for size, reply in zip(sizes, replies, strict=True):
+            if size == 1:
+                slot_replies.append(reply)
+                continue
+            at = 0
+            for _ in range(size):
+                end = at + 1 + 5 + 2 * int(reply[at])
+                slot_replies.append(reply[at + 1 : end])
+                at = end
         return [
             _claim_batch(reply, claim.slot, claim.epoch)
-            for claim, reply in zip(claims, replies, strict=True)
+            for claim, reply in zip(claims, slot_replies, strict=True)
         ]
 
     return Plan(calls, combine)

@@ -35,9 +35,11 @@ class Script(enum.StrEnum):
     """Every transition, valued by its file stem."""
 
     SCHEDULE = "schedule-10"
+    SCHEDULE_MANY = "schedulemany-10"  # 10 keys per slot, several slots of one broker
     CANCEL = "cancel-13"
     RESCHEDULE = "reschedule-7"
     CLAIM = "claim-13"
+    CLAIM_MANY = "claimmany-13"  # 13 keys per slot, several slots of one broker
     ACK = "ack-7"
     NACK = "nack-11"
     EXTEND = "extend-3"
@@ -81,6 +83,7 @@ class Script(enum.StrEnum):
 _ACKNOWLEDGED_WRITES = frozenset(
     {
         Script.SCHEDULE,
+        Script.SCHEDULE_MANY,
         Script.CANCEL,
         Script.RESCHEDULE,
         Script.ACK,

@@ -1,0 +1,146 @@
+--@include call_chunked
+--@include codes
+--@include epoch_matches
+--@include forget_expired
+--@include give_up
+--@include journal
+--@include materialize
+--@include occurrence_record
+--@include read_chunked
+--@include record_extras
+--@include record_fields
+--@include record_with
+--@include roll_back_leases
+--@include series_fields
+--@include series_with
+--@include topic_settings
+--@include with_first_attempt
+
+-- Claim due messages of one slot: the body of claim-13 (whose header is the contract: KEYS,
+-- ARGV, reply, events) and of claimmany-13, which runs it once per slot, each slot fenced by its
+-- own epoch. `keys[at + 1 .. at + 13]` are the slot's keys in claim-13's KEYS order, `args`
+-- the slot's claim-13 ARGV; `now_micros` the server clock in µs (one reading per call).
+-- Returns claim-13's reply.
+local function claim_slot(keys, at, args, now_micros)
+  local store, prepare, msg, epoch_key, journal_key, leases_key =
+    keys[at + 1], keys[at + 2], keys[at + 4], keys[at + 6], keys[at + 7], keys[at + 8]
+  local schedules, topup = keys[at + 11], keys[at + 12]
+  local max_count = tonumber(args[2])
+  local lease_ms = tonumber(args[3])
+  local rollback_max = tonumber(args[6])
+  local max_retries, journal_max_len, retry_for_ms, exhausted_action, expiry_action, retention_ms =
+    topic_settings(keys[at + 1], {'max_retries', 'journal_max_len', 'retry_for_ms',
+      'retry_exhausted_action', 'expiry_action', 'outcome_retention_ms'},
+      {args[4], args[5], args[7], args[8], args[9], args[10]})
+  max_retries, journal_max_len = tonumber(max_retries), tonumber(journal_max_len)
+  retry_for_ms = tonumber(retry_for_ms)
+  local slot = {
+    dead = keys[at + 3], reason = keys[at + 5], msg = msg, journal = journal_key,
+    outcome = keys[at + 9], finished = keys[at + 10], basis = keys[at + 13],
+    journal_max_len = journal_max_len, retention_ms = tonumber(retention_ms),
+  }
+  local given_up = 0
+
+  if not epoch_matches(epoch_key, args[1]) then
+    return {CODE.STALE_EPOCH, 0, -1, -1, 0}
+  end
+  local now = math.floor(now_micros / 1000)
+
+  -- The claimed message `id` as an occurrence of a recurring schedule (header): materialise the
+  -- successor, or note a missed occurrence. True when the occurrence is to be skipped.
+  local function advance_series(id)
+    local sid, due = string.match(id, '^(.+)@(%d+)$')
+    local value = sid and redis.call('HGET', schedules, sid)
+    if not value then return false end
+    local current, nxt, catch_up = series_fields(value)
+    if current ~= due or nxt == '' or nxt == 'end' then return false end
+    local missed = tonumber(nxt) <= now and catch_up ~= 'all'
+    if missed then
+      value = series_with(value, current, '')
+    else
+      materialize(store, msg, journal_key, journal_max_len, sid, nxt, occurrence_record(value), now)
+      value = series_with(value, nxt, '')
+    end
+    redis.call('HSET', schedules, sid, value)
+    redis.call('ZADD', topup, now, sid)
+    return missed and catch_up == 'skip'
+  end
+
+  -- 1. Roll back expired leases, each retried after the caller's backoff.
+  local backoff = nil
+  if args[11] and tonumber(args[11]) > 0 then
+    backoff = {base_ms = tonumber(args[11]), multiplier = tonumber(args[12]),
+      max_ms = tonumber(args[13]), spread = tonumber(args[14])}
+  end
+  local expired = redis.call('ZRANGEBYSCORE', prepare, '-inf', now, 'LIMIT', 0, rollback_max)
+  given_up = roll_back_leases(slot, store, prepare, expired, now, max_retries, retry_for_ms,
+    exhausted_action, backoff)
+
+  -- 2. Claim what is due.
+  local claimed = {CODE.OK, now_micros, -1, -1, 0}
+  local due_ids = redis.call('ZRANGEBYSCORE', store, '-inf', now, 'WITHSCORES', 'LIMIT', 0, max_count)
+  if #due_ids > 0 then
+    local has_series = redis.call('HLEN', schedules) > 0
+    local deadline = now + lease_ms
+    local lease = tostring(redis.call('INCR', leases_key))
+    local ids, hset_args = {}, {}
+    for i = 1, #due_ids, 2 do ids[#ids + 1] = due_ids[i] end
+    local records = read_chunked('HMGET', msg, ids)
+    for k = 1, #ids do
+      local id, due, record = ids[k], due_ids[2 * k], records[k]
+      local attempts, _, p3, expire_ms = nil, nil, nil, nil
+      if record then
+        attempts, _, _, p3 = record_fields(record)
+        expire_ms = record_extras(record, p3)
+      end
+      if record and expire_ms and now > expire_ms then
+        give_up(slot, id, expiry_action, 'expired', 'expired', now, due, attempts)
+        given_up = given_up + 1
+      elseif record and has_series and advance_series(id) then
+        redis.call('HDEL', msg, id)
+        redis.call('HDEL', slot.basis, id)
+        journal(journal_key, journal_max_len, 'skipped', id, now, due, '')
+      elseif record then
+        attempts = attempts + 1
+        local leased = record_with(record, attempts, due, lease, p3)
+        -- the retry window's start, kept only where a window is set (no bytes otherwise)
+        if attempts == 1 and retry_for_ms > 0 then leased = with_first_attempt(leased, now) end
+        hset_args[#hset_args + 1] = id
+        hset_args[#hset_args + 1] = leased
+        claimed[#claimed + 1] = id
+        claimed[#claimed + 1] = leased
+        journal(journal_key, journal_max_len, 'claimed', id, now, due, attempts)
+      else
+        redis.call('HDEL', slot.basis, id)
+        journal(journal_key, journal_max_len, 'orphan', id, now, due, '')
+      end
+    end
+    call_chunked('ZREM', store, ids)
+    if #hset_args > 0 then
+      -- The leased ids go into prepare last one first. They share one deadline, and a sorted set
+      -- of up to 128 members (a listpack) looks for an equal-score member's place from its head:
+      -- ids claimed in ascending order (store's order for ids due together) would each walk
+      -- past all those just added: ~0.9 µs of ZADD a claimed message instead of ~0.5 with the
+      -- default consumer's claims of 125 (docs/benchmarks.md, "Hot paths").
+      local zadd_args = {}
+      for k = #hset_args - 1, 1, -2 do
+        zadd_args[#zadd_args + 1] = deadline
+        zadd_args[#zadd_args + 1] = hset_args[k]
+      end
+      call_chunked('ZADD', prepare, zadd_args)
+      call_chunked('HSET', msg, hset_args)
+    end
+  end
+
+  if given_up > 0 then
+    forget_expired(slot.outcome, slot.finished, slot.basis, slot.msg, slot.retention_ms, now,
+      given_up)
+  end
+
+  local head = redis.call('ZRANGE', store, 0, 0, 'WITHSCORES')
+  if head[2] then claimed[3] = tonumber(head[2]) end
+  local lease_head = redis.call('ZRANGE', prepare, 0, 0, 'WITHSCORES')
+  if lease_head[2] then claimed[4] = tonumber(lease_head[2]) end
+  claimed[5] = redis.call('ZCARD', topup)
+  return claimed
+end

@@ -1,0 +1,142 @@
+--@include append
+--@include call_chunked
+--@include codes
+--@include journal
+--@include locate
+--@include new_record
+--@include read_chunked
+--@include record_fields
+--@include remembered
+--@include topic_settings
+--@include wake_if_earliest
+
+-- Schedule messages into one slot, appending each one's triple (code, due_ms, state) to
+-- `results`: the body of schedule-10 (whose header is the contract: KEYS, ARGV, codes) and of
+-- schedulemany-10, which runs it once per slot. `keys[at + 1 .. at + 10]` are the slot's keys
+-- in schedule-10's KEYS order; `args[1 .. 6]` the head of schedule-10's ARGV; `args[first ..
+-- last]` the slot's messages, 8 values each; `now` the server clock in ms (one reading per call:
+-- TIME is a command, and a call of many slots would pay it once a slot). The caller has refused
+-- a moving slot already.
+local function schedule_slot(keys, at, args, first, last, now, results)
+  local store, prepare, dead, msg, reason, wake, journal_key, outcome, basis =
+    keys[at + 1], keys[at + 2], keys[at + 3], keys[at + 4], keys[at + 5], keys[at + 6],
+    keys[at + 7], keys[at + 8], keys[at + 10]
+  local upsert = args[1] == 'upsert'
+  local max_delay_ms = tonumber(args[2])
+  local journal_max_len, retention_ms, default_ttl_ms, max_pending = topic_settings(store,
+    {'journal_max_len', 'outcome_retention_ms', 'expiry_ttl_ms', 'limits_max_pending'},
+    {args[3], args[4], args[5], args[6]})
+  journal_max_len, retention_ms = tonumber(journal_max_len), tonumber(retention_ms)
+  default_ttl_ms, max_pending = tonumber(default_ttl_ms), tonumber(max_pending)
+
+  local zadd_args, hset_args = {}, {}
+  -- id -> the slot basis it is stored with, or false to delete an entry it may have (of the
+  -- message it replaces, or of a finished one kept with its outcome: forget_bases), looked for
+  -- only in a slot that has entries, so default-basis batches pay nothing; written after the
+  -- loop, so the last of an id given twice in the batch wins
+  local has_bases = redis.call('HLEN', basis) > 0
+  local bases, based_ids = {}, {}
+  local pending = {}  -- id -> due, for ids scheduled earlier in this same batch
+  local earliest = nil
+
+  -- a live message always has its record: one HMGET tells which ids exist (new ids cost no
+  -- copy)
+  local ids = {}
+  for i = first, last, 8 do ids[#ids + 1] = args[i] end
+  local pending_count = nil  -- scheduled + prepared, counted when a limit is set
+  if max_pending > 0 then
+    pending_count = redis.call('ZCARD', store) + redis.call('ZCARD', prepare)
+  end
+  local records = read_chunked('HMGET', msg, ids)
+  -- create-only asks what finished ids left behind; upsert replaces whatever there was
+  local outcomes = {}
+  if retention_ms > 0 and not upsert then outcomes = read_chunked('HMGET', outcome, ids) end
+
+  for k = 1, #ids do
+    local i = first + 8 * (k - 1)
+    local id, when_kind, when_ms = ids[k], args[i + 1], tonumber(args[i + 2])
+    local expire_kind, expire_value = args[i + 3], tonumber(args[i + 4])
+    local due = when_ms
+    if when_kind == 'delay' then due = now + when_ms end
+    local expire_ms = nil
+    if expire_kind == 'at' then
+      expire_ms = expire_value
+    elseif expire_kind == 'ttl' then
+      expire_ms = due + expire_value
+    elseif default_ttl_ms > 0 then
+      expire_ms = due + default_ttl_ms
+    end
+    local state, score = false, nil
+    if pending[id] then
+      state, score = 'scheduled', pending[id]
+    elseif records[k] then
+      state, score = locate(store, prepare, dead, id)
+    end
+
+    local finished_state, finished_ms = nil, nil
+    if not state then
+      finished_state, finished_ms = remembered(outcomes[k], retention_ms, now)
+    end
+
+    if due > now + max_delay_ms then
+      append(results, CODE.TOO_FAR, due, state or 'absent')
+    elseif expire_ms and expire_ms <= due then
+      append(results, CODE.EXPIRES_BEFORE_DUE, due, state or 'absent')
+    elseif pending_count and not state and not finished_state
+        and pending_count >= max_pending then
+      append(results, CODE.OVER_QUOTA, due, 'absent')
+    elseif finished_state then
+      append(results, CODE.ALREADY_DONE, finished_ms, finished_state)
+    elseif state and not upsert then
+      local shown = score
+      if state == 'prepared' then
+        local _, record_due = record_fields(records[k])
+        shown = tonumber(record_due) or score
+      end
+      append(results, CODE.EXISTS, shown, state)
+    else
+      if state == 'prepared' then redis.call('ZREM', prepare, id) end
+      if state == 'dead' then
+        redis.call('ZREM', dead, id)
+        redis.call('HDEL', reason, id)
+      end
+      zadd_args[#zadd_args + 1] = due
+      zadd_args[#zadd_args + 1] = id
+      hset_args[#hset_args + 1] = id
+      hset_args[#hset_args + 1] = new_record(args[i + 5], args[i + 6], expire_ms)
+      pending[id] = due
+      local given_basis = args[i + 7]
+      if given_basis ~= '' or has_bases then
+        if bases[id] == nil then based_ids[#based_ids + 1] = id end
+        bases[id] = given_basis ~= '' and given_basis
+      end
+      if pending_count and not state then pending_count = pending_count + 1 end
+      if earliest == nil or due < earliest then earliest = due end
+      journal(journal_key, journal_max_len, 'scheduled', id, now, due, 0)
+      if state then
+        append(results, CODE.UPDATED, due, 'scheduled')
+      else
+        append(results, CODE.CREATED, due, 'scheduled')
+      end
+    end
+  end
+
+  if #zadd_args > 0 then
+    call_chunked('ZADD', store, zadd_args)
+    call_chunked('HSET', msg, hset_args)
+    wake_if_earliest(store, wake, earliest)
+  end
+  if #based_ids > 0 then
+    local hset_bases, hdel_bases = {}, {}
+    for _, id in ipairs(based_ids) do
+      if bases[id] then
+        hset_bases[#hset_bases + 1] = id
+        hset_bases[#hset_bases + 1] = bases[id]
+      else
+        hdel_bases[#hdel_bases + 1] = id
+      end
+    end
+    if #hset_bases > 0 then call_chunked('HSET', basis, hset_bases) end
+    if #hdel_bases > 0 then call_chunked('HDEL', basis, hdel_bases) end
+  end
+end

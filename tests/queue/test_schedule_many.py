@@ -1,0 +1,306 @@
+"""A batch over several slots is one call per broker (schedulemany-10) and answers every item
+exactly as one schedule-10 call per slot did: compared on random mixed batches (new ids, ids
+that exist or finished, slots over their quota share, a slot being moved, expiry before due, due
+too far) from the same starting state, item by item and in what each path stored."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+
+import pytest
+import redis
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from delayq.queue import plans
+from delayq.queue.client import Queue
+from delayq.queue.codes import Code, SlotMovingError, StaleEpochError
+from delayq.queue.model import (
+    ClaimBatch,
+    Mode,
+    PartlyStoredError,
+    ScheduleFailure,
+    ScheduleRequest,
+    ScheduleResult,
+    SlotClaim,
+    State,
+)
+from delayq.queue.scripts import Script
+from delayq.queue.topic import MAX_DELAY_MS
+
+from .conftest import TOPIC, engine_client, server_ms, wait_for_server_ms
+
+HOUR_MS = 3_600_000
+IDS = [f"id{n}" for n in range(12)]  # ~3 per slot of the 4
+Answer = ScheduleResult | ScheduleFailure
+
+
+@dataclasses.dataclass(frozen=True)
+class Case:
+    """A starting state and a batch: ids scheduled and ids cancelled before (remembered), the
+    slots frozen, each slot's quota share (0: none), the mode, and the batch's items as (id,
+    kind) with kind 'ok', 'too far' or 'expires before due'."""
+
+    existing: frozenset[str]
+    cancelled: frozenset[str]
+    frozen: frozenset[int]
+    share: int
+    mode: Mode
+    items: tuple[tuple[str, str], ...]
+
+
+CASES = st.builds(
+    Case,
+    existing=st.frozensets(st.sampled_from(IDS)),
+    cancelled=st.frozensets(st.sampled_from(IDS)),
+    frozen=st.frozensets(st.sampled_from(range(TOPIC.slot_amount)), max_size=2),
+    share=st.integers(0, 3),
+    mode=st.sampled_from(list(Mode)),
+    items=st.lists(
+        st.tuples(st.sampled_from(IDS), st.sampled_from(["ok", "ok", "too far", "expires"])),
+        min_size=1,
+        max_size=30,
+    ).map(tuple),
+)
+
+
+def requests_of(case: Case, base_ms: int) -> list[ScheduleRequest]:
+    requests = []
+    for n, (message_id, kind) in enumerate(case.items):
+        at_ms = base_ms + HOUR_MS + n
+        if kind == "too far":
+            at_ms = base_ms + MAX_DELAY_MS + HOUR_MS
+        expire = at_ms if kind == "expires" else None
+        requests.append(ScheduleRequest(message_id, f"p{n}", at_ms=at_ms, expire_at_ms=expire))
+    return requests
+
+
+def prepared(admin: redis.Redis, queue: Queue, case: Case, base_ms: int) -> None:
+    """The case's starting state, from an empty topic (the ids written before the quota)."""
+    keys = list(admin.scan_iter(match="dq:{shop/orders/*", count=1000))
+    if keys:
+        admin.delete(*keys)
+    queue = Queue(queue.redis, dataclasses.replace(queue.topic, limits_max_pending=0))
+    for message_id in sorted(case.cancelled):
+        queue.schedule(message_id, b"old", at_ms=base_ms + 2 * HOUR_MS)
+        queue.cancel(message_id)
+    for message_id in sorted(case.existing - case.cancelled):
+        queue.schedule(message_id, b"old", at_ms=base_ms + 2 * HOUR_MS)
+    for slot in sorted(case.frozen):
+        Queue(admin, queue.topic).run(plans.freeze(queue.topic, slot))
+
+
+def per_slot(queue: Queue, requests: list[ScheduleRequest], mode: Mode) -> list[Answer]:
+    """The path before schedulemany-10: one schedule-10 call per slot."""
+    by_slot: dict[int, list[int]] = {}
+    for index, request in enumerate(requests):
+        by_slot.setdefault(queue.topic.slot_of(request.id), []).append(index)
+    answers: list[Answer | None] = [None] * len(requests)
+    for slot, indexes in by_slot.items():
+        plan = plans.schedule_answers(queue.topic, [requests[i] for i in indexes], mode)
+        assert [call.script for call in plan.calls] == [Script.SCHEDULE]
+        try:
+            got: list[Answer] = queue.run(plan)
+        except SlotMovingError as error:
+            got = [ScheduleFailure(requests[i].id, slot, error) for i in indexes]
+        for index, answer in zip(indexes, got, strict=True):
+            answers[index] = answer
+    return [a for a in answers if a is not None]
+
+
+def per_broker(queue: Queue, requests: list[ScheduleRequest], mode: Mode) -> list[Answer]:
+    plan = plans.schedule_answers(queue.topic, requests, mode)
+    slots = {queue.topic.slot_of(r.id) for r in requests}
+    assert [call.script for call in plan.calls] == [
+        Script.SCHEDULE_MANY if len(slots) > 1 else Script.SCHEDULE
+    ]
+    try:
+        return queue.run(plan)
+    except SlotMovingError as error:  # one slot in the batch, refused as a whole
+        return [ScheduleFailure(r.id, queue.topic.slot_of(r.id), error) for r in requests]
+
+
+def comparable(answer: Answer) -> tuple[object, ...]:
+    """The answer, but the time an id finished (ALREADY_DONE's due_ms: each run's own) and the
+    place Redis appends to a script's error (" script: <function>, on @user_function:<line>."):
+    schedulemany-10 answers a moving slot's refusal as a value, not as an error."""
+    if isinstance(answer, ScheduleResult):
+        finished = answer.code is Code.ALREADY_DONE
+        return tuple(answer._replace(due_ms=0) if finished else answer)
+    text = str(answer.error).split(" script: ", 1)[0]
+    return (answer.id, answer.slot, type(answer.error), text)
+
+
+def stored(queue: Queue, frozen: frozenset[int]) -> dict[str, tuple[object, ...]]:
+    """What the topic holds for every id (a frozen slot's ids cannot be read: left out)."""
+    found: dict[str, tuple[object, ...]] = {}
+    for message_id in IDS:
+        if queue.topic.slot_of(message_id) not in frozen:
+            info = queue.get(message_id)
+            found[message_id] = (info.state, info.due_ms, info.payload, info.expire_at_ms)
+    return found
+
+
+def test_per_broker_calls_answer_and_store_as_per_slot_calls(
+    redis_server: object, redis_client: redis.Redis
+) -> None:
+    client = engine_client(redis_server, redis_client)  # type: ignore[arg-type]
+    topic = dataclasses.replace(TOPIC, outcome_retention_ms=HOUR_MS)
+
+    @settings(
+        max_examples=40,
+        deadline=None,
+        suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture],
+    )
+    @given(case=CASES)
+    def check(case: Case) -> None:
+        queue = Queue(client, dataclasses.replace(topic, limits_max_pending=4 * case.share))
+        base_ms = server_ms(redis_client)
+        requests = requests_of(case, base_ms)
+        runs: list[tuple[list[Answer], dict[str, tuple[object, ...]]]] = []
+        path: Callable[[Queue, list[ScheduleRequest], Mode], list[Answer]]
+        for path in (per_slot, per_broker):
+            prepared(redis_client, queue, case, base_ms)
+            answers = path(queue, requests, case.mode)
+            runs.append(([*answers], stored(queue, case.frozen)))
+        (old_answers, old_stored), (new_answers, new_stored) = runs
+        assert [comparable(a) for a in new_answers] == [comparable(a) for a in old_answers]
+        assert new_stored == old_stored
+        moving = [a for a in new_answers if isinstance(a, ScheduleFailure)]
+        assert all(isinstance(a.error, SlotMovingError) for a in moving)
+        assert {a.slot for a in moving} == {r.slot for r in new_answers} & case.frozen
+
+    try:
+        check()
+    finally:
+        client.close()
+
+
+def test_a_batch_of_several_slots_refuses_a_moving_slot_only(
+    queue: Queue, redis_client: redis.Redis
+) -> None:
+    """One call holds the three slots: the moving ones' items fail with their slot's
+    SlotMovingError, the other's are stored (PartlyStoredError); a batch of moving slots only
+    raises the first item's error, as one call per slot did."""
+    by_slot = {TOPIC.slot_of(f"k{n}"): f"k{n}" for n in range(40)}
+    (slot_a, id_a), (slot_b, id_b), (_, id_c) = sorted(by_slot.items())[:3]
+    for slot in (slot_a, slot_b):
+        Queue(redis_client, TOPIC).run(plans.freeze(TOPIC, slot))
+    batch = [ScheduleRequest(i, b"x", delay_ms=HOUR_MS) for i in (id_a, id_b, id_c)]
+    redis_client.config_resetstat()
+    with pytest.raises(PartlyStoredError) as caught:
+        queue.schedule_many(batch)
+    assert redis_client.info("commandstats")["cmdstat_fcall"]["calls"] == 1
+    failures = caught.value.failures
+    assert [(f.id, f.slot) for f in failures] == [(id_a, slot_a), (id_b, slot_b)]
+    assert all(isinstance(f.error, SlotMovingError) for f in failures)
+    assert f"{{shop/orders/{slot_b}}}:epoch is moving" in str(failures[1].error)
+    assert queue.get(id_c).state is State.SCHEDULED
+    with pytest.raises(SlotMovingError, match=f"{{shop/orders/{slot_a}}}:epoch"):
+        queue.schedule_many(batch[:2])
+
+
+@dataclasses.dataclass(frozen=True)
+class ClaimCase:
+    """Messages of each kind ('due', 'later', 'expired': its expiry passed, 'leased': claimed
+    with a lease that ran out) and per slot a claim: (max_count, stale: an older epoch)."""
+
+    kinds: tuple[str, ...]
+    claims: tuple[tuple[int, bool], ...]
+
+
+CLAIM_CASES = st.builds(
+    ClaimCase,
+    kinds=st.lists(
+        st.sampled_from(["due", "later", "expired", "leased"]), min_size=1, max_size=24
+    ).map(tuple),
+    claims=st.lists(
+        st.tuples(st.integers(0, 4), st.booleans()),
+        min_size=TOPIC.slot_amount,
+        max_size=TOPIC.slot_amount,
+    ).map(tuple),
+)
+
+
+def claim_state(admin: redis.Redis, queue: Queue, case: ClaimCase, base_ms: int) -> list[SlotClaim]:
+    """The case's slots, from an empty topic: its claims, under each slot's current epoch (or
+    the one before: a newer owner)."""
+    keys = list(admin.scan_iter(match="dq:{shop/orders/*", count=1000))
+    if keys:
+        admin.delete(*keys)
+    ids = [f"c{n}-{kind}" for n, kind in enumerate(case.kinds)]
+    for message_id, kind in zip(ids, case.kinds, strict=True):
+        if kind == "leased":
+            queue.schedule(message_id, b"l", at_ms=1_000)
+    epochs = {slot: queue.take_over(slot) for slot in TOPIC.slots}
+    leased_until = server_ms(admin) + 1
+    for slot, epoch in epochs.items():
+        queue.claim(slot, epoch, 100, 1)
+    wait_for_server_ms(admin, leased_until)
+    for message_id, kind in zip(ids, case.kinds, strict=True):
+        if kind == "due":
+            queue.schedule(message_id, b"d", at_ms=1_000)
+        elif kind == "later":
+            queue.schedule(message_id, b"w", at_ms=base_ms + HOUR_MS)
+        elif kind == "expired":
+            queue.schedule(message_id, b"e", at_ms=1_000, expire_at_ms=2_000)
+    return [
+        SlotClaim(slot, epochs[slot] - stale, count)
+        for slot, (count, stale) in zip(TOPIC.slots, case.claims, strict=True)
+    ]
+
+
+def claimed_view(batch: ClaimBatch | StaleEpochError) -> tuple[object, ...]:
+    """A slot's claim without what each run's own clock decides (now, lease deadlines, a
+    rolled-back lease's retry time, the epochs: a take-over's epoch is a server time)."""
+    if isinstance(batch, StaleEpochError):
+        return ("stale",)
+    messages = [
+        (m.id, m.payload, m.headers, m.attempt, m.id.endswith("leased") or m.due_ms, m.lease_id)
+        for m in batch.messages
+    ]
+    times = (batch.next_due_ms is None, batch.next_deadline_ms is None)
+    return (batch.slot, times, messages, batch.topups_owed)
+
+
+def test_one_claim_call_per_broker_claims_as_one_call_per_slot(
+    redis_server: object, redis_client: redis.Redis
+) -> None:
+    """Each slot fenced by its own epoch (a stale one answers StaleEpochError, the others
+    claim), expired leases rolled back, expired messages given up, each slot its own count."""
+    client = engine_client(redis_server, redis_client)  # type: ignore[arg-type]
+    queue = Queue(client, TOPIC)
+
+    @settings(
+        max_examples=25,
+        deadline=None,
+        suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture],
+    )
+    @given(case=CLAIM_CASES)
+    def check(case: ClaimCase) -> None:
+        base_ms = server_ms(redis_client)
+        claims = claim_state(redis_client, queue, case, base_ms)
+        per_slot: list[ClaimBatch | StaleEpochError] = []
+        for claim in claims:
+            one = plans.claim_slots(TOPIC, [claim], 60_000)
+            assert [call.script for call in one.calls] == [Script.CLAIM]
+            batches: list[ClaimBatch | StaleEpochError] = queue.run(one)
+            per_slot += batches
+        before = stored_claims(queue, case)
+        claims = claim_state(redis_client, queue, case, base_ms)
+        plan = plans.claim_slots(TOPIC, claims, 60_000)
+        assert [call.script for call in plan.calls] == [Script.CLAIM_MANY]
+        per_broker = queue.run(plan)
+        assert [claimed_view(b) for b in per_broker] == [claimed_view(b) for b in per_slot]
+        assert stored_claims(queue, case) == before
+
+    try:
+        check()
+    finally:
+        client.close()
+
+
+def stored_claims(queue: Queue, case: ClaimCase) -> list[tuple[object, ...]]:
+    infos = [queue.get(f"c{n}-{kind}") for n, kind in enumerate(case.kinds)]
+    return [(info.state, info.attempts) for info in infos]
