@@ -536,19 +536,11 @@ class SlotSplitter:
         """Add `slots` (caught up, their halves thawed) to the routing's `doubled_slots` with
         compare-and-set: from now on writers that read it send their messages to the halves,
         and the old slots stay frozen as tombstones for those that do not."""
-        while True:
-            routing, version = self.routing()
+        def switched(routing: Routing) -> Routing:
             self._check_unchanged(split, routing)
-            switched = replace(routing, doubled_slots=routing.doubled_slots | frozenset(slots))
-            self.lock.check()
-            try:
-                if version is None:
-                    self.zk.create(self.paths.routing, switched.to_json(), makepath=True)
-                else:
-                    self.zk.set(self.paths.routing, switched.to_json(), version=version)
-                return
-            except (BadVersionError, NodeExistsError):
-                continue  # the operator wrote it meanwhile (more brokers): read again
+            return replace(routing, doubled_slots=routing.doubled_slots | frozenset(slots))
+
+        self._write_routing(switched)
 
     @staticmethod
     def _check_unchanged(split: Split, routing: Routing) -> None:
@@ -564,21 +556,32 @@ class SlotSplitter:
     def _switch(self, split: Split) -> None:
         """Write the doubled routing with compare-and-set; a lost race reads again. Refuses
         when the routing changed since the doubling started (the copies follow that one)."""
+        def doubled(routing: Routing) -> Routing | None:
+            if routing.generation == split.to_generation:
+                return None  # switched by an earlier run that crashed before recording it
+            self._check_unchanged(split, routing)
+            return split.doubled(routing.broker_count)
+
+        self._write_routing(doubled)
+
+    def _write_routing(self, change: Callable[[Routing], Routing | None]) -> None:
+        """Write `change(routing)` over the routing node with compare-and-set, reading it again
+        after a lost race (the operator wrote it meanwhile: more brokers); `change` returning
+        None writes nothing. Under the split lock, checked before each write."""
         while True:
             routing, version = self.routing()
-            if routing.generation == split.to_generation:
-                return  # switched by an earlier run that crashed before recording it
-            self._check_unchanged(split, routing)
-            doubled = split.doubled(routing.broker_count)
+            new = change(routing)
+            if new is None:
+                return
             self.lock.check()
             try:
                 if version is None:
-                    self.zk.create(self.paths.routing, doubled.to_json(), makepath=True)
+                    self.zk.create(self.paths.routing, new.to_json(), makepath=True)
                 else:
-                    self.zk.set(self.paths.routing, doubled.to_json(), version=version)
+                    self.zk.set(self.paths.routing, new.to_json(), version=version)
                 return
             except (BadVersionError, NodeExistsError):
-                continue  # the operator wrote it meanwhile (more brokers): read again
+                continue
 
     # ZooKeeper writes ----------------------------------------------------------------------
 

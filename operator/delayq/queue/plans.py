@@ -365,19 +365,7 @@ def restore(topic: Topic, items: Sequence[Item]) -> Plan[list[Outcome]]:
 
     def build(slot: int, chunk: Sequence[Item]) -> ScriptCall:
         keys = slot_keys(topic, slot).keys(
-            Part.STORE,
-            Part.PREPARE,
-            Part.DEAD,
-            Part.MSG,
-            Part.REASON,
-            Part.WAKE,
-            Part.JOURNAL,
-            Part.OUTCOME,
-            Part.EPOCH,
-            Part.BASIS,
-            Part.FINISHED,
-            Part.SCHEDULES,
-            Part.TOPUP,
+            *SCHEDULE_PARTS, Part.FINISHED, Part.SCHEDULES, Part.TOPUP
         )
         args: list[Arg] = [
             topic.journal_max_len,
