@@ -363,15 +363,17 @@ TOPIC_RULES = {
     ("", "configmaps"): {"get", "create", "patch"},
     # written, never read, listed or deleted: the operator's copies are in its own namespace
     ("", "secrets"): {"create", "patch"},
-    # no patch: the master Service follows an EndpointSlice; delete: the brokers' roll
-    ("", "pods"): {"list", "delete"},
+    # no patch: the master Service follows an EndpointSlice; delete: WORKLOAD_RULES
+    ("", "pods"): {"list"},
     ("discovery.k8s.io", "endpointslices"): {"get", "create", "patch"},
     ("", "events"): {"create"},
     ("policy", "poddisruptionbudgets"): {"get", "create", "patch"},
     ("networking.k8s.io", "networkpolicies"): {"get", "create", "patch", "delete"},
     ("monitoring.coreos.com", "servicemonitors"): {"get", "create", "patch"},
 }
-WORKLOAD_RULES = {("apps", "statefulsets"): {"create", "patch"}}
+# where tenants run topics: the StatefulSets, and their broker pods' roll (delete, uid
+# precondition: the operator rolls what it updated, updateStrategy OnDelete)
+WORKLOAD_RULES = {("apps", "statefulsets"): {"create", "patch"}, ("", "pods"): {"delete"}}
 CLUSTER_RULES = {
     ("apiextensions.k8s.io", "customresourcedefinitions"): {"list", "watch"},
     ("", "namespaces"): {"list", "watch"},

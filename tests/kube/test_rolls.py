@@ -105,6 +105,24 @@ async def test_the_roll_holds_while_a_replica_is_out_of_sync(
     assert gone(api, redis_pods) == []
 
 
+async def test_a_statefulset_its_controller_rolls_is_left_to_it(
+    api: kmock.KubernetesEmulator,
+    ctx: OperatorContext,
+    redis_pods: RedisPods,
+    logger: logging.Logger,
+) -> None:
+    """An earlier version's StatefulSet (RollingUpdate) in a namespace where the operator may
+    not update it: its controller rolls the pods; the operator deletes none (it may not even
+    have the right: pod delete comes with the StatefulSet writes)."""
+    await serving(api, ctx, redis_pods, logger, pods=3)
+    new_spec(api, redis_pods)
+    statefulset = api.objects["apps/v1/statefulsets", NAMESPACE, "orders-redis-0"]
+    statefulset.patch({"spec": {"updateStrategy": {"type": "RollingUpdate"}}})
+    await run(ctx, api, logger, refresh)
+    await run(ctx, api, logger, refresh)
+    assert gone(api, redis_pods) == []
+
+
 async def test_a_replica_that_cannot_log_in_to_its_master_is_never_promoted(
     api: kmock.KubernetesEmulator,
     ctx: OperatorContext,

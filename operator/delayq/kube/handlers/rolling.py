@@ -106,10 +106,16 @@ async def _masters_back(
 
 
 async def _rolling_revision(ctx: OperatorContext, spec: TopicSpec, broker: int) -> str | None:
-    """The broker StatefulSet's updateRevision while some of its pods run another; else None."""
+    """The broker StatefulSet's updateRevision while some of its pods run another; else None.
+    Only a StatefulSet the operator rolls (updateStrategy OnDelete): one still rolled by its
+    controller (an earlier version's, in a namespace the operator may not update) is left to
+    it."""
     statefulset = await ctx.kube.get(
         "apps/v1", "StatefulSet", spec.namespace, naming.redis_statefulset(spec.name, broker)
     )
+    strategy = ((statefulset or {}).get("spec") or {}).get("updateStrategy") or {}
+    if strategy.get("type") != "OnDelete":
+        return None
     status = (statefulset or {}).get("status") or {}
     revision = status.get("updateRevision")
     replicas = ((statefulset or {}).get("spec") or {}).get("replicas", 1)
