@@ -696,7 +696,10 @@ def _paths() -> dict[str, Schema]:
                             "default": 1,
                         },
                         **ack_timeout(
-                            "lease length of each message leased; default the topic's ackTimeout"
+                            "lease length of each message leased; default the topic's "
+                            "ackTimeout. A lease that runs out unacked counts as a failed "
+                            "attempt and is retried after the topic's retry policy, as a nack "
+                            "without delayMs"
                         ),
                         waitMs=integer(
                             "long poll: wait up to this long for something to be due (answered "
