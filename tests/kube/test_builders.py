@@ -45,6 +45,7 @@ CREDS = Credentials(
     read_token="viewer",
     metrics_token="scraper",
     lease_token_key="leasekey",
+    operator_metrics_token="operator-scraper",
 )
 OWNER = {
     "apiVersion": "delayq.io/v1alpha1",
@@ -542,6 +543,7 @@ def test_secret_holds_every_credential_base64() -> None:
         naming.SECRET_READ_TOKEN: "dmlld2Vy",
         naming.SECRET_METRICS_TOKEN: "c2NyYXBlcg==",
         naming.SECRET_LEASE_TOKEN_KEY: "bGVhc2VrZXk=",
+        naming.SECRET_OPERATOR_METRICS_TOKEN: "b3BlcmF0b3Itc2NyYXBlcg==",
     }
 
 
@@ -562,6 +564,10 @@ def test_service_pods_require_the_metrics_token_and_take_the_optional_rotation_t
         "optional": True,
     }
     assert refs[env_name("metrics_token")] == {"name": "orders-credentials", "key": "metrics-token"}
+    assert refs[env_name("operator_metrics_token")] == {
+        "name": "orders-credentials",
+        "key": "operator-metrics-token",
+    }
     assert refs[env_name("api_token")] == {"name": "orders-credentials", "key": "api-token"}
     secret = by_kind_name(rendered())["Secret", "orders-credentials"]
     assert "api-token-previous" not in secret["data"]

@@ -918,7 +918,9 @@ def topic_images(value_set: str) -> set[str]:
     env = operator_env(value_set)
     images = {name: env[name] for name in ("DELAYQ_IMAGE", "DELAYQ_REDIS_IMAGE")}
     ctx = OperatorConfig.from_env(images).build
-    credentials = Credentials("pw", "tok", "zk", "admin", "viewer", "metrics", "lease", "reader")
+    credentials = Credentials(
+        "pw", "tok", "zk", "admin", "viewer", "metrics", "lease", "op-metrics", "reader"
+    )
     return {
         image
         for topic_type in TopicType

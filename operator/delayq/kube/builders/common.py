@@ -108,6 +108,8 @@ class Credentials:
     read_token: str
     metrics_token: str
     lease_token_key: str
+    # the operator's own /metrics credential (spec.objectives), not the tenant's to rotate
+    operator_metrics_token: str
     # the stream reader's Redis password (its own Secret); empty when the topic has no reader
     stream_reader_password: str = ""
 

@@ -133,9 +133,9 @@ def config_map(spec: TopicSpec, ctx: BuildContext, slot_amount: int) -> Manifest
 
 def credentials_secret(spec: TopicSpec, credentials: Credentials) -> Manifest:
     """The topic's Redis passwords (service and admin user), API, read-only and /metrics
-    tokens, lease-token key and ZooKeeper password; their values are never rewritten by the
-    operator (apply.py adds a missing key only), and the key it does not write
-    (api-token-previous) is left to the tenant."""
+    tokens (the tenant's and the operator's own), lease-token key and ZooKeeper password,
+    from the operator's copy (kube/credentials.py); a reconcile leaves the tokens the tenant
+    may rotate as they are, and the key it does not write (api-token-previous) to the tenant."""
     labels = naming.topic_labels(spec.name, naming.COMPONENT_SERVICE)
     return {
         "apiVersion": "v1",
@@ -150,6 +150,9 @@ def credentials_secret(spec: TopicSpec, credentials: Credentials) -> Manifest:
             naming.SECRET_READ_TOKEN: secret_value(credentials.read_token),
             naming.SECRET_METRICS_TOKEN: secret_value(credentials.metrics_token),
             naming.SECRET_LEASE_TOKEN_KEY: secret_value(credentials.lease_token_key),
+            naming.SECRET_OPERATOR_METRICS_TOKEN: secret_value(
+                credentials.operator_metrics_token
+            ),
         },
     }
 
@@ -172,6 +175,10 @@ def service_statefulset(spec: TopicSpec, ctx: BuildContext, slot_amount: int) ->
             # /metrics is closed: its generated token (the ServiceMonitor presents it), the API
             # and read tokens open it too
             env_from_secret("DELAYQ_METRICS_TOKEN", secret, naming.SECRET_METRICS_TOKEN),
+            # the operator's own, for spec.objectives: the tenant may rotate the one above
+            env_from_secret(
+                "DELAYQ_OPERATOR_METRICS_TOKEN", secret, naming.SECRET_OPERATOR_METRICS_TOKEN
+            ),
             # one key for every pod: a lease token from one is honoured by all (tokens.py)
             env_from_secret("DELAYQ_LEASE_TOKEN_KEY", secret, naming.SECRET_LEASE_TOKEN_KEY),
             # the key the tenant adds to rotate the API token (docs/operator.md, "Rotating the
