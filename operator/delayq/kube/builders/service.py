@@ -34,6 +34,7 @@ from delayq.kube.builders.common import (
     tmp_volume,
 )
 from delayq.kube.ensembles import platform_connect
+from delayq.kube.pod_tracing import PodTracing
 from delayq.kube.spec import TopicSpec, zookeeper_ports
 from delayq.queue import TopicType
 from delayq.queue.settings import SETTINGS
@@ -191,6 +192,7 @@ def service_statefulset(spec: TopicSpec, ctx: BuildContext, slot_amount: int) ->
             ),
             env_from_secret("DELAYQ_ZOOKEEPER_PASSWORD", secret, naming.SECRET_ZOOKEEPER_PASSWORD),
             *_tenant_secret_env(spec),
+            *_tracing(spec, ctx).pod_env(spec.namespace, naming.service_statefulset(spec.name)),
         ],
         "ports": [{"name": "http", "containerPort": naming.SERVICE_HTTP_PORT}],
         "readinessProbe": {
@@ -283,14 +285,20 @@ def _tenant_secret_env(spec: TopicSpec) -> list[Manifest]:
     return [env_from_secret(env_name(name), ref.name, ref.key) for name, ref in refs if ref]
 
 
+def _tracing(spec: TopicSpec, ctx: BuildContext) -> PodTracing:
+    """The platform's tracing for this topic's pods: off where the topic opted out."""
+    return ctx.tracing if spec.tracing_enabled else PodTracing()
+
+
 def service_network_policy(spec: TopicSpec, ctx: BuildContext) -> Manifest:
     """What the delay-service pods may receive and send: nothing else.
 
     Ingress, port 8080 only (API, /metrics, probes; the kubelet's probes come from the node,
     which a NetworkPolicy always admits): pods of the topic's own namespace, the operator, and
     the tenant's `networkPolicy.allowFrom` peers (a Prometheus in another namespace).
-    Egress: DNS, the topic's Redis pods, ZooKeeper and, for webhook topics and stream topics
-    with an external target, public addresses and the topic's allowedCidrs.
+    Egress: DNS, the topic's Redis pods, ZooKeeper, the platform's trace collector where the
+    topic is traced and, for webhook topics and stream topics with an external target, public
+    addresses and the topic's allowedCidrs.
     """
     port = {"protocol": "TCP", "port": naming.SERVICE_HTTP_PORT}
     rules: Manifest = {
@@ -337,6 +345,10 @@ def _service_egress(spec: TopicSpec, ctx: BuildContext) -> list[Manifest]:
             ]
         },
     ]
+    tracing = _tracing(spec, ctx)
+    if tracing.otlp_endpoint:
+        # the platform's collector, a name like ZooKeeper's ensemble: its port, any address
+        rules.append({"ports": [{"protocol": "TCP", "port": tracing.port}]})
     delivery = spec.delivery
     if spec.topic_type is TopicType.WEBHOOK:
         targets = _targets(delivery.webhook_allow_private_targets, delivery.webhook_allowed_cidrs)
