@@ -33,6 +33,7 @@ from delayq.local.processes import ServeProcess
 from delayq.local.redis_server import RedisServer
 from delayq.local.waiting import eventually
 from delayq.queue.topic import TopicType
+from delayq.service import tracing
 from delayq.service.api import build_app
 from delayq.service.config import ServiceConfig
 from delayq.service.serve import run
@@ -311,6 +312,17 @@ def test_an_export_delayq_cannot_make_is_a_one_line_start_up_error(monkeypatch, 
     assert run(ServiceConfig()) == 2
     [line] = capsys.readouterr().err.splitlines()
     assert named in json.loads(line)["msg"]
+
+
+def test_asked_to_trace_without_the_extra_is_one_line_naming_it(monkeypatch, capsys):
+    """A pod given the platform's OTEL_* variables by an image without `[tracing]` says so
+    in one line (its log) rather than a traceback."""
+    monkeypatch.setattr(tracing, "TRACING_MODULES", ("opentelemetry.sdk", "delayq_not_here"))
+    monkeypatch.setenv("OTEL_EXPORTER_OTLP_ENDPOINT", "http://otel-collector:4318")
+    assert run(ServiceConfig()) == 2
+    [line] = capsys.readouterr().err.splitlines()
+    assert "delayq_not_here not installed" in json.loads(line)["msg"]
+    assert "pip install 'delayq[tracing]'" in json.loads(line)["msg"]
 
 
 def test_serving_without_tracing_loads_no_tracer():
