@@ -1,7 +1,9 @@
 # The one delayq image: `delayq operator` (the chart's Deployment) and `delayq serve` (the
 # delay-service pods the operator creates). Runs as a non-root user with a read-only root
-# filesystem in Kubernetes (the pods mount an in-memory /tmp). It carries the `operator` extra
-# only: the Spark pipeline (`delayq[pipeline]`: pyspark, pyarrow) runs in a Spark image of its own.
+# filesystem in Kubernetes (the pods mount an in-memory /tmp). It carries the `operator` and
+# `tracing` extras (requirements/image.txt locks `delayq[operator,tracing]`: the chart's
+# topics.tracing turns the pods' traces on); the Spark pipeline (`delayq[pipeline]`: pyspark,
+# pyarrow) runs in a Spark image of its own.
 #
 # BASE is any Debian-like image with python3 (>= 3.11) and its venv module. The default names an
 # exact patch release (and bookworm: `python:3.11-slim` moved to trixie); to pin it by content

@@ -23,6 +23,7 @@ from delayq.kube.builders.redis import (
 )
 from delayq.kube.builders.service import NON_PUBLIC_IPV4, NON_PUBLIC_IPV6, config_hash
 from delayq.kube.ensembles import EnsembleRefused
+from delayq.kube.pod_tracing import PodTracing
 from delayq.kube.quantity import memory_bytes, parse_quantity
 from delayq.kube.spec import (
     ALLOW_FROM_EMPTY_PEER_MESSAGE,
@@ -35,6 +36,7 @@ from delayq.kube.spec import (
 from delayq.service.config import ConfigError, ServiceConfig, env_name
 from delayq.service.delivery.targets import TargetPolicy
 from delayq.service.topic_file import TopicFile
+from tests.kube.test_crd_schema import crd
 
 CTX = BuildContext(image="delayq:test", redis_image="redis:test", operator_namespace="ops")
 CREDS = Credentials(
@@ -45,6 +47,7 @@ CREDS = Credentials(
     read_token="viewer",
     metrics_token="scraper",
     lease_token_key="leasekey",
+    operator_metrics_token="operator-scraper",
 )
 OWNER = {
     "apiVersion": "delayq.io/v1alpha1",
@@ -542,6 +545,7 @@ def test_secret_holds_every_credential_base64() -> None:
         naming.SECRET_READ_TOKEN: "dmlld2Vy",
         naming.SECRET_METRICS_TOKEN: "c2NyYXBlcg==",
         naming.SECRET_LEASE_TOKEN_KEY: "bGVhc2VrZXk=",
+        naming.SECRET_OPERATOR_METRICS_TOKEN: "b3BlcmF0b3Itc2NyYXBlcg==",
     }
 
 
@@ -562,6 +566,10 @@ def test_service_pods_require_the_metrics_token_and_take_the_optional_rotation_t
         "optional": True,
     }
     assert refs[env_name("metrics_token")] == {"name": "orders-credentials", "key": "metrics-token"}
+    assert refs[env_name("operator_metrics_token")] == {
+        "name": "orders-credentials",
+        "key": "operator-metrics-token",
+    }
     assert refs[env_name("api_token")] == {"name": "orders-credentials", "key": "api-token"}
     secret = by_kind_name(rendered())["Secret", "orders-credentials"]
     assert "api-token-previous" not in secret["data"]
@@ -866,3 +874,82 @@ def test_a_service_pod_is_not_killed_before_its_stop_can_end(
     the pod's grace period covers every wait of the service's stop (a fixed 30 s did not)."""
     sts = by_kind_name(rendered(spec_of(**fields)))["StatefulSet", "orders-service"]
     assert sts["spec"]["template"]["spec"]["terminationGracePeriodSeconds"] > waits_s
+
+
+COLLECTOR = "http://otel-collector.observability.svc:4318"
+TRACED = dataclasses.replace(
+    CTX, tracing=PodTracing(otlp_endpoint=COLLECTOR, headers_secret="otel-ingest")
+)
+
+
+def otel_env(manifests: list[dict[str, Any]]) -> dict[str, Any]:
+    sts = by_kind_name(manifests)["StatefulSet", "orders-service"]
+    (container,) = sts["spec"]["template"]["spec"]["containers"]
+    env = container["env"]
+    return {e["name"]: e.get("value", e.get("valueFrom")) for e in env if "OTEL" in e["name"]}
+
+
+def egress_ports(manifests: list[dict[str, Any]]) -> set[int]:
+    policy = by_kind_name(manifests)["NetworkPolicy", "orders-service"]
+    return {p["port"] for rule in policy["spec"]["egress"] for p in rule["ports"] if "port" in p}
+
+
+def test_a_topic_may_opt_out_of_the_platforms_traces_and_never_choose_where_they_go() -> None:
+    """spec.tracing is hostile input: the platform's endpoint, headers Secret and port are
+    what the pods get whatever the topic writes beside `enabled` (the API server prunes
+    unknown fields: the CRD has `enabled` only), and `enabled` is a boolean or a refusal."""
+    hostile = spec_of(
+        tracing={
+            "enabled": True,
+            "otlpEndpoint": "http://169.254.169.254:80",
+            "endpoint": "http://collector.attacker.example:4318",
+            "headersSecret": {"name": "someone-elses", "key": "headers"},
+        }
+    )
+    manifests = render(OWNER, hostile, TRACED, CREDS, 16, False)
+    text = json.dumps(manifests)
+    for planted in ("169.254.169.254", "attacker", "someone-elses"):
+        assert planted not in text
+    env = otel_env(manifests)
+    assert env["OTEL_EXPORTER_OTLP_ENDPOINT"] == COLLECTOR
+    assert env["OTEL_EXPORTER_OTLP_HEADERS"]["secretKeyRef"]["name"] == "otel-ingest"
+    assert 4318 in egress_ports(manifests)
+    assert 80 not in egress_ports(manifests)
+    assert render(OWNER, spec_of(), TRACED, CREDS, 16, False) == manifests  # = the default
+
+    opted_out = render(OWNER, spec_of(tracing={"enabled": False}), TRACED, CREDS, 16, False)
+    assert otel_env(opted_out) == {}
+    assert 4318 not in egress_ports(opted_out)
+    assert otel_env(rendered()) == {}  # the platform traces nothing: nothing to opt out of
+    with pytest.raises(SpecError, match=r"tracing\.enabled must be true or false"):
+        spec_of(tracing={"enabled": "http://collector.attacker.example:4318"})
+    schema = crd()["spec"]["versions"][0]["schema"]["openAPIV3Schema"]
+    tracing = schema["properties"]["spec"]["properties"]["tracing"]
+    assert set(tracing["properties"]) == {"enabled"}
+    assert "x-kubernetes-preserve-unknown-fields" not in json.dumps(tracing)
+
+
+@pytest.mark.parametrize(
+    ("endpoint", "port"),
+    [(COLLECTOR, 4318), ("https://otlp.example.com", 443), ("http://otel/otlp", 80)],
+)
+def test_the_collectors_port_is_the_endpoints(endpoint: str, port: int) -> None:
+    assert PodTracing(otlp_endpoint=endpoint).port == port
+
+
+@pytest.mark.parametrize(
+    ("variable", "value"),
+    [
+        ("DELAYQ_TRACING_OTLP_ENDPOINT", "otel-collector:4317"),
+        ("DELAYQ_TRACING_OTLP_ENDPOINT", "http://user:pw@otel:4318"),
+        ("DELAYQ_TRACING_OTLP_ENDPOINT", "http://otel:99999"),
+        ("DELAYQ_TRACING_OTLP_ENDPOINT", "http://otel:4318/?token=x"),
+        ("DELAYQ_TRACING_SAMPLER", "sometimes"),
+        ("DELAYQ_TRACING_SAMPLER_ARG", "0.5"),  # no ratio sampler named
+        ("DELAYQ_TRACING_HEADERS_SECRET", "Not_A_Name"),
+    ],
+)
+def test_the_operator_refuses_tracing_values_it_cannot_forward(variable: str, value: str) -> None:
+    env = {"DELAYQ_TRACING_OTLP_ENDPOINT": COLLECTOR, variable: value}
+    with pytest.raises(ValueError, match=variable):
+        PodTracing.from_env(env)

@@ -23,11 +23,13 @@ from delayq.kube import naming
 from delayq.kube.builders.bundle import build_all
 from delayq.kube.builders.common import Credentials, PodPlacement
 from delayq.kube.config import OperatorConfig, zookeeper_tls_from_env
+from delayq.kube.pod_tracing import PodTracing
 from delayq.kube.spec import TopicSpec
 from delayq.kube.tenant_policy import TenantPolicy
 from delayq.kube.zookeeper_clients import POLICY_ENV
 from delayq.queue.topic import TopicType
 from delayq.service.delivery.targets import parse_cidrs
+from delayq.service.tracing import Tracing, wanted
 from tests.kube.test_crd_schema import EXAMPLES, to_jsonschema
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -36,6 +38,9 @@ pytestmark = pytest.mark.timeout(900)  # the first run may build helm from sourc
 
 CLUSTER_SCOPED = {"ClusterRole", "ClusterRoleBinding", "CustomResourceDefinition"}
 DIGEST = "sha256:" + "0123456789abcdef" * 4
+CREDENTIALS = Credentials(
+    "pw", "tok", "zk", "admin", "viewer", "metrics", "lease", "op-metrics", "reader"
+)
 VALUE_SETS: dict[str, list[str]] = {
     "defaults": [],
     "image-digests": [
@@ -109,6 +114,18 @@ VALUE_SETS: dict[str, list[str]] = {
         'topics.tolerations=[{"key":"pool","value":"delayq","effect":"NoSchedule"}]',
         "--set-json",
         'zookeeper.tolerations=[{"key":"pool","value":"delayq","effect":"NoSchedule"}]',
+    ],
+    "tracing": [
+        "--set",
+        "topics.tracing.otlpEndpoint=http://otel-collector.observability.svc:4318",
+        "--set",
+        "topics.tracing.sampler=parentbased_traceidratio",
+        "--set-string",
+        "topics.tracing.samplerArg=0.25",
+        "--set",
+        "topics.tracing.headersSecret.name=otel-ingest",
+        "--set",
+        "topics.tracing.headersSecret.key=otlp-headers",
     ],
     "topic-monitors-off": [
         "--set",
@@ -205,6 +222,11 @@ def test_values_schema_rejects_bad_values() -> None:
         ],
         ["--set-json", 'zookeeper.allowedEnsembles=["zk:2181 /x"]'],
         ["--set", "tenantPolicy.allowPrivateTargets=yes"],
+        ["--set", "topics.tracing.otlpEndpoint=otel-collector:4317"],  # OTLP/HTTP: a URL
+        ["--set", "topics.tracing.otlpEndpoint=http://user:pw@otel:4318"],  # in headers instead
+        ["--set", "topics.tracing.sampler=sometimes"],
+        ["--set-string", "topics.tracing.samplerArg=2"],
+        ["--set", "topics.tracing.headersSecret.name=Not_A_Name"],
         ["--set", "tenantPolicy.allowedCidrs={office-lan}"],
     ):
         result = run_helm("template", "rel", str(CHART), *bad)
@@ -755,6 +777,55 @@ def test_topic_and_zookeeper_pods_go_to_the_nodes_the_values_name() -> None:
     assert "nodeSelector" not in default["spec"]["template"]["spec"]
 
 
+def test_the_platforms_tracing_reaches_the_service_pods_as_otel_variables() -> None:
+    """topics.tracing -> the operator's variables -> every traced topic's delay-service pods:
+    the standard OTEL_* variables `delayq serve` exports by (service/tracing.py), the headers
+    from the Secret of that name in the topic's namespace (the kubelet reads it), the
+    collector's port opened in the pods' egress. Off by default: no OTEL_* at all."""
+    tracing = OperatorConfig.from_env(operator_env("tracing")).build.tracing
+    assert tracing == PodTracing(
+        otlp_endpoint="http://otel-collector.observability.svc:4318",
+        sampler="parentbased_traceidratio",
+        sampler_arg="0.25",
+        headers_secret="otel-ingest",
+        headers_key="otlp-headers",
+    )
+    assert OperatorConfig.from_env(operator_env("defaults")).build.tracing == PodTracing()
+    for value_set, traced in (("tracing", True), ("defaults", False)):
+        ctx = OperatorConfig.from_env(operator_env(value_set)).build
+        spec = TopicSpec(name="t", namespace="shop", topic_type=TopicType.STREAM)
+        manifests = build_all(spec, ctx, CREDENTIALS, 64, True)
+        sts = next(m for m in manifests if (m["kind"], m["metadata"]["name"]) == (
+            "StatefulSet", "t-service"
+        ))
+        env = sts["spec"]["template"]["spec"]["containers"][0]["env"]
+        otel = {e["name"]: e.get("value", e.get("valueFrom")) for e in env if "OTEL" in e["name"]}
+        policies = {m["metadata"]["name"]: m for m in manifests if m["kind"] == "NetworkPolicy"}
+        policy = policies["t-service"]
+        ports = {p.get("port") for rule in policy["spec"]["egress"] for p in rule["ports"]}
+        assert (4318 in ports) is traced
+        if not traced:
+            assert otel == {}
+            continue
+        assert otel == {
+            "OTEL_EXPORTER_OTLP_ENDPOINT": "http://otel-collector.observability.svc:4318",
+            "OTEL_EXPORTER_OTLP_PROTOCOL": "http/protobuf",
+            "OTEL_RESOURCE_ATTRIBUTES": (
+                "k8s.namespace.name=shop,k8s.statefulset.name=t-service,k8s.pod.name=$(POD_NAME)"
+            ),
+            "OTEL_TRACES_SAMPLER": "parentbased_traceidratio",
+            "OTEL_TRACES_SAMPLER_ARG": "0.25",
+            "OTEL_EXPORTER_OTLP_HEADERS": {
+                "secretKeyRef": {"name": "otel-ingest", "key": "otlp-headers", "optional": True}
+            },
+        }
+        names = [e["name"] for e in env]  # $(POD_NAME) refers to a variable defined before
+        assert names.index("POD_NAME") < names.index("OTEL_RESOURCE_ATTRIBUTES")
+        plain = {name: value for name, value in otel.items() if isinstance(value, str)}
+        assert wanted(plain)  # what `delayq serve` turns tracing on by
+        assert Tracing.from_env(plain) is not None  # and the protocol it exports with
+
+
 def test_operator_logs_json_unless_text_is_asked_for() -> None:
     assert operator_container("topic-monitors-off")["args"] == ["operator"]
 
@@ -918,12 +989,11 @@ def topic_images(value_set: str) -> set[str]:
     env = operator_env(value_set)
     images = {name: env[name] for name in ("DELAYQ_IMAGE", "DELAYQ_REDIS_IMAGE")}
     ctx = OperatorConfig.from_env(images).build
-    credentials = Credentials("pw", "tok", "zk", "admin", "viewer", "metrics", "lease", "reader")
     return {
         image
         for topic_type in TopicType
         for manifest in build_all(
-            TopicSpec(name="t", namespace="shop", topic_type=topic_type), ctx, credentials, 64, True
+            TopicSpec(name="t", namespace="shop", topic_type=topic_type), ctx, CREDENTIALS, 64, True
         )
         for image in container_images(manifest)
     }

@@ -264,7 +264,7 @@ def longest_valid_topic_name() -> int:
     ctx = BuildContext(image="delayq:test", redis_image="redis:test")
     longest = 0
     for length in range(1, 64):
-        credentials = Credentials("pw", "tok", "zk", "admin", "viewer", "scraper", "lk")
+        credentials = Credentials("pw", "tok", "zk", "admin", "viewer", "scraper", "lk", "op")
         manifests = [
             manifest
             for topic_type in TopicType

@@ -150,9 +150,10 @@ async def test_credentials_are_generated_once_and_never_rotated(
         naming.SECRET_READ_TOKEN,
         naming.SECRET_METRICS_TOKEN,
         naming.SECRET_LEASE_TOKEN_KEY,
+        naming.SECRET_OPERATOR_METRICS_TOKEN,
     )
     tokens = {first["data"][k] for k in keys}
-    assert len(tokens) == 4  # each token and the lease-token key is its own secret
+    assert len(tokens) == 5  # each token and the lease-token key is its own secret
     update_spec(api, maxRetries=3)
     await provision(api, ctx, logger)
     assert get(api, "v1/secrets", "orders-credentials") == first
@@ -165,6 +166,7 @@ async def test_credentials_are_generated_once_and_never_rotated(
         naming.SECRET_READ_TOKEN,
         naming.SECRET_METRICS_TOKEN,
         naming.SECRET_LEASE_TOKEN_KEY,
+        naming.SECRET_OPERATOR_METRICS_TOKEN,
     ],
 )
 async def test_a_credential_an_older_operator_did_not_create_is_added_and_none_rotated(

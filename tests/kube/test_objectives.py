@@ -10,6 +10,7 @@ from __future__ import annotations
 import base64
 import logging
 from collections.abc import AsyncIterator
+from typing import Any
 
 import kmock
 import pytest
@@ -24,6 +25,8 @@ from delayq.kube.objective_scrape import MAX_METRICS_BYTES, MetricsScraper, late
 from delayq.kube.objectives import Buckets, LatenessWindow, Silence
 from delayq.local.ports import free_port
 from delayq.queue.settings import by_name
+from delayq.service.api import METRICS_PATH, accepted_tokens, bearer_matches
+from delayq.service.config import ServiceConfig
 from delayq.service.metrics import LATENESS_BUCKETS_S, ServiceMetrics
 from tests.kube.conftest import DT, Clock, own_slots
 from tests.kube.pods import LOOPBACK, NAMESPACE, RedisPods, add_service_pods
@@ -33,16 +36,18 @@ SERVICE_PODS = 2
 
 
 class ServicePod:
-    """One delay-service pod's /metrics: a real registry behind a bearer token."""
+    """One delay-service pod's /metrics: a real registry behind the tokens `delayq serve`
+    accepts there with `config` (the pod's environment: `pod_config`)."""
 
-    def __init__(self, token: str) -> None:
+    def __init__(self, config: ServiceConfig) -> None:
         self.metrics = ServiceMetrics(NAMESPACE, "orders")
-        self.token = token
+        self.config = config
         self.port = free_port()
         self.runner: web.AppRunner | None = None
 
     async def answer(self, request: web.Request) -> web.Response:
-        if request.headers.get("Authorization") != f"Bearer {self.token}":
+        tokens = accepted_tokens(self.config, METRICS_PATH)
+        if not bearer_matches(request.headers.get("Authorization", ""), tokens):
             return web.Response(status=401)
         return web.Response(body=self.metrics.render(), content_type="text/plain")
 
@@ -78,9 +83,7 @@ async def service_pods(
     redis_pods.add(0, 2)
     add_service_pods(api, SERVICE_PODS)
     own_slots(zk, 2)
-    secret = api.objects["v1/secrets", NAMESPACE, naming.credentials_secret("orders")].raw
-    token = decoded(secret["data"][naming.SECRET_METRICS_TOKEN])
-    pods = [ServicePod(token) for _ in range(SERVICE_PODS)]
+    pods = [ServicePod(pod_config(api)) for _ in range(SERVICE_PODS)]
     addresses = {}
     for ordinal, pod in enumerate(pods):
         ip = f"10.2.0.{ordinal + 1}"
@@ -97,6 +100,24 @@ async def service_pods(
 
 def decoded(value: str) -> str:
     return base64.b64decode(value).decode()
+
+
+def pod_config(api: kmock.KubernetesEmulator) -> ServiceConfig:
+    """The settings a service pod starting now runs with: its container's DELAYQ_* variables
+    as the kubelet resolves them, from the topic's Secrets as they are now."""
+    sts = api.objects["apps/v1/statefulsets", NAMESPACE, naming.service_statefulset("orders")]
+    container = sts.raw["spec"]["template"]["spec"]["containers"][0]
+    env: dict[str, str] = {}
+    for variable in container["env"]:
+        ref: dict[str, Any] = (variable.get("valueFrom") or {}).get("secretKeyRef") or {}
+        if not variable["name"].startswith("DELAYQ_") or not ref:
+            continue
+        data = api.objects["v1/secrets", NAMESPACE, ref["name"]].raw.get("data") or {}
+        if ref["key"] in data:
+            env[variable["name"]] = decoded(data[ref["key"]])
+        else:
+            assert ref.get("optional"), f"{variable['name']}: {ref['key']} missing"
+    return ServiceConfig.from_env(env)
 
 
 async def health(
@@ -145,14 +166,41 @@ async def test_objective_met_follows_the_p99_over_the_window_and_unknown_when_si
     assert (met["status"], met["reason"]) == ("Unknown", "MetricsUnavailable")
     assert "orders-service-1 (no answer)" in met["message"]
 
-    await second.start()  # the tenant rotated the metrics token: the operator's copy is refused
-    second.token = "rotated"
+    await second.start()  # a pod that accepts no credential the operator holds: refused
+    second.config = ServiceConfig(metrics_token="another")
     clock.now += 10
     met = await health(api, ctx, logger)
     assert "orders-service-1 (refused the operator's metrics token)" in met["message"]
     labels = {"topic_namespace": NAMESPACE, "topic": "orders"}
     objective = "delayq_operator_lateness_objective_seconds"
     assert ctx.metrics.registry.get_sample_value(objective, labels) == 1.0  # the alert joins it
+
+
+async def test_a_metrics_token_the_tenant_rotated_leaves_the_objective_measured(
+    api: kmock.KubernetesEmulator,
+    ctx: OperatorContext,
+    clock: Clock,
+    service_pods: list[ServicePod],
+    logger: logging.Logger,
+) -> None:
+    """`metrics-token` is the tenant's to rotate (its ServiceMonitor presents it) and the
+    operator never reads the tenant's Secret back: pods restarted with the tenant's token
+    still let the operator read them, with a credential of its own they accept."""
+    secret = api.objects["v1/secrets", NAMESPACE, naming.credentials_secret("orders")]
+    rotated = base64.b64encode(b"the-tenants-new-token").decode()
+    secret.patch({"data": {naming.SECRET_METRICS_TOKEN: rotated}})
+    await provision(api, ctx, logger)  # a reconcile keeps the tenant's token
+    assert secret.raw["data"][naming.SECRET_METRICS_TOKEN] == rotated
+    for pod in service_pods:  # the pods restart and read the Secret as it is now
+        pod.config = pod_config(api)
+        assert pod.config.metrics_token == "the-tenants-new-token"
+    met = await health(api, ctx, logger)
+    assert (met["status"], met["reason"]) == ("Unknown", "Measuring"), met["message"]
+    clock.now += 10
+    for pod in service_pods:
+        pod.deliver(100, 20)
+    met = await health(api, ctx, logger)
+    assert (met["status"], met["reason"]) == ("True", "LatenessWithinObjective"), met["message"]
 
 
 async def test_removing_the_objective_says_so_and_reads_no_pod(
@@ -194,7 +242,8 @@ def test_a_restarted_pod_counts_from_zero_and_a_flip_is_an_event() -> None:
 async def test_the_scraper_reads_a_pod_and_calls_the_others_silent() -> None:
     """The token's pod answers its buckets (empty before any delivery); a refused token, a
     closed port, an answer beyond the size cap or not in the exposition format is silent."""
-    answering, refusing = ServicePod("token"), ServicePod("another")
+    answering = ServicePod(ServiceConfig(metrics_token="token"))
+    refusing = ServicePod(ServiceConfig(metrics_token="another"))
 
     async def too_long(_: web.Request) -> web.Response:
         return web.Response(body=b"#" * (MAX_METRICS_BYTES + 2))

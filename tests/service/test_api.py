@@ -277,18 +277,21 @@ async def test_rotation_accepts_the_current_and_the_previous_token(
 
 
 async def test_metrics_token_guards_metrics_only(start_service: StartService):
-    running = await start_service(api_token="api-token", metrics_token="scrape-token")
+    running = await start_service(
+        api_token="api-token", metrics_token="scrape-token", operator_metrics_token="operator"
+    )
     client = running.client
     for headers in ({}, {"Authorization": "Bearer wrong"}):
         answer = await client.get("/metrics", headers=headers)
         assert answer.status == 401, headers
         assert answer.headers["WWW-Authenticate"].startswith("Bearer")
-    for token in ("scrape-token", "api-token"):
+    for token in ("scrape-token", "operator", "api-token"):
         answer = await client.get("/metrics", headers={"Authorization": f"Bearer {token}"})
         assert answer.status == 200, token
         assert "delayq_owned_slots" in await answer.text()
-    scrape = {"Authorization": "Bearer scrape-token"}
-    assert (await client.get(f"{running.base}/stats", headers=scrape)).status == 401
+    for token in ("scrape-token", "operator"):  # /metrics only
+        scrape = {"Authorization": f"Bearer {token}"}
+        assert (await client.get(f"{running.base}/stats", headers=scrape)).status == 401
     for probe in ("/healthz", "/readyz", "/openapi.json"):
         assert (await client.get(probe)).status == 200, probe
 

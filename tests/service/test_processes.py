@@ -435,6 +435,7 @@ async def test_a_serve_process_logs_no_secret_it_was_given(
         api_token=f"{planted}-api",
         read_token=f"{planted}-read",
         metrics_token=f"{planted}-metrics",
+        operator_metrics_token=f"{planted}-operator-metrics",
         lease_token_key=f"{planted}-lease",
         max_retries=1,
         retry_backoff_base_ms=50,

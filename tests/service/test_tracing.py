@@ -33,6 +33,7 @@ from delayq.local.processes import ServeProcess
 from delayq.local.redis_server import RedisServer
 from delayq.local.waiting import eventually
 from delayq.queue.topic import TopicType
+from delayq.service import tracing
 from delayq.service.api import build_app
 from delayq.service.config import ServiceConfig
 from delayq.service.serve import run
@@ -100,10 +101,11 @@ async def test_a_message_is_traced_from_producer_to_receiver(
     redis_server: RedisServer, receiver: Receiver, otlp: OtlpReceiver, tmp_path: Path
 ):
     """The producer's `traceparent` HTTP header is stored with the message; the collector
-    gets a schedule span, child of the producer's span, and a deliver span in a trace of its
-    own *linking* the producer's, with the message's id, topic, slot, attempt and lateness;
-    the receiver's POST carries the deliver span's context as `traceparent` and the
-    producer's in the body's headers."""
+    gets a schedule span, child of the producer's span, and for each attempt a trace of its
+    own *linking* the producer's: the claim span, its child deliver span (the message's id,
+    topic, slot, attempt and lateness on both), and the deliver span's child ack (or nack,
+    dead) span, the engine's answer; the receiver's POST carries the deliver span's context
+    as `traceparent` and the producer's in the body's headers."""
     config = ServiceConfig(
         redis_url=redis_server.url,
         topic="traced",
@@ -138,6 +140,7 @@ async def test_a_message_is_traced_from_producer_to_receiver(
             ) as answer:
                 assert answer.status == 201, await answer.text()
             await eventually(lambda: otlp.named("dead"), 10, "the dead span exported")
+            await eventually(lambda: otlp.named("ack"), 10, "the ack span exported")
     finally:
         process.terminate()
         assert process.wait(10) == 0, process.log_path.read_text()
@@ -155,20 +158,45 @@ async def test_a_message_is_traced_from_producer_to_receiver(
         "messaging.delayq.slot": slot,
     }
 
+    [claim, *claims_failed] = otlp.named("claim traced")
+    assert claim.trace_id.hex() != TRACE_ID  # a trace of its own (the wait may be a year)
+    assert claim.parent_span_id == b""
+    assert claim.kind == Span.SPAN_KIND_CLIENT
     [deliver, *failed] = otlp.named("deliver traced")
-    assert deliver.trace_id.hex() != TRACE_ID  # a trace of its own (the wait may be a year)
-    assert deliver.parent_span_id == b""
+    assert (deliver.trace_id, deliver.parent_span_id) == (claim.trace_id, claim.span_id)
     assert deliver.kind == Span.SPAN_KIND_CONSUMER
-    [link] = deliver.links
-    assert (link.trace_id.hex(), link.span_id.hex()) == (TRACE_ID, PRODUCER_SPAN_ID)
-    delivered = attributes(deliver)
-    assert delivered["messaging.message.id"] == "order-7"
-    assert delivered["messaging.destination.name"] == "traced"
-    assert delivered["messaging.delayq.slot"] == slot
-    assert delivered["messaging.delayq.attempt"] == 1
-    assert 0 <= delivered["messaging.delayq.lateness_ms"] < 5000
-    assert delivered["messaging.delayq.outcome"] == "ack"
+    for span, operation, kind in ((claim, "claim", "receive"), (deliver, "deliver", "process")):
+        [link] = span.links
+        assert (link.trace_id.hex(), link.span_id.hex()) == (TRACE_ID, PRODUCER_SPAN_ID)
+        found = attributes(span)
+        assert found["messaging.message.id"] == "order-7"
+        assert found["messaging.destination.name"] == "traced"
+        assert (found["messaging.operation.name"], found["messaging.operation.type"]) == (
+            operation,
+            kind,
+        )
+        assert found["messaging.delayq.slot"] == slot
+        assert found["messaging.delayq.attempt"] == 1
+        assert 0 <= found["messaging.delayq.lateness_ms"] < 5000
+    assert attributes(claim)["messaging.delayq.lateness_ms"] <= attributes(deliver)[
+        "messaging.delayq.lateness_ms"
+    ]
+    assert attributes(deliver)["messaging.delayq.outcome"] == "ack"
     assert deliver.status.code == deliver.status.STATUS_CODE_OK
+    [ack] = otlp.named("ack traced")
+    assert (ack.trace_id, ack.parent_span_id) == (deliver.trace_id, deliver.span_id)
+    assert ack.kind == Span.SPAN_KIND_CLIENT
+    assert attributes(ack) == {
+        "messaging.system": "delayq",
+        "messaging.destination.name": "traced",
+        "messaging.operation.name": "ack",
+        "messaging.operation.type": "settle",
+        "messaging.message.id": "order-7",
+        "messaging.delayq.slot": slot,
+        "messaging.delayq.attempt": 1,
+        "messaging.delayq.outcome": "acked",
+    }
+    assert ack.status.code != Status.STATUS_CODE_ERROR
 
     headers, body = receiver.requests[0]
     # the deliver span's context (its flags: sampled, and random trace id in W3C level 2)
@@ -178,8 +206,11 @@ async def test_a_message_is_traced_from_producer_to_receiver(
     sent = json.loads(body)["headers"]
     assert sent == {"traceparent": TRACEPARENT, "tracestate": "shop=1"}
 
-    # order-8's attempts: each a deliver span that failed, then its nack's span as its child
+    # order-8's attempts: each a claim, its deliver span that failed, then the nack's span
     assert [attributes(span)["messaging.delayq.attempt"] for span in failed] == [1, 2]
+    for claimed, delivered in zip(claims_failed, failed, strict=True):
+        assert attributes(claimed)["messaging.message.id"] == "order-8"
+        assert delivered.parent_span_id == claimed.span_id
     assert {attributes(span)["messaging.delayq.outcome"] for span in failed} == {"nack"}
     assert {span.status.code for span in failed} == {Status.STATUS_CODE_ERROR}
     [nack] = otlp.named("nack traced")
@@ -281,6 +312,17 @@ def test_an_export_delayq_cannot_make_is_a_one_line_start_up_error(monkeypatch, 
     assert run(ServiceConfig()) == 2
     [line] = capsys.readouterr().err.splitlines()
     assert named in json.loads(line)["msg"]
+
+
+def test_asked_to_trace_without_the_extra_is_one_line_naming_it(monkeypatch, capsys):
+    """A pod given the platform's OTEL_* variables by an image without `[tracing]` says so
+    in one line (its log) rather than a traceback."""
+    monkeypatch.setattr(tracing, "TRACING_MODULES", ("opentelemetry.sdk", "delayq_not_here"))
+    monkeypatch.setenv("OTEL_EXPORTER_OTLP_ENDPOINT", "http://otel-collector:4318")
+    assert run(ServiceConfig()) == 2
+    [line] = capsys.readouterr().err.splitlines()
+    assert "delayq_not_here not installed" in json.loads(line)["msg"]
+    assert "pip install 'delayq[tracing]'" in json.loads(line)["msg"]
 
 
 def test_serving_without_tracing_loads_no_tracer():

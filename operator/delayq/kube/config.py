@@ -13,6 +13,7 @@ from delayq.coordination.tls import ZkTls
 from delayq.kube.builders.common import BuildContext, PodPlacement, ServiceMonitorSettings
 from delayq.kube.ensembles import ALLOWED_ENSEMBLES_ENV, check_ensembles
 from delayq.kube.leader_lease import LeaderLeaseTiming
+from delayq.kube.pod_tracing import PodTracing
 from delayq.kube.tenant_policy import TenantPolicy
 from delayq.kube.zookeeper_clients import POLICY_ENV as CLIENTS_POLICY_ENV
 
@@ -73,6 +74,7 @@ class OperatorConfig:
             zookeeper_tls_ca_pem=_read(TLS_CA_FILE_ENV, tls.ca_file) if tls else "",
             service_monitor=service_monitor_from_env(env, defaults.build.service_monitor),
             placement=placement_from_env(env),
+            tracing=PodTracing.from_env(env),
         )
         try:
             check_ensembles(build.zookeeper_ensembles)

@@ -48,6 +48,7 @@ COPY_KEYS = {
     "redis_admin_password": naming.SECRET_REDIS_ADMIN_PASSWORD,
     "read_token": naming.SECRET_READ_TOKEN,
     "metrics_token": naming.SECRET_METRICS_TOKEN,
+    "operator_metrics_token": naming.SECRET_OPERATOR_METRICS_TOKEN,
     "lease_token_key": naming.SECRET_LEASE_TOKEN_KEY,
     "stream_reader_password": naming.COPY_STREAM_READER_PASSWORD,
 }
@@ -141,6 +142,7 @@ async def read_or_generate_credentials(
         read_token=kept_or_new("read_token"),
         metrics_token=kept_or_new("metrics_token"),
         lease_token_key=kept_or_new("lease_token_key"),
+        operator_metrics_token=kept_or_new("operator_metrics_token"),
         # dropped from the copy while nobody reads broker 0: back there, the consumers get a
         # new login
         stream_reader_password=(

@@ -51,6 +51,10 @@ SECRET_API_TOKEN_PREVIOUS = "api-token-previous"
 # generated like api-token (a tenant's own value is kept): /metrics, which the pods require and
 # the topic's ServiceMonitor presents (bearerTokenSecret)
 SECRET_METRICS_TOKEN = "metrics-token"
+# generated, the operator's (repaired from its copy like the passwords, never the tenant's to
+# rotate): the operator's own credential for /metrics, which it reads for spec.objectives; the
+# pods accept it there only, so a tenant rotating metrics-token does not lock the operator out
+SECRET_OPERATOR_METRICS_TOKEN = "operator-metrics-token"
 # generated like api-token: the key of the pull lease tokens' HMAC, shared by the topic's pods
 # (service/tokens.py); a new value makes the outstanding leases' tokens refused (403)
 SECRET_LEASE_TOKEN_KEY = "lease-token-key"

@@ -226,6 +226,8 @@ class TopicSpec:
     # spec.objectives: the p99 lateness objective (0: none) and the window it is measured over
     objectives_lateness_p99_ms: int = default("objectives_lateness_p99_ms")
     objectives_window_ms: int = default("objectives_window_ms")
+    # spec.tracing.enabled: export spans where the platform traces (its endpoint, never ours)
+    tracing_enabled: bool = default("tracing_enabled")
 
     def setting(self, name: str) -> Any:
         """The value of the settings table's row `name` (its delivery ones are in `delivery`)."""

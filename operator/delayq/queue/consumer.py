@@ -163,6 +163,8 @@ class Consumer:
         *,
         managed: bool = False,
         on_nacked: Callable[[list[Outcome]], None] | None = None,
+        on_claimed: Callable[[list[Message]], None] | None = None,
+        on_acked: Callable[[list[Outcome]], None] | None = None,
         pacer: Pacer | None = None,
     ) -> None:
         self.queue = queue
@@ -174,6 +176,10 @@ class Consumer:
         # told the engine's answer to every nack sent (retried, dead or dropped): only the
         # scripts know whether a failure ended the message (maxRetries, retry.for, expiry)
         self.on_nacked = on_nacked
+        # told every claimed batch before its handlers run, and the engine's answer to every
+        # ack sent (the delay service's traces; None, the default, costs one test per call)
+        self.on_claimed = on_claimed
+        self.on_acked = on_acked
         self.managed = managed
         self.counters = ConsumerCounters()
         self._ack_timeout_ms = queue.topic.lease_ms(self.settings.ack_timeout_ms)
@@ -488,6 +494,8 @@ class Consumer:
 
     def _deliver(self, claimed: ClaimBatch) -> None:
         messages = claimed.messages
+        if self.on_claimed is not None:
+            self.on_claimed(messages)
         batch = _Batch(
             claimed.slot,
             messages[0].epoch,
@@ -683,7 +691,10 @@ class _Outbox:
 
     async def _acked(self, leases: list[Message]) -> None:
         consumer = self.consumer
-        consumer._count_lost(await consumer._acks.submit(leases))
+        acked = await consumer._acks.submit(leases)
+        consumer._count_lost(acked)
+        if consumer.on_acked is not None:
+            consumer.on_acked(acked)
         for message in leases:
             del self.batch.pending[message.id]
 

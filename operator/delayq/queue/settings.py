@@ -573,6 +573,15 @@ SETTINGS: tuple[Setting, ...] = (
         "The time over which objectives.latenessP99 is measured, e.g. 5m (1m..1h).",
         S, change=Change.ROLL, low=60_000, high=3_600_000,
     ),
+    Setting(
+        "tracing.enabled", Kind.BOOLEAN, True,
+        "export the delay-service pods' spans where the platform sends traces",
+        "Whether the topic's delay-service pods export OpenTelemetry spans, where the platform "
+        "has turned tracing on (the chart's topics.tracing.otlpEndpoint); false opts the topic "
+        "out. Where the spans go, how they are sampled and authenticated is the platform's: no "
+        "field of the topic names it.",
+        OP, change=Change.ROLL,
+    ),
 )  # fmt: skip
 
 

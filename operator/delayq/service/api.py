@@ -220,7 +220,9 @@ def accepted_tokens(config: ServiceConfig, path: str, method: str = "GET") -> tu
     Topic routes take the API token and, while clients rotate to it, the previous one; their
     reads also take the read-only token (a dashboard for people who must not act).
     `/metrics` is open for in-namespace scraping unless it has a token of its own; then the API
-    and read-only tokens open it too, so a client holding one needs no second secret. The
+    and read-only tokens open it too, so a client holding one needs no second secret, and the
+    operator's own metrics token, which opens nothing else (the tenant may rotate the others:
+    the operator still reads the lateness of `spec.objectives`). The
     dashboard's files (`/ui`) are open: they hold no data, and the page asks for a token
     before it reads any."""
     if path in OPEN_PATHS or routes_ui.is_ui_path(path):
@@ -228,7 +230,8 @@ def accepted_tokens(config: ServiceConfig, path: str, method: str = "GET") -> tu
     api = tuple(token for token in (config.api_token, config.api_token_previous) if token)
     reads = (*api, config.read_token) if config.read_token and api else api
     if path == METRICS_PATH:
-        return (config.metrics_token, *reads) if config.metrics_token else ()
+        own = tuple(t for t in (config.metrics_token, config.operator_metrics_token) if t)
+        return (*own, *reads) if own else ()
     return reads if method in READ_METHODS else api
 
 

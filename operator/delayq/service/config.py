@@ -152,6 +152,13 @@ class ServiceConfig:
         default="",
         metadata=_help("bearer token of /metrics, the API tokens also accepted (empty: open)"),
     )
+    operator_metrics_token: str = field(
+        default="",
+        metadata=_help(
+            "a second bearer token of /metrics and nothing else: the operator's, which it "
+            "reads the lateness with for the topic's objectives (empty: none)"
+        ),
+    )
     read_token: str = field(
         default="",
         metadata=_help(

@@ -2,15 +2,18 @@
 off unless the standard `OTEL_*` variables ask for an OTLP export.
 
 A `schedule <topic>` span (kind PRODUCER) is the child of the producer's context, the
-message's `traceparent`; the message keeps that context, unchanged, to its delivery. The
-`deliver <topic>` span (kind CONSUMER) starts a trace of its own *linked* to it, not a child:
-the wait can be a year, and a year-long parent span breaks every trace view. A webhook POST
-carries the delivery span's context as its `traceparent` HTTP header (the receiver's server
-span is the child of the POST that reached it), and the producer's in the body's
-`headers.traceparent` for the receiver to link to, as delayq does. A failed attempt's nack,
-answered by the engine after the attempt, is a `nack <topic>` (retried) or `dead <topic>`
-(given up) span, the child of that attempt's deliver span. A pull topic's lease is a
-`claim <topic>` span per message leased, linked likewise.
+message's `traceparent`; the message keeps that context, unchanged, to its delivery. Each
+delivery attempt is a trace of its own *linked* to it, not a child: the wait can be a year, and
+a year-long parent span breaks every trace view. On a push topic (webhook, stream) it starts
+with the `claim <topic>` span (kind CLIENT, `receive`) of the message as the claim returned it;
+its child `deliver <topic>` (kind CONSUMER, `process`, linked to the producer too) runs while
+the sink hands the message over. A webhook POST carries the delivery span's context as its
+`traceparent` HTTP header (the receiver's server span is the child of the POST that reached
+it), and the producer's in the body's `headers.traceparent` for the receiver to link to, as
+delayq does. The engine answers the attempt's ack or nack after it, in batches: an `ack
+<topic>`, `nack <topic>` (retried) or `dead <topic>` (given up) span (kind CLIENT, `settle`),
+the child of that attempt's deliver span. A pull topic's lease is a `claim <topic>` span per
+message leased, linked likewise (what the consumer does then is its own to trace).
 
 When off, `from_env` returns None, nothing of OpenTelemetry is imported, and each hook on the
 hot paths is one `is None` test. The export is OTLP over HTTP/protobuf
@@ -24,7 +27,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, TypeVar
 
 from delayq.extras import missing_extra
 from delayq.queue.codes import Code
@@ -35,12 +38,15 @@ if TYPE_CHECKING:
     from opentelemetry.context import Context
     from opentelemetry.trace import Link, Span, SpanContext, Tracer
 
+K = TypeVar("K")
+V = TypeVar("V")
 EXPORTERS = ("otlp", "none")
 TRACING_MODULES = ("opentelemetry.sdk", "opentelemetry.exporter.otlp.proto.http")
 SYSTEM = "delayq"
-# failed attempts whose nack answer is awaited, at most this many (a nack that never answers,
-# its broker down, leaves its entry until newer ones push it out)
-MAX_AWAITED_NACKS = 10_000
+# attempts whose ack or nack answer is awaited, and push claims whose delivery has not started,
+# at most this many each (an answer that never comes, its broker down, or a claimed message
+# given back undelivered, leaves its entry until newer ones push it out)
+MAX_AWAITED = 10_000
 # the engine's answers to a nack that end in a span: retried later, or given up
 NACK_SPANS = {Code.RETRY_SCHEDULED: "nack", Code.DEAD: "dead", Code.DROPPED: "dead"}
 
@@ -73,8 +79,10 @@ class Tracing:
     def __init__(self, tracer: Tracer, flush: Callable[[], object]) -> None:
         self.tracer = tracer
         self._flush = flush
-        # message id -> (its failed attempt's deliver span, slot, attempt), until nacked
+        # message id -> (its attempt's deliver span, slot, attempt), until acked or nacked
         self._awaited: dict[str, tuple[SpanContext, int, int]] = {}
+        # (message id, lease number) -> its push claim's span, until its delivery starts
+        self._claims: dict[tuple[str, int], SpanContext] = {}
 
     @classmethod
     def from_env(cls, env: Mapping[str, str]) -> Tracing | None:
@@ -132,85 +140,125 @@ class Tracing:
         if len(slots) == 1:
             span.set_attribute("messaging.delayq.slot", slots[0])
 
+    def claimed(
+        self, topic: str, messages: Sequence[Message], lateness_ms: Sequence[float]
+    ) -> None:
+        """A push topic's `claim <topic>` span per message a claim returned, each the root of
+        the attempt's trace (linked to the producer's context), its delivery's parent."""
+        for message, late_ms in zip(messages, lateness_ms, strict=True):
+            span = self._claim_span(topic, message, late_ms)
+            span.end()
+            _remember(self._claims, (message.id, message.lease_id), span.get_span_context())
+
     @contextmanager
     def deliver(self, topic: str, message: Message, lateness_ms: float) -> Iterator[Span]:
         """The span of one delivery attempt, current while it runs (a webhook POST sends its
-        context on), in a trace of its own linked to the producer's context. Its
-        `messaging.delayq.outcome` says how the attempt ended: `ack`, or `nack` (the retry
-        or dead-letter decision is the engine's, counted by the service's metrics)."""
+        context on): the child of the message's push claim span, else in a trace of its own,
+        linked to the producer's context either way. Its `messaging.delayq.outcome` says how
+        the attempt ended: `ack`, or `nack` (the retry or dead-letter decision is the
+        engine's, the span of its answer the child of this one)."""
         from opentelemetry.trace import SpanKind, Status, StatusCode
 
+        claim = self._claims.pop((message.id, message.lease_id), None)
         with self.tracer.start_as_current_span(
             f"deliver {topic}",
-            context=_as_parent(None),
+            context=_as_parent(claim),
             kind=SpanKind.CONSUMER,
             links=_links(message),
             attributes=_claimed(topic, "deliver", "process", message, lateness_ms),
             record_exception=True,
             set_status_on_exception=True,
         ) as span:
+            attempt = (span.get_span_context(), message.slot, message.attempt)
             try:
                 yield span
             except BaseException:
                 span.set_attribute("messaging.delayq.outcome", "nack")
-                if len(self._awaited) >= MAX_AWAITED_NACKS:
-                    del self._awaited[next(iter(self._awaited))]
-                self._awaited[message.id] = (span.get_span_context(), message.slot, message.attempt)
+                _remember(self._awaited, message.id, attempt)
                 raise
             span.set_attribute("messaging.delayq.outcome", "ack")
             span.set_status(Status(StatusCode.OK))
+            _remember(self._awaited, message.id, attempt)
 
     def leased(self, topic: str, message: Message, lateness_ms: float) -> None:
         """A pull topic's `claim <topic>` span (kind CLIENT, `receive`) of one message leased
         to a consumer, in a trace of its own linked to the producer's context: what the
         consumer then does is its own to trace (the lease answer's `headers` carry the
         producer's context for it to link to)."""
-        from opentelemetry.trace import SpanKind
+        self._claim_span(topic, message, lateness_ms).end()
 
-        self.tracer.start_span(
-            f"claim {topic}",
-            context=_as_parent(None),
-            kind=SpanKind.CLIENT,
-            links=_links(message),
-            attributes=_claimed(topic, "claim", "receive", message, lateness_ms),
-        ).end()
+    def acked(self, topic: str, outcomes: list[Outcome]) -> None:
+        """An `ack <topic>` span per answered ack of a delivered attempt, the child of that
+        attempt's deliver span: `acked`, or an error status when the engine refused it (the
+        lease was gone: the message comes again)."""
+        for outcome in outcomes:
+            self._settled(topic, "ack", outcome)
 
     def nacked(self, topic: str, outcomes: list[Outcome]) -> None:
         """A `nack <topic>` span (retry scheduled, `messaging.delayq.retry_due_ms`) or a
         `dead <topic>` span (given up: dead or dropped) per answered nack of a failed
         attempt, the child of that attempt's deliver span: the engine answers after it
         ended, in a batch of nacks."""
+        for outcome in outcomes:
+            operation = NACK_SPANS.get(outcome.code)
+            if operation is None:  # a refused nack (lease lost): the message comes again
+                self._awaited.pop(outcome.id, None)
+                continue
+            self._settled(topic, operation, outcome)
+
+    def _settled(self, topic: str, operation: str, outcome: Outcome) -> None:
+        """The span of the engine's answer to an attempt's ack or nack, if the attempt was
+        this process's."""
+        from opentelemetry.trace import SpanKind, Status, StatusCode
+
+        awaited = self._awaited.pop(outcome.id, None)
+        if awaited is None:
+            return
+        context, slot, attempt = awaited
+        attributes = _attributes(topic, operation, "settle")
+        attributes.update(
+            {
+                "messaging.message.id": outcome.id,
+                "messaging.delayq.slot": slot,
+                "messaging.delayq.attempt": attempt,
+                "messaging.delayq.outcome": outcome.code.name.lower(),
+            }
+        )
+        if outcome.code is Code.RETRY_SCHEDULED and outcome.at_ms is not None:
+            attributes["messaging.delayq.retry_due_ms"] = outcome.at_ms
+        span = self.tracer.start_span(
+            f"{operation} {topic}",
+            context=_as_parent(context),
+            kind=SpanKind.CLIENT,
+            attributes=attributes,
+        )
+        if outcome.code.is_error:
+            span.set_status(Status(StatusCode.ERROR, outcome.code.name))
+        span.end()
+
+    def _claim_span(self, topic: str, message: Message, lateness_ms: float) -> Span:
         from opentelemetry.trace import SpanKind
 
-        for outcome in outcomes:
-            awaited = self._awaited.pop(outcome.id, None)
-            operation = NACK_SPANS.get(outcome.code)
-            if awaited is None or operation is None:
-                continue  # not an attempt of this process's, or a refused nack (lease lost)
-            context, slot, attempt = awaited
-            attributes = _attributes(topic, operation, "settle")
-            attributes.update(
-                {
-                    "messaging.message.id": outcome.id,
-                    "messaging.delayq.slot": slot,
-                    "messaging.delayq.attempt": attempt,
-                    "messaging.delayq.outcome": outcome.code.name.lower(),
-                }
-            )
-            if outcome.code is Code.RETRY_SCHEDULED and outcome.at_ms is not None:
-                attributes["messaging.delayq.retry_due_ms"] = outcome.at_ms
-            self.tracer.start_span(
-                f"{operation} {topic}",
-                context=_as_parent(context),
-                kind=SpanKind.CLIENT,
-                attributes=attributes,
-            ).end()
+        return self.tracer.start_span(
+            f"claim {topic}",
+            context=_as_parent(None),
+            kind=SpanKind.CLIENT,
+            links=_links(message),
+            attributes=_claimed(topic, "claim", "receive", message, lateness_ms),
+        )
 
     def inject(self, headers: dict[str, str]) -> None:
         """Add the current span's `traceparent` (and `tracestate`) to outgoing HTTP headers."""
         from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
         TraceContextTextMapPropagator().inject(headers)
+
+
+def _remember(entries: dict[K, V], key: K, value: V) -> None:
+    """Keep `value` under `key`, dropping the oldest entry beyond MAX_AWAITED."""
+    if len(entries) >= MAX_AWAITED:
+        del entries[next(iter(entries))]
+    entries[key] = value
 
 
 def _attributes(topic: str, operation: str, kind: str) -> dict[str, str | int]:

@@ -14,6 +14,7 @@ from typing import Any
 
 from delayq import __version__
 from delayq.kube import naming
+from delayq.kube.pod_tracing import PodTracing
 from delayq.kube.spec import Resources, TopicSpec
 from delayq.queue.topic import TopicType
 
@@ -90,6 +91,8 @@ class BuildContext:
     zookeeper_tls_ca_pem: str = ""
     service_monitor: ServiceMonitorSettings = field(default_factory=ServiceMonitorSettings)
     placement: PodPlacement = field(default_factory=PodPlacement)
+    # the platform's traces of the delay-service pods (chart topics.tracing); default: off
+    tracing: PodTracing = field(default_factory=PodTracing)
 
     @property
     def zookeeper_ensembles(self) -> tuple[str, ...]:
@@ -108,6 +111,8 @@ class Credentials:
     read_token: str
     metrics_token: str
     lease_token_key: str
+    # the operator's own /metrics credential (spec.objectives), not the tenant's to rotate
+    operator_metrics_token: str
     # the stream reader's Redis password (its own Secret); empty when the topic has no reader
     stream_reader_password: str = ""
 

@@ -34,6 +34,7 @@ from delayq.kube.builders.common import (
     tmp_volume,
 )
 from delayq.kube.ensembles import platform_connect
+from delayq.kube.pod_tracing import PodTracing
 from delayq.kube.spec import TopicSpec, zookeeper_ports
 from delayq.queue import TopicType
 from delayq.queue.settings import SETTINGS
@@ -133,9 +134,9 @@ def config_map(spec: TopicSpec, ctx: BuildContext, slot_amount: int) -> Manifest
 
 def credentials_secret(spec: TopicSpec, credentials: Credentials) -> Manifest:
     """The topic's Redis passwords (service and admin user), API, read-only and /metrics
-    tokens, lease-token key and ZooKeeper password; their values are never rewritten by the
-    operator (apply.py adds a missing key only), and the key it does not write
-    (api-token-previous) is left to the tenant."""
+    tokens (the tenant's and the operator's own), lease-token key and ZooKeeper password,
+    from the operator's copy (kube/credentials.py); a reconcile leaves the tokens the tenant
+    may rotate as they are, and the key it does not write (api-token-previous) to the tenant."""
     labels = naming.topic_labels(spec.name, naming.COMPONENT_SERVICE)
     return {
         "apiVersion": "v1",
@@ -150,6 +151,9 @@ def credentials_secret(spec: TopicSpec, credentials: Credentials) -> Manifest:
             naming.SECRET_READ_TOKEN: secret_value(credentials.read_token),
             naming.SECRET_METRICS_TOKEN: secret_value(credentials.metrics_token),
             naming.SECRET_LEASE_TOKEN_KEY: secret_value(credentials.lease_token_key),
+            naming.SECRET_OPERATOR_METRICS_TOKEN: secret_value(
+                credentials.operator_metrics_token
+            ),
         },
     }
 
@@ -172,6 +176,10 @@ def service_statefulset(spec: TopicSpec, ctx: BuildContext, slot_amount: int) ->
             # /metrics is closed: its generated token (the ServiceMonitor presents it), the API
             # and read tokens open it too
             env_from_secret("DELAYQ_METRICS_TOKEN", secret, naming.SECRET_METRICS_TOKEN),
+            # the operator's own, for spec.objectives: the tenant may rotate the one above
+            env_from_secret(
+                "DELAYQ_OPERATOR_METRICS_TOKEN", secret, naming.SECRET_OPERATOR_METRICS_TOKEN
+            ),
             # one key for every pod: a lease token from one is honoured by all (tokens.py)
             env_from_secret("DELAYQ_LEASE_TOKEN_KEY", secret, naming.SECRET_LEASE_TOKEN_KEY),
             # the key the tenant adds to rotate the API token (docs/operator.md, "Rotating the
@@ -184,6 +192,7 @@ def service_statefulset(spec: TopicSpec, ctx: BuildContext, slot_amount: int) ->
             ),
             env_from_secret("DELAYQ_ZOOKEEPER_PASSWORD", secret, naming.SECRET_ZOOKEEPER_PASSWORD),
             *_tenant_secret_env(spec),
+            *_tracing(spec, ctx).pod_env(spec.namespace, naming.service_statefulset(spec.name)),
         ],
         "ports": [{"name": "http", "containerPort": naming.SERVICE_HTTP_PORT}],
         "readinessProbe": {
@@ -276,14 +285,20 @@ def _tenant_secret_env(spec: TopicSpec) -> list[Manifest]:
     return [env_from_secret(env_name(name), ref.name, ref.key) for name, ref in refs if ref]
 
 
+def _tracing(spec: TopicSpec, ctx: BuildContext) -> PodTracing:
+    """The platform's tracing for this topic's pods: off where the topic opted out."""
+    return ctx.tracing if spec.tracing_enabled else PodTracing()
+
+
 def service_network_policy(spec: TopicSpec, ctx: BuildContext) -> Manifest:
     """What the delay-service pods may receive and send: nothing else.
 
     Ingress, port 8080 only (API, /metrics, probes; the kubelet's probes come from the node,
     which a NetworkPolicy always admits): pods of the topic's own namespace, the operator, and
     the tenant's `networkPolicy.allowFrom` peers (a Prometheus in another namespace).
-    Egress: DNS, the topic's Redis pods, ZooKeeper and, for webhook topics and stream topics
-    with an external target, public addresses and the topic's allowedCidrs.
+    Egress: DNS, the topic's Redis pods, ZooKeeper, the platform's trace collector where the
+    topic is traced and, for webhook topics and stream topics with an external target, public
+    addresses and the topic's allowedCidrs.
     """
     port = {"protocol": "TCP", "port": naming.SERVICE_HTTP_PORT}
     rules: Manifest = {
@@ -330,6 +345,10 @@ def _service_egress(spec: TopicSpec, ctx: BuildContext) -> list[Manifest]:
             ]
         },
     ]
+    tracing = _tracing(spec, ctx)
+    if tracing.otlp_endpoint:
+        # the platform's collector, a name like ZooKeeper's ensemble: its port, any address
+        rules.append({"ports": [{"protocol": "TCP", "port": tracing.port}]})
     delivery = spec.delivery
     if spec.topic_type is TopicType.WEBHOOK:
         targets = _targets(delivery.webhook_allow_private_targets, delivery.webhook_allowed_cidrs)

@@ -309,7 +309,9 @@ async def objective_step(
         for pod in pods
         if pod_ready(pod) and (pod.get("status") or {}).get("podIP")
     }
-    token = (await operator_credentials(ctx, body, spec)).get(naming.SECRET_METRICS_TOKEN, "")
+    # its own token, which the tenant does not rotate (it may rotate metrics-token)
+    credentials = await operator_credentials(ctx, body, spec)
+    token = credentials.get(naming.SECRET_OPERATOR_METRICS_TOKEN, "")
     read = await ctx.scraper.lateness({n: ip for n, (ip, _) in ready.items()}, token, key)
     answered = {
         f"{n}/{ready[n][1]}": found for n, found in read.items() if not isinstance(found, Silence)

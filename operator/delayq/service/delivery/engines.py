@@ -110,6 +110,8 @@ class PushDelivery:
                 on_slot_lost,
                 managed=True,
                 on_nacked=metrics.count_nacked if tracing is None else self._nacked_traced,
+                on_claimed=None if tracing is None else self._claimed_traced,
+                on_acked=None if tracing is None else self._acked_traced,
                 pacer=pacer,
             )
             for queue in brokers.queues
@@ -213,6 +215,15 @@ class PushDelivery:
             if self._beside is not None:
                 self._beside._handing.pop(id(message), None)
         self.metrics.count_delivery("acked")
+
+    def _claimed_traced(self, messages: list[Message]) -> None:
+        assert self.tracing is not None
+        lateness_ms = [self.server_ms(message.slot) - message.due_ms for message in messages]
+        self.tracing.claimed(self.topic_name, messages, lateness_ms)
+
+    def _acked_traced(self, outcomes: list[Outcome]) -> None:
+        assert self.tracing is not None
+        self.tracing.acked(self.topic_name, outcomes)
 
     def _nacked_traced(self, outcomes: list[Outcome]) -> None:
         assert self.tracing is not None
