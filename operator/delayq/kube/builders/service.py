@@ -150,6 +150,12 @@ def credentials_secret(spec: TopicSpec, credentials: Credentials) -> Manifest:
             naming.SECRET_READ_TOKEN: secret_value(credentials.read_token),
             naming.SECRET_METRICS_TOKEN: secret_value(credentials.metrics_token),
             naming.SECRET_LEASE_TOKEN_KEY: secret_value(credentials.lease_token_key),
+            # the scheduled backups' pods read it (kube/builders/backup.py); kept once written
+            **(
+                {naming.SECRET_BACKUP_PASSWORD: secret_value(credentials.backup_password)}
+                if credentials.backup_password
+                else {}
+            ),
         },
     }
 
