@@ -88,6 +88,11 @@ PERMISSIONS = [
     ("delete", "statefulsets.apps", False),
     ("delete", "delaytopics.delayq.io", False),
     ("create", "pods", False),
+    # spec.backup's CronJob: its last run read everywhere, written where workloads are
+    ("get", "cronjobs.batch", True),
+    ("create", "cronjobs.batch", False),
+    ("delete", "cronjobs.batch", False),
+    ("create", "jobs.batch", False),
 ]
 
 

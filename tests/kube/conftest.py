@@ -70,6 +70,7 @@ def declare_resources(api: kmock.KubernetesEmulator) -> None:
         ("networking.k8s.io/v1/networkpolicies", "NetworkPolicy"),
         ("coordination.k8s.io/v1/leases", "Lease"),
         ("discovery.k8s.io/v1/endpointslices", "EndpointSlice"),
+        ("batch/v1/cronjobs", "CronJob"),
     ):
         api.resources[key] = kmock.ResourceInfo(kind=kind, namespaced=True, verbs={"list"})
     # kopf's own backbone: it waits for these before it starts watching anything.

@@ -600,7 +600,7 @@ def test_service_pods_take_the_read_token_the_operator_generates() -> None:
     assert entry["valueFrom"]["secretKeyRef"] == {"name": "orders-credentials", "key": "read-token"}
 
 
-def test_network_policy_admits_only_service_pods_redis_peers_and_operator() -> None:
+def test_network_policy_admits_only_service_pods_redis_peers_backups_and_operator() -> None:
     policy = by_kind_name(rendered())["NetworkPolicy", "orders-redis"]["spec"]
     assert policy["podSelector"]["matchLabels"] == naming.redis_selector("orders")
     assert policy["policyTypes"] == ["Ingress"]
@@ -609,8 +609,10 @@ def test_network_policy_admits_only_service_pods_redis_peers_and_operator() -> N
     peers = rule["from"]
     assert peers[0] == {"podSelector": {"matchLabels": naming.service_selector("orders")}}
     assert peers[1] == {"podSelector": {"matchLabels": naming.redis_selector("orders")}}
-    assert peers[2]["namespaceSelector"]["matchLabels"] == {"kubernetes.io/metadata.name": "ops"}
-    assert peers[2]["podSelector"]["matchLabels"] == naming.OPERATOR_POD_LABELS
+    assert peers[2] == {"podSelector": {"matchLabels": naming.backup_selector("orders")}}
+    assert peers[3]["namespaceSelector"]["matchLabels"] == {"kubernetes.io/metadata.name": "ops"}
+    assert peers[3]["podSelector"]["matchLabels"] == naming.OPERATOR_POD_LABELS
+    assert len(peers) == 4
 
 
 WEBHOOK = {"url": "https://hooks.example/h"}

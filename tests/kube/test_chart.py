@@ -24,7 +24,7 @@ from delayq.kube.builders.bundle import build_all
 from delayq.kube.builders.common import Credentials, PodPlacement
 from delayq.kube.config import OperatorConfig, zookeeper_tls_from_env
 from delayq.kube.pod_tracing import PodTracing
-from delayq.kube.spec import TopicSpec
+from delayq.kube.spec import BackupSchedule, TopicSpec
 from delayq.kube.tenant_policy import TenantPolicy
 from delayq.kube.zookeeper_clients import POLICY_ENV
 from delayq.queue.topic import TopicType
@@ -45,6 +45,7 @@ VALUE_SETS: dict[str, list[str]] = {
     "defaults": [],
     "image-digests": [
         *["--set", f"image.digest={DIGEST}", "--set", f"operator.redisImageDigest={DIGEST}"],
+        *["--set", f"operator.pipelineImageDigest={DIGEST}"],
         *["--set", f"zookeeper.imageDigest={DIGEST}", "--set", "zookeeper.replicas=3"],
     ],
     "single-replica-external-zk": [
@@ -381,6 +382,7 @@ TOPIC_RULES = {
     ("delayq.io", "delaytopics"): {"get", "list", "watch", "patch"},
     ("delayq.io", "delaytopics/status"): {"get", "patch"},
     ("apps", "statefulsets"): {"get"},  # writes: WORKLOAD_RULES, where tenants run topics
+    ("batch", "cronjobs"): {"get"},  # spec.backup's status; writes: WORKLOAD_RULES
     ("", "services"): {"get", "create", "patch"},
     ("", "configmaps"): {"get", "create", "patch"},
     # written, never read, listed or deleted: the operator's copies are in its own namespace
@@ -395,7 +397,12 @@ TOPIC_RULES = {
 }
 # where tenants run topics: the StatefulSets, and their broker pods' roll (delete, uid
 # precondition: the operator rolls what it updated, updateStrategy OnDelete)
-WORKLOAD_RULES = {("apps", "statefulsets"): {"create", "patch"}, ("", "pods"): {"delete"}}
+WORKLOAD_RULES = {
+    ("apps", "statefulsets"): {"create", "patch"},
+    ("", "pods"): {"delete"},
+    # spec.backup's CronJob, deleted when spec.backup is removed (owned ones only)
+    ("batch", "cronjobs"): {"create", "patch", "delete"},
+}
 CLUSTER_RULES = {
     ("apiextensions.k8s.io", "customresourcedefinitions"): {"list", "watch"},
     ("", "namespaces"): {"list", "watch"},
@@ -987,13 +994,18 @@ def topic_images(value_set: str) -> set[str]:
     """The images of every child the operator builds, for each topic type, with the image
     settings the chart hands it (the others may name files only a pod has)."""
     env = operator_env(value_set)
-    images = {name: env[name] for name in ("DELAYQ_IMAGE", "DELAYQ_REDIS_IMAGE")}
-    ctx = OperatorConfig.from_env(images).build
+    names = ("DELAYQ_IMAGE", "DELAYQ_REDIS_IMAGE", "DELAYQ_PIPELINE_IMAGE")
+    ctx = OperatorConfig.from_env({name: env[name] for name in names}).build
+    backup = BackupSchedule("@daily", "backups")  # its CronJob runs the pipeline image
     return {
         image
         for topic_type in TopicType
         for manifest in build_all(
-            TopicSpec(name="t", namespace="shop", topic_type=topic_type), ctx, CREDENTIALS, 64, True
+            TopicSpec(name="t", namespace="shop", topic_type=topic_type, backup=backup),
+            ctx,
+            CREDENTIALS,
+            64,
+            True,
         )
         for image in container_images(manifest)
     }
@@ -1010,22 +1022,28 @@ def test_the_floating_tag_check_tells_pinned_from_floating() -> None:
 @pytest.mark.parametrize("value_set", sorted(VALUE_SETS))
 def test_no_image_floats_on_a_minor_tag(value_set: str) -> None:
     """Every image the chart runs, and every image the operator it configures puts in topic
-    pods (the delay service, the Redis brokers), names an exact x.y.z release or a digest:
+    pods (the delay service, the Redis brokers, the backups), names an exact x.y.z release or a
+    digest:
     a node pulling under IfNotPresent cannot run a patch the chart did not name."""
     chart = {image for doc in render(value_set) for image in container_images(doc)}
     topics = topic_images(value_set)
     assert chart  # the operator's image at least
-    assert len(topics) == 2  # delayq and redis
+    assert len(topics) == 3  # delayq, redis and the pipeline
     assert [image for image in chart | topics if floats(image)] == []
 
 
 def test_image_digests_pin_every_image_by_content() -> None:
-    """`image.digest`, `operator.redisImageDigest` and `zookeeper.imageDigest` turn every
-    reference into `<repository>@<digest>`, in the chart's pods and in the topics' pods."""
+    """`image.digest`, `operator.redisImageDigest`, `operator.pipelineImageDigest` and
+    `zookeeper.imageDigest` turn every reference into `<repository>@<digest>`, in the chart's
+    pods and in the topics' pods."""
     docs = render("image-digests")
     expected = {f"ghcr.io/delayq/delayq@{DIGEST}", f"zookeeper@{DIGEST}"}
     assert {image for doc in docs for image in container_images(doc)} == expected
-    assert topic_images("image-digests") == {f"ghcr.io/delayq/delayq@{DIGEST}", f"redis@{DIGEST}"}
+    assert topic_images("image-digests") == {
+        f"ghcr.io/delayq/delayq@{DIGEST}",
+        f"redis@{DIGEST}",
+        f"ghcr.io/delayq/delayq-pipeline@{DIGEST}",
+    }
     for bad in ("7.4.11", "sha256:abc", f"sha512:{DIGEST[7:]}"):
         result = run_helm("template", "rel", str(CHART), "--set", f"image.digest={bad}")
         assert result.returncode != 0, bad

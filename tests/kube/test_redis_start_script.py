@@ -301,3 +301,43 @@ def test_the_stream_reader_consumes_its_stream_and_nothing_else(tmp_path: Path) 
     finally:
         for process in (one, zero):
             stop_by_pid(process, 10)
+
+
+BACKUP_PASSWORD = "backup-secret"
+
+
+def test_the_backup_user_reads_the_topics_keys_and_writes_nothing(tmp_path: Path) -> None:
+    """With spec.backup every broker has the read-only backup user the CronJob logs in as: it
+    reads the topic's messages (what `pipeline backup` reads) and can change nothing."""
+    manifests = by_kind_name(rendered(spec_of(backup={"schedule": "@daily", "volumeClaim": "b"})))
+    (container,) = manifests["StatefulSet", "orders-redis-0"]["spec"]["template"]["spec"][
+        "containers"
+    ]
+    rendered_env = {item["name"]: item.get("value", "") for item in container["env"]}
+    env = {**pod_env(rendered_env), "BACKUP_PASSWORD": BACKUP_PASSWORD}
+    process, port = start_pod(tmp_path, "broker-0", None, env)
+    try:
+        wait_until(lambda: _pings(port), 60, "the broker")
+        assert load_as_operator(port)
+        Queue(service(port), Topic("orders", namespace="shop", slot_amount=16)).schedule(
+            "m1", b"p", delay_ms=60_000
+        )
+        with redis.Redis(port=port, username=acl.BACKUP_USER, password=BACKUP_PASSWORD) as user:
+            keys = [key for key in admin(port).keys("dq:{shop/orders/*") if b":msg" in key]
+            assert keys
+            assert user.hgetall(keys[0])  # reads the message
+            refused = (
+                ("HSET", keys[0], "payload", "forged"),
+                ("DEL", keys[0]),
+                ("FCALL", "anything", "0"),
+                ("ZADD", "dq:{shop/orders/0}:store", "1", "x"),
+                ("GET", "dq:{shop/payments/0}:epoch"),  # another topic's keys
+                ("KEYS", "*"),
+                ("FLUSHALL",),
+                *NO_CODE,
+            )
+            for command in refused:
+                with pytest.raises(NoPermissionError):
+                    user.execute_command(*command)
+    finally:
+        stop_by_pid(process, 10)

@@ -24,6 +24,7 @@ from delayq.coordination.layout import TopicPaths
 from delayq.coordination.routing import Routing, initial_routing
 from delayq.local.redis_server import RedisServer
 from delayq.local.zookeeper_server import ZooKeeperServer
+from delayq.queue import acl
 from delayq.queue.acl import backup_user_rules, service_user_rules
 from delayq.queue.client import Queue
 from delayq.queue.keys import Part, slot_keys
@@ -279,3 +280,34 @@ def test_a_slot_moving_under_a_spark_task_is_one_line(
         "follows the new routing)"
     ), err
     assert not any("Traceback" in line for line in err)
+
+
+def test_the_scheduled_backups_command_reads_the_topic_file_and_keeps_the_newest(
+    spark, redis_server: RedisServer, redis_client: redis.Redis, admin: Queue, tmp_path: Path,
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """What the operator's CronJob runs (kube/builders/backup.py): the topic from its
+    topic.json, the brokers as the read-only backup user from DELAYQ_BROKER_URLS, each run
+    into a new directory, the oldest beyond --keep deleted with an older unfinished run."""
+    from delayq.kube.builders.common import BuildContext
+    from delayq.kube.builders.service import topic_file
+    from delayq.kube.spec import parse_spec
+
+    admin.schedule_many([ScheduleRequest(f"m{i}", b"p", delay_ms=60_000) for i in range(5)])
+    spec = parse_spec(TOPIC.name, TOPIC.namespace, {"slotAmount": TOPIC.slot_amount})
+    document = replace(topic_file(spec, BuildContext(), TOPIC.slot_amount), zookeeper_connect="")
+    config = tmp_path / "topic.json"
+    config.write_text(document.to_json())
+    reader = _user_url(redis_server, redis_client, acl.BACKUP_USER, backup_user_rules(TOPIC))
+    monkeypatch.setenv("DELAYQ_BROKER_URLS", reader)
+    into = tmp_path / "backups" / "orders"
+    crashed = into / "backup-20000101T000000000Z"  # a run that died before its manifest
+    (crashed / "items").mkdir(parents=True)
+    argv = ("backup", "--config", str(config), "--into", str(into), "--keep", "1")
+    first = _run(capsys, *argv)
+    assert first["items"] == {"waiting": 5}
+    assert first["deleted"] == [crashed.name]
+    second = _run(capsys, *argv)
+    assert second["deleted"] == [Path(first["output"]).name]
+    assert [path.name for path in into.iterdir()] == [Path(second["output"]).name]
+    assert second["items"] == {"waiting": 5}

@@ -31,6 +31,7 @@ PLURALS = {
     "Lease": "leases",
     "Event": "events",
     "EndpointSlice": "endpointslices",
+    "CronJob": "cronjobs",
 }
 REQUEST_TIMEOUT_S = 30.0
 

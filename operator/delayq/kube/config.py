@@ -64,6 +64,7 @@ class OperatorConfig:
         build = BuildContext(
             image=env.get("DELAYQ_IMAGE", defaults.build.image),
             redis_image=env.get("DELAYQ_REDIS_IMAGE", defaults.build.redis_image),
+            pipeline_image=env.get("DELAYQ_PIPELINE_IMAGE", defaults.build.pipeline_image),
             image_pull_policy=env.get("DELAYQ_IMAGE_PULL_POLICY", defaults.build.image_pull_policy),
             operator_namespace=env.get("POD_NAMESPACE", defaults.build.operator_namespace),
             default_zookeeper=env.get("DELAYQ_ZOOKEEPER", defaults.build.default_zookeeper),

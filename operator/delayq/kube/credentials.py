@@ -51,6 +51,7 @@ COPY_KEYS = {
     "operator_metrics_token": naming.SECRET_OPERATOR_METRICS_TOKEN,
     "lease_token_key": naming.SECRET_LEASE_TOKEN_KEY,
     "stream_reader_password": naming.COPY_STREAM_READER_PASSWORD,
+    "backup_password": naming.SECRET_BACKUP_PASSWORD,
 }
 MISSING_REASON = "CredentialsCopyMissing"
 
@@ -148,6 +149,7 @@ async def read_or_generate_credentials(
         stream_reader_password=(
             kept_or_new("stream_reader_password") if has_stream_reader(spec) else ""
         ),
+        backup_password=kept_or_new("backup_password") if spec.backup is not None else "",
     )
     found = TopicCredentials(credentials, uid, kept is None, existing, changed=True)
     return dataclasses.replace(found, changed=found.copied() != kept)

@@ -37,6 +37,7 @@ APP_NAME = "delayq"
 MANAGED_BY = "delayq-operator"
 COMPONENT_REDIS = "redis"
 COMPONENT_SERVICE = "delay-service"
+COMPONENT_BACKUP = "backup"  # the pods of a topic's scheduled backups (kube/builders/backup.py)
 OPERATOR_POD_LABELS = {LABEL_NAME: "delayq-operator"}
 
 REDIS_PORT = 6379
@@ -59,6 +60,8 @@ SECRET_OPERATOR_METRICS_TOKEN = "operator-metrics-token"
 # (service/tokens.py); a new value makes the outstanding leases' tokens refused (403)
 SECRET_LEASE_TOKEN_KEY = "lease-token-key"
 SECRET_ZOOKEEPER_PASSWORD = "zookeeper-password"
+# the read-only Redis user of the topic's scheduled backups (spec.backup), generated with it
+SECRET_BACKUP_PASSWORD = "backup-password"
 # the Secret <topic>-stream-reader (stream topics written to their own broker 0): the consumers'
 # Redis login, made by the operator for the tenant's consumer pods to mount
 SECRET_STREAM_READER_USERNAME = "username"
@@ -156,6 +159,15 @@ def stream_reader_secret(topic: str) -> str:
 def stream_reader_network_policy(topic: str) -> str:
     """Admits the topic's `networkPolicy.allowFrom` peers to broker 0's Redis (its stream)."""
     return f"{topic}-redis-readers"
+
+
+def backup_cron_job(topic: str) -> str:
+    """At most 43 + 7 characters: a CronJob's name may have 52 (its Jobs append 11)."""
+    return f"{topic}-backup"
+
+
+def backup_selector(topic: str) -> dict[str, str]:
+    return {LABEL_TOPIC: topic, LABEL_COMPONENT: COMPONENT_BACKUP}
 
 
 def config_map(topic: str) -> str:

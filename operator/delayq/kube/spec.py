@@ -12,11 +12,14 @@ from __future__ import annotations
 
 import enum
 import re
+import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 from delayq.queue.backoff import Jitter
+from delayq.queue.codes import InvalidMessageError
+from delayq.queue.recurrence import Recurrence
 from delayq.queue.settings import (
     DURATION_PATTERN,
     SETTINGS,
@@ -54,6 +57,23 @@ MAX_TOPIC_NAME_LENGTH = 43
 MAX_ALLOWED_CIDRS = 32
 #: networkPolicy.allowFrom: the CRD's maxItems (peers are selectors, a handful per topic).
 MAX_ALLOW_FROM = 32
+#: A Kubernetes object name (PersistentVolumeClaim): a DNS-1123 subdomain.
+DNS_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$")
+#: spec.backup.schedule: the CRD's maxLength.
+MAX_BACKUP_SCHEDULE_LENGTH = 100
+#: The macros Kubernetes' CronJob takes, as the five fields they stand for.
+CRON_MACROS = {
+    "@yearly": "0 0 1 1 *",
+    "@annually": "0 0 1 1 *",
+    "@monthly": "0 0 1 * *",
+    "@weekly": "0 0 * * 0",
+    "@daily": "0 0 * * *",
+    "@hourly": "0 * * * *",
+}
+CRON_FIVE_FIELDS = re.compile(r"[0-9A-Za-z*/,\-]+( [0-9A-Za-z*/,\-]+){4}")
+CRON_WORD = re.compile(r"[A-Za-z]+")
+CRON_MONTHS = ("JAN", "FEB", "MAR", "APR", "MAY", "JUN", "JUL", "AUG", "SEP", "OCT", "NOV", "DEC")
+CRON_NAMES = frozenset((*CRON_MONTHS, "SUN", "MON", "TUE", "WED", "THU", "FRI", "SAT"))
 #: ZooKeeper's client port, which kazoo assumes for a host written without one.
 ZOOKEEPER_DEFAULT_PORT = 2181
 LABEL_SELECTOR_OPERATORS = ("In", "NotIn", "Exists", "DoesNotExist")
@@ -137,6 +157,15 @@ class SecretKeyRef:
 
     name: str
     key: str
+
+
+@dataclass(frozen=True)
+class BackupSchedule:
+    """spec.backup: when the operator's CronJob backs the topic up, and onto which of the
+    tenant's PersistentVolumeClaims (in the topic's namespace) it writes."""
+
+    schedule: str  # five cron fields or a macro (@daily), in UTC
+    volume_claim: str
 
 
 @dataclass(frozen=True)
@@ -228,6 +257,9 @@ class TopicSpec:
     objectives_window_ms: int = default("objectives_window_ms")
     # spec.tracing.enabled: export spans where the platform traces (its endpoint, never ours)
     tracing_enabled: bool = default("tracing_enabled")
+    # spec.backup: the operator's scheduled backups (None: none) and how many are kept
+    backup: BackupSchedule | None = None
+    backup_keep: int = default("backup_keep")
 
     def setting(self, name: str) -> Any:
         """The value of the settings table's row `name` (its delivery ones are in `delivery`)."""
@@ -294,6 +326,7 @@ def parse_spec(name: str, namespace: str, spec: Mapping[str, Any]) -> TopicSpec:
         worker_resources=_resources(worker, "worker"),
         redis_resources=_resources(redis, "redis"),
         network_policy_allow_from=_allow_from(_section(spec, "networkPolicy")),
+        backup=_backup(_section(spec, "backup")),
         **top,
     )
     try:
@@ -352,6 +385,51 @@ def _check_name(name: str) -> None:
         raise SpecError(f"{NAME_TOO_LONG_MESSAGE} (length={len(name)})")
     if not TOPIC_NAME_PATTERN.match(name):
         raise SpecError(f"{NAME_NOT_DNS_1035_MESSAGE} (name={name})")
+
+
+def _backup(section: Mapping[str, Any]) -> BackupSchedule | None:
+    """spec.backup: both schedule and volumeClaim, or neither (no scheduled backups)."""
+    schedule, claim = section.get("schedule"), section.get("volumeClaim")
+    if schedule is None and claim is None:
+        return None
+    if schedule is None or claim is None:
+        missing = "schedule" if schedule is None else "volumeClaim"
+        raise SpecError(f"backup.{missing} is required with the other backup settings")
+    if not isinstance(claim, str) or len(claim) > 253 or not DNS_SUBDOMAIN.match(claim):
+        raise SpecError(
+            f"backup.volumeClaim {claim!r} must be the name of a PersistentVolumeClaim in the "
+            "topic's namespace (a DNS subdomain, at most 253 characters)"
+        )
+    return BackupSchedule(check_backup_schedule(schedule), claim)
+
+
+def check_backup_schedule(value: object) -> str:
+    """A CronJob schedule both Kubernetes (standard cron: five fields, names of months and
+    days, the @daily macros) and cronsim read alike; no time zone prefix (UTC) and nothing
+    that fires never."""
+    if (
+        not isinstance(value, str)
+        or len(value) > MAX_BACKUP_SCHEDULE_LENGTH
+        or not (
+            value in CRON_MACROS
+            or (
+                CRON_FIVE_FIELDS.fullmatch(value)
+                and all(name.upper() in CRON_NAMES for name in CRON_WORD.findall(value))
+            )
+        )
+    ):
+        raise SpecError(
+            f"backup.schedule {value!r} must be five cron fields (minute hour day month "
+            "weekday, in UTC) or one of " + ", ".join(CRON_MACROS)
+        )
+    try:
+        cron = CRON_MACROS.get(value, value)
+        fires = Recurrence(cron=cron).next_after(int(time.time() * 1000)) is not None
+    except InvalidMessageError as error:
+        raise SpecError(f"backup.schedule {value!r}: {error}") from None
+    if not fires:
+        raise SpecError(f"backup.schedule {value!r} fires never within five years")
+    return value
 
 
 def _delivery(values: Mapping[str, Any], section: Mapping[str, Any]) -> Delivery:

@@ -15,30 +15,44 @@ pods take longer to start), and loses it one interval after its last topic is go
 
 from __future__ import annotations
 
+import copy
 import logging
 from collections.abc import Iterable, Mapping
 from typing import Any
 
 from delayq.kube.client import KubeClient
-from delayq.kube.naming import COMPONENT_SERVICE, LABEL_COMPONENT, LABEL_MANAGED_BY, MANAGED_BY
+from delayq.kube.naming import (
+    COMPONENT_BACKUP,
+    COMPONENT_SERVICE,
+    LABEL_COMPONENT,
+    LABEL_MANAGED_BY,
+    MANAGED_BY,
+)
 
 #: The policy's name, set by the chart in the cluster-wide mode with the bundled ZooKeeper only.
 POLICY_ENV = "DELAYQ_ZOOKEEPER_CLIENTS_POLICY"
 CLIENT_PORT = 2181
 NAMESPACE_NAME_LABEL = "kubernetes.io/metadata.name"  # set by the API server, immutable
-SERVICE_POD_LABELS = {LABEL_COMPONENT: COMPONENT_SERVICE, LABEL_MANAGED_BY: MANAGED_BY}
+#: The topics' pods that read the routing: delay-service pods and scheduled backups' pods.
+CLIENT_PODS = {
+    "matchLabels": {LABEL_MANAGED_BY: MANAGED_BY},
+    "matchExpressions": [
+        {"key": LABEL_COMPONENT, "operator": "In", "values": [COMPONENT_BACKUP, COMPONENT_SERVICE]}
+    ],
+}
 NETWORKING = "networking.k8s.io/v1"
 
 
 def clients_ingress(namespaces: Iterable[str]) -> list[dict[str, Any]]:
-    """The policy's ingress rules: delay-service pods of `namespaces`, ZooKeeper's client port.
+    """The policy's ingress rules: delay-service and backup pods of `namespaces`, ZooKeeper's
+    client port.
 
     No namespace gives no rule at all: a rule with an empty `from` would admit every source.
     """
     peers = [
         {
             "namespaceSelector": {"matchLabels": {NAMESPACE_NAME_LABEL: namespace}},
-            "podSelector": {"matchLabels": dict(SERVICE_POD_LABELS)},
+            "podSelector": copy.deepcopy(CLIENT_PODS),
         }
         for namespace in sorted(set(namespaces))
     ]

@@ -87,7 +87,19 @@ def register(subparsers: Any) -> None:
 
     backup = commands.add_parser("backup", help="snapshot a topic's pending state to Parquet")
     _topic_arguments(backup)
-    backup.add_argument("--output", required=True, help="a new directory for the backup")
+    where = backup.add_mutually_exclusive_group(required=True)
+    where.add_argument("--output", help="a new directory for the backup")
+    where.add_argument(
+        "--into",
+        help="a local directory of backups: this one goes into a new directory named by its "
+        "start (UTC), then the oldest beyond --keep are deleted (scheduled backups)",
+    )
+    backup.add_argument(
+        "--keep",
+        type=positive,
+        default=None,
+        help="with --into: complete backups kept, the newest (default: all)",
+    )
     _master_argument(backup)
     backup.set_defaults(handler=_reporting_errors("backup", run_backup, SPARK_ARROW))
 
@@ -376,11 +388,46 @@ def _topic_arguments(parser: argparse.ArgumentParser) -> None:
         "--zookeeper-connect",
     )
     parser.add_argument(
-        "--namespace", default="default", help="the topic's namespace (default %(default)s)"
+        "--config",
+        help="the topic's topic.json as the operator writes it (ConfigMap <topic>-config): "
+        "namespace, topic, slots, brokers and ZooKeeper, the passwords from "
+        "$DELAYQ_REDIS_PASSWORD and $DELAYQ_ZOOKEEPER_PASSWORD; flags given win",
     )
-    parser.add_argument("--topic", required=True, help="the topic's name")
-    parser.add_argument("--slots", type=int, required=True, help="the topic's slotAmount")
+    parser.add_argument("--namespace", help="the topic's namespace (default: default)")
+    parser.add_argument("--topic", help="the topic's name (required without --config)")
+    parser.add_argument(
+        "--slots", type=int, help="the topic's slotAmount (required without --config)"
+    )
     add_arguments(parser, ZOOKEEPER_SETTINGS)
+
+
+def _env_urls() -> list[str]:
+    """$DELAYQ_BROKER_URLS (comma-separated), else $DELAYQ_REDIS_URL, else none."""
+    return [url for url in os.environ.get(BROKER_URLS_ENV, "").split(",") if url] or [
+        url for url in [os.environ.get(REDIS_URL_ENV, "")] if url
+    ]
+
+
+def _from_topic_file(args: argparse.Namespace) -> None:
+    """Fill what the flags left unset from `--config` (the operator's topic.json, as
+    `delayq serve --config` reads it), then require the topic's name and slot amount."""
+    from delayq.service.config import ConfigError
+    from delayq.service.topic_file import read_topic_file
+
+    if args.config:
+        settings = read_topic_file(args.config, os.environ)
+        args.namespace = args.namespace or settings["namespace"]
+        args.topic = args.topic or settings["topic"]
+        args.slots = args.slots or settings["slot_amount"]
+        # the file's brokers as the service user, unless flags or the environment name them
+        # (the scheduled backups log in as the read-only backup user: DELAYQ_BROKER_URLS)
+        args.redis = args.redis or _env_urls() or settings["broker_urls"].split(",")
+        for name in ZOOKEEPER_SETTINGS:
+            if getattr(args, name, None) is None and name in settings:
+                setattr(args, name, settings[name])
+    args.namespace = args.namespace or "default"
+    if args.topic is None or args.slots is None:
+        raise ConfigError("give the topic: --topic and --slots, or --config (its topic.json)")
 
 
 def _brokers(args: argparse.Namespace) -> tuple[tuple[str, ...], ZkConnection | None]:
@@ -388,11 +435,8 @@ def _brokers(args: argparse.Namespace) -> tuple[tuple[str, ...], ZkConnection | 
     ZooKeeper settings of `delayq serve`: flags over DELAYQ_* variables)."""
     from delayq.service.config import ConfigError, ServiceConfig
 
-    urls = (
-        args.redis
-        or [url for url in os.environ.get(BROKER_URLS_ENV, "").split(",") if url]
-        or [url for url in [os.environ.get(REDIS_URL_ENV, "")] if url]
-    )
+    _from_topic_file(args)
+    urls = args.redis or _env_urls()
     if not urls:
         raise ConfigError(f"give the topic's Redis: --redis (${BROKER_URLS_ENV}, ${REDIS_URL_ENV})")
     for url in urls:
@@ -579,16 +623,27 @@ def _check_backup(path: str) -> None:
 
 
 def run_backup(args: argparse.Namespace) -> int:
+    from delayq.pipeline import retention
     from delayq.pipeline.backup import backup
     from delayq.pipeline.spark import job_session
+    from delayq.service.config import ConfigError
 
-    _check_new_output(args.output)
+    if args.keep is not None and args.into is None:
+        raise ConfigError("--keep goes with --into (a directory of backups)")
+    into = None if args.into is None else _local(args.into)
+    if args.into is not None and into is None:
+        raise ConfigError(f"--into {args.into}: give a local directory (a mounted volume)")
+    output = args.output if into is None else retention.new_backup_path(into)
+    _check_new_output(output)
     target = _target(args)
     _checked_brokers(args, target)
     _check_topic_exists(target)
     with job_session(args.master, "delayq-pipeline-backup") as spark:
-        summary = backup(spark, target, args.output)
-    _emit(summary.line(), summary.as_dict())
+        summary = backup(spark, target, output)
+    result = {**summary.as_dict(), "output": output}
+    if into is not None:
+        result["deleted"] = retention.prune(into, args.keep)
+    _emit(summary.line(), result)
     return 0
 
 
@@ -603,8 +658,10 @@ def run_restore(args: argparse.Namespace) -> int:
         _check_input(args.replay)
     with job_session(args.master, "delayq-pipeline-restore") as spark:
         summary = restore(spark, args.input, target, args.shift)
-        replayed = None if args.replay is None else replay(
-            spark, args.replay, args.input, target, args.shift
+        replayed = (
+            None
+            if args.replay is None
+            else replay(spark, args.replay, args.input, target, args.shift)
         )
     if replayed is None:
         _emit(summary.line(), summary.as_dict())

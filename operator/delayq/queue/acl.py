@@ -23,6 +23,9 @@ SERVICE_USER = "delayq-service"
 #: The Redis user of a stream topic's consumers, on the broker that holds the target stream
 #: (password: the `<topic>-stream-reader` Secret's `password`, made by the operator).
 STREAM_READER_USER = "delayq-stream-reader"
+#: The Redis user of a topic's scheduled backups (spec.backup; password: the topic Secret's
+#: `backup-password`): the topic's keys, reading only (backup_user_rules).
+BACKUP_USER = "delayq-backup"
 #: The Redis user of the operator and of replication (`redis-admin-password`): every command.
 ADMIN_USER = "delayq-operator"
 #: Its rules (add `>password`): every key, channel and command.

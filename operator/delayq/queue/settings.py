@@ -582,6 +582,14 @@ SETTINGS: tuple[Setting, ...] = (
         "field of the topic names it.",
         OP, change=Change.ROLL,
     ),
+    Setting(
+        "backup.keep", Kind.INTEGER, 7,
+        "scheduled backups kept on backup.volumeClaim; older complete ones are deleted",
+        "How many scheduled backups are kept on backup.volumeClaim (1..365): after each "
+        "backup that completes, the oldest complete ones beyond this many are deleted, and so "
+        "are unfinished ones older than the newest complete one.",
+        OP, change=Change.LIVE, low=1, high=365, unit="backups",
+    ),
 )  # fmt: skip
 
 

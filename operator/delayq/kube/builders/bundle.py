@@ -12,7 +12,7 @@ from typing import Any, cast
 import kopf
 
 from delayq.kube import naming
-from delayq.kube.builders import redis, service
+from delayq.kube.builders import backup, redis, service
 from delayq.kube.builders.common import (
     BuildContext,
     Credentials,
@@ -61,6 +61,8 @@ def build_all(
         ]
     if with_service_monitor and ctx.service_monitor.enabled:
         manifests.append(configured_monitor(service.service_monitor(spec), ctx.service_monitor))
+    if spec.backup is not None:  # last: written only where workloads are (as StatefulSets)
+        manifests.append(backup.backup_cron_job(spec, spec.backup, ctx))
     return manifests
 
 
@@ -71,17 +73,21 @@ def build_retired(spec: TopicSpec) -> list[Manifest]:
     stops admitting the former consumers to its Redis port. The reader's Secret stays until the
     topic goes (owner references): deleting it needs `get` and `delete` on Secrets in the
     tenant's namespace, which the operator does not hold, and its password opens nothing once
-    broker 0 rolled without the reader user."""
-    if has_stream_reader(spec):
-        return []
-    return [
-        reference(
-            "networking.k8s.io/v1",
-            "NetworkPolicy",
-            spec,
-            naming.stream_reader_network_policy(spec.name),
-        ),
-    ]
+    broker 0 rolled without the reader user. And the backups' CronJob once `spec.backup` is
+    removed (its Jobs and pods go with it)."""
+    retired: list[Manifest] = []
+    if not has_stream_reader(spec):
+        retired.append(
+            reference(
+                "networking.k8s.io/v1",
+                "NetworkPolicy",
+                spec,
+                naming.stream_reader_network_policy(spec.name),
+            )
+        )
+    if spec.backup is None:
+        retired.append(reference("batch/v1", "CronJob", spec, naming.backup_cron_job(spec.name)))
+    return retired
 
 
 def reference(api_version: str, kind: str, spec: TopicSpec, name: str) -> Manifest:

@@ -25,6 +25,7 @@ def secret_value(value: str) -> str:
     """A Secret's `data` value: the base64 of the text's UTF-8 bytes."""
     return base64.b64encode(value.encode()).decode()
 
+
 REDIS_UID = 999  # the `redis` user of the official image
 SERVICE_UID = 10001  # the `delayq` user of the project image (see the Dockerfile)
 
@@ -76,6 +77,9 @@ class BuildContext:
     # minor tag under IfNotPresent runs whatever patch a node pulled first
     redis_image: str = "redis:7.4.11-bookworm"
     image_pull_policy: str = "IfNotPresent"
+    # the pipeline image (Spark): the Jobs of the topics' scheduled backups (chart
+    # `pipeline.image`); the platform's choice, never a tenant's
+    pipeline_image: str = f"ghcr.io/delayq/delayq-pipeline:{__version__}"
     operator_namespace: str = "delayq-system"
     default_zookeeper: str = "zookeeper.delayq-system.svc:2181"
     # the other ensembles a topic may select with spec.zookeeper.connect (kube/ensembles.py)
@@ -115,6 +119,8 @@ class Credentials:
     operator_metrics_token: str
     # the stream reader's Redis password (its own Secret); empty when the topic has no reader
     stream_reader_password: str = ""
+    # the backups' read-only Redis user's password; empty while the topic has no spec.backup
+    backup_password: str = ""
 
 
 def delivery_stream_key(spec: TopicSpec) -> str:

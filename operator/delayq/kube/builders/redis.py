@@ -75,7 +75,8 @@ REDIS_DEFAULT_LIMITS = {"memory": "512Mi"}
 # password in it); the operator and the replicas (masteruser) as ADMIN_USER with every command;
 # on broker 0 of a stream topic written to its own broker, the tenant's consumers as
 # STREAM_READER_USER, limited to the target stream and to reading it (STREAM_READER_RULES, set
-# on that broker's pods only, so every other broker has no such user).
+# on that broker's pods only, so every other broker has no such user); with spec.backup, the
+# scheduled backups as BACKUP_USER, the topic's keys read-only (BACKUP_USER_RULES).
 # `default` is off with no password, so no client can log in as it, yet it keeps every command
 # and key: Redis (7.0 here, before redis/redis#14541) replays the AOF as `default` and re-checks
 # each MULTI/EXEC against its rules, and the engine's scripts reach the AOF as MULTI/EXEC, so a
@@ -104,11 +105,16 @@ reader=""
 if [ -n "${STREAM_READER_RULES:-}" ]; then
   reader="user $STREAM_READER_USER $STREAM_READER_RULES >$STREAM_READER_PASSWORD"
 fi
+backup=""
+if [ -n "${BACKUP_USER_RULES:-}" ]; then
+  backup="user $BACKUP_USER $BACKUP_USER_RULES >$BACKUP_PASSWORD"
+fi
 exec redis-server - $args <<REDISCONF
 user default off ~* &* +@all
 user $ADMIN_USER $ADMIN_USER_RULES >$REDIS_ADMIN_PASSWORD
 user $SERVICE_USER $SERVICE_USER_RULES >$REDIS_PASSWORD
 $reader
+$backup
 masteruser $ADMIN_USER
 masterauth $REDIS_ADMIN_PASSWORD
 save ""
@@ -156,6 +162,18 @@ def _stream_reader_env(spec: TopicSpec) -> list[Manifest]:
             "STREAM_READER_PASSWORD",
             naming.stream_reader_secret(spec.name),
             naming.SECRET_STREAM_READER_PASSWORD,
+        ),
+    ]
+
+
+def _backup_user_env(spec: TopicSpec) -> list[Manifest]:
+    """The backups' read-only user of the start script (every broker: a backup reads all)."""
+    topic = Topic(spec.name, namespace=spec.namespace, slot_amount=spec.slot_amount)
+    return [
+        {"name": "BACKUP_USER", "value": acl.BACKUP_USER},
+        {"name": "BACKUP_USER_RULES", "value": " ".join(acl.backup_user_rules(topic))},
+        env_from_secret(
+            "BACKUP_PASSWORD", naming.credentials_secret(spec.name), naming.SECRET_BACKUP_PASSWORD
         ),
     ]
 
@@ -276,6 +294,7 @@ def redis_statefulset(spec: TopicSpec, broker: int, ctx: BuildContext) -> Manife
             env_from_secret("REDIS_ADMIN_PASSWORD", secret, naming.SECRET_REDIS_ADMIN_PASSWORD),
             env_from_secret("REDISCLI_AUTH", secret, naming.SECRET_REDIS_PASSWORD),
             *(_stream_reader_env(spec) if broker == 0 and has_stream_reader(spec) else []),
+            *(_backup_user_env(spec) if spec.backup is not None else []),
         ],
         "ports": [{"name": "redis", "containerPort": naming.REDIS_PORT}],
         "readinessProbe": {
@@ -489,7 +508,8 @@ def redis_pdb(spec: TopicSpec, broker: int) -> Manifest:
 
 
 def redis_network_policy(spec: TopicSpec, ctx: BuildContext) -> Manifest:
-    """Only the topic's delay-service pods, its own Redis pods (replication) and the operator."""
+    """Only the topic's delay-service pods, its own Redis pods (replication), its scheduled
+    backups' pods (read rights of the service user) and the operator."""
     return {
         "apiVersion": "networking.k8s.io/v1",
         "kind": "NetworkPolicy",
@@ -506,6 +526,7 @@ def redis_network_policy(spec: TopicSpec, ctx: BuildContext) -> Manifest:
                     "from": [
                         {"podSelector": {"matchLabels": naming.service_selector(spec.name)}},
                         {"podSelector": {"matchLabels": naming.redis_selector(spec.name)}},
+                        {"podSelector": {"matchLabels": naming.backup_selector(spec.name)}},
                         operator_peer(ctx),
                     ],
                     "ports": [{"protocol": "TCP", "port": naming.REDIS_PORT}],

@@ -154,6 +154,12 @@ def credentials_secret(spec: TopicSpec, credentials: Credentials) -> Manifest:
             naming.SECRET_OPERATOR_METRICS_TOKEN: secret_value(
                 credentials.operator_metrics_token
             ),
+            # the scheduled backups' pods read it (kube/builders/backup.py); kept once written
+            **(
+                {naming.SECRET_BACKUP_PASSWORD: secret_value(credentials.backup_password)}
+                if credentials.backup_password
+                else {}
+            ),
         },
     }
 

@@ -31,6 +31,7 @@ import redis
 from delayq.coordination.routing import Routing, initial_routing
 from delayq.coordination.splitting import routed_topic
 from delayq.kube import naming
+from delayq.kube.backups import observe_backups
 from delayq.kube.builders.service import zookeeper_connect
 from delayq.kube.client import KubeApiError
 from delayq.kube.conditions import broker_full_condition, slots_unowned_condition
@@ -120,6 +121,8 @@ async def health_pass(
     health = await topic_health(ctx, view, brokers, routing, resharding, record)
     objective = await objective_step(ctx, body, view)  # after every decision: never delays one
     fields = health.fields()
+    if spec.backup is not None or "backup" in view.status:
+        fields["backup"] = await observe_backups(ctx.kube, spec)
     patch = with_conditions(ctx, body, [*health.conditions, *objective], **fields)
     if record and resharding is not None and resharding.recorded:
         # patched ahead of a switch meanwhile: the diff against the status the pass started
@@ -213,9 +216,7 @@ async def reshard_step(
         return None, record
     try:
         write = status_writer(ctx, spec)
-        resharding = await reshard(
-            ctx, spec, view.known, view.password, view.status, logger, write
-        )
+        resharding = await reshard(ctx, spec, view.known, view.password, view.status, logger, write)
     except MOVE_ERRORS as error:  # reading the moves failed: the next pass tries again
         logger.warning("resharding skipped this pass: %r", error)
         return None, False  # its movers may have patched the copy ahead of `routing`: kept
@@ -324,8 +325,6 @@ async def objective_step(
             objective_ms, spec.objectives_window_ms, window.measure(), silent, len(answered)
         )
     ]
-
-
 
 
 async def slot_view(
