@@ -8,12 +8,7 @@ from __future__ import annotations
 
 import base64
 import dataclasses
-import functools
 import json
-import re
-import subprocess
-from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -21,156 +16,27 @@ import yaml
 
 from delayq.kube import naming
 from delayq.kube.builders.bundle import build_all
-from delayq.kube.builders.common import Credentials, PodPlacement
+from delayq.kube.builders.common import PodPlacement
 from delayq.kube.config import OperatorConfig, zookeeper_tls_from_env
 from delayq.kube.pod_tracing import PodTracing
-from delayq.kube.spec import BackupSchedule, TopicSpec
+from delayq.kube.spec import TopicSpec
 from delayq.kube.tenant_policy import TenantPolicy
 from delayq.kube.zookeeper_clients import POLICY_ENV
 from delayq.queue.topic import TopicType
 from delayq.service.delivery.targets import parse_cidrs
 from delayq.service.tracing import Tracing, wanted
-from tests.kube.test_crd_schema import EXAMPLES, to_jsonschema
-
-ROOT = Path(__file__).resolve().parents[2]
-CHART = ROOT / "charts" / "delayq"
-pytestmark = pytest.mark.timeout(900)  # the first run may build helm from source
-
-CLUSTER_SCOPED = {"ClusterRole", "ClusterRoleBinding", "CustomResourceDefinition"}
-DIGEST = "sha256:" + "0123456789abcdef" * 4
-CREDENTIALS = Credentials(
-    "pw", "tok", "zk", "admin", "viewer", "metrics", "lease", "op-metrics", "reader"
+from tests.kube.chart_support import (
+    CHART,
+    CLUSTER_SCOPED,
+    CREDENTIALS,
+    ROOT,
+    VALUE_SETS,
+    of_kind,
+    operator_env,
+    render,
+    run_helm,
 )
-VALUE_SETS: dict[str, list[str]] = {
-    "defaults": [],
-    "image-digests": [
-        *["--set", f"image.digest={DIGEST}", "--set", f"operator.redisImageDigest={DIGEST}"],
-        *["--set", f"operator.pipelineImageDigest={DIGEST}"],
-        *["--set", f"zookeeper.imageDigest={DIGEST}", "--set", "zookeeper.replicas=3"],
-    ],
-    "single-replica-external-zk": [
-        "--set",
-        "operator.replicas=1",
-        "--set",
-        "zookeeper.enabled=false",
-        "--set-string",
-        r"zookeeper.address=zk-0.zk:2181\,zk-1.zk:2181/delayq",  # helm --set escapes commas
-    ],
-    "namespaced": ["--set", "operator.watchNamespaces={shop,billing}"],
-    "workload-namespaces": ["--set", "operator.workloadNamespaces={shop,billing}"],
-    "cluster-wide-workloads": ["--set", "operator.clusterWideWorkloads=true"],
-    "legacy-secret-read": ["--set", "operator.legacySecretRead=true"],
-    "zookeeper-tls": [
-        "--set",
-        "zookeeper.enabled=false",
-        "--set",
-        "zookeeper.address=zk-0.zk:2281/delayq",
-        "--set",
-        "zookeeper.tls.enabled=true",
-        "--set",
-        "zookeeper.tls.caConfigMap=zk-ca",
-        "--set",
-        "zookeeper.tls.caKey=bundle.pem",
-        "--set",
-        "zookeeper.tls.clientCertSecret=zk-client",
-    ],
-    "zookeeper-ensemble": ["--set", "zookeeper.replicas=3"],
-    "zookeeper-allowed-ensembles": [
-        "--set-json",
-        'zookeeper.allowedEnsembles=["zk-a-0.zk-a:2181,zk-a-1.zk-a:2181/delayq","zk-b:2281"]',
-    ],
-    "zookeeper-without-acl": ["--set", "zookeeper.acl.enabled=false"],
-    "zookeeper-acl-own-secret": ["--set", "zookeeper.acl.existingSecret=my-zk-admin"],
-    "metrics-monitored": [
-        "--set",
-        "operator.metrics.serviceMonitor.enabled=true",
-        "--set",
-        "operator.metrics.serviceMonitor.labels.release=prom",
-        "--set",
-        "operator.metrics.port=9102",
-    ],
-    "metrics-off": ["--set", "operator.metrics.enabled=false"],
-    "topic-monitors": [
-        "--set",
-        "topics.serviceMonitor.labels.release=prom",
-        "--set",
-        "topics.serviceMonitor.labels.team=ops",
-        "--set",
-        "topics.serviceMonitor.interval=1m",
-    ],
-    "alerts": ["--set", "alerts.enabled=true", "--set", "alerts.labels.release=prom"],
-    "dashboards": ["--set", "dashboards.enabled=true", "--set", "dashboards.namespace=monitoring"],
-    "tenant-policy": [
-        "--set",
-        "tenantPolicy.allowPrivateTargets=true",
-        "--set",
-        "tenantPolicy.allowedCidrs={10.96.0.0/12,fd00::/8}",
-    ],
-    "dedicated-nodes": [
-        "--set",
-        "topics.nodeSelector.pool=delayq",
-        "--set",
-        "zookeeper.nodeSelector.pool=delayq",
-        "--set-json",
-        'topics.tolerations=[{"key":"pool","value":"delayq","effect":"NoSchedule"}]',
-        "--set-json",
-        'zookeeper.tolerations=[{"key":"pool","value":"delayq","effect":"NoSchedule"}]',
-    ],
-    "tracing": [
-        "--set",
-        "topics.tracing.otlpEndpoint=http://otel-collector.observability.svc:4318",
-        "--set",
-        "topics.tracing.sampler=parentbased_traceidratio",
-        "--set-string",
-        "topics.tracing.samplerArg=0.25",
-        "--set",
-        "topics.tracing.headersSecret.name=otel-ingest",
-        "--set",
-        "topics.tracing.headersSecret.key=otlp-headers",
-    ],
-    "topic-monitors-off": [
-        "--set",
-        "topics.serviceMonitor.enabled=false",
-        "--set",
-        "operator.logFormat=text",
-    ],
-}
-
-
-@functools.cache
-def helm() -> str:
-    result = subprocess.run(
-        ["bash", str(ROOT / "scripts" / "install-helm.sh")],
-        check=True,
-        capture_output=True,
-        text=True,
-    )
-    return result.stdout.strip().splitlines()[-1]
-
-
-# helm built by `go install` assumes Kubernetes v1.20 (release builds set the default at link
-# time), below the chart's kubeVersion: render for the version the e2e tier runs.
-KUBE_VERSION = "1.33.13"
-
-
-def run_helm(*args: str) -> subprocess.CompletedProcess[str]:
-    if args[0] in ("template", "lint") and "--kube-version" not in args:
-        args = (*args, "--kube-version", KUBE_VERSION)
-    return subprocess.run([helm(), *args], capture_output=True, text=True, check=False)
-
-
-@functools.cache
-def render(value_set: str, include_crds: bool = False) -> tuple[dict[str, Any], ...]:
-    args = ["template", "rel", str(CHART), "--namespace", "delayq-system", *VALUE_SETS[value_set]]
-    if include_crds:
-        args.append("--include-crds")
-    result = run_helm(*args)
-    assert result.returncode == 0, result.stderr
-    return tuple(doc for doc in yaml.safe_load_all(result.stdout) if doc)
-
-
-def of_kind(docs: tuple[dict[str, Any], ...], kind: str) -> list[dict[str, Any]]:
-    return [doc for doc in docs if doc["kind"] == kind]
+from tests.kube.test_crd_schema import EXAMPLES, to_jsonschema
 
 
 def test_helm_lint_passes() -> None:
@@ -278,13 +144,6 @@ def test_operator_deployment_is_hardened_and_matches_the_network_policy() -> Non
     assert downward == {"POD_NAMESPACE": "metadata.namespace", "POD_NAME": "metadata.name"}
 
 
-def operator_env(value_set: str) -> dict[str, str]:
-    (deployment,) = of_kind(render(value_set), "Deployment")
-    env = deployment["spec"]["template"]["spec"]["containers"][0]["env"]
-    values = {item["name"]: item["value"] for item in env if "value" in item}
-    values["POD_NAMESPACE"] = "delayq-system"  # from the downward API
-    return values
-
 
 def test_operator_env_is_what_the_operator_reads() -> None:
     config = OperatorConfig.from_env(operator_env("defaults"))
@@ -377,174 +236,6 @@ def test_zookeeper_tls_mounts_what_the_operators_variables_name() -> None:
     assert [v["name"] for v in plain["spec"]["template"]["spec"]["volumes"]] == ["tmp"]
 
 
-# Exactly what the operator's code calls (client.py users and kopf); nothing more.
-TOPIC_RULES = {
-    ("delayq.io", "delaytopics"): {"get", "list", "watch", "patch"},
-    ("delayq.io", "delaytopics/status"): {"get", "patch"},
-    ("apps", "statefulsets"): {"get"},  # writes: WORKLOAD_RULES, where tenants run topics
-    ("batch", "cronjobs"): {"get"},  # spec.backup's status; writes: WORKLOAD_RULES
-    ("", "services"): {"get", "create", "patch"},
-    ("", "configmaps"): {"get", "create", "patch"},
-    # written, never read, listed or deleted: the operator's copies are in its own namespace
-    ("", "secrets"): {"create", "patch"},
-    # no patch: the master Service follows an EndpointSlice; delete: WORKLOAD_RULES
-    ("", "pods"): {"list"},
-    ("discovery.k8s.io", "endpointslices"): {"get", "create", "patch"},
-    ("", "events"): {"create"},
-    ("policy", "poddisruptionbudgets"): {"get", "create", "patch"},
-    ("networking.k8s.io", "networkpolicies"): {"get", "create", "patch", "delete"},
-    ("monitoring.coreos.com", "servicemonitors"): {"get", "create", "patch"},
-}
-# where tenants run topics: the StatefulSets, and their broker pods' roll (delete, uid
-# precondition: the operator rolls what it updated, updateStrategy OnDelete)
-WORKLOAD_RULES = {
-    ("apps", "statefulsets"): {"create", "patch"},
-    ("", "pods"): {"delete"},
-    # spec.backup's CronJob, deleted when spec.backup is removed (owned ones only)
-    ("batch", "cronjobs"): {"create", "patch", "delete"},
-}
-CLUSTER_RULES = {
-    ("apiextensions.k8s.io", "customresourcedefinitions"): {"list", "watch"},
-    ("", "namespaces"): {"list", "watch"},
-}
-
-
-def grants(role: dict[str, Any]) -> dict[tuple[str, str], set[str]]:
-    result: dict[tuple[str, str], set[str]] = {}
-    for rule in role["rules"]:
-        assert "*" not in rule["verbs"], "no wildcard verbs"
-        for group in rule["apiGroups"]:
-            for resource in rule["resources"]:
-                assert "*" not in resource, "no wildcard resources"
-                result.setdefault((group, resource), set()).update(rule["verbs"])
-    return result
-
-
-def merged(*rule_sets: dict[tuple[str, str], set[str]]) -> dict[tuple[str, str], set[str]]:
-    result: dict[tuple[str, str], set[str]] = {}
-    for rules in rule_sets:
-        for key, verbs in rules.items():
-            result.setdefault(key, set()).update(verbs)
-    return result
-
-
-def named(docs: tuple[dict[str, Any], ...], kind: str) -> dict[str, dict[str, Any]]:
-    return {doc["metadata"]["name"]: doc for doc in of_kind(docs, kind)}
-
-
-def workload_bindings(docs: tuple[dict[str, Any], ...]) -> list[dict[str, Any]]:
-    return [
-        binding
-        for binding in [*of_kind(docs, "RoleBinding"), *of_kind(docs, "ClusterRoleBinding")]
-        if binding["roleRef"]["name"] == "rel-delayq-workloads"
-    ]
-
-
-def test_cluster_wide_rbac_is_least_privilege_with_no_workload_writes_anywhere() -> None:
-    """The default: the ClusterRole bound cluster-wide cannot create or patch a StatefulSet;
-    the workloads ClusterRole exists to be bound per namespace, and nothing binds it."""
-    docs = render("defaults")
-    roles = named(docs, "ClusterRole")
-    assert set(roles) == {"rel-delayq-cluster", "rel-delayq-workloads"}
-    assert grants(roles["rel-delayq-cluster"]) == {**CLUSTER_RULES, **TOPIC_RULES}
-    assert grants(roles["rel-delayq-workloads"]) == WORKLOAD_RULES
-    assert workload_bindings(docs) == []
-
-
-def test_workload_namespaces_get_a_role_binding_each() -> None:
-    docs = render("workload-namespaces")
-    bindings = workload_bindings(docs)
-    assert sorted((b["kind"], b["metadata"]["namespace"]) for b in bindings) == [
-        ("RoleBinding", "billing"),
-        ("RoleBinding", "shop"),
-    ]
-    for binding in bindings:
-        assert binding["roleRef"]["kind"] == "ClusterRole"
-        assert binding["subjects"] == [
-            {"kind": "ServiceAccount", "name": "rel-delayq", "namespace": "delayq-system"}
-        ]
-    cluster = named(docs, "ClusterRole")["rel-delayq-cluster"]
-    assert grants(cluster) == {**CLUSTER_RULES, **TOPIC_RULES}
-
-
-def test_cluster_wide_workloads_is_the_earlier_grant_when_asked_for() -> None:
-    docs = render("cluster-wide-workloads")
-    roles = named(docs, "ClusterRole")
-    assert set(roles) == {"rel-delayq-cluster"}
-    assert grants(roles["rel-delayq-cluster"]) == merged(CLUSTER_RULES, TOPIC_RULES, WORKLOAD_RULES)
-
-
-def test_namespaced_rbac_uses_roles_per_namespace() -> None:
-    docs = render("namespaced")
-    (cluster_role,) = of_kind(docs, "ClusterRole")
-    assert grants(cluster_role) == CLUSTER_RULES
-    roles = [role for role in of_kind(docs, "Role") if role["metadata"]["name"] == "rel-delayq"]
-    assert sorted(role["metadata"]["namespace"] for role in roles) == ["billing", "shop"]
-    for role in roles:  # a watched namespace is one where delayq is installed for tenants
-        assert grants(role) == merged(TOPIC_RULES, WORKLOAD_RULES)
-    assert workload_bindings(docs) == []
-
-
-def test_no_secret_of_a_tenant_is_readable_and_the_copies_are_in_the_release_namespace() -> None:
-    """Cluster-wide, the default: Secrets are create/patch everywhere (the tenants'
-    <t>-credentials), get/list/delete only in the release's namespace (the operator's copies,
-    kube/credentials.py); operator.legacySecretRead adds get, for one release."""
-    for value_set in ("defaults", "workload-namespaces", "namespaced"):
-        docs = render(value_set)
-        everywhere = [*of_kind(docs, "ClusterRole")]
-        everywhere += [r for r in of_kind(docs, "Role") if r["metadata"]["name"] == "rel-delayq"]
-        for role in everywhere:
-            assert grants(role).get(("", "secrets"), {"create", "patch"}) == {"create", "patch"}
-        (copies,) = [
-            r for r in of_kind(docs, "Role") if r["metadata"]["name"].endswith("-credentials")
-        ]
-        assert copies["metadata"]["namespace"] == "delayq-system"
-        assert grants(copies) == {("", "secrets"): {"get", "list", "create", "patch", "delete"}}
-        (binding,) = [
-            b
-            for b in of_kind(docs, "RoleBinding")
-            if b["metadata"]["name"] == "rel-delayq-credentials"
-        ]
-        assert binding["roleRef"] == {
-            "apiGroup": "rbac.authorization.k8s.io",
-            "kind": "Role",
-            "name": "rel-delayq-credentials",
-        }
-        assert binding["subjects"] == [
-            {"kind": "ServiceAccount", "name": "rel-delayq", "namespace": "delayq-system"}
-        ]
-        (deployment,) = of_kind(docs, "Deployment")
-        (container,) = deployment["spec"]["template"]["spec"]["containers"]
-        assert {"name": "DELAYQ_LEGACY_SECRET_READ", "value": "false"} in container["env"]
-    legacy = render("legacy-secret-read")
-    cluster = named(legacy, "ClusterRole")["rel-delayq-cluster"]
-    assert grants(cluster)[("", "secrets")] == {"get", "create", "patch"}
-    (deployment,) = of_kind(legacy, "Deployment")
-    (container,) = deployment["spec"]["template"]["spec"]["containers"]
-    assert {"name": "DELAYQ_LEGACY_SECRET_READ", "value": "true"} in container["env"]
-
-
-@pytest.mark.parametrize("value_set", sorted(VALUE_SETS))
-def test_the_leader_lease_role_is_namespaced_and_limited_to_the_lease(value_set: str) -> None:
-    docs = render(value_set)
-    (role,) = [r for r in of_kind(docs, "Role") if r["metadata"]["name"] == "rel-delayq-leader"]
-    assert role["metadata"]["namespace"] == "delayq-system"  # the release's, where it runs
-    assert grants(role) == {("coordination.k8s.io", "leases"): {"get", "create", "patch"}}
-    named = [rule for rule in role["rules"] if rule.get("resourceNames")]
-    assert named == [
-        {
-            "apiGroups": ["coordination.k8s.io"],
-            "resources": ["leases"],
-            "resourceNames": ["delayq-operator"],
-            "verbs": ["get", "patch"],
-        }
-    ]
-    (binding,) = [
-        b for b in of_kind(docs, "RoleBinding") if b["metadata"]["name"] == "rel-delayq-leader"
-    ]
-    assert binding["roleRef"]["name"] == "rel-delayq-leader"
-    assert binding["metadata"]["namespace"] == "delayq-system"
-    assert not [doc for doc in docs if doc["apiVersion"].startswith("kopf.dev/")]
 
 
 def test_zookeeper_is_optional_and_hardened() -> None:
@@ -963,90 +654,6 @@ def test_the_chart_works_as_a_subchart_with_global_values() -> None:
     result = run_helm("template", "rel", str(CHART), "--set", "global.imageRegistry=r.example")
     assert result.returncode == 0, result.stderr
 
-
-FULL_VERSION_TAG = re.compile(r"^v?\d+\.\d+\.\d+([-+._][0-9A-Za-z.+_-]*)?$")
-DIGEST_SUFFIX = re.compile(r"@sha256:[0-9a-f]{64}$")
-
-
-def floats(ref: str) -> bool:
-    """An image reference that may run other content tomorrow: neither a digest nor a tag
-    naming a full x.y.z version (`redis:7.4-bookworm`, `zookeeper:3.9`, no tag: `latest`)."""
-    if DIGEST_SUFFIX.search(ref):
-        return False
-    name, _, tag = ref.rpartition(":")
-    return not name or "/" in tag or not FULL_VERSION_TAG.match(tag)
-
-
-def container_images(manifest: Any) -> Iterator[str]:
-    """The image of every container, init container and ephemeral container in a manifest."""
-    if isinstance(manifest, dict):
-        for key, value in manifest.items():
-            if key in ("containers", "initContainers", "ephemeralContainers"):
-                yield from (container["image"] for container in value)
-            else:
-                yield from container_images(value)
-    elif isinstance(manifest, list):
-        for item in manifest:
-            yield from container_images(item)
-
-
-def topic_images(value_set: str) -> set[str]:
-    """The images of every child the operator builds, for each topic type, with the image
-    settings the chart hands it (the others may name files only a pod has)."""
-    env = operator_env(value_set)
-    names = ("DELAYQ_IMAGE", "DELAYQ_REDIS_IMAGE", "DELAYQ_PIPELINE_IMAGE")
-    ctx = OperatorConfig.from_env({name: env[name] for name in names}).build
-    backup = BackupSchedule("@daily", "backups")  # its CronJob runs the pipeline image
-    return {
-        image
-        for topic_type in TopicType
-        for manifest in build_all(
-            TopicSpec(name="t", namespace="shop", topic_type=topic_type, backup=backup),
-            ctx,
-            CREDENTIALS,
-            64,
-            True,
-        )
-        for image in container_images(manifest)
-    }
-
-
-def test_the_floating_tag_check_tells_pinned_from_floating() -> None:
-    assert all(map(floats, ["redis:7.4-bookworm", "zookeeper:3.9", "python:3.11-slim", "redis",
-                            "registry:5000/redis", "redis:latest", "redis:7"]))
-    assert not any(map(floats, ["redis:7.4.11-bookworm", "zookeeper:3.9.5", "ghcr.io/a/b:0.1.0",
-                                "registry:5000/redis:7.4.11", f"redis@{DIGEST}",
-                                f"redis:7.4@{DIGEST}"]))
-
-
-@pytest.mark.parametrize("value_set", sorted(VALUE_SETS))
-def test_no_image_floats_on_a_minor_tag(value_set: str) -> None:
-    """Every image the chart runs, and every image the operator it configures puts in topic
-    pods (the delay service, the Redis brokers, the backups), names an exact x.y.z release or a
-    digest:
-    a node pulling under IfNotPresent cannot run a patch the chart did not name."""
-    chart = {image for doc in render(value_set) for image in container_images(doc)}
-    topics = topic_images(value_set)
-    assert chart  # the operator's image at least
-    assert len(topics) == 3  # delayq, redis and the pipeline
-    assert [image for image in chart | topics if floats(image)] == []
-
-
-def test_image_digests_pin_every_image_by_content() -> None:
-    """`image.digest`, `operator.redisImageDigest`, `operator.pipelineImageDigest` and
-    `zookeeper.imageDigest` turn every reference into `<repository>@<digest>`, in the chart's
-    pods and in the topics' pods."""
-    docs = render("image-digests")
-    expected = {f"ghcr.io/delayq/delayq@{DIGEST}", f"zookeeper@{DIGEST}"}
-    assert {image for doc in docs for image in container_images(doc)} == expected
-    assert topic_images("image-digests") == {
-        f"ghcr.io/delayq/delayq@{DIGEST}",
-        f"redis@{DIGEST}",
-        f"ghcr.io/delayq/delayq-pipeline@{DIGEST}",
-    }
-    for bad in ("7.4.11", "sha256:abc", f"sha512:{DIGEST[7:]}"):
-        result = run_helm("template", "rel", str(CHART), "--set", f"image.digest={bad}")
-        assert result.returncode != 0, bad
 
 
 def test_the_lateness_alert_holds_each_topic_to_its_objective_else_the_values() -> None:
