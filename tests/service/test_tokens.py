@@ -38,12 +38,13 @@ def unsigned(lease: Lease) -> str:
     epoch=st.integers(0, 2**40),
     lease_id=st.integers(1, 2**40),
     message_id=st.text(min_size=1, max_size=64),
+    generation=st.integers(0, 14),
 )
-def test_tokens_round_trip(slot, epoch, lease_id, message_id):
+def test_tokens_round_trip(slot, epoch, lease_id, message_id, generation):
     lease = Lease(slot, message_id, lease_id, epoch)
-    token = TOKENS.encode(lease)
+    token = TOKENS.encode(lease, generation)
     assert token.isascii()
-    assert TOKENS.decode(token, 0) == (lease, 0)
+    assert TOKENS.decode(token, 0) == (lease, generation)
 
 
 @pytest.mark.parametrize(
