@@ -44,7 +44,7 @@ from delayq.service.service import DelayService
 from delayq.service.tokens import TokenLease
 
 LEASES = "/v1/topics/{topic}/leases"
-NACK_DELAY = "delayMs"  # absent: the topic's retry policy decides (_backed_off)
+NACK_DELAY = "delayMs"  # absent: the topic's retry policy decides (_backoff_ms)
 CONFLICTS = frozenset({Code.LEASE_LOST, Code.STALE_EPOCH, Code.NOT_FOUND})
 
 R = TypeVar("R")
