@@ -20,6 +20,7 @@ leases its halves s and s + N at the next key generation at once: they are slots
 generation of this one leaser (`add_generation`, the service's halves engine), in the same
 rotation, rate limit, long polls and broker clocks (s + N is on the broker of s), so a request
 leases from both and the route tells each lease's generation (`lease` answers per generation).
+A round then costs one claim call per broker and generation, sent together.
 """
 
 from __future__ import annotations
