@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import time
 import uuid
 from collections.abc import Iterator
 from typing import Any
@@ -482,6 +483,87 @@ async def test_the_owner_of_a_slot_a_doubling_switched_delivers_from_its_halves_
     halves_engine = running.service.halves
     assert halves_engine is not None
     assert halves_engine.owned_slots == [0, 1, SLOTS, 1 + SLOTS]
+
+
+async def test_the_owner_of_a_slot_a_doubling_switched_leases_its_halves_at_once(
+    moving_topic: tuple[str, list[str], SlotMover],
+    zookeeper_server: Any,
+    start_service: StartService,
+    monkeypatch: pytest.MonkeyPatch,
+):
+    """Pull: a splitter killed in its freeze after switching old slots 0 and 1. A message
+    written into a half, one copied there due later, and one leased from old slot 0 before
+    the switch (rolled back by the halves' fence) are leased from the halves at once (before:
+    not until the doubling was completed, past twice the session timeout). Their tokens name
+    generation 1, so ack, nack, extend and the ack of the next lease act in the halves; the
+    token of old slot 0 from before the switch is answered stale_epoch at once (its keys are
+    frozen for good), not a 503 after waiting for the routing."""
+    namespace, urls, mover = moving_topic
+    mover.zk.set(mover.paths.routing, Routing(SLOTS, 2, (0, 0, 1, 1)).to_json())
+    running = await start_service(
+        slot_amount=SLOTS,
+        namespace=namespace,
+        broker_urls=",".join(urls),
+        zookeeper_connect=zookeeper_server.hosts,
+        topic_type=TopicType.PULL,
+    )
+    topic, tokens = running.service.topic, running.service.lease_tokens
+    doubled = Topic(TOPIC, namespace=namespace, slot_amount=2 * SLOTS, slot_generation=1)
+    halves = {doubled.slot_of(i): i for i in (f"h{n}" for n in range(200)) if topic.slot_of(i) < 2}
+    before, copied, written = halves[SLOTS], halves[0], halves[1 + SLOTS]
+    batch = [{"id": before, "delayMs": 0}, {"id": copied, "delayMs": 1500}]
+    stored = await running.client.post(f"{running.base}/messages/batch", json={"messages": batch})
+    assert stored.status == 200, await stored.text()
+    answer = await running.client.post(f"{running.base}/leases", json={"waitMs": 5000})
+    [old] = (await answer.json())["leases"]
+    assert old["id"] == before
+    await killed_after_switching_broker_0(mover, monkeypatch)
+    await eventually(lambda: running.service.brokers.doubled_slots == {0, 1}, 10, "the switch")
+    for action in ("ack", "nack", "extend"):  # a nack reads the attempt first: SLOT_MOVING
+        started = time.monotonic()
+        refused = await running.client.post(
+            f"{running.base}/leases/{action}",
+            json={"tokens": [old["token"]], "ackTimeoutMs": 1000},
+        )
+        assert refused.status == 409, (action, await refused.text())
+        assert [r["result"] for r in (await refused.json())["results"]] == ["stale_epoch"]
+        assert time.monotonic() - started < 2.0  # not after SLOT_MOVE_WAIT_S
+    answer = await running.client.post(
+        f"{running.base}/messages", json={"id": written, "delayMs": 0}
+    )
+    assert (await answer.json())["slot"] == 1 + SLOTS
+    leased: dict[str, dict[str, Any]] = {}
+
+    async def all_leased() -> bool:
+        answer = await running.client.post(
+            f"{running.base}/leases", json={"max": 10, "waitMs": 500}
+        )
+        leased.update({m["id"]: m for m in (await answer.json())["leases"]})
+        return leased.keys() == {before, copied, written}
+
+    await eventually(all_leased, 10, "the halves' messages leased")  # copied: due in 1.5 s
+    assert {tokens.decode(m["token"], 0).generation for m in leased.values()} == {1}
+    assert leased[before]["attempt"] == 2  # its lease of old slot 0 rolled back
+    nacked = await running.client.post(  # its backoff read from its record in the half
+        f"{running.base}/leases/nack", json={"tokens": [leased[written]["token"]]}
+    )
+    assert [r["result"] for r in (await nacked.json())["results"]] == ["retry_scheduled"]
+    answer = await running.client.post(
+        f"{running.base}/leases",
+        json={"waitMs": 5000, "ack": [leased[before]["token"], leased[copied]["token"]]},
+    )
+    again = await answer.json()
+    assert [r["result"] for r in again["acks"]] == ["acked", "acked"]
+    assert [m["id"] for m in again["leases"]] == [written]
+    token = again["leases"][0]["token"]
+    extended = await running.client.post(
+        f"{running.base}/leases/extend", json={"tokens": [token], "ackTimeoutMs": 60_000}
+    )
+    assert [r["result"] for r in (await extended.json())["results"]] == ["extended"]
+    acked = await running.client.post(f"{running.base}/leases/ack", json={"tokens": [token]})
+    assert [r["result"] for r in (await acked.json())["results"]] == ["acked"]
+    assert running.service.halves is not None
+    assert running.service.halves.owned_slots == [0, 1, SLOTS, 1 + SLOTS]
 
 
 async def test_a_half_that_cannot_be_taken_over_is_reported_and_taken_once_it_can(

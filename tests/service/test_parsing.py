@@ -71,8 +71,8 @@ def test_lease_and_nack_requests():
         parse_lease_request({"max": 1001}, TOPIC, tokens)
     assert caught.value.field == "max"
     token = tokens.encode(Lease(1, "a", 2, 3))
-    [retry] = parse_nack({"tokens": [token], "delayMs": 500, "dead": True}, TOPIC, tokens)
-    assert (retry.lease, retry.delay_ms, retry.dead) == (Lease(1, "a", 2, 3), 500, True)
+    nack = parse_nack({"tokens": [token], "delayMs": 500, "dead": True}, TOPIC, tokens)
+    assert (nack.leases, nack.delay_ms, nack.dead) == ([(Lease(1, "a", 2, 3), 0)], 500, True)
     with pytest.raises(FieldError) as caught:
         parse_nack({"tokens": [token, "nope"]}, TOPIC, tokens)
     assert caught.value.field == "tokens[1]"

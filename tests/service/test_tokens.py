@@ -1,4 +1,5 @@
-"""Lease tokens: round trips, refusal of malformed, foreign and forged ones, the upgrade window."""
+"""Lease tokens: round trips, refusal of malformed, foreign and forged ones, the upgrade window,
+the key generation."""
 
 from __future__ import annotations
 
@@ -12,7 +13,13 @@ from delayq.queue.model import Lease
 from delayq.queue.topic import Topic
 from delayq.service.config import ServiceConfig
 from delayq.service.parsing import FieldError, ForbiddenFieldError, parse_tokens
-from delayq.service.tokens import LeaseTokens, TokenError, TokenRefusedError, derived_key
+from delayq.service.tokens import (
+    LeaseTokens,
+    TokenError,
+    TokenLease,
+    TokenRefusedError,
+    derived_key,
+)
 
 TOPIC = Topic("orders", namespace="shop", slot_amount=4, max_payload_bytes=16)
 KEY = b"k" * 32
@@ -31,12 +38,13 @@ def unsigned(lease: Lease) -> str:
     epoch=st.integers(0, 2**40),
     lease_id=st.integers(1, 2**40),
     message_id=st.text(min_size=1, max_size=64),
+    generation=st.integers(0, 14),
 )
-def test_tokens_round_trip(slot, epoch, lease_id, message_id):
+def test_tokens_round_trip(slot, epoch, lease_id, message_id, generation):
     lease = Lease(slot, message_id, lease_id, epoch)
-    token = TOKENS.encode(lease)
+    token = TOKENS.encode(lease, generation)
     assert token.isascii()
-    assert TOKENS.decode(token) == lease
+    assert TOKENS.decode(token, 0) == (lease, generation)
 
 
 @pytest.mark.parametrize(
@@ -44,7 +52,7 @@ def test_tokens_round_trip(slot, epoch, lease_id, message_id):
 )
 def test_malformed_tokens_are_refused(token):
     with pytest.raises(TokenError) as raised:
-        TOKENS.decode(token)
+        TOKENS.decode(token, 0)
     assert not isinstance(raised.value, TokenRefusedError)
 
 
@@ -58,7 +66,7 @@ def test_malformed_tokens_are_refused(token):
 )
 def test_a_token_of_another_topic_or_key_is_refused_naming_the_topic(issuer: LeaseTokens):
     with pytest.raises(TokenRefusedError, match=r"not issued by topic shop/orders"):
-        TOKENS.decode(issuer.encode(LEASE))
+        TOKENS.decode(issuer.encode(LEASE), 0)
 
 
 def test_an_altered_token_is_refused():
@@ -68,35 +76,36 @@ def test_an_altered_token_is_refused():
     for other in others:
         altered = TOKENS.encode(other).split(".")[0] + "." + mac
         with pytest.raises(TokenRefusedError):
-            TOKENS.decode(altered)
+            TOKENS.decode(altered, 0)
     flipped = mac[:-2] + ("AA" if mac[-2:] != "AA" else "BA")
     with pytest.raises(TokenRefusedError):
-        TOKENS.decode(f"{fields}.{flipped}")
+        TOKENS.decode(f"{fields}.{flipped}", 0)
     with pytest.raises(TokenRefusedError):
-        TOKENS.decode(f"{fields}.")  # version 3 without its MAC
+        TOKENS.decode(f"{fields}.", 0)  # version 3 without its MAC
 
 
 def test_unsigned_tokens_are_accepted_for_one_lease_length_after_start():
     now = [100.0]
     tokens = LeaseTokens(KEY, "shop", "orders", accept_unsigned_ms=30_000, clock_s=lambda: now[0])
-    assert tokens.decode(unsigned(LEASE)) == LEASE
+    assert tokens.decode(unsigned(LEASE), 0) == (LEASE, 0)
     now[0] += 29.9
-    assert tokens.decode(unsigned(LEASE)) == LEASE
+    assert tokens.decode(unsigned(LEASE), 0) == (LEASE, 0)
     now[0] += 0.2
     with pytest.raises(TokenRefusedError, match=r"unsigned .* lease the message again"):
-        tokens.decode(unsigned(LEASE))
-    assert tokens.decode(tokens.encode(LEASE)) == LEASE  # signed ones stay good
+        tokens.decode(unsigned(LEASE), 0)
+    assert tokens.decode(tokens.encode(LEASE), 0) == (LEASE, 0)  # signed ones stay good
 
 
 def test_the_key_is_the_settings_or_derived_from_the_api_token():
     """Processes sharing a key (or, without one, an API token) accept each other's tokens."""
     config = ServiceConfig(namespace="shop", topic="orders", api_token="tok")
     token = config.lease_tokens().encode(LEASE)
-    assert LeaseTokens(derived_key("tok"), "shop", "orders").decode(token) == LEASE
+    assert LeaseTokens(derived_key("tok"), "shop", "orders").decode(token, 0) == (LEASE, 0)
     with pytest.raises(TokenRefusedError):
-        LeaseTokens(derived_key("other"), "shop", "orders").decode(token)
+        LeaseTokens(derived_key("other"), "shop", "orders").decode(token, 0)
     keyed = ServiceConfig(namespace="shop", topic="orders", api_token="tok", lease_token_key="s")
-    assert LeaseTokens(b"s", "shop", "orders").decode(keyed.lease_tokens().encode(LEASE)) == LEASE
+    keyed_token = keyed.lease_tokens().encode(LEASE)
+    assert LeaseTokens(b"s", "shop", "orders").decode(keyed_token, 0) == (LEASE, 0)
 
 
 def test_a_foreign_token_is_a_403_naming_the_field():
@@ -117,3 +126,41 @@ def test_token_slots_outside_the_topic_are_400(slot):
         with pytest.raises(FieldError, match=r"outside 0\.\.3") as caught:
             parse_tokens({"tokens": [token]}, TOPIC, tokens)
         assert caught.value.field == "tokens[0]"
+
+
+@given(generation=st.integers(0, 14), receiver=st.integers(0, 14))
+def test_a_token_names_its_key_generation_and_one_of_generation_0_keeps_version_3(
+    generation, receiver
+):
+    """A lease of a later generation (a doubling's halves, or any slot once the topic doubled)
+    names it; one of generation 0 is the previous version's token, byte for byte, which names
+    none: read as the receiving process's generation, as that version's tokens are."""
+    token = TOKENS.encode(LEASE, generation)
+    version = base64.urlsafe_b64decode(token.split(".")[0] + "==").split(b":")[0]
+    assert version == (b"4" if generation else b"3")
+    assert TOKENS.decode(token, receiver) == TokenLease(LEASE, generation or receiver)
+
+
+def test_a_tokens_generation_is_under_its_mac():
+    mac = TOKENS.encode(LEASE, 1).split(".")[1]
+    for other in (TOKENS.encode(LEASE, 2), TOKENS.encode(LEASE)):
+        with pytest.raises(TokenRefusedError):
+            TOKENS.decode(other.split(".")[0] + "." + mac, 0)
+
+
+def test_a_half_may_name_twice_the_slots_and_an_older_generation_fewer():
+    """A doubling's half (the next generation) is one of 2N slots; a lease of the generation
+    before is one of N/2 (parsed: the routes answer it as fenced, never a 400)."""
+    topic = Topic("orders", namespace="shop", slot_amount=8, slot_generation=2)
+    for lease, generation in ((Lease(15, "a", 1, 1), 3), (Lease(3, "a", 1, 1), 1)):
+        token = TOKENS.encode(lease, generation)
+        assert parse_tokens({"tokens": [token]}, topic, TOKENS) == [TokenLease(lease, generation)]
+    token = TOKENS.encode(Lease(7, "a", 1, 1))  # version 3: the receiver's generation
+    assert parse_tokens({"tokens": [token]}, topic, TOKENS) == [TokenLease(Lease(7, "a", 1, 1), 2)]
+    for lease, generation, shown in (
+        (Lease(16, "a", 1, 1), 3, "0..15 of key generation 3"),
+        (Lease(4, "a", 1, 1), 1, "0..3 of key generation 1"),
+        (Lease(8, "a", 1, 1), 2, "0..7: forged"),
+    ):
+        with pytest.raises(FieldError, match=rf"outside {shown}"):
+            parse_tokens({"tokens": [TOKENS.encode(lease, generation)]}, topic, TOKENS)

@@ -78,6 +78,7 @@ class Brokers:
         # the old slots a doubling under way switched to their halves (`Routing.doubled_slots`)
         self.doubled_slots: frozenset[int] = frozenset()
         self._doubled: list[AsyncQueue] | None = None  # per broker, at 2N and generation + 1
+        self._halves: Brokers | None = None  # those, as Brokers (made once)
 
     def queue_for(self, slot: int) -> AsyncQueue:
         return self.queues[self.routing[slot]]
@@ -106,9 +107,12 @@ class Brokers:
     def halves(self) -> Brokers:
         """The brokers at twice the slot amount and the next generation, s and s + N on the
         broker of s: where a doubling under way stores the slots it switched. It shares this
-        one's Redis clients (closed with it, never on its own)."""
-        doubled = [self._doubled_queue(broker) for broker in range(len(self.queues))]
-        return Brokers(doubled, self.routing * 2)
+        one's Redis clients (closed with it, never on its own). Made once: the routing of a
+        doubling under way does not change (no slot moves meanwhile)."""
+        if self._halves is None:
+            doubled = [self._doubled_queue(broker) for broker in range(len(self.queues))]
+            self._halves = Brokers(doubled, self.routing * 2)
+        return self._halves
 
     def _doubled_queue(self, broker: int) -> AsyncQueue:
         """The broker's client at twice the slot amount and the next generation (made once)."""
@@ -130,7 +134,7 @@ class Brokers:
         self,
         items: Sequence[T],
         slot_of: Callable[[T], int],
-        call: Callable[[AsyncQueue, list[T]], Awaitable[list[R]]],
+        call: Callable[[AsyncQueue, list[T]], Awaitable[Sequence[R]]],
     ) -> list[R]:
         """Run a batch operation on each broker with its items; results in the items' order."""
         positions = by_broker(self.routing, map(slot_of, items))

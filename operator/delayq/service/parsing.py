@@ -14,12 +14,12 @@ from typing import Any
 from delayq.queue import settings
 from delayq.queue.codec import Headers, encode_id
 from delayq.queue.codes import InvalidMessageError
-from delayq.queue.model import Lease, Mode, Retry, ScheduleRequest, Target
+from delayq.queue.model import Mode, ScheduleRequest, Target
 from delayq.queue.topic import MAX_DELAY_MS, Topic
 from delayq.queue.trace_context import TRACEPARENT, TRACESTATE, trace_context_error
 from delayq.service.delivery.pull import MAX_LEASE_BATCH
 from delayq.service.envelope import ENCODINGS, UTF8, decode_payload
-from delayq.service.tokens import LeaseTokens, TokenError, TokenRefusedError
+from delayq.service.tokens import LeaseTokens, TokenError, TokenLease, TokenRefusedError
 
 MAX_BATCH = 1000
 MAX_AT_MS = 2**52
@@ -66,7 +66,15 @@ class LeaseRequest:
     ack_timeout_ms: int
     wait_ms: int
     # leases of the previous answer to ack first (`ack`): None when the request carries none
-    acks: list[Lease] | None = None
+    acks: list[TokenLease] | None = None
+
+
+@dataclass(frozen=True)
+class NackRequest:
+    leases: list[TokenLease]
+    delay_ms: int  # 0 when the body has none: the route gives each the topic's backoff then
+    reason: str
+    dead: bool
 
 
 def require_object(body: Any, field: str = "body") -> Body:
@@ -305,48 +313,61 @@ def parse_lease_request(
     )
 
 
-def parse_tokens(body: Body, topic: Topic, tokens: LeaseTokens) -> list[Lease]:
+def parse_tokens(body: Body, topic: Topic, tokens: LeaseTokens) -> list[TokenLease]:
     return _leases(get_list(body, "tokens", MAX_LEASE_BATCH), "tokens", topic, tokens)
 
 
-def _leases(values: list[Any], name: str, topic: Topic, tokens: LeaseTokens) -> list[Lease]:
+def _leases(
+    values: list[Any], name: str, topic: Topic, tokens: LeaseTokens
+) -> list[TokenLease]:
     return [
         _lease(value, f"{name}[{index}]", topic, tokens) for index, value in enumerate(values)
     ]
 
 
-def _lease(token: Any, field: str, topic: Topic, tokens: LeaseTokens) -> Lease:
+def _lease(token: Any, field: str, topic: Topic, tokens: LeaseTokens) -> TokenLease:
     """A token decoded, its MAC checked (403: not this topic's), and its slot checked against
-    the topic: an unsigned token of the upgrade window could name any slot, and the slot's keys
-    do not exist outside 0..slotAmount-1."""
+    the slot amount of its key generation (the topic's; twice it for a doubling's halves at the
+    next generation): an unsigned token of the upgrade window could name any slot, and the
+    slot's keys do not exist outside 0..slotAmount-1."""
     if not isinstance(token, str):
         raise FieldError(field, f"{field} must be a string")
     try:
-        lease = tokens.decode(token)
+        named = tokens.decode(token, topic.slot_generation)
     except TokenRefusedError as error:
         raise ForbiddenFieldError(field, f"{field}: {error}") from error
     except TokenError as error:
         raise FieldError(field, f"{field}: {error}") from error
-    if not 0 <= lease.slot < topic.slot_amount:
+    lease, doublings = named.lease, named.generation - topic.slot_generation
+    # each generation doubled the slot amount (at most 14 times: 16384 slots)
+    amount = (
+        topic.slot_amount << min(doublings, 14)
+        if doublings >= 0
+        else topic.slot_amount >> -doublings
+    )
+    if not 0 <= lease.slot < amount:
         raise FieldError(
-            field, f"{field} names slot {lease.slot}, outside 0..{topic.slot_amount - 1}: forged"
+            field,
+            f"{field} names slot {lease.slot}, outside 0..{amount - 1}"
+            + (f" of key generation {named.generation}" if doublings else "")
+            + ": forged",
         )
     check_id(lease.id, field)
-    return lease
+    return named
 
 
-def parse_nack(body: Body, topic: Topic, tokens: LeaseTokens) -> list[Retry]:
-    """The retries a nack asks for; without `delayMs` each waits 0 here, and the route gives
-    it the topic's backoff."""
+def parse_nack(body: Body, topic: Topic, tokens: LeaseTokens) -> NackRequest:
+    """The leases a nack names and how to retry them; without `delayMs` each waits 0 here,
+    and the route gives it the topic's backoff."""
     delay_ms = get_int(body, "delayMs", 0, MAX_DELAY_MS, default=0)
     reason = get_str(body, "reason", "")[:MAX_REASON_CHARS]
     dead = body.get("dead", False)
     if not isinstance(dead, bool):
         raise FieldError("dead", "dead must be a boolean")
-    return [Retry(lease, delay_ms, reason, dead) for lease in parse_tokens(body, topic, tokens)]
+    return NackRequest(parse_tokens(body, topic, tokens), delay_ms, reason, dead)
 
 
-def parse_extend(body: Body, topic: Topic, tokens: LeaseTokens) -> tuple[list[Lease], int]:
+def parse_extend(body: Body, topic: Topic, tokens: LeaseTokens) -> tuple[list[TokenLease], int]:
     return parse_tokens(body, topic, tokens), _ack_timeout_ms(body)
 
 

@@ -7,19 +7,24 @@ A lease request may carry the previous answer's tokens in `ack`, so a steady con
 request per batch instead of a lease and an ack (half the requests, docs/benchmarks.md, "Pull
 over HTTP"). They are acked before anything is leased, each reported in `acks`; a lost one does
 not make the answer a 409, since the leases it carries are valid and must not be dropped.
+
+A token names its slot's key generation (service/tokens.py): the lease of a doubling's half is
+acked, nacked and extended in the halves' keys, and one whose keys a doubling froze for good
+is answered `stale_epoch` at once (`DelayService.lease_brokers`).
 """
 
 from __future__ import annotations
 
-import dataclasses
-from collections.abc import Sequence
-from typing import Any
+from collections.abc import Awaitable, Callable, Sequence
+from typing import Any, TypeVar
 
 from aiohttp import web
 
+from delayq.queue.client import AsyncQueue
 from delayq.queue.codes import Code
-from delayq.queue.model import Lease, Leased, Outcome, Retry, Target
+from delayq.queue.model import Lease, MessageInfo, Outcome, Retry, Target
 from delayq.queue.topic import TopicType
+from delayq.service.brokers import Brokers
 from delayq.service.delivery.pull import PullLeaser
 from delayq.service.envelope import message_json
 from delayq.service.http_support import (
@@ -36,10 +41,13 @@ from delayq.service.parsing import (
     parse_tokens,
 )
 from delayq.service.service import DelayService
+from delayq.service.tokens import TokenLease
 
 LEASES = "/v1/topics/{topic}/leases"
-NACK_DELAY = "delayMs"  # absent: the topic's retry policy decides (_backed_off)
+NACK_DELAY = "delayMs"  # absent: the topic's retry policy decides (_backoff_ms)
 CONFLICTS = frozenset({Code.LEASE_LOST, Code.STALE_EPOCH, Code.NOT_FOUND})
+
+R = TypeVar("R")
 
 
 def add_routes(router: web.UrlDispatcher) -> None:
@@ -67,26 +75,55 @@ async def lease(request: web.Request) -> web.Response:
         body, service.topic, service.lease_tokens, service.config.pull_max_lease_batch
     )
     acked = None if wanted.acks is None else await _ack(service, wanted.acks)
-    messages = await leaser.lease(wanted.max_count, wanted.ack_timeout_ms, wanted.wait_ms)
-    if messages and _client_gone(request):
-        await service.brokers.each(messages, _slot, lambda q, chunk: q.giveback_many(chunk))
-        messages = []
+    leased = await leaser.lease(wanted.max_count, wanted.ack_timeout_ms, wanted.wait_ms)
+    if leased and _client_gone(request):
+        await leaser.give_back(leased)
+        leased = {}
     topic = service.topic
-    for message in messages:
-        lateness_ms = leaser.server_now_ms(message.slot) - message.due_ms
-        service.metrics.observe_lateness(lateness_ms)
-        if service.tracing is not None:
-            service.tracing.leased(topic.name, message, lateness_ms)
-    service.metrics.count_delivery("leased", len(messages))
     encode = service.lease_tokens.encode
-    leases = [{"token": encode(m.lease), **message_json(topic, m)} for m in messages]
+    leases = []
+    for generation, messages in leased.items():  # the topic's slots, a doubling's halves
+        for message in messages:
+            lateness_ms = leaser.server_now_ms(message.slot, generation) - message.due_ms
+            service.metrics.observe_lateness(lateness_ms)
+            if service.tracing is not None:
+                service.tracing.leased(topic.name, message, lateness_ms)
+        leases += [{"token": encode(m, generation), **message_json(topic, m)} for m in messages]
+    service.metrics.count_delivery("leased", len(leases))
     if acked is None:
         return json_response({"leases": leases})
     return json_response({"leases": leases, "acks": _results(body["ack"], acked)})
 
 
-def _slot(lease: Leased) -> int:
+def _slot(lease: Lease) -> int:
     return lease.slot
+
+
+def _fenced(lease: Lease) -> Outcome:
+    return Outcome(lease.id, Code.STALE_EPOCH)
+
+
+async def _each_lease(
+    service: DelayService,
+    leases: Sequence[TokenLease],
+    call: Callable[[AsyncQueue, list[Lease]], Awaitable[Sequence[R]]],
+    refused: Callable[[Lease], R],
+) -> list[R]:
+    """`call` on the brokers of each lease's key generation, one call per broker and
+    generation, results in the leases' order; a lease that can be applied no more (its keys
+    frozen for good by a doubling: `DelayService.lease_brokers`) gets `refused(lease)`."""
+    results: dict[int, R] = {}
+    groups: dict[int, tuple[Brokers, list[int]]] = {}
+    for index, (lease, generation) in enumerate(leases):
+        brokers = service.lease_brokers(generation, lease.slot)
+        if brokers is None:
+            results[index] = refused(lease)
+        else:
+            groups.setdefault(generation, (brokers, []))[1].append(index)
+    for brokers, indexes in groups.values():
+        answers = await brokers.each([leases[i].lease for i in indexes], _slot, call)
+        results.update(zip(indexes, answers, strict=True))
+    return [results[index] for index in range(len(leases))]
 
 
 def _client_gone(request: web.Request) -> bool:
@@ -118,9 +155,9 @@ def _answer(body: Body, outcomes: Sequence[Outcome]) -> web.Response:
     return json_response({"results": results}, status=409 if conflict else 200)
 
 
-async def _ack(service: DelayService, leases: Sequence[Lease]) -> list[Outcome]:
+async def _ack(service: DelayService, leases: Sequence[TokenLease]) -> list[Outcome]:
     """Ack `leases` (of the ack route or a lease request's `ack`), counted as acked."""
-    outcomes = await service.brokers.each(leases, _slot, lambda q, chunk: q.ack_many(chunk))
+    outcomes = await _each_lease(service, leases, lambda q, chunk: q.ack_many(chunk), _fenced)
     service.metrics.count_delivery("acked", sum(o.code is Code.ACKED for o in outcomes))
     return outcomes
 
@@ -137,37 +174,39 @@ async def nack(request: web.Request) -> web.Response:
     service = service_for(request)
     _leaser(service)
     body = await json_body(request)
-    retries = parse_nack(body, service.topic, service.lease_tokens)
-    if NACK_DELAY not in body:
-        retries = await _backed_off(service, retries)
-    outcomes = await service.brokers.each(
-        retries, lambda r: r.lease.slot, lambda q, chunk: q.nack_many(chunk)
-    )
+    wanted = parse_nack(body, service.topic, service.lease_tokens)
+    delays = {} if NACK_DELAY in body or wanted.dead else await _backoff_ms(service, wanted.leases)
+
+    def nack_chunk(queue: AsyncQueue, chunk: list[Lease]) -> Awaitable[list[Outcome]]:
+        retries = [
+            Retry(lease, delays.get(lease, wanted.delay_ms), wanted.reason, wanted.dead)
+            for lease in chunk
+        ]
+        return queue.nack_many(retries)
+
+    outcomes = await _each_lease(service, wanted.leases, nack_chunk, _fenced)
     service.metrics.count_nacked(outcomes)
     return _answer(body, outcomes)
 
 
-async def _backed_off(service: DelayService, retries: list[Retry]) -> list[Retry]:
-    """A nack without `delayMs` waits what the topic's retry policy (`config.backoff`:
-    exponential, jittered as the topic says) gives the message's attempt, as the push
-    consumer's nack does: a pull consumer that reports a failure gets the same backoff. The
-    attempt is read from each message's record (one read per broker; the nack itself stays one
-    script per slot): a lease gone meanwhile reads attempt 0, and its nack answers lease_lost
-    whatever the delay."""
-    wanted = [r for r in retries if not r.dead]
+async def _backoff_ms(service: DelayService, leases: list[TokenLease]) -> dict[Lease, int]:
+    """The delay of each lease's nack without `delayMs`: what the topic's retry policy
+    (`config.backoff`: exponential, jittered as the topic says) gives the message's attempt,
+    as the push consumer's nack does: a pull consumer that reports a failure gets the same
+    backoff. The attempt is read from each message's record (one read per broker; the nack
+    itself stays one script per slot): a lease gone meanwhile reads attempt 0, and its nack
+    answers lease_lost whatever the delay."""
 
-    def targets(chunk: list[Retry]) -> list[Target]:
-        return [Target(r.lease.id, explicit_slot=r.lease.slot) for r in chunk]
+    def get_chunk(queue: AsyncQueue, chunk: list[Lease]) -> Awaitable[list[MessageInfo]]:
+        return queue.get_many([Target(lease.id, explicit_slot=lease.slot) for lease in chunk])
 
-    infos = await service.brokers.each(
-        wanted, lambda r: r.lease.slot, lambda q, chunk: q.get_many(targets(chunk))
-    )
-    attempts = {r.lease: info.attempts for r, info in zip(wanted, infos, strict=True)}
+    infos = await _each_lease(service, leases, get_chunk, lambda _: None)
     backoff = service.config.backoff
-    return [
-        r if r.dead else dataclasses.replace(r, delay_ms=backoff.delay_ms(attempts[r.lease]))
-        for r in retries
-    ]
+    return {
+        lease: backoff.delay_ms(info.attempts)
+        for (lease, _), info in zip(leases, infos, strict=True)
+        if info is not None
+    }
 
 
 async def extend(request: web.Request) -> web.Response:
@@ -175,7 +214,7 @@ async def extend(request: web.Request) -> web.Response:
     _leaser(service)
     body = await json_body(request)
     leases, ack_timeout_ms = parse_extend(body, service.topic, service.lease_tokens)
-    outcomes = await service.brokers.each(
-        leases, _slot, lambda q, chunk: q.extend_many(chunk, ack_timeout_ms)
+    outcomes = await _each_lease(
+        service, leases, lambda q, chunk: q.extend_many(chunk, ack_timeout_ms), _fenced
     )
     return _answer(body, outcomes)

@@ -28,8 +28,9 @@ new one on the routing's slot amount and generation, in the same process. Before
 the doubling's freeze switches the old slots batch by batch (`Routing.doubled_slots`), the
 owner of a switched old slot s consumes its halves s and s + N at the next generation at once,
 through a second engine (`halves`: consumers of its own, so every per-message lookup, lease
-and ack is that generation's; the same sink, so the delivery bounds hold for both): ownership
-stays by old slot number until the doubling ends.
+and ack is that generation's; the same sink, so the delivery bounds hold for both; on a pull
+topic the same leaser, whose lease tokens name the generation): ownership stays by old slot
+number until the doubling ends.
 """
 
 from __future__ import annotations
@@ -45,6 +46,7 @@ from delayq.coordination.ownership import EmbeddedOwnership, Ownership, SessionH
 from delayq.coordination.routing import Routing
 from delayq.coordination.routing_watch import RoutingWatch
 from delayq.queue.client import AsyncQueue
+from delayq.queue.codes import SLOT_MOVING, SlotMovingError
 from delayq.queue.consumer import ConsumerCounters, ConsumerSettings
 from delayq.queue.pacing import MAX_HOLD_MS, Pacer
 from delayq.queue.topic import TopicType
@@ -110,8 +112,8 @@ class DelayService:
         self.resharded = asyncio.Event()
         self.doubled: Routing | None = None
         # the halves of the owned old slots the doubling switched, consumed at generation + 1
-        # (push topics; `_sync_halves`); made at the first switch this service sees
-        self.halves: PushDelivery | None = None
+        # (`_sync_halves`); made at the first switch this service sees
+        self.halves: Delivery | None = None
         self._halves_lost: set[int] = set()  # fenced out by a newer owner: never taken back
         self.unconsumed_halves = UnconsumedSlots()  # halves whose take-over failed, by half
         self.metrics.watch_counters(self.counters)
@@ -256,10 +258,7 @@ class DelayService:
         doubling switched, and only those (called under the lock after every change of the
         owned set or of `doubled_slots`). A half that cannot be taken now is tried again by
         the probe; one a newer owner fenced this process out of (the service of the doubled
-        slots, once the doubling ended) is left to it. Pull topics: not yet (their halves are
-        leased once the doubling ends, docs/coordination.md)."""
-        if not isinstance(self.delivery, PushDelivery):
-            return
+        slots, once the doubling ended) is left to it."""
         amount = self.topic.slot_amount
         switched = set() if self._closing else self.ownership.owned & self.brokers.doubled_slots
         halves = {half for slot in switched for half in (slot, slot + amount)}
@@ -268,9 +267,7 @@ class DelayService:
         if self.halves is None:
             if not wanted:
                 return
-            self.halves = self._push_delivery(
-                self.brokers.halves(), self._on_half_lost, beside=self.delivery
-            )
+            self.halves = self._halves_delivery()
             self.halves.start(self._on_run_done)
         consumed = frozenset(self.halves.owned_slots)
         if consumed - wanted:
@@ -290,6 +287,36 @@ class DelayService:
             self.unconsumed_halves.forget(known - failed.keys())
             self.unconsumed_halves.failed(failed, time.monotonic())
             self._unconsumed_updated()
+
+    def _halves_delivery(self) -> Delivery:
+        """The engine of the halves, beside the slots' own: sharing its sink (push), or its
+        leaser (pull: one rotation, rate limit and long poll for both)."""
+        if isinstance(self.delivery, PullDelivery):
+            return PullDelivery(
+                self.brokers.halves(), beside=self.delivery, on_slot_lost=self._on_half_lost
+            )
+        assert isinstance(self.delivery, PushDelivery)  # the two kinds of engine
+        return self._push_delivery(self.brokers.halves(), self._on_half_lost, beside=self.delivery)
+
+    def lease_brokers(self, generation: int, slot: int) -> Brokers | None:
+        """Where a pull lease of `slot` at key `generation` (its token's) is acked, nacked or
+        extended: this service's brokers, or a doubling's halves (the next generation). None
+        where it can be no more: an older generation's keys, and an old slot the doubling
+        switched, are frozen tombstones whose owner the freeze fenced out (its message was
+        copied into its half, whose owner rolled that lease back), so the lease is answered
+        as fenced (`STALE_EPOCH`) without a call that would wait on SLOT_MOVING. A newer
+        generation than the halves' is a newer service's: this one is stale (SLOT_MOVING)."""
+        own = self.topic.slot_generation
+        if generation == own + 1:
+            return self.brokers.halves()
+        if generation > own:
+            raise SlotMovingError(
+                f"{SLOT_MOVING}: a lease of key generation {generation}; this process serves "
+                f"generation {own} (its service is being replaced): send it again"
+            )
+        if generation < own or slot in self.brokers.doubled_slots:
+            return None
+        return self.brokers
 
     def _on_half_lost(self, half: int) -> None:
         """Fenced out of a half: by the service of the doubled slots (the doubling ended), or

@@ -1,8 +1,9 @@
 """Lease tokens for pull consumers: opaque, bound to their topic and authenticated (pure).
 
 A token carries everything an ack, nack or extend needs — slot, fencing epoch, lease number and
-id — so the service keeps no per-lease state: any process of the topic can accept it, and a
-token from before a failover is refused by the fencing epoch (409), never silently applied.
+id, and the slot's key generation once the topic's slots doubled — so the service keeps no
+per-lease state: any process of the topic can accept it, and a token from before a failover is
+refused by the fencing epoch (409), never silently applied.
 
 Each token ends in an HMAC-SHA256 (truncated to 128 bits) over the topic (`<namespace>/<name>`)
 and those fields, keyed with the topic's lease-token key that all its processes share
@@ -10,11 +11,19 @@ and those fields, keyed with the topic's lease-token key that all its processes 
 hand-run `serve` without one, derived from `api_token`). So a token is honoured only by the
 topic that issued it: another topic's token, or one whose slot, epoch, lease number or id was
 changed, is refused (`TokenRefusedError`, HTTP 403) before Redis is touched, with a
-constant-time comparison. Format: `base64url(3:slot:epoch:lease:id) "." base64url(mac)`.
+constant-time comparison. Format: `base64url(3:slot:epoch:lease:id) "." base64url(mac)` for a
+slot of key generation 0 (a topic that never doubled: the tokens of the previous version), and
+`base64url(4:generation:slot:epoch:lease:id) "." base64url(mac)` for a later one, so a lease of a
+doubling's halves (the next generation, leased while the doubling switches slots) names the keys
+it is acked in. A token without a generation (version 3, or 2) is read as the receiving
+process's generation, as the previous version issued it: one of generation 0 that reaches a
+process of a later generation names the half of its slot number, whose owner fenced above it.
 
 Rolling upgrade: version-2 tokens had no MAC. A process accepts them for one lease length
 (the topic's `ack_timeout_ms`) after it starts, so leases handed out by a process of the
-previous version can still be acked; later they are refused like forged ones.
+previous version can still be acked; later they are refused like forged ones. A process of the
+previous version refuses a version-4 token (400, unknown version): the message comes back when
+its lease runs out.
 """
 
 from __future__ import annotations
@@ -25,14 +34,23 @@ import hashlib
 import hmac
 import time
 from collections.abc import Callable
+from typing import NamedTuple
 
-from delayq.queue.model import Lease
+from delayq.queue.model import Lease, Leased
 
 _VERSION = "3"  # 3: signed (2: the lease number replaced the attempt, unsigned)
+_GENERATION_VERSION = "4"  # 4: version 3 with the slot's key generation (1 and later)
 _UNSIGNED_VERSION = "2"
 _MAC_BYTES = 16
 #: What a key derived from the API token is derived with (a hand-run `serve` without a key).
 _DERIVATION_LABEL = b"delayq lease-token key v1"
+
+
+class TokenLease(NamedTuple):
+    """What a token names: a lease of a slot of key generation `generation`."""
+
+    lease: Lease
+    generation: int
 
 
 class TokenError(ValueError):
@@ -77,25 +95,35 @@ class LeaseTokens:
         self._unsigned_until_s = clock_s() + accept_unsigned_ms / 1000
         self._clock_s = clock_s
 
-    def encode(self, lease: Lease) -> str:
-        fields = f"{_VERSION}:{lease.slot}:{lease.epoch}:{lease.lease_id}:{lease.id}".encode()
+    def encode(self, lease: Leased, generation: int = 0) -> str:
+        """The token of `lease`, a lease of a slot of key generation `generation`."""
+        named = f"{lease.slot}:{lease.epoch}:{lease.lease_id}:{lease.id}"
+        if generation:
+            fields = f"{_GENERATION_VERSION}:{generation}:{named}".encode()
+        else:
+            fields = f"{_VERSION}:{named}".encode()
         return f"{_b64(fields)}.{_b64(self._mac(fields))}"
 
-    def decode(self, token: str) -> Lease:
-        """The lease a token names; TokenError if it is none, TokenRefusedError if this topic
-        did not issue it."""
+    def decode(self, token: str, generation: int) -> TokenLease:
+        """The lease a token names, and its slot's key generation (one the token does not
+        name, of a version-3 or -2 token: `generation`, the receiving process's own);
+        TokenError if it is none, TokenRefusedError if this topic did not issue it."""
         shown = repr(token[:40])
         try:
             encoded_fields, dot, encoded_mac = token.partition(".")
             fields = _unb64(encoded_fields)
             mac = _unb64(encoded_mac) if dot else b""
-            version, slot, epoch, lease_id, message_id = fields.decode().split(":", 4)
+            version, named = fields.decode().split(":", 1)
+            if version == _GENERATION_VERSION:
+                named_generation, named = named.split(":", 1)
+                generation = int(named_generation)
+            slot, epoch, lease_id, message_id = named.split(":", 3)
             if not message_id:
                 raise ValueError("empty id")
-            lease = Lease(int(slot), message_id, int(lease_id), int(epoch))
+            lease = TokenLease(Lease(int(slot), message_id, int(lease_id), int(epoch)), generation)
         except (binascii.Error, UnicodeDecodeError, ValueError) as error:
             raise TokenError(f"malformed lease token {shown}") from error
-        if version == _VERSION and dot:
+        if version in (_VERSION, _GENERATION_VERSION) and dot:
             if not hmac.compare_digest(mac, self._mac(fields)):
                 raise TokenRefusedError(
                     f"lease token {shown} was not issued by topic {self._scope} "

@@ -240,17 +240,33 @@ class PushDelivery:
 
 
 class PullDelivery:
-    """Pull topics: the `PullLeaser` claims the owned slots' due messages on request."""
+    """Pull topics: the `PullLeaser` claims the owned slots' due messages on request.
+
+    An engine made `beside` another (a doubling's halves, at the next generation, beside the
+    old slots) owns its slots in that one's leaser (`PullLeaser.add_generation`), so a lease
+    request leases from both, under one rate limit, and wakes on both; that engine stops and
+    closes the leaser."""
 
     def __init__(
-        self, brokers: Brokers, pacer: Pacer | None = None, backoff: Backoff | None = None
+        self,
+        brokers: Brokers,
+        pacer: Pacer | None = None,
+        backoff: Backoff | None = None,
+        beside: PullDelivery | None = None,
+        on_slot_lost: Callable[[int], None] | None = None,
     ) -> None:
-        self.leaser = PullLeaser(brokers, pacer, backoff)
+        self._beside = beside
+        if beside is None:
+            self.leaser = PullLeaser(brokers, pacer, backoff)
+            self.generation = self.leaser.generation
+        else:
+            self.leaser = beside.leaser
+            self.generation = self.leaser.add_generation(brokers, on_slot_lost)
         self._started = False
 
     @property
     def owned_slots(self) -> list[int]:
-        return self.leaser.owned_slots
+        return self.leaser.owned_in(self.generation)
 
     @property
     def paused(self) -> bool:
@@ -261,10 +277,10 @@ class PullDelivery:
         self._started = True
 
     async def own(self, slots: frozenset[int]) -> dict[int, redis.RedisError | OSError]:
-        return await self.leaser.own(slots)
+        return await self.leaser.own(slots, self.generation)
 
     async def release(self, slots: frozenset[int]) -> None:
-        await self.leaser.release(slots)
+        await self.leaser.release(slots, self.generation)
 
     async def read_paused(self) -> bool:
         await self.leaser.refresh_paused()
@@ -277,12 +293,12 @@ class PullDelivery:
         return ConsumerCounters()  # the engine's counters are the push consumers'
 
     def stop(self) -> None:
-        if self._started:
+        if self._started and self._beside is None:
             self.leaser.stop()
 
     async def drain(self, grace_s: float) -> None:
         return  # nothing is delivered by this process: leases run out on their own
 
     async def close(self) -> None:
-        if self._started:  # never started (a broker down at start): nothing to free
+        if self._started and self._beside is None:  # never started: nothing to free
             await self.leaser.close()

@@ -14,13 +14,20 @@ Ownership and wake-ups are the engine's `OwnedSlots`, one per broker (the core t
 hand the claim to one waiting long poll at a time (`LongPolls`), so a long poll holds no Redis
 connection and costs nothing while it waits, and a due message costs a claim, not one per
 waiting poll.
+
+While a doubling switches slots (`Routing.doubled_slots`), the owner of a switched old slot s
+leases its halves s and s + N at the next key generation at once: they are slots of a second
+generation of this one leaser (`add_generation`, the service's halves engine), in the same
+rotation, rate limit, long polls and broker clocks (s + N is on the broker of s), so a request
+leases from both and the route tells each lease's generation (`lease` answers per generation).
+A round then costs one claim call per broker and generation, sent together.
 """
 
 from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
 import redis
@@ -38,6 +45,10 @@ from delayq.service.delivery.long_polls import LongPolls
 MAX_LEASE_BATCH = 1000
 PAUSE_CHECK_S = 1.0  # the brokers' pause flags are read again when older than this
 
+#: Leased messages by the key generation of their slots: the topic's, and while a doubling
+#: switches slots, its halves' (the next one).
+Pulled = dict[int, list[Message]]
+
 
 @dataclass(eq=False)
 class PullSlot(OwnedSlot):
@@ -47,12 +58,38 @@ class PullSlot(OwnedSlot):
     # None: nothing until a wake-up; 0: now (just owned, woken, or it filled its share)
     due_ms: float | None = 0.0
     claiming: bool = False  # a claim is in flight: its reply sets due_ms
+    generation: int = 0  # the key generation it is a slot of
+
+
+class _Generation:
+    """The owned slots of one key generation, one `OwnedSlots` per broker: the topic's, or a
+    doubling's halves (twice the slots, s + N on the broker of s)."""
+
+    def __init__(
+        self,
+        brokers: Brokers,
+        wake: Callable[[PullSlot], None],
+        on_lost: Callable[[int], None] | None,
+    ) -> None:
+        self.brokers = brokers
+        generation = brokers.topic.slot_generation
+
+        def new_slot(slot: int, epoch: int) -> PullSlot:
+            return PullSlot(slot, epoch, generation=generation)
+
+        self.owned = [OwnedSlots(queue, new_slot, wake) for queue in brokers.queues]
+        self.top_ups = [TopUps(queue) for queue in brokers.queues]
+        self.on_lost = on_lost  # told of a slot a newer owner fenced this process out of
+
+    def owned_of(self, state: PullSlot) -> OwnedSlots[PullSlot]:
+        return self.owned[self.brokers.routing[state.slot]]
 
 
 @dataclass
 class _Round:
-    messages: list[Message] = field(default_factory=list)
-    full: list[int] = field(default_factory=list)  # slots that filled their share: maybe more
+    messages: Pulled = field(default_factory=dict)
+    count: int = 0
+    full: list[PullSlot] = field(default_factory=list)  # filled their share: maybe more
 
 
 class PullLeaser:
@@ -62,13 +99,14 @@ class PullLeaser:
         self, brokers: Brokers, pacer: Pacer | None = None, backoff: Backoff | None = None
     ) -> None:
         self.brokers = brokers
+        self.generation = brokers.topic.slot_generation
         self.pacer = pacer  # the topic's rate limit: leases draw from it first
         # the topic's retry policy: a lease that ran out is claimable again after it, as a nack
         # without delayMs is (None: at once)
         self.backoff = backoff
         self._paced_ms = 0.0  # the latest claim was refused by the pacer: wait this long
-        self._owned = [OwnedSlots(queue, PullSlot, self._wake) for queue in brokers.queues]
-        self._top_ups = [TopUps(queue) for queue in brokers.queues]
+        self._generations = {self.generation: _Generation(brokers, self._wake, None)}
+        self._started = False
         self._cursor = 0
         self._stopping = False
         self._rounds: set[asyncio.Future[None]] = set()  # claims in flight
@@ -83,30 +121,57 @@ class PullLeaser:
 
     @property
     def owned_slots(self) -> list[int]:
-        return sorted(slot for owned in self._owned for slot in owned.slots)
+        return self.owned_in(self.generation)
+
+    def owned_in(self, generation: int) -> list[int]:
+        """The owned slots of key generation `generation`, sorted."""
+        owned = self._generations[generation].owned
+        return sorted(slot for broker_owned in owned for slot in broker_owned.slots)
+
+    def add_generation(
+        self, brokers: Brokers, on_lost: Callable[[int], None] | None = None
+    ) -> int:
+        """Lease from the slots of `brokers` too, at their key generation (returned): a
+        doubling's halves, owned by `own(..., generation)`; `on_lost` is told of a slot a newer
+        owner fenced this process out of."""
+        generation = brokers.topic.slot_generation
+        added = _Generation(brokers, self._wake, on_lost)
+        self._generations[generation] = added
+        if self._started:
+            for owned in added.owned:
+                owned.start()
+        return generation
 
     def start(self) -> None:
         """Start the brokers' wake-up waits (`close` ends them)."""
-        for owned in self._owned:
-            owned.start()
+        self._started = True
+        for generation in self._generations.values():
+            for owned in generation.owned:
+                owned.start()
 
     async def close(self) -> None:
-        await asyncio.gather(*(top_ups.close() for top_ups in self._top_ups))
-        await asyncio.gather(*(owned.close() for owned in self._owned))
+        generations = list(self._generations.values())
+        await asyncio.gather(*(t.close() for g in generations for t in g.top_ups))
+        await asyncio.gather(*(owned.close() for g in generations for owned in g.owned))
         self._polls.close()
 
-    async def own(self, slots: Iterable[int]) -> dict[int, redis.RedisError | OSError]:
-        """Take the slots over; returns those that could not be taken now (OwnedSlots.own)."""
+    async def own(
+        self, slots: Iterable[int], generation: int | None = None
+    ) -> dict[int, redis.RedisError | OSError]:
+        """Take the slots (of `generation`, by default the topic's) over; returns those that
+        could not be taken now (OwnedSlots.own)."""
+        owner = self._generations[self.generation if generation is None else generation]
         failed: dict[int, redis.RedisError | OSError] = {}
-        for broker, broker_slots in self.brokers.split(slots).items():
-            failed.update(await self._owned[broker].own(broker_slots))
+        for broker, broker_slots in owner.brokers.split(slots).items():
+            failed.update(await owner.owned[broker].own(broker_slots))
         return failed
 
-    async def release(self, slots: Iterable[int]) -> None:
+    async def release(self, slots: Iterable[int], generation: int | None = None) -> None:
         """Stop claiming the slots; returns once no claim that may include them is in flight,
         which is what Ownership's handoff order requires before another process takes them."""
-        for broker, broker_slots in self.brokers.split(slots).items():
-            await self._owned[broker].release(broker_slots)
+        owner = self._generations[self.generation if generation is None else generation]
+        for broker, broker_slots in owner.brokers.split(slots).items():
+            await owner.owned[broker].release(broker_slots)
         in_flight = list(self._rounds)
         if in_flight:
             await asyncio.wait(in_flight)
@@ -138,28 +203,34 @@ class PullLeaser:
         self._paused = list(await asyncio.gather(*(queue.is_paused() for queue in queues)))
         self._paused_read_s = time.monotonic()
 
-    def _state(self, slot: int) -> PullSlot | None:
-        return self._owned[self.brokers.routing[slot]].get(slot)
+    def server_now_ms(self, slot: int, generation: int | None = None) -> float:
+        """The clock of the Redis server storing `slot` (of `generation`, by default the
+        topic's), as estimated from its claims."""
+        owner = self._generations[self.generation if generation is None else generation]
+        return self._clocks[owner.brokers.routing[slot]].now_ms()
 
-    def server_now_ms(self, slot: int) -> float:
-        """The clock of the Redis server storing `slot`, as estimated from its claims."""
-        return self._clocks[self.brokers.routing[slot]].now_ms()
+    async def give_back(self, leased: Pulled) -> None:
+        """Give leased messages back undelivered (prepare -> store, no attempt counted)."""
+        for generation, messages in leased.items():
+            await self._generations[generation].brokers.each(
+                messages, _slot, lambda queue, chunk: queue.giveback_many(chunk)
+            )
 
-    async def lease(self, max_count: int, ack_timeout_ms: int, wait_ms: int = 0) -> list[Message]:
+    async def lease(self, max_count: int, ack_timeout_ms: int, wait_ms: int = 0) -> Pulled:
         """Up to `max_count` due messages leased for `ack_timeout_ms`, waiting up to `wait_ms`."""
         deadline = time.monotonic() + wait_ms / 1000
         while True:
             if time.monotonic() - self._paused_read_s >= PAUSE_CHECK_S:
                 await self.refresh_paused()
-            messages = await self._paced_claim(max_count, ack_timeout_ms)
+            leased = await self._paced_claim(max_count, ack_timeout_ms)
             due_now = self._arm() and not self._paced_ms
-            if messages:
+            if leased:
                 if due_now:
                     self._polls.wake_one()  # more is due: the next waiting poll claims it
-                return messages
+                return leased
             remaining_s = deadline - time.monotonic()
             if remaining_s <= 0 or self._stopping:
-                return []
+                return {}
             if self._paced_ms:  # over the rate: nothing claimed, the messages stay in store
                 await asyncio.sleep(min(remaining_s, self._paced_ms / 1000))
             elif not due_now:
@@ -169,12 +240,12 @@ class PullLeaser:
     def _idle(self) -> list[tuple[PullSlot, float]]:
         """The owned slots of unpaused brokers that no claim is in flight on, each with its
         broker's clock now."""
+        now_ms = [clock.now_ms() for clock in self._clocks]
         return [
-            (state, now_ms)
-            for owned, paused, now_ms in zip(
-                self._owned, self._paused, (c.now_ms() for c in self._clocks), strict=True
-            )
-            if not paused
+            (state, now_ms[broker])
+            for generation in self._generations.values()
+            for broker, owned in enumerate(generation.owned)
+            if not self._paused[broker]
             for state in owned
             if not state.claiming
         ]
@@ -189,108 +260,131 @@ class PullLeaser:
         self._polls.arm(None if in_ms is None else in_ms / 1000)
         return False
 
-    async def _paced_claim(self, max_count: int, ack_timeout_ms: int) -> list[Message]:
+    async def _paced_claim(self, max_count: int, ack_timeout_ms: int) -> Pulled:
         """`_claim` of as many messages as the topic's rate limit grants now (all when it has
         none); tokens the claim did not use are given back."""
         self._paced_ms = 0.0
         if self.pacer is None or not self._rotation_due():
-            return await self._claim(max_count, ack_timeout_ms)
+            return (await self._claim(max_count, ack_timeout_ms)).messages
         granted, wait_ms = await self.pacer.take(max_count)
         if not granted:
             self._paced_ms = max(1.0, wait_ms)
-            return []
-        messages = await self._claim(granted, ack_timeout_ms)
-        self.pacer.unused(granted - len(messages))
-        return messages
+            return {}
+        claimed = await self._claim(granted, ack_timeout_ms)
+        self.pacer.unused(granted - claimed.count)
+        return claimed.messages
 
     def _rotation_due(self) -> bool:
         """Some idle slot has something due now (a claim would not come back empty at once)."""
         return any(s.due_ms is not None and s.due_ms <= now for s, now in self._idle())
 
-    async def _claim(self, max_count: int, ack_timeout_ms: int) -> list[Message]:
+    async def _claim(self, max_count: int, ack_timeout_ms: int) -> _Round:
         """Claim exactly up to `max_count`: shares per round never add up to more."""
         pending = self._rotation()
-        messages: list[Message] = []
-        while pending and len(messages) < max_count:
-            wanted = max_count - len(messages)
+        claimed = _Round()
+        while pending and claimed.count < max_count:
+            wanted = max_count - claimed.count
             batch, rest = pending[:wanted], pending[wanted:]
             result = await self._round(batch, _shares(wanted, len(batch)), ack_timeout_ms)
-            messages.extend(result.messages)
+            for generation, messages in result.messages.items():
+                claimed.messages.setdefault(generation, []).extend(messages)
+            claimed.count += result.count
             pending = rest + result.full
-        return messages
+        return claimed
 
-    def _rotation(self) -> list[int]:
+    def _rotation(self) -> list[PullSlot]:
         """The idle slots due by now, starting after where the previous request started."""
         due = sorted(
-            state.slot
-            for state, now_ms in self._idle()
-            if state.due_ms is not None and state.due_ms <= now_ms
+            (
+                state
+                for state, now_ms in self._idle()
+                if state.due_ms is not None and state.due_ms <= now_ms
+            ),
+            key=_order,
         )
         if not due:
             return []
         self._cursor = (self._cursor + 1) % len(due)
         return due[self._cursor :] + due[: self._cursor]
 
-    async def _round(self, slots: list[int], shares: list[int], ack_timeout_ms: int) -> _Round:
+    async def _round(
+        self, states: list[PullSlot], shares: list[int], ack_timeout_ms: int
+    ) -> _Round:
         claimed = {
-            slot: (state, share, state.wakes)
-            for slot, share in zip(slots, shares, strict=True)
-            if (state := self._state(slot)) is not None and not state.claiming
+            state: (share, state.wakes)
+            for state, share in zip(states, shares, strict=True)
+            if not state.claiming
+            and self._generations[state.generation].owned_of(state).get(state.slot) is state
         }
         done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         self._rounds.add(done)
-        for state, _, _ in claimed.values():
+        for state in claimed:
             state.claiming = True
+        groups: dict[tuple[int, int], list[PullSlot]] = {}  # (generation, broker) -> slots
+        for state in claimed:
+            broker = self._generations[state.generation].brokers.routing[state.slot]
+            groups.setdefault((state.generation, broker), []).append(state)
         try:
-            per_broker = self.brokers.split(claimed)
             replies = await asyncio.gather(
                 *(
-                    self._claim_on(broker, s, claimed, ack_timeout_ms)
-                    for broker, s in per_broker.items()
+                    self._claim_on(generation, broker, group, claimed, ack_timeout_ms)
+                    for (generation, broker), group in groups.items()
                 )
             )
         finally:
-            for state, _, _ in claimed.values():
+            for state in claimed:
                 state.claiming = False
             self._rounds.discard(done)
             done.set_result(None)
         result = _Round()
-        for broker, slot, outcome in (
-            (broker, slot, outcome)
-            for broker, reply in zip(per_broker, replies, strict=True)
-            for slot, outcome in reply
-        ):
-            state, share, wakes = claimed[slot]
-            if isinstance(outcome, StaleEpochError):
-                self._owned[self.brokers.routing[slot]].lose(state)  # fenced out by a newer owner
-                continue
-            top_ups = self._top_ups[self.brokers.routing[slot]]
-            top_ups.retry_failed()
-            top_ups.note(outcome)
-            result.messages.extend(outcome.messages)
-            self._clocks[broker].note(outcome.now_us, outcome.received_s)
-            upcoming = [t for t in (outcome.next_due_ms, outcome.next_deadline_ms) if t is not None]
-            state.due_ms = min(upcoming) if upcoming else None
-            if len(outcome.messages) >= share:
-                result.full.append(slot)
-                state.due_ms = 0.0  # maybe more due now
-            elif state.wakes != wakes:
-                state.due_ms = 0.0  # woken while the claim was in flight: it may have missed it
+        for (generation, broker), reply in zip(groups, replies, strict=True):
+            owner = self._generations[generation]
+            for state, outcome in reply:
+                share, wakes = claimed[state]
+                if isinstance(outcome, StaleEpochError):  # fenced out by a newer owner
+                    if owner.owned[broker].lose(state) and owner.on_lost is not None:
+                        owner.on_lost(state.slot)
+                    continue
+                top_ups = owner.top_ups[broker]
+                top_ups.retry_failed()
+                top_ups.note(outcome)
+                if outcome.messages:
+                    result.messages.setdefault(generation, []).extend(outcome.messages)
+                    result.count += len(outcome.messages)
+                self._clocks[broker].note(outcome.now_us, outcome.received_s)
+                upcoming = [
+                    t for t in (outcome.next_due_ms, outcome.next_deadline_ms) if t is not None
+                ]
+                state.due_ms = min(upcoming) if upcoming else None
+                if len(outcome.messages) >= share:
+                    result.full.append(state)
+                    state.due_ms = 0.0  # maybe more due now
+                elif state.wakes != wakes:
+                    state.due_ms = 0.0  # woken while the claim was in flight: it may have missed it
         return result
 
     async def _claim_on(
         self,
+        generation: int,
         broker: int,
-        slots: list[int],
-        claimed: dict[int, tuple[PullSlot, int, int]],
+        states: list[PullSlot],
+        claimed: dict[PullSlot, tuple[int, int]],
         ack_timeout_ms: int,
-    ) -> list[tuple[int, ClaimBatch | StaleEpochError]]:
-        """One pipelined round trip to one broker for all its slots in this round."""
-        claims = [SlotClaim(slot, claimed[slot][0].epoch, claimed[slot][1]) for slot in slots]
-        outcomes = await self.brokers.queues[broker].claim_slots(
-            claims, ack_timeout_ms, self.backoff
-        )
-        return list(zip(slots, outcomes, strict=True))
+    ) -> list[tuple[PullSlot, ClaimBatch | StaleEpochError]]:
+        """One pipelined round trip to one broker for all its slots of one generation in this
+        round."""
+        claims = [SlotClaim(state.slot, state.epoch, claimed[state][0]) for state in states]
+        queue = self._generations[generation].brokers.queues[broker]
+        outcomes = await queue.claim_slots(claims, ack_timeout_ms, self.backoff)
+        return list(zip(states, outcomes, strict=True))
+
+
+def _order(state: PullSlot) -> tuple[int, int]:
+    return state.generation, state.slot
+
+
+def _slot(message: Message) -> int:
+    return message.slot
 
 
 def _shares(total: int, parts: int) -> list[int]:
