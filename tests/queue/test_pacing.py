@@ -110,3 +110,12 @@ async def test_an_unreachable_first_broker_stops_a_limit_not_the_unlimited() -> 
             await Pacer(queue, 100.0).take(8)
     finally:
         await down.aclose()
+
+
+async def test_a_bucket_smaller_than_a_slice_still_grants(async_queue: AsyncQueue) -> None:
+    """A burst below a slice of the rate (5 at 500/s, a slice 25): a draw asks for what the
+    bucket can hold, else it would wait for 25 tokens a bucket of 5 never holds."""
+    assert await async_queue.pace(500.0, 5, 50, 25) == (5, 0)
+    granted, wait_ms = await async_queue.pace(500.0, 5, 50, 25)
+    assert granted == 0
+    assert wait_ms <= 10 + 1  # 5 tokens at 500/s, not never

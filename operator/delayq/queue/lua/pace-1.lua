@@ -11,7 +11,8 @@
   ARGV[1] per_second  tokens added per second; 0 = no rate limit (only the hold is checked)
   ARGV[2] burst       the bucket's size: tokens at most (a new bucket starts full)
   ARGV[3] want        tokens asked for
-  ARGV[4] least       grant nothing below this many (a claim worth its round trip), <= want
+  ARGV[4] least       grant nothing below this many (a claim worth its round trip), <= want;
+                      a bucket smaller than that grants its size
   ARGV[5] returned    tokens drawn earlier and not used (claims that found less): added back
 
   Returns {granted, wait_ms}: granted tokens (0..want), and when none, how long until the hold
@@ -43,6 +44,7 @@ else
   tokens = tokens + returned + math.max(0, now - at) * per_second / 1000
 end
 tokens = math.min(burst, tokens)
+least = math.min(least, burst)
 local granted, wait_ms = 0, 0
 if tokens >= least then
   granted = math.min(want, math.floor(tokens))
