@@ -6,6 +6,7 @@ Retry-After holds every pod and spends no attempt."""
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import time
 from collections.abc import AsyncIterator, Callable
@@ -25,6 +26,7 @@ from delayq.local.waiting import eventually
 from delayq.queue.client import AsyncQueue
 from delayq.queue.model import Message, ScheduleRequest
 from delayq.queue.topic import Topic, TopicType
+from delayq.queue.topic_record import SERVE_OWNER
 from delayq.service.config import ServiceConfig
 from delayq.service.delivery.adaptive import AdaptiveLimit
 from delayq.service.delivery.signing import Signer
@@ -227,6 +229,57 @@ async def test_retry_after_holds_every_pod_and_spends_no_attempt(
     assert not quiet, quiet[:3]
     stats = await AsyncQueue(async_redis_client, config.to_topic()).stats()
     assert (stats.scheduled, stats.due, stats.prepared, stats.dead) == (0, 0, 0, 0)
+
+
+@pytest.mark.slow
+async def test_a_limit_changed_under_a_draining_herd_applies_without_a_restart(
+    redis_server: RedisServer,
+    async_redis_client: redis.asyncio.Redis,
+    zookeeper_server: Any,
+    serve_receiver: Callable[[Callable[[], Answer]], Any],
+    tmp_path: Path,
+) -> None:
+    """Two pods drain a herd at 60/s; the topic's owner publishes 300/s in its settings record
+    (what the operator's health pass does on a spec change), then 60/s again: the same pod
+    processes follow each limit. Bounds are counts over each phase, wide for a loaded host."""
+    receiver = await serve_receiver(lambda: Answer(200))
+    pods, config = await start_pods(
+        redis_server, zookeeper_server, receiver.url, tmp_path,
+        rate_limit_per_second=60, rate_limit_burst=10,
+    )  # fmt: skip
+    version = time.time_ns() // 1_000_000  # newer than the pods' own publication at start
+
+    async def publish(per_second: float) -> float:
+        nonlocal version
+        version += 1
+        topic = dataclasses.replace(config.to_topic(), rate_limit_per_second=per_second)
+        await AsyncQueue(async_redis_client, topic).publish_settings(SERVE_OWNER, version)
+        return time.monotonic()
+
+    def delivered_since(since_s: float) -> list[float]:
+        return [post[0] for post in receiver.accepted() if post[0] >= since_s]
+
+    try:
+        await schedule_herd(async_redis_client, pods[0], config.topic, 1500)
+        await eventually(lambda: len(receiver.accepted()) >= 30, 30, "the drain under way")
+        slow_s = receiver.accepted()[0][0]
+        await eventually(lambda: len(delivered_since(slow_s)) >= 120, 30, "120 at 60/s")
+        fast_s = await publish(300)
+        slow_rate = (len(delivered_since(slow_s)) - 10) / (fast_s - slow_s)
+        await eventually(lambda: len(delivered_since(fast_s)) >= 600, 30, "600 at 300/s")
+        slow_again_s = await publish(60)
+        fast = delivered_since(fast_s)
+        fast_rate = len(fast) / (slow_again_s - fast_s)
+        await eventually(lambda: len(delivered_since(slow_again_s)) >= 120, 30, "120 at 60/s")
+        ended_s = time.monotonic()
+        slow_again = len(delivered_since(slow_again_s)) / (ended_s - slow_again_s)
+    finally:
+        stop_all(pods)
+    assert slow_rate <= 60 * 1.15, slow_rate
+    assert 150 <= fast_rate <= 300 * 1.15 + 10, fast_rate  # the pods took the new limit
+    # back at 60/s: at most the bucket refilled meanwhile (its burst) above the rate
+    assert slow_again <= 60 * 1.15 + 10 / (ended_s - slow_again_s), slow_again
+    assert len({post[1] for post in receiver.accepted()}) == len(receiver.accepted())
 
 
 def test_retry_after_is_seconds_or_an_http_date() -> None:

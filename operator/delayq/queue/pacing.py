@@ -5,7 +5,11 @@ Two things slow a topic down, both kept in one hash on the topic's first broker 
 - its rate limit (`rate_limit_per_second`, `rate_limit_burst`): a token bucket on the Redis
   server's clock that every claim draws from first (pace-1), so a herd of due messages drains at
   the limit however many pods and brokers claim it. A message not granted a token is not
-  claimed: it stays in store, in due order, costing no attempt and no pod memory;
+  claimed: it stays in store, in due order, costing no attempt and no pod memory. The limit is
+  the topic's settings record's (`topic_record.py`), which pace-1 reads at every draw: a change
+  published by the operator's health pass applies to every pod's next draw without a restart
+  (the process's own values are the fallback while no record holds one), and each draw tells
+  the process the limit it obeyed;
 - a receiver's hold (hold-1): a webhook receiver that answered 429 or 503 with `Retry-After`
   stops every pod's claims for the time it asked (bounded by `MAX_HOLD_MS`).
 
@@ -30,15 +34,11 @@ MAX_HOLD_MS = 5 * 60 * 1000
 #: A claim waits for this much of a second's tokens at least: a round trip is worth a slice of
 #: the rate, not one message (500/s: 25 tokens, 20 draws a second shared by every pod).
 SLICE_S = 0.05
-#: Without a rate limit, the hold is read from Redis at most this often per process.
+#: Without a rate limit, the hold (and a limit set since) is read from Redis at most this often
+#: per process.
 UNPACED_CHECK_S = 0.25
 #: A draw granted nothing this recently: the topic is being held back (`held_back`).
 HELD_BACK_S = 1.0
-
-
-def burst_of(per_second: float, burst: int) -> int:
-    """The bucket's size: `burst`, or when 0 a tenth of a second's tokens (at least 1)."""
-    return burst if burst > 0 else max(1, math.ceil(per_second / 10))
 
 
 class Pacer:
@@ -47,8 +47,10 @@ class Pacer:
 
     def __init__(self, queue: AsyncQueue, per_second: float = 0.0, burst: int = 0) -> None:
         self.queue = queue  # the topic's first broker
+        # the limit: the process's own until a draw tells the topic's (its settings record's)
         self.per_second = per_second
-        self.burst = burst_of(per_second, burst)
+        self.burst = burst  # 0: a tenth of a second's tokens (pace-1 says how many after a draw)
+        self._given = (per_second, burst)  # the fallback pace-1 obeys while no record has one
         self.holds = 0  # holds asked for by receivers (for metrics)
         self.waits = 0  # draws that were granted nothing (for metrics)
         self._unused = 0  # tokens drawn and not used: given back with the next draw
@@ -80,9 +82,7 @@ class Pacer:
         least = min(want, max(1, math.ceil(self.per_second * SLICE_S)))
         returned, self._unused = self._unused, 0
         try:
-            granted, wait_ms = await self.queue.pace(
-                self.per_second, self.burst, want, least, returned
-            )
+            draw = await self.queue.pace(*self._given, want, least, returned)
         except redis.RedisError:
             if self.limited:
                 raise  # a limit that is not enforced is not a limit: the claim waits
@@ -91,11 +91,12 @@ class Pacer:
             self._checked_s = now_s
             return want, 0.0
         self._checked_s = now_s
-        if not granted:
+        self.per_second, self.burst = draw.per_second, draw.burst
+        if not draw.granted:
             self.waits += 1
             self._refused_s = now_s
-            self._closed_until_s = time.monotonic() + wait_ms / 1000
-        return granted, float(wait_ms)
+            self._closed_until_s = time.monotonic() + draw.wait_ms / 1000
+        return draw.granted, float(draw.wait_ms)
 
     def unused(self, count: int) -> None:
         """Tokens drawn that a claim did not use (it found fewer due messages)."""

@@ -18,7 +18,8 @@ of its own; the topic's users may read it (`acl.py`). A record names its owner a
 (`lua/publish-1.lua`): a publisher with older settings of the same owner never replaces a newer
 record.
 
-Recorded: the `Topic` fields a script enforces, each under its own name (`RECORDED_FIELDS`).
+Recorded: the `Topic` fields a script enforces, each under its own name (`RECORDED_FIELDS`);
+the rate limit's are read by pace-1 from slot 0's record, on the topic's first broker.
 Not recorded, since no script decides by them: `ack_timeout_ms` (the default lease: every claim
 and extend names its own, a pull consumer's `leaseMs` within its bounds), `max_payload_bytes`
 (checked by the client before it sends), `redis_sync_replicas` and `redis_sync_timeout_ms` (a
