@@ -591,6 +591,35 @@ SCHEMAS: dict[str, Schema] = {
         ],
         "not": {"required": ["ids", "all"]},
     },
+    # not an operation of this service: what a batched webhook's receiver answers it
+    "WebhookBatchReply": {
+        **obj(
+            ["results"],
+            results=array(
+                obj(
+                    ["id", "status"],
+                    id=ID_SCHEMA,
+                    status=integer(
+                        "this message's answer: 2xx acks it, anything else retries it", 100, 599
+                    ),
+                    retryAfter={
+                        "oneOf": [
+                            integer("seconds", 0),
+                            string("seconds or an HTTP date, as the Retry-After header"),
+                        ],
+                        "description": "with a 429 or 503: the message's own Retry-After. It "
+                        "is given back, no attempt counted, and the topic held that long (every "
+                        "pod; at most 5 minutes and expiry.ttl), then delivered at the same "
+                        "attempt; without it a 429 or 503 is an ordinary failure",
+                    },
+                ),
+                MAX_BATCH,
+            ),
+        ),
+        "description": "What the receiver of a webhook topic with delivery.webhook.maxBatch > 1 "
+        'answers a POST of {"messages": [...]}: one result per message, by id '
+        '(docs/service.md, "Batched webhooks"). Not an operation of this service.',
+    },
 }
 
 
