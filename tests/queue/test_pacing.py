@@ -28,8 +28,8 @@ from .conftest import TOPIC
 async def test_the_bucket_grants_its_burst_then_its_rate(
     async_queue: AsyncQueue, redis_client: redis.Redis
 ) -> None:
-    assert await async_queue.pace(100.0, 10, 50, 5) == (10, 0, 100.0, 10)  # a new bucket: full
-    granted, wait_ms, _, _ = await async_queue.pace(100.0, 10, 50, 5)
+    assert await async_queue.pace(100.0, 10, 50, 5) == (10, 0, 100.0, 10, False)  # new: full
+    granted, wait_ms, *_ = await async_queue.pace(100.0, 10, 50, 5)
     assert granted == 0
     assert 1 <= wait_ms <= 50
     await asyncio.sleep(wait_ms / 1000 + 0.01)
@@ -61,7 +61,16 @@ async def test_a_hold_grants_nothing_until_it_ends_and_is_bounded(
 
 
 async def _granted(queue: AsyncQueue) -> bool:
-    return await queue.pace(0.0, 1, 10, 1) == (10, 0, 0.0, 0)
+    return await queue.pace(0.0, 1, 10, 1) == (10, 0, 0.0, 0, False)
+
+
+async def test_a_pacer_tells_a_hold_another_process_set(async_queue: AsyncQueue) -> None:
+    """`held` asks Redis (at most every UNPACED_CHECK_S): a pod that did not get the 429 stops
+    handing over what it claimed as soon as it knows."""
+    other, pacer = Pacer(async_queue, 0.0), Pacer(async_queue, 0.0)
+    assert not await pacer.held()
+    await other.hold(2000)
+    await eventually(pacer.held, 1, "the other process's hold known", interval_s=0.05)
 
 
 async def test_a_pacer_holds_its_own_process_at_once(async_queue: AsyncQueue) -> None:

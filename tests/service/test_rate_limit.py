@@ -190,7 +190,10 @@ async def test_a_herd_drains_at_the_topics_rate_limit_over_every_pod(
     assert sorted(post[1] for post in accepted) == sorted(f"h{i}" for i in range(herd))
     span_s = accepted[-1][0] - accepted[0][0]
     rate = (herd - 1) / span_s
-    assert limit * 0.9 <= rate <= limit * 1.1, (rate, span_s)
+    # at most the limit (+10 %); at least 80 % of it: on a loaded host the POSTs bunch, the
+    # receiver's 429 + Retry-After: 1 then holds the topic a second, and the pods now send
+    # nothing they claimed during a hold (bench/bench_rate_limit.py measures the accuracy)
+    assert limit * 0.8 <= rate <= limit * 1.1, (rate, span_s)
     answered = {post[1]: post[3] for post in receiver.posts if post[3] != 429}
     assert all(status == 200 for status in answered.values())
     # every message only ever answered 429 before its 200 is delivered at its first attempt
@@ -364,6 +367,29 @@ async def test_the_limit_and_a_hold_survive_kill_9_of_every_pod_and_a_redis_rest
     window_s = 2.0
     busiest = max(sum(1 for t in times if start <= t < start + window_s) for start in times)
     assert busiest <= limit * window_s * 1.1 + burst, busiest  # before and after the chaos
+
+
+async def test_messages_claimed_before_a_hold_are_not_sent_during_it(
+    start_service: Any, serve_receiver: Callable[[Callable[[], Answer]], Any]
+) -> None:
+    """Regression: a hold stopped claims only, so a pod went on POSTing what it had claimed
+    already for the whole hold (one POST slot, 30 claimed at once: the other 29 POSTed within
+    the 2 s asked; 200 claimed by each of two pods flaked the test above on a loaded host).
+    They are given back, no attempt counted, and sent once the hold ends."""
+    told: list[Answer] = [Answer(429, {"Retry-After": "2"})]
+    receiver = await serve_receiver(lambda: told.pop() if told else Answer(200))
+    running = await start_service(
+        topic_type=TopicType.WEBHOOK, webhook_url=receiver.url, webhook_max_in_flight=1
+    )
+    queue = running.service.queues[0]
+    await queue.schedule_many([ScheduleRequest(f"q{i}", b"x", delay_ms=0) for i in range(30)])
+    await eventually(lambda: len(receiver.accepted()) >= 30, 20, "every message")
+    held_s, _, _, status = receiver.posts[0]
+    assert status == 429
+    during = [post for post in receiver.posts[1:] if post[0] < held_s + 1.8]
+    assert not during, during[:3]
+    assert sorted(post[1] for post in receiver.accepted()) == sorted(f"q{i}" for i in range(30))
+    assert {post[2] for post in receiver.accepted()} == {1}
 
 
 def test_retry_after_is_seconds_or_an_http_date() -> None:

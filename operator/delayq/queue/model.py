@@ -269,6 +269,7 @@ class Draw(NamedTuple):
     wait_ms: int  # when none: until the hold ends or enough tokens are there
     per_second: float  # the rate limit obeyed: the topic's settings record's (0: none)
     burst: int  # the bucket's size (0: no rate limit)
+    held: bool = False  # a receiver's hold lasts (wait_ms more)
 
 
 @dataclass(frozen=True)

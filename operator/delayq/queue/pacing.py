@@ -28,6 +28,7 @@ import time
 import redis
 
 from delayq.queue.client import AsyncQueue
+from delayq.queue.model import Draw
 
 #: The longest hold a receiver's Retry-After gets: a receiver cannot park the topic for ever.
 MAX_HOLD_MS = 5 * 60 * 1000
@@ -43,7 +44,8 @@ HELD_BACK_S = 1.0
 
 class Pacer:
     """One process's door to the topic's pace: `take` before a claim, `unused` for tokens a
-    claim did not need, `hold` when a receiver asks for time."""
+    claim did not need, `hold` when a receiver asks for time, `held` before handing over a
+    message claimed earlier."""
 
     def __init__(self, queue: AsyncQueue, per_second: float = 0.0, burst: int = 0) -> None:
         self.queue = queue  # the topic's first broker
@@ -57,6 +59,8 @@ class Pacer:
         self._closed_until_s = 0.0  # monotonic: nothing is granted before (a hold or no tokens)
         self._checked_s = -UNPACED_CHECK_S  # monotonic time of the last draw from Redis
         self._refused_s = -HELD_BACK_S  # monotonic time a draw last granted nothing
+        self._held_until_s = 0.0  # monotonic: a receiver's hold lasts until (as last known)
+        self._hold_checked_s = -UNPACED_CHECK_S  # monotonic time `held` last asked Redis
 
     @property
     def limited(self) -> bool:
@@ -91,12 +95,36 @@ class Pacer:
             self._checked_s = now_s
             return want, 0.0
         self._checked_s = now_s
-        self.per_second, self.burst = draw.per_second, draw.burst
+        self._note(draw)
         if not draw.granted:
             self.waits += 1
             self._refused_s = now_s
             self._closed_until_s = time.monotonic() + draw.wait_ms / 1000
         return draw.granted, float(draw.wait_ms)
+
+    async def held(self) -> bool:
+        """A receiver's hold lasts: what this process knows, asked of Redis at most every
+        `UNPACED_CHECK_S`. Asked before a message claimed earlier is handed over, so that a
+        hold stops the deliveries a pod has claimed already, not only its next claims (a pod
+        holding a round's messages went on POSTing them for the whole hold). Never raises:
+        with the first broker unreachable, no hold is known (a hold is the receiver's wish)."""
+        now_s = time.monotonic()
+        if self._held_until_s > now_s:
+            return True
+        if now_s - self._hold_checked_s < UNPACED_CHECK_S:
+            return False
+        self._hold_checked_s = now_s
+        try:
+            self._note(await self.queue.pace(*self._given, 0, 0, 0))
+        except redis.RedisError:
+            return False
+        return self._held_until_s > now_s
+
+    def _note(self, draw: Draw) -> None:
+        """What a draw told: the topic's limit, and a hold with its end."""
+        self.per_second, self.burst = draw.per_second, draw.burst
+        if draw.held:
+            self._held_until_s = time.monotonic() + draw.wait_ms / 1000
 
     def unused(self, count: int) -> None:
         """Tokens drawn that a claim did not use (it found fewer due messages)."""
@@ -107,5 +135,7 @@ class Pacer:
         """Stop every pod's claims for `hold_ms` (at most `MAX_HOLD_MS`); this process at once."""
         hold_ms = max(0, min(hold_ms, MAX_HOLD_MS))
         self.holds += 1
-        self._closed_until_s = max(self._closed_until_s, time.monotonic() + hold_ms / 1000)
+        until_s = time.monotonic() + hold_ms / 1000
+        self._closed_until_s = max(self._closed_until_s, until_s)
+        self._held_until_s = max(self._held_until_s, until_s)
         await self.queue.hold(hold_ms, MAX_HOLD_MS)

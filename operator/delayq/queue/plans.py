@@ -510,8 +510,8 @@ def pace(
     call = ScriptCall(Script.PACE, [pace_key(topic)], args)
 
     def parse(replies: list[Reply]) -> Draw:
-        granted, wait_ms, limit, size = replies[0]
-        return Draw(int(granted), int(wait_ms), float(limit), int(size))
+        granted, wait_ms, limit, size, held = replies[0]
+        return Draw(int(granted), int(wait_ms), float(limit), int(size), bool(held))
 
     return Plan([call], parse)
 

@@ -348,6 +348,7 @@ class DelayService:
                 extra_headers=config.webhook_headers,
                 max_batch=config.webhook_max_batch,
                 hold=self.pacer.hold,
+                held=self.pacer.held,
                 max_hold_ms=self.topic.expiry_ttl_ms or MAX_HOLD_MS,
                 trace_headers=self.tracing.inject if self.tracing is not None else None,
             )

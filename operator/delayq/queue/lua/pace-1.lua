@@ -26,9 +26,10 @@
   ARGV[6] record      the topic's settings record to read the limit from: the one of its
                       slot 0, which its owner writes on every broker ('' = none)
 
-  Returns {granted, wait_ms, per_second, burst}: granted tokens (0..want), and when none, how
-  long until the hold ends or `least` tokens are there (0 when granted); the limit obeyed (the
-  rate as text: it may be fractional) and the bucket's size (0 without a rate limit).
+  Returns {granted, wait_ms, per_second, burst, held}: granted tokens (0..want), and when
+  none, how long until the hold ends or `least` tokens are there (0 when granted); the limit
+  obeyed (the rate as text: it may be fractional), the bucket's size (0 without a rate limit),
+  and 1 while a hold lasts, else 0. A draw of 0 tokens only asks.
 
   Runs under maxmemory (allow-oom): one small hash, and delivery drains a full broker.
 
@@ -53,10 +54,10 @@ local now = now_ms()
 local state = redis.call('HMGET', key, 'tokens', 'at', 'until')
 local hold_until = tonumber(state[3]) or 0
 if hold_until > now then
-  return {0, hold_until - now, tostring(per_second), burst}
+  return {0, hold_until - now, tostring(per_second), burst, 1}
 end
 if per_second <= 0 then
-  return {want, 0, '0', 0}
+  return {want, 0, '0', 0, 0}
 end
 local tokens = tonumber(state[1])
 if tokens == nil then
@@ -77,4 +78,4 @@ end
 redis.call('HSET', key, 'tokens', tostring(tokens), 'at', now)
 local refill_ms = math.ceil((burst - tokens) * 1000 / per_second)
 redis.call('PEXPIRE', key, math.max(refill_ms, hold_until - now, 0) + 1000)
-return {granted, wait_ms, tostring(per_second), burst}
+return {granted, wait_ms, tostring(per_second), burst, 0}

@@ -174,6 +174,7 @@ class WebhookSink:
         hold: Callable[[int], Awaitable[None]] | None = None,
         max_hold_ms: int = MAX_HOLD_MS,
         trace_headers: Callable[[dict[str, str]], None] | None = None,
+        held: Callable[[], Awaitable[bool]] | None = None,
     ) -> None:
         self.topic = topic
         # adds the current delivery span's `traceparent` to a single message's POST (None:
@@ -189,6 +190,7 @@ class WebhookSink:
         self.lease_deadline = lease_deadline
         self._limit = AdaptiveLimit(concurrency)
         self.hold = hold  # the topic's pace: holds every pod's delivery (None: never held)
+        self.held = held  # whether a hold lasts: nothing is sent meanwhile (`Pacer.held`)
         self.max_hold_ms = max_hold_ms
         metrics.set_webhook_concurrency(concurrency)
         self._literal_refusal = literal_refusal(url, targets)
@@ -224,6 +226,8 @@ class WebhookSink:
             deadline_ms = self.lease_deadline(message)
             if deadline_ms is None:
                 raise LeaseGoneError(f"{message.id}: lease gone while waiting for a POST slot")
+            if await self._holding():
+                raise ReceiverHoldError(f"{message.id}: not sent, the receiver's hold lasts")
             headers["X-Delayq-Lease-Deadline"] = str(int(deadline_ms))
             if self.signer:
                 timestamp_s = int(self.clock_ms(message.slot) // 1000)
@@ -284,6 +288,13 @@ class WebhookSink:
         wait with the receiver's answer to it. A wait cancelled meanwhile is skipped: its
         message is neither sent nor answered."""
         try:
+            if await self._holding():
+                for message, answered in batch:
+                    if not answered.done():
+                        answered.set_exception(
+                            ReceiverHoldError(f"{message.id}: not sent, the receiver's hold lasts")
+                        )
+                return
             sent: list[Waiting] = []
             deadlines: list[float] = []
             for message, answered in batch:
@@ -346,7 +357,7 @@ class WebhookSink:
             for answer in answers.values()
             if answer.status in HOLD_STATUSES and answer.hold_ms is not None
         ]
-        held = await self._held(429, max(asked)) if asked else None
+        held = await self._hold_for(429, max(asked)) if asked else None
         for message, answered in sent:
             if answered.done():
                 continue
@@ -363,7 +374,12 @@ class WebhookSink:
                     DeliveryError(f"POST {self.shown_url}: batch reply gave {said}")
                 )
 
-    async def _held(self, status: int, asked_ms: int) -> Exception | None:
+    async def _holding(self) -> bool:
+        """A receiver's hold lasts: messages claimed before it are given back, not sent (no
+        attempt counted), and claimed again once it ends."""
+        return self.held is not None and await self.held()
+
+    async def _hold_for(self, status: int, asked_ms: int) -> Exception | None:
         """A 429 or 503 asking for `asked_ms`: holds every pod's delivery that long (bounded,
         `Pacer.hold`) and answers the error that gives its messages back, no attempt counted;
         the failure to hold when Redis refuses (an ordinary failed delivery); None when the
@@ -379,9 +395,9 @@ class WebhookSink:
 
     async def _refused(self, status: int, asked_ms: int | None) -> Exception:
         """What a non-2xx answer makes of its messages. A 429 or 503 with a Retry-After
-        (`asked_ms`) the topic may honour holds it (`_held`); otherwise the delivery failed
+        (`asked_ms`) the topic may honour holds it (`_hold_for`); otherwise the delivery failed
         (retried with backoff), and a 5xx halves the POSTs in flight (`AdaptiveLimit`)."""
-        held = None if asked_ms is None else await self._held(status, asked_ms)
+        held = None if asked_ms is None else await self._hold_for(status, asked_ms)
         if held is not None:
             return held
         if status >= 500:
