@@ -392,6 +392,37 @@ async def test_messages_claimed_before_a_hold_are_not_sent_during_it(
     assert {post[2] for post in receiver.accepted()} == {1}
 
 
+async def test_the_aimd_limit_and_a_hold_are_reported_in_metrics_and_the_overview(
+    start_service: Any, serve_receiver: Callable[[Callable[[], Answer]], Any]
+) -> None:
+    """What the dashboard and an alert read: three 500s halve the POSTs allowed (8 -> 4), then
+    a 429 + Retry-After: 5 holds the topic; /metrics and /overview say both."""
+    told = [Answer(429, {"Retry-After": "5"}), *[Answer(500)] * 3]
+    receiver = await serve_receiver(lambda: told.pop() if told else Answer(200))
+    running = await start_service(
+        topic_type=TopicType.WEBHOOK, webhook_url=receiver.url, webhook_max_in_flight=8,
+        rate_limit_per_second=1000, rate_limit_burst=50, retry_backoff_base_ms=10,
+    )  # fmt: skip
+    await running.service.queues[0].schedule_many(
+        [ScheduleRequest(f"m{i}", b"x", delay_ms=0) for i in range(4)]
+    )
+    await eventually(lambda: not told, 10, "three 500s and the 429")
+
+    async def overview() -> dict[str, Any]:
+        answer = await running.client.get(f"{running.base}/overview")
+        return dict(await answer.json())
+
+    shown = await overview()
+    assert (shown["webhookConcurrency"], shown["webhookMaxInFlight"]) == (4, 8)
+    assert 3000 < shown["receiverHoldMs"] <= 5000
+    assert (shown["rateLimitPerSecond"], shown["rateLimitBurst"]) == (1000, 50)
+    metrics = (await (await running.client.get("/metrics")).read()).decode()
+    hold = next(line for line in metrics.splitlines()
+                if line.startswith("delayq_receiver_hold_seconds{"))  # fmt: skip
+    assert 3 < float(hold.rsplit(" ", 1)[1]) <= 5
+    assert 'delayq_rate_limit_burst{topic="' in metrics
+
+
 def test_retry_after_is_seconds_or_an_http_date() -> None:
     now_s = 1_700_000_000.0
     assert retry_after_ms("3", now_s) == 3000

@@ -67,6 +67,11 @@ class Pacer:
         return self.per_second > 0
 
     @property
+    def hold_left_ms(self) -> float:
+        """How much longer a receiver's hold lasts, as this process knows (0: none)."""
+        return max(0.0, (self._held_until_s - time.monotonic()) * 1000)
+
+    @property
     def held_back(self) -> bool:
         """A draw was refused within the last second: due messages wait on purpose (the
         consumers' stall watchdog must not take them for a lost wake-up)."""

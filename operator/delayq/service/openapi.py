@@ -456,6 +456,25 @@ SCHEMAS: dict[str, Schema] = {
             "minimum": 0,
             "description": "delivery.rateLimit.perSecond: messages per second at most (0: none)",
         },
+        rateLimitBurst=integer("the rate limit's bucket: messages at once (0: no limit)"),
+        receiverHoldMs=integer(
+            "how much longer a receiver's Retry-After holds delivery, as this process knows "
+            "(0: no hold)"
+        ),
+        webhookConcurrency={
+            "type": "integer",
+            "nullable": True,
+            "minimum": 1,
+            "description": "webhook POSTs this process allows in flight now: "
+            "webhookMaxInFlight, halved on timeouts and 5xx answers, grown back by successes "
+            "(AIMD); null: not a webhook topic",
+        },
+        webhookMaxInFlight={
+            "type": "integer",
+            "nullable": True,
+            "minimum": 1,
+            "description": "delivery.webhook.maxInFlight (null: not a webhook topic)",
+        },
         latenessObjectiveMs=integer(
             "objectives.latenessP99: the p99 lateness objective in ms (0: none)"
         ),
