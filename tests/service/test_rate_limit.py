@@ -471,7 +471,8 @@ async def test_pull_leases_obey_the_rate_limit(start_service: Any) -> None:
         leased += [m.id for m in await service.leaser.lease(1000, 30_000, wait_ms=1000)]
     elapsed_s = time.monotonic() - started_s
     assert sorted(leased) == sorted(f"p{i}" for i in range(300))
-    assert (300 - 20) / 200 * 0.9 <= elapsed_s <= (300 - 20) / 200 * 1.3, elapsed_s
+    # never faster than the limit; the upper bound only says it was not stuck (a loaded host)
+    assert (300 - 20) / 200 * 0.9 <= elapsed_s <= (300 - 20) / 200 * 2, elapsed_s
 
 
 def test_a_paced_slot_is_not_stalled() -> None:
