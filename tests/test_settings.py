@@ -102,6 +102,16 @@ def test_the_engine_refuses_what_the_table_refuses(row: Setting) -> None:
         Topic("orders", **beyond)
 
 
+def test_the_engines_delivery_settings_reach_the_operators_topic() -> None:
+    """The rate limit lives under spec.delivery (TopicSpec.delivery), the engine's Topic has it
+    flat: the operator's Topic, which it publishes in the settings record, carries it."""
+    spec = parse_spec("orders", "shop", {"delivery": {"rateLimit": {"perSecond": 250.5,
+                                                                     "burst": 40}}})  # fmt: skip
+    assert (spec.topic.rate_limit_per_second, spec.topic.rate_limit_burst) == (250.5, 40)
+    with pytest.raises(TopicError, match=r"delivery\.rateLimit\.perSecond"):
+        Topic("orders", rate_limit_per_second=-0.5)
+
+
 def test_bounds_are_written_out_in_messages() -> None:
     """10000000000, not 1e+10: the user types the number the message names."""
     with pytest.raises(SpecError, match=r"between 0 and 10000000000, got 10000000001$"):

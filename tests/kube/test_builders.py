@@ -530,6 +530,7 @@ def test_the_engines_live_settings_roll_no_pod_and_the_others_do() -> None:
         "expiry": {"ttl": "1h", "action": "drop"},
         "retry": {"for": "1h", "exhaustedAction": "drop"},
         "journalMaxLen": 100,
+        "delivery": {"rateLimit": {"perSecond": 250.5, "burst": 40}},
     }
     assert config_hash(spec_of(**live), CTX, 16) == base
     assert config_hash(spec_of(ackTimeout="45s"), CTX, 16) != base

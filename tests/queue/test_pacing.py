@@ -4,6 +4,7 @@ token bucket (pace-1) and a receiver's hold (hold-1), both on the Redis server's
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import time
 
 import pytest
@@ -14,11 +15,12 @@ from redis.backoff import NoBackoff
 
 from delayq.local.ports import free_port
 from delayq.local.waiting import eventually
-from delayq.queue.client import AsyncQueue
+from delayq.queue.client import AsyncQueue, Queue
 from delayq.queue.consumer import Consumer
 from delayq.queue.keys import pace_key
 from delayq.queue.model import Message, ScheduleRequest
-from delayq.queue.pacing import MAX_HOLD_MS, Pacer, burst_of
+from delayq.queue.pacing import MAX_HOLD_MS, Pacer
+from delayq.queue.topic_record import SERVE_OWNER
 
 from .conftest import TOPIC
 
@@ -26,12 +28,12 @@ from .conftest import TOPIC
 async def test_the_bucket_grants_its_burst_then_its_rate(
     async_queue: AsyncQueue, redis_client: redis.Redis
 ) -> None:
-    assert await async_queue.pace(100.0, 10, 50, 5) == (10, 0)  # a new bucket starts full
-    granted, wait_ms = await async_queue.pace(100.0, 10, 50, 5)
+    assert await async_queue.pace(100.0, 10, 50, 5) == (10, 0, 100.0, 10, False)  # new: full
+    granted, wait_ms, *_ = await async_queue.pace(100.0, 10, 50, 5)
     assert granted == 0
     assert 1 <= wait_ms <= 50
     await asyncio.sleep(wait_ms / 1000 + 0.01)
-    granted, _ = await async_queue.pace(100.0, 10, 50, 5)
+    granted, *_ = await async_queue.pace(100.0, 10, 50, 5)
     assert 5 <= granted <= 10  # refilled at the rate, never above the burst
     assert 0 < redis_client.pttl(pace_key(TOPIC)) <= 1000 + 100  # gone once full again
 
@@ -47,7 +49,7 @@ async def test_a_hold_grants_nothing_until_it_ends_and_is_bounded(
     now_ms = int(redis_client.time()[0]) * 1000
     until_ms = await async_queue.hold(300, MAX_HOLD_MS)
     assert now_ms <= until_ms <= now_ms + 2000
-    granted, wait_ms = await async_queue.pace(0.0, 1, 10, 1)  # no rate limit: the hold still
+    granted, wait_ms, *_ = await async_queue.pace(0.0, 1, 10, 1)  # no rate limit: the hold still
     assert granted == 0
     assert 200 <= wait_ms <= 300
     assert await async_queue.hold(100, MAX_HOLD_MS) == until_ms  # a longer hold stays
@@ -59,7 +61,16 @@ async def test_a_hold_grants_nothing_until_it_ends_and_is_bounded(
 
 
 async def _granted(queue: AsyncQueue) -> bool:
-    return await queue.pace(0.0, 1, 10, 1) == (10, 0)
+    return await queue.pace(0.0, 1, 10, 1) == (10, 0, 0.0, 0, False)
+
+
+async def test_a_pacer_tells_a_hold_another_process_set(async_queue: AsyncQueue) -> None:
+    """`held` asks Redis (at most every UNPACED_CHECK_S): a pod that did not get the 429 stops
+    handing over what it claimed as soon as it knows."""
+    other, pacer = Pacer(async_queue, 0.0), Pacer(async_queue, 0.0)
+    assert not await pacer.held()
+    await other.hold(2000)
+    await eventually(pacer.held, 1, "the other process's hold known", interval_s=0.05)
 
 
 async def test_a_pacer_holds_its_own_process_at_once(async_queue: AsyncQueue) -> None:
@@ -70,8 +81,11 @@ async def test_a_pacer_holds_its_own_process_at_once(async_queue: AsyncQueue) ->
     assert granted == 0
     assert 0 < wait_ms <= MAX_HOLD_MS
     assert pacer.holds == 1
-    assert burst_of(500, 0) == 50
-    assert burst_of(3, 0) == 1
+
+
+async def test_a_burst_of_0_is_a_tenth_of_a_seconds_tokens(async_queue: AsyncQueue) -> None:
+    assert (await async_queue.pace(500.0, 0, 1, 1)).burst == 50
+    assert (await async_queue.pace(3.0, 0, 1, 1)).burst == 1
 
 
 async def test_a_paced_consumer_drains_at_the_rate_and_sees_no_stall(
@@ -110,3 +124,42 @@ async def test_an_unreachable_first_broker_stops_a_limit_not_the_unlimited() -> 
             await Pacer(queue, 100.0).take(8)
     finally:
         await down.aclose()
+
+
+async def test_a_bucket_smaller_than_a_slice_still_grants(async_queue: AsyncQueue) -> None:
+    """A burst below a slice of the rate (5 at 500/s, a slice 25): a draw asks for what the
+    bucket can hold, else it would wait for 25 tokens a bucket of 5 never holds."""
+    assert (await async_queue.pace(500.0, 5, 50, 25))[:2] == (5, 0)
+    granted, wait_ms, *_ = await async_queue.pace(500.0, 5, 50, 25)
+    assert granted == 0
+    assert wait_ms <= 10 + 1  # 5 tokens at 500/s, not never
+
+
+async def test_the_published_limit_wins_and_applies_at_the_next_draw(
+    async_queue: AsyncQueue, redis_client: redis.Redis
+) -> None:
+    """The limit is the topic's settings record's, read at every draw: a process started
+    without one is limited as soon as its owner publishes one, and unlimited once it is
+    removed, without a new Pacer (no restart)."""
+    pacer = Pacer(async_queue, 0.0)
+    assert await pacer.take(100) == (100, 0.0)
+
+    def publish(version: int, per_second: float, burst: int) -> None:
+        topic = dataclasses.replace(
+            TOPIC, rate_limit_per_second=per_second, rate_limit_burst=burst
+        )
+        Queue(redis_client, topic).publish_settings(SERVE_OWNER, version)
+
+    async def limited() -> bool:
+        return (await pacer.take(100))[0] < 100
+
+    publish(1, 20.0, 5)
+    await eventually(limited, 2, "the published limit", interval_s=0.05)
+    assert (pacer.per_second, pacer.burst) == (20.0, 5)
+    assert (await pacer.take(100))[0] <= 5
+    publish(2, 0.0, 0)
+    await eventually(lambda: _unlimited(pacer), 2, "the limit removed", interval_s=0.05)
+
+
+async def _unlimited(pacer: Pacer) -> bool:
+    return await pacer.take(100) == (100, 0.0) and not pacer.limited

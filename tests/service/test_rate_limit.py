@@ -6,6 +6,7 @@ Retry-After holds every pod and spends no attempt."""
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import time
 from collections.abc import AsyncIterator, Callable
@@ -23,8 +24,10 @@ from delayq.local.processes import ServeProcess, stop_all
 from delayq.local.redis_server import RedisServer
 from delayq.local.waiting import eventually
 from delayq.queue.client import AsyncQueue
-from delayq.queue.model import Message, ScheduleRequest
+from delayq.queue.keys import pace_key
+from delayq.queue.model import Message, ScheduleRequest, State
 from delayq.queue.topic import Topic, TopicType
+from delayq.queue.topic_record import SERVE_OWNER
 from delayq.service.config import ServiceConfig
 from delayq.service.delivery.adaptive import AdaptiveLimit
 from delayq.service.delivery.signing import Signer
@@ -187,7 +190,10 @@ async def test_a_herd_drains_at_the_topics_rate_limit_over_every_pod(
     assert sorted(post[1] for post in accepted) == sorted(f"h{i}" for i in range(herd))
     span_s = accepted[-1][0] - accepted[0][0]
     rate = (herd - 1) / span_s
-    assert limit * 0.9 <= rate <= limit * 1.1, (rate, span_s)
+    # at most the limit (+10 %); at least 80 % of it: on a loaded host the POSTs bunch, the
+    # receiver's 429 + Retry-After: 1 then holds the topic a second, and the pods now send
+    # nothing they claimed during a hold (bench/bench_rate_limit.py measures the accuracy)
+    assert limit * 0.8 <= rate <= limit * 1.1, (rate, span_s)
     answered = {post[1]: post[3] for post in receiver.posts if post[3] != 429}
     assert all(status == 200 for status in answered.values())
     # every message only ever answered 429 before its 200 is delivered at its first attempt
@@ -227,6 +233,194 @@ async def test_retry_after_holds_every_pod_and_spends_no_attempt(
     assert not quiet, quiet[:3]
     stats = await AsyncQueue(async_redis_client, config.to_topic()).stats()
     assert (stats.scheduled, stats.due, stats.prepared, stats.dead) == (0, 0, 0, 0)
+
+
+@pytest.mark.slow
+async def test_a_limit_changed_under_a_draining_herd_applies_without_a_restart(
+    redis_server: RedisServer,
+    async_redis_client: redis.asyncio.Redis,
+    zookeeper_server: Any,
+    serve_receiver: Callable[[Callable[[], Answer]], Any],
+    tmp_path: Path,
+) -> None:
+    """Two pods drain a herd at 60/s; the topic's owner publishes 300/s in its settings record
+    (what the operator's health pass does on a spec change), then 60/s again: the same pod
+    processes follow each limit. Bounds are counts over each phase, wide for a loaded host."""
+    receiver = await serve_receiver(lambda: Answer(200))
+    pods, config = await start_pods(
+        redis_server, zookeeper_server, receiver.url, tmp_path,
+        rate_limit_per_second=60, rate_limit_burst=10,
+    )  # fmt: skip
+    version = time.time_ns() // 1_000_000  # newer than the pods' own publication at start
+
+    async def publish(per_second: float) -> float:
+        nonlocal version
+        version += 1
+        topic = dataclasses.replace(config.to_topic(), rate_limit_per_second=per_second)
+        await AsyncQueue(async_redis_client, topic).publish_settings(SERVE_OWNER, version)
+        return time.monotonic()
+
+    def delivered_since(since_s: float) -> list[float]:
+        return [post[0] for post in receiver.accepted() if post[0] >= since_s]
+
+    try:
+        await schedule_herd(async_redis_client, pods[0], config.topic, 1500)
+        await eventually(lambda: len(receiver.accepted()) >= 30, 30, "the drain under way")
+        slow_s = receiver.accepted()[0][0]
+        await eventually(lambda: len(delivered_since(slow_s)) >= 120, 30, "120 at 60/s")
+        fast_s = await publish(300)
+        slow_rate = (len(delivered_since(slow_s)) - 10) / (fast_s - slow_s)
+        await eventually(lambda: len(delivered_since(fast_s)) >= 600, 30, "600 at 300/s")
+        slow_again_s = await publish(60)
+        fast = delivered_since(fast_s)
+        fast_rate = len(fast) / (slow_again_s - fast_s)
+        await eventually(lambda: len(delivered_since(slow_again_s)) >= 120, 30, "120 at 60/s")
+        ended_s = time.monotonic()
+        slow_again = len(delivered_since(slow_again_s)) / (ended_s - slow_again_s)
+    finally:
+        stop_all(pods)
+    assert slow_rate <= 60 * 1.15, slow_rate
+    assert 150 <= fast_rate <= 300 * 1.15 + 10, fast_rate  # the pods took the new limit
+    # back at 60/s: at most the bucket refilled meanwhile (its burst) above the rate
+    assert slow_again <= 60 * 1.15 + 10 / (ended_s - slow_again_s), slow_again
+    assert len({post[1] for post in receiver.accepted()}) == len(receiver.accepted())
+
+
+@pytest.mark.slow
+async def test_the_limit_and_a_hold_survive_kill_9_of_every_pod_and_a_redis_restart(
+    async_redis_client: redis.asyncio.Redis,
+    zookeeper_server: Any,
+    serve_receiver: Callable[[Callable[[], Answer]], Any],
+    tmp_path: Path,
+) -> None:
+    """Chaos: a herd drains at 100/s (burst 20) through two pods; the receiver answers one POST
+    429 + `Retry-After: 6`; then both pods are killed -9 and the redis-server (AOF, fsync
+    always) too, restarted on the same port and data, and two new pods started. The hold now
+    lives in Redis only: nothing is POSTed before it ends. The herd drains at the limit before
+    and after (at most 2 s of it plus the burst in any 2 s, a margin for a loaded host), every
+    message is delivered, none dead, and the one answered 429 comes at its first attempt."""
+    limit, burst, herd, hold_s = 100, 20, 800, 6
+    server = RedisServer(appendonly=True, extra_config={"appendfsync": "always"}).start()
+    client = redis.asyncio.Redis.from_url(server.url)
+    ask_time: list[str] = []  # the next POST is answered 429 with Retry-After: this
+
+    def answer() -> Answer:
+        if ask_time:
+            return Answer(429, {"Retry-After": ask_time.pop()})
+        return Answer(200)
+
+    receiver = await serve_receiver(answer)
+    pods: list[ServeProcess] = []
+    try:
+        pods, config = await start_pods(
+            server, zookeeper_server, receiver.url, tmp_path, rate_limit_per_second=limit,
+            rate_limit_burst=burst, ack_timeout_ms=3000, webhook_timeout_ms=1000,
+        )  # fmt: skip
+        topic = config.to_topic()
+        queue = AsyncQueue(client, topic)
+        await schedule_herd(client, pods[0], config.topic, herd)
+        await eventually(lambda: len(receiver.accepted()) >= 100, 30, "the drain under way")
+        ask_time.append(str(hold_s))
+        await eventually(lambda: not ask_time, 10, "a POST answered 429")
+        [(held_s, held_id, _, _)] = [post for post in receiver.posts if post[3] == 429]
+
+        async def held_in_redis() -> bool:
+            until = await client.hget(pace_key(topic), "until")
+            info = await queue.get(held_id)
+            return until is not None and info.state is not State.PREPARED  # given back
+
+        await eventually(held_in_redis, 10, "the hold in Redis, the message given back")
+        for pod in pods:
+            pod.kill()
+        server.crash()
+        server.start()  # same port, same AOF
+        await client.aclose()  # its connections went with the server
+        client = redis.asyncio.Redis.from_url(server.url)
+        queue = AsyncQueue(client, topic)
+        replacements = [
+            ServeProcess(
+                dataclasses.replace(config, member_id=f"r{i}", port=free_port()),
+                tmp_path / f"replacement-{i}.log",
+            ).start()
+            for i in range(PODS)
+        ]
+        pods += replacements
+        await eventually(lambda: len(receiver.accepted()) >= herd, 40, "the herd delivered")
+
+        async def drained() -> bool:
+            stats = await queue.stats()
+            return (stats.scheduled, stats.prepared, stats.dead) == (0, 0, 0)
+
+        await eventually(drained, 10, "nothing left in Redis")
+    finally:
+        stop_all(pods)
+        await client.aclose()
+        server.stop()
+    accepted = receiver.accepted()
+    assert {post[1] for post in accepted} == {f"h{i}" for i in range(herd)}  # nothing lost
+    during = [post for post in receiver.posts if held_s + 1 <= post[0] <= held_s + hold_s - 0.5]
+    assert not during, during[:3]  # the hold outlived every pod and the Redis restart
+    assert [post[2] for post in accepted if post[1] == held_id] == [1]  # no attempt spent
+    after = [post[0] for post in accepted if post[0] > held_s + hold_s - 0.5]
+    assert len(after) >= herd // 2  # most of the herd drained after the recovery
+    times = [post[0] for post in accepted]
+    window_s = 2.0
+    busiest = max(sum(1 for t in times if start <= t < start + window_s) for start in times)
+    assert busiest <= limit * window_s * 1.1 + burst, busiest  # before and after the chaos
+
+
+async def test_messages_claimed_before_a_hold_are_not_sent_during_it(
+    start_service: Any, serve_receiver: Callable[[Callable[[], Answer]], Any]
+) -> None:
+    """Regression: a hold stopped claims only, so a pod went on POSTing what it had claimed
+    already for the whole hold (one POST slot, 30 claimed at once: the other 29 POSTed within
+    the 2 s asked; 200 claimed by each of two pods flaked the test above on a loaded host).
+    They are given back, no attempt counted, and sent once the hold ends."""
+    told: list[Answer] = [Answer(429, {"Retry-After": "2"})]
+    receiver = await serve_receiver(lambda: told.pop() if told else Answer(200))
+    running = await start_service(
+        topic_type=TopicType.WEBHOOK, webhook_url=receiver.url, webhook_max_in_flight=1
+    )
+    queue = running.service.queues[0]
+    await queue.schedule_many([ScheduleRequest(f"q{i}", b"x", delay_ms=0) for i in range(30)])
+    await eventually(lambda: len(receiver.accepted()) >= 30, 20, "every message")
+    held_s, _, _, status = receiver.posts[0]
+    assert status == 429
+    during = [post for post in receiver.posts[1:] if post[0] < held_s + 1.8]
+    assert not during, during[:3]
+    assert sorted(post[1] for post in receiver.accepted()) == sorted(f"q{i}" for i in range(30))
+    assert {post[2] for post in receiver.accepted()} == {1}
+
+
+async def test_the_aimd_limit_and_a_hold_are_reported_in_metrics_and_the_overview(
+    start_service: Any, serve_receiver: Callable[[Callable[[], Answer]], Any]
+) -> None:
+    """What the dashboard and an alert read: three 500s halve the POSTs allowed (8 -> 4), then
+    a 429 + Retry-After: 5 holds the topic; /metrics and /overview say both."""
+    told = [Answer(429, {"Retry-After": "5"}), *[Answer(500)] * 3]
+    receiver = await serve_receiver(lambda: told.pop() if told else Answer(200))
+    running = await start_service(
+        topic_type=TopicType.WEBHOOK, webhook_url=receiver.url, webhook_max_in_flight=8,
+        rate_limit_per_second=1000, rate_limit_burst=50, retry_backoff_base_ms=10,
+    )  # fmt: skip
+    await running.service.queues[0].schedule_many(
+        [ScheduleRequest(f"m{i}", b"x", delay_ms=0) for i in range(4)]
+    )
+    await eventually(lambda: not told, 10, "three 500s and the 429")
+
+    async def overview() -> dict[str, Any]:
+        answer = await running.client.get(f"{running.base}/overview")
+        return dict(await answer.json())
+
+    shown = await overview()
+    assert (shown["webhookConcurrency"], shown["webhookMaxInFlight"]) == (4, 8)
+    assert 3000 < shown["receiverHoldMs"] <= 5000
+    assert (shown["rateLimitPerSecond"], shown["rateLimitBurst"]) == (1000, 50)
+    metrics = (await (await running.client.get("/metrics")).read()).decode()
+    hold = next(line for line in metrics.splitlines()
+                if line.startswith("delayq_receiver_hold_seconds{"))  # fmt: skip
+    assert 3 < float(hold.rsplit(" ", 1)[1]) <= 5
+    assert 'delayq_rate_limit_burst{topic="' in metrics
 
 
 def test_retry_after_is_seconds_or_an_http_date() -> None:
@@ -278,7 +472,8 @@ async def test_pull_leases_obey_the_rate_limit(start_service: Any) -> None:
             leased += [m.id for m in batch]
     elapsed_s = time.monotonic() - started_s
     assert sorted(leased) == sorted(f"p{i}" for i in range(300))
-    assert (300 - 20) / 200 * 0.9 <= elapsed_s <= (300 - 20) / 200 * 1.3, elapsed_s
+    # never faster than the limit; the upper bound only says it was not stuck (a loaded host)
+    assert (300 - 20) / 200 * 0.9 <= elapsed_s <= (300 - 20) / 200 * 2, elapsed_s
 
 
 def test_a_paced_slot_is_not_stalled() -> None:

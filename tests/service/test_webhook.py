@@ -34,8 +34,9 @@ from delayq.service.delivery.signing import (
     TIMESTAMP_HEADER,
     Signer,
 )
+from delayq.service.delivery.sinks import DeliveryError
 from delayq.service.delivery.targets import TargetPolicy
-from delayq.service.delivery.webhook import WebhookSink
+from delayq.service.delivery.webhook import BatchAnswer, WebhookSink, batch_answers
 from delayq.service.metrics import ServiceMetrics
 from delayq.service.service import DelayService
 from tests.service.conftest import GrantedLater, Receiver, Running, StartService
@@ -288,6 +289,73 @@ async def test_messages_waiting_for_a_post_slot_go_out_together_each_answered(
         return all([await state_of(running, f"b{i}") == "absent" for i in range(16)])
 
     await eventually(all_acked, 10, "every message acked")
+
+
+async def test_a_batch_reply_may_ask_for_time_per_message_spending_no_attempt(
+    start_service: StartService, receiver: Receiver
+):
+    """A batch receiver answering one message `{"status": 429, "retryAfter": 1}` (its own
+    Retry-After) gets it again at the same attempt once the time asked has passed, the topic
+    held meanwhile; a 429 without `retryAfter` is an ordinary failure (attempt 2); every other
+    message of the batch is acked at its first attempt."""
+    release = asyncio.Event()
+    receiver.answer = first_held_until(release)
+    seen: dict[str, list[tuple[float, int]]] = {}
+
+    def reply(body: bytes) -> bytes:
+        results: list[dict[str, Any]] = []
+        for message in json.loads(body)["messages"]:
+            posts = seen.setdefault(message["id"], [])
+            posts.append((time.monotonic(), message["attempt"]))
+            result: dict[str, Any] = {"id": message["id"], "status": 200}
+            if len(posts) == 1 and message["id"] in ("b3", "b4"):
+                result = {"id": message["id"], "status": 429}
+                result.update({"retryAfter": 1} if message["id"] == "b3" else {})
+            results.append(result)
+        return json.dumps({"results": results}).encode()
+
+    receiver.reply = reply
+    running = await start_service(
+        topic_type="webhook", webhook_url=receiver.url, webhook_max_in_flight=1,
+        webhook_max_batch=10, retry_backoff_base_ms=100,
+    )  # fmt: skip
+    await schedule(running, "b0")
+    await eventually(lambda: len(receiver.requests) == 1, 5, "the first POST")
+    messages = [{"id": f"b{i}", "delayMs": 0} for i in range(1, 12)]
+    await running.client.post(f"{running.base}/messages/batch", json={"messages": messages})
+
+    async def all_claimed() -> bool:
+        return all([await state_of(running, f"b{i}") == "prepared" for i in range(1, 12)])
+
+    await eventually(all_claimed, 5, "11 messages claimed, waiting behind the held POST")
+    release.set()
+
+    async def all_acked() -> bool:
+        return all([await state_of(running, f"b{i}") == "absent" for i in range(12)])
+
+    await eventually(all_acked, 15, "every message acked")
+    assert [attempt for _, attempt in seen["b3"]] == [1, 1]  # no attempt spent on its 429
+    assert seen["b3"][1][0] - seen["b3"][0][0] >= 0.8  # not before the second it asked for
+    assert [attempt for _, attempt in seen["b4"]] == [1, 2]  # no retryAfter: a failure
+    others = {i: posts for i, posts in seen.items() if i not in ("b3", "b4")}
+    assert sorted(others) == sorted(f"b{i}" for i in range(12) if i not in (3, 4))
+    assert all([attempt for _, attempt in posts] == [1] for posts in others.values())
+
+
+def test_a_batch_answers_retry_after_is_seconds_or_an_http_date_and_nothing_else() -> None:
+    now_s = 1_700_000_000.0
+
+    def answer(**extra: Any) -> BatchAnswer:
+        reply = {"results": [{"id": "a", "status": 429, **extra}]}
+        return batch_answers(json.dumps(reply).encode(), now_s)["a"]
+
+    assert answer(retryAfter=2) == BatchAnswer(429, 2000)
+    assert answer(retryAfter="3") == BatchAnswer(429, 3000)
+    assert answer(retryAfter="Tue, 14 Nov 2023 22:13:30 GMT") == BatchAnswer(429, 10_000)
+    assert answer(retryAfter="soon") == answer(retryAfter=-1) == answer() == BatchAnswer(429)
+    for bad in (1.5, True, [1], {"s": 1}):
+        with pytest.raises(DeliveryError, match="retryAfter"):
+            answer(retryAfter=bad)
 
 
 def posted(receiver: Receiver) -> list[dict[str, Any]]:

@@ -23,6 +23,7 @@ from delayq.queue.recurrence import Recurrence
 from delayq.queue.settings import (
     DURATION_PATTERN,
     SETTINGS,
+    Consumer,
     Kind,
     Setting,
     broken_rule,
@@ -43,6 +44,12 @@ from delayq.service.delivery.targets import parse_cidrs
 from delayq.service.redaction import redact_url
 
 DURATION_MATCH = re.compile(DURATION_PATTERN)
+#: The engine's settings of `spec.delivery`: `Delivery` holds them, not `TopicSpec`.
+DELIVERY_TOPIC_FIELDS = tuple(
+    row.name
+    for row in SETTINGS
+    if row.consumer is Consumer.TOPIC and row.path.startswith("delivery.")
+)
 
 DURATION_PART = re.compile(r"([0-9]+)(ms|s|m|h)")
 DURATION_UNIT_MS = {"ms": 1, "s": 1000, "m": 60_000, "h": 3_600_000}
@@ -269,7 +276,9 @@ class TopicSpec:
     @property
     def topic(self) -> Topic:
         """The engine's view of this topic (same validation the clients use)."""
-        return Topic.from_settings(self)
+        return Topic.from_settings(
+            self, **{name: getattr(self.delivery, name) for name in DELIVERY_TOPIC_FIELDS}
+        )
 
     @property
     def redis_pods_per_broker(self) -> int:

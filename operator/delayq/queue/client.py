@@ -28,6 +28,7 @@ from delayq.queue.model import (
     ClaimBatch,
     DeadBatchResult,
     DeadPage,
+    Draw,
     Lease,
     Leased,
     MessageInfo,
@@ -605,9 +606,10 @@ class AsyncQueue:
 
     async def pace(
         self, per_second: float, burst: int, want: int, least: int, returned: int = 0
-    ) -> tuple[int, int]:
+    ) -> Draw:
         """Draw tokens from the topic's pace on this broker (`pacing.Pacer`): granted, and
-        when none, the ms until some are there or the hold ends."""
+        when none, the ms until some are there or the hold ends; at the limit of the topic's
+        settings record, `per_second` and `burst` while it has none."""
         return await self.run(plans.pace(self.topic, per_second, burst, want, least, returned))
 
     async def hold(self, hold_ms: int, max_ms: int) -> int:

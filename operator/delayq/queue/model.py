@@ -262,6 +262,16 @@ class Outcome(NamedTuple):
     at_ms: int | None = None  # new due (reschedule, nack), lease deadline (extend), death (dead)
 
 
+class Draw(NamedTuple):
+    """A draw from the topic's pace (pace-1, `pacing.Pacer`)."""
+
+    granted: int  # tokens granted (0: none now)
+    wait_ms: int  # when none: until the hold ends or enough tokens are there
+    per_second: float  # the rate limit obeyed: the topic's settings record's (0: none)
+    burst: int  # the bucket's size (0: no rate limit)
+    held: bool = False  # a receiver's hold lasts (wait_ms more)
+
+
 @dataclass(frozen=True)
 class SlotStats:
     slot: int

@@ -5,7 +5,11 @@ Two things slow a topic down, both kept in one hash on the topic's first broker 
 - its rate limit (`rate_limit_per_second`, `rate_limit_burst`): a token bucket on the Redis
   server's clock that every claim draws from first (pace-1), so a herd of due messages drains at
   the limit however many pods and brokers claim it. A message not granted a token is not
-  claimed: it stays in store, in due order, costing no attempt and no pod memory;
+  claimed: it stays in store, in due order, costing no attempt and no pod memory. The limit is
+  the topic's settings record's (`topic_record.py`), which pace-1 reads at every draw: a change
+  published by the operator's health pass applies to every pod's next draw without a restart
+  (the process's own values are the fallback while no record holds one), and each draw tells
+  the process the limit it obeyed;
 - a receiver's hold (hold-1): a webhook receiver that answered 429 or 503 with `Retry-After`
   stops every pod's claims for the time it asked (bounded by `MAX_HOLD_MS`).
 
@@ -24,41 +28,48 @@ import time
 import redis
 
 from delayq.queue.client import AsyncQueue
+from delayq.queue.model import Draw
 
 #: The longest hold a receiver's Retry-After gets: a receiver cannot park the topic for ever.
 MAX_HOLD_MS = 5 * 60 * 1000
 #: A claim waits for this much of a second's tokens at least: a round trip is worth a slice of
 #: the rate, not one message (500/s: 25 tokens, 20 draws a second shared by every pod).
 SLICE_S = 0.05
-#: Without a rate limit, the hold is read from Redis at most this often per process.
+#: Without a rate limit, the hold (and a limit set since) is read from Redis at most this often
+#: per process.
 UNPACED_CHECK_S = 0.25
 #: A draw granted nothing this recently: the topic is being held back (`held_back`).
 HELD_BACK_S = 1.0
 
 
-def burst_of(per_second: float, burst: int) -> int:
-    """The bucket's size: `burst`, or when 0 a tenth of a second's tokens (at least 1)."""
-    return burst if burst > 0 else max(1, math.ceil(per_second / 10))
-
-
 class Pacer:
     """One process's door to the topic's pace: `take` before a claim, `unused` for tokens a
-    claim did not need, `hold` when a receiver asks for time."""
+    claim did not need, `hold` when a receiver asks for time, `held` before handing over a
+    message claimed earlier."""
 
     def __init__(self, queue: AsyncQueue, per_second: float = 0.0, burst: int = 0) -> None:
         self.queue = queue  # the topic's first broker
+        # the limit: the process's own until a draw tells the topic's (its settings record's)
         self.per_second = per_second
-        self.burst = burst_of(per_second, burst)
+        self.burst = burst  # 0: a tenth of a second's tokens (pace-1 says how many after a draw)
+        self._given = (per_second, burst)  # the fallback pace-1 obeys while no record has one
         self.holds = 0  # holds asked for by receivers (for metrics)
         self.waits = 0  # draws that were granted nothing (for metrics)
         self._unused = 0  # tokens drawn and not used: given back with the next draw
         self._closed_until_s = 0.0  # monotonic: nothing is granted before (a hold or no tokens)
         self._checked_s = -UNPACED_CHECK_S  # monotonic time of the last draw from Redis
         self._refused_s = -HELD_BACK_S  # monotonic time a draw last granted nothing
+        self._held_until_s = 0.0  # monotonic: a receiver's hold lasts until (as last known)
+        self._hold_checked_s = -UNPACED_CHECK_S  # monotonic time `held` last asked Redis
 
     @property
     def limited(self) -> bool:
         return self.per_second > 0
+
+    @property
+    def hold_left_ms(self) -> float:
+        """How much longer a receiver's hold lasts, as this process knows (0: none)."""
+        return max(0.0, (self._held_until_s - time.monotonic()) * 1000)
 
     @property
     def held_back(self) -> bool:
@@ -80,9 +91,7 @@ class Pacer:
         least = min(want, max(1, math.ceil(self.per_second * SLICE_S)))
         returned, self._unused = self._unused, 0
         try:
-            granted, wait_ms = await self.queue.pace(
-                self.per_second, self.burst, want, least, returned
-            )
+            draw = await self.queue.pace(*self._given, want, least, returned)
         except redis.RedisError:
             if self.limited:
                 raise  # a limit that is not enforced is not a limit: the claim waits
@@ -91,11 +100,36 @@ class Pacer:
             self._checked_s = now_s
             return want, 0.0
         self._checked_s = now_s
-        if not granted:
+        self._note(draw)
+        if not draw.granted:
             self.waits += 1
             self._refused_s = now_s
-            self._closed_until_s = time.monotonic() + wait_ms / 1000
-        return granted, float(wait_ms)
+            self._closed_until_s = time.monotonic() + draw.wait_ms / 1000
+        return draw.granted, float(draw.wait_ms)
+
+    async def held(self) -> bool:
+        """A receiver's hold lasts: what this process knows, asked of Redis at most every
+        `UNPACED_CHECK_S`. Asked before a message claimed earlier is handed over, so that a
+        hold stops the deliveries a pod has claimed already, not only its next claims (a pod
+        holding a round's messages went on POSTing them for the whole hold). Never raises:
+        with the first broker unreachable, no hold is known (a hold is the receiver's wish)."""
+        now_s = time.monotonic()
+        if self._held_until_s > now_s:
+            return True
+        if now_s - self._hold_checked_s < UNPACED_CHECK_S:
+            return False
+        self._hold_checked_s = now_s
+        try:
+            self._note(await self.queue.pace(*self._given, 0, 0, 0))
+        except redis.RedisError:
+            return False
+        return self._held_until_s > now_s
+
+    def _note(self, draw: Draw) -> None:
+        """What a draw told: the topic's limit, and a hold with its end."""
+        self.per_second, self.burst = draw.per_second, draw.burst
+        if draw.held:
+            self._held_until_s = time.monotonic() + draw.wait_ms / 1000
 
     def unused(self, count: int) -> None:
         """Tokens drawn that a claim did not use (it found fewer due messages)."""
@@ -106,5 +140,7 @@ class Pacer:
         """Stop every pod's claims for `hold_ms` (at most `MAX_HOLD_MS`); this process at once."""
         hold_ms = max(0, min(hold_ms, MAX_HOLD_MS))
         self.holds += 1
-        self._closed_until_s = max(self._closed_until_s, time.monotonic() + hold_ms / 1000)
+        until_s = time.monotonic() + hold_ms / 1000
+        self._closed_until_s = max(self._closed_until_s, until_s)
+        self._held_until_s = max(self._held_until_s, until_s)
         await self.queue.hold(hold_ms, MAX_HOLD_MS)

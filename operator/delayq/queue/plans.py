@@ -41,6 +41,7 @@ from delayq.queue.model import (
     ClaimBatch,
     DeadBatchResult,
     DeadPage,
+    Draw,
     Leased,
     Message,
     MessageInfo,
@@ -500,12 +501,19 @@ def thaw(topic: Topic, slot: int) -> Plan[int]:
 
 def pace(
     topic: Topic, per_second: float, burst: int, want: int, least: int, returned: int
-) -> Plan[tuple[int, int]]:
-    """Draw up to `want` tokens from the topic's pace (pace-1): (granted, wait_ms)."""
-    call = ScriptCall(
-        Script.PACE, [pace_key(topic)], [repr(float(per_second)), burst, want, least, returned]
-    )
-    return Plan([call], lambda replies: (int(replies[0][0]), int(replies[0][1])))
+) -> Plan[Draw]:
+    """Draw up to `want` tokens from the topic's pace (pace-1), at the limit of the topic's
+    settings record (slot 0's, which its owner writes on every broker), `per_second` and
+    `burst` while it has none."""
+    record = slot_keys(topic, 0).settings
+    args: list[Arg] = [repr(float(per_second)), burst, want, least, returned, record]
+    call = ScriptCall(Script.PACE, [pace_key(topic)], args)
+
+    def parse(replies: list[Reply]) -> Draw:
+        granted, wait_ms, limit, size, held = replies[0]
+        return Draw(int(granted), int(wait_ms), float(limit), int(size), bool(held))
+
+    return Plan([call], parse)
 
 
 def hold(topic: Topic, hold_ms: int, max_ms: int) -> Plan[int]:

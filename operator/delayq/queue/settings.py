@@ -418,15 +418,17 @@ SETTINGS: tuple[Setting, ...] = (
         "Messages delivered (claimed for a webhook or stream, leased by pull consumers) per "
         "second at most, by every pod of every broker together (0 = no limit). Enforced in "
         "Redis: a herd of due messages drains at this rate, in due order; a message waiting for "
-        "its turn stays scheduled and spends no attempt.",
-        S, change=Change.ROLL, low=0, high=1_000_000, unit="messages/s",
+        "its turn stays scheduled and spends no attempt. A change applies within a health pass, "
+        "without restarting the pods.",
+        T, change=Change.LIVE, low=0, high=1_000_000, unit="messages/s",
     ),
     Setting(
         "delivery.rateLimit.burst", Kind.INTEGER, 0,
         "messages delivered at once above the rate after a quiet time (0: a tenth of a second's)",
         "Messages that may go at once after a quiet time, above rateLimit.perSecond (the token "
-        "bucket's size; 0 = a tenth of a second's worth, at least 1).",
-        S, change=Change.ROLL, low=0, high=1_000_000, unit="messages",
+        "bucket's size; 0 = a tenth of a second's worth, at least 1). A change applies within a "
+        "health pass, without restarting the pods.",
+        T, change=Change.LIVE, low=0, high=1_000_000, unit="messages",
     ),
     Setting(
         "delivery.pull.maxLeaseBatch", Kind.INTEGER, 1000, "pull: messages per lease at most",

@@ -49,7 +49,7 @@ _BOUNDED = tuple(
     row
     for row in SETTINGS
     if row.consumer is Consumer.TOPIC
-    and row.kind in (Kind.INTEGER, Kind.DURATION)
+    and row.kind in (Kind.INTEGER, Kind.DURATION, Kind.NUMBER)
     and row.name != "slot_amount"
 )
 
@@ -95,6 +95,10 @@ class Topic:
     # at most this many messages scheduled or in flight (0: no limit), enforced per slot at its
     # share, ceil(limits_max_pending / slot_amount), atomically in the schedule script
     limits_max_pending: int = default("limits_max_pending")
+    # messages claimed per second at most, every client together, and the bucket's size (0: no
+    # limit; burst 0: a tenth of a second's): the pace a `pacing.Pacer` draws from
+    rate_limit_per_second: float = default("rate_limit_per_second")
+    rate_limit_burst: int = default("rate_limit_burst")
     # the key generation of the slots (docs/coordination.md "Doubling the slots"): a doubling
     # of slot_amount moves a topic's slots to new key names (`queue/keys.py`), so a writer
     # whose slot amount is stale writes into frozen keys and is refused, never into a slot of
@@ -118,7 +122,12 @@ class Topic:
         object.__setattr__(self, "expiry_action", EndAction(self.expiry_action))
         for row in _BOUNDED:
             label = f"{row.path} (ms)" if row.kind is Kind.DURATION else row.path
-            _check_range(label, getattr(self, row.name), int(row.low), int(row.high))
+            value = getattr(self, row.name)
+            if row.kind is Kind.NUMBER:
+                if row.out_of_range(value):
+                    raise TopicError(f"{label} {value!r} must be a number {row.between()}")
+            else:
+                _check_range(label, value, int(row.low), int(row.high))
         _check_range("slot generation", self.slot_generation, 0, MAX_SLOT_GENERATION)
 
     @classmethod

@@ -11,14 +11,15 @@ version), which is also what the previous version's functions use during a rolli
 
 One record per slot (`SlotKeys.settings`), not one per topic: a script touches the keys of one
 hash tag only, so a topic can move onto a Redis Cluster unchanged. The owner writes the record
-of every slot of the topic's key generation on every broker (330 bytes each by MEMORY USAGE,
-330 kB per broker at 1,024 slots), so a slot move finds it on its target and nothing copies it.
+of every slot of the topic's key generation on every broker (392 bytes each by MEMORY USAGE,
+400 kB per broker at 1,024 slots), so a slot move finds it on its target and nothing copies it.
 Only the owner may write: the operator (its admin user) on Kubernetes, `delayq serve` on a Redis
 of its own; the topic's users may read it (`acl.py`). A record names its owner and a version
 (`lua/publish-1.lua`): a publisher with older settings of the same owner never replaces a newer
 record.
 
-Recorded: the `Topic` fields a script enforces, each under its own name (`RECORDED_FIELDS`).
+Recorded: the `Topic` fields a script enforces, each under its own name (`RECORDED_FIELDS`);
+the rate limit's are read by pace-1 from slot 0's record, on the topic's first broker.
 Not recorded, since no script decides by them: `ack_timeout_ms` (the default lease: every claim
 and extend names its own, a pull consumer's `leaseMs` within its bounds), `max_payload_bytes`
 (checked by the client before it sends), `redis_sync_replicas` and `redis_sync_timeout_ms` (a

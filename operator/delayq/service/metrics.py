@@ -159,6 +159,8 @@ class ServiceMetrics:
             names,
             registry=self.registry,
         )
+        # the webhook POSTs allowed in flight now (the AIMD limit; None: no webhook sink)
+        self.webhook_posts_allowed: int | None = None
         self._topic_labels = (namespace, topic)
         self._children: dict[tuple[int, tuple[str, ...]], Any] = {}
         # series with only the topic labels exist from the start (zero, not absent)
@@ -205,6 +207,7 @@ class ServiceMetrics:
         self.registry.register(_PacerCollector(pacer, self._topic_labels))
 
     def set_webhook_concurrency(self, size: int) -> None:
+        self.webhook_posts_allowed = size
         self._child(self.webhook_concurrency).set(size)
 
     def count_slot_moving_wait(self) -> None:
@@ -345,6 +348,15 @@ class _PacerCollector(Collector):
         )
         limit.add_metric(labels, pacer.per_second)
         yield limit
+        for name, help_text, level in (
+            ("delayq_rate_limit_burst", "The topic's rate limit's bucket: messages at once "
+             "after a quiet time (0: no limit; as the last draw said)", pacer.burst),
+            ("delayq_receiver_hold_seconds", "How much longer a receiver's Retry-After holds the "
+             "topic's delivery, as this process knows (0: no hold)", pacer.hold_left_ms / 1000),
+        ):  # fmt: skip
+            gauge = GaugeMetricFamily(name, help_text, labels=list(TOPIC_LABELS))
+            gauge.add_metric(labels, level)
+            yield gauge
 
 
 class _SessionCollector(Collector):

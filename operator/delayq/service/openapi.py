@@ -456,6 +456,25 @@ SCHEMAS: dict[str, Schema] = {
             "minimum": 0,
             "description": "delivery.rateLimit.perSecond: messages per second at most (0: none)",
         },
+        rateLimitBurst=integer("the rate limit's bucket: messages at once (0: no limit)"),
+        receiverHoldMs=integer(
+            "how much longer a receiver's Retry-After holds delivery, as this process knows "
+            "(0: no hold)"
+        ),
+        webhookConcurrency={
+            "type": "integer",
+            "nullable": True,
+            "minimum": 1,
+            "description": "webhook POSTs this process allows in flight now: "
+            "webhookMaxInFlight, halved on timeouts and 5xx answers, grown back by successes "
+            "(AIMD); null: not a webhook topic",
+        },
+        webhookMaxInFlight={
+            "type": "integer",
+            "nullable": True,
+            "minimum": 1,
+            "description": "delivery.webhook.maxInFlight (null: not a webhook topic)",
+        },
         latenessObjectiveMs=integer(
             "objectives.latenessP99: the p99 lateness objective in ms (0: none)"
         ),
@@ -590,6 +609,35 @@ SCHEMAS: dict[str, Schema] = {
             {"required": ["all"], "properties": {"all": {"enum": [True]}}},
         ],
         "not": {"required": ["ids", "all"]},
+    },
+    # not an operation of this service: what a batched webhook's receiver answers it
+    "WebhookBatchReply": {
+        **obj(
+            ["results"],
+            results=array(
+                obj(
+                    ["id", "status"],
+                    id=ID_SCHEMA,
+                    status=integer(
+                        "this message's answer: 2xx acks it, anything else retries it", 100, 599
+                    ),
+                    retryAfter={
+                        "oneOf": [
+                            integer("seconds", 0),
+                            string("seconds or an HTTP date, as the Retry-After header"),
+                        ],
+                        "description": "with a 429 or 503: the message's own Retry-After. It "
+                        "is given back, no attempt counted, and the topic held that long (every "
+                        "pod; at most 5 minutes and expiry.ttl), then delivered at the same "
+                        "attempt; without it a 429 or 503 is an ordinary failure",
+                    },
+                ),
+                MAX_BATCH,
+            ),
+        ),
+        "description": "What the receiver of a webhook topic with delivery.webhook.maxBatch > 1 "
+        'answers a POST of {"messages": [...]}: one result per message, by id '
+        '(docs/service.md, "Batched webhooks"). Not an operation of this service.',
     },
 }
 

@@ -115,7 +115,7 @@ async def read_slots(
         read_paused(service),
     )
     views: list[SlotView] = []
-    paced = service.pacer is not None and service.pacer.held_back
+    paced = service.pacer.held_back
     for (broker, chunks), replies in zip(parts, answers, strict=True):
         views += _views(broker, chunks, replies, broker in paused, paced, len(windows))
     views.sort(key=lambda view: view.slot)
@@ -383,7 +383,16 @@ def overview_json(service: DelayService, view: TopicView, age_s: float) -> dict[
         "paused": bool(paused),
         "pausedBrokers": paused,
         "paced": any(s.paced for s in slots),
-        "rateLimitPerSecond": service.config.rate_limit_per_second,
+        "rateLimitPerSecond": service.pacer.per_second,  # the settings record's, live
+        "rateLimitBurst": service.pacer.burst,
+        "receiverHoldMs": round(service.pacer.hold_left_ms),
+        # the AIMD limit of this process's webhook POSTs, and its ceiling (None: no webhook)
+        "webhookConcurrency": service.metrics.webhook_posts_allowed,
+        "webhookMaxInFlight": (
+            service.config.webhook_max_in_flight
+            if service.metrics.webhook_posts_allowed is not None
+            else None
+        ),
         # spec.objectives, drawn against the measured lateness (0: none)
         "latenessObjectiveMs": service.config.objectives_lateness_p99_ms,
         "objectiveWindowMs": service.config.objectives_window_ms,

@@ -117,8 +117,7 @@ class DelayService:
         self._halves_lost: set[int] = set()  # fenced out by a newer owner: never taken back
         self.unconsumed_halves = UnconsumedSlots()  # halves whose take-over failed, by half
         self.metrics.watch_counters(self.counters)
-        if self.pacer is not None:
-            self.metrics.watch_pacer(self.pacer)
+        self.metrics.watch_pacer(self.pacer)
         if isinstance(self.ownership, SessionHolder):
             self.metrics.watch_session(self.ownership)
 
@@ -143,13 +142,13 @@ class DelayService:
                 setattr(total, name, getattr(total, name) + value)
         return total
 
-    def _pacer(self) -> Pacer | None:
-        """The topic's pace on its first broker: with a rate limit, and on webhook topics
-        (whose receivers may ask for time); None when nothing would ever slow it down."""
-        per_second = self.config.rate_limit_per_second
-        if not per_second and self.topic.topic_type is not TopicType.WEBHOOK:
-            return None
-        return Pacer(self.queues[0], per_second, self.config.rate_limit_burst)
+    def _pacer(self) -> Pacer:
+        """The topic's pace on its first broker, on every topic: its rate limit may be set
+        while the pods run (the settings record's, which every draw reads), and a webhook's
+        receiver may ask for time. Without a limit it asks Redis a few times a second only."""
+        return Pacer(
+            self.queues[0], self.config.rate_limit_per_second, self.config.rate_limit_burst
+        )
 
     def _delivery(self) -> Delivery:
         """The topic type's delivery engine: the one place that tells the types apart."""
@@ -375,7 +374,8 @@ class DelayService:
                 targets=config.webhook_targets,
                 extra_headers=config.webhook_headers,
                 max_batch=config.webhook_max_batch,
-                hold=self.pacer.hold if self.pacer is not None else None,
+                hold=self.pacer.hold,
+                held=self.pacer.held,
                 max_hold_ms=self.topic.expiry_ttl_ms or MAX_HOLD_MS,
                 trace_headers=self.tracing.inject if self.tracing is not None else None,
             )

@@ -6,9 +6,10 @@ concurrency limit), and a total timeout per POST so a hung receiver costs a retr
 Batches (`max_batch` > 1, for receivers that accept them): the messages waiting for a POST slot
 go out together, up to `max_batch` per POST, as `{"messages": [...]}`, and the receiver answers
 each one (`{"results": [{"id": ..., "status": 200}, ...]}`): a 2xx status acks that message,
-anything else, or no answer for it, retries it alone. Batches form only while every POST slot is
-busy, so a quiet topic still sends each message at once, and a busy one spends one request on
-many messages (docs/service.md, "Batched webhooks").
+a 429 or 503 with a `retryAfter` is that message's Retry-After (given back, no attempt counted,
+the topic held), anything else, or no answer for it, retries it alone. Batches form only while
+every POST slot is busy, so a quiet topic still sends each message at once, and a busy one
+spends one request on many messages (docs/service.md, "Batched webhooks").
 
 A message may wait for the semaphore; once it has a turn, the sink asks `lease_deadline` whether
 its lease is still valid and its slot still owned, and sends nothing otherwise (`LeaseGoneError`:
@@ -38,7 +39,7 @@ import socket
 import time
 from collections.abc import Awaitable, Callable, Mapping
 from email.utils import parsedate_to_datetime
-from typing import Any
+from typing import Any, NamedTuple
 
 import aiohttp
 import redis
@@ -173,6 +174,7 @@ class WebhookSink:
         hold: Callable[[int], Awaitable[None]] | None = None,
         max_hold_ms: int = MAX_HOLD_MS,
         trace_headers: Callable[[dict[str, str]], None] | None = None,
+        held: Callable[[], Awaitable[bool]] | None = None,
     ) -> None:
         self.topic = topic
         # adds the current delivery span's `traceparent` to a single message's POST (None:
@@ -188,6 +190,7 @@ class WebhookSink:
         self.lease_deadline = lease_deadline
         self._limit = AdaptiveLimit(concurrency)
         self.hold = hold  # the topic's pace: holds every pod's delivery (None: never held)
+        self.held = held  # whether a hold lasts: nothing is sent meanwhile (`Pacer.held`)
         self.max_hold_ms = max_hold_ms
         metrics.set_webhook_concurrency(concurrency)
         self._literal_refusal = literal_refusal(url, targets)
@@ -223,6 +226,8 @@ class WebhookSink:
             deadline_ms = self.lease_deadline(message)
             if deadline_ms is None:
                 raise LeaseGoneError(f"{message.id}: lease gone while waiting for a POST slot")
+            if await self._holding():
+                raise ReceiverHoldError(f"{message.id}: not sent, the receiver's hold lasts")
             headers["X-Delayq-Lease-Deadline"] = str(int(deadline_ms))
             if self.signer:
                 timestamp_s = int(self.clock_ms(message.slot) // 1000)
@@ -230,7 +235,7 @@ class WebhookSink:
             started = time.monotonic()
             status, _, retry_after = await self._post(body, headers, started, SINGLE_REPLY_BYTES)
         if not 200 <= status < 300:
-            raise await self._refused(status, retry_after)
+            raise await self._refused(status, retry_after_ms(retry_after, time.time()))
 
     async def _deliver_in_batch(self, message: Message) -> None:
         """Wait for the batcher to send the message with the others waiting, and for the
@@ -283,6 +288,13 @@ class WebhookSink:
         wait with the receiver's answer to it. A wait cancelled meanwhile is skipped: its
         message is neither sent nor answered."""
         try:
+            if await self._holding():
+                for message, answered in batch:
+                    if not answered.done():
+                        answered.set_exception(
+                            ReceiverHoldError(f"{message.id}: not sent, the receiver's hold lasts")
+                        )
+                return
             sent: list[Waiting] = []
             deadlines: list[float] = []
             for message, answered in batch:
@@ -317,50 +329,77 @@ class WebhookSink:
                     body, headers, time.monotonic(), limit
                 )
                 if not 200 <= status < 300:
-                    raise await self._refused(status, retry_after)
+                    raise await self._refused(status, retry_after_ms(retry_after, time.time()))
                 if reply is None:
                     raise DeliveryError(
                         f"POST {self.shown_url}: HTTP {status}, its reply over {limit} bytes "
                         "or cut off"
                     )
-                answers = batch_answers(reply)
+                answers = batch_answers(reply, time.time())
             except (DeliveryError, ReceiverHoldError) as error:
                 for _, answered in sent:
                     if not answered.done():
                         answered.set_exception(error)
                 return
-            for message, answered in sent:
-                if answered.done():
-                    continue
-                answer = answers.get(message.id)
-                if answer is not None and 200 <= answer < 300:
-                    answered.set_result(None)
-                else:
-                    said = "no answer for it" if answer is None else f"status {answer}"
-                    answered.set_exception(
-                        DeliveryError(f"POST {self.shown_url}: batch reply gave {said}")
-                    )
+            await self._settle(sent, answers)
         finally:
             self._limit.release()
             for _, answered in batch:  # only on a bug above: never leave a delivery waiting
                 if not answered.done():
                     answered.set_exception(DeliveryError(f"POST {self.shown_url}: batch not sent"))
 
-    async def _refused(self, status: int, retry_after: str | None) -> Exception:
-        """What a non-2xx answer makes of its messages. A 429 or 503 with a Retry-After the
-        topic may honour holds every pod's delivery that long (`Pacer.hold`) and gives the
-        messages back, no attempt counted; otherwise the delivery failed (retried with backoff),
-        and a 5xx halves the POSTs in flight (`AdaptiveLimit`)."""
-        hold_ms = None
-        if status in HOLD_STATUSES and self.hold is not None:
-            hold_ms = retry_after_ms(retry_after, time.time())
-        if hold_ms is not None and self.hold is not None:
-            hold_ms = max(MIN_HOLD_MS, min(hold_ms, self.max_hold_ms))
-            try:
-                await self.hold(hold_ms)
-            except redis.RedisError as error:  # not held: an ordinary failed delivery
-                return DeliveryError(f"POST {self.shown_url}: HTTP {status} (hold: {error})")
-            return ReceiverHoldError(f"POST {self.shown_url}: HTTP {status}, held {hold_ms} ms")
+    async def _settle(self, sent: list[Waiting], answers: dict[str, BatchAnswer]) -> None:
+        """Each message of a batch by its answer: a 2xx acks it; a 429 or 503 asking for time
+        gives it back, no attempt counted, and holds the topic (once, for the longest time
+        asked: as that answer to its own POST would); anything else, or no answer, fails it."""
+        asked = [
+            answer.hold_ms
+            for answer in answers.values()
+            if answer.status in HOLD_STATUSES and answer.hold_ms is not None
+        ]
+        held = await self._hold_for(429, max(asked)) if asked else None
+        for message, answered in sent:
+            if answered.done():
+                continue
+            answer = answers.get(message.id)
+            if answer is not None and 200 <= answer.status < 300:
+                answered.set_result(None)
+            elif held is not None and answer is not None and answer.hold_ms is not None and (
+                answer.status in HOLD_STATUSES
+            ):
+                answered.set_exception(held)
+            else:
+                said = "no answer for it" if answer is None else f"status {answer.status}"
+                answered.set_exception(
+                    DeliveryError(f"POST {self.shown_url}: batch reply gave {said}")
+                )
+
+    async def _holding(self) -> bool:
+        """A receiver's hold lasts: messages claimed before it are given back, not sent (no
+        attempt counted), and claimed again once it ends."""
+        return self.held is not None and await self.held()
+
+    async def _hold_for(self, status: int, asked_ms: int) -> Exception | None:
+        """A 429 or 503 asking for `asked_ms`: holds every pod's delivery that long (bounded,
+        `Pacer.hold`) and answers the error that gives its messages back, no attempt counted;
+        the failure to hold when Redis refuses (an ordinary failed delivery); None when the
+        topic is never held (no pace) or the status asks for nothing."""
+        if status not in HOLD_STATUSES or self.hold is None:
+            return None
+        hold_ms = max(MIN_HOLD_MS, min(asked_ms, self.max_hold_ms))
+        try:
+            await self.hold(hold_ms)
+        except redis.RedisError as error:  # not held: an ordinary failed delivery
+            return DeliveryError(f"POST {self.shown_url}: HTTP {status} (hold: {error})")
+        return ReceiverHoldError(f"POST {self.shown_url}: HTTP {status}, held {hold_ms} ms")
+
+    async def _refused(self, status: int, asked_ms: int | None) -> Exception:
+        """What a non-2xx answer makes of its messages. A 429 or 503 with a Retry-After
+        (`asked_ms`) the topic may honour holds it (`_hold_for`); otherwise the delivery failed
+        (retried with backoff), and a 5xx halves the POSTs in flight (`AdaptiveLimit`)."""
+        held = None if asked_ms is None else await self._hold_for(status, asked_ms)
+        if held is not None:
+            return held
         if status >= 500:
             self._limit.shrink()
             self.metrics.set_webhook_concurrency(self._limit.size)
@@ -450,26 +489,44 @@ def batch_reply_bytes(messages: int) -> int:
     return BATCH_REPLY_BASE_BYTES + BATCH_REPLY_BYTES_PER_MESSAGE * messages
 
 
-def batch_answers(reply: bytes) -> dict[str, int]:
-    """Message id -> status from a batch reply `{"results": [{"id": ..., "status": ...}]}`.
+class BatchAnswer(NamedTuple):
+    """A batch reply's answer to one message."""
+
+    status: int
+    # a 429's or 503's `retryAfter`, in ms from now: the message's own Retry-After (None:
+    # absent or unreadable, the answer is then an ordinary failure)
+    hold_ms: int | None = None
+
+
+def batch_answers(reply: bytes, now_s: float) -> dict[str, BatchAnswer]:
+    """Message id -> answer from a batch reply `{"results": [{"id": ..., "status": ...}]}`,
+    where a result may add `"retryAfter"`: whole seconds, or a string as the Retry-After header
+    (seconds or an HTTP date, from `now_s`).
 
     Only that exact shape counts: an id that is a string and a status that is an integer (not
-    `"200"`, `299.9` or `true`, which a lenient reading would take for a 2xx), and one answer
-    per id (repeating it alike is harmless). A reply of any other shape, or answering one id
-    both ways, is a failed delivery of the whole batch: never an ack the receiver did not give.
+    `"200"`, `299.9` or `true`, which a lenient reading would take for a 2xx), a `retryAfter`
+    that is an integer or a string, and one answer per id (repeating it alike is harmless). A
+    reply of any other shape, or answering one id both ways, is a failed delivery of the whole
+    batch: never an ack the receiver did not give.
     """
     try:
         results: Any = json.loads(reply)["results"]
         if not isinstance(results, list):
             raise TypeError("results is not a list")
-        answers: dict[str, int] = {}
+        answers: dict[str, BatchAnswer] = {}
         for result in results:
             message_id, status = result["id"], result["status"]
             if not isinstance(message_id, str) or type(status) is not int:
                 raise TypeError("an id that is not a string or a status that is not an integer")
-            if answers.setdefault(message_id, status) != status:
+            retry_after = result.get("retryAfter")
+            if retry_after is not None and type(retry_after) not in (int, str):
+                raise TypeError("a retryAfter that is neither an integer nor a string")
+            answer = BatchAnswer(
+                status, None if retry_after is None else retry_after_ms(str(retry_after), now_s)
+            )
+            if answers.setdefault(message_id, answer) != answer:
                 raise ValueError(f"two different answers for id {message_id!r}")
-    except (ValueError, KeyError, TypeError, RecursionError) as error:
+    except (ValueError, KeyError, TypeError, AttributeError, RecursionError) as error:
         raise DeliveryError(
             f'batch reply is not {{"results": [{{"id": ..., "status": ...}}]}}: '
             f"{type(error).__name__}: {str(error)[:200]}"

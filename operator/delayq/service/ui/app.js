@@ -237,8 +237,14 @@
       ["Sent to dead", number(p.dead)],
       ["Lateness p50 / p99", `≤ ${p.latenessP50Ms ?? "—"} ms / ≤ ${p.latenessP99Ms ?? "—"} ms`],
       ["Lateness objective", objectiveText(o.latenessObjectiveMs, o.objectiveWindowMs, window)],
+      ...(o.webhookConcurrency == null ? [] : [[
+        "Webhook POSTs allowed",
+        `${number(o.webhookConcurrency)} of ${number(o.webhookMaxInFlight)}` +
+          (o.webhookConcurrency < o.webhookMaxInFlight
+            ? " (halved on timeouts and 5xx, growing back)" : ""),
+      ]]),
     ]);
-    renderDelivery(o.pausedBrokers, o.brokers, o.paced, o.rateLimitPerSecond);
+    renderDelivery(o.pausedBrokers, o.brokers, o.paced, o.rateLimitPerSecond, o.receiverHoldMs);
     renderHistogram(o.dueHistogram);
     renderLateness(window, o.latenessObjectiveMs);
     stamp("overview-updated");
@@ -248,13 +254,16 @@
 
   /** Paused or running, in words (the colour only repeats it), and the button that changes
    *  it: a topic paused on some brokers only (a pause that failed half-way) offers both. */
-  function renderDelivery(pausedBrokers, brokers, paced, rateLimit) {
+  function renderDelivery(pausedBrokers, brokers, paced, rateLimit, holdMs) {
     const paused = pausedBrokers.length > 0;
     const partly = paused && pausedBrokers.length < brokers;
     const pace = rateLimit ? ` at most ${rateLimit}/s` : "";
+    const held = holdMs > 0
+      ? `▶ running, held by the receiver's Retry-After for ${Math.ceil(holdMs / 1000)} s more`
+      : null;
     $("delivery-state").textContent = !paused
-      ? (paced ? `▶ running, paced${pace} (rate limit or the receiver's Retry-After)`
-               : `▶ running${pace}`)
+      ? (held ?? (paced ? `▶ running, paced${pace} (rate limit or the receiver's Retry-After)`
+                        : `▶ running${pace}`))
       : `⏸ paused${partly ? ` on broker(s) ${pausedBrokers.join(", ")}` : ""} — nothing is ` +
         "claimed; scheduling goes on";
     $("delivery").classList.toggle("paused", paused);
