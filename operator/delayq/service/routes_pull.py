@@ -122,6 +122,8 @@ async def _ack(service: DelayService, leases: Sequence[Lease]) -> list[Outcome]:
     """Ack `leases` (of the ack route or a lease request's `ack`), counted as acked."""
     outcomes = await service.brokers.each(leases, _slot, lambda q, chunk: q.ack_many(chunk))
     service.metrics.count_delivery("acked", sum(o.code is Code.ACKED for o in outcomes))
+    if service.tracing is not None:
+        service.tracing.lease_acked(service.topic.name, leases, outcomes)
     return outcomes
 
 
@@ -144,6 +146,8 @@ async def nack(request: web.Request) -> web.Response:
         retries, lambda r: r.lease.slot, lambda q, chunk: q.nack_many(chunk)
     )
     service.metrics.count_nacked(outcomes)
+    if service.tracing is not None:
+        service.tracing.lease_nacked(service.topic.name, retries, outcomes)
     return _answer(body, outcomes)
 
 
@@ -178,4 +182,6 @@ async def extend(request: web.Request) -> web.Response:
     outcomes = await service.brokers.each(
         leases, _slot, lambda q, chunk: q.extend_many(chunk, ack_timeout_ms)
     )
+    if service.tracing is not None:
+        service.tracing.lease_extended(service.topic.name, leases, outcomes, ack_timeout_ms)
     return _answer(body, outcomes)
