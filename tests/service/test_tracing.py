@@ -8,6 +8,7 @@ tested is what the Collector would be sent: the protobuf export request on `/v1/
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import subprocess
@@ -342,9 +343,10 @@ async def test_a_pull_lease_is_a_claim_span_and_its_ack_nack_extend_its_children
 ):
     """A pull topic's lease answer carries the producer's context in the message's headers,
     and each leased message is a `claim` span linking it; the consumer's extend, ack (by the
-    ack route or on its next lease) and nack over HTTP are spans, the children of the lease's
-    claim span, as a push attempt's are of its deliver span. An ack this process holds no
-    claim of (the lease already acked: refused) is a trace of its own, an error."""
+    ack route or on its next lease), nack and nack to dead over HTTP are spans, the children
+    of the lease's claim span, as a push attempt's are of its deliver span. An ack this
+    process holds no claim of (the lease already acked: refused) is a trace of its own, an
+    error."""
     monkeypatch.setenv("OTEL_EXPORTER_OTLP_ENDPOINT", otlp.url)
     traced = Tracing.from_env(os.environ)
     assert traced is not None
@@ -359,21 +361,23 @@ async def test_a_pull_lease_is_a_claim_span_and_its_ack_nack_extend_its_children
     leased: dict[str, dict[str, Any]] = {}
     slot: dict[str, int] = {}
     try:
-        for message_id in ("p-1", "p-2", "p-3"):
+        for message_id in ("p-1", "p-2", "p-3", "p-4"):
             answer = await client.post(
                 "/v1/topics/pulled/messages",
                 json={"id": message_id, "delayMs": 0, "headers": {"traceparent": TRACEPARENT}},
             )
             assert answer.status == 201, await answer.text()
             slot[message_id] = (await answer.json())["slot"]
-        while len(leased) < 3:  # the long poll answers when any is due: until all are leased
-            answer = await client.post(leases, json={"max": 3, "waitMs": 5000})
-            leased.update({m["id"]: m for m in (await answer.json())["leases"]})
+        async with asyncio.timeout(15):  # a long poll answers when any is due: until all are
+            while len(leased) < 4:
+                answer = await client.post(leases, json={"max": 4, "waitMs": 5000})
+                leased.update({m["id"]: m for m in (await answer.json())["leases"]})
         token = {message_id: m["token"] for message_id, m in leased.items()}
         for path, json_body, status in (
             ("/extend", {"tokens": [token["p-1"]], "ackTimeoutMs": 60_000}, 200),
             ("/ack", {"tokens": [token["p-1"]]}, 200),
             ("/nack", {"tokens": [token["p-2"]], "delayMs": 60_000}, 200),
+            ("/nack", {"tokens": [token["p-4"]], "dead": True}, 200),
             ("", {"ack": [token["p-3"]], "max": 1}, 200),  # acked on the next lease
             ("/ack", {"tokens": [token["p-1"]]}, 409),  # again: the lease is gone
         ):
@@ -384,7 +388,7 @@ async def test_a_pull_lease_is_a_claim_span_and_its_ack_nack_extend_its_children
         await client.close()
     assert leased["p-1"]["headers"] == {"traceparent": TRACEPARENT}
     claims = {attributes(span)["messaging.message.id"]: span for span in otlp.named("claim")}
-    assert sorted(claims) == ["p-1", "p-2", "p-3"]
+    assert sorted(claims) == ["p-1", "p-2", "p-3", "p-4"]
     for message_id, claim in claims.items():
         assert claim.kind == Span.SPAN_KIND_CLIENT
         assert claim.parent_span_id == b""
@@ -413,6 +417,7 @@ async def test_a_pull_lease_is_a_claim_span_and_its_ack_nack_extend_its_children
     assert (
         child_of_claim("nack pulled", "p-2", "retry_scheduled")["messaging.delayq.retry_due_ms"] > 0
     )
+    child_of_claim("dead pulled", "p-4", "dead")
     acks = [span for span in otlp.named("ack pulled") if span.parent_span_id]
     assert sorted(attributes(span)["messaging.message.id"] for span in acks) == ["p-1", "p-3"]
     for ack in acks:
