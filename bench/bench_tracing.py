@@ -1,16 +1,19 @@
 """Tracing benchmark: what `delayq serve`'s spans cost, tracing off against on in the same run
 (one throw-away redis-server, JSON on stdout).
 
-    python bench/bench_tracing.py [--messages 20000] [--rounds 5] [--output FILE]
+    python bench/bench_tracing.py [--messages 20000] [--rounds 5] [--pull] [--output FILE]
 
 Each round schedules `--messages` messages due at once (each with a producer's `traceparent`
 header, 32-byte payloads, 16 slots), then starts an in-process `DelayService` of a stream topic
 (no receiver to wait on) and times from the first message on the stream to the last: messages per
-second and the process's CPU µs per message. Off and on take turns (which goes first alternates by
-round); the report has the median of the rounds, on's ratio to off (of the medians) and the
-ratio round by round. On is the SDK's tracer with its batch processor and an exporter that
-drops the spans: delayq's and the SDK's cost per message, not the network's (the OTLP export
-runs on the processor's thread, in batches of 512).
+second and the process's CPU µs per message. With `--pull`, a pull topic instead, drained over
+its HTTP API in the process (aiohttp's test client): leases of up to 1,000, each carrying the
+previous answer's tokens in `ack` (the last answer's in an ack request: a `claim` and an `ack`
+span per message), timed from the first lease answer to the last ack. Off and on take turns
+(which goes first alternates by round); the report has the median of the rounds, on's ratio
+to off (of the medians) and the ratio round by round. On is the SDK's tracer with its batch
+processor and an exporter that drops the spans: delayq's and the SDK's cost per message, not
+the network's (the OTLP export runs on the processor's thread, in batches of 512).
 """
 
 from __future__ import annotations
@@ -24,6 +27,7 @@ from pathlib import Path
 from typing import Any
 
 import redis.asyncio
+from aiohttp.test_utils import TestClient, TestServer
 from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter, SpanExportResult
@@ -31,6 +35,7 @@ from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter, Spa
 from delayq.local.redis_server import RedisServer
 from delayq.queue import AsyncQueue, ScheduleRequest
 from delayq.queue.topic import TopicType
+from delayq.service.api import build_app
 from delayq.service.config import ServiceConfig
 from delayq.service.service import DelayService
 from delayq.service.tracing import Tracing
@@ -52,11 +57,8 @@ def tracing() -> Tracing:
     return Tracing(provider.get_tracer("delayq"), provider.force_flush)
 
 
-async def drain(url: str, messages: int, traced: Tracing | None) -> dict[str, float]:
-    config = ServiceConfig(
-        redis_url=url, topic="bench", slot_amount=SLOTS, topic_type=TopicType.STREAM, port=0
-    )
-    client = redis.asyncio.Redis.from_url(url)
+async def fill(client: redis.asyncio.Redis, config: ServiceConfig, messages: int) -> None:
+    """`messages` due now, each with a producer's context, on an empty Redis."""
     await client.flushall()
     queue = AsyncQueue(client, config.to_topic())
     headers = {"traceparent": TRACEPARENT}
@@ -67,6 +69,14 @@ async def drain(url: str, messages: int, traced: Tracing | None) -> dict[str, fl
                 for i in range(start, min(start + 1000, messages))
             ]
         )
+
+
+async def drain(url: str, messages: int, traced: Tracing | None) -> dict[str, float]:
+    config = ServiceConfig(
+        redis_url=url, topic="bench", slot_amount=SLOTS, topic_type=TopicType.STREAM, port=0
+    )
+    client = redis.asyncio.Redis.from_url(url)
+    await fill(client, config, messages)
     service = DelayService(config, tracing=traced)
     await service.start()
     while (first := await client.xlen(config.target_stream)) == 0:  # the start is not timed
@@ -81,6 +91,36 @@ async def drain(url: str, messages: int, traced: Tracing | None) -> dict[str, fl
     return {"per_s": timed / elapsed, "cpu_us_per_msg": cpu / timed * 1e6}
 
 
+async def drain_pull(url: str, messages: int, traced: Tracing | None) -> dict[str, float]:
+    config = ServiceConfig(
+        redis_url=url, topic="bench", slot_amount=SLOTS, topic_type=TopicType.PULL, port=0
+    )
+    client = redis.asyncio.Redis.from_url(url)
+    await fill(client, config, messages)
+    service = DelayService(config, tracing=traced)
+    await service.start()
+    http = TestClient(TestServer(build_app(service)))
+    await http.start_server()
+    path = "/v1/topics/bench/leases"
+    tokens: list[str] = []
+    leased = 0
+    started = cpu = 0.0
+    while leased < messages:
+        answer = await http.post(path, json={"max": 1000, "waitMs": 1000, "ack": tokens})
+        assert answer.status == 200, await answer.text()
+        tokens = [lease["token"] for lease in (await answer.json())["leases"]]
+        leased += len(tokens)
+        if not started and tokens:  # the start is not timed
+            started, cpu = time.perf_counter(), time.process_time()
+    answer = await http.post(path + "/ack", json={"tokens": tokens})  # no lease to wait for
+    assert answer.status == 200, await answer.text()
+    elapsed, cpu = time.perf_counter() - started, time.process_time() - cpu
+    await http.close()
+    await service.stop()
+    await client.aclose()
+    return {"per_s": messages / elapsed, "cpu_us_per_msg": cpu / messages * 1e6}
+
+
 def median(runs: list[dict[str, float]], key: str) -> float:
     return statistics.median(run[key] for run in runs)
 
@@ -89,8 +129,10 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--messages", type=int, default=20_000)
     parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--pull", action="store_true", help="a pull topic, leased over HTTP")
     parser.add_argument("--output", type=Path)
     args = parser.parse_args()
+    drained = drain_pull if args.pull else drain
     traced = tracing()
     runs: dict[str, list[dict[str, float]]] = {"off": [], "on": []}
     with RedisServer() as server:
@@ -98,10 +140,15 @@ def main() -> None:
             order = ("off", "on") if round_ % 2 == 0 else ("on", "off")
             for mode in order:
                 result = asyncio.run(
-                    drain(server.url, args.messages, traced if mode == "on" else None)
+                    drained(server.url, args.messages, traced if mode == "on" else None)
                 )
                 runs[mode].append(result)
-    report: dict[str, Any] = {"messages": args.messages, "rounds": args.rounds, "slots": SLOTS}
+    report: dict[str, Any] = {
+        "topic_type": "pull" if args.pull else "stream",
+        "messages": args.messages,
+        "rounds": args.rounds,
+        "slots": SLOTS,
+    }
     for key in ("per_s", "cpu_us_per_msg"):
         off, on = median(runs["off"], key), median(runs["on"], key)
         per_round = [new[key] / old[key] for new, old in zip(runs["on"], runs["off"], strict=True)]

@@ -8,6 +8,7 @@ tested is what the Collector would be sent: the protobuf export request on `/v1/
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import subprocess
@@ -178,9 +179,10 @@ async def test_a_message_is_traced_from_producer_to_receiver(
         assert found["messaging.delayq.slot"] == slot
         assert found["messaging.delayq.attempt"] == 1
         assert 0 <= found["messaging.delayq.lateness_ms"] < 5000
-    assert attributes(claim)["messaging.delayq.lateness_ms"] <= attributes(deliver)[
-        "messaging.delayq.lateness_ms"
-    ]
+    assert (
+        attributes(claim)["messaging.delayq.lateness_ms"]
+        <= attributes(deliver)["messaging.delayq.lateness_ms"]
+    )
     assert attributes(deliver)["messaging.delayq.outcome"] == "ack"
     assert deliver.status.code == deliver.status.STATUS_CODE_OK
     [ack] = otlp.named("ack traced")
@@ -223,10 +225,7 @@ async def test_a_message_is_traced_from_producer_to_receiver(
         assert attributes(settled)["messaging.delayq.outcome"] == outcome
         assert attributes(settled)["messaging.operation.type"] == "settle"
     assert attributes(nack)["messaging.delayq.retry_due_ms"] > 0
-    for span in otlp.spans:  # the trace, as the receiver got it (shown with -s)
-        links = [f"{link.trace_id.hex()}/{link.span_id.hex()}" for link in span.links]
-        print(span.name, f"trace={span.trace_id.hex()} span={span.span_id.hex()}",
-              f"parent={span.parent_span_id.hex() or '-'} links={links}", attributes(span))
+    _print_trace(otlp.spans)
     print("webhook POST traceparent:", headers["traceparent"], "body headers:", sent)
 
 
@@ -339,11 +338,15 @@ def test_serving_without_tracing_loads_no_tracer():
     assert loaded.stdout.strip() == "[]"
 
 
-async def test_a_pull_lease_is_a_claim_span_linked_to_the_producer(
+async def test_a_pull_lease_is_a_claim_span_and_its_ack_nack_extend_its_children(
     redis_server: RedisServer, otlp: OtlpReceiver, monkeypatch
 ):
     """A pull topic's lease answer carries the producer's context in the message's headers,
-    and each leased message is a `claim` span linking it, exported to the OTLP receiver."""
+    and each leased message is a `claim` span linking it; the consumer's extend, ack (by the
+    ack route or on its next lease), nack and nack to dead over HTTP are spans, the children
+    of the lease's claim span, as a push attempt's are of its deliver span. An ack this
+    process holds no claim of (the lease already acked: refused) is a trace of its own, an
+    error."""
     monkeypatch.setenv("OTEL_EXPORTER_OTLP_ENDPOINT", otlp.url)
     traced = Tracing.from_env(os.environ)
     assert traced is not None
@@ -354,25 +357,93 @@ async def test_a_pull_lease_is_a_claim_span_linked_to_the_producer(
     await service.start()
     client = TestClient(TestServer(build_app(service)))
     await client.start_server()
+    leases = "/v1/topics/pulled/leases"
+    leased: dict[str, dict[str, Any]] = {}
+    slot: dict[str, int] = {}
     try:
-        answer = await client.post(
-            "/v1/topics/pulled/messages",
-            json={"id": "p-1", "delayMs": 0, "headers": {"traceparent": TRACEPARENT}},
-        )
-        assert answer.status == 201, await answer.text()
-        slot = (await answer.json())["slot"]
-        answer = await client.post("/v1/topics/pulled/leases", json={"max": 1, "waitMs": 5000})
-        [leased] = (await answer.json())["leases"]
+        for message_id in ("p-1", "p-2", "p-3", "p-4"):
+            answer = await client.post(
+                "/v1/topics/pulled/messages",
+                json={"id": message_id, "delayMs": 0, "headers": {"traceparent": TRACEPARENT}},
+            )
+            assert answer.status == 201, await answer.text()
+            slot[message_id] = (await answer.json())["slot"]
+        async with asyncio.timeout(15):  # a long poll answers when any is due: until all are
+            while len(leased) < 4:
+                answer = await client.post(leases, json={"max": 4, "waitMs": 5000})
+                leased.update({m["id"]: m for m in (await answer.json())["leases"]})
+        token = {message_id: m["token"] for message_id, m in leased.items()}
+        for path, json_body, status in (
+            ("/extend", {"tokens": [token["p-1"]], "ackTimeoutMs": 60_000}, 200),
+            ("/ack", {"tokens": [token["p-1"]]}, 200),
+            ("/nack", {"tokens": [token["p-2"]], "delayMs": 60_000}, 200),
+            ("/nack", {"tokens": [token["p-4"]], "dead": True}, 200),
+            ("", {"ack": [token["p-3"]], "max": 1}, 200),  # acked on the next lease
+            ("/ack", {"tokens": [token["p-1"]]}, 409),  # again: the lease is gone
+        ):
+            answer = await client.post(leases + path, json=json_body)
+            assert answer.status == status, await answer.text()
     finally:
         await service.stop()  # flushes the spans
         await client.close()
-    assert leased["headers"] == {"traceparent": TRACEPARENT}
-    [claim] = otlp.named("claim pulled")
-    assert claim.kind == Span.SPAN_KIND_CLIENT
-    assert claim.parent_span_id == b""
-    [link] = claim.links
-    assert (link.trace_id.hex(), link.span_id.hex()) == (TRACE_ID, PRODUCER_SPAN_ID)
-    assert attributes(claim)["messaging.message.id"] == "p-1"
-    assert attributes(claim)["messaging.operation.type"] == "receive"
-    assert attributes(claim)["messaging.delayq.attempt"] == 1
-    assert attributes(claim)["messaging.delayq.slot"] == slot
+    assert leased["p-1"]["headers"] == {"traceparent": TRACEPARENT}
+    claims = {attributes(span)["messaging.message.id"]: span for span in otlp.named("claim")}
+    assert sorted(claims) == ["p-1", "p-2", "p-3", "p-4"]
+    for message_id, claim in claims.items():
+        assert claim.kind == Span.SPAN_KIND_CLIENT
+        assert claim.parent_span_id == b""
+        [link] = claim.links
+        assert (link.trace_id.hex(), link.span_id.hex()) == (TRACE_ID, PRODUCER_SPAN_ID)
+        assert attributes(claim)["messaging.operation.type"] == "receive"
+        assert attributes(claim)["messaging.delayq.attempt"] == 1
+        assert attributes(claim)["messaging.delayq.slot"] == slot[message_id]
+
+    def child_of_claim(name: str, message_id: str, outcome: str) -> dict[str, Any]:
+        [span] = [s for s in otlp.named(name) if s.parent_span_id]
+        claim = claims[message_id]
+        assert (span.trace_id, span.parent_span_id) == (claim.trace_id, claim.span_id)
+        assert span.kind == Span.SPAN_KIND_CLIENT
+        assert span.status.code != Status.STATUS_CODE_ERROR
+        found = attributes(span)
+        assert found["messaging.message.id"] == message_id
+        assert found["messaging.delayq.slot"] == slot[message_id]
+        assert found["messaging.delayq.attempt"] == 1
+        assert found["messaging.delayq.outcome"] == outcome
+        return found
+
+    extended = child_of_claim("extend pulled", "p-1", "extended")
+    assert extended["messaging.delayq.ack_timeout_ms"] == 60_000
+    assert "messaging.operation.type" not in extended  # none of the conventions' fits
+    assert (
+        child_of_claim("nack pulled", "p-2", "retry_scheduled")["messaging.delayq.retry_due_ms"] > 0
+    )
+    child_of_claim("dead pulled", "p-4", "dead")
+    acks = [span for span in otlp.named("ack pulled") if span.parent_span_id]
+    assert sorted(attributes(span)["messaging.message.id"] for span in acks) == ["p-1", "p-3"]
+    for ack in acks:
+        message_id = attributes(ack)["messaging.message.id"]
+        assert (ack.trace_id, ack.parent_span_id) == (
+            claims[message_id].trace_id,
+            claims[message_id].span_id,
+        )
+        assert attributes(ack)["messaging.operation.type"] == "settle"
+        assert attributes(ack)["messaging.delayq.outcome"] == "acked"
+        assert attributes(ack)["messaging.delayq.attempt"] == 1
+    [refused] = [span for span in otlp.named("ack pulled") if not span.parent_span_id]
+    assert refused.trace_id not in {claim.trace_id for claim in claims.values()}
+    assert refused.status.code == Status.STATUS_CODE_ERROR
+    assert attributes(refused)["messaging.delayq.outcome"] == "lease_lost"
+    assert "messaging.delayq.attempt" not in attributes(refused)  # not in the token
+    _print_trace(otlp.spans)
+
+
+def _print_trace(spans: list[Span]) -> None:
+    """The spans as the receiver got them (shown with -s)."""
+    for span in spans:
+        links = [f"{link.trace_id.hex()}/{link.span_id.hex()}" for link in span.links]
+        print(
+            span.name,
+            f"trace={span.trace_id.hex()} span={span.span_id.hex()}",
+            f"parent={span.parent_span_id.hex() or '-'} links={links}",
+            attributes(span),
+        )

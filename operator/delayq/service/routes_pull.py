@@ -159,6 +159,8 @@ async def _ack(service: DelayService, leases: Sequence[TokenLease]) -> list[Outc
     """Ack `leases` (of the ack route or a lease request's `ack`), counted as acked."""
     outcomes = await _each_lease(service, leases, lambda q, chunk: q.ack_many(chunk), _fenced)
     service.metrics.count_delivery("acked", sum(o.code is Code.ACKED for o in outcomes))
+    if service.tracing is not None:
+        service.tracing.lease_acked(service.topic.name, leases, outcomes)
     return outcomes
 
 
@@ -186,6 +188,8 @@ async def nack(request: web.Request) -> web.Response:
 
     outcomes = await _each_lease(service, wanted.leases, nack_chunk, _fenced)
     service.metrics.count_nacked(outcomes)
+    if service.tracing is not None:
+        service.tracing.lease_nacked(service.topic.name, retries, outcomes)
     return _answer(body, outcomes)
 
 
@@ -217,4 +221,6 @@ async def extend(request: web.Request) -> web.Response:
     outcomes = await _each_lease(
         service, leases, lambda q, chunk: q.extend_many(chunk, ack_timeout_ms), _fenced
     )
+    if service.tracing is not None:
+        service.tracing.lease_extended(service.topic.name, leases, outcomes, ack_timeout_ms)
     return _answer(body, outcomes)

@@ -13,7 +13,10 @@ it), and the producer's in the body's `headers.traceparent` for the receiver to 
 delayq does. The engine answers the attempt's ack or nack after it, in batches: an `ack
 <topic>`, `nack <topic>` (retried) or `dead <topic>` (given up) span (kind CLIENT, `settle`),
 the child of that attempt's deliver span. A pull topic's lease is a `claim <topic>` span per
-message leased, linked likewise (what the consumer does then is its own to trace).
+message leased, linked likewise (what the consumer does then is its own to trace); the
+consumer's ack, nack and extend over HTTP are `ack`, `nack`/`dead` and `extend <topic>` spans,
+the children of that lease's claim span when this process leased it (remembered by lease, as
+the push attempts are: a token carries no span context), else each in a trace of its own.
 
 When off, `from_env` returns None, nothing of OpenTelemetry is imported, and each hook on the
 hot paths is one `is None` test. The export is OTLP over HTTP/protobuf
@@ -31,7 +34,7 @@ from typing import TYPE_CHECKING, TypeVar
 
 from delayq.extras import missing_extra
 from delayq.queue.codes import Code
-from delayq.queue.model import Message, Outcome, ScheduleRequest
+from delayq.queue.model import Lease, Message, Outcome, Retry, ScheduleRequest
 from delayq.queue.trace_context import TRACEPARENT, TRACESTATE
 
 if TYPE_CHECKING:
@@ -83,6 +86,8 @@ class Tracing:
         self._awaited: dict[str, tuple[SpanContext, int, int]] = {}
         # (message id, lease number) -> its push claim's span, until its delivery starts
         self._claims: dict[tuple[str, int], SpanContext] = {}
+        # a pull lease -> (its claim span, the attempt), until acked or nacked
+        self._leases: dict[Lease, tuple[SpanContext, int]] = {}
 
     @classmethod
     def from_env(cls, env: Mapping[str, str]) -> Tracing | None:
@@ -184,8 +189,38 @@ class Tracing:
         """A pull topic's `claim <topic>` span (kind CLIENT, `receive`) of one message leased
         to a consumer, in a trace of its own linked to the producer's context: what the
         consumer then does is its own to trace (the lease answer's `headers` carry the
-        producer's context for it to link to)."""
-        self._claim_span(topic, message, lateness_ms).end()
+        producer's context for it to link to). The lease's ack, nack and extend spans are
+        its children."""
+        span = self._claim_span(topic, message, lateness_ms)
+        span.end()
+        _remember(self._leases, message.lease, (span.get_span_context(), message.attempt))
+
+    def lease_acked(self, topic: str, leases: Sequence[Lease], outcomes: list[Outcome]) -> None:
+        """An `ack <topic>` span per pull lease a consumer acked (`POST /leases/ack`, or the
+        `ack` of a lease request), as `acked` names it for a push attempt."""
+        for lease, outcome in zip(leases, outcomes, strict=True):
+            claim = self._leases.pop(lease, None)
+            self._lease_span(topic, "ack", "settle", lease, outcome, claim).end()
+
+    def lease_nacked(self, topic: str, retries: Sequence[Retry], outcomes: list[Outcome]) -> None:
+        """A `nack <topic>` (retry scheduled) or `dead <topic>` (given up) span per pull lease
+        a consumer nacked, as `nacked` names them; a refused nack (the lease was gone) is a
+        `nack` span with an error status."""
+        for retry, outcome in zip(retries, outcomes, strict=True):
+            operation = NACK_SPANS.get(outcome.code, "nack")
+            claim = self._leases.pop(retry.lease, None)
+            self._lease_span(topic, operation, "settle", retry.lease, outcome, claim).end()
+
+    def lease_extended(
+        self, topic: str, leases: Sequence[Lease], outcomes: list[Outcome], ack_timeout_ms: int
+    ) -> None:
+        """An `extend <topic>` span per pull lease a consumer extended (the lease goes on: its
+        later ack is the claim's child still). No operation type of the conventions fits
+        keeping a message (it neither receives nor settles it), so it names none."""
+        for lease, outcome in zip(leases, outcomes, strict=True):
+            span = self._lease_span(topic, "extend", None, lease, outcome, self._leases.get(lease))
+            span.set_attribute("messaging.delayq.ack_timeout_ms", ack_timeout_ms)
+            span.end()
 
     def acked(self, topic: str, outcomes: list[Outcome]) -> None:
         """An `ack <topic>` span per answered ack of a delivered attempt, the child of that
@@ -209,32 +244,62 @@ class Tracing:
     def _settled(self, topic: str, operation: str, outcome: Outcome) -> None:
         """The span of the engine's answer to an attempt's ack or nack, if the attempt was
         this process's."""
-        from opentelemetry.trace import SpanKind, Status, StatusCode
-
         awaited = self._awaited.pop(outcome.id, None)
         if awaited is None:
             return
         context, slot, attempt = awaited
-        attributes = _attributes(topic, operation, "settle")
+        self._answer_span(topic, operation, "settle", outcome, slot, context, attempt).end()
+
+    def _lease_span(
+        self,
+        topic: str,
+        operation: str,
+        kind: str | None,
+        lease: Lease,
+        outcome: Outcome,
+        claim: tuple[SpanContext, int] | None,
+    ) -> Span:
+        """The span of a consumer's request about one pull lease: the child of the lease's
+        claim span if this process leased it, else a new trace (no attempt: the token does
+        not carry it). The caller ends it."""
+        context, attempt = claim if claim is not None else (None, None)
+        return self._answer_span(topic, operation, kind, outcome, lease.slot, context, attempt)
+
+    def _answer_span(
+        self,
+        topic: str,
+        operation: str,
+        kind: str | None,
+        outcome: Outcome,
+        slot: int,
+        parent: SpanContext | None,
+        attempt: int | None,
+    ) -> Span:
+        """The (unended) span of an answer about one message: its id, slot, attempt (when
+        known) and the engine's outcome; an error status when the engine refused."""
+        from opentelemetry.trace import SpanKind, Status, StatusCode
+
+        attributes = _attributes(topic, operation, kind)
         attributes.update(
             {
                 "messaging.message.id": outcome.id,
                 "messaging.delayq.slot": slot,
-                "messaging.delayq.attempt": attempt,
                 "messaging.delayq.outcome": outcome.code.name.lower(),
             }
         )
+        if attempt is not None:
+            attributes["messaging.delayq.attempt"] = attempt
         if outcome.code is Code.RETRY_SCHEDULED and outcome.at_ms is not None:
             attributes["messaging.delayq.retry_due_ms"] = outcome.at_ms
         span = self.tracer.start_span(
             f"{operation} {topic}",
-            context=_as_parent(context),
+            context=_as_parent(parent),
             kind=SpanKind.CLIENT,
             attributes=attributes,
         )
         if outcome.code.is_error:
             span.set_status(Status(StatusCode.ERROR, outcome.code.name))
-        span.end()
+        return span
 
     def _claim_span(self, topic: str, message: Message, lateness_ms: float) -> Span:
         from opentelemetry.trace import SpanKind
@@ -261,13 +326,15 @@ def _remember(entries: dict[K, V], key: K, value: V) -> None:
     entries[key] = value
 
 
-def _attributes(topic: str, operation: str, kind: str) -> dict[str, str | int]:
-    return {
+def _attributes(topic: str, operation: str, kind: str | None) -> dict[str, str | int]:
+    attributes: dict[str, str | int] = {
         "messaging.system": SYSTEM,
         "messaging.destination.name": topic,
         "messaging.operation.name": operation,
-        "messaging.operation.type": kind,
     }
+    if kind is not None:  # the conventions' operation type, where one fits
+        attributes["messaging.operation.type"] = kind
+    return attributes
 
 
 def _claimed(
