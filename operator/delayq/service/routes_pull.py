@@ -160,7 +160,7 @@ async def _ack(service: DelayService, leases: Sequence[TokenLease]) -> list[Outc
     outcomes = await _each_lease(service, leases, lambda q, chunk: q.ack_many(chunk), _fenced)
     service.metrics.count_delivery("acked", sum(o.code is Code.ACKED for o in outcomes))
     if service.tracing is not None:
-        service.tracing.lease_acked(service.topic.name, leases, outcomes)
+        service.tracing.lease_acked(service.topic.name, [t.lease for t in leases], outcomes)
     return outcomes
 
 
@@ -179,16 +179,16 @@ async def nack(request: web.Request) -> web.Response:
     wanted = parse_nack(body, service.topic, service.lease_tokens)
     delays = {} if NACK_DELAY in body or wanted.dead else await _backoff_ms(service, wanted.leases)
 
+    def retry(lease: Lease) -> Retry:
+        return Retry(lease, delays.get(lease, wanted.delay_ms), wanted.reason, wanted.dead)
+
     def nack_chunk(queue: AsyncQueue, chunk: list[Lease]) -> Awaitable[list[Outcome]]:
-        retries = [
-            Retry(lease, delays.get(lease, wanted.delay_ms), wanted.reason, wanted.dead)
-            for lease in chunk
-        ]
-        return queue.nack_many(retries)
+        return queue.nack_many([retry(lease) for lease in chunk])
 
     outcomes = await _each_lease(service, wanted.leases, nack_chunk, _fenced)
     service.metrics.count_nacked(outcomes)
     if service.tracing is not None:
+        retries = [retry(t.lease) for t in wanted.leases]
         service.tracing.lease_nacked(service.topic.name, retries, outcomes)
     return _answer(body, outcomes)
 
@@ -222,5 +222,6 @@ async def extend(request: web.Request) -> web.Response:
         service, leases, lambda q, chunk: q.extend_many(chunk, ack_timeout_ms), _fenced
     )
     if service.tracing is not None:
-        service.tracing.lease_extended(service.topic.name, leases, outcomes, ack_timeout_ms)
+        extended = [t.lease for t in leases]
+        service.tracing.lease_extended(service.topic.name, extended, outcomes, ack_timeout_ms)
     return _answer(body, outcomes)
