@@ -144,7 +144,7 @@ def decode_member(member_id: str, payload: bytes, ephemeral_owner: int) -> Membe
         return None
     try:
         capacity = max(1, int(document.get("capacity", 1)))
-    except (ValueError, TypeError):
+    except (ValueError, TypeError, OverflowError):  # "x", null, NaN, Infinity (1e400)
         capacity = 1
     return Member(member_id, broker_index(str(document.get("broker") or "")), capacity)
 
