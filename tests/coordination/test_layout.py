@@ -63,6 +63,10 @@ def test_a_member_names_the_library_it_calls() -> None:
     # a member of an older version names none: its library is unknown, not "no library"
     for payload in (b'{"broker": "broker-0", "capacity": 1}', b'{"library": 7}', b"x", b"[]"):
         assert member_library(payload) == ""
+    # nor one whose name is no library's: the operator logs the names members call
+    forged = ["delayq_ab12\nINFO deleted library", "x" * 1_000_000, "delayq_", "delayq_AB12"]
+    for name in forged:
+        assert member_library(encode_member("broker-1", 1, "pod", name)) == ""
 
 
 @given(

@@ -51,6 +51,8 @@ from delayq.queue.scripts import (
 )
 
 LIBRARY_PREFIX = "delayq_"
+#: A library's name as `library()` makes it: the prefix and a hash of the source, in hex.
+LIBRARY_NAME = re.compile(rf"{LIBRARY_PREFIX}[0-9a-f]{{1,64}}")
 VERSION_FUNCTION = "version"
 SHEBANG = re.compile(r"\A#!lua(?: flags=([\w,-]*))?\n")
 #: Redis's answer to an FCALL of a function it does not have.
