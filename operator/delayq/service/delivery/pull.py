@@ -19,6 +19,7 @@ waiting poll.
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 from collections.abc import Iterable
 from dataclasses import dataclass, field
@@ -34,6 +35,8 @@ from delayq.queue.slots import OwnedSlot, OwnedSlots
 from delayq.queue.topups import TopUps
 from delayq.service.brokers import Brokers
 from delayq.service.delivery.long_polls import LongPolls
+
+log = logging.getLogger(__name__)
 
 MAX_LEASE_BATCH = 1000
 PAUSE_CHECK_S = 1.0  # the brokers' pause flags are read again when older than this
@@ -53,6 +56,8 @@ class PullSlot(OwnedSlot):
 class _Round:
     messages: list[Message] = field(default_factory=list)
     full: list[int] = field(default_factory=list)  # slots that filled their share: maybe more
+    # a broker's claims failed (its slots keep their due time); the others' stand
+    failed: redis.RedisError | OSError | None = None
 
 
 class PullLeaser:
@@ -216,6 +221,13 @@ class PullLeaser:
             batch, rest = pending[:wanted], pending[wanted:]
             result = await self._round(batch, _shares(wanted, len(batch)), ack_timeout_ms)
             messages.extend(result.messages)
+            if result.failed is not None:
+                # what is leased already goes to the caller: raised, it would wait out its
+                # lease unseen and then count an attempt that never was
+                if not messages:
+                    raise result.failed
+                log.warning("claim failed on a broker (%r); leasing the others'", result.failed)
+                break
             pending = rest + result.full
         return messages
 
@@ -247,7 +259,8 @@ class PullLeaser:
                 *(
                     self._claim_on(broker, s, claimed, ack_timeout_ms)
                     for broker, s in per_broker.items()
-                )
+                ),
+                return_exceptions=True,  # one broker's failure leaves the others' leases
             )
         finally:
             for state, _, _ in claimed.values():
@@ -255,9 +268,15 @@ class PullLeaser:
             self._rounds.discard(done)
             done.set_result(None)
         result = _Round()
+        for reply in replies:
+            if isinstance(reply, redis.RedisError | OSError):
+                result.failed = reply
+            elif isinstance(reply, BaseException):
+                raise reply
         for broker, slot, outcome in (
             (broker, slot, outcome)
             for broker, reply in zip(per_broker, replies, strict=True)
+            if not isinstance(reply, BaseException)
             for slot, outcome in reply
         ):
             state, share, wakes = claimed[slot]
