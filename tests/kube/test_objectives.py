@@ -228,3 +228,19 @@ async def test_the_scraper_reads_a_pod_and_calls_the_others_silent() -> None:
             await pod.stop()
         await huge_runner.cleanup()
     assert lateness_buckets("delayq_delivery_lateness_seconds_bucket{le=", ("a", "b")) is None
+
+
+@pytest.mark.parametrize(
+    ("le", "value"),
+    [("1.0", "+Inf"), ("1.0", "NaN"), ("1.0", "-1"), ("1.0", "1e300"), ("NaN", "1")],
+)
+def test_a_pod_telling_impossible_counts_is_silent(le: str, value: str) -> None:
+    """Regression: the answer is the pod's, which a tenant controls; a count of +Inf raised
+    OverflowError out of the topic's health pass (int(inf)), and counts past a float's range
+    summed over pods raised it in the p99, on every pass while the pod said so."""
+    text = (
+        "# TYPE delayq_delivery_lateness_seconds histogram\n"
+        f'delayq_delivery_lateness_seconds_bucket{{le="{le}",topic="b",topic_namespace="a"}} '
+        f"{value}\n"
+    )
+    assert lateness_buckets(text, ("a", "b")) is None
