@@ -57,3 +57,33 @@ async def test_a_broker_refusing_claims_strands_no_lease_of_another(
         assert sorted(in_prepare) == sorted(on_0)  # every due message of broker 0 leased
         assert answer.status == 200, await answer.text()
         assert sorted(m["id"] for m in leased) == sorted(on_0)  # ... and handed out
+
+
+async def test_a_broker_down_stops_no_lease_of_another(
+    redis_server: RedisServer, start_service: StartService
+) -> None:
+    """Regression: every lease read the pause flags of all brokers first, all or nothing, so
+    one broker down (killed, its node lost) answered every lease request 503 and stopped the
+    delivery of every other broker's slots for as long as it was down."""
+    with RedisServer() as second:
+        running = await start_service(
+            slot_amount=SLOTS, broker_urls=f"{redis_server.url},{second.url}"
+        )
+        topic = running.service.topic
+        on_0 = [f"m{i}" for i in range(40) if topic.slot_of(f"m{i}") < 2][:3]
+        second.crash()
+        for message_id in on_0:
+            created = await running.client.post(
+                f"{running.base}/messages", json={"id": message_id, "delayMs": 0}
+            )
+            assert created.status == 201
+        leased: list[str] = []
+        for _ in range(3):  # the pause flags are read again each second at most
+            answer = await running.client.post(
+                f"{running.base}/leases", json={"max": 10, "waitMs": 1_500}
+            )
+            assert answer.status == 200, await answer.text()
+            leased += [m["id"] for m in (await answer.json())["leases"]]
+            if len(leased) >= len(on_0):
+                break
+        assert sorted(leased) == sorted(on_0)

@@ -138,9 +138,16 @@ class PullLeaser:
 
     async def refresh_paused(self) -> None:
         """Read every broker's pause flag now (leases do it when the last read is a second
-        old): the slots of a paused broker are not claimed."""
+        old): the slots of a paused broker are not claimed. A broker that does not answer keeps
+        its last reading: its own claims fail (`_round`), and the other brokers' slots are
+        leased meanwhile rather than every lease failing with it."""
         queues = self.brokers.queues
-        self._paused = list(await asyncio.gather(*(queue.is_paused() for queue in queues)))
+        read = await asyncio.gather(*(q.is_paused() for q in queues), return_exceptions=True)
+        for broker, paused in enumerate(read):
+            if isinstance(paused, bool):
+                self._paused[broker] = paused
+            elif not isinstance(paused, redis.RedisError | OSError):
+                raise paused
         self._paused_read_s = time.monotonic()
 
     def _state(self, slot: int) -> PullSlot | None:
