@@ -244,3 +244,17 @@ def test_a_pod_telling_impossible_counts_is_silent(le: str, value: str) -> None:
         f"{value}\n"
     )
     assert lateness_buckets(text, ("a", "b")) is None
+
+
+def test_a_pod_telling_more_buckets_than_a_histogram_has_is_silent() -> None:
+    """Regression: every distinct `le` a pod told was kept, a reading per pass for the whole
+    window: 4 MiB of /metrics is ~49,000 buckets, ~5.7 MB a reading, ~2 GB a pod over a 1 h
+    window in the operator's memory. The service's histogram has LATENESS_BUCKETS_S."""
+    lines = "".join(
+        f'delayq_delivery_lateness_seconds_bucket{{le="{n / 1000}",topic="b",topic_namespace="a"}}'
+        " 1\n"
+        for n in range(1, 1001)
+    )
+    text = "# TYPE delayq_delivery_lateness_seconds histogram\n" + lines
+    assert lateness_buckets(text, ("a", "b")) is None
+    assert len(LATENESS_BUCKETS_S) + 1 <= 64  # what the service exports fits the cap

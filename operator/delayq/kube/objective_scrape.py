@@ -27,6 +27,10 @@ MAX_METRICS_BYTES = 4 * 1024 * 1024
 #: A bucket's count at most (a 64-bit counter): the answer is the pod's, which its tenant may
 #: write; +Inf, or counts whose sum over pods leaves a float's range, broke the pass.
 MAX_BUCKET_COUNT = 2**63
+#: Buckets of one topic's histogram at most (the service has 16 with +Inf): each pod's reading
+#: is kept for the objective's window (up to an hour of passes), so a pod telling thousands of
+#: `le` bounds must not make the operator keep them.
+MAX_BUCKETS = 64
 
 
 class MetricsScraper:
@@ -97,6 +101,8 @@ def lateness_buckets(text: str, topic: tuple[str, str]) -> Buckets | None:
                     if math.isnan(bound) or not 0 <= count <= MAX_BUCKET_COUNT:
                         return None  # no process counts so (inf, NaN, < 0): not a histogram
                     counts[bound] = counts.get(bound, 0) + int(count)
+                    if len(counts) > MAX_BUCKETS:
+                        return None
     except (ValueError, KeyError, TypeError):
         return None
     return tuple(sorted(counts.items()))
