@@ -258,3 +258,37 @@ def test_a_pod_telling_more_buckets_than_a_histogram_has_is_silent() -> None:
     text = "# TYPE delayq_delivery_lateness_seconds histogram\n" + lines
     assert lateness_buckets(text, ("a", "b")) is None
     assert len(LATENESS_BUCKETS_S) + 1 <= 64  # what the service exports fits the cap
+
+
+async def test_pods_the_statefulsets_did_not_make_are_neither_read_nor_a_crash(
+    api: kmock.KubernetesEmulator,
+    ctx: OperatorContext,
+    service_pods: list[ServicePod],
+    logger: logging.Logger,
+) -> None:
+    """Regression: the health pass took every pod its label selectors matched in the tenant's
+    namespace, where anyone may label a pod of their own so: one named without a trailing
+    number among the broker's pods raised out of the pass (its failovers included) on every
+    pass, and every service-labelled pod was scraped for the objective, as many as the tenant
+    made, up to 4 MiB each at once."""
+    impostor = ServicePod(service_pods[0].token)
+    await impostor.start()
+    scraper = ctx.scraper
+    assert isinstance(scraper, MetricsScraper)
+    scraper.addresses = {**scraper.addresses, "10.9.0.1": (LOOPBACK, impostor.port)}
+    for name, labels in (
+        ("impostor", naming.redis_selector("orders", 0)),
+        ("orders-service-x", naming.service_selector("orders")),
+        ("collector", naming.service_selector("orders")),
+    ):
+        api.objects["v1/pods", NAMESPACE, name] = {
+            "metadata": {"name": name, "namespace": NAMESPACE, "uid": name, "labels": labels},
+            "status": {"podIP": "10.9.0.1", "conditions": [{"type": "Ready", "status": "True"}]},
+        }
+    try:
+        met = await health(api, ctx, logger)
+        assert (met["status"], met["reason"]) == ("Unknown", "Measuring"), met
+        window = ctx.lateness_windows[(NAMESPACE, "orders")]
+        assert sorted(window.readings) == [f"orders-service-{n}/service-uid-{n}" for n in (0, 1)]
+    finally:
+        await impostor.stop()
