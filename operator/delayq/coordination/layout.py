@@ -191,7 +191,7 @@ class AssignmentDocument:
                 if 0 <= i < len(member_ids)
             }
             return cls(int(document["generation"]), slots, frozenset(member_ids))
-        except (KeyError, TypeError, ValueError):
+        except (KeyError, TypeError, ValueError, OverflowError):  # OverflowError: Infinity
             return cls(0, {})  # damaged: the coordinator rewrites it
 
 
