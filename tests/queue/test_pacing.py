@@ -110,3 +110,17 @@ async def test_an_unreachable_first_broker_stops_a_limit_not_the_unlimited() -> 
             await Pacer(queue, 100.0).take(8)
     finally:
         await down.aclose()
+
+
+async def test_a_burst_below_a_slice_of_the_rate_still_delivers(async_queue: AsyncQueue) -> None:
+    """Regression: a draw waited for a twentieth of a second's tokens at least (5 at 100/s),
+    while the bucket never holds more than its burst (4): a topic of rateLimit 100/s with a
+    burst of 4, which the CRD accepts, was granted nothing, ever, and delivered nothing."""
+    pacer = Pacer(async_queue, 100.0, 4)
+    granted = 0
+    deadline = time.monotonic() + 1.0
+    while time.monotonic() < deadline and granted < 20:
+        got, wait_ms = await pacer.take(500)
+        granted += got
+        await asyncio.sleep(max(wait_ms, 5) / 1000)
+    assert granted >= 20  # about 100/s

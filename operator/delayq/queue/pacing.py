@@ -77,7 +77,8 @@ class Pacer:
             return 0, (self._closed_until_s - now_s) * 1000
         if not self.limited and now_s - self._checked_s < UNPACED_CHECK_S:
             return want, 0.0
-        least = min(want, max(1, math.ceil(self.per_second * SLICE_S)))
+        # never more than the bucket can hold: a burst below a slice would wait for ever
+        least = min(want, self.burst, max(1, math.ceil(self.per_second * SLICE_S)))
         returned, self._unused = self._unused, 0
         try:
             granted, wait_ms = await self.queue.pace(
