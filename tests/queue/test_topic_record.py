@@ -160,3 +160,18 @@ def test_publishing_unchanged_settings_again_writes_nothing(redis_client: redis.
         assert time.monotonic() - started < 5.0
     finally:
         redis_client.client_unpause()
+
+
+def test_a_record_written_over_with_bytes_that_are_no_text_is_published_again(
+    redis_client: redis.Redis,
+) -> None:
+    """Regression: the record's readback decoded every field as strict UTF-8, and the topic's
+    brokers are its tenant's (the admin password is in the topic's Secret): a record written
+    over with b"\\xff" raised UnicodeDecodeError out of the operator's publish, which catches
+    Redis errors only, and so out of the topic's health pass, failovers included, each pass."""
+    publish(redis_client, TOPIC, 3)
+    redis_client.hset(slot_keys(TOPIC, 0).settings, b"max_retries", b"\xff")
+    redis_client.hset(slot_keys(TOPIC, 1).settings, b"\xfe", b"1")
+    assert publish(redis_client, TOPIC, 3) == [3] * TOPIC.slot_amount
+    assert redis_client.hget(slot_keys(TOPIC, 0).settings, "max_retries") == b"2"
+    assert b"\xfe" not in redis_client.hgetall(slot_keys(TOPIC, 1).settings)
