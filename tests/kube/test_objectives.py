@@ -271,11 +271,19 @@ async def test_pods_the_statefulsets_did_not_make_are_neither_read_nor_a_crash(
     number among the broker's pods raised out of the pass (its failovers included) on every
     pass, and every service-labelled pod was scraped for the objective, as many as the tenant
     made, up to 4 MiB each at once."""
-    impostor = ServicePod(service_pods[0].token)
-    await impostor.start()
+
+    async def empty(_: web.Request) -> web.Response:
+        return web.Response(text="", content_type="text/plain")  # a valid, empty exposition
+
+    impostor = web.Application()
+    impostor.router.add_get("/metrics", empty)
+    runner = web.AppRunner(impostor)
+    await runner.setup()
+    port = free_port()
+    await web.TCPSite(runner, LOOPBACK, port).start()
     scraper = ctx.scraper
     assert isinstance(scraper, MetricsScraper)
-    scraper.addresses = {**scraper.addresses, "10.9.0.1": (LOOPBACK, impostor.port)}
+    scraper.addresses = {**scraper.addresses, "10.9.0.1": (LOOPBACK, port)}
     for name, labels in (
         ("impostor", naming.redis_selector("orders", 0)),
         ("orders-service-x", naming.service_selector("orders")),
@@ -291,4 +299,4 @@ async def test_pods_the_statefulsets_did_not_make_are_neither_read_nor_a_crash(
         window = ctx.lateness_windows[(NAMESPACE, "orders")]
         assert sorted(window.readings) == [f"orders-service-{n}/service-uid-{n}" for n in (0, 1)]
     finally:
-        await impostor.stop()
+        await runner.cleanup()
