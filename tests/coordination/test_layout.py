@@ -47,6 +47,10 @@ def test_member_round_trip_and_foreign_nodes() -> None:
     assert decode_member("m", payload, session) == Member("m", 1, 3)
     assert decode_member("m", b'{"capacity": 0}', session) == Member("m", None, 1)
     assert decode_member("m", b'{"capacity": "x"}', session) == Member("m")
+    # JSON as Python reads it: Infinity is a float int() cannot take (OverflowError crashed
+    # every pod's read of the membership and the operator's health pass of the topic)
+    for capacity in (b"Infinity", b"-Infinity", b"NaN", b"1e400"):
+        assert decode_member("m", b'{"capacity": %s}' % capacity, session) == Member("m")
     # no live member wrote these: never counted (a member always writes a JSON object)
     assert decode_member("m", payload, 0) is None  # persistent
     assert decode_member("m", b"", session) is None
@@ -59,6 +63,10 @@ def test_a_member_names_the_library_it_calls() -> None:
     # a member of an older version names none: its library is unknown, not "no library"
     for payload in (b'{"broker": "broker-0", "capacity": 1}', b'{"library": 7}', b"x", b"[]"):
         assert member_library(payload) == ""
+    # nor one whose name is no library's: the operator logs the names members call
+    forged = ["delayq_ab12\nINFO deleted library", "x" * 1_000_000, "delayq_", "delayq_AB12"]
+    for name in forged:
+        assert member_library(encode_member("broker-1", 1, "pod", name)) == ""
 
 
 @given(
@@ -97,6 +105,13 @@ def test_routing_for_another_slot_count_is_ignored_unless_of_a_newer_generation(
     assert decode_routing(payload, 32) is None
     assert decode_routing(payload, 16, generation=1) is None  # older than the reader's
     assert decode_routing(b"garbage", 16) is None
+    # the topic's own login writes these nodes too: Infinity (as Python's JSON reads it) is damage,
+    # not an OverflowError out of every pod's view and the operator's pass
+    for field in ('"generation": Infinity', '"doubledSlots": [1e400]'):
+        damaged = payload.replace(b'"version"', b"%s, \"version\"" % field.encode())
+        assert decode_routing(damaged, 16) is None, damaged
+    damaged = b'{"version": 1, "generation": -Infinity, "members": ["a"], "slots": [0]}'
+    assert AssignmentDocument.decode(damaged) == AssignmentDocument(0, {})
     assert decode_routing(b"[1]", 16) is None
     doubled = Routing(32, 2, (0,) * 8 + (1,) * 8 + (0,) * 8 + (1,) * 8, generation=1)
     assert decode_routing(doubled.to_json(), 16) == doubled  # the slots doubled: follow

@@ -277,3 +277,75 @@ async def test_the_scraper_reads_a_pod_and_calls_the_others_silent() -> None:
             await pod.stop()
         await huge_runner.cleanup()
     assert lateness_buckets("delayq_delivery_lateness_seconds_bucket{le=", ("a", "b")) is None
+
+
+@pytest.mark.parametrize(
+    ("le", "value"),
+    [("1.0", "+Inf"), ("1.0", "NaN"), ("1.0", "-1"), ("1.0", "1e300"), ("NaN", "1")],
+)
+def test_a_pod_telling_impossible_counts_is_silent(le: str, value: str) -> None:
+    """Regression: the answer is the pod's, which a tenant controls; a count of +Inf raised
+    OverflowError out of the topic's health pass (int(inf)), and counts past a float's range
+    summed over pods raised it in the p99, on every pass while the pod said so."""
+    text = (
+        "# TYPE delayq_delivery_lateness_seconds histogram\n"
+        f'delayq_delivery_lateness_seconds_bucket{{le="{le}",topic="b",topic_namespace="a"}} '
+        f"{value}\n"
+    )
+    assert lateness_buckets(text, ("a", "b")) is None
+
+
+def test_a_pod_telling_more_buckets_than_a_histogram_has_is_silent() -> None:
+    """Regression: every distinct `le` a pod told was kept, a reading per pass for the whole
+    window: 4 MiB of /metrics is ~49,000 buckets, ~5.7 MB a reading, ~2 GB a pod over a 1 h
+    window in the operator's memory. The service's histogram has LATENESS_BUCKETS_S."""
+    lines = "".join(
+        f'delayq_delivery_lateness_seconds_bucket{{le="{n / 1000}",topic="b",topic_namespace="a"}}'
+        " 1\n"
+        for n in range(1, 1001)
+    )
+    text = "# TYPE delayq_delivery_lateness_seconds histogram\n" + lines
+    assert lateness_buckets(text, ("a", "b")) is None
+    assert len(LATENESS_BUCKETS_S) + 1 <= 64  # what the service exports fits the cap
+
+
+async def test_pods_the_statefulsets_did_not_make_are_neither_read_nor_a_crash(
+    api: kmock.KubernetesEmulator,
+    ctx: OperatorContext,
+    service_pods: list[ServicePod],
+    logger: logging.Logger,
+) -> None:
+    """Regression: the health pass took every pod its label selectors matched in the tenant's
+    namespace, where anyone may label a pod of their own so: one named without a trailing
+    number among the broker's pods raised out of the pass (its failovers included) on every
+    pass, and every service-labelled pod was scraped for the objective, as many as the tenant
+    made, up to 4 MiB each at once."""
+
+    async def empty(_: web.Request) -> web.Response:
+        return web.Response(text="", content_type="text/plain")  # a valid, empty exposition
+
+    impostor = web.Application()
+    impostor.router.add_get("/metrics", empty)
+    runner = web.AppRunner(impostor)
+    await runner.setup()
+    port = free_port()
+    await web.TCPSite(runner, LOOPBACK, port).start()
+    scraper = ctx.scraper
+    assert isinstance(scraper, MetricsScraper)
+    scraper.addresses = {**scraper.addresses, "10.9.0.1": (LOOPBACK, port)}
+    for name, labels in (
+        ("impostor", naming.redis_selector("orders", 0)),
+        ("orders-service-x", naming.service_selector("orders")),
+        ("collector", naming.service_selector("orders")),
+    ):
+        api.objects["v1/pods", NAMESPACE, name] = {
+            "metadata": {"name": name, "namespace": NAMESPACE, "uid": name, "labels": labels},
+            "status": {"podIP": "10.9.0.1", "conditions": [{"type": "Ready", "status": "True"}]},
+        }
+    try:
+        met = await health(api, ctx, logger)
+        assert (met["status"], met["reason"]) == ("Unknown", "Measuring"), met
+        window = ctx.lateness_windows[(NAMESPACE, "orders")]
+        assert sorted(window.readings) == [f"orders-service-{n}/service-uid-{n}" for n in (0, 1)]
+    finally:
+        await runner.cleanup()

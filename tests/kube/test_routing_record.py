@@ -92,6 +92,9 @@ BAD: dict[str, dict[str, Any]] = {
     "doubled slots backwards": {**ONE_RUN, "doubledSlots": "1-0"},
     "doubled slots twice": {**ONE_RUN, "doubledSlots": "0-1,1"},
     "doubled slots not runs": {**ONE_RUN, "doubledSlots": "[0]"},
+    # expanded before any check of the amount: each was a list of 10^11 slots in the operator
+    "a run past every slot": {**ONE_RUN, "slots": "0-99999999999:0"},
+    "doubled slots past every slot": {**ONE_RUN, "doubledSlots": "0-99999999999"},
 }
 
 

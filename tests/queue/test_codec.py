@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
+
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
@@ -138,3 +141,18 @@ def test_a_malformed_trace_context_header_is_refused_naming_it(headers, named) -
     header: a malformed one is refused when scheduled, not handed to a receiver a wait later."""
     with pytest.raises(InvalidMessageError, match=f"header {named}:"):
         encode_headers(headers)
+
+
+def test_a_hostile_tracestate_is_refused_at_once() -> None:
+    """A tracestate is a producer's header (an HTTP one through the API): a backtracking
+    pattern turned 100 bytes of empty members into minutes of one process's CPU, the GIL held
+    (a whole pod stalled). Checked in a child process: a hang must fail the test, not stall it."""
+    hostile = ["shop=1" + ",        " * 56 + "\x01", "shop=1" + ", \t" * 160 + "!"]
+    check = (
+        "import sys\n"
+        "from delayq.queue.trace_context import trace_context_error\n"
+        f"for state in {hostile!r}:\n"
+        f"    assert trace_context_error({{'traceparent': {GOOD_TRACEPARENT!r},"
+        " 'tracestate': state}) is not None\n"
+    )
+    subprocess.run([sys.executable, "-c", check], check=True, timeout=10)

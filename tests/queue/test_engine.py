@@ -18,7 +18,7 @@ from delayq.queue.codes import (
     TooFarError,
     WrongStateError,
 )
-from delayq.queue.keys import Part, slot_keys
+from delayq.queue.keys import Part, paused_key, slot_keys
 from delayq.queue.model import Message, Mode, Retry, ScheduleRequest, State, Target
 from delayq.queue.topic import MAX_DELAY_MS, Topic
 
@@ -606,3 +606,15 @@ def test_orphan_id_without_record_never_blocks_the_slot(
     epoch = queue.take_over(slot)
     assert [m.id for m in queue.claim(slot, epoch).messages] == ["good"]
     assert redis_client.zscore(slot_keys(TOPIC, slot).key(Part.STORE), "ghost") is None
+
+
+def test_the_pause_flag_is_read_without_its_value(queue: Queue, redis_client: redis.Redis) -> None:
+    """Regression: the pause flag was read with GET, every second by every consumer and on
+    every pass by the operator, and the topic's tenant holds the brokers' admin login: a flag
+    set to a large value was sent whole each time (2 MB here; up to 512 MB a read)."""
+    redis_client.set(paused_key(TOPIC), "x" * 2_000_000)
+    before = int(redis_client.info("stats")["total_net_output_bytes"])
+    assert queue.is_paused()
+    assert int(redis_client.info("stats")["total_net_output_bytes"]) - before < 64 * 1024
+    redis_client.delete(paused_key(TOPIC))
+    assert not queue.is_paused()

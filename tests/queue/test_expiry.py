@@ -12,6 +12,7 @@ from __future__ import annotations
 import pytest
 
 from delayq.queue import ExpiresBeforeDueError
+from delayq.queue.backoff import Backoff
 from delayq.queue.codes import Code
 from delayq.queue.model import ScheduleRequest, State
 from delayq.queue.topic import EndAction
@@ -105,6 +106,26 @@ def test_retries_end_when_the_retry_window_is_over(make_queue: MakeQueue) -> Non
     assert queue.nack(second.lease, delay_ms=400, reason="HTTP 503").code is Code.DEAD
     info = queue.get("flaky")
     assert (info.state, info.attempts, info.dead_reason) == (State.DEAD, 2, "HTTP 503")
+
+
+def test_a_lease_that_runs_out_is_not_retried_past_the_retry_window(
+    make_queue: MakeQueue,
+) -> None:
+    """Regression: a lease that ran out was put back due after the retry backoff even when that
+    fell after the window (the window was checked at the rollback's time, not the next
+    attempt's), so a message went on being delivered after retry.for said retries ended."""
+    queue = make_queue(max_retries=100, retry_for_ms=300)
+    queue.schedule("slow", b"", delay_ms=0)
+    slot = queue.topic.slot_of("slow")
+    epoch = queue.take_over(slot)
+    [first] = queue.claim(slot, epoch, 100, ack_timeout_ms=20).messages
+    wait_for_server_ms(queue.redis, server_ms(queue.redis) + 21)
+    backoff = Backoff(base_ms=1000, multiplier=2.0, max_ms=60_000)  # past the window's end
+    assert queue.claim(slot, epoch, 100, backoff=backoff).messages == []
+    info = queue.get("slow")
+    assert (info.state, info.attempts) == (State.DEAD, 1), info
+    assert info.dead_reason == "lease expired on attempt 1"
+    assert first.attempt == 1
 
 
 def test_exhausted_retries_are_dropped_when_the_topic_says_drop(make_queue: MakeQueue) -> None:

@@ -7,6 +7,7 @@ from collections.abc import Iterator
 
 import pytest
 import redis
+import redis.asyncio
 
 from delayq.local.redis_server import RedisServer
 from delayq.queue import functions
@@ -80,3 +81,31 @@ def test_a_generated_library_loads_and_its_functions_run(admin: redis.Redis) -> 
     assert admin.fcall_ro(library.version_function, 0) == library.name.encode()
     with pytest.raises(redis.ResponseError, match="write flag"):
         admin.fcall_ro(f"{library.name}_fence", 1, "x", "1")  # a writer is not FCALL_RO
+
+
+async def test_a_broker_holding_more_functions_than_delayq_ever_loads_is_not_listed(
+    admin: redis.Redis, redis_server: RedisServer
+) -> None:
+    """Regression: the operator lists a broker's delayq libraries on every health pass
+    (FUNCTION LIST, every function's name and description), and the topic's tenant holds the
+    brokers' admin login: a library of its own with descriptions of 24 MB was read whole into
+    the operator each pass, as would be one of the broker's whole memory. Over the bound the
+    list is refused (a Redis error, which the operator's deletion logs and retries), unread."""
+    functions.load(admin)
+    description = "x" * (12 * 1024 * 1024)
+    admin.function_load(
+        "#!lua name=delayq_0bad\n"
+        + "".join(
+            f"redis.register_function{{function_name='f{n}', callback=function() return 1 end, "
+            f"description='{description}'}}\n"
+            for n in range(2)
+        )
+    )
+    client = redis.asyncio.Redis.from_url(redis_server.url)
+    try:
+        with pytest.raises(functions.FunctionsTooLargeError, match="used_memory_functions"):
+            await functions.loaded_async(client)
+        admin.function_delete("delayq_0bad")
+        assert await functions.loaded_async(client) == [functions.library().name]
+    finally:
+        await client.aclose()

@@ -163,3 +163,17 @@ async def test_the_published_limit_wins_and_applies_at_the_next_draw(
 
 async def _unlimited(pacer: Pacer) -> bool:
     return await pacer.take(100) == (100, 0.0) and not pacer.limited
+
+
+async def test_a_burst_below_a_slice_of_the_rate_still_delivers(async_queue: AsyncQueue) -> None:
+    """Regression: a draw waited for a twentieth of a second's tokens at least (5 at 100/s),
+    while the bucket never holds more than its burst (4): a topic of rateLimit 100/s with a
+    burst of 4, which the CRD accepts, was granted nothing, ever, and delivered nothing."""
+    pacer = Pacer(async_queue, 100.0, 4)
+    granted = 0
+    deadline = time.monotonic() + 1.0
+    while time.monotonic() < deadline and granted < 20:
+        got, wait_ms = await pacer.take(500)
+        granted += got
+        await asyncio.sleep(max(wait_ms, 5) / 1000)
+    assert granted >= 20  # about 100/s

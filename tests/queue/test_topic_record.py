@@ -12,11 +12,12 @@ import pytest
 import redis
 from redis.exceptions import NoPermissionError
 
-from delayq.queue import topic_record
+from delayq.queue import functions, topic_record
 from delayq.queue.client import Queue
 from delayq.queue.codes import Code
 from delayq.queue.keys import Part, slot_keys
 from delayq.queue.model import ScheduleRequest, State
+from delayq.queue.scripts import Script
 from delayq.queue.slot_copy import delete_slot
 from delayq.queue.topic import EndAction, Topic
 
@@ -160,3 +161,38 @@ def test_publishing_unchanged_settings_again_writes_nothing(redis_client: redis.
         assert time.monotonic() - started < 5.0
     finally:
         redis_client.client_unpause()
+
+
+def test_a_record_written_over_with_bytes_that_are_no_text_is_published_again(
+    redis_client: redis.Redis,
+) -> None:
+    """Regression: the record's readback decoded every field as strict UTF-8, and the topic's
+    brokers are its tenant's (the admin password is in the topic's Secret): a record written
+    over with b"\\xff" raised UnicodeDecodeError out of the operator's publish, which catches
+    Redis errors only, and so out of the topic's health pass, failovers included, each pass."""
+    publish(redis_client, TOPIC, 3)
+    redis_client.hset(slot_keys(TOPIC, 0).settings, b"max_retries", b"\xff")
+    redis_client.hset(slot_keys(TOPIC, 1).settings, b"\xfe", b"1")
+    assert publish(redis_client, TOPIC, 3) == [3] * TOPIC.slot_amount
+    assert redis_client.hget(slot_keys(TOPIC, 0).settings, "max_retries") == b"2"
+    assert b"\xfe" not in redis_client.hgetall(slot_keys(TOPIC, 1).settings)
+
+
+def test_the_owners_read_of_a_record_is_bounded_whatever_the_record_holds(
+    redis_client: redis.Redis,
+) -> None:
+    """Regression: settings-1 answered the whole hash (HGETALL), which the operator reads for
+    every slot of every broker on every pass; the tenant holds the brokers' admin login, so a
+    record grown to gigabytes was read into the operator, the one process that runs every
+    tenant's failovers. A record with more fields or longer values than any record has reads
+    as none (and is written again whole)."""
+    publish(redis_client, TOPIC, 3)
+    settings = functions.library().function(Script.SETTINGS)
+    grown, wide = slot_keys(TOPIC, 0).settings, slot_keys(TOPIC, 1).settings
+    redis_client.hset(grown, "max_retries", "9" * 1_000_000)
+    redis_client.hset(wide, mapping={f"f{n}": "1" for n in range(1000)})
+    for key in (grown, wide):
+        assert redis_client.fcall_ro(settings, 1, key) == []
+    assert publish(redis_client, TOPIC, 3) == [3] * TOPIC.slot_amount
+    assert redis_client.hget(grown, "max_retries") == b"2"
+    assert redis_client.hlen(wide) == len(topic_record.RECORDED_FIELDS) + 2

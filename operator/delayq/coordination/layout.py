@@ -30,6 +30,7 @@ from dataclasses import dataclass
 
 from delayq.coordination.assignment import Assignment, Member
 from delayq.coordination.routing import Routing
+from delayq.queue.functions import LIBRARY_NAME
 
 ROOT = "/delayq"
 ASSIGNMENT_FORMAT_VERSION = 1
@@ -114,13 +115,15 @@ def encode_member(broker: str, capacity: int, host: str, library: str) -> bytes:
 
 def member_library(payload: bytes) -> str:
     """The functions library a member's node names; "" when it names none (a member of a
-    version before the field, or foreign data: its library is unknown)."""
+    version before the field, or foreign data: its library is unknown). A name that is not a
+    library's (`functions.LIBRARY_NAME`) is foreign data too: the node is the topic's pods'
+    to write, and the operator logs the names it reads (a megabyte, or forged log lines)."""
     try:
         document = json.loads(payload)
     except ValueError:
         return ""
     library = document.get("library") if isinstance(document, dict) else None
-    return library if isinstance(library, str) else ""
+    return library if isinstance(library, str) and LIBRARY_NAME.fullmatch(library) else ""
 
 
 def decode_member(member_id: str, payload: bytes, ephemeral_owner: int) -> Member | None:
@@ -144,7 +147,7 @@ def decode_member(member_id: str, payload: bytes, ephemeral_owner: int) -> Membe
         return None
     try:
         capacity = max(1, int(document.get("capacity", 1)))
-    except (ValueError, TypeError):
+    except (ValueError, TypeError, OverflowError):  # "x", null, NaN, Infinity (1e400)
         capacity = 1
     return Member(member_id, broker_index(str(document.get("broker") or "")), capacity)
 
@@ -188,7 +191,7 @@ class AssignmentDocument:
                 if 0 <= i < len(member_ids)
             }
             return cls(int(document["generation"]), slots, frozenset(member_ids))
-        except (KeyError, TypeError, ValueError):
+        except (KeyError, TypeError, ValueError, OverflowError):  # OverflowError: Infinity
             return cls(0, {})  # damaged: the coordinator rewrites it
 
 

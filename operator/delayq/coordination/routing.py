@@ -67,16 +67,19 @@ class Routing:
 
     @classmethod
     def from_json(cls, payload: bytes) -> Routing:
+        """Raises ValueError (KeyError, TypeError, AttributeError) for a document that is not a
+        routing: the node is writable by the topic's own login, whose holder may write anything
+        (Infinity, which Python's JSON reads and int() cannot take, is a ValueError too)."""
         document = json.loads(payload)
         if document.get("version") != ROUTING_FORMAT_VERSION:
             raise ValueError(f"unknown routing format version {document.get('version')!r}")
-        return cls(
-            document["slotAmount"],
-            document["brokers"],
-            tuple(document["slots"]),
-            int(document.get("generation", 0)),
-            frozenset(int(slot) for slot in document.get("doubledSlots", ())),
-        )
+        try:
+            generation = int(document.get("generation", 0))
+            doubled = frozenset(int(slot) for slot in document.get("doubledSlots", ()))
+        except OverflowError as error:
+            raise ValueError(f"routing holds a number past any slot: {error}") from None
+        slots = tuple(document["slots"])
+        return cls(document["slotAmount"], document["brokers"], slots, generation, doubled)
 
 
 class RoutingConflict(ValueError):

@@ -6,6 +6,8 @@ apart.
 
 from __future__ import annotations
 
+from delayq.queue.settings import MAX_BROKERS, MAX_REPLICAS_PER_BROKER
+
 GROUP = "delayq.io"
 VERSION = "v1alpha1"
 PLURAL = "delaytopics"
@@ -126,6 +128,22 @@ def redis_master_host(topic: str, namespace: str, broker: int) -> str:
 
 def redis_pod(topic: str, broker: int, ordinal: int) -> str:
     return f"{redis_statefulset(topic, broker)}-{ordinal}"
+
+
+#: The most pods of one StatefulSet the operator makes: the service's, one per broker.
+MAX_STATEFULSET_REPLICAS = max(MAX_BROKERS, 1 + MAX_REPLICAS_PER_BROKER)
+
+
+def pod_ordinal(statefulset: str, pod: str) -> int | None:
+    """The ordinal of `pod` if it is named as a pod of `statefulset` is (`<name>-<n>`, n below
+    the most replicas the operator gives one), else None: the operator finds pods by labels,
+    which anyone who may create a pod in the namespace can give one of their own."""
+    ordinal = pod.removeprefix(f"{statefulset}-")
+    if ordinal == pod or not ordinal.isdecimal() or not ordinal.isascii():
+        return None
+    if str(int(ordinal)) != ordinal or int(ordinal) >= MAX_STATEFULSET_REPLICAS:
+        return None
+    return int(ordinal)
 
 
 def service_statefulset(topic: str) -> str:

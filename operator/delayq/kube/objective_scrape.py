@@ -10,6 +10,7 @@ read up to `MAX_METRICS_BYTES` and parsed with prometheus_client's own text pars
 from __future__ import annotations
 
 import asyncio
+import math
 from collections.abc import Mapping
 
 import aiohttp
@@ -23,6 +24,13 @@ LATENESS_FAMILY = "delayq_delivery_lateness_seconds"
 SCRAPE_TIMEOUT_S = 2.0
 # A pod's /metrics is a few hundred series, tens of KiB; more is not a delay service's answer.
 MAX_METRICS_BYTES = 4 * 1024 * 1024
+#: A bucket's count at most (a 64-bit counter): the answer is the pod's, which its tenant may
+#: write; +Inf, or counts whose sum over pods leaves a float's range, broke the pass.
+MAX_BUCKET_COUNT = 2**63
+#: Buckets of one topic's histogram at most (the service has 16 with +Inf): each pod's reading
+#: is kept for the objective's window (up to an hour of passes), so a pod telling thousands of
+#: `le` bounds must not make the operator keep them.
+MAX_BUCKETS = 64
 
 
 class MetricsScraper:
@@ -89,8 +97,12 @@ def lateness_buckets(text: str, topic: tuple[str, str]) -> Buckets | None:
                 if sample.name.endswith("_bucket") and all(
                     sample.labels.get(k) == v for k, v in labels.items()
                 ):
-                    bound = float(sample.labels["le"])
-                    counts[bound] = counts.get(bound, 0) + int(sample.value)
+                    bound, count = float(sample.labels["le"]), sample.value
+                    if math.isnan(bound) or not 0 <= count <= MAX_BUCKET_COUNT:
+                        return None  # no process counts so (inf, NaN, < 0): not a histogram
+                    counts[bound] = counts.get(bound, 0) + int(count)
+                    if len(counts) > MAX_BUCKETS:
+                        return None
     except (ValueError, KeyError, TypeError):
         return None
     return tuple(sorted(counts.items()))

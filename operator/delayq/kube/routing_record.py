@@ -29,6 +29,7 @@ from itertools import groupby
 from typing import Any
 
 from delayq.coordination.routing import Routing
+from delayq.queue.settings import MAX_SLOT_AMOUNT
 
 RECORD_FIELD = "routing"  # the status field
 _RUN = re.compile(r"^(\d+)(?:-(\d+))?:(\d+)$")
@@ -77,10 +78,18 @@ def _read_slot_runs(text: str) -> frozenset[int]:
         if match is None:
             raise ValueError(f"doubledSlots run {run!r} is not first-last")
         first, last = int(match.group(1)), int(match.group(2) or match.group(1))
+        _within_slots(run, last)
         if last < first or (slots and first <= slots[-1]):
             raise ValueError(f"doubledSlots run {run!r} is not after the previous one, ascending")
         slots += range(first, last + 1)
     return frozenset(slots)
+
+
+def _within_slots(run: str, last: int) -> None:
+    """Refuse a run past the most slots a topic has before it is expanded: the status is
+    anyone's who may patch it, and `0-4000000000:0` was a 32 GB list in the operator."""
+    if last >= MAX_SLOT_AMOUNT:
+        raise ValueError(f"run {run!r} goes past slot {MAX_SLOT_AMOUNT - 1}")
 
 
 def recorded_routing(status: Mapping[str, Any]) -> Routing | None:
@@ -100,6 +109,7 @@ def recorded_routing(status: Mapping[str, Any]) -> Routing | None:
             first, last, broker = match.group(1), match.group(2) or match.group(1), match.group(3)
             if int(first) != len(brokers) or int(last) < int(first):
                 raise ValueError(f"run {run!r} does not start at slot {len(brokers)}")
+            _within_slots(run, int(last))
             brokers += [int(broker)] * (int(last) - int(first) + 1)
         return Routing(
             int(record["slotAmount"]),

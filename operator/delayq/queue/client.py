@@ -296,7 +296,8 @@ class Queue:
         self.redis.delete(paused_key(self.topic))
 
     def is_paused(self) -> bool:
-        return self.redis.get(paused_key(self.topic)) is not None
+        # EXISTS, not GET: the flag's value is whatever a holder of the admin login set
+        return bool(self.redis.exists(paused_key(self.topic)))
 
     def publish_settings(self, owner: str, version: int) -> list[int]:
         """Publish the topic's settings record into every slot of this broker, as its owner
@@ -540,7 +541,7 @@ class AsyncQueue:
         await self.redis.delete(paused_key(self.topic))
 
     async def is_paused(self) -> bool:
-        return await self.redis.get(paused_key(self.topic)) is not None
+        return bool(await self.redis.exists(paused_key(self.topic)))  # as Queue.is_paused
 
     async def publish_settings(self, owner: str, version: int) -> list[int]:
         """As `Queue.publish_settings`."""

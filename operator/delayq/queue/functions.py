@@ -51,6 +51,8 @@ from delayq.queue.scripts import (
 )
 
 LIBRARY_PREFIX = "delayq_"
+#: A library's name as `library()` makes it: the prefix and a hash of the source, in hex.
+LIBRARY_NAME = re.compile(rf"{LIBRARY_PREFIX}[0-9a-f]{{1,64}}")
 VERSION_FUNCTION = "version"
 SHEBANG = re.compile(r"\A#!lua(?: flags=([\w,-]*))?\n")
 #: Redis's answer to an FCALL of a function it does not have.
@@ -251,9 +253,26 @@ def _text(value: object) -> str:
     return value.decode() if isinstance(value, bytes) else str(value)
 
 
+#: The functions' memory (INFO `used_memory_functions`) up to which a broker's libraries are
+#: listed: this library is ~120 kB of it, a few versions at once during an upgrade.
+MAX_LISTED_FUNCTIONS_BYTES = 16 * 1024 * 1024
+
+
+class FunctionsTooLargeError(redis.RedisError):
+    """The broker holds more functions than delayq ever loads: its libraries are not listed.
+    FUNCTION LIST answers every function's name and description, and whoever holds a broker's
+    admin login (a topic's Secret has it) may load any: the operator would read them whole."""
+
+
 async def loaded_async(client: redis.asyncio.Redis) -> list[str]:
     """The names of every delayq library the broker holds, of any version (FUNCTION LIST:
-    admin rights)."""
+    admin rights); FunctionsTooLargeError, unread, over MAX_LISTED_FUNCTIONS_BYTES."""
+    used = int((await client.info("memory")).get("used_memory_functions", 0))
+    if used > MAX_LISTED_FUNCTIONS_BYTES:
+        raise FunctionsTooLargeError(
+            f"used_memory_functions is {used} bytes, over the {MAX_LISTED_FUNCTIONS_BYTES} "
+            "delayq's libraries ever take: not listed"
+        )
     reply = await client.function_list(library=f"{LIBRARY_PREFIX}*")
     names = []
     for entry in reply or []:

@@ -88,8 +88,10 @@ def _calls(script: Script, topic: Topic, slots: list[int], args: list[Arg]) -> l
 
 
 def _fields(reply: list[bytes]) -> dict[str, str]:
-    """A flat HGETALL reply as text."""
+    """A flat HGETALL reply as text. Bytes that are no text read as U+FFFD, so such a record
+    differs from the one wanted and is written again: whoever has the broker's admin login
+    (the topic's Secret holds it) may have written anything there."""
     return {
-        field.decode(): value.decode()
+        field.decode(errors="replace"): value.decode(errors="replace")
         for field, value in zip(reply[0::2], reply[1::2], strict=True)
     }

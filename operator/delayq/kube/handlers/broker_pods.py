@@ -20,10 +20,6 @@ def pod_ready(pod: Mapping[str, Any]) -> bool:
     return any(c.get("type") == "Ready" and c.get("status") == "True" for c in conditions)
 
 
-def pod_ordinal(name: str) -> int:
-    return int(name.rsplit("-", 1)[1])
-
-
 @dataclass(frozen=True)
 class BrokerPods:
     """A broker's Redis pods as observed: for failover.decide, and their addresses and UIDs."""
@@ -47,8 +43,12 @@ async def observe_pods(
         "v1", "Pod", spec.namespace, naming.redis_selector(spec.name, broker)
     )
     pods, addresses, uids, revisions = [], {}, {}, {}
+    statefulset = naming.redis_statefulset(spec.name, broker)
     for pod in raw_pods:
         name = pod["metadata"]["name"]
+        ordinal = naming.pod_ordinal(statefulset, name)
+        if ordinal is None:
+            continue  # labelled like the broker's pods, not one of them
         address = (pod.get("status") or {}).get("podIP")
         addresses[name] = address
         uids[name] = str(pod["metadata"].get("uid") or "")
@@ -62,7 +62,7 @@ async def observe_pods(
         pods.append(
             RedisPod(
                 name=name,
-                ordinal=pod_ordinal(name),
+                ordinal=ordinal,
                 ready=pod_ready(pod),
                 named_master=named,
                 role=info.role if info else None,

@@ -241,7 +241,12 @@ async def topic_health(
     service_pods = await ctx.kube.list(
         "v1", "Pod", spec.namespace, naming.service_selector(spec.name)
     )
-    services_ready = sum(1 for pod in service_pods if pod_ready(pod))
+    statefulset = naming.service_statefulset(spec.name)
+    services_ready = sum(
+        1
+        for pod in service_pods
+        if pod_ready(pod) and naming.pod_ordinal(statefulset, pod["metadata"]["name"]) is not None
+    )
     owned = view.owned
     counted = SlotCounts(applied, applied if owned is None else owned)
     problems = degradations(entries, services_ready, spec.brokers, counted)
@@ -305,10 +310,13 @@ async def objective_step(
         ctx.lateness_windows.pop(key, None)
         return [] if find_condition(view.status, OBJECTIVE_MET) is None else [no_objective()]
     pods = await ctx.kube.list("v1", "Pod", spec.namespace, naming.service_selector(spec.name))
-    ready = {
+    statefulset = naming.service_statefulset(spec.name)
+    ready = {  # the service StatefulSet's pods only: anyone may label a pod of their own so
         pod["metadata"]["name"]: (pod["status"]["podIP"], str(pod["metadata"].get("uid") or ""))
         for pod in pods
-        if pod_ready(pod) and (pod.get("status") or {}).get("podIP")
+        if pod_ready(pod)
+        and (pod.get("status") or {}).get("podIP")
+        and naming.pod_ordinal(statefulset, pod["metadata"]["name"]) is not None
     }
     # its own token, which the tenant does not rotate (it may rotate metrics-token)
     credentials = await operator_credentials(ctx, body, spec)

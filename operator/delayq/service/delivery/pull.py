@@ -26,6 +26,7 @@ A round then costs one claim call per broker and generation, sent together.
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
@@ -41,6 +42,8 @@ from delayq.queue.slots import OwnedSlot, OwnedSlots
 from delayq.queue.topups import TopUps
 from delayq.service.brokers import Brokers
 from delayq.service.delivery.long_polls import LongPolls
+
+log = logging.getLogger(__name__)
 
 MAX_LEASE_BATCH = 1000
 PAUSE_CHECK_S = 1.0  # the brokers' pause flags are read again when older than this
@@ -90,6 +93,8 @@ class _Round:
     messages: Pulled = field(default_factory=dict)
     count: int = 0
     full: list[PullSlot] = field(default_factory=list)  # filled their share: maybe more
+    # a broker's claims failed (its slots keep their due time); the others' stand
+    failed: redis.RedisError | OSError | None = None
 
 
 class PullLeaser:
@@ -198,9 +203,16 @@ class PullLeaser:
 
     async def refresh_paused(self) -> None:
         """Read every broker's pause flag now (leases do it when the last read is a second
-        old): the slots of a paused broker are not claimed."""
+        old): the slots of a paused broker are not claimed. A broker that does not answer keeps
+        its last reading: its own claims fail (`_round`), and the other brokers' slots are
+        leased meanwhile rather than every lease failing with it."""
         queues = self.brokers.queues
-        self._paused = list(await asyncio.gather(*(queue.is_paused() for queue in queues)))
+        read = await asyncio.gather(*(q.is_paused() for q in queues), return_exceptions=True)
+        for broker, paused in enumerate(read):
+            if isinstance(paused, bool):
+                self._paused[broker] = paused
+            elif not isinstance(paused, redis.RedisError | OSError):
+                raise paused
         self._paused_read_s = time.monotonic()
 
     def server_now_ms(self, slot: int, generation: int | None = None) -> float:
@@ -289,6 +301,13 @@ class PullLeaser:
             for generation, messages in result.messages.items():
                 claimed.messages.setdefault(generation, []).extend(messages)
             claimed.count += result.count
+            if result.failed is not None:
+                # what is leased already goes to the caller: raised, it would wait out its
+                # lease unseen and then count an attempt that never was
+                if not claimed.count:
+                    raise result.failed
+                log.warning("claim failed on a broker (%r); leasing the others'", result.failed)
+                break
             pending = rest + result.full
         return claimed
 
@@ -329,7 +348,8 @@ class PullLeaser:
                 *(
                     self._claim_on(generation, broker, group, claimed, ack_timeout_ms)
                     for (generation, broker), group in groups.items()
-                )
+                ),
+                return_exceptions=True,  # one broker's failure leaves the others' leases
             )
         finally:
             for state in claimed:
@@ -337,7 +357,14 @@ class PullLeaser:
             self._rounds.discard(done)
             done.set_result(None)
         result = _Round()
+        for reply in replies:
+            if isinstance(reply, redis.RedisError | OSError):
+                result.failed = reply
+            elif isinstance(reply, BaseException):
+                raise reply
         for (generation, broker), reply in zip(groups, replies, strict=True):
+            if isinstance(reply, BaseException):
+                continue
             owner = self._generations[generation]
             for state, outcome in reply:
                 share, wakes = claimed[state]

@@ -88,7 +88,7 @@ def retry_after_ms(value: str | None, now_s: float) -> int | None:
         return int(value[:9]) * 1000  # beyond 9 digits the hold's bound applies anyway
     try:
         when = parsedate_to_datetime(value)
-    except (TypeError, ValueError, IndexError):
+    except (TypeError, ValueError, IndexError, OverflowError):  # a year past a C long
         return None
     if when.tzinfo is None:
         return None

@@ -23,13 +23,15 @@ local function roll_back_leases(slot, store, prepare, ids, now, max_retries, ret
       local attempts, due, _, p3 = record_fields(record)
       local _, first_ms = record_extras(record, p3)
       journal(slot.journal, slot.journal_max_len, 'expired', id, now, due, attempts)
-      if retries_exhausted(attempts, max_retries, first_ms, retry_for_ms, now) then
+      -- the window is checked at the next attempt's time, as a nack's is
+      local retry_due = now + retry_delay(backoff, attempts, n)
+      if retries_exhausted(attempts, max_retries, first_ms, retry_for_ms, retry_due) then
         give_up(slot, id, exhausted_action, 'lease expired on attempt ' .. attempts, 'dropped',
           now, due, attempts)
         given_up = given_up + 1
       else
         redis.call('HSET', slot.msg, id, record_with(record, attempts, '', '', p3))
-        redis.call('ZADD', store, now + retry_delay(backoff, attempts, n), id)
+        redis.call('ZADD', store, retry_due, id)
       end
     end
   end

@@ -1,0 +1,89 @@
+"""A pull topic over two brokers, one of which refuses claims: a lease request hands out what
+the other broker leased, rather than leasing it and handing out nothing.
+
+Broker 1 is made a replica of an address where nothing listens, as a master demoted by a
+failover is: it still answers reads (the pause flag) and refuses every write (READONLY), so
+its claims fail while broker 0's succeed in the same round.
+"""
+
+from __future__ import annotations
+
+from typing import cast
+
+import redis
+
+from delayq.local.ports import free_port
+from delayq.local.redis_server import RedisServer
+from delayq.queue.keys import Part, slot_keys
+from tests.service.conftest import StartService
+
+SLOTS = 4  # slots 0, 1 on broker 0, 2, 3 on broker 1
+
+
+async def test_a_broker_refusing_claims_strands_no_lease_of_another(
+    redis_server: RedisServer, start_service: StartService
+) -> None:
+    """Regression: the claims of one round went to every broker at once and the first
+    broker's failure raised out of the lease: the messages the other brokers had just leased
+    were answered to nobody (a 503), each waiting out its lease and then retried with an
+    attempt counted, on every lease request for as long as the broker refused."""
+    with RedisServer() as second:
+        running = await start_service(
+            slot_amount=SLOTS, broker_urls=f"{redis_server.url},{second.url}"
+        )
+        topic = running.service.topic
+        on_0 = [f"m{i}" for i in range(40) if topic.slot_of(f"m{i}") < 2][:5]
+        on_1 = [f"m{i}" for i in range(40) if topic.slot_of(f"m{i}") >= 2][:2]
+        for message_id in on_0 + on_1:
+            created = await running.client.post(
+                f"{running.base}/messages", json={"id": message_id, "delayMs": 0}
+            )
+            assert created.status == 201
+        demoted = redis.Redis.from_url(second.url)
+        demoted.replicaof("127.0.0.1", str(free_port()))
+        demoted.close()
+
+        answer = await running.client.post(f"{running.base}/leases", json={"max": 10, "waitMs": 0})
+        leased = (await answer.json()).get("leases", []) if answer.status == 200 else []
+        broker_0 = redis.Redis.from_url(redis_server.url)
+        in_prepare = [
+            member.decode()
+            for slot in (0, 1)
+            for member in cast(
+                list[bytes], broker_0.zrange(slot_keys(topic, slot).key(Part.PREPARE), 0, -1)
+            )
+        ]
+        broker_0.close()
+        assert sorted(in_prepare) == sorted(on_0)  # every due message of broker 0 leased
+        assert answer.status == 200, await answer.text()
+        assert sorted(m["id"] for m in leased) == sorted(on_0)  # ... and handed out
+
+
+async def test_a_broker_down_stops_no_lease_of_another(
+    redis_server: RedisServer, start_service: StartService
+) -> None:
+    """Regression: every lease read the pause flags of all brokers first, all or nothing, so
+    one broker down (killed, its node lost) answered every lease request 503 and stopped the
+    delivery of every other broker's slots for as long as it was down."""
+    with RedisServer() as second:
+        running = await start_service(
+            slot_amount=SLOTS, broker_urls=f"{redis_server.url},{second.url}"
+        )
+        topic = running.service.topic
+        on_0 = [f"m{i}" for i in range(40) if topic.slot_of(f"m{i}") < 2][:3]
+        second.crash()
+        for message_id in on_0:
+            created = await running.client.post(
+                f"{running.base}/messages", json={"id": message_id, "delayMs": 0}
+            )
+            assert created.status == 201
+        leased: list[str] = []
+        for _ in range(3):  # the pause flags are read again each second at most
+            answer = await running.client.post(
+                f"{running.base}/leases", json={"max": 10, "waitMs": 1_500}
+            )
+            assert answer.status == 200, await answer.text()
+            leased += [m["id"] for m in (await answer.json())["leases"]]
+            if len(leased) >= len(on_0):
+                break
+        assert sorted(leased) == sorted(on_0)
