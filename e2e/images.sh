@@ -7,6 +7,8 @@
 #   zookeeper  base + Debian's ZooKeeper jars and a ZOO_*-compatible entrypoint
 #   coredns    FROM scratch + the CoreDNS binary e2e/build.sh compiled
 #   pause      FROM scratch + Debian's static catatonit (containerd's sandbox image)
+#   delayq-previous  the previous release of releases.yaml (its commit's operator/ tree, `git
+#              archive`) installed over the delayq image: e2e/images/release, test_upgrade.py
 # Every tag is a hash of what goes into the image (never `latest`), and each image is saved as a
 # docker-archive under the cache, so a warm run only hashes inputs. The node harness imports the
 # archives into its containerd. Beside each archive: the image's ID (sha256 of its config, the
@@ -120,6 +122,18 @@ if [ ! -f "${SBOM[delayq]}" ]; then
   podman rm -f "$container" >/dev/null
   mv "${SBOM[delayq]}.tmp" "${SBOM[delayq]}"
 fi
+
+# The previous release (releases.yaml) for the upgrade test: its operator/ tree, `git archive`d
+# from its recorded commit, installed over the delayq image above (e2e/images/release). The
+# commit names its content, so its tag only changes with the image it is built on.
+read -r previous_version previous_commit < <(python3 "$ROOT/e2e/harness/releases.py" previous)
+mkdir -p "$context/previous"
+cp "$images/release/Dockerfile" "$context/previous/"
+git -C "$ROOT" archive "$previous_commit" pyproject.toml README.md operator \
+  | tar -C "$context/previous" -x
+build delayq-previous \
+  "$previous_version-$( (echo "${REF[delayq]}"; echo "$previous_commit"; dir_hash "$images/release") \
+  | hash_of)" "$context/previous" --build-arg "BASE=${REF[delayq]}"
 
 staged=$(stage coredns "$images/coredns/Dockerfile" "$BIN_DIR/coredns")
 build coredns "$(dir_hash "$staged")" "$staged"

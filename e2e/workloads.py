@@ -58,8 +58,10 @@ Server(("", 8000), Handler).serve_forever()
 '''
 
 #: The producer: schedules COUNT messages through the topic's Service, due over SPREAD_MS after
-#: START_MS from now, in batches; the items a 207 answer reports as not stored (a broker that
-#: refused or did not answer) are sent again, as the API asks; prints how many it stored.
+#: START_MS from now, in batches of BATCH; the items a 207 answer reports as not stored (a broker
+#: that refused or did not answer) are sent again, as the API asks; prints how many it stored.
+#: With PER_SECOND, batch i is not sent before i * BATCH / PER_SECOND seconds from its start
+#: (a steady producer, e.g. through an upgrade); it gives up DEADLINE_S after its start.
 PRODUCER = '''
 import json, os, time, urllib.error, urllib.request
 
@@ -69,7 +71,10 @@ count = int(os.environ["COUNT"])
 prefix = os.environ["PREFIX"]
 start_ms = int(os.environ["START_MS"])
 spread_ms = int(os.environ["SPREAD_MS"])
-deadline = time.monotonic() + 120
+batch_size = int(os.environ.get("BATCH", "200"))
+per_second = float(os.environ.get("PER_SECOND", "0"))
+started = time.monotonic()
+deadline = started + float(os.environ.get("DEADLINE_S", "120"))
 stored = resent = 0
 
 
@@ -95,8 +100,10 @@ def send(batch):
 
 messages = [{"id": f"{prefix}-{i}", "delayMs": start_ms + spread_ms * i // max(count, 1),
              "payload": f"message {i}"} for i in range(count)]
-for first in range(0, count, 200):
-    batch = messages[first:first + 200]
+for first in range(0, count, batch_size):
+    if per_second:
+        time.sleep(max(0.0, started + first / per_second - time.monotonic()))
+    batch = messages[first:first + batch_size]
     while batch:
         left = send(batch)
         stored += len(batch) - len(left)
@@ -328,15 +335,20 @@ def stream_consumer(namespace: str, image: str, topic: str, stream_key: str, nam
 
 
 def producer(namespace: str, image: str, topic: str, name: str, count: int, start_ms: int,
-             spread_ms: int) -> list[dict[str, Any]]:
+             spread_ms: int, per_second: float = 0, batch: int = 200,
+             deadline_s: int = 120) -> list[dict[str, Any]]:
     """ConfigMap and Job ``name``: schedules ``count`` messages ``<name>-<i>`` through the
-    topic's API Service with the topic's own token (from its Secret)."""
+    topic's API Service with the topic's own token (from its Secret), in batches of ``batch``,
+    at most ``per_second`` when given (``PRODUCER``)."""
     env: list[dict[str, Any]] = [
         *_api_env(namespace, topic),
         {"name": "COUNT", "value": str(count)},
         {"name": "PREFIX", "value": name},
         {"name": "START_MS", "value": str(start_ms)},
         {"name": "SPREAD_MS", "value": str(spread_ms)},
+        {"name": "BATCH", "value": str(batch)},
+        {"name": "PER_SECOND", "value": str(per_second)},
+        {"name": "DEADLINE_S", "value": str(deadline_s)},
     ]
     return _job(name, namespace, image, PRODUCER, env)
 

@@ -52,3 +52,38 @@ async def test_remove_deletes_only_the_owned_object_it_read(
     assert delete.data["preconditions"] == {"uid": "secret-uid", "resourceVersion": "7"}
     assert api.objects[secrets, "shop", "ours"].deleted
     assert not api.objects[secrets, "shop", "theirs"].deleted
+
+
+def _merge(target: object, patch: object) -> object:
+    """RFC 7386 JSON merge patch, as the API server applies the operator's patches."""
+    if not isinstance(patch, dict):
+        return patch
+    merged = dict(target) if isinstance(target, dict) else {}
+    for key, value in patch.items():
+        if value is None:
+            merged.pop(key, None)
+        else:
+            merged[key] = _merge(merged.get(key), value)
+    return merged
+
+
+def test_a_broker_statefulset_stored_rolling_becomes_on_delete_without_rolling_fields() -> None:
+    """0.1.0's broker StatefulSets rolled by themselves; the API server stored their strategy
+    with its default `rollingUpdate: {partition: 0}`, which it refuses beside `OnDelete` (422
+    `spec.updateStrategy.rollingUpdate: only allowed for updateStrategy 'RollingUpdate'`, seen
+    on real pods by e2e/test_upgrade.py). The patch removes it, and once applied it is
+    unchanged."""
+    stored = {"spec": {"replicas": 2, "updateStrategy": {
+        "type": "RollingUpdate", "rollingUpdate": {"partition": 0}}}}
+    manifest = {
+        "apiVersion": "apps/v1",
+        "kind": "StatefulSet",
+        "metadata": {"name": "n", "namespace": "s"},
+        "spec": {"replicas": 2, "updateStrategy": {"type": "OnDelete"}},
+    }
+    patch = update_patch(manifest)
+    assert not contains(stored, patch)
+    applied = _merge(stored, patch)
+    assert isinstance(applied, dict)
+    assert applied["spec"] == {"replicas": 2, "updateStrategy": {"type": "OnDelete"}}
+    assert contains(applied, update_patch(manifest))

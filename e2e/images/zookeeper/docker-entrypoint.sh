@@ -6,10 +6,14 @@
 set -eu
 CONF=${ZOOCFGDIR:-/conf}
 DATA=${ZOO_DATA_DIR:-/data}
-mkdir -p "$CONF" "$DATA" "${ZOO_DATA_LOG_DIR:-$DATA}"
+# the official image's default (its ENV): the transaction log apart from the snapshots, as
+# 0.1.0's chart (an emptyDir at /datalog) relies on; in the data directory, ZooKeeper refuses
+# to start once a later chart moves the log (`Snapshot directory has log files`)
+DATA_LOG=${ZOO_DATA_LOG_DIR:-/datalog}
+mkdir -p "$CONF" "$DATA" "$DATA_LOG"
 {
   echo "dataDir=$DATA"
-  echo "dataLogDir=${ZOO_DATA_LOG_DIR:-$DATA}"
+  echo "dataLogDir=$DATA_LOG"
   echo "tickTime=${ZOO_TICK_TIME:-2000}"
   echo "initLimit=${ZOO_INIT_LIMIT:-5}"
   echo "syncLimit=${ZOO_SYNC_LIMIT:-2}"

@@ -6,6 +6,8 @@ Rules that keep updates safe on a real API server:
   its own copy of the values (kube/credentials.py), so it needs no `get` on Secrets there.
 - StatefulSet fields the API server treats as immutable (selector, serviceName,
   volumeClaimTemplates) are sent on create only; a changed volume size is documented, not forced.
+- A merge patch removes what the API server defaulted for an update strategy the manifest no
+  longer uses (`rollingUpdate` beside `OnDelete`), which it would otherwise refuse.
 - A child already containing every desired field is not patched at all (no write, no event).
 - Only a child owned by the topic (an ownerReference to its uid) is ever deleted: an object of
   the same name that the tenant made stays.
@@ -52,6 +54,11 @@ def update_patch(manifest: Manifest) -> Manifest:
     }
     for field in IMMUTABLE_SPEC_FIELDS.get(manifest["kind"], ()):
         patch.get("spec", {}).pop(field, None)
+    strategy = patch.get("spec", {}).get("updateStrategy")
+    if strategy and strategy.get("type") == "OnDelete":
+        # the API server stores `rollingUpdate: {partition: 0}` beside RollingUpdate (0.1.0's
+        # brokers) and refuses it beside OnDelete: a merge patch of the type alone keeps it
+        strategy["rollingUpdate"] = None
     return patch
 
 

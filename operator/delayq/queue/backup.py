@@ -20,6 +20,7 @@ import enum
 from collections.abc import Iterator
 from typing import Any, NamedTuple
 
+from delayq.queue.codec import split_record
 from delayq.queue.keys import Part, SlotKeys
 from delayq.queue.schedules import ENDED, OCCURRENCE_SEPARATOR, PENDING
 from delayq.queue.slot_copy import PART_TYPES, read_value
@@ -105,7 +106,7 @@ def items_of(contents: dict[Part, Any]) -> Iterator[Item]:
             yield message(Kind.WAITING, member, int(due), without_lease(record), None)
     for member, deadline in contents[Part.PREPARE]:
         if (record := records.get(member)) is not None:  # waits again at the due it was for
-            leased_due = record.split(b":", 2)[1]
+            leased_due = split_record(record)[1]
             due = int(leased_due) if leased_due else int(deadline)
             yield message(Kind.WAITING, member, due, without_lease(record), None)
     reasons = contents[Part.REASON]
@@ -135,7 +136,7 @@ def _route(message_id: str, schedules: dict[bytes, bytes]) -> str:
 def without_lease(record: bytes) -> bytes:
     """The record with no lease: neither the due its lease was for nor the lease number (the
     layout of lua/includes/record_fields.lua), attempts and everything after kept."""
-    attempts, _, _, rest = record.split(b":", 3)
+    attempts, _, _, rest = split_record(record)
     return attempts + b":::" + rest
 
 

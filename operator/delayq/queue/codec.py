@@ -46,8 +46,19 @@ def as_text(value: bytes | str) -> str:
 _EXTRA_TAGS = (ord("x"), ord("f"))
 
 
-def decode_record(raw: bytes) -> Record:
+def split_record(raw: bytes) -> tuple[bytes, bytes, bytes, bytes]:
+    """A record's attempts, due and lease fields and the rest after them. A record in
+    release 0.1.0's layout (no lease field: `<attempts>:<due or empty>:<headers_len>:`...),
+    which a broker upgraded from it still holds, reads with an empty lease: the rules of
+    lua/includes/record_fields.lua, which rewrites it in the current layout when it changes."""
     attempts, due, lease, rest = raw.split(b":", 3)
+    if lease and (not due or lease == b"0" or rest[:1] == b"{"):
+        return attempts, due, b"", lease + b":" + rest
+    return attempts, due, lease, rest
+
+
+def decode_record(raw: bytes) -> Record:
+    attempts, due, lease, rest = split_record(raw)
     extras: dict[int, int] = {}
     while rest and rest[0] in _EXTRA_TAGS:  # the optional tagged fields, x then f
         field, rest = rest.split(b":", 1)
