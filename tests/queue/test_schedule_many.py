@@ -1,7 +1,8 @@
 """A batch over several slots is one call per broker (schedulemany-10) and answers every item
 exactly as one schedule-10 call per slot did: compared on random mixed batches (new ids, ids
 that exist or finished, slots over their quota share, a slot being moved, expiry before due, due
-too far) from the same starting state, item by item and in what each path stored."""
+too far, ids with a slot basis entry, slots tracked for a doubling) from the same starting
+state, item by item and in what each path stored and noted."""
 
 from __future__ import annotations
 
@@ -10,12 +11,13 @@ from collections.abc import Callable
 
 import pytest
 import redis
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
-from delayq.queue import plans
+from delayq.queue import plans, slot_split
 from delayq.queue.client import Queue
 from delayq.queue.codes import Code, SlotMovingError, StaleEpochError
+from delayq.queue.keys import Part, slot_keys
 from delayq.queue.model import (
     ClaimBatch,
     Mode,
@@ -38,13 +40,17 @@ Answer = ScheduleResult | ScheduleFailure
 
 @dataclasses.dataclass(frozen=True)
 class Case:
-    """A starting state and a batch: ids scheduled and ids cancelled before (remembered), the
-    slots frozen, each slot's quota share (0: none), the mode, and the batch's items as (id,
-    kind) with kind 'ok', 'too far' or 'expires before due'."""
+    """A starting state and a batch: ids scheduled and ids cancelled before (remembered), those
+    of them scheduled with a slot basis (an entry in `basis`), the slots frozen, the slots
+    tracked for a doubling, each slot's quota share (0: none), the mode, and the batch's items
+    as (id, kind) with kind 'ok', 'based' (with a slot basis), 'too far' or 'expires before
+    due'."""
 
     existing: frozenset[str]
     cancelled: frozenset[str]
+    based: frozenset[str]
     frozen: frozenset[int]
+    tracked: frozenset[int]
     share: int
     mode: Mode
     items: tuple[tuple[str, str], ...]
@@ -54,14 +60,32 @@ CASES = st.builds(
     Case,
     existing=st.frozensets(st.sampled_from(IDS)),
     cancelled=st.frozensets(st.sampled_from(IDS)),
+    based=st.frozensets(st.sampled_from(IDS), max_size=3),
     frozen=st.frozensets(st.sampled_from(range(TOPIC.slot_amount)), max_size=2),
+    tracked=st.frozensets(st.sampled_from(range(TOPIC.slot_amount)), max_size=2),
     share=st.integers(0, 3),
     mode=st.sampled_from(list(Mode)),
     items=st.lists(
-        st.tuples(st.sampled_from(IDS), st.sampled_from(["ok", "ok", "too far", "expires"])),
+        st.tuples(
+            st.sampled_from(IDS), st.sampled_from(["ok", "ok", "based", "too far", "expires"])
+        ),
         min_size=1,
         max_size=30,
     ).map(tuple),
+)
+
+
+#: Always tried: every id replaced in one call over every slot, one slot tracked, an entry in
+#: `basis` for a live and a finished id, which a replacement without a basis deletes
+EVERY_SLOT_UPSERTED = Case(
+    existing=frozenset(IDS[:6]),
+    cancelled=frozenset(IDS[6:7]),
+    based=frozenset({IDS[0], IDS[6]}),
+    frozen=frozenset(),
+    tracked=frozenset({0}),
+    share=0,
+    mode=Mode.UPSERT,
+    items=tuple((message_id, "ok") for message_id in IDS),
 )
 
 
@@ -72,21 +96,32 @@ def requests_of(case: Case, base_ms: int) -> list[ScheduleRequest]:
         if kind == "too far":
             at_ms = base_ms + MAX_DELAY_MS + HOUR_MS
         expire = at_ms if kind == "expires" else None
-        requests.append(ScheduleRequest(message_id, f"p{n}", at_ms=at_ms, expire_at_ms=expire))
+        basis = message_id if kind == "based" else None  # its own slot, but an entry
+        requests.append(
+            ScheduleRequest(message_id, f"p{n}", at_ms=at_ms, slot_basis=basis, expire_at_ms=expire)
+        )
     return requests
 
 
 def prepared(admin: redis.Redis, queue: Queue, case: Case, base_ms: int) -> None:
-    """The case's starting state, from an empty topic (the ids written before the quota)."""
+    """The case's starting state, from an empty topic (the ids written before the quota and
+    the tracking)."""
     keys = list(admin.scan_iter(match="dq:{shop/orders/*", count=1000))
     if keys:
         admin.delete(*keys)
     queue = Queue(queue.redis, dataclasses.replace(queue.topic, limits_max_pending=0))
+
+    def old(message_id: str) -> None:
+        basis = message_id if message_id in case.based else None
+        queue.schedule(message_id, b"old", at_ms=base_ms + 2 * HOUR_MS, slot_basis=basis)
+
     for message_id in sorted(case.cancelled):
-        queue.schedule(message_id, b"old", at_ms=base_ms + 2 * HOUR_MS)
+        old(message_id)
         queue.cancel(message_id)
     for message_id in sorted(case.existing - case.cancelled):
-        queue.schedule(message_id, b"old", at_ms=base_ms + 2 * HOUR_MS)
+        old(message_id)
+    for slot in sorted(case.tracked):
+        slot_split.track(admin, slot_keys(queue.topic, slot))
     for slot in sorted(case.frozen):
         Queue(admin, queue.topic).run(plans.freeze(queue.topic, slot))
 
@@ -132,13 +167,18 @@ def comparable(answer: Answer) -> tuple[object, ...]:
     return (answer.id, answer.slot, type(answer.error), text)
 
 
-def stored(queue: Queue, frozen: frozenset[int]) -> dict[str, tuple[object, ...]]:
-    """What the topic holds for every id (a frozen slot's ids cannot be read: left out)."""
-    found: dict[str, tuple[object, ...]] = {}
+def stored(admin: redis.Redis, queue: Queue, frozen: frozenset[int]) -> dict[str, object]:
+    """What the topic holds for every id (a frozen slot's ids cannot be read: left out), and
+    per slot its basis entries and the changes noted for a doubling."""
+    found: dict[str, object] = {}
     for message_id in IDS:
         if queue.topic.slot_of(message_id) not in frozen:
             info = queue.get(message_id)
             found[message_id] = (info.state, info.due_ms, info.payload, info.expire_at_ms)
+    for slot in queue.topic.slots:
+        keys = slot_keys(queue.topic, slot)
+        found[f"basis {slot}"] = admin.hgetall(keys.key(Part.BASIS))
+        found[f"changes {slot}"] = admin.smembers(keys.key(Part.CHANGES))
     return found
 
 
@@ -154,16 +194,17 @@ def test_per_broker_calls_answer_and_store_as_per_slot_calls(
         suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture],
     )
     @given(case=CASES)
+    @example(case=EVERY_SLOT_UPSERTED)
     def check(case: Case) -> None:
         queue = Queue(client, dataclasses.replace(topic, limits_max_pending=4 * case.share))
         base_ms = server_ms(redis_client)
         requests = requests_of(case, base_ms)
-        runs: list[tuple[list[Answer], dict[str, tuple[object, ...]]]] = []
+        runs: list[tuple[list[Answer], dict[str, object]]] = []
         path: Callable[[Queue, list[ScheduleRequest], Mode], list[Answer]]
         for path in (per_slot, per_broker):
             prepared(redis_client, queue, case, base_ms)
             answers = path(queue, requests, case.mode)
-            runs.append(([*answers], stored(queue, case.frozen)))
+            runs.append(([*answers], stored(redis_client, queue, case.frozen)))
         (old_answers, old_stored), (new_answers, new_stored) = runs
         assert [comparable(a) for a in new_answers] == [comparable(a) for a in old_answers]
         assert new_stored == old_stored
@@ -234,10 +275,10 @@ def claim_state(admin: redis.Redis, queue: Queue, case: ClaimCase, base_ms: int)
         if kind == "leased":
             queue.schedule(message_id, b"l", at_ms=1_000)
     epochs = {slot: queue.take_over(slot) for slot in TOPIC.slots}
-    leased_until = server_ms(admin) + 1
     for slot, epoch in epochs.items():
         queue.claim(slot, epoch, 100, 1)
-    wait_for_server_ms(admin, leased_until)
+    # every lease (1 ms from its claim) ran out: a bound taken before the claims was not that
+    wait_for_server_ms(admin, server_ms(admin) + 2)
     for message_id, kind in zip(ids, case.kinds, strict=True):
         if kind == "due":
             queue.schedule(message_id, b"d", at_ms=1_000)
@@ -304,3 +345,21 @@ def test_one_claim_call_per_broker_claims_as_one_call_per_slot(
 def stored_claims(queue: Queue, case: ClaimCase) -> list[tuple[object, ...]]:
     infos = [queue.get(f"c{n}-{kind}") for n, kind in enumerate(case.kinds)]
     return [(info.state, info.attempts) for info in infos]
+
+
+def test_a_call_finding_its_slots_untracked_does_not_hide_a_later_tracking(
+    queue: Queue, redis_client: redis.Redis
+) -> None:
+    """schedulemany-10 asks once whether any of its slots is tracked for a doubling; the
+    library's calls share the wrapper that remembers it, so the next call must ask again: a
+    slot tracked between two calls has the second call's writes noted, one slot or many."""
+    batch = [ScheduleRequest(f"t{n}", b"x", delay_ms=HOUR_MS) for n in range(12)]
+    assert len({TOPIC.slot_of(r.id) for r in batch}) == TOPIC.slot_amount
+    queue.schedule_many(batch)  # every slot found untracked
+    keys = slot_keys(TOPIC, TOPIC.slot_of("t0"))
+    slot_split.track(redis_client, keys)
+    queue.schedule("t0", b"y", delay_ms=HOUR_MS, mode=Mode.UPSERT)  # schedule-10
+    assert redis_client.smembers(keys.key(Part.CHANGES)) == {b"", b"mt0"}
+    queue.schedule_many([r._replace(payload=b"z") for r in batch], Mode.UPSERT)
+    in_slot = {f"m{r.id}".encode() for r in batch if TOPIC.slot_of(r.id) == keys.slot}
+    assert redis_client.smembers(keys.key(Part.CHANGES)) == {b""} | in_slot
