@@ -8,13 +8,14 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Callable
+from typing import cast
 
 import pytest
 import redis
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
-from delayq.queue import plans, slot_split
+from delayq.queue import Recurrence, Schedule, plans, slot_split
 from delayq.queue.client import Queue
 from delayq.queue.codes import Code, SlotMovingError, StaleEpochError
 from delayq.queue.keys import Part, slot_keys
@@ -28,6 +29,7 @@ from delayq.queue.model import (
     SlotClaim,
     State,
 )
+from delayq.queue.schedules import occurrence_id
 from delayq.queue.scripts import Script
 from delayq.queue.topic import MAX_DELAY_MS
 
@@ -245,9 +247,11 @@ def test_a_batch_of_several_slots_refuses_a_moving_slot_only(
 @dataclasses.dataclass(frozen=True)
 class ClaimCase:
     """Messages of each kind ('due', 'later', 'expired': its expiry passed, 'leased': claimed
-    with a lease that ran out) and per slot a claim: (max_count, stale: an older epoch)."""
+    with a lease that ran out), the slots tracked for a doubling and per slot a claim:
+    (max_count, stale: an older epoch)."""
 
     kinds: tuple[str, ...]
+    tracked: frozenset[int]
     claims: tuple[tuple[int, bool], ...]
 
 
@@ -256,6 +260,7 @@ CLAIM_CASES = st.builds(
     kinds=st.lists(
         st.sampled_from(["due", "later", "expired", "leased"]), min_size=1, max_size=24
     ).map(tuple),
+    tracked=st.frozensets(st.sampled_from(range(TOPIC.slot_amount)), max_size=2),
     claims=st.lists(
         st.tuples(st.integers(0, 4), st.booleans()),
         min_size=TOPIC.slot_amount,
@@ -286,6 +291,8 @@ def claim_state(admin: redis.Redis, queue: Queue, case: ClaimCase, base_ms: int)
             queue.schedule(message_id, b"w", at_ms=base_ms + HOUR_MS)
         elif kind == "expired":
             queue.schedule(message_id, b"e", at_ms=1_000, expire_at_ms=2_000)
+    for slot in sorted(case.tracked):
+        slot_split.track(admin, slot_keys(TOPIC, slot))
     return [
         SlotClaim(slot, epochs[slot] - stale, count)
         for slot, (count, stale) in zip(TOPIC.slots, case.claims, strict=True)
@@ -328,13 +335,13 @@ def test_one_claim_call_per_broker_claims_as_one_call_per_slot(
             assert [call.script for call in one.calls] == [Script.CLAIM]
             batches: list[ClaimBatch | StaleEpochError] = queue.run(one)
             per_slot += batches
-        before = stored_claims(queue, case)
+        before = stored_claims(redis_client, queue, case)
         claims = claim_state(redis_client, queue, case, base_ms)
         plan = plans.claim_slots(TOPIC, claims, 60_000)
         assert [call.script for call in plan.calls] == [Script.CLAIM_MANY]
         per_broker = queue.run(plan)
         assert [claimed_view(b) for b in per_broker] == [claimed_view(b) for b in per_slot]
-        assert stored_claims(queue, case) == before
+        assert stored_claims(redis_client, queue, case) == before
 
     try:
         check()
@@ -342,9 +349,11 @@ def test_one_claim_call_per_broker_claims_as_one_call_per_slot(
         client.close()
 
 
-def stored_claims(queue: Queue, case: ClaimCase) -> list[tuple[object, ...]]:
+def stored_claims(admin: redis.Redis, queue: Queue, case: ClaimCase) -> list[object]:
+    """Each message's state and attempts, and each slot's changes noted for a doubling."""
     infos = [queue.get(f"c{n}-{kind}") for n, kind in enumerate(case.kinds)]
-    return [(info.state, info.attempts) for info in infos]
+    changes = [admin.smembers(slot_keys(TOPIC, slot).key(Part.CHANGES)) for slot in TOPIC.slots]
+    return [*((info.state, info.attempts) for info in infos), *changes]
 
 
 def test_a_call_finding_its_slots_untracked_does_not_hide_a_later_tracking(
@@ -363,3 +372,31 @@ def test_a_call_finding_its_slots_untracked_does_not_hide_a_later_tracking(
     queue.schedule_many([r._replace(payload=b"z") for r in batch], Mode.UPSERT)
     in_slot = {f"m{r.id}".encode() for r in batch if TOPIC.slot_of(r.id) == keys.slot}
     assert redis_client.smembers(keys.key(Part.CHANGES)) == {b""} | in_slot
+
+
+def test_one_claim_call_per_broker_counts_the_top_ups_owed_in_each_slot(
+    queue: Queue, redis_client: redis.Redis
+) -> None:
+    """claimmany-13 asks once whether any slot owes a top-up: a slot whose schedule's
+    occurrence it claims owes one from that claim on, in the same call, and a slot that owed
+    one before still says so; the others owe none."""
+    due_ms = queue.put_schedule(Schedule("tick", Recurrence(every_ms=200))).first_due_ms
+    ticking = queue.get_schedule("tick").slot
+    epochs = {slot: queue.take_over(slot) for slot in TOPIC.slots}
+    wait_for_server_ms(redis_client, due_ms)
+    claims = [SlotClaim(slot, epoch, 10) for slot, epoch in epochs.items()]
+    owed = {slot: int(slot == ticking) for slot in TOPIC.slots}
+    first = claimed_batches(queue, claims)
+    assert {b.slot: b.topups_owed for b in first} == owed
+    assert [m.id for m in first[ticking].messages] == [occurrence_id("tick", due_ms)]
+    again = claimed_batches(queue, claims)  # not topped up meanwhile
+    assert {b.slot: b.topups_owed for b in again} == owed
+
+
+def claimed_batches(queue: Queue, claims: list[SlotClaim]) -> list[ClaimBatch]:
+    """One claimmany-13 call's batches, none refused."""
+    plan = plans.claim_slots(TOPIC, claims, 60_000)
+    assert [call.script for call in plan.calls] == [Script.CLAIM_MANY]
+    batches: list[ClaimBatch | StaleEpochError] = queue.run(plan)
+    assert all(isinstance(b, ClaimBatch) for b in batches)
+    return cast(list[ClaimBatch], batches)
