@@ -21,6 +21,7 @@ from delayq.queue.codes import Code, SlotMovingError, StaleEpochError
 from delayq.queue.keys import Part, slot_keys
 from delayq.queue.model import (
     ClaimBatch,
+    Lease,
     Mode,
     PartlyStoredError,
     ScheduleFailure,
@@ -400,3 +401,133 @@ def claimed_batches(queue: Queue, claims: list[SlotClaim]) -> list[ClaimBatch]:
     batches: list[ClaimBatch | StaleEpochError] = queue.run(plan)
     assert all(isinstance(b, ClaimBatch) for b in batches)
     return cast(list[ClaimBatch], batches)
+
+
+@dataclasses.dataclass(frozen=True)
+class AckCase:
+    """Leased messages (those in `based` scheduled with a slot basis), the outcome retention
+    before the acks ('gone' ones remembered or not) and in them, the slots tracked for a
+    doubling and acked under an older epoch, and the acks as (message number, kind) with kind
+    'ok', 'lost' (another lease number) or 'gone' (acked before)."""
+
+    messages: int
+    based: frozenset[int]
+    retention_before: bool
+    retention: bool
+    tracked: frozenset[int]
+    stale: frozenset[int]
+    acks: tuple[tuple[int, str], ...]
+
+
+ACK_CASES = st.builds(
+    AckCase,
+    messages=st.just(12),
+    based=st.frozensets(st.integers(0, 11), max_size=4),
+    retention_before=st.booleans(),
+    retention=st.booleans(),
+    tracked=st.frozensets(st.sampled_from(range(TOPIC.slot_amount)), max_size=2),
+    stale=st.frozensets(st.sampled_from(range(TOPIC.slot_amount)), max_size=2),
+    acks=st.lists(
+        st.tuples(st.integers(0, 11), st.sampled_from(["ok", "ok", "lost", "gone"])),
+        min_size=1,
+        max_size=20,
+    ).map(tuple),
+)
+
+
+#: Always tried: every message acked in one call over every slot, some with a basis entry
+EVERY_LEASE_ACKED = AckCase(
+    messages=12,
+    based=frozenset({0, 5}),
+    retention_before=False,
+    retention=False,
+    tracked=frozenset({1}),
+    stale=frozenset(),
+    acks=tuple((n, "ok") for n in range(12)),
+)
+
+
+def leased_state(admin: redis.Redis, queue: Queue, case: AckCase) -> list[Lease]:
+    """The case's leases, from an empty topic: every message claimed, those acked 'gone'
+    acked already; each ack's token (another lease number when 'lost', the slot's epoch before
+    when the slot is stale)."""
+    keys = list(admin.scan_iter(match="dq:{shop/orders/*", count=1000))
+    if keys:
+        admin.delete(*keys)
+    for n in range(case.messages):
+        queue.schedule(f"a{n}", b"p", at_ms=1_000, slot_basis=f"a{n}" if n in case.based else None)
+    leases: dict[str, Lease] = {}
+    for slot in TOPIC.slots:
+        batch = queue.claim(slot, queue.take_over(slot), 100, 60_000)
+        leases |= {m.id: Lease(slot, m.id, m.lease_id, m.epoch) for m in batch.messages}
+    gone = {n for n, kind in case.acks if kind == "gone"}
+    before = dataclasses.replace(TOPIC, outcome_retention_ms=HOUR_MS * case.retention_before)
+    Queue(queue.redis, before).ack_many([leases[f"a{n}"] for n in sorted(gone)])
+    for slot in sorted(case.tracked):
+        slot_split.track(admin, slot_keys(TOPIC, slot))
+    tokens = []
+    for n, kind in case.acks:
+        lease = leases[f"a{n}"]
+        if kind == "lost":
+            lease = lease._replace(lease_id=lease.lease_id + 1)
+        if lease.slot in case.stale:
+            lease = lease._replace(epoch=lease.epoch - 1)
+        tokens.append(lease)
+    return tokens
+
+
+def acked_state(admin: redis.Redis, queue: Queue, case: AckCase) -> list[object]:
+    """Each message's state, and per slot its basis entries, outcomes and changes noted."""
+    found: list[object] = [queue.get(f"a{n}").state for n in range(case.messages)]
+    for slot in TOPIC.slots:
+        keys = slot_keys(TOPIC, slot)
+        found += [admin.hgetall(keys.key(Part.BASIS)), admin.hkeys(keys.key(Part.OUTCOME))]
+        found += [admin.smembers(keys.key(Part.CHANGES))]
+    return found
+
+
+def test_one_ack_call_per_broker_acks_as_one_call_per_slot(
+    redis_server: object, redis_client: redis.Redis
+) -> None:
+    """ackmany-7 answers every lease and leaves every slot as one ack-7 call per slot and
+    epoch did: a stale slot's acks refused, lost and repeated leases answered LEASE_LOST,
+    basis entries and outcomes kept or dropped by the retention, changes noted."""
+    client = engine_client(redis_server, redis_client)  # type: ignore[arg-type]
+
+    @settings(
+        max_examples=25,
+        deadline=None,
+        suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture],
+    )
+    @given(case=ACK_CASES)
+    @example(case=EVERY_LEASE_ACKED)
+    def check(case: AckCase) -> None:
+        retention_ms = HOUR_MS if case.retention else 0
+        queue = Queue(client, dataclasses.replace(TOPIC, outcome_retention_ms=retention_ms))
+        runs: list[tuple[list[Code], list[object]]] = []
+        tokens = leased_state(redis_client, queue, case)
+        codes: list[Code] = []
+        for slot in TOPIC.slots:  # one call per slot and epoch: ack-7
+            mine = [t for t in tokens if t.slot == slot]
+            if mine:
+                plan = plans.ack(queue.topic, mine)
+                assert {call.script for call in plan.calls} == {Script.ACK}
+                codes += [o.code for o in queue.run(plan)]
+        order = sorted(range(len(tokens)), key=lambda i: tokens[i].slot)
+        per_slot = [Code.ACKED] * len(tokens)
+        for position, code in zip(order, codes, strict=True):
+            per_slot[position] = code
+        runs.append((per_slot, acked_state(redis_client, queue, case)))
+        tokens = leased_state(redis_client, queue, case)
+        plan = plans.ack(queue.topic, tokens)
+        several = len({(t.slot, t.epoch) for t in tokens}) > 1
+        assert [call.script for call in plan.calls] == [Script.ACK_MANY if several else Script.ACK]
+        runs.append(([o.code for o in queue.run(plan)], acked_state(redis_client, queue, case)))
+        assert runs[1] == runs[0]
+        if case == EVERY_LEASE_ACKED:
+            assert set(runs[1][0]) == {Code.ACKED}
+
+    try:
+        check()
+    finally:
+        client.close()
