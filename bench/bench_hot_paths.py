@@ -59,7 +59,8 @@ from delayq.queue import (
     plans,
 )
 from delayq.queue.packing import pack
-from delayq.queue.plans import Plan
+from delayq.queue.plans import Plan, ScriptCall
+from delayq.queue.scripts import Script
 
 BENCH = Path(__file__).resolve().parent
 REPOSITORY = BENCH.parent  # a worker imports `delayq` from its tree (PYTHONPATH)
@@ -78,6 +79,8 @@ REDIS_COMMANDS = (
     "hset",
     "hdel",
 )
+#: what a client sends, not what the scripts call: left out of `redis_commands_per_msg`
+CLIENT_COMMANDS = {"fcall", "fcall_ro", "evalsha", "info", "config|resetstat", "hello", "blpop"}
 PAYLOAD = b"x" * 40
 # compared round by round
 RATIO_KEYS = (
@@ -95,8 +98,9 @@ def redis_cpu_s(client: redis.Redis) -> float:
 
 def measure(url: str, messages: int, timed: Callable[[], float]) -> dict[str, float]:
     """`timed` runs the workload and returns its rate; CPU of this process and of Redis around
-    it, per message, and the time Redis spent in the functions (`fcall`) and in the commands
-    they call (`INFO commandstats`)."""
+    it, per message, the time Redis spent in the functions (`fcall`) and in the commands
+    they call (`INFO commandstats`), and how many commands the scripts called a message (a
+    script's cost grows with the slots it visits, each a few commands)."""
     client = redis.Redis.from_url(url)
     client.config_resetstat()
     redis_before, python_before = redis_cpu_s(client), time.process_time()
@@ -110,8 +114,14 @@ def measure(url: str, messages: int, timed: Callable[[], float]) -> dict[str, fl
         )
         for name in REDIS_COMMANDS
     }
+    script_calls = sum(
+        stat["calls"]
+        for name, stat in stats.items()
+        if name.removeprefix("cmdstat_") not in CLIENT_COMMANDS
+    )
     return {
         "msg_per_s": round(rate),
+        "redis_commands_per_msg": round(script_calls / messages, 3),
         "python_cpu_us_per_msg": round(python_s / messages * 1e6, 2),
         "redis_cpu_us_per_msg": round(redis_s / messages * 1e6, 2),
         # the transitions' own time, whether they ran as functions or as scripts
@@ -184,13 +194,7 @@ def run_python(url: str, messages: int, slots: int) -> dict[str, float]:
 
     built = [requests(base) for base in batches]
     scheduled = [plans.schedule(topic, batch, Mode.CREATE) for batch in built]
-    schedule_replies = [
-        [
-            [1, at_ms, b"scheduled"] * (len(call.args) // plans.FIELDS_PER_REQUEST)
-            for call in plan.calls
-        ]
-        for plan in scheduled
-    ]
+    schedule_replies = [[scheduled_reply(call, at_ms) for call in plan.calls] for plan in scheduled]
     claims = range(0, messages, 125)
     claim_reply: list[int | bytes] = [0, at_ms * 1000, -1, -1, 0]
     for i in range(125):
@@ -219,6 +223,16 @@ def run_python(url: str, messages: int, slots: int) -> dict[str, float]:
         "delivery_ack_reply": lambda: drain(plan.combine([[7] * 125]) for plan in acks),
     }
     return {name: best_us_per_msg(step, messages) for name, step in steps.items()}
+
+
+def scheduled_reply(call: ScriptCall, at_ms: int) -> list[int | bytes]:
+    """The reply of a schedule call whose messages were all created: its head of 6 values,
+    then per message 8 (schedulemany-10: and per slot its message count)."""
+    slot_counts = 0
+    if call.script is Script.SCHEDULE_MANY:
+        slot_counts = len(call.keys) // len(plans.SCHEDULE_PARTS)
+    messages = (len(call.args) - 6 - slot_counts) // plans.FIELDS_PER_REQUEST
+    return [1, at_ms, b"scheduled"] * messages
 
 
 def drain(results: Iterable[object]) -> None:

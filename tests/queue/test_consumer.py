@@ -118,6 +118,35 @@ async def test_slots_owned_while_the_loop_sleeps_without_a_timer_are_drained(
         await asyncio.wait_for(task, 10)
 
 
+async def test_a_slot_owned_while_the_wait_blocks_is_woken_by_its_producer(
+    async_queue: AsyncQueue,
+) -> None:
+    """The blocking wait keeps its keys while the owned slots stay the same; a slot owned
+    meanwhile (empty: no timer of its own) joins them, so a producer's wake-up reaches it."""
+    first, *others = TOPIC.slots
+    seen: list[str] = []
+
+    async def handler(message: Message) -> None:
+        seen.append(message.id)
+
+    consumer = Consumer(async_queue, handler, managed=True)
+    task = asyncio.create_task(consumer.run())
+    try:
+        await consumer.own([first])
+        await asyncio.sleep(0.05)  # the wait blocks on the first slot's wake list
+        await consumer.own(others)
+        await eventually(lambda: len(consumer._owned) == TOPIC.slot_amount, 5, "owned")
+        later = next(f"w{n}" for n in range(100) if TOPIC.slot_of(f"w{n}") != first)
+        await async_queue.schedule(later, delay_ms=0)
+        await eventually(lambda: seen == [later], 5, "the delivery")
+        owned = consumer._owned.get(TOPIC.slot_of(later))
+        assert owned is not None
+        assert owned.wakes >= 1  # woken, not found by the watchdog
+    finally:
+        consumer.stop()
+        await asyncio.wait_for(task, 10)
+
+
 async def test_run_owns_the_slots_it_is_given(async_queue: AsyncQueue) -> None:
     seen: list[str] = []
 

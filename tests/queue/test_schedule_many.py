@@ -1,23 +1,27 @@
 """A batch over several slots is one call per broker (schedulemany-10) and answers every item
 exactly as one schedule-10 call per slot did: compared on random mixed batches (new ids, ids
 that exist or finished, slots over their quota share, a slot being moved, expiry before due, due
-too far) from the same starting state, item by item and in what each path stored."""
+too far, ids with a slot basis entry, slots tracked for a doubling) from the same starting
+state, item by item and in what each path stored and noted."""
 
 from __future__ import annotations
 
 import dataclasses
 from collections.abc import Callable
+from typing import cast
 
 import pytest
 import redis
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
-from delayq.queue import plans
+from delayq.queue import Recurrence, Schedule, plans, slot_split
 from delayq.queue.client import Queue
 from delayq.queue.codes import Code, SlotMovingError, StaleEpochError
+from delayq.queue.keys import Part, slot_keys
 from delayq.queue.model import (
     ClaimBatch,
+    Lease,
     Mode,
     PartlyStoredError,
     ScheduleFailure,
@@ -26,6 +30,7 @@ from delayq.queue.model import (
     SlotClaim,
     State,
 )
+from delayq.queue.schedules import occurrence_id
 from delayq.queue.scripts import Script
 from delayq.queue.topic import MAX_DELAY_MS
 
@@ -38,13 +43,17 @@ Answer = ScheduleResult | ScheduleFailure
 
 @dataclasses.dataclass(frozen=True)
 class Case:
-    """A starting state and a batch: ids scheduled and ids cancelled before (remembered), the
-    slots frozen, each slot's quota share (0: none), the mode, and the batch's items as (id,
-    kind) with kind 'ok', 'too far' or 'expires before due'."""
+    """A starting state and a batch: ids scheduled and ids cancelled before (remembered), those
+    of them scheduled with a slot basis (an entry in `basis`), the slots frozen, the slots
+    tracked for a doubling, each slot's quota share (0: none), the mode, and the batch's items
+    as (id, kind) with kind 'ok', 'based' (with a slot basis), 'too far' or 'expires before
+    due'."""
 
     existing: frozenset[str]
     cancelled: frozenset[str]
+    based: frozenset[str]
     frozen: frozenset[int]
+    tracked: frozenset[int]
     share: int
     mode: Mode
     items: tuple[tuple[str, str], ...]
@@ -54,14 +63,32 @@ CASES = st.builds(
     Case,
     existing=st.frozensets(st.sampled_from(IDS)),
     cancelled=st.frozensets(st.sampled_from(IDS)),
+    based=st.frozensets(st.sampled_from(IDS), max_size=3),
     frozen=st.frozensets(st.sampled_from(range(TOPIC.slot_amount)), max_size=2),
+    tracked=st.frozensets(st.sampled_from(range(TOPIC.slot_amount)), max_size=2),
     share=st.integers(0, 3),
     mode=st.sampled_from(list(Mode)),
     items=st.lists(
-        st.tuples(st.sampled_from(IDS), st.sampled_from(["ok", "ok", "too far", "expires"])),
+        st.tuples(
+            st.sampled_from(IDS), st.sampled_from(["ok", "ok", "based", "too far", "expires"])
+        ),
         min_size=1,
         max_size=30,
     ).map(tuple),
+)
+
+
+#: Always tried: every id replaced in one call over every slot, one slot tracked, an entry in
+#: `basis` for a live and a finished id, which a replacement without a basis deletes
+EVERY_SLOT_UPSERTED = Case(
+    existing=frozenset(IDS[:6]),
+    cancelled=frozenset(IDS[6:7]),
+    based=frozenset({IDS[0], IDS[6]}),
+    frozen=frozenset(),
+    tracked=frozenset({0}),
+    share=0,
+    mode=Mode.UPSERT,
+    items=tuple((message_id, "ok") for message_id in IDS),
 )
 
 
@@ -72,21 +99,32 @@ def requests_of(case: Case, base_ms: int) -> list[ScheduleRequest]:
         if kind == "too far":
             at_ms = base_ms + MAX_DELAY_MS + HOUR_MS
         expire = at_ms if kind == "expires" else None
-        requests.append(ScheduleRequest(message_id, f"p{n}", at_ms=at_ms, expire_at_ms=expire))
+        basis = message_id if kind == "based" else None  # its own slot, but an entry
+        requests.append(
+            ScheduleRequest(message_id, f"p{n}", at_ms=at_ms, slot_basis=basis, expire_at_ms=expire)
+        )
     return requests
 
 
 def prepared(admin: redis.Redis, queue: Queue, case: Case, base_ms: int) -> None:
-    """The case's starting state, from an empty topic (the ids written before the quota)."""
+    """The case's starting state, from an empty topic (the ids written before the quota and
+    the tracking)."""
     keys = list(admin.scan_iter(match="dq:{shop/orders/*", count=1000))
     if keys:
         admin.delete(*keys)
     queue = Queue(queue.redis, dataclasses.replace(queue.topic, limits_max_pending=0))
+
+    def old(message_id: str) -> None:
+        basis = message_id if message_id in case.based else None
+        queue.schedule(message_id, b"old", at_ms=base_ms + 2 * HOUR_MS, slot_basis=basis)
+
     for message_id in sorted(case.cancelled):
-        queue.schedule(message_id, b"old", at_ms=base_ms + 2 * HOUR_MS)
+        old(message_id)
         queue.cancel(message_id)
     for message_id in sorted(case.existing - case.cancelled):
-        queue.schedule(message_id, b"old", at_ms=base_ms + 2 * HOUR_MS)
+        old(message_id)
+    for slot in sorted(case.tracked):
+        slot_split.track(admin, slot_keys(queue.topic, slot))
     for slot in sorted(case.frozen):
         Queue(admin, queue.topic).run(plans.freeze(queue.topic, slot))
 
@@ -132,13 +170,18 @@ def comparable(answer: Answer) -> tuple[object, ...]:
     return (answer.id, answer.slot, type(answer.error), text)
 
 
-def stored(queue: Queue, frozen: frozenset[int]) -> dict[str, tuple[object, ...]]:
-    """What the topic holds for every id (a frozen slot's ids cannot be read: left out)."""
-    found: dict[str, tuple[object, ...]] = {}
+def stored(admin: redis.Redis, queue: Queue, frozen: frozenset[int]) -> dict[str, object]:
+    """What the topic holds for every id (a frozen slot's ids cannot be read: left out), and
+    per slot its basis entries and the changes noted for a doubling."""
+    found: dict[str, object] = {}
     for message_id in IDS:
         if queue.topic.slot_of(message_id) not in frozen:
             info = queue.get(message_id)
             found[message_id] = (info.state, info.due_ms, info.payload, info.expire_at_ms)
+    for slot in queue.topic.slots:
+        keys = slot_keys(queue.topic, slot)
+        found[f"basis {slot}"] = admin.hgetall(keys.key(Part.BASIS))
+        found[f"changes {slot}"] = admin.smembers(keys.key(Part.CHANGES))
     return found
 
 
@@ -154,16 +197,17 @@ def test_per_broker_calls_answer_and_store_as_per_slot_calls(
         suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture],
     )
     @given(case=CASES)
+    @example(case=EVERY_SLOT_UPSERTED)
     def check(case: Case) -> None:
         queue = Queue(client, dataclasses.replace(topic, limits_max_pending=4 * case.share))
         base_ms = server_ms(redis_client)
         requests = requests_of(case, base_ms)
-        runs: list[tuple[list[Answer], dict[str, tuple[object, ...]]]] = []
+        runs: list[tuple[list[Answer], dict[str, object]]] = []
         path: Callable[[Queue, list[ScheduleRequest], Mode], list[Answer]]
         for path in (per_slot, per_broker):
             prepared(redis_client, queue, case, base_ms)
             answers = path(queue, requests, case.mode)
-            runs.append(([*answers], stored(queue, case.frozen)))
+            runs.append(([*answers], stored(redis_client, queue, case.frozen)))
         (old_answers, old_stored), (new_answers, new_stored) = runs
         assert [comparable(a) for a in new_answers] == [comparable(a) for a in old_answers]
         assert new_stored == old_stored
@@ -204,9 +248,11 @@ def test_a_batch_of_several_slots_refuses_a_moving_slot_only(
 @dataclasses.dataclass(frozen=True)
 class ClaimCase:
     """Messages of each kind ('due', 'later', 'expired': its expiry passed, 'leased': claimed
-    with a lease that ran out) and per slot a claim: (max_count, stale: an older epoch)."""
+    with a lease that ran out), the slots tracked for a doubling and per slot a claim:
+    (max_count, stale: an older epoch)."""
 
     kinds: tuple[str, ...]
+    tracked: frozenset[int]
     claims: tuple[tuple[int, bool], ...]
 
 
@@ -215,6 +261,7 @@ CLAIM_CASES = st.builds(
     kinds=st.lists(
         st.sampled_from(["due", "later", "expired", "leased"]), min_size=1, max_size=24
     ).map(tuple),
+    tracked=st.frozensets(st.sampled_from(range(TOPIC.slot_amount)), max_size=2),
     claims=st.lists(
         st.tuples(st.integers(0, 4), st.booleans()),
         min_size=TOPIC.slot_amount,
@@ -234,10 +281,10 @@ def claim_state(admin: redis.Redis, queue: Queue, case: ClaimCase, base_ms: int)
         if kind == "leased":
             queue.schedule(message_id, b"l", at_ms=1_000)
     epochs = {slot: queue.take_over(slot) for slot in TOPIC.slots}
-    leased_until = server_ms(admin) + 1
     for slot, epoch in epochs.items():
         queue.claim(slot, epoch, 100, 1)
-    wait_for_server_ms(admin, leased_until)
+    # every lease (1 ms from its claim) ran out: a bound taken before the claims was not that
+    wait_for_server_ms(admin, server_ms(admin) + 2)
     for message_id, kind in zip(ids, case.kinds, strict=True):
         if kind == "due":
             queue.schedule(message_id, b"d", at_ms=1_000)
@@ -245,6 +292,8 @@ def claim_state(admin: redis.Redis, queue: Queue, case: ClaimCase, base_ms: int)
             queue.schedule(message_id, b"w", at_ms=base_ms + HOUR_MS)
         elif kind == "expired":
             queue.schedule(message_id, b"e", at_ms=1_000, expire_at_ms=2_000)
+    for slot in sorted(case.tracked):
+        slot_split.track(admin, slot_keys(TOPIC, slot))
     return [
         SlotClaim(slot, epochs[slot] - stale, count)
         for slot, (count, stale) in zip(TOPIC.slots, case.claims, strict=True)
@@ -287,13 +336,13 @@ def test_one_claim_call_per_broker_claims_as_one_call_per_slot(
             assert [call.script for call in one.calls] == [Script.CLAIM]
             batches: list[ClaimBatch | StaleEpochError] = queue.run(one)
             per_slot += batches
-        before = stored_claims(queue, case)
+        before = stored_claims(redis_client, queue, case)
         claims = claim_state(redis_client, queue, case, base_ms)
         plan = plans.claim_slots(TOPIC, claims, 60_000)
         assert [call.script for call in plan.calls] == [Script.CLAIM_MANY]
         per_broker = queue.run(plan)
         assert [claimed_view(b) for b in per_broker] == [claimed_view(b) for b in per_slot]
-        assert stored_claims(queue, case) == before
+        assert stored_claims(redis_client, queue, case) == before
 
     try:
         check()
@@ -301,6 +350,184 @@ def test_one_claim_call_per_broker_claims_as_one_call_per_slot(
         client.close()
 
 
-def stored_claims(queue: Queue, case: ClaimCase) -> list[tuple[object, ...]]:
+def stored_claims(admin: redis.Redis, queue: Queue, case: ClaimCase) -> list[object]:
+    """Each message's state and attempts, and each slot's changes noted for a doubling."""
     infos = [queue.get(f"c{n}-{kind}") for n, kind in enumerate(case.kinds)]
-    return [(info.state, info.attempts) for info in infos]
+    changes = [admin.smembers(slot_keys(TOPIC, slot).key(Part.CHANGES)) for slot in TOPIC.slots]
+    return [*((info.state, info.attempts) for info in infos), *changes]
+
+
+def test_a_call_finding_its_slots_untracked_does_not_hide_a_later_tracking(
+    queue: Queue, redis_client: redis.Redis
+) -> None:
+    """schedulemany-10 asks once whether any of its slots is tracked for a doubling; the
+    library's calls share the wrapper that remembers it, so the next call must ask again: a
+    slot tracked between two calls has the second call's writes noted, one slot or many."""
+    batch = [ScheduleRequest(f"t{n}", b"x", delay_ms=HOUR_MS) for n in range(12)]
+    assert len({TOPIC.slot_of(r.id) for r in batch}) == TOPIC.slot_amount
+    queue.schedule_many(batch)  # every slot found untracked
+    keys = slot_keys(TOPIC, TOPIC.slot_of("t0"))
+    slot_split.track(redis_client, keys)
+    queue.schedule("t0", b"y", delay_ms=HOUR_MS, mode=Mode.UPSERT)  # schedule-10
+    assert redis_client.smembers(keys.key(Part.CHANGES)) == {b"", b"mt0"}
+    queue.schedule_many([r._replace(payload=b"z") for r in batch], Mode.UPSERT)
+    in_slot = {f"m{r.id}".encode() for r in batch if TOPIC.slot_of(r.id) == keys.slot}
+    assert redis_client.smembers(keys.key(Part.CHANGES)) == {b""} | in_slot
+
+
+def test_one_claim_call_per_broker_counts_the_top_ups_owed_in_each_slot(
+    queue: Queue, redis_client: redis.Redis
+) -> None:
+    """claimmany-13 asks once whether any slot owes a top-up: a slot whose schedule's
+    occurrence it claims owes one from that claim on, in the same call, and a slot that owed
+    one before still says so; the others owe none."""
+    due_ms = queue.put_schedule(Schedule("tick", Recurrence(every_ms=200))).first_due_ms
+    ticking = queue.get_schedule("tick").slot
+    epochs = {slot: queue.take_over(slot) for slot in TOPIC.slots}
+    wait_for_server_ms(redis_client, due_ms)
+    claims = [SlotClaim(slot, epoch, 10) for slot, epoch in epochs.items()]
+    owed = {slot: int(slot == ticking) for slot in TOPIC.slots}
+    first = claimed_batches(queue, claims)
+    assert {b.slot: b.topups_owed for b in first} == owed
+    assert [m.id for m in first[ticking].messages] == [occurrence_id("tick", due_ms)]
+    again = claimed_batches(queue, claims)  # not topped up meanwhile
+    assert {b.slot: b.topups_owed for b in again} == owed
+
+
+def claimed_batches(queue: Queue, claims: list[SlotClaim]) -> list[ClaimBatch]:
+    """One claimmany-13 call's batches, none refused."""
+    plan = plans.claim_slots(TOPIC, claims, 60_000)
+    assert [call.script for call in plan.calls] == [Script.CLAIM_MANY]
+    batches: list[ClaimBatch | StaleEpochError] = queue.run(plan)
+    assert all(isinstance(b, ClaimBatch) for b in batches)
+    return cast(list[ClaimBatch], batches)
+
+
+@dataclasses.dataclass(frozen=True)
+class AckCase:
+    """Leased messages (those in `based` scheduled with a slot basis), the outcome retention
+    before the acks ('gone' ones remembered or not) and in them, the slots tracked for a
+    doubling and acked under an older epoch, and the acks as (message number, kind) with kind
+    'ok', 'lost' (another lease number) or 'gone' (acked before)."""
+
+    messages: int
+    based: frozenset[int]
+    retention_before: bool
+    retention: bool
+    tracked: frozenset[int]
+    stale: frozenset[int]
+    acks: tuple[tuple[int, str], ...]
+
+
+ACK_CASES = st.builds(
+    AckCase,
+    messages=st.just(12),
+    based=st.frozensets(st.integers(0, 11), max_size=4),
+    retention_before=st.booleans(),
+    retention=st.booleans(),
+    tracked=st.frozensets(st.sampled_from(range(TOPIC.slot_amount)), max_size=2),
+    stale=st.frozensets(st.sampled_from(range(TOPIC.slot_amount)), max_size=2),
+    acks=st.lists(
+        st.tuples(st.integers(0, 11), st.sampled_from(["ok", "ok", "lost", "gone"])),
+        min_size=1,
+        max_size=20,
+    ).map(tuple),
+)
+
+
+#: Always tried: every message acked in one call over every slot, some with a basis entry
+EVERY_LEASE_ACKED = AckCase(
+    messages=12,
+    based=frozenset({0, 5}),
+    retention_before=False,
+    retention=False,
+    tracked=frozenset({1}),
+    stale=frozenset(),
+    acks=tuple((n, "ok") for n in range(12)),
+)
+
+
+def leased_state(admin: redis.Redis, queue: Queue, case: AckCase) -> list[Lease]:
+    """The case's leases, from an empty topic: every message claimed, those acked 'gone'
+    acked already; each ack's token (another lease number when 'lost', the slot's epoch before
+    when the slot is stale)."""
+    keys = list(admin.scan_iter(match="dq:{shop/orders/*", count=1000))
+    if keys:
+        admin.delete(*keys)
+    for n in range(case.messages):
+        queue.schedule(f"a{n}", b"p", at_ms=1_000, slot_basis=f"a{n}" if n in case.based else None)
+    leases: dict[str, Lease] = {}
+    for slot in TOPIC.slots:
+        batch = queue.claim(slot, queue.take_over(slot), 100, 60_000)
+        leases |= {m.id: Lease(slot, m.id, m.lease_id, m.epoch) for m in batch.messages}
+    gone = {n for n, kind in case.acks if kind == "gone"}
+    before = dataclasses.replace(TOPIC, outcome_retention_ms=HOUR_MS * case.retention_before)
+    Queue(queue.redis, before).ack_many([leases[f"a{n}"] for n in sorted(gone)])
+    for slot in sorted(case.tracked):
+        slot_split.track(admin, slot_keys(TOPIC, slot))
+    tokens = []
+    for n, kind in case.acks:
+        lease = leases[f"a{n}"]
+        if kind == "lost":
+            lease = lease._replace(lease_id=lease.lease_id + 1)
+        if lease.slot in case.stale:
+            lease = lease._replace(epoch=lease.epoch - 1)
+        tokens.append(lease)
+    return tokens
+
+
+def acked_state(admin: redis.Redis, queue: Queue, case: AckCase) -> list[object]:
+    """Each message's state, and per slot its basis entries, outcomes and changes noted."""
+    found: list[object] = [queue.get(f"a{n}").state for n in range(case.messages)]
+    for slot in TOPIC.slots:
+        keys = slot_keys(TOPIC, slot)
+        found += [admin.hgetall(keys.key(Part.BASIS)), admin.hkeys(keys.key(Part.OUTCOME))]
+        found += [admin.smembers(keys.key(Part.CHANGES))]
+    return found
+
+
+def test_one_ack_call_per_broker_acks_as_one_call_per_slot(
+    redis_server: object, redis_client: redis.Redis
+) -> None:
+    """ackmany-7 answers every lease and leaves every slot as one ack-7 call per slot and
+    epoch did: a stale slot's acks refused, lost and repeated leases answered LEASE_LOST,
+    basis entries and outcomes kept or dropped by the retention, changes noted."""
+    client = engine_client(redis_server, redis_client)  # type: ignore[arg-type]
+
+    @settings(
+        max_examples=25,
+        deadline=None,
+        suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture],
+    )
+    @given(case=ACK_CASES)
+    @example(case=EVERY_LEASE_ACKED)
+    def check(case: AckCase) -> None:
+        retention_ms = HOUR_MS if case.retention else 0
+        queue = Queue(client, dataclasses.replace(TOPIC, outcome_retention_ms=retention_ms))
+        runs: list[tuple[list[Code], list[object]]] = []
+        tokens = leased_state(redis_client, queue, case)
+        codes: list[Code] = []
+        for slot in TOPIC.slots:  # one call per slot and epoch: ack-7
+            mine = [t for t in tokens if t.slot == slot]
+            if mine:
+                plan = plans.ack(queue.topic, mine)
+                assert {call.script for call in plan.calls} == {Script.ACK}
+                codes += [o.code for o in queue.run(plan)]
+        order = sorted(range(len(tokens)), key=lambda i: tokens[i].slot)
+        per_slot = [Code.ACKED] * len(tokens)
+        for position, code in zip(order, codes, strict=True):
+            per_slot[position] = code
+        runs.append((per_slot, acked_state(redis_client, queue, case)))
+        tokens = leased_state(redis_client, queue, case)
+        plan = plans.ack(queue.topic, tokens)
+        several = len({(t.slot, t.epoch) for t in tokens}) > 1
+        assert [call.script for call in plan.calls] == [Script.ACK_MANY if several else Script.ACK]
+        runs.append(([o.code for o in queue.run(plan)], acked_state(redis_client, queue, case)))
+        assert runs[1] == runs[0]
+        if case == EVERY_LEASE_ACKED:
+            assert set(runs[1][0]) == {Code.ACKED}
+
+    try:
+        check()
+    finally:
+        client.close()

@@ -153,11 +153,14 @@ end
 
 
 def _register(function_name: str, body: str, flags: list[str]) -> str:
+    """A transition's registration. Its first line after binding starts the call for the
+    change-tracking wrapper, which the library's calls share: what one call learnt of its slots'
+    tracking (`untracked_slots`) is never trusted by the next."""
     quoted = ", ".join(f"'{flag}'" for flag in flags)
     return (
         f"register{{function_name = '{function_name}', flags = {{{quoted}}},\n"
         "callback = function(KEYS, ARGV)\n"
-        f"if redis == nil then bind() end\n{body.rstrip()}\nend}}\n\n"
+        f"if redis == nil then bind() end\nredis.begin_call()\n{body.rstrip()}\nend}}\n\n"
     )
 
 

@@ -740,18 +740,49 @@ def _token_plan(
     return Plan(calls, lambda replies: _outcomes(order, replies, ids, has_time=has_time))
 
 
+#: ack-7's keys of a slot, in its KEYS order (ackmany-7: the same, slot after slot)
+ACK_PARTS = (
+    Part.PREPARE,
+    Part.MSG,
+    Part.EPOCH,
+    Part.JOURNAL,
+    Part.OUTCOME,
+    Part.FINISHED,
+    Part.BASIS,
+)
+
+
 def ack(topic: Topic, leases: Sequence[Leased]) -> Plan[list[Outcome]]:
-    parts = (
-        Part.PREPARE,
-        Part.MSG,
-        Part.EPOCH,
-        Part.JOURNAL,
-        Part.OUTCOME,
-        Part.FINISHED,
-        Part.BASIS,
-    )
+    """One call per broker (ackmany-7, ack-7 run slot after slot, each slot fenced by its own
+    epoch) per MAX_MESSAGES_PER_CALL leases: at 1,024 slots a consumer's herd was acked in one
+    call per slot. The leases of one slot and epoch stay one call of ack-7."""
     head: list[Arg] = [topic.journal_max_len, topic.outcome_retention_ms]
-    return _token_plan(topic, leases, Script.ACK, parts, head, has_time=False)
+    by_lease: dict[tuple[int, int], list[int]] = defaultdict(list)
+    for index, lease in enumerate(leases):
+        by_lease[(lease.slot, lease.epoch)].append(index)
+    if len(by_lease) <= 1:
+        return _token_plan(topic, leases, Script.ACK, ACK_PARTS, head, has_time=False)
+    calls: list[ScriptCall] = []
+    order: list[list[int]] = []
+    keys: list[str] = []
+    args: list[Arg] = [*head]
+    positions: list[int] = []
+    for (slot, epoch), indexes in by_lease.items():
+        slot_keys(topic, slot)  # validates the slot number
+        for chunk in _chunks(indexes, MAX_MESSAGES_PER_CALL):
+            if positions and len(positions) + len(chunk) > MAX_MESSAGES_PER_CALL:
+                calls.append(ScriptCall(Script.ACK_MANY, keys, args))
+                order.append(positions)
+                keys, args, positions = [], [*head], []
+            keys += slot_keys(topic, slot).keys(*ACK_PARTS)
+            args += [epoch, len(chunk)]
+            for i in chunk:
+                args += [leases[i].id, leases[i].lease_id]
+            positions += chunk
+    calls.append(ScriptCall(Script.ACK_MANY, keys, args))
+    order.append(positions)
+    ids = [lease.id for lease in leases]
+    return Plan(calls, lambda replies: _outcomes(order, replies, ids, has_time=False))
 
 
 def nack(topic: Topic, retries: Sequence[Retry]) -> Plan[list[Outcome]]:

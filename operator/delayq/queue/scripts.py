@@ -41,6 +41,7 @@ class Script(enum.StrEnum):
     CLAIM = "claim-13"
     CLAIM_MANY = "claimmany-13"  # 13 keys per slot, several slots of one broker
     ACK = "ack-7"
+    ACK_MANY = "ackmany-7"  # 7 keys per slot, several slots of one broker
     NACK = "nack-11"
     EXTEND = "extend-3"
     FENCE = "fence-10"
@@ -87,6 +88,7 @@ _ACKNOWLEDGED_WRITES = frozenset(
         Script.CANCEL,
         Script.RESCHEDULE,
         Script.ACK,
+        Script.ACK_MANY,
         Script.NACK,
         Script.REDRIVE,
         Script.PURGE,

@@ -77,6 +77,10 @@ class OwnedSlots(Generic[S]):
         self._claim_now = claim_now
         self._slots: dict[int, S] = {}
         self._control_key = control_key(queue.topic, uuid.uuid4().hex)
+        # the wait's keys and the slots they were made for: a herd over 1,024 slots wakes the
+        # wait once a slot, and making 1,024 key names every time was a fifth of the
+        # consumer's Python (docs/benchmarks.md, issue 30)
+        self._wake_keys: tuple[list[str], tuple[int, ...]] = ([self._control_key], ())
         self._waker = _blocking_client(queue.redis, WAKE_BLOCK_S)
         self._waiting: asyncio.Task[None] | None = None
         self._closing = False
@@ -169,8 +173,7 @@ class OwnedSlots(Generic[S]):
     async def _wait_for_wakes(self) -> None:
         reported_all_s = 0.0  # monotonic time every slot was last reported after a failed wait
         while not self._closing:
-            keys = [self._control_key]
-            keys += [slot_keys(self.queue.topic, slot).key(Part.WAKE) for slot in self._slots]
+            keys = self._wait_keys()
             try:
                 popped = await self._waker.blpop(keys, timeout=WAKE_BLOCK_S)
             except redis.RedisError as error:
@@ -192,6 +195,16 @@ class OwnedSlots(Generic[S]):
                 # the wake-up this wait took, so it goes back
                 with contextlib.suppress(redis.RedisError):
                     await self.queue.redis.rpush(key, "1")
+
+    def _wait_keys(self) -> list[str]:
+        """The control list's key, then the wake list's of every owned slot."""
+        slots = tuple(self._slots)
+        keys, made_for = self._wake_keys
+        if slots != made_for:
+            keys = [self._control_key]
+            keys += [slot_keys(self.queue.topic, slot).key(Part.WAKE) for slot in slots]
+            self._wake_keys = (keys, slots)
+        return keys
 
     def _wake(self, state: S) -> None:
         state.wakes += 1

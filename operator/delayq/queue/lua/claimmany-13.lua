@@ -3,7 +3,9 @@
   Claim due messages of several slots of one broker in one call: claim-13 run slot after slot
   (claim_slot), so a consumer's wake-up over many due slots costs one call per broker, not one
   per slot. Every slot is fenced by its own epoch: a slot whose epoch is not the caller's answers
-  STALE_EPOCH and nothing of it changes, and the call goes on with the others. Standalone brokers
+  STALE_EPOCH and nothing of it changes, and the call goes on with the others. What every slot
+  would ask alone is asked once for all of them (their epochs, whether any has schedules or owes
+  a top-up, whether any is tracked for a doubling), as in schedulemany-10. Standalone brokers
   only, as schedulemany-10 (docs/contracts.md §1). Runs under maxmemory (allow-oom), as claim-13.
 
   KEYS[1] store    ZSET id -> due ms           of the first slot, then again per further slot
@@ -29,14 +31,31 @@
   Events: as claim-13's
 ]]
 --@include claim_slot
+--@include existing_count
 --@include now_us
+--@include read_keys
+
+-- asked once for all the slots (header)
+local epoch_keys, schedules_keys, topup_keys = {}, {}, {}
+for at = 0, #KEYS - 1, 13 do
+  epoch_keys[#epoch_keys + 1] = KEYS[at + 6]
+  schedules_keys[#schedules_keys + 1] = KEYS[at + 11]
+  topup_keys[#topup_keys + 1] = KEYS[at + 12]
+end
+local epochs = read_keys(epoch_keys)
+local series_absent = existing_count(schedules_keys) == 0
+local topups_absent = existing_count(topup_keys) == 0
+redis.untracked_slots(KEYS, 1, 13)
 
 local reply = {}
 local now_micros = now_us()
 local first = 1
 for at = 0, #KEYS - 1, 13 do
   local count = tonumber(ARGV[first])
-  local claimed = claim_slot(KEYS, at, {unpack(ARGV, first + 1, first + count)}, now_micros)
+  local known = {epoch = epochs[at / 13 + 1], series_absent = series_absent,
+    topups_absent = topups_absent}
+  local args = {unpack(ARGV, first + 1, first + count)}
+  local claimed = claim_slot(KEYS, at, args, now_micros, known)
   first = first + count + 1
   reply[#reply + 1] = (#claimed - 5) / 2
   for i = 1, #claimed do reply[#reply + 1] = claimed[i] end

@@ -51,5 +51,5 @@
 
 refuse_if_moving(KEYS[9])
 local results = {}
-schedule_slot(KEYS, 0, ARGV, 7, #ARGV, now_ms(), results)
+schedule_slot(KEYS, 0, ARGV, 7, #ARGV, now_ms(), false, results)
 return results

@@ -4,8 +4,11 @@
   slot (schedule_slot), so a producer's batch over many slots costs one call per broker, not
   one per slot. Every per-slot rule is schedule-10's: each slot's own settings record, quota
   share, outcome retention and wake-up. A slot being moved refuses its own messages (SLOT_MOVING
-  in place of their triples) and the call goes on with the other slots. Standalone brokers only:
-  a Redis Cluster refuses keys of several hash tags in one call (docs/contracts.md §1).
+  in place of their triples) and the call goes on with the other slots. What every slot would
+  ask alone is asked once for all of them (their epochs, whether any has basis entries or is
+  tracked for a doubling): at 1,024 slots a call visits ~630 slots for 1,000 messages, and a
+  slot costs Redis commands, not its messages. Standalone brokers only: a Redis Cluster refuses
+  keys of several hash tags in one call (docs/contracts.md §1).
 
   KEYS[1] store    ZSET id -> due ms           of the first slot, then again per further slot
   KEYS[2] prepare  ZSET id -> lease deadline ms  (slot s, from 0: KEYS[10s + 1 .. 10s + 10],
@@ -32,9 +35,21 @@
 ]]
 --@include append
 --@include codes
+--@include existing_count
 --@include moving_refusal
 --@include now_ms
+--@include read_keys
 --@include schedule_slot
+
+-- asked once for all the slots (header)
+local epoch_keys, basis_keys = {}, {}
+for at = 0, #KEYS - 1, 10 do
+  epoch_keys[#epoch_keys + 1] = KEYS[at + 9]
+  basis_keys[#basis_keys + 1] = KEYS[at + 10]
+end
+local epochs = read_keys(epoch_keys)
+local bases_absent = existing_count(basis_keys) == 0
+redis.untracked_slots(KEYS, 1, 10)
 
 local results = {}
 local now = now_ms()
@@ -42,11 +57,11 @@ local first = 7
 for at = 0, #KEYS - 1, 10 do
   local count = tonumber(ARGV[first])
   local last = first + 8 * count
-  local refusal = moving_refusal(KEYS[at + 9])
+  local refusal = moving_refusal(KEYS[at + 9], epochs[at / 10 + 1])
   if refusal then
     for _ = 1, count do append(results, CODE.SLOT_MOVING, 0, refusal) end
   else
-    schedule_slot(KEYS, at, ARGV, first + 1, last, now, results)
+    schedule_slot(KEYS, at, ARGV, first + 1, last, now, bases_absent, results)
   end
   first = last + 1
 end

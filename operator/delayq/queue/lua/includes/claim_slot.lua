@@ -19,9 +19,11 @@
 -- Claim due messages of one slot: the body of claim-13 (whose header is the contract: KEYS,
 -- ARGV, reply, events) and of claimmany-13, which runs it once per slot, each slot fenced by its
 -- own epoch. `keys[at + 1 .. at + 13]` are the slot's keys in claim-13's KEYS order, `args`
--- the slot's claim-13 ARGV; `now_micros` the server clock in µs (one reading per call).
--- Returns claim-13's reply.
-local function claim_slot(keys, at, args, now_micros)
+-- the slot's claim-13 ARGV; `now_micros` the server clock in µs (one reading per call);
+-- `known` what claimmany-13 asked once for all its slots, or nil: `epoch` the slot's epoch
+-- (false: unset), `series_absent` true when no slot of the call has schedules, `topups_absent`
+-- true when none owed a top-up at the call's start. Returns claim-13's reply.
+local function claim_slot(keys, at, args, now_micros, known)
   local store, prepare, msg, epoch_key, journal_key, leases_key =
     keys[at + 1], keys[at + 2], keys[at + 4], keys[at + 6], keys[at + 7], keys[at + 8]
   local schedules, topup = keys[at + 11], keys[at + 12]
@@ -40,8 +42,10 @@ local function claim_slot(keys, at, args, now_micros)
     journal_max_len = journal_max_len, retention_ms = tonumber(retention_ms),
   }
   local given_up = 0
+  known = known or {}
+  local topped_up = false  -- a top-up owed since the call began (advance_series)
 
-  if not epoch_matches(epoch_key, args[1]) then
+  if not epoch_matches(epoch_key, args[1], known.epoch) then
     return {CODE.STALE_EPOCH, 0, -1, -1, 0}
   end
   local now = math.floor(now_micros / 1000)
@@ -63,6 +67,7 @@ local function claim_slot(keys, at, args, now_micros)
     end
     redis.call('HSET', schedules, sid, value)
     redis.call('ZADD', topup, now, sid)
+    topped_up = true
     return missed and catch_up == 'skip'
   end
 
@@ -80,7 +85,7 @@ local function claim_slot(keys, at, args, now_micros)
   local claimed = {CODE.OK, now_micros, -1, -1, 0}
   local due_ids = redis.call('ZRANGEBYSCORE', store, '-inf', now, 'WITHSCORES', 'LIMIT', 0, max_count)
   if #due_ids > 0 then
-    local has_series = redis.call('HLEN', schedules) > 0
+    local has_series = not known.series_absent and redis.call('HLEN', schedules) > 0
     local deadline = now + lease_ms
     local lease = tostring(redis.call('INCR', leases_key))
     local ids, hset_args = {}, {}
@@ -141,6 +146,6 @@ local function claim_slot(keys, at, args, now_micros)
   if head[2] then claimed[3] = tonumber(head[2]) end
   local lease_head = redis.call('ZRANGE', prepare, 0, 0, 'WITHSCORES')
   if lease_head[2] then claimed[4] = tonumber(lease_head[2]) end
-  claimed[5] = redis.call('ZCARD', topup)
+  if topped_up or not known.topups_absent then claimed[5] = redis.call('ZCARD', topup) end
   return claimed
 end

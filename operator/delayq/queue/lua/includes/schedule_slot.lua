@@ -15,9 +15,10 @@
 -- schedulemany-10, which runs it once per slot. `keys[at + 1 .. at + 10]` are the slot's keys
 -- in schedule-10's KEYS order; `args[1 .. 6]` the head of schedule-10's ARGV; `args[first ..
 -- last]` the slot's messages, 8 values each; `now` the server clock in ms (one reading per call:
--- TIME is a command, and a call of many slots would pay it once a slot). The caller has refused
--- a moving slot already.
-local function schedule_slot(keys, at, args, first, last, now, results)
+-- TIME is a command, and a call of many slots would pay it once a slot); `bases_absent` true
+-- when the caller knows the slot has no basis entries (schedulemany-10 asks once for all its
+-- slots). The caller has refused a moving slot already.
+local function schedule_slot(keys, at, args, first, last, now, bases_absent, results)
   local store, prepare, dead, msg, reason, wake, journal_key, outcome, basis =
     keys[at + 1], keys[at + 2], keys[at + 3], keys[at + 4], keys[at + 5], keys[at + 6],
     keys[at + 7], keys[at + 8], keys[at + 10]
@@ -34,7 +35,7 @@ local function schedule_slot(keys, at, args, first, last, now, results)
   -- message it replaces, or of a finished one kept with its outcome: forget_bases), looked for
   -- only in a slot that has entries, so default-basis batches pay nothing; written after the
   -- loop, so the last of an id given twice in the batch wins
-  local has_bases = redis.call('HLEN', basis) > 0
+  local has_bases = not bases_absent and redis.call('HLEN', basis) > 0
   local bases, based_ids = {}, {}
   local pending = {}  -- id -> due, for ids scheduled earlier in this same batch
   local earliest = nil

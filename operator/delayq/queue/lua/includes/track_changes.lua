@@ -5,9 +5,13 @@
 -- (holding '' at least), and each message or schedule such a write touches is added to it
 -- ('m<id>' or 's<schedule id>'): the catch-up under the freeze copies exactly those again. The
 -- scripts change those parts with these four commands only (tests/queue/test_scripts.py checks
--- it). Whether the slot is tracked is looked up at every such write, never remembered: the
--- wrapper may be made once for many calls (a functions library), and a memo would outlive the
--- call that made it.
+-- it). Whether the slot is tracked is looked up at every such write, unless the call asked
+-- once for all its slots (`untracked_slots`): a call over hundreds of slots (schedulemany-10,
+-- claimmany-13) would pay one EXISTS a slot and write. That answer lasts for the call only:
+-- the wrapper may be made once for many calls (a functions library), and every function's first
+-- line (`begin_call`, functions.py) forgets it; no script creates a `changes` set, so it cannot
+-- turn wrong within the call.
+--@include existing_count
 --@include unpack_chunk
 
 local function track_changes(redis)
@@ -18,12 +22,27 @@ local function track_changes(redis)
   local ZADD_FLAGS = {NX = true, XX = true, GT = true, LT = true, CH = true, INCR = true}
   local FIRST_MEMBER = {ZREM = 2, HDEL = 2, HSET = 2, ZADD = 3}  -- in {key, ...}
   local STRIDE = {ZREM = 1, HDEL = 1, HSET = 2, ZADD = 2}
+  local untracked = {}  -- `changes` key -> true: absent, asked by untracked_slots in this call
   local function changes_of(key)
     local tag, part = string.match(key, '^(dq:{.*}):(%a+)$')
     local side = part and SIDES[part]
     if not side then return nil end
     local changes = tag .. ':changes'
-    if redis.call('EXISTS', changes) == 1 then return changes, side end
+    if not untracked[changes] and redis.call('EXISTS', changes) == 1 then return changes, side end
+  end
+  -- `keys[first]`, `keys[first + step]`, ... name one key of each slot of the call: when none of
+  -- those slots is tracked (one EXISTS for all), their writes skip the lookup for the
+  -- rest of the call. When one is, every write still looks its own slot up.
+  local function untracked_slots(keys, first, step)
+    local names = {}
+    for i = first, #keys, step do
+      names[#names + 1] = string.match(keys[i], '^(dq:{.*}):%a+$') .. ':changes'
+    end
+    if existing_count(names) > 0 then return end
+    for _, changes in ipairs(names) do untracked[changes] = true end
+  end
+  local function begin_call()
+    if next(untracked) then untracked = {} end
   end
   local function note(command, changes, side, args)
     local first = FIRST_MEMBER[command]
@@ -43,5 +62,6 @@ local function track_changes(redis)
     end
     return redis.call(command, ...)
   end
-  return setmetatable({call = call}, {__index = redis})
+  return setmetatable({call = call, untracked_slots = untracked_slots, begin_call = begin_call},
+    {__index = redis})
 end
