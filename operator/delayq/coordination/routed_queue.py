@@ -19,9 +19,9 @@ A doubling of the slot amount (docs/coordination.md "Doubling the slots") is fol
 way: its freeze refuses writes into the old slots with SLOT_MOVING, its switch writes a routing
 of twice the slots and a newer key generation, and the client then computes each item's slot
 again under the new amount and sends it to the new slot's keys (`topic` follows the routing).
-While the doubling's freeze switches the old slots batch by batch (`Routing.doubled_slots`), an
+While the doubling's freeze switches the old slots one by one (`Routing.doubled_slots`), an
 item of a switched slot goes to its new slot already (`_placed`): its writes pause for its own
-batch only.
+slot only.
 """
 
 from __future__ import annotations
