@@ -23,7 +23,7 @@ from delayq.local.waiting import eventually
 from delayq.queue import Queue, plans
 from delayq.queue.keys import Part, slot_keys
 from delayq.queue.topic import Topic, TopicType
-from delayq.service import api
+from delayq.service import api, overview
 from delayq.service.brokers import default_routing
 from tests.redis_memory import FULL, memory_for
 from tests.routing_support import read_routing
@@ -524,3 +524,50 @@ async def test_a_half_that_cannot_be_taken_over_is_reported_and_taken_once_it_ca
     finally:
         half.close()
 
+
+async def test_the_depths_and_forecast_of_a_slot_a_doubling_switched_count_its_halves(
+    moving_topic: tuple[str, list[str], SlotMover],
+    zookeeper_server: Any,
+    start_service: StartService,
+    monkeypatch: pytest.MonkeyPatch,
+):
+    """A splitter killed in its freeze after switching old slots 0 and 1: their depths (the
+    depth metric's and `/stats`' `Brokers.stats`), their views (`/overview`, `/slots`, the
+    heat map) and the forecast count what their halves hold, the copied messages and those
+    written there since, under the old slot numbers (before: the frozen old slots' stale
+    copies, without what was written since)."""
+    namespace, urls, mover = moving_topic
+    mover.zk.set(mover.paths.routing, Routing(SLOTS, 2, (0, 0, 1, 1)).to_json())
+    running = await start_service(
+        slot_amount=SLOTS,
+        namespace=namespace,
+        broker_urls=",".join(urls),
+        zookeeper_connect=zookeeper_server.hosts,
+    )
+    topic = running.service.topic
+    names = (f"f{i}" for i in range(1_000))
+    ids: dict[int, list[str]] = {slot: [] for slot in range(SLOTS)}
+    for name in names:
+        if len(ids[topic.slot_of(name)]) < 2:
+            ids[topic.slot_of(name)].append(name)
+    for slot_ids in ids.values():  # one before the doubling: copied into the halves
+        stored = await running.client.post(
+            f"{running.base}/messages", json={"id": slot_ids[0], "delayMs": 600_000}
+        )
+        assert stored.status == 201, await stored.text()
+    await killed_after_switching_broker_0(mover, monkeypatch)
+    await eventually(lambda: running.service.brokers.doubled_slots == {0, 1}, 10, "the switch")
+    for slot in (0, 1):  # one into the halves since, due within the forecast's minute
+        stored = await running.client.post(
+            f"{running.base}/messages", json={"id": ids[slot][1], "delayMs": 30_000}
+        )
+        assert stored.status == 201, await stored.text()
+    expected = {0: 2, 1: 2, 2: 1, 3: 1}
+    depths = await running.service.brokers.stats()
+    assert {s.slot: s.scheduled for s in depths.slots} == expected
+    views = await overview.read_slots(running.service)
+    assert {v.slot: v.scheduled for v in views} == expected
+    assert [v.due_in[0] for v in views] == [1, 1, 0, 0]  # due within the next minute
+    assert [v.due_in[1] for v in views] == [1, 1, 1, 1]  # then within the hour
+    forecast = await overview.TopicViews(running.service).forecast.get()
+    assert forecast[0]["1m"] == 2
