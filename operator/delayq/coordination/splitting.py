@@ -83,7 +83,7 @@ from kazoo.exceptions import BadVersionError, NodeExistsError, NoNodeError
 from delayq.coordination.layout import TopicPaths
 from delayq.coordination.locks import LockHeld, MoveError, NodeLock
 from delayq.coordination.migration import SlotMover, Step, thaw_replicated
-from delayq.coordination.routing import Routing, initial_routing
+from delayq.coordination.routing import Routing, halves, initial_routing
 from delayq.queue import plans
 from delayq.queue.client import Queue
 from delayq.queue.keys import SlotKeys, slot_keys
@@ -510,7 +510,7 @@ class SlotSplitter:
         queue.run(plans.freeze(old, slot))
         catch_up(queue.redis, [self._division(split, old, new, slot)])
         self.lock.check()
-        thaw_replicated(queue, new, [slot, slot + split.from_amount], broker)
+        thaw_replicated(queue, new, halves(slot, split.from_amount), broker)
 
     def _strays(self, split: Split, old: Topic, upper: int) -> list[SlotKeys]:
         """The keys of slot number `upper` (s + N) at the old generation and at generation 0,
