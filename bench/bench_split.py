@@ -2,9 +2,10 @@
 messages.
 
     python bench/bench_split.py [--messages 100000 1000000] [--rounds 1] [--writes-per-s 0]
-        [--slots 16]
+        [--slots 16[,64,...]]
 
-A throw-away redis-server and ZooKeeper on this machine; a topic of `--slots` slots (16) holding
+A throw-away redis-server and ZooKeeper on this machine; a topic of `--slots` slots (16; a
+comma-separated list measures each amount in turn) holding
 `messages` pending messages (32-byte payloads, due in an hour, ids spread over the slots) is
 doubled with `SlotSplitter`, step by step, each step timed:
 
@@ -13,10 +14,12 @@ doubled with `SlotSplitter`, step by step, each step timed:
 * `copy_s`: the copy before the freeze (the slots take writes and deliver meanwhile);
 * `write_pause_s`: the topic's pause, from the freeze of the first old slot to the routing's
   last switch: how long a writer that does not read the routing's `doubledSlots` (a process of
-  an earlier version) is refused, and how long nothing is delivered;
-* `slot_pause_max_s`, `slot_pause_median_s`: each old slot's pause, from the freeze of its
-  batch to the batch's switch in the routing's `doubledSlots`: how long a writer that reads it
-  (RoutedQueue, the HTTP API) is refused in that slot;
+  an earlier version) is refused, and a pull topic delivers nothing;
+* `slot_pause_max_s`, `slot_pause_median_s`: each old slot's pause, from its freeze to its
+  listing in the routing's `doubledSlots`: how long a writer that reads it (RoutedQueue, the
+  HTTP API) is refused in that slot, and its owner delivers nothing of it;
+* `frozen_at_once_max`: the most old slots frozen and not listed at any time: what a splitter
+  killed there leaves refusing every writer;
 * `steps_s`: each step on its own (`copy`: the slots' splits and the rounds summed);
 * `writes_during_copy`: with `--writes-per-s`, messages scheduled into the old slots by another
   client while the copy runs (stopped at the freeze); `catch_up`: how many changes the
@@ -92,21 +95,34 @@ class Writer:
 
 
 class TimedSplitter(SlotSplitter):
-    """Notes when each old slot is frozen (its batch's catch-up begins) and switched (its
-    batch is in the routing's doubled slots)."""
+    """Notes when each old slot is frozen (its catch-up begins) and switched (it is in the
+    routing's doubled slots)."""
 
     def __init__(self, *args: Any) -> None:
         super().__init__(*args)
         self.frozen_at: dict[int, float] = {}
         self.switched_at: dict[int, float] = {}
 
-    def _catch_up(self, split: Split, old: Topic, new: Topic, broker: int, slots: Any) -> None:
-        self.frozen_at.update(dict.fromkeys(slots, time.perf_counter()))
-        super()._catch_up(split, old, new, broker, slots)
+    def _catch_up(self, split: Split, old: Topic, new: Topic, slot: int) -> None:
+        self.frozen_at[slot] = time.perf_counter()
+        super()._catch_up(split, old, new, slot)
 
-    def _switch_slots(self, split: Split, slots: Any) -> None:
-        super()._switch_slots(split, slots)
-        self.switched_at.update(dict.fromkeys(slots, time.perf_counter()))
+    def _switch_slot(self, split: Split, slot: int, read: Any) -> tuple[Routing, int]:
+        written = super()._switch_slot(split, slot, read)
+        self.switched_at[slot] = time.perf_counter()
+        return written
+
+    def frozen_at_once_max(self) -> int:
+        """The most old slots frozen and not yet switched at one time."""
+        events = sorted(
+            [(at, 1) for at in self.frozen_at.values()]
+            + [(at, -1) for at in self.switched_at.values()]
+        )
+        frozen = most = 0
+        for _, change in events:
+            frozen += change
+            most = max(most, frozen)
+        return most
 
 
 def timed_split(splitter: TimedSplitter, writer: Writer | None) -> dict[str, Any]:
@@ -139,6 +155,7 @@ def timed_split(splitter: TimedSplitter, writer: Writer | None) -> dict[str, Any
         "write_pause_s": switched_at - frozen_at,
         "slot_pause_max_s": pauses[-1],
         "slot_pause_median_s": pauses[len(pauses) // 2],
+        "frozen_at_once_max": splitter.frozen_at_once_max(),
         "steps_s": steps,
         "writes_during_copy": stored_at_freeze,
         "catch_up": catch_up,
@@ -199,14 +216,20 @@ def main() -> None:
     parser.add_argument("--messages", type=int, nargs="+", default=[100_000, 1_000_000])
     parser.add_argument("--rounds", type=int, default=1)
     parser.add_argument("--writes-per-s", type=int, default=0)
-    parser.add_argument("--slots", type=int, default=16, help="the slot amount before")
+    parser.add_argument(
+        "--slots",
+        type=lambda text: [int(amount) for amount in text.split(",")],
+        default=[16],
+        help="the slot amount before (comma-separated: each in turn)",
+    )
     args = parser.parse_args()
     with RedisServer() as server, ZooKeeperServer() as zookeeper:
         zk = KazooClient(hosts=zookeeper.hosts)
         zk.start(timeout=30)
         try:
             results = [
-                measure(count, args.slots, args.rounds, args.writes_per_s, server, zk)
+                measure(count, slots, args.rounds, args.writes_per_s, server, zk)
+                for slots in args.slots
                 for count in args.messages
             ]
         finally:

@@ -432,14 +432,15 @@ class Killed(Exception):
 
 
 @pytest.mark.parametrize("record", ["kept", "lost"])
-def test_a_splitter_killed_in_its_freeze_leaves_one_batch_of_slots_refusing_writes(
+def test_a_splitter_killed_in_its_freeze_leaves_one_slot_refusing_writes(
     cluster: Cluster, monkeypatch: pytest.MonkeyPatch, record: str
 ):
-    """Killed while it catches up the old slots of broker 1, those of broker 0 done: only the
-    batch it was catching up (slots 2 and 3, SWITCH_BATCH at most) refuses a routed write; the
-    others' writes go to their halves at once (before: every old slot refused them until the
-    doubling was completed). The rerun completes it exactly, without catching up a switched
-    slot again: what was written into its halves meanwhile stays. Also when the `split` node
+    """Killed while it catches up old slot 1, slot 0 listed: only the slot it was catching up
+    refuses a routed write; the others' writes go to their halves (slot 0) or their old slots
+    (2 and 3, not frozen yet) at once (before: a batch of up to 4 slots of a broker refused
+    them, and before that every old slot, until the doubling was completed). The rerun
+    completes it exactly, without catching up a switched slot again: what was written into
+    its halves meanwhile stays. Also when the `split` node
     was lost (ZooKeeper's data lost, the routing published again from status.routing with its
     doubledSlots): the rerun records it again at `freeze` (before: it started a new doubling,
     whose copy replaced the switched slots' halves with their frozen old slots)."""
@@ -486,20 +487,19 @@ def test_a_splitter_killed_in_its_freeze_leaves_one_batch_of_slots_refusing_writ
                 refused.append(slot)
     finally:
         client.close()
-    assert refused == [2, 3]
-    assert len(refused) <= splitting.SWITCH_BATCH
+    assert refused == [1]
     if record == "lost":
         cluster.zk.delete(cluster.paths.split)
-    with pytest.raises(MoveError, match=r"slots \[0, 1\] are switched .* finish the doubling"):
+    with pytest.raises(MoveError, match=r"slots \[0\] are switched .* finish the doubling"):
         cluster.splitter().abort()  # their halves take writes: never dropped
     assert cluster.splitter().split(2 * SLOTS) is not None
     assert cluster.routing() == Routing(2 * SLOTS, 2, ROUTING + ROUTING, 1)
-    assert_split_exactly(cluster, {slot: before[slot] for slot in (2, 3)})
+    assert_split_exactly(cluster, {1: before[1]})  # 2 and 3 took writes since: below
     new = doubled(cluster.topic)
     for slot, message_id, basis in written:
         found = cluster.login(ROUTING[slot], new).get(message_id, basis)
         assert found.state is State.SCHEDULED
-    for slot in (0, 1):  # switched before the kill: every message of the old slot, in a half
+    for slot in (0,):  # switched before the kill: every message of the old slot, in a half
         halves = [snapshot(cluster, new, half) for half in (slot, slot + SLOTS)]
         stored = {m for half in halves for m in half.get(Part.STORE, {})}
         assert set(before[slot].get(Part.STORE, {})) <= stored
@@ -569,24 +569,21 @@ def freeze_round_trips(
     return counted
 
 
-def test_each_batch_of_slots_is_frozen_for_a_few_round_trips_whatever_the_slot_amount(
+def test_each_slot_is_frozen_for_a_few_round_trips_whatever_the_slot_amount(
     redis_server: RedisServer, zookeeper_server: ZooKeeperServer, monkeypatch: pytest.MonkeyPatch
 ):
-    """A slot's write pause is its batch's: frozen, caught up, thawed and switched in the
-    routing, SWITCH_BATCH old slots of a broker together, in a few pipelines and ZooKeeper
-    calls, the same for every batch whatever the slot amount (before: about ten Redis round
-    trips and four ZooKeeper reads per slot, every slot frozen until the last was done)."""
-    one = freeze_round_trips(redis_server, zookeeper_server, splitting.SWITCH_BATCH, monkeypatch)
-    two = freeze_round_trips(
-        redis_server, zookeeper_server, 2 * splitting.SWITCH_BATCH, monkeypatch
-    )
+    """A slot's write pause is its own: frozen, caught up, thawed and listed in the routing
+    one after the other, in a few pipelines and ZooKeeper calls, the same for every slot
+    whatever the slot amount (its listing is written on the version the previous one wrote:
+    no read of the routing per slot)."""
+    one = freeze_round_trips(redis_server, zookeeper_server, 1, monkeypatch)
+    two = freeze_round_trips(redis_server, zookeeper_server, 2, monkeypatch)
     many = freeze_round_trips(redis_server, zookeeper_server, 64, monkeypatch)
-    batch = RoundTrips(two.redis - one.redis, two.zookeeper - one.zookeeper)
-    assert batch.redis <= 12
-    assert batch.zookeeper <= 4
-    batches = 64 // splitting.SWITCH_BATCH
-    assert many.redis - one.redis == (batches - 1) * batch.redis
-    assert many.zookeeper - one.zookeeper == (batches - 1) * batch.zookeeper
+    slot = RoundTrips(two.redis - one.redis, two.zookeeper - one.zookeeper)
+    assert slot.redis <= 10
+    assert slot.zookeeper <= 3  # the lock's checks (reads) before its three writes
+    assert many.redis - one.redis == 63 * slot.redis
+    assert many.zookeeper - one.zookeeper == 63 * slot.zookeeper
 
 
 def test_resume_frozen_completes_only_a_stopped_doubling_whose_freeze_began(cluster: Cluster):

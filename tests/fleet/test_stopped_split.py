@@ -1,21 +1,19 @@
-"""A doubling whose splitter was killed in its freeze leaves no slot frozen past a bound (issue 35,
-defect 3).
+"""A doubling whose splitter was killed in its freeze leaves one slot frozen, for a bound (issue
+35, defect 3).
 
 Two `delayq serve` processes deliver the steady load of test_split_live.py on two brokers (old
-slots 0-7 on broker 0, 8-15 on broker 1). `delayq routing split --to-slots 32` is held right
-after recording `freeze` (ZkHold), broker 1's Redis pauses writes, and the splitter goes on: it
-freezes old slots 0-7 on broker 0 and waits on slot 8; it is killed there with SIGKILL. The old
-slots 0-7 refuse writes and deliver nothing; before stopped_moves.py completed a doubling, they
-stayed so until a person ran the command again. Now their owners, once the slots stayed frozen
-past `move_stall_s` (twice the session timeout), complete the recorded doubling themselves (one
-wins the split's lock) and both services restart on the 32 slots: the frozen slots' messages
-are delivered within that bound and a margin of the kill, nothing lost, nothing early, no
-cancelled message delivered, and nobody ran the splitter again.
-
-Meanwhile the old slots 0-7 are switched to their halves (two batches of SWITCH_BATCH), which
-take the producer's writes at once; their owners consume the halves at once too, so a message
-of theirs due after the kill is delivered on time, not once the doubling is completed (before:
-up to `move_stall_s` and the completion late, about 10 s).
+slots 0-7 on broker 0, 8-15 on broker 1). `delayq routing split --to-slots 32` reaches
+ZooKeeper through a ZkHold that holds its first request once old slot 4 is frozen (read from
+Redis before each request): the splitter has then frozen what it freezes together with slot 4
+and waits on its next check of its lock, before it lists them; it is killed there with SIGKILL.
+Old slots 0-3 were listed before: their halves take the producer's writes at once and their
+owners consume the halves at once, so a message of theirs due after the kill is delivered on
+time, not once the doubling is completed. Only slot 4 refuses writes and delivers nothing
+(before: the batch 4-7, and before that every old slot frozen). Its owner, once the slot stayed
+frozen past `move_stall_s` (twice the session timeout), completes the recorded doubling itself
+(one owner wins the split's lock) and both services restart on the 32 slots: the frozen slot's
+messages are delivered within that bound and a margin of the kill, nothing lost, nothing early,
+no cancelled message delivered, and nobody ran the splitter again.
 """
 
 from __future__ import annotations
@@ -30,13 +28,12 @@ import pytest
 from delayq.coordination.migration import Step
 from delayq.coordination.routed_queue import RoutedQueue
 from delayq.coordination.routing_watch import ZkConnection
-from delayq.coordination.splitting import SWITCH_BATCH
 from delayq.queue import SlotMovingError
 
 from .conftest import SESSION_TIMEOUT_S, SLOTS, ProcessFleet
-from .test_mover_kill import PAUSE_MS
 from .test_slot_move import MEMBERS
 from .test_split_live import (
+    HOLD_TIMEOUT_S,
     LONG_DELAY_MS,
     DoublingLoad,
     doubling_load,
@@ -44,9 +41,10 @@ from .test_split_live import (
     routing,
     settled,
     shown,
-    splitter_held_in,
+    splitter,
     spread_fleet,  # noqa: F401 (the fixture)
 )
+from .zk_hold import ZkHold
 
 pytestmark = pytest.mark.slow
 #: An owner completes the doubling once its slots stayed frozen 2 session timeouts (the killed
@@ -54,7 +52,8 @@ pytestmark = pytest.mark.slow
 #: the catch-up, the switch and both services' restart on the new slots, with room for a
 #: loaded machine.
 RESUMED_BOUND_S = 2 * SESSION_TIMEOUT_S + 10.0
-FROZEN = list(range(SLOTS // 2))  # the old slots on broker 0, frozen before the kill
+SWITCHING = 4  # the old slot (on broker 0) the splitter is killed switching
+LISTED = list(range(SWITCHING))  # listed in the routing's doubledSlots before
 #: A message written into a switched slot after the kill, due SWITCHED_DELAY_MS later (long
 #: before the owners complete the doubling), is delivered this late at most: consumed from its
 #: half at once (a loaded machine's room; before, about 10 s: the doubling's completion).
@@ -96,26 +95,35 @@ def first_lateness_ms(load: DoublingLoad, ids: set[str]) -> list[int]:
     return [at_ms - load.producer.due_ms[message_id] for message_id, at_ms in first.items()]
 
 
-async def test_a_doubling_killed_in_its_freeze_is_completed_by_the_slots_owners(
+async def test_a_doubling_killed_in_its_freeze_leaves_one_slot_frozen_its_owner_completes(
     spread_fleet: tuple[ProcessFleet, list[str]],  # noqa: F811
 ) -> None:
     fleet = spread_fleet[0]
     async with doubling_load(spread_fleet, Step.FREEZE) as load:
-        async with splitter_held_in(load) as first:
-            load.admins[1].client_pause(PAUSE_MS, all=False)  # the freeze of slot 8 waits
-        try:  # released: it freezes old slots 0-7 on broker 0, then waits on broker 1
-            await load.delivered(lambda: frozen_old_slots(load) == FROZEN, 30.0)
+        hold = ZkHold(
+            ("127.0.0.1", fleet.zookeeper.port),
+            lambda path, data: False,
+            hold_before=lambda: SWITCHING in frozen_old_slots(load),
+        )
+        try:
+            first = splitter(fleet, hold.hosts)
+            try:
+                await load.delivered(hold.held.is_set, HOLD_TIMEOUT_S + 30.0)
+            finally:
+                os.kill(first.pid, signal.SIGKILL)  # in its freeze, switching slot 4
+                first.wait()
         finally:
-            os.kill(first.pid, signal.SIGKILL)  # in its freeze
-            first.wait()
-            load.admins[1].client_unpause()
+            hold.close()
+        frozen = frozen_old_slots(load)
         seconds, micros = load.admins[0].time()
         killed_ms = int(seconds) * 1000 + int(micros) // 1000
         refused, written = await asyncio.to_thread(routed_writes_refused, load, spread_fleet[1])
-        # one batch at most: the old slots switched before the kill take routed writes at once
-        assert len(refused) <= SWITCH_BATCH, refused
-        print(f"\nold slots refusing a routed write after the kill: {refused}")
-        stuck = {i for i in fleet.scheduled if fleet.topic.slot_of(i) in FROZEN}
+        print(f"\nold slots frozen at the kill: {frozen}, refusing a routed write: {refused}")
+        # the slots listed before the kill take routed writes at once, those not frozen yet
+        # too: only the one it was switching refuses them
+        assert frozen[: len(LISTED)] == LISTED
+        assert refused == [SWITCHING]
+        stuck = {i for i in fleet.scheduled if fleet.topic.slot_of(i) in frozen}
         first_after: dict[str, int] = {}
 
         def frozen_ones_delivered() -> bool:
@@ -131,7 +139,7 @@ async def test_a_doubling_killed_in_its_freeze_is_completed_by_the_slots_owners(
             print(f"doubling still recorded: {shown(fleet)}, frozen: {frozen_old_slots(load)}")
             raise
         gap_s = (max(first_after.values(), default=killed_ms) - killed_ms) / 1000
-        switched = {i for i in written if fleet.topic.slot_of(i) in FROZEN}  # taken: switched
+        switched = {i for i in written if fleet.topic.slot_of(i) in LISTED}
         on_time_ms = first_lateness_ms(load, switched)
         print(
             f"\n{len(on_time_ms)} messages written into the switched slots after the kill, due "
@@ -151,7 +159,7 @@ async def test_a_doubling_killed_in_its_freeze_is_completed_by_the_slots_owners(
         assert fleet.scheduled - before_end  # and written after the doubling
         assert load.client.topic.slot_amount == 2 * SLOTS
         print(
-            f"\nsplitter killed -9 in its freeze, old slots {FROZEN[0]}-{FROZEN[-1]} frozen: "
+            f"\nsplitter killed -9 in its freeze, old slots {frozen} frozen: "
             f"{len(stuck)} of their messages delivered {gap_s:.2f} s after the kill at the "
             f"latest (bound {RESUMED_BOUND_S:.0f} s), the doubling completed by their owners; "
             f"{len(fleet.scheduled)} messages, lost {len(lost)}, early {len(early)}, "

@@ -7,8 +7,11 @@ frame is its connect request; every later one starts with xid and op type (int32
 setData (type 5) continues with the path and the data (each an int32 length and its bytes).
 The proxy reads the client's frames, passes each on, and after the first setData for which
 `hold_after(path, data)` is true passes nothing more of that client (its replies still come
-back). The held client waits for answers that never come: a test then kills it, or `release`s
-it (within the client's read timeout, two thirds of its session timeout) and it goes on.
+back); or, with `hold_before`, holds the first request that arrives once it is true (checked
+before each): what the client did since its previous request (a write to Redis) is done, what
+comes after waits. The held client waits for answers that never come: a test then kills it, or
+`release`s it (within the client's read timeout, two thirds of its session timeout) and it goes
+on.
 """
 
 from __future__ import annotations
@@ -22,9 +25,15 @@ SET_DATA = 5
 
 
 class ZkHold:
-    def __init__(self, upstream: tuple[str, int], hold_after: Callable[[str, bytes], bool]):
+    def __init__(
+        self,
+        upstream: tuple[str, int],
+        hold_after: Callable[[str, bytes], bool],
+        hold_before: Callable[[], bool] | None = None,
+    ):
         self.upstream = upstream
         self.hold_after = hold_after
+        self.hold_before = hold_before
         self.held = threading.Event()  # set once a client's requests stopped passing
         self.released = threading.Event()  # set: every request passes again, none is held
         self._sockets: list[socket.socket] = []
@@ -65,11 +74,19 @@ class ZkHold:
                 if self.held.is_set():
                     self.released.wait()
                 frame = _frame(client)
+                if self._holds_before():
+                    self.held.set()
+                    self.released.wait()
                 server.sendall(frame)
                 if not self.released.is_set() and self._holds_after(frame[4:]):
                     self.held.set()
         except OSError:
             return  # a side closed
+
+    def _holds_before(self) -> bool:
+        return (
+            not self.released.is_set() and self.hold_before is not None and self.hold_before()
+        )
 
     def _holds_after(self, body: bytes) -> bool:
         _xid, op = struct.unpack_from(">ii", body)

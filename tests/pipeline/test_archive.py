@@ -4,12 +4,21 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import uuid
+from typing import cast
 
 import pyarrow.dataset as ds
 import pytest
+from kazoo.client import KazooClient
 
 from delayq.cli import main
+from delayq.coordination.layout import TopicPaths
+from delayq.coordination.migration import Step
 from delayq.coordination.routed_queue import RoutedQueue
+from delayq.coordination.routing import Routing
+from delayq.coordination.routing_watch import ZkConnection
+from delayq.coordination.splitting import SlotSplitter
+from delayq.local.waiting import wait_until
 from delayq.pipeline import archive as A
 from delayq.pipeline import audit, audit_job
 from delayq.queue.client import Queue
@@ -23,7 +32,7 @@ def _lifecycle(queue: Queue, prefix: str, count: int) -> None:
     """Schedule, claim, ack half, nack the other half, claim and ack again: a real journal."""
     for i in range(count):
         queue.schedule(f"{prefix}{i}", b"p", delay_ms=0)
-    for slot in TOPIC.slots:
+    for slot in queue.topic.slots:
         epoch = queue.take_over(slot)
         messages = queue.claim(slot, epoch).messages
         for n, message in enumerate(messages):
@@ -210,3 +219,58 @@ def test_a_redis_url_that_does_not_parse_is_one_line_without_its_password(
     [line] = capsys.readouterr().err.strip().splitlines()
     assert line.startswith(f"delayq pipeline archive: {said}")
     assert "secret" not in line
+
+
+def _journals(queue: Queue) -> list[tuple[int, str]]:
+    """(slot, entry id) of every journal entry of `queue`'s topic."""
+    return [
+        (slot, entry_id.decode())
+        for slot in queue.topic.slots
+        for entry_id, _ in cast(
+            list[A.Entry], queue.redis.xrange(slot_keys(queue.topic, slot).key(Part.JOURNAL))
+        )
+    ]
+
+
+def test_a_slot_a_doubling_switched_is_archived_from_its_halves(
+    redis_server, redis_client, zookeeper_server, tmp_path
+):
+    """A doubling under way listed every old slot in `doubledSlots` (its freeze done, the
+    routing not switched yet): the entries written into the halves since, and those copied
+    into the lower halves unarchived, are archived once each, named by the halves' slot
+    numbers, as once the doubling ended (before: the frozen old slots were read, the halves'
+    entries missed until the doubling ended)."""
+    topic = dataclasses.replace(TOPIC, name=f"o{uuid.uuid4().hex[:8]}")
+    paths = TopicPaths(topic.namespace, topic.name)
+    zk = KazooClient(hosts=zookeeper_server.hosts)
+    zk.start(timeout=10)
+    zk.create(paths.routing, Routing(4, 1, (0,) * 4).to_json(), makepath=True)
+    queue = Queue.from_url(redis_server.url, topic)
+    routed = RoutedQueue.connect(
+        [redis_server.url], topic, zookeeper=ZkConnection(zookeeper_server.hosts)
+    )
+    output, checkpoint = tmp_path / "out", tmp_path / "ck"
+    try:
+        _lifecycle(queue, "a", 20)
+        first = _journals(queue)
+        A.archive(routed, output, checkpoint)
+        _lifecycle(queue, "u", 8)  # not archived before the doubling: copied to the lower halves
+        unarchived = [entry for entry in _journals(queue) if entry not in first]
+        splitter = SlotSplitter(zk, paths, [queue])
+        current = splitter.start(8)
+        while current is not None and current[0].step is not Step.SWITCH:
+            current = splitter.step(*current)
+        splitter.release()
+        wait_until(lambda: routed.stored_in(3)[1] == [3, 7], 10, "slot 3 listed")
+        halves = Queue(queue.redis, dataclasses.replace(topic, slot_amount=8, slot_generation=1))
+        _lifecycle(halves, "b", 20)
+        written = [entry for entry in _journals(halves) if entry not in unarchived]
+        assert {slot for slot, _ in written} == set(range(8))
+        summary = A.archive(routed, output, checkpoint)
+        assert summary.entries == len(unarchived) + len(written)
+        assert _archived(output) == sorted(first + unarchived + written)
+    finally:
+        routed.close()
+        queue.close()
+        zk.stop()
+        zk.close()

@@ -24,7 +24,7 @@ from delayq.local.waiting import eventually
 from delayq.queue import Queue, plans
 from delayq.queue.keys import Part, slot_keys
 from delayq.queue.topic import Topic, TopicType
-from delayq.service import api
+from delayq.service import api, overview
 from delayq.service.brokers import default_routing
 from tests.redis_memory import FULL, memory_for
 from tests.routing_support import read_routing
@@ -294,7 +294,8 @@ async def killed_after_switching_broker_0(
     mover: SlotMover, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """A splitter of SLOTS -> 2 x SLOTS slots (routed 0, 0, 1, 1) dies in its freeze after
-    switching broker 0's old slots, 0 and 1, to their halves, with 2 and 3 frozen."""
+    switching broker 0's old slots, 0 and 1, to their halves, with 2 frozen (being switched)
+    and 3 not yet."""
     splitter = SlotSplitter(mover.zk, mover.paths, mover.queues)
     current = splitter.start(2 * SLOTS)
     while current is not None and current[0].step is not Step.FREEZE:
@@ -302,13 +303,13 @@ async def killed_after_switching_broker_0(
     assert current is not None
     thaw, thaws = migration.thaw_replicated, []
 
-    def dies_at_its_second_thaw(*args: Any) -> None:
+    def dies_at_its_third_thaw(*args: Any) -> None:
         thaws.append(args)
-        if len(thaws) == 2:
+        if len(thaws) == 3:
             raise Killed
         thaw(*args)
 
-    monkeypatch.setattr(splitting, "thaw_replicated", dies_at_its_second_thaw)
+    monkeypatch.setattr(splitting, "thaw_replicated", dies_at_its_third_thaw)
     with pytest.raises(Killed):
         await asyncio.to_thread(splitter.step, *current)
     splitter.release()
@@ -321,9 +322,9 @@ async def test_an_api_write_into_a_slot_a_doubling_switched_goes_to_its_half_at_
     monkeypatch: pytest.MonkeyPatch,
 ):
     """A splitter dies in its freeze after switching the old slots of broker 0 (0 and 1) to
-    their halves, with those of broker 1 frozen: the API writes, reads and cancels messages of
-    slots 0 and 1 in their halves (the next generation) at once, while slots 2 and 3 answer
-    SLOT_MOVING (before: every old slot refused until the doubling was completed)."""
+    their halves, with slot 2 frozen: the API writes, reads and cancels messages of slots 0
+    and 1 in their halves (the next generation) at once, while slot 2 answers SLOT_MOVING
+    (before: every old slot refused until the doubling was completed)."""
     namespace, urls, mover = moving_topic
     mover.zk.set(mover.paths.routing, Routing(SLOTS, 2, (0, 0, 1, 1)).to_json())
     running = await start_service(
@@ -350,12 +351,11 @@ async def test_an_api_write_into_a_slot_a_doubling_switched_goes_to_its_half_at_
         assert got.status == 200
         assert (await got.json())["state"] == "scheduled"
     monkeypatch.setattr(api, "SLOT_MOVE_WAIT_S", 0.2)
-    for slot in (2, 3):
-        refused = await running.client.post(
-            f"{running.base}/messages", json={"id": ids[slot], "delayMs": 600_000}
-        )
-        assert refused.status == 503
-        assert (await refused.json())["error"].startswith("SLOT_MOVING")
+    refused = await running.client.post(
+        f"{running.base}/messages", json={"id": ids[2], "delayMs": 600_000}
+    )
+    assert refused.status == 503
+    assert (await refused.json())["error"].startswith("SLOT_MOVING")
     cancelled = await running.client.delete(f"{running.base}/messages/{ids[0]}")
     assert cancelled.status == 200, await cancelled.text()
 
@@ -448,7 +448,7 @@ async def test_the_owner_of_a_slot_a_doubling_switched_delivers_from_its_halves_
     """A splitter killed in its freeze after switching old slots 0 and 1: their owner
     consumes their halves (generation 1) at once, so a message written there, and one copied
     there from the old slot, is delivered when due (before: nothing of theirs until the
-    doubling was completed, past twice the session timeout); slots 2 and 3 stay frozen."""
+    doubling was completed, past twice the session timeout); slot 2 stays frozen."""
     namespace, urls, mover = moving_topic
     mover.zk.set(mover.paths.routing, Routing(SLOTS, 2, (0, 0, 1, 1)).to_json())
     running = await start_service(
@@ -596,7 +596,7 @@ async def test_a_half_that_cannot_be_taken_over_is_reported_and_taken_once_it_ca
         assert halves is not None
         assert halves.owned_slots == [1, SLOTS, 1 + SLOTS]
         ready = await (await running.client.get("/readyz")).json()
-        frozen_old = ["0", "1", "2", "3"]  # old slots: all frozen, 0 and 1 switched
+        frozen_old = ["0", "1", "2"]  # old slots frozen, 0 and 1 switched
         assert list(ready["unconsumedSlots"]) == [*frozen_old, "g1/0"]
         assert ready["unconsumedSlots"]["g1/0"].startswith("moving: SLOT_MOVING")
         half.run(plans.thaw(doubled, 0))
@@ -605,3 +605,51 @@ async def test_a_half_that_cannot_be_taken_over_is_reported_and_taken_once_it_ca
         assert list(ready["unconsumedSlots"]) == frozen_old
     finally:
         half.close()
+
+
+async def test_the_depths_and_forecast_of_a_slot_a_doubling_switched_count_its_halves(
+    moving_topic: tuple[str, list[str], SlotMover],
+    zookeeper_server: Any,
+    start_service: StartService,
+    monkeypatch: pytest.MonkeyPatch,
+):
+    """A splitter killed in its freeze after switching old slots 0 and 1: their depths (the
+    depth metric's and `/stats`' `Brokers.stats`), their views (`/overview`, `/slots`, the
+    heat map) and the forecast count what their halves hold, the copied messages and those
+    written there since, under the old slot numbers (before: the frozen old slots' stale
+    copies, without what was written since)."""
+    namespace, urls, mover = moving_topic
+    mover.zk.set(mover.paths.routing, Routing(SLOTS, 2, (0, 0, 1, 1)).to_json())
+    running = await start_service(
+        slot_amount=SLOTS,
+        namespace=namespace,
+        broker_urls=",".join(urls),
+        zookeeper_connect=zookeeper_server.hosts,
+    )
+    topic = running.service.topic
+    names = (f"f{i}" for i in range(1_000))
+    ids: dict[int, list[str]] = {slot: [] for slot in range(SLOTS)}
+    for name in names:
+        if len(ids[topic.slot_of(name)]) < 2:
+            ids[topic.slot_of(name)].append(name)
+    for slot_ids in ids.values():  # one before the doubling: copied into the halves
+        stored = await running.client.post(
+            f"{running.base}/messages", json={"id": slot_ids[0], "delayMs": 600_000}
+        )
+        assert stored.status == 201, await stored.text()
+    await killed_after_switching_broker_0(mover, monkeypatch)
+    await eventually(lambda: running.service.brokers.doubled_slots == {0, 1}, 10, "the switch")
+    for slot in (0, 1):  # one into the halves since, due within the forecast's minute
+        stored = await running.client.post(
+            f"{running.base}/messages", json={"id": ids[slot][1], "delayMs": 30_000}
+        )
+        assert stored.status == 201, await stored.text()
+    expected = {0: 2, 1: 2, 2: 1, 3: 1}
+    depths = await running.service.brokers.stats()
+    assert {s.slot: s.scheduled for s in depths.slots} == expected
+    views = await overview.read_slots(running.service)
+    assert {v.slot: v.scheduled for v in views} == expected
+    assert [v.due_in[0] for v in views] == [1, 1, 0, 0]  # due within the next minute
+    assert [v.due_in[1] for v in views] == [1, 1, 1, 1]  # then within the hour
+    forecast = await overview.TopicViews(running.service).forecast.get()
+    assert forecast[0]["1m"] == 2

@@ -19,9 +19,9 @@ A doubling of the slot amount (docs/coordination.md "Doubling the slots") is fol
 way: its freeze refuses writes into the old slots with SLOT_MOVING, its switch writes a routing
 of twice the slots and a newer key generation, and the client then computes each item's slot
 again under the new amount and sends it to the new slot's keys (`topic` follows the routing).
-While the doubling's freeze switches the old slots batch by batch (`Routing.doubled_slots`), an
+While the doubling's freeze switches the old slots one by one (`Routing.doubled_slots`), an
 item of a switched slot goes to its new slot already (`_placed`): its writes pause for its own
-batch only.
+slot only.
 """
 
 from __future__ import annotations
@@ -36,7 +36,7 @@ from typing import Any, TypeVar, Unpack
 import redis
 
 from delayq.coordination.layout import TopicPaths
-from delayq.coordination.routing import Routing
+from delayq.coordination.routing import Routing, halves
 from delayq.coordination.routing_watch import RoutingWatch, ZkConnection
 from delayq.queue import plans
 from delayq.queue.backoff import Backoff
@@ -223,6 +223,18 @@ class RoutedQueue:
     def queue_for(self, slot: int) -> Queue:
         """The engine client of the broker storing `slot` now."""
         return self.queues[self.routing[slot]]
+
+    def stored_in(self, slot: int) -> tuple[Queue, list[int]]:
+        """The engine client and slots holding slot `slot`'s messages now, as the service's
+        `Brokers.stored_in`: the slot itself on its broker, or once a doubling switched it
+        (`Routing.doubled_slots`), its halves at twice the slot amount and the next key
+        generation on the same broker. For the readers of a whole slot (`pipeline archive`)."""
+        routing = self._table.snapshot()[1]
+        broker = routing.broker_of_slot[slot]
+        if slot in routing.doubled_slots:
+            queues = self._queues(2 * routing.slot_amount, routing.generation + 1)
+            return queues[broker], halves(slot, routing.slot_amount)
+        return self._queues(routing.slot_amount, routing.generation)[broker], [slot]
 
     def _on_slot(self, target: Target, call: Callable[[Queue], T]) -> T:
         """`call` on the target's broker, sent again while its slot is moving; its slot is

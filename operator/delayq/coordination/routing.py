@@ -82,6 +82,13 @@ class Routing:
         return cls(document["slotAmount"], document["brokers"], slots, generation, doubled)
 
 
+def halves(slot: int, slot_amount: int) -> list[int]:
+    """The slots a doubling of `slot_amount` slots splits old slot `slot` into: s and s + N of
+    twice the amount, at the next key generation, on the broker of s (`splitting.py`). Where a
+    reader of a whole slot finds its messages once the doubling listed it in `doubled_slots`."""
+    return [slot, slot + slot_amount]
+
+
 class RoutingConflict(ValueError):
     """The desired topology cannot keep every existing slot where its messages are."""
 

@@ -19,23 +19,24 @@ recorded in the `split` node (JSON) before the next one starts, each idempotent:
    (`queue.slot_split`), whose epochs stay frozen. Once all are copied, what changed meanwhile
    is copied again, in rounds, until a round leaves at most `CATCH_UP_TARGET` changes (or after
    `MAX_ROUNDS`).
-2. `freeze`: in batches of at most SWITCH_BATCH old slots of one broker, one batch after the
-   other: its slots frozen (freeze-1: writes refused, the old owners fenced out), what changed
-   in them since the last round copied again, their per-slot parts (journal, lease counter,
-   epoch) copied, their halves thawed (waiting for sync replicas), then the batch added to the
-   routing's `doubled_slots` (compare-and-set): writers that read it send those slots'
-   messages to the halves from then on (`routed_queue.py`); the old slots stay frozen as
-   tombstones for the others. A few pipelines and ZooKeeper calls a batch, whatever the slot
-   amount; a rerun skips the slots the routing lists (their halves take writes).
+2. `freeze`: one old slot after the other, the next frozen only once the previous is listed:
+   the slot frozen (freeze-1: writes refused, the old owner fenced out), what changed in it
+   since the last round copied again, its per-slot parts (journal, lease counter, epoch)
+   copied, its halves thawed (waiting for sync replicas), then the slot added to the
+   routing's `doubled_slots` (compare-and-set, on the version this splitter wrote last: one
+   ZooKeeper write, no read): writers that read it send the slot's messages to the halves
+   from then on (`routed_queue.py`); the old slot stays frozen as a tombstone for the others.
+   A few pipelines and ZooKeeper calls a slot, whatever the slot amount; a rerun skips the
+   slots the routing lists (their halves take writes).
 3. `switch`: the routing node becomes {2N slots, generation g + 1, s and s + N on the old
    broker of s}, written with compare-and-set. The delay services and routing clients watch it
    and move to the new keys; the new owners fence above the copied epochs.
 4. `clean`: the old generation's keys are deleted but their frozen epochs, then the node.
 
-A slot refuses writers that read `doubled_slots` while its batch is caught up: the changes of
-one round in a few slots, not the pending messages nor the slot amount (docs/benchmarks.md).
-Writers that do not read it (a process of an earlier version), and every slot's deliveries, wait
-from the freeze of the first batch to `switch` (docs/coordination.md, what is left).
+A slot refuses writers that read `doubled_slots` while it is caught up and listed: its share of
+one round's changes, not the pending messages nor the slot amount (docs/benchmarks.md).
+Writers that do not read it (a process of an earlier version), and a pull topic's deliveries,
+wait from the freeze of the first slot to `switch` (docs/coordination.md, what is left).
 
 Crash points (a splitter killed, its lock gone with its session; the next run, the operator's
 next pass or, once a slot is frozen, the old slots' owners past twice the session timeout
@@ -44,12 +45,13 @@ next pass or, once a slot is frozen, the old slots' owners past twice the sessio
   the slots copied so far (their `changes` sets grow with what is written until the rerun or
   `--abort`). A slot split half-way is split again (its halves are deleted first); taken
   changes stay in `recopy` until copied again, so none is lost to a crash in a round.
-- in `freeze`: the batch being caught up stays frozen until the rerun, which catches it up
-  again (idempotent: its old slots are frozen, nothing changes them) and goes on with the
-  rest; the batches switched before take routed writes meanwhile and deliver nothing.
-  The frozen batch (at most SWITCH_BATCH slots refusing every writer) lasts the owners' bound
-  plus one catch-up, not one copy, nor until a person reruns it. A resuming owner killed
-  inside leaves what a killed splitter leaves.
+- in `freeze`: the one slot being caught up stays frozen until the rerun, which catches it
+  up again (idempotent: its old slot is frozen, nothing changes it) and goes on with the
+  rest; the slots listed before take routed writes meanwhile (a push topic's owners consume
+  their halves).
+  The frozen slot (the only one refusing every writer) lasts the owners' bound plus one
+  catch-up, not one copy, nor until a person reruns it. A resuming owner killed inside
+  leaves what a killed splitter leaves.
 - in `switch` and `clean`: as before this design (the routing is compare-and-set; clean only
   deletes keys nobody routes to).
 
@@ -62,7 +64,7 @@ exact; stale writers are refused: the old slots are frozen before the switch and
 tombstones, the halves are frozen until the catch-up, and the unused slot numbers from the
 start; a custom basis is placed by its recorded basis, read again for every recopied message.
 
-`abort` rolls back before the first batch of the freeze is switched (the new generation's keys
+`abort` rolls back before the first slot of the freeze is listed (the new generation's keys
 deleted, the old slots thawed, their tracking off). One splitter at a time: the ephemeral lock
 `movers/split`, checked before every write; a doubling refuses to start while slot moves are
 recorded or locked, and a slot move refuses to start while a doubling is recorded or its lock
@@ -81,7 +83,7 @@ from kazoo.exceptions import BadVersionError, NodeExistsError, NoNodeError
 from delayq.coordination.layout import TopicPaths
 from delayq.coordination.locks import LockHeld, MoveError, NodeLock
 from delayq.coordination.migration import SlotMover, Step, thaw_replicated
-from delayq.coordination.routing import Routing, initial_routing
+from delayq.coordination.routing import Routing, halves, initial_routing
 from delayq.queue import plans
 from delayq.queue.client import Queue
 from delayq.queue.keys import SlotKeys, slot_keys
@@ -108,9 +110,6 @@ SPLIT_FORMAT_VERSION = 2
 SPLIT_STEPS = (Step.COPY, Step.FREEZE, Step.SWITCH, Step.CLEAN)
 #: Tombstones frozen per pipeline (one small script each).
 FREEZE_BATCH = 2000
-#: Old slots frozen, caught up and switched together (one broker's): how many a splitter
-#: killed in `freeze` may leave refusing writes, and what bounds each slot's pause.
-SWITCH_BATCH = 4
 #: The copy's rounds stop once one leaves at most this many changes for the catch-up under the
 #: freeze (all slots together): about 0.1 s of copying (docs/benchmarks.md).
 CATCH_UP_TARGET = 10_000
@@ -375,9 +374,10 @@ class SlotSplitter:
         if split.step is Step.COPY:
             self._converge(split, old, new)
         elif split.step is Step.FREEZE:
-            for broker, slots in self._unswitched(split):
-                self._catch_up(split, old, new, broker, slots)
-                self._switch_slots(split, slots)
+            listed = self.routing()
+            for slot in self._unswitched(split, listed[0]):
+                self._catch_up(split, old, new, slot)
+                listed = self._switch_slot(split, slot, listed)
         elif split.step is Step.SWITCH:
             self._switch(split)
         elif split.step is Step.CLEAN:
@@ -492,34 +492,25 @@ class SlotSplitter:
             if changed <= CATCH_UP_TARGET:
                 return
 
-    def _unswitched(self, split: Split) -> list[tuple[int, list[int]]]:
-        """The old slots the routing does not send to their halves yet, in batches of at most
-        SWITCH_BATCH slots of one broker: (broker, slots). A switched slot's halves take writes,
-        so a rerun must never catch them up again (that would overwrite them)."""
-        routing = self.routing()[0]
+    @staticmethod
+    def _unswitched(split: Split, routing: Routing) -> list[int]:
+        """The old slots `routing` does not send to their halves yet, in slot order. A switched
+        slot's halves take writes, so a rerun must never catch them up again (that would
+        overwrite them)."""
         switched = routing.doubled_slots if routing.generation == split.generation else frozenset()
-        batches = []
-        for broker in sorted(set(split.brokers)):
-            slots = [s for s, b in enumerate(split.brokers) if b == broker and s not in switched]
-            batches += [
-                (broker, slots[start : start + SWITCH_BATCH])
-                for start in range(0, len(slots), SWITCH_BATCH)
-            ]
-        return batches
+        return [slot for slot in range(split.from_amount) if slot not in switched]
 
-    def _catch_up(
-        self, split: Split, old: Topic, new: Topic, broker: int, slots: Sequence[int]
-    ) -> None:
-        """The old `slots` of `broker` frozen (writes refused, the old owners fenced out), their
-        last changes copied again and their per-slot parts copied, their halves thawed (waiting
-        for sync replicas once): a few round trips for all of them, whatever their number."""
+    def _catch_up(self, split: Split, old: Topic, new: Topic, slot: int) -> None:
+        """The old `slot` frozen (writes refused, the old owner fenced out), its last changes
+        and its per-slot parts copied again, its halves thawed (waiting for sync replicas): a
+        few round trips, whatever the slot amount."""
+        broker = split.brokers[slot]
         queue = self.queues[broker]
         self.lock.check()
-        self._run_batched(queue, [plans.freeze(old, slot).calls[0] for slot in slots])
-        catch_up(queue.redis, [self._division(split, old, new, slot) for slot in slots])
-        halves = [half for slot in slots for half in (slot, slot + split.from_amount)]
+        queue.run(plans.freeze(old, slot))
+        catch_up(queue.redis, [self._division(split, old, new, slot)])
         self.lock.check()
-        thaw_replicated(queue, new, halves, broker)
+        thaw_replicated(queue, new, halves(slot, split.from_amount), broker)
 
     def _strays(self, split: Split, old: Topic, upper: int) -> list[SlotKeys]:
         """The keys of slot number `upper` (s + N) at the old generation and at generation 0,
@@ -532,15 +523,21 @@ class SlotSplitter:
             for g in generations
         ]
 
-    def _switch_slots(self, split: Split, slots: Sequence[int]) -> None:
-        """Add `slots` (caught up, their halves thawed) to the routing's `doubled_slots` with
-        compare-and-set: from now on writers that read it send their messages to the halves,
-        and the old slots stay frozen as tombstones for those that do not."""
+    def _switch_slot(
+        self, split: Split, slot: int, read: tuple[Routing, int | None]
+    ) -> tuple[Routing, int]:
+        """Add `slot` (caught up, its halves thawed) to the routing's `doubled_slots` with
+        compare-and-set: from now on writers that read it send its messages to the halves, and
+        the old slot stays frozen as a tombstone for those that do not. `read` is the routing
+        and node version this splitter read or wrote last (one write a slot, no read); returns
+        the ones written."""
         def switched(routing: Routing) -> Routing:
             self._check_unchanged(split, routing)
-            return replace(routing, doubled_slots=routing.doubled_slots | frozenset(slots))
+            return replace(routing, doubled_slots=routing.doubled_slots | {slot})
 
-        self._write_routing(switched)
+        written = self._write_routing(switched, read)
+        assert written is not None
+        return written
 
     @staticmethod
     def _check_unchanged(split: Split, routing: Routing) -> None:
@@ -562,26 +559,28 @@ class SlotSplitter:
             self._check_unchanged(split, routing)
             return split.doubled(routing.broker_count)
 
-        self._write_routing(doubled)
+        self._write_routing(doubled, self.routing())
 
-    def _write_routing(self, change: Callable[[Routing], Routing | None]) -> None:
-        """Write `change(routing)` over the routing node with compare-and-set, reading it again
-        after a lost race (the operator wrote it meanwhile: more brokers); `change` returning
-        None writes nothing. Under the split lock, checked before each write."""
+    def _write_routing(
+        self, change: Callable[[Routing], Routing | None], read: tuple[Routing, int | None]
+    ) -> tuple[Routing, int] | None:
+        """Write `change(routing)` over the routing node `read` (routing, version) with
+        compare-and-set, reading it again after a lost race (the operator wrote it meanwhile:
+        more brokers); returns what was written and its version, None when `change` returned
+        None (nothing written). Under the split lock, checked before each write."""
+        routing, version = read
         while True:
-            routing, version = self.routing()
             new = change(routing)
             if new is None:
-                return
+                return None
             self.lock.check()
             try:
                 if version is None:
                     self.zk.create(self.paths.routing, new.to_json(), makepath=True)
-                else:
-                    self.zk.set(self.paths.routing, new.to_json(), version=version)
-                return
+                    return new, 0
+                return new, self.zk.set(self.paths.routing, new.to_json(), version=version).version
             except (BadVersionError, NodeExistsError):
-                continue
+                routing, version = self.routing()
 
     # ZooKeeper writes ----------------------------------------------------------------------
 

@@ -15,7 +15,7 @@ first routing, the moves that balance it, a doubling putting s + N beside s), so
 stays a few runs long (`0-7:0,8-15:1`) where the array would be one line per slot in
 `kubectl get -o yaml`.
 
-While a doubling switches its old slots batch by batch, the copy keeps the routing's
+While a doubling switches its old slots one by one, the copy keeps the routing's
 `doubledSlots` too, as slot runs (`0-3,8-11`; absent when none): a routing restored from a copy
 without them would send the switched slots' writers back to the frozen old slots, and the
 doubling's rerun would catch them up again over what was written into their halves since.

@@ -12,7 +12,11 @@ The streams are read on the driver with pyarrow, without Spark: bounded per slot
 JVM would only add start-up time. Each slot is read from the broker the routing names for it
 (`RoutedQueue`, watched). A slot moved between two runs carries its journal, entry ids and all,
 to its new broker (`queue/slot_copy.py`), so the checkpoint (by stream key, not by broker) goes
-on from there; entries trimmed from the old broker after the copy are past the checkpoint. The
+on from there; entries trimmed from the old broker after the copy are past the checkpoint. A
+slot a doubling under way switched (`RoutedQueue.stored_in`) is read in its halves, as once the
+doubling ended: the lower half holds the old slot's journal, ids and all (its checkpoint rolled
+forward from the dataset's files of that slot number), the upper half only what was written
+since. The
 dataset is plain Hive-partitioned Parquet (`topic=<t>/date=<yyyy-mm-dd>/`) that Spark, pyarrow
 or DuckDB read as is.
 
@@ -44,6 +48,7 @@ from delayq.queue.topic import Topic
 
 if TYPE_CHECKING:
     from delayq.coordination.routed_queue import RoutedQueue
+    from delayq.queue.client import Queue
 
 DEFAULT_PAGE_SIZE = 10_000
 EntryId = tuple[int, int]  # (ms, seq) of a stream entry id, ordered as Redis orders them
@@ -270,7 +275,7 @@ def _page(
 
 
 def archive_slot(
-    client: redis.Redis,
+    queue: Queue,
     dataset: Dataset,
     checkpoint: Checkpoint,
     positions: dict[str, Position],
@@ -279,8 +284,10 @@ def archive_slot(
     summary: ArchiveSummary,
 ) -> None:
     """Recover the slot's position, export its new entries page by page, trimming what is
-    archived, and report entries trimmed before they were archived (a `Gap`)."""
-    key = slot_keys(dataset.topic, slot).key(Part.JOURNAL)
+    archived, and report entries trimmed before they were archived (a `Gap`). `slot` is of
+    `queue`'s topic (its slot amount and key generation)."""
+    client = queue.redis
+    key = slot_keys(queue.topic, slot).key(Part.JOURNAL)
     saved = positions.get(key)
     written = dataset.last_written(slot)
     if written is not None and (saved is None or written > saved.last):
@@ -320,8 +327,8 @@ def archive(
     checkpoint_dir: str | Path,
     page_size: int = DEFAULT_PAGE_SIZE,
 ) -> ArchiveSummary:
-    """Export every slot's new journal entries of the topic, each slot read from the broker
-    the (watched) routing names for it; see the module docstring."""
+    """Export every slot's new journal entries of the topic, each slot read where the
+    (watched) routing stores it; see the module docstring."""
     started = time.monotonic()
     topic = brokers.topic
     checkpoint = Checkpoint(checkpoint_dir, topic)
@@ -329,7 +336,8 @@ def archive(
     positions = checkpoint.load()
     summary = ArchiveSummary()
     for slot in topic.slots:
-        client = brokers.queue_for(slot).redis
-        archive_slot(client, dataset, checkpoint, positions, slot, page_size, summary)
+        queue, stored = brokers.stored_in(slot)
+        for part in stored:
+            archive_slot(queue, dataset, checkpoint, positions, part, page_size, summary)
     summary.seconds = time.monotonic() - started
     return summary

@@ -18,11 +18,11 @@ from typing import Any, TypeVar
 
 import redis.asyncio
 
-from delayq.coordination.routing import by_broker, initial_routing
+from delayq.coordination.routing import by_broker, halves, initial_routing
 from delayq.queue import functions
 from delayq.queue.client import AsyncQueue
 from delayq.queue.functions import FunctionsMissingError
-from delayq.queue.model import Target, TopicStats
+from delayq.queue.model import SlotStats, Target, TopicStats
 from delayq.queue.packing import use_hiredis_packing
 from delayq.queue.topic import Topic
 from delayq.queue.topic_record import SERVE_OWNER
@@ -101,8 +101,22 @@ class Brokers:
         For the readers of a whole slot (the dead pages, redrive and purge of everything)."""
         broker = self.routing[slot]
         if slot in self.doubled_slots:
-            return self._doubled_queue(broker), [slot, slot + self.topic.slot_amount]
+            return self._doubled_queue(broker), halves(slot, self.topic.slot_amount)
         return self.queues[broker], [slot]
+
+    def stored(self, slots: Iterable[int]) -> list[tuple[int, AsyncQueue, dict[int, int]]]:
+        """Where `slots` are stored now (`stored_in`), by client: (broker, client, {stored
+        slot: slot}), one per broker, two on a broker while a doubling switches its slots.
+        Without a doubling by broker at once (16,384 slots read 5 times as fast)."""
+        if not self.doubled_slots:
+            split = self.split(slots).items()
+            return [(b, self.queues[b], dict(zip(ss, ss, strict=True))) for b, ss in split]
+        groups: dict[int, tuple[int, AsyncQueue, dict[int, int]]] = {}
+        for slot in slots:
+            queue, stored = self.stored_in(slot)
+            group = groups.setdefault(id(queue), (self.routing[slot], queue, {}))
+            group[2].update(dict.fromkeys(stored, slot))
+        return list(groups.values())
 
     def halves(self) -> Brokers:
         """The brokers at twice the slot amount and the next generation, s and s + N on the
@@ -165,22 +179,20 @@ class Brokers:
         return [r for r in results if r is not None]
 
     async def stats(self, slots: Iterable[int] | None = None) -> TopicStats:
-        wanted = list(self.topic.slots if slots is None else slots)
-        parts = [
-            await self.queues[broker].stats(broker_slots)
-            for broker, broker_slots in self.split(wanted).items()
-        ]
-        return TopicStats(sorted((s for p in parts for s in p.slots), key=lambda s: s.slot))
+        """The depths of `slots` (all when None), one per slot in slot order: a slot a doubling
+        switched is counted in its halves (`stored`), under its own number."""
+        counted: dict[int, SlotStats] = {}
+        for _, queue, named in self.stored(self.topic.slots if slots is None else slots):
+            for part in (await queue.stats(list(named))).slots:
+                slot = named[part.slot]
+                counted[slot] = _added(counted.get(slot), replace(part, slot=slot))
+        return TopicStats(sorted(counted.values(), key=lambda s: s.slot))
 
     async def each_broker(self, call: Callable[[AsyncQueue, list[int]], Awaitable[int]]) -> int:
-        """Sum of `call(queue, its slots)` over where the slots are stored (`stored_in`: one
+        """Sum of `call(queue, its slots)` over where the slots are stored (`stored`: one
         call per broker, two on a broker while a doubling switches its slots): redrive or
         purge everything."""
-        groups: dict[int, tuple[AsyncQueue, list[int]]] = {}
-        for slot in self.topic.slots:
-            queue, slots = self.stored_in(slot)
-            groups.setdefault(id(queue), (queue, []))[1].extend(slots)
-        return sum([await call(queue, slots) for queue, slots in groups.values()])
+        return sum([await call(q, list(named)) for _, q, named in self.stored(self.topic.slots)])
 
     async def unavailable(self, slots: Iterable[int]) -> str | None:
         """Why a broker storing one of `slots` (or broker 0 when none) cannot serve, None when
@@ -224,3 +236,23 @@ class Brokers:
     async def close(self) -> None:
         for queue in self.queues:
             await queue.close()
+
+
+def _added(counted: SlotStats | None, half: SlotStats) -> SlotStats:
+    """`half` added to what was counted of its slot so far (its other half, or nothing)."""
+    if counted is None:
+        return half
+    return replace(
+        counted,
+        now_ms=max(counted.now_ms, half.now_ms),
+        scheduled=counted.scheduled + half.scheduled,
+        due=counted.due + half.due,
+        prepared=counted.prepared + half.prepared,
+        dead=counted.dead + half.dead,
+        next_due_ms=_earliest(counted.next_due_ms, half.next_due_ms),
+        next_deadline_ms=_earliest(counted.next_deadline_ms, half.next_deadline_ms),
+    )
+
+
+def _earliest(first: int | None, second: int | None) -> int | None:
+    return min((t for t in (first, second) if t is not None), default=None)

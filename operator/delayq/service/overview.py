@@ -97,29 +97,44 @@ async def read_slots(
     sent at once (brokers read in parallel; within one broker, Redis runs one pipeline while
     this process parses another). Slots of different hash tags in one call are fine on the
     standalone Redis a broker is; a Redis Cluster refuses them (CROSSSLOT), and then every
-    call reads one slot (`TopicViews` remembers that)."""
+    call reads one slot (`TopicViews` remembers that). A slot a doubling switched is read in
+    its halves (`Brokers.stored`) and shown as one, under its own number."""
     windows = [str(end - start) for start, end in _window_bounds(window_ends_ms)]
-    parts: list[tuple[int, list[list[int]]]] = []
+    parts: list[tuple[int, AsyncQueue, dict[int, int], list[list[int]]]] = []
     wanted = service.topic.slots if slots is None else slots
-    for broker, broker_slots in sorted(service.brokers.split(wanted).items()):
-        chunks = [broker_slots[i : i + per_call] for i in range(0, len(broker_slots), per_call)]
+    for broker, queue, named in sorted(service.brokers.stored(wanted), key=lambda g: g[0]):
+        stored = sorted(named)
+        chunks = [stored[i : i + per_call] for i in range(0, len(stored), per_call)]
         size = -(-len(chunks) // PIPELINES_PER_BROKER)
-        parts += [(broker, chunks[i : i + size]) for i in range(0, len(chunks), size)]
+        parts += [(broker, queue, named, chunks[i : i + size]) for i in range(0, len(chunks), size)]
     answers, paused = await asyncio.gather(
-        asyncio.gather(
-            *(
-                _pipelined(service.brokers.queues[broker], chunks, windows)
-                for broker, chunks in parts
-            )
-        ),
+        asyncio.gather(*(_pipelined(queue, chunks, windows) for _, queue, _, chunks in parts)),
         read_paused(service),
     )
-    views: list[SlotView] = []
+    shown: dict[int, SlotView] = {}
     paced = service.pacer.held_back
-    for (broker, chunks), replies in zip(parts, answers, strict=True):
-        views += _views(broker, chunks, replies, broker in paused, paced, len(windows))
-    views.sort(key=lambda view: view.slot)
-    return views
+    for (broker, _, named, chunks), replies in zip(parts, answers, strict=True):
+        for view in _views(broker, chunks, replies, broker in paused, paced, len(windows)):
+            view.slot = named[view.slot]
+            shown[view.slot] = _added(shown.get(view.slot), view)
+    return sorted(shown.values(), key=lambda view: view.slot)
+
+
+def _added(shown: SlotView | None, half: SlotView) -> SlotView:
+    """`half` added to what is shown of its slot so far (its other half, or nothing); the
+    epoch shown is the lower half's, the first read."""
+    if shown is None:
+        return half
+    shown.now_ms = max(shown.now_ms, half.now_ms)
+    shown.scheduled += half.scheduled
+    shown.overdue += half.overdue
+    shown.due_in = tuple(a + b for a, b in zip(shown.due_in, half.due_in, strict=True))
+    shown.later += half.later
+    shown.prepared += half.prepared
+    shown.dead += half.dead
+    due = [t for t in (shown.next_due_ms, half.next_due_ms) if t is not None]
+    shown.next_due_ms = min(due, default=None)
+    return shown
 
 
 async def read_paused(service: DelayService) -> frozenset[int]:

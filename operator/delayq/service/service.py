@@ -25,7 +25,7 @@ A doubling of the slot amount (docs/coordination.md "Doubling the slots") moves 
 new slots on new keys; the service does not rebuild itself in place: on a routing of a newer
 key generation it sets `resharded`, and `serve` stops it (the safe order above) and starts a
 new one on the routing's slot amount and generation, in the same process. Before that, while
-the doubling's freeze switches the old slots batch by batch (`Routing.doubled_slots`), the
+the doubling's freeze switches the old slots one at a time (`Routing.doubled_slots`), the
 owner of a switched old slot s consumes its halves s and s + N at the next generation at once,
 through a second engine (`halves`: consumers of its own, so every per-message lookup, lease
 and ack is that generation's; the same sink, so the delivery bounds hold for both; on a pull
