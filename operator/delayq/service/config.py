@@ -25,6 +25,7 @@ from delayq.coordination.routing_watch import ZkConnection
 from delayq.coordination.tls import ZkTls
 from delayq.queue.backoff import Backoff, Jitter
 from delayq.queue.consumer import DEFAULT_BATCH_SIZE
+from delayq.queue.keys import ENGINE_KEY_MESSAGE, is_engine_key
 from delayq.queue.settings import SETTINGS, Kind, broken_rule, by_name
 
 # re-exported: the names of a setting's variable and flag, for the layers that set them
@@ -305,6 +306,8 @@ class ServiceConfig:
                 f"{_names('stream_url')}: a unix:// socket is a local target: it needs "
                 f"{_names('stream_allow_private_targets')}"
             )
+        if is_engine_key(self.stream_key):
+            raise ConfigError(f"{_names('stream_key')} {ENGINE_KEY_MESSAGE}")
         if self.zookeeper_admin_acl and not self.zookeeper_password:
             raise ConfigError(_needs("zookeeper_password", _names("zookeeper_admin_acl")))
         for name in ("zookeeper_tls_ca_file", "zookeeper_tls_cert_file", "zookeeper_tls_key_file"):
