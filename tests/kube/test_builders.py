@@ -28,6 +28,7 @@ from delayq.kube.quantity import memory_bytes, parse_quantity
 from delayq.kube.spec import (
     ALLOW_FROM_EMPTY_PEER_MESSAGE,
     ALLOW_FROM_IP_BLOCK_ALONE_MESSAGE,
+    STREAM_KEY_ENGINE_MESSAGE,
     WEBHOOK_HTTPS_MESSAGE,
     SpecError,
     TopicSpec,
@@ -840,6 +841,17 @@ def test_build_all_is_pure_and_unowned() -> None:
 def test_a_stream_key_that_would_break_the_redis_acl_line_is_refused(key: str) -> None:
     with pytest.raises(SpecError, match=r"^delivery\.stream\.streamKey must not contain"):
         spec_of(topicType="stream", delivery={"stream": {"streamKey": key}})
+
+
+@pytest.mark.parametrize(
+    "key", ["dq-settings:{shop/orders/0}", "dq:{shop/orders}:pace", "dq:{shop/other/0}:store"]
+)
+def test_a_stream_key_inside_the_engines_key_space_is_refused(key: str) -> None:
+    """The ACL grants the stream key and the stream's consumers create it: one of the engine's
+    keys would let them write the read-only settings or stall the topic with WRONGTYPE."""
+    with pytest.raises(SpecError) as raised:
+        spec_of(topicType="stream", delivery={"stream": {"streamKey": key}})
+    assert str(raised.value) == f"{STREAM_KEY_ENGINE_MESSAGE} (streamKey={key!r})"
 
 
 def test_the_stream_key_is_the_service_users_only_extra_key() -> None:

@@ -29,6 +29,8 @@ from delayq.kube.spec import (
     SECRET_KEY_PATTERN,
     SECRET_NAME_MESSAGE,
     SECRET_NAME_PATTERN,
+    STREAM_KEY_ENGINE_MESSAGE,
+    STREAM_KEY_ENGINE_RULE,
     WEBHOOK_HTTPS_MESSAGE,
     WEBHOOK_URL_SECRET_MESSAGE,
     WEBHOOK_URL_SECRET_PATTERN,
@@ -38,6 +40,7 @@ from delayq.kube.spec import (
     parse_duration_ms,
     parse_spec,
 )
+from delayq.queue.keys import ENGINE_KEY_PREFIXES
 from delayq.queue.settings import MAX_BROKERS, MAX_REPLICAS_PER_BROKER, RULES, SETTINGS
 from delayq.queue.topic import MAX_SLOT_AMOUNT, TopicType
 
@@ -385,6 +388,15 @@ def test_an_http_url_is_named_without_its_path_in_invalid_spec() -> None:
     with pytest.raises(SpecError) as raised:
         parse_spec("hooks", "shop", spec)
     assert str(raised.value) == f"{WEBHOOK_HTTPS_MESSAGE} (url=http://h.example/…)"
+
+
+def test_the_stream_key_rule_is_the_parsers_and_covers_the_engines_key_space() -> None:
+    """The CEL rule on streamKey is built from `keys.ENGINE_KEY_PREFIXES` (one per prefix)
+    and says the parser's words."""
+    stream = spec_schema()["properties"]["delivery"]["properties"]["stream"]
+    (rule,) = stream["properties"]["streamKey"]["x-kubernetes-validations"]
+    assert rule == {"rule": STREAM_KEY_ENGINE_RULE, "message": STREAM_KEY_ENGINE_MESSAGE}
+    assert all(f"'{prefix}'" in rule["rule"] for prefix in ENGINE_KEY_PREFIXES)
 
 
 @pytest.mark.parametrize("field", ["signingSecretRef", "extraHeadersSecretRef", "urlSecretRef"])

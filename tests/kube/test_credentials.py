@@ -207,6 +207,34 @@ async def test_a_provisioned_topic_without_a_copy_is_refused_unless_its_secret_m
     assert existing(api, SECRETS, TENANT)["data"] == first["data"]  # nothing rotated
 
 
+async def test_a_seed_value_that_is_not_text_is_refused_naming_its_key(
+    api: kmock.KubernetesEmulator, ctx: OperatorContext, logger: logging.Logger
+) -> None:
+    """Regression: with legacySecretRead, a tenant's Secret holding bytes that are not UTF-8
+    crashed the reconcile with a UnicodeDecodeError traceback. It is refused, the key named,
+    nothing written."""
+    put_topic(api)
+    await provision(api, ctx, logger)
+    del api.objects[SECRETS, OPERATOR_NAMESPACE, naming.credentials_copy(NAMESPACE, "orders")]
+    first = existing(api, SECRETS, TENANT)
+    garbled = base64.b64encode(b"\xff\xfe not text").decode()
+    put_data(api, TENANT, {**first["data"], naming.SECRET_REDIS_PASSWORD: garbled})
+    tampered = existing(api, SECRETS, TENANT)
+    ctx.config = dataclasses.replace(ctx.config, legacy_secret_read=True)
+    update_spec(api, maxRetries=3)
+    with pytest.raises(TopicFailure) as caught:
+        await reconcile(ctx, body(api), logger)
+    assert caught.value.permanent
+    (provisioned,) = [c for c in caught.value.status["conditions"] if c["type"] == "Provisioned"]
+    assert provisioned["reason"] == MISSING_REASON
+    assert f"key {naming.SECRET_REDIS_PASSWORD} of Secret {NAMESPACE}/{TENANT}" in (
+        provisioned["message"]
+    )
+    assert "not UTF-8 text" in provisioned["message"]
+    assert existing(api, SECRETS, TENANT) == tampered  # nothing written
+    assert the_copy(api) is None
+
+
 async def test_the_copies_of_deleted_topics_are_collected(
     api: kmock.KubernetesEmulator, ctx: OperatorContext, logger: logging.Logger
 ) -> None:

@@ -13,7 +13,7 @@ import redis
 from redis.exceptions import NoPermissionError
 
 from delayq.local.redis_server import RedisServer
-from delayq.queue import acl
+from delayq.queue import acl, keys
 from delayq.queue.client import Queue
 from delayq.queue.codes import ReplicationTimeoutError
 from delayq.queue.model import Retry, ScheduleRequest
@@ -143,3 +143,22 @@ def test_the_backup_needs_only_reads_the_service_user_already_has(
     for command in acl.BACKUP_COMMANDS:
         info = redis_client.execute_command("COMMAND", "INFO", command)[command]
         assert "write" not in info["flags"], command
+
+
+def test_every_key_the_engine_owns_is_in_its_key_space() -> None:
+    """`keys.ENGINE_KEY_PREFIXES` (what a tenant's stream key may not start with) covers every
+    key the engine names and every pattern its users are granted, so a new key cannot ship
+    outside it and become nameable as a stream key."""
+    slot = keys.slot_keys(replace(TOPIC, slot_generation=1), 0)
+    named = [
+        *slot.keys(*keys.Part),
+        *keys.slot_keys(TOPIC, 0).keys(*keys.Part),
+        slot.settings,
+        keys.control_key(TOPIC, "c1"),
+        keys.paused_key(TOPIC),
+        keys.pace_key(TOPIC),
+        *acl.key_patterns(TOPIC),
+        acl.settings_pattern(TOPIC),
+    ]
+    assert [key for key in named if not keys.is_engine_key(key)] == []
+    assert not keys.is_engine_key("dq-out:shop/orders")  # the default stream key

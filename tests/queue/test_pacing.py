@@ -177,3 +177,17 @@ async def test_a_burst_below_a_slice_of_the_rate_still_delivers(async_queue: Asy
         granted += got
         await asyncio.sleep(max(wait_ms, 5) / 1000)
     assert granted >= 20  # about 100/s
+
+
+@pytest.mark.parametrize("per_second", [1e-14, 1e-20, 1e-300])
+async def test_a_rate_too_small_for_the_settings_still_draws(
+    async_queue: AsyncQueue, redis_client: redis.Redis, per_second: float
+) -> None:
+    """A rate below the settings' floor (a record written by hand, an older operator's):
+    pace-1 still answers, its waits and expiry whole milliseconds (PEXPIRE refused the
+    exponent form '1e+17', and every draw of the topic failed)."""
+    assert (await async_queue.pace(per_second, 1, 1, 1))[0] == 1
+    granted, wait_ms, *_ = await async_queue.pace(per_second, 1, 1, 1)
+    assert granted == 0
+    assert 10**12 < wait_ms <= 10**15
+    assert redis_client.pttl(pace_key(TOPIC)) > 10**12

@@ -103,6 +103,14 @@ def test_unset_flags_keep_the_base():
         ({"DELAYQ_INSECURE_NO_AUTH": "maybe"}, "DELAYQ_INSECURE_NO_AUTH"),
         ({"DELAYQ_WEBHOOK_SECRET": "s3cret"}, r"DELAYQ_WEBHOOK_SECRET\): .* whsec_"),
         ({"DELAYQ_WEBHOOK_EXTRA_HEADERS": "Host: x"}, "DELAYQ_WEBHOOK_EXTRA_HEADERS.*line 1"),
+        (
+            {"DELAYQ_RATE_LIMIT_PER_SECOND": "1e-15"},
+            r"DELAYQ_RATE_LIMIT_PER_SECOND\): .* or at least 0\.001",
+        ),
+        (
+            {"DELAYQ_TOPIC_TYPE": "stream", "DELAYQ_STREAM_KEY": "dq-settings:{default/t/0}"},
+            r"^--stream-key \(DELAYQ_STREAM_KEY\) must not start with dq: or dq-settings:",
+        ),
     ],
 )
 def test_bad_settings_name_the_setting(env, named):

@@ -513,3 +513,30 @@ async def test_5xx_answers_halve_a_sinks_posts_and_successes_grow_them_back(
 
 async def _status(status: int) -> int:
     return status
+
+
+async def test_a_receiver_answering_429_for_ever_cannot_park_a_message_for_ever(
+    start_service: Any, serve_receiver: Callable[[Callable[[], Answer]], Any]
+) -> None:
+    """Regression: every hold gave the message back without spending an attempt, so a receiver
+    answering 429 + Retry-After: 1 for ever kept it scheduled for ever (no expiry). Once it is
+    `webhook_max_held_ms` overdue, each hold is a failed attempt: maxRetries ends it (dead)."""
+    receiver = await serve_receiver(lambda: Answer(429, {"Retry-After": "1"}))
+    running = await start_service(
+        topic_type=TopicType.WEBHOOK,
+        webhook_url=receiver.url,
+        max_retries=1,
+        webhook_max_held_ms=500,
+    )
+    queue = running.service.queues[0]
+    await queue.schedule_many([ScheduleRequest("parked", b"x", delay_ms=0)])
+
+    async def dead() -> bool:
+        return (await queue.get("parked")).state is State.DEAD
+
+    await eventually(dead, 20, "the message dead after its retries, not held for ever")
+    info = await queue.get("parked")
+    assert info.attempts == 2  # the first attempt and its one retry, each ended by a hold
+    assert "a failed attempt" in info.dead_reason
+    # held at first (given back, attempt 1 twice), then counted: never an endless hold
+    assert [post[2] for post in receiver.posts][:2] == [1, 1]

@@ -24,6 +24,7 @@ tenant's Secrets (`apply.write_secret`), never reading them. The rules:
 from __future__ import annotations
 
 import base64
+import binascii
 import dataclasses
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -61,9 +62,41 @@ class CredentialsCopyMissing(Exception):
     tenant's Secret to make one."""
 
 
+class UnreadableValue(ValueError):
+    """A Secret's value that is not UTF-8 text (`key`): never one the operator wrote."""
+
+    def __init__(self, key: str) -> None:
+        super().__init__(key)
+        self.key = key
+
+
 def decoded(secret: Mapping[str, Any] | None) -> dict[str, str]:
+    """The Secret's values as text; UnreadableValue names the first key that is none."""
     data = (secret or {}).get("data") or {}
-    return {key: base64.b64decode(value).decode() for key, value in data.items() if value}
+    values = {}
+    for key, value in data.items():
+        if not value:
+            continue
+        try:
+            values[key] = base64.b64decode(value, validate=True).decode()
+        except (binascii.Error, UnicodeDecodeError):
+            raise UnreadableValue(key) from None
+    return values
+
+
+def _tenant_decoded(secret: Manifest | None, namespace: str, name: str) -> dict[str, str]:
+    """A tenant's Secret's values to seed a copy from: the tenant may have written anything
+    there, so a value that is not text refuses the seed, naming its key (not a traceback)."""
+    try:
+        return decoded(secret)
+    except UnreadableValue as error:
+        raise CredentialsCopyMissing(
+            f"The key {error.key} of Secret {namespace}/{name}, read once to seed the "
+            "operator's copy of this topic's credentials (operator.legacySecretRead), is not "
+            "UTF-8 text, so it cannot be a credential the operator wrote. Put the value back "
+            "or delete and recreate the topic. Nothing is applied; running pods keep their "
+            "credentials."
+        ) from None
 
 
 def topic_uid(body: Mapping[str, Any]) -> str:
@@ -178,16 +211,15 @@ async def seed(
             f"(the operator reads {naming.credentials_secret(spec.name)} once), or delete and "
             "recreate the topic. Nothing is applied; running pods keep their credentials."
         )
-    secret = await ctx.kube.get(
-        "v1", "Secret", spec.namespace, naming.credentials_secret(spec.name)
-    )
-    values = decoded(secret) if owned_by(secret, uid) else {}
+    name = naming.credentials_secret(spec.name)
+    secret = await ctx.kube.get("v1", "Secret", spec.namespace, name)
+    values = _tenant_decoded(secret, spec.namespace, name) if owned_by(secret, uid) else {}
     if has_stream_reader(spec):
-        reader = await ctx.kube.get(
-            "v1", "Secret", spec.namespace, naming.stream_reader_secret(spec.name)
-        )
+        reader_name = naming.stream_reader_secret(spec.name)
+        reader = await ctx.kube.get("v1", "Secret", spec.namespace, reader_name)
         if owned_by(reader, uid):
-            password = decoded(reader).get(naming.SECRET_STREAM_READER_PASSWORD, "")
+            reader_values = _tenant_decoded(reader, spec.namespace, reader_name)
+            password = reader_values.get(naming.SECRET_STREAM_READER_PASSWORD, "")
             values[naming.COPY_STREAM_READER_PASSWORD] = password
     return {key: value for key, value in values.items() if key in COPY_KEYS.values()}
 

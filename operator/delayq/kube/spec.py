@@ -19,6 +19,7 @@ from typing import Any
 
 from delayq.queue.backoff import Jitter
 from delayq.queue.codes import InvalidMessageError
+from delayq.queue.keys import ENGINE_KEY_MESSAGE, ENGINE_KEY_PREFIXES, is_engine_key
 from delayq.queue.recurrence import Recurrence
 from delayq.queue.settings import (
     DURATION_PATTERN,
@@ -493,12 +494,17 @@ STREAM_KEY_MESSAGE = (
     "delivery.stream.streamKey must not contain whitespace, quotes, backslashes or the glob "
     "characters * ? [ ] (it becomes a Redis ACL key pattern)"
 )
+#: The CRD's rule and message on a stream key inside the engine's key space (`is_engine_key`).
+STREAM_KEY_ENGINE_MESSAGE = f"delivery.stream.streamKey {ENGINE_KEY_MESSAGE}"
+STREAM_KEY_ENGINE_RULE = " && ".join(f"!self.startsWith('{p}')" for p in ENGINE_KEY_PREFIXES)
 
 
 def _stream_key(stream: Mapping[str, Any]) -> str:
     key = str(stream.get("streamKey", ""))
     if STREAM_KEY_FORBIDDEN.search(key):
         raise SpecError(f"{STREAM_KEY_MESSAGE} (streamKey={key!r})")
+    if is_engine_key(key):
+        raise SpecError(f"{STREAM_KEY_ENGINE_MESSAGE} (streamKey={key!r})")
     return key
 
 

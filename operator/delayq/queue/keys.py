@@ -16,6 +16,20 @@ from delayq.queue.topic import Topic
 
 #: The prefix of the slots' settings records (`SlotKeys.settings`).
 SETTINGS_PREFIX = "dq-settings"
+#: The start of every key the engine owns: the slots' and the topic's keys (`dq:{...}`) and
+#: the settings records. A key a tenant names (a stream topic's target stream, which the service
+#: user's ACL grants and its consumers create) must start with none of them: it could write the
+#: read-only settings record or put a stream where a script expects another type.
+ENGINE_KEY_PREFIXES = ("dq:", f"{SETTINGS_PREFIX}:")
+#: Why a tenant's key is refused (after the field's name).
+ENGINE_KEY_MESSAGE = (
+    f"must not start with {' or '.join(ENGINE_KEY_PREFIXES)} (the delay queue's own keys)"
+)
+
+
+def is_engine_key(key: str) -> bool:
+    """Whether `key` lies in the engine's key space (`ENGINE_KEY_PREFIXES`)."""
+    return key.startswith(ENGINE_KEY_PREFIXES)
 
 
 class Part(enum.StrEnum):

@@ -32,6 +32,12 @@ from delayq.queue.model import Draw
 
 #: The longest hold a receiver's Retry-After gets: a receiver cannot park the topic for ever.
 MAX_HOLD_MS = 5 * 60 * 1000
+#: How long past its due a message may be held back by receivers' holds (each given back, no
+#: attempt spent) by default: a message overdue by more counts its next hold as a failed attempt,
+#: so the retry policy (maxRetries, retry.for) ends it even on a topic without an expiry, and a
+#: receiver that answers 429 for ever cannot park it for ever (`delayq serve
+#: --webhook-max-held-ms`, docs/service.md "Delivery by topicType").
+MAX_HELD_MS = 12 * MAX_HOLD_MS
 #: A claim waits for this much of a second's tokens at least: a round trip is worth a slice of
 #: the rate, not one message (500/s: 25 tokens, 20 draws a second shared by every pod).
 SLICE_S = 0.05

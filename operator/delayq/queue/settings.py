@@ -416,7 +416,8 @@ SETTINGS: tuple[Setting, ...] = (
         "delivery.rateLimit.perSecond", Kind.NUMBER, 0.0,
         "messages delivered per second at most, all pods together (0: no limit)",
         "Messages delivered (claimed for a webhook or stream, leased by pull consumers) per "
-        "second at most, by every pod of every broker together (0 = no limit). Enforced in "
+        "second at most, by every pod of every broker together (0 = no limit, else at least "
+        "0.001: one message per 1000 s). Enforced in "
         "Redis: a herd of due messages drains at this rate, in due order; a message waiting for "
         "its turn stays scheduled and spends no attempt. A change applies within a health pass, "
         "without restarting the pods.",
@@ -614,6 +615,14 @@ _SYNC_REPLICAS = (
     "replicas than its broker has, so every write would time out"
 )
 _BROKERS = "brokers must not exceed slotAmount: every broker needs at least one slot"
+#: The slowest rate limit (messages/s): one message per 1000 s, slower is no pace a delivery
+#: can be held to; it keeps pace-1's waits and expiry (a bucket of 1e6 refills in 1e12 ms)
+#: whole numbers far inside what Redis and Lua's doubles hold.
+MIN_RATE_PER_SECOND = 0.001
+_SLOWEST_RATE = (
+    f"delivery.rateLimit.perSecond must be 0 (no limit) or at least {MIN_RATE_PER_SECOND} "
+    f"(one message per {round(1 / MIN_RATE_PER_SECOND)} s)"
+)
 
 RULES: tuple[Rule, ...] = (
     Rule(
@@ -654,6 +663,13 @@ RULES: tuple[Rule, ...] = (
         lambda v: bool(v["redis_sync_replicas"] <= v["replicas_per_broker"]),
         f"'{_SYNC_REPLICAS} (syncReplicas=%d, replicasPerBroker=%d)'.format("
         "[self.redis.syncReplicas, self.replicasPerBroker])",
+    ),
+    Rule(
+        ("rate_limit_per_second",),
+        "delivery.rateLimit",
+        f"!has(self.perSecond) || self.perSecond == 0.0 || self.perSecond >= {MIN_RATE_PER_SECOND}",
+        _SLOWEST_RATE,
+        lambda v: not 0 < v["rate_limit_per_second"] < MIN_RATE_PER_SECOND,
     ),
     Rule(
         ("retry_backoff_max_ms", "retry_backoff_base_ms"),

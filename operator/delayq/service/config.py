@@ -25,6 +25,8 @@ from delayq.coordination.routing_watch import ZkConnection
 from delayq.coordination.tls import ZkTls
 from delayq.queue.backoff import Backoff, Jitter
 from delayq.queue.consumer import DEFAULT_BATCH_SIZE
+from delayq.queue.keys import ENGINE_KEY_MESSAGE, is_engine_key
+from delayq.queue.pacing import MAX_HELD_MS
 from delayq.queue.settings import SETTINGS, Kind, broken_rule, by_name
 
 # re-exported: the names of a setting's variable and flag, for the layers that set them
@@ -107,6 +109,13 @@ class ServiceConfig:
     webhook_timeout_ms: int = _setting("webhook_timeout_ms")
     webhook_max_in_flight: int = _setting("webhook_max_in_flight")
     webhook_max_batch: int = _setting("webhook_max_batch")
+    webhook_max_held_ms: int = field(
+        default=MAX_HELD_MS,
+        metadata=_help(
+            "webhook topics: ms past its due a message may be held back by receivers' "
+            "Retry-After without spending an attempt; after that each hold is a failed attempt"
+        ),
+    )
     webhook_allow_private_targets: bool = _setting(
         "webhook_allow_private_targets"
     )  # true run by hand: docs/service.md
@@ -305,6 +314,8 @@ class ServiceConfig:
                 f"{_names('stream_url')}: a unix:// socket is a local target: it needs "
                 f"{_names('stream_allow_private_targets')}"
             )
+        if is_engine_key(self.stream_key):
+            raise ConfigError(f"{_names('stream_key')} {ENGINE_KEY_MESSAGE}")
         if self.zookeeper_admin_acl and not self.zookeeper_password:
             raise ConfigError(_needs("zookeeper_password", _names("zookeeper_admin_acl")))
         for name in ("zookeeper_tls_ca_file", "zookeeper_tls_cert_file", "zookeeper_tls_key_file"):
@@ -329,6 +340,7 @@ class ServiceConfig:
             "batch_size",
             "read_timeout_ms",
             "grace_ms",
+            "webhook_max_held_ms",
         ):
             if getattr(self, name) < 1:
                 raise ConfigError(f"{_names(name)} must be at least 1")

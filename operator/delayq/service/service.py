@@ -377,6 +377,7 @@ class DelayService:
                 hold=self.pacer.hold,
                 held=self.pacer.held,
                 max_hold_ms=self.topic.expiry_ttl_ms or MAX_HOLD_MS,
+                max_held_ms=config.webhook_max_held_ms,
                 trace_headers=self.tracing.inject if self.tracing is not None else None,
             )
         if config.stream_url:

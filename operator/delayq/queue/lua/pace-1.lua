@@ -49,6 +49,10 @@ if per_second <= 0 then
 elseif burst <= 0 then
   burst = math.max(1, math.ceil(per_second / 10))
 end
+-- the longest wait or expiry in ms: far beyond any the settings allow (0.001/s refills a bucket
+-- of 1e6 in 1e12 ms), far below where a double loses whole numbers or PEXPIRE overflows; a
+-- rate of a record written by hand cannot turn them into 'inf' or exponent form ('1e+17')
+local MAX_MS = 1e15
 local want, least, returned = tonumber(ARGV[3]), tonumber(ARGV[4]), tonumber(ARGV[5])
 local now = now_ms()
 local state = redis.call('HMGET', key, 'tokens', 'at', 'until')
@@ -73,9 +77,10 @@ if tokens >= least then
   granted = math.min(want, math.floor(tokens))
   tokens = tokens - granted
 else
-  wait_ms = math.ceil((least - tokens) * 1000 / per_second)
+  wait_ms = math.min(MAX_MS, math.ceil((least - tokens) * 1000 / per_second))
 end
 redis.call('HSET', key, 'tokens', tostring(tokens), 'at', now)
-local refill_ms = math.ceil((burst - tokens) * 1000 / per_second)
-redis.call('PEXPIRE', key, math.max(refill_ms, hold_until - now, 0) + 1000)
+local refill_ms = math.min(MAX_MS, math.ceil((burst - tokens) * 1000 / per_second))
+local expire_ms = math.max(refill_ms, hold_until - now, 0) + 1000
+redis.call('PEXPIRE', key, string.format('%d', expire_ms))
 return {granted, wait_ms, tostring(per_second), burst, 0}

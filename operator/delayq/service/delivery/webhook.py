@@ -49,7 +49,7 @@ from yarl import URL
 
 from delayq.queue.consumer import GiveBackError, LeaseGoneError
 from delayq.queue.model import Message
-from delayq.queue.pacing import MAX_HOLD_MS
+from delayq.queue.pacing import MAX_HELD_MS, MAX_HOLD_MS
 from delayq.queue.topic import Topic
 from delayq.service.delivery.adaptive import AdaptiveLimit
 from delayq.service.delivery.signing import Signer
@@ -173,6 +173,7 @@ class WebhookSink:
         max_batch: int = 1,
         hold: Callable[[int], Awaitable[None]] | None = None,
         max_hold_ms: int = MAX_HOLD_MS,
+        max_held_ms: int = MAX_HELD_MS,
         trace_headers: Callable[[dict[str, str]], None] | None = None,
         held: Callable[[], Awaitable[bool]] | None = None,
     ) -> None:
@@ -192,6 +193,7 @@ class WebhookSink:
         self.hold = hold  # the topic's pace: holds every pod's delivery (None: never held)
         self.held = held  # whether a hold lasts: nothing is sent meanwhile (`Pacer.held`)
         self.max_hold_ms = max_hold_ms
+        self.max_held_ms = max_held_ms  # past its due: holds then cost the message attempts
         metrics.set_webhook_concurrency(concurrency)
         self._literal_refusal = literal_refusal(url, targets)
         self.max_batch = max_batch
@@ -208,9 +210,24 @@ class WebhookSink:
         )
 
     async def deliver(self, message: Message) -> None:
-        if self.max_batch > 1:
-            await self._deliver_in_batch(message)
-            return
+        """POST the message (alone or in a batch). A receiver's hold gives it back, no attempt
+        spent, until it is `max_held_ms` overdue; after that each hold is a failed attempt,
+        so its retry policy ends it rather than a receiver answering 429 for ever."""
+        try:
+            if self.max_batch > 1:
+                await self._deliver_in_batch(message)
+            else:
+                await self._deliver_alone(message)
+        except ReceiverHoldError as error:
+            overdue_ms = int(self.clock_ms(message.slot) - message.due_ms)
+            if overdue_ms <= self.max_held_ms:
+                raise
+            raise DeliveryError(
+                f"{error}; {overdue_ms} ms overdue, over the {self.max_held_ms} ms a message "
+                "may be held: a failed attempt"
+            ) from None
+
+    async def _deliver_alone(self, message: Message) -> None:
         body = message_body(self.topic, message)
         message_id = header_id(message.id)
         headers = {
