@@ -226,6 +226,8 @@ def test_every_engine_topic_setting_is_a_service_setting_carried_to_the_topic():
         "expiry_ttl_ms": 600_000,
         "expiry_action": EndAction.DROP,
         "limits_max_pending": 1_000_000,
+        "rate_limit_per_second": 250.0,
+        "rate_limit_burst": 50,
     }
     # the key generation is the routing node's (read and watched at run time), not a setting
     topic_fields = {f.name for f in dataclasses.fields(Topic)} - {"name"} - ROUTING_FIELDS
