@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import time
 
 from kazoo.client import KazooClient
 
@@ -169,6 +170,42 @@ async def test_a_node_no_member_wrote_gets_no_slot(
         assert set(owners.values()) == {"a", "b"}
         assert (await fleet.members["a"].fleet()).members == ("a", "b")
         assert fleet.sizes() == [SLOTS // 2, SLOTS // 2]
+    finally:
+        client.stop()
+        client.close()
+
+
+async def test_a_slot_moved_away_is_consumed_until_its_taker_asks_or_a_session_timeout(
+    fleet: Fleet, zookeeper_server: ZooKeeperServer
+) -> None:
+    """A rebalance hands a slot over when its new assignee asks for it (`handoffs/<slot>`):
+    until then its holder keeps consuming it, so a taker slow to run its pass (a process just
+    back, a loaded machine) leaves no slot consumed by nobody. A taker that never asks (an
+    older version, a stalled process) gets the slot released after a session timeout."""
+    holder = await fleet.join("a")
+    await fleet.settle()
+    client = KazooClient(hosts=zookeeper_server.hosts)
+    client.start(timeout=10)
+    try:
+        # a member that never asks: it registers and nothing more
+        paths = TopicPaths("tests", fleet.topic)
+        payload = encode_member("", 1, "pod", functions.library().name)
+        client.create(paths.member("mute"), payload, ephemeral=True)
+        moved_at = time.monotonic()
+
+        def assigned_away() -> bool:
+            document = AssignmentDocument.decode(client.get(paths.assignment)[0])
+            return "mute" in document.slots.values()
+
+        await eventually(assigned_away, 10.0, "half the slots assigned to the mute member")
+        assert holder.owned == frozenset(range(SLOTS))  # kept: nobody asked
+        assert holder.ready
+        await eventually(
+            lambda: len(holder.owned) == SLOTS // 2,
+            fleet.session_timeout_s + 5.0,
+            "the unasked slots released after a session timeout",
+        )
+        assert time.monotonic() - moved_at >= fleet.session_timeout_s - 0.5
     finally:
         client.stop()
         client.close()

@@ -4,14 +4,14 @@ a step in ZooKeeper, without a hook in the product.
 
 ZooKeeper's wire protocol frames every packet with a 4-byte big-endian length. A client's first
 frame is its connect request; every later one starts with xid and op type (int32 each), and a
-setData (type 5) continues with the path and the data (each an int32 length and its bytes).
-The proxy reads the client's frames, passes each on, and after the first setData for which
-`hold_after(path, data)` is true passes nothing more of that client (its replies still come
-back); or, with `hold_before`, holds the first request that arrives once it is true (checked
-before each): what the client did since its previous request (a write to Redis) is done, what
-comes after waits. The held client waits for answers that never come: a test then kills it, or
-`release`s it (within the client's read timeout, two thirds of its session timeout) and it goes
-on.
+setData (type 5) or a create (1, or create2: 15) continues with the path and the data (each an
+int32 length and its bytes). The proxy reads the client's frames, passes each on, and after the
+first of `ops` (setData unless told) for which `hold_after(path, data)` is true passes nothing
+more of that client (its replies still come back); or, with `hold_before`, holds the first
+request that arrives once it is true (checked before each): what the client did since its
+previous request (a write to Redis) is done, what comes after waits. The held client waits for
+answers that never come: a test then kills it, or `release`s it (within the client's read
+timeout, two thirds of its session timeout) and it goes on.
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ import struct
 import threading
 from collections.abc import Callable
 
-SET_DATA = 5
+CREATE, SET_DATA, CREATE2 = 1, 5, 15
 
 
 class ZkHold:
@@ -30,10 +30,12 @@ class ZkHold:
         upstream: tuple[str, int],
         hold_after: Callable[[str, bytes], bool],
         hold_before: Callable[[], bool] | None = None,
+        ops: tuple[int, ...] = (SET_DATA,),
     ):
         self.upstream = upstream
         self.hold_after = hold_after
         self.hold_before = hold_before
+        self.ops = ops
         self.held = threading.Event()  # set once a client's requests stopped passing
         self.released = threading.Event()  # set: every request passes again, none is held
         self._sockets: list[socket.socket] = []
@@ -90,7 +92,7 @@ class ZkHold:
 
     def _holds_after(self, body: bytes) -> bool:
         _xid, op = struct.unpack_from(">ii", body)
-        if op != SET_DATA:
+        if op not in self.ops:
             return False
         (length,) = struct.unpack_from(">i", body, 8)
         path = body[12 : 12 + length].decode()

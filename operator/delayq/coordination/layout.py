@@ -7,6 +7,7 @@
     assignment            persistent {"version": 1, "generation": 7, "members": [ids],
                                       "slots": [index into members, or -1, per slot]}
     owners/<slot>         ephemeral  member id; whoever holds it may consume the slot
+    handoffs/<slot>       ephemeral  member id of the slot's new assignee, ready to take it
     routing               persistent slot -> broker, written by the operator (routing.py)
     migrations/<slot>     persistent a slot move under way and its step (migration.py)
     movers/<slot>         ephemeral  the lock of whoever moves or rolls back the slot now
@@ -70,6 +71,13 @@ class TopicPaths:
 
     def owner(self, slot: int) -> str:
         return f"{self.owners}/{slot}"
+
+    @property
+    def handoffs(self) -> str:
+        return f"{self.root}/handoffs"
+
+    def handoff(self, slot: int) -> str:
+        return f"{self.handoffs}/{slot}"
 
     @property
     def routing(self) -> str:

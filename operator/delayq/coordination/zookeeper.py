@@ -11,11 +11,20 @@ One pass:
 2. coordinate: the member with the oldest member node (lowest czxid — the classic "oldest
    ephemeral wins" election, without an extra node) computes `assign(...)` and writes it with
    compare-and-set on the node version; a lost race just triggers another pass;
-3. give up: slots no longer assigned here leave the consumed set (`on_change` awaited, so the
-   service stopped claiming them) BEFORE their `owners/<slot>` nodes are deleted;
+3. give up: a slot no longer assigned here is kept (still consumed) until its new assignee
+   asks for it (`handoffs/<slot>`), a session timeout at most; then it leaves the consumed set
+   (`on_change` awaited, so the service stopped claiming it) BEFORE its `owners/<slot>` node is
+   deleted;
 4. take: create `owners/<slot>` for newly assigned slots; one still held by the previous owner
-   gets an exists-watch and is retried when that node disappears; slots whose node we hold join
-   the consumed set (`on_change`), and the service bumps their fencing epoch.
+   gets an exists-watch and is retried when that node disappears, and is asked for by creating
+   `handoffs/<slot>` (deleted once taken); slots whose node we hold join the consumed set
+   (`on_change`), and the service bumps their fencing epoch.
+
+Why the previous owner waits for the ask: a process that comes back (after kill -9, a pause)
+registers and is assigned its share at once, but may take seconds on a loaded machine before its
+pass runs, reads the assignment and takes the slots over. Released at once, those slots were
+consumed by nobody meanwhile (the chaos tier's `stalled` rule: messages seconds late). Asked for,
+a slot's gap is one handoff: the old owner's release, then the new owner's owner node and fence.
 
 Session loss: SUSPENDED or LOST publishes the empty set at once, before any other work. After
 SUSPENDED the same session may come back (its owner nodes are still ours); after LOST every
@@ -33,6 +42,7 @@ import contextlib
 import logging
 import os
 import socket
+import time
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
@@ -114,6 +124,7 @@ class _View:
     assignment: AssignmentDocument
     assignment_version: int | None  # None: the node does not exist yet
     routing: list[int] | None
+    asked: frozenset[int] = frozenset()  # slots with a `handoffs/<slot>` node: a taker waits
 
 
 class ZkOwnership:
@@ -145,6 +156,11 @@ class ZkOwnership:
         # retried until that watch fires (thousands of slots must not be re-created per pass)
         self._waiting: set[int] = set()
         self._freed: set[int] = set()  # owner watches fired while an acquire was under way
+        self._asked: set[int] = set()  # `handoffs/<slot>` nodes this session created
+        # slots assigned elsewhere but still held and consumed here, since (monotonic s): each
+        # waits for its new assignee's ask, a session timeout at most (module docstring)
+        self._leaving_since: dict[int, float] = {}
+        self._keep_timer: asyncio.TimerHandle | None = None  # wakes when the first is due
         self._granted: frozenset[int] = frozenset()  # last set handed to on_change
         # on_change raised: what the service consumes is unknown, so the next publish hands
         # the set over even when it equals `_granted` (the service applies differences only)
@@ -171,10 +187,11 @@ class ZkOwnership:
 
     @property
     def ready(self) -> bool:
+        # more than assigned: slots kept until their new assignee asks for them (a handoff)
         return (
             self._connected
             and self._assigned is not None
-            and self._granted == self._assigned
+            and self._assigned <= self._granted
             and not self._unsure
             and not self._stopping
         )
@@ -287,7 +304,9 @@ class ZkOwnership:
             self._losses += 1
             self._waiting.clear()  # kazoo drops its watchers on every disconnect
             if state == KazooState.LOST:
-                self._held.clear()  # the server deleted every ephemeral node of the session
+                # the server deleted every ephemeral node of the session
+                self._held.clear()
+                self._asked.clear()
             if not self._stopping:
                 revoke = self._revoke()
                 revocation = asyncio.get_running_loop().create_task(revoke)
@@ -347,10 +366,11 @@ class ZkOwnership:
             if slot < self.settings.slot_amount
         )
         self._assigned = mine if self.member_id in view.assignment.members else None
+        kept = self._keep(self._held - mine, view.asked)
         # give up first: the service stops claiming before anyone else may start
-        if not await self._publish(self._granted & mine, losses):
+        if not await self._publish(self._granted & (mine | kept), losses):
             return
-        release = self._held - mine
+        release = self._held - mine - kept
         if release:
             await asyncio.to_thread(self._release, release)
             if losses != self._losses:
@@ -366,7 +386,31 @@ class ZkOwnership:
             self._held |= taken
             # a watch may fire before its slot is recorded as waiting: never wait on those
             self._waiting |= contested - self._freed
-        await self._publish(frozenset(mine & self._held), losses)
+        asking, done = self._waiting - self._asked, self._asked - self._waiting
+        if asking or done:
+            asked = await asyncio.to_thread(self._ask, asking, done)
+            if losses != self._losses:
+                return
+            self._asked = (self._asked | asked) - done
+        await self._publish(frozenset((mine | kept) & self._held), losses)
+
+    def _keep(self, leaving: set[int], asked: frozenset[int]) -> frozenset[int]:
+        """Of the held slots assigned elsewhere (`leaving`), those still consumed here: not
+        asked for by a taker yet, for at most a session timeout (a taker of an older version
+        never asks; a stalled one must not hold them up forever). Wakes the loop when the
+        first of them is due."""
+        now = time.monotonic()
+        since = {slot: self._leaving_since.get(slot, now) for slot in leaving}
+        self._leaving_since = since
+        wait_s = self.settings.session_timeout_s
+        kept = frozenset(s for s, t in since.items() if s not in asked and now - t < wait_s)
+        if self._keep_timer is not None:
+            self._keep_timer.cancel()
+            self._keep_timer = None
+        if kept:
+            due_s = min(since[slot] for slot in kept) + wait_s - now
+            self._keep_timer = asyncio.get_running_loop().call_later(due_s, self._wake.set)
+        return kept
 
     async def _publish(self, slots: frozenset[int], losses: int | None) -> bool:
         """Hand `slots` to the service; False when the connection was lost again since
@@ -403,6 +447,7 @@ class ZkOwnership:
         if payload is not None:
             assignment, version = AssignmentDocument.decode(payload[0]), payload[1]
         routing_payload = self._get_or_watch(paths.routing)
+        asked = self._children_or_watch(paths.handoffs)
         routed = (
             decode_routing(routing_payload[0], self.settings.slot_amount)
             if routing_payload is not None
@@ -421,6 +466,7 @@ class ZkOwnership:
             assignment=assignment,
             assignment_version=version,
             routing=routing,
+            asked=frozenset(int(child) for child in asked if child.isdigit()),
         )
 
     def _live_members(self, children: list[str]) -> list[Member]:
@@ -455,6 +501,15 @@ class ZkOwnership:
             if self._client.exists(path, watch=self._on_watch) is not None:
                 self._call_in_loop(self._wake.set)  # created in between: read it again
             return None
+
+    def _children_or_watch(self, path: str) -> list[str]:
+        """Children with a child watch, or none with an existence watch."""
+        try:
+            return list(self._client.get_children(path, watch=self._on_watch))
+        except NoNodeError:
+            if self._client.exists(path, watch=self._on_watch) is not None:
+                self._call_in_loop(self._wake.set)  # created in between: read it again
+            return []
 
     def _register(self) -> None:
         """Create our member node for this session (again after a session loss)."""
@@ -540,6 +595,28 @@ class ZkOwnership:
             else:
                 watched.add(slot)
         return taken, watched
+
+    def _ask(self, asking: Iterable[int], done: Iterable[int]) -> set[int]:
+        """Ask the holders of `asking` to hand them over (`handoffs/<slot>`), and withdraw the
+        asks of `done` (taken, or assigned elsewhere); pipelined. Returns the slots asked now
+        (an ask of another session already there is left to it)."""
+        client, payload = self._client, self.member_id.encode()
+        creates = {
+            slot: client.create_async(
+                self.paths.handoff(slot), payload, ephemeral=True, makepath=True
+            )
+            for slot in sorted(asking)
+        }
+        deletes = [client.delete_async(self.paths.handoff(slot)) for slot in sorted(done)]
+        asked: set[int] = set()
+        for slot, request in creates.items():
+            with contextlib.suppress(NodeExistsError):
+                request.get()
+                asked.add(slot)
+        for request in deletes:
+            with contextlib.suppress(NoNodeError):
+                request.get()
+        return asked
 
     def _release(self, slots: Iterable[int]) -> None:
         """Delete owner nodes this session holds (never someone else's), pipelined."""

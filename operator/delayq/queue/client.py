@@ -550,6 +550,10 @@ class AsyncQueue:
     async def take_over(self, slot: int) -> int:
         return await self.run(plans.fence(self.topic, slot))
 
+    async def take_over_slots(self, slots: Sequence[int]) -> list[int | Exception]:
+        """`take_over` of each slot, in one round trip: its epoch, or its refusal in place."""
+        return await self.run(plans.fence_slots(self.topic, slots))
+
     @renamed_kwargs(lease_ms="ack_timeout_ms")
     async def claim(
         self,

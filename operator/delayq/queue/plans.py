@@ -487,6 +487,19 @@ def fence(topic: Topic, slot: int) -> Plan[int]:
     return Plan([ScriptCall(Script.FENCE, keys, args)], lambda replies: int(replies[0]))
 
 
+def fence_slots(topic: Topic, slots: Sequence[int]) -> Plan[list[int | Exception]]:
+    """Take several slots over in one round trip (one `fence` call per slot, pipelined): each
+    slot's new epoch, or the error that refused it (SlotMovingError) in its place. A process
+    handed many slots at once (a rejoin, a rebalance) consumes them all a round trip after
+    they are granted, not one round trip per slot later."""
+    calls = [call for slot in slots for call in fence(topic, slot).calls]
+    return Plan(
+        calls,
+        lambda replies: [r if isinstance(r, Exception) else int(r) for r in replies],
+        partial=True,
+    )
+
+
 def freeze(topic: Topic, slot: int) -> Plan[int]:
     """Refuse every write into the slot on this broker while it moves (freeze-1)."""
     call = ScriptCall(Script.FREEZE, slot_keys(topic, slot).keys(Part.EPOCH), [])
