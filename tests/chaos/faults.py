@@ -7,7 +7,9 @@ starts before the previous one ends) but never two on the same target at once, a
 takeovers judged alone (`ISOLATED`): a kill -9 and a SIGSTOP past the session timeout but
 shorter than the lease, each of a process with many POSTs in flight, each followed by a quiet
 time: among overlapping faults one fault's recovery bound always reaches into the next, which
-leaves the takeover rules nothing to judge. Each injection is bounded and returns the `Window`
+leaves the takeover rules nothing to judge. Then, one at a time, slot moves between the two
+brokers and a doubling, each killed -9 inside a chosen step while a serve process is killed too,
+then completed (moves.py). Each injection is bounded and returns the `Window`
 it really covered, on the real wall clock in ms, which is what the checker explains duplicates
 and stalls with.
 """
@@ -16,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import os
 import random
 import signal
@@ -26,7 +29,11 @@ from dataclasses import dataclass
 import aiohttp
 import redis.asyncio
 
+from delayq.local.waiting import eventually
+
+from . import moves
 from .cluster import ACK_TIMEOUT_MS, GRACE_MS, SESSION_TIMEOUT_MS, Cluster, Member
+from .probes import fleet_ready
 from .proxy import Link
 from .receiver import Behaviour, Receiver
 
@@ -51,9 +58,14 @@ MENU: dict[str, tuple[tuple[float, float], str]] = {
     "receiver_5xx": ((1.0, 4.0), "receiver"),
 }
 KINDS = tuple(MENU)
+# the moves' faults (moves.py), planned after the isolated takeovers, one at a time: a slot move
+# between the two brokers (mode: the step its mover is killed in) and the doubling (mode: the
+# step its splitter is killed in), each while a serve process (`victim`) is killed -9
+MOVE_KILL, SPLIT_KILL = "move_kill9", "split_kill9"
+MOVER = "mover"  # their target: one at a time
 # faults that may cost an in-flight delivery its ack (so explain a duplicate or a skipped
 # attempt); a graceful SIGTERM and 5xx answers must not
-LOSSY = frozenset(KINDS) - {"serve_sigterm", "receiver_5xx"}
+LOSSY = frozenset({*KINDS, MOVE_KILL, SPLIT_KILL}) - {"serve_sigterm", "receiver_5xx"}
 SERVES = ("c0", "c1", "c2")
 # kind -> duration range in s of the takeovers judged alone, each in mode "loaded": the receiver
 # holds the target's POSTs for LOADED_S (HELD_S each, past the fault's start) before the fault,
@@ -66,6 +78,9 @@ LOADED = "loaded"
 LOADED_S = 1.5
 HELD_S = 3.0
 QUIET_S = SESSION_TIMEOUT_MS / 1000 + 2 + 3  # the recovery bound, then 3 s to judge
+VICTIM_DOWN_S = (0.5, 2.0)  # how long the serve process killed with a mover stays down
+# what a move's (a doubling's) fault takes, a restart and a rerun included: the plan's estimate
+MOVE_S, SPLIT_S = 10.0, 15.0
 
 
 @dataclass(frozen=True)
@@ -74,7 +89,9 @@ class FaultSpec:
     kind: str
     target: str  # c0..c2, redis, zk, receiver
     duration_s: float
-    mode: str = ""  # serve_cut_*: "freeze" (silence) or "reset" (connections closed); LOADED
+    mode: str = ""  # serve_cut_*: "freeze" (silence) or "reset" (connections closed); LOADED;
+    # MOVE_KILL / SPLIT_KILL: the step the mover is killed in
+    victim: str = ""  # MOVE_KILL / SPLIT_KILL: the serve process killed meanwhile
 
 
 @dataclass(frozen=True)
@@ -88,14 +105,40 @@ class Window:
     mode: str = ""
 
 
-def plan(seed: int, phase_s: float, kinds: tuple[str, ...] = KINDS) -> list[FaultSpec]:
+def plan(
+    seed: int,
+    phase_s: float,
+    kinds: tuple[str, ...] = KINDS,
+    moves: tuple[str, ...] = (),
+    split: str = "",
+) -> list[FaultSpec]:
     """Seeded faults for a phase of about `phase_s` seconds: overlapping ones (each of `kinds`
-    once, those of ISOLATED excepted, then extras), then the isolated takeovers of `kinds`."""
+    once, those of ISOLATED excepted, then extras), then the isolated takeovers of `kinds`,
+    then a move killed in each step of `moves` and a doubling killed in `split` (if given)."""
     rng = random.Random(seed)
     alone = [kind for kind in ISOLATED if kind in kinds]
     budget_s = sum(LOADED_S + ISOLATED[kind][1] + QUIET_S for kind in alone)
+    budget_s += len(moves) * MOVE_S + (SPLIT_S if split else 0)
     specs = _overlapping(rng, phase_s - budget_s, kinds, [k for k in kinds if k not in alone])
-    return specs + _isolated(rng, specs, alone)
+    specs += _isolated(rng, specs, alone)
+    return specs + _moves(rng, specs, moves, split)
+
+
+def _moves(
+    rng: random.Random, before: list[FaultSpec], moves: tuple[str, ...], split: str
+) -> list[FaultSpec]:
+    """The moves, then the doubling, QUIET_S after everything before; each waits for the one
+    before it (their target, MOVER, is one lock) whatever it really took."""
+    ends = (s.at_s + LOADED_S + s.duration_s + max(recovery_s(s.kind), QUIET_S) for s in before)
+    cursor = max(ends, default=QUIET_S)
+    steps = [(MOVE_KILL, step, MOVE_S) for step in moves]
+    steps += [(SPLIT_KILL, split, SPLIT_S)] if split else []
+    specs: list[FaultSpec] = []
+    for kind, step, estimate_s in steps:
+        down_s = round(rng.uniform(*VICTIM_DOWN_S), 2)
+        specs.append(FaultSpec(round(cursor, 2), kind, MOVER, down_s, step, rng.choice(SERVES)))
+        cursor += estimate_s
+    return specs
 
 
 def _overlapping(
@@ -161,7 +204,8 @@ class Injector:
     async def run(self, specs: list[FaultSpec]) -> None:
         """Inject every spec at its time; returns when all are over and restored."""
         started = time.monotonic()
-        locks = {target: asyncio.Lock() for target in (*SERVES, "redis", "zk", "receiver")}
+        targets = (*SERVES, "redis", "zk", "receiver", MOVER)
+        locks = {target: asyncio.Lock() for target in targets}
 
         async def one(spec: FaultSpec) -> None:
             await asyncio.sleep(max(0.0, started + spec.at_s - time.monotonic()))
@@ -194,6 +238,61 @@ class Injector:
         self.receiver.behaviour = Behaviour()
         await asyncio.sleep(spec.duration_s)
         return await self._restart(member)
+
+    async def move_kill9(self, spec: FaultSpec) -> float:
+        """A move of a slot `spec.victim` owns to the other broker, its mover killed -9 inside
+        step `spec.mode` together with the victim; the move is run again until complete
+        (moves.py) while the victim restarts after `spec.duration_s`."""
+        found = await asyncio.to_thread(moves.slot_of_member, self.cluster, spec.victim)
+        if found is None:
+            raise RuntimeError(f"{spec.victim} owns no slot to move")
+        slot, source = found
+        held = await moves.hold_move(self.cluster, slot, 1 - source, spec.mode)
+        victim_back = await self._kill_with(held, spec)
+        done = moves.move_done(self.cluster, slot, 1 - source)
+        args = ["move-slot", "--slot", str(slot), "--to-broker", str(1 - source)]
+        runs = await moves.resume(self.cluster, args, done)
+        await victim_back
+        self.notes.append(f"{held.what}: killed with {spec.victim}, completed after {runs} runs")
+        return wall_ms()
+
+    async def split_kill9(self, spec: FaultSpec) -> float:
+        """The doubling, its splitter killed -9 inside step `spec.mode` together with
+        `spec.victim`; then run again until complete (moves.py), and every process (the victim
+        too) serving the doubled slots."""
+        to_amount = 2 * await asyncio.to_thread(self.cluster.slot_amount)
+        held = await moves.hold_split(self.cluster, spec.mode)
+        victim_back = await self._kill_with(held, spec)
+        done = moves.split_done(self.cluster, to_amount)
+        runs = await moves.resume(self.cluster, ["split", "--to-slots", str(to_amount)], done)
+        completed = time.monotonic()
+        await victim_back
+        # every service restarts on the new slots (leaves and joins again): the fault is
+        # restored once the fleet serves them all, which the note times
+        async with aiohttp.ClientSession() as session:
+            ready = functools.partial(fleet_ready, self.cluster, session)
+            await eventually(ready, RESTART_WAIT_S, "the doubled fleet", interval_s=0.2)
+        self.notes.append(
+            f"{held.what}: killed with {spec.victim}, completed after {runs} runs; every "
+            f"process serving the {to_amount} slots {time.monotonic() - completed:.1f} s later"
+        )
+        return wall_ms()
+
+    async def _kill_with(self, held: moves.Held, spec: FaultSpec) -> asyncio.Task[None]:
+        """Kill the held command and the victim at once; returns the victim's restart,
+        `spec.duration_s` later, which records its own window (serve_kill9) once it listens."""
+        victim = self.cluster.member(spec.victim)
+        victim.held_down = True
+        begun = wall_ms()
+        await asyncio.gather(held.kill(), asyncio.to_thread(victim.serve.kill))
+
+        async def back() -> None:
+            await asyncio.sleep(spec.duration_s)
+            self.windows.append(
+                Window("serve_kill9", victim.name, begun, await self._restart(victim))
+            )
+
+        return asyncio.create_task(back())
 
     async def serve_sigterm(self, spec: FaultSpec) -> float:
         member = self._member(spec)
@@ -236,7 +335,7 @@ class Injector:
 
     async def serve_cut_all(self, spec: FaultSpec) -> float:
         member = self._member(spec)
-        return await self._cut(spec, (member.zk_link, member.redis_link))
+        return await self._cut(spec, (member.zk_link, *member.redis_links))
 
     async def serve_cut_zk(self, spec: FaultSpec) -> float:
         return await self._cut(spec, (self._member(spec).zk_link,))
