@@ -24,7 +24,7 @@ import random
 import signal
 import time
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import aiohttp
 import redis.asyncio
@@ -81,6 +81,7 @@ QUIET_S = SESSION_TIMEOUT_MS / 1000 + 2 + 3  # the recovery bound, then 3 s to j
 VICTIM_DOWN_S = (0.5, 2.0)  # how long the serve process killed with a mover stays down
 # what a move's (a doubling's) fault takes, a restart and a rerun included: the plan's estimate
 MOVE_S, SPLIT_S = 10.0, 15.0
+TARGETS = (*SERVES, "redis", "zk", "receiver", MOVER)
 
 
 @dataclass(frozen=True)
@@ -113,24 +114,22 @@ def plan(
     split: str = "",
 ) -> list[FaultSpec]:
     """Seeded faults for a phase of about `phase_s` seconds: overlapping ones (each of `kinds`
-    once, those of ISOLATED excepted, then extras), then the isolated takeovers of `kinds`,
-    then a move killed in each step of `moves` and a doubling killed in `split` (if given)."""
+    once, those of ISOLATED excepted, then extras; among them a move killed in each step of
+    `moves`, then a doubling killed in `split` if given), then the isolated takeovers of
+    `kinds` (which the injector starts only QUIET_S after everything before them ended)."""
     rng = random.Random(seed)
     alone = [kind for kind in ISOLATED if kind in kinds]
     budget_s = sum(LOADED_S + ISOLATED[kind][1] + QUIET_S for kind in alone)
-    budget_s += len(moves) * MOVE_S + (SPLIT_S if split else 0)
     specs = _overlapping(rng, phase_s - budget_s, kinds, [k for k in kinds if k not in alone])
-    specs += _isolated(rng, specs, alone)
-    return specs + _moves(rng, specs, moves, split)
+    specs += _moves(rng, moves, split)
+    return specs + _isolated(rng, specs, alone)
 
 
-def _moves(
-    rng: random.Random, before: list[FaultSpec], moves: tuple[str, ...], split: str
-) -> list[FaultSpec]:
-    """The moves, then the doubling, QUIET_S after everything before; each waits for the one
-    before it (their target, MOVER, is one lock) whatever it really took."""
-    ends = (s.at_s + LOADED_S + s.duration_s + max(recovery_s(s.kind), QUIET_S) for s in before)
-    cursor = max(ends, default=QUIET_S)
+def _moves(rng: random.Random, moves: tuple[str, ...], split: str) -> list[FaultSpec]:
+    """The moves, then the doubling, from the start of the phase on, among the overlapping
+    faults; each waits for the one before it (their target, MOVER, is one lock) whatever it
+    really took."""
+    cursor = 1.0
     steps = [(MOVE_KILL, step, MOVE_S) for step in moves]
     steps += [(SPLIT_KILL, split, SPLIT_S)] if split else []
     specs: list[FaultSpec] = []
@@ -172,7 +171,8 @@ def _overlapping(
 
 
 def _isolated(rng: random.Random, before: list[FaultSpec], kinds: list[str]) -> list[FaultSpec]:
-    """`kinds` one at a time, QUIET_S after everything before them and after each other."""
+    """`kinds` one at a time, QUIET_S after everything before them and after each other (as
+    planned; the injector waits for what really took longer)."""
     ends = (s.at_s + s.duration_s + max(recovery_s(s.kind), QUIET_S) for s in before)
     cursor = max(ends, default=QUIET_S)
     specs: list[FaultSpec] = []
@@ -200,16 +200,25 @@ class Injector:
     receiver: Receiver
     windows: list[Window]
     notes: list[str]
+    locks: dict[str, asyncio.Lock] = field(
+        default_factory=lambda: {target: asyncio.Lock() for target in TARGETS}
+    )
+    restarts: list[asyncio.Task[None]] = field(default_factory=list)  # the moves' victims'
 
     async def run(self, specs: list[FaultSpec]) -> None:
-        """Inject every spec at its time; returns when all are over and restored."""
+        """Inject every spec at its time (an isolated takeover, mode LOADED, no earlier than
+        QUIET_S after every spec before it was restored); returns when all are restored."""
         started = time.monotonic()
-        targets = (*SERVES, "redis", "zk", "receiver", MOVER)
-        locks = {target: asyncio.Lock() for target in targets}
+        over = [asyncio.Event() for _ in specs]
 
-        async def one(spec: FaultSpec) -> None:
+        async def one(index: int, spec: FaultSpec) -> None:
             await asyncio.sleep(max(0.0, started + spec.at_s - time.monotonic()))
-            async with locks[spec.target]:
+            if spec.mode == LOADED:
+                await asyncio.gather(*(event.wait() for event in over[:index]))
+                await asyncio.gather(*self.restarts)  # victims of the moves' faults
+                quiet_until_ms = max((w.end_ms for w in self.windows), default=0.0)
+                await asyncio.sleep(max(0.0, quiet_until_ms / 1000 + QUIET_S - wall_ms() / 1000))
+            async with self.locks[spec.target]:
                 begun = wall_ms()
                 try:
                     ended = await self.inject(spec)
@@ -217,8 +226,10 @@ class Injector:
                     self.notes.append(f"{spec}: {type(error).__name__}: {error}")
                     ended = wall_ms()
                 self.windows.append(Window(spec.kind, spec.target, begun, ended, spec.mode))
+            over[index].set()
 
-        await asyncio.gather(*(one(spec) for spec in specs))
+        await asyncio.gather(*(one(index, spec) for index, spec in enumerate(specs)))
+        await asyncio.gather(*self.restarts)
 
     async def inject(self, spec: FaultSpec) -> float:
         """Apply one fault for its duration and undo it; returns when it was restored (ms)."""
@@ -242,17 +253,26 @@ class Injector:
     async def move_kill9(self, spec: FaultSpec) -> float:
         """A move of a slot `spec.victim` owns to the other broker, its mover killed -9 inside
         step `spec.mode` together with the victim; the move is run again until complete
-        (moves.py) while the victim restarts after `spec.duration_s`."""
-        found = await asyncio.to_thread(moves.slot_of_member, self.cluster, spec.victim)
-        if found is None:
-            raise RuntimeError(f"{spec.victim} owns no slot to move")
-        slot, source = found
-        held = await moves.hold_move(self.cluster, slot, 1 - source, spec.mode)
-        victim_back = await self._kill_with(held, spec)
+        (moves.py) while the victim restarts after `spec.duration_s` (its own window: the next
+        move need not wait for it)."""
+        where: list[tuple[int, int]] = []
+
+        async def hold() -> moves.Held:
+            found = await eventually(
+                functools.partial(asyncio.to_thread, moves.slot_to_move, self.cluster, spec.victim),
+                RESTART_WAIT_S,
+                "a slot to move",
+                interval_s=0.2,
+            )
+            where.append(found)
+            return await moves.hold_move(self.cluster, found[0], 1 - found[1], spec.mode)
+
+        held, victim_back = await self._kill_with(hold, spec)
+        self.restarts.append(victim_back)
+        slot, source = where[0]
         done = moves.move_done(self.cluster, slot, 1 - source)
         args = ["move-slot", "--slot", str(slot), "--to-broker", str(1 - source)]
         runs = await moves.resume(self.cluster, args, done)
-        await victim_back
         self.notes.append(f"{held.what}: killed with {spec.victim}, completed after {runs} runs")
         return wall_ms()
 
@@ -261,8 +281,9 @@ class Injector:
         `spec.victim`; then run again until complete (moves.py), and every process (the victim
         too) serving the doubled slots."""
         to_amount = 2 * await asyncio.to_thread(self.cluster.slot_amount)
-        held = await moves.hold_split(self.cluster, spec.mode)
-        victim_back = await self._kill_with(held, spec)
+        held, victim_back = await self._kill_with(
+            functools.partial(moves.hold_split, self.cluster, spec.mode), spec
+        )
         done = moves.split_done(self.cluster, to_amount)
         runs = await moves.resume(self.cluster, ["split", "--to-slots", str(to_amount)], done)
         completed = time.monotonic()
@@ -278,21 +299,35 @@ class Injector:
         )
         return wall_ms()
 
-    async def _kill_with(self, held: moves.Held, spec: FaultSpec) -> asyncio.Task[None]:
-        """Kill the held command and the victim at once; returns the victim's restart,
-        `spec.duration_s` later, which records its own window (serve_kill9) once it listens."""
+    async def _kill_with(
+        self, hold: Callable[[], Awaitable[moves.Held]], spec: FaultSpec
+    ) -> tuple[moves.Held, asyncio.Task[None]]:
+        """Hold a routing command in its step (`hold`) and kill it and the victim at once;
+        returns it and the victim's restart, `spec.duration_s` later, which records the
+        victim's own window (serve_kill9) once it listens. Meanwhile no other fault touches
+        the victim; none touches Redis or ZooKeeper while the command is held (it would fail
+        there instead of being killed in its step)."""
         victim = self.cluster.member(spec.victim)
-        victim.held_down = True
-        begun = wall_ms()
-        await asyncio.gather(held.kill(), asyncio.to_thread(victim.serve.kill))
+        await self.locks[victim.name].acquire()
+        try:
+            async with self.locks["redis"], self.locks["zk"]:
+                held = await hold()
+                victim.held_down = True
+                begun = wall_ms()
+                await asyncio.gather(held.kill(), asyncio.to_thread(victim.serve.kill))
+        except BaseException:
+            self.locks[victim.name].release()
+            raise
 
         async def back() -> None:
-            await asyncio.sleep(spec.duration_s)
-            self.windows.append(
-                Window("serve_kill9", victim.name, begun, await self._restart(victim))
-            )
+            try:
+                await asyncio.sleep(spec.duration_s)
+                restored = await self._restart(victim)
+                self.windows.append(Window("serve_kill9", victim.name, begun, restored))
+            finally:
+                self.locks[victim.name].release()
 
-        return asyncio.create_task(back())
+        return held, asyncio.create_task(back())
 
     async def serve_sigterm(self, spec: FaultSpec) -> float:
         member = self._member(spec)

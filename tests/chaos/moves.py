@@ -231,10 +231,12 @@ def split_done(cluster: Cluster, to_amount: int) -> Callable[[], bool]:
     return done
 
 
-def slot_of_member(cluster: Cluster, member: str) -> tuple[int, int] | None:
-    """(slot, its broker): the lowest slot `member` owns now, None when it owns none."""
+def slot_to_move(cluster: Cluster, member: str) -> tuple[int, int] | None:
+    """(slot, its broker): the lowest slot `member` owns now, else the lowest slot anyone owns;
+    None while ZooKeeper cannot be read or nobody owns one."""
     owners, routing = cluster.owners(), cluster.routing()
-    if owners is None or routing is None:
+    if not owners or routing is None:
         return None
-    mine = sorted(s for s, o in owners.items() if o == member and s < routing.slot_amount)
+    slots = [s for s in sorted(owners) if s < routing.slot_amount]
+    mine = [s for s in slots if owners[s] == member] or slots
     return (mine[0], routing.broker_of_slot[mine[0]]) if mine else None
