@@ -32,7 +32,10 @@ import subprocess
 import sys
 import time
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
+
+from kazoo.exceptions import KazooException, NoNodeError
+from kazoo.handlers.threading import KazooTimeoutError
 
 from delayq.coordination.migration import Migration
 from delayq.coordination.splitting import Split
@@ -74,7 +77,7 @@ class Held:
 
 def _env(cluster: Cluster, zk_port: int, redis_ports: list[int]) -> dict[str, str]:
     config = cluster.config("mover", zk_port, redis_ports, free_port())
-    return {**os.environ, **config_env(replace(config, log_level="INFO"))}
+    return {**os.environ, **config_env(config)}
 
 
 def _spawn(cluster: Cluster, args: list[str], env: dict[str, str]) -> subprocess.Popen[bytes]:
@@ -114,21 +117,18 @@ def _polled(condition: Callable[[], bool]) -> Callable[[], Awaitable[bool]]:
     return lambda: asyncio.to_thread(condition)
 
 
-def recorded_move(cluster: Cluster, slot: int) -> Migration | None:
+def _node(cluster: Cluster, path: str) -> bytes | None:
+    """The node's data, None when it is absent; KazooException (or a timeout) when ZooKeeper
+    cannot tell now."""
     client = cluster.observer
     assert client is not None
-    path = cluster.paths.migration(slot)
-    with contextlib.suppress(Exception):  # absent or unreadable now: asked again
-        return Migration.decode(client.get(path)[0])
-    return None
+    try:
+        return bytes(client.get(path)[0])
+    except NoNodeError:
+        return None
 
 
-def recorded_split(cluster: Cluster) -> Split | None:
-    client = cluster.observer
-    assert client is not None
-    with contextlib.suppress(Exception):
-        return Split.decode(client.get(cluster.paths.split)[0])
-    return None
+UNREADABLE = (KazooException, KazooTimeoutError)  # asked again on the next poll
 
 
 async def hold_move(cluster: Cluster, slot: int, target: int, step: str) -> Held:
@@ -148,8 +148,11 @@ async def hold_move(cluster: Cluster, slot: int, target: int, step: str) -> Held
         else:
 
             def shown() -> bool:
-                found = recorded_move(cluster, slot)
-                return found is not None and found.step.value == step
+                try:
+                    found = _node(cluster, migration)
+                except UNREADABLE:
+                    return False
+                return found is not None and Migration.decode(found).step.value == step
 
             await eventually(_polled(shown), HOLD_TIMEOUT_S, held.what, interval_s=0.05)
     except BaseException:
@@ -214,19 +217,29 @@ async def resume(cluster: Cluster, args: list[str], done: Callable[[], bool]) ->
 
 
 def move_done(cluster: Cluster, slot: int, target: int) -> Callable[[], bool]:
+    """Routed to `target` and no move of the slot recorded."""
+
     def done() -> bool:
         routing = cluster.routing()
-        moved = routing is not None and routing.broker_of_slot[slot] == target
-        return moved and recorded_move(cluster, slot) is None
+        try:
+            recorded = _node(cluster, cluster.paths.migration(slot))
+        except UNREADABLE:
+            return False
+        return routing is not None and routing.broker_of_slot[slot] == target and recorded is None
 
     return done
 
 
 def split_done(cluster: Cluster, to_amount: int) -> Callable[[], bool]:
+    """`to_amount` slots routed and no doubling recorded."""
+
     def done() -> bool:
         routing = cluster.routing()
-        doubled = routing is not None and routing.slot_amount == to_amount
-        return doubled and recorded_split(cluster) is None
+        try:
+            recorded = _node(cluster, cluster.paths.split)
+        except UNREADABLE:
+            return False
+        return routing is not None and routing.slot_amount == to_amount and recorded is None
 
     return done
 
