@@ -31,6 +31,10 @@ def main() -> int:
     parser.add_argument("--rate", type=float, default=40.0, help="messages scheduled per s")
     parser.add_argument("--max-delay-ms", type=int, default=8000, help="due times spread")
     parser.add_argument("--kinds", default=",".join(KINDS), help="fault kinds to draw from")
+    parser.add_argument(
+        "--moves", default="", help="steps to kill a slot move's mover in (freeze,copy,...)"
+    )
+    parser.add_argument("--split", default="", help="step to kill the doubling's splitter in")
     parser.add_argument("--keep-logs", action="store_true", help="keep the process logs")
     args = parser.parse_args()
     options = ChaosOptions(
@@ -39,6 +43,8 @@ def main() -> int:
         rate_per_s=args.rate,
         max_delay_ms=args.max_delay_ms,
         kinds=tuple(args.kinds.split(",")),
+        moves=tuple(step for step in args.moves.split(",") if step),
+        split=args.split,
         keep_logs=args.keep_logs,
     )
     result = asyncio.run(run_chaos(options))

@@ -26,6 +26,8 @@ Rules (each a `Rule` with its figure and a few examples):
   consume the slot of an attempt's holder (TAKEOVER_CLAIM_MS before the attempt's lease ends or
   earlier), the next attempt is claimed and sent before that lease ends (the new owner's fence
   rolls the old leases back).
+- cancelled_delivered: a message whose cancel was acknowledged (`cancelled`) at least
+  CANCEL_MARGIN_MS before its due time is never POSTed, whatever moved or doubled its slot.
 The two takeover rules know, besides the injected faults, the unplanned ones (`unplanned.py`: a
 process's own session losses, exits): a fault explains their figures, not the older rules'.
 """
@@ -53,6 +55,7 @@ SIGNED_SLACK_MS = 100  # the signature time is the sender's estimate of the Redi
 RECOVERED_MS = 2000  # past the session timeout, after a fault is restored: slots consumed again
 HANDOFF_MS = 1000  # a slot idle for less is being handed over, not stalled
 TAKEOVER_CLAIM_MS = 1000  # a new owner claims and sends a rolled-back lease this soon
+CANCEL_MARGIN_MS = 1000  # a cancel acknowledged this long before the due time: nothing in flight
 # faults that may lose an ack without any takeover (the lease then runs out); the other kinds'
 # stranded leases are rolled back by the takeover's fence, within the recovery bound
 STRANDING = frozenset({"serve_cut_all", "redis_kill9", "redis_pause", "redis_sleep", "redis_full"})
@@ -98,6 +101,7 @@ class Evidence:
     samples: list[SlotSample] = field(default_factory=list)  # the prober's, in time order
     unplanned: list[Window] = field(default_factory=list)  # own session losses, exits
     slot_amount: int = 1
+    cancelled: dict[str, tuple[float, int]] = field(default_factory=dict)  # id -> (ack ms, due)
 
 
 @dataclass
@@ -135,6 +139,7 @@ def check(evidence: Evidence, timing: Timing) -> Verdict:
         _readiness(evidence),
         _unconsumed(evidence, timing),
         _waited_lease(evidence, by_id, timing),
+        _cancelled_delivered(evidence, by_id),
     ]
     return Verdict(rules, _figures(evidence, by_id, first, timing))
 
@@ -145,6 +150,20 @@ def _lost(evidence: Evidence, by_id: dict[str, list[Arrival]]) -> Rule:
         if not any(ok_2xx(a) for a in by_id.get(message_id, ())):
             seen = len(by_id.get(message_id, ()))
             rule.add(f"{message_id} due {evidence.accepted[message_id]:.0f}: {seen} POSTs, no 2xx")
+    return rule
+
+
+def _cancelled_delivered(evidence: Evidence, by_id: dict[str, list[Arrival]]) -> Rule:
+    rule = Rule("cancelled_delivered", 0)
+    for message_id, (acked_ms, due_ms) in sorted(evidence.cancelled.items()):
+        if due_ms - acked_ms < CANCEL_MARGIN_MS:
+            continue
+        rule.total += 1
+        for arrival in by_id.get(message_id, ())[:1]:
+            rule.add(
+                f"{message_id}: cancel acknowledged at {acked_ms:.0f}, {due_ms - acked_ms:.0f} ms "
+                f"before due; POSTed by {arrival.member} a{arrival.attempt} at {arrival.at_ms:.0f}"
+            )
     return rule
 
 
@@ -326,7 +345,8 @@ def _unconsumed(evidence: Evidence, timing: Timing) -> Rule:
     rule = Rule("unconsumed", 0)
     idle_since: dict[int, float] = {}
     for sample in evidence.samples:
-        for slot in range(evidence.slot_amount):
+        slots = range(sample.slot_amount or evidence.slot_amount)
+        for slot in slots:
             if sample.consumer(slot) == "":
                 idle_since.setdefault(slot, sample.at_ms)
             elif sample.consumer(slot) is not None:
@@ -334,7 +354,7 @@ def _unconsumed(evidence: Evidence, timing: Timing) -> Rule:
         if any(start <= sample.at_ms <= end for start, end in spans):
             continue
         idle = []
-        for slot in range(evidence.slot_amount):
+        for slot in slots:
             consumer = sample.consumer(slot)
             if consumer is not None:
                 rule.total += 1
@@ -348,12 +368,16 @@ def _unconsumed(evidence: Evidence, timing: Timing) -> Rule:
 
 
 def takeover_ms(
-    samples: list[SlotSample], slot: int, holder: str, after_ms: float, until_ms: float
+    evidence: Evidence, message_id: str, holder: str, after_ms: float, until_ms: float
 ) -> float | None:
     """The first sample in (after_ms, until_ms] where a process other than `holder` consumed
-    `slot`: its fence (which rolls `holder`'s leases back) came before."""
-    for sample in samples:
-        if after_ms < sample.at_ms <= until_ms and sample.consumer(slot) not in (None, "", holder):
+    the message's slot (under that sample's slot amount): its fence (which rolls `holder`'s
+    leases back) came before."""
+    for sample in evidence.samples:
+        if not after_ms < sample.at_ms <= until_ms:
+            continue
+        slot = slot_of(message_id, sample.slot_amount or evidence.slot_amount)
+        if sample.consumer(slot) not in (None, "", holder):
             return sample.at_ms
     return None
 
@@ -370,15 +394,14 @@ def _waited_lease(evidence: Evidence, by_id: dict[str, list[Arrival]], timing: T
         first: dict[int, Arrival] = {}
         for arrival in arrivals:
             first.setdefault(arrival.attempt, arrival)
-        slot = slot_of(message_id, evidence.slot_amount)
         for attempt, held in first.items():
             again = first.get(attempt + 1)
             if again is None or held.lease_deadline_ms is None:
                 continue
             deadline = held.lease_deadline_ms
             taken = takeover_ms(
-                evidence.samples,
-                slot,
+                evidence,
+                message_id,
                 held.member,
                 deadline - timing.ack_timeout_ms,
                 deadline - TAKEOVER_CLAIM_MS,
@@ -397,7 +420,7 @@ def _waited_lease(evidence: Evidence, by_id: dict[str, list[Arrival]], timing: T
             if again.at_ms <= deadline + EARLY_TOLERANCE_MS or claimed_by < deadline:
                 continue
             rule.add(
-                f"{message_id} slot {slot}: a{attempt} by {held.member}, lease to {deadline}; "
+                f"{message_id}: a{attempt} by {held.member}, lease to {deadline}; "
                 f"taken over by {taken:.0f}, a{attempt + 1} by {again.member} "
                 f"{again.at_ms - deadline:.0f} ms after that lease"
             )

@@ -1,4 +1,6 @@
-"""The processes under test: one redis-server (AOF, fsync always), one ZooKeeper, three serves.
+"""The processes under test: two brokers (redis-server, AOF, fsync always; the topic's slots
+spread over both by the first routing, so a move has somewhere to go), one ZooKeeper, three
+serves.
 
 Every serve process reaches ZooKeeper and Redis through its own `Link`s, so one of them can be
 partitioned alone; two of them run under libfaketime, +5 s and -5 s off the real clock (only
@@ -22,6 +24,7 @@ from kazoo.exceptions import KazooException, NoNodeError
 from kazoo.handlers.threading import KazooTimeoutError
 
 from delayq.coordination.layout import TopicPaths
+from delayq.coordination.routing import Routing, initial_routing
 from delayq.local.ports import free_port
 from delayq.local.processes import ServeProcess
 from delayq.local.redis_server import RedisServer
@@ -53,7 +56,7 @@ class Member:
     name: str
     skew_s: float
     zk_link: Link
-    redis_link: Link
+    redis_links: tuple[Link, ...]  # one per broker, by broker index
     serve: ServeProcess
     held_down: bool = False  # stopped on purpose: the supervisor leaves it alone
     unexpected_exits: list[tuple[float, int]] = field(default_factory=list)  # (wall ms, code)
@@ -67,16 +70,18 @@ class Member:
             os.kill(self.serve.pid, signum)
 
 
+def _broker() -> RedisServer:
+    return RedisServer(
+        appendonly=True, extra_config={"appendfsync": "always", "enable-debug-command": "local"}
+    )
+
+
 @dataclass
 class Cluster:
     workdir: Path
     receiver_url: str
-    redis: RedisServer = field(
-        default_factory=lambda: RedisServer(
-            appendonly=True,
-            extra_config={"appendfsync": "always", "enable-debug-command": "local"},
-        )
-    )
+    redis: RedisServer = field(default_factory=_broker)  # broker 0, the Redis faults' target
+    broker1: RedisServer = field(default_factory=_broker)  # the moves' other broker
     zookeeper: ZooKeeperServer = field(default_factory=ZooKeeperServer)
     members: list[Member] = field(default_factory=list)
     observer: KazooClient | None = None
@@ -86,9 +91,17 @@ class Cluster:
     def paths(self) -> TopicPaths:
         return TopicPaths(NAMESPACE, TOPIC)
 
-    def config(self, name: str, zk_port: int, redis_port: int, http_port: int) -> ServiceConfig:
+    @property
+    def brokers(self) -> list[RedisServer]:
+        return [self.redis, self.broker1]
+
+    def config(
+        self, name: str, zk_port: int, redis_ports: list[int], http_port: int
+    ) -> ServiceConfig:
+        urls = [f"redis://127.0.0.1:{port}/0" for port in redis_ports]
         return ServiceConfig(
-            redis_url=f"redis://127.0.0.1:{redis_port}/0",
+            redis_url=urls[0],
+            broker_urls=",".join(urls),
             namespace=NAMESPACE,
             topic=TOPIC,
             slot_amount=SLOTS,
@@ -108,20 +121,25 @@ class Cluster:
         )
 
     async def start(self) -> None:
-        await asyncio.to_thread(self.redis.start)
+        for broker in self.brokers:
+            await asyncio.to_thread(broker.start)
         await asyncio.to_thread(self.zookeeper.start)
         for index, skew in enumerate(SKEWS_S):
             name = f"c{index}"
-            zk_link, redis_link = Link(self.zookeeper.port), Link(self.redis.port)
-            await zk_link.start()
-            await redis_link.start()
-            config = self.config(name, zk_link.port, redis_link.port, free_port())
+            zk_link = Link(self.zookeeper.port)
+            redis_links = [Link(broker.port) for broker in self.brokers]
+            for link in (zk_link, *redis_links):
+                await link.start()
+            ports = [link.port for link in redis_links]
+            config = self.config(name, zk_link.port, ports, free_port())
             serve = ServeProcess(config, self.workdir / f"{name}.log", extra_env=faketime_env(skew))
-            self.members.append(Member(name, skew, zk_link, redis_link, serve))
-        for member in self.members:
-            member.serve.start()
+            self.members.append(Member(name, skew, zk_link, tuple(redis_links), serve))
         self.observer = KazooClient(hosts=self.zookeeper.hosts, timeout=4.0)
         await asyncio.to_thread(self.observer.start, 30)
+        first = initial_routing(SLOTS, len(self.brokers)).to_json()  # what a fleet would use
+        await asyncio.to_thread(self.observer.create, self.paths.routing, first, makepath=True)
+        for member in self.members:
+            member.serve.start()
         self._supervisor = asyncio.create_task(self._supervise())
 
     async def _supervise(self) -> None:
@@ -154,6 +172,21 @@ class Cluster:
         except (KazooException, KazooTimeoutError):
             return None
 
+    def routing(self) -> Routing | None:
+        """The topic's routing node (None: not written yet or ZooKeeper unreadable now): its
+        slot amount doubles with a doubling."""
+        client = self.observer
+        if client is None or not client.connected:
+            return None
+        try:
+            return Routing.from_json(client.get(self.paths.routing)[0])
+        except (NoNodeError, KazooException, KazooTimeoutError):
+            return None
+
+    def slot_amount(self) -> int:
+        routing = self.routing()
+        return SLOTS if routing is None else routing.slot_amount
+
     def member(self, name: str) -> Member:
         return next(m for m in self.members if m.name == name)
 
@@ -166,18 +199,19 @@ class Cluster:
         for member in self.members:
             member.held_down = True
             member.signal(signal.SIGCONT)
-            member.zk_link.restore()
-            member.redis_link.restore()
+            for link in (member.zk_link, *member.redis_links):
+                link.restore()
         if self.zookeeper.process is not None and self.zookeeper.process.poll() is None:
             os.kill(self.zookeeper.process.pid, signal.SIGCONT)
         await asyncio.to_thread(_stop_serves, [m.serve for m in self.members])
         for member in self.members:
-            await member.zk_link.close()
-            await member.redis_link.close()
+            for link in (member.zk_link, *member.redis_links):
+                await link.close()
         if self.observer is not None:
             await asyncio.to_thread(_close_observer, self.observer)
         await asyncio.to_thread(self.zookeeper.stop)
-        await asyncio.to_thread(self.redis.stop)
+        for broker in self.brokers:
+            await asyncio.to_thread(broker.stop)
 
 
 def _stop_serves(serves: list[ServeProcess]) -> None:

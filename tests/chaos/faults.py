@@ -7,7 +7,9 @@ starts before the previous one ends) but never two on the same target at once, a
 takeovers judged alone (`ISOLATED`): a kill -9 and a SIGSTOP past the session timeout but
 shorter than the lease, each of a process with many POSTs in flight, each followed by a quiet
 time: among overlapping faults one fault's recovery bound always reaches into the next, which
-leaves the takeover rules nothing to judge. Each injection is bounded and returns the `Window`
+leaves the takeover rules nothing to judge. Then, one at a time, slot moves between the two
+brokers and a doubling, each killed -9 inside a chosen step while a serve process is killed too,
+then completed (moves.py). Each injection is bounded and returns the `Window`
 it really covered, on the real wall clock in ms, which is what the checker explains duplicates
 and stalls with.
 """
@@ -16,17 +18,22 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import os
 import random
 import signal
 import time
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import aiohttp
 import redis.asyncio
 
+from delayq.local.waiting import eventually
+
+from . import moves
 from .cluster import ACK_TIMEOUT_MS, GRACE_MS, SESSION_TIMEOUT_MS, Cluster, Member
+from .probes import fleet_ready
 from .proxy import Link
 from .receiver import Behaviour, Receiver
 
@@ -51,9 +58,14 @@ MENU: dict[str, tuple[tuple[float, float], str]] = {
     "receiver_5xx": ((1.0, 4.0), "receiver"),
 }
 KINDS = tuple(MENU)
+# the moves' faults (moves.py), planned after the isolated takeovers, one at a time: a slot move
+# between the two brokers (mode: the step its mover is killed in) and the doubling (mode: the
+# step its splitter is killed in), each while a serve process (`victim`) is killed -9
+MOVE_KILL, SPLIT_KILL = "move_kill9", "split_kill9"
+MOVER = "mover"  # their target: one at a time
 # faults that may cost an in-flight delivery its ack (so explain a duplicate or a skipped
 # attempt); a graceful SIGTERM and 5xx answers must not
-LOSSY = frozenset(KINDS) - {"serve_sigterm", "receiver_5xx"}
+LOSSY = frozenset({*KINDS, MOVE_KILL, SPLIT_KILL}) - {"serve_sigterm", "receiver_5xx"}
 SERVES = ("c0", "c1", "c2")
 # kind -> duration range in s of the takeovers judged alone, each in mode "loaded": the receiver
 # holds the target's POSTs for LOADED_S (HELD_S each, past the fault's start) before the fault,
@@ -66,6 +78,10 @@ LOADED = "loaded"
 LOADED_S = 1.5
 HELD_S = 3.0
 QUIET_S = SESSION_TIMEOUT_MS / 1000 + 2 + 3  # the recovery bound, then 3 s to judge
+VICTIM_DOWN_S = (0.5, 2.0)  # how long the serve process killed with a mover stays down
+# what a move's (a doubling's) fault takes, a restart and a rerun included: the plan's estimate
+MOVE_S, SPLIT_S = 10.0, 15.0
+TARGETS = (*SERVES, "redis", "zk", "receiver", MOVER)
 
 
 @dataclass(frozen=True)
@@ -74,7 +90,9 @@ class FaultSpec:
     kind: str
     target: str  # c0..c2, redis, zk, receiver
     duration_s: float
-    mode: str = ""  # serve_cut_*: "freeze" (silence) or "reset" (connections closed); LOADED
+    mode: str = ""  # serve_cut_*: "freeze" (silence) or "reset" (connections closed); LOADED;
+    # MOVE_KILL / SPLIT_KILL: the step the mover is killed in
+    victim: str = ""  # MOVE_KILL / SPLIT_KILL: the serve process killed meanwhile
 
 
 @dataclass(frozen=True)
@@ -88,14 +106,38 @@ class Window:
     mode: str = ""
 
 
-def plan(seed: int, phase_s: float, kinds: tuple[str, ...] = KINDS) -> list[FaultSpec]:
+def plan(
+    seed: int,
+    phase_s: float,
+    kinds: tuple[str, ...] = KINDS,
+    moves: tuple[str, ...] = (),
+    split: str = "",
+) -> list[FaultSpec]:
     """Seeded faults for a phase of about `phase_s` seconds: overlapping ones (each of `kinds`
-    once, those of ISOLATED excepted, then extras), then the isolated takeovers of `kinds`."""
+    once, those of ISOLATED excepted, then extras; among them a move killed in each step of
+    `moves`, then a doubling killed in `split` if given), then the isolated takeovers of
+    `kinds` (which the injector starts only QUIET_S after everything before them ended)."""
     rng = random.Random(seed)
     alone = [kind for kind in ISOLATED if kind in kinds]
     budget_s = sum(LOADED_S + ISOLATED[kind][1] + QUIET_S for kind in alone)
     specs = _overlapping(rng, phase_s - budget_s, kinds, [k for k in kinds if k not in alone])
+    specs += _moves(rng, moves, split)
     return specs + _isolated(rng, specs, alone)
+
+
+def _moves(rng: random.Random, moves: tuple[str, ...], split: str) -> list[FaultSpec]:
+    """The moves, then the doubling, from the start of the phase on, among the overlapping
+    faults; each waits for the one before it (their target, MOVER, is one lock) whatever it
+    really took."""
+    cursor = 1.0
+    steps = [(MOVE_KILL, step, MOVE_S) for step in moves]
+    steps += [(SPLIT_KILL, split, SPLIT_S)] if split else []
+    specs: list[FaultSpec] = []
+    for kind, step, estimate_s in steps:
+        down_s = round(rng.uniform(*VICTIM_DOWN_S), 2)
+        specs.append(FaultSpec(round(cursor, 2), kind, MOVER, down_s, step, rng.choice(SERVES)))
+        cursor += estimate_s
+    return specs
 
 
 def _overlapping(
@@ -129,7 +171,8 @@ def _overlapping(
 
 
 def _isolated(rng: random.Random, before: list[FaultSpec], kinds: list[str]) -> list[FaultSpec]:
-    """`kinds` one at a time, QUIET_S after everything before them and after each other."""
+    """`kinds` one at a time, QUIET_S after everything before them and after each other (as
+    planned; the injector waits for what really took longer)."""
     ends = (s.at_s + s.duration_s + max(recovery_s(s.kind), QUIET_S) for s in before)
     cursor = max(ends, default=QUIET_S)
     specs: list[FaultSpec] = []
@@ -157,15 +200,25 @@ class Injector:
     receiver: Receiver
     windows: list[Window]
     notes: list[str]
+    locks: dict[str, asyncio.Lock] = field(
+        default_factory=lambda: {target: asyncio.Lock() for target in TARGETS}
+    )
+    restarts: list[asyncio.Task[None]] = field(default_factory=list)  # the moves' victims'
 
     async def run(self, specs: list[FaultSpec]) -> None:
-        """Inject every spec at its time; returns when all are over and restored."""
+        """Inject every spec at its time (an isolated takeover, mode LOADED, no earlier than
+        QUIET_S after every spec before it was restored); returns when all are restored."""
         started = time.monotonic()
-        locks = {target: asyncio.Lock() for target in (*SERVES, "redis", "zk", "receiver")}
+        over = [asyncio.Event() for _ in specs]
 
-        async def one(spec: FaultSpec) -> None:
+        async def one(index: int, spec: FaultSpec) -> None:
             await asyncio.sleep(max(0.0, started + spec.at_s - time.monotonic()))
-            async with locks[spec.target]:
+            if spec.mode == LOADED:
+                await asyncio.gather(*(event.wait() for event in over[:index]))
+                await asyncio.gather(*self.restarts)  # victims of the moves' faults
+                quiet_until_ms = max((w.end_ms for w in self.windows), default=0.0)
+                await asyncio.sleep(max(0.0, quiet_until_ms / 1000 + QUIET_S - wall_ms() / 1000))
+            async with self.locks[spec.target]:
                 begun = wall_ms()
                 try:
                     ended = await self.inject(spec)
@@ -173,8 +226,10 @@ class Injector:
                     self.notes.append(f"{spec}: {type(error).__name__}: {error}")
                     ended = wall_ms()
                 self.windows.append(Window(spec.kind, spec.target, begun, ended, spec.mode))
+            over[index].set()
 
-        await asyncio.gather(*(one(spec) for spec in specs))
+        await asyncio.gather(*(one(index, spec) for index, spec in enumerate(specs)))
+        await asyncio.gather(*self.restarts)
 
     async def inject(self, spec: FaultSpec) -> float:
         """Apply one fault for its duration and undo it; returns when it was restored (ms)."""
@@ -194,6 +249,85 @@ class Injector:
         self.receiver.behaviour = Behaviour()
         await asyncio.sleep(spec.duration_s)
         return await self._restart(member)
+
+    async def move_kill9(self, spec: FaultSpec) -> float:
+        """A move of a slot `spec.victim` owns to the other broker, its mover killed -9 inside
+        step `spec.mode` together with the victim; the move is run again until complete
+        (moves.py) while the victim restarts after `spec.duration_s` (its own window: the next
+        move need not wait for it)."""
+        where: list[tuple[int, int]] = []
+
+        async def hold() -> moves.Held:
+            found = await eventually(
+                functools.partial(asyncio.to_thread, moves.slot_to_move, self.cluster, spec.victim),
+                RESTART_WAIT_S,
+                "a slot to move",
+                interval_s=0.2,
+            )
+            where.append(found)
+            return await moves.hold_move(self.cluster, found[0], 1 - found[1], spec.mode)
+
+        held, victim_back = await self._kill_with(hold, spec)
+        self.restarts.append(victim_back)
+        slot, source = where[0]
+        done = moves.move_done(self.cluster, slot, 1 - source)
+        args = ["move-slot", "--slot", str(slot), "--to-broker", str(1 - source)]
+        runs = await moves.resume(self.cluster, args, done)
+        self.notes.append(f"{held.what}: killed with {spec.victim}, completed after {runs} runs")
+        return wall_ms()
+
+    async def split_kill9(self, spec: FaultSpec) -> float:
+        """The doubling, its splitter killed -9 inside step `spec.mode` together with
+        `spec.victim`; then run again until complete (moves.py), and every process (the victim
+        too) serving the doubled slots."""
+        to_amount = 2 * await asyncio.to_thread(self.cluster.slot_amount)
+        held, victim_back = await self._kill_with(
+            functools.partial(moves.hold_split, self.cluster, spec.mode), spec
+        )
+        done = moves.split_done(self.cluster, to_amount)
+        runs = await moves.resume(self.cluster, ["split", "--to-slots", str(to_amount)], done)
+        completed = time.monotonic()
+        await victim_back
+        # every service restarts on the new slots (leaves and joins again): the fault is
+        # restored once the fleet serves them all, which the note times
+        async with aiohttp.ClientSession() as session:
+            ready = functools.partial(fleet_ready, self.cluster, session)
+            await eventually(ready, RESTART_WAIT_S, "the doubled fleet", interval_s=0.2)
+        self.notes.append(
+            f"{held.what}: killed with {spec.victim}, completed after {runs} runs; every "
+            f"process serving the {to_amount} slots {time.monotonic() - completed:.1f} s later"
+        )
+        return wall_ms()
+
+    async def _kill_with(
+        self, hold: Callable[[], Awaitable[moves.Held]], spec: FaultSpec
+    ) -> tuple[moves.Held, asyncio.Task[None]]:
+        """Hold a routing command in its step (`hold`) and kill it and the victim at once;
+        returns it and the victim's restart, `spec.duration_s` later, which records the
+        victim's own window (serve_kill9) once it listens. Meanwhile no other fault touches
+        the victim; none touches Redis or ZooKeeper while the command is held (it would fail
+        there instead of being killed in its step)."""
+        victim = self.cluster.member(spec.victim)
+        await self.locks[victim.name].acquire()
+        try:
+            async with self.locks["redis"], self.locks["zk"]:
+                held = await hold()
+                victim.held_down = True
+                begun = wall_ms()
+                await asyncio.gather(held.kill(), asyncio.to_thread(victim.serve.kill))
+        except BaseException:
+            self.locks[victim.name].release()
+            raise
+
+        async def back() -> None:
+            try:
+                await asyncio.sleep(spec.duration_s)
+                restored = await self._restart(victim)
+                self.windows.append(Window("serve_kill9", victim.name, begun, restored))
+            finally:
+                self.locks[victim.name].release()
+
+        return held, asyncio.create_task(back())
 
     async def serve_sigterm(self, spec: FaultSpec) -> float:
         member = self._member(spec)
@@ -236,7 +370,7 @@ class Injector:
 
     async def serve_cut_all(self, spec: FaultSpec) -> float:
         member = self._member(spec)
-        return await self._cut(spec, (member.zk_link, member.redis_link))
+        return await self._cut(spec, (member.zk_link, *member.redis_links))
 
     async def serve_cut_zk(self, spec: FaultSpec) -> float:
         return await self._cut(spec, (self._member(spec).zk_link,))

@@ -4,8 +4,9 @@ Every `PERIOD_S` the prober reads the owner nodes from ZooKeeper (the grants), t
 process's /readyz (ready, and the slot numbers it consumes: `consumedSlots`), then the owner nodes
 again. A sample counts only when both reads of ZooKeeper agree, so a handoff between the reads is
 never taken for a violation. Violation: ready while a slot ZooKeeper grants it is not consumed.
-Every agreed sample is kept too (`SlotSample`): the checker finds in them when a slot was taken
-over and how long it went unconsumed.
+Every agreed sample is kept too (`SlotSample`, with the routing's slot amount, read between the
+two and unchanged after them): the checker finds in them when a slot was taken over and how long
+it went unconsumed.
 """
 
 from __future__ import annotations
@@ -39,6 +40,7 @@ class SlotSample:
     at_ms: float  # taken after the first read and before /readyz: a lower bound of both
     granted: dict[int, str]
     consumed: dict[str, tuple[int, ...] | None]
+    slot_amount: int | None = None  # the routing's then (a doubling doubles it); None: unread
 
     def consumer(self, slot: int) -> str | None:
         """The process consuming `slot` (granted it and consuming it), "" when nobody does,
@@ -66,12 +68,14 @@ class Prober:
 
     async def sample(self, session: aiohttp.ClientSession) -> None:
         before = await asyncio.to_thread(self.cluster.owners)
+        amount = await asyncio.to_thread(self.cluster.slot_amount)
         at_ms = time.time() * 1000
         answers = await asyncio.gather(
             *(_readyz(session, member) for member in self.cluster.members)
         )
         after = await asyncio.to_thread(self.cluster.owners)
-        if before is None or before != after:
+        doubled = amount != await asyncio.to_thread(self.cluster.slot_amount)
+        if before is None or before != after or doubled:
             return
         by_member: dict[str, tuple[int, ...] | None] = {}
         for member, answer in zip(self.cluster.members, answers, strict=True):
@@ -86,7 +90,7 @@ class Prober:
                 self.violations.append(
                     ReadinessViolation(at_ms, member.name, len(granted), len(consumed), missing)
                 )
-        self.slot_samples.append(SlotSample(at_ms, before, by_member))
+        self.slot_samples.append(SlotSample(at_ms, before, by_member, amount))
 
 
 async def _readyz(session: aiohttp.ClientSession, member: Member) -> tuple[bool, set[int]] | None:
@@ -99,3 +103,15 @@ async def _readyz(session: aiohttp.ClientSession, member: Member) -> tuple[bool,
             return response.status == 200 and bool(body["ready"]), consumed
     except (aiohttp.ClientError, TimeoutError, ValueError, KeyError, TypeError):
         return None
+
+
+async def fleet_ready(cluster: Cluster, session: aiohttp.ClientSession) -> bool:
+    """Every process ready and every slot (of the routing's amount) owned in ZooKeeper by one
+    of them."""
+    answers = [await _readyz(session, member) for member in cluster.members]
+    if not all(answer is not None and answer[0] for answer in answers):
+        return False
+    owners = await asyncio.to_thread(cluster.owners)
+    amount = await asyncio.to_thread(cluster.slot_amount)
+    names = {m.name for m in cluster.members}
+    return owners is not None and len(owners) == amount and set(owners.values()) <= names

@@ -23,6 +23,7 @@ from typing import Any
 import aiohttp
 import redis.asyncio
 
+from delayq.coordination.splitting import routed_topic
 from delayq.queue.client import AsyncQueue
 
 from .checker import Evidence, Rule, Timing, Verdict, check
@@ -36,7 +37,7 @@ from .cluster import (
     Cluster,
 )
 from .faults import KINDS, Injector, Window, plan, wall_ms
-from .probes import Prober, _readyz
+from .probes import Prober, _readyz, fleet_ready
 from .producer import Producer
 from .receiver import Receiver
 from .unplanned import exits, session_losses, stalls
@@ -53,6 +54,8 @@ class ChaosOptions:
     rate_per_s: float = 40.0
     max_delay_ms: int = 8000  # due times spread over 0 .. this after scheduling
     kinds: tuple[str, ...] = KINDS
+    moves: tuple[str, ...] = ()  # a slot move killed in each of these steps (moves.MOVE_STEPS)
+    split: str = ""  # the doubling killed in this step (moves.SPLIT_STEPS); "": no doubling
     keep_logs: bool = False
 
 
@@ -105,6 +108,7 @@ async def run_chaos(options: ChaosOptions) -> ChaosResult:
                 "unplanned": [dataclasses.asdict(w) for w in result.evidence.unplanned],
                 "samples": [dataclasses.asdict(s) for s in result.evidence.samples],
                 "slot_amount": result.evidence.slot_amount,
+                "cancelled": result.evidence.cancelled,
             }
             (workdir / "evidence.json").write_text(json.dumps(judged))
     else:
@@ -116,7 +120,7 @@ async def _run(options: ChaosOptions, cluster: Cluster, receiver: Receiver) -> C
     timer = Timer()
     await cluster.start()
     rng = random.Random(options.seed)
-    specs = plan(options.seed, options.fault_phase_s, options.kinds)
+    specs = plan(options.seed, options.fault_phase_s, options.kinds, options.moves, options.split)
     windows: list[Window] = []
     notes: list[str] = []
     async with aiohttp.ClientSession() as session:
@@ -153,6 +157,7 @@ async def _run(options: ChaosOptions, cluster: Cluster, receiver: Receiver) -> C
         samples=prober.slot_samples,
         unplanned=unplanned_faults(cluster) + stalls(receiver.arrivals, ACK_TIMEOUT_MS),
         slot_amount=SLOTS,
+        cancelled=producer.cancelled,
     )
     verdict = check(evidence, TIMING)
     verdict.rules.append(recovery)
@@ -165,6 +170,8 @@ async def _run(options: ChaosOptions, cluster: Cluster, receiver: Receiver) -> C
         "failed_rules": [rule.name for rule in verdict.failed],
         **verdict.figures,
         "refused_at_schedule": producer.refused,
+        "cancelled": len(producer.cancelled),
+        "cancel_unknown": producer.cancel_unknown,
         "left_in_redis": leftover,
         "unexpected_exits": {
             m.name: [code for _, code in m.unexpected_exits] for m in cluster.members
@@ -214,16 +221,6 @@ async def settle(cluster: Cluster, session: aiohttp.ClientSession) -> Rule:
     return rule
 
 
-async def fleet_ready(cluster: Cluster, session: aiohttp.ClientSession) -> bool:
-    """Every process ready and every slot owned in ZooKeeper by one of them."""
-    answers = [await _readyz(session, member) for member in cluster.members]
-    if not all(answer is not None and answer[0] for answer in answers):
-        return False
-    owners = await asyncio.to_thread(cluster.owners)
-    names = {m.name for m in cluster.members}
-    return owners is not None and len(owners) == SLOTS and set(owners.values()) <= names
-
-
 async def drain(
     cluster: Cluster, receiver: Receiver, accepted: dict[str, int], options: ChaosOptions
 ) -> None:
@@ -245,13 +242,22 @@ async def drain(
 
 
 async def left_in_redis(cluster: Cluster) -> dict[str, int] | None:
-    """The topic's depth by state, read directly from redis-server (None if unreachable)."""
-    topic = cluster.members[0].serve.config.to_topic()
-    client = redis.asyncio.Redis(port=cluster.redis.port, socket_timeout=5)
-    try:
-        stats = await AsyncQueue(client, topic).stats()
-        return {"scheduled": stats.scheduled, "prepared": stats.prepared, "dead": stats.dead}
-    except (redis.RedisError, OSError):
+    """The topic's depth by state, read directly from each broker's redis-server for the slots
+    the routing gives it (None if unreachable)."""
+    routing = await asyncio.to_thread(cluster.routing)
+    if routing is None:
         return None
-    finally:
-        await client.aclose()
+    topic = routed_topic(cluster.members[0].serve.config.to_topic(), routing)
+    left = {"scheduled": 0, "prepared": 0, "dead": 0}
+    for index, broker in enumerate(cluster.brokers):
+        client = redis.asyncio.Redis(port=broker.port, socket_timeout=5)
+        try:
+            stats = await AsyncQueue(client, topic).stats(routing.slots_of(index))
+        except (redis.RedisError, OSError):
+            return None
+        finally:
+            await client.aclose()
+        left["scheduled"] += stats.scheduled
+        left["prepared"] += stats.prepared
+        left["dead"] += stats.dead
+    return left

@@ -1,9 +1,12 @@
 """The chaos suite in CI: real redis-server, ZooKeeper and three `delayq serve` processes (two
 with skewed clocks) under seeded, overlapping faults; the checker's rules must all hold.
 
-Each seed's plan holds every fault kind of the menu at least once. A failure prints the seed
-(rerun it with `python3 bench/chaos.py --minutes 1 --seed N`), every broken rule with examples,
-and where the process logs were kept.
+Each seed's plan holds every fault kind of the menu at least once, then slot moves between the
+fleet's two brokers and a doubling, each killed -9 in a step while a serve process is killed
+(MOVES: between the two seeds, a mover killed in each step of a move and the doubling's splitter
+in its copy and in its freeze). A failure prints the seed (rerun it with `python3 bench/chaos.py
+--minutes 1 --seed N --moves S,S --split S`), every broken rule with examples, and where the
+process logs were kept.
 """
 
 from __future__ import annotations
@@ -12,10 +15,18 @@ import json
 
 import pytest
 
+from .faults import MOVE_KILL, SPLIT_KILL
 from .run import ChaosOptions, run_chaos
 
 SEEDS = (11, 23)
 FAULT_PHASE_S = 60.0
+#: seed -> (the steps a move's mover is killed in, the step the doubling's splitter is)
+MOVES: dict[int, tuple[tuple[str, ...], str]] = {
+    11: (("freeze", "copy"), "copy"),
+    23: (("switch", "clean"), "freeze"),
+}
+
+MOVING = (MOVE_KILL, SPLIT_KILL)
 
 pytestmark = [pytest.mark.chaos, pytest.mark.slow]
 
@@ -23,8 +34,16 @@ pytestmark = [pytest.mark.chaos, pytest.mark.slow]
 @pytest.mark.timeout(300)
 @pytest.mark.parametrize("seed", SEEDS)
 async def test_seeded_faults_break_no_rule(seed: int) -> None:
-    result = await run_chaos(ChaosOptions(seed=seed, fault_phase_s=FAULT_PHASE_S))
+    moves, split = MOVES[seed]
+    options = ChaosOptions(seed, FAULT_PHASE_S, moves=moves, split=split)
+    result = await run_chaos(options)
     report = result.report
     print(f"\nchaos seed {seed}: " + json.dumps(report, indent=1, default=str))
     failed = {rule.name: (rule.violations, rule.examples) for rule in result.verdict.failed}
     assert not failed, f"seed {seed}: rules broken {failed}; logs in {result.workdir}"
+    # the moves' faults happened as planned (a failed injection is only a note): each killed
+    # in its step, completed, and recorded as a window the rules judged around
+    recorded = [(kind, mode) for kind, _, mode, *_ in report["windows"] if kind in MOVING]
+    assert recorded == [(MOVE_KILL, step) for step in moves] + [(SPLIT_KILL, split)]
+    completed = [note for note in report["harness_notes"] if "killed with" in note]
+    assert len(completed) == len(recorded), report["harness_notes"]
