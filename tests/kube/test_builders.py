@@ -593,6 +593,17 @@ def test_every_service_pod_takes_the_topics_lease_token_key() -> None:
     assert refs["DELAYQ_LEASE_TOKEN_KEY"] == key
 
 
+def test_service_pods_wait_for_their_brokers_rather_than_restart() -> None:
+    """The operator's pods wait for a broker or ZooKeeper down at start, alive and unready
+    (service/starting.py), and serve reads the variable its setting names."""
+    sts = by_kind_name(rendered())["StatefulSet", "orders-service"]
+    (container,) = sts["spec"]["template"]["spec"]["containers"]
+    values = {entry["name"]: entry.get("value") for entry in container["env"]}
+    assert values[env_name("wait_for_brokers")] == "true"
+    env = {"DELAYQ_TOPIC": "t", env_name("wait_for_brokers"): "true"}
+    assert ServiceConfig.from_env(env).wait_for_brokers
+
+
 def test_service_pods_take_the_read_token_the_operator_generates() -> None:
     """The read-only token is the Secret's own key (generated, not optional): every pod
     serves the dashboard to its holder, and serve reads it from the variable it documents."""

@@ -356,6 +356,46 @@ def test_serve_exits_1_with_a_clear_error_when_its_broker_is_down(tmp_path: Path
     assert errors[0]["msg"] == "cannot start: a broker is unreachable"
 
 
+async def test_serve_asked_to_wait_for_its_broker_answers_probes_then_starts(
+    session: aiohttp.ClientSession, serving: list[ServeProcess], tmp_path: Path
+):
+    """`--wait-for-brokers` (the operator's pods): a broker down at start keeps the process up,
+    alive for the kubelet and unready with the reason, and it starts as soon as the broker
+    answers (exiting instead, a pod waits out a growing restart back-off after its broker is
+    back: minutes during an upgrade)."""
+    broker = RedisServer(port=free_port(), directory=tmp_path / "broker")
+    broker.directory.mkdir()  # type: ignore[union-attr]
+    config = ServiceConfig(
+        redis_url=broker.url, topic=TOPIC, slot_amount=8, port=free_port(), wait_for_brokers=True
+    )
+    process = start(serving, config, tmp_path)
+
+    async def waiting() -> bool:
+        assert process.running(), process.log_path.read_text()
+        try:
+            async with (
+                session.get(process.url + "/healthz") as alive,
+                session.get(process.url + "/readyz") as readyz,
+            ):
+                reason = (await readyz.json())["reason"]
+                return alive.status == 200 and readyz.status == 503 and "broker" in reason
+        except aiohttp.ClientError:
+            return False
+
+    await eventually(waiting, 30, "alive and unready while its broker is down")
+    broker.start()
+    try:
+        await eventually(lambda: ready(session, process), 30, "ready once its broker answers")
+        async with session.post(
+            f"{process.url}/v1/topics/{TOPIC}/messages", json={"id": "m1", "delayMs": 60_000}
+        ) as response:
+            assert response.status in (200, 201), await response.text()
+        process.terminate()
+        assert await exit_code(process) == 0
+    finally:
+        broker.stop()
+
+
 def test_serve_refuses_a_non_loopback_host_without_a_token_in_one_line(tmp_path: Path):
     result = serve_once({"DELAYQ_HOST": "0.0.0.0"}, "--port", str(free_port()))
     assert result.returncode == 2

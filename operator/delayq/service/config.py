@@ -186,6 +186,13 @@ class ServiceConfig:
         default=False,
         metadata=_help("serve without an API token on a non-loopback host (the API is open)"),
     )
+    wait_for_brokers: bool = field(
+        default=False,
+        metadata=_help(
+            "a broker or ZooKeeper unreachable at start: answer /healthz and wait for it "
+            "(unready) instead of exiting 1 (the operator's pods)"
+        ),
+    )
     host: str = field(default="127.0.0.1", metadata=_help("HTTP listen address"))
     port: int = field(default=8080, metadata=_help("HTTP listen port (0: any free port)"))
     zookeeper_connect: str = field(

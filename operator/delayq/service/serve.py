@@ -31,6 +31,13 @@ from delayq.service import logs
 from delayq.service.api import build_app
 from delayq.service.config import ServiceConfig
 from delayq.service.service import DelayService
+from delayq.service.starting import (
+    START_RETRY_MAX_S,
+    START_RETRY_S,
+    StartFailed,
+    Waiting,
+    stopped_within,
+)
 from delayq.service.tracing import Tracing, TracingConfigError
 
 log = logging.getLogger(__name__)
@@ -61,18 +68,42 @@ def make_ownership(config: ServiceConfig) -> Ownership:
 async def serve(
     config: ServiceConfig, stop: asyncio.Event | None = None, tracing: Tracing | None = None
 ) -> int:
-    """Serve until `stop` is set (by default: on SIGTERM or SIGINT)."""
+    """Serve until `stop` is set (by default: on SIGTERM or SIGINT). A broker or ZooKeeper
+    unreachable at start exits 1, or with `wait_for_brokers` is waited for (starting.py)."""
     stop = stop or _stop_on_signals()
-    while True:
-        try:
-            routed, generation = await _routed(config)
-        except RoutingUnreadable as error:
-            log.error("cannot start: the routing is unreadable", extra={"error": str(error)})
-            return 1  # the pod restarts with backoff until ZooKeeper answers
-        code, doubled = await _serve_once(routed, generation, stop, tracing)
-        if not doubled:
-            return code
-        log.info("serving the doubled slots")
+    waiting = Waiting(config)
+    delay_s = START_RETRY_S
+    try:
+        while True:
+            try:
+                code, doubled = await _serve_routed(config, stop, tracing, waiting)
+            except StartFailed as failure:
+                error = {"error": str(failure.__cause__)}
+                if not config.wait_for_brokers:
+                    log.error(f"cannot start: {failure}", extra=error)
+                    return 1  # a pod restarts with backoff until it answers
+                log.warning(f"cannot start yet: {failure}; waiting", extra=error)
+                await waiting.open(str(failure))
+                if await stopped_within(stop, delay_s):
+                    return 0
+                delay_s = min(2 * delay_s, START_RETRY_MAX_S)
+                continue
+            delay_s = START_RETRY_S
+            if not doubled:
+                return code
+            log.info("serving the doubled slots")
+    finally:
+        await waiting.close()
+
+
+async def _serve_routed(
+    config: ServiceConfig, stop: asyncio.Event, tracing: Tracing | None, waiting: Waiting
+) -> tuple[int, bool]:
+    try:
+        routed, generation = await _routed(config)
+    except RoutingUnreadable as error:
+        raise StartFailed("the routing is unreadable") from error
+    return await _serve_once(routed, generation, stop, tracing, waiting)
 
 
 async def _routed(config: ServiceConfig) -> tuple[ServiceConfig, int]:
@@ -94,26 +125,28 @@ async def _routed(config: ServiceConfig) -> tuple[ServiceConfig, int]:
 
 
 async def _serve_once(
-    config: ServiceConfig, generation: int, stop: asyncio.Event, tracing: Tracing | None
+    config: ServiceConfig,
+    generation: int,
+    stop: asyncio.Event,
+    tracing: Tracing | None,
+    waiting: Waiting,
 ) -> tuple[int, bool]:
     """One service of the slots of `generation`; (exit code, whether the slots doubled and
-    a new service must take over)."""
+    a new service must take over). StartFailed: a broker or ZooKeeper did not answer."""
     service = DelayService(config, make_ownership(config), generation, tracing)
     try:
         await service.start()
-    except (redis.RedisError, OSError) as error:
-        log.error("cannot start: a broker is unreachable", extra={"error": str(error)})
+    except (redis.RedisError, OSError, RoutingUnreadable) as error:
         with contextlib.suppress(redis.RedisError, OSError):
             await service.stop()
-        return 1, False  # the pod restarts with backoff until its brokers answer
-    except RoutingUnreadable as error:
-        log.error("cannot start: the routing is unreadable", extra={"error": str(error)})
-        with contextlib.suppress(redis.RedisError, OSError):
-            await service.stop()
-        return 1, False  # likewise until ZooKeeper answers
+        what = "the routing is unreadable" if isinstance(error, RoutingUnreadable) else (
+            "a broker is unreachable"
+        )
+        raise StartFailed(what) from error
     if service.resharded.is_set():  # doubled between the read and the watch
         await service.stop()
         return 0, True
+    await waiting.close()  # its port is the service's
     # the keep-alive timer also runs from a connection's start until its request's headers
     # are complete: it is the header read timeout too (json_body bounds the body)
     runner = web.AppRunner(

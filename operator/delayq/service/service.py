@@ -188,7 +188,7 @@ class DelayService:
         await self._load_routing()
         if self.resharded.is_set():
             return  # nothing started: `serve` starts the service of the new slots instead
-        for queue in self.queues:  # a broker down at start: `serve` exits 1, the pod restarts
+        for queue in self.queues:  # a broker down at start: `serve` exits 1 or waits
             await queue.redis.ping()  # (once running, a slot it fails on is retried alone)
         if await self.brokers.publish_settings(time.time_ns() // 1_000_000):
             log.info("published the topic's settings", extra={"topic": self.topic.name})

@@ -197,6 +197,9 @@ def service_statefulset(spec: TopicSpec, ctx: BuildContext, slot_amount: int) ->
                 optional=True,
             ),
             env_from_secret("DELAYQ_ZOOKEEPER_PASSWORD", secret, naming.SECRET_ZOOKEEPER_PASSWORD),
+            # a broker or ZooKeeper down at start is waited for, alive and unready, rather than
+            # a restart into the kubelet's growing back-off (service/starting.py)
+            {"name": env_name("wait_for_brokers"), "value": "true"},
             *_tenant_secret_env(spec),
             *_tracing(spec, ctx).pod_env(spec.namespace, naming.service_statefulset(spec.name)),
         ],
