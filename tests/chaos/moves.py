@@ -177,8 +177,12 @@ async def hold_split(cluster: Cluster, step: str) -> Held:
     held = await _held(cluster, args, after, set(), f"doubling in {step}")
     try:
         await eventually(held.zk.held.is_set, HOLD_TIMEOUT_S, held.what, interval_s=0.05)
-        if step == "freeze":  # freezes and switches broker 0's old slots, waits on broker 1
-            held.links[1].freeze()
+        if step == "freeze":
+            # the freeze switches the old slots one at a time in slot order: with the link to
+            # the broker that does not hold slot 0 frozen (a move may have taken slot 0 to
+            # broker 1), it switches the first ones, then waits at the first slot over there
+            first = await _broker_of_slot_0(cluster)
+            held.links[1 - first].freeze()
             held.zk.release()
             switched = _polled(_switched_some(cluster))
             await eventually(switched, HOLD_TIMEOUT_S, "old slots switched", interval_s=0.05)
@@ -186,6 +190,19 @@ async def hold_split(cluster: Cluster, step: str) -> Held:
         await held.kill()
         raise
     return held
+
+
+async def _broker_of_slot_0(cluster: Cluster) -> int:
+    read: list[int] = []
+
+    def routed() -> bool:
+        routing = cluster.routing()
+        if routing is not None:
+            read.append(routing.broker_of_slot[0])
+        return routing is not None
+
+    await eventually(_polled(routed), HOLD_TIMEOUT_S, "the routing", interval_s=0.05)
+    return read[-1]
 
 
 def _switched_some(cluster: Cluster) -> Callable[[], bool]:

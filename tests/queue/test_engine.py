@@ -478,7 +478,8 @@ def test_an_expired_lease_is_retried_after_the_backoff_a_nack_would_wait(
     retry policy. A claim given the policy puts it back due after base * multiplier^(attempt
     - 1), at most the ceiling with full jitter; never early."""
     backoff = Backoff(base_ms=400, multiplier=3.0, max_ms=60_000, jitter=jitter)
-    ids = [f"a{n}" for n in range(40) if TOPIC.slot_of(f"a{n}") == TOPIC.slot_of("a0")]
+    # about 30 of one slot: a spread of full jitter below 200 ms is then one in 10^7
+    ids = [f"a{n}" for n in range(120) if TOPIC.slot_of(f"a{n}") == TOPIC.slot_of("a0")]
     for message_id in ids:
         queue.schedule(message_id, delay_ms=0)
     slot = TOPIC.slot_of("a0")
