@@ -366,10 +366,10 @@ class ServiceWriter:
         self._stop.set()
         self._thread.join(timeout=SYNC_TIMEOUT_S)
 
-    def wait_for(self, count: int) -> None:
+    def wait_for(self, count: int, timeout_s: float = SYNC_TIMEOUT_S) -> None:
         """Until `count` more messages are acknowledged."""
         target = len(self.acked) + count
-        wait_until(lambda: len(self.acked) >= target, SYNC_TIMEOUT_S, f"{count} more writes")
+        wait_until(lambda: len(self.acked) >= target, timeout_s, f"{count} more writes")
 
     def max_gap_s(self) -> float:
         """The longest time between two consecutive acknowledgements: the writes' pause."""

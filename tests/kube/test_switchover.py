@@ -21,7 +21,7 @@ from redis.retry import Retry
 from delayq.kube.context import OperatorContext
 from delayq.kube.handlers.health import refresh
 from delayq.kube.handlers.reconcile import reconcile
-from delayq.kube.redisctl import CatchUpTimeout, RedisCommands
+from delayq.kube.redisctl import SWITCH_PAUSE_MS, CatchUpTimeout, RedisCommands
 from delayq.local.waiting import wait_until
 from delayq.queue import Queue, State, Topic, acl
 from tests.kube.pods import (
@@ -248,8 +248,9 @@ async def test_an_interrupted_switchover_is_repaired_then_completed(
     logger: logging.Logger,
 ) -> None:
     """The operator stops after hand_over, before the label moves: the labelled old master runs
-    as a replica of a master no client reaches. The next pass makes it master again (nothing
-    was written meanwhile), the one after switches over properly."""
+    as a replica of a master no client reaches, its writes still paused. The next pass makes it
+    master again and ends the pause (before: writes waited out the switchover's 10 s pause,
+    and this test raced it), the one after switches over properly."""
     topic = await serving(api, ctx, redis_pods, logger, pods=2)
     password = redis_pods.admin_password()
     ips = {name: pod.ip for name, pod in redis_pods.pods.items()}
@@ -260,7 +261,7 @@ async def test_an_interrupted_switchover_is_repaired_then_completed(
         await run(ctx, api, logger, refresh)  # repair: the labelled pod is master again
         assert redis_pods.replication("orders-redis-0-0")["role"] == "master"
         assert redis_pods.replicates_from("orders-redis-0-1", "orders-redis-0-0")
-        writes.wait_for(50)
+        writes.wait_for(50, timeout_s=SWITCH_PAUSE_MS / 2000)  # not the pause's 10 s
         await run(ctx, api, logger, refresh)  # the switchover
         writes.wait_for(50)
     assert master_of(redis_pods) == "orders-redis-0-1"
