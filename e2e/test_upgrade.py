@@ -93,6 +93,11 @@ def previous(kube: Kube, real_node: RealNode, only_the_real_node: None,
     tenant = f"e2e-up-tenant-{secrets.token_hex(3)}"
     kube.kubectl("create", "namespace", tenant)
     repository, tag = image.ref.rsplit(":", 1)
+    # the cluster as the previous release left it: its CRD, not the one earlier e2e modules
+    # applied (helm never replaces a CRD that exists, and the current one refuses the previous
+    # release's topics, e.g. an http webhook without allowInsecureHttp)
+    for crd in sorted((chart / "crds").glob("*.yaml")):
+        kube.kubectl("apply", "--server-side", "--force-conflicts", "-f", str(crd))
     start = time.monotonic()
     kube.helm("install", RELEASE, str(chart), "--namespace", namespace, "--create-namespace",
               "--wait", "--timeout", "5m",

@@ -82,7 +82,7 @@ class RedisControl(Protocol):
         """Replication role/offset and key count, or None when the pod does not answer."""
 
     async def promote(self, host: str, password: str) -> None:
-        """REPLICAOF NO ONE: the pod becomes a master keeping its data, its writes unpaused."""
+        """REPLICAOF NO ONE: the pod becomes a master keeping its data."""
 
     async def demote(self, host: str, password: str, master_host: str) -> None:
         """REPLICAOF master ("host" or "host:port"): drop the data, resync from the master."""
@@ -204,10 +204,6 @@ class RedisCommands:
         client = self._client(host, password)
         try:
             await client.replicaof("NO", "ONE")
-            # a recorded master found as a replica may be a switchover's old master that the
-            # operator left after hand_over: still paused (up to SWITCH_PAUSE_MS), its clients
-            # would wait that long for a master that is one again
-            await client.client_unpause()
         finally:
             await client.aclose()
 

@@ -589,6 +589,11 @@ async def apply_decision(
         address = addresses.get(decision.promote)
         if address:
             await ctx.redis.promote(address, password)
+            if decision.reason == "MasterRepaired":
+                # the recorded master found as a replica may be a switchover's old master the
+                # operator left after hand_over, still paused (up to SWITCH_PAUSE_MS): its
+                # clients would wait that long for a master that is one again
+                await ctx.redis.release(address, password)
         if decision.failover:
             ctx.metrics.failovers.labels(spec.namespace, spec.name).inc()
         elif decision.reason == "MasterRepaired":
