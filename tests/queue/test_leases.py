@@ -9,7 +9,7 @@ import redis
 
 from delayq.queue.client import Queue
 from delayq.queue.codes import Code, LeaseLostError
-from delayq.queue.model import Message, Mode, Retry, ScheduleRequest, State
+from delayq.queue.model import Message, Mode, Retry, ScheduleRequest, SlotClaim, State
 
 from .conftest import TOPIC
 
@@ -117,3 +117,36 @@ def test_ownership_and_consumption_work_on_a_full_redis(
     assert queue.giveback_many(messages[3:])[0].code is Code.GIVEN_BACK
     new_epoch = queue.take_over(slot)
     assert new_epoch > epoch
+
+
+LARGE_PAYLOAD = b"p" * (256 * 1024)
+
+
+def test_a_claim_of_large_payloads_stops_near_one_mib(queue: Queue) -> None:
+    """A claim holds several copies of what it claims above maxmemory (records read, leased
+    records, Redis's new values, the AOF buffer, the reply): with 256 KiB payloads a claim of
+    20 took a full 64 MiB broker's container past its limit (OOM-killed on real pods,
+    e2e/test_real_pods.py). A claim stops once its records reach 1 MiB (CLAIM_MAX_BYTES; a
+    claimmany's slots share it), and what is left stays due: the reply says so and the next
+    claims take it, nothing lost."""
+    slots = [TOPIC.slot_of(basis) for basis in ("a", "b", "d")]
+    assert len(set(slots)) == 3
+    queue.schedule_many([
+        ScheduleRequest(f"{basis}{i}", LARGE_PAYLOAD, delay_ms=0, slot_basis=basis)
+        for basis in ("a", "b", "d") for i in range(8)
+    ])
+    epochs = {slot: queue.take_over(slot) for slot in slots}
+    first = queue.claim(slots[0], epochs[slots[0]], 100, LONG_LEASE_MS)
+    assert 1 <= len(first.messages) <= 4, "a claim past the byte bound"
+    assert first.next_due_ms is not None
+    assert first.next_due_ms <= first.now_us // 1000, "what is left is still due"
+    together = queue.claim_slots(
+        [SlotClaim(slot, epochs[slot], 100) for slot in slots], LONG_LEASE_MS
+    )
+    batches = [batch for batch in together if not isinstance(batch, BaseException)]
+    assert 1 <= sum(len(batch.messages) for batch in batches) <= 4, "slots share one bound"
+    seen = {m.id for m in first.messages} | {m.id for b in batches for m in b.messages}
+    for _ in range(30):
+        for slot in slots:
+            seen |= {m.id for m in claim(queue, slot, epochs[slot])}
+    assert seen == {f"{basis}{i}" for basis in ("a", "b", "d") for i in range(8)}

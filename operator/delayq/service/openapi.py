@@ -739,7 +739,12 @@ def _paths() -> dict[str, Schema]:
                     **obj(
                         [],
                         max={
-                            **integer("messages at most (and at most --pull-max-lease-batch)", 1),
+                            **integer(
+                                "messages at most (and at most --pull-max-lease-batch); a "
+                                "lease stops early once about 1 MiB of records is leased "
+                                "(at least one message): lease again for the rest",
+                                1,
+                            ),
                             "maximum": MAX_LEASE_BATCH,
                             "default": 1,
                         },

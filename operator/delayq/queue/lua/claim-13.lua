@@ -6,7 +6,10 @@
   given up: dead or dropped), then moves at most max_count
   messages whose due time has passed on the server clock — never one that is early — and gives
   up instead those whose expiry has passed (never delivered after it). The batch bound keeps a
-  burst of millions due at one instant from ever loading more than max_count into memory.
+  burst of millions due at one instant from ever loading more than max_count into memory, and
+  a byte bound (CLAIM_MAX_BYTES, 1 MiB of records; at least one message) keeps a claim of large
+  payloads from holding more than a few MiB above maxmemory: what is left due stays due, and
+  the reply's next_due_ms (at or before now) says so.
 
   Recurring schedules: claiming the current occurrence of a schedule (`<sid>@<due>` whose
   schedule names `due` as its current one) materialises its precomputed successor in this same

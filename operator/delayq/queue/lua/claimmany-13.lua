@@ -6,7 +6,8 @@
   STALE_EPOCH and nothing of it changes, and the call goes on with the others. What every slot
   would ask alone is asked once for all of them (their epochs, whether any has schedules or owes
   a top-up, whether any is tracked for a doubling), as in schedulemany-10. Standalone brokers
-  only, as schedulemany-10 (docs/contracts.md §1). Runs under maxmemory (allow-oom), as claim-13.
+  only, as schedulemany-10 (docs/contracts.md §1). Runs under maxmemory (allow-oom), as claim-13;
+  claim-13's byte bound holds for the whole call (its slots share one budget).
 
   KEYS[1] store    ZSET id -> due ms           of the first slot, then again per further slot
   KEYS[2] prepare  ZSET id -> lease deadline ms  (slot s, from 0: KEYS[13s + 1 .. 13s + 13],
@@ -30,6 +31,7 @@
 
   Events: as claim-13's
 ]]
+--@include claim_max_bytes
 --@include claim_slot
 --@include existing_count
 --@include now_us
@@ -50,10 +52,11 @@ redis.untracked_slots(KEYS, 1, 13)
 local reply = {}
 local now_micros = now_us()
 local first = 1
+local budget = {left = CLAIM_MAX_BYTES}  -- one byte budget for the whole call (claim_slot)
 for at = 0, #KEYS - 1, 13 do
   local count = tonumber(ARGV[first])
   local known = {epoch = epochs[at / 13 + 1], series_absent = series_absent,
-    topups_absent = topups_absent}
+    topups_absent = topups_absent, budget = budget}
   local args = {unpack(ARGV, first + 1, first + count)}
   local claimed = claim_slot(KEYS, at, args, now_micros, known)
   first = first + count + 1

@@ -1,4 +1,5 @@
 --@include call_chunked
+--@include claim_max_bytes
 --@include codes
 --@include epoch_matches
 --@include forget_expired
@@ -6,7 +7,6 @@
 --@include journal
 --@include materialize
 --@include occurrence_record
---@include read_chunked
 --@include record_extras
 --@include record_fields
 --@include record_with
@@ -14,6 +14,7 @@
 --@include series_fields
 --@include series_with
 --@include topic_settings
+--@include unpack_chunk
 --@include with_first_attempt
 
 -- Claim due messages of one slot: the body of claim-13 (whose header is the contract: KEYS,
@@ -22,7 +23,8 @@
 -- the slot's claim-13 ARGV; `now_micros` the server clock in µs (one reading per call);
 -- `known` what claimmany-13 asked once for all its slots, or nil: `epoch` the slot's epoch
 -- (false: unset), `series_absent` true when no slot of the call has schedules, `topups_absent`
--- true when none owed a top-up at the call's start. Returns claim-13's reply.
+-- true when none owed a top-up at the call's start, `budget` the call's bytes left to claim
+-- ({left = n}, shared by its slots; CLAIM_MAX_BYTES when absent). Returns claim-13's reply.
 local function claim_slot(keys, at, args, now_micros, known)
   local store, prepare, msg, epoch_key, journal_key, leases_key =
     keys[at + 1], keys[at + 2], keys[at + 4], keys[at + 6], keys[at + 7], keys[at + 8]
@@ -90,9 +92,30 @@ local function claim_slot(keys, at, args, now_micros, known)
     local lease = tostring(redis.call('INCR', leases_key))
     local ids, hset_args = {}, {}
     for i = 1, #due_ids, 2 do ids[#ids + 1] = due_ids[i] end
-    local records = read_chunked('HMGET', msg, ids)
-    for k = 1, #ids do
+    -- The records are read a chunk at a time, each chunk sized by the largest record seen so
+    -- far to what is left of the call's CLAIM_MAX_BYTES (`known.budget`, shared by the slots
+    -- of a claimmany-13): a claim holds about five copies of what it claims at once (the
+    -- records read, the leased records, Redis's new values, the AOF buffer, the reply), above
+    -- maxmemory, and must not push a full broker's container past its memory limit. Small
+    -- messages read in two chunks; ids not reached stay due (the reply's next due says so).
+    local budget = known.budget or {left = CLAIM_MAX_BYTES}
+    local records, taken, largest = {}, 0, 0
+    local k = 0
+    while k < #ids and budget.left > 0 do
+      if k == taken then
+        local n = 1
+        if largest > 0 then n = math.floor(budget.left / largest) end
+        n = math.max(1, math.min(n, #ids - taken, UNPACK_CHUNK))
+        local part = redis.call('HMGET', msg, unpack(ids, taken + 1, taken + n))
+        for j = 1, n do
+          records[taken + j] = part[j]
+          if part[j] and #part[j] > largest then largest = #part[j] end
+        end
+        taken = taken + n
+      end
+      k = k + 1
       local id, due, record = ids[k], due_ids[2 * k], records[k]
+      if record then budget.left = budget.left - #record end
       local attempts, _, p3, expire_ms = nil, nil, nil, nil
       if record then
         attempts, _, _, p3 = record_fields(record)
@@ -120,6 +143,7 @@ local function claim_slot(keys, at, args, now_micros, known)
         journal(journal_key, journal_max_len, 'orphan', id, now, due, '')
       end
     end
+    for j = #ids, k + 1, -1 do ids[j] = nil end  -- past the byte budget: still due
     call_chunked('ZREM', store, ids)
     if #hset_args > 0 then
       -- The leased ids go into prepare last one first. They share one deadline, and a sorted set
