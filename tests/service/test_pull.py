@@ -274,6 +274,34 @@ async def test_an_expired_lease_follows_the_topics_retry_policy(start_service: S
     assert time.monotonic() - deadline_s >= 0.55  # never before the backoff (clock slack)
 
 
+async def test_an_expired_lease_claimed_late_is_due_its_backoff_after_its_deadline(
+    start_service: StartService,
+):
+    """Regression: the backoff of an expired lease counted from the claim that rolled it
+    back, so a claim that came late (no consumer polled while the lease ran out) added the
+    whole backoff again. The failed attempt ended at the deadline: the retry is due there plus
+    the backoff, and a lease after that time gets it at once."""
+    backoff_ms = 500
+    running = await start_service(retry_backoff_base_ms=backoff_ms)
+    await schedule(running, 1)
+    [first] = await lease(running, ackTimeoutMs=100)
+    topic, redis_client = running.service.topic, running.service.queues[0].redis
+    prepare = slot_keys(topic, topic.slot_of(str(first["id"]))).key(Part.PREPARE)
+    deadline_ms = await redis_client.zscore(prepare, str(first["id"]))
+    assert deadline_ms is not None
+    retry_due_ms = int(deadline_ms) + backoff_ms
+
+    async def retry_due() -> bool:
+        seconds, micros = await redis_client.time()
+        return seconds * 1000 + micros // 1000 >= retry_due_ms
+
+    await eventually(retry_due, 5, "the retry's due time on the Redis clock")
+    second = await lease(running)  # the first claim since the lease ran out: rolls it back
+    assert [(m["id"], m["attempt"], m["dueMs"]) for m in second] == [
+        (first["id"], 2, retry_due_ms)
+    ]
+
+
 async def test_nack_dead_and_redrive(start_service: StartService):
     running = await start_service()
     await schedule(running, 1)
