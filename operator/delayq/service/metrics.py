@@ -365,8 +365,8 @@ class _PacerCollector(Collector):
 
 
 class _UnreachableCollector(Collector):
-    """`delayq_pull_broker_unreachable{broker}`: 1 while this process's latest claim or pause
-    read on the broker failed (it is tried again every second), 0 otherwise."""
+    """`delayq_pull_broker_unreachable{broker}`: 1 while this process's latest claim on the
+    broker failed or a pause read could not reach it (it is tried again every second)."""
 
     def __init__(self, unreachable: Callable[[], list[bool]], labels: tuple[str, str]) -> None:
         self._unreachable = unreachable
@@ -375,8 +375,8 @@ class _UnreachableCollector(Collector):
     def collect(self) -> Iterator[Metric]:
         family = GaugeMetricFamily(
             "delayq_pull_broker_unreachable",
-            "1 while the broker did not answer this process's latest pull claim or pause read "
-            "(its leases wait on the other brokers meanwhile)",
+            "1 while this process's latest pull claim on the broker failed or a pause read "
+            "could not reach it (its leases wait on the other brokers meanwhile)",
             labels=[*TOPIC_LABELS, "broker"],
         )
         for broker, down in enumerate(self._unreachable()):

@@ -22,12 +22,13 @@ rotation, rate limit, long polls and broker clocks (s + N is on the broker of s)
 leases from both and the route tells each lease's generation (`lease` answers per generation).
 A round then costs one claim call per broker and generation, sent together.
 
-A broker that does not answer (its claim or pause read failed to connect or timed out; an error
-reply is an answer, and fails the request as before) is left out of the rotation for
-`BROKER_RETRY_S`, then tried again: a request leases from, and long-polls, the brokers that
-answer, and is refused (the error raised, HTTP 503) only when no broker it owns slots on does.
-Which brokers are down is `unreachable` (the metric `delayq_pull_broker_unreachable`), logged
-when one goes down and when it answers again.
+A broker that fails (a claim failed; or a pause read could not reach it) is left out of the
+rotation for `BROKER_RETRY_S`, then claimed again: a request leases from, and long-polls, the
+brokers that work, and is refused (the error raised, HTTP 503) only when every broker it owns
+slots on failed. A broker that did not answer (connection error, timeout) is up again once it
+answers a pause read; one that refused a claim (an error reply: READONLY after a failover
+demoted it) once a claim succeeds. Which brokers failed is `unreachable` (the metric
+`delayq_pull_broker_unreachable`), logged when one fails and when it works again.
 """
 
 from __future__ import annotations
@@ -54,9 +55,9 @@ log = logging.getLogger(__name__)
 
 MAX_LEASE_BATCH = 1000
 PAUSE_CHECK_S = 1.0  # the brokers' pause flags are read again when older than this
-BROKER_RETRY_S = 1.0  # a broker that did not answer is claimed again after this long
-#: The errors of a broker that did not answer (down, partitioned, loading its data): the
-#: others are leased from meanwhile. An error reply (a script's refusal) fails the request.
+BROKER_RETRY_S = 1.0  # a broker whose claim failed is claimed again after this long
+#: The errors of a broker that did not answer (down, partitioned, loading its data), as
+#: opposed to an error reply.
 UNANSWERED = (redis.ConnectionError, redis.TimeoutError, OSError)
 
 #: Leased messages by the key generation of their slots: the topic's, and while a doubling
@@ -134,7 +135,8 @@ class PullLeaser:
         self._clocks = [ServerClock() for _ in brokers.queues]
         self._paused = [False] * len(brokers.queues)  # per broker, as last read
         self._paused_read_s = -PAUSE_CHECK_S  # monotonic time of that read
-        # the brokers whose latest claim or pause read failed: monotonic time, error
+        # the brokers whose latest claim failed, or that a pause read could not reach:
+        # monotonic time, error
         self._down: dict[int, tuple[float, redis.RedisError | OSError]] = {}
 
     @property
@@ -224,47 +226,53 @@ class PullLeaser:
         for broker, paused in enumerate(read):
             if isinstance(paused, bool):
                 self._paused[broker] = paused
-                self._broker_answered(broker)
+                self._broker_works(broker, claimed=False)
             elif isinstance(paused, UNANSWERED):
                 self._broker_failed(broker, paused)
-            elif isinstance(paused, redis.RedisError):  # an error reply: it answered
-                self._broker_answered(broker)
+            elif isinstance(paused, redis.RedisError):  # an error reply: it answers
+                self._broker_works(broker, claimed=False)
             else:
                 raise paused
         self._paused_read_s = time.monotonic()
 
     @property
     def unreachable(self) -> list[bool]:
-        """Per broker: its latest claim or pause read failed."""
+        """Per broker: its latest claim failed, or a pause read could not reach it."""
         return [broker in self._down for broker in range(len(self.brokers.queues))]
 
     def _broker_failed(self, broker: int, error: redis.RedisError | OSError) -> None:
         if broker not in self._down:
             log.warning(
-                "broker %d does not answer (%r): leasing from the others, trying it again "
-                "every %.0f s",
+                "broker %d failed (%r): leasing from the others, claiming it again every %.0f s",
                 broker,
                 error,
                 BROKER_RETRY_S,
             )
         self._down[broker] = (time.monotonic(), error)
 
-    def _broker_answered(self, broker: int) -> None:
-        if self._down.pop(broker, None) is not None:
-            log.warning("broker %d answers again", broker)
+    def _broker_works(self, broker: int, claimed: bool) -> None:
+        """The broker answered a claim (`claimed`) or a pause read: up again, unless it
+        answers reads but refused its latest claim (only a claim tells it works again)."""
+        down = self._down.get(broker)
+        if down is not None and (claimed or isinstance(down[1], UNANSWERED)):
+            del self._down[broker]
+            log.warning("broker %d works again", broker)
 
-    def _all_down(self) -> redis.RedisError | OSError | None:
-        """The latest error when no broker this process leases from (owns slots on; any,
-        while it owns none) answers: a lease is refused. None while one does."""
+    def _all_down(
+        self, kinds: type[BaseException] | tuple[type[BaseException], ...] = BaseException
+    ) -> redis.RedisError | OSError | None:
+        """The latest error when every broker this process leases from (owns slots on; any,
+        while it owns none) failed with an error of `kinds`; None while one has not."""
         owning = {
             broker
             for generation in self._generations.values()
             for broker, owned in enumerate(generation.owned)
             if owned.slots
         } or set(range(len(self.brokers.queues)))
-        if not owning <= self._down.keys():
+        failed = [self._down.get(broker) for broker in owning]
+        if any(down is None or not isinstance(down[1], kinds) for down in failed):
             return None
-        return max((self._down[broker] for broker in owning), key=lambda down: down[0])[1]
+        return max((down for down in failed if down is not None), key=lambda d: d[0])[1]
 
     def server_now_ms(self, slot: int, generation: int | None = None) -> float:
         """The clock of the Redis server storing `slot` (of `generation`, by default the
@@ -283,11 +291,12 @@ class PullLeaser:
         """Up to `max_count` due messages leased for `ack_timeout_ms`, waiting up to `wait_ms`."""
         deadline = time.monotonic() + wait_ms / 1000
         while True:
-            # every broker down: read them now, before refusing (one may be back)
-            down = bool(self._down) and self._all_down() is not None
+            # no broker answers: read them now, before refusing (one may be back); one that
+            # answers but refuses claims is claimed again when something is due on it
+            down = bool(self._down) and self._all_down(UNANSWERED) is not None
             if down or time.monotonic() - self._paused_read_s >= PAUSE_CHECK_S:
                 await self.refresh_paused()
-                if (error := self._all_down()) is not None:
+                if (error := self._all_down(UNANSWERED)) is not None:
                     raise error
             leased = await self._paced_claim(max_count, ack_timeout_ms)
             due_now = self._arm() and not self._paced_ms
@@ -362,9 +371,8 @@ class PullLeaser:
             if result.failed is not None:
                 # what is leased already goes to the caller: raised, it would wait out its
                 # lease unseen and then count an attempt that never was; with nothing leased,
-                # the brokers that answer are waited on, unless none does
-                unanswered = isinstance(result.failed, UNANSWERED)
-                if not claimed.count and (not unanswered or self._all_down() is not None):
+                # the brokers that work are waited on, unless none does
+                if not claimed.count and self._all_down() is not None:
                     raise result.failed
                 break
             pending = rest + result.full
@@ -417,16 +425,13 @@ class PullLeaser:
             done.set_result(None)
         result = _Round()
         for (_, broker), reply in zip(groups, replies, strict=True):
-            if isinstance(reply, UNANSWERED):
+            if isinstance(reply, redis.RedisError | OSError):
                 result.failed = reply
                 self._broker_failed(broker, reply)
-            elif isinstance(reply, redis.RedisError):  # an error reply: the broker answered
-                result.failed = reply
-                self._broker_answered(broker)
             elif isinstance(reply, BaseException):
                 raise reply
             else:
-                self._broker_answered(broker)
+                self._broker_works(broker, claimed=True)
         for (generation, broker), reply in zip(groups, replies, strict=True):
             if isinstance(reply, BaseException):
                 continue
