@@ -475,8 +475,8 @@ def test_an_expired_lease_is_retried_after_the_backoff_a_nack_would_wait(
     queue: Queue, redis_client: redis.Redis, jitter: Jitter
 ) -> None:
     """Regression (issue 29): a lease that ran out was claimable again at once, whatever the
-    retry policy. A claim given the policy puts it back due after base * multiplier^(attempt
-    - 1), at most the ceiling with full jitter; never early."""
+    retry policy. A claim given the policy puts it back due base * multiplier^(attempt - 1)
+    after the lease's deadline (at most the ceiling with full jitter); never early."""
     backoff = Backoff(base_ms=400, multiplier=3.0, max_ms=60_000, jitter=jitter)
     # about 30 of one slot: a spread of full jitter below 200 ms is then one in 10^7
     ids = [f"a{n}" for n in range(120) if TOPIC.slot_of(f"a{n}") == TOPIC.slot_of("a0")]
@@ -489,16 +489,18 @@ def test_an_expired_lease_is_retried_after_the_backoff_a_nack_would_wait(
     assert batch.next_deadline_ms is not None
     wait_for_server_ms(redis_client, batch.next_deadline_ms)
     rolled = queue.claim(slot, epoch, backoff=backoff)  # the claim that rolls them back
-    assert rolled.messages == []  # not due yet
-    now_ms = rolled.now_us // 1000  # the script's clock
-    delays = [cast(int, queue.get(i).due_ms) - now_ms for i in ids]
+    deadline_ms = batch.next_deadline_ms  # every lease of the batch ends then
+    # a retry due before the rolling claim's clock (a jitter near 0) is claimed by it
+    early = {m.id: m.due_ms for m in rolled.messages}
+    assert all(due_ms <= rolled.now_us // 1000 for due_ms in early.values())
+    delays = [early.get(i, cast(int, queue.get(i).due_ms)) - deadline_ms for i in ids]
     if jitter is Jitter.NONE:  # attempt 1 failed: the base
         assert set(delays) == {400}
     else:  # spread over the range, within the ceiling
         assert all(0 <= delay <= 400 for delay in delays)
         assert max(delays) - min(delays) > 200
-    wait_for_server_ms(redis_client, now_ms + 401)
-    again = queue.claim(slot, epoch, backoff=backoff).messages
+    wait_for_server_ms(redis_client, deadline_ms + 401)
+    again = queue.claim(slot, epoch, backoff=backoff).messages + rolled.messages
     assert sorted(m.id for m in again) == sorted(ids)
     assert {m.attempt for m in again} == {2}
 

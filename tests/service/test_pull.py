@@ -274,6 +274,34 @@ async def test_an_expired_lease_follows_the_topics_retry_policy(start_service: S
     assert time.monotonic() - deadline_s >= 0.55  # never before the backoff (clock slack)
 
 
+async def test_an_expired_lease_claimed_late_is_due_its_backoff_after_its_deadline(
+    start_service: StartService,
+):
+    """Regression: the backoff of an expired lease counted from the claim that rolled it
+    back, so a claim that came late (no consumer polled while the lease ran out) added the
+    whole backoff again. The failed attempt ended at the deadline: the retry is due there plus
+    the backoff, and a lease after that time gets it at once."""
+    backoff_ms = 500
+    running = await start_service(retry_backoff_base_ms=backoff_ms)
+    await schedule(running, 1)
+    [first] = await lease(running, ackTimeoutMs=100)
+    topic, redis_client = running.service.topic, running.service.queues[0].redis
+    prepare = slot_keys(topic, topic.slot_of(str(first["id"]))).key(Part.PREPARE)
+    deadline_ms = await redis_client.zscore(prepare, str(first["id"]))
+    assert deadline_ms is not None
+    retry_due_ms = int(deadline_ms) + backoff_ms
+
+    async def retry_due() -> bool:
+        seconds, micros = await redis_client.time()
+        return seconds * 1000 + micros // 1000 >= retry_due_ms
+
+    await eventually(retry_due, 5, "the retry's due time on the Redis clock")
+    second = await lease(running)  # the first claim since the lease ran out: rolls it back
+    assert [(m["id"], m["attempt"], m["dueMs"]) for m in second] == [
+        (first["id"], 2, retry_due_ms)
+    ]
+
+
 async def test_nack_dead_and_redrive(start_service: StartService):
     running = await start_service()
     await schedule(running, 1)
@@ -612,39 +640,41 @@ async def test_a_lease_token_of_another_topic_is_refused_with_403(start_service:
 
 
 def unsigned_token(token: str) -> str:
-    """The token the previous version would have issued for the same lease (no MAC)."""
+    """`token` forged without its MAC, as version 2 (unsigned, never released) wrote it."""
     fields = token.split(".")[0]
     raw = base64.urlsafe_b64decode(fields + "=" * (-len(fields) % 4)).decode()
     old = ("2" + raw[1:]).encode()
     return base64.urlsafe_b64encode(old).decode().rstrip("=")
 
 
-async def test_an_unsigned_token_is_acked_for_one_lease_length_after_start_then_refused(
-    start_service: StartService,
-):
-    """The rolling upgrade: leases handed out by a process of the previous version (unsigned
-    tokens) can be acked on a new one for `ackTimeout` after it starts, not later."""
-    running = await start_service(ack_timeout_ms=1500)
-    await schedule(running, 2)
-    first, second = await lease(running, max=2)
-    answer = await running.client.post(
-        f"{running.base}/leases/ack", json={"tokens": [unsigned_token(str(first["token"]))]}
-    )
-    assert answer.status == 200
-    assert (await answer.json())["results"][0]["result"] == "acked"
-    old = unsigned_token(str(second["token"]))
-
-    async def refused() -> bool:
-        extend = {"tokens": [old], "ackTimeoutMs": 5000}  # the lease outlives the window
-        answer = await running.client.post(f"{running.base}/leases/extend", json=extend)
-        if answer.status == 200:  # still inside the window
-            return False
+async def test_an_unsigned_token_is_refused_right_after_a_restart(start_service: StartService):
+    """Regression: unsigned (version-2) tokens were accepted for one lease length after every
+    process start, so after each restart whoever held the API token could ack or nack a lease
+    handed to another consumer by guessing its epoch and lease number. No release issued
+    them (0.1.0's are version 1): now they are a 403 naming the token, nothing applied."""
+    first = await start_service()
+    await first.service.stop()
+    running = await start_service()  # the restart: before, the window opened here
+    await schedule(running, 1)
+    [leased] = await lease(running)
+    forged = unsigned_token(str(leased["token"]))
+    for path, body in (
+        ("/leases/ack", {"tokens": [forged]}),
+        ("/leases/nack", {"tokens": [forged], "delayMs": 0}),
+        ("/leases/extend", {"tokens": [forged], "ackTimeoutMs": 1000}),
+        ("/leases", {"ack": [forged]}),
+    ):
+        answer = await running.client.post(f"{running.base}{path}", json=body)
         error = await answer.json()
-        assert answer.status == 403, error
+        assert answer.status == 403, (path, error)
+        assert error["field"] in ("tokens[0]", "ack[0]")
         assert "unsigned" in error["error"]
-        return True
-
-    await eventually(refused, 5, "the unsigned token to be refused once the window passed")
+    got = await running.client.get(f"{running.base}/messages/{leased['id']}")
+    assert (await got.json())["state"] == "prepared"  # its holder still has it
+    acked = await running.client.post(
+        f"{running.base}/leases/ack", json={"tokens": [leased["token"]]}
+    )
+    assert (await acked.json())["results"][0]["result"] == "acked"
 
 
 async def test_a_nack_without_delay_follows_the_topics_retry_policy(

@@ -1,5 +1,6 @@
-"""A pull topic over two brokers, one of which refuses claims: a lease request hands out what
-the other broker leased, rather than leasing it and handing out nothing.
+"""A pull topic over two brokers, one of which refuses claims or is down: a lease request hands
+out what the other broker leased, rather than leasing it and handing out nothing, and long-polls
+the other broker rather than failing at once.
 
 Broker 1 is made a replica of an address where nothing listens, as a master demoted by a
 failover is: it still answers reads (the pause flag) and refuses every write (READONLY), so
@@ -8,6 +9,7 @@ its claims fail while broker 0's succeed in the same round.
 
 from __future__ import annotations
 
+import time
 from typing import cast
 
 import redis
@@ -87,3 +89,69 @@ async def test_a_broker_down_stops_no_lease_of_another(
             if len(leased) >= len(on_0):
                 break
         assert sorted(leased) == sorted(on_0)
+
+
+async def test_a_long_poll_with_one_broker_down_waits_on_the_others(
+    start_service: StartService,
+):
+    """Regression: a pull lease with `waitMs` whose claim reached a broker that was down, with
+    nothing due on the others, answered 503 at once. It now waits `waitMs` on the brokers that
+    answer (200, empty, or with what comes due there), reports the one down in /metrics; only
+    when no broker answers is it a 503."""
+    brokers = [RedisServer().start(), RedisServer().start()]
+    try:
+        urls = ",".join(broker.url for broker in brokers)
+        running = await start_service(slot_amount=SLOTS, broker_urls=urls)
+        brokers[1].stop()
+        started = time.monotonic()
+        answer = await running.client.post(f"{running.base}/leases", json={"waitMs": 600})
+        assert answer.status == 200, await answer.text()
+        assert (await answer.json())["leases"] == []
+        assert time.monotonic() - started >= 0.55  # it waited (clock slack)
+        metrics = await (await running.client.get("/metrics")).text()
+        assert (
+            'delayq_pull_broker_unreachable{broker="1",topic="orders",topic_namespace="shop"} 1.0'
+            in metrics
+        )
+        # a message coming due on the broker that answers during a wait is leased
+        topic = running.service.topic
+        on_0 = next(f"m{n}" for n in range(100) if topic.slot_of(f"m{n}") < 2)
+        scheduled = await running.client.post(
+            f"{running.base}/messages", json={"id": on_0, "delayMs": 300}
+        )
+        assert scheduled.status == 201
+        answer = await running.client.post(f"{running.base}/leases", json={"waitMs": 5000})
+        assert answer.status == 200, await answer.text()
+        assert [m["id"] for m in (await answer.json())["leases"]] == [on_0]
+        brokers[0].stop()  # none answers: a 503 once its pause read failed too
+        started = time.monotonic()
+        answer = await running.client.post(f"{running.base}/leases", json={"waitMs": 5000})
+        assert answer.status == 503, await answer.text()
+        assert time.monotonic() - started < 3
+    finally:
+        for broker in brokers:
+            broker.stop()
+
+
+async def test_a_long_poll_with_a_broker_refusing_claims_waits_on_the_others(
+    redis_server: RedisServer, start_service: StartService
+) -> None:
+    """Regression: as above, with broker 1 demoted (READONLY) and a message due only there."""
+    with RedisServer() as second:
+        running = await start_service(
+            slot_amount=SLOTS, broker_urls=f"{redis_server.url},{second.url}"
+        )
+        topic = running.service.topic
+        on_1 = next(f"m{n}" for n in range(100) if topic.slot_of(f"m{n}") >= 2)
+        created = await running.client.post(
+            f"{running.base}/messages", json={"id": on_1, "delayMs": 0}
+        )
+        assert created.status == 201
+        demoted = redis.Redis.from_url(second.url)
+        demoted.replicaof("127.0.0.1", str(free_port()))
+        demoted.close()
+        started = time.monotonic()
+        answer = await running.client.post(f"{running.base}/leases", json={"waitMs": 600})
+        assert answer.status == 200, await answer.text()
+        assert (await answer.json())["leases"] == []
+        assert time.monotonic() - started >= 0.55

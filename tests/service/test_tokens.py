@@ -1,5 +1,5 @@
-"""Lease tokens: round trips, refusal of malformed, foreign and forged ones, the upgrade window,
-the key generation."""
+"""Lease tokens: round trips, refusal of malformed, foreign, forged and unsigned ones, the key
+generation."""
 
 from __future__ import annotations
 
@@ -27,9 +27,10 @@ TOKENS = LeaseTokens(KEY, "shop", "orders")
 LEASE = Lease(1, "a", 2, 3)
 
 
-def unsigned(lease: Lease) -> str:
-    """A token as the previous version (2) issued it: no MAC."""
-    raw = f"2:{lease.slot}:{lease.epoch}:{lease.lease_id}:{lease.id}".encode()
+def unsigned(lease: Lease, version: int = 2) -> str:
+    """A token without a MAC: version 1 (0.1.0, an attempt where the lease number is) or 2
+    (never released)."""
+    raw = f"{version}:{lease.slot}:{lease.epoch}:{lease.lease_id}:{lease.id}".encode()
     return base64.urlsafe_b64encode(raw).decode().rstrip("=")
 
 
@@ -84,16 +85,13 @@ def test_an_altered_token_is_refused():
         TOKENS.decode(f"{fields}.", 0)  # version 3 without its MAC
 
 
-def test_unsigned_tokens_are_accepted_for_one_lease_length_after_start():
-    now = [100.0]
-    tokens = LeaseTokens(KEY, "shop", "orders", accept_unsigned_ms=30_000, clock_s=lambda: now[0])
-    assert tokens.decode(unsigned(LEASE), 0) == (LEASE, 0)
-    now[0] += 29.9
-    assert tokens.decode(unsigned(LEASE), 0) == (LEASE, 0)
-    now[0] += 0.2
+@pytest.mark.parametrize("version", [1, 2])
+def test_unsigned_tokens_are_refused(version):
+    """Whenever the process started: no window after a start reopens on every restart."""
     with pytest.raises(TokenRefusedError, match=r"unsigned .* lease the message again"):
-        tokens.decode(unsigned(LEASE), 0)
-    assert tokens.decode(tokens.encode(LEASE), 0) == (LEASE, 0)  # signed ones stay good
+        TOKENS.decode(unsigned(LEASE, version), 0)
+    with pytest.raises(ForbiddenFieldError, match=r"tokens\[0\]: lease token .* unsigned"):
+        parse_tokens({"tokens": [unsigned(LEASE, version)]}, TOPIC, TOKENS)
 
 
 def test_the_key_is_the_settings_or_derived_from_the_api_token():
@@ -117,15 +115,10 @@ def test_a_foreign_token_is_a_403_naming_the_field():
 
 @pytest.mark.parametrize("slot", [-1, 4, 10**6])
 def test_token_slots_outside_the_topic_are_400(slot):
-    """Signed tokens name the slots of their topic; unsigned ones of the upgrade window are
-    checked too."""
-    for tokens, token in (
-        (TOKENS, TOKENS.encode(Lease(slot, "a", 1, 1))),
-        (LeaseTokens(KEY, "shop", "orders", 60_000), unsigned(Lease(slot, "a", 1, 1))),
-    ):
-        with pytest.raises(FieldError, match=r"outside 0\.\.3") as caught:
-            parse_tokens({"tokens": [token]}, TOPIC, tokens)
-        assert caught.value.field == "tokens[0]"
+    """The slot is checked whatever the MAC says: its keys do not exist outside the topic's."""
+    with pytest.raises(FieldError, match=r"outside 0\.\.3") as caught:
+        parse_tokens({"tokens": [TOKENS.encode(Lease(slot, "a", 1, 1))]}, TOPIC, TOKENS)
+    assert caught.value.field == "tokens[0]"
 
 
 @given(generation=st.integers(0, 14), receiver=st.integers(0, 14))

@@ -418,12 +418,9 @@ class ServiceConfig:
         )
 
     def lease_tokens(self) -> LeaseTokens:
-        """The topic's lease tokens as issued and checked from now on: unsigned ones of the
-        previous version accepted for one lease length (`ack_timeout_ms`), see tokens.py."""
+        """The topic's lease tokens as issued and checked (signed only, see tokens.py)."""
         key = self.lease_token_key.encode() if self.lease_token_key else None
-        return LeaseTokens(
-            key or derived_key(self.api_token), self.namespace, self.topic, self.ack_timeout_ms
-        )
+        return LeaseTokens(key or derived_key(self.api_token), self.namespace, self.topic)
 
     @property
     def webhook_signer(self) -> Signer:

@@ -231,6 +231,11 @@ class ServiceMetrics:
         method = method if method in HTTP_METHODS else "other"
         self._child(self.requests, method, route, str(code)).observe(duration_s)
 
+    def watch_unreachable(self, unreachable: Callable[[], list[bool]]) -> None:
+        """Expose which brokers a pull topic's leases find down (`PullLeaser.unreachable`,
+        per broker), read at scrape time: a lease waits on the others meanwhile."""
+        self.registry.register(_UnreachableCollector(unreachable, self._topic_labels))
+
     def watch_session(self, holder: SessionHolder) -> None:
         """Expose the state of the ownership's ZooKeeper session, read at scrape time: while
         it is not connected this process claims nothing."""
@@ -357,6 +362,26 @@ class _PacerCollector(Collector):
             gauge = GaugeMetricFamily(name, help_text, labels=list(TOPIC_LABELS))
             gauge.add_metric(labels, level)
             yield gauge
+
+
+class _UnreachableCollector(Collector):
+    """`delayq_pull_broker_unreachable{broker}`: 1 while this process's latest claim on the
+    broker failed or a pause read could not reach it (it is tried again every second)."""
+
+    def __init__(self, unreachable: Callable[[], list[bool]], labels: tuple[str, str]) -> None:
+        self._unreachable = unreachable
+        self._labels = labels
+
+    def collect(self) -> Iterator[Metric]:
+        family = GaugeMetricFamily(
+            "delayq_pull_broker_unreachable",
+            "1 while this process's latest pull claim on the broker failed or a pause read "
+            "could not reach it (its leases wait on the other brokers meanwhile)",
+            labels=[*TOPIC_LABELS, "broker"],
+        )
+        for broker, down in enumerate(self._unreachable()):
+            family.add_metric([*self._labels, str(broker)], 1 if down else 0)
+        yield family
 
 
 class _SessionCollector(Collector):

@@ -1031,7 +1031,7 @@ def openapi_document(slot_amount: int = MAX_SLOT_AMOUNT, topic: str | None = Non
                 "Unauthorized": _error_response("missing or wrong bearer token"),
                 "Forbidden": _error_response(
                     "the read-only token on a write, or a lease token this topic did not issue "
-                    "(another topic's, altered, or unsigned after the upgrade window; see field)"
+                    "(another topic's, altered, or unsigned; see field)"
                 ),
                 "NotFound": _error_response("unknown topic or message id"),
                 "Conflict": _error_response("lease lost, fenced by a newer owner, wrong state"),

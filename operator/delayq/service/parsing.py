@@ -328,8 +328,8 @@ def _leases(
 def _lease(token: Any, field: str, topic: Topic, tokens: LeaseTokens) -> TokenLease:
     """A token decoded, its MAC checked (403: not this topic's), and its slot checked against
     the slot amount of its key generation (the topic's; twice it for a doubling's halves at the
-    next generation): an unsigned token of the upgrade window could name any slot, and the
-    slot's keys do not exist outside 0..slotAmount-1."""
+    next generation), whatever the MAC says (one more check, cheap): the slot's keys do not
+    exist outside 0..slotAmount-1."""
     if not isinstance(token, str):
         raise FieldError(field, f"{field} must be a string")
     try:

@@ -118,6 +118,8 @@ class DelayService:
         self.unconsumed_halves = UnconsumedSlots()  # halves whose take-over failed, by half
         self.metrics.watch_counters(self.counters)
         self.metrics.watch_pacer(self.pacer)
+        if (leaser := self.leaser) is not None:
+            self.metrics.watch_unreachable(lambda: leaser.unreachable)
         if isinstance(self.ownership, SessionHolder):
             self.metrics.watch_session(self.ownership)
 

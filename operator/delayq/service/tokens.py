@@ -15,15 +15,18 @@ constant-time comparison. Format: `base64url(3:slot:epoch:lease:id) "." base64ur
 slot of key generation 0 (a topic that never doubled: the tokens of the previous version), and
 `base64url(4:generation:slot:epoch:lease:id) "." base64url(mac)` for a later one, so a lease of a
 doubling's halves (the next generation, leased while the doubling switches slots) names the keys
-it is acked in. A token without a generation (version 3, or 2) is read as the receiving
-process's generation, as the previous version issued it: one of generation 0 that reaches a
+it is acked in. A token without a generation (version 3) is read as the receiving process's
+generation, as the version before version 4 issued it: one of generation 0 that reaches a
 process of a later generation names the half of its slot number, whose owner fenced above it.
 
-Rolling upgrade: version-2 tokens had no MAC. A process accepts them for one lease length
-(the topic's `ack_timeout_ms`) after it starts, so leases handed out by a process of the
-previous version can still be acked; later they are refused like forged ones. A process of the
-previous version refuses a version-4 token (400, unknown version): the message comes back when
-its lease runs out.
+Unsigned tokens are refused (403), whatever their version: 0.1.0, the only release before
+signed tokens, issued version-1 tokens (an attempt where the lease number is now, never
+acceptable), and version 2 (unsigned, with the lease number) was never released. Accepting
+version 2 for a lease length after each process start, as this once did, served no upgrade and
+let a holder of the topic's API token forge acks and nacks of leases handed to others after
+every pod restart. A process of the previous release refuses a version-3 or -4 token (400,
+unknown version) and a process of this one refuses the previous release's: during a rolling
+upgrade such a lease's message comes back when its lease runs out (at least once holds).
 """
 
 from __future__ import annotations
@@ -32,15 +35,13 @@ import base64
 import binascii
 import hashlib
 import hmac
-import time
-from collections.abc import Callable
 from typing import NamedTuple
 
 from delayq.queue.model import Lease, Leased
 
-_VERSION = "3"  # 3: signed (2: the lease number replaced the attempt, unsigned)
+_VERSION = "3"  # 3: signed (1, 0.1.0: unsigned, an attempt; 2, never released: unsigned)
 _GENERATION_VERSION = "4"  # 4: version 3 with the slot's key generation (1 and later)
-_UNSIGNED_VERSION = "2"
+_UNSIGNED_VERSIONS = ("1", "2")  # refused as unsigned (403), not unknown (400)
 _MAC_BYTES = 16
 #: What a key derived from the API token is derived with (a hand-run `serve` without a key).
 _DERIVATION_LABEL = b"delayq lease-token key v1"
@@ -59,7 +60,7 @@ class TokenError(ValueError):
 
 class TokenRefusedError(TokenError):
     """A well-formed token this topic did not issue: another topic's, altered, or unsigned
-    after the upgrade window (HTTP 403)."""
+    (HTTP 403)."""
 
 
 def derived_key(api_token: str) -> bytes:
@@ -80,20 +81,11 @@ def _unb64(text: str) -> bytes:
 class LeaseTokens:
     """Issues and checks one topic's lease tokens."""
 
-    def __init__(
-        self,
-        key: bytes,
-        namespace: str,
-        topic: str,
-        accept_unsigned_ms: int = 0,
-        clock_s: Callable[[], float] = time.monotonic,
-    ) -> None:
+    def __init__(self, key: bytes, namespace: str, topic: str) -> None:
         self._scope = f"{namespace}/{topic}"
         # the HMAC's state after the key and the topic, copied per token: half the work of a
         # one-shot HMAC, which matters at a thousand tokens a request (leased, then acked)
         self._keyed = hmac.new(key, self._scope.encode() + b"\n", hashlib.sha256)
-        self._unsigned_until_s = clock_s() + accept_unsigned_ms / 1000
-        self._clock_s = clock_s
 
     def encode(self, lease: Leased, generation: int = 0) -> str:
         """The token of `lease`, a lease of a slot of key generation `generation`."""
@@ -106,7 +98,7 @@ class LeaseTokens:
 
     def decode(self, token: str, generation: int) -> TokenLease:
         """The lease a token names, and its slot's key generation (one the token does not
-        name, of a version-3 or -2 token: `generation`, the receiving process's own);
+        name, of a version-3 token: `generation`, the receiving process's own);
         TokenError if it is none, TokenRefusedError if this topic did not issue it."""
         shown = repr(token[:40])
         try:
@@ -123,21 +115,19 @@ class LeaseTokens:
             lease = TokenLease(Lease(int(slot), message_id, int(lease_id), int(epoch)), generation)
         except (binascii.Error, UnicodeDecodeError, ValueError) as error:
             raise TokenError(f"malformed lease token {shown}") from error
-        if version in (_VERSION, _GENERATION_VERSION) and dot:
-            if not hmac.compare_digest(mac, self._mac(fields)):
-                raise TokenRefusedError(
-                    f"lease token {shown} was not issued by topic {self._scope} "
-                    "(another topic's, or altered)"
-                )
-            return lease
-        if version == _UNSIGNED_VERSION and not dot:
-            if self._clock_s() < self._unsigned_until_s:
-                return lease
+        if version not in (_VERSION, _GENERATION_VERSION, *_UNSIGNED_VERSIONS):
+            raise TokenError(f"malformed lease token {shown}: unknown version")
+        if version in _UNSIGNED_VERSIONS or not mac:
             raise TokenRefusedError(
                 f"lease token {shown} is unsigned (from a version before lease tokens were "
-                "signed) and its lease has run out: lease the message again"
+                "signed), so this topic did not issue it: lease the message again"
             )
-        raise TokenError(f"malformed lease token {shown}: unknown version")
+        if not hmac.compare_digest(mac, self._mac(fields)):
+            raise TokenRefusedError(
+                f"lease token {shown} was not issued by topic {self._scope} "
+                "(another topic's, or altered)"
+            )
+        return lease
 
     def _mac(self, fields: bytes) -> bytes:
         mac = self._keyed.copy()

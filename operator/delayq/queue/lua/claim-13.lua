@@ -1,8 +1,8 @@
 #!lua flags=allow-oom
 --[[
   Claim due messages of one slot (two-phase consumption, phase one): store -> prepare with a lease.
-  First rolls expired leases back (each expiry counts as a failed attempt, retried after the
-  caller's retry backoff as a nack is; past max_retries or the retry window the message is
+  First rolls expired leases back (each expiry counts as a failed attempt, retried the
+  caller's retry backoff after its lease deadline, as a nack is after the nack; past max_retries or the retry window the message is
   given up: dead or dropped), then moves at most max_count
   messages whose due time has passed on the server clock — never one that is early — and gives
   up instead those whose expiry has passed (never delivered after it). The batch bound keeps a
@@ -47,8 +47,9 @@
   ARGV[8] retry_exhausted_action  'dead' | 'drop' once retries are exhausted (record)
   ARGV[9] expiry_action   'dead' | 'drop' for a message past its expiry (record)
   ARGV[10] outcome_retention_ms  0 = dropped messages are not remembered (record)
-  ARGV[11] backoff_base_ms  an expired lease's retry waits base * multiplier^(attempts-1),
-                            capped at backoff_max_ms (0 or absent: redelivered at once)
+  ARGV[11] backoff_base_ms  an expired lease's retry is due base * multiplier^(attempts-1),
+                            capped at backoff_max_ms, after its lease's deadline (0 or
+                            absent: redelivered at once)
   ARGV[12] backoff_multiplier
   ARGV[13] backoff_max_ms
   ARGV[14] backoff_spread   full jitter: a random fraction in [0, 1) drawn by the caller;

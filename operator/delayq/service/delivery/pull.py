@@ -21,6 +21,14 @@ generation of this one leaser (`add_generation`, the service's halves engine), i
 rotation, rate limit, long polls and broker clocks (s + N is on the broker of s), so a request
 leases from both and the route tells each lease's generation (`lease` answers per generation).
 A round then costs one claim call per broker and generation, sent together.
+
+A broker that fails (a claim failed; or a pause read could not reach it) is left out of the
+rotation for `BROKER_RETRY_S`, then claimed again: a request leases from, and long-polls, the
+brokers that work, and is refused (the error raised, HTTP 503) only when every broker it owns
+slots on failed. A broker that did not answer (connection error, timeout) is up again once it
+answers a pause read; one that refused a claim (an error reply: READONLY after a failover
+demoted it) once a claim succeeds. Which brokers failed is `unreachable` (the metric
+`delayq_pull_broker_unreachable`), logged when one fails and when it works again.
 """
 
 from __future__ import annotations
@@ -47,6 +55,10 @@ log = logging.getLogger(__name__)
 
 MAX_LEASE_BATCH = 1000
 PAUSE_CHECK_S = 1.0  # the brokers' pause flags are read again when older than this
+BROKER_RETRY_S = 1.0  # a broker whose claim failed is claimed again after this long
+#: The errors of a broker that did not answer (down, partitioned, loading its data), as
+#: opposed to an error reply.
+UNANSWERED = (redis.ConnectionError, redis.TimeoutError, OSError)
 
 #: Leased messages by the key generation of their slots: the topic's, and while a doubling
 #: switches slots, its halves' (the next one).
@@ -123,6 +135,9 @@ class PullLeaser:
         self._clocks = [ServerClock() for _ in brokers.queues]
         self._paused = [False] * len(brokers.queues)  # per broker, as last read
         self._paused_read_s = -PAUSE_CHECK_S  # monotonic time of that read
+        # the brokers whose latest claim failed, or that a pause read could not reach:
+        # monotonic time, error
+        self._down: dict[int, tuple[float, redis.RedisError | OSError]] = {}
 
     @property
     def owned_slots(self) -> list[int]:
@@ -204,16 +219,60 @@ class PullLeaser:
     async def refresh_paused(self) -> None:
         """Read every broker's pause flag now (leases do it when the last read is a second
         old): the slots of a paused broker are not claimed. A broker that does not answer keeps
-        its last reading: its own claims fail (`_round`), and the other brokers' slots are
-        leased meanwhile rather than every lease failing with it."""
+        its last reading and is down (`_broker_failed`): the other brokers' slots are leased
+        meanwhile rather than every lease failing with it; one that answers is up again."""
         queues = self.brokers.queues
         read = await asyncio.gather(*(q.is_paused() for q in queues), return_exceptions=True)
         for broker, paused in enumerate(read):
             if isinstance(paused, bool):
                 self._paused[broker] = paused
-            elif not isinstance(paused, redis.RedisError | OSError):
+                self._broker_works(broker, claimed=False)
+            elif isinstance(paused, UNANSWERED):
+                self._broker_failed(broker, paused)
+            elif isinstance(paused, redis.RedisError):  # an error reply: it answers
+                self._broker_works(broker, claimed=False)
+            else:
                 raise paused
         self._paused_read_s = time.monotonic()
+
+    @property
+    def unreachable(self) -> list[bool]:
+        """Per broker: its latest claim failed, or a pause read could not reach it."""
+        return [broker in self._down for broker in range(len(self.brokers.queues))]
+
+    def _broker_failed(self, broker: int, error: redis.RedisError | OSError) -> None:
+        if broker not in self._down:
+            log.warning(
+                "broker %d failed (%r): leasing from the others, claiming it again every %.0f s",
+                broker,
+                error,
+                BROKER_RETRY_S,
+            )
+        self._down[broker] = (time.monotonic(), error)
+
+    def _broker_works(self, broker: int, claimed: bool) -> None:
+        """The broker answered a claim (`claimed`) or a pause read: up again, unless it
+        answers reads but refused its latest claim (only a claim tells it works again)."""
+        down = self._down.get(broker)
+        if down is not None and (claimed or isinstance(down[1], UNANSWERED)):
+            del self._down[broker]
+            log.warning("broker %d works again", broker)
+
+    def _all_down(
+        self, kinds: type[BaseException] | tuple[type[BaseException], ...] = BaseException
+    ) -> redis.RedisError | OSError | None:
+        """The latest error when every broker this process leases from (owns slots on; any,
+        while it owns none) failed with an error of `kinds`; None while one has not."""
+        owning = {
+            broker
+            for generation in self._generations.values()
+            for broker, owned in enumerate(generation.owned)
+            if owned.slots
+        } or set(range(len(self.brokers.queues)))
+        failed = [self._down.get(broker) for broker in owning]
+        if any(down is None or not isinstance(down[1], kinds) for down in failed):
+            return None
+        return max((down for down in failed if down is not None), key=lambda d: d[0])[1]
 
     def server_now_ms(self, slot: int, generation: int | None = None) -> float:
         """The clock of the Redis server storing `slot` (of `generation`, by default the
@@ -232,8 +291,13 @@ class PullLeaser:
         """Up to `max_count` due messages leased for `ack_timeout_ms`, waiting up to `wait_ms`."""
         deadline = time.monotonic() + wait_ms / 1000
         while True:
-            if time.monotonic() - self._paused_read_s >= PAUSE_CHECK_S:
+            # no broker answers: read them now, before refusing (one may be back); one that
+            # answers but refuses claims is claimed again when something is due on it
+            down = bool(self._down) and self._all_down(UNANSWERED) is not None
+            if down or time.monotonic() - self._paused_read_s >= PAUSE_CHECK_S:
                 await self.refresh_paused()
+                if (error := self._all_down(UNANSWERED)) is not None:
+                    raise error
             leased = await self._paced_claim(max_count, ack_timeout_ms)
             due_now = self._arm() and not self._paced_ms
             if leased:
@@ -246,18 +310,21 @@ class PullLeaser:
             if self._paced_ms:  # over the rate: nothing claimed, the messages stay in store
                 await asyncio.sleep(min(remaining_s, self._paced_ms / 1000))
             elif not due_now:
-                wait_s = min(remaining_s, PAUSE_CHECK_S) if self.paused else remaining_s
-                await self._polls.wait(wait_s)  # a resume is seen within a second
+                recheck = self.paused or self._down  # a resume, a broker back: seen in a second
+                wait_s = min(remaining_s, PAUSE_CHECK_S) if recheck else remaining_s
+                await self._polls.wait(wait_s)
 
     def _idle(self) -> list[tuple[PullSlot, float]]:
         """The owned slots of unpaused brokers that no claim is in flight on, each with its
-        broker's clock now."""
+        broker's clock now; a broker down is left out until BROKER_RETRY_S after it failed."""
         now_ms = [clock.now_ms() for clock in self._clocks]
+        now_s = time.monotonic()
+        resting = {b for b, (at_s, _) in self._down.items() if now_s - at_s < BROKER_RETRY_S}
         return [
             (state, now_ms[broker])
             for generation in self._generations.values()
             for broker, owned in enumerate(generation.owned)
-            if not self._paused[broker]
+            if not self._paused[broker] and broker not in resting
             for state in owned
             if not state.claiming
         ]
@@ -303,10 +370,10 @@ class PullLeaser:
             claimed.count += result.count
             if result.failed is not None:
                 # what is leased already goes to the caller: raised, it would wait out its
-                # lease unseen and then count an attempt that never was
-                if not claimed.count:
+                # lease unseen and then count an attempt that never was; with nothing leased,
+                # the brokers that work are waited on, unless none does
+                if not claimed.count and self._all_down() is not None:
                     raise result.failed
-                log.warning("claim failed on a broker (%r); leasing the others'", result.failed)
                 break
             pending = rest + result.full
         return claimed
@@ -357,11 +424,14 @@ class PullLeaser:
             self._rounds.discard(done)
             done.set_result(None)
         result = _Round()
-        for reply in replies:
+        for (_, broker), reply in zip(groups, replies, strict=True):
             if isinstance(reply, redis.RedisError | OSError):
                 result.failed = reply
+                self._broker_failed(broker, reply)
             elif isinstance(reply, BaseException):
                 raise reply
+            else:
+                self._broker_works(broker, claimed=True)
         for (generation, broker), reply in zip(groups, replies, strict=True):
             if isinstance(reply, BaseException):
                 continue

@@ -7,8 +7,12 @@
 --@include retry_delay
 
 -- Leased messages whose lease is over, already read from prepare (`ids`): each goes back to
--- store due `now` plus its retry delay (`backoff`, nil: none; retry_delay), its attempt counted (the lease's holder may have delivered it: the next
--- attempt tells the receiver it is a retry), or is given up once its retries are exhausted.
+-- store, its attempt counted (the lease's holder may have delivered it: the next attempt tells
+-- the receiver it is a retry), or is given up once its retries are exhausted. With a retry
+-- `backoff` (retry_delay) it is due its retry delay after its lease's deadline, when the
+-- attempt failed, not after this rollback: a claim that comes late (nobody polled, or an
+-- earlier claim's rollback_max left it) adds no delay of its own, as a nack's delay counts
+-- from the nack. Without one (nil: a takeover) it is due `now`.
 -- A lease is over when its deadline passed (claim-13) or when a new owner fenced the slot
 -- (fence-10): an ack carrying the old epoch is refused from then on, so waiting for the
 -- deadline would only make the message late. `slot` holds the keys and settings give_up
@@ -17,15 +21,18 @@ local function roll_back_leases(slot, store, prepare, ids, now, max_retries, ret
     exhausted_action, backoff)
   local given_up = 0
   for n, id in ipairs(ids) do
+    local deadline = tonumber(redis.call('ZSCORE', prepare, id))
     redis.call('ZREM', prepare, id)
     local record = redis.call('HGET', slot.msg, id)
     if record then
       local attempts, due, _, p3 = record_fields(record)
       local _, first_ms = record_extras(record, p3)
       journal(slot.journal, slot.journal_max_len, 'expired', id, now, due, attempts)
-      -- the window is checked at the next attempt's time, as a nack's is
-      local retry_due = now + retry_delay(backoff, attempts, n)
-      if retries_exhausted(attempts, max_retries, first_ms, retry_for_ms, retry_due) then
+      local retry_due = now
+      if backoff ~= nil then retry_due = deadline + retry_delay(backoff, attempts, n) end
+      -- the window is checked at the next attempt's time (never before now), as a nack's is
+      if retries_exhausted(attempts, max_retries, first_ms, retry_for_ms,
+          math.max(now, retry_due)) then
         give_up(slot, id, exhausted_action, 'lease expired on attempt ' .. attempts, 'dropped',
           now, due, attempts)
         given_up = given_up + 1
