@@ -22,6 +22,13 @@ from tests.service.conftest import StartService
 SLOTS = 4  # slots 0, 1 on broker 0, 2, 3 on broker 1
 
 
+def demote(url: str) -> None:
+    """Make the Redis at `url` a replica of an address where nothing listens: READONLY."""
+    demoted = redis.Redis.from_url(url)
+    demoted.replicaof("127.0.0.1", str(free_port()))
+    demoted.close()
+
+
 async def test_a_broker_refusing_claims_strands_no_lease_of_another(
     redis_server: RedisServer, start_service: StartService
 ) -> None:
@@ -41,9 +48,7 @@ async def test_a_broker_refusing_claims_strands_no_lease_of_another(
                 f"{running.base}/messages", json={"id": message_id, "delayMs": 0}
             )
             assert created.status == 201
-        demoted = redis.Redis.from_url(second.url)
-        demoted.replicaof("127.0.0.1", str(free_port()))
-        demoted.close()
+        demote(second.url)
 
         answer = await running.client.post(f"{running.base}/leases", json={"max": 10, "waitMs": 0})
         leased = (await answer.json()).get("leases", []) if answer.status == 200 else []
@@ -147,9 +152,7 @@ async def test_a_long_poll_with_a_broker_refusing_claims_waits_on_the_others(
             f"{running.base}/messages", json={"id": on_1, "delayMs": 0}
         )
         assert created.status == 201
-        demoted = redis.Redis.from_url(second.url)
-        demoted.replicaof("127.0.0.1", str(free_port()))
-        demoted.close()
+        demote(second.url)
         started = time.monotonic()
         answer = await running.client.post(f"{running.base}/leases", json={"waitMs": 600})
         assert answer.status == 200, await answer.text()
