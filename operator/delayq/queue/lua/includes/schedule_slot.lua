@@ -109,7 +109,9 @@ local function schedule_slot(prefix, args, first, last, now, bases_absent, resul
         redis.call('ZREM', dead, id)
         redis.call('HDEL', prefix .. 'reason', id)
       end
-      zadd_args[#zadd_args + 1] = due
+      -- a whole due as its integer text: Redis 7.0 writes a Lua number with "%.17g" (a
+      -- double's printf, once a message); any other (hostile) number as before
+      zadd_args[#zadd_args + 1] = due % 1 == 0 and string.format('%d', due) or due
       zadd_args[#zadd_args + 1] = id
       hset_args[#hset_args + 1] = id
       hset_args[#hset_args + 1] = new_record(args[i + 5], args[i + 6], expire_ms)
