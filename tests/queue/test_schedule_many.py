@@ -268,6 +268,22 @@ def test_a_batch_of_several_slots_declares_each_slot_by_its_store_key(
     assert {queue.get(r.id).state for r in again} == {State.ABSENT}
 
 
+def test_a_due_beyond_the_exact_integers_is_stored_as_given(
+    queue: Queue, redis_client: redis.Redis
+) -> None:
+    """The scripts give Redis a whole due as integer text (printf's %d, cheaper than the
+    "%.17g" Redis writes a Lua number with); a hostile raw call's due beyond the doubles' exact
+    integers, which %d would turn into another number, goes as the number it is."""
+    (call,) = plans.schedule_answers(
+        TOPIC, [ScheduleRequest("far-past", b"x", at_ms=1)], Mode.CREATE
+    ).calls
+    args = [*call.args]
+    args[8] = "-1e300"  # the when_ms of the one message (schedule-10's ARGV[9])
+    queue.run(plans.Plan([dataclasses.replace(call, args=args)], lambda replies: replies))
+    store = slot_keys(TOPIC, TOPIC.slot_of("far-past")).key(Part.STORE)
+    assert redis_client.zscore(store, "far-past") == -1e300
+
+
 @dataclasses.dataclass(frozen=True)
 class ClaimCase:
     """Messages of each kind ('due', 'later', 'expired': its expiry passed, 'leased': claimed
