@@ -227,10 +227,10 @@ def run_python(url: str, messages: int, slots: int) -> dict[str, float]:
 
 def scheduled_reply(call: ScriptCall, at_ms: int) -> list[int | bytes]:
     """The reply of a schedule call whose messages were all created: its head of 6 values,
-    then per message 8 (schedulemany-10: and per slot its message count)."""
+    then per message 8 (schedulemany-1: and per slot its message count)."""
     slot_counts = 0
     if call.script is Script.SCHEDULE_MANY:
-        slot_counts = len(call.keys) // len(plans.SCHEDULE_PARTS)
+        slot_counts = len(call.keys)  # one key a slot
     messages = (len(call.args) - 6 - slot_counts) // plans.FIELDS_PER_REQUEST
     return [1, at_ms, b"scheduled"] * messages
 

@@ -120,7 +120,7 @@ def test_batch_schedule_preserves_order_and_per_message_results(queue: Queue) ->
 def test_a_batch_is_one_script_call_per_broker_and_thousand_messages(
     queue: Queue, redis_client: redis.Redis
 ) -> None:
-    """The slots of a broker share one call (schedulemany-10) up to MAX_MESSAGES_PER_CALL
+    """The slots of a broker share one call (schedulemany-1) up to MAX_MESSAGES_PER_CALL
     messages; a call of one slot stays schedule-10."""
     redis_client.config_resetstat()
     queue.schedule_many([ScheduleRequest(f"m{i}", delay_ms=HOUR_MS) for i in range(400)])

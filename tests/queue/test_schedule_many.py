@@ -1,4 +1,4 @@
-"""A batch over several slots is one call per broker (schedulemany-10) and answers every item
+"""A batch over several slots is one call per broker (schedulemany-1) and answers every item
 exactly as one schedule-10 call per slot did: compared on random mixed batches (new ids, ids
 that exist or finished, slots over their quota share, a slot being moved, expiry before due, due
 too far, ids with a slot basis entry, slots tracked for a doubling) from the same starting
@@ -130,7 +130,7 @@ def prepared(admin: redis.Redis, queue: Queue, case: Case, base_ms: int) -> None
 
 
 def per_slot(queue: Queue, requests: list[ScheduleRequest], mode: Mode) -> list[Answer]:
-    """The path before schedulemany-10: one schedule-10 call per slot."""
+    """The path before schedulemany: one schedule-10 call per slot."""
     by_slot: dict[int, list[int]] = {}
     for index, request in enumerate(requests):
         by_slot.setdefault(queue.topic.slot_of(request.id), []).append(index)
@@ -162,7 +162,7 @@ def per_broker(queue: Queue, requests: list[ScheduleRequest], mode: Mode) -> lis
 def comparable(answer: Answer) -> tuple[object, ...]:
     """The answer, but the time an id finished (ALREADY_DONE's due_ms: each run's own) and the
     place Redis appends to a script's error (" script: <function>, on @user_function:<line>."):
-    schedulemany-10 answers a moving slot's refusal as a value, not as an error."""
+    schedulemany-1 answers a moving slot's refusal as a value, not as an error."""
     if isinstance(answer, ScheduleResult):
         finished = answer.code is Code.ALREADY_DONE
         return tuple(answer._replace(due_ms=0) if finished else answer)
@@ -243,6 +243,45 @@ def test_a_batch_of_several_slots_refuses_a_moving_slot_only(
     assert queue.get(id_c).state is State.SCHEDULED
     with pytest.raises(SlotMovingError, match=f"{{shop/orders/{slot_a}}}:epoch"):
         queue.schedule_many(batch[:2])
+
+
+def test_a_batch_of_several_slots_declares_each_slot_by_its_store_key(
+    queue: Queue, redis_client: redis.Redis
+) -> None:
+    """schedulemany-1 declares one key a slot, its store, and names the slot's other parts
+    after it: ten a slot were most of a call's arguments at 1,024 slots (docs/benchmarks.md).
+    A declared key that is not a slot's store key is refused before anything is written, the
+    other slots of the call included."""
+    batch = [ScheduleRequest(f"d{n}", b"x", delay_ms=HOUR_MS) for n in range(12)]
+    slots = dict.fromkeys(TOPIC.slot_of(r.id) for r in batch)  # in the order they come
+    (call,) = plans.schedule_answers(TOPIC, batch, Mode.CREATE).calls
+    assert call.script is Script.SCHEDULE_MANY
+    assert call.keys == [slot_keys(TOPIC, slot).key(Part.STORE) for slot in slots]
+    queue.schedule_many(batch)
+    assert {queue.get(r.id).state for r in batch} == {State.SCHEDULED}
+
+    again = [r._replace(id=f"e{r.id}") for r in batch]
+    (call,) = plans.schedule_answers(TOPIC, again, Mode.CREATE).calls
+    bad = dataclasses.replace(call, keys=[*call.keys[:-1], slot_keys(TOPIC, 0).key(Part.MSG)])
+    with pytest.raises(redis.ResponseError, match="not a slot store key"):
+        queue.run(plans.Plan([bad], lambda replies: replies))
+    assert {queue.get(r.id).state for r in again} == {State.ABSENT}
+
+
+def test_a_due_beyond_the_exact_integers_is_stored_as_given(
+    queue: Queue, redis_client: redis.Redis
+) -> None:
+    """The scripts give Redis a whole due as integer text (printf's %d, cheaper than the
+    "%.17g" Redis writes a Lua number with); a hostile raw call's due beyond the doubles' exact
+    integers, which %d would turn into another number, goes as the number it is."""
+    (call,) = plans.schedule_answers(
+        TOPIC, [ScheduleRequest("far-past", b"x", at_ms=1)], Mode.CREATE
+    ).calls
+    args = [*call.args]
+    args[8] = "-1e300"  # the when_ms of the one message (schedule-10's ARGV[9])
+    queue.run(plans.Plan([dataclasses.replace(call, args=args)], lambda replies: replies))
+    store = slot_keys(TOPIC, TOPIC.slot_of("far-past")).key(Part.STORE)
+    assert redis_client.zscore(store, "far-past") == -1e300
 
 
 @dataclasses.dataclass(frozen=True)
@@ -360,7 +399,7 @@ def stored_claims(admin: redis.Redis, queue: Queue, case: ClaimCase) -> list[obj
 def test_a_call_finding_its_slots_untracked_does_not_hide_a_later_tracking(
     queue: Queue, redis_client: redis.Redis
 ) -> None:
-    """schedulemany-10 asks once whether any of its slots is tracked for a doubling; the
+    """schedulemany-1 asks once whether any of its slots is tracked for a doubling; the
     library's calls share the wrapper that remembers it, so the next call must ask again: a
     slot tracked between two calls has the second call's writes noted, one slot or many."""
     batch = [ScheduleRequest(f"t{n}", b"x", delay_ms=HOUR_MS) for n in range(12)]

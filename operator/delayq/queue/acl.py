@@ -71,7 +71,7 @@ SCRIPT_COMMANDS = (
     "exists",
     "sadd",
     "get",
-    "mget",  # the epochs of a call's slots at once (schedulemany-10, claimmany-13)
+    "mget",  # the epochs of a call's slots at once (schedulemany-1, claimmany-13)
     "set",
     "del",
     "incr",

@@ -41,7 +41,7 @@ class Code(enum.IntEnum):
     WRONG_STATE = -6
     EXPIRES_BEFORE_DUE = -7
     OVER_QUOTA = -8
-    SLOT_MOVING = -9  # a batch item of a slot being moved (schedulemany-10): SlotMovingError
+    SLOT_MOVING = -9  # a batch item of a slot being moved (schedulemany-1): SlotMovingError
 
     @property
     def is_error(self) -> bool:

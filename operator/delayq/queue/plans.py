@@ -175,7 +175,8 @@ def schedule(
     return Plan(answers.calls, combine, partial=True)
 
 
-#: schedule-10's keys of a slot, in its KEYS order (schedulemany-10: the same, slot after slot)
+#: schedule-10's keys of a slot, in its KEYS order (schedulemany-1 declares the first, `store`,
+#: and names the others after it)
 SCHEDULE_PARTS = (
     Part.STORE,
     Part.PREPARE,
@@ -207,9 +208,11 @@ def schedule_answers(
     all would be wrong.
 
     The slots of a topic on one client share its broker, so a batch over many slots is one
-    call (schedulemany-10, which runs schedule-10 slot after slot) per MAX_MESSAGES_PER_CALL
+    call (schedulemany-1, which runs schedule-10 slot after slot) per MAX_MESSAGES_PER_CALL
     messages rather than one per slot: at 1,024 slots a batch of 1,000 touched ~630 slots, each
-    a call of its own. A call of one slot stays schedule-10.
+    a call of its own. It declares each slot by its store key alone (the script names the
+    other parts after it): ten keys a slot were most of the call's arguments. A call of one
+    slot stays schedule-10.
 
     Every request is validated before anything is sent. This is a producer's hot path (about
     half of its Python per message before it was written this way): the requests are encoded
@@ -226,16 +229,17 @@ def schedule_answers(
     ]
     calls: list[ScriptCall] = []
     order: list[list[int]] = []
+    namespace, name, generation = topic.namespace, topic.name, topic.slot_generation
     for chunks in _packed(by_slot):
         if len(chunks) == 1:
             slot, indexes, fields = chunks[0]
-            keys = [*_schedule_keys(topic.namespace, topic.name, topic.slot_generation, slot)]
+            keys = [*_schedule_keys(namespace, name, generation, slot)]
             calls.append(ScriptCall(Script.SCHEDULE, keys, head + fields))
             order.append(indexes)
             continue
         keys, args, positions = [], list(head), []
         for slot, indexes, fields in chunks:
-            keys += _schedule_keys(topic.namespace, topic.name, topic.slot_generation, slot)
+            keys.append(_schedule_keys(namespace, name, generation, slot)[0])
             args.append(len(indexes))
             args += fields
             positions += indexes
@@ -273,6 +277,10 @@ def _packed(
     call: list[tuple[int, list[int], list[Arg]]] = []
     size = 0
     for slot, (indexes, fields) in by_slot.items():
+        if size + len(indexes) < MAX_MESSAGES_PER_CALL:  # the common case: the whole slot
+            call.append((slot, indexes, fields))
+            size += len(indexes)
+            continue
         start = 0
         while start < len(indexes):
             end = min(len(indexes), start + MAX_MESSAGES_PER_CALL - size)

@@ -35,7 +35,7 @@ class Script(enum.StrEnum):
     """Every transition, valued by its file stem."""
 
     SCHEDULE = "schedule-10"
-    SCHEDULE_MANY = "schedulemany-10"  # 10 keys per slot, several slots of one broker
+    SCHEDULE_MANY = "schedulemany-1"  # 1 key per slot (its store), several slots of one broker
     CANCEL = "cancel-13"
     RESCHEDULE = "reschedule-7"
     CLAIM = "claim-13"

@@ -6,8 +6,8 @@
   given for it: a slot whose epoch is not that one answers STALE_EPOCH for its messages and
   nothing of it changes, and the call goes on with the others. What every slot would ask alone
   is asked once for all of them (their epochs, whether any has basis entries or remembered
-  outcomes, whether any is tracked for a doubling), as in schedulemany-10. Standalone brokers
-  only, as schedulemany-10 (docs/contracts.md §1). Runs under maxmemory (allow-oom), as ack-7.
+  outcomes, whether any is tracked for a doubling), as in schedulemany-1. Standalone brokers
+  only, as schedulemany-1 (docs/contracts.md §1). Runs under maxmemory (allow-oom), as ack-7.
 
   KEYS[1] prepare  ZSET id -> lease deadline ms   of the first slot, then again per further
   KEYS[2] msg      HASH id -> record                slot (slot s, from 0: KEYS[7s + 1 ..

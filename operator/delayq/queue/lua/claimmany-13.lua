@@ -5,8 +5,8 @@
   per slot. Every slot is fenced by its own epoch: a slot whose epoch is not the caller's answers
   STALE_EPOCH and nothing of it changes, and the call goes on with the others. What every slot
   would ask alone is asked once for all of them (their epochs, whether any has schedules or owes
-  a top-up, whether any is tracked for a doubling), as in schedulemany-10. Standalone brokers
-  only, as schedulemany-10 (docs/contracts.md §1). Runs under maxmemory (allow-oom), as claim-13;
+  a top-up, whether any is tracked for a doubling), as in schedulemany-1. Standalone brokers
+  only, as schedulemany-1 (docs/contracts.md §1). Runs under maxmemory (allow-oom), as claim-13;
   claim-13's byte bound holds for the whole call (its slots share one budget).
 
   KEYS[1] store    ZSET id -> due ms           of the first slot, then again per further slot

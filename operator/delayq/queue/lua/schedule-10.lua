@@ -48,8 +48,10 @@
 --@include now_ms
 --@include refuse_if_moving
 --@include schedule_slot
+--@include slot_prefix
 
+local prefix = slot_prefix(KEYS[1])  -- the slot of KEYS[1 .. 10], as schedulemany-1 names it
 refuse_if_moving(KEYS[9])
 local results = {}
-schedule_slot(KEYS, 0, ARGV, 7, #ARGV, now_ms(), false, results)
+schedule_slot(prefix, ARGV, 7, #ARGV, now_ms(), false, results)
 return results

@@ -1,9 +1,10 @@
 -- The record of a message scheduled anew: no attempt yet, not leased, and its expiry instant
 -- when it has one (layout: record_fields, record_extras). The instant is formatted with %d:
 -- Lua's own number-to-string writes 15 digits or more as '4.5035996273705e+15', which no
--- integer parser reads (expire_at_ms goes up to 2^52).
+-- integer parser reads (expire_at_ms goes up to 2^52); and %d is an integer's printf, where
+-- tostring formats a double (a producer's every message comes here).
 local function new_record(headers, payload, expire_ms)
   local extras = ''
   if expire_ms then extras = 'x' .. string.format('%d', expire_ms) .. ':' end
-  return '0:::' .. extras .. tostring(#headers) .. ':' .. headers .. payload
+  return '0:::' .. extras .. string.format('%d', #headers) .. ':' .. headers .. payload
 end

@@ -12,16 +12,18 @@
 
 -- Schedule messages into one slot, appending each one's triple (code, due_ms, state) to
 -- `results`: the body of schedule-10 (whose header is the contract: KEYS, ARGV, codes) and of
--- schedulemany-10, which runs it once per slot. `keys[at + 1 .. at + 10]` are the slot's keys
--- in schedule-10's KEYS order; `args[1 .. 6]` the head of schedule-10's ARGV; `args[first ..
--- last]` the slot's messages, 8 values each; `now` the server clock in ms (one reading per call:
--- TIME is a command, and a call of many slots would pay it once a slot); `bases_absent` true
--- when the caller knows the slot has no basis entries (schedulemany-10 asks once for all its
--- slots). The caller has refused a moving slot already.
-local function schedule_slot(keys, at, args, first, last, now, bases_absent, results)
-  local store, prepare, dead, msg, reason, wake, journal_key, outcome, basis =
-    keys[at + 1], keys[at + 2], keys[at + 3], keys[at + 4], keys[at + 5], keys[at + 6],
-    keys[at + 7], keys[at + 8], keys[at + 10]
+-- schedulemany-1, which runs it once per slot. `prefix` names the slot's keys: each is the
+-- prefix and its part (`dq:{<tag>}:` .. 'store'), made only when the slot's messages need that
+-- part (a slot's journal, outcome, prepare, dead and basis parts are looked at only when the
+-- topic journals, remembers outcomes, has a quota, an id exists or a basis is given), so a
+-- call over hundreds of slots declares one key a slot, not ten (schedulemany-1); `args[1 ..
+-- 6]` the head of schedule-10's ARGV; `args[first .. last]` the slot's messages, 8 values
+-- each; `now` the server clock in ms (one reading per call: TIME is a command, and a call of
+-- many slots would pay it once a slot); `bases_absent` true when the caller knows the slot has
+-- no basis entries (schedulemany-1 asks once for all its slots). The caller has refused a
+-- moving slot already.
+local function schedule_slot(prefix, args, first, last, now, bases_absent, results)
+  local store, msg = prefix .. 'store', prefix .. 'msg'
   local upsert = args[1] == 'upsert'
   local max_delay_ms = tonumber(args[2])
   local journal_max_len, retention_ms, default_ttl_ms, max_pending = topic_settings(store,
@@ -35,7 +37,7 @@ local function schedule_slot(keys, at, args, first, last, now, bases_absent, res
   -- message it replaces, or of a finished one kept with its outcome: forget_bases), looked for
   -- only in a slot that has entries, so default-basis batches pay nothing; written after the
   -- loop, so the last of an id given twice in the batch wins
-  local has_bases = not bases_absent and redis.call('HLEN', basis) > 0
+  local has_bases = not bases_absent and redis.call('HLEN', prefix .. 'basis') > 0
   local bases, based_ids = {}, {}
   local pending = {}  -- id -> due, for ids scheduled earlier in this same batch
   local earliest = nil
@@ -44,14 +46,19 @@ local function schedule_slot(keys, at, args, first, last, now, bases_absent, res
   -- copy)
   local ids = {}
   for i = first, last, 8 do ids[#ids + 1] = args[i] end
+  local prepare, dead = nil, nil  -- named when a quota counts or an id exists
   local pending_count = nil  -- scheduled + prepared, counted when a limit is set
   if max_pending > 0 then
+    prepare = prefix .. 'prepare'
     pending_count = redis.call('ZCARD', store) + redis.call('ZCARD', prepare)
   end
   local records = read_chunked('HMGET', msg, ids)
   -- create-only asks what finished ids left behind; upsert replaces whatever there was
   local outcomes = {}
-  if retention_ms > 0 and not upsert then outcomes = read_chunked('HMGET', outcome, ids) end
+  if retention_ms > 0 and not upsert then
+    outcomes = read_chunked('HMGET', prefix .. 'outcome', ids)
+  end
+  local journal_key = journal_max_len > 0 and prefix .. 'journal'
 
   for k = 1, #ids do
     local i = first + 8 * (k - 1)
@@ -71,6 +78,7 @@ local function schedule_slot(keys, at, args, first, last, now, bases_absent, res
     if pending[id] then
       state, score = 'scheduled', pending[id]
     elseif records[k] then
+      prepare, dead = prefix .. 'prepare', prefix .. 'dead'
       state, score = locate(store, prepare, dead, id)
     end
 
@@ -99,9 +107,13 @@ local function schedule_slot(keys, at, args, first, last, now, bases_absent, res
       if state == 'prepared' then redis.call('ZREM', prepare, id) end
       if state == 'dead' then
         redis.call('ZREM', dead, id)
-        redis.call('HDEL', reason, id)
+        redis.call('HDEL', prefix .. 'reason', id)
       end
-      zadd_args[#zadd_args + 1] = due
+      -- a whole due as its integer text: Redis 7.0 writes a Lua number with "%.17g" (a
+      -- double's printf, once a message); any other (hostile: fractional, or beyond the
+      -- doubles' exact integers, which %d would not write as they are) number as before
+      local exact = due % 1 == 0 and due > -2^53 and due < 2^53
+      zadd_args[#zadd_args + 1] = exact and string.format('%d', due) or due
       zadd_args[#zadd_args + 1] = id
       hset_args[#hset_args + 1] = id
       hset_args[#hset_args + 1] = new_record(args[i + 5], args[i + 6], expire_ms)
@@ -125,9 +137,10 @@ local function schedule_slot(keys, at, args, first, last, now, bases_absent, res
   if #zadd_args > 0 then
     call_chunked('ZADD', store, zadd_args)
     call_chunked('HSET', msg, hset_args)
-    wake_if_earliest(store, wake, earliest)
+    wake_if_earliest(store, prefix .. 'wake', earliest)
   end
   if #based_ids > 0 then
+    local basis = prefix .. 'basis'
     local hset_bases, hdel_bases = {}, {}
     for _, id in ipairs(based_ids) do
       if bases[id] then

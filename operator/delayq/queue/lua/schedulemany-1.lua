@@ -7,19 +7,18 @@
   in place of their triples) and the call goes on with the other slots. What every slot would
   ask alone is asked once for all of them (their epochs, whether any has basis entries or is
   tracked for a doubling): at 1,024 slots a call visits ~630 slots for 1,000 messages, and a
-  slot costs Redis commands, not its messages. Standalone brokers only: a Redis Cluster refuses
-  keys of several hash tags in one call (docs/contracts.md §1).
+  slot costs Redis commands, not its messages. Each slot is declared by its `store` key alone;
+  the script names its other parts from that key's hash tag (slot_prefix), as schedule-10's
+  KEYS[2 .. 10] are named: ten declared keys a slot were ~8,000 key names a call for Python to
+  pack, Redis to parse, check against the caller's ACL key patterns and hand to Lua. Standalone
+  brokers only: a Redis Cluster refuses keys of several hash tags in one call (docs/contracts.md
+  §1).
 
-  KEYS[1] store    ZSET id -> due ms           of the first slot, then again per further slot
-  KEYS[2] prepare  ZSET id -> lease deadline ms  (slot s, from 0: KEYS[10s + 1 .. 10s + 10],
-  KEYS[3] dead     ZSET id -> time of death ms    in this order)
-  KEYS[4] msg      HASH id -> record
-  KEYS[5] reason   HASH id -> dead reason
-  KEYS[6] wake     LIST wake-up marker of the slot
-  KEYS[7] journal  STREAM lifecycle events
-  KEYS[8] outcome  HASH id -> remembered outcome of a finished message
-  KEYS[9] epoch    STRING fencing epoch; 'moving:<epoch>' while the slot moves (refused)
-  KEYS[10] basis   HASH id -> custom slot basis (only messages scheduled with one)
+  KEYS[1] store    ZSET id -> due ms of the first slot, then one per further slot (slot s, from
+                   0: KEYS[s + 1]); its prepare, dead, msg, reason, wake, journal, outcome,
+                   epoch ('moving:<epoch>' while the slot moves: refused) and basis parts are
+                   schedule-10's KEYS[2 .. 10], named `dq:{<tag>}:<part>` after it (and the
+                   slot's settings record, by its hash tag: topic_settings)
 
   ARGV[1 .. 6]     schedule-10's: mode, max_delay_ms, journal_max_len, outcome_retention_ms,
                    expiry_ttl_ms, max_pending (the settings record's fields win, per slot)
@@ -30,6 +29,7 @@
   as schedule-10's (1 CREATED, 2 EXISTS, 6 ALREADY_DONE, 3 UPDATED, -4 TOO_FAR,
   -7 EXPIRES_BEFORE_DUE, -8 OVER_QUOTA), and for each message of a slot being moved:
     -9 SLOT_MOVING  nothing of that slot changed    due_ms 0, state = the refusal's text
+  A key that is not a slot's store key is refused (an error) before anything is written.
 
   Events: scheduled (new or replaced)
 ]]
@@ -40,28 +40,29 @@
 --@include now_ms
 --@include read_keys
 --@include schedule_slot
+--@include slot_prefix
 
 -- asked once for all the slots (header)
-local epoch_keys, basis_keys = {}, {}
-for at = 0, #KEYS - 1, 10 do
-  epoch_keys[#epoch_keys + 1] = KEYS[at + 9]
-  basis_keys[#basis_keys + 1] = KEYS[at + 10]
+local prefixes, epoch_keys, basis_keys = {}, {}, {}
+for s = 1, #KEYS do
+  local prefix = slot_prefix(KEYS[s])
+  prefixes[s], epoch_keys[s], basis_keys[s] = prefix, prefix .. 'epoch', prefix .. 'basis'
 end
 local epochs = read_keys(epoch_keys)
 local bases_absent = existing_count(basis_keys) == 0
-redis.untracked_slots(KEYS, 1, 10)
+redis.untracked_slots(KEYS, 1, 1)
 
 local results = {}
 local now = now_ms()
 local first = 7
-for at = 0, #KEYS - 1, 10 do
+for s = 1, #KEYS do
   local count = tonumber(ARGV[first])
   local last = first + 8 * count
-  local refusal = moving_refusal(KEYS[at + 9], epochs[at / 10 + 1])
+  local refusal = moving_refusal(epoch_keys[s], epochs[s])
   if refusal then
     for _ = 1, count do append(results, CODE.SLOT_MOVING, 0, refusal) end
   else
-    schedule_slot(KEYS, at, ARGV, first + 1, last, now, bases_absent, results)
+    schedule_slot(prefixes[s], ARGV, first + 1, last, now, bases_absent, results)
   end
   first = last + 1
 end
