@@ -26,6 +26,7 @@ from delayq.queue.codec import (
     expiry_argument,
     validate_id,
     validate_payload,
+    validate_priority,
     when_argument,
 )
 from delayq.queue.codes import (
@@ -304,8 +305,9 @@ def unconfirmed(error: ReplicationTimeoutError) -> list[ScheduleResult | Schedul
     ]
 
 
-#: id, when kind, when ms, expiry kind, expiry ms, headers, payload, slot basis ('' = the id)
-FIELDS_PER_REQUEST = 8
+#: id, when kind, when ms, expiry kind, expiry ms, headers, payload, slot basis ('' = the id),
+#: priority (0..9)
+FIELDS_PER_REQUEST = 9
 _NO_EXPIRY = expiry_argument(None, None)
 
 
@@ -323,7 +325,8 @@ def _encode_requests(
     ids: list[str] = []
     by_slot: dict[int, tuple[list[int], list[Arg]]] = {}
     for index, request in enumerate(requests):
-        message_id, payload, delay_ms, at_ms, slot_basis, headers, expire_at_ms, ttl_ms = request
+        (message_id, payload, delay_ms, at_ms, slot_basis, headers, expire_at_ms, ttl_ms,
+         priority) = request
         encoded_id = encode_id(message_id)
         if slot_basis is None:
             basis, recorded_basis = encoded_id, b""
@@ -338,6 +341,8 @@ def _encode_requests(
         encoded_headers = encode_headers(headers) if headers else b""
         if type(payload) is not bytes or len(payload) > max_payload_bytes:
             payload = validate_payload(payload, max_payload_bytes)
+        if priority != 0 or type(priority) is not int:
+            priority = validate_priority(priority)
         slot = slot_of(basis, slot_amount)
         slots.append(slot)
         ids.append(message_id)
@@ -354,6 +359,7 @@ def _encode_requests(
                 encoded_headers,
                 payload,
                 recorded_basis,
+                priority,
             )
         )
     return slots, ids, by_slot
@@ -983,6 +989,7 @@ def _message_info(message_id: str, slot: int, row: tuple[Any, ...]) -> MessageIn
         died_ms=score if state is State.DEAD else None,
         finished_ms=score if state.is_finished else None,
         expire_at_ms=record.expire_ms,
+        priority=record.priority,
         attempts=record.attempts,
         payload=record.payload,
         headers=record.headers,

@@ -1,5 +1,6 @@
 --@include call_chunked
 --@include codes
+--@include due_by_priority
 --@include epoch_matches
 --@include forget_expired
 --@include give_up
@@ -81,9 +82,17 @@ local function claim_slot(keys, at, args, now_micros, known)
   given_up = roll_back_leases(slot, store, prepare, expired, now, max_retries, retry_for_ms,
     exhausted_action, backoff)
 
-  -- 2. Claim what is due.
+  -- 2. Claim what is due: the priority index's first (highest priority first), then store's in
+  -- due order.
   local claimed = {CODE.OK, now_micros, -1, -1, 0}
-  local due_ids = redis.call('ZRANGEBYSCORE', store, '-inf', now, 'WITHSCORES', 'LIMIT', 0, max_count)
+  local due_ids = due_by_priority(store, now, max_count)
+  local room = max_count - #due_ids / 2
+  if #due_ids == 0 then
+    due_ids = redis.call('ZRANGEBYSCORE', store, '-inf', now, 'WITHSCORES', 'LIMIT', 0, max_count)
+  elseif room > 0 then
+    local rest = redis.call('ZRANGEBYSCORE', store, '-inf', now, 'WITHSCORES', 'LIMIT', 0, room)
+    for k = 1, #rest do due_ids[#due_ids + 1] = rest[k] end
+  end
   if #due_ids > 0 then
     local has_series = not known.series_absent and redis.call('HLEN', schedules) > 0
     local deadline = now + lease_ms

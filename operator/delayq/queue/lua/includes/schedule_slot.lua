@@ -1,9 +1,11 @@
 --@include append
 --@include call_chunked
 --@include codes
+--@include index_priority
 --@include journal
 --@include locate
 --@include new_record
+--@include priority_key
 --@include read_chunked
 --@include record_fields
 --@include remembered
@@ -14,7 +16,7 @@
 -- `results`: the body of schedule-10 (whose header is the contract: KEYS, ARGV, codes) and of
 -- schedulemany-10, which runs it once per slot. `keys[at + 1 .. at + 10]` are the slot's keys
 -- in schedule-10's KEYS order; `args[1 .. 6]` the head of schedule-10's ARGV; `args[first ..
--- last]` the slot's messages, 8 values each; `now` the server clock in ms (one reading per call:
+-- last]` the slot's messages, 9 values each; `now` the server clock in ms (one reading per call:
 -- TIME is a command, and a call of many slots would pay it once a slot); `bases_absent` true
 -- when the caller knows the slot has no basis entries (schedulemany-10 asks once for all its
 -- slots). The caller has refused a moving slot already.
@@ -38,12 +40,14 @@ local function schedule_slot(keys, at, args, first, last, now, bases_absent, res
   local has_bases = not bases_absent and redis.call('HLEN', basis) > 0
   local bases, based_ids = {}, {}
   local pending = {}  -- id -> due, for ids scheduled earlier in this same batch
+  -- a replaced message leaves the priority index, asked once whether the slot has one
+  local index_absent = nil
   local earliest = nil
 
   -- a live message always has its record: one HMGET tells which ids exist (new ids cost no
   -- copy)
   local ids = {}
-  for i = first, last, 8 do ids[#ids + 1] = args[i] end
+  for i = first, last, 9 do ids[#ids + 1] = args[i] end
   local pending_count = nil  -- scheduled + prepared, counted when a limit is set
   if max_pending > 0 then
     pending_count = redis.call('ZCARD', store) + redis.call('ZCARD', prepare)
@@ -54,7 +58,7 @@ local function schedule_slot(keys, at, args, first, last, now, bases_absent, res
   if retention_ms > 0 and not upsert then outcomes = read_chunked('HMGET', outcome, ids) end
 
   for k = 1, #ids do
-    local i = first + 8 * (k - 1)
+    local i = first + 9 * (k - 1)
     local id, when_kind, when_ms = ids[k], args[i + 1], tonumber(args[i + 2])
     local expire_kind, expire_value = args[i + 3], tonumber(args[i + 4])
     local due = when_ms
@@ -97,6 +101,13 @@ local function schedule_slot(keys, at, args, first, last, now, bases_absent, res
       append(results, CODE.EXISTS, shown, state)
     else
       if state == 'prepared' then redis.call('ZREM', prepare, id) end
+      if state then
+        if index_absent == nil then
+          index_absent = redis.call('EXISTS', priority_key(store)) == 0
+        end
+        if not index_absent then redis.call('ZREM', priority_key(store), id) end
+      end
+      local priority = tonumber(args[i + 8])
       if state == 'dead' then
         redis.call('ZREM', dead, id)
         redis.call('HDEL', reason, id)
@@ -104,7 +115,11 @@ local function schedule_slot(keys, at, args, first, last, now, bases_absent, res
       zadd_args[#zadd_args + 1] = due
       zadd_args[#zadd_args + 1] = id
       hset_args[#hset_args + 1] = id
-      hset_args[#hset_args + 1] = new_record(args[i + 5], args[i + 6], expire_ms)
+      hset_args[#hset_args + 1] = new_record(args[i + 5], args[i + 6], expire_ms, priority)
+      if priority > 0 then
+        index_priority(store, id, priority, due)
+        index_absent = false
+      end
       pending[id] = due
       local given_basis = args[i + 7]
       if given_basis ~= '' or has_bases then
