@@ -118,3 +118,17 @@ def test_a_priority_out_of_range_or_not_an_integer_is_refused(
     with pytest.raises(InvalidMessageError, match=r"priority .* must be an integer from 0 to 9"):
         queue.schedule_many([ScheduleRequest("m", delay_ms=0, priority=priority)])  # type: ignore[arg-type]
     assert redis_client.dbsize() == 0
+
+
+def test_a_batch_sends_priorities_only_when_one_has_one(queue: Queue) -> None:
+    """A batch without priorities sends the 8 values per message it always did; one with a
+    priority sends 9 for each, in every call of the batch, and each message keeps its own."""
+    plain = [ScheduleRequest(f"m{i}", delay_ms=HOUR_MS) for i in range(2_500)]
+    [call, *_] = plans.schedule_answers(TOPIC, plain, Mode.CREATE).calls
+    assert call.args[6] == plans.FIELDS_PER_REQUEST == 8
+    mixed = [r._replace(priority=i % 10) for i, r in enumerate(plain)]
+    calls = plans.schedule_answers(TOPIC, mixed, Mode.CREATE).calls
+    assert [c.args[6] for c in calls] == [9, 9, 9]
+    queue.schedule_many(mixed)
+    for i in (0, 1, 999, 1_000, 2_499):
+        assert queue.get(f"m{i}").priority == i % 10

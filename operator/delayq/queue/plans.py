@@ -216,7 +216,7 @@ def schedule_answers(
     half of its Python per message before it was written this way): the requests are encoded
     straight into their slot's argument list in one loop, rather than grouped by the generic
     `_per_slot_calls` afterwards."""
-    slots, ids, by_slot = _encode_requests(topic, requests)
+    slots, ids, by_slot, stride = _encode_requests(topic, requests)
     head: list[Arg] = [
         mode.value,
         MAX_DELAY_MS,
@@ -224,10 +224,11 @@ def schedule_answers(
         topic.outcome_retention_ms,
         topic.expiry_ttl_ms,
         topic.max_pending_per_slot,
+        stride,
     ]
     calls: list[ScriptCall] = []
     order: list[list[int]] = []
-    for chunks in _packed(by_slot):
+    for chunks in _packed(by_slot, stride):
         if len(chunks) == 1:
             slot, indexes, fields = chunks[0]
             keys = [*_schedule_keys(topic.namespace, topic.name, topic.slot_generation, slot)]
@@ -265,9 +266,10 @@ def schedule_answers(
 
 
 def _packed(
-    by_slot: dict[int, tuple[list[int], list[Arg]]],
+    by_slot: dict[int, tuple[list[int], list[Arg]]], stride: int
 ) -> Iterator[list[tuple[int, list[int], list[Arg]]]]:
-    """The slots' messages cut into calls of MAX_MESSAGES_PER_CALL messages (the last fewer),
+    """The slots' messages (`stride` arguments each) cut into calls of MAX_MESSAGES_PER_CALL
+    messages (the last fewer),
     each a list of its slots' parts (slot, positions, arguments). A slot may end one call and
     open the next, as a slot of more messages than a call always did: an id given twice then
     meets its first copy stored, which answers as it would in one call."""
@@ -277,7 +279,7 @@ def _packed(
         start = 0
         while start < len(indexes):
             end = min(len(indexes), start + MAX_MESSAGES_PER_CALL - size)
-            arguments = fields[FIELDS_PER_REQUEST * start : FIELDS_PER_REQUEST * end]
+            arguments = fields[stride * start : stride * end]
             call.append((slot, indexes[start:end], arguments))
             size += end - start
             start = end
@@ -305,17 +307,20 @@ def unconfirmed(error: ReplicationTimeoutError) -> list[ScheduleResult | Schedul
     ]
 
 
-#: id, when kind, when ms, expiry kind, expiry ms, headers, payload, slot basis ('' = the id),
-#: priority (0..9)
-FIELDS_PER_REQUEST = 9
+#: id, when kind, when ms, expiry kind, expiry ms, headers, payload, slot basis ('' = the id);
+#: and the priority (0..9) in a call of which some message has one above 0 (schedule-10's
+#: ARGV[7] says which): a batch without priorities sends no argument more per message
+FIELDS_PER_REQUEST = 8
+FIELDS_WITH_PRIORITY = FIELDS_PER_REQUEST + 1
 _NO_EXPIRY = expiry_argument(None, None)
 
 
 def _encode_requests(
     topic: Topic, requests: Sequence[ScheduleRequest]
-) -> tuple[list[int], list[str], dict[int, tuple[list[int], list[Arg]]]]:
-    """Each request's slot and id, and per slot the requests' positions and their script
-    arguments (FIELDS_PER_REQUEST each, the id encoded once for both hashing and sending).
+) -> tuple[list[int], list[str], dict[int, tuple[list[int], list[Arg]]], int]:
+    """Each request's slot and id, per slot the requests' positions and their script arguments
+    (the id encoded once for both hashing and sending), and how many arguments each request
+    has: FIELDS_PER_REQUEST, or FIELDS_WITH_PRIORITY when one has a priority above 0.
 
     The common request (no slot basis, no headers, no expiry of its own, a bytes payload) skips
     the calls that would only confirm its defaults; every other value goes through the one
@@ -324,6 +329,7 @@ def _encode_requests(
     slots: list[int] = []
     ids: list[str] = []
     by_slot: dict[int, tuple[list[int], list[Arg]]] = {}
+    priorities: dict[int, int] = {}  # request position -> its priority, when above 0
     for index, request in enumerate(requests):
         (message_id, payload, delay_ms, at_ms, slot_basis, headers, expire_at_ms, ttl_ms,
          priority) = request
@@ -341,8 +347,8 @@ def _encode_requests(
         encoded_headers = encode_headers(headers) if headers else b""
         if type(payload) is not bytes or len(payload) > max_payload_bytes:
             payload = validate_payload(payload, max_payload_bytes)
-        if priority != 0 or type(priority) is not int:
-            priority = validate_priority(priority)
+        if (priority != 0 or type(priority) is not int) and validate_priority(priority):
+            priorities[index] = priority
         slot = slot_of(basis, slot_amount)
         slots.append(slot)
         ids.append(message_id)
@@ -359,10 +365,26 @@ def _encode_requests(
                 encoded_headers,
                 payload,
                 recorded_basis,
-                priority,
             )
         )
-    return slots, ids, by_slot
+    if not priorities:
+        return slots, ids, by_slot, FIELDS_PER_REQUEST
+    return slots, ids, _with_priorities(by_slot, priorities), FIELDS_WITH_PRIORITY
+
+
+def _with_priorities(
+    by_slot: dict[int, tuple[list[int], list[Arg]]], priorities: dict[int, int]
+) -> dict[int, tuple[list[int], list[Arg]]]:
+    """`by_slot` with each request's priority after its other arguments (0 for none)."""
+    stride = FIELDS_PER_REQUEST
+    widened: dict[int, tuple[list[int], list[Arg]]] = {}
+    for slot, (indexes, fields) in by_slot.items():
+        arguments: list[Arg] = []
+        for n, index in enumerate(indexes):
+            arguments += fields[stride * n : stride * (n + 1)]
+            arguments.append(priorities.get(index, 0))
+        widened[slot] = (indexes, arguments)
+    return widened
 
 
 def restore(topic: Topic, items: Sequence[Item]) -> Plan[list[Outcome]]:

@@ -22,10 +22,11 @@
   KEYS[10] basis   HASH id -> custom slot basis (only messages scheduled with one)
   (and the slot's priority index, named from its store key: includes/priority_key.lua)
 
-  ARGV[1 .. 6]     schedule-10's: mode, max_delay_ms, journal_max_len, outcome_retention_ms,
-                   expiry_ttl_ms, max_pending (the settings record's fields win, per slot)
+  ARGV[1 .. 7]     schedule-10's: mode, max_delay_ms, journal_max_len, outcome_retention_ms,
+                   expiry_ttl_ms, max_pending (the settings record's fields win, per slot),
+                   fields (values per message: 8, or 9 with priorities)
   then per slot, in the order of its keys: the number n of its messages, then its n
-                   messages as schedule-10's (9 values each)
+                   messages as schedule-10's (ARGV[7] values each)
 
   Returns a flat array, per message in order (slot after slot) the triple code, due_ms, state,
   as schedule-10's (1 CREATED, 2 EXISTS, 6 ALREADY_DONE, 3 UPDATED, -4 TOO_FAR,
@@ -54,10 +55,11 @@ redis.untracked_slots(KEYS, 1, 10)
 
 local results = {}
 local now = now_ms()
-local first = 7
+local first = 8
+local fields = tonumber(ARGV[7])
 for at = 0, #KEYS - 1, 10 do
   local count = tonumber(ARGV[first])
-  local last = first + 9 * count
+  local last = first + fields * count
   local refusal = moving_refusal(KEYS[at + 9], epochs[at / 10 + 1])
   if refusal then
     for _ = 1, count do append(results, CODE.SLOT_MOVING, 0, refusal) end

@@ -15,8 +15,8 @@
 -- Schedule messages into one slot, appending each one's triple (code, due_ms, state) to
 -- `results`: the body of schedule-10 (whose header is the contract: KEYS, ARGV, codes) and of
 -- schedulemany-10, which runs it once per slot. `keys[at + 1 .. at + 10]` are the slot's keys
--- in schedule-10's KEYS order; `args[1 .. 6]` the head of schedule-10's ARGV; `args[first ..
--- last]` the slot's messages, 9 values each; `now` the server clock in ms (one reading per call:
+-- in schedule-10's KEYS order; `args[1 .. 7]` the head of schedule-10's ARGV; `args[first ..
+-- last]` the slot's messages, args[7] values each (the ninth a priority); `now` the server clock in ms (one reading per call:
 -- TIME is a command, and a call of many slots would pay it once a slot); `bases_absent` true
 -- when the caller knows the slot has no basis entries (schedulemany-10 asks once for all its
 -- slots). The caller has refused a moving slot already.
@@ -25,6 +25,7 @@ local function schedule_slot(keys, at, args, first, last, now, bases_absent, res
     keys[at + 1], keys[at + 2], keys[at + 3], keys[at + 4], keys[at + 5], keys[at + 6],
     keys[at + 7], keys[at + 8], keys[at + 10]
   local upsert = args[1] == 'upsert'
+  local fields = tonumber(args[7])
   local max_delay_ms = tonumber(args[2])
   local journal_max_len, retention_ms, default_ttl_ms, max_pending = topic_settings(store,
     {'journal_max_len', 'outcome_retention_ms', 'expiry_ttl_ms', 'limits_max_pending'},
@@ -47,7 +48,7 @@ local function schedule_slot(keys, at, args, first, last, now, bases_absent, res
   -- a live message always has its record: one HMGET tells which ids exist (new ids cost no
   -- copy)
   local ids = {}
-  for i = first, last, 9 do ids[#ids + 1] = args[i] end
+  for i = first, last, fields do ids[#ids + 1] = args[i] end
   local pending_count = nil  -- scheduled + prepared, counted when a limit is set
   if max_pending > 0 then
     pending_count = redis.call('ZCARD', store) + redis.call('ZCARD', prepare)
@@ -58,7 +59,7 @@ local function schedule_slot(keys, at, args, first, last, now, bases_absent, res
   if retention_ms > 0 and not upsert then outcomes = read_chunked('HMGET', outcome, ids) end
 
   for k = 1, #ids do
-    local i = first + 9 * (k - 1)
+    local i = first + fields * (k - 1)
     local id, when_kind, when_ms = ids[k], args[i + 1], tonumber(args[i + 2])
     local expire_kind, expire_value = args[i + 3], tonumber(args[i + 4])
     local due = when_ms
@@ -107,7 +108,7 @@ local function schedule_slot(keys, at, args, first, last, now, bases_absent, res
         end
         if not index_absent then redis.call('ZREM', priority_key(store), id) end
       end
-      local priority = tonumber(args[i + 8])
+      local priority = fields > 8 and tonumber(args[i + 8]) or 0
       if state == 'dead' then
         redis.call('ZREM', dead, id)
         redis.call('HDEL', reason, id)
