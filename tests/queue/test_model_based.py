@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
+from typing import cast
 
 import pytest
 import redis
@@ -358,7 +359,8 @@ class QueueMachine(RuleBasedStateMachine):
         indexed = set()
         for slot in self.topic.slots:
             key = slot_keys(self.topic, slot).key(Part.PRIORITY)
-            indexed |= {member.decode() for member in self.client.zrange(key, 0, -1)}
+            members = cast("list[bytes]", self.client.zrange(key, 0, -1))
+            indexed |= {member.decode() for member in members}
         waiting = {i for i, r in self.model.items() if r.state is State.SCHEDULED and r.priority}
         assert indexed == waiting
         stats = self.queue.stats()
