@@ -226,12 +226,16 @@ def run_python(url: str, messages: int, slots: int) -> dict[str, float]:
 
 
 def scheduled_reply(call: ScriptCall, at_ms: int) -> list[int | bytes]:
-    """The reply of a schedule call whose messages were all created: its head of 6 values,
-    then per message 8 (schedulemany-1: and per slot its message count)."""
+    """The reply of a schedule call whose messages were all created: its head of 6 values
+    (7 with the arguments per message, which it then says), then per message 8 (schedulemany:
+    and per slot its message count; a baseline before schedulemany-1 declared 10 keys a slot)."""
     slot_counts = 0
     if call.script is Script.SCHEDULE_MANY:
-        slot_counts = len(call.keys)  # one key a slot
-    messages = (len(call.args) - 6 - slot_counts) // plans.FIELDS_PER_REQUEST
+        keys_per_slot = 1 if Script.SCHEDULE_MANY.value.endswith("-1") else 10
+        slot_counts = len(call.keys) // keys_per_slot
+    head = 7 if hasattr(plans, "FIELDS_WITH_PRIORITY") else 6  # a baseline before priorities: 6
+    stride = int(call.args[6]) if head == 7 else plans.FIELDS_PER_REQUEST
+    messages = (len(call.args) - head - slot_counts) // stride
     return [1, at_ms, b"scheduled"] * messages
 
 

@@ -72,7 +72,8 @@ def broker_queue(cluster: Cluster, slot: int) -> Queue:
 
 
 def fill(cluster: Cluster, count: int = 60) -> None:
-    """Every slot with something in every part: scheduled (by id, by a custom basis),
+    """Every slot with something in every part: scheduled (by id, by a custom basis, with a
+    priority),
     leased, dead with a reason, acked and cancelled (outcomes), recurring schedules (their
     occurrences waiting, one claimed and its top-up owed), the journal."""
     topic = cluster.topic
@@ -86,6 +87,7 @@ def fill(cluster: Cluster, count: int = 60) -> None:
             b"p%d" % i,
             delay_ms=0 if i % 3 else 600_000,
             slot_basis=basis if custom else None,
+            priority=0 if i % 3 else 1 + i % 9,  # the waiting ones: the priority index
         )
         cluster.basis[message_id] = basis
     for i in range(8):
@@ -132,6 +134,7 @@ def churn(cluster: Cluster, tag: str) -> None:
                 b"c",
                 delay_ms=0 if due_now else 600_000,
                 slot_basis=basis if custom else None,
+                priority=i,
             )
             cluster.basis[message_id] = basis
         queue.cancel(landing[0])

@@ -118,18 +118,27 @@ def test_ingest_json_lines_with_mapping_and_nested_headers(
 ):
     path, rejects = tmp_path / "in.jsonl", tmp_path / "rejects"
     rows = [
-        {"key": f"j{i}", "body": f"b{i}", "wait": 10_000, "tenant": "t1", "meta": {"n": str(i)}}
+        {
+            "key": f"j{i}",
+            "body": f"b{i}",
+            "wait": 10_000,
+            "tenant": "t1",
+            "meta": {"n": str(i)},
+            "urgency": i % 10,
+        }
         for i in range(20)
     ]
     path.write_text("".join(json.dumps(r) + "\n" for r in rows))
-    extra = ["--map", "id=key,payload=body,delay=wait,slot_basis=tenant,headers=meta"]
+    mapping = "id=key,payload=body,delay=wait,slot_basis=tenant,headers=meta,priority=urgency"
+    extra = ["--map", mapping]
     assert main(_args(redis_server, path, rejects, "json", extra)) == 0
     summary = json.loads(capsys.readouterr().out)
     assert (summary["scheduled"], summary["rejected"]) == (20, 0)
     topic = Topic("orders", namespace="shop", slot_amount=SLOTS)
     store = slot_keys(topic, topic.slot_of("t1")).key(Part.STORE)
     assert redis_client.zcard(store) == 20  # every id routed by its slot basis
-    assert Queue.from_url(redis_server.url, topic).get("j7", "t1").headers == {"n": "7"}
+    got = Queue.from_url(redis_server.url, topic).get("j7", "t1")
+    assert (got.headers, got.priority) == ({"n": "7"}, 7)
 
 
 def test_ingest_reports_what_the_server_clock_refuses(spark, redis_server, redis_client, tmp_path):

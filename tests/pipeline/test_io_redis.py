@@ -27,6 +27,7 @@ def _batch(payload: pa.Array, headers: pa.Array) -> pa.RecordBatch:
         T.SLOT_BASIS: pa.array([None, "tenant", None]),
         T.HEADERS: headers,
         T.SLOT: pa.array([0, 1, 0], pa.int32()),
+        T.PRIORITY: pa.array([0, 3, 0], pa.int64()),
     }
     return pa.RecordBatch.from_pydict(columns)
 
@@ -36,7 +37,8 @@ def test_requests_of_reads_each_column_by_name():
     batch = _batch(pa.array(["p", None, ""]), headers)
     assert requests_of(batch) == [
         ScheduleRequest("a", "p", None, 1_000, None, {"k": "v", "n": "1"}),
-        ScheduleRequest("b", b"", 5, None, "tenant", None),  # an absent payload is empty
+        # an absent payload is empty
+        ScheduleRequest("b", b"", 5, None, "tenant", None, priority=3),
         ScheduleRequest("c", "", 0, None, None, {}),
     ]
 

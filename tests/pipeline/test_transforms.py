@@ -169,6 +169,31 @@ def test_validation_reasons_on_text_input(spark):
     assert result["e"].source == '{"key":"e","when":"yesterday-ish"}'
 
 
+def test_a_priority_the_engine_refuses_is_rejected_with_its_row(spark):
+    """Whole numbers 0 to 9 (text or a whole float too) pass as the engine's priority; a
+    fraction, a number out of range, a bool or other text is rejected; none is 0."""
+    cases = [
+        ("int", "priority long", 7, 7),
+        ("none", "priority long", None, 0),
+        ("high", "priority long", 10, None),
+        ("negative", "priority long", -1, None),
+        ("text", "priority string", " 3 ", 3),
+        ("word", "priority string", "high", None),
+        ("whole", "priority double", 4.0, 4),
+        ("fraction", "priority double", 1.5, None),
+        ("bool", "priority boolean", True, None),
+    ]
+    for name, column, value, expected in cases:
+        df = spark.createDataFrame([(name, 1, value)], f"id string, delay long, {column}")
+        [row] = T.validate(T.canonical(df, {}), LIMIT, NOW_MS).collect()
+        if expected is None:
+            assert row.reason == "priority not an integer from 0 to 9", (name, row)
+        else:
+            assert (row.reason, row.priority) == (None, expected), (name, row)
+            request = ScheduleRequest(name, delay_ms=1, priority=row.priority)
+            plans.schedule(Topic("t"), [request], Mode.CREATE)  # the engine takes it
+
+
 def test_fractional_times_are_whole_milliseconds(spark):
     rows = [("a", 1_800_000_000_000.7, None), ("b", None, 250.9), ("c", float("nan"), None)]
     df = spark.createDataFrame(rows, "id string, due_at double, delay double")

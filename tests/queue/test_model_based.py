@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
+from typing import cast
 
 import pytest
 import redis
@@ -24,6 +25,7 @@ from delayq.local.waiting import wait_until
 from delayq.queue import plans
 from delayq.queue.client import Queue
 from delayq.queue.codes import Code, NotFoundError
+from delayq.queue.keys import Part, slot_keys
 from delayq.queue.model import Lease, Mode, Retry, ScheduleRequest, State, Target
 from delayq.queue.recurrence import Recurrence
 from delayq.queue.schedules import Schedule, occurrence_target
@@ -36,6 +38,7 @@ DAY_MS = 86_400_000
 TOPIC = Topic("model", slot_amount=2, max_retries=1, outcome_retention_ms=DAY_MS)
 ALL_IDS = ["a", "b", "c"]
 IDS = st.sampled_from(ALL_IDS)
+SEED_PRIORITIES = [0, 3, 9]  # every path meets messages of each kind from the start
 SCHEDULE_IDS = st.sampled_from(["s1", "s2"])
 LONG_LEASE_MS = 600_000
 
@@ -51,6 +54,7 @@ class Ref:
     lease: Lease | None = None
     lease_expired: bool = False
     expired: bool = False  # scheduled with an expiry in the past: given up when claimed
+    priority: int = 0  # a claim takes a slot's due messages of higher priority first
 
 
 class QueueMachine(RuleBasedStateMachine):
@@ -74,11 +78,12 @@ class QueueMachine(RuleBasedStateMachine):
 
     @initialize()
     def take_over_all_slots_and_seed(self) -> None:
-        """Start with every id due, so short runs already reach leases, retries and dead."""
+        """Start with every id due, so short runs already reach leases, retries and dead, and
+        with priorities, so they reach each transition of the priority index too."""
         self.epochs = {slot: self.queue.take_over(slot) for slot in self.topic.slots}
-        for message_id in ALL_IDS:
-            self.queue.schedule(message_id, b"seed", at_ms=PAST_MS)
-            self.model[message_id] = Ref(State.SCHEDULED, True, 0, b"seed")
+        for message_id, priority in zip(ALL_IDS, SEED_PRIORITIES, strict=True):
+            self.queue.schedule(message_id, b"seed", at_ms=PAST_MS, priority=priority)
+            self.model[message_id] = Ref(State.SCHEDULED, True, 0, b"seed", priority=priority)
 
     def _when(self, due_now: bool) -> int:
         return PAST_MS if due_now else self.future_ms
@@ -99,16 +104,27 @@ class QueueMachine(RuleBasedStateMachine):
         upsert=st.booleans(),
         payload=st.binary(max_size=8),
         expired=st.booleans(),
+        priority=st.sampled_from([0, 3, 9]),
     )
     def schedule(
-        self, message_id: str, due_now: bool, upsert: bool, payload: bytes, expired: bool
+        self,
+        message_id: str,
+        due_now: bool,
+        upsert: bool,
+        payload: bytes,
+        expired: bool,
+        priority: int,
     ) -> None:
         """`expired`: an expiry just after PAST_MS, already over (a due-now message is given
         up when claimed; one due in a day expires before its due time and is refused)."""
         mode = Mode.UPSERT if upsert else Mode.CREATE
         expire_at_ms = PAST_MS + 1 if expired else None
         request = ScheduleRequest(
-            message_id, payload, at_ms=self._when(due_now), expire_at_ms=expire_at_ms
+            message_id,
+            payload,
+            at_ms=self._when(due_now),
+            expire_at_ms=expire_at_ms,
+            priority=priority,
         )
         [result] = self.queue.schedule_many([request], mode)
         ref = self.model.get(message_id)
@@ -118,13 +134,17 @@ class QueueMachine(RuleBasedStateMachine):
             assert (result.code, result.state) == (Code.ALREADY_DONE, self.finished[message_id][0])
         elif ref is None:
             assert result.code is Code.CREATED
-            self.model[message_id] = Ref(State.SCHEDULED, due_now, 0, payload, expired=expired)
+            self.model[message_id] = Ref(
+                State.SCHEDULED, due_now, 0, payload, expired=expired, priority=priority
+            )
         elif not upsert:
             assert (result.code, result.state) == (Code.EXISTS, ref.state)
         else:
             assert result.code is Code.UPDATED
             self._forget_lease(ref)
-            self.model[message_id] = Ref(State.SCHEDULED, due_now, 0, payload, expired=expired)
+            self.model[message_id] = Ref(
+                State.SCHEDULED, due_now, 0, payload, expired=expired, priority=priority
+            )
 
     @rule(message_id=IDS)
     def cancel(self, message_id: str) -> None:
@@ -170,6 +190,9 @@ class QueueMachine(RuleBasedStateMachine):
         for slot in self.topic.slots:
             batch = self.queue.claim(slot, self.epochs[slot], 1000, LONG_LEASE_MS)
             claimed.update({m.id: m for m in batch.messages})
+            priorities = [self.model[m.id].priority for m in batch.messages]
+            assert priorities == sorted(priorities, reverse=True)  # the higher ones first
+
         assert set(claimed) == expected
         for message_id, message in claimed.items():
             ref = self.model[message_id]
@@ -226,6 +249,7 @@ class QueueMachine(RuleBasedStateMachine):
         else:
             assert outcome.code is Code.RETRY_SCHEDULED
             ref.state, ref.due_now = State.SCHEDULED, retry_now
+
 
     @rule(data=st.data())
     def expire(self, data: st.DataObject) -> None:
@@ -325,11 +349,20 @@ class QueueMachine(RuleBasedStateMachine):
                 state, attempts = self.finished.get(message_id, (State.ABSENT, 0))
                 assert (info.state, info.attempts) == (state, attempts), message_id
                 continue
-            assert (info.state, info.attempts, info.payload) == (
+            assert (info.state, info.attempts, info.payload, info.priority) == (
                 ref.state,
                 ref.attempts,
                 ref.payload,
+                ref.priority,
             ), message_id
+        # the priority index holds exactly the waiting messages of priority above 0
+        indexed = set()
+        for slot in self.topic.slots:
+            key = slot_keys(self.topic, slot).key(Part.PRIORITY)
+            members = cast("list[bytes]", self.client.zrange(key, 0, -1))
+            indexed |= {member.decode() for member in members}
+        waiting = {i for i, r in self.model.items() if r.state is State.SCHEDULED and r.priority}
+        assert indexed == waiting
         stats = self.queue.stats()
         states = [r.state for r in self.model.values()]
         assert (stats.scheduled, stats.prepared, stats.dead) == (

@@ -278,7 +278,7 @@ def test_a_due_beyond_the_exact_integers_is_stored_as_given(
         TOPIC, [ScheduleRequest("far-past", b"x", at_ms=1)], Mode.CREATE
     ).calls
     args = [*call.args]
-    args[8] = "-1e300"  # the when_ms of the one message (schedule-10's ARGV[9])
+    args[9] = "-1e300"  # the when_ms of the one message (schedule-10's ARGV[10])
     queue.run(plans.Plan([dataclasses.replace(call, args=args)], lambda replies: replies))
     store = slot_keys(TOPIC, TOPIC.slot_of("far-past")).key(Part.STORE)
     assert redis_client.zscore(store, "far-past") == -1e300

@@ -111,6 +111,20 @@ async def test_a_finished_id_is_remembered_over_http(start_service: StartService
     assert (replaced.status, (await replaced.json())["result"]) == (201, "created")
 
 
+async def test_priority_over_http(start_service: StartService):
+    """priority reaches the message (GET shows it, 0 for a message without one), in a batch
+    too."""
+    running = await start_service()
+    client, base = running.client, running.base
+    one = await client.post(f"{base}/messages", json={"id": "p", "delayMs": 60_000, "priority": 7})
+    assert one.status == 201
+    batch = {"messages": [{"id": "q", "delayMs": 60_000, "priority": 2}, {"id": "r", "delayMs": 1}]}
+    assert (await client.post(f"{base}/messages/batch", json=batch)).status == 200
+    for message_id, priority in (("p", 7), ("q", 2), ("r", 0)):
+        got = await (await client.get(f"{base}/messages/{message_id}")).json()
+        assert got["priority"] == priority, got
+
+
 async def test_expiry_over_http(start_service: StartService):
     """ttlMs and expireAtMs reach the message (GET shows expireAtMs); both at once, or an
     expiry not after the due time, are 400 naming the field; batches answer per message."""

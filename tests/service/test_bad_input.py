@@ -220,7 +220,28 @@ def _body_for(path: str, field: str, value: Any) -> tuple[str, dict[str, Any]]:
         return "/messages/batch", {"messages": [{**message, "id": f"b{i}"} for i in range(value)]}
     if field == "id":
         return "/messages", {**message, "id": "x" * value}
+    if field == "priority":
+        return "/messages", {**message, "id": f"p{value}", field: value}
     return path, {field: value}
+
+
+async def test_a_priority_not_an_integer_from_0_to_9_is_400_naming_it(
+    start_service: StartService,
+):
+    running = await start_service()
+    for bad in (True, 1.5, "3", 10, -1, [1]):
+        for path, body, field in (
+            ("/messages", {"id": "p", "delayMs": 1, "priority": bad}, "priority"),
+            (
+                "/messages/batch",
+                {"messages": [{"id": "p", "delayMs": 1, "priority": bad}]},
+                "messages[0].priority",
+            ),
+        ):
+            status, error = await post(running, path, body)
+            assert (status, error["field"]) == (400, field), (bad, error)
+            assert error["error"] == f"{field} must be an integer between 0 and 9"
+    assert (await running.client.get(f"{running.base}/messages/p")).status == 404
 
 
 async def test_a_due_time_too_far_ahead_names_the_field_given(start_service: StartService):
@@ -249,6 +270,7 @@ async def test_every_documented_bound_is_the_enforced_bound(start_service: Start
     bounds = [
         ("/messages", "delayMs", schemas["ScheduleRequest"]["properties"]["delayMs"]),
         ("/messages", "atMs", schemas["ScheduleRequest"]["properties"]["atMs"]),
+        ("/messages", "priority", schemas["ScheduleRequest"]["properties"]["priority"]),
         ("/leases", "ackTimeoutMs", lease_props["ackTimeoutMs"]),
         ("/leases", "waitMs", lease_props["waitMs"]),
         ("/leases", "max", lease_props["max"]),

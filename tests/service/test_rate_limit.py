@@ -6,6 +6,7 @@ Retry-After holds every pod and spends no attempt."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import json
 import time
@@ -450,6 +451,41 @@ async def test_the_webhook_concurrency_halves_on_failure_and_grows_back() -> Non
     for _ in range(100):
         limit.grow()
     assert limit.size == 8  # never above maxInFlight
+
+
+async def test_a_freed_post_slot_goes_to_the_longest_waiter_not_a_newcomer() -> None:
+    """Regression: a slot released went to whoever asked next while the woken waiter had not
+    run yet, and the waiter queued again at the back, so the messages a consumer took first
+    (a draining backlog's most urgent) could wait behind hundreds taken after them."""
+    limit = AdaptiveLimit(1)
+    served: list[int] = []
+
+    async def post(n: int) -> None:
+        async with limit:
+            served.append(n)
+            await asyncio.sleep(0)
+
+    first = [asyncio.create_task(post(n)) for n in range(3)]
+    await asyncio.sleep(0)  # 0 holds the slot, 1 and 2 wait
+    later = []
+    for n in range(3, 6):  # newcomers, each arriving as a slot is handed over
+        later.append(asyncio.create_task(post(n)))
+        await asyncio.sleep(0)
+    await asyncio.gather(*first, *later)
+    assert served == list(range(6))
+    # a waiter cancelled before or after it is handed the slot loses no slot
+    await limit.acquire()
+    for hand_over_first in (False, True):
+        waiter = asyncio.create_task(limit.acquire())
+        await asyncio.sleep(0)
+        if hand_over_first:
+            limit.release()
+        waiter.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await waiter
+        if not hand_over_first:
+            limit.release()
+        await asyncio.wait_for(limit.acquire(), 1)
 
 
 async def test_pull_leases_obey_the_rate_limit(start_service: Any) -> None:

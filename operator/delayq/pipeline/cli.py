@@ -64,7 +64,8 @@ def register(subparsers: Any) -> None:
     ingest.add_argument(
         "--map",
         default="",
-        help="column mapping NAME=COLUMN,... for id, payload, due_at, delay, slot_basis, headers",
+        help="column mapping NAME=COLUMN,... for id, payload, due_at, delay, slot_basis, headers, "
+        "priority",
     )
     ingest.add_argument("--rejects", required=True, help="directory for rejected rows (JSON)")
     ingest.add_argument(

@@ -114,6 +114,7 @@ def requests_of(batch: Any) -> list[ScheduleRequest]:
     """
     headers = [None if text is None else json.loads(text) for text in _values(batch, T.HEADERS)]
     payloads = [b"" if value is None else value for value in _values(batch, T.PAYLOAD)]
+    no_expiry = itertools.repeat(None)  # the ingest has no expiry columns: the topic's applies
     return list(
         map(
             ScheduleRequest,
@@ -123,6 +124,9 @@ def requests_of(batch: Any) -> list[ScheduleRequest]:
             _values(batch, T.DUE_MS),
             _values(batch, T.SLOT_BASIS),
             headers,
+            no_expiry,
+            no_expiry,
+            _values(batch, T.PRIORITY),
         )
     )
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from delayq.queue.codec import MAX_PRIORITY
 from delayq.queue.topic import MAX_DELAY_MS, MAX_ID_BYTES, is_power_of_two
 from delayq.queue.trace_context import (
     MAX_TRACESTATE_BYTES,
@@ -22,15 +23,16 @@ from delayq.queue.trace_context import (
 )
 
 # The input columns the ingest understands, after the optional --map renaming.
-ID, PAYLOAD, DUE_AT, DELAY, SLOT_BASIS, HEADERS = (
+ID, PAYLOAD, DUE_AT, DELAY, SLOT_BASIS, HEADERS, PRIORITY = (
     "id",
     "payload",
     "due_at",
     "delay",
     "slot_basis",
     "headers",
+    "priority",
 )
-CANONICAL = (ID, PAYLOAD, DUE_AT, DELAY, SLOT_BASIS, HEADERS)
+CANONICAL = (ID, PAYLOAD, DUE_AT, DELAY, SLOT_BASIS, HEADERS, PRIORITY)
 
 # Columns a reader adds for a line it could not take as a row (`ingest.read_input`): a CSV
 # line's fields beyond its header's (Spark's PERMISSIVE mode would drop them), and Spark's own
@@ -51,7 +53,7 @@ DELAY_MS = "delay_ms"  # delay from the Redis server's now (null when due_at is 
 SLOT = "slot"
 
 # The columns the Redis writer receives, in this order (headers as JSON object text).
-GOOD_COLUMNS = (ID, PAYLOAD, DUE_MS, DELAY_MS, SLOT_BASIS, HEADERS, SLOT)
+GOOD_COLUMNS = (ID, PAYLOAD, DUE_MS, DELAY_MS, SLOT_BASIS, HEADERS, SLOT, PRIORITY)
 
 Column = Any  # pyspark.sql.Column; pyspark ships no type information mypy can use
 DataFrame = Any  # pyspark.sql.DataFrame
@@ -137,6 +139,25 @@ def _as_ms(df: DataFrame, column: str, timestamps: bool) -> Column:
     )
 
 
+def _priority(df: DataFrame) -> Column:
+    """The priority as a long, or null when it is not a whole number (a bool, a fraction,
+    text other than digits): the engine takes integers only. A whole float (3.0, as a
+    column with gaps reads from JSON or pandas) is the integer it holds."""
+    from pyspark.sql import functions as F
+
+    kind = _type_name(df, PRIORITY)
+    value = F.col(PRIORITY)
+    if kind in ("byte", "short", "integer", "long", "void"):
+        return value.cast("long")
+    if kind in ("float", "double") or kind.startswith("decimal"):
+        number = value.cast("double")
+        return F.when(~F.isnan(number) & (number == F.floor(number)), value.try_cast("long"))
+    if kind == "string":
+        text = F.trim(value)
+        return F.when(text.rlike(r"^[0-9]{1,2}$"), text.cast("long"))
+    return F.lit(None).cast("long")
+
+
 def _headers_map(df: DataFrame) -> Column:
     """Headers as map<string,string>: JSON object text, or a nested object / map as read."""
     from pyspark.sql import functions as F
@@ -196,6 +217,7 @@ def validate(df: DataFrame, max_payload_bytes: int, now_ms: int) -> DataFrame:
     from pyspark.sql import functions as F
 
     due_ms, delay_ms, headers = _as_ms(df, DUE_AT, True), _as_ms(df, DELAY, False), _headers_map(df)
+    priority = _priority(df)
     payload_bytes = F.octet_length(F.col(PAYLOAD))
     has_due, has_delay = F.col(DUE_AT).isNotNull(), F.col(DELAY).isNotNull()
     rules = [
@@ -227,6 +249,11 @@ def validate(df: DataFrame, max_payload_bytes: int, now_ms: int) -> DataFrame:
             F.lit("headers not a JSON object of strings"),
         ),
         *_trace_context_rules(headers),
+        (
+            F.col(PRIORITY).isNotNull()
+            & (priority.isNull() | (priority < 0) | (priority > MAX_PRIORITY)),
+            F.lit(f"priority not an integer from 0 to {MAX_PRIORITY}"),
+        ),
     ]
     reason = F.lit(None).cast("string")
     for failed, text in reversed(rules):  # the first failing rule names the reason
@@ -238,6 +265,7 @@ def validate(df: DataFrame, max_payload_bytes: int, now_ms: int) -> DataFrame:
         F.when(has_delay, delay_ms).alias(DELAY_MS),
         SLOT_BASIS,
         headers.alias(HEADERS),
+        F.coalesce(priority, F.lit(0)).alias(PRIORITY),
         SOURCE,
         reason.alias(REASON),
     )

@@ -1,7 +1,8 @@
 """The packed message record stored in a slot's `msg` hash, and message validation (pure).
 
 Layout: b"<attempts>:<due_ms or empty>:<lease or empty>:[x<expire ms>:][f<first attempt ms>:]"
-b"<headers_len>:" + headers_json + payload (the bracketed fields are optional and tagged).
+b"[p<priority>:]<headers_len>:" + headers_json + payload (the bracketed fields are optional and
+tagged; the priority, when above 0, is the last of them).
 One hash field per message with the metadata packed in front of the payload keeps Redis memory
 per pending message low (no per-message key, no second hash entry); see
 lua/includes/record_fields.lua.
@@ -36,6 +37,7 @@ class Record(NamedTuple):
     payload: bytes
     expire_ms: int | None = None  # not delivered after this instant
     first_attempt_ms: int | None = None  # when its first delivery was claimed
+    priority: int = 0  # among messages already due, a higher one is claimed first
 
 
 def as_text(value: bytes | str) -> str:
@@ -43,7 +45,11 @@ def as_text(value: bytes | str) -> str:
     return value.decode() if isinstance(value, bytes) else value
 
 
-_EXTRA_TAGS = (ord("x"), ord("f"))
+_EXTRA_TAGS = (ord("x"), ord("f"), ord("p"))
+
+#: The priorities a message may carry: 0 (the default, every message without one) to 9.
+MAX_PRIORITY = 9
+PRIORITY_RULE = f"an integer from 0 to {MAX_PRIORITY} (higher is claimed first once due)"
 
 
 def split_record(raw: bytes) -> tuple[bytes, bytes, bytes, bytes]:
@@ -60,7 +66,7 @@ def split_record(raw: bytes) -> tuple[bytes, bytes, bytes, bytes]:
 def decode_record(raw: bytes) -> Record:
     attempts, due, lease, rest = split_record(raw)
     extras: dict[int, int] = {}
-    while rest and rest[0] in _EXTRA_TAGS:  # the optional tagged fields, x then f
+    while rest and rest[0] in _EXTRA_TAGS:  # the optional tagged fields, p the last
         field, rest = rest.split(b":", 1)
         extras[field[0]] = _instant(field[1:])
     headers_len, rest = rest.split(b":", 1)
@@ -75,6 +81,7 @@ def decode_record(raw: bytes) -> Record:
         rest[size:],
         extras.get(ord("x")),
         extras.get(ord("f")),
+        extras.get(ord("p"), 0),
     )
 
 
@@ -173,6 +180,13 @@ def expiry_argument(expire_at_ms: int | None, ttl_ms: int | None) -> tuple[str, 
             )
         return "ttl", ttl_ms
     return "", 0
+
+
+def validate_priority(priority: object, field: str = "priority") -> int:
+    """A message's priority, refused unless an integer (not a bool) in 0..MAX_PRIORITY."""
+    if type(priority) is not int or not 0 <= priority <= MAX_PRIORITY:
+        raise InvalidMessageError(f"{field} {priority!r} must be {PRIORITY_RULE}")
+    return priority
 
 
 def _check_ms(name: str, value: int, high: int) -> None:

@@ -52,6 +52,10 @@ class Part(enum.StrEnum):
     # the custom slot basis of a message scheduled with one (only those ids): a doubling places
     # the message by it (queue/slot_split.py); kept while the record is, dead ones included
     BASIS = "basis"  # HASH id -> slot basis
+    # the waiting messages of priority above 0 (only while the slot holds one): a claim takes
+    # those already due first, highest priority first (lua/includes/due_by_priority.lua);
+    # named by the scripts from the store key (lua/includes/priority_key.lua)
+    PRIORITY = "priority"  # ZSET id -> priority * 2^42 + due ms
     # while a doubling copies the slot before freezing it (queue/slot_split.py): every message
     # ('m<id>') and schedule ('s<id>') a script changed since, '' while tracking is on
     CHANGES = "changes"  # SET

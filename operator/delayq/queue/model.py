@@ -57,6 +57,7 @@ class ScheduleRequest(NamedTuple):
     headers: Headers | None = None
     expire_at_ms: int | None = None
     ttl_ms: int | None = None
+    priority: int = 0  # 0..9: among messages already due, a higher one is claimed first
 
 
 class ScheduleOptions(TypedDict, total=False):
@@ -73,6 +74,7 @@ class ScheduleOptions(TypedDict, total=False):
     mode: Mode
     expire_at_ms: int | None
     ttl_ms: int | None
+    priority: int
 
 
 def schedule_request(
@@ -252,6 +254,7 @@ class MessageInfo:
     dead_reason: str = ""
     finished_ms: int | None = None  # done, cancelled, purged, dropped or expired: when
     expire_at_ms: int | None = None  # not delivered after this instant
+    priority: int = 0  # 0..9, the one it was scheduled with
 
 
 class Outcome(NamedTuple):

@@ -26,6 +26,7 @@ from delayq.queue.codec import (
     expiry_argument,
     validate_id,
     validate_payload,
+    validate_priority,
     when_argument,
 )
 from delayq.queue.codes import (
@@ -218,7 +219,7 @@ def schedule_answers(
     half of its Python per message before it was written this way): the requests are encoded
     straight into their slot's argument list in one loop, rather than grouped by the generic
     `_per_slot_calls` afterwards."""
-    slots, ids, by_slot = _encode_requests(topic, requests)
+    slots, ids, by_slot, stride = _encode_requests(topic, requests)
     head: list[Arg] = [
         mode.value,
         MAX_DELAY_MS,
@@ -226,11 +227,12 @@ def schedule_answers(
         topic.outcome_retention_ms,
         topic.expiry_ttl_ms,
         topic.max_pending_per_slot,
+        stride,
     ]
     calls: list[ScriptCall] = []
     order: list[list[int]] = []
     namespace, name, generation = topic.namespace, topic.name, topic.slot_generation
-    for chunks in _packed(by_slot):
+    for chunks in _packed(by_slot, stride):
         if len(chunks) == 1:
             slot, indexes, fields = chunks[0]
             keys = [*_schedule_keys(namespace, name, generation, slot)]
@@ -268,10 +270,11 @@ def schedule_answers(
 
 
 def _packed(
-    by_slot: dict[int, tuple[list[int], list[Arg]]],
+    by_slot: dict[int, tuple[list[int], list[Arg]]], stride: int
 ) -> Iterator[list[tuple[int, list[int], list[Arg]]]]:
-    """The slots' messages cut into calls of MAX_MESSAGES_PER_CALL messages (the last fewer),
-    each a list of its slots' parts (slot, positions, arguments). A slot may end one call and
+    """The slots' messages (`stride` arguments each) cut into calls of MAX_MESSAGES_PER_CALL
+    messages (the last fewer), each a list of its slots' parts (slot, positions, arguments). A
+    slot that fits whole into a call is not sliced. A slot may end one call and
     open the next, as a slot of more messages than a call always did: an id given twice then
     meets its first copy stored, which answers as it would in one call."""
     call: list[tuple[int, list[int], list[Arg]]] = []
@@ -284,7 +287,7 @@ def _packed(
         start = 0
         while start < len(indexes):
             end = min(len(indexes), start + MAX_MESSAGES_PER_CALL - size)
-            arguments = fields[FIELDS_PER_REQUEST * start : FIELDS_PER_REQUEST * end]
+            arguments = fields[stride * start : stride * end]
             call.append((slot, indexes[start:end], arguments))
             size += end - start
             start = end
@@ -312,16 +315,20 @@ def unconfirmed(error: ReplicationTimeoutError) -> list[ScheduleResult | Schedul
     ]
 
 
-#: id, when kind, when ms, expiry kind, expiry ms, headers, payload, slot basis ('' = the id)
+#: id, when kind, when ms, expiry kind, expiry ms, headers, payload, slot basis ('' = the id);
+#: and the priority (0..9) in a call of which some message has one above 0 (schedule-10's
+#: ARGV[7] says which): a batch without priorities sends no argument more per message
 FIELDS_PER_REQUEST = 8
+FIELDS_WITH_PRIORITY = FIELDS_PER_REQUEST + 1
 _NO_EXPIRY = expiry_argument(None, None)
 
 
 def _encode_requests(
     topic: Topic, requests: Sequence[ScheduleRequest]
-) -> tuple[list[int], list[str], dict[int, tuple[list[int], list[Arg]]]]:
-    """Each request's slot and id, and per slot the requests' positions and their script
-    arguments (FIELDS_PER_REQUEST each, the id encoded once for both hashing and sending).
+) -> tuple[list[int], list[str], dict[int, tuple[list[int], list[Arg]]], int]:
+    """Each request's slot and id, per slot the requests' positions and their script arguments
+    (the id encoded once for both hashing and sending), and how many arguments each request
+    has: FIELDS_PER_REQUEST, or FIELDS_WITH_PRIORITY when one has a priority above 0.
 
     The common request (no slot basis, no headers, no expiry of its own, a bytes payload) skips
     the calls that would only confirm its defaults; every other value goes through the one
@@ -330,8 +337,10 @@ def _encode_requests(
     slots: list[int] = []
     ids: list[str] = []
     by_slot: dict[int, tuple[list[int], list[Arg]]] = {}
+    priorities: dict[int, int] = {}  # request position -> its priority, when above 0
     for index, request in enumerate(requests):
-        message_id, payload, delay_ms, at_ms, slot_basis, headers, expire_at_ms, ttl_ms = request
+        (message_id, payload, delay_ms, at_ms, slot_basis, headers, expire_at_ms, ttl_ms,
+         priority) = request
         encoded_id = encode_id(message_id)
         if slot_basis is None:
             basis, recorded_basis = encoded_id, b""
@@ -346,6 +355,8 @@ def _encode_requests(
         encoded_headers = encode_headers(headers) if headers else b""
         if type(payload) is not bytes or len(payload) > max_payload_bytes:
             payload = validate_payload(payload, max_payload_bytes)
+        if (priority != 0 or type(priority) is not int) and validate_priority(priority):
+            priorities[index] = priority
         slot = slot_of(basis, slot_amount)
         slots.append(slot)
         ids.append(message_id)
@@ -364,7 +375,24 @@ def _encode_requests(
                 recorded_basis,
             )
         )
-    return slots, ids, by_slot
+    if not priorities:
+        return slots, ids, by_slot, FIELDS_PER_REQUEST
+    return slots, ids, _with_priorities(by_slot, priorities), FIELDS_WITH_PRIORITY
+
+
+def _with_priorities(
+    by_slot: dict[int, tuple[list[int], list[Arg]]], priorities: dict[int, int]
+) -> dict[int, tuple[list[int], list[Arg]]]:
+    """`by_slot` with each request's priority after its other arguments (0 for none)."""
+    stride = FIELDS_PER_REQUEST
+    widened: dict[int, tuple[list[int], list[Arg]]] = {}
+    for slot, (indexes, fields) in by_slot.items():
+        arguments: list[Arg] = []
+        for n, index in enumerate(indexes):
+            arguments += fields[stride * n : stride * (n + 1)]
+            arguments.append(priorities.get(index, 0))
+        widened[slot] = (indexes, arguments)
+    return widened
 
 
 def restore(topic: Topic, items: Sequence[Item]) -> Plan[list[Outcome]]:
@@ -991,6 +1019,7 @@ def _message_info(message_id: str, slot: int, row: tuple[Any, ...]) -> MessageIn
         died_ms=score if state is State.DEAD else None,
         finished_ms=score if state.is_finished else None,
         expire_at_ms=record.expire_ms,
+        priority=record.priority,
         attempts=record.attempts,
         payload=record.payload,
         headers=record.headers,

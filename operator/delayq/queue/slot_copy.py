@@ -49,6 +49,7 @@ PART_TYPES: dict[Part, RedisType] = {
     Part.DEAD: RedisType.ZSET,
     Part.FINISHED: RedisType.ZSET,
     Part.TOPUP: RedisType.ZSET,
+    Part.PRIORITY: RedisType.ZSET,
     Part.MSG: RedisType.HASH,
     Part.REASON: RedisType.HASH,
     Part.OUTCOME: RedisType.HASH,

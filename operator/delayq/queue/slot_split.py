@@ -74,6 +74,7 @@ PART_RULES: dict[Part, Rule] = {
     Part.OUTCOME: Rule.BY_MESSAGE,
     Part.FINISHED: Rule.BY_MESSAGE,
     Part.BASIS: Rule.BY_MESSAGE,
+    Part.PRIORITY: Rule.BY_MESSAGE,
     Part.SCHEDULES: Rule.BY_SCHEDULE,
     Part.TOPUP: Rule.BY_SCHEDULE,
     Part.JOURNAL: Rule.LOWER,
@@ -83,7 +84,7 @@ PART_RULES: dict[Part, Rule] = {
     Part.CHANGES: Rule.TRACKING,
     Part.RECOPY: Rule.TRACKING,
 }
-ZSET_PARTS = (Part.STORE, Part.PREPARE, Part.DEAD, Part.FINISHED, Part.TOPUP)
+ZSET_PARTS = (Part.STORE, Part.PREPARE, Part.DEAD, Part.FINISHED, Part.TOPUP, Part.PRIORITY)
 HASH_PARTS = (Part.MSG, Part.REASON, Part.OUTCOME, Part.SCHEDULES, Part.BASIS)
 #: How a script names what it changed in `changes` (track_changes.lua): a message, a schedule.
 CHANGED_MESSAGE, CHANGED_SCHEDULE = b"m", b"s"

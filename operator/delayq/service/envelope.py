@@ -85,6 +85,7 @@ def info_json(info: MessageInfo) -> dict[str, Any]:
         "payload": payload,
         "encoding": encoding,
         "headers": info.headers,
+        "priority": info.priority,
     }
     optional = {
         "dueMs": info.due_ms,

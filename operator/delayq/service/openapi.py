@@ -13,6 +13,7 @@ from typing import Any
 
 import yaml
 
+from delayq.queue.codec import MAX_PRIORITY
 from delayq.queue.model import State
 from delayq.queue.recurrence import MAX_CATCH_UP, MAX_INSTANT_MS, CatchUp
 from delayq.queue.schedules import DEFAULT_CATCH_UP_MAX, MAX_SCHEDULE_ID_BYTES
@@ -298,6 +299,16 @@ SCHEMAS: dict[str, Schema] = {
             1,
             MAX_DELAY_MS,
         ),
+        priority={
+            **integer(
+                "among messages already due, a higher priority is claimed first (push delivery "
+                "and pull leases); it never makes a message early. 0, the default, is every "
+                "message without one",
+                0,
+                MAX_PRIORITY,
+            ),
+            "default": 0,
+        },
         id={
             **ID_SCHEMA,
             "description": "message id (idempotency key within its slot basis): "
@@ -352,7 +363,7 @@ SCHEMAS: dict[str, Schema] = {
         ),
     ),
     "Message": obj(
-        ["id", "slot", "state", "attempts", "payload", "encoding", "headers"],
+        ["id", "slot", "state", "attempts", "payload", "encoding", "headers", "priority"],
         id=string(),
         slot=integer("slot"),
         state={
@@ -367,6 +378,7 @@ SCHEMAS: dict[str, Schema] = {
         diedMs=integer("time of death while dead"),
         finishedMs=integer("when it was acked, cancelled, purged, dropped or expired"),
         expireAtMs=integer("not delivered after this instant"),
+        priority=integer("the priority it was scheduled with (0 when none)", 0, MAX_PRIORITY),
         deadReason=string(),
         **PAYLOAD,
     ),

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from delayq.queue import settings
-from delayq.queue.codec import Headers, encode_id
+from delayq.queue.codec import MAX_PRIORITY, Headers, encode_id
 from delayq.queue.codes import InvalidMessageError
 from delayq.queue.model import Mode, ScheduleRequest, Target
 from delayq.queue.topic import MAX_DELAY_MS, Topic
@@ -177,6 +177,14 @@ def parse_expiry(body: Body, prefix: str = "") -> tuple[int | None, int | None]:
     return None, None
 
 
+def parse_priority(body: Body, prefix: str = "") -> int:
+    """0 (the default) to MAX_PRIORITY: among messages already due, a higher one is claimed
+    first; it never makes a message early."""
+    if body.get("priority") is None:
+        return 0
+    return get_int(body, "priority", 0, MAX_PRIORITY, prefix=prefix)
+
+
 def parse_headers(body: Body, prefix: str = "") -> Headers:
     if "headers" not in body:  # most messages: a quarter of a batch item's parse otherwise
         return {}
@@ -236,6 +244,7 @@ def parse_message(body: Any, topic: Topic, prefix: str = "") -> ScheduleRequest:
         headers=parse_headers(body, prefix),
         expire_at_ms=expire_at_ms,
         ttl_ms=ttl_ms,
+        priority=parse_priority(body, prefix),
     )
 
 

@@ -19,6 +19,7 @@
   KEYS[11] wake    LIST wake-up marker of the slot
   KEYS[12] epoch    STRING fencing epoch; 'moving:<epoch>' while the slot moves (refused)
   KEYS[13] basis    HASH id -> custom slot basis (only messages scheduled with one)
+  (and the slot's priority index, named from its store key: includes/priority_key.lua)
   (and the slot's settings record, by its hash tag: topic_settings; its fields win over the
   ARGV values marked (record), which stay the fallback while it lacks them)
 
@@ -38,6 +39,7 @@
 --@include journal
 --@include locate
 --@include now_ms
+--@include priority_key
 --@include record_fields
 --@include refuse_if_moving
 --@include remember
@@ -78,6 +80,7 @@ for i = 3, #ARGV do
     if has_series then release_series(id) end
     local record = redis.call('HGET', msg, id)
     redis.call('ZREM', store, id)
+    redis.call('ZREM', priority_key(store), id)
     redis.call('ZREM', prepare, id)
     redis.call('ZREM', dead, id)
     redis.call('HDEL', reason, id)

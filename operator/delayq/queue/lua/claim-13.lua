@@ -4,12 +4,13 @@
   First rolls expired leases back (each expiry counts as a failed attempt, retried the
   caller's retry backoff after its lease deadline, as a nack is after the nack; past max_retries or the retry window the message is
   given up: dead or dropped), then moves at most max_count
-  messages whose due time has passed on the server clock — never one that is early — and gives
-  up instead those whose expiry has passed (never delivered after it). The batch bound keeps a
-  burst of millions due at one instant from ever loading more than max_count into memory, and
-  a byte bound (CLAIM_MAX_BYTES, 1 MiB of records; at least one message) keeps a claim of large
-  payloads from holding more than a few MiB above maxmemory: what is left due stays due, and
-  the reply's next_due_ms (at or before now) says so.
+  messages whose due time has passed on the server clock — never one that is early —, those of
+  the slot's priority index first (highest priority first, includes/due_by_priority.lua), then
+  store's in due order, and gives up instead those whose expiry has passed (never delivered
+  after it). The batch bound keeps a burst of millions due at one instant from ever loading
+  more than max_count into memory, and a byte bound (CLAIM_MAX_BYTES, 1 MiB of records; at
+  least one message) keeps a claim of large payloads from holding more than a few MiB above
+  maxmemory: what is left due stays due, and the reply's next_due_ms (at or before now) says so.
 
   Recurring schedules: claiming the current occurrence of a schedule (`<sid>@<due>` whose
   schedule names `due` as its current one) materialises its precomputed successor in this same
@@ -34,7 +35,8 @@
   KEYS[12] topup   ZSET schedule id -> ms since its top-up is owed
   KEYS[13] basis    HASH id -> custom slot basis (only messages scheduled with one)
   (and the slot's settings record, by its hash tag: topic_settings; its fields win over the
-  ARGV values marked (record), which stay the fallback while it lacks them)
+  ARGV values marked (record), which stay the fallback while it lacks them; and the slot's
+  priority index, named from its store key: includes/priority_key.lua)
 
   ARGV[1] epoch           the caller's fencing epoch
   ARGV[2] max_count       at most this many messages claimed

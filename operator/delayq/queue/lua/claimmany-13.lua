@@ -22,6 +22,7 @@
   KEYS[11] schedules HASH schedule id -> packed schedule
   KEYS[12] topup   ZSET schedule id -> ms since its top-up is owed
   KEYS[13] basis    HASH id -> custom slot basis
+  (and the slot's priority index, named from its store key: includes/priority_key.lua)
 
   ARGV             per slot, in the order of its keys: the number n of its arguments, then
                    its n arguments, claim-13's ARGV[1 .. n] (epoch, max_count, lease_ms, ...)

@@ -11,6 +11,7 @@
   KEYS[4] epoch    STRING fencing epoch of the slot owner
   KEYS[5] wake     LIST wake-up marker of the slot
   KEYS[6] journal  STREAM lifecycle events
+  (and the slot's priority index, named from its store key: includes/priority_key.lua)
   (and the slot's settings record, by its hash tag: topic_settings; its fields win over the
   ARGV values marked (record), which stay the fallback while it lacks them)
 
@@ -29,10 +30,12 @@
 ]]
 --@include codes
 --@include epoch_matches
+--@include index_priority
 --@include journal
 --@include leased_record
 --@include now_ms
 --@include record_fields
+--@include record_priority
 --@include record_with
 --@include topic_settings
 --@include wake_if_earliest
@@ -60,6 +63,7 @@ for i = 3, #ARGV, 2 do
     redis.call('ZREM', prepare, id)
     redis.call('HSET', msg, id, record_with(record, math.max(attempts - 1, 0), '', ''))
     redis.call('ZADD', store, due_ms, id)
+    index_priority(store, id, record_priority(record), due_ms)
     journal(journal_key, journal_max_len, 'givenback', id, now, due_ms, attempts - 1)
     if earliest == nil or due_ms < earliest then earliest = due_ms end
     results[#results + 1] = CODE.GIVEN_BACK

@@ -17,6 +17,7 @@
   KEYS[9] outcome  HASH id -> remembered outcome of a finished message
   KEYS[10] finished ZSET id -> finished ms (the order remembered outcomes are forgotten in)
   KEYS[11] basis    HASH id -> custom slot basis (only messages scheduled with one)
+  (and the slot's priority index, named from its store key: includes/priority_key.lua)
   (and the slot's settings record, by its hash tag: topic_settings; its fields win over the
   ARGV values marked (record), which stay the fallback while it lacks them)
 
@@ -47,11 +48,13 @@
 --@include epoch_matches
 --@include forget_expired
 --@include give_up
+--@include index_priority
 --@include journal
 --@include leased_record
 --@include now_ms
 --@include record_extras
 --@include record_fields
+--@include record_priority
 --@include record_with
 --@include retries_exhausted
 --@include topic_settings
@@ -87,7 +90,7 @@ for i = 8, #ARGV, 5 do
     append(results, CODE.LEASE_LOST, 0)
   else
     local attempts, due, _, p3 = record_fields(record)
-    local expire_ms, first_ms = record_extras(record, p3)
+    local expire_ms, first_ms, stop = record_extras(record, p3)
     local retry_due = now + delay_ms
     redis.call('ZREM', prepare, id)
     local action, dropped_state = nil, nil
@@ -106,6 +109,7 @@ for i = 8, #ARGV, 5 do
     else
       redis.call('HSET', msg, id, record_with(record, attempts, '', '', p3))
       redis.call('ZADD', store, retry_due, id)
+      index_priority(store, id, record_priority(record, stop), retry_due)
       journal(journal_key, journal_max_len, 'nacked', id, now, retry_due, attempts)
       if earliest == nil or retry_due < earliest then earliest = retry_due end
       append(results, CODE.RETRY_SCHEDULED, retry_due)

@@ -10,6 +10,7 @@
   KEYS[5] wake     LIST wake-up marker of the slot
   KEYS[6] journal  STREAM lifecycle events
   KEYS[7] epoch    STRING fencing epoch; 'moving:<epoch>' while the slot moves (refused)
+  (and the slot's priority index, named from its store key: includes/priority_key.lua)
   (and the slot's settings record, by its hash tag: topic_settings; its fields win over the
   ARGV values marked (record), which stay the fallback while it lacks them)
 
@@ -29,8 +30,10 @@
 --@include append
 --@include codes
 --@include dead_batch_ids
+--@include index_priority
 --@include journal
 --@include now_ms
+--@include record_priority
 --@include record_with
 --@include refuse_if_moving
 --@include topic_settings
@@ -55,6 +58,7 @@ for _, id in ipairs(ids) do
     redis.call('HDEL', reason, id)
     redis.call('HSET', msg, id, without_extras(record_with(record, 0, '', '')))
     redis.call('ZADD', store, now, id)
+    index_priority(store, id, record_priority(record), now)
     journal(journal_key, journal_max_len, 'redriven', id, now, now, 0)
     moved = moved + 1
     append(results, id, CODE.REDRIVEN)

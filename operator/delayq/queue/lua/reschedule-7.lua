@@ -9,6 +9,7 @@
   KEYS[5] wake     LIST wake-up marker of the slot
   KEYS[6] journal  STREAM lifecycle events
   KEYS[7] epoch    STRING fencing epoch; 'moving:<epoch>' while the slot moves (refused)
+  (and the slot's priority index, named from its store key: includes/priority_key.lua)
   (and the slot's settings record, by its hash tag: topic_settings; its fields win over the
   ARGV values marked (record), which stay the fallback while it lacks them)
 
@@ -26,10 +27,12 @@
 ]]
 --@include append
 --@include codes
+--@include index_priority
 --@include journal
 --@include locate
 --@include now_ms
 --@include record_fields
+--@include record_priority
 --@include record_with
 --@include refuse_if_moving
 --@include topic_settings
@@ -57,13 +60,14 @@ for i = 3, #ARGV, 3 do
   elseif due > now + max_delay_ms then
     append(results, CODE.TOO_FAR, due)
   else
+    local record = redis.call('HGET', msg, id)
     if state == 'prepared' then
       redis.call('ZREM', prepare, id)
-      local record = redis.call('HGET', msg, id)
       local attempts = record_fields(record)
       redis.call('HSET', msg, id, record_with(record, attempts, '', ''))
     end
     redis.call('ZADD', store, due, id)
+    index_priority(store, id, record_priority(record), due)
     if earliest == nil or due < earliest then earliest = due end
     journal(journal_key, journal_max_len, 'rescheduled', id, now, due, '')
     append(results, CODE.RESCHEDULED, due)

@@ -18,6 +18,7 @@
   KEYS[11] finished ZSET id -> finished ms
   KEYS[12] schedules HASH schedule id -> packed recurring schedule
   KEYS[13] topup    ZSET schedule id -> ms since it owes a top-up
+  (and the slot's priority index, named from its store key: includes/priority_key.lua)
 
   ARGV[1] journal_max_len       0 = journal off
   ARGV[2] outcome_retention_ms  0 = finished messages are not remembered
@@ -44,8 +45,10 @@
 ]]
 --@include append
 --@include codes
+--@include index_priority
 --@include journal
 --@include now_ms
+--@include record_priority
 --@include refuse_if_moving
 --@include remembered
 --@include topic_settings
@@ -106,6 +109,7 @@ for i = 5, #ARGV, 6 do
         redis.call('HSET', reason, id, ARGV[i + 4])
       else
         redis.call('ZADD', store, ms, id)
+        index_priority(store, id, record_priority(value), ms)
         if pending_count then pending_count = pending_count + 1 end
         if earliest == nil or ms < earliest then earliest = ms end
         journal(journal_key, journal_max_len, 'scheduled', id, now, ms, 0)

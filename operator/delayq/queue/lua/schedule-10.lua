@@ -13,6 +13,7 @@
   KEYS[8] outcome  HASH id -> remembered outcome of a finished message
   KEYS[9] epoch    STRING fencing epoch; 'moving:<epoch>' while the slot moves (refused)
   KEYS[10] basis   HASH id -> custom slot basis (only messages scheduled with one)
+  (and the slot's priority index, named from its store key: includes/priority_key.lua)
   (and the slot's settings record, by its hash tag: topic_settings; its fields win over the
   ARGV values marked (record), which stay the fallback while it lacks them)
 
@@ -25,11 +26,16 @@
   ARGV[6] max_pending           the slot's share of the topic's limits.maxPending: a new
                                 message beyond this many scheduled + prepared is refused
                                 (0 = no limit) (record: field limits_max_pending)
-  ARGV[7 + 8k .. 14 + 8k]       per message: id, when_kind ('delay' | 'at'), when_ms,
+  ARGV[7] fields                the values per message, n: 8, or 9 when the call carries
+                                priorities (a batch without any sends none)
+  ARGV[8 + nk .. 7 + n + nk]    per message: id, when_kind ('delay' | 'at'), when_ms,
                                 expire_kind ('' | 'at' | 'ttl': after the due time),
                                 expire_ms, headers, payload, slot basis ('' = its id: no
-                                entry in `basis`); a message stored (created or replaced)
-                                gets the entry of the basis it is stored with, or none
+                                entry in `basis`), and with 9 its priority (0..9; else 0); a
+                                message stored (created or replaced) gets the entry of the
+                                basis it is stored with, or none, and above priority 0 an
+                                entry in the slot's priority index (includes/priority_key.lua):
+                                among messages already due, a higher priority is claimed first
 
   Returns a flat array, per message in order the triple code, due_ms, state:
      1 CREATED   scheduled anew at due_ms                       state 'scheduled'
@@ -53,5 +59,5 @@
 local prefix = slot_prefix(KEYS[1])  -- the slot of KEYS[1 .. 10], as schedulemany-1 names it
 refuse_if_moving(KEYS[9])
 local results = {}
-schedule_slot(prefix, ARGV, 7, #ARGV, now_ms(), false, results)
+schedule_slot(prefix, ARGV, 8, #ARGV, now_ms(), false, results)
 return results

@@ -18,12 +18,14 @@
                    0: KEYS[s + 1]); its prepare, dead, msg, reason, wake, journal, outcome,
                    epoch ('moving:<epoch>' while the slot moves: refused) and basis parts are
                    schedule-10's KEYS[2 .. 10], named `dq:{<tag>}:<part>` after it (and the
-                   slot's settings record, by its hash tag: topic_settings)
+                   slot's settings record and priority index, by its hash tag: topic_settings,
+                   includes/priority_key.lua)
 
-  ARGV[1 .. 6]     schedule-10's: mode, max_delay_ms, journal_max_len, outcome_retention_ms,
-                   expiry_ttl_ms, max_pending (the settings record's fields win, per slot)
+  ARGV[1 .. 7]     schedule-10's: mode, max_delay_ms, journal_max_len, outcome_retention_ms,
+                   expiry_ttl_ms, max_pending (the settings record's fields win, per slot),
+                   fields (values per message: 8, or 9 with priorities)
   then per slot, in the order of its keys: the number n of its messages, then its n
-                   messages as schedule-10's (8 values each)
+                   messages as schedule-10's (ARGV[7] values each)
 
   Returns a flat array, per message in order (slot after slot) the triple code, due_ms, state,
   as schedule-10's (1 CREATED, 2 EXISTS, 6 ALREADY_DONE, 3 UPDATED, -4 TOO_FAR,
@@ -54,10 +56,11 @@ redis.untracked_slots(KEYS, 1, 1)
 
 local results = {}
 local now = now_ms()
-local first = 7
+local first = 8
+local fields = tonumber(ARGV[7])
 for s = 1, #KEYS do
   local count = tonumber(ARGV[first])
-  local last = first + 8 * count
+  local last = first + fields * count
   local refusal = moving_refusal(epoch_keys[s], epochs[s])
   if refusal then
     for _ = 1, count do append(results, CODE.SLOT_MOVING, 0, refusal) end

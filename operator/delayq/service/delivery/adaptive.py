@@ -35,27 +35,35 @@ class AdaptiveLimit:
         return max(1, int(self.limit))
 
     async def acquire(self) -> None:
-        while self._in_use >= self.size:
-            waiter = asyncio.get_running_loop().create_future()
-            self._waiters.append(waiter)
-            try:
-                await waiter
-            except asyncio.CancelledError:
-                self._wake()  # a turn it was given goes to the next waiter
-                raise
-        self._in_use += 1
+        """First come, first served: a POST slot freed goes to the longest waiter, handed over
+        by `_wake`, never to a newcomer that would find it free before the waiter runs (which
+        then queued again at the back: the messages a consumer took first, a backlog's most
+        urgent ones, could wait behind hundreds taken after them)."""
+        if self._in_use < self.size and not self._waiters:
+            self._in_use += 1
+            return
+        waiter = asyncio.get_running_loop().create_future()
+        self._waiters.append(waiter)
+        try:
+            await waiter
+        except asyncio.CancelledError:
+            if waiter.done() and not waiter.cancelled():
+                self.release()  # a slot handed over as it was cancelled: the next waiter's
+            elif waiter in self._waiters:
+                self._waiters.remove(waiter)
+            raise
 
     def release(self) -> None:
         self._in_use -= 1
         self._wake()
 
     def _wake(self) -> None:
-        free = self.size - self._in_use
-        while free > 0 and self._waiters:
+        """Hand each free slot to the next waiter, counted as in use from now on."""
+        while self._in_use < self.size and self._waiters:
             waiter = self._waiters.popleft()
             if not waiter.done():
                 waiter.set_result(None)
-                free -= 1
+                self._in_use += 1
 
     async def __aenter__(self) -> None:
         await self.acquire()

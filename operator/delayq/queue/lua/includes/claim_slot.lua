@@ -1,12 +1,14 @@
 --@include call_chunked
 --@include claim_max_bytes
 --@include codes
+--@include due_by_priority
 --@include epoch_matches
 --@include forget_expired
 --@include give_up
 --@include journal
 --@include materialize
 --@include occurrence_record
+--@include priority_key
 --@include record_extras
 --@include record_fields
 --@include record_with
@@ -83,9 +85,28 @@ local function claim_slot(keys, at, args, now_micros, known)
   given_up = roll_back_leases(slot, store, prepare, expired, now, max_retries, retry_for_ms,
     exhausted_action, backoff)
 
-  -- 2. Claim what is due.
+  -- 2. Claim what is due: the priority index's first (highest priority first), then store's in
+  -- due order.
   local claimed = {CODE.OK, now_micros, -1, -1, 0}
-  local due_ids = redis.call('ZRANGEBYSCORE', store, '-inf', now, 'WITHSCORES', 'LIMIT', 0, max_count)
+  local due_ids = due_by_priority(store, now, max_count)
+  local prioritized = #due_ids / 2
+  local room = max_count - prioritized
+  if prioritized == 0 then
+    due_ids = redis.call('ZRANGEBYSCORE', store, '-inf', now, 'WITHSCORES', 'LIMIT', 0, max_count)
+  elseif room > 0 then
+    -- the prioritized ones are still in store: skip them there
+    local seen = {}
+    for i = 1, #due_ids, 2 do seen[due_ids[i]] = true end
+    local rest = redis.call('ZRANGEBYSCORE', store, '-inf', now, 'WITHSCORES', 'LIMIT', 0,
+      room + prioritized)
+    for i = 1, #rest, 2 do
+      if room > 0 and not seen[rest[i]] then
+        due_ids[#due_ids + 1] = rest[i]
+        due_ids[#due_ids + 1] = rest[i + 1]
+        room = room - 1
+      end
+    end
+  end
   if #due_ids > 0 then
     local has_series = not known.series_absent and redis.call('HLEN', schedules) > 0
     local deadline = now + lease_ms
@@ -145,6 +166,7 @@ local function claim_slot(keys, at, args, now_micros, known)
     end
     for j = #ids, k + 1, -1 do ids[j] = nil end  -- past the byte budget: still due
     call_chunked('ZREM', store, ids)
+    if prioritized > 0 then call_chunked('ZREM', priority_key(store), ids) end
     if #hset_args > 0 then
       -- The leased ids go into prepare last one first. They share one deadline, and a sorted set
       -- of up to 128 members (a listpack) looks for an equal-score member's place from its head:

@@ -1,18 +1,20 @@
 --@include give_up
+--@include index_priority
 --@include journal
 --@include record_extras
 --@include record_fields
+--@include record_priority
 --@include record_with
 --@include retries_exhausted
 --@include retry_delay
 
 -- Leased messages whose lease is over, already read from prepare (`ids`): each goes back to
--- store, its attempt counted (the lease's holder may have delivered it: the next attempt tells
--- the receiver it is a retry), or is given up once its retries are exhausted. With a retry
--- `backoff` (retry_delay) it is due its retry delay after its lease's deadline, when the
--- attempt failed, not after this rollback: a claim that comes late (nobody polled, or an
--- earlier claim's rollback_max left it) adds no delay of its own, as a nack's delay counts
--- from the nack. Without one (nil: a takeover) it is due `now`.
+-- store, keeping its priority (index_priority), its attempt counted (the lease's holder may have
+-- delivered it: the next attempt tells the receiver it is a retry), or is given up once its
+-- retries are exhausted. With a retry `backoff` (retry_delay) it is due its retry delay after
+-- its lease's deadline, when the attempt failed, not after this rollback: a claim that comes
+-- late (nobody polled, or an earlier claim's rollback_max left it) adds no delay of its own, as
+-- a nack's delay counts from the nack. Without one (nil: a takeover) it is due `now`.
 -- A lease is over when its deadline passed (claim-13) or when a new owner fenced the slot
 -- (fence-10): an ack carrying the old epoch is refused from then on, so waiting for the
 -- deadline would only make the message late. `slot` holds the keys and settings give_up
@@ -26,7 +28,7 @@ local function roll_back_leases(slot, store, prepare, ids, now, max_retries, ret
     local record = redis.call('HGET', slot.msg, id)
     if record then
       local attempts, due, _, p3 = record_fields(record)
-      local _, first_ms = record_extras(record, p3)
+      local _, first_ms, stop = record_extras(record, p3)
       journal(slot.journal, slot.journal_max_len, 'expired', id, now, due, attempts)
       local retry_due = now
       if backoff ~= nil then retry_due = deadline + retry_delay(backoff, attempts, n) end
@@ -39,6 +41,7 @@ local function roll_back_leases(slot, store, prepare, ids, now, max_retries, ret
       else
         redis.call('HSET', slot.msg, id, record_with(record, attempts, '', '', p3))
         redis.call('ZADD', store, retry_due, id)
+        index_priority(store, id, record_priority(record, stop), retry_due)
       end
     end
   end

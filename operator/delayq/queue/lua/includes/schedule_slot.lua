@@ -1,9 +1,11 @@
 --@include append
 --@include call_chunked
 --@include codes
+--@include index_priority
 --@include journal
 --@include locate
 --@include new_record
+--@include priority_key
 --@include read_chunked
 --@include record_fields
 --@include remembered
@@ -17,14 +19,15 @@
 -- part (a slot's journal, outcome, prepare, dead and basis parts are looked at only when the
 -- topic journals, remembers outcomes, has a quota, an id exists or a basis is given), so a
 -- call over hundreds of slots declares one key a slot, not ten (schedulemany-1); `args[1 ..
--- 6]` the head of schedule-10's ARGV; `args[first .. last]` the slot's messages, 8 values
--- each; `now` the server clock in ms (one reading per call: TIME is a command, and a call of
--- many slots would pay it once a slot); `bases_absent` true when the caller knows the slot has
--- no basis entries (schedulemany-1 asks once for all its slots). The caller has refused a
--- moving slot already.
+-- 7]` the head of schedule-10's ARGV; `args[first .. last]` the slot's messages, args[7]
+-- values each (the ninth a priority); `now` the server clock in ms (one reading per call: TIME
+-- is a command, and a call of many slots would pay it once a slot); `bases_absent` true when
+-- the caller knows the slot has no basis entries (schedulemany-1 asks once for all its slots).
+-- The caller has refused a moving slot already.
 local function schedule_slot(prefix, args, first, last, now, bases_absent, results)
   local store, msg = prefix .. 'store', prefix .. 'msg'
   local upsert = args[1] == 'upsert'
+  local fields = tonumber(args[7])
   local max_delay_ms = tonumber(args[2])
   local journal_max_len, retention_ms, default_ttl_ms, max_pending = topic_settings(store,
     {'journal_max_len', 'outcome_retention_ms', 'expiry_ttl_ms', 'limits_max_pending'},
@@ -40,12 +43,14 @@ local function schedule_slot(prefix, args, first, last, now, bases_absent, resul
   local has_bases = not bases_absent and redis.call('HLEN', prefix .. 'basis') > 0
   local bases, based_ids = {}, {}
   local pending = {}  -- id -> due, for ids scheduled earlier in this same batch
+  -- a replaced message leaves the priority index, asked once whether the slot has one
+  local index_absent = nil
   local earliest = nil
 
   -- a live message always has its record: one HMGET tells which ids exist (new ids cost no
   -- copy)
   local ids = {}
-  for i = first, last, 8 do ids[#ids + 1] = args[i] end
+  for i = first, last, fields do ids[#ids + 1] = args[i] end
   local prepare, dead = nil, nil  -- named when a quota counts or an id exists
   local pending_count = nil  -- scheduled + prepared, counted when a limit is set
   if max_pending > 0 then
@@ -61,7 +66,7 @@ local function schedule_slot(prefix, args, first, last, now, bases_absent, resul
   local journal_key = journal_max_len > 0 and prefix .. 'journal'
 
   for k = 1, #ids do
-    local i = first + 8 * (k - 1)
+    local i = first + fields * (k - 1)
     local id, when_kind, when_ms = ids[k], args[i + 1], tonumber(args[i + 2])
     local expire_kind, expire_value = args[i + 3], tonumber(args[i + 4])
     local due = when_ms
@@ -105,6 +110,13 @@ local function schedule_slot(prefix, args, first, last, now, bases_absent, resul
       append(results, CODE.EXISTS, shown, state)
     else
       if state == 'prepared' then redis.call('ZREM', prepare, id) end
+      if state then
+        if index_absent == nil then
+          index_absent = redis.call('EXISTS', priority_key(store)) == 0
+        end
+        if not index_absent then redis.call('ZREM', priority_key(store), id) end
+      end
+      local priority = fields > 8 and tonumber(args[i + 8]) or 0
       if state == 'dead' then
         redis.call('ZREM', dead, id)
         redis.call('HDEL', prefix .. 'reason', id)
@@ -116,7 +128,11 @@ local function schedule_slot(prefix, args, first, last, now, bases_absent, resul
       zadd_args[#zadd_args + 1] = exact and string.format('%d', due) or due
       zadd_args[#zadd_args + 1] = id
       hset_args[#hset_args + 1] = id
-      hset_args[#hset_args + 1] = new_record(args[i + 5], args[i + 6], expire_ms)
+      hset_args[#hset_args + 1] = new_record(args[i + 5], args[i + 6], expire_ms, priority)
+      if priority > 0 then
+        index_priority(store, id, priority, due)
+        index_absent = false
+      end
       pending[id] = due
       local given_basis = args[i + 7]
       if given_basis ~= '' or has_bases then

@@ -17,7 +17,7 @@
 local function track_changes(redis)
   local SIDES = {
     store = 'm', prepare = 'm', dead = 'm', msg = 'm', reason = 'm', outcome = 'm',
-    finished = 'm', basis = 'm', schedules = 's', topup = 's',
+    finished = 'm', basis = 'm', priority = 'm', schedules = 's', topup = 's',
   }
   local ZADD_FLAGS = {NX = true, XX = true, GT = true, LT = true, CH = true, INCR = true}
   local FIRST_MEMBER = {ZREM = 2, HDEL = 2, HSET = 2, ZADD = 3}  -- in {key, ...}

@@ -1,0 +1,73 @@
+"""Priority on a real service (in process, on the session's redis-server) and a real HTTP
+receiver: when a backlog drains after an outage, the urgent messages go first, pushed to a
+webhook and leased by pull consumers alike."""
+
+from __future__ import annotations
+
+import json
+import time
+
+import redis.asyncio
+
+from delayq.local.waiting import eventually
+from delayq.queue.client import AsyncQueue
+from delayq.queue.model import ScheduleRequest
+from delayq.queue.topic import Topic, TopicType
+from tests.service.conftest import NAMESPACE, TOPIC, Receiver, StartService
+
+#: The issue's backlog: 20,000 low and 200 high, every high one before the 1,000th low one
+#: (about 2.5 s for the webhook, 1.2 s for pull leases on a loaded two-core host).
+LOW, HIGH, BEFORE = 20_000, 200, 1_000
+
+
+async def backlog(client: redis.asyncio.Redis, topic_type: TopicType) -> None:
+    """LOW messages of priority 0 and HIGH of priority 5, all due already, the urgent ones
+    due last: in due order every low one would go first."""
+    seconds, _ = await client.time()
+    now_ms = seconds * 1000
+    topic = Topic(TOPIC, namespace=NAMESPACE, slot_amount=4, topic_type=topic_type)
+    requests = [ScheduleRequest(f"low{i}", at_ms=now_ms - 60_000 + i) for i in range(LOW)]
+    requests += [ScheduleRequest(f"high{i}", at_ms=now_ms - 1_000, priority=5) for i in range(HIGH)]
+    for start in range(0, len(requests), 5_000):
+        await AsyncQueue(client, topic).schedule_many(requests[start : start + 5_000])
+
+
+def assert_urgent_first(ids: list[str]) -> None:
+    lows = [n for n, message_id in enumerate(ids) if message_id.startswith("low")]
+    highs = [n for n, message_id in enumerate(ids) if message_id.startswith("high")]
+    assert len(lows) >= BEFORE
+    assert len(highs) == HIGH, (len(highs), len(lows))
+    assert max(highs) < lows[BEFORE - 1], (max(highs), lows[BEFORE - 1])
+
+
+async def test_a_draining_backlog_pushes_every_urgent_message_before_the_1000th_other(
+    start_service: StartService, receiver: Receiver, async_redis_client: redis.asyncio.Redis
+) -> None:
+    await backlog(async_redis_client, TopicType.WEBHOOK)
+    started = time.monotonic()
+    await start_service(topic_type="webhook", webhook_url=receiver.url)
+
+    def posted() -> list[str]:
+        return [json.loads(body)["id"] for _, body in receiver.requests]
+
+    await eventually(
+        lambda: sum(i.startswith("low") for i in posted()) >= BEFORE, 30, f"{BEFORE} low POSTs"
+    )
+    assert_urgent_first(posted())
+    assert time.monotonic() - started < 30
+
+
+async def test_pull_leases_hand_out_every_urgent_message_before_the_1000th_other(
+    start_service: StartService, async_redis_client: redis.asyncio.Redis
+) -> None:
+    await backlog(async_redis_client, TopicType.PULL)
+    running = await start_service(topic_type="pull", pull_max_lease_batch=100)
+    leased: list[str] = []
+
+    async def lease_some() -> bool:
+        answer = await running.client.post(f"{running.base}/leases", json={"max": 100})
+        leased.extend(m["id"] for m in (await answer.json())["leases"])
+        return sum(i.startswith("low") for i in leased) >= BEFORE
+
+    await eventually(lease_some, 30, f"{BEFORE} low leases")
+    assert_urgent_first(leased)
