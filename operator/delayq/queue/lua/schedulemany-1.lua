@@ -45,6 +45,7 @@
 --@include read_keys
 --@include schedule_fields
 --@include schedule_slot
+--@include slot_count
 --@include slot_prefix
 
 -- asked once for all the slots (header)
@@ -57,18 +58,10 @@ local epochs = read_keys(epoch_keys)
 local bases_absent = existing_count(basis_keys) == 0
 redis.untracked_slots(KEYS, 1, 1)
 
--- every slot's message count checked before anything is written: a raw call's count past the
--- arguments there are would loop over absent ones for hours, its earlier slots written (then
--- not even FUNCTION KILL stops the script)
 local fields = schedule_fields(ARGV[7])
 local first = 8
-for _ = 1, #KEYS do
-  local count = tonumber(ARGV[first])
-  if not count or count < 0 or count % 1 ~= 0 or first + fields * count > #ARGV then
-    error({err = 'ERR a slot\'s message count past its arguments: ' ..
-      string.sub(tostring(ARGV[first]), 1, 20)})
-  end
-  first = first + fields * count + 1
+for _ = 1, #KEYS do  -- every slot's count checked before anything is written (slot_count)
+  first = first + fields * slot_count(ARGV[first], first + 1, fields, #ARGV) + 1
 end
 
 local results = {}
