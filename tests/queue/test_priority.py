@@ -11,7 +11,7 @@ import redis
 from delayq.queue import plans
 from delayq.queue.backup import snapshot
 from delayq.queue.client import Queue
-from delayq.queue.codes import InvalidMessageError
+from delayq.queue.codes import Code, InvalidMessageError
 from delayq.queue.keys import Part, slot_keys
 from delayq.queue.model import Mode, ScheduleRequest
 
@@ -155,3 +155,20 @@ def test_prioritized_messages_past_a_claims_byte_bound_stay_due_with_their_prior
     for _ in range(10):
         claimed += _claimed_ids(queue, epoch, 100)
     assert claimed == [f"big{i}" for i in range(8)] + ["low"], "priority first, none lost"
+
+
+@pytest.mark.parametrize("part", [Part.STORE, Part.PREPARE])
+def test_a_reschedule_moves_an_id_without_a_record_as_it_did(
+    queue: Queue, redis_client: redis.Redis, part: Part
+) -> None:
+    """Regression: reschedule-7 reads the record for its priority; an id in store or prepare
+    without one (an orphan, which a claim removes: it must never block its slot) made the
+    script fail with a Lua error, the rest of its batch unapplied. It is moved as it was
+    before priorities, and the claim removes it."""
+    redis_client.zadd(slot_keys(TOPIC, SLOT).key(part), {"ghost": 1_000})
+    _schedule(queue, "real", 2_000, priority=2)
+    assert queue.reschedule("ghost", at_ms=3_000, slot_basis=BASIS).code is Code.RESCHEDULED
+    assert redis_client.zscore(slot_keys(TOPIC, SLOT).key(Part.STORE), "ghost") == 3_000
+    epoch = queue.take_over(SLOT)
+    assert _claimed_ids(queue, epoch, 10) == ["real"]
+    assert redis_client.zscore(slot_keys(TOPIC, SLOT).key(Part.STORE), "ghost") is None

@@ -7,7 +7,7 @@ state, item by item and in what each path stored and noted."""
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import cast
 
 import pytest
@@ -15,6 +15,7 @@ import redis
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
+from delayq.local.redis_server import RedisServer
 from delayq.queue import Recurrence, Schedule, plans, slot_split
 from delayq.queue.client import Queue
 from delayq.queue.codes import Code, SlotMovingError, StaleEpochError
@@ -34,7 +35,15 @@ from delayq.queue.schedules import occurrence_id
 from delayq.queue.scripts import Script
 from delayq.queue.topic import MAX_DELAY_MS
 
-from .conftest import TOPIC, engine_client, server_ms, wait_for_server_ms
+from .conftest import (
+    ENGINE_PASSWORD,
+    ENGINE_USER,
+    TOPIC,
+    engine_client,
+    engine_user,
+    server_ms,
+    wait_for_server_ms,
+)
 
 HOUR_MS = 3_600_000
 IDS = [f"id{n}" for n in range(12)]  # ~3 per slot of the 4
@@ -282,6 +291,78 @@ def test_a_due_beyond_the_exact_integers_is_stored_as_given(
     queue.run(plans.Plan([dataclasses.replace(call, args=args)], lambda replies: replies))
     store = slot_keys(TOPIC, TOPIC.slot_of("far-past")).key(Part.STORE)
     assert redis_client.zscore(store, "far-past") == -1e300
+
+
+@pytest.fixture
+def own_broker() -> Iterator[tuple[redis.Redis, Queue]]:
+    """An admin client and the topic's restricted user (with a socket timeout) on a
+    redis-server of the test's own: a script that loops forever fails the test and loses only
+    that server."""
+    with RedisServer() as server:
+        admin = redis.Redis.from_url(server.url)
+        engine_user(admin)
+        client = redis.Redis.from_url(
+            server.url, username=ENGINE_USER, password=ENGINE_PASSWORD, socket_timeout=5
+        )
+        try:
+            yield admin, Queue(client, TOPIC)
+        finally:
+            client.close()
+            admin.close()
+
+
+def test_a_raw_call_with_hostile_counts_is_refused_not_looped_forever(
+    own_broker: tuple[redis.Redis, Queue],
+) -> None:
+    """Regression: schedule-10 and schedulemany-1 step through their messages by ARGV[7] (8,
+    or 9 with priorities) and schedulemany-1 through its slots by their message counts. A raw
+    FCALL of the topic's own Redis user (which may call the engine's functions but no code of
+    its own, lest it block the broker: test_acl.py) with 0 values a message looped forever
+    (Lua 5.1's `for` with a step of 0), and a huge count looped over absent arguments for
+    hours, after the call's earlier slots were written (then not even FUNCTION KILL stops
+    it). Each is refused before anything is written, and the broker answers at once."""
+    admin, queue = own_broker
+    slots = [TOPIC.slot_of(basis) for basis in ("a", "b")]
+    assert slots[0] != slots[1]
+    batch = [ScheduleRequest(f"m-{b}", b"x", delay_ms=0, slot_basis=b) for b in ("a", "b")]
+    (one,) = plans.schedule_answers(TOPIC, batch[:1], Mode.CREATE).calls
+    (many,) = plans.schedule_answers(TOPIC, batch, Mode.CREATE).calls
+    assert (one.script, many.script) == (Script.SCHEDULE, Script.SCHEDULE_MANY)
+    head = [*one.args[:6], 0]  # ARGV[7]: 0 values a message
+    hostile = [
+        dataclasses.replace(one, args=head),
+        dataclasses.replace(many, keys=many.keys[:1], args=[*head, 0]),
+        # slot a's message, then slot b's count far beyond the arguments there are
+        dataclasses.replace(many, args=[*many.args[: 7 + 1 + 8], 10**12]),
+    ]
+    for call in hostile:
+        with pytest.raises(redis.ResponseError, match=r"values a message|message count"):
+            queue.run(plans.Plan([call], lambda replies: replies))
+    assert admin.ping()
+    assert admin.keys("dq:*") == [], "nothing written"
+
+
+def test_a_raw_ack_call_with_a_count_past_its_arguments_is_refused(
+    own_broker: tuple[redis.Redis, Queue],
+) -> None:
+    """Regression: ackmany-7 steps through its slots by their message counts; a raw call's
+    count past its arguments looped over absent ones for hours (with a stale epoch, one answer
+    each: the broker's memory), the call's earlier slots acked. Refused before anything is
+    written: the first slot's lease is not acked."""
+    admin, queue = own_broker
+    batch = [ScheduleRequest(f"m-{b}", b"x", delay_ms=0, slot_basis=b) for b in ("a", "b")]
+    queue.schedule_many(batch)
+    leases = []
+    for slot in (TOPIC.slot_of("a"), TOPIC.slot_of("b")):
+        leases += [m.lease for m in queue.claim(slot, queue.take_over(slot), 10, 60_000).messages]
+    assert [lease.id for lease in leases] == ["m-a", "m-b"]
+    (call,) = plans.ack(TOPIC, leases).calls
+    assert call.script is Script.ACK_MANY
+    hostile = dataclasses.replace(call, args=[*call.args[:-3], 10**12])  # slot b's count
+    with pytest.raises(redis.ResponseError, match="message count"):
+        queue.run(plans.Plan([hostile], lambda replies: replies))
+    assert admin.ping()
+    assert queue.get("m-a", slot_basis="a").state is State.PREPARED
 
 
 @dataclasses.dataclass(frozen=True)

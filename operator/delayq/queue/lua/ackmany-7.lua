@@ -24,6 +24,7 @@
 
   Returns a flat array, per message in order (slot after slot) ack-7's code: 7 ACKED,
   -3 LEASE_LOST, or -2 STALE_EPOCH for every message of a slot whose epoch is not the given one.
+  A slot's count beyond the arguments given is refused (an error) before anything is written.
 
   Events: acked
 ]]
@@ -31,6 +32,7 @@
 --@include existing_count
 --@include now_ms
 --@include read_keys
+--@include slot_count
 
 -- asked once for all the slots (header)
 local epoch_keys, finished_keys, basis_keys = {}, {}, {}
@@ -44,10 +46,15 @@ local bases_absent = existing_count(basis_keys) == 0
 local finished_absent = existing_count(finished_keys) == 0
 redis.untracked_slots(KEYS, 1, 7)
 
+local first = 3
+for _ = 1, #KEYS, 7 do  -- every slot's count checked before anything is written (slot_count)
+  first = first + 2 + 2 * slot_count(ARGV[first + 1], first + 2, 2, #ARGV)
+end
+
 local results = {}
 local now = now_ms()
 local head = {ARGV[1], ARGV[2]}
-local first = 3
+first = 3
 for at = 0, #KEYS - 1, 7 do
   local epoch, count = ARGV[first], tonumber(ARGV[first + 1])
   local last = first + 1 + 2 * count

@@ -60,14 +60,17 @@ for i = 3, #ARGV, 3 do
   elseif due > now + max_delay_ms then
     append(results, CODE.TOO_FAR, due)
   else
+    -- false for an id without a record (an orphan): moved all the same, a claim removes it
     local record = redis.call('HGET', msg, id)
     if state == 'prepared' then
       redis.call('ZREM', prepare, id)
-      local attempts = record_fields(record)
-      redis.call('HSET', msg, id, record_with(record, attempts, '', ''))
+      if record then
+        local attempts = record_fields(record)
+        redis.call('HSET', msg, id, record_with(record, attempts, '', ''))
+      end
     end
     redis.call('ZADD', store, due, id)
-    index_priority(store, id, record_priority(record), due)
+    if record then index_priority(store, id, record_priority(record), due) end
     if earliest == nil or due < earliest then earliest = due end
     journal(journal_key, journal_max_len, 'rescheduled', id, now, due, '')
     append(results, CODE.RESCHEDULED, due)

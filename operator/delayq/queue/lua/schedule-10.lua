@@ -27,7 +27,8 @@
                                 message beyond this many scheduled + prepared is refused
                                 (0 = no limit) (record: field limits_max_pending)
   ARGV[7] fields                the values per message, n: 8, or 9 when the call carries
-                                priorities (a batch without any sends none)
+                                priorities (a batch without any sends none); any other
+                                is refused (an error) before anything is written
   ARGV[8 + nk .. 7 + n + nk]    per message: id, when_kind ('delay' | 'at'), when_ms,
                                 expire_kind ('' | 'at' | 'ttl': after the due time),
                                 expire_ms, headers, payload, slot basis ('' = its id: no

@@ -31,7 +31,9 @@
   as schedule-10's (1 CREATED, 2 EXISTS, 6 ALREADY_DONE, 3 UPDATED, -4 TOO_FAR,
   -7 EXPIRES_BEFORE_DUE, -8 OVER_QUOTA), and for each message of a slot being moved:
     -9 SLOT_MOVING  nothing of that slot changed    due_ms 0, state = the refusal's text
-  A key that is not a slot's store key is refused (an error) before anything is written.
+  A key that is not a slot's store key, a number of values a message other than 8 or 9 and a
+  slot's message count beyond the arguments given are refused (an error) before anything is
+  written.
 
   Events: scheduled (new or replaced)
 ]]
@@ -41,7 +43,9 @@
 --@include moving_refusal
 --@include now_ms
 --@include read_keys
+--@include schedule_fields
 --@include schedule_slot
+--@include slot_count
 --@include slot_prefix
 
 -- asked once for all the slots (header)
@@ -54,10 +58,15 @@ local epochs = read_keys(epoch_keys)
 local bases_absent = existing_count(basis_keys) == 0
 redis.untracked_slots(KEYS, 1, 1)
 
+local fields = schedule_fields(ARGV[7])
+local first = 8
+for _ = 1, #KEYS do  -- every slot's count checked before anything is written (slot_count)
+  first = first + fields * slot_count(ARGV[first], first + 1, fields, #ARGV) + 1
+end
+
 local results = {}
 local now = now_ms()
-local first = 8
-local fields = tonumber(ARGV[7])
+first = 8
 for s = 1, #KEYS do
   local count = tonumber(ARGV[first])
   local last = first + fields * count

@@ -9,6 +9,7 @@
 --@include read_chunked
 --@include record_fields
 --@include remembered
+--@include schedule_fields
 --@include topic_settings
 --@include wake_if_earliest
 
@@ -27,7 +28,7 @@
 local function schedule_slot(prefix, args, first, last, now, bases_absent, results)
   local store, msg = prefix .. 'store', prefix .. 'msg'
   local upsert = args[1] == 'upsert'
-  local fields = tonumber(args[7])
+  local fields = schedule_fields(args[7])
   local max_delay_ms = tonumber(args[2])
   local journal_max_len, retention_ms, default_ttl_ms, max_pending = topic_settings(store,
     {'journal_max_len', 'outcome_retention_ms', 'expiry_ttl_ms', 'limits_max_pending'},
