@@ -115,7 +115,11 @@ def previous(kube: Kube, real_node: RealNode, only_the_real_node: None,
         url = f"http://receiver.{tenant}.svc.cluster.local/hook"
         kube.apply(delay_topic(TOPIC, slotAmount=16, brokers=2, replicasPerBroker=1,
                                topicType="webhook", delivery={"webhook": {"url": url}}), tenant)
-        _wait_topic_ready(kube, tenant, TOPIC)
+        try:
+            _wait_topic_ready(kube, tenant, TOPIC)
+        except TimeoutError:
+            _print_why_not_ready(kube, tenant)
+            raise
         _wait_pods_ready(kube, tenant, f"delayq.io/topic={TOPIC}", 2 * 2 + 2)
         _wait_pods_ready(kube, tenant, "app=receiver", 1)
         yield Previous(namespace, tenant, release, image.ref)
@@ -124,6 +128,15 @@ def previous(kube: Kube, real_node: RealNode, only_the_real_node: None,
                   timeout=240, check=False)
         for name in (tenant, namespace):
             kube.kubectl("delete", "namespace", name, "--wait=false", "--ignore-not-found")
+
+
+def _print_why_not_ready(kube: Kube, tenant: str) -> None:
+    """What a previous release's topic that never became Ready was waiting for: its pods,
+    claims, the volumes left in the pool and the namespace's warning events."""
+    for args in (("get", "pods,pvc", "-n", tenant, "-o", "wide"), ("get", "pv"),
+                 ("get", "events", "-n", tenant, "--field-selector", "type=Warning")):
+        result = kube.kubectl(*args, check=False)
+        print(f"e2e: kubectl {' '.join(args)}:\n{result.stdout[-4000:]}{result.stderr[-1000:]}")
 
 
 def _start_producer(kube: Kube, tenant: str, image: str, name: str, count: int, start_ms: int,

@@ -209,7 +209,7 @@ class LocalControlPlane:
 
 @contextlib.contextmanager
 def local_control_plane(
-    tools: Tools, workdir: Path, fake_nodes: int, volumes: int = 64
+    tools: Tools, workdir: Path, fake_nodes: int, volumes: int = 256
 ) -> Iterator[tuple[Kube, LocalControlPlane]]:
     """Start a :class:`LocalControlPlane`, register fake nodes and volumes, yield a client
     and the plane (the real node joins it through its network, server and tokens).
