@@ -50,6 +50,7 @@ from e2e.test_real_pods import (
     HTTP_GET,
     SERVICE_CIDR,
     SERVICE_PORT,
+    Install,
     _explain,
     _helm_args,
     _in_pod,
@@ -86,17 +87,8 @@ ACK_ROUND_TRIP_MS = 1_000
 pytestmark = pytest.mark.timeout(900)
 
 
-@dataclass(frozen=True)
-class Drill:
-    """The release and the tenant namespace of the drill's topic."""
-
-    namespace: str
-    tenant: str
-    image: str
-
-
 @pytest.fixture(scope="module")
-def drill(kube: Kube, real_node: RealNode) -> Iterator[Drill]:
+def drill(kube: Kube, real_node: RealNode) -> Iterator[Install]:
     """A release of the chart on the real node and a webhook topic of 2 brokers (no replica)
     with its journal on, delivering to a receiver Deployment."""
     namespace = f"e2e-dr-system-{secrets.token_hex(3)}"
@@ -121,7 +113,7 @@ def drill(kube: Kube, real_node: RealNode) -> Iterator[Drill]:
         _wait_topic_ready(kube, tenant, TOPIC)
         _wait_pods_ready(kube, tenant, f"delayq.io/topic={TOPIC}", TOPIC_PODS)
         _wait_pods_ready(kube, tenant, "app=receiver", 1)
-        yield Drill(namespace, tenant, image)
+        yield Install(namespace, tenant, image)
     finally:
         kube.helm("uninstall", RELEASE, "--namespace", namespace, "--wait", "--timeout", "3m",
                   timeout=240, check=False)
@@ -129,14 +121,14 @@ def drill(kube: Kube, real_node: RealNode) -> Iterator[Drill]:
             kube.kubectl("delete", "namespace", name, "--wait=false", "--ignore-not-found")
 
 
-def _produce(kube: Kube, drill: Drill, name: str, count: int, start_ms: int, spread_ms: int,
+def _produce(kube: Kube, drill: Install, name: str, count: int, start_ms: int, spread_ms: int,
              per_second: float = 0) -> None:
     kube.apply({"apiVersion": "v1", "kind": "List", "items": workloads.producer(
         drill.tenant, drill.image, TOPIC, name, count, start_ms, spread_ms,
         per_second=per_second, batch=20 if per_second else 200)})
 
 
-def _produced(kube: Kube, drill: Drill, name: str, timeout_s: float = 180) -> int:
+def _produced(kube: Kube, drill: Install, name: str, timeout_s: float = 180) -> int:
     """Waits for the producer Job ``name``; how many it stored."""
     try:
         kube.wait(lambda: (kube.get("job", name, drill.tenant) or {})
@@ -150,7 +142,7 @@ def _produced(kube: Kube, drill: Drill, name: str, timeout_s: float = 180) -> in
     return stored
 
 
-def _all_deliveries(kube: Kube, drill: Drill) -> list[dict[str, Any]]:
+def _all_deliveries(kube: Kube, drill: Install) -> list[dict[str, Any]]:
     logs = kube.kubectl("logs", "deployment/receiver", "-n", drill.tenant, "--tail=-1",
                         timeout=120).stdout
     return [entry for entry in workloads.json_lines(logs) if "id" in entry]
@@ -177,20 +169,20 @@ print(json.dumps(answers))
 """
 
 
-def _api(kube: Kube, drill: Drill, calls: list[tuple[str, str, Any]]) -> list[tuple[int, str]]:
+def _api(kube: Kube, drill: Install, calls: list[tuple[str, str, Any]]) -> list[tuple[int, str]]:
     """The topic's answers to ``calls`` (method, path under the topic, JSON body or None)."""
     out = _in_pod(kube, drill.tenant, f"{TOPIC}-service-0", API_CALLS, TOPIC,
                   json.dumps(calls), timeout=120)
     return [(status, body) for status, body in json.loads(out.strip().splitlines()[-1])]
 
 
-def _still_stored(kube: Kube, drill: Drill, ids: list[str]) -> list[str]:
+def _still_stored(kube: Kube, drill: Install, ids: list[str]) -> list[str]:
     """Those of ``ids`` the topic still holds (GET answers 200: waiting or in flight)."""
     answers = _api(kube, drill, [("GET", f"/messages/{i}", None) for i in ids])
     return [i for i, (status, _) in zip(ids, answers, strict=True) if status == 200]
 
 
-def _paused_everywhere(kube: Kube, drill: Drill) -> bool:
+def _paused_everywhere(kube: Kube, drill: Install) -> bool:
     """Every delay-service process reports ``delayq_paused`` 1."""
     pods = _pods(kube, drill.tenant, f"delayq.io/topic={TOPIC},"
                  "app.kubernetes.io/component=delay-service")
@@ -236,7 +228,7 @@ def _cluster_ip(kube: Kube, namespace: str, service: str) -> str:
     return ip
 
 
-def _pipeline(kube: Kube, drill: Drill, real_node: RealNode, workdir: Path) -> Pipeline:
+def _pipeline(kube: Kube, drill: Install, real_node: RealNode, workdir: Path) -> Pipeline:
     config = workdir / "topic.json"
     config_map = kube.get("configmap", f"{TOPIC}-config", drill.tenant) or {}
     config.write_text(config_map["data"]["topic.json"])
@@ -264,7 +256,7 @@ def _backed_up(path: Path) -> dict[str, int]:
     return {row["id"]: row["taken_ms"] for row in table.to_pylist() if row["kind"] == "waiting"}
 
 
-def _lose_every_broker_volume(kube: Kube, drill: Drill) -> set[str]:
+def _lose_every_broker_volume(kube: Kube, drill: Install) -> set[str]:
     """Total loss: the topic's claims, then every pod of the topic (killed at once, no
     grace), then the volumes those claims held, their directories emptied. Returns the lost
     claims' uids."""
@@ -290,7 +282,7 @@ def _lose_every_broker_volume(kube: Kube, drill: Drill) -> set[str]:
     return lost
 
 
-def _recreated(kube: Kube, drill: Drill, lost: set[str]) -> bool:
+def _recreated(kube: Kube, drill: Install, lost: set[str]) -> bool:
     """The topic Ready on new pods and new claims (the StatefulSets make a claim again for
     a pod that waits for one)."""
     claims = kube.items("pvc", drill.tenant, f"delayq.io/topic={TOPIC}")
@@ -311,7 +303,7 @@ def _figures(lateness_ms: list[float]) -> str:
 
 
 def test_a_topic_that_lost_every_pod_and_volume_is_restored_from_backup_and_journal(
-    kube: Kube, real_node: RealNode, drill: Drill, tmp_path: Path
+    kube: Kube, real_node: RealNode, drill: Install, tmp_path: Path
 ) -> None:
     """The drill, step by step (module docstring), and its checks: the backup lost nothing;
     after the restore every message pending at the snapshot is delivered (the cancelled ones
