@@ -8,7 +8,7 @@ need_apt=()
 command -v redis-server >/dev/null 2>&1 || need_apt+=(redis-server)
 [ -x /usr/share/zookeeper/bin/zkServer.sh ] || need_apt+=(zookeeper)
 command -v java >/dev/null 2>&1 || need_apt+=(default-jre-headless)
-# libfaketime: the chaos suite runs serve processes with their clocks skewed (tests/chaos)
+# libfaketime: the clock-skew test runs a serve process with its clock skewed (tests/service)
 command -v faketime >/dev/null 2>&1 || need_apt+=(faketime)
 # headless Chromium and its driver: the dashboard's browser tests (tests/service/test_dashboard.py)
 # and scripts/screenshots.py; Selenium is pointed at /usr/bin/chromedriver, never a download

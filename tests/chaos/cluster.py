@@ -3,10 +3,10 @@ spread over both by the first routing, so a move has somewhere to go), one ZooKe
 serves.
 
 Every serve process reaches ZooKeeper and Redis through its own `Link`s, so one of them can be
-partitioned alone; two of them run under libfaketime, +5 s and -5 s off the real clock (only
-their wall clock: monotonic time stays real, as on a host whose NTP is off). A supervisor plays
-the kubelet: a serve process that exits on its own (a Redis outage it does not survive) is
-restarted, and the exit is recorded. Everything started here is stopped by PID.
+partitioned alone; two of them run with their wall clock +5 s and -5 s off the real one
+(`tests.faketime.skewed_clock_env`: monotonic time stays real, as on a host whose NTP is off).
+A supervisor plays the kubelet: a serve process that exits on its own (a Redis outage it does
+not survive) is restarted, and the exit is recorded. Everything started here is stopped by PID.
 """
 
 from __future__ import annotations
@@ -31,7 +31,7 @@ from delayq.local.redis_server import RedisServer
 from delayq.local.zookeeper_server import ZooKeeperServer
 from delayq.queue.topic import TopicType
 from delayq.service.config import ServiceConfig
-from tests.faketime import faketime_env
+from tests.faketime import skewed_clock_env
 
 from .proxy import Link
 from .receiver import SECRET
@@ -132,7 +132,8 @@ class Cluster:
                 await link.start()
             ports = [link.port for link in redis_links]
             config = self.config(name, zk_link.port, ports, free_port())
-            serve = ServeProcess(config, self.workdir / f"{name}.log", extra_env=faketime_env(skew))
+            log_path = self.workdir / f"{name}.log"
+            serve = ServeProcess(config, log_path, extra_env=skewed_clock_env(skew))
             self.members.append(Member(name, skew, zk_link, tuple(redis_links), serve))
         self.observer = KazooClient(hosts=self.zookeeper.hosts, timeout=4.0)
         await asyncio.to_thread(self.observer.start, 30)

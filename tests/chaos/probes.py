@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import time
 from dataclasses import dataclass, field
+from email.utils import parsedate_to_datetime
 
 import aiohttp
 
@@ -103,6 +104,14 @@ async def _readyz(session: aiohttp.ClientSession, member: Member) -> tuple[bool,
             return response.status == 200 and bool(body["ready"]), consumed
     except (aiohttp.ClientError, TimeoutError, ValueError, KeyError, TypeError):
         return None
+
+
+async def clock_skew_s(session: aiohttp.ClientSession, member: Member) -> float:
+    """How far the process's wall clock is off the real one, read from its HTTP `Date` header
+    (whole seconds: good to about 1 s), so a run whose skew did not take effect fails at once."""
+    async with session.get(member.url + "/healthz") as response:
+        their_s = parsedate_to_datetime(response.headers["Date"]).timestamp()
+    return their_s - time.time()
 
 
 async def fleet_ready(cluster: Cluster, session: aiohttp.ClientSession) -> bool:

@@ -37,12 +37,13 @@ from .cluster import (
     Cluster,
 )
 from .faults import KINDS, Injector, Window, plan, wall_ms
-from .probes import Prober, _readyz, fleet_ready
+from .probes import Prober, _readyz, clock_skew_s, fleet_ready
 from .producer import Producer
 from .receiver import Receiver
 from .unplanned import exits, session_losses, stalls
 
 READY_TIMEOUT_S = 120.0
+SKEW_CHECK_S = 2.0  # the Date header has whole seconds
 SETTLE_TIMEOUT_S = 90.0
 TIMING = Timing(SESSION_TIMEOUT_MS, ACK_TIMEOUT_MS, WEBHOOK_TIMEOUT_MS, BACKOFF_MAX_MS)
 
@@ -125,6 +126,9 @@ async def _run(options: ChaosOptions, cluster: Cluster, receiver: Receiver) -> C
     notes: list[str] = []
     async with aiohttp.ClientSession() as session:
         await until(lambda: fleet_ready(cluster, session), READY_TIMEOUT_S, "the fleet ready")
+        for member in cluster.members:
+            skew_s = await clock_skew_s(session, member)
+            assert abs(skew_s - member.skew_s) < SKEW_CHECK_S, f"{member.name}'s clock: {skew_s} s"
         timer.mark("start_s")
         producer = Producer(cluster.members, options.rate_per_s, options.max_delay_ms, rng)
         prober = Prober(cluster)

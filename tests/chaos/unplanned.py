@@ -4,9 +4,9 @@ On a loaded 2-core machine a serve process can lose its own ZooKeeper session wi
 injected into it (starved of CPU, or a cascade of the overlapping faults): it logs
 `<member>: ZooKeeper session SUSPENDED|LOST: stop claiming`, then `<member>: connected to
 ZooKeeper` once it has a session again. And the supervisor restarts a process that exited on its
-own. And a process under libfaketime (the skewed c1 and c2, never c0 so far) sometimes stops
-running for seconds with no fault injected: it claims messages and sends them 3 s later,
-while the others send theirs at once (`stalls`, seen by the receiver). The takeover rules
+own. And a process may stop running for seconds with no fault injected (seen while the skewed
+c1 and c2 ran under libfaketime): it claims messages and sends them 3 s later, while the others
+send theirs at once (`stalls`, seen by the receiver). The takeover rules
 (`unconsumed`, `waited_lease`) must not blame the fleet for those, so they become windows the
 checker knows. The older rules keep judging the injected faults alone.
 """
