@@ -18,8 +18,9 @@ Rules (each a `Rule` with its figure and a few examples):
   is surely late;
 - skipped_attempts: an attempt k > 1 whose attempt k - 1 never arrived means a lease ran out
   with nothing delivered; only a lossy fault may cause that (a graceful handoff must not);
-- readiness: no process said ready while granted a slot it did not consume, for longer than the
-  service's documented readiness hysteresis (a stall must last UNREADY_AFTER_S to count);
+- readiness: no process said ready while granted a slot it did not consume (nor reported frozen
+  by a move or doubling: probes.py), for longer than the service's documented readiness
+  hysteresis (a stall must last UNREADY_AFTER_S to count);
 - unconsumed: no slot consumed by nobody (no grant, or its grantee answering without it) in a
   prober sample later than a fault's restore + session timeout + 2 s, nor before any fault;
 - waited_lease: no message waits a lease after a takeover: once the prober saw another process

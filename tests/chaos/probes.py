@@ -3,7 +3,9 @@
 Every `PERIOD_S` the prober reads the owner nodes from ZooKeeper (the grants), then every
 process's /readyz (ready, and the slot numbers it consumes: `consumedSlots`), then the owner nodes
 again. A sample counts only when both reads of ZooKeeper agree, so a handoff between the reads is
-never taken for a violation. Violation: ready while a slot ZooKeeper grants it is not consumed.
+never taken for a violation. Violation: ready while a slot ZooKeeper grants it is not consumed,
+unless the process reports that slot frozen by a move or a doubling (`unconsumedSlots`, reason
+`moving`: by design not a reason to be unready, docs/coordination.md).
 Every agreed sample is kept too (`SlotSample`, with the routing's slot amount, read between the
 two and unchanged after them): the checker finds in them when a slot was taken over and how long
 it went unconsumed.
@@ -17,6 +19,8 @@ from dataclasses import dataclass, field
 from email.utils import parsedate_to_datetime
 
 import aiohttp
+
+from delayq.service.unconsumed import Why
 
 from .cluster import Cluster, Member
 
@@ -80,29 +84,54 @@ class Prober:
             return
         by_member: dict[str, tuple[int, ...] | None] = {}
         for member, answer in zip(self.cluster.members, answers, strict=True):
-            by_member[member.name] = None if answer is None else tuple(sorted(answer[1]))
+            by_member[member.name] = None if answer is None else tuple(sorted(answer.consumed))
             if answer is None:
                 continue
             self.samples += 1
-            ready, consumed = answer
             granted = {slot for slot, owner in before.items() if owner == member.name}
-            missing = tuple(sorted(granted - consumed))
-            if ready and missing:
+            missing = not_consumed(granted, answer)
+            if answer.ready and missing:
+                consumed = len(answer.consumed)
                 self.violations.append(
-                    ReadinessViolation(at_ms, member.name, len(granted), len(consumed), missing)
+                    ReadinessViolation(at_ms, member.name, len(granted), consumed, missing)
                 )
         self.slot_samples.append(SlotSample(at_ms, before, by_member, amount))
 
 
-async def _readyz(session: aiohttp.ClientSession, member: Member) -> tuple[bool, set[int]] | None:
-    """(ready, consumed slots), or None when the process does not answer (down, frozen)."""
+@dataclass(frozen=True)
+class ReadyAnswer:
+    """What a process's /readyz said."""
+
+    ready: bool
+    consumed: frozenset[int]  # `consumedSlots`
+    frozen: frozenset[int]  # granted old slots it reports frozen by a move or doubling
+
+
+def not_consumed(granted: set[int], answer: ReadyAnswer) -> tuple[int, ...]:
+    """The granted slots a process that says ready should consume and does not. A slot it
+    reports frozen by a move or a doubling is not one: no process could consume it (the service
+    ends a stopped move itself), so by design it is no reason to be unready; `stalled` judges
+    its messages."""
+    return tuple(sorted(granted - answer.consumed - answer.frozen))
+
+
+async def _readyz(session: aiohttp.ClientSession, member: Member) -> ReadyAnswer | None:
+    """What /readyz said, or None when the process does not answer (down, frozen)."""
     try:
         timeout = aiohttp.ClientTimeout(total=PROBE_TIMEOUT_S)
         async with session.get(member.url + "/readyz", timeout=timeout) as response:
             body = await response.json()
-            consumed = {int(slot) for slot in body["consumedSlots"]}
-            return response.status == 200 and bool(body["ready"]), consumed
-    except (aiohttp.ClientError, TimeoutError, ValueError, KeyError, TypeError):
+            unconsumed: dict[str, str] = body["unconsumedSlots"]
+            return ReadyAnswer(
+                ready=response.status == 200 and bool(body["ready"]),
+                consumed=frozenset(int(slot) for slot in body["consumedSlots"]),
+                frozen=frozenset(
+                    int(slot)
+                    for slot, why in unconsumed.items()
+                    if slot.isdigit() and why.startswith(f"{Why.MOVING}:")
+                ),
+            )
+    except (aiohttp.ClientError, TimeoutError, ValueError, KeyError, TypeError, AttributeError):
         return None
 
 
@@ -118,7 +147,7 @@ async def fleet_ready(cluster: Cluster, session: aiohttp.ClientSession) -> bool:
     """Every process ready and every slot (of the routing's amount) owned in ZooKeeper by one
     of them."""
     answers = [await _readyz(session, member) for member in cluster.members]
-    if not all(answer is not None and answer[0] for answer in answers):
+    if not all(answer is not None and answer.ready for answer in answers):
         return False
     owners = await asyncio.to_thread(cluster.owners)
     amount = await asyncio.to_thread(cluster.slot_amount)

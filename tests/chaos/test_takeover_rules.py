@@ -13,7 +13,7 @@ from delayq.queue.topic import slot_of
 from .checker import Evidence, Rule, Timing, check
 from .cluster import ACK_TIMEOUT_MS, SESSION_TIMEOUT_MS
 from .faults import ISOLATED, LOADED, LOADED_S, QUIET_S, Window, plan
-from .probes import SlotSample
+from .probes import ReadyAnswer, SlotSample, not_consumed
 from .receiver import Arrival
 from .test_chaos import FAULT_PHASE_S, SEEDS
 from .unplanned import SESSION_LOSS, STALL, session_losses, stalls
@@ -162,3 +162,11 @@ def test_a_sender_holding_claimed_messages_over_a_second_is_a_stall() -> None:
         sent("c0", 50_000, 50_020),
     ]
     assert stalls(arrivals, 10_000) == [Window(STALL, "c2", 50_000, 53_450)]
+
+
+def test_a_slot_reported_frozen_by_a_move_is_no_readiness_violation_but_a_dropped_one_is() -> None:
+    granted = {0, 1, 2}
+    frozen = ReadyAnswer(ready=True, consumed=frozenset({1, 2}), frozen=frozenset({0}))
+    dropped = ReadyAnswer(ready=True, consumed=frozenset({1, 2}), frozen=frozenset())
+    assert not_consumed(granted, frozen) == ()
+    assert not_consumed(granted, dropped) == (0,)
