@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import time
+from typing import Any
 
 import redis.asyncio
 
@@ -32,7 +33,10 @@ async def backlog(client: redis.asyncio.Redis, topic_type: TopicType) -> None:
         await AsyncQueue(client, topic).schedule_many(requests[start : start + 5_000])
 
 
-def assert_urgent_first(ids: list[str]) -> None:
+def assert_urgent_first(deliveries: list[dict[str, Any]]) -> None:
+    """Every urgent delivery before the BEFORE-th other one, each telling its priority."""
+    assert all(d["priority"] == (5 if d["id"].startswith("high") else 0) for d in deliveries)
+    ids = [d["id"] for d in deliveries]
     lows = [n for n, message_id in enumerate(ids) if message_id.startswith("low")]
     highs = [n for n, message_id in enumerate(ids) if message_id.startswith("high")]
     assert len(lows) >= BEFORE
@@ -47,11 +51,13 @@ async def test_a_draining_backlog_pushes_every_urgent_message_before_the_1000th_
     started = time.monotonic()
     await start_service(topic_type="webhook", webhook_url=receiver.url)
 
-    def posted() -> list[str]:
-        return [json.loads(body)["id"] for _, body in receiver.requests]
+    def posted() -> list[dict[str, Any]]:
+        return [json.loads(body) for _, body in receiver.requests]
 
     await eventually(
-        lambda: sum(i.startswith("low") for i in posted()) >= BEFORE, 30, f"{BEFORE} low POSTs"
+        lambda: sum(d["id"].startswith("low") for d in posted()) >= BEFORE,
+        30,
+        f"{BEFORE} low POSTs",
     )
     assert_urgent_first(posted())
     assert time.monotonic() - started < 30
@@ -62,12 +68,12 @@ async def test_pull_leases_hand_out_every_urgent_message_before_the_1000th_other
 ) -> None:
     await backlog(async_redis_client, TopicType.PULL)
     running = await start_service(topic_type="pull", pull_max_lease_batch=100)
-    leased: list[str] = []
+    leased: list[dict[str, Any]] = []
 
     async def lease_some() -> bool:
         answer = await running.client.post(f"{running.base}/leases", json={"max": 100})
-        leased.extend(m["id"] for m in (await answer.json())["leases"])
-        return sum(i.startswith("low") for i in leased) >= BEFORE
+        leased.extend((await answer.json())["leases"])
+        return sum(d["id"].startswith("low") for d in leased) >= BEFORE
 
     await eventually(lease_some, 30, f"{BEFORE} low leases")
     assert_urgent_first(leased)

@@ -720,6 +720,7 @@ def _claim_batch(reply: Reply, slot: int, epoch: int) -> ClaimBatch | StaleEpoch
                 record.due_ms,
                 epoch,
                 record.lease_id,
+                record.priority,
             )
         messages.append(message)
     return ClaimBatch(
