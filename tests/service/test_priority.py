@@ -9,12 +9,13 @@ import time
 from typing import Any
 
 import redis.asyncio
+from prometheus_client.parser import text_string_to_metric_families
 
 from delayq.local.waiting import eventually
 from delayq.queue.client import AsyncQueue
 from delayq.queue.model import ScheduleRequest
 from delayq.queue.topic import Topic, TopicType
-from tests.service.conftest import NAMESPACE, TOPIC, Receiver, StartService
+from tests.service.conftest import NAMESPACE, TOPIC, Receiver, Running, StartService
 
 #: The issue's backlog: 20,000 low and 200 high, every high one before the 1,000th low one
 #: (about 2.5 s for the webhook, 1.2 s for pull leases on a loaded two-core host).
@@ -33,6 +34,17 @@ async def backlog(client: redis.asyncio.Redis, topic_type: TopicType) -> None:
         await AsyncQueue(client, topic).schedule_many(requests[start : start + 5_000])
 
 
+async def started_by_priority(running: Running) -> dict[str, float]:
+    """Deliveries started (pushed or leased) by priority, from the service's /metrics."""
+    text = await (await running.client.get("/metrics")).text()
+    return {
+        sample.labels["priority"]: sample.value
+        for family in text_string_to_metric_families(text)
+        for sample in family.samples
+        if sample.name == "delayq_delivery_lateness_seconds_count"
+    }
+
+
 def assert_urgent_first(deliveries: list[dict[str, Any]]) -> None:
     """Every urgent delivery before the BEFORE-th other one, each telling its priority."""
     assert all(d["priority"] == (5 if d["id"].startswith("high") else 0) for d in deliveries)
@@ -49,7 +61,7 @@ async def test_a_draining_backlog_pushes_every_urgent_message_before_the_1000th_
 ) -> None:
     await backlog(async_redis_client, TopicType.WEBHOOK)
     started = time.monotonic()
-    await start_service(topic_type="webhook", webhook_url=receiver.url)
+    running = await start_service(topic_type="webhook", webhook_url=receiver.url)
 
     def posted() -> list[dict[str, Any]]:
         return [json.loads(body) for _, body in receiver.requests]
@@ -61,6 +73,9 @@ async def test_a_draining_backlog_pushes_every_urgent_message_before_the_1000th_
     )
     assert_urgent_first(posted())
     assert time.monotonic() - started < 30
+    started_by = await started_by_priority(running)
+    assert started_by["5"] == HIGH
+    assert started_by["0"] >= sum(d["id"].startswith("low") for d in posted())
 
 
 async def test_pull_leases_hand_out_every_urgent_message_before_the_1000th_other(
@@ -77,3 +92,7 @@ async def test_pull_leases_hand_out_every_urgent_message_before_the_1000th_other
 
     await eventually(lease_some, 30, f"{BEFORE} low leases")
     assert_urgent_first(leased)
+    lows = sum(d["id"].startswith("low") for d in leased)
+    assert await started_by_priority(running) == {"0": lows, "5": HIGH}
+    # the dashboard's lateness counts every priority's leases
+    assert running.service.metrics.activity().lateness_counts[-1] == lows + HIGH
