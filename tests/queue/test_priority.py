@@ -85,6 +85,7 @@ def test_a_message_keeps_its_priority_through_every_return_to_waiting(
     [high] = queue.claim(SLOT, epoch, 1, 60_000).messages  # rolled back, then claimed first
     assert (high.id, high.attempt) == ("high", 3)
     queue.nack(high.lease, dead=True)
+    assert [m.priority for m in queue.dead_page(SLOT).messages] == [5]  # the dead page's too
     assert queue.redrive(SLOT, ["high"])[0].id == "high"
     queue.reschedule("high", at_ms=3_000, slot_basis=BASIS)
     assert _claimed_ids(queue, epoch, 2) == ["high", "low0"]

@@ -972,6 +972,7 @@ def dead_page(topic: Topic, slot: int, offset: int, count: int) -> Plan[DeadPage
                     payload=record.payload,
                     headers=record.headers,
                     dead_reason=as_text(reason),
+                    priority=record.priority,
                 )
             )
         return DeadPage(int(reply[0]), messages)
