@@ -15,6 +15,7 @@ from delayq.local.waiting import eventually
 from delayq.queue.client import AsyncQueue
 from delayq.queue.model import ScheduleRequest
 from delayq.queue.topic import Topic, TopicType
+from delayq.service.metrics import ServiceMetrics
 from tests.service.conftest import NAMESPACE, TOPIC, Receiver, Running, StartService
 
 #: The issue's backlog: 20,000 low and 200 high, every high one before the 1,000th low one
@@ -36,7 +37,11 @@ async def backlog(client: redis.asyncio.Redis, topic_type: TopicType) -> None:
 
 async def started_by_priority(running: Running) -> dict[str, float]:
     """Deliveries started (pushed or leased) by priority, from the service's /metrics."""
-    text = await (await running.client.get("/metrics")).text()
+    return counts_by_priority(await (await running.client.get("/metrics")).text())
+
+
+def counts_by_priority(text: str) -> dict[str, float]:
+    """The lateness histogram's count by priority in a /metrics answer."""
     return {
         sample.labels["priority"]: sample.value
         for family in text_string_to_metric_families(text)
@@ -96,3 +101,12 @@ async def test_pull_leases_hand_out_every_urgent_message_before_the_1000th_other
     assert await started_by_priority(running) == {"0": lows, "5": HIGH}
     # the dashboard's lateness counts every priority's leases
     assert running.service.metrics.activity().lateness_counts[-1] == lows + HIGH
+
+
+def test_lateness_has_a_series_per_priority_and_ten_at_most() -> None:
+    """A record a raw script call gave a priority outside 0..9 counts at the nearest bound:
+    no writer adds series at will."""
+    metrics = ServiceMetrics(NAMESPACE, TOPIC)
+    for priority in (-1, 0, 5, 9, 12, 10**6, 5):
+        metrics.observe_lateness(5.0, priority)
+    assert counts_by_priority(metrics.render().decode()) == {"0": 2, "5": 2, "9": 3}
