@@ -45,7 +45,10 @@ def test_a_higher_priority_due_message_is_claimed_first_never_early(
     _schedule(queue, "p3-older", now - 20, priority=3)
     _schedule(queue, "p9-later", now + HOUR_MS, priority=9)  # not due: never claimed early
     epoch = queue.take_over(SLOT)
-    assert _claimed_ids(queue, epoch, 4) == ["p9", "p3-older", "p3", "low0"]
+    claimed = queue.claim(SLOT, epoch, 4, 60_000).messages
+    # each claimed message tells its priority (read from the record the claim answers)
+    assert [m.id for m in claimed] == ["p9", "p3-older", "p3", "low0"]
+    assert [m.priority for m in claimed] == [9, 3, 3, 0]
     assert _claimed_ids(queue, epoch, 10) == ["low1", "low2", "low3", "low4"]
     assert queue.get("p9-later", slot_basis=BASIS).priority == 9
     # the not-yet-due entry is all the index still holds
@@ -82,6 +85,7 @@ def test_a_message_keeps_its_priority_through_every_return_to_waiting(
     [high] = queue.claim(SLOT, epoch, 1, 60_000).messages  # rolled back, then claimed first
     assert (high.id, high.attempt) == ("high", 3)
     queue.nack(high.lease, dead=True)
+    assert [m.priority for m in queue.dead_page(SLOT).messages] == [5]  # the dead page's too
     assert queue.redrive(SLOT, ["high"])[0].id == "high"
     queue.reschedule("high", at_ms=3_000, slot_basis=BASIS)
     assert _claimed_ids(queue, epoch, 2) == ["high", "low0"]

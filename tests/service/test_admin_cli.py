@@ -53,7 +53,7 @@ class Served:
     def key(self, slot: int, part: Part) -> str:
         return SlotKeys(NAMESPACE, TOPIC, slot).key(part)
 
-    def to_dead(self, ids: list[str], **extra: str) -> None:
+    def to_dead(self, ids: list[str], **extra: str | int) -> None:
         """Schedule `ids` due now and nack them straight to dead; leases until every one of
         them was leased (an earlier test's due message may come first: it dies too)."""
         for message_id in ids:
@@ -141,12 +141,14 @@ def test_topic_stats_table_and_json_match_the_api(served: Served, run):
 
 
 def test_msg_get_reschedule_cancel_change_redis(served: Served, run):
-    scheduled = served.api("POST", "/messages", {"id": "m/1", "delayMs": 60_000, "payload": "hi"})
+    message = {"id": "m/1", "delayMs": 60_000, "payload": "hi", "priority": 3}
+    scheduled = served.api("POST", "/messages", message)
     store = served.key(scheduled["slot"], Part.STORE)
     code, out, _ = run("msg", "get", "m/1")
     assert code == OK
     assert "scheduled" in out
     assert "hi (2 characters)" in out
+    assert dict(line.split(None, 1) for line in out.splitlines())["priority"].strip() == "3"
     code, out, _ = run("msg", "get", "m/1", "--json")
     assert json.loads(out) == served.api("GET", "/messages/m%2F1")
 
@@ -216,11 +218,12 @@ def test_unreachable_and_refused_token_exit_3(served: Served, run, monkeypatch):
 
 def test_dead_list_redrive_purge(served: Served, run):
     served.api("POST", "/dead/purge", {"all": True})
-    served.to_dead(["d1", "d2", "d3"])
+    served.to_dead(["d1", "d2", "d3"], priority=2)
     code, out, _ = run("dead", "list")
     assert code == OK
-    listed = {line.split()[0] for line in out.splitlines()[1:]}
-    assert listed == {"d1", "d2", "d3"}
+    assert out.split()[:4] == ["ID", "SLOT", "ATTEMPTS", "PRIORITY"]
+    listed = {line.split()[0]: line.split()[3] for line in out.splitlines()[1:]}
+    assert listed == {"d1": "2", "d2": "2", "d3": "2"}  # each one's priority
     assert "boom" in out
 
     code, out, err = run("dead", "redrive", "d1", "nobody", "--progress")

@@ -45,6 +45,7 @@ from tests.service.dashboard_support import (
 )
 
 SLOTS = 16
+DEAD_IDS = ("dl-a", "dl-b", "dl-c")
 PAUSED_KEY = paused_key(Topic(TOPIC, namespace=NAMESPACE, slot_amount=SLOTS))
 
 
@@ -184,7 +185,9 @@ def test_slot_map_matches_the_api_and_a_stalled_slot_stands_out(
 def test_message_lookup_reschedule_and_cancel_change_redis(
     served: Fleet, driver: webdriver.Chrome, store: redis.Redis
 ):
-    scheduled = served.schedule("order 7/é", 60_000, payload="{}", headers={"tenant": "acme"})
+    scheduled = served.schedule(
+        "order 7/é", 60_000, payload="{}", headers={"tenant": "acme"}, priority=7
+    )
     store_key = key(scheduled["slot"], Part.STORE)
     open_dashboard(driver, served.url, page="overview")
     before = loads(driver, "message")
@@ -196,7 +199,7 @@ def test_message_lookup_reschedule_and_cancel_change_redis(
         "scheduled",
         str(scheduled["slot"]),
     )
-    assert fields["Attempts"] == "0"
+    assert (fields["Attempts"], fields["Priority"]) == ("0", "7")
 
     delay = driver.find_element(By.ID, "reschedule-delay")
     delay.send_keys("3600", Keys.ENTER)  # the keyboard submits the form
@@ -228,13 +231,16 @@ def test_dead_letters_redrive_selected_then_purge_all(
     served: Fleet, driver: webdriver.Chrome, store: redis.Redis
 ):
     served.api("POST", "/dead/purge", {"all": True})
-    for name in ("dl-a", "dl-b", "dl-c"):
-        served.schedule(name, 0)
+    for priority, name in enumerate(DEAD_IDS):
+        served.schedule(name, 0, priority=priority)
     killed = served.kill_to_dead(3, "HTTP 500 from receiver")
     assert dead_total(store) == 3
     open_dashboard(driver, served.url, page="dead")
     rows = driver.find_elements(By.CSS_SELECTOR, "#dead-table tbody tr")
-    assert sorted(r.find_elements(By.CSS_SELECTOR, "td")[1].text for r in rows) == sorted(killed)
+    cells = [[td.text for td in r.find_elements(By.CSS_SELECTOR, "td")] for r in rows]
+    assert sorted(c[1] for c in cells) == sorted(killed)
+    # each row's priority (the column after the attempts), the one it was scheduled with
+    assert sorted((c[1], c[4]) for c in cells) == [(n, str(p)) for p, n in enumerate(DEAD_IDS)]
     assert all("HTTP 500 from receiver" in r.text for r in rows)
     assert driver.find_element(By.ID, "dead-count").text == "3 dead in the topic"
 

@@ -27,7 +27,7 @@ def test_payloads_travel_as_text_or_base64():
 
 
 def test_webhook_body_and_stream_entry():
-    message = Message("a", 2, b"\xff", {"k": "v"}, 3, 1234, 7, 9)
+    message = Message("a", 2, b"\xff", {"k": "v"}, 3, 1234, 7, 9, priority=4)
     body = json.loads(message_body(TOPIC, message))
     assert body == {
         "id": "a",
@@ -38,10 +38,11 @@ def test_webhook_body_and_stream_entry():
         "headers": {"k": "v"},
         "attempt": 3,
         "dueMs": 1234,
+        "priority": 4,
     }
     fields = stream_fields(TOPIC, message)
     assert fields["payload"] == b"\xff"
-    assert fields["attempt"] == 3
+    assert (fields["attempt"], fields["priority"]) == (3, 4)
 
 
 @given(st.text(min_size=1))

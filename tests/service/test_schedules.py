@@ -117,6 +117,8 @@ def test_crud(api: str) -> None:
         ({"everyMs": 5, "catchUp": "sometimes"}, "catchUp", "once"),
         ({"everyMs": 5, "catchUpMax": 0}, "catchUpMax", "between 1 and"),
         ({"everyMs": 5, "every": 5}, "every", "not a schedule field"),
+        # occurrences have priority 0: a series' priority is refused, not silently dropped
+        ({"everyMs": 5, "priority": 5}, "priority", "not a schedule field"),
         ({"everyMs": 5, "headers": {"a": 1}}, "headers", "strings"),
         ({"everyMs": 5, "payload": "x", "encoding": "base64"}, "payload", "base64"),
     ],

@@ -196,6 +196,8 @@ class Message(NamedTuple):
     due_ms: int
     epoch: int
     lease_id: int
+    # 0..9, read from the record the claim answers (its tagged `p` field): no read of its own
+    priority: int = 0
 
     @property
     def lease(self) -> Lease:

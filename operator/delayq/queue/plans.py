@@ -720,6 +720,7 @@ def _claim_batch(reply: Reply, slot: int, epoch: int) -> ClaimBatch | StaleEpoch
                 record.due_ms,
                 epoch,
                 record.lease_id,
+                record.priority,
             )
         messages.append(message)
     return ClaimBatch(
@@ -971,6 +972,7 @@ def dead_page(topic: Topic, slot: int, offset: int, count: int) -> Plan[DeadPage
                     payload=record.payload,
                     headers=record.headers,
                     dead_reason=as_text(reason),
+                    priority=record.priority,
                 )
             )
         return DeadPage(int(reply[0]), messages)

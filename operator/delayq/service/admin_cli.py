@@ -298,6 +298,7 @@ def msg_get(api: Api, args: argparse.Namespace, out: TextIO) -> int:
         ("slot", message["slot"]),
         ("due", instant(message.get("dueMs"), now)),
         ("attempts", message["attempts"]),
+        ("priority", message.get("priority", 0)),
         ("lease deadline", instant(message.get("leaseDeadlineMs"), now)),
         ("died", instant(message.get("diedMs"), now)),
         ("finished", instant(message.get("finishedMs"), now)),
@@ -406,12 +407,13 @@ def dead_list(api: Api, args: argparse.Namespace, out: TextIO) -> int:
             m["id"],
             m["slot"],
             m["attempts"],
+            m.get("priority", 0),
             instant(m.get("diedMs"), now),
             (m.get("deadReason") or "-")[:80],
         )
         for m in page["messages"]
     ]
-    table(rows, ("ID", "SLOT", "ATTEMPTS", "DIED", "REASON"), out)
+    table(rows, ("ID", "SLOT", "ATTEMPTS", "PRIORITY", "DIED", "REASON"), out)
     if page["nextCursor"] is not None:
         print(f"more: --cursor {page['nextCursor']}", file=sys.stderr)
     return OK

@@ -66,6 +66,7 @@ def message_json(topic: Topic, message: Message) -> dict[str, Any]:
         "headers": message.headers,
         "attempt": message.attempt,
         "dueMs": message.due_ms,
+        "priority": message.priority,
     }
 
 

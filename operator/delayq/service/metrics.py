@@ -21,6 +21,7 @@ from prometheus_client.registry import Collector
 from prometheus_client.samples import Sample
 
 from delayq.coordination.ownership import SESSION_STATES, SessionHolder
+from delayq.queue.codec import MAX_PRIORITY
 from delayq.queue.codes import Code
 from delayq.queue.consumer import ConsumerCounters
 from delayq.queue.model import Outcome, TopicStats
@@ -55,6 +56,8 @@ FORECAST_WINDOWS = (("1m", 60_000), ("5m", 300_000), ("1h", 3_600_000), ("1d", 8
 # so a stranger cannot add series at will.
 HTTP_METHODS = frozenset({"GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"})
 TOPIC_LABELS = ("topic_namespace", "topic")
+# The lateness histogram's `priority` label values: one per priority a message may carry.
+PRIORITY_LABELS = tuple(str(priority) for priority in range(MAX_PRIORITY + 1))
 
 
 class ServiceMetrics:
@@ -126,8 +129,8 @@ class ServiceMetrics:
         )
         self.lateness = Histogram(
             "delayq_delivery_lateness_seconds",
-            "Delivery start minus due time",
-            names,
+            "Delivery start minus due time, by the message's priority (0-9)",
+            [*names, "priority"],
             buckets=LATENESS_BUCKETS_S,
             registry=self.registry,
         )
@@ -170,9 +173,13 @@ class ServiceMetrics:
             self.retries,
             self.dead,
             self.slot_moving_waits,
-            self.lateness,
         ):
             self._child(metric)
+        # the lateness series by priority, found by the int itself: `_child`'s label-tuple key
+        # cost a delivery ~1 us more than before the label (timeit, same run)
+        self._lateness_by_priority: dict[int, Any] = {
+            0: self._child(self.lateness, PRIORITY_LABELS[0])
+        }
 
     def _child(self, metric: MetricWrapperBase, *extra: str) -> Any:
         """The labelled series, cached: label lookups would otherwise cost on every delivery."""
@@ -213,8 +220,17 @@ class ServiceMetrics:
     def count_slot_moving_wait(self) -> None:
         self._child(self.slot_moving_waits).inc()
 
-    def observe_lateness(self, lateness_ms: float) -> None:
-        self._child(self.lateness).observe(max(0, lateness_ms) / 1000)
+    def observe_lateness(self, lateness_ms: float, priority: int = 0) -> None:
+        """One delivery started (pushed or leased) `lateness_ms` after its due time. The
+        priority is a label, at most ten series: a backlog's drain shows each priority's
+        lateness and count (a record a raw script call gave a priority outside 0..9 counts at
+        the nearest bound, so no caller adds series at will)."""
+        child = self._lateness_by_priority.get(priority)
+        if child is None:
+            child = self._child(self.lateness, PRIORITY_LABELS[min(max(priority, 0), MAX_PRIORITY)])
+            if 0 <= priority <= MAX_PRIORITY:
+                self._lateness_by_priority[priority] = child
+        child.observe(max(0, lateness_ms) / 1000)
 
     def observe_webhook(self, status: str, duration_s: float) -> None:
         self._child(self.webhook_latency, status).observe(duration_s)
@@ -266,10 +282,10 @@ class ServiceMetrics:
         for sample in self._samples(self.deliveries, "_total"):
             outcome = sample.labels["outcome"]
             deliveries[outcome] = deliveries.get(outcome, 0) + int(sample.value)
-        buckets = {
-            float(sample.labels["le"]): int(sample.value)
-            for sample in self._samples(self.lateness, "_bucket")
-        }
+        buckets: dict[float, int] = {}  # every priority's together
+        for sample in self._samples(self.lateness, "_bucket"):
+            bound = float(sample.labels["le"])
+            buckets[bound] = buckets.get(bound, 0) + int(sample.value)
         return Activity(
             deliveries=deliveries,
             retries=sum(int(s.value) for s in self._samples(self.retries, "_total")),

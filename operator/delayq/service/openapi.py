@@ -383,12 +383,23 @@ SCHEMAS: dict[str, Schema] = {
         **PAYLOAD,
     ),
     "Delivery": obj(
-        ["id", "topic", "namespace", "payload", "encoding", "headers", "attempt", "dueMs"],
+        [
+            "id",
+            "topic",
+            "namespace",
+            "payload",
+            "encoding",
+            "headers",
+            "attempt",
+            "dueMs",
+            "priority",
+        ],
         id=string(),
         topic=string(),
         namespace=string(),
         attempt=integer("1 for the first delivery", 1),
         dueMs=integer("due instant"),
+        priority=integer("the priority it was scheduled with (0 when none)", 0, MAX_PRIORITY),
         token=string(
             "pull leases only: present it to ack, nack or extend; opaque, bound to this topic"
         ),

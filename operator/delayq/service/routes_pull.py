@@ -85,7 +85,7 @@ async def lease(request: web.Request) -> web.Response:
     for generation, messages in leased.items():  # the topic's slots, a doubling's halves
         for message in messages:
             lateness_ms = leaser.server_now_ms(message.slot, generation) - message.due_ms
-            service.metrics.observe_lateness(lateness_ms)
+            service.metrics.observe_lateness(lateness_ms, message.priority)
             if service.tracing is not None:
                 service.tracing.leased(topic.name, message, lateness_ms)
         leases += [{"token": encode(m, generation), **message_json(topic, m)} for m in messages]

@@ -200,7 +200,9 @@ class PushDelivery:
         """The Consumers' handler: return acks, raise retries (the engine's nack decides
         whether the message is retried or given up; `on_nacked` counts which)."""
         assert self._sink is not None
-        self.metrics.observe_lateness(self.server_ms(message.slot) - message.due_ms)
+        self.metrics.observe_lateness(
+            self.server_ms(message.slot) - message.due_ms, message.priority
+        )
         if self._beside is not None:  # its sink asks that engine for the message's lease
             self._beside._handing[id(message)] = self
         try:

@@ -37,6 +37,7 @@ def stream_fields(topic: Topic, message: Message) -> dict[str, bytes | str | int
         "headers": json.dumps(message.headers, separators=(",", ":"), sort_keys=True),
         "attempt": message.attempt,
         "dueMs": message.due_ms,
+        "priority": message.priority,
     }
 
 
