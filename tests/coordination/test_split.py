@@ -26,7 +26,15 @@ from delayq.coordination.splitting import SlotSplitter, Split, SplitLocked
 from delayq.local.redis_server import RedisServer
 from delayq.local.waiting import wait_until
 from delayq.local.zookeeper_server import ZooKeeperServer
-from delayq.queue import Queue, Recurrence, Schedule, SlotMovingError, StaleEpochError, Topic, plans
+from delayq.queue import (
+    Queue,
+    Recurrence,
+    Schedule,
+    SlotMovingError,
+    StaleEpochError,
+    Topic,
+    consume_plans,
+)
 from delayq.queue.codes import Code
 from delayq.queue.keys import Part, slot_keys
 from delayq.queue.model import Message, ScheduleRequest, State
@@ -610,7 +618,7 @@ def test_resume_frozen_completes_only_a_stopped_doubling_whose_freeze_began(clus
     before = frozen_before(cluster)
     old, _ = second._topics(split)
     for slot in range(SLOTS // 2):
-        second.queues[split.brokers[slot]].run(plans.freeze(old, slot))
+        second.queues[split.brokers[slot]].run(consume_plans.freeze(old, slot))
     second.zk.stop()  # killed in its freeze
     assert old_frozen(cluster) == list(range(SLOTS // 2))
     assert cluster.splitter().resume_frozen() == replace(split, step=Step.CLEAN)
