@@ -31,7 +31,8 @@ from delayq.queue import (
 )
 from delayq.queue.keys import Part, slot_keys
 
-from .conftest import TwoBrokers, expire_session, two_brokers
+from .brokers import TwoBrokers, two_brokers
+from .conftest import expire_session
 
 NAMESPACE = "moves"
 SLOTS = 4
