@@ -62,6 +62,26 @@ class TwoBrokers:
     def routing(self) -> Routing:
         return Routing.from_json(self.zk.get(self.paths.routing)[0])
 
+    def routing_argv(self, *args: str) -> list[str]:
+        """The arguments of `delayq routing <args>` for this topic, its brokers and ZooKeeper,
+        as an operator types them: what the tests of the command pass to `delayq.cli.main`."""
+        return [
+            "routing",
+            *args,
+            "--topic",
+            self.topic.name,
+            "--namespace",
+            self.topic.namespace,
+            "--slot-amount",
+            str(self.topic.slot_amount),
+            "--redis-url",
+            self.servers[0].url,
+            "--broker-urls",
+            ",".join(server.url for server in self.servers),
+            "--zookeeper-connect",
+            self.hosts,
+        ]
+
     def close(self) -> None:
         for client in [*self._clients, self.zk]:
             client.stop()

@@ -14,7 +14,7 @@ from delayq.coordination.splitting import SlotSplitter, SplitLocked
 from delayq.queue import Queue
 from delayq.queue.model import State
 
-from .splits import NAMESPACE, SLOTS, Cluster, basis_in, broker_queue, doubled, fill, run_steps
+from .splits import SLOTS, Cluster, basis_in, broker_queue, doubled, fill, run_steps
 
 
 def test_one_splitter_at_a_time_and_no_slot_move_meanwhile(cluster: Cluster):
@@ -70,24 +70,6 @@ def test_two_doublings_in_one_call(cluster: Cluster):
         assert queue.get(message_id, basis).state is not State.ABSENT, message_id
 
 
-def cli(cluster: Cluster, *args: str) -> list[str]:
-    return [
-        "routing",
-        *args,
-        "--topic",
-        cluster.topic.name,
-        "--namespace",
-        NAMESPACE,
-        "--slot-amount",
-        str(SLOTS),
-        "--redis-url",
-        cluster.servers[0].url,
-        "--broker-urls",
-        ",".join(server.url for server in cluster.servers),
-        "--zookeeper-connect",
-        cluster.hosts,
-    ]
-
 
 def test_the_cli_doubles_shows_and_refuses_bad_input_in_one_line(
     cluster: Cluster, capsys: pytest.CaptureFixture[str]
@@ -96,29 +78,29 @@ def test_the_cli_doubles_shows_and_refuses_bad_input_in_one_line(
     splitter = cluster.splitter()
     run_steps(splitter, 3)
     splitter.release()
-    assert main(cli(cluster, "show")) == 0
+    assert main(cluster.routing_argv("show")) == 0
     shown = capsys.readouterr().out
     assert shown.startswith("4 slots (generation 0) over 2 brokers")
     assert "doubling 4 -> 8 slots (generation 1): next step copy, 3 of 4 slots copied" in shown
-    assert main(cli(cluster, "split", "--to-slots", "4")) == 2
+    assert main(cluster.routing_argv("split", "--to-slots", "4")) == 2
     err = capsys.readouterr().err
     assert err.startswith("delayq routing split: a doubling to 8 slots is under way: finish it")
     assert err.count("\n") == 1
-    assert main(cli(cluster, "split", "--to-slots", "8")) == 0
+    assert main(cluster.routing_argv("split", "--to-slots", "8")) == 0
     assert capsys.readouterr().out == "doubled to 8 slots (generation 1)\n"
-    assert main(cli(cluster, "show", "--json")) == 0
+    assert main(cluster.routing_argv("show", "--json")) == 0
     document = json.loads(capsys.readouterr().out)
     assert document["routing"]["slotAmount"] == 8
     assert document["routing"]["generation"] == 1
     assert document["split"] is None
-    assert main(cli(cluster, "split", "--to-slots", "8")) == 0
+    assert main(cluster.routing_argv("split", "--to-slots", "8")) == 0
     assert capsys.readouterr().out == "the topic has 8 slots already\n"
-    assert main(cli(cluster, "split", "--to-slots", "12")) == 2
+    assert main(cluster.routing_argv("split", "--to-slots", "12")) == 2
     assert "not 12" in capsys.readouterr().err
-    assert main(cli(cluster, "split", "--to-slots", "8", "--abort")) == 2
+    assert main(cluster.routing_argv("split", "--to-slots", "8", "--abort")) == 2
     assert capsys.readouterr().err == "delayq routing split: no doubling is under way\n"
     # a slot move after the doubling works at the new generation (the routing's, not --slot-amount)
-    assert main(cli(cluster, "move-slot", "--slot", "7", "--to-broker", "0")) == 0
+    assert main(cluster.routing_argv("move-slot", "--slot", "7", "--to-broker", "0")) == 0
     assert capsys.readouterr().out == "slot 7: moved from broker 1 to broker 0\n"
 
 

@@ -251,17 +251,22 @@ def test_secret_holds_every_credential_base64() -> None:
     }
 
 
-def test_service_pods_require_the_metrics_token_and_take_the_optional_rotation_token() -> None:
-    """metrics-token is generated like the API token and required: /metrics is closed on
-    Kubernetes. api-token-previous is a key the tenant may add (the operator never writes it):
-    optional, so a pod starts without it."""
-    sts = by_kind_name(rendered())["StatefulSet", "orders-service"]
+def secret_refs(manifests: list[dict[str, Any]]) -> dict[str, Any]:
+    """The service container's variables that come from a Secret: name -> its secretKeyRef."""
+    sts = by_kind_name(manifests)["StatefulSet", "orders-service"]
     (container,) = sts["spec"]["template"]["spec"]["containers"]
-    refs = {
+    return {
         entry["name"]: entry["valueFrom"]["secretKeyRef"]
         for entry in container["env"]
         if "secretKeyRef" in entry.get("valueFrom", {})
     }
+
+
+def test_service_pods_require_the_metrics_token_and_take_the_optional_rotation_token() -> None:
+    """metrics-token is generated like the API token and required: /metrics is closed on
+    Kubernetes. api-token-previous is a key the tenant may add (the operator never writes it):
+    optional, so a pod starts without it."""
+    refs = secret_refs(rendered())
     assert refs[env_name("api_token_previous")] == {
         "name": "orders-credentials",
         "key": "api-token-previous",
@@ -281,13 +286,7 @@ def test_service_pods_require_the_metrics_token_and_take_the_optional_rotation_t
 def test_every_service_pod_takes_the_topics_lease_token_key() -> None:
     """One key for the topic, from its Secret (required): a lease token issued by one pod is
     accepted by every other, and serve reads it from the variable its setting names."""
-    sts = by_kind_name(rendered())["StatefulSet", "orders-service"]
-    (container,) = sts["spec"]["template"]["spec"]["containers"]
-    refs = {
-        entry["name"]: entry["valueFrom"]["secretKeyRef"]
-        for entry in container["env"]
-        if "secretKeyRef" in entry.get("valueFrom", {})
-    }
+    refs = secret_refs(rendered())
     assert env_name("lease_token_key") == "DELAYQ_LEASE_TOKEN_KEY"
     key = {"name": "orders-credentials", "key": "lease-token-key"}
     assert refs["DELAYQ_LEASE_TOKEN_KEY"] == key
