@@ -56,7 +56,9 @@ from delayq.queue import (
     Queue,
     ScheduleRequest,
     Topic,
+    consume_plans,
     plans,
+    produce_plans,
 )
 from delayq.queue.packing import pack
 from delayq.queue.plans import Plan, ScriptCall
@@ -193,14 +195,14 @@ def run_python(url: str, messages: int, slots: int) -> dict[str, float]:
         ]
 
     built = [requests(base) for base in batches]
-    scheduled = [plans.schedule(topic, batch, Mode.CREATE) for batch in built]
+    scheduled = [produce_plans.schedule(topic, batch, Mode.CREATE) for batch in built]
     schedule_replies = [[scheduled_reply(call, at_ms) for call in plan.calls] for plan in scheduled]
     claims = range(0, messages, 125)
     claim_reply: list[int | bytes] = [0, at_ms * 1000, -1, -1, 0]
     for i in range(125):
         claim_reply += [f"msg-{i:08d}".encode(), b"1:" + str(at_ms).encode() + b":7:0:" + PAYLOAD]
-    claimed = plans.claim(topic, 3, 1, 125, 30_000).combine([claim_reply]).messages
-    acks = [plans.ack(topic, claimed) for _ in claims]
+    claimed = consume_plans.claim(topic, 3, 1, 125, 30_000).combine([claim_reply]).messages
+    acks = [consume_plans.ack(topic, claimed) for _ in claims]
 
     def packed(plan: Plan[Any]) -> list[bytes]:
         name = "delayq_0123456789abcdef_verb"  # as long as a real function's name
@@ -210,15 +212,17 @@ def run_python(url: str, messages: int, slots: int) -> dict[str, float]:
     # make the garbage collector scan them all again and again, a cost no client pays
     steps: dict[str, Callable[[], object]] = {
         "producer_build_requests": lambda: drain(requests(base) for base in batches),
-        "producer_plan": lambda: drain(plans.schedule(topic, b, Mode.CREATE) for b in built),
+        "producer_plan": lambda: drain(
+            produce_plans.schedule(topic, b, Mode.CREATE) for b in built
+        ),
         "producer_pack": lambda: drain(packed(plan) for plan in scheduled),
         "producer_reply": lambda: drain(
             plan.combine(reply) for plan, reply in zip(scheduled, schedule_replies, strict=True)
         ),
         "delivery_claim_reply": lambda: drain(
-            plans.claim(topic, 3, 1, 125, 30_000).combine([claim_reply]) for _ in claims
+            consume_plans.claim(topic, 3, 1, 125, 30_000).combine([claim_reply]) for _ in claims
         ),
-        "delivery_ack_plan": lambda: drain(plans.ack(topic, claimed) for _ in claims),
+        "delivery_ack_plan": lambda: drain(consume_plans.ack(topic, claimed) for _ in claims),
         "delivery_ack_pack": lambda: drain(packed(plan) for plan in acks),
         "delivery_ack_reply": lambda: drain(plan.combine([[7] * 125]) for plan in acks),
     }
@@ -234,7 +238,7 @@ def scheduled_reply(call: ScriptCall, at_ms: int) -> list[int | bytes]:
         keys_per_slot = 1 if Script.SCHEDULE_MANY.value.endswith("-1") else 10
         slot_counts = len(call.keys) // keys_per_slot
     head = 7 if hasattr(plans, "FIELDS_WITH_PRIORITY") else 6  # a baseline before priorities: 6
-    stride = int(call.args[6]) if head == 7 else plans.FIELDS_PER_REQUEST
+    stride = int(call.args[6]) if head == 7 else produce_plans.FIELDS_PER_REQUEST
     messages = (len(call.args) - head - slot_counts) // stride
     return [1, at_ms, b"scheduled"] * messages
 

@@ -44,15 +44,12 @@ from e2e.harness.kube import Kube, condition
 from e2e.harness.metrics import samples
 from e2e.harness.node import RealNode
 from e2e.harness.process import REPO
+from e2e.harness.real_release import SERVICE_CIDR, Install, install_release
 from e2e.harness.topics import delay_topic, topic_secret
 from e2e.test_real_pods import (
-    CHART,
     HTTP_GET,
-    SERVICE_CIDR,
     SERVICE_PORT,
-    Install,
     _explain,
-    _helm_args,
     _in_pod,
     _pods,
     _ready,
@@ -91,14 +88,8 @@ pytestmark = pytest.mark.timeout(900)
 def drill(kube: Kube, real_node: RealNode) -> Iterator[Install]:
     """A release of the chart on the real node and a webhook topic of 2 brokers (no replica)
     with its journal on, delivering to a receiver Deployment."""
-    namespace = f"e2e-dr-system-{secrets.token_hex(3)}"
-    tenant = f"e2e-dr-tenant-{secrets.token_hex(3)}"
-    kube.kubectl("create", "namespace", tenant)
-    image = real_node.images["delayq"].ref
-    start = time.monotonic()
-    kube.helm("install", RELEASE, str(CHART), "--namespace", namespace, "--create-namespace",
-              "--wait", "--timeout", "5m", *_helm_args(real_node, tenant, image), timeout=360)
-    print(f"e2e: helm install took {time.monotonic() - start:.1f}s")
+    installed = install_release(kube, real_node, RELEASE, "e2e-dr")
+    namespace, tenant, image = installed.namespace, installed.tenant, installed.image
     try:
         secret = "whsec_" + base64.b64encode(secrets.token_bytes(32)).decode()
         kube.apply({"apiVersion": "v1", "kind": "List",
@@ -113,7 +104,7 @@ def drill(kube: Kube, real_node: RealNode) -> Iterator[Install]:
         _wait_topic_ready(kube, tenant, TOPIC)
         _wait_pods_ready(kube, tenant, f"delayq.io/topic={TOPIC}", TOPIC_PODS)
         _wait_pods_ready(kube, tenant, "app=receiver", 1)
-        yield Install(namespace, tenant, image)
+        yield installed
     finally:
         kube.helm("uninstall", RELEASE, "--namespace", namespace, "--wait", "--timeout", "3m",
                   timeout=240, check=False)

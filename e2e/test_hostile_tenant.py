@@ -34,6 +34,7 @@ from e2e import workloads
 from e2e.harness.kube import Kube
 from e2e.harness.node import RealNode
 from e2e.harness.operator import lease_holder
+from e2e.harness.real_release import CHART, SERVICE_CIDR, Install, helm_args
 from e2e.harness.topics import (
     delay_topic,
     described_with,
@@ -42,12 +43,8 @@ from e2e.harness.topics import (
     topic_children,
 )
 from e2e.test_real_pods import (
-    CHART,
     HTTP_GET,
-    SERVICE_CIDR,
     SERVICE_PORT,
-    Install,
-    _helm_args,
     _in_pod,
     _pods,
     _produce,
@@ -88,7 +85,7 @@ def tenants(kube: Kube, real_node: RealNode) -> Iterator[Tenants]:
         kube.kubectl("create", "namespace", name)
     image = real_node.images["delayq"].ref
     kube.helm("install", RELEASE, str(CHART), "--namespace", namespace, "--create-namespace",
-              "--wait", "--timeout", "5m", *_helm_args(real_node, victim, image),
+              "--wait", "--timeout", "5m", *helm_args(real_node, victim, image),
               "--set", f"operator.watchNamespaces={{{victim},{hostile}}}", timeout=360)
     yield Tenants(Install(namespace, victim, image), hostile)
     kube.helm("uninstall", RELEASE, "--namespace", namespace, "--wait", "--timeout", "3m",

@@ -16,8 +16,6 @@ import re
 import secrets
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -25,11 +23,11 @@ import pytest
 from e2e import workloads
 from e2e.harness.kube import Kube, condition
 from e2e.harness.metrics import samples
-from e2e.harness.node import REAL_NODE, REAL_NODE_LABELS, REAL_NODE_TAINT, RealNode
+from e2e.harness.node import REAL_NODE, RealNode
 from e2e.harness.operator import lease_holder
+from e2e.harness.real_release import CHART, SERVICE_CIDR, Install, install_release
 from e2e.harness.topics import delay_topic
 
-CHART = Path(__file__).resolve().parent.parent / "charts" / "delayq"
 RELEASE = "dq"
 FULLNAME = "dq-delayq"
 
@@ -38,55 +36,15 @@ FULLNAME = "dq-delayq"
 SERVICE_PORT = 8080
 OPERATOR_METRICS_PORT = 8081
 
-#: The cluster's Service range (kube-apiserver --service-cluster-ip-range).
-SERVICE_CIDR = "10.96.0.0/16"
-
 pytestmark = pytest.mark.timeout(600)
-
-
-@dataclass(frozen=True)
-class Install:
-    """The release: its namespace, the tenant namespace it watches, the images it runs."""
-
-    namespace: str
-    tenant: str
-    image: str
-
-
-def _placement_values(prefix: str) -> list[str]:
-    selector = ",".join(f"{prefix}.nodeSelector.{key.replace('.', chr(92) + '.')}={value}"
-                        for key, value in REAL_NODE_LABELS.items())
-    tolerations = json.dumps([REAL_NODE_TAINT])
-    return ["--set", selector, "--set-json", f"{prefix}.tolerations={tolerations}"]
-
-
-def _helm_args(real_node: RealNode, tenant: str, image: str) -> list[str]:
-    repository, tag = image.rsplit(":", 1)
-    return [
-        "--set", f"image.repository={repository}", "--set", f"image.tag={tag}",
-        "--set", f"operator.redisImage={real_node.images['redis'].ref}",
-        "--set", f"zookeeper.image={real_node.images['zookeeper'].ref}",
-        "--set", f"operator.watchNamespaces={{{tenant}}}",
-        "--set", "operator.failoverGraceSeconds=5", "--set", "operator.healthIntervalSeconds=2",
-        # the platform lets tenants reach in-cluster receivers through their Service addresses
-        "--set", f"tenantPolicy.allowedCidrs={{{SERVICE_CIDR}}}",
-        *_placement_values("operator"), *_placement_values("zookeeper"),
-        *_placement_values("topics"),
-    ]
 
 
 @pytest.fixture(scope="module")
 def install(kube: Kube, real_node: RealNode) -> Iterator[Install]:
     """Scenario 1's ``helm install --wait`` of charts/delayq with the local images."""
-    namespace = f"e2e-real-system-{secrets.token_hex(3)}"
-    tenant = f"e2e-real-tenant-{secrets.token_hex(3)}"
-    kube.kubectl("create", "namespace", tenant)
-    image = real_node.images["delayq"].ref
-    start = time.monotonic()
-    kube.helm("install", RELEASE, str(CHART), "--namespace", namespace, "--create-namespace",
-              "--wait", "--timeout", "5m", *_helm_args(real_node, tenant, image), timeout=360)
-    print(f"e2e: helm install on the real node took {time.monotonic() - start:.1f}s")
-    yield Install(namespace, tenant, image)
+    installed = install_release(kube, real_node, RELEASE, "e2e-real")
+    yield installed
+    namespace, tenant = installed.namespace, installed.tenant
     if kube.helm("status", RELEASE, "--namespace", namespace, check=False).returncode == 0:
         kube.helm("uninstall", RELEASE, "--namespace", namespace, "--wait", "--timeout", "3m",
                   timeout=240)

@@ -25,13 +25,11 @@ from e2e import workloads
 from e2e.harness import deliveries
 from e2e.harness.kube import Kube, condition
 from e2e.harness.node import REAL_NODE, REAL_NODE_TAINT, RealNode
+from e2e.harness.real_release import CHART, SERVICE_CIDR, helm_args
 from e2e.harness.releases import Release, extract_chart, previous_release
 from e2e.harness.topics import all_pods_running, delay_topic
 from e2e.test_real_pods import (
-    CHART,
-    SERVICE_CIDR,
     _explain,
-    _helm_args,
     _pods,
     _ready,
     _wait_pods_ready,
@@ -207,7 +205,7 @@ def test_upgrade_from_the_previous_release_under_load_loses_nothing(
     kube.kubectl("patch", "dt", TOPIC, "-n", tenant, "--type", "merge", "-p",
                  json.dumps({"spec": {"delivery": {"webhook": webhook}}}))
     kube.helm("upgrade", RELEASE, str(CHART), "--namespace", previous.namespace,
-              *_helm_args(real_node, tenant, image), "--set", "operator.legacySecretRead=true",
+              *helm_args(real_node, tenant, image), "--set", "operator.legacySecretRead=true",
               "--wait", "--timeout", "8m", timeout=540)
     helm_s = time.monotonic() - start
     kube.kubectl("rollout", "restart", f"deployment/{FULLNAME}-operator", "-n",

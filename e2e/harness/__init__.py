@@ -15,5 +15,6 @@ One module per component: ``process`` (binaries, logs, waits, stop by PID), ``pk
 servers and their start order), ``kube`` (the client) and ``operator`` (``delayq operator`` as a
 local process); and for the tests' topics: ``topics`` (a DelayTopic as the API server shows
 it), ``dataplane`` (its brokers and ``delayq serve`` run locally), ``receiver`` (a loopback
-webhook endpoint) and ``metrics`` (Prometheus samples).
+webhook endpoint) and ``metrics`` (Prometheus samples); for the modules on real pods:
+``node`` (the real kubelet) and ``real_release`` (the chart installed on it).
 """

@@ -31,7 +31,8 @@ from delayq.queue import (
 )
 from delayq.queue.keys import Part, slot_keys
 
-from .conftest import TwoBrokers, expire_session, two_brokers
+from .brokers import TwoBrokers, two_brokers
+from .conftest import expire_session
 
 NAMESPACE = "moves"
 SLOTS = 4
@@ -247,7 +248,7 @@ def test_a_second_mover_cannot_start_or_abort_while_the_first_holds_the_slot(
             attempt()
     assert snapshot(topology.admins[1], topology.topic, slot) == {}  # no copy, no delete
     for extra in ((), ("--abort",)):
-        argv = cli(topology, "move-slot", "--slot", str(slot), "--to-broker", "1", *extra)
+        argv = topology.routing_argv("move-slot", "--slot", str(slot), "--to-broker", "1", *extra)
         assert main(argv) == 2
         err = capsys.readouterr().err
         assert err.startswith(f"delayq routing move-slot: slot {slot} is being moved by ")
@@ -331,36 +332,18 @@ def test_without_a_routing_node_the_first_routing_is_moved_from(topology: Topolo
     assert topology.routing().broker_of_slot == (1, 0, 1, 1)  # first routing over 2 brokers
 
 
-def cli(topology: Topology, *args: str) -> list[str]:
-    return [
-        "routing",
-        *args,
-        "--topic",
-        topology.topic.name,
-        "--namespace",
-        NAMESPACE,
-        "--slot-amount",
-        str(SLOTS),
-        "--redis-url",
-        topology.servers[0].url,
-        "--broker-urls",
-        ",".join(server.url for server in topology.servers),
-        "--zookeeper-connect",
-        topology.hosts,
-    ]
-
 
 def test_the_cli_moves_shows_and_refuses_bad_input_in_one_line(
     topology: Topology, capsys: pytest.CaptureFixture[str]
 ):
     slot = topology.slot
-    assert main(cli(topology, "move-slot", "--slot", str(slot), "--to-broker", "1")) == 0
+    assert main(topology.routing_argv("move-slot", "--slot", str(slot), "--to-broker", "1")) == 0
     assert capsys.readouterr().out == f"slot {slot}: moved from broker 0 to broker 1\n"
-    assert main(cli(topology, "show", "--json")) == 0
+    assert main(topology.routing_argv("show", "--json")) == 0
     shown = json.loads(capsys.readouterr().out)
     assert shown["routing"]["slots"][slot] == 1
     assert shown["migrations"] == []
-    assert main(cli(topology, "show")) == 0
+    assert main(topology.routing_argv("show")) == 0
     assert "broker 1: 1 slots" in capsys.readouterr().out
     for args, error in [
         (("--slot", "9", "--to-broker", "1"), "slot 9 is outside 0..3"),
@@ -368,7 +351,7 @@ def test_the_cli_moves_shows_and_refuses_bad_input_in_one_line(
         (("--slot", "0", "--to-broker", "5"), "broker 5 is outside 0..1"),
         (("--slot", "0", "--to-broker", "1", "--abort"), "slot 0 is not moving"),
     ]:
-        assert main(cli(topology, "move-slot", *args)) == 2
+        assert main(topology.routing_argv("move-slot", *args)) == 2
         err = capsys.readouterr().err
         assert err == f"delayq routing move-slot: {error}\n"
 
@@ -398,7 +381,7 @@ def test_the_mover_process_killed_9_in_a_step_is_completed_by_the_next_run(
     server = topology.servers[stopped_broker].process
     assert server is not None
     argv = [
-        *cli(topology, "move-slot", "--slot", str(slot), "--to-broker", "1"),
+        *topology.routing_argv("move-slot", "--slot", str(slot), "--to-broker", "1"),
         "--zookeeper-session-timeout-ms",
         "2000",  # its lock outlives it by this much
     ]

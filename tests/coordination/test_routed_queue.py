@@ -35,7 +35,7 @@ from delayq.queue import (
     SlotMovingError,
     State,
     Topic,
-    plans,
+    consume_plans,
 )
 from delayq.queue.keys import Part, slot_keys
 
@@ -219,7 +219,7 @@ def test_each_item_of_a_broker_keeps_the_error_of_its_own_slots_call(brokers: Tw
     frozen, other, stored = 2, 4, 1
     requests = requests_in(brokers.topic, frozen, other, stored)
     with RoutedQueue.connect(brokers.urls, brokers.topic, routing=SPLIT, move_wait_ms=0) as queue:
-        queue.queues[0].run(plans.freeze(brokers.topic, frozen))
+        queue.queues[0].run(consume_plans.freeze(brokers.topic, frozen))
         with pytest.raises(PartlyStoredError) as partly:
             queue.schedule_many(requests)
     answers = partly.value.results

@@ -10,7 +10,7 @@ import redis
 from delayq.kube.builders.redis import REDIS_START_SCRIPT
 from delayq.kube.spec import SpecError
 from delayq.local.redis_server import RedisServer
-from tests.kube.test_builders import by_kind_name, rendered, spec_of
+from tests.kube.manifests import by_kind_name, rendered, spec_of
 from tests.kube.test_replicated_writes import redis_env
 
 pytestmark = pytest.mark.timeout(60)

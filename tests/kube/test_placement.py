@@ -21,8 +21,8 @@ from delayq.kube.config import OperatorConfig
 from delayq.kube.context import OperatorContext
 from delayq.kube.handlers.reconcile import reconcile
 from tests.kube.conftest import DT
+from tests.kube.manifests import CREDS, CTX, by_kind_name, spec_of
 from tests.kube.pods import NAMESPACE
-from tests.kube.test_builders import CREDS, CTX, by_kind_name, spec_of
 
 
 def redis_affinity(broker: int, brokers: int = 3) -> Manifest:

@@ -28,7 +28,7 @@ from delayq.queue import acl
 from delayq.queue.client import Queue
 from delayq.queue.functions import FunctionsMissingError
 from delayq.queue.topic import Topic
-from tests.kube.test_builders import by_kind_name, rendered, spec_of
+from tests.kube.manifests import by_kind_name, rendered, spec_of
 from tests.kube.test_replicated_writes import redis_env
 
 pytestmark = pytest.mark.timeout(180)

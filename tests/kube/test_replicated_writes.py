@@ -25,7 +25,7 @@ from delayq.queue.model import State
 from delayq.queue.settings import RULES
 from delayq.service.config import ServiceConfig
 from delayq.service.topic_file import TopicFile
-from tests.kube.test_builders import by_kind_name, rendered, spec_of
+from tests.kube.manifests import by_kind_name, rendered, spec_of
 
 #: The messages of the rules between replica counts (the table's RULES, by offending setting).
 MIN_REPLICAS_EXCEED_MESSAGE = next(

@@ -23,8 +23,8 @@ from delayq.queue import acl
 from delayq.service.config import ConfigError, ServiceConfig
 from delayq.service.delivery.targets import parse_cidrs
 
+from .manifests import CREDS, CTX, OWNER, by_kind_name, egress_of, rendered, spec_of
 from .pods import NAMESPACE
-from .test_builders import CREDS, CTX, OWNER, by_kind_name, egress_of, rendered, spec_of
 from .test_handlers import STS, body, existing, get, provision, put_topic, update_spec
 
 EXTERNAL = {"urlSecretRef": {"name": "events-redis", "key": "url"}}

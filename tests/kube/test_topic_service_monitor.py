@@ -19,7 +19,7 @@ from delayq.kube.builders.common import ServiceMonitorSettings
 from delayq.kube.config import OperatorConfig
 from delayq.kube.context import OperatorContext
 from delayq.kube.handlers.reconcile import reconcile
-from tests.kube.test_builders import CREDS, CTX, OWNER, by_kind_name, spec_of
+from tests.kube.manifests import CREDS, CTX, OWNER, by_kind_name, spec_of
 from tests.kube.test_handlers import body, get, put_topic, write_status
 
 MONITORS = "monitoring.coreos.com/v1/servicemonitors"

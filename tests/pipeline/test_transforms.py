@@ -12,7 +12,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from delayq.pipeline import transforms as T
-from delayq.queue import plans
+from delayq.queue import produce_plans
 from delayq.queue.codes import InvalidMessageError
 from delayq.queue.model import Mode, ScheduleRequest
 from delayq.queue.topic import MAX_DELAY_MS, MAX_ID_BYTES, Topic, slot_of
@@ -64,7 +64,7 @@ def _engine_accepts(message_id, payload, due_at, delay) -> bool:
     topic = Topic("t", max_payload_bytes=LIMIT)
     request = ScheduleRequest(message_id or "", payload or b"", delay_ms=delay, at_ms=due_at)
     try:
-        plans.schedule(topic, [request], Mode.CREATE)
+        produce_plans.schedule(topic, [request], Mode.CREATE)
     except InvalidMessageError:
         return False
     return True
@@ -116,7 +116,7 @@ def test_ids_and_slot_bases_the_engine_refuses_are_rejected_with_their_row(spark
         topic = Topic("t", max_payload_bytes=LIMIT)
         request = ScheduleRequest(row[0], row[1], delay_ms=row[3], slot_basis=row[4])
         try:
-            plans.schedule(topic, [request], Mode.CREATE)
+            produce_plans.schedule(topic, [request], Mode.CREATE)
             accepted = True
         except InvalidMessageError:
             accepted = False
@@ -191,7 +191,7 @@ def test_a_priority_the_engine_refuses_is_rejected_with_its_row(spark):
         else:
             assert (row.reason, row.priority) == (None, expected), (name, row)
             request = ScheduleRequest(name, delay_ms=1, priority=row.priority)
-            plans.schedule(Topic("t"), [request], Mode.CREATE)  # the engine takes it
+            produce_plans.schedule(Topic("t"), [request], Mode.CREATE)  # the engine takes it
 
 
 def test_fractional_times_are_whole_milliseconds(spark):

@@ -9,7 +9,7 @@ import pytest
 from hypothesis import assume, given
 from hypothesis import strategies as st
 
-from delayq.queue import plans
+from delayq.queue import produce_plans
 from delayq.queue.codec import (
     Record,
     decode_record,
@@ -94,7 +94,9 @@ def test_ids_refuse_control_characters_and_lone_surrogates(bad: str) -> None:
     with pytest.raises(InvalidMessageError, match=r"control character|lone surrogate"):
         validate_id(bad)
     with pytest.raises(InvalidMessageError, match="slot_basis"):
-        plans.schedule(TOPIC, [ScheduleRequest("a", delay_ms=1, slot_basis=bad)], Mode.CREATE)
+        produce_plans.schedule(
+            TOPIC, [ScheduleRequest("a", delay_ms=1, slot_basis=bad)], Mode.CREATE
+        )
     assert validate_id("é a\xa0{b}/%") == "é a\xa0{b}/%"  # printable non-ASCII, braces, spaces
 
 

@@ -22,7 +22,7 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule
 
 from delayq.local.waiting import wait_until
-from delayq.queue import plans
+from delayq.queue import produce_plans
 from delayq.queue.client import Queue
 from delayq.queue.codes import Code, NotFoundError
 from delayq.queue.keys import Part, slot_keys
@@ -158,7 +158,7 @@ class QueueMachine(RuleBasedStateMachine):
     def reschedule(self, message_id: str, due_now: bool) -> None:
         ref = self.model.get(message_id)
         move = (Target(message_id), None, self._when(due_now))
-        result = self.queue.run(plans.reschedule(self.topic, [move]))[0]
+        result = self.queue.run(produce_plans.reschedule(self.topic, [move]))[0]
         if ref is None:
             assert result.code is Code.NOT_FOUND
         elif ref.state is State.DEAD:

@@ -8,7 +8,7 @@ from __future__ import annotations
 import pytest
 import redis
 
-from delayq.queue import plans
+from delayq.queue import produce_plans
 from delayq.queue.backup import snapshot
 from delayq.queue.client import Queue
 from delayq.queue.codes import Code, InvalidMessageError
@@ -109,7 +109,7 @@ def test_a_restored_backup_keeps_each_priority(queue: Queue, redis_client: redis
     _schedule(queue, "high", 2_000, priority=4)
     items = snapshot(redis_client, slot_keys(TOPIC, SLOT))
     redis_client.delete(*slot_keys(TOPIC, SLOT).keys(*Part))
-    queue.run(plans.restore(TOPIC, items))
+    queue.run(produce_plans.restore(TOPIC, items))
     assert queue.get("high", slot_basis=BASIS).priority == 4
     epoch = queue.take_over(SLOT)
     assert _claimed_ids(queue, epoch, 10) == ["high", "low"]
@@ -128,10 +128,10 @@ def test_a_batch_sends_priorities_only_when_one_has_one(queue: Queue) -> None:
     """A batch without priorities sends the 8 values per message it always did; one with a
     priority sends 9 for each, in every call of the batch, and each message keeps its own."""
     plain = [ScheduleRequest(f"m{i}", delay_ms=HOUR_MS) for i in range(2_500)]
-    [call, *_] = plans.schedule_answers(TOPIC, plain, Mode.CREATE).calls
-    assert call.args[6] == plans.FIELDS_PER_REQUEST == 8
+    [call, *_] = produce_plans.schedule_answers(TOPIC, plain, Mode.CREATE).calls
+    assert call.args[6] == produce_plans.FIELDS_PER_REQUEST == 8
     mixed = [r._replace(priority=i % 10) for i, r in enumerate(plain)]
-    calls = plans.schedule_answers(TOPIC, mixed, Mode.CREATE).calls
+    calls = produce_plans.schedule_answers(TOPIC, mixed, Mode.CREATE).calls
     assert [c.args[6] for c in calls] == [9, 9, 9]
     queue.schedule_many(mixed)
     for i in (0, 1, 999, 1_000, 2_499):

@@ -18,6 +18,7 @@ from delayq.queue import (
     ScheduleRequest,
     Target,
     Topic,
+    read_plans,
 )
 from delayq.queue import plans as plans_module
 
@@ -40,7 +41,7 @@ def test_value_types_and_noscript_helpers_left_plans() -> None:
 def test_target_routes_like_the_plans() -> None:
     topic = Topic("routing", slot_amount=64)
     for target in (Target("order-42"), Target("order-42", slot_basis="customer-7")):
-        [call] = plans_module.get(topic, [target]).calls
+        [call] = read_plans.get(topic, [target]).calls
         assert f"/{target.slot(topic)}}}" in call.keys[0]
     assert Target("x", slot_basis="customer-7").slot(topic) == topic.slot_of("customer-7")
     with pytest.raises(InvalidMessageError, match="slot_basis"):

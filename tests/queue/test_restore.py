@@ -10,7 +10,7 @@ import pytest
 import redis
 
 from delayq.local.redis_server import RedisServer
-from delayq.queue import plans, topic_record
+from delayq.queue import produce_plans, topic_record
 from delayq.queue.backup import Item, Kind
 from delayq.queue.client import Queue
 from delayq.queue.codes import Code, SlotMovingError
@@ -34,9 +34,9 @@ def test_restore_is_create_only_and_keeps_attempts(queue: Queue) -> None:
     due_ms = _now_ms(queue) - 1  # overdue: delivered at once, not before its due
     items = [_waiting("m", due_ms, attempts=2), _waiting("n", due_ms + 60_000)]
     dead = Item(Kind.DEAD, "d", due_ms, b"3:::0:p", "poison", "", "b")
-    first = queue.run(plans.restore(TOPIC, [*items, dead]))
+    first = queue.run(produce_plans.restore(TOPIC, [*items, dead]))
     assert [o.code for o in first] == [Code.CREATED] * 3
-    again = queue.run(plans.restore(TOPIC, [*items, dead]))
+    again = queue.run(produce_plans.restore(TOPIC, [*items, dead]))
     assert [o.code for o in again] == [Code.EXISTS] * 3
     slot = TOPIC.slot_of("b")
     [message] = queue.claim(slot, queue.take_over(slot), 10, 30_000).messages
@@ -56,7 +56,7 @@ def test_restore_holds_the_topics_limits(
         now_ms = _now_ms(queue)
         items = [_waiting("a", now_ms + 60_000), _waiting("b2", now_ms + 60_000)]
         items.append(_waiting("far", now_ms + MAX_DELAY_MS + 60_000))
-        codes = [o.code for o in queue.run(plans.restore(limited, items))]
+        codes = [o.code for o in queue.run(produce_plans.restore(limited, items))]
         assert codes == [Code.CREATED, Code.OVER_QUOTA, Code.TOO_FAR]
     finally:
         client.close()
@@ -71,12 +71,12 @@ def test_restore_obeys_the_topics_settings_record_over_its_flags(
     Queue(redis_client, published).publish_settings(topic_record.SERVE_OWNER, 1)  # as the admin
     now_ms = _now_ms(queue)
     items = [_waiting("a", now_ms + 60_000), _waiting("b2", now_ms + 60_000)]
-    codes = [o.code for o in queue.run(plans.restore(TOPIC, items))]
+    codes = [o.code for o in queue.run(produce_plans.restore(TOPIC, items))]
     assert codes == [Code.CREATED, Code.OVER_QUOTA]
 
 
 def test_restore_refuses_a_slot_frozen_for_a_move(queue: Queue, redis_client: redis.Redis) -> None:
     redis_client.set(slot_keys(TOPIC, TOPIC.slot_of("b")).key(Part.EPOCH), "moving:3")
     with pytest.raises(SlotMovingError):
-        queue.run(plans.restore(TOPIC, [_waiting("m", _now_ms(queue) + 1000)]))
+        queue.run(produce_plans.restore(TOPIC, [_waiting("m", _now_ms(queue) + 1000)]))
     assert redis_client.hlen(slot_keys(TOPIC, TOPIC.slot_of("b")).key(Part.MSG)) == 0

@@ -16,7 +16,7 @@ from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from delayq.local.redis_server import RedisServer
-from delayq.queue import Recurrence, Schedule, plans, slot_split
+from delayq.queue import Recurrence, Schedule, consume_plans, plans, produce_plans, slot_split
 from delayq.queue.client import Queue
 from delayq.queue.codes import Code, SlotMovingError, StaleEpochError
 from delayq.queue.keys import Part, slot_keys
@@ -135,7 +135,7 @@ def prepared(admin: redis.Redis, queue: Queue, case: Case, base_ms: int) -> None
     for slot in sorted(case.tracked):
         slot_split.track(admin, slot_keys(queue.topic, slot))
     for slot in sorted(case.frozen):
-        Queue(admin, queue.topic).run(plans.freeze(queue.topic, slot))
+        Queue(admin, queue.topic).run(consume_plans.freeze(queue.topic, slot))
 
 
 def per_slot(queue: Queue, requests: list[ScheduleRequest], mode: Mode) -> list[Answer]:
@@ -145,7 +145,7 @@ def per_slot(queue: Queue, requests: list[ScheduleRequest], mode: Mode) -> list[
         by_slot.setdefault(queue.topic.slot_of(request.id), []).append(index)
     answers: list[Answer | None] = [None] * len(requests)
     for slot, indexes in by_slot.items():
-        plan = plans.schedule_answers(queue.topic, [requests[i] for i in indexes], mode)
+        plan = produce_plans.schedule_answers(queue.topic, [requests[i] for i in indexes], mode)
         assert [call.script for call in plan.calls] == [Script.SCHEDULE]
         try:
             got: list[Answer] = queue.run(plan)
@@ -157,7 +157,7 @@ def per_slot(queue: Queue, requests: list[ScheduleRequest], mode: Mode) -> list[
 
 
 def per_broker(queue: Queue, requests: list[ScheduleRequest], mode: Mode) -> list[Answer]:
-    plan = plans.schedule_answers(queue.topic, requests, mode)
+    plan = produce_plans.schedule_answers(queue.topic, requests, mode)
     slots = {queue.topic.slot_of(r.id) for r in requests}
     assert [call.script for call in plan.calls] == [
         Script.SCHEDULE_MANY if len(slots) > 1 else Script.SCHEDULE
@@ -239,7 +239,7 @@ def test_a_batch_of_several_slots_refuses_a_moving_slot_only(
     by_slot = {TOPIC.slot_of(f"k{n}"): f"k{n}" for n in range(40)}
     (slot_a, id_a), (slot_b, id_b), (_, id_c) = sorted(by_slot.items())[:3]
     for slot in (slot_a, slot_b):
-        Queue(redis_client, TOPIC).run(plans.freeze(TOPIC, slot))
+        Queue(redis_client, TOPIC).run(consume_plans.freeze(TOPIC, slot))
     batch = [ScheduleRequest(i, b"x", delay_ms=HOUR_MS) for i in (id_a, id_b, id_c)]
     redis_client.config_resetstat()
     with pytest.raises(PartlyStoredError) as caught:
@@ -263,14 +263,14 @@ def test_a_batch_of_several_slots_declares_each_slot_by_its_store_key(
     other slots of the call included."""
     batch = [ScheduleRequest(f"d{n}", b"x", delay_ms=HOUR_MS) for n in range(12)]
     slots = dict.fromkeys(TOPIC.slot_of(r.id) for r in batch)  # in the order they come
-    (call,) = plans.schedule_answers(TOPIC, batch, Mode.CREATE).calls
+    (call,) = produce_plans.schedule_answers(TOPIC, batch, Mode.CREATE).calls
     assert call.script is Script.SCHEDULE_MANY
     assert call.keys == [slot_keys(TOPIC, slot).key(Part.STORE) for slot in slots]
     queue.schedule_many(batch)
     assert {queue.get(r.id).state for r in batch} == {State.SCHEDULED}
 
     again = [r._replace(id=f"e{r.id}") for r in batch]
-    (call,) = plans.schedule_answers(TOPIC, again, Mode.CREATE).calls
+    (call,) = produce_plans.schedule_answers(TOPIC, again, Mode.CREATE).calls
     bad = dataclasses.replace(call, keys=[*call.keys[:-1], slot_keys(TOPIC, 0).key(Part.MSG)])
     with pytest.raises(redis.ResponseError, match="not a slot store key"):
         queue.run(plans.Plan([bad], lambda replies: replies))
@@ -283,7 +283,7 @@ def test_a_due_beyond_the_exact_integers_is_stored_as_given(
     """The scripts give Redis a whole due as integer text (printf's %d, cheaper than the
     "%.17g" Redis writes a Lua number with); a hostile raw call's due beyond the doubles' exact
     integers, which %d would turn into another number, goes as the number it is."""
-    (call,) = plans.schedule_answers(
+    (call,) = produce_plans.schedule_answers(
         TOPIC, [ScheduleRequest("far-past", b"x", at_ms=1)], Mode.CREATE
     ).calls
     args = [*call.args]
@@ -325,8 +325,8 @@ def test_a_raw_call_with_hostile_counts_is_refused_not_looped_forever(
     slots = [TOPIC.slot_of(basis) for basis in ("a", "b")]
     assert slots[0] != slots[1]
     batch = [ScheduleRequest(f"m-{b}", b"x", delay_ms=0, slot_basis=b) for b in ("a", "b")]
-    (one,) = plans.schedule_answers(TOPIC, batch[:1], Mode.CREATE).calls
-    (many,) = plans.schedule_answers(TOPIC, batch, Mode.CREATE).calls
+    (one,) = produce_plans.schedule_answers(TOPIC, batch[:1], Mode.CREATE).calls
+    (many,) = produce_plans.schedule_answers(TOPIC, batch, Mode.CREATE).calls
     assert (one.script, many.script) == (Script.SCHEDULE, Script.SCHEDULE_MANY)
     head = [*one.args[:6], 0]  # ARGV[7]: 0 values a message
     hostile = [
@@ -356,7 +356,7 @@ def test_a_raw_ack_call_with_a_count_past_its_arguments_is_refused(
     for slot in (TOPIC.slot_of("a"), TOPIC.slot_of("b")):
         leases += [m.lease for m in queue.claim(slot, queue.take_over(slot), 10, 60_000).messages]
     assert [lease.id for lease in leases] == ["m-a", "m-b"]
-    (call,) = plans.ack(TOPIC, leases).calls
+    (call,) = consume_plans.ack(TOPIC, leases).calls
     assert call.script is Script.ACK_MANY
     hostile = dataclasses.replace(call, args=[*call.args[:-3], 10**12])  # slot b's count
     with pytest.raises(redis.ResponseError, match="message count"):
@@ -452,13 +452,13 @@ def test_one_claim_call_per_broker_claims_as_one_call_per_slot(
         claims = claim_state(redis_client, queue, case, base_ms)
         per_slot: list[ClaimBatch | StaleEpochError] = []
         for claim in claims:
-            one = plans.claim_slots(TOPIC, [claim], 60_000)
+            one = consume_plans.claim_slots(TOPIC, [claim], 60_000)
             assert [call.script for call in one.calls] == [Script.CLAIM]
             batches: list[ClaimBatch | StaleEpochError] = queue.run(one)
             per_slot += batches
         before = stored_claims(redis_client, queue, case)
         claims = claim_state(redis_client, queue, case, base_ms)
-        plan = plans.claim_slots(TOPIC, claims, 60_000)
+        plan = consume_plans.claim_slots(TOPIC, claims, 60_000)
         assert [call.script for call in plan.calls] == [Script.CLAIM_MANY]
         per_broker = queue.run(plan)
         assert [claimed_view(b) for b in per_broker] == [claimed_view(b) for b in per_slot]
@@ -516,7 +516,7 @@ def test_one_claim_call_per_broker_counts_the_top_ups_owed_in_each_slot(
 
 def claimed_batches(queue: Queue, claims: list[SlotClaim]) -> list[ClaimBatch]:
     """One claimmany-13 call's batches, none refused."""
-    plan = plans.claim_slots(TOPIC, claims, 60_000)
+    plan = consume_plans.claim_slots(TOPIC, claims, 60_000)
     assert [call.script for call in plan.calls] == [Script.CLAIM_MANY]
     batches: list[ClaimBatch | StaleEpochError] = queue.run(plan)
     assert all(isinstance(b, ClaimBatch) for b in batches)
@@ -630,7 +630,7 @@ def test_one_ack_call_per_broker_acks_as_one_call_per_slot(
         for slot in TOPIC.slots:  # one call per slot and epoch: ack-7
             mine = [t for t in tokens if t.slot == slot]
             if mine:
-                plan = plans.ack(queue.topic, mine)
+                plan = consume_plans.ack(queue.topic, mine)
                 assert {call.script for call in plan.calls} == {Script.ACK}
                 codes += [o.code for o in queue.run(plan)]
         order = sorted(range(len(tokens)), key=lambda i: tokens[i].slot)
@@ -639,7 +639,7 @@ def test_one_ack_call_per_broker_acks_as_one_call_per_slot(
             per_slot[position] = code
         runs.append((per_slot, acked_state(redis_client, queue, case)))
         tokens = leased_state(redis_client, queue, case)
-        plan = plans.ack(queue.topic, tokens)
+        plan = consume_plans.ack(queue.topic, tokens)
         several = len({(t.slot, t.epoch) for t in tokens}) > 1
         assert [call.script for call in plan.calls] == [Script.ACK_MANY if several else Script.ACK]
         runs.append(([o.code for o in queue.run(plan)], acked_state(redis_client, queue, case)))

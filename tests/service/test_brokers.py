@@ -21,7 +21,7 @@ from delayq.coordination.routing import Routing
 from delayq.coordination.splitting import SlotSplitter
 from delayq.local.redis_server import RedisServer
 from delayq.local.waiting import eventually
-from delayq.queue import Queue, plans
+from delayq.queue import Queue, consume_plans
 from delayq.queue.keys import Part, slot_keys
 from delayq.queue.topic import Topic, TopicType
 from delayq.service import api, overview
@@ -106,7 +106,7 @@ async def test_a_batch_answers_each_message_with_its_own_slots_refusal(
     candidates = [f"p{i}" for i in range(200)]
     ids = {s: [i for i in candidates if topic.slot_of(i.encode()) == s][:2] for s in (0, 1, 2)}
     source = Queue.from_url(urls[0], topic)
-    source.run(plans.freeze(topic, 0))
+    source.run(consume_plans.freeze(topic, 0))
     source.close()
     messages = [{"id": i, "delayMs": 60_000} for slot in (0, 1, 2) for i in ids[slot]]
     batch = {"messages": messages}
@@ -583,7 +583,7 @@ async def test_a_half_that_cannot_be_taken_over_is_reported_and_taken_once_it_ca
     doubled = Topic(TOPIC, namespace=namespace, slot_amount=2 * SLOTS, slot_generation=1)
     half = Queue.from_url(urls[0], doubled)
     try:
-        half.run(plans.freeze(doubled, 0))
+        half.run(consume_plans.freeze(doubled, 0))
         running = await start_service(
             slot_amount=SLOTS,
             namespace=namespace,
@@ -599,7 +599,7 @@ async def test_a_half_that_cannot_be_taken_over_is_reported_and_taken_once_it_ca
         frozen_old = ["0", "1", "2"]  # old slots frozen, 0 and 1 switched
         assert list(ready["unconsumedSlots"]) == [*frozen_old, "g1/0"]
         assert ready["unconsumedSlots"]["g1/0"].startswith("moving: SLOT_MOVING")
-        half.run(plans.thaw(doubled, 0))
+        half.run(consume_plans.thaw(doubled, 0))
         await eventually(lambda: halves.owned_slots == [0, 1, SLOTS, 1 + SLOTS], 5, "g1/0 taken")
         ready = await (await running.client.get("/readyz")).json()
         assert list(ready["unconsumedSlots"]) == frozen_old

@@ -13,7 +13,7 @@ from __future__ import annotations
 import redis.asyncio
 
 from delayq.local.waiting import eventually
-from delayq.queue import plans
+from delayq.queue import consume_plans
 from delayq.queue.client import AsyncQueue
 from delayq.queue.topic import Topic
 from delayq.service.readiness import PROBE_INTERVAL_S, UNREADY_AFTER_S
@@ -64,7 +64,7 @@ async def test_a_slot_frozen_by_a_move_is_skipped_reported_and_retried(
     consume that slot), `/readyz` and the metric report it, and its own retry timer takes it
     over once the slot thaws."""
     outsider = AsyncQueue(async_redis_client, Topic(TOPIC, namespace=NAMESPACE, slot_amount=4))
-    await outsider.run(plans.freeze(outsider.topic, 1))
+    await outsider.run(consume_plans.freeze(outsider.topic, 1))
     running = await start_service()
     service = running.service
     assert service.owned_slots == [0, 2, 3]
@@ -75,7 +75,7 @@ async def test_a_slot_frozen_by_a_move_is_skipped_reported_and_retried(
     metrics = await (await running.client.get("/metrics")).text()
     series = f'delayq_unconsumed_slots{{reason="moving",topic="{TOPIC}",topic_namespace='
     assert f'{series}"{NAMESPACE}"}} 1.0' in metrics
-    await outsider.run(plans.thaw(outsider.topic, 1))
+    await outsider.run(consume_plans.thaw(outsider.topic, 1))
     await eventually(lambda: service.owned_slots == [0, 1, 2, 3], 3.0, "taken on its timer")
 
     async def reported_consumed() -> bool:  # forgotten once its broker's takeover call ends

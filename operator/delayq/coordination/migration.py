@@ -41,7 +41,7 @@ from delayq.coordination.layout import TopicPaths
 from delayq.coordination.locks import LockHeld, NodeLock
 from delayq.coordination.locks import MoveError as MoveError
 from delayq.coordination.routing import Move, Routing, initial_routing
-from delayq.queue import plans
+from delayq.queue import consume_plans, plans
 from delayq.queue.client import Queue
 from delayq.queue.codes import ReplicationTimeoutError
 from delayq.queue.keys import slot_keys
@@ -118,7 +118,7 @@ def thaw_replicated(queue: Queue, topic: Topic, slots: Sequence[int], broker: in
     deletes the source after the switch, so a master lost before replicating would otherwise
     lose whole slots."""
     try:
-        queue.run(plans.Plan([plans.thaw(topic, slot).calls[0] for slot in slots], len))
+        queue.run(plans.Plan([consume_plans.thaw(topic, slot).calls[0] for slot in slots], len))
     except ReplicationTimeoutError as error:
         named = f"slot {slots[0]}: " if len(slots) == 1 else f"slots {list(slots)}: "
         whose = "its" if len(slots) == 1 else "their"
@@ -243,7 +243,7 @@ class SlotMover:
             before_switch(Move(migration.slot, migration.source, migration.target))
         self._check_lock(migration.slot)
         if migration.step is Step.FREEZE:
-            source.run(plans.freeze(self.topic, migration.slot))
+            source.run(consume_plans.freeze(self.topic, migration.slot))
         elif migration.step is Step.COPY:
             copy_slot(source.redis, target.redis, keys)
             self._check_lock(migration.slot)
@@ -292,7 +292,7 @@ class SlotMover:
             self._check_lock(slot)
             delete_slot(self.queues[migration.target].redis, slot_keys(self.topic, slot))
             self._check_lock(slot)
-            self.queues[migration.source].run(plans.thaw(self.topic, slot))
+            self.queues[migration.source].run(consume_plans.thaw(self.topic, slot))
             self._delete_node(slot, version)
             return migration
         finally:

@@ -38,7 +38,7 @@ import redis
 from delayq.coordination.layout import TopicPaths
 from delayq.coordination.routing import Routing, halves
 from delayq.coordination.routing_watch import RoutingWatch, ZkConnection
-from delayq.queue import plans
+from delayq.queue import plans, produce_plans
 from delayq.queue.backoff import Backoff
 from delayq.queue.client import Queue
 from delayq.queue.codes import ReplicationTimeoutError, SlotMovingError
@@ -301,7 +301,7 @@ class RoutedQueue:
                 clients[id(placed[i][0])] = placed[i][0]
                 groups.setdefault(id(placed[i][0]), []).append(i)
             built = {  # built before anything is sent: a refused request stops them all
-                key: plans.schedule_answers(
+                key: produce_plans.schedule_answers(
                     clients[key].topic, [requests[i] for i in indexes], mode
                 )
                 for key, indexes in groups.items()
@@ -333,7 +333,7 @@ class RoutedQueue:
         try:
             return queue.run(plan)
         except ReplicationTimeoutError as error:
-            return plans.unconfirmed(error)
+            return produce_plans.unconfirmed(error)
         except redis.RedisError as error:
             return [ScheduleFailure(message_id, slot, error) for message_id, slot in items]
 

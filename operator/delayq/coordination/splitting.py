@@ -84,7 +84,7 @@ from delayq.coordination.layout import TopicPaths
 from delayq.coordination.locks import LockHeld, MoveError, NodeLock
 from delayq.coordination.migration import SlotMover, Step, thaw_replicated
 from delayq.coordination.routing import Routing, halves, initial_routing
-from delayq.queue import plans
+from delayq.queue import consume_plans, plans
 from delayq.queue.client import Queue
 from delayq.queue.keys import SlotKeys, slot_keys
 from delayq.queue.slot_copy import MOVED_AWAY_PARTS, delete_slot
@@ -421,7 +421,7 @@ class SlotSplitter:
                 delete_slot(self.queues[broker].redis, slot_keys(new, slot))
             for slot, broker in enumerate(split.brokers):
                 self.lock.check()
-                self.queues[broker].run(plans.thaw(old, slot))
+                self.queues[broker].run(consume_plans.thaw(old, slot))
                 untrack(self.queues[broker].redis, slot_keys(old, slot))
             self._delete_node(version)
             return split
@@ -449,7 +449,7 @@ class SlotSplitter:
             for generation in sorted({0, split.generation}):
                 stale = replace(old, slot_amount=split.to_amount, slot_generation=generation)
                 calls = [
-                    plans.freeze(stale, slot).calls[0]
+                    consume_plans.freeze(stale, slot).calls[0]
                     for slot in range(split.to_amount)
                     if generation != split.generation or slot not in live
                 ]
@@ -507,7 +507,7 @@ class SlotSplitter:
         broker = split.brokers[slot]
         queue = self.queues[broker]
         self.lock.check()
-        queue.run(plans.freeze(old, slot))
+        queue.run(consume_plans.freeze(old, slot))
         catch_up(queue.redis, [self._division(split, old, new, slot)])
         self.lock.check()
         thaw_replicated(queue, new, halves(slot, split.from_amount), broker)

@@ -25,7 +25,7 @@ from typing import Any
 
 from delayq.coordination.routing import by_broker
 from delayq.pipeline.io_redis import RedisTarget
-from delayq.queue import plans
+from delayq.queue import plans, produce_plans
 from delayq.queue.backup import Item, Kind, SlotMovedError, shifted, snapshot
 from delayq.queue.codec import decode_record
 from delayq.queue.codes import Code, NotFoundError
@@ -206,7 +206,7 @@ def _restore(routed: Any, items: list[Item], result: RestoreResult) -> None:
     for broker, positions in groups.items():
         chosen = [items[p] for p in positions]
         for item, outcome in zip(
-            chosen, routed.queues[broker].run(plans.restore(topic, chosen)), strict=True
+            chosen, routed.queues[broker].run(produce_plans.restore(topic, chosen)), strict=True
         ):
             result.add(item, outcome.code.name)
 

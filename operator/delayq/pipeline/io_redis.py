@@ -25,7 +25,7 @@ from typing import Any
 from delayq.coordination.routed_queue import RoutedQueue
 from delayq.coordination.routing_watch import ZkConnection
 from delayq.pipeline import transforms as T
-from delayq.queue import plans
+from delayq.queue import produce_plans
 from delayq.queue.codes import Code, InvalidMessageError
 from delayq.queue.model import Mode, ScheduleRequest
 from delayq.queue.topic import Topic
@@ -151,7 +151,7 @@ def _refused(topic: Topic, requests: Sequence[ScheduleRequest]) -> dict[int, str
     refused: dict[int, str] = {}
     for index, request in enumerate(requests):
         try:
-            plans.schedule(topic, [request], Mode.CREATE)
+            produce_plans.schedule(topic, [request], Mode.CREATE)
         except InvalidMessageError as error:
             refused[index] = str(error)
     return refused

@@ -14,7 +14,16 @@ from typing import Any, TypeVar, Unpack, cast
 import redis
 import redis.asyncio
 
-from delayq.queue import functions, plans, schedule_plans, topic_record
+from delayq.queue import (
+    consume_plans,
+    dead_plans,
+    functions,
+    plans,
+    produce_plans,
+    read_plans,
+    schedule_plans,
+    topic_record,
+)
 from delayq.queue.backoff import Backoff
 from delayq.queue.codes import (
     DelayqError,
@@ -23,6 +32,7 @@ from delayq.queue.codes import (
     as_typed_error,
     raise_for_code,
 )
+from delayq.queue.consume_plans import received, received_all
 from delayq.queue.keys import paused_key
 from delayq.queue.model import (
     ClaimBatch,
@@ -44,7 +54,7 @@ from delayq.queue.model import (
     schedule_request,
 )
 from delayq.queue.packing import use_hiredis_packing
-from delayq.queue.plans import Plan, ScriptCall, received, received_all
+from delayq.queue.plans import Plan, ScriptCall
 from delayq.queue.renamed import renamed_kwargs
 from delayq.queue.schedule_plans import Steps
 from delayq.queue.schedules import DefineResult, Schedule, ScheduleInfo
@@ -146,7 +156,7 @@ class _Plans:
         return value must not lose it silently. EXISTS and ALREADY_DONE are answers, not
         refusals: they are returned."""
         request, mode = schedule_request(message_id, payload, options)
-        plan = plans.first(plans.schedule(self.topic, [request], mode))
+        plan = plans.first(produce_plans.schedule(self.topic, [request], mode))
 
         def combine(replies: list[Any]) -> ScheduleResult:
             result = plan.combine(replies)
@@ -157,7 +167,7 @@ class _Plans:
 
     def reschedule(self, target: Target, delay_ms: int | None, at_ms: int | None) -> Plan[Outcome]:
         move = (target, delay_ms, at_ms)
-        return plans.checked(plans.reschedule(self.topic, [move]), Script.RESCHEDULE)
+        return plans.checked(produce_plans.reschedule(self.topic, [move]), Script.RESCHEDULE)
 
     def claim(
         self,
@@ -168,12 +178,14 @@ class _Plans:
         backoff: Backoff | None,
     ) -> Plan[ClaimBatch]:
         lease_ms = self.topic.lease_ms(ack_timeout_ms)
-        return plans.claim(self.topic, slot, epoch, max_count, lease_ms, backoff)
+        return consume_plans.claim(self.topic, slot, epoch, max_count, lease_ms, backoff)
 
     def claim_slots(
         self, claims: Sequence[SlotClaim], ack_timeout_ms: int | None, backoff: Backoff | None
     ) -> Plan[list[ClaimBatch | StaleEpochError]]:
-        return plans.claim_slots(self.topic, claims, self.topic.lease_ms(ack_timeout_ms), backoff)
+        return consume_plans.claim_slots(
+            self.topic, claims, self.topic.lease_ms(ack_timeout_ms), backoff
+        )
 
 
 class Queue:
@@ -254,13 +266,15 @@ class Queue:
         """A result per request, in order. When Redis refuses some slots' chunks after others
         were stored, raises `PartlyStoredError` whose `results` say which (resend only its
         `failures`); when nothing was stored, the Redis error itself."""
-        return self.run(plans.schedule(self.topic, requests, mode))
+        return self.run(produce_plans.schedule(self.topic, requests, mode))
 
     def cancel(self, message_id: str, slot_basis: str | None = None) -> Outcome:
-        return self.run(plans.first(plans.cancel(self.topic, [Target(message_id, slot_basis)])))
+        return self.run(
+            plans.first(produce_plans.cancel(self.topic, [Target(message_id, slot_basis)]))
+        )
 
     def cancel_many(self, targets: Sequence[Target]) -> list[Outcome]:
-        return self.run(plans.cancel(self.topic, targets))
+        return self.run(produce_plans.cancel(self.topic, targets))
 
     def reschedule(
         self,
@@ -280,10 +294,10 @@ class Queue:
         """The message's state; one never scheduled, or forgotten, is `State.ABSENT` (an
         answer, as `get_many` gives per id; HTTP answers it 404), where `get_schedule` of a
         missing schedule raises NotFoundError (a schedule is an object, not a state)."""
-        return self.run(plans.first(plans.get(self.topic, [Target(message_id, slot_basis)])))
+        return self.run(plans.first(read_plans.get(self.topic, [Target(message_id, slot_basis)])))
 
     def get_many(self, targets: Sequence[Target]) -> list[MessageInfo]:
-        return self.run(plans.get(self.topic, targets))
+        return self.run(read_plans.get(self.topic, targets))
 
     # consuming
     def pause(self) -> None:
@@ -306,7 +320,7 @@ class Queue:
         return self.run_steps(topic_record.publish(self.topic, owner, version))
 
     def take_over(self, slot: int) -> int:
-        return self.run(plans.fence(self.topic, slot))
+        return self.run(consume_plans.fence(self.topic, slot))
 
     @renamed_kwargs(lease_ms="ack_timeout_ms")
     def claim(
@@ -339,52 +353,52 @@ class Queue:
         return received_all(plan.combine(replies), received_s)
 
     def ack(self, lease: Lease) -> Outcome:
-        return self.run(plans.checked(plans.ack(self.topic, [lease]), Script.ACK))
+        return self.run(plans.checked(consume_plans.ack(self.topic, [lease]), Script.ACK))
 
     def ack_many(self, leases: Sequence[Leased]) -> list[Outcome]:
-        return self.run(plans.ack(self.topic, leases))
+        return self.run(consume_plans.ack(self.topic, leases))
 
     def nack(
         self, lease: Lease, delay_ms: int = 0, reason: str = "", dead: bool = False
     ) -> Outcome:
         retry = Retry(lease, delay_ms, reason, dead)
-        return self.run(plans.checked(plans.nack(self.topic, [retry]), Script.NACK))
+        return self.run(plans.checked(consume_plans.nack(self.topic, [retry]), Script.NACK))
 
     def nack_many(self, retries: Sequence[Retry]) -> list[Outcome]:
-        return self.run(plans.nack(self.topic, retries))
+        return self.run(consume_plans.nack(self.topic, retries))
 
     @renamed_kwargs(lease_ms="ack_timeout_ms")
     def extend(self, lease: Lease, ack_timeout_ms: int) -> Outcome:
         return self.run(
-            plans.checked(plans.extend(self.topic, [lease], ack_timeout_ms), Script.EXTEND)
+            plans.checked(consume_plans.extend(self.topic, [lease], ack_timeout_ms), Script.EXTEND)
         )
 
     @renamed_kwargs(lease_ms="ack_timeout_ms")
     def extend_many(self, leases: Sequence[Leased], ack_timeout_ms: int) -> list[Outcome]:
-        return self.run(plans.extend(self.topic, leases, ack_timeout_ms))
+        return self.run(consume_plans.extend(self.topic, leases, ack_timeout_ms))
 
     def giveback_many(self, leases: Sequence[Leased]) -> list[Outcome]:
-        """Give leased messages back undelivered (see `plans.giveback`)."""
-        return self.run(plans.giveback(self.topic, leases))
+        """Give leased messages back undelivered (see `consume_plans.giveback`)."""
+        return self.run(consume_plans.giveback(self.topic, leases))
 
     # dead letters
     def dead_page(self, slot: int, offset: int = 0, count: int = 100) -> DeadPage:
-        return self.run(plans.dead_page(self.topic, slot, offset, count))
+        return self.run(dead_plans.dead_page(self.topic, slot, offset, count))
 
     def redrive(self, slot: int, ids: Sequence[str]) -> list[Outcome]:
-        return self.run(plans.redrive(self.topic, slot, ids)).outcomes
+        return self.run(dead_plans.redrive(self.topic, slot, ids)).outcomes
 
     def redrive_all(self, slots: Iterable[int] | None = None) -> int:
         """Redrive every dead message, a bounded batch per call; returns how many moved."""
-        return sum(self._drain(plans.redrive, slot) for slot in self._slots(slots))
+        return sum(self._drain(dead_plans.redrive, slot) for slot in self._slots(slots))
 
     def purge(self, slot: int, ids: Sequence[str]) -> list[Outcome]:
-        return self.run(plans.purge(self.topic, slot, ids)).outcomes
+        return self.run(dead_plans.purge(self.topic, slot, ids)).outcomes
 
     def purge_all(self, slots: Iterable[int] | None = None) -> int:
-        return sum(self._drain(plans.purge, slot) for slot in self._slots(slots))
+        return sum(self._drain(dead_plans.purge, slot) for slot in self._slots(slots))
 
-    def _drain(self, build: plans.DeadBatchBuilder, slot: int) -> int:
+    def _drain(self, build: dead_plans.DeadBatchBuilder, slot: int) -> int:
         moved = 0
         while True:
             result: DeadBatchResult = self.run(build(self.topic, slot, None))
@@ -430,7 +444,7 @@ class Queue:
 
     # reading
     def stats(self, slots: Iterable[int] | None = None) -> TopicStats:
-        return self.run(plans.stats(self.topic, slots))
+        return self.run(read_plans.stats(self.topic, slots))
 
 
 class AsyncQueue:
@@ -500,15 +514,15 @@ class AsyncQueue:
         self, requests: Sequence[ScheduleRequest], mode: Mode = Mode.CREATE
     ) -> list[ScheduleResult]:
         """As Queue.schedule_many."""
-        return await self.run(plans.schedule(self.topic, requests, mode))
+        return await self.run(produce_plans.schedule(self.topic, requests, mode))
 
     async def cancel(self, message_id: str, slot_basis: str | None = None) -> Outcome:
         return await self.run(
-            plans.first(plans.cancel(self.topic, [Target(message_id, slot_basis)]))
+            plans.first(produce_plans.cancel(self.topic, [Target(message_id, slot_basis)]))
         )
 
     async def cancel_many(self, targets: Sequence[Target]) -> list[Outcome]:
-        return await self.run(plans.cancel(self.topic, targets))
+        return await self.run(produce_plans.cancel(self.topic, targets))
 
     async def reschedule(
         self,
@@ -526,10 +540,12 @@ class AsyncQueue:
 
     async def get(self, message_id: str, slot_basis: str | None = None) -> MessageInfo:
         """As Queue.get."""
-        return await self.run(plans.first(plans.get(self.topic, [Target(message_id, slot_basis)])))
+        return await self.run(
+            plans.first(read_plans.get(self.topic, [Target(message_id, slot_basis)]))
+        )
 
     async def get_many(self, targets: Sequence[Target]) -> list[MessageInfo]:
-        return await self.run(plans.get(self.topic, targets))
+        return await self.run(read_plans.get(self.topic, targets))
 
     # consuming
     async def pause(self) -> None:
@@ -548,11 +564,11 @@ class AsyncQueue:
         return await self.run_steps(topic_record.publish(self.topic, owner, version))
 
     async def take_over(self, slot: int) -> int:
-        return await self.run(plans.fence(self.topic, slot))
+        return await self.run(consume_plans.fence(self.topic, slot))
 
     async def take_over_slots(self, slots: Sequence[int]) -> list[int | Exception]:
         """`take_over` of each slot, in one round trip: its epoch, or its refusal in place."""
-        return await self.run(plans.fence_slots(self.topic, slots))
+        return await self.run(consume_plans.fence_slots(self.topic, slots))
 
     @renamed_kwargs(lease_ms="ack_timeout_ms")
     async def claim(
@@ -585,29 +601,29 @@ class AsyncQueue:
         return received_all(plan.combine(replies), received_s)
 
     async def ack(self, lease: Lease) -> Outcome:
-        return await self.run(plans.checked(plans.ack(self.topic, [lease]), Script.ACK))
+        return await self.run(plans.checked(consume_plans.ack(self.topic, [lease]), Script.ACK))
 
     async def ack_many(self, leases: Sequence[Leased]) -> list[Outcome]:
-        return await self.run(plans.ack(self.topic, leases))
+        return await self.run(consume_plans.ack(self.topic, leases))
 
     async def nack(
         self, lease: Lease, delay_ms: int = 0, reason: str = "", dead: bool = False
     ) -> Outcome:
         retry = Retry(lease, delay_ms, reason, dead)
-        return await self.run(plans.checked(plans.nack(self.topic, [retry]), Script.NACK))
+        return await self.run(plans.checked(consume_plans.nack(self.topic, [retry]), Script.NACK))
 
     async def nack_many(self, retries: Sequence[Retry]) -> list[Outcome]:
-        return await self.run(plans.nack(self.topic, retries))
+        return await self.run(consume_plans.nack(self.topic, retries))
 
     @renamed_kwargs(lease_ms="ack_timeout_ms")
     async def extend(self, lease: Lease, ack_timeout_ms: int) -> Outcome:
         return await self.run(
-            plans.checked(plans.extend(self.topic, [lease], ack_timeout_ms), Script.EXTEND)
+            plans.checked(consume_plans.extend(self.topic, [lease], ack_timeout_ms), Script.EXTEND)
         )
 
     @renamed_kwargs(lease_ms="ack_timeout_ms")
     async def extend_many(self, leases: Sequence[Leased], ack_timeout_ms: int) -> list[Outcome]:
-        return await self.run(plans.extend(self.topic, leases, ack_timeout_ms))
+        return await self.run(consume_plans.extend(self.topic, leases, ack_timeout_ms))
 
     async def pace(
         self, per_second: float, burst: int, want: int, least: int, returned: int = 0
@@ -615,34 +631,36 @@ class AsyncQueue:
         """Draw tokens from the topic's pace on this broker (`pacing.Pacer`): granted, and
         when none, the ms until some are there or the hold ends; at the limit of the topic's
         settings record, `per_second` and `burst` while it has none."""
-        return await self.run(plans.pace(self.topic, per_second, burst, want, least, returned))
+        return await self.run(
+            consume_plans.pace(self.topic, per_second, burst, want, least, returned)
+        )
 
     async def hold(self, hold_ms: int, max_ms: int) -> int:
         """Hold the topic's delivery (every pod's `pace` grants nothing) for `hold_ms`, at most
         `max_ms`; returns the server ms it ends."""
-        return await self.run(plans.hold(self.topic, hold_ms, max_ms))
+        return await self.run(consume_plans.hold(self.topic, hold_ms, max_ms))
 
     async def giveback_many(self, leases: Sequence[Leased]) -> list[Outcome]:
-        """Give leased messages back undelivered (see `plans.giveback`)."""
-        return await self.run(plans.giveback(self.topic, leases))
+        """Give leased messages back undelivered (see `consume_plans.giveback`)."""
+        return await self.run(consume_plans.giveback(self.topic, leases))
 
     # dead letters
     async def dead_page(self, slot: int, offset: int = 0, count: int = 100) -> DeadPage:
-        return await self.run(plans.dead_page(self.topic, slot, offset, count))
+        return await self.run(dead_plans.dead_page(self.topic, slot, offset, count))
 
     async def redrive(self, slot: int, ids: Sequence[str]) -> list[Outcome]:
-        return (await self.run(plans.redrive(self.topic, slot, ids))).outcomes
+        return (await self.run(dead_plans.redrive(self.topic, slot, ids))).outcomes
 
     async def redrive_all(self, slots: Iterable[int] | None = None) -> int:
-        return sum([await self._drain(plans.redrive, slot) for slot in self._slots(slots)])
+        return sum([await self._drain(dead_plans.redrive, slot) for slot in self._slots(slots)])
 
     async def purge(self, slot: int, ids: Sequence[str]) -> list[Outcome]:
-        return (await self.run(plans.purge(self.topic, slot, ids))).outcomes
+        return (await self.run(dead_plans.purge(self.topic, slot, ids))).outcomes
 
     async def purge_all(self, slots: Iterable[int] | None = None) -> int:
-        return sum([await self._drain(plans.purge, slot) for slot in self._slots(slots)])
+        return sum([await self._drain(dead_plans.purge, slot) for slot in self._slots(slots)])
 
-    async def _drain(self, build: plans.DeadBatchBuilder, slot: int) -> int:
+    async def _drain(self, build: dead_plans.DeadBatchBuilder, slot: int) -> int:
         moved = 0
         while True:
             result: DeadBatchResult = await self.run(build(self.topic, slot, None))
@@ -683,4 +701,4 @@ class AsyncQueue:
 
     # reading
     async def stats(self, slots: Iterable[int] | None = None) -> TopicStats:
-        return await self.run(plans.stats(self.topic, slots))
+        return await self.run(read_plans.stats(self.topic, slots))

@@ -10,10 +10,10 @@ it with the engine's own commands (ZADD, HSET, SET, RPUSH, XADD with the entry's
 DUMP/RESTORE: the restricted service user that runs a move may not RESTORE (a crafted payload
 is a way into Redis's memory), and scores, fields and stream ids carry over exactly as values.
 
-The source must be frozen (`plans.freeze`) first: then nothing writes into the slot there, and
-a copy is a snapshot. The target side runs in one MULTI that deletes the slot's keys first, so
-a copy is all or nothing, and a copy repeated after a crash replaces the earlier one (no key of
-the slot is left from before).
+The source must be frozen (`consume_plans.freeze`) first: then nothing writes into the slot
+there, and a copy is a snapshot. The target side runs in one MULTI that deletes the slot's keys
+first, so a copy is all or nothing, and a copy repeated after a crash replaces the earlier one
+(no key of the slot is left from before).
 """
 
 from __future__ import annotations

@@ -9,9 +9,9 @@ schedule it changes (`lua/includes/track_changes.lua`); then `split_slot` copies
 SCAN sees it (every member present throughout is seen: one changed meanwhile is in `changes`);
 then, as often as the caller likes, `take_changes` + `recopy` copy again what changed since
 (each member read again and written to its half, or deleted from both), and once the slot is
-frozen (`plans.freeze`) a last `catch_up` makes the halves exact: for every frozen slot of a
-broker at once, in a few round trips whatever their number (the time they stay frozen is what
-writers wait for). Each is idempotent: `split_slot` deletes the two new slots' keys first, and
+frozen (`consume_plans.freeze`) a last `catch_up` makes the halves exact: for every frozen slot
+of a broker at once, in a few round trips whatever their number (the time they stay frozen is
+what writers wait for). Each is idempotent: `split_slot` deletes the two new slots' keys first, and
 taken changes stay in `recopy` until they are copied again, so a run repeated after a crash
 copies them again. (Lua has no crc32, so the partition is computed here, not in a script.)
 
@@ -210,12 +210,13 @@ def recopy(client: redis.Redis, division: Division) -> int:
 
 
 def catch_up(client: redis.Redis, divisions: Sequence[Division]) -> int:
-    """Make the halves of every division exact, its source frozen (`plans.freeze`, before this
-    call): its last changes taken and copied again, its per-slot parts copied; returns how many
-    changes. A few pipelines for all the divisions, whatever their number, plus one per BATCH
-    changes: the sources are frozen (nothing notes a change any more), so taking the changes
-    needs no MULTI, and the time the slots stay frozen grows with the changes, hardly with the
-    slots. Idempotent: run again after a crash, it copies again what it did not drop."""
+    """Make the halves of every division exact, its source frozen (`consume_plans.freeze`,
+    before this call): its last changes taken and copied again, its per-slot parts copied;
+    returns how many changes. A few pipelines for all the divisions, whatever their number,
+    plus one per BATCH changes: the sources are frozen (nothing notes a change any more), so
+    taking the changes needs no MULTI, and the time the slots stay frozen grows with the
+    changes, hardly with the slots. Idempotent: run again after a crash, it copies again what
+    it did not drop."""
     take = client.pipeline(transaction=False)
     for division in divisions:
         changes, taken = division.source.key(Part.CHANGES), division.source.key(Part.RECOPY)

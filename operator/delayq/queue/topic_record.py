@@ -4,10 +4,11 @@ than the topic's (BullMQ keeps a queue's settings in a meta key its scripts read
 
 Without it every script call took its limits from the caller's own `Topic`: the pipeline, a
 producer with a stale or hand-made `Topic`, skipped the quota and the default expiry or kept an
-old retention. Each call still carries the caller's values (`plans.py`); a field of the slot's
-record wins over them (`lua/includes/topic_settings.lua`), and they stay the fallback while a
-slot has no record (a broker the operator has not reached yet, an operator of the previous
-version), which is also what the previous version's functions use during a rolling upgrade.
+old retention. Each call still carries the caller's values (the `*_plans.py` modules); a field
+of the slot's record wins over them (`lua/includes/topic_settings.lua`), and they stay the
+fallback while a slot has no record (a broker the operator has not reached yet, an operator of
+the previous version), which is also what the previous version's functions use during a
+rolling upgrade.
 
 One record per slot (`SlotKeys.settings`), not one per topic: a script touches the keys of one
 hash tag only, so a topic can move onto a Redis Cluster unchanged. The owner writes the record

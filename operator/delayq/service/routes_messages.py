@@ -9,7 +9,7 @@ from typing import Any
 import redis
 from aiohttp import web
 
-from delayq.queue import plans
+from delayq.queue import produce_plans
 from delayq.queue.client import AsyncQueue
 from delayq.queue.codes import (
     Code,
@@ -144,9 +144,9 @@ async def _schedule(
         """Each message's own answer: one broker refusing two slots differently, or its
         replicas lagging after another broker stored, fails only the messages concerned."""
         try:
-            return await queue.run(plans.schedule_answers(queue.topic, chunk, mode))
+            return await queue.run(produce_plans.schedule_answers(queue.topic, chunk, mode))
         except ReplicationTimeoutError as error:
-            return plans.unconfirmed(error)
+            return produce_plans.unconfirmed(error)
         except redis.RedisError as error:  # the broker's call failed as a whole
             return [ScheduleFailure(m.id, target_of(m).slot(queue.topic), error) for m in chunk]
 
