@@ -275,12 +275,14 @@ def test_the_restore_pause_is_resumed_only_by_its_holder_and_kept_on_a_late_fail
     redis_server: RedisServer, redis_client: redis.Redis, left: str, fails_after_writing: bool,
     paused_after: bool,
 ) -> None:
-    """`paused_delivery` without Spark: what it pauses, takes over and resumes, and what a
-    failure leaves; a failure after writing began says so in one line."""
+    """`paused_delivery` without Spark, as the topic's service user (the restore's login): what
+    it pauses, takes over and resumes, and what a failure leaves; a failure after writing began
+    says so in one line."""
     queue = Queue(redis_client, TOPIC)
     if left:
         redis_client.set(paused_key(TOPIC), left)
-    target = RedisTarget((redis_server.url,), TOPIC.namespace, TOPIC.name, TOPIC.slot_amount, 1024)
+    writer = _user_url(redis_server, redis_client, "pauser", service_user_rules(TOPIC))
+    target = RedisTarget((writer,), TOPIC.namespace, TOPIC.name, TOPIC.slot_amount, 1024)
     said: list[str] = []
     held: list[RestorePause] = []
 
