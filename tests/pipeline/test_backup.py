@@ -8,6 +8,7 @@ redis-servers, real ZooKeeper, real local Spark."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import time
 import uuid
@@ -23,12 +24,16 @@ from delayq.cli import main
 from delayq.coordination.layout import TopicPaths
 from delayq.coordination.routing import Routing, initial_routing
 from delayq.local.redis_server import RedisServer
+from delayq.local.waiting import eventually
 from delayq.local.zookeeper_server import ZooKeeperServer
+from delayq.pipeline.io_redis import RedisTarget
+from delayq.pipeline.restore_pause import RestorePause, paused_delivery
 from delayq.queue import acl
 from delayq.queue.acl import backup_user_rules, service_user_rules
-from delayq.queue.client import Queue
-from delayq.queue.keys import Part, slot_keys
-from delayq.queue.model import ScheduleRequest, State
+from delayq.queue.client import AsyncQueue, Queue
+from delayq.queue.consumer import Consumer
+from delayq.queue.keys import Part, paused_key, slot_keys
+from delayq.queue.model import Message, ScheduleRequest, State
 from delayq.queue.recurrence import Recurrence
 from delayq.queue.schedules import Schedule
 from delayq.queue.topic import Topic
@@ -191,25 +196,29 @@ def test_a_time_shifted_restore_into_a_routed_topic_of_two_brokers_delivers_exac
     assert {i: due_ms for i, (due_ms, _) in delivered.items()} == shifted
 
 
-def test_the_journal_replay_applies_what_happened_after_the_snapshot(
+async def test_the_journal_replay_applies_what_happened_after_the_snapshot(
     spark, redis_server: RedisServer, redis_client: redis.Redis, tmp_path: Path,
     capsys: pytest.CaptureFixture[str],
 ) -> None:
-    """After the backup: a is cancelled, b rescheduled, e delivered and acked, d scheduled; the
-    archive holds their events. A restore with --replay leaves a and e finished (e is not
-    delivered twice), b at its new due, c as backed up, and names d as not recoverable."""
+    """After the backup: a is cancelled, b rescheduled, e (in flight at the snapshot) acked, d
+    scheduled; the archive holds their events. The broker wiped, a consumer runs while the
+    restore with --replay writes a, b, c and e overdue: it delivers none of them before the
+    replay (the restore pauses delivery for its run: regression, it delivered a, b and e and the
+    replay then moved nothing), then c alone once the restore resumes. a and e stay finished, b
+    at its new due, d named as not recoverable. A second run, the topic paused by someone else
+    meanwhile, stores nothing twice and leaves it paused."""
     ledger = replace(TOPIC, name="ledger", journal_max_len=10_000)
     queue = Queue(redis_client, ledger)
     now_ms = int(redis_client.time()[0]) * 1000
-    queue.schedule_many([ScheduleRequest(i, b"x", at_ms=now_ms + 60_000) for i in "abc"])
     queue.schedule("e", b"x", delay_ms=0)
+    slot = ledger.slot_of("e")
+    [message] = queue.claim(slot, queue.take_over(slot), 10, 60_000).messages
+    queue.schedule_many([ScheduleRequest(i, b"x", at_ms=now_ms + 2000) for i in "abc"])
     args = _topic_args(redis_server.url, ledger)
     _run(capsys, "backup", *args[:8], "--output", str(tmp_path / "b"))
     queue.cancel("a")
     queue.reschedule("b", at_ms=now_ms + 120_000)
     queue.schedule("d", b"x", delay_ms=60_000)
-    slot = ledger.slot_of("e")
-    [message] = queue.claim(slot, queue.take_over(slot), 10, 30_000).messages
     queue.ack(message.lease)
     archived = ["--output", str(tmp_path / "journal"), "--checkpoint", str(tmp_path / "cp")]
     assert main(["pipeline", "archive", *args[:8], *archived]) == 0
@@ -217,14 +226,87 @@ def test_the_journal_replay_applies_what_happened_after_the_snapshot(
 
     redis_client.flushall()
     journal = str(tmp_path / "journal")
-    report = _run(capsys, "restore", *args, "--input", str(tmp_path / "b"), "--replay", journal)
+    restore = ("restore", *args, "--input", str(tmp_path / "b"), "--replay", journal)
+    delivered: list[str] = []
+
+    async def handler(message: Message) -> None:
+        delivered.append(message.id)
+
+    consumer_client = redis.asyncio.Redis.from_url(redis_server.url)
+    consumer = Consumer(AsyncQueue(consumer_client, ledger), handler)
+    running = asyncio.create_task(consumer.run(slots=ledger.slots))
+    try:
+        report = await asyncio.to_thread(_run, capsys, *restore)
+        assert delivered == []  # nothing overdue delivered before the replay was applied
+        await eventually(lambda: delivered == ["c"], 10.0, "c delivered once resumed")
+    finally:
+        consumer.stop()
+        await running
+        await consumer_client.aclose()
     assert report["replay"]["finished"] == 2
     assert report["replay"]["rescheduled"] == 1
     assert report["replay"]["scheduled_after_first"] == ["d"]
+    assert report["pause"] == {"paused": [0], "kept": [], "resumed": [0], "lifted": []}
     assert queue.get("a").state is State.CANCELLED
     assert queue.get("e").state is State.CANCELLED  # finished: never delivered again
     assert queue.get("b").due_ms == now_ms + 120_000
-    assert (queue.get("c").state, queue.get("c").due_ms) == (State.SCHEDULED, now_ms + 60_000)
+    assert queue.get("c").state is State.DONE
+    assert not queue.is_paused()
+
+    queue.pause()  # by someone else: the operator's spec.delivery.paused, the API
+    again = await asyncio.to_thread(_run, capsys, *restore)
+    assert set(again["counts"]) == {"waiting:EXISTS", "waiting:ALREADY_DONE"}
+    assert again["pause"] == {"paused": [], "kept": [0], "resumed": [], "lifted": []}
+    assert queue.is_paused()
+    assert [queue.get(i).state for i in "ace"] == [State.CANCELLED, State.DONE, State.CANCELLED]
+    assert queue.get("b").due_ms == now_ms + 120_000
+
+
+@pytest.mark.parametrize(
+    ("left", "fails_after_writing", "paused_after"),
+    [
+        ("restore", False, False),  # a killed restore's pause: taken over, resumed
+        ("", True, True),  # a failure once writing began: the replay's work is not done
+        ("", False, False),  # a failure before the first write: resumed
+        ("1", True, True),  # someone else's pause: never resumed
+    ],
+)
+def test_the_restore_pause_is_resumed_only_by_its_holder_and_kept_on_a_late_failure(
+    redis_server: RedisServer, redis_client: redis.Redis, left: str, fails_after_writing: bool,
+    paused_after: bool,
+) -> None:
+    """`paused_delivery` without Spark, as the topic's service user (the restore's login): what
+    it pauses, takes over and resumes, and what a failure leaves; a failure after writing began
+    says so in one line."""
+    queue = Queue(redis_client, TOPIC)
+    if left:
+        redis_client.set(paused_key(TOPIC), left)
+    writer = _user_url(redis_server, redis_client, "pauser", service_user_rules(TOPIC))
+    target = RedisTarget((writer,), TOPIC.namespace, TOPIC.name, TOPIC.slot_amount, 1024)
+    said: list[str] = []
+    held: list[RestorePause] = []
+
+    def failing_job() -> None:
+        with paused_delivery(target, said.append) as pause:
+            held.append(pause)
+            assert queue.is_paused()
+            if fails_after_writing:
+                pause.seen_at_s = time.monotonic()  # no consumer to wait for
+                pause.before_writing()
+            raise RuntimeError("the job failed")
+
+    with pytest.raises(RuntimeError, match="the job failed"):
+        failing_job()
+    [pause] = held
+    assert queue.is_paused() is paused_after
+    assert pause.paused == ([] if left == "1" else [0])
+    if left != "1" and fails_after_writing:
+        assert said == [
+            "delivery stays paused on broker(s) 0: the restore stopped after it began writing; "
+            "run it again to finish (it stores nothing twice) and resume"
+        ]
+    else:
+        assert said == []
 
 
 @pytest.mark.parametrize(

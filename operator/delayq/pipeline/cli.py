@@ -126,7 +126,8 @@ def register(subparsers: Any) -> None:
         default=None,
         help="the topic's journal archive (`archive --output`): after restoring, cancel what "
         "finished since each slot was read and move what was rescheduled, and report what "
-        "it cannot restore",
+        "it cannot restore; the topic's delivery is paused meanwhile (resumed at the end "
+        "unless it was paused before; kept if the restore fails after it began writing)",
     )
     _master_argument(restore)
     restore.set_defaults(handler=_reporting_errors("restore", run_restore, SPARK_ARROW))
@@ -649,26 +650,31 @@ def run_backup(args: argparse.Namespace) -> int:
 
 
 def run_restore(args: argparse.Namespace) -> int:
+    """With --replay, under the topic's delivery pause (pipeline/restore_pause.py): taken
+    before Spark starts, so consumers read it during the JVM's start."""
     from delayq.pipeline.backup import replay, restore
+    from delayq.pipeline.ingest import stderr_report
+    from delayq.pipeline.restore_pause import paused_delivery
     from delayq.pipeline.spark import job_session
 
     _check_backup(args.input)
     target = _target(args)
     _checked_brokers(args, target)
-    if args.replay is not None:
-        _check_input(args.replay)
-    with job_session(args.master, "delayq-pipeline-restore") as spark:
-        summary = restore(spark, args.input, target, args.shift)
-        replayed = (
-            None
-            if args.replay is None
-            else replay(spark, args.replay, args.input, target, args.shift)
-        )
-    if replayed is None:
+    if args.replay is None:
+        with job_session(args.master, "delayq-pipeline-restore") as spark:
+            summary = restore(spark, args.input, target, args.shift)
         _emit(summary.line(), summary.as_dict())
-    else:
-        report = {**summary.as_dict(), "replay": replayed.as_dict()}
-        _emit(f"{summary.line()}\n{replayed.line()}", report)
+        return 0
+    _check_input(args.replay)
+    with (
+        paused_delivery(target, stderr_report) as pause,
+        job_session(args.master, "delayq-pipeline-restore") as spark,
+    ):
+        pause.before_writing()
+        summary = restore(spark, args.input, target, args.shift)
+        replayed = replay(spark, args.replay, args.input, target, args.shift)
+    report = {**summary.as_dict(), "replay": replayed.as_dict(), "pause": pause.as_dict()}
+    _emit(f"{summary.line()}\n{replayed.line()}\n{pause.line()}", report)
     return 0
 
 

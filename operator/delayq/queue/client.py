@@ -25,6 +25,7 @@ from delayq.queue import (
     topic_record,
 )
 from delayq.queue.backoff import Backoff
+from delayq.queue.codec import as_text
 from delayq.queue.codes import (
     DelayqError,
     ReplicationTimeoutError,
@@ -312,6 +313,28 @@ class Queue:
     def is_paused(self) -> bool:
         # EXISTS, not GET: the flag's value is whatever a holder of the admin login set
         return bool(self.redis.exists(paused_key(self.topic)))
+
+    def pause_as(self, holder: str) -> bool:
+        """Pause unless paused already, marking the flag as `holder`'s (its value: `pause`
+        writes "1"). True when the pause is holder's: set now, or left by an earlier run of the
+        same holder that died before `resume_as` (a killed restore). False: someone else's pause,
+        which `resume_as` leaves alone."""
+        key = paused_key(self.topic)
+        return bool(self.redis.set(key, holder, nx=True)) or self._pause_holder() == holder
+
+    def resume_as(self, holder: str) -> bool:
+        """Undo `pause_as` while the flag is still holder's: a `pause` over it since (the API,
+        the operator's `spec.delivery.paused`) or a `resume` is left as it is. True when it
+        resumed. GET then DEL, not one script (the service's ACL runs no code of its own): a
+        pause set in between, one round trip, would be undone."""
+        if self._pause_holder() != holder:
+            return False
+        self.redis.delete(paused_key(self.topic))
+        return True
+
+    def _pause_holder(self) -> str | None:
+        value = self.redis.get(paused_key(self.topic))
+        return None if value is None else as_text(value)
 
     def publish_settings(self, owner: str, version: int) -> list[int]:
         """Publish the topic's settings record into every slot of this broker, as its owner
