@@ -600,9 +600,15 @@ async def test_a_half_that_cannot_be_taken_over_is_reported_and_taken_once_it_ca
         assert list(ready["unconsumedSlots"]) == [*frozen_old, "g1/0"]
         assert ready["unconsumedSlots"]["g1/0"].startswith("moving: SLOT_MOVING")
         half.run(consume_plans.thaw(doubled, 0))
-        await eventually(lambda: halves.owned_slots == [0, 1, SLOTS, 1 + SLOTS], 5, "g1/0 taken")
-        ready = await (await running.client.get("/readyz")).json()
-        assert list(ready["unconsumedSlots"]) == frozen_old
+
+        async def only_old_slots_reported() -> bool:
+            ready = await (await running.client.get("/readyz")).json()
+            return list(ready["unconsumedSlots"]) == frozen_old
+
+        # the half joins the owned slots inside the take-over and leaves the report right after
+        # it: wait for the report, then check the take-over
+        await eventually(only_old_slots_reported, 5, "g1/0 no longer reported")
+        assert halves.owned_slots == [0, 1, SLOTS, 1 + SLOTS]
     finally:
         half.close()
 
