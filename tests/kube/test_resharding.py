@@ -129,13 +129,16 @@ async def abandon_pass_in_move(
     api: kmock.KubernetesEmulator, ctx: OperatorContext, logger: logging.Logger, mover: SlotMover
 ) -> None:
     """A health pass abandoned, as by the loop at its bound, once its move runs (a thread the
-    cancel cannot stop); returns once the move hangs in its copy (target_writes_held)."""
+    cancel cannot stop); returns once the move hangs in its copy (target_writes_held). Not
+    as soon as the move is submitted (`resharding.moving`): cancelled before a thread picks it
+    up, which a loaded machine delays, the move never runs."""
     first = asyncio.create_task(health(api, ctx, logger))
-    orders = parse_body(body(api))
-    await eventually(lambda: resharding.moving(orders), 30.0, "the first pass's move to start")
+    # recorded by the move's thread (SlotMover.start): it runs
+    await eventually(lambda: moves_recorded(mover), 30.0, "the first pass's move to start")
     first.cancel()
     with pytest.raises(asyncio.CancelledError):
         await first
+    assert resharding.moving(parse_body(body(api)))
     await eventually(
         lambda: moves_recorded(mover) == HUNG_MOVE, 10.0, "the abandoned move to reach its copy"
     )
