@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Iterator
+from contextlib import contextmanager
 
 import kmock
 import pytest
@@ -39,6 +40,8 @@ from tests.kube.test_handlers import (
 
 SLOTS = 8
 MASTERS = ("orders-redis-0-0", "orders-redis-1-0")
+#: CLIENT PAUSE's own timer, a backstop only: target_writes_held lifts the pause itself
+HELD_WRITES_MS = 600_000
 
 
 @pytest.fixture
@@ -89,6 +92,56 @@ async def health(
 ) -> None:
     """One health pass as the leader's loop runs it: status written, Events posted."""
     await serialized(ctx, body(api), logger, refresh)
+
+
+@contextmanager
+def target_writes_held(api: kmock.KubernetesEmulator, redis_pods: RedisPods) -> Iterator[None]:
+    """Broker 1's master answers reads but holds every write (CLIENT PAUSE WRITE) until the
+    block ends, so a move onto it hangs in its copy: it cannot patch status.routing nor switch
+    meanwhile. The pause is lifted by the block, not by its timer: a timer outrun by a slow
+    machine let the move finish under the test's assertions. Left paused, a mover's own bound
+    ends it (redisctl.MOVE_TIMEOUT_S per try, redis-py's retries: about 110 s). The functions
+    library and the settings record a pass writes first are put in place before: the pass
+    reaches the move at once instead of timing out on them."""
+    with redis_pods.client(MASTERS[1]) as target:
+        functions.load(target)
+        owner = body(api)["metadata"]
+        Queue(target, parse_body(body(api)).topic).publish_settings(
+            owner["uid"], owner["generation"]
+        )
+        target.client_pause(HELD_WRITES_MS, all=False)
+    try:
+        yield
+    finally:
+        with redis_pods.client(MASTERS[1]) as target:
+            target.client_unpause()
+
+
+#: The move a pass of `grown_topic(maxConcurrentMoves=1)` starts first, hung in its copy
+HUNG_MOVE = [(4, Step.COPY)]
+
+
+def moves_recorded(mover: SlotMover) -> list[tuple[int, Step]]:
+    return [(m.slot, m.step) for m in mover.migrations()]
+
+
+async def abandon_pass_in_move(
+    api: kmock.KubernetesEmulator, ctx: OperatorContext, logger: logging.Logger, mover: SlotMover
+) -> None:
+    """A health pass abandoned, as by the loop at its bound, once its move runs (a thread the
+    cancel cannot stop); returns once the move hangs in its copy (target_writes_held). Not
+    as soon as the move is submitted (`resharding.moving`): cancelled before a thread picks it
+    up, which a loaded machine delays, the move never runs."""
+    first = asyncio.create_task(health(api, ctx, logger))
+    # recorded by the move's thread (SlotMover.start): it runs
+    await eventually(lambda: moves_recorded(mover), 30.0, "the first pass's move to start")
+    first.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await first
+    assert resharding.moving(parse_body(body(api)))
+    await eventually(
+        lambda: moves_recorded(mover) == HUNG_MOVE, 10.0, "the abandoned move to reach its copy"
+    )
 
 
 def counts(queue: Queue, slots: range | list[int]) -> dict[int, tuple[int, int]]:
@@ -236,23 +289,13 @@ async def test_a_pass_abandoned_mid_move_is_not_joined_by_a_second_mover(
     the first would overwrite the target after the second switched). It waits; once the
     stuck move ends, the passes go on. Nothing lost."""
     before = await grown_topic(api, ctx, zk, redis_pods, masters, logger, maxConcurrentMoves=1)
-    with redis_pods.client(MASTERS[1]) as target:
-        # the library a pass loads first (FUNCTION LOAD is a write, paused too) and the
-        # settings record it publishes then (a write where it differs): in place, so the
-        # pass gets as far as the move, the step under test
-        functions.load(target)
-        owner = body(api)["metadata"]
-        Queue(target, parse_body(body(api)).topic).publish_settings(
-            owner["uid"], owner["generation"]
-        )
-        target.client_pause(3000, all=False)  # the target's writes wait: the copy hangs
-    with pytest.raises(TimeoutError):
-        await asyncio.wait_for(health(api, ctx, logger), 1.0)  # abandoned, as by the loop
     mover = SlotMover(zk, TopicPaths(NAMESPACE, "orders"), masters)
-    assert [(m.slot, m.step) for m in mover.migrations()] == [(4, Step.COPY)]
-    with caplog.at_level(logging.WARNING, logger=logger.name):
-        await health(api, ctx, logger)
-    assert "a move of an abandoned pass still runs" in caplog.text
+    with target_writes_held(api, redis_pods):
+        await abandon_pass_in_move(api, ctx, logger, mover)
+        with caplog.at_level(logging.WARNING, logger=logger.name):
+            await health(api, ctx, logger)
+        assert "a move of an abandoned pass still runs" in caplog.text
+        assert moves_recorded(mover) == HUNG_MOVE  # the pass ran beside it throughout
     await eventually(lambda: not mover.migrations(), 10.0, "the abandoned move to end")
     await health(api, ctx, logger)
     assert condition(api, "Resharding")["reason"] == "Completed"
