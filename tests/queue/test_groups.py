@@ -12,6 +12,8 @@ from delayq.queue.client import Queue
 from delayq.queue.codes import InvalidMessageError
 from delayq.queue.keys import Part, slot_keys
 from delayq.queue.model import Message, Mode, ScheduleRequest
+from delayq.queue.topic import Topic
+from delayq.queue.topic_record import recorded_values
 
 from .conftest import TOPIC, server_ms, wait_for_server_ms
 
@@ -33,7 +35,8 @@ def _ids(messages: list[Message]) -> list[str]:
 
 
 def _bound_in_flight(admin: redis.Redis, per_group: int) -> None:
-    """maxInFlightPerGroup as the topic's owner publishes it in the slot's settings record."""
+    """The slot's share of maxInFlightPerGroup as the topic's owner publishes it in the slot's
+    settings record (recorded_values)."""
     admin.hset(KEYS.settings, "max_in_flight_per_group", per_group)
 
 
@@ -200,3 +203,9 @@ def test_a_bad_group_is_refused_naming_the_field(
     with pytest.raises(InvalidMessageError, match=rf"^group .*{problem}"):
         queue.schedule_many([ScheduleRequest("m", delay_ms=0, group=group)])  # type: ignore[arg-type]
     assert redis_client.dbsize() == 0
+
+
+def test_the_settings_record_holds_each_slots_share_of_the_bound() -> None:
+    topic = Topic("orders", namespace="shop", slot_amount=4, max_in_flight_per_group=9)
+    assert recorded_values(topic)["max_in_flight_per_group"] == "3"  # ceil(9 / 4)
+    assert recorded_values(TOPIC)["max_in_flight_per_group"] == "0"  # no bound
