@@ -13,7 +13,7 @@ from typing import Any
 
 import yaml
 
-from delayq.queue.codec import MAX_PRIORITY
+from delayq.queue.codec import MAX_GROUP_BYTES, MAX_PRIORITY
 from delayq.queue.model import State
 from delayq.queue.recurrence import MAX_CATCH_UP, MAX_INSTANT_MS, CatchUp
 from delayq.queue.schedules import DEFAULT_CATCH_UP_MAX, MAX_SCHEDULE_ID_BYTES
@@ -45,6 +45,16 @@ ID_SCHEMA: Schema = {
     "pattern": "^[^\\u0000-\\u001f\\u007f-\\u009f]+$",
     "description": f"1 to {MAX_ID_BYTES} bytes of UTF-8 without control characters "
     "(U+0000-U+001F, U+007F-U+009F)",
+}
+GROUP_SCHEMA: Schema = {
+    "type": "string",
+    "minLength": 1,
+    "maxLength": MAX_GROUP_BYTES,
+    "pattern": "^[^\\u0000-\\u001f\\u007f-\\u009f]+$",
+    "description": "the message's fair group (a customer id, say): among due messages the "
+    "groups are claimed in turn, each within the topic's delivery.maxInFlightPerGroup, so one "
+    f"group's herd cannot starve another's. 1 to {MAX_GROUP_BYTES} bytes of UTF-8 without "
+    "control characters (U+0000-U+001F, U+007F-U+009F); absent: no group",
 }
 #: Marks the topic path parameter: a process serves one topic (any other is a 404), which the
 #: served document states (`openapi_document(topic=...)`).
@@ -309,6 +319,7 @@ SCHEMAS: dict[str, Schema] = {
             ),
             "default": 0,
         },
+        group=GROUP_SCHEMA,
         id={
             **ID_SCHEMA,
             "description": "message id (idempotency key within its slot basis): "
@@ -379,6 +390,7 @@ SCHEMAS: dict[str, Schema] = {
         finishedMs=integer("when it was acked, cancelled, purged, dropped or expired"),
         expireAtMs=integer("not delivered after this instant"),
         priority=integer("the priority it was scheduled with (0 when none)", 0, MAX_PRIORITY),
+        group={**GROUP_SCHEMA, "description": "the fair group it was scheduled with (if any)"},
         deadReason=string(),
         **PAYLOAD,
     ),
