@@ -57,6 +57,38 @@ def test_due_groups_are_claimed_in_turn_not_in_due_order(
     assert _ids(_claim(queue, epoch, 3)) == ["a03", "a04", "a05"]
 
 
+def test_a_claim_comes_back_full_while_a_group_has_more_due(
+    queue: Queue, redis_client: redis.Redis
+) -> None:
+    """A short batch tells the consumer its slot is drained: the few's leftover share goes to
+    the herd."""
+    for i in range(20):
+        _schedule(queue, f"a{i:02}", 1_000 + i, group="a")
+    _schedule(queue, "b0", 2_000, group="b")
+    epoch = queue.take_over(SLOT)
+    claimed = _ids(_claim(queue, epoch, 10))
+    assert claimed == ["a00", "b0", "a01", "a02", "a03", "a04", "a05", "a06", "a07", "a08"]
+
+
+def test_a_slot_whose_groups_are_at_their_bound_is_not_due_until_a_lease_ends(
+    queue: Queue, redis_client: redis.Redis
+) -> None:
+    """Not 'due now' (its consumer would claim it again at once, for nothing): the end of a
+    lease wakes it."""
+    _bound_in_flight(redis_client, 1)
+    for i in range(3):
+        _schedule(queue, f"a{i}", 1_000 + i, group="a")
+    epoch = queue.take_over(SLOT)
+    [first] = _claim(queue, epoch, 10)
+    batch = queue.claim(SLOT, epoch, 10, 60_000)
+    assert batch.messages == []
+    assert batch.next_due_ms is None  # nothing else waits in the slot
+    redis_client.delete(KEYS.key(Part.WAKE))
+    queue.ack(first.lease)
+    assert redis_client.llen(KEYS.key(Part.WAKE)) == 1
+    assert _ids(_claim(queue, epoch, 10)) == ["a1"]
+
+
 def test_more_due_groups_than_a_claim_takes_are_served_round_robin(
     queue: Queue, redis_client: redis.Redis
 ) -> None:

@@ -6,6 +6,7 @@
 --@include epoch_matches
 --@include forget_expired
 --@include give_up
+--@include groups_next_due
 --@include group_keys
 --@include group_member
 --@include journal
@@ -215,8 +216,16 @@ local function claim_slot(keys, at, args, now_micros, known)
       given_up)
   end
 
-  local head = redis.call('ZRANGE', store, 0, 0, 'WITHSCORES')
-  if head[2] then claimed[3] = tonumber(head[2]) end
+  if has_groups and #due_ids < 2 * max_count then
+    -- a short batch in a slot with groups: what is still due waits for a group's turn (or
+    -- lease: end_group_lease wakes the slot), so the next due is the earlier of the first
+    -- turn and the first message not due yet, never 'due now' (the consumer would claim again
+    -- at once, for nothing)
+    claimed[3] = groups_next_due(store, now)
+  else
+    local head = redis.call('ZRANGE', store, 0, 0, 'WITHSCORES')
+    if head[2] then claimed[3] = tonumber(head[2]) end
+  end
   local lease_head = redis.call('ZRANGE', prepare, 0, 0, 'WITHSCORES')
   if lease_head[2] then claimed[4] = tonumber(lease_head[2]) end
   if topped_up or not known.topups_absent then claimed[5] = redis.call('ZCARD', topup) end
