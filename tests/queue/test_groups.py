@@ -8,6 +8,8 @@ from __future__ import annotations
 import pytest
 import redis
 
+from delayq.queue import plans
+from delayq.queue.backup import snapshot
 from delayq.queue.client import Queue
 from delayq.queue.codes import InvalidMessageError
 from delayq.queue.keys import Part, slot_keys
@@ -217,6 +219,20 @@ def test_a_group_travels_with_its_message(queue: Queue, redis_client: redis.Redi
     info = queue.get("m", slot_basis=BASIS)
     assert (info.group, info.state.value) == (group, "scheduled")
     assert _ids(_claim(queue, epoch, 1)) == ["m"]
+
+
+def test_a_restored_backup_keeps_each_group_and_its_turn(
+    queue: Queue, redis_client: redis.Redis
+) -> None:
+    for i in range(3):
+        _schedule(queue, f"a{i}", 1_000 + i, group="a")
+    _schedule(queue, "b0", 2_000, group="b")
+    items = snapshot(redis_client, KEYS)
+    redis_client.delete(*KEYS.keys(*Part))
+    queue.run(plans.restore(TOPIC, items))
+    assert queue.get("b0", slot_basis=BASIS).group == "b"
+    epoch = queue.take_over(SLOT)
+    assert _ids(_claim(queue, epoch, 3)) == ["a0", "b0", "a1"]
 
 
 @pytest.mark.parametrize(
