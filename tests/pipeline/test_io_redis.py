@@ -28,6 +28,7 @@ def _batch(payload: pa.Array, headers: pa.Array) -> pa.RecordBatch:
         T.HEADERS: headers,
         T.SLOT: pa.array([0, 1, 0], pa.int32()),
         T.PRIORITY: pa.array([0, 3, 0], pa.int64()),
+        T.GROUP: pa.array([None, "c:42", None]),
     }
     return pa.RecordBatch.from_pydict(columns)
 
@@ -38,7 +39,7 @@ def test_requests_of_reads_each_column_by_name():
     assert requests_of(batch) == [
         ScheduleRequest("a", "p", None, 1_000, None, {"k": "v", "n": "1"}),
         # an absent payload is empty
-        ScheduleRequest("b", b"", 5, None, "tenant", None, priority=3),
+        ScheduleRequest("b", b"", 5, None, "tenant", None, priority=3, group="c:42"),
         ScheduleRequest("c", "", 0, None, None, {}),
     ]
 

@@ -194,6 +194,29 @@ def test_a_priority_the_engine_refuses_is_rejected_with_its_row(spark):
             produce_plans.schedule(Topic("t"), [request], Mode.CREATE)  # the engine takes it
 
 
+def test_a_group_the_engine_refuses_is_rejected_with_its_row(spark):
+    """A group passes as the engine takes it (a number as its text); an empty one, one over
+    128 bytes or with a control character is rejected as the engine would refuse it."""
+    cases = [
+        ("text", "group string", "tenant:42", "tenant:42", None),
+        ("none", "group string", None, None, None),
+        ("number", "group long", 42, "42", None),
+        ("empty", "group string", "", None, "empty group (leave it out for none)"),
+        ("long", "group string", "é" * 65, None, "group longer than 128 bytes"),
+        ("control", "group string", "a\x00b", None, "group contains a control character"),
+    ]
+    for name, column, value, expected, reason in cases:
+        df = spark.createDataFrame([(name, 1, value)], f"id string, delay long, {column}")
+        [row] = T.validate(T.canonical(df, {}), LIMIT, NOW_MS).collect()
+        assert (row.reason, row.group) == (reason, expected if reason is None else row.group)
+        request = ScheduleRequest(name, delay_ms=1, group=str(value) if reason else row.group)
+        if reason is None:
+            produce_plans.schedule(Topic("t"), [request], Mode.CREATE)  # the engine takes it
+        else:
+            with pytest.raises(InvalidMessageError, match=r"^group "):
+                produce_plans.schedule(Topic("t"), [request], Mode.CREATE)
+
+
 def test_fractional_times_are_whole_milliseconds(spark):
     rows = [("a", 1_800_000_000_000.7, None), ("b", None, 250.9), ("c", float("nan"), None)]
     df = spark.createDataFrame(rows, "id string, due_at double, delay double")

@@ -163,6 +163,7 @@ def test_scripts_change_the_divided_parts_only_with_the_tracked_commands() -> No
     doubling's copy: every write is one of the tracked four, or goes to a per-slot part."""
     reads = {"GET", "MGET", "EXISTS", "LLEN", "HGET", "HMGET", "HLEN", "HGETALL", "ZCARD"}
     reads |= {"ZCOUNT", "ZRANGE", "ZRANGEBYSCORE", "ZSCORE", "ZMSCORE", "TIME", "PTTL"}
+    reads |= {"ZRANGEBYLEX", "ZLEXCOUNT"}
     root = Path(str(resources.files("delayq.queue") / "lua"))
     for path in sorted(root.glob("*.lua")) + sorted((root / "includes").glob("*.lua")):
         code = re.sub(r"--[^\n]*", "", re.sub(r"--\[\[.*?\]\]", "", path.read_text(), flags=re.S))

@@ -125,6 +125,20 @@ async def test_priority_over_http(start_service: StartService):
         assert got["priority"] == priority, got
 
 
+async def test_group_over_http(start_service: StartService):
+    """group reaches the message (GET shows it, absent for a message without one), in a batch
+    too."""
+    running = await start_service()
+    client, base = running.client, running.base
+    one = await client.post(f"{base}/messages", json={"id": "g", "delayMs": 1, "group": "c:42"})
+    assert one.status == 201
+    batch = {"messages": [{"id": "h", "delayMs": 1, "group": "é"}, {"id": "i", "delayMs": 1}]}
+    assert (await client.post(f"{base}/messages/batch", json=batch)).status == 200
+    for message_id, group in (("g", "c:42"), ("h", "é"), ("i", None)):
+        got = await (await client.get(f"{base}/messages/{message_id}")).json()
+        assert got.get("group") == group, got
+
+
 async def test_expiry_over_http(start_service: StartService):
     """ttlMs and expireAtMs reach the message (GET shows expireAtMs); both at once, or an
     expiry not after the due time, are 400 naming the field; batches answer per message."""

@@ -244,6 +244,30 @@ async def test_a_priority_not_an_integer_from_0_to_9_is_400_naming_it(
     assert (await running.client.get(f"{running.base}/messages/p")).status == 404
 
 
+async def test_a_bad_group_is_400_naming_it(start_service: StartService):
+    running = await start_service()
+    for bad, problem in (
+        ("", "must be a non-empty string"),
+        (7, "must be a non-empty string"),
+        (["a"], "must be a non-empty string"),
+        ("a\u0000b", "contains the control character U+0000"),
+        ("x" * 129, "is longer than 128 bytes"),
+        ("\ud800", "lone surrogate"),
+    ):
+        for path, body, field in (
+            ("/messages", {"id": "p", "delayMs": 1, "group": bad}, "group"),
+            (
+                "/messages/batch",
+                {"messages": [{"id": "p", "delayMs": 1, "group": bad}]},
+                "messages[0].group",
+            ),
+        ):
+            status, error = await post(running, path, body)
+            assert (status, error["field"]) == (400, field), (bad, error)
+            assert problem in error["error"], (bad, error)
+    assert (await running.client.get(f"{running.base}/messages/p")).status == 404
+
+
 async def test_a_due_time_too_far_ahead_names_the_field_given(start_service: StartService):
     """Regression: an atMs past now + 20 years (TOO_FAR, which only the script can tell) was
     a 400 naming `delayMs`, a field the request did not have."""

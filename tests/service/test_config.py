@@ -228,6 +228,7 @@ def test_every_engine_topic_setting_is_a_service_setting_carried_to_the_topic():
         "limits_max_pending": 1_000_000,
         "rate_limit_per_second": 250.0,
         "rate_limit_burst": 50,
+        "max_in_flight_per_group": 8,
     }
     # the key generation is the routing node's (read and watched at run time), not a setting
     topic_fields = {f.name for f in dataclasses.fields(Topic)} - {"name"} - ROUTING_FIELDS

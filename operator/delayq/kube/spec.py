@@ -196,6 +196,7 @@ class Delivery:
     pull_max_lease_batch: int = default("pull_max_lease_batch")
     rate_limit_per_second: float = default("rate_limit_per_second")
     rate_limit_burst: int = default("rate_limit_burst")
+    max_in_flight_per_group: int = default("max_in_flight_per_group")
     stream_key: str = ""
     stream_max_len: int = default("stream_max_len")
     # the external target's Redis URL (`delayq serve --stream-url`, credentials included) from

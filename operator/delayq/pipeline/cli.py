@@ -65,7 +65,7 @@ def register(subparsers: Any) -> None:
         "--map",
         default="",
         help="column mapping NAME=COLUMN,... for id, payload, due_at, delay, slot_basis, headers, "
-        "priority",
+        "priority, group",
     )
     ingest.add_argument("--rejects", required=True, help="directory for rejected rows (JSON)")
     ingest.add_argument(

@@ -127,6 +127,7 @@ def requests_of(batch: Any) -> list[ScheduleRequest]:
             no_expiry,
             no_expiry,
             _values(batch, T.PRIORITY),
+            _values(batch, T.GROUP),
         )
     )
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from delayq.queue.codec import MAX_PRIORITY
+from delayq.queue.codec import MAX_GROUP_BYTES, MAX_PRIORITY
 from delayq.queue.topic import MAX_DELAY_MS, MAX_ID_BYTES, is_power_of_two
 from delayq.queue.trace_context import (
     MAX_TRACESTATE_BYTES,
@@ -23,7 +23,7 @@ from delayq.queue.trace_context import (
 )
 
 # The input columns the ingest understands, after the optional --map renaming.
-ID, PAYLOAD, DUE_AT, DELAY, SLOT_BASIS, HEADERS, PRIORITY = (
+ID, PAYLOAD, DUE_AT, DELAY, SLOT_BASIS, HEADERS, PRIORITY, GROUP = (
     "id",
     "payload",
     "due_at",
@@ -31,8 +31,9 @@ ID, PAYLOAD, DUE_AT, DELAY, SLOT_BASIS, HEADERS, PRIORITY = (
     "slot_basis",
     "headers",
     "priority",
+    "group",
 )
-CANONICAL = (ID, PAYLOAD, DUE_AT, DELAY, SLOT_BASIS, HEADERS, PRIORITY)
+CANONICAL = (ID, PAYLOAD, DUE_AT, DELAY, SLOT_BASIS, HEADERS, PRIORITY, GROUP)
 
 # Columns a reader adds for a line it could not take as a row (`ingest.read_input`): a CSV
 # line's fields beyond its header's (Spark's PERMISSIVE mode would drop them), and Spark's own
@@ -53,7 +54,7 @@ DELAY_MS = "delay_ms"  # delay from the Redis server's now (null when due_at is 
 SLOT = "slot"
 
 # The columns the Redis writer receives, in this order (headers as JSON object text).
-GOOD_COLUMNS = (ID, PAYLOAD, DUE_MS, DELAY_MS, SLOT_BASIS, HEADERS, SLOT, PRIORITY)
+GOOD_COLUMNS = (ID, PAYLOAD, DUE_MS, DELAY_MS, SLOT_BASIS, HEADERS, SLOT, PRIORITY, GROUP)
 
 Column = Any  # pyspark.sql.Column; pyspark ships no type information mypy can use
 DataFrame = Any  # pyspark.sql.DataFrame
@@ -97,7 +98,7 @@ def canonical(df: DataFrame, mapping: Mapping[str, str]) -> DataFrame:
             return F.lit(None).alias(name)
         value = F.col(f"`{present[name]}`")
         kind = df.schema[present[name]].dataType.typeName()
-        if name in (ID, SLOT_BASIS) or (name == PAYLOAD and kind != "binary"):
+        if name in (ID, SLOT_BASIS, GROUP) or (name == PAYLOAD and kind != "binary"):
             value = value.cast("string")  # a numeric id or payload means its decimal text
         return value.alias(name)
 
@@ -174,15 +175,16 @@ def _headers_map(df: DataFrame) -> Column:
 CONTROL_CHARACTER = "[\\x00-\\x1f\\x7f-\\x9f]"
 
 
-def _id_rules(name: str) -> list[tuple[Column, Column]]:
-    """The engine's rule for an id and a slot basis (`codec.encode_id`) beyond presence: at most
-    MAX_ID_BYTES of UTF-8, no control character. Checked here so that such a row is rejected
-    with its whole source row, not later by the writer with only its id and times."""
+def _id_rules(name: str, max_bytes: int = MAX_ID_BYTES) -> list[tuple[Column, Column]]:
+    """The engine's rule for an id, a slot basis (`codec.encode_id`) and a group
+    (`codec.encode_group`, MAX_GROUP_BYTES) beyond presence: at most `max_bytes` of UTF-8, no
+    control character. Checked here so that such a row is rejected with its whole source row,
+    not later by the writer with only its id and times."""
     from pyspark.sql import functions as F
 
     value = F.col(name)
     return [
-        (F.octet_length(value) > MAX_ID_BYTES, F.lit(f"{name} longer than {MAX_ID_BYTES} bytes")),
+        (F.octet_length(value) > max_bytes, F.lit(f"{name} longer than {max_bytes} bytes")),
         (value.rlike(CONTROL_CHARACTER), F.lit(f"{name} contains a control character")),
     ]
 
@@ -254,6 +256,8 @@ def validate(df: DataFrame, max_payload_bytes: int, now_ms: int) -> DataFrame:
             & (priority.isNull() | (priority < 0) | (priority > MAX_PRIORITY)),
             F.lit(f"priority not an integer from 0 to {MAX_PRIORITY}"),
         ),
+        (F.col(GROUP) == "", F.lit("empty group (leave it out for none)")),
+        *_id_rules(GROUP, MAX_GROUP_BYTES),
     ]
     reason = F.lit(None).cast("string")
     for failed, text in reversed(rules):  # the first failing rule names the reason
@@ -266,6 +270,7 @@ def validate(df: DataFrame, max_payload_bytes: int, now_ms: int) -> DataFrame:
         SLOT_BASIS,
         headers.alias(HEADERS),
         F.coalesce(priority, F.lit(0)).alias(PRIORITY),
+        GROUP,
         SOURCE,
         reason.alias(REASON),
     )

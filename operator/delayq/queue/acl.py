@@ -89,6 +89,8 @@ SCRIPT_COMMANDS = (
     "zcount",
     "zrange",
     "zrangebyscore",
+    "zrangebylex",  # the fair groups' indexes (lua/includes/due_by_group.lua)
+    "zlexcount",
     "zscore",
     "zmscore",
     "xadd",

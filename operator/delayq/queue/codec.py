@@ -1,8 +1,9 @@
 """The packed message record stored in a slot's `msg` hash, and message validation (pure).
 
 Layout: b"<attempts>:<due_ms or empty>:<lease or empty>:[x<expire ms>:][f<first attempt ms>:]"
-b"[p<priority>:]<headers_len>:" + headers_json + payload (the bracketed fields are optional and
-tagged; the priority, when above 0, is the last of them).
+b"[p<priority>:][g<group length>:<group>]<headers_len>:" + headers_json + payload (the
+bracketed fields are optional and tagged; the priority, when above 0, and the group, when
+given, are the last of them: lua/includes/record_group.lua).
 One hash field per message with the metadata packed in front of the payload keeps Redis memory
 per pending message low (no per-message key, no second hash entry); see
 lua/includes/record_fields.lua.
@@ -38,6 +39,7 @@ class Record(NamedTuple):
     expire_ms: int | None = None  # not delivered after this instant
     first_attempt_ms: int | None = None  # when its first delivery was claimed
     priority: int = 0  # among messages already due, a higher one is claimed first
+    group: str | None = None  # its fair group: due groups are claimed round-robin
 
 
 def as_text(value: bytes | str) -> str:
@@ -46,10 +48,18 @@ def as_text(value: bytes | str) -> str:
 
 
 _EXTRA_TAGS = (ord("x"), ord("f"), ord("p"))
+_GROUP_TAG = ord("g")
 
 #: The priorities a message may carry: 0 (the default, every message without one) to 9.
 MAX_PRIORITY = 9
 PRIORITY_RULE = f"an integer from 0 to {MAX_PRIORITY} (higher is claimed first once due)"
+
+#: A message's fair group (a customer id, say): due groups are claimed round-robin.
+MAX_GROUP_BYTES = 128
+GROUP_RULE = (
+    f"1 to {MAX_GROUP_BYTES} bytes of UTF-8 without control characters (C0, DEL or C1: "
+    "U+0000-U+001F, U+007F-U+009F)"
+)
 
 
 def split_record(raw: bytes) -> tuple[bytes, bytes, bytes, bytes]:
@@ -69,6 +79,10 @@ def decode_record(raw: bytes) -> Record:
     while rest and rest[0] in _EXTRA_TAGS:  # the optional tagged fields, p the last
         field, rest = rest.split(b":", 1)
         extras[field[0]] = _instant(field[1:])
+    group = None
+    if rest and rest[0] == _GROUP_TAG:  # the group, length-prefixed: any text, ':' included
+        length, rest = rest[1:].split(b":", 1)
+        group, rest = rest[: int(length)].decode(), rest[int(length) :]
     headers_len, rest = rest.split(b":", 1)
     size = int(headers_len)
     headers: Headers = json.loads(rest[:size]) if size else {}
@@ -82,6 +96,7 @@ def decode_record(raw: bytes) -> Record:
         extras.get(ord("x")),
         extras.get(ord("f")),
         extras.get(ord("p"), 0),
+        group,
     )
 
 
@@ -116,23 +131,34 @@ def validate_id(message_id: str, field: str = "id") -> str:
 def encode_id(message_id: str, field: str = "id") -> bytes:
     """The UTF-8 bytes of an id (or a slot basis, same rule), validated; schedule sends and
     hashes these (encoded once). Every id accepted here can be delivered by every topic type."""
-    if not isinstance(message_id, str) or not message_id:
-        raise InvalidMessageError(f"{field} must be a non-empty string: {ID_RULE}")
+    return _encode_text(message_id, field, MAX_ID_BYTES, ID_RULE)
+
+
+def encode_group(group: object, field: str = "group") -> bytes:
+    """The UTF-8 bytes of a message's group, validated as an id is (no control character: the
+    scripts separate a group from an id with NUL in the slot's group indexes,
+    lua/includes/group_keys.lua), of at most MAX_GROUP_BYTES."""
+    return _encode_text(group, field, MAX_GROUP_BYTES, GROUP_RULE)
+
+
+def _encode_text(value: object, field: str, max_bytes: int, rule: str) -> bytes:
+    if not isinstance(value, str) or not value:
+        raise InvalidMessageError(f"{field} must be a non-empty string: {rule}")
     try:
-        data = message_id.encode()
+        data = value.encode()
     except UnicodeEncodeError:
         raise InvalidMessageError(
-            f"{field} {message_id[:40]!r} is not valid Unicode (a lone surrogate): {ID_RULE}"
+            f"{field} {value[:40]!r} is not valid Unicode (a lone surrogate): {rule}"
         ) from None
-    if len(data) > MAX_ID_BYTES:
+    if len(data) > max_bytes:
         raise InvalidMessageError(
-            f"{field} {message_id[:40]!r}... is longer than {MAX_ID_BYTES} bytes: {ID_RULE}"
+            f"{field} {value[:40]!r}... is longer than {max_bytes} bytes: {rule}"
         )
     # isprintable() is a fast pass for every ordinary id; only the rest are searched
-    if not message_id.isprintable() and (found := CONTROL_CHARACTERS.search(message_id)):
+    if not value.isprintable() and (found := CONTROL_CHARACTERS.search(value)):
         raise InvalidMessageError(
-            f"{field} {message_id[:40]!r} contains the control character "
-            f"U+{ord(found.group()):04X}: {ID_RULE}"
+            f"{field} {value[:40]!r} contains the control character "
+            f"U+{ord(found.group()):04X}: {rule}"
         )
     return data
 

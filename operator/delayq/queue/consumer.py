@@ -124,6 +124,7 @@ class ConsumerCounters:
 class _SlotState(OwnedSlot):
     next_ms: float | None = 0  # server ms when the slot next needs a claim (0 = now)
     wakes_at_claim: int = 0  # `wakes` when the slot's latest claim was sent
+    claimed_seq: int = 0  # when the slot was last claimed, in claims: the least recent first
 
 
 @dataclass
@@ -208,6 +209,7 @@ class Consumer:
         # the smallest claim worth a round trip: a quarter batch (never more than fits in flight)
         batch_limit = min(self.settings.batch_size, self.settings.worker_concurrency)
         self._min_batch = max(1, batch_limit // 4)
+        self._claims_sent = 0  # slot claims sent so far (`_SlotState.claimed_seq`)
 
     # ownership --------------------------------------------------------------------------------
 
@@ -374,6 +376,10 @@ class Consumer:
                 owned = [(slot, state) for slot in pending if (state := self._owned.get(slot))]
                 if self._stopping or not owned:
                     return
+                # the slots claimed least recently first: when room takes only some of the due
+                # slots, each gets its turn (a herd in one slot cannot keep another's waiting,
+                # as due-then-slot-number order did whenever a drain began again)
+                owned.sort(key=lambda item: item[1].claimed_seq)
                 # Few slots with worthwhile batches rather than many slivers: each claimed batch
                 # costs its own Lua call, ack call and workers. Slots left out go first next round.
                 count = max(1, min(len(owned), room // self._min_batch))
@@ -414,6 +420,8 @@ class Consumer:
         the claim counts as returned (release waits for that)."""
         for slot, state in owned:
             state.wakes_at_claim = state.wakes
+            self._claims_sent += 1
+            state.claimed_seq = self._claims_sent
             self._claiming.add(slot)
         try:
             results = await self.queue.claim_slots(

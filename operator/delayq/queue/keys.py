@@ -56,6 +56,12 @@ class Part(enum.StrEnum):
     # those already due first, highest priority first (lua/includes/due_by_priority.lua);
     # named by the scripts from the store key (lua/includes/priority_key.lua)
     PRIORITY = "priority"  # ZSET id -> priority * 2^42 + due ms
+    # fair groups (only while the slot holds a grouped message): a claim serves the due groups
+    # in turn and at most maxInFlightPerGroup leases each (lua/includes/due_by_group.lua);
+    # named by the scripts from any key of the slot (lua/includes/group_keys.lua)
+    GROUP_WAIT = "groupwait"  # ZSET, scores 0: "<group>\0<due ms, 16 digits>\0<id>" waiting
+    GROUPS = "groups"  # ZSET group -> when its turn comes (+inf: at its in-flight bound)
+    GROUP_LEASES = "groupleases"  # ZSET, scores 0: "<group>\0<id>" leased
     # while a doubling copies the slot before freezing it (queue/slot_split.py): every message
     # ('m<id>') and schedule ('s<id>') a script changed since, '' while tracking is on
     CHANGES = "changes"  # SET

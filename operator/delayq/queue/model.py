@@ -58,6 +58,7 @@ class ScheduleRequest(NamedTuple):
     expire_at_ms: int | None = None
     ttl_ms: int | None = None
     priority: int = 0  # 0..9: among messages already due, a higher one is claimed first
+    group: str | None = None  # its fair group (a customer id): due groups are served in turn
 
 
 class ScheduleOptions(TypedDict, total=False):
@@ -75,6 +76,7 @@ class ScheduleOptions(TypedDict, total=False):
     expire_at_ms: int | None
     ttl_ms: int | None
     priority: int
+    group: str | None
 
 
 def schedule_request(
@@ -257,6 +259,7 @@ class MessageInfo:
     finished_ms: int | None = None  # done, cancelled, purged, dropped or expired: when
     expire_at_ms: int | None = None  # not delivered after this instant
     priority: int = 0  # 0..9, the one it was scheduled with
+    group: str | None = None  # the fair group it was scheduled with
 
 
 class Outcome(NamedTuple):

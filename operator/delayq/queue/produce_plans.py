@@ -15,6 +15,7 @@ from redis import ResponseError
 from delayq.queue.backup import Item
 from delayq.queue.codec import (
     as_text,
+    encode_group,
     encode_headers,
     encode_id,
     expiry_argument,
@@ -216,9 +217,11 @@ def unconfirmed(error: ReplicationTimeoutError) -> list[ScheduleResult | Schedul
 
 #: id, when kind, when ms, expiry kind, expiry ms, headers, payload, slot basis ('' = the id);
 #: and the priority (0..9) in a call of which some message has one above 0 (schedule-10's
-#: ARGV[7] says which): a batch without priorities sends no argument more per message
+#: ARGV[7] says which), then the group ('' for none) in a call of which some message has one:
+#: a batch without priorities or groups sends no argument more per message
 FIELDS_PER_REQUEST = 8
 FIELDS_WITH_PRIORITY = FIELDS_PER_REQUEST + 1
+FIELDS_WITH_GROUP = FIELDS_WITH_PRIORITY + 1
 _NO_EXPIRY = expiry_argument(None, None)
 
 
@@ -227,7 +230,8 @@ def _encode_requests(
 ) -> tuple[list[int], list[str], dict[int, tuple[list[int], list[Arg]]], int]:
     """Each request's slot and id, per slot the requests' positions and their script arguments
     (the id encoded once for both hashing and sending), and how many arguments each request
-    has: FIELDS_PER_REQUEST, or FIELDS_WITH_PRIORITY when one has a priority above 0.
+    has: FIELDS_PER_REQUEST, FIELDS_WITH_PRIORITY when one has a priority above 0, or
+    FIELDS_WITH_GROUP when one has a group.
 
     The common request (no slot basis, no headers, no expiry of its own, a bytes payload) skips
     the calls that would only confirm its defaults; every other value goes through the one
@@ -237,9 +241,10 @@ def _encode_requests(
     ids: list[str] = []
     by_slot: dict[int, tuple[list[int], list[Arg]]] = {}
     priorities: dict[int, int] = {}  # request position -> its priority, when above 0
+    groups: dict[int, bytes] = {}  # request position -> its group, when it has one
     for index, request in enumerate(requests):
         (message_id, payload, delay_ms, at_ms, slot_basis, headers, expire_at_ms, ttl_ms,
-         priority) = request
+         priority, group) = request
         encoded_id = encode_id(message_id)
         if slot_basis is None:
             basis, recorded_basis = encoded_id, b""
@@ -256,6 +261,8 @@ def _encode_requests(
             payload = validate_payload(payload, max_payload_bytes)
         if (priority != 0 or type(priority) is not int) and validate_priority(priority):
             priorities[index] = priority
+        if group is not None:
+            groups[index] = encode_group(group)
         slot = slot_of(basis, slot_amount)
         slots.append(slot)
         ids.append(message_id)
@@ -274,15 +281,20 @@ def _encode_requests(
                 recorded_basis,
             )
         )
-    if not priorities:
-        return slots, ids, by_slot, FIELDS_PER_REQUEST
-    return slots, ids, _with_priorities(by_slot, priorities), FIELDS_WITH_PRIORITY
+    if groups:
+        return slots, ids, _widened(by_slot, priorities, groups), FIELDS_WITH_GROUP
+    if priorities:
+        return slots, ids, _widened(by_slot, priorities, None), FIELDS_WITH_PRIORITY
+    return slots, ids, by_slot, FIELDS_PER_REQUEST
 
 
-def _with_priorities(
-    by_slot: dict[int, tuple[list[int], list[Arg]]], priorities: dict[int, int]
+def _widened(
+    by_slot: dict[int, tuple[list[int], list[Arg]]],
+    priorities: dict[int, int],
+    groups: dict[int, bytes] | None,
 ) -> dict[int, tuple[list[int], list[Arg]]]:
-    """`by_slot` with each request's priority after its other arguments (0 for none)."""
+    """`by_slot` with each request's priority after its other arguments (0 for none), and
+    with `groups` its group after that (b'' for none)."""
     stride = FIELDS_PER_REQUEST
     widened: dict[int, tuple[list[int], list[Arg]]] = {}
     for slot, (indexes, fields) in by_slot.items():
@@ -290,6 +302,8 @@ def _with_priorities(
         for n, index in enumerate(indexes):
             arguments += fields[stride * n : stride * (n + 1)]
             arguments.append(priorities.get(index, 0))
+            if groups is not None:
+                arguments.append(groups.get(index, b""))
         widened[slot] = (indexes, arguments)
     return widened
 

@@ -65,6 +65,7 @@ def _message_info(message_id: str, slot: int, row: tuple[Any, ...]) -> MessageIn
         finished_ms=score if state.is_finished else None,
         expire_at_ms=record.expire_ms,
         priority=record.priority,
+        group=record.group,
         attempts=record.attempts,
         payload=record.payload,
         headers=record.headers,

@@ -432,6 +432,17 @@ SETTINGS: tuple[Setting, ...] = (
         T, change=Change.LIVE, low=0, high=1_000_000, unit="messages",
     ),
     Setting(
+        "delivery.maxInFlightPerGroup", Kind.INTEGER, 0,
+        "messages of one fair group leased at once at most, held per slot (0: no limit)",
+        "A cap on the messages of one group (a message's `group`, e.g. a customer id) leased "
+        "and not yet acked (0 = no limit), held per slot: each slot takes its share, "
+        "ceil(maxInFlightPerGroup / slotAmount), so a group's leases stay at most shares x "
+        "slots. Among due messages the groups are claimed in turn either way; a group at its "
+        "cap waits while the others go. A change applies within a health pass, without "
+        "restarting the pods.",
+        T, change=Change.LIVE, low=0, high=MAX_PENDING, unit="messages", crd={"format": "int64"},
+    ),
+    Setting(
         "delivery.pull.maxLeaseBatch", Kind.INTEGER, 1000, "pull: messages per lease at most",
         "Most messages one lease call may take (the service caps a call at 1000).",
         S, change=Change.ROLL, low=1, high=10_000, unit="messages",

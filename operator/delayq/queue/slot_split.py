@@ -31,6 +31,11 @@ without a rule fails the tests:
   thaw waits for them). The halves' epochs are frozen from their first copy on: nobody writes
   into them before the doubling's switch;
 - the tracking itself (changes, recopy): not copied.
+- the fair groups' indexes (groupwait, groups, groupleases): not copied. A claim of a half takes
+  a grouped message without its entry in due order, as one without a group (store is the
+  truth: nothing waits for an entry), and a message enters them again whenever it waits again
+  (nack, expiry, give-back, reschedule); the leases in flight during the doubling are not
+  counted against maxInFlightPerGroup.
 """
 
 from __future__ import annotations
@@ -63,6 +68,7 @@ class Rule(enum.Enum):
     BOTH = "copied to both"
     WAKE = "a wake pushed to both"
     TRACKING = "the doubling's own bookkeeping, not copied"
+    GROUPS = "the fair groups' indexes, not copied: rebuilt as messages wait again"
 
 
 PART_RULES: dict[Part, Rule] = {
@@ -83,6 +89,9 @@ PART_RULES: dict[Part, Rule] = {
     Part.WAKE: Rule.WAKE,
     Part.CHANGES: Rule.TRACKING,
     Part.RECOPY: Rule.TRACKING,
+    Part.GROUP_WAIT: Rule.GROUPS,
+    Part.GROUPS: Rule.GROUPS,
+    Part.GROUP_LEASES: Rule.GROUPS,
 }
 ZSET_PARTS = (Part.STORE, Part.PREPARE, Part.DEAD, Part.FINISHED, Part.TOPUP, Part.PRIORITY)
 HASH_PARTS = (Part.MSG, Part.REASON, Part.OUTCOME, Part.SCHEDULES, Part.BASIS)

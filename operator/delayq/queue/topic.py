@@ -99,6 +99,9 @@ class Topic:
     # limit; burst 0: a tenth of a second's): the pace a `pacing.Pacer` draws from
     rate_limit_per_second: float = default("rate_limit_per_second")
     rate_limit_burst: int = default("rate_limit_burst")
+    # a fair group's messages leased at once at most (0: no limit), enforced per slot at its
+    # share, ceil(max_in_flight_per_group / slot_amount), atomically in the claim script
+    max_in_flight_per_group: int = default("max_in_flight_per_group")
     # the key generation of the slots (docs/coordination.md "Doubling the slots"): a doubling
     # of slot_amount moves a topic's slots to new key names (`queue/keys.py`), so a writer
     # whose slot amount is stale writes into frozen keys and is refused, never into a slot of
@@ -152,6 +155,11 @@ class Topic:
     def max_pending_per_slot(self) -> int:
         """Each slot's share of limits_max_pending (0: no limit)."""
         return -(-self.limits_max_pending // self.slot_amount)
+
+    @property
+    def max_in_flight_per_group_per_slot(self) -> int:
+        """Each slot's share of max_in_flight_per_group (0: no limit)."""
+        return -(-self.max_in_flight_per_group // self.slot_amount)
 
     @property
     def slots(self) -> range:

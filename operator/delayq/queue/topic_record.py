@@ -41,7 +41,8 @@ from delayq.queue.topic import Topic
 
 #: The Topic fields the scripts read from the record, each under its own name: the engine's
 #: settings the table (queue/settings.py) says change live.
-#: `limits_max_pending` holds the slot's share (`Topic.max_pending_per_slot`): a record belongs
+#: `limits_max_pending` and `max_in_flight_per_group` hold the slot's share
+#: (`Topic.max_pending_per_slot`, `Topic.max_in_flight_per_group_per_slot`): a record belongs
 #: to the keys of one key generation, whose slot amount is the topic's.
 RECORDED_FIELDS = tuple(
     row.name for row in SETTINGS if row.consumer is Consumer.TOPIC and row.change is Change.LIVE
@@ -56,6 +57,7 @@ def recorded_values(topic: Topic) -> dict[str, str]:
     `EndAction`'s value, as text)."""
     values = {name: str(getattr(topic, name)) for name in RECORDED_FIELDS}
     values["limits_max_pending"] = str(topic.max_pending_per_slot)
+    values["max_in_flight_per_group"] = str(topic.max_in_flight_per_group_per_slot)
     return values
 
 

@@ -84,6 +84,7 @@ class ServiceConfig:
     pull_max_lease_batch: int = _setting("pull_max_lease_batch")
     rate_limit_per_second: float = _setting("rate_limit_per_second")
     rate_limit_burst: int = _setting("rate_limit_burst")
+    max_in_flight_per_group: int = _setting("max_in_flight_per_group")
     objectives_lateness_p99_ms: int = _setting("objectives_lateness_p99_ms")
     objectives_window_ms: int = _setting("objectives_window_ms")
     webhook_url: str = field(

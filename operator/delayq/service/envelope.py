@@ -94,6 +94,7 @@ def info_json(info: MessageInfo) -> dict[str, Any]:
         "diedMs": info.died_ms,
         "finishedMs": info.finished_ms,
         "expireAtMs": info.expire_at_ms,
+        "group": info.group,
         "deadReason": info.dead_reason or None,
     }
     body.update({key: value for key, value in optional.items() if value is not None})

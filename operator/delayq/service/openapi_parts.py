@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from delayq.queue.codec import MAX_GROUP_BYTES
 from delayq.queue.recurrence import MAX_CATCH_UP, MAX_INSTANT_MS, CatchUp
 from delayq.queue.schedules import DEFAULT_CATCH_UP_MAX, MAX_SCHEDULE_ID_BYTES
 from delayq.queue.topic import MAX_DELAY_MS, MAX_ID_BYTES, MAX_SLOT_AMOUNT
@@ -29,6 +30,16 @@ ID_SCHEMA: Schema = {
     "pattern": "^[^\\u0000-\\u001f\\u007f-\\u009f]+$",
     "description": f"1 to {MAX_ID_BYTES} bytes of UTF-8 without control characters "
     "(U+0000-U+001F, U+007F-U+009F)",
+}
+GROUP_SCHEMA: Schema = {
+    "type": "string",
+    "minLength": 1,
+    "maxLength": MAX_GROUP_BYTES,
+    "pattern": "^[^\\u0000-\\u001f\\u007f-\\u009f]+$",
+    "description": "the message's fair group (a customer id, say): among due messages the "
+    "groups are claimed in turn, each within the topic's delivery.maxInFlightPerGroup, so one "
+    f"group's herd cannot starve another's. 1 to {MAX_GROUP_BYTES} bytes of UTF-8 without "
+    "control characters (U+0000-U+001F, U+007F-U+009F); absent: no group",
 }
 #: Marks the topic path parameter: a process serves one topic (any other is a 404), which the
 #: served document states (`openapi_document(topic=...)`).

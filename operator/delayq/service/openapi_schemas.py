@@ -9,6 +9,7 @@ from delayq.queue.model import State
 from delayq.queue.topic import MAX_DELAY_MS, MAX_SLOT_AMOUNT, TopicType
 from delayq.service.openapi_parts import (
     BASE64_WHEN_SAID,
+    GROUP_SCHEMA,
     ID_SCHEMA,
     MODE,
     PAYLOAD,
@@ -50,6 +51,7 @@ SCHEMAS: dict[str, Schema] = {
             ),
             "default": 0,
         },
+        group=GROUP_SCHEMA,
         id={
             **ID_SCHEMA,
             "description": "message id (idempotency key within its slot basis): "
@@ -120,6 +122,7 @@ SCHEMAS: dict[str, Schema] = {
         finishedMs=integer("when it was acked, cancelled, purged, dropped or expired"),
         expireAtMs=integer("not delivered after this instant"),
         priority=integer("the priority it was scheduled with (0 when none)", 0, MAX_PRIORITY),
+        group={**GROUP_SCHEMA, "description": "the fair group it was scheduled with (if any)"},
         deadReason=string(),
         **PAYLOAD,
     ),

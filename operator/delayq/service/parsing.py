@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from delayq.queue import settings
-from delayq.queue.codec import MAX_PRIORITY, Headers, encode_id
+from delayq.queue.codec import MAX_PRIORITY, Headers, encode_group, encode_id
 from delayq.queue.codes import InvalidMessageError
 from delayq.queue.model import Mode, ScheduleRequest, Target
 from delayq.queue.topic import MAX_DELAY_MS, Topic
@@ -185,6 +185,22 @@ def parse_priority(body: Body, prefix: str = "") -> int:
     return get_int(body, "priority", 0, MAX_PRIORITY, prefix=prefix)
 
 
+def parse_group(body: Body, prefix: str = "") -> str | None:
+    """The message's fair group (absent or null: none), by the engine's own rule
+    (codec.encode_group), naming the field."""
+    group = body.get("group")
+    if group is None:
+        return None
+    field = prefix + "group"
+    if isinstance(group, str):
+        check_text(group, field)
+    try:
+        encode_group(group, field)
+    except InvalidMessageError as error:
+        raise FieldError(field, str(error)) from None
+    return str(group)
+
+
 def parse_headers(body: Body, prefix: str = "") -> Headers:
     if "headers" not in body:  # most messages: a quarter of a batch item's parse otherwise
         return {}
@@ -245,6 +261,7 @@ def parse_message(body: Any, topic: Topic, prefix: str = "") -> ScheduleRequest:
         expire_at_ms=expire_at_ms,
         ttl_ms=ttl_ms,
         priority=parse_priority(body, prefix),
+        group=parse_group(body, prefix),
     )
 
 

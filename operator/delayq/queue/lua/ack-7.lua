@@ -9,6 +9,7 @@
   KEYS[5] outcome  HASH id -> remembered outcome of a finished message
   KEYS[6] finished ZSET id -> finished ms (the order remembered outcomes are forgotten in)
   KEYS[7] basis    HASH id -> custom slot basis (only messages scheduled with one)
+  (and the slot's fair groups' parts, named from its keys: includes/group_keys.lua)
   (and the slot's settings record, by its hash tag: topic_settings; its fields win over the
   ARGV values marked (record), which stay the fallback while it lacks them)
 

@@ -16,6 +16,7 @@
   KEYS[5] outcome  HASH id -> remembered outcome of a finished message
   KEYS[6] finished ZSET id -> finished ms
   KEYS[7] basis    HASH id -> custom slot basis
+  (and the slot's fair groups' parts, named from its keys: includes/group_keys.lua)
 
   ARGV[1 .. 2]     ack-7's ARGV[2 .. 3]: journal_max_len, outcome_retention_ms (the settings
                    record's fields win, per slot)

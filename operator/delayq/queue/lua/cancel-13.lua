@@ -20,6 +20,7 @@
   KEYS[12] epoch    STRING fencing epoch; 'moving:<epoch>' while the slot moves (refused)
   KEYS[13] basis    HASH id -> custom slot basis (only messages scheduled with one)
   (and the slot's priority index, named from its store key: includes/priority_key.lua)
+  (and the slot's fair groups' parts, named from its keys: includes/group_keys.lua)
   (and the slot's settings record, by its hash tag: topic_settings; its fields win over the
   ARGV values marked (record), which stay the fallback while it lacks them)
 
@@ -34,6 +35,7 @@
   Events: cancelled
 ]]
 --@include codes
+--@include end_group_lease
 --@include forget_bases
 --@include forget_expired
 --@include journal
@@ -79,6 +81,9 @@ for i = 3, #ARGV do
   if state then
     if has_series then release_series(id) end
     local record = redis.call('HGET', msg, id)
+    if record and state == 'prepared' then
+      end_group_lease(store, id, record, select(4, record_fields(record)), now)
+    end
     redis.call('ZREM', store, id)
     redis.call('ZREM', priority_key(store), id)
     redis.call('ZREM', prepare, id)

@@ -6,7 +6,9 @@
   given up: dead or dropped), then moves at most max_count
   messages whose due time has passed on the server clock — never one that is early —, those of
   the slot's priority index first (highest priority first, includes/due_by_priority.lua), then
-  store's in due order, and gives up instead those whose expiry has passed (never delivered
+  the due groups' in turn, each within its maxInFlightPerGroup (includes/due_by_group.lua),
+  then store's in due order (in a slot with groups, those a group's turn does not take:
+  includes/ungrouped_due.lua), and gives up instead those whose expiry has passed (never delivered
   after it). The batch bound keeps a burst of millions due at one instant from ever loading
   more than max_count into memory, and a byte bound (CLAIM_MAX_BYTES, 1 MiB of records; at
   least one message) keeps a claim of large payloads from holding more than a few MiB above
@@ -36,7 +38,8 @@
   KEYS[13] basis    HASH id -> custom slot basis (only messages scheduled with one)
   (and the slot's settings record, by its hash tag: topic_settings; its fields win over the
   ARGV values marked (record), which stay the fallback while it lacks them; and the slot's
-  priority index, named from its store key: includes/priority_key.lua)
+  priority index, named from its store key: includes/priority_key.lua, and its fair groups'
+  parts and the record's max_in_flight_per_group: includes/group_keys.lua)
 
   ARGV[1] epoch           the caller's fencing epoch
   ARGV[2] max_count       at most this many messages claimed

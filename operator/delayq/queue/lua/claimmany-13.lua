@@ -23,6 +23,7 @@
   KEYS[12] topup   ZSET schedule id -> ms since its top-up is owed
   KEYS[13] basis    HASH id -> custom slot basis
   (and the slot's priority index, named from its store key: includes/priority_key.lua)
+  (and the slot's fair groups' parts, named from its keys: includes/group_keys.lua)
 
   ARGV             per slot, in the order of its keys: the number n of its arguments, then
                    its n arguments, claim-13's ARGV[1 .. n] (epoch, max_count, lease_ms, ...)

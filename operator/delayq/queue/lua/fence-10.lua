@@ -27,6 +27,7 @@
   KEYS[9] finished ZSET id -> finished ms (the order remembered outcomes are forgotten in)
   KEYS[10] basis   HASH id -> custom slot basis (only messages scheduled with one)
   (and the slot's priority index, named from its store key: includes/priority_key.lua)
+  (and the slot's fair groups' parts, named from its keys: includes/group_keys.lua)
   (and the slot's settings record, by its hash tag: topic_settings; its fields win over the
   ARGV values marked (record), which stay the fallback while it lacks them)
 

@@ -12,6 +12,7 @@
   KEYS[5] wake     LIST wake-up marker of the slot
   KEYS[6] journal  STREAM lifecycle events
   (and the slot's priority index, named from its store key: includes/priority_key.lua)
+  (and the slot's fair groups' parts, named from its keys: includes/group_keys.lua)
   (and the slot's settings record, by its hash tag: topic_settings; its fields win over the
   ARGV values marked (record), which stay the fallback while it lacks them)
 
@@ -29,12 +30,15 @@
   Events: givenback
 ]]
 --@include codes
+--@include end_group_lease
 --@include epoch_matches
+--@include index_group
 --@include index_priority
 --@include journal
 --@include leased_record
 --@include now_ms
 --@include record_fields
+--@include record_group
 --@include record_priority
 --@include record_with
 --@include topic_settings
@@ -58,12 +62,14 @@ for i = 3, #ARGV, 2 do
   if not record then
     results[#results + 1] = CODE.LEASE_LOST
   else
-    local attempts, due = record_fields(record)
+    local attempts, due, _, p3 = record_fields(record)
     local due_ms = tonumber(due) or now
     redis.call('ZREM', prepare, id)
+    end_group_lease(store, id, record, p3, now)
     redis.call('HSET', msg, id, record_with(record, math.max(attempts - 1, 0), '', ''))
     redis.call('ZADD', store, due_ms, id)
     index_priority(store, id, record_priority(record), due_ms)
+    index_group(store, id, record_group(record, p3), due_ms)
     journal(journal_key, journal_max_len, 'givenback', id, now, due_ms, attempts - 1)
     if earliest == nil or due_ms < earliest then earliest = due_ms end
     results[#results + 1] = CODE.GIVEN_BACK

@@ -18,6 +18,7 @@
   KEYS[10] finished ZSET id -> finished ms (the order remembered outcomes are forgotten in)
   KEYS[11] basis    HASH id -> custom slot basis (only messages scheduled with one)
   (and the slot's priority index, named from its store key: includes/priority_key.lua)
+  (and the slot's fair groups' parts, named from its keys: includes/group_keys.lua)
   (and the slot's settings record, by its hash tag: topic_settings; its fields win over the
   ARGV values marked (record), which stay the fallback while it lacks them)
 
@@ -45,15 +46,18 @@
 ]]
 --@include append
 --@include codes
+--@include end_group_lease
 --@include epoch_matches
 --@include forget_expired
 --@include give_up
+--@include index_group
 --@include index_priority
 --@include journal
 --@include leased_record
 --@include now_ms
 --@include record_extras
 --@include record_fields
+--@include record_group
 --@include record_priority
 --@include record_with
 --@include retries_exhausted
@@ -93,6 +97,7 @@ for i = 8, #ARGV, 5 do
     local expire_ms, first_ms, stop = record_extras(record, p3)
     local retry_due = now + delay_ms
     redis.call('ZREM', prepare, id)
+    end_group_lease(store, id, record, p3, now)
     local action, dropped_state = nil, nil
     if dead_now then
       action = 'dead'
@@ -110,6 +115,7 @@ for i = 8, #ARGV, 5 do
       redis.call('HSET', msg, id, record_with(record, attempts, '', '', p3))
       redis.call('ZADD', store, retry_due, id)
       index_priority(store, id, record_priority(record, stop), retry_due)
+      index_group(store, id, record_group(record, p3), retry_due)
       journal(journal_key, journal_max_len, 'nacked', id, now, retry_due, attempts)
       if earliest == nil or retry_due < earliest then earliest = retry_due end
       append(results, CODE.RETRY_SCHEDULED, retry_due)

@@ -11,6 +11,7 @@
   KEYS[6] journal  STREAM lifecycle events
   KEYS[7] epoch    STRING fencing epoch; 'moving:<epoch>' while the slot moves (refused)
   (and the slot's priority index, named from its store key: includes/priority_key.lua)
+  (and the slot's fair groups' parts, named from its keys: includes/group_keys.lua)
   (and the slot's settings record, by its hash tag: topic_settings; its fields win over the
   ARGV values marked (record), which stay the fallback while it lacks them)
 
@@ -30,9 +31,12 @@
 --@include append
 --@include codes
 --@include dead_batch_ids
+--@include index_group
 --@include index_priority
 --@include journal
 --@include now_ms
+--@include record_fields
+--@include record_group
 --@include record_priority
 --@include record_with
 --@include refuse_if_moving
@@ -59,6 +63,7 @@ for _, id in ipairs(ids) do
     redis.call('HSET', msg, id, without_extras(record_with(record, 0, '', '')))
     redis.call('ZADD', store, now, id)
     index_priority(store, id, record_priority(record), now)
+    index_group(store, id, record_group(record, select(4, record_fields(record))), now)
     journal(journal_key, journal_max_len, 'redriven', id, now, now, 0)
     moved = moved + 1
     append(results, id, CODE.REDRIVEN)

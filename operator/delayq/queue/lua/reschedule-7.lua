@@ -10,6 +10,7 @@
   KEYS[6] journal  STREAM lifecycle events
   KEYS[7] epoch    STRING fencing epoch; 'moving:<epoch>' while the slot moves (refused)
   (and the slot's priority index, named from its store key: includes/priority_key.lua)
+  (and the slot's fair groups' parts, named from its keys: includes/group_keys.lua)
   (and the slot's settings record, by its hash tag: topic_settings; its fields win over the
   ARGV values marked (record), which stay the fallback while it lacks them)
 
@@ -27,11 +28,14 @@
 ]]
 --@include append
 --@include codes
+--@include end_group_lease
+--@include index_group
 --@include index_priority
 --@include journal
 --@include locate
 --@include now_ms
 --@include record_fields
+--@include record_group
 --@include record_priority
 --@include record_with
 --@include refuse_if_moving
@@ -65,12 +69,16 @@ for i = 3, #ARGV, 3 do
     if state == 'prepared' then
       redis.call('ZREM', prepare, id)
       if record then
-        local attempts = record_fields(record)
+        local attempts, _, _, p3 = record_fields(record)
+        end_group_lease(store, id, record, p3, now)
         redis.call('HSET', msg, id, record_with(record, attempts, '', ''))
       end
     end
     redis.call('ZADD', store, due, id)
-    if record then index_priority(store, id, record_priority(record), due) end
+    if record then
+      index_priority(store, id, record_priority(record), due)
+      index_group(store, id, record_group(record, select(4, record_fields(record))), due)
+    end
     if earliest == nil or due < earliest then earliest = due end
     journal(journal_key, journal_max_len, 'rescheduled', id, now, due, '')
     append(results, CODE.RESCHEDULED, due)

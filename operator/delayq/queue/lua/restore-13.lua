@@ -19,6 +19,7 @@
   KEYS[12] schedules HASH schedule id -> packed recurring schedule
   KEYS[13] topup    ZSET schedule id -> ms since it owes a top-up
   (and the slot's priority index, named from its store key: includes/priority_key.lua)
+  (and the slot's fair groups' parts, named from its keys: includes/group_keys.lua)
 
   ARGV[1] journal_max_len       0 = journal off
   ARGV[2] outcome_retention_ms  0 = finished messages are not remembered
@@ -45,9 +46,12 @@
 ]]
 --@include append
 --@include codes
+--@include index_group
 --@include index_priority
 --@include journal
 --@include now_ms
+--@include record_fields
+--@include record_group
 --@include record_priority
 --@include refuse_if_moving
 --@include remembered
@@ -110,6 +114,7 @@ for i = 5, #ARGV, 6 do
       else
         redis.call('ZADD', store, ms, id)
         index_priority(store, id, record_priority(value), ms)
+        index_group(store, id, record_group(value, select(4, record_fields(value))), ms)
         if pending_count then pending_count = pending_count + 1 end
         if earliest == nil or ms < earliest then earliest = ms end
         journal(journal_key, journal_max_len, 'scheduled', id, now, ms, 0)

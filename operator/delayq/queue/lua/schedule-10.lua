@@ -14,6 +14,7 @@
   KEYS[9] epoch    STRING fencing epoch; 'moving:<epoch>' while the slot moves (refused)
   KEYS[10] basis   HASH id -> custom slot basis (only messages scheduled with one)
   (and the slot's priority index, named from its store key: includes/priority_key.lua)
+  (and the slot's fair groups' parts, named from its keys: includes/group_keys.lua)
   (and the slot's settings record, by its hash tag: topic_settings; its fields win over the
   ARGV values marked (record), which stay the fallback while it lacks them)
 
@@ -26,9 +27,10 @@
   ARGV[6] max_pending           the slot's share of the topic's limits.maxPending: a new
                                 message beyond this many scheduled + prepared is refused
                                 (0 = no limit) (record: field limits_max_pending)
-  ARGV[7] fields                the values per message, n: 8, or 9 when the call carries
-                                priorities (a batch without any sends none); any other
-                                is refused (an error) before anything is written
+  ARGV[7] fields                the values per message, n: 8, 9 when the call carries
+                                priorities, 10 when it carries groups (a batch without any
+                                sends none); any other is refused (an error) before
+                                anything is written
   ARGV[8 + nk .. 7 + n + nk]    per message: id, when_kind ('delay' | 'at'), when_ms,
                                 expire_kind ('' | 'at' | 'ttl': after the due time),
                                 expire_ms, headers, payload, slot basis ('' = its id: no
@@ -36,7 +38,11 @@
                                 message stored (created or replaced) gets the entry of the
                                 basis it is stored with, or none, and above priority 0 an
                                 entry in the slot's priority index (includes/priority_key.lua):
-                                among messages already due, a higher priority is claimed first
+                                among messages already due, a higher priority is claimed
+                                first; with 10 its group ('' = none), kept in its record
+                                (includes/record_group.lua): a grouped message waits in its
+                                group's part of the slot's fair-group index
+                                (includes/index_group.lua)
 
   Returns a flat array, per message in order the triple code, due_ms, state:
      1 CREATED   scheduled anew at due_ms                       state 'scheduled'

@@ -15,6 +15,7 @@
   §1).
 
   KEYS[1] store    ZSET id -> due ms of the first slot, then one per further slot (slot s, from
+  (and the slot's fair groups' parts, named from its keys: includes/group_keys.lua)
                    0: KEYS[s + 1]); its prepare, dead, msg, reason, wake, journal, outcome,
                    epoch ('moving:<epoch>' while the slot moves: refused) and basis parts are
                    schedule-10's KEYS[2 .. 10], named `dq:{<tag>}:<part>` after it (and the
@@ -23,7 +24,7 @@
 
   ARGV[1 .. 7]     schedule-10's: mode, max_delay_ms, journal_max_len, outcome_retention_ms,
                    expiry_ttl_ms, max_pending (the settings record's fields win, per slot),
-                   fields (values per message: 8, or 9 with priorities)
+                   fields (values per message: 8, 9 with priorities, 10 with groups)
   then per slot, in the order of its keys: the number n of its messages, then its n
                    messages as schedule-10's (ARGV[7] values each)
 

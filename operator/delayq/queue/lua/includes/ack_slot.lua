@@ -1,5 +1,6 @@
 --@include call_chunked
 --@include codes
+--@include end_group_lease
 --@include epoch_matches
 --@include forget_bases
 --@include forget_expired
@@ -40,11 +41,12 @@ local function ack_slot(keys, at, head, epoch, args, first, last, now, known, re
   local done, acked = {}, {}
   for k = 1, #ids do
     local id, record = ids[k], leased[k] and records[k]
-    local attempts, due, lease = nil, nil, nil
-    if record and not acked[id] then attempts, due, lease = record_fields(record) end
+    local attempts, due, lease, p3 = nil, nil, nil, nil
+    if record and not acked[id] then attempts, due, lease, p3 = record_fields(record) end
     if lease ~= nil and lease == args[first + 2 * k - 1] then
       done[#done + 1] = id
       acked[id] = true
+      end_group_lease(prepare, id, record, p3, now)
       journal(journal_key, journal_max_len, 'acked', id, now, due, attempts)
       remember(outcome, finished, retention_ms, now, id, 'done', attempts)
       results[#results + 1] = CODE.ACKED

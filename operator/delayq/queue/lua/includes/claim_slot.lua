@@ -1,21 +1,28 @@
 --@include call_chunked
 --@include claim_max_bytes
 --@include codes
+--@include due_by_group
 --@include due_by_priority
 --@include epoch_matches
 --@include forget_expired
 --@include give_up
+--@include groups_next_due
+--@include group_keys
+--@include group_member
 --@include journal
 --@include materialize
 --@include occurrence_record
 --@include priority_key
 --@include record_extras
 --@include record_fields
+--@include record_group
 --@include record_with
+--@include rescore_groups
 --@include roll_back_leases
 --@include series_fields
 --@include series_with
 --@include topic_settings
+--@include ungrouped_due
 --@include unpack_chunk
 --@include with_first_attempt
 
@@ -34,11 +41,13 @@ local function claim_slot(keys, at, args, now_micros, known)
   local max_count = tonumber(args[2])
   local lease_ms = tonumber(args[3])
   local rollback_max = tonumber(args[6])
-  local max_retries, journal_max_len, retry_for_ms, exhausted_action, expiry_action, retention_ms =
-    topic_settings(keys[at + 1], {'max_retries', 'journal_max_len', 'retry_for_ms',
-      'retry_exhausted_action', 'expiry_action', 'outcome_retention_ms'},
-      {args[4], args[5], args[7], args[8], args[9], args[10]})
+  -- the bound on a group's leases is the record's only (0, none, while it has none)
+  local max_retries, journal_max_len, retry_for_ms, exhausted_action, expiry_action, retention_ms,
+      max_in_flight = topic_settings(keys[at + 1], {'max_retries', 'journal_max_len',
+      'retry_for_ms', 'retry_exhausted_action', 'expiry_action', 'outcome_retention_ms',
+      'max_in_flight_per_group'}, {args[4], args[5], args[7], args[8], args[9], args[10], '0'})
   max_retries, journal_max_len = tonumber(max_retries), tonumber(journal_max_len)
+  max_in_flight = tonumber(max_in_flight)
   retry_for_ms = tonumber(retry_for_ms)
   local slot = {
     dead = keys[at + 3], reason = keys[at + 5], msg = msg, journal = journal_key,
@@ -85,20 +94,32 @@ local function claim_slot(keys, at, args, now_micros, known)
   given_up = roll_back_leases(slot, store, prepare, expired, now, max_retries, retry_for_ms,
     exhausted_action, backoff)
 
-  -- 2. Claim what is due: the priority index's first (highest priority first), then store's in
-  -- due order.
+  -- 2. Claim what is due: the priority index's first (highest priority first), then the
+  -- groups' in turn (due_by_group), then store's in due order (in a slot with groups, those
+  -- without: ungrouped_due).
   local claimed = {CODE.OK, now_micros, -1, -1, 0}
   local due_ids = due_by_priority(store, now, max_count)
   local prioritized = #due_ids / 2
-  local room = max_count - prioritized
-  if prioritized == 0 then
+  local seen = {}
+  for i = 1, #due_ids, 2 do seen[due_ids[i]] = true end
+  local grouped, visited, has_groups = due_by_group(store, keys[at + 2], now, now_micros,
+    max_count - prioritized, max_in_flight, seen)
+  for i = 1, #grouped, 2 do
+    seen[grouped[i]] = true
+    due_ids[#due_ids + 1] = grouped[i]
+    due_ids[#due_ids + 1] = grouped[i + 1]
+  end
+  local indexed = #due_ids / 2
+  local room = max_count - indexed
+  if has_groups then
+    local rest = ungrouped_due(store, msg, now, room, seen, indexed + 4 * max_count)
+    for k = 1, #rest do due_ids[#due_ids + 1] = rest[k] end
+  elseif indexed == 0 then
     due_ids = redis.call('ZRANGEBYSCORE', store, '-inf', now, 'WITHSCORES', 'LIMIT', 0, max_count)
   elseif room > 0 then
-    -- the prioritized ones are still in store: skip them there
-    local seen = {}
-    for i = 1, #due_ids, 2 do seen[due_ids[i]] = true end
+    -- the index's ones are still in store: skip them there
     local rest = redis.call('ZRANGEBYSCORE', store, '-inf', now, 'WITHSCORES', 'LIMIT', 0,
-      room + prioritized)
+      room + indexed)
     for i = 1, #rest, 2 do
       if room > 0 and not seen[rest[i]] then
         due_ids[#due_ids + 1] = rest[i]
@@ -107,6 +128,7 @@ local function claim_slot(keys, at, args, now_micros, known)
       end
     end
   end
+  local wait, _, leases = group_keys(store)
   if #due_ids > 0 then
     local has_series = not known.series_absent and redis.call('HLEN', schedules) > 0
     local deadline = now + lease_ms
@@ -137,10 +159,11 @@ local function claim_slot(keys, at, args, now_micros, known)
       k = k + 1
       local id, due, record = ids[k], due_ids[2 * k], records[k]
       if record then budget.left = budget.left - #record end
-      local attempts, _, p3, expire_ms = nil, nil, nil, nil
+      local attempts, _, p3, expire_ms, group = nil, nil, nil, nil, nil
       if record then
         attempts, _, _, p3 = record_fields(record)
         expire_ms = record_extras(record, p3)
+        group = record_group(record, p3)
       end
       if record and expire_ms and now > expire_ms then
         give_up(slot, id, expiry_action, 'expired', 'expired', now, due, attempts)
@@ -158,6 +181,10 @@ local function claim_slot(keys, at, args, now_micros, known)
         hset_args[#hset_args + 1] = leased
         claimed[#claimed + 1] = id
         claimed[#claimed + 1] = leased
+        if group then
+          redis.call('ZREM', wait, group_member(group, due, id))
+          redis.call('ZADD', leases, 0, group .. '\0' .. id)
+        end
         journal(journal_key, journal_max_len, 'claimed', id, now, due, attempts)
       else
         redis.call('HDEL', slot.basis, id)
@@ -183,13 +210,22 @@ local function claim_slot(keys, at, args, now_micros, known)
     end
   end
 
+  rescore_groups(store, visited, now_micros)
   if given_up > 0 then
     forget_expired(slot.outcome, slot.finished, slot.basis, slot.msg, slot.retention_ms, now,
       given_up)
   end
 
-  local head = redis.call('ZRANGE', store, 0, 0, 'WITHSCORES')
-  if head[2] then claimed[3] = tonumber(head[2]) end
+  if has_groups and #due_ids < 2 * max_count then
+    -- a short batch in a slot with groups: what is still due waits for a group's turn (or
+    -- lease: end_group_lease wakes the slot), so the next due is the earlier of the first
+    -- turn and the first message not due yet, never 'due now' (the consumer would claim again
+    -- at once, for nothing)
+    claimed[3] = groups_next_due(store, now)
+  else
+    local head = redis.call('ZRANGE', store, 0, 0, 'WITHSCORES')
+    if head[2] then claimed[3] = tonumber(head[2]) end
+  end
   local lease_head = redis.call('ZRANGE', prepare, 0, 0, 'WITHSCORES')
   if lease_head[2] then claimed[4] = tonumber(lease_head[2]) end
   if topped_up or not known.topups_absent then claimed[5] = redis.call('ZCARD', topup) end

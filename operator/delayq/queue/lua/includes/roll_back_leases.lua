@@ -1,8 +1,11 @@
+--@include end_group_lease
 --@include give_up
+--@include index_group
 --@include index_priority
 --@include journal
 --@include record_extras
 --@include record_fields
+--@include record_group
 --@include record_priority
 --@include record_with
 --@include retries_exhausted
@@ -29,6 +32,7 @@ local function roll_back_leases(slot, store, prepare, ids, now, max_retries, ret
     if record then
       local attempts, due, _, p3 = record_fields(record)
       local _, first_ms, stop = record_extras(record, p3)
+      end_group_lease(store, id, record, p3, now)
       journal(slot.journal, slot.journal_max_len, 'expired', id, now, due, attempts)
       local retry_due = now
       if backoff ~= nil then retry_due = deadline + retry_delay(backoff, attempts, n) end
@@ -42,6 +46,7 @@ local function roll_back_leases(slot, store, prepare, ids, now, max_retries, ret
         redis.call('HSET', slot.msg, id, record_with(record, attempts, '', '', p3))
         redis.call('ZADD', store, retry_due, id)
         index_priority(store, id, record_priority(record, stop), retry_due)
+        index_group(store, id, record_group(record, p3), retry_due)
       end
     end
   end

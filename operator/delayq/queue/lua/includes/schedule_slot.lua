@@ -1,6 +1,8 @@
 --@include append
 --@include call_chunked
 --@include codes
+--@include end_group_lease
+--@include index_group
 --@include index_priority
 --@include journal
 --@include locate
@@ -21,7 +23,7 @@
 -- topic journals, remembers outcomes, has a quota, an id exists or a basis is given), so a
 -- call over hundreds of slots declares one key a slot, not ten (schedulemany-1); `args[1 ..
 -- 7]` the head of schedule-10's ARGV; `args[first .. last]` the slot's messages, args[7]
--- values each (the ninth a priority); `now` the server clock in ms (one reading per call: TIME
+-- values each (the ninth a priority, the tenth a group, '' for none); `now` the server clock in ms (one reading per call: TIME
 -- is a command, and a call of many slots would pay it once a slot); `bases_absent` true when
 -- the caller knows the slot has no basis entries (schedulemany-1 asks once for all its slots).
 -- The caller has refused a moving slot already.
@@ -110,7 +112,10 @@ local function schedule_slot(prefix, args, first, last, now, bases_absent, resul
       end
       append(results, CODE.EXISTS, shown, state)
     else
-      if state == 'prepared' then redis.call('ZREM', prepare, id) end
+      if state == 'prepared' then
+        redis.call('ZREM', prepare, id)
+        end_group_lease(store, id, records[k], select(4, record_fields(records[k])), now)
+      end
       if state then
         if index_absent == nil then
           index_absent = redis.call('EXISTS', priority_key(store)) == 0
@@ -118,6 +123,7 @@ local function schedule_slot(prefix, args, first, last, now, bases_absent, resul
         if not index_absent then redis.call('ZREM', priority_key(store), id) end
       end
       local priority = fields > 8 and tonumber(args[i + 8]) or 0
+      local group = fields > 9 and args[i + 9] ~= '' and args[i + 9] or nil
       if state == 'dead' then
         redis.call('ZREM', dead, id)
         redis.call('HDEL', prefix .. 'reason', id)
@@ -129,11 +135,13 @@ local function schedule_slot(prefix, args, first, last, now, bases_absent, resul
       zadd_args[#zadd_args + 1] = exact and string.format('%d', due) or due
       zadd_args[#zadd_args + 1] = id
       hset_args[#hset_args + 1] = id
-      hset_args[#hset_args + 1] = new_record(args[i + 5], args[i + 6], expire_ms, priority)
+      hset_args[#hset_args + 1] = new_record(args[i + 5], args[i + 6], expire_ms, priority,
+        group)
       if priority > 0 then
         index_priority(store, id, priority, due)
         index_absent = false
       end
+      index_group(store, id, group, due)
       pending[id] = due
       local given_basis = args[i + 7]
       if given_basis ~= '' or has_bases then
