@@ -103,3 +103,20 @@ def test_spark_defaults_conf_is_respected_and_the_flag_overrides_it(tmp_path):
     flagged = probe("local[2]")
     assert flagged["master"] == "local[2]"
     assert flagged["shuffle"] == "3"
+
+
+def test_a_job_run_in_another_thread_leaves_the_callers_session_running(spark):
+    """A command run in a worker thread (as an async caller does with `asyncio.to_thread`) reuses
+    the process's session and must not stop it: a thread sees no active session of its own,
+    and the job used to take that for "none running" and stop the shared one at its end."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from delayq.pipeline.spark import job_session
+
+    def job() -> int:
+        with job_session(None, "delayq-threaded-job") as session:
+            return int(session.range(3).count())
+
+    with ThreadPoolExecutor(1) as pool:
+        assert pool.submit(job).result() == 3
+    assert spark.range(2).count() == 2  # still running

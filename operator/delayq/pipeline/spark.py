@@ -108,11 +108,17 @@ def job_session(master: str | None, app_name: str) -> Iterator[Any]:
     """A session for one CLI job, stopped afterwards unless it was already running.
 
     Reusing a running session lets a caller (a notebook, the tests) run the commands in-process
-    without its own session being stopped under it.
+    without its own session being stopped under it, from any thread: `SparkSession.active()`
+    falls back to the process's default session, where `getActiveSession()` sees only the
+    calling thread's (a command run in a worker thread stopped its caller's session).
     """
+    from pyspark.errors import PySparkRuntimeError
     from pyspark.sql import SparkSession
 
-    existing = SparkSession.getActiveSession()
+    try:
+        existing: Any = SparkSession.active()
+    except PySparkRuntimeError:  # no session in this process
+        existing = None
     spark = session(master, app_name)
     try:
         yield spark
