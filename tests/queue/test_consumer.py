@@ -23,7 +23,7 @@ from delayq.queue.consumer import (
     NoSlotsError,
 )
 from delayq.queue.keys import Part, slot_keys
-from delayq.queue.model import Message, ScheduleRequest, State
+from delayq.queue.model import Message, Outcome, ScheduleRequest, State
 from delayq.queue.topic import Topic
 
 from .conftest import TOPIC
@@ -512,6 +512,48 @@ async def test_a_paused_topic_is_not_claimed_and_resume_drains_the_backlog(
         await async_queue.resume()
         await eventually(lambda: len(seen) == 31, 5.0, "the backlog after resume")
         assert not consumer.paused
+    finally:
+        consumer.stop()
+        await running
+
+
+async def test_a_pause_read_while_waiting_for_room_claims_nothing_more(
+    async_queue: AsyncQueue,
+) -> None:
+    """Regression: a drain waiting for room in flight when the pause was read claimed once more
+    as soon as handlers gave room back (it checked the pause only before the wait), so the
+    restore's pause (`restore_pause.py`: every consumer has read the flag by `seen_at_s`) did
+    not stop it. Now: the two claimed finish, the four others stay due until resume."""
+    await async_queue.schedule_many([ScheduleRequest(f"r{i}", b"r", delay_ms=0) for i in range(6)])
+    gate = asyncio.Event()
+    seen: list[str] = []
+    acked: list[Outcome] = []
+
+    async def handler(message: Message) -> None:
+        seen.append(message.id)
+        await gate.wait()
+
+    settings = ConsumerSettings(batch_size=2, worker_concurrency=2)  # full after one claim
+    consumer = Consumer(async_queue, handler, settings, on_acked=acked.extend)
+    running = asyncio.create_task(consumer.run(slots=async_queue.topic.slots))
+    try:
+        await eventually(lambda: len(seen) == 2, 5.0, "two in flight, the drain waiting for room")
+        await async_queue.pause()
+        await consumer.refresh_paused()  # what the upkeep does within a second
+        gate.set()
+        await eventually(lambda: len(acked) >= 2, 5.0, "the two in flight acked")
+        rounds = [0]
+
+        async def two_rounds_passed() -> bool:
+            rounds[0] += 1
+            return rounds[0] > 2
+
+        await eventually(two_rounds_passed, 10.0, "upkeep rounds while paused", interval_s=1.0)
+        assert len(seen) == 2, f"claimed while paused: {seen[2:]}"
+        stats = await async_queue.stats()
+        assert (stats.prepared, stats.due) == (0, 4)
+        await async_queue.resume()
+        await eventually(lambda: len(seen) == 6, 5.0, "the rest after resume")
     finally:
         consumer.stop()
         await running

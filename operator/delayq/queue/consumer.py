@@ -369,10 +369,11 @@ class Consumer:
         retry_in_ms = 0
         try:
             while pending and not self._stopping:
+                room = await self._wait_for_capacity()
+                # after the wait: a pause read while it waited for room holds this claim too
                 if self._paused:
                     retry_in_ms = PAUSED_RETRY_MS  # resuming claims them at once anyway
                     return
-                room = await self._wait_for_capacity()
                 owned = [(slot, state) for slot in pending if (state := self._owned.get(slot))]
                 if self._stopping or not owned:
                     return
