@@ -28,7 +28,7 @@ from delayq.local.waiting import eventually
 from delayq.local.zookeeper_server import ZooKeeperServer
 from delayq.pipeline.io_redis import RedisTarget
 from delayq.pipeline.restore_pause import RestorePause, paused_delivery
-from delayq.queue import acl
+from delayq.queue import acl, functions
 from delayq.queue.acl import backup_user_rules, service_user_rules
 from delayq.queue.client import AsyncQueue, Queue
 from delayq.queue.consumer import Consumer
@@ -281,6 +281,7 @@ def test_the_restore_pause_is_resumed_only_by_its_holder_and_kept_on_a_late_fail
     queue = Queue(redis_client, TOPIC)
     if left:
         redis_client.set(paused_key(TOPIC), left)
+    functions.load(redis_client)  # the operator's part: the resume is a function (resume-1)
     writer = _user_url(redis_server, redis_client, "pauser", service_user_rules(TOPIC))
     target = RedisTarget((writer,), TOPIC.namespace, TOPIC.name, TOPIC.slot_amount, 1024)
     said: list[str] = []

@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
-from typing import cast
+from collections.abc import Callable
+from typing import Any, cast
 
 import pytest
 import redis
 
+from delayq.local.redis_server import RedisServer
+from delayq.queue.acl import service_user_rules
 from delayq.queue.backoff import Backoff, Jitter
 from delayq.queue.client import Queue
 from delayq.queue.codes import (
@@ -22,7 +25,15 @@ from delayq.queue.keys import Part, paused_key, slot_keys
 from delayq.queue.model import Message, Mode, Retry, ScheduleRequest, State, Target
 from delayq.queue.topic import MAX_DELAY_MS, Topic
 
-from .conftest import TOPIC, MakeQueue, server_ms, wait_for_server_ms
+from .conftest import (
+    ENGINE_PASSWORD,
+    ENGINE_USER,
+    TOPIC,
+    MakeQueue,
+    engine_user,
+    server_ms,
+    wait_for_server_ms,
+)
 
 HOUR_MS = 3_600_000
 TEN_YEARS_MS = 10 * 366 * 24 * HOUR_MS
@@ -412,7 +423,7 @@ def test_max_retries_counts_retries_after_the_first_delivery(
     slot = queue.topic.slot_of("a")
     epoch = queue.take_over(slot)
     deliveries = 0
-    while (messages := queue.claim(slot, epoch).messages):
+    while messages := queue.claim(slot, epoch).messages:
         deliveries += 1
         queue.nack(messages[0].lease, reason="failed")
     assert (deliveries, queue.get("a").state) == (1 + max_retries, State.DEAD)
@@ -621,3 +632,46 @@ def test_the_pause_flag_is_read_without_its_value(queue: Queue, redis_client: re
     assert int(redis_client.info("stats")["total_net_output_bytes"]) - before < 64 * 1024
     redis_client.delete(paused_key(TOPIC))
     assert not queue.is_paused()
+
+
+class _PauseBeforeWrite(redis.Redis):
+    """A client that runs `before_write` once, just before its first command that is not a
+    read of the pause flag: what another holder does between a resume's check and its write."""
+
+    before_write: Callable[[], object] | None = None
+
+    def execute_command(self, *args: Any, **options: Any) -> Any:
+        if self.before_write is not None and args[0] not in ("GET", "EXISTS"):
+            before, self.before_write = self.before_write, None
+            before()
+        return super().execute_command(*args, **options)
+
+
+def test_a_pause_set_by_another_holder_before_a_resume_as_survives_it(
+    redis_server: RedisServer, redis_client: redis.Redis
+) -> None:
+    """Regression: `resume_as` (the restore's final resume) was GET then DEL: a pause set in
+    between by another holder (the API, the operator's spec.delivery.paused: "1") was deleted
+    with the restore's. Now one script (resume-1) checks and deletes: the other pause stays. As
+    the topic's service user, the restore's login (FCALL only)."""
+    engine_user(redis_client)
+    assert "+fcall" in service_user_rules(TOPIC)
+    client = cast(
+        _PauseBeforeWrite,
+        _PauseBeforeWrite.from_url(
+            redis_server.url, username=ENGINE_USER, password=ENGINE_PASSWORD
+        ),
+    )
+    try:
+        queue = Queue(client, TOPIC)
+        assert queue.pause_as("restore")
+        client.before_write = lambda: redis_client.set(paused_key(TOPIC), "1")
+        assert not queue.resume_as("restore")
+        assert client.before_write is None  # the other pause was set
+        assert redis_client.get(paused_key(TOPIC)) == b"1"
+        assert queue.is_paused()
+        redis_client.set(paused_key(TOPIC), "restore")  # still its own: resumed
+        assert queue.resume_as("restore")
+        assert not queue.is_paused()
+    finally:
+        client.close()

@@ -325,12 +325,9 @@ class Queue:
     def resume_as(self, holder: str) -> bool:
         """Undo `pause_as` while the flag is still holder's: a `pause` over it since (the API,
         the operator's `spec.delivery.paused`) or a `resume` is left as it is. True when it
-        resumed. GET then DEL, not one script (the service's ACL runs no code of its own): a
-        pause set in between, one round trip, would be undone."""
-        if self._pause_holder() != holder:
-            return False
-        self.redis.delete(paused_key(self.topic))
-        return True
+        resumed. The check and the delete are one script (resume-1): a pause set just before
+        is never undone."""
+        return self.run(consume_plans.resume_as(self.topic, holder))
 
     def _pause_holder(self) -> str | None:
         value = self.redis.get(paused_key(self.topic))

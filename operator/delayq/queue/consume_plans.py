@@ -16,7 +16,7 @@ from typing import TypeVar
 from delayq.queue.backoff import Backoff
 from delayq.queue.codec import decode_record
 from delayq.queue.codes import Code, StaleEpochError
-from delayq.queue.keys import Part, pace_key, slot_keys
+from delayq.queue.keys import Part, pace_key, paused_key, slot_keys
 from delayq.queue.model import ClaimBatch, Draw, Leased, Message, Outcome, Retry, SlotClaim
 from delayq.queue.plans import (
     CODES,
@@ -108,6 +108,13 @@ def hold(topic: Topic, hold_ms: int, max_ms: int) -> Plan[int]:
     """Hold the topic's delivery for `hold_ms` (at most `max_ms`; hold-1): when it ends."""
     call = ScriptCall(Script.HOLD, [pace_key(topic)], [hold_ms, max_ms])
     return Plan([call], lambda replies: int(replies[0]))
+
+
+def resume_as(topic: Topic, holder: str) -> Plan[bool]:
+    """Resume the topic's delivery on this broker if the pause is still `holder`'s (resume-1):
+    True when it resumed."""
+    call = ScriptCall(Script.RESUME, [paused_key(topic)], [holder])
+    return Plan([call], lambda replies: bool(replies[0]))
 
 
 def claim(

@@ -62,6 +62,7 @@ class Script(enum.StrEnum):
     SETTINGS = "settings-1"  # a slot's settings record, read
     PACE = "pace-1"
     HOLD = "hold-1"
+    RESUME = "resume-1"  # a pause undone by its holder only (Queue.resume_as)
     RESTORE = "restore-13"  # a backup's items into one slot, create-only
 
     @property
