@@ -172,6 +172,10 @@ def test_schedules_kubernetes_reads_alike_are_taken(schedule: str) -> None:
             },
             BackupResult.SUCCEEDED,
         ),
+        (  # a run made by hand (kubectl create job --from=cronjob/...): never scheduled
+            {"lastSuccessfulTime": "2026-11-29T10:02:11Z"},
+            BackupResult.SUCCEEDED,
+        ),
         (  # the last success is of the run before: the last scheduled one failed
             {
                 "lastScheduleTime": "2026-11-29T03:15:00Z",

@@ -22,7 +22,7 @@ class BackupResult(enum.StrEnum):
     MISSING = "Missing"  # no CronJob (not provisioned yet, or refused: the Provisioned reason)
     NEVER = "Never"  # no run was scheduled yet
     RUNNING = "Running"
-    SUCCEEDED = "Succeeded"  # the last scheduled run completed (its backup is on the claim)
+    SUCCEEDED = "Succeeded"  # the last run completed (its backup is on the claim)
     FAILED = "Failed"  # the last scheduled run ended without completing (its Job's events)
 
 
@@ -46,10 +46,12 @@ def backup_status(spec: TopicSpec, cron_job: Mapping[str, Any] | None) -> dict[s
         fields["lastSuccessfulTime"] = succeeded
     if status.get("active"):
         result = BackupResult.RUNNING
+    elif succeeded and (not scheduled or succeeded >= scheduled):
+        # a run made by hand (`kubectl create job --from=cronjob/...`) has no schedule time:
+        # the CronJob controller still records its success
+        result = BackupResult.SUCCEEDED
     elif not scheduled:
         result = BackupResult.NEVER
-    elif succeeded and succeeded >= scheduled:
-        result = BackupResult.SUCCEEDED
     else:
         result = BackupResult.FAILED
     return {**fields, "lastResult": result.value}
