@@ -2,20 +2,24 @@
 every volume of its brokers, and is recovered from a backup plus the journal archive.
 
 While messages wait and a producer keeps scheduling, the journal is archived and the topic
-backed up (`delayq pipeline archive`, `delayq pipeline backup`, delivery going on); after the
-snapshot some of its messages are delivered, cancelled or rescheduled and new ones scheduled,
-and the journal is archived again. Then every pod of the topic and every claim and volume of its
-brokers is deleted (the volumes' directories emptied), the operator makes the brokers again, and
-the topic is restored with the replay of the archive (`delayq pipeline restore --replay`),
-paused meanwhile. A counting checker then holds what the drill promises: every message pending
-at the snapshot delivered, none early, each duplicate delivered again because its first
-delivery came after the last archive run (the recovery point); the replay's figures exactly
-what the receiver and the test's own calls tell.
+backed up (`delayq pipeline archive`; the backup is the topic's scheduled one, spec.backup, run
+now as a Job made from its CronJob, delivery going on); after the snapshot some of its messages
+are delivered, cancelled or rescheduled and new ones scheduled, and the journal is archived
+again. Then every pod of the topic and every claim and volume of its brokers is deleted (the
+volumes' directories emptied), the operator makes the brokers again, and the topic is restored
+with the replay of the archive (`delayq pipeline restore --replay`), paused meanwhile. A
+counting checker then holds what the drill promises: every message pending at the snapshot
+delivered, none early, each duplicate delivered again because its first delivery came after the
+last archive run (the recovery point); the replay's figures exactly what the receiver and the
+test's own calls tell.
 
-The e2e tier has no pipeline image (Spark and Java would cost CI minutes), so the jobs run on
-this machine, with the checkout's code and this interpreter's pyspark, inside the real node's
-network namespace: there pod addresses and Service ClusterIPs route as on a node (kube-proxy's
-rules), with no change to the host's network.
+The backup runs as the operator made it: the CronJob's Job, in the pipeline image
+(examples/pipeline/Dockerfile, built by e2e/images.sh) on the real kubelet, as the read-only
+backup user, onto the tenant's claim; the test reads the snapshot from that volume's host
+directory and checks that status.backup reports it. The archive and the restore run on this
+machine, with the checkout's code and this interpreter's pyspark, inside the real node's network
+namespace: there pod addresses and Service ClusterIPs route as on a node (kube-proxy's rules),
+with no change to the host's network.
 """
 
 from __future__ import annotations
@@ -37,6 +41,8 @@ from urllib.parse import quote
 import pyarrow.parquet as pq
 import pytest
 
+from delayq.kube import naming
+from delayq.kube.builders.backup import BACKUP_MOUNT
 from delayq.queue import acl
 from e2e import workloads
 from e2e.harness import deliveries
@@ -63,6 +69,10 @@ TOPIC = "hooks"
 BROKERS = 2
 SLOTS = 16
 TOPIC_PODS = 2 * BROKERS  # a Redis pod (no replica) and a delay-service pod per broker
+#: The tenant's claim spec.backup writes to, and a schedule that never comes during the test
+#: (1 January): the drill runs the backup itself, as a Job made from the CronJob.
+BACKUP_CLAIM, BACKUP_SCHEDULE = "backups", "0 0 1 1 *"
+BACKUP_JOB = "backup-drill"
 
 #: Pending at the snapshot: due 25..135 s after they are stored, so that some are delivered
 #: before the snapshot, some between it and the loss, some during the outage and some after.
@@ -90,7 +100,12 @@ def drill(kube: Kube, real_node: RealNode) -> Iterator[Install]:
     with its journal on, delivering to a receiver Deployment."""
     installed = install_release(kube, real_node, RELEASE, "e2e-dr")
     namespace, tenant, image = installed.namespace, installed.tenant, installed.image
+    real_node.import_image("pipeline")  # the backup Job's
     try:
+        kube.apply({"apiVersion": "v1", "kind": "PersistentVolumeClaim",
+                    "metadata": {"name": BACKUP_CLAIM, "namespace": tenant},
+                    "spec": {"accessModes": ["ReadWriteOnce"],
+                             "resources": {"requests": {"storage": "1Gi"}}}}, tenant)
         secret = "whsec_" + base64.b64encode(secrets.token_bytes(32)).decode()
         kube.apply({"apiVersion": "v1", "kind": "List",
                     "items": workloads.receiver(tenant, image, secret)})
@@ -100,7 +115,9 @@ def drill(kube: Kube, real_node: RealNode) -> Iterator[Install]:
                                topicType="webhook", journalMaxLen=100_000,
                                delivery={"webhook": {"url": url, "allowInsecureHttp": True,
                                                      "allowedCidrs": [SERVICE_CIDR],
-                                                     "signingSecretRef": signing}}), tenant)
+                                                     "signingSecretRef": signing}},
+                               backup={"schedule": BACKUP_SCHEDULE,
+                                       "volumeClaim": BACKUP_CLAIM}), tenant)
         _wait_topic_ready(kube, tenant, TOPIC)
         _wait_pods_ready(kube, tenant, f"delayq.io/topic={TOPIC}", TOPIC_PODS)
         _wait_pods_ready(kube, tenant, "app=receiver", 1)
@@ -214,6 +231,38 @@ class Pipeline:
         return summary
 
 
+def _scheduled_backup(kube: Kube, drill: Install) -> tuple[dict[str, Any], Path]:
+    """The topic's scheduled backup, run now: a Job made from its CronJob (as `kubectl create
+    job --from=cronjob/...`), on the real node in the pipeline image. Its JSON summary, and
+    where its snapshot is on this machine (the backup claim's volume is a host directory)."""
+    start = time.monotonic()
+    kube.kubectl("create", "job", BACKUP_JOB, f"--from=cronjob/{naming.backup_cron_job(TOPIC)}",
+                 "-n", drill.tenant)
+
+    def finished() -> dict[str, Any] | None:
+        status = (kube.get("job", BACKUP_JOB, drill.tenant) or {}).get("status", {})
+        return status if status.get("succeeded") or status.get("failed") else None
+
+    status = kube.wait(finished, timeout_s=300, what="the backup Job to finish")
+    logs = kube.kubectl("logs", f"job/{BACKUP_JOB}", "-n", drill.tenant, "--tail=-1",
+                        check=False).stdout
+    assert status.get("succeeded") == 1, (status, logs[-4000:])
+    summary: dict[str, Any] = workloads.json_lines(logs)[-1]
+    print(f"e2e: backup Job ({time.monotonic() - start:.1f}s, pod start and JVM included): "
+          f"{summary['items']} into {summary['output']}")
+    claim = kube.get("pvc", BACKUP_CLAIM, drill.tenant) or {}
+    volume = kube.get("pv", claim["spec"]["volumeName"]) or {}
+    on_host = Path(volume["spec"]["hostPath"]["path"])
+    return summary, on_host / Path(summary["output"]).relative_to(BACKUP_MOUNT)
+
+
+def _backup_status(kube: Kube, drill: Install) -> dict[str, Any] | None:
+    """status.backup once it reports a completed run."""
+    backup: dict[str, Any] = ((kube.get("dt", TOPIC, drill.tenant) or {}).get("status") or {}
+                              ).get("backup") or {}
+    return backup if backup.get("lastResult") == "Succeeded" else None
+
+
 def _cluster_ip(kube: Kube, namespace: str, service: str) -> str:
     ip: str = (kube.get("service", service, namespace) or {})["spec"]["clusterIP"]
     return ip
@@ -306,7 +355,6 @@ def test_a_topic_that_lost_every_pod_and_volume_is_restored_from_backup_and_jour
     started = time.monotonic()
     pipeline = _pipeline(kube, drill, real_node, tmp_path)
     archive = ["--output", str(tmp_path / "journal"), "--checkpoint", str(tmp_path / "ckpt")]
-    backup_dir = tmp_path / "backup"
 
     _produce(kube, drill, "pending", PENDING, PENDING_START_MS, PENDING_SPREAD_MS)
     assert _produced(kube, drill, "pending") == PENDING
@@ -315,7 +363,7 @@ def test_a_topic_that_lost_every_pod_and_volume_is_restored_from_backup_and_jour
               timeout_s=120, what="the steady producer's messages delivered")
     pipeline.run("archive", *archive, user=acl.ADMIN_USER)
     backup_start_ms = time.time() * 1000
-    backed_up = pipeline.run("backup", "--output", str(backup_dir))
+    backed_up, backup_dir = _scheduled_backup(kube, drill)
     backup_end_ms = time.time() * 1000
     snapshot = _backed_up(backup_dir)
     assert len(snapshot) == backed_up["items"]["waiting"]
@@ -331,6 +379,12 @@ def test_a_topic_that_lost_every_pod_and_volume_is_restored_from_backup_and_jour
     assert _produced(kube, drill, "steady", timeout_s=240) == STEADY
     _produce(kube, drill, "after", AFTER, AFTER_START_MS, AFTER_SPREAD_MS)
     assert _produced(kube, drill, "after") == AFTER
+    # the CronJob controller records the Job's success, the operator's health pass reports it
+    reported = kube.wait(lambda: _backup_status(kube, drill), timeout_s=60,
+                         what="status.backup to report the backup")
+    assert reported["cronJob"] == naming.backup_cron_job(TOPIC), reported
+    assert reported["volumeClaim"] == BACKUP_CLAIM, reported
+    assert reported["lastSuccessfulTime"], reported
     # every steady message the snapshot missed is finished (acked) before the archive reads
     # the journal: the replay must then report only the `after` ones as scheduled after it
     steady_after = [f"steady-{i}" for i in range(STEADY) if f"steady-{i}" not in snapshot]
@@ -424,7 +478,8 @@ def test_a_topic_that_lost_every_pod_and_volume_is_restored_from_backup_and_jour
     everything = sorted(result.lateness_ms.values())
     print(f"e2e: DR drill: backed up {len(snapshot)} waiting messages in "
           f"{backed_up['seconds']:.1f}s (job) / {(backup_end_ms - backup_start_ms) / 1000:.1f}s "
-          f"(with the JVM); restored {restored['counts'].get('waiting:CREATED')} in "
+          f"(the Job: pod start and JVM included); restored "
+          f"{restored['counts'].get('waiting:CREATED')} in "
           f"{restored['seconds']:.1f}s (job) / {(resumed_ms - restore_start_ms) / 1000:.1f}s "
           f"(with the JVM and the replay); replay: {replay['finished']} finished after the "
           f"snapshot ({len(CANCELLED)} cancelled, {replay['finished'] - len(CANCELLED)} "

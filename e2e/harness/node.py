@@ -59,7 +59,9 @@ CLUSTER_DNS_IP = "10.96.0.10"
 KUBELET_SYSCTLS = ("vm.overcommit_memory", "vm.panic_on_oom", "kernel.panic",
                    "kernel.panic_on_oops", "kernel.keys.root_maxkeys",
                    "kernel.keys.root_maxbytes")
-#: Images the node imports from e2e/images.sh's archives (the python base is only a build stage).
+#: Images the node imports from e2e/images.sh's archives at its start (the python base is only
+#: a build stage; the pipeline image, 1.5 GB, is imported by the test that runs it:
+#: `import_image`).
 NODE_IMAGES = ("pause", "coredns", "delayq", "redis", "zookeeper")
 LOCK_FILE = Path("/run/lock/delayq-e2e-real-node.lock")
 
@@ -125,6 +127,13 @@ class RealNode:
     def tag_image(self, ref: str, new_ref: str) -> None:
         """A second tag of an imported image (what a registry push of a new tag would give)."""
         self.ctr("images", "tag", "--force", ref, new_ref)
+
+    def import_image(self, name: str) -> None:
+        """Import one more of e2e/images.sh's images into the node's containerd (unpacked), as
+        `start` does its own; prints how long it took."""
+        start = time.monotonic()
+        self.ctr("images", "import", str(self.images[name].archive), timeout=600)
+        print(f"e2e: image {name} imported in {time.monotonic() - start:.1f}s")
 
     def start(self, kube: Kube) -> None:
         """containerd (images imported), kubelet (node Ready), kube-proxy (healthy)."""

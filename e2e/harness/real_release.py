@@ -45,6 +45,8 @@ def helm_args(real_node: RealNode, tenant: str, image: str) -> list[str]:
         "--set", f"image.repository={repository}", "--set", f"image.tag={tag}",
         "--set", f"operator.redisImage={real_node.images['redis'].ref}",
         "--set", f"zookeeper.image={real_node.images['zookeeper'].ref}",
+        # spec.backup's CronJob (imported into the node only by the test that runs it)
+        "--set", f"operator.pipelineImage={real_node.images['pipeline'].ref}",
         "--set", f"operator.watchNamespaces={{{tenant}}}",
         "--set", "operator.failoverGraceSeconds=5", "--set", "operator.healthIntervalSeconds=2",
         # the platform lets tenants reach in-cluster receivers through their Service addresses
