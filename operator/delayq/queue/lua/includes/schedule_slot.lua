@@ -12,7 +12,7 @@
 --@include record_fields
 --@include remembered
 --@include schedule_fields
---@include topic_settings
+--@include settings_record
 --@include wake_if_earliest
 
 -- Schedule messages into one slot, appending each one's triple (code, due_ms, state) to
@@ -32,11 +32,16 @@ local function schedule_slot(prefix, args, first, last, now, bases_absent, resul
   local upsert = args[1] == 'upsert'
   local fields = schedule_fields(args[7])
   local max_delay_ms = tonumber(args[2])
-  local journal_max_len, retention_ms, default_ttl_ms, max_pending = topic_settings(store,
-    {'journal_max_len', 'outcome_retention_ms', 'expiry_ttl_ms', 'limits_max_pending'},
-    {args[3], args[4], args[5], args[6]})
-  journal_max_len, retention_ms = tonumber(journal_max_len), tonumber(retention_ms)
-  default_ttl_ms, max_pending = tonumber(default_ttl_ms), tonumber(max_pending)
+  -- the slot's settings record, as topic_settings reads it (a field it holds wins over the
+  -- caller's), its four fields named in the HMGET: a call over many slots reads one record a
+  -- slot, and topic_settings' tables and unpacks took 5 % of Redis's CPU a message at 1,024
+  -- slots (docs/benchmarks.md, "Hot paths")
+  local record = redis.call('HMGET', settings_record(store), 'journal_max_len',
+    'outcome_retention_ms', 'expiry_ttl_ms', 'limits_max_pending')
+  local journal_max_len = tonumber(record[1] or args[3])
+  local retention_ms = tonumber(record[2] or args[4])
+  local default_ttl_ms = tonumber(record[3] or args[5])
+  local max_pending = tonumber(record[4] or args[6])
 
   local zadd_args, hset_args = {}, {}
   -- id -> the slot basis it is stored with, or false to delete an entry it may have (of the
