@@ -4,6 +4,7 @@
 --@include end_group_lease
 --@include index_group
 --@include index_priority
+--@include integer_text
 --@include journal
 --@include locate
 --@include new_record
@@ -133,11 +134,7 @@ local function schedule_slot(prefix, args, first, last, now, bases_absent, resul
         redis.call('ZREM', dead, id)
         redis.call('HDEL', prefix .. 'reason', id)
       end
-      -- a whole due as its integer text: Redis 7.0 writes a Lua number with "%.17g" (a
-      -- double's printf, once a message); any other (hostile: fractional, or beyond the
-      -- doubles' exact integers, which %d would not write as they are) number as before
-      local exact = due % 1 == 0 and due > -2^53 and due < 2^53
-      zadd_args[#zadd_args + 1] = exact and string.format('%d', due) or due
+      zadd_args[#zadd_args + 1] = integer_text(due)  -- not "%.17g" once a message
       zadd_args[#zadd_args + 1] = id
       hset_args[#hset_args + 1] = id
       hset_args[#hset_args + 1] = new_record(args[i + 5], args[i + 6], expire_ms, priority,
