@@ -12,11 +12,11 @@ import pytest
 import redis
 from redis.exceptions import NoPermissionError
 
-from delayq.queue import functions, topic_record
+from delayq.queue import functions, produce_plans, topic_record
 from delayq.queue.client import Queue
 from delayq.queue.codes import Code
 from delayq.queue.keys import Part, slot_keys
-from delayq.queue.model import ScheduleRequest, State
+from delayq.queue.model import Mode, ScheduleRequest, State
 from delayq.queue.scripts import Script
 from delayq.queue.slot_copy import delete_slot
 from delayq.queue.topic import EndAction, Topic
@@ -73,6 +73,30 @@ def test_the_published_expiry_and_retention_apply_to_a_client_that_has_none(
     assert bare.ack(message.lease).code is Code.ACKED
     assert bare.get("order-1").state is State.DONE
     assert bare.schedule("order-1", b"x", delay_ms=0).code is Code.ALREADY_DONE
+
+
+def test_a_call_over_several_slots_obeys_each_slots_own_record(
+    make_queue: MakeQueue, redis_client: redis.Redis
+) -> None:
+    """schedulemany-1 reads each slot's record, not the first one's for all: mid-publish (or
+    with an owner of another version on a slot) the records of a broker's slots differ."""
+    by_slot: dict[int, str] = {}
+    for n in range(400):
+        by_slot.setdefault(TOPIC.slot_of(f"r{n}"), f"r{n}")
+    for slot, ttl_ms in ((0, HOUR_MS), (1, 2 * HOUR_MS)):
+        record = dataclasses.replace(TOPIC, expiry_ttl_ms=ttl_ms)
+        Queue(redis_client, record).run_steps(topic_record.publish(record, OWNER, 1, [slot]))
+    bare = make_queue()  # no default expiry; slots 2 and 3 have no record: no expiry there
+    requests = [ScheduleRequest(by_slot[s], b"", at_ms=10**12) for s in range(4)]
+    calls = produce_plans.schedule(bare.topic, requests, Mode.CREATE).calls
+    assert [call.script for call in calls] == [Script.SCHEDULE_MANY]
+    bare.schedule_many(requests)
+    assert [bare.get(by_slot[s]).expire_at_ms for s in range(4)] == [
+        10**12 + HOUR_MS,
+        10**12 + 2 * HOUR_MS,
+        None,
+        None,
+    ]
 
 
 def test_an_older_version_never_replaces_a_newer_record(redis_client: redis.Redis) -> None:

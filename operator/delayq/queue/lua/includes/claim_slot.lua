@@ -9,6 +9,7 @@
 --@include groups_next_due
 --@include group_keys
 --@include group_member
+--@include integer_text
 --@include journal
 --@include materialize
 --@include occurrence_record
@@ -131,7 +132,8 @@ local function claim_slot(keys, at, args, now_micros, known)
   local wait, _, leases = group_keys(store)
   if #due_ids > 0 then
     local has_series = not known.series_absent and redis.call('HLEN', schedules) > 0
-    local deadline = now + lease_ms
+    -- once as its text (integer_text), not once a claimed message by Redis's "%.17g"
+    local deadline = integer_text(now + lease_ms)
     local lease = tostring(redis.call('INCR', leases_key))
     local ids, hset_args = {}, {}
     for i = 1, #due_ids, 2 do ids[#ids + 1] = due_ids[i] end

@@ -4,6 +4,7 @@
 --@include end_group_lease
 --@include index_group
 --@include index_priority
+--@include integer_text
 --@include journal
 --@include locate
 --@include new_record
@@ -12,7 +13,7 @@
 --@include record_fields
 --@include remembered
 --@include schedule_fields
---@include topic_settings
+--@include settings_record
 --@include wake_if_earliest
 
 -- Schedule messages into one slot, appending each one's triple (code, due_ms, state) to
@@ -32,11 +33,16 @@ local function schedule_slot(prefix, args, first, last, now, bases_absent, resul
   local upsert = args[1] == 'upsert'
   local fields = schedule_fields(args[7])
   local max_delay_ms = tonumber(args[2])
-  local journal_max_len, retention_ms, default_ttl_ms, max_pending = topic_settings(store,
-    {'journal_max_len', 'outcome_retention_ms', 'expiry_ttl_ms', 'limits_max_pending'},
-    {args[3], args[4], args[5], args[6]})
-  journal_max_len, retention_ms = tonumber(journal_max_len), tonumber(retention_ms)
-  default_ttl_ms, max_pending = tonumber(default_ttl_ms), tonumber(max_pending)
+  -- the slot's settings record, as topic_settings reads it (a field it holds wins over the
+  -- caller's), its four fields named in the HMGET: a call over many slots reads one record a
+  -- slot, and topic_settings' tables and unpacks took 5 % of Redis's CPU a message at 1,024
+  -- slots (docs/benchmarks.md, "Hot paths")
+  local record = redis.call('HMGET', settings_record(store), 'journal_max_len',
+    'outcome_retention_ms', 'expiry_ttl_ms', 'limits_max_pending')
+  local journal_max_len = tonumber(record[1] or args[3])
+  local retention_ms = tonumber(record[2] or args[4])
+  local default_ttl_ms = tonumber(record[3] or args[5])
+  local max_pending = tonumber(record[4] or args[6])
 
   local zadd_args, hset_args = {}, {}
   -- id -> the slot basis it is stored with, or false to delete an entry it may have (of the
@@ -128,11 +134,7 @@ local function schedule_slot(prefix, args, first, last, now, bases_absent, resul
         redis.call('ZREM', dead, id)
         redis.call('HDEL', prefix .. 'reason', id)
       end
-      -- a whole due as its integer text: Redis 7.0 writes a Lua number with "%.17g" (a
-      -- double's printf, once a message); any other (hostile: fractional, or beyond the
-      -- doubles' exact integers, which %d would not write as they are) number as before
-      local exact = due % 1 == 0 and due > -2^53 and due < 2^53
-      zadd_args[#zadd_args + 1] = exact and string.format('%d', due) or due
+      zadd_args[#zadd_args + 1] = integer_text(due)  -- not "%.17g" once a message
       zadd_args[#zadd_args + 1] = id
       hset_args[#hset_args + 1] = id
       hset_args[#hset_args + 1] = new_record(args[i + 5], args[i + 6], expire_ms, priority,

@@ -1,14 +1,15 @@
+--@include settings_record
+
 -- The topic's settings a call obeys (queue/topic_record.py): each field of the slot's settings
 -- record, which the topic's owner publishes and the topic's users may only read, wins over the
 -- value the caller passed; a field the record lacks (no record yet: an operator of the previous
 -- version, or a topic nobody published) keeps the caller's. `key` is any key of the slot: the
--- record is `dq-settings:` and its hash tag (queue/keys.py), same cluster slot. It is not
+-- record is settings_record's, same cluster slot. It is not
 -- among the script's KEYS because FCALL takes every key it is given as written to, and the
 -- topic's users may not write the record (queue/acl.py). `fields` names the record's fields
 -- and `given` holds the caller's values, in order; returns the values in that order.
 local function topic_settings(key, fields, given)
-  local record = 'dq-settings:' .. string.match(key, '^dq:({.-}):')
-  local stored = redis.call('HMGET', record, unpack(fields))
+  local stored = redis.call('HMGET', settings_record(key), unpack(fields))
   for i = 1, #fields do
     if stored[i] then given[i] = stored[i] end
   end
