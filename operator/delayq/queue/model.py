@@ -200,6 +200,8 @@ class Message(NamedTuple):
     lease_id: int
     # 0..9, read from the record the claim answers (its tagged `p` field): no read of its own
     priority: int = 0
+    # its fair group (None: none), read from the record the claim answers as the priority is
+    group: str | None = None
 
     @property
     def lease(self) -> Lease:

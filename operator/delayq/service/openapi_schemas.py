@@ -144,6 +144,11 @@ SCHEMAS: dict[str, Schema] = {
         attempt=integer("1 for the first delivery", 1),
         dueMs=integer("due instant"),
         priority=integer("the priority it was scheduled with (0 when none)", 0, MAX_PRIORITY),
+        group={
+            **GROUP_SCHEMA,
+            "description": "the fair group it was scheduled with; absent when it has none "
+            "(an ungrouped message's body is unchanged)",
+        },
         token=string(
             "pull leases only: present it to ack, nack or extend; opaque, bound to this topic"
         ),
