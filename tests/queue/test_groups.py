@@ -215,6 +215,8 @@ def test_a_group_travels_with_its_message(queue: Queue, redis_client: redis.Redi
     epoch = queue.take_over(SLOT)
     [message] = _claim(queue, epoch, 1)
     queue.nack(message.lease, dead=True)
+    [dead] = queue.dead_page(SLOT).messages  # the dead letters list it with its group
+    assert (dead.id, dead.group) == ("m", group)
     assert queue.redrive(SLOT, ["m"])[0].id == "m"
     info = queue.get("m", slot_basis=BASIS)
     assert (info.group, info.state.value) == (group, "scheduled")
