@@ -295,7 +295,8 @@ def test_topic_pause_and_resume_show_in_stats_and_slots(served: Served, run):
 
 
 def test_schedules_list_get_delete(served: Served, run):
-    every = {"everyMs": 3_600_000, "startMs": 2_208_988_800_000, "payload": "tick"}
+    every = {"everyMs": 3_600_000, "startMs": 2_208_988_800_000, "payload": "tick", "priority": 2}
+    every["group"] = "acme"
     served.api("PUT", "/schedules/hourly", every)
     cron = {"cron": "0 9 * * 1-5", "timeZone": "Europe/Berlin", "payload": "standup"}
     served.api("PUT", "/schedules/standup", cron)
@@ -312,6 +313,7 @@ def test_schedules_list_get_delete(served: Served, run):
     code, out, _ = run("schedules", "get", "hourly")
     lines = dict(line.split("  ", 1) for line in out.splitlines())
     assert lines["recurrence"].strip() == "every 1 h"
+    assert (lines["priority"].strip(), lines["group"].strip()) == ("2", "acme")
 
     code, out, _ = run("schedules", "delete", "hourly")
     assert (code, out.strip()) == (OK, "hourly: cancelled")

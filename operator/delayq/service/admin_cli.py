@@ -378,6 +378,8 @@ def schedules_get(api: Api, args: argparse.Namespace, out: TextIO) -> int:
             ("start", instant(schedule.get("startMs"), now)),
             ("end", instant(schedule.get("endMs"), now)),
             ("catch-up", f"{schedule['catchUp']} (at most {schedule['catchUpMax']})"),
+            ("priority", schedule.get("priority", 0)),
+            ("group", schedule.get("group", "-")),
             ("waiting occurrence", schedule.get("currentId") or "-"),
             ("its due time", instant(schedule.get("currentDueMs"), now)),
             ("then", "ended" if schedule["ended"] else instant(schedule.get("nextDueMs"), now)),
