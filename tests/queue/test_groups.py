@@ -13,7 +13,7 @@ from delayq.queue.backup import snapshot
 from delayq.queue.client import Queue
 from delayq.queue.codes import InvalidMessageError
 from delayq.queue.keys import Part, slot_keys
-from delayq.queue.model import Message, Mode, ScheduleRequest
+from delayq.queue.model import GroupCounts, Message, Mode, ScheduleRequest
 from delayq.queue.topic import Topic
 from delayq.queue.topic_record import recorded_values
 
@@ -208,6 +208,37 @@ def test_a_grouped_message_without_its_index_entry_is_still_claimed(
     assert _ids(_claim(queue, epoch, 10)) == ["a0", "a1"]
 
 
+def _counted(queue: Queue) -> GroupCounts:
+    return queue.stats([SLOT], groups=True).groups
+
+
+def test_stats_count_the_groups_due_held_and_later_never_naming_them(
+    queue: Queue, redis_client: redis.Redis
+) -> None:
+    """What an operator sees of fair groups at work (delayq_fair_groups{state}): counts read
+    from the claims' round in the stats call /metrics makes. A group at its bound counts as
+    held once a claim found it there."""
+    assert _counted(queue) == GroupCounts(0, 0, 0)  # no group: no round
+    _bound_in_flight(redis_client, 1)
+    for group in ("a", "b"):
+        _schedule(queue, f"{group}0", 1_000, group=group)
+        _schedule(queue, f"{group}1", 1_001, group=group)
+    _schedule(queue, "c0", server_ms(redis_client) + 3_600_000, group="c")
+    _schedule(queue, "plain", 2_000)
+    epoch = queue.take_over(SLOT)
+    assert _counted(queue) == GroupCounts(due=2, held=0, later=1)
+    assert queue.stats([SLOT]).groups == GroupCounts()  # not asked: not counted (the watchdog)
+    [a0] = _claim(queue, epoch, 1)
+    assert _ids([a0, *_claim(queue, epoch, 1)]) == ["a0", "b0"]
+    assert _counted(queue) == GroupCounts(due=2, held=0, later=1)  # not seen full yet
+    assert _ids(_claim(queue, epoch, 1)) == ["plain"]  # found a at its bound: held
+    assert _counted(queue) == GroupCounts(due=1, held=1, later=1)
+    assert _claim(queue, epoch, 1) == []  # found b at its bound too
+    assert _counted(queue) == GroupCounts(due=0, held=2, later=1)
+    queue.ack(a0.lease)  # room for a: its turn again
+    assert _counted(queue) == GroupCounts(due=1, held=1, later=1)
+
+
 def test_a_group_travels_with_its_message(queue: Queue, redis_client: redis.Redis) -> None:
     group = "tenant:42/ü é"  # ':' and any printable text
     _schedule(queue, "m", 1_000, group=group)
@@ -215,6 +246,8 @@ def test_a_group_travels_with_its_message(queue: Queue, redis_client: redis.Redi
     epoch = queue.take_over(SLOT)
     [message] = _claim(queue, epoch, 1)
     queue.nack(message.lease, dead=True)
+    [dead] = queue.dead_page(SLOT).messages  # the dead letters list it with its group
+    assert (dead.id, dead.group) == ("m", group)
     assert queue.redrive(SLOT, ["m"])[0].id == "m"
     info = queue.get("m", slot_basis=BASIS)
     assert (info.group, info.state.value) == (group, "scheduled")

@@ -23,9 +23,10 @@ from delayq.queue import (
     State,
     occurrence_target,
 )
+from delayq.queue.keys import Part, slot_keys
 from delayq.queue.schedules import occurrence_id
 
-from .conftest import ENGINE_PASSWORD, ENGINE_USER, server_ms, wait_for_server_ms
+from .conftest import ENGINE_PASSWORD, ENGINE_USER, TOPIC, server_ms, wait_for_server_ms
 from .test_consumer import running
 
 EVERY_MS = 200
@@ -308,3 +309,35 @@ def test_a_first_occurrence_a_millisecond_away_is_still_ahead_when_stored(
     result = queue.put_schedule(Schedule("fast", Recurrence(every_ms=1)))
     assert result.code is Code.CREATED
     assert result.first_due_ms > before + 100
+
+
+def test_occurrences_carry_the_schedules_priority_and_group_and_are_indexed_by_them(
+    queue: Queue, redis_client: redis.Redis
+) -> None:
+    """Each occurrence, the first (put) and the ones the claims materialise, is a message of
+    the schedule's priority and group: it says so when delivered and enters the slot's priority
+    index and group round, so it goes before a plain message due earlier (the claim's priority
+    pass) and takes its group's turn."""
+    series = Schedule("urgent", Recurrence(every_ms=EVERY_MS), priority=7, group="tenant:9")
+    first = queue.put_schedule(series).first_due_ms
+    info = queue.get_schedule("urgent")
+    assert (info.schedule.priority, info.schedule.group) == (7, "tenant:9")
+    slot = info.slot
+    queue.schedule("plain", at_ms=first - 100, slot_basis="urgent")
+    keys = slot_keys(TOPIC, slot)
+    epoch = queue.take_over(slot)
+    wait_for_server_ms(redis_client, first)
+    [message] = queue.claim(slot, epoch, 1).messages
+    assert (message.id, message.priority, message.group) == (
+        occurrence_id("urgent", first),
+        7,
+        "tenant:9",
+    )
+    second = occurrence_id("urgent", first + EVERY_MS)  # the claim materialised it
+    waiting = queue.get(second, slot_basis="urgent")
+    assert (waiting.state, waiting.priority, waiting.group) == (State.SCHEDULED, 7, "tenant:9")
+    assert redis_client.zrange(keys.key(Part.PRIORITY), 0, -1) == [second.encode()]
+    grouped: list[bytes] = redis_client.zrange(keys.key(Part.GROUP_WAIT), 0, -1)  # type: ignore[assignment]
+    assert grouped[0].startswith(b"tenant:9\0")
+    assert grouped == [grouped[0]]
+    assert grouped[0].endswith(b"\0" + second.encode())

@@ -141,14 +141,15 @@ def test_topic_stats_table_and_json_match_the_api(served: Served, run):
 
 
 def test_msg_get_reschedule_cancel_change_redis(served: Served, run):
-    message = {"id": "m/1", "delayMs": 60_000, "payload": "hi", "priority": 3}
+    message = {"id": "m/1", "delayMs": 60_000, "payload": "hi", "priority": 3, "group": "acme"}
     scheduled = served.api("POST", "/messages", message)
     store = served.key(scheduled["slot"], Part.STORE)
     code, out, _ = run("msg", "get", "m/1")
     assert code == OK
     assert "scheduled" in out
     assert "hi (2 characters)" in out
-    assert dict(line.split(None, 1) for line in out.splitlines())["priority"].strip() == "3"
+    rows = dict(line.split(None, 1) for line in out.splitlines())
+    assert (rows["priority"].strip(), rows["group"].strip()) == ("3", "acme")
     code, out, _ = run("msg", "get", "m/1", "--json")
     assert json.loads(out) == served.api("GET", "/messages/m%2F1")
 
@@ -218,12 +219,12 @@ def test_unreachable_and_refused_token_exit_3(served: Served, run, monkeypatch):
 
 def test_dead_list_redrive_purge(served: Served, run):
     served.api("POST", "/dead/purge", {"all": True})
-    served.to_dead(["d1", "d2", "d3"], priority=2)
+    served.to_dead(["d1", "d2", "d3"], priority=2, group="acme")
     code, out, _ = run("dead", "list")
     assert code == OK
-    assert out.split()[:4] == ["ID", "SLOT", "ATTEMPTS", "PRIORITY"]
-    listed = {line.split()[0]: line.split()[3] for line in out.splitlines()[1:]}
-    assert listed == {"d1": "2", "d2": "2", "d3": "2"}  # each one's priority
+    assert out.split()[:5] == ["ID", "SLOT", "ATTEMPTS", "PRIORITY", "GROUP"]
+    listed = {line.split()[0]: line.split()[3:5] for line in out.splitlines()[1:]}
+    assert listed == {name: ["2", "acme"] for name in ("d1", "d2", "d3")}  # priority, group
     assert "boom" in out
 
     code, out, err = run("dead", "redrive", "d1", "nobody", "--progress")
@@ -294,7 +295,8 @@ def test_topic_pause_and_resume_show_in_stats_and_slots(served: Served, run):
 
 
 def test_schedules_list_get_delete(served: Served, run):
-    every = {"everyMs": 3_600_000, "startMs": 2_208_988_800_000, "payload": "tick"}
+    every = {"everyMs": 3_600_000, "startMs": 2_208_988_800_000, "payload": "tick", "priority": 2}
+    every["group"] = "acme"
     served.api("PUT", "/schedules/hourly", every)
     cron = {"cron": "0 9 * * 1-5", "timeZone": "Europe/Berlin", "payload": "standup"}
     served.api("PUT", "/schedules/standup", cron)
@@ -311,6 +313,7 @@ def test_schedules_list_get_delete(served: Served, run):
     code, out, _ = run("schedules", "get", "hourly")
     lines = dict(line.split("  ", 1) for line in out.splitlines())
     assert lines["recurrence"].strip() == "every 1 h"
+    assert (lines["priority"].strip(), lines["group"].strip()) == ("2", "acme")
 
     code, out, _ = run("schedules", "delete", "hourly")
     assert (code, out.strip()) == (OK, "hourly: cancelled")

@@ -186,7 +186,7 @@ def test_message_lookup_reschedule_and_cancel_change_redis(
     served: Fleet, driver: webdriver.Chrome, store: redis.Redis
 ):
     scheduled = served.schedule(
-        "order 7/é", 60_000, payload="{}", headers={"tenant": "acme"}, priority=7
+        "order 7/é", 60_000, payload="{}", headers={"tenant": "acme"}, priority=7, group="acme/é"
     )
     store_key = key(scheduled["slot"], Part.STORE)
     open_dashboard(driver, served.url, page="overview")
@@ -199,7 +199,7 @@ def test_message_lookup_reschedule_and_cancel_change_redis(
         "scheduled",
         str(scheduled["slot"]),
     )
-    assert (fields["Attempts"], fields["Priority"]) == ("0", "7")
+    assert (fields["Attempts"], fields["Priority"], fields["Group"]) == ("0", "7", "acme/é")
 
     delay = driver.find_element(By.ID, "reschedule-delay")
     delay.send_keys("3600", Keys.ENTER)  # the keyboard submits the form
@@ -231,16 +231,19 @@ def test_dead_letters_redrive_selected_then_purge_all(
     served: Fleet, driver: webdriver.Chrome, store: redis.Redis
 ):
     served.api("POST", "/dead/purge", {"all": True})
-    for priority, name in enumerate(DEAD_IDS):
-        served.schedule(name, 0, priority=priority)
+    for priority, name in enumerate(DEAD_IDS):  # the first without a group
+        grouped = {"group": f"g{priority}"} if priority else {}
+        served.schedule(name, 0, priority=priority, **grouped)
     killed = served.kill_to_dead(3, "HTTP 500 from receiver")
     assert dead_total(store) == 3
     open_dashboard(driver, served.url, page="dead")
     rows = driver.find_elements(By.CSS_SELECTOR, "#dead-table tbody tr")
     cells = [[td.text for td in r.find_elements(By.CSS_SELECTOR, "td")] for r in rows]
     assert sorted(c[1] for c in cells) == sorted(killed)
-    # each row's priority (the column after the attempts), the one it was scheduled with
-    assert sorted((c[1], c[4]) for c in cells) == [(n, str(p)) for p, n in enumerate(DEAD_IDS)]
+    # each row's priority and group (the columns after the attempts), those it was scheduled with
+    assert sorted((c[1], c[4], c[5]) for c in cells) == [
+        (n, str(p), f"g{p}" if p else "—") for p, n in enumerate(DEAD_IDS)
+    ]
     assert all("HTTP 500 from receiver" in r.text for r in rows)
     assert driver.find_element(By.ID, "dead-count").text == "3 dead in the topic"
 

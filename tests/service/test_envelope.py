@@ -43,6 +43,21 @@ def test_webhook_body_and_stream_entry():
     fields = stream_fields(TOPIC, message)
     assert fields["payload"] == b"\xff"
     assert (fields["attempt"], fields["priority"]) == (3, 4)
+    assert "group" not in body  # absent, not null, when none
+    assert "group" not in fields
+
+
+def test_a_grouped_message_tells_its_group_and_an_ungrouped_body_keeps_its_bytes():
+    """The group travels in the body, the lease and the stream entry; without one the body is
+    byte for byte the one receivers got before groups existed (signed, deduped, validated)."""
+    message = Message("a", 2, b"hi", {}, 1, 1234, 7, 9)
+    assert message_body(TOPIC, message) == (
+        b'{"attempt":1,"dueMs":1234,"encoding":"utf-8","headers":{},"id":"a",'
+        b'"namespace":"shop","payload":"hi","priority":0,"topic":"orders"}'
+    )
+    grouped = message._replace(group="customer:7 é")
+    assert json.loads(message_body(TOPIC, grouped))["group"] == "customer:7 é"
+    assert stream_fields(TOPIC, grouped)["group"] == "customer:7 é"
 
 
 @given(st.text(min_size=1))

@@ -1,6 +1,7 @@
 """Fair groups on real processes: a redis-server, ZooKeeper, a `delayq serve` process and a real
 HTTP receiver that takes 1,000 messages a second. One group's herd due at one instant does not
-hold another group's few back: the issue's proof, 50,000 of group A and 100 of group B."""
+hold another group's few back: the issue's proof, 50,000 of group A and 100 of group B. And what
+/metrics tells of the groups: counts by state, never a group's name."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ from typing import Any
 import aiohttp
 import pytest
 import redis.asyncio
+from prometheus_client.parser import text_string_to_metric_families
 
 from delayq.local.ports import free_port
 from delayq.local.processes import ServeProcess
@@ -23,7 +25,7 @@ from delayq.queue.client import AsyncQueue
 from delayq.queue.model import ScheduleRequest
 from delayq.queue.topic import Topic, TopicType
 from delayq.service.config import ServiceConfig
-from tests.service.conftest import Receiver
+from tests.service.conftest import Receiver, StartService
 
 #: The herd, the few, the receiver's pace (messages a second) and B's lateness bound (p99):
 #: the herd is 50 s of the receiver's time, so in due order B would wait about that long.
@@ -124,3 +126,28 @@ async def test_a_herd_of_one_group_does_not_hold_another_groups_few_back(
           f"max {lateness_s[-1]:.3f} s; group a answered meanwhile: {a_answered}")
     assert p99_s <= BOUND_S, lateness_s
     assert a_answered < HERD // 2  # while a's herd drains
+
+
+async def test_metrics_count_the_groups_by_state_and_never_name_one(
+    start_service: StartService,
+) -> None:
+    """delayq_fair_groups{state}: a group with a message due, one waiting for later, summed
+    over the owned slots; the groups' names (tenant data) appear in no series."""
+    running = await start_service()  # pull: nothing leased, so the due group stays due
+    messages = [
+        {"id": "d", "delayMs": 0, "group": "tenant-due"},
+        {"id": "l", "delayMs": 3_600_000, "group": "tenant-later"},
+        {"id": "u", "delayMs": 0},
+    ]
+    batch = {"messages": messages}
+    answer = await running.client.post(f"{running.base}/messages/batch", json=batch)
+    assert answer.status == 200
+    text = await (await running.client.get("/metrics")).text()
+    counts = {
+        sample.labels["state"]: sample.value
+        for family in text_string_to_metric_families(text)
+        for sample in family.samples
+        if sample.name == "delayq_fair_groups"
+    }
+    assert counts == {"due": 1, "held": 0, "later": 1}
+    assert "tenant-" not in text

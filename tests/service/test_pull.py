@@ -320,6 +320,18 @@ async def test_nack_dead_and_redrive(start_service: StartService):
     assert again["id"] == "m0"
 
 
+async def test_a_lease_tells_the_group(start_service: StartService):
+    """A lease carries the group the message was scheduled with; an ungrouped one has none."""
+    running = await start_service()
+    for body in ({"id": "g", "delayMs": 0, "group": "customer:7"}, {"id": "u", "delayMs": 0}):
+        assert (await running.client.post(f"{running.base}/messages", json=body)).status == 201
+    leased = {m["id"]: m for m in await lease(running, max=10, waitMs=2000)}
+    while len(leased) < 2:
+        leased.update((m["id"], m) for m in await lease(running, max=10, waitMs=2000))
+    assert leased["g"]["group"] == "customer:7"
+    assert "group" not in leased["u"]
+
+
 async def test_redrive_or_purge_of_an_id_not_dead_is_a_404_with_every_result(
     start_service: StartService,
 ):

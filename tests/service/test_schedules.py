@@ -67,7 +67,8 @@ def call(method: str, url: str, body: Any = None) -> tuple[int, dict[str, Any]]:
 
 def test_crud(api: str) -> None:
     url = f"{api}/schedules/{quote('daily/report', safe='')}"
-    body = {"cron": "0 9 * * 1-5", "timeZone": "Europe/Berlin", "payload": "go", "catchUp": "skip"}
+    body: dict[str, Any] = {"cron": "0 9 * * 1-5", "timeZone": "Europe/Berlin", "payload": "go"}
+    body |= {"catchUp": "skip", "priority": 4, "group": "tenant:9"}  # every occurrence's
     status, created = call("PUT", url, body)
     assert status == 201, created
     assert created["id"] == "daily/report"
@@ -78,14 +79,16 @@ def test_crud(api: str) -> None:
     )
     assert created["waiting"] is True
     assert created["nextDueMs"] > created["currentDueMs"]
+    assert (created["priority"], created["group"]) == (4, "tenant:9")
     # the waiting occurrence is an ordinary message, routed by the schedule id
     occurrence = quote(created["currentId"], safe="")
     status, message = call("GET", f"{api}/messages/{occurrence}?slotBasis=daily%2Freport")
     assert (status, message["state"], message["payload"]) == (200, "scheduled", "go")
+    assert (message["priority"], message["group"]) == (4, "tenant:9")
 
     status, replaced = call("PUT", url, {"everyMs": 60_000, "payload": "v2"})
     assert (status, replaced["everyMs"], replaced["payload"]) == (200, 60_000, "v2")
-    assert "cron" not in replaced
+    assert (replaced["priority"], "cron" in replaced, "group" in replaced) == (0, False, False)
     assert call("GET", url) == (200, replaced)
     status, listed = call("GET", f"{api}/schedules")
     assert (status, [s["id"] for s in listed["schedules"]]) == (200, ["daily/report"])
@@ -117,8 +120,10 @@ def test_crud(api: str) -> None:
         ({"everyMs": 5, "catchUp": "sometimes"}, "catchUp", "once"),
         ({"everyMs": 5, "catchUpMax": 0}, "catchUpMax", "between 1 and"),
         ({"everyMs": 5, "every": 5}, "every", "not a schedule field"),
-        # occurrences have priority 0: a series' priority is refused, not silently dropped
-        ({"everyMs": 5, "priority": 5}, "priority", "not a schedule field"),
+        ({"everyMs": 5, "priority": 10}, "priority", "between 0 and 9"),
+        ({"everyMs": 5, "priority": True}, "priority", "integer"),
+        ({"everyMs": 5, "group": ""}, "group", "1 to 128 bytes"),
+        ({"everyMs": 5, "group": "a\u0007"}, "group", "control"),
         ({"everyMs": 5, "headers": {"a": 1}}, "headers", "strings"),
         ({"everyMs": 5, "payload": "x", "encoding": "base64"}, "payload", "base64"),
     ],

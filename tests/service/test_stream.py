@@ -20,6 +20,8 @@ async def test_every_message_reaches_the_stream_once(
         {"id": f"s{i}", "delayMs": i % 50, "payload": f"p{i}", "headers": {"n": str(i)}}
         for i in range(300)
     ]
+    for message in messages[::3]:  # a third grouped: their entries tell it, the others not
+        message["group"] = f"g{message['id']}"
     await running.client.post(f"{running.base}/messages/batch", json={"messages": messages})
 
     async def all_added() -> bool:
@@ -37,6 +39,8 @@ async def test_every_message_reaches_the_stream_once(
     entries = cast(list[tuple[bytes, dict[bytes, bytes]]], answer)
     ids = [fields[b"id"].decode() for _, fields in entries]
     assert sorted(ids) == sorted(m["id"] for m in messages)
+    groups = {f[b"id"].decode(): f.get(b"group") for _, f in entries}
+    assert groups == {m["id"]: m.get("group", "").encode() or None for m in messages}
     _, first = entries[0]
     number = json.loads(first[b"headers"])["n"]
     assert first[b"payload"] == f"p{number}".encode()

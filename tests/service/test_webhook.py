@@ -89,6 +89,20 @@ async def test_success_posts_the_signed_message_and_acks(
     await eventually(acked, 5, "the ack")
 
 
+async def test_a_grouped_message_is_posted_with_its_group(
+    start_service: StartService, receiver: Receiver
+):
+    """The body tells the group the message was scheduled with, read from the claimed record;
+    an ungrouped message's body has no `group` at all."""
+    running = await start_service(topic_type="webhook", webhook_url=receiver.url)
+    await schedule(running, "g", group="customer:7")
+    await schedule(running, "u")
+    await eventually(lambda: len(receiver.requests) == 2, 5, "two POSTs")
+    bodies = {message["id"]: message for message in map(json.loads, receiver.bodies())}
+    assert bodies["g"]["group"] == "customer:7"
+    assert "group" not in bodies["u"]
+
+
 async def test_server_errors_retry_with_backoff_then_dead(
     start_service: StartService, receiver: Receiver
 ):

@@ -463,8 +463,10 @@ class Queue:
         return self.run_steps(schedule_plans.top_up(self.topic, slot))
 
     # reading
-    def stats(self, slots: Iterable[int] | None = None) -> TopicStats:
-        return self.run(read_plans.stats(self.topic, slots))
+    def stats(self, slots: Iterable[int] | None = None, groups: bool = False) -> TopicStats:
+        """Depths and heads of `slots` (all when None); with `groups`, the fair groups' counts
+        (`TopicStats.groups`) too."""
+        return self.run(read_plans.stats(self.topic, slots, groups))
 
 
 class AsyncQueue:
@@ -720,5 +722,6 @@ class AsyncQueue:
         return await self.run_steps(schedule_plans.top_up(self.topic, slot))
 
     # reading
-    async def stats(self, slots: Iterable[int] | None = None) -> TopicStats:
-        return await self.run(read_plans.stats(self.topic, slots))
+    async def stats(self, slots: Iterable[int] | None = None, groups: bool = False) -> TopicStats:
+        """As Queue.stats."""
+        return await self.run(read_plans.stats(self.topic, slots, groups))

@@ -267,6 +267,7 @@ def _claim_batch(reply: Reply, slot: int, epoch: int) -> ClaimBatch | StaleEpoch
                 epoch,
                 record.lease_id,
                 record.priority,
+                record.group,
             )
         messages.append(message)
     return ClaimBatch(

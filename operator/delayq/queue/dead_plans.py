@@ -94,6 +94,7 @@ def dead_page(topic: Topic, slot: int, offset: int, count: int) -> Plan[DeadPage
                     headers=record.headers,
                     dead_reason=as_text(reason),
                     priority=record.priority,
+                    group=record.group,
                 )
             )
         return DeadPage(int(reply[0]), messages)

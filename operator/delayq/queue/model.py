@@ -200,6 +200,8 @@ class Message(NamedTuple):
     lease_id: int
     # 0..9, read from the record the claim answers (its tagged `p` field): no read of its own
     priority: int = 0
+    # its fair group (None: none), read from the record the claim answers as the priority is
+    group: str | None = None
 
     @property
     def lease(self) -> Lease:
@@ -280,6 +282,23 @@ class Draw(NamedTuple):
     held: bool = False  # a receiver's hold lasts (wait_ms more)
 
 
+class GroupCounts(NamedTuple):
+    """The fair groups with a message waiting, by where they stand in the claims' round (as
+    the claims left it: the one that finds a group's last message gone drops it): counts, not
+    names, so a tenant's group never becomes a metric label."""
+
+    due: int = 0  # its turn has come: a message due and room under maxInFlightPerGroup
+    held: int = 0  # parked at maxInFlightPerGroup until a lease of it ends
+    later: int = 0  # its next message is not due yet
+
+    def plus(self, other: GroupCounts) -> GroupCounts:
+        return GroupCounts(*(mine + theirs for mine, theirs in zip(self, other, strict=True)))
+
+
+#: A slot without fair groups (most slots of most topics): one shared value.
+NO_GROUPS = GroupCounts()
+
+
 @dataclass(frozen=True)
 class SlotStats:
     slot: int
@@ -290,6 +309,7 @@ class SlotStats:
     dead: int
     next_due_ms: int | None
     next_deadline_ms: int | None
+    groups: GroupCounts = NO_GROUPS
 
     @property
     def oldest_overdue_ms(self) -> int:
@@ -326,6 +346,12 @@ class TopicStats:
     @property
     def oldest_overdue_ms(self) -> int:
         return max((s.oldest_overdue_ms for s in self.slots), default=0)
+
+    @property
+    def groups(self) -> GroupCounts:
+        """Summed over the slots: a group with messages in n slots counts n times (each slot
+        keeps its own round)."""
+        return GroupCounts(*map(sum, zip(*(s.groups for s in self.slots), strict=True)))
 
 
 @dataclass(frozen=True)

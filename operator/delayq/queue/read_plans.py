@@ -11,7 +11,15 @@ from typing import Any
 
 from delayq.queue.codec import as_text, decode_record, validate_id
 from delayq.queue.keys import Part, slot_keys
-from delayq.queue.model import MessageInfo, SlotStats, State, Target, TopicStats
+from delayq.queue.model import (
+    NO_GROUPS,
+    GroupCounts,
+    MessageInfo,
+    SlotStats,
+    State,
+    Target,
+    TopicStats,
+)
 from delayq.queue.plans import (
     Arg,
     Plan,
@@ -73,11 +81,16 @@ def _message_info(message_id: str, slot: int, row: tuple[Any, ...]) -> MessageIn
     )
 
 
-def stats(topic: Topic, slots: Iterable[int] | None = None) -> Plan[TopicStats]:
+def stats(
+    topic: Topic, slots: Iterable[int] | None = None, groups: bool = False
+) -> Plan[TopicStats]:
+    """The slots' depths and heads; with `groups`, their fair groups' counts too (/metrics asks,
+    the consumer's watchdog, which reads every owned slot each second, does not)."""
     wanted = list(topic.slots if slots is None else slots)
+    args: list[Arg] = [1] if groups else []
     calls = [
         ScriptCall(
-            Script.STATS, slot_keys(topic, slot).keys(Part.STORE, Part.PREPARE, Part.DEAD), []
+            Script.STATS, slot_keys(topic, slot).keys(Part.STORE, Part.PREPARE, Part.DEAD), args
         )
         for slot in wanted
     ]
@@ -94,9 +107,19 @@ def stats(topic: Topic, slots: Iterable[int] | None = None) -> Plan[TopicStats]:
                     int(r[4]),
                     optional_ms(r[5]),
                     optional_ms(r[6]),
+                    _group_counts(r),
                 )
                 for slot, r in zip(wanted, replies, strict=True)
             ]
         )
 
     return Plan(calls, combine)
+
+
+def _group_counts(reply: Reply) -> GroupCounts:
+    """stats-3's counts of a slot's round, when it has one: the groups neither due nor held
+    wait for later."""
+    if len(reply) <= 7:
+        return NO_GROUPS
+    due, held, waiting = int(reply[7]), int(reply[8]), int(reply[9])
+    return GroupCounts(due, held, max(0, waiting - due - held))

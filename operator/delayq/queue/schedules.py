@@ -4,8 +4,10 @@ A schedule lives in the slot its id routes to, as one field of the slot's `sched
 `"<current_due_ms>:<next>:<catch_up>:<definition_len>:" + definition_json + template`, where
 `next` is the precomputed successor of the current occurrence (empty while a top-up is owed,
 `end` when the series has no further occurrence) and `template` is the tail of a new message
-record (`<headers_len>:<headers_json><payload>`), so the claim script materialises an
-occurrence by string concatenation alone (lua/includes/series_fields.lua reads the same layout).
+record (`[p<priority>:][g<group length>:<group>]<headers_len>:<headers_json><payload>`, the
+tagged fields only when the schedule has them, as codec.py lays a record out), so the scripts
+materialise an occurrence by string concatenation alone and index its priority and group from
+it (lua/includes/materialize.lua; lua/includes/series_fields.lua reads the same layout).
 
 Occurrences are ordinary messages with the derived id `<schedule id>@<due ms>`, routed by the
 schedule id as their slot basis: they share the schedule's slot, and scheduling one twice is a
@@ -17,7 +19,16 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass, field
 
-from delayq.queue.codec import Headers, as_text, encode_headers, encode_id, validate_payload
+from delayq.queue.codec import (
+    Headers,
+    as_text,
+    decode_record,
+    encode_group,
+    encode_headers,
+    encode_id,
+    validate_payload,
+    validate_priority,
+)
 from delayq.queue.codes import Code, InvalidMessageError
 from delayq.queue.model import Target
 from delayq.queue.recurrence import MAX_CATCH_UP, CatchUp, Recurrence
@@ -34,8 +45,9 @@ PENDING, ENDED = "", "end"  # the `next` field while a top-up is owed / after th
 
 @dataclass(frozen=True)
 class Schedule:
-    """A recurring message: `recurrence` says when, `payload` and `headers` are what each
-    occurrence carries, `catch_up` what happens to occurrences missed during downtime."""
+    """A recurring message: `recurrence` says when, `payload`, `headers`, `priority` and `group`
+    are what each occurrence carries, `catch_up` what happens to occurrences missed during
+    downtime."""
 
     id: str
     recurrence: Recurrence
@@ -43,6 +55,8 @@ class Schedule:
     headers: Headers = field(default_factory=dict)
     catch_up: CatchUp = CatchUp.ONCE
     catch_up_max: int = DEFAULT_CATCH_UP_MAX
+    priority: int = 0  # 0..9, each occurrence's (codec.MAX_PRIORITY)
+    group: str | None = None  # each occurrence's fair group
 
     def __post_init__(self) -> None:
         if len(encode_id(self.id, "schedule id")) > MAX_SCHEDULE_ID_BYTES:
@@ -57,6 +71,9 @@ class Schedule:
             raise InvalidMessageError(
                 f"catch_up_max {count!r} must be an integer 1..{MAX_CATCH_UP}"
             )
+        validate_priority(self.priority)
+        if self.group is not None:
+            encode_group(self.group)
 
     def target(self) -> Target:
         """Where the schedule lives: the slot its id routes to."""
@@ -122,24 +139,28 @@ def encode_schedule(topic: Topic, schedule: Schedule, current_due_ms: int, next_
     headers = encode_headers(schedule.headers)
     payload = validate_payload(schedule.payload, topic.max_payload_bytes)
     head = f"{current_due_ms}:{next_due}:{schedule.catch_up.value}:{len(definition)}:".encode()
-    return head + definition + str(len(headers)).encode() + b":" + headers + payload
+    tags = f"p{schedule.priority}:".encode() if schedule.priority else b""
+    if schedule.group is not None:
+        group = encode_group(schedule.group)
+        tags += b"g%d:" % len(group) + group
+    return head + definition + tags + str(len(headers)).encode() + b":" + headers + payload
 
 
 def decode_schedule(schedule_id: str, slot: int, raw: bytes, waiting: bool) -> ScheduleInfo:
     current, next_due, catch_up, definition_len, rest = raw.split(b":", 4)
     size = int(definition_len)
     definition = json.loads(rest[:size])
-    headers_len, tail = rest[size:].split(b":", 1)
-    headers_size = int(headers_len)
-    headers: Headers = json.loads(tail[:headers_size]) if headers_size else {}
+    template = decode_record(b"0:::" + rest[size:])  # an occurrence's record, as materialised
     catch_up_max = definition.pop("catch_up_max")
     schedule = Schedule(
         schedule_id,
         Recurrence(**definition),
-        tail[headers_size:],
-        headers,
+        template.payload,
+        template.headers,
         CatchUp(as_text(catch_up)),
         catch_up_max,
+        template.priority,
+        template.group,
     )
     text = as_text(next_due)
     return ScheduleInfo(

@@ -299,6 +299,7 @@ def msg_get(api: Api, args: argparse.Namespace, out: TextIO) -> int:
         ("due", instant(message.get("dueMs"), now)),
         ("attempts", message["attempts"]),
         ("priority", message.get("priority", 0)),
+        ("group", message.get("group", "-")),
         ("lease deadline", instant(message.get("leaseDeadlineMs"), now)),
         ("died", instant(message.get("diedMs"), now)),
         ("finished", instant(message.get("finishedMs"), now)),
@@ -377,6 +378,8 @@ def schedules_get(api: Api, args: argparse.Namespace, out: TextIO) -> int:
             ("start", instant(schedule.get("startMs"), now)),
             ("end", instant(schedule.get("endMs"), now)),
             ("catch-up", f"{schedule['catchUp']} (at most {schedule['catchUpMax']})"),
+            ("priority", schedule.get("priority", 0)),
+            ("group", schedule.get("group", "-")),
             ("waiting occurrence", schedule.get("currentId") or "-"),
             ("its due time", instant(schedule.get("currentDueMs"), now)),
             ("then", "ended" if schedule["ended"] else instant(schedule.get("nextDueMs"), now)),
@@ -408,12 +411,13 @@ def dead_list(api: Api, args: argparse.Namespace, out: TextIO) -> int:
             m["slot"],
             m["attempts"],
             m.get("priority", 0),
+            m.get("group", "-"),
             instant(m.get("diedMs"), now),
             (m.get("deadReason") or "-")[:80],
         )
         for m in page["messages"]
     ]
-    table(rows, ("ID", "SLOT", "ATTEMPTS", "PRIORITY", "DIED", "REASON"), out)
+    table(rows, ("ID", "SLOT", "ATTEMPTS", "PRIORITY", "GROUP", "DIED", "REASON"), out)
     if page["nextCursor"] is not None:
         print(f"more: --cursor {page['nextCursor']}", file=sys.stderr)
     return OK

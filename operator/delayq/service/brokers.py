@@ -178,12 +178,13 @@ class Brokers:
                 results[index] = answer
         return [r for r in results if r is not None]
 
-    async def stats(self, slots: Iterable[int] | None = None) -> TopicStats:
+    async def stats(self, slots: Iterable[int] | None = None, groups: bool = False) -> TopicStats:
         """The depths of `slots` (all when None), one per slot in slot order: a slot a doubling
-        switched is counted in its halves (`stored`), under its own number."""
+        switched is counted in its halves (`stored`), under its own number; with `groups`, the
+        fair groups' counts too."""
         counted: dict[int, SlotStats] = {}
         for _, queue, named in self.stored(self.topic.slots if slots is None else slots):
-            for part in (await queue.stats(list(named))).slots:
+            for part in (await queue.stats(list(named), groups)).slots:
                 slot = named[part.slot]
                 counted[slot] = _added(counted.get(slot), replace(part, slot=slot))
         return TopicStats(sorted(counted.values(), key=lambda s: s.slot))
@@ -251,6 +252,7 @@ def _added(counted: SlotStats | None, half: SlotStats) -> SlotStats:
         dead=counted.dead + half.dead,
         next_due_ms=_earliest(counted.next_due_ms, half.next_due_ms),
         next_deadline_ms=_earliest(counted.next_deadline_ms, half.next_deadline_ms),
+        groups=counted.groups.plus(half.groups),
     )
 
 

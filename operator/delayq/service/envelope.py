@@ -55,9 +55,11 @@ def header_id(message_id: str) -> str:
 
 
 def message_json(topic: Topic, message: Message) -> dict[str, Any]:
-    """A due message as delivered: what a webhook receives and a pull lease returns."""
+    """A due message as delivered: what a webhook receives and a pull lease returns. `group`
+    only when it has one: an ungrouped message's body stays the bytes it always was (a
+    receiver's signature check, dedupe or schema never sees a new `null`)."""
     payload, encoding = encode_payload(message.payload)
-    return {
+    body: dict[str, Any] = {
         "id": message.id,
         "topic": topic.name,
         "namespace": topic.namespace,
@@ -68,6 +70,9 @@ def message_json(topic: Topic, message: Message) -> dict[str, Any]:
         "dueMs": message.due_ms,
         "priority": message.priority,
     }
+    if message.group is not None:
+        body["group"] = message.group
+    return body
 
 
 def message_body(topic: Topic, message: Message) -> bytes:

@@ -95,6 +95,15 @@ class ServiceMetrics:
             names,
             registry=self.registry,
         )
+        self.fair_groups = Gauge(
+            "delayq_fair_groups",
+            "Fair groups with a message waiting in the owned slots, by state: due (its turn has "
+            "come), held (at delivery.maxInFlightPerGroup), later (nothing due yet); summed over "
+            "the slots (a group in n slots counts n times). Counts only: a group is tenant data "
+            "and never a label",
+            [*names, "state"],
+            registry=self.registry,
+        )
         self.due_forecast = Gauge(
             "delayq_due_messages",
             "Scheduled messages of the owned slots falling due within the next `within` "
@@ -195,6 +204,8 @@ class ServiceMetrics:
         self._child(self.owned_slots).set(len(stats.slots))
         self._child(self.paused).set(1 if paused else 0)
         self._child(self.oldest_overdue).set(stats.oldest_overdue_ms / 1000)
+        for state, count in stats.groups._asdict().items():
+            self._child(self.fair_groups, state).set(count)
 
     def set_due_forecast(self, due_within: dict[str, int]) -> None:
         """`delayq_due_messages{within}` from counts by FORECAST_WINDOWS label."""

@@ -26,6 +26,15 @@ from delayq.service.openapi_parts import (
 from delayq.service.overview import DUE_WINDOWS, MAX_LISTED, MAX_SLOT_PAGE, STALLED_AFTER_MS
 from delayq.service.parsing import MAX_AT_MS, MAX_BATCH
 
+#: What each occurrence of a recurring schedule carries besides its payload and headers.
+SERIES_TAGS: dict[str, Schema] = {
+    "priority": {
+        **integer("every occurrence's priority (0, the default: none)", 0, MAX_PRIORITY),
+        "default": 0,
+    },
+    "group": {**GROUP_SCHEMA, "description": "every occurrence's fair group (absent: none)"},
+}
+
 SCHEMAS: dict[str, Schema] = {
     "Error": obj(["error"], error=string(), field=string("the request field at fault")),
     "ScheduleRequest": at_most_one_expiry(
@@ -144,6 +153,11 @@ SCHEMAS: dict[str, Schema] = {
         attempt=integer("1 for the first delivery", 1),
         dueMs=integer("due instant"),
         priority=integer("the priority it was scheduled with (0 when none)", 0, MAX_PRIORITY),
+        group={
+            **GROUP_SCHEMA,
+            "description": "the fair group it was scheduled with; absent when it has none "
+            "(an ungrouped message's body is unchanged)",
+        },
         token=string(
             "pull leases only: present it to ack, nack or extend; opaque, bound to this topic"
         ),
@@ -158,7 +172,7 @@ SCHEMAS: dict[str, Schema] = {
     ),
     "Outcomes": obj(["results"], results=array(ref("Outcome"), MAX_BATCH)),
     "ScheduleDefinition": {
-        **obj([], **RECURRENCE, **PAYLOAD),
+        **obj([], **RECURRENCE, **SERIES_TAGS, **PAYLOAD),
         "additionalProperties": False,
         "oneOf": [{"required": ["cron"]}, {"required": ["everyMs"]}],
         **BASE64_WHEN_SAID,
@@ -172,6 +186,7 @@ SCHEMAS: dict[str, Schema] = {
             "payload",
             "encoding",
             "headers",
+            "priority",
             "currentId",
             "currentDueMs",
             "waiting",
@@ -191,6 +206,7 @@ SCHEMAS: dict[str, Schema] = {
         },
         ended={"type": "boolean", "description": "no occurrence after the latest one"},
         **RECURRENCE,
+        **SERIES_TAGS,
         **PAYLOAD,
     ),
     "Overview": obj(

@@ -20,8 +20,10 @@ from delayq.service.parsing import (
     check_id,
     get_int,
     get_str,
+    parse_group,
     parse_headers,
     parse_payload,
+    parse_priority,
 )
 
 MAX_CRON_CHARS = 200
@@ -45,6 +47,8 @@ _KNOWN = {
     "payload",
     "encoding",
     "headers",
+    "priority",
+    "group",
 }
 
 
@@ -89,6 +93,8 @@ def parse_schedule(schedule_id: str, body: Body, topic: Topic) -> Schedule:
             parse_headers(body),
             catch_up,
             get_int(body, "catchUpMax", 1, MAX_CATCH_UP, DEFAULT_CATCH_UP_MAX),
+            parse_priority(body),
+            parse_group(body),
         )
     except InvalidMessageError as error:
         raise as_field_error(error) from None
@@ -118,6 +124,7 @@ def schedule_json(info: ScheduleInfo) -> dict[str, Any]:
         "payload": payload,
         "encoding": encoding,
         "headers": schedule.headers,
+        "priority": schedule.priority,
         "currentId": info.current_id,
         "currentDueMs": info.current_due_ms,
         "waiting": info.waiting,
@@ -128,6 +135,6 @@ def schedule_json(info: ScheduleInfo) -> dict[str, Any]:
         body.update(cron=recurrence.cron, timeZone=recurrence.time_zone)
     else:
         body["everyMs"] = recurrence.every_ms
-    optional = {"startMs": recurrence.start_ms, "endMs": recurrence.end_ms}
+    optional = {"startMs": recurrence.start_ms, "endMs": recurrence.end_ms, "group": schedule.group}
     body.update({key: value for key, value in optional.items() if value is not None})
     return body

@@ -560,7 +560,8 @@ class DelayService:
         return self.readiness.ready
 
     async def refresh_depth(self) -> None:
-        self.metrics.set_depth(await self.brokers.stats(self.owned_slots), await self.read_paused())
+        stats = await self.brokers.stats(self.owned_slots, groups=True)
+        self.metrics.set_depth(stats, await self.read_paused())
 
     @property
     def paused(self) -> bool:

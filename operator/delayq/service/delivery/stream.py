@@ -28,8 +28,9 @@ from delayq.service.delivery.targets import TargetPolicy, TargetRefusedError
 
 
 def stream_fields(topic: Topic, message: Message) -> dict[str, bytes | str | int]:
-    """The entry written to the target stream (pure); the payload stays raw bytes."""
-    return {
+    """The entry written to the target stream (pure); the payload stays raw bytes. `group`
+    only when the message has one (a stream field cannot be null), as in a webhook body."""
+    fields: dict[str, bytes | str | int] = {
         "id": message.id,
         "topic": topic.name,
         "namespace": topic.namespace,
@@ -39,6 +40,9 @@ def stream_fields(topic: Topic, message: Message) -> dict[str, bytes | str | int
         "dueMs": message.due_ms,
         "priority": message.priority,
     }
+    if message.group is not None:
+        fields["group"] = message.group
+    return fields
 
 
 class StreamSink:
