@@ -43,6 +43,26 @@ async def test_tokens_a_claim_did_not_use_are_given_back(async_queue: AsyncQueue
     assert (await async_queue.pace(1.0, 10, 10, 1, returned=7))[0] == 7
 
 
+async def test_tokens_given_back_late_are_not_a_second_burst(async_queue: AsyncQueue) -> None:
+    """Regression: a pod woken before a herd was due drew the whole bucket, claimed nothing and
+    gave the tokens back with its next draw, by then after another pod had drawn the bucket the
+    refill filled again: at the herd every pod's return was a burst of its own (three pods at
+    200/s, burst 50: 347 POSTs in one second, tests/chaos/test_pace.py). Tokens given back are
+    credited only as far as the refill since their draw could not have replaced them."""
+    idle, busy = Pacer(async_queue, 100.0, 10), Pacer(async_queue, 100.0, 10)
+    assert (await idle.take(10))[0] == 10  # a new bucket is full
+    idle.unused(10)  # its claim found nothing due
+    await asyncio.sleep(0.2)  # the refill (20 tokens at 100/s) fills the bucket again
+    assert (await busy.take(10))[0] == 10
+    granted, _ = await idle.take(10)
+    assert granted == 0  # not the 10 it drew 0.2 s ago: the refill replaced them
+    prompt = Pacer(async_queue, 100.0, 10)
+    await asyncio.sleep(0.12)
+    assert (await prompt.take(10))[0] == 10
+    prompt.unused(10)  # given back at once: kept (less the refill meanwhile, a token or so)
+    assert (await prompt.take(10))[0] >= 5  # most of them (a loaded host: tens of ms)
+
+
 async def test_a_hold_grants_nothing_until_it_ends_and_is_bounded(
     async_queue: AsyncQueue, redis_client: redis.Redis
 ) -> None:
