@@ -19,6 +19,8 @@ import aiohttp
 import pytest
 import redis.asyncio
 from aiohttp import web
+from redis.asyncio.retry import Retry
+from redis.backoff import NoBackoff
 
 from delayq.local.ports import free_port
 from delayq.local.processes import ServeProcess, stop_all
@@ -27,6 +29,7 @@ from delayq.local.waiting import eventually
 from delayq.queue.client import AsyncQueue
 from delayq.queue.keys import pace_key
 from delayq.queue.model import Message, ScheduleRequest, State
+from delayq.queue.pacing import Pacer
 from delayq.queue.topic import Topic, TopicType
 from delayq.queue.topic_record import SERVE_OWNER
 from delayq.service.config import ServiceConfig
@@ -34,7 +37,7 @@ from delayq.service.delivery.adaptive import AdaptiveLimit
 from delayq.service.delivery.signing import Signer
 from delayq.service.delivery.sinks import DeliveryError
 from delayq.service.delivery.targets import TargetPolicy
-from delayq.service.delivery.webhook import WebhookSink, retry_after_ms
+from delayq.service.delivery.webhook import ReceiverHoldError, WebhookSink, retry_after_ms
 from delayq.service.metrics import ServiceMetrics
 from delayq.service.overview import STALLED_AFTER_MS, SlotView
 from tests.service.conftest import Receiver
@@ -545,6 +548,33 @@ async def test_5xx_answers_halve_a_sinks_posts_and_successes_grow_them_back(
         assert sink.concurrency == 8
     finally:
         await sink.close()
+
+
+async def test_a_429_whose_hold_redis_refuses_still_spends_no_attempt(
+    serve_receiver: Callable[[Callable[[], Answer]], Any],
+) -> None:
+    """Regression (tests/chaos/test_pace.py): just after the first broker restarted, the
+    hold's call took a pooled connection the server had closed and failed, and the message
+    answered 429 + Retry-After was failed as an ordinary attempt (delivered later at attempt
+    2). The receiver only asked for time: the message is given back, no attempt spent, and
+    this process holds itself (`Pacer.hold` does first) though the others cannot know."""
+    receiver = await serve_receiver(lambda: Answer(429, {"Retry-After": "2"}))
+    down = redis.asyncio.Redis(port=free_port(), retry=Retry(NoBackoff(), 0))
+    topic = Topic("orders", namespace="shop")
+    pacer = Pacer(AsyncQueue(down, topic), 100.0)
+    sink = WebhookSink(topic, receiver.url, Signer(""), 5000, 8, ServiceMetrics("shop", "orders"),
+                       targets=TargetPolicy(allow_private=True), hold=pacer.hold)  # fmt: skip
+    try:
+        now_ms = int(time.time() * 1000)
+        with pytest.raises(ReceiverHoldError):
+            await sink.deliver(Message("h", 0, b"", {}, 1, now_ms, 1, 1))
+    finally:
+        await sink.close()
+        await down.aclose()
+    assert 1000 < pacer.hold_left_ms <= 2000
+    granted, wait_ms = await pacer.take(10)  # from its own hold, not asking Redis
+    assert granted == 0
+    assert 1000 < wait_ms <= 2000
 
 
 async def _status(status: int) -> int:
