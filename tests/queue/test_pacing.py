@@ -14,6 +14,7 @@ from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
 
 from delayq.local.ports import free_port
+from delayq.local.redis_server import RedisServer
 from delayq.local.waiting import eventually
 from delayq.queue.client import AsyncQueue, Queue
 from delayq.queue.consumer import Consumer
@@ -91,6 +92,28 @@ async def test_a_pacer_tells_a_hold_another_process_set(async_queue: AsyncQueue)
     assert not await pacer.held()
     await other.hold(2000)
     await eventually(pacer.held, 1, "the other process's hold known", interval_s=0.05)
+
+
+async def test_a_hold_after_a_redis_restart_reaches_every_process(
+    durable_redis: RedisServer,
+) -> None:
+    """Regression (tests/chaos/test_pace.py): after the first broker restarted, a process's
+    first hold took a pooled connection the server had closed and failed, so only that process
+    was held and the others went on POSTing into the receiver's Retry-After. The hold is sent
+    once more on a fresh connection (a second one changes nothing: the longer hold stays)."""
+    client = redis.asyncio.Redis(connection_pool=redis.asyncio.BlockingConnectionPool.from_url(
+        durable_redis.url, max_connections=4, timeout=None))  # fmt: skip
+    pacer = Pacer(AsyncQueue(client, TOPIC), 100.0, 10)
+    try:
+        assert (await pacer.take(10))[0] == 10  # a pooled connection
+        durable_redis.crash()
+        await asyncio.to_thread(durable_redis.start)
+        await pacer.hold(2000)
+        other = Pacer(AsyncQueue.from_url(durable_redis.url, TOPIC), 100.0, 10)
+        assert await other.held()
+        await other.queue.redis.aclose()
+    finally:
+        await client.aclose()
 
 
 async def test_a_pacer_holds_its_own_process_at_once(async_queue: AsyncQueue) -> None:

@@ -24,11 +24,15 @@ from __future__ import annotations
 
 import math
 import time
+from collections.abc import Awaitable, Callable
+from typing import TypeVar
 
 import redis
 
 from delayq.queue.client import AsyncQueue
 from delayq.queue.model import Draw
+
+T = TypeVar("T")
 
 #: The longest hold a receiver's Retry-After gets: a receiver cannot park the topic for ever.
 MAX_HOLD_MS = 5 * 60 * 1000
@@ -129,7 +133,7 @@ class Pacer:
             return False
         self._hold_checked_s = now_s
         try:
-            self._note(await self.queue.pace(*self._given, 0, 0, 0))
+            self._note(await _once_more_on_reconnect(lambda: self.queue.pace(*self._given, 0, 0)))
         except redis.RedisError:
             return False
         return self._held_until_s > now_s
@@ -168,4 +172,16 @@ class Pacer:
         until_s = time.monotonic() + hold_ms / 1000
         self._closed_until_s = max(self._closed_until_s, until_s)
         self._held_until_s = max(self._held_until_s, until_s)
-        await self.queue.hold(hold_ms, MAX_HOLD_MS)
+        await _once_more_on_reconnect(lambda: self.queue.hold(hold_ms, MAX_HOLD_MS))
+
+
+async def _once_more_on_reconnect(call: Callable[[], Awaitable[T]]) -> T:
+    """A hold, or a draw of nothing that only asks for one, again on a connection error: a
+    pooled connection a restart of the broker closed fails its first use, and a hold that
+    fails so holds only this process (the others POST into the receiver's Retry-After). Both
+    are safe to repeat: the longer hold stays, a draw of nothing changes nothing. A draw of
+    tokens is not repeated (its tokens given back would count twice): its claim is retried."""
+    try:
+        return await call()
+    except redis.ConnectionError:
+        return await call()
