@@ -13,11 +13,13 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import os
 import signal
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from kazoo.client import KazooClient
 from kazoo.exceptions import KazooException, NoNodeError
@@ -84,6 +86,7 @@ class Cluster:
     broker1: RedisServer = field(default_factory=_broker)  # the moves' other broker
     zookeeper: ZooKeeperServer = field(default_factory=ZooKeeperServer)
     members: list[Member] = field(default_factory=list)
+    settings: dict[str, Any] = field(default_factory=dict)  # ServiceConfig fields to override
     observer: KazooClient | None = None
     _supervisor: asyncio.Task[None] | None = None
 
@@ -99,7 +102,7 @@ class Cluster:
         self, name: str, zk_port: int, redis_ports: list[int], http_port: int
     ) -> ServiceConfig:
         urls = [f"redis://127.0.0.1:{port}/0" for port in redis_ports]
-        return ServiceConfig(
+        config = ServiceConfig(
             redis_url=urls[0],
             broker_urls=",".join(urls),
             namespace=NAMESPACE,
@@ -119,6 +122,7 @@ class Cluster:
             grace_ms=GRACE_MS,
             log_level="INFO",
         )
+        return dataclasses.replace(config, **self.settings)
 
     async def start(self) -> None:
         for broker in self.brokers:

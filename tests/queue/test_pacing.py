@@ -64,6 +64,25 @@ async def test_tokens_given_back_late_are_not_a_second_burst(async_queue: AsyncQ
     assert (await prompt.take(10))[0] >= 5  # most of them (a loaded host: tens of ms)
 
 
+async def test_a_pace_lost_with_the_brokers_data_costs_one_burst_and_no_known_hold(
+    async_queue: AsyncQueue, redis_client: redis.Redis
+) -> None:
+    """What a broker restarted without its data (no AOF, or `appendfsync everysec` losing its
+    last second) does to the pace: the bucket is new, so full: one burst above the limit at
+    most, never more; a hold Redis forgot still holds every process that knew it, and only a
+    process that never did may POST (its receiver's next 429 holds the topic again)."""
+    told, learner = Pacer(async_queue, 100.0, 10), Pacer(async_queue, 100.0, 10)
+    assert (await told.take(10))[0] == 10
+    await told.hold(2000)
+    assert (await learner.take(10))[0] == 0  # learns the hold from Redis
+    redis_client.delete(pace_key(TOPIC))  # bucket and hold gone with the data
+    assert (await told.take(10))[0] == 0
+    assert (await learner.take(10))[0] == 0
+    newcomer = Pacer(async_queue, 100.0, 10)
+    assert (await newcomer.take(100))[0] == 10  # a new bucket: its burst
+    assert (await newcomer.take(100))[0] == 0  # then the rate, not another burst
+
+
 async def test_a_hold_grants_nothing_until_it_ends_and_is_bounded(
     async_queue: AsyncQueue, redis_client: redis.Redis
 ) -> None:
