@@ -128,12 +128,18 @@ class Cluster:
         for broker in self.brokers:
             await asyncio.to_thread(broker.start)
         await asyncio.to_thread(self.zookeeper.start)
-        for index, skew in enumerate(SKEWS_S):
-            name = f"c{index}"
+        # Every link listens before any HTTP port is picked: a link binds a port the kernel
+        # chooses, which may be one picked for a serve and not bound yet (c1's once was taken by
+        # c2's ZooKeeper link: c1 never became ready).
+        links: list[tuple[Link, list[Link]]] = []
+        for _ in SKEWS_S:
             zk_link = Link(self.zookeeper.port)
             redis_links = [Link(broker.port) for broker in self.brokers]
             for link in (zk_link, *redis_links):
                 await link.start()
+            links.append((zk_link, redis_links))
+        for index, (skew, (zk_link, redis_links)) in enumerate(zip(SKEWS_S, links, strict=True)):
+            name = f"c{index}"
             ports = [link.port for link in redis_links]
             config = self.config(name, zk_link.port, ports, free_port())
             log_path = self.workdir / f"{name}.log"
