@@ -13,11 +13,13 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import os
 import signal
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from kazoo.client import KazooClient
 from kazoo.exceptions import KazooException, NoNodeError
@@ -84,6 +86,7 @@ class Cluster:
     broker1: RedisServer = field(default_factory=_broker)  # the moves' other broker
     zookeeper: ZooKeeperServer = field(default_factory=ZooKeeperServer)
     members: list[Member] = field(default_factory=list)
+    settings: dict[str, Any] = field(default_factory=dict)  # ServiceConfig fields to override
     observer: KazooClient | None = None
     _supervisor: asyncio.Task[None] | None = None
 
@@ -99,7 +102,7 @@ class Cluster:
         self, name: str, zk_port: int, redis_ports: list[int], http_port: int
     ) -> ServiceConfig:
         urls = [f"redis://127.0.0.1:{port}/0" for port in redis_ports]
-        return ServiceConfig(
+        config = ServiceConfig(
             redis_url=urls[0],
             broker_urls=",".join(urls),
             namespace=NAMESPACE,
@@ -119,17 +122,24 @@ class Cluster:
             grace_ms=GRACE_MS,
             log_level="INFO",
         )
+        return dataclasses.replace(config, **self.settings)
 
     async def start(self) -> None:
         for broker in self.brokers:
             await asyncio.to_thread(broker.start)
         await asyncio.to_thread(self.zookeeper.start)
-        for index, skew in enumerate(SKEWS_S):
-            name = f"c{index}"
+        # Every link listens before any HTTP port is picked: a link binds a port the kernel
+        # chooses, which may be one picked for a serve and not bound yet (c1's once was taken by
+        # c2's ZooKeeper link: c1 never became ready).
+        links: list[tuple[Link, list[Link]]] = []
+        for _ in SKEWS_S:
             zk_link = Link(self.zookeeper.port)
             redis_links = [Link(broker.port) for broker in self.brokers]
             for link in (zk_link, *redis_links):
                 await link.start()
+            links.append((zk_link, redis_links))
+        for index, (skew, (zk_link, redis_links)) in enumerate(zip(SKEWS_S, links, strict=True)):
+            name = f"c{index}"
             ports = [link.port for link in redis_links]
             config = self.config(name, zk_link.port, ports, free_port())
             log_path = self.workdir / f"{name}.log"

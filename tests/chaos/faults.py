@@ -246,7 +246,8 @@ class Injector:
         await self._hold_posts(spec)
         member.held_down = True
         await asyncio.to_thread(member.serve.kill)
-        self.receiver.behaviour = Behaviour()
+        if spec.mode == LOADED:
+            self.receiver.behaviour = Behaviour()
         await asyncio.sleep(spec.duration_s)
         return await self._restart(member)
 

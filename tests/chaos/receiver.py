@@ -59,6 +59,7 @@ class Behaviour:
     slow_s: tuple[float, float] | None = None  # sleep uniformly in this range, then 204
     error_rate: float = 0.0  # answer 503 with this probability
     only: frozenset[str] | None = None  # the members it applies to (None: all)
+    retry_after_s: int | None = None  # answer 429 with this Retry-After (the receiver's pace)
 
 
 @dataclass
@@ -109,8 +110,12 @@ class Receiver:
                 behaviour = Behaviour()
             if behaviour.slow_s is not None:
                 await asyncio.sleep(self.rng.uniform(*behaviour.slow_s))
-            status = 503 if self.rng.random() < behaviour.error_rate else 204
-            return web.Response(status=status)
+            headers = {}
+            if behaviour.retry_after_s is not None:
+                status, headers = 429, {"Retry-After": str(behaviour.retry_after_s)}
+            else:
+                status = 503 if self.rng.random() < behaviour.error_rate else 204
+            return web.Response(status=status, headers=headers)
         finally:
             arrival.status = status
             arrival.answered_ms = now_ms()

@@ -21,7 +21,7 @@ import redis.asyncio
 from delayq.local.redis_server import RedisServer
 from delayq.local.waiting import eventually
 from delayq.queue.client import AsyncQueue, Queue
-from delayq.queue.consumer import Consumer, ConsumerSettings
+from delayq.queue.consumer import Consumer, ConsumerSettings, GiveBackError
 from delayq.queue.keys import Part, slot_keys
 from delayq.queue.model import Message, ScheduleRequest, State
 from delayq.queue.topic import Topic
@@ -334,3 +334,38 @@ async def test_an_ack_after_a_redis_restart_is_sent_again_not_lost(
     finally:
         await stopped(consumer, running)
         await client.aclose()
+
+
+async def test_a_give_back_while_redis_restarts_is_sent_again_no_attempt_spent(
+    durable_redis: RedisServer,
+) -> None:
+    """Regression (tests/chaos/test_pace.py): a receiver's 429 gave messages back just as the
+    first broker was killed -9; the give-back failed, was not tried again, and the messages
+    came back only when their leases ran out, each with an attempt spent on a 429. It is sent
+    again once Redis is back (each carries its lease: a repeat changes nothing): the message
+    comes again within the lease, at attempt 1."""
+    topic = Topic("handback", slot_amount=1, ack_timeout_ms=3_000)
+    Queue.from_url(durable_redis.url, topic).schedule("g", b"p", delay_ms=0)
+    attempts: list[tuple[float, int]] = []
+
+    async def handler(message: Message) -> None:
+        attempts.append((time.monotonic(), message.attempt))
+        if len(attempts) == 1:
+            durable_redis.crash()  # the give-back that follows finds Redis down
+            raise GiveBackError("held by the receiver")
+
+    client = redis.asyncio.Redis.from_url(durable_redis.url, socket_timeout=1.0)
+    consumer = Consumer(AsyncQueue(client, topic), handler)
+    await consumer.own([0])
+    running = asyncio.create_task(consumer.run())
+    try:
+        await eventually(lambda: len(attempts) == 1, 5.0, "the message handed to its handler")
+        await asyncio.sleep(0.3)
+        await asyncio.to_thread(durable_redis.start)
+        await eventually(lambda: len(attempts) == 2, 10.0, "the message again")
+    finally:
+        await stopped(consumer, running)
+        await client.aclose()
+    (given_s, _), (again_s, attempt) = attempts
+    assert attempt == 1  # given back, not expired: no attempt spent
+    assert again_s - given_s < 3.0  # within the lease, not after it ran out

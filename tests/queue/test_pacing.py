@@ -14,6 +14,7 @@ from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
 
 from delayq.local.ports import free_port
+from delayq.local.redis_server import RedisServer
 from delayq.local.waiting import eventually
 from delayq.queue.client import AsyncQueue, Queue
 from delayq.queue.consumer import Consumer
@@ -41,6 +42,45 @@ async def test_the_bucket_grants_its_burst_then_its_rate(
 async def test_tokens_a_claim_did_not_use_are_given_back(async_queue: AsyncQueue) -> None:
     assert (await async_queue.pace(1.0, 10, 10, 1))[0] == 10
     assert (await async_queue.pace(1.0, 10, 10, 1, returned=7))[0] == 7
+
+
+async def test_tokens_given_back_late_are_not_a_second_burst(async_queue: AsyncQueue) -> None:
+    """Regression: a pod woken before a herd was due drew the whole bucket, claimed nothing and
+    gave the tokens back with its next draw, by then after another pod had drawn the bucket the
+    refill filled again: at the herd every pod's return was a burst of its own (three pods at
+    200/s, burst 50: 347 POSTs in one second, tests/chaos/test_pace.py). Tokens given back are
+    credited only as far as the refill since their draw could not have replaced them."""
+    idle, busy = Pacer(async_queue, 100.0, 10), Pacer(async_queue, 100.0, 10)
+    assert (await idle.take(10))[0] == 10  # a new bucket is full
+    idle.unused(10)  # its claim found nothing due
+    await asyncio.sleep(0.2)  # the refill (20 tokens at 100/s) fills the bucket again
+    assert (await busy.take(10))[0] == 10
+    granted, _ = await idle.take(10)
+    assert granted == 0  # not the 10 it drew 0.2 s ago: the refill replaced them
+    prompt = Pacer(async_queue, 100.0, 10)
+    await asyncio.sleep(0.12)
+    assert (await prompt.take(10))[0] == 10
+    prompt.unused(10)  # given back at once: kept (less the refill meanwhile, a token or so)
+    assert (await prompt.take(10))[0] >= 5  # most of them (a loaded host: tens of ms)
+
+
+async def test_a_pace_lost_with_the_brokers_data_costs_one_burst_and_no_known_hold(
+    async_queue: AsyncQueue, redis_client: redis.Redis
+) -> None:
+    """What a broker restarted without its data (no AOF, or `appendfsync everysec` losing its
+    last second) does to the pace: the bucket is new, so full: one burst above the limit at
+    most, never more; a hold Redis forgot still holds every process that knew it, and only a
+    process that never did may POST (its receiver's next 429 holds the topic again)."""
+    told, learner = Pacer(async_queue, 100.0, 10), Pacer(async_queue, 100.0, 10)
+    assert (await told.take(10))[0] == 10
+    await told.hold(2000)
+    assert (await learner.take(10))[0] == 0  # learns the hold from Redis
+    redis_client.delete(pace_key(TOPIC))  # bucket and hold gone with the data
+    assert (await told.take(10))[0] == 0
+    assert (await learner.take(10))[0] == 0
+    newcomer = Pacer(async_queue, 100.0, 10)
+    assert (await newcomer.take(100))[0] == 10  # a new bucket: its burst
+    assert (await newcomer.take(100))[0] == 0  # then the rate, not another burst
 
 
 async def test_a_hold_grants_nothing_until_it_ends_and_is_bounded(
@@ -71,6 +111,28 @@ async def test_a_pacer_tells_a_hold_another_process_set(async_queue: AsyncQueue)
     assert not await pacer.held()
     await other.hold(2000)
     await eventually(pacer.held, 1, "the other process's hold known", interval_s=0.05)
+
+
+async def test_a_hold_after_a_redis_restart_reaches_every_process(
+    durable_redis: RedisServer,
+) -> None:
+    """Regression (tests/chaos/test_pace.py): after the first broker restarted, a process's
+    first hold took a pooled connection the server had closed and failed, so only that process
+    was held and the others went on POSTing into the receiver's Retry-After. The hold is sent
+    once more on a fresh connection (a second one changes nothing: the longer hold stays)."""
+    client = redis.asyncio.Redis(connection_pool=redis.asyncio.BlockingConnectionPool.from_url(
+        durable_redis.url, max_connections=4, timeout=None))  # fmt: skip
+    pacer = Pacer(AsyncQueue(client, TOPIC), 100.0, 10)
+    try:
+        assert (await pacer.take(10))[0] == 10  # a pooled connection
+        durable_redis.crash()
+        await asyncio.to_thread(durable_redis.start)
+        await pacer.hold(2000)
+        other = Pacer(AsyncQueue.from_url(durable_redis.url, TOPIC), 100.0, 10)
+        assert await other.held()
+        await other.queue.redis.aclose()
+    finally:
+        await client.aclose()
 
 
 async def test_a_pacer_holds_its_own_process_at_once(async_queue: AsyncQueue) -> None:

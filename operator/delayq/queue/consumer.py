@@ -529,7 +529,7 @@ class Consumer:
             batch.pending.clear()
         if run.skipped:
             self.counters.deliveries_skipped += len(run.skipped)
-            await self._give_back(run.skipped)
+            await self._give_back(run.skipped, retry=True)
 
     def _retry(self, message: Message, error: BaseException) -> Retry:
         reason = f"{type(error).__name__}: {error}"[:1000]
@@ -568,18 +568,27 @@ class Consumer:
             self.counters.acks_lease_lost += lost
             log.warning("%d acks or nacks found their lease gone (expired or moved on)", lost)
 
-    async def _give_back(self, messages: list[Message]) -> None:
+    async def _give_back(self, messages: list[Message], retry: bool = False) -> None:
         """Return claimed messages undelivered, so the slot's owner (this process or the next)
-        delivers them at once; if Redis refuses, their leases expire and they come back anyway."""
-        try:
-            outcomes = await self.queue.giveback_many(messages)
-        except redis.RedisError as error:
-            log.warning(
-                "giving back %d messages failed (%s); their leases will expire",
-                len(messages),
-                error,
-            )
-            return
+        delivers them at once; if Redis refuses, their leases expire and they come back anyway,
+        an attempt counted. With `retry` (messages a handler gave back: a receiver's hold
+        spends no attempt) it is sent again every RETRY_MS while Redis refuses (a restart),
+        until the leases may have run out: each carries its lease, so a repeat of one that
+        ran changes nothing."""
+        give_up_s = time.monotonic() + self._ack_timeout_ms / 1000
+        while True:
+            try:
+                outcomes = await self.queue.giveback_many(messages)
+                break
+            except redis.RedisError as error:
+                if not retry or self._stopping or time.monotonic() >= give_up_s:
+                    log.warning(
+                        "giving back %d messages failed (%s); their leases will expire",
+                        len(messages),
+                        error,
+                    )
+                    return
+            await asyncio.sleep(RETRY_MS / 1000)
         self.counters.given_back += sum(1 for o in outcomes if o.code is Code.GIVEN_BACK)
 
     # upkeep: lease heartbeat and stall watchdog -------------------------------------------------

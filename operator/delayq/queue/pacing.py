@@ -24,11 +24,15 @@ from __future__ import annotations
 
 import math
 import time
+from collections.abc import Awaitable, Callable
+from typing import TypeVar
 
 import redis
 
 from delayq.queue.client import AsyncQueue
 from delayq.queue.model import Draw
+
+T = TypeVar("T")
 
 #: The longest hold a receiver's Retry-After gets: a receiver cannot park the topic for ever.
 MAX_HOLD_MS = 5 * 60 * 1000
@@ -62,6 +66,8 @@ class Pacer:
         self.holds = 0  # holds asked for by receivers (for metrics)
         self.waits = 0  # draws that were granted nothing (for metrics)
         self._unused = 0  # tokens drawn and not used: given back with the next draw
+        self._unused_since_s = 0.0  # monotonic: the draw the oldest of them came from
+        self._drawn_s = 0.0  # monotonic: the latest draw was asked for
         self._closed_until_s = 0.0  # monotonic: nothing is granted before (a hold or no tokens)
         self._checked_s = -UNPACED_CHECK_S  # monotonic time of the last draw from Redis
         self._refused_s = -HELD_BACK_S  # monotonic time a draw last granted nothing
@@ -95,7 +101,8 @@ class Pacer:
         if not self.limited and now_s - self._checked_s < UNPACED_CHECK_S:
             return want, 0.0
         least = min(want, max(1, math.ceil(self.per_second * SLICE_S)))
-        returned, self._unused = self._unused, 0
+        returned = self._returnable(now_s)
+        self._drawn_s = now_s
         try:
             draw = await self.queue.pace(*self._given, want, least, returned)
         except redis.RedisError:
@@ -126,7 +133,7 @@ class Pacer:
             return False
         self._hold_checked_s = now_s
         try:
-            self._note(await self.queue.pace(*self._given, 0, 0, 0))
+            self._note(await _once_more_on_reconnect(lambda: self.queue.pace(*self._given, 0, 0)))
         except redis.RedisError:
             return False
         return self._held_until_s > now_s
@@ -140,7 +147,23 @@ class Pacer:
     def unused(self, count: int) -> None:
         """Tokens drawn that a claim did not use (it found fewer due messages)."""
         if self.limited and count > 0:
+            if not self._unused:
+                self._unused_since_s = self._drawn_s
             self._unused += count
+
+    def _returnable(self, now_s: float) -> int:
+        """The unused tokens the next draw gives back: those the bucket's refill since their
+        draw cannot have replaced. Given back late, a token drawn from a full bucket would be a
+        second one: meanwhile the refill filled the bucket again and another pod drew it (pods
+        woken before a herd was due each drew the whole bucket and claimed nothing; each one's
+        return at the herd was a burst of its own). The refill replaces at most `per_second`
+        tokens a second, so what is left after that is what the bucket would still hold had
+        they never been drawn: the burst bound holds, and a claim's prompt return keeps most.
+        (The draw is the process's latest before the claim found fewer; with two brokers'
+        consumers drawing at once, one claim's round trip later than theirs at most.)"""
+        unused, self._unused = self._unused, 0
+        replaced = self.per_second * max(0.0, now_s - self._unused_since_s)
+        return max(0, math.floor(unused - replaced))
 
     async def hold(self, hold_ms: int) -> None:
         """Stop every pod's claims for `hold_ms` (at most `MAX_HOLD_MS`); this process at once."""
@@ -149,4 +172,16 @@ class Pacer:
         until_s = time.monotonic() + hold_ms / 1000
         self._closed_until_s = max(self._closed_until_s, until_s)
         self._held_until_s = max(self._held_until_s, until_s)
-        await self.queue.hold(hold_ms, MAX_HOLD_MS)
+        await _once_more_on_reconnect(lambda: self.queue.hold(hold_ms, MAX_HOLD_MS))
+
+
+async def _once_more_on_reconnect(call: Callable[[], Awaitable[T]]) -> T:
+    """A hold, or a draw of nothing that only asks for one, again on a connection error: a
+    pooled connection a restart of the broker closed fails its first use, and a hold that
+    fails so holds only this process (the others POST into the receiver's Retry-After). Both
+    are safe to repeat: the longer hold stays, a draw of nothing changes nothing. A draw of
+    tokens is not repeated (its tokens given back would count twice): its claim is retried."""
+    try:
+        return await call()
+    except redis.ConnectionError:
+        return await call()

@@ -399,15 +399,21 @@ class WebhookSink:
     async def _hold_for(self, status: int, asked_ms: int) -> Exception | None:
         """A 429 or 503 asking for `asked_ms`: holds every pod's delivery that long (bounded,
         `Pacer.hold`) and answers the error that gives its messages back, no attempt counted;
-        the failure to hold when Redis refuses (an ordinary failed delivery); None when the
-        topic is never held (no pace) or the status asks for nothing."""
+        None when the topic is never held (no pace) or the status asks for nothing. When Redis
+        refuses the hold (the first broker down or just restarted) only this process is held
+        (`Pacer.hold` holds it first) and the messages are given back all the same: the
+        receiver asked for time, which is no failed attempt (the other pods learn it from their
+        own 429s; `max_held_ms` still bounds how long holds may park a message)."""
         if status not in HOLD_STATUSES or self.hold is None:
             return None
         hold_ms = max(MIN_HOLD_MS, min(asked_ms, self.max_hold_ms))
         try:
             await self.hold(hold_ms)
-        except redis.RedisError as error:  # not held: an ordinary failed delivery
-            return DeliveryError(f"POST {self.shown_url}: HTTP {status} (hold: {error})")
+        except redis.RedisError as error:
+            return ReceiverHoldError(
+                f"POST {self.shown_url}: HTTP {status}, held {hold_ms} ms by this process only "
+                f"(not shared: {error})"
+            )
         return ReceiverHoldError(f"POST {self.shown_url}: HTTP {status}, held {hold_ms} ms")
 
     async def _refused(self, status: int, asked_ms: int | None) -> Exception:
