@@ -429,6 +429,48 @@ async def test_herd_of_100k_due_at_one_instant_drains_in_bounded_batches(
     assert (stats.scheduled, stats.prepared, stats.dead) == (0, 0, 0)
 
 
+async def test_a_slot_woken_many_times_takes_one_claim_of_a_round(
+    async_queue: AsyncQueue,
+) -> None:
+    """A producer storing a herd in several calls wakes the slots once per call, and each
+    wake's claim puts the slot's timer on the heap again, at the herd's instant: when it comes,
+    each due slot takes one claim of the round, so every slot gets its share of the room (a
+    slot with more timers than the others was claimed once per timer, taking their room)."""
+    slots = TOPIC.slot_amount
+    at_ms = await server_ms(async_queue.redis) + 3_000
+    claims = 0
+    original_claim_slots = async_queue.claim_slots
+
+    async def counting_claim_slots(*args: object, **kwargs: object):
+        nonlocal claims
+        claims += 1
+        return await original_claim_slots(*args, **kwargs)  # type: ignore[arg-type]
+
+    async_queue.claim_slots = counting_claim_slots  # type: ignore[method-assign]
+    gate = asyncio.Event()
+    started: list[Message] = []
+
+    async def handler(message: Message) -> None:
+        started.append(message)
+        await gate.wait()
+
+    # room for one worthwhile claim (a quarter batch, 2) per slot, and no more
+    settings = ConsumerSettings(batch_size=8, worker_concurrency=2 * slots)
+    async with running(async_queue, handler, settings):
+        try:
+            for call in range(6):
+                before = claims
+                await async_queue.schedule_many(
+                    [ScheduleRequest(f"h{call}-{i}", at_ms=at_ms) for i in range(40)]
+                )
+                await eventually(lambda: claims > before, 5, "the wake-up's claim")  # noqa: B023
+            assert await server_ms(async_queue.redis) < at_ms, "the herd took too long to store"
+            await eventually(lambda: len(started) == 2 * slots, 10, "the first round")
+            assert sorted(message.slot for message in started) == sorted(2 * list(range(slots)))
+        finally:
+            gate.set()
+
+
 async def test_full_jitter_retries_are_spread_and_honoured_on_server_time(
     async_queue: AsyncQueue, redis_client: redis.Redis
 ) -> None:

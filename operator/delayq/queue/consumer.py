@@ -353,11 +353,15 @@ class Consumer:
         return self._timers[0][0] if self._timers else None
 
     def _pop_due_slots(self) -> list[int]:
+        """The slots whose timer is due, each once: a slot woken many times to the same
+        instant (a producer storing a herd wakes it once per batch) has as many entries on the
+        heap, all current, and a duplicate would be claimed again in the same round, its
+        herd taking the room that round owes the other due slots."""
         now = self.server_now_ms()
-        due: list[int] = []
+        due: dict[int, None] = {}
         while (next_ms := self._next_timer()) is not None and next_ms <= now:
-            due.append(heapq.heappop(self._timers)[1])
-        return due
+            due[heapq.heappop(self._timers)[1]] = None
+        return list(due)
 
     async def _drain(self, slots: list[int]) -> None:
         """Claim the due messages of these slots, all slots in one pipelined round trip per
