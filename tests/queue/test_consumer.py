@@ -471,6 +471,31 @@ async def test_a_slot_woken_many_times_takes_one_claim_of_a_round(
             gate.set()
 
 
+async def test_a_slot_due_while_another_slots_herd_drains_is_claimed_in_that_drain(
+    async_queue: AsyncQueue,
+) -> None:
+    """A herd in one slot keeps its drain going round after round (its claims come back
+    full); a message of another slot that comes due meanwhile joins the drain's next round
+    rather than wait for the whole herd."""
+    herd = [f"h{i}" for i in range(20_000) if TOPIC.slot_of(f"h{i}") == 0][:3_000]
+    late_id = next(f"x{i}" for i in range(1_000) if TOPIC.slot_of(f"x{i}") == 1)
+    now_ms = await server_ms(async_queue.redis)
+    await async_queue.schedule_many([ScheduleRequest(i, at_ms=now_ms) for i in herd])
+    delivered: list[str] = []
+
+    async def handler(message: Message) -> None:
+        await asyncio.sleep(0.01)  # a receiver taking 10 ms: 40 at once, the herd takes 0.75 s
+        delivered.append(message.id)
+
+    settings = ConsumerSettings(batch_size=40, worker_concurrency=40, batch_concurrency=40)
+    async with running(async_queue, handler, settings):
+        await eventually(lambda: len(delivered) >= 100, 10, "the herd draining")
+        due_ms = await server_ms(async_queue.redis) + 100
+        await async_queue.schedule_many([ScheduleRequest(late_id, at_ms=due_ms)])
+        await eventually(lambda: late_id in delivered, 30, "the message of the other slot")
+    assert delivered.index(late_id) < len(herd) // 2, "it waited for the herd"
+
+
 async def test_full_jitter_retries_are_spread_and_honoured_on_server_time(
     async_queue: AsyncQueue, redis_client: redis.Redis
 ) -> None:

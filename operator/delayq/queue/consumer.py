@@ -412,10 +412,21 @@ class Consumer:
                         self.pacer.unused(share - used)
                     if self._take_result(slot, state, result, share):
                         pending.append(slot)
+                pending += self._due_besides(pending)
         finally:
             now = self.server_now_ms()
             for slot in pending:
                 self._set_next(slot, now + retry_in_ms)
+
+    def _due_besides(self, pending: list[int]) -> list[int]:
+        """The slots come due (or woken) during a drain, but those it claims anyway: they join
+        it, each round, rather than wait for its end, which a herd in other slots (their
+        claims coming back full) puts off until it is drained."""
+        due = self._pop_due_slots()
+        if not due:
+            return due
+        draining = set(pending)
+        return [slot for slot in due if slot not in draining]
 
     async def _claim(
         self, owned: list[tuple[int, _SlotState]], share: int
