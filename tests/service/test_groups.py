@@ -28,9 +28,10 @@ from tests.service.conftest import Receiver
 #: The herd, the few, the receiver's pace (messages a second) and B's lateness bound (p99):
 #: the herd is 50 s of the receiver's time, so in due order B would wait about that long.
 HERD, FEW, RECEIVER_PER_S, BOUND_S = 50_000, 100, 1_000, 1.0
-#: At the defaults (worker.concurrency 1,000, a second of this receiver's time leased ahead):
-#: the 8 slots' first claims share that room, B's few at the front of each.
-SLOTS = 8
+#: The default slotAmount. At the defaults (worker.concurrency 1,000, a second of this
+#: receiver's time leased ahead) the herd's first round shares that room among all 16 slots,
+#: B's few at the front of each (a quarter batch a slot reached 8 of them: B's p99 1.7 s).
+SLOTS = 16
 #: A's pace is measured until this many of A are answered (2 s of the receiver's time).
 A_MEASURED = 2_000
 
