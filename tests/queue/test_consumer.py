@@ -496,6 +496,41 @@ async def test_a_slot_due_while_another_slots_herd_drains_is_claimed_in_that_dra
     assert delivered.index(late_id) < len(herd) // 2, "it waited for the herd"
 
 
+async def test_a_herds_first_round_claims_every_due_slot(
+    async_redis_client: redis.asyncio.Redis,
+) -> None:
+    """A herd due in more slots than quarter batches fit in the room: its first round shares
+    the room among every due slot (a slot left out waits for rounds of the others' claims,
+    every message of it, whatever its group, behind them; a quarter batch a slot reached 8 of
+    16 slots at the defaults)."""
+    topic = Topic("herd16", namespace="shop", slot_amount=16)
+    queue = AsyncQueue(async_redis_client, topic)
+    ids = [f"h{i}" for i in range(2_000)]
+    per_slot = {slot: [i for i in ids if topic.slot_of(i) == slot][:8] for slot in topic.slots}
+    now_ms = await server_ms(queue.redis)
+    await queue.schedule_many(
+        [ScheduleRequest(i, at_ms=now_ms) for slot_ids in per_slot.values() for i in slot_ids]
+    )
+    gate = asyncio.Event()
+    started: list[Message] = []
+
+    async def handler(message: Message) -> None:
+        started.append(message)
+        await gate.wait()
+
+    # room 32: a quarter batch (4) fits in 8 slots, a sixteenth (1) in all 16
+    consumer = Consumer(queue, handler, ConsumerSettings(batch_size=16, worker_concurrency=32))
+    await consumer.own(topic.slots)
+    task = asyncio.create_task(consumer.run())
+    try:
+        await eventually(lambda: len(started) == 32, 10, "the first round")
+        assert sorted({message.slot for message in started}) == list(topic.slots)
+    finally:
+        gate.set()
+        consumer.stop()
+        await asyncio.wait_for(task, 10)
+
+
 async def test_full_jitter_retries_are_spread_and_honoured_on_server_time(
     async_queue: AsyncQueue, redis_client: redis.Redis
 ) -> None:
