@@ -429,6 +429,108 @@ async def test_herd_of_100k_due_at_one_instant_drains_in_bounded_batches(
     assert (stats.scheduled, stats.prepared, stats.dead) == (0, 0, 0)
 
 
+async def test_a_slot_woken_many_times_takes_one_claim_of_a_round(
+    async_queue: AsyncQueue,
+) -> None:
+    """A producer storing a herd in several calls wakes the slots once per call, and each
+    wake's claim puts the slot's timer on the heap again, at the herd's instant: when it comes,
+    each due slot takes one claim of the round, so every slot gets its share of the room (a
+    slot with more timers than the others was claimed once per timer, taking their room)."""
+    slots = TOPIC.slot_amount
+    at_ms = await server_ms(async_queue.redis) + 3_000
+    claims = 0
+    original_claim_slots = async_queue.claim_slots
+
+    async def counting_claim_slots(*args: object, **kwargs: object):
+        nonlocal claims
+        claims += 1
+        return await original_claim_slots(*args, **kwargs)  # type: ignore[arg-type]
+
+    async_queue.claim_slots = counting_claim_slots  # type: ignore[method-assign]
+    gate = asyncio.Event()
+    started: list[Message] = []
+
+    async def handler(message: Message) -> None:
+        started.append(message)
+        await gate.wait()
+
+    # room for one worthwhile claim (a quarter batch, 2) per slot, and no more
+    settings = ConsumerSettings(batch_size=8, worker_concurrency=2 * slots)
+    async with running(async_queue, handler, settings):
+        try:
+            for call in range(6):
+                before = claims
+                await async_queue.schedule_many(
+                    [ScheduleRequest(f"h{call}-{i}", at_ms=at_ms) for i in range(40)]
+                )
+                await eventually(lambda: claims > before, 5, "the wake-up's claim")  # noqa: B023
+            assert await server_ms(async_queue.redis) < at_ms, "the herd took too long to store"
+            await eventually(lambda: len(started) == 2 * slots, 10, "the first round")
+            assert sorted(message.slot for message in started) == sorted(2 * list(range(slots)))
+        finally:
+            gate.set()
+
+
+async def test_a_slot_due_while_another_slots_herd_drains_is_claimed_in_that_drain(
+    async_queue: AsyncQueue,
+) -> None:
+    """A herd in one slot keeps its drain going round after round (its claims come back
+    full); a message of another slot that comes due meanwhile joins the drain's next round
+    rather than wait for the whole herd."""
+    herd = [f"h{i}" for i in range(20_000) if TOPIC.slot_of(f"h{i}") == 0][:3_000]
+    late_id = next(f"x{i}" for i in range(1_000) if TOPIC.slot_of(f"x{i}") == 1)
+    now_ms = await server_ms(async_queue.redis)
+    await async_queue.schedule_many([ScheduleRequest(i, at_ms=now_ms) for i in herd])
+    delivered: list[str] = []
+
+    async def handler(message: Message) -> None:
+        await asyncio.sleep(0.01)  # a receiver taking 10 ms: 40 at once, the herd takes 0.75 s
+        delivered.append(message.id)
+
+    settings = ConsumerSettings(batch_size=40, worker_concurrency=40, batch_concurrency=40)
+    async with running(async_queue, handler, settings):
+        await eventually(lambda: len(delivered) >= 100, 10, "the herd draining")
+        due_ms = await server_ms(async_queue.redis) + 100
+        await async_queue.schedule_many([ScheduleRequest(late_id, at_ms=due_ms)])
+        await eventually(lambda: late_id in delivered, 30, "the message of the other slot")
+    assert delivered.index(late_id) < len(herd) // 2, "it waited for the herd"
+
+
+async def test_a_herds_first_round_claims_every_due_slot(
+    async_redis_client: redis.asyncio.Redis,
+) -> None:
+    """A herd due in more slots than quarter batches fit in the room: its first round shares
+    the room among every due slot (a slot left out waits for rounds of the others' claims,
+    every message of it, whatever its group, behind them; a quarter batch a slot reached 8 of
+    16 slots at the defaults)."""
+    topic = Topic("herd16", namespace="shop", slot_amount=16)
+    queue = AsyncQueue(async_redis_client, topic)
+    ids = [f"h{i}" for i in range(2_000)]
+    per_slot = {slot: [i for i in ids if topic.slot_of(i) == slot][:8] for slot in topic.slots}
+    now_ms = await server_ms(queue.redis)
+    await queue.schedule_many(
+        [ScheduleRequest(i, at_ms=now_ms) for slot_ids in per_slot.values() for i in slot_ids]
+    )
+    gate = asyncio.Event()
+    started: list[Message] = []
+
+    async def handler(message: Message) -> None:
+        started.append(message)
+        await gate.wait()
+
+    # room 32: a quarter batch (4) fits in 8 slots, a sixteenth (1) in all 16
+    consumer = Consumer(queue, handler, ConsumerSettings(batch_size=16, worker_concurrency=32))
+    await consumer.own(topic.slots)
+    task = asyncio.create_task(consumer.run())
+    try:
+        await eventually(lambda: len(started) == 32, 10, "the first round")
+        assert sorted({message.slot for message in started}) == list(topic.slots)
+    finally:
+        gate.set()
+        consumer.stop()
+        await asyncio.wait_for(task, 10)
+
+
 async def test_full_jitter_retries_are_spread_and_honoured_on_server_time(
     async_queue: AsyncQueue, redis_client: redis.Redis
 ) -> None:
