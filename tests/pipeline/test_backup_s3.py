@@ -11,6 +11,7 @@ from typing import Any
 
 import pytest
 import redis
+from pyarrow.fs import FileType
 
 from delayq.cli import main
 from delayq.local.redis_server import RedisServer
@@ -71,6 +72,12 @@ def test_a_backup_to_s3_restored_into_an_empty_topic_brings_every_message_back(
     assert stored.size == 0  # written through S3A, read back by another S3 client
 
     monkeypatch.setenv("AWS_ENDPOINT_URL_S3", minio.endpoint)  # the variable, not the flag
+    again = ("backup", *_topic_args(redis_server.url, SOURCE), "--output", path)
+    exists = f"--output {path} exists: give a new path for the backup"
+    assert _pipeline(capsys, *again)[::2] == (2, f"delayq pipeline backup: {exists}\n")
+    empty = ("restore", *_topic_args(redis_server.url, TARGET), "--input", f"{path}/items")
+    absent = f"cannot read --input {path}/items: no backup there (no items/)"
+    assert _pipeline(capsys, *empty)[::2] == (1, f"delayq pipeline restore: {absent}\n")
     code, out, err = _pipeline(
         capsys, "restore", *_topic_args(redis_server.url, TARGET), "--input", path
     )
@@ -108,7 +115,7 @@ def test_a_wrong_credential_is_one_line_naming_the_path_without_the_secret(
         assert len(err.strip().splitlines()) == 1, err
         assert wrong not in err
         assert minio.secret_key not in err
-    assert not minio.filesystem().get_file_info(f"{BUCKET}/denied").is_file
+    assert minio.filesystem().get_file_info(f"{BUCKET}/denied").type == FileType.NotFound
 
 
 def test_s3a_settings_come_from_the_standard_environment_and_the_flag_wins() -> None:

@@ -81,8 +81,11 @@ def check(
 ) -> None:
     """From the driver: with `parts` empty, `path` must not exist (a new backup); else each
     of `parts` must exist under it (a backup to read). Raises StoreError, one line naming the
-    option and path: the store unreachable, the credentials refused, the jars missing."""
+    option and path: the store unreachable, the credentials refused, the jars missing, the
+    backup absent; ConfigError for a backup's path that exists."""
     from py4j.protocol import Py4JJavaError
+
+    from delayq.service.config import ConfigError
 
     jvm = spark.sparkContext._jvm
     hadoop = spark.sparkContext._jsc.hadoopConfiguration()
@@ -98,8 +101,8 @@ def check(
     finally:
         if filesystem is not None:
             filesystem.close()
-    if present:
-        raise StoreError(f"{option} {path} exists: give a new path for the backup")
+    if present:  # as a local --output that exists: a configuration error (exit code 2)
+        raise ConfigError(f"{option} {path} exists: give a new path for the backup")
     if missing:
         raise StoreError(f"cannot read {option} {path}: no backup there (no {missing[0]}/)")
 
