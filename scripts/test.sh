@@ -15,6 +15,11 @@ tier() {
 tier "ruff" python3 -m ruff check operator tests bench
 tier "mypy (--strict over delayq; tests, e2e, bench)" python3 -m mypy
 tier "import layers" lint-imports --no-cache  # the layer contract in pyproject.toml
+# The test tools built from the Go module proxy and Maven Central (cached in ~/.cache/delayq-tools;
+# cold: MinIO ~4 min on 2 cores), here rather than in the first test that needs them, whose
+# timeout would count the build.
+tier "test tools: helm, MinIO, S3A jars (cached)" bash -c \
+  'for tool in install-helm install-minio install-s3a-jars; do bash "scripts/$tool.sh" >/dev/null; done'
 tier "tests (unit + integration)" python3 -m pytest -q -p no:cacheprovider tests "$@"
 
 # e2e: a real control plane (etcd, kube-apiserver, controller-manager, scheduler, KWOK) built from

@@ -101,6 +101,7 @@ def register(subparsers: Any) -> None:
         default=None,
         help="with --into: complete backups kept, the newest (default: all)",
     )
+    _store_argument(backup)
     _master_argument(backup)
     backup.set_defaults(handler=_reporting_errors("backup", run_backup, SPARK_ARROW))
 
@@ -129,6 +130,7 @@ def register(subparsers: Any) -> None:
         "it cannot restore; the topic's delivery is paused meanwhile (resumed at the end "
         "unless it was paused before; kept if the restore fails after it began writing)",
     )
+    _store_argument(restore)
     _master_argument(restore)
     restore.set_defaults(handler=_reporting_errors("restore", run_restore, SPARK_ARROW))
 
@@ -207,6 +209,18 @@ def _master_argument(parser: argparse.ArgumentParser) -> None:
     )
 
 
+def _store_argument(parser: argparse.ArgumentParser) -> None:
+    from delayq.pipeline.object_store import ENDPOINT_ENV
+
+    parser.add_argument(
+        "--s3-endpoint",
+        default=None,
+        help="for s3a:// paths on an S3-compatible store: its URL (http://minio:9000), "
+        f"path-style access (default ${ENDPOINT_ENV[0]}, else ${ENDPOINT_ENV[1]}; none: AWS). "
+        "Credentials: $AWS_ACCESS_KEY_ID and $AWS_SECRET_ACCESS_KEY",
+    )
+
+
 def _reporting_errors(command: str, handler: Handler, modules: tuple[str, ...]) -> Handler:
     """A missing extra or a configuration error (bad mapping, topic setting) is one line and
     exit code 2; a job that cannot run (Redis unreachable, input missing) one line and exit
@@ -214,6 +228,7 @@ def _reporting_errors(command: str, handler: Handler, modules: tuple[str, ...]) 
 
     def run(args: argparse.Namespace) -> int:
         from delayq.coordination.routed_queue import RoutingError
+        from delayq.pipeline.object_store import StoreError
         from delayq.pipeline.transforms import MappingError
         from delayq.queue.topic import TopicError
         from delayq.service.config import ConfigError
@@ -226,7 +241,7 @@ def _reporting_errors(command: str, handler: Handler, modules: tuple[str, ...]) 
         except (MappingError, TopicError, RoutingError, ConfigError) as error:
             print(f"delayq pipeline {command}: {error}", file=sys.stderr)
             return 2
-        except JobError as error:
+        except (JobError, StoreError) as error:
             print(f"delayq pipeline {command}: {error}", file=sys.stderr)
             return 1
         except Exception as error:
@@ -624,6 +639,18 @@ def _check_backup(path: str) -> None:
             raise JobError(f"cannot read --input {path}: no backup there (no {part}/)")
 
 
+def _use_store(
+    spark: Any, args: argparse.Namespace, path: str, option: str, parts: tuple[str, ...]
+) -> None:
+    """An s3a:// path: the session gets the store's S3A settings, and the path is checked from
+    the driver (new for a backup, holding `parts` for a restore) before the job starts."""
+    from delayq.pipeline import object_store
+
+    if object_store.is_s3a(path):
+        object_store.configure(spark, object_store.s3a_settings(args.s3_endpoint, os.environ))
+        object_store.check(spark, path, option, parts, os.environ)
+
+
 def run_backup(args: argparse.Namespace) -> int:
     from delayq.pipeline import retention
     from delayq.pipeline.backup import backup
@@ -641,6 +668,7 @@ def run_backup(args: argparse.Namespace) -> int:
     _checked_brokers(args, target)
     _check_topic_exists(target)
     with job_session(args.master, "delayq-pipeline-backup") as spark:
+        _use_store(spark, args, output, "--output", ())
         summary = backup(spark, target, output)
     result = {**summary.as_dict(), "output": output}
     if into is not None:
@@ -652,7 +680,7 @@ def run_backup(args: argparse.Namespace) -> int:
 def run_restore(args: argparse.Namespace) -> int:
     """With --replay, under the topic's delivery pause (pipeline/restore_pause.py): taken
     before Spark starts, so consumers read it during the JVM's start."""
-    from delayq.pipeline.backup import replay, restore
+    from delayq.pipeline.backup import ITEMS, MANIFEST, replay, restore
     from delayq.pipeline.ingest import stderr_report
     from delayq.pipeline.restore_pause import paused_delivery
     from delayq.pipeline.spark import job_session
@@ -662,6 +690,7 @@ def run_restore(args: argparse.Namespace) -> int:
     _checked_brokers(args, target)
     if args.replay is None:
         with job_session(args.master, "delayq-pipeline-restore") as spark:
+            _use_store(spark, args, args.input, "--input", (ITEMS, MANIFEST))
             summary = restore(spark, args.input, target, args.shift)
         _emit(summary.line(), summary.as_dict())
         return 0
@@ -670,6 +699,7 @@ def run_restore(args: argparse.Namespace) -> int:
         paused_delivery(target, stderr_report) as pause,
         job_session(args.master, "delayq-pipeline-restore") as spark,
     ):
+        _use_store(spark, args, args.input, "--input", (ITEMS, MANIFEST))
         pause.before_writing()
         summary = restore(spark, args.input, target, args.shift)
         replayed = replay(spark, args.replay, args.input, target, args.shift)
