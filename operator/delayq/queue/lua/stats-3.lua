@@ -25,11 +25,14 @@ for i = 1, #KEYS, 3 do
   local store, prepare = KEYS[i], KEYS[i + 1]
   local head = redis.call('ZRANGE', store, 0, 0, 'WITHSCORES')
   local lease_head = redis.call('ZRANGE', prepare, 0, 0, 'WITHSCORES')
-  out[#out + 1] = redis.call('ZCARD', store)
-  out[#out + 1] = redis.call('ZCOUNT', store, '-inf', now)
-  out[#out + 1] = redis.call('ZCARD', prepare)
+  local next_due = head[2] and tonumber(head[2])
+  local next_deadline = lease_head[2] and tonumber(lease_head[2])
+  -- an empty set or a head not due yet answers its count without asking (most slots idle)
+  out[#out + 1] = next_due and redis.call('ZCARD', store) or 0
+  out[#out + 1] = next_due and next_due <= now and redis.call('ZCOUNT', store, '-inf', now) or 0
+  out[#out + 1] = next_deadline and redis.call('ZCARD', prepare) or 0
   out[#out + 1] = redis.call('ZCARD', KEYS[i + 2])
-  out[#out + 1] = head[2] and tonumber(head[2]) or -1
-  out[#out + 1] = lease_head[2] and tonumber(lease_head[2]) or -1
+  out[#out + 1] = next_due or -1
+  out[#out + 1] = next_deadline or -1
 end
 return out
