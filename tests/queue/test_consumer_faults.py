@@ -20,6 +20,7 @@ import redis.asyncio
 
 from delayq.local.redis_server import RedisServer
 from delayq.local.waiting import eventually
+from delayq.queue import consumer as consumer_module
 from delayq.queue.client import AsyncQueue, Queue
 from delayq.queue.consumer import Consumer, ConsumerSettings, GiveBackError
 from delayq.queue.keys import Part, slot_keys
@@ -213,6 +214,57 @@ async def test_the_watchdog_claims_a_slot_whose_wake_up_was_lost(
             lambda: all(s.next_ms is None for s in consumer._owned), 5.0, "the slot idle"
         )
         keys = slot_keys(topic, 0)
+        seconds, micros = await async_redis_client.time()
+        due_ms = int(seconds) * 1000 + int(micros) // 1000
+        await async_redis_client.zadd(keys.key(Part.STORE), {"lost": due_ms})
+        await async_redis_client.hset(keys.key(Part.MSG), "lost", b"0:::0:p")
+        await eventually(lambda: seen == ["lost"], 5.0, "the watchdog's claim")
+    finally:
+        await stopped(consumer, running)
+    assert consumer.counters.stalled_slots_recovered == 1
+
+
+async def test_the_watchdog_reads_a_broker_s_slots_in_a_few_calls_a_tick(
+    async_redis_client: redis.asyncio.Redis, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """200 owned idle slots of 256: each watchdog tick reads them in ceil(200 / 64) = 4 read-only
+    calls, not 200 (one per slot cost ~1,000 calls a second at 1,024 slots), and a lost
+    wake-up in a slot of the third call is still found and claimed: every slot's row is its
+    own."""
+    monkeypatch.setattr(consumer_module, "WATCHDOG_S", 0.1)
+    topic = Topic("watch-many", slot_amount=256, ack_timeout_ms=5_000)
+    queue = AsyncQueue(async_redis_client, topic)
+    seen: list[str] = []
+
+    async def handler(message: Message) -> None:
+        seen.append(message.id)
+
+    consumer = Consumer(queue, handler)
+    ticks = 0
+    watch = consumer._watch_slots
+
+    async def counted() -> None:
+        nonlocal ticks
+        ticks += 1
+        await watch()
+
+    monkeypatch.setattr(consumer, "_watch_slots", counted)
+    await consumer.own(range(200))
+    running = asyncio.create_task(consumer.run())
+
+    async def read_calls() -> int:
+        stats = await async_redis_client.info("commandstats")
+        return int(stats.get("cmdstat_fcall_ro", {}).get("calls", 0))
+
+    try:
+        await eventually(
+            lambda: all(s.next_ms is None for s in consumer._owned), 5.0, "every slot idle"
+        )
+        ticks_before, calls_before = ticks, await read_calls()
+        await eventually(lambda: ticks - ticks_before >= 5, 5.0, "five watchdog ticks")
+        calls, watched = await read_calls() - calls_before, ticks - ticks_before
+        assert calls <= 4 * (watched + 1), (calls, watched)  # a tick may be under way
+        keys = slot_keys(topic, 150)
         seconds, micros = await async_redis_client.time()
         due_ms = int(seconds) * 1000 + int(micros) // 1000
         await async_redis_client.zadd(keys.key(Part.STORE), {"lost": due_ms})

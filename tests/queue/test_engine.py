@@ -605,6 +605,46 @@ def test_stats_per_slot_and_topic(queue: Queue, redis_client: redis.Redis) -> No
     assert slot_stats.slot == TOPIC.slot_of("later")
 
 
+def test_stats_of_many_slots_match_each_slots_sets(redis_client: redis.Redis) -> None:
+    """stats-3 reads up to 64 slots a call (the watchdog's read): over 128 slots in two calls,
+    with slots empty, holding only later messages, due ones or leases, every slot's row is
+    its own sets' counts and heads."""
+    topic = Topic("wide", slot_amount=128)
+    queue = Queue(redis_client, topic)
+    queue.schedule_many(
+        [ScheduleRequest(f"due{i}", at_ms=1000 + i) for i in range(60)]
+        + [ScheduleRequest(f"later{i}", delay_ms=HOUR_MS + i) for i in range(90)]
+    )
+    due_slots = sorted({topic.slot_of(f"due{i}") for i in range(60)})
+    leased = [due_slots[0], due_slots[-1]]  # one in each call
+    for slot in leased:
+        queue.claim(slot, queue.take_over(slot), max_count=1)
+    redis_client.zadd(slot_keys(topic, 90).key(Part.DEAD), {"gone": 5})
+    stats = queue.stats()
+    now_ms = server_ms(redis_client)
+    assert [s.slot for s in stats.slots] == list(topic.slots)
+    for row in stats.slots:
+        keys = slot_keys(topic, row.slot)
+        store, prepare = keys.key(Part.STORE), keys.key(Part.PREPARE)
+        heads = [redis_client.zrange(k, 0, 0, withscores=True) for k in (store, prepare)]
+        assert (
+            row.scheduled,
+            row.due,
+            row.prepared,
+            row.dead,
+            row.next_due_ms,
+            row.next_deadline_ms,
+        ) == (
+            redis_client.zcard(store),
+            redis_client.zcount(store, "-inf", now_ms),
+            redis_client.zcard(prepare),
+            redis_client.zcard(keys.key(Part.DEAD)),
+            *(int(head[0][1]) if head else None for head in heads),
+        ), row.slot
+    assert (stats.scheduled, stats.prepared, stats.dead) == (148, 2, 1)
+    assert leased[-1] >= 64
+
+
 def test_journal_is_off_by_default(redis_client: redis.Redis) -> None:
     quiet = Queue(redis_client, Topic("quiet"))
     quiet.schedule("a", delay_ms=0)

@@ -24,7 +24,7 @@ import redis.exceptions
 from delayq.coordination.ownership import FleetReader, FleetView
 from delayq.queue.client import AsyncQueue
 from delayq.queue.keys import Part, SlotKeys
-from delayq.queue.plans import Plan, ScriptCall
+from delayq.queue.plans import SLOTS_PER_CALL, Plan, ScriptCall  # 16,384 slots: 256 calls
 from delayq.queue.scripts import Script
 from delayq.queue.topic import Topic
 from delayq.service.metrics import FORECAST_WINDOWS, Activity
@@ -43,7 +43,6 @@ DUE_WINDOW_ENDS_MS = tuple(end for _, end in DUE_WINDOWS)
 MAX_SLOT_PAGE = 1024  # slots per /slots page: bounds the answer and the holder reads
 MAX_LISTED = 100  # stalled or unowned slot numbers listed in a summary at most
 
-SLOTS_PER_CALL = 64  # slots one script call reads: 16,384 slots are 256 calls, not 16,384
 PIPELINES_PER_BROKER = 4  # sent at once: parsing one overlaps Redis running the next
 
 # Values per slot in a reply of the `overview` function (queue/lua/overview-4.lua), besides
