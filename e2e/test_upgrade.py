@@ -4,9 +4,11 @@ a producer keeps scheduling while the user follows CHANGELOG "Upgrading" to the 
 chart and image; a counting checker then finds every stored message delivered, none early, each
 duplicate a counted redelivery, and reports the lateness of what fell due during the roll.
 
-The previous chart has no placement values for ZooKeeper and its CRD none for the topic's pods,
-so for this module the real node is the only schedulable node: its taint is lifted and the KWOK
-nodes are cordoned, and both are put back afterwards.
+0.1.0's chart has no placement values for ZooKeeper and its CRD none for the topic's pods, so for
+this module the real node is the only schedulable node: its taint is lifted and the KWOK nodes
+are cordoned, and both are put back afterwards. A previous release with the platform's tenant
+policy (0.2.0 on) is installed with the working tree's e2e values and its webhook topic admitted
+by them from the start (`_has_tenant_policy`); the upgrade's steps are the same.
 """
 
 from __future__ import annotations
@@ -17,9 +19,11 @@ import secrets
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 
 from e2e import workloads
 from e2e.harness import deliveries
@@ -90,7 +94,6 @@ def previous(kube: Kube, real_node: RealNode, only_the_real_node: None,
     namespace = f"e2e-up-system-{secrets.token_hex(3)}"
     tenant = f"e2e-up-tenant-{secrets.token_hex(3)}"
     kube.kubectl("create", "namespace", tenant)
-    repository, tag = image.ref.rsplit(":", 1)
     # the cluster as the previous release left it: its CRD, not the one earlier e2e modules
     # applied (helm never replaces a CRD that exists, and the current one refuses the previous
     # release's topics, e.g. an http webhook without allowInsecureHttp)
@@ -98,21 +101,19 @@ def previous(kube: Kube, real_node: RealNode, only_the_real_node: None,
         kube.kubectl("apply", "--server-side", "--force-conflicts", "-f", str(crd))
     start = time.monotonic()
     kube.helm("install", RELEASE, str(chart), "--namespace", namespace, "--create-namespace",
-              "--wait", "--timeout", "5m",
-              "--set", f"image.repository={repository}", "--set", f"image.tag={tag}",
-              "--set", f"operator.redisImage={real_node.images['redis'].ref}",
-              "--set", f"zookeeper.image={real_node.images['zookeeper'].ref}",
-              "--set", f"operator.watchNamespaces={{{tenant}}}",
-              "--set", "operator.failoverGraceSeconds=5",
-              "--set", "operator.healthIntervalSeconds=2", timeout=360)
+              "--wait", "--timeout", "5m", *_previous_values(chart, real_node, tenant, image.ref),
+              timeout=360)
     print(f"e2e: helm install of {release.version} took {time.monotonic() - start:.1f}s")
     try:
         secret = "whsec_" + base64.b64encode(secrets.token_bytes(32)).decode()
         kube.apply({"apiVersion": "v1", "kind": "List", "items": workloads.receiver(
             tenant, real_node.images["delayq"].ref, secret)})
         url = f"http://receiver.{tenant}.svc.cluster.local/hook"
+        webhook: dict[str, Any] = {"url": url}
+        if _has_tenant_policy(chart):
+            webhook |= {"allowInsecureHttp": True, "allowedCidrs": [SERVICE_CIDR]}
         kube.apply(delay_topic(TOPIC, slotAmount=16, brokers=2, replicasPerBroker=1,
-                               topicType="webhook", delivery={"webhook": {"url": url}}), tenant)
+                               topicType="webhook", delivery={"webhook": webhook}), tenant)
         try:
             _wait_topic_ready(kube, tenant, TOPIC)
         except TimeoutError:
@@ -126,6 +127,25 @@ def previous(kube: Kube, real_node: RealNode, only_the_real_node: None,
                   timeout=240, check=False)
         for name in (tenant, namespace):
             kube.kubectl("delete", "namespace", name, "--wait=false", "--ignore-not-found")
+
+
+def _has_tenant_policy(chart: Path) -> bool:
+    """Whether the previous release's chart has the platform's tenant policy (0.2.0 on), and so
+    takes the working tree's e2e values and refuses an http webhook without allowInsecureHttp."""
+    return "tenantPolicy" in yaml.safe_load((chart / "values.yaml").read_text())
+
+
+def _previous_values(chart: Path, real_node: RealNode, tenant: str, image: str) -> list[str]:
+    """The previous release's `helm install` values: the working tree's e2e values where its
+    chart has them, else 0.1.0's few (images, the watched tenant, fast failover and health)."""
+    if _has_tenant_policy(chart):
+        return helm_args(real_node, tenant, image)
+    repository, tag = image.rsplit(":", 1)
+    return ["--set", f"image.repository={repository}", "--set", f"image.tag={tag}",
+            "--set", f"operator.redisImage={real_node.images['redis'].ref}",
+            "--set", f"zookeeper.image={real_node.images['zookeeper'].ref}",
+            "--set", f"operator.watchNamespaces={{{tenant}}}",
+            "--set", "operator.failoverGraceSeconds=5", "--set", "operator.healthIntervalSeconds=2"]
 
 
 def _print_why_not_ready(kube: Kube, tenant: str) -> None:
