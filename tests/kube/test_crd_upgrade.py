@@ -57,8 +57,8 @@ def stored_topics() -> list[tuple[str, dict[str, Any]]]:
 TOPICS = stored_topics()
 
 
-# Refused on purpose since 0.1.0, each named by CHANGELOG "Upgrading from 0.1.0" or "Upgrading
-# to the next release" with what the user changes before upgrading: the field, and the change.
+# Refused on purpose since 0.1.0, each named by CHANGELOG "Upgrading from 0.1.0" with what the
+# user changes before upgrading: the field, and the change.
 DOCUMENTED_BREAKS = {
     # `spec.zookeeper.connect` may no longer hold a /chroot (the platform's ensembles only)
     "callbacks-webhook": (
