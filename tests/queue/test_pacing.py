@@ -193,8 +193,9 @@ async def test_a_bucket_smaller_than_a_slice_still_grants(async_queue: AsyncQueu
     bucket can hold, else it would wait for 25 tokens a bucket of 5 never holds."""
     assert (await async_queue.pace(500.0, 5, 50, 25))[:2] == (5, 0)
     granted, wait_ms, *_ = await async_queue.pace(500.0, 5, 50, 25)
-    assert granted == 0
-    assert wait_ms <= 10 + 1  # 5 tokens at 500/s, not never
+    # the bucket refilled meanwhile (10 ms on a loaded host), or the answer is the wait for the
+    # 5 tokens it can hold (at 500/s), not for 25 it never holds
+    assert granted > 0 or wait_ms <= 10 + 1
 
 
 async def test_the_published_limit_wins_and_applies_at_the_next_draw(
