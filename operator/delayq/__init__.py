@@ -2,4 +2,4 @@
 
 # The one place the version is written: pyproject reads it (setuptools dynamic version), the
 # operator's default image tag is built from it, and a test holds charts/delayq/Chart.yaml to it.
-__version__ = "0.2.0"
+__version__ = "0.3.0"
