@@ -56,9 +56,7 @@ from delayq.queue import (
     Queue,
     ScheduleRequest,
     Topic,
-    consume_plans,
     plans,
-    produce_plans,
 )
 from delayq.queue.packing import pack
 from delayq.queue.plans import Plan, ScriptCall
@@ -185,6 +183,9 @@ def run_python(url: str, messages: int, slots: int) -> dict[str, float]:
     producer's and the consumer's CPU per message is made of, besides asyncio and redis-py.
     Batches of 1,000 requests on `slots` slots; claims of 125 messages (the default consumer's
     share of 16 slots) acked in one call each."""
+    from delayq.queue import consume_plans, produce_plans  # a tree from before their split:
+    # producer and delivery only (a worker imports only what its workload calls)
+
     topic = Topic(TOPIC, slot_amount=slots)
     batches = range(0, messages, 1_000)
     at_ms = 2_000_000_000_000
@@ -233,6 +234,8 @@ def scheduled_reply(call: ScriptCall, at_ms: int) -> list[int | bytes]:
     """The reply of a schedule call whose messages were all created: its head of 6 values
     (7 with the arguments per message, which it then says), then per message 8 (schedulemany:
     and per slot its message count; a baseline before schedulemany-1 declared 10 keys a slot)."""
+    from delayq.queue import produce_plans  # the python workload's, as in run_python
+
     slot_counts = 0
     if call.script is Script.SCHEDULE_MANY:
         keys_per_slot = 1 if Script.SCHEDULE_MANY.value.endswith("-1") else 10
