@@ -12,6 +12,7 @@ import pytest
 import yaml
 
 from delayq.kube.builders.common import Credentials
+from tests.tool_support import installed
 
 ROOT = Path(__file__).resolve().parents[2]
 CHART = ROOT / "charts" / "delayq"
@@ -118,15 +119,8 @@ VALUE_SETS: dict[str, list[str]] = {
 }
 
 
-@functools.cache
 def helm() -> str:
-    result = subprocess.run(
-        ["bash", str(ROOT / "scripts" / "install-helm.sh")],
-        check=True,
-        capture_output=True,
-        text=True,
-    )
-    return result.stdout.strip().splitlines()[-1]
+    return installed("install-helm")
 
 
 # helm built by `go install` assumes Kubernetes v1.20 (release builds set the default at link

@@ -7,33 +7,20 @@ starts; the s3a:// backup tests need them, the others do not notice."""
 from __future__ import annotations
 
 import os
-import subprocess
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
 
 from delayq.pipeline.spark import session
-
-ROOT = Path(__file__).resolve().parents[2]
-
-
-def s3a_jars() -> str:
-    """The S3A jars, comma-separated (installed into ~/.cache/delayq-tools on first use)."""
-    done = subprocess.run(
-        ["bash", str(ROOT / "scripts" / "install-s3a-jars.sh")],
-        check=True,
-        capture_output=True,
-        text=True,
-    )
-    return done.stdout.strip().splitlines()[-1]
+from tests.tool_support import installed
 
 
 @pytest.fixture(scope="package")
 def spark() -> Iterator[Any]:
     submit_args = os.environ.get("PYSPARK_SUBMIT_ARGS")
-    os.environ["PYSPARK_SUBMIT_ARGS"] = f"--jars {s3a_jars()} pyspark-shell"
+    jars = installed("install-s3a-jars")
+    os.environ["PYSPARK_SUBMIT_ARGS"] = f"--jars {jars} pyspark-shell"
     try:
         spark = session("local[2]", "delayq-pipeline-tests", shuffle_partitions=2)
     finally:

@@ -4,7 +4,6 @@ skipped), stopped by its PID."""
 
 from __future__ import annotations
 
-import functools
 import os
 import shutil
 import subprocess
@@ -18,21 +17,12 @@ from typing import Any
 from delayq.local.ports import free_port
 from delayq.local.process import stop_by_pid
 from delayq.local.waiting import wait_until
+from tests.tool_support import installed
 
-ROOT = Path(__file__).resolve().parents[2]
 START_TIMEOUT_S = 30.0
 STOP_TIMEOUT_S = 10.0
 
 
-@functools.cache
-def minio_binary() -> str:
-    result = subprocess.run(
-        ["bash", str(ROOT / "scripts" / "install-minio.sh")],
-        check=True,
-        capture_output=True,
-        text=True,
-    )
-    return result.stdout.strip().splitlines()[-1]
 
 
 @dataclass
@@ -64,7 +54,8 @@ class MinioServer:
         }
         log = (self.directory / "minio.log").open("wb")
         self.process = subprocess.Popen(
-            [minio_binary(), "server", str(self.directory / "data"), "--quiet", *self.address],
+            [installed("install-minio"), "server", str(self.directory / "data"), "--quiet",
+             *self.address],
             env=env,
             stdout=log,
             stderr=subprocess.STDOUT,

@@ -45,6 +45,16 @@ def _basis(topic: Topic, slot: int) -> str:
     return next(f"b{i}" for i in range(100_000) if topic.slot_of(f"b{i}") == slot)
 
 
+async def lose_a_wake_up(client: redis.asyncio.Redis, topic: Topic, slot: int) -> None:
+    """A message `lost`, due now in `slot`, stored with no wake-up (as if the wake-up had been
+    lost): only the consumer's watchdog can find it."""
+    keys = slot_keys(topic, slot)
+    seconds, micros = await client.time()
+    due_ms = int(seconds) * 1000 + int(micros) // 1000
+    await client.zadd(keys.key(Part.STORE), {"lost": due_ms})
+    await client.hset(keys.key(Part.MSG), "lost", b"0:::0:p")
+
+
 async def test_a_failed_claim_keeps_every_waiting_slot_timed(durable_redis: RedisServer) -> None:
     """Redis down at a drain that leaves slots waiting (more due slots than room allows in one
     round): when it comes back, every slot is claimed again at once — not only the ones that
@@ -213,11 +223,7 @@ async def test_the_watchdog_claims_a_slot_whose_wake_up_was_lost(
         await eventually(
             lambda: all(s.next_ms is None for s in consumer._owned), 5.0, "the slot idle"
         )
-        keys = slot_keys(topic, 0)
-        seconds, micros = await async_redis_client.time()
-        due_ms = int(seconds) * 1000 + int(micros) // 1000
-        await async_redis_client.zadd(keys.key(Part.STORE), {"lost": due_ms})
-        await async_redis_client.hset(keys.key(Part.MSG), "lost", b"0:::0:p")
+        await lose_a_wake_up(async_redis_client, topic, 0)
         await eventually(lambda: seen == ["lost"], 5.0, "the watchdog's claim")
     finally:
         await stopped(consumer, running)
@@ -264,11 +270,7 @@ async def test_the_watchdog_reads_a_broker_s_slots_in_a_few_calls_a_tick(
         await eventually(lambda: ticks - ticks_before >= 5, 5.0, "five watchdog ticks")
         calls, watched = await read_calls() - calls_before, ticks - ticks_before
         assert calls <= 4 * (watched + 1), (calls, watched)  # a tick may be under way
-        keys = slot_keys(topic, 150)
-        seconds, micros = await async_redis_client.time()
-        due_ms = int(seconds) * 1000 + int(micros) // 1000
-        await async_redis_client.zadd(keys.key(Part.STORE), {"lost": due_ms})
-        await async_redis_client.hset(keys.key(Part.MSG), "lost", b"0:::0:p")
+        await lose_a_wake_up(async_redis_client, topic, 150)
         await eventually(lambda: seen == ["lost"], 5.0, "the watchdog's claim")
     finally:
         await stopped(consumer, running)
