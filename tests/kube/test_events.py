@@ -20,7 +20,7 @@ from delayq.kube.events import TopicEvent, status_events
 from delayq.kube.handlers.health import refresh
 from delayq.kube.handlers.reconcile import reconcile
 from delayq.kube.operator import serialized
-from delayq.kube.recorder import EventRecorder
+from delayq.kube.recorder import EventRecorder, event_name
 from tests.kube.conftest import Clock, own_slots
 from tests.kube.pods import NAMESPACE, RedisPods, add_service_pods, set_pod_ready
 from tests.kube.test_handlers import body, condition, put_topic
@@ -280,3 +280,10 @@ async def test_a_recorded_master_found_as_a_replica_is_repaired_and_told(
         await run(ctx, api, logger, refresh)
     assert redis_pods.replication("orders-redis-0-0")["role"] == "master"
     assert posted(api).count(("Warning", "MasterRepaired")) == 1
+
+
+def test_events_named_at_one_instant_do_not_collide() -> None:
+    """A thousand Events at one clock reading (the tests' clock stands still; a pass posts
+    several at once) get a thousand names: the API refuses a second object of one name."""
+    names = {event_name("orders", 1_700_000_000.0) for _ in range(1_000)}
+    assert len(names) == 1_000
