@@ -1,14 +1,15 @@
 """Peers benchmark: delayq as users run it next to BullMQ, one throw-away redis-server, JSON out.
 
-    python bench/bench_peers.py [--quick] [--workloads burst,herd,steady,memory] [--output FILE]
-                                [--markdown]
+    python bench/bench_peers.py [--quick] [--workloads burst,herd,steady,memory] [--slots N]
+                                [--output FILE] [--markdown]
 
 Both systems run the same workloads against the same server, one after the other (the order
 alternates per workload, Redis is flushed before each run), each as its users run it:
 
 * delayq: `AsyncQueue.schedule_many` in batches of 1,000 with 2 calls in flight, requests built
-  inside the timed loop; a `Consumer` with the documented defaults (`ConsumerSettings()`, the
-  default 16 slots) and a no-op handler, in a second process started before the producer.
+  inside the timed loop; a `Consumer` with the documented defaults (`ConsumerSettings()`) and a
+  no-op handler, in a second process started before the producer; the topic has the default 16
+  slots, or `--slots N` (the shapes users pick: 64, 1024). BullMQ has no slots.
 * BullMQ (bench/peers/bullmq.mjs, versions pinned in bench/peers/package-lock.json; `npm ci`
   runs when node_modules is missing): `Queue.addBulk` of 1,000 delayed jobs with 2 calls in
   flight; a `Worker` with concurrency 50 and a no-op processor, in its own Node process.
@@ -44,9 +45,9 @@ from typing import Any, Protocol
 import redis
 
 import delayq
-from bench_engine import consume_until, fresh_topic, now_ms, percentiles
+from bench_engine import consume_until, now_ms, percentiles
 from delayq.local.redis_server import RedisServer
-from delayq.queue import AsyncQueue, ConsumerSettings, ScheduleRequest
+from delayq.queue import AsyncQueue, ConsumerSettings, ScheduleRequest, Topic
 
 PEERS_DIR = Path(__file__).resolve().parent / "peers"
 BULLMQ_SCRIPT = PEERS_DIR / "bullmq.mjs"
@@ -124,12 +125,18 @@ class Peer(Protocol):
 # --- delayq ------------------------------------------------------------------------------------
 
 
-def delayq_consumer(url: str, expected: int, timeout_s: float, conn: Connection) -> None:
+def delayq_topic(slots: int) -> Topic:
+    return Topic(TOPIC, slot_amount=slots)
+
+
+def delayq_consumer(
+    url: str, slots: int, expected: int, timeout_s: float, conn: Connection
+) -> None:
     """The consumer process: `consume_until` with the documented defaults."""
     recorder = asyncio.run(
         consume_until(
             url,
-            fresh_topic(TOPIC),
+            delayq_topic(slots),
             expected,
             timeout_s,
             ConsumerSettings(),
@@ -176,12 +183,15 @@ async def delayq_steady(queue: AsyncQueue, workload: Workload) -> None:
 class Delayq:
     name = "delayq"
 
+    def __init__(self, slots: int) -> None:
+        self.slots = slots
+
     def start_consumer(self, url: str, workload: Workload) -> Callable[[], Delivered]:
         context = multiprocessing.get_context("spawn")
         receiver, sender = context.Pipe(duplex=False)
         process = context.Process(  # a daemon: a failed run does not wait on it at exit
             target=delayq_consumer,
-            args=(url, workload.count, workload.timeout_s, sender),
+            args=(url, self.slots, workload.count, workload.timeout_s, sender),
             daemon=True,
         )
         process.start()
@@ -198,7 +208,7 @@ class Delayq:
 
     def produce(self, url: str, workload: Workload, start_ms: int) -> float:
         async def run() -> float:
-            queue = AsyncQueue.from_url(url, fresh_topic(TOPIC))
+            queue = AsyncQueue.from_url(url, delayq_topic(self.slots))
             start = time.perf_counter()
             if workload.kind == "steady":
                 await delayq_steady(queue, workload)
@@ -378,18 +388,22 @@ def main() -> None:
         default=",".join(WORKLOADS),
         help="comma-separated subset to run (default: all), e.g. burst for its tail alone",
     )
+    parser.add_argument(
+        "--slots", type=int, default=Topic.slot_amount, help="the delayq topic's slot amount"
+    )
     args = parser.parse_args()
     chosen = args.workloads.split(",")
     if unknown := set(chosen) - set(WORKLOADS):
         parser.error(f"unknown workloads {sorted(unknown)}: choose from {', '.join(WORKLOADS)}")
     ensure_node_modules()
-    peers: list[Peer] = [Delayq(), BullMQ()]
+    peers: list[Peer] = [Delayq(args.slots), BullMQ()]
     plan = [workload for workload in workloads(args.quick) if workload.name in chosen]
 
     with RedisServer() as server:
         client = redis.Redis.from_url(server.url)
         results: dict[str, Any] = {
             "quick": args.quick,
+            "delayq_slots": args.slots,
             "machine": {"cpus": os.cpu_count(), "loadavg_1m_at_start": os.getloadavg()[0]},
             "versions": versions(client),
         }
