@@ -531,6 +531,45 @@ async def test_a_herds_first_round_claims_every_due_slot(
         await asyncio.wait_for(task, 10)
 
 
+async def test_a_round_reaches_as_many_due_slots_as_a_sixteenth_batch_each_fits(
+    async_redis_client: redis.asyncio.Redis,
+) -> None:
+    """Regression (issue 30, the burst at 1,024 slots): when more slots were due than a
+    sixteenth batch each fitted in the room, a round fell back to quarter batches, 8 slots a
+    round trip at the defaults, so a burst over many slots that fell a few ms behind (a hundred
+    slots due, a message or two each) caught up 8 messages a round trip. Such a round now
+    claims as many slots as a sixteenth batch each fits, the others next round."""
+    topic = Topic("wide64", namespace="shop", slot_amount=64)
+    queue = AsyncQueue(async_redis_client, topic)
+    ids = {topic.slot_of(f"m{i}"): f"m{i}" for i in range(2_000)}
+    assert len(ids) == 64
+    now_ms = await server_ms(queue.redis)
+    await queue.schedule_many([ScheduleRequest(i, at_ms=now_ms) for i in ids.values()])
+    calls: list[int] = []
+    original_claim_slots = queue.claim_slots
+
+    async def counting_claim_slots(*args: object, **kwargs: object):
+        calls.append(len(cast(list[SlotClaim], args[0])))
+        return await original_claim_slots(*args, **kwargs)  # type: ignore[arg-type]
+
+    queue.claim_slots = counting_claim_slots  # type: ignore[method-assign]
+    delivered: set[str] = set()
+
+    async def handler(message: Message) -> None:
+        delivered.add(message.id)
+
+    # room 64: a sixteenth batch (4) in each of 16 slots, a quarter batch (16) in 4
+    consumer = Consumer(queue, handler, ConsumerSettings(batch_size=64, worker_concurrency=64))
+    await consumer.own(topic.slots)  # every slot due at once, as a slot's timer or wake-up does
+    task = asyncio.create_task(consumer.run())
+    try:
+        await eventually(lambda: len(delivered) == 64, 10, "every slot's message")
+        assert calls[0] == 16, calls
+    finally:
+        consumer.stop()
+        await asyncio.wait_for(task, 10)
+
+
 async def test_slots_come_due_again_during_a_drain_share_its_next_round(
     async_redis_client: redis.asyncio.Redis,
 ) -> None:
