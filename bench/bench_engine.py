@@ -1,11 +1,16 @@
 """Engine benchmark: one command, a throw-away redis-server, JSON on stdout.
 
-    python bench/bench_engine.py [--quick] [--output bench/results/engine.json]
+    python bench/bench_engine.py [--quick] [--slots 16] [--workloads enqueue,memory,...]
+                                 [--output bench/results/engine.json]
 
 Every figure is measured in the same run as its baseline (a raw floor of pipelined ZADD+HSET
 from redis-py with hiredis), so ratios stay meaningful on a noisy machine. Lateness is delivery
 time minus the requested due instant; producer, Redis and consumer share this host, so the
 Redis clock (TIME) and the consumer's wall clock are the same clock.
+
+`--slots N` gives every topic N slots (default 16); `--workloads` picks a subset of enqueue,
+memory, delivery, herd, burst and steady: `--slots 1024 --workloads herd,burst` then `--slots 16
+--workloads herd,burst` compares two topic sizes back to back.
 """
 
 from __future__ import annotations
@@ -70,8 +75,8 @@ def percentiles(values: list[float]) -> dict[str, float]:
     }
 
 
-def fresh_topic(name: str) -> Topic:
-    return Topic(name, slot_amount=SLOTS)
+def fresh_topic(name: str, slots: int = SLOTS) -> Topic:
+    return Topic(name, slot_amount=slots)
 
 
 # --- enqueue -----------------------------------------------------------------------------------
@@ -128,13 +133,15 @@ def batch_enqueue(queue: Queue, count: int, chunk: int) -> float:
     return count / (time.perf_counter() - start)
 
 
-def concurrent_batch_enqueue(url: str, count: int, chunk: int, concurrency: int) -> float:
+def concurrent_batch_enqueue(
+    url: str, count: int, chunk: int, concurrency: int, slots: int = SLOTS
+) -> float:
     """`schedule_many` from asyncio with `concurrency` calls in flight, as a producer service
     does: one call's encoding overlaps another's execution in Redis (the sync figure above
     waits for each call, so Python and Redis take turns on the two cores)."""
 
     async def produce() -> float:
-        queue = AsyncQueue.from_url(url, fresh_topic(f"concurrent-{concurrency}"))
+        queue = AsyncQueue.from_url(url, fresh_topic(f"concurrent-{concurrency}", slots))
         bases = iter(range(0, count, chunk))
 
         async def producer() -> None:
@@ -236,15 +243,15 @@ def schedule_at(url: str, topic: Topic, dues: list[int], prefix: str) -> None:
     queue.close()
 
 
-def delivery_throughput(url: str, count: int) -> float:
-    topic = fresh_topic("throughput")
+def delivery_throughput(url: str, count: int, slots: int = SLOTS) -> float:
+    topic = fresh_topic("throughput", slots)
     schedule_at(url, topic, [1_000] * count, "t")
     recorder = asyncio.run(consume_until(url, topic, count, 120))
     return recorder.delivered / max(1e-9, (recorder.last_ms - recorder.first_ms) / 1000)
 
 
-def herd(url: str, count: int) -> dict[str, Any]:
-    topic = fresh_topic("herd")
+def herd(url: str, count: int, slots: int = SLOTS) -> dict[str, Any]:
+    topic = fresh_topic("herd", slots)
     at = int(now_ms()) + 2_000
     schedule_at(url, topic, [at] * count, "h")
     recorder = asyncio.run(consume_until(url, topic, count, 120))
@@ -255,8 +262,8 @@ def herd(url: str, count: int) -> dict[str, Any]:
     }
 
 
-def burst(url: str, count: int, window_s: float) -> dict[str, Any]:
-    topic = fresh_topic("burst")
+def burst(url: str, count: int, window_s: float, slots: int = SLOTS) -> dict[str, Any]:
+    topic = fresh_topic("burst", slots)
     start = int(now_ms()) + 2_000
     dues = sorted(start + int(random.random() * window_s * 1000) for _ in range(count))
     schedule_at(url, topic, dues, "u")
@@ -264,9 +271,9 @@ def burst(url: str, count: int, window_s: float) -> dict[str, Any]:
     return {"messages": count, "window_s": window_s, "lateness": percentiles(recorder.lateness_ms)}
 
 
-def steady_producer(url: str, rate: int, duration_s: float) -> None:
+def steady_producer(url: str, rate: int, duration_s: float, slots: int = SLOTS) -> None:
     """A separate process, as real producers are: `rate` single schedules per second."""
-    topic = fresh_topic("steady")
+    topic = fresh_topic("steady", slots)
     queue = Queue.from_url(url, topic)
     rng = random.Random(7)
     start = time.monotonic()
@@ -280,13 +287,14 @@ def steady_producer(url: str, rate: int, duration_s: float) -> None:
     queue.close()
 
 
-def steady(url: str, rate: int, duration_s: float) -> dict[str, Any]:
+def steady(url: str, rate: int, duration_s: float, slots: int = SLOTS) -> dict[str, Any]:
     producer = multiprocessing.get_context("spawn").Process(
-        target=steady_producer, args=(url, rate, duration_s)
+        target=steady_producer, args=(url, rate, duration_s, slots)
     )
     producer.start()
     expected = int(rate * duration_s)
-    recorder = asyncio.run(consume_until(url, fresh_topic("steady"), expected, duration_s + 10))
+    topic = fresh_topic("steady", slots)
+    recorder = asyncio.run(consume_until(url, topic, expected, duration_s + 10))
     producer.join()
     return {
         "rate_per_s": rate,
@@ -295,66 +303,98 @@ def steady(url: str, rate: int, duration_s: float) -> dict[str, Any]:
     }
 
 
+WORKLOADS = ("enqueue", "memory", "delivery", "herd", "burst", "steady")
+
+
+def enqueue_figures(client: redis.Redis, url: str, count: int, slots: int) -> dict[str, Any]:
+    floor = raw_floor(client, count, 1_000)
+    client.flushall()
+    batch = batch_enqueue(Queue(client, fresh_topic("batch", slots)), count, 1_000)
+    client.flushall()
+    concurrent_floor = raw_floor_concurrent(url, count, 1_000, CONCURRENT_CALLS)
+    client.flushall()
+    concurrent = concurrent_batch_enqueue(url, count, 1_000, CONCURRENT_CALLS, slots)
+    client.flushall()
+    single = single_enqueue(Queue(client, fresh_topic("single", slots)), count // 10)
+    client.flushall()
+    journaled_topic = Topic("journaled", slot_amount=slots, journal_max_len=10 * count)
+    journaled = batch_enqueue(Queue(client, journaled_topic), count, 1_000)
+    client.flushall()
+    return {
+        "raw_floor_zadd_hset_pipelined_msg_per_s": round(floor),
+        "batch_api_msg_per_s": round(batch),
+        "batch_ratio_to_raw_floor": round(batch / floor, 2),
+        f"batch_api_async_{CONCURRENT_CALLS}_calls_in_flight_msg_per_s": round(concurrent),
+        f"raw_floor_async_{CONCURRENT_CALLS}_pipelines_in_flight_msg_per_s": round(
+            concurrent_floor
+        ),
+        "batch_async_ratio_to_async_raw_floor": round(concurrent / concurrent_floor, 2),
+        "single_api_msg_per_s": round(single),
+        "single_ratio_to_raw_floor": round(single / floor, 3),
+        "batch_api_with_journal_msg_per_s": round(journaled),
+        "journal_cost_ratio": round(journaled / batch, 2),
+    }
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="smaller sizes, for a smoke run")
     parser.add_argument("--output", type=Path, help="also write the JSON here")
+    parser.add_argument("--slots", type=int, default=SLOTS, help="every topic's slot amount")
+    parser.add_argument(
+        "--workloads",
+        default=",".join(WORKLOADS),
+        help="comma-separated subset to run (default: all), e.g. herd,burst",
+    )
     args = parser.parse_args()
+    chosen = args.workloads.split(",")
+    if unknown := set(chosen) - set(WORKLOADS):
+        parser.error(f"unknown workloads {sorted(unknown)}: choose from {', '.join(WORKLOADS)}")
+    if args.slots < 1:
+        parser.error(f"--slots must be at least 1, got {args.slots}")
+    slots = args.slots
     scale = 0.1 if args.quick else 1.0
     n_enqueue = int(200_000 * scale)
 
     with RedisServer() as server:
         client = redis.Redis.from_url(server.url)
-        floor = raw_floor(client, n_enqueue, 1_000)
-        client.flushall()
-        batch = batch_enqueue(Queue(client, fresh_topic("batch")), n_enqueue, 1_000)
-        client.flushall()
-        concurrent_floor = raw_floor_concurrent(server.url, n_enqueue, 1_000, CONCURRENT_CALLS)
-        client.flushall()
-        concurrent = concurrent_batch_enqueue(server.url, n_enqueue, 1_000, CONCURRENT_CALLS)
-        client.flushall()
-        single = single_enqueue(Queue(client, fresh_topic("single")), int(20_000 * scale))
-        client.flushall()
-        journaled_topic = Topic("journaled", slot_amount=SLOTS, journal_max_len=10 * n_enqueue)
-        journaled = batch_enqueue(Queue(client, journaled_topic), n_enqueue, 1_000)
-        client.flushall()
-        memory = {
-            "ids_12_bytes": memory_per_message(client, fresh_topic("mem"), n_enqueue, "msg-{:08d}"),
-            "ids_36_bytes_uuid_like": memory_per_message(
-                client, fresh_topic("mem"), n_enqueue, "{:08d}-aaaa-bbbb-cccc-dddddddddddd"
-            ),
-            "messages": n_enqueue,
-            "payload_bytes": len(PAYLOAD),
-            "slots": SLOTS,
-        }
-        client.flushall()
-        delivery = delivery_throughput(server.url, int(100_000 * scale))
-        client.flushall()
         results: dict[str, Any] = {
             "machine": {"cpus": os.cpu_count(), "loadavg_1m_at_start": os.getloadavg()[0]},
             "redis_version": client.info("server")["redis_version"],
-            "enqueue": {
-                "raw_floor_zadd_hset_pipelined_msg_per_s": round(floor),
-                "batch_api_msg_per_s": round(batch),
-                "batch_ratio_to_raw_floor": round(batch / floor, 2),
-                f"batch_api_async_{CONCURRENT_CALLS}_calls_in_flight_msg_per_s": round(concurrent),
-                f"raw_floor_async_{CONCURRENT_CALLS}_pipelines_in_flight_msg_per_s": round(
-                    concurrent_floor
-                ),
-                "batch_async_ratio_to_async_raw_floor": round(concurrent / concurrent_floor, 2),
-                "single_api_msg_per_s": round(single),
-                "single_ratio_to_raw_floor": round(single / floor, 3),
-                "batch_api_with_journal_msg_per_s": round(journaled),
-                "journal_cost_ratio": round(journaled / batch, 2),
-            },
-            "delivery_claim_noop_ack_msg_per_s": round(delivery),
-            "memory_bytes_per_pending_message": memory,
-            "herd": herd(server.url, int(20_000 * scale)),
+            "slots": slots,
         }
-        client.flushall()
-        results["burst"] = burst(server.url, int(50_000 * scale), 10.0 * max(scale, 0.2))
-        client.flushall()
-        results["steady"] = steady(server.url, 2_000, 20.0 * max(scale, 0.25))
+        if "enqueue" in chosen:
+            results["enqueue"] = enqueue_figures(client, server.url, n_enqueue, slots)
+        if "memory" in chosen:
+            results["memory_bytes_per_pending_message"] = {
+                "ids_12_bytes": memory_per_message(
+                    client, fresh_topic("mem", slots), n_enqueue, "msg-{:08d}"
+                ),
+                "ids_36_bytes_uuid_like": memory_per_message(
+                    client,
+                    fresh_topic("mem", slots),
+                    n_enqueue,
+                    "{:08d}-aaaa-bbbb-cccc-dddddddddddd",
+                ),
+                "messages": n_enqueue,
+                "payload_bytes": len(PAYLOAD),
+                "slots": slots,
+            }
+            client.flushall()
+        if "delivery" in chosen:
+            results["delivery_claim_noop_ack_msg_per_s"] = round(
+                delivery_throughput(server.url, int(100_000 * scale), slots)
+            )
+            client.flushall()
+        if "herd" in chosen:
+            results["herd"] = herd(server.url, int(20_000 * scale), slots)
+            client.flushall()
+        if "burst" in chosen:
+            window_s = 10.0 * max(scale, 0.2)
+            results["burst"] = burst(server.url, int(50_000 * scale), window_s, slots)
+            client.flushall()
+        if "steady" in chosen:
+            results["steady"] = steady(server.url, 2_000, 20.0 * max(scale, 0.25), slots)
         results["machine"]["loadavg_1m_at_end"] = os.getloadavg()[0]
         client.close()
 

@@ -23,7 +23,7 @@ from delayq.queue.consumer import (
     NoSlotsError,
 )
 from delayq.queue.keys import Part, slot_keys
-from delayq.queue.model import Message, Outcome, ScheduleRequest, State
+from delayq.queue.model import Message, Outcome, ScheduleRequest, SlotClaim, State
 from delayq.queue.topic import Topic
 
 from .conftest import TOPIC
@@ -525,6 +525,110 @@ async def test_a_herds_first_round_claims_every_due_slot(
     try:
         await eventually(lambda: len(started) == 32, 10, "the first round")
         assert sorted({message.slot for message in started}) == list(topic.slots)
+    finally:
+        gate.set()
+        consumer.stop()
+        await asyncio.wait_for(task, 10)
+
+
+async def test_a_round_reaches_as_many_due_slots_as_a_sixteenth_batch_each_fits(
+    async_redis_client: redis.asyncio.Redis,
+) -> None:
+    """Regression (issue 30, the burst at 1,024 slots): when more slots were due than a
+    sixteenth batch each fitted in the room, a round fell back to quarter batches, 8 slots a
+    round trip at the defaults, so a burst over many slots that fell a few ms behind (a hundred
+    slots due, a message or two each) caught up 8 messages a round trip. Such a round now
+    claims as many slots as a sixteenth batch each fits, the others next round."""
+    topic = Topic("wide64", namespace="shop", slot_amount=64)
+    queue = AsyncQueue(async_redis_client, topic)
+    ids = {topic.slot_of(f"m{i}"): f"m{i}" for i in range(2_000)}
+    assert len(ids) == 64
+    now_ms = await server_ms(queue.redis)
+    await queue.schedule_many([ScheduleRequest(i, at_ms=now_ms) for i in ids.values()])
+    calls: list[int] = []
+    original_claim_slots = queue.claim_slots
+
+    async def counting_claim_slots(*args: object, **kwargs: object):
+        calls.append(len(cast(list[SlotClaim], args[0])))
+        return await original_claim_slots(*args, **kwargs)  # type: ignore[arg-type]
+
+    queue.claim_slots = counting_claim_slots  # type: ignore[method-assign]
+    delivered: set[str] = set()
+
+    async def handler(message: Message) -> None:
+        delivered.add(message.id)
+
+    # room 64: a sixteenth batch (4) in each of 16 slots, a quarter batch (16) in 4
+    consumer = Consumer(queue, handler, ConsumerSettings(batch_size=64, worker_concurrency=64))
+    await consumer.own(topic.slots)  # every slot due at once, as a slot's timer or wake-up does
+    task = asyncio.create_task(consumer.run())
+    try:
+        await eventually(lambda: len(delivered) == 64, 10, "every slot's message")
+        assert calls[0] == 16, calls
+    finally:
+        consumer.stop()
+        await asyncio.wait_for(task, 10)
+
+
+async def test_slots_come_due_again_during_a_drain_share_its_next_round(
+    async_redis_client: redis.asyncio.Redis,
+) -> None:
+    """Regression (issue 30, the burst at 1,024 slots): a drain that goes on (a herd in one
+    slot, a burst whose slots keep coming due) treated every slot it had claimed once as a
+    backlog, so when those slots came due again, one or two messages each, a round reached only
+    quarter batches of them (at most 4 of 8 here, 8 at the defaults) and the rest waited round
+    trip after round trip. Only a slot whose claim came back full is a backlog: the others, come due
+    again, are claimed in one round, sharing the room."""
+    topic = Topic("again16", namespace="shop", slot_amount=16)
+    queue = AsyncQueue(async_redis_client, topic)
+    ids = [f"m{i}" for i in range(4_000)]
+    herd_slot = topic.slot_of(ids[0])
+    herd = [i for i in ids if topic.slot_of(i) == herd_slot][:70]
+    others = {topic.slot_of(i): i for i in ids if topic.slot_of(i) != herd_slot}
+    others = dict(list(others.items())[:8])
+    now_ms = await server_ms(queue.redis)
+    again_ms = now_ms + 1_500  # the other slots' messages: due while the herd still drains
+    await queue.schedule_many(
+        [ScheduleRequest(i, at_ms=now_ms) for i in herd]
+        + [ScheduleRequest(i, at_ms=again_ms) for i in others.values()]
+    )
+    calls: list[set[int]] = []
+    original_claim_slots = queue.claim_slots
+
+    async def recording_claim_slots(*args: object, **kwargs: object):
+        calls.append({claim.slot for claim in cast(list[SlotClaim], args[0])})
+        return await original_claim_slots(*args, **kwargs)  # type: ignore[arg-type]
+
+    queue.claim_slots = recording_claim_slots  # type: ignore[method-assign]
+    gate = asyncio.Event()
+    started: list[Message] = []
+
+    async def handler(message: Message) -> None:
+        started.append(message)
+        if message.slot == herd_slot:
+            await gate.wait()
+
+    # room 64: a sixteenth batch (4) in each of 16 slots, a quarter batch (16) in 4; the
+    # herd's last claim leaves room for a sixteenth batch in each of the 8 slots, not for a
+    # quarter batch
+    consumer = Consumer(queue, handler, ConsumerSettings(batch_size=64, worker_concurrency=64))
+    await consumer.own(topic.slots)
+    task = asyncio.create_task(consumer.run())
+    try:
+        # the first round claimed every slot (the others had nothing due yet), then the herd's
+        # slot alone, until its handlers filled the room: the drain waits for room
+        await eventually(lambda: len(started) == 64, 10, "the herd filling the room")
+        assert calls[0] == set(topic.slots)
+
+        async def past_again() -> bool:
+            return await server_ms(queue.redis) > again_ms + 50
+
+        await eventually(past_again, 10, "the other slots' due instant")
+        first = len(calls)
+        gate.set()
+        await eventually(lambda: len(started) == len(herd) + len(others), 10, "all delivered")
+        rounds = [slots for slots in calls[first:] if slots & set(others)]
+        assert len(rounds) == 1, rounds
     finally:
         gate.set()
         consumer.stop()

@@ -372,7 +372,7 @@ class Consumer:
         Every slot taken off the timer heap gets a timer back on every way out (the finally):
         a slot that is neither claimed nor timed would never be claimed again."""
         pending = slots
-        claimed: set[int] = set()  # the slots claimed in this drain (`_split`)
+        backlogged: set[int] = set()  # slots whose latest claim came back full (`_split`)
         retry_in_ms = 0
         try:
             while pending and not self._stopping:
@@ -388,7 +388,7 @@ class Consumer:
                 # slots, each gets its turn (a herd in one slot cannot keep another's waiting,
                 # as due-then-slot-number order did whenever a drain began again)
                 owned.sort(key=lambda item: item[1].claimed_seq)
-                fresh = any(slot not in claimed for slot, _ in owned)
+                fresh = any(slot not in backlogged for slot, _ in owned)
                 count, share = self._split(room, len(owned), fresh)
                 pending = [slot for slot, _ in owned]
                 owned = owned[:count]
@@ -408,13 +408,15 @@ class Consumer:
                     retry_in_ms = RETRY_MS
                     return
                 pending = pending[count:]
-                claimed.update(slot for slot, _ in owned)
                 for (slot, state), result in zip(owned, results, strict=True):
                     if self.pacer is not None:
                         used = len(result.messages) if isinstance(result, ClaimBatch) else 0
                         self.pacer.unused(share - used)
                     if self._take_result(slot, state, result, share):
                         pending.append(slot)
+                        backlogged.add(slot)
+                    else:
+                        backlogged.discard(slot)
                 pending += self._due_besides(pending)
         finally:
             now = self.server_now_ms()
@@ -424,18 +426,26 @@ class Consumer:
     def _split(self, room: int, due: int, fresh: bool) -> tuple[int, int]:
         """How many of `due` slots a round claims, and how many messages each (the shares add
         up to at most `room`, the room in flight or the pacer's grant). A round with a slot
-        not yet claimed in its drain (`fresh`: a herd's first round, a slot come due since)
-        and room for a sixteenth batch in every due slot claims them all, sharing the room.
-        A slot left out of a round waits for rounds of the others' claims, every message in
-        it with it, whatever its group or priority: a herd in 16 slots, its first round at a
-        quarter batch a slot, reached 8 of them at the defaults and left the other 8 waiting
-        a second of the receiver's time. Otherwise (a herd's slots coming back full, less
-        room, many slots) quarter batches, the least recently claimed slots first (slots left
-        out go first next round), not slivers: each claim costs its own Lua call, ack call and
-        workers (sharing every round with room cost the delivery bench 7 % more Redis CPU a
-        message at 16 slots, twice the claim calls)."""
-        spread = fresh and due * self._min_share <= room
-        count = due if spread else max(1, min(due, room // self._min_batch))
+        that is not a known backlog (`fresh`: a herd's first round, a slot come due since,
+        also one claimed earlier in the same drain: only a claim that came back full says a
+        slot has more) and room for a sixteenth batch in every due slot claims them all,
+        sharing the room. (A drain goes on as long as something is due at the end of its
+        round; in a burst over 1,024 slots that is the whole burst, and counting every slot
+        it had claimed once as a backlog left its rounds at quarter batches of slots holding
+        one or two messages each.) When more are due than a sixteenth batch each fits, such a
+        round claims as many as it fits, the least recently claimed first, the others next
+        round: quarter batches reached 8 slots a round trip at the defaults, and a burst over
+        1,024 slots, a hundred of them due after a pause of a few ms, took a dozen round trips
+        of 8 messages to catch up. A slot left out of a round waits for rounds of the others'
+        claims, every message in it with it, whatever its group or priority: a herd in 16
+        slots, its first round at a quarter batch a slot, reached 8 of them at the defaults
+        and left the other 8 waiting a second of the receiver's time. Otherwise (only slots
+        whose claims came back full) quarter batches, the least recently claimed slots first
+        (slots left out go first next round), not slivers: each claim costs its own Lua call,
+        ack call and workers (sharing every round with room cost the delivery bench 7 % more
+        Redis CPU a message at 16 slots, twice the claim calls)."""
+        least = self._min_share if fresh else self._min_batch
+        count = max(1, min(due, room // least))
         return count, min(self.settings.batch_size, room // count)
 
     def _due_besides(self, pending: list[int]) -> list[int]:
