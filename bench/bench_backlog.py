@@ -206,6 +206,11 @@ def machine() -> dict[str, Any]:
     }
 
 
+def write(path: Path, report: dict[str, Any]) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(report, indent=2) + "\n")
+
+
 def markdown(report: dict[str, Any]) -> str:
     rows = [
         "| pending | B / message | enqueue msg/s | claim → ack msg/s | get p50 / p99 µs "
@@ -334,15 +339,17 @@ def main() -> None:
             first = report["depths"][0] if report["depths"] else row
             row["cost_ratio_to_first_depth"] = cost_ratios(first, row)
             report["depths"].append(row)
+            if args.output:  # a long run's depths survive a failure of the next one
+                write(args.output, report)
         report["uptime_at_end"] = machine()["uptime"]
-        client.flushall()
+        if args.output:
+            write(args.output, report)
+        # in the background: a synchronous FLUSHALL of 50M messages outlasts the client's
+        # socket timeout
+        client.flushall(asynchronous=True)
         client.close()
 
-    text = json.dumps(report, indent=2)
-    print(text)
-    if args.output:
-        args.output.parent.mkdir(parents=True, exist_ok=True)
-        args.output.write_text(text + "\n")
+    print(json.dumps(report, indent=2))
     if args.markdown:
         print(markdown(report), file=sys.stderr)
 
