@@ -5,8 +5,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
-from typing import cast
+from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine
+from typing import Any, cast
 
 import pytest
 import redis
@@ -94,6 +94,38 @@ async def test_an_earlier_message_wakes_a_consumer_sleeping_until_later(
         # the consumer's timer is an hour away: only the wake-up can deliver this in time
         await async_queue.schedule("soon", delay_ms=30)
         await eventually(lambda: seen == ["soon"], 5, "the wake-up delivery")
+
+
+async def test_sleeping_until_a_due_time_makes_no_task(async_queue: AsyncQueue) -> None:
+    """Each wait for a due time is the loop's own timer: `asyncio.wait_for` made a task per
+    sleep and came back three turns of the event loop after the due instant (Python 3.11)."""
+    seen: list[str] = []
+
+    async def handler(message: Message) -> None:
+        seen.append(message.id)
+
+    await async_queue.schedule_many(
+        [ScheduleRequest(f"m{i}", b"", delay_ms=100 + 40 * i) for i in range(5)]
+    )
+    loop = asyncio.get_running_loop()
+    waits: list[str] = []
+    previous = loop.get_task_factory()
+
+    def factory(
+        loop: asyncio.AbstractEventLoop, coro: Coroutine[Any, Any, Any], **options: Any
+    ) -> asyncio.Task[Any]:
+        name = getattr(coro, "__qualname__", "")
+        if name == "Event.wait":
+            waits.append(name)
+        return asyncio.Task(coro, loop=loop, **options)
+
+    loop.set_task_factory(factory)  # type: ignore[arg-type]
+    try:
+        async with running(async_queue, handler):
+            await eventually(lambda: len(seen) == 5, 10, "5 deliveries, each at its own time")
+    finally:
+        loop.set_task_factory(previous)
+    assert waits == []
 
 
 async def test_slots_owned_while_the_loop_sleeps_without_a_timer_are_drained(

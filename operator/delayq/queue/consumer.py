@@ -512,6 +512,10 @@ class Consumer:
         return False
 
     async def _sleep_until_next(self) -> None:
+        """Until the next timer or a change (`_changed`). The timer sets `_changed` itself:
+        `asyncio.wait_for` would wrap each sleep in a task and, at the due instant, take three
+        more turns of the event loop to come back (Python 3.11), each turn running whatever
+        else was ready first."""
         self._changed.clear()
         if self._stopping:
             return  # stop() came during the claim: its signal was just cleared with the others
@@ -519,8 +523,13 @@ class Consumer:
         timeout = None if next_ms is None else (next_ms - self.server_now_ms()) / 1000
         if timeout is not None and timeout <= 0:
             return
-        with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(self._changed.wait(), timeout)
+        loop = asyncio.get_running_loop()
+        timer = None if timeout is None else loop.call_later(timeout, self._changed.set)
+        try:
+            await self._changed.wait()
+        finally:
+            if timer is not None:
+                timer.cancel()
 
     async def _wait_for_capacity(self) -> int:
         """Wait until a worthwhile claim fits in flight: at least a quarter batch of room, so a
