@@ -1,13 +1,6 @@
-"""hiredis packing for asyncio clients sends exactly what redis-py's own packer sends, and
-writes without a task per command, still bounded by the socket timeout."""
+"""hiredis packing for asyncio clients sends exactly what redis-py's own packer sends."""
 
 from __future__ import annotations
-
-import asyncio
-import os
-import signal
-from collections.abc import Coroutine
-from typing import Any
 
 import pytest
 import redis.asyncio
@@ -62,52 +55,3 @@ async def test_a_packed_client_talks_to_a_real_server(redis_server: RedisServer)
     pipe.incrby("packing:n", 2)
     assert await pipe.execute() == [5, 7]
     await client.aclose()
-
-
-async def test_a_command_with_a_socket_timeout_is_written_without_a_task(
-    redis_server: RedisServer,
-) -> None:
-    """The service's pools have a socket timeout: redis-py's `asyncio.wait_for` around each
-    write made a task per command (Python 3.11), its bytes sent turns of the loop later."""
-    client = use_hiredis_packing(redis.asyncio.Redis.from_url(redis_server.url, socket_timeout=20))
-    await client.ping()  # connected before counting
-    loop = asyncio.get_running_loop()
-    created: list[str] = []
-    previous = loop.get_task_factory()
-
-    def factory(
-        loop: asyncio.AbstractEventLoop, coro: Coroutine[Any, Any, Any], **options: Any
-    ) -> asyncio.Task[Any]:
-        created.append(getattr(coro, "__qualname__", repr(coro)))
-        return asyncio.Task(coro, loop=loop, **options)
-
-    loop.set_task_factory(factory)  # type: ignore[arg-type]
-    try:
-        for _ in range(5):
-            assert await client.ping()
-        pipe = client.pipeline(transaction=False)
-        pipe.incrby("packing:tasks", 1)
-        pipe.incrby("packing:tasks", 1)
-        assert await pipe.execute() == [1, 2]
-    finally:
-        loop.set_task_factory(previous)
-        await client.aclose()
-    # (the pipeline's reset releases its connection in a task: not a write)
-    assert [name for name in created if "send" in name] == []
-
-
-async def test_a_write_the_server_does_not_take_times_out(second_broker: RedisServer) -> None:
-    """The write is still bounded: a stopped server takes no more bytes, and the command
-    fails after the socket timeout, as with redis-py's own write."""
-    client = use_hiredis_packing(
-        redis.asyncio.Redis.from_url(second_broker.url, socket_timeout=0.3)
-    )
-    await client.ping()
-    assert second_broker.process is not None
-    os.kill(second_broker.process.pid, signal.SIGSTOP)
-    try:
-        with pytest.raises(redis.TimeoutError, match="writing"):
-            await client.set("packing:big", b"x" * (64 << 20))  # more than the socket buffers
-    finally:
-        os.kill(second_broker.process.pid, signal.SIGCONT)
-        await client.aclose()

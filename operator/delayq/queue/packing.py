@@ -1,22 +1,13 @@
-"""hiredis command packing for asyncio Redis clients, and their writes sent without a task.
+"""hiredis command packing for asyncio Redis clients.
 
 redis-py's synchronous connections pack commands with `hiredis.pack_command`, but its asyncio
 connections pack every argument in Python (an encoder call and a bytes join per argument). The
 ack and claim calls carry two arguments per delivered message, which made that packing about
 3 µs of the consumer's ~17 µs per message. The bytes on the wire are identical.
-
-A connection with a `socket_timeout` (the service's pools: `brokers.connect`) bounds each write
-with `asyncio.wait_for`, which on Python 3.11 runs the write in a task of its own: every command
-cost a task and two more turns of the event loop, and its bytes left only after every callback
-that was ready meanwhile. A claim sent at a due instant waited behind the webhook POSTs its
-predecessor had just started (docs/benchmarks.md, "Webhook and pull at 2,000/s"). These
-connections bound the write with `asyncio.timeout` instead: the same bound, the same errors,
-written at once.
 """
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import Iterable
 from typing import Any
 
@@ -68,40 +59,6 @@ class _HiredisPacking(AbstractConnection):
 
     def pack_commands(self, commands: Iterable[Iterable[Any]]) -> list[bytes]:
         return [b"".join(pack(tuple(command)) for command in commands)]
-
-    async def send_packed_command(
-        self, command: bytes | str | Iterable[bytes], check_health: bool = True
-    ) -> None:
-        """redis-py's, the write bounded by `asyncio.timeout` rather than `asyncio.wait_for`
-        (no task per command: the module's docstring); without a `socket_timeout` it is
-        redis-py's own. A failed write closes the connection, as redis-py's does: it may have
-        sent part of the command."""
-        if not self.socket_timeout:
-            await super().send_packed_command(command, check_health)
-            return
-        if not self.is_connected:
-            await self.connect_check_health(check_health=False)
-        if check_health:
-            await self.check_health()  # type: ignore[no-untyped-call]
-        if isinstance(command, str):
-            command = command.encode()
-        if isinstance(command, bytes):
-            command = [command]
-        writer = self._writer
-        assert writer is not None  # connected above
-        try:
-            async with asyncio.timeout(self.socket_timeout):
-                writer.writelines(command)
-                await writer.drain()
-        except TimeoutError:  # before OSError, its base class
-            await self.disconnect(nowait=True)
-            raise redis.TimeoutError("Timeout writing to socket") from None
-        except OSError as error:
-            await self.disconnect(nowait=True)
-            raise redis.ConnectionError(f"Error while writing to socket: {error}") from error
-        except BaseException:
-            await self.disconnect(nowait=True)
-            raise
 
 
 class HiredisConnection(_HiredisPacking, Connection):
