@@ -50,11 +50,11 @@ import hiredis
 import redis
 
 import delayq
-from bench_engine import consume_until, now_ms, schedule_at
-from bench_hot_paths import as_published, measure, summary
+from bench_engine import now_ms, schedule_at
+from bench_hot_paths import as_published, delivered_per_s, measure, summary
 from bench_peers import Workload, delayq_batches
 from delayq.local.redis_server import RedisServer
-from delayq.queue import AsyncQueue, ConsumerSettings, Queue, ScheduleRequest, State, Topic
+from delayq.queue import AsyncQueue, Queue, ScheduleRequest, State, Topic
 
 TOPIC = "backlog"
 PAYLOAD = b"x" * 40
@@ -149,14 +149,7 @@ def enqueue(url: str, topic: Topic, count: int, prefix: str) -> dict[str, float]
 
 def claim_ack(url: str, topic: Topic, count: int, prefix: str) -> dict[str, float]:
     schedule_at(url, topic, [round(now_ms())] * count, prefix)  # 12-byte ids, due now
-
-    def timed() -> float:
-        recorder = asyncio.run(consume_until(url, topic, count, 120, ConsumerSettings()))
-        if recorder.delivered != count:
-            raise RuntimeError(f"delivered {recorder.delivered} of {count}")
-        return recorder.delivered / max(1e-9, (recorder.last_ms - recorder.first_ms) / 1000)
-
-    return measure(url, count, timed)
+    return measure(url, count, lambda: delivered_per_s(url, topic, count))
 
 
 def get_by_id(url: str, topic: Topic, count: int, backlog: int, seed: int) -> dict[str, float]:
