@@ -306,6 +306,16 @@ def steady(url: str, rate: int, duration_s: float, slots: int = SLOTS) -> dict[s
 WORKLOADS = ("enqueue", "memory", "delivery", "herd", "burst", "steady")
 
 
+def chosen_workloads(
+    parser: argparse.ArgumentParser, text: str, known: tuple[str, ...]
+) -> list[str]:
+    """The comma-separated `--workloads` of a bench, each one of `known` (else a usage error)."""
+    chosen = text.split(",")
+    if unknown := set(chosen) - set(known):
+        parser.error(f"unknown workloads {sorted(unknown)}: choose from {', '.join(known)}")
+    return chosen
+
+
 def enqueue_figures(client: redis.Redis, url: str, count: int, slots: int) -> dict[str, Any]:
     floor = raw_floor(client, count, 1_000)
     client.flushall()
@@ -347,9 +357,7 @@ def main() -> None:
         help="comma-separated subset to run (default: all), e.g. herd,burst",
     )
     args = parser.parse_args()
-    chosen = args.workloads.split(",")
-    if unknown := set(chosen) - set(WORKLOADS):
-        parser.error(f"unknown workloads {sorted(unknown)}: choose from {', '.join(WORKLOADS)}")
+    chosen = chosen_workloads(parser, args.workloads, WORKLOADS)
     if args.slots < 1:
         parser.error(f"--slots must be at least 1, got {args.slots}")
     slots = args.slots

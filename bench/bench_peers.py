@@ -45,7 +45,7 @@ from typing import Any, Protocol
 import redis
 
 import delayq
-from bench_engine import consume_until, now_ms, percentiles
+from bench_engine import chosen_workloads, consume_until, fresh_topic, now_ms, percentiles
 from delayq.local.redis_server import RedisServer
 from delayq.queue import AsyncQueue, ConsumerSettings, ScheduleRequest, Topic
 
@@ -125,10 +125,6 @@ class Peer(Protocol):
 # --- delayq ------------------------------------------------------------------------------------
 
 
-def delayq_topic(slots: int) -> Topic:
-    return Topic(TOPIC, slot_amount=slots)
-
-
 def delayq_consumer(
     url: str, slots: int, expected: int, timeout_s: float, conn: Connection
 ) -> None:
@@ -136,7 +132,7 @@ def delayq_consumer(
     recorder = asyncio.run(
         consume_until(
             url,
-            delayq_topic(slots),
+            fresh_topic(TOPIC, slots),
             expected,
             timeout_s,
             ConsumerSettings(),
@@ -208,7 +204,7 @@ class Delayq:
 
     def produce(self, url: str, workload: Workload, start_ms: int) -> float:
         async def run() -> float:
-            queue = AsyncQueue.from_url(url, delayq_topic(self.slots))
+            queue = AsyncQueue.from_url(url, fresh_topic(TOPIC, self.slots))
             start = time.perf_counter()
             if workload.kind == "steady":
                 await delayq_steady(queue, workload)
@@ -392,9 +388,7 @@ def main() -> None:
         "--slots", type=int, default=Topic.slot_amount, help="the delayq topic's slot amount"
     )
     args = parser.parse_args()
-    chosen = args.workloads.split(",")
-    if unknown := set(chosen) - set(WORKLOADS):
-        parser.error(f"unknown workloads {sorted(unknown)}: choose from {', '.join(WORKLOADS)}")
+    chosen = chosen_workloads(parser, args.workloads, WORKLOADS)
     ensure_node_modules()
     peers: list[Peer] = [Delayq(args.slots), BullMQ()]
     plan = [workload for workload in workloads(args.quick) if workload.name in chosen]
