@@ -88,17 +88,25 @@ async def test_a_failed_claim_keeps_every_waiting_slot_timed(durable_redis: Redi
 
 
 async def test_slow_handlers_keep_their_leases(async_redis_client: redis.asyncio.Redis) -> None:
-    """Handlers of 100 ms, 4 at a time, batches of 15, 60 in flight, 300 ms leases: messages
-    queued in a batch wait far longer than a lease. The heartbeat keeps their leases, so every
-    message is delivered exactly once and none goes dead (max_retries 1)."""
-    topic = Topic("slow", slot_amount=1, ack_timeout_ms=300, max_retries=1)
+    """Handlers of a third of a lease, 4 at a time, batches of 15, 60 in flight: the last
+    messages of a batch wait a whole lease for a worker, and a batch lasts a third longer than
+    its lease. The heartbeat keeps their leases, so every message is delivered exactly once and
+    none goes dead (max_retries 1). Without it 25 of the 60 came twice and 22 went dead.
+
+    The heartbeat sends an extension once less than half a lease is left, looking every third
+    of one: the process must not stall for the third (at worst a sixth) of a lease left then,
+    or the lease is gone. With 300 ms leases that was 100 ms, which an overloaded CI machine
+    exceeded once (12 of 60 delivered twice); 1.2 s leases bear a stall of nearly 400 ms. The
+    lengths scale together, so the test asks the heartbeat for exactly what it asked before."""
+    lease_ms = 1_200
+    topic = Topic("slow", slot_amount=1, ack_timeout_ms=lease_ms, max_retries=1)
     queue = AsyncQueue(async_redis_client, topic)
     await queue.schedule_many([ScheduleRequest(f"s{i}", b"p", delay_ms=0) for i in range(60)])
     calls: Counter[str] = Counter()
 
     async def handler(message: Message) -> None:
         calls[message.id] += 1
-        await asyncio.sleep(0.1)
+        await asyncio.sleep(lease_ms / 3000)
 
     settings = ConsumerSettings(batch_size=15, worker_concurrency=60, batch_concurrency=4)
     consumer = Consumer(queue, handler, settings)
