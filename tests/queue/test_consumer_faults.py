@@ -24,7 +24,7 @@ from delayq.queue import consumer as consumer_module
 from delayq.queue.client import AsyncQueue, Queue
 from delayq.queue.consumer import Consumer, ConsumerSettings, GiveBackError
 from delayq.queue.keys import Part, slot_keys
-from delayq.queue.model import Message, ScheduleRequest, State
+from delayq.queue.model import Message, ScheduleRequest, State, TopicStats
 from delayq.queue.topic import Topic
 
 
@@ -283,6 +283,51 @@ async def test_the_watchdog_reads_a_broker_s_slots_in_a_few_calls_a_tick(
     finally:
         await stopped(consumer, running)
     assert consumer.counters.stalled_slots_recovered == 1
+
+
+async def test_the_watchdog_does_not_read_slots_claimed_within_its_bound(
+    async_redis_client: redis.asyncio.Redis, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A slot claimed within STALL_BOUND_MS cannot be a stall yet (its claim took what was due),
+    so a tick does not read it: in a burst over 1,024 slots, where every slot is claimed a few
+    times a second, each tick read them all and held the claims back. Here every slot was
+    claimed when it was owned, within the (hour-long) bound: no tick reads any."""
+    monkeypatch.setattr(consumer_module, "WATCHDOG_S", 0.1)
+    monkeypatch.setattr(consumer_module, "STALL_BOUND_MS", 3_600_000)
+    topic = Topic("watch-recent", slot_amount=64, ack_timeout_ms=5_000)
+    queue = AsyncQueue(async_redis_client, topic)
+    read: list[int] = []
+    stats = queue.stats
+
+    async def counted(slots: list[int]) -> TopicStats:
+        read.extend(slots)
+        return await stats(slots)
+
+    monkeypatch.setattr(queue, "stats", counted)
+
+    async def handler(message: Message) -> None:
+        pass
+
+    consumer = Consumer(queue, handler)
+    ticks = 0
+    watch = consumer._watch_slots
+
+    async def ticked() -> None:
+        nonlocal ticks
+        ticks += 1
+        await watch()
+
+    monkeypatch.setattr(consumer, "_watch_slots", ticked)
+    await consumer.own(range(64))
+    running = asyncio.create_task(consumer.run())
+    try:
+        await eventually(
+            lambda: all(s.next_ms is None for s in consumer._owned), 5.0, "every slot claimed"
+        )
+        await eventually(lambda: ticks >= 3, 5.0, "three watchdog ticks")
+    finally:
+        await stopped(consumer, running)
+    assert read == []
 
 
 async def test_a_wake_up_taken_by_a_former_owner_goes_to_the_new_one(
