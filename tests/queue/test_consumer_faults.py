@@ -25,6 +25,7 @@ from delayq.queue.client import AsyncQueue, Queue
 from delayq.queue.consumer import Consumer, ConsumerSettings, GiveBackError
 from delayq.queue.keys import Part, slot_keys
 from delayq.queue.model import Message, ScheduleRequest, State, TopicStats
+from delayq.queue.slots import OwnedSlot, OwnedSlots
 from delayq.queue.topic import Topic
 
 
@@ -328,6 +329,30 @@ async def test_the_watchdog_does_not_read_slots_claimed_within_its_bound(
     finally:
         await stopped(consumer, running)
     assert read == []
+
+
+async def test_a_slot_s_wake_up_does_not_wait_behind_another_slot_s_repeated_ones(
+    async_redis_client: redis.asyncio.Redis,
+) -> None:
+    """BLPOP pops the first non-empty list of its keys: with the owned slots always in one
+    order, slot 3 woke only once slot 0 had no wake-up left. A producer re-waking slot 0 as
+    fast as the wait popped it (2,000 schedules a second over 1,024 slots on a loaded host)
+    kept the highest slots waiting until the watchdog, 1-2 s. The wait begins after the slot it
+    woke last, so slot 3 is woken next."""
+    topic = Topic("fair-wake", slot_amount=4, ack_timeout_ms=5_000)
+    queue = AsyncQueue(async_redis_client, topic)
+    woken: list[int] = []
+    owned = OwnedSlots(queue, OwnedSlot, lambda state: woken.append(state.slot))
+    await owned.own(range(4))
+    woken.clear()
+    await async_redis_client.rpush(slot_keys(topic, 0).key(Part.WAKE), "1", "1", "1")
+    await async_redis_client.rpush(slot_keys(topic, 3).key(Part.WAKE), "1")
+    owned.start()
+    try:
+        await eventually(lambda: len(woken) == 4, 5.0, "four wake-ups")
+    finally:
+        await owned.close()
+    assert woken == [0, 3, 0, 0]
 
 
 async def test_a_wake_up_taken_by_a_former_owner_goes_to_the_new_one(

@@ -30,7 +30,7 @@ import time
 import uuid
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
-from typing import Generic, TypeVar
+from typing import Generic, TypeVar, cast
 
 import redis.asyncio
 
@@ -77,10 +77,9 @@ class OwnedSlots(Generic[S]):
         self._claim_now = claim_now
         self._slots: dict[int, S] = {}
         self._control_key = control_key(queue.topic, uuid.uuid4().hex)
-        # the wait's keys and the slots they were made for: a herd over 1,024 slots wakes the
-        # wait once a slot, and making 1,024 key names every time was a fifth of the
-        # consumer's Python (docs/benchmarks.md, issue 30)
-        self._wake_keys: tuple[list[str], tuple[int, ...]] = ([self._control_key], ())
+        # the wait's command, packed once for the slots it was made for (`_WaitCommand`)
+        self._command = _WaitCommand(self._control_key, (), [])
+        self._first = 0  # where in `_command`'s slots the next wait's keys begin (fairness)
         self._waker = _blocking_client(queue.redis, WAKE_BLOCK_S)
         self._waiting: asyncio.Task[None] | None = None
         self._closing = False
@@ -179,9 +178,9 @@ class OwnedSlots(Generic[S]):
     async def _wait_for_wakes(self) -> None:
         reported_all_s = 0.0  # monotonic time every slot was last reported after a failed wait
         while not self._closing:
-            keys = self._wait_keys()
+            command = self._wait_command()
             try:
-                popped = await self._waker.blpop(keys, timeout=WAKE_BLOCK_S)
+                popped = await self._blpop(command.packed(self._first))
             except redis.RedisError as error:
                 log.warning("wake-up wait failed (%s); retrying", error)
                 if time.monotonic() - reported_all_s >= WAIT_FAILED_ALL_S:
@@ -193,7 +192,9 @@ class OwnedSlots(Generic[S]):
             if popped is None or as_text(popped[0]) == self._control_key:
                 continue
             key = as_text(popped[0])
-            state = self._slots.get(parse_wake_key(key))
+            slot = parse_wake_key(key)
+            self._first = command.after(slot)
+            state = self._slots.get(slot)
             if state is not None:
                 self._wake(state)
             else:
@@ -202,19 +203,71 @@ class OwnedSlots(Generic[S]):
                 with contextlib.suppress(redis.RedisError):
                     await self.queue.redis.rpush(key, "1")
 
-    def _wait_keys(self) -> list[str]:
-        """The control list's key, then the wake list's of every owned slot."""
+    def _wait_command(self) -> _WaitCommand:
+        """The wait over the control list, then the wake list of every owned slot, made anew
+        only when the owned slots changed: a herd over 1,024 slots wakes the wait once a slot,
+        and making 1,024 key names every time was a fifth of the consumer's Python
+        (docs/benchmarks.md, issue 30)."""
         slots = tuple(self._slots)
-        keys, made_for = self._wake_keys
-        if slots != made_for:
-            keys = [self._control_key]
-            keys += [slot_keys(self.queue.topic, slot).key(Part.WAKE) for slot in slots]
-            self._wake_keys = (keys, slots)
-        return keys
+        if slots != self._command.slots:
+            keys = [slot_keys(self.queue.topic, slot).key(Part.WAKE) for slot in slots]
+            self._command = _WaitCommand(self._control_key, slots, keys)
+            self._first = 0
+        return self._command
+
+    async def _blpop(self, command: bytes) -> list[bytes | str] | None:
+        """One blocking pop, `command` as `_WaitCommand` packed it, on the wait's own connection
+        (redis-py would pack its 1,025 keys again each time: ~0.9 ms of Python a wake-up at
+        1,024 slots). A failed or cancelled wait drops the connection, so that a reply still to
+        come is never read as the next wait's."""
+        await self._waker.initialize()
+        connection = self._waker.connection
+        assert connection is not None  # a single-connection client has it once initialized
+        try:
+            await connection.send_packed_command(command)
+            popped = await connection.read_response()
+        except BaseException:
+            await connection.disconnect()
+            raise
+        return cast("list[bytes | str] | None", popped)
 
     def _wake(self, state: S) -> None:
         state.wakes += 1
         self._claim_now(state)
+
+
+class _WaitCommand:
+    """The wait's BLPOP over the control list and the owned slots' wake lists, each key's bytes
+    packed once. Its keys begin at a given slot and wrap around (`packed(first)`), so that
+    the wait can begin after the slot it woke last: BLPOP pops the first non-empty list of
+    its keys, and in a fixed order a slot's wake-up waited behind every lower slot's. At
+    1,024 slots and 2,000 schedules a second, wake-ups came faster than the wait's pops on a
+    loaded host, and the highest slots' waited until the watchdog found them, 1-2 s late."""
+
+    __slots__ = ("_control", "_first_of", "_slot_keys", "_timeout", "slots")
+
+    def __init__(self, control_key: str, slots: tuple[int, ...], keys: list[str]) -> None:
+        self.slots = slots
+        self._control = b"*%d\r\n$5\r\nBLPOP\r\n%s" % (len(keys) + 3, _bulk(control_key))
+        self._slot_keys = [_bulk(key) for key in keys]
+        self._first_of = {slot: at for at, slot in enumerate(slots)}
+        self._timeout = _bulk(str(WAKE_BLOCK_S))
+
+    def packed(self, first: int) -> bytes:
+        """The command, the slots' keys from the `first`th on, then those before it."""
+        keys = self._slot_keys
+        return b"".join((self._control, *keys[first:], *keys[:first], self._timeout))
+
+    def after(self, slot: int) -> int:
+        """Where a wait that begins after `slot` begins (0 for a slot not in it)."""
+        at = self._first_of.get(slot)
+        return 0 if at is None else (at + 1) % len(self.slots)
+
+
+def _bulk(text: str) -> bytes:
+    """`text` as a RESP bulk string."""
+    data = text.encode()
+    return b"$%d\r\n%s\r\n" % (len(data), data)
 
 
 def _blocking_client(client: redis.asyncio.Redis, block_s: float) -> redis.asyncio.Redis:
@@ -228,5 +281,6 @@ def _blocking_client(client: redis.asyncio.Redis, block_s: float) -> redis.async
     return redis.asyncio.Redis(
         connection_pool=redis.asyncio.ConnectionPool(
             connection_class=pool.connection_class, max_connections=1, **options
-        )
+        ),
+        single_connection_client=True,
     )
