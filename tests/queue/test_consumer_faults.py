@@ -13,6 +13,7 @@ import asyncio
 import contextlib
 import time
 from collections import Counter, defaultdict
+from dataclasses import dataclass
 
 import pytest
 import redis
@@ -239,6 +240,24 @@ async def test_the_watchdog_claims_a_slot_whose_wake_up_was_lost(
     assert consumer.counters.stalled_slots_recovered == 1
 
 
+@dataclass
+class Ticks:
+    count: int = 0
+
+
+def watchdog_ticks(consumer: Consumer, monkeypatch: pytest.MonkeyPatch) -> Ticks:
+    """The consumer's watchdog ticks, counted as they begin."""
+    ticks = Ticks()
+    watch = consumer._watch_slots
+
+    async def ticked() -> None:
+        ticks.count += 1
+        await watch()
+
+    monkeypatch.setattr(consumer, "_watch_slots", ticked)
+    return ticks
+
+
 async def test_the_watchdog_reads_a_broker_s_slots_in_a_few_calls_a_tick(
     async_redis_client: redis.asyncio.Redis, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -255,15 +274,7 @@ async def test_the_watchdog_reads_a_broker_s_slots_in_a_few_calls_a_tick(
         seen.append(message.id)
 
     consumer = Consumer(queue, handler)
-    ticks = 0
-    watch = consumer._watch_slots
-
-    async def counted() -> None:
-        nonlocal ticks
-        ticks += 1
-        await watch()
-
-    monkeypatch.setattr(consumer, "_watch_slots", counted)
+    ticks = watchdog_ticks(consumer, monkeypatch)
     await consumer.own(range(200))
     running = asyncio.create_task(consumer.run())
 
@@ -275,9 +286,9 @@ async def test_the_watchdog_reads_a_broker_s_slots_in_a_few_calls_a_tick(
         await eventually(
             lambda: all(s.next_ms is None for s in consumer._owned), 5.0, "every slot idle"
         )
-        ticks_before, calls_before = ticks, await read_calls()
-        await eventually(lambda: ticks - ticks_before >= 5, 5.0, "five watchdog ticks")
-        calls, watched = await read_calls() - calls_before, ticks - ticks_before
+        ticks_before, calls_before = ticks.count, await read_calls()
+        await eventually(lambda: ticks.count - ticks_before >= 5, 5.0, "five watchdog ticks")
+        calls, watched = await read_calls() - calls_before, ticks.count - ticks_before
         assert calls <= 4 * (watched + 1), (calls, watched)  # a tick may be under way
         await lose_a_wake_up(async_redis_client, topic, 150)
         await eventually(lambda: seen == ["lost"], 5.0, "the watchdog's claim")
@@ -310,22 +321,14 @@ async def test_the_watchdog_does_not_read_slots_claimed_within_its_bound(
         pass
 
     consumer = Consumer(queue, handler)
-    ticks = 0
-    watch = consumer._watch_slots
-
-    async def ticked() -> None:
-        nonlocal ticks
-        ticks += 1
-        await watch()
-
-    monkeypatch.setattr(consumer, "_watch_slots", ticked)
+    ticks = watchdog_ticks(consumer, monkeypatch)
     await consumer.own(range(64))
     running = asyncio.create_task(consumer.run())
     try:
         await eventually(
             lambda: all(s.next_ms is None for s in consumer._owned), 5.0, "every slot claimed"
         )
-        await eventually(lambda: ticks >= 3, 5.0, "three watchdog ticks")
+        await eventually(lambda: ticks.count >= 3, 5.0, "three watchdog ticks")
     finally:
         await stopped(consumer, running)
     assert read == []
