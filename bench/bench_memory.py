@@ -1,6 +1,6 @@
 """Broker memory per pending message: a throw-away redis-server, JSON on stdout.
 
-    python bench/bench_memory.py [--count 100000] [--slots 16 [1024 ...]]
+    python bench/bench_memory.py [--count 100000] [--slots 16 [1024 ...]] [--record-buckets]
 
 For each payload size (32, 40, 256, 1024 bytes) and id length (12 and 36 bytes: a short key and
 a UUID), schedules `count` messages (no headers, due times spread over a day, so they stay
@@ -23,6 +23,10 @@ entries (512 hash fields) into one listpack, so a slot holding fewer pending mes
 less, while a batch of 1,000 spread over more slots takes more script calls:
 `schedule_msg_per_s` (the scheduling loop, requests built inside it) and, beside the first slot
 amount, `schedule_ratio_to_first_slots` (same payload and id, same run) say what that costs.
+
+`--record-buckets`: every row again on a topic with `redis.recordBuckets` (the records in
+buckets of about 48 that Redis packs as listpacks, docs/contracts.md §1), published by the
+topic's owner; `schedule_ratio_to_msg` is its scheduling rate over the same row's without.
 """
 
 from __future__ import annotations
@@ -67,10 +71,20 @@ def warm_up(queue: Queue) -> None:
 
 
 def measure(
-    client: redis.Redis, count: int, slots: int, payload_bytes: int, id_length: int
+    client: redis.Redis,
+    count: int,
+    slots: int,
+    payload_bytes: int,
+    id_length: int,
+    record_buckets: bool = False,
 ) -> dict[str, Any]:
     client.flushall()
-    queue = Queue(client, Topic("memory", namespace="bench", slot_amount=slots))
+    topic = Topic(
+        "memory", namespace="bench", slot_amount=slots, redis_record_buckets=record_buckets
+    )
+    queue = Queue(client, topic)
+    if record_buckets:
+        queue.publish_settings("bench", 1)  # as the topic's owner: the scripts obey the record
     warm_up(queue)
     baseline = used_memory(client)
     rng = random.Random(payload_bytes * 100 + id_length)
@@ -88,6 +102,7 @@ def measure(
     assert queue.stats().scheduled == count
     per_message = (used_memory(client) - baseline) / count
     result: dict[str, Any] = {
+        "record_buckets": record_buckets,
         "slots": slots,
         "messages_per_slot": round(count / slots),
         "schedule_msg_per_s": round(count / schedule_s),
@@ -130,25 +145,37 @@ def main() -> None:
     parser.add_argument(
         "--slots", type=int, nargs="+", default=[16], help="slot amounts to measure (default 16)"
     )
+    parser.add_argument(
+        "--record-buckets",
+        action="store_true",
+        help="each row again with redis.recordBuckets on (schedule_ratio_to_msg: same run)",
+    )
     args = parser.parse_args()
+    layouts = [False, True] if args.record_buckets else [False]
     with RedisServer() as server:
         client = redis.Redis.from_url(server.url)
         info = client.info("server")
         results = [
-            measure(client, args.count, slots, payload, id_length)
+            measure(client, args.count, slots, payload, id_length, buckets)
             for slots in args.slots
             for payload in PAYLOADS
             for id_length in ID_LENGTHS
+            for buckets in layouts
         ]
-        if len(args.slots) > 1:
-            first = {
-                (row["payload_bytes"], row["id_bytes"]): row["schedule_msg_per_s"]
-                for row in results
-                if row["slots"] == args.slots[0]
-            }
-            for row in results:
-                rate = first[row["payload_bytes"], row["id_bytes"]]
+        rates = {
+            (row["slots"], row["payload_bytes"], row["id_bytes"], row["record_buckets"]): row[
+                "schedule_msg_per_s"
+            ]
+            for row in results
+        }
+        for row in results:
+            shape = (row["payload_bytes"], row["id_bytes"], row["record_buckets"])
+            if len(args.slots) > 1:
+                rate = rates[(args.slots[0], *shape)]
                 row["schedule_ratio_to_first_slots"] = round(row["schedule_msg_per_s"] / rate, 2)
+            if row["record_buckets"]:
+                rate = rates[(row["slots"], *shape[:2], False)]
+                row["schedule_ratio_to_msg"] = round(row["schedule_msg_per_s"] / rate, 2)
         outcomes = [measure_outcome(client, args.count, args.slots[0], n) for n in ID_LENGTHS]
         client.flushall()
         report = {

@@ -11,7 +11,7 @@ from __future__ import annotations
 import time
 import uuid
 from collections.abc import AsyncIterator, Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import pytest
 from kazoo.client import KazooClient
@@ -20,6 +20,7 @@ from delayq.coordination.zookeeper import ZkOwnership, ZkSettings
 from delayq.local.redis_server import RedisServer
 from delayq.local.waiting import eventually
 from delayq.local.zookeeper_server import ZooKeeperServer
+from delayq.queue import Queue
 
 from .brokers import two_brokers
 from .splits import NAMESPACE, ROUTING, Cluster
@@ -138,9 +139,17 @@ def expire_session(hosts: str, victim: KazooClient) -> None:
 
 @pytest.fixture
 def cluster(
-    redis_server: RedisServer, second_broker: RedisServer, zookeeper_server: ZooKeeperServer
+    request: pytest.FixtureRequest,
+    redis_server: RedisServer,
+    second_broker: RedisServer,
+    zookeeper_server: ZooKeeperServer,
 ) -> Iterator[Cluster]:
-    """A topic of 4 slots on two brokers, to be doubled (splits.py; the test_split*.py files)."""
+    """A topic of 4 slots on two brokers, to be doubled (splits.py; the test_split*.py files).
+    Parametrized indirectly with "buckets", its settings record turns recordBuckets on."""
     servers = (redis_server, second_broker)
     with two_brokers(Cluster, servers, zookeeper_server, NAMESPACE, "s", ROUTING) as built:
+        if getattr(request, "param", None) == "buckets":
+            bucketed = replace(built.topic, redis_record_buckets=True)
+            for admin in built.admins:
+                Queue(admin, bucketed).publish_settings("tests", 1)
         yield built

@@ -18,6 +18,7 @@ from delayq.local.waiting import wait_until
 from delayq.queue import Queue, Recurrence, Schedule, Topic
 from delayq.queue.keys import Part, slot_keys
 from delayq.queue.model import Message
+from delayq.queue.record_buckets import record_pages
 from delayq.queue.schedules import occurrence_id
 from delayq.queue.slot_split import PART_RULES, Rule
 from delayq.queue.topic import slot_of
@@ -158,9 +159,11 @@ def read_part(client: redis.Redis, key: str) -> Any:
 
 
 def snapshot(cluster: Cluster, topic: Topic, slot: int) -> dict[Part, Any]:
+    """The slot's parts; its records wherever they are kept (`record_buckets.py`), as one."""
     client = cluster.admins[ROUTING[slot % SLOTS]]
     keys = slot_keys(topic, slot)
-    found = {part: read_part(client, keys.key(part)) for part in Part}
+    found = {part: read_part(client, keys.key(part)) for part in Part if part is not Part.BUCKETS}
+    found[Part.MSG] = dict(pair for page in record_pages(client, keys) for pair in page) or None
     return {part: value for part, value in found.items() if value is not None}
 
 

@@ -29,6 +29,7 @@ from delayq.queue import Queue, SlotMovingError, StaleEpochError, Topic
 from delayq.queue.codes import Code
 from delayq.queue.keys import Part, slot_keys
 from delayq.queue.model import ScheduleRequest, State
+from delayq.queue.record_buckets import bucket_count
 from delayq.queue.topic import slot_of
 
 from .splits import (
@@ -244,6 +245,65 @@ def test_what_changes_while_the_slots_are_copied_is_copied_again(cluster: Cluste
     assert current is not None
     assert old_frozen(cluster) == []
     churn(cluster, "late")
+    before = frozen_before(cluster)
+    while current is not None:
+        current = splitter.step(*current)
+    splitter.release()
+    assert_split_exactly(cluster, before)
+
+
+def bucket_counts(cluster: Cluster) -> list[int]:
+    return [
+        bucket_count(cluster.admins[ROUTING[slot]], slot_keys(cluster.topic, slot))
+        for slot in cluster.topic.slots
+    ]
+
+
+@pytest.mark.parametrize("cluster", ["buckets"], indirect=True)
+def test_records_moving_into_new_buckets_while_the_slots_are_copied_are_copied(cluster: Cluster):
+    """With recordBuckets, writers grow every old slot while it is scanned and copied, so its
+    buckets split and records move into new ones under the scan: each record still reaches its
+    half, and the records written before the switch (in `msg`) too."""
+
+    def grow(tag: str, count: int) -> None:
+        for slot in cluster.topic.slots:
+            ids = [f"{tag}{slot}-{i}" for i in range(count * 2 * SLOTS)]
+            landing = [i for i in ids if cluster.topic.slot_of(i) == slot][:count]
+            requests = [ScheduleRequest(i, b"grown", delay_ms=600_000) for i in landing]
+            broker_queue(cluster, slot).schedule_many(requests)
+            cluster.basis.update((i, i) for i in landing)
+
+    legacy = replace(cluster.topic, redis_record_buckets=False)
+    for admin in cluster.admins:  # records in `msg`, from before the topic's switch
+        Queue(admin, legacy).publish_settings("tests", 2)
+    grow("old-", 20)
+    for admin in cluster.admins:
+        Queue(admin, replace(legacy, redis_record_buckets=True)).publish_settings("tests", 3)
+    fill(cluster, 400)
+    splitter = cluster.splitter()
+    stop = threading.Event()
+    rounds: list[int] = []
+    counts = bucket_counts(cluster)
+
+    def write() -> None:
+        while not stop.is_set():
+            churn(cluster, f"w{len(rounds)}-")
+            grow(f"g{len(rounds)}-", 50)
+            rounds.append(1)
+
+    writer = threading.Thread(target=write)
+    current = splitter.start(2 * SLOTS)
+    writer.start()
+    try:
+        wait_until(lambda: rounds, 10.0, "a writer under way")
+        while current is not None and current[0].step is Step.COPY:
+            current = splitter.step(*current)
+    finally:
+        stop.set()
+        writer.join(timeout=30)
+    assert current is not None
+    grown = bucket_counts(cluster)
+    assert all(after > before for before, after in zip(counts, grown, strict=True)), grown
     before = frozen_before(cluster)
     while current is not None:
         current = splitter.step(*current)

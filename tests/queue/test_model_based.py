@@ -75,6 +75,7 @@ class QueueMachine(RuleBasedStateMachine):
         self.future_ms = server_ms(self.client) + DAY_MS
         self.epochs: dict[int, int] = {}
         self.schedules: dict[str, bytes] = {}  # schedule id -> payload of its occurrences
+        self.settings_version = 0  # of the settings record this machine publishes
 
     @initialize()
     def take_over_all_slots_and_seed(self) -> None:
@@ -84,6 +85,14 @@ class QueueMachine(RuleBasedStateMachine):
         for message_id, priority in zip(ALL_IDS, SEED_PRIORITIES, strict=True):
             self.queue.schedule(message_id, b"seed", at_ms=PAST_MS, priority=priority)
             self.model[message_id] = Ref(State.SCHEDULED, True, 0, b"seed", priority=priority)
+
+    @rule(on=st.booleans())
+    def switch_record_buckets(self, on: bool) -> None:
+        """The owner turns recordBuckets on or off (as admin: the broker's libraries all read
+        buckets): records move as they are written, and every call finds each where it is."""
+        self.settings_version += 1
+        topic = dataclasses.replace(self.topic, redis_record_buckets=on)
+        Queue(self.client, topic).publish_settings("model", self.settings_version)
 
     def _when(self, due_now: bool) -> int:
         return PAST_MS if due_now else self.future_ms

@@ -256,6 +256,7 @@ class TopicSpec:
     # spec.limits.maxPending: messages scheduled or in flight at most (0: no limit)
     limits_max_pending: int = default("limits_max_pending")
     redis_sync_timeout_ms: int = default("redis_sync_timeout_ms")
+    redis_record_buckets: bool = default("redis_record_buckets")
     # spec.networkPolicy.allowFrom: NetworkPolicyPeers admitted to the service pods' API port
     # besides the topic's namespace and the operator, checked and copied as plain dicts
     network_policy_allow_from: tuple[dict[str, Any], ...] = ()

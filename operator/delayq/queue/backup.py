@@ -22,8 +22,9 @@ from typing import Any, NamedTuple
 
 from delayq.queue.codec import split_record
 from delayq.queue.keys import Part, SlotKeys
+from delayq.queue.record_buckets import bucket_count, record_keys
 from delayq.queue.schedules import ENDED, OCCURRENCE_SEPARATOR, PENDING
-from delayq.queue.slot_copy import PART_TYPES, read_value
+from delayq.queue.slot_copy import PART_TYPES, RedisType, read_value
 
 #: A frozen epoch's prefix (freeze-1.lua): the slot is moving, or moved away.
 FROZEN = b"moving:"
@@ -76,13 +77,25 @@ SNAPSHOT_PARTS = (
 
 
 def snapshot(client: Any, keys: SlotKeys) -> list[Item]:
-    """The slot's items, read at one instant (one MULTI of reads on its broker)."""
-    read = client.pipeline(transaction=True)
-    for part in SNAPSHOT_PARTS:
-        read_value(read, PART_TYPES[part], keys.key(part))
-    read.time()
-    *replies, (seconds, micros) = read.execute()
-    contents = dict(zip(SNAPSHOT_PARTS, replies, strict=True))
+    """The slot's items, read at one instant (one MULTI of reads on its broker). The records'
+    buckets are read under the bucket count read before; the MULTI reads the count again, and
+    a slot whose buckets split in between is read anew (`record_buckets.py`)."""
+    count = bucket_count(client, keys)
+    while True:
+        read = client.pipeline(transaction=True)
+        for part in SNAPSHOT_PARTS:
+            read_value(read, PART_TYPES[part], keys.key(part))
+        for name in record_keys(keys, count)[1:]:
+            read_value(read, RedisType.HASH, name)
+        read.hget(keys.key(Part.BUCKETS), "n")
+        read.time()
+        *replies, after, (seconds, micros) = read.execute()
+        if int(after or 0) == count:
+            break
+        count = int(after or 0)
+    contents = dict(zip(SNAPSHOT_PARTS, replies, strict=False))
+    for bucket in replies[len(SNAPSHOT_PARTS) :]:  # a bucketed record wins over `msg`'s copy
+        contents[Part.MSG].update(bucket)
     taken_ms = int(seconds) * 1000 + int(micros) // 1000
     items = [item._replace(taken_ms=taken_ms) for item in items_of(contents)]
     epoch = contents[Part.EPOCH]

@@ -336,8 +336,11 @@ class Queue:
     def publish_settings(self, owner: str, version: int) -> list[int]:
         """Publish the topic's settings record into every slot of this broker, as its owner
         (`topic_record.py`; a user that may only read it gets NoPermissionError); per slot,
-        the version its record holds after the call (a newer one is kept)."""
-        return self.run_steps(topic_record.publish(self.topic, owner, version))
+        the version its record holds after the call (a newer one is kept). With recordBuckets,
+        the broker's libraries are listed first (admin rights, `topic_record.as_published`)."""
+        libraries = functions.listed(self.redis) if self.topic.redis_record_buckets else {}
+        topic = topic_record.as_published(self.topic, libraries)
+        return self.run_steps(topic_record.publish(topic, owner, version))
 
     def take_over(self, slot: int) -> int:
         return self.run(consume_plans.fence(self.topic, slot))
@@ -583,7 +586,10 @@ class AsyncQueue:
 
     async def publish_settings(self, owner: str, version: int) -> list[int]:
         """As `Queue.publish_settings`."""
-        return await self.run_steps(topic_record.publish(self.topic, owner, version))
+        listing = self.topic.redis_record_buckets
+        libraries = await functions.listed_async(self.redis) if listing else {}
+        topic = topic_record.as_published(self.topic, libraries)
+        return await self.run_steps(topic_record.publish(topic, owner, version))
 
     async def take_over(self, slot: int) -> int:
         return await self.run(consume_plans.fence(self.topic, slot))

@@ -33,8 +33,10 @@ from __future__ import annotations
 import functools
 import hashlib
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass
 from importlib import resources
+from typing import Any, cast
 
 import redis
 import redis.asyncio
@@ -43,7 +45,9 @@ from delayq.queue.codes import DelayqError
 from delayq.queue.scripts import (
     CODES_INCLUDE,
     INCLUDE_LINE,
+    RECORD_BUCKETS_INCLUDE,
     TRACK_CHANGES_INCLUDE,
+    TRACKED_REDIS,
     Script,
     assemble,
     inline_includes,
@@ -54,6 +58,12 @@ LIBRARY_PREFIX = "delayq_"
 #: A library's name as `library()` makes it: the prefix and a hash of the source, in hex.
 LIBRARY_NAME = re.compile(rf"{LIBRARY_PREFIX}[0-9a-f]{{1,64}}")
 VERSION_FUNCTION = "version"
+#: Registered by every library whose scripts read a slot's records in buckets
+#: (`lua/includes/record_buckets.lua`), from the first version that does: a topic's owner lets
+#: the scripts write buckets only while every delayq library on the broker has it
+#: (`reads_record_buckets`), since a library without it would not see such a record and take
+#: its message for absent.
+RECORD_BUCKETS_FUNCTION = "record_buckets"
 SHEBANG = re.compile(r"\A#!lua(?: flags=([\w,-]*))?\n")
 #: Redis's answer to an FCALL of a function it does not have.
 NOT_FOUND_TEXT = "Function not found"
@@ -143,11 +153,12 @@ def _bound_globals(code: str) -> str:
 
 
 #: Run by the first call of any function (the globals cannot be reached while the library
-#: loads): the globals as locals, then `redis` wrapped to note a doubling's changes.
+#: loads): the globals as locals, then `redis` wrapped to note a doubling's changes and to find
+#: the slots' records in their buckets.
 _BIND = f"""
 local function bind()
   bind_globals()
-  redis = {TRACK_CHANGES_INCLUDE}(redis)
+  {TRACKED_REDIS.removeprefix("local ")}
 end
 """
 
@@ -176,7 +187,7 @@ def build(files: dict[str, str]) -> Library:
         bodies.append((verb, INCLUDE_LINE.sub("", body), flags))
     # every transition's `redis` is the change-tracking wrapper (scripts.with_change_tracking),
     # so its helpers' writes are noted too: without it a doubling's catch-up misses them
-    helpers.add(TRACK_CHANGES_INCLUDE)
+    helpers |= {RECORD_BUCKETS_INCLUDE, TRACK_CHANGES_INCLUDE}
     wanted = "".join(f"--@include {name}\n" for name in sorted(helpers - {CODES_INCLUDE}))
     prelude = read_include(CODES_INCLUDE) or ""
     prelude += inline_includes("library", wanted, read_include).replace(prelude, "")
@@ -185,6 +196,7 @@ def build(files: dict[str, str]) -> Library:
     # own output included, so a change here is a new version too)
     registered = "".join(_register(f"@_{verb}", body, flags) for verb, body, flags in bodies)
     version = _register(f"@_{VERSION_FUNCTION}", "return '@'", ["no-writes"])
+    version += _register(f"@_{RECORD_BUCKETS_FUNCTION}", "return 1", ["no-writes"])
     opening = _bound_globals(prelude + "".join(body for _, body, _ in bodies))
     template = f"{opening}{prelude}\n{registered}{version}"
     name = f"{LIBRARY_PREFIX}{hashlib.sha1(template.encode()).hexdigest()[:16]}"
@@ -267,22 +279,55 @@ class FunctionsTooLargeError(redis.RedisError):
     admin login (a topic's Secret has it) may load any: the operator would read them whole."""
 
 
-async def loaded_async(client: redis.asyncio.Redis) -> list[str]:
-    """The names of every delayq library the broker holds, of any version (FUNCTION LIST:
-    admin rights); FunctionsTooLargeError, unread, over MAX_LISTED_FUNCTIONS_BYTES."""
-    used = int((await client.info("memory")).get("used_memory_functions", 0))
+def _listed(reply: object) -> dict[str, set[str]]:
+    """FUNCTION LIST's reply as library name -> the names of its functions."""
+    listed: dict[str, set[str]] = {}
+    for entry in cast("list[Any]", reply or []):
+        fields = _as_map(entry)
+        names = {_text(_as_map(function).get("name", "")) for function in fields["functions"]}
+        listed[_text(fields["library_name"])] = names
+    return listed
+
+
+def _as_map(entry: Any) -> dict[str, Any]:
+    """A map of FUNCTION LIST's reply: RESP2 writes [key, value, ...], RESP3 a map."""
+    if not isinstance(entry, dict):
+        entry = dict(zip(entry[::2], entry[1::2], strict=True))
+    return {_text(key): value for key, value in entry.items()}
+
+
+def _checked_size(memory: Mapping[str, Any]) -> None:
+    used = int(memory.get("used_memory_functions", 0))
     if used > MAX_LISTED_FUNCTIONS_BYTES:
         raise FunctionsTooLargeError(
             f"used_memory_functions is {used} bytes, over the {MAX_LISTED_FUNCTIONS_BYTES} "
             "delayq's libraries ever take: not listed"
         )
-    reply = await client.function_list(library=f"{LIBRARY_PREFIX}*")
-    names = []
-    for entry in reply or []:
-        if not isinstance(entry, dict):  # RESP2: [key, value, ...] per library; RESP3: a map
-            entry = dict(zip(entry[::2], entry[1::2], strict=True))
-        names += [_text(v) for k, v in entry.items() if _text(k) == "library_name"]
-    return names
+
+
+def listed(client: redis.Redis) -> dict[str, set[str]]:
+    """Every delayq library the broker holds, of any version, with its functions' names
+    (FUNCTION LIST: admin rights); FunctionsTooLargeError, unread, over
+    MAX_LISTED_FUNCTIONS_BYTES."""
+    _checked_size(client.info("memory"))
+    return _listed(client.function_list(library=f"{LIBRARY_PREFIX}*"))
+
+
+async def listed_async(client: redis.asyncio.Redis) -> dict[str, set[str]]:
+    """As `listed`."""
+    _checked_size(await client.info("memory"))
+    return _listed(await client.function_list(library=f"{LIBRARY_PREFIX}*"))
+
+
+async def loaded_async(client: redis.asyncio.Redis) -> list[str]:
+    """The names of every delayq library the broker holds, of any version (`listed_async`)."""
+    return list(await listed_async(client))
+
+
+def reads_record_buckets(libraries: Mapping[str, set[str]]) -> bool:
+    """Whether every library listed (`listed`) reads records in buckets: each has its
+    RECORD_BUCKETS_FUNCTION. A broker with none is no exception: the caller loads this one."""
+    return all(f"{name}_{RECORD_BUCKETS_FUNCTION}" in names for name, names in libraries.items())
 
 
 async def delete_async(client: redis.asyncio.Redis, name: str) -> None:

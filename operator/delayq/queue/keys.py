@@ -39,6 +39,9 @@ class Part(enum.StrEnum):
     PREPARE = "prepare"  # ZSET id -> lease deadline ms (claimed, not yet acked)
     DEAD = "dead"  # ZSET id -> time of death ms
     MSG = "msg"  # HASH id -> packed record (attempts, due, headers, payload)
+    # once present, the slot's records are kept in the buckets `<msg key>:<b>`, b < n, and `msg`
+    # holds only those written before (lua/includes/record_buckets.lua, queue/record_buckets.py)
+    BUCKETS = "buckets"  # HASH n -> bucket count, count -> records in the buckets
     REASON = "reason"  # HASH id -> why a dead message died (only dead ids)
     EPOCH = "epoch"  # STRING fencing epoch of the slot's current owner
     WAKE = "wake"  # LIST, at most one element: "the head of store moved earlier"

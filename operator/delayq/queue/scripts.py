@@ -172,15 +172,19 @@ def assemble(origin: str, text: str, read_include: Callable[[str], str | None]) 
 #: The helper that wraps `redis` for every script: the writes a doubling's catch-up copies
 #: again are noted through it (`lua/includes/track_changes.lua`).
 TRACK_CHANGES_INCLUDE = "track_changes"
-#: Bound right after the header, before every other helper, so theirs go through it too.
-TRACKED_REDIS = f"local redis = {TRACK_CHANGES_INCLUDE}(redis)"
+#: Bound right after the header, before every other helper, so theirs go through it too. It
+#: wraps the one that finds a slot's records in their buckets (`lua/includes/record_buckets.lua`),
+#: so what it notes are the messages a script changed, wherever their records are kept.
+RECORD_BUCKETS_INCLUDE = "record_buckets"
+TRACKED_REDIS = f"local redis = {TRACK_CHANGES_INCLUDE}({RECORD_BUCKETS_INCLUDE}(redis))"
 
 
 def with_change_tracking(text: str) -> str:
     """`text` with `redis` bound to the change-tracking wrapper right after its header
     comment, before every other helper."""
     end = text.index("]]") + 2
-    return f"{text[:end]}\n--@include {TRACK_CHANGES_INCLUDE}\n{TRACKED_REDIS}{text[end:]}"
+    includes = f"--@include {RECORD_BUCKETS_INCLUDE}\n--@include {TRACK_CHANGES_INCLUDE}\n"
+    return f"{text[:end]}\n{includes}{TRACKED_REDIS}{text[end:]}"
 
 
 @functools.cache

@@ -562,6 +562,16 @@ SETTINGS: tuple[Setting, ...] = (
         T, change=Change.ROLL, low=10, high=60_000,
     ),
     Setting(
+        "redis.recordBuckets", Kind.BOOLEAN, False,
+        "keep the messages' records in small buckets: less broker memory, more broker CPU",
+        "Whether the slots keep the messages' records in buckets of about 48 that Redis packs "
+        "as listpacks (about 50 B less per pending message for payloads under about 50 bytes) "
+        "instead of one hash a slot, at the cost of more broker CPU per message (see "
+        "docs/benchmarks.md). Records move as they are written, either way; the topic's owner "
+        "turns it on only once every delayq version writing to the broker reads buckets.",
+        T, change=Change.LIVE,
+    ),
+    Setting(
         "redis.appendFsync", Kind.CHOICE, "everysec", "when the append-only file reaches the disk",
         "When the append-only file reaches the disk. everysec (default) can lose the last "
         "second of acknowledged writes if a master's node crashes; always syncs every write "

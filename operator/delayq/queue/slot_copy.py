@@ -25,6 +25,7 @@ from typing import Any
 import redis
 
 from delayq.queue.keys import Part, SlotKeys
+from delayq.queue.record_buckets import bucket_count, bucket_key, record_keys
 
 #: Members, fields or entries per write command: one command never holds a whole large slot.
 BATCH = 2000
@@ -54,6 +55,7 @@ PART_TYPES: dict[Part, RedisType] = {
     Part.GROUPS: RedisType.ZSET,
     Part.GROUP_LEASES: RedisType.ZSET,
     Part.MSG: RedisType.HASH,
+    Part.BUCKETS: RedisType.HASH,
     Part.REASON: RedisType.HASH,
     Part.OUTCOME: RedisType.HASH,
     Part.SCHEDULES: RedisType.HASH,
@@ -109,19 +111,28 @@ def present(kind: RedisType, content: Any) -> bool:
 
 def copy_slot(source: redis.Redis, target: redis.Redis, keys: SlotKeys) -> int:
     """Replace the slot's keys on `target` with those on `source`; returns how many keys the
-    slot has. Keys without a TTL stay so (the engine sets none)."""
+    slot has. Keys without a TTL stay so (the engine sets none). The records' buckets
+    (`record_buckets.py`) go with `msg`: the bucket count is the source's `buckets` part."""
     parts = [part for part in Part if part not in DOUBLING_PARTS]
     read = source.pipeline(transaction=False)
     for part in parts:
         read_value(read, PART_TYPES[part], keys.key(part))
-    contents = read.execute()
+    contents = dict(zip(parts, read.execute(), strict=True))
+    count = int(contents[Part.BUCKETS].get(b"n", 0))
+    read = source.pipeline(transaction=False)
+    for bucket in range(count):
+        read_value(read, RedisType.HASH, bucket_key(keys, bucket))
+    buckets = read.execute() if count else []
+    stale = record_keys(keys, bucket_count(target, keys))[1:]
     write = target.pipeline(transaction=True)
-    write.delete(*keys.keys(*parts, *DOUBLING_PARTS))
+    write.delete(*keys.keys(*parts, *DOUBLING_PARTS), *stale)
     copied = 0
-    for part, content in zip(parts, contents, strict=True):
-        kind = PART_TYPES[part]
+    for name, kind, content in [
+        *((keys.key(part), PART_TYPES[part], contents[part]) for part in parts),
+        *((bucket_key(keys, b), RedisType.HASH, buckets[b]) for b in range(count)),
+    ]:
         if present(kind, content):
-            write_value(write, kind, keys.key(part), content)
+            write_value(write, kind, name, content)
             copied += 1
     write.execute()
     return copied
@@ -136,6 +147,9 @@ MOVED_AWAY_PARTS = tuple(part for part in Part if part is not Part.EPOCH)
 
 def delete_slot(client: redis.Redis, keys: SlotKeys, parts: tuple[Part, ...] = tuple(Part)) -> int:
     """Delete the slot's keys of `parts` on one broker (the target's copy when a move is
-    rolled back; MOVED_AWAY_PARTS on the source after it); returns how many existed. UNLINK:
-    Redis frees a large slot in the background instead of blocking the broker's other slots."""
-    return int(client.unlink(*keys.keys(*parts)))
+    rolled back; MOVED_AWAY_PARTS on the source after it), the records' buckets with `msg`;
+    returns how many existed. UNLINK: Redis frees a large slot in the background instead of
+    blocking the broker's other slots. Nothing writes the slot meanwhile (frozen, or not yet
+    routed), so its bucket count holds."""
+    buckets = record_keys(keys, bucket_count(client, keys))[1:] if Part.MSG in parts else []
+    return int(client.unlink(*keys.keys(*parts), *buckets))

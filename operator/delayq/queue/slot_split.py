@@ -31,6 +31,9 @@ without a rule fails the tests:
   thaw waits for them). The halves' epochs are frozen from their first copy on: nobody writes
   into them before the doubling's switch;
 - the tracking itself (changes, recopy): not copied.
+- where the records are kept (buckets): not copied. The records are divided with the other
+  per-message parts, read from `msg` and the buckets alike (`record_buckets.py`), and the
+  halves keep theirs in `msg`, which the scripts read as well.
 - the fair groups' indexes (groupwait, groups, groupleases): not copied. A claim of a half takes
   a grouped message without its entry in due order, as one without a group (store is the
   truth: nothing waits for an entry), and a message enters them again whenever it waits again
@@ -48,8 +51,9 @@ from typing import Any, cast
 import redis
 
 from delayq.queue.keys import Part, SlotKeys
+from delayq.queue.record_buckets import queue_record_reads, record_pages
 from delayq.queue.schedules import OCCURRENCE_SEPARATOR
-from delayq.queue.slot_copy import RedisType, present, read_value, write_value
+from delayq.queue.slot_copy import RedisType, delete_slot, present, read_value, write_value
 from delayq.queue.topic import slot_of
 
 #: Members or fields per read and per write pipeline: large enough that round trips do not
@@ -68,6 +72,7 @@ class Rule(enum.Enum):
     BOTH = "copied to both"
     WAKE = "a wake pushed to both"
     TRACKING = "the doubling's own bookkeeping, not copied"
+    RECORDS = "where the records are kept, not copied: the halves keep theirs in msg"
     GROUPS = "the fair groups' indexes, not copied: rebuilt as messages wait again"
 
 
@@ -76,6 +81,7 @@ PART_RULES: dict[Part, Rule] = {
     Part.PREPARE: Rule.BY_MESSAGE,
     Part.DEAD: Rule.BY_MESSAGE,
     Part.MSG: Rule.BY_MESSAGE,
+    Part.BUCKETS: Rule.RECORDS,
     Part.REASON: Rule.BY_MESSAGE,
     Part.OUTCOME: Rule.BY_MESSAGE,
     Part.FINISHED: Rule.BY_MESSAGE,
@@ -157,7 +163,8 @@ def split_slot(client: redis.Redis, division: Division) -> int:
     same way (before the source's: the source wins a field both have), their per-slot parts
     ignored."""
     source, lower, upper = division.source, division.lower, division.upper
-    client.unlink(*lower.keys(*Part), *upper.keys(*Part))
+    delete_slot(client, lower)
+    delete_slot(client, upper)
     sources = [*division.strays, source]  # the source last: its fields overwrite a stray's
     schedules = {field for field, _ in _hash_fields(client, sources, Part.SCHEDULES)}
     bases = cast("dict[bytes, bytes]", dict(_hash_fields(client, sources, Part.BASIS)))
@@ -175,12 +182,17 @@ def split_slot(client: redis.Redis, division: Division) -> int:
                 written += len(page)
         for part in HASH_PARTS:
             side = _side(halves, part)
-            for page in _hash_pages(client, keys.key(part), BATCH):
+            pages: Iterator[Sequence[tuple[bytes, bytes | float]]] = (
+                record_pages(client, keys)
+                if part is Part.MSG
+                else _hash_pages(client, keys.key(part), BATCH)
+            )
+            for hashed in pages:
                 write = client.pipeline(transaction=False)
-                for slot, fields in _divide(page, side).items():
+                for slot, fields in _divide(hashed, side).items():
                     write.hset(targets[slot].key(part), mapping=dict(fields))
                 write.execute()
-                written += len(page)
+                written += len(hashed)
     copy_per_slot(client, [division])
     return written
 
@@ -261,33 +273,42 @@ def _recopy_pages(client: redis.Redis, pages: Sequence[tuple[Division, list[byte
     the source (else from a stray), written to its half and deleted from the other, or deleted
     from both when the slot no longer has it; returns how many. Its half is decided as
     `split_slot` does, on the schedules and bases as they are now. Three pipelines of variadic
-    commands for all the pages: which strays hold anything, the reads, the writes."""
+    commands for all the pages: which strays hold anything (and the sources' bucket counts),
+    the reads, the writes. The reads are made again while a source's buckets split under them
+    (`record_buckets.py`): a record read from the bucket it left would look deleted."""
+    if not pages:
+        return 0
     look = client.pipeline(transaction=False)
     for division, _ in pages:
         for stray in division.strays:
-            look.exists(*stray.keys(*ZSET_PARTS, *HASH_PARTS))
-    holding = iter(look.execute())
-    separator = OCCURRENCE_SEPARATOR.encode()
-    read = client.pipeline(transaction=False)
-    queued: list[tuple[Division, list[SlotKeys], list[tuple[Part, list[bytes]]]]] = []
-    count = 0
-    for division, page in pages:
-        sources = [stray for stray in division.strays if next(holding)] + [division.source]
-        messages = [m[1:] for m in page if m[:1] == CHANGED_MESSAGE]
-        schedules = [m[1:] for m in page if m[:1] == CHANGED_SCHEDULE]
-        named = sorted({m.rpartition(separator)[0] for m in messages if separator in m})
-        wanted = [
-            (part, messages if PART_RULES[part] is Rule.BY_MESSAGE else schedules)
-            for part in (*ZSET_PARTS, *HASH_PARTS)
-        ]
-        wanted.append((Part.SCHEDULES, named))
-        _queue_reads(read, sources, wanted)
-        queued.append((division, sources, wanted))
-        count += len(messages) + len(schedules)
-    answers = iter(read.execute())
+            look.exists(*stray.keys(*ZSET_PARTS, *HASH_PARTS, Part.BUCKETS))
+        for keys in (*division.strays, division.source):
+            look.hget(keys.key(Part.BUCKETS), "n")
+    looked = iter(look.execute())
+    chosen: list[list[SlotKeys]] = []
+    counts: dict[SlotKeys, int] = {}
+    for division, _ in pages:
+        holding = [next(looked) for _ in division.strays]
+        counts.update(
+            (keys, int(next(looked) or 0)) for keys in (*division.strays, division.source)
+        )
+        strays = [stray for stray, held in zip(division.strays, holding, strict=True) if held]
+        chosen.append([*strays, division.source])
+    named = [keys for sources in chosen for keys in sources]
+    while True:
+        read = client.pipeline(transaction=False)
+        queued, count = _queue_recopy_reads(read, pages, chosen, counts)
+        for keys in named:
+            read.hget(keys.key(Part.BUCKETS), "n")
+        replies = read.execute()
+        after = {keys: int(n or 0) for keys, n in zip(named, replies[-len(named) :], strict=True)}
+        if all(counts[keys] == n for keys, n in after.items()):
+            break
+        counts.update(after)
+    answers = iter(replies[: -len(named)])
     write = client.pipeline(transaction=False)
-    for division, sources, wanted in queued:
-        found = _parse_reads(answers, sources, wanted)
+    for division, sources, wanted, parsers in queued:
+        found = _parse_reads(answers, iter(parsers), sources, wanted)
         existing = found.pop()
         wanted.pop()
         parts = [part for part, _ in wanted]
@@ -304,6 +325,36 @@ def _recopy_pages(client: redis.Redis, pages: Sequence[tuple[Division, list[byte
     return count
 
 
+Reader = Callable[[Iterator[Any]], Any]
+Queued = tuple["Division", list[SlotKeys], list[tuple[Part, list[bytes]]], list[Reader]]
+
+
+def _queue_recopy_reads(
+    read: redis.client.Pipeline,
+    pages: Sequence[tuple[Division, list[bytes]]],
+    chosen: Sequence[list[SlotKeys]],
+    counts: Mapping[SlotKeys, int],
+) -> tuple[list[Queued], int]:
+    """Queue the reads of every changed message and schedule of the pages (`_recopy_pages`);
+    returns what was queued for each division and how many changes."""
+    separator = OCCURRENCE_SEPARATOR.encode()
+    queued: list[Queued] = []
+    count = 0
+    for (division, page), sources in zip(pages, chosen, strict=True):
+        messages = [m[1:] for m in page if m[:1] == CHANGED_MESSAGE]
+        schedules = [m[1:] for m in page if m[:1] == CHANGED_SCHEDULE]
+        named = sorted({m.rpartition(separator)[0] for m in messages if separator in m})
+        wanted = [
+            (part, messages if PART_RULES[part] is Rule.BY_MESSAGE else schedules)
+            for part in (*ZSET_PARTS, *HASH_PARTS)
+        ]
+        wanted.append((Part.SCHEDULES, named))
+        parsers = _queue_reads(read, sources, wanted, counts)
+        queued.append((division, sources, wanted, parsers))
+        count += len(messages) + len(schedules)
+    return queued, count
+
+
 def _slot_amount(lower: SlotKeys, upper: SlotKeys) -> int:
     return 2 * (upper.slot - lower.slot)
 
@@ -312,20 +363,30 @@ def _queue_reads(
     read: redis.client.Pipeline,
     sources: Sequence[SlotKeys],
     wanted: Sequence[tuple[Part, Sequence[bytes]]],
-) -> None:
-    """Queue a ZMSCORE or HMGET per (part, members) and source (`_parse_reads` reads them)."""
+    counts: Mapping[SlotKeys, int],
+) -> list[Reader]:
+    """Queue a ZMSCORE or HMGET per (part, members) and source, the records' reads under the
+    source's bucket count (`record_buckets.queue_record_reads`); returns, in that order, what
+    takes each one's values from the answers (`_parse_reads`)."""
+    readers: list[Reader] = []
     for part, members in wanted:
         for keys in sources:
             if not members:
+                continue
+            if part is Part.MSG:
+                readers.append(queue_record_reads(read, keys, members, counts[keys]))
                 continue
             if part in ZSET_PARTS:
                 read.zmscore(keys.key(part), cast("list[str]", list(members)))
             else:
                 read.hmget(keys.key(part), list(members))
+            readers.append(next)
+    return readers
 
 
 def _parse_reads(
     answers: Iterator[Any],
+    readers: Iterator[Reader],
     sources: Sequence[SlotKeys],
     wanted: Sequence[tuple[Part, Sequence[bytes]]],
 ) -> list[dict[bytes, bytes | float | None]]:
@@ -335,7 +396,7 @@ def _parse_reads(
     for _part, members in wanted:
         values: dict[bytes, bytes | float | None] = dict.fromkeys(members)
         for _ in sources if members else ():
-            for member, value in zip(members, next(answers), strict=True):
+            for member, value in zip(members, next(readers)(answers), strict=True):
                 if value is not None:
                     values[member] = value
         found.append(values)
@@ -393,7 +454,7 @@ def _side(halves: Halves, part: Part) -> Callable[[bytes], int]:
 
 
 def _divide(
-    page: list[tuple[bytes, bytes | float]], side: Callable[[bytes], int]
+    page: Sequence[tuple[bytes, bytes | float]], side: Callable[[bytes], int]
 ) -> dict[int, list[tuple[bytes, bytes | float]]]:
     divided: dict[int, list[tuple[bytes, bytes | float]]] = {}
     for member, value in page:

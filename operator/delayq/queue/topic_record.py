@@ -30,8 +30,10 @@ client's WAIT), and what the keys themselves are (`name`, `namespace`, `slot_amo
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
+from dataclasses import replace
 
+from delayq.queue import functions
 from delayq.queue.keys import slot_keys
 from delayq.queue.plans import Arg, Plan, ScriptCall
 from delayq.queue.schedule_plans import Steps
@@ -59,6 +61,17 @@ def recorded_values(topic: Topic) -> dict[str, str]:
     values["limits_max_pending"] = str(topic.max_pending_per_slot)
     values["max_in_flight_per_group"] = str(topic.max_in_flight_per_group_per_slot)
     return values
+
+
+def as_published(topic: Topic, libraries: Mapping[str, set[str]]) -> Topic:
+    """`topic` as its record may say it, given the delayq libraries on the broker
+    (`functions.listed`): recordBuckets stays off while one of them would not read a record in
+    a bucket (`functions.reads_record_buckets`; an older version's, until the operator deletes
+    it an hour after its last pod is gone). Turned off, the slots write their records to `msg`
+    again, and records move out of the buckets as they are written."""
+    if topic.redis_record_buckets and not functions.reads_record_buckets(libraries):
+        return replace(topic, redis_record_buckets=False)
+    return topic
 
 
 def publish(

@@ -46,6 +46,7 @@ local epochs = read_keys(epoch_keys)
 local bases_absent = existing_count(basis_keys) == 0
 local finished_absent = existing_count(finished_keys) == 0
 redis.untracked_slots(KEYS, 1, 7)
+redis.unbucketed_slots(KEYS, 1, 7)
 
 local first = 3
 for _ = 1, #KEYS, 7 do  -- every slot's count checked before anything is written (slot_count)

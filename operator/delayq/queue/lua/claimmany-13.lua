@@ -50,6 +50,7 @@ local epochs = read_keys(epoch_keys)
 local series_absent = existing_count(schedules_keys) == 0
 local topups_absent = existing_count(topup_keys) == 0
 redis.untracked_slots(KEYS, 1, 13)
+redis.unbucketed_slots(KEYS, 1, 13)
 
 local reply = {}
 local now_micros = now_us()

@@ -58,6 +58,7 @@ end
 local epochs = read_keys(epoch_keys)
 local bases_absent = existing_count(basis_keys) == 0
 redis.untracked_slots(KEYS, 1, 1)
+redis.unbucketed_slots(KEYS, 1, 1)
 
 local fields = schedule_fields(ARGV[7])
 local first = 8

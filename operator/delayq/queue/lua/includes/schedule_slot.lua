@@ -34,11 +34,13 @@ local function schedule_slot(prefix, args, first, last, now, bases_absent, resul
   local fields = schedule_fields(args[7])
   local max_delay_ms = tonumber(args[2])
   -- the slot's settings record, as topic_settings reads it (a field it holds wins over the
-  -- caller's), its four fields named in the HMGET: a call over many slots reads one record a
+  -- caller's; the records' wrapper is told where the slot writes its records), its fields
+  -- named in the HMGET: a call over many slots reads one record a
   -- slot, and topic_settings' tables and unpacks took 5 % of Redis's CPU a message at 1,024
   -- slots (docs/benchmarks.md, "Hot paths")
   local record = redis.call('HMGET', settings_record(store), 'journal_max_len',
-    'outcome_retention_ms', 'expiry_ttl_ms', 'limits_max_pending')
+    'outcome_retention_ms', 'expiry_ttl_ms', 'limits_max_pending', 'redis_record_buckets')
+  redis.note_record_buckets(store, record[5])
   local journal_max_len = tonumber(record[1] or args[3])
   local retention_ms = tonumber(record[2] or args[4])
   local default_ttl_ms = tonumber(record[3] or args[5])

@@ -8,10 +8,13 @@
 -- among the script's KEYS because FCALL takes every key it is given as written to, and the
 -- topic's users may not write the record (queue/acl.py). `fields` names the record's fields
 -- and `given` holds the caller's values, in order; returns the values in that order.
+-- The same read tells the records' wrapper whether the slot writes its records into buckets
+-- (lua/includes/record_buckets.lua), so a write does not ask the record again.
 local function topic_settings(key, fields, given)
-  local stored = redis.call('HMGET', settings_record(key), unpack(fields))
+  local stored = redis.call('HMGET', settings_record(key), 'redis_record_buckets', unpack(fields))
+  redis.note_record_buckets(key, stored[1])
   for i = 1, #fields do
-    if stored[i] then given[i] = stored[i] end
+    if stored[i + 1] then given[i] = stored[i + 1] end
   end
   return unpack(given)
 end

@@ -1,5 +1,6 @@
--- `redis` as every script sees it (queue/scripts.py binds `local redis = track_changes(redis)`
--- before the script's other helpers, so theirs are tracked too): the server's, but its ZADD,
+-- `redis` as every script sees it (queue/scripts.py binds
+-- `local redis = track_changes(record_buckets(redis))` before the script's other helpers, so
+-- theirs are tracked too): record_buckets's, which reaches the server's, but its ZADD,
 -- ZREM, HSET and HDEL on a part a doubling divides note what they touch. While a doubling
 -- copies a slot before freezing it (coordination/splitting.py), the slot's `changes` set exists
 -- (holding '' at least), and each message or schedule such a write touches is added to it
@@ -43,6 +44,7 @@ local function track_changes(redis)
   end
   local function begin_call()
     if next(untracked) then untracked = {} end
+    redis.begin_call()
   end
   local function note(command, changes, side, args)
     local first = FIRST_MEMBER[command]

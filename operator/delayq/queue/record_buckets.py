@@ -1,0 +1,114 @@
+"""Where a slot keeps its records, for the code that reads them outside the scripts (pure rules
+plus reads; docs/contracts.md §1, "Records in buckets").
+
+The scripts reach a slot's records through `lua/includes/record_buckets.lua`: in the slot's
+`msg` hash, or, once its `buckets` hash exists, in the buckets `<msg key>:<b>` (b in 0 .. n - 1,
+n growing one at a time by linear hashing) and then in `msg` for what was written before. A
+slot move's copy, a doubling's division and a backup read the records here, by the same rule:
+`bucket_of` must pick the bucket the Lua does, for every id and bucket count (a test holds
+them to it).
+
+A reader of a live slot (a doubling copies a slot before freezing it) must not miss a record
+that a script moves meanwhile. A record only moves when its bucket splits, and then to a higher
+bucket, possibly a new one: so `record_pages` scans the buckets in order and asks for the bucket
+count again after each, and a reader of given records repeats its reads until the count it read
+them under is still the count after them (it never shrinks): `queue_record_reads`.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any, cast
+
+import redis
+
+from delayq.queue.keys import Part, SlotKeys
+
+#: The settings record's field (queue/topic_record.py) that lets the scripts write a slot's
+#: records into buckets, and its value for that.
+RECORD_LAYOUT_FIELD = "record_layout"
+BUCKETED = 2
+#: A HSCAN's COUNT hint: records per page.
+PAGE = 2000
+
+#: Takes the answers of the reads `queue_record_reads` queued: one record or None a member.
+RecordsParser = Callable[[Iterator[list[bytes | None]]], list[bytes | None]]
+
+
+def record_hash(member: bytes) -> int:
+    """The first 32 bits of the id's SHA-1 (the Lua's `hash_of`): independent of the CRC32
+    that picks the id's slot, so a slot's ids spread over all its buckets."""
+    return int.from_bytes(hashlib.sha1(member).digest()[:4], "big")
+
+
+def bucket_of(member: bytes, count: int) -> int:
+    """The bucket of `member` among `count` buckets (linear hashing, as the Lua's)."""
+    low = 1 << (count.bit_length() - 1)
+    hashed = record_hash(member)
+    bucket = hashed % low
+    return hashed % (2 * low) if bucket < count - low else bucket
+
+
+def bucket_key(keys: SlotKeys, bucket: int) -> str:
+    return f"{keys.key(Part.MSG)}:{bucket}"
+
+
+def bucket_count(client: redis.Redis, keys: SlotKeys) -> int:
+    """How many buckets the slot's records have: 0 while the slot keeps them in `msg` alone."""
+    return int(cast("bytes | None", client.hget(keys.key(Part.BUCKETS), "n")) or 0)
+
+
+def record_keys(keys: SlotKeys, count: int) -> list[str]:
+    """Every key that may hold a record of the slot with `count` buckets: `msg` first."""
+    return [keys.key(Part.MSG), *(bucket_key(keys, b) for b in range(count))]
+
+
+def record_pages(client: redis.Redis, keys: SlotKeys) -> Iterator[list[tuple[bytes, bytes]]]:
+    """The slot's records page by page (HSCAN of `msg`, then of each bucket in order): each
+    record present throughout is seen at least once while scripts write the slot."""
+    yield from _hash_pages(client, keys.key(Part.MSG))
+    bucket = 0
+    while bucket < bucket_count(client, keys):
+        yield from _hash_pages(client, bucket_key(keys, bucket))
+        bucket += 1
+
+
+def _hash_pages(client: redis.Redis, key: str) -> Iterator[list[tuple[bytes, bytes]]]:
+    cursor = 0
+    while True:
+        cursor, fields = cast(
+            "tuple[int, dict[bytes, bytes]]", client.hscan(key, cursor, count=PAGE)
+        )
+        if fields:
+            yield list(fields.items())
+        if cursor == 0:
+            return
+
+
+def queue_record_reads(read: Any, keys: SlotKeys, members: Sequence[bytes], count: int) -> Any:
+    """Queue on `read` the HMGETs that find each member's record under `count` buckets; returns
+    the parser of their answers (an iterator at the first of them) into one record or None a
+    member. Valid only if the slot still has `count` buckets after the reads (n never shrinks, so
+    equal before and after means no bucket split in between)."""
+    groups: dict[int, list[int]] = {}
+    if count:
+        for index, member in enumerate(members):
+            groups.setdefault(bucket_of(member, count), []).append(index)
+    for bucket, indexes in groups.items():
+        read.hmget(bucket_key(keys, bucket), [members[i] for i in indexes])
+    if members:
+        read.hmget(keys.key(Part.MSG), list(members))
+
+    def parse(answers: Iterator[list[bytes | None]]) -> list[bytes | None]:
+        found: list[bytes | None] = [None] * len(members)
+        for indexes in groups.values():
+            for index, value in zip(indexes, next(answers), strict=True):
+                found[index] = value
+        if members:
+            for index, value in enumerate(next(answers)):
+                if found[index] is None:
+                    found[index] = value
+        return found
+
+    return parse

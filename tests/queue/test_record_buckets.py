@@ -1,0 +1,253 @@
+"""A slot's records in buckets (recordBuckets; lua/includes/record_buckets.lua and
+queue/record_buckets.py), on a real redis-server: the memory they save, that the Python readers
+find each record where the scripts put it, that records move as they are written when the
+topic's owner turns buckets on or off, and that the owner keeps them off while an older library
+on the broker would not read them."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import pytest
+import redis
+
+from delayq.local.redis_server import RedisServer
+from delayq.queue import functions
+from delayq.queue.backup import Kind, snapshot
+from delayq.queue.client import Queue
+from delayq.queue.keys import Part, SlotKeys, slot_keys
+from delayq.queue.model import ScheduleRequest
+from delayq.queue.record_buckets import bucket_count, bucket_key, bucket_of, record_pages
+from delayq.queue.slot_copy import copy_slot, delete_slot
+from delayq.queue.slot_split import Division, recopy
+from delayq.queue.topic import Topic
+
+from .conftest import ENGINE_PASSWORD, ENGINE_USER, engine_user
+
+HOUR_MS = 3_600_000
+OWNER = "tests"
+TOPIC = Topic("records", namespace="shop", slot_amount=1)
+KEYS = slot_keys(TOPIC, 0)
+
+
+def publish(admin: redis.Redis, on: bool, version: int, topic: Topic = TOPIC) -> None:
+    """The topic's owner (the admin) turns recordBuckets on or off."""
+    Queue(admin, dataclasses.replace(topic, redis_record_buckets=on)).publish_settings(
+        OWNER, version
+    )
+
+
+def schedule(queue: Queue, ids: list[str], payload: bytes = b"p" * 40) -> None:
+    for start in range(0, len(ids), 1000):
+        chunk = ids[start : start + 1000]
+        queue.schedule_many([ScheduleRequest(i, payload, delay_ms=HOUR_MS) for i in chunk])
+
+
+def records(client: redis.Redis, keys: SlotKeys = KEYS) -> dict[bytes, bytes]:
+    return {field: value for page in record_pages(client, keys) for field, value in page}
+
+
+def encodings(client: redis.Redis, keys: SlotKeys = KEYS) -> set[bytes]:
+    count = bucket_count(client, keys)
+    return {client.object("encoding", bucket_key(keys, b)) for b in range(count)} - {None}
+
+
+@pytest.fixture
+def queue(redis_server: RedisServer, redis_client: redis.Redis) -> Iterator[Queue]:
+    """The topic's restricted user, as the delay services log in (its rules reach the
+    buckets); the admin publishes."""
+    engine_user(redis_client, TOPIC)
+    client = redis.Redis.from_url(redis_server.url, username=ENGINE_USER, password=ENGINE_PASSWORD)
+    try:
+        yield Queue(client, TOPIC)
+    finally:
+        client.close()
+
+
+def test_records_in_buckets_cost_less_and_stay_listpacks(
+    queue: Queue, redis_client: redis.Redis
+) -> None:
+    """20,000 pending messages of 40 bytes in one slot: in buckets, each costs at least 40 B
+    less than in the slot's one `msg` hash, and every bucket is a listpack."""
+    ids = [f"{i:012d}" for i in range(20_000)]
+    single_msg = Queue(redis_client, dataclasses.replace(TOPIC, name="single"))
+    single_msg.schedule("warm", b"w", delay_ms=HOUR_MS)
+    before = int(redis_client.info("memory")["used_memory"])
+    schedule(single_msg, ids)
+    single = int(redis_client.info("memory")["used_memory"]) - before
+    publish(redis_client, True, 1)
+    queue.schedule("warm", b"w", delay_ms=HOUR_MS)
+    before = int(redis_client.info("memory")["used_memory"])
+    schedule(queue, ids)
+    bucketed = int(redis_client.info("memory")["used_memory"]) - before
+    assert (single - bucketed) / len(ids) >= 40, (single / len(ids), bucketed / len(ids))
+    assert encodings(redis_client) == {b"listpack"}
+    assert redis_client.hlen(KEYS.key(Part.MSG)) == 0
+    assert redis_client.hget(KEYS.key(Part.BUCKETS), "count") == b"20001"
+
+
+def test_a_first_large_batch_leaves_no_bucket_a_hash_table(
+    queue: Queue, redis_client: redis.Redis
+) -> None:
+    """A batch of 1,000 into an empty slot fills its one bucket past Redis's listpack limit
+    before the bucket splits: the split writes it anew, so no bucket stays a hash table."""
+    publish(redis_client, True, 1)
+    schedule(queue, [f"first-{i}" for i in range(1000)])
+    assert bucket_count(redis_client, KEYS) >= 1000 // 48
+    assert encodings(redis_client) == {b"listpack"}
+
+
+def test_python_finds_each_record_in_the_bucket_the_scripts_chose(
+    queue: Queue, redis_client: redis.Redis
+) -> None:
+    publish(redis_client, True, 1)
+    ids = [f"id-{i}-{'x' * (i % 40)}" for i in range(3000)]
+    schedule(queue, ids)
+    count = bucket_count(redis_client, KEYS)
+    read = redis_client.pipeline(transaction=False)
+    for message_id in ids:
+        read.hexists(bucket_key(KEYS, bucket_of(message_id.encode(), count)), message_id)
+    assert all(read.execute())
+
+
+def test_a_scan_sees_every_record_while_the_buckets_split_under_it(
+    queue: Queue, redis_client: redis.Redis
+) -> None:
+    """`record_pages` has read bucket 0 of 4 when writers split buckets 0, 1 and 2 into
+    4, 5 and 6: the scan goes on into the new buckets and misses no record."""
+    publish(redis_client, True, 1)
+    ids = [f"old-{i}" for i in range(4 * 48 - 10)]
+    schedule(queue, ids)
+    assert bucket_count(redis_client, KEYS) == 4
+    pages = record_pages(redis_client, KEYS)
+    seen = {field for field, _ in next(pages)}  # bucket 0 (msg is empty)
+    schedule(queue, [f"new-{i}" for i in range(3 * 48)])
+    assert bucket_count(redis_client, KEYS) == 7
+    seen |= {field for page in pages for field, _ in page}
+    assert {i.encode() for i in ids} <= seen
+
+
+def test_records_move_as_they_are_written_when_buckets_are_turned_on_and_off(
+    queue: Queue, redis_client: redis.Redis
+) -> None:
+    """Before: records in `msg`. Turned on: reads find both; a claim (which rewrites the
+    record) and new messages go to buckets. Turned off: rewrites go back to `msg`, and once the
+    buckets are empty the slot drops its `buckets` hash. Every message is delivered once."""
+    schedule(queue, [f"before-{i}" for i in range(100)])
+    publish(redis_client, True, 1)
+    schedule(queue, [f"on-{i}" for i in range(100)])
+    assert redis_client.hlen(KEYS.key(Part.MSG)) == 100
+    assert queue.get("before-7") is not None
+    assert queue.get("on-7") is not None
+    epoch = queue.take_over(0)
+    queue.reschedule("before-3", delay_ms=0)
+    queue.reschedule("on-3", delay_ms=0)
+    (first, second) = sorted(queue.claim(0, epoch, max_count=10).messages, key=lambda m: m.id)
+    assert (first.id, second.id) == ("before-3", "on-3")
+    assert redis_client.hexists(KEYS.key(Part.MSG), "before-3") is False  # into its bucket
+    publish(redis_client, False, 2)
+    queue.nack(first.lease, delay_ms=0)
+    queue.nack(second.lease, delay_ms=0)
+    assert redis_client.hexists(KEYS.key(Part.MSG), "on-3")  # back to `msg`
+    everything = [f"{tag}-{i}" for tag in ("before", "on") for i in range(100)]
+    for message_id in everything:
+        queue.reschedule(message_id, delay_ms=0)
+    delivered: list[str] = []
+    while batch := queue.claim(0, epoch, max_count=50).messages:
+        for message in batch:
+            queue.ack(message.lease)
+        delivered += [message.id for message in batch]
+    assert sorted(delivered) == sorted(everything)
+    assert not redis_client.exists(KEYS.key(Part.BUCKETS))
+    assert redis_client.keys(f"{KEYS.key(Part.MSG)}*") == []
+
+
+def test_the_owner_keeps_buckets_off_while_an_older_library_is_on_the_broker(
+    redis_client: redis.Redis,
+) -> None:
+    """A library without the record_buckets function (a version before buckets) would take a
+    record in a bucket for absent: while one is loaded, the published record says False."""
+    functions.load(redis_client)
+    old = "delayq_00000000000000ff"
+    redis_client.function_load(
+        f"#!lua name={old}\nredis.register_function('{old}_version', function() return 1 end)"
+    )
+    publish(redis_client, True, 1)
+    assert redis_client.hget(KEYS.settings, "redis_record_buckets") == b"False"
+    redis_client.function_delete(old)
+    publish(redis_client, True, 2)
+    assert redis_client.hget(KEYS.settings, "redis_record_buckets") == b"True"
+
+
+def test_a_move_and_a_backup_carry_every_record_in_buckets(
+    queue: Queue, redis_client: redis.Redis, second_broker: RedisServer
+) -> None:
+    """A slot with records in `msg` and in buckets: a move's copy, its deletion on the source
+    and a backup each take all of them."""
+    schedule(queue, [f"before-{i}" for i in range(30)])
+    publish(redis_client, True, 1)
+    schedule(queue, [f"on-{i}" for i in range(300)])
+    expected = records(redis_client)
+    assert len(expected) == 330
+    assert {item.id for item in snapshot(redis_client, KEYS) if item.kind is Kind.WAITING} == {
+        field.decode() for field in expected
+    }
+    target = redis.Redis.from_url(second_broker.url)
+    try:
+        target.hset(bucket_key(KEYS, 40), "stale", "from an earlier copy")
+        target.hset(KEYS.key(Part.BUCKETS), mapping={"n": 41, "count": 1})
+        copy_slot(redis_client, target, KEYS)
+        assert records(target) == expected
+        delete_slot(redis_client, KEYS)
+        assert redis_client.keys("dq:*") == []
+    finally:
+        target.close()
+
+
+class SplitBeforeTheReads(redis.Redis):
+    """A client whose second pipeline (a recopy's reads, after its look at the sources) waits
+    until `meanwhile` has run on another connection: a write that splits a bucket."""
+
+    meanwhile: Callable[[], None]
+    pipelines = 0
+
+    def pipeline(self, transaction: bool = True, shard_hint: str | None = None) -> Any:
+        pipe = super().pipeline(transaction, shard_hint)
+        self.pipelines += 1
+        if self.pipelines == 2:
+            run = pipe.execute
+
+            def execute(raise_on_error: bool = True) -> Any:
+                self.meanwhile()
+                return run(raise_on_error)
+
+            pipe.execute = execute  # type: ignore[method-assign]
+        return pipe
+
+
+def test_a_recopy_reads_again_a_record_whose_bucket_split_under_its_reads(
+    queue: Queue, redis_server: RedisServer, redis_client: redis.Redis
+) -> None:
+    """A doubling's recopy of a changed message has queued the read of its record in bucket
+    0 of 4 when a write splits bucket 0 and moves the record to bucket 4: the recopy reads
+    again and copies the record to its half, instead of taking it for deleted."""
+    publish(redis_client, True, 1)
+    ids = [f"m{i}" for i in range(20_000)]
+    moving = next(i for i in ids if bucket_of(i.encode(), 4) == 0 and bucket_of(i.encode(), 5) == 4)
+    filler = [i for i in ids if i != moving]
+    schedule(queue, [moving, *filler[: 4 * 48 - 1]])
+    assert bucket_count(redis_client, KEYS) == 4  # the next split: bucket 0 into 0 and 4
+    halves = dataclasses.replace(TOPIC, slot_amount=2, slot_generation=1)
+    division = Division(KEYS, slot_keys(halves, 0), slot_keys(halves, 1))
+    redis_client.sadd(KEYS.key(Part.RECOPY), b"m" + moving.encode())
+    client = SplitBeforeTheReads(connection_pool=redis.ConnectionPool.from_url(redis_server.url))
+    client.meanwhile = lambda: schedule(queue, filler[4 * 48 : 4 * 48 + 60])
+    try:
+        recopy(client, division)
+    finally:
+        client.close()
+    assert bucket_count(redis_client, KEYS) > 4
+    half = division.lower if halves.slot_of(moving) == 0 else division.upper
+    assert redis_client.hget(half.key(Part.MSG), moving) == records(redis_client)[moving.encode()]
