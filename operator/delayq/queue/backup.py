@@ -22,7 +22,7 @@ from typing import Any, NamedTuple
 
 from delayq.queue.codec import split_record
 from delayq.queue.keys import Part, SlotKeys
-from delayq.queue.record_buckets import bucket_count, record_keys
+from delayq.queue.record_buckets import bucket_count, counted, queue_bucket_count, record_keys
 from delayq.queue.schedules import ENDED, OCCURRENCE_SEPARATOR, PENDING
 from delayq.queue.slot_copy import PART_TYPES, RedisType, read_value
 
@@ -87,12 +87,12 @@ def snapshot(client: Any, keys: SlotKeys) -> list[Item]:
             read_value(read, PART_TYPES[part], keys.key(part))
         for name in record_keys(keys, count)[1:]:
             read_value(read, RedisType.HASH, name)
-        read.hget(keys.key(Part.BUCKETS), "n")
+        queue_bucket_count(read, keys)
         read.time()
         *replies, after, (seconds, micros) = read.execute()
-        if int(after or 0) == count:
+        if counted(after) == count:
             break
-        count = int(after or 0)
+        count = counted(after)
     contents = dict(zip(SNAPSHOT_PARTS, replies, strict=False))
     for bucket in replies[len(SNAPSHOT_PARTS) :]:  # a bucketed record wins over `msg`'s copy
         contents[Part.MSG].update(bucket)

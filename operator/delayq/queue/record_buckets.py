@@ -56,7 +56,18 @@ def bucket_key(keys: SlotKeys, bucket: int) -> str:
 
 def bucket_count(client: redis.Redis, keys: SlotKeys) -> int:
     """How many buckets the slot's records have: 0 while the slot keeps them in `msg` alone."""
-    return int(cast("bytes | None", client.hget(keys.key(Part.BUCKETS), "n")) or 0)
+    return counted(client.hgetall(keys.key(Part.BUCKETS)))
+
+
+def queue_bucket_count(pipe: Any, keys: SlotKeys) -> None:
+    """Queue the read of the slot's bucket count (`counted` reads the answer). HGETALL of the
+    two fields: a command every reader of a slot may run, the read-only backup user too."""
+    pipe.hgetall(keys.key(Part.BUCKETS))
+
+
+def counted(reply: Any) -> int:
+    """The bucket count in an answer of `queue_bucket_count`."""
+    return int(cast("dict[bytes, bytes]", reply).get(b"n", 0))
 
 
 def record_keys(keys: SlotKeys, count: int) -> list[str]:

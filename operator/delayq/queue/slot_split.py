@@ -51,7 +51,12 @@ from typing import Any, cast
 import redis
 
 from delayq.queue.keys import Part, SlotKeys
-from delayq.queue.record_buckets import queue_record_reads, record_pages
+from delayq.queue.record_buckets import (
+    counted,
+    queue_bucket_count,
+    queue_record_reads,
+    record_pages,
+)
 from delayq.queue.schedules import OCCURRENCE_SEPARATOR
 from delayq.queue.slot_copy import RedisType, delete_slot, present, read_value, write_value
 from delayq.queue.topic import slot_of
@@ -283,15 +288,13 @@ def _recopy_pages(client: redis.Redis, pages: Sequence[tuple[Division, list[byte
         for stray in division.strays:
             look.exists(*stray.keys(*ZSET_PARTS, *HASH_PARTS, Part.BUCKETS))
         for keys in (*division.strays, division.source):
-            look.hget(keys.key(Part.BUCKETS), "n")
+            queue_bucket_count(look, keys)
     looked = iter(look.execute())
     chosen: list[list[SlotKeys]] = []
     counts: dict[SlotKeys, int] = {}
     for division, _ in pages:
         holding = [next(looked) for _ in division.strays]
-        counts.update(
-            (keys, int(next(looked) or 0)) for keys in (*division.strays, division.source)
-        )
+        counts.update((keys, counted(next(looked))) for keys in (*division.strays, division.source))
         strays = [stray for stray, held in zip(division.strays, holding, strict=True) if held]
         chosen.append([*strays, division.source])
     named = [keys for sources in chosen for keys in sources]
@@ -299,9 +302,9 @@ def _recopy_pages(client: redis.Redis, pages: Sequence[tuple[Division, list[byte
         read = client.pipeline(transaction=False)
         queued, count = _queue_recopy_reads(read, pages, chosen, counts)
         for keys in named:
-            read.hget(keys.key(Part.BUCKETS), "n")
+            queue_bucket_count(read, keys)
         replies = read.execute()
-        after = {keys: int(n or 0) for keys, n in zip(named, replies[-len(named) :], strict=True)}
+        after = {keys: counted(n) for keys, n in zip(named, replies[-len(named) :], strict=True)}
         if all(counts[keys] == n for keys, n in after.items()):
             break
         counts.update(after)

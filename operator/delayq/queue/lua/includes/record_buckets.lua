@@ -29,7 +29,7 @@
 local function record_buckets(redis)
   local LOAD = 48  -- records a bucket holds on average
   local LISTPACK_ENTRIES = 128  -- Redis's hash-max-listpack-entries
-  local sha1hex, sub, tonumber = redis.sha1hex, string.sub, tonumber
+  local sha1hex, sub, byte, tonumber = redis.sha1hex, string.sub, string.byte, tonumber
   local slots = {}  -- `msg` key -> its state in this call (see state_of)
   local hashes = {}  -- id -> h, for this call: a script reads and then writes the same ids
   local noted = {}  -- `msg` key -> the slot record's redis_record_buckets, read in this call
@@ -67,8 +67,9 @@ local function record_buckets(redis)
     return wanted == 'True'
   end
 
-  local function note_record_buckets(key, value)
-    noted[string.match(key, '^(dq:{.-}:)') .. 'msg'] = value or false
+  -- `msg` is the slot's `msg` key, `value` its record's redis_record_buckets (nil: none).
+  local function note_record_buckets(msg, value)
+    noted[msg] = value or false
   end
 
   -- The slot's state in this call: 'unasked' while it has no `buckets` hash (its record not
@@ -105,13 +106,14 @@ local function record_buckets(redis)
   -- slots (schedulemany-1, claimmany-13, ackmany-7): when none of them has a `buckets` hash
   -- (one EXISTS for all), their reads skip the lookup for the rest of the call.
   local function unbucketed_slots(keys, first, step)
-    local names = {}
+    local names, msgs = {}, {}
     for i = first, #keys, step do
-      names[#names + 1] = string.match(keys[i], '^(dq:{.*}:)%a+$') .. 'buckets'
+      local prefix = string.match(keys[i], '^(dq:{.*}:)%a+$')
+      names[#names + 1] = prefix .. 'buckets'
+      msgs[#msgs + 1] = prefix .. 'msg'
     end
     if existing_count(names) > 0 then return end
-    for _, meta in ipairs(names) do
-      local msg = sub(meta, 1, -8) .. 'msg'
+    for _, msg in ipairs(msgs) do
       if slots[msg] == nil then slots[msg] = 'unasked' end
     end
   end
@@ -254,7 +256,9 @@ local function record_buckets(redis)
     local write = WRITES[command]
     if write or command == 'HGET' or command == 'HMGET' then
       local key = (...)
-      if string.match(key, '^dq:{.*}:msg$') then
+      -- a slot's `msg` key (`dq:{<tag>}:msg`): its last byte alone ('g') sets it apart from
+      -- the other parts and the settings record, before any string is made
+      if byte(key, -1) == 103 and sub(key, -4) == ':msg' and sub(key, 1, 4) == 'dq:{' then
         local state = state_of(key, write ~= nil)
         if state and command == 'HGET' then  -- the one record of most transitions
           local id = select(2, ...)
@@ -271,6 +275,7 @@ local function record_buckets(redis)
     return redis.call(command, ...)
   end
 
-  return setmetatable({call = call, begin_call = begin_call, unbucketed_slots = unbucketed_slots,
-    note_record_buckets = note_record_buckets}, {__index = redis})
+  return setmetatable({call = call, server_call = redis.call, begin_call = begin_call,
+    unbucketed_slots = unbucketed_slots, note_record_buckets = note_record_buckets},
+    {__index = redis})
 end

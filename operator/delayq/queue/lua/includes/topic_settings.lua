@@ -12,7 +12,7 @@
 -- (lua/includes/record_buckets.lua), so a write does not ask the record again.
 local function topic_settings(key, fields, given)
   local stored = redis.call('HMGET', settings_record(key), 'redis_record_buckets', unpack(fields))
-  redis.note_record_buckets(key, stored[1])
+  redis.note_record_buckets(string.match(key, '^(dq:{.-}:)') .. 'msg', stored[1])
   for i = 1, #fields do
     if stored[i + 1] then given[i] = stored[i + 1] end
   end
