@@ -256,9 +256,11 @@ local function record_buckets(redis)
     local write = WRITES[command]
     if write or command == 'HGET' or command == 'HMGET' then
       local key = (...)
-      -- a slot's `msg` key (`dq:{<tag>}:msg`): its last byte alone ('g') sets it apart from
-      -- the other parts and the settings record, before any string is made
-      if byte(key, -1) == 103 and sub(key, -4) == ':msg' and sub(key, 1, 4) == 'dq:{' then
+      -- a slot's `msg` key (`dq:{<tag>}:msg`), told by its bytes: no string is made for it
+      local c1, c2, c3, c4 = byte(key, -4, -1)
+      local d1, d2, d3, d4 = byte(key, 1, 4)
+      if c4 == 103 and c3 == 115 and c2 == 109 and c1 == 58  -- ':msg'
+          and d1 == 100 and d2 == 113 and d3 == 58 and d4 == 123 then  -- 'dq:{'
         local state = state_of(key, write ~= nil)
         if state and command == 'HGET' then  -- the one record of most transitions
           local id = select(2, ...)
