@@ -1,10 +1,11 @@
 --@include existing_count
 --@include settings_record
 
--- `redis` as the change tracking wraps it (queue/scripts.py binds
--- `local redis = track_changes(record_buckets(redis))`): the server's, but HGET, HMGET, HSET and
--- HDEL on a slot's `msg` key reach the slot's records wherever they are kept, so that no script
--- names where (docs/contracts.md §1, "Records in buckets").
+-- What the change tracking wraps (queue/scripts.py binds
+-- `local redis = track_changes(record_buckets(redis))`): the server's `redis`, but its `call`,
+-- which track_changes sends HGET, HMGET, HSET and HDEL on a slot's `msg` key to (`is_records`),
+-- reaches the slot's records wherever they are kept, so that no script names where
+-- (docs/contracts.md §1, "Records in buckets").
 --
 -- A slot's records are in its `msg` hash, or in buckets: the hashes `<msg key>:<b>`, b in
 -- 0 .. n - 1, each small enough that Redis keeps it one listpack (≈ 68 B a record of a 40-byte
@@ -251,33 +252,33 @@ local function record_buckets(redis)
     return removed
   end
 
-  local WRITES = {HSET = hset, HDEL = hdel}
-  local function call(command, ...)
-    local write = WRITES[command]
-    if write or command == 'HGET' or command == 'HMGET' then
-      local key = (...)
-      -- a slot's `msg` key (`dq:{<tag>}:msg`), told by its bytes: no string is made for it
-      local c1, c2, c3, c4 = byte(key, -4, -1)
-      local d1, d2, d3, d4 = byte(key, 1, 4)
-      if c4 == 103 and c3 == 115 and c2 == 109 and c1 == 58  -- ':msg'
-          and d1 == 100 and d2 == 113 and d3 == 58 and d4 == 123 then  -- 'dq:{'
-        local state = state_of(key, write ~= nil)
-        if state and command == 'HGET' then  -- the one record of most transitions
-          local id = select(2, ...)
-          local got = redis.call('HGET', key .. ':' .. bucket_of(hash_of(id), state.n), id)
-          if not got and state.legacy then got = redis.call('HGET', key, id) end
-          return got
-        elseif state then
-          local args = {select(2, ...)}
-          if write then return write(key, state, args) end
-          return hmget(key, state, args)
-        end
-      end
-    end
-    return redis.call(command, ...)
+  -- Whether `key` is a slot's `msg` key (`dq:{<tag>}:msg`), told by its bytes: no string is
+  -- made for it, since the change tracking asks it of every HGET, HMGET, HSET and HDEL.
+  local function is_records(key)
+    local c1, c2, c3, c4 = byte(key, -4, -1)
+    if c4 ~= 103 or c3 ~= 115 or c2 ~= 109 or c1 ~= 58 then return false end  -- ':msg'
+    local d1, d2, d3, d4 = byte(key, 1, 4)
+    return d1 == 100 and d2 == 113 and d3 == 58 and d4 == 123  -- 'dq:{'
   end
 
-  return setmetatable({call = call, server_call = redis.call, begin_call = begin_call,
+  local WRITES = {HSET = hset, HDEL = hdel}
+  -- HGET, HMGET, HSET or HDEL on a slot's `msg` key (`is_records`).
+  local function call(command, msg, ...)
+    local write = WRITES[command]
+    local state = state_of(msg, write ~= nil)
+    if not state then return redis.call(command, msg, ...) end
+    if command == 'HGET' then  -- the one record of most transitions
+      local id = (...)
+      local got = redis.call('HGET', msg .. ':' .. bucket_of(hash_of(id), state.n), id)
+      if not got and state.legacy then got = redis.call('HGET', msg, id) end
+      return got
+    end
+    if write then return write(msg, state, {...}) end
+    return hmget(msg, state, {...})
+  end
+
+  return setmetatable({call = call, is_records = is_records, server_call = redis.call,
+    begin_call = begin_call,
     unbucketed_slots = unbucketed_slots, note_record_buckets = note_record_buckets},
     {__index = redis})
 end

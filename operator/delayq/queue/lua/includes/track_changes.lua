@@ -57,16 +57,17 @@ local function track_changes(redis)
       redis.call('SADD', changes, unpack(members, i, math.min(i + UNPACK_CHUNK - 1, #members)))
     end
   end
-  -- the commands that may name a slot's records go through `redis` (record_buckets, which
-  -- finds the records where they are kept); every other one straight to the server's call
+  -- a command on a slot's records goes to `redis` (record_buckets, which finds them where
+  -- they are kept); every other one straight to the server's call
   local RECORD_COMMANDS = {HGET = true, HMGET = true, HSET = true, HDEL = true}
+  local records_call, is_records = redis.call, redis.is_records
   local server_call = redis.server_call
   local function call(command, ...)
     if FIRST_MEMBER[command] then
       local changes, side = changes_of((...))
       if changes then note(command, changes, side, {...}) end
     end
-    if RECORD_COMMANDS[command] then return redis.call(command, ...) end
+    if RECORD_COMMANDS[command] and is_records((...)) then return records_call(command, ...) end
     return server_call(command, ...)
   end
   return setmetatable({call = call, untracked_slots = untracked_slots, begin_call = begin_call},
