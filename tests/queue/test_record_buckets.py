@@ -175,17 +175,20 @@ def test_the_owner_keeps_buckets_off_while_an_older_library_is_on_the_broker(
         f"#!lua name={old}\nredis.register_function('{old}_version', function() return 1 end)"
     )
     publish(redis_client, True, 1)
-    assert redis_client.hget(KEYS.settings, "redis_record_buckets") == b"False"
+    assert redis_client.hget(KEYS.settings, "redis_record_buckets") is None
     redis_client.function_delete(old)
     publish(redis_client, True, 2)
     assert redis_client.hget(KEYS.settings, "redis_record_buckets") == b"True"
 
 
+@pytest.mark.parametrize("target_record", [None, "False"])
 def test_a_move_and_a_backup_carry_every_record_in_buckets(
-    queue: Queue, redis_client: redis.Redis, second_broker: RedisServer
+    queue: Queue, redis_client: redis.Redis, second_broker: RedisServer, target_record: str | None
 ) -> None:
     """A slot with records in `msg` and in buckets: a move's copy, its deletion on the source
-    and a backup each take all of them."""
+    and a backup each take all of them. Onto a broker whose record of the slot has no
+    redis_record_buckets (none published there yet) the copy brings them into `msg`, where the
+    scripts there look; onto one whose record has it, in their buckets."""
     schedule(queue, [f"before-{i}" for i in range(30)])
     publish(redis_client, True, 1)
     schedule(queue, [f"on-{i}" for i in range(300)])
@@ -198,8 +201,17 @@ def test_a_move_and_a_backup_carry_every_record_in_buckets(
     try:
         target.hset(bucket_key(KEYS, 40), "stale", "from an earlier copy")
         target.hset(KEYS.key(Part.BUCKETS), mapping={"n": 41, "count": 1})
+        if target_record is not None:
+            target.hset(KEYS.settings, "redis_record_buckets", target_record)
         copy_slot(redis_client, target, KEYS)
         assert records(target) == expected
+        in_msg = target.hlen(KEYS.key(Part.MSG))
+        assert (bucket_count(target, KEYS), in_msg) == (
+            (0, 330) if target_record is None else (bucket_count(redis_client, KEYS), 30)
+        )
+        moved = Queue(target, TOPIC)
+        assert moved.get("on-7") is not None
+        assert moved.get("before-7") is not None
         delete_slot(redis_client, KEYS)
         assert redis_client.keys("dq:*") == []
     finally:
@@ -251,3 +263,42 @@ def test_a_recopy_reads_again_a_record_whose_bucket_split_under_its_reads(
     assert bucket_count(redis_client, KEYS) > 4
     half = division.lower if halves.slot_of(moving) == 0 else division.upper
     assert redis_client.hget(half.key(Part.MSG), moving) == records(redis_client)[moving.encode()]
+
+
+def calls_of(client: redis.Redis, command: str) -> int:
+    stats = client.info("commandstats").get(f"cmdstat_{command}") or {"calls": 0}
+    return int(stats["calls"])
+
+
+def test_a_topic_that_never_had_buckets_pays_no_lookup_and_one_that_had_keeps_reading_them(
+    redis_client: redis.Redis,
+) -> None:
+    """Off, the owner publishes no redis_record_buckets, and the scripts do not ask a slot
+    whether it has buckets: a call over 64 slots makes one EXISTS less than the same call of
+    a topic whose record has the field, and a get one HMGET less. Once a topic had buckets on,
+    turning them off publishes False, and publish-1 keeps it when an owner, this one or
+    another, publishes without the field (its slots' records in buckets stay readable);
+    publishing that again writes nothing."""
+    never = Topic("never", namespace="shop", slot_amount=64)
+    had = Topic("had", namespace="shop", slot_amount=64)
+    publish(redis_client, False, 1, never)
+    publish(redis_client, True, 1, had)
+    publish(redis_client, False, 2, had)
+    assert redis_client.hget(slot_keys(never, 5).settings, "redis_record_buckets") is None
+    assert redis_client.hget(slot_keys(had, 5).settings, "redis_record_buckets") == b"False"
+    calls: dict[str, list[int]] = {}
+    for topic in (never, had):
+        queue = Queue(redis_client, topic)
+        before = calls_of(redis_client, "exists")
+        schedule(queue, [f"m{i}" for i in range(1000)])
+        scheduling = calls_of(redis_client, "exists") - before
+        before = calls_of(redis_client, "hmget")
+        assert queue.get("m7") is not None
+        calls[topic.name] = [scheduling, calls_of(redis_client, "hmget") - before]
+    assert [h - n for h, n in zip(calls["had"], calls["never"], strict=True)] == [1, 1], calls
+
+    Queue(redis_client, had).publish_settings("another owner", 1)
+    assert redis_client.hget(slot_keys(had, 5).settings, "redis_record_buckets") == b"False"
+    writes = calls_of(redis_client, "hset")
+    Queue(redis_client, had).publish_settings("another owner", 1)
+    assert calls_of(redis_client, "hset") == writes

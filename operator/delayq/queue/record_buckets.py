@@ -25,10 +25,13 @@ import redis
 
 from delayq.queue.keys import Part, SlotKeys
 
-#: The settings record's field (queue/topic_record.py) that lets the scripts write a slot's
-#: records into buckets, and its value for that.
-RECORD_LAYOUT_FIELD = "record_layout"
-BUCKETED = 2
+#: The settings record's field (queue/topic_record.py) that sends a slot's records into
+#: buckets: `True` while the topic has them on. The owner gives it only then, and publish-1
+#: keeps it, as `False`, once a record has held it: the scripts look for records in buckets only
+#: where the record has it, so topics that never turned buckets on pay no lookup a slot, and a
+#: slot's buckets may only exist where its record has the field (a copy onto a broker whose
+#: record lacks it brings the records into `msg`: `queue/slot_copy.py`).
+RECORD_BUCKETS_FIELD = "redis_record_buckets"
 #: A HSCAN's COUNT hint: records per page.
 PAGE = 2000
 

@@ -25,7 +25,12 @@ from typing import Any
 import redis
 
 from delayq.queue.keys import Part, SlotKeys
-from delayq.queue.record_buckets import bucket_count, bucket_key, record_keys
+from delayq.queue.record_buckets import (
+    RECORD_BUCKETS_FIELD,
+    bucket_count,
+    bucket_key,
+    record_keys,
+)
 
 #: Members, fields or entries per write command: one command never holds a whole large slot.
 BATCH = 2000
@@ -112,7 +117,11 @@ def present(kind: RedisType, content: Any) -> bool:
 def copy_slot(source: redis.Redis, target: redis.Redis, keys: SlotKeys) -> int:
     """Replace the slot's keys on `target` with those on `source`; returns how many keys the
     slot has. Keys without a TTL stay so (the engine sets none). The records' buckets
-    (`record_buckets.py`) go with `msg`: the bucket count is the source's `buckets` part."""
+    (`record_buckets.py`) go with `msg`: the bucket count is the source's `buckets` part. Onto
+    a broker whose record of the slot lacks RECORD_BUCKETS_FIELD (the owner has not published
+    there since the topic turned buckets on, or a new broker) they go into `msg`, where the
+    scripts there look: only a record with the field makes them look in buckets. The field,
+    once there, stays (publish-1), so it cannot go between this read and the copy."""
     parts = [part for part in Part if part not in DOUBLING_PARTS]
     read = source.pipeline(transaction=False)
     for part in parts:
@@ -123,6 +132,10 @@ def copy_slot(source: redis.Redis, target: redis.Redis, keys: SlotKeys) -> int:
     for bucket in range(count):
         read_value(read, RedisType.HASH, bucket_key(keys, bucket))
     buckets = read.execute() if count else []
+    if count and target.hget(keys.settings, RECORD_BUCKETS_FIELD) is None:
+        for bucket in buckets:  # an id is in one of them at most
+            contents[Part.MSG].update(bucket)
+        contents[Part.BUCKETS], buckets, count = {}, [], 0
     stale = record_keys(keys, bucket_count(target, keys))[1:]
     write = target.pipeline(transaction=True)
     write.delete(*keys.keys(*parts, *DOUBLING_PARTS), *stale)

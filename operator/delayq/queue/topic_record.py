@@ -36,6 +36,7 @@ from dataclasses import replace
 from delayq.queue import functions
 from delayq.queue.keys import slot_keys
 from delayq.queue.plans import Arg, Plan, ScriptCall
+from delayq.queue.record_buckets import RECORD_BUCKETS_FIELD
 from delayq.queue.schedule_plans import Steps
 from delayq.queue.scripts import Script
 from delayq.queue.settings import SETTINGS, Change, Consumer
@@ -56,11 +57,22 @@ SERVE_OWNER = "delayq-serve"
 
 def recorded_values(topic: Topic) -> dict[str, str]:
     """The record of `topic` as the scripts read it: field -> value (an integer or an
-    `EndAction`'s value, as text)."""
+    `EndAction`'s value, as text), without RECORD_BUCKETS_FIELD while it is off (publish-1
+    keeps it as `False` where a record had it)."""
     values = {name: str(getattr(topic, name)) for name in RECORDED_FIELDS}
     values["limits_max_pending"] = str(topic.max_pending_per_slot)
     values["max_in_flight_per_group"] = str(topic.max_in_flight_per_group_per_slot)
+    if not topic.redis_record_buckets:
+        del values[RECORD_BUCKETS_FIELD]
     return values
+
+
+def holds(record: Mapping[str, str], expected: Mapping[str, str]) -> bool:
+    """Whether a slot's record is the `expected` one, as publish-1 would keep it: with
+    RECORD_BUCKETS_FIELD `False` where `expected` lacks the field and the record had it."""
+    if RECORD_BUCKETS_FIELD not in expected and record.get(RECORD_BUCKETS_FIELD) == "False":
+        record = {k: v for k, v in record.items() if k != RECORD_BUCKETS_FIELD}
+    return record == expected
 
 
 def as_published(topic: Topic, libraries: Mapping[str, set[str]]) -> Topic:
@@ -88,7 +100,9 @@ def publish(
     records: list[dict[str, str]] = yield Plan(
         _calls(Script.SETTINGS, topic, wanted, []), lambda replies: [_fields(r) for r in replies]
     )
-    held = {slot: version for slot, rec in zip(wanted, records, strict=True) if rec == expected}
+    held = {
+        slot: version for slot, rec in zip(wanted, records, strict=True) if holds(rec, expected)
+    }
     outdated = [slot for slot in wanted if slot not in held]
     if outdated:
         args: list[Arg] = [owner, version, *(item for pair in values.items() for item in pair)]

@@ -10,6 +10,14 @@
   owner with a newer version stays, so a publisher with stale settings never undoes a newer
   publication. Equal values are not written again (a publisher repeats itself every pass).
 
+  `redis_record_buckets` stays once written, 'False' when the publication does not give it:
+  the scripts look for a slot's records in buckets only where the record has the field
+  (lua/includes/record_buckets.lua), and a slot that had buckets may hold records in them
+  long after the topic turned them off. So the owner gives the field only while the topic
+  has buckets on (queue/topic_record.py), and topics that never had them never pay the
+  lookup. Kept when another owner replaces the record as well: whoever publishes, the
+  slot's keys may still be those written under the old record.
+
   KEYS[1] settings  HASH field -> value: 'owner', 'version' and the topic's settings
 
   ARGV[1] owner     who publishes: the DelayTopic's uid, or 'delayq-serve'
@@ -27,21 +35,32 @@
 ]]
 
 local settings, owner, version = KEYS[1], ARGV[1], tonumber(ARGV[2])
-local stored = redis.call('HMGET', settings, 'owner', 'version')
+local stored = redis.call('HMGET', settings, 'owner', 'version', 'redis_record_buckets')
+local given = {unpack(ARGV, 3)}
+if stored[3] then
+  local named = false
+  for i = 1, #given, 2 do
+    if given[i] == 'redis_record_buckets' then named = true end
+  end
+  if not named then
+    given[#given + 1] = 'redis_record_buckets'
+    given[#given + 1] = 'False'
+  end
+end
 if stored[1] == owner and stored[2] then
   local stored_version = tonumber(stored[2])
   if stored_version > version then return stored_version end
   if stored_version == version then
     local names = {}
-    for i = 3, #ARGV, 2 do names[#names + 1] = ARGV[i] end
+    for i = 1, #given, 2 do names[#names + 1] = given[i] end
     local values = redis.call('HMGET', settings, unpack(names))
     local same = redis.call('HLEN', settings) == #names + 2
     for i = 1, #names do
-      if values[i] ~= ARGV[2 * i + 2] then same = false end
+      if values[i] ~= given[2 * i] then same = false end
     end
     if same then return version end
   end
 end
 redis.call('DEL', settings)
-redis.call('HSET', settings, 'owner', owner, 'version', ARGV[2], unpack(ARGV, 3))
+redis.call('HSET', settings, 'owner', owner, 'version', ARGV[2], unpack(given))
 return version

@@ -34,8 +34,12 @@ local function record_buckets(redis)
   local slots = {}  -- `msg` key -> its state in this call (see state_of)
   local hashes = {}  -- id -> h, for this call: a script reads and then writes the same ids
   local noted = {}  -- `msg` key -> the slot record's redis_record_buckets, read in this call
+  -- the slots a call over many slots named (`unbucketed_slots`), asked about at the first of
+  -- them whose record has the field: one EXISTS of all their `buckets` hashes
+  local candidates = nil
 
   local function begin_call()
+    candidates = nil
     if next(slots) then slots = {} end
     if next(hashes) then hashes = {} end
     if next(noted) then noted = {} end
@@ -58,14 +62,20 @@ local function record_buckets(redis)
     return b
   end
 
-  -- Whether the slot's settings record wants buckets: as topic_settings read it in this
-  -- call (`note_record_buckets`), else asked here.
-  local function wants_buckets(msg)
-    local wanted = noted[msg]
-    if wanted == nil then
-      wanted = redis.call('HGET', settings_record(msg), 'redis_record_buckets') or false
+  -- The slot's settings record's redis_record_buckets: as topic_settings read it in this
+  -- call (`note_record_buckets`), else asked here; false when the record has none.
+  local function recorded(msg)
+    local value = noted[msg]
+    if value == nil then
+      value = redis.call('HGET', settings_record(msg), 'redis_record_buckets') or false
+      noted[msg] = value
     end
-    return wanted == 'True'
+    return value
+  end
+
+  -- Whether the slot's settings record wants buckets.
+  local function wants_buckets(msg)
+    return recorded(msg) == 'True'
   end
 
   -- `msg` is the slot's `msg` key, `value` its record's redis_record_buckets (nil: none).
@@ -73,19 +83,40 @@ local function record_buckets(redis)
     noted[msg] = value or false
   end
 
+  -- When none of the candidates has a `buckets` hash, each is 'unasked' for the rest of the
+  -- call.
+  local function ask_candidates()
+    local names, msgs = candidates[1], candidates[2]
+    candidates = nil
+    if existing_count(names) > 0 then return end
+    for _, msg in ipairs(msgs) do
+      if slots[msg] == nil then slots[msg] = 'unasked' end
+    end
+  end
+
   -- The slot's state in this call: 'unasked' while it has no `buckets` hash (its record not
   -- asked yet: only a write asks), false when it has none and its record wants none, else
   -- {meta, n, count, legacy (`msg` may hold records), to_buckets (asked by the first write)}.
-  -- Returns false for the first two: the slot's records are in `msg` alone.
+  -- Returns false for the first two: the slot's records are in `msg` alone. A slot whose
+  -- settings record lacks redis_record_buckets has no `buckets` hash (the owner writes the
+  -- field once the topic turns buckets on and keeps it from then on, publish-1; a slot's copy
+  -- onto a broker whose record lacks it brings its records into `msg`, queue/slot_copy.py):
+  -- its `buckets` hash is not asked for, so topics that never had buckets pay one HMGET field
+  -- (of a read the call makes anyway, topic_settings) and no lookup a slot.
   local function state_of(msg, writing)
     local state = slots[msg]
     if state == nil then
-      local meta = sub(msg, 1, -4) .. 'buckets'
-      local n, count = unpack(redis.call('HMGET', meta, 'n', 'count'))
       state = 'unasked'
-      if n then
-        state = {meta = meta, n = tonumber(n), count = tonumber(count),
-          legacy = redis.call('EXISTS', msg) == 1}
+      if recorded(msg) then
+        if candidates then ask_candidates() end
+        if slots[msg] == nil then
+          local meta = sub(msg, 1, -4) .. 'buckets'
+          local n, count = unpack(redis.call('HMGET', meta, 'n', 'count'))
+          if n then
+            state = {meta = meta, n = tonumber(n), count = tonumber(count),
+              legacy = redis.call('EXISTS', msg) == 1}
+          end
+        end
       end
       slots[msg] = state
     end
@@ -105,7 +136,8 @@ local function record_buckets(redis)
 
   -- `keys[first]`, `keys[first + step]`, ... name one key of each slot of a call over many
   -- slots (schedulemany-1, claimmany-13, ackmany-7): when none of them has a `buckets` hash
-  -- (one EXISTS for all), their reads skip the lookup for the rest of the call.
+  -- (one EXISTS for all, made once a slot's record has the field: state_of), their reads
+  -- skip the lookup for the rest of the call.
   local function unbucketed_slots(keys, first, step)
     local names, msgs = {}, {}
     for i = first, #keys, step do
@@ -113,10 +145,7 @@ local function record_buckets(redis)
       names[#names + 1] = prefix .. 'buckets'
       msgs[#msgs + 1] = prefix .. 'msg'
     end
-    if existing_count(names) > 0 then return end
-    for _, msg in ipairs(msgs) do
-      if slots[msg] == nil then slots[msg] = 'unasked' end
-    end
+    candidates = {names, msgs}
   end
 
   -- The positions first, first + stride, ... of `args` grouped by their id's bucket: bucket ->
