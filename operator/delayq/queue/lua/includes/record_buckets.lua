@@ -33,16 +33,24 @@ local function record_buckets(redis)
   local sha1hex, sub, byte, tonumber = redis.sha1hex, string.sub, string.byte, tonumber
   local slots = {}  -- `msg` key -> its state in this call (see state_of)
   local hashes = {}  -- id -> h, for this call: a script reads and then writes the same ids
-  local noted = {}  -- `msg` key -> the slot record's redis_record_buckets, read in this call
-  -- the slots a call over many slots named (`unbucketed_slots`), asked about at the first of
-  -- them whose record has the field: one EXISTS of all their `buckets` hashes
+  -- `msg` key -> the slot record's redis_record_buckets, read in this call, or false when the
+  -- record has none: then the slot's records are in `msg` alone (state_of), and the change
+  -- tracking, which sees this table as `wrapper.noted`, sends the key's commands straight to
+  -- the server without a call of this wrapper
+  local noted = {}
+  -- the keys of a call over many slots (`unbucketed_slots`: keys, first, step), asked about
+  -- at the first of its slots whose record has the field: one EXISTS of all their `buckets`
   local candidates = nil
+  local wrapper
 
   local function begin_call()
     candidates = nil
     if next(slots) then slots = {} end
     if next(hashes) then hashes = {} end
-    if next(noted) then noted = {} end
+    if next(noted) then
+      noted = {}
+      wrapper.noted = noted
+    end
   end
 
   local function hash_of(id)
@@ -86,8 +94,14 @@ local function record_buckets(redis)
   -- When none of the candidates has a `buckets` hash, each is 'unasked' for the rest of the
   -- call.
   local function ask_candidates()
-    local names, msgs = candidates[1], candidates[2]
+    local keys, first, step = unpack(candidates)
     candidates = nil
+    local names, msgs = {}, {}
+    for i = first, #keys, step do
+      local prefix = string.match(keys[i], '^(dq:{.*}:)%a+$')
+      names[#names + 1] = prefix .. 'buckets'
+      msgs[#msgs + 1] = prefix .. 'msg'
+    end
     if existing_count(names) > 0 then return end
     for _, msg in ipairs(msgs) do
       if slots[msg] == nil then slots[msg] = 'unasked' end
@@ -139,13 +153,7 @@ local function record_buckets(redis)
   -- (one EXISTS for all, made once a slot's record has the field: state_of), their reads
   -- skip the lookup for the rest of the call.
   local function unbucketed_slots(keys, first, step)
-    local names, msgs = {}, {}
-    for i = first, #keys, step do
-      local prefix = string.match(keys[i], '^(dq:{.*}:)%a+$')
-      names[#names + 1] = prefix .. 'buckets'
-      msgs[#msgs + 1] = prefix .. 'msg'
-    end
-    candidates = {names, msgs}
+    candidates = {keys, first, step}
   end
 
   -- The positions first, first + stride, ... of `args` grouped by their id's bucket: bucket ->
@@ -306,8 +314,9 @@ local function record_buckets(redis)
     return hmget(msg, state, {...})
   end
 
-  return setmetatable({call = call, is_records = is_records, server_call = redis.call,
-    begin_call = begin_call,
+  wrapper = setmetatable({call = call, is_records = is_records, server_call = redis.call,
+    begin_call = begin_call, noted = noted,
     unbucketed_slots = unbucketed_slots, note_record_buckets = note_record_buckets},
     {__index = redis})
+  return wrapper
 end

@@ -42,9 +42,12 @@ local function track_changes(redis)
     if existing_count(names) > 0 then return end
     for _, changes in ipairs(names) do untracked[changes] = true end
   end
+  -- `msg` key -> false when the slot's records are in `msg` alone, as record_buckets noted
+  local noted = redis.noted
   local function begin_call()
     if next(untracked) then untracked = {} end
     redis.begin_call()
+    noted = redis.noted
   end
   local function note(command, changes, side, args)
     local first = FIRST_MEMBER[command]
@@ -67,7 +70,10 @@ local function track_changes(redis)
       local changes, side = changes_of((...))
       if changes then note(command, changes, side, {...}) end
     end
-    if RECORD_COMMANDS[command] and is_records((...)) then return records_call(command, ...) end
+    if RECORD_COMMANDS[command] then
+      local key = (...)
+      if noted[key] ~= false and is_records(key) then return records_call(command, ...) end
+    end
     return server_call(command, ...)
   end
   return setmetatable({call = call, untracked_slots = untracked_slots, begin_call = begin_call},
