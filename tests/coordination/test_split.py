@@ -9,6 +9,7 @@ test_split_cli.py."""
 from __future__ import annotations
 
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import Any, cast
 
@@ -219,30 +220,40 @@ def test_each_slot_is_frozen_for_a_few_round_trips_whatever_the_slot_amount(
     assert many.zookeeper - one.zookeeper == 63 * slot.zookeeper
 
 
+def copied_while_writing(splitter: SlotSplitter, write: Callable[[int], None]) -> tuple[Split, int]:
+    """Start a doubling and take it through its copies while another thread calls
+    `write(0)`, `write(1)`, ... (from before the first copy on, until the last is done);
+    returns the doubling at its next step."""
+    stop = threading.Event()
+    rounds: list[int] = []
+
+    def writer() -> None:
+        while not stop.is_set():
+            write(len(rounds))
+            rounds.append(1)
+
+    thread = threading.Thread(target=writer)
+    current = splitter.start(2 * SLOTS)
+    thread.start()
+    try:
+        wait_until(lambda: rounds, 10.0, "a writer under way")
+        while current is not None and current[0].step is Step.COPY:
+            current = splitter.step(*current)
+    finally:
+        stop.set()
+        thread.join(timeout=30)
+    assert current is not None
+    return current
+
+
 def test_what_changes_while_the_slots_are_copied_is_copied_again(cluster: Cluster):
     """A writer changes every old slot while each is scanned and copied, and again after the
     copy's rounds (seen by the catch-up under the freeze only): the halves are exact."""
     fill(cluster)
     splitter = cluster.splitter()
-    stop = threading.Event()
-    churned: list[int] = []
-
-    def write() -> None:
-        while not stop.is_set():
-            churn(cluster, f"w{len(churned)}-")
-            churned.append(1)
-
-    writer = threading.Thread(target=write)
-    current = splitter.start(2 * SLOTS)
-    writer.start()
-    try:
-        wait_until(lambda: churned, 10.0, "a writer under way")
-        while current is not None and current[0].step is Step.COPY:
-            current = splitter.step(*current)
-    finally:
-        stop.set()
-        writer.join(timeout=30)
-    assert current is not None
+    current: tuple[Split, int] | None = copied_while_writing(
+        splitter, lambda n: churn(cluster, f"w{n}-")
+    )
     assert old_frozen(cluster) == []
     churn(cluster, "late")
     before = frozen_before(cluster)
@@ -281,27 +292,13 @@ def test_records_moving_into_new_buckets_while_the_slots_are_copied_are_copied(c
         Queue(admin, replace(legacy, redis_record_buckets=True)).publish_settings("tests", 3)
     fill(cluster, 400)
     splitter = cluster.splitter()
-    stop = threading.Event()
-    rounds: list[int] = []
     counts = bucket_counts(cluster)
 
-    def write() -> None:
-        while not stop.is_set():
-            churn(cluster, f"w{len(rounds)}-")
-            grow(f"g{len(rounds)}-", 50)
-            rounds.append(1)
+    def write(n: int) -> None:
+        churn(cluster, f"w{n}-")
+        grow(f"g{n}-", 50)
 
-    writer = threading.Thread(target=write)
-    current = splitter.start(2 * SLOTS)
-    writer.start()
-    try:
-        wait_until(lambda: rounds, 10.0, "a writer under way")
-        while current is not None and current[0].step is Step.COPY:
-            current = splitter.step(*current)
-    finally:
-        stop.set()
-        writer.join(timeout=30)
-    assert current is not None
+    current: tuple[Split, int] | None = copied_while_writing(splitter, write)
     grown = bucket_counts(cluster)
     assert all(after > before for before, after in zip(counts, grown, strict=True)), grown
     before = frozen_before(cluster)
