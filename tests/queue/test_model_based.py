@@ -76,6 +76,8 @@ class QueueMachine(RuleBasedStateMachine):
         self.epochs: dict[int, int] = {}
         self.schedules: dict[str, bytes] = {}  # schedule id -> payload of its occurrences
         self.settings_version = 0  # of the settings record this machine publishes
+        # where the owner has the slots keep records and waiting messages (the switch rules)
+        self.layout = {"redis_record_buckets": False, "redis_store_buckets": False}
 
     @initialize()
     def take_over_all_slots_and_seed(self) -> None:
@@ -90,8 +92,18 @@ class QueueMachine(RuleBasedStateMachine):
     def switch_record_buckets(self, on: bool) -> None:
         """The owner turns recordBuckets on or off (as admin: the broker's libraries all read
         buckets): records move as they are written, and every call finds each where it is."""
+        self._publish_layout(redis_record_buckets=on)
+
+    @rule(on=st.booleans())
+    def switch_store_buckets(self, on: bool) -> None:
+        """The owner turns storeBuckets on or off: waiting messages move as they are written,
+        and every claim, count and lookup finds each where it waits."""
+        self._publish_layout(redis_store_buckets=on)
+
+    def _publish_layout(self, **changed: bool) -> None:
+        self.layout.update(changed)
         self.settings_version += 1
-        topic = dataclasses.replace(self.topic, redis_record_buckets=on)
+        topic = dataclasses.replace(self.topic, **self.layout)
         Queue(self.client, topic).publish_settings("model", self.settings_version)
 
     def _when(self, due_now: bool) -> int:

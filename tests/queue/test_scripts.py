@@ -12,9 +12,8 @@ from delayq.queue.codes import Code
 from delayq.queue.scripts import (
     CODES_INCLUDE,
     INCLUDE_LINE,
-    RECORD_BUCKETS_INCLUDE,
-    TRACK_CHANGES_INCLUDE,
     TRACKED_REDIS,
+    WRAPPER_INCLUDES,
     Script,
     ScriptSourceError,
     assemble,
@@ -159,7 +158,7 @@ def test_every_script_writes_through_the_change_tracking_before_any_helper(
     for helper in HELPERS:
         found = re.search(rf"^local (?:function )?{defined_name(helper)}\b", source, re.M)
         # it and its own
-        wrappers = (TRACK_CHANGES_INCLUDE, RECORD_BUCKETS_INCLUDE, "settings_record")
+        wrappers = (*WRAPPER_INCLUDES, "settings_record", "bucket_of", "id_hash")
         if found and helper not in (*wrappers, "existing_count", "unpack_chunk"):
             assert found.start() > shadow, helper
 

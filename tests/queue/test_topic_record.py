@@ -120,8 +120,8 @@ def test_the_record_holds_each_recorded_topic_field_and_the_slot_share_of_the_qu
     record = {k.decode(): v.decode() for k, v in raw.items()}
     assert record.pop("owner") == OWNER
     assert record.pop("version") == "1"
-    # redis_record_buckets only once the topic turns buckets on (test_record_buckets.py)
-    assert set(record) == set(topic_record.RECORDED_FIELDS) - {"redis_record_buckets"}
+    # the layout fields only once the topic turns buckets on (test_record_buckets.py)
+    assert set(record) == set(topic_record.RECORDED_FIELDS) - set(topic_record.LAYOUT_FIELDS)
     assert set(topic_record.RECORDED_FIELDS) <= {f.name for f in dataclasses.fields(Topic)}
     assert record["limits_max_pending"] == "3"
     assert record["retry_exhausted_action"] == "dead"

@@ -257,6 +257,7 @@ class TopicSpec:
     limits_max_pending: int = default("limits_max_pending")
     redis_sync_timeout_ms: int = default("redis_sync_timeout_ms")
     redis_record_buckets: bool = default("redis_record_buckets")
+    redis_store_buckets: bool = default("redis_store_buckets")
     # spec.networkPolicy.allowFrom: NetworkPolicyPeers admitted to the service pods' API port
     # besides the topic's namespace and the operator, checked and copied as plain dicts
     network_policy_allow_from: tuple[dict[str, Any], ...] = ()

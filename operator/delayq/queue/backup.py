@@ -25,6 +25,7 @@ from delayq.queue.keys import Part, SlotKeys
 from delayq.queue.record_buckets import bucket_count, counted, queue_bucket_count, record_keys
 from delayq.queue.schedules import ENDED, OCCURRENCE_SEPARATOR, PENDING
 from delayq.queue.slot_copy import PART_TYPES, RedisType, read_value
+from delayq.queue.store_buckets import queue_store_bucket_count, store_bucket_count, store_keys
 
 #: A frozen epoch's prefix (freeze-1.lua): the slot is moving, or moved away.
 FROZEN = b"moving:"
@@ -77,25 +78,33 @@ SNAPSHOT_PARTS = (
 
 
 def snapshot(client: Any, keys: SlotKeys) -> list[Item]:
-    """The slot's items, read at one instant (one MULTI of reads on its broker). The records'
-    buckets are read under the bucket count read before; the MULTI reads the count again, and
-    a slot whose buckets split in between is read anew (`record_buckets.py`)."""
-    count = bucket_count(client, keys)
+    """The slot's items, read at one instant (one MULTI of reads on its broker). The buckets
+    of the records and of the waiting messages are read under the bucket counts read before;
+    the MULTI reads the counts again, and a slot whose buckets split in between is read anew
+    (`record_buckets.py`, `store_buckets.py`)."""
+    counts = (bucket_count(client, keys), store_bucket_count(client, keys))
     while True:
         read = client.pipeline(transaction=True)
         for part in SNAPSHOT_PARTS:
             read_value(read, PART_TYPES[part], keys.key(part))
-        for name in record_keys(keys, count)[1:]:
+        for name in record_keys(keys, counts[0])[1:]:
             read_value(read, RedisType.HASH, name)
+        for name in store_keys(keys, counts[1])[1:]:
+            read_value(read, RedisType.ZSET, name)
         queue_bucket_count(read, keys)
+        queue_store_bucket_count(read, keys)
         read.time()
-        *replies, after, (seconds, micros) = read.execute()
-        if counted(after) == count:
+        *replies, records_after, store_after, (seconds, micros) = read.execute()
+        after = (counted(records_after), counted(store_after))
+        if after == counts:
             break
-        count = counted(after)
+        counts = after
     contents = dict(zip(SNAPSHOT_PARTS, replies, strict=False))
-    for bucket in replies[len(SNAPSHOT_PARTS) :]:  # a bucketed record wins over `msg`'s copy
+    buckets = replies[len(SNAPSHOT_PARTS) :]
+    for bucket in buckets[: counts[0]]:  # a bucketed record wins over `msg`'s copy
         contents[Part.MSG].update(bucket)
+    for entries in buckets[counts[0] :]:  # an id waits in one place at most
+        contents[Part.STORE].extend(entries)
     taken_ms = int(seconds) * 1000 + int(micros) // 1000
     items = [item._replace(taken_ms=taken_ms) for item in items_of(contents)]
     epoch = contents[Part.EPOCH]

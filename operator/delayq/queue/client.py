@@ -336,9 +336,10 @@ class Queue:
     def publish_settings(self, owner: str, version: int) -> list[int]:
         """Publish the topic's settings record into every slot of this broker, as its owner
         (`topic_record.py`; a user that may only read it gets NoPermissionError); per slot,
-        the version its record holds after the call (a newer one is kept). With recordBuckets,
-        the broker's libraries are listed first (admin rights, `topic_record.as_published`)."""
-        libraries = functions.listed(self.redis) if self.topic.redis_record_buckets else {}
+        the version its record holds after the call (a newer one is kept). With recordBuckets
+        or storeBuckets, the broker's libraries are listed first (admin rights,
+        `topic_record.as_published`)."""
+        libraries = functions.listed(self.redis) if topic_record.lists_libraries(self.topic) else {}
         topic = topic_record.as_published(self.topic, libraries)
         return self.run_steps(topic_record.publish(topic, owner, version))
 
@@ -586,7 +587,7 @@ class AsyncQueue:
 
     async def publish_settings(self, owner: str, version: int) -> list[int]:
         """As `Queue.publish_settings`."""
-        listing = self.topic.redis_record_buckets
+        listing = topic_record.lists_libraries(self.topic)
         libraries = await functions.listed_async(self.redis) if listing else {}
         topic = topic_record.as_published(self.topic, libraries)
         return await self.run_steps(topic_record.publish(topic, owner, version))

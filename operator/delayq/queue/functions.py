@@ -45,9 +45,8 @@ from delayq.queue.codes import DelayqError
 from delayq.queue.scripts import (
     CODES_INCLUDE,
     INCLUDE_LINE,
-    RECORD_BUCKETS_INCLUDE,
-    TRACK_CHANGES_INCLUDE,
     TRACKED_REDIS,
+    WRAPPER_INCLUDES,
     Script,
     assemble,
     inline_includes,
@@ -64,6 +63,9 @@ VERSION_FUNCTION = "version"
 #: (`reads_record_buckets`), since a library without it would not see such a record and take
 #: its message for absent.
 RECORD_BUCKETS_FUNCTION = "record_buckets"
+#: The same for a slot's waiting messages in buckets (`lua/includes/store_buckets.lua`):
+#: `reads_store_buckets`.
+STORE_BUCKETS_FUNCTION = "store_buckets"
 SHEBANG = re.compile(r"\A#!lua(?: flags=([\w,-]*))?\n")
 #: Redis's answer to an FCALL of a function it does not have.
 NOT_FOUND_TEXT = "Function not found"
@@ -187,7 +189,7 @@ def build(files: dict[str, str]) -> Library:
         bodies.append((verb, INCLUDE_LINE.sub("", body), flags))
     # every transition's `redis` is the change-tracking wrapper (scripts.with_change_tracking),
     # so its helpers' writes are noted too: without it a doubling's catch-up misses them
-    helpers |= {RECORD_BUCKETS_INCLUDE, TRACK_CHANGES_INCLUDE}
+    helpers |= set(WRAPPER_INCLUDES)
     wanted = "".join(f"--@include {name}\n" for name in sorted(helpers - {CODES_INCLUDE}))
     prelude = read_include(CODES_INCLUDE) or ""
     prelude += inline_includes("library", wanted, read_include).replace(prelude, "")
@@ -196,7 +198,8 @@ def build(files: dict[str, str]) -> Library:
     # own output included, so a change here is a new version too)
     registered = "".join(_register(f"@_{verb}", body, flags) for verb, body, flags in bodies)
     version = _register(f"@_{VERSION_FUNCTION}", "return '@'", ["no-writes"])
-    version += _register(f"@_{RECORD_BUCKETS_FUNCTION}", "return 1", ["no-writes"])
+    for marker in (RECORD_BUCKETS_FUNCTION, STORE_BUCKETS_FUNCTION):
+        version += _register(f"@_{marker}", "return 1", ["no-writes"])
     opening = _bound_globals(prelude + "".join(body for _, body, _ in bodies))
     template = f"{opening}{prelude}\n{registered}{version}"
     name = f"{LIBRARY_PREFIX}{hashlib.sha1(template.encode()).hexdigest()[:16]}"
@@ -327,7 +330,17 @@ async def loaded_async(client: redis.asyncio.Redis) -> list[str]:
 def reads_record_buckets(libraries: Mapping[str, set[str]]) -> bool:
     """Whether every library listed (`listed`) reads records in buckets: each has its
     RECORD_BUCKETS_FUNCTION. A broker with none is no exception: the caller loads this one."""
-    return all(f"{name}_{RECORD_BUCKETS_FUNCTION}" in names for name, names in libraries.items())
+    return _all_have(libraries, RECORD_BUCKETS_FUNCTION)
+
+
+def reads_store_buckets(libraries: Mapping[str, set[str]]) -> bool:
+    """Whether every library listed reads waiting messages in buckets (STORE_BUCKETS_FUNCTION),
+    as `reads_record_buckets`."""
+    return _all_have(libraries, STORE_BUCKETS_FUNCTION)
+
+
+def _all_have(libraries: Mapping[str, set[str]], marker: str) -> bool:
+    return all(f"{name}_{marker}" in names for name, names in libraries.items())
 
 
 async def delete_async(client: redis.asyncio.Redis, name: str) -> None:

@@ -36,6 +36,11 @@ class Part(enum.StrEnum):
     """The per-slot keys and what each holds."""
 
     STORE = "store"  # ZSET id -> due ms (scheduled messages)
+    # once present, the slot's waiting messages are kept in the buckets `<store key>:<b>`, b < n,
+    # with `heads` indexing each one's earliest due, and `store` holds only those written
+    # before (lua/includes/store_buckets.lua, queue/store_buckets.py)
+    STORE_BUCKETS = "storebuckets"  # HASH n -> bucket count, count -> entries in the buckets
+    HEADS = "heads"  # ZSET store bucket -> the earliest due in it (non-empty buckets only)
     PREPARE = "prepare"  # ZSET id -> lease deadline ms (claimed, not yet acked)
     DEAD = "dead"  # ZSET id -> time of death ms
     MSG = "msg"  # HASH id -> packed record (attempts, due, headers, payload)

@@ -105,17 +105,33 @@ def queue_record_reads(read: Any, keys: SlotKeys, members: Sequence[bytes], coun
     the parser of their answers (an iterator at the first of them) into one record or None a
     member. Valid only if the slot still has `count` buckets after the reads (n never shrinks, so
     equal before and after means no bucket split in between)."""
+    return queue_bucketed_reads(
+        read.hmget, keys.key(Part.MSG), lambda b: bucket_key(keys, b), members, count
+    )
+
+
+def queue_bucketed_reads(
+    queue: Callable[[str, list[bytes]], object],
+    flat: str,
+    bucket: Callable[[int], str],
+    members: Sequence[bytes],
+    count: int,
+) -> Any:
+    """The reads of `queue_record_reads` for any part kept in buckets as well as in one flat
+    key (`queue`: HMGET or ZMSCORE of a key and members): one read a bucket the members fall
+    in under `count` buckets, then one of `flat`; returns the parser of their answers into one
+    value or None a member, a bucket's answer first."""
     groups: dict[int, list[int]] = {}
     if count:
         for index, member in enumerate(members):
             groups.setdefault(bucket_of(member, count), []).append(index)
-    for bucket, indexes in groups.items():
-        read.hmget(bucket_key(keys, bucket), [members[i] for i in indexes])
+    for number, indexes in groups.items():
+        queue(bucket(number), [members[i] for i in indexes])
     if members:
-        read.hmget(keys.key(Part.MSG), list(members))
+        queue(flat, list(members))
 
-    def parse(answers: Iterator[list[bytes | None]]) -> list[bytes | None]:
-        found: list[bytes | None] = [None] * len(members)
+    def parse(answers: Iterator[list[Any]]) -> list[Any]:
+        found: list[Any] = [None] * len(members)
         for indexes in groups.values():
             for index, value in zip(indexes, next(answers), strict=True):
                 found[index] = value

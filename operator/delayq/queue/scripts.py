@@ -176,14 +176,22 @@ TRACK_CHANGES_INCLUDE = "track_changes"
 #: wraps the one that finds a slot's records in their buckets (`lua/includes/record_buckets.lua`),
 #: so what it notes are the messages a script changed, wherever their records are kept.
 RECORD_BUCKETS_INCLUDE = "record_buckets"
-TRACKED_REDIS = f"local redis = {TRACK_CHANGES_INCLUDE}({RECORD_BUCKETS_INCLUDE}(redis))"
+#: Between the two, the one that finds a slot's waiting messages in their buckets
+#: (`lua/includes/store_buckets.lua`).
+STORE_BUCKETS_INCLUDE = "store_buckets"
+TRACKED_REDIS = (
+    f"local redis = {TRACK_CHANGES_INCLUDE}("
+    f"{STORE_BUCKETS_INCLUDE}({RECORD_BUCKETS_INCLUDE}(redis)))"
+)
+#: The wrappers' includes, innermost first.
+WRAPPER_INCLUDES = (RECORD_BUCKETS_INCLUDE, STORE_BUCKETS_INCLUDE, TRACK_CHANGES_INCLUDE)
 
 
 def with_change_tracking(text: str) -> str:
     """`text` with `redis` bound to the change-tracking wrapper right after its header
     comment, before every other helper."""
     end = text.index("]]") + 2
-    includes = f"--@include {RECORD_BUCKETS_INCLUDE}\n--@include {TRACK_CHANGES_INCLUDE}\n"
+    includes = "".join(f"--@include {name}\n" for name in WRAPPER_INCLUDES)
     return f"{text[:end]}\n{includes}{TRACKED_REDIS}{text[end:]}"
 
 

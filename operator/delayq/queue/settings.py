@@ -572,6 +572,17 @@ SETTINGS: tuple[Setting, ...] = (
         T, change=Change.LIVE,
     ),
     Setting(
+        "redis.storeBuckets", Kind.BOOLEAN, False,
+        "keep the waiting messages' due index in small buckets: less broker memory, more CPU",
+        "Whether the slots keep their waiting messages' due times in buckets of about 48 that "
+        "Redis packs as listpacks, with an index of each bucket's earliest due, instead of one "
+        "sorted set a slot (about 80 B less per pending message once a slot holds more than "
+        "128), at the cost of more broker CPU per scheduled and claimed message (see "
+        "docs/benchmarks.md). Messages move as they are written, either way; the topic's owner "
+        "turns it on only once every delayq version writing to the broker reads store buckets.",
+        T, change=Change.LIVE,
+    ),
+    Setting(
         "redis.appendFsync", Kind.CHOICE, "everysec", "when the append-only file reaches the disk",
         "When the append-only file reaches the disk. everysec (default) can lose the last "
         "second of acknowledged writes if a master's node crashes; always syncs every write "

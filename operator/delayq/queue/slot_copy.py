@@ -19,7 +19,8 @@ first, so a copy is all or nothing, and a copy repeated after a crash replaces t
 from __future__ import annotations
 
 import enum
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from typing import Any
 
 import redis
@@ -30,6 +31,12 @@ from delayq.queue.record_buckets import (
     bucket_count,
     bucket_key,
     record_keys,
+)
+from delayq.queue.store_buckets import (
+    STORE_BUCKETS_FIELD,
+    store_bucket_count,
+    store_bucket_key,
+    store_keys,
 )
 
 #: Members, fields or entries per write command: one command never holds a whole large slot.
@@ -51,6 +58,7 @@ DOUBLING_PARTS = frozenset({Part.CHANGES, Part.RECOPY})
 
 PART_TYPES: dict[Part, RedisType] = {
     Part.STORE: RedisType.ZSET,
+    Part.HEADS: RedisType.ZSET,
     Part.PREPARE: RedisType.ZSET,
     Part.DEAD: RedisType.ZSET,
     Part.FINISHED: RedisType.ZSET,
@@ -61,6 +69,7 @@ PART_TYPES: dict[Part, RedisType] = {
     Part.GROUP_LEASES: RedisType.ZSET,
     Part.MSG: RedisType.HASH,
     Part.BUCKETS: RedisType.HASH,
+    Part.STORE_BUCKETS: RedisType.HASH,
     Part.REASON: RedisType.HASH,
     Part.OUTCOME: RedisType.HASH,
     Part.SCHEDULES: RedisType.HASH,
@@ -114,41 +123,87 @@ def present(kind: RedisType, content: Any) -> bool:
     return content is not None if kind is RedisType.STRING else bool(content)
 
 
+@dataclass(frozen=True)
+class Bucketed:
+    """A part a slot may keep in buckets (`record_buckets.py`, `store_buckets.py`): the flat
+    part, the hash holding the bucket count, the index beside the buckets (if any), the
+    settings record's field that makes the scripts look in buckets, and the buckets' keys."""
+
+    flat: Part
+    meta: Part
+    index: Part | None
+    field: str
+    kind: RedisType
+    bucket: Callable[[SlotKeys, int], str]
+    count: Callable[[redis.Redis, SlotKeys], int]
+
+
+BUCKETED = (
+    Bucketed(
+        Part.MSG, Part.BUCKETS, None, RECORD_BUCKETS_FIELD, RedisType.HASH, bucket_key, bucket_count
+    ),
+    Bucketed(
+        Part.STORE,
+        Part.STORE_BUCKETS,
+        Part.HEADS,
+        STORE_BUCKETS_FIELD,
+        RedisType.ZSET,
+        store_bucket_key,
+        store_bucket_count,
+    ),
+)
+
+
 def copy_slot(source: redis.Redis, target: redis.Redis, keys: SlotKeys) -> int:
     """Replace the slot's keys on `target` with those on `source`; returns how many keys the
-    slot has. Keys without a TTL stay so (the engine sets none). The records' buckets
-    (`record_buckets.py`) go with `msg`: the bucket count is the source's `buckets` part. Onto
-    a broker whose record of the slot lacks RECORD_BUCKETS_FIELD (the owner has not published
-    there since the topic turned buckets on, or a new broker) they go into `msg`, where the
-    scripts there look: only a record with the field makes them look in buckets. The field,
-    once there, stays (publish-1), so it cannot go between this read and the copy."""
+    slot has. Keys without a TTL stay so (the engine sets none). The buckets of the records and
+    of the waiting messages (`BUCKETED`) go with their part: the bucket count is the source's
+    meta part. Onto a broker whose record of the slot lacks the part's field (the owner has not
+    published there since the topic turned those buckets on, or a new broker) they go into the
+    flat part, where the scripts there look: only a record with the field makes them look in
+    buckets. The field, once there, stays (publish-1), so it cannot go between this read and
+    the copy."""
     parts = [part for part in Part if part not in DOUBLING_PARTS]
     read = source.pipeline(transaction=False)
     for part in parts:
         read_value(read, PART_TYPES[part], keys.key(part))
     contents = dict(zip(parts, read.execute(), strict=True))
-    count = int(contents[Part.BUCKETS].get(b"n", 0))
-    read = source.pipeline(transaction=False)
-    for bucket in range(count):
-        read_value(read, RedisType.HASH, bucket_key(keys, bucket))
-    buckets = read.execute() if count else []
-    if count and target.hget(keys.settings, RECORD_BUCKETS_FIELD) is None:
-        for bucket in buckets:  # an id is in one of them at most
-            contents[Part.MSG].update(bucket)
-        contents[Part.BUCKETS], buckets, count = {}, [], 0
-    stale = record_keys(keys, bucket_count(target, keys))[1:]
+    extra: list[tuple[str, RedisType, Any]] = []
+    stale: list[str] = []
+    for layout in BUCKETED:
+        count = int(contents[layout.meta].get(b"n", 0))
+        read = source.pipeline(transaction=False)
+        for number in range(count):
+            read_value(read, layout.kind, layout.bucket(keys, number))
+        buckets = read.execute() if count else []
+        if count and target.hget(keys.settings, layout.field) is None:
+            contents[layout.flat] = _flattened(layout.kind, contents[layout.flat], buckets)
+            contents[layout.meta], buckets, count = {}, [], 0
+            if layout.index is not None:
+                contents[layout.index] = []
+        extra.extend((layout.bucket(keys, b), layout.kind, buckets[b]) for b in range(count))
+        stale.extend(layout.bucket(keys, b) for b in range(layout.count(target, keys)))
     write = target.pipeline(transaction=True)
     write.delete(*keys.keys(*parts, *DOUBLING_PARTS), *stale)
     copied = 0
     for name, kind, content in [
         *((keys.key(part), PART_TYPES[part], contents[part]) for part in parts),
-        *((bucket_key(keys, b), RedisType.HASH, buckets[b]) for b in range(count)),
+        *extra,
     ]:
         if present(kind, content):
             write_value(write, kind, name, content)
             copied += 1
     write.execute()
     return copied
+
+
+def _flattened(kind: RedisType, flat: Any, buckets: list[Any]) -> Any:
+    """The flat part's content with every bucket's in it (an id is in one place at most)."""
+    if kind is RedisType.HASH:
+        for bucket in buckets:
+            flat.update(bucket)
+        return flat
+    return [entry for content in (flat, *buckets) for entry in content]
 
 
 #: What a move deletes on the broker the slot left: everything but its frozen epoch, which
@@ -160,9 +215,11 @@ MOVED_AWAY_PARTS = tuple(part for part in Part if part is not Part.EPOCH)
 
 def delete_slot(client: redis.Redis, keys: SlotKeys, parts: tuple[Part, ...] = tuple(Part)) -> int:
     """Delete the slot's keys of `parts` on one broker (the target's copy when a move is
-    rolled back; MOVED_AWAY_PARTS on the source after it), the records' buckets with `msg`;
-    returns how many existed. UNLINK: Redis frees a large slot in the background instead of
-    blocking the broker's other slots. Nothing writes the slot meanwhile (frozen, or not yet
-    routed), so its bucket count holds."""
+    rolled back; MOVED_AWAY_PARTS on the source after it), the records' buckets with `msg` and
+    the waiting messages' with `store`; returns how many existed. UNLINK: Redis frees a large
+    slot in the background instead of blocking the broker's other slots. Nothing writes the
+    slot meanwhile (frozen, or not yet routed), so its bucket counts hold."""
     buckets = record_keys(keys, bucket_count(client, keys))[1:] if Part.MSG in parts else []
+    if Part.STORE in parts:
+        buckets += store_keys(keys, store_bucket_count(client, keys))[1:]
     return int(client.unlink(*keys.keys(*parts), *buckets))

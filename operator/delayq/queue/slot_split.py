@@ -31,9 +31,10 @@ without a rule fails the tests:
   thaw waits for them). The halves' epochs are frozen from their first copy on: nobody writes
   into them before the doubling's switch;
 - the tracking itself (changes, recopy): not copied.
-- where the records are kept (buckets): not copied. The records are divided with the other
-  per-message parts, read from `msg` and the buckets alike (`record_buckets.py`), and the
-  halves keep theirs in `msg`, which the scripts read as well.
+- where the records and the waiting messages are kept (buckets, storebuckets, heads): not
+  copied. Both are divided with the other per-message parts, read from `msg` or `store` and
+  the buckets alike (`record_buckets.py`, `store_buckets.py`), and the halves keep theirs in
+  `msg` and `store`, which the scripts read as well.
 - the fair groups' indexes (groupwait, groups, groupleases): not copied. A claim of a half takes
   a grouped message without its entry in due order, as one without a group (store is the
   truth: nothing waits for an entry), and a message enters them again whenever it waits again
@@ -59,6 +60,12 @@ from delayq.queue.record_buckets import (
 )
 from delayq.queue.schedules import OCCURRENCE_SEPARATOR
 from delayq.queue.slot_copy import RedisType, delete_slot, present, read_value, write_value
+from delayq.queue.store_buckets import (
+    queue_store_bucket_count,
+    queue_store_reads,
+    store_pages,
+    zset_pages,
+)
 from delayq.queue.topic import slot_of
 
 #: Members or fields per read and per write pipeline: large enough that round trips do not
@@ -77,7 +84,7 @@ class Rule(enum.Enum):
     BOTH = "copied to both"
     WAKE = "a wake pushed to both"
     TRACKING = "the doubling's own bookkeeping, not copied"
-    RECORDS = "where the records are kept, not copied: the halves keep theirs in msg"
+    LAYOUT = "where messages are kept, not copied: the halves keep theirs in msg and store"
     GROUPS = "the fair groups' indexes, not copied: rebuilt as messages wait again"
 
 
@@ -86,7 +93,9 @@ PART_RULES: dict[Part, Rule] = {
     Part.PREPARE: Rule.BY_MESSAGE,
     Part.DEAD: Rule.BY_MESSAGE,
     Part.MSG: Rule.BY_MESSAGE,
-    Part.BUCKETS: Rule.RECORDS,
+    Part.BUCKETS: Rule.LAYOUT,
+    Part.STORE_BUCKETS: Rule.LAYOUT,
+    Part.HEADS: Rule.LAYOUT,
     Part.REASON: Rule.BY_MESSAGE,
     Part.OUTCOME: Rule.BY_MESSAGE,
     Part.FINISHED: Rule.BY_MESSAGE,
@@ -179,7 +188,12 @@ def split_slot(client: redis.Redis, division: Division) -> int:
     for keys in sources:
         for part in ZSET_PARTS:
             side = _side(halves, part)
-            for page in _zset_pages(client, keys.key(part)):
+            zpages = (
+                store_pages(client, keys)
+                if part is Part.STORE
+                else zset_pages(client, keys.key(part))
+            )
+            for page in zpages:
                 write = client.pipeline(transaction=False)
                 for slot, members in _divide(page, side).items():
                     write.zadd(targets[slot].key(part), dict(members))
@@ -280,21 +294,24 @@ def _recopy_pages(client: redis.Redis, pages: Sequence[tuple[Division, list[byte
     `split_slot` does, on the schedules and bases as they are now. Three pipelines of variadic
     commands for all the pages: which strays hold anything (and the sources' bucket counts),
     the reads, the writes. The reads are made again while a source's buckets split under them
-    (`record_buckets.py`): a record read from the bucket it left would look deleted."""
+    (`record_buckets.py`, `store_buckets.py`): a record or due read from the bucket it left
+    would look deleted."""
     if not pages:
         return 0
     look = client.pipeline(transaction=False)
     for division, _ in pages:
         for stray in division.strays:
-            look.exists(*stray.keys(*ZSET_PARTS, *HASH_PARTS, Part.BUCKETS))
+            look.exists(*stray.keys(*ZSET_PARTS, *HASH_PARTS, Part.BUCKETS, Part.STORE_BUCKETS))
         for keys in (*division.strays, division.source):
-            queue_bucket_count(look, keys)
+            _queue_bucket_counts(look, keys)
     looked = iter(look.execute())
     chosen: list[list[SlotKeys]] = []
-    counts: dict[SlotKeys, int] = {}
+    counts: dict[SlotKeys, BucketCounts] = {}
     for division, _ in pages:
         holding = [next(looked) for _ in division.strays]
-        counts.update((keys, counted(next(looked))) for keys in (*division.strays, division.source))
+        counts.update(
+            (keys, _bucket_counts(looked)) for keys in (*division.strays, division.source)
+        )
         strays = [stray for stray, held in zip(division.strays, holding, strict=True) if held]
         chosen.append([*strays, division.source])
     named = [keys for sources in chosen for keys in sources]
@@ -302,13 +319,14 @@ def _recopy_pages(client: redis.Redis, pages: Sequence[tuple[Division, list[byte
         read = client.pipeline(transaction=False)
         queued, count = _queue_recopy_reads(read, pages, chosen, counts)
         for keys in named:
-            queue_bucket_count(read, keys)
+            _queue_bucket_counts(read, keys)
         replies = read.execute()
-        after = {keys: counted(n) for keys, n in zip(named, replies[-len(named) :], strict=True)}
+        tail = iter(replies[-2 * len(named) :])
+        after = {keys: _bucket_counts(tail) for keys in named}
         if all(counts[keys] == n for keys, n in after.items()):
             break
         counts.update(after)
-    answers = iter(replies[: -len(named)])
+    answers = iter(replies[: -2 * len(named)])
     write = client.pipeline(transaction=False)
     for division, sources, wanted, parsers in queued:
         found = _parse_reads(answers, iter(parsers), sources, wanted)
@@ -329,6 +347,18 @@ def _recopy_pages(client: redis.Redis, pages: Sequence[tuple[Division, list[byte
 
 
 Reader = Callable[[Iterator[Any]], Any]
+#: A source's bucket counts: its records' and its store's (`record_buckets`, `store_buckets`).
+BucketCounts = tuple[int, int]
+
+
+def _queue_bucket_counts(pipe: Any, keys: SlotKeys) -> None:
+    queue_bucket_count(pipe, keys)
+    queue_store_bucket_count(pipe, keys)
+
+
+def _bucket_counts(answers: Iterator[Any]) -> BucketCounts:
+    """What `_queue_bucket_counts` queued, read from `answers`."""
+    return counted(next(answers)), counted(next(answers))
 Queued = tuple["Division", list[SlotKeys], list[tuple[Part, list[bytes]]], list[Reader]]
 
 
@@ -336,7 +366,7 @@ def _queue_recopy_reads(
     read: redis.client.Pipeline,
     pages: Sequence[tuple[Division, list[bytes]]],
     chosen: Sequence[list[SlotKeys]],
-    counts: Mapping[SlotKeys, int],
+    counts: Mapping[SlotKeys, BucketCounts],
 ) -> tuple[list[Queued], int]:
     """Queue the reads of every changed message and schedule of the pages (`_recopy_pages`);
     returns what was queued for each division and how many changes."""
@@ -366,18 +396,22 @@ def _queue_reads(
     read: redis.client.Pipeline,
     sources: Sequence[SlotKeys],
     wanted: Sequence[tuple[Part, Sequence[bytes]]],
-    counts: Mapping[SlotKeys, int],
+    counts: Mapping[SlotKeys, BucketCounts],
 ) -> list[Reader]:
-    """Queue a ZMSCORE or HMGET per (part, members) and source, the records' reads under the
-    source's bucket count (`record_buckets.queue_record_reads`); returns, in that order, what
-    takes each one's values from the answers (`_parse_reads`)."""
+    """Queue a ZMSCORE or HMGET per (part, members) and source, the records' and the store's
+    reads under the source's bucket counts (`record_buckets.queue_record_reads`,
+    `store_buckets.queue_store_reads`); returns, in that order, what takes each one's values
+    from the answers (`_parse_reads`)."""
     readers: list[Reader] = []
     for part, members in wanted:
         for keys in sources:
             if not members:
                 continue
             if part is Part.MSG:
-                readers.append(queue_record_reads(read, keys, members, counts[keys]))
+                readers.append(queue_record_reads(read, keys, members, counts[keys][0]))
+                continue
+            if part is Part.STORE:
+                readers.append(queue_store_reads(read, keys, members, counts[keys][1]))
                 continue
             if part in ZSET_PARTS:
                 read.zmscore(keys.key(part), cast("list[str]", list(members)))
@@ -473,20 +507,6 @@ def _hash_fields(
     for keys in sources:
         for page in _hash_pages(client, keys.key(part), BATCH):
             yield from page
-
-
-def _zset_pages(client: redis.Redis, key: str) -> Iterator[list[tuple[bytes, bytes | float]]]:
-    """A sorted set page by page (ZSCAN: every member present throughout is seen, at least
-    once, even while scripts change the set; what they changed is tracked)."""
-    cursor = 0
-    while True:
-        cursor, page = cast(
-            "tuple[int, list[tuple[bytes, float]]]", client.zscan(key, cursor, count=BATCH)
-        )
-        if page:
-            yield [(member, score) for member, score in page]
-        if cursor == 0:
-            return
 
 
 def _hash_pages(

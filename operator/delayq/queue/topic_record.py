@@ -40,6 +40,7 @@ from delayq.queue.record_buckets import RECORD_BUCKETS_FIELD
 from delayq.queue.schedule_plans import Steps
 from delayq.queue.scripts import Script
 from delayq.queue.settings import SETTINGS, Change, Consumer
+from delayq.queue.store_buckets import STORE_BUCKETS_FIELD
 from delayq.queue.topic import Topic
 
 #: The Topic fields the scripts read from the record, each under its own name: the engine's
@@ -55,24 +56,30 @@ RECORDED_FIELDS = tuple(
 SERVE_OWNER = "delayq-serve"
 
 
+#: The fields that tell the scripts where a slot keeps its records and its waiting messages
+#: (`record_buckets.py`, `store_buckets.py`): each given only while the topic has it on, and
+#: kept by publish-1 as `False` once a record held it.
+LAYOUT_FIELDS = (RECORD_BUCKETS_FIELD, STORE_BUCKETS_FIELD)
+
+
 def recorded_values(topic: Topic) -> dict[str, str]:
     """The record of `topic` as the scripts read it: field -> value (an integer or an
-    `EndAction`'s value, as text), without RECORD_BUCKETS_FIELD while it is off (publish-1
+    `EndAction`'s value, as text), without a LAYOUT_FIELDS field while it is off (publish-1
     keeps it as `False` where a record had it)."""
     values = {name: str(getattr(topic, name)) for name in RECORDED_FIELDS}
     values["limits_max_pending"] = str(topic.max_pending_per_slot)
     values["max_in_flight_per_group"] = str(topic.max_in_flight_per_group_per_slot)
-    if not topic.redis_record_buckets:
-        del values[RECORD_BUCKETS_FIELD]
+    for field in LAYOUT_FIELDS:
+        if not getattr(topic, field):
+            del values[field]
     return values
 
 
 def holds(record: Mapping[str, str], expected: Mapping[str, str]) -> bool:
-    """Whether a slot's record is the `expected` one, as publish-1 would keep it: with
-    RECORD_BUCKETS_FIELD `False` where `expected` lacks the field and the record had it."""
-    if RECORD_BUCKETS_FIELD not in expected and record.get(RECORD_BUCKETS_FIELD) == "False":
-        record = {k: v for k, v in record.items() if k != RECORD_BUCKETS_FIELD}
-    return record == expected
+    """Whether a slot's record is the `expected` one, as publish-1 would keep it: with a
+    LAYOUT_FIELDS field `False` where `expected` lacks it and the record had it."""
+    kept = {f for f in LAYOUT_FIELDS if f not in expected and record.get(f) == "False"}
+    return {k: v for k, v in record.items() if k not in kept} == expected
 
 
 def as_published(topic: Topic, libraries: Mapping[str, set[str]]) -> Topic:
@@ -80,10 +87,19 @@ def as_published(topic: Topic, libraries: Mapping[str, set[str]]) -> Topic:
     (`functions.listed`): recordBuckets stays off while one of them would not read a record in
     a bucket (`functions.reads_record_buckets`; an older version's, until the operator deletes
     it an hour after its last pod is gone). Turned off, the slots write their records to `msg`
-    again, and records move out of the buckets as they are written."""
+    again, and records move out of the buckets as they are written. storeBuckets likewise
+    (`functions.reads_store_buckets`), for the waiting messages and `store`."""
     if topic.redis_record_buckets and not functions.reads_record_buckets(libraries):
-        return replace(topic, redis_record_buckets=False)
+        topic = replace(topic, redis_record_buckets=False)
+    if topic.redis_store_buckets and not functions.reads_store_buckets(libraries):
+        topic = replace(topic, redis_store_buckets=False)
     return topic
+
+
+def lists_libraries(topic: Topic) -> bool:
+    """Whether publishing `topic`'s record needs the broker's libraries listed
+    (`as_published`): only while a bucket layout is on."""
+    return topic.redis_record_buckets or topic.redis_store_buckets
 
 
 def publish(

@@ -10,13 +10,14 @@
   owner with a newer version stays, so a publisher with stale settings never undoes a newer
   publication. Equal values are not written again (a publisher repeats itself every pass).
 
-  `redis_record_buckets` stays once written, 'False' when the publication does not give it:
-  the scripts look for a slot's records in buckets only where the record has the field
-  (lua/includes/record_buckets.lua), and a slot that had buckets may hold records in them
-  long after the topic turned them off. So the owner gives the field only while the topic
-  has buckets on (queue/topic_record.py), and topics that never had them never pay the
-  lookup. Kept when another owner replaces the record as well: whoever publishes, the
-  slot's keys may still be those written under the old record.
+  `redis_record_buckets` and `redis_store_buckets` stay once written, 'False' when the
+  publication does not give them: the scripts look for a slot's records and waiting messages
+  in buckets only where the record has the field (lua/includes/record_buckets.lua,
+  store_buckets.lua), and a slot that had buckets may hold messages in them long after the
+  topic turned them off. So the owner gives each field only while the topic has those buckets
+  on (queue/topic_record.py), and topics that never had them never pay the lookup. Kept when
+  another owner replaces the record as well: whoever publishes, the slot's keys may still be
+  those written under the old record.
 
   KEYS[1] settings  HASH field -> value: 'owner', 'version' and the topic's settings
 
@@ -35,15 +36,14 @@
 ]]
 
 local settings, owner, version = KEYS[1], ARGV[1], tonumber(ARGV[2])
-local stored = redis.call('HMGET', settings, 'owner', 'version', 'redis_record_buckets')
+local LAYOUT_FIELDS = {'redis_record_buckets', 'redis_store_buckets'}
+local stored = redis.call('HMGET', settings, 'owner', 'version', unpack(LAYOUT_FIELDS))
 local given = {unpack(ARGV, 3)}
-if stored[3] then
-  local named = false
-  for i = 1, #given, 2 do
-    if given[i] == 'redis_record_buckets' then named = true end
-  end
-  if not named then
-    given[#given + 1] = 'redis_record_buckets'
+local named = {}
+for i = 1, #given, 2 do named[given[i]] = true end
+for k, field in ipairs(LAYOUT_FIELDS) do
+  if stored[2 + k] and not named[field] then
+    given[#given + 1] = field
     given[#given + 1] = 'False'
   end
 end

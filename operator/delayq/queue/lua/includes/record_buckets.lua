@@ -1,4 +1,6 @@
 --@include existing_count
+--@include bucket_of
+--@include id_hash
 --@include settings_record
 
 -- What the change tracking wraps (queue/scripts.py binds
@@ -25,12 +27,11 @@
 -- bucket that passed Redis's listpack limit is written anew, as it is a hash table until it is
 -- recreated). Buckets are never merged; Redis deletes an emptied one. Records only move to a
 -- higher bucket, so a reader that scans the buckets in order while the slot grows sees each
--- one at least once (queue/record_buckets.py). h is the first 32 bits of the id's SHA-1, which
--- queue/record_buckets.py computes alike.
+-- one at least once (queue/record_buckets.py). h is `id_hash`.
 local function record_buckets(redis)
   local LOAD = 48  -- records a bucket holds on average
   local LISTPACK_ENTRIES = 128  -- Redis's hash-max-listpack-entries
-  local sha1hex, sub, byte, tonumber = redis.sha1hex, string.sub, string.byte, tonumber
+  local sub, byte, tonumber = string.sub, string.byte, tonumber
   local slots = {}  -- `msg` key -> its state in this call (see state_of)
   local hashes = {}  -- id -> h, for this call: a script reads and then writes the same ids
   -- `msg` key -> the slot record's redis_record_buckets, read in this call, or false when the
@@ -56,18 +57,10 @@ local function record_buckets(redis)
   local function hash_of(id)
     local h = hashes[id]
     if not h then
-      h = tonumber(sub(sha1hex(id), 1, 8), 16)
+      h = id_hash(id)
       hashes[id] = h
     end
     return h
-  end
-
-  local function bucket_of(h, n)
-    local low = 1
-    while low * 2 <= n do low = low * 2 end
-    local b = h % low
-    if b < n - low then b = h % (low * 2) end
-    return b
   end
 
   -- The slot's settings record's redis_record_buckets: as topic_settings read it in this

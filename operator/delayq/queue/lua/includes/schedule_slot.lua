@@ -39,8 +39,9 @@ local function schedule_slot(prefix, args, first, last, now, bases_absent, resul
   -- slot, and topic_settings' tables and unpacks took 5 % of Redis's CPU a message at 1,024
   -- slots (docs/benchmarks.md, "Hot paths")
   local record = redis.call('HMGET', settings_record(store), 'journal_max_len',
-    'outcome_retention_ms', 'expiry_ttl_ms', 'limits_max_pending', 'redis_record_buckets')
-  redis.note_record_buckets(msg, record[5])
+    'outcome_retention_ms', 'expiry_ttl_ms', 'limits_max_pending', 'redis_record_buckets',
+    'redis_store_buckets')
+  redis.note_layout(prefix, record[5], record[6])
   local journal_max_len = tonumber(record[1] or args[3])
   local retention_ms = tonumber(record[2] or args[4])
   local default_ttl_ms = tonumber(record[3] or args[5])

@@ -8,13 +8,15 @@
 -- among the script's KEYS because FCALL takes every key it is given as written to, and the
 -- topic's users may not write the record (queue/acl.py). `fields` names the record's fields
 -- and `given` holds the caller's values, in order; returns the values in that order.
--- The same read tells the records' wrapper whether the slot writes its records into buckets
--- (lua/includes/record_buckets.lua), so a write does not ask the record again.
+-- The same read tells the wrappers whether the slot writes its records and its waiting
+-- messages into buckets (lua/includes/record_buckets.lua, store_buckets.lua), so a write does
+-- not ask the record again.
 local function topic_settings(key, fields, given)
-  local stored = redis.call('HMGET', settings_record(key), 'redis_record_buckets', unpack(fields))
-  redis.note_record_buckets(string.match(key, '^(dq:{.-}:)') .. 'msg', stored[1])
+  local stored = redis.call('HMGET', settings_record(key), 'redis_record_buckets',
+    'redis_store_buckets', unpack(fields))
+  redis.note_layout(string.match(key, '^(dq:{.-}:)'), stored[1], stored[2])
   for i = 1, #fields do
-    if stored[i + 1] then given[i] = stored[i + 1] end
+    if stored[i + 2] then given[i] = stored[i + 2] end
   end
   return unpack(given)
 end

@@ -1,6 +1,6 @@
 -- `redis` as every script sees it (queue/scripts.py binds
--- `local redis = track_changes(record_buckets(redis))` before the script's other helpers, so
--- theirs are tracked too): record_buckets's, which reaches the server's, but its ZADD,
+-- `local redis = track_changes(store_buckets(record_buckets(redis)))` before the script's other
+-- helpers, so theirs are tracked too): store_buckets's, which reaches the server's, but its ZADD,
 -- ZREM, HSET and HDEL on a part a doubling divides note what they touch. While a doubling
 -- copies a slot before freezing it (coordination/splitting.py), the slot's `changes` set exists
 -- (holding '' at least), and each message or schedule such a write touches is added to it
@@ -42,12 +42,13 @@ local function track_changes(redis)
     if existing_count(names) > 0 then return end
     for _, changes in ipairs(names) do untracked[changes] = true end
   end
-  -- `msg` key -> false when the slot's records are in `msg` alone, as record_buckets noted
-  local noted = redis.noted
+  -- `msg` key -> false when the slot's records are in `msg` alone, as record_buckets noted;
+  -- `store` key -> false when its messages wait in `store` alone, as store_buckets noted
+  local noted, store_noted = redis.noted, redis.store_noted
   local function begin_call()
     if next(untracked) then untracked = {} end
     redis.begin_call()
-    noted = redis.noted
+    noted, store_noted = redis.noted, redis.store_noted
   end
   local function note(command, changes, side, args)
     local first = FIRST_MEMBER[command]
@@ -60,10 +61,14 @@ local function track_changes(redis)
       redis.call('SADD', changes, unpack(members, i, math.min(i + UNPACK_CHUNK - 1, #members)))
     end
   end
-  -- a command on a slot's records goes to `redis` (record_buckets, which finds them where
-  -- they are kept); every other one straight to the server's call
+  -- a command on a slot's records goes to record_buckets, one on its `store` to
+  -- store_buckets (each finds them where they are kept); every other one straight to the
+  -- server's call
   local RECORD_COMMANDS = {HGET = true, HMGET = true, HSET = true, HDEL = true}
+  local STORE_COMMANDS = {ZADD = true, ZREM = true, ZSCORE = true, ZMSCORE = true, ZCARD = true,
+    ZCOUNT = true, ZRANGE = true, ZRANGEBYSCORE = true}
   local records_call, is_records = redis.call, redis.is_records
+  local store_call, is_store = redis.store_call, redis.is_store
   local server_call = redis.server_call
   local function call(command, ...)
     if FIRST_MEMBER[command] then
@@ -73,6 +78,9 @@ local function track_changes(redis)
     if RECORD_COMMANDS[command] then
       local key = (...)
       if noted[key] ~= false and is_records(key) then return records_call(command, ...) end
+    elseif STORE_COMMANDS[command] then
+      local key = (...)
+      if store_noted[key] ~= false and is_store(key) then return store_call(command, ...) end
     end
     return server_call(command, ...)
   end

@@ -1,0 +1,453 @@
+--@include existing_count
+--@include bucket_of
+--@include id_hash
+--@include settings_record
+
+-- What the change tracking wraps, around record_buckets (queue/scripts.py binds
+-- `local redis = track_changes(store_buckets(record_buckets(redis)))`): its `store_call`, to
+-- which track_changes sends the sorted-set commands on a slot's `store` key (`is_store`),
+-- reaches the slot's waiting messages wherever they are kept, so that no script names where
+-- (docs/contracts.md §1, "Store in buckets").
+--
+-- A slot's waiting messages are in its `store` sorted set, or in buckets: the sorted sets
+-- `<store key>:<b>`, b in 0 .. n - 1, each small enough that Redis keeps it one listpack
+-- (≈ 28 B an entry, where the one large `store` costs ≈ 112). The buckets are picked by the
+-- id's hash (id_hash, bucket_of), so a bucket holds messages of any due time: the slot's `heads`
+-- sorted set (bucket -> the earliest due in it, non-empty buckets only) is what the reads in
+-- due order go by. The slot's `storebuckets` hash ({n, count}: how many buckets, how many
+-- entries they hold) exists while any bucket may hold an entry; then reads look in the
+-- buckets and in `store`. Writes go where the slot's settings record says
+-- (`redis_store_buckets`, the topic's storeBuckets, which the topic's owner publishes as True
+-- only once every functions library on the broker reads store buckets): into the bucket or
+-- into `store`, and each deletes the message's entry on the other side, so an id waits in one
+-- place at most. Nothing is moved in bulk: entries move as they are written, and a slot whose
+-- buckets empty while it writes to `store` drops its `storebuckets` and `heads`.
+--
+-- The buckets grow one at a time (id_hash, bucket_of) when the entries pass LOAD a bucket, never
+-- merge, and an entry only moves to a higher bucket (what queue/store_buckets.py's readers of
+-- a live slot rely on). The commands served are those the scripts send to `store`: ZADD
+-- without flags, ZREM, ZSCORE, ZMSCORE, ZCARD, ZCOUNT, ZRANGE of the head and ZRANGEBYSCORE
+-- with a LIMIT; any other form is an error, not a silent wrong answer.
+--
+-- A range read (ZRANGEBYSCORE) merges the buckets in the order of (score, bucket, id): the
+-- buckets are visited in `heads` order and each is read only while it may still hold an entry
+-- among the first offset + count, so a claim reads the buckets whose heads are due and a herd
+-- due at one instant reads about count entries, not every bucket. Ids due at the same
+-- instant come in bucket order instead of id order: the one order there is, the same for
+-- every read of the same contents (a paged read does not skip or repeat).
+local function store_buckets(redis)
+  local LOAD = 48  -- entries a bucket holds on average
+  local LISTPACK_ENTRIES = 128  -- Redis's zset-max-listpack-entries
+  local HEADS_PAGE = 64  -- heads read at a time by a range read
+  local server = redis.server_call
+  local sub, byte, tonumber, unpack = string.sub, string.byte, tonumber, unpack
+  local slots = {}  -- `store` key -> its state in this call (see state_of)
+  local hashes = {}  -- id -> id_hash, for this call
+  -- `store` key -> the slot record's redis_store_buckets, read in this call, or false when the
+  -- record has none: then the slot's messages wait in `store` alone, and the change tracking,
+  -- which sees this table as `wrapper.store_noted`, sends the key's commands straight to the
+  -- server
+  local noted = {}
+  local candidates = nil  -- as record_buckets's: {keys, first, step} of a many-slot call
+  local wrapper
+
+  local function begin_call()
+    candidates = nil
+    if next(slots) then slots = {} end
+    if next(hashes) then hashes = {} end
+    if next(noted) then
+      noted = {}
+      wrapper.store_noted = noted
+    end
+    redis.begin_call()
+  end
+
+  local function hash_of(id)
+    local h = hashes[id]
+    if not h then
+      h = id_hash(id)
+      hashes[id] = h
+    end
+    return h
+  end
+
+  local function recorded(store)
+    local value = noted[store]
+    if value == nil then
+      value = server('HGET', settings_record(store), 'redis_store_buckets') or false
+      noted[store] = value
+    end
+    return value
+  end
+
+  -- `prefix` is a slot's `dq:{<tag>}:`; `records`, `stored` its settings record's
+  -- redis_record_buckets and redis_store_buckets (nil: none), as topic_settings read them.
+  local function note_layout(prefix, records, stored)
+    redis.note_record_buckets(prefix .. 'msg', records)
+    noted[prefix .. 'store'] = stored or false
+  end
+
+  local function ask_candidates()
+    local keys, first, step = unpack(candidates)
+    candidates = nil
+    local names, stores = {}, {}
+    for i = first, #keys, step do
+      local prefix = string.match(keys[i], '^(dq:{.*}:)%a+$')
+      names[#names + 1] = prefix .. 'storebuckets'
+      stores[#stores + 1] = prefix .. 'store'
+    end
+    if existing_count(names) > 0 then return end
+    for _, store in ipairs(stores) do
+      if slots[store] == nil then slots[store] = 'unasked' end
+    end
+  end
+
+  local function new_state(store, n, count)
+    return {meta = store .. 'buckets', heads = sub(store, 1, -6) .. 'heads', n = n,
+      count = count, legacy = server('EXISTS', store) == 1}
+  end
+
+  -- The slot's state in this call, as record_buckets's: false when its messages wait in
+  -- `store` alone, else {meta, heads, n, count, legacy (`store` may hold entries), to_buckets
+  -- (asked by the first write)}. Only a slot whose record has the field is asked for its
+  -- `storebuckets` hash.
+  local function state_of(store, writing)
+    local state = slots[store]
+    if state == nil then
+      state = 'unasked'
+      if recorded(store) then
+        if candidates then ask_candidates() end
+        if slots[store] == nil then
+          local n, count = unpack(server('HMGET', store .. 'buckets', 'n', 'count'))
+          if n then state = new_state(store, tonumber(n), tonumber(count)) end
+        end
+      end
+      slots[store] = state
+    end
+    if writing and state == 'unasked' then
+      state = false
+      if recorded(store) == 'True' then
+        state = new_state(store, 1, 0)
+        state.to_buckets = true
+        server('HSET', state.meta, 'n', state.n, 'count', state.count)
+      end
+      slots[store] = state
+    elseif writing and state and state.to_buckets == nil then
+      state.to_buckets = recorded(store) == 'True'
+    end
+    return state ~= 'unasked' and state
+  end
+
+  local function unbucketed_slots(keys, first, step)
+    redis.unbucketed_slots(keys, first, step)
+    candidates = {keys, first, step}
+  end
+
+  local function bucket_key(store, b)
+    return store .. ':' .. b
+  end
+
+  -- Bucket b's entry in `heads` set to its first entry's due, or dropped once it is empty.
+  local function refresh(store, state, b)
+    local head = server('ZRANGE', bucket_key(store, b), 0, 0, 'WITHSCORES')
+    if head[2] then
+      server('ZADD', state.heads, head[2], b)
+    else
+      server('ZREM', state.heads, b)
+    end
+  end
+
+  -- The positions first, first + stride, ... of `args` (ids) grouped by their bucket: bucket ->
+  -- positions, and the buckets in the order they first appear.
+  local function by_bucket(state, args, first, stride)
+    local groups, order = {}, {}
+    for i = first, #args, stride do
+      local b = bucket_of(hash_of(args[i]), state.n)
+      local group = groups[b]
+      if not group then
+        group = {}
+        groups[b] = group
+        order[#order + 1] = b
+      end
+      group[#group + 1] = i
+    end
+    return groups, order
+  end
+
+  -- Delete the ids at positions first, first + stride, ... of `args` from their buckets.
+  local function delete_from_buckets(store, state, args, first, stride)
+    local groups, order = by_bucket(state, args, first, stride)
+    local removed = 0
+    for _, b in ipairs(order) do
+      local ids = {}
+      for _, i in ipairs(groups[b]) do ids[#ids + 1] = args[i] end
+      local gone = server('ZREM', bucket_key(store, b), unpack(ids))
+      if gone > 0 then
+        refresh(store, state, b)
+        removed = removed + gone
+      end
+    end
+    state.count = state.count - removed
+    return removed
+  end
+
+  local function split(store, state)
+    local n = state.n
+    local low = 1
+    while low * 2 <= n do low = low * 2 end
+    local from = n - low
+    local key = bucket_key(store, from)
+    local flat = server('ZRANGE', key, 0, -1, 'WITHSCORES')
+    local kept, moved, gone = {}, {}, {}
+    for i = 1, #flat, 2 do
+      local into = hash_of(flat[i]) % (low * 2) == n and moved or kept
+      into[#into + 1] = flat[i + 1]
+      into[#into + 1] = flat[i]
+      if into == moved then gone[#gone + 1] = flat[i] end
+    end
+    if #moved > 0 then
+      server('ZADD', bucket_key(store, n), unpack(moved))
+      if #flat / 2 > LISTPACK_ENTRIES then  -- a skiplist: recreated, a listpack again
+        server('DEL', key)
+        if #kept > 0 then server('ZADD', key, unpack(kept)) end
+      else
+        server('ZREM', key, unpack(gone))
+      end
+      refresh(store, state, from)
+      refresh(store, state, n)
+    end
+    state.n = n + 1
+  end
+
+  -- After a write: the count kept, or `storebuckets` and `heads` dropped once the buckets are
+  -- empty and the slot writes to `store` (asked of the buckets themselves, not of the count:
+  -- an entry dropped from sight would never be claimed).
+  local function settle(store, state)
+    if state.count == 0 and not state.to_buckets then
+      local buckets = {}
+      for b = 0, state.n - 1 do buckets[#buckets + 1] = bucket_key(store, b) end
+      if existing_count(buckets) == 0 then
+        server('DEL', state.meta, state.heads)
+        slots[store] = false
+        return
+      end
+    end
+    server('HSET', state.meta, 'n', state.n, 'count', state.count)
+  end
+
+  local function zadd(store, state, args)
+    if not tonumber(args[1]) then
+      error({err = 'ERR store_buckets: ZADD flags are not served: ' .. tostring(args[1])})
+    end
+    if not state.to_buckets then
+      local added = server('ZADD', store, unpack(args))
+      state.legacy = true
+      local removed = delete_from_buckets(store, state, args, 2, 2)
+      settle(store, state)
+      return added - removed
+    end
+    local groups, order = by_bucket(state, args, 2, 2)
+    local added, ids = 0, {}
+    for _, b in ipairs(order) do
+      local pairs_, earliest = {}, nil
+      for _, i in ipairs(groups[b]) do
+        pairs_[#pairs_ + 1] = args[i - 1]
+        pairs_[#pairs_ + 1] = args[i]
+        ids[#ids + 1] = args[i]
+        local due = tonumber(args[i - 1])
+        if not earliest or due < earliest[1] then earliest = {due, args[i - 1]} end
+      end
+      local new = server('ZADD', bucket_key(store, b), unpack(pairs_))
+      if new == #pairs_ / 2 then  -- all new: the head can only move earlier
+        server('ZADD', state.heads, 'LT', earliest[2], b)
+      else
+        refresh(store, state, b)
+      end
+      added = added + new
+    end
+    local moved = 0
+    if state.legacy then moved = server('ZREM', store, unpack(ids)) end
+    state.count = state.count + added
+    while state.count > state.n * LOAD do split(store, state) end
+    settle(store, state)
+    return added - moved
+  end
+
+  local function zrem(store, state, ids)
+    local removed = delete_from_buckets(store, state, ids, 1, 1)
+    if state.legacy then removed = removed + server('ZREM', store, unpack(ids)) end
+    settle(store, state)
+    return removed
+  end
+
+  local function zscore(store, state, id)
+    local score = server('ZSCORE', bucket_key(store, bucket_of(hash_of(id), state.n)), id)
+    if not score and state.legacy then score = server('ZSCORE', store, id) end
+    return score
+  end
+
+  local function zmscore(store, state, ids)
+    local out = {}
+    for i = 1, #ids do out[i] = false end
+    local groups, order = by_bucket(state, ids, 1, 1)
+    for _, b in ipairs(order) do
+      local asked = {}
+      for _, i in ipairs(groups[b]) do asked[#asked + 1] = ids[i] end
+      local got = server('ZMSCORE', bucket_key(store, b), unpack(asked))
+      for k, i in ipairs(groups[b]) do out[i] = got[k] end
+    end
+    if state.legacy then
+      local got = server('ZMSCORE', store, unpack(ids))
+      for i = 1, #ids do out[i] = out[i] or got[i] end
+    end
+    return out
+  end
+
+  local function zcard(store, state)
+    return state.count + (state.legacy and server('ZCARD', store) or 0)
+  end
+
+  -- The buckets a range from `min` may hold entries of: those whose head is due by `max` when
+  -- `min` is -inf, else all of them.
+  local function buckets_for(state, min, max)
+    if min == '-inf' then return server('ZRANGEBYSCORE', state.heads, '-inf', max) end
+    local all = {}
+    for b = 0, state.n - 1 do all[#all + 1] = b end
+    return all
+  end
+
+  local function zcount(store, state, min, max)
+    local count = state.legacy and server('ZCOUNT', store, min, max) or 0
+    for _, b in ipairs(buckets_for(state, min, max)) do
+      count = count + server('ZCOUNT', bucket_key(store, b), min, max)
+    end
+    return count
+  end
+
+  -- ZRANGE store 0 0 WITHSCORES: the earliest entry, of the earliest head and of `store`.
+  local function zrange(store, state, start, stop, withscores)
+    if start ~= 0 and start ~= '0' or stop ~= 0 and stop ~= '0' or withscores ~= 'WITHSCORES' then
+      error({err = 'ERR store_buckets: only ZRANGE 0 0 WITHSCORES is served'})
+    end
+    local best = state.legacy and server('ZRANGE', store, 0, 0, 'WITHSCORES') or {}
+    local head = server('ZRANGE', state.heads, 0, 0, 'WITHSCORES')
+    if head[2] and (not best[2] or tonumber(head[2]) < tonumber(best[2])) then
+      best = server('ZRANGE', bucket_key(store, head[1]), 0, 0, 'WITHSCORES')
+    end
+    return best
+  end
+
+  -- (score, bucket, id) order of range candidates {due, bucket name, id, score as read}.
+  local function before(a, b)
+    if a[1] ~= b[1] then return a[1] < b[1] end
+    if a[2] ~= b[2] then return a[2] < b[2] end
+    return a[3] < b[3]
+  end
+
+  -- ZRANGEBYSCORE store min max [WITHSCORES] LIMIT offset count (see the header).
+  local function zrangebyscore(store, state, min, max, ...)
+    local options = {...}
+    local withscores, offset, count = false, nil, nil
+    local i = 1
+    while i <= #options do
+      if options[i] == 'WITHSCORES' then
+        withscores = true
+        i = i + 1
+      elseif options[i] == 'LIMIT' then
+        offset, count = tonumber(options[i + 1]), tonumber(options[i + 2])
+        i = i + 3
+      else
+        error({err = 'ERR store_buckets: ZRANGEBYSCORE option not served: ' .. options[i]})
+      end
+    end
+    if not count or count < 0 then
+      error({err = 'ERR store_buckets: ZRANGEBYSCORE is served with a LIMIT only'})
+    end
+    local need = offset + count
+    local low = -math.huge
+    if min ~= '-inf' then low = tonumber((string.gsub(min, '^%(', ''))) end
+    local found = {}  -- unsorted while shorter than need, then sorted and need long
+    local function take(name, flat)
+      for k = 1, #flat, 2 do
+        local entry = {tonumber(flat[k + 1]), name, flat[k], flat[k + 1]}
+        if #found < need then
+          found[#found + 1] = entry
+          if #found == need then table.sort(found, before) end
+        elseif before(entry, found[need]) then
+          local at = need
+          while at > 1 and before(entry, found[at - 1]) do
+            found[at] = found[at - 1]
+            at = at - 1
+          end
+          found[at] = entry
+        end
+      end
+    end
+    local function read(key, name)
+      if need > 0 then
+        take(name, server('ZRANGEBYSCORE', key, min, max, 'WITHSCORES', 'LIMIT', 0, need))
+      end
+    end
+    if state.legacy then read(store, '') end
+    local from, done = 0, need == 0
+    while not done do
+      local heads = server('ZRANGEBYSCORE', state.heads, '-inf', max, 'WITHSCORES', 'LIMIT',
+        from, HEADS_PAGE)
+      from = from + #heads / 2
+      for k = 1, #heads, 2 do
+        local name, head = heads[k], tonumber(heads[k + 1])
+        local last = #found == need and found[need]
+        if last and head > last[1] then
+          done = true
+          break
+        end
+        local bound = math.max(head, low)
+        if not last or bound < last[1] or (bound == last[1] and name < last[2]) then
+          read(bucket_key(store, name), name)
+        elseif bound == head then  -- every later bucket comes after `last` as well
+          done = true
+          break
+        end
+      end
+      if #heads < 2 * HEADS_PAGE then done = true end
+    end
+    if #found < need then table.sort(found, before) end
+    local out = {}
+    for k = offset + 1, math.min(#found, need) do
+      out[#out + 1] = found[k][3]
+      if withscores then out[#out + 1] = found[k][4] end
+    end
+    return out
+  end
+
+  local WRITES = {ZADD = true, ZREM = true}
+  -- One of the commands the header names on a slot's `store` key (`is_store`).
+  local function call(command, store, ...)
+    local state = state_of(store, WRITES[command] ~= nil)
+    if not state then return server(command, store, ...) end
+    if command == 'ZSCORE' then return zscore(store, state, (...)) end
+    if command == 'ZADD' then return zadd(store, state, {...}) end
+    if command == 'ZREM' then return zrem(store, state, {...}) end
+    if command == 'ZMSCORE' then return zmscore(store, state, {...}) end
+    if command == 'ZCARD' then return zcard(store, state) end
+    if command == 'ZCOUNT' then return zcount(store, state, ...) end
+    if command == 'ZRANGE' then return zrange(store, state, ...) end
+    if command == 'ZRANGEBYSCORE' then return zrangebyscore(store, state, ...) end
+    error({err = 'ERR store_buckets: command not served on a store: ' .. command})
+  end
+
+  -- Whether `key` is a slot's `store` key (`dq:{<tag>}:store`), told by its bytes.
+  local function is_store(key)
+    local c1, c2, c3, c4, c5, c6 = byte(key, -6, -1)
+    if c6 ~= 101 or c5 ~= 114 or c4 ~= 111 or c3 ~= 116 or c2 ~= 115 or c1 ~= 58 then
+      return false  -- ':store'
+    end
+    local d1, d2, d3, d4 = byte(key, 1, 4)
+    return d1 == 100 and d2 == 113 and d3 == 58 and d4 == 123  -- 'dq:{'
+  end
+
+  wrapper = setmetatable({store_call = call, is_store = is_store, store_noted = noted,
+    begin_call = begin_call, unbucketed_slots = unbucketed_slots, note_layout = note_layout},
+    {__index = redis})
+  return wrapper
+end

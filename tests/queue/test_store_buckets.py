@@ -1,0 +1,250 @@
+"""A slot's waiting messages in buckets (storeBuckets; lua/includes/store_buckets.lua and
+queue/store_buckets.py), on a real redis-server: the memory they save, that claims take every
+due message in due order and none early across the buckets and the old `store`, that messages
+move as they are written when the owner turns buckets on or off, that the Python readers
+(move, doubling, backup) find each one where the scripts put it, and that the owner keeps them
+off while an older library on the broker would not read them."""
+
+from __future__ import annotations
+
+import dataclasses
+import random
+from collections.abc import Iterator
+
+import pytest
+import redis
+
+from delayq.local.redis_server import RedisServer
+from delayq.queue import functions
+from delayq.queue.backup import Kind, snapshot
+from delayq.queue.client import Queue
+from delayq.queue.keys import Part, SlotKeys, slot_keys
+from delayq.queue.model import ScheduleRequest
+from delayq.queue.record_buckets import bucket_of
+from delayq.queue.slot_copy import copy_slot, delete_slot
+from delayq.queue.store_buckets import store_bucket_count, store_bucket_key, store_pages
+from delayq.queue.topic import Topic
+
+from .conftest import ENGINE_PASSWORD, ENGINE_USER, engine_user
+from .test_record_buckets import calls_of
+
+HOUR_MS = 3_600_000
+OWNER = "tests"
+TOPIC = Topic("waiting", namespace="shop", slot_amount=1)
+KEYS = slot_keys(TOPIC, 0)
+
+
+def publish(admin: redis.Redis, on: bool, version: int, topic: Topic = TOPIC) -> None:
+    """The topic's owner (the admin) turns storeBuckets on or off."""
+    Queue(admin, dataclasses.replace(topic, redis_store_buckets=on)).publish_settings(
+        OWNER, version
+    )
+
+
+def schedule_at(queue: Queue, dues: dict[str, int]) -> None:
+    items = list(dues.items())
+    for start in range(0, len(items), 1000):
+        queue.schedule_many(
+            [ScheduleRequest(i, b"p" * 40, at_ms=at) for i, at in items[start : start + 1000]]
+        )
+
+
+def waiting(client: redis.Redis, keys: SlotKeys = KEYS) -> dict[bytes, float]:
+    return {member: due for page in store_pages(client, keys) for member, due in page}
+
+
+def encodings(client: redis.Redis, keys: SlotKeys = KEYS) -> set[bytes]:
+    count = store_bucket_count(client, keys)
+    return {client.object("encoding", store_bucket_key(keys, b)) for b in range(count)} - {None}
+
+
+def now_ms(client: redis.Redis) -> int:
+    seconds, micros = client.time()
+    return int(seconds) * 1000 + int(micros) // 1000
+
+
+def drain(queue: Queue, epoch: int, max_count: int) -> list[tuple[str, int]]:
+    """Claim and ack until nothing is due; (id, due) in the order the claims gave them."""
+    taken: list[tuple[str, int]] = []
+    while batch := queue.claim(0, epoch, max_count=max_count).messages:
+        for message in batch:
+            queue.ack(message.lease)
+        taken += [(message.id, message.due_ms) for message in batch]
+    return taken
+
+
+@pytest.fixture
+def queue(redis_server: RedisServer, redis_client: redis.Redis) -> Iterator[Queue]:
+    """The topic's restricted user, as the delay services log in (its rules reach the
+    buckets and the heads); the admin publishes."""
+    engine_user(redis_client, TOPIC)
+    client = redis.Redis.from_url(redis_server.url, username=ENGINE_USER, password=ENGINE_PASSWORD)
+    try:
+        yield Queue(client, TOPIC)
+    finally:
+        client.close()
+
+
+def test_waiting_messages_in_buckets_cost_less_and_stay_listpacks(
+    queue: Queue, redis_client: redis.Redis
+) -> None:
+    """20,000 pending messages in one slot: with their dues in buckets, each costs at least
+    60 B less than in the slot's one `store`, every bucket is a listpack, and the heads index
+    names each bucket's earliest due."""
+    later = now_ms(redis_client) + HOUR_MS
+    dues = {f"{i:012d}": later + i for i in range(20_000)}
+    flat = Queue(redis_client, dataclasses.replace(TOPIC, name="flat"))
+    flat.schedule("warm", b"w", delay_ms=HOUR_MS)
+    before = int(redis_client.info("memory")["used_memory"])
+    schedule_at(flat, dues)
+    single = int(redis_client.info("memory")["used_memory"]) - before
+    publish(redis_client, True, 1)
+    queue.schedule("warm", b"w", delay_ms=HOUR_MS)
+    before = int(redis_client.info("memory")["used_memory"])
+    schedule_at(queue, dues)
+    bucketed = int(redis_client.info("memory")["used_memory"]) - before
+    assert (single - bucketed) / len(dues) >= 60, (single / len(dues), bucketed / len(dues))
+    assert encodings(redis_client) == {b"listpack"}
+    assert redis_client.zcard(KEYS.key(Part.STORE)) == 0
+    assert redis_client.hget(KEYS.key(Part.STORE_BUCKETS), "count") == b"20001"
+    count = store_bucket_count(redis_client, KEYS)
+    heads = dict(redis_client.zrange(KEYS.key(Part.HEADS), 0, -1, withscores=True))
+    for bucket in range(count):
+        first = redis_client.zrange(store_bucket_key(KEYS, bucket), 0, 0, withscores=True)
+        assert heads[str(bucket).encode()] == first[0][1]
+    read = redis_client.pipeline(transaction=False)
+    for message_id in dues:
+        read.zscore(store_bucket_key(KEYS, bucket_of(message_id.encode(), count)), message_id)
+    assert all(score is not None for score in read.execute())
+    assert queue.stats().scheduled == 20_001
+
+
+@pytest.mark.parametrize("layout", ["buckets", "both"])
+def test_claims_take_every_due_message_in_due_order_and_none_early(
+    queue: Queue, redis_client: redis.Redis, layout: str
+) -> None:
+    """3,000 messages over 63 buckets, a herd of them due at one instant, some still in the
+    old `store` ("both": scheduled before the owner turned buckets on), the rest due in an
+    hour: claims of 125 take exactly the due ones, in due order, each once; stats count them;
+    the next due is the first of those in an hour."""
+    now = now_ms(redis_client)
+    rng = random.Random(7)
+    due = {f"d{i}": now - rng.randrange(0, 60_000) for i in range(2000)}
+    due |= {f"herd{i}": now - 30_000 for i in range(500)}
+    later = {f"l{i}": now + HOUR_MS + i for i in range(500)}
+    items = list((due | later).items())
+    rng.shuffle(items)
+    if layout == "both":
+        schedule_at(queue, dict(items[:700]))
+    publish(redis_client, True, 1)
+    schedule_at(queue, dict(items[700:] if layout == "both" else items))
+    assert store_bucket_count(redis_client, KEYS) > 40
+    assert bool(redis_client.exists(KEYS.key(Part.STORE))) == (layout == "both")
+    stats = queue.stats()
+    assert (stats.scheduled, stats.due) == (3000, 2500)
+    epoch = queue.take_over(0)
+    taken = drain(queue, epoch, 125)
+    assert sorted(i for i, _ in taken) == sorted(due)
+    assert [d for _, d in taken] == sorted(d for _, d in taken)
+    assert all(d == due[i] for i, d in taken)
+    assert queue.stats().scheduled == 500
+    assert queue.claim(0, epoch, max_count=10).next_due_ms == min(later.values())
+
+
+def test_a_herd_claim_reads_a_few_buckets_not_all(
+    queue: Queue, redis_client: redis.Redis
+) -> None:
+    """5,000 messages due at one instant spread over every bucket: a claim of 100 merges the
+    buckets in (due, bucket) order and reads a handful of them (its first page of heads,
+    three buckets of about 48 and the next due), not one per bucket."""
+    publish(redis_client, True, 1)
+    at = now_ms(redis_client) - 1000
+    schedule_at(queue, {f"h{i}": at for i in range(5000)})
+    count = store_bucket_count(redis_client, KEYS)
+    assert count > 100
+    epoch = queue.take_over(0)
+    before = calls_of(redis_client, "zrangebyscore")
+    assert len(queue.claim(0, epoch, max_count=100).messages) == 100
+    assert calls_of(redis_client, "zrangebyscore") - before <= 5
+
+
+def test_messages_move_as_they_are_written_when_buckets_are_turned_on_and_off(
+    queue: Queue, redis_client: redis.Redis
+) -> None:
+    """Before: dues in `store`. Turned on: reads find both; new and rescheduled messages go
+    to buckets. Turned off: rewrites go back to `store`, and once the buckets are empty the
+    slot drops `storebuckets` and `heads`. Every message is delivered once."""
+    later = now_ms(redis_client) + HOUR_MS
+    schedule_at(queue, {f"before-{i}": later for i in range(100)})
+    publish(redis_client, True, 1)
+    schedule_at(queue, {f"on-{i}": later for i in range(100)})
+    assert redis_client.zcard(KEYS.key(Part.STORE)) == 100
+    queue.reschedule("before-3", delay_ms=0)
+    assert redis_client.zscore(KEYS.key(Part.STORE), "before-3") is None  # into its bucket
+    assert queue.get("before-3") is not None
+    publish(redis_client, False, 2)
+    queue.reschedule("on-3", delay_ms=0)
+    assert redis_client.zscore(KEYS.key(Part.STORE), "on-3") is not None  # back to `store`
+    everything = [f"{tag}-{i}" for tag in ("before", "on") for i in range(100)]
+    for message_id in everything:
+        queue.reschedule(message_id, delay_ms=0)
+    epoch = queue.take_over(0)
+    assert sorted(i for i, _ in drain(queue, epoch, 50)) == sorted(everything)
+    assert not redis_client.exists(KEYS.key(Part.STORE_BUCKETS), KEYS.key(Part.HEADS))
+    assert redis_client.keys(f"{KEYS.key(Part.STORE)}*") == []
+
+
+def test_the_owner_keeps_store_buckets_off_while_an_older_library_is_on_the_broker(
+    redis_client: redis.Redis,
+) -> None:
+    """A library without the store_buckets function (a version before them) would take a
+    message waiting in a bucket for absent: while one is loaded, the record says nothing."""
+    functions.load(redis_client)
+    old = "delayq_00000000000000fe"
+    redis_client.function_load(
+        f"#!lua name={old}\nredis.register_function('{old}_record_buckets', function() "
+        "return 1 end)"
+    )
+    publish(redis_client, True, 1)
+    assert redis_client.hget(KEYS.settings, "redis_store_buckets") is None
+    redis_client.function_delete(old)
+    publish(redis_client, True, 2)
+    assert redis_client.hget(KEYS.settings, "redis_store_buckets") == b"True"
+
+
+@pytest.mark.parametrize("target_record", [None, "False"])
+def test_a_move_and_a_backup_carry_every_waiting_message_in_buckets(
+    queue: Queue, redis_client: redis.Redis, second_broker: RedisServer, target_record: str | None
+) -> None:
+    """A slot with dues in `store` and in buckets: a move's copy, its deletion on the source
+    and a backup each take all of them. Onto a broker whose record of the slot has no
+    redis_store_buckets the copy brings them into `store`; onto one whose record has it, in
+    their buckets with their heads. Either way a claim there delivers every one."""
+    now = now_ms(redis_client)
+    schedule_at(queue, {f"before-{i}": now - 10 for i in range(30)})
+    publish(redis_client, True, 1)
+    schedule_at(queue, {f"on-{i}": now - 5 for i in range(300)})
+    expected = waiting(redis_client)
+    assert len(expected) == 330
+    assert {item.id for item in snapshot(redis_client, KEYS) if item.kind is Kind.WAITING} == {
+        member.decode() for member in expected
+    }
+    target = redis.Redis.from_url(second_broker.url)
+    try:
+        target.zadd(store_bucket_key(KEYS, 40), {"stale": 1})
+        target.hset(KEYS.key(Part.STORE_BUCKETS), mapping={"n": 41, "count": 1})
+        if target_record is not None:
+            target.hset(KEYS.settings, "redis_store_buckets", target_record)
+        copy_slot(redis_client, target, KEYS)
+        assert waiting(target) == expected
+        assert (store_bucket_count(target, KEYS), target.zcard(KEYS.key(Part.STORE))) == (
+            (0, 330) if target_record is None else (store_bucket_count(redis_client, KEYS), 30)
+        )
+        assert bool(target.exists(KEYS.key(Part.HEADS))) == (target_record is not None)
+        moved = Queue(target, TOPIC)
+        epoch = moved.take_over(0)
+        assert len(drain(moved, epoch, 100)) == 330
+        delete_slot(redis_client, KEYS)
+        assert redis_client.keys("dq:*") == []
+    finally:
+        target.close()
