@@ -145,11 +145,12 @@ def cluster(
     zookeeper_server: ZooKeeperServer,
 ) -> Iterator[Cluster]:
     """A topic of 4 slots on two brokers, to be doubled (splits.py; the test_split*.py files).
-    Parametrized indirectly with "buckets", its settings record turns recordBuckets on."""
+    Parametrized indirectly with "buckets", its settings record turns recordBuckets and
+    storeBuckets on."""
     servers = (redis_server, second_broker)
     with two_brokers(Cluster, servers, zookeeper_server, NAMESPACE, "s", ROUTING) as built:
         if getattr(request, "param", None) == "buckets":
-            bucketed = replace(built.topic, redis_record_buckets=True)
+            bucketed = replace(built.topic, redis_record_buckets=True, redis_store_buckets=True)
             for admin in built.admins:
                 Queue(admin, bucketed).publish_settings("tests", 1)
         yield built

@@ -21,6 +21,7 @@ from delayq.queue.model import Message
 from delayq.queue.record_buckets import record_pages
 from delayq.queue.schedules import occurrence_id
 from delayq.queue.slot_split import PART_RULES, Rule
+from delayq.queue.store_buckets import store_pages
 from delayq.queue.topic import slot_of
 
 from .brokers import TwoBrokers
@@ -159,11 +160,14 @@ def read_part(client: redis.Redis, key: str) -> Any:
 
 
 def snapshot(cluster: Cluster, topic: Topic, slot: int) -> dict[Part, Any]:
-    """The slot's parts; its records wherever they are kept (`record_buckets.py`), as one."""
+    """The slot's parts; its records and waiting messages wherever they are kept
+    (`record_buckets.py`, `store_buckets.py`), each part as one."""
     client = cluster.admins[ROUTING[slot % SLOTS]]
     keys = slot_keys(topic, slot)
-    found = {part: read_part(client, keys.key(part)) for part in Part if part is not Part.BUCKETS}
+    layout = (Part.BUCKETS, Part.STORE_BUCKETS, Part.HEADS)
+    found = {part: read_part(client, keys.key(part)) for part in Part if part not in layout}
     found[Part.MSG] = dict(pair for page in record_pages(client, keys) for pair in page) or None
+    found[Part.STORE] = dict(pair for page in store_pages(client, keys) for pair in page) or None
     return {part: value for part, value in found.items() if value is not None}
 
 

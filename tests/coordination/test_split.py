@@ -31,6 +31,7 @@ from delayq.queue.codes import Code
 from delayq.queue.keys import Part, slot_keys
 from delayq.queue.model import ScheduleRequest, State
 from delayq.queue.record_buckets import bucket_count
+from delayq.queue.store_buckets import store_bucket_count
 from delayq.queue.topic import slot_of
 
 from .splits import (
@@ -263,18 +264,23 @@ def test_what_changes_while_the_slots_are_copied_is_copied_again(cluster: Cluste
     assert_split_exactly(cluster, before)
 
 
-def bucket_counts(cluster: Cluster) -> list[int]:
+def bucket_counts(cluster: Cluster) -> list[tuple[int, int]]:
+    """Each old slot's bucket counts: its records' and its store's."""
     return [
-        bucket_count(cluster.admins[ROUTING[slot]], slot_keys(cluster.topic, slot))
+        (
+            bucket_count(cluster.admins[ROUTING[slot]], slot_keys(cluster.topic, slot)),
+            store_bucket_count(cluster.admins[ROUTING[slot]], slot_keys(cluster.topic, slot)),
+        )
         for slot in cluster.topic.slots
     ]
 
 
 @pytest.mark.parametrize("cluster", ["buckets"], indirect=True)
 def test_records_moving_into_new_buckets_while_the_slots_are_copied_are_copied(cluster: Cluster):
-    """With recordBuckets, writers grow every old slot while it is scanned and copied, so its
-    buckets split and records move into new ones under the scan: each record still reaches its
-    half, and the records written before the switch (in `msg`) too."""
+    """With recordBuckets and storeBuckets, writers grow every old slot while it is scanned
+    and copied, so its buckets split and records and dues move into new ones under the scan:
+    each still reaches its half, and those written before the switch (in `msg` and `store`)
+    too."""
 
     def grow(tag: str, count: int) -> None:
         for slot in cluster.topic.slots:
@@ -284,12 +290,13 @@ def test_records_moving_into_new_buckets_while_the_slots_are_copied_are_copied(c
             broker_queue(cluster, slot).schedule_many(requests)
             cluster.basis.update((i, i) for i in landing)
 
-    legacy = replace(cluster.topic, redis_record_buckets=False)
+    legacy = replace(cluster.topic, redis_record_buckets=False, redis_store_buckets=False)
     for admin in cluster.admins:  # records in `msg`, from before the topic's switch
         Queue(admin, legacy).publish_settings("tests", 2)
     grow("old-", 20)
     for admin in cluster.admins:
-        Queue(admin, replace(legacy, redis_record_buckets=True)).publish_settings("tests", 3)
+        bucketed = replace(legacy, redis_record_buckets=True, redis_store_buckets=True)
+        Queue(admin, bucketed).publish_settings("tests", 3)
     fill(cluster, 400)
     splitter = cluster.splitter()
     counts = bucket_counts(cluster)
@@ -300,7 +307,10 @@ def test_records_moving_into_new_buckets_while_the_slots_are_copied_are_copied(c
 
     current: tuple[Split, int] | None = copied_while_writing(splitter, write)
     grown = bucket_counts(cluster)
-    assert all(after > before for before, after in zip(counts, grown, strict=True)), grown
+    assert all(
+        all(a > b for a, b in zip(after, before, strict=True))
+        for before, after in zip(counts, grown, strict=True)
+    ), (counts, grown)
     before = frozen_before(cluster)
     while current is not None:
         current = splitter.step(*current)

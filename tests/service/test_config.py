@@ -221,6 +221,7 @@ def test_every_engine_topic_setting_is_a_service_setting_carried_to_the_topic():
         "redis_sync_replicas": 1,
         "redis_sync_timeout_ms": 250,
         "redis_record_buckets": True,
+        "redis_store_buckets": True,
         "outcome_retention_ms": 3_600_000,
         "retry_for_ms": 7_200_000,
         "retry_exhausted_action": EndAction.DROP,
