@@ -1,7 +1,8 @@
 """Cost as the backlog grows: one throw-away redis-server, one topic grown in place, JSON out.
 
     python bench/bench_backlog.py [--quick] [--slots 16] [--depths 1000000,10000000,50000000]
-                                  [--rounds 3] [--output FILE] [--markdown]
+                                  [--rounds 3] [--record-buckets] [--store-buckets]
+                                  [--output FILE] [--markdown]
 
 Issue 30 asks that enqueue, claim -> ack of due messages amid the backlog and get-by-id cost at
 10M and 50M pending within 1.25x of what they cost at 1M, and what one pending message costs in
@@ -25,6 +26,10 @@ process and of redis-server (bench_hot_paths.py's `measure`: the machine's load 
 much less the CPU per message), and with `cost_ratio_to_first_depth`: what a message costs at
 this depth over what it cost at the first, from the same run (the first depth's rate over this
 one's, this latency over the first's; above 1 is costlier, the issue's bound is 1.25).
+
+`--record-buckets` and `--store-buckets` turn the topic's `redis.recordBuckets` and
+`redis.storeBuckets` on (published before the load, as the topic's owner does): the dense
+layout, records and dues in buckets that Redis packs as listpacks (docs/contracts.md §1).
 
 Memory: before a step that would add more than 1 GiB, the host must have `--min-available-gib`
 (16) available (MemAvailable), or that depth and the deeper ones are skipped, with the reason in
@@ -236,6 +241,8 @@ def main() -> None:
     parser.add_argument("--due", type=int, help="claimed and acked per round (default 50,000)")
     parser.add_argument("--gets", type=int, help="get-by-id calls per round (default 10,000)")
     parser.add_argument("--min-available-gib", type=float, default=16.0)
+    parser.add_argument("--record-buckets", action="store_true", help="redis.recordBuckets on")
+    parser.add_argument("--store-buckets", action="store_true", help="redis.storeBuckets on")
     parser.add_argument("--output", type=Path, help="also write the JSON here")
     parser.add_argument("--markdown", action="store_true", help="the docs' table on stderr")
     args = parser.parse_args()
@@ -247,7 +254,12 @@ def main() -> None:
         parser.error("--depths: increasing, each once")
     if len(depths) * args.rounds > 99:
         parser.error("at most 99 depths x rounds (the sample ids' prefix)")
-    topic = Topic(TOPIC, slot_amount=args.slots)
+    topic = Topic(
+        TOPIC,
+        slot_amount=args.slots,
+        redis_record_buckets=args.record_buckets,
+        redis_store_buckets=args.store_buckets,
+    )
 
     with RedisServer() as server:
         client = redis.Redis.from_url(server.url)
@@ -261,6 +273,8 @@ def main() -> None:
         report: dict[str, Any] = {
             "quick": args.quick,
             "slots": args.slots,
+            "record_buckets": args.record_buckets,
+            "store_buckets": args.store_buckets,
             "payload_bytes": len(PAYLOAD),
             "id_bytes": len(backlog_id(0)),
             "rounds": args.rounds,

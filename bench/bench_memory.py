@@ -1,6 +1,7 @@
 """Broker memory per pending message: a throw-away redis-server, JSON on stdout.
 
     python bench/bench_memory.py [--count 100000] [--slots 16 [1024 ...]] [--record-buckets]
+        [--store-buckets]
 
 For each payload size (32, 40, 256, 1024 bytes) and id length (12 and 36 bytes: a short key and
 a UUID), schedules `count` messages (no headers, due times spread over a day, so they stay
@@ -26,7 +27,9 @@ amount, `schedule_ratio_to_first_slots` (same payload and id, same run) say what
 
 `--record-buckets`: every row again on a topic with `redis.recordBuckets` (the records in
 buckets of about 48 that Redis packs as listpacks, docs/contracts.md §1), published by the
-topic's owner; `schedule_ratio_to_msg` is its scheduling rate over the same row's without.
+topic's owner; `--store-buckets`: again with `redis.storeBuckets` (the waiting messages' dues
+in such buckets, with an index of each one's earliest due), and again with both.
+`schedule_ratio_to_flat` is a row's scheduling rate over the same row's with neither.
 """
 
 from __future__ import annotations
@@ -77,13 +80,18 @@ def measure(
     payload_bytes: int,
     id_length: int,
     record_buckets: bool = False,
+    store_buckets: bool = False,
 ) -> dict[str, Any]:
     client.flushall()
     topic = Topic(
-        "memory", namespace="bench", slot_amount=slots, redis_record_buckets=record_buckets
+        "memory",
+        namespace="bench",
+        slot_amount=slots,
+        redis_record_buckets=record_buckets,
+        redis_store_buckets=store_buckets,
     )
     queue = Queue(client, topic)
-    if record_buckets:
+    if record_buckets or store_buckets:
         queue.publish_settings("bench", 1)  # as the topic's owner: the scripts obey the record
     warm_up(queue)
     baseline = used_memory(client)
@@ -103,6 +111,7 @@ def measure(
     per_message = (used_memory(client) - baseline) / count
     result: dict[str, Any] = {
         "record_buckets": record_buckets,
+        "store_buckets": store_buckets,
         "slots": slots,
         "messages_per_slot": round(count / slots),
         "schedule_msg_per_s": round(count / schedule_s),
@@ -150,32 +159,40 @@ def main() -> None:
         action="store_true",
         help="each row again with redis.recordBuckets on (schedule_ratio_to_msg: same run)",
     )
+    parser.add_argument(
+        "--store-buckets",
+        action="store_true",
+        help="each row again with redis.storeBuckets on, and with both on",
+    )
     args = parser.parse_args()
-    layouts = [False, True] if args.record_buckets else [False]
+    layouts = [(False, False)]
+    if args.record_buckets:
+        layouts.append((True, False))
+    if args.store_buckets:
+        layouts += [(False, True), (True, True)]
     with RedisServer() as server:
         client = redis.Redis.from_url(server.url)
         info = client.info("server")
         results = [
-            measure(client, args.count, slots, payload, id_length, buckets)
+            measure(client, args.count, slots, payload, id_length, *layout)
             for slots in args.slots
             for payload in PAYLOADS
             for id_length in ID_LENGTHS
-            for buckets in layouts
+            for layout in layouts
         ]
+        shape_of = ("payload_bytes", "id_bytes", "record_buckets", "store_buckets")
         rates = {
-            (row["slots"], row["payload_bytes"], row["id_bytes"], row["record_buckets"]): row[
-                "schedule_msg_per_s"
-            ]
+            (row["slots"], *(row[k] for k in shape_of)): row["schedule_msg_per_s"]
             for row in results
         }
         for row in results:
-            shape = (row["payload_bytes"], row["id_bytes"], row["record_buckets"])
+            shape = tuple(row[k] for k in shape_of)
             if len(args.slots) > 1:
                 rate = rates[(args.slots[0], *shape)]
                 row["schedule_ratio_to_first_slots"] = round(row["schedule_msg_per_s"] / rate, 2)
-            if row["record_buckets"]:
-                rate = rates[(row["slots"], *shape[:2], False)]
-                row["schedule_ratio_to_msg"] = round(row["schedule_msg_per_s"] / rate, 2)
+            if row["record_buckets"] or row["store_buckets"]:
+                rate = rates[(row["slots"], *shape[:2], False, False)]
+                row["schedule_ratio_to_flat"] = round(row["schedule_msg_per_s"] / rate, 2)
         outcomes = [measure_outcome(client, args.count, args.slots[0], n) for n in ID_LENGTHS]
         client.flushall()
         report = {

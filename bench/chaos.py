@@ -21,7 +21,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # the repo root: tests.chaos
 
 from tests.chaos.faults import KINDS
-from tests.chaos.run import ChaosOptions, run_chaos
+from tests.chaos.run import DENSE, ChaosOptions, run_chaos
 
 
 def main() -> int:
@@ -36,6 +36,9 @@ def main() -> int:
     )
     parser.add_argument("--split", default="", help="step to kill the doubling's splitter in")
     parser.add_argument("--keep-logs", action="store_true", help="keep the process logs")
+    parser.add_argument(
+        "--dense", action="store_true", help="the topic's records and dues in buckets"
+    )
     args = parser.parse_args()
     options = ChaosOptions(
         seed=args.seed,
@@ -46,6 +49,7 @@ def main() -> int:
         moves=tuple(step for step in args.moves.split(",") if step),
         split=args.split,
         keep_logs=args.keep_logs,
+        settings=DENSE if args.dense else {},
     )
     result = asyncio.run(run_chaos(options))
     report = {**result.report, "logs": str(result.workdir) if result.workdir else None}

@@ -58,6 +58,13 @@ class ChaosOptions:
     moves: tuple[str, ...] = ()  # a slot move killed in each of these steps (moves.MOVE_STEPS)
     split: str = ""  # the doubling killed in this step (moves.SPLIT_STEPS); "": no doubling
     keep_logs: bool = False
+    # ServiceConfig fields the serve processes run with (`DENSE`: the topic's dense layout)
+    settings: dict[str, Any] = field(default_factory=dict)
+
+
+#: The topic's records and waiting messages in buckets (recordBuckets, storeBuckets): the serve
+#: processes publish it, so the scripts, moves and the doubling run on the dense layout.
+DENSE: dict[str, Any] = {"redis_record_buckets": True, "redis_store_buckets": True}
 
 
 @dataclass
@@ -90,7 +97,7 @@ async def until(condition: Callable[[], Awaitable[bool]], timeout_s: float, what
 async def run_chaos(options: ChaosOptions) -> ChaosResult:
     workdir = Path(tempfile.mkdtemp(prefix=f"delayq-chaos-{options.seed}-"))
     receiver = await Receiver(rng=random.Random(options.seed)).start()
-    cluster = Cluster(workdir, receiver.url)
+    cluster = Cluster(workdir, receiver.url, settings=dict(options.settings))
     try:
         result = await _run(options, cluster, receiver)
     finally:

@@ -20,7 +20,9 @@ from delayq.queue.backup import Kind, snapshot
 from delayq.queue.client import Queue
 from delayq.queue.keys import Part, SlotKeys, slot_keys
 from delayq.queue.model import ScheduleRequest
+from delayq.queue.plans import Plan, ScriptCall
 from delayq.queue.record_buckets import bucket_of
+from delayq.queue.scripts import Script
 from delayq.queue.slot_copy import copy_slot, delete_slot
 from delayq.queue.store_buckets import store_bucket_count, store_bucket_key, store_pages
 from delayq.queue.topic import Topic
@@ -151,9 +153,7 @@ def test_claims_take_every_due_message_in_due_order_and_none_early(
     assert queue.claim(0, epoch, max_count=10).next_due_ms == min(later.values())
 
 
-def test_a_herd_claim_reads_a_few_buckets_not_all(
-    queue: Queue, redis_client: redis.Redis
-) -> None:
+def test_a_herd_claim_reads_a_few_buckets_not_all(queue: Queue, redis_client: redis.Redis) -> None:
     """5,000 messages due at one instant spread over every bucket: a claim of 100 merges the
     buckets in (due, bucket) order and reads a handful of them (its first page of heads,
     three buckets of about 48 and the next due), not one per bucket."""
@@ -248,3 +248,32 @@ def test_a_move_and_a_backup_carry_every_waiting_message_in_buckets(
         assert redis_client.keys("dq:*") == []
     finally:
         target.close()
+
+
+def test_the_overview_counts_a_bucketed_slot_as_a_flat_one(
+    queue: Queue, redis_client: redis.Redis
+) -> None:
+    """The dashboard's read (overview-4: totals, overdue, the due windows, the next due) of a
+    slot whose dues sit in buckets and in the old `store` equals that of a slot holding the
+    same dues in one `store`."""
+    now = now_ms(redis_client)
+    rng = random.Random(3)
+    # half a second off every window's bound while both reads run within that of `now`
+    dues = {f"o{i}": now + 1000 * rng.randrange(-60, 7200) + 500 for i in range(3000)}
+    flat = Queue(redis_client, dataclasses.replace(TOPIC, name="flat"))
+    schedule_at(flat, dues)
+    items = list(dues.items())
+    schedule_at(queue, dict(items[:500]))
+    publish(redis_client, True, 1)
+    schedule_at(queue, dict(items[500:]))
+    assert store_bucket_count(redis_client, KEYS) > 40
+
+    def overview(topic: Topic) -> list[int]:
+        keys = slot_keys(topic, 0).keys(Part.STORE, Part.PREPARE, Part.DEAD, Part.EPOCH)
+        windows = [str(w) for w in (60_000, 600_000, 3_600_000)]
+        reply = Queue(redis_client, topic).run(
+            Plan([ScriptCall(Script.OVERVIEW, keys, windows)], list)
+        )
+        return [int(v) for v in reply[0][1:]]
+
+    assert overview(TOPIC) == overview(flat.topic)

@@ -307,18 +307,10 @@ local function store_buckets(redis)
     return state.count + (state.legacy and server('ZCARD', store) or 0)
   end
 
-  -- The buckets a range from `min` may hold entries of: those whose head is due by `max` when
-  -- `min` is -inf, else all of them.
-  local function buckets_for(state, min, max)
-    if min == '-inf' then return server('ZRANGEBYSCORE', state.heads, '-inf', max) end
-    local all = {}
-    for b = 0, state.n - 1 do all[#all + 1] = b end
-    return all
-  end
-
+  -- ZCOUNT over the buckets whose head is due by `max` (no other holds an entry up to it).
   local function zcount(store, state, min, max)
     local count = state.legacy and server('ZCOUNT', store, min, max) or 0
-    for _, b in ipairs(buckets_for(state, min, max)) do
+    for _, b in ipairs(server('ZRANGEBYSCORE', state.heads, '-inf', max)) do
       count = count + server('ZCOUNT', bucket_key(store, b), min, max)
     end
     return count
