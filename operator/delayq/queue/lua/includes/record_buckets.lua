@@ -64,7 +64,8 @@ local function record_buckets(redis)
   end
 
   -- The slot's settings record's redis_record_buckets: as topic_settings read it in this
-  -- call (`note_record_buckets`), else asked here; false when the record has none.
+  -- call (store_buckets's `note_layout` writes it into `noted`), else asked here; false when
+  -- the record has none.
   local function recorded(msg)
     local value = noted[msg]
     if value == nil then
@@ -77,11 +78,6 @@ local function record_buckets(redis)
   -- Whether the slot's settings record wants buckets.
   local function wants_buckets(msg)
     return recorded(msg) == 'True'
-  end
-
-  -- `msg` is the slot's `msg` key, `value` its record's redis_record_buckets (nil: none).
-  local function note_record_buckets(msg, value)
-    noted[msg] = value or false
   end
 
   -- When none of the candidates has a `buckets` hash, each is 'unasked' for the rest of the
@@ -309,7 +305,7 @@ local function record_buckets(redis)
 
   wrapper = setmetatable({call = call, is_records = is_records, server_call = redis.call,
     begin_call = begin_call, noted = noted,
-    unbucketed_slots = unbucketed_slots, note_record_buckets = note_record_buckets},
+    unbucketed_slots = unbucketed_slots},
     {__index = redis})
   return wrapper
 end

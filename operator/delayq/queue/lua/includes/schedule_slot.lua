@@ -41,7 +41,7 @@ local function schedule_slot(prefix, args, first, last, now, bases_absent, resul
   local record = redis.call('HMGET', settings_record(store), 'journal_max_len',
     'outcome_retention_ms', 'expiry_ttl_ms', 'limits_max_pending', 'redis_record_buckets',
     'redis_store_buckets')
-  redis.note_layout(prefix, record[5], record[6])
+  redis.note_layout(msg, store, record[5], record[6])
   local journal_max_len = tonumber(record[1] or args[3])
   local retention_ms = tonumber(record[2] or args[4])
   local default_ttl_ms = tonumber(record[3] or args[5])

@@ -80,11 +80,13 @@ local function store_buckets(redis)
     return value
   end
 
-  -- `prefix` is a slot's `dq:{<tag>}:`; `records`, `stored` its settings record's
+  -- `msg` and `store` are a slot's keys; `records`, `stored` its settings record's
   -- redis_record_buckets and redis_store_buckets (nil: none), as topic_settings read them.
-  local function note_layout(prefix, records, stored)
-    redis.note_record_buckets(prefix .. 'msg', records)
-    noted[prefix .. 'store'] = stored or false
+  -- The records' wrapper's table is written in place (its `noted`, which the change tracking
+  -- reads too): this runs once a slot a call visits.
+  local function note_layout(msg, store, records, stored)
+    redis.noted[msg] = records or false
+    noted[store] = stored or false
   end
 
   local function ask_candidates()

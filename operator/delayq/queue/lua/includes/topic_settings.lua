@@ -14,7 +14,8 @@
 local function topic_settings(key, fields, given)
   local stored = redis.call('HMGET', settings_record(key), 'redis_record_buckets',
     'redis_store_buckets', unpack(fields))
-  redis.note_layout(string.match(key, '^(dq:{.-}:)'), stored[1], stored[2])
+  local prefix = string.match(key, '^(dq:{.-}:)')
+  redis.note_layout(prefix .. 'msg', prefix .. 'store', stored[1], stored[2])
   for i = 1, #fields do
     if stored[i + 2] then given[i] = stored[i + 2] end
   end
