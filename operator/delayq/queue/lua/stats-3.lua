@@ -15,7 +15,9 @@
 
   Returns {now_ms, then per slot: scheduled, due, prepared, dead, next_due_ms,
   next_deadline_ms[, groups_due, groups_held, groups]}: `scheduled` counts all of store, `due`
-  those already due and not yet claimed; next_* are -1 when empty. All slots are read at the
+  those already due and not yet claimed (estimated in a slot whose due times are in buckets
+  once more than 32 of them hold a due one: lua/includes/store_buckets.lua,
+  `estimated_count`); next_* are -1 when empty. All slots are read at the
   same `now_ms`. The last three when asked (0 for a slot without fair groups). Of the groups
   with a message waiting (`groups`, as the round holds them: the claims drop a group whose
   last message left), `groups_due` are those whose turn has come by the claims' own rule
@@ -41,7 +43,7 @@ for i = 1, #KEYS, 3 do
   local next_deadline = lease_head[2] and tonumber(lease_head[2])
   -- an empty set or a head not due yet answers its count without asking (most slots idle)
   out[#out + 1] = next_due and redis.call('ZCARD', store) or 0
-  out[#out + 1] = next_due and next_due <= now and redis.call('ZCOUNT', store, '-inf', now) or 0
+  out[#out + 1] = next_due and next_due <= now and redis.estimated_count(store, '-inf', now) or 0
   out[#out + 1] = next_deadline and redis.call('ZCARD', prepare) or 0
   out[#out + 1] = redis.call('ZCARD', KEYS[i + 2])
   out[#out + 1] = next_due or -1

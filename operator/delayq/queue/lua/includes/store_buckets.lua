@@ -71,6 +71,16 @@ local function store_buckets(redis)
     return h
   end
 
+  -- Whether `key` is a slot's `store` key (`dq:{<tag>}:store`), told by its bytes.
+  local function is_store(key)
+    local c1, c2, c3, c4, c5, c6 = byte(key, -6, -1)
+    if c6 ~= 101 or c5 ~= 114 or c4 ~= 111 or c3 ~= 116 or c2 ~= 115 or c1 ~= 58 then
+      return false  -- ':store'
+    end
+    local d1, d2, d3, d4 = byte(key, 1, 4)
+    return d1 == 100 and d2 == 113 and d3 == 58 and d4 == 123  -- 'dq:{'
+  end
+
   local function recorded(store)
     local value = noted[store]
     if value == nil then
@@ -309,13 +319,38 @@ local function store_buckets(redis)
     return state.count + (state.legacy and server('ZCARD', store) or 0)
   end
 
-  -- ZCOUNT over the buckets whose head is due by `max` (no other holds an entry up to it).
-  local function zcount(store, state, min, max)
+  -- ZCOUNT over the buckets whose head is due by `max` (no other holds an entry up to it), or
+  -- over `buckets` when given (those).
+  local function zcount(store, state, min, max, buckets)
     local count = state.legacy and server('ZCOUNT', store, min, max) or 0
-    for _, b in ipairs(server('ZRANGEBYSCORE', state.heads, '-inf', max)) do
+    for _, b in ipairs(buckets or server('ZRANGEBYSCORE', state.heads, '-inf', max)) do
       count = count + server('ZCOUNT', bucket_key(store, b), min, max)
     end
     return count
+  end
+
+  -- ZCOUNT `key` min max for a figure a reader shows (stats-3's due, overview-4's windows),
+  -- not for a decision: exact on a `store` kept whole and where at most SAMPLE buckets may
+  -- hold entries in range; beyond, estimated from buckets 0 .. SAMPLE - 1, each a uniform
+  -- sample of the slot's ids by their hash: their entries in range over all their entries,
+  -- times all the buckets' entries (`store`'s own counted exactly). A range from -inf counts at
+  -- least one entry a bucket whose head is in it. An exact count would read every bucket: 68
+  -- ms a 16-slot overview at a million pending, ten times that at ten million.
+  local SAMPLE = 32
+  local function estimated_count(key, min, max)
+    local state = is_store(key) and state_of(key, false)
+    if not state then return server('ZCOUNT', key, min, max) end
+    local in_range = server('ZRANGEBYSCORE', state.heads, '-inf', max, 'LIMIT', 0, SAMPLE + 1)
+    if #in_range <= SAMPLE then return zcount(key, state, min, max, in_range) end
+    local inside, seen = 0, 0
+    for b = 0, math.min(SAMPLE, state.n) - 1 do
+      local bucket = bucket_key(key, b)
+      inside = inside + server('ZCOUNT', bucket, min, max)
+      seen = seen + server('ZCARD', bucket)
+    end
+    local count = seen > 0 and math.floor(state.count * inside / seen + 0.5) or 0
+    if min == '-inf' then count = math.max(count, #in_range) end
+    return count + (state.legacy and server('ZCOUNT', key, min, max) or 0)
   end
 
   -- ZRANGE store 0 0 WITHSCORES: the earliest entry, of the earliest head and of `store`.
@@ -430,17 +465,8 @@ local function store_buckets(redis)
     error({err = 'ERR store_buckets: command not served on a store: ' .. command})
   end
 
-  -- Whether `key` is a slot's `store` key (`dq:{<tag>}:store`), told by its bytes.
-  local function is_store(key)
-    local c1, c2, c3, c4, c5, c6 = byte(key, -6, -1)
-    if c6 ~= 101 or c5 ~= 114 or c4 ~= 111 or c3 ~= 116 or c2 ~= 115 or c1 ~= 58 then
-      return false  -- ':store'
-    end
-    local d1, d2, d3, d4 = byte(key, 1, 4)
-    return d1 == 100 and d2 == 113 and d3 == 58 and d4 == 123  -- 'dq:{'
-  end
-
   wrapper = setmetatable({store_call = call, is_store = is_store, store_noted = noted,
+    estimated_count = estimated_count,
     begin_call = begin_call, unbucketed_slots = unbucketed_slots, note_layout = note_layout},
     {__index = redis})
   return wrapper
