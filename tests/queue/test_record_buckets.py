@@ -66,6 +66,15 @@ def queue(redis_server: RedisServer, redis_client: redis.Redis) -> Iterator[Queu
         client.close()
 
 
+def bytes_added(client: redis.Redis, queue: Queue, write: Callable[[Queue], None]) -> int:
+    """The Redis memory `write` adds to the topic of `queue`, measured after a warm-up message
+    (the functions loaded, the slot's keys made)."""
+    queue.schedule("warm", b"w", delay_ms=HOUR_MS)
+    before = int(client.info("memory")["used_memory"])
+    write(queue)
+    return int(client.info("memory")["used_memory"]) - before
+
+
 def test_records_in_buckets_cost_less_and_stay_listpacks(
     queue: Queue, redis_client: redis.Redis
 ) -> None:
@@ -73,15 +82,9 @@ def test_records_in_buckets_cost_less_and_stay_listpacks(
     less than in the slot's one `msg` hash, and every bucket is a listpack."""
     ids = [f"{i:012d}" for i in range(20_000)]
     single_msg = Queue(redis_client, dataclasses.replace(TOPIC, name="single"))
-    single_msg.schedule("warm", b"w", delay_ms=HOUR_MS)
-    before = int(redis_client.info("memory")["used_memory"])
-    schedule(single_msg, ids)
-    single = int(redis_client.info("memory")["used_memory"]) - before
+    single = bytes_added(redis_client, single_msg, lambda q: schedule(q, ids))
     publish(redis_client, True, 1)
-    queue.schedule("warm", b"w", delay_ms=HOUR_MS)
-    before = int(redis_client.info("memory")["used_memory"])
-    schedule(queue, ids)
-    bucketed = int(redis_client.info("memory")["used_memory"]) - before
+    bucketed = bytes_added(redis_client, queue, lambda q: schedule(q, ids))
     assert (single - bucketed) / len(ids) >= 40, (single / len(ids), bucketed / len(ids))
     assert encodings(redis_client) == {b"listpack"}
     assert redis_client.hlen(KEYS.key(Part.MSG)) == 0

@@ -28,7 +28,7 @@ from delayq.queue.store_buckets import store_bucket_count, store_bucket_key, sto
 from delayq.queue.topic import Topic
 
 from .conftest import ENGINE_PASSWORD, ENGINE_USER, engine_user
-from .test_record_buckets import calls_of
+from .test_record_buckets import bytes_added, calls_of
 
 HOUR_MS = 3_600_000
 OWNER = "tests"
@@ -96,15 +96,9 @@ def test_waiting_messages_in_buckets_cost_less_and_stay_listpacks(
     later = now_ms(redis_client) + HOUR_MS
     dues = {f"{i:012d}": later + i for i in range(20_000)}
     flat = Queue(redis_client, dataclasses.replace(TOPIC, name="flat"))
-    flat.schedule("warm", b"w", delay_ms=HOUR_MS)
-    before = int(redis_client.info("memory")["used_memory"])
-    schedule_at(flat, dues)
-    single = int(redis_client.info("memory")["used_memory"]) - before
+    single = bytes_added(redis_client, flat, lambda q: schedule_at(q, dues))
     publish(redis_client, True, 1)
-    queue.schedule("warm", b"w", delay_ms=HOUR_MS)
-    before = int(redis_client.info("memory")["used_memory"])
-    schedule_at(queue, dues)
-    bucketed = int(redis_client.info("memory")["used_memory"]) - before
+    bucketed = bytes_added(redis_client, queue, lambda q: schedule_at(q, dues))
     assert (single - bucketed) / len(dues) >= 60, (single / len(dues), bucketed / len(dues))
     assert encodings(redis_client) == {b"listpack"}
     assert redis_client.zcard(KEYS.key(Part.STORE)) == 0

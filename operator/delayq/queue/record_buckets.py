@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import hashlib
 from collections.abc import Callable, Iterator, Sequence
-from typing import Any, cast
+from typing import Any, TypeVar, cast
 
 import redis
 
@@ -34,6 +34,7 @@ from delayq.queue.keys import Part, SlotKeys
 RECORD_BUCKETS_FIELD = "redis_record_buckets"
 #: A HSCAN's COUNT hint: records per page.
 PAGE = 2000
+T = TypeVar("T")
 
 #: Takes the answers of the reads `queue_record_reads` queued: one record or None a member.
 RecordsParser = Callable[[Iterator[list[bytes | None]]], list[bytes | None]]
@@ -81,11 +82,28 @@ def record_keys(keys: SlotKeys, count: int) -> list[str]:
 def record_pages(client: redis.Redis, keys: SlotKeys) -> Iterator[list[tuple[bytes, bytes]]]:
     """The slot's records page by page (HSCAN of `msg`, then of each bucket in order): each
     record present throughout is seen at least once while scripts write the slot."""
-    yield from _hash_pages(client, keys.key(Part.MSG))
-    bucket = 0
-    while bucket < bucket_count(client, keys):
-        yield from _hash_pages(client, bucket_key(keys, bucket))
-        bucket += 1
+    return bucketed_pages(
+        lambda key: _hash_pages(client, key),
+        keys.key(Part.MSG),
+        lambda number: bucket_key(keys, number),
+        lambda: bucket_count(client, keys),
+    )
+
+
+def bucketed_pages(
+    pages: Callable[[str], Iterator[list[T]]],
+    flat: str,
+    bucket: Callable[[int], str],
+    count: Callable[[], int],
+) -> Iterator[list[T]]:
+    """The `pages` of a part kept in buckets as well as in one flat key: the flat key's, then
+    each bucket's in order, the bucket count asked again after each (entries only move to a
+    higher bucket, possibly a new one: a scan in order sees each one present throughout)."""
+    yield from pages(flat)
+    number = 0
+    while number < count():
+        yield from pages(bucket(number))
+        number += 1
 
 
 def _hash_pages(client: redis.Redis, key: str) -> Iterator[list[tuple[bytes, bytes]]]:

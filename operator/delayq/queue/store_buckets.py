@@ -23,7 +23,7 @@ from typing import Any, cast
 import redis
 
 from delayq.queue.keys import Part, SlotKeys
-from delayq.queue.record_buckets import counted, queue_bucketed_reads
+from delayq.queue.record_buckets import bucketed_pages, counted, queue_bucketed_reads
 
 #: The settings record's field (queue/topic_record.py) that sends a slot's waiting messages
 #: into buckets: `True` while the topic has them on, kept as `False` once given (publish-1),
@@ -57,11 +57,12 @@ def store_pages(client: redis.Redis, keys: SlotKeys) -> Iterator[list[tuple[byte
     """The slot's waiting messages (id, due) page by page (ZSCAN of `store`, then of each
     bucket in order): each entry present throughout is seen at least once while scripts write
     the slot."""
-    yield from zset_pages(client, keys.key(Part.STORE))
-    bucket = 0
-    while bucket < store_bucket_count(client, keys):
-        yield from zset_pages(client, store_bucket_key(keys, bucket))
-        bucket += 1
+    return bucketed_pages(
+        lambda key: zset_pages(client, key),
+        keys.key(Part.STORE),
+        lambda number: store_bucket_key(keys, number),
+        lambda: store_bucket_count(client, keys),
+    )
 
 
 def zset_pages(client: redis.Redis, key: str) -> Iterator[list[tuple[bytes, float]]]:

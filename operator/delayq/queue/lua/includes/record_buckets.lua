@@ -1,4 +1,5 @@
 --@include existing_count
+--@include bucket_groups
 --@include bucket_of
 --@include id_hash
 --@include settings_record
@@ -145,23 +146,6 @@ local function record_buckets(redis)
     candidates = {keys, first, step}
   end
 
-  -- The positions first, first + stride, ... of `args` grouped by their id's bucket: bucket ->
-  -- positions, and the buckets in the order they first appear.
-  local function by_bucket(state, args, first, stride)
-    local groups, order = {}, {}
-    for i = first, #args, stride do
-      local b = bucket_of(hash_of(args[i]), state.n)
-      local group = groups[b]
-      if not group then
-        group = {}
-        groups[b] = group
-        order[#order + 1] = b
-      end
-      group[#group + 1] = i
-    end
-    return groups, order
-  end
-
   local function gathered(args, positions, width)
     local out = {}
     for _, i in ipairs(positions) do
@@ -173,7 +157,7 @@ local function record_buckets(redis)
   local function hmget(msg, state, ids)
     local out = {}
     for i = 1, #ids do out[i] = false end
-    local groups, order = by_bucket(state, ids, 1, 1)
+    local groups, order = bucket_groups(ids, 1, 1, state.n, hash_of)
     for _, b in ipairs(order) do
       local positions = groups[b]
       local got = redis.call('HMGET', msg .. ':' .. b, unpack(gathered(ids, positions, 1)))
@@ -219,7 +203,7 @@ local function record_buckets(redis)
 
   -- Delete the ids at positions first, first + stride, ... of `args` from their buckets.
   local function delete_from_buckets(msg, state, args, first, stride)
-    local groups, order = by_bucket(state, args, first, stride)
+    local groups, order = bucket_groups(args, first, stride, state.n, hash_of)
     local removed = 0
     for _, b in ipairs(order) do
       local ids = gathered(args, groups[b], 1)
@@ -255,7 +239,7 @@ local function record_buckets(redis)
   local function hset(msg, state, args)
     local added = 0
     if state.to_buckets then
-      local groups, order = by_bucket(state, args, 1, 2)
+      local groups, order = bucket_groups(args, 1, 2, state.n, hash_of)
       for _, b in ipairs(order) do
         added = added + redis.call('HSET', msg .. ':' .. b, unpack(gathered(args, groups[b], 2)))
       end

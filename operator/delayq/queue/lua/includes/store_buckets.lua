@@ -1,4 +1,5 @@
 --@include existing_count
+--@include bucket_groups
 --@include bucket_of
 --@include id_hash
 --@include settings_record
@@ -169,26 +170,9 @@ local function store_buckets(redis)
     end
   end
 
-  -- The positions first, first + stride, ... of `args` (ids) grouped by their bucket: bucket ->
-  -- positions, and the buckets in the order they first appear.
-  local function by_bucket(state, args, first, stride)
-    local groups, order = {}, {}
-    for i = first, #args, stride do
-      local b = bucket_of(hash_of(args[i]), state.n)
-      local group = groups[b]
-      if not group then
-        group = {}
-        groups[b] = group
-        order[#order + 1] = b
-      end
-      group[#group + 1] = i
-    end
-    return groups, order
-  end
-
   -- Delete the ids at positions first, first + stride, ... of `args` from their buckets.
   local function delete_from_buckets(store, state, args, first, stride)
-    local groups, order = by_bucket(state, args, first, stride)
+    local groups, order = bucket_groups(args, first, stride, state.n, hash_of)
     local removed = 0
     for _, b in ipairs(order) do
       local ids = {}
@@ -258,7 +242,7 @@ local function store_buckets(redis)
       settle(store, state)
       return added - removed
     end
-    local groups, order = by_bucket(state, args, 2, 2)
+    local groups, order = bucket_groups(args, 2, 2, state.n, hash_of)
     local added, ids = 0, {}
     for _, b in ipairs(order) do
       local pairs_, earliest = {}, nil
@@ -301,7 +285,7 @@ local function store_buckets(redis)
   local function zmscore(store, state, ids)
     local out = {}
     for i = 1, #ids do out[i] = false end
-    local groups, order = by_bucket(state, ids, 1, 1)
+    local groups, order = bucket_groups(ids, 1, 1, state.n, hash_of)
     for _, b in ipairs(order) do
       local asked = {}
       for _, i in ipairs(groups[b]) do asked[#asked + 1] = ids[i] end
