@@ -77,7 +77,7 @@ class QueueMachine(RuleBasedStateMachine):
         self.schedules: dict[str, bytes] = {}  # schedule id -> payload of its occurrences
         self.settings_version = 0  # of the settings record this machine publishes
         # where the owner has the slots keep records and waiting messages (the switch rules)
-        self.layout = {"redis_record_buckets": False, "redis_store_buckets": False}
+        self.record_buckets = self.store_buckets = False
 
     @initialize()
     def take_over_all_slots_and_seed(self) -> None:
@@ -92,18 +92,23 @@ class QueueMachine(RuleBasedStateMachine):
     def switch_record_buckets(self, on: bool) -> None:
         """The owner turns recordBuckets on or off (as admin: the broker's libraries all read
         buckets): records move as they are written, and every call finds each where it is."""
-        self._publish_layout(redis_record_buckets=on)
+        self.record_buckets = on
+        self._publish_layout()
 
     @rule(on=st.booleans())
     def switch_store_buckets(self, on: bool) -> None:
         """The owner turns storeBuckets on or off: waiting messages move as they are written,
         and every claim, count and lookup finds each where it waits."""
-        self._publish_layout(redis_store_buckets=on)
+        self.store_buckets = on
+        self._publish_layout()
 
-    def _publish_layout(self, **changed: bool) -> None:
-        self.layout.update(changed)
+    def _publish_layout(self) -> None:
         self.settings_version += 1
-        topic = dataclasses.replace(self.topic, **self.layout)
+        topic = dataclasses.replace(
+            self.topic,
+            redis_record_buckets=self.record_buckets,
+            redis_store_buckets=self.store_buckets,
+        )
         Queue(self.client, topic).publish_settings("model", self.settings_version)
 
     def _when(self, due_now: bool) -> int:
@@ -270,7 +275,6 @@ class QueueMachine(RuleBasedStateMachine):
         else:
             assert outcome.code is Code.RETRY_SCHEDULED
             ref.state, ref.due_now = State.SCHEDULED, retry_now
-
 
     @rule(data=st.data())
     def expire(self, data: st.DataObject) -> None:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 import random
 from collections.abc import Iterator
+from typing import cast
 
 import pytest
 import redis
@@ -20,7 +21,7 @@ from delayq.queue.backup import Kind, snapshot
 from delayq.queue.client import Queue
 from delayq.queue.keys import Part, SlotKeys, slot_keys
 from delayq.queue.model import ScheduleRequest
-from delayq.queue.plans import Plan, ScriptCall
+from delayq.queue.plans import Arg, Plan, ScriptCall
 from delayq.queue.record_buckets import bucket_of
 from delayq.queue.scripts import Script
 from delayq.queue.slot_copy import copy_slot, delete_slot
@@ -104,7 +105,12 @@ def test_waiting_messages_in_buckets_cost_less_and_stay_listpacks(
     assert redis_client.zcard(KEYS.key(Part.STORE)) == 0
     assert redis_client.hget(KEYS.key(Part.STORE_BUCKETS), "count") == b"20001"
     count = store_bucket_count(redis_client, KEYS)
-    heads = dict(redis_client.zrange(KEYS.key(Part.HEADS), 0, -1, withscores=True))
+    heads = dict(
+        cast(
+            "list[tuple[bytes, float]]",
+            redis_client.zrange(KEYS.key(Part.HEADS), 0, -1, withscores=True),
+        )
+    )
     for bucket in range(count):
         first = redis_client.zrange(store_bucket_key(KEYS, bucket), 0, 0, withscores=True)
         assert heads[str(bucket).encode()] == first[0][1]
@@ -270,7 +276,7 @@ def test_the_overview_counts_a_bucketed_slot_as_a_flat_one(
 
     def overview(topic: Topic) -> list[int]:
         keys = slot_keys(topic, 0).keys(Part.STORE, Part.PREPARE, Part.DEAD, Part.EPOCH)
-        windows = [str(w) for w in (1_800_000, 3_600_000)]
+        windows: list[Arg] = [str(w) for w in (1_800_000, 3_600_000)]
         plan = Plan([ScriptCall(Script.OVERVIEW, keys, windows)], list)
         return [int(v) for v in Queue(redis_client, topic).run(plan)[0][1:]]
 
