@@ -83,6 +83,7 @@ class OwnedSlots(Generic[S]):
         self._waker = _blocking_client(queue.redis, WAKE_BLOCK_S)
         self._waiting: asyncio.Task[None] | None = None
         self._closing = False
+        self._handing: set[asyncio.Task[None]] = set()  # wake-ups going back (`lose`)
 
     def get(self, slot: int) -> S | None:
         return self._slots.get(slot)
@@ -138,11 +139,24 @@ class OwnedSlots(Generic[S]):
 
     def lose(self, state: S) -> bool:
         """Drop a slot a newer owner fenced this one out of, if `state` is still its ownership;
-        True when it was."""
+        True when it was. Then the slot's wake list gets a wake-up back, as for a released slot:
+        the refused claim may have come from this wait's pop of the new owner's wake-up (a
+        process frozen or cut off from ZooKeeper keeps its wait blocked on the slot's list and
+        is served first), which the new owner would otherwise learn of from its watchdog, a
+        second or more late. A wake-up too many costs the new owner one claim."""
         if self._slots.get(state.slot) is not state:
             return False
         del self._slots[state.slot]
+        handing = asyncio.create_task(self._hand_back(state.slot))
+        self._handing.add(handing)
+        handing.add_done_callback(self._handing.discard)
         return True
+
+    async def _hand_back(self, slot: int) -> None:
+        """Push a wake-up onto the slot's list for whoever owns it now. Best effort: the new
+        owner's watchdog remains the bound."""
+        with contextlib.suppress(redis.RedisError):
+            await self.queue.redis.rpush(slot_keys(self.queue.topic, slot).key(Part.WAKE), "1")
 
     # the wake-up wait --------------------------------------------------------------------------
 
@@ -200,8 +214,7 @@ class OwnedSlots(Generic[S]):
             else:
                 # released while this wait was blocked on its key: the slot's new owner needs
                 # the wake-up this wait took, so it goes back
-                with contextlib.suppress(redis.RedisError):
-                    await self.queue.redis.rpush(key, "1")
+                await self._hand_back(slot)
 
     def _wait_command(self) -> _WaitCommand:
         """The wait over the control list, then the wake list of every owned slot, made anew
