@@ -43,8 +43,8 @@ PER_SLOT_WRITES = {
     ("RPUSH", "wake"),
     ("XADD", "key"),  # journal.lua
     ("SADD", "changes"),  # track_changes.lua itself
-    # a bucket of records rewritten as it splits (record_buckets.lua), below the tracking: the
-    # records stay in their slot and a doubling's scan sees them (queue/record_buckets.py)
+    # a bucket rewritten as it splits (bucketed_part.lua), below the tracking: the entries
+    # stay in their slot and a doubling's scan sees them (queue/record_buckets.py)
     ("DEL", "bucket"),
     ("DEL", "meta"),  # the slot's `buckets` hash, dropped with its last bucket
     ("DEL", "settings"),  # the settings record (publish-1): not a part, never divided
@@ -158,7 +158,8 @@ def test_every_script_writes_through_the_change_tracking_before_any_helper(
     for helper in HELPERS:
         found = re.search(rf"^local (?:function )?{defined_name(helper)}\b", source, re.M)
         # it and its own
-        wrappers = (*WRAPPER_INCLUDES, "settings_record", "bucket_groups", "bucket_of", "id_hash")
+        wrappers = (*WRAPPER_INCLUDES, "bucketed_part", "settings_record", "bucket_groups")
+        wrappers += ("bucket_of", "id_hash")
         if found and helper not in (*wrappers, "existing_count", "unpack_chunk"):
             assert found.start() > shadow, helper
 

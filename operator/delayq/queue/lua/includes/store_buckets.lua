@@ -1,8 +1,5 @@
---@include existing_count
+--@include bucketed_part
 --@include bucket_groups
---@include bucket_of
---@include id_hash
---@include settings_record
 
 -- What the change tracking wraps, around record_buckets (queue/scripts.py binds
 -- `local redis = track_changes(store_buckets(record_buckets(redis)))`): its `store_call`, to
@@ -11,24 +8,15 @@
 -- (docs/contracts.md §1, "Store in buckets").
 --
 -- A slot's waiting messages are in its `store` sorted set, or in buckets: the sorted sets
--- `<store key>:<b>`, b in 0 .. n - 1, each small enough that Redis keeps it one listpack
--- (≈ 28 B an entry, where the one large `store` costs ≈ 112). The buckets are picked by the
--- id's hash (id_hash, bucket_of), so a bucket holds messages of any due time: the slot's `heads`
+-- `<store key>:<b>` (≈ 28 B an entry, where the one large `store` costs ≈ 112), by the settings
+-- record's `redis_store_buckets` (the topic's storeBuckets), with the slot's `storebuckets` hash
+-- ({n, count}) beside them; where an entry is kept, how the buckets grow and how the slot goes
+-- back to `store` alone is what both bucketed parts share (bucketed_part). The buckets are
+-- picked by the id's hash, so a bucket holds messages of any due time: the slot's `heads`
 -- sorted set (bucket -> the earliest due in it, non-empty buckets only) is what the reads in
--- due order go by. The slot's `storebuckets` hash ({n, count}: how many buckets, how many
--- entries they hold) exists while any bucket may hold an entry; then reads look in the
--- buckets and in `store`. Writes go where the slot's settings record says
--- (`redis_store_buckets`, the topic's storeBuckets, which the topic's owner publishes as True
--- only once every functions library on the broker reads store buckets): into the bucket or
--- into `store`, and each deletes the message's entry on the other side, so an id waits in one
--- place at most. Nothing is moved in bulk: entries move as they are written, and a slot whose
--- buckets empty while it writes to `store` drops its `storebuckets` and `heads`.
---
--- The buckets grow one at a time (id_hash, bucket_of) when the entries pass LOAD a bucket, never
--- merge, and an entry only moves to a higher bucket (what queue/store_buckets.py's readers of
--- a live slot rely on). The commands served are those the scripts send to `store`: ZADD
--- without flags, ZREM, ZSCORE, ZMSCORE, ZCARD, ZCOUNT, ZRANGE of the head and ZRANGEBYSCORE
--- with a LIMIT; any other form is an error, not a silent wrong answer.
+-- due order go by, dropped with `storebuckets`. The commands served are those the scripts send
+-- to `store`: ZADD without flags, ZREM, ZSCORE, ZMSCORE, ZCARD, ZCOUNT, ZRANGE of the head and
+-- ZRANGEBYSCORE with a LIMIT; any other form is an error, not a silent wrong answer.
 --
 -- A range read (ZRANGEBYSCORE) merges the buckets in the order of (score, bucket, id): the
 -- buckets are visited in `heads` order and each is read only while it may still hold an entry
@@ -37,39 +25,40 @@
 -- instant come in bucket order instead of id order: the one order there is, the same for
 -- every read of the same contents (a paged read does not skip or repeat).
 local function store_buckets(redis)
-  local LOAD = 48  -- entries a bucket holds on average
-  local LISTPACK_ENTRIES = 128  -- Redis's zset-max-listpack-entries
   local HEADS_PAGE = 64  -- heads read at a time by a range read
   local server = redis.server_call
-  local sub, byte, tonumber, unpack = string.sub, string.byte, tonumber, unpack
-  local slots = {}  -- `store` key -> its state in this call (see state_of)
-  local hashes = {}  -- id -> id_hash, for this call
-  -- `store` key -> the slot record's redis_store_buckets, read in this call, or false when the
-  -- record has none: then the slot's messages wait in `store` alone, and the change tracking,
-  -- which sees this table as `wrapper.store_noted`, sends the key's commands straight to the
-  -- server
-  local noted = {}
-  local candidates = nil  -- as record_buckets's: {keys, first, step} of a many-slot call
+  local byte, tonumber, unpack = string.byte, tonumber, unpack
+  local part
+  -- Bucket b's entry in `heads` set to its first entry's due, or dropped once it is empty.
+  local function refresh(store, state, b)
+    local head = server('ZRANGE', part.bucket_key(store, b), 0, 0, 'WITHSCORES')
+    if head[2] then
+      server('ZADD', state.heads, head[2], b)
+    else
+      server('ZREM', state.heads, b)
+    end
+  end
+  part = bucketed_part(server, {
+    flat = 'store', meta = 'storebuckets', field = 'redis_store_buckets',
+    siblings = {'heads'},
+    read_all = function(key) return server('ZRANGE', key, 0, -1, 'WITHSCORES') end,
+    write = function(key, rows)  -- {id, due, ...}: ZADD takes {due, id, ...}
+      local args = {}
+      for i = 1, #rows, 2 do
+        args[i], args[i + 1] = rows[i + 1], rows[i]
+      end
+      server('ZADD', key, unpack(args))
+    end,
+    remove = function(key, ids) return server('ZREM', key, unpack(ids)) end,
+    changed = refresh,
+  })
+  local state_of, hash_of, bucket_key = part.state_of, part.hash_of, part.bucket_key
   local wrapper
 
   local function begin_call()
-    candidates = nil
-    if next(slots) then slots = {} end
-    if next(hashes) then hashes = {} end
-    if next(noted) then
-      noted = {}
-      wrapper.store_noted = noted
-    end
+    part.begin_call()
+    wrapper.store_noted = part.noted
     redis.begin_call()
-  end
-
-  local function hash_of(id)
-    local h = hashes[id]
-    if not h then
-      h = id_hash(id)
-      hashes[id] = h
-    end
-    return h
   end
 
   -- Whether `key` is a slot's `store` key (`dq:{<tag>}:store`), told by its bytes.
@@ -82,153 +71,18 @@ local function store_buckets(redis)
     return d1 == 100 and d2 == 113 and d3 == 58 and d4 == 123  -- 'dq:{'
   end
 
-  local function recorded(store)
-    local value = noted[store]
-    if value == nil then
-      value = server('HGET', settings_record(store), 'redis_store_buckets') or false
-      noted[store] = value
-    end
-    return value
-  end
-
   -- `msg` and `store` are a slot's keys; `records`, `stored` its settings record's
   -- redis_record_buckets and redis_store_buckets (nil: none), as topic_settings read them.
-  -- The records' wrapper's table is written in place (its `noted`, which the change tracking
+  -- Both wrappers' tables are written in place (their `noted`, which the change tracking
   -- reads too): this runs once a slot a call visits.
   local function note_layout(msg, store, records, stored)
     redis.noted[msg] = records or false
-    noted[store] = stored or false
-  end
-
-  local function ask_candidates()
-    local keys, first, step = unpack(candidates)
-    candidates = nil
-    local names, stores = {}, {}
-    for i = first, #keys, step do
-      local prefix = string.match(keys[i], '^(dq:{.*}:)%a+$')
-      names[#names + 1] = prefix .. 'storebuckets'
-      stores[#stores + 1] = prefix .. 'store'
-    end
-    if existing_count(names) > 0 then return end
-    for _, store in ipairs(stores) do
-      if slots[store] == nil then slots[store] = 'unasked' end
-    end
-  end
-
-  local function new_state(store, n, count)
-    return {meta = store .. 'buckets', heads = sub(store, 1, -6) .. 'heads', n = n,
-      count = count, legacy = server('EXISTS', store) == 1}
-  end
-
-  -- The slot's state in this call, as record_buckets's: false when its messages wait in
-  -- `store` alone, else {meta, heads, n, count, legacy (`store` may hold entries), to_buckets
-  -- (asked by the first write)}. Only a slot whose record has the field is asked for its
-  -- `storebuckets` hash.
-  local function state_of(store, writing)
-    local state = slots[store]
-    if state == nil then
-      state = 'unasked'
-      if recorded(store) then
-        if candidates then ask_candidates() end
-        if slots[store] == nil then
-          local n, count = unpack(server('HMGET', store .. 'buckets', 'n', 'count'))
-          if n then state = new_state(store, tonumber(n), tonumber(count)) end
-        end
-      end
-      slots[store] = state
-    end
-    if writing and state == 'unasked' then
-      state = false
-      if recorded(store) == 'True' then
-        state = new_state(store, 1, 0)
-        state.to_buckets = true
-        server('HSET', state.meta, 'n', state.n, 'count', state.count)
-      end
-      slots[store] = state
-    elseif writing and state and state.to_buckets == nil then
-      state.to_buckets = recorded(store) == 'True'
-    end
-    return state ~= 'unasked' and state
+    part.noted[store] = stored or false
   end
 
   local function unbucketed_slots(keys, first, step)
     redis.unbucketed_slots(keys, first, step)
-    candidates = {keys, first, step}
-  end
-
-  local function bucket_key(store, b)
-    return store .. ':' .. b
-  end
-
-  -- Bucket b's entry in `heads` set to its first entry's due, or dropped once it is empty.
-  local function refresh(store, state, b)
-    local head = server('ZRANGE', bucket_key(store, b), 0, 0, 'WITHSCORES')
-    if head[2] then
-      server('ZADD', state.heads, head[2], b)
-    else
-      server('ZREM', state.heads, b)
-    end
-  end
-
-  -- Delete the ids at positions first, first + stride, ... of `args` from their buckets.
-  local function delete_from_buckets(store, state, args, first, stride)
-    local groups, order = bucket_groups(args, first, stride, state.n, hash_of)
-    local removed = 0
-    for _, b in ipairs(order) do
-      local ids = {}
-      for _, i in ipairs(groups[b]) do ids[#ids + 1] = args[i] end
-      local gone = server('ZREM', bucket_key(store, b), unpack(ids))
-      if gone > 0 then
-        refresh(store, state, b)
-        removed = removed + gone
-      end
-    end
-    state.count = state.count - removed
-    return removed
-  end
-
-  local function split(store, state)
-    local n = state.n
-    local low = 1
-    while low * 2 <= n do low = low * 2 end
-    local from = n - low
-    local key = bucket_key(store, from)
-    local flat = server('ZRANGE', key, 0, -1, 'WITHSCORES')
-    local kept, moved, gone = {}, {}, {}
-    for i = 1, #flat, 2 do
-      local into = hash_of(flat[i]) % (low * 2) == n and moved or kept
-      into[#into + 1] = flat[i + 1]
-      into[#into + 1] = flat[i]
-      if into == moved then gone[#gone + 1] = flat[i] end
-    end
-    if #moved > 0 then
-      server('ZADD', bucket_key(store, n), unpack(moved))
-      if #flat / 2 > LISTPACK_ENTRIES then  -- a skiplist: recreated, a listpack again
-        server('DEL', key)
-        if #kept > 0 then server('ZADD', key, unpack(kept)) end
-      else
-        server('ZREM', key, unpack(gone))
-      end
-      refresh(store, state, from)
-      refresh(store, state, n)
-    end
-    state.n = n + 1
-  end
-
-  -- After a write: the count kept, or `storebuckets` and `heads` dropped once the buckets are
-  -- empty and the slot writes to `store` (asked of the buckets themselves, not of the count:
-  -- an entry dropped from sight would never be claimed).
-  local function settle(store, state)
-    if state.count == 0 and not state.to_buckets then
-      local buckets = {}
-      for b = 0, state.n - 1 do buckets[#buckets + 1] = bucket_key(store, b) end
-      if existing_count(buckets) == 0 then
-        server('DEL', state.meta, state.heads)
-        slots[store] = false
-        return
-      end
-    end
-    server('HSET', state.meta, 'n', state.n, 'count', state.count)
+    part.unbucketed_slots(keys, first, step)
   end
 
   local function zadd(store, state, args)
@@ -238,8 +92,8 @@ local function store_buckets(redis)
     if not state.to_buckets then
       local added = server('ZADD', store, unpack(args))
       state.legacy = true
-      local removed = delete_from_buckets(store, state, args, 2, 2)
-      settle(store, state)
+      local removed = part.delete_from_buckets(store, state, args, 2, 2)
+      part.settle(store, state)
       return added - removed
     end
     local groups, order = bucket_groups(args, 2, 2, state.n, hash_of)
@@ -263,40 +117,9 @@ local function store_buckets(redis)
     end
     local moved = 0
     if state.legacy then moved = server('ZREM', store, unpack(ids)) end
-    state.count = state.count + added
-    while state.count > state.n * LOAD do split(store, state) end
-    settle(store, state)
+    part.grow(store, state, added)
+    part.settle(store, state)
     return added - moved
-  end
-
-  local function zrem(store, state, ids)
-    local removed = delete_from_buckets(store, state, ids, 1, 1)
-    if state.legacy then removed = removed + server('ZREM', store, unpack(ids)) end
-    settle(store, state)
-    return removed
-  end
-
-  local function zscore(store, state, id)
-    local score = server('ZSCORE', bucket_key(store, bucket_of(hash_of(id), state.n)), id)
-    if not score and state.legacy then score = server('ZSCORE', store, id) end
-    return score
-  end
-
-  local function zmscore(store, state, ids)
-    local out = {}
-    for i = 1, #ids do out[i] = false end
-    local groups, order = bucket_groups(ids, 1, 1, state.n, hash_of)
-    for _, b in ipairs(order) do
-      local asked = {}
-      for _, i in ipairs(groups[b]) do asked[#asked + 1] = ids[i] end
-      local got = server('ZMSCORE', bucket_key(store, b), unpack(asked))
-      for k, i in ipairs(groups[b]) do out[i] = got[k] end
-    end
-    if state.legacy then
-      local got = server('ZMSCORE', store, unpack(ids))
-      for i = 1, #ids do out[i] = out[i] or got[i] end
-    end
-    return out
   end
 
   local function zcard(store, state)
@@ -438,10 +261,10 @@ local function store_buckets(redis)
   local function call(command, store, ...)
     local state = state_of(store, WRITES[command] ~= nil)
     if not state then return server(command, store, ...) end
-    if command == 'ZSCORE' then return zscore(store, state, (...)) end
+    if command == 'ZSCORE' then return part.get('ZSCORE', store, state, (...)) end
     if command == 'ZADD' then return zadd(store, state, {...}) end
-    if command == 'ZREM' then return zrem(store, state, {...}) end
-    if command == 'ZMSCORE' then return zmscore(store, state, {...}) end
+    if command == 'ZREM' then return part.delete(store, state, {...}) end
+    if command == 'ZMSCORE' then return part.get_many('ZMSCORE', store, state, {...}) end
     if command == 'ZCARD' then return zcard(store, state) end
     if command == 'ZCOUNT' then return zcount(store, state, ...) end
     if command == 'ZRANGE' then return zrange(store, state, ...) end
@@ -449,7 +272,7 @@ local function store_buckets(redis)
     error({err = 'ERR store_buckets: command not served on a store: ' .. command})
   end
 
-  wrapper = setmetatable({store_call = call, is_store = is_store, store_noted = noted,
+  wrapper = setmetatable({store_call = call, is_store = is_store, store_noted = part.noted,
     estimated_count = estimated_count,
     begin_call = begin_call, unbucketed_slots = unbucketed_slots, note_layout = note_layout},
     {__index = redis})
