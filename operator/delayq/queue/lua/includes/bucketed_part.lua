@@ -27,8 +27,8 @@
 -- This is the part's state in one call; the commands of the part's type are its wrapper's.
 -- `server` is the server's call. `kind` = {flat, meta, field, siblings (part names dropped with
 -- the meta hash), read_all(key) -> {id, value, ...}, write(key, {id, value, ...}),
--- remove(key, ids) -> how many were there, changed(flat, state, b) (after bucket b changed;
--- may be nil)}.
+-- remove(key, ids) -> how many were there, changed(flat, state, buckets) (after those
+-- buckets lost or gained entries, once a write; may be nil)}.
 local function bucketed_part(server, kind)
   local LOAD = 48  -- entries a bucket holds on average
   local LISTPACK_ENTRIES = 128  -- Redis's hash- and zset-max-listpack-entries
@@ -159,14 +159,15 @@ local function bucketed_part(server, kind)
   -- returns how many were there.
   function part.delete_from_buckets(flat, state, args, first, stride)
     local groups, order = bucket_groups(args, first, stride, state.n, part.hash_of)
-    local removed = 0
+    local removed, changed = 0, {}
     for _, b in ipairs(order) do
       local gone = kind.remove(part.bucket_key(flat, b), gathered(args, groups[b], 1))
       if gone > 0 then
-        if kind.changed then kind.changed(flat, state, b) end
+        changed[#changed + 1] = b
         removed = removed + gone
       end
     end
+    if kind.changed and #changed > 0 then kind.changed(flat, state, changed) end
     state.count = state.count - removed
     return removed
   end
@@ -225,10 +226,7 @@ local function bucketed_part(server, kind)
       else
         kind.remove(key, gone)
       end
-      if kind.changed then
-        kind.changed(flat, state, from)
-        kind.changed(flat, state, n)
-      end
+      if kind.changed then kind.changed(flat, state, {from, n}) end
     end
     state.n = n + 1
   end

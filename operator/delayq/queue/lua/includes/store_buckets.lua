@@ -1,5 +1,6 @@
 --@include bucketed_part
 --@include bucket_groups
+--@include unpack_chunk
 
 -- What the change tracking wraps, around record_buckets (queue/scripts.py binds
 -- `local redis = track_changes(store_buckets(record_buckets(redis)))`): its `store_call`, to
@@ -29,13 +30,34 @@ local function store_buckets(redis)
   local server = redis.server_call
   local byte, tonumber, unpack = string.byte, tonumber, unpack
   local part
-  -- Bucket b's entry in `heads` set to its first entry's due, or dropped once it is empty.
-  local function refresh(store, state, b)
-    local head = server('ZRANGE', part.bucket_key(store, b), 0, 0, 'WITHSCORES')
-    if head[2] then
-      server('ZADD', state.heads, head[2], b)
-    else
-      server('ZREM', state.heads, b)
+  -- `pairs_` ({due, bucket, ...}) into `heads`, with ZADD's `flag` if given: one command (a
+  -- chunk) for all the buckets a write changed, not one a bucket.
+  local function set_heads(state, pairs_, flag)
+    for i = 1, #pairs_, UNPACK_CHUNK do
+      local last = math.min(i + UNPACK_CHUNK - 1, #pairs_)
+      if flag then
+        server('ZADD', state.heads, flag, unpack(pairs_, i, last))
+      else
+        server('ZADD', state.heads, unpack(pairs_, i, last))
+      end
+    end
+  end
+  -- Each of `buckets`'s entry in `heads` set to its first entry's due, or dropped once it is
+  -- empty.
+  local function refresh(store, state, buckets)
+    local heads, emptied = {}, {}
+    for _, b in ipairs(buckets) do
+      local head = server('ZRANGE', part.bucket_key(store, b), 0, 0, 'WITHSCORES')
+      if head[2] then
+        heads[#heads + 1] = head[2]
+        heads[#heads + 1] = b
+      else
+        emptied[#emptied + 1] = b
+      end
+    end
+    set_heads(state, heads)
+    for i = 1, #emptied, UNPACK_CHUNK do
+      server('ZREM', state.heads, unpack(emptied, i, math.min(i + UNPACK_CHUNK - 1, #emptied)))
     end
   end
   part = bucketed_part(server, {
@@ -97,7 +119,7 @@ local function store_buckets(redis)
       return added - removed
     end
     local groups, order = bucket_groups(args, 2, 2, state.n, hash_of)
-    local added, ids = 0, {}
+    local added, ids, earlier, changed = 0, {}, {}, {}
     for _, b in ipairs(order) do
       local pairs_, earliest = {}, nil
       for _, i in ipairs(groups[b]) do
@@ -109,12 +131,15 @@ local function store_buckets(redis)
       end
       local new = server('ZADD', bucket_key(store, b), unpack(pairs_))
       if new == #pairs_ / 2 then  -- all new: the head can only move earlier
-        server('ZADD', state.heads, 'LT', earliest[2], b)
+        earlier[#earlier + 1] = earliest[2]
+        earlier[#earlier + 1] = b
       else
-        refresh(store, state, b)
+        changed[#changed + 1] = b
       end
       added = added + new
     end
+    set_heads(state, earlier, 'LT')
+    refresh(store, state, changed)
     local moved = 0
     if state.legacy then moved = server('ZREM', store, unpack(ids)) end
     part.grow(store, state, added)
