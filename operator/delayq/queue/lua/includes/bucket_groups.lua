@@ -6,8 +6,10 @@
 -- store_buckets) send a command per bucket by.
 local function bucket_groups(args, first, stride, n, hash_of)
   local groups, order = {}, {}
+  local low = 1
+  while low * 2 <= n do low = low * 2 end
   for i = first, #args, stride do
-    local b = bucket_of(hash_of(args[i]), n)
+    local b = bucket_of(hash_of(args[i]), n, low)
     local group = groups[b]
     if not group then
       group = {}

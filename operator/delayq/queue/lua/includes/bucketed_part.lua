@@ -28,8 +28,10 @@
 -- `server` is the server's call. `kind` = {flat, meta, field, siblings (part names dropped with
 -- the meta hash), read_all(key) -> {id, value, ...}, write(key, {id, value, ...}),
 -- remove(key, ids) -> how many were there, changed(flat, state, buckets) (after those
--- buckets lost or gained entries, once a write; may be nil)}.
-local function bucketed_part(server, kind)
+-- buckets lost or gained entries, once a write; may be nil)}. `hash_of`, when given, is another
+-- part's id_hash of this call's ids (record_buckets's, for store_buckets): a script names the
+-- same ids to both, and the part that owns the hashes forgets them at its begin_call.
+local function bucketed_part(server, kind, hash_of)
   local LOAD = 48  -- entries a bucket holds on average
   local LISTPACK_ENTRIES = 128  -- Redis's hash- and zset-max-listpack-entries
   local sub, tonumber, unpack = string.sub, tonumber, unpack
@@ -49,11 +51,11 @@ local function bucketed_part(server, kind)
   function part.begin_call()
     candidates = nil
     if next(slots) then slots = {} end
-    if next(hashes) then hashes = {} end
+    if not hash_of and next(hashes) then hashes = {} end
     if next(part.noted) then part.noted = {} end
   end
 
-  function part.hash_of(id)
+  part.hash_of = hash_of or function(id)
     local h = hashes[id]
     if not h then
       h = id_hash(id)

@@ -76,7 +76,7 @@ local function record_buckets(redis)
   end
 
   wrapper = setmetatable({call = call, is_records = is_records, server_call = server,
-    begin_call = begin_call, noted = part.noted,
+    begin_call = begin_call, noted = part.noted, hash_of = part.hash_of,
     unbucketed_slots = part.unbucketed_slots},
     {__index = redis})
   return wrapper

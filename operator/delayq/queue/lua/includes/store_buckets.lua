@@ -73,7 +73,7 @@ local function store_buckets(redis)
     end,
     remove = function(key, ids) return server('ZREM', key, unpack(ids)) end,
     changed = refresh,
-  })
+  }, redis.hash_of)
   local state_of, hash_of, bucket_key = part.state_of, part.hash_of, part.bucket_key
   local wrapper
 
