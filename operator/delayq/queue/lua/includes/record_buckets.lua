@@ -1,5 +1,7 @@
 --@include existing_count
 --@include bucket_groups
+--@include compacted_record
+--@include expanded_record
 --@include bucket_of
 --@include id_hash
 --@include settings_record
@@ -161,7 +163,7 @@ local function record_buckets(redis)
     for _, b in ipairs(order) do
       local positions = groups[b]
       local got = redis.call('HMGET', msg .. ':' .. b, unpack(gathered(ids, positions, 1)))
-      for k, i in ipairs(positions) do out[i] = got[k] end
+      for k, i in ipairs(positions) do out[i] = expanded_record(got[k]) end
     end
     if state.legacy then
       local missing = {}
@@ -239,6 +241,7 @@ local function record_buckets(redis)
   local function hset(msg, state, args)
     local added = 0
     if state.to_buckets then
+      for i = 2, #args, 2 do args[i] = compacted_record(args[i]) end
       local groups, order = bucket_groups(args, 1, 2, state.n, hash_of)
       for _, b in ipairs(order) do
         added = added + redis.call('HSET', msg .. ':' .. b, unpack(gathered(args, groups[b], 2)))
@@ -279,7 +282,8 @@ local function record_buckets(redis)
     if not state then return redis.call(command, msg, ...) end
     if command == 'HGET' then  -- the one record of most transitions
       local id = (...)
-      local got = redis.call('HGET', msg .. ':' .. bucket_of(hash_of(id), state.n), id)
+      local bucket = msg .. ':' .. bucket_of(hash_of(id), state.n)
+      local got = expanded_record(redis.call('HGET', bucket, id))
       if not got and state.legacy then got = redis.call('HGET', msg, id) end
       return got
     end
