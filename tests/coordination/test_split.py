@@ -301,9 +301,9 @@ def test_records_moving_into_new_buckets_while_the_slots_are_copied_are_copied(c
     splitter = cluster.splitter()
     counts = bucket_counts(cluster)
 
-    def write(n: int) -> None:
+    def write(n: int) -> None:  # one round grows every slot's buckets, records and dues
         churn(cluster, f"w{n}-")
-        grow(f"g{n}-", 50)
+        grow(f"g{n}-", 100)
 
     current: tuple[Split, int] | None = copied_while_writing(splitter, write)
     grown = bucket_counts(cluster)

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Callable, Iterator
-from typing import Any
+from typing import Any, cast
 
 import pytest
 import redis
@@ -19,9 +19,15 @@ from delayq.queue.backup import Kind, snapshot
 from delayq.queue.client import Queue
 from delayq.queue.keys import Part, SlotKeys, slot_keys
 from delayq.queue.model import ScheduleRequest
-from delayq.queue.record_buckets import bucket_count, bucket_key, bucket_of, record_pages
+from delayq.queue.record_buckets import (
+    bucket_count,
+    bucket_key,
+    bucket_of,
+    queue_record_reads,
+    record_pages,
+)
 from delayq.queue.slot_copy import copy_slot, delete_slot
-from delayq.queue.slot_split import Division, recopy
+from delayq.queue.slot_split import Division, recopy, split_slot
 from delayq.queue.topic import Topic
 
 from .conftest import ENGINE_PASSWORD, ENGINE_USER, engine_user
@@ -219,6 +225,63 @@ def test_a_move_and_a_backup_carry_every_record_in_buckets(
         assert redis_client.keys("dq:*") == []
     finally:
         target.close()
+
+
+def test_a_fresh_record_is_short_in_its_bucket_and_whole_to_every_reader(
+    queue: Queue, redis_client: redis.Redis, second_broker: RedisServer
+) -> None:
+    """A message scheduled anew (`0:::0:` + payload) is kept in its bucket as `.` + payload,
+    and every reader sees the whole record: get, a claim (which writes it leased, whole), the
+    Python readers, a backup, a move onto a broker that reads `msg` alone and a doubling's
+    halves. A record with headers, a tagged field or a lease is kept as it is."""
+    payload = b"p" * 40
+    publish(redis_client, True, 1)
+    queue.schedule_many(
+        [
+            ScheduleRequest("fresh", payload, delay_ms=HOUR_MS),
+            ScheduleRequest("headed", payload, delay_ms=HOUR_MS, headers={"h": "v"}),
+            ScheduleRequest("expiring", payload, delay_ms=HOUR_MS, ttl_ms=HOUR_MS),
+            ScheduleRequest("grouped", payload, delay_ms=HOUR_MS, priority=3, group="g"),
+            ScheduleRequest("leased", payload, delay_ms=0),
+        ]
+    )
+    count = bucket_count(redis_client, KEYS)
+
+    def stored(message_id: str) -> bytes:
+        bucket = bucket_key(KEYS, bucket_of(message_id.encode(), count))
+        return cast("bytes", redis_client.hget(bucket, message_id))
+
+    assert stored("leased") == b"." + payload
+    (claimed,) = queue.claim(0, queue.take_over(0)).messages
+    assert (claimed.id, claimed.payload, claimed.attempt) == ("leased", payload, 1)
+    ids = ["fresh", "headed", "expiring", "grouped", "leased"]
+    raw = {message_id.encode(): stored(message_id) for message_id in ids}
+    assert raw[b"fresh"] == b"." + payload
+    assert all(not value.startswith(b".") for id_, value in raw.items() if id_ != b"fresh")
+    whole = {**raw, b"fresh": b"0:::0:" + payload}
+
+    info = queue.get("fresh")
+    assert (info.payload, info.headers, info.attempts) == (payload, {}, 0)
+    assert records(redis_client) == whole
+    read = redis_client.pipeline(transaction=False)
+    parse = queue_record_reads(read, KEYS, list(whole), count)
+    assert dict(zip(whole, parse(iter(read.execute())), strict=True)) == whole
+    backup = {item.id.encode(): item.value for item in snapshot(redis_client, KEYS)}
+    assert {**backup, b"leased": whole[b"leased"]} == whole  # a backup drops the lease
+    target = redis.Redis.from_url(second_broker.url)
+    try:
+        copy_slot(redis_client, target, KEYS)  # its record of the slot lacks the field
+        assert target.hgetall(KEYS.key(Part.MSG)) == whole
+    finally:
+        target.close()
+    halves = dataclasses.replace(TOPIC, slot_amount=2, slot_generation=1)
+    division = Division(KEYS, slot_keys(halves, 0), slot_keys(halves, 1))
+    split_slot(redis_client, division)
+    divided = {
+        **redis_client.hgetall(division.lower.key(Part.MSG)),
+        **redis_client.hgetall(division.upper.key(Part.MSG)),
+    }
+    assert divided == whole
 
 
 class SplitBeforeTheReads(redis.Redis):

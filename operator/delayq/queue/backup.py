@@ -22,7 +22,13 @@ from typing import Any, NamedTuple
 
 from delayq.queue.codec import split_record
 from delayq.queue.keys import Part, SlotKeys
-from delayq.queue.record_buckets import bucket_count, counted, queue_bucket_count, record_keys
+from delayq.queue.record_buckets import (
+    bucket_count,
+    bucket_records,
+    counted,
+    queue_bucket_count,
+    record_keys,
+)
 from delayq.queue.schedules import ENDED, OCCURRENCE_SEPARATOR, PENDING
 from delayq.queue.slot_copy import PART_TYPES, RedisType, read_value
 from delayq.queue.store_buckets import queue_store_bucket_count, store_bucket_count, store_keys
@@ -102,7 +108,7 @@ def snapshot(client: Any, keys: SlotKeys) -> list[Item]:
     contents = dict(zip(SNAPSHOT_PARTS, replies, strict=False))
     buckets = replies[len(SNAPSHOT_PARTS) :]
     for bucket in buckets[: counts[0]]:  # a bucketed record wins over `msg`'s copy
-        contents[Part.MSG].update(bucket)
+        contents[Part.MSG].update(bucket_records(bucket))
     for entries in buckets[counts[0] :]:  # an id waits in one place at most
         contents[Part.STORE].extend(entries)
     taken_ms = int(seconds) * 1000 + int(micros) // 1000

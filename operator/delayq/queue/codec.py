@@ -73,6 +73,23 @@ def split_record(raw: bytes) -> tuple[bytes, bytes, bytes, bytes]:
     return attempts, due, lease, rest
 
 
+#: What a fresh record begins with (no attempt, due, lease, tagged field or headers) and what
+#: stands for it in a bucket of records (`expanded_record`).
+_FRESH_HEAD, _BUCKETED_FRESH = b"0:::0:", b"."
+
+
+def expanded_record(value: bytes) -> bytes:
+    """The record a bucket of records holds as `value` (docs/contracts.md §1, "Records in
+    buckets"). Most records are messages scheduled and not yet claimed, whose value begins with
+    `0:::0:`; a bucket keeps such a record as `.` and the rest, 5 bytes less of a listpack
+    entry of about 60 (lua/includes/compacted_record.lua writes it). No record begins with `.`
+    (its attempts are a number), so any other value, and every value of the flat `msg` hash,
+    is the record itself."""
+    if value[:1] == _BUCKETED_FRESH:
+        return _FRESH_HEAD + value[1:]
+    return value
+
+
 def decode_record(raw: bytes) -> Record:
     attempts, due, lease, rest = split_record(raw)
     extras: dict[int, int] = {}

@@ -13,6 +13,9 @@ that a script moves meanwhile. A record only moves when its bucket splits, and t
 bucket, possibly a new one: so `record_pages` scans the buckets in order and asks for the bucket
 count again after each, and a reader of given records repeats its reads until the count it read
 them under is still the count after them (it never shrinks): `queue_record_reads`.
+
+A bucket holds a fresh record in a short form (`codec.expanded_record`); every reader here
+answers the whole record, as the scripts' reads do.
 """
 
 from __future__ import annotations
@@ -23,6 +26,7 @@ from typing import Any, TypeVar, cast
 
 import redis
 
+from delayq.queue.codec import expanded_record
 from delayq.queue.keys import Part, SlotKeys
 
 #: The settings record's field (queue/topic_record.py) that sends a slot's records into
@@ -80,14 +84,20 @@ def record_keys(keys: SlotKeys, count: int) -> list[str]:
 
 
 def record_pages(client: redis.Redis, keys: SlotKeys) -> Iterator[list[tuple[bytes, bytes]]]:
-    """The slot's records page by page (HSCAN of `msg`, then of each bucket in order): each
-    record present throughout is seen at least once while scripts write the slot."""
-    return bucketed_pages(
+    """The slot's records page by page (HSCAN of `msg`, then of each bucket in order), each
+    whole: each record present throughout is seen at least once while scripts write the slot."""
+    pages = bucketed_pages(
         lambda key: _hash_pages(client, key),
         keys.key(Part.MSG),
         lambda number: bucket_key(keys, number),
         lambda: bucket_count(client, keys),
     )
+    return ([(field, expanded_record(value)) for field, value in page] for page in pages)
+
+
+def bucket_records(content: dict[bytes, bytes]) -> dict[bytes, bytes]:
+    """A bucket's fields (HGETALL) with each record whole, as the flat `msg` holds them."""
+    return {field: expanded_record(value) for field, value in content.items()}
 
 
 def bucketed_pages(
@@ -118,14 +128,21 @@ def _hash_pages(client: redis.Redis, key: str) -> Iterator[list[tuple[bytes, byt
             return
 
 
-def queue_record_reads(read: Any, keys: SlotKeys, members: Sequence[bytes], count: int) -> Any:
+def queue_record_reads(
+    read: Any, keys: SlotKeys, members: Sequence[bytes], count: int
+) -> RecordsParser:
     """Queue on `read` the HMGETs that find each member's record under `count` buckets; returns
-    the parser of their answers (an iterator at the first of them) into one record or None a
-    member. Valid only if the slot still has `count` buckets after the reads (n never shrinks, so
-    equal before and after means no bucket split in between)."""
-    return queue_bucketed_reads(
+    the parser of their answers (an iterator at the first of them) into one whole record or None
+    a member. Valid only if the slot still has `count` buckets after the reads (n never shrinks,
+    so equal before and after means no bucket split in between)."""
+    parse = queue_bucketed_reads(
         read.hmget, keys.key(Part.MSG), lambda b: bucket_key(keys, b), members, count
     )
+
+    def whole(answers: Iterator[list[bytes | None]]) -> list[bytes | None]:
+        return [None if record is None else expanded_record(record) for record in parse(answers)]
+
+    return whole
 
 
 def queue_bucketed_reads(

@@ -30,6 +30,7 @@ from delayq.queue.record_buckets import (
     RECORD_BUCKETS_FIELD,
     bucket_count,
     bucket_key,
+    bucket_records,
     record_keys,
 )
 from delayq.queue.store_buckets import (
@@ -127,7 +128,8 @@ def present(kind: RedisType, content: Any) -> bool:
 class Bucketed:
     """A part a slot may keep in buckets (`record_buckets.py`, `store_buckets.py`): the flat
     part, the hash holding the bucket count, the index beside the buckets (if any), the
-    settings record's field that makes the scripts look in buckets, and the buckets' keys."""
+    settings record's field that makes the scripts look in buckets, the buckets' keys, and a
+    bucket's content as the flat part holds it (a bucket keeps some records short)."""
 
     flat: Part
     meta: Part
@@ -136,11 +138,19 @@ class Bucketed:
     kind: RedisType
     bucket: Callable[[SlotKeys, int], str]
     count: Callable[[redis.Redis, SlotKeys], int]
+    unbucketed: Callable[[Any], Any]
 
 
 BUCKETED = (
     Bucketed(
-        Part.MSG, Part.BUCKETS, None, RECORD_BUCKETS_FIELD, RedisType.HASH, bucket_key, bucket_count
+        Part.MSG,
+        Part.BUCKETS,
+        None,
+        RECORD_BUCKETS_FIELD,
+        RedisType.HASH,
+        bucket_key,
+        bucket_count,
+        bucket_records,
     ),
     Bucketed(
         Part.STORE,
@@ -150,6 +160,7 @@ BUCKETED = (
         RedisType.ZSET,
         store_bucket_key,
         store_bucket_count,
+        lambda entries: entries,
     ),
 )
 
@@ -177,7 +188,8 @@ def copy_slot(source: redis.Redis, target: redis.Redis, keys: SlotKeys) -> int:
             read_value(read, layout.kind, layout.bucket(keys, number))
         buckets = read.execute() if count else []
         if count and target.hget(keys.settings, layout.field) is None:
-            contents[layout.flat] = _flattened(layout.kind, contents[layout.flat], buckets)
+            whole = [layout.unbucketed(content) for content in buckets]
+            contents[layout.flat] = _flattened(layout.kind, contents[layout.flat], whole)
             contents[layout.meta], buckets, count = {}, [], 0
             if layout.index is not None:
                 contents[layout.index] = []

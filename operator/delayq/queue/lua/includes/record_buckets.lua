@@ -1,18 +1,21 @@
 --@include bucketed_part
 --@include bucket_groups
+--@include compacted_record
+--@include expanded_record
 
 -- What store_buckets wraps (queue/scripts.py binds
 -- `local redis = track_changes(store_buckets(record_buckets(redis)))`): the server's `redis`,
 -- but its `call`, which track_changes sends HGET, HMGET, HSET and HDEL on a slot's `msg` key to
--- (`is_records`), reaches the slot's records wherever they are kept, so that no script names where
--- (docs/contracts.md §1, "Records in buckets").
+-- (`is_records`), reaches the slot's records wherever they are kept, so that no script names
+-- where (docs/contracts.md §1, "Records in buckets").
 --
--- A slot's records are in its `msg` hash, or in buckets: the hashes `<msg key>:<b>` (≈ 68 B a
+-- A slot's records are in its `msg` hash, or in buckets: the hashes `<msg key>:<b>` (≈ 63 B a
 -- record of a 40-byte payload, where the one large `msg` hash costs ≈ 123), by the settings
 -- record's `redis_record_buckets` (the topic's recordBuckets), with the slot's `buckets` hash
 -- ({n, count}) beside them. Where a record is kept, how the buckets grow and how the slot goes
 -- back to `msg` alone is what both bucketed parts share: bucketed_part. A read looks in the
--- record's bucket and then in `msg`.
+-- record's bucket and then in `msg`. A bucket keeps a record just scheduled 5 bytes shorter
+-- (compacted_record), and every read answers it whole (expanded_record).
 local function record_buckets(redis)
   local server = redis.call
   local byte = string.byte
@@ -40,6 +43,7 @@ local function record_buckets(redis)
   local function hset(msg, state, args)
     local added = 0
     if state.to_buckets then
+      for i = 2, #args, 2 do args[i] = compacted_record(args[i]) end
       local groups, order = bucket_groups(args, 1, 2, state.n, hash_of)
       for _, b in ipairs(order) do
         added = added + server('HSET', bucket_key(msg, b), unpack(gathered(args, groups[b], 2)))
@@ -70,9 +74,12 @@ local function record_buckets(redis)
     local write = WRITES[command]
     local state = state_of(msg, write ~= nil)
     if not state then return server(command, msg, ...) end
-    if command == 'HGET' then return part.get('HGET', msg, state, (...)) end
+    -- a record read is expanded wherever it was found: one of `msg` never begins with '.'
+    if command == 'HGET' then return expanded_record(part.get('HGET', msg, state, (...))) end
     if write then return write(msg, state, {...}) end
-    return part.get_many('HMGET', msg, state, {...})
+    local got = part.get_many('HMGET', msg, state, {...})
+    for i = 1, #got do got[i] = expanded_record(got[i]) end
+    return got
   end
 
   wrapper = setmetatable({call = call, is_records = is_records, server_call = server,
