@@ -1,23 +1,22 @@
 """A slot's records in buckets (recordBuckets; lua/includes/record_buckets.lua and
 queue/record_buckets.py), on a real redis-server: the memory they save, that the Python readers
-find each record where the scripts put it, that records move as they are written when the
-topic's owner turns buckets on or off, and that the owner keeps them off while an older library
-on the broker would not read them."""
+find each record where the scripts put it, whole, and that records move as they are written
+when the topic's owner turns buckets on or off (what holds for records and dues alike, the gate
+and a move's copy: test_bucketed_parts.py)."""
 
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable, Iterator
+import functools
+from collections.abc import Callable
 from typing import Any, cast
 
-import pytest
 import redis
 
 from delayq.local.redis_server import RedisServer
-from delayq.queue import functions
-from delayq.queue.backup import Kind, snapshot
+from delayq.queue.backup import snapshot
 from delayq.queue.client import Queue
-from delayq.queue.keys import Part, SlotKeys, slot_keys
+from delayq.queue.keys import Part, slot_keys
 from delayq.queue.model import ScheduleRequest
 from delayq.queue.record_buckets import (
     bucket_count,
@@ -26,23 +25,19 @@ from delayq.queue.record_buckets import (
     queue_record_reads,
     record_pages,
 )
-from delayq.queue.slot_copy import copy_slot, delete_slot
+from delayq.queue.slot_copy import copy_slot
 from delayq.queue.slot_split import Division, recopy, split_slot
 from delayq.queue.topic import Topic
 
-from .conftest import ENGINE_PASSWORD, ENGINE_USER, engine_user
+from . import bucketed as shared
+from .bucketed import HOUR_MS, bytes_an_entry, calls_of
 
-HOUR_MS = 3_600_000
-OWNER = "tests"
 TOPIC = Topic("records", namespace="shop", slot_amount=1)
 KEYS = slot_keys(TOPIC, 0)
 
 
-def publish(admin: redis.Redis, on: bool, version: int, topic: Topic = TOPIC) -> None:
-    """The topic's owner (the admin) turns recordBuckets on or off."""
-    Queue(admin, dataclasses.replace(topic, redis_record_buckets=on)).publish_settings(
-        OWNER, version
-    )
+publish = functools.partial(shared.publish, topic=TOPIC, field=shared.RECORDS.field)
+queue = shared.queue_fixture(TOPIC)
 
 
 def schedule(queue: Queue, ids: list[str], payload: bytes = b"p" * 40) -> None:
@@ -51,50 +46,15 @@ def schedule(queue: Queue, ids: list[str], payload: bytes = b"p" * 40) -> None:
         queue.schedule_many([ScheduleRequest(i, payload, delay_ms=HOUR_MS) for i in chunk])
 
 
-def records(client: redis.Redis, keys: SlotKeys = KEYS) -> dict[bytes, bytes]:
-    return {field: value for page in record_pages(client, keys) for field, value in page}
-
-
-def encodings(client: redis.Redis, keys: SlotKeys = KEYS) -> set[bytes]:
-    count = bucket_count(client, keys)
-    return {client.object("encoding", bucket_key(keys, b)) for b in range(count)} - {None}
-
-
-@pytest.fixture
-def queue(redis_server: RedisServer, redis_client: redis.Redis) -> Iterator[Queue]:
-    """The topic's restricted user, as the delay services log in (its rules reach the
-    buckets); the admin publishes."""
-    engine_user(redis_client, TOPIC)
-    client = redis.Redis.from_url(redis_server.url, username=ENGINE_USER, password=ENGINE_PASSWORD)
-    try:
-        yield Queue(client, TOPIC)
-    finally:
-        client.close()
-
-
-def bytes_added(client: redis.Redis, queue: Queue, write: Callable[[Queue], None]) -> int:
-    """The Redis memory `write` adds to the topic of `queue`, measured after a warm-up message
-    (the functions loaded, the slot's keys made)."""
-    queue.schedule("warm", b"w", delay_ms=HOUR_MS)
-    before = int(client.info("memory")["used_memory"])
-    write(queue)
-    return int(client.info("memory")["used_memory"]) - before
-
-
 def test_records_in_buckets_cost_less_and_stay_listpacks(
     queue: Queue, redis_client: redis.Redis
 ) -> None:
     """20,000 pending messages of 40 bytes in one slot: in buckets, each costs at least 40 B
     less than in the slot's one `msg` hash, and every bucket is a listpack."""
     ids = [f"{i:012d}" for i in range(20_000)]
-    single_msg = Queue(redis_client, dataclasses.replace(TOPIC, name="single"))
-    single = bytes_added(redis_client, single_msg, lambda q: schedule(q, ids))
-    publish(redis_client, True, 1)
-    bucketed = bytes_added(redis_client, queue, lambda q: schedule(q, ids))
-    assert (single - bucketed) / len(ids) >= 40, (single / len(ids), bucketed / len(ids))
-    assert encodings(redis_client) == {b"listpack"}
-    assert redis_client.hlen(KEYS.key(Part.MSG)) == 0
-    assert redis_client.hget(KEYS.key(Part.BUCKETS), "count") == b"20001"
+    write = functools.partial(schedule, ids=ids)
+    flat, bucketed = bytes_an_entry(redis_client, queue, shared.RECORDS, write, len(ids))
+    assert flat - bucketed >= 40, (flat, bucketed)
 
 
 def test_a_first_large_batch_leaves_no_bucket_a_hash_table(
@@ -105,7 +65,7 @@ def test_a_first_large_batch_leaves_no_bucket_a_hash_table(
     publish(redis_client, True, 1)
     schedule(queue, [f"first-{i}" for i in range(1000)])
     assert bucket_count(redis_client, KEYS) >= 1000 // 48
-    assert encodings(redis_client) == {b"listpack"}
+    assert shared.encodings(redis_client, shared.RECORDS, KEYS) == {b"listpack"}
 
 
 def test_python_finds_each_record_in_the_bucket_the_scripts_chose(
@@ -173,60 +133,6 @@ def test_records_move_as_they_are_written_when_buckets_are_turned_on_and_off(
     assert redis_client.keys(f"{KEYS.key(Part.MSG)}*") == []
 
 
-def test_the_owner_keeps_buckets_off_while_an_older_library_is_on_the_broker(
-    redis_client: redis.Redis,
-) -> None:
-    """A library without the record_buckets function (a version before buckets) would take a
-    record in a bucket for absent: while one is loaded, the published record says False."""
-    functions.load(redis_client)
-    old = "delayq_00000000000000ff"
-    redis_client.function_load(
-        f"#!lua name={old}\nredis.register_function('{old}_version', function() return 1 end)"
-    )
-    publish(redis_client, True, 1)
-    assert redis_client.hget(KEYS.settings, "redis_record_buckets") is None
-    redis_client.function_delete(old)
-    publish(redis_client, True, 2)
-    assert redis_client.hget(KEYS.settings, "redis_record_buckets") == b"True"
-
-
-@pytest.mark.parametrize("target_record", [None, "False"])
-def test_a_move_and_a_backup_carry_every_record_in_buckets(
-    queue: Queue, redis_client: redis.Redis, second_broker: RedisServer, target_record: str | None
-) -> None:
-    """A slot with records in `msg` and in buckets: a move's copy, its deletion on the source
-    and a backup each take all of them. Onto a broker whose record of the slot has no
-    redis_record_buckets (none published there yet) the copy brings them into `msg`, where the
-    scripts there look; onto one whose record has it, in their buckets."""
-    schedule(queue, [f"before-{i}" for i in range(30)])
-    publish(redis_client, True, 1)
-    schedule(queue, [f"on-{i}" for i in range(300)])
-    expected = records(redis_client)
-    assert len(expected) == 330
-    assert {item.id for item in snapshot(redis_client, KEYS) if item.kind is Kind.WAITING} == {
-        field.decode() for field in expected
-    }
-    target = redis.Redis.from_url(second_broker.url)
-    try:
-        target.hset(bucket_key(KEYS, 40), "stale", "from an earlier copy")
-        target.hset(KEYS.key(Part.BUCKETS), mapping={"n": 41, "count": 1})
-        if target_record is not None:
-            target.hset(KEYS.settings, "redis_record_buckets", target_record)
-        copy_slot(redis_client, target, KEYS)
-        assert records(target) == expected
-        in_msg = target.hlen(KEYS.key(Part.MSG))
-        assert (bucket_count(target, KEYS), in_msg) == (
-            (0, 330) if target_record is None else (bucket_count(redis_client, KEYS), 30)
-        )
-        moved = Queue(target, TOPIC)
-        assert moved.get("on-7") is not None
-        assert moved.get("before-7") is not None
-        delete_slot(redis_client, KEYS)
-        assert redis_client.keys("dq:*") == []
-    finally:
-        target.close()
-
-
 def test_a_fresh_record_is_short_in_its_bucket_and_whole_to_every_reader(
     queue: Queue, redis_client: redis.Redis, second_broker: RedisServer
 ) -> None:
@@ -262,7 +168,7 @@ def test_a_fresh_record_is_short_in_its_bucket_and_whole_to_every_reader(
 
     info = queue.get("fresh")
     assert (info.payload, info.headers, info.attempts) == (payload, {}, 0)
-    assert records(redis_client) == whole
+    assert shared.records(redis_client, KEYS) == whole
     read = redis_client.pipeline(transaction=False)
     parse = queue_record_reads(read, KEYS, list(whole), count)
     assert dict(zip(whole, parse(iter(read.execute())), strict=True)) == whole
@@ -328,12 +234,10 @@ def test_a_recopy_reads_again_a_record_whose_bucket_split_under_its_reads(
         client.close()
     assert bucket_count(redis_client, KEYS) > 4
     half = division.lower if halves.slot_of(moving) == 0 else division.upper
-    assert redis_client.hget(half.key(Part.MSG), moving) == records(redis_client)[moving.encode()]
-
-
-def calls_of(client: redis.Redis, command: str) -> int:
-    stats = client.info("commandstats").get(f"cmdstat_{command}") or {"calls": 0}
-    return int(stats["calls"])
+    assert (
+        redis_client.hget(half.key(Part.MSG), moving)
+        == shared.records(redis_client, KEYS)[moving.encode()]
+    )
 
 
 def test_a_topic_that_never_had_buckets_pays_no_lookup_and_one_that_had_keeps_reading_them(
@@ -347,9 +251,9 @@ def test_a_topic_that_never_had_buckets_pays_no_lookup_and_one_that_had_keeps_re
     publishing that again writes nothing."""
     never = Topic("never", namespace="shop", slot_amount=64)
     had = Topic("had", namespace="shop", slot_amount=64)
-    publish(redis_client, False, 1, never)
-    publish(redis_client, True, 1, had)
-    publish(redis_client, False, 2, had)
+    publish(redis_client, False, 1, topic=never)
+    publish(redis_client, True, 1, topic=had)
+    publish(redis_client, False, 2, topic=had)
     assert redis_client.hget(slot_keys(never, 5).settings, "redis_record_buckets") is None
     assert redis_client.hget(slot_keys(had, 5).settings, "redis_record_buckets") == b"False"
     calls: dict[str, list[int]] = {}

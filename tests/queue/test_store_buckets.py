@@ -1,91 +1,37 @@
 """A slot's waiting messages in buckets (storeBuckets; lua/includes/store_buckets.lua and
 queue/store_buckets.py), on a real redis-server: the memory they save, that claims take every
 due message in due order and none early across the buckets and the old `store`, that messages
-move as they are written when the owner turns buckets on or off, that the Python readers
-(move, doubling, backup) find each one where the scripts put it, and that the owner keeps them
-off while an older library on the broker would not read them."""
+move as they are written when the owner turns buckets on or off, and that the overview counts
+them as a flat slot's (what holds for records and dues alike, the gate and a move's copy:
+test_bucketed_parts.py)."""
 
 from __future__ import annotations
 
 import dataclasses
+import functools
 import random
-from collections.abc import Iterator
 from typing import cast
 
 import pytest
 import redis
 
-from delayq.local.redis_server import RedisServer
-from delayq.queue import functions
-from delayq.queue.backup import Kind, snapshot
 from delayq.queue.client import Queue
-from delayq.queue.keys import Part, SlotKeys, slot_keys
-from delayq.queue.model import ScheduleRequest
+from delayq.queue.keys import Part, slot_keys
 from delayq.queue.plans import Arg, Plan, ScriptCall
 from delayq.queue.record_buckets import bucket_of
 from delayq.queue.scripts import Script
-from delayq.queue.slot_copy import copy_slot, delete_slot
-from delayq.queue.store_buckets import store_bucket_count, store_bucket_key, store_pages
+from delayq.queue.store_buckets import store_bucket_count, store_bucket_key
 from delayq.queue.topic import Topic
 
-from .conftest import ENGINE_PASSWORD, ENGINE_USER, engine_user
-from .test_record_buckets import bytes_added, calls_of
+from . import bucketed as shared
+from .bucketed import HOUR_MS, bytes_an_entry, calls_of, drain, now_ms, schedule_at
 
-HOUR_MS = 3_600_000
-OWNER = "tests"
 TOPIC = Topic("waiting", namespace="shop", slot_amount=1)
 KEYS = slot_keys(TOPIC, 0)
 
 
-def publish(admin: redis.Redis, on: bool, version: int, topic: Topic = TOPIC) -> None:
-    """The topic's owner (the admin) turns storeBuckets on or off."""
-    Queue(admin, dataclasses.replace(topic, redis_store_buckets=on)).publish_settings(
-        OWNER, version
-    )
-
-
-def schedule_at(queue: Queue, dues: dict[str, int]) -> None:
-    items = list(dues.items())
-    for start in range(0, len(items), 1000):
-        queue.schedule_many(
-            [ScheduleRequest(i, b"p" * 40, at_ms=at) for i, at in items[start : start + 1000]]
-        )
-
-
-def waiting(client: redis.Redis, keys: SlotKeys = KEYS) -> dict[bytes, float]:
-    return {member: due for page in store_pages(client, keys) for member, due in page}
-
-
-def encodings(client: redis.Redis, keys: SlotKeys = KEYS) -> set[bytes]:
-    count = store_bucket_count(client, keys)
-    return {client.object("encoding", store_bucket_key(keys, b)) for b in range(count)} - {None}
-
-
-def now_ms(client: redis.Redis) -> int:
-    seconds, micros = client.time()
-    return int(seconds) * 1000 + int(micros) // 1000
-
-
-def drain(queue: Queue, epoch: int, max_count: int) -> list[tuple[str, int]]:
-    """Claim and ack until nothing is due; (id, due) in the order the claims gave them."""
-    taken: list[tuple[str, int]] = []
-    while batch := queue.claim(0, epoch, max_count=max_count).messages:
-        for message in batch:
-            queue.ack(message.lease)
-        taken += [(message.id, message.due_ms) for message in batch]
-    return taken
-
-
-@pytest.fixture
-def queue(redis_server: RedisServer, redis_client: redis.Redis) -> Iterator[Queue]:
-    """The topic's restricted user, as the delay services log in (its rules reach the
-    buckets and the heads); the admin publishes."""
-    engine_user(redis_client, TOPIC)
-    client = redis.Redis.from_url(redis_server.url, username=ENGINE_USER, password=ENGINE_PASSWORD)
-    try:
-        yield Queue(client, TOPIC)
-    finally:
-        client.close()
+publish = functools.partial(shared.publish, topic=TOPIC, field=shared.STORE.field)
+queue = shared.queue_fixture(TOPIC)
 
 
 def test_waiting_messages_in_buckets_cost_less_and_stay_listpacks(
@@ -96,14 +42,9 @@ def test_waiting_messages_in_buckets_cost_less_and_stay_listpacks(
     names each bucket's earliest due."""
     later = now_ms(redis_client) + HOUR_MS
     dues = {f"{i:012d}": later + i for i in range(20_000)}
-    flat = Queue(redis_client, dataclasses.replace(TOPIC, name="flat"))
-    single = bytes_added(redis_client, flat, lambda q: schedule_at(q, dues))
-    publish(redis_client, True, 1)
-    bucketed = bytes_added(redis_client, queue, lambda q: schedule_at(q, dues))
-    assert (single - bucketed) / len(dues) >= 60, (single / len(dues), bucketed / len(dues))
-    assert encodings(redis_client) == {b"listpack"}
-    assert redis_client.zcard(KEYS.key(Part.STORE)) == 0
-    assert redis_client.hget(KEYS.key(Part.STORE_BUCKETS), "count") == b"20001"
+    write = functools.partial(schedule_at, dues=dues)
+    flat, bucketed = bytes_an_entry(redis_client, queue, shared.STORE, write, len(dues))
+    assert flat - bucketed >= 60, (flat, bucketed)
     count = store_bucket_count(redis_client, KEYS)
     heads = dict(
         cast(
@@ -194,62 +135,6 @@ def test_messages_move_as_they_are_written_when_buckets_are_turned_on_and_off(
     assert sorted(i for i, _ in drain(queue, epoch, 50)) == sorted(everything)
     assert not redis_client.exists(KEYS.key(Part.STORE_BUCKETS), KEYS.key(Part.HEADS))
     assert redis_client.keys(f"{KEYS.key(Part.STORE)}*") == []
-
-
-def test_the_owner_keeps_store_buckets_off_while_an_older_library_is_on_the_broker(
-    redis_client: redis.Redis,
-) -> None:
-    """A library without the store_buckets function (a version before them) would take a
-    message waiting in a bucket for absent: while one is loaded, the record says nothing."""
-    functions.load(redis_client)
-    old = "delayq_00000000000000fe"
-    redis_client.function_load(
-        f"#!lua name={old}\nredis.register_function('{old}_record_buckets', function() "
-        "return 1 end)"
-    )
-    publish(redis_client, True, 1)
-    assert redis_client.hget(KEYS.settings, "redis_store_buckets") is None
-    redis_client.function_delete(old)
-    publish(redis_client, True, 2)
-    assert redis_client.hget(KEYS.settings, "redis_store_buckets") == b"True"
-
-
-@pytest.mark.parametrize("target_record", [None, "False"])
-def test_a_move_and_a_backup_carry_every_waiting_message_in_buckets(
-    queue: Queue, redis_client: redis.Redis, second_broker: RedisServer, target_record: str | None
-) -> None:
-    """A slot with dues in `store` and in buckets: a move's copy, its deletion on the source
-    and a backup each take all of them. Onto a broker whose record of the slot has no
-    redis_store_buckets the copy brings them into `store`; onto one whose record has it, in
-    their buckets with their heads. Either way a claim there delivers every one."""
-    now = now_ms(redis_client)
-    schedule_at(queue, {f"before-{i}": now - 10 for i in range(30)})
-    publish(redis_client, True, 1)
-    schedule_at(queue, {f"on-{i}": now - 5 for i in range(300)})
-    expected = waiting(redis_client)
-    assert len(expected) == 330
-    assert {item.id for item in snapshot(redis_client, KEYS) if item.kind is Kind.WAITING} == {
-        member.decode() for member in expected
-    }
-    target = redis.Redis.from_url(second_broker.url)
-    try:
-        target.zadd(store_bucket_key(KEYS, 40), {"stale": 1})
-        target.hset(KEYS.key(Part.STORE_BUCKETS), mapping={"n": 41, "count": 1})
-        if target_record is not None:
-            target.hset(KEYS.settings, "redis_store_buckets", target_record)
-        copy_slot(redis_client, target, KEYS)
-        assert waiting(target) == expected
-        assert (store_bucket_count(target, KEYS), target.zcard(KEYS.key(Part.STORE))) == (
-            (0, 330) if target_record is None else (store_bucket_count(redis_client, KEYS), 30)
-        )
-        assert bool(target.exists(KEYS.key(Part.HEADS))) == (target_record is not None)
-        moved = Queue(target, TOPIC)
-        epoch = moved.take_over(0)
-        assert len(drain(moved, epoch, 100)) == 330
-        delete_slot(redis_client, KEYS)
-        assert redis_client.keys("dq:*") == []
-    finally:
-        target.close()
 
 
 @pytest.mark.parametrize("count", [1000, 20_000])
