@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
 from typing import Any
 
 import pytest
@@ -87,25 +86,21 @@ def publish(admin: redis.Redis, on: bool, version: int, topic: Topic, field: str
     Queue(admin, dataclasses.replace(topic, **changes)).publish_settings(OWNER, version)
 
 
-@contextmanager
-def restricted_queue(server: RedisServer, admin: redis.Redis, topic: Topic) -> Iterator[Queue]:
-    """The topic's restricted user, as the delay services log in (its rules must reach the
-    buckets and their index); the admin publishes."""
-    engine_user(admin, topic)
-    client = redis.Redis.from_url(server.url, username=ENGINE_USER, password=ENGINE_PASSWORD)
-    try:
-        yield Queue(client, topic)
-    finally:
-        client.close()
-
-
 def queue_fixture(topic: Topic) -> Any:
-    """A test module's `queue` fixture: the restricted user's queue of `topic`."""
+    """A test module's `queue` fixture: the queue of `topic` as its restricted user, as the
+    delay services log in (its rules must reach the buckets and their index); the admin
+    publishes."""
 
     @pytest.fixture
     def queue(redis_server: RedisServer, redis_client: redis.Redis) -> Iterator[Queue]:
-        with restricted_queue(redis_server, redis_client, topic) as queue:
-            yield queue
+        engine_user(redis_client, topic)
+        client = redis.Redis.from_url(
+            redis_server.url, username=ENGINE_USER, password=ENGINE_PASSWORD
+        )
+        try:
+            yield Queue(client, topic)
+        finally:
+            client.close()
 
     return queue
 
