@@ -38,6 +38,7 @@ from delayq.queue.client import AsyncQueue
 from delayq.queue.codec import as_text
 from delayq.queue.codes import SlotMovingError
 from delayq.queue.keys import Part, control_key, parse_wake_key, slot_keys
+from delayq.queue.slot_split import FROZEN
 
 log = logging.getLogger(__name__)
 
@@ -154,9 +155,14 @@ class OwnedSlots(Generic[S]):
 
     async def _hand_back(self, slot: int) -> None:
         """Push a wake-up onto the slot's list for whoever owns it now. Best effort: the new
-        owner's watchdog remains the bound."""
+        owner's watchdog remains the bound. Not for a slot moving or moved to another broker
+        (its epoch the `moving:` tombstone): its owner waits there, and a list made here after
+        the move's clean would be left behind on the source."""
+        keys = slot_keys(self.queue.topic, slot)
         with contextlib.suppress(redis.RedisError):
-            await self.queue.redis.rpush(slot_keys(self.queue.topic, slot).key(Part.WAKE), "1")
+            epoch = cast("bytes | None", await self.queue.redis.get(keys.key(Part.EPOCH)))
+            if not (epoch or b"").startswith(FROZEN):
+                await self.queue.redis.rpush(keys.key(Part.WAKE), "1")
 
     # the wake-up wait --------------------------------------------------------------------------
 
