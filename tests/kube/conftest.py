@@ -223,6 +223,7 @@ async def ctx(
         clock=clock,
         generate=lambda: next(secrets),
         client=kube,
+        pairing_wait_s=0,  # no scheduler: no service pod is ever placed (kube/pairing.py)
     )
     await kube.close()
 

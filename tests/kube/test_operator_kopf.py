@@ -80,7 +80,9 @@ async def operator(
             **config,
         }  # type: ignore[arg-type]
     )
-    ctx = OperatorContext(settings, login=lambda: connection, store=store, redis=redis_commands)
+    ctx = OperatorContext(
+        settings, login=lambda: connection, store=store, redis=redis_commands, pairing_wait_s=0
+    )
     stop = asyncio.Event()
     task = asyncio.create_task(run(settings, stop_flag=stop, ctx=ctx))
     try:
@@ -358,7 +360,9 @@ async def test_a_leader_that_loses_the_lease_stops_kopf_and_raises(
         metrics_endpoint="",
         build=BuildContext(operator_namespace="delayq-system", default_zookeeper=zk_connect),
     )
-    ctx = OperatorContext(settings, login=lambda: connection, store=store, redis=redis_commands)
+    ctx = OperatorContext(
+        settings, login=lambda: connection, store=store, redis=redis_commands, pairing_wait_s=0
+    )
     task = asyncio.create_task(run(settings, stop_flag=asyncio.Event(), ctx=ctx))
     await eventually(lambda: leader_lease_holder(api) == ctx.identity, WAIT_S, "leadership")
     await api.post(TOPIC_PATH, json=topic("orders"))
@@ -392,7 +396,9 @@ async def test_a_clean_stop_releases_the_lease_only_once_its_slot_moves_ended(
         metrics_endpoint="",
         build=BuildContext(operator_namespace="delayq-system", default_zookeeper=zk_connect),
     )
-    ctx = OperatorContext(settings, login=lambda: connection, store=store, redis=redis_commands)
+    ctx = OperatorContext(
+        settings, login=lambda: connection, store=store, redis=redis_commands, pairing_wait_s=0
+    )
     moving = threading.Event()
     move = resharding.MOVERS.submit(moving.wait, WAIT_S)
     monkeypatch.setitem(resharding._under_way, (NAMESPACE, "stuck"), [move])

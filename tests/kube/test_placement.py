@@ -7,8 +7,10 @@ e2e/test_placement.py.
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import logging
+from collections.abc import Mapping
 
 import kmock
 import pytest
@@ -20,6 +22,7 @@ from delayq.kube.builders.redis import BROKER_SPREAD_WEIGHT, SERVICE_PAIR_WEIGHT
 from delayq.kube.config import OperatorConfig
 from delayq.kube.context import OperatorContext
 from delayq.kube.handlers.reconcile import reconcile
+from delayq.local.waiting import eventually
 from tests.kube.conftest import DT
 from tests.kube.manifests import CREDS, CTX, by_kind_name, spec_of
 from tests.kube.pods import NAMESPACE
@@ -107,6 +110,95 @@ async def test_reconcile_creates_the_service_statefulset_first(
     }
     await reconcile(ctx, dict(api.objects[DT, NAMESPACE, "orders"].raw), logger)
     assert statefulset_order(created) == ["orders-service", "orders-redis-0", "orders-redis-1"]
+
+
+def two_broker_topic(api: kmock.KubernetesEmulator) -> Manifest:
+    api.objects[DT, NAMESPACE, "orders"] = {
+        "apiVersion": "delayq.io/v1alpha1",
+        "kind": "DelayTopic",
+        "metadata": {"name": "orders", "namespace": NAMESPACE, "uid": "uid-o", "generation": 1},
+        "spec": {"brokers": 2, "slotAmount": 4},
+    }
+    return dict(api.objects[DT, NAMESPACE, "orders"].raw)
+
+
+def place_service_pod(api: kmock.KubernetesEmulator, broker: int) -> None:
+    """Service pod `broker` as the scheduler leaves it: bound to a node."""
+    name = f"orders-service-{broker}"
+    api.objects["v1/pods", NAMESPACE, name] = {
+        "metadata": {
+            "name": name,
+            "namespace": NAMESPACE,
+            "labels": naming.service_selector("orders"),
+        },
+        "spec": {"nodeName": f"node-{broker}"},
+    }
+
+
+class StatefulSetsAndPodLists:
+    """In call order: the StatefulSets ctx.kube creates (`created <name>`) and its lists of
+    pods (`listed`)."""
+
+    def __init__(self, ctx: OperatorContext) -> None:
+        self.calls: list[str] = []
+        create, list_ = ctx.kube.create, ctx.kube.list
+
+        async def recording_create(manifest: Manifest) -> Manifest:
+            if manifest["kind"] == "StatefulSet":
+                self.calls.append(f"created {manifest['metadata']['name']}")
+            return await create(manifest)
+
+        async def recording_list(
+            api_version: str, kind: str, namespace: str, labels: Mapping[str, str]
+        ) -> list[Manifest]:
+            if kind == "Pod":
+                self.calls.append("listed")
+            return await list_(api_version, kind, namespace, labels)
+
+        ctx.kube.create = recording_create  # type: ignore[method-assign]
+        ctx.kube.list = recording_list  # type: ignore[method-assign]
+
+    def created(self) -> list[str]:
+        return [call.split()[1] for call in self.calls if call.startswith("created")]
+
+    def lists_after(self, call: str) -> int:
+        return self.calls[self.calls.index(call) :].count("listed") if call in self.calls else 0
+
+
+async def test_a_new_broker_s_redis_waits_for_its_service_pod_to_be_placed(
+    api: kmock.KubernetesEmulator, ctx: OperatorContext, logger: logging.Logger
+) -> None:
+    """A preference matches only a pod already bound: CI saw broker 2's first master on
+    another node than service pod 2 when the scheduler took the Redis pod first. Broker 1's
+    Redis StatefulSet is created only once service pod 1 is placed."""
+    ctx.pairing_wait_s = 60.0
+    calls = StatefulSetsAndPodLists(ctx)
+    place_service_pod(api, 0)
+    reconciling = asyncio.create_task(reconcile(ctx, two_broker_topic(api), logger))
+    try:
+        await eventually(
+            lambda: calls.lists_after("created orders-redis-0") >= 2, 10.0, "service pods listed"
+        )
+        assert calls.created() == ["orders-service", "orders-redis-0"]
+        place_service_pod(api, 1)
+        await asyncio.wait_for(reconciling, 10.0)
+    finally:
+        reconciling.cancel()
+    assert calls.created() == ["orders-service", "orders-redis-0", "orders-redis-1"]
+
+
+async def test_service_pods_never_placed_hold_the_brokers_back_once_for_a_bound(
+    api: kmock.KubernetesEmulator, ctx: OperatorContext, logger: logging.Logger
+) -> None:
+    """Service pods that cannot be scheduled must not keep the brokers from starting: one
+    reconcile waits `pairing_wait_s` in all, not once a broker (broker 0's wait spends it, and
+    broker 1's creation lists no pods), then creates every Redis StatefulSet."""
+    ctx.pairing_wait_s = 0.5
+    calls = StatefulSetsAndPodLists(ctx)
+    await asyncio.wait_for(reconcile(ctx, two_broker_topic(api), logger), 10.0)
+    assert calls.created() == ["orders-service", "orders-redis-0", "orders-redis-1"]
+    assert calls.calls.index("listed") < calls.calls.index("created orders-redis-0")
+    assert calls.lists_after("created orders-redis-0") == 0
 
 
 def test_the_operator_placement_puts_every_topic_pod_on_the_named_nodes() -> None:

@@ -16,7 +16,7 @@ Rules that keep updates safe on a real API server:
 from __future__ import annotations
 
 import copy
-from collections.abc import Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
 from delayq.kube.builders.common import Manifest
@@ -62,13 +62,20 @@ def update_patch(manifest: Manifest) -> Manifest:
     return patch
 
 
-async def ensure(kube: KubeClient, manifest: Manifest) -> str:
-    """Make the child match `manifest`; returns "created", "patched" or "unchanged"."""
+async def ensure(
+    kube: KubeClient,
+    manifest: Manifest,
+    before_create: Callable[[Manifest], Awaitable[None]] | None = None,
+) -> str:
+    """Make the child match `manifest`; returns "created", "patched" or "unchanged". A child
+    that does not exist yet is created once `before_create` (when given) returned."""
     meta = manifest["metadata"]
     existing = await kube.get(
         manifest["apiVersion"], manifest["kind"], meta["namespace"], meta["name"]
     )
     if existing is None:
+        if before_create is not None:
+            await before_create(manifest)
         await kube.create(manifest)
         return "created"
     patch = update_patch(manifest)

@@ -26,6 +26,7 @@ from delayq.kube.leader_election import make_identity
 from delayq.kube.metrics import OperatorMetrics
 from delayq.kube.objective_scrape import MetricsScraper
 from delayq.kube.objectives import LatenessWindow
+from delayq.kube.pairing import PAIRING_WAIT_S
 from delayq.kube.recorder import EventRecorder
 from delayq.kube.redisctl import RedisCommands, RedisControl
 from delayq.kube.zk import KazooTopicStore, TopicStore
@@ -63,6 +64,10 @@ class OperatorContext:
     identity: str = field(default_factory=make_identity)  # this replica's name in the Lease
     clock: Callable[[], float] = time.time
     generate: Callable[[], str] = generate_secret
+    # How long one reconcile waits for service pods to be placed before it creates the Redis
+    # StatefulSets that pair with them (kube/pairing.py); kmock tests, which have no
+    # scheduler, pass 0
+    pairing_wait_s: float = PAIRING_WAIT_S
     # The leader's API client: set for a term by start_leading (tests pass one directly).
     client: KubeClient | None = None
     # (namespace, topic, broker) -> when its master was first seen missing (grace period start)

@@ -364,8 +364,9 @@ def redis_affinity(spec: TopicSpec, broker: int) -> Manifest:
 
     The pairing is written on the Redis side because the service pods share one template and
     cannot name their broker; a Redis StatefulSet exists per broker and can name its service pod
-    by the pod-name label. The service StatefulSet is applied first (builders/bundle.py) so that
-    its pods are already placed when these are scheduled.
+    by the pod-name label. The service StatefulSet is applied first (builders/bundle.py), and a
+    new broker's StatefulSet is created once its service pod is placed (kube/pairing.py): a
+    preference matches only pods already bound to a node.
     """
     service_pod = {
         **naming.service_selector(spec.name),

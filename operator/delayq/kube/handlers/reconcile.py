@@ -25,6 +25,7 @@ from delayq.kube.credentials import (
 from delayq.kube.ensembles import EnsembleRefused
 from delayq.kube.errors import TRANSIENT_ERRORS, TopicFailure
 from delayq.kube.handlers.restore import read_or_restore
+from delayq.kube.pairing import ServicePodPlacement
 from delayq.kube.routing_record import RECORD_FIELD, RoutingRecordInvalid, routing_record
 from delayq.kube.spec import SpecError
 from delayq.kube.status import (
@@ -90,9 +91,12 @@ async def reconcile(
             if await write_secret(ctx.kube, manifest, credentials.kept_keys) == "created":
                 logger.info("created Secret/%s", manifest["metadata"]["name"])
         await save_copy(ctx, spec, credentials)
+        placement = ServicePodPlacement(
+            ctx.kube, spec.namespace, spec.name, spec.brokers, ctx.pairing_wait_s
+        )
         for manifest in manifests:
             if manifest["kind"] != "Secret":
-                outcome = await ensure(ctx.kube, manifest)
+                outcome = await ensure(ctx.kube, manifest, placement.before_create)
                 if outcome != "unchanged":
                     kind, name = manifest["kind"], manifest["metadata"]["name"]
                     logger.info("%s %s/%s", outcome, kind, name)
