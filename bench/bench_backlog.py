@@ -19,7 +19,12 @@ speed is not a figure). At each depth, through the user-level API with the docum
 * claim -> ack: `--due` messages due now, scheduled amid the backlog (untimed), drained by a
   `Consumer` with `ConsumerSettings()` and a no-op handler (bench_engine.py's `consume_until`):
   messages per second from the first handler call to the last;
-* get-by-id: `Queue.get` of `--gets` random backlog ids, one call at a time: latency p50/p99.
+* get-by-id: `Queue.get` of `--gets` random backlog ids, one call at a time: latency p50/p99;
+* with `--store-buckets`, claim -> ack from buckets: as claim -> ack, but the `--due` messages'
+  dues are written into buckets (the topic published with storeBucketsAfter 0 for their
+  schedule, then as it was), as a message scheduled more than storeBucketsAfter (10 s) ahead
+  is claimed when it comes due. The plain claim -> ack's messages, due now, stay out of the
+  buckets (`redis.storeBucketsAfter`).
 
 Each figure is the median of `--rounds` rounds and comes with the CPU time per message of this
 process and of redis-server (bench_hot_paths.py's `measure`: the machine's load moves the rates,
@@ -48,6 +53,7 @@ import random
 import subprocess
 import sys
 import time
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -60,6 +66,7 @@ from bench_hot_paths import as_published, delivered_per_s, measure, summary
 from bench_peers import Workload, delayq_batches
 from delayq.local.redis_server import RedisServer
 from delayq.queue import AsyncQueue, Queue, ScheduleRequest, State, Topic
+from delayq.queue.topic_record import SERVE_OWNER
 
 TOPIC = "backlog"
 PAYLOAD = b"x" * 40
@@ -75,6 +82,7 @@ QUICK_DEPTHS = "100000,200000,500000"
 COSTS = {
     "enqueue": ("enqueue", "msg_per_s", True),
     "claim_ack": ("claim_ack", "msg_per_s", True),
+    "claim_ack_bucketed": ("claim_ack_bucketed", "msg_per_s", True),
     "get_p50": ("get", "p50_us", False),
     "get_p99": ("get", "p99_us", False),
 }
@@ -157,6 +165,23 @@ def claim_ack(url: str, topic: Topic, count: int, prefix: str) -> dict[str, floa
     return measure(url, count, lambda: delivered_per_s(url, topic, count))
 
 
+def claim_ack_bucketed(
+    url: str, topic: Topic, count: int, prefix: str, version: int
+) -> dict[str, float]:
+    """claim -> ack of messages due now whose dues were written into buckets (storeBucketsAfter
+    0 while they are scheduled: versions `version` and `version + 1` of the record)."""
+    publish(url, replace(topic, redis_store_buckets_after_ms=0), version)
+    schedule_at(url, topic, [round(now_ms())] * count, prefix)
+    publish(url, topic, version + 1)
+    return measure(url, count, lambda: delivered_per_s(url, topic, count))
+
+
+def publish(url: str, topic: Topic, version: int) -> None:
+    queue = Queue.from_url(url, topic)
+    queue.publish_settings(SERVE_OWNER, version)
+    queue.close()
+
+
 def get_by_id(url: str, topic: Topic, count: int, backlog: int, seed: int) -> dict[str, float]:
     queue = Queue.from_url(url, topic)
     rng = random.Random(seed)
@@ -187,11 +212,13 @@ def cost_ratios(first: dict[str, Any], row: dict[str, Any]) -> dict[str, float]:
     """What a message costs here over what it cost at the first depth (above 1: costlier)."""
     ratios = {"bytes_per_message": round(row["bytes_per_message"] / first["bytes_per_message"], 3)}
     for figure, (part, key, is_rate) in COSTS.items():
-        here, there = row[part][key], first[part][key]
-        ratios[figure] = round(there / here if is_rate else here / there, 3)
-    for part in ("enqueue", "claim_ack", "get"):
+        if part in row:
+            here, there = row[part][key], first[part][key]
+            ratios[figure] = round(there / here if is_rate else here / there, 3)
+    for part in ("enqueue", "claim_ack", "claim_ack_bucketed", "get"):
         key = "redis_cpu_us_per_msg"
-        ratios[f"{part}_{key}"] = round(row[part][key] / first[part][key], 3)
+        if part in row:
+            ratios[f"{part}_{key}"] = round(row[part][key] / first[part][key], 3)
     return ratios
 
 
@@ -211,20 +238,26 @@ def write(path: Path, report: dict[str, Any]) -> None:
 
 def markdown(report: dict[str, Any]) -> str:
     rows = [
-        "| pending | B / message | enqueue msg/s | claim → ack msg/s | get p50 / p99 µs "
-        "| cost ÷ first: enqueue, claim → ack, get p50 / p99, bytes | load 1 min |",
-        "|---:|---:|---:|---:|---:|---|---|",
+        "| pending | B / message | enqueue msg/s | claim → ack msg/s "
+        "| from buckets: claim → ack msg/s | get p50 / p99 µs "
+        "| cost ÷ first: enqueue, claim → ack, from buckets, get p50 / p99, bytes | load 1 min |",
+        "|---:|---:|---:|---:|---:|---:|---|---|",
     ]
     for row in report["depths"]:
         if "skipped" in row:
-            rows.append(f"| {row['depth']:,} | skipped: {row['skipped']} | | | | | |")
+            rows.append(f"| {row['depth']:,} | skipped: {row['skipped']} | | | | | | |")
             continue
         r = row["cost_ratio_to_first_depth"]
+        bucketed = row.get("claim_ack_bucketed")
+        from_buckets = f"{bucketed['msg_per_s']:,.0f}" if bucketed else "-"
+        bucketed_ratio = f"{r['claim_ack_bucketed']:.2f}" if bucketed else "-"
         rows.append(
             f"| {row['depth']:,} | {row['bytes_per_message']:.0f} "
             f"| {row['enqueue']['msg_per_s']:,.0f} | {row['claim_ack']['msg_per_s']:,.0f} "
+            f"| {from_buckets} "
             f"| {row['get']['p50_us']:.0f} / {row['get']['p99_us']:.0f} "
-            f"| {r['enqueue']:.2f}, {r['claim_ack']:.2f}, {r['get_p50']:.2f} / "
+            f"| {r['enqueue']:.2f}, {r['claim_ack']:.2f}, "
+            f"{bucketed_ratio}, {r['get_p50']:.2f} / "
             f"{r['get_p99']:.2f}, {r['bytes_per_message']:.2f} "
             f"| {row['loadavg_1m_at_start']:.2f} → {row['loadavg_1m_at_end']:.2f} |"
         )
@@ -295,6 +328,7 @@ def main() -> None:
         pending = 0
         bytes_per_message = 300.0  # a guess until the first depth is measured
         batch_number = 0
+        version = 1  # of the settings record, as_published's; claim_ack_bucketed publishes more
         for depth in depths:
             growth = (depth - pending) * bytes_per_message
             if growth > GIB and available_bytes() < args.min_available_gib * GIB:
@@ -333,12 +367,21 @@ def main() -> None:
                 "limits_memory_mib_at_least": round(used / MAXMEMORY_SHARE / MIB),
             }
             runs: dict[str, list[dict[str, float]]] = {"enqueue": [], "claim_ack": [], "get": []}
+            if args.store_buckets:
+                runs["claim_ack_bucketed"] = []
             for _ in range(args.rounds):
                 batch_number += 1
                 print(f"  round {batch_number}", file=sys.stderr, flush=True)
                 runs["enqueue"].append(enqueue(server.url, topic, sample, f"e{batch_number:02d}-"))
                 pending += sample
                 runs["claim_ack"].append(claim_ack(server.url, topic, due, f"c{batch_number:02d}"))
+                if args.store_buckets:
+                    version += 2
+                    runs["claim_ack_bucketed"].append(
+                        claim_ack_bucketed(
+                            server.url, topic, due, f"b{batch_number:02d}", version - 1
+                        )
+                    )
                 runs["get"].append(get_by_id(server.url, topic, gets, backlog, batch_number))
             row |= {part: summary(results) for part, results in runs.items()}
             row["runs"] = runs

@@ -63,8 +63,14 @@ class ChaosOptions:
 
 
 #: The topic's records and waiting messages in buckets (recordBuckets, storeBuckets): the serve
-#: processes publish it, so the scripts, moves and the doubling run on the dense layout.
-DENSE: dict[str, Any] = {"redis_record_buckets": True, "redis_store_buckets": True}
+#: processes publish it, so the scripts, moves and the doubling run on the dense layout. With
+#: storeBucketsAfter half the delays (0 .. 8 s), a slot holds dues in `store` and in buckets
+#: at once, and messages cross between the two as they are retried or given back.
+DENSE: dict[str, Any] = {
+    "redis_record_buckets": True,
+    "redis_store_buckets": True,
+    "redis_store_buckets_after_ms": 4000,
+}
 
 
 @dataclass

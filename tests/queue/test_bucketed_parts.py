@@ -19,7 +19,8 @@ from delayq.queue.topic import Topic
 
 from .bucketed import RECORDS, STORE, Layout, drain, now_ms, publish, queue_fixture, schedule_at
 
-TOPIC = Topic("bucketed", namespace="shop", slot_amount=1)
+# every waiting message into a bucket, however soon due (storeBucketsAfter 0s)
+TOPIC = Topic("bucketed", namespace="shop", slot_amount=1, redis_store_buckets_after_ms=0)
 KEYS = slot_keys(TOPIC, 0)
 EACH_PART = pytest.mark.parametrize("layout", [RECORDS, STORE], ids=["records", "store"])
 

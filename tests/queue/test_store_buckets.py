@@ -17,6 +17,7 @@ import redis
 
 from delayq.queue.client import Queue
 from delayq.queue.keys import Part, slot_keys
+from delayq.queue.model import Mode, ScheduleRequest
 from delayq.queue.plans import Arg, Plan, ScriptCall
 from delayq.queue.record_buckets import bucket_of
 from delayq.queue.scripts import Script
@@ -26,7 +27,9 @@ from delayq.queue.topic import Topic
 from . import bucketed as shared
 from .bucketed import HOUR_MS, bytes_an_entry, calls_of, drain, now_ms, schedule_at
 
-TOPIC = Topic("waiting", namespace="shop", slot_amount=1)
+# every waiting message into a bucket, however soon due: these tests are of the buckets' own
+# rules (test_near_dues_stay_out_of_the_buckets is of storeBucketsAfter)
+TOPIC = Topic("waiting", namespace="shop", slot_amount=1, redis_store_buckets_after_ms=0)
 KEYS = slot_keys(TOPIC, 0)
 
 
@@ -177,3 +180,61 @@ def test_the_overview_counts_a_bucketed_slot_as_a_flat_one(
     assert bucketed[6:] == exact[6:]
     for estimate, truth in zip(bucketed[2:5], exact[2:5], strict=True):
         assert abs(estimate - truth) <= 0.15 * truth, (bucketed, exact)
+
+
+NEAR_TOPIC = Topic("soon", namespace="shop", slot_amount=1)  # storeBucketsAfter: 10s, its default
+NEAR_KEYS = slot_keys(NEAR_TOPIC, 0)
+near_queue = shared.queue_fixture(NEAR_TOPIC)
+
+
+def kept_in(client: redis.Redis, message_id: str) -> set[str]:
+    """Where the slot keeps `message_id`'s due: {"store"}, {"bucket"}, both or neither."""
+    count = store_bucket_count(client, NEAR_KEYS)
+    bucket = store_bucket_key(NEAR_KEYS, bucket_of(message_id.encode(), count))
+    places = {"store": NEAR_KEYS.key(Part.STORE), "bucket": bucket}
+    return {name for name, key in places.items() if client.zscore(key, message_id) is not None}
+
+
+def test_messages_due_soon_stay_out_of_the_buckets(
+    near_queue: Queue, redis_client: redis.Redis
+) -> None:
+    """A message due within storeBucketsAfter of its write stays in `store`, one due later goes
+    into its bucket. A claim of those due takes them from `store` alone: one ZREM and a look at
+    the heads, not a bucket a message (buckets are picked by hash, and amid 10M pending each
+    due message was alone in its bucket: claim -> ack cost 1.55x what it did amid 1M). A
+    reschedule moves a message across, and an id written twice in one batch is kept once,
+    where its last due puts it."""
+    shared.publish(redis_client, True, 1, NEAR_TOPIC, shared.STORE.field)
+    now = now_ms(redis_client)
+    later = {f"l{i}": now + HOUR_MS + i for i in range(2000)}
+    soon = {f"s{i}": now - 1000 + i for i in range(100)}
+    schedule_at(near_queue, later | soon)
+    store = NEAR_KEYS.key(Part.STORE)
+    assert {
+        member.decode() for member in cast("list[bytes]", redis_client.zrange(store, 0, -1))
+    } == set(soon)
+    assert store_bucket_count(redis_client, NEAR_KEYS) > 20
+
+    near_queue.reschedule("l0", delay_ms=0)
+    near_queue.reschedule("s99", delay_ms=HOUR_MS)
+    assert kept_in(redis_client, "l0") == {"store"}
+    assert kept_in(redis_client, "s99") == {"bucket"}
+    twice = [
+        ScheduleRequest("t", b"p", at_ms=now - 5),
+        ScheduleRequest("t", b"p", at_ms=now + HOUR_MS),
+        ScheduleRequest("u", b"p", at_ms=now + HOUR_MS),
+        ScheduleRequest("u", b"p", at_ms=now - 5),
+    ]
+    near_queue.schedule_many(twice, Mode.UPSERT)
+    assert kept_in(redis_client, "t") == {"bucket"}
+    assert kept_in(redis_client, "u") == {"store"}
+    assert near_queue.stats().scheduled == 2102
+
+    due = {*soon, "l0", "u"} - {"s99"}
+    epoch = near_queue.take_over(0)
+    zrem, ranges = calls_of(redis_client, "zrem"), calls_of(redis_client, "zrangebyscore")
+    taken = near_queue.claim(0, epoch, max_count=200).messages
+    assert {message.id for message in taken} == due
+    assert calls_of(redis_client, "zrem") - zrem <= 2
+    assert calls_of(redis_client, "zrangebyscore") - ranges <= 3
+    assert near_queue.stats().scheduled == 2102 - len(due)

@@ -222,6 +222,7 @@ def test_every_engine_topic_setting_is_a_service_setting_carried_to_the_topic():
         "redis_sync_timeout_ms": 250,
         "redis_record_buckets": True,
         "redis_store_buckets": True,
+        "redis_store_buckets_after_ms": 30_000,
         "outcome_retention_ms": 3_600_000,
         "retry_for_ms": 7_200_000,
         "retry_exhausted_action": EndAction.DROP,

@@ -258,6 +258,7 @@ class TopicSpec:
     redis_sync_timeout_ms: int = default("redis_sync_timeout_ms")
     redis_record_buckets: bool = default("redis_record_buckets")
     redis_store_buckets: bool = default("redis_store_buckets")
+    redis_store_buckets_after_ms: int = default("redis_store_buckets_after_ms")
     # spec.networkPolicy.allowFrom: NetworkPolicyPeers admitted to the service pods' API port
     # besides the topic's namespace and the operator, checked and copied as plain dicts
     network_policy_allow_from: tuple[dict[str, Any], ...] = ()

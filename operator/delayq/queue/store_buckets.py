@@ -4,8 +4,9 @@
 The scripts reach a slot's waiting messages through `lua/includes/store_buckets.lua`: in the
 slot's `store` sorted set, or, once its `storebuckets` hash exists, in the buckets
 `<store key>:<b>` (b in 0 .. n - 1, n growing one at a time by the linear hashing of
-`record_buckets.bucket_of`) and then in `store` for what was written before, with the `heads`
-index (bucket -> its earliest due) beside them. A slot move's copy, a doubling's division and a
+`record_buckets.bucket_of`) and then in `store` for what was written before or was due soon
+when written (the topic's storeBucketsAfter), with the `heads` index (bucket -> its earliest
+due) beside them. A slot move's copy, a doubling's division and a
 backup read them here, by the same rule.
 
 A reader of a live slot (a doubling copies a slot before freezing it) must not miss an entry

@@ -83,6 +83,7 @@ class Topic:
     redis_sync_timeout_ms: int = default("redis_sync_timeout_ms")
     redis_record_buckets: bool = default("redis_record_buckets")
     redis_store_buckets: bool = default("redis_store_buckets")
+    redis_store_buckets_after_ms: int = default("redis_store_buckets_after_ms")
     # how long a finished (acked, cancelled, purged) id is remembered: `get` answers its outcome
     # and create-only scheduling answers ALREADY_DONE instead of scheduling it again (0: off)
     outcome_retention_ms: int = default("outcome_retention_ms")

@@ -83,6 +83,7 @@ class ServiceConfig:
     redis_sync_timeout_ms: int = _setting("redis_sync_timeout_ms")
     redis_record_buckets: bool = _setting("redis_record_buckets")
     redis_store_buckets: bool = _setting("redis_store_buckets")
+    redis_store_buckets_after_ms: int = _setting("redis_store_buckets_after_ms")
     pull_max_lease_batch: int = _setting("pull_max_lease_batch")
     rate_limit_per_second: float = _setting("rate_limit_per_second")
     rate_limit_burst: int = _setting("rate_limit_burst")

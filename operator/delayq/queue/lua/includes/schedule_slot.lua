@@ -40,8 +40,8 @@ local function schedule_slot(prefix, args, first, last, now, bases_absent, resul
   -- slots (docs/benchmarks.md, "Hot paths")
   local record = redis.call('HMGET', settings_record(store), 'journal_max_len',
     'outcome_retention_ms', 'expiry_ttl_ms', 'limits_max_pending', 'redis_record_buckets',
-    'redis_store_buckets')
-  redis.note_layout(msg, store, record[5], record[6])
+    'redis_store_buckets', 'redis_store_buckets_after_ms')
+  redis.note_layout(msg, store, record[5], record[6], record[7])
   local journal_max_len = tonumber(record[1] or args[3])
   local retention_ms = tonumber(record[2] or args[4])
   local default_ttl_ms = tonumber(record[3] or args[5])

@@ -1,5 +1,7 @@
 --@include bucketed_part
 --@include bucket_groups
+--@include now_ms
+--@include settings_record
 --@include unpack_chunk
 
 -- What the change tracking wraps, around record_buckets (queue/scripts.py binds
@@ -15,7 +17,14 @@
 -- back to `store` alone is what both bucketed parts share (bucketed_part). The buckets are
 -- picked by the id's hash, so a bucket holds messages of any due time: the slot's `heads`
 -- sorted set (bucket -> the earliest due in it, non-empty buckets only) is what the reads in
--- due order go by, dropped with `storebuckets`. The commands served are those the scripts send
+-- due order go by, dropped with `storebuckets`. A message due within the settings record's
+-- `redis_store_buckets_after_ms` (the topic's storeBucketsAfter; 0 where the record lacks it,
+-- as the versions before it wrote) of the write is kept in `store` even so: a claim of messages due soon then reads and deletes them in `store`
+-- (one command each), not one bucket a message. Buckets picked by hash spread the messages due
+-- together over as many buckets as there are messages, once a slot holds many more messages
+-- than a claim takes: claim -> ack amid 10M pending messages due a day out cost 1.55x what it
+-- cost amid 1M, 1.91x amid 50M (docs/benchmarks.md). A message scheduled further ahead is
+-- claimed from its bucket when it comes due. The commands served are those the scripts send
 -- to `store`: ZADD without flags, ZREM, ZSCORE, ZMSCORE, ZCARD, ZCOUNT, ZRANGE of the head and
 -- ZRANGEBYSCORE with a LIMIT; any other form is an error, not a silent wrong answer.
 --
@@ -27,6 +36,10 @@
 -- every read of the same contents (a paged read does not skip or repeat).
 local function store_buckets(redis)
   local HEADS_PAGE = 64  -- heads read at a time by a range read
+  local AFTER_FIELD = 'redis_store_buckets_after_ms'
+  local now = nil  -- this call's now_ms(), read at its first write into buckets
+  -- store key -> its record's AFTER_FIELD as a number (0 when it has none), for this call
+  local after = {}
   local server = redis.server_call
   local byte, tonumber, unpack = string.byte, tonumber, unpack
   local part
@@ -78,6 +91,8 @@ local function store_buckets(redis)
   local wrapper
 
   local function begin_call()
+    now = nil
+    if next(after) then after = {} end
     part.begin_call()
     wrapper.store_noted = part.noted
     redis.begin_call()
@@ -93,13 +108,28 @@ local function store_buckets(redis)
     return d1 == 100 and d2 == 113 and d3 == 58 and d4 == 123  -- 'dq:{'
   end
 
-  -- `msg` and `store` are a slot's keys; `records`, `stored` its settings record's
-  -- redis_record_buckets and redis_store_buckets (nil: none), as topic_settings read them.
+  -- `msg` and `store` are a slot's keys; `records`, `stored`, `after_ms` its settings record's
+  -- redis_record_buckets, redis_store_buckets and AFTER_FIELD (nil: none), as topic_settings
+  -- read them.
   -- Both wrappers' tables are written in place (their `noted`, which the change tracking
   -- reads too): this runs once a slot a call visits.
-  local function note_layout(msg, store, records, stored)
+  local function note_layout(msg, store, records, stored, after_ms)
     redis.noted[msg] = records or false
     part.noted[store] = stored or false
+    after[store] = tonumber(after_ms) or 0
+  end
+
+  -- The first due that goes into a bucket when written now: now + the record's AFTER_FIELD;
+  -- nil when that is 0 (every due goes into a bucket, even one past).
+  local function bucketed_from(store)
+    local after_ms = after[store]
+    if not after_ms then
+      after_ms = tonumber(server('HGET', settings_record(store), AFTER_FIELD)) or 0
+      after[store] = after_ms
+    end
+    if after_ms == 0 then return nil end
+    if not now then now = now_ms() end
+    return now + after_ms
   end
 
   local function unbucketed_slots(keys, first, step)
@@ -107,17 +137,16 @@ local function store_buckets(redis)
     part.unbucketed_slots(keys, first, step)
   end
 
-  local function zadd(store, state, args)
-    if not tonumber(args[1]) then
-      error({err = 'ERR store_buckets: ZADD flags are not served: ' .. tostring(args[1])})
-    end
-    if not state.to_buckets then
-      local added = server('ZADD', store, unpack(args))
-      state.legacy = true
-      local removed = part.delete_from_buckets(store, state, args, 2, 2)
-      part.settle(store, state)
-      return added - removed
-    end
+  -- ZADD of {due, id, ...} into `store`, deleting each id's bucket entry: how many are new.
+  local function into_store(store, state, args)
+    local added = server('ZADD', store, unpack(args))
+    state.legacy = true
+    return added - part.delete_from_buckets(store, state, args, 2, 2)
+  end
+
+  -- ZADD of {due, id, ...} into the ids' buckets, deleting each id's `store` entry: how many
+  -- are new.
+  local function into_buckets(store, state, args)
     local groups, order = bucket_groups(args, 2, 2, state.n, hash_of)
     local added, ids, earlier, changed = 0, {}, {}, {}
     for _, b in ipairs(order) do
@@ -143,8 +172,58 @@ local function store_buckets(redis)
     local moved = 0
     if state.legacy then moved = server('ZREM', store, unpack(ids)) end
     part.grow(store, state, added)
-    part.settle(store, state)
     return added - moved
+  end
+
+  -- ZADD store due id ...: into `store` while the slot does not write to buckets, else each
+  -- entry into `store` when it is due before `bucketed_from`, into its bucket from then on. An
+  -- id given twice is written once, with its last due, as one ZADD would keep it.
+  local function zadd(store, state, args)
+    if not tonumber(args[1]) then
+      error({err = 'ERR store_buckets: ZADD flags are not served: ' .. tostring(args[1])})
+    end
+    local added = 0
+    local from = state.to_buckets and bucketed_from(store)
+    if not state.to_buckets then
+      added = into_store(store, state, args)
+    elseif not from then
+      added = into_buckets(store, state, args)
+    else
+      local last = {}
+      for i = 2, #args, 2 do last[args[i]] = i end
+      local near, far = {}, {}
+      for i = 2, #args, 2 do
+        if last[args[i]] == i then
+          local into = tonumber(args[i - 1]) < from and near or far
+          into[#into + 1] = args[i - 1]
+          into[#into + 1] = args[i]
+        end
+      end
+      if #near > 0 then added = into_store(store, state, near) end
+      if #far > 0 then added = added + into_buckets(store, state, far) end
+    end
+    part.settle(store, state)
+    return added
+  end
+
+  -- ZREM store id ...: an id is in one place at most, so those `store` holds (one ZMSCORE
+  -- tells, while it may hold any) are deleted there and only the others in their buckets: a
+  -- claim of messages due soon touches no bucket.
+  local function zrem(store, state, ids)
+    if not state.legacy then return part.delete(store, state, ids) end
+    local scores = server('ZMSCORE', store, unpack(ids))
+    local kept, others = {}, {}
+    for i, id in ipairs(ids) do
+      local into = scores[i] and kept or others
+      into[#into + 1] = id
+    end
+    local removed = 0
+    if #kept > 0 then removed = server('ZREM', store, unpack(kept)) end
+    if #others > 0 then
+      removed = removed + part.delete_from_buckets(store, state, others, 1, 1)
+    end
+    part.settle(store, state)
+    return removed
   end
 
   local function zcard(store, state)
@@ -288,7 +367,7 @@ local function store_buckets(redis)
     if not state then return server(command, store, ...) end
     if command == 'ZSCORE' then return part.get('ZSCORE', store, state, (...)) end
     if command == 'ZADD' then return zadd(store, state, {...}) end
-    if command == 'ZREM' then return part.delete(store, state, {...}) end
+    if command == 'ZREM' then return zrem(store, state, {...}) end
     if command == 'ZMSCORE' then return part.get_many('ZMSCORE', store, state, {...}) end
     if command == 'ZCARD' then return zcard(store, state) end
     if command == 'ZCOUNT' then return zcount(store, state, ...) end

@@ -13,11 +13,11 @@
 -- not ask the record again.
 local function topic_settings(key, fields, given)
   local stored = redis.call('HMGET', settings_record(key), 'redis_record_buckets',
-    'redis_store_buckets', unpack(fields))
+    'redis_store_buckets', 'redis_store_buckets_after_ms', unpack(fields))
   local prefix = string.match(key, '^(dq:{.-}:)')
-  redis.note_layout(prefix .. 'msg', prefix .. 'store', stored[1], stored[2])
+  redis.note_layout(prefix .. 'msg', prefix .. 'store', stored[1], stored[2], stored[3])
   for i = 1, #fields do
-    if stored[i + 2] then given[i] = stored[i + 2] end
+    if stored[i + 3] then given[i] = stored[i + 3] end
   end
   return unpack(given)
 end
