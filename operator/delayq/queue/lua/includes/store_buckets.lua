@@ -19,12 +19,14 @@
 -- sorted set (bucket -> the earliest due in it, non-empty buckets only) is what the reads in
 -- due order go by, dropped with `storebuckets`. A message due within the settings record's
 -- `redis_store_buckets_after_ms` (the topic's storeBucketsAfter; 0 where the record lacks it,
--- as the versions before it wrote) of the write is kept in `store` even so: a claim of messages due soon then reads and deletes them in `store`
--- (one command each), not one bucket a message. Buckets picked by hash spread the messages due
--- together over as many buckets as there are messages, once a slot holds many more messages
--- than a claim takes: claim -> ack amid 10M pending messages due a day out cost 1.55x what it
--- cost amid 1M, 1.91x amid 50M (docs/benchmarks.md). A message scheduled further ahead is
--- claimed from its bucket when it comes due. The commands served are those the scripts send
+-- as the versions before it wrote) of the write is kept in `store` even so: a claim of
+-- messages due soon then reads and deletes them in `store` (one command each), not one bucket
+-- a message. Buckets picked by hash spread the messages due together over as many buckets as
+-- there are messages once a slot holds many more messages than a claim takes: claim -> ack
+-- amid 10M pending messages due a day out cost 1.60x what it cost amid 1M, 1.94x amid 50M,
+-- and 1.17x and 1.25x with those messages in `store` (docs/benchmarks.md, "Messages due soon
+-- stay out of the buckets"). A message scheduled further ahead is claimed from its bucket
+-- when it comes due. The commands served are those the scripts send
 -- to `store`: ZADD without flags, ZREM, ZSCORE, ZMSCORE, ZCARD, ZCOUNT, ZRANGE of the head and
 -- ZRANGEBYSCORE with a LIMIT; any other form is an error, not a silent wrong answer.
 --
