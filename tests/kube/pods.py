@@ -415,17 +415,24 @@ def set_pod_ready(api: kmock.KubernetesEmulator, name: str, ready: bool) -> None
     )
 
 
+def store_service_pod(api: kmock.KubernetesEmulator, ordinal: int, **fields: Any) -> None:
+    """The pod object of orders' service pod `ordinal`, with `fields` (`status`, `spec`)."""
+    name = f"orders-service-{ordinal}"
+    api.objects["v1/pods", NAMESPACE, name] = {
+        "metadata": {
+            "name": name,
+            "namespace": NAMESPACE,
+            "labels": naming.service_selector("orders"),
+        },
+        **fields,
+    }
+
+
 def add_service_pods(api: kmock.KubernetesEmulator, count: int) -> None:
     for ordinal in range(count):
-        name = f"orders-service-{ordinal}"
-        api.objects["v1/pods", NAMESPACE, name] = {
-            "metadata": {
-                "name": name,
-                "namespace": NAMESPACE,
-                "labels": naming.service_selector("orders"),
-            },
-            "status": {"conditions": [{"type": "Ready", "status": "True"}]},
-        }
+        store_service_pod(
+            api, ordinal, status={"conditions": [{"type": "Ready", "status": "True"}]}
+        )
     services_rolled_to(api, count)
 
 

@@ -25,7 +25,7 @@ from delayq.kube.handlers.reconcile import reconcile
 from delayq.local.waiting import eventually
 from tests.kube.conftest import DT
 from tests.kube.manifests import CREDS, CTX, by_kind_name, spec_of
-from tests.kube.pods import NAMESPACE
+from tests.kube.pods import NAMESPACE, store_service_pod
 
 
 def redis_affinity(broker: int, brokers: int = 3) -> Manifest:
@@ -124,15 +124,7 @@ def two_broker_topic(api: kmock.KubernetesEmulator) -> Manifest:
 
 def place_service_pod(api: kmock.KubernetesEmulator, broker: int) -> None:
     """Service pod `broker` as the scheduler leaves it: bound to a node."""
-    name = f"orders-service-{broker}"
-    api.objects["v1/pods", NAMESPACE, name] = {
-        "metadata": {
-            "name": name,
-            "namespace": NAMESPACE,
-            "labels": naming.service_selector("orders"),
-        },
-        "spec": {"nodeName": f"node-{broker}"},
-    }
+    store_service_pod(api, broker, spec={"nodeName": f"node-{broker}"})
 
 
 class StatefulSetsAndPodLists:
