@@ -16,9 +16,11 @@ speed is not a figure). At each depth, through the user-level API with the docum
 * enqueue: bench_peers.py's producer (`AsyncQueue.schedule_many`, batches of 1,000, 2 calls in
   flight, requests built inside the timed loop) sending `--sample` more messages due a day out:
   they join the backlog (the next depth's load tops it up to the round figure);
-* claim -> ack: `--due` messages due now, scheduled amid the backlog (untimed), drained by a
-  `Consumer` with `ConsumerSettings()` and a no-op handler (bench_engine.py's `consume_until`):
-  messages per second from the first handler call to the last;
+* enqueue due soon: the same producer sending `--due` messages due now (with `--store-buckets`
+  they stay out of the buckets: `redis.storeBucketsAfter`);
+* claim -> ack: those messages, drained by a `Consumer` with `ConsumerSettings()` and a no-op
+  handler (bench_engine.py's `consume_until`): messages per second from the first handler call
+  to the last;
 * get-by-id: `Queue.get` of `--gets` random backlog ids, one call at a time: latency p50/p99;
 * with `--store-buckets`, claim -> ack from buckets: as claim -> ack, but the `--due` messages'
   dues are written into buckets (the topic published with storeBucketsAfter 0 for their
@@ -81,6 +83,7 @@ QUICK_DEPTHS = "100000,200000,500000"
 # figure -> (part, key in the part's summary, True when the figure is a rate)
 COSTS = {
     "enqueue": ("enqueue", "msg_per_s", True),
+    "enqueue_due": ("enqueue_due", "msg_per_s", True),
     "claim_ack": ("claim_ack", "msg_per_s", True),
     "claim_ack_bucketed": ("claim_ack_bucketed", "msg_per_s", True),
     "get_p50": ("get", "p50_us", False),
@@ -143,14 +146,19 @@ def load(url: str, topic: Topic, first: int, count: int) -> float:
     return asyncio.run(run())
 
 
-def enqueue(url: str, topic: Topic, count: int, prefix: str) -> dict[str, float]:
-    workload = Workload("enqueue", "batch", count, lead_ms=0, window_ms=DAY_MS, id_prefix=prefix)
+def enqueue(
+    url: str, topic: Topic, count: int, prefix: str, ahead_ms: int = DAY_MS
+) -> dict[str, float]:
+    """The producer's rate for `count` messages due over a day from `ahead_ms` out (0: all due
+    now)."""
+    window_ms = DAY_MS if ahead_ms else 0
+    workload = Workload("enqueue", "batch", count, lead_ms=0, window_ms=window_ms, id_prefix=prefix)
 
     def timed() -> float:
         async def produce() -> float:
             queue = AsyncQueue.from_url(url, topic)
             began = time.perf_counter()
-            await delayq_batches(queue, workload, round(now_ms()) + DAY_MS)
+            await delayq_batches(queue, workload, round(now_ms()) + ahead_ms)
             elapsed = time.perf_counter() - began
             await queue.close()
             return count / elapsed
@@ -160,8 +168,8 @@ def enqueue(url: str, topic: Topic, count: int, prefix: str) -> dict[str, float]
     return measure(url, count, timed)
 
 
-def claim_ack(url: str, topic: Topic, count: int, prefix: str) -> dict[str, float]:
-    schedule_at(url, topic, [round(now_ms())] * count, prefix)  # 12-byte ids, due now
+def claim_ack(url: str, topic: Topic, count: int) -> dict[str, float]:
+    """claim -> ack of the `count` messages due now that enqueue(ahead_ms=0) just sent."""
     return measure(url, count, lambda: delivered_per_s(url, topic, count))
 
 
@@ -215,7 +223,7 @@ def cost_ratios(first: dict[str, Any], row: dict[str, Any]) -> dict[str, float]:
         if part in row:
             here, there = row[part][key], first[part][key]
             ratios[figure] = round(there / here if is_rate else here / there, 3)
-    for part in ("enqueue", "claim_ack", "claim_ack_bucketed", "get"):
+    for part in ("enqueue", "enqueue_due", "claim_ack", "claim_ack_bucketed", "get"):
         key = "redis_cpu_us_per_msg"
         if part in row:
             ratios[f"{part}_{key}"] = round(row[part][key] / first[part][key], 3)
@@ -238,14 +246,15 @@ def write(path: Path, report: dict[str, Any]) -> None:
 
 def markdown(report: dict[str, Any]) -> str:
     rows = [
-        "| pending | B / message | enqueue msg/s | claim → ack msg/s "
+        "| pending | B / message | enqueue msg/s | enqueue due soon msg/s | claim → ack msg/s "
         "| from buckets: claim → ack msg/s | get p50 / p99 µs "
-        "| cost ÷ first: enqueue, claim → ack, from buckets, get p50 / p99, bytes | load 1 min |",
-        "|---:|---:|---:|---:|---:|---:|---|---|",
+        "| cost ÷ first: enqueue, due soon, claim → ack, from buckets, get p50 / p99, bytes "
+        "| load 1 min |",
+        "|---:|---:|---:|---:|---:|---:|---:|---|---|",
     ]
     for row in report["depths"]:
         if "skipped" in row:
-            rows.append(f"| {row['depth']:,} | skipped: {row['skipped']} | | | | | | |")
+            rows.append(f"| {row['depth']:,} | skipped: {row['skipped']} | | | | | | | |")
             continue
         r = row["cost_ratio_to_first_depth"]
         bucketed = row.get("claim_ack_bucketed")
@@ -253,10 +262,10 @@ def markdown(report: dict[str, Any]) -> str:
         bucketed_ratio = f"{r['claim_ack_bucketed']:.2f}" if bucketed else "-"
         rows.append(
             f"| {row['depth']:,} | {row['bytes_per_message']:.0f} "
-            f"| {row['enqueue']['msg_per_s']:,.0f} | {row['claim_ack']['msg_per_s']:,.0f} "
-            f"| {from_buckets} "
+            f"| {row['enqueue']['msg_per_s']:,.0f} | {row['enqueue_due']['msg_per_s']:,.0f} "
+            f"| {row['claim_ack']['msg_per_s']:,.0f} | {from_buckets} "
             f"| {row['get']['p50_us']:.0f} / {row['get']['p99_us']:.0f} "
-            f"| {r['enqueue']:.2f}, {r['claim_ack']:.2f}, "
+            f"| {r['enqueue']:.2f}, {r['enqueue_due']:.2f}, {r['claim_ack']:.2f}, "
             f"{bucketed_ratio}, {r['get_p50']:.2f} / "
             f"{r['get_p99']:.2f}, {r['bytes_per_message']:.2f} "
             f"| {row['loadavg_1m_at_start']:.2f} → {row['loadavg_1m_at_end']:.2f} |"
@@ -311,7 +320,7 @@ def main() -> None:
             "payload_bytes": len(PAYLOAD),
             "id_bytes": len(backlog_id(0)),
             "rounds": args.rounds,
-            "sample": {"enqueue": sample, "claim_ack": due, "gets": gets},
+            "sample": {"enqueue": sample, "enqueue_due": due, "claim_ack": due, "gets": gets},
             "machine": machine(),
             "versions": {
                 "delayq": delayq.__version__,
@@ -366,7 +375,12 @@ def main() -> None:
                 # the smallest container limit whose maxmemory (80%) holds this server
                 "limits_memory_mib_at_least": round(used / MAXMEMORY_SHARE / MIB),
             }
-            runs: dict[str, list[dict[str, float]]] = {"enqueue": [], "claim_ack": [], "get": []}
+            runs: dict[str, list[dict[str, float]]] = {
+                "enqueue": [],
+                "enqueue_due": [],
+                "claim_ack": [],
+                "get": [],
+            }
             if args.store_buckets:
                 runs["claim_ack_bucketed"] = []
             for _ in range(args.rounds):
@@ -374,7 +388,10 @@ def main() -> None:
                 print(f"  round {batch_number}", file=sys.stderr, flush=True)
                 runs["enqueue"].append(enqueue(server.url, topic, sample, f"e{batch_number:02d}-"))
                 pending += sample
-                runs["claim_ack"].append(claim_ack(server.url, topic, due, f"c{batch_number:02d}"))
+                runs["enqueue_due"].append(
+                    enqueue(server.url, topic, due, f"c{batch_number:02d}-", ahead_ms=0)
+                )
+                runs["claim_ack"].append(claim_ack(server.url, topic, due))
                 if args.store_buckets:
                     version += 2
                     runs["claim_ack_bucketed"].append(

@@ -238,3 +238,34 @@ def test_messages_due_soon_stay_out_of_the_buckets(
     assert calls_of(redis_client, "zrem") - zrem <= 2
     assert calls_of(redis_client, "zrangebyscore") - ranges <= 3
     assert near_queue.stats().scheduled == 2102 - len(due)
+
+
+def test_a_new_message_due_soon_deletes_nothing_in_the_buckets(
+    near_queue: Queue, redis_client: redis.Redis
+) -> None:
+    """Ids without a record scheduled due soon go into `store` with no ZREM in their buckets: a
+    live message always has its record, so such an id is in none (amid a deep backlog that
+    ZREM was one more bucket a message). An id that has a record still leaves its bucket, and
+    so does a new id written twice in one batch, its writes in two commands (500 messages a
+    ZADD), wherever the last one puts it."""
+    shared.publish(redis_client, True, 1, NEAR_TOPIC, shared.STORE.field)
+    now = now_ms(redis_client)
+    schedule_at(near_queue, {f"l{i}": now + HOUR_MS + i for i in range(2000)})
+    assert store_bucket_count(redis_client, NEAR_KEYS) > 20
+    zrem = calls_of(redis_client, "zrem")
+    schedule_at(near_queue, {f"s{i}": now + i for i in range(200)})
+    assert calls_of(redis_client, "zrem") == zrem
+    assert all(kept_in(redis_client, f"s{i}") == {"store"} for i in range(200))
+
+    filler = [ScheduleRequest(f"f{i}", b"p", at_ms=now + 5) for i in range(598)]
+    near_queue.schedule_many(
+        [ScheduleRequest("x", b"p", at_ms=now + HOUR_MS), ScheduleRequest("y", b"p", at_ms=now)]
+        + [ScheduleRequest(f"l{i}", b"p", at_ms=now + 5) for i in range(10)]
+        + filler
+        + [ScheduleRequest("x", b"p", at_ms=now), ScheduleRequest("y", b"p", at_ms=now + HOUR_MS)],
+        Mode.UPSERT,
+    )
+    assert kept_in(redis_client, "x") == {"store"}
+    assert kept_in(redis_client, "y") == {"bucket"}
+    assert all(kept_in(redis_client, f"l{i}") == {"store"} for i in range(10))
+    assert near_queue.stats().scheduled == 2000 + 200 + 598 + 2

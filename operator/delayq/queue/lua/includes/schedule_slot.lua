@@ -48,6 +48,7 @@ local function schedule_slot(prefix, args, first, last, now, bases_absent, resul
   local max_pending = tonumber(record[4] or args[6])
 
   local zadd_args, hset_args = {}, {}
+  local absent = {}  -- the ids written that had no record: in no store and no bucket
   -- id -> the slot basis it is stored with, or false to delete an entry it may have (of the
   -- message it replaces, or of a finished one kept with its outcome: forget_bases), looked for
   -- only in a slot that has entries, so default-basis batches pay nothing; written after the
@@ -159,12 +160,14 @@ local function schedule_slot(prefix, args, first, last, now, bases_absent, resul
       if state then
         append(results, CODE.UPDATED, due, 'scheduled')
       else
+        absent[#absent + 1] = id
         append(results, CODE.CREATED, due, 'scheduled')
       end
     end
   end
 
   if #zadd_args > 0 then
+    redis.note_absent(store, absent)
     call_chunked('ZADD', store, zadd_args)
     call_chunked('HSET', msg, hset_args)
     wake_if_earliest(store, prefix .. 'wake', earliest)

@@ -42,6 +42,9 @@ local function store_buckets(redis)
   local now = nil  -- this call's now_ms(), read at its first write into buckets
   -- store key -> its record's AFTER_FIELD as a number (0 when it has none), for this call
   local after = {}
+  -- store key -> {id -> true}: ids its caller found without a record in this call
+  -- (note_absent), so in neither `store` nor a bucket; each is taken off at its first write
+  local absent = {}
   local server = redis.server_call
   local byte, tonumber, unpack = string.byte, tonumber, unpack
   local part
@@ -95,6 +98,7 @@ local function store_buckets(redis)
   local function begin_call()
     now = nil
     if next(after) then after = {} end
+    if next(absent) then absent = {} end
     part.begin_call()
     wrapper.store_noted = part.noted
     redis.begin_call()
@@ -134,21 +138,60 @@ local function store_buckets(redis)
     return now + after_ms
   end
 
+  -- `ids` have no record in the slot of `store`: a live message always has one (the schedule
+  -- scripts' create-only rule reads them anyway), so none is in `store` or in a bucket, and
+  -- its first write here deletes no other copy. That write is what a message due soon cost
+  -- most: a ZREM in its own bucket, once a message at depth (docs/benchmarks.md, "A new
+  -- message due soon deletes nothing"). Noted only where the slot's record has the field.
+  local function note_absent(store, ids)
+    if not part.noted[store] then return end
+    local set = absent[store]
+    if not set then
+      set = {}
+      absent[store] = set
+    end
+    for _, id in ipairs(ids) do set[id] = true end
+  end
+
+  -- The pairs of `args` ({due, id, ...}) whose id may have another copy to delete: all but
+  -- the noted absent ids, each taken off the note here (a later write of it in this call
+  -- has this one's copy to delete). nil when that is all of them.
+  local function with_copies(store, args)
+    local set = absent[store]
+    if not set then return nil end
+    local keep, skipped = {}, false
+    for i = 2, #args, 2 do
+      local id = args[i]
+      if set[id] then
+        set[id] = nil
+        skipped = true
+      else
+        keep[#keep + 1] = args[i - 1]
+        keep[#keep + 1] = id
+      end
+    end
+    return skipped and keep or nil
+  end
+
   local function unbucketed_slots(keys, first, step)
     redis.unbucketed_slots(keys, first, step)
     part.unbucketed_slots(keys, first, step)
   end
 
-  -- ZADD of {due, id, ...} into `store`, deleting each id's bucket entry: how many are new.
+  -- ZADD of {due, id, ...} into `store`, deleting each id's bucket entry (not a noted absent
+  -- one's: it has none): how many are new.
   local function into_store(store, state, args)
     local added = server('ZADD', store, unpack(args))
     state.legacy = true
-    return added - part.delete_from_buckets(store, state, args, 2, 2)
+    local copies = with_copies(store, args) or args
+    if #copies == 0 then return added end
+    return added - part.delete_from_buckets(store, state, copies, 2, 2)
   end
 
-  -- ZADD of {due, id, ...} into the ids' buckets, deleting each id's `store` entry: how many
-  -- are new.
+  -- ZADD of {due, id, ...} into the ids' buckets, deleting each id's `store` entry (not a
+  -- noted absent one's): how many are new.
   local function into_buckets(store, state, args)
+    local copies = with_copies(store, args)
     local groups, order = bucket_groups(args, 2, 2, state.n, hash_of)
     local added, ids, earlier, changed = 0, {}, {}, {}
     for _, b in ipairs(order) do
@@ -172,7 +215,11 @@ local function store_buckets(redis)
     set_heads(state, earlier, 'LT')
     refresh(store, state, changed)
     local moved = 0
-    if state.legacy then moved = server('ZREM', store, unpack(ids)) end
+    if copies then
+      ids = {}
+      for i = 2, #copies, 2 do ids[#ids + 1] = copies[i] end
+    end
+    if state.legacy and #ids > 0 then moved = server('ZREM', store, unpack(ids)) end
     part.grow(store, state, added)
     return added - moved
   end
@@ -380,7 +427,8 @@ local function store_buckets(redis)
 
   wrapper = setmetatable({store_call = call, is_store = is_store, store_noted = part.noted,
     estimated_count = estimated_count,
-    begin_call = begin_call, unbucketed_slots = unbucketed_slots, note_layout = note_layout},
+    begin_call = begin_call, unbucketed_slots = unbucketed_slots, note_layout = note_layout,
+    note_absent = note_absent},
     {__index = redis})
   return wrapper
 end
