@@ -36,6 +36,7 @@ from .conftest import server_ms
 PAST_MS = 1_000
 DAY_MS = 86_400_000
 TOPIC = Topic("model", slot_amount=2, max_retries=1, outcome_retention_ms=DAY_MS)
+STORE_BUCKETS_AFTER_MS = TOPIC.redis_store_buckets_after_ms  # the default, 10s
 ALL_IDS = ["a", "b", "c"]
 IDS = st.sampled_from(ALL_IDS)
 SEED_PRIORITIES = [0, 3, 9]  # every path meets messages of each kind from the start
@@ -78,6 +79,7 @@ class QueueMachine(RuleBasedStateMachine):
         self.settings_version = 0  # of the settings record this machine publishes
         # where the owner has the slots keep records and waiting messages (the switch rules)
         self.record_buckets = self.store_buckets = False
+        self.store_buckets_after_ms = STORE_BUCKETS_AFTER_MS
 
     @initialize()
     def take_over_all_slots_and_seed(self) -> None:
@@ -95,11 +97,13 @@ class QueueMachine(RuleBasedStateMachine):
         self.record_buckets = on
         self._publish_layout()
 
-    @rule(on=st.booleans())
-    def switch_store_buckets(self, on: bool) -> None:
+    @rule(on=st.booleans(), due_soon_too=st.booleans())
+    def switch_store_buckets(self, on: bool, due_soon_too: bool) -> None:
         """The owner turns storeBuckets on or off: waiting messages move as they are written,
-        and every claim, count and lookup finds each where it waits."""
+        and every claim, count and lookup finds each where it waits. `due_soon_too`: with
+        storeBucketsAfter 0s, messages due now go into buckets too, so claims take them there."""
         self.store_buckets = on
+        self.store_buckets_after_ms = 0 if due_soon_too else STORE_BUCKETS_AFTER_MS
         self._publish_layout()
 
     def _publish_layout(self) -> None:
@@ -108,6 +112,7 @@ class QueueMachine(RuleBasedStateMachine):
             self.topic,
             redis_record_buckets=self.record_buckets,
             redis_store_buckets=self.store_buckets,
+            redis_store_buckets_after_ms=self.store_buckets_after_ms,
         )
         Queue(self.client, topic).publish_settings("model", self.settings_version)
 
