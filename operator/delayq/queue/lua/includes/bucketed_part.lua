@@ -27,9 +27,8 @@
 -- This is the part's state in one call; the commands of the part's type are its wrapper's.
 -- `server` is the server's call. `kind` = {flat, meta, field, siblings (part names dropped with
 -- the meta hash), read_all(key) -> {id, value, ...}, write(key, {id, value, ...}),
--- remove(key, ids) -> how many were there, changed(flat, state, buckets, removed) (after
--- those buckets lost or gained entries, once a write; `removed`, when given, is bucket -> the
--- ids a delete sent it; may be nil)}. `hash_of`, when given, is another
+-- remove(key, ids) -> how many were there, changed(flat, state, buckets) (after those
+-- buckets lost or gained entries, once a write; may be nil)}. `hash_of`, when given, is another
 -- part's id_hash of this call's ids (record_buckets's, for store_buckets): a script names the
 -- same ids to both, and the part that owns the hashes forgets them at its begin_call.
 local function bucketed_part(server, kind, hash_of)
@@ -159,20 +158,18 @@ local function bucketed_part(server, kind, hash_of)
   local gathered = part.gathered
 
   -- Delete the ids at positions first, first + stride, ... of `args` from their buckets;
-  -- returns how many were there. `kind.changed` is told each changed bucket's ids.
+  -- returns how many were there.
   function part.delete_from_buckets(flat, state, args, first, stride)
     local groups, order = bucket_groups(args, first, stride, state.n, part.hash_of)
-    local removed, changed, sent = 0, {}, {}
+    local removed, changed = 0, {}
     for _, b in ipairs(order) do
-      local ids = gathered(args, groups[b], 1)
-      local gone = kind.remove(part.bucket_key(flat, b), ids)
+      local gone = kind.remove(part.bucket_key(flat, b), gathered(args, groups[b], 1))
       if gone > 0 then
         changed[#changed + 1] = b
-        sent[b] = ids
         removed = removed + gone
       end
     end
-    if kind.changed and #changed > 0 then kind.changed(flat, state, changed, sent) end
+    if kind.changed and #changed > 0 then kind.changed(flat, state, changed) end
     state.count = state.count - removed
     return removed
   end

@@ -33,11 +33,9 @@
 -- A range read (ZRANGEBYSCORE) merges the buckets in the order of (score, bucket, id): the
 -- buckets are visited in `heads` order and each is read only while it may still hold an entry
 -- among the first offset + count, so a claim reads the buckets whose heads are due and a herd
--- due at one instant reads about count entries, not every bucket. A read from -inf takes a
--- bucket's first few entries, due or not (its due ones again by score when those are all
--- due), so that the ZREM of its due ones that follows knows the bucket's next head. Ids due
--- at the same instant come in bucket order instead of id order: the one order there is, the
--- same for every read of the same contents (a paged read does not skip or repeat).
+-- due at one instant reads about count entries, not every bucket. Ids due at the same
+-- instant come in bucket order instead of id order: the one order there is, the same for
+-- every read of the same contents (a paged read does not skip or repeat).
 local function store_buckets(redis)
   local HEADS_PAGE = 64  -- heads read at a time by a range read
   local AFTER_FIELD = 'redis_store_buckets_after_ms'
@@ -47,13 +45,6 @@ local function store_buckets(redis)
   -- store key -> {id -> true}: ids its caller found without a record in this call
   -- (note_absent), so in neither `store` nor a bucket; each is taken off at its first write
   local absent = {}
-  -- bucket key -> {entries = {id, due, ...}, the bucket's first ones as a range read found
-  -- them; whole = true when they are all it held}: so that the ZREM of a claim's due entries
-  -- that follows sets the bucket's head from them (head_after) instead of reading it again,
-  -- a command a bucket, and amid a deep backlog a due message is alone in its bucket. Any
-  -- ZADD drops them all (a write of a bucket in between), a ZREM the bucket's it used.
-  local ahead = {}
-  local AHEAD = 4  -- due entries a bucket's first read takes before it reads them as before
   local server = redis.server_call
   local byte, tonumber, unpack = string.byte, tonumber, unpack
   local part
@@ -69,34 +60,14 @@ local function store_buckets(redis)
       end
     end
   end
-  -- The first due of the bucket `key` after `ids` were deleted from it, from what a range
-  -- read in this call saw of it (`ahead`, used once): false when it is empty, nil when that
-  -- read does not tell (none, or every entry it saw deleted and there may be more).
-  local function head_after(key, ids)
-    local seen = ahead[key]
-    if not seen then return nil end
-    ahead[key] = nil
-    local deleted = {}
-    for _, id in ipairs(ids) do deleted[id] = true end
-    local entries = seen.entries
-    for k = 1, #entries, 2 do
-      if not deleted[entries[k]] then return entries[k + 1] end
-    end
-    if seen.whole then return false end
-    return nil
-  end
-
   -- Each of `buckets`'s entry in `heads` set to its first entry's due, or dropped once it is
-  -- empty; `removed` (bucket -> ids), when a delete gives it, lets head_after tell.
-  local function refresh(store, state, buckets, removed)
+  -- empty.
+  local function refresh(store, state, buckets)
     local heads, emptied = {}, {}
     for _, b in ipairs(buckets) do
-      local key = part.bucket_key(store, b)
-      local head = nil
-      if removed and removed[b] then head = head_after(key, removed[b]) end
-      if head == nil then head = server('ZRANGE', key, 0, 0, 'WITHSCORES')[2] or false end
-      if head then
-        heads[#heads + 1] = head
+      local head = server('ZRANGE', part.bucket_key(store, b), 0, 0, 'WITHSCORES')
+      if head[2] then
+        heads[#heads + 1] = head[2]
         heads[#heads + 1] = b
       else
         emptied[#emptied + 1] = b
@@ -128,7 +99,6 @@ local function store_buckets(redis)
     now = nil
     if next(after) then after = {} end
     if next(absent) then absent = {} end
-    if next(ahead) then ahead = {} end
     part.begin_call()
     wrapper.store_noted = part.noted
     redis.begin_call()
@@ -261,7 +231,6 @@ local function store_buckets(redis)
     if not tonumber(args[1]) then
       error({err = 'ERR store_buckets: ZADD flags are not served: ' .. tostring(args[1])})
     end
-    if next(ahead) then ahead = {} end
     local added = 0
     local from = state.to_buckets and bucketed_from(store)
     if not state.to_buckets then
@@ -403,28 +372,10 @@ local function store_buckets(redis)
         end
       end
     end
-    -- a read from the first entry up to a plain bound: its buckets' first entries are kept
-    -- (`ahead`) for the ZREM that may follow
-    local high = min == '-inf' and tonumber(max)
     local function read(key, name)
-      if need == 0 then return end
-      if name ~= '' and high then
-        local limit = math.min(need, AHEAD) + 1
-        local first = server('ZRANGE', key, 0, limit - 1, 'WITHSCORES')
-        local due = {}
-        for k = 1, #first, 2 do
-          if tonumber(first[k + 1]) > high then break end
-          due[#due + 1] = first[k]
-          due[#due + 1] = first[k + 1]
-        end
-        if #due < 2 * limit or limit > need then  -- every due one it may take is in `due`
-          ahead[key] = {entries = first, whole = #first < 2 * limit}
-          take(name, due)
-          return
-        end
-        ahead[key] = nil
+      if need > 0 then
+        take(name, server('ZRANGEBYSCORE', key, min, max, 'WITHSCORES', 'LIMIT', 0, need))
       end
-      take(name, server('ZRANGEBYSCORE', key, min, max, 'WITHSCORES', 'LIMIT', 0, need))
     end
     if state.legacy then read(store, '') end
     local from, done = 0, need == 0
