@@ -142,7 +142,8 @@ local function store_buckets(redis)
   -- scripts' create-only rule reads them anyway), so none is in `store` or in a bucket, and
   -- its first write here deletes no other copy. That write is what a message due soon cost
   -- most: a ZREM in its own bucket, once a message at depth (docs/benchmarks.md, "A new
-  -- message due soon deletes nothing"). Noted only where the slot's record has the field.
+  -- message due soon deletes nothing in its bucket"). Noted only where the slot's record has
+  -- the field.
   local function note_absent(store, ids)
     if not part.noted[store] then return end
     local set = absent[store]
