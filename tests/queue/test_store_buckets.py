@@ -15,9 +15,10 @@ from typing import cast
 import pytest
 import redis
 
+from delayq.local.waiting import wait_until
 from delayq.queue.client import Queue
 from delayq.queue.keys import Part, slot_keys
-from delayq.queue.model import Mode, ScheduleRequest
+from delayq.queue.model import Mode, Retry, ScheduleRequest
 from delayq.queue.plans import Arg, Plan, ScriptCall
 from delayq.queue.record_buckets import bucket_of
 from delayq.queue.scripts import Script
@@ -308,3 +309,33 @@ def test_a_new_message_due_soon_deletes_nothing_in_the_buckets(
     assert kept_in(redis_client, "y") == {"bucket"}
     assert all(kept_in(redis_client, f"l{i}") == {"store"} for i in range(10))
     assert near_queue.stats().scheduled == 2000 + 200 + 598 + 2
+
+
+def test_a_retry_or_give_back_due_soon_deletes_nothing_in_the_buckets(
+    near_queue: Queue, redis_client: redis.Redis
+) -> None:
+    """A message taken out of `prepare` by a nack, a give-back or its lease's expiry is in no
+    bucket (a message is scheduled, prepared or dead, never two): put back due soon, into
+    `store`, it costs the ZREM in `prepare` and none in a bucket. Each is delivered again."""
+    shared.publish(redis_client, True, 1, NEAR_TOPIC, shared.STORE.field)
+    now = now_ms(redis_client)
+    schedule_at(near_queue, {f"l{i}": now + HOUR_MS + i for i in range(2000)})
+    schedule_at(near_queue, {f"s{i}": now - 100 + i for i in range(60)})
+    assert store_bucket_count(redis_client, NEAR_KEYS) > 20
+    epoch = near_queue.take_over(0)
+    taken = near_queue.claim(0, epoch, max_count=60).messages
+    assert len(taken) == 60
+    zrem = calls_of(redis_client, "zrem")
+    near_queue.nack_many([Retry(message.lease) for message in taken[:20]])
+    near_queue.giveback_many(taken[20:40])
+    assert calls_of(redis_client, "zrem") - zrem == 40  # their entries in `prepare`
+    expiring = near_queue.claim(0, epoch, max_count=60, ack_timeout_ms=1).messages
+    assert {m.id for m in expiring} == {m.id for m in taken[:40]}
+    after = now_ms(redis_client)
+    wait_until(lambda: now_ms(redis_client) > after + 5, 5, "the 1 ms leases to run out")
+    zrem = calls_of(redis_client, "zrem")
+    again = near_queue.claim(0, epoch, max_count=60).messages  # rolls the 40 leases back first
+    assert {m.id for m in again} == {m.id for m in taken[:40]}
+    assert all(kept_in(redis_client, f"s{i}") == set() for i in range(40))
+    # the 40 expired leases out of `prepare`, then out of `store` as claimed again
+    assert calls_of(redis_client, "zrem") - zrem <= 40 + 2

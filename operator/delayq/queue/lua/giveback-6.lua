@@ -67,6 +67,7 @@ for i = 3, #ARGV, 2 do
     redis.call('ZREM', prepare, id)
     end_group_lease(store, id, record, p3, now)
     redis.call('HSET', msg, id, record_with(record, math.max(attempts - 1, 0), '', ''))
+    redis.note_absent(store, {id})  -- it was leased, so not in store
     redis.call('ZADD', store, due_ms, id)
     index_priority(store, id, record_priority(record), due_ms)
     index_group(store, id, record_group(record, p3), due_ms)

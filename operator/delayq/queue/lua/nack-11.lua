@@ -113,6 +113,7 @@ for i = 8, #ARGV, 5 do
       append(results, to_dead and CODE.DEAD or CODE.DROPPED, now)
     else
       redis.call('HSET', msg, id, record_with(record, attempts, '', '', p3))
+      redis.note_absent(store, {id})  -- it was leased, so not in store
       redis.call('ZADD', store, retry_due, id)
       index_priority(store, id, record_priority(record, stop), retry_due)
       index_group(store, id, record_group(record, p3), retry_due)

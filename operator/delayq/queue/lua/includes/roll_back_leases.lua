@@ -27,7 +27,7 @@ local function roll_back_leases(slot, store, prepare, ids, now, max_retries, ret
   local given_up = 0
   for n, id in ipairs(ids) do
     local deadline = tonumber(redis.call('ZSCORE', prepare, id))
-    redis.call('ZREM', prepare, id)
+    local was_leased = redis.call('ZREM', prepare, id) == 1
     local record = redis.call('HGET', slot.msg, id)
     if record then
       local attempts, due, _, p3 = record_fields(record)
@@ -44,6 +44,7 @@ local function roll_back_leases(slot, store, prepare, ids, now, max_retries, ret
         given_up = given_up + 1
       else
         redis.call('HSET', slot.msg, id, record_with(record, attempts, '', '', p3))
+        if was_leased then redis.note_absent(store, {id}) end  -- so not in store
         redis.call('ZADD', store, retry_due, id)
         index_priority(store, id, record_priority(record, stop), retry_due)
         index_group(store, id, record_group(record, p3), retry_due)

@@ -42,8 +42,8 @@ local function store_buckets(redis)
   local now = nil  -- this call's now_ms(), read at its first write into buckets
   -- store key -> its record's AFTER_FIELD as a number (0 when it has none), for this call
   local after = {}
-  -- store key -> {id -> true}: ids its caller found without a record in this call
-  -- (note_absent), so in neither `store` nor a bucket; each is taken off at its first write
+  -- store key -> {id -> true}: ids its caller knows are in neither `store` nor a bucket
+  -- (note_absent); each is taken off at its first write
   local absent = {}
   local server = redis.server_call
   local byte, tonumber, unpack = string.byte, tonumber, unpack
@@ -138,12 +138,13 @@ local function store_buckets(redis)
     return now + after_ms
   end
 
-  -- `ids` have no record in the slot of `store`: a live message always has one (the schedule
-  -- scripts' create-only rule reads them anyway), so none is in `store` or in a bucket, and
-  -- its first write here deletes no other copy. That write is what a message due soon cost
-  -- most: a ZREM in its own bucket, once a message at depth (docs/benchmarks.md, "A new
-  -- message due soon deletes nothing in its bucket"). Noted only where the slot's record has
-  -- the field.
+  -- `ids` are in neither `store` nor a bucket of the slot of `store`, as the caller knows: a
+  -- schedule found them without a record (a live message always has one; the create-only
+  -- rule reads them anyway), or a retry, give-back or expired lease has just taken them out
+  -- of `prepare` (a message is scheduled, prepared or dead, never two). Their first write
+  -- here deletes no other copy. That write is what a message due soon cost most: a ZREM in
+  -- its own bucket, once a message at depth (docs/benchmarks.md, "A new message due soon
+  -- deletes nothing in its bucket"). Noted only where the slot's record has the field.
   local function note_absent(store, ids)
     if not part.noted[store] then return end
     local set = absent[store]
