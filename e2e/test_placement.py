@@ -1,4 +1,4 @@
-"""Placement by the real kube-scheduler: broker i's master next to delay-service pod i.
+"""Placement by the real kube-scheduler: a Redis pod of broker i next to delay-service pod i.
 
 Issue 4 asks for one delay-service pod per broker, "scheduled next to its broker (affinity)
 and spread across nodes". Unit tests check the affinity terms and the apply order; only a real
@@ -87,8 +87,9 @@ def test_each_broker_has_a_redis_pod_with_its_service_pod_and_one_elsewhere(
     Which one is the scheduler's: both pods of a broker share one template (the same
     preference for the service pod, the same spread from each other) and are created in
     parallel, so the replica (pod 1) took the service pod's node in one run of 2026-11-30
-    (the first master, pod 0 by the election's rank, then sat on another node). Electing the
-    co-located pod first is not built (docs/e2e.md)."""
+    (pod 0 then sat on another node). The election, not the scheduler, makes the co-located pod
+    the first master (kube/failover.py; its KWOK pods run no Redis, so tests/kube/
+    test_handlers.py shows that part with real servers)."""
     kube.apply({"apiVersion": "delayq.io/v1alpha1", "kind": "DelayTopic",
                 "metadata": {"name": TOPIC},
                 "spec": {"slotAmount": 16, "brokers": BROKERS,

@@ -19,6 +19,7 @@ def pod(
     terminating: bool = False,
     link_up: bool = True,
     synced: bool = True,
+    beside: bool = False,
 ) -> RedisPod:
     return RedisPod(
         f"t-redis-0-{ordinal}",
@@ -31,6 +32,7 @@ def pod(
         terminating,
         link_up,
         synced,
+        beside_service=beside,
     )
 
 
@@ -47,6 +49,47 @@ def test_fresh_broker_elects_at_once_without_grace() -> None:
     assert decision.promote == "t-redis-0-0"  # equal offsets: the lowest ordinal
     assert decision.reason == "MasterElected"
     assert not decision.failover
+
+
+def test_a_fresh_broker_elects_the_pod_beside_its_service_pod() -> None:
+    """The scheduler may put either pod on the service pod's node (one template, started
+    together): the election, not the ordinal, makes that one the master."""
+    decision = decide([pod(0), pod(1, beside=True), pod(2)], NOW, GRACE, None, had_master=False)
+    assert (decision.promote, decision.reason) == ("t-redis-0-1", "MasterElected")
+
+
+def test_a_fresh_broker_waits_for_the_pod_beside_its_service_pod_at_most_the_grace() -> None:
+    pods = [pod(0), pod(1, beside=True, ready=False)]
+    first = decide(pods, NOW, GRACE, None, had_master=False)
+    assert (first.master, first.promote) == (None, None)
+    assert (first.reason, first.missing_since) == ("WaitingForPodBesideService", NOW)
+    assert "t-redis-0-1" in first.message
+    # ready but not answering yet: still awaited
+    answering = [pod(0), pod(1, beside=True, role=None)]
+    assert decide(answering, NOW + 1, GRACE, NOW, False).promote is None
+    ready = decide([pod(0), pod(1, beside=True)], NOW + 1, GRACE, NOW, False)
+    assert (ready.promote, ready.missing_since) == ("t-redis-0-1", None)
+    # the wait is bounded: then any ready pod
+    late = decide(pods, NOW + GRACE, GRACE, NOW, had_master=False)
+    assert (late.promote, late.reason) == ("t-redis-0-0", "MasterElected")
+    # a stopping pod beside the service pod is not awaited
+    stopping = [pod(0), pod(1, beside=True, ready=False, terminating=True)]
+    assert decide(stopping, NOW, GRACE, None, had_master=False).promote == "t-redis-0-0"
+
+
+def test_a_failover_puts_data_before_the_pod_beside_the_service_pod() -> None:
+    lost = pod(0, master=True, ready=False, role=None)
+    ahead = decide(
+        [lost, pod(1, offset=10, beside=True), pod(2, offset=20)], NOW + GRACE, GRACE, NOW, True
+    )
+    assert ahead.promote == "t-redis-0-2"
+    even = decide(
+        [lost, pod(1, offset=20), pod(2, offset=20, beside=True)], NOW + GRACE, GRACE, NOW, True
+    )
+    assert even.promote == "t-redis-0-2"
+    # a failover never waits for the pod beside the service pod
+    waiting = [lost, pod(1, offset=20), pod(2, offset=20, beside=True, ready=False)]
+    assert decide(waiting, NOW + GRACE, GRACE, NOW, True).promote == "t-redis-0-1"
 
 
 def test_missing_master_waits_for_the_grace_period() -> None:

@@ -380,6 +380,58 @@ async def test_health_elects_masters_and_reports_ready(
     assert await refresh(ctx, body(api), logger) == {}
 
 
+def on_node(api: kmock.KubernetesEmulator, pod: str, node: str) -> None:
+    """What the scheduler's binding leaves on a pod."""
+    api.objects["v1/pods", NAMESPACE, pod].patch({"spec": {"nodeName": node}})
+
+
+async def test_health_elects_the_redis_pod_beside_each_service_pod_first(
+    api: kmock.KubernetesEmulator,
+    ctx: OperatorContext,
+    zk: KazooClient,
+    redis_pods: RedisPods,
+    logger: logging.Logger,
+) -> None:
+    """Broker 0's replica took service pod 0's node (seen in e2e, 2026-11-30): it, not pod 0,
+    becomes the first master; broker 1 waits for its pod beside service pod 1 to be ready."""
+    put_topic(api, brokers=2, slotAmount=4)
+    await provision(api, ctx, logger)
+    redis_pods.add(0, 2)
+    redis_pods.add(1, 2)
+    add_service_pods(api, 2)
+    own_slots(zk, 4)
+    for pod, node in {
+        "orders-service-0": "node-b",
+        "orders-service-1": "node-c",
+        "orders-redis-0-0": "node-a",
+        "orders-redis-0-1": "node-b",
+        "orders-redis-1-0": "node-a",
+        "orders-redis-1-1": "node-c",
+    }.items():
+        on_node(api, pod, node)
+    # a pod labelled like a service pod, not one of the StatefulSet's, is no service pod
+    api.objects["v1/pods", NAMESPACE, "impostor"] = {
+        "metadata": {
+            "name": "impostor",
+            "namespace": NAMESPACE,
+            "labels": naming.service_selector("orders"),
+        },
+        "spec": {"nodeName": "node-a"},
+    }
+    set_pod_ready(api, "orders-redis-1-1", False)
+    write_status(api, await refresh(ctx, body(api), logger))
+    brokers = body(api)["status"]["brokers"]
+    assert (brokers[0]["state"], brokers[0]["masterPod"]) == ("Ready", "orders-redis-0-1")
+    assert redis_pods.replication("orders-redis-0-1")["role"] == "master"
+    assert (brokers[1]["state"], brokers[1]["masterPod"]) == ("WaitingForPodBesideService", "")
+    assert redis_pods.recorded_master(1) is None
+    set_pod_ready(api, "orders-redis-1-1", True)
+    write_status(api, await refresh(ctx, body(api), logger))
+    assert body(api)["status"]["brokers"][1]["masterPod"] == "orders-redis-1-1"
+    assert redis_pods.replication("orders-redis-1-1")["role"] == "master"
+    assert condition(api, "Ready")["reason"] == "Serving"
+
+
 async def test_health_loads_the_functions_library_on_a_master_that_lost_it(
     api: kmock.KubernetesEmulator,
     ctx: OperatorContext,

@@ -7,13 +7,19 @@ Rules, in order:
    to a replica of it, so it resyncs and can never overwrite the new master's data.
 2. When the recorded master is gone or not ready, wait `grace_s` (a restarting pod keeps its
    data and role), then promote the ready, reachable pod with the highest replication offset
-   (ties: more keys, then the lowest ordinal) and record it as master. Only a replica that
-   synced from the master since it started may be promoted (`synced`: redisctl._synced), or
-   the recorded master's pod made again (its volume holds the master's data): a replica that
-   never synced (restarted from its own files while the master ran on, unable to
-   authenticate, mid full sync) holds an old copy, and promoting it would lose every write
-   since; the broker waits for its master instead (NoSyncedReplica).
+   (ties: more keys, then the pod beside the delay-service pod, then the lowest ordinal) and
+   record it as master. Only a replica that synced from the master since it started may be
+   promoted (`synced`: redisctl._synced), or the recorded master's pod made again (its volume
+   holds the master's data): a replica that never synced (restarted from its own files while
+   the master ran on, unable to authenticate, mid full sync) holds an old copy, and promoting
+   it would lose every write since; the broker waits for its master instead (NoSyncedReplica).
 3. A broker that never had a master (fresh topic) promotes at once: there is nothing to lose.
+   Among equals (a fresh broker's pods all hold nothing) the pod on the node of the broker's
+   delay-service pod comes first, so that the service reaches its master without a hop between
+   nodes: the scheduler may put either pod there (both share a template and start together,
+   kube/pairing.py). While that pod is not ready yet and another one is, the broker waits for
+   it (WaitingForPodBesideService), at most `grace_s` from the first pass that saw the broker
+   without a master; then any ready pod is elected.
 A broker with no promotable pod waits and is reported unavailable.
 
 Planned stops come first: when the recorded master is terminating (its pod has a
@@ -47,6 +53,7 @@ class RedisPod:
     synced: bool = False  # a replica that synced from its master since it started
     # the recorded master's pod made again (same name, another uid): it mounts the master's volume
     master_volume: bool = False
+    beside_service: bool = False  # on the node of the broker's delay-service pod
 
     @property
     def reachable(self) -> bool:
@@ -123,6 +130,18 @@ def decide(
             ),
         )
     chosen = candidates[0]
+    awaited = None if had_master or chosen.beside_service else _beside_service_pending(pods)
+    if awaited is not None and now - since < grace_s:
+        left = grace_s - (now - since)
+        return Decision(
+            master=None,
+            missing_since=since,
+            reason="WaitingForPodBesideService",
+            message=(
+                f"waiting for {awaited.name} (on the delay-service pod's node) to be ready; "
+                f"the first master is elected in {left:.0f}s at the latest"
+            ),
+        )
     return Decision(
         master=chosen.name,
         promote=chosen.name,
@@ -153,5 +172,18 @@ def _holds_master_data(pod: RedisPod) -> bool:
     return pod.synced or pod.master_volume or pod.role == "master"
 
 
-def _rank(pod: RedisPod) -> tuple[int, int, int]:
-    return (pod.offset, pod.keys, -pod.ordinal)
+def _beside_service_pending(pods: Sequence[RedisPod]) -> RedisPod | None:
+    """A pod on the delay-service pod's node that may yet become ready (not ready or not
+    answering, not stopping): the one a fresh broker waits for."""
+    pending = (
+        pod
+        for pod in pods
+        if pod.beside_service and not pod.terminating and not (pod.ready and pod.reachable)
+    )
+    return min(pending, key=lambda pod: pod.ordinal, default=None)
+
+
+def _rank(pod: RedisPod) -> tuple[int, int, bool, int]:
+    """Data first (the replication offset, then keys); among equals the pod beside the
+    delay-service pod, then the lowest ordinal."""
+    return (pod.offset, pod.keys, pod.beside_service, -pod.ordinal)

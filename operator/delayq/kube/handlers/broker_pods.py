@@ -3,7 +3,7 @@ failover.decide (handlers/health.py) and the roll (handlers/rolling.py)."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -18,6 +18,20 @@ REVISION_LABEL = "controller-revision-hash"  # set by the StatefulSet controller
 def pod_ready(pod: Mapping[str, Any]) -> bool:
     conditions = (pod.get("status") or {}).get("conditions") or []
     return any(c.get("type") == "Ready" and c.get("status") == "True" for c in conditions)
+
+
+def service_nodes(pods: Iterable[Mapping[str, Any]], topic: str) -> dict[int, str]:
+    """Broker index -> the node its delay-service pod is bound to (pod `<t>-service-<i>`
+    works broker `i`'s slots). Only the service StatefulSet's pods count: anyone may label a pod
+    of their own like one."""
+    statefulset = naming.service_statefulset(topic)
+    nodes = {}
+    for pod in pods:
+        ordinal = naming.pod_ordinal(statefulset, pod["metadata"]["name"])
+        node = (pod.get("spec") or {}).get("nodeName")
+        if ordinal is not None and node:
+            nodes[ordinal] = str(node)
+    return nodes
 
 
 @dataclass(frozen=True)
@@ -35,10 +49,16 @@ class BrokerPods:
 
 
 async def observe_pods(
-    ctx: OperatorContext, spec: TopicSpec, broker: int, password: str, recorded: str | None
+    ctx: OperatorContext,
+    spec: TopicSpec,
+    broker: int,
+    password: str,
+    recorded: str | None,
+    service_node: str = "",
 ) -> BrokerPods:
-    """The broker's Redis pods, each with its replication as it answers (None: silent) and
-    whether it is the recorded master."""
+    """The broker's Redis pods, each with its replication as it answers (None: silent),
+    whether it is the recorded master and whether it runs on `service_node` (the node of the
+    broker's delay-service pod; empty: unknown or not placed)."""
     raw_pods = await ctx.kube.list(
         "v1", "Pod", spec.namespace, naming.redis_selector(spec.name, broker)
     )
@@ -72,6 +92,8 @@ async def observe_pods(
                 link_up=bool(info and info.link_up),
                 synced=bool(info and info.synced),
                 master_volume=not named and (recorded or "").startswith(f"{name}/"),
+                beside_service=bool(service_node)
+                and (pod.get("spec") or {}).get("nodeName") == service_node,
             )
         )
     return BrokerPods(pods, addresses, uids, revisions)

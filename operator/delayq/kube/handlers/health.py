@@ -4,8 +4,9 @@ brokers (resharding.py), refresh status.
 Runs from the leader's health loop (healthloop.py) for every provisioned, unpaused topic (not
 on a kopf timer: see healthloop.py). `health_pass` runs its steps in order:
 1. `observe_topic`: the topic's Secret, routing and slot ownership (ZooKeeper), the recorded
-   masters, the functions library each live member calls: a `TopicView`;
-2. `tend_broker`, per broker: observe its Redis pods (`observe_pods`), let failover.decide()
+   masters, the functions library each live member calls, the service pods: a `TopicView`;
+2. `tend_broker`, per broker: observe its Redis pods (`observe_pods`: which one runs on its
+   service pod's node is part of the observation), let failover.decide()
    pick the master (`decide_master`), apply that decision (`act_on_decision`: REPLICAOF
    commands and the master's record and EndpointSlice: master_endpoint.py, or the planned
    switchover of a stopping master: switchover.py), then tend the serving master
@@ -32,6 +33,7 @@ from delayq.coordination.routing import Routing, initial_routing
 from delayq.coordination.splitting import routed_topic
 from delayq.kube import naming
 from delayq.kube.backups import observe_backups
+from delayq.kube.builders.common import Manifest
 from delayq.kube.builders.service import zookeeper_connect
 from delayq.kube.client import KubeApiError
 from delayq.kube.conditions import broker_full_condition, slots_unowned_condition
@@ -41,7 +43,7 @@ from delayq.kube.ensembles import EnsembleRefused
 from delayq.kube.errors import TRANSIENT_ERRORS, TopicFailure
 from delayq.kube.events import WARNING, TopicEvent
 from delayq.kube.failover import Decision, decide
-from delayq.kube.handlers.broker_pods import BrokerPods, observe_pods, pod_ready
+from delayq.kube.handlers.broker_pods import BrokerPods, observe_pods, pod_ready, service_nodes
 from delayq.kube.handlers.restore import read_or_restore
 from delayq.kube.handlers.rolling import roll_step
 from delayq.kube.handlers.switchover import switch_over
@@ -163,14 +165,16 @@ class TopicView:
     previous: Mapping[int, Mapping[str, Any]]  # status.brokers by index
     masters: Mapping[str, str]  # the recorded masters (master_endpoint.recorded_masters)
     libraries: list[str] | None  # the functions library of each live member; None: unknown
+    # the pods labelled as the topic's delay-service pods (naming.service_selector), read once
+    service_pods: list[Manifest]
 
 
 async def observe_topic(
     ctx: OperatorContext, body: Mapping[str, Any], spec: TopicSpec, logger: Logger
 ) -> TopicView | None:
     """The operator's copy of the topic's credentials, its routing and slot ownership,
-    recorded masters and the members' functions libraries, read once per pass (ZooKeeper
-    down: `owned` and `libraries` None; None: no copy of the credentials yet)."""
+    recorded masters, the members' functions libraries and the service pods, read once per
+    pass (ZooKeeper down: `owned` and `libraries` None; None: no copy of the credentials yet)."""
     status = body.get("status") or {}
     applied = int(status["appliedSlotAmount"])
     abandoned = moving(spec)
@@ -193,6 +197,9 @@ async def observe_topic(
         previous=previous,
         masters=masters,
         libraries=libraries,
+        service_pods=await ctx.kube.list(
+            "v1", "Pod", spec.namespace, naming.service_selector(spec.name)
+        ),
     )
 
 
@@ -238,13 +245,10 @@ async def topic_health(
     if resharding is not None:
         entries = tuple(entry.with_slots(len(routing.slots_of(entry.index))) for entry in entries)
     applied = routing.slot_amount  # the routing's (a doubling changes it), else the status's
-    service_pods = await ctx.kube.list(
-        "v1", "Pod", spec.namespace, naming.service_selector(spec.name)
-    )
     statefulset = naming.service_statefulset(spec.name)
     services_ready = sum(
         1
-        for pod in service_pods
+        for pod in view.service_pods
         if pod_ready(pod) and naming.pod_ordinal(statefulset, pod["metadata"]["name"]) is not None
     )
     owned = view.owned
@@ -309,11 +313,10 @@ async def objective_step(
     if not objective_ms:
         ctx.lateness_windows.pop(key, None)
         return [] if find_condition(view.status, OBJECTIVE_MET) is None else [no_objective()]
-    pods = await ctx.kube.list("v1", "Pod", spec.namespace, naming.service_selector(spec.name))
     statefulset = naming.service_statefulset(spec.name)
     ready = {  # the service StatefulSet's pods only: anyone may label a pod of their own so
         pod["metadata"]["name"]: (pod["status"]["podIP"], str(pod["metadata"].get("uid") or ""))
-        for pod in pods
+        for pod in view.service_pods
         if pod_ready(pod)
         and (pod.get("status") or {}).get("podIP")
         and naming.pod_ordinal(statefulset, pod["metadata"]["name"]) is not None
@@ -399,7 +402,8 @@ async def tend_broker(
     spec = view.spec
     previous = view.previous.get(broker) or {}
     recorded = view.masters.get(naming.master_key(broker))
-    pods = await observe_pods(ctx, spec, broker, view.password, recorded)
+    service_node = service_nodes(view.service_pods, spec.name).get(broker, "")
+    pods = await observe_pods(ctx, spec, broker, view.password, recorded, service_node)
     decision = decide_master(ctx, spec, broker, pods, recorded, previous)
     decision, events = await act_on_decision(
         ctx, owner, spec, broker, decision, pods, view.password, logger
