@@ -84,6 +84,7 @@ def test_failover_promotes_the_replica_and_keeps_scheduled_messages(
         pods = kube.wait(lambda: all_pods_running(kube, ns, "fo"), timeout_s=120,
                          what="the topic's pods Running")
         ips = {p["metadata"]["name"]: p["status"]["podIP"] for p in pods}
+        first, second = _first_master_then_replica(pods)
         password, token = topic_credentials(kube, ns, "fo")
         master.start()
         replica.start()
@@ -94,8 +95,8 @@ def test_failover_promotes_the_replica_and_keeps_scheduled_messages(
             client.replicaof("127.0.0.1", master.port)
         service_host = f"fo-redis-0.{ns}.svc"
         addresses.write_text(json.dumps({
-            "*": closed, ips["fo-redis-0-0"]: ["127.0.0.1", master.port],
-            ips["fo-redis-0-1"]: ["127.0.0.1", replica.port],
+            "*": closed, ips[first]: ["127.0.0.1", master.port],
+            ips[second]: ["127.0.0.1", replica.port],
             service_host: ["127.0.0.1", master.port]}))
 
         def serving_with(master_pod: str) -> dict[str, Any] | None:
@@ -104,8 +105,8 @@ def test_failover_promotes_the_replica_and_keeps_scheduled_messages(
             ok = condition(topic, "Ready") == "True" and brokers[0].get("masterPod") == master_pod
             return topic if ok else None
 
-        kube.wait(lambda: serving_with("fo-redis-0-0"), timeout_s=90,
-                  what="Ready=True with fo-redis-0-0 as master")
+        kube.wait(lambda: serving_with(first), timeout_s=90,
+                  what=f"Ready=True with {first} as master")
 
         serve, base = start_serve(kube, ns, "fo", workdir,
                                   service_url(password, master.port))
@@ -119,21 +120,21 @@ def test_failover_promotes_the_replica_and_keeps_scheduled_messages(
         serve = None
 
         master.stop()
-        kube.kubectl("delete", "pod", "fo-redis-0-0", "-n", ns, "--wait=false")
+        kube.kubectl("delete", "pod", first, "-n", ns, "--wait=false")
         addresses.write_text(json.dumps({
-            "*": closed, ips["fo-redis-0-1"]: ["127.0.0.1", replica.port],
+            "*": closed, ips[second]: ["127.0.0.1", replica.port],
             service_host: ["127.0.0.1", replica.port]}))
-        topic = kube.wait(lambda: serving_with("fo-redis-0-1"), timeout_s=120,
-                          what="the replica fo-redis-0-1 promoted and Ready=True")
+        topic = kube.wait(lambda: serving_with(second), timeout_s=120,
+                          what=f"the replica {second} promoted and Ready=True")
         _FAILOVER_STATUS.update(topic["status"])
         assert replication(replica.port, admin_password)["role"] == "master"
         # the master Service follows the operator's EndpointSlice: no selector, no pod label
-        promoted = kube.get("pod", "fo-redis-0-1", ns)
+        promoted = kube.get("pod", second, ns)
         assert promoted is not None
         assert "delayq.io/redis-role" not in promoted["metadata"]["labels"]
         endpoint = kube.get("endpointslice", "fo-redis-0", ns)
         assert endpoint is not None
-        assert [e["addresses"] for e in endpoint["endpoints"]] == [[ips["fo-redis-0-1"]]]
+        assert [e["addresses"] for e in endpoint["endpoints"]] == [[ips[second]]]
         assert endpoint["metadata"]["labels"]["kubernetes.io/service-name"] == "fo-redis-0"
         service = kube.get("service", "fo-redis-0", ns)
         assert service is not None
@@ -143,7 +144,7 @@ def test_failover_promotes_the_replica_and_keeps_scheduled_messages(
             lambda: described_with(kube, ns, "fo", ("FailoverStarted", "FailoverPromoted")),
             timeout_s=30, what="the failover Events in kubectl describe", interval_s=INTERVAL_S,
             not_yet=NOT_YET)
-        assert "promoted fo-redis-0-1 to master after fo-redis-0-0 was gone" in described
+        assert f"promoted {second} to master after {first} was gone" in described
         events = kube.items("events", ns)
         reasons = [e["reason"] for e in events if e["involvedObject"]["name"] == "fo"]
         assert reasons.count("FailoverPromoted") == 1
@@ -163,24 +164,24 @@ def test_failover_promotes_the_replica_and_keeps_scheduled_messages(
         # The lost master's pod is back (the StatefulSet made it again) and its Redis still
         # acts as a master, as one cut off by a partition would: demoted, told in describe.
         def back() -> dict[str, Any] | None:
-            pod = kube.get("pod", "fo-redis-0-0", ns)
+            pod = kube.get("pod", first, ns)
             ok = (pod and pod["status"].get("phase") == "Running"
                   and pod["status"].get("podIP") and not pod["metadata"].get("deletionTimestamp"))
             return pod if ok else None
 
-        returned_ip = kube.wait(back, timeout_s=60, what="fo-redis-0-0 made again")["status"][
+        returned_ip = kube.wait(back, timeout_s=60, what=f"{first} made again")["status"][
             "podIP"]
         returned.start()
         like_a_broker_pod(kube, ns, "fo", returned.port)
         addresses.write_text(json.dumps({
-            "*": closed, ips["fo-redis-0-1"]: ["127.0.0.1", replica.port],
+            "*": closed, ips[second]: ["127.0.0.1", replica.port],
             returned_ip: ["127.0.0.1", returned.port],
             service_host: ["127.0.0.1", replica.port]}))
         described = wait_until(
             lambda: described_with(kube, ns, "fo", ("StrayMasterDemoted",)),
             timeout_s=30, what="the demotion Event in kubectl describe", interval_s=INTERVAL_S,
             not_yet=NOT_YET)
-        assert "fo-redis-0-0 still acted as a master; it now replicates from fo-redis-0-1" \
+        assert f"{first} still acted as a master; it now replicates from {second}" \
             in " ".join(described.split())
         assert replication(returned.port, admin_password)["role"] == "slave"
         assert replication(replica.port, admin_password)["role"] == "master"
@@ -204,6 +205,16 @@ def test_failover_promotes_the_replica_and_keeps_scheduled_messages(
             replica.stop()
             returned.stop()
             kube.kubectl("delete", "namespace", ns, "--wait=false")
+
+
+def _first_master_then_replica(pods: list[dict[str, Any]]) -> tuple[str, str]:
+    """Broker 0's two Redis pods, the one its first election picks first: the pod on service
+    pod 0's node (kube/failover.py; the scheduler may put either there), else pod 0."""
+    nodes = {p["metadata"]["name"]: p["spec"].get("nodeName") for p in pods}
+    beside = [name for name in ("fo-redis-0-0", "fo-redis-0-1")
+              if nodes.get(name) and nodes.get(name) == nodes.get("fo-service-0")]
+    first = (beside or ["fo-redis-0-0"])[0]
+    return first, ({"fo-redis-0-0", "fo-redis-0-1"} - {first}).pop()
 
 
 def test_failover_is_recorded_in_the_status() -> None:
