@@ -394,6 +394,23 @@ async def test_a_freed_post_slot_goes_to_the_longest_waiter_not_a_newcomer() -> 
         await asyncio.wait_for(limit.acquire(), 1)
 
 
+async def test_an_abandoned_wait_for_a_post_slot_takes_none_and_leaves_no_trace() -> None:
+    """A waiter whose message's slot was released gives up (False, nothing held), and its
+    place in the queue does not make a slot freed later look waited for."""
+    limit = AdaptiveLimit(1)
+    assert await limit.acquire()
+    abandoned: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+    waiter = asyncio.create_task(limit.acquire(abandoned))
+    behind = asyncio.create_task(limit.acquire())
+    await asyncio.sleep(0)
+    abandoned.set_result(None)
+    assert await waiter is False
+    limit.release()
+    assert await behind is True  # the next waiter, not the abandoned one, got the slot
+    limit.release()
+    assert limit.try_acquire()  # nobody left waiting: free at once
+
+
 async def test_pull_leases_obey_the_rate_limit(start_service: Any) -> None:
     """A pull topic's leases draw from the same bucket: 300 due messages leased as fast as a
     consumer asks come at 200/s after a burst of 20, the rest staying scheduled meanwhile."""

@@ -26,7 +26,7 @@ from delayq.local.waiting import eventually
 from delayq.queue.client import AsyncQueue
 from delayq.queue.keys import Part, slot_keys
 from delayq.queue.model import Message, State, Target
-from delayq.queue.topic import Topic, TopicType
+from delayq.queue.topic import Topic, TopicType, slot_of
 from delayq.service.config import ServiceConfig
 from delayq.service.delivery.signing import (
     ID_HEADER,
@@ -630,6 +630,70 @@ async def test_a_handoff_waits_for_a_post_as_long_as_the_webhook_timeout(
         [info] = await queue.get_many([Target("slow")])
         assert info.state is State.ABSENT, info.state  # acked before the slot was let go
     finally:
+        await service.stop()
+
+
+def ids_in_slot(slot: int, slot_amount: int, count: int, prefix: str) -> list[str]:
+    """`count` message ids that land in `slot`."""
+    found = (f"{prefix}{n}" for n in itertools.count())
+    return list(itertools.islice((i for i in found if slot_of(i, slot_amount) == slot), count))
+
+
+@pytest.mark.parametrize("max_batch", [1, 10])  # waiting alone for a POST slot, or for a batch
+async def test_a_handoff_does_not_wait_for_messages_queued_behind_other_slots_posts(
+    receiver: Receiver, redis_server: RedisServer, max_batch: int
+):
+    """Regression (chaos soak, seed 101, 2026-11-30): under a slow receiver (the POST limit
+    shrunk to 1) a released slot's messages waiting for a POST slot behind other slots'
+    messages held the handoff until each had its turn (up to the whole drain, 10 s), and
+    nobody consumed the slot meanwhile while the process said ready. They now stop waiting
+    at the release and are given back at once, never POSTed by the old owner. Here the
+    receiver holds its first POST until the handoff is over: before, the handoff waited for
+    it (and for the kept slot's queue) and timed out below."""
+    gate = asyncio.Event()
+
+    async def held(call: int) -> int:
+        await gate.wait()
+        return 200
+
+    receiver.answer = held
+    config = ServiceConfig(
+        redis_url=redis_server.url, topic=f"queued{max_batch}", slot_amount=4,
+        topic_type=TopicType.WEBHOOK, webhook_url=receiver.url, webhook_timeout_ms=15_000,
+        ack_timeout_ms=30_000, webhook_max_in_flight=1, webhook_max_batch=max_batch,
+    )
+    kept, released = ids_in_slot(0, 4, 4, "kept-"), ids_in_slot(1, 4, 2, "released-")
+    ownership = GrantedLater()
+    service = DelayService(config, ownership)
+    await service.start()
+    try:
+        await ownership.grant(frozenset(service.topic.slots))
+        queue = service.queues[0]
+        for message_id in kept:
+            await queue.schedule(message_id, b"", delay_ms=0)
+        await eventually(lambda: len(receiver.requests) == 1, 5, "the first POST")
+
+        async def leased() -> bool:  # claimed, so waiting behind the POST in flight
+            infos = await queue.get_many([Target(i) for i in released])
+            return all(info.state is State.PREPARED for info in infos)
+
+        for message_id in released:
+            await queue.schedule(message_id, b"", delay_ms=0)
+        await eventually(leased, 5, "the released slot's messages claimed")
+        handoff = ownership.grant(frozenset(service.topic.slots) - {1})  # slot 1 goes
+        await asyncio.wait_for(handoff, 5)  # before: until the held POST was answered
+        infos = await queue.get_many([Target(i) for i in released])
+        assert [(info.state, info.attempts) for info in infos] == [(State.SCHEDULED, 0)] * 2
+        gate.set()
+
+        def posted() -> set[str]:  # the ids of every POST, alone or in a batch
+            bodies = [json.loads(body) for body in receiver.bodies()]
+            return {m["id"] for body in bodies for m in body.get("messages", [body])}
+
+        await eventually(lambda: posted() >= set(kept), 10, "the kept slot's messages POSTed")
+        assert not posted() & set(released)  # they wait for their slot's next owner
+    finally:
+        gate.set()
         await service.stop()
 
 

@@ -168,6 +168,7 @@ class Consumer:
         on_claimed: Callable[[list[Message]], None] | None = None,
         on_acked: Callable[[list[Outcome]], None] | None = None,
         pacer: Pacer | None = None,
+        on_released: Callable[[frozenset[int]], None] | None = None,
     ) -> None:
         self.queue = queue
         # the topic's pace (rate limit, receiver's hold), drawn from before each claim round
@@ -182,6 +183,9 @@ class Consumer:
         # ack sent (the delay service's traces; None, the default, costs one test per call)
         self.on_claimed = on_claimed
         self.on_acked = on_acked
+        # told the slots `release` let go, before it waits for their handlers: a handler
+        # waiting for its turn (the webhook sink's POST slots) stops and gives its message back
+        self.on_released = on_released
         self.managed = managed
         self.counters = ConsumerCounters()
         self._ack_timeout_ms = queue.topic.lease_ms(self.settings.ack_timeout_ms)
@@ -230,9 +234,12 @@ class Consumer:
         most `release_drain_s`) for running handlers to be acked: the next owner's fence would
         reject those acks and redeliver. Never raises, whatever the state of Redis: the caller
         (the ownership handoff) must be able to give the slots up in any case."""
-        released = await self._owned.release(slots)
+        released = self._owned.drop(slots)
         if not released:
             return
+        if self.on_released is not None:
+            self.on_released(frozenset(released))
+        await self._owned.interrupt()
         deadline = time.monotonic() + self.settings.release_drain_s
         while self._claiming & released and (left := deadline - time.monotonic()) > 0:
             self._claimed.clear()  # the claim gives its messages back before it returns

@@ -133,10 +133,15 @@ class OwnedSlots(Generic[S]):
 
     async def release(self, slots: Iterable[int]) -> set[int]:
         """Stop owning the slots; returns those that were owned. Never raises."""
-        released = {slot for slot in slots if self._slots.pop(slot, None) is not None}
+        released = self.drop(slots)
         if released:
             await self.interrupt()
         return released
+
+    def drop(self, slots: Iterable[int]) -> set[int]:
+        """`release` up to the wait's interrupt, which the caller sends (`interrupt`): from
+        now on nothing of the slots is held (`get` answers None)."""
+        return {slot for slot in slots if self._slots.pop(slot, None) is not None}
 
     def lose(self, state: S) -> bool:
         """Drop a slot a newer owner fenced this one out of, if `state` is still its ownership;

@@ -26,7 +26,7 @@ class AdaptiveLimit:
         self.limit = float(most)
         self.shrinks = 0  # times the limit was halved (for metrics)
         self._in_use = 0
-        self._waiters: collections.deque[asyncio.Future[None]] = collections.deque()
+        self._waiters: collections.deque[asyncio.Future[bool]] = collections.deque()
         self._shrunk_s = -SHRINK_EVERY_S
 
     @property
@@ -34,24 +34,36 @@ class AdaptiveLimit:
         """POSTs allowed in flight now."""
         return max(1, int(self.limit))
 
-    async def acquire(self) -> None:
+    def try_acquire(self) -> bool:
+        """A POST slot now if one is free and nobody waits for one (True), else nothing."""
+        if self._in_use < self.size and not self._waiters:
+            self._in_use += 1
+            return True
+        return False
+
+    async def acquire(self, abandoned: asyncio.Future[None] | None = None) -> bool:
         """First come, first served: a POST slot freed goes to the longest waiter, handed over
         by `_wake`, never to a newcomer that would find it free before the waiter runs (which
         then queued again at the back: the messages a consumer took first, a backlog's most
-        urgent ones, could wait behind hundreds taken after them)."""
-        if self._in_use < self.size and not self._waiters:
-            self._in_use += 1
-            return
-        waiter = asyncio.get_running_loop().create_future()
+        urgent ones, could wait behind hundreds taken after them). True once the slot is held;
+        False, holding nothing, when `abandoned` is done first (its caller gave up the wait)."""
+        if self.try_acquire():
+            return True
+        waiter: asyncio.Future[bool] = asyncio.get_running_loop().create_future()
         self._waiters.append(waiter)
+        if abandoned is not None:
+            abandoned.add_done_callback(lambda _: _give_up(waiter))
         try:
-            await waiter
+            granted = await waiter
         except asyncio.CancelledError:
-            if waiter.done() and not waiter.cancelled():
+            if waiter.done() and not waiter.cancelled() and waiter.result():
                 self.release()  # a slot handed over as it was cancelled: the next waiter's
             elif waiter in self._waiters:
                 self._waiters.remove(waiter)
             raise
+        if not granted and waiter in self._waiters:
+            self._waiters.remove(waiter)  # else a free slot would look waited for
+        return granted
 
     def release(self) -> None:
         self._in_use -= 1
@@ -61,8 +73,8 @@ class AdaptiveLimit:
         """Hand each free slot to the next waiter, counted as in use from now on."""
         while self._in_use < self.size and self._waiters:
             waiter = self._waiters.popleft()
-            if not waiter.done():
-                waiter.set_result(None)
+            if not waiter.done():  # done: abandoned
+                waiter.set_result(True)
                 self._in_use += 1
 
     async def __aenter__(self) -> None:
@@ -91,3 +103,9 @@ class AdaptiveLimit:
         self._shrunk_s = now_s
         self.limit = max(1.0, self.limit / 2)
         self.shrinks += 1
+
+
+def _give_up(waiter: asyncio.Future[bool]) -> None:
+    """End a wait that was not handed a slot yet: its `acquire` answers False."""
+    if not waiter.done():
+        waiter.set_result(False)

@@ -113,6 +113,7 @@ class PushDelivery:
                 on_claimed=None if tracing is None else self._claimed_traced,
                 on_acked=None if tracing is None else self._acked_traced,
                 pacer=pacer,
+                on_released=self._abandon,
             )
             for queue in brokers.queues
         ]
@@ -191,6 +192,11 @@ class PushDelivery:
                 run.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await asyncio.gather(*pending, return_exceptions=True)
+
+    def _abandon(self, slots: frozenset[int]) -> None:
+        """A Consumer released `slots`: the sink stops the waits of their messages not sent."""
+        if self._sink is not None:
+            self._sink.abandon(slots)
 
     async def close(self) -> None:
         if self._sink is not None and self._beside is None:  # a shared one: its owner's

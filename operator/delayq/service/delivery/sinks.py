@@ -19,5 +19,9 @@ class Sink(Protocol):
     async def deliver(self, message: Message) -> None:
         """Hand the message over; raise to have it retried."""
 
+    def abandon(self, slots: frozenset[int]) -> None:
+        """The engine released `slots`: a message of them still waiting for its turn (not
+        sent) stops waiting, raising LeaseGoneError, so that the handoff does not wait for it."""
+
     async def close(self) -> None:
         """Release connections once no delivery runs any more."""

@@ -64,6 +64,9 @@ class StreamSink:
         fields = stream_fields(self.topic, message)
         await self.client.xadd(self.key, fields, maxlen=self.maxlen, approximate=True)  # type: ignore[arg-type]
 
+    def abandon(self, slots: frozenset[int]) -> None:
+        """Nothing waits here: each message is one XADD."""
+
     async def close(self) -> None:
         if self.owns_client:
             await self.client.aclose()

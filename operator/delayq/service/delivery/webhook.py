@@ -13,12 +13,13 @@ spends one request on many messages (docs/service.md, "Batched webhooks").
 
 A message may wait for the semaphore; once it has a turn, the sink asks `lease_deadline` whether
 its lease is still valid and its slot still owned, and sends nothing otherwise (`LeaseGoneError`:
-the consumer gives it back); the deadline travels in `X-Delayq-Lease-Deadline` (unix ms, Redis
-clock) so a receiver knows how long its answer may take before the message is redelivered. The
-signature's timestamp (`webhook-timestamp`, Standard Webhooks: signing.py) is taken then, on the
-Redis server clock the consumer estimates (`clock_ms`), so a pod whose own clock is off never
-fails receivers' checks. The topic's extra headers (an `Authorization` the receiver wants) ride
-along on every POST.
+the consumer gives it back). A slot released meanwhile ends its messages' waits at once
+(`abandon`), so that a handoff waits only for what was sent. The deadline travels in
+`X-Delayq-Lease-Deadline` (unix ms, Redis clock) so a receiver knows how long its answer may take
+before the message is redelivered. The signature's timestamp (`webhook-timestamp`, Standard
+Webhooks: signing.py) is taken then, on the Redis server clock the consumer estimates (`clock_ms`),
+so a pod whose own clock is off never fails receivers' checks. The topic's extra headers (an
+`Authorization` the receiver wants) ride along on every POST.
 
 SSRF guard: the session's resolver (`GuardedResolver`) drops every resolved address the topic's
 `TargetPolicy` refuses, so each connection goes to an address that was checked, with no second
@@ -97,6 +98,10 @@ def retry_after_ms(value: str | None, now_s: float) -> int | None:
 
 def wall_ms() -> int:
     return int(time.time() * 1000)
+
+
+def lease_gone(message: Message) -> LeaseGoneError:
+    return LeaseGoneError(f"{message.id}: lease gone while waiting for a POST slot")
 
 
 def host_clock(_slot: int) -> float:
@@ -198,6 +203,9 @@ class WebhookSink:
         self._literal_refusal = literal_refusal(url, targets)
         self.max_batch = max_batch
         self._waiting: list[Waiting] = []
+        # slot -> the waits for a POST slot not taken yet (alone or for a batch) and their
+        # messages: what `abandon` ends when the slot is released
+        self._queued: dict[int, dict[asyncio.Future[None], Message]] = {}
         self._unanswered: set[asyncio.Future[None]] = set()  # every wait not settled yet
         self._has_waiting = asyncio.Event()
         self._batcher: asyncio.Task[None] | None = None
@@ -239,10 +247,11 @@ class WebhookSink:
         }
         if self.trace_headers is not None:
             self.trace_headers(headers)
-        async with self._limit:
+        await self._turn(message)
+        try:
             deadline_ms = self.lease_deadline(message)
             if deadline_ms is None:
-                raise LeaseGoneError(f"{message.id}: lease gone while waiting for a POST slot")
+                raise lease_gone(message)
             if await self._holding():
                 raise ReceiverHoldError(f"{message.id}: not sent, the receiver's hold lasts")
             headers["X-Delayq-Lease-Deadline"] = str(int(deadline_ms))
@@ -251,20 +260,66 @@ class WebhookSink:
                 headers.update(self.signer.headers(message_id, timestamp_s, body))
             started = time.monotonic()
             status, _, retry_after = await self._post(body, headers, started, SINGLE_REPLY_BYTES)
+        finally:
+            self._limit.release()
         if not 200 <= status < 300:
             raise await self._refused(status, retry_after_ms(retry_after, time.time()))
 
+    async def _turn(self, message: Message) -> None:
+        """Take a POST slot for `message` (the caller releases it); LeaseGoneError when its
+        slot is released while it waits for one (`abandon`)."""
+        if self._limit.try_acquire():
+            return
+        abandoned: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._queue(message, abandoned)
+        try:
+            granted = await self._limit.acquire(abandoned)
+        finally:
+            self._unqueue(message, abandoned)
+            if abandoned.done():
+                abandoned.exception()  # read: the outcome is `granted` (a slot won the race)
+        if not granted:
+            raise lease_gone(message)
+
+    def abandon(self, slots: frozenset[int]) -> None:
+        """The consumer released `slots`: their messages still waiting for a POST slot, alone
+        or for a batch, stop waiting (LeaseGoneError: given back at once, for the slots' next
+        owner) rather than hold the handoff until POST slots free, which under a slow receiver
+        (the limit shrunk to 1, the other slots' POSTs queued first) took the handoff's whole
+        drain. A POST already sent is waited for as before. Checked message by message: a
+        doubling's halves share this sink, and their slot numbers are another generation's."""
+        for slot in slots:
+            for wait, message in list(self._queued.get(slot, {}).items()):
+                if not wait.done() and self.lease_deadline(message) is None:
+                    wait.set_exception(lease_gone(message))
+
+    def _queue(self, message: Message, wait: asyncio.Future[None]) -> None:
+        """Record a wait for a POST slot (`abandon` ends it), until `_unqueue`."""
+        self._queued.setdefault(message.slot, {})[wait] = message
+
+    def _unqueue(self, message: Message, wait: asyncio.Future[None]) -> None:
+        queued = self._queued.get(message.slot)
+        if queued is not None:
+            queued.pop(wait, None)
+            if not queued:
+                del self._queued[message.slot]
+
     async def _deliver_in_batch(self, message: Message) -> None:
         """Wait for the batcher to send the message with the others waiting, and for the
-        receiver's answer to it. A cancelled wait (the slot released) leaves it unsent."""
+        receiver's answer to it. A cancelled or abandoned wait (the slot released) leaves it
+        unsent."""
         if self._batcher is None:
             self._batcher = asyncio.create_task(self._form_batches())
         answered: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         self._unanswered.add(answered)
         answered.add_done_callback(self._unanswered.discard)
         self._waiting.append((message, answered))
+        self._queue(message, answered)
         self._has_waiting.set()
-        await answered
+        try:
+            await answered
+        finally:
+            self._unqueue(message, answered)  # if `_take_batch` did not
 
     async def _form_batches(self) -> None:
         """Take a POST slot, then every message waiting (up to `max_batch`): while all slots
@@ -295,6 +350,7 @@ class WebhookSink:
             if len(batch) < self.max_batch and message.id not in ids:
                 batch.append((message, answered))
                 ids.add(message.id)
+                self._unqueue(message, answered)  # taken: sent, no longer to abandon
             else:
                 kept.append((message, answered))
         self._waiting = kept
@@ -319,9 +375,7 @@ class WebhookSink:
                     continue
                 deadline_ms = self.lease_deadline(message)
                 if deadline_ms is None:
-                    answered.set_exception(
-                        LeaseGoneError(f"{message.id}: lease gone while waiting for a POST slot")
-                    )
+                    answered.set_exception(lease_gone(message))
                 else:
                     sent.append((message, answered))
                     deadlines.append(deadline_ms)
