@@ -339,6 +339,24 @@ async def test_paused_topic_is_not_reconciled(
 # --- health and failover --------------------------------------------------------------------
 
 
+async def two_fresh_brokers(
+    api: kmock.KubernetesEmulator,
+    ctx: OperatorContext,
+    zk: KazooClient,
+    redis_pods: RedisPods,
+    logger: logging.Logger,
+) -> None:
+    """Topic `orders` provisioned with 2 brokers and 4 slots, every slot owned, its service
+    pods ready and each broker's 2 Redis pods fresh: replicas of a master Service that selects
+    nothing yet, so the next health pass elects the first masters."""
+    put_topic(api, brokers=2, slotAmount=4)
+    await provision(api, ctx, logger)
+    redis_pods.add(0, 2)
+    redis_pods.add(1, 2)
+    add_service_pods(api, 2)
+    own_slots(zk, 4)
+
+
 async def test_health_elects_masters_and_reports_ready(
     api: kmock.KubernetesEmulator,
     ctx: OperatorContext,
@@ -346,12 +364,7 @@ async def test_health_elects_masters_and_reports_ready(
     redis_pods: RedisPods,
     logger: logging.Logger,
 ) -> None:
-    put_topic(api, brokers=2, slotAmount=4)
-    await provision(api, ctx, logger)
-    redis_pods.add(0, 2)  # fresh pods: replicas of a master Service that selects nothing yet
-    redis_pods.add(1, 2)
-    add_service_pods(api, 2)
-    own_slots(zk, 4)
+    await two_fresh_brokers(api, ctx, zk, redis_pods, logger)
     assert redis_pods.replication("orders-redis-0-0")["role"] == "slave"
     write_status(api, await refresh(ctx, body(api), logger))
     assert redis_pods.replication("orders-redis-0-0")["role"] == "master"  # promoted
@@ -394,12 +407,7 @@ async def test_health_elects_the_redis_pod_beside_each_service_pod_first(
 ) -> None:
     """Broker 0's replica took service pod 0's node (seen in e2e, 2026-11-30): it, not pod 0,
     becomes the first master; broker 1 waits for its pod beside service pod 1 to be ready."""
-    put_topic(api, brokers=2, slotAmount=4)
-    await provision(api, ctx, logger)
-    redis_pods.add(0, 2)
-    redis_pods.add(1, 2)
-    add_service_pods(api, 2)
-    own_slots(zk, 4)
+    await two_fresh_brokers(api, ctx, zk, redis_pods, logger)
     for pod, node in {
         "orders-service-0": "node-b",
         "orders-service-1": "node-c",

@@ -5,10 +5,11 @@ extra headers and the concurrency limit."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import itertools
 import json
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
@@ -602,6 +603,22 @@ async def test_a_taken_over_backlog_is_delivered_at_once(
         await service.stop()
 
 
+@contextlib.asynccontextmanager
+async def serving_every_slot(
+    config: ServiceConfig,
+) -> AsyncIterator[tuple[DelayService, GrantedLater]]:
+    """A delay service granted every slot, whose test takes slots back when it says (a
+    handoff: `ownership.grant` returns once the slots taken back are free)."""
+    ownership = GrantedLater()
+    service = DelayService(config, ownership)
+    await service.start()
+    try:
+        await ownership.grant(frozenset(service.topic.slots))
+        yield service, ownership
+    finally:
+        await service.stop()
+
+
 async def test_a_handoff_waits_for_a_post_as_long_as_the_webhook_timeout(
     receiver: Receiver, redis_server: RedisServer
 ):
@@ -618,19 +635,13 @@ async def test_a_handoff_waits_for_a_post_as_long_as_the_webhook_timeout(
         redis_url=redis_server.url, topic="handoff", slot_amount=4, topic_type=TopicType.WEBHOOK,
         webhook_url=receiver.url, webhook_timeout_ms=15_000, ack_timeout_ms=30_000,
     )
-    ownership = GrantedLater()
-    service = DelayService(config, ownership)
-    await service.start()
-    try:
-        await ownership.grant(frozenset(service.topic.slots))
+    async with serving_every_slot(config) as (service, ownership):
         queue = service.queues[0]
         await queue.schedule("slow", b"", delay_ms=0)
         await eventually(lambda: len(receiver.requests) == 1, 5, "the POST")
         await ownership.grant(frozenset())  # the handoff: returns once the slots are free
         [info] = await queue.get_many([Target("slow")])
         assert info.state is State.ABSENT, info.state  # acked before the slot was let go
-    finally:
-        await service.stop()
 
 
 def ids_in_slot(slot: int, slot_amount: int, count: int, prefix: str) -> list[str]:
@@ -663,28 +674,26 @@ async def test_a_handoff_does_not_wait_for_messages_queued_behind_other_slots_po
         ack_timeout_ms=30_000, webhook_max_in_flight=1, webhook_max_batch=max_batch,
     )
     kept, released = ids_in_slot(0, 4, 4, "kept-"), ids_in_slot(1, 4, 2, "released-")
-    ownership = GrantedLater()
-    service = DelayService(config, ownership)
-    await service.start()
-    try:
-        await ownership.grant(frozenset(service.topic.slots))
+    async with serving_every_slot(config) as (service, ownership):
         queue = service.queues[0]
-        for message_id in kept:
-            await queue.schedule(message_id, b"", delay_ms=0)
-        await eventually(lambda: len(receiver.requests) == 1, 5, "the first POST")
 
         async def leased() -> bool:  # claimed, so waiting behind the POST in flight
             infos = await queue.get_many([Target(i) for i in released])
             return all(info.state is State.PREPARED for info in infos)
 
-        for message_id in released:
-            await queue.schedule(message_id, b"", delay_ms=0)
-        await eventually(leased, 5, "the released slot's messages claimed")
-        handoff = ownership.grant(frozenset(service.topic.slots) - {1})  # slot 1 goes
-        await asyncio.wait_for(handoff, 5)  # before: until the held POST was answered
-        infos = await queue.get_many([Target(i) for i in released])
-        assert [(info.state, info.attempts) for info in infos] == [(State.SCHEDULED, 0)] * 2
-        gate.set()
+        try:
+            for message_id in kept:
+                await queue.schedule(message_id, b"", delay_ms=0)
+            await eventually(lambda: len(receiver.requests) == 1, 5, "the first POST")
+            for message_id in released:
+                await queue.schedule(message_id, b"", delay_ms=0)
+            await eventually(leased, 5, "the released slot's messages claimed")
+            handoff = ownership.grant(frozenset(service.topic.slots) - {1})  # slot 1 goes
+            await asyncio.wait_for(handoff, 5)  # before: until the held POST was answered
+            infos = await queue.get_many([Target(i) for i in released])
+            assert [(i.state, i.attempts) for i in infos] == [(State.SCHEDULED, 0)] * 2
+        finally:
+            gate.set()  # never leave the receiver holding a POST while the service stops
 
         def posted() -> set[str]:  # the ids of every POST, alone or in a batch
             bodies = [json.loads(body) for body in receiver.bodies()]
@@ -692,9 +701,6 @@ async def test_a_handoff_does_not_wait_for_messages_queued_behind_other_slots_po
 
         await eventually(lambda: posted() >= set(kept), 10, "the kept slot's messages POSTed")
         assert not posted() & set(released)  # they wait for their slot's next owner
-    finally:
-        gate.set()
-        await service.stop()
 
 
 async def test_a_slow_receiver_gets_each_message_once_and_nothing_dies(
