@@ -101,6 +101,7 @@ def wall_ms() -> int:
 
 
 def lease_gone(message: Message) -> LeaseGoneError:
+    """What a message not sent because its lease or slot went meanwhile raises: given back."""
     return LeaseGoneError(f"{message.id}: lease gone while waiting for a POST slot")
 
 
