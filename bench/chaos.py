@@ -4,8 +4,9 @@
 
 Real redis-server (AOF, appendfsync always), ZooKeeper (session timeout 4 s), three serve
 processes of one 64-slot webhook topic (two under libfaketime, +5 s and -5 s) and a receiver in
-this process. The fault menu, the plan and the rules live in `tests/chaos` (one place for the CI
-test and this soak); see docs/reliability.md. Prints one JSON object: per fault kind the gap,
+this process; with `--pull` a pull topic and two long-polling consumers per serve process. The
+fault menu, the plan and the rules live in `tests/chaos` (one place for the CI test and this
+soak); see docs/reliability.md. Prints one JSON object: per fault kind the gap,
 the p99 lateness of messages due in its windows and its duplicates, the rule totals (lost,
 early, stalled, ...) and the seed. Exit status 1 when a rule broke.
 """
@@ -23,6 +24,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # the repo root
 from tests.chaos.faults import KINDS
 from tests.chaos.run import DENSE, ChaosOptions, run_chaos
 
+from delayq.queue.topic import TopicType
+
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
@@ -39,6 +42,9 @@ def main() -> int:
     parser.add_argument(
         "--dense", action="store_true", help="the topic's records and dues in buckets"
     )
+    parser.add_argument(
+        "--pull", action="store_true", help="a pull topic leased by pull consumers, not a webhook"
+    )
     args = parser.parse_args()
     options = ChaosOptions(
         seed=args.seed,
@@ -50,6 +56,7 @@ def main() -> int:
         split=args.split,
         keep_logs=args.keep_logs,
         settings=DENSE if args.dense else {},
+        delivery=TopicType.PULL if args.pull else TopicType.WEBHOOK,
     )
     result = asyncio.run(run_chaos(options))
     report = {**result.report, "logs": str(result.workdir) if result.workdir else None}

@@ -87,6 +87,7 @@ class Cluster:
     zookeeper: ZooKeeperServer = field(default_factory=ZooKeeperServer)
     members: list[Member] = field(default_factory=list)
     settings: dict[str, Any] = field(default_factory=dict)  # ServiceConfig fields to override
+    topic_type: TopicType = TopicType.WEBHOOK  # PULL: leased by the pull consumers (puller.py)
     observer: KazooClient | None = None
     _supervisor: asyncio.Task[None] | None = None
 
@@ -108,7 +109,7 @@ class Cluster:
             namespace=NAMESPACE,
             topic=TOPIC,
             slot_amount=SLOTS,
-            topic_type=TopicType.WEBHOOK,
+            topic_type=self.topic_type,
             webhook_url=self.receiver_url,
             webhook_secret=SECRET,
             webhook_timeout_ms=WEBHOOK_TIMEOUT_MS,

@@ -35,7 +35,7 @@ from . import moves
 from .cluster import ACK_TIMEOUT_MS, GRACE_MS, SESSION_TIMEOUT_MS, Cluster, Member
 from .probes import fleet_ready
 from .proxy import Link
-from .receiver import Behaviour, Receiver
+from .receiver import Behaviour, Recipient
 
 MAX_CONCURRENT = 2
 RESTART_WAIT_S = 60.0
@@ -197,7 +197,7 @@ def wall_ms() -> float:
 @dataclass
 class Injector:
     cluster: Cluster
-    receiver: Receiver
+    receiver: Recipient
     windows: list[Window]
     notes: list[str]
     locks: dict[str, asyncio.Lock] = field(

@@ -13,6 +13,7 @@ import json
 import random
 import time
 from dataclasses import dataclass, field
+from typing import Protocol
 
 from aiohttp import web
 from standardwebhooks import Webhook, WebhookVerificationError
@@ -60,6 +61,19 @@ class Behaviour:
     error_rate: float = 0.0  # answer 503 with this probability
     only: frozenset[str] | None = None  # the members it applies to (None: all)
     retry_after_s: int | None = None  # answer 429 with this Retry-After (the receiver's pace)
+
+
+class Recipient(Protocol):
+    """What takes the fleet's deliveries: this receiver (webhook topics) or the pull consumers
+    (puller.py). The injector flips its behaviour; the checker judges its arrivals."""
+
+    behaviour: Behaviour
+    arrivals: list[Arrival]
+
+    @property
+    def url(self) -> str: ...
+
+    async def stop(self) -> None: ...
 
 
 @dataclass

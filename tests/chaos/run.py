@@ -25,6 +25,7 @@ import redis.asyncio
 
 from delayq.coordination.splitting import routed_topic
 from delayq.queue.client import AsyncQueue
+from delayq.queue.topic import TopicType
 
 from .checker import Evidence, Rule, Timing, Verdict, check
 from .cluster import (
@@ -39,7 +40,8 @@ from .cluster import (
 from .faults import KINDS, Injector, Window, plan, wall_ms
 from .probes import Prober, _readyz, clock_skew_s, fleet_ready
 from .producer import Producer
-from .receiver import Receiver
+from .puller import Puller
+from .receiver import Receiver, Recipient
 from .unplanned import exits, session_losses, stalls
 
 READY_TIMEOUT_S = 120.0
@@ -60,6 +62,8 @@ class ChaosOptions:
     keep_logs: bool = False
     # ServiceConfig fields the serve processes run with (`DENSE`: the topic's dense layout)
     settings: dict[str, Any] = field(default_factory=dict)
+    # the topic's delivery: WEBHOOK to the receiver, or PULL by the pull consumers (puller.py)
+    delivery: TopicType = TopicType.WEBHOOK
 
 
 #: The topic's records and waiting messages in buckets (recordBuckets, storeBuckets): the serve
@@ -71,6 +75,11 @@ DENSE: dict[str, Any] = {
     "redis_store_buckets": True,
     "redis_store_buckets_after_ms": 4000,
 }
+
+
+#: What a pull topic adds: its finished messages remembered past the run, so that the pull
+#: consumers can tell an ack applied by a request whose answer was lost (puller.py, `resolve`).
+PULLED: dict[str, Any] = {"outcome_retention_ms": 3_600_000}
 
 
 @dataclass
@@ -102,8 +111,15 @@ async def until(condition: Callable[[], Awaitable[bool]], timeout_s: float, what
 
 async def run_chaos(options: ChaosOptions) -> ChaosResult:
     workdir = Path(tempfile.mkdtemp(prefix=f"delayq-chaos-{options.seed}-"))
-    receiver = await Receiver(rng=random.Random(options.seed)).start()
-    cluster = Cluster(workdir, receiver.url, settings=dict(options.settings))
+    rng = random.Random(options.seed)
+    receiver: Recipient
+    settings = dict(options.settings)
+    if options.delivery is TopicType.PULL:
+        receiver = Puller(rng=rng)
+        settings = {**PULLED, **settings}
+    else:
+        receiver = await Receiver(rng=rng).start()
+    cluster = Cluster(workdir, receiver.url, settings=settings, topic_type=options.delivery)
     try:
         result = await _run(options, cluster, receiver)
     finally:
@@ -130,9 +146,11 @@ async def run_chaos(options: ChaosOptions) -> ChaosResult:
     return result
 
 
-async def _run(options: ChaosOptions, cluster: Cluster, receiver: Receiver) -> ChaosResult:
+async def _run(options: ChaosOptions, cluster: Cluster, receiver: Recipient) -> ChaosResult:
     timer = Timer()
     await cluster.start()
+    if isinstance(receiver, Puller):
+        await receiver.start(cluster.members)
     rng = random.Random(options.seed)
     specs = plan(options.seed, options.fault_phase_s, options.kinds, options.moves, options.split)
     windows: list[Window] = []
@@ -239,7 +257,7 @@ async def settle(cluster: Cluster, session: aiohttp.ClientSession) -> Rule:
 
 
 async def drain(
-    cluster: Cluster, receiver: Receiver, accepted: dict[str, int], options: ChaosOptions
+    cluster: Cluster, receiver: Recipient, accepted: dict[str, int], options: ChaosOptions
 ) -> None:
     """Wait until every accepted id got a 2xx, then until nothing is scheduled or leased (so
     late copies are seen too). Bounded: a lost message ends the wait, the checker reports it."""
