@@ -168,10 +168,14 @@ class Puller:
                         if response.status != 200:
                             continue
                         info = await response.json()
-                    # the outcome remembers the attempt its ack finished: this lease's, or a
-                    # later lease's (whose own answer may not be read yet: not this one's ack)
-                    if info["state"] == "done" and info.get("attempts") == arrival.attempt:
+                    if acked_by(info, arrival.attempt):
                         arrival.status = 204
-                    if info["state"] != "prepared":  # prepared: maybe this very lease, ask again
-                        del self.ambiguous[message_id]
+                    del self.ambiguous[message_id]  # else its lease is gone: it came again
                     break
+
+
+def acked_by(info: dict[str, Any], attempt: int) -> bool:
+    """Whether a message's state (its GET by id) says the ack of `attempt` finished it. The
+    remembered outcome keeps the attempt its ack finished: this lease's, or a later lease's,
+    whose own answer may not have been read yet (then `done` alone would count one ack twice)."""
+    return info.get("state") == "done" and info.get("attempts") == attempt
