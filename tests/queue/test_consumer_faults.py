@@ -386,6 +386,37 @@ async def test_a_slot_lost_to_a_move_gets_no_wake_up_back(
     assert await async_redis_client.llen(keys.key(Part.WAKE)) == wakes
 
 
+@pytest.mark.parametrize(
+    ("woken", "hand_back", "back"), [(1, True, 1), (0, True, 0), (1, False, 0)]
+)
+async def test_a_released_slot_hands_back_the_wake_up_its_wait_took(
+    async_redis_client: redis.asyncio.Redis, woken: int, hand_back: bool, back: int
+) -> None:
+    """A process frozen past its session keeps its wait blocked on its slots' wake lists and is
+    served first: on waking it reads the new owner's wake-up while it still counts the slot its
+    own, then releases every slot before claiming. Released with `hand_back` (the pull leaser,
+    which has no watchdog), a slot whose wait took a wake-up gets it back for the new owner
+    (chaos soak seed 1010, pull: a message 1.7 s late); one never woken gets none, and the push
+    Consumer's release (its watchdog is the bound) pushes nothing."""
+    topic = Topic(f"taken-{woken}-{str(hand_back).lower()}", slot_amount=1)
+    queue = AsyncQueue(async_redis_client, topic)
+    taken: list[int] = []
+    owned = OwnedSlots(queue, OwnedSlot, lambda state: taken.append(state.slot))
+    await owned.own([0])
+    taken.clear()  # owning claims at once; a wake-up is what the wait pops
+    wake = slot_keys(topic, 0).key(Part.WAKE)
+    if woken:
+        await async_redis_client.rpush(wake, "1")
+    owned.start()
+    try:
+        await eventually(lambda: taken == [0] * woken, 5.0, "the wait's pops")
+        assert await owned.release([0], hand_back=hand_back) == {0}
+        await eventually(lambda: not owned._handing, 5.0, "the hand-back done")
+    finally:
+        await owned.close()
+    assert await async_redis_client.llen(wake) == back
+
+
 @pytest.mark.parametrize("lost_by", ["release", "fence"])
 async def test_a_wake_up_taken_by_a_former_owner_goes_to_the_new_one(
     async_redis_client: redis.asyncio.Redis, monkeypatch: pytest.MonkeyPatch, lost_by: str

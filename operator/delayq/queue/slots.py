@@ -84,7 +84,7 @@ class OwnedSlots(Generic[S]):
         self._waker = _blocking_client(queue.redis, WAKE_BLOCK_S)
         self._waiting: asyncio.Task[None] | None = None
         self._closing = False
-        self._handing: set[asyncio.Task[None]] = set()  # wake-ups going back (`lose`)
+        self._handing: set[asyncio.Task[None]] = set()  # wake-ups going back (`lose`, `release`)
 
     def get(self, slot: int) -> S | None:
         return self._slots.get(slot)
@@ -131,11 +131,23 @@ class OwnedSlots(Generic[S]):
             await self.interrupt()  # the wait picks up the new slots' wake lists
         return failed
 
-    async def release(self, slots: Iterable[int]) -> set[int]:
-        """Stop owning the slots; returns those that were owned. Never raises."""
+    async def release(self, slots: Iterable[int], hand_back: bool = False) -> set[int]:
+        """Stop owning the slots; returns those that were owned. Never raises. With `hand_back`,
+        a released slot whose wait took a wake-up (`wakes`) gets one back on its list, as a lost
+        one does (`lose`): a process frozen past its session keeps its wait blocked on its
+        slots' lists and is served first, so it may take the new owner's wake-up, read it on
+        waking while it still counts the slot its own, and then release every slot (its session
+        was lost) before claiming. The push `Consumer` bounds that loss by its watchdog; the
+        pull leaser, which has none, asks for this (chaos soak seed 1010: a message 1.7 s late,
+        docs/reliability.md). A wake-up too many costs the new owner one claim."""
+        slots = list(slots)
+        woken = [s for s in slots if (state := self._slots.get(s)) is not None and state.wakes]
         released = self.drop(slots)
         if released:
             await self.interrupt()
+        if hand_back:
+            for slot in woken:
+                self._hand_back_later(slot)
         return released
 
     def drop(self, slots: Iterable[int]) -> set[int]:
@@ -153,10 +165,15 @@ class OwnedSlots(Generic[S]):
         if self._slots.get(state.slot) is not state:
             return False
         del self._slots[state.slot]
-        handing = asyncio.create_task(self._hand_back(state.slot))
+        self._hand_back_later(state.slot)
+        return True
+
+    def _hand_back_later(self, slot: int) -> None:
+        """`_hand_back` in a task of its own (kept in `_handing`): ownership never waits on
+        Redis."""
+        handing = asyncio.create_task(self._hand_back(slot))
         self._handing.add(handing)
         handing.add_done_callback(self._handing.discard)
-        return True
 
     async def _hand_back(self, slot: int) -> None:
         """Push a wake-up onto the slot's list for whoever owns it now. Best effort: the new

@@ -191,7 +191,8 @@ class PullLeaser:
         which is what Ownership's handoff order requires before another process takes them."""
         owner = self._generations[self.generation if generation is None else generation]
         for broker, broker_slots in owner.brokers.split(slots).items():
-            await owner.owned[broker].release(broker_slots)
+            # no watchdog here: a wake-up its wait took for them goes back (OwnedSlots.release)
+            await owner.owned[broker].release(broker_slots, hand_back=True)
         in_flight = list(self._rounds)
         if in_flight:
             await asyncio.wait(in_flight)
