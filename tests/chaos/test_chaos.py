@@ -8,8 +8,8 @@ in its copy and in its freeze). Seed 23's topic keeps its records and waiting me
 buckets (DENSE_SEEDS). A failure prints the seed (rerun it with `python3 bench/chaos.py
 --minutes 1 --seed N --moves S,S --split S [--dense]`), every broken rule with examples, and
 where the process logs were kept. A pull topic is soaked by `bench/chaos.py --pull`, not here
-yet: a wake-up it loses after a long freeze (docs/reliability.md, "Pull topics"; once in 13 pull
-runs so far, the 10-minute soak) would make a pull seed fail now and then until it is fixed.
+yet: its 10-minute soak found a wake-up lost after a long freeze (docs/reliability.md, "Seed
+1010's stalled message"), fixed since; a pull seed joins once more soaks of the fix have run.
 """
 
 from __future__ import annotations
