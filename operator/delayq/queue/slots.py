@@ -204,6 +204,8 @@ class OwnedSlots(Generic[S]):
                 self._waiting.cancel()  # the interrupt did not get through
                 with contextlib.suppress(asyncio.CancelledError, redis.RedisError):
                     await self._waiting
+        if self._handing:  # wake-ups going back (`lose`, `release`) get their turn first
+            await asyncio.wait(set(self._handing), timeout=CLOSE_WAIT_S)
         with contextlib.suppress(redis.RedisError):
             await self.queue.redis.delete(self._control_key)
         await self._waker.aclose(close_connection_pool=True)
