@@ -141,13 +141,12 @@ class OwnedSlots(Generic[S]):
         pull leaser, which has none, asks for this (chaos soak seed 1010: a message 1.7 s late,
         docs/reliability.md). A wake-up too many costs the new owner one claim."""
         slots = list(slots)
-        woken = [s for s in slots if (state := self._slots.get(s)) is not None and state.wakes]
+        woken = [s for s in slots if hand_back and (state := self._slots.get(s)) and state.wakes]
         released = self.drop(slots)
         if released:
             await self.interrupt()
-        if hand_back:
-            for slot in woken:
-                self._hand_back_later(slot)
+        for slot in woken:
+            self._hand_back_later(slot)
         return released
 
     def drop(self, slots: Iterable[int]) -> set[int]:
