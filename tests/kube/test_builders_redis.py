@@ -4,6 +4,7 @@ user's ACL line."""
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 import pytest
@@ -16,9 +17,16 @@ from delayq.kube.builders.redis import (
     master_endpoint_slice,
     redis_maxmemory,
 )
-from delayq.kube.quantity import memory_bytes, parse_quantity
+from delayq.kube.quantity import (
+    MAX_QUANTITY,
+    MAX_QUANTITY_LENGTH,
+    QUANTITY_PATTERN,
+    memory_bytes,
+    parse_quantity,
+)
 from delayq.kube.spec import STREAM_KEY_ENGINE_MESSAGE, SpecError, TopicSpec
 from tests.kube.manifests import by_kind_name, rendered, spec_of
+from tests.kube.test_crd_schema import crd
 
 
 def test_redis_statefulset_master_plus_replicas_with_aof_and_volume() -> None:
@@ -67,10 +75,62 @@ def test_memory_quantities_in_bytes(text: str, expected: int) -> None:
     assert memory_bytes(text) == expected
 
 
-@pytest.mark.parametrize("text", ["", "Mi", "1MB", "1 Gi", "1gi", "0x10", "1.2.3", "e3", "1e"])
+@pytest.mark.parametrize(
+    "text",
+    [
+        "",
+        "Mi",
+        "1MB",
+        "1 Gi",
+        "1gi",
+        "0x10",
+        "1.2.3",
+        "e3",
+        "1e",
+        "1e100",
+        "1e-100",
+        "1e999999999",
+        "1" * 65,
+    ],
+)
 def test_not_a_quantity_is_refused_naming_it(text: str) -> None:
+    """Besides the grammar, delayq's bounds: 64 characters, a two-digit exponent (a tenant's
+    `1e999999999` has a billion-digit exact value)."""
     with pytest.raises(ValueError, match="not a Kubernetes quantity"):
         parse_quantity(text)
+
+
+@pytest.mark.parametrize("text", ["1e99", "8Ei", "9" * 64])
+def test_a_quantity_beyond_the_api_servers_range_is_capped_as_it_caps_it(text: str) -> None:
+    assert memory_bytes(text) == MAX_QUANTITY
+    assert parse_quantity(f"-{text}"[:64]) == -MAX_QUANTITY
+
+
+def test_the_crds_quantity_rule_is_the_parsers() -> None:
+    """The API server checks the grammar and the bounds the parser does: the CRD's pattern and
+    maxLength are quantity.py's, on every resource value a tenant writes."""
+    schema = crd()["spec"]["versions"][0]["schema"]["openAPIV3Schema"]
+    spec = schema["properties"]["spec"]["properties"]
+    for owner in ("worker", "redis"):
+        for key in ("requests", "limits"):
+            values = spec[owner]["properties"]["resources"]["properties"][key][
+                "additionalProperties"
+            ]
+            assert (values["pattern"], values["maxLength"]) == (
+                QUANTITY_PATTERN,
+                MAX_QUANTITY_LENGTH,
+            )
+    pattern = re.compile(QUANTITY_PATTERN)
+    for text in ("512Mi", "1.5G", "1e3", "1E", ".5Ki", "1e99", "1e100", "1MB", "1 Gi"):
+        assert bool(pattern.match(text)) == _parses(text), text
+
+
+def _parses(text: str) -> bool:
+    try:
+        parse_quantity(text)
+    except ValueError:
+        return False
+    return True
 
 
 def test_maxmemory_is_80_percent_of_the_memory_limit_or_unbounded_without_one() -> None:

@@ -2,7 +2,12 @@
 
 The grammar is the API server's (`k8s.io/apimachinery/pkg/api/resource`): a signed decimal
 number, then a binary suffix (Ki..Ei), a decimal one (n, u, m, none, k, M..E) or an exponent
-(`e3`, `E-2`). The operator reads the Redis container's memory limit with it to size `maxmemory`.
+(`e3`, `E-2`), with two bounds of delayq's: at most `MAX_QUANTITY_LENGTH` characters and an
+exponent of at most two digits. A tenant writes these (`spec.redis.resources`), and the exact
+value of `1e999999999` is a billion-digit integer: computing it held the operator's event loop
+for hours. The CRD's `QUANTITY_PATTERN` says the same to the API server. As the API server
+does, a value beyond 2^63 - 1 is capped to it. The operator reads the Redis container's memory
+limit with it to size `maxmemory`.
 """
 
 from __future__ import annotations
@@ -13,24 +18,39 @@ from fractions import Fraction
 
 _BINARY = {"Ki": 1, "Mi": 2, "Gi": 3, "Ti": 4, "Pi": 5, "Ei": 6}
 _DECIMAL = {"n": -9, "u": -6, "m": -3, "": 0, "k": 3, "M": 6, "G": 9, "T": 12, "P": 15, "E": 18}
+#: The longest quantity taken, in characters (the CRD's maxLength too).
+MAX_QUANTITY_LENGTH = 64
+#: The grammar as the CRD's `pattern` (a JSON-schema regex, anchored): `_QUANTITY`'s.
+QUANTITY_PATTERN = (
+    r"^[+-]?([0-9]+(\.[0-9]*)?|\.[0-9]+)([KMGTPE]i|[numkMGTPE]|[eE][+-]?[0-9]{1,2})?$"
+)
 _QUANTITY = re.compile(
     r"(?P<number>[+-]?(?:[0-9]+(?:\.[0-9]*)?|\.[0-9]+))"
-    r"(?P<suffix>Ki|Mi|Gi|Ti|Pi|Ei|[numkMGTPE]|[eE][+-]?[0-9]+)?"
+    r"(?P<suffix>Ki|Mi|Gi|Ti|Pi|Ei|[numkMGTPE]|[eE][+-]?[0-9]{1,2})?"
 )
+#: The largest magnitude the API server represents; it caps a larger quantity to it.
+MAX_QUANTITY = 2**63 - 1
 
 
 def parse_quantity(text: str) -> Fraction:
-    """The exact value of a quantity; ValueError naming it when it is not one."""
-    match = _QUANTITY.fullmatch(text.strip())
+    """The exact value of a quantity (capped at MAX_QUANTITY as the API server does);
+    ValueError naming it when it is not one delayq takes."""
+    stripped = text.strip()
+    match = _QUANTITY.fullmatch(stripped) if len(stripped) <= MAX_QUANTITY_LENGTH else None
     if match is None:
-        raise ValueError(f"{text!r} is not a Kubernetes quantity (e.g. 512Mi, 1Gi, 1.5G)")
+        raise ValueError(
+            f"{text[:MAX_QUANTITY_LENGTH]!r} is not a Kubernetes quantity (e.g. 512Mi, 1Gi, "
+            f"1.5G; at most {MAX_QUANTITY_LENGTH} characters, an exponent of at most two digits)"
+        )
     number = Fraction(match["number"])
     suffix = match["suffix"] or ""
     if suffix in _BINARY:
-        return number * (1 << (10 * _BINARY[suffix]))
-    if suffix in _DECIMAL:
-        return number * Fraction(10) ** _DECIMAL[suffix]
-    return number * Fraction(10) ** int(suffix[1:])
+        value = number * (1 << (10 * _BINARY[suffix]))
+    else:
+        exponent = _DECIMAL[suffix] if suffix in _DECIMAL else int(suffix[1:])
+        value = number * Fraction(10) ** exponent
+    bound = Fraction(MAX_QUANTITY)
+    return max(-bound, min(value, bound))
 
 
 def memory_bytes(text: str) -> int:

@@ -17,6 +17,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from delayq.kube.quantity import parse_quantity
 from delayq.queue.backoff import Jitter
 from delayq.queue.codes import InvalidMessageError
 from delayq.queue.keys import ENGINE_KEY_MESSAGE, ENGINE_KEY_PREFIXES, is_engine_key
@@ -673,6 +674,11 @@ def _resources(section: Mapping[str, Any], owner: str) -> Resources:
         if not isinstance(values, Mapping):
             raise SpecError(f"{owner}.resources.{key} must be a map such as {{cpu: 100m}}")
         parts[key] = {str(k): str(v) for k, v in values.items()}
+        for name, text in parts[key].items():
+            try:  # the CRD's pattern; the builders compute with these (redis_maxmemory)
+                parse_quantity(text)
+            except ValueError as error:
+                raise SpecError(f"{owner}.resources.{key}.{name}: {error}") from None
     return Resources(requests=parts["requests"], limits=parts["limits"])
 
 
