@@ -28,6 +28,7 @@ from delayq.queue import (
     SlotMovingError,
     StaleEpochError,
     Topic,
+    slot_copy,
 )
 from delayq.queue.keys import Part, slot_keys
 
@@ -282,6 +283,71 @@ def test_a_mover_whose_session_expired_stops_before_its_next_redis_write(topolog
         first.step(*current)
 
 
+def fill_pages(queue: Queue, slot: int, count: int) -> None:
+    """`fill`, then `count` more messages waiting: every part of the slot longer than a page
+    of 7 (its store, its records, kept as a hashtable past 128, its journal)."""
+    fill(queue, slot)
+    for i in range(count):
+        queue.schedule(f"w{i:03d}", b"p" * 40, delay_ms=60_000 + i, slot_basis=BASIS)
+
+
+def test_a_slot_longer_than_a_page_is_copied_page_by_page_checking_the_lock(
+    topology: Topology, monkeypatch: pytest.MonkeyPatch
+):
+    """The copier holds at most GROUP keys of BATCH entries: the operator moves slots in its
+    leader, whose memory a tenant's slot must not size (it read the slot whole: a slot of a
+    few hundred MB killed every leader in turn). With pages of 7 entries and 3 keys a round
+    trip, every key is copied exactly, and the mover's lock is checked before every page (a
+    mover that lost it stops at its next page, not after the whole copy)."""
+    monkeypatch.setattr(slot_copy, "BATCH", 7)
+    monkeypatch.setattr(slot_copy, "GROUP", 3)
+    slot = topology.slot
+    fill_pages(topology.queues[0], slot, 300)
+    before = snapshot(topology.admins[0], topology.topic, slot)
+    assert len(before[Part.STORE]) > 300
+    assert len(before[Part.MSG]) > 300
+    checks: list[int] = []
+    check_lock = SlotMover._check_lock
+
+    def counted(mover: SlotMover, checked: int) -> None:
+        checks.append(checked)
+        check_lock(mover, checked)
+
+    monkeypatch.setattr(SlotMover, "_check_lock", counted)
+    topology.mover().move(slot, 1)
+    assert snapshot(topology.admins[1], topology.topic, slot) == before
+    assert len(checks) > 302 // 7  # at least a check a page of the store alone (2 before)
+
+
+def test_a_copy_cut_short_is_done_again_by_the_next_run(
+    topology: Topology, monkeypatch: pytest.MonkeyPatch
+):
+    """A mover that loses its lock in the middle of a copy leaves part of the slot on the
+    target, which nobody routes to; the next run copies again from the deletion on."""
+    monkeypatch.setattr(slot_copy, "BATCH", 7)
+    slot = topology.slot
+    fill_pages(topology.queues[0], slot, 300)
+    before = snapshot(topology.admins[0], topology.topic, slot)
+    check_lock = SlotMover._check_lock
+    checks: list[int] = []
+
+    def lost_at_the_twentieth(mover: SlotMover, checked: int) -> None:
+        checks.append(checked)
+        if len(checks) == 20:
+            raise MoveError("lost the slot's lock (test)")
+        check_lock(mover, checked)
+
+    monkeypatch.setattr(SlotMover, "_check_lock", lost_at_the_twentieth)
+    with pytest.raises(MoveError, match="lost the slot's lock"):
+        topology.mover().move(slot, 1)
+    partial = snapshot(topology.admins[1], topology.topic, slot)
+    assert partial
+    assert partial != before
+    assert topology.routing().broker_of_slot[slot] == 0
+    assert topology.mover().move(slot, 1).step is Step.CLEAN
+    assert snapshot(topology.admins[1], topology.topic, slot) == before
+
+
 def test_the_copy_waits_for_the_targets_replicas_before_the_switch(topology: Topology):
     """A topic with syncReplicas 1: `clean` deletes the source after the switch, so the copy
     must be on a replica of the target first (a target master lost before replicating would
@@ -330,7 +396,6 @@ def test_without_a_routing_node_the_first_routing_is_moved_from(topology: Topolo
     topology.zk.delete(topology.paths.routing)
     topology.mover().move(0, 1)
     assert topology.routing().broker_of_slot == (1, 0, 1, 1)  # first routing over 2 brokers
-
 
 
 def test_the_cli_moves_shows_and_refuses_bad_input_in_one_line(

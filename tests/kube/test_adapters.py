@@ -11,7 +11,13 @@ import redis
 from delayq.coordination.layout import TopicPaths
 from delayq.coordination.routing import Routing, initial_routing
 from delayq.kube.redisctl import RedisCommands
-from delayq.kube.zk import KazooTopicStore, RoutingChanged, topic_root
+from delayq.kube.zk import (
+    MAX_MEMBERS_READ,
+    KazooTopicStore,
+    MembersUnreadable,
+    RoutingChanged,
+    topic_root,
+)
 from delayq.local.redis_server import RedisServer
 from delayq.local.zookeeper_server import ZooKeeperServer
 from delayq.queue import acl
@@ -52,6 +58,28 @@ async def test_routing_and_config_round_trip_through_zookeeper(
     await zk_store.delete(connect, "kube-it", "orders")
     assert client.exists(topic_root("kube-it", "orders")) is None
     await zk_store.delete(connect, "kube-it", "orders")  # deleting twice is fine
+
+
+async def test_a_flood_of_member_nodes_is_not_read_one_by_one(
+    zookeeper_server: ZooKeeperServer, zk_store: KazooTopicStore
+) -> None:
+    """A topic's pods hold its tree's password, so its tenant can fill `members/` up to the
+    tree's quota; the operator read each node in one of the few threads every topic on the
+    ensemble shares, for as long as the tenant liked. Past MAX_MEMBERS_READ it reads none (the
+    health pass deletes no library then) and answers at once."""
+    connect = zookeeper_server.hosts
+    client = zk_store._client(connect)
+    members = TopicPaths("kube-it", "flood").members
+    client.ensure_path(members)
+    created = client.transaction()
+    for index in range(MAX_MEMBERS_READ + 1):
+        created.create(f"{members}/junk-{index}", b"{}")
+    assert all(result is not False for result in created.commit())
+    with pytest.raises(MembersUnreadable, match=f"{MAX_MEMBERS_READ + 1} nodes"):
+        await zk_store.member_libraries(connect, "kube-it", "flood")
+    client.delete(f"{members}/junk-0")
+    assert await zk_store.member_libraries(connect, "kube-it", "flood") == []  # no live member
+    await zk_store.delete(connect, "kube-it", "flood")
 
 
 async def test_publishing_never_moves_a_slot_back(

@@ -9,8 +9,10 @@ before the routing switched):
 1. `freeze`: the slot's epoch on the source becomes 'moving:<epoch>' (freeze-1). The old owner is
    fenced out (its claims and acks are stale) and cannot fence again; every producing write is
    refused with SLOT_MOVING. Nothing changes in the slot on the source any more.
-2. `copy`: every key of the slot is copied to the target in one MULTI (`queue.slot_copy`), then
-   the target's copy is thawed (its epoch a number again). Nobody routes to the target yet.
+2. `copy`: every key of the slot is copied to the target, deleted there first, then written page
+   by page (`queue.slot_copy`: the copier's memory stays bounded whatever the slot holds), the
+   lock checked before each page; then the target's copy is thawed (its epoch a number again).
+   Nobody routes to the target yet; a copy cut short is done again from the deletion on.
 3. `switch`: the routing node names the target for the slot, written with compare-and-set on the
    node's version. The delay services watch that node; the slot's owner releases the slot on the
    source, fences it on the target (epoch above the old one) and claims from there.
@@ -245,7 +247,7 @@ class SlotMover:
         if migration.step is Step.FREEZE:
             source.run(consume_plans.freeze(self.topic, migration.slot))
         elif migration.step is Step.COPY:
-            copy_slot(source.redis, target.redis, keys)
+            copy_slot(source.redis, target.redis, keys, lambda: self._check_lock(migration.slot))
             self._check_lock(migration.slot)
             thaw_replicated(target, self.topic, [migration.slot], migration.target)
         elif migration.step is Step.SWITCH:
@@ -259,9 +261,7 @@ class SlotMover:
         assert following is not None
         return self._record(replace(migration, step=following), version)
 
-    def move(
-        self, slot: int, target: int, before_switch: BeforeSwitch | None = None
-    ) -> Migration:
+    def move(self, slot: int, target: int, before_switch: BeforeSwitch | None = None) -> Migration:
         """Move `slot` to broker `target`, resuming a move recorded earlier; returns the
         completed move. Holds the slot's lock throughout."""
         migration, version = self.start(slot, target)

@@ -34,6 +34,7 @@ from delayq.kube.builders.service import zookeeper_connect
 from delayq.kube.context import Logger, OperatorContext
 from delayq.kube.errors import TRANSIENT_ERRORS
 from delayq.kube.spec import TopicSpec
+from delayq.kube.zk import MembersUnreadable
 from delayq.queue import functions
 
 #: How long a library must have been unused (not the operator's, named by no live member)
@@ -54,12 +55,12 @@ async def libraries_in_use(
     ctx: OperatorContext, spec: TopicSpec, logger: Logger
 ) -> list[str] | None:
     """The library each live member of the topic names; None when ZooKeeper did not answer
-    (then no library is deleted this pass)."""
+    or the topic's members are too many to read (then no library is deleted this pass)."""
     connect = zookeeper_connect(spec, ctx.build)
     try:
         return await ctx.store.member_libraries(connect, spec.namespace, spec.name)
-    except TRANSIENT_ERRORS as error:
-        logger.warning("members' functions libraries unknown this pass: %r", error)
+    except (*TRANSIENT_ERRORS, MembersUnreadable) as error:
+        logger.warning("members' functions libraries unknown this pass: %s", error)
         return None
 
 

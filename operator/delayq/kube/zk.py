@@ -61,6 +61,9 @@ TIMEOUT_S = 10.0
 # calls of one ensemble at once (reconciles, health passes, GC): more wait in its queue
 WORKERS_PER_ENSEMBLE = 4
 _T = TypeVar("_T")
+#: The most `members/` nodes member_libraries reads: a topic's members are its service pods (at
+#: most 64 brokers, twice that while they roll) and the clients a tenant runs beside them.
+MAX_MEMBERS_READ = 1024
 # a node older operators wrote (the ConfigMap's JSON again) and nothing ever read
 _UNREAD_CONFIG_NODE = "config"
 
@@ -93,7 +96,10 @@ class TopicStore(Protocol):
 
     async def member_libraries(self, connect: str, namespace: str, topic: str) -> list[str]:
         """The functions library each live member calls, one entry per member ("" for a
-        member naming none: one of a version before members named it)."""
+        member naming none: one of a version before members named it). MembersUnreadable when
+        `members/` holds more than MAX_MEMBERS_READ nodes: read one by one, a tenant's flood of
+        them (its pods hold the tree's password) held one of the ensemble's few threads, which
+        every topic on the ensemble shares, for as long as it liked."""
 
     async def tree_uid(self, connect: str, namespace: str, topic: str) -> str:
         """The UID marker publish wrote in the topic's tree ("" for none, or no tree)."""
@@ -118,6 +124,10 @@ class TopicStore(Protocol):
 
 class EnsembleNotAllowed(ValueError):
     """A connection string the store was not given: it never connects there."""
+
+
+class MembersUnreadable(Exception):
+    """A topic's `members/` holds more nodes than the operator reads (MAX_MEMBERS_READ)."""
 
 
 class _Ensemble:
@@ -261,6 +271,11 @@ class KazooTopicStore:
                 children = client.get_children(paths.members)
             except NoNodeError:
                 return []
+            if len(children) > MAX_MEMBERS_READ:
+                raise MembersUnreadable(
+                    f"{paths.members} holds {len(children)} nodes, more than the "
+                    f"{MAX_MEMBERS_READ} the operator reads"
+                )
             libraries: list[str] = []
             for child in children:
                 with contextlib.suppress(NoNodeError):  # it left meanwhile

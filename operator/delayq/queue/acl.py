@@ -35,13 +35,13 @@ ADMIN_RULES = ("reset", "on", "~*", "&*", "+@all")
 #: loaded, `queue/functions.py`: no EVAL*, SCRIPT or FUNCTION, so no code of its own), the
 #: consumer's blocking wake-up wait and its interrupts, the stream delivery's XADD, the server
 #: clock, WAIT after an acknowledged write of a topic with `redis_sync_replicas`, health checks
-#: and the RESP3 handshake, and the slot mover's copy (`queue/slot_copy.py`: ZRANGE, HGETALL,
-#: GET, LRANGE, XRANGE on the frozen source, then DEL and ZADD, HSET, SET, RPUSH, XADD in a
-#: MULTI on the target; run with the service's credentials from one of its pods, the key
-#: patterns still hold it to the topic's own keys. No DUMP/RESTORE: a crafted RESTORE payload
-#: is a known way into Redis's memory), and the slot splitter's (`queue/slot_split.py`: ZSCAN,
-#: HSCAN, GET, ZSCORE, HGET, XRANGE on the old keys, then ZADD, HSET, SET, ZREM, HDEL, XADD on
-#: the next generation's; SADD, SSCAN, SUNIONSTORE on the changes it tracks). Not CLIENT
+#: and the RESP3 handshake, and the slot mover's copy (`queue/slot_copy.py`: ZRANGE, HSCAN, GET,
+#: LRANGE, XRANGE page by page on the frozen source, then UNLINK and ZADD, HSET, SET, RPUSH,
+#: XADD page by page on the target; run with the service's credentials from one of its pods, the
+#: key patterns still hold it to the topic's own keys. No DUMP/RESTORE: a crafted RESTORE
+#: payload is a known way into Redis's memory), and the slot splitter's (`queue/slot_split.py`:
+#: ZSCAN, HSCAN, GET, ZSCORE, HGET, XRANGE on the old keys, then ZADD, HSET, SET, ZREM, HDEL,
+#: XADD on the next generation's; SADD, SSCAN, SUNIONSTORE on the changes it tracks). Not CLIENT
 #: SETINFO, which redis-py sends on connect and whose refusal it ignores (and which Redis 7.0
 #: does not know: naming it would fail the whole SETUSER).
 CLIENT_COMMANDS = (

@@ -5,15 +5,20 @@ prepare with its lease deadlines, dead, records, reasons, outcomes, journal, wak
 lease counter, schedules, ...); `PART_TYPES` names each part's Redis type (a part added
 later without one fails every move test).
 
-The copy reads each key's content (ZRANGE WITHSCORES, HGETALL, GET, LRANGE, XRANGE) and writes
+The copy reads each key's content (ZRANGE WITHSCORES, HSCAN, GET, LRANGE, XRANGE) and writes
 it with the engine's own commands (ZADD, HSET, SET, RPUSH, XADD with the entry's id), not with
 DUMP/RESTORE: the restricted service user that runs a move may not RESTORE (a crafted payload
 is a way into Redis's memory), and scores, fields and stream ids carry over exactly as values.
 
 The source must be frozen (`consume_plans.freeze`) first: then nothing writes into the slot
-there, and a copy is a snapshot. The target side runs in one MULTI that deletes the slot's keys
-first, so a copy is all or nothing, and a copy repeated after a crash replaces the earlier one
-(no key of the slot is left from before).
+there, and a copy is a snapshot. The copy deletes the slot's keys on the target first, then
+writes them page by page: at most `GROUP` keys of at most `BATCH` entries each are in the
+copier's memory at once. The slot's size is the tenant's (its payloads, its broker's memory),
+the copier's memory is the platform's: the operator moves slots in its leader, and a copy that
+read the slot whole was killed for memory at a few hundred MB, by every leader in turn. The
+slot's strings (its epoch, its lease counter) go first. A copy cut short leaves a partial copy
+on a target nobody routes to: the move's next run copies again from the deletion on, an abort
+deletes it (`coordination/migration.py`).
 """
 
 from __future__ import annotations
@@ -40,8 +45,12 @@ from delayq.queue.store_buckets import (
     store_keys,
 )
 
-#: Members, fields or entries per write command: one command never holds a whole large slot.
+#: Members, fields or entries per read and per write command: one command never holds a whole
+#: large slot (a hash Redis keeps as a listpack answers an HSCAN whole: up to its few hundred).
 BATCH = 2000
+#: Keys read in one round trip, each up to its first BATCH entries (a slot has ~20 parts and may
+#: have thousands of buckets).
+GROUP = 16
 
 
 class RedisType(enum.Enum):
@@ -165,57 +174,126 @@ BUCKETED = (
 )
 
 
-def copy_slot(source: redis.Redis, target: redis.Redis, keys: SlotKeys) -> int:
-    """Replace the slot's keys on `target` with those on `source`; returns how many keys the
-    slot has. Keys without a TTL stay so (the engine sets none). The buckets of the records and
-    of the waiting messages (`BUCKETED`) go with their part: the bucket count is the source's
-    meta part. Onto a broker whose record of the slot lacks the part's field (the owner has not
+def copy_slot(
+    source: redis.Redis,
+    target: redis.Redis,
+    keys: SlotKeys,
+    before_write: Callable[[], None] = lambda: None,
+) -> int:
+    """Replace the slot's keys on `target` with those on `source`, page by page; returns how
+    many keys of the slot the target got. `before_write` runs before each write (the mover
+    checks that it still holds the slot: a mover that lost it stops at its next page). Keys
+    without a TTL stay so (the engine sets none). The buckets of the records and of the
+    waiting messages (`BUCKETED`) go with their part: the bucket count is the source's meta
+    part. Onto a broker whose record of the slot lacks the part's field (the owner has not
     published there since the topic turned those buckets on, or a new broker) they go into the
     flat part, where the scripts there look: only a record with the field makes them look in
     buckets. The field, once there, stays (publish-1), so it cannot go between this read and
     the copy."""
     parts = [part for part in Part if part not in DOUBLING_PARTS]
     read = source.pipeline(transaction=False)
-    for part in parts:
-        read_value(read, PART_TYPES[part], keys.key(part))
-    contents = dict(zip(parts, read.execute(), strict=True))
-    extra: list[tuple[str, RedisType, Any]] = []
-    stale: list[str] = []
     for layout in BUCKETED:
-        count = int(contents[layout.meta].get(b"n", 0))
-        read = source.pipeline(transaction=False)
+        read.hget(keys.key(layout.meta), "n")
+    counts = [int(count or 0) for count in read.execute()]
+    left_out: set[Part | None] = set()
+    buckets: list[_Copy] = []
+    stale: list[str] = []
+    for layout, count in zip(BUCKETED, counts, strict=True):
+        flatten = count > 0 and target.hget(keys.settings, layout.field) is None
+        if flatten:
+            left_out |= {layout.meta, layout.index}
         for number in range(count):
-            read_value(read, layout.kind, layout.bucket(keys, number))
-        buckets = read.execute() if count else []
-        if count and target.hget(keys.settings, layout.field) is None:
-            whole = [layout.unbucketed(content) for content in buckets]
-            contents[layout.flat] = _flattened(layout.kind, contents[layout.flat], whole)
-            contents[layout.meta], buckets, count = {}, [], 0
-            if layout.index is not None:
-                contents[layout.index] = []
-        extra.extend((layout.bucket(keys, b), layout.kind, buckets[b]) for b in range(count))
+            name = layout.bucket(keys, number)
+            into, content = (keys.key(layout.flat), layout.unbucketed) if flatten else (name, None)
+            buckets.append(_Copy(name, layout.kind, into, content))
         stale.extend(layout.bucket(keys, b) for b in range(layout.count(target, keys)))
-    write = target.pipeline(transaction=True)
-    write.delete(*keys.keys(*parts, *DOUBLING_PARTS), *stale)
-    copied = 0
-    for name, kind, content in [
-        *((keys.key(part), PART_TYPES[part], contents[part]) for part in parts),
-        *extra,
-    ]:
-        if present(kind, content):
-            write_value(write, kind, name, content)
-            copied += 1
-    write.execute()
-    return copied
+    strings_first = sorted(
+        (part for part in parts if part not in left_out),
+        key=lambda part: PART_TYPES[part] is not RedisType.STRING,
+    )
+    copies = [_Copy(keys.key(p), PART_TYPES[p], keys.key(p), None) for p in strings_first]
+    copies += buckets
+    before_write()
+    target.unlink(*keys.keys(*parts, *DOUBLING_PARTS), *stale)
+    written: set[str] = set()
+    for start in range(0, len(copies), GROUP):
+        group = copies[start : start + GROUP]
+        read = source.pipeline(transaction=False)
+        for copy in group:
+            _queue_page(read, copy, _FIRST[copy.kind])
+        write = target.pipeline(transaction=False)
+        more: list[tuple[_Copy, Any]] = []
+        for copy, reply in zip(group, read.execute(), strict=True):
+            after = _write_page(write, copy, _FIRST[copy.kind], reply, written)
+            if after is not None:
+                more.append((copy, after))
+        before_write()
+        write.execute()
+        for copy, at in more:  # the keys longer than a page, one page a round trip
+            while at is not None:
+                read = source.pipeline(transaction=False)
+                _queue_page(read, copy, at)
+                write = target.pipeline(transaction=False)
+                at = _write_page(write, copy, at, read.execute()[0], written)
+                before_write()
+                write.execute()
+    return len(written)
 
 
-def _flattened(kind: RedisType, flat: Any, buckets: list[Any]) -> Any:
-    """The flat part's content with every bucket's in it (an id is in one place at most)."""
-    if kind is RedisType.HASH:
-        for bucket in buckets:
-            flat.update(bucket)
-        return flat
-    return [entry for content in (flat, *buckets) for entry in content]
+@dataclass(frozen=True)
+class _Copy:
+    """One key read from the source into one key of the target (a bucket into the flat part
+    when the target reads no buckets: `content` makes its entries the flat part's)."""
+
+    source: str
+    kind: RedisType
+    target: str
+    content: Callable[[Any], Any] | None
+
+
+#: Where each type's first page starts: an index, an HSCAN cursor, a stream id ('-': the first).
+_FIRST: dict[RedisType, Any] = {
+    RedisType.ZSET: 0,
+    RedisType.HASH: 0,
+    RedisType.STRING: None,
+    RedisType.LIST: 0,
+    RedisType.STREAM: "-",
+}
+
+
+def _queue_page(pipe: Any, copy: _Copy, at: Any) -> None:
+    """Queue the read of the page of `copy.source` that starts `at` (the source is frozen, so
+    an index is a stable place in a sorted set or a list)."""
+    if copy.kind is RedisType.ZSET:
+        pipe.zrange(copy.source, at, at + BATCH - 1, withscores=True)
+    elif copy.kind is RedisType.HASH:
+        pipe.hscan(copy.source, at, count=BATCH)
+    elif copy.kind is RedisType.STRING:
+        pipe.get(copy.source)
+    elif copy.kind is RedisType.LIST:
+        pipe.lrange(copy.source, at, at + BATCH - 1)
+    else:
+        pipe.xrange(copy.source, min=at, count=BATCH)
+
+
+def _write_page(pipe: Any, copy: _Copy, at: Any, reply: Any, written: set[str]) -> Any:
+    """Queue the writes of one page read from `at` (noting its target key in `written`);
+    returns where the next page starts, None after the last."""
+    after: Any = None
+    content = reply
+    if copy.kind is RedisType.HASH:
+        cursor, content = reply
+        after = cursor or None
+    elif copy.kind in (RedisType.ZSET, RedisType.LIST) and len(reply) == BATCH:
+        after = at + BATCH
+    elif copy.kind is RedisType.STREAM and len(reply) == BATCH:
+        after = b"(" + reply[-1][0]
+    if present(copy.kind, content):
+        write_value(
+            pipe, copy.kind, copy.target, copy.content(content) if copy.content else content
+        )
+        written.add(copy.target)
+    return after
 
 
 #: What a move deletes on the broker the slot left: everything but its frozen epoch, which
