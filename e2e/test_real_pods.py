@@ -21,6 +21,7 @@ from typing import Any
 import pytest
 
 from e2e import workloads
+from e2e.harness.control_plane import volume_phases
 from e2e.harness.kube import Kube, condition
 from e2e.harness.metrics import samples
 from e2e.harness.node import REAL_NODE, RealNode
@@ -112,7 +113,8 @@ def webhook_topic(kube: Kube, install: Install) -> str:
 
 
 def _explain(kube: Kube, namespace: str, pods: list[dict[str, Any]]) -> str:
-    """What kubectl says about pods that are not Ready: their events and their logs."""
+    """What kubectl says about pods that are not Ready (their events and their logs), about
+    the namespace's unbound claims and the volume pool."""
     parts = []
     for pod in pods:
         if _ready(pod):
@@ -121,6 +123,11 @@ def _explain(kube: Kube, namespace: str, pods: list[dict[str, Any]]) -> str:
         parts.append(kube.kubectl("describe", "pod", name, "-n", namespace, check=False).stdout)
         parts.append(kube.kubectl("logs", name, "-n", namespace, "--all-containers",
                                   "--tail=30", check=False).stdout)
+    for claim in kube.items("pvc", namespace):
+        if claim.get("status", {}).get("phase") != "Bound":
+            parts.append(kube.kubectl("describe", "pvc", claim["metadata"]["name"], "-n",
+                                      namespace, check=False).stdout)
+    parts.append(f"volume pool: {volume_phases(kube)}")
     return "\n".join(parts)
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import json
 import secrets
@@ -240,9 +241,18 @@ def local_control_plane(
                   timeout_s=90, what="every KWOK node to be Ready")
         print(f"e2e: control plane up in {time.monotonic() - start:.1f}s at {plane.server}")
         yield kube, plane
+        print(f"e2e: volume pool at the end: {volume_phases(kube)}")
     except BaseException:
         for process in plane.processes:
             print(f"--- {process.name} log tail ({process.log_path}):\n{process.tail()}")
         raise
     finally:
         plane.stop()
+
+
+def volume_phases(kube: Kube) -> dict[str, int]:
+    """How many of the pre-created volumes are in each phase (Available, Bound, Released): the
+    pool is never recycled (``Retain``), so a suite that claims more than it holds leaves
+    StatefulSet pods Pending on an unbound claim."""
+    return dict(collections.Counter(
+        volume.get("status", {}).get("phase", "?") for volume in kube.items("persistentvolumes")))
