@@ -295,36 +295,38 @@ async def test_worker_settings_roll_the_service_pods(
 # --- invalid spec, transient failures, pause --------------------------------------------------
 
 
+@pytest.mark.parametrize(
+    ("spec", "named"),
+    [
+        ({"topicType": "webhook"}, ("webhook.url",)),
+        # a valid Kubernetes quantity whose exact value has a billion digits: sizing maxmemory
+        # from it held the operator's event loop (every topic's reconciles, health passes and
+        # its leader lease) for hours (before: no answer within the test's timeout)
+        (
+            {"redis": {"resources": {"limits": {"memory": "1e999999999"}}}},
+            ("redis.resources.limits.memory", "exponent of at most two digits"),
+        ),
+    ],
+    ids=["webhook-without-url", "huge-memory-exponent"],
+)
 async def test_invalid_spec_is_a_permanent_failure_with_a_reason(
-    api: kmock.KubernetesEmulator, ctx: OperatorContext, logger: logging.Logger
+    api: kmock.KubernetesEmulator,
+    ctx: OperatorContext,
+    logger: logging.Logger,
+    spec: dict[str, Any],
+    named: tuple[str, ...],
 ) -> None:
-    put_topic(api, topicType="webhook")
+    put_topic(api, **spec)
     with pytest.raises(TopicFailure) as failure:
         await reconcile(ctx, body(api), logger)
     assert failure.value.permanent
     write_status(api, failure.value.status)
     ready = condition(api, "Ready")
     assert (ready["status"], ready["reason"]) == ("False", "InvalidSpec")
-    assert "webhook.url" in ready["message"]
-    assert get(api, STS, "orders-service") is None  # nothing half-built
-
-
-async def test_a_memory_limit_with_a_huge_exponent_is_refused_before_any_arithmetic(
-    api: kmock.KubernetesEmulator, ctx: OperatorContext, logger: logging.Logger
-) -> None:
-    """A tenant's `1e999999999` is a valid Kubernetes quantity whose exact value has a billion
-    digits: sizing maxmemory from it held the operator's event loop (every topic's reconciles,
-    health passes and its leader lease) for hours. Now it is an InvalidSpec, at once."""
-    put_topic(api, redis={"resources": {"limits": {"memory": "1e999999999"}}})
-    with pytest.raises(TopicFailure) as failure:  # before: no answer within the test's timeout
-        await reconcile(ctx, body(api), logger)
-    assert failure.value.permanent
-    write_status(api, failure.value.status)
-    ready = condition(api, "Ready")
-    assert (ready["status"], ready["reason"]) == ("False", "InvalidSpec")
-    assert "redis.resources.limits.memory" in ready["message"]
-    assert "exponent of at most two digits" in ready["message"]
-    assert get(api, STS, "orders-redis-0") is None
+    for text in named:
+        assert text in ready["message"]
+    for built in ("orders-service", "orders-redis-0"):
+        assert get(api, STS, built) is None  # nothing half-built
 
 
 async def test_unreachable_zookeeper_is_transient_with_backoff(
