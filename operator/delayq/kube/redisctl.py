@@ -29,9 +29,9 @@ from delayq.kube import naming
 from delayq.queue import AsyncQueue, Queue, Topic, TopicStats, acl, functions
 
 CONNECT_TIMEOUT_S = 2.0
-# A slot move's calls: reading a whole slot and rewriting it in one MULTI take ~0.1 s per 100k
-# messages (docs/benchmarks.md), so this bounds a dead broker, not a large slot; it is well
-# under the health pass's bound (healthloop.PASS_TIMEOUT_S), which the moves run inside.
+# A slot move's calls: each reads or writes one page of at most 16 keys of 2,000 entries
+# (queue/slot_copy.py), so this bounds a dead broker, not a large slot; it is well under the
+# health pass's bound (healthloop.PASS_TIMEOUT_S), which the moves run inside.
 MOVE_TIMEOUT_S = 10.0
 # A switchover's CLIENT PAUSE bound: if the operator dies mid-way, the old master takes writes
 # again after this. It is far above what a switchover's steps may take (CATCH_UP_TIMEOUT_S, then
