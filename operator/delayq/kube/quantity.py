@@ -20,14 +20,13 @@ _BINARY = {"Ki": 1, "Mi": 2, "Gi": 3, "Ti": 4, "Pi": 5, "Ei": 6}
 _DECIMAL = {"n": -9, "u": -6, "m": -3, "": 0, "k": 3, "M": 6, "G": 9, "T": 12, "P": 15, "E": 18}
 #: The longest quantity taken, in characters (the CRD's maxLength too).
 MAX_QUANTITY_LENGTH = 64
-#: The grammar as the CRD's `pattern` (a JSON-schema regex, anchored): `_QUANTITY`'s.
+#: The grammar, anchored, as the CRD's `pattern` too (a JSON-schema regex: no named groups):
+#: group 1 the signed number, group 2 the suffix or exponent.
 QUANTITY_PATTERN = (
-    r"^[+-]?([0-9]+(\.[0-9]*)?|\.[0-9]+)([KMGTPE]i|[numkMGTPE]|[eE][+-]?[0-9]{1,2})?$"
+    r"^([+-]?(?:[0-9]+(?:\.[0-9]*)?|\.[0-9]+))"
+    r"(Ki|Mi|Gi|Ti|Pi|Ei|[numkMGTPE]|[eE][+-]?[0-9]{1,2})?$"
 )
-_QUANTITY = re.compile(
-    r"(?P<number>[+-]?(?:[0-9]+(?:\.[0-9]*)?|\.[0-9]+))"
-    r"(?P<suffix>Ki|Mi|Gi|Ti|Pi|Ei|[numkMGTPE]|[eE][+-]?[0-9]{1,2})?"
-)
+_QUANTITY = re.compile(QUANTITY_PATTERN)
 #: The largest magnitude the API server represents; it caps a larger quantity to it.
 MAX_QUANTITY = 2**63 - 1
 
@@ -42,8 +41,8 @@ def parse_quantity(text: str) -> Fraction:
             f"{text[:MAX_QUANTITY_LENGTH]!r} is not a Kubernetes quantity (e.g. 512Mi, 1Gi, "
             f"1.5G; at most {MAX_QUANTITY_LENGTH} characters, an exponent of at most two digits)"
         )
-    number = Fraction(match["number"])
-    suffix = match["suffix"] or ""
+    number = Fraction(match[1])
+    suffix = match[2] or ""
     if suffix in _BINARY:
         value = number * (1 << (10 * _BINARY[suffix]))
     else:
