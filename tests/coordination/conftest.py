@@ -8,9 +8,11 @@ check the handoff rule exactly: no slot is ever in two members' consumed sets at
 
 from __future__ import annotations
 
+import contextlib
 import time
+import tracemalloc
 import uuid
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from dataclasses import dataclass, field, replace
 
 import pytest
@@ -135,6 +137,16 @@ def expire_session(hosts: str, victim: KazooClient) -> None:
     twin.start(timeout=10)
     twin.stop()
     twin.close()
+
+
+@contextlib.contextmanager
+def traced_peak() -> Iterator[Callable[[], int]]:
+    """Yields what tells the most Python memory held at once since the block began."""
+    tracemalloc.start()
+    try:
+        yield lambda: tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
 
 
 @pytest.fixture

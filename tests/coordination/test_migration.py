@@ -17,6 +17,7 @@ import pytest
 import redis
 
 from delayq.cli import main
+from delayq.coordination.locks import NodeLock
 from delayq.coordination.migration import Migration, MoveError, SlotLocked, SlotMover, Step
 from delayq.local.redis_server import RedisServer
 from delayq.local.waiting import wait_until
@@ -28,12 +29,13 @@ from delayq.queue import (
     SlotMovingError,
     StaleEpochError,
     Topic,
+    reply_cap,
     slot_copy,
 )
 from delayq.queue.keys import Part, slot_keys
 
 from .brokers import TwoBrokers, two_brokers
-from .conftest import expire_session
+from .conftest import expire_session, traced_peak
 
 NAMESPACE = "moves"
 SLOTS = 4
@@ -283,6 +285,36 @@ def test_a_mover_whose_session_expired_stops_before_its_next_redis_write(topolog
         first.step(*current)
 
 
+def test_a_lock_read_as_ours_is_read_again_after_the_interval_or_in_a_new_session(
+    topology: Topology, monkeypatch: pytest.MonkeyPatch
+):
+    """The copy checks its lock before every page, but reads the node at most every
+    COPY_LOCK_READ_S (a read before each of ~100 pages made a moving slot's write pause
+    ~1.4x): a node read as ours stays ours for the session timeout. In between the check is
+    local, and a new session (the old one expired: its node is gone) makes it read at once."""
+    zk = topology.session()
+    lock = NodeLock(zk, topology.paths.mover(topology.slot), "slot", "moved", "the slot's lock")
+    lock.acquire()
+    reads: list[str] = []
+    read = zk.get
+
+    def counted(path: str, *args: Any, **kwargs: Any) -> Any:
+        reads.append(path)
+        return read(path, *args, **kwargs)
+
+    monkeypatch.setattr(zk, "get", counted)
+    for _ in range(50):
+        lock.check(reread_after_s=60.0)
+    assert reads == []  # the create read it as ours
+    lock.check()
+    assert len(reads) == 1
+    session = zk.client_id
+    expire_session(topology.hosts, zk)
+    wait_until(lambda: zk.connected and zk.client_id != session, 10.0, "a new session")
+    with pytest.raises(MoveError, match="lost the slot's lock"):
+        lock.check(reread_after_s=60.0)
+
+
 def fill_pages(queue: Queue, slot: int, count: int) -> None:
     """`fill`, then `count` more messages waiting: every part of the slot longer than a page
     of 7 (its store, its records, kept as a hashtable past 128, its journal)."""
@@ -309,9 +341,9 @@ def test_a_slot_longer_than_a_page_is_copied_page_by_page_checking_the_lock(
     checks: list[int] = []
     check_lock = SlotMover._check_lock
 
-    def counted(mover: SlotMover, checked: int) -> None:
+    def counted(mover: SlotMover, checked: int, reread_after_s: float = 0.0) -> None:
         checks.append(checked)
-        check_lock(mover, checked)
+        check_lock(mover, checked, reread_after_s)
 
     monkeypatch.setattr(SlotMover, "_check_lock", counted)
     topology.mover().move(slot, 1)
@@ -331,11 +363,11 @@ def test_a_copy_cut_short_is_done_again_by_the_next_run(
     check_lock = SlotMover._check_lock
     checks: list[int] = []
 
-    def lost_at_the_twentieth(mover: SlotMover, checked: int) -> None:
+    def lost_at_the_twentieth(mover: SlotMover, checked: int, reread_after_s: float = 0.0) -> None:
         checks.append(checked)
         if len(checks) == 20:
             raise MoveError("lost the slot's lock (test)")
-        check_lock(mover, checked)
+        check_lock(mover, checked, reread_after_s)
 
     monkeypatch.setattr(SlotMover, "_check_lock", lost_at_the_twentieth)
     with pytest.raises(MoveError, match="lost the slot's lock"):
@@ -346,6 +378,48 @@ def test_a_copy_cut_short_is_done_again_by_the_next_run(
     assert topology.routing().broker_of_slot[slot] == 0
     assert topology.mover().move(slot, 1).step is Step.CLEAN
     assert snapshot(topology.admins[1], topology.topic, slot) == before
+
+
+def test_a_slot_of_large_messages_is_copied_without_a_page_of_them_in_memory(
+    topology: Topology, monkeypatch: pytest.MonkeyPatch
+):
+    """A count of entries bounds no bytes: a page of 2,000 records of 1 MiB payloads (the
+    default maxPayloadBytes) is 2 GB in the operator, whose memory every tenant shares. Each
+    read of the copy is capped in bytes: past PAGE_MAX_BYTES it is made again at half the
+    entries, one entry past it alone. With 40 payloads of 256 KiB among small messages and
+    pages of 64 KiB, the copy is exact and its peak is a few entries, not the 10 MB slot (it
+    read the 40 in one page)."""
+    monkeypatch.setattr(reply_cap, "PAGE_MAX_BYTES", 64 * 1024)
+    queue = topology.queues[0]
+    fill_pages(queue, topology.slot, 50)
+    for i in range(40):
+        queue.schedule(f"big{i:02d}", os.urandom(256 * 1024), delay_ms=60_000, slot_basis=BASIS)
+    before = snapshot(topology.admins[0], topology.topic, topology.slot)
+    with traced_peak() as peak:
+        topology.mover().move(topology.slot, 1)
+        held = peak()
+    assert snapshot(topology.admins[1], topology.topic, topology.slot) == before
+    assert held < 3 * 1024 * 1024, held
+
+
+def test_an_entry_larger_than_any_message_stops_the_copy_unread(
+    topology: Topology, monkeypatch: pytest.MonkeyPatch
+):
+    """Whoever holds a broker's admin login (the topic's Secret) may write a field of any
+    size into the slot's keys. The copy reads no entry past ENTRY_MAX_BYTES (the largest
+    record delayq writes): the move stops at its copy, naming the key, without holding the
+    entry, and nothing is routed to the target."""
+    monkeypatch.setattr(reply_cap, "PAGE_MAX_BYTES", 64 * 1024)
+    monkeypatch.setattr(reply_cap, "ENTRY_MAX_BYTES", 512 * 1024)
+    fill(topology.queues[0], topology.slot)
+    records = slot_keys(topology.topic, topology.slot).key(Part.MSG)
+    topology.admins[0].hset(records, "planted", b"x" * 4 * 1024 * 1024)
+    with traced_peak() as peak:
+        with pytest.raises(redis.RedisError, match=f"{records}: one entry passes"):
+            topology.mover().move(topology.slot, 1)
+        held = peak()
+    assert held < 2 * 1024 * 1024, held
+    assert topology.routing().broker_of_slot[topology.slot] == 0
 
 
 def test_the_copy_waits_for_the_targets_replicas_before_the_switch(topology: Topology):

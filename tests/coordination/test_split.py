@@ -8,6 +8,7 @@ test_split_cli.py."""
 
 from __future__ import annotations
 
+import os
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass, replace
@@ -26,7 +27,7 @@ from delayq.coordination.splitting import SlotSplitter, Split
 from delayq.local.redis_server import RedisServer
 from delayq.local.waiting import wait_until
 from delayq.local.zookeeper_server import ZooKeeperServer
-from delayq.queue import Queue, SlotMovingError, StaleEpochError, Topic
+from delayq.queue import Queue, SlotMovingError, StaleEpochError, Topic, reply_cap
 from delayq.queue.codes import Code
 from delayq.queue.keys import Part, slot_keys
 from delayq.queue.model import ScheduleRequest, State
@@ -34,6 +35,7 @@ from delayq.queue.record_buckets import bucket_count
 from delayq.queue.store_buckets import store_bucket_count
 from delayq.queue.topic import slot_of
 
+from .conftest import traced_peak
 from .splits import (
     NAMESPACE,
     PER_MESSAGE,
@@ -146,6 +148,44 @@ class RoundTrips:
 
     redis: int = 0
     zookeeper: int = 0
+
+
+def test_a_doubling_of_large_messages_reads_no_page_of_them_whole(
+    cluster: Cluster, monkeypatch: pytest.MonkeyPatch
+):
+    """The doubling runs in the operator's leader too: its reads are capped in bytes like a
+    move's (`reply_cap`), the copy's pages and the catch-up's records of the changes alike.
+    With 80 payloads of 256 KiB (half copied by the rounds, half changed after them: the
+    catch-up reads those) and pages of 64 KiB, the halves are exact and the peak is a few
+    entries, not a slot's 5 MB (it read a slot's records in one page)."""
+    monkeypatch.setattr(reply_cap, "PAGE_MAX_BYTES", 64 * 1024)
+    fill(cluster)
+
+    def large(tag: str) -> None:
+        for i in range(40):
+            message_id = f"{tag}{i:02d}"
+            cluster.basis[message_id] = message_id
+            queue = broker_queue(cluster, cluster.topic.slot_of(message_id))
+            queue.schedule(message_id, os.urandom(256 * 1024), delay_ms=600_000)
+
+    large("copied")
+    splitter = cluster.splitter()
+    with traced_peak() as peak:  # the copy's rounds
+        current: tuple[Split, int] | None = splitter.start(2 * SLOTS)
+        while current is not None and current[0].step is Step.COPY:
+            current = splitter.step(*current)
+        copied = peak()
+    assert old_frozen(cluster) == []
+    large("changed")
+    before = frozen_before(cluster)
+    with traced_peak() as peak:  # the freeze's catch-up, and the rest
+        while current is not None:
+            current = splitter.step(*current)
+        caught_up = peak()
+    splitter.release()
+    assert_split_exactly(cluster, before)
+    assert copied < 3 * 1024 * 1024, copied
+    assert caught_up < 3 * 1024 * 1024, caught_up
 
 
 def freeze_round_trips(

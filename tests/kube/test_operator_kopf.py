@@ -400,7 +400,7 @@ async def test_a_clean_stop_releases_the_lease_only_once_its_slot_moves_ended(
         settings, login=lambda: connection, store=store, redis=redis_commands, pairing_wait_s=0
     )
     moving = threading.Event()
-    move = resharding.MOVERS.submit(moving.wait, WAIT_S)
+    move = resharding.MOVERS.submit((NAMESPACE, "stuck"), moving.wait, WAIT_S)
     monkeypatch.setitem(resharding._under_way, (NAMESPACE, "stuck"), [move])
     released_with_move_done: list[bool] = []
     release = LeaderElector.release

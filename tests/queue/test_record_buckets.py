@@ -25,6 +25,7 @@ from delayq.queue.record_buckets import (
     queue_record_reads,
     record_pages,
 )
+from delayq.queue.reply_cap import capped
 from delayq.queue.slot_copy import copy_slot
 from delayq.queue.slot_split import Division, recopy, split_slot
 from delayq.queue.topic import Topic
@@ -226,7 +227,9 @@ def test_a_recopy_reads_again_a_record_whose_bucket_split_under_its_reads(
     halves = dataclasses.replace(TOPIC, slot_amount=2, slot_generation=1)
     division = Division(KEYS, slot_keys(halves, 0), slot_keys(halves, 1))
     redis_client.sadd(KEYS.key(Part.RECOPY), b"m" + moving.encode())
-    client = SplitBeforeTheReads(connection_pool=redis.ConnectionPool.from_url(redis_server.url))
+    # capped as the doubling's reads are (reply_cap), so `recopy` reads through this client
+    pool = capped(redis.Redis.from_url(redis_server.url)).connection_pool
+    client = SplitBeforeTheReads(connection_pool=pool)
     client.meanwhile = lambda: schedule(queue, filler[4 * 48 : 4 * 48 + 60])
     try:
         recopy(client, division)

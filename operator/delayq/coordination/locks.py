@@ -12,8 +12,10 @@ someone else's) stops there with MoveError.
 from __future__ import annotations
 
 import contextlib
+import math
 import os
 import socket
+import time
 import uuid
 
 from kazoo.client import KazooClient, KazooState
@@ -55,6 +57,9 @@ class NodeLock:
         self.lock_name = lock_name
         self.held_error = held_error
         self._holder: bytes | None = None
+        # when the node was last read as this process's, and in which ZooKeeper session
+        self._read_at = -math.inf
+        self._read_in: object = None
 
     @property
     def held(self) -> bool:
@@ -67,6 +72,7 @@ class NodeLock:
         if self._holder is not None:
             return
         holder = f"{socket.gethostname()}-{os.getpid()}/{uuid.uuid4().hex[:8]}".encode()
+        sent_at = time.monotonic()
         try:
             self.zk.create(self.path, holder, ephemeral=True, makepath=True)
         except NodeExistsError:
@@ -79,6 +85,7 @@ class NodeLock:
                 "run again once it ended"
             ) from None
         self._holder = holder
+        self._read_at, self._read_in = sent_at, self.zk.client_id
 
     def release(self) -> None:
         """Give the lock up (if held), through a connection loss for up to
@@ -98,17 +105,33 @@ class NodeLock:
         except (NoNodeError, BadVersionError):
             pass  # gone with a session that expired, or already somebody else's
 
-    def check(self) -> None:
+    def check(self, reread_after_s: float = 0.0) -> None:
         """Raise MoveError unless the node is this process's right now: called before every
-        write, so a process whose session was suspended or lost stops there."""
+        write, so a process whose session was suspended or lost stops there.
+
+        With `reread_after_s` (a copy checks before each of its many pages) the node is read
+        again only that long after it was last read as this process's; in between, the check
+        is local: the connection up, the same session. A node read as ours stays ours for at
+        least the session timeout after that read was sent: only the end of its session or
+        this process deletes it (a holder deletes only its own node, `_delete`), and the server
+        ends a session only after the timeout without hearing from it. With `reread_after_s`
+        well below the session timeout (ZooKeeper's floor is two ticks, 4 s by default), the
+        node is ours still, even if this process was paused meanwhile: a pause that long
+        outlasts the interval, and the next check reads. What the interval leaves is a node
+        deleted by hand, noticed within it."""
         lock = self.lock_name
         if self._holder is None:
             raise MoveError(f"{self.subject}: this mover does not hold {lock}")
         if self.zk.state != KazooState.CONNECTED:
             raise MoveError(f"{self.subject}: ZooKeeper connection {self.zk.state}; run again")
+        session = self.zk.client_id
+        if session == self._read_in and time.monotonic() - self._read_at < reread_after_s:
+            return
+        read_at = time.monotonic()
         try:
             data = self.zk.get(self.path)[0]
         except NoNodeError:
             data = None
         if data != self._holder:
             raise MoveError(f"{self.subject}: this mover lost {lock}; run again")
+        self._read_at, self._read_in = read_at, session

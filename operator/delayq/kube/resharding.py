@@ -34,9 +34,10 @@ per-broker slot counts are the brokers' `slots` in status.
 from __future__ import annotations
 
 import asyncio
+import os
 import time
 from collections.abc import Mapping, Sequence
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import Future
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -50,6 +51,7 @@ from delayq.kube.builders.service import zookeeper_connect
 from delayq.kube.context import Logger, OperatorContext
 from delayq.kube.errors import TRANSIENT_ERRORS
 from delayq.kube.events import NORMAL, WARNING, TopicEvent
+from delayq.kube.fair_pool import FairPool
 from delayq.kube.routing_ahead import RecordRouting, RoutingAhead
 from delayq.kube.spec import TopicSpec
 from delayq.kube.status import FALSE, RESHARDING, TRUE, Condition
@@ -62,12 +64,13 @@ from delayq.queue import Queue
 MOVES_BUDGET_S = 10.0
 #: What a move may fail with and be tried again by the next pass (which resumes it first).
 MOVE_ERRORS = (MoveError, redis.RedisError, *TRANSIENT_ERRORS)
-#: The threads the moves run in (min(32, cpus + 4), shared by every topic: maxConcurrentMoves
-#: bounds one topic's batch, not the threads), and each topic's moves under way. A thread
-#: cannot be cancelled: when the health loop abandons a pass, its moves go on (holding their
-#: slots' locks, SlotMover). A pass starts no move while one of an abandoned pass still runs;
-#: a move cancelled before its thread started never runs (its future is done either way).
-MOVERS = ThreadPoolExecutor(thread_name_prefix="delayq-slot-mover")
+#: The threads the moves run in (min(32, cpus + 4), shared by every topic, each topic at most
+#: its share of them at once: fair_pool.py; maxConcurrentMoves bounds one topic's batch, not
+#: the threads), and each topic's moves under way. A thread cannot be cancelled: when the
+#: health loop abandons a pass, its moves go on (holding their slots' locks, SlotMover). A
+#: pass starts no move while one of an abandoned pass still runs; a move cancelled before its
+#: thread started never runs (its future is done either way).
+MOVERS = FairPool(min(32, (os.cpu_count() or 1) + 4), "delayq-slot-mover")
 _under_way: dict[tuple[str, str], list[Future[Any]]] = {}
 
 
@@ -194,7 +197,7 @@ async def _double(
         return Resharding(routing, Condition(RESHARDING, TRUE, "SplittingSlots", message))
     logger.info("resharding: %s", what.lower())
     started = time.monotonic()
-    future = MOVERS.submit(splitter.split, target, ahead.doubling)
+    future = MOVERS.submit(key, splitter.split, target, ahead.doubling)
     _under_way[key] = [future]
     try:
         await asyncio.wrap_future(future)
@@ -255,7 +258,7 @@ async def _run(
     while pending and not failure:
         batch = pending[: spec.resharding_max_concurrent_moves]
         moves = [
-            MOVERS.submit(mover.move, move.slot, move.target, ahead.moving) for move in batch
+            MOVERS.submit(key, mover.move, move.slot, move.target, ahead.moving) for move in batch
         ]
         _under_way[key] = moves
         results = await asyncio.gather(
@@ -351,9 +354,7 @@ def _routing(mover: SlotMover) -> Routing:
 
 
 def _condition(status: Mapping[str, Any]) -> Mapping[str, Any] | None:
-    return next(
-        (c for c in status.get("conditions") or [] if c.get("type") == RESHARDING), None
-    )
+    return next((c for c in status.get("conditions") or [] if c.get("type") == RESHARDING), None)
 
 
 def _started(pending: Sequence[Move], spec: TopicSpec) -> TopicEvent:

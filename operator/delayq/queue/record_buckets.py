@@ -28,6 +28,7 @@ import redis
 
 from delayq.queue.codec import expanded_record
 from delayq.queue.keys import Part, SlotKeys
+from delayq.queue.reply_cap import ReplyTooLarge, entry_reads, fitted, is_capped, scan_pages
 
 #: The settings record's field (queue/topic_record.py) that sends a slot's records into
 #: buckets: `True` while the topic has them on. The owner gives it only then, and publish-1
@@ -117,15 +118,45 @@ def bucketed_pages(
 
 
 def _hash_pages(client: redis.Redis, key: str) -> Iterator[list[tuple[bytes, bytes]]]:
-    cursor = 0
-    while True:
-        cursor, fields = cast(
-            "tuple[int, dict[bytes, bytes]]", client.hscan(key, cursor, count=PAGE)
-        )
-        if fields:
-            yield list(fields.items())
-        if cursor == 0:
-            return
+    return (list(fields.items()) for fields in hash_pages(client, key, PAGE))
+
+
+def hash_pages(
+    client: redis.Redis, key: str, count: int, cursor: int = 0
+) -> Iterator[dict[bytes, bytes]]:
+    """A hash page by page from `cursor` on (HSCAN of up to `count` fields, each page fitted
+    to a capped client's cap: `reply_cap.scan_pages`). An HSCAN answers a whole bucket of the
+    hash's table, which may hold a few fields: when one bucket's fields pass the cap of a
+    single entry together (fields of tens of MB each), the rest is read by name, every field
+    again (HKEYS, then HMGETs fitted to the cap): the readers write what they read, so a field
+    answered twice is written twice, the same."""
+
+    def scan(at: int, entries: int) -> tuple[int, dict[bytes, bytes]]:
+        return cast("tuple[int, dict[bytes, bytes]]", client.hscan(key, at, count=entries))
+
+    try:
+        yield from scan_pages(client, scan, count, key, cursor)
+    except ReplyTooLarge:
+        if not is_capped(client):
+            raise
+        yield from _hash_pages_by_name(client, key, count)
+
+
+def _hash_pages_by_name(client: redis.Redis, key: str, count: int) -> Iterator[dict[bytes, bytes]]:
+    with entry_reads(client):  # the names alone: ids, unless somebody wrote others
+        names = cast("list[bytes]", client.hkeys(key))
+    done, asked = 0, count
+    while done < len(names):
+        rest = names[done:]
+
+        def some(entries: int, rest: list[bytes] = rest) -> list[bytes | None]:
+            return cast("list[bytes | None]", client.hmget(key, rest[:entries]))
+
+        values, used = fitted(client, some, asked, key)
+        page = {n: v for n, v in zip(rest[:used], values, strict=True) if v is not None}
+        if page:
+            yield page
+        done, asked = done + used, min(count, 2 * used)
 
 
 def queue_record_reads(

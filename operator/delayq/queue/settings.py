@@ -383,8 +383,9 @@ SETTINGS: tuple[Setting, ...] = (
         "resharding.maxConcurrentMoves", Kind.INTEGER, 2,
         "slots of the topic the operator moves at once onto added brokers",
         "Slots of this topic a health pass moves at the same time (1..16); every topic's moves "
-        "share one pool of min(32, CPUs + 4) threads. Each moving slot refuses writes (retried "
-        "by the clients and the HTTP API) for as long as its copy takes, about 2 s per "
+        "share one pool of min(32, CPUs + 4) threads, each topic at most its share at once (half "
+        "alone). Each moving slot refuses writes (retried "
+        "by the clients and the HTTP API) for as long as its copy takes, 0.5 to 1.5 s per "
         "100,000 pending messages on 2 vCPUs.",
         OP, change=Change.LIVE, low=1, high=MAX_CONCURRENT_MOVES, unit="slots",
     ),

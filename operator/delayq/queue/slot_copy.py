@@ -12,11 +12,14 @@ is a way into Redis's memory), and scores, fields and stream ids carry over exac
 
 The source must be frozen (`consume_plans.freeze`) first: then nothing writes into the slot
 there, and a copy is a snapshot. The copy deletes the slot's keys on the target first, then
-writes them page by page: at most `GROUP` keys of at most `BATCH` entries each are in the
-copier's memory at once. The slot's size is the tenant's (its payloads, its broker's memory),
-the copier's memory is the platform's: the operator moves slots in its leader, and a copy that
-read the slot whole was killed for memory at a few hundred MB, by every leader in turn. The
-slot's strings (its epoch, its lease counter) go first. A copy cut short leaves a partial copy
+writes them page by page: at most `GROUP` keys of at most `BATCH` entries each, and at most
+`PAGE_MAX_BYTES` read at once (`reply_cap`: a read past it is made again at half the entries;
+one entry past it is read alone, up to `ENTRY_MAX_BYTES`, one such read at a time in the
+process). The slot's size is the tenant's (its payloads, its broker's memory), the copier's
+memory is the platform's: the operator moves slots in its leader, and a copy that read the
+slot whole was killed for memory at a few hundred MB, by every leader in turn; a page of 2,000
+entries is no bound either when a tenant may write entries of any size. The slot's strings
+(its epoch, its lease counter) go first. A copy cut short leaves a partial copy
 on a target nobody routes to: the move's next run copies again from the deletion on, an abort
 deletes it (`coordination/migration.py`).
 """
@@ -36,8 +39,10 @@ from delayq.queue.record_buckets import (
     bucket_count,
     bucket_key,
     bucket_records,
+    hash_pages,
     record_keys,
 )
+from delayq.queue.reply_cap import ReplyTooLarge, capped, fitted
 from delayq.queue.store_buckets import (
     STORE_BUCKETS_FIELD,
     store_bucket_count,
@@ -189,9 +194,19 @@ def copy_slot(
     published there since the topic turned those buckets on, or a new broker) they go into the
     flat part, where the scripts there look: only a record with the field makes them look in
     buckets. The field, once there, stays (publish-1), so it cannot go between this read and
-    the copy."""
+    the copy. Every read is capped in bytes (`reply_cap`)."""
+    return _copy(_Source(capped(source)), target, capped(target), keys, before_write)
+
+
+def _copy(
+    source: _Source,
+    target: redis.Redis,
+    target_reads: redis.Redis,
+    keys: SlotKeys,
+    before_write: Callable[[], None],
+) -> int:
     parts = [part for part in Part if part not in DOUBLING_PARTS]
-    read = source.pipeline(transaction=False)
+    read = source.reads.pipeline(transaction=False)
     for layout in BUCKETED:
         read.hget(keys.key(layout.meta), "n")
     counts = [int(count or 0) for count in read.execute()]
@@ -199,14 +214,14 @@ def copy_slot(
     buckets: list[_Copy] = []
     stale: list[str] = []
     for layout, count in zip(BUCKETED, counts, strict=True):
-        flatten = count > 0 and target.hget(keys.settings, layout.field) is None
+        flatten = count > 0 and target_reads.hget(keys.settings, layout.field) is None
         if flatten:
             left_out |= {layout.meta, layout.index}
         for number in range(count):
             name = layout.bucket(keys, number)
             into, content = (keys.key(layout.flat), layout.unbucketed) if flatten else (name, None)
             buckets.append(_Copy(name, layout.kind, into, content))
-        stale.extend(layout.bucket(keys, b) for b in range(layout.count(target, keys)))
+        stale.extend(layout.bucket(keys, b) for b in range(layout.count(target_reads, keys)))
     strings_first = sorted(
         (part for part in parts if part not in left_out),
         key=lambda part: PART_TYPES[part] is not RedisType.STRING,
@@ -218,26 +233,66 @@ def copy_slot(
     written: set[str] = set()
     for start in range(0, len(copies), GROUP):
         group = copies[start : start + GROUP]
-        read = source.pipeline(transaction=False)
-        for copy in group:
-            _queue_page(read, copy, _FIRST[copy.kind])
         write = target.pipeline(transaction=False)
-        more: list[tuple[_Copy, Any]] = []
-        for copy, reply in zip(group, read.execute(), strict=True):
-            after = _write_page(write, copy, _FIRST[copy.kind], reply, written)
-            if after is not None:
-                more.append((copy, after))
+        rest: list[tuple[_Copy, Iterator[Any]]] = []
+        firsts = source.first_pages(group)
+        if firsts is None:  # together past the cap: each key on its own
+            rest = [(copy, source.pages(copy, _FIRST[copy.kind])) for copy in group]
+        else:
+            for copy, reply in zip(group, firsts, strict=True):
+                content = reply[1] if copy.kind is RedisType.HASH else reply
+                _write(write, copy, content, written)
+                after = _after(copy.kind, _FIRST[copy.kind], BATCH, reply)
+                if after is not None:
+                    rest.append((copy, source.pages(copy, after)))
         before_write()
         write.execute()
-        for copy, at in more:  # the keys longer than a page, one page a round trip
-            while at is not None:
-                read = source.pipeline(transaction=False)
-                _queue_page(read, copy, at)
+        for copy, pages in rest:  # the keys longer than a page, one page a round trip
+            for content in pages:
                 write = target.pipeline(transaction=False)
-                at = _write_page(write, copy, at, read.execute()[0], written)
+                _write(write, copy, content, written)
                 before_write()
                 write.execute()
     return len(written)
+
+
+class _Source:
+    """The source's reads, capped in bytes (`reply_cap`)."""
+
+    def __init__(self, reads: redis.Redis) -> None:
+        self.reads = reads
+
+    def first_pages(self, group: list[_Copy]) -> list[Any] | None:
+        """Each key's first page of BATCH entries, in one round trip; None if together they
+        pass the cap."""
+        read = self.reads.pipeline(transaction=False)
+        for copy in group:
+            _queue_page(read, copy, _FIRST[copy.kind], BATCH)
+        try:
+            return read.execute()
+        except ReplyTooLarge:
+            return None
+
+    def pages(self, copy: _Copy, at: Any) -> Iterator[Any]:
+        """The content of `copy.source` page by page from `at` on, each fitted to the cap
+        (`reply_cap.fitted`; a hash's: `record_buckets.hash_pages`)."""
+        if copy.kind is RedisType.HASH:
+            yield from hash_pages(self.reads, copy.source, BATCH, at)
+            return
+        if copy.kind is RedisType.STRING:
+            yield fitted(self.reads, lambda _: self.reads.get(copy.source), 1, copy.source)[0]
+            return
+        count = BATCH
+        while at is not None:
+
+            def read(entries: int, at: Any = at) -> Any:
+                pipe = self.reads.pipeline(transaction=False)
+                _queue_page(pipe, copy, at, entries)
+                return pipe.execute()[0]
+
+            reply, used = fitted(self.reads, read, count, copy.source)
+            yield reply
+            at, count = _after(copy.kind, at, used, reply), min(BATCH, 2 * used)
 
 
 @dataclass(frozen=True)
@@ -261,39 +316,41 @@ _FIRST: dict[RedisType, Any] = {
 }
 
 
-def _queue_page(pipe: Any, copy: _Copy, at: Any) -> None:
-    """Queue the read of the page of `copy.source` that starts `at` (the source is frozen, so
-    an index is a stable place in a sorted set or a list)."""
+def _queue_page(pipe: Any, copy: _Copy, at: Any, count: int) -> None:
+    """Queue the read of the page of `copy.source` that starts `at`, of `count` entries (a
+    hash's HSCAN takes it as a hint; the source is frozen, so an index is a stable place in a
+    sorted set or a list)."""
     if copy.kind is RedisType.ZSET:
-        pipe.zrange(copy.source, at, at + BATCH - 1, withscores=True)
+        pipe.zrange(copy.source, at, at + count - 1, withscores=True)
     elif copy.kind is RedisType.HASH:
-        pipe.hscan(copy.source, at, count=BATCH)
+        pipe.hscan(copy.source, at, count=count)
     elif copy.kind is RedisType.STRING:
         pipe.get(copy.source)
     elif copy.kind is RedisType.LIST:
-        pipe.lrange(copy.source, at, at + BATCH - 1)
+        pipe.lrange(copy.source, at, at + count - 1)
     else:
-        pipe.xrange(copy.source, min=at, count=BATCH)
+        pipe.xrange(copy.source, min=at, count=count)
 
 
-def _write_page(pipe: Any, copy: _Copy, at: Any, reply: Any, written: set[str]) -> Any:
-    """Queue the writes of one page read from `at` (noting its target key in `written`);
-    returns where the next page starts, None after the last."""
-    after: Any = None
-    content = reply
-    if copy.kind is RedisType.HASH:
-        cursor, content = reply
-        after = cursor or None
-    elif copy.kind in (RedisType.ZSET, RedisType.LIST) and len(reply) == BATCH:
-        after = at + BATCH
-    elif copy.kind is RedisType.STREAM and len(reply) == BATCH:
-        after = b"(" + reply[-1][0]
+def _after(kind: RedisType, at: Any, count: int, reply: Any) -> Any:
+    """Where the page after the one of `count` entries read from `at` starts; None after the
+    last."""
+    if kind is RedisType.HASH:
+        return reply[0] or None
+    if kind in (RedisType.ZSET, RedisType.LIST) and len(reply) == count:
+        return at + count
+    if kind is RedisType.STREAM and len(reply) == count:
+        return b"(" + reply[-1][0]
+    return None
+
+
+def _write(pipe: Any, copy: _Copy, content: Any, written: set[str]) -> None:
+    """Queue the writes of one page's content (noting its target key in `written`)."""
     if present(copy.kind, content):
         write_value(
             pipe, copy.kind, copy.target, copy.content(content) if copy.content else content
         )
         written.add(copy.target)
-    return after
 
 
 #: What a move deletes on the broker the slot left: everything but its frozen epoch, which

@@ -54,12 +54,14 @@ import redis
 from delayq.queue.keys import Part, SlotKeys
 from delayq.queue.record_buckets import (
     counted,
+    hash_pages,
     queue_bucket_count,
     queue_record_reads,
     record_pages,
 )
+from delayq.queue.reply_cap import ReplyTooLarge, capped, fitted, scan_pages
 from delayq.queue.schedules import OCCURRENCE_SEPARATOR
-from delayq.queue.slot_copy import RedisType, delete_slot, present, read_value, write_value
+from delayq.queue.slot_copy import RedisType, delete_slot, present, write_value
 from delayq.queue.store_buckets import (
     queue_store_bucket_count,
     queue_store_reads,
@@ -176,6 +178,10 @@ def split_slot(client: redis.Redis, division: Division) -> int:
     reading the routing may have stored into: their messages and schedules are divided the
     same way (before the source's: the source wins a field both have), their per-slot parts
     ignored."""
+    return _split_slot(capped(client), division)
+
+
+def _split_slot(client: redis.Redis, division: Division) -> int:
     source, lower, upper = division.source, division.lower, division.upper
     delete_slot(client, lower)
     delete_slot(client, upper)
@@ -242,6 +248,10 @@ def untrack(client: redis.Redis, source: SlotKeys) -> None:
 def recopy(client: redis.Redis, division: Division) -> int:
     """Copy each message and schedule in the source's `recopy` set again, as `split_slot` would
     now, then drop the set; returns how many. See `_recopy_pages`."""
+    return _recopy(capped(client), division)
+
+
+def _recopy(client: redis.Redis, division: Division) -> int:
     count = 0
     for page in _set_pages(client, division.source.key(Part.RECOPY)):
         count += _recopy_pages(client, [(division, page)])
@@ -257,6 +267,10 @@ def catch_up(client: redis.Redis, divisions: Sequence[Division]) -> int:
     taking the changes needs no MULTI, and the time the slots stay frozen grows with the
     changes, hardly with the slots. Idempotent: run again after a crash, it copies again what
     it did not drop."""
+    return _catch_up(capped(client), divisions)
+
+
+def _catch_up(client: redis.Redis, divisions: Sequence[Division]) -> int:
     take = client.pipeline(transaction=False)
     for division in divisions:
         changes, taken = division.source.key(Part.CHANGES), division.source.key(Part.RECOPY)
@@ -288,6 +302,34 @@ def catch_up(client: redis.Redis, divisions: Sequence[Division]) -> int:
 
 
 def _recopy_pages(client: redis.Redis, pages: Sequence[tuple[Division, list[bytes]]]) -> int:
+    """`_recopy_changes` of the pages' changes, as many at a time as a capped client's cap
+    lets read at once (`reply_cap.fitted`: their records are read whole, and a record is as
+    large as its payload): its reads come before any write, so a read past the cap is made
+    again for fewer changes."""
+    changes = [(division, member) for division, page in pages for member in page]
+    count, done, asked = 0, 0, len(changes)
+    while done < len(changes):
+        rest = changes[done:]
+
+        def some(entries: int, rest: list[tuple[Division, bytes]] = rest) -> int:
+            return _recopy_changes(client, _paged(rest[:entries]))
+
+        written, used = fitted(client, some, asked, "the changes' records")
+        count, done, asked = count + written, done + used, max(1, 2 * used)
+    return count
+
+
+def _paged(changes: Sequence[tuple[Division, bytes]]) -> list[tuple[Division, list[bytes]]]:
+    """Changes back into (division, its changes) in their order."""
+    pages: list[tuple[Division, list[bytes]]] = []
+    for division, member in changes:
+        if not pages or pages[-1][0] is not division:
+            pages.append((division, []))
+        pages[-1][1].append(member)
+    return pages
+
+
+def _recopy_changes(client: redis.Redis, pages: Sequence[tuple[Division, list[bytes]]]) -> int:
     """For each (division, changes): every part of each changed message and schedule read from
     the source (else from a stray), written to its half and deleted from the other, or deleted
     from both when the slot no longer has it; returns how many. Its half is decided as
@@ -476,14 +518,14 @@ def _put(
 
 def _set_pages(client: redis.Redis, key: str) -> Iterator[list[bytes]]:
     """A set page by page (SSCAN), without the '' that marks tracking on."""
-    cursor = 0
-    while True:
-        cursor, members = cast("tuple[int, list[bytes]]", client.sscan(key, cursor, count=BATCH))
+
+    def scan(cursor: int, entries: int) -> tuple[int, list[bytes]]:
+        return cast("tuple[int, list[bytes]]", client.sscan(key, cursor, count=entries))
+
+    for members in scan_pages(client, scan, BATCH, key):
         page = [member for member in members if member]
         if page:
             yield page
-        if cursor == 0:
-            return
 
 
 def _side(halves: Halves, part: Part) -> Callable[[bytes], int]:
@@ -513,45 +555,67 @@ def _hash_pages(
     client: redis.Redis, key: str, count: int
 ) -> Iterator[list[tuple[bytes, bytes | float]]]:
     """A hash page by page (HSCAN: every field present throughout is seen, as ZSCAN)."""
-    cursor = 0
-    while True:
-        cursor, fields = cast(
-            "tuple[int, dict[bytes, bytes]]", client.hscan(key, cursor, count=count)
-        )
-        if fields:
-            yield [(field, value) for field, value in fields.items()]
-        if cursor == 0:
-            return
+    return (list(fields.items()) for fields in hash_pages(client, key, count))
 
 
 def copy_per_slot(client: redis.Redis, divisions: Sequence[Division]) -> None:
     """The per-slot parts of each division: journal to the lower slot, lease counter and epoch
     to both (frozen, whether the source is yet or not), a wake to both; exact once the source is
     frozen. The epoch last: a half with its epoch has everything else. One read and one write
-    pipeline for all the divisions."""
+    pipeline for all the divisions, and a round trip more a page of a journal longer than one
+    (BATCH entries, fitted to a capped client's cap)."""
     read = client.pipeline(transaction=False)
     for division in divisions:
         source = division.source
-        read_value(read, RedisType.STREAM, source.key(Part.JOURNAL))
         read.get(source.key(Part.LEASES))
         read.get(source.key(Part.EPOCH))
-    replies = read.execute()
+        read.xrange(source.key(Part.JOURNAL), count=BATCH)
+    try:
+        replies = read.execute()
+        firsts = [(page, BATCH) for page in replies[2::3]]
+    except ReplyTooLarge:  # the journals' first pages together: each on its own
+        read = client.pipeline(transaction=False)
+        for division in divisions:
+            read.get(division.source.key(Part.LEASES))
+            read.get(division.source.key(Part.EPOCH))
+        replies = read.execute()
+        firsts = [_journal_page(client, division.source, "-", BATCH) for division in divisions]
     write = client.pipeline(transaction=False)
-    for index, division in enumerate(divisions):
-        journal, leases, epoch = replies[3 * index : 3 * index + 3]
-        lower, upper = division.lower, division.upper
+    for division, (page, count) in zip(divisions, firsts, strict=True):
         # entry ids kept, without DUMP/RESTORE (queue.acl); the catch-up copies it again, so
         # the lower half's copy is replaced whole, never appended to
-        write.delete(lower.key(Part.JOURNAL))
-        if present(RedisType.STREAM, journal):
-            write_value(write, RedisType.STREAM, lower.key(Part.JOURNAL), journal)
+        journal = division.lower.key(Part.JOURNAL)
+        write.delete(journal)
+        if present(RedisType.STREAM, page):
+            write_value(write, RedisType.STREAM, journal, page)
+        while len(page) == count:  # longer than a page: page by page
+            write.execute()
+            write = client.pipeline(transaction=False)
+            after = b"(" + page[-1][0]
+            page, count = _journal_page(client, division.source, after, min(BATCH, 2 * count))
+            write_value(write, RedisType.STREAM, journal, page)
+    for index, division in enumerate(divisions):
+        leases, epoch = replies[2 * index : 2 * index + 2]
         frozen = (
             epoch if epoch is not None and epoch.startswith(FROZEN) else FROZEN + (epoch or b"0")
         )
-        for half in (lower, upper):
+        for half in (division.lower, division.upper):
             if leases is not None:
                 write.set(half.key(Part.LEASES), leases)
             write.delete(half.key(Part.WAKE))
             write.rpush(half.key(Part.WAKE), "1")
             write.set(half.key(Part.EPOCH), frozen)
     write.execute()
+
+
+def _journal_page(
+    client: redis.Redis, source: SlotKeys, after: bytes | str, count: int
+) -> tuple[list[Any], int]:
+    """The source's journal entries from `after` on, up to `count` (fewer if the cap asks),
+    and the count asked for."""
+    key = source.key(Part.JOURNAL)
+
+    def read(entries: int) -> list[Any]:
+        return cast("list[Any]", client.xrange(key, min=after, count=entries))
+
+    return fitted(client, read, count, key)

@@ -25,6 +25,7 @@ import redis
 
 from delayq.queue.keys import Part, SlotKeys
 from delayq.queue.record_buckets import bucketed_pages, counted, queue_bucketed_reads
+from delayq.queue.reply_cap import scan_pages
 
 #: The settings record's field (queue/topic_record.py) that sends a slot's waiting messages
 #: into buckets: `True` while the topic has them on, kept as `False` once given (publish-1),
@@ -68,16 +69,15 @@ def store_pages(client: redis.Redis, keys: SlotKeys) -> Iterator[list[tuple[byte
 
 def zset_pages(client: redis.Redis, key: str) -> Iterator[list[tuple[bytes, float]]]:
     """A sorted set page by page (ZSCAN: every member present throughout is seen, at least
-    once, even while scripts change the set)."""
-    cursor = 0
-    while True:
-        cursor, entries = cast(
-            "tuple[int, list[tuple[bytes, float]]]", client.zscan(key, cursor, count=PAGE)
+    once, even while scripts change the set; each page fitted to a capped client's cap:
+    `reply_cap.scan_pages`)."""
+
+    def scan(cursor: int, entries: int) -> tuple[int, list[tuple[bytes, float]]]:
+        return cast(
+            "tuple[int, list[tuple[bytes, float]]]", client.zscan(key, cursor, count=entries)
         )
-        if entries:
-            yield entries
-        if cursor == 0:
-            return
+
+    return scan_pages(client, scan, PAGE, key)
 
 
 def queue_store_reads(read: Any, keys: SlotKeys, members: Sequence[bytes], count: int) -> Any:

@@ -1,0 +1,216 @@
+"""A cap on the bytes one request's reply may bring into this process (synchronous clients).
+
+A broker's keys are its tenant's: whoever holds the broker's admin login (a topic's Secret has
+it) may write a hash field, a sorted-set member or a stream entry of any size Redis takes
+(512 MB), and a command that reads a page of entries answers them whole. The operator copies
+slots in its leader (`slot_copy.py`), whose memory every tenant shares: a page must not be
+sized by what a tenant wrote. Counting entries is no bound when one entry may be huge, and
+Redis has no command that reads a page of a hash up to a number of bytes.
+
+So the cap is kept where the bytes arrive: a connection of `capped_client` counts what it
+receives after each request it sends (a command, or a pipeline's commands sent at once) and
+fails the read with ReplyTooLarge as soon as the count passes its cap. The reply is never
+held whole (at most the cap and one socket read), and redis-py drops the connection, whose
+stream is cut mid-reply. The reader then asks for less (`fitted`: half the entries).
+
+Why a socket wrapper and not a parser: redis-py's parsers (hiredis, Python) are private
+classes; both read through the connection's socket, which `_connect` returns.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import socket
+import threading
+import weakref
+from collections.abc import Callable, Iterator
+from typing import Any, TypeVar
+
+import redis
+from redis.connection import AbstractConnection
+
+#: The most one read (a command, or a pipeline's commands sent at once) of a capped client may
+#: bring in: entries are counted by the readers, but one entry may be of any size a tenant
+#: wrote, so `fitted` makes a read past it again at half the entries.
+PAGE_MAX_BYTES = 2 * 1024 * 1024
+#: The most one entry read alone may hold: the largest record delayq writes (a payload of up to
+#: 64 MiB, `maxPayloadBytes`, with its id, group and headers). One such read at a time in the
+#: process (`_ENTRY_READS`): a reader holds about three times the entry while it is read and
+#: written, whatever the number of readers at work.
+ENTRY_MAX_BYTES = 65 * 1024 * 1024
+_ENTRY_READS = threading.Lock()
+
+T = TypeVar("T")
+
+
+class ReplyTooLarge(redis.RedisError):
+    """A reply passed the connection's cap before it ended: nothing of it is returned."""
+
+
+class ReplyCap:
+    """The cap of a capped client's connections: PAGE_MAX_BYTES, or ENTRY_MAX_BYTES in a
+    thread inside `entry_reads` (the connections are the pool's, the reads the thread's)."""
+
+    def __init__(self) -> None:
+        self._local = threading.local()
+
+    @property
+    def max_bytes(self) -> int:
+        return ENTRY_MAX_BYTES if getattr(self._local, "entry", False) else PAGE_MAX_BYTES
+
+    @contextlib.contextmanager
+    def entry_reads(self) -> Iterator[None]:
+        with _ENTRY_READS:
+            self._local.entry = True
+            try:
+                yield
+            finally:
+                self._local.entry = False
+
+
+class _CountingSocket:
+    """The connection's socket, counting what `recv` and `recv_into` return (a peek is not
+    counted: it is read again)."""
+
+    def __init__(self, sock: socket.socket, connection: _ReplyCapped) -> None:
+        self._sock = sock
+        self._connection = connection
+
+    def recv(self, size: int, flags: int = 0) -> bytes:
+        data = self._sock.recv(size, flags)
+        if not flags & socket.MSG_PEEK:
+            self._connection.received(len(data))
+        return data
+
+    def recv_into(self, buffer: Any, size: int = 0, flags: int = 0) -> int:
+        count = self._sock.recv_into(buffer, size, flags)
+        if not flags & socket.MSG_PEEK:
+            self._connection.received(count)
+        return count
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._sock, name)
+
+
+class _ReplyCapped(AbstractConnection):
+    """Mixed into a connection class by `capped_client`; `reply_cap` is its cap."""
+
+    def __init__(self, *args: Any, reply_cap: ReplyCap, **kwargs: Any) -> None:
+        self.reply_cap = reply_cap
+        self._received = 0
+        super().__init__(*args, **kwargs)
+
+    def _connect(self) -> Any:
+        return _CountingSocket(super()._connect(), self)  # type: ignore[safe-super, no-untyped-call]
+
+    def send_packed_command(self, command: Any, check_health: bool = True) -> None:
+        self._received = 0
+        super().send_packed_command(command, check_health)  # type: ignore[no-untyped-call]
+
+    def received(self, count: int) -> None:
+        self._received += count
+        if self._received > (cap := self.reply_cap.max_bytes):
+            where = self._host_error()  # type: ignore[no-untyped-call]
+            raise ReplyTooLarge(f"a reply from {where} passed {cap} bytes")
+
+
+_CAPPED: dict[type[AbstractConnection], type[AbstractConnection]] = {}
+
+
+def _capped_class(base: type[AbstractConnection]) -> type[AbstractConnection]:
+    if base not in _CAPPED:
+        _CAPPED[base] = type(f"ReplyCapped{base.__name__}", (_ReplyCapped, base), {})
+    return _CAPPED[base]
+
+
+_TWINS: dict[int, redis.Redis] = {}
+_TWINS_LOCK = threading.Lock()
+
+
+def capped(client: redis.Redis) -> redis.Redis:
+    """The capped twin of `client`: the same server and login, its own connections, whose
+    every read fails with ReplyTooLarge once its reply passes the cap (`ReplyCap`); the
+    readers of a slot take pages through `fitted`. Made once per client (a doubling copies
+    slot after slot: a twin per call would open a connection each) and closed when `client`
+    is collected; a client capped already is itself."""
+    if is_capped(client):
+        return client
+    pool = client.connection_pool
+    with _TWINS_LOCK:
+        twin = _TWINS.get(id(client))
+        if twin is None:
+            twin = redis.Redis(
+                connection_pool=redis.ConnectionPool(
+                    connection_class=_capped_class(pool.connection_class),
+                    reply_cap=ReplyCap(),
+                    **pool.connection_kwargs,
+                )
+            )
+            _TWINS[id(client)] = twin
+            weakref.finalize(client, _forget, id(client))
+        return twin
+
+
+def _forget(client_id: int) -> None:
+    with _TWINS_LOCK:
+        twin = _TWINS.pop(client_id, None)
+    if twin is not None:
+        twin.connection_pool.disconnect()
+
+
+def is_capped(client: redis.Redis) -> bool:
+    return "reply_cap" in client.connection_pool.connection_kwargs
+
+
+def entry_reads(client: redis.Redis) -> contextlib.AbstractContextManager[None]:
+    """Reads of a capped client in this thread capped at ENTRY_MAX_BYTES (one such block at a
+    time in the process) instead of PAGE_MAX_BYTES."""
+    cap: ReplyCap = client.connection_pool.connection_kwargs["reply_cap"]
+    return cap.entry_reads()
+
+
+def fitted(client: redis.Redis, read: Callable[[int], T], count: int, what: str) -> tuple[T, int]:
+    """`read(count)` (a page of up to `count` entries of `what`) and the count it was made with:
+    on a capped client, a reply past the cap is read again at half the entries, and a single
+    entry alone with ENTRY_MAX_BYTES (ReplyTooLarge naming `what` past that). The readers
+    re-read: their sources are frozen, or scanned with cursors that may be asked again."""
+    while True:
+        try:
+            return read(count), count
+        except ReplyTooLarge:
+            if count > 1:
+                count //= 2
+                continue
+        with entry_reads(client):
+            try:
+                return read(1), 1
+            except ReplyTooLarge:
+                raise ReplyTooLarge(
+                    f"{what}: one entry passes {ENTRY_MAX_BYTES} bytes, more than any message "
+                    "delayq writes: not copied"
+                ) from None
+
+
+def scan_pages(
+    client: redis.Redis,
+    scan: Callable[[int, int], tuple[int, T]],
+    count: int,
+    what: str,
+    cursor: int = 0,
+) -> Iterator[T]:
+    """Every page of a SCAN-family command over `what` (`scan(cursor, count)`: HSCAN, ZSCAN,
+    SSCAN of one key) from `cursor` on, each `fitted` to the cap; after a page that had to
+    shrink, the next asks for twice its entries again, up to `count`. A cursor may be asked
+    again with another count: every entry present throughout is still seen. A SCAN answers
+    a whole bucket of the key's table, which may hold several entries: one whose entries
+    together pass ENTRY_MAX_BYTES fails (`record_buckets.hash_pages` reads a hash on by name
+    then)."""
+    asked = count
+    while True:
+        (cursor, page), used = fitted(client, functools.partial(scan, cursor), asked, what)
+        asked = min(count, 2 * used)
+        if page:
+            yield page
+        if cursor == 0:
+            return
