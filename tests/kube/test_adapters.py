@@ -20,8 +20,10 @@ from delayq.kube.zk import (
 )
 from delayq.local.redis_server import RedisServer
 from delayq.local.zookeeper_server import ZooKeeperServer
-from delayq.queue import acl
+from delayq.queue import acl, reply_cap
+from delayq.queue.functions import library
 from delayq.queue.keys import Part, SlotKeys
+from delayq.queue.reply_cap import ReplyTooLarge
 from delayq.queue.topic import Topic
 
 pytestmark = pytest.mark.timeout(120)
@@ -171,6 +173,37 @@ async def test_redis_commands_inspect_demote_promote_and_count(
     assert promoted is not None
     assert promoted.role == "master"
     assert promoted.keys == 2
+
+
+async def test_a_library_loaded_in_place_of_delayqs_cannot_flood_the_operator(
+    redis_server: RedisServer, redis_client: redis.Redis, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A broker's admin login is its tenant's too: it may load a library of delayq's name
+    whose functions answer anything. The operator's calls to a broker cut a reply past
+    ADMIN_REPLY_MAX_BYTES (here 1 MiB) instead of reading it whole into the process every
+    topic shares, and go on answering after."""
+    monkeypatch.setattr(reply_cap, "ADMIN_REPLY_MAX_BYTES", 1024 * 1024)
+    redis_client.execute_command("ACL", "SETUSER", acl.ADMIN_USER, *acl.ADMIN_RULES, ">admin")
+    name = library().name
+    flood = "function() return string.rep('x', 3 * 1024 * 1024) end"
+    redis_client.function_load(
+        f"#!lua name={name}\n"
+        f"redis.register_function{{function_name='{name}_stats', callback={flood}, "
+        "flags={'no-writes'}}\n"
+        f"redis.register_function{{function_name='{name}_version', callback={flood}, "
+        "flags={'no-writes'}}\n",
+        replace=True,
+    )
+    commands = RedisCommands(port=redis_server.port)
+    topic = Topic("orders", namespace="kube-it", slot_amount=2)
+    try:
+        with pytest.raises(ReplyTooLarge, match="passed 1048576 bytes"):
+            await commands.depths("127.0.0.1", "admin", topic, [0, 1])
+        master = await commands.inspect("127.0.0.1", "admin")
+        assert master is not None
+        assert master.role == "master"
+    finally:
+        redis_client.function_delete(name)  # the session's server: the next tests load theirs
 
 
 async def test_unreachable_redis_is_reported_as_none() -> None:

@@ -27,6 +27,7 @@ from redis.backoff import NoBackoff
 
 from delayq.kube import naming
 from delayq.queue import AsyncQueue, Queue, Topic, TopicStats, acl, functions
+from delayq.queue.reply_cap import capped_async_client, capped_client
 
 CONNECT_TIMEOUT_S = 2.0
 # A slot move's calls: each reads or writes one page of at most 16 keys of 2,000 entries
@@ -160,7 +161,7 @@ class RedisCommands:
 
     def _client(self, host: str, password: str) -> redis.asyncio.Redis:
         host, port = self._target(host)
-        return redis.asyncio.Redis(
+        return capped_async_client(  # its replies bounded: the tenant holds this login too
             host=host,
             port=port,
             username=acl.ADMIN_USER,
@@ -172,7 +173,7 @@ class RedisCommands:
 
     def broker_queue(self, host: str, password: str, topic: Topic) -> Queue:
         host, port = self._target(host)
-        client = redis.Redis(
+        client = capped_client(  # a move's reads fitted to its cap (queue/reply_cap.py)
             host=host,
             port=port,
             username=acl.ADMIN_USER,

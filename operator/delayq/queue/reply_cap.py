@@ -19,15 +19,17 @@ classes; both read through the connection's socket, which `_connect` returns.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import functools
 import socket
 import threading
 import weakref
 from collections.abc import Callable, Iterator
-from typing import Any, TypeVar
+from typing import Any, TypeVar, cast
 
 import redis
+import redis.asyncio
 from redis.connection import AbstractConnection
 
 #: The most one read (a command, or a pipeline's commands sent at once) of a capped client may
@@ -124,6 +126,20 @@ def _capped_class(base: type[AbstractConnection]) -> type[AbstractConnection]:
     return _CAPPED[base]
 
 
+def capped_client(**connection_kwargs: Any) -> redis.Redis:
+    """A client (TCP, `redis.Connection`'s arguments) whose every read fails with
+    ReplyTooLarge once its reply passes the cap (`ReplyCap`): the operator's client of a
+    broker's slot moves (`kube/redisctl.py`)."""
+    return _capped_from(redis.Connection, connection_kwargs)
+
+
+def _capped_from(base: type[AbstractConnection], connection_kwargs: dict[str, Any]) -> redis.Redis:
+    pool = redis.ConnectionPool(
+        connection_class=_capped_class(base), reply_cap=ReplyCap(), **connection_kwargs
+    )
+    return redis.Redis.from_pool(pool)
+
+
 _TWINS: dict[int, redis.Redis] = {}
 _TWINS_LOCK = threading.Lock()
 
@@ -136,17 +152,11 @@ def capped(client: redis.Redis) -> redis.Redis:
     is collected; a client capped already is itself."""
     if is_capped(client):
         return client
-    pool = client.connection_pool
     with _TWINS_LOCK:
         twin = _TWINS.get(id(client))
         if twin is None:
-            twin = redis.Redis(
-                connection_pool=redis.ConnectionPool(
-                    connection_class=_capped_class(pool.connection_class),
-                    reply_cap=ReplyCap(),
-                    **pool.connection_kwargs,
-                )
-            )
+            pool = client.connection_pool
+            twin = _capped_from(pool.connection_class, dict(pool.connection_kwargs))
             _TWINS[id(client)] = twin
             weakref.finalize(client, _forget, id(client))
         return twin
@@ -156,7 +166,7 @@ def _forget(client_id: int) -> None:
     with _TWINS_LOCK:
         twin = _TWINS.pop(client_id, None)
     if twin is not None:
-        twin.connection_pool.disconnect()
+        twin.close()
 
 
 def is_capped(client: redis.Redis) -> bool:
@@ -214,3 +224,68 @@ def scan_pages(
             yield page
         if cursor == 0:
             return
+
+
+#: The most one reply of the operator's other calls to a broker may bring (INFO, the stats
+#: function, FUNCTION LIST: a few kB to a few MB): the broker's admin login is its tenant's
+#: too, and a library loaded in place of delayq's may answer anything.
+ADMIN_REPLY_MAX_BYTES = 32 * 1024 * 1024
+
+
+class _CountingStream:
+    """An asyncio connection's stream reader, counting what its reads return (every parser
+    reads through `read`, `readline` or `readexactly`)."""
+
+    def __init__(self, stream: asyncio.StreamReader, connection: _AsyncReplyCapped) -> None:
+        self._stream = stream
+        self._connection = connection
+
+    async def read(self, size: int = -1) -> bytes:
+        return self._connection.received(await self._stream.read(size))
+
+    async def readline(self) -> bytes:
+        return self._connection.received(await self._stream.readline())
+
+    async def readexactly(self, size: int) -> bytes:
+        return self._connection.received(await self._stream.readexactly(size))
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._stream, name)
+
+
+class _AsyncReplyCapped(redis.asyncio.Connection):
+    """An asyncio TCP connection whose replies fail with ReplyTooLarge past
+    `reply_max_bytes`, each counted from the request that asked for it."""
+
+    def __init__(self, *args: Any, reply_max_bytes: int, **kwargs: Any) -> None:
+        self.reply_max_bytes = reply_max_bytes
+        self._received = 0
+        super().__init__(*args, **kwargs)
+
+    async def _connect(self) -> None:
+        await super()._connect()  # type: ignore[no-untyped-call]
+        assert self._reader is not None
+        self._reader = cast("asyncio.StreamReader", _CountingStream(self._reader, self))
+
+    async def send_packed_command(self, command: Any, check_health: bool = True) -> None:
+        self._received = 0
+        await super().send_packed_command(command, check_health)
+
+    def received(self, data: bytes) -> bytes:
+        self._received += len(data)
+        if self._received > self.reply_max_bytes:
+            raise ReplyTooLarge(
+                f"a reply from {self.host}:{self.port} passed {self.reply_max_bytes} bytes"
+            )
+        return data
+
+
+def capped_async_client(**connection_kwargs: Any) -> redis.asyncio.Redis:
+    """An asyncio client (TCP, `redis.asyncio.Connection`'s arguments) whose every reply fails
+    with ReplyTooLarge past ADMIN_REPLY_MAX_BYTES: the operator's other calls to a broker."""
+    pool = redis.asyncio.ConnectionPool(
+        connection_class=_AsyncReplyCapped,
+        reply_max_bytes=ADMIN_REPLY_MAX_BYTES,
+        **connection_kwargs,
+    )
+    return redis.asyncio.Redis.from_pool(pool)
