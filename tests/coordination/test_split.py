@@ -27,11 +27,20 @@ from delayq.coordination.splitting import SlotSplitter, Split
 from delayq.local.redis_server import RedisServer
 from delayq.local.waiting import wait_until
 from delayq.local.zookeeper_server import ZooKeeperServer
-from delayq.queue import Queue, SlotMovingError, StaleEpochError, Topic, reply_cap
+from delayq.queue import (
+    Queue,
+    SlotMovingError,
+    StaleEpochError,
+    Topic,
+    consume_plans,
+    reply_cap,
+    slot_split,
+)
 from delayq.queue.codes import Code
 from delayq.queue.keys import Part, slot_keys
 from delayq.queue.model import ScheduleRequest, State
 from delayq.queue.record_buckets import bucket_count
+from delayq.queue.slot_split import Division, catch_up
 from delayq.queue.store_buckets import store_bucket_count
 from delayq.queue.topic import slot_of
 
@@ -186,6 +195,42 @@ def test_a_doubling_of_large_messages_reads_no_page_of_them_whole(
     assert_split_exactly(cluster, before)
     assert copied < 3 * 1024 * 1024, copied
     assert caught_up < 3 * 1024 * 1024, caught_up
+
+
+def test_a_catch_up_of_several_slots_gives_each_half_its_own_slots_parts(
+    redis_server: RedisServer, redis_client: redis.Redis, monkeypatch: pytest.MonkeyPatch
+):
+    """`catch_up` takes a broker's frozen slots together: each half gets its own old slot's
+    journal (page by page past BATCH entries), lease counter and frozen epoch."""
+    monkeypatch.setattr(slot_split, "BATCH", 7)
+    topic = Topic("journals", namespace=NAMESPACE, slot_amount=2, journal_max_len=1000)
+    queue = Queue.from_url(redis_server.url, topic)
+    for i in range(40):  # 20 in each slot, half of them due now
+        basis = basis_in(topic, i % 2)
+        queue.schedule(f"m{i}", b"p", delay_ms=0 if i % 4 < 2 else 600_000, slot_basis=basis)
+    for slot, claims in ((0, 1), (1, 3)):  # a lease counter of its own each
+        epoch = queue.take_over(slot)
+        for _ in range(claims):
+            queue.claim(slot, epoch, max_count=1, ack_timeout_ms=600_000)
+    for slot in topic.slots:
+        queue.run(consume_plans.freeze(topic, slot))
+    new = replace(topic, slot_amount=4, slot_generation=1)
+    divisions = [
+        Division(slot_keys(topic, slot), slot_keys(new, slot), slot_keys(new, slot + 2))
+        for slot in topic.slots
+    ]
+    catch_up(redis_client, divisions)
+    for division in divisions:
+        journal = redis_client.xrange(division.source.key(Part.JOURNAL))
+        assert len(cast("list[Any]", journal)) > 7
+        assert redis_client.xrange(division.lower.key(Part.JOURNAL)) == journal
+        for part in (Part.LEASES, Part.EPOCH):
+            kept = redis_client.get(division.source.key(part))
+            assert kept is not None
+            for half in (division.lower, division.upper):
+                assert redis_client.get(half.key(part)) == kept, (division.source, part)
+    leases = [redis_client.get(d.source.key(Part.LEASES)) for d in divisions]
+    assert leases[0] != leases[1]
 
 
 def freeze_round_trips(

@@ -572,6 +572,7 @@ def copy_per_slot(client: redis.Redis, divisions: Sequence[Division]) -> None:
         read.xrange(source.key(Part.JOURNAL), count=BATCH)
     try:
         replies = read.execute()
+        states = [replies[at : at + 2] for at in range(0, len(replies), 3)]
         firsts = [(page, BATCH) for page in replies[2::3]]
     except ReplyTooLarge:  # the journals' first pages together: each on its own
         read = client.pipeline(transaction=False)
@@ -579,6 +580,7 @@ def copy_per_slot(client: redis.Redis, divisions: Sequence[Division]) -> None:
             read.get(division.source.key(Part.LEASES))
             read.get(division.source.key(Part.EPOCH))
         replies = read.execute()
+        states = [replies[at : at + 2] for at in range(0, len(replies), 2)]
         firsts = [_journal_page(client, division.source, "-", BATCH) for division in divisions]
     write = client.pipeline(transaction=False)
     for division, (page, count) in zip(divisions, firsts, strict=True):
@@ -594,8 +596,7 @@ def copy_per_slot(client: redis.Redis, divisions: Sequence[Division]) -> None:
             after = b"(" + page[-1][0]
             page, count = _journal_page(client, division.source, after, min(BATCH, 2 * count))
             write_value(write, RedisType.STREAM, journal, page)
-    for index, division in enumerate(divisions):
-        leases, epoch = replies[2 * index : 2 * index + 2]
+    for division, (leases, epoch) in zip(divisions, states, strict=True):
         frozen = (
             epoch if epoch is not None and epoch.startswith(FROZEN) else FROZEN + (epoch or b"0")
         )
