@@ -40,8 +40,9 @@ ADMIN_RULES = ("reset", "on", "~*", "&*", "+@all")
 #: XADD page by page on the target; run with the service's credentials from one of its pods, the
 #: key patterns still hold it to the topic's own keys. No DUMP/RESTORE: a crafted RESTORE
 #: payload is a known way into Redis's memory), and the slot splitter's (`queue/slot_split.py`:
-#: ZSCAN, HSCAN, GET, ZSCORE, HGET, XRANGE on the old keys, then ZADD, HSET, SET, ZREM, HDEL,
-#: XADD on the next generation's; SADD, SSCAN, SUNIONSTORE on the changes it tracks). Both read
+#: ZSCAN, HSCAN, GET, ZSCORE, HGET, HMGET, HEXISTS, XRANGE on the old keys, then ZADD, HSET,
+#: SET, ZREM, HDEL, XADD on the next generation's; SADD, SSCAN, SUNIONSTORE on the changes it
+#: tracks). Both read
 #: a hash by name (HKEYS, then HMGET) when one HSCAN answer passes a single entry's cap
 #: (`record_buckets.hash_pages`). Not CLIENT SETINFO, which redis-py sends on connect and whose
 #: refusal it ignores (and which Redis 7.0 does not know: naming it would fail the whole
@@ -60,6 +61,7 @@ CLIENT_COMMANDS = (
     "unlink",
     "hscan",
     "hkeys",
+    "hexists",
     "lrange",
     "xrange",
     "zscan",

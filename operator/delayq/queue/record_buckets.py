@@ -28,7 +28,13 @@ import redis
 
 from delayq.queue.codec import expanded_record
 from delayq.queue.keys import Part, SlotKeys
-from delayq.queue.reply_cap import ReplyTooLarge, entry_reads, fitted, is_capped, scan_pages
+from delayq.queue.reply_cap import (
+    ReplyTooLarge,
+    entry_reads,
+    fitted_chunks,
+    is_capped,
+    scan_pages,
+)
 
 #: The settings record's field (queue/topic_record.py) that sends a slot's records into
 #: buckets: `True` while the topic has them on. The owner gives it only then, and publish-1
@@ -145,18 +151,15 @@ def hash_pages(
 def _hash_pages_by_name(client: redis.Redis, key: str, count: int) -> Iterator[dict[bytes, bytes]]:
     with entry_reads(client):  # the names alone: ids, unless somebody wrote others
         names = cast("list[bytes]", client.hkeys(key))
-    done, asked = 0, count
-    while done < len(names):
-        rest = names[done:]
+    for start in range(0, len(names), count):
 
-        def some(entries: int, rest: list[bytes] = rest) -> list[bytes | None]:
-            return cast("list[bytes | None]", client.hmget(key, rest[:entries]))
+        def read(chunk: Sequence[bytes]) -> dict[bytes, bytes]:
+            values = cast("list[bytes | None]", client.hmget(key, list(chunk)))
+            return {n: v for n, v in zip(chunk, values, strict=True) if v is not None}
 
-        values, used = fitted(client, some, asked, key)
-        page = {n: v for n, v in zip(rest[:used], values, strict=True) if v is not None}
-        if page:
-            yield page
-        done, asked = done + used, min(count, 2 * used)
+        for page in fitted_chunks(client, names[start : start + count], read, key):
+            if page:
+                yield page
 
 
 def queue_record_reads(

@@ -25,7 +25,7 @@ import functools
 import socket
 import threading
 import weakref
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any, TypeVar, cast
 
 import redis
@@ -44,6 +44,7 @@ ENTRY_MAX_BYTES = 65 * 1024 * 1024
 _ENTRY_READS = threading.Lock()
 
 T = TypeVar("T")
+Item = TypeVar("Item")
 
 
 class ReplyTooLarge(redis.RedisError):
@@ -200,6 +201,23 @@ def fitted(client: redis.Redis, read: Callable[[int], T], count: int, what: str)
                     f"{what}: one entry passes {ENTRY_MAX_BYTES} bytes, more than any message "
                     "delayq writes: not copied"
                 ) from None
+
+
+def fitted_chunks(
+    client: redis.Redis, items: Sequence[Item], read: Callable[[Sequence[Item]], T], what: str
+) -> Iterator[T]:
+    """`read` of consecutive chunks of `items` (reads of these names, ids, members), all at
+    once first, each chunk `fitted` to the cap: past it, half as many; after a chunk that had
+    to shrink, the next asks for twice its items again."""
+    done, asked = 0, len(items)
+    while done < len(items):
+
+        def chunk(count: int, rest: Sequence[Item] = items[done:]) -> T:
+            return read(rest[:count])
+
+        result, used = fitted(client, chunk, asked, what)
+        yield result
+        done, asked = done + used, min(len(items), 2 * used)
 
 
 def scan_pages(

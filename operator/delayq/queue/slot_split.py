@@ -59,7 +59,7 @@ from delayq.queue.record_buckets import (
     queue_record_reads,
     record_pages,
 )
-from delayq.queue.reply_cap import ReplyTooLarge, capped, fitted, scan_pages
+from delayq.queue.reply_cap import ReplyTooLarge, capped, fitted, fitted_chunks, scan_pages
 from delayq.queue.schedules import OCCURRENCE_SEPARATOR
 from delayq.queue.slot_copy import RedisType, delete_slot, present, write_value
 from delayq.queue.store_buckets import (
@@ -186,33 +186,32 @@ def _split_slot(client: redis.Redis, division: Division) -> int:
     delete_slot(client, lower)
     delete_slot(client, upper)
     sources = [*division.strays, source]  # the source last: its fields overwrite a stray's
-    schedules = {field for field, _ in _hash_fields(client, sources, Part.SCHEDULES)}
-    bases = cast("dict[bytes, bytes]", dict(_hash_fields(client, sources, Part.BASIS)))
-    halves = Halves(lower.slot, _slot_amount(lower, upper), schedules, bases)
+    amount = _slot_amount(lower, upper)
     targets = {lower.slot: lower, upper.slot: upper}
     written = 0
     for keys in sources:
         for part in ZSET_PARTS:
-            side = _side(halves, part)
             zpages = (
                 store_pages(client, keys)
                 if part is Part.STORE
                 else zset_pages(client, keys.key(part))
             )
             for page in zpages:
+                side = _side(_page_halves(client, sources, lower.slot, amount, part, page), part)
                 write = client.pipeline(transaction=False)
                 for slot, members in _divide(page, side).items():
                     write.zadd(targets[slot].key(part), dict(members))
                 write.execute()
                 written += len(page)
         for part in HASH_PARTS:
-            side = _side(halves, part)
             pages: Iterator[Sequence[tuple[bytes, bytes | float]]] = (
                 record_pages(client, keys)
                 if part is Part.MSG
                 else _hash_pages(client, keys.key(part), BATCH)
             )
             for hashed in pages:
+                halves = _page_halves(client, sources, lower.slot, amount, part, hashed)
+                side = _side(halves, part)
                 write = client.pipeline(transaction=False)
                 for slot, fields in _divide(hashed, side).items():
                     write.hset(targets[slot].key(part), mapping=dict(fields))
@@ -303,20 +302,15 @@ def _catch_up(client: redis.Redis, divisions: Sequence[Division]) -> int:
 
 def _recopy_pages(client: redis.Redis, pages: Sequence[tuple[Division, list[bytes]]]) -> int:
     """`_recopy_changes` of the pages' changes, as many at a time as a capped client's cap
-    lets read at once (`reply_cap.fitted`: their records are read whole, and a record is as
-    large as its payload): its reads come before any write, so a read past the cap is made
-    again for fewer changes."""
+    lets read at once (`reply_cap.fitted_chunks`: their records are read whole, and a record
+    is as large as its payload): its reads come before any write, so a read past the cap is
+    made again for fewer changes."""
     changes = [(division, member) for division, page in pages for member in page]
-    count, done, asked = 0, 0, len(changes)
-    while done < len(changes):
-        rest = changes[done:]
 
-        def some(entries: int, rest: list[tuple[Division, bytes]] = rest) -> int:
-            return _recopy_changes(client, _paged(rest[:entries]))
+    def recopy(chunk: Sequence[tuple[Division, bytes]]) -> int:
+        return _recopy_changes(client, _paged(chunk))
 
-        written, used = fitted(client, some, asked, "the changes' records")
-        count, done, asked = count + written, done + used, max(1, 2 * used)
-    return count
+    return sum(fitted_chunks(client, changes, recopy, "the changes' records"))
 
 
 def _paged(changes: Sequence[tuple[Division, bytes]]) -> list[tuple[Division, list[bytes]]]:
@@ -541,14 +535,54 @@ def _divide(
     return divided
 
 
-def _hash_fields(
-    client: redis.Redis, sources: Sequence[SlotKeys], part: Part
-) -> Iterator[tuple[bytes, bytes | float]]:
-    """Every field of a hash part of the sources, in their order (a later one's value wins
-    when read into a dict)."""
+def _page_halves(
+    client: redis.Redis,
+    sources: Sequence[SlotKeys],
+    lower: int,
+    amount: int,
+    part: Part,
+    page: Sequence[tuple[bytes, Any]],
+) -> Halves:
+    """The Halves that place a page of `part`: for a part divided by message, with the slot
+    bases the page's messages have recorded and the schedules its occurrences name, as the
+    sources hold them now (the source last: its bases overwrite a stray's). Read page by page,
+    not for the whole slot first: a slot may hold millions of messages with a custom basis,
+    and the doubling runs in the operator."""
+    halves = Halves(lower, amount, set(), {})
+    if PART_RULES[part] is Rule.BY_MESSAGE:
+        members = [member for member, _ in page]
+
+        def look_up(chunk: Sequence[bytes]) -> tuple[dict[bytes, bytes], set[bytes]]:
+            return _recorded(client, sources, chunk)
+
+        for bases, schedules in fitted_chunks(client, members, look_up, "the slot bases"):
+            halves.bases.update(bases)
+            halves.schedules |= schedules
+    return halves
+
+
+def _recorded(
+    client: redis.Redis, sources: Sequence[SlotKeys], members: Sequence[bytes]
+) -> tuple[dict[bytes, bytes], set[bytes]]:
+    """The slot bases recorded for `members` in the sources, and which of the schedules their
+    ids name as occurrences (`<schedule id>@<due>`) the sources hold (HEXISTS: a schedule's
+    value carries a payload the placing does not need)."""
+    separator = OCCURRENCE_SEPARATOR.encode()
+    named = sorted({m.rpartition(separator)[0] for m in members if separator in m})
+    read = client.pipeline(transaction=False)
     for keys in sources:
-        for page in _hash_pages(client, keys.key(part), BATCH):
-            yield from page
+        read.hmget(keys.key(Part.BASIS), list(members))
+        for schedule_id in named:
+            read.hexists(keys.key(Part.SCHEDULES), schedule_id)
+    answers = iter(read.execute())
+    bases: dict[bytes, bytes] = {}
+    schedules: set[bytes] = set()
+    for _ in sources:
+        for member, basis in zip(members, next(answers), strict=True):
+            if basis is not None:
+                bases[member] = basis
+        schedules.update(schedule_id for schedule_id in named if next(answers))
+    return bases, schedules
 
 
 def _hash_pages(
