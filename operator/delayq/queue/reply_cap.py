@@ -1,17 +1,20 @@
-"""A cap on the bytes one request's reply may bring into this process (synchronous clients).
+"""A cap on the bytes one request's reply may bring into this process.
 
 A broker's keys are its tenant's: whoever holds the broker's admin login (a topic's Secret has
 it) may write a hash field, a sorted-set member or a stream entry of any size Redis takes
-(512 MB), and a command that reads a page of entries answers them whole. The operator copies
-slots in its leader (`slot_copy.py`), whose memory every tenant shares: a page must not be
-sized by what a tenant wrote. Counting entries is no bound when one entry may be huge, and
-Redis has no command that reads a page of a hash up to a number of bytes.
+(512 MB), and a command that reads a page of entries answers them whole; it may also load a
+library of delayq's name whose functions answer anything. The operator copies and splits
+slots in its leader (`slot_copy.py`, `slot_split.py`), whose memory every tenant shares: a
+page must not be sized by what a tenant wrote. Counting entries is no bound when one entry may
+be huge, and Redis has no command that reads a page of a hash up to a number of bytes.
 
-So the cap is kept where the bytes arrive: a connection of `capped_client` counts what it
-receives after each request it sends (a command, or a pipeline's commands sent at once) and
-fails the read with ReplyTooLarge as soon as the count passes its cap. The reply is never
-held whole (at most the cap and one socket read), and redis-py drops the connection, whose
-stream is cut mid-reply. The reader then asks for less (`fitted`: half the entries).
+So the cap is kept where the bytes arrive: a connection of `capped_client` (or `capped`, a
+twin of another client) counts what it receives after each request it sends (a command, or a
+pipeline's commands sent at once) and fails the read with ReplyTooLarge as soon as the count
+passes its cap. The reply is never held whole (at most the cap and one socket read), and
+redis-py drops the connection, whose stream is cut mid-reply. The reader then asks for less
+(`fitted`: half the entries). The operator's other calls to a broker go through an asyncio
+client with one fixed cap (`capped_async_client`): they read no pages, only small answers.
 
 Why a socket wrapper and not a parser: redis-py's parsers (hiredis, Python) are private
 classes; both read through the connection's socket, which `_connect` returns.
