@@ -3,6 +3,7 @@ redis-server: the slot copy and the doubling read a tenant's keys in the operato
 
 from __future__ import annotations
 
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import pytest
@@ -10,7 +11,13 @@ import redis
 
 from delayq.queue import reply_cap
 from delayq.queue.record_buckets import hash_pages
-from delayq.queue.reply_cap import ReplyTooLarge, capped, fitted
+from delayq.queue.reply_cap import (
+    EntryPermitBusy,
+    ReplyTooLarge,
+    capped,
+    fitted,
+    holding_entries,
+)
 
 
 def test_a_reply_past_the_cap_is_refused_and_the_client_goes_on(redis_client: redis.Redis):
@@ -68,3 +75,31 @@ def test_a_hash_answered_past_one_entrys_cap_is_read_by_name(
     assert {k: v for page in pages for k, v in page.items()} == fields
     assert max(len(page) for page in pages) < 20  # each under 1 KiB
     assert list(hash_pages(redis_client, "h", 2000)) == [fields]  # uncapped: one page
+
+
+def test_a_copy_holds_the_entry_permit_until_it_ends(
+    redis_client: redis.Redis, monkeypatch: pytest.MonkeyPatch
+):
+    """A large entry is written after it is read: the copy that read one keeps the process's
+    one entry permit until it ends, so only one copy's large entries are in memory at once;
+    another's large read waits, and past ENTRY_PERMIT_WAIT_S fails (retried by its pass)
+    instead of stalling behind a slow broker."""
+    monkeypatch.setattr(reply_cap, "PAGE_MAX_BYTES", 64 * 1024)
+    monkeypatch.setattr(reply_cap, "ENTRY_PERMIT_WAIT_S", 0.2)
+    redis_client.set("large", b"L" * 200_000)
+    client = capped(redis_client)
+
+    def read_large() -> Any:
+        return fitted(client, lambda _: client.get("large"), 1, "large")[0]
+
+    def elsewhere() -> BaseException | None:
+        with ThreadPoolExecutor(1) as other:
+            return other.submit(read_large).exception(timeout=10)
+
+    with holding_entries():
+        assert read_large() == b"L" * 200_000
+        assert read_large() == b"L" * 200_000  # the same copy: it holds the permit already
+        assert isinstance(elsewhere(), EntryPermitBusy)
+    assert elsewhere() is None  # given back when the copy ended
+    read_large()  # outside a copy: given back after the read
+    assert elsewhere() is None

@@ -125,6 +125,8 @@ class NodeLock:
         if self.zk.state != KazooState.CONNECTED:
             raise MoveError(f"{self.subject}: ZooKeeper connection {self.zk.state}; run again")
         session = self.zk.client_id
+        if reread_after_s * 4 > _session_timeout_s(self.zk):
+            reread_after_s = 0.0  # too close to the session timeout to lean on it
         if session == self._read_in and time.monotonic() - self._read_at < reread_after_s:
             return
         read_at = time.monotonic()
@@ -135,3 +137,10 @@ class NodeLock:
         if data != self._holder:
             raise MoveError(f"{self.subject}: this mover lost {lock}; run again")
         self._read_at, self._read_in = read_at, session
+
+
+def _session_timeout_s(zk: KazooClient) -> float:
+    """The session timeout `zk` asked for (kazoo keeps it private, and not the one the server
+    granted, which is the same unless the server's bounds clamp it: its default floor is 4 s);
+    0 when unknown, so that `check` reads the node every time."""
+    return float(getattr(zk, "_session_timeout", 0)) / 1000

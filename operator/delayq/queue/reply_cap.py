@@ -40,11 +40,17 @@ from redis.connection import AbstractConnection
 #: wrote, so `fitted` makes a read past it again at half the entries.
 PAGE_MAX_BYTES = 2 * 1024 * 1024
 #: The most one entry read alone may hold: the largest record delayq writes (a payload of up to
-#: 64 MiB, `maxPayloadBytes`, with its id, group and headers). One such read at a time in the
-#: process (`_ENTRY_READS`): a reader holds about three times the entry while it is read and
-#: written, whatever the number of readers at work.
+#: 64 MiB, `maxPayloadBytes`, with its id, group and headers). Such a read takes the process's
+#: one entry permit (`_ENTRY_PERMIT`), held to the end of the copy or split that read it
+#: (`holding_entries`; the read alone outside one): a reader holds about three times the entry
+#: while it is read and written, so one such copy at a time bounds the operator's memory,
+#: whatever the number of moves under way.
 ENTRY_MAX_BYTES = 65 * 1024 * 1024
-_ENTRY_READS = threading.Lock()
+#: How long a large read waits for the permit another copy holds (EntryPermitBusy past it:
+#: the move fails and is retried, rather than one tenant's slow broker stalling the others').
+ENTRY_PERMIT_WAIT_S = 30.0
+_ENTRY_PERMIT = threading.Lock()
+_THREAD = threading.local()  # permit: this thread holds it; scopes: `holding_entries` depth
 
 T = TypeVar("T")
 Item = TypeVar("Item")
@@ -52,6 +58,40 @@ Item = TypeVar("Item")
 
 class ReplyTooLarge(redis.RedisError):
     """A reply passed the connection's cap before it ended: nothing of it is returned."""
+
+
+class EntryPermitBusy(redis.RedisError):
+    """Another copy held the entry permit for ENTRY_PERMIT_WAIT_S: nothing was read."""
+
+
+@contextlib.contextmanager
+def holding_entries() -> Iterator[None]:
+    """A copy or a split: an entry permit its reads take is held until it ends (its large
+    entries are written after they are read), then given back."""
+    _THREAD.scopes = getattr(_THREAD, "scopes", 0) + 1
+    try:
+        yield
+    finally:
+        _THREAD.scopes -= 1
+        if not _THREAD.scopes:
+            _give_back_permit()
+
+
+def _take_permit() -> None:
+    if getattr(_THREAD, "permit", False):
+        return
+    if not _ENTRY_PERMIT.acquire(timeout=ENTRY_PERMIT_WAIT_S):
+        raise EntryPermitBusy(
+            f"another copy held the permit to read an entry past {PAGE_MAX_BYTES} bytes for "
+            f"{ENTRY_PERMIT_WAIT_S:.0f} s"
+        )
+    _THREAD.permit = True
+
+
+def _give_back_permit() -> None:
+    if getattr(_THREAD, "permit", False):
+        _THREAD.permit = False
+        _ENTRY_PERMIT.release()
 
 
 class ReplyCap:
@@ -67,12 +107,14 @@ class ReplyCap:
 
     @contextlib.contextmanager
     def entry_reads(self) -> Iterator[None]:
-        with _ENTRY_READS:
-            self._local.entry = True
-            try:
-                yield
-            finally:
-                self._local.entry = False
+        _take_permit()
+        self._local.entry = True
+        try:
+            yield
+        finally:
+            self._local.entry = False
+            if not getattr(_THREAD, "scopes", 0):
+                _give_back_permit()
 
 
 class _CountingSocket:
@@ -130,18 +172,26 @@ def _capped_class(base: type[AbstractConnection]) -> type[AbstractConnection]:
     return _CAPPED[base]
 
 
-def capped_client(**connection_kwargs: Any) -> redis.Redis:
-    """A client (TCP, `redis.Connection`'s arguments) whose every read fails with
-    ReplyTooLarge once its reply passes the cap (`ReplyCap`): the operator's client of a
-    broker's slot moves (`kube/redisctl.py`)."""
-    return _capped_from(redis.Connection, connection_kwargs)
+def capped_client(**client_kwargs: Any) -> redis.Redis:
+    """A client (`redis.Redis`'s arguments and defaults, its retries too) whose every read
+    fails with ReplyTooLarge once its reply passes the cap (`ReplyCap`): the operator's client
+    of a broker's slot moves (`kube/redisctl.py`)."""
+    plain = redis.Redis(**client_kwargs)
+    try:
+        return _capped_from(plain.connection_pool)
+    finally:
+        plain.close()
 
 
-def _capped_from(base: type[AbstractConnection], connection_kwargs: dict[str, Any]) -> redis.Redis:
-    pool = redis.ConnectionPool(
-        connection_class=_capped_class(base), reply_cap=ReplyCap(), **connection_kwargs
+def _capped_from(pool: redis.ConnectionPool) -> redis.Redis:
+    """A client of `pool`'s server with `pool`'s connection arguments, capped (its own pool;
+    not the maintenance handler of `pool`, which is that pool's)."""
+    kwargs = dict(pool.connection_kwargs)
+    kwargs.pop("maint_notifications_pool_handler", None)
+    capped_pool = redis.ConnectionPool(
+        connection_class=_capped_class(pool.connection_class), reply_cap=ReplyCap(), **kwargs
     )
-    return redis.Redis.from_pool(pool)
+    return redis.Redis.from_pool(capped_pool)
 
 
 _TWINS: dict[int, redis.Redis] = {}
@@ -159,16 +209,15 @@ def capped(client: redis.Redis) -> redis.Redis:
     with _TWINS_LOCK:
         twin = _TWINS.get(id(client))
         if twin is None:
-            pool = client.connection_pool
-            twin = _capped_from(pool.connection_class, dict(pool.connection_kwargs))
+            twin = _capped_from(client.connection_pool)
             _TWINS[id(client)] = twin
             weakref.finalize(client, _forget, id(client))
         return twin
 
 
 def _forget(client_id: int) -> None:
-    with _TWINS_LOCK:
-        twin = _TWINS.pop(client_id, None)
+    # no lock: a collection may run this in a thread inside `capped` (dict.pop is atomic)
+    twin = _TWINS.pop(client_id, None)
     if twin is not None:
         twin.close()
 
@@ -220,7 +269,8 @@ def fitted_chunks(
 
         result, used = fitted(client, chunk, asked, what)
         yield result
-        done, asked = done + used, min(len(items), 2 * used)
+        done += used
+        asked = min(len(items) - done, 2 * used)
 
 
 def scan_pages(
@@ -234,9 +284,10 @@ def scan_pages(
     SSCAN of one key) from `cursor` on, each `fitted` to the cap; after a page that had to
     shrink, the next asks for twice its entries again, up to `count`. A cursor may be asked
     again with another count: every entry present throughout is still seen. A SCAN answers
-    a whole bucket of the key's table, which may hold several entries: one whose entries
-    together pass ENTRY_MAX_BYTES fails (`record_buckets.hash_pages` reads a hash on by name
-    then)."""
+    a whole bucket of the key's table, which may hold several entries, and a small key (a
+    listpack) whole: one answer past ENTRY_MAX_BYTES fails (`record_buckets.hash_pages` reads
+    a hash on by name then; a sorted set or a set that large holds members no engine writes:
+    its copy fails naming the key)."""
     asked = count
     while True:
         (cursor, page), used = fitted(client, functools.partial(scan, cursor), asked, what)

@@ -14,13 +14,13 @@ The source must be frozen (`consume_plans.freeze`) first: then nothing writes in
 there, and a copy is a snapshot. The copy deletes the slot's keys on the target first, then
 writes them page by page: at most `GROUP` keys of at most `BATCH` entries each, and at most
 `PAGE_MAX_BYTES` read at once (`reply_cap`: a read past it is made again at half the entries;
-one entry past it is read alone, up to `ENTRY_MAX_BYTES`, one such read at a time in the
-process). The slot's size is the tenant's (its payloads, its broker's memory), the copier's
-memory is the platform's: the operator moves slots in its leader, and a copy that read the
-slot whole was killed for memory at a few hundred MB, by every leader in turn; a page of 2,000
-entries is no bound either when a tenant may write entries of any size. The slot's strings
-(its epoch, its lease counter) go first. A copy cut short leaves a partial copy
-on a target nobody routes to: the move's next run copies again from the deletion on, an abort
+one entry past it is read alone, up to `ENTRY_MAX_BYTES`, by one copy at a time in the
+process: `holding_entries`). The slot's size is the tenant's (its payloads, its broker's
+memory), the copier's memory is the platform's: the operator moves slots in its leader, and a
+copy that read the slot whole was killed for memory at a few hundred MB, by every leader in
+turn; a page of 2,000 entries is no bound either when a tenant may write entries of any size.
+The slot's strings (its epoch, its lease counter) go first. A copy cut short leaves a partial
+copy on a target nobody routes to: the move's next run copies again from the deletion on, an abort
 deletes it (`coordination/migration.py`).
 """
 
@@ -42,7 +42,7 @@ from delayq.queue.record_buckets import (
     hash_pages,
     record_keys,
 )
-from delayq.queue.reply_cap import ReplyTooLarge, capped, fitted
+from delayq.queue.reply_cap import ReplyTooLarge, capped, fitted, holding_entries
 from delayq.queue.store_buckets import (
     STORE_BUCKETS_FIELD,
     store_bucket_count,
@@ -195,7 +195,8 @@ def copy_slot(
     flat part, where the scripts there look: only a record with the field makes them look in
     buckets. The field, once there, stays (publish-1), so it cannot go between this read and
     the copy. Every read is capped in bytes (`reply_cap`)."""
-    return _copy(_Source(capped(source)), target, capped(target), keys, before_write)
+    with holding_entries():
+        return _copy(_Source(capped(source)), target, capped(target), keys, before_write)
 
 
 def _copy(

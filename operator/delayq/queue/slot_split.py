@@ -59,7 +59,14 @@ from delayq.queue.record_buckets import (
     queue_record_reads,
     record_pages,
 )
-from delayq.queue.reply_cap import ReplyTooLarge, capped, fitted, fitted_chunks, scan_pages
+from delayq.queue.reply_cap import (
+    ReplyTooLarge,
+    capped,
+    fitted,
+    fitted_chunks,
+    holding_entries,
+    scan_pages,
+)
 from delayq.queue.schedules import OCCURRENCE_SEPARATOR
 from delayq.queue.slot_copy import RedisType, delete_slot, present, write_value
 from delayq.queue.store_buckets import (
@@ -178,7 +185,8 @@ def split_slot(client: redis.Redis, division: Division) -> int:
     reading the routing may have stored into: their messages and schedules are divided the
     same way (before the source's: the source wins a field both have), their per-slot parts
     ignored."""
-    return _split_slot(capped(client), division)
+    with holding_entries():
+        return _split_slot(capped(client), division)
 
 
 def _split_slot(client: redis.Redis, division: Division) -> int:
@@ -247,7 +255,8 @@ def untrack(client: redis.Redis, source: SlotKeys) -> None:
 def recopy(client: redis.Redis, division: Division) -> int:
     """Copy each message and schedule in the source's `recopy` set again, as `split_slot` would
     now, then drop the set; returns how many. See `_recopy_pages`."""
-    return _recopy(capped(client), division)
+    with holding_entries():
+        return _recopy(capped(client), division)
 
 
 def _recopy(client: redis.Redis, division: Division) -> int:
@@ -266,7 +275,8 @@ def catch_up(client: redis.Redis, divisions: Sequence[Division]) -> int:
     taking the changes needs no MULTI, and the time the slots stay frozen grows with the
     changes, hardly with the slots. Idempotent: run again after a crash, it copies again what
     it did not drop."""
-    return _catch_up(capped(client), divisions)
+    with holding_entries():
+        return _catch_up(capped(client), divisions)
 
 
 def _catch_up(client: redis.Redis, divisions: Sequence[Division]) -> int:
@@ -280,10 +290,14 @@ def _catch_up(client: redis.Redis, divisions: Sequence[Division]) -> int:
     read = client.pipeline(transaction=False)
     for division in divisions:
         read.sscan(division.source.key(Part.RECOPY), 0, count=BATCH)
+    try:
+        firsts = read.execute()
+    except ReplyTooLarge:  # together past the cap: each set page by page
+        firsts = [(1, []) for _ in divisions]
     count = 0
     larger: list[Division] = []  # not seen whole in one page: page by page, below
     group: list[tuple[Division, list[bytes]]] = []  # several small sets per pipeline
-    for division, (cursor, members) in zip(divisions, read.execute(), strict=True):
+    for division, (cursor, members) in zip(divisions, firsts, strict=True):
         if cursor != 0:
             larger.append(division)
             continue
