@@ -28,6 +28,7 @@ import pytest
 from delayq.coordination.migration import Step
 from delayq.coordination.routed_queue import RoutedQueue
 from delayq.coordination.routing_watch import ZkConnection
+from delayq.local.waiting import eventually
 from delayq.queue import SlotMovingError
 
 from .conftest import SESSION_TIMEOUT_S, SLOTS, ProcessFleet
@@ -150,8 +151,16 @@ async def test_a_doubling_killed_in_its_freeze_leaves_one_slot_frozen_its_owner_
         await load.delivered(lambda: shown(fleet) is None, RESUMED_BOUND_S + 10.0)
         assert shown(fleet) is None  # completed, by nobody running the splitter again
         assert (routing(fleet).slot_amount, routing(fleet).generation) == (2 * SLOTS, 1)
-        logs = [(fleet.log_dir / f"{member}.log").read_text() for member in MEMBERS]
-        assert any(f"doubling to {2 * SLOTS} slots completed" in log for log in logs)
+        # the owner logs what it ended once its completion returned, after the switch
+        completed = f"doubling to {2 * SLOTS} slots completed"
+        await eventually(
+            lambda: any(
+                completed in (fleet.log_dir / f"{member}.log").read_text() for member in MEMBERS
+            ),
+            10.0,
+            "an owner logged the doubling it completed",
+            interval_s=0.1,
+        )
         before_end = await load.more_scheduled()
         lost, early, late_ms = await settled(load, RESUMED_BOUND_S + LONG_DELAY_MS / 1000)
         assert not lost
