@@ -48,7 +48,7 @@ def test_a_restricted_client_runs_nothing_until_the_library_is_back(
 def test_a_claim_of_several_slots_is_one_fcall_per_broker(
     queue: Queue, redis_client: redis.Redis
 ) -> None:
-    """claimmany-13 up to MAX_MESSAGES_PER_CALL messages a call; one slot stays claim-13."""
+    """claimmany-1 up to MAX_MESSAGES_PER_CALL messages a call; one slot stays claim-13."""
     queue.schedule_many([ScheduleRequest(i, b"x", delay_ms=0) for i in IDS])
     claims = [SlotClaim(slot, queue.take_over(slot), 5) for slot in TOPIC.slots]
     redis_client.config_resetstat()

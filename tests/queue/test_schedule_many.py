@@ -277,6 +277,39 @@ def test_a_batch_of_several_slots_declares_each_slot_by_its_store_key(
     assert {queue.get(r.id).state for r in again} == {State.ABSENT}
 
 
+def test_claims_and_acks_of_several_slots_declare_each_slot_by_its_store_key(
+    queue: Queue,
+) -> None:
+    """claimmany-1 and ackmany-1 declare one key a slot too, as schedulemany-1: thirteen and
+    seven a slot were most of a call's bytes in a burst over 1,024 slots (docs/benchmarks.md).
+    A declared key that is not a slot's store key is refused before anything is written: no
+    message of the call is claimed, no lease of it acked, the other slots' included."""
+    batch = [ScheduleRequest(f"k{n}", b"x", delay_ms=0) for n in range(12)]
+    queue.schedule_many(batch)
+    slots = sorted({TOPIC.slot_of(r.id) for r in batch})
+    stores = [slot_keys(TOPIC, slot).key(Part.STORE) for slot in slots]
+    claims = [SlotClaim(slot, queue.take_over(slot), 10) for slot in slots]
+
+    def refused(call: plans.ScriptCall) -> None:
+        bad = dataclasses.replace(call, keys=[*call.keys[:-1], call.keys[-1][: -len("store")]])
+        with pytest.raises(redis.ResponseError, match="not a slot store key"):
+            queue.run(plans.Plan([bad], lambda replies: replies))
+
+    (call,) = consume_plans.claim_slots(TOPIC, claims, 60_000).calls
+    assert (call.script, call.keys) == (Script.CLAIM_MANY, stores)
+    refused(call)
+    assert {queue.get(r.id).state for r in batch} == {State.SCHEDULED}
+    leases = [m.lease for b in claimed_batches(queue, claims) for m in b.messages]
+    assert sorted(lease.id for lease in leases) == sorted(r.id for r in batch)
+
+    (call,) = consume_plans.ack(TOPIC, leases).calls
+    assert (call.script, call.keys) == (Script.ACK_MANY, stores)
+    refused(call)
+    assert {queue.get(r.id).state for r in batch} == {State.PREPARED}
+    assert {o.code for o in queue.run(consume_plans.ack(TOPIC, leases))} == {Code.ACKED}
+    assert {queue.get(r.id).state for r in batch} == {State.ABSENT}  # no outcome retention
+
+
 def test_a_due_beyond_the_exact_integers_is_stored_as_given(
     queue: Queue, redis_client: redis.Redis
 ) -> None:
@@ -345,7 +378,7 @@ def test_a_raw_call_with_hostile_counts_is_refused_not_looped_forever(
 def test_a_raw_ack_call_with_a_count_past_its_arguments_is_refused(
     own_broker: tuple[redis.Redis, Queue],
 ) -> None:
-    """Regression: ackmany-7 steps through its slots by their message counts; a raw call's
+    """Regression: ackmany-1 steps through its slots by their message counts; a raw call's
     count past its arguments looped over absent ones for hours (with a stale epoch, one answer
     each: the broker's memory), the call's earlier slots acked. Refused before anything is
     written: the first slot's lease is not acked."""
@@ -498,7 +531,7 @@ def test_a_call_finding_its_slots_untracked_does_not_hide_a_later_tracking(
 def test_one_claim_call_per_broker_counts_the_top_ups_owed_in_each_slot(
     queue: Queue, redis_client: redis.Redis
 ) -> None:
-    """claimmany-13 asks once whether any slot owes a top-up: a slot whose schedule's
+    """claimmany-1 asks once whether any slot owes a top-up: a slot whose schedule's
     occurrence it claims owes one from that claim on, in the same call, and a slot that owed
     one before still says so; the others owe none."""
     due_ms = queue.put_schedule(Schedule("tick", Recurrence(every_ms=200))).first_due_ms
@@ -515,7 +548,7 @@ def test_one_claim_call_per_broker_counts_the_top_ups_owed_in_each_slot(
 
 
 def claimed_batches(queue: Queue, claims: list[SlotClaim]) -> list[ClaimBatch]:
-    """One claimmany-13 call's batches, none refused."""
+    """One claimmany-1 call's batches, none refused."""
     plan = consume_plans.claim_slots(TOPIC, claims, 60_000)
     assert [call.script for call in plan.calls] == [Script.CLAIM_MANY]
     batches: list[ClaimBatch | StaleEpochError] = queue.run(plan)
@@ -609,7 +642,7 @@ def acked_state(admin: redis.Redis, queue: Queue, case: AckCase) -> list[object]
 def test_one_ack_call_per_broker_acks_as_one_call_per_slot(
     redis_server: object, redis_client: redis.Redis
 ) -> None:
-    """ackmany-7 answers every lease and leaves every slot as one ack-7 call per slot and
+    """ackmany-1 answers every lease and leaves every slot as one ack-7 call per slot and
     epoch did: a stale slot's acks refused, lost and repeated leases answered LEASE_LOST,
     basis entries and outcomes kept or dropped by the retention, changes noted."""
     client = engine_client(redis_server, redis_client)  # type: ignore[arg-type]

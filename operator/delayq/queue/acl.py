@@ -76,7 +76,7 @@ SCRIPT_COMMANDS = (
     "exists",
     "sadd",
     "get",
-    "mget",  # the epochs of a call's slots at once (schedulemany-1, claimmany-13)
+    "mget",  # the epochs of a call's slots at once (schedulemany-1, claimmany-1)
     "set",
     "del",
     "incr",

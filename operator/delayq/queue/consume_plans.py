@@ -16,7 +16,7 @@ from typing import TypeVar
 from delayq.queue.backoff import Backoff
 from delayq.queue.codec import decode_record
 from delayq.queue.codes import Code, StaleEpochError
-from delayq.queue.keys import Part, pace_key, paused_key, slot_keys
+from delayq.queue.keys import Part, pace_key, paused_key, slot_keys, store_key
 from delayq.queue.model import ClaimBatch, Draw, Leased, Message, Outcome, Retry, SlotClaim
 from delayq.queue.plans import (
     CODES,
@@ -143,9 +143,12 @@ def claim_slots(
     """Claim from several slots in one round trip, each (slot, epoch, max_count) its own count;
     a slot with a newer owner yields its StaleEpochError in place instead of failing the others.
 
-    The slots share the client's broker: one call (claimmany-13, claim-13 slot after slot, each
+    The slots share the client's broker: one call (claimmany-1, claim-13 slot after slot, each
     slot fenced by its own epoch) per MAX_MESSAGES_PER_CALL messages claimed at most, rather
-    than one per slot; a call of one slot stays claim-13."""
+    than one per slot; a call of one slot stays claim-13. It declares each slot by its store
+    key alone (the script names the other parts after it): in a burst over 1,024 slots each
+    slot held a message or two, and building its thirteen key names was most of the plan's
+    Python and of the call's bytes."""
     calls: list[ScriptCall] = []
     sizes: list[int] = []  # the claims of each call
     size = count = 0
@@ -158,18 +161,18 @@ def claim_slots(
         sizes.append(size)
     start = 0
     for size in sizes:
-        part = [
-            _claim_call(topic, *claim, lease_ms, backoff) for claim in claims[start : start + size]
-        ]
+        part = claims[start : start + size]
         start += size
         if len(part) == 1:
-            calls.append(part[0])
-        else:
-            keys = [key for call in part for key in call.keys]
-            args: list[Arg] = []
-            for call in part:  # each slot's count first: claim-13's arguments may grow
-                args += [len(call.args), *call.args]
-            calls.append(ScriptCall(Script.CLAIM_MANY, keys, args))
+            calls.append(_claim_call(topic, *part[0], lease_ms, backoff))
+            continue
+        keys: list[str] = []
+        args: list[Arg] = []
+        for slot, epoch, max_count in part:  # each slot's count first: its arguments may grow
+            keys.append(store_key(topic, slot))
+            slot_args = _claim_args(topic, epoch, max_count, lease_ms, backoff)
+            args += [len(slot_args), *slot_args]
+        calls.append(ScriptCall(Script.CLAIM_MANY, keys, args))
 
     def combine(replies: list[Reply]) -> list[ClaimBatch | StaleEpochError]:
         slot_replies: list[Reply] = []
@@ -193,10 +196,7 @@ def claim_slots(
 def _claim_call(
     topic: Topic, slot: int, epoch: int, max_count: int, lease_ms: int, backoff: Backoff | None
 ) -> ScriptCall:
-    if max_count < 0 or lease_ms < 1:
-        raise ValueError(
-            f"claim needs max_count >= 0 and lease_ms >= 1, got {max_count}, {lease_ms}"
-        )
+    args = _claim_args(topic, epoch, max_count, lease_ms, backoff)
     keys = slot_keys(topic, slot).keys(
         Part.STORE,
         Part.PREPARE,
@@ -212,7 +212,18 @@ def _claim_call(
         Part.TOPUP,
         Part.BASIS,
     )
-    args: list[Arg] = [
+    return ScriptCall(Script.CLAIM, keys, args)
+
+
+def _claim_args(
+    topic: Topic, epoch: int, max_count: int, lease_ms: int, backoff: Backoff | None
+) -> list[Arg]:
+    """claim-13's ARGV for one slot (claimmany-1 takes them per slot)."""
+    if max_count < 0 or lease_ms < 1:
+        raise ValueError(
+            f"claim needs max_count >= 0 and lease_ms >= 1, got {max_count}, {lease_ms}"
+        )
+    return [
         epoch,
         max_count,
         lease_ms,
@@ -225,7 +236,6 @@ def _claim_call(
         topic.outcome_retention_ms,
         *(backoff.claim_args() if backoff is not None else []),
     ]
-    return ScriptCall(Script.CLAIM, keys, args)
 
 
 def received(batch: ClaimBatch, received_s: float) -> ClaimBatch:
@@ -337,7 +347,7 @@ def _token_plan(
     return Plan(calls, lambda replies: _outcomes(order, replies, ids, has_time=has_time))
 
 
-#: ack-7's keys of a slot, in its KEYS order (ackmany-7: the same, slot after slot)
+#: ack-7's keys of a slot, in its KEYS order (ackmany-1 names them after the slot's store key)
 ACK_PARTS = (
     Part.PREPARE,
     Part.MSG,
@@ -350,9 +360,10 @@ ACK_PARTS = (
 
 
 def ack(topic: Topic, leases: Sequence[Leased]) -> Plan[list[Outcome]]:
-    """One call per broker (ackmany-7, ack-7 run slot after slot, each slot fenced by its own
+    """One call per broker (ackmany-1, ack-7 run slot after slot, each slot fenced by its own
     epoch) per MAX_MESSAGES_PER_CALL leases: at 1,024 slots a consumer's herd was acked in one
-    call per slot. The leases of one slot and epoch stay one call of ack-7."""
+    call per slot. It declares each slot by its store key alone, as `claim_slots`. The leases
+    of one slot and epoch stay one call of ack-7."""
     head: list[Arg] = [topic.journal_max_len, topic.outcome_retention_ms]
     by_lease: dict[tuple[int, int], list[int]] = defaultdict(list)
     for index, lease in enumerate(leases):
@@ -365,13 +376,13 @@ def ack(topic: Topic, leases: Sequence[Leased]) -> Plan[list[Outcome]]:
     args: list[Arg] = [*head]
     positions: list[int] = []
     for (slot, epoch), indexes in by_lease.items():
-        slot_keys(topic, slot)  # validates the slot number
+        key = store_key(topic, slot)
         for chunk in chunks(indexes, MAX_MESSAGES_PER_CALL):
             if positions and len(positions) + len(chunk) > MAX_MESSAGES_PER_CALL:
                 calls.append(ScriptCall(Script.ACK_MANY, keys, args))
                 order.append(positions)
                 keys, args, positions = [], [*head], []
-            keys += slot_keys(topic, slot).keys(*ACK_PARTS)
+            keys.append(key)
             args += [epoch, len(chunk)]
             for i in chunk:
                 args += [leases[i].id, leases[i].lease_id]

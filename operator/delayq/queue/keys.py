@@ -10,6 +10,7 @@ holds other ids, so it gets other keys, and the old ones stay frozen for stale w
 from __future__ import annotations
 
 import enum
+import functools
 from dataclasses import dataclass
 
 from delayq.queue.topic import Topic
@@ -108,9 +109,27 @@ class SlotKeys:
 
 
 def slot_keys(topic: Topic, slot: int) -> SlotKeys:
+    _check_slot(topic, slot)
+    return SlotKeys(topic.namespace, topic.name, slot, topic.slot_generation)
+
+
+def store_key(topic: Topic, slot: int) -> str:
+    """The slot's `store` key, which alone names the slot in a call over several slots
+    (schedulemany-1, claimmany-1, ackmany-1: the scripts name its other parts after it). Made
+    once per slot: a consumer's wake-up over 1,024 due slots names each of them, and building
+    their key names through `SlotKeys` was most of its plan's Python."""
+    _check_slot(topic, slot)
+    return _store_key(topic.namespace, topic.name, topic.slot_generation, slot)
+
+
+@functools.lru_cache(maxsize=16_384)
+def _store_key(namespace: str, topic: str, generation: int, slot: int) -> str:
+    return SlotKeys(namespace, topic, slot, generation).key(Part.STORE)
+
+
+def _check_slot(topic: Topic, slot: int) -> None:
     if not 0 <= slot < topic.slot_amount:
         raise ValueError(f"slot {slot} is outside 0..{topic.slot_amount - 1} of topic {topic.name}")
-    return SlotKeys(topic.namespace, topic.name, slot, topic.slot_generation)
 
 
 def control_key(topic: Topic, consumer: str) -> str:

@@ -39,9 +39,9 @@ class Script(enum.StrEnum):
     CANCEL = "cancel-13"
     RESCHEDULE = "reschedule-7"
     CLAIM = "claim-13"
-    CLAIM_MANY = "claimmany-13"  # 13 keys per slot, several slots of one broker
+    CLAIM_MANY = "claimmany-1"  # 1 key per slot (its store), several slots of one broker
     ACK = "ack-7"
-    ACK_MANY = "ackmany-7"  # 7 keys per slot, several slots of one broker
+    ACK_MANY = "ackmany-1"  # 1 key per slot (its store), several slots of one broker
     NACK = "nack-11"
     EXTEND = "extend-3"
     FENCE = "fence-10"

@@ -15,12 +15,12 @@
   §1).
 
   KEYS[1] store    ZSET id -> due ms of the first slot, then one per further slot (slot s, from
-  (and the slot's fair groups' parts, named from its keys: includes/group_keys.lua)
                    0: KEYS[s + 1]); its prepare, dead, msg, reason, wake, journal, outcome,
                    epoch ('moving:<epoch>' while the slot moves: refused) and basis parts are
                    schedule-10's KEYS[2 .. 10], named `dq:{<tag>}:<part>` after it (and the
                    slot's settings record and priority index, by its hash tag: topic_settings,
                    includes/priority_key.lua)
+  (and the slot's fair groups' parts, named from its keys: includes/group_keys.lua)
 
   ARGV[1 .. 7]     schedule-10's: mode, max_delay_ms, journal_max_len, outcome_retention_ms,
                    expiry_ttl_ms, max_pending (the settings record's fields win, per slot),

@@ -11,11 +11,11 @@
 --@include topic_settings
 
 -- Acknowledge leased messages of one slot, appending each one's code to `results`: the body of
--- ack-7 (whose header is the contract: KEYS, ARGV, codes) and of ackmany-7, which runs it once
+-- ack-7 (whose header is the contract: KEYS, ARGV, codes) and of ackmany-1, which runs it once
 -- per slot and epoch. `keys[at + 1 .. at + 7]` are the slot's keys in ack-7's KEYS order;
 -- `head` ack-7's ARGV[2 .. 3] (journal_max_len, outcome_retention_ms: the record's fields win);
 -- `epoch` the caller's; `args[first .. last]` the pairs id, lease; `now` the server clock in ms
--- (one reading per call). `known` what ackmany-7 asked once for all its slots, or nil:
+-- (one reading per call). `known` what ackmany-1 asked once for all its slots, or nil:
 -- `epoch` the slot's epoch as read (false: unset), `bases_absent` / `finished_absent` true when
 -- no slot of the call had basis entries / remembered outcomes at its start.
 local function ack_slot(keys, at, head, epoch, args, first, last, now, known, results)

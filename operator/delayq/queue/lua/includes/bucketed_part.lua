@@ -140,7 +140,7 @@ local function bucketed_part(server, kind, hash_of)
   end
 
   -- `keys[first]`, `keys[first + step]`, ... name one key of each slot of a call over many
-  -- slots (schedulemany-1, claimmany-13, ackmany-7): when none of them has a meta hash (one
+  -- slots (schedulemany-1, claimmany-1, ackmany-1): when none of them has a meta hash (one
   -- EXISTS for all, made once a slot's record has the field: state_of), their reads skip the
   -- lookup for the rest of the call.
   function part.unbucketed_slots(keys, first, step)

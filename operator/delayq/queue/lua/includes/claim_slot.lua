@@ -28,10 +28,10 @@
 --@include with_first_attempt
 
 -- Claim due messages of one slot: the body of claim-13 (whose header is the contract: KEYS,
--- ARGV, reply, events) and of claimmany-13, which runs it once per slot, each slot fenced by its
+-- ARGV, reply, events) and of claimmany-1, which runs it once per slot, each slot fenced by its
 -- own epoch. `keys[at + 1 .. at + 13]` are the slot's keys in claim-13's KEYS order, `args`
 -- the slot's claim-13 ARGV; `now_micros` the server clock in µs (one reading per call);
--- `known` what claimmany-13 asked once for all its slots, or nil: `epoch` the slot's epoch
+-- `known` what claimmany-1 asked once for all its slots, or nil: `epoch` the slot's epoch
 -- (false: unset), `series_absent` true when no slot of the call has schedules, `topups_absent`
 -- true when none owed a top-up at the call's start, `budget` the call's bytes left to claim
 -- ({left = n}, shared by its slots; CLAIM_MAX_BYTES when absent). Returns claim-13's reply.
@@ -139,7 +139,7 @@ local function claim_slot(keys, at, args, now_micros, known)
     for i = 1, #due_ids, 2 do ids[#ids + 1] = due_ids[i] end
     -- The records are read a chunk at a time, each chunk sized by the largest record seen so
     -- far to what is left of the call's CLAIM_MAX_BYTES (`known.budget`, shared by the slots
-    -- of a claimmany-13): a claim holds about five copies of what it claims at once (the
+    -- of a claimmany-1): a claim holds about five copies of what it claims at once (the
     -- records read, the leased records, Redis's new values, the AOF buffer, the reply), above
     -- maxmemory, and must not push a full broker's container past its memory limit. Small
     -- messages read in two chunks; ids not reached stay due (the reply's next due says so).

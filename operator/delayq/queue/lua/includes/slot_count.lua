@@ -1,4 +1,4 @@
--- A slot's message count in a call over several slots (schedulemany-1, ackmany-7), checked
+-- A slot's message count in a call over several slots (schedulemany-1, ackmany-1), checked
 -- before anything is written: its `per` values a message from ARGV[`first`] on must be among
 -- the call's `total` arguments. A raw call's count past them (the topic's Redis user may call
 -- the engine's functions: docs/security.md, "Redis ACL users") looped over absent arguments

@@ -8,7 +8,7 @@
 -- scripts change those parts with these four commands only (tests/queue/test_scripts.py checks
 -- it). Whether the slot is tracked is looked up at every such write, unless the call asked
 -- once for all its slots (`untracked_slots`): a call over hundreds of slots (schedulemany-1,
--- claimmany-13) would pay one EXISTS a slot and write. That answer lasts for the call only:
+-- claimmany-1) would pay one EXISTS a slot and write. That answer lasts for the call only:
 -- the wrapper may be made once for many calls (a functions library), and every function's first
 -- line (`begin_call`, functions.py) forgets it; no script creates a `changes` set, so it cannot
 -- turn wrong within the call.

@@ -9,19 +9,14 @@
   only, as schedulemany-1 (docs/contracts.md §1). Runs under maxmemory (allow-oom), as claim-13;
   claim-13's byte bound holds for the whole call (its slots share one budget).
 
-  KEYS[1] store    ZSET id -> due ms           of the first slot, then again per further slot
-  KEYS[2] prepare  ZSET id -> lease deadline ms  (slot s, from 0: KEYS[13s + 1 .. 13s + 13],
-  KEYS[3] dead     ZSET id -> time of death ms    in this order)
-  KEYS[4] msg      HASH id -> record
-  KEYS[5] reason   HASH id -> dead reason
-  KEYS[6] epoch    STRING fencing epoch of the slot owner
-  KEYS[7] journal  STREAM lifecycle events
-  KEYS[8] leases   STRING the last lease number drawn in the slot (never repeats)
-  KEYS[9] outcome  HASH id -> remembered outcome of a finished message
-  KEYS[10] finished ZSET id -> finished ms
-  KEYS[11] schedules HASH schedule id -> packed schedule
-  KEYS[12] topup   ZSET schedule id -> ms since its top-up is owed
-  KEYS[13] basis    HASH id -> custom slot basis
+  KEYS[1] store    ZSET id -> due ms of the first slot, then one per further slot (slot s, from
+                   0: KEYS[s + 1]); its other parts are claim-13's KEYS[2 .. 13] (prepare,
+                   dead, msg, reason, epoch, journal, leases, outcome, finished, schedules,
+                   topup, basis), named `dq:{<tag>}:<part>` after it (slot_prefix), as
+                   schedulemany-1 names a slot's parts: thirteen declared keys a slot were most
+                   of a call's bytes when each due slot held a message or two (a burst over
+                   1,024 slots), for Python to build and pack, Redis to parse, check against the
+                   caller's ACL key patterns and hand to Lua
   (and the slot's priority index, named from its store key: includes/priority_key.lua)
   (and the slot's fair groups' parts, named from its keys: includes/group_keys.lua)
 
@@ -30,6 +25,7 @@
 
   Returns, per slot in order, the number m of messages it claimed, then claim-13's reply of
   that slot (its 5-value head, then m pairs id, record): 0 OK or -2 STALE_EPOCH per slot.
+  A key that is not a slot's store key is refused (an error) before anything is written.
 
   Events: as claim-13's
 ]]
@@ -38,30 +34,37 @@
 --@include existing_count
 --@include now_us
 --@include read_keys
+--@include slot_prefix
+
+-- claim-13's KEYS order, after `store`
+local PARTS = {'prepare', 'dead', 'msg', 'reason', 'epoch', 'journal', 'leases', 'outcome',
+  'finished', 'schedules', 'topup', 'basis'}
 
 -- asked once for all the slots (header)
-local epoch_keys, schedules_keys, topup_keys = {}, {}, {}
-for at = 0, #KEYS - 1, 13 do
-  epoch_keys[#epoch_keys + 1] = KEYS[at + 6]
-  schedules_keys[#schedules_keys + 1] = KEYS[at + 11]
-  topup_keys[#topup_keys + 1] = KEYS[at + 12]
+local prefixes, epoch_keys, schedules_keys, topup_keys = {}, {}, {}, {}
+for s = 1, #KEYS do
+  local prefix = slot_prefix(KEYS[s])
+  prefixes[s], epoch_keys[s] = prefix, prefix .. 'epoch'
+  schedules_keys[s], topup_keys[s] = prefix .. 'schedules', prefix .. 'topup'
 end
 local epochs = read_keys(epoch_keys)
 local series_absent = existing_count(schedules_keys) == 0
 local topups_absent = existing_count(topup_keys) == 0
-redis.untracked_slots(KEYS, 1, 13)
-redis.unbucketed_slots(KEYS, 1, 13)
+redis.untracked_slots(KEYS, 1, 1)
+redis.unbucketed_slots(KEYS, 1, 1)
 
 local reply = {}
 local now_micros = now_us()
 local first = 1
 local budget = {left = CLAIM_MAX_BYTES}  -- one byte budget for the whole call (claim_slot)
-for at = 0, #KEYS - 1, 13 do
+for s = 1, #KEYS do
+  local keys, prefix = {KEYS[s]}, prefixes[s]
+  for i = 1, #PARTS do keys[i + 1] = prefix .. PARTS[i] end
   local count = tonumber(ARGV[first])
-  local known = {epoch = epochs[at / 13 + 1], series_absent = series_absent,
+  local known = {epoch = epochs[s], series_absent = series_absent,
     topups_absent = topups_absent, budget = budget}
   local args = {unpack(ARGV, first + 1, first + count)}
-  local claimed = claim_slot(KEYS, at, args, now_micros, known)
+  local claimed = claim_slot(keys, 0, args, now_micros, known)
   first = first + count + 1
   reply[#reply + 1] = (#claimed - 5) / 2
   for i = 1, #claimed do reply[#reply + 1] = claimed[i] end

@@ -9,13 +9,12 @@
   outcomes, whether any is tracked for a doubling), as in schedulemany-1. Standalone brokers
   only, as schedulemany-1 (docs/contracts.md §1). Runs under maxmemory (allow-oom), as ack-7.
 
-  KEYS[1] prepare  ZSET id -> lease deadline ms   of the first slot, then again per further
-  KEYS[2] msg      HASH id -> record                slot (slot s, from 0: KEYS[7s + 1 ..
-  KEYS[3] epoch    STRING fencing epoch of the slot owner   7s + 7], in this order; a slot may
-  KEYS[4] journal  STREAM lifecycle events           come twice, with two epochs)
-  KEYS[5] outcome  HASH id -> remembered outcome of a finished message
-  KEYS[6] finished ZSET id -> finished ms
-  KEYS[7] basis    HASH id -> custom slot basis
+  KEYS[1] store    ZSET id -> due ms of the first slot, then one per further slot (slot s, from
+                   0: KEYS[s + 1]; a slot may come twice, with two epochs); its parts are
+                   ack-7's KEYS[1 .. 7] (prepare, msg, epoch, journal, outcome, finished,
+                   basis), named `dq:{<tag>}:<part>` after it (slot_prefix), as schedulemany-1
+                   names a slot's parts: seven declared keys a slot were more of a call's bytes
+                   than its acks when each slot held a message or two (a burst over 1,024 slots)
   (and the slot's fair groups' parts, named from its keys: includes/group_keys.lua)
 
   ARGV[1 .. 2]     ack-7's ARGV[2 .. 3]: journal_max_len, outcome_retention_ms (the settings
@@ -25,7 +24,8 @@
 
   Returns a flat array, per message in order (slot after slot) ack-7's code: 7 ACKED,
   -3 LEASE_LOST, or -2 STALE_EPOCH for every message of a slot whose epoch is not the given one.
-  A slot's count beyond the arguments given is refused (an error) before anything is written.
+  A key that is not a slot's store key and a slot's count beyond the arguments given are refused
+  (an error) before anything is written.
 
   Events: acked
 ]]
@@ -34,22 +34,26 @@
 --@include now_ms
 --@include read_keys
 --@include slot_count
+--@include slot_prefix
+
+-- ack-7's KEYS order
+local PARTS = {'prepare', 'msg', 'epoch', 'journal', 'outcome', 'finished', 'basis'}
 
 -- asked once for all the slots (header)
-local epoch_keys, finished_keys, basis_keys = {}, {}, {}
-for at = 0, #KEYS - 1, 7 do
-  epoch_keys[#epoch_keys + 1] = KEYS[at + 3]
-  finished_keys[#finished_keys + 1] = KEYS[at + 6]
-  basis_keys[#basis_keys + 1] = KEYS[at + 7]
+local prefixes, epoch_keys, finished_keys, basis_keys = {}, {}, {}, {}
+for s = 1, #KEYS do
+  local prefix = slot_prefix(KEYS[s])
+  prefixes[s], epoch_keys[s] = prefix, prefix .. 'epoch'
+  finished_keys[s], basis_keys[s] = prefix .. 'finished', prefix .. 'basis'
 end
 local epochs = read_keys(epoch_keys)
 local bases_absent = existing_count(basis_keys) == 0
 local finished_absent = existing_count(finished_keys) == 0
-redis.untracked_slots(KEYS, 1, 7)
-redis.unbucketed_slots(KEYS, 1, 7)
+redis.untracked_slots(KEYS, 1, 1)
+redis.unbucketed_slots(KEYS, 1, 1)
 
 local first = 3
-for _ = 1, #KEYS, 7 do  -- every slot's count checked before anything is written (slot_count)
+for _ = 1, #KEYS do  -- every slot's count checked before anything is written (slot_count)
   first = first + 2 + 2 * slot_count(ARGV[first + 1], first + 2, 2, #ARGV)
 end
 
@@ -57,12 +61,14 @@ local results = {}
 local now = now_ms()
 local head = {ARGV[1], ARGV[2]}
 first = 3
-for at = 0, #KEYS - 1, 7 do
+for s = 1, #KEYS do
+  local keys, prefix = {}, prefixes[s]
+  for i = 1, #PARTS do keys[i] = prefix .. PARTS[i] end
   local epoch, count = ARGV[first], tonumber(ARGV[first + 1])
   local last = first + 1 + 2 * count
-  local known = {epoch = epochs[at / 7 + 1], bases_absent = bases_absent,
+  local known = {epoch = epochs[s], bases_absent = bases_absent,
     finished_absent = finished_absent}
-  ack_slot(KEYS, at, head, epoch, ARGV, first + 2, last, now, known, results)
+  ack_slot(keys, 0, head, epoch, ARGV, first + 2, last, now, known, results)
   first = last + 1
 end
 return results
