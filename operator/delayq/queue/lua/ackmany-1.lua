@@ -30,27 +30,15 @@
   Events: acked
 ]]
 --@include ack_slot
---@include existing_count
 --@include now_ms
---@include read_keys
 --@include slot_count
---@include slot_prefix
+--@include slot_part_keys
+--@include slots_header
 
 -- ack-7's KEYS order
 local PARTS = {'prepare', 'msg', 'epoch', 'journal', 'outcome', 'finished', 'basis'}
 
--- asked once for all the slots (header)
-local prefixes, epoch_keys, finished_keys, basis_keys = {}, {}, {}, {}
-for s = 1, #KEYS do
-  local prefix = slot_prefix(KEYS[s])
-  prefixes[s], epoch_keys[s] = prefix, prefix .. 'epoch'
-  finished_keys[s], basis_keys[s] = prefix .. 'finished', prefix .. 'basis'
-end
-local epochs = read_keys(epoch_keys)
-local bases_absent = existing_count(basis_keys) == 0
-local finished_absent = existing_count(finished_keys) == 0
-redis.untracked_slots(KEYS, 1, 1)
-redis.unbucketed_slots(KEYS, 1, 1)
+local prefixes, _, epochs, absent = slots_header(KEYS, {'basis', 'finished'})
 
 local first = 3
 for _ = 1, #KEYS do  -- every slot's count checked before anything is written (slot_count)
@@ -62,12 +50,11 @@ local now = now_ms()
 local head = {ARGV[1], ARGV[2]}
 first = 3
 for s = 1, #KEYS do
-  local keys, prefix = {}, prefixes[s]
-  for i = 1, #PARTS do keys[i] = prefix .. PARTS[i] end
+  local keys = slot_part_keys(prefixes[s], PARTS)
   local epoch, count = ARGV[first], tonumber(ARGV[first + 1])
   local last = first + 1 + 2 * count
-  local known = {epoch = epochs[s], bases_absent = bases_absent,
-    finished_absent = finished_absent}
+  local known = {epoch = epochs[s], bases_absent = absent.basis,
+    finished_absent = absent.finished}
   ack_slot(keys, 0, head, epoch, ARGV, first + 2, last, now, known, results)
   first = last + 1
 end

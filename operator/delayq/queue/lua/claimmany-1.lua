@@ -31,38 +31,25 @@
 ]]
 --@include claim_max_bytes
 --@include claim_slot
---@include existing_count
 --@include now_us
---@include read_keys
---@include slot_prefix
+--@include slot_part_keys
+--@include slots_header
 
--- claim-13's KEYS order, after `store`
-local PARTS = {'prepare', 'dead', 'msg', 'reason', 'epoch', 'journal', 'leases', 'outcome',
-  'finished', 'schedules', 'topup', 'basis'}
+-- claim-13's KEYS order
+local PARTS = {'store', 'prepare', 'dead', 'msg', 'reason', 'epoch', 'journal', 'leases',
+  'outcome', 'finished', 'schedules', 'topup', 'basis'}
 
--- asked once for all the slots (header)
-local prefixes, epoch_keys, schedules_keys, topup_keys = {}, {}, {}, {}
-for s = 1, #KEYS do
-  local prefix = slot_prefix(KEYS[s])
-  prefixes[s], epoch_keys[s] = prefix, prefix .. 'epoch'
-  schedules_keys[s], topup_keys[s] = prefix .. 'schedules', prefix .. 'topup'
-end
-local epochs = read_keys(epoch_keys)
-local series_absent = existing_count(schedules_keys) == 0
-local topups_absent = existing_count(topup_keys) == 0
-redis.untracked_slots(KEYS, 1, 1)
-redis.unbucketed_slots(KEYS, 1, 1)
+local prefixes, _, epochs, absent = slots_header(KEYS, {'schedules', 'topup'})
 
 local reply = {}
 local now_micros = now_us()
 local first = 1
 local budget = {left = CLAIM_MAX_BYTES}  -- one byte budget for the whole call (claim_slot)
 for s = 1, #KEYS do
-  local keys, prefix = {KEYS[s]}, prefixes[s]
-  for i = 1, #PARTS do keys[i + 1] = prefix .. PARTS[i] end
+  local keys = slot_part_keys(prefixes[s], PARTS)
   local count = tonumber(ARGV[first])
-  local known = {epoch = epochs[s], series_absent = series_absent,
-    topups_absent = topups_absent, budget = budget}
+  local known = {epoch = epochs[s], series_absent = absent.schedules,
+    topups_absent = absent.topup, budget = budget}
   local args = {unpack(ARGV, first + 1, first + count)}
   local claimed = claim_slot(keys, 0, args, now_micros, known)
   first = first + count + 1

@@ -40,25 +40,15 @@
 ]]
 --@include append
 --@include codes
---@include existing_count
 --@include moving_refusal
 --@include now_ms
---@include read_keys
 --@include schedule_fields
 --@include schedule_slot
 --@include slot_count
---@include slot_prefix
+--@include slots_header
 
--- asked once for all the slots (header)
-local prefixes, epoch_keys, basis_keys = {}, {}, {}
-for s = 1, #KEYS do
-  local prefix = slot_prefix(KEYS[s])
-  prefixes[s], epoch_keys[s], basis_keys[s] = prefix, prefix .. 'epoch', prefix .. 'basis'
-end
-local epochs = read_keys(epoch_keys)
-local bases_absent = existing_count(basis_keys) == 0
-redis.untracked_slots(KEYS, 1, 1)
-redis.unbucketed_slots(KEYS, 1, 1)
+local prefixes, epoch_keys, epochs, absent = slots_header(KEYS, {'basis'})
+local bases_absent = absent.basis
 
 local fields = schedule_fields(ARGV[7])
 local first = 8
