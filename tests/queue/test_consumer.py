@@ -96,6 +96,63 @@ async def test_an_earlier_message_wakes_a_consumer_sleeping_until_later(
         await eventually(lambda: seen == ["soon"], 5, "the wake-up delivery")
 
 
+async def test_a_wake_up_holds_the_earliest_due_its_slot_was_given(
+    async_queue: AsyncQueue,
+) -> None:
+    """A schedule of a slot's new earliest message leaves its due time on the slot's wake list
+    for the consumer to time its claim by (lua/includes/wake_at.lua): an earlier one replaces
+    it, a later one leaves it, and a wake-up that means now (`1`) is never put off."""
+    ids = (f"w{i}" for i in range(1_000) if TOPIC.slot_of(f"w{i}") == 0)
+    wake = slot_keys(TOPIC, 0).key(Part.WAKE)
+    now_ms = await server_ms(async_queue.redis)
+
+    async def held() -> list[int]:
+        return [int(element) for element in await async_queue.redis.lrange(wake, 0, -1)]
+
+    await async_queue.schedule(next(ids), at_ms=now_ms + 60_000)
+    assert await held() == [now_ms + 60_000]
+    await async_queue.schedule(next(ids), at_ms=now_ms + 30_000)
+    assert await held() == [now_ms + 30_000]
+    await async_queue.schedule(next(ids), at_ms=now_ms + 45_000)
+    assert await held() == [now_ms + 30_000]
+    await async_queue.redis.delete(wake)
+    await async_queue.redis.rpush(wake, "1")  # a hand-back's, or the previous version's
+    await async_queue.schedule(next(ids), at_ms=now_ms + 10_000)
+    assert await held() == [1]
+
+
+async def test_a_message_scheduled_ahead_is_claimed_when_due_not_when_it_wakes_its_slot(
+    async_queue: AsyncQueue,
+) -> None:
+    """The wake-up of a message scheduled into an idle slot times the slot's claim for its
+    due time: one claim delivers it, at its due time, where a claim at the wake-up (of
+    nothing due) came first."""
+    claimed_at: list[int] = []  # the server's ms at each claim call
+    original_claim_slots = async_queue.claim_slots
+
+    async def timed_claim_slots(*args: object, **kwargs: object):
+        claimed_at.append(await server_ms(async_queue.redis))
+        return await original_claim_slots(*args, **kwargs)  # type: ignore[arg-type]
+
+    async_queue.claim_slots = timed_claim_slots  # type: ignore[method-assign]
+    delivered: list[int] = []
+
+    async def handler(message: Message) -> None:
+        delivered.append(await server_ms(async_queue.redis))
+
+    async with running(async_queue, handler) as consumer:
+        await eventually(
+            lambda: all(s.next_ms is None for s in consumer._owned), 5, "every slot idle"
+        )
+        before = len(claimed_at)
+        at_ms = await server_ms(async_queue.redis) + 1_000
+        await async_queue.schedule("ahead", at_ms=at_ms)
+        await eventually(lambda: len(delivered) == 1, 5, "the delivery")
+    assert delivered[0] >= at_ms
+    assert len(claimed_at) - before == 1, claimed_at[before:]
+    assert claimed_at[before] >= at_ms - 5  # the consumer's estimate of the server clock
+
+
 async def test_sleeping_until_a_due_time_makes_no_task(async_queue: AsyncQueue) -> None:
     """Each wait for a due time is the loop's own timer: `asyncio.wait_for` made a task per
     sleep and came back three turns of the event loop after the due instant (Python 3.11)."""
@@ -465,7 +522,7 @@ async def test_a_slot_woken_many_times_takes_one_claim_of_a_round(
     async_queue: AsyncQueue,
 ) -> None:
     """A producer storing a herd in several calls wakes the slots once per call, and each
-    wake's claim puts the slot's timer on the heap again, at the herd's instant: when it comes,
+    wake-up puts the slot's timer on the heap again, at the herd's instant: when it comes,
     each due slot takes one claim of the round, so every slot gets its share of the room (a
     slot with more timers than the others was claimed once per timer, taking their room)."""
     slots = TOPIC.slot_amount
@@ -488,14 +545,18 @@ async def test_a_slot_woken_many_times_takes_one_claim_of_a_round(
 
     # room for one worthwhile claim (a quarter batch, 2) per slot, and no more
     settings = ConsumerSettings(batch_size=8, worker_concurrency=2 * slots)
-    async with running(async_queue, handler, settings):
+    async with running(async_queue, handler, settings) as consumer:
         try:
             for call in range(6):
-                before = claims
+                before = sum(state.wakes for state in consumer._owned)
                 await async_queue.schedule_many(
                     [ScheduleRequest(f"h{call}-{i}", at_ms=at_ms) for i in range(40)]
                 )
-                await eventually(lambda: claims > before, 5, "the wake-up's claim")  # noqa: B023
+                await eventually(
+                    lambda: sum(state.wakes for state in consumer._owned) > before,  # noqa: B023
+                    5,
+                    "the wake-ups",
+                )
             assert await server_ms(async_queue.redis) < at_ms, "the herd took too long to store"
             await eventually(lambda: len(started) == 2 * slots, 10, "the first round")
             assert sorted(message.slot for message in started) == sorted(2 * list(range(slots)))

@@ -346,7 +346,7 @@ async def test_a_slot_s_wake_up_does_not_wait_behind_another_slot_s_repeated_one
     topic = Topic("fair-wake", slot_amount=4, ack_timeout_ms=5_000)
     queue = AsyncQueue(async_redis_client, topic)
     woken: list[int] = []
-    owned = OwnedSlots(queue, OwnedSlot, lambda state: woken.append(state.slot))
+    owned = OwnedSlots(queue, OwnedSlot, lambda state, due_ms: woken.append(state.slot))
     await owned.own(range(4))
     woken.clear()
     await async_redis_client.rpush(slot_keys(topic, 0).key(Part.WAKE), "1", "1", "1")
@@ -368,7 +368,7 @@ async def test_a_slot_lost_to_a_move_gets_no_wake_up_back(
     other broker, and a list pushed here after the move's clean stayed on the source beside
     the tombstone (CI: tests/fleet/test_slot_move.py[stopped-before-clean], 2 keys left)."""
     topic = Topic("moved-away", slot_amount=1)
-    owned = OwnedSlots(AsyncQueue(async_redis_client, topic), OwnedSlot, lambda state: None)
+    owned = OwnedSlots(AsyncQueue(async_redis_client, topic), OwnedSlot, lambda state, due_ms: None)
     await owned.own([0])
     keys = slot_keys(topic, 0)
     epoch = await async_redis_client.get(keys.key(Part.EPOCH))
@@ -401,7 +401,7 @@ async def test_a_released_slot_hands_back_the_wake_up_its_wait_took(
     topic = Topic(f"taken-{woken}-{str(hand_back).lower()}", slot_amount=1)
     queue = AsyncQueue(async_redis_client, topic)
     taken: list[int] = []
-    owned = OwnedSlots(queue, OwnedSlot, lambda state: taken.append(state.slot))
+    owned = OwnedSlots(queue, OwnedSlot, lambda state, due_ms: taken.append(state.slot))
     await owned.own([0])
     taken.clear()  # owning claims at once; a wake-up is what the wait pops
     wake = slot_keys(topic, 0).key(Part.WAKE)

@@ -91,6 +91,23 @@ def test_a_slot_whose_groups_are_at_their_bound_is_not_due_until_a_lease_ends(
     assert _ids(_claim(queue, epoch, 10)) == ["a1"]
 
 
+def test_a_lease_s_end_wakes_its_slot_now_though_a_later_wake_up_waits(
+    queue: Queue, redis_client: redis.Redis
+) -> None:
+    """A wake-up holds a due time for the consumer to claim at (lua/includes/wake_at.lua): a
+    later one, not popped yet, must not put off the claim a lease's end owes its group now."""
+    _bound_in_flight(redis_client, 1)
+    for i in range(2):
+        _schedule(queue, f"a{i}", 1_000 + i, group="a")
+    epoch = queue.take_over(SLOT)
+    [first] = _claim(queue, epoch, 10)
+    assert queue.claim(SLOT, epoch, 10, 60_000).messages == []  # the group parked at its bound
+    redis_client.delete(KEYS.key(Part.WAKE))
+    redis_client.rpush(KEYS.key(Part.WAKE), "99999999999999")
+    queue.ack(first.lease)
+    assert redis_client.lrange(KEYS.key(Part.WAKE), 0, -1) == [b"1"]
+
+
 def test_more_due_groups_than_a_claim_takes_are_served_round_robin(
     queue: Queue, redis_client: redis.Redis
 ) -> None:

@@ -80,7 +80,7 @@ SCRIPT_COMMANDS = (
     "set",
     "del",
     "incr",
-    "llen",
+    "lrange",  # a slot's wake list, the due it holds (lua/includes/wake_at.lua)
     "rpush",
     "hget",
     "hmget",
@@ -103,6 +103,12 @@ SCRIPT_COMMANDS = (
     "pexpire",  # pace-1, hold-1: the topic's pace expires once nothing is left in it
     "pttl",
 )
+
+
+#: Called by the previous version's scripts, which run until the operator loads this one's
+#: library: the wake-up's LLEN (now LRANGE, `lua/includes/wake_at.lua`). Kept in the service
+#: user's rules so that an upgrade renders the same rules and restarts no broker for them.
+PREVIOUS_SCRIPT_COMMANDS = ("llen",)
 
 
 def key_patterns(topic: Topic, stream_key: str = "") -> list[str]:
@@ -128,7 +134,7 @@ def service_user_rules(topic: Topic, stream_key: str = "") -> list[str]:
     no service, pipeline or producer can change the limits its scripts obey), no pub/sub
     channel and exactly the engine's commands. Starts from a reset, so applying them again
     replaces whatever the user had."""
-    commands = sorted(set(CLIENT_COMMANDS) | set(SCRIPT_COMMANDS))
+    commands = sorted({*CLIENT_COMMANDS, *SCRIPT_COMMANDS, *PREVIOUS_SCRIPT_COMMANDS})
     return [
         "reset",
         "on",

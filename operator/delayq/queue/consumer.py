@@ -189,7 +189,7 @@ class Consumer:
         self.managed = managed
         self.counters = ConsumerCounters()
         self._ack_timeout_ms = queue.topic.lease_ms(self.settings.ack_timeout_ms)
-        self._owned = OwnedSlots(queue, _SlotState, self._claim_now)
+        self._owned = OwnedSlots(queue, _SlotState, self._due_at)
         self.top_ups = TopUps(queue, self._count_topped_up)  # what claims owe schedules
         self._timers: list[tuple[float, int]] = []  # heap of (next_ms, slot); stale ones skipped
         self._changed = asyncio.Event()
@@ -328,7 +328,7 @@ class Consumer:
         log.warning("delivery %s", "paused: claiming stopped" if paused else "resumed")
         if not paused:
             for state in self._owned:
-                self._claim_now(state)
+                self._due_at(state, 0)
 
     def _count_topped_up(self, count: int) -> None:
         self.counters.schedules_topped_up += count
@@ -339,10 +339,16 @@ class Consumer:
         on."""
         return self._clock.now_ms()
 
-    def _claim_now(self, state: _SlotState) -> None:
-        """The slot was just owned or woken: claim it at once (the loop may be asleep with no
-        timer at all)."""
-        self._set_next(state.slot, 0)
+    def _due_at(self, state: _SlotState, due_ms: float) -> None:
+        """The slot may have something due at `due_ms` (0: now): it was just owned or resumed,
+        or a producer woke it with its new earliest message's due time. Its timer goes no later
+        than that, and the loop times its sleep again (it may be asleep with no timer at all).
+        A message scheduled ahead is claimed when it is due, with the other slots due then,
+        not at once: a producer's first batch over 1,024 slots was 1,024 claims of nothing,
+        each its own call, while the producer was still writing."""
+        if state.next_ms is not None and state.next_ms < due_ms:
+            return  # its timer comes first: that claim's reply tells the slot's next due
+        self._set_next(state.slot, due_ms)
         self._changed.set()
 
     def _set_next(self, slot: int, next_ms: float | None) -> None:

@@ -8,10 +8,12 @@ exactly right, so they share this one core:
   refused as stale means a newer owner fenced this one out: the slot is dropped (`lose`), but
   only if it is still the same ownership (a release and re-own meanwhile drew a new epoch and a
   new `OwnedSlot` object, so identity, not the slot number, says which ownership a reply is for).
-* **Wake-ups.** A producer scheduling a slot's new earliest message pushes to the slot's `wake`
-  list inside the schedule script. One blocking BLPOP per broker over the wake lists of all owned
-  slots, plus a private control key pushed to interrupt the wait when the set of slots changes or
-  on close, turns those pushes into `claim_now(slot)` calls. An idle slot therefore costs one key
+* **Wake-ups.** A producer scheduling a slot's new earliest message pushes its due time to the
+  slot's `wake` list inside the schedule script (lua/includes/wake_at.lua). One blocking BLPOP
+  per broker over the wake lists of all owned slots, plus a private control key pushed to
+  interrupt the wait when the set of slots changes or on close, turns those pushes into
+  `due_at(slot, due_ms)` calls: the owner times its claim for that instant rather than claim
+  at once. An idle slot therefore costs one key
   in one blocking call and no polling. A wake-up popped for a slot released while the wait was
   blocked goes back to its list, for the slot's new owner. A failed wait (Redis restarting) may
   have eaten a wake-up whose reply died with the connection, so then every owned slot is reported
@@ -64,18 +66,19 @@ S = TypeVar("S", bound=OwnedSlot)
 class OwnedSlots(Generic[S]):
     """The slots owned on one broker, each as an `S` made by `new_slot(slot, epoch)` (callers
     extend `OwnedSlot` with their own per-slot state), and the one blocking wait over their wake
-    lists. `claim_now(state)` is called whenever a slot may have something due now: when it is
-    owned (it may hold a backlog) and when a producer wakes it."""
+    lists. `due_at(state, due_ms)` is called whenever a slot may have something due at
+    `due_ms` (the broker's clock; 0: now): when it is owned (it may hold a backlog, 0), and when
+    a producer wakes it (the due time its wake-up holds: `due_of`)."""
 
     def __init__(
         self,
         queue: AsyncQueue,
         new_slot: Callable[[int, int], S],
-        claim_now: Callable[[S], None],
+        due_at: Callable[[S, float], None],
     ) -> None:
         self.queue = queue
         self._new_slot = new_slot
-        self._claim_now = claim_now
+        self._due_at = due_at
         self._slots: dict[int, S] = {}
         self._control_key = control_key(queue.topic, uuid.uuid4().hex)
         # the wait's command, packed once for the slots it was made for (`_WaitCommand`)
@@ -102,7 +105,7 @@ class OwnedSlots(Generic[S]):
     async def own(self, slots: Iterable[int]) -> dict[int, redis.RedisError | OSError]:
         """Take over the slots not owned yet, all in one round trip (a rejoin hands a process
         a third of the slots at once: one round trip each left the last ones unconsumed for
-        as many round trips), each reported to `claim_now` as soon as it is owned. A slot
+        as many round trips), each reported to `due_at` (due now) as soon as it is owned. A slot
         that cannot be taken now never keeps the others from being taken: the slots refused
         as moving (SlotMovingError, frozen by a move) are skipped and returned with their
         error; after a failure of the broker itself (it does not answer), every slot is
@@ -126,7 +129,7 @@ class OwnedSlots(Generic[S]):
                 else:
                     state = self._new_slot(slot, epoch)
                     self._slots[slot] = state
-                    self._claim_now(state)
+                    self._due_at(state, 0)
         finally:
             await self.interrupt()  # the wait picks up the new slots' wake lists
         return failed
@@ -229,7 +232,7 @@ class OwnedSlots(Generic[S]):
                 if time.monotonic() - reported_all_s >= WAIT_FAILED_ALL_S:
                     reported_all_s = time.monotonic()
                     for owned in self:
-                        self._wake(owned)
+                        self._wake(owned, 0)
                 await asyncio.sleep(WAIT_RETRY_S)
                 continue
             if popped is None or as_text(popped[0]) == self._control_key:
@@ -239,7 +242,7 @@ class OwnedSlots(Generic[S]):
             self._first = command.after(slot)
             state = self._slots.get(slot)
             if state is not None:
-                self._wake(state)
+                self._wake(state, due_of(popped[1]))
             else:
                 # released while this wait was blocked on its key: the slot's new owner needs
                 # the wake-up this wait took, so it goes back
@@ -273,9 +276,18 @@ class OwnedSlots(Generic[S]):
             raise
         return cast("list[bytes | str] | None", popped)
 
-    def _wake(self, state: S) -> None:
+    def _wake(self, state: S, due_ms: float) -> None:
         state.wakes += 1
-        self._claim_now(state)
+        self._due_at(state, due_ms)
+
+
+def due_of(element: bytes | str) -> float:
+    """The due time (the broker's ms) a wake-up holds. The marker `1` of a hand-back or of the
+    previous version's scripts is a time long past: now. Anything but a whole number of at
+    most 15 digits (any ms up to the year 33658) is 0, now too: a list the topic's own user
+    wrote garbage to costs a claim, never a timer that does not fire."""
+    text = as_text(element)
+    return float(text) if len(text) <= 15 and text.isascii() and text.isdigit() else 0
 
 
 class _WaitCommand:

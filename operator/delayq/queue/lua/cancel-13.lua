@@ -49,6 +49,7 @@
 --@include series_with
 --@include topic_settings
 --@include unclaimed
+--@include wake_at
 
 refuse_if_moving(KEYS[12])
 
@@ -101,5 +102,5 @@ for i = 3, #ARGV do
   end
 end
 forget_expired(outcome, finished, basis, msg, retention_ms, now, cancelled)
-if owes_top_up and redis.call('LLEN', wake) == 0 then redis.call('RPUSH', wake, '1') end
+if owes_top_up then wake_at(wake, '1') end
 return results

@@ -70,7 +70,8 @@ class PullSlot(OwnedSlot):
     """An owned slot and when it next has something to claim."""
 
     # server ms from which a claim may find something (a due message or an expired lease);
-    # None: nothing until a wake-up; 0: now (just owned, woken, or it filled its share)
+    # None: nothing until a wake-up; 0: now (just owned, or it filled its share); a woken
+    # slot: the due time its wake-up held, if earlier
     due_ms: float | None = 0.0
     claiming: bool = False  # a claim is in flight: its reply sets due_ms
     generation: int = 0  # the key generation it is a slot of
@@ -83,7 +84,7 @@ class _Generation:
     def __init__(
         self,
         brokers: Brokers,
-        wake: Callable[[PullSlot], None],
+        wake: Callable[[PullSlot, float], None],
         on_lost: Callable[[int], None] | None,
     ) -> None:
         self.brokers = brokers
@@ -201,10 +202,12 @@ class PullLeaser:
         self._stopping = True
         self._polls.wake_all()
 
-    def _wake(self, state: PullSlot) -> None:
-        """A slot was owned or woken: it may have something due now (a claim in flight on it
-        sees `wakes` move and leaves it due)."""
-        state.due_ms = 0.0
+    def _wake(self, state: PullSlot, due_ms: float) -> None:
+        """A slot was owned (due now) or woken by a producer with its new earliest message's
+        due time: it may have something due then (a claim in flight on it sees `wakes` move
+        and leaves it due). A waiting poll times its wait again."""
+        if state.due_ms is None or due_ms < state.due_ms:
+            state.due_ms = due_ms
         self._polls.wake_one()
 
     @property

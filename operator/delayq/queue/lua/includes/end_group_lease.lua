@@ -1,5 +1,6 @@
 --@include group_keys
 --@include record_group
+--@include wake_at
 
 -- The lease of `id` (its leased `record`; `p3` from record_fields) ended: acked, nacked,
 -- rolled back (expired, fenced), given back, cancelled, rescheduled or replaced. A grouped
@@ -12,8 +13,7 @@ local function end_group_lease(key, id, record, p3, now)
   redis.call('ZREM', leases, group .. '\0' .. id)
   if redis.call('ZSCORE', groups, group) == 'inf' then
     redis.call('ZADD', groups, 'XX', string.format('%d', now), group)
-    -- its consumer was told of nothing due in the group (claim_slot's next due): wake it
-    local wake = string.match(key, '^(dq:{.-}:)') .. 'wake'
-    if redis.call('LLEN', wake) == 0 then redis.call('RPUSH', wake, '1') end
+    -- its consumer was told of nothing due in the group (claim_slot's next due): wake it now
+    wake_at(string.match(key, '^(dq:{.-}:)') .. 'wake', '1')
   end
 end
