@@ -50,6 +50,7 @@ from delayq.queue.coalesce import Coalescer
 from delayq.queue.codes import Code, DelayqError, ReplicationTimeoutError, StaleEpochError
 from delayq.queue.model import ClaimBatch, Leased, Message, Outcome, Retry, SlotClaim
 from delayq.queue.pacing import Pacer
+from delayq.queue.precise_timer import PreciseTimer
 from delayq.queue.renamed import renamed_kwargs
 from delayq.queue.server_clock import ServerClock
 from delayq.queue.slots import OwnedSlot, OwnedSlots
@@ -193,6 +194,7 @@ class Consumer:
         self.top_ups = TopUps(queue, self._count_topped_up)  # what claims owe schedules
         self._timers: list[tuple[float, int]] = []  # heap of (next_ms, slot); stale ones skipped
         self._changed = asyncio.Event()
+        self._timer = PreciseTimer(self._changed.set)  # the next claim's, to 0.1 ms
         self._stopping = False
         self._paused = False  # the broker's pause flag as last read (Queue.pause)
         self._in_flight = 0
@@ -307,6 +309,7 @@ class Consumer:
                 await upkeep
             await self.top_ups.close()
             await self._owned.close()
+            self._timer.close()
 
     def stop(self) -> None:
         self._stopping = True
@@ -538,13 +541,12 @@ class Consumer:
         timeout = None if next_ms is None else (next_ms - self.server_now_ms()) / 1000
         if timeout is not None and timeout <= 0:
             return
-        loop = asyncio.get_running_loop()
-        timer = None if timeout is None else loop.call_later(timeout, self._changed.set)
+        if timeout is not None:
+            self._timer.arm(timeout)
         try:
             await self._changed.wait()
         finally:
-            if timer is not None:
-                timer.cancel()
+            self._timer.cancel()
 
     async def _wait_for_capacity(self) -> int:
         """Wait until a worthwhile claim fits in flight: at least a quarter batch of room, so a

@@ -16,6 +16,8 @@ import asyncio
 import contextlib
 from collections import deque
 
+from delayq.queue.precise_timer import PreciseTimer
+
 
 class LongPolls:
     """The waiting long polls of one process (first come, first woken) and the one timer at the
@@ -23,7 +25,7 @@ class LongPolls:
 
     def __init__(self) -> None:
         self._turns: deque[asyncio.Future[None]] = deque()
-        self._timer: asyncio.TimerHandle | None = None
+        self._timer = PreciseTimer(self.wake_one)  # to 0.1 ms, where asyncio's wake 0-1 ms late
 
     def __len__(self) -> int:
         return len(self._turns)
@@ -46,13 +48,10 @@ class LongPolls:
     def arm(self, in_s: float | None) -> None:
         """The next thing to claim is due `in_s` from now (None: nothing until a wake-up): wake
         a poll then. Replaces the previous time, which the caller's newer view supersedes."""
-        self.close()
-        if in_s is not None:
-            self._timer = asyncio.get_running_loop().call_later(in_s, self._fire)
-
-    def _fire(self) -> None:
-        self._timer = None
-        self.wake_one()
+        if in_s is None:
+            self._timer.cancel()
+        else:
+            self._timer.arm(in_s)
 
     async def wait(self, timeout_s: float) -> None:
         """Until this poll is handed the turn, or `timeout_s` (it claims once more either way)."""
@@ -71,6 +70,4 @@ class LongPolls:
                 self._turns.remove(turn)
 
     def close(self) -> None:
-        if self._timer is not None:
-            self._timer.cancel()
-            self._timer = None
+        self._timer.close()
