@@ -40,6 +40,17 @@ async def _after(delay_s: float) -> None:
         timer.close()
 
 
+def _armed_on_a_timerfd(delay_s: float) -> tuple[Fires, PreciseTimer, int]:
+    """A timer armed `delay_s` ahead and its timerfd; skips where there is none."""
+    fires = Fires()
+    timer = PreciseTimer(fires)
+    timer.arm(delay_s)
+    if timer._fd is None:
+        timer.close()
+        pytest.skip("no timerfd here: the fallback is asyncio's call_later")
+    return fires, timer, timer._fd
+
+
 async def test_a_timer_fires_once_and_never_before_its_instant() -> None:
     fires = Fires()
     timer = PreciseTimer(fires)
@@ -70,12 +81,7 @@ async def test_the_latest_arm_decides_the_instant() -> None:
 async def test_a_cancel_holds_for_an_expiry_the_loop_has_not_read() -> None:
     """The kernel has expired the timer, the loop has not run its reader yet (it is busy with
     this coroutine): the cancel must not let that expiry fire later."""
-    fires = Fires()
-    timer = PreciseTimer(fires)
-    timer.arm(0.001)
-    descriptor = timer._fd
-    if descriptor is None:
-        pytest.skip("no timerfd here: call_later's cancel is asyncio's")
+    fires, timer, descriptor = _armed_on_a_timerfd(0.001)
     readable, _, _ = select.select([descriptor], [], [], DEADLINE_S)  # expired, not read
     assert readable
     timer.cancel()
@@ -85,12 +91,7 @@ async def test_a_cancel_holds_for_an_expiry_the_loop_has_not_read() -> None:
 
 
 async def test_close_releases_the_descriptor_and_a_later_arm_opens_another() -> None:
-    fires = Fires()
-    timer = PreciseTimer(fires)
-    timer.arm(60)
-    descriptor = timer._fd
-    if descriptor is None:
-        pytest.skip("no timerfd here")
+    fires, timer, descriptor = _armed_on_a_timerfd(60)
     timer.close()
     with pytest.raises(OSError, match="Bad file descriptor"):
         os.fstat(descriptor)
