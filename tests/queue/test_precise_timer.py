@@ -90,6 +90,16 @@ async def test_a_cancel_holds_for_an_expiry_the_loop_has_not_read() -> None:
     assert fires.at == []
 
 
+async def test_arming_again_drops_an_expiry_the_loop_has_not_read() -> None:
+    fires, timer, descriptor = _armed_on_a_timerfd(0.001)
+    readable, _, _ = select.select([descriptor], [], [], DEADLINE_S)  # expired, not read
+    assert readable
+    timer.arm(60)
+    await _after(0.02)
+    timer.close()
+    assert fires.at == []
+
+
 async def test_close_releases_the_descriptor_and_a_later_arm_opens_another() -> None:
     fires, timer, descriptor = _armed_on_a_timerfd(60)
     timer.close()

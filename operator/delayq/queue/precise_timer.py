@@ -66,14 +66,18 @@ class PreciseTimer:
 
     def arm(self, delay_s: float) -> None:
         loop = asyncio.get_running_loop()
-        self.cancel()
         if self._loop is not loop:
             self.close()
             self._loop = loop
             self._fd = self._open(loop)
         if self._fd is None or delay_s <= 0:
+            self.cancel()
             self._fallback = loop.call_later(max(0.0, delay_s), self._callback)
             return
+        if self._fallback is not None:
+            self._fallback.cancel()
+            self._fallback = None
+        # one call replaces the previous instant and drops an expiry not read yet (as cancel)
         in_ns = max(1, int(delay_s * NS_PER_S))  # relative: a zero value would disarm
         self._set(_Timespec(in_ns // NS_PER_S, in_ns % NS_PER_S))
 
