@@ -11,9 +11,9 @@ On Linux the timer is a `timerfd` (CLOCK_MONOTONIC) armed `delay_s` ahead and wa
 loop as a reader: the kernel wakes `epoll_wait` when it expires, whatever timeout the loop asked
 for. Relative, not at an absolute instant: a process whose clocks are shifted (libfaketime, as
 the clock-skew tests run pods) would otherwise name an instant the kernel's clock is minutes
-from. No thread, no polling, and
-any loop with `add_reader` works, the user's own included. Elsewhere (no `timerfd_create` in
-the C library, a loop without readers) it is `loop.call_later`, as before. The standard
+from. No thread, no polling, and any loop with `add_reader` works, the user's own included.
+Elsewhere (no `timerfd_create` in the C library, a loop without readers) it is
+`loop.call_later`, as before. The standard
 library has `os.timerfd_create` from Python 3.13 only, hence ctypes here; no maintained
 package wraps it for 3.11 that is worth a dependency for two calls.
 
@@ -45,7 +45,7 @@ def _libc() -> ctypes.CDLL | None:
     try:
         libc = ctypes.CDLL(None, use_errno=True)
         libc.timerfd_create  # noqa: B018 - absent outside Linux: AttributeError
-    except (OSError, AttributeError):
+    except (OSError, AttributeError, TypeError):  # TypeError: no CDLL(None) on Windows
         return None
     return libc
 
