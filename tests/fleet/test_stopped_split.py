@@ -13,7 +13,7 @@ time, not once the doubling is completed. Only slot 4 refuses writes and deliver
 frozen past `move_stall_s` (twice the session timeout), completes the recorded doubling itself
 (one owner wins the split's lock) and both services restart on the 32 slots: the frozen slot's
 messages are delivered within that bound and a margin of the kill, nothing lost, nothing early,
-no cancelled message delivered, and nobody ran the splitter again.
+no message cancelled before its due delivered, and nobody ran the splitter again.
 """
 
 from __future__ import annotations
