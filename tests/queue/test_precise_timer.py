@@ -100,6 +100,32 @@ async def test_arming_again_drops_an_expiry_the_loop_has_not_read() -> None:
     assert fires.at == []
 
 
+async def test_a_cancel_after_the_timer_fired_asks_the_kernel_nothing(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The consumer cancels after every sleep, most of them ended by the timer itself: that
+    cancel makes no system call, and the timer still arms and cancels as before."""
+    fires, timer, _ = _armed_on_a_timerfd(0.001)
+    await asyncio.wait_for(fires.event.wait(), DEADLINE_S)
+    settings: list[object] = []
+    set_time = timer._set
+
+    def counted(at: precise_timer._Timespec) -> None:
+        settings.append(at)
+        set_time(at)
+
+    monkeypatch.setattr(timer, "_set", counted)
+    timer.cancel()
+    timer.cancel()
+    assert settings == []
+    timer.arm(60)
+    timer.cancel()
+    await _after(0.02)
+    timer.close()
+    assert len(settings) == 2  # the arm, then the one cancel that had something to disarm
+    assert len(fires.at) == 1
+
+
 async def test_close_releases_the_descriptor_and_a_later_arm_opens_another() -> None:
     fires, timer, descriptor = _armed_on_a_timerfd(60)
     timer.close()

@@ -63,6 +63,9 @@ class PreciseTimer:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._fd: int | None = None
         self._fallback: asyncio.TimerHandle | None = None
+        # the timerfd holds an instant not read yet: only then has a cancel anything to
+        # disarm (a consumer cancels after every sleep, most of them ended by the timer)
+        self._armed = False
 
     def arm(self, delay_s: float) -> None:
         loop = asyncio.get_running_loop()
@@ -80,15 +83,17 @@ class PreciseTimer:
         # one call replaces the previous instant and drops an expiry not read yet (as cancel)
         in_ns = max(1, int(delay_s * NS_PER_S))  # relative: a zero value would disarm
         self._set(_Timespec(in_ns // NS_PER_S, in_ns % NS_PER_S))
+        self._armed = True
 
     def cancel(self) -> None:
         if self._fallback is not None:
             self._fallback.cancel()
             self._fallback = None
-        if self._fd is not None:
+        if self._armed:
             # a zero instant disarms, and the kernel drops an expiry not read yet with it:
             # the reader, if already queued in the loop, then reads nothing and calls nothing
             self._set(_Timespec(0, 0))
+            self._armed = False
 
     def close(self) -> None:
         self.cancel()
@@ -98,6 +103,7 @@ class PreciseTimer:
             os.close(self._fd)
         self._fd = None
         self._loop = None
+        self._armed = False
 
     def _open(self, loop: asyncio.AbstractEventLoop) -> int | None:
         if _LIBC is None:
@@ -127,4 +133,5 @@ class PreciseTimer:
             os.read(self._fd, 8)
         except BlockingIOError:
             return
+        self._armed = False
         self._callback()
