@@ -6,7 +6,13 @@ import time
 
 import pytest
 
-from delayq.queue.server_clock import DECAY_MS_PER_S, REBASE_MS, ServerClock
+from delayq.queue.server_clock import (
+    DECAY_MS_PER_S,
+    LEAD_RISE_MS_PER_S,
+    MAX_LEAD_MS,
+    REBASE_MS,
+    ServerClock,
+)
 
 
 def _offset_ms(clock: ServerClock) -> float:
@@ -70,3 +76,44 @@ def test_replies_noted_out_of_order_do_not_age_the_estimate_forward():
     _reply(clock, 5000 + 10_000.0, 10.0)
     _reply(clock, 5000 + 9_990.0 - 0.5, 9.99)  # an older reply of another broker, noted last
     assert _offset_ms(clock) == pytest.approx(5000, abs=0.01)
+
+
+def _claim(clock: ServerClock, server_ms: float, sent_s: float, received_s: float) -> None:
+    clock.note(round(server_ms * 1000), received_s, sent_s)
+
+
+def _lead_ms(clock: ServerClock) -> float:
+    return clock.arrival_ms() - clock.now_ms()
+
+
+def test_claims_teach_the_clock_how_far_ahead_to_send_them():
+    """A claim sent at 10.000 s ran on the server 0.8 ms later than the estimate said at its
+    sending (offset 5000 ms; its reply came back 0.2 ms after it ran): a claim sent now would
+    run 0.8 ms past the estimate, so that is when it is due to be sent. Without a send time
+    (the estimate alone) there is no lead."""
+    estimated = ServerClock()
+    _reply(estimated, 5000 + 10_000.0, 10.0)
+    assert _lead_ms(estimated) == pytest.approx(0.0, abs=0.01)
+    clock = ServerClock()
+    _claim(clock, 5000 + 10_100.8, 10.1, 10.101)
+    assert _offset_ms(clock) == pytest.approx(5000 - 0.2, abs=0.01)
+    assert _lead_ms(clock) == pytest.approx(1.0, abs=0.01)  # 0.8 to run, 0.2 the estimate lags
+
+
+def test_the_lead_is_the_quickest_claim_s_and_climbs_back_slowly():
+    """An early claim (its message not due yet when it ran) took less than the lead: its own
+    is the lead at once, so the next claim is aimed later, never sent again and again. Slower
+    claims raise it by LEAD_RISE_MS_PER_S at most, and it never passes MAX_LEAD_MS nor goes
+    below zero."""
+    clock = ServerClock()
+    _claim(clock, 5000 + 10_001.0, 10.0, 10.0012)  # offset 4999.8: lead 1.2
+    assert _lead_ms(clock) == pytest.approx(1.2, abs=0.01)
+    _claim(clock, 5000 + 10_010.4, 10.01, 10.0106)  # a quick one: 0.6
+    assert _lead_ms(clock) == pytest.approx(0.6, abs=0.01)
+    _claim(clock, 5000 + 12_011.5, 12.01, 12.0117)  # 2 s later, a slow one
+    assert _lead_ms(clock) == pytest.approx(0.6 + 2 * LEAD_RISE_MS_PER_S, abs=0.01)
+    _claim(clock, 5000 + 100_000.0 + 30, 100.0, 100.0302)  # 30 ms, much later
+    assert _lead_ms(clock) == pytest.approx(MAX_LEAD_MS, abs=0.01)
+    _reply(clock, 5000 + 110_000.0, 110.0)  # a prompt reply: the offset 5000 exactly
+    _claim(clock, 5000 + 110_010.0 - 0.5, 110.01, 110.0101)  # ran "before" it was sent
+    assert _lead_ms(clock) == pytest.approx(0.0, abs=0.01)

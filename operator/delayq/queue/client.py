@@ -358,9 +358,10 @@ class Queue:
         """Claim due messages of `slot`; leases that ran out are retried after `backoff` (the
         topic's retry policy; None: at once)."""
         plan = self._plans.claim(slot, epoch, max_count, ack_timeout_ms, backoff)
+        sent_s = time.monotonic()
         replies, _ = self._replies(plan)  # claims never wait for replicas
         received_s = time.monotonic()  # before decoding, which can take milliseconds
-        return received(plan.combine(replies), received_s)
+        return received(plan.combine(replies), sent_s, received_s)
 
     @renamed_kwargs(lease_ms="ack_timeout_ms")
     def claim_slots(
@@ -372,9 +373,10 @@ class Queue:
         """Claim from several slots in one round trip, each `SlotClaim` (slot, epoch, max_count)
         with its own count; a fenced-out slot yields its StaleEpochError in its place."""
         plan = self._plans.claim_slots(claims, ack_timeout_ms, backoff)
+        sent_s = time.monotonic()
         replies, _ = self._replies(plan)  # claims never wait for replicas
         received_s = time.monotonic()  # before decoding, which can take milliseconds
-        return received_all(plan.combine(replies), received_s)
+        return received_all(plan.combine(replies), sent_s, received_s)
 
     def ack(self, lease: Lease) -> Outcome:
         return self.run(plans.checked(consume_plans.ack(self.topic, [lease]), Script.ACK))
@@ -611,9 +613,10 @@ class AsyncQueue:
         """Claim due messages of `slot`; leases that ran out are retried after `backoff` (the
         topic's retry policy; None: at once)."""
         plan = self._plans.claim(slot, epoch, max_count, ack_timeout_ms, backoff)
+        sent_s = time.monotonic()
         replies, _ = await self._replies(plan)  # claims never wait for replicas
         received_s = time.monotonic()  # before decoding, which can take milliseconds
-        return received(plan.combine(replies), received_s)
+        return received(plan.combine(replies), sent_s, received_s)
 
     @renamed_kwargs(lease_ms="ack_timeout_ms")
     async def claim_slots(
@@ -625,9 +628,10 @@ class AsyncQueue:
         """Claim from several slots in one round trip, each `SlotClaim` (slot, epoch, max_count)
         with its own count; a fenced-out slot yields its StaleEpochError in its place."""
         plan = self._plans.claim_slots(claims, ack_timeout_ms, backoff)
+        sent_s = time.monotonic()
         replies, _ = await self._replies(plan)  # claims never wait for replicas
         received_s = time.monotonic()  # before decoding, which can take milliseconds
-        return received_all(plan.combine(replies), received_s)
+        return received_all(plan.combine(replies), sent_s, received_s)
 
     async def ack(self, lease: Lease) -> Outcome:
         return await self.run(plans.checked(consume_plans.ack(self.topic, [lease]), Script.ACK))

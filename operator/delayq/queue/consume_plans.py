@@ -238,15 +238,18 @@ def _claim_args(
     ]
 
 
-def received(batch: ClaimBatch, received_s: float) -> ClaimBatch:
-    """The batch stamped with the monotonic time its reply arrived (see ClaimBatch)."""
-    return dataclasses.replace(batch, received_s=received_s)
+def received(batch: ClaimBatch, sent_s: float, received_s: float) -> ClaimBatch:
+    """The batch stamped with the monotonic times its claim was sent and its reply arrived
+    (see ClaimBatch)."""
+    return dataclasses.replace(batch, sent_s=sent_s, received_s=received_s)
 
 
 def received_all(
-    batches: list[ClaimBatch | StaleEpochError], received_s: float
+    batches: list[ClaimBatch | StaleEpochError], sent_s: float, received_s: float
 ) -> list[ClaimBatch | StaleEpochError]:
-    return [b if isinstance(b, StaleEpochError) else received(b, received_s) for b in batches]
+    return [
+        b if isinstance(b, StaleEpochError) else received(b, sent_s, received_s) for b in batches
+    ]
 
 
 def _claim_batch(reply: Reply, slot: int, epoch: int) -> ClaimBatch | StaleEpochError:

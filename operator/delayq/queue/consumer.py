@@ -375,8 +375,9 @@ class Consumer:
         """The slots whose timer is due, each once: a slot woken many times to the same
         instant (a producer storing a herd wakes it once per batch) has as many entries on the
         heap, all current, and a duplicate would be claimed again in the same round, its
-        herd taking the room that round owes the other due slots."""
-        now = self.server_now_ms()
+        herd taking the room that round owes the other due slots. Due by the time a claim
+        sent now reaches the server (`ServerClock.arrival_ms`)."""
+        now = self._clock.arrival_ms()
         due: dict[int, None] = {}
         while (next_ms := self._next_timer()) is not None and next_ms <= now:
             due[heapq.heappop(self._timers)[1]] = None
@@ -514,7 +515,7 @@ class Consumer:
         if isinstance(result, StaleEpochError):
             self._lose(state)
             return False
-        self._clock.note(result.now_us, result.received_s)
+        self._clock.note(result.now_us, result.received_s, result.sent_s)
         state.claimed_ms = result.now_ms
         self.top_ups.note(result)
         if result.messages:
@@ -538,7 +539,7 @@ class Consumer:
         if self._stopping:
             return  # stop() came during the claim: its signal was just cleared with the others
         next_ms = self._next_timer()
-        timeout = None if next_ms is None else (next_ms - self.server_now_ms()) / 1000
+        timeout = None if next_ms is None else (next_ms - self._clock.arrival_ms()) / 1000
         if timeout is not None and timeout <= 0:
             return
         if timeout is not None:

@@ -240,6 +240,9 @@ class ClaimBatch:
     # time.monotonic() when the reply arrived, taken before decoding it (a large claim takes
     # milliseconds to decode): with now_us, the consumer's estimate of the server clock
     received_s: float = 0.0
+    # time.monotonic() when the claim was sent: with now_us, how far ahead of a due time a
+    # claim is best sent (ServerClock.arrival_ms); None when not known
+    sent_s: float | None = None
 
     @property
     def now_ms(self) -> int:

@@ -320,8 +320,9 @@ class PullLeaser:
 
     def _idle(self) -> list[tuple[PullSlot, float]]:
         """The owned slots of unpaused brokers that no claim is in flight on, each with its
-        broker's clock now; a broker down is left out until BROKER_RETRY_S after it failed."""
-        now_ms = [clock.now_ms() for clock in self._clocks]
+        broker's clock as a claim sent now would find it (`ServerClock.arrival_ms`); a broker
+        down is left out until BROKER_RETRY_S after it failed."""
+        now_ms = [clock.arrival_ms() for clock in self._clocks]
         now_s = time.monotonic()
         resting = {b for b, (at_s, _) in self._down.items() if now_s - at_s < BROKER_RETRY_S}
         return [
@@ -452,7 +453,7 @@ class PullLeaser:
                 if outcome.messages:
                     result.messages.setdefault(generation, []).extend(outcome.messages)
                     result.count += len(outcome.messages)
-                self._clocks[broker].note(outcome.now_us, outcome.received_s)
+                self._clocks[broker].note(outcome.now_us, outcome.received_s, outcome.sent_s)
                 upcoming = [
                     t for t in (outcome.next_due_ms, outcome.next_deadline_ms) if t is not None
                 ]
