@@ -24,7 +24,7 @@ class LongPolls:
     next time an owned slot has something to claim."""
 
     def __init__(self) -> None:
-        self._turns: deque[asyncio.Future[None]] = deque()
+        self._turns: deque[asyncio.Future[bool]] = deque()
         self._timer = PreciseTimer(self.wake_one)  # to 0.1 ms, where asyncio's wake 0-1 ms late
 
     def __len__(self) -> int:
@@ -34,8 +34,8 @@ class LongPolls:
         """Something may be due: the longest-waiting poll claims it."""
         while self._turns:
             turn = self._turns.popleft()
-            if not turn.done():  # not one whose wait was cancelled meanwhile
-                turn.set_result(None)
+            if not turn.done():  # not one whose wait ended meanwhile
+                turn.set_result(True)
                 return
 
     def wake_all(self) -> None:
@@ -43,7 +43,7 @@ class LongPolls:
         while self._turns:
             turn = self._turns.popleft()
             if not turn.done():
-                turn.set_result(None)
+                turn.set_result(True)
 
     def arm(self, in_s: float | None) -> None:
         """The next thing to claim is due `in_s` from now (None: nothing until a wake-up): wake
@@ -54,20 +54,31 @@ class LongPolls:
             self._timer.arm(in_s)
 
     async def wait(self, timeout_s: float) -> None:
-        """Until this poll is handed the turn, or `timeout_s` (it claims once more either way)."""
-        turn: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        """Until this poll is handed the turn, or `timeout_s` (it claims once more either way).
+        The turn is awaited itself, its timeout a loop timer: `asyncio.wait_for` would add a
+        callback and two more turns of the event loop between the wake-up and the claim
+        (Python 3.11), each running whatever else was ready first."""
+        loop = asyncio.get_running_loop()
+        turn: asyncio.Future[bool] = loop.create_future()
         self._turns.append(turn)
+        timeout = loop.call_later(timeout_s, _time_out, turn)
         try:
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(turn, timeout_s)
+            await turn
         except asyncio.CancelledError:
-            if turn.done() and not turn.cancelled():
+            if turn.done() and not turn.cancelled() and turn.result():
                 self.wake_one()  # handed the turn, then cancelled (its client left): pass it on
             raise
         finally:
-            turn.cancel()  # a no-op when it was handed the turn
+            timeout.cancel()
+            turn.cancel()  # a no-op when it was handed the turn or timed out
             with contextlib.suppress(ValueError):  # handed the turn: popped already
                 self._turns.remove(turn)
 
     def close(self) -> None:
         self._timer.close()
+
+
+def _time_out(turn: asyncio.Future[bool]) -> None:
+    """A wait's timeout: it ends without the turn (False), unless it ended already."""
+    if not turn.done():
+        turn.set_result(False)
