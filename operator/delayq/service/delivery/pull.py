@@ -416,13 +416,7 @@ class PullLeaser:
             broker = self._generations[state.generation].brokers.routing[state.slot]
             groups.setdefault((state.generation, broker), []).append(state)
         try:
-            replies = await asyncio.gather(
-                *(
-                    self._claim_on(generation, broker, group, claimed, ack_timeout_ms)
-                    for (generation, broker), group in groups.items()
-                ),
-                return_exceptions=True,  # one broker's failure leaves the others' leases
-            )
+            replies = await self._claims_on(groups, claimed, ack_timeout_ms)
         finally:
             for state in claimed:
                 state.claiming = False
@@ -464,6 +458,27 @@ class PullLeaser:
                 elif state.wakes != wakes:
                     state.due_ms = 0.0  # woken while the claim was in flight: it may have missed it
         return result
+
+    async def _claims_on(
+        self,
+        groups: dict[tuple[int, int], list[PullSlot]],
+        claimed: dict[PullSlot, tuple[int, int]],
+        ack_timeout_ms: int,
+    ) -> list[list[tuple[PullSlot, ClaimBatch | StaleEpochError]] | BaseException]:
+        """`_claim_on` of every (generation, broker) group at once, in the groups' order, a
+        broker's error in its place: one broker's failure leaves the others' leases. A round
+        on one broker (a pod's usual case) awaits its claim itself: `gather` would wrap it in a
+        task, a turn of the event loop before the claim is sent and two after its reply."""
+        calls = [
+            self._claim_on(generation, broker, group, claimed, ack_timeout_ms)
+            for (generation, broker), group in groups.items()
+        ]
+        if len(calls) != 1:
+            return await asyncio.gather(*calls, return_exceptions=True)
+        try:
+            return [await calls[0]]
+        except (redis.RedisError, OSError) as error:
+            return [error]
 
     async def _claim_on(
         self,
