@@ -25,7 +25,11 @@ due time (same host, same wall clock). Modes:
   every scheduled message arrives.
 
 Prints one JSON object. The producer, receiver and consumers share this process and the
-machine's cores with the services: figures from a loaded machine are lower bounds.
+machine's cores with the services: figures from a loaded machine are lower bounds. So the
+webhook and pull phases also report `scheduler`: per role (the serve processes, this process,
+redis-server, ZooKeeper, the receiver) the CPUs it kept busy and how long its wake-ups waited
+for a CPU, from the kernel's schedstat — the part of a lateness figure that is the machine's
+cores, not delayq's work.
 """
 
 from __future__ import annotations
@@ -64,6 +68,77 @@ SLOTS = 64
 TICK_S = 0.02
 MAX_POST_BATCH = 1000  # POST /messages/batch refuses more (parsing.MAX_BATCH)
 READY_TIMEOUT_S = 120.0
+
+
+@dataclass(frozen=True)
+class Servers:
+    """The redis-server and the ZooKeeper every mode's fleet uses, and their process ids for
+    the scheduler's counts (`scheduler`)."""
+
+    redis_url: str
+    zookeeper_hosts: str
+    pids: dict[str, int]  # role -> pid
+
+
+@dataclass(frozen=True)
+class Sched:
+    """What the kernel's scheduler counted for a thread (/proc/<pid>/task/<tid>/schedstat):
+    time on a CPU, time runnable but waiting for one, and the slices run. On a machine with
+    fewer cores than busy processes, the wait is what a message's way through them pays on top
+    of the work: a wake-up that finds both cores busy waits for a slice to end."""
+
+    cpu_s: float = 0.0
+    waited_s: float = 0.0
+    slices: int = 0
+
+    def __add__(self, other: Sched) -> Sched:
+        return Sched(
+            self.cpu_s + other.cpu_s, self.waited_s + other.waited_s, self.slices + other.slices
+        )
+
+    def __sub__(self, other: Sched) -> Sched:
+        return Sched(
+            self.cpu_s - other.cpu_s, self.waited_s - other.waited_s, self.slices - other.slices
+        )
+
+
+Threads = dict[tuple[str, int], Sched]  # (role, tid) -> its counts
+
+
+def sched_by_thread(pids: dict[str, list[int]]) -> Threads:
+    """Every thread of the processes of each role (a JVM starts and ends threads: a phase
+    counts those alive at its end, from zero for one started during it)."""
+    threads: Threads = {}
+    for role, group in pids.items():
+        for pid in group:
+            for task in Path(f"/proc/{pid}/task").iterdir():
+                try:
+                    cpu_ns, waited_ns, slices = (task / "schedstat").read_text().split()
+                except (FileNotFoundError, ProcessLookupError):
+                    continue  # a thread that ended meanwhile
+                threads[role, int(task.name)] = Sched(
+                    int(cpu_ns) / 1e9, int(waited_ns) / 1e9, int(slices)
+                )
+    return threads
+
+
+def scheduler(before: Threads, after: Threads, wall_s: float) -> dict[str, dict[str, float]]:
+    """Per role over a phase of `wall_s`: the CPUs it kept busy (1.0: one core), the share of
+    the wall time its threads spent runnable but waiting for a CPU, and the mean wait a slice
+    (how late a wake-up ran)."""
+    used: dict[str, Sched] = {}
+    for (role, tid), end in after.items():
+        used[role] = used.get(role, Sched()) + (end - before.get((role, tid), Sched()))
+    return {
+        role: {
+            "cpus": round(total.cpu_s / wall_s, 3),
+            "waited_share": round(total.waited_s / wall_s, 3),
+            "waited_ms_per_slice": round(total.waited_s * 1000 / total.slices, 3)
+            if total.slices
+            else 0.0,
+        }
+        for role, total in used.items()
+    }
 
 
 @dataclass
@@ -149,8 +224,9 @@ def receiver_app() -> web.Application:
 
 
 @contextlib.asynccontextmanager
-async def receiver(tally: Tally, workdir: Path) -> AsyncIterator[str]:
-    """A receiver process, and a task copying its arrivals into `tally` every 50 ms."""
+async def receiver(tally: Tally, workdir: Path) -> AsyncIterator[tuple[str, int]]:
+    """A receiver process, and a task copying its arrivals into `tally` every 50 ms: its URL
+    and its pid."""
     port = free_port()
     log = (workdir / "receiver.log").open("wb")
     process = subprocess.Popen(
@@ -173,7 +249,7 @@ async def receiver(tally: Tally, workdir: Path) -> AsyncIterator[str]:
     async with aiohttp.ClientSession() as session:
         copying = asyncio.create_task(copy(session))
         try:
-            yield f"{base}/hook"
+            yield f"{base}/hook", process.pid
         finally:
             copying.cancel()
             process.terminate()
@@ -184,14 +260,14 @@ async def receiver(tally: Tally, workdir: Path) -> AsyncIterator[str]:
 @contextlib.contextmanager
 def fleet(
     args: argparse.Namespace,
-    env: dict[str, str],
+    servers: Servers,
     topic_type: TopicType,
     webhook_url: str,
     workdir: Path,
     webhook_max_batch: int = 1,
 ) -> Iterator[list[ServeProcess]]:
     base = ServiceConfig(
-        redis_url=env["redis"],
+        redis_url=servers.redis_url,
         namespace="bench",
         topic=f"{topic_type.value}{free_port()}",
         slot_amount=SLOTS,
@@ -201,7 +277,7 @@ def fleet(
         webhook_max_batch=webhook_max_batch,
         webhook_timeout_ms=2000,
         ack_timeout_ms=args.ack_timeout_ms,
-        zookeeper_connect=env["zk"],
+        zookeeper_connect=servers.zookeeper_hosts,
         zookeeper_session_timeout_ms=4000,
         log_level=args.log_level,
         grace_ms=5000,
@@ -349,42 +425,51 @@ async def drain(tally: Tally, timeout_s: float) -> None:
 
 
 async def run_webhook(
-    args: argparse.Namespace, env: dict[str, str], workdir: Path, max_batch: int = 1
+    args: argparse.Namespace, servers: Servers, workdir: Path, max_batch: int = 1
 ) -> dict[str, Any]:
     tally = Tally()
-    async with receiver(tally, workdir) as url, aiohttp.ClientSession() as session:
-        with fleet(args, env, TopicType.WEBHOOK, url, workdir, max_batch) as processes:
+    async with (
+        receiver(tally, workdir) as (url, receiver_pid),
+        aiohttp.ClientSession() as session,
+    ):
+        with fleet(args, servers, TopicType.WEBHOOK, url, workdir, max_batch) as processes:
             await wait_ready(session, processes)
             served_before = await served_lateness(session, processes)
+            pids = roles(servers, processes, receiver=[receiver_pid])
+            sched_before, started = sched_by_thread(pids), time.monotonic()
             await produce(session, processes, tally, args.rate, args.duration, args.delay_ms, "w")
             await drain(tally, args.delay_ms / 1000 + 30)
+            sched = scheduler(sched_before, sched_by_thread(pids), time.monotonic() - started)
             served = await served_lateness(session, processes)
     # the serve processes' own view: the handler's start, before the sink sends the POST
     return {
         **tally.report(args.rate, args.duration),
         "handed_within_ms": served_within(served_before, served),
+        "scheduler": sched,
     }
 
 
 async def run_webhook_batch(
-    args: argparse.Namespace, env: dict[str, str], workdir: Path
+    args: argparse.Namespace, servers: Servers, workdir: Path
 ) -> dict[str, Any]:
     """The webhook run with batched POSTs (`--webhook-max-batch`), for the same-run ratio."""
-    report = await run_webhook(args, env, workdir, args.webhook_max_batch)
+    report = await run_webhook(args, servers, workdir, args.webhook_max_batch)
     return {**report, "webhook_max_batch": args.webhook_max_batch}
 
 
-async def run_pull(args: argparse.Namespace, env: dict[str, str], workdir: Path) -> dict[str, Any]:
+async def run_pull(args: argparse.Namespace, servers: Servers, workdir: Path) -> dict[str, Any]:
     """Acks on leases, after the baseline of separate ack requests (`--pull-baseline`) on the
     same fleet: one fleet start, and the two phases a minute apart at most."""
     result: dict[str, Any] = {"consumers_per_service": args.pull_consumers}
     async with aiohttp.ClientSession() as session:
-        with fleet(args, env, TopicType.PULL, "", workdir) as processes:
+        with fleet(args, servers, TopicType.PULL, "", workdir) as processes:
             await wait_ready(session, processes)
             phases = [("ack_requests", False)] if args.pull_baseline else []
             for name, acks_on_lease in [*phases, ("acks_on_lease", True)]:
                 print(f"bench: pull, {name} ...", file=sys.stderr, flush=True)
-                result[name] = await _pull_phase(args, session, processes, name, acks_on_lease)
+                result[name] = await _pull_phase(
+                    args, servers, session, processes, name, acks_on_lease
+                )
     if args.pull_baseline:
         before, after = (result[n]["lateness_ms"] for n in ("ack_requests", "acks_on_lease"))
         if before and after and after["p99"]:
@@ -394,6 +479,7 @@ async def run_pull(args: argparse.Namespace, env: dict[str, str], workdir: Path)
 
 async def _pull_phase(
     args: argparse.Namespace,
+    servers: Servers,
     session: aiohttp.ClientSession,
     processes: list[ServeProcess],
     prefix: str,
@@ -406,11 +492,15 @@ async def _pull_phase(
         for p in processes
         for _ in range(args.pull_consumers)
     ]
+    pids = roles(servers, processes)
+    sched_before, started = sched_by_thread(pids), time.monotonic()
     await produce(session, processes, tally, args.rate, args.duration, args.delay_ms, prefix)
     await drain(tally, args.delay_ms / 1000 + 30)
+    sched = scheduler(sched_before, sched_by_thread(pids), time.monotonic() - started)
     stop.set()
     await asyncio.gather(*consumers)
     report = tally.report(args.rate, args.duration)
+    report["scheduler"] = sched
     delivered = report["delivered"]
     report["http_requests"] = {"leases": counts.leases, "acks": counts.acks}
     if delivered:
@@ -420,6 +510,19 @@ async def _pull_phase(
         served_before, await served_lateness(session, processes)
     )
     return report
+
+
+def roles(
+    servers: Servers, processes: list[ServeProcess], **others: list[int]
+) -> dict[str, list[int]]:
+    """The pids of a phase by role: the serve processes, this process (the producer and any
+    pull consumers), the servers and `others` (the receiver)."""
+    return {
+        "serve": [process.pid for process in processes],
+        "bench": [os.getpid()],
+        **{role: [pid] for role, pid in servers.pids.items()},
+        **others,
+    }
 
 
 def served_within(before: dict[str, float], after: dict[str, float]) -> dict[str, float]:
@@ -449,11 +552,11 @@ async def served_lateness(
     return counts
 
 
-async def run_batch(args: argparse.Namespace, env: dict[str, str], workdir: Path) -> dict[str, Any]:
+async def run_batch(args: argparse.Namespace, servers: Servers, workdir: Path) -> dict[str, Any]:
     """Schedule then lease throughput over HTTP with full batches (see the module docstring)."""
     total, size = args.batch_total, 1000
     async with aiohttp.ClientSession() as session:
-        with fleet(args, env, TopicType.PULL, "", workdir) as processes:
+        with fleet(args, servers, TopicType.PULL, "", workdir) as processes:
             await wait_ready(session, processes)
             started, cpu = time.monotonic(), serve_cpu_s(processes)
             await _schedule_backlog(session, processes, total, size)
@@ -528,15 +631,13 @@ async def _lease_until(
                 await response.read()
 
 
-async def run_failover(
-    args: argparse.Namespace, env: dict[str, str], workdir: Path
-) -> dict[str, Any]:
+async def run_failover(args: argparse.Namespace, servers: Servers, workdir: Path) -> dict[str, Any]:
     """kill -9 one of three services mid-run: gap until its slots deliver again elsewhere."""
     tally = Tally()
     tally.keep_ids = True
     rate, duration = args.failover_rate, args.failover_duration
-    async with receiver(tally, workdir) as url, aiohttp.ClientSession() as session:
-        with fleet(args, env, TopicType.WEBHOOK, url, workdir) as processes:
+    async with receiver(tally, workdir) as (url, _), aiohttp.ClientSession() as session:
+        with fleet(args, servers, TopicType.WEBHOOK, url, workdir) as processes:
             await wait_ready(session, processes)
             producing = asyncio.create_task(
                 produce(session, processes, tally, rate, duration, 200, "f")
@@ -549,7 +650,7 @@ async def run_failover(
             processes.remove(victim)  # the producer goes on with the living ones
             await producing
             await drain(tally, 60)
-            leftover = await remaining(env["redis"], processes[0].config)
+            leftover = await remaining(servers.redis_url, processes[0].config)
     after = [
         (t - killed_at, slot)
         for t, slot, member in tally.arrivals
@@ -609,10 +710,16 @@ async def main_async(args: argparse.Namespace) -> dict[str, Any]:
         "failover": run_failover,
     }
     with RedisServer() as redis_server, ZooKeeperServer() as zookeeper:
-        env = {"redis": redis_server.url, "zk": zookeeper.hosts}
+        assert redis_server.process is not None  # both started: they have their processes
+        assert zookeeper.process is not None
+        servers = Servers(
+            redis_server.url,
+            zookeeper.hosts,
+            {"redis-server": redis_server.process.pid, "zookeeper": zookeeper.process.pid},
+        )
         for mode in args.modes.split(","):
             print(f"bench: {mode} ...", file=sys.stderr, flush=True)
-            result[mode] = await runners[mode](args, env, workdir)
+            result[mode] = await runners[mode](args, servers, workdir)
     result["machine"]["loadavg_after"] = os.getloadavg()
     return result
 
