@@ -516,6 +516,37 @@ def test_an_expired_lease_is_retried_after_the_backoff_a_nack_would_wait(
     assert {m.attempt for m in again} == {2}
 
 
+def test_a_claims_lease_head_is_the_slots_earliest_lease(
+    queue: Queue, redis_client: redis.Redis
+) -> None:
+    """The reply's next deadline is the earliest lease in the slot's prepare, whether the
+    claim added leases, added an earlier one, added none, or rolled expired ones back (the
+    claim reads prepare's head once and works the rest out unless a lease was over)."""
+    slot = TOPIC.slot_of("a0")
+    ids = [f"a{n}" for n in range(200) if TOPIC.slot_of(f"a{n}") == slot][:5]
+    epoch = queue.take_over(slot)
+
+    def claim(message_id: str | None, ack_timeout_ms: int) -> tuple[int, int | None]:
+        if message_id is not None:
+            queue.schedule(message_id, delay_ms=0)
+        batch = queue.claim(slot, epoch, ack_timeout_ms=ack_timeout_ms)
+        assert [m.id for m in batch.messages] == ([] if message_id is None else [message_id])
+        return batch.now_us // 1000 + ack_timeout_ms, batch.next_deadline_ms
+
+    first, head = claim(ids[0], 60_000)
+    assert head == first  # prepare was empty: the claim's own
+    _, head = claim(ids[1], 120_000)
+    assert head == first  # a later lease added: the earlier one stays the head
+    _, head = claim(None, 60_000)
+    assert head == first  # nothing claimed
+    short, head = claim(ids[2], 200)
+    assert head == short  # an earlier lease added
+    wait_for_server_ms(redis_client, short)
+    rolled = queue.claim(slot, epoch, ack_timeout_ms=90_000)  # rolled back, claimed again
+    assert [(m.id, m.attempt) for m in rolled.messages] == [(ids[2], 2)]
+    assert rolled.next_deadline_ms == first
+
+
 def test_a_claim_without_a_backoff_retries_an_expired_lease_at_once(
     queue: Queue, redis_client: redis.Redis
 ) -> None:

@@ -14,11 +14,12 @@
 -- that the bounds allow (the consumer reads a short batch as a slot drained).
 -- Returns a flat {id, due, ...} like store's ZRANGEBYSCORE WITHSCORES, and the groups looked
 -- at (rescore_groups puts each back in the round after the claim): {group, parked}, and
--- whether the slot has groups at all (one EXISTS tells a slot without).
-local function due_by_group(store, prepare, now, now_micros, room, max_in_flight, skip)
+-- whether the slot has groups at all (one EXISTS tells a slot without; none when the caller
+-- knows it has none, `absent`).
+local function due_by_group(store, prepare, now, now_micros, room, max_in_flight, skip, absent)
   local wait, groups, leases = group_keys(store)
   local taken, visited = {}, {}
-  if redis.call('EXISTS', groups) == 0 then return taken, visited, false end
+  if absent or redis.call('EXISTS', groups) == 0 then return taken, visited, false end
   if room <= 0 then return taken, visited, true end
   local names = redis.call('ZRANGEBYSCORE', groups, '-inf', group_turn(now_micros), 'LIMIT', 0,
     room)

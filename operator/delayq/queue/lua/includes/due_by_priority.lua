@@ -9,11 +9,12 @@
 -- from both only what it takes (its byte bound may stop before the last of them). Each
 -- entry is checked against store, whose score is the truth: an entry whose message left store
 -- (cancelled, replaced, claimed by another path) is dropped, one whose message waits for a
--- later due is entered again at it. Returns {} after one EXISTS when the slot has no index.
-local function due_by_priority(store, now, max_count)
+-- later due is entered again at it. Returns {} after one EXISTS when the slot has no index,
+-- at once when the caller knows it has none (`absent`).
+local function due_by_priority(store, now, max_count, absent)
   local key = priority_key(store)
   local taken, ids = {}, {}
-  if max_count <= 0 or redis.call('EXISTS', key) == 0 then return taken end
+  if absent or max_count <= 0 or redis.call('EXISTS', key) == 0 then return taken end
   for priority = 9, 1, -1 do
     local room = max_count - #ids
     if room <= 0 then break end
