@@ -27,7 +27,7 @@ from delayq.queue.keys import Part, slot_keys
 from delayq.queue.schedules import occurrence_id
 
 from .conftest import ENGINE_PASSWORD, ENGINE_USER, TOPIC, server_ms, wait_for_server_ms
-from .test_consumer import running
+from .consumer_support import running
 
 EVERY_MS = 200
 
