@@ -1,20 +1,20 @@
-"""The webhook SSRF guard's decision on resolved addresses (pure), and its resolver."""
+"""The webhook SSRF guard's decision on resolved addresses (pure), and the client applying it."""
 
 from __future__ import annotations
 
 import re
-import socket
 
 import pytest
-from aiohttp.abc import AbstractResolver, ResolveResult
 
+from delayq.service.delivery.http_post import PostClient
 from delayq.service.delivery.targets import (
+    Resolve,
     TargetPolicy,
     TargetRefusedError,
     parse_cidrs,
     split_cidrs,
 )
-from delayq.service.delivery.webhook import GuardedResolver, literal_refusal
+from tests.service.receiver_support import Receiver
 
 REFUSED = [
     ("127.0.0.1", "loopback"),
@@ -123,59 +123,58 @@ def test_cidrs_are_parsed_strictly_but_accept_host_bits():
             parse_cidrs([bad])
 
 
-class Answers(AbstractResolver):
+def answers(*addresses: str) -> Resolve:
     """A resolver answering fixed addresses, as DNS would for a name the tenant controls."""
 
-    def __init__(self, *addresses: str) -> None:
-        self.addresses = addresses
+    async def resolve(_host: str, _port: int) -> list[str]:
+        return list(addresses)
 
-    async def resolve(
-        self, host: str, port: int = 0, family: socket.AddressFamily = socket.AF_INET
-    ) -> list[ResolveResult]:
-        return [
-            ResolveResult(hostname=host, host=a, port=port, family=family, proto=0, flags=0)
-            for a in self.addresses
-        ]
-
-    async def close(self) -> None:
-        pass
+    return resolve
 
 
-async def test_the_resolver_drops_refused_addresses_and_keeps_the_others():
-    resolver = GuardedResolver(TargetPolicy(), Answers("10.0.0.5", "8.8.8.8", "169.254.169.254"))
-    results = await resolver.resolve("hooks.example.com", 443)
-    assert [r["host"] for r in results] == ["8.8.8.8"]
+async def test_the_client_drops_refused_addresses_and_connects_to_a_checked_one():
+    """The name resolves to a private, a link-local and a loopback address; only loopback is
+    allowed, so that is the one connected to, and the POST still names the URL's host."""
+    async with Receiver() as receiver:
+        client = PostClient(
+            f"http://hooks.example.com:{receiver.port}/hook",
+            TargetPolicy(allowed=parse_cidrs(["127.0.0.0/8"])),
+            5_000,
+            resolve=answers("10.0.0.5", "169.254.169.254", "127.0.0.1"),
+        )
+        try:
+            reply = await client.post(b"{}", {}, 1024)
+        finally:
+            await client.close()
+    assert reply.status == 200
+    assert receiver.requests[0].headers["host"] == f"hooks.example.com:{receiver.port}"
 
 
-async def test_the_resolver_refuses_a_name_with_only_refused_addresses():
-    resolver = GuardedResolver(TargetPolicy(), Answers("169.254.169.254"))
+async def test_a_name_with_only_refused_addresses_is_refused():
+    client = PostClient(
+        "http://rebind.example/hook", TargetPolicy(), 5_000, resolve=answers("169.254.169.254")
+    )
     expected = "rebind.example: webhook target 169.254.169.254 refused: link-local"
     with pytest.raises(TargetRefusedError, match=re.escape(expected)):
-        await resolver.resolve("rebind.example", 80)
-    allowed = GuardedResolver(TargetPolicy(allow_private=True), Answers("169.254.169.254"))
-    assert len(await allowed.resolve("rebind.example", 80)) == 1
-
-
-def test_an_ip_literal_in_the_url_is_checked_itself():
-    """aiohttp never asks the resolver about an IP literal, so the sink checks it."""
-    policy = TargetPolicy()
-    assert "loopback" in str(literal_refusal("http://127.0.0.1:8080/hook", policy))
-    assert "loopback" in str(literal_refusal("http://[::ffff:127.0.0.1]/hook", policy))
-    assert "link-local" in str(literal_refusal("http://169.254.169.254/latest/", policy))
-    assert literal_refusal("http://8.8.8.8/hook", policy) is None
-    assert literal_refusal("http://localhost:8080/hook", policy) is None  # the resolver's job
+        await client.post(b"{}", {}, 1024)
+    assert client.connections == 0
 
 
 @pytest.mark.parametrize(
     ("url", "refused"),
     [
+        ("http://127.0.0.1:8080/hook", "loopback"),
+        ("http://[::ffff:127.0.0.1]/hook", "loopback"),
+        ("http://169.254.169.254/latest/", "link-local"),
         ("http://127.1/hook", "loopback"),
         ("http://2130706433/hook", "loopback"),  # 127.0.0.1 as one number
         ("http://012.0.0.1/hook", "private"),  # octal: 10.0.0.1
         ("http://0x7f.1/hook", "loopback"),
     ],
 )
-def test_the_c_librarys_ipv4_shorthands_are_literals_too(url: str, refused: str) -> None:
-    """`connect` reads these as addresses; a guard that only knows `ipaddress`'s forms would
-    let them through whenever aiohttp skips the resolver for a digits-and-dots host."""
-    assert refused in str(literal_refusal(url, TargetPolicy()))
+async def test_an_ip_literal_is_checked_as_connect_would_read_it(url: str, refused: str):
+    """The C library's IPv4 shorthands are addresses to `connect`: they are resolved like any
+    host, so the check sees the address the connection would go to."""
+    client = PostClient(url, TargetPolicy(), 5_000)
+    with pytest.raises(TargetRefusedError, match=refused):
+        await client.post(b"{}", {}, 1024)

@@ -13,9 +13,7 @@ the address, retried with the usual backoff.
 
 from __future__ import annotations
 
-import asyncio
 import json
-import socket
 from collections.abc import Mapping
 from typing import Any
 
@@ -24,7 +22,7 @@ from redis.asyncio.connection import Connection, SSLConnection, parse_url
 
 from delayq.queue.model import Message
 from delayq.queue.topic import Topic
-from delayq.service.delivery.targets import TargetPolicy, TargetRefusedError
+from delayq.service.delivery.targets import TargetPolicy, admitted_addresses
 
 
 def stream_fields(topic: Topic, message: Message) -> dict[str, bytes | str | int]:
@@ -82,7 +80,8 @@ class GuardedConnection(Connection):
         super().__init__(**kwargs)
 
     async def _connect(self) -> None:
-        self._checked_address = await checked_address(self.host, self.port, self.target_policy)
+        admitted = await admitted_addresses(self.host, self.port, self.target_policy)
+        self._checked_address = admitted[0]
         await super()._connect()  # type: ignore[no-untyped-call]
 
     def _connection_arguments(self) -> Mapping[str, Any]:
@@ -107,16 +106,3 @@ def guarded_pool_options(url: str, policy: TargetPolicy) -> dict[str, Any]:
     return options
 
 
-async def checked_address(host: str, port: int, policy: TargetPolicy) -> str:
-    """The first address `host` resolves to that `policy` admits; TargetRefusedError naming
-    the first refusal when none is."""
-    loop = asyncio.get_running_loop()
-    infos = await loop.getaddrinfo(host, port, type=socket.SOCK_STREAM)
-    refusals: list[str] = []
-    for *_, sockaddr in infos:
-        address = str(sockaddr[0])
-        refused = policy.refusal(address)
-        if refused is None:
-            return address
-        refusals.append(refused)
-    raise TargetRefusedError(f"{host}: {refusals[0] if refusals else 'no address'}")

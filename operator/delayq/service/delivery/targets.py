@@ -1,11 +1,12 @@
-"""Which resolved addresses a webhook or stream target may reach: the SSRF guard's decision (pure).
+"""Which resolved addresses a webhook or stream target may reach: the SSRF guard's decision.
 
 A tenant chooses its topic's webhook URL, and the delay-service pod POSTs to it from inside the
 cluster, so without a check a URL could reach what only the platform should: loopback, the
 cloud metadata address (169.254.169.254, link-local), cluster-internal Services and pods
 (RFC 1918, fc00::/7, CGNAT 100.64.0.0/10). `TargetPolicy.refusal` decides on an address as it
-was resolved — the one the connection will use (the webhook sink's resolver calls it, see
-`webhook.py`), never on the name, which DNS may answer differently a moment later.
+was resolved — the one the connection will use (`admitted_addresses`, which the webhook client
+and the stream target connect through), never on the name, which DNS may answer differently a
+moment later.
 
 An IPv6 address of a transition mechanism is judged by the IPv4 address(es) it carries, since
 a gateway, relay or the kernel turns it into that IPv4 destination: IPv4-mapped `::ffff:0:0/96`,
@@ -20,8 +21,10 @@ The same policy guards a stream topic's external Redis (`stream.py`), `subject` 
 
 from __future__ import annotations
 
+import asyncio
 import ipaddress
-from collections.abc import Iterable
+import socket
+from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass
 
 Address = ipaddress.IPv4Address | ipaddress.IPv6Address
@@ -42,10 +45,37 @@ IPV4_COMPATIBLE = ipaddress.IPv6Network("::/96")
 CIDR_EXAMPLE = "10.0.0.0/8 or fd00::/8"
 
 
+Resolve = Callable[[str, int], Awaitable[list[str]]]  # host, port -> its addresses
+
+
 class TargetRefusedError(OSError):
-    """Every address of a target host is refused. An OSError, because that is what aiohttp's
-    connector turns into a connection error (`ClientConnectorError.os_error`) and redis-py
-    into a `ConnectionError` naming the host."""
+    """Every address of a target host is refused. An OSError, because that is what redis-py
+    turns into a `ConnectionError` naming the host."""
+
+
+async def system_resolve(host: str, port: int) -> list[str]:
+    """The host's addresses from the C library, as `connect` would read them (an IP literal
+    in any form it accepts, `127.1` too, is answered without DNS)."""
+    infos = await asyncio.get_running_loop().getaddrinfo(host, port, type=socket.SOCK_STREAM)
+    return list(dict.fromkeys(str(info[4][0]) for info in infos))
+
+
+async def admitted_addresses(
+    host: str, port: int, policy: TargetPolicy, resolve: Resolve = system_resolve
+) -> list[str]:
+    """The addresses `host` resolves to that `policy` admits, in the resolver's order: the
+    only ones to connect to. TargetRefusedError naming the first refusal when none is."""
+    admitted: list[str] = []
+    refusals: list[str] = []
+    for address in await resolve(host, port):
+        refused = policy.refusal(address)
+        if refused is None:
+            admitted.append(address)
+        else:
+            refusals.append(refused)
+    if not admitted:
+        raise TargetRefusedError(f"{host}: {refusals[0] if refusals else 'no address'}")
+    return admitted
 
 
 @dataclass(frozen=True)

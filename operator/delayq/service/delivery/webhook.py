@@ -1,7 +1,8 @@
 """Webhook delivery: POST each due message as signed JSON; 2xx acks, anything else retries.
 
-One pooled aiohttp session per topic, a semaphore bounding concurrent POSTs (the per-topic
-concurrency limit), and a total timeout per POST so a hung receiver costs a retry, not a slot.
+One pool of keep-alive connections per topic (`http_post.PostClient`), a semaphore bounding
+concurrent POSTs (the per-topic concurrency limit), and a total timeout per POST so a hung
+receiver costs a retry, not a slot.
 
 Batches (`max_batch` > 1, for receivers that accept them): the messages waiting for a POST slot
 go out together, up to `max_batch` per POST, as `{"messages": [...]}`, and the receiver answers
@@ -21,12 +22,12 @@ Webhooks: signing.py) is taken then, on the Redis server clock the consumer esti
 so a pod whose own clock is off never fails receivers' checks. The topic's extra headers (an
 `Authorization` the receiver wants) ride along on every POST.
 
-SSRF guard: the session's resolver (`GuardedResolver`) drops every resolved address the topic's
+SSRF guard: the client resolves the host itself and drops every address the topic's
 `TargetPolicy` refuses, so each connection goes to an address that was checked, with no second
-lookup in between (DNS rebinding cannot slip a private address past the check). aiohttp does
-not resolve an IP literal, so a URL whose host is one is checked on that literal. Redirects are
-not followed: a 3xx is a failed delivery like any non-2xx, so a receiver cannot send the POST on
-to an address of its choosing. A refused target is a failed delivery naming the address: the
+lookup in between (DNS rebinding cannot slip a private address past the check); an IP literal,
+in any form the C library reads, is checked as it resolves. Redirects are not followed: a 3xx
+is a failed delivery like any non-2xx, so a receiver cannot send the POST on to an address of
+its choosing. A refused target is a failed delivery naming the address: the
 message is retried with the usual backoff, so a tenant who fixes the topic sees it recover.
 """
 
@@ -34,25 +35,20 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
-import ipaddress
 import json
-import socket
 import time
 from collections.abc import Awaitable, Callable, Mapping
 from email.utils import parsedate_to_datetime
 from typing import Any, NamedTuple
 
-import aiohttp
 import redis
-from aiohttp.abc import AbstractResolver, ResolveResult
-from aiohttp.resolver import DefaultResolver
-from yarl import URL
 
 from delayq.queue.consumer import GiveBackError, LeaseGoneError
 from delayq.queue.model import Message
 from delayq.queue.pacing import MAX_HELD_MS, MAX_HOLD_MS
 from delayq.queue.topic import Topic
 from delayq.service.delivery.adaptive import AdaptiveLimit
+from delayq.service.delivery.http_post import PostClient, PostError
 from delayq.service.delivery.signing import Signer
 from delayq.service.delivery.sinks import DeliveryError
 from delayq.service.delivery.targets import TargetPolicy, TargetRefusedError
@@ -115,52 +111,6 @@ def no_deadline(_message: Message) -> float | None:
     return 0.0
 
 
-class GuardedResolver(AbstractResolver):
-    """The default resolver, minus the addresses `policy` refuses: the connector only ever
-    sees, and so only connects to, addresses that passed the check."""
-
-    def __init__(self, policy: TargetPolicy, resolver: AbstractResolver | None = None) -> None:
-        self.policy = policy
-        self._resolver = resolver or DefaultResolver()
-
-    async def resolve(
-        self, host: str, port: int = 0, family: socket.AddressFamily = socket.AF_INET
-    ) -> list[ResolveResult]:
-        results = await self._resolver.resolve(host, port, family)
-        allowed: list[ResolveResult] = []
-        refusals: list[str] = []
-        for result in results:
-            refused = self.policy.refusal(result["host"])
-            if refused is None:
-                allowed.append(result)
-            else:
-                refusals.append(refused)
-        if not allowed:
-            raise TargetRefusedError(f"{host}: {refusals[0] if refusals else 'no address'}")
-        return allowed
-
-    async def close(self) -> None:
-        await self._resolver.close()
-
-
-def literal_refusal(url: str, policy: TargetPolicy) -> str | None:
-    """The refusal of a URL whose host is an IP literal, which aiohttp connects to without
-    asking the resolver; None for a host name (the resolver checks what it resolves to).
-
-    The C library's IPv4 forms count as literals too (`127.1`, `2130706433`, `012.0.0.1`):
-    `ipaddress` rejects them, but an aiohttp that takes any digits-and-dots host for an address
-    hands them to `connect`, which reads them as 127.0.0.1 and 10.0.0.1."""
-    host = URL(url).host or ""  # aiohttp's own URL parser, so both read the same host
-    try:
-        address = str(ipaddress.ip_address(host))
-    except ValueError:
-        try:
-            address = str(ipaddress.IPv4Address(socket.inet_aton(host)))
-        except OSError:
-            return None
-    return policy.refusal(address)
-
-
 class WebhookSink:
     def __init__(
         self,
@@ -201,7 +151,6 @@ class WebhookSink:
         self.max_hold_ms = max_hold_ms
         self.max_held_ms = max_held_ms  # past its due: holds then cost the message attempts
         metrics.set_webhook_concurrency(concurrency)
-        self._literal_refusal = literal_refusal(url, targets)
         self.max_batch = max_batch
         self._waiting: list[Waiting] = []
         # slot -> the waits for a POST slot not taken yet (alone or for a batch) and their
@@ -211,12 +160,7 @@ class WebhookSink:
         self._has_waiting = asyncio.Event()
         self._batcher: asyncio.Task[None] | None = None
         self._batches: set[asyncio.Task[None]] = set()
-        # No cookie jar: a receiver's cookies must not ride along on later deliveries.
-        self._session = aiohttp.ClientSession(
-            timeout=aiohttp.ClientTimeout(total=timeout_ms / 1000),
-            connector=aiohttp.TCPConnector(limit=concurrency, resolver=GuardedResolver(targets)),
-            cookie_jar=aiohttp.DummyCookieJar(),
-        )
+        self._client = PostClient(url, targets, timeout_ms)
 
     async def deliver(self, message: Message) -> None:
         """POST the message (alone or in a batch). A receiver's hold gives it back, no attempt
@@ -489,11 +433,9 @@ class WebhookSink:
         return self._limit.size
 
     def _failed(self, error: Exception) -> DeliveryError:
-        """A client error as a delivery failure; aiohttp may quote the URL (InvalidURL), so
-        the message has every copy of it redacted."""
-        return DeliveryError(
-            f"POST {self.shown_url}: {type(error).__name__}: {without_url(str(error), self.url)}"
-        )
+        """A client error as a delivery failure, every copy of the URL in it redacted."""
+        said = without_url(str(error), self.url) or "no answer in time"
+        return DeliveryError(f"POST {self.shown_url}: {type(error).__name__}: {said}")
 
     async def _post(
         self, body: bytes, headers: dict[str, str], started: float, reply_limit: int
@@ -504,23 +446,12 @@ class WebhookSink:
         cannot make the sender buffer what it likes (64 POSTs of a gigabyte each). A single
         POST's answer is its status alone, so a 2xx followed by an endless or broken body
         still acks; a batch without its whole reply has no answers (`_send_batch`)."""
-        if self._literal_refusal:
-            self._observe("refused", started)
-            raise DeliveryError(f"POST {self.shown_url}: {self._literal_refusal}")
         try:
-            async with self._session.post(
-                self.url, data=body, headers=headers, allow_redirects=False
-            ) as response:
-                status = response.status
-                retry_after = response.headers.get("Retry-After")
-                reply = await read_reply(response, reply_limit)
-        except aiohttp.ClientConnectorError as error:
-            if isinstance(error.os_error, TargetRefusedError):
-                self._observe("refused", started)
-                raise DeliveryError(f"POST {self.shown_url}: {error.os_error}") from error
-            self._observe("error", started)
-            raise self._failed(error) from error
-        except (aiohttp.ClientError, TimeoutError) as error:
+            status, reply, retry_after = await self._client.post(body, headers, reply_limit)
+        except TargetRefusedError as error:
+            self._observe("refused", started)
+            raise DeliveryError(f"POST {self.shown_url}: {error}") from error
+        except (PostError, TimeoutError) as error:
             self._observe("error", started)
             if isinstance(error, TimeoutError):
                 self._limit.shrink()
@@ -542,23 +473,7 @@ class WebhookSink:
             task.cancel()
         for answered in list(self._unanswered):  # a batch cancelled before it ran settles none
             answered.cancel()
-        await self._session.close()
-
-
-async def read_reply(response: aiohttp.ClientResponse, limit: int) -> bytes | None:
-    """The whole body if it is at most `limit` bytes and arrives whole, else None (the
-    connection is then closed, not pooled, as aiohttp does with a body not read to its end)."""
-    chunks: list[bytes] = []
-    size = 0
-    try:
-        async for chunk in response.content.iter_any():
-            size += len(chunk)
-            if size > limit:
-                return None
-            chunks.append(chunk)
-    except (aiohttp.ClientError, TimeoutError):
-        return None
-    return b"".join(chunks)
+        await self._client.close()
 
 
 def batch_reply_bytes(messages: int) -> int:
