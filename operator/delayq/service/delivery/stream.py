@@ -104,5 +104,3 @@ def guarded_pool_options(url: str, policy: TargetPolicy) -> dict[str, Any]:
     options["connection_class"] = GuardedSSLConnection if tls else GuardedConnection
     options["target_policy"] = policy
     return options
-
-
