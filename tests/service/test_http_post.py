@@ -51,6 +51,18 @@ async def test_an_answer_that_closes_the_connection_is_not_reused():
     assert receiver.connections == 2
 
 
+async def test_a_connection_idle_past_its_time_is_closed_and_replaced():
+    async with Receiver() as receiver:
+        client = PostClient(f"http://127.0.0.1:{receiver.port}/", LOCAL, 5_000, keep_idle_s=0.2)
+        await client.post(b"1", {}, 1024)
+        await client.post(b"2", {}, 1024)  # at once: the same connection
+        assert (receiver.connections, client.connections) == (1, 1)
+        await eventually(lambda: client.connections == 0, 5, "the idle connection to close")
+        assert (await client.post(b"3", {}, 1024)).status == 200
+        await client.close()
+    assert receiver.connections == 2
+
+
 async def test_a_connection_the_receiver_closed_while_idle_is_replaced():
     async with Receiver(answering(OK, close=True)) as receiver:
         client = client_of(receiver)

@@ -16,7 +16,7 @@ library's IPv4 shorthands (`127.1`, `2130706433`), is resolved the same way: wha
 what `connect` gets. A host with only refused addresses raises `TargetRefusedError`.
 
 One POST at a time per connection; the caller bounds how many are in flight (the sink's
-`AdaptiveLimit`), and a connection idle for `KEEP_IDLE_S` is closed.
+`AdaptiveLimit`), and a connection idle for `keep_idle_s` (`KEEP_IDLE_S`) is closed.
 """
 
 from __future__ import annotations
@@ -102,8 +102,10 @@ class PostClient:
         *,
         resolve: Resolve = system_resolve,
         ssl_context: ssl.SSLContext | None = None,
+        keep_idle_s: float = KEEP_IDLE_S,
     ) -> None:
         self.targets = targets
+        self.keep_idle_s = keep_idle_s
         self.timeout_s = timeout_ms / 1000
         self._resolve = resolve
         self._origin: Origin | None = None
@@ -195,16 +197,16 @@ class PostClient:
 
     def _release(self, connection: Connection) -> None:
         """Keep an answered connection for the next POST; the sweep closes it once idle for
-        `KEEP_IDLE_S`."""
+        `keep_idle_s`."""
         loop = asyncio.get_running_loop()
         connection.idle_since = loop.time()
         self._idle.append(connection)
         if self._sweep is None:
-            self._sweep = loop.call_later(KEEP_IDLE_S, self._expire)
+            self._sweep = loop.call_later(self.keep_idle_s, self._expire)
 
     def _expire(self) -> None:
         self._sweep = None
-        cutoff = asyncio.get_running_loop().time() - KEEP_IDLE_S
+        cutoff = asyncio.get_running_loop().time() - self.keep_idle_s
         kept = []
         for connection in self._idle:
             if connection.idle_since > cutoff and connection.reusable():
@@ -213,7 +215,7 @@ class PostClient:
                 connection.close()
         self._idle = kept
         if kept:
-            self._sweep = asyncio.get_running_loop().call_later(KEEP_IDLE_S, self._expire)
+            self._sweep = asyncio.get_running_loop().call_later(self.keep_idle_s, self._expire)
 
     @property
     def connections(self) -> int:
