@@ -10,14 +10,26 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from types import TracebackType
 
+from delayq.service.delivery.targets import Resolve
+
 OK = b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok"
+
+
+def answers(*addresses: str) -> Resolve:
+    """A resolver answering fixed addresses, as DNS would for a name the tenant controls."""
+
+    async def resolve(_host: str, _port: int) -> list[str]:
+        return list(addresses)
+
+    return resolve
 
 
 @dataclass
 class Request:
     target: str
-    headers: dict[str, str]  # lower-cased names
+    headers: dict[str, str]  # lower-cased names (the last of a repeated one)
     body: bytes
+    raw_head: bytes
 
 
 #: Answers a request on a connection: writes to `writer` what the test wants, may close it.
@@ -84,7 +96,7 @@ class Receiver:
                     name, _, value = header.partition(":")
                     headers[name.strip().lower()] = value.strip()
                 body = await reader.readexactly(int(headers.get("content-length", "0")))
-                request = Request(line.split(" ")[1], headers, body)
+                request = Request(line.split(" ")[1], headers, body, head)
                 self.requests.append(request)
                 await self.answer(request, writer)
         except (asyncio.IncompleteReadError, ConnectionError, ssl.SSLError):

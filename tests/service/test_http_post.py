@@ -14,7 +14,7 @@ import pytest
 from delayq.local.waiting import eventually
 from delayq.service.delivery.http_post import PostClient, PostError
 from delayq.service.delivery.targets import TargetPolicy
-from tests.service.receiver_support import OK, Receiver, Request, answering
+from tests.service.receiver_support import OK, Receiver, Request, answering, answers
 
 LOCAL = TargetPolicy(allow_private=True)
 
@@ -38,6 +38,40 @@ async def test_posts_share_one_connection_and_carry_their_headers_and_body():
     assert first.headers["host"] == f"127.0.0.1:{receiver.port}"
     assert first.headers["content-length"] == "7"
     assert first.headers["user-agent"].startswith("delayq/")
+    assert first.headers["accept-encoding"] == "identity"  # replies are never decompressed
+
+
+async def test_a_header_the_caller_sends_replaces_the_default_of_that_name():
+    async with Receiver() as receiver:
+        client = client_of(receiver)
+        await client.post(b"{}", {"user-agent": "tenant-agent/2"}, 1024)
+        await client.close()
+    assert receiver.requests[0].headers["user-agent"] == "tenant-agent/2"
+    assert receiver.requests[0].raw_head.lower().count(b"user-agent") == 1
+
+
+async def test_an_answer_read_with_another_behind_it_keeps_its_own_status():
+    """A receiver that writes a second answer in the same read as the first: the first is
+    this POST's answer (a 500 is never turned into the 200 behind it) and the connection,
+    its stream out of step, is not reused."""
+    answer = b"HTTP/1.1 500 No\r\nContent-Length: 2\r\n\r\nno" + OK
+    async with Receiver(answering(answer)) as receiver:
+        client = client_of(receiver)
+        reply = await client.post(b"{}", {}, 1024)
+        assert (reply.status, reply.body) == (500, b"no")
+        await eventually(lambda: client.connections == 0, 5, "the connection to close")
+        await client.close()
+
+
+async def test_a_connection_idle_past_its_time_is_not_reused_before_the_sweep():
+    async with Receiver() as receiver:
+        client = client_of(receiver)
+        await client.post(b"1", {}, 1024)
+        (idle,) = client._idle
+        idle.idle_since -= client.keep_idle_s  # as if idle that long, the sweep not yet run
+        await client.post(b"2", {}, 1024)
+        await client.close()
+    assert receiver.connections == 2
 
 
 async def test_an_answer_that_closes_the_connection_is_not_reused():
@@ -223,7 +257,7 @@ async def test_an_unusable_url_fails_each_post_naming_why(url: str):
 
 @pytest.fixture(scope="module")
 def certificate(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
-    """A self-signed certificate for 127.0.0.1 (its own CA) and its key."""
+    """A self-signed certificate for 127.0.0.1 and `localhost` (its own CA) and its key."""
     directory = tmp_path_factory.mktemp("tls")
     cert, key = directory / "cert.pem", directory / "key.pem"
     subprocess.run(
@@ -241,7 +275,7 @@ def certificate(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
             "-subj",
             "/CN=127.0.0.1",
             "-addext",
-            "subjectAltName=IP:127.0.0.1",
+            "subjectAltName=IP:127.0.0.1,DNS:localhost",
             "-keyout",
             str(key),
             "-out",
@@ -270,3 +304,24 @@ async def test_tls_is_verified_against_the_trusted_cas(certificate: tuple[Path, 
         await default.close()
     assert [r.status for r in replies] == [200, 200]
     assert len(receiver.requests) == 2
+
+
+async def test_tls_verifies_a_host_name_written_with_its_trailing_dot(
+    certificate: tuple[Path, Path],
+):
+    """`localhost.` is `localhost` fully qualified: the certificate's name is checked without
+    the dot (as aiohttp did), else every POST to such a URL would fail verification."""
+    cert, key = certificate
+    server = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    server.load_cert_chain(cert, key)
+    async with Receiver(ssl_context=server) as receiver:
+        client = PostClient(
+            f"https://localhost.:{receiver.port}/hook",
+            LOCAL,
+            5_000,
+            resolve=answers("127.0.0.1"),
+            ssl_context=ssl.create_default_context(cafile=cert),
+        )
+        assert (await client.post(b"{}", {}, 1024)).status == 200
+        await client.close()
+    assert receiver.requests[0].headers["host"] == f"localhost:{receiver.port}"  # as yarl writes it

@@ -8,13 +8,12 @@ import pytest
 
 from delayq.service.delivery.http_post import PostClient
 from delayq.service.delivery.targets import (
-    Resolve,
     TargetPolicy,
     TargetRefusedError,
     parse_cidrs,
     split_cidrs,
 )
-from tests.service.receiver_support import Receiver
+from tests.service.receiver_support import Receiver, answers
 
 REFUSED = [
     ("127.0.0.1", "loopback"),
@@ -123,15 +122,6 @@ def test_cidrs_are_parsed_strictly_but_accept_host_bits():
             parse_cidrs([bad])
 
 
-def answers(*addresses: str) -> Resolve:
-    """A resolver answering fixed addresses, as DNS would for a name the tenant controls."""
-
-    async def resolve(_host: str, _port: int) -> list[str]:
-        return list(addresses)
-
-    return resolve
-
-
 async def test_the_client_drops_refused_addresses_and_connects_to_a_checked_one():
     """The name resolves to a private, a link-local and a loopback address; only loopback is
     allowed, so that is the one connected to, and the POST still names the URL's host."""
@@ -148,6 +138,20 @@ async def test_the_client_drops_refused_addresses_and_connects_to_a_checked_one(
             await client.close()
     assert reply.status == 200
     assert receiver.requests[0].headers["host"] == f"hooks.example.com:{receiver.port}"
+
+
+async def test_an_address_that_refuses_the_connection_gives_way_to_the_next():
+    async with Receiver() as receiver:
+        client = PostClient(
+            f"http://hooks.example.com:{receiver.port}/hook",
+            TargetPolicy(allowed=parse_cidrs(["127.0.0.0/8"])),
+            5_000,
+            resolve=answers("127.0.0.2", "127.0.0.1"),  # nothing listens on 127.0.0.2
+        )
+        try:
+            assert (await client.post(b"{}", {}, 1024)).status == 200
+        finally:
+            await client.close()
 
 
 async def test_a_name_with_only_refused_addresses_is_refused():

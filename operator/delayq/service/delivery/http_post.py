@@ -13,7 +13,8 @@ SSRF guard: the host is resolved here, every address `TargetPolicy` refuses is d
 connection goes to one of the checked addresses (TLS still verifies the URL's host name), so
 DNS cannot slip a private address in between (rebinding). An IP literal, including the C
 library's IPv4 shorthands (`127.1`, `2130706433`), is resolved the same way: what is checked is
-what `connect` gets. A host with only refused addresses raises `TargetRefusedError`.
+what `connect` gets. A host with only refused addresses raises `TargetRefusedError`; the
+admitted ones are tried as aiohttp did (Happy Eyeballs, `aiohappyeyeballs`).
 
 One POST at a time per connection; the caller bounds how many are in flight (the sink's
 `AdaptiveLimit`), and a connection idle for `keep_idle_s` (`KEEP_IDLE_S`) is closed.
@@ -23,10 +24,12 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import socket
 import ssl
 from collections.abc import Mapping
 from typing import NamedTuple
 
+import aiohappyeyeballs
 import httptools
 from yarl import URL
 
@@ -42,7 +45,16 @@ from delayq.service.delivery.targets import (
 #: An idle connection is closed after this long: under the 5 s a Node.js receiver keeps one
 #: open by default, so the receiver rarely closes one just as a POST goes out on it.
 KEEP_IDLE_S = 4.0
-USER_AGENT = f"delayq/{__version__}"
+#: Sent unless the caller sends the same header (a topic's extra `User-Agent` replaces delayq's).
+#: `identity`: the replies are read as sent, never decompressed, so none may be compressed.
+DEFAULT_HEADERS = (
+    ("user-agent", f"User-Agent: delayq/{__version__}\r\n"),
+    ("accept", "Accept: */*\r\n"),
+    ("accept-encoding", "Accept-Encoding: identity\r\n"),
+)
+#: After this long without a connection, the next admitted address is tried alongside (Happy
+#: Eyeballs, RFC 8305, as aiohttp did): an address that drops packets does not cost the POST.
+HAPPY_EYEBALLS_DELAY_S = 0.25
 
 
 class PostError(Exception):
@@ -61,7 +73,7 @@ class Reply(NamedTuple):
 class Origin(NamedTuple):
     """What a POST needs of the URL, parsed once."""
 
-    host: str  # to resolve and, over TLS, to verify
+    host: str  # to resolve and, over TLS, to verify (without a trailing dot)
     port: int
     tls: bool
     head: str  # the request line and the headers every POST carries, without the final CRLF
@@ -81,14 +93,16 @@ def origin(url: str) -> Origin:
     lines = [
         f"POST {parsed.raw_path_qs or '/'} HTTP/1.1",
         f"Host: {parsed.host_port_subcomponent}",
-        f"User-Agent: {USER_AGENT}",
     ]
     url_authorization = bool(parsed.raw_user or parsed.raw_password)
     if url_authorization:
-        pair = f"{parsed.user or ''}:{parsed.password or ''}".encode("latin-1")
+        try:
+            pair = f"{parsed.user or ''}:{parsed.password or ''}".encode("latin-1")
+        except UnicodeEncodeError:  # its message would quote a character of the password
+            raise ValueError("its credentials are not Latin-1") from None
         lines.append(f"Authorization: Basic {base64.b64encode(pair).decode('ascii')}")
     head = "".join(f"{line}\r\n" for line in lines)
-    return Origin(host, port, parsed.scheme == "https", head, url_authorization)
+    return Origin(host.rstrip("."), port, parsed.scheme == "https", head, url_authorization)
 
 
 class PostClient:
@@ -139,7 +153,12 @@ class PostClient:
             or ("\x00" in lines)
         ):
             raise PostError("a header holds a line break or NUL")  # never a second header
-        request = f"{self._origin.head}{lines}Content-Length: {len(body)}\r\n\r\n".encode() + body
+        given = {name.lower() for name in headers}
+        defaults = "".join(line for name, line in DEFAULT_HEADERS if name not in given)
+        request = (
+            f"{self._origin.head}{defaults}{lines}Content-Length: {len(body)}\r\n\r\n".encode()
+            + body
+        )
         connection: Connection | None = None
         try:
             async with asyncio.timeout(self.timeout_s):
@@ -153,17 +172,19 @@ class PostClient:
                 return Reply(connection.status, None, connection.retry_after)  # status stands
             raise
         reply = connection.reply()
-        if connection.reusable():
+        if connection.reusable() and not self._closed:
             self._release(connection)
         else:
             connection.close()
         return reply
 
     def _reused(self) -> Connection | None:
-        """The most recently used idle connection still open, or None."""
+        """The most recently used idle connection still open and idle for less than
+        `keep_idle_s` (the sweep runs only every `keep_idle_s`), or None."""
+        cutoff = asyncio.get_running_loop().time() - self.keep_idle_s
         while self._idle:
             connection = self._idle.pop()
-            if connection.reusable():
+            if connection.reusable() and connection.idle_since > cutoff:
                 return connection
             connection.close()
         return None
@@ -179,21 +200,26 @@ class PostClient:
         except OSError as error:
             raise PostError(f"{target.host}: cannot resolve: {error}") from None
         loop = asyncio.get_running_loop()
-        failures: list[str] = []
-        for address in allowed:
-            try:
-                _, connection = await loop.create_connection(
-                    lambda: Connection(self._open),
-                    address,
-                    target.port,
-                    ssl=self._ssl,
-                    server_hostname=target.host if self._ssl is not None else None,
-                )
-            except (OSError, ssl.SSLError) as error:
-                failures.append(f"{address}: {error}")
-                continue
-            return connection
-        raise PostError(f"{target.host}:{target.port}: cannot connect ({'; '.join(failures)})")
+        infos = []
+        for address in allowed:  # numeric: no lookup, just the socket address (IPv6 scope too)
+            infos += await loop.getaddrinfo(
+                address, target.port, type=socket.SOCK_STREAM, flags=socket.AI_NUMERICHOST
+            )
+        try:
+            sock = await aiohappyeyeballs.start_connection(
+                infos, happy_eyeballs_delay=HAPPY_EYEBALLS_DELAY_S, interleave=1
+            )
+            _, connection = await loop.create_connection(
+                lambda: Connection(self._open),
+                sock=sock,
+                ssl=self._ssl,
+                server_hostname=target.host if self._ssl is not None else None,
+            )
+        except OSError as error:  # ssl.SSLError is one
+            raise PostError(
+                f"{target.host}:{target.port}: cannot connect to {', '.join(allowed)}: {error}"
+            ) from None
+        return connection
 
     def _release(self, connection: Connection) -> None:
         """Keep an answered connection for the next POST; the sweep closes it once idle for
@@ -327,6 +353,14 @@ class Connection(asyncio.Protocol):
         self._settle(PostError(f"the connection closed before an answer{reason}"))
 
     # httptools' callbacks
+
+    def on_message_begin(self) -> None:
+        """A second answer after this POST's, in the same read (a read of its own is caught
+        by `data_received`): stop parsing before it overwrites the first's status. The raise
+        reaches `data_received` as an HttpParserError; the connection is closed."""
+        if self._complete:
+            self._broken = True
+            raise PostError("bytes after the answer")
 
     def on_header(self, name: bytes, value: bytes) -> None:
         lowered = name.lower()
