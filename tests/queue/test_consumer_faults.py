@@ -396,8 +396,8 @@ async def test_a_released_slot_hands_back_the_wake_up_its_wait_took(
     served first: on waking it reads the new owner's wake-up while it still counts the slot its
     own, then releases every slot before claiming. Released with `hand_back` (the pull leaser,
     which has no watchdog), a slot whose wait took a wake-up gets it back for the new owner
-    (chaos soak seed 1010, pull: a message 1.7 s late); one never woken gets none, and the push
-    Consumer's release (its watchdog is the bound) pushes nothing."""
+    (chaos soak seed 1010, pull: a message 1.7 s late); one never woken gets none, nor one
+    released without `hand_back`."""
     topic = Topic(f"taken-{woken}-{str(hand_back).lower()}", slot_amount=1)
     queue = AsyncQueue(async_redis_client, topic)
     taken: list[int] = []
@@ -467,6 +467,51 @@ async def test_a_wake_up_taken_by_a_former_owner_goes_to_the_new_one(
         old_running.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await old_running
+
+
+async def test_a_wake_up_taken_before_a_release_goes_to_the_new_owner(
+    async_redis_client: redis.asyncio.Redis,
+) -> None:
+    """The old owner's wait, blocked on the slot's list before the new owner's, is served the
+    new owner's wake-up while it still counts the slot its own: it times a claim for the
+    message's due time, then is told to release the slot before that time comes (a process
+    thawed after its session expired reads the wake-up, then drops every slot). The wake-up
+    must go back, or the new owner learns of the message from its watchdog, 1-2 s after it
+    is due (chaos seed 23 in CI: a message 1.8 s late, "slot 47 stalled")."""
+    topic = Topic("stolen-before-release", slot_amount=1, ack_timeout_ms=5_000)
+    queue = AsyncQueue(async_redis_client, topic)
+    seen: dict[str, float] = {}
+
+    async def ignore(message: Message) -> None:
+        raise AssertionError("the old owner delivered")
+
+    async def handler(message: Message) -> None:
+        seen[message.id] = time.monotonic()
+
+    old, new = Consumer(queue, ignore), Consumer(queue, handler)
+    await old.own([0])
+    old_running = asyncio.create_task(old.run())
+    new_running: asyncio.Task[None] | None = None
+    try:
+        await eventually(
+            lambda: all(s.next_ms is None for s in old._owned), 5.0, "the old owner idle"
+        )
+        await new.own([0])  # fences the old owner, whose wait stays first on the slot's list
+        new_running = asyncio.create_task(new.run())
+        await eventually(
+            lambda: all(s.next_ms is None for s in new._owned), 5.0, "the new owner idle"
+        )
+        scheduled = time.monotonic()
+        await queue.schedule("w", b"p", delay_ms=600)  # pushes the slot's wake-up
+        await eventually(lambda: all(s.wakes == 1 for s in old._owned), 5.0, "the old owner's pop")
+        await old.release([0])  # before its timer: no stale claim tells it to hand back
+        await eventually(lambda: "w" in seen, 5.0, "the new owner's delivery")
+        assert seen["w"] - scheduled < 0.6 + 0.3  # on time, not a watchdog round late
+        assert new.counters.stalled_slots_recovered == 0
+    finally:
+        if new_running is not None:
+            await stopped(new, new_running)
+        await stopped(old, old_running)
 
 
 async def test_a_slow_batch_does_not_hold_finished_acks_back(

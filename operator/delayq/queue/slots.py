@@ -140,22 +140,29 @@ class OwnedSlots(Generic[S]):
         one does (`lose`): a process frozen past its session keeps its wait blocked on its
         slots' lists and is served first, so it may take the new owner's wake-up, read it on
         waking while it still counts the slot its own, and then release every slot (its session
-        was lost) before claiming. The push `Consumer` bounds that loss by its watchdog; the
-        pull leaser, which has none, asks for this (chaos soak seed 1010: a message 1.7 s late,
-        docs/reliability.md). A wake-up too many costs the new owner one claim."""
-        slots = list(slots)
-        woken = [s for s in slots if hand_back and (state := self._slots.get(s)) and state.wakes]
-        released = self.drop(slots)
+        was lost) before claiming (chaos soak seed 1010, pull: a message 1.7 s late,
+        docs/reliability.md). The push `Consumer`, which counts its claims, hands back only
+        the wake-ups no claim covers (`drop` with its own `woken`). A wake-up too many costs
+        the new owner one claim."""
+        released = self.drop(slots, _ever_woken if hand_back else None)
         if released:
             await self.interrupt()
-        for slot in woken:
-            self._hand_back_later(slot)
         return released
 
-    def drop(self, slots: Iterable[int]) -> set[int]:
+    def drop(self, slots: Iterable[int], woken: Callable[[S], bool] | None = None) -> set[int]:
         """`release` up to the wait's interrupt, which the caller sends (`interrupt`): from
-        now on nothing of the slots is held (`get` answers None)."""
-        return {slot for slot in slots if self._slots.pop(slot, None) is not None}
+        now on nothing of the slots is held (`get` answers None). A dropped slot whose state
+        `woken` says its wait took a wake-up the owner has not acted on gets one back on its
+        list, as in `release(hand_back=True)`, by the caller's own measure of "acted on"."""
+        released: set[int] = set()
+        for slot in slots:
+            state = self._slots.pop(slot, None)
+            if state is None:
+                continue
+            released.add(slot)
+            if woken is not None and woken(state):
+                self._hand_back_later(slot)
+        return released
 
     def lose(self, state: S) -> bool:
         """Drop a slot a newer owner fenced this one out of, if `state` is still its ownership;
@@ -279,6 +286,12 @@ class OwnedSlots(Generic[S]):
     def _wake(self, state: S, due_ms: float) -> None:
         state.wakes += 1
         self._due_at(state, due_ms)
+
+
+def _ever_woken(state: OwnedSlot) -> bool:
+    """`release(hand_back=True)`'s measure: the slot's wait took any wake-up since it was
+    owned (an owner that does not count its claims cannot tell which it acted on)."""
+    return state.wakes > 0
 
 
 def due_of(element: bytes | str) -> float:
