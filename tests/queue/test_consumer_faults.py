@@ -48,6 +48,18 @@ def _basis(topic: Topic, slot: int) -> str:
     return next(f"b{i}" for i in range(100_000) if topic.slot_of(f"b{i}") == slot)
 
 
+async def old_owner_refuses(message: Message) -> None:
+    raise AssertionError("the old owner delivered")
+
+
+async def running_idle(consumer: Consumer, who: str) -> asyncio.Task[None]:
+    """`consumer.run()` in a task, returned once no slot it owns has a timer: idle, its wait
+    blocked on the slots' wake lists."""
+    running = asyncio.create_task(consumer.run())
+    await eventually(lambda: all(s.next_ms is None for s in consumer._owned), 5.0, f"{who} idle")
+    return running
+
+
 async def lose_a_wake_up(client: redis.asyncio.Redis, topic: Topic, slot: int) -> None:
     """A message `lost`, due now in `slot`, stored with no wake-up (as if the wake-up had been
     lost): only the consumer's watchdog can find it."""
@@ -431,20 +443,14 @@ async def test_a_wake_up_taken_by_a_former_owner_goes_to_the_new_one(
     queue = AsyncQueue(async_redis_client, topic)
     seen: list[str] = []
 
-    async def ignore(message: Message) -> None:
-        raise AssertionError("the old owner delivered")
-
     async def handler(message: Message) -> None:
         seen.append(message.id)
 
-    old, new = Consumer(queue, ignore), Consumer(queue, handler)
+    old, new = Consumer(queue, old_owner_refuses), Consumer(queue, handler)
     await old.own([0])
-    old_running = asyncio.create_task(old.run())
+    old_running = await running_idle(old, "the old owner")
     new_running: asyncio.Task[None] | None = None
     try:
-        await eventually(
-            lambda: all(s.next_ms is None for s in old._owned), 5.0, "the old owner idle"
-        )
 
         async def lost() -> None:
             return None
@@ -453,10 +459,7 @@ async def test_a_wake_up_taken_by_a_former_owner_goes_to_the_new_one(
             monkeypatch.setattr(old._owned, "interrupt", lost)  # its wait keeps the slot's key
             await old.release([0])
         await new.own([0])  # fences the old owner, which counts the slot its own if not told
-        new_running = asyncio.create_task(new.run())
-        await eventually(
-            lambda: all(s.next_ms is None for s in new._owned), 5.0, "the new owner idle"
-        )
+        new_running = await running_idle(new, "the new owner")
         await queue.schedule("w", b"p", delay_ms=0)  # pushes the slot's wake-up
         await eventually(lambda: seen == ["w"], 0.8, "the new owner's delivery")
         assert new.counters.stalled_slots_recovered == 0
@@ -482,25 +485,16 @@ async def test_a_wake_up_taken_before_a_release_goes_to_the_new_owner(
     queue = AsyncQueue(async_redis_client, topic)
     seen: dict[str, float] = {}
 
-    async def ignore(message: Message) -> None:
-        raise AssertionError("the old owner delivered")
-
     async def handler(message: Message) -> None:
         seen[message.id] = time.monotonic()
 
-    old, new = Consumer(queue, ignore), Consumer(queue, handler)
+    old, new = Consumer(queue, old_owner_refuses), Consumer(queue, handler)
     await old.own([0])
-    old_running = asyncio.create_task(old.run())
+    old_running = await running_idle(old, "the old owner")
     new_running: asyncio.Task[None] | None = None
     try:
-        await eventually(
-            lambda: all(s.next_ms is None for s in old._owned), 5.0, "the old owner idle"
-        )
         await new.own([0])  # fences the old owner, whose wait stays first on the slot's list
-        new_running = asyncio.create_task(new.run())
-        await eventually(
-            lambda: all(s.next_ms is None for s in new._owned), 5.0, "the new owner idle"
-        )
+        new_running = await running_idle(new, "the new owner")
         scheduled = time.monotonic()
         await queue.schedule("w", b"p", delay_ms=600)  # pushes the slot's wake-up
         await eventually(lambda: all(s.wakes == 1 for s in old._owned), 5.0, "the old owner's pop")
