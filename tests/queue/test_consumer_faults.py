@@ -22,6 +22,7 @@ import redis.asyncio
 from delayq.local.redis_server import RedisServer
 from delayq.local.waiting import eventually
 from delayq.queue import consumer as consumer_module
+from delayq.queue import settings
 from delayq.queue.client import AsyncQueue, Queue
 from delayq.queue.consumer import Consumer, ConsumerSettings, GiveBackError
 from delayq.queue.keys import Part, slot_keys
@@ -506,6 +507,53 @@ async def test_a_wake_up_taken_before_a_release_goes_to_the_new_owner(
         if new_running is not None:
             await stopped(new, new_running)
         await stopped(old, old_running)
+
+
+async def test_a_frozen_former_owner_s_wait_ends_before_any_takeover(
+    redis_server: RedisServer, async_redis_client: redis.asyncio.Redis
+) -> None:
+    """A process frozen (SIGSTOP, a stalled VM) or cut off from Redis keeps its blocking wait
+    registered there, and Redis serves the client blocked on a list longest: had that wait
+    outlived the process's ZooKeeper session, it would take the first wake-up of a slot the new
+    owner took over, which would then wait for the new owner's watchdog, 1-2 s (a wait was 10 s,
+    a session may be 2 s). The frozen wait must run out on the server before the shortest
+    session can expire (2/3 of it after the freeze: the client pings every third), and the new
+    owner gets the wake-up."""
+    shortest_session_s = settings.by_name("zookeeper_session_timeout_ms").low / 1000
+    topic = Topic("frozen-wait", slot_amount=1, ack_timeout_ms=5_000)
+    queue = AsyncQueue(async_redis_client, topic)
+    former = OwnedSlots(queue, OwnedSlot, lambda state, due_ms: None)
+    await former.own([0])
+    await async_redis_client.delete(former._control_key)  # the interrupt `own` sent
+    # the frozen process's wait: its BLPOP sent, nothing read after it
+    reader, writer = await asyncio.open_connection("127.0.0.1", redis_server.port)
+    writer.write(former._wait_command().packed(0))
+    await writer.drain()
+    frozen_at = time.monotonic()
+    seen: dict[str, float] = {}
+
+    async def handler(message: Message) -> None:
+        seen[message.id] = time.monotonic()
+
+    new = Consumer(queue, handler)
+    new_running: asyncio.Task[None] | None = None
+    try:
+        # the server's answer to a wait that ran out: a null array
+        ended = await asyncio.wait_for(reader.readline(), shortest_session_s * 2 / 3)
+        assert ended == b"*-1\r\n"
+        assert time.monotonic() - frozen_at < shortest_session_s * 2 / 3
+        await new.own([0])  # the takeover, once the former owner's session expired
+        new_running = await running_idle(new, "the new owner")
+        scheduled = time.monotonic()
+        await queue.schedule("w", b"p", delay_ms=600)  # pushes the slot's wake-up
+        await eventually(lambda: "w" in seen, 5.0, "the new owner's delivery")
+        assert seen["w"] - scheduled < 0.6 + 0.3  # on time, not a watchdog round late
+        assert new.counters.stalled_slots_recovered == 0
+    finally:
+        writer.close()
+        if new_running is not None:
+            await stopped(new, new_running)
+        await former.close()
 
 
 async def test_a_slow_batch_does_not_hold_finished_acks_back(

@@ -36,6 +36,7 @@ from typing import Generic, TypeVar, cast
 
 import redis.asyncio
 
+from delayq.queue import settings
 from delayq.queue.client import AsyncQueue
 from delayq.queue.codec import as_text
 from delayq.queue.codes import SlotMovingError
@@ -44,7 +45,15 @@ from delayq.queue.slot_split import FROZEN
 
 log = logging.getLogger(__name__)
 
-WAKE_BLOCK_S = 10.0  # upper bound of one blocking wait; only a liveness refresh, not a poll
+#: Upper bound of one blocking wait (a liveness refresh, not a poll): half the shortest ZooKeeper
+#: session a topic may have. Redis hands a wake-up to the client blocked on the list longest,
+#: and a process frozen or cut off keeps its wait registered until this runs out on the server:
+#: a wait of 10 s outlived its session, and took the first wake-up of a slot the new owner had
+#: taken over, which then waited for the new owner's watchdog (tests/queue/
+#: test_consumer_faults.py). ZooKeeper expires a session 2/3 of its timeout after the process
+#: stopped at the soonest (the client pings every third of it), so a wait of half the shortest
+#: one has ended on the server before any takeover.
+WAKE_BLOCK_S = settings.by_name("zookeeper_session_timeout_ms").low / 1000 / 2
 WAIT_FAILED_ALL_S = 1.0  # after a failed wait, every owned slot is reported at most this often
 WAIT_RETRY_S = 0.1  # pause before waiting again after a failed wait
 CLOSE_WAIT_S = 2.0  # how long closing waits for the blocking wait to take its interrupt
