@@ -200,11 +200,15 @@ class PostClient:
         except OSError as error:
             raise PostError(f"{target.host}: cannot resolve: {error}") from None
         loop = asyncio.get_running_loop()
-        infos = []
-        for address in allowed:  # numeric: no lookup, just the socket address (IPv6 scope too)
-            infos += await loop.getaddrinfo(
+        # numeric: no lookup, so no executor thread as `loop.getaddrinfo` takes; just each
+        # address's socket address (an IPv6 scope too)
+        infos = [
+            info
+            for address in allowed
+            for info in socket.getaddrinfo(
                 address, target.port, type=socket.SOCK_STREAM, flags=socket.AI_NUMERICHOST
             )
+        ]
         try:
             sock = await aiohappyeyeballs.start_connection(
                 infos, happy_eyeballs_delay=HAPPY_EYEBALLS_DELAY_S, interleave=1
